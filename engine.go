@@ -1,0 +1,500 @@
+package gendurable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/scheduler"
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults of Config and QueueConfig.
+const (
+	DefaultSchema              = "public"
+	DefaultQueue               = "default"
+	DefaultMaxAttempts         = 20
+	DefaultLeaseDuration       = 60 * time.Second
+	DefaultHeartbeatInterval   = 20 * time.Second
+	DefaultReaperInterval      = 30 * time.Second
+	DefaultDrainTimeout        = 10 * time.Second
+	DefaultUnknownVersionDelay = 30 * time.Second
+	DefaultConcurrency         = 10
+	DefaultPollInterval        = time.Second
+	DefaultMaxPollInterval     = 5 * time.Second
+	DefaultMaxStateBytes       = 1 << 20
+)
+
+// Config configures an [Engine]. The zero value is usable (an insert-only
+// engine on schema "public"); every field documents its default.
+type Config struct {
+	// Schema holding gendurable's tables (see package migrate). A plain
+	// identifier; default "public".
+	Schema string
+
+	// Machines and jobs this engine can insert and run: *Machine[S] and
+	// *Job[T] values. Several versions of one machine may be registered side
+	// by side; each row runs on the version it was inserted with.
+	Machines []Definition
+
+	// Queues this engine works, by name. Empty: the engine only inserts.
+	Queues map[string]QueueConfig
+
+	// LeaseDuration is how long a claimed row stays ours without a heartbeat.
+	// A crashed worker's steps run again this long after its last heartbeat.
+	// Default 60s.
+	LeaseDuration time.Duration
+	// HeartbeatInterval between lease extensions; HeartbeatInterval × 3 must
+	// not exceed LeaseDuration. Default 20s.
+	HeartbeatInterval time.Duration
+	// ReaperInterval between sweeps for expired leases. Default 30s. Set it
+	// negative to run no reaper in this process (another process must).
+	ReaperInterval time.Duration
+	// DrainTimeout: on Stop, how long in-flight steps may run before their
+	// contexts are cancelled. Default 10s.
+	DrainTimeout time.Duration
+	// UnknownVersionDelay: a claimed row whose (machine, version) is not
+	// registered here is released, runnable again after this delay (another
+	// process, or a later deploy, may know it). Default 30s.
+	UnknownVersionDelay time.Duration
+	// MaxStateBytes bounds the encoded JSON state of an insert. Default 1 MiB.
+	MaxStateBytes int
+
+	// Logger for the engine's own logs. Default slog.Default().
+	Logger *slog.Logger
+	// Hooks receive telemetry events; see [Hook].
+	Hooks []Hook
+}
+
+// QueueConfig tunes one queue's feeder. The zero value is usable.
+type QueueConfig struct {
+	// Concurrency is the number of steps of this queue that run at once in
+	// this process. Default 10.
+	Concurrency int
+	// Prefetch is how many rows are claimed beyond the running slots so that
+	// a finishing step finds the next one at hand. Buffered rows are
+	// heartbeated like running ones and handed back on Stop. 0 means the
+	// default (equal to Concurrency); negative means none.
+	Prefetch int
+	// MinDemand: don't pick for fewer free places than this, unless the
+	// queue is idle (fewer, fatter picks). Default 1.
+	MinDemand int
+	// PollInterval is the base interval between picks when there is no
+	// sign of work. Default 1s.
+	PollInterval time.Duration
+	// MaxPollInterval caps the idle backoff: each empty pick on an idle queue
+	// doubles the interval up to this. Default 5s.
+	MaxPollInterval time.Duration
+}
+
+type machineKey struct {
+	name    string
+	version int
+}
+
+// Engine inserts instances and, once started, works its queues. Create it
+// with [New]; it is safe for concurrent use.
+type Engine struct {
+	pool     *pgxpool.Pool
+	cfg      Config
+	q        *sqlq.Queries
+	log      *slog.Logger
+	registry map[machineKey]*machineCore
+
+	mu      sync.Mutex
+	running *runState
+	scheds  map[string]*scheduler.Scheduler
+}
+
+// runState is one Start..Stop lifetime.
+type runState struct {
+	pickCancel   context.CancelFunc
+	workCancel   context.CancelCauseFunc
+	beatCancel   context.CancelFunc
+	reaperCancel context.CancelFunc
+	loops        sync.WaitGroup // feeder loops
+	background   sync.WaitGroup // heartbeats and reaper
+	scheds       map[string]*scheduler.Scheduler
+}
+
+// New validates cfg and returns an engine. It does not touch the database.
+func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
+	if pool == nil {
+		return nil, errorf(ErrInvalidConfig, "nil pool")
+	}
+	c := Config{}
+	if cfg != nil {
+		c = *cfg
+	}
+	if err := c.withDefaults(); err != nil {
+		return nil, err
+	}
+	q, err := sqlq.New(c.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	e := &Engine{pool: pool, cfg: c, q: q, log: c.Logger, registry: map[machineKey]*machineCore{}}
+	for _, d := range c.Machines {
+		if d == nil {
+			return nil, errorf(ErrInvalidConfig, "nil entry in Machines")
+		}
+		core, err := d.definition()
+		if err != nil {
+			return nil, err
+		}
+		k := machineKey{core.name, core.version}
+		if prev := e.registry[k]; prev != nil && prev != core {
+			return nil, errorf(ErrInvalidConfig, "machine %q version %d registered twice", core.name, core.version)
+		}
+		e.registry[k] = core
+	}
+	return e, nil
+}
+
+func (c *Config) withDefaults() error {
+	c.Schema = orDefaultStr(c.Schema, DefaultSchema)
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = DefaultLeaseDuration
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.ReaperInterval == 0 {
+		c.ReaperInterval = DefaultReaperInterval
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	if c.UnknownVersionDelay == 0 {
+		c.UnknownVersionDelay = DefaultUnknownVersionDelay
+	}
+	if c.MaxStateBytes == 0 {
+		c.MaxStateBytes = DefaultMaxStateBytes
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	switch {
+	case c.LeaseDuration < 0 || c.HeartbeatInterval < 0 || c.DrainTimeout < 0 || c.UnknownVersionDelay < 0:
+		return errorf(ErrInvalidConfig, "durations must not be negative")
+	case c.HeartbeatInterval*3 > c.LeaseDuration:
+		return errorf(ErrInvalidConfig, "HeartbeatInterval × 3 (%s) exceeds LeaseDuration (%s): a live step could be reaped",
+			c.HeartbeatInterval*3, c.LeaseDuration)
+	case c.LeaseDuration < time.Millisecond:
+		return errorf(ErrInvalidConfig, "LeaseDuration %s below 1ms", c.LeaseDuration)
+	case c.MaxStateBytes < 0:
+		return errorf(ErrInvalidConfig, "negative MaxStateBytes")
+	}
+	queues := make(map[string]QueueConfig, len(c.Queues))
+	for name, qc := range c.Queues {
+		if name == "" || len(name) > maxNameLen {
+			return errorf(ErrInvalidConfig, "queue name %q must be 1-%d bytes", name, maxNameLen)
+		}
+		if err := qc.withDefaults(name); err != nil {
+			return err
+		}
+		queues[name] = qc
+	}
+	c.Queues = queues
+	return nil
+}
+
+func (qc *QueueConfig) withDefaults(name string) error {
+	if qc.Concurrency == 0 {
+		qc.Concurrency = DefaultConcurrency
+	}
+	switch {
+	case qc.Prefetch == 0:
+		qc.Prefetch = qc.Concurrency
+	case qc.Prefetch < 0:
+		qc.Prefetch = 0
+	}
+	if qc.MinDemand == 0 {
+		qc.MinDemand = 1
+	}
+	if qc.PollInterval == 0 {
+		qc.PollInterval = DefaultPollInterval
+	}
+	if qc.MaxPollInterval == 0 {
+		qc.MaxPollInterval = max(DefaultMaxPollInterval, qc.PollInterval)
+	}
+	switch {
+	case qc.Concurrency < 0:
+		return errorf(ErrInvalidConfig, "queue %q: negative Concurrency", name)
+	case qc.MinDemand < 0 || qc.MinDemand > qc.Concurrency+qc.Prefetch:
+		return errorf(ErrInvalidConfig, "queue %q: MinDemand %d outside 1..Concurrency+Prefetch (%d)", name, qc.MinDemand, qc.Concurrency+qc.Prefetch)
+	case qc.PollInterval < 0 || qc.MaxPollInterval < qc.PollInterval:
+		return errorf(ErrInvalidConfig, "queue %q: need 0 < PollInterval <= MaxPollInterval", name)
+	}
+	return nil
+}
+
+// Config returns the engine's configuration with defaults filled in.
+func (e *Engine) Config() Config { return e.cfg }
+
+// Start checks that the schema is migrated and starts working the configured
+// queues and the reaper in background goroutines. ctx bounds the start-up
+// checks only; the engine runs until [Engine.Stop].
+func (e *Engine) Start(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.running != nil {
+		return ErrAlreadyStarted
+	}
+	v, err := sqlq.InstalledVersion(ctx, e.pool, e.cfg.Schema)
+	if err != nil {
+		return fmt.Errorf("gendurable: start: reading schema version: %w", err)
+	}
+	if want := sqlq.LatestVersion(); v != want {
+		return fmt.Errorf("gendurable: start: schema %q is at version %d, this library needs %d (run migrate.Up)", e.cfg.Schema, v, want)
+	}
+
+	rs := &runState{scheds: map[string]*scheduler.Scheduler{}}
+	pickCtx, pickCancel := context.WithCancel(context.Background())
+	workCtx, workCancel := context.WithCancelCause(context.Background())
+	beatCtx, beatCancel := context.WithCancel(context.Background())
+	rs.pickCancel, rs.workCancel, rs.beatCancel = pickCancel, workCancel, beatCancel
+
+	for name, qc := range e.cfg.Queues {
+		ev := &schedEvents{e: e}
+		s := scheduler.New(scheduler.Config{
+			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.Prefetch, MinDemand: qc.MinDemand,
+			PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
+			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval,
+		}, e.q, e.pool, e.executor(name), ev, e.log)
+		rs.scheds[name] = s
+		rs.loops.Add(1)
+		go func() { defer rs.loops.Done(); s.Run(pickCtx, workCtx) }()
+		rs.background.Add(1)
+		go func() { defer rs.background.Done(); s.Heartbeat(beatCtx) }()
+	}
+	if e.cfg.ReaperInterval > 0 {
+		reaperCtx, reaperCancel := context.WithCancel(context.Background())
+		rs.reaperCancel = reaperCancel
+		rs.background.Add(1)
+		go func() { defer rs.background.Done(); e.reapLoop(reaperCtx) }()
+	}
+	e.running = rs
+	e.scheds = rs.scheds
+	e.log.Info("gendurable: engine started", "schema", e.cfg.Schema, "queues", len(e.cfg.Queues))
+	return nil
+}
+
+// Stop shuts the engine down gracefully: it stops picking, hands prefetched
+// rows straight back to runnable, waits up to DrainTimeout for in-flight
+// steps to commit their outcomes, then cancels their contexts (cause
+// ErrEngineStopped) and waits for them to return. Steps still running when
+// ctx is done are abandoned to the reaper and Stop returns ctx's error.
+// Stop on an engine that is not running returns nil.
+func (e *Engine) Stop(ctx context.Context) error {
+	e.mu.Lock()
+	rs := e.running
+	e.running, e.scheds = nil, nil
+	e.mu.Unlock()
+	if rs == nil {
+		return nil
+	}
+	start := time.Now()
+	rs.pickCancel()
+	rs.loops.Wait() // feeders stopped picking and released their buffers
+
+	drainCtx, cancel := context.WithTimeout(ctx, e.cfg.DrainTimeout)
+	completed := true
+	for _, s := range rs.scheds {
+		if !s.Wait(drainCtx) {
+			completed = false
+		}
+	}
+	cancel()
+	rs.workCancel(ErrEngineStopped)
+	var err error
+	for _, s := range rs.scheds {
+		if !s.Wait(ctx) {
+			err = fmt.Errorf("gendurable: stop: steps ignoring cancellation are still running: %w", ctx.Err())
+		}
+	}
+	for name := range rs.scheds {
+		e.emit(ctx, &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})
+	}
+	rs.beatCancel()
+	if rs.reaperCancel != nil {
+		rs.reaperCancel()
+	}
+	rs.background.Wait()
+	e.log.Info("gendurable: engine stopped", "drained", completed, "took", time.Since(start))
+	return err
+}
+
+// executor returns the function that runs one claimed row of queue to a
+// committed outcome.
+func (e *Engine) executor(queue string) scheduler.Executor {
+	return func(ctx context.Context, c *sqlq.Claimed) scheduler.Result {
+		core := e.registry[machineKey{c.FSM, int(c.Version)}]
+		if core == nil {
+			e.releaseUnknown(queue, c)
+			return scheduler.Result{}
+		}
+		start := time.Now()
+		res := core.exec(ctx, c, queue)
+		res.out.ID, res.out.Token = c.ID, c.Token
+		applied, commitErr := e.commit(ctx, &res.out)
+		ev := &StepEvent{
+			Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Step: c.Step,
+			Attempt: int(c.Attempt), Outcome: res.kind.String(), Err: res.stepErr,
+			Duration: time.Since(start), Fenced: commitErr == nil && !applied, CommitErr: commitErr,
+		}
+		e.emit(ctx, ev)
+		switch {
+		case commitErr != nil:
+			e.log.Error("gendurable: outcome not written; the step will run again after its lease expires",
+				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
+		case ev.Fenced:
+			e.log.Warn("gendurable: outcome fenced out: the lease was lost, another run owns the instance",
+				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
+		case res.stepErr != nil:
+			e.log.Warn("gendurable: step failed", "queue", queue, "fsm", c.FSM, "id", c.ID,
+				"step", c.Step, "attempt", c.Attempt, "outcome", ev.Outcome, "err", res.stepErr)
+		default:
+			e.log.Debug("gendurable: step done", "queue", queue, "fsm", c.FSM, "id", c.ID,
+				"step", c.Step, "outcome", ev.Outcome, "took", ev.Duration)
+		}
+		runnable := applied && (res.kind == kindNext || res.kind == kindReplay) && res.out.Delay <= 0
+		return scheduler.Result{RunnableNow: runnable}
+	}
+}
+
+// commit writes one outcome, retrying transient failures while the lease can
+// still be ours. It reports whether the fence held.
+func (e *Engine) commit(stepCtx context.Context, o *sqlq.Outcome) (bool, error) {
+	// The outcome is written even when the step's context was cancelled by
+	// shutdown: the work is done and its result must not be lost.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(stepCtx), e.cfg.LeaseDuration)
+	defer cancel()
+	var b sqlq.OutcomeBatch
+	backoff := 20 * time.Millisecond
+	for {
+		b.Reset()
+		b.Add(*o)
+		ids, err := e.q.ApplyOutcomes(ctx, e.pool, &b)
+		if err == nil {
+			return len(ids) == 1, nil
+		}
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code[:2] == "22" && o.Kind != sqlq.KindStop {
+			// A data exception (e.g. a JSON string holding \u0000, which jsonb
+			// cannot store): the outcome can never be written as is. Stop the
+			// instance with the reason instead of failing forever.
+			*o = sqlq.Outcome{ID: o.ID, Token: o.Token, Kind: sqlq.KindStop,
+				ErrKind: strPtr("outcome_rejected"), Err: strPtr(truncate("outcome rejected by the database: " + pgErr.Message))}
+			continue
+		}
+		if errors.Is(context.Cause(stepCtx), scheduler.ErrLeaseLost) {
+			return false, nil // the lease is gone: nothing of ours to write
+		}
+		select {
+		case <-ctx.Done():
+			return false, err
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+func (e *Engine) releaseUnknown(queue string, c *sqlq.Claimed) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.q.Release(ctx, e.pool, []int64{c.ID}, []int64{c.Token}, e.cfg.UnknownVersionDelay); err != nil {
+		e.log.Warn("gendurable: release of unknown-version row failed; the reaper will recover it", "id", c.ID, "err", err)
+	}
+	e.log.Warn("gendurable: claimed a row of a machine version this process does not know; released it",
+		"queue", queue, "fsm", c.FSM, "version", c.Version, "id", c.ID, "retry_in", e.cfg.UnknownVersionDelay)
+	e.emit(ctx, &UnknownVersionEvent{Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Delay: e.cfg.UnknownVersionDelay})
+}
+
+// reapLoop runs the reaper every ReaperInterval until ctx is done.
+func (e *Engine) reapLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.ReaperInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := e.Reap(ctx); err != nil && ctx.Err() == nil {
+			e.log.Warn("gendurable: reaper sweep failed", "err", err)
+		}
+	}
+}
+
+const reapBatch = 1000
+
+// Reap runs one reaper sweep now: every expired lease goes back to runnable
+// with attempt + 1, or fails once its attempts are spent. It returns the
+// number of rows recovered. Engines run it every ReaperInterval; it is
+// exported for tools and tests.
+func (e *Engine) Reap(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		start := time.Now()
+		rows, err := e.q.Reap(ctx, e.pool, reapBatch)
+		if err != nil {
+			return total, fmt.Errorf("gendurable: reap: %w", err)
+		}
+		if len(rows) > 0 {
+			ev := &ReapEvent{Count: len(rows), Duration: time.Since(start)}
+			for _, r := range rows {
+				ev.IDs = append(ev.IDs, r.ID)
+				if r.Status == "failed" {
+					ev.Failed++
+				}
+			}
+			e.log.Warn("gendurable: reaped expired leases", "count", ev.Count, "failed", ev.Failed)
+			e.emit(ctx, ev)
+		}
+		total += len(rows)
+		if len(rows) < reapBatch {
+			return total, nil
+		}
+	}
+}
+
+func (e *Engine) emit(ctx context.Context, ev Event) {
+	for _, h := range e.cfg.Hooks {
+		h.OnEvent(ctx, ev)
+	}
+}
+
+// schedEvents adapts feeder observations to hooks and logs.
+type schedEvents struct{ e *Engine }
+
+func (s *schedEvents) Pick(queue string, count, demand int, d time.Duration, err error) {
+	s.e.emit(context.Background(), &PickEvent{Queue: queue, Count: count, Demand: demand, Duration: d, Err: err})
+}
+
+func (s *schedEvents) Saturation(queue string, inFlight, buffered, concurrency, prefetch int) {
+	if len(s.e.cfg.Hooks) == 0 {
+		return
+	}
+	s.e.emit(context.Background(), &SaturationEvent{Queue: queue, InFlight: inFlight, Buffered: buffered, Concurrency: concurrency, Prefetch: prefetch})
+}
+
+func (s *schedEvents) LeaseLost(queue string, id int64) {
+	s.e.log.Warn("gendurable: lease lost; cancelling the step", "queue", queue, "id", id)
+	s.e.emit(context.Background(), &LeaseLostEvent{Queue: queue, InstanceID: id})
+}
+
+func (s *schedEvents) HeartbeatFailed(queue string, err error) {
+	s.e.log.Warn("gendurable: heartbeat failed", "queue", queue, "err", err)
+}
+
+func (s *schedEvents) Released(queue string, count int, err error) {
+	if count > 0 {
+		s.e.log.Info("gendurable: released prefetched rows", "queue", queue, "count", count)
+	}
+}

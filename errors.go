@@ -1,0 +1,93 @@
+package gendurable
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+)
+
+// Sentinel errors. Wrapped errors returned by the package match them with
+// [errors.Is].
+var (
+	// ErrInvalidConfig: a Config, QueueConfig or machine definition is invalid.
+	// The error text says which field and why.
+	ErrInvalidConfig = errors.New("gendurable: invalid config")
+
+	// ErrInvalidSchema: the schema name is not a plain SQL identifier.
+	ErrInvalidSchema = sqlq.ErrInvalidSchema
+
+	// ErrInvalidOutcome: a step (or Handle) returned an outcome that cannot be
+	// applied — the zero Outcome, a Next to an undeclared step, a negative
+	// delay, or a state or result that does not encode to JSON. A step's
+	// invalid outcome is handed to Handle like any other step error; an
+	// invalid outcome from Handle stops the instance.
+	ErrInvalidOutcome = errors.New("gendurable: invalid outcome")
+
+	// ErrUnknownMachine: an insert names a machine (name, version) that is not
+	// registered in the engine's Config.Machines.
+	ErrUnknownMachine = errors.New("gendurable: machine not registered")
+
+	// ErrInvalidInsert: insert options are out of range (negative max
+	// attempts, priority outside smallint, both RunAt and RunIn set, ...).
+	ErrInvalidInsert = errors.New("gendurable: invalid insert")
+
+	// ErrStateDecode: an instance's stored state does not decode into the
+	// machine's state type. Such an instance is stopped with this reason: a
+	// retry cannot fix stored data.
+	ErrStateDecode = errors.New("gendurable: state does not decode")
+
+	// ErrStateEncode: a state or result value does not encode to JSON.
+	ErrStateEncode = errors.New("gendurable: state does not encode")
+
+	// ErrLeaseLost: the step's lease was reaped or taken over; its context is
+	// cancelled with this cause and its outcome will not be written.
+	ErrLeaseLost = errors.New("gendurable: lease lost")
+
+	// ErrEngineStopped: the engine is shutting down; in-flight step contexts
+	// are cancelled with this cause once the drain timeout passes.
+	ErrEngineStopped = errors.New("gendurable: engine stopped")
+
+	// ErrAlreadyStarted: Start was called on a running engine.
+	ErrAlreadyStarted = errors.New("gendurable: engine already started")
+)
+
+// PanicError is the error Handle receives when a step panics.
+type PanicError struct {
+	Value any    // what was passed to panic
+	Stack string // the goroutine's stack at the panic
+}
+
+func (e *PanicError) Error() string { return fmt.Sprintf("panic: %v", e.Value) }
+
+// CancelError marks a job error as final: the job fails at once, without
+// further attempts. Create it with [JobCancel].
+type CancelError struct{ Err error }
+
+func (e *CancelError) Error() string {
+	if e.Err == nil {
+		return "job cancelled"
+	}
+	return "job cancelled: " + e.Err.Error()
+}
+func (e *CancelError) Unwrap() error { return e.Err }
+
+// JobCancel wraps err so that a job returning it fails at once, with no
+// further attempts.
+func JobCancel(err error) error { return &CancelError{Err: err} }
+
+// SnoozeError asks for a job to run again after a delay without counting an
+// attempt. Create it with [JobSnooze].
+type SnoozeError struct{ Delay time.Duration }
+
+func (e *SnoozeError) Error() string { return fmt.Sprintf("job snoozed for %s", e.Delay) }
+
+// JobSnooze, returned from a job's Perform, runs the job again after d
+// without counting an attempt.
+func JobSnooze(d time.Duration) error { return &SnoozeError{Delay: d} }
+
+// errorf wraps a sentinel with a formatted explanation.
+func errorf(sentinel error, format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{sentinel}, args...)...)
+}

@@ -1,0 +1,121 @@
+package gendurable
+
+import (
+	"context"
+	"time"
+)
+
+// Hook receives the engine's telemetry events (SPEC §7). OnEvent is called
+// synchronously from the engine's goroutines, often on the hot path: it must
+// be quick and must not block. Switch on the event's concrete type:
+//
+//	gendurable.HookFunc(func(ctx context.Context, ev gendurable.Event) {
+//		switch e := ev.(type) {
+//		case *gendurable.StepEvent:
+//			stepDuration.Record(ctx, e.Duration.Seconds())
+//		case *gendurable.ReapEvent:
+//			reaped.Add(ctx, int64(e.Count))
+//		}
+//	})
+//
+// Events are passed by pointer and must not be retained after OnEvent returns.
+type Hook interface {
+	OnEvent(ctx context.Context, ev Event)
+}
+
+// HookFunc adapts a function to [Hook].
+type HookFunc func(ctx context.Context, ev Event)
+
+// OnEvent calls f.
+func (f HookFunc) OnEvent(ctx context.Context, ev Event) { f(ctx, ev) }
+
+// Event is one of the *…Event types of this package.
+type Event interface {
+	// EventName is a stable dotted name, e.g. "step.stop".
+	EventName() string
+}
+
+// StepEvent: a step finished and its outcome was written (or fenced out).
+type StepEvent struct {
+	Queue      string
+	Machine    string
+	Version    int
+	InstanceID int64
+	Step       string        // the step that ran
+	Attempt    int           // its attempt number
+	Outcome    string        // "next", "replay", "done" or "stop"
+	Err        error         // the step's handled error (or panic), if any
+	Duration   time.Duration // user code plus outcome commit
+	Fenced     bool          // the claim token no longer matched: nothing was written
+	CommitErr  error         // the outcome could not be written at all (the lease will expire)
+}
+
+// PickEvent: the feeder ran one pick statement.
+type PickEvent struct {
+	Queue    string
+	Count    int // rows claimed
+	Demand   int // rows asked for
+	Duration time.Duration
+	Err      error
+}
+
+// SaturationEvent: the feeder's load after a pick.
+type SaturationEvent struct {
+	Queue       string
+	InFlight    int
+	Buffered    int
+	Concurrency int
+	Prefetch    int
+}
+
+// ReapEvent: the reaper recovered expired leases.
+type ReapEvent struct {
+	Count    int     // rows recovered
+	Failed   int     // of which failed for good (attempts exhausted)
+	IDs      []int64 // the instances recovered
+	Duration time.Duration
+	Err      error
+}
+
+// DrainEvent: a queue's feeder stopped.
+type DrainEvent struct {
+	Queue     string
+	Released  int  // prefetched rows handed straight back to runnable
+	Completed bool // every in-flight step committed before the drain timeout
+	Duration  time.Duration
+}
+
+// UnknownVersionEvent: a claimed row names a machine or version this process
+// does not have; it was released back, runnable again after Delay.
+type UnknownVersionEvent struct {
+	Queue      string
+	Machine    string
+	Version    int
+	InstanceID int64
+	Delay      time.Duration
+}
+
+// LeaseLostEvent: a held row's lease was found gone (reaped after a stall,
+// or the row was changed by an operator). Its step context is cancelled.
+type LeaseLostEvent struct {
+	Queue      string
+	InstanceID int64
+}
+
+// PartitionContendedEvent: a claimed row's partition key was held by another
+// step, so the row went back to runnable. (Emitted once partition keys are
+// enforced.)
+type PartitionContendedEvent struct {
+	Queue        string
+	InstanceID   int64
+	PartitionKey string
+}
+
+func (*StepEvent) EventName() string               { return "step.stop" }
+func (*PickEvent) EventName() string               { return "pick" }
+func (*SaturationEvent) EventName() string         { return "scheduler.saturation" }
+func (*ReapEvent) EventName() string               { return "reaper.reaped" }
+func (*DrainEvent) EventName() string              { return "scheduler.drain" }
+func (*UnknownVersionEvent) EventName() string     { return "instance.unknown_version" }
+func (*LeaseLostEvent) EventName() string          { return "lease.lost" }
+func (*PartitionContendedEvent) EventName() string { return "partition.contended" }

@@ -1,0 +1,198 @@
+package gendurable
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
+)
+
+// InsertParams is one instance to insert: build it with [Machine.New] or
+// [Job.New], optionally adjusted with [InsertParams.With].
+type InsertParams struct {
+	def   Definition
+	state any
+	opts  InsertOpts
+}
+
+// With returns a copy of p with the given options.
+func (p InsertParams) With(opts InsertOpts) InsertParams {
+	p.opts = opts
+	return p
+}
+
+// InsertOpts are per-instance insert options. The zero value uses the
+// machine's defaults.
+type InsertOpts struct {
+	// Queue overrides the machine's queue.
+	Queue string
+	// Priority orders runnable instances of a queue: lower runs first.
+	// Range -32768..32767; default 0.
+	Priority int
+	// RunAt makes the instance eligible at this time (compared with the
+	// database clock). Mutually exclusive with RunIn.
+	RunAt time.Time
+	// RunIn makes the instance eligible this long after the insert, measured
+	// on the database clock. Mutually exclusive with RunAt.
+	RunIn time.Duration
+	// MaxAttempts overrides the machine's attempt budget.
+	MaxAttempts int
+	// PartitionKey: instances sharing a key never run steps at the same time.
+	// Stored now; enforced by the scheduler from the coordination release on.
+	PartitionKey string
+}
+
+// InsertResult is what an insert produced.
+type InsertResult struct {
+	ID int64 // the instance's id
+}
+
+// Insert inserts one instance and, when this engine works its queue, wakes
+// the local scheduler at once.
+func (e *Engine) Insert(ctx context.Context, p InsertParams) (InsertResult, error) {
+	res, err := e.insert(ctx, e.pool, []InsertParams{p})
+	if err != nil {
+		return InsertResult{}, err
+	}
+	e.wake([]InsertParams{p})
+	return res[0], nil
+}
+
+// InsertMany inserts all instances in one statement: all or none are inserted.
+// Results are in the order of ps.
+func (e *Engine) InsertMany(ctx context.Context, ps []InsertParams) ([]InsertResult, error) {
+	res, err := e.insert(ctx, e.pool, ps)
+	if err != nil {
+		return nil, err
+	}
+	e.wake(ps)
+	return res, nil
+}
+
+// InsertTx inserts one instance inside the caller's transaction, so it
+// commits or rolls back with the caller's own writes. Workers find it by
+// polling once the transaction commits.
+func (e *Engine) InsertTx(ctx context.Context, tx pgx.Tx, p InsertParams) (InsertResult, error) {
+	res, err := e.insert(ctx, tx, []InsertParams{p})
+	if err != nil {
+		return InsertResult{}, err
+	}
+	return res[0], nil
+}
+
+// InsertManyTx inserts all instances in one statement inside the caller's transaction.
+func (e *Engine) InsertManyTx(ctx context.Context, tx pgx.Tx, ps []InsertParams) ([]InsertResult, error) {
+	return e.insert(ctx, tx, ps)
+}
+
+func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]InsertResult, error) {
+	if len(ps) == 0 {
+		return nil, nil
+	}
+	rows := make([]sqlq.NewInstance, len(ps))
+	for i, p := range ps {
+		r, err := e.newInstance(p)
+		if err != nil {
+			if len(ps) > 1 {
+				return nil, fmt.Errorf("insert #%d: %w", i, err)
+			}
+			return nil, err
+		}
+		rows[i] = r
+	}
+	ids, err := e.q.InsertMany(ctx, db, rows)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: insert: %w", err)
+	}
+	if len(ids) != len(rows) {
+		return nil, fmt.Errorf("gendurable: insert returned %d ids for %d rows", len(ids), len(rows))
+	}
+	out := make([]InsertResult, len(ids))
+	for i, id := range ids {
+		out[i] = InsertResult{ID: id}
+	}
+	return out, nil
+}
+
+// newInstance validates one insert and encodes it for the database.
+func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
+	if p.def == nil {
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "InsertParams has no machine (use Machine.New or Job.New)")
+	}
+	core, err := p.def.definition()
+	if err != nil {
+		return sqlq.NewInstance{}, err
+	}
+	if reg := e.registry[machineKey{core.name, core.version}]; reg != core {
+		return sqlq.NewInstance{}, errorf(ErrUnknownMachine, "%q version %d (add it to Config.Machines)", core.name, core.version)
+	}
+	o := p.opts
+	switch {
+	case o.Priority < math.MinInt16 || o.Priority > math.MaxInt16:
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Priority %d outside %d..%d", o.Priority, math.MinInt16, math.MaxInt16)
+	case o.MaxAttempts < 0 || o.MaxAttempts > math.MaxInt32:
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "MaxAttempts %d must be positive (0 = machine default)", o.MaxAttempts)
+	case o.RunIn < 0:
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "negative RunIn %s", o.RunIn)
+	case !o.RunAt.IsZero() && o.RunIn != 0:
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt and RunIn are mutually exclusive")
+	case len(o.Queue) > maxNameLen:
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name longer than %d bytes", maxNameLen)
+	case len(o.PartitionKey) > maxKeyLen:
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "PartitionKey longer than %d bytes", maxKeyLen)
+	}
+	state, err := core.encode(p.state)
+	if err != nil {
+		return sqlq.NewInstance{}, err
+	}
+	if len(state) > e.cfg.MaxStateBytes {
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "state is %d bytes encoded, over Config.MaxStateBytes %d", len(state), e.cfg.MaxStateBytes)
+	}
+	r := sqlq.NewInstance{
+		FSM: core.name, Version: int32(core.version), Queue: orDefaultStr(o.Queue, core.queue),
+		Step: core.start, State: state, Priority: int16(o.Priority),
+		MaxAttempts: int32(orDefault(o.MaxAttempts, core.maxAttempts)), RunIn: o.RunIn,
+	}
+	if !o.RunAt.IsZero() {
+		t := o.RunAt
+		r.RunAt = &t
+	}
+	if o.PartitionKey != "" {
+		k := o.PartitionKey
+		r.PartitionKey = &k
+	}
+	return r, nil
+}
+
+const (
+	maxNameLen = 200
+	maxKeyLen  = 1000
+)
+
+// wake kicks the local feeders of the queues that just received runnable work.
+func (e *Engine) wake(ps []InsertParams) {
+	e.mu.Lock()
+	scheds := e.scheds
+	e.mu.Unlock()
+	if scheds == nil {
+		return
+	}
+	seen := map[string]bool{}
+	for _, p := range ps {
+		if !p.opts.RunAt.IsZero() || p.opts.RunIn > 0 {
+			continue
+		}
+		core, _ := p.def.definition()
+		q := orDefaultStr(p.opts.Queue, core.queue)
+		if seen[q] {
+			continue
+		}
+		seen[q] = true
+		if s := scheds[q]; s != nil {
+			s.Kick()
+		}
+	}
+}

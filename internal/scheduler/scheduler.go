@@ -1,0 +1,368 @@
+// Package scheduler is the per-queue feeder: it claims runnable rows with the
+// batched pick, buffers them (prefetch), starts them into a bounded number of
+// running slots, keeps every held lease alive with one batched heartbeat per
+// tick, and on stop hands the buffered rows straight back.
+//
+// It knows nothing of machines: each claimed row goes to an Executor that runs
+// it to a committed outcome.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+)
+
+// Config is one queue's feeder settings; every field must already be
+// defaulted and validated by the caller.
+type Config struct {
+	Queue             string
+	Concurrency       int           // max steps running at once
+	Prefetch          int           // rows claimed beyond running slots
+	MinDemand         int           // don't pick for fewer free places, unless idle
+	PollInterval      time.Duration // base poll interval
+	MaxPollInterval   time.Duration // idle backoff ceiling
+	Lease             time.Duration
+	HeartbeatInterval time.Duration
+}
+
+// Result is what an executor reports about a finished step.
+type Result struct {
+	// RunnableNow is true when the committed outcome made the instance
+	// runnable at once (a Next or Replay without delay): there is work to
+	// pick even if the last pick came back short.
+	RunnableNow bool
+}
+
+// Executor runs one claimed row to a committed (or fenced-out) outcome.
+// ctx is cancelled when the engine stops after its drain timeout, or with
+// cause ErrLeaseLost when the heartbeat finds the lease gone.
+type Executor func(ctx context.Context, c *sqlq.Claimed) Result
+
+// Events receives what the feeder observes. Methods are called from the
+// feeder's goroutines and must be quick.
+type Events interface {
+	Pick(queue string, count, demand int, d time.Duration, err error)
+	Saturation(queue string, inFlight, buffered, concurrency, prefetch int)
+	LeaseLost(queue string, id int64)
+	HeartbeatFailed(queue string, err error)
+	Released(queue string, count int, err error)
+}
+
+// ErrLeaseLost is the cancellation cause of a step whose lease is gone.
+var ErrLeaseLost = errors.New("lease lost")
+
+type held struct {
+	token   int64
+	running bool
+	cancel  context.CancelCauseFunc // set once running
+}
+
+// Scheduler feeds one queue.
+type Scheduler struct {
+	cfg  Config
+	q    *sqlq.Queries
+	db   sqlq.DB
+	exec Executor
+	ev   Events
+	log  *slog.Logger
+
+	kick chan struct{} // wake the loop: a completion or a local insert
+
+	mu       sync.Mutex
+	held     map[int64]*held
+	buffer   []sqlq.Claimed // claimed, not yet started, in pick order
+	inFlight int
+	more     bool // the last pick was full, or an outcome made work runnable
+	released int  // rows handed back when Run stopped
+	steps    sync.WaitGroup
+}
+
+// New creates a feeder; Run starts it.
+func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log *slog.Logger) *Scheduler {
+	return &Scheduler{
+		cfg: cfg, q: q, db: db, exec: exec, ev: ev, log: log,
+		kick: make(chan struct{}, 1),
+		held: make(map[int64]*held),
+	}
+}
+
+// Kick wakes the loop at once (a local insert made work runnable).
+func (s *Scheduler) Kick() {
+	s.mu.Lock()
+	s.more = true
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *Scheduler) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run picks and dispatches until pickCtx is done, then releases the buffered
+// rows and returns. Steps run with contexts derived from workCtx and may
+// still be running when Run returns: wait for them with Wait. The heartbeat
+// must run (see Heartbeat) as long as anything is held.
+func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
+	interval := s.cfg.PollInterval
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for {
+		s.dispatch(workCtx)
+
+		s.mu.Lock()
+		claimed := s.inFlight + len(s.buffer)
+		demand := s.cfg.Concurrency + s.cfg.Prefetch - claimed
+		idle := claimed == 0
+		more := s.more
+		s.mu.Unlock()
+
+		full := false
+		if demand > 0 && (demand >= s.cfg.MinDemand || idle) && (more || idle) {
+			n, err := s.pick(pickCtx, demand)
+			if pickCtx.Err() != nil {
+				break
+			}
+			full = err == nil && n == demand
+			switch {
+			case err != nil:
+				// Database trouble: keep the interval, try again on the next tick.
+			case n > 0:
+				interval = s.cfg.PollInterval
+			case idle:
+				interval = min(interval*2, s.cfg.MaxPollInterval)
+			}
+			s.mu.Lock()
+			s.more = full
+			s.mu.Unlock()
+			s.ev.Saturation(s.cfg.Queue, s.inFlightNow(), s.bufferedNow(), s.cfg.Concurrency, s.cfg.Prefetch)
+			if full {
+				continue // a full pick: more is likely waiting
+			}
+		}
+
+		resetTimer(timer, interval)
+		select {
+		case <-pickCtx.Done():
+		case <-s.kick:
+			interval = s.cfg.PollInterval
+			continue
+		case <-timer.C:
+			s.mu.Lock()
+			s.more = true // the poll tick: look again
+			s.mu.Unlock()
+			continue
+		}
+		break
+	}
+	s.releaseBuffer()
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
+	t.Reset(d)
+}
+
+func (s *Scheduler) inFlightNow() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inFlight
+}
+
+func (s *Scheduler) bufferedNow() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.buffer)
+}
+
+// pick claims up to demand rows into the buffer.
+func (s *Scheduler) pick(ctx context.Context, demand int) (int, error) {
+	start := time.Now()
+	rows, err := s.q.Pick(ctx, s.db, s.cfg.Queue, demand, s.cfg.Lease)
+	s.ev.Pick(s.cfg.Queue, len(rows), demand, time.Since(start), err)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("gendurable: pick failed", "queue", s.cfg.Queue, "err", err)
+		}
+		return 0, err
+	}
+	s.mu.Lock()
+	for _, c := range rows {
+		s.held[c.ID] = &held{token: c.Token}
+	}
+	s.buffer = append(s.buffer, rows...)
+	s.mu.Unlock()
+	return len(rows), nil
+}
+
+// dispatch starts buffered rows into free running slots.
+func (s *Scheduler) dispatch(workCtx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.inFlight < s.cfg.Concurrency && len(s.buffer) > 0 {
+		c := s.buffer[0]
+		s.buffer = s.buffer[1:]
+		h := s.held[c.ID]
+		if h == nil {
+			continue // its lease was lost while buffered
+		}
+		ctx, cancel := context.WithCancelCause(workCtx)
+		h.running, h.cancel = true, cancel
+		s.inFlight++
+		s.steps.Add(1)
+		go s.runStep(ctx, cancel, c)
+	}
+	if len(s.buffer) == 0 {
+		s.buffer = nil // let a drained buffer's backing array go
+	}
+}
+
+func (s *Scheduler) runStep(ctx context.Context, cancel context.CancelCauseFunc, c sqlq.Claimed) {
+	defer s.steps.Done()
+	res := s.exec(ctx, &c)
+	cancel(nil)
+	s.mu.Lock()
+	delete(s.held, c.ID)
+	s.inFlight--
+	if res.RunnableNow {
+		s.more = true
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+// releaseBuffer hands the claimed-but-unstarted rows back to runnable.
+func (s *Scheduler) releaseBuffer() {
+	s.mu.Lock()
+	ids := make([]int64, 0, len(s.buffer))
+	tokens := make([]int64, 0, len(s.buffer))
+	for _, c := range s.buffer {
+		if h := s.held[c.ID]; h != nil {
+			ids = append(ids, c.ID)
+			tokens = append(tokens, h.token)
+			delete(s.held, c.ID)
+		}
+	}
+	s.buffer = nil
+	s.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	released, err := s.q.Release(ctx, s.db, ids, tokens, 0)
+	s.mu.Lock()
+	s.released = len(released)
+	s.mu.Unlock()
+	s.ev.Released(s.cfg.Queue, len(released), err)
+	if err != nil {
+		s.log.Warn("gendurable: releasing prefetched rows failed; the reaper will recover them",
+			"queue", s.cfg.Queue, "rows", len(ids), "err", err)
+	}
+}
+
+// ReleasedOnStop is the number of prefetched rows Run handed back when it stopped.
+func (s *Scheduler) ReleasedOnStop() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.released
+}
+
+// InFlight reports the number of running steps.
+func (s *Scheduler) InFlight() int { return s.inFlightNow() }
+
+// Wait blocks until every started step has returned or ctx is done; it
+// reports whether all steps returned.
+func (s *Scheduler) Wait(ctx context.Context) bool {
+	done := make(chan struct{})
+	go func() { s.steps.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// Heartbeat extends every held lease once per HeartbeatInterval until ctx
+// is done. A held row the database no longer shows as ours is dropped from
+// the buffer or, if running, has its step context cancelled with
+// ErrLeaseLost: it is a zombie whose outcome the fence will reject anyway.
+func (s *Scheduler) Heartbeat(ctx context.Context) {
+	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.heartbeatOnce(ctx)
+	}
+}
+
+func (s *Scheduler) heartbeatOnce(ctx context.Context) {
+	s.mu.Lock()
+	if len(s.held) == 0 {
+		s.mu.Unlock()
+		return
+	}
+	ids := make([]int64, 0, len(s.held))
+	tokens := make([]int64, 0, len(s.held))
+	for id, h := range s.held {
+		ids = append(ids, id)
+		tokens = append(tokens, h.token)
+	}
+	s.mu.Unlock()
+
+	hctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval)
+	kept, err := s.q.Heartbeat(hctx, s.db, ids, tokens, s.cfg.Lease)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.ev.HeartbeatFailed(s.cfg.Queue, err)
+		}
+		return
+	}
+	ok := make(map[int64]bool, len(kept))
+	for _, id := range kept {
+		ok[id] = true
+	}
+	s.mu.Lock()
+	var lost []int64
+	for i, id := range ids {
+		h := s.held[id]
+		if ok[id] || h == nil || h.token != tokens[i] {
+			continue // extended, or finished meanwhile
+		}
+		lost = append(lost, id)
+		if h.running {
+			h.cancel(ErrLeaseLost)
+		} else {
+			delete(s.held, id)
+			for j := range s.buffer {
+				if s.buffer[j].ID == id {
+					s.buffer = append(s.buffer[:j], s.buffer[j+1:]...)
+					break
+				}
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range lost {
+		s.ev.LeaseLost(s.cfg.Queue, id)
+	}
+}

@@ -1,0 +1,185 @@
+package sqlq
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Migration is one schema version's up and down SQL, still templated.
+type Migration struct {
+	Version int
+	Name    string
+	up      string
+	down    string
+}
+
+// Up renders the version's up SQL for a schema.
+func (m Migration) Up(schema string) string { return render(m.up, quoteIdent(schema)) }
+
+// Down renders the version's down SQL for a schema.
+func (m Migration) Down(schema string) string { return render(m.down, quoteIdent(schema)) }
+
+// Migrations lists every embedded migration in version order.
+func Migrations() []Migration {
+	byVersion := map[int]*Migration{}
+	entries, err := fs.ReadDir(migrationFS, "migrations")
+	if err != nil {
+		panic(err) // embedded: cannot fail at run time
+	}
+	for _, e := range entries {
+		// 001_init.up.sql
+		name := e.Name()
+		num, rest, ok := strings.Cut(name, "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			panic("sqlq: bad migration file name " + name)
+		}
+		body, err := fs.ReadFile(migrationFS, "migrations/"+name)
+		if err != nil {
+			panic(err)
+		}
+		m := byVersion[v]
+		if m == nil {
+			m = &Migration{Version: v}
+			byVersion[v] = m
+		}
+		switch {
+		case strings.HasSuffix(rest, ".up.sql"):
+			m.Name, m.up = strings.TrimSuffix(rest, ".up.sql"), string(body)
+		case strings.HasSuffix(rest, ".down.sql"):
+			m.down = string(body)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// LatestVersion is the highest embedded schema version.
+func LatestVersion() int {
+	ms := Migrations()
+	return ms[len(ms)-1].Version
+}
+
+const versionCommentPrefix = "gendurable schema version "
+
+// RowQuerier runs a single-row query.
+type RowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// InstalledVersion reads the schema version recorded in the table comment;
+// 0 means gendurable is not installed in the schema.
+func InstalledVersion(ctx context.Context, db RowQuerier, schema string) (int, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return 0, err
+	}
+	var comment *string
+	err := db.QueryRow(ctx,
+		`SELECT obj_description(to_regclass($1), 'pg_class')`,
+		quoteIdent(schema)+".gendurable_instances").Scan(&comment)
+	if err != nil {
+		return 0, err
+	}
+	if comment == nil {
+		// to_regclass gives NULL for a missing table; a table without our
+		// comment is not ours to touch.
+		var exists bool
+		if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
+			quoteIdent(schema)+".gendurable_instances").Scan(&exists); err != nil {
+			return 0, err
+		}
+		if exists {
+			return 0, errors.New("table gendurable_instances exists but carries no gendurable version comment")
+		}
+		return 0, nil
+	}
+	v, err := strconv.Atoi(strings.TrimPrefix(*comment, versionCommentPrefix))
+	if err != nil || !strings.HasPrefix(*comment, versionCommentPrefix) {
+		return 0, fmt.Errorf("unrecognised version comment on gendurable_instances: %q", *comment)
+	}
+	return v, nil
+}
+
+// Beginner opens transactions (a pool or a connection).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Migrate moves the schema from its installed version to target, up or down,
+// in one transaction serialized by an advisory lock, so concurrent migrators
+// (several processes starting at once) apply each step exactly once. It
+// returns the versions applied, in order.
+func Migrate(ctx context.Context, db Beginner, schema string, target int) (from int, applied []int, err error) {
+	if err := ValidateSchema(schema); err != nil {
+		return 0, nil, err
+	}
+	latest := LatestVersion()
+	if target < 0 || target > latest {
+		return 0, nil, fmt.Errorf("target version %d out of range 0..%d", target, latest)
+	}
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1))`, schema); err != nil {
+		return 0, nil, err
+	}
+	if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteIdent(schema)); err != nil {
+		return 0, nil, err
+	}
+	from, err = InstalledVersion(ctx, tx, schema)
+	if err != nil {
+		return 0, nil, err
+	}
+	if from > latest {
+		return from, nil, fmt.Errorf("schema %q is at version %d, newer than this library's %d", schema, from, latest)
+	}
+	ms := Migrations()
+	if target >= from {
+		for _, m := range ms {
+			if m.Version > from && m.Version <= target {
+				if _, err := tx.Exec(ctx, m.Up(schema)); err != nil {
+					return from, nil, fmt.Errorf("migration %d up: %w", m.Version, err)
+				}
+				applied = append(applied, m.Version)
+			}
+		}
+	} else {
+		for i := len(ms) - 1; i >= 0; i-- {
+			m := ms[i]
+			if m.Version <= from && m.Version > target {
+				if _, err := tx.Exec(ctx, m.Down(schema)); err != nil {
+					return from, nil, fmt.Errorf("migration %d down: %w", m.Version, err)
+				}
+				applied = append(applied, m.Version)
+			}
+		}
+	}
+	if target > 0 && len(applied) > 0 {
+		// The comment is a literal: the version is an integer we produced.
+		if _, err := tx.Exec(ctx, "COMMENT ON TABLE "+quoteIdent(schema)+".gendurable_instances IS '"+
+			versionCommentPrefix+strconv.Itoa(target)+"'"); err != nil {
+			return from, nil, err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return from, nil, err
+	}
+	return from, applied, nil
+}

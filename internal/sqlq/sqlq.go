@@ -1,0 +1,81 @@
+// Package sqlq is the one home of gendurable's SQL: every statement the engine
+// runs is a named constant or function here, beside its siblings, so the cost
+// model of SPEC §4 maps one to one onto code.
+//
+// Statements are written against the placeholder {{schema}}, which New
+// replaces once with the validated, quoted schema name. Every value is passed
+// as a parameter; nothing a caller supplies is ever spliced into SQL text.
+package sqlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what every statement runs on: a pool, a connection or a transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ErrInvalidSchema is returned for a schema name that is not a plain identifier.
+var ErrInvalidSchema = errors.New("invalid schema name")
+
+var schemaRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// ValidateSchema accepts a plain SQL identifier of at most 63 bytes: a letter
+// or underscore followed by letters, digits and underscores. Anything else is
+// rejected rather than escaped, so a schema name can never carry SQL.
+func ValidateSchema(name string) error {
+	if name == "" || len(name) > 63 || !schemaRE.MatchString(name) {
+		return fmt.Errorf("%w: %q (want 1-63 characters of [A-Za-z0-9_], not starting with a digit)", ErrInvalidSchema, name)
+	}
+	return nil
+}
+
+// quoteIdent quotes an identifier that ValidateSchema accepted.
+func quoteIdent(name string) string { return `"` + name + `"` }
+
+// render substitutes the quoted schema into a statement template.
+func render(tmpl, quotedSchema string) string {
+	return strings.ReplaceAll(tmpl, "{{schema}}", quotedSchema)
+}
+
+// Queries holds every statement rendered for one schema.
+type Queries struct {
+	Schema string // unquoted, validated
+
+	pick          string
+	heartbeat     string
+	reap          string
+	applyOutcomes string
+	release       string
+	insertMany    string
+}
+
+// New validates the schema name and renders every statement for it.
+func New(schema string) (*Queries, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	qs := quoteIdent(schema)
+	return &Queries{
+		Schema:        schema,
+		pick:          render(pickSQL, qs),
+		heartbeat:     render(heartbeatSQL, qs),
+		reap:          render(reapSQL, qs),
+		applyOutcomes: render(applyOutcomesSQL, qs),
+		release:       render(releaseSQL, qs),
+		insertMany:    render(insertManySQL, qs),
+	}, nil
+}
+
+// micros converts a duration to whole microseconds for `$n * interval '1 microsecond'`.
+func micros(d interface{ Microseconds() int64 }) int64 { return d.Microseconds() }

@@ -1,0 +1,357 @@
+package gendurable
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+)
+
+// StepFunc runs one step of an instance. It returns exactly one outcome, or an
+// error, which is handed to the machine's Handle. It runs outside any
+// database transaction; ctx is cancelled when the engine stops (after the
+// drain timeout) or when the step's lease is lost.
+type StepFunc[S any] func(ctx context.Context, r *Run[S]) (Outcome, error)
+
+// HandleFunc decides what happens after a step returned an error or
+// panicked (err is then a *PanicError). If Handle itself errors, panics or
+// returns an invalid outcome, the instance is stopped.
+type HandleFunc[S any] func(ctx context.Context, r *Run[S], err error) (Outcome, error)
+
+// Machine defines a durable finite-state machine whose state is a value of
+// type S, stored as JSON in the instance row. Register it in
+// [Config.Machines]; insert instances with [Machine.New] and [Engine.Insert].
+//
+//	var Order = &gendurable.Machine[OrderState]{
+//		Name:  "order",
+//		Start: "reserve",
+//		Steps: map[string]gendurable.StepFunc[OrderState]{
+//			"reserve": func(ctx context.Context, r *gendurable.Run[OrderState]) (gendurable.Outcome, error) {
+//				return r.Next("charge", r.State), nil
+//			},
+//			"charge": ...,
+//		},
+//	}
+//
+// A Machine must not be modified once an engine uses it.
+type Machine[S any] struct {
+	// Name identifies the machine in the database (the fsm column). Required.
+	Name string
+	// Version of the machine; rows run on the version they were inserted
+	// with, and several versions may be registered side by side. Default 1.
+	Version int
+	// Queue new instances go to unless InsertOpts says otherwise.
+	// Default "default".
+	Queue string
+	// Start is the step a new instance begins at. Required; must be a key of Steps.
+	Start string
+	// Steps maps each step name to its code. Every step an outcome names
+	// must be declared here. Required, non-empty.
+	Steps map[string]StepFunc[S]
+	// Handle decides the outcome after a failed step. Default: replay with
+	// exponential backoff and jitter (see Backoff) until MaxAttempts, then stop.
+	Handle HandleFunc[S]
+	// MaxAttempts is the default attempt budget of new instances: handled
+	// failures and expired leases both count. Default 20.
+	MaxAttempts int
+	// Backoff gives the delay before retry number attempt+1 for the default
+	// Handle. Default: 1s·2^attempt with jitter, capped at one hour.
+	Backoff func(attempt int) time.Duration
+
+	once    sync.Once
+	core    *machineCore
+	coreErr error
+}
+
+// Run is what a step sees of its instance.
+type Run[S any] struct {
+	ID           int64     // instance id
+	Machine      string    // machine name
+	Version      int       // machine version the row runs on
+	Queue        string    // queue it was claimed from
+	Step         string    // the step being run
+	Attempt      int       // 0 on the first run of this step; +1 per replay or expired lease
+	MaxAttempts  int       // attempt budget of the instance
+	Priority     int       // lower runs first
+	PartitionKey string    // "" when the instance has none
+	InsertedAt   time.Time // when the instance was inserted
+	// State is the instance's state, decoded from the row. Outcomes take the
+	// next state by value; changing State in place has no effect unless it is
+	// passed to one.
+	State S
+}
+
+// Definition is a registered machine or job: a *Machine[S] or a *Job[T].
+type Definition interface {
+	definition() (*machineCore, error)
+}
+
+// machineCore is the untyped face of a machine that the engine works with.
+type machineCore struct {
+	name        string
+	version     int
+	queue       string
+	start       string
+	steps       map[string]bool
+	maxAttempts int
+	encode      func(state any) (string, error) // checks the dynamic type is S
+	exec        func(ctx context.Context, c *sqlq.Claimed, queue string) execResult
+}
+
+// execResult is a step's outcome, encoded for the database, plus what the
+// engine reports about it.
+type execResult struct {
+	out     sqlq.Outcome // ID and Token are filled in by the engine
+	kind    outcomeKind
+	stepErr error // the handled error, if the step failed
+}
+
+func (m *Machine[S]) definition() (*machineCore, error) {
+	m.once.Do(func() { m.core, m.coreErr = m.build() })
+	return m.core, m.coreErr
+}
+
+func (m *Machine[S]) build() (*machineCore, error) {
+	if m.Name == "" {
+		return nil, fmt.Errorf("%w: machine has no Name", ErrInvalidConfig)
+	}
+	if m.Version < 0 {
+		return nil, fmt.Errorf("%w: machine %q: negative Version", ErrInvalidConfig, m.Name)
+	}
+	if m.MaxAttempts < 0 {
+		return nil, fmt.Errorf("%w: machine %q: negative MaxAttempts", ErrInvalidConfig, m.Name)
+	}
+	if len(m.Steps) == 0 {
+		return nil, fmt.Errorf("%w: machine %q declares no Steps", ErrInvalidConfig, m.Name)
+	}
+	steps := make(map[string]bool, len(m.Steps))
+	for name, fn := range m.Steps {
+		if name == "" || fn == nil {
+			return nil, fmt.Errorf("%w: machine %q: step %q has an empty name or nil func", ErrInvalidConfig, m.Name, name)
+		}
+		steps[name] = true
+	}
+	if !steps[m.Start] {
+		return nil, fmt.Errorf("%w: machine %q: Start step %q is not one of its Steps %v", ErrInvalidConfig, m.Name, m.Start, sortedKeys(steps))
+	}
+	return &machineCore{
+		name:        m.Name,
+		version:     orDefault(m.Version, 1),
+		queue:       orDefaultStr(m.Queue, DefaultQueue),
+		start:       m.Start,
+		steps:       steps,
+		maxAttempts: orDefault(m.MaxAttempts, DefaultMaxAttempts),
+		encode:      encodeTyped[S],
+		exec:        m.exec,
+	}, nil
+}
+
+// New prepares a new instance starting at the machine's Start step with the
+// given state, for [Engine.Insert] and [Engine.InsertMany].
+func (m *Machine[S]) New(state S) InsertParams {
+	return InsertParams{def: m, state: state}
+}
+
+// exec decodes the state, runs the step and, on failure, Handle, and encodes
+// the resulting outcome. It never returns without an outcome to apply.
+func (m *Machine[S]) exec(ctx context.Context, c *sqlq.Claimed, queue string) execResult {
+	r := &Run[S]{
+		ID: c.ID, Machine: c.FSM, Version: int(c.Version), Queue: queue, Step: c.Step,
+		Attempt: int(c.Attempt), MaxAttempts: int(c.MaxAttempts), Priority: int(c.Priority),
+		InsertedAt: c.InsertedAt,
+	}
+	if c.PartitionKey != nil {
+		r.PartitionKey = *c.PartitionKey
+	}
+	if err := json.Unmarshal(c.State, &r.State); err != nil {
+		// Stored data will not decode on a retry either: stop with the reason.
+		err = fmt.Errorf("%w into %T: %v", ErrStateDecode, r.State, err)
+		return stopResult("state_decode", err.Error(), err)
+	}
+
+	var (
+		out Outcome
+		err error
+	)
+	if fn := m.Steps[c.Step]; fn == nil {
+		err = fmt.Errorf("%w: step %q is not declared by machine %q version %d", ErrInvalidOutcome, c.Step, m.Name, m.core.version)
+	} else {
+		out, err = callStep(ctx, func() (Outcome, error) { return fn(ctx, r) })
+	}
+	var enc sqlq.Outcome
+	if err == nil {
+		enc, err = m.encodeOutcome(out)
+	}
+	if err == nil {
+		return execResult{out: enc, kind: out.kind}
+	}
+
+	stepErr := err
+	handle := m.Handle
+	if handle == nil {
+		handle = m.defaultHandle
+	}
+	out, err = callStep(ctx, func() (Outcome, error) { return handle(ctx, r, stepErr) })
+	if err == nil {
+		enc, err = m.encodeOutcome(out)
+	}
+	if err != nil {
+		msg := fmt.Sprintf("%s; Handle failed: %s", stepErr, err)
+		return stopResult(errKind(stepErr), msg, stepErr)
+	}
+	msg := stepErr.Error()
+	if out.kind == kindStop {
+		msg = fmt.Sprintf("%s; stopped: %s", stepErr, out.reason)
+	}
+	enc.ErrKind, enc.Err = strPtr(errKind(stepErr)), strPtr(truncate(msg))
+	return execResult{out: enc, kind: out.kind, stepErr: stepErr}
+}
+
+func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Outcome, error) {
+	if r.Attempt+1 >= r.MaxAttempts {
+		return Stop(fmt.Sprintf("attempts exhausted (%d of %d)", r.Attempt+1, r.MaxAttempts)), nil
+	}
+	backoff := m.Backoff
+	if backoff == nil {
+		backoff = DefaultBackoff
+	}
+	return r.Replay(r.State, backoff(r.Attempt)), nil
+}
+
+// encodeOutcome validates o for this machine and encodes it for the database.
+func (m *Machine[S]) encodeOutcome(o Outcome) (sqlq.Outcome, error) {
+	if err := o.validate(m.core.steps); err != nil {
+		return sqlq.Outcome{}, err
+	}
+	enc := sqlq.Outcome{Delay: o.delay}
+	switch o.kind {
+	case kindNext:
+		enc.Kind, enc.Step = sqlq.KindNext, strPtr(o.step)
+	case kindReplay:
+		enc.Kind, enc.AttemptInc = sqlq.KindReplay, 1
+		if o.snooze {
+			enc.AttemptInc = 0
+		}
+	case kindDone:
+		enc.Kind = sqlq.KindDone
+		b, err := json.Marshal(o.result)
+		if err != nil {
+			return sqlq.Outcome{}, fmt.Errorf("%w: Done result: %v", ErrInvalidOutcome, err)
+		}
+		enc.Result = strPtr(string(b))
+	case kindStop:
+		enc.Kind = sqlq.KindStop
+		enc.ErrKind, enc.Err = strPtr("stop"), strPtr(truncate(o.reason))
+	}
+	if o.hasState {
+		s, err := encodeTyped[S](o.state)
+		if err != nil {
+			return sqlq.Outcome{}, fmt.Errorf("%w: %v", ErrInvalidOutcome, err)
+		}
+		enc.State = &s
+	}
+	return enc, nil
+}
+
+// encodeTyped encodes a state that must be of type S.
+func encodeTyped[S any](state any) (string, error) {
+	s, ok := state.(S)
+	if !ok {
+		var zero S
+		return "", fmt.Errorf("%w: state is %T, the machine's state type is %T", ErrStateEncode, state, zero)
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrStateEncode, err)
+	}
+	return string(b), nil
+}
+
+// callStep runs fn, turning a panic into a *PanicError.
+func callStep(_ context.Context, fn func() (Outcome, error)) (out Outcome, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			out, err = Outcome{}, &PanicError{Value: v, Stack: string(debug.Stack())}
+		}
+	}()
+	return fn()
+}
+
+func stopResult(kind, msg string, cause error) execResult {
+	return execResult{
+		out:     sqlq.Outcome{Kind: sqlq.KindStop, ErrKind: strPtr(kind), Err: strPtr(truncate(msg))},
+		kind:    kindStop,
+		stepErr: cause,
+	}
+}
+
+func errKind(err error) string {
+	switch err.(type) {
+	case *PanicError:
+		return "panic"
+	}
+	return "error"
+}
+
+// DefaultBackoff is the retry delay of the default Handle: 1s·2^attempt,
+// capped at one hour, with up to 50% jitter subtracted so that many failing
+// instances do not retry in lockstep.
+func DefaultBackoff(attempt int) time.Duration {
+	if attempt < 0 {
+		attempt = 0
+	}
+	d := time.Hour
+	if attempt < 12 {
+		d = min(time.Second<<attempt, time.Hour)
+	}
+	return d - time.Duration(rand.Int64N(int64(d)/2+1))
+}
+
+const maxErrorText = 4000
+
+// truncate makes an error text safe to store: valid UTF-8, no NUL bytes
+// (PostgreSQL text cannot hold them), and bounded in length.
+func truncate(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) <= maxErrorText {
+		return s
+	}
+	cut := maxErrorText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…(truncated)"
+}
+
+func strPtr(s string) *string { return &s }
+
+func orDefault(v, d int) int {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+func orDefaultStr(v, d string) string {
+	if v == "" {
+		return d
+	}
+	return v
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

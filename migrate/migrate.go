@@ -1,0 +1,104 @@
+// Package migrate installs, upgrades and removes gendurable's tables.
+//
+// The schema is the library's own: embedded, versioned SQL with an up and a
+// down for every version. The installed version is recorded in the database
+// (as the comment on gendurable_instances), so Up applies only what is
+// missing and several processes may call it at once. Users who run their own
+// migration tool can print the SQL with SQL and paste it into their files.
+//
+//	if _, err := migrate.Up(ctx, pool, "public"); err != nil { ... }
+package migrate
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
+)
+
+// DB is a pool or connection that can open a transaction and run a query
+// (*pgxpool.Pool and *pgx.Conn both are).
+type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ErrInvalidSchema is returned (wrapped) for a schema name that is not a plain identifier.
+var ErrInvalidSchema = sqlq.ErrInvalidSchema
+
+// Latest is the newest schema version this library ships.
+func Latest() int { return sqlq.LatestVersion() }
+
+// Result says what a migration did.
+type Result struct {
+	From    int   // version installed before
+	To      int   // version installed after
+	Applied []int // versions applied, in order (empty when there was nothing to do)
+}
+
+// Up migrates schema to the latest version, creating the schema if needed.
+func Up(ctx context.Context, db DB, schema string) (Result, error) {
+	return To(ctx, db, schema, Latest())
+}
+
+// Down removes every gendurable table from schema (version 0). The schema
+// itself is left in place. All instances and signals are lost.
+func Down(ctx context.Context, db DB, schema string) (Result, error) {
+	return To(ctx, db, schema, 0)
+}
+
+// To migrates schema up or down to target, in one transaction.
+func To(ctx context.Context, db DB, schema string, target int) (Result, error) {
+	from, applied, err := sqlq.Migrate(ctx, db, schema, target)
+	if err != nil {
+		return Result{From: from, To: from}, fmt.Errorf("gendurable migrate %q to %d: %w", schema, target, err)
+	}
+	return Result{From: from, To: target, Applied: applied}, nil
+}
+
+// Installed reports the schema version installed in schema (0 if none).
+func Installed(ctx context.Context, db DB, schema string) (int, error) {
+	v, err := sqlq.InstalledVersion(ctx, db, schema)
+	if err != nil {
+		return 0, fmt.Errorf("gendurable migrate: read installed version of %q: %w", schema, err)
+	}
+	return v, nil
+}
+
+// SQL returns the SQL that migrates schema from version from to version to
+// (up when to > from, down when to < from), with the version comment, for
+// users who apply migrations with their own tool.
+func SQL(schema string, from, to int) (string, error) {
+	if err := sqlq.ValidateSchema(schema); err != nil {
+		return "", err
+	}
+	latest := Latest()
+	if from < 0 || to < 0 || from > latest || to > latest {
+		return "", fmt.Errorf("gendurable migrate: versions must be within 0..%d", latest)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS \"%s\";\n", schema)
+	ms := sqlq.Migrations()
+	if to >= from {
+		for _, m := range ms {
+			if m.Version > from && m.Version <= to {
+				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) up\n%s", m.Version, m.Name, m.Up(schema))
+			}
+		}
+		if to > 0 && to != from {
+			fmt.Fprintf(&b, "\nCOMMENT ON TABLE \"%s\".gendurable_instances IS 'gendurable schema version %d';\n", schema, to)
+		}
+	} else {
+		for i := len(ms) - 1; i >= 0; i-- {
+			if m := ms[i]; m.Version <= from && m.Version > to {
+				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) down\n%s", m.Version, m.Name, m.Down(schema))
+			}
+		}
+		if to > 0 {
+			fmt.Fprintf(&b, "\nCOMMENT ON TABLE \"%s\".gendurable_instances IS 'gendurable schema version %d';\n", schema, to)
+		}
+	}
+	return b.String(), nil
+}
