@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,9 @@ func setup(t *testing.T, cfg *gendurable.Config, machines ...gendurable.Definiti
 		cfg = fastConfig(schema, machines...)
 	}
 	cfg.Schema = schema
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
 	eng, err := gendurable.New(pool, cfg)
 	require.NoError(t, err)
 	return &testBundle{t: t, pool: pool, schema: schema, eng: eng}
@@ -146,4 +150,17 @@ func eventually(t *testing.T, timeout time.Duration, cond func() bool, msg strin
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// testLogger sends engine logs to the test log (shown with -v or on failure).
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }

@@ -2,12 +2,15 @@ package gendurable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // InsertParams is one instance to insert: build it with [Machine.New] or
@@ -105,6 +108,11 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 	}
 	ids, err := e.q.InsertMany(ctx, db, rows)
 	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+			// A data exception: e.g. a JSON string holding \u0000, which jsonb cannot store.
+			return nil, fmt.Errorf("%w: the database rejected the values: %w", ErrInvalidInsert, err)
+		}
 		return nil, fmt.Errorf("gendurable: insert: %w", err)
 	}
 	if len(ids) != len(rows) {

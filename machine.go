@@ -3,6 +3,7 @@ package gendurable
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
@@ -195,6 +196,15 @@ func (m *Machine[S]) exec(ctx context.Context, c *sqlq.Claimed, queue string) ex
 	}
 
 	stepErr := err
+	if errors.Is(context.Cause(ctx), ErrEngineStopped) {
+		// The engine cancelled the step at shutdown: not the step's fault, so
+		// no attempt is counted and Handle is not asked. It runs again as is.
+		return execResult{
+			out: sqlq.Outcome{Kind: sqlq.KindReplay, AttemptInc: 0,
+				ErrKind: strPtr("interrupted"), Err: strPtr(truncate("interrupted by engine shutdown: " + stepErr.Error()))},
+			kind: kindReplay, stepErr: stepErr,
+		}
+	}
 	handle := m.Handle
 	if handle == nil {
 		handle = m.defaultHandle

@@ -54,7 +54,7 @@ type Events interface {
 }
 
 // ErrLeaseLost is the cancellation cause of a step whose lease is gone.
-var ErrLeaseLost = errors.New("lease lost")
+var ErrLeaseLost = errors.New("gendurable: lease lost")
 
 type held struct {
 	token   int64
@@ -143,6 +143,7 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 			s.mu.Lock()
 			s.more = full
 			s.mu.Unlock()
+			s.dispatch(workCtx)
 			s.ev.Saturation(s.cfg.Queue, s.inFlightNow(), s.bufferedNow(), s.cfg.Concurrency, s.cfg.Prefetch)
 			if full {
 				continue // a full pick: more is likely waiting
