@@ -1,0 +1,154 @@
+package gendurable_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/stretchr/testify/require"
+)
+
+func TestInvalidConfig(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	ok := &gendurable.Job[orderArgs]{Name: "ok", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	okV1Again := &gendurable.Job[orderArgs]{Name: "ok", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	cases := []struct {
+		name string
+		cfg  gendurable.Config
+		want string
+	}{
+		{"heartbeat too slow for lease", gendurable.Config{LeaseDuration: time.Second, HeartbeatInterval: time.Second}, "HeartbeatInterval × 3"},
+		{"negative lease", gendurable.Config{LeaseDuration: -time.Second}, "negative"},
+		{"bad schema", gendurable.Config{Schema: `x"; DROP TABLE y; --`}, "invalid schema name"},
+		{"schema too long", gendurable.Config{Schema: strings.Repeat("s", 64)}, "invalid schema name"},
+		{"nil machine", gendurable.Config{Machines: []gendurable.Definition{nil}}, "nil entry"},
+		{"duplicate registration", gendurable.Config{Machines: []gendurable.Definition{ok, okV1Again}}, "registered twice"},
+		{"no steps", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Machine[orderArgs]{Name: "m", Start: "a"}}}, "declares no Steps"},
+		{"unnamed", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Machine[orderArgs]{Start: "a"}}}, "no Name"},
+		{"start not a step", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Machine[orderArgs]{
+			Name: "m", Start: "zzz",
+			Steps: map[string]gendurable.StepFunc[orderArgs]{"a": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil), nil
+			}},
+		}}}, `Start step "zzz" is not one of its Steps [a]`},
+		{"job without perform", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j"}}}, "no Perform"},
+		{"negative concurrency", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: -1}}}, "negative Concurrency"},
+		{"min demand too big", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 2, Prefetch: -1, MinDemand: 3}}}, "MinDemand 3"},
+		{"poll above max", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {PollInterval: time.Minute, MaxPollInterval: time.Second}}}, "PollInterval"},
+		{"empty queue name", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"": {}}}, "queue name"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			_, err := gendurable.New(pool, &cfg)
+			require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+	_, err := gendurable.New(nil, nil)
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+	_, err = gendurable.New(pool, nil)
+	require.NoError(t, err, "a nil config is an insert-only engine with defaults")
+}
+
+func TestStartRefusesUnmigratedSchema(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema})
+	require.NoError(t, err)
+	err = eng.Start(context.Background())
+	require.ErrorContains(t, err, "run migrate.Up")
+}
+
+type weirdState struct {
+	Name string         `json:"name"`
+	Any  map[string]any `json:"any,omitempty"`
+}
+
+func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[weirdState]{Name: "w", Perform: func(context.Context, *gendurable.Run[weirdState]) error { return nil }}
+	unregistered := &gendurable.Job[weirdState]{Name: "ghost", Perform: func(context.Context, *gendurable.Run[weirdState]) error { return nil }}
+	b := setup(t, nil, job)
+	cfg := b.eng.Config()
+	cfg.MaxStateBytes = 1000
+	eng, err := gendurable.New(b.pool, &cfg)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	cases := []struct {
+		name string
+		p    gendurable.InsertParams
+		is   error
+	}{
+		{"unregistered machine", unregistered.New(weirdState{}), gendurable.ErrUnknownMachine},
+		{"zero params", gendurable.InsertParams{}, gendurable.ErrInvalidInsert},
+		{"priority out of range", job.New(weirdState{}).With(gendurable.InsertOpts{Priority: 40000}), gendurable.ErrInvalidInsert},
+		{"negative max attempts", job.New(weirdState{}).With(gendurable.InsertOpts{MaxAttempts: -1}), gendurable.ErrInvalidInsert},
+		{"run at and run in", job.New(weirdState{}).With(gendurable.InsertOpts{RunAt: time.Now(), RunIn: time.Second}), gendurable.ErrInvalidInsert},
+		{"negative run in", job.New(weirdState{}).With(gendurable.InsertOpts{RunIn: -time.Second}), gendurable.ErrInvalidInsert},
+		{"oversized state", job.New(weirdState{Name: strings.Repeat("x", 2000)}), gendurable.ErrInvalidInsert},
+		{"unencodable state", job.New(weirdState{Any: map[string]any{"f": func() {}}}), gendurable.ErrStateEncode},
+		{"NUL in state", job.New(weirdState{Name: "a\x00b"}), gendurable.ErrInvalidInsert},
+		{"oversized partition key", job.New(weirdState{}).With(gendurable.InsertOpts{PartitionKey: strings.Repeat("k", 5000)}), gendurable.ErrInvalidInsert},
+	}
+	for _, tc := range cases {
+		_, err := eng.Insert(ctx, tc.p)
+		require.ErrorIs(t, err, tc.is, tc.name)
+		// In a batch, one bad row rejects the whole statement.
+		_, err = eng.InsertMany(ctx, []gendurable.InsertParams{job.New(weirdState{Name: "fine"}), tc.p})
+		require.ErrorIs(t, err, tc.is, tc.name)
+	}
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "nothing was written")
+
+	// Invalid UTF-8 is replaced by encoding/json, not rejected: it round-trips as U+FFFD.
+	res, err := eng.Insert(ctx, job.New(weirdState{Name: "bad\xffutf8"}))
+	require.NoError(t, err)
+	require.JSONEq(t, `{"name":"bad\ufffdutf8"}`, string(b.row(res.ID).State))
+}
+
+func TestOutcomeTheDatabaseRejectsStopsTheInstance(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[weirdState]{
+		Name: "nul", Start: "a",
+		Steps: map[string]gendurable.StepFunc[weirdState]{
+			"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
+				return r.Next("a", weirdState{Name: "has\x00nul"}), nil // jsonb cannot store \u0000
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(weirdState{}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Equal(t, "outcome_rejected", r.Errors[0]["kind"])
+	require.Contains(t, r.Errors[0]["error"], "outcome rejected by the database")
+}
+
+func TestStepErrorTextIsSanitized(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[weirdState]{
+		Name: "ugly", Start: "a", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[weirdState]{
+			"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
+				return gendurable.Outcome{}, &uglyErr{}
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(weirdState{}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	msg := r.Errors[0]["error"].(string)
+	require.NotContains(t, msg, "\x00")
+	require.Less(t, len(msg), 5000, "bounded")
+	require.True(t, strings.HasPrefix(msg, "nul\ufffd"), msg)
+}
+
+type uglyErr struct{}
+
+func (*uglyErr) Error() string { return "nul\x00\xff" + strings.Repeat("é", 10000) }
