@@ -1,0 +1,284 @@
+// Command quickstart shows gendurable's guarantee end to end: it inserts
+// three-step order machines and jobs, works them with two worker processes,
+// kills one with SIGKILL in the middle, and waits until every instance has
+// still finished.
+//
+//	go run ./examples/quickstart            # the whole demo
+//	go run ./examples/quickstart work       # one worker, until Ctrl-C
+//	go run ./examples/quickstart insert -n 500
+//	go run ./examples/quickstart status
+//
+// The database is DATABASE_URL. Without it, the demo starts a private
+// throwaway PostgreSQL from the locally installed server binaries (removed on
+// exit); the work, insert and status commands need DATABASE_URL.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/pgtemp"
+	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Order is the state of one order machine, stored as JSON in its row.
+type Order struct {
+	Item     string `json:"item"`
+	Reserved bool   `json:"reserved"`
+	Charged  bool   `json:"charged"`
+}
+
+// OrderMachine: reserve → charge → ship. Charging fails now and then; the
+// default Handle retries it with backoff.
+var OrderMachine = &gendurable.Machine[Order]{
+	Name:    "order",
+	Start:   "reserve",
+	Backoff: func(int) time.Duration { return 100 * time.Millisecond },
+	Steps: map[string]gendurable.StepFunc[Order]{
+		"reserve": func(ctx context.Context, r *gendurable.Run[Order]) (gendurable.Outcome, error) {
+			work(ctx)
+			s := r.State
+			s.Reserved = true
+			return r.Next("charge", s), nil
+		},
+		"charge": func(ctx context.Context, r *gendurable.Run[Order]) (gendurable.Outcome, error) {
+			work(ctx)
+			if rand.IntN(10) == 0 {
+				return gendurable.Outcome{}, errors.New("payment provider timed out")
+			}
+			s := r.State
+			s.Charged = true
+			return r.Next("ship", s), nil
+		},
+		"ship": func(ctx context.Context, r *gendurable.Run[Order]) (gendurable.Outcome, error) {
+			work(ctx)
+			return gendurable.Done(map[string]string{"shipped": r.State.Item}), nil
+		},
+	},
+}
+
+// Receipt is a job's arguments.
+type Receipt struct {
+	Email string `json:"email"`
+}
+
+// ReceiptJob is a one-step job.
+var ReceiptJob = &gendurable.Job[Receipt]{
+	Name: "send_receipt",
+	Perform: func(ctx context.Context, j *gendurable.Run[Receipt]) error {
+		work(ctx)
+		return nil
+	},
+}
+
+// work stands in for a real side effect: 10–40 ms.
+func work(ctx context.Context) {
+	select {
+	case <-time.After(time.Duration(10+rand.IntN(30)) * time.Millisecond):
+	case <-ctx.Done():
+	}
+}
+
+const schema = "quickstart"
+
+func main() {
+	cmd := "demo"
+	if len(os.Args) > 1 {
+		cmd = os.Args[1]
+	}
+	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+	n := fs.Int("n", 400, "orders (and as many jobs) to insert")
+	_ = fs.Parse(os.Args[min(2, len(os.Args)):])
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch cmd {
+	case "demo":
+		err = demo(ctx, *n)
+	case "work":
+		err = withPool(ctx, func(pool *pgxpool.Pool) error { return runWorker(ctx, pool) })
+	case "insert":
+		err = withPool(ctx, func(pool *pgxpool.Pool) error { return insert(ctx, pool, *n) })
+	case "status":
+		err = withPool(ctx, func(pool *pgxpool.Pool) error { _, err := printStatus(ctx, pool); return err })
+	default:
+		err = fmt.Errorf("unknown command %q (demo, work, insert, status)", cmd)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		os.Exit(1)
+	}
+}
+
+func withPool(ctx context.Context, fn func(*pgxpool.Pool) error) error {
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		return errors.New("set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres)")
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := migrate.Up(ctx, pool, schema); err != nil {
+		return err
+	}
+	return fn(pool)
+}
+
+func newEngine(pool *pgxpool.Pool, logger *slog.Logger) (*gendurable.Engine, error) {
+	return gendurable.New(pool, &gendurable.Config{
+		Schema:   schema,
+		Machines: []gendurable.Definition{OrderMachine, ReceiptJob},
+		Queues:   map[string]gendurable.QueueConfig{"default": {Concurrency: 10, PollInterval: 100 * time.Millisecond}},
+		// Short leases so that a killed worker's steps come back within seconds.
+		LeaseDuration: 3 * time.Second, HeartbeatInterval: time.Second, ReaperInterval: time.Second,
+		Logger: logger,
+	})
+}
+
+// runWorker works the queue until ctx is cancelled, then drains.
+func runWorker(ctx context.Context, pool *pgxpool.Pool) error {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	eng, err := newEngine(pool, logger)
+	if err != nil {
+		return err
+	}
+	if err := eng.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	stopCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	return eng.Stop(stopCtx)
+}
+
+func insert(ctx context.Context, pool *pgxpool.Pool, n int) error {
+	eng, err := newEngine(pool, slog.Default())
+	if err != nil {
+		return err
+	}
+	ps := make([]gendurable.InsertParams, 0, 2*n)
+	for i := range n {
+		ps = append(ps,
+			OrderMachine.New(Order{Item: fmt.Sprintf("book-%d", i)}),
+			ReceiptJob.New(Receipt{Email: fmt.Sprintf("buyer%d@example.com", i)}))
+	}
+	if _, err := eng.InsertMany(ctx, ps); err != nil {
+		return err
+	}
+	fmt.Printf("inserted %d orders and %d jobs\n", n, n)
+	return nil
+}
+
+// printStatus prints the instance counts by status and returns how many are
+// not finished.
+func printStatus(ctx context.Context, pool *pgxpool.Pool) (int, error) {
+	var runnable, executing, done, failed, retried int
+	err := pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE status = 'runnable'),
+		       count(*) FILTER (WHERE status = 'executing'),
+		       count(*) FILTER (WHERE status = 'done'),
+		       count(*) FILTER (WHERE status = 'failed'),
+		       count(*) FILTER (WHERE errors @> '[{"kind":"lease_expired"}]')
+		FROM quickstart.gendurable_instances`).Scan(&runnable, &executing, &done, &failed, &retried)
+	if err != nil {
+		return 0, err
+	}
+	fmt.Printf("runnable %5d  executing %4d  done %5d  failed %d  recovered from the crash %d\n",
+		runnable, executing, done, failed, retried)
+	return runnable + executing, nil
+}
+
+func demo(ctx context.Context, n int) error {
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		fmt.Println("DATABASE_URL is not set: starting a private throwaway PostgreSQL…")
+		srv, err := pgtemp.Start(ctx, pgtemp.Options{})
+		if err != nil {
+			return fmt.Errorf("start a throwaway PostgreSQL (install postgresql, or set DATABASE_URL): %w", err)
+		}
+		defer func() { _ = srv.Stop() }()
+		url = srv.URL()
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := migrate.Down(ctx, pool, schema); err != nil { // a clean slate each run
+		return err
+	}
+	if _, err := migrate.Up(ctx, pool, schema); err != nil {
+		return err
+	}
+	if err := insert(ctx, pool, n); err != nil {
+		return err
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var workers []*exec.Cmd
+	for i := range 2 {
+		w := exec.CommandContext(ctx, self, "work")
+		w.Env = append(os.Environ(), "DATABASE_URL="+url)
+		w.Stdout, w.Stderr = os.Stdout, os.Stderr
+		if err := w.Start(); err != nil {
+			return err
+		}
+		fmt.Printf("started worker %d (pid %d)\n", i+1, w.Process.Pid)
+		workers = append(workers, w)
+	}
+	defer func() {
+		for _, w := range workers {
+			_ = w.Process.Signal(syscall.SIGTERM)
+			_ = w.Wait()
+		}
+	}()
+
+	killed := false
+	start := time.Now()
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+		if !killed && time.Since(start) > time.Second {
+			victim := workers[0]
+			fmt.Printf("kill -9 worker 1 (pid %d) in the middle of its steps\n", victim.Process.Pid)
+			_ = victim.Process.Signal(syscall.SIGKILL)
+			_ = victim.Wait()
+			workers = workers[1:]
+			killed = true
+		}
+		left, err := printStatus(ctx, pool)
+		if err != nil {
+			return err
+		}
+		if left == 0 && killed {
+			fmt.Printf("every instance finished in %s despite the kill: committed steps were kept, the interrupted ones ran again\n",
+				time.Since(start).Round(100*time.Millisecond))
+			return nil
+		}
+		if time.Since(start) > 2*time.Minute {
+			return errors.New("instances did not finish within 2 minutes")
+		}
+	}
+}
