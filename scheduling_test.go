@@ -217,3 +217,66 @@ func TestInsertManyAndTx(t *testing.T) {
 		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) == 101
 	}, "not all inserted jobs ran")
 }
+
+func TestInstanceSnapshot(t *testing.T) {
+	t.Parallel()
+	m := probeMachine(nil)
+	b := setup(t, nil, m)
+	b.start()
+	ctx := context.Background()
+	res, err := b.eng.Insert(ctx, m.New(probeState{Do: "error"}).With(gendurable.InsertOpts{PartitionKey: "k1", Priority: 2}))
+	require.NoError(t, err)
+	b.waitStatus(res.ID, "failed", 10*time.Second)
+	in, err := b.eng.Instance(ctx, res.ID)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusFailed, in.Status)
+	require.True(t, in.Status.Terminal())
+	require.Equal(t, "probe", in.Machine)
+	require.Equal(t, 1, in.Version)
+	require.Equal(t, "k1", in.PartitionKey)
+	require.Equal(t, 2, in.Priority)
+	require.Len(t, in.Errors, 3)
+	require.Equal(t, "boom", in.Errors[0].Error)
+	require.Equal(t, "error", in.Errors[0].Kind)
+	require.False(t, in.Errors[0].At.IsZero())
+	require.NotNil(t, in.FinishedAt)
+
+	_, err = b.eng.Instance(ctx, 987654321)
+	require.ErrorIs(t, err, gendurable.ErrNotFound)
+}
+
+// pickCounter counts pick statements through the hook.
+type pickCounter struct{ n atomic.Int32 }
+
+func (p *pickCounter) OnEvent(_ context.Context, ev gendurable.Event) {
+	if _, ok := ev.(*gendurable.PickEvent); ok {
+		p.n.Add(1)
+	}
+}
+
+func TestIdleQueueBacksOff(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("idle")
+	picks := &pickCounter{}
+	cfg := &gendurable.Config{
+		Machines: []gendurable.Definition{job},
+		Hooks:    []gendurable.Hook{picks},
+		Queues:   map[string]gendurable.QueueConfig{"default": {PollInterval: 10 * time.Millisecond, MaxPollInterval: 160 * time.Millisecond}},
+	}
+	b := setup(t, cfg)
+	b.start()
+	time.Sleep(1500 * time.Millisecond)
+	// Without backoff: ~150 picks. With it: 10+20+40+80+160 ms, then every 160 ms.
+	n := picks.n.Load()
+	require.LessOrEqual(t, n, int32(20), "an idle queue backs off (%d picks in 1.5s)", n)
+	require.GreaterOrEqual(t, n, int32(5), "but keeps polling")
+
+	// Work snaps the interval back: a row inserted by another process (no
+	// local wake-up) is found within the backoff ceiling.
+	other, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{job}})
+	require.NoError(t, err)
+	res, err := other.Insert(context.Background(), job.New(orderArgs{I: 1}))
+	require.NoError(t, err)
+	b.waitStatus(res.ID, "done", 2*time.Second)
+}

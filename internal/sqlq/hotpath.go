@@ -327,3 +327,44 @@ func (q *Queries) InsertMany(ctx context.Context, db DB, in []NewInstance) ([]in
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
+
+// ---------------------------------------------------------------------------
+// Read one instance by primary key (admin and tests; not on the hot path).
+
+const getInstanceSQL = `
+SELECT id, fsm, fsm_version, queue, step, state, result, status::text, priority, attempt,
+       max_attempts, eligible_at, lease_expires_at, partition_key, errors, parent_id,
+       inserted_at, updated_at, finished_at
+FROM {{schema}}.gendurable_instances WHERE id = $1`
+
+// InstanceRow is one instance as stored.
+type InstanceRow struct {
+	ID             int64
+	FSM            string
+	Version        int32
+	Queue          string
+	Step           string
+	State          []byte
+	Result         []byte
+	Status         string
+	Priority       int16
+	Attempt        int32
+	MaxAttempts    int32
+	EligibleAt     time.Time
+	LeaseExpiresAt *time.Time
+	PartitionKey   *string
+	Errors         []byte
+	ParentID       *int64
+	InsertedAt     time.Time
+	UpdatedAt      time.Time
+	FinishedAt     *time.Time
+}
+
+// GetInstance reads one instance; pgx.ErrNoRows when there is none.
+func (q *Queries) GetInstance(ctx context.Context, db DB, id int64) (InstanceRow, error) {
+	var r InstanceRow
+	err := db.QueryRow(ctx, q.getInstance, id).Scan(&r.ID, &r.FSM, &r.Version, &r.Queue, &r.Step,
+		&r.State, &r.Result, &r.Status, &r.Priority, &r.Attempt, &r.MaxAttempts, &r.EligibleAt,
+		&r.LeaseExpiresAt, &r.PartitionKey, &r.Errors, &r.ParentID, &r.InsertedAt, &r.UpdatedAt, &r.FinishedAt)
+	return r, err
+}

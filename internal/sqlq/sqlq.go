@@ -58,6 +58,7 @@ type Queries struct {
 	applyOutcomes string
 	release       string
 	insertMany    string
+	getInstance   string
 }
 
 // New validates the schema name and renders every statement for it.
@@ -74,6 +75,7 @@ func New(schema string) (*Queries, error) {
 		applyOutcomes: render(applyOutcomesSQL, qs),
 		release:       render(releaseSQL, qs),
 		insertMany:    render(insertManySQL, qs),
+		getInstance:   render(getInstanceSQL, qs),
 	}, nil
 }
 

@@ -1,0 +1,99 @@
+package gendurable_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Signup is the state of the signup machine.
+type Signup struct {
+	Email    string `json:"email"`
+	Verified bool   `json:"verified"`
+}
+
+// Example defines a three-step machine and a job, inserts one of each and
+// works them to completion.
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dbtest.URL())
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	const schema = "example_machine"
+	if _, err := migrate.Up(ctx, pool, schema); err != nil {
+		panic(err)
+	}
+	defer func() { _, _ = migrate.Down(ctx, pool, schema) }()
+
+	signup := &gendurable.Machine[Signup]{
+		Name:  "signup",
+		Start: "create",
+		Steps: map[string]gendurable.StepFunc[Signup]{
+			"create": func(ctx context.Context, r *gendurable.Run[Signup]) (gendurable.Outcome, error) {
+				fmt.Println("create account for", r.State.Email)
+				return r.Next("verify", r.State), nil
+			},
+			"verify": func(ctx context.Context, r *gendurable.Run[Signup]) (gendurable.Outcome, error) {
+				s := r.State
+				s.Verified = true
+				return r.Next("welcome", s), nil
+			},
+			"welcome": func(ctx context.Context, r *gendurable.Run[Signup]) (gendurable.Outcome, error) {
+				fmt.Println("welcome", r.State.Email, "verified:", r.State.Verified)
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	type ping struct{ Msg string }
+	pinger := &gendurable.Job[ping]{
+		Name: "ping",
+		Perform: func(ctx context.Context, j *gendurable.Run[ping]) error {
+			fmt.Println("job says", j.State.Msg)
+			return nil
+		},
+	}
+
+	eng, err := gendurable.New(pool, &gendurable.Config{
+		Schema:   schema,
+		Machines: []gendurable.Definition{signup, pinger},
+		Queues:   map[string]gendurable.QueueConfig{"default": {Concurrency: 1}},
+		Logger:   slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := eng.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer func() { _ = eng.Stop(ctx) }()
+
+	m, _ := eng.Insert(ctx, signup.New(Signup{Email: "ada@example.com"}))
+	waitDone(ctx, eng, m.ID)
+	j, _ := eng.Insert(ctx, pinger.New(ping{Msg: "pong"}))
+	waitDone(ctx, eng, j.ID)
+	// Output:
+	// create account for ada@example.com
+	// welcome ada@example.com verified: true
+	// job says pong
+}
+
+// waitDone polls the instance until it is finished.
+func waitDone(ctx context.Context, eng *gendurable.Engine, id int64) {
+	for range 500 {
+		in, err := eng.Instance(ctx, id)
+		if err == nil && in.Status.Terminal() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	panic("instance did not finish")
+}
