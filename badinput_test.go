@@ -61,6 +61,7 @@ func TestStartRefusesUnmigratedSchema(t *testing.T) {
 	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema})
 	require.NoError(t, err)
 	err = eng.Start(context.Background())
+	require.ErrorIs(t, err, gendurable.ErrSchemaVersion)
 	require.ErrorContains(t, err, "run migrate.Up")
 }
 
@@ -152,3 +153,54 @@ func TestStepErrorTextIsSanitized(t *testing.T) {
 type uglyErr struct{}
 
 func (*uglyErr) Error() string { return "nul\x00\xff" + strings.Repeat("é", 10000) }
+
+// bombState panics when encoded with Boom set, like a buggy MarshalJSON.
+type bombState struct{ Boom bool }
+
+func (b bombState) MarshalJSON() ([]byte, error) {
+	if b.Boom {
+		var m map[string]int
+		m["x"] = 1 // assignment to entry in nil map
+	}
+	return []byte(`{"Boom":false}`), nil
+}
+
+func TestPanicsInUserJSONAndHooksDoNotKillTheWorker(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[bombState]{
+		Name: "bomb", Start: "a", MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 },
+		Steps: map[string]gendurable.StepFunc[bombState]{
+			"a": func(ctx context.Context, r *gendurable.Run[bombState]) (gendurable.Outcome, error) {
+				return r.Next("a", bombState{Boom: true}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.Hooks = []gendurable.Hook{gendurable.HookFunc(func(context.Context, gendurable.Event) { panic("hook bug") })}
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(bombState{}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Len(t, r.Errors, 2)
+	require.Equal(t, "panic", r.Errors[0]["kind"])
+	require.Contains(t, r.Errors[0]["error"], "assignment to entry in nil map")
+}
+
+func TestOversizedOutcomeStateIsAnInvalidOutcome(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[weirdState]{
+		Name: "big", Start: "a", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[weirdState]{
+			"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
+				return r.Next("a", weirdState{Name: strings.Repeat("x", 5000)}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.MaxStateBytes = 1000
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(weirdState{}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Contains(t, r.Errors[0]["error"], "over Config.MaxStateBytes 1000")
+}

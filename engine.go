@@ -50,7 +50,7 @@ type Config struct {
 	// Default 60s.
 	LeaseDuration time.Duration
 	// HeartbeatInterval between lease extensions; HeartbeatInterval × 3 must
-	// not exceed LeaseDuration. Default 20s.
+	// not exceed LeaseDuration. Default 20s, or LeaseDuration/3 if shorter.
 	HeartbeatInterval time.Duration
 	// ReaperInterval between sweeps for expired leases. Default 30s. Set it
 	// negative to run no reaper in this process (another process must).
@@ -162,7 +162,7 @@ func (c *Config) withDefaults() error {
 		c.LeaseDuration = DefaultLeaseDuration
 	}
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
+		c.HeartbeatInterval = min(DefaultHeartbeatInterval, c.LeaseDuration/3)
 	}
 	if c.ReaperInterval == 0 {
 		c.ReaperInterval = DefaultReaperInterval
@@ -251,7 +251,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		return fmt.Errorf("gendurable: start: reading schema version: %w", err)
 	}
 	if want := sqlq.LatestVersion(); v != want {
-		return fmt.Errorf("gendurable: start: schema %q is at version %d, this library needs %d (run migrate.Up)", e.cfg.Schema, v, want)
+		return fmt.Errorf("%w: schema %q is at version %d, this library needs %d (run migrate.Up)", ErrSchemaVersion, e.cfg.Schema, v, want)
 	}
 
 	rs := &runState{scheds: map[string]*scheduler.Scheduler{}}
@@ -340,7 +340,7 @@ func (e *Engine) executor(queue string) scheduler.Executor {
 			return scheduler.Result{}
 		}
 		start := time.Now()
-		res := core.exec(ctx, c, queue)
+		res := core.exec(ctx, c, queue, e.cfg.MaxStateBytes)
 		res.out.ID, res.out.Token = c.ID, c.Token
 		applied, commitErr := e.commit(ctx, &res.out)
 		ev := &StepEvent{
@@ -466,8 +466,19 @@ func (e *Engine) Reap(ctx context.Context) (int, error) {
 
 func (e *Engine) emit(ctx context.Context, ev Event) {
 	for _, h := range e.cfg.Hooks {
-		h.OnEvent(ctx, ev)
+		e.callHook(ctx, h, ev)
 	}
+}
+
+// callHook shields the engine from a panicking hook: telemetry must never
+// take a worker down.
+func (e *Engine) callHook(ctx context.Context, h Hook, ev Event) {
+	defer func() {
+		if v := recover(); v != nil {
+			e.log.Error("gendurable: hook panicked", "event", ev.EventName(), "panic", v)
+		}
+	}()
+	h.OnEvent(ctx, ev)
 }
 
 // schedEvents adapts feeder observations to hooks and logs.

@@ -50,6 +50,10 @@ var (
 	// are cancelled with this cause once the drain timeout passes.
 	ErrEngineStopped = errors.New("gendurable: engine stopped")
 
+	// ErrSchemaVersion: the schema is not migrated to the version this
+	// library needs (see package migrate).
+	ErrSchemaVersion = errors.New("gendurable: schema version mismatch")
+
 	// ErrAlreadyStarted: Start was called on a running engine.
 	ErrAlreadyStarted = errors.New("gendurable: engine already started")
 )

@@ -416,3 +416,49 @@ func TestStartStopRepeatedly(t *testing.T) {
 	}
 	require.Len(t, rec.order(), 10)
 }
+
+// TestZombieReturnDoesNotDropTheNewClaim: the same process claims an
+// instance again after its first run's lease was reaped; when the stale run
+// finally returns, the new run must keep its heartbeat (and so its lease).
+func TestZombieReturnDoesNotDropTheNewClaim(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	firstStarted, releaseFirst, secondStarted := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	job := &gendurable.Job[orderArgs]{
+		Name: "rerun",
+		Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+			switch runs.Add(1) {
+			case 1:
+				close(firstStarted)
+				<-releaseFirst // a stall that ignores the context
+				return nil
+			default:
+				close(secondStarted)
+				time.Sleep(2500 * time.Millisecond) // several leases long
+				return nil
+			}
+		},
+	}
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 200*time.Millisecond, -1
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(job.New(orderArgs{}))
+	<-firstStarted
+	b.exec(`UPDATE {{s}}.gendurable_instances SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, id)
+	_, err := b.eng.Reap(context.Background())
+	require.NoError(t, err)
+	<-secondStarted
+	close(releaseFirst) // the zombie returns while the second run is in flight
+
+	// Reap often while the second run lasts: its lease must stay alive.
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) {
+		_, err := b.eng.Reap(context.Background())
+		require.NoError(t, err)
+		time.Sleep(100 * time.Millisecond)
+	}
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.Equal(t, 1, r.Attempt, "reaped once (the stall), never the live second run")
+	require.Equal(t, int32(2), runs.Load())
+}

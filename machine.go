@@ -104,7 +104,7 @@ type machineCore struct {
 	steps       map[string]bool
 	maxAttempts int
 	encode      func(state any) (string, error) // checks the dynamic type is S
-	exec        func(ctx context.Context, c *sqlq.Claimed, queue string) execResult
+	exec        func(ctx context.Context, c *sqlq.Claimed, queue string, maxState int) execResult
 }
 
 // execResult is a step's outcome, encoded for the database, plus what the
@@ -163,7 +163,7 @@ func (m *Machine[S]) New(state S) InsertParams {
 
 // exec decodes the state, runs the step and, on failure, Handle, and encodes
 // the resulting outcome. It never returns without an outcome to apply.
-func (m *Machine[S]) exec(ctx context.Context, c *sqlq.Claimed, queue string) execResult {
+func (m *Machine[S]) exec(ctx context.Context, c *sqlq.Claimed, queue string, maxState int) execResult {
 	r := &Run[S]{
 		ID: c.ID, Machine: c.FSM, Version: int(c.Version), Queue: queue, Step: c.Step,
 		Attempt: int(c.Attempt), MaxAttempts: int(c.MaxAttempts), Priority: int(c.Priority),
@@ -172,7 +172,7 @@ func (m *Machine[S]) exec(ctx context.Context, c *sqlq.Claimed, queue string) ex
 	if c.PartitionKey != nil {
 		r.PartitionKey = *c.PartitionKey
 	}
-	if err := json.Unmarshal(c.State, &r.State); err != nil {
+	if err := safely(func() error { return json.Unmarshal(c.State, &r.State) }); err != nil {
 		// Stored data will not decode on a retry either: stop with the reason.
 		err = fmt.Errorf("%w into %T: %v", ErrStateDecode, r.State, err)
 		return stopResult("state_decode", err.Error(), err)
@@ -189,7 +189,7 @@ func (m *Machine[S]) exec(ctx context.Context, c *sqlq.Claimed, queue string) ex
 	}
 	var enc sqlq.Outcome
 	if err == nil {
-		enc, err = m.encodeOutcome(out)
+		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, maxState); return err })
 	}
 	if err == nil {
 		return execResult{out: enc, kind: out.kind}
@@ -211,7 +211,7 @@ func (m *Machine[S]) exec(ctx context.Context, c *sqlq.Claimed, queue string) ex
 	}
 	out, err = callStep(ctx, func() (Outcome, error) { return handle(ctx, r, stepErr) })
 	if err == nil {
-		enc, err = m.encodeOutcome(out)
+		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, maxState); return err })
 	}
 	if err != nil {
 		msg := fmt.Sprintf("%s; Handle failed: %s", stepErr, err)
@@ -237,7 +237,7 @@ func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Out
 }
 
 // encodeOutcome validates o for this machine and encodes it for the database.
-func (m *Machine[S]) encodeOutcome(o Outcome) (sqlq.Outcome, error) {
+func (m *Machine[S]) encodeOutcome(o Outcome, maxState int) (sqlq.Outcome, error) {
 	if err := o.validate(m.core.steps); err != nil {
 		return sqlq.Outcome{}, err
 	}
@@ -266,6 +266,9 @@ func (m *Machine[S]) encodeOutcome(o Outcome) (sqlq.Outcome, error) {
 		if err != nil {
 			return sqlq.Outcome{}, fmt.Errorf("%w: %v", ErrInvalidOutcome, err)
 		}
+		if maxState > 0 && len(s) > maxState {
+			return sqlq.Outcome{}, fmt.Errorf("%w: state is %d bytes encoded, over Config.MaxStateBytes %d", ErrInvalidOutcome, len(s), maxState)
+		}
 		enc.State = &s
 	}
 	return enc, nil
@@ -290,6 +293,16 @@ func callStep(_ context.Context, fn func() (Outcome, error)) (out Outcome, err e
 	defer func() {
 		if v := recover(); v != nil {
 			out, err = Outcome{}, &PanicError{Value: v, Stack: string(debug.Stack())}
+		}
+	}()
+	return fn()
+}
+
+// safely runs fn, turning a panic (e.g. in a user's MarshalJSON) into a *PanicError.
+func safely(fn func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: string(debug.Stack())}
 		}
 	}()
 	return fn()

@@ -56,8 +56,11 @@ type Events interface {
 // ErrLeaseLost is the cancellation cause of a step whose lease is gone.
 var ErrLeaseLost = errors.New("gendurable: lease lost")
 
+// held is one claim this feeder holds, keyed by its claim token: the same
+// instance may be claimed again (after its lease was reaped) while a zombie
+// run of it is still returning, and the two must never be confused.
 type held struct {
-	token   int64
+	id      int64
 	running bool
 	cancel  context.CancelCauseFunc // set once running
 }
@@ -74,8 +77,8 @@ type Scheduler struct {
 	kick chan struct{} // wake the loop: a completion or a local insert
 
 	mu       sync.Mutex
-	held     map[int64]*held
-	buffer   []sqlq.Claimed // claimed, not yet started, in pick order
+	held     map[int64]*held // by claim token
+	buffer   []sqlq.Claimed  // claimed, not yet started, in pick order
 	inFlight int
 	more     bool // the last pick was full, or an outcome made work runnable
 	released int  // rows handed back when Run stopped
@@ -115,23 +118,25 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
-	for {
+	for pickCtx.Err() == nil {
 		s.dispatch(workCtx)
 
 		s.mu.Lock()
 		claimed := s.inFlight + len(s.buffer)
 		demand := s.cfg.Concurrency + s.cfg.Prefetch - claimed
 		idle := claimed == 0
-		more := s.more
+		// Pick when there is room (at least MinDemand, or anything when
+		// idle) and a reason to look: a full last pick, a kick, a poll tick,
+		// or an idle queue.
+		shouldPick := demand > 0 && (demand >= s.cfg.MinDemand || idle) && (s.more || idle)
+		if shouldPick {
+			s.more = false // cleared first: a kick during the pick is not lost
+		}
 		s.mu.Unlock()
 
-		full := false
-		if demand > 0 && (demand >= s.cfg.MinDemand || idle) && (more || idle) {
+		if shouldPick {
 			n, err := s.pick(pickCtx, demand)
-			if pickCtx.Err() != nil {
-				break
-			}
-			full = err == nil && n == demand
+			full := err == nil && n == demand
 			switch {
 			case err != nil:
 				// Database trouble: keep the interval, try again on the next tick.
@@ -140,9 +145,14 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 			case idle:
 				interval = min(interval*2, s.cfg.MaxPollInterval)
 			}
-			s.mu.Lock()
-			s.more = full
-			s.mu.Unlock()
+			if full {
+				s.mu.Lock()
+				s.more = true
+				s.mu.Unlock()
+			}
+			if pickCtx.Err() != nil {
+				break // the rows just claimed are released below, not started
+			}
 			s.dispatch(workCtx)
 			s.ev.Saturation(s.cfg.Queue, s.inFlightNow(), s.bufferedNow(), s.cfg.Concurrency, s.cfg.Prefetch)
 			if full {
@@ -189,20 +199,23 @@ func (s *Scheduler) bufferedNow() int {
 	return len(s.buffer)
 }
 
-// pick claims up to demand rows into the buffer.
-func (s *Scheduler) pick(ctx context.Context, demand int) (int, error) {
+// pick claims up to demand rows into the buffer. The statement is not
+// cancelled by stopCtx: a pick cancelled after the server committed it would
+// leave rows executing under tokens nobody holds. Rows claimed as the feeder
+// stops are released by Run.
+func (s *Scheduler) pick(stopCtx context.Context, demand int) (int, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(stopCtx), s.cfg.Lease)
+	defer cancel()
 	start := time.Now()
 	rows, err := s.q.Pick(ctx, s.db, s.cfg.Queue, demand, s.cfg.Lease)
 	s.ev.Pick(s.cfg.Queue, len(rows), demand, time.Since(start), err)
 	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Warn("gendurable: pick failed", "queue", s.cfg.Queue, "err", err)
-		}
+		s.log.Warn("gendurable: pick failed", "queue", s.cfg.Queue, "err", err)
 		return 0, err
 	}
 	s.mu.Lock()
 	for _, c := range rows {
-		s.held[c.ID] = &held{token: c.Token}
+		s.held[c.Token] = &held{id: c.ID}
 	}
 	s.buffer = append(s.buffer, rows...)
 	s.mu.Unlock()
@@ -216,7 +229,7 @@ func (s *Scheduler) dispatch(workCtx context.Context) {
 	for s.inFlight < s.cfg.Concurrency && len(s.buffer) > 0 {
 		c := s.buffer[0]
 		s.buffer = s.buffer[1:]
-		h := s.held[c.ID]
+		h := s.held[c.Token]
 		if h == nil {
 			continue // its lease was lost while buffered
 		}
@@ -236,7 +249,7 @@ func (s *Scheduler) runStep(ctx context.Context, cancel context.CancelCauseFunc,
 	res := s.exec(ctx, &c)
 	cancel(nil)
 	s.mu.Lock()
-	delete(s.held, c.ID)
+	delete(s.held, c.Token)
 	s.inFlight--
 	if res.RunnableNow {
 		s.more = true
@@ -251,10 +264,10 @@ func (s *Scheduler) releaseBuffer() {
 	ids := make([]int64, 0, len(s.buffer))
 	tokens := make([]int64, 0, len(s.buffer))
 	for _, c := range s.buffer {
-		if h := s.held[c.ID]; h != nil {
+		if s.held[c.Token] != nil {
 			ids = append(ids, c.ID)
-			tokens = append(tokens, h.token)
-			delete(s.held, c.ID)
+			tokens = append(tokens, c.Token)
+			delete(s.held, c.Token)
 		}
 	}
 	s.buffer = nil
@@ -323,9 +336,9 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	}
 	ids := make([]int64, 0, len(s.held))
 	tokens := make([]int64, 0, len(s.held))
-	for id, h := range s.held {
-		ids = append(ids, id)
-		tokens = append(tokens, h.token)
+	for token, h := range s.held {
+		ids = append(ids, h.id)
+		tokens = append(tokens, token)
 	}
 	s.mu.Unlock()
 
@@ -344,21 +357,22 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	}
 	s.mu.Lock()
 	var lost []int64
-	for i, id := range ids {
-		h := s.held[id]
-		if ok[id] || h == nil || h.token != tokens[i] {
+	for i, token := range tokens {
+		h := s.held[token]
+		if ok[ids[i]] || h == nil {
 			continue // extended, or finished meanwhile
 		}
-		lost = append(lost, id)
+		// Gone: stop heartbeating it; cancel its step, or drop it from the buffer.
+		lost = append(lost, h.id)
+		delete(s.held, token)
 		if h.running {
 			h.cancel(ErrLeaseLost)
-		} else {
-			delete(s.held, id)
-			for j := range s.buffer {
-				if s.buffer[j].ID == id {
-					s.buffer = append(s.buffer[:j], s.buffer[j+1:]...)
-					break
-				}
+			continue
+		}
+		for j := range s.buffer {
+			if s.buffer[j].Token == token {
+				s.buffer = append(s.buffer[:j], s.buffer[j+1:]...)
+				break
 			}
 		}
 	}

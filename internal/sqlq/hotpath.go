@@ -30,7 +30,8 @@ WITH locked AS (
   FOR UPDATE SKIP LOCKED
 ), ranked AS (
   SELECT id, row_number() OVER (
-           PARTITION BY coalesce(partition_key, id::text) ORDER BY priority, eligible_at) AS rn
+           PARTITION BY partition_key, CASE WHEN partition_key IS NULL THEN id END
+           ORDER BY priority, eligible_at) AS rn
   FROM locked
 )
 UPDATE {{schema}}.gendurable_instances AS i
