@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/scheduler"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -28,6 +30,8 @@ const (
 	DefaultPollInterval        = time.Second
 	DefaultMaxPollInterval     = 5 * time.Second
 	DefaultMaxStateBytes       = 1 << 20
+	DefaultMaxSignalBytes      = 256 << 10
+	DefaultPartitionRetryDelay = 250 * time.Millisecond
 )
 
 // Config configures an [Engine]. The zero value is usable (an insert-only
@@ -62,8 +66,15 @@ type Config struct {
 	// registered here is released, runnable again after this delay (another
 	// process, or a later deploy, may know it). Default 30s.
 	UnknownVersionDelay time.Duration
-	// MaxStateBytes bounds the encoded JSON state of an insert. Default 1 MiB.
+	// PartitionRetryDelay: a claimed row whose partition key turns out to be
+	// held by another step goes back to runnable, eligible after this delay.
+	// Default 250ms.
+	PartitionRetryDelay time.Duration
+	// MaxStateBytes bounds the encoded JSON state of an insert or outcome.
+	// Default 1 MiB.
 	MaxStateBytes int
+	// MaxSignalBytes bounds the encoded JSON payload of a signal. Default 256 KiB.
+	MaxSignalBytes int
 
 	// Logger for the engine's own logs. Default slog.Default().
 	Logger *slog.Logger
@@ -109,6 +120,7 @@ type Engine struct {
 	mu      sync.Mutex
 	running *runState
 	scheds  map[string]*scheduler.Scheduler
+	poke    chan struct{} // wakes the await-timeout loop
 }
 
 // runState is one Start..Stop lifetime.
@@ -173,6 +185,12 @@ func (c *Config) withDefaults() error {
 	if c.UnknownVersionDelay == 0 {
 		c.UnknownVersionDelay = DefaultUnknownVersionDelay
 	}
+	if c.PartitionRetryDelay == 0 {
+		c.PartitionRetryDelay = DefaultPartitionRetryDelay
+	}
+	if c.MaxSignalBytes == 0 {
+		c.MaxSignalBytes = DefaultMaxSignalBytes
+	}
 	if c.MaxStateBytes == 0 {
 		c.MaxStateBytes = DefaultMaxStateBytes
 	}
@@ -187,8 +205,8 @@ func (c *Config) withDefaults() error {
 			c.HeartbeatInterval*3, c.LeaseDuration)
 	case c.LeaseDuration < time.Millisecond:
 		return errorf(ErrInvalidConfig, "LeaseDuration %s below 1ms", c.LeaseDuration)
-	case c.MaxStateBytes < 0:
-		return errorf(ErrInvalidConfig, "negative MaxStateBytes")
+	case c.MaxStateBytes < 0 || c.MaxSignalBytes < 0 || c.PartitionRetryDelay < 0:
+		return errorf(ErrInvalidConfig, "negative MaxStateBytes, MaxSignalBytes or PartitionRetryDelay")
 	}
 	queues := make(map[string]QueueConfig, len(c.Queues))
 	for name, qc := range c.Queues {
@@ -276,8 +294,19 @@ func (e *Engine) Start(ctx context.Context) error {
 	if e.cfg.ReaperInterval > 0 {
 		reaperCtx, reaperCancel := context.WithCancel(context.Background())
 		rs.reaperCancel = reaperCancel
-		rs.background.Add(1)
+		rs.background.Add(2)
 		go func() { defer rs.background.Done(); e.reapLoop(reaperCtx) }()
+		poke := make(chan struct{}, 1)
+		e.poke = poke
+		go func() { defer rs.background.Done(); e.timeoutLoop(reaperCtx, poke) }()
+	}
+	conc := 0
+	for _, qc := range e.cfg.Queues {
+		conc += qc.Concurrency
+	}
+	if poolMax := int(e.pool.Config().MaxConns); conc >= poolMax {
+		e.log.Warn("gendurable: total queue concurrency reaches the pool size; partitioned steps each hold a connection, and heartbeats need one too",
+			"concurrency", conc, "pool_max_conns", poolMax)
 	}
 	e.running = rs
 	e.scheds = rs.scheds
@@ -294,7 +323,7 @@ func (e *Engine) Start(ctx context.Context) error {
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
-	e.running, e.scheds = nil, nil
+	e.running, e.scheds, e.poke = nil, nil, nil
 	e.mu.Unlock()
 	if rs == nil {
 		return nil
@@ -331,7 +360,8 @@ func (e *Engine) Stop(ctx context.Context) error {
 }
 
 // executor returns the function that runs one claimed row of queue to a
-// committed outcome.
+// committed outcome: take the partition lock if the row has a key, load what
+// the step needs, run it, write its outcome.
 func (e *Engine) executor(queue string) scheduler.Executor {
 	return func(ctx context.Context, c *sqlq.Claimed) scheduler.Result {
 		core := e.registry[machineKey{c.FSM, int(c.Version)}]
@@ -340,37 +370,90 @@ func (e *Engine) executor(queue string) scheduler.Executor {
 			return scheduler.Result{}
 		}
 		start := time.Now()
-		res := core.exec(ctx, c, queue, e.cfg.MaxStateBytes)
-		res.out.ID, res.out.Token = c.ID, c.Token
-		applied, commitErr := e.commit(ctx, &res.out)
-		ev := &StepEvent{
-			Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Step: c.Step,
-			Attempt: int(c.Attempt), Outcome: res.kind.String(), Err: res.stepErr,
-			Duration: time.Since(start), Fenced: commitErr == nil && !applied, CommitErr: commitErr,
+
+		// The connection outcomes are written on: the pool, or for a
+		// partitioned row the dedicated connection that holds its key's lock.
+		var db sqlq.DB = e.pool
+		if c.PartitionKey != nil {
+			lock, ok := e.lockPartition(ctx, queue, c)
+			if !ok {
+				return scheduler.Result{}
+			}
+			defer lock.release()
+			db = lock.conn
 		}
-		e.emit(ctx, ev)
-		switch {
-		case commitErr != nil:
-			e.log.Error("gendurable: outcome not written; the step will run again after its lease expires",
-				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
-		case ev.Fenced:
-			e.log.Warn("gendurable: outcome fenced out: the lease was lost, another run owns the instance",
-				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
-		case res.stepErr != nil:
-			e.log.Warn("gendurable: step failed", "queue", queue, "fsm", c.FSM, "id", c.ID,
-				"step", c.Step, "attempt", c.Attempt, "outcome", ev.Outcome, "err", res.stepErr)
-		default:
-			e.log.Debug("gendurable: step done", "queue", queue, "fsm", c.FSM, "id", c.ID,
-				"step", c.Step, "outcome", ev.Outcome, "took", ev.Duration)
+
+		in := &execInput{c: c, queue: queue, maxState: e.cfg.MaxStateBytes, newChild: e.newInstance}
+		res, err := e.load(ctx, db, core, in)
+		if err == nil {
+			res = core.exec(ctx, in)
+		} else {
+			res = execResult{stepErr: err}
 		}
-		runnable := applied && (res.kind == kindNext || res.kind == kindReplay) && res.out.Delay <= 0
+		var applied []sqlq.Applied
+		var commitErr error
+		if res.kind != kindNone {
+			res.out.ID, res.out.Token = c.ID, c.Token
+			if res.txFn != nil {
+				applied, commitErr = e.commitTx(ctx, db, core, in, &res)
+			} else {
+				applied, commitErr = e.commit(ctx, db, &res.out)
+			}
+		} else {
+			commitErr = err // the loads failed: leave the row to its lease
+		}
+		e.reportStep(ctx, queue, c, &res, len(applied) == 1, commitErr, time.Since(start))
+		if len(applied) == 1 && applied[0].Status == string(StatusAwaitingSignal) && res.out.Timeout != nil {
+			e.pokeTimeouts()
+		}
+		runnable := len(applied) == 1 && applied[0].Status == string(StatusRunnable) && res.out.Delay <= 0
 		return scheduler.Result{RunnableNow: runnable}
 	}
 }
 
+// load reads the inbox (after an await, or for machines that read it) and
+// the children (after a fan-out). A plain step loads nothing.
+func (e *Engine) load(ctx context.Context, db sqlq.DB, core *machineCore, in *execInput) (execResult, error) {
+	var err error
+	if in.c.Awaits != nil || core.readsInbox {
+		if in.inbox, err = e.q.LoadInbox(ctx, db, in.c.ID); err != nil {
+			return execResult{}, fmt.Errorf("load inbox: %w", err)
+		}
+	}
+	if in.c.Children > 0 {
+		if in.children, err = e.q.LoadChildren(ctx, db, in.c.ID); err != nil {
+			return execResult{}, fmt.Errorf("load children: %w", err)
+		}
+	}
+	return execResult{}, nil
+}
+
+func (e *Engine) reportStep(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, applied bool, commitErr error, took time.Duration) {
+	ev := &StepEvent{
+		Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Step: c.Step,
+		Attempt: int(c.Attempt), Outcome: res.kind.String(), Err: res.stepErr,
+		Duration: took, Fenced: commitErr == nil && !applied, CommitErr: commitErr,
+	}
+	e.emit(ctx, ev)
+	switch {
+	case commitErr != nil:
+		e.log.Error("gendurable: outcome not written; the step will run again after its lease expires",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
+	case ev.Fenced:
+		e.log.Warn("gendurable: outcome fenced out: the lease was lost, another run owns the instance",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
+	case res.stepErr != nil:
+		e.log.Warn("gendurable: step failed", "queue", queue, "fsm", c.FSM, "id", c.ID,
+			"step", c.Step, "attempt", c.Attempt, "outcome", ev.Outcome, "err", res.stepErr)
+	default:
+		e.log.Debug("gendurable: step done", "queue", queue, "fsm", c.FSM, "id", c.ID,
+			"step", c.Step, "outcome", ev.Outcome, "took", took)
+	}
+}
+
 // commit writes one outcome, retrying transient failures while the lease can
-// still be ours. It reports whether the fence held.
-func (e *Engine) commit(stepCtx context.Context, o *sqlq.Outcome) (bool, error) {
+// still be ours. It returns the outcome if its fence held.
+func (e *Engine) commit(stepCtx context.Context, db sqlq.DB, o *sqlq.Outcome) ([]sqlq.Applied, error) {
 	// The outcome is written even when the step's context was cancelled by
 	// shutdown: the work is done and its result must not be lost.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(stepCtx), e.cfg.LeaseDuration)
@@ -379,38 +462,115 @@ func (e *Engine) commit(stepCtx context.Context, o *sqlq.Outcome) (bool, error) 
 	backoff := 20 * time.Millisecond
 	for {
 		b.Reset()
-		b.Add(*o)
-		ids, err := e.q.ApplyOutcomes(ctx, e.pool, &b)
+		b.Add(o)
+		applied, err := e.q.ApplyOutcomes(ctx, db, &b)
 		if err == nil {
-			return len(ids) == 1, nil
+			e.wakeApplied(applied)
+			return applied, nil
 		}
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code[:2] == "22" && o.Kind != sqlq.KindStop {
+		if rejected(err) && o.Kind != sqlq.KindStop {
 			// A data exception (e.g. a JSON string holding \u0000, which jsonb
 			// cannot store): the outcome can never be written as is. Stop the
 			// instance with the reason instead of failing forever.
 			*o = sqlq.Outcome{ID: o.ID, Token: o.Token, Kind: sqlq.KindStop,
-				ErrKind: strPtr("outcome_rejected"), Err: strPtr(truncate("outcome rejected by the database: " + pgErr.Message))}
+				ErrKind: strPtr("outcome_rejected"), Err: strPtr(truncate("outcome rejected by the database: " + err.Error()))}
 			continue
 		}
 		if errors.Is(context.Cause(stepCtx), scheduler.ErrLeaseLost) {
-			return false, nil // the lease is gone: nothing of ours to write
+			return nil, nil // the lease is gone: nothing of ours to write
 		}
 		select {
 		case <-ctx.Done():
-			return false, err
+			return nil, err
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 2*time.Second)
 	}
 }
 
+// commitTx writes a WithTx outcome: the step's callback and the outcome in
+// one transaction. If the callback fails, nothing of it is kept and the
+// error goes to Handle, whose outcome is written the ordinary way.
+func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult) ([]sqlq.Applied, error) {
+	beginner, ok := db.(interface {
+		Begin(context.Context) (pgx.Tx, error)
+	})
+	if !ok {
+		return nil, errors.New("gendurable: internal: connection cannot begin a transaction")
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(stepCtx), e.cfg.LeaseDuration)
+	defer cancel()
+	tx, err := beginner.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	fnErr := safely(func() error { return res.txFn(stepCtx, tx) })
+	if fnErr != nil {
+		_ = tx.Rollback(ctx)
+		*res = core.handleErr(stepCtx, in, fnErr)
+		res.out.ID, res.out.Token = in.c.ID, in.c.Token
+		return e.commit(stepCtx, db, &res.out)
+	}
+	var b sqlq.OutcomeBatch
+	b.Add(&res.out)
+	applied, err := e.q.ApplyOutcomes(ctx, tx, &b)
+	if err != nil {
+		return nil, err
+	}
+	if len(applied) == 0 {
+		return nil, nil // fenced out: the rollback undoes the step's writes too
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, err
+	}
+	e.wakeApplied(applied)
+	return applied, nil
+}
+
+// rejected reports a PostgreSQL data exception (class 22): the values can
+// never be stored as they are.
+func rejected(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
+}
+
+// wakeApplied kicks local feeders for outcomes that made work runnable in
+// another queue than the step's own (the step's own queue learns from its
+// completion).
+func (e *Engine) wakeApplied(applied []sqlq.Applied) {
+	for _, a := range applied {
+		if a.Status == string(StatusRunnable) {
+			e.kickQueue(a.Queue)
+		}
+	}
+}
+
+func (e *Engine) pokeTimeouts() {
+	e.mu.Lock()
+	poke := e.poke
+	e.mu.Unlock()
+	if poke != nil {
+		select {
+		case poke <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (e *Engine) kickQueue(queue string) {
+	e.mu.Lock()
+	s := e.scheds[queue]
+	e.mu.Unlock()
+	if s != nil {
+		s.Kick()
+	}
+}
+
 func (e *Engine) releaseUnknown(queue string, c *sqlq.Claimed) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := e.q.Release(ctx, e.pool, []int64{c.ID}, []int64{c.Token}, e.cfg.UnknownVersionDelay); err != nil {
-		e.log.Warn("gendurable: release of unknown-version row failed; the reaper will recover it", "id", c.ID, "err", err)
-	}
+	e.releaseClaim(c, e.cfg.UnknownVersionDelay)
 	e.log.Warn("gendurable: claimed a row of a machine version this process does not know; released it",
 		"queue", queue, "fsm", c.FSM, "version", c.Version, "id", c.ID, "retry_in", e.cfg.UnknownVersionDelay)
 	e.emit(ctx, &UnknownVersionEvent{Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Delay: e.cfg.UnknownVersionDelay})

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
@@ -43,14 +45,57 @@ type InsertOpts struct {
 	RunIn time.Duration
 	// MaxAttempts overrides the machine's attempt budget.
 	MaxAttempts int
-	// PartitionKey: instances sharing a key never run steps at the same time.
-	// Stored now; enforced by the scheduler from the coordination release on.
+	// PartitionKey: no two steps of instances sharing a key ever run at the
+	// same time, in any process. Instances without a key pay nothing.
 	PartitionKey string
+	// UniqueKey: while an instance with this key is in one of UniqueScope's
+	// statuses, inserting another with the same key inserts nothing and
+	// returns the existing instance's id with Duplicate set. Enforced by a
+	// unique index, so it holds across processes and within one InsertMany.
+	UniqueKey string
+	// UniqueScope lists the statuses in which the key is held. It must
+	// include every live status (runnable, executing, awaiting_signal,
+	// awaiting_children); add StatusDone and/or StatusFailed to keep the key
+	// after the instance finishes. Default: the live statuses.
+	UniqueScope []Status
+}
+
+// UniqueLive is the default unique scope: the key is free again once the
+// instance is done or failed.
+var UniqueLive = []Status{StatusRunnable, StatusExecuting, StatusAwaitingSignal, StatusAwaitingChildren}
+
+// UniqueForever keeps the key for as long as the row exists (until pruned).
+var UniqueForever = []Status{StatusRunnable, StatusExecuting, StatusAwaitingSignal, StatusAwaitingChildren, StatusDone, StatusFailed}
+
+// statusOrder is the order of the gendurable_status enum; bit k of a scope
+// mask stands for statusOrder[k].
+var statusOrder = []Status{StatusRunnable, StatusExecuting, StatusAwaitingSignal, StatusAwaitingChildren, StatusDone, StatusFailed}
+
+// scopeMask validates a unique scope and encodes it as a bit mask.
+func scopeMask(scope []Status) (int32, error) {
+	if len(scope) == 0 {
+		scope = UniqueLive
+	}
+	var mask int32
+	for _, st := range scope {
+		k := slices.Index(statusOrder, st)
+		if k < 0 {
+			return 0, errorf(ErrInvalidInsert, "unknown status %q in UniqueScope", st)
+		}
+		mask |= 1 << k
+	}
+	for k, st := range statusOrder[:4] {
+		if mask&(1<<k) == 0 {
+			return 0, errorf(ErrInvalidInsert, "UniqueScope must include every live status; %q is missing (a live instance moves through all of them)", st)
+		}
+	}
+	return mask, nil
 }
 
 // InsertResult is what an insert produced.
 type InsertResult struct {
-	ID int64 // the instance's id
+	ID        int64 // the new instance's id, or for a duplicate the existing one's
+	Duplicate bool  // the unique key was held by a live instance: nothing was inserted
 }
 
 // Insert inserts one instance and, when this engine works its queue, wakes
@@ -106,7 +151,7 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 		}
 		rows[i] = r
 	}
-	ids, err := e.q.InsertMany(ctx, db, rows)
+	got, err := e.q.InsertMany(ctx, db, rows)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
@@ -115,12 +160,9 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 		}
 		return nil, fmt.Errorf("gendurable: insert: %w", err)
 	}
-	if len(ids) != len(rows) {
-		return nil, fmt.Errorf("gendurable: insert returned %d ids for %d rows", len(ids), len(rows))
-	}
-	out := make([]InsertResult, len(ids))
-	for i, id := range ids {
-		out[i] = InsertResult{ID: id}
+	out := make([]InsertResult, len(got))
+	for i, g := range got {
+		out[i] = InsertResult{ID: g.ID, Duplicate: g.Duplicate}
 	}
 	return out, nil
 }
@@ -151,6 +193,10 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name longer than %d bytes", maxNameLen)
 	case len(o.PartitionKey) > maxKeyLen:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "PartitionKey longer than %d bytes", maxKeyLen)
+	case len(o.UniqueKey) > maxKeyLen:
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey longer than %d bytes", maxKeyLen)
+	case !utf8.ValidString(o.PartitionKey) || strings.ContainsRune(o.PartitionKey, 0) || !utf8.ValidString(o.Queue) || strings.ContainsRune(o.Queue, 0):
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue and PartitionKey must be valid UTF-8 without NUL bytes")
 	}
 	state, err := core.encode(p.state)
 	if err != nil {
@@ -171,6 +217,15 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 	if o.PartitionKey != "" {
 		k := o.PartitionKey
 		r.PartitionKey = &k
+	}
+	if o.UniqueKey != "" {
+		mask, err := scopeMask(o.UniqueScope)
+		if err != nil {
+			return sqlq.NewInstance{}, err
+		}
+		r.UniqueKey, r.ScopeMask = []byte(o.UniqueKey), mask
+	} else if len(o.UniqueScope) > 0 {
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueScope without a UniqueKey")
 	}
 	return r, nil
 }

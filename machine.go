@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
 )
 
 // StepFunc runs one step of an instance. It returns exactly one outcome, or an
@@ -66,6 +68,10 @@ type Machine[S any] struct {
 	// Backoff gives the delay before retry number attempt+1 for the default
 	// Handle. Default: 1s·2^attempt with jitter, capped at one hour.
 	Backoff func(attempt int) time.Duration
+	// Inbox, when true, loads the instance's whole inbox ([Run.Inbox]) for
+	// every step — one more statement per step. Without it the inbox is
+	// loaded only for a step that follows an Await.
+	Inbox bool
 
 	once    sync.Once
 	core    *machineCore
@@ -88,6 +94,38 @@ type Run[S any] struct {
 	// next state by value; changing State in place has no effect unless it is
 	// passed to one.
 	State S
+	// Awaited holds, for a step that follows an Await, the unconsumed
+	// signals whose name it awaited, oldest first — empty if the await timed
+	// out. A Next or ScheduleChildren consumes exactly these.
+	Awaited []Signal
+	// Inbox holds every unconsumed signal (loaded after an Await, or for
+	// every step when the machine sets Inbox).
+	Inbox []Signal
+	// Children holds, for a step that follows ScheduleChildren, the
+	// instance's children with their final statuses and results.
+	Children []Child
+}
+
+// Signal is a durable message delivered to an instance.
+type Signal struct {
+	ID      int64
+	Name    string
+	Payload json.RawMessage // JSON; "null" when sent without one
+	At      time.Time       // when it was sent (database clock)
+}
+
+// Decode unmarshals the signal's payload into v.
+func (s Signal) Decode(v any) error { return json.Unmarshal(s.Payload, v) }
+
+// Child is one child instance as its parent sees it.
+type Child struct {
+	ID         int64
+	Machine    string
+	Version    int
+	Step       string
+	Status     Status
+	Result     json.RawMessage // the child's Done result
+	FinishedAt *time.Time
 }
 
 // Definition is a registered machine or job: a *Machine[S] or a *Job[T].
@@ -104,7 +142,9 @@ type machineCore struct {
 	steps       map[string]bool
 	maxAttempts int
 	encode      func(state any) (string, error) // checks the dynamic type is S
-	exec        func(ctx context.Context, c *sqlq.Claimed, queue string, maxState int) execResult
+	readsInbox  bool                            // load the inbox for every step, not only after an await
+	exec        func(ctx context.Context, in *execInput) execResult
+	handleErr   func(ctx context.Context, in *execInput, err error) execResult
 }
 
 // execResult is a step's outcome, encoded for the database, plus what the
@@ -112,7 +152,8 @@ type machineCore struct {
 type execResult struct {
 	out     sqlq.Outcome // ID and Token are filled in by the engine
 	kind    outcomeKind
-	stepErr error // the handled error, if the step failed
+	stepErr error                                      // the handled error, if the step failed
+	txFn    func(ctx context.Context, tx pgx.Tx) error // WithTx: run in the outcome's transaction
 }
 
 func (m *Machine[S]) definition() (*machineCore, error) {
@@ -151,7 +192,9 @@ func (m *Machine[S]) build() (*machineCore, error) {
 		steps:       steps,
 		maxAttempts: orDefault(m.MaxAttempts, DefaultMaxAttempts),
 		encode:      encodeTyped[S],
+		readsInbox:  m.Inbox,
 		exec:        m.exec,
+		handleErr:   m.handleErr,
 	}, nil
 }
 
@@ -161,11 +204,23 @@ func (m *Machine[S]) New(state S) InsertParams {
 	return InsertParams{def: m, state: state}
 }
 
-// exec decodes the state, runs the step and, on failure, Handle, and encodes
-// the resulting outcome. It never returns without an outcome to apply.
-func (m *Machine[S]) exec(ctx context.Context, c *sqlq.Claimed, queue string, maxState int) execResult {
+// execInput is everything a step run needs besides user code: the claimed
+// row, what was loaded for it, and the engine's encoders.
+type execInput struct {
+	c        *sqlq.Claimed
+	queue    string
+	inbox    []sqlq.SignalRow // loaded after an await, or when the machine reads its inbox
+	children []sqlq.ChildRow  // loaded after a fan-out
+	maxState int
+	newChild func(InsertParams) (sqlq.NewInstance, error)
+}
+
+// newRun builds the step's view of its instance; it fails only when the
+// stored state does not decode.
+func (m *Machine[S]) newRun(in *execInput) (*Run[S], error) {
+	c := in.c
 	r := &Run[S]{
-		ID: c.ID, Machine: c.FSM, Version: int(c.Version), Queue: queue, Step: c.Step,
+		ID: c.ID, Machine: c.FSM, Version: int(c.Version), Queue: in.queue, Step: c.Step,
 		Attempt: int(c.Attempt), MaxAttempts: int(c.MaxAttempts), Priority: int(c.Priority),
 		InsertedAt: c.InsertedAt,
 	}
@@ -173,29 +228,58 @@ func (m *Machine[S]) exec(ctx context.Context, c *sqlq.Claimed, queue string, ma
 		r.PartitionKey = *c.PartitionKey
 	}
 	if err := safely(func() error { return json.Unmarshal(c.State, &r.State) }); err != nil {
+		return nil, fmt.Errorf("%w into %T: %v", ErrStateDecode, r.State, err)
+	}
+	for _, sr := range in.inbox {
+		sig := Signal{ID: sr.ID, Name: sr.Name, Payload: sr.Payload, At: sr.InsertedAt}
+		r.Inbox = append(r.Inbox, sig)
+		if slices.Contains(c.Awaits, sr.Name) {
+			r.Awaited = append(r.Awaited, sig)
+		}
+	}
+	for _, cr := range in.children {
+		r.Children = append(r.Children, Child{ID: cr.ID, Machine: cr.FSM, Version: int(cr.Version),
+			Step: cr.Step, Status: Status(cr.Status), Result: cr.Result, FinishedAt: cr.FinishedAt})
+	}
+	return r, nil
+}
+
+// exec decodes the state, runs the step and, on failure, Handle, and encodes
+// the resulting outcome. It never returns without an outcome to apply.
+func (m *Machine[S]) exec(ctx context.Context, in *execInput) execResult {
+	r, err := m.newRun(in)
+	if err != nil {
 		// Stored data will not decode on a retry either: stop with the reason.
-		err = fmt.Errorf("%w into %T: %v", ErrStateDecode, r.State, err)
 		return stopResult("state_decode", err.Error(), err)
 	}
-
-	var (
-		out Outcome
-		err error
-	)
-	if fn := m.Steps[c.Step]; fn == nil {
-		err = fmt.Errorf("%w: step %q is not declared by machine %q version %d", ErrInvalidOutcome, c.Step, m.Name, m.core.version)
+	var out Outcome
+	if fn := m.Steps[in.c.Step]; fn == nil {
+		err = fmt.Errorf("%w: step %q is not declared by machine %q version %d", ErrInvalidOutcome, in.c.Step, m.Name, m.core.version)
 	} else {
 		out, err = callStep(ctx, func() (Outcome, error) { return fn(ctx, r) })
 	}
 	var enc sqlq.Outcome
 	if err == nil {
-		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, maxState); return err })
+		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, r, in); return err })
 	}
 	if err == nil {
-		return execResult{out: enc, kind: out.kind}
+		return execResult{out: enc, kind: out.kind, txFn: out.txFn}
 	}
+	return m.handle(ctx, r, in, err)
+}
 
-	stepErr := err
+// handleErr runs the failure path for an error found after the step
+// returned (a WithTx callback that failed).
+func (m *Machine[S]) handleErr(ctx context.Context, in *execInput, stepErr error) execResult {
+	r, err := m.newRun(in)
+	if err != nil {
+		return stopResult("state_decode", err.Error(), err)
+	}
+	return m.handle(ctx, r, in, stepErr)
+}
+
+// handle asks Handle what to do after stepErr and encodes its answer.
+func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepErr error) execResult {
 	if errors.Is(context.Cause(ctx), ErrEngineStopped) {
 		// The engine cancelled the step at shutdown: not the step's fault, so
 		// no attempt is counted and Handle is not asked. It runs again as is.
@@ -209,9 +293,13 @@ func (m *Machine[S]) exec(ctx context.Context, c *sqlq.Claimed, queue string, ma
 	if handle == nil {
 		handle = m.defaultHandle
 	}
-	out, err = callStep(ctx, func() (Outcome, error) { return handle(ctx, r, stepErr) })
+	out, err := callStep(ctx, func() (Outcome, error) { return handle(ctx, r, stepErr) })
+	var enc sqlq.Outcome
+	if err == nil && out.txFn != nil {
+		err = fmt.Errorf("%w: Handle may not return a WithTx outcome", ErrInvalidOutcome)
+	}
 	if err == nil {
-		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, maxState); return err })
+		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, r, in); return err })
 	}
 	if err != nil {
 		msg := fmt.Sprintf("%s; Handle failed: %s", stepErr, err)
@@ -237,14 +325,34 @@ func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Out
 }
 
 // encodeOutcome validates o for this machine and encodes it for the database.
-func (m *Machine[S]) encodeOutcome(o Outcome, maxState int) (sqlq.Outcome, error) {
+func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Outcome, error) {
 	if err := o.validate(m.core.steps); err != nil {
 		return sqlq.Outcome{}, err
 	}
+	maxState := in.maxState
 	enc := sqlq.Outcome{Delay: o.delay}
 	switch o.kind {
 	case kindNext:
 		enc.Kind, enc.Step = sqlq.KindNext, strPtr(o.step)
+		consumeAwaited(&enc, r.Awaited)
+	case kindAwait:
+		enc.Kind, enc.Step = sqlq.KindAwait, strPtr(o.step)
+		names, _ := json.Marshal(o.awaits)
+		enc.Awaits = strPtr(string(names))
+		if o.timeout > 0 {
+			t := o.timeout
+			enc.Timeout = &t
+		}
+	case kindChildren:
+		enc.Kind, enc.Step = sqlq.KindChildren, strPtr(o.step)
+		consumeAwaited(&enc, r.Awaited)
+		for i, p := range o.children {
+			child, err := in.newChild(p)
+			if err != nil {
+				return sqlq.Outcome{}, fmt.Errorf("%w: child #%d: %w", ErrInvalidOutcome, i, err)
+			}
+			enc.Children = append(enc.Children, child)
+		}
 	case kindReplay:
 		enc.Kind, enc.AttemptInc = sqlq.KindReplay, 1
 		if o.snooze {
@@ -272,6 +380,22 @@ func (m *Machine[S]) encodeOutcome(o Outcome, maxState int) (sqlq.Outcome, error
 		enc.State = &s
 	}
 	return enc, nil
+}
+
+// consumeAwaited makes a progressing outcome consume exactly the awaited
+// signals the step received: a same-name signal that arrived after the step
+// loaded its inbox survives.
+func consumeAwaited(enc *sqlq.Outcome, awaited []Signal) {
+	if len(awaited) == 0 {
+		return
+	}
+	counts := map[string]int{}
+	for _, s := range awaited {
+		enc.Consume = append(enc.Consume, s.ID)
+		counts[s.Name]++
+	}
+	dec, _ := json.Marshal(counts)
+	enc.InboxDec = strPtr(string(dec))
 }
 
 // encodeTyped encodes a state that must be of type S.

@@ -1,8 +1,11 @@
 package gendurable
 
 import (
+	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 type outcomeKind uint8
@@ -13,6 +16,8 @@ const (
 	kindReplay
 	kindDone
 	kindStop
+	kindAwait
+	kindChildren
 )
 
 func (k outcomeKind) String() string {
@@ -25,6 +30,10 @@ func (k outcomeKind) String() string {
 		return "done"
 	case kindStop:
 		return "stop"
+	case kindAwait:
+		return "await"
+	case kindChildren:
+		return "children"
 	default:
 		return "none"
 	}
@@ -43,10 +52,14 @@ type Outcome struct {
 	result   any
 	reason   string
 	snooze   bool // replay without counting an attempt (jobs)
+	awaits   []string
+	timeout  time.Duration
+	children []InsertParams
+	txFn     func(ctx context.Context, tx pgx.Tx) error
 }
 
-// Kind names the outcome: "next", "replay", "done", "stop", or "none" for the
-// zero Outcome.
+// Kind names the outcome: "next", "replay", "done", "stop", "await",
+// "children", or "none" for the zero Outcome.
 func (o Outcome) Kind() string { return o.kind.String() }
 
 // After returns a copy of a Next outcome that becomes runnable only after d —
@@ -57,6 +70,31 @@ func (o Outcome) After(d time.Duration) Outcome {
 	if o.kind == kindNext || o.kind == kindReplay {
 		o.delay = d
 	}
+	return o
+}
+
+// Timeout returns a copy of an Await outcome with a deadline: if no awaited
+// signal arrives within d, the instance becomes runnable at its next step
+// anyway, with an empty Awaited view (that is how the step tells it timed
+// out). It has no effect on other outcomes.
+func (o Outcome) Timeout(d time.Duration) Outcome {
+	if o.kind == kindAwait {
+		o.timeout = d
+	}
+	return o
+}
+
+// WithTx returns a copy of the outcome whose commit also runs fn: the engine
+// opens a transaction, calls fn with it, applies the outcome in the same
+// transaction and commits. The step's own writes to this database and its
+// outcome thus commit together or not at all — exactly once, even when the
+// step runs twice (a fenced-out outcome rolls fn's writes back). If fn
+// returns an error, nothing is committed and the error goes to Handle.
+//
+// Cost: a transaction of its own (BEGIN, fn's statements, the outcome,
+// COMMIT) instead of one statement that can share a batched commit.
+func (o Outcome) WithTx(fn func(ctx context.Context, tx pgx.Tx) error) Outcome {
+	o.txFn = fn
 	return o
 }
 
@@ -81,6 +119,26 @@ func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 	return Outcome{kind: kindReplay, state: state, hasState: true, delay: delay}
 }
 
+// Await parks the instance until a signal with one of names arrives (see
+// [Engine.Signal]); it then runs nextStep with state, and the step sees the
+// matching signals in [Run.Awaited]. If a matching signal is already in the
+// inbox the instance runs on at once. Nothing is consumed: awaiting again
+// from the woken step accumulates signals until a Next (or
+// ScheduleChildren) consumes the ones the step received. Add a deadline with
+// [Outcome.Timeout].
+func (r *Run[S]) Await(nextStep string, state S, names ...string) Outcome {
+	return Outcome{kind: kindAwait, step: nextStep, state: state, hasState: true, awaits: names}
+}
+
+// ScheduleChildren inserts children (instances of any registered machine,
+// each with its own insert options) with this instance as their parent, in
+// the same statement that parks it; once every child is done or failed, the
+// instance runs nextStep with state and sees them in [Run.Children]. With no
+// children (or only unique-key duplicates) it runs on at once.
+func (r *Run[S]) ScheduleChildren(nextStep string, state S, children ...InsertParams) Outcome {
+	return Outcome{kind: kindChildren, step: nextStep, state: state, hasState: true, children: children}
+}
+
 // validate checks an outcome against its machine before any SQL runs.
 func (o Outcome) validate(steps map[string]bool) error {
 	switch o.kind {
@@ -94,6 +152,25 @@ func (o Outcome) validate(steps map[string]bool) error {
 	case kindReplay:
 		if o.delay < 0 {
 			return fmt.Errorf("%w: negative replay delay %s", ErrInvalidOutcome, o.delay)
+		}
+	case kindAwait:
+		if !steps[o.step] {
+			return fmt.Errorf("%w: Await names next step %q, which the machine does not declare", ErrInvalidOutcome, o.step)
+		}
+		if len(o.awaits) == 0 {
+			return fmt.Errorf("%w: Await needs at least one signal name", ErrInvalidOutcome)
+		}
+		for _, n := range o.awaits {
+			if err := validateSignalName(n); err != nil {
+				return fmt.Errorf("%w: Await: %v", ErrInvalidOutcome, err)
+			}
+		}
+		if o.timeout < 0 {
+			return fmt.Errorf("%w: negative await timeout %s", ErrInvalidOutcome, o.timeout)
+		}
+	case kindChildren:
+		if !steps[o.step] {
+			return fmt.Errorf("%w: ScheduleChildren names next step %q, which the machine does not declare", ErrInvalidOutcome, o.step)
 		}
 	case kindDone, kindStop:
 	default:

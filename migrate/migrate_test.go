@@ -22,7 +22,7 @@ func TestUpDownUp(t *testing.T) {
 
 	res, err := migrate.Up(ctx, pool, schema)
 	require.NoError(t, err)
-	require.Equal(t, migrate.Result{From: 0, To: migrate.Latest(), Applied: []int{1}}, res)
+	require.Equal(t, migrate.Result{From: 0, To: migrate.Latest(), Applied: allVersions()}, res)
 	v, err = migrate.Installed(ctx, pool, schema)
 	require.NoError(t, err)
 	require.Equal(t, migrate.Latest(), v)
@@ -33,7 +33,7 @@ func TestUpDownUp(t *testing.T) {
 
 	res, err = migrate.Down(ctx, pool, schema)
 	require.NoError(t, err)
-	require.Equal(t, []int{1}, res.Applied)
+	require.Equal(t, reversed(allVersions()), res.Applied)
 	var tables int
 	require.NoError(t, pool.QueryRow(ctx,
 		`SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1`, schema).Scan(&tables))
@@ -60,7 +60,7 @@ func TestConcurrentUpAppliesOnce(t *testing.T) {
 		require.NoError(t, errs[i])
 		applied += len(results[i].Applied)
 	}
-	require.Equal(t, 1, applied, "exactly one process applied the migration")
+	require.Equal(t, migrate.Latest(), applied, "each migration was applied exactly once")
 }
 
 func TestInvalidSchemaIsRejected(t *testing.T) {
@@ -94,4 +94,42 @@ func TestPrintedSQLInstallsTheSchema(t *testing.T) {
 	v, err = migrate.Installed(ctx, pool, schema)
 	require.NoError(t, err)
 	require.Zero(t, v)
+}
+
+func allVersions() []int {
+	var vs []int
+	for v := 1; v <= migrate.Latest(); v++ {
+		vs = append(vs, v)
+	}
+	return vs
+}
+
+func reversed(vs []int) []int {
+	out := make([]int, len(vs))
+	for i, v := range vs {
+		out[len(vs)-1-i] = v
+	}
+	return out
+}
+
+// TestStepwiseUpgrade installs version 1, puts data in it, and upgrades: an
+// existing installation keeps its rows.
+func TestStepwiseUpgrade(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	res, err := migrate.To(ctx, pool, schema, 1)
+	require.NoError(t, err)
+	require.Equal(t, []int{1}, res.Applied)
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('m', 'a')`)
+	require.NoError(t, err)
+	res, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, allVersions()[1:], res.Applied)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances WHERE inbox = '{}'`).Scan(&n))
+	require.Equal(t, 1, n, "the row survived and got the new columns' defaults")
+	res, err = migrate.To(ctx, pool, schema, 1)
+	require.NoError(t, err)
+	require.Equal(t, reversed(allVersions()[1:]), res.Applied)
 }

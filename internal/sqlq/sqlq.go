@@ -58,7 +58,13 @@ type Queries struct {
 	applyOutcomes string
 	release       string
 	insertMany    string
+	lookupUnique  string
 	getInstance   string
+	signal        string
+	loadInbox     string
+	loadChildren  string
+	wakeTimedOut  string
+	waitInfo      string
 }
 
 // New validates the schema name and renders every statement for it.
@@ -76,6 +82,12 @@ func New(schema string) (*Queries, error) {
 		release:       render(releaseSQL, qs),
 		insertMany:    render(insertManySQL, qs),
 		getInstance:   render(getInstanceSQL, qs),
+		lookupUnique:  render(lookupUniqueSQL, qs),
+		signal:        render(signalSQL, qs),
+		loadInbox:     render(loadInboxSQL, qs),
+		loadChildren:  render(loadChildrenSQL, qs),
+		wakeTimedOut:  render(wakeTimedOutSQL, qs),
+		waitInfo:      render(waitInfoSQL, qs),
 	}, nil
 }
 

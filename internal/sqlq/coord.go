@@ -1,0 +1,233 @@
+package sqlq
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ---------------------------------------------------------------------------
+// Signal (SPEC §6): insert the signal, then wake the instance if it awaits
+// the name — one statement that first locks the instance row. The await
+// outcome locks the same row, so the two serialize: whichever commits second
+// sees the other's write on the row itself (the inbox counts), never a stale
+// snapshot. A finished or unknown target gets no signal row.
+
+const signalSQL = `
+WITH target AS MATERIALIZED (
+  SELECT id, status FROM {{schema}}.gendurable_instances WHERE id = $1 FOR UPDATE
+), ins AS (
+  INSERT INTO {{schema}}.gendurable_signals (target_id, name, payload, dedup_key)
+  SELECT t.id, $2, $3::jsonb, $4 FROM target AS t WHERE t.status NOT IN ('done', 'failed')
+  ON CONFLICT (target_id, dedup_key) DO NOTHING
+  RETURNING id
+), woke AS (
+  UPDATE {{schema}}.gendurable_instances AS i
+  SET inbox = jsonb_set(i.inbox, ARRAY[$2::text], to_jsonb(coalesce((i.inbox ->> $2::text)::int, 0) + 1)),
+      status = CASE WHEN i.status = 'awaiting_signal' AND $2::text = ANY (i.awaits)
+                    THEN 'runnable' ELSE i.status END,
+      eligible_at = CASE WHEN i.status = 'awaiting_signal' AND $2::text = ANY (i.awaits)
+                         THEN now() ELSE i.eligible_at END,
+      await_deadline = CASE WHEN i.status = 'awaiting_signal' AND $2::text = ANY (i.awaits)
+                            THEN NULL ELSE i.await_deadline END,
+      updated_at = now()
+  FROM ins
+  WHERE i.id = $1
+  RETURNING i.status = 'runnable' AND i.eligible_at = now() AS woke, i.queue
+)
+SELECT (SELECT status::text FROM target),
+       (SELECT id FROM ins),
+       (SELECT id FROM {{schema}}.gendurable_signals WHERE target_id = $1 AND dedup_key = $4),
+       coalesce((SELECT woke FROM woke), false),
+       (SELECT queue FROM woke)`
+
+// SignalResult is what the signal statement did.
+type SignalResult struct {
+	Status *string // the target's status; nil: no such instance
+	ID     *int64  // the new signal's id; nil: not inserted
+	DupID  *int64  // the id already holding the dedup key, if any
+	Woke   bool    // the instance went from awaiting_signal to runnable
+	Queue  *string // the woken instance's queue
+}
+
+// Signal inserts a signal for target and wakes it if it awaits name.
+func (q *Queries) Signal(ctx context.Context, db DB, target int64, name string, payload *string, dedupKey *string) (SignalResult, error) {
+	var r SignalResult
+	err := db.QueryRow(ctx, q.signal, target, name, payload, dedupKey).Scan(&r.Status, &r.ID, &r.DupID, &r.Woke, &r.Queue)
+	return r, err
+}
+
+// ---------------------------------------------------------------------------
+// Loads (SPEC §4.2), run only when the step needs them: the inbox after an
+// await (or when the machine declares it reads the inbox), the children
+// after a fan-out.
+
+const loadInboxSQL = `
+SELECT id, name, payload, inserted_at FROM {{schema}}.gendurable_signals
+WHERE target_id = $1 AND consumed_at IS NULL
+ORDER BY id`
+
+// SignalRow is one unconsumed signal.
+type SignalRow struct {
+	ID         int64
+	Name       string
+	Payload    []byte
+	InsertedAt time.Time
+}
+
+// LoadInbox returns the unconsumed signals of an instance, oldest first.
+func (q *Queries) LoadInbox(ctx context.Context, db DB, id int64) ([]SignalRow, error) {
+	rows, err := db.Query(ctx, q.loadInbox, id)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (SignalRow, error) {
+		var s SignalRow
+		err := row.Scan(&s.ID, &s.Name, &s.Payload, &s.InsertedAt)
+		return s, err
+	})
+}
+
+const loadChildrenSQL = `
+SELECT id, fsm, fsm_version, step, status::text, result, finished_at
+FROM {{schema}}.gendurable_instances
+WHERE parent_id = $1
+ORDER BY id`
+
+// ChildRow is one child of an instance.
+type ChildRow struct {
+	ID         int64
+	FSM        string
+	Version    int32
+	Step       string
+	Status     string
+	Result     []byte
+	FinishedAt *time.Time
+}
+
+// LoadChildren returns the children of an instance in insertion order.
+func (q *Queries) LoadChildren(ctx context.Context, db DB, id int64) ([]ChildRow, error) {
+	rows, err := db.Query(ctx, q.loadChildren, id)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ChildRow, error) {
+		var c ChildRow
+		err := row.Scan(&c.ID, &c.FSM, &c.Version, &c.Step, &c.Status, &c.Result, &c.FinishedAt)
+		return c, err
+	})
+}
+
+// ---------------------------------------------------------------------------
+// Await timeouts: parked instances whose deadline passed become runnable at
+// the step they parked for, with their awaits kept (the step then sees an
+// empty Awaited view: it timed out). Driven by the await-deadline partial
+// index; the answer includes the next deadline so the caller can sleep until
+// it instead of polling.
+
+const wakeTimedOutSQL = `
+WITH due AS MATERIALIZED (
+  SELECT id FROM {{schema}}.gendurable_instances
+  WHERE status = 'awaiting_signal' AND await_deadline <= now()
+  ORDER BY await_deadline
+  LIMIT $1
+  FOR UPDATE SKIP LOCKED
+), woke AS (
+  UPDATE {{schema}}.gendurable_instances AS i
+  SET status = 'runnable', eligible_at = now(), await_deadline = NULL, updated_at = now()
+  FROM due WHERE i.id = due.id
+  RETURNING i.queue
+)
+SELECT coalesce(array_agg(DISTINCT queue), '{}') AS queues, count(*)::int AS n,
+       (SELECT min(await_deadline) FROM {{schema}}.gendurable_instances
+        WHERE status = 'awaiting_signal' AND await_deadline > now()) AS next
+FROM woke`
+
+// WakeTimedOut wakes up to limit timed-out awaits; it returns the queues
+// that received work, how many woke, and the next pending deadline.
+func (q *Queries) WakeTimedOut(ctx context.Context, db DB, limit int) (queues []string, n int, next *time.Time, err error) {
+	err = db.QueryRow(ctx, q.wakeTimedOut, limit).Scan(&queues, &n, &next)
+	return queues, n, next, err
+}
+
+// ---------------------------------------------------------------------------
+// Wait visibility: what a parked or pending instance waits for, in one read.
+
+const waitInfoSQL = `
+SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
+       i.children_total, i.children_pending, i.partition_key,
+       CASE WHEN i.partition_key IS NOT NULL AND i.status = 'runnable' THEN
+         (SELECT x.id FROM {{schema}}.gendurable_instances AS x
+          WHERE x.status = 'executing' AND x.partition_key = i.partition_key AND x.id <> i.id
+          LIMIT 1) END,
+       i.inbox, i.lease_expires_at, now()
+FROM {{schema}}.gendurable_instances AS i
+WHERE i.id = $1`
+
+// WaitRow is the raw material of a wait reason.
+type WaitRow struct {
+	Status          string
+	Step            string
+	EligibleAt      time.Time
+	Awaits          []string
+	AwaitDeadline   *time.Time
+	ChildrenTotal   int32
+	ChildrenPending int32
+	PartitionKey    *string
+	PartitionHolder *int64
+	Inbox           map[string]int
+	LeaseExpiresAt  *time.Time
+	Now             time.Time
+}
+
+// WaitInfo reads what instance id waits for; pgx.ErrNoRows if it does not exist.
+func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64) (WaitRow, error) {
+	var w WaitRow
+	err := db.QueryRow(ctx, q.waitInfo, id).Scan(&w.Status, &w.Step, &w.EligibleAt, &w.Awaits,
+		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.PartitionHolder,
+		&w.Inbox, &w.LeaseExpiresAt, &w.Now)
+	return w, err
+}
+
+// ---------------------------------------------------------------------------
+// Read one instance by primary key (admin and tests; not on the hot path).
+
+const getInstanceSQL = `
+SELECT id, fsm, fsm_version, queue, step, state, result, status::text, priority, attempt,
+       max_attempts, eligible_at, lease_expires_at, partition_key, errors, parent_id, awaits,
+       inserted_at, updated_at, finished_at
+FROM {{schema}}.gendurable_instances WHERE id = $1`
+
+// InstanceRow is one instance as stored.
+type InstanceRow struct {
+	ID             int64
+	FSM            string
+	Version        int32
+	Queue          string
+	Step           string
+	State          []byte
+	Result         []byte
+	Status         string
+	Priority       int16
+	Attempt        int32
+	MaxAttempts    int32
+	EligibleAt     time.Time
+	LeaseExpiresAt *time.Time
+	PartitionKey   *string
+	Errors         []byte
+	ParentID       *int64
+	Awaits         []string
+	InsertedAt     time.Time
+	UpdatedAt      time.Time
+	FinishedAt     *time.Time
+}
+
+// GetInstance reads one instance; pgx.ErrNoRows when there is none.
+func (q *Queries) GetInstance(ctx context.Context, db DB, id int64) (InstanceRow, error) {
+	var r InstanceRow
+	err := db.QueryRow(ctx, q.getInstance, id).Scan(&r.ID, &r.FSM, &r.Version, &r.Queue, &r.Step,
+		&r.State, &r.Result, &r.Status, &r.Priority, &r.Attempt, &r.MaxAttempts, &r.EligibleAt,
+		&r.LeaseExpiresAt, &r.PartitionKey, &r.Errors, &r.ParentID, &r.Awaits, &r.InsertedAt, &r.UpdatedAt, &r.FinishedAt)
+	return r, err
+}

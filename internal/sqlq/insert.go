@@ -1,0 +1,155 @@
+package sqlq
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ---------------------------------------------------------------------------
+// Insert (SPEC §6): many rows in one statement from column arrays. A missing
+// run-at falls back to now() + run-in on the database clock. A row whose
+// unique key collides with a live row in its scope (or with an earlier row of
+// the same batch) is skipped by ON CONFLICT, which must repeat the unique
+// index's predicate exactly to infer it.
+
+const insertManySQL = `
+INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `)
+SELECT ` + newRowSelect + `
+FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::smallint[], $7::int[],
+            $8::timestamptz[], $9::bigint[], $10::text[], $11::bytea[], $12::int[])
+     WITH ORDINALITY AS n(fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
+                          run_in_us, partition_key, unique_key, scope_mask, ord)
+ORDER BY n.ord
+ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
+RETURNING id, unique_key`
+
+// lookupUniqueSQL finds the live rows holding unique keys (after a skip).
+const lookupUniqueSQL = `
+SELECT unique_guard, id FROM {{schema}}.gendurable_instances
+WHERE unique_guard = ANY($1::bytea[]) AND unique_guard IS NOT NULL`
+
+// NewInstance is one row to insert.
+type NewInstance struct {
+	FSM          string
+	Version      int32
+	Queue        string
+	Step         string
+	State        string // JSON
+	Priority     int16
+	MaxAttempts  int32
+	RunAt        *time.Time
+	RunIn        time.Duration
+	PartitionKey *string
+	UniqueKey    []byte // nil: no uniqueness
+	ScopeMask    int32  // bit k-1 set: status number k (enum order) is in the unique scope
+}
+
+// newRows is a set of NewInstance as column arrays.
+type newRows struct {
+	fsm, queue, step, state []string
+	version, maxAttempts    []int32
+	priority                []int16
+	runAt                   []*time.Time
+	runIn                   []int64
+	partition               []*string
+	uniqueKey               [][]byte
+	scopeMask               []int32
+}
+
+func (c *newRows) reset() {
+	c.fsm, c.queue, c.step, c.state = c.fsm[:0], c.queue[:0], c.step[:0], c.state[:0]
+	c.version, c.maxAttempts, c.priority = c.version[:0], c.maxAttempts[:0], c.priority[:0]
+	c.runAt, c.runIn, c.partition = c.runAt[:0], c.runIn[:0], c.partition[:0]
+	c.uniqueKey, c.scopeMask = c.uniqueKey[:0], c.scopeMask[:0]
+}
+
+func (c *newRows) add(r *NewInstance) {
+	c.fsm = append(c.fsm, r.FSM)
+	c.version = append(c.version, r.Version)
+	c.queue = append(c.queue, r.Queue)
+	c.step = append(c.step, r.Step)
+	c.state = append(c.state, r.State)
+	c.priority = append(c.priority, r.Priority)
+	c.maxAttempts = append(c.maxAttempts, r.MaxAttempts)
+	c.runAt = append(c.runAt, r.RunAt)
+	c.runIn = append(c.runIn, micros(r.RunIn))
+	c.partition = append(c.partition, r.PartitionKey)
+	c.uniqueKey = append(c.uniqueKey, r.UniqueKey)
+	c.scopeMask = append(c.scopeMask, r.ScopeMask)
+}
+
+// Inserted is the answer for one input row of InsertMany.
+type Inserted struct {
+	ID        int64
+	Duplicate bool // the unique key was held: ID is the holder's
+}
+
+// InsertMany inserts the rows in one statement and returns, in input order,
+// each row's id or, for a unique-key duplicate, the id of the row holding the
+// key (found with a second statement, run only when something was skipped).
+func (q *Queries) InsertMany(ctx context.Context, db DB, in []NewInstance) ([]Inserted, error) {
+	var c newRows
+	for i := range in {
+		c.add(&in[i])
+	}
+	rows, err := db.Query(ctx, q.insertMany, c.fsm, c.version, c.queue, c.step, c.state, c.priority,
+		c.maxAttempts, c.runAt, c.runIn, c.partition, c.uniqueKey, c.scopeMask)
+	if err != nil {
+		return nil, err
+	}
+	type ret struct {
+		id  int64
+		key []byte
+	}
+	got, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ret, error) {
+		var r ret
+		err := row.Scan(&r.id, &r.key)
+		return r, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Rows come back in input order (ORDER BY ord); skipped ones are absent.
+	out := make([]Inserted, len(in))
+	var missing [][]byte
+	j := 0
+	for i := range in {
+		if j < len(got) && (in[i].UniqueKey == nil || string(got[j].key) == string(in[i].UniqueKey)) {
+			out[i].ID = got[j].id
+			j++
+			continue
+		}
+		out[i].Duplicate = true
+		missing = append(missing, in[i].UniqueKey)
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	// A new statement, so a new snapshot: it sees holders committed meanwhile.
+	rows, err = db.Query(ctx, q.lookupUnique, missing)
+	if err != nil {
+		return nil, err
+	}
+	holders := map[string]int64{}
+	for rows.Next() {
+		var key []byte
+		var id int64
+		if err := rows.Scan(&key, &id); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		holders[string(key)] = id
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i := range in {
+		if out[i].Duplicate {
+			out[i].ID = holders[string(in[i].UniqueKey)] // 0 if the holder left its scope meanwhile
+		}
+	}
+	return out, nil
+}

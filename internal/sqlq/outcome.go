@@ -1,0 +1,238 @@
+package sqlq
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ---------------------------------------------------------------------------
+// Outcomes (SPEC §2, §4.4): one statement applies a batch of outcomes. A
+// single outcome is a batch of one; concurrent steps' outcomes can share the
+// statement (group commit) without a new shape.
+//
+// The statement first locks the instance rows whose claim token still
+// matches (the fence: FOR UPDATE re-checks the newest row version, and holds
+// it until commit). Everything else — children inserted, signals consumed,
+// the instance updated, parents joined — hangs off that locked set, so a
+// fenced-out outcome changes nothing at all.
+
+// Outcome kinds as stored in the batch's kind column.
+const (
+	KindNext     int16 = 1
+	KindReplay   int16 = 2
+	KindDone     int16 = 3
+	KindStop     int16 = 4
+	KindAwait    int16 = 5
+	KindChildren int16 = 6
+)
+
+// MaxErrorHistory bounds the error entries kept on a row; older ones fall off.
+const MaxErrorHistory = 20
+
+// parentJoinCTE decrements the parents of the rows in CTE "changed" that
+// became done or failed; the decrement that reaches zero wakes the parent.
+// Concurrent children of one parent serialize on the parent's row lock and
+// each decrement applies to the newest value.
+const parentJoinCTE = `parents AS (
+  UPDATE {{schema}}.gendurable_instances AS p
+  SET children_pending = p.children_pending - x.n,
+      status = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - x.n <= 0
+                    THEN 'runnable' ELSE p.status END,
+      eligible_at = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - x.n <= 0
+                         THEN now() ELSE p.eligible_at END,
+      updated_at = now()
+  FROM (SELECT parent_id, count(*)::int AS n FROM changed
+        WHERE status IN ('done', 'failed') AND parent_id IS NOT NULL GROUP BY parent_id) AS x
+  WHERE p.id = x.parent_id
+  RETURNING p.id
+)`
+
+// newRowColumns and newRowSelect are shared by inserts and children: the
+// columns of a new instance and how each is computed from the unnest alias n.
+const newRowColumns = `fsm, fsm_version, queue, step, state, priority, max_attempts, eligible_at,
+   partition_key, unique_key, unique_scope`
+
+const newRowSelect = `n.fsm, n.fsm_version, n.queue, n.step, n.state::jsonb, n.priority, n.max_attempts,
+       coalesce(n.run_at, now() + n.run_in_us * interval '1 microsecond'), n.partition_key,
+       n.unique_key,
+       CASE WHEN n.unique_key IS NOT NULL THEN ARRAY(
+         SELECT e.s FROM unnest(enum_range(NULL::{{schema}}.gendurable_status)) WITH ORDINALITY AS e(s, k)
+         WHERE n.scope_mask & (1 << (e.k::int - 1)) <> 0) END`
+
+const applyOutcomesSQL = `
+WITH o AS MATERIALIZED (
+  SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::smallint[], $4::text[], $5::text[], $6::bigint[],
+                       $7::int[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
+    AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us, inbox_dec)
+), locked AS MATERIALIZED (
+  SELECT i.id FROM {{schema}}.gendurable_instances AS i
+  JOIN o ON o.id = i.id AND i.claim_token = o.token
+  WHERE i.status = 'executing'
+  FOR UPDATE OF i
+), kids AS (
+  INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `, parent_id)
+  SELECT ` + newRowSelect + `, n.parent
+  FROM unnest($14::bigint[], $15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::smallint[],
+              $21::int[], $22::timestamptz[], $23::bigint[], $24::text[], $25::bytea[], $26::int[])
+       WITH ORDINALITY AS n(parent, fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
+                            run_in_us, partition_key, unique_key, scope_mask, ord)
+  JOIN locked AS l ON l.id = n.parent
+  ORDER BY n.ord
+  ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
+  RETURNING parent_id
+), kid_counts AS (
+  SELECT parent_id, count(*)::int AS n FROM kids GROUP BY parent_id
+), consumed AS (
+  UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
+  FROM unnest($27::bigint[], $28::bigint[]) AS c(owner, sid)
+  JOIN locked AS l ON l.id = c.owner
+  WHERE s.id = c.sid AND s.target_id = c.owner AND s.consumed_at IS NULL
+  RETURNING s.id
+), swept AS (
+  UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
+  FROM o JOIN locked AS l ON l.id = o.id
+  WHERE o.kind IN (3, 4) AND s.target_id = o.id AND s.consumed_at IS NULL
+  RETURNING s.id
+), changed AS (
+  UPDATE {{schema}}.gendurable_instances AS i
+  SET status = (CASE o.kind
+        WHEN 1 THEN 'runnable' WHEN 2 THEN 'runnable' WHEN 3 THEN 'done' WHEN 4 THEN 'failed'
+        WHEN 5 THEN CASE WHEN i.inbox ?| ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb))
+                         THEN 'runnable' ELSE 'awaiting_signal' END
+        ELSE CASE WHEN coalesce(k.n, 0) = 0 THEN 'runnable' ELSE 'awaiting_children' END
+      END)::{{schema}}.gendurable_status,
+      step = coalesce(o.step, i.step),
+      state = coalesce(o.state::jsonb, i.state),
+      attempt = CASE o.kind WHEN 2 THEN i.attempt + o.attempt_inc WHEN 3 THEN i.attempt WHEN 4 THEN i.attempt ELSE 0 END,
+      eligible_at = CASE WHEN o.kind IN (1, 2) THEN now() + o.delay_us * interval '1 microsecond'
+                         WHEN o.kind IN (5, 6) THEN now() ELSE i.eligible_at END,
+      result = CASE WHEN o.kind = 3 THEN o.result::jsonb ELSE i.result END,
+      awaits = CASE o.kind WHEN 2 THEN i.awaits
+                           WHEN 5 THEN ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb)) END,
+      await_deadline = CASE WHEN o.kind = 5 AND o.timeout_us IS NOT NULL
+                            THEN now() + o.timeout_us * interval '1 microsecond' END,
+      inbox = CASE WHEN o.kind IN (3, 4) THEN '{}'::jsonb
+                   ELSE {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb) END,
+      children_total = CASE o.kind WHEN 2 THEN i.children_total WHEN 6 THEN coalesce(k.n, 0) ELSE 0 END,
+      children_pending = CASE o.kind WHEN 6 THEN coalesce(k.n, 0) ELSE i.children_pending END,
+      lease_expires_at = NULL,
+      claim_token = NULL,
+      finished_at = CASE WHEN o.kind IN (3, 4) THEN now() END,
+      updated_at = now(),
+      errors = CASE WHEN o.err IS NULL THEN i.errors
+               ELSE (CASE WHEN jsonb_array_length(i.errors) >= $29 THEN i.errors - 0 ELSE i.errors END)
+                    || jsonb_build_array(jsonb_build_object(
+                         'step', i.step, 'attempt', i.attempt, 'at', now(),
+                         'kind', o.err_kind, 'error', o.err)) END
+  FROM o JOIN locked AS l ON l.id = o.id LEFT JOIN kid_counts AS k ON k.parent_id = o.id
+  WHERE i.id = o.id
+  RETURNING i.id, i.status, i.parent_id, i.queue
+), ` + parentJoinCTE + `
+SELECT id, status::text, queue FROM changed`
+
+// Outcome is one encoded outcome, ready for the batch statement.
+type Outcome struct {
+	ID         int64
+	Token      int64
+	Kind       int16
+	Step       *string // nil keeps the current step
+	State      *string // JSON; nil keeps the current state
+	Delay      time.Duration
+	AttemptInc int32   // replay only: 1, or 0 for a snooze
+	Result     *string // JSON; done only
+	ErrKind    *string // with Err: recorded in the error history
+	Err        *string
+	Awaits     *string        // await: JSON array of names
+	Timeout    *time.Duration // await: deadline after now
+	InboxDec   *string        // JSON object name → count of signals consumed
+	Consume    []int64        // ids of signals consumed (next, children)
+	Children   []NewInstance  // children: rows to insert under this parent
+}
+
+// OutcomeBatch is a reusable set of column arrays for ApplyOutcomes.
+type OutcomeBatch struct {
+	ids, tokens             []int64
+	kinds                   []int16
+	steps, states           []*string
+	delays                  []int64
+	attemptInc              []int32
+	results, errKind, err   []*string
+	awaits, inboxDec        []*string
+	timeouts                []*int64
+	consumeOwner, consumeID []int64
+	children                newRows
+	childParent             []int64
+}
+
+// Reset empties the batch, keeping its capacity.
+func (b *OutcomeBatch) Reset() {
+	b.ids, b.tokens, b.kinds = b.ids[:0], b.tokens[:0], b.kinds[:0]
+	b.steps, b.states, b.delays = b.steps[:0], b.states[:0], b.delays[:0]
+	b.attemptInc, b.results, b.errKind, b.err = b.attemptInc[:0], b.results[:0], b.errKind[:0], b.err[:0]
+	b.awaits, b.inboxDec, b.timeouts = b.awaits[:0], b.inboxDec[:0], b.timeouts[:0]
+	b.consumeOwner, b.consumeID, b.childParent = b.consumeOwner[:0], b.consumeID[:0], b.childParent[:0]
+	b.children.reset()
+}
+
+// Len is the number of outcomes in the batch.
+func (b *OutcomeBatch) Len() int { return len(b.ids) }
+
+// Add appends one outcome.
+func (b *OutcomeBatch) Add(o *Outcome) {
+	b.ids = append(b.ids, o.ID)
+	b.tokens = append(b.tokens, o.Token)
+	b.kinds = append(b.kinds, o.Kind)
+	b.steps = append(b.steps, o.Step)
+	b.states = append(b.states, o.State)
+	b.delays = append(b.delays, micros(o.Delay))
+	b.attemptInc = append(b.attemptInc, o.AttemptInc)
+	b.results = append(b.results, o.Result)
+	b.errKind = append(b.errKind, o.ErrKind)
+	b.err = append(b.err, o.Err)
+	b.awaits = append(b.awaits, o.Awaits)
+	b.inboxDec = append(b.inboxDec, o.InboxDec)
+	var timeout *int64
+	if o.Timeout != nil {
+		t := micros(*o.Timeout)
+		timeout = &t
+	}
+	b.timeouts = append(b.timeouts, timeout)
+	for _, sid := range o.Consume {
+		b.consumeOwner = append(b.consumeOwner, o.ID)
+		b.consumeID = append(b.consumeID, sid)
+	}
+	for i := range o.Children {
+		b.childParent = append(b.childParent, o.ID)
+		b.children.add(&o.Children[i])
+	}
+}
+
+// Applied is one outcome whose fence held, with the status it produced.
+type Applied struct {
+	ID     int64
+	Status string
+	Queue  string
+}
+
+// ApplyOutcomes applies the batch in one statement and returns the outcomes
+// whose fence held. An id missing from the answer was not written: its claim
+// token no longer matched (the lease was reaped and the row claimed again, or
+// an operator moved it), so that step's outcome is dropped whole.
+func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]Applied, error) {
+	c := &b.children
+	rows, err := db.Query(ctx, q.applyOutcomes, b.ids, b.tokens, b.kinds, b.steps, b.states,
+		b.delays, b.attemptInc, b.results, b.errKind, b.err, b.awaits, b.timeouts, b.inboxDec,
+		b.childParent, c.fsm, c.version, c.queue, c.step, c.state, c.priority, c.maxAttempts,
+		c.runAt, c.runIn, c.partition, c.uniqueKey, c.scopeMask,
+		b.consumeOwner, b.consumeID, MaxErrorHistory)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Applied, error) {
+		var a Applied
+		err := row.Scan(&a.ID, &a.Status, &a.Queue)
+		return a, err
+	})
+}

@@ -1,0 +1,216 @@
+package gendurable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrInstanceFinished: a signal was sent to an instance that is done or
+// failed. Nothing was written.
+var ErrInstanceFinished = errors.New("gendurable: instance already finished")
+
+// ErrInvalidSignal: a signal's name, payload or dedup key is unusable.
+var ErrInvalidSignal = errors.New("gendurable: invalid signal")
+
+// SignalOpts are per-signal options.
+type SignalOpts struct {
+	// DedupKey makes the signal idempotent per instance: sending another
+	// signal with the same key to the same instance writes nothing and
+	// reports Duplicate, for the instance's whole life (consumed signals
+	// keep their key until the instance is pruned).
+	DedupKey string
+}
+
+// SignalResult is what a signal did.
+type SignalResult struct {
+	ID        int64 // the signal's id (for a duplicate, the original's)
+	Duplicate bool  // the dedup key was already used: nothing was written
+	Woke      bool  // the instance was awaiting this name and is now runnable
+}
+
+// Signal sends a durable message to instance id. It is stored in the
+// instance's inbox; if the instance awaits name it becomes runnable at once.
+// A signal and a concurrent Await outcome serialize on the instance row, so
+// a wake-up is never lost. payload may be nil or any JSON-encodable value.
+// Sending to an unknown instance returns [ErrNotFound], to a finished one
+// [ErrInstanceFinished]; neither writes anything.
+func (e *Engine) Signal(ctx context.Context, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
+	return e.signal(ctx, e.pool, id, name, payload, opts)
+}
+
+// SignalTx sends a signal inside the caller's transaction: it is delivered
+// (and wakes the instance) only if the transaction commits. The instance
+// row stays locked until then.
+func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
+	return e.signal(ctx, tx, id, name, payload, opts)
+}
+
+func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
+	if err := validateSignalName(name); err != nil {
+		return SignalResult{}, fmt.Errorf("%w: %v", ErrInvalidSignal, err)
+	}
+	var dedup *string
+	if opts != nil && opts.DedupKey != "" {
+		if len(opts.DedupKey) > maxKeyLen || !utf8.ValidString(opts.DedupKey) || strings.ContainsRune(opts.DedupKey, 0) {
+			return SignalResult{}, errorf(ErrInvalidSignal, "DedupKey must be valid UTF-8, without NUL, at most %d bytes", maxKeyLen)
+		}
+		k := opts.DedupKey
+		dedup = &k
+	}
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return SignalResult{}, errorf(ErrInvalidSignal, "payload does not encode to JSON: %v", err)
+	}
+	if len(b) > e.cfg.MaxSignalBytes {
+		return SignalResult{}, errorf(ErrInvalidSignal, "payload is %d bytes encoded, over Config.MaxSignalBytes %d", len(b), e.cfg.MaxSignalBytes)
+	}
+	p := string(b)
+	r, err := e.q.Signal(ctx, db, id, name, &p, dedup)
+	if err != nil {
+		if rejected(err) {
+			return SignalResult{}, fmt.Errorf("%w: the database rejected the payload: %w", ErrInvalidSignal, err)
+		}
+		return SignalResult{}, fmt.Errorf("gendurable: signal %d: %w", id, err)
+	}
+	switch {
+	case r.Status == nil:
+		return SignalResult{}, fmt.Errorf("%w: id %d", ErrNotFound, id)
+	case *r.Status == string(StatusDone) || *r.Status == string(StatusFailed):
+		return SignalResult{}, fmt.Errorf("%w: instance %d is %s", ErrInstanceFinished, id, *r.Status)
+	case r.ID == nil:
+		res := SignalResult{Duplicate: true}
+		if r.DupID != nil {
+			res.ID = *r.DupID
+		}
+		return res, nil
+	}
+	if r.Woke && r.Queue != nil && db == sqlq.DB(e.pool) {
+		e.kickQueue(*r.Queue)
+	}
+	return SignalResult{ID: *r.ID, Woke: r.Woke}, nil
+}
+
+func validateSignalName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("empty signal name")
+	case len(name) > maxNameLen:
+		return fmt.Errorf("signal name longer than %d bytes", maxNameLen)
+	case !utf8.ValidString(name) || strings.ContainsRune(name, 0):
+		return errors.New("signal name must be valid UTF-8 without NUL bytes")
+	}
+	return nil
+}
+
+// timeoutLoop wakes awaits whose deadline passed. It sleeps until the next
+// known deadline (at most ReaperInterval, so deadlines set by other
+// processes are found too); a local await outcome with an earlier deadline
+// pokes it.
+func (e *Engine) timeoutLoop(ctx context.Context, poke <-chan struct{}) {
+	for {
+		queues, n, next, err := e.q.WakeTimedOut(ctx, e.pool, reapBatch)
+		wait := e.cfg.ReaperInterval
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			e.log.Warn("gendurable: await-timeout sweep failed", "err", err)
+		case n == reapBatch:
+			wait = 0 // more are due
+		case next != nil:
+			wait = min(wait, max(time.Until(*next), 10*time.Millisecond))
+		}
+		for _, q := range queues {
+			e.kickQueue(q)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-poke:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// WaitReason says what an instance is waiting for. Exactly the fields that
+// apply to its status are set.
+type WaitReason struct {
+	Status Status
+	Step   string // the step it will run next (or is running)
+	// Signals it awaits (awaiting_signal), with the deadline if the await
+	// has a timeout, and the unconsumed signals it holds by name.
+	Signals       []string
+	Deadline      *time.Time
+	InboxByName   map[string]int
+	ChildrenDone  int // awaiting_children: finished children of ChildrenTotal
+	ChildrenTotal int
+	// EligibleAt is when a runnable instance may next be picked (a delay,
+	// a backoff or a durable sleep); in the past means it is waiting for a
+	// free worker.
+	EligibleAt time.Time
+	// PartitionKey and PartitionHeldBy: a runnable instance whose key is
+	// held by another instance's running step.
+	PartitionKey    string
+	PartitionHeldBy int64
+	// LeaseExpiresAt: an executing instance's lease.
+	LeaseExpiresAt *time.Time
+	// Summary is one human sentence, e.g. "awaiting signal payment (times
+	// out in 14m)".
+	Summary string
+}
+
+// Wait reports what instance id is waiting for; [ErrNotFound] if it does
+// not exist. The CLI and the dashboard show it.
+func (e *Engine) Wait(ctx context.Context, id int64) (*WaitReason, error) {
+	w, err := e.q.WaitInfo(ctx, e.pool, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: wait reason of %d: %w", id, err)
+	}
+	r := &WaitReason{Status: Status(w.Status), Step: w.Step, EligibleAt: w.EligibleAt, InboxByName: w.Inbox}
+	if w.PartitionKey != nil {
+		r.PartitionKey = *w.PartitionKey
+	}
+	switch r.Status {
+	case StatusAwaitingSignal:
+		r.Signals, r.Deadline = w.Awaits, w.AwaitDeadline
+		r.Summary = "awaiting signal " + strings.Join(w.Awaits, " or ")
+		if w.AwaitDeadline != nil {
+			r.Summary += fmt.Sprintf(" (times out in %s)", w.AwaitDeadline.Sub(w.Now).Round(time.Second))
+		}
+	case StatusAwaitingChildren:
+		r.ChildrenTotal = int(w.ChildrenTotal)
+		r.ChildrenDone = int(w.ChildrenTotal - w.ChildrenPending)
+		r.Summary = fmt.Sprintf("awaiting children: %d of %d done", r.ChildrenDone, r.ChildrenTotal)
+	case StatusRunnable:
+		switch {
+		case w.PartitionHolder != nil:
+			r.PartitionHeldBy = *w.PartitionHolder
+			r.Summary = fmt.Sprintf("partition key %q held by instance %d", r.PartitionKey, r.PartitionHeldBy)
+		case w.EligibleAt.After(w.Now):
+			r.Summary = fmt.Sprintf("sleeping until %s (in %s)", w.EligibleAt.UTC().Format(time.RFC3339), w.EligibleAt.Sub(w.Now).Round(time.Second))
+		default:
+			r.Summary = "runnable, waiting for a worker"
+		}
+	case StatusExecuting:
+		r.LeaseExpiresAt = w.LeaseExpiresAt
+		r.Summary = "running step " + w.Step
+	default:
+		r.Summary = "finished (" + string(r.Status) + ")"
+	}
+	return r, nil
+}
