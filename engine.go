@@ -121,6 +121,9 @@ type Engine struct {
 	running *runState
 	scheds  map[string]*scheduler.Scheduler
 	poke    chan struct{} // wakes the await-timeout loop
+
+	// partitionSlots bounds the pool connections pinned by partition locks.
+	partitionSlots chan struct{}
 }
 
 // runState is one Start..Stop lifetime.
@@ -151,6 +154,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	e := &Engine{pool: pool, cfg: c, q: q, log: c.Logger, registry: map[machineKey]*machineCore{}}
+	// Keep connections for the engine's own statements: a pick and a
+	// heartbeat per queue, the reaper, the timeout sweep and outcomes.
+	reserve := 2*len(c.Queues) + 2
+	e.partitionSlots = make(chan struct{}, max(1, int(pool.Config().MaxConns)-reserve))
 	for _, d := range c.Machines {
 		if d == nil {
 			return nil, errorf(ErrInvalidConfig, "nil entry in Machines")

@@ -343,6 +343,16 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 			t := o.timeout
 			enc.Timeout = &t
 		}
+		// Only a signal the step has not seen wakes it at once: re-awaiting
+		// after receiving a signal parks until a new one arrives.
+		if len(r.Inbox) > 0 {
+			seen := map[string]int{}
+			for _, sig := range r.Inbox {
+				seen[sig.Name]++
+			}
+			b, _ := json.Marshal(seen)
+			enc.InboxDec = strPtr(string(b))
+		}
 	case kindChildren:
 		enc.Kind, enc.Step = sqlq.KindChildren, strPtr(o.step)
 		consumeAwaited(&enc, r.Awaited)

@@ -122,10 +122,11 @@ func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 // Await parks the instance until a signal with one of names arrives (see
 // [Engine.Signal]); it then runs nextStep with state, and the step sees the
 // matching signals in [Run.Awaited]. If a matching signal is already in the
-// inbox the instance runs on at once. Nothing is consumed: awaiting again
-// from the woken step accumulates signals until a Next (or
-// ScheduleChildren) consumes the ones the step received. Add a deadline with
-// [Outcome.Timeout].
+// inbox that the step has not already seen, the instance runs on at once.
+// Nothing is consumed: awaiting again from the woken step parks until a new
+// matching signal arrives, and the next wake sees the old and the new ones
+// together — signals accumulate until a Next (or ScheduleChildren) consumes
+// the ones the step received. Add a deadline with [Outcome.Timeout].
 func (r *Run[S]) Await(nextStep string, state S, names ...string) Outcome {
 	return Outcome{kind: kindAwait, step: nextStep, state: state, hasState: true, awaits: names}
 }

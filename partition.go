@@ -24,8 +24,18 @@ type partitionLock struct {
 // an event) and ok is false.
 func (e *Engine) lockPartition(ctx context.Context, queue string, c *sqlq.Claimed) (*partitionLock, bool) {
 	key := *c.PartitionKey
+	// Bound the connections partitioned steps pin, so that picks,
+	// heartbeats and outcomes always find one: a full pool degrades to
+	// waiting here instead of starving the heartbeat into lease expiry.
+	select {
+	case e.partitionSlots <- struct{}{}:
+	case <-ctx.Done():
+		e.releaseClaim(c, 0)
+		return nil, false
+	}
 	conn, err := e.pool.Acquire(ctx)
 	if err != nil {
+		<-e.partitionSlots
 		e.log.Warn("gendurable: no connection for a partitioned step; releasing the row", "queue", queue, "id", c.ID, "err", err)
 		e.releaseClaim(c, e.cfg.PartitionRetryDelay)
 		return nil, false
@@ -33,6 +43,7 @@ func (e *Engine) lockPartition(ctx context.Context, queue string, c *sqlq.Claime
 	got, err := e.q.TryPartitionLock(ctx, conn, key)
 	if err != nil || !got {
 		conn.Release()
+		<-e.partitionSlots
 		if err != nil {
 			e.log.Warn("gendurable: partition lock failed; releasing the row", "queue", queue, "id", c.ID, "err", err)
 		}
@@ -54,6 +65,7 @@ func (l *partitionLock) release() {
 		_ = l.conn.Conn().Close(ctx)
 	}
 	l.conn.Release()
+	<-l.e.partitionSlots
 }
 
 // releaseClaim hands a claimed row back to runnable without counting an attempt.

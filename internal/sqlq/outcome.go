@@ -99,7 +99,8 @@ WITH o AS MATERIALIZED (
   UPDATE {{schema}}.gendurable_instances AS i
   SET status = (CASE o.kind
         WHEN 1 THEN 'runnable' WHEN 2 THEN 'runnable' WHEN 3 THEN 'done' WHEN 4 THEN 'failed'
-        WHEN 5 THEN CASE WHEN i.inbox ?| ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb))
+        WHEN 5 THEN CASE WHEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
+                                ?| ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb))
                          THEN 'runnable' ELSE 'awaiting_signal' END
         ELSE CASE WHEN coalesce(k.n, 0) = 0 THEN 'runnable' ELSE 'awaiting_children' END
       END)::{{schema}}.gendurable_status,
@@ -114,7 +115,8 @@ WITH o AS MATERIALIZED (
       await_deadline = CASE WHEN o.kind = 5 AND o.timeout_us IS NOT NULL
                             THEN now() + o.timeout_us * interval '1 microsecond' END,
       inbox = CASE WHEN o.kind IN (3, 4) THEN '{}'::jsonb
-                   ELSE {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb) END,
+                   WHEN o.kind IN (1, 6) THEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
+                   ELSE i.inbox END,
       children_total = CASE o.kind WHEN 2 THEN i.children_total WHEN 6 THEN coalesce(k.n, 0) ELSE 0 END,
       children_pending = CASE o.kind WHEN 6 THEN coalesce(k.n, 0) ELSE i.children_pending END,
       lease_expires_at = NULL,
@@ -146,7 +148,7 @@ type Outcome struct {
 	Err        *string
 	Awaits     *string        // await: JSON array of names
 	Timeout    *time.Duration // await: deadline after now
-	InboxDec   *string        // JSON object name → count of signals consumed
+	InboxDec   *string        // JSON name → count: consumed (next, children) or already seen (await)
 	Consume    []int64        // ids of signals consumed (next, children)
 	Children   []NewInstance  // children: rows to insert under this parent
 }

@@ -1,0 +1,235 @@
+package gendurable_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/stretchr/testify/require"
+)
+
+type waitState struct {
+	Got      []string `json:"got,omitempty"`
+	TimedOut bool     `json:"timed_out,omitempty"`
+	Rounds   int      `json:"rounds,omitempty"`
+	Need     int      `json:"need,omitempty"` // collect: signals to accumulate before going on
+}
+
+type payment struct {
+	Amount int `json:"amount"`
+}
+
+// awaiter parks on "pay" (or "cancel"), then records what it received.
+func awaiter(timeout time.Duration) *gendurable.Machine[waitState] {
+	return &gendurable.Machine[waitState]{
+		Name: "awaiter", Start: "park",
+		Steps: map[string]gendurable.StepFunc[waitState]{
+			"park": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return r.Await("woken", r.State, "pay", "cancel").Timeout(timeout), nil
+			},
+			"woken": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				s := r.State
+				s.Rounds++
+				if len(r.Awaited) == 0 {
+					s.TimedOut = true
+				}
+				for _, sig := range r.Awaited {
+					s.Got = append(s.Got, sig.Name)
+				}
+				if len(s.Got) < s.Need && !s.TimedOut {
+					return r.Await("woken", s, "pay", "cancel"), nil // accumulate: consumes nothing
+				}
+				return r.Next("finish", s), nil // consumes exactly r.Awaited
+			},
+			"finish": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return gendurable.Done(r.State), nil
+			},
+		},
+	}
+}
+
+func TestAwaitThenSignalWakes(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	b.start()
+	ctx := context.Background()
+	id := b.insert(m.New(waitState{}))
+	b.waitStatus(id, "awaiting_signal", 10*time.Second)
+	w, err := b.eng.Wait(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, []string{"pay", "cancel"}, w.Signals)
+	require.Nil(t, w.Deadline)
+	require.Equal(t, "awaiting signal pay or cancel", w.Summary)
+
+	// A signal it does not await is stored but does not wake it.
+	res, err := b.eng.Signal(ctx, id, "note", map[string]string{"x": "y"}, nil)
+	require.NoError(t, err)
+	require.False(t, res.Woke)
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, "awaiting_signal", b.row(id).Status)
+
+	res, err = b.eng.Signal(ctx, id, "pay", payment{Amount: 42}, nil)
+	require.NoError(t, err)
+	require.True(t, res.Woke)
+	require.NotZero(t, res.ID)
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.JSONEq(t, `{"got":["pay"],"rounds":1}`, string(r.Result))
+	// Consumed by the Next: only "pay"; the unrelated "note" was swept by Done.
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, id))
+	require.Equal(t, 2, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1`, id), "consumed signals are kept, marked")
+}
+
+func TestSignalBeforeAwaitDoesNotPark(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	ctx := context.Background()
+	id := b.insert(m.New(waitState{}))
+	// The signal arrives while the instance has not even run its first step.
+	_, err := b.eng.Signal(ctx, id, "cancel", nil, nil)
+	require.NoError(t, err)
+	b.start()
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.JSONEq(t, `{"got":["cancel"],"rounds":1}`, string(r.Result))
+}
+
+func TestAwaitTimeout(t *testing.T) {
+	t.Parallel()
+	m := awaiter(300 * time.Millisecond)
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(waitState{}))
+	b.waitStatus(id, "awaiting_signal", 10*time.Second)
+	w, err := b.eng.Wait(context.Background(), id)
+	require.NoError(t, err)
+	require.NotNil(t, w.Deadline)
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.JSONEq(t, `{"timed_out":true,"rounds":1}`, string(r.Result), "woken at the next step with nothing awaited")
+}
+
+func TestReawaitAccumulatesAndConsumesOnlyWhatItReceived(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	b.start()
+	ctx := context.Background()
+	id := b.insert(m.New(waitState{Need: 3}))
+	for i := 0; i < 2; i++ {
+		b.waitStatus(id, "awaiting_signal", 10*time.Second)
+		_, err := b.eng.Signal(ctx, id, "pay", payment{Amount: i}, nil)
+		require.NoError(t, err)
+	}
+	r := b.waitStatus(id, "done", 10*time.Second)
+	// Wake 1 saw one pay and re-awaited, consuming nothing; wake 2 saw both
+	// (1 + 2 = 3 names recorded) and went on with a Next that consumed both.
+	require.JSONEq(t, `{"got":["pay","pay","pay"],"rounds":2,"need":3}`, string(r.Result))
+	require.Equal(t, 2, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NOT NULL`, id))
+}
+
+func TestSignalDedupAndErrors(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	ctx := context.Background()
+	id := b.insert(m.New(waitState{}))
+
+	first, err := b.eng.Signal(ctx, id, "note", 1, &gendurable.SignalOpts{DedupKey: "evt-7"})
+	require.NoError(t, err)
+	require.False(t, first.Duplicate)
+	again, err := b.eng.Signal(ctx, id, "note", 2, &gendurable.SignalOpts{DedupKey: "evt-7"})
+	require.NoError(t, err)
+	require.True(t, again.Duplicate, "a duplicate is a no-op that says so")
+	require.Equal(t, first.ID, again.ID)
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
+
+	_, err = b.eng.Signal(ctx, 99999999, "pay", nil, nil)
+	require.ErrorIs(t, err, gendurable.ErrNotFound)
+	for _, bad := range []string{"", string(make([]byte, 300)), "a\x00b", "bad\xff"} {
+		_, err = b.eng.Signal(ctx, id, bad, nil, nil)
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
+	}
+	_, err = b.eng.Signal(ctx, id, "pay", func() {}, nil)
+	require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
+	_, err = b.eng.Signal(ctx, id, "pay", "nul\x00inside", nil)
+	require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
+
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'done' WHERE id = $1`, id)
+	_, err = b.eng.Signal(ctx, id, "pay", nil, nil)
+	require.ErrorIs(t, err, gendurable.ErrInstanceFinished)
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "rejected signals write nothing")
+}
+
+func TestSignalTxCommitsWithTheCaller(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	b.start()
+	ctx := context.Background()
+	id := b.insert(m.New(waitState{}))
+	b.waitStatus(id, "awaiting_signal", 10*time.Second)
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = b.eng.SignalTx(ctx, tx, id, "pay", nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, "awaiting_signal", b.row(id).Status, "rolled back: not delivered")
+
+	tx, err = b.pool.Begin(ctx)
+	require.NoError(t, err)
+	res, err := b.eng.SignalTx(ctx, tx, id, "pay", nil, nil)
+	require.NoError(t, err)
+	require.True(t, res.Woke)
+	require.NoError(t, tx.Commit(ctx))
+	b.waitStatus(id, "done", 10*time.Second)
+}
+
+// TestNoLostWakeUpUnderConcurrency races signals against await outcomes:
+// every instance awaits, and one signal per instance is sent before, during
+// or after its park, from many goroutines. Afterwards no instance may be
+// parked while a matching signal sits unconsumed in its inbox, and every
+// signal was consumed exactly once. (The cross-process, longer form is in
+// the stress test.)
+func TestNoLostWakeUpUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	cfg := fastConfig("", m)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 20, PollInterval: 10 * time.Millisecond}}
+	b := setup(t, cfg)
+	ctx := context.Background()
+	const n = 300
+	ps := make([]gendurable.InsertParams, n)
+	for i := range ps {
+		ps[i] = m.New(waitState{})
+	}
+	res, err := b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+	b.start()
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; i < n; i += 8 {
+				if i%3 == 0 {
+					time.Sleep(time.Millisecond)
+				}
+				_, err := b.eng.Signal(ctx, res[i].ID, "pay", i, nil)
+				require.NoError(t, err)
+			}
+		}()
+	}
+	wg.Wait()
+	eventually(t, 30*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) == n
+	}, "not every instance finished: %d parked with a matching signal",
+		b.count(`SELECT count(*) FROM {{s}}.gendurable_instances i WHERE status = 'awaiting_signal'
+		         AND EXISTS (SELECT 1 FROM {{s}}.gendurable_signals s WHERE s.target_id = i.id AND s.consumed_at IS NULL)`))
+	require.Equal(t, n, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE consumed_at IS NOT NULL`))
+	require.Equal(t, n, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE result->'got' = '["pay"]'`),
+		"each instance received its one signal exactly once")
+}

@@ -1,0 +1,151 @@
+package gendurable_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/stretchr/testify/require"
+)
+
+func TestUniqueKeyDedupsAgainstLiveRowsAndWithinABatch(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("uniq")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	opts := gendurable.InsertOpts{UniqueKey: "order-42"}
+
+	first, err := b.eng.Insert(ctx, job.New(orderArgs{I: 1}).With(opts))
+	require.NoError(t, err)
+	require.False(t, first.Duplicate)
+	dup, err := b.eng.Insert(ctx, job.New(orderArgs{I: 2}).With(opts))
+	require.NoError(t, err)
+	require.True(t, dup.Duplicate)
+	require.Equal(t, first.ID, dup.ID, "a duplicate returns the live instance's id")
+
+	res, err := b.eng.InsertMany(ctx, []gendurable.InsertParams{
+		job.New(orderArgs{I: 3}).With(gendurable.InsertOpts{UniqueKey: "a"}),
+		job.New(orderArgs{I: 4}),
+		job.New(orderArgs{I: 5}).With(gendurable.InsertOpts{UniqueKey: "a"}), // same batch
+		job.New(orderArgs{I: 6}).With(opts),                                   // existing row
+		job.New(orderArgs{I: 7}).With(gendurable.InsertOpts{UniqueKey: "b"}),
+	})
+	require.NoError(t, err)
+	require.False(t, res[0].Duplicate)
+	require.False(t, res[1].Duplicate)
+	require.True(t, res[2].Duplicate)
+	require.Equal(t, res[0].ID, res[2].ID)
+	require.True(t, res[3].Duplicate)
+	require.Equal(t, first.ID, res[3].ID)
+	require.False(t, res[4].Duplicate)
+	require.Equal(t, 4, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+
+	// Leaving the scope (done) frees the key.
+	b.start()
+	b.waitStatus(first.ID, "done", 10*time.Second)
+	again, err := b.eng.Insert(ctx, job.New(orderArgs{I: 8}).With(opts))
+	require.NoError(t, err)
+	require.False(t, again.Duplicate)
+	require.NotEqual(t, first.ID, again.ID)
+}
+
+func TestUniqueForeverKeepsTheKeyAfterDone(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("once")
+	b := setup(t, nil, job)
+	b.start()
+	ctx := context.Background()
+	opts := gendurable.InsertOpts{UniqueKey: "report-2026-11", UniqueScope: gendurable.UniqueForever}
+	first, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(opts))
+	require.NoError(t, err)
+	b.waitStatus(first.ID, "done", 10*time.Second)
+	again, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(opts))
+	require.NoError(t, err)
+	require.True(t, again.Duplicate)
+	require.Equal(t, first.ID, again.ID)
+
+	_, err = b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{UniqueKey: "x", UniqueScope: []gendurable.Status{gendurable.StatusDone}}))
+	require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "a scope must hold every live status")
+	_, err = b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{UniqueScope: gendurable.UniqueLive}))
+	require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "a scope without a key")
+}
+
+// TestConcurrentUniqueInsertsYieldOneRow: many connections insert the same
+// key at once; exactly one row exists and every caller learns its id.
+func TestConcurrentUniqueInsertsYieldOneRow(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("race")
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 16})
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{job}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	const keys, callers = 20, 16
+	ids := make([][]int64, keys)
+	for k := range ids {
+		ids[k] = make([]int64, callers)
+	}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for c := 0; c < callers; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for k := 0; k < keys; k++ {
+				p := job.New(orderArgs{I: c}).With(gendurable.InsertOpts{UniqueKey: "key-" + string(rune('a'+k))})
+				var res gendurable.InsertResult
+				var err error
+				if c%2 == 0 {
+					res, err = eng.Insert(ctx, p)
+				} else {
+					var rs []gendurable.InsertResult
+					rs, err = eng.InsertMany(ctx, []gendurable.InsertParams{p})
+					if err == nil {
+						res = rs[0]
+					}
+				}
+				require.NoError(t, err)
+				ids[k][c] = res.ID
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	var rows int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+schema+`.gendurable_instances`).Scan(&rows))
+	require.Equal(t, keys, rows, "one row per key")
+	for k := range ids {
+		for c := range ids[k] {
+			require.Equal(t, ids[k][0], ids[k][c], "every caller got the one row's id")
+		}
+	}
+	t.Logf("%d callers × %d keys: %d rows", callers, keys, rows)
+}
+
+func TestUniqueChildrenDedup(t *testing.T) {
+	t.Parallel()
+	leaf := &gendurable.Job[leafArgs]{Name: "uleaf", Perform: func(context.Context, *gendurable.Run[leafArgs]) error { return nil }}
+	m := &gendurable.Machine[fanState]{
+		Name: "ufan", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				k := gendurable.InsertOpts{UniqueKey: "shared-child", UniqueScope: gendurable.UniqueForever}
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{}).With(k), leaf.New(leafArgs{}).With(k), leaf.New(leafArgs{N: 1})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return gendurable.Done(len(r.Children)), nil
+			},
+		},
+	}
+	b := setup(t, nil, m, leaf)
+	b.start()
+	id := b.insert(m.New(fanState{}))
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.JSONEq(t, `2`, string(r.Result), "the duplicate child was not inserted, and the parent waited only for the two real ones")
+}
