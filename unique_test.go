@@ -31,7 +31,7 @@ func TestUniqueKeyDedupsAgainstLiveRowsAndWithinABatch(t *testing.T) {
 		job.New(orderArgs{I: 3}).With(gendurable.InsertOpts{UniqueKey: "a"}),
 		job.New(orderArgs{I: 4}),
 		job.New(orderArgs{I: 5}).With(gendurable.InsertOpts{UniqueKey: "a"}), // same batch
-		job.New(orderArgs{I: 6}).With(opts),                                   // existing row
+		job.New(orderArgs{I: 6}).With(opts),                                  // existing row
 		job.New(orderArgs{I: 7}).With(gendurable.InsertOpts{UniqueKey: "b"}),
 	})
 	require.NoError(t, err)
