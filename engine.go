@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,6 +49,11 @@ type Config struct {
 
 	// Queues this engine works, by name. Empty: the engine only inserts.
 	Queues map[string]QueueConfig
+
+	// Periodic schedules whose slots this engine inserts while it runs
+	// (see [Periodic]). Every process may list the same schedules: each slot
+	// is inserted exactly once across all of them.
+	Periodic []Periodic
 
 	// LeaseDuration is how long a claimed row stays ours without a heartbeat.
 	// A crashed worker's steps run again this long after its last heartbeat.
@@ -128,13 +134,14 @@ type Engine struct {
 
 // runState is one Start..Stop lifetime.
 type runState struct {
-	pickCancel   context.CancelFunc
-	workCancel   context.CancelCauseFunc
-	beatCancel   context.CancelFunc
-	reaperCancel context.CancelFunc
-	loops        sync.WaitGroup // feeder loops
-	background   sync.WaitGroup // heartbeats and reaper
-	scheds       map[string]*scheduler.Scheduler
+	pickCancel     context.CancelFunc
+	workCancel     context.CancelCauseFunc
+	beatCancel     context.CancelFunc
+	reaperCancel   context.CancelFunc
+	periodicCancel context.CancelFunc
+	loops          sync.WaitGroup // feeder loops
+	background     sync.WaitGroup // heartbeats and reaper
+	scheds         map[string]*scheduler.Scheduler
 }
 
 // New validates cfg and returns an engine. It does not touch the database.
@@ -214,6 +221,17 @@ func (c *Config) withDefaults() error {
 		return errorf(ErrInvalidConfig, "LeaseDuration %s below 1ms", c.LeaseDuration)
 	case c.MaxStateBytes < 0 || c.MaxSignalBytes < 0 || c.PartitionRetryDelay < 0:
 		return errorf(ErrInvalidConfig, "negative MaxStateBytes, MaxSignalBytes or PartitionRetryDelay")
+	}
+	c.Periodic = slices.Clone(c.Periodic)
+	names := map[string]bool{}
+	for i := range c.Periodic {
+		if err := c.Periodic[i].validate(); err != nil {
+			return err
+		}
+		if names[c.Periodic[i].Name] {
+			return errorf(ErrInvalidConfig, "two Periodic schedules named %q", c.Periodic[i].Name)
+		}
+		names[c.Periodic[i].Name] = true
 	}
 	queues := make(map[string]QueueConfig, len(c.Queues))
 	for name, qc := range c.Queues {
@@ -307,6 +325,12 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.poke = poke
 		go func() { defer rs.background.Done(); e.timeoutLoop(reaperCtx, poke) }()
 	}
+	if len(e.cfg.Periodic) > 0 {
+		periodicCtx, periodicCancel := context.WithCancel(context.Background())
+		rs.periodicCancel = periodicCancel
+		rs.background.Add(1)
+		go func() { defer rs.background.Done(); e.periodicLoop(periodicCtx) }()
+	}
 	conc := 0
 	for _, qc := range e.cfg.Queues {
 		conc += qc.Concurrency
@@ -360,6 +384,9 @@ func (e *Engine) Stop(ctx context.Context) error {
 	rs.beatCancel()
 	if rs.reaperCancel != nil {
 		rs.reaperCancel()
+	}
+	if rs.periodicCancel != nil {
+		rs.periodicCancel()
 	}
 	rs.background.Wait()
 	e.log.Info("gendurable: engine stopped", "drained", completed, "took", time.Since(start))

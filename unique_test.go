@@ -149,3 +149,39 @@ func TestUniqueChildrenDedup(t *testing.T) {
 	r := b.waitStatus(id, "done", 10*time.Second)
 	require.JSONEq(t, `2`, string(r.Result), "the duplicate child was not inserted, and the parent waited only for the two real ones")
 }
+
+func TestWaitShowsThePartitionHolder(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	started := make(chan int64, 2)
+	job := &gendurable.Job[spanArgs]{Name: "holder", Perform: func(ctx context.Context, j *gendurable.Run[spanArgs]) error {
+		started <- j.ID
+		<-release
+		return nil
+	}}
+	b := setup(t, nil, job)
+	b.start()
+	ctx := context.Background()
+	opts := gendurable.InsertOpts{PartitionKey: "acct-1"}
+	first := b.insert(job.New(spanArgs{}).With(opts))
+	require.Equal(t, first, <-started)
+	second := b.insert(job.New(spanArgs{}).With(opts))
+	w, err := b.eng.Wait(ctx, second)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusRunnable, w.Status)
+	require.Equal(t, first, w.PartitionHeldBy)
+	require.Contains(t, w.Summary, `partition key "acct-1" held by instance`)
+	select {
+	case id := <-started:
+		t.Fatalf("instance %d started while its key was held", id)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	b.waitStatus(second, "done", 10*time.Second)
+
+	w, err = b.eng.Wait(ctx, second)
+	require.NoError(t, err)
+	require.Equal(t, "finished (done)", w.Summary)
+	_, err = b.eng.Wait(ctx, 424242)
+	require.ErrorIs(t, err, gendurable.ErrNotFound)
+}

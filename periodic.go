@@ -1,0 +1,139 @@
+package gendurable
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/cron"
+)
+
+// Periodic inserts one instance per slot of a schedule, exactly once across
+// all processes: every engine that works queues computes the same slots and
+// inserts each with a unique key derived from the schedule's name and the
+// slot's time ([UniqueForever] scope), so whichever process is first wins
+// and the others' inserts are no-ops.
+//
+// Missed slots: when no process ran at a slot's time (a deploy, an outage),
+// an engine starting later inserts the most recent missed slot once — late,
+// with RunAt set to the slot — and skips the earlier ones, so an outage
+// costs one late run, not a burst. Set SkipMissed to skip it too. A slot
+// counts as run while its row exists: keep the retention of finished rows
+// longer than the schedule's period.
+type Periodic struct {
+	// Name identifies the schedule; it is part of every slot's unique key,
+	// so renaming a schedule starts its slots afresh. Required.
+	Name string
+	// Schedule is a standard 5-field cron expression ("*/15 * * * *",
+	// "0 9 * * MON-FRI"), a descriptor (@hourly, @daily, @weekly, @monthly,
+	// @yearly), or "@every <duration>" (slots aligned to the Unix epoch, at
+	// least 1s apart). An optional "TZ=Area/City " prefix sets the time
+	// zone; the default is UTC. Required.
+	Schedule string
+	// New builds the instance for a slot (the slot's time is passed in).
+	// Its UniqueKey, UniqueScope and RunAt are set by the engine. Required.
+	New func(slot time.Time) InsertParams
+	// SkipMissed: on start, do not insert a slot that passed while no
+	// process ran.
+	SkipMissed bool
+
+	sched cron.Schedule
+}
+
+func (p *Periodic) validate() error {
+	if p.Name == "" || len(p.Name) > maxNameLen {
+		return errorf(ErrInvalidConfig, "Periodic needs a Name of 1-%d bytes", maxNameLen)
+	}
+	if p.New == nil {
+		return errorf(ErrInvalidConfig, "Periodic %q has no New func", p.Name)
+	}
+	s, err := cron.Parse(p.Schedule)
+	if err != nil {
+		return fmt.Errorf("%w: Periodic %q: %w", ErrInvalidConfig, p.Name, err)
+	}
+	p.sched = s
+	return nil
+}
+
+// slotKey is the unique key of one slot of a schedule.
+func slotKey(name string, slot time.Time) string {
+	return fmt.Sprintf("gendurable:periodic:%s:%s", name, slot.UTC().Format(time.RFC3339))
+}
+
+// latestSlot returns the last slot at or before now, if one falls within
+// a year.
+func latestSlot(s cron.Schedule, now time.Time) (time.Time, bool) {
+	for _, window := range []time.Duration{time.Hour, 25 * time.Hour, 32 * 24 * time.Hour, 367 * 24 * time.Hour} {
+		var last time.Time
+		for t := s.Next(now.Add(-window)); !t.IsZero() && !t.After(now); t = s.Next(t) {
+			last = t
+		}
+		if !last.IsZero() {
+			return last, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// periodicLoop inserts each schedule's slots as they come due.
+func (e *Engine) periodicLoop(ctx context.Context) {
+	now := time.Now()
+	next := make([]time.Time, len(e.cfg.Periodic))
+	for i := range e.cfg.Periodic {
+		p := &e.cfg.Periodic[i]
+		if last, ok := latestSlot(p.sched, now); ok && !p.SkipMissed {
+			e.insertSlot(ctx, p, last)
+		}
+		next[i] = p.sched.Next(now)
+	}
+	for {
+		soonest := time.Time{}
+		for _, t := range next {
+			if !t.IsZero() && (soonest.IsZero() || t.Before(soonest)) {
+				soonest = t
+			}
+		}
+		if soonest.IsZero() {
+			return // no schedule has another slot
+		}
+		timer := time.NewTimer(time.Until(soonest))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		now := time.Now()
+		for i := range e.cfg.Periodic {
+			p := &e.cfg.Periodic[i]
+			if t := next[i]; !t.IsZero() && !t.After(now) {
+				e.insertSlot(ctx, p, t)
+				next[i] = p.sched.Next(now)
+			}
+		}
+	}
+}
+
+// insertSlot inserts the instance of one slot, once across all processes.
+func (e *Engine) insertSlot(ctx context.Context, p *Periodic, slot time.Time) {
+	params := p.New(slot)
+	params.opts.UniqueKey = slotKey(p.Name, slot)
+	params.opts.UniqueScope = UniqueForever
+	params.opts.RunAt, params.opts.RunIn = slot, 0
+	var err error
+	for attempt := 0; attempt < 5; attempt++ {
+		var res InsertResult
+		if res, err = e.Insert(ctx, params); err == nil {
+			if !res.Duplicate {
+				e.log.Info("gendurable: periodic slot inserted", "periodic", p.Name, "slot", slot, "id", res.ID)
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
+		}
+	}
+	e.log.Error("gendurable: periodic slot not inserted", "periodic", p.Name, "slot", slot, "err", err)
+}

@@ -1,0 +1,97 @@
+package gendurable_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/stretchr/testify/require"
+)
+
+type tick struct {
+	Slot time.Time `json:"slot"`
+}
+
+// TestPeriodicInsertsEachSlotOnceAcrossProcesses runs two engines with the
+// same one-second schedule: every slot becomes exactly one instance.
+func TestPeriodicInsertsEachSlotOnceAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[tick]{Name: "tick", Perform: func(context.Context, *gendurable.Run[tick]) error { return nil }}
+	periodic := []gendurable.Periodic{{
+		Name: "every-second", Schedule: "@every 1s",
+		New: func(slot time.Time) gendurable.InsertParams { return job.New(tick{Slot: slot}) },
+	}}
+	cfg := fastConfig("", job)
+	cfg.Periodic = periodic
+	b := setup(t, cfg)
+	other := fastConfig(b.schema, job)
+	other.Periodic = periodic
+	eng2, err := gendurable.New(b.pool, other)
+	require.NoError(t, err)
+	b.start()
+	require.NoError(t, eng2.Start(context.Background()))
+	time.Sleep(3500 * time.Millisecond)
+	require.NoError(t, eng2.Stop(context.Background()))
+	rows := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`)
+	slots := b.count(`SELECT count(DISTINCT state->>'slot') FROM {{s}}.gendurable_instances`)
+	t.Logf("two engines, 3.5s of @every 1s: %d rows for %d slots", rows, slots)
+	require.Equal(t, slots, rows, "one instance per slot")
+	require.GreaterOrEqual(t, rows, 4, "the missed slot at start plus about three more")
+	require.LessOrEqual(t, rows, 5)
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE eligible_at <> (state->>'slot')::timestamptz`), "each instance is due at its slot")
+}
+
+func TestPeriodicMissedSlotPolicy(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[tick]{Name: "hourly", Perform: func(context.Context, *gendurable.Run[tick]) error { return nil }}
+	mk := func(skip bool) []gendurable.Periodic {
+		return []gendurable.Periodic{{
+			Name: "hourly", Schedule: "@hourly", SkipMissed: skip,
+			New: func(slot time.Time) gendurable.InsertParams { return job.New(tick{Slot: slot}) },
+		}}
+	}
+	cfg := fastConfig("", job)
+	cfg.Periodic = mk(false)
+	b := setup(t, cfg)
+	// Three restarts within the hour: the slot that passed is inserted once.
+	for i := 0; i < 3; i++ {
+		require.NoError(t, b.eng.Start(context.Background()))
+		eventually(t, 5*time.Second, func() bool {
+			return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`) == 1
+		}, "missed slot not inserted")
+		require.NoError(t, b.eng.Stop(context.Background()))
+	}
+	var slot time.Time
+	require.NoError(t, b.pool.QueryRow(context.Background(), replaceSchema(`SELECT (state->>'slot')::timestamptz FROM {{s}}.gendurable_instances`, b.schema)).Scan(&slot))
+	require.Equal(t, time.Now().UTC().Truncate(time.Hour), slot.UTC(), "the most recent slot, late")
+
+	skip := fastConfig(b.schema, job)
+	skip.Periodic = mk(true)
+	skip.Periodic[0].Name = "hourly-skip"
+	eng, err := gendurable.New(b.pool, skip)
+	require.NoError(t, err)
+	require.NoError(t, eng.Start(context.Background()))
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, eng.Stop(context.Background()))
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "SkipMissed inserts nothing before the next slot")
+}
+
+func TestPeriodicValidation(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[tick]{Name: "v", Perform: func(context.Context, *gendurable.Run[tick]) error { return nil }}
+	newFn := func(time.Time) gendurable.InsertParams { return job.New(tick{}) }
+	b := setup(t, nil, job)
+	for _, p := range []gendurable.Periodic{
+		{Name: "", Schedule: "@hourly", New: newFn},
+		{Name: "x", Schedule: "61 * * * *", New: newFn},
+		{Name: "x", Schedule: "@every 10ms", New: newFn},
+		{Name: "x", Schedule: "@hourly"},
+	} {
+		cfg := fastConfig(b.schema, job)
+		cfg.Periodic = []gendurable.Periodic{p}
+		_, err := gendurable.New(b.pool, cfg)
+		require.ErrorIs(t, err, gendurable.ErrInvalidConfig, "%+v", p.Schedule)
+	}
+}
