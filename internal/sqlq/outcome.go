@@ -211,6 +211,16 @@ func (b *OutcomeBatch) Add(o *Outcome) {
 	}
 }
 
+// Args are the statement's parameters, in order.
+func (b *OutcomeBatch) Args() []any {
+	c := &b.children
+	return []any{b.ids, b.tokens, b.kinds, b.steps, b.states,
+		b.delays, b.attemptInc, b.results, b.errKind, b.err, b.awaits, b.timeouts, b.inboxDec,
+		b.childParent, c.fsm, c.version, c.queue, c.step, c.state, c.priority, c.maxAttempts,
+		c.runAt, c.runIn, c.partition, c.uniqueKey, c.scopeMask,
+		b.consumeOwner, b.consumeID, MaxErrorHistory}
+}
+
 // Applied is one outcome whose fence held, with the status it produced.
 type Applied struct {
 	ID     int64
@@ -223,12 +233,7 @@ type Applied struct {
 // token no longer matched (the lease was reaped and the row claimed again, or
 // an operator moved it), so that step's outcome is dropped whole.
 func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]Applied, error) {
-	c := &b.children
-	rows, err := db.Query(ctx, q.applyOutcomes, b.ids, b.tokens, b.kinds, b.steps, b.states,
-		b.delays, b.attemptInc, b.results, b.errKind, b.err, b.awaits, b.timeouts, b.inboxDec,
-		b.childParent, c.fsm, c.version, c.queue, c.step, c.state, c.priority, c.maxAttempts,
-		c.runAt, c.runIn, c.partition, c.uniqueKey, c.scopeMask,
-		b.consumeOwner, b.consumeID, MaxErrorHistory)
+	rows, err := db.Query(ctx, q.applyOutcomes, b.Args()...)
 	if err != nil {
 		return nil, err
 	}

@@ -119,4 +119,33 @@ func TestPickPlanIsBoundedByTheBatch(t *testing.T) {
 	explain(t, pool, q.ReapSQL(), 1000, 20).walk(func(n planNode) {
 		require.NotEqual(t, "Seq Scan", n.NodeType, "reap: no sequential scan of %s", n.Relation)
 	})
+
+	// The heaviest outcome: a child's Done (sweeps its inbox, decrements its
+	// parent), batched with a Next that consumes a signal, with 50k signals
+	// in the table.
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_signals (target_id, name)
+		SELECT (g % 100000) + 1, 'n' || (g % 7) FROM generate_series(1, 50000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE `+s+`.gendurable_instances SET parent_id = $1 WHERE id = $2`, rows[1].ID, rows[0].ID)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `VACUUM ANALYZE `+s+`.gendurable_signals`)
+	require.NoError(t, err)
+	var sig int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_signals (target_id, name) VALUES ($1, 'go') RETURNING id`, rows[2].ID).Scan(&sig))
+	var b sqlq.OutcomeBatch
+	b.Add(&sqlq.Outcome{ID: rows[0].ID, Token: rows[0].Token, Kind: sqlq.KindDone, Result: ptr(`{}`)})
+	b.Add(&sqlq.Outcome{ID: rows[2].ID, Token: rows[2].Token, Kind: sqlq.KindNext, Step: ptr("b"), Consume: []int64{sig}, InboxDec: ptr(`{"go":1}`)})
+	plan = explain(t, pool, q.ApplyOutcomesSQL(), b.Args()...)
+	plan.walk(func(n planNode) {
+		require.NotEqual(t, "Seq Scan", n.NodeType, "outcome: no sequential scan of %s", n.Relation)
+	})
+	counter.Reset()
+	applied, err := q.ApplyOutcomes(ctx, pool, &b)
+	require.NoError(t, err)
+	require.Len(t, applied, 2)
+	require.Equal(t, int64(1), counter.Count(), "a batch of outcomes is one statement")
 }
+
+func ptr(s string) *string { return &s }

@@ -1,0 +1,136 @@
+package gendurable_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Checkout is the state of one order's checkout.
+type Checkout struct {
+	Order string   `json:"order"`
+	Items []string `json:"items"`
+	Paid  int      `json:"paid,omitempty"`
+}
+
+// Payment is the payload of the "payment" signal.
+type Payment struct {
+	Cents int `json:"cents"`
+}
+
+// Shipment is the argument of one shipment child job.
+type Shipment struct {
+	Order string `json:"order"`
+	Item  string `json:"item"`
+}
+
+// Example_checkout: an order checkout that awaits payment with a timeout,
+// then fans out one shipment child per item and finishes when all shipped.
+func Example_checkout() {
+	ship := &gendurable.Job[Shipment]{
+		Name: "ship_item",
+		Perform: func(ctx context.Context, j *gendurable.Run[Shipment]) error {
+			return nil // call the carrier here; a retry must be harmless
+		},
+	}
+	checkout := &gendurable.Machine[Checkout]{
+		Name:  "checkout",
+		Start: "await_payment",
+		Steps: map[string]gendurable.StepFunc[Checkout]{
+			// Park until a "payment" signal arrives, for at most 300ms.
+			"await_payment": func(ctx context.Context, r *gendurable.Run[Checkout]) (gendurable.Outcome, error) {
+				return r.Await("ship", r.State, "payment").Timeout(300 * time.Millisecond), nil
+			},
+			// Woken by the payment, or by the timeout (nothing awaited).
+			"ship": func(ctx context.Context, r *gendurable.Run[Checkout]) (gendurable.Outcome, error) {
+				if len(r.Awaited) == 0 {
+					return gendurable.Stop("payment timed out"), nil
+				}
+				var p Payment
+				if err := r.Awaited[0].Decode(&p); err != nil {
+					return gendurable.Outcome{}, err
+				}
+				s := r.State
+				s.Paid = p.Cents
+				var shipments []gendurable.InsertParams
+				for _, item := range s.Items {
+					shipments = append(shipments, ship.New(Shipment{Order: s.Order, Item: item}).With(gendurable.InsertOpts{
+						UniqueKey:    "ship:" + s.Order + ":" + item, // a rerun of this step adds no duplicate
+						PartitionKey: "warehouse-1",                  // one shipment at a time per warehouse
+					}))
+				}
+				return r.ScheduleChildren("complete", s, shipments...), nil
+			},
+			// Runs once, after the last shipment finished.
+			"complete": func(ctx context.Context, r *gendurable.Run[Checkout]) (gendurable.Outcome, error) {
+				shipped := 0
+				for _, c := range r.Children {
+					if c.Status == gendurable.StatusDone {
+						shipped++
+					}
+				}
+				return gendurable.Done(map[string]int{"paid": r.State.Paid, "shipped": shipped}), nil
+			},
+		},
+	}
+
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dbtest.URL())
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	const schema = "example_checkout"
+	if _, err := migrate.Up(ctx, pool, schema); err != nil {
+		panic(err)
+	}
+	defer func() { _, _ = migrate.Down(ctx, pool, schema) }()
+	eng, err := gendurable.New(pool, &gendurable.Config{
+		Schema:   schema,
+		Machines: []gendurable.Definition{checkout, ship},
+		Queues:   map[string]gendurable.QueueConfig{"default": {Concurrency: 4, PollInterval: 20 * time.Millisecond}},
+		Logger:   slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := eng.Start(ctx); err != nil {
+		panic(err)
+	}
+	defer func() { _ = eng.Stop(ctx) }()
+
+	paid, _ := eng.Insert(ctx, checkout.New(Checkout{Order: "A-1", Items: []string{"book", "lamp"}}))
+	late, _ := eng.Insert(ctx, checkout.New(Checkout{Order: "A-2", Items: []string{"pen"}}))
+
+	for !parked(ctx, eng, paid.ID) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	w, _ := eng.Wait(ctx, paid.ID)
+	fmt.Println("A-1:", w.Summary[:len("awaiting signal payment")])
+	if _, err := eng.Signal(ctx, paid.ID, "payment", Payment{Cents: 4200}, &gendurable.SignalOpts{DedupKey: "psp-event-981"}); err != nil {
+		panic(err)
+	}
+
+	waitDone(ctx, eng, paid.ID)
+	waitDone(ctx, eng, late.ID)
+	a1, _ := eng.Instance(ctx, paid.ID)
+	a2, _ := eng.Instance(ctx, late.ID)
+	fmt.Println("A-1:", a1.Status, string(a1.Result))
+	fmt.Println("A-2:", a2.Status, a2.Errors[len(a2.Errors)-1].Error)
+	// Output:
+	// A-1: awaiting signal payment
+	// A-1: done {"paid": 4200, "shipped": 2}
+	// A-2: failed payment timed out
+}
+
+func parked(ctx context.Context, eng *gendurable.Engine, id int64) bool {
+	in, err := eng.Instance(ctx, id)
+	return err == nil && in.Status == gendurable.StatusAwaitingSignal
+}
