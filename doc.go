@@ -43,10 +43,64 @@
 //     attempt.
 //   - [Done](result): finished; result is stored as JSON.
 //   - [Stop](reason): failed for good, reason recorded.
+//   - [Run.Await](nextStep, state, names...): park until a signal arrives.
+//   - [Run.ScheduleChildren](nextStep, state, children...): fan out, fan in.
 //
 // Outcomes are validated before any SQL runs: a Next to a step the machine
 // does not declare, the zero Outcome, or a state that does not encode is an
 // [ErrInvalidOutcome], handed to Handle like any step error.
+//
+// # Signals and await
+//
+// [Engine.Signal] sends a durable message to an instance (optionally with a
+// dedup key: the same key twice is a no-op that says so). A step parks the
+// instance with [Run.Await](nextStep, state, names...), optionally with
+// [Outcome.Timeout]; the first matching signal makes it runnable at
+// nextStep, whose [Run.Awaited] holds the matching signals ([Run.Inbox] all
+// of them). A timed-out await runs nextStep with an empty Awaited.
+//
+// A Next (or ScheduleChildren) consumes exactly the awaited signals the
+// step received; a same-name signal that arrived later survives. Replay and
+// Await consume nothing, so awaiting again accumulates; Done and Stop
+// consume the whole inbox. Signal and the await outcome serialize on the
+// instance row, so no interleaving loses a wake-up, and a signal to an
+// unknown or finished instance is an error that writes nothing.
+//
+// # Children
+//
+// [Run.ScheduleChildren](nextStep, state, children...) inserts children —
+// instances of any registered machine, each with its own insert options —
+// in the same statement that parks the parent. Each child's Done or Stop
+// (or failure by the reaper) decrements the parent; the last one wakes it
+// at nextStep, whose [Run.Children] lists the children with their statuses
+// and results. Children may fan out in turn.
+//
+// # Unique and partition keys
+//
+// [InsertOpts].UniqueKey keeps at most one instance with the key in the
+// statuses of UniqueScope (by default the live ones; [UniqueForever] keeps
+// it after the instance finishes). A duplicate insert returns the existing
+// id with Duplicate set — across processes, and within one InsertMany.
+//
+// [InsertOpts].PartitionKey serializes instances: no two steps of
+// instances sharing a key ever run at the same time, in any process, even
+// when a worker stalls past its lease. The picker skips keys already
+// executing; a session-level advisory lock, held on a dedicated connection
+// for the step, closes the races in between. Each running partitioned step
+// pins one pool connection: size the pool for it.
+//
+// # Transactional outcomes and periodic instances
+//
+// [Outcome.WithTx] runs a callback in the transaction that commits the
+// outcome, so a step's own writes to the same database happen exactly once
+// (a fenced-out outcome rolls them back). It costs a transaction of its own.
+//
+// [Config].Periodic inserts one instance per slot of a cron schedule
+// (5-field, @hourly…, or @every), exactly once across processes; see
+// [Periodic] for the missed-slot policy.
+//
+// [Engine.Wait] says what an instance waits for: signals and deadline,
+// children k of n, the partition key's holder, or its eligible time.
 //
 // # Failures
 //
@@ -102,5 +156,6 @@
 //
 // Hooks ([Hook]) receive typed events — [StepEvent], [PickEvent],
 // [SaturationEvent], [ReapEvent], [DrainEvent], [UnknownVersionEvent],
-// [LeaseLostEvent] — and the engine logs through log/slog.
+// [LeaseLostEvent], [PartitionContendedEvent] — and the engine logs through
+// log/slog.
 package gendurable
