@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Status is an instance's lifecycle status.
@@ -86,4 +87,35 @@ func (e *Engine) Instance(ctx context.Context, id int64) (*Instance, error) {
 		return nil, fmt.Errorf("gendurable: instance %d: error history: %w", id, err)
 	}
 	return in, nil
+}
+
+// ErrNotRetryable: only a failed instance can be retried.
+var ErrNotRetryable = errors.New("gendurable: instance is not failed")
+
+// ErrUniqueConflict: the operation would give an instance a unique key that
+// another live instance holds.
+var ErrUniqueConflict = errors.New("gendurable: unique key held by another instance")
+
+// Retry moves a failed instance back to runnable at the step it failed in,
+// with a fresh attempt budget; its error history is kept. A child whose
+// parent still waits is waited for again. [ErrNotFound], [ErrNotRetryable]
+// (not failed), or [ErrUniqueConflict] (another live instance now holds its
+// unique key) leave everything unchanged.
+func (e *Engine) Retry(ctx context.Context, id int64) error {
+	status, queue, err := e.q.Retry(ctx, e.pool, id)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return fmt.Errorf("%w: instance %d: %s", ErrUniqueConflict, id, pgErr.Detail)
+	}
+	if err != nil {
+		return fmt.Errorf("gendurable: retry %d: %w", id, err)
+	}
+	switch {
+	case status == nil:
+		return fmt.Errorf("%w: id %d", ErrNotFound, id)
+	case queue == nil:
+		return fmt.Errorf("%w: instance %d is %s", ErrNotRetryable, id, *status)
+	}
+	e.kickQueue(*queue)
+	return nil
 }

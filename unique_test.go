@@ -185,3 +185,52 @@ func TestWaitShowsThePartitionHolder(t *testing.T) {
 	_, err = b.eng.Wait(ctx, 424242)
 	require.ErrorIs(t, err, gendurable.ErrNotFound)
 }
+
+func TestRetryFailedInstanceAndUniqueCollision(t *testing.T) {
+	t.Parallel()
+	var fail = true
+	var mu sync.Mutex
+	job := &gendurable.Job[orderArgs]{Name: "retryable", MaxAttempts: 1, Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if fail {
+			return context.DeadlineExceeded
+		}
+		return nil
+	}}
+	b := setup(t, nil, job)
+	b.start()
+	ctx := context.Background()
+	opts := gendurable.InsertOpts{UniqueKey: "invoice-9"}
+	first := b.insert(job.New(orderArgs{}).With(opts))
+	b.waitStatus(first, "failed", 10*time.Second)
+
+	// The key was freed by the failure; a new instance takes it.
+	second := b.insert(job.New(orderArgs{}).With(opts))
+	b.waitStatus(second, "failed", 10*time.Second)
+	third := b.insert(job.New(orderArgs{I: 3}).With(gendurable.InsertOpts{UniqueKey: "invoice-9", UniqueScope: gendurable.UniqueForever}))
+	err := b.eng.Retry(ctx, first)
+	require.ErrorIs(t, err, gendurable.ErrUniqueConflict, "retrying would put two live instances on one key")
+	require.Equal(t, "failed", b.row(first).Status, "unchanged")
+
+	mu.Lock()
+	fail = false
+	mu.Unlock()
+	b.waitStatus(third, "done", 10*time.Second) // third held the key while live; done frees nothing (forever scope)
+	require.ErrorIs(t, b.eng.Retry(ctx, second), gendurable.ErrUniqueConflict)
+	require.ErrorIs(t, b.eng.Retry(ctx, third), gendurable.ErrNotRetryable)
+	require.ErrorIs(t, b.eng.Retry(ctx, 987654), gendurable.ErrNotFound)
+
+	mu.Lock()
+	fail = true
+	mu.Unlock()
+	plain := b.insert(job.New(orderArgs{}).With(gendurable.InsertOpts{MaxAttempts: 1}))
+	b.waitStatus(plain, "failed", 10*time.Second)
+	mu.Lock()
+	fail = false
+	mu.Unlock()
+	require.NoError(t, b.eng.Retry(ctx, plain))
+	r := b.waitStatus(plain, "done", 10*time.Second)
+	require.Equal(t, 0, r.Attempt)
+	require.Len(t, r.Errors, 1, "the history is kept")
+}

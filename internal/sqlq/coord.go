@@ -231,3 +231,32 @@ func (q *Queries) GetInstance(ctx context.Context, db DB, id int64) (InstanceRow
 		&r.LeaseExpiresAt, &r.PartitionKey, &r.Errors, &r.ParentID, &r.Awaits, &r.InsertedAt, &r.UpdatedAt, &r.FinishedAt)
 	return r, err
 }
+
+// ---------------------------------------------------------------------------
+// Retry (admin): a failed instance goes back to runnable at its current step
+// with a fresh attempt budget. If it is a child whose parent still waits, the
+// parent waits for it again. The unique index may refuse the move (another
+// live instance took the key meanwhile): the caller reports that.
+
+const retrySQL = `
+WITH r AS (
+  UPDATE {{schema}}.gendurable_instances
+  SET status = 'runnable', attempt = 0, eligible_at = now(), finished_at = NULL,
+      lease_expires_at = NULL, claim_token = NULL, updated_at = now()
+  WHERE id = $1 AND status = 'failed'
+  RETURNING id, parent_id, queue
+), p AS (
+  UPDATE {{schema}}.gendurable_instances AS p
+  SET children_pending = p.children_pending + 1, updated_at = now()
+  FROM r WHERE p.id = r.parent_id AND p.status = 'awaiting_children'
+  RETURNING p.id
+)
+SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
+       (SELECT queue FROM r)`
+
+// Retry moves a failed instance back to runnable; it returns the status the
+// instance had (nil if none exists) and its queue if it was retried.
+func (q *Queries) Retry(ctx context.Context, db DB, id int64) (status *string, queue *string, err error) {
+	err = db.QueryRow(ctx, q.retry, id).Scan(&status, &queue)
+	return status, queue, err
+}

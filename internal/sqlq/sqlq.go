@@ -65,6 +65,7 @@ type Queries struct {
 	loadChildren  string
 	wakeTimedOut  string
 	waitInfo      string
+	retry         string
 }
 
 // New validates the schema name and renders every statement for it.
@@ -88,6 +89,7 @@ func New(schema string) (*Queries, error) {
 		loadChildren:  render(loadChildrenSQL, qs),
 		wakeTimedOut:  render(wakeTimedOutSQL, qs),
 		waitInfo:      render(waitInfoSQL, qs),
+		retry:         render(retrySQL, qs),
 	}, nil
 }
 
