@@ -183,31 +183,15 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 }
 
 func (c *Config) withDefaults() error {
-	c.Schema = orDefaultStr(c.Schema, DefaultSchema)
-	if c.LeaseDuration == 0 {
-		c.LeaseDuration = DefaultLeaseDuration
-	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = min(DefaultHeartbeatInterval, c.LeaseDuration/3)
-	}
-	if c.ReaperInterval == 0 {
-		c.ReaperInterval = DefaultReaperInterval
-	}
-	if c.DrainTimeout == 0 {
-		c.DrainTimeout = DefaultDrainTimeout
-	}
-	if c.UnknownVersionDelay == 0 {
-		c.UnknownVersionDelay = DefaultUnknownVersionDelay
-	}
-	if c.PartitionRetryDelay == 0 {
-		c.PartitionRetryDelay = DefaultPartitionRetryDelay
-	}
-	if c.MaxSignalBytes == 0 {
-		c.MaxSignalBytes = DefaultMaxSignalBytes
-	}
-	if c.MaxStateBytes == 0 {
-		c.MaxStateBytes = DefaultMaxStateBytes
-	}
+	setDefault(&c.Schema, DefaultSchema)
+	setDefault(&c.LeaseDuration, DefaultLeaseDuration)
+	setDefault(&c.HeartbeatInterval, min(DefaultHeartbeatInterval, c.LeaseDuration/3))
+	setDefault(&c.ReaperInterval, DefaultReaperInterval)
+	setDefault(&c.DrainTimeout, DefaultDrainTimeout)
+	setDefault(&c.UnknownVersionDelay, DefaultUnknownVersionDelay)
+	setDefault(&c.PartitionRetryDelay, DefaultPartitionRetryDelay)
+	setDefault(&c.MaxSignalBytes, DefaultMaxSignalBytes)
+	setDefault(&c.MaxStateBytes, DefaultMaxStateBytes)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -248,24 +232,16 @@ func (c *Config) withDefaults() error {
 }
 
 func (qc *QueueConfig) withDefaults(name string) error {
-	if qc.Concurrency == 0 {
-		qc.Concurrency = DefaultConcurrency
-	}
+	setDefault(&qc.Concurrency, DefaultConcurrency)
 	switch {
 	case qc.Prefetch == 0:
 		qc.Prefetch = qc.Concurrency
 	case qc.Prefetch < 0:
 		qc.Prefetch = 0
 	}
-	if qc.MinDemand == 0 {
-		qc.MinDemand = 1
-	}
-	if qc.PollInterval == 0 {
-		qc.PollInterval = DefaultPollInterval
-	}
-	if qc.MaxPollInterval == 0 {
-		qc.MaxPollInterval = max(DefaultMaxPollInterval, qc.PollInterval)
-	}
+	setDefault(&qc.MinDemand, 1)
+	setDefault(&qc.PollInterval, DefaultPollInterval)
+	setDefault(&qc.MaxPollInterval, max(DefaultMaxPollInterval, qc.PollInterval))
 	switch {
 	case qc.Concurrency < 0:
 		return errorf(ErrInvalidConfig, "queue %q: negative Concurrency", name)

@@ -206,7 +206,7 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "state is %d bytes encoded, over Config.MaxStateBytes %d", len(state), e.cfg.MaxStateBytes)
 	}
 	r := sqlq.NewInstance{
-		FSM: core.name, Version: int32(core.version), Queue: orDefaultStr(o.Queue, core.queue),
+		FSM: core.name, Version: int32(core.version), Queue: orDefault(o.Queue, core.queue),
 		Step: core.start, State: state, Priority: int16(o.Priority),
 		MaxAttempts: int32(orDefault(o.MaxAttempts, core.maxAttempts)), RunIn: o.RunIn,
 	}
@@ -249,7 +249,7 @@ func (e *Engine) wake(ps []InsertParams) {
 			continue
 		}
 		core, _ := p.def.definition()
-		q := orDefaultStr(p.opts.Queue, core.queue)
+		q := orDefault(p.opts.Queue, core.queue)
 		if seen[q] {
 			continue
 		}

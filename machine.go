@@ -187,7 +187,7 @@ func (m *Machine[S]) build() (*machineCore, error) {
 	return &machineCore{
 		name:        m.Name,
 		version:     orDefault(m.Version, 1),
-		queue:       orDefaultStr(m.Queue, DefaultQueue),
+		queue:       orDefault(m.Queue, DefaultQueue),
 		start:       m.Start,
 		steps:       steps,
 		maxAttempts: orDefault(m.MaxAttempts, DefaultMaxAttempts),
@@ -490,19 +490,17 @@ func truncate(s string) string {
 
 func strPtr(s string) *string { return &s }
 
-func orDefault(v, d int) int {
-	if v == 0 {
+// orDefault is v, or d when v is the zero value.
+func orDefault[T comparable](v, d T) T {
+	var zero T
+	if v == zero {
 		return d
 	}
 	return v
 }
 
-func orDefaultStr(v, d string) string {
-	if v == "" {
-		return d
-	}
-	return v
-}
+// setDefault sets *v to d when it holds the zero value.
+func setDefault[T comparable](v *T, d T) { *v = orDefault(*v, d) }
 
 func sortedKeys(m map[string]bool) []string {
 	out := make([]string, 0, len(m))
