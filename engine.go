@@ -394,23 +394,20 @@ func (e *Engine) executor(queue string) scheduler.Executor {
 		}
 
 		in := &execInput{c: c, queue: queue, maxState: e.cfg.MaxStateBytes, newChild: e.newInstance}
-		res, err := e.load(ctx, db, core, in)
-		if err == nil {
-			res = core.exec(ctx, in)
-		} else {
-			res = execResult{stepErr: err}
+		if err := e.load(ctx, db, core, in); err != nil {
+			// Not the step's fault: hand the row back without counting an attempt.
+			e.log.Warn("gendurable: loading the step's inputs failed; releasing the row", "queue", queue, "id", c.ID, "err", err)
+			e.releaseClaim(c, e.cfg.PartitionRetryDelay)
+			return scheduler.Result{}
 		}
+		res := core.exec(ctx, in)
+		res.out.ID, res.out.Token = c.ID, c.Token
 		var applied []sqlq.Applied
 		var commitErr error
-		if res.kind != kindNone {
-			res.out.ID, res.out.Token = c.ID, c.Token
-			if res.txFn != nil {
-				applied, commitErr = e.commitTx(ctx, db, core, in, &res)
-			} else {
-				applied, commitErr = e.commit(ctx, db, &res.out)
-			}
+		if res.txFn != nil {
+			applied, commitErr = e.commitTx(ctx, db, core, in, &res)
 		} else {
-			commitErr = err // the loads failed: leave the row to its lease
+			applied, commitErr = e.commit(ctx, db, &res.out)
 		}
 		e.reportStep(ctx, queue, c, &res, len(applied) == 1, commitErr, time.Since(start))
 		if len(applied) == 1 && applied[0].Status == string(StatusAwaitingSignal) && res.out.Timeout != nil {
@@ -423,19 +420,19 @@ func (e *Engine) executor(queue string) scheduler.Executor {
 
 // load reads the inbox (after an await, or for machines that read it) and
 // the children (after a fan-out). A plain step loads nothing.
-func (e *Engine) load(ctx context.Context, db sqlq.DB, core *machineCore, in *execInput) (execResult, error) {
+func (e *Engine) load(ctx context.Context, db sqlq.DB, core *machineCore, in *execInput) error {
 	var err error
 	if in.c.Awaits != nil || core.readsInbox {
 		if in.inbox, err = e.q.LoadInbox(ctx, db, in.c.ID); err != nil {
-			return execResult{}, fmt.Errorf("load inbox: %w", err)
+			return fmt.Errorf("load inbox: %w", err)
 		}
 	}
 	if in.c.Children > 0 {
 		if in.children, err = e.q.LoadChildren(ctx, db, in.c.ID); err != nil {
-			return execResult{}, fmt.Errorf("load children: %w", err)
+			return fmt.Errorf("load children: %w", err)
 		}
 	}
-	return execResult{}, nil
+	return nil
 }
 
 func (e *Engine) reportStep(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, applied bool, commitErr error, took time.Duration) {
@@ -478,6 +475,9 @@ func (e *Engine) commit(stepCtx context.Context, db sqlq.DB, o *sqlq.Outcome) ([
 			e.wakeApplied(applied)
 			return applied, nil
 		}
+		// A dedicated (partition-lock) connection that failed may be dead:
+		// retry through the pool. The claim token still fences the write.
+		db = e.pool
 		if rejected(err) && o.Kind != sqlq.KindStop {
 			// A data exception (e.g. a JSON string holding \u0000, which jsonb
 			// cannot store): the outcome can never be written as is. Stop the
@@ -500,42 +500,67 @@ func (e *Engine) commit(stepCtx context.Context, db sqlq.DB, o *sqlq.Outcome) ([
 
 // commitTx writes a WithTx outcome: the step's callback and the outcome in
 // one transaction. If the callback fails, nothing of it is kept and the
-// error goes to Handle, whose outcome is written the ordinary way.
+// error goes to Handle, whose outcome is written the ordinary way. Transient
+// failures retry the whole transaction (callback included) while the lease
+// can still be ours; a rejected outcome stops the instance like commit does.
 func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult) ([]sqlq.Applied, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(stepCtx), e.cfg.LeaseDuration)
+	defer cancel()
+	backoff := 20 * time.Millisecond
+	for {
+		applied, fnErr, err := e.tryCommitTx(ctx, stepCtx, db, res)
+		switch {
+		case fnErr != nil:
+			*res = core.handleErr(stepCtx, in, fnErr)
+			res.out.ID, res.out.Token = in.c.ID, in.c.Token
+			return e.commit(stepCtx, e.pool, &res.out)
+		case err == nil:
+			e.wakeApplied(applied)
+			return applied, nil
+		case rejected(err):
+			res.out = sqlq.Outcome{ID: in.c.ID, Token: in.c.Token, Kind: sqlq.KindStop,
+				ErrKind: strPtr("outcome_rejected"), Err: strPtr(truncate("outcome rejected by the database: " + err.Error()))}
+			res.kind, res.txFn = kindStop, nil
+			return e.commit(stepCtx, e.pool, &res.out)
+		case errors.Is(context.Cause(stepCtx), scheduler.ErrLeaseLost):
+			return nil, nil
+		}
+		db = e.pool // the dedicated connection may be dead
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+// tryCommitTx runs one transaction of a WithTx outcome. fnErr is the
+// callback's own failure; err a database failure.
+func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *execResult) (applied []sqlq.Applied, fnErr, err error) {
 	beginner, ok := db.(interface {
 		Begin(context.Context) (pgx.Tx, error)
 	})
 	if !ok {
-		return nil, errors.New("gendurable: internal: connection cannot begin a transaction")
+		return nil, nil, errors.New("gendurable: internal: connection cannot begin a transaction")
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(stepCtx), e.cfg.LeaseDuration)
-	defer cancel()
 	tx, err := beginner.Begin(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	fnErr := safely(func() error { return res.txFn(stepCtx, tx) })
-	if fnErr != nil {
-		_ = tx.Rollback(ctx)
-		*res = core.handleErr(stepCtx, in, fnErr)
-		res.out.ID, res.out.Token = in.c.ID, in.c.Token
-		return e.commit(stepCtx, db, &res.out)
+	if fnErr := safely(func() error { return res.txFn(stepCtx, tx) }); fnErr != nil {
+		return nil, fnErr, nil
 	}
 	var b sqlq.OutcomeBatch
 	b.Add(&res.out)
-	applied, err := e.q.ApplyOutcomes(ctx, tx, &b)
-	if err != nil {
-		return nil, err
+	if applied, err = e.q.ApplyOutcomes(ctx, tx, &b); err != nil {
+		return nil, nil, err
 	}
 	if len(applied) == 0 {
-		return nil, nil // fenced out: the rollback undoes the step's writes too
+		return nil, nil, nil // fenced out: the rollback undoes the step's writes too
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return nil, err
-	}
-	e.wakeApplied(applied)
-	return applied, nil
+	return applied, nil, tx.Commit(ctx)
 }
 
 // rejected reports a PostgreSQL data exception (class 22): the values can

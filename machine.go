@@ -343,11 +343,11 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 			t := o.timeout
 			enc.Timeout = &t
 		}
-		// Only a signal the step has not seen wakes it at once: re-awaiting
-		// after receiving a signal parks until a new one arrives.
-		if len(r.Inbox) > 0 {
+		// Signals the step already received do not wake it again at once:
+		// re-awaiting after a wake parks until a new matching one arrives.
+		if len(r.Awaited) > 0 {
 			seen := map[string]int{}
-			for _, sig := range r.Inbox {
+			for _, sig := range r.Awaited {
 				seen[sig.Name]++
 			}
 			b, _ := json.Marshal(seen)

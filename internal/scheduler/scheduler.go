@@ -82,6 +82,8 @@ type Scheduler struct {
 	inFlight int
 	more     bool // the last pick was full, or an outcome made work runnable
 	released int  // rows handed back when Run stopped
+	// lastBeat is when the held leases were last confirmed (or nothing was held).
+	lastBeat time.Time
 	steps    sync.WaitGroup
 }
 
@@ -316,6 +318,9 @@ func (s *Scheduler) Wait(ctx context.Context) bool {
 // the buffer or, if running, has its step context cancelled with
 // ErrLeaseLost: it is a zombie whose outcome the fence will reject anyway.
 func (s *Scheduler) Heartbeat(ctx context.Context) {
+	s.mu.Lock()
+	s.lastBeat = time.Now()
+	s.mu.Unlock()
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
@@ -331,6 +336,7 @@ func (s *Scheduler) Heartbeat(ctx context.Context) {
 func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	s.mu.Lock()
 	if len(s.held) == 0 {
+		s.lastBeat = time.Now()
 		s.mu.Unlock()
 		return
 	}
@@ -342,12 +348,14 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	}
 	s.mu.Unlock()
 
+	start := time.Now()
 	hctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval)
 	kept, err := s.q.Heartbeat(hctx, s.db, ids, tokens, s.cfg.Lease)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
 			s.ev.HeartbeatFailed(s.cfg.Queue, err)
+			s.abandonIfExpired()
 		}
 		return
 	}
@@ -356,6 +364,7 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 		ok[id] = true
 	}
 	s.mu.Lock()
+	s.lastBeat = start
 	var lost []int64
 	for i, token := range tokens {
 		h := s.held[token]
@@ -376,6 +385,31 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 			}
 		}
 	}
+	s.mu.Unlock()
+	for _, id := range lost {
+		s.ev.LeaseLost(s.cfg.Queue, id)
+	}
+}
+
+// abandonIfExpired gives up every held claim once no heartbeat has confirmed
+// the leases for a whole lease period (the database is unreachable from
+// here): the reaper may already have handed them to another process, so
+// running steps are cancelled with ErrLeaseLost and buffered rows dropped.
+func (s *Scheduler) abandonIfExpired() {
+	s.mu.Lock()
+	if time.Since(s.lastBeat) < s.cfg.Lease {
+		s.mu.Unlock()
+		return
+	}
+	var lost []int64
+	for token, h := range s.held {
+		lost = append(lost, h.id)
+		delete(s.held, token)
+		if h.running {
+			h.cancel(ErrLeaseLost)
+		}
+	}
+	s.buffer = nil
 	s.mu.Unlock()
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)

@@ -90,10 +90,11 @@ func (q *Queries) LoadInbox(ctx context.Context, db DB, id int64) ([]SignalRow, 
 }
 
 const loadChildrenSQL = `
-SELECT id, fsm, fsm_version, step, status::text, result, finished_at
-FROM {{schema}}.gendurable_instances
-WHERE parent_id = $1
-ORDER BY id`
+SELECT c.id, c.fsm, c.fsm_version, c.step, c.status::text, c.result, c.finished_at
+FROM {{schema}}.gendurable_instances AS c
+JOIN {{schema}}.gendurable_instances AS p ON p.id = c.parent_id AND p.fanout = c.parent_fanout
+WHERE c.parent_id = $1
+ORDER BY c.id`
 
 // ChildRow is one child of an instance.
 type ChildRow struct {
@@ -106,7 +107,8 @@ type ChildRow struct {
 	FinishedAt *time.Time
 }
 
-// LoadChildren returns the children of an instance in insertion order.
+// LoadChildren returns the children of an instance's latest fan-out, in
+// insertion order.
 func (q *Queries) LoadChildren(ctx context.Context, db DB, id int64) ([]ChildRow, error) {
 	rows, err := db.Query(ctx, q.loadChildren, id)
 	if err != nil {
@@ -121,8 +123,8 @@ func (q *Queries) LoadChildren(ctx context.Context, db DB, id int64) ([]ChildRow
 
 // ---------------------------------------------------------------------------
 // Await timeouts: parked instances whose deadline passed become runnable at
-// the step they parked for, with their awaits kept (the step then sees an
-// empty Awaited view: it timed out). Driven by the await-deadline partial
+// the step they parked for, awaiting nothing (the step then sees an empty
+// Awaited view: it timed out; its inbox still holds everything unconsumed). Driven by the await-deadline partial
 // index; the answer includes the next deadline so the caller can sleep until
 // it instead of polling.
 
@@ -135,7 +137,8 @@ WITH due AS MATERIALIZED (
   FOR UPDATE SKIP LOCKED
 ), woke AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET status = 'runnable', eligible_at = now(), await_deadline = NULL, updated_at = now()
+  SET status = 'runnable', eligible_at = now(), await_deadline = NULL, updated_at = now(),
+      awaits = '{}' -- awaiting nothing now: the woken step sees an empty Awaited
   FROM due WHERE i.id = due.id
   RETURNING i.queue
 )
@@ -234,8 +237,9 @@ func (q *Queries) GetInstance(ctx context.Context, db DB, id int64) (InstanceRow
 
 // ---------------------------------------------------------------------------
 // Retry (admin): a failed instance goes back to runnable at its current step
-// with a fresh attempt budget. If it is a child whose parent still waits, the
-// parent waits for it again. The unique index may refuse the move (another
+// with a fresh attempt budget. If it is a child whose parent still waits on
+// its fan-out, the parent waits for it again; a child of an earlier fan-out
+// no longer counts for its parent. The unique index may refuse the move (another
 // live instance took the key meanwhile): the caller reports that.
 
 const retrySQL = `
@@ -244,12 +248,18 @@ WITH r AS (
   SET status = 'runnable', attempt = 0, eligible_at = now(), finished_at = NULL,
       lease_expires_at = NULL, claim_token = NULL, updated_at = now()
   WHERE id = $1 AND status = 'failed'
-  RETURNING id, parent_id, queue
+  RETURNING id, parent_id, parent_fanout, queue
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
   SET children_pending = p.children_pending + 1, updated_at = now()
-  FROM r WHERE p.id = r.parent_id AND p.status = 'awaiting_children'
+  FROM r WHERE p.id = r.parent_id AND p.status = 'awaiting_children' AND p.fanout = r.parent_fanout
   RETURNING p.id
+), leftovers AS (
+  -- A signal that raced the terminal outcome stayed unconsumed while the
+  -- inbox counts went to zero: consume it now, as the terminal outcome would have.
+  UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
+  FROM r WHERE s.target_id = r.id AND s.consumed_at IS NULL
+  RETURNING s.id
 )
 SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
        (SELECT queue FROM r)`

@@ -77,17 +77,35 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, limit int, leas
 
 // ---------------------------------------------------------------------------
 // Heartbeat (SPEC §4.5): one statement extends every lease a queue holds,
-// fenced by the claim token. It returns the ids still held; a held row missing
-// from the answer was reaped (or finished elsewhere) and its step is a zombie.
+// fenced by the claim token. Rows locked by someone else at that moment (a
+// caller's open SignalTx, an outcome committing) are skipped rather than
+// waited for, so one long transaction elsewhere cannot stall the whole
+// queue's heartbeat; they are reported as still held if their token still
+// matches, and get extended on the next tick. A row that is not held any
+// more was reaped (or finished elsewhere): its step is a zombie.
 
 const heartbeatSQL = `
-UPDATE {{schema}}.gendurable_instances AS i
-SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
-FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
-WHERE i.id = h.id AND i.claim_token = h.token AND i.status = 'executing'
-RETURNING i.id`
+WITH h AS MATERIALIZED (
+  SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
+), lockable AS MATERIALIZED (
+  SELECT i.id FROM {{schema}}.gendurable_instances AS i
+  JOIN h ON i.id = h.id AND i.claim_token = h.token
+  WHERE i.status = 'executing'
+  FOR NO KEY UPDATE OF i SKIP LOCKED
+), extended AS (
+  UPDATE {{schema}}.gendurable_instances AS i
+  SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
+  FROM lockable AS l
+  WHERE i.id = l.id
+  RETURNING i.id
+)
+SELECT h.id FROM h
+WHERE h.id IN (SELECT id FROM extended)
+   OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS i
+              WHERE i.id = h.id AND i.claim_token = h.token AND i.status = 'executing')`
 
-// Heartbeat extends the leases of the (id, token) pairs and returns the ids it extended.
+// Heartbeat extends the leases of the (id, token) pairs and returns the ids
+// still held (extended now, or skipped because locked at this moment).
 func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lease time.Duration) ([]int64, error) {
 	rows, err := db.Query(ctx, q.heartbeat, ids, tokens, micros(lease))
 	if err != nil {
@@ -128,7 +146,7 @@ SET status = CASE WHEN i.attempt + 1 >= i.max_attempts
                                 ELSE 'lease expired with no outcome (worker crashed or stalled)' END))
 FROM expired AS e
 WHERE i.id = e.id
-RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id
+RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.parent_fanout
 ), ` + parentJoinCTE + `
 SELECT id, fsm, queue, step, attempt, status::text FROM changed`
 

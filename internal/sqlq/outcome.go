@@ -33,6 +33,7 @@ const MaxErrorHistory = 20
 
 // parentJoinCTE decrements the parents of the rows in CTE "changed" that
 // became done or failed; the decrement that reaches zero wakes the parent.
+// A child counts only against the fan-out generation it was scheduled in.
 // Concurrent children of one parent serialize on the parent's row lock and
 // each decrement applies to the newest value.
 const parentJoinCTE = `parents AS (
@@ -43,9 +44,9 @@ const parentJoinCTE = `parents AS (
       eligible_at = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - x.n <= 0
                          THEN now() ELSE p.eligible_at END,
       updated_at = now()
-  FROM (SELECT parent_id, count(*)::int AS n FROM changed
-        WHERE status IN ('done', 'failed') AND parent_id IS NOT NULL GROUP BY parent_id) AS x
-  WHERE p.id = x.parent_id
+  FROM (SELECT parent_id, parent_fanout, count(*)::int AS n FROM changed
+        WHERE status IN ('done', 'failed') AND parent_id IS NOT NULL GROUP BY parent_id, parent_fanout) AS x
+  WHERE p.id = x.parent_id AND p.fanout = x.parent_fanout
   RETURNING p.id
 )`
 
@@ -67,13 +68,13 @@ WITH o AS MATERIALIZED (
                        $7::int[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
     AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us, inbox_dec)
 ), locked AS MATERIALIZED (
-  SELECT i.id FROM {{schema}}.gendurable_instances AS i
+  SELECT i.id, i.fanout FROM {{schema}}.gendurable_instances AS i
   JOIN o ON o.id = i.id AND i.claim_token = o.token
   WHERE i.status = 'executing'
   FOR UPDATE OF i
 ), kids AS (
-  INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `, parent_id)
-  SELECT ` + newRowSelect + `, n.parent
+  INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `, parent_id, parent_fanout)
+  SELECT ` + newRowSelect + `, n.parent, l.fanout + 1
   FROM unnest($14::bigint[], $15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::smallint[],
               $21::int[], $22::timestamptz[], $23::bigint[], $24::text[], $25::bytea[], $26::int[])
        WITH ORDINALITY AS n(parent, fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
@@ -119,6 +120,7 @@ WITH o AS MATERIALIZED (
                    ELSE i.inbox END,
       children_total = CASE o.kind WHEN 2 THEN i.children_total WHEN 6 THEN coalesce(k.n, 0) ELSE 0 END,
       children_pending = CASE o.kind WHEN 6 THEN coalesce(k.n, 0) ELSE i.children_pending END,
+      fanout = CASE o.kind WHEN 6 THEN i.fanout + 1 ELSE i.fanout END,
       lease_expires_at = NULL,
       claim_token = NULL,
       finished_at = CASE WHEN o.kind IN (3, 4) THEN now() END,
@@ -130,7 +132,7 @@ WITH o AS MATERIALIZED (
                          'kind', o.err_kind, 'error', o.err)) END
   FROM o JOIN locked AS l ON l.id = o.id LEFT JOIN kid_counts AS k ON k.parent_id = o.id
   WHERE i.id = o.id
-  RETURNING i.id, i.status, i.parent_id, i.queue
+  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue
 ), ` + parentJoinCTE + `
 SELECT id, status::text, queue FROM changed`
 

@@ -8,7 +8,12 @@
 ALTER TABLE {{schema}}.gendurable_instances
   ADD COLUMN inbox jsonb NOT NULL DEFAULT '{}',
   -- children scheduled by the parent's last ScheduleChildren outcome.
-  ADD COLUMN children_total int NOT NULL DEFAULT 0;
+  ADD COLUMN children_total int NOT NULL DEFAULT 0,
+  -- fan-out generation: a parent counts its ScheduleChildren outcomes, each
+  -- child records the generation it belongs to, and only children of the
+  -- current generation count towards the fan-in.
+  ADD COLUMN fanout int NOT NULL DEFAULT 0,
+  ADD COLUMN parent_fanout int;
 
 -- Consumed signals are kept (marked) until their instance is pruned, so a
 -- dedup key stays a no-op for the instance's whole life.
