@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/committer"
 	"github.com/gendurable/gendurable/internal/scheduler"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -30,6 +29,7 @@ const (
 	DefaultConcurrency         = 10
 	DefaultPollInterval        = time.Second
 	DefaultMaxPollInterval     = 5 * time.Second
+	DefaultChainSteps          = 16
 	DefaultMaxStateBytes       = 1 << 20
 	DefaultMaxSignalBytes      = 256 << 10
 	DefaultPartitionRetryDelay = 250 * time.Millisecond
@@ -107,6 +107,11 @@ type QueueConfig struct {
 	// MaxPollInterval caps the idle backoff: each empty pick on an idle queue
 	// doubles the interval up to this. Default 5s.
 	MaxPollInterval time.Duration
+	// ChainSteps: after a Next without delay commits, the same worker runs
+	// the instance's next step at once (the outcome statement keeps it
+	// claimed), up to this many steps in a row before the instance goes
+	// back to the queue like any other. Default 16; negative disables.
+	ChainSteps int
 }
 
 type machineKey struct {
@@ -130,6 +135,7 @@ type Engine struct {
 
 	// partitionSlots bounds the pool connections pinned by partition locks.
 	partitionSlots chan struct{}
+	committer      *committer.Committer
 }
 
 // runState is one Start..Stop lifetime.
@@ -161,6 +167,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	e := &Engine{pool: pool, cfg: c, q: q, log: c.Logger, registry: map[machineKey]*machineCore{}}
+	e.committer = committer.New(committer.Config{Lease: c.LeaseDuration}, q, pool)
 	// Keep connections for the engine's own statements: a pick and a
 	// heartbeat per queue, the reaper, the timeout sweep and outcomes.
 	reserve := 2*len(c.Queues) + 2
@@ -240,6 +247,12 @@ func (qc *QueueConfig) withDefaults(name string) error {
 		qc.Prefetch = 0
 	}
 	setDefault(&qc.MinDemand, 1)
+	switch {
+	case qc.ChainSteps == 0:
+		qc.ChainSteps = DefaultChainSteps
+	case qc.ChainSteps < 0:
+		qc.ChainSteps = 0
+	}
 	setDefault(&qc.PollInterval, DefaultPollInterval)
 	setDefault(&qc.MaxPollInterval, max(DefaultMaxPollInterval, qc.PollInterval))
 	switch {
@@ -285,7 +298,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.Prefetch, MinDemand: qc.MinDemand,
 			PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
 			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval,
-		}, e.q, e.pool, e.executor(name), ev, e.log)
+		}, e.q, e.pool, e.executor(name, qc.ChainSteps), ev, e.log)
 		rs.scheds[name] = s
 		rs.loops.Add(1)
 		go func() { defer rs.loops.Done(); s.Run(pickCtx, workCtx) }()
@@ -371,18 +384,19 @@ func (e *Engine) Stop(ctx context.Context) error {
 
 // executor returns the function that runs one claimed row of queue to a
 // committed outcome: take the partition lock if the row has a key, load what
-// the step needs, run it, write its outcome.
-func (e *Engine) executor(queue string) scheduler.Executor {
-	return func(ctx context.Context, c *sqlq.Claimed) scheduler.Result {
+// the step needs, run it, write its outcome — and, after a Next without
+// delay, go straight on with the next step under the fresh claim the
+// outcome statement handed back (up to ChainSteps steps, never while the
+// feeder is stopping), instead of releasing the row and picking it again.
+func (e *Engine) executor(queue string, chain int) scheduler.Executor {
+	return func(ctx context.Context, c *sqlq.Claimed, h scheduler.Holder) scheduler.Result {
 		core := e.registry[machineKey{c.FSM, int(c.Version)}]
 		if core == nil {
 			e.releaseUnknown(queue, c)
 			return scheduler.Result{}
 		}
-		start := time.Now()
-
-		// The connection outcomes are written on: the pool, or for a
-		// partitioned row the dedicated connection that holds its key's lock.
+		// Loads and WithTx outcomes of a partitioned row run on the
+		// connection that holds its key's lock.
 		var db sqlq.DB = e.pool
 		if c.PartitionKey != nil {
 			lock, ok := e.lockPartition(ctx, queue, c)
@@ -392,29 +406,46 @@ func (e *Engine) executor(queue string) scheduler.Executor {
 			defer lock.release()
 			db = lock.conn
 		}
-
-		in := &execInput{c: c, queue: queue, maxState: e.cfg.MaxStateBytes, newChild: e.newInstance}
-		if err := e.load(ctx, db, core, in); err != nil {
-			// Not the step's fault: hand the row back without counting an attempt.
-			e.log.Warn("gendurable: loading the step's inputs failed; releasing the row", "queue", queue, "id", c.ID, "err", err)
-			e.releaseClaim(c, e.cfg.PartitionRetryDelay)
-			return scheduler.Result{}
+		for n := 0; ; n++ {
+			start := time.Now()
+			in := &execInput{c: c, queue: queue, maxState: e.cfg.MaxStateBytes, newChild: e.newInstance}
+			if err := e.load(ctx, db, core, in); err != nil {
+				// Not the step's fault: hand the row back without counting an attempt.
+				e.log.Warn("gendurable: loading the step's inputs failed; releasing the row", "queue", queue, "id", c.ID, "err", err)
+				e.releaseClaim(c, e.cfg.PartitionRetryDelay)
+				return scheduler.Result{}
+			}
+			res := core.exec(ctx, in)
+			res.out.ID, res.out.Token = c.ID, c.Token
+			res.out.Continue = n < chain && res.kind == kindNext && res.out.Delay <= 0 && res.txFn == nil &&
+				ctx.Err() == nil && !h.Stopping()
+			var applied *sqlq.Applied
+			var commitErr error
+			if res.txFn != nil {
+				applied, commitErr = e.commitTx(ctx, db, core, in, &res)
+			} else {
+				applied, commitErr = e.commit(ctx, &res.out)
+			}
+			e.reportStep(ctx, queue, c, &res, applied != nil, commitErr, time.Since(start))
+			if applied != nil && applied.Status == string(StatusAwaitingSignal) && res.out.Timeout != nil {
+				e.pokeTimeouts()
+			}
+			if applied != nil && applied.Token != nil && !h.Continue(c.Token, *applied.Token) {
+				// The feeder gave up the claim meanwhile (its lease looked
+				// lost): hand the re-claimed row back rather than strand it.
+				e.releaseClaim(&sqlq.Claimed{ID: c.ID, Token: *applied.Token}, 0)
+				return scheduler.Result{RunnableNow: true}
+			}
+			if applied == nil || applied.Token == nil {
+				runnable := applied != nil && applied.Status == string(StatusRunnable) && res.out.Delay <= 0
+				return scheduler.Result{RunnableNow: runnable}
+			}
+			// Still ours: the next step, with the state just committed.
+			next := *c
+			next.Token, next.Step, next.State = *applied.Token, *res.out.Step, []byte(*res.out.State)
+			next.Attempt, next.Awaits, next.Children = 0, nil, 0
+			c = &next
 		}
-		res := core.exec(ctx, in)
-		res.out.ID, res.out.Token = c.ID, c.Token
-		var applied []sqlq.Applied
-		var commitErr error
-		if res.txFn != nil {
-			applied, commitErr = e.commitTx(ctx, db, core, in, &res)
-		} else {
-			applied, commitErr = e.commit(ctx, db, &res.out)
-		}
-		e.reportStep(ctx, queue, c, &res, len(applied) == 1, commitErr, time.Since(start))
-		if len(applied) == 1 && applied[0].Status == string(StatusAwaitingSignal) && res.out.Timeout != nil {
-			e.pokeTimeouts()
-		}
-		runnable := len(applied) == 1 && applied[0].Status == string(StatusRunnable) && res.out.Delay <= 0
-		return scheduler.Result{RunnableNow: runnable}
 	}
 }
 
@@ -458,44 +489,14 @@ func (e *Engine) reportStep(ctx context.Context, queue string, c *sqlq.Claimed, 
 	}
 }
 
-// commit writes one outcome, retrying transient failures while the lease can
-// still be ours. It returns the outcome if its fence held.
-func (e *Engine) commit(stepCtx context.Context, db sqlq.DB, o *sqlq.Outcome) ([]sqlq.Applied, error) {
-	// The outcome is written even when the step's context was cancelled by
-	// shutdown: the work is done and its result must not be lost.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(stepCtx), e.cfg.LeaseDuration)
-	defer cancel()
-	var b sqlq.OutcomeBatch
-	backoff := 20 * time.Millisecond
-	for {
-		b.Reset()
-		b.Add(o)
-		applied, err := e.q.ApplyOutcomes(ctx, db, &b)
-		if err == nil {
-			e.wakeApplied(applied)
-			return applied, nil
-		}
-		// A dedicated (partition-lock) connection that failed may be dead:
-		// retry through the pool. The claim token still fences the write.
-		db = e.pool
-		if rejected(err) && o.Kind != sqlq.KindStop {
-			// A data exception (e.g. a JSON string holding \u0000, which jsonb
-			// cannot store): the outcome can never be written as is. Stop the
-			// instance with the reason instead of failing forever.
-			*o = sqlq.Outcome{ID: o.ID, Token: o.Token, Kind: sqlq.KindStop,
-				ErrKind: strPtr("outcome_rejected"), Err: strPtr(truncate("outcome rejected by the database: " + err.Error()))}
-			continue
-		}
-		if errors.Is(context.Cause(stepCtx), scheduler.ErrLeaseLost) {
-			return nil, nil // the lease is gone: nothing of ours to write
-		}
-		select {
-		case <-ctx.Done():
-			return nil, err
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 2*time.Second)
+// commit writes one outcome through the group committer. It returns the
+// outcome if its fence held, nil if it was fenced out.
+func (e *Engine) commit(stepCtx context.Context, o *sqlq.Outcome) (*sqlq.Applied, error) {
+	r := e.committer.Commit(o)
+	if r.Applied != nil {
+		e.wakeApplied(r.Applied)
 	}
+	return r.Applied, r.Err
 }
 
 // commitTx writes a WithTx outcome: the step's callback and the outcome in
@@ -503,7 +504,7 @@ func (e *Engine) commit(stepCtx context.Context, db sqlq.DB, o *sqlq.Outcome) ([
 // error goes to Handle, whose outcome is written the ordinary way. Transient
 // failures retry the whole transaction (callback included) while the lease
 // can still be ours; a rejected outcome stops the instance like commit does.
-func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult) ([]sqlq.Applied, error) {
+func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult) (*sqlq.Applied, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(stepCtx), e.cfg.LeaseDuration)
 	defer cancel()
 	backoff := 20 * time.Millisecond
@@ -513,15 +514,17 @@ func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore
 		case fnErr != nil:
 			*res = core.handleErr(stepCtx, in, fnErr)
 			res.out.ID, res.out.Token = in.c.ID, in.c.Token
-			return e.commit(stepCtx, e.pool, &res.out)
+			return e.commit(stepCtx, &res.out)
 		case err == nil:
-			e.wakeApplied(applied)
+			if applied != nil {
+				e.wakeApplied(applied)
+			}
 			return applied, nil
-		case rejected(err):
+		case sqlq.Rejected(err):
 			res.out = sqlq.Outcome{ID: in.c.ID, Token: in.c.Token, Kind: sqlq.KindStop,
 				ErrKind: strPtr("outcome_rejected"), Err: strPtr(truncate("outcome rejected by the database: " + err.Error()))}
 			res.kind, res.txFn = kindStop, nil
-			return e.commit(stepCtx, e.pool, &res.out)
+			return e.commit(stepCtx, &res.out)
 		case errors.Is(context.Cause(stepCtx), scheduler.ErrLeaseLost):
 			return nil, nil
 		}
@@ -537,7 +540,7 @@ func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore
 
 // tryCommitTx runs one transaction of a WithTx outcome. fnErr is the
 // callback's own failure; err a database failure.
-func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *execResult) (applied []sqlq.Applied, fnErr, err error) {
+func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *execResult) (applied *sqlq.Applied, fnErr, err error) {
 	beginner, ok := db.(interface {
 		Begin(context.Context) (pgx.Tx, error)
 	})
@@ -554,30 +557,22 @@ func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *exec
 	}
 	var b sqlq.OutcomeBatch
 	b.Add(&res.out)
-	if applied, err = e.q.ApplyOutcomes(ctx, tx, &b); err != nil {
+	rows, err := e.q.ApplyOutcomes(ctx, tx, &b)
+	if err != nil {
 		return nil, nil, err
 	}
-	if len(applied) == 0 {
+	if len(rows) == 0 {
 		return nil, nil, nil // fenced out: the rollback undoes the step's writes too
 	}
-	return applied, nil, tx.Commit(ctx)
+	return &rows[0], nil, tx.Commit(ctx)
 }
 
-// rejected reports a PostgreSQL data exception (class 22): the values can
-// never be stored as they are.
-func rejected(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
-}
-
-// wakeApplied kicks local feeders for outcomes that made work runnable in
-// another queue than the step's own (the step's own queue learns from its
-// completion).
-func (e *Engine) wakeApplied(applied []sqlq.Applied) {
-	for _, a := range applied {
-		if a.Status == string(StatusRunnable) {
-			e.kickQueue(a.Queue)
-		}
+// wakeApplied kicks the local feeder of an outcome that made its instance
+// runnable (an Await that found its signal, children that were all
+// duplicates; a Next's own queue also learns from the step's completion).
+func (e *Engine) wakeApplied(a *sqlq.Applied) {
+	if a.Status == string(StatusRunnable) {
+		e.kickQueue(a.Queue)
 	}
 }
 

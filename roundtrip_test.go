@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,8 +35,9 @@ func fsm3() *gendurable.Machine[counterState] {
 }
 
 // TestStatementsPerStep counts the database statements the engine issues per
-// step (pgx tracer) while working a backlog of three-step machines. The
-// outcome is one statement; the pick is shared by a batch.
+// step (pgx tracer) while working a backlog of three-step machines at
+// concurrency 50: outcomes of concurrent steps share a statement (group
+// commit), a Next continues without a pick, and a pick claims a batch.
 func TestStatementsPerStep(t *testing.T) {
 	t.Parallel()
 	counter := &dbtest.Counter{}
@@ -75,5 +77,43 @@ func TestStatementsPerStep(t *testing.T) {
 	steps := 3 * instances
 	perStep := float64(statements) / float64(steps)
 	t.Logf("%d statements for %d steps: %.2f statements per step", statements, steps, perStep)
-	require.LessOrEqual(t, perStep, 1.5, "one outcome statement per step plus a shared pick")
+	// Group commit shares one outcome statement among concurrent steps, and a
+	// Next continues in the same worker without a pick.
+	require.LessOrEqual(t, perStep, 0.5, "round trips per step at concurrency 50")
+}
+
+// claimCounter sums the rows claimed by picks.
+type claimCounter struct{ n atomic.Int64 }
+
+func (c *claimCounter) OnEvent(_ context.Context, ev gendurable.Event) {
+	if p, ok := ev.(*gendurable.PickEvent); ok {
+		c.n.Add(int64(p.Count))
+	}
+}
+
+// TestNextChainsWithoutRepickingUpToChainSteps: a five-step machine with
+// ChainSteps 2 runs three steps per claim, so it is claimed twice.
+func TestNextChainsWithoutRepickingUpToChainSteps(t *testing.T) {
+	t.Parallel()
+	step := func(next string) gendurable.StepFunc[counterState] {
+		return func(ctx context.Context, r *gendurable.Run[counterState]) (gendurable.Outcome, error) {
+			if next == "" {
+				return gendurable.Done(r.State), nil
+			}
+			return r.Next(next, counterState{N: r.State.N + 1}), nil
+		}
+	}
+	m := &gendurable.Machine[counterState]{Name: "five", Start: "s1", Steps: map[string]gendurable.StepFunc[counterState]{
+		"s1": step("s2"), "s2": step("s3"), "s3": step("s4"), "s4": step("s5"), "s5": step(""),
+	}}
+	claims := &claimCounter{}
+	cfg := fastConfig("", m)
+	cfg.Hooks = []gendurable.Hook{claims}
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {ChainSteps: 2, PollInterval: 10 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(counterState{}))
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.JSONEq(t, `{"n":4}`, string(r.Result))
+	require.Equal(t, int64(2), claims.n.Load(), "claimed twice: steps 1-3, then 4-5")
 }

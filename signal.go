@@ -75,7 +75,7 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 	p := string(b)
 	r, err := e.q.Signal(ctx, db, id, name, &p, dedup)
 	if err != nil {
-		if rejected(err) {
+		if sqlq.Rejected(err) {
 			return SignalResult{}, fmt.Errorf("%w: the database rejected the payload: %w", ErrInvalidSignal, err)
 		}
 		return SignalResult{}, fmt.Errorf("gendurable: signal %d: %w", id, err)

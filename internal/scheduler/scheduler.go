@@ -12,6 +12,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
@@ -40,8 +41,19 @@ type Result struct {
 
 // Executor runs one claimed row to a committed (or fenced-out) outcome.
 // ctx is cancelled when the engine stops after its drain timeout, or with
-// cause ErrLeaseLost when the heartbeat finds the lease gone.
-type Executor func(ctx context.Context, c *sqlq.Claimed) Result
+// cause ErrLeaseLost when the heartbeat finds the lease gone. Through h it
+// may keep the row claimed under a new token and run its next step.
+type Executor func(ctx context.Context, c *sqlq.Claimed, h Holder) Result
+
+// Holder is what an executor may ask of the feeder that gave it a row.
+type Holder interface {
+	// Continue moves the held claim from the old token to the new one (the
+	// outcome statement re-claimed the row), so that heartbeats follow it.
+	// It reports false if the old claim is no longer held (lease lost).
+	Continue(oldToken, newToken int64) bool
+	// Stopping reports that the feeder is shutting down: finish, don't chain.
+	Stopping() bool
+}
 
 // Events receives what the feeder observes. Methods are called from the
 // feeder's goroutines and must be quick.
@@ -84,6 +96,7 @@ type Scheduler struct {
 	released int  // rows handed back when Run stopped
 	// lastBeat is when the held leases were last confirmed (or nothing was held).
 	lastBeat time.Time
+	stopping atomic.Bool // Run is returning: no more chained steps
 	steps    sync.WaitGroup
 }
 
@@ -176,6 +189,7 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 		}
 		break
 	}
+	s.stopping.Store(true)
 	s.releaseBuffer()
 }
 
@@ -248,10 +262,11 @@ func (s *Scheduler) dispatch(workCtx context.Context) {
 
 func (s *Scheduler) runStep(ctx context.Context, cancel context.CancelCauseFunc, c sqlq.Claimed) {
 	defer s.steps.Done()
-	res := s.exec(ctx, &c)
+	h := &holder{s: s, token: c.Token}
+	res := s.exec(ctx, &c, h)
 	cancel(nil)
 	s.mu.Lock()
-	delete(s.held, c.Token)
+	delete(s.held, h.token)
 	s.inFlight--
 	if res.RunnableNow {
 		s.more = true
@@ -415,3 +430,24 @@ func (s *Scheduler) abandonIfExpired() {
 		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
 }
+
+// holder tracks the claim token a running step currently holds.
+type holder struct {
+	s     *Scheduler
+	token int64 // guarded by s.mu
+}
+
+func (h *holder) Continue(oldToken, newToken int64) bool {
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	e := h.s.held[oldToken]
+	if e == nil || oldToken != h.token {
+		return false
+	}
+	delete(h.s.held, oldToken)
+	h.s.held[newToken] = e
+	h.token = newToken
+	return true
+}
+
+func (h *holder) Stopping() bool { return h.s.stopping.Load() }

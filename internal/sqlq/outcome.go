@@ -65,8 +65,10 @@ const newRowSelect = `n.fsm, n.fsm_version, n.queue, n.step, n.state::jsonb, n.p
 const applyOutcomesSQL = `
 WITH o AS MATERIALIZED (
   SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::smallint[], $4::text[], $5::text[], $6::bigint[],
-                       $7::int[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[])
-    AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us, inbox_dec)
+                       $7::int[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[],
+                       $30::bool[])
+    AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us, inbox_dec,
+         cont)
 ), locked AS MATERIALIZED (
   SELECT i.id, i.fanout FROM {{schema}}.gendurable_instances AS i
   JOIN o ON o.id = i.id AND i.claim_token = o.token
@@ -99,7 +101,8 @@ WITH o AS MATERIALIZED (
 ), changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET status = (CASE o.kind
-        WHEN 1 THEN 'runnable' WHEN 2 THEN 'runnable' WHEN 3 THEN 'done' WHEN 4 THEN 'failed'
+        WHEN 1 THEN CASE WHEN o.cont THEN 'executing' ELSE 'runnable' END
+        WHEN 2 THEN 'runnable' WHEN 3 THEN 'done' WHEN 4 THEN 'failed'
         WHEN 5 THEN CASE WHEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
                                 ?| ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb))
                          THEN 'runnable' ELSE 'awaiting_signal' END
@@ -121,8 +124,8 @@ WITH o AS MATERIALIZED (
       children_total = CASE o.kind WHEN 2 THEN i.children_total WHEN 6 THEN coalesce(k.n, 0) ELSE 0 END,
       children_pending = CASE o.kind WHEN 6 THEN coalesce(k.n, 0) ELSE i.children_pending END,
       fanout = CASE o.kind WHEN 6 THEN i.fanout + 1 ELSE i.fanout END,
-      lease_expires_at = NULL,
-      claim_token = NULL,
+      lease_expires_at = CASE WHEN o.cont THEN now() + $31::bigint * interval '1 microsecond' END,
+      claim_token = CASE WHEN o.cont THEN nextval('{{schema}}.gendurable_claim_token_seq') END,
       finished_at = CASE WHEN o.kind IN (3, 4) THEN now() END,
       updated_at = now(),
       errors = CASE WHEN o.err IS NULL THEN i.errors
@@ -132,9 +135,9 @@ WITH o AS MATERIALIZED (
                          'kind', o.err_kind, 'error', o.err)) END
   FROM o JOIN locked AS l ON l.id = o.id LEFT JOIN kid_counts AS k ON k.parent_id = o.id
   WHERE i.id = o.id
-  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue
+  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token
 ), ` + parentJoinCTE + `
-SELECT id, status::text, queue FROM changed`
+SELECT id, status::text, queue, claim_token FROM changed`
 
 // Outcome is one encoded outcome, ready for the batch statement.
 type Outcome struct {
@@ -153,6 +156,10 @@ type Outcome struct {
 	InboxDec   *string        // JSON name → count: consumed (next, children) or already seen (await)
 	Consume    []int64        // ids of signals consumed (next, children)
 	Children   []NewInstance  // children: rows to insert under this parent
+	// Continue (next only, no delay): the instance stays claimed by this
+	// worker under a fresh claim token and lease, so it can run its next
+	// step at once without a pick.
+	Continue bool
 }
 
 // OutcomeBatch is a reusable set of column arrays for ApplyOutcomes.
@@ -168,6 +175,9 @@ type OutcomeBatch struct {
 	consumeOwner, consumeID []int64
 	children                newRows
 	childParent             []int64
+	cont                    []bool
+	// Lease is the lease given to continued outcomes.
+	Lease time.Duration
 }
 
 // Reset empties the batch, keeping its capacity.
@@ -177,6 +187,7 @@ func (b *OutcomeBatch) Reset() {
 	b.attemptInc, b.results, b.errKind, b.err = b.attemptInc[:0], b.results[:0], b.errKind[:0], b.err[:0]
 	b.awaits, b.inboxDec, b.timeouts = b.awaits[:0], b.inboxDec[:0], b.timeouts[:0]
 	b.consumeOwner, b.consumeID, b.childParent = b.consumeOwner[:0], b.consumeID[:0], b.childParent[:0]
+	b.cont = b.cont[:0]
 	b.children.reset()
 }
 
@@ -197,6 +208,7 @@ func (b *OutcomeBatch) Add(o *Outcome) {
 	b.err = append(b.err, o.Err)
 	b.awaits = append(b.awaits, o.Awaits)
 	b.inboxDec = append(b.inboxDec, o.InboxDec)
+	b.cont = append(b.cont, o.Continue && o.Kind == KindNext && o.Delay <= 0)
 	var timeout *int64
 	if o.Timeout != nil {
 		t := micros(*o.Timeout)
@@ -220,7 +232,7 @@ func (b *OutcomeBatch) Args() []any {
 		b.delays, b.attemptInc, b.results, b.errKind, b.err, b.awaits, b.timeouts, b.inboxDec,
 		b.childParent, c.fsm, c.version, c.queue, c.step, c.state, c.priority, c.maxAttempts,
 		c.runAt, c.runIn, c.partition, c.uniqueKey, c.scopeMask,
-		b.consumeOwner, b.consumeID, MaxErrorHistory}
+		b.consumeOwner, b.consumeID, MaxErrorHistory, b.cont, micros(b.Lease)}
 }
 
 // Applied is one outcome whose fence held, with the status it produced.
@@ -228,6 +240,7 @@ type Applied struct {
 	ID     int64
 	Status string
 	Queue  string
+	Token  *int64 // a continued outcome's new claim token
 }
 
 // ApplyOutcomes applies the batch in one statement and returns the outcomes
@@ -241,7 +254,7 @@ func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Applied, error) {
 		var a Applied
-		err := row.Scan(&a.ID, &a.Status, &a.Queue)
+		err := row.Scan(&a.ID, &a.Status, &a.Queue, &a.Token)
 		return a, err
 	})
 }

@@ -95,3 +95,10 @@ func New(schema string) (*Queries, error) {
 
 // micros converts a duration to whole microseconds for `$n * interval '1 microsecond'`.
 func micros(d interface{ Microseconds() int64 }) int64 { return d.Microseconds() }
+
+// Rejected reports a PostgreSQL data exception (class 22): the values can
+// never be stored as they are, so retrying the same statement is pointless.
+func Rejected(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
+}

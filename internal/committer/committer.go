@@ -1,0 +1,152 @@
+// Package committer applies step outcomes with group commit: outcomes of
+// concurrent steps that arrive while a statement is in flight are applied
+// together in the next one (UPDATE … FROM unnest), the way a replicated log
+// batches entries. Each caller waits until its own outcome has committed (or
+// was fenced out) before its instance goes on, so the guarantee of SPEC §1
+// holds; under load the statements per step fall to 1/batch. With no
+// concurrency a batch is one outcome and nothing waits for a timer.
+package committer
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+)
+
+// Config tunes a Committer.
+type Config struct {
+	MaxBatch    int           // outcomes per statement; default 500
+	MaxInFlight int           // statements in flight at once; default 2
+	Lease       time.Duration // lease of continued outcomes, and how long a write is retried
+}
+
+// Result is one outcome's fate: Applied set when its fence held, nil with a
+// nil Err when it was fenced out, Err when it could not be written.
+type Result struct {
+	Applied *sqlq.Applied
+	Err     error
+}
+
+type request struct {
+	out  *sqlq.Outcome
+	done chan Result
+}
+
+// Committer batches outcomes onto one connection pool.
+type Committer struct {
+	cfg Config
+	q   *sqlq.Queries
+	db  sqlq.DB
+
+	mu       sync.Mutex
+	pending  []*request
+	inFlight int
+	batches  sync.Pool
+}
+
+// New returns a Committer writing through db.
+func New(cfg Config, q *sqlq.Queries, db sqlq.DB) *Committer {
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 500
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 2
+	}
+	c := &Committer{cfg: cfg, q: q, db: db}
+	c.batches.New = func() any { return &sqlq.OutcomeBatch{} }
+	return c
+}
+
+// Commit applies o, possibly together with other outcomes, and returns once
+// it has committed, was fenced out, or could not be written within the
+// lease. A data exception (e.g. a JSON string holding \u0000, which jsonb
+// cannot store) turns the outcome into a Stop that records the reason: the
+// outcome could never be written as it is. o may be rewritten that way.
+func (c *Committer) Commit(o *sqlq.Outcome) Result {
+	r := &request{out: o, done: make(chan Result, 1)}
+	c.mu.Lock()
+	c.pending = append(c.pending, r)
+	start := c.inFlight < c.cfg.MaxInFlight
+	if start {
+		c.inFlight++
+	}
+	c.mu.Unlock()
+	if start {
+		go c.flushLoop()
+	}
+	return <-r.done
+}
+
+// flushLoop applies pending outcomes batch after batch until none are left.
+func (c *Committer) flushLoop() {
+	for {
+		c.mu.Lock()
+		n := min(len(c.pending), c.cfg.MaxBatch)
+		if n == 0 {
+			c.inFlight--
+			c.mu.Unlock()
+			return
+		}
+		batch := make([]*request, n)
+		copy(batch, c.pending)
+		c.pending = append(c.pending[:0], c.pending[n:]...)
+		c.mu.Unlock()
+		c.apply(batch)
+	}
+}
+
+// apply writes one batch, retrying transient failures (lost connection,
+// deadlock with another process's batch) until the lease runs out. A
+// rejected batch is split so only the offending outcome is stopped.
+func (c *Committer) apply(batch []*request) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Lease)
+	defer cancel()
+	b := c.batches.Get().(*sqlq.OutcomeBatch)
+	defer c.batches.Put(b)
+	backoff := 20 * time.Millisecond
+	for {
+		b.Reset()
+		b.Lease = c.cfg.Lease
+		for _, r := range batch {
+			b.Add(r.out)
+		}
+		applied, err := c.q.ApplyOutcomes(ctx, c.db, b)
+		if err == nil {
+			byID := make(map[int64]*sqlq.Applied, len(applied))
+			for i := range applied {
+				byID[applied[i].ID] = &applied[i]
+			}
+			for _, r := range batch {
+				r.done <- Result{Applied: byID[r.out.ID]}
+			}
+			return
+		}
+		if sqlq.Rejected(err) {
+			if len(batch) > 1 {
+				for _, r := range batch {
+					c.apply([]*request{r})
+				}
+				return
+			}
+			if o := batch[0].out; o.Kind != sqlq.KindStop {
+				msg := "outcome rejected by the database: " + err.Error()
+				*o = sqlq.Outcome{ID: o.ID, Token: o.Token, Kind: sqlq.KindStop,
+					ErrKind: ptr("outcome_rejected"), Err: &msg}
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+			for _, r := range batch {
+				r.done <- Result{Err: err}
+			}
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+func ptr(s string) *string { return &s }
