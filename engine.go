@@ -81,6 +81,10 @@ type Config struct {
 	MaxStateBytes int
 	// MaxSignalBytes bounds the encoded JSON payload of a signal. Default 256 KiB.
 	MaxSignalBytes int
+	// CommitConcurrency is how many outcome statements this engine keeps in
+	// flight at once. Outcomes of steps that finish while those run are
+	// group-committed in the next statement. Default 2.
+	CommitConcurrency int
 
 	// Logger for the engine's own logs. Default slog.Default().
 	Logger *slog.Logger
@@ -167,7 +171,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	e := &Engine{pool: pool, cfg: c, q: q, log: c.Logger, registry: map[machineKey]*machineCore{}}
-	e.committer = committer.New(committer.Config{Lease: c.LeaseDuration}, q, pool)
+	e.committer = committer.New(committer.Config{Lease: c.LeaseDuration, MaxInFlight: c.CommitConcurrency}, q, pool)
 	// Keep connections for the engine's own statements: a pick and a
 	// heartbeat per queue, the reaper, the timeout sweep and outcomes.
 	reserve := 2*len(c.Queues) + 2

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/gendurable/gendurable/internal/benchrun"
+	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1 // the command failed
+	exitUsage = 2 // the command line is wrong
+)
+
+const usage = `usage: gendurable <command> [flags]
+
+commands:
+  migrate up|down|status|print   install, remove or inspect the schema (print: the SQL)
+  bench                          run a benchmark workload (see gendurable bench -h)
+
+The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
+`
+
+// run is the whole CLI, testable without a process.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	var err error
+	switch args[0] {
+	case "migrate":
+		err = migrateCmd(ctx, args[1:], stdout, stderr)
+	case "bench":
+		err = benchCmd(ctx, args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "gendurable: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+	var ue usageError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp):
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(stderr, "gendurable:", err)
+		}
+		return exitUsage
+	default:
+		fmt.Fprintln(stderr, "gendurable:", err)
+		return exitError
+	}
+}
+
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func databaseURL(flagValue string) string {
+	if flagValue != "" {
+		return flagValue
+	}
+	if v := os.Getenv("DATABASE_URL"); v != "" {
+		return v
+	}
+	return "postgres://postgres@127.0.0.1:5432/postgres"
+}
+
+func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dbURL := fs.String("database-url", "", "PostgreSQL URL")
+	schema := fs.String("schema", "public", "schema holding gendurable's tables")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if len(args) == 0 {
+		return usageError{"migrate needs up, down, status or print"}
+	}
+	action := args[0]
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if action == "print" {
+		sql, err := migrate.SQL(*schema, 0, migrate.Latest())
+		if err != nil {
+			return err
+		}
+		_, err = io.WriteString(stdout, sql)
+		return err
+	}
+	pool, err := pgxpool.New(ctx, databaseURL(*dbURL))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var res migrate.Result
+	switch action {
+	case "up":
+		res, err = migrate.Up(ctx, pool, *schema)
+	case "down":
+		res, err = migrate.Down(ctx, pool, *schema)
+	case "status":
+		var v int
+		if v, err = migrate.Installed(ctx, pool, *schema); err == nil {
+			res = migrate.Result{From: v, To: v}
+		}
+	default:
+		return usageError{fmt.Sprintf("unknown migrate action %q", action)}
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(map[string]any{"schema": *schema, "from": res.From, "to": res.To, "applied": res.Applied, "latest": migrate.Latest()})
+	}
+	if action == "status" {
+		_, err = fmt.Fprintf(stdout, "schema %s: version %d (latest %d)\n", *schema, res.To, migrate.Latest())
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "schema %s: version %d → %d (applied %v)\n", *schema, res.From, res.To, res.Applied)
+	return err
+}
+
+func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var o benchrun.Options
+	dbURL := fs.String("database-url", "", "PostgreSQL URL")
+	fs.StringVar(&o.Schema, "schema", "gendurable_bench", "schema to run in (dropped and recreated)")
+	fs.StringVar(&o.Workload, "workload", "job", "job, fsm3, signal, fanout or partition")
+	fs.IntVar(&o.N, "n", 20000, "instances to insert (fanout: parents, each with 10 children)")
+	fs.IntVar(&o.Concurrency, "concurrency", 100, "steps running at once per queue per engine")
+	fs.IntVar(&o.Prefetch, "prefetch", 0, "rows claimed beyond running slots (default = concurrency)")
+	fs.IntVar(&o.Queues, "queues", 1, "queues the instances are spread over")
+	fs.IntVar(&o.Engines, "engines", 1, "engines (workers) in this process")
+	fs.IntVar(&o.Commits, "commits", 0, "outcome statements in flight per engine (default: the engine's)")
+	fs.IntVar(&o.MinDemand, "min-demand", 0, "don't pick for fewer free places than this (default: the engine's)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	backlog := fs.Bool("backlog", false, "measure one pick's latency at 10k and 1M runnable rows instead")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("unexpected arguments %v", fs.Args())}
+	}
+	o.DatabaseURL = databaseURL(*dbURL)
+	if benchrun.IsTerminal(os.Stderr) {
+		o.Progress = stderr
+	}
+	if *backlog {
+		res, err := benchrun.Backlog(ctx, o.DatabaseURL, o.Schema, []int{10_000, 1_000_000}, 50, 20, progressOr(o.Progress))
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(map[string]any{"backlog": res, "ratio_1m_over_10k": res[1].MedianMs / res[0].MedianMs})
+		}
+		for _, r := range res {
+			fmt.Fprintf(stdout, "pick of %d at %8d runnable: median %.2f ms, p90 %.2f ms\n", r.Batch, r.Runnable, r.MedianMs, r.P90Ms)
+		}
+		_, err = fmt.Fprintf(stdout, "ratio 1M/10k median: %.2f\n", res[1].MedianMs/res[0].MedianMs)
+		return err
+	}
+	rep, err := benchrun.Run(ctx, o)
+	if err != nil {
+		return err
+	}
+	return benchrun.Print(stdout, rep, *asJSON)
+}
+
+func progressOr(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}
