@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/migrate"
@@ -148,6 +149,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&o.MinDemand, "min-demand", 0, "don't pick for fewer free places than this (default: the engine's)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	backlog := fs.Bool("backlog", false, "measure one pick's latency at 10k and 1M runnable rows instead")
+	idle := fs.Duration("idle", 0, "measure the statements/s of an idle engine over this long instead (after 12s of backoff)")
+	pickup := fs.Int("pickup", 0, "measure insert → step-start latency over this many locally inserted jobs instead")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -157,6 +160,28 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	o.DatabaseURL = databaseURL(*dbURL)
 	if benchrun.IsTerminal(os.Stderr) {
 		o.Progress = stderr
+	}
+	if *idle > 0 {
+		res, err := benchrun.Idle(ctx, o.DatabaseURL, o.Schema, 12*time.Second, *idle)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(res)
+		}
+		_, err = fmt.Fprintf(stdout, "idle engine: %d statements in %.0fs = %.2f statements/s\n", res.Statements, res.Seconds, res.StatementsPerSecond)
+		return err
+	}
+	if *pickup > 0 {
+		res, err := benchrun.Pickup(ctx, o.DatabaseURL, o.Schema, *pickup)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(res)
+		}
+		_, err = fmt.Fprintf(stdout, "pickup latency of a local insert (%d samples): p50 %.2f ms, p90 %.2f ms, max %.2f ms\n", res.Samples, res.P50Ms, res.P90Ms, res.MaxMs)
+		return err
 	}
 	if *backlog {
 		res, err := benchrun.Backlog(ctx, o.DatabaseURL, o.Schema, []int{10_000, 1_000_000}, 50, 20, progressOr(o.Progress))
