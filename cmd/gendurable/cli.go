@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/benchrun"
@@ -150,6 +151,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	backlog := fs.Bool("backlog", false, "measure one pick's latency at 10k and 1M runnable rows instead")
 	idle := fs.Duration("idle", 0, "measure the statements/s of an idle engine over this long instead (after 12s of backoff)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	pickup := fs.Int("pickup", 0, "measure insert → step-start latency over this many locally inserted jobs instead")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -196,6 +198,17 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		_, err = fmt.Fprintf(stdout, "ratio 1M/10k median: %.2f\n", res[1].MedianMs/res[0].MedianMs)
 		return err
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	rep, err := benchrun.Run(ctx, o)
 	if err != nil {

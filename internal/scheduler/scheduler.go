@@ -87,6 +87,9 @@ type Scheduler struct {
 	log  *slog.Logger
 
 	kick chan struct{} // wake the loop: a completion or a local insert
+	// work feeds the step workers: Concurrency long-lived goroutines, so a
+	// step does not pay for a new goroutine and its stack growth.
+	work chan stepJob
 
 	mu       sync.Mutex
 	held     map[int64]*held // by claim token
@@ -105,6 +108,7 @@ func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log 
 	return &Scheduler{
 		cfg: cfg, q: q, db: db, exec: exec, ev: ev, log: log,
 		kick: make(chan struct{}, 1),
+		work: make(chan stepJob, cfg.Concurrency),
 		held: make(map[int64]*held),
 	}
 }
@@ -129,6 +133,10 @@ func (s *Scheduler) wake() {
 // still be running when Run returns: wait for them with Wait. The heartbeat
 // must run (see Heartbeat) as long as anything is held.
 func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
+	for range s.cfg.Concurrency {
+		go s.worker()
+	}
+	defer close(s.work) // after the last dispatch: workers finish their step and exit
 	interval := s.cfg.PollInterval
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -253,10 +261,23 @@ func (s *Scheduler) dispatch(workCtx context.Context) {
 		h.running, h.cancel = true, cancel
 		s.inFlight++
 		s.steps.Add(1)
-		go s.runStep(ctx, cancel, c)
+		s.work <- stepJob{ctx: ctx, cancel: cancel, c: c} // never blocks: one place per slot
 	}
 	if len(s.buffer) == 0 {
 		s.buffer = nil // let a drained buffer's backing array go
+	}
+}
+
+// stepJob is one buffered row handed to a worker.
+type stepJob struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	c      sqlq.Claimed
+}
+
+func (s *Scheduler) worker() {
+	for j := range s.work {
+		s.runStep(j.ctx, j.cancel, j.c)
 	}
 }
 
