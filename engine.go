@@ -471,6 +471,9 @@ func (e *Engine) load(ctx context.Context, db sqlq.DB, core *machineCore, in *ex
 }
 
 func (e *Engine) reportStep(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, applied bool, commitErr error, took time.Duration) {
+	if len(e.cfg.Hooks) == 0 && commitErr == nil && applied && res.stepErr == nil && !e.log.Enabled(ctx, slog.LevelDebug) {
+		return // the common case: nothing to tell anyone
+	}
 	ev := &StepEvent{
 		Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Step: c.Step,
 		Attempt: int(c.Attempt), Outcome: res.kind.String(), Err: res.stepErr,

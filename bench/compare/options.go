@@ -98,12 +98,16 @@ func DefaultOptions() Options {
 		RiverMaxWorkers:        2000,
 		RiverFetchCooldown:     2 * time.Millisecond,
 		RiverFetchPollInterval: 20 * time.Millisecond,
+		// gendurable at its best: many cheap workers (as River's 2000), fat
+		// picks (MinDemand half the claim window), group-committed outcomes.
 		GDBest: gendurable.QueueConfig{
-			Concurrency:  200,
-			Prefetch:     200,
+			Concurrency:  1000,
+			Prefetch:     1000,
+			MinDemand:    1000,
 			PollInterval: 20 * time.Millisecond,
 		},
 		GDEqual: gendurable.QueueConfig{
+			MinDemand:    100,
 			PollInterval: 20 * time.Millisecond,
 		},
 		EqualWorkers: 100,
@@ -170,6 +174,13 @@ func (o *Options) setting(name string) setting {
 		s.riverMaxWorkers = o.RiverMaxWorkers
 		s.gd = o.GDBest
 	}
+	// MinDemand above the claim window is invalid: cap it (flags and tests
+	// shrink Concurrency).
+	window := s.gd.Concurrency + max(s.gd.Prefetch, 0)
+	if s.gd.Prefetch == 0 {
+		window = 2 * s.gd.Concurrency
+	}
+	s.gd.MinDemand = min(s.gd.MinDemand, window)
 	return s
 }
 

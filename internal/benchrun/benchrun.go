@@ -365,7 +365,8 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			}()
 		}
 	}
-	tick := time.NewTicker(250 * time.Millisecond)
+	tick := time.NewTicker(5 * time.Millisecond)
+	lastProgress := time.Now()
 	for steps.n.Load() < wantSteps {
 		select {
 		case <-ctx.Done():
@@ -373,8 +374,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			return nil, ctx.Err()
 		case <-tick.C:
 		}
-		el := time.Since(workStart).Seconds()
-		fmt.Fprintf(o.Progress, "\r%s: %d/%d steps, %.0f steps/s   ", o.Workload, steps.n.Load(), wantSteps, float64(steps.n.Load())/el)
+		if time.Since(lastProgress) > 250*time.Millisecond {
+			lastProgress = time.Now()
+			el := time.Since(workStart).Seconds()
+			fmt.Fprintf(o.Progress, "\r%s: %d/%d steps, %.0f steps/s   ", o.Workload, steps.n.Load(), wantSteps, float64(steps.n.Load())/el)
+		}
 	}
 	tick.Stop()
 	work := time.Since(workStart)

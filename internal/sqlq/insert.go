@@ -25,6 +25,18 @@ ORDER BY n.ord
 ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
 RETURNING id, unique_key`
 
+// insertPlainSQL is insertManySQL for a batch without unique keys: no
+// conflict arbitration (speculative insertion costs per row) and no key to
+// return.
+const insertPlainSQL = `
+INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `)
+SELECT ` + newRowSelect + `
+FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::smallint[], $7::int[],
+            $8::timestamptz[], $9::bigint[], $10::text[], $11::bytea[], $12::int[])
+     AS n(fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
+          run_in_us, partition_key, unique_key, scope_mask)
+RETURNING id, unique_key`
+
 // lookupUniqueSQL finds the live rows holding unique keys (after a skip).
 const lookupUniqueSQL = `
 SELECT unique_guard, id FROM {{schema}}.gendurable_instances
@@ -94,7 +106,14 @@ func (q *Queries) InsertMany(ctx context.Context, db DB, in []NewInstance) ([]In
 	for i := range in {
 		c.add(&in[i])
 	}
-	rows, err := db.Query(ctx, q.insertMany, c.fsm, c.version, c.queue, c.step, c.state, c.priority,
+	stmt := q.insertPlain
+	for _, k := range c.uniqueKey {
+		if k != nil {
+			stmt = q.insertMany
+			break
+		}
+	}
+	rows, err := db.Query(ctx, stmt, c.fsm, c.version, c.queue, c.step, c.state, c.priority,
 		c.maxAttempts, c.runAt, c.runIn, c.partition, c.uniqueKey, c.scopeMask)
 	if err != nil {
 		return nil, err

@@ -58,6 +58,7 @@ type Queries struct {
 	applyOutcomes string
 	release       string
 	insertMany    string
+	insertPlain   string
 	lookupUnique  string
 	getInstance   string
 	signal        string
@@ -82,6 +83,7 @@ func New(schema string) (*Queries, error) {
 		applyOutcomes: render(applyOutcomesSQL, qs),
 		release:       render(releaseSQL, qs),
 		insertMany:    render(insertManySQL, qs),
+		insertPlain:   render(insertPlainSQL, qs),
 		getInstance:   render(getInstanceSQL, qs),
 		lookupUnique:  render(lookupUniqueSQL, qs),
 		signal:        render(signalSQL, qs),
