@@ -423,6 +423,12 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 			res.out.ID, res.out.Token = c.ID, c.Token
 			res.out.Continue = n < chain && res.kind == kindNext && res.out.Delay <= 0 && res.txFn == nil &&
 				ctx.Err() == nil && !h.Stopping()
+			if !res.out.Continue && res.txFn == nil && c.PartitionKey == nil {
+				// Nothing in this worker depends on the commit any more: free
+				// the slot now; the claim stays held until the outcome commits.
+				e.commitDetached(ctx, queue, c, &res, h.Detach(), start)
+				return scheduler.Result{}
+			}
 			var applied *sqlq.Applied
 			var commitErr error
 			if res.txFn != nil {
@@ -451,6 +457,26 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 			c = &next
 		}
 	}
+}
+
+// commitDetached hands a final outcome (no chaining, no partition lock, no
+// transaction) to the group committer and returns at once; the feeder's
+// claim is settled by finish when the outcome has committed.
+func (e *Engine) commitDetached(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, finish func(scheduler.Result), start time.Time) {
+	claimed := *c
+	r := *res
+	e.committer.CommitAsync(&r.out, func(cr committer.Result) {
+		ctx := context.WithoutCancel(ctx)
+		if cr.Applied != nil {
+			e.wakeApplied(cr.Applied)
+		}
+		e.reportStep(ctx, queue, &claimed, &r, cr.Applied != nil, cr.Err, time.Since(start))
+		if cr.Applied != nil && cr.Applied.Status == string(StatusAwaitingSignal) && r.out.Timeout != nil {
+			e.pokeTimeouts()
+		}
+		runnable := cr.Applied != nil && cr.Applied.Status == string(StatusRunnable) && r.out.Delay <= 0
+		finish(scheduler.Result{RunnableNow: runnable})
+	})
 }
 
 // load reads the inbox (after an await, or for machines that read it) and

@@ -31,7 +31,16 @@ type Result struct {
 
 type request struct {
 	out  *sqlq.Outcome
-	done chan Result
+	done chan Result  // Commit waits here, or
+	then func(Result) // CommitAsync's callback runs on the flushing goroutine
+}
+
+func (r *request) deliver(res Result) {
+	if r.then != nil {
+		r.then(res)
+		return
+	}
+	r.done <- res
 }
 
 // Committer batches outcomes onto one connection pool.
@@ -66,6 +75,17 @@ func New(cfg Config, q *sqlq.Queries, db sqlq.DB) *Committer {
 // outcome could never be written as it is. o may be rewritten that way.
 func (c *Committer) Commit(o *sqlq.Outcome) Result {
 	r := &request{out: o, done: make(chan Result, 1)}
+	c.enqueue(r)
+	return <-r.done
+}
+
+// CommitAsync is Commit without waiting: then is called with the result,
+// on the goroutine that applied the batch; it must be quick.
+func (c *Committer) CommitAsync(o *sqlq.Outcome, then func(Result)) {
+	c.enqueue(&request{out: o, then: then})
+}
+
+func (c *Committer) enqueue(r *request) {
 	c.mu.Lock()
 	c.pending = append(c.pending, r)
 	start := c.inFlight < c.cfg.MaxInFlight
@@ -76,7 +96,6 @@ func (c *Committer) Commit(o *sqlq.Outcome) Result {
 	if start {
 		go c.flushLoop()
 	}
-	return <-r.done
 }
 
 // flushLoop applies pending outcomes batch after batch until none are left.
@@ -119,7 +138,7 @@ func (c *Committer) apply(batch []*request) {
 				byID[applied[i].ID] = &applied[i]
 			}
 			for _, r := range batch {
-				r.done <- Result{Applied: byID[r.out.ID]}
+				r.deliver(Result{Applied: byID[r.out.ID]})
 			}
 			return
 		}
@@ -140,7 +159,7 @@ func (c *Committer) apply(batch []*request) {
 		select {
 		case <-ctx.Done():
 			for _, r := range batch {
-				r.done <- Result{Err: err}
+				r.deliver(Result{Err: err})
 			}
 			return
 		case <-time.After(backoff):

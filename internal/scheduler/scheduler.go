@@ -53,6 +53,11 @@ type Holder interface {
 	Continue(oldToken, newToken int64) bool
 	// Stopping reports that the feeder is shutting down: finish, don't chain.
 	Stopping() bool
+	// Detach frees the step's running slot before its outcome has
+	// committed: the claim stays held (heartbeated, counted against the
+	// claim window, waited for by Wait) until the returned func is called
+	// with the final result. The executor then returns at once.
+	Detach() func(Result)
 }
 
 // Events receives what the feeder observes. Methods are called from the
@@ -95,8 +100,10 @@ type Scheduler struct {
 	held     map[int64]*held // by claim token
 	buffer   []sqlq.Claimed  // claimed, not yet started, in pick order
 	inFlight int
-	more     bool // the last pick was full, or an outcome made work runnable
-	released int  // rows handed back when Run stopped
+	// committing counts detached steps whose outcome is not committed yet.
+	committing int
+	more       bool // the last pick was full, or an outcome made work runnable
+	released   int  // rows handed back when Run stopped
 	// lastBeat is when the held leases were last confirmed (or nothing was held).
 	lastBeat time.Time
 	stopping atomic.Bool // Run is returning: no more chained steps
@@ -145,7 +152,7 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 		s.dispatch(workCtx)
 
 		s.mu.Lock()
-		claimed := s.inFlight + len(s.buffer)
+		claimed := s.inFlight + len(s.buffer) + s.committing
 		demand := s.cfg.Concurrency + s.cfg.Prefetch - claimed
 		idle := claimed == 0
 		// Pick when there is room (at least MinDemand, or anything when
@@ -282,17 +289,23 @@ func (s *Scheduler) worker() {
 }
 
 func (s *Scheduler) runStep(ctx context.Context, cancel context.CancelCauseFunc, c sqlq.Claimed) {
-	defer s.steps.Done()
 	h := &holder{s: s, token: c.Token}
 	res := s.exec(ctx, &c, h)
 	cancel(nil)
 	s.mu.Lock()
-	delete(s.held, h.token)
 	s.inFlight--
+	if h.detached {
+		s.committing++ // finish settles the claim and the WaitGroup
+		s.mu.Unlock()
+		s.wake()
+		return
+	}
+	delete(s.held, h.token)
 	if res.RunnableNow {
 		s.more = true
 	}
 	s.mu.Unlock()
+	s.steps.Done()
 	s.wake()
 }
 
@@ -454,8 +467,9 @@ func (s *Scheduler) abandonIfExpired() {
 
 // holder tracks the claim token a running step currently holds.
 type holder struct {
-	s     *Scheduler
-	token int64 // guarded by s.mu
+	s        *Scheduler
+	token    int64 // guarded by s.mu
+	detached bool  // set by the step's own goroutine before it returns
 }
 
 func (h *holder) Continue(oldToken, newToken int64) bool {
@@ -472,3 +486,19 @@ func (h *holder) Continue(oldToken, newToken int64) bool {
 }
 
 func (h *holder) Stopping() bool { return h.s.stopping.Load() }
+
+func (h *holder) Detach() func(Result) {
+	h.detached = true
+	return func(res Result) {
+		s := h.s
+		s.mu.Lock()
+		s.committing--
+		delete(s.held, h.token)
+		if res.RunnableNow {
+			s.more = true
+		}
+		s.mu.Unlock()
+		s.steps.Done()
+		s.wake()
+	}
+}
