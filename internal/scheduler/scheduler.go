@@ -152,9 +152,13 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 		s.dispatch(workCtx)
 
 		s.mu.Lock()
-		claimed := s.inFlight + len(s.buffer) + s.committing
-		demand := s.cfg.Concurrency + s.cfg.Prefetch - claimed
-		idle := claimed == 0
+		// Outcomes waiting for their group commit hold claims too, but need
+		// no worker: they get a window of their own (as large as the
+		// running+prefetch one) before they hold back picking.
+		window := s.cfg.Concurrency + s.cfg.Prefetch
+		claimed := s.inFlight + len(s.buffer) + max(0, s.committing-window)
+		demand := window - claimed
+		idle := claimed == 0 && s.committing == 0
 		// Pick when there is room (at least MinDemand, or anything when
 		// idle) and a reason to look: a full last pick, a kick, a poll tick,
 		// or an idle queue.
