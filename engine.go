@@ -30,6 +30,8 @@ const (
 	DefaultPollInterval        = time.Second
 	DefaultMaxPollInterval     = 5 * time.Second
 	DefaultChainSteps          = 16
+	DefaultRetention           = 7 * 24 * time.Hour
+	DefaultPruneInterval       = time.Hour
 	DefaultMaxStateBytes       = 1 << 20
 	DefaultMaxSignalBytes      = 256 << 10
 	DefaultPartitionRetryDelay = 250 * time.Millisecond
@@ -81,6 +83,12 @@ type Config struct {
 	MaxStateBytes int
 	// MaxSignalBytes bounds the encoded JSON payload of a signal. Default 256 KiB.
 	MaxSignalBytes int
+	// Retention: a maintenance loop deletes instances that finished (done or
+	// failed) longer ago than this, with their signals, in batches. Default
+	// 7 days; negative keeps everything.
+	Retention time.Duration
+	// PruneInterval between prune sweeps. Default 1h.
+	PruneInterval time.Duration
 	// CommitConcurrency is how many outcome statements this engine keeps in
 	// flight at once. Outcomes of steps that finish while those run are
 	// group-committed in the next statement. Default 2.
@@ -140,6 +148,7 @@ type Engine struct {
 	// partitionSlots bounds the pool connections pinned by partition locks.
 	partitionSlots chan struct{}
 	committer      *committer.Committer
+	trans          transitions // observed step transitions, for Graph
 }
 
 // runState is one Start..Stop lifetime.
@@ -203,6 +212,8 @@ func (c *Config) withDefaults() error {
 	setDefault(&c.PartitionRetryDelay, DefaultPartitionRetryDelay)
 	setDefault(&c.MaxSignalBytes, DefaultMaxSignalBytes)
 	setDefault(&c.MaxStateBytes, DefaultMaxStateBytes)
+	setDefault(&c.Retention, DefaultRetention)
+	setDefault(&c.PruneInterval, DefaultPruneInterval)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -317,6 +328,10 @@ func (e *Engine) Start(ctx context.Context) error {
 		poke := make(chan struct{}, 1)
 		e.poke = poke
 		go func() { defer rs.background.Done(); e.timeoutLoop(reaperCtx, poke) }()
+	}
+	if e.cfg.Retention > 0 && e.cfg.PruneInterval > 0 && len(e.cfg.Queues) > 0 {
+		rs.background.Add(1)
+		go func() { defer rs.background.Done(); e.pruneLoop(beatCtx) }()
 	}
 	if len(e.cfg.Periodic) > 0 {
 		periodicCtx, periodicCancel := context.WithCancel(context.Background())
@@ -459,6 +474,22 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 	}
 }
 
+// transitionTarget names where an outcome leads, for the machine graph.
+func transitionTarget(from string, res *execResult) string {
+	switch res.kind {
+	case kindDone:
+		return "done"
+	case kindStop:
+		return "failed"
+	case kindReplay:
+		return from
+	}
+	if res.out.Step != nil {
+		return *res.out.Step
+	}
+	return from
+}
+
 // commitDetached hands a final outcome (no chaining, no partition lock, no
 // transaction) to the group committer and returns at once; the feeder's
 // claim is settled by finish when the outcome has committed.
@@ -497,6 +528,9 @@ func (e *Engine) load(ctx context.Context, db sqlq.DB, core *machineCore, in *ex
 }
 
 func (e *Engine) reportStep(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, applied bool, commitErr error, took time.Duration) {
+	if applied {
+		e.trans.add(c.FSM, c.Step, transitionTarget(c.Step, res), res.kind.String())
+	}
 	if len(e.cfg.Hooks) == 0 && commitErr == nil && applied && res.stepErr == nil && !e.log.Enabled(ctx, slog.LevelDebug) {
 		return // the common case: nothing to tell anyone
 	}

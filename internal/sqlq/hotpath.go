@@ -12,7 +12,8 @@ import (
 //
 // `queue = $1` (never ANY) lets the pick index hand rows over already in
 // (priority, eligible_at) order so the LIMIT stops after the batch: the cost is
-// O(batch), not O(backlog). FOR UPDATE SKIP LOCKED locks inside that one scan;
+// O(batch), not O(backlog). A paused queue (one primary-key probe) yields
+// nothing. FOR UPDATE SKIP LOCKED locks inside that one scan;
 // the partition dedup is a window over the locked set (rows that lose stay
 // runnable and unlock at commit); NOT EXISTS skips keys already executing, and
 // a null key short-circuits it.
@@ -22,6 +23,7 @@ WITH locked AS (
   SELECT c.id, c.partition_key, c.priority, c.eligible_at
   FROM {{schema}}.gendurable_instances AS c
   WHERE c.status = 'runnable' AND c.queue = $1 AND c.eligible_at <= now()
+    AND NOT EXISTS (SELECT 1 FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = $1 AND qp.paused)
     AND (c.partition_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM {{schema}}.gendurable_instances AS x
           WHERE x.status = 'executing' AND x.partition_key = c.partition_key))

@@ -1,0 +1,414 @@
+package gendurable
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+)
+
+// This file is the operator's API: what the CLI and the dashboard call.
+// None of it is on the hot path, and every read is bounded.
+
+// ErrNotCancellable: only a live (not done, not failed) instance can be cancelled.
+var ErrNotCancellable = errors.New("gendurable: instance already finished")
+
+// MaxListLimit bounds one page of [Engine.List].
+const MaxListLimit = 500
+
+// ListFilter selects instances for [Engine.List]. Zero fields do not filter.
+type ListFilter struct {
+	Queue   string
+	Status  Status
+	Machine string
+	Step    string
+	From    time.Time // inserted at or after
+	To      time.Time // inserted before
+	// Search matches an exact instance id, partition key or unique key.
+	Search string
+	// Before pages: only instances with a smaller id (pass the last page's
+	// NextBefore).
+	Before int64
+	// Limit is the page size; default 50, at most MaxListLimit.
+	Limit int
+}
+
+// InstanceSummary is one row of a list.
+type InstanceSummary struct {
+	ID           int64      `json:"id"`
+	Machine      string     `json:"machine"`
+	Version      int        `json:"version"`
+	Queue        string     `json:"queue"`
+	Step         string     `json:"step"`
+	Status       Status     `json:"status"`
+	Attempt      int        `json:"attempt"`
+	MaxAttempts  int        `json:"max_attempts"`
+	Priority     int        `json:"priority"`
+	PartitionKey string     `json:"partition_key,omitempty"`
+	ParentID     *int64     `json:"parent_id,omitempty"`
+	EligibleAt   time.Time  `json:"eligible_at"`
+	InsertedAt   time.Time  `json:"inserted_at"`
+	UpdatedAt    time.Time  `json:"updated_at"`
+	FinishedAt   *time.Time `json:"finished_at,omitempty"`
+	LastError    string     `json:"last_error,omitempty"`
+}
+
+// ListPage is one page of instances, newest first.
+type ListPage struct {
+	Instances []InstanceSummary `json:"instances"`
+	// NextBefore is the Before of the next page; 0 when this is the last.
+	NextBefore int64 `json:"next_before,omitempty"`
+}
+
+// List returns instances matching f, newest first, one page at a time.
+func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
+	limit := f.Limit
+	switch {
+	case limit <= 0:
+		limit = 50
+	case limit > MaxListLimit:
+		limit = MaxListLimit
+	}
+	if f.Status != "" && !validStatus(f.Status) {
+		return nil, fmt.Errorf("gendurable: list: unknown status %q", f.Status)
+	}
+	q := sqlq.ListFilter{Limit: limit + 1}
+	opt := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	q.Queue, q.Status, q.FSM, q.Step, q.Search = opt(f.Queue), opt(string(f.Status)), opt(f.Machine), opt(f.Step), opt(f.Search)
+	if !f.From.IsZero() {
+		q.From = &f.From
+	}
+	if !f.To.IsZero() {
+		q.To = &f.To
+	}
+	if f.Before > 0 {
+		q.Before = &f.Before
+	}
+	rows, err := e.q.ListInstances(ctx, e.pool, q)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: list: %w", err)
+	}
+	page := &ListPage{Instances: make([]InstanceSummary, 0, min(len(rows), limit))}
+	for i, r := range rows {
+		if i == limit {
+			page.NextBefore = page.Instances[limit-1].ID
+			break
+		}
+		s := InstanceSummary{ID: r.ID, Machine: r.FSM, Version: int(r.Version), Queue: r.Queue, Step: r.Step,
+			Status: Status(r.Status), Attempt: int(r.Attempt), MaxAttempts: int(r.MaxAttempts), Priority: int(r.Priority),
+			ParentID: r.ParentID, EligibleAt: r.EligibleAt, InsertedAt: r.InsertedAt, UpdatedAt: r.UpdatedAt, FinishedAt: r.FinishedAt}
+		if r.PartitionKey != nil {
+			s.PartitionKey = *r.PartitionKey
+		}
+		if r.LastError != nil {
+			s.LastError = *r.LastError
+		}
+		page.Instances = append(page.Instances, s)
+	}
+	return page, nil
+}
+
+func validStatus(s Status) bool {
+	for _, st := range statusOrder {
+		if st == s {
+			return true
+		}
+	}
+	return false
+}
+
+// SignalInfo is one signal as an operator sees it.
+type SignalInfo struct {
+	ID         int64           `json:"id"`
+	Name       string          `json:"name"`
+	Payload    json.RawMessage `json:"payload,omitempty"`
+	DedupKey   string          `json:"dedup_key,omitempty"`
+	SentAt     time.Time       `json:"sent_at"`
+	ConsumedAt *time.Time      `json:"consumed_at,omitempty"`
+}
+
+// InstanceDetail is everything known about one instance.
+type InstanceDetail struct {
+	Instance
+	Wait     *WaitReason      `json:"wait"`
+	Signals  []SignalInfo     `json:"signals"`  // newest first, the last 100
+	Children []Child          `json:"children"` // of every fan-out, the first 500
+	Parent   *InstanceSummary `json:"parent,omitempty"`
+}
+
+// Describe reads an instance with its signals, children, parent and wait
+// reason; [ErrNotFound] if it does not exist.
+func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error) {
+	in, err := e.Instance(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	d := &InstanceDetail{Instance: *in}
+	if d.Wait, err = e.Wait(ctx, id); err != nil {
+		return nil, err
+	}
+	sigs, err := e.q.ListSignals(ctx, e.pool, id, 100)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: describe %d: %w", id, err)
+	}
+	for _, s := range sigs {
+		si := SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, SentAt: s.InsertedAt, ConsumedAt: s.ConsumedAt}
+		if s.DedupKey != nil {
+			si.DedupKey = *s.DedupKey
+		}
+		d.Signals = append(d.Signals, si)
+	}
+	kids, err := e.q.ListAllChildren(ctx, e.pool, id, 500)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: describe %d: %w", id, err)
+	}
+	for _, c := range kids {
+		d.Children = append(d.Children, Child{ID: c.ID, Machine: c.FSM, Version: int(c.Version), Step: c.Step,
+			Status: Status(c.Status), Result: c.Result, FinishedAt: c.FinishedAt})
+	}
+	if in.ParentID != nil {
+		if p, err := e.Instance(ctx, *in.ParentID); err == nil {
+			d.Parent = &InstanceSummary{ID: p.ID, Machine: p.Machine, Version: p.Version, Queue: p.Queue, Step: p.Step,
+				Status: p.Status, Attempt: p.Attempt, MaxAttempts: p.MaxAttempts, InsertedAt: p.InsertedAt, UpdatedAt: p.UpdatedAt}
+		}
+	}
+	return d, nil
+}
+
+// Cancel fails a live instance at once, recording reason in its error
+// history: its inbox is consumed, a parent counts it as finished, and a
+// worker still running one of its steps is fenced out (its outcome changes
+// nothing). [ErrNotFound], or [ErrNotCancellable] for a finished instance.
+func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
+	if reason == "" {
+		reason = "cancelled by an operator"
+	}
+	status, ok, err := e.q.Cancel(ctx, e.pool, id, truncate(reason))
+	if err != nil {
+		return fmt.Errorf("gendurable: cancel %d: %w", id, err)
+	}
+	switch {
+	case status == nil:
+		return fmt.Errorf("%w: id %d", ErrNotFound, id)
+	case !ok:
+		return fmt.Errorf("%w: instance %d is %s", ErrNotCancellable, id, *status)
+	}
+	return nil
+}
+
+// QueueStats are one queue's instance counts.
+type QueueStats struct {
+	Queue    string           `json:"queue"`
+	Paused   bool             `json:"paused"`
+	ByStatus map[Status]int64 `json:"by_status"`
+	Total    int64            `json:"total"`
+}
+
+// Queues counts instances by queue and status (a full count: cheap on a
+// pruned table, slower on a huge one), with each queue's pause flag.
+func (e *Engine) Queues(ctx context.Context) ([]QueueStats, error) {
+	rows, err := e.q.QueueCounts(ctx, e.pool)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: queue counts: %w", err)
+	}
+	byName := map[string]*QueueStats{}
+	for _, r := range rows {
+		qs := byName[r.Queue]
+		if qs == nil {
+			qs = &QueueStats{Queue: r.Queue, ByStatus: map[Status]int64{}}
+			byName[r.Queue] = qs
+		}
+		qs.Paused = qs.Paused || r.Paused
+		if r.Status != "" {
+			qs.ByStatus[Status(r.Status)] = r.Count
+			qs.Total += r.Count
+		}
+	}
+	res := make([]QueueStats, 0, len(byName))
+	for _, name := range sortedQueueNames(byName) {
+		res = append(res, *byName[name])
+	}
+	return res, nil
+}
+
+func sortedQueueNames(m map[string]*QueueStats) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Pause stops every process from picking queue (steps already running
+// finish). The state is stored in the database.
+func (e *Engine) Pause(ctx context.Context, queue string) error { return e.setPaused(ctx, queue, true) }
+
+// Resume lets processes pick queue again.
+func (e *Engine) Resume(ctx context.Context, queue string) error {
+	if err := e.setPaused(ctx, queue, false); err != nil {
+		return err
+	}
+	e.kickQueue(queue)
+	return nil
+}
+
+func (e *Engine) setPaused(ctx context.Context, queue string, paused bool) error {
+	if queue == "" || len(queue) > maxNameLen {
+		return errorf(ErrInvalidConfig, "queue name must be 1-%d bytes", maxNameLen)
+	}
+	if err := e.q.SetPaused(ctx, e.pool, queue, paused); err != nil {
+		return fmt.Errorf("gendurable: pause %q: %w", queue, err)
+	}
+	return nil
+}
+
+// PruneBatch is how many rows one prune statement deletes.
+const PruneBatch = 1000
+
+// Prune deletes finished (done or failed) instances that finished more
+// than retention ago, with their signals, in batches of PruneBatch until
+// none is left; progress, if not nil, is called after each batch with the
+// running total. It returns the number deleted.
+func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
+	if retention < 0 {
+		return 0, errorf(ErrInvalidConfig, "negative retention")
+	}
+	var total int64
+	for {
+		n, err := e.q.Prune(ctx, e.pool, retention, PruneBatch)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("gendurable: prune: %w", err)
+		}
+		if progress != nil && n > 0 {
+			progress(total)
+		}
+		if n < PruneBatch {
+			return total, nil
+		}
+	}
+}
+
+// pruneLoop prunes every PruneInterval while the engine runs.
+func (e *Engine) pruneLoop(ctx context.Context) {
+	t := time.NewTicker(e.cfg.PruneInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := e.Prune(ctx, e.cfg.Retention, nil)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			e.log.Warn("gendurable: prune failed", "err", err)
+		case n > 0:
+			e.log.Info("gendurable: pruned finished instances", "deleted", n, "retention", e.cfg.Retention)
+		}
+	}
+}
+
+// MachineGraph is a machine's steps with how many instances sit at each
+// (by status) and the transitions this process has observed since it started.
+type MachineGraph struct {
+	Machine     string                      `json:"machine"`
+	Versions    []int                       `json:"versions"` // registered here
+	Steps       []string                    `json:"steps"`    // declared, plus any found in the table
+	Start       string                      `json:"start"`
+	Counts      map[string]map[Status]int64 `json:"counts"`      // step → status → instances
+	Transitions []Transition                `json:"transitions"` // observed by this process
+}
+
+// Transition counts outcomes from one step to the next.
+type Transition struct {
+	From    string `json:"from"`
+	To      string `json:"to"` // a step, or "done" / "failed" / "await" / "children" outcomes' next step
+	Outcome string `json:"outcome"`
+	Count   int64  `json:"count"`
+}
+
+// transitions counts observed (machine, from, to, outcome) in this process.
+type transitions struct {
+	mu sync.Mutex
+	m  map[[4]string]int64
+}
+
+func (t *transitions) add(machine, from, to, outcome string) {
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = map[[4]string]int64{}
+	}
+	t.m[[4]string{machine, from, to, outcome}]++
+	t.mu.Unlock()
+}
+
+// Graph returns the machine graph of a machine (by name).
+func (e *Engine) Graph(ctx context.Context, machine string) (*MachineGraph, error) {
+	g := &MachineGraph{Machine: machine, Counts: map[string]map[Status]int64{}}
+	steps := map[string]bool{}
+	for k, core := range e.registry {
+		if k.name != machine {
+			continue
+		}
+		g.Versions = append(g.Versions, k.version)
+		g.Start = core.start
+		for s := range core.steps {
+			steps[s] = true
+		}
+	}
+	sort.Ints(g.Versions)
+	rows, err := e.q.StepCounts(ctx, e.pool, machine)
+	if err != nil {
+		return nil, fmt.Errorf("gendurable: graph %q: %w", machine, err)
+	}
+	for _, r := range rows {
+		steps[r.Step] = true
+		if g.Counts[r.Step] == nil {
+			g.Counts[r.Step] = map[Status]int64{}
+		}
+		g.Counts[r.Step][Status(r.Status)] = r.Count
+	}
+	if len(steps) == 0 {
+		return nil, fmt.Errorf("%w: no machine %q here or in the table", ErrNotFound, machine)
+	}
+	g.Steps = sortedKeys(steps)
+	e.trans.mu.Lock()
+	for k, n := range e.trans.m {
+		if k[0] == machine {
+			g.Transitions = append(g.Transitions, Transition{From: k[1], To: k[2], Outcome: k[3], Count: n})
+		}
+	}
+	e.trans.mu.Unlock()
+	sort.Slice(g.Transitions, func(i, j int) bool {
+		a, b := g.Transitions[i], g.Transitions[j]
+		if a.From != b.From {
+			return a.From < b.From
+		}
+		return a.To < b.To
+	})
+	return g, nil
+}
+
+// Machines lists the machines registered in this engine (name → versions).
+func (e *Engine) Machines() map[string][]int {
+	out := map[string][]int{}
+	for k := range e.registry {
+		out[k.name] = append(out[k.name], k.version)
+	}
+	for _, v := range out {
+		sort.Ints(v)
+	}
+	return out
+}

@@ -1,0 +1,205 @@
+package gendurable_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/stretchr/testify/require"
+)
+
+func TestListFiltersAndPages(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("listed")
+	m := probeMachine(nil)
+	b := setup(t, nil, job, m)
+	ctx := context.Background()
+	var ps []gendurable.InsertParams
+	for i := 0; i < 25; i++ {
+		ps = append(ps, job.New(orderArgs{I: i}).With(gendurable.InsertOpts{Queue: "a", PartitionKey: fmt.Sprintf("pk-%d", i)}))
+	}
+	for i := 0; i < 5; i++ {
+		ps = append(ps, m.New(probeState{Do: "done"}).With(gendurable.InsertOpts{Queue: "b", UniqueKey: fmt.Sprintf("uk-%d", i)}))
+	}
+	res, err := b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+
+	page, err := b.eng.List(ctx, gendurable.ListFilter{Queue: "a", Limit: 10})
+	require.NoError(t, err)
+	require.Len(t, page.Instances, 10)
+	require.Equal(t, res[24].ID, page.Instances[0].ID, "newest first")
+	seen := map[int64]bool{}
+	for before := int64(0); ; {
+		p, err := b.eng.List(ctx, gendurable.ListFilter{Queue: "a", Limit: 10, Before: before})
+		require.NoError(t, err)
+		for _, in := range p.Instances {
+			require.False(t, seen[in.ID])
+			seen[in.ID] = true
+			require.Equal(t, "a", in.Queue)
+		}
+		if p.NextBefore == 0 {
+			break
+		}
+		before = p.NextBefore
+	}
+	require.Len(t, seen, 25, "paging visits every row once")
+
+	for _, f := range []struct {
+		f    gendurable.ListFilter
+		want int
+	}{
+		{gendurable.ListFilter{Machine: "probe"}, 5},
+		{gendurable.ListFilter{Status: gendurable.StatusRunnable}, 30},
+		{gendurable.ListFilter{Status: gendurable.StatusDone}, 0},
+		{gendurable.ListFilter{Step: "a"}, 5},
+		{gendurable.ListFilter{Search: "pk-3"}, 1},
+		{gendurable.ListFilter{Search: "uk-2"}, 1},
+		{gendurable.ListFilter{Search: fmt.Sprint(res[7].ID)}, 1},
+		{gendurable.ListFilter{From: time.Now().Add(time.Hour)}, 0},
+		{gendurable.ListFilter{To: time.Now().Add(time.Hour), Limit: 100}, 30},
+	} {
+		p, err := b.eng.List(ctx, f.f)
+		require.NoError(t, err)
+		require.Len(t, p.Instances, f.want, "%+v", f.f)
+	}
+	_, err = b.eng.List(ctx, gendurable.ListFilter{Status: "bogus"})
+	require.Error(t, err)
+	p, err := b.eng.List(ctx, gendurable.ListFilter{Limit: 100000})
+	require.NoError(t, err)
+	require.Len(t, p.Instances, 30, "the limit is capped, not rejected")
+}
+
+func TestCancelFencesARunningStepAndJoinsTheParent(t *testing.T) {
+	t.Parallel()
+	started, release := make(chan struct{}), make(chan struct{})
+	leaf := &gendurable.Job[leafArgs]{Name: "cleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		close(started)
+		<-release
+		return nil
+	}}
+	m := &gendurable.Machine[fanState]{Name: "cparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return gendurable.Done(string(r.Children[0].Status)), nil
+			},
+		}}
+	log := &eventLog{}
+	cfg := fastConfig("", m, leaf)
+	cfg.Hooks = []gendurable.Hook{log}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	parent := b.insert(m.New(fanState{}))
+	<-started
+	var child int64
+	require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances WHERE parent_id = $1`, b.schema), parent).Scan(&child))
+	require.NoError(t, b.eng.Cancel(ctx, child, "customer withdrew"))
+	close(release)
+	r := b.waitStatus(parent, "done", 10*time.Second)
+	require.JSONEq(t, `"failed"`, string(r.Result), "the parent resumed: its cancelled child counts as finished")
+	c := b.row(child)
+	require.Equal(t, "failed", c.Status)
+	require.Equal(t, "cancelled", c.Errors[len(c.Errors)-1]["kind"])
+	require.Equal(t, "customer withdrew", c.Errors[len(c.Errors)-1]["error"])
+	eventually(t, 5*time.Second, func() bool {
+		ev, ok := findEvent(log, func(e *gendurable.StepEvent) bool { return e.InstanceID == child })
+		return ok && ev.Fenced
+	}, "the running step's late outcome was not fenced out")
+
+	require.ErrorIs(t, b.eng.Cancel(ctx, child, ""), gendurable.ErrNotCancellable)
+	require.ErrorIs(t, b.eng.Cancel(ctx, 99999, ""), gendurable.ErrNotFound)
+}
+
+func TestPausedQueueIsNotPickedByAnyProcess(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("paused")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	require.NoError(t, b.eng.Pause(ctx, "default"))
+	other, err := gendurable.New(b.pool, fastConfig(b.schema, job))
+	require.NoError(t, err)
+	require.NoError(t, other.Start(ctx))
+	defer func() { _ = other.Stop(ctx) }()
+	b.start()
+	id := b.insert(job.New(orderArgs{}))
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, "runnable", b.row(id).Status)
+	qs, err := b.eng.Queues(ctx)
+	require.NoError(t, err)
+	require.Len(t, qs, 1)
+	require.True(t, qs[0].Paused)
+	require.Equal(t, int64(1), qs[0].ByStatus[gendurable.StatusRunnable])
+	require.NoError(t, b.eng.Resume(ctx, "default"))
+	b.waitStatus(id, "done", 10*time.Second)
+	qs, err = b.eng.Queues(ctx)
+	require.NoError(t, err)
+	require.False(t, qs[0].Paused)
+	require.Equal(t, int64(1), qs[0].ByStatus[gendurable.StatusDone])
+	require.Equal(t, int64(1), qs[0].Total)
+}
+
+func TestPruneDeletesOldFinishedRowsInBatches(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("pruned")
+	m := awaiter(0)
+	b := setup(t, nil, job, m)
+	ctx := context.Background()
+	var ps []gendurable.InsertParams
+	for i := 0; i < 2500; i++ {
+		ps = append(ps, job.New(orderArgs{I: i}))
+	}
+	_, err := b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+	live := b.insert(m.New(waitState{}))
+	_, err = b.eng.Signal(ctx, live, "note", nil, nil)
+	require.NoError(t, err)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'done', finished_at = now() - interval '10 days' WHERE fsm = 'pruned' AND id % 2 = 0`)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'failed', finished_at = now() - interval '1 hour' WHERE fsm = 'pruned' AND id % 2 = 1`)
+	var calls int
+	n, err := b.eng.Prune(ctx, 24*time.Hour, func(int64) { calls++ })
+	require.NoError(t, err)
+	require.Equal(t, int64(1250), n)
+	require.Equal(t, 2, calls, "1000 + 250")
+	require.Equal(t, 1251, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "recent and live rows stay")
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
+}
+
+func TestDescribeAndGraph(t *testing.T) {
+	t.Parallel()
+	parent, leaf := fanMachines()
+	b := setup(t, nil, parent, leaf)
+	b.start()
+	ctx := context.Background()
+	id := b.insert(parent.New(fanState{Width: 2}))
+	b.waitStatus(id, "done", 10*time.Second)
+	_, err := b.eng.Signal(ctx, id, "late", nil, nil)
+	require.ErrorIs(t, err, gendurable.ErrInstanceFinished)
+
+	d, err := b.eng.Describe(ctx, id)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusDone, d.Status)
+	require.Len(t, d.Children, 2)
+	require.Equal(t, "finished (done)", d.Wait.Summary)
+	cd, err := b.eng.Describe(ctx, d.Children[0].ID)
+	require.NoError(t, err)
+	require.NotNil(t, cd.Parent)
+	require.Equal(t, id, cd.Parent.ID)
+
+	g, err := b.eng.Graph(ctx, "fan")
+	require.NoError(t, err)
+	require.Equal(t, []string{"join", "spawn"}, g.Steps)
+	require.Equal(t, "spawn", g.Start)
+	require.Equal(t, int64(1), g.Counts["join"][gendurable.StatusDone])
+	require.Contains(t, g.Transitions, gendurable.Transition{From: "spawn", To: "join", Outcome: "children", Count: 1})
+	require.Contains(t, g.Transitions, gendurable.Transition{From: "join", To: "done", Outcome: "done", Count: 1})
+	_, err = b.eng.Graph(ctx, "nope")
+	require.ErrorIs(t, err, gendurable.ErrNotFound)
+}
