@@ -18,16 +18,31 @@ import (
 
 // Exit codes.
 const (
-	exitOK    = 0
-	exitError = 1 // the command failed
-	exitUsage = 2 // the command line is wrong
+	exitOK       = 0
+	exitError    = 1 // the command failed (database unreachable, ...)
+	exitUsage    = 2 // the command line (or a value in it) is wrong
+	exitNotFound = 3 // no such instance
+	exitConflict = 4 // the instance is not in a state that allows it
 )
 
 const usage = `usage: gendurable <command> [flags]
 
 commands:
   migrate up|down|status|print   install, remove or inspect the schema (print: the SQL)
+  status                         instance counts by queue and status
+  list                           list instances (filters: --queue --status --machine --step --search --since)
+  show ID                        one instance: state, errors, signals, children, what it waits for
+  retry ID                       a failed instance runs again
+  cancel ID [--reason R]         fail a live instance now
+  signal ID NAME [--payload J]   send a signal
+  pause QUEUE / resume QUEUE     stop or restart picking a queue, in every process
+  prune [--retention D]          delete finished instances older than D
+  ui [--addr A]                  serve the dashboard
+  demo                           run the checkout demo (a throwaway PostgreSQL if no database is given)
   bench                          run a benchmark workload (see gendurable bench -h)
+
+Every command takes --database-url, --schema (default public) and --json.
+Exit codes: 0 ok, 1 failure, 2 bad usage, 3 not found, 4 conflict (e.g. retry of a live instance).
 
 The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
 `
@@ -38,32 +53,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
 	}
-	var err error
-	switch args[0] {
-	case "migrate":
-		err = migrateCmd(ctx, args[1:], stdout, stderr)
-	case "bench":
-		err = benchCmd(ctx, args[1:], stdout, stderr)
-	case "-h", "--help", "help":
+	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
+		"migrate": migrateCmd, "bench": benchCmd, "status": statusCmd, "list": listCmd, "show": showCmd,
+		"retry": retryCmd, "cancel": cancelCmd, "signal": signalCmd, "pause": pauseCmd(true),
+		"resume": pauseCmd(false), "prune": pruneCmd, "demo": demoCmd, "ui": uiCmd,
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, usage)
 		return exitOK
-	default:
+	}
+	cmd := commands[args[0]]
+	if cmd == nil {
 		fmt.Fprintf(stderr, "gendurable: unknown command %q\n\n%s", args[0], usage)
 		return exitUsage
 	}
-	var ue usageError
-	switch {
-	case err == nil:
-		return exitOK
-	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp):
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(stderr, "gendurable:", err)
-		}
-		return exitUsage
-	default:
+	err := cmd(ctx, args[1:], stdout, stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(stderr, "gendurable:", err)
-		return exitError
 	}
+	return exitCode(err)
 }
 
 type usageError struct{ msg string }

@@ -1,0 +1,253 @@
+// Package demo is `gendurable demo`: an order checkout that awaits a
+// payment signal with a timeout, fans out one shipment child per item and
+// sends a receipt job, worked by several engines, with live progress and a
+// summary. With no database given it runs on a private throwaway
+// PostgreSQL started from the locally installed server binaries.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/pgtemp"
+	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Options configure a demo run.
+type Options struct {
+	DatabaseURL string // empty: a throwaway PostgreSQL
+	Schema      string // default "gendurable_demo" (dropped and recreated)
+	Orders      int    // default 200
+	Workers     int    // engines working the queues; default 3
+	Out         io.Writer
+	Live        bool // redraw a progress line (a terminal)
+}
+
+// Order is a checkout's state.
+type Order struct {
+	Number string   `json:"number"`
+	Items  []string `json:"items"`
+	Cents  int      `json:"cents,omitempty"`
+	Note   string   `json:"note,omitempty"`
+}
+
+// Shipment is one child's arguments.
+type Shipment struct {
+	Order string `json:"order"`
+	Item  string `json:"item"`
+}
+
+// Receipt is the receipt job's arguments.
+type Receipt struct {
+	Order string `json:"order"`
+	Cents int    `json:"cents"`
+}
+
+// Summary is what a run did.
+type Summary struct {
+	Orders, Paid, TimedOut, Shipments, Receipts, Retries int
+	Took                                                 time.Duration
+}
+
+func machines() (*gendurable.Machine[Order], *gendurable.Job[Shipment], *gendurable.Job[Receipt]) {
+	ship := &gendurable.Job[Shipment]{
+		Name: "ship_item", Backoff: func(int) time.Duration { return 50 * time.Millisecond },
+		Perform: func(ctx context.Context, j *gendurable.Run[Shipment]) error {
+			time.Sleep(time.Duration(5+rand.IntN(20)) * time.Millisecond)
+			if rand.IntN(10) == 0 {
+				return errors.New("carrier API timed out") // retried with backoff
+			}
+			return nil
+		},
+	}
+	receipt := &gendurable.Job[Receipt]{
+		Name:    "send_receipt",
+		Perform: func(ctx context.Context, j *gendurable.Run[Receipt]) error { return nil },
+	}
+	checkout := &gendurable.Machine[Order]{
+		Name: "checkout", Start: "await_payment",
+		Steps: map[string]gendurable.StepFunc[Order]{
+			"await_payment": func(ctx context.Context, r *gendurable.Run[Order]) (gendurable.Outcome, error) {
+				return r.Await("ship", r.State, "payment").Timeout(2 * time.Second), nil
+			},
+			"ship": func(ctx context.Context, r *gendurable.Run[Order]) (gendurable.Outcome, error) {
+				s := r.State
+				if len(r.Awaited) == 0 {
+					s.Note = "payment timed out"
+					return r.Next("close", s), nil
+				}
+				var p struct{ Cents int }
+				if err := r.Awaited[0].Decode(&p); err != nil {
+					return gendurable.Outcome{}, err
+				}
+				s.Cents = p.Cents
+				kids := []gendurable.InsertParams{receipt.New(Receipt{Order: s.Number, Cents: s.Cents})}
+				for _, item := range s.Items {
+					kids = append(kids, ship.New(Shipment{Order: s.Number, Item: item}).With(gendurable.InsertOpts{
+						UniqueKey: "ship:" + s.Number + ":" + item, PartitionKey: "warehouse-" + item[:1],
+					}))
+				}
+				return r.ScheduleChildren("close", s, kids...), nil
+			},
+			"close": func(ctx context.Context, r *gendurable.Run[Order]) (gendurable.Outcome, error) {
+				return gendurable.Done(map[string]any{"children": len(r.Children), "note": r.State.Note}), nil
+			},
+		},
+	}
+	return checkout, ship, receipt
+}
+
+// Run runs the demo to completion.
+func Run(ctx context.Context, o Options) (*Summary, error) {
+	if o.Schema == "" {
+		o.Schema = "gendurable_demo"
+	}
+	if o.Orders <= 0 {
+		o.Orders = 200
+	}
+	if o.Workers <= 0 {
+		o.Workers = 3
+	}
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	url := o.DatabaseURL
+	if url == "" {
+		fmt.Fprintln(o.Out, "no database given: starting a private throwaway PostgreSQL…")
+		srv, err := pgtemp.Start(ctx, pgtemp.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("start a throwaway PostgreSQL (install the postgresql package, or pass --database-url): %w", err)
+		}
+		defer func() { _ = srv.Stop() }()
+		url = srv.URL()
+		fmt.Fprintf(o.Out, "PostgreSQL is up at %s (removed on exit)\n", url)
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	if _, err := migrate.Down(ctx, pool, o.Schema); err != nil {
+		return nil, err
+	}
+	if _, err := migrate.Up(ctx, pool, o.Schema); err != nil {
+		return nil, err
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	checkout, ship, receipt := machines() // shared by every engine
+	var engines []*gendurable.Engine
+	for i := 0; i < o.Workers; i++ {
+		eng, err := gendurable.New(pool, &gendurable.Config{
+			Schema: o.Schema, Machines: []gendurable.Definition{checkout, ship, receipt}, Logger: quiet,
+			Queues:         map[string]gendurable.QueueConfig{"default": {Concurrency: 20, PollInterval: 50 * time.Millisecond, MaxPollInterval: 200 * time.Millisecond}},
+			ReaperInterval: time.Second,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := eng.Start(ctx); err != nil {
+			return nil, err
+		}
+		defer func() { _ = eng.Stop(context.Background()) }()
+		engines = append(engines, eng)
+	}
+	eng := engines[0]
+	start := time.Now()
+	items := []string{"apple", "book", "cable", "desk", "easel"}
+	ps := make([]gendurable.InsertParams, o.Orders)
+	for i := range ps {
+		n := 1 + rand.IntN(3)
+		ps[i] = checkout.New(Order{Number: fmt.Sprintf("A-%04d", i+1), Items: items[i%3 : i%3+n]})
+	}
+	res, err := eng.InsertMany(ctx, ps)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(o.Out, "inserted %d checkouts; %d workers; a payment provider pays 90%% of them (the rest time out after 2s)\n", o.Orders, o.Workers)
+
+	// The payment provider: pays most orders after a short while, sometimes
+	// twice (the dedup key makes the second a no-op).
+	var wg sync.WaitGroup
+	var payErr error
+	var mu sync.Mutex
+	for i, r := range res {
+		if i%10 == 9 {
+			continue // never paid: times out
+		}
+		wg.Add(1)
+		go func(id int64, i int) {
+			defer wg.Done()
+			time.Sleep(time.Duration(rand.IntN(1500)) * time.Millisecond)
+			for range 1 + i%2 {
+				_, err := eng.Signal(ctx, id, "payment", map[string]int{"Cents": 1000 + i}, &gendurable.SignalOpts{DedupKey: fmt.Sprintf("psp-%d", i)})
+				if err != nil && !errors.Is(err, gendurable.ErrInstanceFinished) {
+					mu.Lock()
+					payErr = err
+					mu.Unlock()
+				}
+			}
+		}(r.ID, i)
+	}
+
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-tick.C:
+		}
+		qs, err := eng.Queues(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var c map[gendurable.Status]int64
+		var total int64
+		for _, q := range qs {
+			c, total = q.ByStatus, q.Total
+		}
+		line := fmt.Sprintf("runnable %4d  executing %3d  awaiting payment %4d  awaiting shipments %4d  done %5d  failed %d",
+			c[gendurable.StatusRunnable], c[gendurable.StatusExecuting], c[gendurable.StatusAwaitingSignal],
+			c[gendurable.StatusAwaitingChildren], c[gendurable.StatusDone], c[gendurable.StatusFailed])
+		if o.Live {
+			fmt.Fprintf(o.Out, "\r%s", line)
+		}
+		if c[gendurable.StatusDone]+c[gendurable.StatusFailed] == total && total >= int64(o.Orders) {
+			if o.Live {
+				fmt.Fprintln(o.Out)
+			} else {
+				fmt.Fprintln(o.Out, line)
+			}
+			break
+		}
+		if time.Since(start) > 2*time.Minute {
+			return nil, errors.New("the demo did not finish within 2 minutes")
+		}
+	}
+	wg.Wait()
+	if payErr != nil {
+		return nil, payErr
+	}
+	s := &Summary{Orders: o.Orders, Took: time.Since(start)}
+	err = pool.QueryRow(ctx, `SELECT
+		count(*) FILTER (WHERE fsm = 'checkout' AND result->>'note' = ''),
+		count(*) FILTER (WHERE fsm = 'checkout' AND result->>'note' <> ''),
+		count(*) FILTER (WHERE fsm = 'ship_item' AND status = 'done'),
+		count(*) FILTER (WHERE fsm = 'send_receipt' AND status = 'done'),
+		coalesce(sum(jsonb_array_length(errors)) FILTER (WHERE fsm = 'ship_item'), 0)
+		FROM "`+o.Schema+`".gendurable_instances`).Scan(&s.Paid, &s.TimedOut, &s.Shipments, &s.Receipts, &s.Retries)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(o.Out, "done in %s: %d checkouts paid and shipped (%d shipments, %d receipts, %d carrier retries), %d timed out waiting for payment\n",
+		s.Took.Round(100*time.Millisecond), s.Paid, s.Shipments, s.Receipts, s.Retries, s.TimedOut)
+	return s, nil
+}
