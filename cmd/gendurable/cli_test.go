@@ -187,3 +187,24 @@ func TestCLIEndToEnd(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.True(t, strings.Contains(out, "Exit codes"))
 }
+
+// TestDemoOnAThrowawayPostgres runs the README's "run it" command the way a
+// newcomer would: no database configured.
+func TestDemoOnAThrowawayPostgres(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL")
+	}
+	t.Parallel()
+	cmd := exec.Command(binary, "demo", "--orders", "30")
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DATABASE_URL=") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "starting a private throwaway PostgreSQL")
+	require.Regexp(t, `done in .*: \d+ checkouts paid and shipped .*, \d+ timed out waiting for payment`, string(out))
+}
