@@ -302,14 +302,7 @@ func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress fu
 
 // pruneLoop prunes every PruneInterval while the engine runs.
 func (e *Engine) pruneLoop(ctx context.Context) {
-	t := time.NewTicker(e.cfg.PruneInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, e.cfg.PruneInterval, func() {
 		n, err := e.Prune(ctx, e.cfg.Retention, nil)
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -317,7 +310,7 @@ func (e *Engine) pruneLoop(ctx context.Context) {
 		case n > 0:
 			e.log.Info("gendurable: pruned finished instances", "deleted", n, "retention", e.cfg.Retention)
 		}
-	}
+	})
 }
 
 // MachineGraph is a machine's steps with how many instances sit at each

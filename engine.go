@@ -675,16 +675,23 @@ func (e *Engine) releaseUnknown(queue string, c *sqlq.Claimed) {
 
 // reapLoop runs the reaper every ReaperInterval until ctx is done.
 func (e *Engine) reapLoop(ctx context.Context) {
-	t := time.NewTicker(e.cfg.ReaperInterval)
+	every(ctx, e.cfg.ReaperInterval, func() {
+		if _, err := e.Reap(ctx); err != nil && ctx.Err() == nil {
+			e.log.Warn("gendurable: reaper sweep failed", "err", err)
+		}
+	})
+}
+
+// every calls fn once per interval until ctx is done.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		if _, err := e.Reap(ctx); err != nil && ctx.Err() == nil {
-			e.log.Warn("gendurable: reaper sweep failed", "err", err)
+			fn()
 		}
 	}
 }
