@@ -11,6 +11,7 @@ test: check test-only
 test-only:
 	$(GO) test -race -count=1 $(PKGS)
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
+	cd otel && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 
 check: fmt-check vet lint
 
