@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -207,4 +208,34 @@ func TestDemoOnAThrowawayPostgres(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "starting a private throwaway PostgreSQL")
 	require.Regexp(t, `done in .*: \d+ checkouts paid and shipped .*, \d+ timed out waiting for payment`, string(out))
+}
+
+func TestUIServesTheDashboardOnLoopback(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, nil)
+	_, errOut, code := cli(t, "ui", "--schema", schema, "--addr", "0.0.0.0:0")
+	require.Equal(t, exitUsage, code, "beyond loopback without auth is refused: %s", errOut)
+
+	cmd := exec.Command(binary, "ui", "--schema", schema, "--addr", "127.0.0.1:0", "--token", "s3cret")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	buf := make([]byte, 256)
+	n, err := stdout.Read(buf)
+	require.NoError(t, err)
+	line := string(buf[:n])
+	require.Contains(t, line, "dashboard on http://127.0.0.1:")
+	url := strings.TrimSpace(strings.TrimSuffix(strings.Fields(line)[2], "/"))
+	req, _ := http.NewRequest("GET", url+"/", nil)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
 }

@@ -1,0 +1,349 @@
+// Package dashboard is gendurable's operator web UI: an [http.Handler] that
+// shows queues, instances and machine graphs, and lets an operator retry,
+// cancel and signal instances and pause or resume queues.
+//
+// Mount it in your own server:
+//
+//	h, err := dashboard.New(eng, dashboard.Options{
+//		BasePath:  "/admin/gendurable",
+//		BasicAuth: &dashboard.BasicAuth{User: "ops", Password: os.Getenv("UI_PASSWORD")},
+//	})
+//	if err != nil { ... }
+//	mux.Handle("/admin/gendurable/", h)
+//
+// The pages are rendered on the server with html/template; the stylesheet
+// and a few lines of JavaScript (confirmation prompts only) are embedded in
+// the binary. Nothing is loaded from elsewhere.
+//
+// # Pages
+//
+//   - / — queues: counts by status, total, paused flag, pause/resume, and
+//     throughput (done and failed per minute). The engine keeps no finish-time
+//     history, so the dashboard measures throughput itself, in memory, from
+//     the done/failed counts of successive loads of this page (ideally about
+//     a minute apart; the page can refresh itself with ?refresh=N). The figure
+//     is per dashboard process and appears from the second load on.
+//   - /instances — the list, with filters (queue, status, machine, step,
+//     inserted from/to in UTC, search by id, partition key or unique key)
+//     and keyset paging, at most [MaxPageSize] rows a page.
+//   - /instances/{id} — state, result, error history, signals, children,
+//     parent, what it waits for; retry, cancel and signal.
+//   - /machines and /machines/{name} — registered machines, and a machine's
+//     steps drawn as a graph (inline SVG) with counts by status and the
+//     transitions the engine's process has observed.
+//
+// # Security
+//
+//   - Authentication: Options.BasicAuth and/or Options.BearerToken. Credentials
+//     are compared in constant time; a missing or wrong one gets 401 with a
+//     WWW-Authenticate challenge. With neither set, the handler serves anyone
+//     who can reach it: bind it to loopback ([DefaultAddr]) or put it behind
+//     your own authentication.
+//   - Options.ReadOnly: every mutating route answers 403 and the pages show
+//     no buttons.
+//   - Mutations are POST only (other methods get 405) and pass through
+//     [http.CrossOriginProtection]: a cross-origin browser request (by its
+//     Sec-Fetch-Site or Origin header) gets 403. Behind a proxy that rewrites
+//     Host, list the public origin in Options.TrustedOrigins.
+//   - Every request runs under a timeout (Options.RequestTimeout).
+//   - Lists are bounded (at most [MaxPageSize] rows a page); request bodies
+//     are bounded too.
+//   - Options.Redact sees every state, result and signal payload before it is
+//     shown.
+//   - Error text from the engine or the database never reaches the page:
+//     known errors get a fixed, friendly message and a matching status
+//     (404, 409, 400); anything else is logged with Options.Logger and shown
+//     as "internal error" with a reference to find the log line.
+//   - Responses carry Content-Security-Policy (default-src 'self'),
+//     X-Content-Type-Options, X-Frame-Options, Referrer-Policy and, for pages,
+//     Cache-Control: no-store.
+//   - After a POST the handler redirects (303) to a page whose query string
+//     names a flash message from a fixed list, so a crafted link cannot make
+//     the page display arbitrary text.
+package dashboard
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/gendurable/gendurable"
+)
+
+// DefaultAddr is the address `gendurable ui` listens on unless told
+// otherwise: loopback only.
+const DefaultAddr = "127.0.0.1:8080"
+
+// Defaults and bounds of Options.
+const (
+	DefaultPageSize       = 50
+	MaxPageSize           = 100
+	DefaultRequestTimeout = 10 * time.Second
+	// MaxFormBytes bounds the body of a POST (a signal's payload travels in it).
+	MaxFormBytes = 2 << 20
+)
+
+// BasicAuth is a user name and password for HTTP Basic authentication.
+type BasicAuth struct {
+	User     string
+	Password string
+}
+
+// Options configure the dashboard. The zero value is usable: mounted at the
+// root, no authentication, read-write.
+type Options struct {
+	// BasePath is the URL path the handler is mounted at, e.g. "/admin"
+	// ("" or "/" for the root). Every link and redirect starts with it.
+	// Requests may reach the handler with the prefix (mux.Handle("/admin/", h))
+	// or without it (http.StripPrefix): both work.
+	BasePath string
+
+	// BasicAuth, if set, requires these credentials (HTTP Basic).
+	BasicAuth *BasicAuth
+	// BearerToken, if set, requires "Authorization: Bearer <token>". When
+	// both BasicAuth and BearerToken are set, either is accepted.
+	BearerToken string
+
+	// ReadOnly hides every action and makes every mutating route answer 403.
+	ReadOnly bool
+
+	// TrustedOrigins are origins (scheme://host[:port]) whose cross-origin
+	// POSTs are accepted, for a proxy that changes the Host header.
+	TrustedOrigins []string
+
+	// RequestTimeout bounds the work of one request. Default 10s.
+	RequestTimeout time.Duration
+
+	// PageSize is the default number of instances a list page shows; a
+	// request may ask for up to MaxPageSize. Default 50.
+	PageSize int
+
+	// Redact, if set, is applied to every instance state, result and
+	// signal payload before display; machine is the instance's machine
+	// name. Return the JSON to show (e.g. with secrets replaced).
+	Redact func(machine string, data json.RawMessage) json.RawMessage
+
+	// Logger receives internal errors and an audit line per action.
+	// Default slog.Default().
+	Logger *slog.Logger
+
+	// Title shown in the header. Default "gendurable".
+	Title string
+}
+
+// dashboard is the handler's shared state.
+type dashboard struct {
+	eng     *gendurable.Engine
+	opts    Options
+	base    string
+	log     *slog.Logger
+	pages   pages
+	sampler *sampler
+	handler http.Handler
+
+	basicUser, basicPass [32]byte // SHA-256 of the configured credentials
+	bearer               [32]byte
+}
+
+// New returns the dashboard for eng as an http.Handler.
+func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
+	if eng == nil {
+		return nil, errors.New("dashboard: nil engine")
+	}
+	base := strings.TrimRight(opts.BasePath, "/")
+	if base != "" && (!strings.HasPrefix(base, "/") || strings.ContainsAny(base, "?#") || strings.Contains(base, "//")) {
+		return nil, fmt.Errorf("dashboard: BasePath %q must be a clean absolute path like /admin", opts.BasePath)
+	}
+	if a := opts.BasicAuth; a != nil && (a.User == "" || a.Password == "" || strings.Contains(a.User, ":")) {
+		return nil, errors.New("dashboard: BasicAuth needs a non-empty User (without ':') and Password")
+	}
+	switch {
+	case opts.RequestTimeout < 0:
+		return nil, errors.New("dashboard: negative RequestTimeout")
+	case opts.RequestTimeout == 0:
+		opts.RequestTimeout = DefaultRequestTimeout
+	}
+	switch {
+	case opts.PageSize < 0 || opts.PageSize > MaxPageSize:
+		return nil, fmt.Errorf("dashboard: PageSize must be within 0..%d", MaxPageSize)
+	case opts.PageSize == 0:
+		opts.PageSize = DefaultPageSize
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Title == "" {
+		opts.Title = "gendurable"
+	}
+	d := &dashboard{eng: eng, opts: opts, base: base, log: opts.Logger, sampler: newSampler()}
+	if a := opts.BasicAuth; a != nil {
+		d.basicUser, d.basicPass = sha256.Sum256([]byte(a.User)), sha256.Sum256([]byte(a.Password))
+	}
+	if opts.BearerToken != "" {
+		d.bearer = sha256.Sum256([]byte(opts.BearerToken))
+	}
+	var err error
+	if d.pages, err = parsePages(d); err != nil {
+		return nil, err
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", d.queuesPage)
+	mux.HandleFunc("GET /instances", d.listPage)
+	mux.HandleFunc("GET /instances/{id}", d.instancePage)
+	mux.HandleFunc("GET /machines", d.machinesPage)
+	mux.HandleFunc("GET /machines/{name}", d.graphPage)
+	mux.HandleFunc("GET /static/{file}", serveStatic)
+	mux.Handle("POST /queues/{queue}/pause", d.mutation(d.pauseAction))
+	mux.Handle("POST /queues/{queue}/resume", d.mutation(d.resumeAction))
+	mux.Handle("POST /instances/{id}/retry", d.mutation(d.retryAction))
+	mux.Handle("POST /instances/{id}/cancel", d.mutation(d.cancelAction))
+	mux.Handle("POST /instances/{id}/signal", d.mutation(d.signalAction))
+
+	// Cross-origin protection covers every route: it lets safe methods
+	// through and rejects cross-origin POSTs before any handler runs.
+	cop := http.NewCrossOriginProtection()
+	for _, o := range opts.TrustedOrigins {
+		if err := cop.AddTrustedOrigin(o); err != nil {
+			return nil, fmt.Errorf("dashboard: TrustedOrigins: %w", err)
+		}
+	}
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		d.log.Warn("dashboard: cross-origin request rejected", "method", r.Method, "path", r.URL.Path,
+			"origin", r.Header.Get("Origin"), "sec_fetch_site", r.Header.Get("Sec-Fetch-Site"), "remote", r.RemoteAddr)
+		d.errorPage(w, r, http.StatusForbidden, "Cross-origin request refused. Use the dashboard's own buttons.")
+	}))
+	d.handler = cop.Handler(mux)
+	return d, nil
+}
+
+// ServeHTTP applies the security headers, authentication and timeout, strips
+// the base path, and routes.
+func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "same-origin")
+	h.Set("Cross-Origin-Opener-Policy", "same-origin")
+
+	user, ok := d.authenticate(r)
+	if !ok {
+		if d.opts.BasicAuth != nil {
+			h.Add("WWW-Authenticate", `Basic realm="gendurable", charset="UTF-8"`)
+		}
+		if d.opts.BearerToken != "" {
+			h.Add("WWW-Authenticate", `Bearer realm="gendurable"`)
+		}
+		h.Set("Content-Type", "text/plain; charset=utf-8")
+		h.Set("Cache-Control", "no-store")
+		w.WriteHeader(http.StatusUnauthorized)
+		_, _ = w.Write([]byte("401 unauthorized\n"))
+		return
+	}
+
+	ctx, cancel := context.WithTimeout(r.Context(), d.opts.RequestTimeout)
+	defer cancel()
+	ctx = context.WithValue(ctx, userKey{}, user)
+	r2 := r.WithContext(ctx)
+	if d.base != "" {
+		r2.URL = stripBase(r.URL, d.base)
+	}
+	d.handler.ServeHTTP(w, r2)
+}
+
+type userKey struct{}
+
+// userOf is the authenticated user of a request, for the audit log.
+func userOf(r *http.Request) string {
+	u, _ := r.Context().Value(userKey{}).(string)
+	return u
+}
+
+// authenticate checks the request's credentials in constant time (the
+// comparisons are of SHA-256 digests, so lengths leak nothing either). It
+// returns the user name for the audit log.
+func (d *dashboard) authenticate(r *http.Request) (string, bool) {
+	if d.opts.BasicAuth == nil && d.opts.BearerToken == "" {
+		return "", true
+	}
+	auth := r.Header.Get("Authorization")
+	if d.opts.BasicAuth != nil {
+		if u, p, ok := r.BasicAuth(); ok {
+			uh, ph := sha256.Sum256([]byte(u)), sha256.Sum256([]byte(p))
+			// Both comparisons always run: no early exit on the user name.
+			if subtle.ConstantTimeCompare(uh[:], d.basicUser[:])&subtle.ConstantTimeCompare(ph[:], d.basicPass[:]) == 1 {
+				return u, true
+			}
+		}
+	}
+	if d.opts.BearerToken != "" {
+		if scheme, tok, ok := strings.Cut(auth, " "); ok && strings.EqualFold(scheme, "Bearer") {
+			th := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+			if subtle.ConstantTimeCompare(th[:], d.bearer[:]) == 1 {
+				return "bearer", true
+			}
+		}
+	}
+	return "", false
+}
+
+// mutation wraps a POST handler: read-only mode refuses it, and its form is
+// parsed from a bounded body. (Cross-origin protection and the POST-only
+// method are enforced by New's mux.)
+func (d *dashboard) mutation(h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d.opts.ReadOnly {
+			d.errorPage(w, r, http.StatusForbidden, "The dashboard is read-only.")
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, MaxFormBytes)
+		if err := r.ParseForm(); err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				d.errorPage(w, r, http.StatusRequestEntityTooLarge, "The request is too large.")
+				return
+			}
+			d.errorPage(w, r, http.StatusBadRequest, "The form could not be read.")
+			return
+		}
+		h(w, r)
+	})
+}
+
+// stripBase removes the base path from u (as http.StripPrefix would), if u
+// has it; a request routed here without it is left alone.
+func stripBase(u *url.URL, base string) *url.URL {
+	p, ok := cutBase(u.Path, base)
+	if !ok {
+		return u
+	}
+	u2 := *u
+	u2.Path = p
+	if u.RawPath != "" {
+		if rp, ok := cutBase(u.RawPath, base); ok {
+			u2.RawPath = rp
+		} else {
+			u2.RawPath = ""
+		}
+	}
+	return &u2
+}
+
+func cutBase(p, base string) (string, bool) {
+	if p == base {
+		return "/", true
+	}
+	if strings.HasPrefix(p, base+"/") {
+		return p[len(base):], true
+	}
+	return p, false
+}

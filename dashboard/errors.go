@@ -1,0 +1,133 @@
+package dashboard
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/gendurable/gendurable"
+)
+
+// inputError is bad input from the request; its message is ours and safe to
+// show.
+type inputError string
+
+func (e inputError) Error() string { return string(e) }
+
+// friendly maps an error to a status and a message fit for the page. The
+// engine's own error text is never shown: it may name tables, SQL or data.
+func friendly(err error) (int, string, bool) {
+	var in inputError
+	switch {
+	case errors.As(err, &in):
+		return http.StatusBadRequest, string(in), true
+	case errors.Is(err, gendurable.ErrNotFound):
+		return http.StatusNotFound, "Not found: no such instance or machine.", true
+	case errors.Is(err, gendurable.ErrNotRetryable):
+		return http.StatusConflict, "Only a failed instance can be retried.", true
+	case errors.Is(err, gendurable.ErrUniqueConflict):
+		return http.StatusConflict, "Another live instance holds this instance's unique key, so it cannot be retried now.", true
+	case errors.Is(err, gendurable.ErrNotCancellable):
+		return http.StatusConflict, "The instance has already finished; only a live instance can be cancelled.", true
+	case errors.Is(err, gendurable.ErrInstanceFinished):
+		return http.StatusConflict, "The instance has already finished; it accepts no more signals.", true
+	case errors.Is(err, gendurable.ErrInvalidSignal):
+		return http.StatusBadRequest, "Invalid signal: the name must be non-empty valid UTF-8 (at most 200 bytes), the dedup key valid UTF-8, and the payload JSON within the engine's size limit.", true
+	case errors.Is(err, gendurable.ErrInvalidConfig):
+		return http.StatusBadRequest, "Invalid queue name.", true
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable, "The request timed out. Try again, or narrow the filters.", false
+	case errors.Is(err, context.Canceled):
+		return http.StatusServiceUnavailable, "The request was cancelled.", false
+	}
+	return http.StatusInternalServerError, "", false
+}
+
+// fail answers a request that failed with err: a friendly page for the
+// errors we know, "internal error" with a log reference for the rest.
+func (d *dashboard) fail(w http.ResponseWriter, r *http.Request, err error) {
+	code, msg, expected := friendly(err)
+	if code == http.StatusInternalServerError {
+		ref := newRef()
+		d.log.Error("dashboard: internal error", "ref", ref, "method", r.Method, "path", r.URL.Path, "err", err)
+		d.errorPage(w, r, code, "Internal error (reference "+ref+"). The details are in the server log.")
+		return
+	}
+	if !expected {
+		d.log.Warn("dashboard: request failed", "method", r.Method, "path", r.URL.Path, "status", code, "err", err)
+	} else {
+		d.log.Debug("dashboard: request refused", "method", r.Method, "path", r.URL.Path, "status", code, "err", err)
+	}
+	d.errorPage(w, r, code, msg)
+}
+
+func newRef() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// errorPage renders the error page with status code.
+func (d *dashboard) errorPage(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	d.render(w, r, code, "error", "Error", "", errorData{Code: code, Status: http.StatusText(code), Message: msg, Back: d.backLink(r)})
+}
+
+type errorData struct {
+	Code    int
+	Status  string
+	Message string
+	Back    string
+}
+
+// backLink is where the error page's "back" link goes: the instance of an
+// instance action, the queues page otherwise.
+func (d *dashboard) backLink(r *http.Request) string {
+	p := r.URL.Path
+	if rest, ok := strings.CutPrefix(p, "/instances/"); ok {
+		id, _, _ := strings.Cut(rest, "/")
+		if isDigits(id) {
+			return d.link("/instances/" + id)
+		}
+		return d.link("/instances")
+	}
+	if strings.HasPrefix(p, "/machines/") {
+		return d.link("/machines")
+	}
+	return d.link("/")
+}
+
+func isDigits(s string) bool {
+	if s == "" || len(s) > 19 {
+		return false
+	}
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// Flash messages: a redirect after a POST names one by key, so a link
+// cannot make the page say anything else.
+var flashes = map[string]string{
+	"retried":          "Retried: the instance is runnable again at the step it failed in.",
+	"cancelled":        "Cancelled: the instance is failed.",
+	"signalled":        "Signal sent; it waits in the instance's inbox.",
+	"signal-woke":      "Signal sent; it woke the instance.",
+	"signal-duplicate": "Nothing sent: a signal with this dedup key was already delivered.",
+	"paused":           "Queue paused: no process picks from it until it is resumed.",
+	"resumed":          "Queue resumed.",
+}
+
+func flashOf(r *http.Request) string { return flashes[r.URL.Query().Get("flash")] }
+
+// redirect answers a POST with 303 to path (relative to the base) with a
+// flash key.
+func (d *dashboard) redirect(w http.ResponseWriter, r *http.Request, path, flash string) {
+	http.Redirect(w, r, d.link(path)+"?"+url.Values{"flash": {flash}}.Encode(), http.StatusSeeOther)
+}

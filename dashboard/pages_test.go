@@ -1,0 +1,504 @@
+package dashboard_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"html"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/dashboard"
+	"github.com/stretchr/testify/require"
+)
+
+func TestNewValidatesOptions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	_, err := dashboard.New(nil, dashboard.Options{})
+	require.Error(t, err)
+	for name, o := range map[string]dashboard.Options{
+		"relative base":  {BasePath: "admin"},
+		"base with ?":    {BasePath: "/a?b"},
+		"empty password": {BasicAuth: &dashboard.BasicAuth{User: "u"}},
+		"colon in user":  {BasicAuth: &dashboard.BasicAuth{User: "a:b", Password: "p"}},
+		"neg timeout":    {RequestTimeout: -1},
+		"page too big":   {PageSize: dashboard.MaxPageSize + 1},
+		"bad origin":     {TrustedOrigins: []string{"not an origin"}},
+	} {
+		_, err := dashboard.New(e.eng, o)
+		require.Error(t, err, name)
+	}
+}
+
+// TestListFiltersAndPaging: every filter narrows the list, a page never
+// holds more than MaxPageSize rows, and keyset paging visits every row once.
+func TestListFiltersAndPaging(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	var ps []gendurable.InsertParams
+	for i := range 130 {
+		ps = append(ps, e.order.New(Order{Item: fmt.Sprint(i)}))
+	}
+	_, err := e.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+	special := e.insertOrder(Order{Item: "special"}, gendurable.InsertOpts{Queue: "vip", PartitionKey: "cust-42"})
+	uniq := e.insertOrder(Order{Item: "uniq"}, gendurable.InsertOpts{UniqueKey: "order-77"})
+	job, err := e.eng.Insert(ctx, e.flaky.New(flakyArgs{N: 1}))
+	require.NoError(t, err)
+	failed := e.failed()
+	h, _ := e.handler(dashboard.Options{})
+
+	// Bounded: a huge limit gets MaxPageSize rows and a next link.
+	r := get(t, h, "/instances?limit=100000")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Len(t, rowIDs(r.body), dashboard.MaxPageSize)
+	require.NotEmpty(t, nextLink(r.body))
+
+	// Default page size, then keyset paging through everything.
+	seen := map[string]bool{}
+	path := "/instances"
+	pages := 0
+	for path != "" {
+		r := get(t, h, path)
+		require.Equal(t, http.StatusOK, r.code, path)
+		ids := rowIDs(r.body)
+		require.LessOrEqual(t, len(ids), dashboard.DefaultPageSize)
+		for _, id := range ids {
+			require.False(t, seen[id], "id %s twice", id)
+			seen[id] = true
+		}
+		path = strings.TrimPrefix(nextLink(r.body), "")
+		pages++
+		require.Less(t, pages, 10)
+	}
+	require.Len(t, seen, 134)
+	require.Equal(t, 3, pages)
+
+	// Filters.
+	cases := []struct {
+		query string
+		want  []int64 // exact ids, or nil to check count only
+		count int
+	}{
+		{query: "queue=vip", want: []int64{special}},
+		{query: "q=cust-42", want: []int64{special}},
+		{query: "q=order-77", want: []int64{uniq}},
+		{query: "q=" + strconv.FormatInt(job.ID, 10), want: []int64{job.ID}},
+		{query: "machine=flaky", want: []int64{job.ID}},
+		{query: "status=failed", want: []int64{failed}},
+		{query: "status=failed&machine=flaky", want: nil, count: 0},
+		{query: "step=perform", want: []int64{job.ID}},
+		{query: "machine=order&step=wait&limit=7", count: 7},
+		{query: "from=" + url.QueryEscape(time.Now().Add(time.Hour).UTC().Format("2006-01-02T15:04")), count: 0},
+		{query: "to=" + url.QueryEscape(time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)), count: 0},
+		{query: "from=2000-01-01&to=" + url.QueryEscape(time.Now().Add(time.Hour).UTC().Format("2006-01-02T15:04:05")) + "&queue=vip", want: []int64{special}},
+		{query: "q=nothing-like-this", count: 0},
+	}
+	for _, c := range cases {
+		r := get(t, h, "/instances?"+c.query)
+		require.Equal(t, http.StatusOK, r.code, c.query)
+		ids := rowIDs(r.body)
+		if c.want != nil {
+			var want []string
+			for _, id := range c.want {
+				want = append(want, strconv.FormatInt(id, 10))
+			}
+			require.Equal(t, want, ids, c.query)
+		} else {
+			require.Len(t, ids, c.count, c.query)
+		}
+	}
+	// The form keeps what was asked.
+	r = get(t, h, "/instances?queue=vip&status=runnable")
+	require.Contains(t, r.body, `name="queue" value="vip"`)
+	require.Contains(t, r.body, `<option value="runnable" selected>`)
+
+	// Bad input is a 400 with our message.
+	for _, q := range []string{"status=bogus", "from=yesterday", "to=13/13/2020", "limit=-1", "limit=x", "before=-5", "before=abc",
+		"q=" + strings.Repeat("x", 1001)} {
+		r := get(t, h, "/instances?"+q)
+		require.Equal(t, http.StatusBadRequest, r.code, q)
+		require.NotContains(t, r.body, "gendurable:", q)
+	}
+}
+
+// TestDetailRedactionAndSignalWake: the detail page shows state, signals
+// (consumed ones marked), result and errors, all state-like JSON through
+// Redact; a signal sent from the page wakes an awaiting instance.
+func TestDetailRedactionAndSignalWake(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start()
+	var redacted []string
+	redact := func(machine string, data json.RawMessage) json.RawMessage {
+		redacted = append(redacted, machine) // handlers run on this goroutine here (httptest recorder)
+		var m map[string]any
+		if json.Unmarshal(data, &m) != nil {
+			return data
+		}
+		for k := range m {
+			if strings.Contains(k, "secret") {
+				m[k] = "[redacted]"
+			}
+		}
+		b, _ := json.Marshal(m)
+		return b
+	}
+	h, _ := e.handler(dashboard.Options{Redact: redact})
+	id := e.insertOrder(Order{Item: "book", Secret: "hunter2"})
+	e.waitStatus(id, gendurable.StatusAwaitingSignal, 10*time.Second)
+
+	r := get(t, h, fmt.Sprintf("/instances/%d", id))
+	require.Equal(t, http.StatusOK, r.code)
+	body := html.UnescapeString(r.body)
+	require.NotContains(t, body, "hunter2")
+	require.Contains(t, body, `"secret": "[redacted]"`)
+	require.Contains(t, body, `"item": "book"`)
+	require.Contains(t, body, "awaiting signal go")
+	require.Contains(t, r.body, `id="send-signal"`)
+	require.Contains(t, r.body, `id="cancel"`)
+	require.NotContains(t, r.body, `id="retry"`)
+
+	// A signal that does not wake it (another name) first, then the awaited one.
+	r = post(t, h, fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {"note"}, "payload": {`{"secret_pin":"9999","x":1}`}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.Equal(t, fmt.Sprintf("/instances/%d?flash=signalled", id), r.header.Get("Location"))
+	r = post(t, h, fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {"go"}, "payload": {`{"secret_code":"abc123"}`}, "dedup_key": {"k1"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.Equal(t, fmt.Sprintf("/instances/%d?flash=signal-woke", id), r.header.Get("Location"))
+	e.waitStatus(id, gendurable.StatusDone, 10*time.Second)
+	require.Equal(t, 2, e.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1`, id))
+
+	r = get(t, h, fmt.Sprintf("/instances/%d?flash=signal-woke", id))
+	require.Equal(t, http.StatusOK, r.code)
+	body = html.UnescapeString(r.body)
+	require.Contains(t, body, "Signal sent; it woke the instance.")
+	for _, secret := range []string{"hunter2", "9999", "abc123"} {
+		require.NotContains(t, body, secret)
+	}
+	require.Contains(t, body, `id="result"`)
+	require.Contains(t, body, `"shipped": "book"`)
+	require.Equal(t, 2, strings.Count(r.body, `class="consumed"`), "both signals consumed by Done")
+	require.NotContains(t, r.body, `id="send-signal"`, "no signal form on a finished instance")
+	require.Contains(t, redacted, "order")
+
+	// Unknown flash keys show nothing; known ones are fixed text.
+	r = get(t, h, fmt.Sprintf("/instances/%d?flash=%s", id, url.QueryEscape("<script>alert(1)</script>")))
+	require.NotContains(t, r.body, "alert(1)")
+	require.NotContains(t, r.body, `class="flash"`)
+}
+
+// TestActionsChangeDatabase: retry, cancel, signal, pause and resume through
+// the dashboard do what they say in the database, and the refused ones
+// change nothing.
+func TestActionsChangeDatabase(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start()
+	h, logs := e.handler(dashboard.Options{BasicAuth: &dashboard.BasicAuth{User: "ops", Password: "pw"}})
+	auth := map[string]string{"Authorization": basicHeader("ops", "pw"), "Sec-Fetch-Site": "same-origin"}
+	postAuth := func(path string, form url.Values) resp {
+		return do(t, h, req{method: http.MethodPost, path: path, form: form, header: auth})
+	}
+	getAuth := func(path string) resp {
+		return do(t, h, req{method: http.MethodGet, path: path, header: auth})
+	}
+
+	// A job that fails (MaxAttempts 1), retried: it runs (and fails) again.
+	res, err := e.eng.Insert(context.Background(), e.flaky.New(flakyArgs{N: 7}))
+	require.NoError(t, err)
+	in := e.waitStatus(res.ID, gendurable.StatusFailed, 10*time.Second)
+	require.Len(t, in.Errors, 1)
+	page := getAuth(fmt.Sprintf("/instances/%d", res.ID))
+	require.Contains(t, page.body, `id="retry"`)
+	require.Contains(t, page.body, "boom 7")
+	r := postAuth(fmt.Sprintf("/instances/%d/retry", res.ID), nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.Equal(t, fmt.Sprintf("/instances/%d?flash=retried", res.ID), r.header.Get("Location"))
+	require.Eventually(t, func() bool {
+		in := e.instance(res.ID)
+		return in.Status == gendurable.StatusFailed && len(in.Errors) == 2
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Contains(t, logs.String(), "dashboard: retry")
+	require.Contains(t, logs.String(), "user=ops")
+
+	// Retrying a live instance is a conflict; nothing changes.
+	live := e.insertOrder(Order{Item: "live"})
+	e.waitStatus(live, gendurable.StatusAwaitingSignal, 10*time.Second)
+	r = postAuth(fmt.Sprintf("/instances/%d/retry", live), nil)
+	require.Equal(t, http.StatusConflict, r.code)
+	require.Contains(t, r.body, "Only a failed instance can be retried.")
+	require.Equal(t, gendurable.StatusAwaitingSignal, e.instance(live).Status)
+
+	// Cancel with a reason.
+	r = postAuth(fmt.Sprintf("/instances/%d/cancel", live), url.Values{"reason": {"customer gave up"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	in = e.instance(live)
+	require.Equal(t, gendurable.StatusFailed, in.Status)
+	require.Equal(t, "customer gave up", in.Errors[len(in.Errors)-1].Error)
+	// Again: 409, and signalling it too.
+	r = postAuth(fmt.Sprintf("/instances/%d/cancel", live), nil)
+	require.Equal(t, http.StatusConflict, r.code)
+	require.Contains(t, r.body, "only a live instance can be cancelled")
+	r = postAuth(fmt.Sprintf("/instances/%d/signal", live), url.Values{"name": {"go"}})
+	require.Equal(t, http.StatusConflict, r.code)
+	require.Contains(t, r.body, "accepts no more signals")
+
+	// Signal: bad JSON and a bad name are 400 and write nothing; a good one
+	// wakes; a dedup key repeated is reported.
+	other := e.insertOrder(Order{Item: "other"})
+	e.waitStatus(other, gendurable.StatusAwaitingSignal, 10*time.Second)
+	sigs := func() int {
+		return e.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1`, other)
+	}
+	r = postAuth(fmt.Sprintf("/instances/%d/signal", other), url.Values{"name": {"go"}, "payload": {"{not json"}})
+	require.Equal(t, http.StatusBadRequest, r.code)
+	require.Contains(t, r.body, "not valid JSON")
+	r = postAuth(fmt.Sprintf("/instances/%d/signal", other), url.Values{"name": {""}, "payload": {"1"}})
+	require.Equal(t, http.StatusBadRequest, r.code)
+	require.Contains(t, r.body, "Invalid signal")
+	require.Zero(t, sigs())
+	r = postAuth(fmt.Sprintf("/instances/%d/signal", other), url.Values{"name": {"later"}, "dedup_key": {"d1"}})
+	require.Equal(t, http.StatusSeeOther, r.code)
+	require.Contains(t, r.header.Get("Location"), "flash=signalled")
+	r = postAuth(fmt.Sprintf("/instances/%d/signal", other), url.Values{"name": {"later"}, "dedup_key": {"d1"}})
+	require.Equal(t, http.StatusSeeOther, r.code)
+	require.Contains(t, r.header.Get("Location"), "flash=signal-duplicate")
+	require.Equal(t, 1, sigs())
+	require.Equal(t, gendurable.StatusAwaitingSignal, e.instance(other).Status)
+	r = postAuth(fmt.Sprintf("/instances/%d/signal", other), url.Values{"name": {"go"}, "payload": {`[1,2,3]`}})
+	require.Equal(t, http.StatusSeeOther, r.code)
+	require.Contains(t, r.header.Get("Location"), "flash=signal-woke")
+	e.waitStatus(other, gendurable.StatusDone, 10*time.Second)
+	var payload string
+	require.NoError(t, e.pool.QueryRow(context.Background(),
+		fmt.Sprintf(`SELECT payload::text FROM %s.gendurable_signals WHERE target_id = $1 AND name = 'go'`, e.schema), other).Scan(&payload))
+	require.JSONEq(t, `[1,2,3]`, payload)
+
+	// A body over the bound is refused.
+	r = postAuth(fmt.Sprintf("/instances/%d/signal", other), url.Values{"name": {"go"}, "payload": {strings.Repeat("1", dashboard.MaxFormBytes)}})
+	require.Equal(t, http.StatusRequestEntityTooLarge, r.code)
+
+	// Pause and resume, as the queues page shows them.
+	r = postAuth("/queues/default/pause", nil)
+	require.Equal(t, http.StatusSeeOther, r.code)
+	require.Equal(t, "/?flash=paused", r.header.Get("Location"))
+	require.True(t, e.queuePaused("default"))
+	page = getAuth("/?flash=paused")
+	require.Contains(t, page.body, "Queue paused")
+	require.Contains(t, page.body, `action="/queues/default/resume"`)
+	r = postAuth("/queues/default/resume", nil)
+	require.Equal(t, http.StatusSeeOther, r.code)
+	require.False(t, e.queuePaused("default"))
+	// A queue name with a slash and a space survives the path.
+	r = postAuth("/queues/"+url.PathEscape("we ird/q")+"/pause", nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.True(t, e.queuePaused("we ird/q"))
+	page = getAuth("/")
+	require.Contains(t, page.body, `action="/queues/we%20ird%2Fq/resume"`)
+	r = postAuth("/queues/we%20ird%2Fq/resume", nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.False(t, e.queuePaused("we ird/q"))
+	// Too long a name is bad input.
+	r = postAuth("/queues/"+strings.Repeat("q", 300)+"/pause", nil)
+	require.Equal(t, http.StatusBadRequest, r.code)
+}
+
+// TestErrorsAreMappedAndNotLeaked: known errors get their status and a
+// fixed message; anything else is "internal error" on the page and the
+// real error in the log.
+func TestErrorsAreMappedAndNotLeaked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	for path, code := range map[string]int{
+		"/instances/999999999":            http.StatusNotFound,
+		"/instances/abc":                  http.StatusNotFound,
+		"/instances/-1":                   http.StatusNotFound,
+		"/instances/99999999999999999999": http.StatusNotFound,
+		"/machines/no-such-machine":       http.StatusNotFound,
+		"/static/nope.css":                http.StatusNotFound,
+		"/nowhere":                        http.StatusNotFound,
+	} {
+		r := get(t, h, path)
+		require.Equal(t, code, r.code, path)
+		require.NotContains(t, r.body, "gendurable:", path)
+	}
+	r := post(t, h, "/instances/999999999/retry", nil)
+	require.Equal(t, http.StatusNotFound, r.code)
+	r = post(t, h, "/instances/999999999/signal", url.Values{"name": {"go"}})
+	require.Equal(t, http.StatusNotFound, r.code)
+
+	// An engine on a schema that was never migrated: every read fails
+	// inside the database.
+	pool := newPool(t)
+	missing := "dash_missing_" + randHex(4)
+	broken, err := gendurable.New(pool, &gendurable.Config{Schema: missing, Machines: []gendurable.Definition{orderMachine()}})
+	require.NoError(t, err)
+	logs := &syncBuffer{}
+	bh, err := dashboard.New(broken, dashboard.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err)
+	for _, p := range []string{"/", "/instances", "/instances/1", "/machines/order"} {
+		r := get(t, bh, p)
+		require.Equal(t, http.StatusInternalServerError, r.code, p)
+		require.Contains(t, r.body, "Internal error (reference ")
+		for _, leak := range []string{missing, "does not exist", "relation", "SQLSTATE", "gendurable:"} {
+			require.NotContains(t, r.body, leak, p)
+		}
+	}
+	for _, p := range []string{"/instances/1/retry", "/instances/1/cancel", "/queues/default/pause"} {
+		r := post(t, bh, p, url.Values{})
+		require.Equal(t, http.StatusInternalServerError, r.code, p)
+		require.NotContains(t, r.body, missing, p)
+	}
+	require.Contains(t, logs.String(), "does not exist")
+	require.Contains(t, logs.String(), "dashboard: internal error")
+
+	// A request that runs out of time is a 503 with a fixed message.
+	slow, _ := e.handler(dashboard.Options{RequestTimeout: time.Nanosecond})
+	r = get(t, slow, "/instances")
+	require.Equal(t, http.StatusServiceUnavailable, r.code)
+	require.Contains(t, r.body, "timed out")
+	require.NotContains(t, r.body, "deadline")
+}
+
+// TestBasePath: links carry the base path, and requests work with or
+// without the prefix still on them.
+func TestBasePath(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	id := e.insertOrder(Order{Item: "b"})
+	h, _ := e.handler(dashboard.Options{BasePath: "/admin/gd/"})
+	mux := http.NewServeMux()
+	mux.Handle("/admin/gd/", h)
+	mux.Handle("/stripped/", http.StripPrefix("/stripped", h))
+
+	for _, p := range []string{"/admin/gd", "/admin/gd/", "/admin/gd/instances", fmt.Sprintf("/admin/gd/instances/%d", id), "/stripped/instances"} {
+		var r resp
+		if p == "/admin/gd" { // the outer mux would redirect to the slash; the handler itself takes it
+			r = get(t, h, p)
+		} else {
+			r = get(t, mux, p)
+		}
+		require.Equal(t, http.StatusOK, r.code, p)
+		require.Contains(t, r.body, `href="/admin/gd/instances"`, p)
+		require.Contains(t, r.body, `href="/admin/gd/static/style.css?v=`, p)
+	}
+	r := get(t, mux, "/admin/gd/instances")
+	require.Contains(t, r.body, fmt.Sprintf(`href="/admin/gd/instances/%d"`, id))
+	r = post(t, mux, fmt.Sprintf("/admin/gd/instances/%d/cancel", id), nil)
+	require.Equal(t, http.StatusSeeOther, r.code)
+	require.Equal(t, fmt.Sprintf("/admin/gd/instances/%d?flash=cancelled", id), r.header.Get("Location"))
+	require.Equal(t, gendurable.StatusFailed, e.instance(id).Status)
+	r = get(t, mux, "/admin/gd/static/app.js")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.header.Get("Content-Type"), "javascript")
+}
+
+// TestMachinesAndGraph: the machine list and the graph with counts and
+// observed transitions.
+func TestMachinesAndGraph(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start()
+	h, _ := e.handler(dashboard.Options{})
+	r := get(t, h, "/machines")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `href="/machines/order"`)
+	require.Contains(t, r.body, `href="/machines/flaky"`)
+
+	a := e.insertOrder(Order{Item: "a"})
+	b := e.insertOrder(Order{Item: "b"})
+	e.waitStatus(a, gendurable.StatusAwaitingSignal, 10*time.Second)
+	e.waitStatus(b, gendurable.StatusAwaitingSignal, 10*time.Second)
+	_, err := e.eng.Signal(context.Background(), a, "go", nil, nil)
+	require.NoError(t, err)
+	e.waitStatus(a, gendurable.StatusDone, 10*time.Second)
+
+	r = get(t, h, "/machines/order")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, "<svg")
+	require.Contains(t, r.body, `data-step="wait"`)
+	require.Contains(t, r.body, `data-step="ship"`)
+	require.Contains(t, r.body, `data-step="done"`)
+	require.Contains(t, r.body, "awaiting_signal 1")
+	require.Contains(t, r.body, `class="edge"`)
+	require.Contains(t, r.body, "await 2") // wait → ship, observed twice
+	require.Contains(t, r.body, `href="/instances?machine=order&amp;status=awaiting_signal&amp;step=ship"`)
+
+	// A machine neither registered nor in the table is not found.
+	r = get(t, h, "/machines/"+url.PathEscape("gone machine"))
+	require.Equal(t, http.StatusNotFound, r.code)
+}
+
+// TestQueuesPage: counts per status, pause flag and the throughput column.
+func TestQueuesPage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{ReadOnly: true})
+	e.insertOrder(Order{Item: "1"})
+	e.insertOrder(Order{Item: "2"}, gendurable.InsertOpts{Queue: "vip"})
+	e.failed()
+	require.NoError(t, e.eng.Pause(context.Background(), "vip"))
+	r := get(t, h, "/?refresh=1")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `data-queue="default"`)
+	require.Contains(t, r.body, `data-queue="vip"`)
+	require.Contains(t, r.body, `href="/instances?queue=default&amp;status=failed"`)
+	require.Contains(t, r.body, "badge paused")
+	require.Contains(t, r.body, `data-refresh="2"`)
+	require.Contains(t, r.body, "read-only")
+	require.NotContains(t, r.body, "<form")
+	require.Contains(t, r.body, "—") // throughput not known on the first load
+
+	// Read-only: the mutation is refused and nothing changes.
+	r = post(t, h, "/queues/vip/resume", nil)
+	require.Equal(t, http.StatusForbidden, r.code)
+	require.True(t, e.queuePaused("vip"))
+
+}
+
+// TestChildrenAndParentLinks: a fan-out shows its children with links, and
+// each child links back to its parent.
+func TestChildrenAndParentLinks(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start()
+	h, _ := e.handler(dashboard.Options{})
+	res, err := e.eng.Insert(context.Background(), e.batch.New(Batch{Items: []string{"x", "y"}}))
+	require.NoError(t, err)
+	parent := e.waitStatus(res.ID, gendurable.StatusAwaitingChildren, 10*time.Second)
+	det, err := e.eng.Describe(context.Background(), parent.ID)
+	require.NoError(t, err)
+	require.Len(t, det.Children, 2)
+
+	r := get(t, h, fmt.Sprintf("/instances/%d", parent.ID))
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, "awaiting children: 0 of 2 done")
+	for _, c := range det.Children {
+		require.Contains(t, r.body, fmt.Sprintf(`data-child-id="%d"`, c.ID))
+		require.Contains(t, r.body, fmt.Sprintf(`href="/instances/%d"`, c.ID))
+		kid := get(t, h, fmt.Sprintf("/instances/%d", c.ID))
+		require.Equal(t, http.StatusOK, kid.code)
+		require.Contains(t, kid.body, fmt.Sprintf(`<a href="/instances/%d">#%d</a>`, parent.ID, parent.ID))
+	}
+
+	// Wake both children; the parent finishes and shows their results.
+	for _, c := range det.Children {
+		e.waitStatus(c.ID, gendurable.StatusAwaitingSignal, 10*time.Second)
+		r := post(t, h, fmt.Sprintf("/instances/%d/signal", c.ID), url.Values{"name": {"go"}})
+		require.Equal(t, http.StatusSeeOther, r.code)
+	}
+	e.waitStatus(parent.ID, gendurable.StatusDone, 10*time.Second)
+	r = get(t, h, fmt.Sprintf("/instances/%d", parent.ID))
+	require.Equal(t, 2, strings.Count(r.body, `<span class="st st-done">done</span>`), "both children shown done")
+	require.Contains(t, html.UnescapeString(r.body), `"shipped": "x"`)
+}
