@@ -139,7 +139,18 @@
 // (`FOR UPDATE SKIP LOCKED`, O(batch) whatever the backlog), keeps up to
 // Concurrency steps running and Prefetch more claimed, and extends every
 // held lease with one batched heartbeat per tick. Leases are measured on the
-// database clock.
+// database clock. Outcomes of concurrent steps are group-committed — one
+// statement for all of them, each step still waiting for its own commit
+// before its instance goes on — and a Next continues in the same worker
+// without a new pick (QueueConfig.ChainSteps).
+//
+// # Operating
+//
+// The Engine also serves operators: [Engine.List], [Engine.Describe],
+// [Engine.Retry], [Engine.Cancel], [Engine.Queues], [Engine.Pause] and
+// [Engine.Resume], [Engine.Prune] (also run periodically, see
+// Config.Retention) and [Engine.Graph]. The gendurable command and the
+// dashboard package are built on them.
 //
 // Rows run on the (machine, version) they were inserted with; several
 // versions may be registered side by side. A row whose version this process
