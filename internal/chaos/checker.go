@@ -1,0 +1,275 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// OracleMachines are the machines whose every step writes an oracle row.
+var OracleMachines = []string{"flow", "leaf", "waiter", "clock_sleep", "clock_await", "clock_long", "clock_hang"}
+
+// Report is what the checker found in one scenario's schema.
+type Report struct {
+	Instances int // every row (top-level and children)
+	TopLevel  int
+	Parents   int // instances that scheduled children
+	Done      int
+	Failed    int
+	Stuck     int // not terminal
+	Lost      int // MissingRows + LostChildren + LostOutcomes
+
+	MissingRows  int // inserted by the harness, gone from the table
+	LostChildren int // a committed fan-out scheduled more children than exist
+	LostOutcomes int // a done instance whose committed oracle rows do not cover seq 0..final
+
+	Runs        int // step runs (side-effect rows)
+	Committed   int // committed oracle rows
+	Duplicates  int // runs beyond the first per (instance, seq)
+	MultiCommit int // (instance, seq) with more than one committed oracle row
+	TokenReuse  int // committed oracle rows sharing a claim token
+	NullToken   int // committed oracle rows written while the row had no claim token
+
+	Overlaps    int // pairs of runs of one partition key that overlapped in time
+	OpenSpans   int // partitioned runs whose end is unknown (excluded from Overlaps)
+	LostWakeUps int // parked instances holding a matching unconsumed signal
+	FaninEarly  int // parents whose join step started before their last child finished
+	FaninMulti  int // parents whose join step committed more than once
+	FaninWrong  int // join saw a different number of children than exist, or unfinished ones
+	OrphanLive  int // live children of a finished parent
+	RoundsWrong int // done waiters that did not receive exactly their rounds of signals
+	PastLease   int // executing rows whose lease expired more than the grace ago
+	DoneByFsm   map[string]int
+	FailedByFsm map[string]int
+	Samples     []string  // a few offending ids, for the failure message
+	At          time.Time // database clock when the check ran
+}
+
+// CheckOpts tune Check.
+type CheckOpts struct {
+	// PastLeaseGrace: an executing row counts in PastLease once its lease
+	// expired longer ago than this (the reaper's interval plus slack).
+	PastLeaseGrace time.Duration
+}
+
+// Check runs every check over schema.
+func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) (*Report, error) {
+	if o.PastLeaseGrace == 0 {
+		o.PastLeaseGrace = 2 * time.Second
+	}
+	r := &Report{DoneByFsm: map[string]int{}, FailedByFsm: map[string]int{}}
+	q := func(dst *int, stmt string, args ...any) error {
+		if err := pool.QueryRow(ctx, SQL(schema, stmt), args...).Scan(dst); err != nil {
+			return fmt.Errorf("chaos check: %w\n%s", err, stmt)
+		}
+		return nil
+	}
+	if err := pool.QueryRow(ctx, SQL(schema, `SELECT count(*), count(*) FILTER (WHERE parent_id IS NULL),
+		count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'failed'),
+		count(*) FILTER (WHERE status NOT IN ('done', 'failed')), clock_timestamp()
+		FROM {{s}}.gendurable_instances`)).Scan(&r.Instances, &r.TopLevel, &r.Done, &r.Failed, &r.Stuck, &r.At); err != nil {
+		return nil, fmt.Errorf("chaos check: %w", err)
+	}
+	rows, err := pool.Query(ctx, SQL(schema, `SELECT fsm, status::text, count(*) FROM {{s}}.gendurable_instances
+		WHERE status IN ('done', 'failed') GROUP BY 1, 2`))
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var fsm, st string
+		var n int
+		if err := rows.Scan(&fsm, &st, &n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if st == "done" {
+			r.DoneByFsm[fsm] = n
+		} else {
+			r.FailedByFsm[fsm] = n
+		}
+	}
+	rows.Close()
+
+	checks := []struct {
+		dst  *int
+		stmt string
+		args []any
+	}{
+		{&r.MissingRows, `SELECT count(*) FROM {{s}}.chaos_expected e
+			WHERE NOT EXISTS (SELECT 1 FROM {{s}}.gendurable_instances i WHERE i.id = e.id)`, nil},
+		{&r.Parents, `SELECT count(DISTINCT parent_id) FROM {{s}}.gendurable_instances WHERE parent_id IS NOT NULL`, nil},
+		{&r.LostChildren, `SELECT count(*) FROM {{s}}.chaos_oracle o
+			WHERE o.step = 'fanout' AND coalesce((o.note->>'scheduled')::int, 0) >
+			      (SELECT count(*) FROM {{s}}.gendurable_instances c WHERE c.parent_id = o.instance)`, nil},
+		{&r.LostOutcomes, `SELECT count(*) FROM {{s}}.gendurable_instances i
+			WHERE i.status = 'done' AND i.fsm = ANY ($1) AND
+			  (SELECT count(DISTINCT o.seq) FROM {{s}}.chaos_oracle o
+			   WHERE o.instance = i.id AND o.seq BETWEEN 0 AND coalesce((i.result->>'seq')::int, -1))
+			  <> coalesce((i.result->>'seq')::int, -1) + 1`, []any{OracleMachines}},
+		{&r.Runs, `SELECT count(*) FROM {{s}}.chaos_effects`, nil},
+		{&r.Committed, `SELECT count(*) FROM {{s}}.chaos_oracle`, nil},
+		{&r.Duplicates, `SELECT coalesce(sum(n - 1), 0)::int FROM
+			(SELECT count(*) AS n FROM {{s}}.chaos_effects GROUP BY instance, seq) x`, nil},
+		{&r.MultiCommit, `SELECT count(*) FROM
+			(SELECT 1 FROM {{s}}.chaos_oracle GROUP BY instance, seq HAVING count(*) > 1) x`, nil},
+		{&r.TokenReuse, `SELECT count(*) FROM
+			(SELECT 1 FROM {{s}}.chaos_oracle WHERE token IS NOT NULL GROUP BY token HAVING count(*) > 1) x`, nil},
+		{&r.NullToken, `SELECT count(*) FROM {{s}}.chaos_oracle WHERE token IS NULL`, nil},
+		{&r.OpenSpans, spansCTE + `SELECT count(*) FROM spans WHERE ended IS NULL`, nil},
+		{&r.Overlaps, spansCTE + `SELECT count(*) FROM spans a JOIN spans b
+			ON a.pkey = b.pkey AND a.id < b.id AND a.started < b.ended AND b.started < a.ended`, nil},
+		{&r.LostWakeUps, `SELECT count(*) FROM {{s}}.gendurable_instances i
+			WHERE i.status = 'awaiting_signal' AND EXISTS (
+			  SELECT 1 FROM {{s}}.gendurable_signals s
+			  WHERE s.target_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.awaits))`, nil},
+		{&r.FaninEarly, `SELECT count(*) FROM (
+			  SELECT (SELECT max(c.finished_at) FROM {{s}}.gendurable_instances c WHERE c.parent_id = p.id) AS last_child,
+			         (SELECT min(e.started) FROM {{s}}.chaos_effects e WHERE e.instance = p.id AND e.step = 'join') AS joined
+			  FROM {{s}}.gendurable_instances p
+			  WHERE EXISTS (SELECT 1 FROM {{s}}.gendurable_instances c WHERE c.parent_id = p.id)) x
+			WHERE x.joined < x.last_child`, nil},
+		{&r.FaninMulti, `SELECT count(*) FROM
+			(SELECT 1 FROM {{s}}.chaos_oracle WHERE step = 'join' GROUP BY instance HAVING count(*) > 1) x`, nil},
+		{&r.FaninWrong, `SELECT count(*) FROM {{s}}.chaos_oracle o
+			WHERE o.step = 'join' AND o.fsm = 'flow' AND (
+			  (o.note->>'terminal')::int <> (o.note->>'children')::int OR
+			  (o.note->>'children')::int <> (SELECT count(*) FROM {{s}}.gendurable_instances c WHERE c.parent_id = o.instance))`, nil},
+		{&r.OrphanLive, `SELECT count(*) FROM {{s}}.gendurable_instances c
+			JOIN {{s}}.gendurable_instances p ON p.id = c.parent_id
+			WHERE p.status IN ('done', 'failed') AND c.status NOT IN ('done', 'failed')`, nil},
+		{&r.RoundsWrong, `SELECT count(*) FROM {{s}}.gendurable_instances i
+			WHERE i.fsm = 'waiter' AND i.status = 'done' AND (
+			  coalesce((i.result->>'rounds')::int, -1) <> (i.state->>'rounds')::int OR
+			  (SELECT count(*) FROM {{s}}.gendurable_signals s WHERE s.target_id = i.id AND s.consumed_at IS NOT NULL)
+			    <> (i.state->>'rounds')::int)`, nil},
+		{&r.PastLease, `SELECT count(*) FROM {{s}}.gendurable_instances
+			WHERE status = 'executing' AND lease_expires_at < now() - $1::bigint * interval '1 microsecond'`,
+			[]any{o.PastLeaseGrace.Microseconds()}},
+	}
+	for _, c := range checks {
+		if err := q(c.dst, c.stmt, c.args...); err != nil {
+			return nil, err
+		}
+	}
+	r.Lost = r.MissingRows + r.LostChildren + r.LostOutcomes
+	r.sample(ctx, pool, schema)
+	return r, nil
+}
+
+// spansCTE: partitioned step runs with their end; a run of a killed
+// process ends at the kill (recorded on the database clock just before
+// SIGKILL).
+const spansCTE = `WITH spans AS (
+  SELECT e.id, e.pkey, e.started,
+         coalesce(e.ended, (SELECT CASE WHEN min(f.at) IS NOT NULL THEN greatest(min(f.at), e.started) END FROM {{s}}.chaos_faults f
+                            WHERE f.pid = e.pid AND f.kind = 'kill' AND f.at >= e.started - interval '1 second')) AS ended
+  FROM {{s}}.chaos_effects e WHERE e.pkey IS NOT NULL
+) `
+
+// sample collects a few offending ids for a failure message.
+func (r *Report) sample(ctx context.Context, pool *pgxpool.Pool, schema string) {
+	add := func(label, stmt string, args ...any) {
+		rows, err := pool.Query(ctx, SQL(schema, stmt), args...)
+		if err != nil {
+			r.Samples = append(r.Samples, label+": "+err.Error())
+			return
+		}
+		defer rows.Close()
+		var parts []string
+		for rows.Next() {
+			var s string
+			if rows.Scan(&s) == nil {
+				parts = append(parts, s)
+			}
+		}
+		if len(parts) > 0 {
+			r.Samples = append(r.Samples, label+": "+strings.Join(parts, "; "))
+		}
+	}
+	if r.Stuck > 0 {
+		add("stuck", `SELECT format('%s #%s %s at %s attempt %s eligible in %s errors %s', fsm, id, status, step, attempt,
+			eligible_at - now(), left(errors::text, 300))
+			FROM {{s}}.gendurable_instances WHERE status NOT IN ('done', 'failed') ORDER BY id LIMIT 5`)
+	}
+	if r.MultiCommit > 0 {
+		add("multi-commit", `SELECT format('#%s seq %s: %s commits', instance, seq, count(*)) FROM {{s}}.chaos_oracle
+			GROUP BY instance, seq HAVING count(*) > 1 LIMIT 5`)
+	}
+	if r.LostOutcomes > 0 {
+		add("lost outcome", `SELECT format('%s #%s final seq %s', i.fsm, i.id, i.result->>'seq') FROM {{s}}.gendurable_instances i
+			WHERE i.status = 'done' AND i.fsm = ANY ($1) AND
+			  (SELECT count(DISTINCT o.seq) FROM {{s}}.chaos_oracle o
+			   WHERE o.instance = i.id AND o.seq BETWEEN 0 AND coalesce((i.result->>'seq')::int, -1))
+			  <> coalesce((i.result->>'seq')::int, -1) + 1 LIMIT 5`, OracleMachines)
+	}
+	if r.Overlaps > 0 {
+		add("overlap", spansCTE+`SELECT format('key %s: run %s [%s, %s] and run %s [%s, %s]', a.pkey, a.id, a.started, a.ended, b.id, b.started, b.ended)
+			FROM spans a JOIN spans b ON a.pkey = b.pkey AND a.id < b.id AND a.started < b.ended AND b.started < a.ended LIMIT 5`)
+	}
+	if r.LostWakeUps > 0 {
+		add("lost wake-up", `SELECT format('#%s awaits %s', i.id, i.awaits) FROM {{s}}.gendurable_instances i
+			WHERE i.status = 'awaiting_signal' AND EXISTS (SELECT 1 FROM {{s}}.gendurable_signals s
+			  WHERE s.target_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.awaits)) LIMIT 5`)
+	}
+	if r.Failed > 0 {
+		add("failed", `SELECT format('%s #%s at %s: %s', fsm, id, step, left((errors->-1)::text, 300))
+			FROM {{s}}.gendurable_instances WHERE status = 'failed' ORDER BY id LIMIT 5`)
+	}
+	if r.FaninEarly > 0 || r.FaninWrong > 0 {
+		add("fan-in", `SELECT format('parent #%s note %s', o.instance, o.note) FROM {{s}}.chaos_oracle o
+			WHERE o.step = 'join' AND (o.note->>'terminal')::int <> (o.note->>'children')::int LIMIT 5`)
+	}
+}
+
+// Violations lists the invariants the report breaks. allowFailed lets
+// scenarios whose instances are meant to fail (poison) pass.
+func (r *Report) Violations(allowFailed bool) []string {
+	var v []string
+	chk := func(n int, what string) {
+		if n != 0 {
+			v = append(v, fmt.Sprintf("%d %s", n, what))
+		}
+	}
+	chk(r.Lost, fmt.Sprintf("lost (%d rows missing, %d children missing, %d committed outcomes missing)", r.MissingRows, r.LostChildren, r.LostOutcomes))
+	chk(r.Stuck, "stuck (not terminal)")
+	if !allowFailed {
+		chk(r.Failed, "failed")
+	}
+	chk(r.MultiCommit, "(instance, seq) committed more than once")
+	chk(r.TokenReuse, "claim tokens shared by two committed outcomes")
+	chk(r.NullToken, "outcomes committed without a claim token (fence broken)")
+	chk(r.Overlaps, "partition-key overlaps")
+	chk(r.LostWakeUps, "parked instances with a matching unconsumed signal (lost wake-ups)")
+	chk(r.FaninEarly, "parents resumed before their last child finished")
+	chk(r.FaninMulti, "parents resumed more than once")
+	chk(r.FaninWrong, "parents that saw the wrong children")
+	chk(r.OrphanLive, "live children of finished parents")
+	chk(r.RoundsWrong, "waiters that did not consume exactly their signals")
+	chk(r.PastLease, "rows executing past their lease")
+	if len(v) > 0 && len(r.Samples) > 0 {
+		v = append(v, "samples: "+strings.Join(r.Samples, " | "))
+	}
+	return v
+}
+
+// Line is the scenario's one-line summary:
+//
+//	chaos worker-kill: 20000 instances, 0 lost, 0 stuck, 37 duplicate step runs, 12 kills
+func (r *Report) Line(scenario string, tail ...string) string {
+	s := fmt.Sprintf("chaos %s: %d instances, %d lost, %d stuck, %d duplicate step runs", scenario, r.Instances, r.Lost, r.Stuck, r.Duplicates)
+	for _, t := range tail {
+		if t != "" {
+			s += ", " + t
+		}
+	}
+	return s
+}
+
+// Invariants is a compact list of the invariant counts, for the summary.
+func (r *Report) Invariants() string {
+	return fmt.Sprintf("%d failed, %d double commits, %d partition overlaps, %d lost wake-ups, %d early/double fan-ins, %d past lease",
+		r.Failed, r.MultiCommit+r.TokenReuse+r.NullToken, r.Overlaps, r.LostWakeUps, r.FaninEarly+r.FaninMulti+r.FaninWrong, r.PastLease)
+}

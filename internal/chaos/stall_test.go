@@ -1,0 +1,123 @@
+//go:build chaos
+
+package chaos_test
+
+import (
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/chaos"
+)
+
+// TestChaos02Stall: a worker is SIGSTOPped for 2× the lease in the middle
+// of its steps, then SIGCONTed. Its leases expire and are reaped; another
+// worker reruns the steps (partitioned ones only once the zombie has let go
+// of its key). The zombie's late outcomes must change nothing (fenced), no
+// two runs of one partition key may overlap, and each interrupted step must
+// rerun exactly once.
+func TestChaos02Stall(t *testing.T) {
+	t.Parallel() // with the other light scenarios (poison, clock, connection limits)
+	ctx := bg(t, 10*time.Minute)
+	env := newEnv(t, chaos.DefaultURL(), "stall")
+	fleet := newFleet(t)
+	stalls := pick(1, 3)
+	n := pick(150, 1500)
+
+	a := env.Worker("w1")
+	b := env.Worker("w2")
+	procA, err := fleet.Start(a, 30*time.Second)
+	must(t, err)
+	_, err = fleet.Start(b, 30*time.Second)
+	must(t, err)
+	lease := time.Duration(a.LeaseMs) * time.Millisecond
+
+	ps := make([]gendurable.InsertParams, n)
+	for i := range ps {
+		p := env.M.Leaf.New(chaos.LeafState{SleepMs: 300})
+		if i%2 == 0 {
+			p = p.With(gendurable.InsertOpts{PartitionKey: fmt.Sprintf("stall-%d", i%10)})
+		}
+		ps[i] = p
+	}
+	_, err = env.Insert(ctx, "leaf", ps)
+	must(t, err)
+
+	type window struct{ from, to time.Time }
+	var windows []window
+	for s := 0; s < stalls; s++ {
+		time.Sleep(time.Second)
+		id, from, err := env.Fault(ctx, "stop", procA)
+		must(t, err)
+		must(t, procA.Signal(syscall.SIGSTOP))
+		time.Sleep(2 * lease)
+		must(t, procA.Signal(syscall.SIGCONT))
+		to, err := env.FaultEnd(ctx, id)
+		must(t, err)
+		windows = append(windows, window{from, to})
+	}
+	_, live, err := env.WaitTerminal(ctx, time.Now().Add(60*time.Second))
+	must(t, err)
+	evs, stopErr := fleet.TermAll(30 * time.Second)
+	r, err := env.Check(ctx, chaos.CheckOpts{})
+	must(t, err)
+
+	// The zombie runs: steps of the stalled worker in flight when it stopped.
+	zombies, reaped, lateApplied, rerunOnce, rerunOther, notReaped, notReapedOK := 0, 0, 0, 0, 0, 0, 0
+	for _, w := range windows {
+		rows, err := env.Admin.Query(ctx, chaos.SQL(env.Schema, `
+			SELECT z.instance, z.seq,
+			       EXISTS (SELECT 1 FROM {{s}}.chaos_oracle o WHERE o.run_id = z.run_id) AS committed,
+			       EXISTS (SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) e
+			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND (e->>'at')::timestamptz >= $2) AS was_reaped,
+			       (SELECT count(*) FROM {{s}}.chaos_effects x WHERE x.instance = z.instance AND x.seq = z.seq) AS runs
+			FROM {{s}}.chaos_effects z
+			WHERE z.pid = $1 AND z.started <= $2 AND (z.ended IS NULL OR z.ended >= $2)`), procA.PID, w.from)
+		must(t, err)
+		for rows.Next() {
+			var inst int64
+			var seq, runs int
+			var committed, wasReaped bool
+			must(t, rows.Scan(&inst, &seq, &committed, &wasReaped, &runs))
+			zombies++
+			switch {
+			case wasReaped:
+				reaped++
+				if committed {
+					lateApplied++
+				}
+				if runs == 2 {
+					rerunOnce++
+				} else {
+					rerunOther++
+				}
+			default:
+				notReaped++
+				if committed && runs == 1 {
+					notReapedOK++
+				}
+			}
+		}
+		rows.Close()
+	}
+	fenced := int64(0)
+	if ev := procA.Last("stopped"); ev != nil {
+		fenced = ev.Counts["fenced"]
+	}
+	c := &criteria{t: t}
+	c.report(r.Violations(false))
+	c.check(live == 0, "%d instances still live", live)
+	c.check(zombies > 0, "the stalled worker had no step in flight: the scenario proved nothing")
+	c.check(lateApplied == 0, "%d late outcomes of reaped zombie runs were applied", lateApplied)
+	c.check(rerunOther == 0, "%d reaped steps did not rerun exactly once", rerunOther)
+	c.check(notReaped == notReapedOK, "%d zombie runs neither reaped nor committed alone", notReaped-notReapedOK)
+	c.check(int(fenced) >= reaped, "the stalled worker reported %d fenced outcomes for %d reaped runs", fenced, reaped)
+	c.check(stopErr == nil, "graceful stop: %v", stopErr)
+	_ = evs
+	summary(t, r.Line("stall", fmt.Sprintf("%d stalls of %s (2× lease)", stalls, 2*lease))+
+		fmt.Sprintf(" (%d steps in flight in the stalled worker: %d reaped and rerun once each, %d late outcomes fenced = 0 rows changed, %d committed by the zombie itself before any reap; %d partition overlaps; %s)",
+			zombies, rerunOnce, fenced, notReapedOK, r.Overlaps, r.Invariants()))
+	c.done()
+}
