@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -202,4 +203,108 @@ func TestOversizedOutcomeStateIsAnInvalidOutcome(t *testing.T) {
 	id := b.insert(m.New(weirdState{}))
 	r := b.waitStatus(id, "failed", 10*time.Second)
 	require.Contains(t, r.Errors[0]["error"], "over Config.MaxStateBytes 1000")
+}
+
+// deepState holds any value; with fzNested it nests as deep as asked.
+type deepState struct {
+	V any `json:"v"`
+}
+
+func TestDeeplyNestedJSONIsATypedErrorBeforeTheDatabase(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[deepState]{Name: "deep", Perform: func(context.Context, *gendurable.Run[deepState]) error { return nil }}
+	m := &gendurable.Machine[deepState]{
+		Name: "deepen", Start: "a", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[deepState]{
+			"a": func(ctx context.Context, r *gendurable.Run[deepState]) (gendurable.Outcome, error) {
+				return r.Next("a", deepState{V: fzNested(5000)}), nil
+			},
+		},
+	}
+	b := setup(t, nil, job, m)
+	ctx := context.Background()
+
+	// The default limit (1000 levels; the state wrapper is one of them).
+	_, err := b.eng.Insert(ctx, job.New(deepState{V: fzNested(999)}))
+	require.NoError(t, err, "999 nested arrays inside the state object: 1000 levels")
+	_, err = b.eng.Insert(ctx, job.New(deepState{V: fzNested(1000)}))
+	require.ErrorIs(t, err, gendurable.ErrInvalidInsert)
+	require.ErrorContains(t, err, "deeper than Config.MaxJSONDepth 1000")
+	live := b.insert(job.New(deepState{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	_, err = b.eng.Signal(ctx, live, "s", fzNested(1001), nil)
+	require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
+	require.ErrorContains(t, err, "MaxJSONDepth")
+
+	// With the check off, PostgreSQL's own limit ("stack depth limit
+	// exceeded", class 54) still comes back as the typed error.
+	cfg := b.eng.Config()
+	cfg.MaxJSONDepth = -1
+	unchecked, err := gendurable.New(b.pool, &cfg)
+	require.NoError(t, err)
+	_, err = unchecked.Insert(ctx, job.New(deepState{V: fzNested(100000)}))
+	require.ErrorIs(t, err, gendurable.ErrInvalidInsert)
+	require.ErrorContains(t, err, "stack depth")
+	_, err = unchecked.Signal(ctx, live, "s", fzNested(100000), nil)
+	require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
+	require.Equal(t, 2, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "rejected inserts wrote nothing")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "rejected signals wrote nothing")
+
+	// An outcome nesting too deep is an invalid outcome, seen by Handle.
+	b.start()
+	id := b.insert(m.New(deepState{}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Contains(t, r.Errors[0]["error"], "deeper than Config.MaxJSONDepth 1000")
+}
+
+// TestOutcomeOverTheDatabaseLimitStopsOnlyItself: with the depth check off,
+// an outcome PostgreSQL cannot parse ("stack depth limit exceeded") must
+// stop its own instance at once — not be retried until the lease runs out,
+// taking the outcomes group-committed with it along.
+func TestOutcomeOverTheDatabaseLimitStopsOnlyItself(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	runs := map[int64]int{}
+	bystander := &gendurable.Job[deepState]{Name: "bystander", Perform: func(ctx context.Context, r *gendurable.Run[deepState]) error {
+		mu.Lock()
+		runs[r.ID]++
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		return nil
+	}}
+	deep := &gendurable.Machine[deepState]{
+		Name: "deep_outcome", Start: "a",
+		Steps: map[string]gendurable.StepFunc[deepState]{
+			"a": func(ctx context.Context, r *gendurable.Run[deepState]) (gendurable.Outcome, error) {
+				time.Sleep(5 * time.Millisecond)
+				return r.Next("a", deepState{V: fzNested(100000)}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", bystander, deep)
+	cfg.MaxJSONDepth = -1
+	cfg.CommitConcurrency = 1 // outcomes that finish meanwhile share the next statement
+	cfg.LeaseDuration, cfg.HeartbeatInterval = time.Minute, 20*time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 16, PollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for i := range 200 {
+		ps = append(ps, bystander.New(deepState{}))
+		if i%50 == 25 {
+			ps = append(ps, deep.New(deepState{}))
+		}
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status NOT IN ('done', 'failed')`) == 0
+	}, "every instance finished well within one lease")
+	require.Equal(t, 200, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'bystander' AND status = 'done'`))
+	require.Equal(t, 4, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'deep_outcome' AND status = 'failed'
+		AND errors->0->>'kind' = 'outcome_rejected' AND errors->0->>'error' LIKE '%stack depth%'`))
+	mu.Lock()
+	defer mu.Unlock()
+	for id, n := range runs {
+		require.Equal(t, 1, n, "bystander %d ran %d times", id, n)
+	}
 }

@@ -39,7 +39,7 @@ func BenchmarkStepExec(b *testing.B) {
 	in := &execInput{
 		c: &sqlq.Claimed{ID: 1, Token: 2, FSM: "bench", Version: 1, Step: "a", MaxAttempts: 20,
 			State: []byte(`{"order":"A-1","items":["book","lamp","pen"],"paid":0}`), InsertedAt: time.Now()},
-		queue: "default", maxState: DefaultMaxStateBytes,
+		queue: "default", limits: jsonLimits{maxBytes: DefaultMaxStateBytes, maxDepth: DefaultMaxJSONDepth},
 	}
 	ctx := context.Background()
 	b.ReportAllocs()

@@ -34,6 +34,7 @@ const (
 	DefaultPruneInterval       = time.Hour
 	DefaultMaxStateBytes       = 1 << 20
 	DefaultMaxSignalBytes      = 256 << 10
+	DefaultMaxJSONDepth        = 1000
 	DefaultPartitionRetryDelay = 250 * time.Millisecond
 )
 
@@ -83,6 +84,12 @@ type Config struct {
 	MaxStateBytes int
 	// MaxSignalBytes bounds the encoded JSON payload of a signal. Default 256 KiB.
 	MaxSignalBytes int
+	// MaxJSONDepth bounds how deeply arrays and objects may nest in a
+	// state, result or signal payload. PostgreSQL rejects documents nested
+	// some ten thousand levels deep (it depends on its max_stack_depth);
+	// this limit rejects them earlier, with a typed error and before any
+	// SQL runs. Default 1000; negative leaves the check to the database.
+	MaxJSONDepth int
 	// Retention: a maintenance loop deletes instances that finished (done or
 	// failed) longer ago than this, with their signals, in batches. Default
 	// 7 days; negative keeps everything.
@@ -140,6 +147,8 @@ type Engine struct {
 	log      *slog.Logger
 	registry map[machineKey]*machineCore
 
+	stateLimits, signalLimits jsonLimits
+
 	mu      sync.Mutex
 	running *runState
 	scheds  map[string]*scheduler.Scheduler
@@ -179,7 +188,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	e := &Engine{pool: pool, cfg: c, q: q, log: c.Logger, registry: map[machineKey]*machineCore{}}
+	e := &Engine{pool: pool, cfg: c, q: q, log: c.Logger, registry: map[machineKey]*machineCore{},
+		stateLimits:  jsonLimits{maxBytes: c.MaxStateBytes, bytesName: "MaxStateBytes", maxDepth: c.MaxJSONDepth},
+		signalLimits: jsonLimits{maxBytes: c.MaxSignalBytes, bytesName: "MaxSignalBytes", maxDepth: c.MaxJSONDepth}}
 	e.committer = committer.New(committer.Config{Lease: c.LeaseDuration, MaxInFlight: c.CommitConcurrency}, q, pool)
 	// Keep connections for the engine's own statements: a pick and a
 	// heartbeat per queue, the reaper, the timeout sweep and outcomes.
@@ -212,6 +223,7 @@ func (c *Config) withDefaults() error {
 	setDefault(&c.PartitionRetryDelay, DefaultPartitionRetryDelay)
 	setDefault(&c.MaxSignalBytes, DefaultMaxSignalBytes)
 	setDefault(&c.MaxStateBytes, DefaultMaxStateBytes)
+	setDefault(&c.MaxJSONDepth, DefaultMaxJSONDepth)
 	setDefault(&c.Retention, DefaultRetention)
 	setDefault(&c.PruneInterval, DefaultPruneInterval)
 	if c.Logger == nil {
@@ -427,7 +439,7 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 		}
 		for n := 0; ; n++ {
 			start := time.Now()
-			in := &execInput{c: c, queue: queue, maxState: e.cfg.MaxStateBytes, newChild: e.newInstance}
+			in := &execInput{c: c, queue: queue, limits: e.stateLimits, newChild: e.newInstance}
 			if err := e.load(ctx, db, core, in); err != nil {
 				// Not the step's fault: hand the row back without counting an attempt.
 				e.log.Warn("gendurable: loading the step's inputs failed; releasing the row", "queue", queue, "id", c.ID, "err", err)

@@ -1,20 +1,12 @@
-//go:build chaos
-
 // Bad-input fuzzing (reliability scenario 8, see RELIABILITY.md): insert and
 // signal options and payloads, and schema names. Whatever the input, the
 // engine must answer with a typed error (one of the package's sentinels) or
 // succeed, never panic, and write nothing when it rejects. The seed corpus
-// lives in testdata/fuzz/<FuzzName>/;
+// lives in testdata/fuzz/<FuzzName>/ and runs with every `go test`;
 //
-//	go test -tags chaos -run '^Fuzz' .
+//	go test -run '^$' -fuzz '^FuzzInsertInput$' -fuzztime 60s .
 //
-// runs the seeds (make chaos does), and
-//
-//	go test -tags chaos -run '^$' -fuzz '^FuzzInsertInput$' -fuzztime 60s .
-//
-// explores further (one target per run). The build tag keeps these out of
-// `go test ./...` while seeds in the corpus still fail on open engine bugs
-// (RELIABILITY.md lists them); drop it once they are fixed.
+// explores further (one target per run).
 
 package gendurable_test
 

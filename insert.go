@@ -2,7 +2,6 @@ package gendurable
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // InsertParams is one instance to insert: build it with [Machine.New] or
@@ -153,9 +151,8 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 	}
 	got, err := e.q.InsertMany(ctx, db, rows)
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
-			// A data exception: e.g. a JSON string holding \u0000, which jsonb cannot store.
+		if sqlq.Rejected(err) {
+			// E.g. a JSON string holding \u0000, which jsonb cannot store.
 			return nil, fmt.Errorf("%w: the database rejected the values: %w", ErrInvalidInsert, err)
 		}
 		return nil, fmt.Errorf("gendurable: insert: %w", err)
@@ -202,8 +199,8 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 	if err != nil {
 		return sqlq.NewInstance{}, err
 	}
-	if len(state) > e.cfg.MaxStateBytes {
-		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "state is %d bytes encoded, over Config.MaxStateBytes %d", len(state), e.cfg.MaxStateBytes)
+	if err := e.stateLimits.check("state", []byte(state)); err != nil {
+		return sqlq.NewInstance{}, fmt.Errorf("%w: %w", ErrInvalidInsert, err)
 	}
 	r := sqlq.NewInstance{
 		FSM: core.name, Version: int32(core.version), Queue: orDefault(o.Queue, core.queue),

@@ -211,7 +211,7 @@ type execInput struct {
 	queue    string
 	inbox    []sqlq.SignalRow // loaded after an await, or when the machine reads its inbox
 	children []sqlq.ChildRow  // loaded after a fan-out
-	maxState int
+	limits   jsonLimits       // of the outcome's state and result
 	newChild func(InsertParams) (sqlq.NewInstance, error)
 }
 
@@ -329,7 +329,6 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 	if err := o.validate(m.core.steps); err != nil {
 		return sqlq.Outcome{}, err
 	}
-	maxState := in.maxState
 	enc := sqlq.Outcome{Delay: o.delay}
 	switch o.kind {
 	case kindNext:
@@ -374,6 +373,9 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 		if err != nil {
 			return sqlq.Outcome{}, fmt.Errorf("%w: Done result: %v", ErrInvalidOutcome, err)
 		}
+		if err := in.limits.check("Done result", b); err != nil {
+			return sqlq.Outcome{}, fmt.Errorf("%w: %w", ErrInvalidOutcome, err)
+		}
 		enc.Result = strPtr(string(b))
 	case kindStop:
 		enc.Kind = sqlq.KindStop
@@ -384,8 +386,8 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 		if err != nil {
 			return sqlq.Outcome{}, fmt.Errorf("%w: %v", ErrInvalidOutcome, err)
 		}
-		if maxState > 0 && len(s) > maxState {
-			return sqlq.Outcome{}, fmt.Errorf("%w: state is %d bytes encoded, over Config.MaxStateBytes %d", ErrInvalidOutcome, len(s), maxState)
+		if err := in.limits.check("state", []byte(s)); err != nil {
+			return sqlq.Outcome{}, fmt.Errorf("%w: %w", ErrInvalidOutcome, err)
 		}
 		enc.State = &s
 	}

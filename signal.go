@@ -69,8 +69,8 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 	if err != nil {
 		return SignalResult{}, errorf(ErrInvalidSignal, "payload does not encode to JSON: %v", err)
 	}
-	if len(b) > e.cfg.MaxSignalBytes {
-		return SignalResult{}, errorf(ErrInvalidSignal, "payload is %d bytes encoded, over Config.MaxSignalBytes %d", len(b), e.cfg.MaxSignalBytes)
+	if err := e.signalLimits.check("payload", b); err != nil {
+		return SignalResult{}, fmt.Errorf("%w: %w", ErrInvalidSignal, err)
 	}
 	p := string(b)
 	r, err := e.q.Signal(ctx, db, id, name, &p, dedup)

@@ -26,7 +26,7 @@ type poisonCase struct {
 // ordinary work: a step that panics, one whose outcome state cannot be
 // encoded (NaN), one whose Handle panics, one whose outcome holds a NUL
 // (jsonb rejects it), one whose stored state does not decode, two whose
-// outcome state nests deeper than PostgreSQL parses (one in its own
+// outcome state nests deeper than Config.MaxJSONDepth (one in its own
 // transaction, one group-committed with bystanders), and one that loops
 // forever ignoring its context; a hook panics on every step event. Each
 // poison instance must end failed with its reason recorded, after its
@@ -54,8 +54,8 @@ func TestChaos06PoisonSteps(t *testing.T) {
 		{"poison_handle", 5, "error", "Handle"},
 		{"poison_nul", 5, "outcome_rejected", "Unicode escape"},
 		{"poison_decode", 5, "state_decode", "does not decode"},
-		{"poison_deep", 4, "outcome_rejected", "stack depth"},
-		{"poison_deep_plain", 4, "outcome_rejected", "stack depth"},
+		{"poison_deep", 4, "error", "MaxJSONDepth"},
+		{"poison_deep_plain", 4, "error", "MaxJSONDepth"},
 	}
 	var ps []gendurable.InsertParams
 	for i := 0; i < 5; i++ {
@@ -68,7 +68,7 @@ func TestChaos06PoisonSteps(t *testing.T) {
 	for i := 0; i < bystanders; i++ {
 		ps = append(ps, m.Plain.New(chaos.LeafState{SleepMs: 5}), m.Leaf.New(chaos.LeafState{SleepMs: 5}))
 		if i%(bystanders/4) == bystanders/8 { // deep outcomes among the bystanders' group commits
-			two := gendurable.InsertOpts{MaxAttempts: 2} // each attempt costs a lease or two today
+			two := gendurable.InsertOpts{MaxAttempts: 2}
 			ps = append(ps, m.PoisonDeep.New(chaos.BlobState{}).With(two), m.PoisonDeepPlain.New(chaos.BlobState{}).With(two))
 		}
 	}

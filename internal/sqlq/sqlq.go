@@ -114,9 +114,12 @@ func New(schema string) (*Queries, error) {
 // micros converts a duration to whole microseconds for `$n * interval '1 microsecond'`.
 func micros(d interface{ Microseconds() int64 }) int64 { return d.Microseconds() }
 
-// Rejected reports a PostgreSQL data exception (class 22): the values can
-// never be stored as they are, so retrying the same statement is pointless.
+// Rejected reports an error that the same statement with the same values
+// would meet again, so retrying it is pointless: a data exception (class
+// 22, e.g. a JSON string holding \u0000) or a program limit exceeded
+// (class 54, e.g. "stack depth limit exceeded" parsing a deeply nested
+// jsonb document).
 func Rejected(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54"))
 }
