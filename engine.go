@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/gendurable/gendurable/internal/committer"
 	"github.com/gendurable/gendurable/internal/scheduler"
 	"github.com/gendurable/gendurable/internal/sqlq"
@@ -586,7 +587,7 @@ func (e *Engine) commit(stepCtx context.Context, o *sqlq.Outcome) (*sqlq.Applied
 func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult) (*sqlq.Applied, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(stepCtx), e.cfg.LeaseDuration)
 	defer cancel()
-	backoff := 20 * time.Millisecond
+	failures := 0
 	for {
 		applied, fnErr, err := e.tryCommitTx(ctx, stepCtx, db, res)
 		switch {
@@ -608,12 +609,12 @@ func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore
 			return nil, nil
 		}
 		db = e.pool // the dedicated connection may be dead
+		failures++
 		select {
 		case <-ctx.Done():
 			return nil, err
-		case <-time.After(backoff):
+		case <-time.After(backoff.Delay(20*time.Millisecond, 2*time.Second, failures)):
 		}
-		backoff = min(backoff*2, 2*time.Second)
 	}
 }
 

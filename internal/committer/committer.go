@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
@@ -124,7 +125,7 @@ func (c *Committer) apply(batch []*request) {
 	defer cancel()
 	b := c.batches.Get().(*sqlq.OutcomeBatch)
 	defer c.batches.Put(b)
-	backoff := 20 * time.Millisecond
+	failures := 0
 	for {
 		b.Reset()
 		b.Lease = c.cfg.Lease
@@ -156,15 +157,15 @@ func (c *Committer) apply(batch []*request) {
 				continue
 			}
 		}
+		failures++
 		select {
 		case <-ctx.Done():
 			for _, r := range batch {
 				r.deliver(Result{Err: err})
 			}
 			return
-		case <-time.After(backoff):
+		case <-time.After(backoff.Delay(20*time.Millisecond, 2*time.Second, failures)):
 		}
-		backoff = min(backoff*2, 2*time.Second)
 	}
 }
 

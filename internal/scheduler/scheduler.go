@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
@@ -69,6 +70,11 @@ type Events interface {
 	HeartbeatFailed(queue string, err error)
 	Released(queue string, count int, err error)
 }
+
+// maxErrorBackoff caps the wait between failed picks (unless
+// MaxPollInterval is longer): a feeder is back at work within this long of
+// the database accepting connections again.
+const maxErrorBackoff = 5 * time.Second
 
 // ErrLeaseLost is the cancellation cause of a step whose lease is gone.
 var ErrLeaseLost = errors.New("gendurable: lease lost")
@@ -145,6 +151,11 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 	}
 	defer close(s.work) // after the last dispatch: workers finish their step and exit
 	interval := s.cfg.PollInterval
+	// After a failed pick (the database is down or restarting), no pick
+	// before retryAt: kicks and poll ticks wait too, so a feeder does not
+	// hammer a database that is coming back up.
+	var retryAt time.Time
+	failures := 0
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
@@ -162,7 +173,7 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 		// Pick when there is room (at least MinDemand, or anything when
 		// idle) and a reason to look: a full last pick, a kick, a poll tick,
 		// or an idle queue.
-		shouldPick := demand > 0 && (demand >= s.cfg.MinDemand || idle) && (s.more || idle)
+		shouldPick := demand > 0 && (demand >= s.cfg.MinDemand || idle) && (s.more || idle) && !time.Now().Before(retryAt)
 		if shouldPick {
 			s.more = false // cleared first: a kick during the pick is not lost
 		}
@@ -173,11 +184,18 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 			full := err == nil && n == demand
 			switch {
 			case err != nil:
-				// Database trouble: keep the interval, try again on the next tick.
+				// Database trouble: back off, with jitter, until a pick works.
+				failures++
+				retryAt = time.Now().Add(backoff.Delay(s.cfg.PollInterval, max(s.cfg.MaxPollInterval, maxErrorBackoff), failures))
+				s.mu.Lock()
+				s.more = true // the pick did not happen: look again once the backoff is over
+				s.mu.Unlock()
 			case n > 0:
-				interval = s.cfg.PollInterval
+				failures, interval = 0, s.cfg.PollInterval
 			case idle:
-				interval = min(interval*2, s.cfg.MaxPollInterval)
+				failures, interval = 0, min(interval*2, s.cfg.MaxPollInterval)
+			default:
+				failures = 0
 			}
 			if full {
 				s.mu.Lock()
@@ -194,7 +212,7 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 			}
 		}
 
-		resetTimer(timer, interval)
+		resetTimer(timer, max(interval, time.Until(retryAt)))
 		select {
 		case <-pickCtx.Done():
 		case <-s.kick:

@@ -1,0 +1,83 @@
+package scheduler
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pickLog records when picks ran and whether they failed.
+type pickLog struct {
+	mu     sync.Mutex
+	failed []time.Time
+}
+
+func (p *pickLog) Pick(_ string, _, _ int, _ time.Duration, err error) {
+	if err != nil {
+		p.mu.Lock()
+		p.failed = append(p.failed, time.Now())
+		p.mu.Unlock()
+	}
+}
+func (*pickLog) Saturation(string, int, int, int, int) {}
+func (*pickLog) LeaseLost(string, int64)               {}
+func (*pickLog) HeartbeatFailed(string, error)         {}
+func (*pickLog) Released(string, int, error)           {}
+
+// TestFailedPicksBackOff: with the database unreachable (nothing listens on
+// the port), a feeder polling every 10ms must not try every 10ms: failed
+// picks back off exponentially with jitter.
+func TestFailedPicksBackOff(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // a port nobody listens on: every connection attempt is refused
+	pcfg, err := pgxpool.ParseConfig("postgres://postgres@" + addr + "/none?sslmode=disable&connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	q, err := sqlq.New("public")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := &pickLog{}
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: 10 * time.Millisecond,
+		MaxPollInterval: 20 * time.Millisecond, Lease: time.Second, HeartbeatInterval: 300 * time.Millisecond},
+		q, pool, func(context.Context, *sqlq.Claimed, Holder) Result { return Result{} }, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	go func() { // kicks (local inserts, finished steps) must not bypass the backoff
+		for ctx.Err() == nil {
+			s.Kick()
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	s.Run(ctx, context.Background())
+
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	// At a fixed 10ms cadence that is some 200 attempts; doubling from 10ms
+	// reaches 1.28s after 8 failures.
+	if n := len(ev.failed); n < 3 || n > 12 {
+		t.Fatalf("%d failed picks in 2s, want 3-12 (backing off from 10ms)", n)
+	}
+	first, last := ev.failed[1].Sub(ev.failed[0]), ev.failed[len(ev.failed)-1].Sub(ev.failed[len(ev.failed)-2])
+	if last < 4*first {
+		t.Fatalf("gaps between failed picks did not grow: first %s, last %s", first, last)
+	}
+}
