@@ -119,6 +119,23 @@
 // after a long pause) can never overwrite a newer run; its step context is
 // cancelled with [ErrLeaseLost].
 //
+// Machine.StepTimeout (a job's Timeout) bounds a step: its context is
+// cancelled with [ErrStepTimeout] and the error goes to Handle. A step that
+// ignores its context as well is abandoned shortly after: the engine writes
+// its outcome (retry, or failed once the attempts are spent, error kind
+// "timeout"), stops heartbeating it and reports a [StepAbandonedEvent]; its
+// goroutine keeps its slot until it returns, so Concurrency still holds.
+//
+// While the database is unreachable, workers keep running: failed picks back
+// off exponentially with jitter (up to 5s, or MaxPollInterval if longer),
+// outcome writes retry for up to a lease, and work resumes once the database
+// answers again. Bad input — an oversized or too deeply nested state or
+// payload ([Config.MaxStateBytes], [Config.MaxSignalBytes],
+// [Config.MaxJSONDepth]), NUL bytes, invalid options — is a typed error before
+// any SQL runs, and a rejected insert or signal writes nothing.
+// RELIABILITY.md in the repository lists the fault scenarios this is tested
+// against.
+//
 // # Jobs
 //
 // A [Job] is the one-step special case: Perform returns nil (done), an error
@@ -167,6 +184,7 @@
 //
 // Hooks ([Hook]) receive typed events — [StepEvent], [PickEvent],
 // [SaturationEvent], [ReapEvent], [DrainEvent], [UnknownVersionEvent],
-// [LeaseLostEvent], [PartitionContendedEvent] — and the engine logs through
+// [LeaseLostEvent], [StepAbandonedEvent], [PartitionContendedEvent] — and the
+// engine logs through
 // log/slog.
 package gendurable

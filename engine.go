@@ -371,6 +371,9 @@ func (e *Engine) Start(ctx context.Context) error {
 // steps to commit their outcomes, then cancels their contexts (cause
 // ErrEngineStopped) and waits for them to return. Steps still running when
 // ctx is done are abandoned to the reaper and Stop returns ctx's error.
+// Steps already abandoned for ignoring their context past StepTimeout
+// (their outcomes are written) are not waited for; if any still run, Stop
+// says so with an error wrapping [ErrStepTimeout].
 // Stop on an engine that is not running returns nil.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
@@ -394,10 +397,16 @@ func (e *Engine) Stop(ctx context.Context) error {
 	cancel()
 	rs.workCancel(ErrEngineStopped)
 	var err error
+	abandoned := 0
 	for _, s := range rs.scheds {
 		if !s.Wait(ctx) {
 			err = fmt.Errorf("gendurable: stop: steps ignoring cancellation are still running: %w", ctx.Err())
 		}
+		abandoned += s.Abandoned()
+	}
+	if abandoned > 0 {
+		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d steps abandoned for ignoring their context past StepTimeout are still running (their outcomes were written): %w",
+			abandoned, ErrStepTimeout))
 	}
 	for name := range rs.scheds {
 		e.emit(ctx, &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})
@@ -447,7 +456,10 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 				e.releaseClaim(c, e.cfg.PartitionRetryDelay)
 				return scheduler.Result{}
 			}
-			res := core.exec(ctx, in)
+			res, ok := e.runStep(ctx, queue, core, in, h)
+			if !ok {
+				return scheduler.Result{} // abandoned: its outcome was written for it
+			}
 			res.out.ID, res.out.Token = c.ID, c.Token
 			res.out.Continue = n < chain && res.kind == kindNext && res.out.Delay <= 0 && res.txFn == nil &&
 				ctx.Err() == nil && !h.Stopping()

@@ -50,6 +50,11 @@ var (
 	// are cancelled with this cause once the drain timeout passes.
 	ErrEngineStopped = errors.New("gendurable: engine stopped")
 
+	// ErrStepTimeout: the step ran longer than its machine's StepTimeout
+	// (a job's Timeout). Its context is cancelled with this cause, and the
+	// error Handle receives wraps it.
+	ErrStepTimeout = errors.New("gendurable: step timeout")
+
 	// ErrSchemaVersion: the schema is not migrated to the version this
 	// library needs (see package migrate).
 	ErrSchemaVersion = errors.New("gendurable: schema version mismatch")

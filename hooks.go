@@ -111,7 +111,25 @@ type PartitionContendedEvent struct {
 	PartitionKey string
 }
 
+// StepAbandonedEvent: a step ignored its context past its StepTimeout and
+// was abandoned: the engine wrote its outcome (Outcome: "replay" or "stop")
+// and stopped heartbeating it. Its goroutine keeps a slot of the queue's
+// Concurrency until it returns; AbandonedSlots is how many such steps the
+// queue's feeder in this process holds now.
+type StepAbandonedEvent struct {
+	Queue          string
+	Machine        string
+	Version        int
+	InstanceID     int64
+	Step           string
+	Attempt        int
+	Running        time.Duration // how long the step had run
+	Outcome        string
+	AbandonedSlots int
+}
+
 func (*StepEvent) EventName() string               { return "step.stop" }
+func (*StepAbandonedEvent) EventName() string      { return "step.abandoned" }
 func (*PickEvent) EventName() string               { return "pick" }
 func (*SaturationEvent) EventName() string         { return "scheduler.saturation" }
 func (*ReapEvent) EventName() string               { return "reaper.reaped" }

@@ -32,6 +32,9 @@ type Job[T any] struct {
 	MaxAttempts int
 	// Backoff gives the delay before retry number attempt+1. Default [DefaultBackoff].
 	Backoff func(attempt int) time.Duration
+	// Timeout bounds one run of Perform, as [Machine.StepTimeout] does a
+	// step's. Default 0: no timeout.
+	Timeout time.Duration
 	// Perform does the work. Required. job.State holds the arguments.
 	Perform func(ctx context.Context, job *Run[T]) error
 
@@ -44,7 +47,7 @@ func (j *Job[T]) definition() (*machineCore, error) {
 		perform := j.Perform
 		j.m = &Machine[T]{
 			Name: j.Name, Version: j.Version, Queue: j.Queue, Start: JobStep,
-			MaxAttempts: j.MaxAttempts, Backoff: j.Backoff,
+			MaxAttempts: j.MaxAttempts, Backoff: j.Backoff, StepTimeout: j.Timeout,
 			Steps: map[string]StepFunc[T]{JobStep: func(ctx context.Context, r *Run[T]) (Outcome, error) {
 				if perform == nil {
 					return Outcome{}, errors.New("job has no Perform func")

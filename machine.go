@@ -72,6 +72,19 @@ type Machine[S any] struct {
 	// every step — one more statement per step. Without it the inbox is
 	// loaded only for a step that follows an Await.
 	Inbox bool
+	// StepTimeout bounds one run of a step (Handle included): when it
+	// passes, the step's context is cancelled with cause [ErrStepTimeout]
+	// and the error the step returns goes to Handle (by default: retry with
+	// backoff, counting an attempt). A step that ignores its context and
+	// is still running min(StepTimeout, 10s) later is abandoned: the engine
+	// writes its outcome itself (a retry after Backoff, or a Stop once the
+	// attempts are spent; Handle is not asked, error kind "timeout"), stops
+	// heartbeating it, discards whatever it returns later, and reports it
+	// with a [StepAbandonedEvent] and an error log. Go cannot stop a
+	// goroutine, so it keeps one of the queue's Concurrency slots until it
+	// returns, and a partitioned one keeps its key locked: the limits hold.
+	// Default 0: no timeout (a step runs as long as its worker heartbeats).
+	StepTimeout time.Duration
 
 	once    sync.Once
 	core    *machineCore
@@ -143,6 +156,8 @@ type machineCore struct {
 	maxAttempts int
 	encode      func(state any) (string, error) // checks the dynamic type is S
 	readsInbox  bool                            // load the inbox for every step, not only after an await
+	stepTimeout time.Duration                   // 0: none
+	backoff     func(attempt int) time.Duration // retry delay of the default Handle
 	exec        func(ctx context.Context, in *execInput) execResult
 	handleErr   func(ctx context.Context, in *execInput, err error) execResult
 }
@@ -168,8 +183,8 @@ func (m *Machine[S]) build() (*machineCore, error) {
 	if m.Version < 0 {
 		return nil, fmt.Errorf("%w: machine %q: negative Version", ErrInvalidConfig, m.Name)
 	}
-	if m.MaxAttempts < 0 {
-		return nil, fmt.Errorf("%w: machine %q: negative MaxAttempts", ErrInvalidConfig, m.Name)
+	if m.MaxAttempts < 0 || m.StepTimeout < 0 {
+		return nil, fmt.Errorf("%w: machine %q: negative MaxAttempts or StepTimeout", ErrInvalidConfig, m.Name)
 	}
 	if len(m.Steps) == 0 {
 		return nil, fmt.Errorf("%w: machine %q declares no Steps", ErrInvalidConfig, m.Name)
@@ -184,6 +199,10 @@ func (m *Machine[S]) build() (*machineCore, error) {
 	if !steps[m.Start] {
 		return nil, fmt.Errorf("%w: machine %q: Start step %q is not one of its Steps %v", ErrInvalidConfig, m.Name, m.Start, sortedKeys(steps))
 	}
+	backoff := m.Backoff
+	if backoff == nil {
+		backoff = DefaultBackoff
+	}
 	return &machineCore{
 		name:        m.Name,
 		version:     orDefault(m.Version, 1),
@@ -193,6 +212,8 @@ func (m *Machine[S]) build() (*machineCore, error) {
 		maxAttempts: orDefault(m.MaxAttempts, DefaultMaxAttempts),
 		encode:      encodeTyped[S],
 		readsInbox:  m.Inbox,
+		stepTimeout: m.StepTimeout,
+		backoff:     backoff,
 		exec:        m.exec,
 		handleErr:   m.handleErr,
 	}, nil
@@ -258,6 +279,9 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) execResult {
 	} else {
 		out, err = callStep(ctx, func() (Outcome, error) { return fn(ctx, r) })
 	}
+	if err != nil && errors.Is(context.Cause(ctx), ErrStepTimeout) && !errors.Is(err, ErrStepTimeout) {
+		err = fmt.Errorf("%w (%s): %w", ErrStepTimeout, m.core.stepTimeout, err)
+	}
 	var enc sqlq.Outcome
 	if err == nil {
 		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, r, in); return err })
@@ -317,11 +341,7 @@ func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Out
 	if r.Attempt+1 >= r.MaxAttempts {
 		return Stop(fmt.Sprintf("attempts exhausted (%d of %d)", r.Attempt+1, r.MaxAttempts)), nil
 	}
-	backoff := m.Backoff
-	if backoff == nil {
-		backoff = DefaultBackoff
-	}
-	return r.Replay(r.State, backoff(r.Attempt)), nil
+	return r.Replay(r.State, m.core.backoff(r.Attempt)), nil
 }
 
 // encodeOutcome validates o for this machine and encodes it for the database.

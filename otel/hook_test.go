@@ -245,6 +245,7 @@ func TestOtherEvents(t *testing.T) {
 	h.OnEvent(ctx, &gendurable.SaturationEvent{Queue: "q", InFlight: 7, Buffered: 2, Concurrency: 10, Prefetch: 10})
 	h.OnEvent(ctx, &gendurable.ReapEvent{Count: 3, Failed: 1, IDs: []int64{11, 12, 13}, Duration: time.Millisecond})
 	h.OnEvent(ctx, &gendurable.LeaseLostEvent{Queue: "q", InstanceID: 11})
+	h.OnEvent(ctx, &gendurable.StepAbandonedEvent{Queue: "q", Machine: "m", InstanceID: 15, Step: "s", Outcome: "replay", AbandonedSlots: 1})
 	h.OnEvent(ctx, &gendurable.PartitionContendedEvent{Queue: "q", InstanceID: 12, PartitionKey: "k"})
 	h.OnEvent(ctx, &gendurable.PartitionContendedEvent{Queue: "q", InstanceID: 13, PartitionKey: "k"})
 	h.OnEvent(ctx, &gendurable.UnknownVersionEvent{Queue: "q", Machine: "m", Version: 9, InstanceID: 14})
@@ -285,6 +286,9 @@ func TestOtherEvents(t *testing.T) {
 	if n, _ := intSum(t, mustMetric(t, rm, gdotel.MetricLeaseLost), q); n != 1 {
 		t.Errorf("lease.lost = %d", n)
 	}
+	if n, _ := intSum(t, mustMetric(t, rm, gdotel.MetricStepsAbandoned), q, gdotel.AttrMachine.String("m")); n != 1 {
+		t.Errorf("steps.abandoned = %d", n)
+	}
 	if n, _ := intSum(t, mustMetric(t, rm, gdotel.MetricPartitionContended), q); n != 2 {
 		t.Errorf("partition.contended = %d", n)
 	}
@@ -295,7 +299,7 @@ func TestOtherEvents(t *testing.T) {
 		t.Error("queue.depth reported without a pool")
 	}
 
-	// Reaped and lease-lost instances get a marker span in their trace.
+	// Reaped, lease-lost and abandoned instances get a marker span in their trace.
 	names := map[string][]int64{}
 	for _, s := range r.spans.Ended() {
 		v, _ := spanAttr(s, gdotel.AttrInstanceID)
@@ -304,7 +308,8 @@ func TestOtherEvents(t *testing.T) {
 			t.Errorf("%s span of %d outside the instance's trace", s.Name(), v.AsInt64())
 		}
 	}
-	if len(names["gendurable.reaped"]) != 3 || len(names["gendurable.lease_lost"]) != 1 || len(names) != 2 {
+	if len(names["gendurable.reaped"]) != 3 || len(names["gendurable.lease_lost"]) != 1 ||
+		len(names["gendurable.step_abandoned"]) != 1 || len(names) != 3 {
 		t.Errorf("marker spans: %v", names)
 	}
 }

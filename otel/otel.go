@@ -94,6 +94,7 @@ const (
 	MetricReaped             = "gendurable.reaped"
 	MetricPartitionContended = "gendurable.partition.contended"
 	MetricLeaseLost          = "gendurable.lease.lost"
+	MetricStepsAbandoned     = "gendurable.steps.abandoned"
 	MetricUnknownVersion     = "gendurable.unknown_version"
 	MetricInFlight           = "gendurable.scheduler.in_flight"
 	MetricBuffered           = "gendurable.scheduler.buffered"
@@ -144,6 +145,7 @@ type Hook struct {
 	reaped       metric.Int64Counter
 	contended    metric.Int64Counter
 	leaseLost    metric.Int64Counter
+	abandoned    metric.Int64Counter
 	unknownVer   metric.Int64Counter
 	inFlight     metric.Int64Gauge
 	buffered     metric.Int64Gauge
@@ -231,6 +233,9 @@ func New(opts Options) (*Hook, error) {
 	h.leaseLost, err = m.Int64Counter(MetricLeaseLost, metric.WithUnit("{lease}"),
 		metric.WithDescription("Held leases found lost; the step's context was cancelled."))
 	check(err)
+	h.abandoned, err = m.Int64Counter(MetricStepsAbandoned, metric.WithUnit("{step}"),
+		metric.WithDescription("Steps that ignored their context past StepTimeout and were abandoned (each still holds a slot until it returns)."))
+	check(err)
 	h.unknownVer, err = m.Int64Counter(MetricUnknownVersion, metric.WithUnit("{instance}"),
 		metric.WithDescription("Claimed rows released because their machine or version is not registered here."))
 	check(err)
@@ -294,6 +299,10 @@ func (h *Hook) OnEvent(ctx context.Context, ev gendurable.Event) {
 		h.leaseLost.Add(ctx, 1, h.queueOpt(e.Queue))
 		h.instantSpan(ctx, e.InstanceID, "gendurable.lease_lost", "the step's lease was lost; its context was cancelled",
 			AttrQueue.String(e.Queue))
+	case *gendurable.StepAbandonedEvent:
+		h.abandoned.Add(ctx, 1, metric.WithAttributes(AttrQueue.String(e.Queue), AttrMachine.String(e.Machine)))
+		h.instantSpan(ctx, e.InstanceID, "gendurable.step_abandoned", "the step ignored its context past its StepTimeout and was abandoned",
+			AttrQueue.String(e.Queue), AttrStep.String(e.Step))
 	case *gendurable.PartitionContendedEvent:
 		h.contended.Add(ctx, 1, h.queueOpt(e.Queue))
 	case *gendurable.UnknownVersionEvent:

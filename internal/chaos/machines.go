@@ -258,7 +258,7 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 		},
 	}
 	m.PoisonLoop = &gendurable.Machine[LeafState]{
-		Name: "poison_loop", Start: "spin", MaxAttempts: 3, Backoff: poisonBackoff,
+		Name: "poison_loop", Start: "spin", MaxAttempts: 3, Backoff: poisonBackoff, StepTimeout: 300 * time.Millisecond,
 		Steps: map[string]gendurable.StepFunc[LeafState]{
 			"spin": func(ctx context.Context, r *gendurable.Run[LeafState]) (gendurable.Outcome, error) {
 				if _, err := begin(ctx, rt, r, r.State.Seq); err != nil {

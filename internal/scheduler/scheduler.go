@@ -59,6 +59,12 @@ type Holder interface {
 	// claim window, waited for by Wait) until the returned func is called
 	// with the final result. The executor then returns at once.
 	Detach() func(Result)
+	// Abandon gives up a step that ignores its context (its outcome was
+	// written for it): its claim is no longer heartbeated and Wait no
+	// longer waits for it, but it keeps its running slot until the
+	// executor returns. It reports how many slots abandoned steps hold.
+	// Call it from any goroutine, at most once per step.
+	Abandon() int
 }
 
 // Events receives what the feeder observes. Methods are called from the
@@ -108,8 +114,10 @@ type Scheduler struct {
 	inFlight int
 	// committing counts detached steps whose outcome is not committed yet.
 	committing int
-	more       bool // the last pick was full, or an outcome made work runnable
-	released   int  // rows handed back when Run stopped
+	// abandoned counts running steps given up on (see Holder.Abandon).
+	abandoned int
+	more      bool // the last pick was full, or an outcome made work runnable
+	released  int  // rows handed back when Run stopped
 	// lastBeat is when the held leases were last confirmed (or nothing was held).
 	lastBeat time.Time
 	stopping atomic.Bool // Run is returning: no more chained steps
@@ -316,6 +324,13 @@ func (s *Scheduler) runStep(ctx context.Context, cancel context.CancelCauseFunc,
 	cancel(nil)
 	s.mu.Lock()
 	s.inFlight--
+	if h.abandoned { // Abandon settled the claim and the WaitGroup
+		s.abandoned--
+		delete(s.held, h.token)
+		s.mu.Unlock()
+		s.wake()
+		return
+	}
 	if h.detached {
 		s.committing++ // finish settles the claim and the WaitGroup
 		s.mu.Unlock()
@@ -370,6 +385,13 @@ func (s *Scheduler) ReleasedOnStop() int {
 
 // InFlight reports the number of running steps.
 func (s *Scheduler) InFlight() int { return s.inFlightNow() }
+
+// Abandoned reports the number of abandoned steps still running.
+func (s *Scheduler) Abandoned() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.abandoned
+}
 
 // Wait blocks until every started step has returned or ctx is done; it
 // reports whether all steps returned.
@@ -489,9 +511,10 @@ func (s *Scheduler) abandonIfExpired() {
 
 // holder tracks the claim token a running step currently holds.
 type holder struct {
-	s        *Scheduler
-	token    int64 // guarded by s.mu
-	detached bool  // set by the step's own goroutine before it returns
+	s         *Scheduler
+	token     int64 // guarded by s.mu
+	detached  bool  // set by the step's own goroutine before it returns
+	abandoned bool  // guarded by s.mu
 }
 
 func (h *holder) Continue(oldToken, newToken int64) bool {
@@ -508,6 +531,18 @@ func (h *holder) Continue(oldToken, newToken int64) bool {
 }
 
 func (h *holder) Stopping() bool { return h.s.stopping.Load() }
+
+func (h *holder) Abandon() int {
+	s := h.s
+	s.mu.Lock()
+	h.abandoned = true
+	s.abandoned++
+	delete(s.held, h.token)
+	n := s.abandoned
+	s.mu.Unlock()
+	s.steps.Done()
+	return n
+}
 
 func (h *holder) Detach() func(Result) {
 	h.detached = true
