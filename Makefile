@@ -3,16 +3,32 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 PKGS := ./...
 
-.PHONY: test check fmt-check vet lint test-only demo bench bench-backlog bench-micro bench-compare
+.PHONY: test check fmt-check vet lint test-only chaos fuzz demo bench bench-backlog bench-micro bench-compare
 
-## test: format check, vet, staticcheck, then every test with the race detector
-test: check test-only
+## test: format check, vet, staticcheck, every test with the race detector, then the chaos scenarios
+test: check test-only chaos
 
 test-only:
 	$(GO) test -race -count=1 $(PKGS)
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
 	cd otel && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd e2e && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+## chaos: the reliability scenarios of RELIABILITY.md against DATABASE_URL (default: the local
+## server; database restarts use private servers), one summary line each; non-zero exit if any
+## pass criterion fails. CI size by default (under a minute); CHAOS_FULL=1 for full size (minutes).
+CHAOS_FLAGS = $(if $(CHAOS_FULL),-chaos.full -test.parallel 1 -test.timeout 60m,-test.parallel 8 -test.timeout 20m)
+chaos:
+	$(GO) vet -tags chaos ./internal/chaos/
+	$(GO) test -tags chaos -c -o bin/chaos.test ./internal/chaos/
+	cd internal/chaos && ../../bin/chaos.test -test.count=1 $(CHAOS_FLAGS)
+	$(GO) test -count=1 -run '^Fuzz' .
+
+## fuzz: explore the bad-input fuzz targets beyond their seed corpus, FUZZTIME each (default 30s)
+FUZZTIME ?= 30s
+fuzz:
+	@for f in FuzzInsertInput FuzzSignalInput FuzzSchemaName; do \
+		$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) . || exit 1; done
 
 check: fmt-check vet lint
 
@@ -24,7 +40,7 @@ vet:
 	$(GO) vet $(PKGS)
 
 lint:
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags chaos $(PKGS)
 
 ## demo: the quickstart demo (throwaway PostgreSQL unless DATABASE_URL is set)
 demo:

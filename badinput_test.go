@@ -241,10 +241,10 @@ func TestDeeplyNestedJSONIsATypedErrorBeforeTheDatabase(t *testing.T) {
 	cfg.MaxJSONDepth = -1
 	unchecked, err := gendurable.New(b.pool, &cfg)
 	require.NoError(t, err)
-	_, err = unchecked.Insert(ctx, job.New(deepState{V: fzNested(100000)}))
+	_, err = unchecked.Insert(ctx, job.New(deepState{V: fzNested(30000)}))
 	require.ErrorIs(t, err, gendurable.ErrInvalidInsert)
 	require.ErrorContains(t, err, "stack depth")
-	_, err = unchecked.Signal(ctx, live, "s", fzNested(100000), nil)
+	_, err = unchecked.Signal(ctx, live, "s", fzNested(30000), nil)
 	require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
 	require.Equal(t, 2, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "rejected inserts wrote nothing")
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "rejected signals wrote nothing")
@@ -276,7 +276,7 @@ func TestOutcomeOverTheDatabaseLimitStopsOnlyItself(t *testing.T) {
 		Steps: map[string]gendurable.StepFunc[deepState]{
 			"a": func(ctx context.Context, r *gendurable.Run[deepState]) (gendurable.Outcome, error) {
 				time.Sleep(5 * time.Millisecond)
-				return r.Next("a", deepState{V: fzNested(100000)}), nil
+				return r.Next("a", deepState{V: fzNested(30000)}), nil
 			},
 		},
 	}

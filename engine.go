@@ -471,6 +471,7 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 			}
 			var applied *sqlq.Applied
 			var commitErr error
+			h.Committing()
 			if res.txFn != nil {
 				applied, commitErr = e.commitTx(ctx, db, core, in, &res)
 			} else {

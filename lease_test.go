@@ -462,3 +462,33 @@ func TestZombieReturnDoesNotDropTheNewClaim(t *testing.T) {
 	require.Equal(t, 1, r.Attempt, "reaped once (the stall), never the live second run")
 	require.Equal(t, int32(2), runs.Load())
 }
+
+// TestNoFalseLeaseLossWhileOutcomesCommit: a heartbeat that runs while an
+// outcome commits no longer finds the claim (the row just finished). That
+// is no lost lease: nothing may be reported or cancelled. With no reaper
+// and no other process, no lease can really be lost here.
+func TestNoFalseLeaseLossWhileOutcomesCommit(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "quick", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	var lost atomic.Int64
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = 3*time.Second, 5*time.Millisecond, -1
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 16, PollInterval: 10 * time.Millisecond}}
+	cfg.Hooks = []gendurable.Hook{gendurable.HookFunc(func(_ context.Context, ev gendurable.Event) {
+		if _, ok := ev.(*gendurable.LeaseLostEvent); ok {
+			lost.Add(1)
+		}
+	})}
+	b := setup(t, cfg)
+	ps := make([]gendurable.InsertParams, 3000)
+	for i := range ps {
+		ps[i] = job.New(orderArgs{})
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	eventually(t, 60*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) == len(ps)
+	}, "all jobs done")
+	require.Zero(t, lost.Load(), "lease-lost events with no reaper and no other process")
+}

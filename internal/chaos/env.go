@@ -102,14 +102,24 @@ func (e *Env) Worker(name string) WorkerConfig {
 
 // Insert inserts ps (in one statement per 1000) and records them as
 // expected, in the same transaction. It retries through database trouble
-// (a restarting server) until ctx is done.
+// (a restarting server) until ctx is done. A retry first looks for its
+// batch: a commit whose answer was lost with the connection did happen,
+// and inserting again would strand the first copies.
 func (e *Env) Insert(ctx context.Context, kind string, ps []gendurable.InsertParams) ([]int64, error) {
 	var ids []int64
 	for len(ps) > 0 {
 		n := min(len(ps), 1000)
 		var got []int64
+		batch := randID()
 		err := Retry(ctx, func(ctx context.Context) error {
 			got = got[:0]
+			rows, err := e.Admin.Query(ctx, SQL(e.Schema, `SELECT id FROM {{s}}.chaos_expected WHERE batch = $1 ORDER BY id`), batch)
+			if err != nil {
+				return err
+			}
+			if got, err = pgx.CollectRows(rows, pgx.RowTo[int64]); err != nil || len(got) > 0 {
+				return err
+			}
 			return pgx.BeginFunc(ctx, e.Admin, func(tx pgx.Tx) error {
 				res, err := e.Eng.InsertManyTx(ctx, tx, ps[:n])
 				if err != nil {
@@ -118,7 +128,7 @@ func (e *Env) Insert(ctx context.Context, kind string, ps []gendurable.InsertPar
 				for _, r := range res {
 					got = append(got, r.ID)
 				}
-				_, err = tx.Exec(ctx, SQL(e.Schema, `INSERT INTO {{s}}.chaos_expected (id, kind) SELECT unnest($1::bigint[]), $2`), got, kind)
+				_, err = tx.Exec(ctx, SQL(e.Schema, `INSERT INTO {{s}}.chaos_expected (id, kind, batch) SELECT unnest($1::bigint[]), $2, $3`), got, kind, batch)
 				return err
 			})
 		})

@@ -124,13 +124,14 @@ var (
 	privateServers []*pgtemp.Server
 )
 
-func startPrivateServer(t *testing.T, settings map[string]string) *pgtemp.Server {
+// startPrivateServer starts a private PostgreSQL (synchronous commit on, as
+// in production); env is extra environment for its processes.
+func startPrivateServer(t *testing.T, env ...string) *pgtemp.Server {
 	t.Helper()
-	s := map[string]string{"synchronous_commit": "on", "max_connections": "200"}
-	for k, v := range settings {
-		s[k] = v
-	}
-	srv, err := pgtemp.Start(context.Background(), pgtemp.Options{Settings: s})
+	srv, err := pgtemp.Start(context.Background(), pgtemp.Options{
+		Settings: map[string]string{"synchronous_commit": "on", "max_connections": "200"},
+		Env:      env,
+	})
 	if err != nil {
 		t.Fatalf("private PostgreSQL: %v", err)
 	}

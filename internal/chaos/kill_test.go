@@ -94,7 +94,7 @@ func TestChaos01WorkerKill(t *testing.T) {
 	env := newEnv(t, chaos.DefaultURL(), "kill")
 	fleet := newFleet(t)
 	const workers, conc = 4, 8
-	storm := pick(10*time.Second, 90*time.Second)
+	storm := pick(8*time.Second, 90*time.Second)
 	initial, wave := pick(500, 1500), pick(30, 20) // full: a load the 2-core box sustains under kills
 
 	cfgs := map[string]chaos.WorkerConfig{}

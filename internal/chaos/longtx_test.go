@@ -20,7 +20,7 @@ import (
 // another session opens a transaction, takes a transaction id (holding back
 // the xmin horizon, so nothing it could see is vacuumed), sends a signal
 // with SignalTx to an instance that is executing (locking its row) and then
-// sits idle in transaction (5 s here, a minute at full size). The engine
+// sits idle in transaction (3.5 s here, a minute at full size). The engine
 // must keep committing work throughout, get its pick latency back once the
 // transaction ends, and never itself hold a transaction open across user
 // code.
@@ -28,7 +28,7 @@ func TestChaos10LongTransaction(t *testing.T) {
 	ctx := bg(t, 10*time.Minute)
 	env := newEnv(t, chaos.DefaultURL(), "longtx")
 	fleet := newFleet(t)
-	baseline, hold, after := pick(2*time.Second, 10*time.Second), pick(5*time.Second, 60*time.Second), pick(3*time.Second, 15*time.Second)
+	baseline, hold, after := pick(1500*time.Millisecond, 10*time.Second), pick(3500*time.Millisecond, 60*time.Second), pick(2*time.Second, 15*time.Second)
 	cfg := env.Worker("w1")
 	cfg.Concurrency, cfg.ReportPicks = 8, true
 	proc, err := fleet.Start(cfg, 30*time.Second)

@@ -109,7 +109,7 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 		k.ClockSleep = 1500 * time.Millisecond
 	}
 	if k.DeepNesting == 0 {
-		k.DeepNesting = 100000
+		k.DeepNesting = 5000 // over Config.MaxJSONDepth, and cheap to encode
 	}
 	m := &Machines{}
 	m.Leaf = &gendurable.Machine[LeafState]{

@@ -39,11 +39,10 @@ func TestChaos06PoisonSteps(t *testing.T) {
 	env := newEnv(t, chaos.DefaultURL(), "poison")
 	fleet := newFleet(t)
 	cfg := env.Worker("w1")
-	cfg.Concurrency, cfg.LeaseMs, cfg.HeartbeatMs, cfg.ReaperMs = 8, 1000, 300, 300
+	cfg.Concurrency = 8
 	cfg.DrainMs, cfg.StopMs = 500, 1500
 	cfg.PanicHook = true
 	cfg.CommitConc = 1 // one outcome statement at a time: outcomes that arrive meanwhile share the next one
-	cfg.Knobs.DeepNesting = 100000
 	proc, err := fleet.Start(cfg, 30*time.Second)
 	must(t, err)
 

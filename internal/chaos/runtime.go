@@ -52,7 +52,8 @@ CREATE TABLE {{s}}.chaos_oracle (
 );
 CREATE INDEX ON {{s}}.chaos_oracle (instance, seq);
 -- top-level instances the harness inserted (children are found by parent_id)
-CREATE TABLE {{s}}.chaos_expected (id bigint PRIMARY KEY, kind text);
+CREATE TABLE {{s}}.chaos_expected (id bigint PRIMARY KEY, kind text, batch text);
+CREATE INDEX ON {{s}}.chaos_expected (batch);
 -- faults the harness injected, on the database clock (taken just before the fault)
 CREATE TABLE {{s}}.chaos_faults (
   id     bigserial PRIMARY KEY,

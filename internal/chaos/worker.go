@@ -77,6 +77,8 @@ type Event struct {
 	Attempts int     `json:"attempts,omitempty"`
 	OK       int     `json:"ok,omitempty"`
 	Times    []int64 `json:"times,omitempty"` // when each attempt began (unix ms)
+	// pickfails: when each failed pick ended (unix ms), in the last window
+	PickFails []int64 `json:"pick_fails,omitempty"`
 	// picks: pick statement latency in the last window (microseconds)
 	N   int   `json:"n,omitempty"`
 	P50 int64 `json:"p50,omitempty"`
@@ -106,9 +108,10 @@ type counters struct {
 	hookPanics                                                                                atomic.Int64
 	connAttempts, connOK                                                                      atomic.Int64
 
-	mu       sync.Mutex
-	picks    []time.Duration
-	attempts []int64 // unix ms of each connection attempt since the last report
+	mu        sync.Mutex
+	picks     []time.Duration
+	attempts  []int64 // unix ms of each connection attempt since the last report
+	pickFails []int64 // unix ms of each failed pick since the last report
 }
 
 func (c *counters) snapshot(rt *Runtime) map[string]int64 {
@@ -192,6 +195,9 @@ func runWorker(cfg WorkerConfig, out *emitter, logger *slog.Logger) (int, error)
 		case *gendurable.PickEvent:
 			if e.Err != nil {
 				c.pickErrs.Add(1)
+				c.mu.Lock()
+				c.pickFails = append(c.pickFails, time.Now().UnixMilli())
+				c.mu.Unlock()
 			} else if cfg.ReportPicks {
 				c.mu.Lock()
 				c.picks = append(c.picks, e.Duration)
@@ -325,6 +331,13 @@ func reporter(ctx context.Context, out *emitter, c *counters, rt *Runtime, picks
 			c.mu.Unlock()
 			out.emit(Event{Ev: "conn", Attempts: int(a - lastAttempts), OK: int(ok - lastOK), Times: times})
 			lastAttempts, lastOK = a, ok
+		}
+		c.mu.Lock()
+		fails := c.pickFails
+		c.pickFails = nil
+		c.mu.Unlock()
+		if len(fails) > 0 {
+			out.emit(Event{Ev: "pickfails", PickFails: fails})
 		}
 		if picks {
 			c.mu.Lock()

@@ -98,6 +98,11 @@ type Options struct {
 	// StopTimeout is how long to wait for the postmaster to exit after
 	// asking it to shut down, before killing it. Default DefaultStopTimeout.
 	StopTimeout time.Duration
+
+	// Env holds extra KEY=VALUE environment variables for initdb and every
+	// start of postgres (restarts included), e.g. an LD_PRELOAD. The
+	// calling process's environment is passed on too, minus PG* variables.
+	Env []string
 }
 
 // Server is a running throwaway PostgreSQL cluster. Its methods are safe for
@@ -111,6 +116,7 @@ type Server struct {
 	log     io.Writer           // never fails; may be io.Discard
 	startTO time.Duration
 	stopTO  time.Duration
+	env     []string
 	mu      sync.Mutex
 	pm      *process // the running postmaster, nil while down
 	stopped bool
@@ -132,6 +138,7 @@ func Start(ctx context.Context, opts Options) (srv *Server, err error) {
 		log:     io.Discard,
 		startTO: orDefault(opts.StartTimeout, DefaultStartTimeout),
 		stopTO:  orDefault(opts.StopTimeout, DefaultStopTimeout),
+		env:     append(childEnv(), opts.Env...),
 	}
 	if opts.Log != nil {
 		s.log = &safeWriter{w: opts.Log}
@@ -414,7 +421,7 @@ func (s *Server) shutdownLocked(sig syscall.Signal) error {
 // prepare sets up the environment, credentials and output of a child.
 func (s *Server) prepare(cmd *exec.Cmd, out *tail) {
 	cmd.Dir = s.baseDir
-	cmd.Env = childEnv()
+	cmd.Env = s.env
 	cmd.Stdout = io.MultiWriter(out, s.log) // same writer: one pipe for both
 	cmd.Stderr = cmd.Stdout
 	cmd.WaitDelay = waitDelay

@@ -494,3 +494,29 @@ func running(pid int) bool {
 	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
 	return len(fields) > 0 && fields[0] != "Z" && fields[0] != "X"
 }
+
+// TestEnv: Options.Env reaches initdb (TZ sets the cluster's default time
+// zone) and every start of the postmaster, restarts included.
+func TestEnv(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t)
+	srv := start(t, ctx, pgtemp.Options{Env: []string{"TZ=Pacific/Chatham", "GDTEST_MARK=kept"}})
+	if got := queryString(t, ctx, connect(t, ctx, srv.URL()), "show timezone"); got != "Pacific/Chatham" {
+		t.Errorf("timezone = %q: initdb did not see TZ", got)
+	}
+	if err := srv.Restart(ctx); err != nil {
+		t.Fatalf("Restart: %v", err)
+	}
+	pidFile, err := os.ReadFile(srv.DataDir() + "/postmaster.pid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, _ := strings.Cut(string(pidFile), "\n")
+	environ, err := os.ReadFile("/proc/" + strings.TrimSpace(first) + "/environ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(environ, []byte("\x00GDTEST_MARK=kept\x00")) && !bytes.HasPrefix(environ, []byte("GDTEST_MARK=kept\x00")) {
+		t.Errorf("the restarted postmaster's environment lacks GDTEST_MARK=kept")
+	}
+}

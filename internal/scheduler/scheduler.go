@@ -54,10 +54,15 @@ type Holder interface {
 	Continue(oldToken, newToken int64) bool
 	// Stopping reports that the feeder is shutting down: finish, don't chain.
 	Stopping() bool
+	// Committing says the step has returned and its outcome is being
+	// written: a heartbeat that no longer finds the claim (the outcome may
+	// have just committed) is then no lost lease.
+	Committing()
 	// Detach frees the step's running slot before its outcome has
 	// committed: the claim stays held (heartbeated, counted against the
 	// claim window, waited for by Wait) until the returned func is called
-	// with the final result. The executor then returns at once.
+	// with the final result. The executor then returns at once. It implies
+	// Committing.
 	Detach() func(Result)
 	// Abandon gives up a step that ignores its context (its outcome was
 	// written for it): its claim is no longer heartbeated and Wait no
@@ -89,9 +94,10 @@ var ErrLeaseLost = errors.New("gendurable: lease lost")
 // instance may be claimed again (after its lease was reaped) while a zombie
 // run of it is still returning, and the two must never be confused.
 type held struct {
-	id      int64
-	running bool
-	cancel  context.CancelCauseFunc // set once running
+	id         int64
+	running    bool
+	committing bool                    // the step returned; its outcome is being written
+	cancel     context.CancelCauseFunc // set once running
 }
 
 // Scheduler feeds one queue.
@@ -439,10 +445,14 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 		ids = append(ids, h.id)
 		tokens = append(tokens, token)
 	}
+	// A slow heartbeat (a busy database, a pool queue) still counts if it
+	// lands before the leases it extends lapse: give it until then rather
+	// than cancel it after one interval and lose its place in the queue.
+	timeout := max(s.cfg.HeartbeatInterval, time.Until(s.lastBeat.Add(s.cfg.Lease)))
 	s.mu.Unlock()
 
 	start := time.Now()
-	hctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval)
+	hctx, cancel := context.WithTimeout(ctx, timeout)
 	kept, err := s.q.Heartbeat(hctx, s.db, ids, tokens, s.cfg.Lease)
 	cancel()
 	if err != nil {
@@ -461,8 +471,10 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	var lost []int64
 	for i, token := range tokens {
 		h := s.held[token]
-		if ok[ids[i]] || h == nil {
-			continue // extended, or finished meanwhile
+		if ok[ids[i]] || h == nil || h.committing {
+			// Extended; or finished meanwhile; or its outcome is being
+			// written and may just have committed: its fence settles it.
+			continue
 		}
 		// Gone: stop heartbeating it; cancel its step, or drop it from the buffer.
 		lost = append(lost, h.id)
@@ -525,9 +537,18 @@ func (h *holder) Continue(oldToken, newToken int64) bool {
 		return false
 	}
 	delete(h.s.held, oldToken)
+	e.committing = false // the next step runs
 	h.s.held[newToken] = e
 	h.token = newToken
 	return true
+}
+
+func (h *holder) Committing() {
+	h.s.mu.Lock()
+	if e := h.s.held[h.token]; e != nil {
+		e.committing = true
+	}
+	h.s.mu.Unlock()
 }
 
 func (h *holder) Stopping() bool { return h.s.stopping.Load() }
@@ -546,6 +567,7 @@ func (h *holder) Abandon() int {
 
 func (h *holder) Detach() func(Result) {
 	h.detached = true
+	h.Committing()
 	return func(res Result) {
 		s := h.s
 		s.mu.Lock()
