@@ -127,7 +127,7 @@
 // goroutine keeps its slot until it returns, so Concurrency still holds.
 //
 // While the database is unreachable, workers keep running: failed picks back
-// off exponentially with jitter (up to 5s, or MaxPollInterval if longer),
+// off exponentially with jitter (up to 2s, or MaxPollInterval if longer),
 // outcome writes retry for up to a lease, and work resumes once the database
 // answers again. Bad input — an oversized or too deeply nested state or
 // payload ([Config.MaxStateBytes], [Config.MaxSignalBytes],

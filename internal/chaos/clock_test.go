@@ -3,7 +3,6 @@
 package chaos_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -199,5 +198,3 @@ func repeat(n int, f func() gendurable.InsertParams) []gendurable.InsertParams {
 	}
 	return out
 }
-
-var _ = context.Background

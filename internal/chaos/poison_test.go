@@ -3,7 +3,6 @@
 package chaos_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -181,5 +180,3 @@ func trunc(s string, n int) string {
 	}
 	return s[:n] + "…"
 }
-
-var _ = context.Background

@@ -85,7 +85,7 @@ type Events interface {
 // maxErrorBackoff caps the wait between failed picks (unless
 // MaxPollInterval is longer): a feeder is back at work within this long of
 // the database accepting connections again.
-const maxErrorBackoff = 5 * time.Second
+const maxErrorBackoff = 2 * time.Second
 
 // ErrLeaseLost is the cancellation cause of a step whose lease is gone.
 var ErrLeaseLost = errors.New("gendurable: lease lost")
