@@ -80,8 +80,8 @@ type Config struct {
 	// held by another step goes back to runnable, eligible after this delay.
 	// Default 250ms.
 	PartitionRetryDelay time.Duration
-	// MaxStateBytes bounds the encoded JSON state of an insert or outcome.
-	// Default 1 MiB.
+	// MaxStateBytes bounds the encoded JSON state of an insert or outcome,
+	// and the encoded result of a Done. Default 1 MiB.
 	MaxStateBytes int
 	// MaxSignalBytes bounds the encoded JSON payload of a signal. Default 256 KiB.
 	MaxSignalBytes int
@@ -372,8 +372,8 @@ func (e *Engine) Start(ctx context.Context) error {
 // ErrEngineStopped) and waits for them to return. Steps still running when
 // ctx is done are abandoned to the reaper and Stop returns ctx's error.
 // Steps already abandoned for ignoring their context past StepTimeout
-// (their outcomes are written) are not waited for; if any still run, Stop
-// says so with an error wrapping [ErrStepTimeout].
+// (the engine wrote their outcomes) are not waited for; if any still run,
+// Stop says so with an error wrapping [ErrStepTimeout].
 // Stop on an engine that is not running returns nil.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
@@ -405,7 +405,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 		abandoned += s.Abandoned()
 	}
 	if abandoned > 0 {
-		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d steps abandoned for ignoring their context past StepTimeout are still running (their outcomes were written): %w",
+		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d steps abandoned for ignoring their context past StepTimeout are still running (the engine wrote their outcomes): %w",
 			abandoned, ErrStepTimeout))
 	}
 	for name := range rs.scheds {
@@ -471,10 +471,10 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 			}
 			var applied *sqlq.Applied
 			var commitErr error
-			h.Committing()
 			if res.txFn != nil {
-				applied, commitErr = e.commitTx(ctx, db, core, in, &res)
+				applied, commitErr = e.commitTx(ctx, db, core, in, &res, h)
 			} else {
+				h.Committing()
 				applied, commitErr = e.commit(ctx, &res.out)
 			}
 			e.reportStep(ctx, queue, c, &res, applied != nil, commitErr, time.Since(start))
@@ -597,16 +597,17 @@ func (e *Engine) commit(stepCtx context.Context, o *sqlq.Outcome) (*sqlq.Applied
 // error goes to Handle, whose outcome is written the ordinary way. Transient
 // failures retry the whole transaction (callback included) while the lease
 // can still be ours; a rejected outcome stops the instance like commit does.
-func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult) (*sqlq.Applied, error) {
+func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult, h scheduler.Holder) (*sqlq.Applied, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(stepCtx), e.cfg.LeaseDuration)
 	defer cancel()
 	failures := 0
 	for {
-		applied, fnErr, err := e.tryCommitTx(ctx, stepCtx, db, res)
+		applied, fnErr, err := e.tryCommitTx(ctx, stepCtx, db, res, h)
 		switch {
 		case fnErr != nil:
 			*res = core.handleErr(stepCtx, in, fnErr)
 			res.out.ID, res.out.Token = in.c.ID, in.c.Token
+			h.Committing()
 			return e.commit(stepCtx, &res.out)
 		case err == nil:
 			if applied != nil {
@@ -617,6 +618,7 @@ func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore
 			res.out = sqlq.Outcome{ID: in.c.ID, Token: in.c.Token, Kind: sqlq.KindStop,
 				ErrKind: strPtr("outcome_rejected"), Err: strPtr(truncate("outcome rejected by the database: " + err.Error()))}
 			res.kind, res.txFn = kindStop, nil
+			h.Committing()
 			return e.commit(stepCtx, &res.out)
 		case errors.Is(context.Cause(stepCtx), scheduler.ErrLeaseLost):
 			return nil, nil
@@ -633,7 +635,7 @@ func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore
 
 // tryCommitTx runs one transaction of a WithTx outcome. fnErr is the
 // callback's own failure; err a database failure.
-func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *execResult) (applied *sqlq.Applied, fnErr, err error) {
+func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *execResult, h scheduler.Holder) (applied *sqlq.Applied, fnErr, err error) {
 	beginner, ok := db.(interface {
 		Begin(context.Context) (pgx.Tx, error)
 	})
@@ -657,6 +659,9 @@ func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *exec
 	if len(rows) == 0 {
 		return nil, nil, nil // fenced out: the rollback undoes the step's writes too
 	}
+	// The callback has run; from the commit on, the row may be finished
+	// before this worker lets go of its claim.
+	h.Committing()
 	return &rows[0], nil, tx.Commit(ctx)
 }
 

@@ -112,10 +112,12 @@ type PartitionContendedEvent struct {
 }
 
 // StepAbandonedEvent: a step ignored its context past its StepTimeout and
-// was abandoned: the engine wrote its outcome (Outcome: "replay" or "stop")
-// and stopped heartbeating it. Its goroutine keeps a slot of the queue's
-// Concurrency until it returns; AbandonedSlots is how many such steps the
-// queue's feeder in this process holds now.
+// was abandoned: the engine stopped heartbeating it and wrote its outcome
+// itself (Outcome: "replay" or "stop"; Written is false if that failed —
+// fenced out, or the database unreachable, when the lease runs out and the
+// reaper takes over). Its goroutine keeps a slot of the queue's Concurrency
+// until it returns; AbandonedSlots is how many such steps the queue's
+// feeder in this process holds now.
 type StepAbandonedEvent struct {
 	Queue          string
 	Machine        string
@@ -125,6 +127,7 @@ type StepAbandonedEvent struct {
 	Attempt        int
 	Running        time.Duration // how long the step had run
 	Outcome        string
+	Written        bool
 	AbandonedSlots int
 }
 

@@ -492,3 +492,89 @@ func TestNoFalseLeaseLossWhileOutcomesCommit(t *testing.T) {
 	}, "all jobs done")
 	require.Zero(t, lost.Load(), "lease-lost events with no reaper and no other process")
 }
+
+// pausedMachine records each start of its step (instance, attempt, and the
+// time it was entered, before any wait for a connection) in table starts,
+// then works for 300ms.
+func pausedMachine(pool *pgxpool.Pool, schema string) *gendurable.Machine[orderArgs] {
+	return &gendurable.Machine[orderArgs]{
+		Name: "paused", Start: "work",
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"work": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				entered := time.Now()
+				if pool != nil {
+					if _, err := pool.Exec(ctx, "INSERT INTO "+schema+".starts VALUES ($1, $2, $3)", r.ID, r.Attempt, entered); err != nil {
+						return gendurable.Outcome{}, err
+					}
+				}
+				time.Sleep(300 * time.Millisecond)
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+}
+
+// TestHelperPausedWorkerProcess is not a test: it is the worker process
+// that TestPausedWorkerStartsNoReapedClaim stops and continues.
+func TestHelperPausedWorkerProcess(t *testing.T) {
+	schema := os.Getenv("GENDURABLE_PAUSE_SCHEMA")
+	if schema == "" {
+		t.Skip("helper process only")
+	}
+	pool, err := pgxpool.New(context.Background(), dbtest.URL())
+	if err != nil {
+		os.Exit(3)
+	}
+	eng, err := gendurable.New(pool, &gendurable.Config{
+		Schema:        schema,
+		Machines:      []gendurable.Definition{pausedMachine(pool, schema)},
+		Queues:        map[string]gendurable.QueueConfig{"default": {Concurrency: 3, Prefetch: 10, PollInterval: 20 * time.Millisecond}},
+		LeaseDuration: 1500 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond, ReaperInterval: -1,
+	})
+	if err != nil {
+		os.Exit(4)
+	}
+	if err := eng.Start(context.Background()); err != nil {
+		os.Exit(5)
+	}
+	select {} // until SIGKILL
+}
+
+// TestPausedWorkerStartsNoReapedClaim: a worker holding prefetched claims
+// is paused (SIGSTOP) past its lease; meanwhile the claims are reaped. When
+// it continues, it must not start any of them before a heartbeat has told
+// it which are still its own: they may already run elsewhere.
+func TestPausedWorkerStartsNoReapedClaim(t *testing.T) {
+	t.Parallel()
+	m := pausedMachine(nil, "") // this process only inserts and reaps
+	b := setup(t, nil, m)
+	b.exec(`CREATE TABLE {{s}}.starts (id bigint, attempt int, at timestamptz)`)
+	for range 10 {
+		b.insert(m.New(orderArgs{}))
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperPausedWorkerProcess$")
+	cmd.Env = append(os.Environ(), "GENDURABLE_PAUSE_SCHEMA="+b.schema)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_, _ = cmd.Process.Wait()
+	})
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.starts`) >= 1 &&
+			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) >= 5
+	}, "the worker never ran a step with claims prefetched")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	time.Sleep(2500 * time.Millisecond) // past the lease
+	reaped, err := b.eng.Reap(context.Background())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, reaped, 5, "the paused worker's claims were reaped")
+	continued := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
+	time.Sleep(1500 * time.Millisecond)
+
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.starts WHERE attempt = 0 AND at > $1`, continued),
+		"after the pause the worker started steps of claims that had been reaped meanwhile")
+}

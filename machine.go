@@ -72,18 +72,22 @@ type Machine[S any] struct {
 	// every step — one more statement per step. Without it the inbox is
 	// loaded only for a step that follows an Await.
 	Inbox bool
-	// StepTimeout bounds one run of a step (Handle included): when it
-	// passes, the step's context is cancelled with cause [ErrStepTimeout]
-	// and the error the step returns goes to Handle (by default: retry with
-	// backoff, counting an attempt). A step that ignores its context and
-	// is still running min(StepTimeout, 10s) later is abandoned: the engine
-	// writes its outcome itself (a retry after Backoff, or a Stop once the
-	// attempts are spent; Handle is not asked, error kind "timeout"), stops
-	// heartbeating it, discards whatever it returns later, and reports it
-	// with a [StepAbandonedEvent] and an error log. Go cannot stop a
-	// goroutine, so it keeps one of the queue's Concurrency slots until it
-	// returns, and a partitioned one keeps its key locked: the limits hold.
-	// Default 0: no timeout (a step runs as long as its worker heartbeats).
+	// StepTimeout bounds one run of a step and of the Handle that follows
+	// a failure (not a WithTx callback: that runs as part of the commit).
+	// When it passes, the step's context is cancelled with cause
+	// [ErrStepTimeout] and the error the step returns goes to Handle (by
+	// default: retry with backoff, counting an attempt). A step that
+	// ignores its context and is still running min(StepTimeout, 10s)
+	// later is abandoned: the engine stops heartbeating it, writes its
+	// outcome itself (a retry after Backoff, or a Stop once the attempts
+	// are spent; Handle is not asked, error kind "timeout"), discards
+	// whatever it returns later, and reports it with a
+	// [StepAbandonedEvent] and an error log. Go cannot stop a goroutine, so
+	// it keeps one of the queue's Concurrency slots until it returns (a
+	// feeder started anew after Stop does not count it), and a partitioned
+	// one keeps its key locked and its pool connection — pgxpool's Close
+	// waits for it. Default 0: no timeout (a step runs as long as its
+	// worker heartbeats).
 	StepTimeout time.Duration
 
 	once    sync.Once

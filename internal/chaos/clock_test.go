@@ -33,8 +33,10 @@ func startSkewedServer(t *testing.T, shim string, skew time.Duration) *pgtemp.Se
 // than lease − heartbeat after the kill.
 func TestChaos07Clock(t *testing.T) {
 	t.Parallel() // with the other light scenarios (stall, poison, connection limits)
-	shim, err := chaos.BuildSkewShim(filepath.Join(os.TempDir(), "gendurable-chaos", fmt.Sprintf("shim-%d", os.Getpid())))
+	shimDir := filepath.Join(os.TempDir(), "gendurable-chaos", fmt.Sprintf("shim-%d", os.Getpid()))
+	shim, err := chaos.BuildSkewShim(shimDir)
 	must(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(shimDir) }) // after the subtests; the servers keep the loaded library
 	skews := []time.Duration{time.Hour, -time.Hour}
 	servers := make([]*pgtemp.Server, len(skews))
 	for i, s := range skews {

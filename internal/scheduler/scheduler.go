@@ -64,12 +64,13 @@ type Holder interface {
 	// with the final result. The executor then returns at once. It implies
 	// Committing.
 	Detach() func(Result)
-	// Abandon gives up a step that ignores its context (its outcome was
-	// written for it): its claim is no longer heartbeated and Wait no
-	// longer waits for it, but it keeps its running slot until the
-	// executor returns. It reports how many slots abandoned steps hold.
-	// Call it from any goroutine, at most once per step.
-	Abandon() int
+	// Abandon gives up a step that ignores its context (the caller writes
+	// its outcome): its claim is no longer heartbeated and Wait no longer
+	// waits for it, but it keeps its running slot until the executor
+	// returns. It reports how many slots abandoned steps hold, and false
+	// (changing nothing) if the executor has returned already. Call it
+	// from any goroutine, at most once per step.
+	Abandon() (slots int, ok bool)
 }
 
 // Events receives what the feeder observes. Methods are called from the
@@ -126,6 +127,7 @@ type Scheduler struct {
 	released  int  // rows handed back when Run stopped
 	// lastBeat is when the held leases were last confirmed (or nothing was held).
 	lastBeat time.Time
+	heldBack bool        // dispatch waits for a heartbeat (see dispatch)
 	stopping atomic.Bool // Run is returning: no more chained steps
 	steps    sync.WaitGroup
 }
@@ -293,6 +295,14 @@ func (s *Scheduler) pick(stopCtx context.Context, demand int) (int, error) {
 func (s *Scheduler) dispatch(workCtx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if len(s.buffer) > 0 && time.Since(s.lastBeat) > s.cfg.Lease-s.cfg.HeartbeatInterval {
+		// No heartbeat has confirmed the claims for most of a lease (the
+		// process was paused — SIGSTOP, a suspended VM — or the database
+		// is slow): buffered rows may have been reaped and run elsewhere
+		// meanwhile. Start none until a heartbeat has sorted them out.
+		s.heldBack = true
+		return
+	}
 	for s.inFlight < s.cfg.Concurrency && len(s.buffer) > 0 {
 		c := s.buffer[0]
 		s.buffer = s.buffer[1:]
@@ -330,7 +340,8 @@ func (s *Scheduler) runStep(ctx context.Context, cancel context.CancelCauseFunc,
 	cancel(nil)
 	s.mu.Lock()
 	s.inFlight--
-	if h.abandoned { // Abandon settled the claim and the WaitGroup
+	h.returned = true // from here on, Abandon is a no-op
+	if h.abandoned {  // Abandon settled the claim and the WaitGroup
 		s.abandoned--
 		delete(s.held, h.token)
 		s.mu.Unlock()
@@ -446,9 +457,11 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 		tokens = append(tokens, token)
 	}
 	// A slow heartbeat (a busy database, a pool queue) still counts if it
-	// lands before the leases it extends lapse: give it until then rather
-	// than cancel it after one interval and lose its place in the queue.
-	timeout := max(s.cfg.HeartbeatInterval, time.Until(s.lastBeat.Add(s.cfg.Lease)))
+	// lands before the leases it extends lapse: give it half the time left
+	// rather than cancel it after one interval and lose its place in the
+	// queue — and keep the other half for a retry on a fresh connection, in
+	// case this one hangs (a half-open connection after a failover).
+	timeout := max(s.cfg.HeartbeatInterval, time.Until(s.lastBeat.Add(s.cfg.Lease))/2)
 	s.mu.Unlock()
 
 	start := time.Now()
@@ -468,6 +481,8 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	}
 	s.mu.Lock()
 	s.lastBeat = start
+	resume := s.heldBack
+	s.heldBack = false
 	var lost []int64
 	for i, token := range tokens {
 		h := s.held[token]
@@ -493,6 +508,9 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	s.mu.Unlock()
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)
+	}
+	if resume {
+		s.wake() // dispatch the buffered claims that are still ours
 	}
 }
 
@@ -527,6 +545,7 @@ type holder struct {
 	token     int64 // guarded by s.mu
 	detached  bool  // set by the step's own goroutine before it returns
 	abandoned bool  // guarded by s.mu
+	returned  bool  // the executor returned; guarded by s.mu
 }
 
 func (h *holder) Continue(oldToken, newToken int64) bool {
@@ -553,16 +572,20 @@ func (h *holder) Committing() {
 
 func (h *holder) Stopping() bool { return h.s.stopping.Load() }
 
-func (h *holder) Abandon() int {
+func (h *holder) Abandon() (int, bool) {
 	s := h.s
 	s.mu.Lock()
+	if h.returned {
+		s.mu.Unlock()
+		return s.Abandoned(), false
+	}
 	h.abandoned = true
 	s.abandoned++
 	delete(s.held, h.token)
 	n := s.abandoned
 	s.mu.Unlock()
 	s.steps.Done()
-	return n
+	return n, true
 }
 
 func (h *holder) Detach() func(Result) {
