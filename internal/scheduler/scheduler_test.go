@@ -81,3 +81,31 @@ func TestFailedPicksBackOff(t *testing.T) {
 		t.Fatalf("gaps between failed picks did not grow: first %s, last %s", first, last)
 	}
 }
+
+// TestAbandonAfterReturnChangesNothing: the engine's step watchdog may
+// decide to abandon a step just as it returns. Whichever settles the step
+// second must change nothing: the slot and the WaitGroup are given back
+// exactly once.
+func TestAbandonAfterReturnChangesNothing(t *testing.T) {
+	t.Parallel()
+	var h Holder
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+		Lease: time.Second, HeartbeatInterval: 300 * time.Millisecond},
+		nil, nil, func(_ context.Context, _ *sqlq.Claimed, hh Holder) Result { h = hh; return Result{} },
+		&pickLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s.held[7] = &held{id: 1}
+	s.buffer = []sqlq.Claimed{{ID: 1, Token: 7}}
+	s.lastBeat = time.Now()
+	go s.worker()
+	defer close(s.work)
+	s.dispatch(context.Background())
+	s.steps.Wait() // the step returned and settled its claim
+	if slots, ok := h.Abandon(); ok || slots != 0 {
+		t.Fatalf("Abandon after the step returned: %d slots, ok %v; want 0, false", slots, ok)
+	}
+	if s.Abandoned() != 0 || s.InFlight() != 0 || len(s.held) != 0 {
+		t.Fatalf("abandoned %d, in flight %d, held %d after a late Abandon", s.Abandoned(), s.InFlight(), len(s.held))
+	}
+	s.steps.Add(1) // would panic (negative counter) had Abandon given the step back a second time
+	s.steps.Done()
+}
