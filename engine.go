@@ -458,7 +458,7 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 			}
 			res, ok := e.runStep(ctx, queue, core, in, h)
 			if !ok {
-				return scheduler.Result{} // abandoned: its outcome was written for it
+				return scheduler.Result{} // abandoned: the watchdog writes its outcome
 			}
 			res.out.ID, res.out.Token = c.ID, c.Token
 			res.out.Continue = n < chain && res.kind == kindNext && res.out.Delay <= 0 && res.txFn == nil &&

@@ -184,17 +184,25 @@ func TestHelperWorkerProcess(t *testing.T) {
 	if schema == "" {
 		t.Skip("helper process only")
 	}
+	serveHelper(func(*pgxpool.Pool) *gendurable.Config {
+		return &gendurable.Config{
+			Schema:   schema,
+			Machines: []gendurable.Definition{crashyMachine(true)},
+			Queues:   map[string]gendurable.QueueConfig{"default": {PollInterval: 20 * time.Millisecond}},
+			// A short lease kept alive by heartbeats while this process lives.
+			LeaseDuration: time.Second, HeartbeatInterval: 200 * time.Millisecond, ReaperInterval: -1,
+		}
+	})
+}
+
+// serveHelper runs, in a helper process, an engine configured by cfg until
+// the process is killed; a failure to start exits with a code of its own.
+func serveHelper(cfg func(*pgxpool.Pool) *gendurable.Config) {
 	pool, err := pgxpool.New(context.Background(), dbtest.URL())
 	if err != nil {
 		os.Exit(3)
 	}
-	eng, err := gendurable.New(pool, &gendurable.Config{
-		Schema:   schema,
-		Machines: []gendurable.Definition{crashyMachine(true)},
-		Queues:   map[string]gendurable.QueueConfig{"default": {PollInterval: 20 * time.Millisecond}},
-		// A short lease kept alive by heartbeats while this process lives.
-		LeaseDuration: time.Second, HeartbeatInterval: 200 * time.Millisecond, ReaperInterval: -1,
-	})
+	eng, err := gendurable.New(pool, cfg(pool))
 	if err != nil {
 		os.Exit(4)
 	}
@@ -521,23 +529,14 @@ func TestHelperPausedWorkerProcess(t *testing.T) {
 	if schema == "" {
 		t.Skip("helper process only")
 	}
-	pool, err := pgxpool.New(context.Background(), dbtest.URL())
-	if err != nil {
-		os.Exit(3)
-	}
-	eng, err := gendurable.New(pool, &gendurable.Config{
-		Schema:        schema,
-		Machines:      []gendurable.Definition{pausedMachine(pool, schema)},
-		Queues:        map[string]gendurable.QueueConfig{"default": {Concurrency: 3, Prefetch: 10, PollInterval: 20 * time.Millisecond}},
-		LeaseDuration: 1500 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond, ReaperInterval: -1,
+	serveHelper(func(pool *pgxpool.Pool) *gendurable.Config {
+		return &gendurable.Config{
+			Schema:        schema,
+			Machines:      []gendurable.Definition{pausedMachine(pool, schema)},
+			Queues:        map[string]gendurable.QueueConfig{"default": {Concurrency: 3, Prefetch: 10, PollInterval: 20 * time.Millisecond}},
+			LeaseDuration: 1500 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond, ReaperInterval: -1,
+		}
 	})
-	if err != nil {
-		os.Exit(4)
-	}
-	if err := eng.Start(context.Background()); err != nil {
-		os.Exit(5)
-	}
-	select {} // until SIGKILL
 }
 
 // TestPausedWorkerStartsNoReapedClaim: a worker holding prefetched claims

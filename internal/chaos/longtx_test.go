@@ -28,7 +28,7 @@ func TestChaos10LongTransaction(t *testing.T) {
 	ctx := bg(t, 10*time.Minute)
 	env := newEnv(t, chaos.DefaultURL(), "longtx")
 	fleet := newFleet(t)
-	baseline, hold, after := pick(1500*time.Millisecond, 10*time.Second), pick(3500*time.Millisecond, 60*time.Second), pick(2*time.Second, 15*time.Second)
+	baseline, hold, after := pick(1500*time.Millisecond, 10*time.Second), pick(3500*time.Millisecond, 60*time.Second), pick(3*time.Second, 15*time.Second)
 	cfg := env.Worker("w1")
 	cfg.Concurrency, cfg.ReportPicks = 8, true
 	proc, err := fleet.Start(cfg, 30*time.Second)
@@ -165,7 +165,9 @@ func TestChaos10LongTransaction(t *testing.T) {
 	c.check(locked != 0, "the long transaction found no executing instance to lock")
 	c.check(len(perSecond) > 0 && minSec > 0, "a second of the long transaction passed with no step committed (per second: %v)", perSecond)
 	c.check(nb > 0 && nr > 0, "no pick latency measured (%d baseline, %d after)", nb, nr)
-	limit := max(2*base, base+2*time.Millisecond)
+	// Twice the latency before, with 10 ms of slack for a noisy machine:
+	// a pick that does not recover wades through dead rows for far longer.
+	limit := max(2*base, base+10*time.Millisecond)
 	c.check(recovered <= limit, "pick latency did not recover: p99 %s after the transaction ended, %s before it (limit %s)", recovered, base, limit)
 	c.check(idleTx.Load() == 0, "the engine held a transaction open for over 100 ms (%d of %d samples; longest %s): across user code?",
 		idleTx.Load(), idleSamples.Load(), time.Duration(maxIdleAge.Load())*time.Microsecond)

@@ -116,11 +116,8 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 		Name: "leaf", Start: "work", MaxAttempts: 25, Backoff: chaosBackoff,
 		Steps: map[string]gendurable.StepFunc[LeafState]{
 			"work": func(ctx context.Context, r *gendurable.Run[LeafState]) (gendurable.Outcome, error) {
-				run, err := begin(ctx, rt, r, r.State.Seq)
+				run, err := beginWork(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs))
 				if err != nil {
-					return gendurable.Outcome{}, err
-				}
-				if err := run.work(ctx, jitter(r.State.SleepMs)); err != nil {
 					return gendurable.Outcome{}, err
 				}
 				return run.commit(gendurable.Done(map[string]int{"seq": r.State.Seq}), nil), nil
@@ -131,11 +128,8 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 		Name: "flow", Start: "start", MaxAttempts: 25, Backoff: chaosBackoff,
 		Steps: map[string]gendurable.StepFunc[FlowState]{
 			"start": func(ctx context.Context, r *gendurable.Run[FlowState]) (gendurable.Outcome, error) {
-				run, err := begin(ctx, rt, r, r.State.Seq)
+				run, err := beginWork(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs))
 				if err != nil {
-					return gendurable.Outcome{}, err
-				}
-				if err := run.work(ctx, jitter(r.State.SleepMs)); err != nil {
 					return gendurable.Outcome{}, err
 				}
 				s := r.State
@@ -146,11 +140,8 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 				return run.commit(r.Next("fanout", s), nil), nil
 			},
 			"fanout": func(ctx context.Context, r *gendurable.Run[FlowState]) (gendurable.Outcome, error) {
-				run, err := begin(ctx, rt, r, r.State.Seq)
+				run, err := beginWork(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs))
 				if err != nil {
-					return gendurable.Outcome{}, err
-				}
-				if err := run.work(ctx, jitter(r.State.SleepMs)); err != nil {
 					return gendurable.Outcome{}, err
 				}
 				s := r.State
@@ -175,11 +166,8 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 				return run.commit(r.ScheduleChildren("join", s, kids...), note), nil
 			},
 			"join": func(ctx context.Context, r *gendurable.Run[FlowState]) (gendurable.Outcome, error) {
-				run, err := begin(ctx, rt, r, r.State.Seq)
+				run, err := beginWork(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs))
 				if err != nil {
-					return gendurable.Outcome{}, err
-				}
-				if err := run.work(ctx, jitter(r.State.SleepMs)); err != nil {
 					return gendurable.Outcome{}, err
 				}
 				terminal := 0
@@ -197,11 +185,8 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 		Name: "waiter", Start: "wait", MaxAttempts: 25, Backoff: chaosBackoff,
 		Steps: map[string]gendurable.StepFunc[WaiterState]{
 			"wait": func(ctx context.Context, r *gendurable.Run[WaiterState]) (gendurable.Outcome, error) {
-				run, err := begin(ctx, rt, r, r.State.Seq)
+				run, err := beginWork(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs))
 				if err != nil {
-					return gendurable.Outcome{}, err
-				}
-				if err := run.work(ctx, jitter(r.State.SleepMs)); err != nil {
 					return gendurable.Outcome{}, err
 				}
 				s := r.State
@@ -209,11 +194,8 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 				return run.commit(r.Await("got", s, "pay"), nil), nil
 			},
 			"got": func(ctx context.Context, r *gendurable.Run[WaiterState]) (gendurable.Outcome, error) {
-				run, err := begin(ctx, rt, r, r.State.Seq)
+				run, err := beginWork(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs))
 				if err != nil {
-					return gendurable.Outcome{}, err
-				}
-				if err := run.work(ctx, jitter(r.State.SleepMs)); err != nil {
 					return gendurable.Outcome{}, err
 				}
 				s := r.State
@@ -231,11 +213,7 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 		Name: "plain", Start: "work", MaxAttempts: 25, Backoff: chaosBackoff,
 		Steps: map[string]gendurable.StepFunc[LeafState]{
 			"work": func(ctx context.Context, r *gendurable.Run[LeafState]) (gendurable.Outcome, error) {
-				run, err := begin(ctx, rt, r, r.State.Seq)
-				if err != nil {
-					return gendurable.Outcome{}, err
-				}
-				if err := run.work(ctx, jitter(r.State.SleepMs)); err != nil {
+				if _, err := beginWork(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs)); err != nil {
 					return gendurable.Outcome{}, err
 				}
 				return gendurable.Done(map[string]int{"seq": r.State.Seq}), nil // group-committed, no oracle
@@ -343,11 +321,8 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 			Name: name, Start: "a", MaxAttempts: 25, Backoff: chaosBackoff,
 			Steps: map[string]gendurable.StepFunc[LeafState]{
 				"a": func(ctx context.Context, r *gendurable.Run[LeafState]) (gendurable.Outcome, error) {
-					run, err := begin(ctx, rt, r, r.State.Seq)
+					run, err := beginWork(ctx, rt, r, r.State.Seq, work())
 					if err != nil {
-						return gendurable.Outcome{}, err
-					}
-					if err := run.work(ctx, work()); err != nil {
 						return gendurable.Outcome{}, err
 					}
 					s := r.State

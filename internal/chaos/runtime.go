@@ -129,6 +129,18 @@ func begin[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq in
 	return s, nil
 }
 
+// beginWork is begin, then work for d: the start of most harness steps.
+func beginWork[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq int, d time.Duration) (*stepRun, error) {
+	run, err := begin(ctx, rt, r, seq)
+	if err != nil {
+		return nil, err
+	}
+	if err := run.work(ctx, d); err != nil {
+		return nil, err
+	}
+	return run, nil
+}
+
 // work sleeps d (the step's "work"), honouring ctx, then stamps the end of
 // the side effect.
 func (s *stepRun) work(ctx context.Context, d time.Duration) error {
