@@ -45,7 +45,10 @@ func sampleConns(ctx context.Context, env *chaos.Env, app string) (maxSeen *int,
 func TestChaos09ConnectionLimits(t *testing.T) {
 	t.Parallel() // with the other light scenarios (stall, poison, clock)
 	for _, pc := range []struct{ pool, conc int }{{6, 16}, {2, 8}} {
-		t.Run(fmt.Sprintf("pool%d", pc.pool), func(t *testing.T) { connLimits(t, pc.pool, pc.conc) })
+		t.Run(fmt.Sprintf("pool%d", pc.pool), func(t *testing.T) {
+			t.Parallel() // separate schemas and workers
+			connLimits(t, pc.pool, pc.conc)
+		})
 	}
 }
 
@@ -53,7 +56,7 @@ func connLimits(t *testing.T, pool, conc int) {
 	ctx := bg(t, 10*time.Minute)
 	env := newEnv(t, chaos.DefaultURL(), "conns")
 	fleet := newFleet(t)
-	n := pick(400, 4000) * min(pool, 6) / 6
+	n := pick(300, 4000) * min(pool, 6) / 6
 	cfg := env.Worker("w1")
 	cfg.Concurrency, cfg.MaxConns = conc, pool
 	ps := make([]gendurable.InsertParams, n)
