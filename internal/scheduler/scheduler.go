@@ -139,6 +139,8 @@ func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log 
 		kick: make(chan struct{}, 1),
 		work: make(chan stepJob, cfg.Concurrency),
 		held: make(map[int64]*held),
+		// Not zero: dispatch waits while the leases look unconfirmed.
+		lastBeat: time.Now(),
 	}
 }
 
