@@ -199,7 +199,7 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 	if err != nil {
 		return sqlq.NewInstance{}, err
 	}
-	if err := e.stateLimits.check("state", []byte(state)); err != nil {
+	if err := checkJSON(e.stateLimits, "state", state); err != nil {
 		return sqlq.NewInstance{}, fmt.Errorf("%w: %w", ErrInvalidInsert, err)
 	}
 	r := sqlq.NewInstance{

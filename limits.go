@@ -14,26 +14,30 @@ type jsonLimits struct {
 	maxDepth  int    // levels of nested arrays and objects; negative: no bound
 }
 
-func (l jsonLimits) check(what string, b []byte) error {
+// checkJSON checks one encoded document against l; what names it in the
+// error. It takes the encoding as it comes (a string or bytes): converting
+// would copy every state on the hot path.
+func checkJSON[T string | []byte](l jsonLimits, what string, b T) error {
 	if l.maxBytes > 0 && len(b) > l.maxBytes {
 		return fmt.Errorf("%s is %d bytes encoded, over Config.%s %d", what, len(b), l.bytesName, l.maxBytes)
 	}
-	if jsonDepthOver(b, l.maxDepth) > 0 {
+	if nestsDeeper(b, l.maxDepth) {
 		return fmt.Errorf("%s nests arrays and objects deeper than Config.MaxJSONDepth %d", what, l.maxDepth)
 	}
 	return nil
 }
 
-// jsonDepthOver returns a depth greater than limit if b (valid JSON) nests
-// deeper than limit, else 0. A document shorter than limit+1 bytes cannot
-// nest that deep, so the common small state costs a length comparison.
-func jsonDepthOver(b []byte, limit int) int {
+// nestsDeeper reports whether b (valid JSON) nests arrays and objects
+// deeper than limit (negative: no limit). A document of at most limit bytes
+// cannot nest that deep, so the common small state costs a length
+// comparison.
+func nestsDeeper[T string | []byte](b T, limit int) bool {
 	if limit < 0 || len(b) <= limit {
-		return 0
+		return false
 	}
 	depth, inString, escaped := 0, false, false
-	for _, c := range b {
-		switch {
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
 		case inString:
 			switch {
 			case escaped:
@@ -47,11 +51,11 @@ func jsonDepthOver(b []byte, limit int) int {
 			inString = true
 		case c == '[' || c == '{':
 			if depth++; depth > limit {
-				return depth
+				return true
 			}
 		case c == ']' || c == '}':
 			depth--
 		}
 	}
-	return 0
+	return false
 }

@@ -397,7 +397,7 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 		if err != nil {
 			return sqlq.Outcome{}, fmt.Errorf("%w: Done result: %v", ErrInvalidOutcome, err)
 		}
-		if err := in.limits.check("Done result", b); err != nil {
+		if err := checkJSON(in.limits, "Done result", b); err != nil {
 			return sqlq.Outcome{}, fmt.Errorf("%w: %w", ErrInvalidOutcome, err)
 		}
 		enc.Result = strPtr(string(b))
@@ -410,7 +410,7 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 		if err != nil {
 			return sqlq.Outcome{}, fmt.Errorf("%w: %v", ErrInvalidOutcome, err)
 		}
-		if err := in.limits.check("state", []byte(s)); err != nil {
+		if err := checkJSON(in.limits, "state", s); err != nil {
 			return sqlq.Outcome{}, fmt.Errorf("%w: %w", ErrInvalidOutcome, err)
 		}
 		enc.State = &s

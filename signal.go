@@ -69,7 +69,7 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 	if err != nil {
 		return SignalResult{}, errorf(ErrInvalidSignal, "payload does not encode to JSON: %v", err)
 	}
-	if err := e.signalLimits.check("payload", b); err != nil {
+	if err := checkJSON(e.signalLimits, "payload", b); err != nil {
 		return SignalResult{}, fmt.Errorf("%w: %w", ErrInvalidSignal, err)
 	}
 	p := string(b)
