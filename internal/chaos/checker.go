@@ -104,11 +104,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 		{&r.LostChildren, `SELECT count(*) FROM {{s}}.chaos_oracle o
 			WHERE o.step = 'fanout' AND coalesce((o.note->>'scheduled')::int, 0) >
 			      (SELECT count(*) FROM {{s}}.gendurable_instances c WHERE c.parent_id = o.instance)`, nil},
-		{&r.LostOutcomes, `SELECT count(*) FROM {{s}}.gendurable_instances i
-			WHERE i.status = 'done' AND i.fsm = ANY ($1) AND
-			  (SELECT count(DISTINCT o.seq) FROM {{s}}.chaos_oracle o
-			   WHERE o.instance = i.id AND o.seq BETWEEN 0 AND coalesce((i.result->>'seq')::int, -1))
-			  <> coalesce((i.result->>'seq')::int, -1) + 1`, []any{OracleMachines}},
+		{&r.LostOutcomes, `SELECT count(*) FROM {{s}}.gendurable_instances i WHERE ` + lostOutcome, []any{OracleMachines}},
 		{&r.Runs, `SELECT count(*) FROM {{s}}.chaos_effects`, nil},
 		{&r.Committed, `SELECT count(*) FROM {{s}}.chaos_oracle`, nil},
 		{&r.Duplicates, `SELECT coalesce(sum(n - 1), 0)::int FROM
@@ -119,12 +115,8 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 			(SELECT 1 FROM {{s}}.chaos_oracle WHERE token IS NOT NULL GROUP BY token HAVING count(*) > 1) x`, nil},
 		{&r.NullToken, `SELECT count(*) FROM {{s}}.chaos_oracle WHERE token IS NULL`, nil},
 		{&r.OpenSpans, spansCTE + `SELECT count(*) FROM spans WHERE ended IS NULL`, nil},
-		{&r.Overlaps, spansCTE + `SELECT count(*) FROM spans a JOIN spans b
-			ON a.pkey = b.pkey AND a.id < b.id AND a.started < b.ended AND b.started < a.ended`, nil},
-		{&r.LostWakeUps, `SELECT count(*) FROM {{s}}.gendurable_instances i
-			WHERE i.status = 'awaiting_signal' AND EXISTS (
-			  SELECT 1 FROM {{s}}.gendurable_signals s
-			  WHERE s.target_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.awaits))`, nil},
+		{&r.Overlaps, spansCTE + `SELECT count(*) ` + overlapping, nil},
+		{&r.LostWakeUps, `SELECT count(*) FROM {{s}}.gendurable_instances i WHERE ` + lostWakeUp, nil},
 		{&r.FaninEarly, `SELECT count(*) FROM (
 			  SELECT (SELECT max(c.finished_at) FROM {{s}}.gendurable_instances c WHERE c.parent_id = p.id) AS last_child,
 			         (SELECT min(e.started) FROM {{s}}.chaos_effects e WHERE e.instance = p.id AND e.step = 'join') AS joined
@@ -169,6 +161,23 @@ const spansCTE = `WITH spans AS (
   FROM {{s}}.chaos_effects e WHERE e.pkey IS NOT NULL
 ) `
 
+// Predicates shared by the counts and the samples.
+const (
+	// lostOutcome: instance i is done, but its committed oracle rows do not
+	// cover every seq up to its final one ($1: the oracle machines).
+	lostOutcome = `i.status = 'done' AND i.fsm = ANY ($1) AND
+	  (SELECT count(DISTINCT o.seq) FROM {{s}}.chaos_oracle o
+	   WHERE o.instance = i.id AND o.seq BETWEEN 0 AND coalesce((i.result->>'seq')::int, -1))
+	  <> coalesce((i.result->>'seq')::int, -1) + 1`
+	// overlapping: pairs of spans of one partition key that overlap in time.
+	overlapping = `FROM spans a JOIN spans b
+	  ON a.pkey = b.pkey AND a.id < b.id AND a.started < b.ended AND b.started < a.ended`
+	// lostWakeUp: instance i is parked on a name it holds an unconsumed signal of.
+	lostWakeUp = `i.status = 'awaiting_signal' AND EXISTS (
+	  SELECT 1 FROM {{s}}.gendurable_signals s
+	  WHERE s.target_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.awaits))`
+)
+
 // sample collects a few offending ids for a failure message.
 func (r *Report) sample(ctx context.Context, pool *pgxpool.Pool, schema string) {
 	add := func(label, stmt string, args ...any) {
@@ -200,19 +209,15 @@ func (r *Report) sample(ctx context.Context, pool *pgxpool.Pool, schema string) 
 	}
 	if r.LostOutcomes > 0 {
 		add("lost outcome", `SELECT format('%s #%s final seq %s', i.fsm, i.id, i.result->>'seq') FROM {{s}}.gendurable_instances i
-			WHERE i.status = 'done' AND i.fsm = ANY ($1) AND
-			  (SELECT count(DISTINCT o.seq) FROM {{s}}.chaos_oracle o
-			   WHERE o.instance = i.id AND o.seq BETWEEN 0 AND coalesce((i.result->>'seq')::int, -1))
-			  <> coalesce((i.result->>'seq')::int, -1) + 1 LIMIT 5`, OracleMachines)
+			WHERE `+lostOutcome+` LIMIT 5`, OracleMachines)
 	}
 	if r.Overlaps > 0 {
 		add("overlap", spansCTE+`SELECT format('key %s: run %s [%s, %s] and run %s [%s, %s]', a.pkey, a.id, a.started, a.ended, b.id, b.started, b.ended)
-			FROM spans a JOIN spans b ON a.pkey = b.pkey AND a.id < b.id AND a.started < b.ended AND b.started < a.ended LIMIT 5`)
+			`+overlapping+` LIMIT 5`)
 	}
 	if r.LostWakeUps > 0 {
 		add("lost wake-up", `SELECT format('#%s awaits %s', i.id, i.awaits) FROM {{s}}.gendurable_instances i
-			WHERE i.status = 'awaiting_signal' AND EXISTS (SELECT 1 FROM {{s}}.gendurable_signals s
-			  WHERE s.target_id = i.id AND s.consumed_at IS NULL AND s.name = ANY (i.awaits)) LIMIT 5`)
+			WHERE `+lostWakeUp+` LIMIT 5`)
 	}
 	if r.Failed > 0 {
 		add("failed", `SELECT format('%s #%s at %s: %s', fsm, id, step, left((errors->-1)::text, 300))

@@ -2,6 +2,7 @@ package chaos_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,6 +91,11 @@ func TestCheckerFindsViolations(t *testing.T) {
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %d, want %d", c.name, c.got, c.want)
+		}
+	}
+	for _, smp := range r.Samples {
+		if strings.Contains(smp, "ERROR") || strings.Contains(smp, "SQLSTATE") {
+			t.Errorf("a sample query failed: %s", smp)
 		}
 	}
 	if v := r.Violations(false); len(v) < 10 {

@@ -244,13 +244,15 @@ func TestChaos03PostgresRestart(t *testing.T) {
 	if len(resumes) > 0 {
 		maxResume = resumes[len(resumes)-1]
 	}
-	counts := map[string]int{}
+	counts, terminated := map[string]int{}, 0
 	for _, f := range faults {
 		counts[f.kind]++
+		terminated += f.terminated
+		c.check(f.kind != "terminate" || f.terminated > 0, "a backend termination found no engine backend to terminate")
 	}
 	summary(t, r.Line("pg-restart", fmt.Sprintf("%d restarts", counts["restart"]+counts["crash"]+counts["outage"]))+
-		fmt.Sprintf(" (%d clean, %d crash, %d outages of %s; %d backend terminations; %d workers survived, slowest resume %s after the database came back (limit 10s); 0 executing past lease in %d samples; %d goroutine leaks; per worker and outage, failed picks: at most %d in the last second, %d in all (at a fixed 50 ms poll: 20 a second), connection attempts of the whole process: at most %d in the last second, %d in all; %s)",
-			counts["restart"], counts["crash"], counts["outage"], outage, counts["terminate"], workers,
+		fmt.Sprintf(" (%d clean, %d crash, %d outages of %s; %d backend terminations (%d backends); %d workers survived, slowest resume %s after the database came back (limit 10s); 0 executing past lease in %d samples; %d goroutine leaks; per worker and outage, failed picks: at most %d in the last second, %d in all (at a fixed 50 ms poll: 20 a second), connection attempts of the whole process: at most %d in the last second, %d in all; %s)",
+			counts["restart"], counts["crash"], counts["outage"], outage, counts["terminate"], terminated, workers,
 			maxResume.Round(time.Millisecond), samples.Load(), leaks, pickLastMax, pickTotalMax, connLastMax, connTotalMax, r.Invariants()))
 	c.done()
 }

@@ -151,7 +151,9 @@ func TestChaos06PoisonSteps(t *testing.T) {
 	c.check(loopStatus == "failed", "the step looping while ignoring its context is still %s at attempt %d", loopStatus, loopAttempt)
 	c.check(loopKind == "timeout" && strings.Contains(loopErr, "ignored its context") && strings.Contains(loopErr, "attempts exhausted"),
 		"the looping step failed with %s %q, want timeout: ignored its context, attempts exhausted", loopKind, loopErr)
-	withReason += map[bool]int{true: 1}[loopStatus == "failed" && loopKind == "timeout"]
+	if loopStatus == "failed" && loopKind == "timeout" {
+		withReason++
+	}
 	c.check(ignoringReported && warned, "the step ignoring cancellation was not reported (by Stop: %v, in the log: %v)", ignoringReported, warned)
 	c.check(maxConc <= cfg.Concurrency, "the process ran %d steps at once, over its concurrency %d", maxConc, cfg.Concurrency)
 	c.check(hookPanics > 0, "the panicking hook never ran")

@@ -68,7 +68,7 @@ func TestChaos02Stall(t *testing.T) {
 	}
 	_, live, err := env.WaitTerminal(ctx, time.Now().Add(60*time.Second))
 	must(t, err)
-	evs, stopErr := fleet.TermAll(30 * time.Second)
+	_, stopErr := fleet.TermAll(30 * time.Second)
 	r, err := env.Check(ctx, chaos.CheckOpts{})
 	must(t, err)
 
@@ -148,7 +148,6 @@ func TestChaos02Stall(t *testing.T) {
 	c.check(unexplained == 0, "%d zombie runs neither reaped, nor committed alone, nor retried through Handle", unexplained)
 	c.check(int(fenced+unwritten) >= reaped, "the stalled worker reported %d fenced and %d unwritten outcomes for %d reaped runs", fenced, unwritten, reaped)
 	c.check(stopErr == nil, "graceful stop: %v", stopErr)
-	_ = evs
 	summary(t, r.Line("stall", fmt.Sprintf("%d stalls of %s (2× lease)", stalls, 2*lease))+
 		fmt.Sprintf(" (%d steps in flight in the stalled worker: %d reaped and rerun once each, %d late outcomes fenced and %d not written = 0 rows changed, %d started after their reap, %d committed by the zombie itself before any reap, %d rolled back on waking and retried through Handle; %d partition overlaps; %s)",
 			zombies, rerunOnce, fenced, unwritten, staleStarts, committedAlone, handled, r.Overlaps, r.Invariants()))
