@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
@@ -22,6 +25,9 @@ var ErrNotCancellable = errors.New("gendurable: instance already finished")
 const MaxListLimit = 500
 
 // ListFilter selects instances for [Engine.List]. Zero fields do not filter.
+// Queue, Machine and Step (at most 200 bytes) and Search (at most 1000) must be
+// valid UTF-8 without NUL or other control characters; anything else is
+// [ErrInvalidInput].
 type ListFilter struct {
 	Queue   string
 	Status  Status
@@ -75,7 +81,15 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 		limit = MaxListLimit
 	}
 	if f.Status != "" && !validStatus(f.Status) {
-		return nil, fmt.Errorf("gendurable: list: unknown status %q", f.Status)
+		return nil, errorf(ErrInvalidInput, "list: unknown status %q", f.Status)
+	}
+	for _, c := range []struct {
+		field, value string
+		max          int
+	}{{"queue", f.Queue, maxNameLen}, {"machine", f.Machine, maxNameLen}, {"step", f.Step, maxNameLen}, {"search", f.Search, maxKeyLen}} {
+		if err := checkInput("list: "+c.field, c.value, c.max); err != nil {
+			return nil, err
+		}
 	}
 	q := sqlq.ListFilter{Limit: limit + 1}
 	opt := func(s string) *string {
@@ -116,6 +130,30 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 		page.Instances = append(page.Instances, s)
 	}
 	return page, nil
+}
+
+// checkInput validates an operator's name, filter or search text the way
+// inserts validate theirs, so a bad byte is a typed error here instead of a
+// database error (SQLSTATE 22021) later. Control characters are refused as
+// well: no name or key an operator types holds one.
+func checkInput(field, s string, maxLen int) error {
+	switch {
+	case len(s) > maxLen:
+		return errorf(ErrInvalidInput, "%s longer than %d bytes", field, maxLen)
+	case !utf8.ValidString(s):
+		return errorf(ErrInvalidInput, "%s is not valid UTF-8", field)
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return errorf(ErrInvalidInput, "%s holds NUL or another control character", field)
+	}
+	return nil
+}
+
+// checkName is checkInput for a name that must not be empty.
+func checkName(field, s string) error {
+	if s == "" {
+		return errorf(ErrInvalidInput, "empty %s", field)
+	}
+	return checkInput(field, s, maxNameLen)
 }
 
 func validStatus(s Status) bool {
@@ -251,7 +289,9 @@ func sortedQueueNames(m map[string]*QueueStats) []string {
 }
 
 // Pause stops every process from picking queue (steps already running
-// finish). The state is stored in the database.
+// finish). The state is stored in the database. A queue name that is empty,
+// longer than 200 bytes, not valid UTF-8 or holding a control character is
+// [ErrInvalidInput].
 func (e *Engine) Pause(ctx context.Context, queue string) error { return e.setPaused(ctx, queue, true) }
 
 // Resume lets processes pick queue again.
@@ -264,8 +304,8 @@ func (e *Engine) Resume(ctx context.Context, queue string) error {
 }
 
 func (e *Engine) setPaused(ctx context.Context, queue string, paused bool) error {
-	if queue == "" || len(queue) > maxNameLen {
-		return errorf(ErrInvalidConfig, "queue name must be 1-%d bytes", maxNameLen)
+	if err := checkName("queue name", queue); err != nil {
+		return err
 	}
 	if err := e.q.SetPaused(ctx, e.pool, queue, paused); err != nil {
 		return fmt.Errorf("gendurable: pause %q: %w", queue, err)
@@ -347,8 +387,13 @@ func (t *transitions) add(machine, from, to, outcome string) {
 	t.mu.Unlock()
 }
 
-// Graph returns the machine graph of a machine (by name).
+// Graph returns the machine graph of a machine (by name): [ErrNotFound] if
+// no such machine is registered or stored, [ErrInvalidInput] for a name no
+// machine can have (see [ListFilter]).
 func (e *Engine) Graph(ctx context.Context, machine string) (*MachineGraph, error) {
+	if err := checkName("machine name", machine); err != nil {
+		return nil, err
+	}
 	g := &MachineGraph{Machine: machine, Counts: map[string]map[Status]int64{}}
 	steps := map[string]bool{}
 	for k, core := range e.registry {

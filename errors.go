@@ -59,6 +59,13 @@ var (
 	// library needs (see package migrate).
 	ErrSchemaVersion = errors.New("gendurable: schema version mismatch")
 
+	// ErrInvalidInput: an operator call ([Engine.List], [Engine.Pause],
+	// [Engine.Resume], [Engine.Graph]) got a filter, name or search text it
+	// cannot use: empty where a name is required, too long, not valid UTF-8,
+	// or holding NUL or another control character. It is returned before any
+	// SQL runs. The CLI exits 2 on it and the dashboard answers 400.
+	ErrInvalidInput = errors.New("gendurable: invalid input")
+
 	// ErrAlreadyStarted: Start was called on a running engine.
 	ErrAlreadyStarted = errors.New("gendurable: engine already started")
 )

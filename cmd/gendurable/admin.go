@@ -413,7 +413,8 @@ func exitCode(err error) int {
 	case errors.Is(err, gendurable.ErrNotRetryable), errors.Is(err, gendurable.ErrNotCancellable),
 		errors.Is(err, gendurable.ErrUniqueConflict), errors.Is(err, gendurable.ErrInstanceFinished):
 		return exitConflict
-	case errors.Is(err, gendurable.ErrInvalidSignal), errors.Is(err, gendurable.ErrInvalidConfig):
+	case errors.Is(err, gendurable.ErrInvalidSignal), errors.Is(err, gendurable.ErrInvalidConfig),
+		errors.Is(err, gendurable.ErrInvalidInput):
 		return exitUsage
 	}
 	return exitError

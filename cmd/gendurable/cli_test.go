@@ -239,3 +239,26 @@ func TestUIServesTheDashboardOnLoopback(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
+
+// TestCLIRejectsBadInput: NUL-free but invalid UTF-8 or control characters
+// in filters and queue names are a usage error (exit 2), not a database
+// error (exit 1 with SQLSTATE 22021). (A NUL cannot travel in argv.)
+func TestCLIRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	for _, args := range [][]string{
+		{"list", "--queue", "\xff"},
+		{"list", "--step", "\xff\xfe"},
+		{"list", "--machine", "a\x1bb"},
+		{"list", "--search", "\x1b[2J"},
+		{"list", "--status", "nope"},
+		{"pause", "\xff"},
+		{"resume", "\t"},
+		{"pause", "a\x7fb"},
+	} {
+		_, errOut, code := cli(t, append(args, "--schema", schema)...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.Contains(t, errOut, "invalid input", "%q", args)
+		require.NotContains(t, errOut, "SQLSTATE", "%q", args)
+	}
+}
