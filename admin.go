@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,10 +25,23 @@ var ErrNotCancellable = errors.New("gendurable: instance already finished")
 // MaxListLimit bounds one page of [Engine.List].
 const MaxListLimit = 500
 
+// Bounds of the rows one [Engine.List] page looks at (ListFilter.MaxScan).
+const (
+	DefaultListScan = 10_000
+	MaxListScan     = 100_000
+)
+
 // ListFilter selects instances for [Engine.List]. Zero fields do not filter.
 // Queue, Machine and Step (at most 200 bytes) and Search (at most 1000) must be
 // valid UTF-8 without NUL or other control characters; anything else is
 // [ErrInvalidInput].
+//
+// A page is bounded by the rows it looks at, not only by the rows it
+// returns: it takes the newest MaxScan instances below Before (those
+// matching Search, when set, found through the primary key and the key
+// indexes) and applies the other filters to them. A filter that matches
+// little may so return a short or empty page with [ListPage.Partial] set;
+// NextBefore continues below what was looked at.
 type ListFilter struct {
 	Queue   string
 	Status  Status
@@ -35,13 +49,17 @@ type ListFilter struct {
 	Step    string
 	From    time.Time // inserted at or after
 	To      time.Time // inserted before
-	// Search matches an exact instance id, partition key or unique key.
+	// Search matches an exact instance id, partition key or unique key, each
+	// through an index.
 	Search string
 	// Before pages: only instances with a smaller id (pass the last page's
 	// NextBefore).
 	Before int64
 	// Limit is the page size; default 50, at most MaxListLimit.
 	Limit int
+	// MaxScan bounds the instances one page looks at; default
+	// DefaultListScan, at most MaxListScan.
+	MaxScan int
 }
 
 // InstanceSummary is one row of a list.
@@ -69,6 +87,11 @@ type ListPage struct {
 	Instances []InstanceSummary `json:"instances"`
 	// NextBefore is the Before of the next page; 0 when this is the last.
 	NextBefore int64 `json:"next_before,omitempty"`
+	// Scanned is how many instances the page looked at (at most MaxScan).
+	Scanned int `json:"scanned"`
+	// Partial: the page stopped at MaxScan instances looked at before it
+	// filled up; older matches may follow NextBefore.
+	Partial bool `json:"partial,omitempty"`
 }
 
 // List returns instances matching f, newest first, one page at a time.
@@ -91,7 +114,14 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 			return nil, err
 		}
 	}
-	q := sqlq.ListFilter{Limit: limit + 1}
+	scan := f.MaxScan
+	switch {
+	case scan <= 0:
+		scan = DefaultListScan
+	case scan > MaxListScan:
+		scan = MaxListScan
+	}
+	q := sqlq.ListFilter{Limit: limit + 1, Scan: scan}
 	opt := func(s string) *string {
 		if s == "" {
 			return nil
@@ -108,11 +138,18 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 	if f.Before > 0 {
 		q.Before = &f.Before
 	}
-	rows, err := e.q.ListInstances(ctx, e.pool, q)
+	if id, err := strconv.ParseInt(f.Search, 10, 64); err == nil && id > 0 {
+		q.SearchID = &id
+	}
+	rows, win, err := e.q.ListInstances(ctx, e.pool, q)
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: list: %w", err)
 	}
-	page := &ListPage{Instances: make([]InstanceSummary, 0, min(len(rows), limit))}
+	page := &ListPage{Instances: make([]InstanceSummary, 0, min(len(rows), limit)), Scanned: win.Scanned}
+	if len(rows) <= limit && win.Scanned >= scan && win.Low > 1 {
+		// A full window that did not fill the page: continue below it.
+		page.NextBefore, page.Partial = win.Low, true
+	}
 	for i, r := range rows {
 		if i == limit {
 			page.NextBefore = page.Instances[limit-1].ID

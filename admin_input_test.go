@@ -58,3 +58,54 @@ func TestAdminInputIsValidated(t *testing.T) {
 	}
 	require.NoError(t, b.eng.Pause(ctx, "café"))
 }
+
+// TestListLooksAtABoundedWindow: a filter that matches only old rows gets
+// short, partial pages that say where they stopped, and paging on finds
+// every match once; a search by key finds its rows in any status.
+func TestListLooksAtABoundedWindow(t *testing.T) {
+	t.Parallel()
+	job := (&recorder{}).job("windowed")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	var ps []gendurable.InsertParams
+	for i := range 3 {
+		ps = append(ps, job.New(orderArgs{I: i}).With(gendurable.InsertOpts{Queue: "old", PartitionKey: "pk"}))
+	}
+	for i := range 25 {
+		ps = append(ps, job.New(orderArgs{I: i}))
+	}
+	res, err := b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+	require.NoError(t, b.eng.Cancel(ctx, res[1].ID, "finished rows are found too"))
+
+	var found []int64
+	partial := 0
+	f := gendurable.ListFilter{Queue: "old", MaxScan: 10, Limit: 2}
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 10)
+		page, err := b.eng.List(ctx, f)
+		require.NoError(t, err)
+		require.LessOrEqual(t, page.Scanned, 10)
+		for _, in := range page.Instances {
+			found = append(found, in.ID)
+		}
+		if page.Partial {
+			partial++
+			require.Less(t, len(page.Instances), 2, "a partial page did not fill up")
+			require.NotZero(t, page.NextBefore)
+		}
+		if page.NextBefore == 0 {
+			break
+		}
+		f.Before = page.NextBefore
+	}
+	require.Equal(t, []int64{res[2].ID, res[1].ID, res[0].ID}, found)
+	require.Equal(t, 2, partial, "28 rows in windows of 10: two windows held no match")
+
+	page, err := b.eng.List(ctx, gendurable.ListFilter{Search: "pk"})
+	require.NoError(t, err)
+	require.Len(t, page.Instances, 3)
+	require.Equal(t, gendurable.StatusFailed, page.Instances[1].Status)
+	require.False(t, page.Partial)
+	require.Equal(t, 3, page.Scanned)
+}

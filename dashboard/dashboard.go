@@ -25,7 +25,10 @@
 //     is per dashboard process and appears from the second load on.
 //   - /instances — the list, with filters (queue, status, machine, step,
 //     inserted from/to in UTC, search by id, partition key or unique key)
-//     and keyset paging, at most [MaxPageSize] rows a page.
+//     and keyset paging, at most [MaxPageSize] rows a page. A search is an
+//     index lookup; a page looks at no more than
+//     [gendurable.DefaultListScan] instances, and says so when it stopped
+//     there before filling up (its "Older" link continues below them).
 //   - /instances/{id} — state, result, error history, signals, children,
 //     parent, what it waits for; retry, cancel and signal.
 //   - /machines and /machines/{name} — registered machines, and a machine's

@@ -111,6 +111,8 @@ type listData struct {
 	Machines []string
 	Queues   []string
 	Max      int
+	Scanned  int  // instances the page looked at
+	Partial  bool // it stopped at its scan bound before filling up
 }
 
 // timeLayouts accepted by the from/to filters (UTC unless they say).
@@ -187,7 +189,8 @@ func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 	if len(page.Instances) > form.Limit { // belt and braces: never more than asked
 		page.Instances = page.Instances[:form.Limit]
 	}
-	data := listData{Form: form, Rows: page.Instances, Paged: f.Before > 0, Max: MaxPageSize}
+	data := listData{Form: form, Rows: page.Instances, Paged: f.Before > 0, Max: MaxPageSize,
+		Scanned: page.Scanned, Partial: page.Partial}
 	kv := []string{"queue", form.Queue, "status", form.Status, "machine", form.Machine, "step", form.Step,
 		"from", form.From, "to", form.To, "q", form.Q}
 	if form.Limit != d.opts.PageSize {

@@ -122,10 +122,11 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&status, "status", "", "only this status (runnable, executing, awaiting_signal, awaiting_children, done, failed)")
 	fs.StringVar(&f.Machine, "machine", "", "only this machine")
 	fs.StringVar(&f.Step, "step", "", "only instances at this step")
-	fs.StringVar(&f.Search, "search", "", "an instance id, partition key or unique key")
+	fs.StringVar(&f.Search, "search", "", "an exact instance id, partition key or unique key (index lookups)")
 	fs.DurationVar(&since, "since", 0, "only instances inserted within this long")
 	fs.IntVar(&f.Limit, "limit", 50, fmt.Sprintf("rows (at most %d)", gendurable.MaxListLimit))
 	fs.Int64Var(&f.Before, "before", 0, "page: only ids below this (the previous page's next_before)")
+	fs.IntVar(&f.MaxScan, "scan", gendurable.DefaultListScan, fmt.Sprintf("look at no more than this many instances (at most %d)", gendurable.MaxListScan))
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -153,6 +154,9 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if page.Partial {
+		fmt.Fprintf(stdout, "looked at %d instances and stopped (raise --scan to look at more at once)\n", page.Scanned)
 	}
 	if page.NextBefore > 0 {
 		fmt.Fprintf(stdout, "more: --before %d\n", page.NextBefore)

@@ -2,6 +2,7 @@ package sqlq
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,26 +16,68 @@ import (
 type ListFilter struct {
 	Queue, Status, FSM, Step *string
 	From, To                 *time.Time // inserted_at range [From, To)
-	Search                   *string    // exact id, partition key or unique key
-	Before                   *int64     // keyset paging: ids below this
-	Limit                    int
+	// Search is an exact id (when SearchID is set), partition key or unique
+	// key: each found through its index (the primary key,
+	// gendurable_instances_partition_key, gendurable_instances_unique_key).
+	Search   *string
+	SearchID *int64
+	Before   *int64 // keyset paging: ids below this
+	Limit    int    // rows returned
+	// Scan bounds the rows a page looks at: the newest Scan instances below
+	// Before (of those matching Search, if set) are filtered, no more.
+	Scan int
 }
 
-const listInstancesSQL = `
-SELECT id, fsm, fsm_version, queue, step, status::text, attempt, max_attempts, priority,
-       partition_key, parent_id, eligible_at, inserted_at, updated_at, finished_at,
-       (SELECT e ->> 'error' FROM jsonb_array_elements(errors) AS e ORDER BY (e ->> 'at') DESC LIMIT 1)
-FROM {{schema}}.gendurable_instances
-WHERE ($1::text IS NULL OR queue = $1)
-  AND ($2::text IS NULL OR status = $2::{{schema}}.gendurable_status)
-  AND ($3::text IS NULL OR fsm = $3)
-  AND ($4::text IS NULL OR step = $4)
-  AND ($5::timestamptz IS NULL OR inserted_at >= $5)
-  AND ($6::timestamptz IS NULL OR inserted_at < $6)
-  AND ($7::text IS NULL OR id::text = $7 OR partition_key = $7 OR unique_key = convert_to($7, 'UTF8'))
-  AND ($8::bigint IS NULL OR id < $8)
-ORDER BY id DESC
-LIMIT $9`
+// A list looks at a window: the newest $8 candidates below the cursor $7,
+// taken from the primary key backwards (listScanSQL) or from the union of
+// the id, partition-key and unique-key lookups (listSearchSQL), so no page
+// reads more than $8 rows whatever the filters. The filters ($1-$6) then
+// apply to the window, the page is at most $9 rows, and every result row
+// carries the window's size and lowest id, so the caller can continue below
+// a full window that matched little. The left join keeps that one row of
+// window figures even when nothing matched.
+const listWindowCols = `id, queue, status, fsm, step, inserted_at`
+
+const listTailSQL = `
+), hit AS (
+  SELECT id FROM w
+  WHERE ($1::text IS NULL OR queue = $1)
+    AND ($2::text IS NULL OR status = $2::{{schema}}.gendurable_status)
+    AND ($3::text IS NULL OR fsm = $3)
+    AND ($4::text IS NULL OR step = $4)
+    AND ($5::timestamptz IS NULL OR inserted_at >= $5)
+    AND ($6::timestamptz IS NULL OR inserted_at < $6)
+  ORDER BY id DESC
+  LIMIT $9
+)
+SELECT s.n, s.low, i.id, i.fsm, i.fsm_version, i.queue, i.step, i.status::text, i.attempt, i.max_attempts, i.priority,
+       i.partition_key, i.parent_id, i.eligible_at, i.inserted_at, i.updated_at, i.finished_at,
+       (SELECT e ->> 'error' FROM jsonb_array_elements(i.errors) AS e ORDER BY (e ->> 'at') DESC LIMIT 1)
+FROM (SELECT count(*) AS n, coalesce(min(id), 0) AS low FROM w) AS s
+LEFT JOIN (hit JOIN {{schema}}.gendurable_instances AS i ON i.id = hit.id) ON true
+ORDER BY i.id DESC`
+
+const listScanSQL = `
+WITH w AS MATERIALIZED (
+  SELECT ` + listWindowCols + ` FROM {{schema}}.gendurable_instances
+  WHERE id < $7
+  ORDER BY id DESC
+  LIMIT $8` + listTailSQL
+
+const listSearchSQL = `
+WITH w AS MATERIALIZED (
+  SELECT ` + listWindowCols + ` FROM (
+    (SELECT ` + listWindowCols + ` FROM {{schema}}.gendurable_instances
+     WHERE id = $10 AND id < $7)
+    UNION
+    (SELECT ` + listWindowCols + ` FROM {{schema}}.gendurable_instances
+     WHERE partition_key = $11 AND id < $7 ORDER BY id DESC LIMIT $8)
+    UNION
+    (SELECT ` + listWindowCols + ` FROM {{schema}}.gendurable_instances
+     WHERE unique_key = convert_to($11, 'UTF8') AND id < $7 ORDER BY id DESC LIMIT $8)
+  ) AS u
+  ORDER BY id DESC
+  LIMIT $8` + listTailSQL
 
 // ListRow is one instance in a list.
 type ListRow struct {
@@ -56,18 +99,61 @@ type ListRow struct {
 	LastError    *string
 }
 
-// ListInstances returns instances matching f, newest first.
-func (q *Queries) ListInstances(ctx context.Context, db DB, f ListFilter) ([]ListRow, error) {
-	rows, err := db.Query(ctx, q.listInstances, f.Queue, f.Status, f.FSM, f.Step, f.From, f.To, f.Search, f.Before, f.Limit)
-	if err != nil {
-		return nil, err
+// ListWindow is what a list page looked at: Scanned rows (at most
+// ListFilter.Scan), the lowest id among them (0 if none).
+type ListWindow struct {
+	Scanned int
+	Low     int64
+}
+
+// ListSQL is the statement and arguments of a list: the search window when
+// f.Search is set, the primary-key window otherwise.
+func (q *Queries) ListSQL(f ListFilter) (string, []any) {
+	before := int64(math.MaxInt64)
+	if f.Before != nil {
+		before = *f.Before
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ListRow, error) {
-		var r ListRow
-		err := row.Scan(&r.ID, &r.FSM, &r.Version, &r.Queue, &r.Step, &r.Status, &r.Attempt, &r.MaxAttempts,
-			&r.Priority, &r.PartitionKey, &r.ParentID, &r.EligibleAt, &r.InsertedAt, &r.UpdatedAt, &r.FinishedAt, &r.LastError)
-		return r, err
-	})
+	args := []any{f.Queue, f.Status, f.FSM, f.Step, f.From, f.To, before, f.Scan, f.Limit}
+	if f.Search == nil {
+		return q.listScan, args
+	}
+	return q.listSearch, append(args, f.SearchID, *f.Search)
+}
+
+// ListInstances returns instances matching f, newest first, and the window
+// it looked at.
+func (q *Queries) ListInstances(ctx context.Context, db DB, f ListFilter) ([]ListRow, ListWindow, error) {
+	sql, args := q.ListSQL(f)
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, ListWindow{}, err
+	}
+	defer rows.Close()
+	var win ListWindow
+	var out []ListRow
+	for rows.Next() {
+		// The columns of i are NULL on the one row of an empty page.
+		var (
+			id                                *int64
+			fsm, queue, step, status          *string
+			version, attempt, maxAttempts     *int32
+			priority                          *int16
+			eligibleAt, insertedAt, updatedAt *time.Time
+			r                                 ListRow
+		)
+		if err := rows.Scan(&win.Scanned, &win.Low, &id, &fsm, &version, &queue, &step, &status, &attempt, &maxAttempts,
+			&priority, &r.PartitionKey, &r.ParentID, &eligibleAt, &insertedAt, &updatedAt, &r.FinishedAt, &r.LastError); err != nil {
+			return nil, ListWindow{}, err
+		}
+		if id == nil {
+			continue
+		}
+		r.ID, r.FSM, r.Version, r.Queue, r.Step, r.Status = *id, *fsm, *version, *queue, *step, *status
+		r.Attempt, r.MaxAttempts, r.Priority = *attempt, *maxAttempts, *priority
+		r.EligibleAt, r.InsertedAt, r.UpdatedAt = *eligibleAt, *insertedAt, *updatedAt
+		out = append(out, r)
+	}
+	return out, win, rows.Err()
 }
 
 const queueCountsSQL = `

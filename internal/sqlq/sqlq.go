@@ -67,7 +67,8 @@ type Queries struct {
 	wakeTimedOut    string
 	waitInfo        string
 	retry           string
-	listInstances   string
+	listScan        string
+	listSearch      string
 	queueCounts     string
 	setPaused       string
 	cancel          string
@@ -100,7 +101,8 @@ func New(schema string) (*Queries, error) {
 		wakeTimedOut:    render(wakeTimedOutSQL, qs),
 		waitInfo:        render(waitInfoSQL, qs),
 		retry:           render(retrySQL, qs),
-		listInstances:   render(listInstancesSQL, qs),
+		listScan:        render(listScanSQL, qs),
+		listSearch:      render(listSearchSQL, qs),
 		queueCounts:     render(queueCountsSQL, qs),
 		setPaused:       render(setPausedSQL, qs),
 		cancel:          render(cancelSQL, qs),
