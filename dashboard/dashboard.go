@@ -73,6 +73,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -122,6 +123,16 @@ type Options struct {
 	// POSTs are accepted, for a proxy that changes the Host header.
 	TrustedOrigins []string
 
+	// AllowedHosts are the names the Host header may carry besides the
+	// address the client connected to, loopback addresses and "localhost"
+	// (which are always served): e.g. "ops.example.com" or
+	// "ops.example.com:8443" (with a port, only that port). A request for
+	// any other host gets 421, so a page whose DNS name was rebound to the
+	// dashboard's address cannot read or act through it. Mounted behind a
+	// proxy, list the public name; "*" turns the check off (for a server
+	// that checks Host itself).
+	AllowedHosts []string
+
 	// RequestTimeout bounds the work of one request. Default 10s.
 	RequestTimeout time.Duration
 
@@ -134,9 +145,15 @@ type Options struct {
 	// name. Return the JSON to show (e.g. with secrets replaced).
 	Redact func(machine string, data json.RawMessage) json.RawMessage
 
-	// Logger receives internal errors and an audit line per action.
-	// Default slog.Default().
+	// Logger receives internal errors and refusals. Default slog.Default().
 	Logger *slog.Logger
+
+	// AuditLogger receives the audit trail, at [LevelAudit]: one line per
+	// mutation (pause, resume, retry, cancel, signal — refused ones too)
+	// with who, what, which ids, from where and the outcome, and one per
+	// failed login (credentials presented and wrong; at most a few a
+	// minute per remote IP, the rest counted). Default Logger.
+	AuditLogger *slog.Logger
 
 	// Title shown in the header. Default "gendurable".
 	Title string
@@ -148,12 +165,17 @@ type dashboard struct {
 	opts    Options
 	base    string
 	log     *slog.Logger
+	auditor *slog.Logger
 	pages   pages
 	sampler *sampler
 	handler http.Handler
 
 	basicUser, basicPass [32]byte // SHA-256 of the configured credentials
 	bearer               [32]byte
+
+	anyHost bool            // AllowedHosts holds "*"
+	allowed map[string]bool // AllowedHosts, lower case
+	limiter *logLimiter     // failed logins and refused hosts, per remote IP
 }
 
 // New returns the dashboard for eng as an http.Handler.
@@ -167,6 +189,23 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	}
 	if a := opts.BasicAuth; a != nil && (a.User == "" || a.Password == "" || strings.Contains(a.User, ":")) {
 		return nil, errors.New("dashboard: BasicAuth needs a non-empty User (without ':') and Password")
+	}
+	if tok := opts.BearerToken; tok != "" {
+		// Trimmed like the presented token, so " x" can log in with "x".
+		if opts.BearerToken = strings.TrimSpace(tok); opts.BearerToken == "" {
+			return nil, errors.New("dashboard: BearerToken is only white space")
+		}
+	}
+	allowed := map[string]bool{}
+	anyHost := false
+	for _, h := range opts.AllowedHosts {
+		switch {
+		case h == "*":
+			anyHost = true
+		case h == "" || strings.ContainsAny(h, "/?#@ \t\r\n"):
+			return nil, fmt.Errorf("dashboard: AllowedHosts: %q is not a host name or host:port", h)
+		}
+		allowed[strings.ToLower(strings.TrimSuffix(h, "."))] = true
 	}
 	switch {
 	case opts.RequestTimeout < 0:
@@ -183,10 +222,14 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.AuditLogger == nil {
+		opts.AuditLogger = opts.Logger
+	}
 	if opts.Title == "" {
 		opts.Title = "gendurable"
 	}
-	d := &dashboard{eng: eng, opts: opts, base: base, log: opts.Logger, sampler: newSampler()}
+	d := &dashboard{eng: eng, opts: opts, base: base, log: opts.Logger, auditor: opts.AuditLogger, sampler: newSampler(),
+		anyHost: anyHost, allowed: allowed, limiter: newLogLimiter()}
 	if a := opts.BasicAuth; a != nil {
 		d.basicUser, d.basicPass = sha256.Sum256([]byte(a.User)), sha256.Sum256([]byte(a.Password))
 	}
@@ -205,11 +248,11 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	mux.HandleFunc("GET /machines", d.machinesPage)
 	mux.HandleFunc("GET /machines/{name}", d.graphPage)
 	mux.HandleFunc("GET /static/{file}", serveStatic)
-	mux.Handle("POST /queues/{queue}/pause", d.mutation(d.pauseAction))
-	mux.Handle("POST /queues/{queue}/resume", d.mutation(d.resumeAction))
-	mux.Handle("POST /instances/{id}/retry", d.mutation(d.retryAction))
-	mux.Handle("POST /instances/{id}/cancel", d.mutation(d.cancelAction))
-	mux.Handle("POST /instances/{id}/signal", d.mutation(d.signalAction))
+	mux.Handle("POST /queues/{queue}/pause", d.mutation("pause", d.pauseAction))
+	mux.Handle("POST /queues/{queue}/resume", d.mutation("resume", d.resumeAction))
+	mux.Handle("POST /instances/{id}/retry", d.mutation("retry", d.retryAction))
+	mux.Handle("POST /instances/{id}/cancel", d.mutation("cancel", d.cancelAction))
+	mux.Handle("POST /instances/{id}/signal", d.mutation("signal", d.signalAction))
 
 	// Cross-origin protection covers every route: it lets safe methods
 	// through and rejects cross-origin POSTs before any handler runs.
@@ -238,18 +281,28 @@ func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
 
+	if !d.hostAllowed(r) {
+		// Before authentication, without reading the body, and the
+		// connection closes after the answer.
+		if ok, dropped := d.limiter.allow(remoteIP(r), time.Now()); ok {
+			d.log.Warn("dashboard: request for a host not served (DNS rebinding?); add it to AllowedHosts if it is yours",
+				"host", r.Host, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "suppressed_before", dropped)
+		}
+		refuse(w, r, http.StatusMisdirectedRequest, "421 misdirected request: this dashboard does not serve that host name\n")
+		return
+	}
 	user, ok := d.authenticate(r)
 	if !ok {
+		if r.Header.Get("Authorization") != "" {
+			d.failedLogin(r)
+		}
 		if d.opts.BasicAuth != nil {
 			h.Add("WWW-Authenticate", `Basic realm="gendurable", charset="UTF-8"`)
 		}
 		if d.opts.BearerToken != "" {
 			h.Add("WWW-Authenticate", `Bearer realm="gendurable"`)
 		}
-		h.Set("Content-Type", "text/plain; charset=utf-8")
-		h.Set("Cache-Control", "no-store")
-		w.WriteHeader(http.StatusUnauthorized)
-		_, _ = w.Write([]byte("401 unauthorized\n"))
+		refuse(w, r, http.StatusUnauthorized, "401 unauthorized\n")
 		return
 	}
 
@@ -261,6 +314,64 @@ func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r2.URL = stripBase(r.URL, d.base)
 	}
 	d.handler.ServeHTTP(w, r2)
+}
+
+// refuseDrain is how long the server may spend, after refusing a request,
+// draining a body the client already sent (so a small form still gets the
+// answer, not a reset) before it closes the connection.
+const refuseDrain = 200 * time.Millisecond
+
+// refuse answers a request that is not served (unknown host, no valid
+// credentials) without reading its body, and has the server close the
+// connection afterwards: a client that announced a body and never sends it
+// holds its connection for refuseDrain, not until a timeout. (net/http
+// would otherwise wait for up to 256 KiB of an announced body before it
+// closes.)
+func refuse(w http.ResponseWriter, r *http.Request, code int, msg string) {
+	if r.ContentLength != 0 {
+		// Not supported by every ResponseWriter (a recorder, HTTP/2): then
+		// the server's own timeouts bound it.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(refuseDrain))
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	h.Set("Connection", "close")
+	w.WriteHeader(code)
+	_, _ = w.Write([]byte(msg))
+}
+
+// hostAllowed reports whether the request names a host this dashboard
+// serves: the address the client connected to, a loopback address,
+// localhost, or one of Options.AllowedHosts.
+func (d *dashboard) hostAllowed(r *http.Request) bool {
+	if d.anyHost {
+		return true
+	}
+	full := strings.ToLower(r.Host)
+	name := full
+	if h, _, err := net.SplitHostPort(full); err == nil {
+		name = h
+	}
+	name = strings.TrimSuffix(strings.Trim(name, "[]"), ".")
+	switch {
+	case name == "":
+		return false
+	case d.allowed[full] || d.allowed[name] || name == "localhost":
+		return true
+	}
+	ip := net.ParseIP(name)
+	if ip == nil {
+		return false
+	}
+	if ip.IsLoopback() {
+		return true
+	}
+	local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if ta, ok := local.(*net.TCPAddr); ok && ta.IP.Equal(ip) {
+		return true
+	}
+	return false
 }
 
 type userKey struct{}
@@ -299,11 +410,17 @@ func (d *dashboard) authenticate(r *http.Request) (string, bool) {
 	return "", false
 }
 
-// mutation wraps a POST handler: read-only mode refuses it, and its form is
-// parsed from a bounded body. (Cross-origin protection and the POST-only
-// method are enforced by New's mux.)
-func (d *dashboard) mutation(h http.HandlerFunc) http.Handler {
+// mutation wraps a POST handler: read-only mode refuses it, its form is
+// parsed from a bounded body, and it leaves one audit line, whatever its
+// outcome. (Cross-origin protection and the POST-only method are enforced by
+// New's mux.)
+func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &auditRecord{}
+		sw := &statusWriter{ResponseWriter: w}
+		r = r.WithContext(context.WithValue(r.Context(), auditKey{}, rec))
+		defer func() { d.logAudit(r, action, rec, sw.code) }()
+		w = sw
 		if d.opts.ReadOnly {
 			d.errorPage(w, r, http.StatusForbidden, "The dashboard is read-only.")
 			return

@@ -70,27 +70,22 @@ func (d *dashboard) queuesPage(w http.ResponseWriter, r *http.Request) {
 
 func (d *dashboard) pauseAction(w http.ResponseWriter, r *http.Request) {
 	q := r.PathValue("queue")
+	note(r, "queue", q)
 	if err := d.eng.Pause(r.Context(), q); err != nil {
 		d.fail(w, r, err)
 		return
 	}
-	d.audit(r, "pause", "queue", q)
 	d.redirect(w, r, "/", "paused")
 }
 
 func (d *dashboard) resumeAction(w http.ResponseWriter, r *http.Request) {
 	q := r.PathValue("queue")
+	note(r, "queue", q)
 	if err := d.eng.Resume(r.Context(), q); err != nil {
 		d.fail(w, r, err)
 		return
 	}
-	d.audit(r, "resume", "queue", q)
 	d.redirect(w, r, "/", "resumed")
-}
-
-// audit logs an action with who did it.
-func (d *dashboard) audit(r *http.Request, action string, args ...any) {
-	d.log.Info("dashboard: "+action, append(args, "user", userOf(r), "remote", r.RemoteAddr)...)
 }
 
 // ---------------------------------------------------------------------------
@@ -290,11 +285,11 @@ func (d *dashboard) retryAction(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, gendurable.ErrNotFound)
 		return
 	}
+	note(r, "id", id)
 	if err := d.eng.Retry(r.Context(), id); err != nil {
 		d.fail(w, r, err)
 		return
 	}
-	d.audit(r, "retry", "id", id)
 	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), "retried")
 }
 
@@ -308,11 +303,11 @@ func (d *dashboard) cancelAction(w http.ResponseWriter, r *http.Request) {
 	if reason == "" {
 		reason = "cancelled from the dashboard"
 	}
+	note(r, "id", id, "reason", reason)
 	if err := d.eng.Cancel(r.Context(), id, reason); err != nil {
 		d.fail(w, r, err)
 		return
 	}
-	d.audit(r, "cancel", "id", id, "reason", reason)
 	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), "cancelled")
 }
 
@@ -323,6 +318,7 @@ func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := strings.TrimSpace(r.PostForm.Get("name"))
+	note(r, "id", id, "name", name)
 	payload := strings.TrimSpace(r.PostForm.Get("payload"))
 	if payload == "" {
 		payload = "null"
@@ -340,7 +336,7 @@ func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, err)
 		return
 	}
-	d.audit(r, "signal", "id", id, "name", name, "signal_id", res.ID, "duplicate", res.Duplicate, "woke", res.Woke)
+	note(r, "signal_id", res.ID, "duplicate", res.Duplicate, "woke", res.Woke)
 	flash := "signalled"
 	switch {
 	case res.Duplicate:

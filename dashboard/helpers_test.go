@@ -206,6 +206,9 @@ func (e *env) start() {
 func (e *env) handler(opts dashboard.Options) (http.Handler, *syncBuffer) {
 	e.t.Helper()
 	buf := &syncBuffer{}
+	if opts.AllowedHosts == nil {
+		opts.AllowedHosts = []string{"example.com"} // the Host of every in-memory request
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

@@ -227,7 +227,7 @@ func TestActionsChangeDatabase(t *testing.T) {
 		in := e.instance(res.ID)
 		return in.Status == gendurable.StatusFailed && len(in.Errors) == 2
 	}, 10*time.Second, 20*time.Millisecond)
-	require.Contains(t, logs.String(), "dashboard: retry")
+	require.Contains(t, logs.String(), "dashboard audit: retry")
 	require.Contains(t, logs.String(), "user=ops")
 
 	// Retrying a live instance is a conflict; nothing changes.
@@ -344,7 +344,7 @@ func TestErrorsAreMappedAndNotLeaked(t *testing.T) {
 	broken, err := gendurable.New(pool, &gendurable.Config{Schema: missing, Machines: []gendurable.Definition{orderMachine()}})
 	require.NoError(t, err)
 	logs := &syncBuffer{}
-	bh, err := dashboard.New(broken, dashboard.Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	bh, err := dashboard.New(broken, dashboard.Options{AllowedHosts: []string{"example.com"}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)
 	for _, p := range []string{"/", "/instances", "/instances/1", "/machines/order"} {
 		r := get(t, bh, p)

@@ -9,14 +9,26 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable/dashboard"
 )
 
+// Environment variables the ui command reads its credentials from, so they
+// need not appear on the command line (where ps shows them).
+const (
+	envUIToken     = "GENDURABLE_UI_TOKEN"
+	envUIBasicAuth = "GENDURABLE_UI_BASIC_AUTH"
+)
+
+// minRemoteToken is the shortest bearer token accepted beyond loopback.
+const minRemoteToken = 16
+
 // uiCmd serves the dashboard until interrupted. It binds to loopback unless
-// told otherwise; a non-loopback address needs --token or --basic-auth.
+// told otherwise; a non-loopback address needs --token (of 16 bytes or
+// more) or --basic-auth.
 func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ui", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -24,26 +36,54 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c.register(fs)
 	addr := fs.String("addr", dashboard.DefaultAddr, "listen address")
 	readOnly := fs.Bool("read-only", false, "hide and refuse every action")
-	token := fs.String("token", "", "require this bearer token")
-	basic := fs.String("basic-auth", "", "require HTTP basic auth, as user:password")
+	token := fs.String("token", "", "require this bearer token (visible in ps: prefer --token-file or "+envUIToken+")")
+	tokenFile := fs.String("token-file", "", "require the bearer token in this file")
+	basic := fs.String("basic-auth", "", "require HTTP basic auth, as user:password (visible in ps: prefer --basic-auth-file or "+envUIBasicAuth+")")
+	basicFile := fs.String("basic-auth-file", "", "require HTTP basic auth, user:password read from this file")
+	var allowed []string
+	fs.Func("allowed-host", "serve this Host name too, besides the listen address and loopback names (repeatable; * for any)", func(v string) error {
+		allowed = append(allowed, v)
+		return nil
+	})
+	maxConns := fs.Int("max-conns", dashboard.DefaultMaxConns, "connections served at once; more wait")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	opts := dashboard.Options{ReadOnly: *readOnly, BearerToken: *token,
-		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
-	if *basic != "" {
-		user, pass, ok := strings.Cut(*basic, ":")
+	tok, err := secret("token", *token, *tokenFile, envUIToken, stderr)
+	if err != nil {
+		return err
+	}
+	basicAuth, err := secret("basic-auth", *basic, *basicFile, envUIBasicAuth, stderr)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	opts := dashboard.Options{ReadOnly: *readOnly, BearerToken: strings.TrimSpace(tok), AllowedHosts: allowed,
+		Logger: logger, AuditLogger: logger} // the audit trail is at dashboard.LevelAudit (Warn): always on
+	if basicAuth != "" {
+		user, pass, ok := strings.Cut(basicAuth, ":")
 		if !ok || user == "" || pass == "" {
 			return usageError{"--basic-auth takes user:password"}
 		}
 		opts.BasicAuth = &dashboard.BasicAuth{User: user, Password: pass}
 	}
+	if tok != "" && opts.BearerToken == "" {
+		return usageError{"the bearer token is only white space"}
+	}
 	host, _, err := net.SplitHostPort(*addr)
 	if err != nil {
 		return usageError{fmt.Sprintf("--addr %q: %v", *addr, err)}
 	}
-	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" && opts.BearerToken == "" && opts.BasicAuth == nil {
-		return usageError{"serving beyond loopback needs --token or --basic-auth"}
+	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" {
+		switch {
+		case opts.BearerToken == "" && opts.BasicAuth == nil:
+			return usageError{"serving beyond loopback needs --token or --basic-auth"}
+		case opts.BearerToken != "" && len(opts.BearerToken) < minRemoteToken:
+			return usageError{fmt.Sprintf("serving beyond loopback needs a token of at least %d bytes", minRemoteToken)}
+		}
+	}
+	if *maxConns <= 0 {
+		return usageError{"--max-conns must be positive"}
 	}
 	eng, done, err := c.engine(ctx)
 	if err != nil {
@@ -52,9 +92,9 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer done()
 	h, err := dashboard.New(eng, opts)
 	if err != nil {
-		return err
+		return usageError{err.Error()}
 	}
-	srv := &http.Server{Addr: *addr, Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := dashboard.NewServer(h, dashboard.ServerOptions{MaxConns: *maxConns})
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
@@ -66,8 +106,32 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer cancel()
 		_ = srv.Shutdown(shutdown)
 	}()
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(dashboard.LimitListener(ln, *maxConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil
+}
+
+// secret is a credential from its flag, its file, or its environment
+// variable; giving both the flag and the file is a usage error. A file's
+// trailing line break is not part of the secret.
+func secret(name, value, file, env string, stderr io.Writer) (string, error) {
+	switch {
+	case value != "" && file != "":
+		return "", usageError{fmt.Sprintf("give --%s or --%s-file, not both", name, name)}
+	case value != "":
+		fmt.Fprintf(stderr, "gendurable: warning: --%s is visible to every user of this machine (ps); prefer --%s-file or %s\n", name, name, env)
+		return value, nil
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", usageError{fmt.Sprintf("--%s-file: %v", name, err)}
+		}
+		s := strings.TrimRight(string(b), "\r\n")
+		if s == "" {
+			return "", usageError{fmt.Sprintf("--%s-file %s is empty", name, file)}
+		}
+		return s, nil
+	}
+	return os.Getenv(env), nil
 }

@@ -1,0 +1,165 @@
+package dashboard
+
+import (
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// LevelAudit is the level of the audit trail (Options.AuditLogger): Warn,
+// so that a logger that keeps only warnings and errors, as `gendurable ui`
+// does for everything else, still records every action and failed login.
+const LevelAudit = slog.LevelWarn
+
+// Failed logins and refused hosts are logged at most failureLogBurst times
+// per failureLogWindow per remote IP; the next line logged for that IP says
+// how many were left out. At most failureLogIPs addresses are tracked; past
+// that, the rest share one allowance.
+const (
+	failureLogBurst  = 5
+	failureLogWindow = time.Minute
+	failureLogIPs    = 4096
+)
+
+// auditRecord collects what a mutation's handler knows about its action
+// (ids, names, results) for the one audit line the mutation wrapper writes.
+type auditRecord struct {
+	mu    sync.Mutex
+	attrs []any
+}
+
+type auditKey struct{}
+
+// note adds key-value pairs to the request's audit line.
+func note(r *http.Request, kv ...any) {
+	if rec, ok := r.Context().Value(auditKey{}).(*auditRecord); ok {
+		rec.mu.Lock()
+		rec.attrs = append(rec.attrs, kv...)
+		rec.mu.Unlock()
+	}
+}
+
+// statusWriter remembers the status code of the answer.
+type statusWriter struct {
+	http.ResponseWriter
+	code int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// logAudit writes a mutation's audit line: who, what, which ids, from where,
+// and how it ended (a redirect after a POST is success; anything else was
+// refused or failed).
+func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, code int) {
+	outcome := "ok"
+	if code != http.StatusSeeOther {
+		outcome = "refused"
+		if code >= 500 || code == 0 {
+			outcome = "failed"
+		}
+	}
+	user := userOf(r)
+	if user == "" {
+		user = "(no authentication configured)"
+	}
+	rec.mu.Lock()
+	attrs := append([]any{"action", action, "outcome", outcome, "status", code, "user", user,
+		"remote", r.RemoteAddr, "path", r.URL.Path}, rec.attrs...)
+	rec.mu.Unlock()
+	if f := r.Header.Get("X-Forwarded-For"); f != "" {
+		attrs = append(attrs, "forwarded_for", f) // as the client sent it: not verified
+	}
+	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, attrs...)
+}
+
+// failedLogin records credentials that were presented and did not match,
+// rate-limited per remote IP.
+func (d *dashboard) failedLogin(r *http.Request) {
+	ok, dropped := d.limiter.allow(remoteIP(r), time.Now())
+	if !ok {
+		return
+	}
+	attrs := []any{"action", "login", "outcome", "failed", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path}
+	if u, _, isBasic := r.BasicAuth(); isBasic {
+		if len(u) > 64 {
+			u = u[:64]
+		}
+		attrs = append(attrs, "scheme", "basic", "user", u)
+	} else {
+		attrs = append(attrs, "scheme", "bearer")
+	}
+	if dropped > 0 {
+		attrs = append(attrs, "suppressed_before", dropped)
+	}
+	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: failed login", attrs...)
+}
+
+func remoteIP(r *http.Request) string {
+	if h, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return h
+	}
+	return r.RemoteAddr
+}
+
+// logLimiter allows a few log lines per remote IP per window.
+type logLimiter struct {
+	mu sync.Mutex
+	m  map[string]*logBucket
+}
+
+type logBucket struct {
+	start      time.Time
+	n, dropped int
+}
+
+func newLogLimiter() *logLimiter { return &logLimiter{m: map[string]*logBucket{}} }
+
+// allow reports whether a line for ip may be logged at now, and how many
+// lines for it were left out in its previous window.
+func (l *logLimiter) allow(ip string, now time.Time) (ok bool, dropped int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.m[ip]
+	if b == nil {
+		if len(l.m) >= failureLogIPs {
+			for k, v := range l.m {
+				if now.Sub(v.start) >= failureLogWindow && v.dropped == 0 {
+					delete(l.m, k)
+				}
+			}
+			if len(l.m) >= failureLogIPs {
+				ip = "(other addresses)"
+			}
+		}
+		if b = l.m[ip]; b == nil {
+			b = &logBucket{start: now}
+			l.m[ip] = b
+		}
+	}
+	if now.Sub(b.start) >= failureLogWindow {
+		dropped = b.dropped
+		b.start, b.n, b.dropped = now, 0, 0
+	}
+	if b.n >= failureLogBurst {
+		b.dropped++
+		return false, 0
+	}
+	b.n++
+	return true, dropped
+}

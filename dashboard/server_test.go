@@ -1,0 +1,202 @@
+package dashboard_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable/dashboard"
+	"github.com/stretchr/testify/require"
+)
+
+// serve runs h on a loopback port with NewServer and LimitListener, and
+// counts the connections the server holds open (live) and the most at once
+// (peak); it stops at cleanup.
+func serve(t *testing.T, h http.Handler, o dashboard.ServerOptions) (addr string, live, peak *atomic.Int64) {
+	t.Helper()
+	srv := dashboard.NewServer(h, o)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	cl := &countingListener{Listener: ln}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(dashboard.LimitListener(cl, o.MaxConns))
+	}()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+	return ln.Addr().String(), &cl.live, &cl.peak
+}
+
+// countingListener counts the connections it accepted and that are not
+// closed yet.
+type countingListener struct {
+	net.Listener
+	live, peak atomic.Int64
+}
+
+func (l *countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	n := l.live.Add(1)
+	for p := l.peak.Load(); n > p && !l.peak.CompareAndSwap(p, n); p = l.peak.Load() {
+	}
+	return &countedConn{Conn: c, l: l}, nil
+}
+
+type countedConn struct {
+	net.Conn
+	l    *countingListener
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.l.live.Add(-1) })
+	return c.Conn.Close()
+}
+
+// TestConnectionsAreBoundedAndTimedOut is the attack: 300 sockets
+// that send GET / and idle after the 401, and 300 that announce a 100000
+// byte POST body and never send it, against a server with token and basic
+// auth. Every one is closed within the timeouts (the unauthenticated ones
+// right after their 401, without the body being read), the server never
+// holds more than MaxConns connections, and authenticated clients that
+// idle, trickle nothing, or send no request are cut off by the idle, read
+// and header timeouts.
+func TestConnectionsAreBoundedAndTimedOut(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{BearerToken: "a-token-of-some-length",
+		BasicAuth: &dashboard.BasicAuth{User: "ops", Password: "pw"}})
+	o := dashboard.ServerOptions{ReadHeaderTimeout: 2 * time.Second, ReadTimeout: 3 * time.Second,
+		WriteTimeout: 5 * time.Second, IdleTimeout: 3 * time.Second, MaxHeaderBytes: 4 << 10, MaxConns: 50}
+	addr, live, peak := serve(t, h, o)
+
+	const auth = "Authorization: Bearer a-token-of-some-length\r\n"
+	kinds := []struct {
+		name, request string
+		n             int
+		status        int  // the answer's status, 0 for none
+		prompt        bool // closed right after the answer, not by a timeout
+	}{
+		{"unauthenticated GET, then idle", "GET / HTTP/1.1\r\nHost: " + addr + "\r\n\r\n", 300, 401, true},
+		{"unauthenticated POST, body never sent", "POST /queues/x/pause HTTP/1.1\r\nHost: " + addr +
+			"\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\n", 300, 401, true},
+		{"authenticated GET, then idle", "GET /static/style.css HTTP/1.1\r\nHost: " + addr + "\r\n" + auth + "\r\n", 20, 200, false},
+		{"authenticated POST, body never sent", "POST /queues/x/pause HTTP/1.1\r\nHost: " + addr + "\r\n" + auth +
+			"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\n", 20, 400, false},
+		{"connect and send nothing", "", 20, 0, false},
+		{"oversized headers", "GET / HTTP/1.1\r\nHost: " + addr + "\r\nX-Pad: " + strings.Repeat("p", 8<<10) + "\r\n\r\n", 20, 431, true},
+	}
+	// Every socket must be closed by the server well within this: a slow
+	// one holds a slot for about a timeout (60 of them over 50 slots), a
+	// refused one for the server's 500ms linger after its answer.
+	deadline := time.Now().Add(30 * time.Second)
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, 1000)
+	for _, k := range kinds {
+		for range k.n {
+			c, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				_ = c.SetDeadline(deadline)
+				if k.request != "" {
+					if _, err := io.WriteString(c, k.request); err != nil {
+						errs <- fmt.Errorf("%s: write: %w", k.name, err)
+						return
+					}
+				}
+				br := bufio.NewReader(c)
+				if k.status != 0 {
+					resp, err := http.ReadResponse(br, nil)
+					if err != nil {
+						errs <- fmt.Errorf("%s: no answer: %w", k.name, err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+					if resp.StatusCode != k.status {
+						errs <- fmt.Errorf("%s: answered %d, want %d", k.name, resp.StatusCode, k.status)
+					}
+				}
+				answered := time.Now()
+				// Read until the server closes the connection.
+				_, err := io.ReadAll(br)
+				var ne net.Error
+				switch {
+				case errors.As(err, &ne) && ne.Timeout():
+					errs <- fmt.Errorf("%s: still open after %s", k.name, time.Since(start))
+				case err != nil && !strings.Contains(err.Error(), "reset"):
+					errs <- fmt.Errorf("%s: read: %w", k.name, err)
+				case k.prompt && time.Since(answered) > o.IdleTimeout/2:
+					errs <- fmt.Errorf("%s: closed %s after the answer, want at once (no body read, no idling)", k.name, time.Since(answered))
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	t.Logf("660 sockets closed by the server in %s; at most %d open at once", time.Since(start).Round(time.Millisecond), peak.Load())
+	require.LessOrEqual(t, peak.Load(), int64(o.MaxConns), "the server never held more than MaxConns connections")
+	require.Eventually(t, func() bool { return live.Load() == 0 }, 2*time.Second, 10*time.Millisecond)
+	require.False(t, e.queuePaused("x"), "no unauthenticated pause got through")
+}
+
+// TestNewServerDefaults: NewServer sets every bound, and its defaults are
+// the documented ones.
+func TestNewServerDefaults(t *testing.T) {
+	t.Parallel()
+	srv := dashboard.NewServer(http.NotFoundHandler(), dashboard.ServerOptions{})
+	require.Equal(t, dashboard.DefaultReadHeaderTimeout, srv.ReadHeaderTimeout)
+	require.Equal(t, dashboard.DefaultReadTimeout, srv.ReadTimeout)
+	require.Equal(t, dashboard.DefaultWriteTimeout, srv.WriteTimeout)
+	require.Greater(t, srv.WriteTimeout, dashboard.DefaultRequestTimeout)
+	require.Equal(t, dashboard.DefaultIdleTimeout, srv.IdleTimeout)
+	require.Equal(t, dashboard.DefaultMaxHeaderBytes, srv.MaxHeaderBytes)
+
+	// Closing a LimitListener wakes an Accept that waits for a free slot.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ll := dashboard.LimitListener(ln, 1)
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	held, err := ll.Accept()
+	require.NoError(t, err)
+	defer held.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	accepted := make(chan error, 1)
+	go func() {
+		_, err := ll.Accept()
+		accepted <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, ll.Close())
+	select {
+	case err := <-accepted:
+		require.ErrorIs(t, err, net.ErrClosed)
+	case <-ctx.Done():
+		t.Fatal("Accept still blocked after Close")
+	}
+}
