@@ -37,8 +37,9 @@
 //
 // # Security
 //
-//   - Authentication: Options.BasicAuth and/or Options.BearerToken. Credentials
-//     are compared in constant time; a missing or wrong one gets 401 with a
+//   - Authentication: Options.BasicAuth and/or Options.BearerToken (trimmed of
+//     white space, like the presented token). Credentials are compared in
+//     constant time; a missing or wrong one gets 401 with a
 //     WWW-Authenticate challenge. With neither set, the handler serves anyone
 //     who can reach it: bind it to loopback ([DefaultAddr]) or put it behind
 //     your own authentication.
@@ -48,6 +49,20 @@
 //     [http.CrossOriginProtection]: a cross-origin browser request (by its
 //     Sec-Fetch-Site or Origin header) gets 403. Behind a proxy that rewrites
 //     Host, list the public origin in Options.TrustedOrigins.
+//   - Host check against DNS rebinding: only a Host naming the address the
+//     client connected to, a loopback address, localhost or one of
+//     Options.AllowedHosts is served; anything else gets 421 before
+//     authentication.
+//   - A request that is refused (unknown host, missing or wrong
+//     credentials) is answered without reading its body, and its connection
+//     is closed.
+//   - Serve the handler with [NewServer] (read-header, read, write and idle
+//     timeouts, a header size limit) on a [LimitListener] (a bound on open
+//     connections), as `gendurable ui` does, or give your own server the
+//     same bounds.
+//   - Audit trail: one line per action (refused ones too) and per failed
+//     login (at most a few a minute per remote IP) on Options.AuditLogger at
+//     [LevelAudit], with who, what, which ids, from where and the outcome.
 //   - Every request runs under a timeout (Options.RequestTimeout).
 //   - Lists are bounded (at most [MaxPageSize] rows a page); request bodies
 //     are bounded too.

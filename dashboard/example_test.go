@@ -2,6 +2,7 @@ package dashboard_test
 
 import (
 	"log"
+	"net"
 	"net/http"
 	"os"
 
@@ -23,5 +24,11 @@ func ExampleNew() {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/admin/gendurable/", h)
-	log.Fatal(http.ListenAndServe(dashboard.DefaultAddr, mux))
+	// Timeouts, a header limit and a bound on open connections.
+	srv := dashboard.NewServer(mux, dashboard.ServerOptions{})
+	ln, err := net.Listen("tcp", dashboard.DefaultAddr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Fatal(srv.Serve(dashboard.LimitListener(ln, 0)))
 }

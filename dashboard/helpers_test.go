@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -283,6 +284,9 @@ type req struct {
 	path   string
 	form   url.Values
 	header map[string]string
+	host   string   // default example.com
+	remote string   // default httptest's 192.0.2.1:1234
+	local  net.Addr // the address the client connected to, if any
 }
 
 type resp struct {
@@ -305,6 +309,15 @@ func do(t *testing.T, h http.Handler, r req) resp {
 	}
 	for k, v := range r.header {
 		hr.Header.Set(k, v)
+	}
+	if r.host != "" {
+		hr.Host = r.host
+	}
+	if r.remote != "" {
+		hr.RemoteAddr = r.remote
+	}
+	if r.local != nil {
+		hr = hr.WithContext(context.WithValue(hr.Context(), http.LocalAddrContextKey, r.local))
 	}
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, hr)

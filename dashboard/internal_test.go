@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -141,4 +142,46 @@ func TestFriendlyNeverEchoesEngineText(t *testing.T) {
 	require.Empty(t, msg)
 	require.Equal(t, "ab…", truncate(3, "ab€"))
 	require.Equal(t, "short", truncate(10, "short"))
+}
+
+// TestLogLimiter: a few lines per IP per window, the count of the ones
+// left out reported with the next line, and a bounded number of addresses
+// tracked.
+func TestLogLimiter(t *testing.T) {
+	t.Parallel()
+	l := newLogLimiter()
+	t0 := time.Unix(1_000_000, 0)
+	for i := range failureLogBurst {
+		ok, dropped := l.allow("a", t0.Add(time.Duration(i)*time.Second))
+		require.True(t, ok)
+		require.Zero(t, dropped)
+	}
+	for range 7 {
+		ok, _ := l.allow("a", t0.Add(10*time.Second))
+		require.False(t, ok)
+	}
+	ok, _ := l.allow("b", t0.Add(10*time.Second))
+	require.True(t, ok, "another address has its own allowance")
+	ok, dropped := l.allow("a", t0.Add(failureLogWindow))
+	require.True(t, ok)
+	require.Equal(t, 7, dropped, "the next line says how many were left out")
+
+	// Past failureLogIPs addresses, new ones share one allowance.
+	for i := range failureLogIPs - 2 { // with a and b: full
+
+		l.allow(fmt.Sprint("ip", i), t0.Add(failureLogWindow))
+	}
+	require.LessOrEqual(t, len(l.m), failureLogIPs+1)
+	n := 0
+	for i := range 20 {
+		if ok, _ := l.allow(fmt.Sprint("new", i), t0.Add(failureLogWindow)); ok {
+			n++
+		}
+	}
+	require.Equal(t, failureLogBurst, n)
+	require.LessOrEqual(t, len(l.m), failureLogIPs+1)
+	// Once the window has passed, stale addresses make room again.
+	ok, _ = l.allow("late", t0.Add(3*failureLogWindow))
+	require.True(t, ok)
+	require.Less(t, len(l.m), 10)
 }

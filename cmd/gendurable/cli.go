@@ -37,7 +37,8 @@ commands:
   signal ID NAME [--payload J]   send a signal
   pause QUEUE / resume QUEUE     stop or restart picking a queue, in every process
   prune [--retention D]          delete finished instances older than D
-  ui [--addr A]                  serve the dashboard
+  ui [--addr A]                  serve the dashboard (credentials: --token-file, --basic-auth-file,
+                                 or GENDURABLE_UI_TOKEN / GENDURABLE_UI_BASIC_AUTH; --allowed-host H)
   demo                           run the checkout demo (a throwaway PostgreSQL if no database is given)
   bench                          run a benchmark workload (see gendurable bench -h)
 

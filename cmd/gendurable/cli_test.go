@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -261,4 +264,124 @@ func TestCLIRejectsBadInput(t *testing.T) {
 		require.Contains(t, errOut, "invalid input", "%q", args)
 		require.NotContains(t, errOut, "SQLSTATE", "%q", args)
 	}
+}
+
+// lockedBuffer collects a process's output while it runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startUI runs `gendurable ui` with extra environment and returns its base
+// URL and its stderr; the process is killed at cleanup.
+func startUI(t *testing.T, env []string, args ...string) (string, *lockedBuffer) {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{"ui", "--addr", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbtest.URL()), env...)
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err, "stderr: %s", stderr)
+	require.Contains(t, line, "dashboard on http://127.0.0.1:")
+	return strings.TrimSuffix(strings.Fields(line)[2], "/"), stderr
+}
+
+// call sends one request to a running ui and returns its status.
+func call(t *testing.T, method, url, host, auth string) int {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	require.NoError(t, err)
+	if host != "" {
+		req.Host = host
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestUISecretsHostsAndAudit: credentials come from the environment or
+// files (never needing the command line), are trimmed, and must be long
+// beyond loopback; --allowed-host extends the Host check; actions and
+// failed logins reach ui's stderr although it logs at Warn.
+func TestUISecretsHostsAndAudit(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	tokenFile := write("token", "file-token-0123456789\n")
+	basicFile := write("basic", "ops:pw-from-a-file\n")
+	empty := write("empty", "\n")
+
+	// Refused before anything is served.
+	for _, c := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{nil, []string{"--addr", "0.0.0.0:0", "--token", "short-token"}, "at least 16 bytes"},
+		{[]string{"GENDURABLE_UI_TOKEN=short-token"}, []string{"--addr", "0.0.0.0:0"}, "at least 16 bytes"},
+		{nil, []string{"--addr", "0.0.0.0:0", "--token-file", write("short", "short\n")}, "at least 16 bytes"},
+		{nil, []string{"--token", "x", "--token-file", tokenFile}, "not both"},
+		{nil, []string{"--token-file", filepath.Join(dir, "missing")}, "--token-file"},
+		{nil, []string{"--token-file", empty}, "empty"},
+		{nil, []string{"--basic-auth-file", empty}, "empty"},
+		{nil, []string{"--token", "   "}, "white space"},
+	} {
+		cmd := exec.Command(binary, append([]string{"ui", "--schema", schema}, c.args...)...)
+		cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbtest.URL()), c.env...)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%v %v: %s", c.env, c.args, out)
+		require.Equal(t, exitUsage, ee.ExitCode(), "%v %v: %s", c.env, c.args, out)
+		require.Contains(t, string(out), c.want, "%v %v", c.env, c.args)
+	}
+
+	// A token from the environment (padded: trimmed), an allowed host.
+	base, stderr := startUI(t, []string{"GENDURABLE_UI_TOKEN=  env-token-0123456789  "}, "--schema", schema,
+		"--allowed-host", "ops.example")
+	const good = "Bearer env-token-0123456789"
+	require.Equal(t, http.StatusUnauthorized, call(t, "GET", base+"/", "", ""))
+	require.Equal(t, http.StatusOK, call(t, "GET", base+"/", "", good))
+	require.Equal(t, http.StatusOK, call(t, "GET", base+"/", "ops.example", good))
+	require.Equal(t, http.StatusMisdirectedRequest, call(t, "GET", base+"/", "evil.example", good))
+	require.Equal(t, http.StatusSeeOther, call(t, "POST", base+"/queues/default/pause", "", good))
+	require.Equal(t, http.StatusUnauthorized, call(t, "GET", base+"/", "", "Bearer wrong"))
+	require.Eventually(t, func() bool {
+		s := stderr.String()
+		return strings.Contains(s, "dashboard audit: pause") && strings.Contains(s, "dashboard audit: failed login")
+	}, 5*time.Second, 20*time.Millisecond, "stderr: %s", stderr)
+	require.Contains(t, stderr.String(), "user=bearer")
+	require.NotContains(t, stderr.String(), "env-token", "the token is never logged")
+
+	// Token and basic auth from files.
+	base, stderr = startUI(t, nil, "--schema", schema, "--token-file", tokenFile, "--basic-auth-file", basicFile)
+	require.Equal(t, http.StatusOK, call(t, "GET", base+"/", "", "Bearer file-token-0123456789"))
+	require.Equal(t, http.StatusOK, call(t, "GET", base+"/", "", "Basic "+base64.StdEncoding.EncodeToString([]byte("ops:pw-from-a-file"))))
+	require.Equal(t, http.StatusUnauthorized, call(t, "GET", base+"/", "", "Basic "+base64.StdEncoding.EncodeToString([]byte("ops:pw-from-a-file\n"))))
+	require.NotContains(t, stderr.String(), "visible to every user", "no warning without secrets on the command line")
 }

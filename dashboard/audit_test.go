@@ -1,0 +1,137 @@
+package dashboard_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/dashboard"
+	"github.com/stretchr/testify/require"
+)
+
+// captured is a slog handler that keeps records at Warn and above, as the
+// logger of `gendurable ui` does.
+type captured struct {
+	mu   sync.Mutex
+	recs []map[string]any
+}
+
+func (c *captured) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (c *captured) WithAttrs([]slog.Attr) slog.Handler           { return c }
+func (c *captured) WithGroup(string) slog.Handler                { return c }
+func (c *captured) Handle(_ context.Context, r slog.Record) error {
+	m := map[string]any{"msg": r.Message, "level": r.Level}
+	r.Attrs(func(a slog.Attr) bool {
+		m[a.Key] = a.Value.Any()
+		return true
+	})
+	c.mu.Lock()
+	c.recs = append(c.recs, m)
+	c.mu.Unlock()
+	return nil
+}
+
+// with returns the records whose message is msg.
+func (c *captured) with(msg string) []map[string]any {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []map[string]any
+	for _, r := range c.recs {
+		if r["msg"] == msg {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestAuditTrail: every mutation leaves one line at LevelAudit — on under a
+// Warn-level logger — with who, what, which ids, from where and how it
+// ended, refused ones included; failed logins are logged, at most a few per
+// remote IP.
+func TestAuditTrail(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	log := &captured{}
+	h, _ := e.handler(dashboard.Options{BasicAuth: &dashboard.BasicAuth{User: "ops", Password: "pw"},
+		Logger: slog.New(log)})
+	const from = "10.1.2.3:5555"
+	act := func(path string, form url.Values) resp {
+		if form == nil {
+			form = url.Values{}
+		}
+		return do(t, h, req{method: http.MethodPost, path: path, form: form, remote: from,
+			header: map[string]string{"Authorization": basicHeader("ops", "pw"), "Sec-Fetch-Site": "same-origin",
+				"X-Forwarded-For": "203.0.113.7"}})
+	}
+	failed := e.failed()
+	live := e.insertOrder(Order{Item: "live"})
+	waiting := e.insertOrder(Order{Item: "waiting"})
+	require.Equal(t, http.StatusSeeOther, act("/queues/q1/pause", nil).code)
+	require.Equal(t, http.StatusSeeOther, act("/queues/q1/resume", nil).code)
+	require.Equal(t, http.StatusSeeOther, act(fmt.Sprintf("/instances/%d/retry", failed), nil).code)
+	require.Equal(t, http.StatusSeeOther, act(fmt.Sprintf("/instances/%d/cancel", live), url.Values{"reason": {"by hand"}}).code)
+	require.Equal(t, http.StatusSeeOther, act(fmt.Sprintf("/instances/%d/signal", waiting), url.Values{"name": {"go"}}).code)
+	require.Equal(t, http.StatusConflict, act(fmt.Sprintf("/instances/%d/retry", waiting), nil).code)
+	require.Equal(t, http.StatusBadRequest, act("/queues/a%00b/pause", nil).code)
+
+	for _, c := range []struct {
+		action  string
+		outcome string
+		key     string
+		value   any
+	}{
+		{"pause", "ok", "queue", "q1"},
+		{"resume", "ok", "queue", "q1"},
+		{"retry", "ok", "id", failed},
+		{"cancel", "ok", "id", live},
+		{"signal", "ok", "id", waiting},
+		{"retry", "refused", "id", waiting},
+		{"pause", "refused", "queue", "a\x00b"},
+	} {
+		var hit map[string]any
+		for _, r := range log.with("dashboard audit: " + c.action) {
+			if r["outcome"] == c.outcome && r[c.key] == c.value {
+				hit = r
+			}
+		}
+		require.NotNil(t, hit, "%s %s %v=%v: %v", c.action, c.outcome, c.key, c.value, log.recs)
+		require.Equal(t, dashboard.LevelAudit, hit["level"])
+		require.Equal(t, "ops", hit["user"], c.action)
+		require.Equal(t, from, hit["remote"], c.action)
+		require.Equal(t, "203.0.113.7", hit["forwarded_for"], c.action)
+		require.Equal(t, c.action, hit["action"])
+	}
+	sig := log.with("dashboard audit: signal")[0]
+	require.Equal(t, "go", sig["name"])
+	require.NotZero(t, sig["signal_id"])
+	require.Equal(t, "by hand", log.with("dashboard audit: cancel")[0]["reason"])
+	require.Equal(t, gendurable.StatusFailed, e.instance(live).Status)
+
+	// Failed logins: logged, at most 5 a minute from one address; a request
+	// without credentials is a challenge, not a failed login.
+	for range 12 {
+		r := do(t, h, req{method: http.MethodGet, path: "/", remote: "10.9.9.9:1000",
+			header: map[string]string{"Authorization": basicHeader("ops", "guess")}})
+		require.Equal(t, http.StatusUnauthorized, r.code)
+	}
+	r := do(t, h, req{method: http.MethodGet, path: "/", remote: "10.9.9.8:1000",
+		header: map[string]string{"Authorization": "Bearer nope"}})
+	require.Equal(t, http.StatusUnauthorized, r.code)
+	require.Equal(t, http.StatusUnauthorized, do(t, h, req{method: http.MethodGet, path: "/", remote: "10.9.9.7:1000"}).code)
+	logins := log.with("dashboard audit: failed login")
+	byIP := map[string]int{}
+	for _, l := range logins {
+		require.Equal(t, dashboard.LevelAudit, l["level"])
+		ip, _, _ := strings.Cut(l["remote"].(string), ":")
+		byIP[ip]++
+	}
+	require.Equal(t, map[string]int{"10.9.9.9": 5, "10.9.9.8": 1}, byIP)
+	require.Equal(t, "ops", logins[0]["user"])
+	require.Equal(t, "bearer", logins[len(logins)-1]["scheme"])
+}
