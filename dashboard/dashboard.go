@@ -435,12 +435,13 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 		sw := &statusWriter{ResponseWriter: w}
 		r = r.WithContext(context.WithValue(r.Context(), auditKey{}, rec))
 		defer func() { d.logAudit(r, action, rec, sw.code) }()
+		orig := w // MaxBytesReader tells the server's own writer to close the connection
 		w = sw
 		if d.opts.ReadOnly {
 			d.errorPage(w, r, http.StatusForbidden, "The dashboard is read-only.")
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, MaxFormBytes)
+		r.Body = http.MaxBytesReader(orig, r.Body, MaxFormBytes)
 		if err := r.ParseForm(); err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
