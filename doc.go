@@ -167,7 +167,11 @@
 // [Engine.Retry], [Engine.Cancel], [Engine.Queues], [Engine.Pause] and
 // [Engine.Resume], [Engine.Prune] (also run periodically, see
 // Config.Retention) and [Engine.Graph]. The gendurable command and the
-// dashboard package are built on them.
+// dashboard package are built on them. Their names, filters and search text
+// are validated like inserts — [ErrInvalidInput] before any SQL runs — and
+// their reads are bounded: a list page looks at no more than
+// ListFilter.MaxScan instances, and a search by id, partition key or unique
+// key is an index lookup.
 //
 // Rows run on the (machine, version) they were inserted with; several
 // versions may be registered side by side. A row whose version this process
