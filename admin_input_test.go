@@ -92,6 +92,7 @@ func TestListLooksAtABoundedWindow(t *testing.T) {
 		if page.Partial {
 			partial++
 			require.Less(t, len(page.Instances), 2, "a partial page did not fill up")
+			require.Equal(t, 10, page.Scanned)
 			require.NotZero(t, page.NextBefore)
 		}
 		if page.NextBefore == 0 {

@@ -3,6 +3,7 @@ package sqlq
 import (
 	"context"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,53 +32,67 @@ type ListFilter struct {
 // A list looks at a window: the newest $8 candidates below the cursor $7,
 // taken from the primary key backwards (listScanSQL) or from the union of
 // the id, partition-key and unique-key lookups (listSearchSQL), so no page
-// reads more than $8 rows whatever the filters. The filters ($1-$6) then
-// apply to the window, the page is at most $9 rows, and every result row
-// carries the window's size and lowest id, so the caller can continue below
-// a full window that matched little. The left join keeps that one row of
-// window figures even when nothing matched.
-const listWindowCols = `id, queue, status, fsm, step, inserted_at`
+// reads more than $8 rows whatever the filters. The filters ($1-$6) apply
+// to the window and the page is at most $9 rows: the scan stops as soon as
+// the page is full, so a plain first page reads about $9 rows. Only a page
+// that did not fill up needs to know where its window ended
+// (listScanWindowSQL, listSearchWindowSQL: the ids alone).
+const listColsSQL = `
+SELECT w.id, w.fsm, w.fsm_version, w.queue, w.step, w.status::text, w.attempt, w.max_attempts, w.priority,
+       w.partition_key, w.parent_id, w.eligible_at, w.inserted_at, w.updated_at, w.finished_at,
+       (SELECT e ->> 'error' FROM jsonb_array_elements(w.errors) AS e ORDER BY (e ->> 'at') DESC LIMIT 1)
+FROM (`
 
-const listTailSQL = `
-), hit AS (
-  SELECT id FROM w
-  WHERE ($1::text IS NULL OR queue = $1)
-    AND ($2::text IS NULL OR status = $2::{{schema}}.gendurable_status)
-    AND ($3::text IS NULL OR fsm = $3)
-    AND ($4::text IS NULL OR step = $4)
-    AND ($5::timestamptz IS NULL OR inserted_at >= $5)
-    AND ($6::timestamptz IS NULL OR inserted_at < $6)
-  ORDER BY id DESC
-  LIMIT $9
-)
-SELECT s.n, s.low, i.id, i.fsm, i.fsm_version, i.queue, i.step, i.status::text, i.attempt, i.max_attempts, i.priority,
-       i.partition_key, i.parent_id, i.eligible_at, i.inserted_at, i.updated_at, i.finished_at,
-       (SELECT e ->> 'error' FROM jsonb_array_elements(i.errors) AS e ORDER BY (e ->> 'at') DESC LIMIT 1)
-FROM (SELECT count(*) AS n, coalesce(min(id), 0) AS low FROM w) AS s
-LEFT JOIN (hit JOIN {{schema}}.gendurable_instances AS i ON i.id = hit.id) ON true
-ORDER BY i.id DESC`
+const listFilterSQL = `) AS w
+WHERE ($1::text IS NULL OR w.queue = $1)
+  AND ($2::text IS NULL OR w.status = $2::{{schema}}.gendurable_status)
+  AND ($3::text IS NULL OR w.fsm = $3)
+  AND ($4::text IS NULL OR w.step = $4)
+  AND ($5::timestamptz IS NULL OR w.inserted_at >= $5)
+  AND ($6::timestamptz IS NULL OR w.inserted_at < $6)
+ORDER BY w.id DESC
+LIMIT $9`
 
-const listScanSQL = `
-WITH w AS MATERIALIZED (
-  SELECT ` + listWindowCols + ` FROM {{schema}}.gendurable_instances
+const listScanSQL = listColsSQL + `
+  SELECT * FROM {{schema}}.gendurable_instances
   WHERE id < $7
   ORDER BY id DESC
-  LIMIT $8` + listTailSQL
+  LIMIT $8
+` + listFilterSQL
 
-const listSearchSQL = `
-WITH w AS MATERIALIZED (
-  SELECT ` + listWindowCols + ` FROM (
-    (SELECT ` + listWindowCols + ` FROM {{schema}}.gendurable_instances
-     WHERE id = $10 AND id < $7)
+// searchIDsSQL is the search window's ids: $1 cursor, $2 window, $3 id, $4 key.
+const searchIDsSQL = `
+  SELECT id FROM (
+    (SELECT id FROM {{schema}}.gendurable_instances WHERE id = $3 AND id < $1)
     UNION
-    (SELECT ` + listWindowCols + ` FROM {{schema}}.gendurable_instances
-     WHERE partition_key = $11 AND id < $7 ORDER BY id DESC LIMIT $8)
+    (SELECT id FROM {{schema}}.gendurable_instances
+     WHERE partition_key = $4 AND id < $1 ORDER BY id DESC LIMIT $2)
     UNION
-    (SELECT ` + listWindowCols + ` FROM {{schema}}.gendurable_instances
-     WHERE unique_key = convert_to($11, 'UTF8') AND id < $7 ORDER BY id DESC LIMIT $8)
+    (SELECT id FROM {{schema}}.gendurable_instances
+     WHERE unique_key = convert_to($4, 'UTF8') AND id < $1 ORDER BY id DESC LIMIT $2)
   ) AS u
   ORDER BY id DESC
-  LIMIT $8` + listTailSQL
+  LIMIT $2`
+
+var listSearchSQL = listColsSQL + `
+  SELECT i.* FROM (` + renumber(searchIDsSQL, "$1", "$7", "$2", "$8", "$3", "$10", "$4", "$11") + `) AS s
+  JOIN {{schema}}.gendurable_instances AS i ON i.id = s.id
+` + listFilterSQL
+
+const listScanWindowSQL = `
+SELECT count(*), coalesce(min(id), 0) FROM (
+  SELECT id FROM {{schema}}.gendurable_instances WHERE id < $1 ORDER BY id DESC LIMIT $2
+) AS w`
+
+const listSearchWindowSQL = `
+SELECT count(*), coalesce(min(id), 0) FROM (` + searchIDsSQL + `) AS w`
+
+// renumber rewrites placeholders of a fragment (pairs old, new), so one
+// fragment serves two statements whose parameters are numbered apart. (The
+// fragment uses $1-$4 only, so no old placeholder is a prefix of another.)
+func renumber(sql string, pairs ...string) string {
+	return strings.NewReplacer(pairs...).Replace(sql)
+}
 
 // ListRow is one instance in a list.
 type ListRow struct {
@@ -99,61 +114,60 @@ type ListRow struct {
 	LastError    *string
 }
 
-// ListWindow is what a list page looked at: Scanned rows (at most
-// ListFilter.Scan), the lowest id among them (0 if none).
-type ListWindow struct {
-	Scanned int
-	Low     int64
+func (f ListFilter) before() int64 {
+	if f.Before != nil {
+		return *f.Before
+	}
+	return math.MaxInt64
 }
 
-// ListSQL is the statement and arguments of a list: the search window when
-// f.Search is set, the primary-key window otherwise.
+// ListSQL is the statement and arguments of a list page: the search window
+// when f.Search is set, the primary-key window otherwise.
 func (q *Queries) ListSQL(f ListFilter) (string, []any) {
-	before := int64(math.MaxInt64)
-	if f.Before != nil {
-		before = *f.Before
-	}
-	args := []any{f.Queue, f.Status, f.FSM, f.Step, f.From, f.To, before, f.Scan, f.Limit}
+	args := []any{f.Queue, f.Status, f.FSM, f.Step, f.From, f.To, f.before(), f.Scan, f.Limit}
 	if f.Search == nil {
 		return q.listScan, args
 	}
 	return q.listSearch, append(args, f.SearchID, *f.Search)
 }
 
-// ListInstances returns instances matching f, newest first, and the window
-// it looked at.
-func (q *Queries) ListInstances(ctx context.Context, db DB, f ListFilter) ([]ListRow, ListWindow, error) {
+// ListInstances returns instances matching f, newest first.
+func (q *Queries) ListInstances(ctx context.Context, db DB, f ListFilter) ([]ListRow, error) {
 	sql, args := q.ListSQL(f)
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, ListWindow{}, err
+		return nil, err
 	}
-	defer rows.Close()
-	var win ListWindow
-	var out []ListRow
-	for rows.Next() {
-		// The columns of i are NULL on the one row of an empty page.
-		var (
-			id                                *int64
-			fsm, queue, step, status          *string
-			version, attempt, maxAttempts     *int32
-			priority                          *int16
-			eligibleAt, insertedAt, updatedAt *time.Time
-			r                                 ListRow
-		)
-		if err := rows.Scan(&win.Scanned, &win.Low, &id, &fsm, &version, &queue, &step, &status, &attempt, &maxAttempts,
-			&priority, &r.PartitionKey, &r.ParentID, &eligibleAt, &insertedAt, &updatedAt, &r.FinishedAt, &r.LastError); err != nil {
-			return nil, ListWindow{}, err
-		}
-		if id == nil {
-			continue
-		}
-		r.ID, r.FSM, r.Version, r.Queue, r.Step, r.Status = *id, *fsm, *version, *queue, *step, *status
-		r.Attempt, r.MaxAttempts, r.Priority = *attempt, *maxAttempts, *priority
-		r.EligibleAt, r.InsertedAt, r.UpdatedAt = *eligibleAt, *insertedAt, *updatedAt
-		out = append(out, r)
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ListRow, error) {
+		var r ListRow
+		err := row.Scan(&r.ID, &r.FSM, &r.Version, &r.Queue, &r.Step, &r.Status, &r.Attempt, &r.MaxAttempts,
+			&r.Priority, &r.PartitionKey, &r.ParentID, &r.EligibleAt, &r.InsertedAt, &r.UpdatedAt, &r.FinishedAt, &r.LastError)
+		return r, err
+	})
+}
+
+// ListWindow is the window a list page looks at: Scanned rows (at most
+// ListFilter.Scan) and the lowest id among them (0 if none).
+type ListWindow struct {
+	Scanned int
+	Low     int64
+}
+
+// ListWindowSQL is the statement and arguments of ListWindow.
+func (q *Queries) ListWindowSQL(f ListFilter) (string, []any) {
+	if f.Search == nil {
+		return q.listScanWindow, []any{f.before(), f.Scan}
 	}
-	return out, win, rows.Err()
+	return q.listSearchWindow, []any{f.before(), f.Scan, f.SearchID, *f.Search}
+}
+
+// ListWindow measures the window of f's page, for a page that did not fill
+// up: where to continue below it.
+func (q *Queries) ListWindow(ctx context.Context, db DB, f ListFilter) (ListWindow, error) {
+	sql, args := q.ListWindowSQL(f)
+	var w ListWindow
+	err := db.QueryRow(ctx, sql, args...).Scan(&w.Scanned, &w.Low)
+	return w, err
 }
 
 const queueCountsSQL = `

@@ -40,25 +40,11 @@ func TestListPlansAreIndexDrivenAndBounded(t *testing.T) {
 	str := func(v string) *string { return &v }
 	id := func(v int64) *int64 { return &v }
 	const scan, limit = 10_000, 51
-	for _, c := range []struct {
-		name    string
-		f       sqlq.ListFilter
-		index   string // an index the plan must use
-		maxRead float64
-		want    int // rows returned
-	}{
-		{"search by id", sqlq.ListFilter{Search: str("123456"), SearchID: id(123456)}, "gendurable_instances_pkey", 20, 1},
-		{"search by partition key", sqlq.ListFilter{Search: str("k40")}, "gendurable_instances_partition_key", 200, 41},
-		{"search by unique key", sqlq.ListFilter{Search: str("u300")}, "gendurable_instances_unique_key", 20, 1},
-		{"search with a filter", sqlq.ListFilter{Search: str("k40"), Status: str("failed")}, "gendurable_instances_partition_key", 200, 0},
-		{"filter matching nothing", sqlq.ListFilter{FSM: str("no-such-machine")}, "gendurable_instances_pkey", 2 * scan, 0},
-		{"rare status, deep page", sqlq.ListFilter{Status: str("failed"), Before: id(150_000)}, "gendurable_instances_pkey", 2 * scan, 0},
-		{"queue and step", sqlq.ListFilter{Queue: str("other"), Step: str("zz")}, "gendurable_instances_pkey", 2 * scan, 0},
-	} {
-		c.f.Scan, c.f.Limit = scan, limit
-		sql, args := q.ListSQL(c.f)
-		// Both the plan for these values and the generic plan a prepared
-		// statement may switch to after five runs.
+	// checkPlan asserts a statement's plans (for these values, and the
+	// generic plan a prepared statement may switch to after five runs) use
+	// index and read at most maxRead rows of the instances table.
+	checkPlan := func(name, index string, maxRead float64, sql string, args []any) {
+		t.Helper()
 		for mode, plan := range map[string]planNode{
 			"custom":  explain(t, pool, sql, args...),
 			"generic": explainGeneric(t, pool, sql, args...),
@@ -66,32 +52,62 @@ func TestListPlansAreIndexDrivenAndBounded(t *testing.T) {
 			sawIndex := false
 			var read float64
 			plan.walk(func(n planNode) {
-				require.NotEqual(t, "Seq Scan", n.NodeType, "%s (%s plan): no sequential scan of %s", c.name, mode, n.Relation)
+				require.NotEqual(t, "Seq Scan", n.NodeType, "%s (%s plan): no sequential scan of %s", name, mode, n.Relation)
 				if n.Relation == "gendurable_instances" {
 					read += n.ActualRows * n.Loops
 				}
-				if n.Index == c.index {
+				if n.Index == index {
 					sawIndex = true
 				}
 			})
-			require.True(t, sawIndex, "%s (%s plan): driven by %s", c.name, mode, c.index)
-			require.LessOrEqual(t, read, c.maxRead, "%s (%s plan): rows read from the instances table", c.name, mode)
+			require.True(t, sawIndex, "%s (%s plan): driven by %s", name, mode, index)
+			require.LessOrEqual(t, read, maxRead, "%s (%s plan): rows read from the instances table", name, mode)
 		}
-
-		rows, win, err := q.ListInstances(ctx, pool, c.f)
+	}
+	for _, c := range []struct {
+		name    string
+		f       sqlq.ListFilter
+		index   string // an index the plan must use
+		maxRead float64
+		want    int // rows returned
+	}{
+		{"first page", sqlq.ListFilter{}, "gendurable_instances_pkey", 2 * limit, limit},
+		{"common filter", sqlq.ListFilter{Status: str("executing"), Step: str("a")}, "gendurable_instances_pkey", 2 * limit, limit},
+		{"search by id", sqlq.ListFilter{Search: str("123456"), SearchID: id(123456)}, "gendurable_instances_pkey", 20, 1},
+		{"search by partition key", sqlq.ListFilter{Search: str("k40")}, "gendurable_instances_partition_key", 200, 41},
+		{"search by unique key", sqlq.ListFilter{Search: str("u300")}, "gendurable_instances_unique_key", 20, 1},
+		{"search with a filter", sqlq.ListFilter{Search: str("k40"), Status: str("failed")}, "gendurable_instances_partition_key", 200, 0},
+		{"filter matching nothing", sqlq.ListFilter{FSM: str("no-such-machine")}, "gendurable_instances_pkey", scan, 0},
+		{"rare status, deep page", sqlq.ListFilter{Status: str("failed"), Before: id(150_000)}, "gendurable_instances_pkey", scan, 0},
+		{"queue and step", sqlq.ListFilter{Queue: str("other"), Step: str("zz")}, "gendurable_instances_pkey", scan, 0},
+	} {
+		c.f.Scan, c.f.Limit = scan, limit
+		sql, args := q.ListSQL(c.f)
+		checkPlan(c.name, c.index, c.maxRead, sql, args)
+		rows, err := q.ListInstances(ctx, pool, c.f)
 		require.NoError(t, err, c.name)
 		require.Len(t, rows, c.want, c.name)
-		require.LessOrEqual(t, win.Scanned, scan, c.name)
+		if len(rows) < limit { // the caller measures the window
+			sql, args := q.ListWindowSQL(c.f)
+			checkPlan(c.name+": window", c.index, c.maxRead, sql, args)
+			win, err := q.ListWindow(ctx, pool, c.f)
+			require.NoError(t, err, c.name)
+			require.LessOrEqual(t, win.Scanned, scan, c.name)
+		}
 	}
 
 	// A full window that matched nothing says where it stopped.
-	rows, win, err := q.ListInstances(ctx, pool, sqlq.ListFilter{FSM: str("no-such-machine"), Scan: scan, Limit: limit})
+	f := sqlq.ListFilter{FSM: str("no-such-machine"), Scan: scan, Limit: limit}
+	win, err := q.ListWindow(ctx, pool, f)
 	require.NoError(t, err)
-	require.Empty(t, rows)
 	require.Equal(t, scan, win.Scanned)
 	var maxID int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT max(id) FROM `+s+`.gendurable_instances`).Scan(&maxID))
 	require.Equal(t, maxID-scan+1, win.Low)
+	f.Search = str("k40")
+	win, err = q.ListWindow(ctx, pool, f)
+	require.NoError(t, err)
+	require.Equal(t, 41, win.Scanned)
 }
 
 // explainGeneric is explain with the generic plan: the statement is
