@@ -138,7 +138,9 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 }
 
 // pruneSQL deletes up to $2 finished instances older than the retention,
-// and their signals, oldest first.
+// and their signals, oldest first. It runs under pruneSettings: the planner
+// may only walk the finished index in order and probe the signals index, so
+// a batch costs O(batch) whatever the statistics say (docs/design.md §5).
 const pruneSQL = `
 WITH doomed AS MATERIALIZED (
   SELECT id FROM {{schema}}.gendurable_instances
@@ -152,11 +154,27 @@ WITH doomed AS MATERIALIZED (
 )
 DELETE FROM {{schema}}.gendurable_instances AS i USING doomed AS d WHERE i.id = d.id`
 
+// pruneSettings rule out, for the prune transaction only, the plans whose
+// cost grows with the finished rows rather than the batch: a bitmap scan of
+// every expired row followed by a sort, or a hash join that reads a whole
+// table (a sequential or full index scan) to delete a batch.
+const pruneSettings = `SELECT set_config('enable_seqscan', 'off', true),
+       set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),
+       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+
 // Prune deletes one batch of finished instances older than retention and
-// returns how many it deleted.
-func (q *Queries) Prune(ctx context.Context, db DB, retention time.Duration, batch int) (int64, error) {
-	tag, err := db.Exec(ctx, q.prune, micros(retention), batch)
-	return tag.RowsAffected(), err
+// returns how many it deleted. It runs in a transaction of its own.
+func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duration, batch int) (int64, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, pruneSettings); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, q.prune, micros(retention), batch)
+		n = tag.RowsAffected()
+		return err
+	})
+	return n, err
 }
 
 const listSignalsSQL = `

@@ -90,21 +90,28 @@ const heartbeatSQL = `
 WITH h AS MATERIALIZED (
   SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
 ), lockable AS MATERIALIZED (
-  SELECT i.id FROM {{schema}}.gendurable_instances AS i
-  JOIN h ON i.id = h.id AND i.claim_token = h.token
-  WHERE i.status = 'executing'
-  FOR NO KEY UPDATE OF i SKIP LOCKED
+  SELECT h.id FROM h CROSS JOIN LATERAL (
+    SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = h.id
+    OFFSET 0 -- a fence: the outer conditions must not reach the scan
+    FOR NO KEY UPDATE SKIP LOCKED
+  ) AS l
+  WHERE l.claim_token = h.token AND l.status = 'executing'
 ), extended AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
   FROM lockable AS l
   WHERE i.id = l.id
   RETURNING i.id
+), snap AS (
+  SELECT h.id FROM h CROSS JOIN LATERAL (
+    SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = h.id
+    OFFSET 0
+  ) AS s
+  WHERE s.claim_token = h.token AND s.status = 'executing'
 )
-SELECT h.id FROM h
-WHERE h.id IN (SELECT id FROM extended)
-   OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS i
-              WHERE i.id = h.id AND i.claim_token = h.token AND i.status = 'executing')`
+SELECT id FROM extended UNION SELECT id FROM snap`
 
 // Heartbeat extends the leases of the (id, token) pairs and returns the ids
 // still held (extended now, or skipped because locked at this moment).
@@ -181,14 +188,23 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) ([]Reaped, error) 
 // not know (with a delay), rows whose partition key is contended.
 
 const releaseSQL = `
+WITH cur AS MATERIALIZED (
+  SELECT r.id FROM unnest($1::bigint[], $2::bigint[]) AS r(id, token) CROSS JOIN LATERAL (
+    SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = r.id
+    OFFSET 0 -- a fence: the outer conditions must not reach the scan
+    FOR NO KEY UPDATE
+  ) AS c
+  WHERE c.claim_token = r.token AND c.status = 'executing'
+)
 UPDATE {{schema}}.gendurable_instances AS i
 SET status = 'runnable',
     eligible_at = now() + $3::bigint * interval '1 microsecond',
     lease_expires_at = NULL,
     claim_token = NULL,
     updated_at = now()
-FROM unnest($1::bigint[], $2::bigint[]) AS r(id, token)
-WHERE i.id = r.id AND i.claim_token = r.token AND i.status = 'executing'
+FROM cur AS c
+WHERE i.id = c.id
 RETURNING i.id`
 
 // Release returns claimed rows to runnable, eligible after delay.

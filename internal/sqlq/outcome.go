@@ -70,28 +70,39 @@ WITH o AS MATERIALIZED (
     AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us, inbox_dec,
          cont)
 ), locked AS MATERIALIZED (
-  SELECT o.*, i.fanout FROM {{schema}}.gendurable_instances AS i
-  JOIN o ON o.id = i.id AND i.claim_token = o.token
-  WHERE i.status = 'executing'
-  FOR UPDATE OF i
+  -- One primary-key probe per outcome (the lateral subquery cannot be
+  -- flattened, and its only condition is the id); the fence is checked on
+  -- the locked, newest row version.
+  SELECT o.*, c.fanout FROM o CROSS JOIN LATERAL (
+    SELECT i.claim_token, i.status, i.fanout FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = o.id
+    OFFSET 0 -- a fence: the outer conditions must not reach the scan
+    FOR UPDATE
+  ) AS c
+  WHERE c.claim_token = o.token AND c.status = 'executing'
+), held AS (
+  -- id -> fan-out generation of every outcome whose fence held: a lookup
+  -- table for the array-driven parts below, so none joins two arrays.
+  SELECT coalesce(jsonb_object_agg(id, fanout), '{}') AS m FROM locked
 ), kids AS (
   INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `, parent_id, parent_fanout)
-  SELECT ` + newRowSelect + `, n.parent, l.fanout + 1
+  SELECT ` + newRowSelect + `, n.parent, ((SELECT m FROM held) ->> n.parent::text)::int + 1
   FROM unnest($14::bigint[], $15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::smallint[],
               $21::int[], $22::timestamptz[], $23::bigint[], $24::text[], $25::bytea[], $26::int[])
        WITH ORDINALITY AS n(parent, fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
                             run_in_us, partition_key, unique_key, scope_mask, ord)
-  JOIN locked AS l ON l.id = n.parent
+  WHERE (SELECT m FROM held) ? n.parent::text
   ORDER BY n.ord
   ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
   RETURNING parent_id
 ), kid_counts AS (
-  SELECT parent_id, count(*)::int AS n FROM kids GROUP BY parent_id
+  SELECT coalesce(jsonb_object_agg(parent_id, n), '{}') AS m
+  FROM (SELECT parent_id, count(*)::int AS n FROM kids GROUP BY parent_id) AS k
 ), consumed AS (
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
   FROM unnest($27::bigint[], $28::bigint[]) AS c(owner, sid)
-  JOIN locked AS l ON l.id = c.owner
-  WHERE s.id = c.sid AND s.target_id = c.owner AND s.consumed_at IS NULL
+  WHERE (SELECT m FROM held) ? c.owner::text
+    AND s.id = c.sid AND s.target_id = c.owner AND s.consumed_at IS NULL
   RETURNING s.id
 ), swept AS (
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
@@ -106,7 +117,7 @@ WITH o AS MATERIALIZED (
         WHEN 5 THEN CASE WHEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
                                 ?| ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb))
                          THEN 'runnable' ELSE 'awaiting_signal' END
-        ELSE CASE WHEN coalesce(k.n, 0) = 0 THEN 'runnable' ELSE 'awaiting_children' END
+        ELSE CASE WHEN o.kids = 0 THEN 'runnable' ELSE 'awaiting_children' END
       END)::{{schema}}.gendurable_status,
       step = coalesce(o.step, i.step),
       state = coalesce(o.state::jsonb, i.state),
@@ -121,8 +132,8 @@ WITH o AS MATERIALIZED (
       inbox = CASE WHEN o.kind IN (3, 4) THEN '{}'::jsonb
                    WHEN o.kind IN (1, 6) THEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
                    ELSE i.inbox END,
-      children_total = CASE o.kind WHEN 2 THEN i.children_total WHEN 6 THEN coalesce(k.n, 0) ELSE 0 END,
-      children_pending = CASE o.kind WHEN 6 THEN coalesce(k.n, 0) ELSE i.children_pending END,
+      children_total = CASE o.kind WHEN 2 THEN i.children_total WHEN 6 THEN o.kids ELSE 0 END,
+      children_pending = CASE o.kind WHEN 6 THEN o.kids ELSE i.children_pending END,
       fanout = CASE o.kind WHEN 6 THEN i.fanout + 1 ELSE i.fanout END,
       lease_expires_at = CASE WHEN o.cont THEN now() + $31::bigint * interval '1 microsecond' END,
       claim_token = CASE WHEN o.cont THEN nextval('{{schema}}.gendurable_claim_token_seq') END,
@@ -133,7 +144,7 @@ WITH o AS MATERIALIZED (
                     || jsonb_build_array(jsonb_build_object(
                          'step', i.step, 'attempt', i.attempt, 'at', now(),
                          'kind', o.err_kind, 'error', o.err)) END
-  FROM locked AS o LEFT JOIN kid_counts AS k ON k.parent_id = o.id
+  FROM (SELECT l.*, coalesce(((SELECT m FROM kid_counts) ->> l.id::text)::int, 0) AS kids FROM locked AS l) AS o
   WHERE i.id = o.id
   RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token
 ), ` + parentJoinCTE + `
