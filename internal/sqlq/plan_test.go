@@ -215,6 +215,10 @@ func newPlanFixture(t *testing.T, mode statsMode, tracer pgx.QueryTracer) *planF
 		       CASE WHEN g % 10 = 0 THEN 'x' || g END,
 		       CASE WHEN g % 5 = 0 THEN $3::bigint + g % $4 END, 1
 		FROM generate_series(1, $1::int) g`, fxExecuting, fxExpired, fxDone+1, fxParents)
+	// The first executing rows each hold an unconsumed signal.
+	exec(`WITH t AS (SELECT id FROM ` + s + `.gendurable_instances WHERE status = 'executing' ORDER BY id LIMIT 1000),
+		sig AS (INSERT INTO ` + s + `.gendurable_signals (target_id, name) SELECT id, 'go' FROM t)
+		UPDATE ` + s + `.gendurable_instances SET inbox = '{"go": 1}' WHERE id IN (SELECT id FROM t)`)
 	exec(`INSERT INTO `+s+`.gendurable_instances (fsm, step, status, awaits, await_deadline)
 		SELECT 'm', 'w', 'awaiting_signal', '{go}',
 		       CASE WHEN g <= $2 THEN now() - interval '1 second' ELSE now() + g * interval '1 second' END
@@ -311,6 +315,26 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 				}
 				return b
 			}
+			signalOf := map[int64]int64{}
+			rows, err := f.pool.Query(ctx, `SELECT target_id, id FROM "`+f.schema+`".gendurable_signals
+				WHERE target_id = ANY ($1) AND consumed_at IS NULL`, ids)
+			require.NoError(t, err)
+			for rows.Next() {
+				var target, id int64
+				require.NoError(t, rows.Scan(&target, &id))
+				signalOf[target] = id
+			}
+			require.NoError(t, rows.Err())
+			require.Len(t, signalOf, batch)
+			consuming := &sqlq.OutcomeBatch{Lease: time.Minute}
+			fanning := &sqlq.OutcomeBatch{Lease: time.Minute}
+			for i := range ids {
+				consuming.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: sqlq.KindNext, Step: ptr("b"),
+					Consume: []int64{signalOf[ids[i]]}, InboxDec: ptr(`{"go":1}`)})
+				kid := sqlq.NewInstance{FSM: "c", Version: 1, Queue: "default", Step: "a", State: `{}`, MaxAttempts: 3}
+				fanning.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: sqlq.KindChildren, Step: ptr("join"),
+					Children: []sqlq.NewInstance{kid, kid}})
+			}
 			var sigTarget int64
 			require.NoError(t, f.pool.QueryRow(ctx, `SELECT id FROM "`+f.schema+`".gendurable_instances
 				WHERE status = 'awaiting_signal' ORDER BY id DESC LIMIT 1`).Scan(&sigTarget))
@@ -339,6 +363,19 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					got, err := f.q.ApplyOutcomes(ctx, tx, outcomes(sqlq.KindNext))
 					require.NoError(t, err)
 					require.Len(t, got, batch)
+				}},
+				{"outcome-next-consuming", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.ApplyOutcomes(ctx, tx, consuming)
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+				}},
+				{"outcome-children", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.ApplyOutcomes(ctx, tx, fanning)
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+					for _, a := range got {
+						require.Equal(t, "awaiting_children", a.Status)
+					}
 				}},
 				{"reap", 4*fxExpired + 100, func(t *testing.T, tx pgx.Tx) {
 					got, err := f.q.Reap(ctx, tx, 1000)

@@ -55,7 +55,7 @@ type Queries struct {
 	pick            string
 	heartbeat       string
 	reap            string
-	applyOutcomes   string
+	applyOutcomes   [shapeCount]namedStmt
 	release         string
 	insertMany      string
 	insertPlain     string
@@ -83,12 +83,11 @@ func New(schema string) (*Queries, error) {
 		return nil, err
 	}
 	qs := quoteIdent(schema)
-	return &Queries{
+	q := &Queries{
 		Schema:          schema,
 		pick:            render(pickSQL, qs),
 		heartbeat:       render(heartbeatSQL, qs),
 		reap:            render(reapSQL, qs),
-		applyOutcomes:   render(applyOutcomesSQL, qs),
 		release:         render(releaseSQL, qs),
 		insertMany:      render(insertManySQL, qs),
 		insertPlain:     render(insertPlainSQL, qs),
@@ -108,7 +107,11 @@ func New(schema string) (*Queries, error) {
 		listSignals:     render(listSignalsSQL, qs),
 		listAllChildren: render(listAllChildrenSQL, qs),
 		stepCounts:      render(stepCountsSQL, qs),
-	}, nil
+	}
+	for sh := range outcomeShape(shapeCount) {
+		q.applyOutcomes[sh] = bindNamed(render(outcomeSQL(sh), qs))
+	}
+	return q, nil
 }
 
 // micros converts a duration to whole microseconds for `$n * interval '1 microsecond'`.
