@@ -306,7 +306,7 @@ func TestBusyQueuePicksUpOtherProcessesInserts(t *testing.T) {
 	b.start()
 	other, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{job}})
 	require.NoError(t, err)
-	time.Sleep(100 * time.Millisecond) // the first, empty pick: the queue is idle, polling every 2s
+	time.Sleep(100 * time.Millisecond)  // the first, empty pick: the queue is idle, polling every 2s
 	b.insert(job.New(orderArgs{I: -1})) // a local insert wakes it: the queue is busy from here on
 	var ids []int64
 	for i := range 60 {
