@@ -461,12 +461,7 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 		for n := 0; ; n++ {
 			start := time.Now()
 			in := &execInput{c: c, queue: queue, limits: e.stateLimits, newChild: e.newInstance}
-			if err := e.load(ctx, db, core, in); err != nil {
-				// Not the step's fault: hand the row back without counting an attempt.
-				e.log.Warn("gendurable: loading the step's inputs failed; releasing the row", "queue", queue, "id", c.ID, "err", err)
-				e.releaseClaim(c, e.cfg.PartitionRetryDelay)
-				return scheduler.Result{}
-			}
+			inputs(core, in)
 			res, ok := e.runStep(ctx, queue, core, in, h)
 			if !ok {
 				return scheduler.Result{} // abandoned: the watchdog writes its outcome
@@ -506,6 +501,7 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 			next := *c
 			next.Token, next.Step, next.State = *applied.Token, *res.out.Step, []byte(*res.out.State)
 			next.Attempt, next.Awaits, next.Children = 0, nil, 0
+			next.Inbox, next.ChildRows = applied.Inbox, nil
 			c = &next
 		}
 	}
@@ -547,21 +543,17 @@ func (e *Engine) commitDetached(ctx context.Context, queue string, c *sqlq.Claim
 	})
 }
 
-// load reads the inbox (after an await, or for machines that read it) and
-// the children (after a fan-out). A plain step loads nothing.
-func (e *Engine) load(ctx context.Context, db sqlq.DB, core *machineCore, in *execInput) error {
-	var err error
+// inputs hands the step what the claim brought along (docs/design.md §4):
+// the inbox after an await, or for machines that read it; the children after
+// a fan-out. The statement that claimed the row read them, so a step never
+// costs a load of its own.
+func inputs(core *machineCore, in *execInput) {
 	if in.c.Awaits != nil || core.readsInbox {
-		if in.inbox, err = e.q.LoadInbox(ctx, db, in.c.ID); err != nil {
-			return fmt.Errorf("load inbox: %w", err)
-		}
+		in.inbox = in.c.Inbox
 	}
 	if in.c.Children > 0 {
-		if in.children, err = e.q.LoadChildren(ctx, db, in.c.ID); err != nil {
-			return fmt.Errorf("load children: %w", err)
-		}
+		in.children = in.c.ChildRows
 	}
-	return nil
 }
 
 func (e *Engine) reportStep(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, applied bool, commitErr error, took time.Duration) {

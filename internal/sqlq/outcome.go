@@ -100,6 +100,14 @@ WITH o AS MATERIALIZED (
   ) AS c
   WHERE c.claim_token = o.token AND c.status = 'executing'
 )`)
+	// A continued row's next step gets its inbox from here (docs/design.md
+	// §4). Signals this statement consumes still look unconsumed to it (one
+	// snapshot): leave them out by id.
+	continuedInbox := inboxRowsSQL
+	if shape&shapeConsume != 0 {
+		continuedInbox = strings.Replace(inboxRowsSQL, "s.consumed_at IS NULL",
+			"s.consumed_at IS NULL AND s.id <> ALL (@consume_id::bigint[])", 1)
+	}
 	kids := "0"
 	if shape&(shapeChildren|shapeConsume) != 0 {
 		b.WriteString(`, held AS (
@@ -184,13 +192,14 @@ WITH o AS MATERIALIZED (
                          'kind', o.err_kind, 'error', o.err)) END
   FROM (SELECT l.*, ` + kids + ` AS kids FROM locked AS l) AS o
   WHERE i.id = o.id
-  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token
+  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token,
+            CASE WHEN o.cont AND i.inbox <> '{}'::jsonb THEN ` + continuedInbox + ` END AS inbox_rows
 )`)
 	if shape&shapeTerminal != 0 {
 		b.WriteString(", " + parentJoinCTE)
 	}
 	b.WriteString(`
-SELECT id, status::text, queue, claim_token FROM changed`)
+SELECT id, status::text, queue, claim_token, inbox_rows FROM changed`)
 	return b.String()
 }
 
@@ -410,7 +419,8 @@ type Applied struct {
 	ID     int64
 	Status string
 	Queue  string
-	Token  *int64 // a continued outcome's new claim token
+	Token  *int64      // a continued outcome's new claim token
+	Inbox  []SignalRow // a continued outcome: the unconsumed signals, for its next step
 }
 
 // ApplyOutcomes applies the batch in one statement and returns the outcomes
@@ -425,7 +435,11 @@ func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Applied, error) {
 		var a Applied
-		err := row.Scan(&a.ID, &a.Status, &a.Queue, &a.Token)
+		var inbox []byte
+		err := row.Scan(&a.ID, &a.Status, &a.Queue, &a.Token, &inbox)
+		if err == nil {
+			a.Inbox, err = decodeInbox(inbox)
+		}
 		return a, err
 	})
 }

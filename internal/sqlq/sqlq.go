@@ -62,8 +62,6 @@ type Queries struct {
 	lookupUnique    string
 	getInstance     string
 	signal          string
-	loadInbox       string
-	loadChildren    string
 	wakeTimedOut    string
 	waitInfo        string
 	retry           string
@@ -94,8 +92,6 @@ func New(schema string) (*Queries, error) {
 		getInstance:     render(getInstanceSQL, qs),
 		lookupUnique:    render(lookupUniqueSQL, qs),
 		signal:          render(signalSQL, qs),
-		loadInbox:       render(loadInboxSQL, qs),
-		loadChildren:    render(loadChildrenSQL, qs),
 		wakeTimedOut:    render(wakeTimedOutSQL, qs),
 		waitInfo:        render(waitInfoSQL, qs),
 		retry:           render(retrySQL, qs),
