@@ -87,9 +87,7 @@ type ListPage struct {
 	Instances []InstanceSummary `json:"instances"`
 	// NextBefore is the Before of the next page; 0 when this is the last.
 	NextBefore int64 `json:"next_before,omitempty"`
-	// Scanned is, for a page that did not fill up, how many instances it
-	// looked at (at most MaxScan); 0 for a full page, which stops looking
-	// as soon as it has Limit rows.
+	// Scanned is how many instances a Partial page looked at (MaxScan).
 	Scanned int `json:"scanned,omitempty"`
 	// Partial: the page stopped at MaxScan instances looked at before it
 	// filled up; older matches may follow NextBefore.
@@ -143,22 +141,15 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 	if id, err := strconv.ParseInt(f.Search, 10, 64); err == nil && id > 0 {
 		q.SearchID = &id
 	}
-	rows, err := e.q.ListInstances(ctx, e.pool, q)
+	rows, win, err := e.q.ListInstances(ctx, e.pool, q)
 	if err != nil {
 		return nil, fmt.Errorf("gendurable: list: %w", err)
 	}
 	page := &ListPage{Instances: make([]InstanceSummary, 0, min(len(rows), limit))}
-	if len(rows) <= limit {
-		// The page did not fill up: it read its whole window. If that was
-		// full, older matches may lie below it.
-		win, err := e.q.ListWindow(ctx, e.pool, q)
-		if err != nil {
-			return nil, fmt.Errorf("gendurable: list: %w", err)
-		}
-		page.Scanned = win.Scanned
-		if win.Scanned >= scan && win.Low > 1 {
-			page.NextBefore, page.Partial = win.Low, true
-		}
+	if len(rows) <= limit && win.Full && win.Low > 1 {
+		// The page did not fill up and its window was full: older matches
+		// may lie below it.
+		page.NextBefore, page.Partial, page.Scanned = win.Low, true, scan
 	}
 	for i, r := range rows {
 		if i == limit {

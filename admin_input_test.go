@@ -108,5 +108,5 @@ func TestListLooksAtABoundedWindow(t *testing.T) {
 	require.Len(t, page.Instances, 3)
 	require.Equal(t, gendurable.StatusFailed, page.Instances[1].Status)
 	require.False(t, page.Partial)
-	require.Equal(t, 3, page.Scanned)
+	require.Zero(t, page.Scanned, "Scanned is reported for partial pages")
 }

@@ -29,6 +29,7 @@ const (
 	DefaultUnknownVersionDelay = 30 * time.Second
 	DefaultConcurrency         = 10
 	DefaultPollInterval        = time.Second
+	DefaultBusyPollInterval    = 25 * time.Millisecond
 	DefaultMaxPollInterval     = 5 * time.Second
 	DefaultChainSteps          = 16
 	DefaultRetention           = 7 * 24 * time.Hour
@@ -121,11 +122,20 @@ type QueueConfig struct {
 	// MinDemand: don't pick for fewer free places than this, unless the
 	// queue is idle (fewer, fatter picks). Default 1.
 	MinDemand int
-	// PollInterval is the base interval between picks when there is no
-	// sign of work. Default 1s.
+	// BusyPollInterval is the interval to the next pick after a pick that
+	// found rows: work inserted by other processes (which cannot kick this
+	// one) is picked up within about this long while the queue is busy.
+	// Each pick that finds nothing doubles the interval, up to PollInterval
+	// while steps of this queue run and up to MaxPollInterval once the
+	// queue is idle. Default 25ms (or PollInterval, if shorter).
+	BusyPollInterval time.Duration
+	// PollInterval is the interval between picks while steps of this queue
+	// run and its last picks found nothing. Default 1s.
 	PollInterval time.Duration
 	// MaxPollInterval caps the idle backoff: each empty pick on an idle queue
-	// doubles the interval up to this. Default 5s.
+	// doubles the interval up to this, so an idle queue costs at most one
+	// pick per MaxPollInterval; work inserted by another process into an
+	// idle queue waits up to this long. Default 5s.
 	MaxPollInterval time.Duration
 	// ChainSteps: after a Next without delay commits, the same worker runs
 	// the instance's next step at once (the outcome statement keeps it
@@ -283,13 +293,14 @@ func (qc *QueueConfig) withDefaults(name string) error {
 	}
 	setDefault(&qc.PollInterval, DefaultPollInterval)
 	setDefault(&qc.MaxPollInterval, max(DefaultMaxPollInterval, qc.PollInterval))
+	setDefault(&qc.BusyPollInterval, min(DefaultBusyPollInterval, qc.PollInterval))
 	switch {
 	case qc.Concurrency < 0:
 		return errorf(ErrInvalidConfig, "queue %q: negative Concurrency", name)
 	case qc.MinDemand < 0 || qc.MinDemand > qc.Concurrency+qc.Prefetch:
 		return errorf(ErrInvalidConfig, "queue %q: MinDemand %d outside 1..Concurrency+Prefetch (%d)", name, qc.MinDemand, qc.Concurrency+qc.Prefetch)
-	case qc.PollInterval < 0 || qc.MaxPollInterval < qc.PollInterval:
-		return errorf(ErrInvalidConfig, "queue %q: need 0 < PollInterval <= MaxPollInterval", name)
+	case qc.BusyPollInterval < 0 || qc.PollInterval < qc.BusyPollInterval || qc.MaxPollInterval < qc.PollInterval:
+		return errorf(ErrInvalidConfig, "queue %q: need 0 < BusyPollInterval <= PollInterval <= MaxPollInterval", name)
 	}
 	return nil
 }
@@ -324,7 +335,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		ev := &schedEvents{e: e}
 		s := scheduler.New(scheduler.Config{
 			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.Prefetch, MinDemand: qc.MinDemand,
-			PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
+			BusyPollInterval: qc.BusyPollInterval, PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
 			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval,
 		}, e.q, e.pool, e.executor(name, qc.ChainSteps), ev, e.log)
 		rs.scheds[name] = s
@@ -450,12 +461,7 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 		for n := 0; ; n++ {
 			start := time.Now()
 			in := &execInput{c: c, queue: queue, limits: e.stateLimits, newChild: e.newInstance}
-			if err := e.load(ctx, db, core, in); err != nil {
-				// Not the step's fault: hand the row back without counting an attempt.
-				e.log.Warn("gendurable: loading the step's inputs failed; releasing the row", "queue", queue, "id", c.ID, "err", err)
-				e.releaseClaim(c, e.cfg.PartitionRetryDelay)
-				return scheduler.Result{}
-			}
+			inputs(core, in)
 			res, ok := e.runStep(ctx, queue, core, in, h)
 			if !ok {
 				return scheduler.Result{} // abandoned: the watchdog writes its outcome
@@ -495,6 +501,7 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 			next := *c
 			next.Token, next.Step, next.State = *applied.Token, *res.out.Step, []byte(*res.out.State)
 			next.Attempt, next.Awaits, next.Children = 0, nil, 0
+			next.Inbox, next.ChildRows = applied.Inbox, nil
 			c = &next
 		}
 	}
@@ -536,21 +543,17 @@ func (e *Engine) commitDetached(ctx context.Context, queue string, c *sqlq.Claim
 	})
 }
 
-// load reads the inbox (after an await, or for machines that read it) and
-// the children (after a fan-out). A plain step loads nothing.
-func (e *Engine) load(ctx context.Context, db sqlq.DB, core *machineCore, in *execInput) error {
-	var err error
+// inputs hands the step what the claim brought along (docs/design.md §4):
+// the inbox after an await, or for machines that read it; the children after
+// a fan-out. The statement that claimed the row read them, so a step never
+// costs a load of its own.
+func inputs(core *machineCore, in *execInput) {
 	if in.c.Awaits != nil || core.readsInbox {
-		if in.inbox, err = e.q.LoadInbox(ctx, db, in.c.ID); err != nil {
-			return fmt.Errorf("load inbox: %w", err)
-		}
+		in.inbox = in.c.Inbox
 	}
 	if in.c.Children > 0 {
-		if in.children, err = e.q.LoadChildren(ctx, db, in.c.ID); err != nil {
-			return fmt.Errorf("load children: %w", err)
-		}
+		in.children = in.c.ChildRows
 	}
-	return nil
 }
 
 func (e *Engine) reportStep(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, applied bool, commitErr error, took time.Duration) {

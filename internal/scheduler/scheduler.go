@@ -26,7 +26,8 @@ type Config struct {
 	Concurrency       int           // max steps running at once
 	Prefetch          int           // rows claimed beyond running slots
 	MinDemand         int           // don't pick for fewer free places, unless idle
-	PollInterval      time.Duration // base poll interval
+	BusyPollInterval  time.Duration // poll interval after a pick that found rows (0: PollInterval)
+	PollInterval      time.Duration // poll interval while steps run and picks find nothing
 	MaxPollInterval   time.Duration // idle backoff ceiling
 	Lease             time.Duration
 	HeartbeatInterval time.Duration
@@ -209,9 +210,13 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 				s.more = true // the pick did not happen: look again once the backoff is over
 				s.mu.Unlock()
 			case n > 0:
-				failures, interval = 0, s.cfg.PollInterval
+				// Work is arriving: look again soon, for rows that other
+				// processes insert (they cannot kick this feeder).
+				failures, interval = 0, s.busyPoll()
 			case idle:
 				failures, interval = 0, min(interval*2, s.cfg.MaxPollInterval)
+			case interval < s.cfg.PollInterval:
+				failures, interval = 0, min(interval*2, s.cfg.PollInterval)
 			default:
 				failures = 0
 			}
@@ -246,6 +251,14 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 	}
 	s.stopping.Store(true)
 	s.releaseBuffer()
+}
+
+// busyPoll is the poll interval after a pick that found rows.
+func (s *Scheduler) busyPoll() time.Duration {
+	if s.cfg.BusyPollInterval > 0 {
+		return s.cfg.BusyPollInterval
+	}
+	return s.cfg.PollInterval
 }
 
 func resetTimer(t *time.Timer, d time.Duration) {

@@ -3,7 +3,6 @@ package sqlq
 import (
 	"context"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,65 +33,58 @@ type ListFilter struct {
 // the id, partition-key and unique-key lookups (listSearchSQL), so no page
 // reads more than $8 rows whatever the filters. The filters ($1-$6) apply
 // to the window and the page is at most $9 rows: the scan stops as soon as
-// the page is full, so a plain first page reads about $9 rows. Only a page
-// that did not fill up needs to know where its window ended
-// (listScanWindowSQL, listSearchWindowSQL: the ids alone).
+// the page is full, so a plain first page reads about $9 rows. The window's
+// last row (row number $8) is returned even if it does not match, flagged
+// window_end: a page that did not fill up learns where its window ended, in
+// the same pass, without a second statement (an aggregate over the window
+// would let the planner pick a sequential scan and sort when the statistics
+// lie about the table).
 const listColsSQL = `
 SELECT w.id, w.fsm, w.fsm_version, w.queue, w.step, w.status::text, w.attempt, w.max_attempts, w.priority,
        w.partition_key, w.parent_id, w.eligible_at, w.inserted_at, w.updated_at, w.finished_at,
-       (SELECT e ->> 'error' FROM jsonb_array_elements(w.errors) AS e ORDER BY (e ->> 'at') DESC LIMIT 1)
-FROM (`
+       CASE WHEN w.hit THEN
+         (SELECT e ->> 'error' FROM jsonb_array_elements(w.errors) AS e ORDER BY (e ->> 'at') DESC LIMIT 1)
+       END,
+       w.hit, w.rn = $8
+FROM (
+  SELECT x.*, row_number() OVER (ORDER BY x.id DESC) AS rn,
+         coalesce(($1::text IS NULL OR x.queue = $1)
+           AND ($2::text IS NULL OR x.status = $2::{{schema}}.gendurable_status)
+           AND ($3::text IS NULL OR x.fsm = $3)
+           AND ($4::text IS NULL OR x.step = $4)
+           AND ($5::timestamptz IS NULL OR x.inserted_at >= $5)
+           AND ($6::timestamptz IS NULL OR x.inserted_at < $6), false) AS hit
+  FROM (`
 
-const listFilterSQL = `) AS w
-WHERE ($1::text IS NULL OR w.queue = $1)
-  AND ($2::text IS NULL OR w.status = $2::{{schema}}.gendurable_status)
-  AND ($3::text IS NULL OR w.fsm = $3)
-  AND ($4::text IS NULL OR w.step = $4)
-  AND ($5::timestamptz IS NULL OR w.inserted_at >= $5)
-  AND ($6::timestamptz IS NULL OR w.inserted_at < $6)
+const listTailSQL = `) AS x
+) AS w
+WHERE w.hit OR w.rn = $8
 ORDER BY w.id DESC
 LIMIT $9`
 
 const listScanSQL = listColsSQL + `
-  SELECT * FROM {{schema}}.gendurable_instances
-  WHERE id < $7
-  ORDER BY id DESC
-  LIMIT $8
-` + listFilterSQL
+    SELECT * FROM {{schema}}.gendurable_instances
+    WHERE id < $7
+    ORDER BY id DESC
+    LIMIT $8
+  ` + listTailSQL
 
-// searchIDsSQL is the search window's ids: $1 cursor, $2 window, $3 id, $4 key.
-const searchIDsSQL = `
-  SELECT id FROM (
-    (SELECT id FROM {{schema}}.gendurable_instances WHERE id = $3 AND id < $1)
-    UNION
-    (SELECT id FROM {{schema}}.gendurable_instances
-     WHERE partition_key = $4 AND id < $1 ORDER BY id DESC LIMIT $2)
-    UNION
-    (SELECT id FROM {{schema}}.gendurable_instances
-     WHERE unique_key = convert_to($4, 'UTF8') AND id < $1 ORDER BY id DESC LIMIT $2)
-  ) AS u
-  ORDER BY id DESC
-  LIMIT $2`
-
-var listSearchSQL = listColsSQL + `
-  SELECT i.* FROM (` + renumber(searchIDsSQL, "$1", "$7", "$2", "$8", "$3", "$10", "$4", "$11") + `) AS s
-  JOIN {{schema}}.gendurable_instances AS i ON i.id = s.id
-` + listFilterSQL
-
-const listScanWindowSQL = `
-SELECT count(*), coalesce(min(id), 0) FROM (
-  SELECT id FROM {{schema}}.gendurable_instances WHERE id < $1 ORDER BY id DESC LIMIT $2
-) AS w`
-
-const listSearchWindowSQL = `
-SELECT count(*), coalesce(min(id), 0) FROM (` + searchIDsSQL + `) AS w`
-
-// renumber rewrites placeholders of a fragment (pairs old, new), so one
-// fragment serves two statements whose parameters are numbered apart. (The
-// fragment uses $1-$4 only, so no old placeholder is a prefix of another.)
-func renumber(sql string, pairs ...string) string {
-	return strings.NewReplacer(pairs...).Replace(sql)
-}
+const listSearchSQL = listColsSQL + `
+    SELECT i.* FROM (
+      SELECT id FROM (
+        (SELECT id FROM {{schema}}.gendurable_instances WHERE id = $10 AND id < $7)
+        UNION
+        (SELECT id FROM {{schema}}.gendurable_instances
+         WHERE partition_key = $11 AND id < $7 ORDER BY id DESC LIMIT $8)
+        UNION
+        (SELECT id FROM {{schema}}.gendurable_instances
+         WHERE unique_key = convert_to($11, 'UTF8') AND id < $7 ORDER BY id DESC LIMIT $8)
+      ) AS u
+      ORDER BY id DESC
+      LIMIT $8
+    ) AS s
+    JOIN {{schema}}.gendurable_instances AS i ON i.id = s.id
+  ` + listTailSQL
 
 // ListRow is one instance in a list.
 type ListRow struct {
@@ -114,60 +106,56 @@ type ListRow struct {
 	LastError    *string
 }
 
-func (f ListFilter) before() int64 {
-	if f.Before != nil {
-		return *f.Before
-	}
-	return math.MaxInt64
+// ListWindow says where a page's window ended, when the page read all of
+// it: Full when it held ListFilter.Scan rows, Low the lowest id among them.
+type ListWindow struct {
+	Full bool
+	Low  int64
 }
 
 // ListSQL is the statement and arguments of a list page: the search window
 // when f.Search is set, the primary-key window otherwise.
 func (q *Queries) ListSQL(f ListFilter) (string, []any) {
-	args := []any{f.Queue, f.Status, f.FSM, f.Step, f.From, f.To, f.before(), f.Scan, f.Limit}
+	before := int64(math.MaxInt64)
+	if f.Before != nil {
+		before = *f.Before
+	}
+	// One more row than asked: the window's last row may come after the
+	// matches.
+	args := []any{f.Queue, f.Status, f.FSM, f.Step, f.From, f.To, before, f.Scan, f.Limit + 1}
 	if f.Search == nil {
 		return q.listScan, args
 	}
 	return q.listSearch, append(args, f.SearchID, *f.Search)
 }
 
-// ListInstances returns instances matching f, newest first.
-func (q *Queries) ListInstances(ctx context.Context, db DB, f ListFilter) ([]ListRow, error) {
+// ListInstances returns at most f.Limit instances matching f, newest first,
+// and, if the page read its whole window, where that window ended.
+func (q *Queries) ListInstances(ctx context.Context, db DB, f ListFilter) ([]ListRow, ListWindow, error) {
 	sql, args := q.ListSQL(f)
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, err
+		return nil, ListWindow{}, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ListRow, error) {
+	defer rows.Close()
+	var out []ListRow
+	var win ListWindow
+	for rows.Next() {
 		var r ListRow
-		err := row.Scan(&r.ID, &r.FSM, &r.Version, &r.Queue, &r.Step, &r.Status, &r.Attempt, &r.MaxAttempts,
-			&r.Priority, &r.PartitionKey, &r.ParentID, &r.EligibleAt, &r.InsertedAt, &r.UpdatedAt, &r.FinishedAt, &r.LastError)
-		return r, err
-	})
-}
-
-// ListWindow is the window a list page looks at: Scanned rows (at most
-// ListFilter.Scan) and the lowest id among them (0 if none).
-type ListWindow struct {
-	Scanned int
-	Low     int64
-}
-
-// ListWindowSQL is the statement and arguments of ListWindow.
-func (q *Queries) ListWindowSQL(f ListFilter) (string, []any) {
-	if f.Search == nil {
-		return q.listScanWindow, []any{f.before(), f.Scan}
+		var hit, end bool
+		if err := rows.Scan(&r.ID, &r.FSM, &r.Version, &r.Queue, &r.Step, &r.Status, &r.Attempt, &r.MaxAttempts,
+			&r.Priority, &r.PartitionKey, &r.ParentID, &r.EligibleAt, &r.InsertedAt, &r.UpdatedAt, &r.FinishedAt,
+			&r.LastError, &hit, &end); err != nil {
+			return nil, ListWindow{}, err
+		}
+		if end {
+			win = ListWindow{Full: true, Low: r.ID}
+		}
+		if hit && len(out) < f.Limit {
+			out = append(out, r)
+		}
 	}
-	return q.listSearchWindow, []any{f.before(), f.Scan, f.SearchID, *f.Search}
-}
-
-// ListWindow measures the window of f's page, for a page that did not fill
-// up: where to continue below it.
-func (q *Queries) ListWindow(ctx context.Context, db DB, f ListFilter) (ListWindow, error) {
-	sql, args := q.ListWindowSQL(f)
-	var w ListWindow
-	err := db.QueryRow(ctx, sql, args...).Scan(&w.Scanned, &w.Low)
-	return w, err
+	return out, win, rows.Err()
 }
 
 const queueCountsSQL = `
@@ -238,7 +226,9 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 }
 
 // pruneSQL deletes up to $2 finished instances older than the retention,
-// and their signals, oldest first.
+// and their signals, oldest first. It runs under pruneSettings: the planner
+// may only walk the finished index in order and probe the signals index, so
+// a batch costs O(batch) whatever the statistics say (docs/design.md §5).
 const pruneSQL = `
 WITH doomed AS MATERIALIZED (
   SELECT id FROM {{schema}}.gendurable_instances
@@ -252,11 +242,27 @@ WITH doomed AS MATERIALIZED (
 )
 DELETE FROM {{schema}}.gendurable_instances AS i USING doomed AS d WHERE i.id = d.id`
 
+// pruneSettings rule out, for the prune transaction only, the plans whose
+// cost grows with the finished rows rather than the batch: a bitmap scan of
+// every expired row followed by a sort, or a hash join that reads a whole
+// table (a sequential or full index scan) to delete a batch.
+const pruneSettings = `SELECT set_config('enable_seqscan', 'off', true),
+       set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),
+       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+
 // Prune deletes one batch of finished instances older than retention and
-// returns how many it deleted.
-func (q *Queries) Prune(ctx context.Context, db DB, retention time.Duration, batch int) (int64, error) {
-	tag, err := db.Exec(ctx, q.prune, micros(retention), batch)
-	return tag.RowsAffected(), err
+// returns how many it deleted. It runs in a transaction of its own.
+func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duration, batch int) (int64, error) {
+	var n int64
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, pruneSettings); err != nil {
+			return err
+		}
+		tag, err := tx.Exec(ctx, q.prune, micros(retention), batch)
+		n = tag.RowsAffected()
+		return err
+	})
+	return n, err
 }
 
 const listSignalsSQL = `

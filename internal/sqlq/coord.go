@@ -3,8 +3,6 @@ package sqlq
 import (
 	"context"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // ---------------------------------------------------------------------------
@@ -59,14 +57,10 @@ func (q *Queries) Signal(ctx context.Context, db DB, target int64, name string, 
 }
 
 // ---------------------------------------------------------------------------
-// Loads (SPEC §4.2), run only when the step needs them: the inbox after an
-// await (or when the machine declares it reads the inbox), the children
-// after a fan-out.
-
-const loadInboxSQL = `
-SELECT id, name, payload, inserted_at FROM {{schema}}.gendurable_signals
-WHERE target_id = $1 AND consumed_at IS NULL
-ORDER BY id`
+// ---------------------------------------------------------------------------
+// What a step reads besides its row — its unconsumed signals and its
+// children — comes with the statement that claims it (pick, or a chaining
+// outcome): see inboxRowsSQL and childRowsSQL.
 
 // SignalRow is one unconsumed signal.
 type SignalRow struct {
@@ -75,26 +69,6 @@ type SignalRow struct {
 	Payload    []byte
 	InsertedAt time.Time
 }
-
-// LoadInbox returns the unconsumed signals of an instance, oldest first.
-func (q *Queries) LoadInbox(ctx context.Context, db DB, id int64) ([]SignalRow, error) {
-	rows, err := db.Query(ctx, q.loadInbox, id)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (SignalRow, error) {
-		var s SignalRow
-		err := row.Scan(&s.ID, &s.Name, &s.Payload, &s.InsertedAt)
-		return s, err
-	})
-}
-
-const loadChildrenSQL = `
-SELECT c.id, c.fsm, c.fsm_version, c.step, c.status::text, c.result, c.finished_at
-FROM {{schema}}.gendurable_instances AS c
-JOIN {{schema}}.gendurable_instances AS p ON p.id = c.parent_id AND p.fanout = c.parent_fanout
-WHERE c.parent_id = $1
-ORDER BY c.id`
 
 // ChildRow is one child of an instance.
 type ChildRow struct {
@@ -105,20 +79,6 @@ type ChildRow struct {
 	Status     string
 	Result     []byte
 	FinishedAt *time.Time
-}
-
-// LoadChildren returns the children of an instance's latest fan-out, in
-// insertion order.
-func (q *Queries) LoadChildren(ctx context.Context, db DB, id int64) ([]ChildRow, error) {
-	rows, err := db.Query(ctx, q.loadChildren, id)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ChildRow, error) {
-		var c ChildRow
-		err := row.Scan(&c.ID, &c.FSM, &c.Version, &c.Step, &c.Status, &c.Result, &c.FinishedAt)
-		return c, err
-	})
 }
 
 // ---------------------------------------------------------------------------

@@ -6,5 +6,6 @@ func (q *Queries) PickSQL() string { return q.pick }
 // ReapSQL exposes the rendered reap statement to the plan tests.
 func (q *Queries) ReapSQL() string { return q.reap }
 
-// ApplyOutcomesSQL exposes the rendered outcome statement to the plan tests.
-func (q *Queries) ApplyOutcomesSQL() string { return q.applyOutcomes }
+// OutcomeStatement exposes the outcome statement a batch runs, with its
+// arguments, to the plan tests.
+func (q *Queries) OutcomeStatement(b *OutcomeBatch) (string, []any) { return q.outcomeStatement(b) }

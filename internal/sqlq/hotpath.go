@@ -2,6 +2,8 @@ package sqlq
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,7 +46,26 @@ SET status = 'executing',
 FROM ranked AS r
 WHERE i.id = r.id AND r.rn = 1
 RETURNING i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state, i.attempt,
-          i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at`
+          i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
+          CASE WHEN i.inbox <> '{}'::jsonb THEN ` + inboxRowsSQL + ` END,
+          CASE WHEN i.children_total > 0 THEN ` + childRowsSQL + ` END`
+
+// inboxRowsSQL is the unconsumed signals of row i, oldest first, as one JSON
+// array, so the statement that claims a row hands its step the inbox (docs/
+// design.md §4): no load after the claim. A row whose inbox counts are empty
+// has none (every signal bumps them under the row lock), so it is not asked.
+const inboxRowsSQL = `(SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
+                                                   'at', s.inserted_at) ORDER BY s.id)
+           FROM {{schema}}.gendurable_signals AS s
+           WHERE s.target_id = i.id AND s.consumed_at IS NULL)`
+
+// childRowsSQL is the children of row i's latest fan-out, in insertion order,
+// as one JSON array.
+const childRowsSQL = `(SELECT jsonb_agg(jsonb_build_object('id', c.id, 'fsm', c.fsm, 'version', c.fsm_version,
+                                                   'step', c.step, 'status', c.status, 'result', c.result,
+                                                   'finished_at', c.finished_at) ORDER BY c.id)
+           FROM {{schema}}.gendurable_instances AS c
+           WHERE c.parent_id = i.id AND c.parent_fanout = i.fanout)`
 
 // Claimed is one row the pick moved to executing.
 type Claimed struct {
@@ -58,9 +79,11 @@ type Claimed struct {
 	MaxAttempts  int32
 	Priority     int16
 	PartitionKey *string
-	Awaits       []string // non-nil: the step follows an await; its Awaited view is loaded
-	Children     int32    // > 0: the step follows a fan-out; its children are loaded
+	Awaits       []string // non-nil: the step follows an await
+	Children     int32    // > 0: the step follows a fan-out
 	InsertedAt   time.Time
+	Inbox        []SignalRow // the unconsumed signals when claimed, oldest first
+	ChildRows    []ChildRow  // Children > 0: the children of the latest fan-out
 }
 
 // Pick claims up to limit runnable rows of queue with a lease of the given length.
@@ -71,10 +94,73 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, limit int, leas
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
+		var inbox, children []byte
 		err := row.Scan(&c.ID, &c.Token, &c.FSM, &c.Version, &c.Step, &c.State, &c.Attempt,
-			&c.MaxAttempts, &c.Priority, &c.PartitionKey, &c.Awaits, &c.Children, &c.InsertedAt)
+			&c.MaxAttempts, &c.Priority, &c.PartitionKey, &c.Awaits, &c.Children, &c.InsertedAt,
+			&inbox, &children)
+		if err == nil {
+			c.Inbox, err = decodeInbox(inbox)
+		}
+		if err == nil {
+			c.ChildRows, err = decodeChildren(children)
+		}
 		return c, err
 	})
+}
+
+// decodeInbox decodes inboxRowsSQL's array; NULL is an empty inbox.
+func decodeInbox(b []byte) ([]SignalRow, error) {
+	if b == nil {
+		return nil, nil
+	}
+	var raw []struct {
+		ID      int64           `json:"id"`
+		Name    string          `json:"name"`
+		Payload json.RawMessage `json:"payload"`
+		At      time.Time       `json:"at"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("decode inbox: %w", err)
+	}
+	out := make([]SignalRow, len(raw))
+	for i, r := range raw {
+		out[i] = SignalRow{ID: r.ID, Name: r.Name, Payload: nullJSON(r.Payload), InsertedAt: r.At}
+	}
+	return out, nil
+}
+
+// decodeChildren decodes childRowsSQL's array; NULL is no children.
+func decodeChildren(b []byte) ([]ChildRow, error) {
+	if b == nil {
+		return nil, nil
+	}
+	var raw []struct {
+		ID         int64           `json:"id"`
+		FSM        string          `json:"fsm"`
+		Version    int32           `json:"version"`
+		Step       string          `json:"step"`
+		Status     string          `json:"status"`
+		Result     json.RawMessage `json:"result"`
+		FinishedAt *time.Time      `json:"finished_at"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("decode children: %w", err)
+	}
+	out := make([]ChildRow, len(raw))
+	for i, r := range raw {
+		out[i] = ChildRow{ID: r.ID, FSM: r.FSM, Version: r.Version, Step: r.Step, Status: r.Status,
+			Result: nullJSON(r.Result), FinishedAt: r.FinishedAt}
+	}
+	return out, nil
+}
+
+// nullJSON maps a JSON null (a NULL column inside jsonb_build_object) to nil,
+// as scanning the column itself would.
+func nullJSON(m json.RawMessage) []byte {
+	if len(m) == 0 || string(m) == "null" {
+		return nil
+	}
+	return m
 }
 
 // ---------------------------------------------------------------------------
@@ -90,21 +176,28 @@ const heartbeatSQL = `
 WITH h AS MATERIALIZED (
   SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
 ), lockable AS MATERIALIZED (
-  SELECT i.id FROM {{schema}}.gendurable_instances AS i
-  JOIN h ON i.id = h.id AND i.claim_token = h.token
-  WHERE i.status = 'executing'
-  FOR NO KEY UPDATE OF i SKIP LOCKED
+  SELECT h.id FROM h CROSS JOIN LATERAL (
+    SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = h.id
+    OFFSET 0 -- a fence: the outer conditions must not reach the scan
+    FOR NO KEY UPDATE SKIP LOCKED
+  ) AS l
+  WHERE l.claim_token = h.token AND l.status = 'executing'
 ), extended AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
   FROM lockable AS l
   WHERE i.id = l.id
   RETURNING i.id
+), snap AS (
+  SELECT h.id FROM h CROSS JOIN LATERAL (
+    SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = h.id
+    OFFSET 0
+  ) AS s
+  WHERE s.claim_token = h.token AND s.status = 'executing'
 )
-SELECT h.id FROM h
-WHERE h.id IN (SELECT id FROM extended)
-   OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS i
-              WHERE i.id = h.id AND i.claim_token = h.token AND i.status = 'executing')`
+SELECT id FROM extended UNION SELECT id FROM snap`
 
 // Heartbeat extends the leases of the (id, token) pairs and returns the ids
 // still held (extended now, or skipped because locked at this moment).
@@ -181,14 +274,23 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) ([]Reaped, error) 
 // not know (with a delay), rows whose partition key is contended.
 
 const releaseSQL = `
+WITH cur AS MATERIALIZED (
+  SELECT r.id FROM unnest($1::bigint[], $2::bigint[]) AS r(id, token) CROSS JOIN LATERAL (
+    SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = r.id
+    OFFSET 0 -- a fence: the outer conditions must not reach the scan
+    FOR NO KEY UPDATE
+  ) AS c
+  WHERE c.claim_token = r.token AND c.status = 'executing'
+)
 UPDATE {{schema}}.gendurable_instances AS i
 SET status = 'runnable',
     eligible_at = now() + $3::bigint * interval '1 microsecond',
     lease_expires_at = NULL,
     claim_token = NULL,
     updated_at = now()
-FROM unnest($1::bigint[], $2::bigint[]) AS r(id, token)
-WHERE i.id = r.id AND i.claim_token = r.token AND i.status = 'executing'
+FROM cur AS c
+WHERE i.id = c.id
 RETURNING i.id`
 
 // Release returns claimed rows to runnable, eligible after delay.

@@ -2,6 +2,9 @@ package sqlq
 
 import (
 	"context"
+	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -62,43 +65,96 @@ const newRowSelect = `n.fsm, n.fsm_version, n.queue, n.step, n.state::jsonb, n.p
          SELECT e.s FROM unnest(enum_range(NULL::{{schema}}.gendurable_status)) WITH ORDINALITY AS e(s, k)
          WHERE n.scope_mask & (1 << (e.k::int - 1)) <> 0) END`
 
-const applyOutcomesSQL = `
+// outcomeShape says which optional parts a batch needs: a batch of plain
+// Next/Done outcomes runs a statement without the children, signal and
+// fan-in parts rather than parts that find nothing (BenchmarkApplyOutcomes).
+type outcomeShape uint8
+
+const (
+	shapeChildren outcomeShape = 1 << iota // some outcome schedules children
+	shapeConsume                           // some outcome consumes signals
+	shapeTerminal                          // some outcome is Done or Stop: sweep its inbox, join its parent
+	shapeCount    = 1 << iota
+)
+
+// outcomeSQL is the outcome statement of one shape, with named parameters
+// (@name) that bindNamed numbers.
+func outcomeSQL(shape outcomeShape) string {
+	var b strings.Builder
+	b.WriteString(`
 WITH o AS MATERIALIZED (
-  SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::smallint[], $4::text[], $5::text[], $6::bigint[],
-                       $7::int[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bigint[], $13::text[],
-                       $30::bool[])
+  SELECT * FROM unnest(@ids::bigint[], @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
+                       @delays::bigint[], @attempt_inc::int[], @results::text[], @err_kinds::text[], @errs::text[],
+                       @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[])
     AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us, inbox_dec,
          cont)
 ), locked AS MATERIALIZED (
-  SELECT o.*, i.fanout FROM {{schema}}.gendurable_instances AS i
-  JOIN o ON o.id = i.id AND i.claim_token = o.token
-  WHERE i.status = 'executing'
-  FOR UPDATE OF i
-), kids AS (
+  -- One primary-key probe per outcome (the lateral subquery cannot be
+  -- flattened, and its only condition is the id); the fence is checked on
+  -- the locked, newest row version.
+  SELECT o.*, c.fanout, c.inbox <> '{}'::jsonb AS has_inbox FROM o CROSS JOIN LATERAL (
+    SELECT i.claim_token, i.status, i.fanout, i.inbox FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = o.id
+    OFFSET 0 -- a fence: the outer conditions must not reach the scan
+    FOR UPDATE
+  ) AS c
+  WHERE c.claim_token = o.token AND c.status = 'executing'
+)`)
+	// A continued row's next step gets its inbox from here (docs/design.md
+	// §4). Signals this statement consumes still look unconsumed to it (one
+	// snapshot): leave them out by id.
+	continuedInbox := inboxRowsSQL
+	if shape&shapeConsume != 0 {
+		continuedInbox = strings.Replace(inboxRowsSQL, "s.consumed_at IS NULL",
+			"s.consumed_at IS NULL AND s.id <> ALL (@consume_id::bigint[])", 1)
+	}
+	kids := "0"
+	if shape&(shapeChildren|shapeConsume) != 0 {
+		b.WriteString(`, held AS (
+  -- id -> fan-out generation of every outcome whose fence held: a lookup
+  -- table for the array-driven parts below, so none joins two arrays.
+  SELECT coalesce(jsonb_object_agg(id, fanout), '{}') AS m FROM locked
+)`)
+	}
+	if shape&shapeChildren != 0 {
+		kids = "coalesce(((SELECT m FROM kid_counts) ->> l.id::text)::int, 0)"
+		b.WriteString(`, kids AS (
   INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `, parent_id, parent_fanout)
-  SELECT ` + newRowSelect + `, n.parent, l.fanout + 1
-  FROM unnest($14::bigint[], $15::text[], $16::int[], $17::text[], $18::text[], $19::text[], $20::smallint[],
-              $21::int[], $22::timestamptz[], $23::bigint[], $24::text[], $25::bytea[], $26::int[])
+  SELECT ` + newRowSelect + `, n.parent, ((SELECT m FROM held) ->> n.parent::text)::int + 1
+  FROM unnest(@kid_parent::bigint[], @kid_fsm::text[], @kid_version::int[], @kid_queue::text[], @kid_step::text[],
+              @kid_state::text[], @kid_priority::smallint[], @kid_max_attempts::int[], @kid_run_at::timestamptz[],
+              @kid_run_in::bigint[], @kid_partition::text[], @kid_unique::bytea[], @kid_scope::int[])
        WITH ORDINALITY AS n(parent, fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
                             run_in_us, partition_key, unique_key, scope_mask, ord)
-  JOIN locked AS l ON l.id = n.parent
+  WHERE (SELECT m FROM held) ? n.parent::text
   ORDER BY n.ord
   ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
   RETURNING parent_id
 ), kid_counts AS (
-  SELECT parent_id, count(*)::int AS n FROM kids GROUP BY parent_id
-), consumed AS (
+  SELECT coalesce(jsonb_object_agg(parent_id, n), '{}') AS m
+  FROM (SELECT parent_id, count(*)::int AS n FROM kids GROUP BY parent_id) AS k
+)`)
+	}
+	if shape&shapeConsume != 0 {
+		b.WriteString(`, consumed AS (
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
-  FROM unnest($27::bigint[], $28::bigint[]) AS c(owner, sid)
-  JOIN locked AS l ON l.id = c.owner
-  WHERE s.id = c.sid AND s.target_id = c.owner AND s.consumed_at IS NULL
+  FROM unnest(@consume_owner::bigint[], @consume_id::bigint[]) AS c(owner, sid)
+  WHERE (SELECT m FROM held) ? c.owner::text
+    AND s.id = c.sid AND s.target_id = c.owner AND s.consumed_at IS NULL
   RETURNING s.id
-), swept AS (
+)`)
+	}
+	if shape&shapeTerminal != 0 {
+		// A row whose inbox counts are empty has no unconsumed signal: every
+		// signal bumps them under the row lock this statement holds.
+		b.WriteString(`, swept AS (
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
   FROM locked AS o
-  WHERE o.kind IN (3, 4) AND s.target_id = o.id AND s.consumed_at IS NULL
+  WHERE o.kind IN (3, 4) AND o.has_inbox AND s.target_id = o.id AND s.consumed_at IS NULL
   RETURNING s.id
-), changed AS (
+)`)
+	}
+	b.WriteString(`, changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET status = (CASE o.kind
         WHEN 1 THEN CASE WHEN o.cont THEN 'executing' ELSE 'runnable' END
@@ -106,7 +162,7 @@ WITH o AS MATERIALIZED (
         WHEN 5 THEN CASE WHEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
                                 ?| ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb))
                          THEN 'runnable' ELSE 'awaiting_signal' END
-        ELSE CASE WHEN coalesce(k.n, 0) = 0 THEN 'runnable' ELSE 'awaiting_children' END
+        ELSE CASE WHEN o.kids = 0 THEN 'runnable' ELSE 'awaiting_children' END
       END)::{{schema}}.gendurable_status,
       step = coalesce(o.step, i.step),
       state = coalesce(o.state::jsonb, i.state),
@@ -119,25 +175,59 @@ WITH o AS MATERIALIZED (
       await_deadline = CASE WHEN o.kind = 5 AND o.timeout_us IS NOT NULL
                             THEN now() + o.timeout_us * interval '1 microsecond' END,
       inbox = CASE WHEN o.kind IN (3, 4) THEN '{}'::jsonb
-                   WHEN o.kind IN (1, 6) THEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
+                   WHEN o.kind IN (1, 6) AND o.inbox_dec IS NOT NULL
+                     THEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
                    ELSE i.inbox END,
-      children_total = CASE o.kind WHEN 2 THEN i.children_total WHEN 6 THEN coalesce(k.n, 0) ELSE 0 END,
-      children_pending = CASE o.kind WHEN 6 THEN coalesce(k.n, 0) ELSE i.children_pending END,
+      children_total = CASE o.kind WHEN 2 THEN i.children_total WHEN 6 THEN o.kids ELSE 0 END,
+      children_pending = CASE o.kind WHEN 6 THEN o.kids ELSE i.children_pending END,
       fanout = CASE o.kind WHEN 6 THEN i.fanout + 1 ELSE i.fanout END,
-      lease_expires_at = CASE WHEN o.cont THEN now() + $31::bigint * interval '1 microsecond' END,
+      lease_expires_at = CASE WHEN o.cont THEN now() + @lease::bigint * interval '1 microsecond' END,
       claim_token = CASE WHEN o.cont THEN nextval('{{schema}}.gendurable_claim_token_seq') END,
       finished_at = CASE WHEN o.kind IN (3, 4) THEN now() END,
       updated_at = now(),
       errors = CASE WHEN o.err IS NULL THEN i.errors
-               ELSE (CASE WHEN jsonb_array_length(i.errors) >= $29 THEN i.errors - 0 ELSE i.errors END)
+               ELSE (CASE WHEN jsonb_array_length(i.errors) >= @max_errors THEN i.errors - 0 ELSE i.errors END)
                     || jsonb_build_array(jsonb_build_object(
                          'step', i.step, 'attempt', i.attempt, 'at', now(),
                          'kind', o.err_kind, 'error', o.err)) END
-  FROM locked AS o LEFT JOIN kid_counts AS k ON k.parent_id = o.id
+  FROM (SELECT l.*, ` + kids + ` AS kids FROM locked AS l) AS o
   WHERE i.id = o.id
-  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token
-), ` + parentJoinCTE + `
-SELECT id, status::text, queue, claim_token FROM changed`
+  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token,
+            CASE WHEN o.cont AND i.inbox <> '{}'::jsonb THEN ` + continuedInbox + ` END AS inbox_rows
+)`)
+	if shape&shapeTerminal != 0 {
+		b.WriteString(", " + parentJoinCTE)
+	}
+	b.WriteString(`
+SELECT id, status::text, queue, claim_token, inbox_rows FROM changed`)
+	return b.String()
+}
+
+// namedStmt is a statement whose parameters were written @name: SQL holds
+// them numbered in order of first use, Params their names in that order.
+type namedStmt struct {
+	SQL    string
+	Params []string
+}
+
+var namedParamRE = regexp.MustCompile(`@[a-z_]+`)
+
+// bindNamed numbers a statement's @name parameters.
+func bindNamed(sql string) namedStmt {
+	var st namedStmt
+	index := map[string]int{}
+	st.SQL = namedParamRE.ReplaceAllStringFunc(sql, func(m string) string {
+		name := m[1:]
+		n, ok := index[name]
+		if !ok {
+			st.Params = append(st.Params, name)
+			n = len(st.Params)
+			index[name] = n
+		}
+		return "$" + strconv.Itoa(n)
+	})
+	return st
+}
 
 // Outcome is one encoded outcome, ready for the batch statement.
 type Outcome struct {
@@ -225,14 +315,103 @@ func (b *OutcomeBatch) Add(o *Outcome) {
 	}
 }
 
-// Args are the statement's parameters, in order.
-func (b *OutcomeBatch) Args() []any {
+// shape is which optional parts of the outcome statement the batch needs.
+func (b *OutcomeBatch) shape() outcomeShape {
+	var sh outcomeShape
+	if len(b.childParent) > 0 {
+		sh |= shapeChildren
+	}
+	if len(b.consumeID) > 0 {
+		sh |= shapeConsume
+	}
+	for _, k := range b.kinds {
+		if k == KindDone || k == KindStop {
+			sh |= shapeTerminal
+			break
+		}
+	}
+	return sh
+}
+
+// arg is the value of one named parameter of the outcome statement.
+func (b *OutcomeBatch) arg(name string) any {
 	c := &b.children
-	return []any{b.ids, b.tokens, b.kinds, b.steps, b.states,
-		b.delays, b.attemptInc, b.results, b.errKind, b.err, b.awaits, b.timeouts, b.inboxDec,
-		b.childParent, c.fsm, c.version, c.queue, c.step, c.state, c.priority, c.maxAttempts,
-		c.runAt, c.runIn, c.partition, c.uniqueKey, c.scopeMask,
-		b.consumeOwner, b.consumeID, MaxErrorHistory, b.cont, micros(b.Lease)}
+	switch name {
+	case "ids":
+		return b.ids
+	case "tokens":
+		return b.tokens
+	case "kinds":
+		return b.kinds
+	case "steps":
+		return b.steps
+	case "states":
+		return b.states
+	case "delays":
+		return b.delays
+	case "attempt_inc":
+		return b.attemptInc
+	case "results":
+		return b.results
+	case "err_kinds":
+		return b.errKind
+	case "errs":
+		return b.err
+	case "awaits":
+		return b.awaits
+	case "timeouts":
+		return b.timeouts
+	case "inbox_dec":
+		return b.inboxDec
+	case "cont":
+		return b.cont
+	case "lease":
+		return micros(b.Lease)
+	case "max_errors":
+		return MaxErrorHistory
+	case "kid_parent":
+		return b.childParent
+	case "kid_fsm":
+		return c.fsm
+	case "kid_version":
+		return c.version
+	case "kid_queue":
+		return c.queue
+	case "kid_step":
+		return c.step
+	case "kid_state":
+		return c.state
+	case "kid_priority":
+		return c.priority
+	case "kid_max_attempts":
+		return c.maxAttempts
+	case "kid_run_at":
+		return c.runAt
+	case "kid_run_in":
+		return c.runIn
+	case "kid_partition":
+		return c.partition
+	case "kid_unique":
+		return c.uniqueKey
+	case "kid_scope":
+		return c.scopeMask
+	case "consume_owner":
+		return b.consumeOwner
+	case "consume_id":
+		return b.consumeID
+	}
+	panic("sqlq: unknown outcome parameter " + name)
+}
+
+// outcomeStatement is the outcome statement for this batch's shape and its
+// parameters, in order.
+func (q *Queries) outcomeStatement(b *OutcomeBatch) (string, []any) {
+	st := &q.applyOutcomes[b.shape()]
+	args := make([]any, len(st.Params))
+	for i, name := range st.Params {
+		args[i] = b.arg(name)
+	}
+	return st.SQL, args
 }
 
 // Applied is one outcome whose fence held, with the status it produced.
@@ -240,7 +419,8 @@ type Applied struct {
 	ID     int64
 	Status string
 	Queue  string
-	Token  *int64 // a continued outcome's new claim token
+	Token  *int64      // a continued outcome's new claim token
+	Inbox  []SignalRow // a continued outcome: the unconsumed signals, for its next step
 }
 
 // ApplyOutcomes applies the batch in one statement and returns the outcomes
@@ -248,17 +428,18 @@ type Applied struct {
 // token no longer matched (the lease was reaped and the row claimed again, or
 // an operator moved it), so that step's outcome is dropped whole.
 func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]Applied, error) {
-	// The cached (generic) plan serves every batch size: it joins the
-	// unnested arrays to the locked rows without quadratic nested loops
-	// (BenchmarkApplyOutcomes compares it with planning each batch).
-	args := b.Args()
-	rows, err := db.Query(ctx, q.applyOutcomes, args...)
+	sql, args := q.outcomeStatement(b)
+	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Applied, error) {
 		var a Applied
-		err := row.Scan(&a.ID, &a.Status, &a.Queue, &a.Token)
+		var inbox []byte
+		err := row.Scan(&a.ID, &a.Status, &a.Queue, &a.Token, &inbox)
+		if err == nil {
+			a.Inbox, err = decodeInbox(inbox)
+		}
 		return a, err
 	})
 }

@@ -1,25 +1,41 @@
 package sqlq_test
 
+// Plan tests: every hot-path statement keeps a plan whose cost follows its
+// input (the batch, the ids it was given), never the size of a status' rows —
+// whatever the planner's statistics say. Each statement runs for real through
+// pgx (statement cache and all) on a connection where auto_explain reports the
+// executed plan with actual row counts, once as a custom plan and once as a
+// forced generic plan (what a prepared statement settles on), over three
+// tables whose statistics lie in different ways (docs/design.md §5).
+
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
-// planNode is the part of EXPLAIN (FORMAT JSON) the tests read.
+// planNode is the part of an EXPLAIN (FORMAT JSON) plan the tests read.
 type planNode struct {
-	NodeType   string     `json:"Node Type"`
-	Relation   string     `json:"Relation Name"`
-	Index      string     `json:"Index Name"`
-	ActualRows float64    `json:"Actual Rows"`
-	Loops      float64    `json:"Actual Loops"`
-	Plans      []planNode `json:"Plans"`
+	NodeType        string     `json:"Node Type"`
+	Relation        string     `json:"Relation Name"`
+	Index           string     `json:"Index Name"`
+	ActualRows      float64    `json:"Actual Rows"`
+	Loops           float64    `json:"Actual Loops"`
+	RemovedByFilter float64    `json:"Rows Removed by Filter"`
+	RemovedByJoin   float64    `json:"Rows Removed by Join Filter"`
+	RemovedByCheck  float64    `json:"Rows Removed by Index Recheck"`
+	Plans           []planNode `json:"Plans"`
 }
 
 func (n planNode) walk(fn func(planNode)) {
@@ -29,82 +45,380 @@ func (n planNode) walk(fn func(planNode)) {
 	}
 }
 
-// explain runs EXPLAIN ANALYZE on a statement inside a rolled-back transaction.
-func explain(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) planNode {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	var out []byte
-	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+sql, args...).Scan(&out))
-	var plans []struct {
+// touched is how many rows a node produced or looked at and threw away, over
+// all its loops.
+func (n planNode) touched() float64 {
+	return (n.ActualRows + n.RemovedByFilter + n.RemovedByJoin + n.RemovedByCheck) * n.Loops
+}
+
+func (n planNode) String() string {
+	var b strings.Builder
+	var rec func(planNode, int)
+	rec = func(n planNode, depth int) {
+		fmt.Fprintf(&b, "%s%s %s %s rows=%v loops=%v removed=%v/%v/%v\n", strings.Repeat("  ", depth),
+			n.NodeType, n.Relation, n.Index, n.ActualRows, n.Loops, n.RemovedByFilter, n.RemovedByJoin, n.RemovedByCheck)
+		for _, c := range n.Plans {
+			rec(c, depth+1)
+		}
+	}
+	rec(n, 0)
+	return b.String()
+}
+
+// planRecorder collects the plans auto_explain sends as notices.
+type planRecorder struct {
+	mu    sync.Mutex
+	plans []planNode
+	err   error
+}
+
+func (r *planRecorder) onNotice(_ *pgconn.PgConn, n *pgconn.Notice) {
+	i := strings.Index(n.Message, "plan:\n")
+	if i < 0 {
+		return
+	}
+	var p struct {
 		Plan planNode `json:"Plan"`
 	}
-	require.NoError(t, json.Unmarshal(out, &plans))
-	return plans[0].Plan
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := json.Unmarshal([]byte(n.Message[i+len("plan:\n"):]), &p); err != nil {
+		r.err = err
+		return
+	}
+	r.plans = append(r.plans, p.Plan)
 }
 
-// seed fills the schema with a realistic table: runnable backlog in the
-// worked queue and another, executing rows, and a terminal bulk.
-func seed(t *testing.T, pool *pgxpool.Pool, schema string, runnable int) {
+// last returns the plan of the statement that ran last, and forgets all.
+func (r *planRecorder) last(t *testing.T) planNode {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.NoError(t, r.err)
+	require.NotEmpty(t, r.plans, "auto_explain reported no plan")
+	p := r.plans[len(r.plans)-1]
+	r.plans = nil
+	return p
+}
+
+// reset forgets every plan seen so far.
+func (r *planRecorder) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.plans = nil
+}
+
+// explainConn opens a connection that reports every executed plan.
+func explainConn(t *testing.T) (*pgx.Conn, *planRecorder) {
 	t.Helper()
 	ctx := context.Background()
-	s := `"` + schema + `"`
-	for _, sql := range []string{
-		`INSERT INTO ` + s + `.gendurable_instances (fsm, queue, step, priority, eligible_at, partition_key)
-		 SELECT 'm', 'default', 'a', (g % 3)::smallint, now() - (g % 1000) * interval '1 second',
-		        CASE WHEN g % 10 = 0 THEN 'k' || (g % 5000) END
-		 FROM generate_series(1, $1) g`,
-		`INSERT INTO ` + s + `.gendurable_instances (fsm, queue, step) SELECT 'm', 'other', 'a' FROM generate_series(1, $1 / 4) g`,
-		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, status, finished_at) SELECT 'm', 'a', 'done', now() FROM generate_series(1, $1 / 2) g`,
-		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, status, claim_token, lease_expires_at, partition_key)
-		 SELECT 'm', 'a', 'executing', g, now() + interval '1 minute', 'k' || g FROM generate_series(1, least($1, 2000)) g`,
+	cfg, err := pgx.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	rec := &planRecorder{}
+	cfg.OnNotice = rec.onNotice
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	for _, s := range []string{
+		"LOAD 'auto_explain'",
+		"SET auto_explain.log_min_duration = 0",
+		"SET auto_explain.log_analyze = on",
+		"SET auto_explain.log_timing = off",
+		"SET auto_explain.log_format = json",
+		"SET auto_explain.log_level = notice",
+		"SET client_min_messages = notice",
 	} {
-		_, err := pool.Exec(ctx, sql, runnable)
-		require.NoError(t, err)
+		_, err := conn.Exec(ctx, s)
+		require.NoError(t, err, s)
 	}
-	for _, sql := range []string{`VACUUM ANALYZE ` + s + `.gendurable_instances`} {
-		_, err := pool.Exec(ctx, sql)
+	return conn, rec
+}
+
+// statsMode is how the planner's statistics misdescribe the table.
+type statsMode string
+
+const (
+	// statsAllDone: ANALYZE ran when every row was done (what autovacuum
+	// leaves on a table in use), then the working set arrived.
+	statsAllDone statsMode = "analyzed-all-done"
+	// statsEmpty: ANALYZE ran on the empty table (a fresh install, or a
+	// benchmark's TRUNCATE + VACUUM ANALYZE), then everything arrived.
+	statsEmpty statsMode = "analyzed-empty"
+	// statsNone: never analyzed.
+	statsNone statsMode = "never-analyzed"
+)
+
+var statsModes = []statsMode{statsAllDone, statsEmpty, statsNone}
+
+// fixture sizes: the executing and runnable sets are larger than any bound a
+// statement is held to, so a plan that reads them whole fails.
+const (
+	fxDone      = 200_000
+	fxRunnable  = 20_000
+	fxExecuting = 5_000
+	fxExpired   = 40
+	fxAwaiting  = 2_000
+	fxDue       = 60
+	fxSignals   = 50_000
+	fxParents   = 100
+)
+
+// planFixture is a schema whose tables hold a year-old installation's shape,
+// with statistics per mode and autovacuum off so they stay that way.
+type planFixture struct {
+	pool   *pgxpool.Pool
+	schema string
+	q      *sqlq.Queries
+	mode   statsMode
+}
+
+func newPlanFixture(t *testing.T, mode statsMode, tracer pgx.QueryTracer) *planFixture {
+	t.Helper()
+	ctx := context.Background()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, Tracer: tracer})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	s := `"` + schema + `"`
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := pool.Exec(ctx, sql, args...)
+		require.NoError(t, err, sql)
+	}
+	exec(`ALTER TABLE ` + s + `.gendurable_instances SET (autovacuum_enabled = false)`)
+	exec(`ALTER TABLE ` + s + `.gendurable_signals SET (autovacuum_enabled = false)`)
+	analyze := func() {
+		exec(`ANALYZE ` + s + `.gendurable_instances`)
+		exec(`ANALYZE ` + s + `.gendurable_signals`)
+	}
+	if mode == statsEmpty {
+		analyze()
+	}
+	// The finished bulk, a third of it past a 1 h retention.
+	exec(`INSERT INTO `+s+`.gendurable_instances (fsm, step, status, finished_at, inserted_at)
+		SELECT 'm', 'a', 'done', now() - (g % 3) * interval '1 hour' - interval '1 minute', now() - interval '1 day'
+		FROM generate_series(1, $1::int) g`, fxDone)
+	if mode == statsAllDone {
+		analyze()
+	}
+	// Parents waiting on children, and the working set.
+	exec(`INSERT INTO `+s+`.gendurable_instances (fsm, step, status, children_pending, children_total, fanout)
+		SELECT 'm', 'p', 'awaiting_children', 1000, 1000, 1 FROM generate_series(1, $1::int)`, fxParents)
+	exec(`INSERT INTO `+s+`.gendurable_instances (fsm, queue, step, priority, eligible_at, partition_key)
+		SELECT 'm', 'default', 'a', (g % 3)::smallint, now() - (g % 1000) * interval '1 second',
+		       CASE WHEN g % 10 = 0 THEN 'k' || (g % 500) END
+		FROM generate_series(1, $1::int) g`, fxRunnable)
+	exec(`INSERT INTO `+s+`.gendurable_instances (fsm, queue, step) SELECT 'm', 'other', 'a' FROM generate_series(1, $1::int / 4)`, fxRunnable)
+	exec(`INSERT INTO `+s+`.gendurable_instances (fsm, step, status, claim_token, lease_expires_at, partition_key,
+		                                            parent_id, parent_fanout)
+		SELECT 'm', 'a', 'executing', 1000000000 + g,
+		       CASE WHEN g <= $2 THEN now() - interval '1 second' ELSE now() + interval '10 minutes' END,
+		       CASE WHEN g % 10 = 0 THEN 'x' || g END,
+		       CASE WHEN g % 5 = 0 THEN $3::bigint + g % $4 END, 1
+		FROM generate_series(1, $1::int) g`, fxExecuting, fxExpired, fxDone+1, fxParents)
+	// The first executing rows each hold an unconsumed signal.
+	exec(`WITH t AS (SELECT id FROM ` + s + `.gendurable_instances WHERE status = 'executing' ORDER BY id LIMIT 1000),
+		sig AS (INSERT INTO ` + s + `.gendurable_signals (target_id, name) SELECT id, 'go' FROM t)
+		UPDATE ` + s + `.gendurable_instances SET inbox = '{"go": 1}' WHERE id IN (SELECT id FROM t)`)
+	exec(`INSERT INTO `+s+`.gendurable_instances (fsm, step, status, awaits, await_deadline)
+		SELECT 'm', 'w', 'awaiting_signal', '{go}',
+		       CASE WHEN g <= $2 THEN now() - interval '1 second' ELSE now() + g * interval '1 second' END
+		FROM generate_series(1, $1::int) g`, fxAwaiting, fxDue)
+	exec(`INSERT INTO `+s+`.gendurable_signals (target_id, name, consumed_at)
+		SELECT (g * 7919) % $2::bigint + 1, 'n' || (g % 7), CASE WHEN g % 2 = 0 THEN now() END
+		FROM generate_series(1, $1::int) g`, fxSignals, fxDone+fxRunnable)
+	return &planFixture{pool: pool, schema: schema, q: q, mode: mode}
+}
+
+// executing returns n executing rows with a live lease: ids and tokens.
+func (f *planFixture) executing(t *testing.T, n int) (ids, tokens []int64) {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), `SELECT id, claim_token FROM "`+f.schema+`".gendurable_instances
+		WHERE status = 'executing' AND lease_expires_at > now() ORDER BY id LIMIT $1`, n)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id, tok int64
+		require.NoError(t, rows.Scan(&id, &tok))
+		ids, tokens = append(ids, id), append(tokens, tok)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, ids, n)
+	return ids, tokens
+}
+
+// planCase is one statement run under one plan mode.
+type planCase struct {
+	name  string
+	bound float64 // most rows any scan of our tables may touch
+	run   func(t *testing.T, tx pgx.Tx)
+}
+
+// checkPlan fails on a sequential scan of our tables, or on a scan or join
+// that touches more rows than the statement's input justifies.
+func checkPlan(t *testing.T, plan planNode, bound float64) {
+	t.Helper()
+	plan.walk(func(n planNode) {
+		ours := strings.HasPrefix(n.Relation, "gendurable_") || strings.HasPrefix(n.Index, "gendurable_")
+		if ours {
+			require.NotEqual(t, "Seq Scan", n.NodeType, "sequential scan of %s:\n%s", n.Relation, plan)
+			require.LessOrEqual(t, n.touched(), bound, "%s %s%s touched %v rows (bound %v):\n%s",
+				n.NodeType, n.Relation, n.Index, n.touched(), bound, plan)
+		}
+		if n.RemovedByJoin > 0 {
+			require.LessOrEqual(t, n.RemovedByJoin*n.Loops, bound, "join filter discarded %v rows:\n%s",
+				n.RemovedByJoin*n.Loops, plan)
+		}
+	})
+}
+
+// runPlanCases runs each case in a rolled-back transaction on a plan-reporting
+// connection, as a custom and as a generic plan, and checks each plan.
+func runPlanCases(t *testing.T, cases []planCase) {
+	t.Helper()
+	ctx := context.Background()
+	conn, rec := explainConn(t)
+	for _, cacheMode := range []string{"force_custom_plan", "force_generic_plan"} {
+		_, err := conn.Exec(ctx, "SET plan_cache_mode = "+cacheMode)
 		require.NoError(t, err)
+		for _, c := range cases {
+			tx, err := conn.Begin(ctx)
+			require.NoError(t, err)
+			rec.reset()
+			c.run(t, tx)
+			plan := rec.last(t)
+			t.Run(c.name+"/"+cacheMode, func(t *testing.T) { checkPlan(t, plan, c.bound) })
+			require.NoError(t, tx.Rollback(ctx))
+		}
 	}
 }
 
+// TestHotPathPlansUnderAdversarialStatistics is the plan-stability contract
+// of docs/design.md §5: each hot-path statement, under each kind of lying
+// statistics, as custom and generic plan, touches rows in proportion to its
+// input only.
+func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seeds 280k rows per statistics mode")
+	}
+	t.Parallel()
+	for _, mode := range statsModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			f := newPlanFixture(t, mode, nil)
+			ctx := context.Background()
+			const batch = 500
+			ids, tokens := f.executing(t, batch)
+			res := `{"ok":true}`
+			outcomes := func(kind int16) *sqlq.OutcomeBatch {
+				b := &sqlq.OutcomeBatch{Lease: time.Minute}
+				for i := range ids {
+					b.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: kind, Result: &res, Step: ptr("b")})
+				}
+				return b
+			}
+			signalOf := map[int64]int64{}
+			rows, err := f.pool.Query(ctx, `SELECT target_id, id FROM "`+f.schema+`".gendurable_signals
+				WHERE target_id = ANY ($1) AND consumed_at IS NULL`, ids)
+			require.NoError(t, err)
+			for rows.Next() {
+				var target, id int64
+				require.NoError(t, rows.Scan(&target, &id))
+				signalOf[target] = id
+			}
+			require.NoError(t, rows.Err())
+			require.Len(t, signalOf, batch)
+			consuming := &sqlq.OutcomeBatch{Lease: time.Minute}
+			fanning := &sqlq.OutcomeBatch{Lease: time.Minute}
+			for i := range ids {
+				consuming.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: sqlq.KindNext, Step: ptr("b"),
+					Consume: []int64{signalOf[ids[i]]}, InboxDec: ptr(`{"go":1}`)})
+				kid := sqlq.NewInstance{FSM: "c", Version: 1, Queue: "default", Step: "a", State: `{}`, MaxAttempts: 3}
+				fanning.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: sqlq.KindChildren, Step: ptr("join"),
+					Children: []sqlq.NewInstance{kid, kid}})
+			}
+			var sigTarget int64
+			require.NoError(t, f.pool.QueryRow(ctx, `SELECT id FROM "`+f.schema+`".gendurable_instances
+				WHERE status = 'awaiting_signal' ORDER BY id DESC LIMIT 1`).Scan(&sigTarget))
+			cases := []planCase{
+				{"pick", 4 * 50, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.Pick(ctx, tx, "default", 50, time.Minute)
+					require.NoError(t, err)
+					require.Len(t, got, 50)
+				}},
+				{"heartbeat", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					held, err := f.q.Heartbeat(ctx, tx, ids, tokens, time.Minute)
+					require.NoError(t, err)
+					require.Len(t, held, batch)
+				}},
+				{"release", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.Release(ctx, tx, ids, tokens, 0)
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+				}},
+				{"outcome-done", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.ApplyOutcomes(ctx, tx, outcomes(sqlq.KindDone))
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+				}},
+				{"outcome-next", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.ApplyOutcomes(ctx, tx, outcomes(sqlq.KindNext))
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+				}},
+				{"outcome-next-consuming", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.ApplyOutcomes(ctx, tx, consuming)
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+				}},
+				{"outcome-children", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.ApplyOutcomes(ctx, tx, fanning)
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+					for _, a := range got {
+						require.Equal(t, "awaiting_children", a.Status)
+					}
+				}},
+				{"reap", 4*fxExpired + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.Reap(ctx, tx, 1000)
+					require.NoError(t, err)
+					require.Len(t, got, fxExpired)
+				}},
+				{"signal", 100, func(t *testing.T, tx pgx.Tx) {
+					r, err := f.q.Signal(ctx, tx, sigTarget, "go", nil, nil)
+					require.NoError(t, err)
+					require.True(t, r.Woke)
+				}},
+				{"wake-timed-out", 4*fxDue + 100, func(t *testing.T, tx pgx.Tx) {
+					_, n, next, err := f.q.WakeTimedOut(ctx, tx, 1000)
+					require.NoError(t, err)
+					require.Equal(t, fxDue, n)
+					require.NotNil(t, next)
+				}},
+				{"prune", 4*1000 + 100, func(t *testing.T, tx pgx.Tx) {
+					n, err := f.q.Prune(ctx, tx, time.Hour, 1000)
+					require.NoError(t, err)
+					require.Equal(t, int64(1000), n)
+				}},
+			}
+			runPlanCases(t, cases)
+		})
+	}
+}
+
+// TestPickPlanIsBoundedByTheBatch: one pick over a 200k backlog is one
+// statement that claims exactly the batch, at most one row per partition key.
 func TestPickPlanIsBoundedByTheBatch(t *testing.T) {
 	if testing.Short() {
-		t.Skip("seeds 350k rows")
+		t.Skip("seeds 280k rows")
 	}
 	t.Parallel()
 	counter := &dbtest.Counter{}
-	pool, schema := dbtest.NewSchema(t, &dbtest.Options{Tracer: counter})
-	const backlog = 200_000
-	seed(t, pool, schema, backlog)
-	q, err := sqlq.New(schema)
-	require.NoError(t, err)
-
+	f := newPlanFixture(t, statsNone, counter)
+	ctx := context.Background()
 	const batch = 50
-	plan := explain(t, pool, q.PickSQL(), "default", batch, int64(60_000_000))
-	sawPickIndex := false
-	plan.walk(func(n planNode) {
-		require.NotEqual(t, "Seq Scan", n.NodeType, "no sequential scan of %s", n.Relation)
-		if n.NodeType == "Sort" {
-			require.LessOrEqual(t, n.ActualRows, float64(batch), "a sort sees at most the batch, never the backlog")
-		}
-		if n.Index == "gendurable_instances_pick" {
-			sawPickIndex = true
-			require.LessOrEqual(t, n.ActualRows*n.Loops, float64(4*batch),
-				"the pick index scan stops near the batch (read %v rows of a %d backlog)", n.ActualRows, backlog)
-		}
-	})
-	require.True(t, sawPickIndex, "the pick is driven by the pick index")
-	require.Equal(t, "ModifyTable", plan.NodeType)
-	require.Equal(t, float64(batch), plan.ActualRows)
-
-	// The real call: one statement, one round trip, claims exactly the batch.
 	counter.Reset()
-	rows, err := q.Pick(context.Background(), pool, "default", batch, time.Minute)
-	require.NoError(t, err)
+	rows, err := f.q.Pick(ctx, f.pool, "default", batch, time.Minute)
 	require.Equal(t, int64(1), counter.Count(), "pick is one statement")
+	require.NoError(t, err)
 	require.Len(t, rows, batch)
 	keys := map[string]bool{}
 	for _, r := range rows {
@@ -114,38 +428,6 @@ func TestPickPlanIsBoundedByTheBatch(t *testing.T) {
 			keys[*r.PartitionKey] = true
 		}
 	}
-
-	// The reaper and a batch outcome are index-driven too.
-	explain(t, pool, q.ReapSQL(), 1000, 20).walk(func(n planNode) {
-		require.NotEqual(t, "Seq Scan", n.NodeType, "reap: no sequential scan of %s", n.Relation)
-	})
-
-	// The heaviest outcome: a child's Done (sweeps its inbox, decrements its
-	// parent), batched with a Next that consumes a signal, with 50k signals
-	// in the table.
-	ctx := context.Background()
-	s := `"` + schema + `"`
-	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_signals (target_id, name)
-		SELECT (g % 100000) + 1, 'n' || (g % 7) FROM generate_series(1, 50000) g`)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `UPDATE `+s+`.gendurable_instances SET parent_id = $1 WHERE id = $2`, rows[1].ID, rows[0].ID)
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `VACUUM ANALYZE `+s+`.gendurable_signals`)
-	require.NoError(t, err)
-	var sig int64
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_signals (target_id, name) VALUES ($1, 'go') RETURNING id`, rows[2].ID).Scan(&sig))
-	var b sqlq.OutcomeBatch
-	b.Add(&sqlq.Outcome{ID: rows[0].ID, Token: rows[0].Token, Kind: sqlq.KindDone, Result: ptr(`{}`)})
-	b.Add(&sqlq.Outcome{ID: rows[2].ID, Token: rows[2].Token, Kind: sqlq.KindNext, Step: ptr("b"), Consume: []int64{sig}, InboxDec: ptr(`{"go":1}`)})
-	plan = explain(t, pool, q.ApplyOutcomesSQL(), b.Args()...)
-	plan.walk(func(n planNode) {
-		require.NotEqual(t, "Seq Scan", n.NodeType, "outcome: no sequential scan of %s", n.Relation)
-	})
-	counter.Reset()
-	applied, err := q.ApplyOutcomes(ctx, pool, &b)
-	require.NoError(t, err)
-	require.Len(t, applied, 2)
-	require.Equal(t, int64(1), counter.Count(), "a batch of outcomes is one statement")
 }
 
 func ptr(s string) *string { return &s }

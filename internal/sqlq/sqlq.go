@@ -52,32 +52,28 @@ func render(tmpl, quotedSchema string) string {
 type Queries struct {
 	Schema string // unquoted, validated
 
-	pick             string
-	heartbeat        string
-	reap             string
-	applyOutcomes    string
-	release          string
-	insertMany       string
-	insertPlain      string
-	lookupUnique     string
-	getInstance      string
-	signal           string
-	loadInbox        string
-	loadChildren     string
-	wakeTimedOut     string
-	waitInfo         string
-	retry            string
-	listScan         string
-	listSearch       string
-	listScanWindow   string
-	listSearchWindow string
-	queueCounts      string
-	setPaused        string
-	cancel           string
-	prune            string
-	listSignals      string
-	listAllChildren  string
-	stepCounts       string
+	pick            string
+	heartbeat       string
+	reap            string
+	applyOutcomes   [shapeCount]namedStmt
+	release         string
+	insertMany      string
+	insertPlain     string
+	lookupUnique    string
+	getInstance     string
+	signal          string
+	wakeTimedOut    string
+	waitInfo        string
+	retry           string
+	listScan        string
+	listSearch      string
+	queueCounts     string
+	setPaused       string
+	cancel          string
+	prune           string
+	listSignals     string
+	listAllChildren string
+	stepCounts      string
 }
 
 // New validates the schema name and renders every statement for it.
@@ -86,35 +82,34 @@ func New(schema string) (*Queries, error) {
 		return nil, err
 	}
 	qs := quoteIdent(schema)
-	return &Queries{
-		Schema:           schema,
-		pick:             render(pickSQL, qs),
-		heartbeat:        render(heartbeatSQL, qs),
-		reap:             render(reapSQL, qs),
-		applyOutcomes:    render(applyOutcomesSQL, qs),
-		release:          render(releaseSQL, qs),
-		insertMany:       render(insertManySQL, qs),
-		insertPlain:      render(insertPlainSQL, qs),
-		getInstance:      render(getInstanceSQL, qs),
-		lookupUnique:     render(lookupUniqueSQL, qs),
-		signal:           render(signalSQL, qs),
-		loadInbox:        render(loadInboxSQL, qs),
-		loadChildren:     render(loadChildrenSQL, qs),
-		wakeTimedOut:     render(wakeTimedOutSQL, qs),
-		waitInfo:         render(waitInfoSQL, qs),
-		retry:            render(retrySQL, qs),
-		listScan:         render(listScanSQL, qs),
-		listSearch:       render(listSearchSQL, qs),
-		listScanWindow:   render(listScanWindowSQL, qs),
-		listSearchWindow: render(listSearchWindowSQL, qs),
-		queueCounts:      render(queueCountsSQL, qs),
-		setPaused:        render(setPausedSQL, qs),
-		cancel:           render(cancelSQL, qs),
-		prune:            render(pruneSQL, qs),
-		listSignals:      render(listSignalsSQL, qs),
-		listAllChildren:  render(listAllChildrenSQL, qs),
-		stepCounts:       render(stepCountsSQL, qs),
-	}, nil
+	q := &Queries{
+		Schema:          schema,
+		pick:            render(pickSQL, qs),
+		heartbeat:       render(heartbeatSQL, qs),
+		reap:            render(reapSQL, qs),
+		release:         render(releaseSQL, qs),
+		insertMany:      render(insertManySQL, qs),
+		insertPlain:     render(insertPlainSQL, qs),
+		getInstance:     render(getInstanceSQL, qs),
+		lookupUnique:    render(lookupUniqueSQL, qs),
+		signal:          render(signalSQL, qs),
+		wakeTimedOut:    render(wakeTimedOutSQL, qs),
+		waitInfo:        render(waitInfoSQL, qs),
+		retry:           render(retrySQL, qs),
+		listScan:        render(listScanSQL, qs),
+		listSearch:      render(listSearchSQL, qs),
+		queueCounts:     render(queueCountsSQL, qs),
+		setPaused:       render(setPausedSQL, qs),
+		cancel:          render(cancelSQL, qs),
+		prune:           render(pruneSQL, qs),
+		listSignals:     render(listSignalsSQL, qs),
+		listAllChildren: render(listAllChildrenSQL, qs),
+		stepCounts:      render(stepCountsSQL, qs),
+	}
+	for sh := range outcomeShape(shapeCount) {
+		q.applyOutcomes[sh] = bindNamed(render(outcomeSQL(sh), qs))
+	}
+	return q, nil
 }
 
 // micros converts a duration to whole microseconds for `$n * interval '1 microsecond'`.
