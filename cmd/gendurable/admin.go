@@ -74,12 +74,6 @@ func parseID(s string) (int64, error) {
 	return id, nil
 }
 
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
 func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -104,7 +98,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fmt.Fprintln(tw, "queue\tpaused\trunnable\texecuting\tawaiting_signal\tawaiting_children\tdone\tfailed\ttotal\t")
 	for _, q := range qs {
 		b := q.ByStatus
-		fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", q.Queue, q.Paused, b[gendurable.StatusRunnable], b[gendurable.StatusExecuting],
+		fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", printable(q.Queue), q.Paused, b[gendurable.StatusRunnable], b[gendurable.StatusExecuting],
 			b[gendurable.StatusAwaitingSignal], b[gendurable.StatusAwaitingChildren], b[gendurable.StatusDone], b[gendurable.StatusFailed], q.Total)
 	}
 	return tw.Flush()
@@ -148,7 +142,7 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tMACHINE\tQUEUE\tSTEP\tSTATUS\tATTEMPT\tINSERTED\tLAST ERROR")
 	for _, in := range page.Instances {
-		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, in.Machine, in.Version, in.Queue, in.Step, in.Status,
+		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, printable(in.Machine), in.Version, printable(in.Queue), printable(in.Step), printable(string(in.Status)),
 			in.Attempt, in.MaxAttempts, in.InsertedAt.Local().Format(time.DateTime), oneLine(in.LastError, 60))
 	}
 	if err := tw.Flush(); err != nil {
@@ -158,14 +152,6 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "more: --before %d\n", page.NextBefore)
 	}
 	return nil
-}
-
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
 }
 
 func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -193,31 +179,32 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if c.json {
 		return printJSON(stdout, d)
 	}
-	fmt.Fprintf(stdout, "instance %d  %s@%d  queue %s\n", d.ID, d.Machine, d.Version, d.Queue)
-	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", d.Status, d.Step, d.Attempt, d.MaxAttempts)
-	fmt.Fprintf(stdout, "waiting  %s\n", d.Wait.Summary)
+	p := printable
+	fmt.Fprintf(stdout, "instance %d  %s@%d  queue %s\n", d.ID, p(d.Machine), d.Version, p(d.Queue))
+	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", p(string(d.Status)), p(d.Step), d.Attempt, d.MaxAttempts)
+	fmt.Fprintf(stdout, "waiting  %s\n", p(d.Wait.Summary))
 	if d.PartitionKey != "" {
-		fmt.Fprintf(stdout, "key      %s\n", d.PartitionKey)
+		fmt.Fprintf(stdout, "key      %s\n", p(d.PartitionKey))
 	}
 	if d.Parent != nil {
-		fmt.Fprintf(stdout, "parent   %d (%s, %s)\n", d.Parent.ID, d.Parent.Machine, d.Parent.Status)
+		fmt.Fprintf(stdout, "parent   %d (%s, %s)\n", d.Parent.ID, p(d.Parent.Machine), p(string(d.Parent.Status)))
 	}
-	fmt.Fprintf(stdout, "state    %s\n", d.State)
+	fmt.Fprintf(stdout, "state    %s\n", p(string(d.State)))
 	if len(d.Result) > 0 {
-		fmt.Fprintf(stdout, "result   %s\n", d.Result)
+		fmt.Fprintf(stdout, "result   %s\n", p(string(d.Result)))
 	}
 	for _, e := range d.Errors {
-		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), e.Step, e.Attempt, e.Kind, oneLine(e.Error, 200))
+		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), p(e.Step), e.Attempt, p(e.Kind), oneLine(e.Error, 200))
 	}
 	for _, s := range d.Signals {
 		consumed := "pending"
 		if s.ConsumedAt != nil {
 			consumed = "consumed"
 		}
-		fmt.Fprintf(stdout, "signal   %d %s %s %s\n", s.ID, s.Name, consumed, oneLine(string(s.Payload), 80))
+		fmt.Fprintf(stdout, "signal   %d %s %s %s\n", s.ID, p(s.Name), consumed, oneLine(string(s.Payload), 80))
 	}
 	for _, k := range d.Children {
-		fmt.Fprintf(stdout, "child    %d %s %s\n", k.ID, k.Machine, k.Status)
+		fmt.Fprintf(stdout, "child    %d %s %s\n", k.ID, p(k.Machine), p(string(k.Status)))
 	}
 	return nil
 }
@@ -341,7 +328,7 @@ func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) 
 		if c.json {
 			return printJSON(stdout, map[string]any{"queue": pos[0], "paused": pause})
 		}
-		_, err = fmt.Fprintf(stdout, "queue %s %sd\n", pos[0], name)
+		_, err = fmt.Fprintf(stdout, "queue %s %sd\n", printable(pos[0]), name)
 		return err
 	}
 }

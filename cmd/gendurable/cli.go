@@ -69,7 +69,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	err := cmd(ctx, args[1:], stdout, stderr)
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, "gendurable:", err)
+		fmt.Fprintln(stderr, "gendurable:", printable(err.Error()))
 	}
 	return exitCode(err)
 }
