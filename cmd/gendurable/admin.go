@@ -308,6 +308,7 @@ func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) 
 		fs.SetOutput(stderr)
 		var c common
 		c.register(fs)
+		create := fs.Bool("create", false, "accept a queue that has no instance and no row yet (creates its row)")
 		pos, err := parse(fs, args, "QUEUE")
 		if err != nil {
 			return err
@@ -317,12 +318,10 @@ func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) 
 			return err
 		}
 		defer done()
-		if pause {
-			err = eng.Pause(ctx, pos[0])
-		} else {
-			err = eng.Resume(ctx, pos[0])
-		}
-		if err != nil {
+		if err := eng.SetPaused(ctx, pos[0], pause, &gendurable.QueueOpts{Create: *create}); err != nil {
+			if errors.Is(err, gendurable.ErrUnknownQueue) {
+				return fmt.Errorf("%w (pass --create to %s it anyway)", err, name)
+			}
 			return err
 		}
 		if c.json {
@@ -331,6 +330,34 @@ func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) 
 		_, err = fmt.Fprintf(stdout, "queue %s %sd\n", printable(pos[0]), name)
 		return err
 	}
+}
+
+// queueCmd is `queue remove NAME`: delete an empty queue's row.
+func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "remove" {
+		return usageError{"queue takes: remove QUEUE"}
+	}
+	fs := flag.NewFlagSet("queue remove", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c common
+	c.register(fs)
+	pos, err := parse(fs, args[1:], "QUEUE")
+	if err != nil {
+		return err
+	}
+	eng, done, err := c.engine(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := eng.RemoveQueue(ctx, pos[0]); err != nil {
+		return err
+	}
+	if c.json {
+		return printJSON(stdout, map[string]any{"queue": pos[0], "removed": true})
+	}
+	_, err = fmt.Fprintf(stdout, "queue %s removed\n", printable(pos[0]))
+	return err
 }
 
 func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -395,9 +422,9 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp):
 		return exitUsage
-	case errors.Is(err, gendurable.ErrNotFound):
+	case errors.Is(err, gendurable.ErrNotFound), errors.Is(err, gendurable.ErrUnknownQueue):
 		return exitNotFound
-	case errors.Is(err, gendurable.ErrNotRetryable), errors.Is(err, gendurable.ErrNotCancellable),
+	case errors.Is(err, gendurable.ErrNotRetryable), errors.Is(err, gendurable.ErrNotCancellable), errors.Is(err, gendurable.ErrQueueNotEmpty),
 		errors.Is(err, gendurable.ErrUniqueConflict), errors.Is(err, gendurable.ErrInstanceFinished):
 		return exitConflict
 	case errors.Is(err, gendurable.ErrInvalidSignal), errors.Is(err, gendurable.ErrInvalidConfig):

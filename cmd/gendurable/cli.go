@@ -36,13 +36,16 @@ commands:
   cancel ID [--reason R]         fail a live instance now
   signal ID NAME [--payload J]   send a signal
   pause QUEUE / resume QUEUE     stop or restart picking a queue, in every process
+                                 (an unknown queue is refused unless --create)
+  queue remove QUEUE             delete the row of a queue that has no instances
   prune [--retention D]          delete finished instances older than D
   ui [--addr A]                  serve the dashboard
   demo                           run the checkout demo (a throwaway PostgreSQL if no database is given)
   bench                          run a benchmark workload (see gendurable bench -h)
 
 Every command takes --database-url, --schema (default public) and --json.
-Exit codes: 0 ok, 1 failure, 2 bad usage, 3 not found, 4 conflict (e.g. retry of a live instance).
+Exit codes: 0 ok, 1 failure, 2 bad usage, 3 not found (instance, queue), 4 conflict (e.g. retry of
+a live instance, removing a queue that has instances).
 
 The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
 `
@@ -56,7 +59,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
 		"migrate": migrateCmd, "bench": benchCmd, "status": statusCmd, "list": listCmd, "show": showCmd,
 		"retry": retryCmd, "cancel": cancelCmd, "signal": signalCmd, "pause": pauseCmd(true),
-		"resume": pauseCmd(false), "prune": pruneCmd, "demo": demoCmd, "ui": uiCmd,
+		"resume": pauseCmd(false), "queue": queueCmd, "prune": pruneCmd, "demo": demoCmd, "ui": uiCmd,
 	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, usage)

@@ -94,7 +94,13 @@ func TestHostileNamesAreEscaped(t *testing.T) {
 	require.Equal(t, 8, strings.Count(out, "\n"), "a newline in a value cannot forge a line:\n%s", out)
 
 	// A refused command's error text is escaped too.
-	out, errOut, _ := cli(t, "pause", evil, "--schema", schema)
+	out, errOut, code := cli(t, "pause", evil, "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, `queue \x1b[2J`)
+	requireInert(t, out)
+	out, errOut, code = cli(t, "pause", "no"+evil, "--schema", schema)
+	require.Equal(t, exitNotFound, code)
+	require.Contains(t, errOut, `unknown queue "no\x1b[2J`)
 	requireInert(t, out)
 	requireInert(t, errOut)
 }

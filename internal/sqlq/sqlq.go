@@ -70,6 +70,7 @@ type Queries struct {
 	listInstances   string
 	queueCounts     string
 	setPaused       string
+	removeQueue     string
 	cancel          string
 	prune           string
 	listSignals     string
@@ -103,6 +104,7 @@ func New(schema string) (*Queries, error) {
 		listInstances:   render(listInstancesSQL, qs),
 		queueCounts:     render(queueCountsSQL, qs),
 		setPaused:       render(setPausedSQL, qs),
+		removeQueue:     render(removeQueueSQL, qs),
 		cancel:          render(cancelSQL, qs),
 		prune:           render(pruneSQL, qs),
 		listSignals:     render(listSignalsSQL, qs),
