@@ -16,6 +16,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/internal/demo"
+	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -397,12 +398,15 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.SetOutput(stderr)
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default DATABASE_URL; unset: a private throwaway PostgreSQL)")
 	o := demo.Options{Out: stdout}
-	fs.StringVar(&o.Schema, "schema", "gendurable_demo", "schema to run in (dropped and recreated)")
+	fs.StringVar(&o.Schema, "schema", "gendurable_demo", "the demo's own schema: created, marked, recreated on every run; an existing schema the demo did not create is refused")
+	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that the demo did not create, and everything in it (asks on a terminal)")
+	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
 	fs.IntVar(&o.Orders, "orders", 200, "checkouts to run")
 	fs.IntVar(&o.Workers, "workers", 3, "engines working the queue")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
+	o.Confirm = confirmer(stderr, *yes)
 	o.DatabaseURL = *dbURL
 	if o.DatabaseURL == "" {
 		o.DatabaseURL = os.Getenv("DATABASE_URL")
@@ -420,7 +424,7 @@ func exitCode(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp):
+	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp), errors.Is(err, scratch.ErrNotScratch):
 		return exitUsage
 	case errors.Is(err, gendurable.ErrNotFound), errors.Is(err, gendurable.ErrUnknownQueue):
 		return exitNotFound

@@ -79,6 +79,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 type usageError struct{ msg string }
 
+// errAborted: the operator answered no to a confirmation.
+var errAborted = errors.New("aborted: nothing changed")
+
 func (e usageError) Error() string { return e.msg }
 
 func databaseURL(flagValue string) string {
@@ -97,6 +100,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	dbURL := fs.String("database-url", "", "PostgreSQL URL")
 	schema := fs.String("schema", "public", "schema holding gendurable's tables")
 	asJSON := fs.Bool("json", false, "print JSON")
+	yes := fs.Bool("yes", false, "down: do not ask for confirmation (needed when stdin is not a terminal)")
 	if len(args) == 0 {
 		return usageError{"migrate needs up, down, status or print"}
 	}
@@ -122,6 +126,9 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case "up":
 		res, err = migrate.Up(ctx, pool, *schema)
 	case "down":
+		if err := confirmDown(ctx, pool, *schema, *yes, stderr); err != nil {
+			return err
+		}
 		res, err = migrate.Down(ctx, pool, *schema)
 	case "status":
 		var v int
@@ -150,7 +157,9 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	var o benchrun.Options
 	dbURL := fs.String("database-url", "", "PostgreSQL URL")
-	fs.StringVar(&o.Schema, "schema", "gendurable_bench", "schema to run in (dropped and recreated)")
+	fs.StringVar(&o.Schema, "schema", "gendurable_bench", "bench's own schema: created, marked, dropped at the end; an existing schema bench did not create is refused")
+	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that bench did not create, and everything in it (asks on a terminal)")
+	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
 	fs.StringVar(&o.Workload, "workload", "job", "job, fsm3, signal, fanout or partition")
 	fs.IntVar(&o.N, "n", 20000, "instances to insert (fanout: parents, each with 10 children)")
 	fs.IntVar(&o.Concurrency, "concurrency", 100, "steps running at once per queue per engine")
@@ -171,11 +180,12 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageError{fmt.Sprintf("unexpected arguments %v", fs.Args())}
 	}
 	o.DatabaseURL = databaseURL(*dbURL)
+	o.Confirm = confirmer(stderr, *yes)
 	if benchrun.IsTerminal(os.Stderr) {
 		o.Progress = stderr
 	}
 	if *idle > 0 {
-		res, err := benchrun.Idle(ctx, o.DatabaseURL, o.Schema, 12*time.Second, *idle)
+		res, err := benchrun.Idle(ctx, o, 12*time.Second, *idle)
 		if err != nil {
 			return err
 		}
@@ -186,7 +196,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if *pickup > 0 {
-		res, err := benchrun.Pickup(ctx, o.DatabaseURL, o.Schema, *pickup)
+		res, err := benchrun.Pickup(ctx, o, *pickup)
 		if err != nil {
 			return err
 		}
@@ -197,7 +207,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if *backlog {
-		res, err := benchrun.Backlog(ctx, o.DatabaseURL, o.Schema, []int{10_000, 1_000_000}, 50, 20, progressOr(o.Progress))
+		res, err := benchrun.Backlog(ctx, o, []int{10_000, 1_000_000}, 50, 20, progressOr(o.Progress))
 		if err != nil {
 			return err
 		}
@@ -226,6 +236,29 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	return benchrun.Print(stdout, rep, *asJSON)
+}
+
+// confirmDown asks before `migrate down` drops every gendurable table of
+// schema: on a terminal it prompts; elsewhere it needs --yes (exit 2).
+func confirmDown(ctx context.Context, pool *pgxpool.Pool, schema string, yes bool, stderr io.Writer) error {
+	if yes {
+		return nil
+	}
+	if v, err := migrate.Installed(ctx, pool, schema); err == nil && v == 0 {
+		return nil // nothing to drop
+	}
+	q := fmt.Sprintf("migrate down drops every gendurable table in schema %q, with all its instances and signals", schema)
+	if !benchrun.IsTerminal(os.Stdin) {
+		return usageError{q + "; pass --yes to confirm (stdin is not a terminal to ask on)"}
+	}
+	ok, err := prompt(os.Stdin, stderr, q+". Continue?")
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errAborted
+	}
+	return nil
 }
 
 func progressOr(w io.Writer) io.Writer {

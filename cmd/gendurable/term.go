@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/gendurable/gendurable/internal/benchrun"
 )
 
 // Everything the CLI prints that came from the database (queue, machine,
@@ -106,4 +111,32 @@ func printJSON(w io.Writer, v any) error {
 	}
 	_, err := w.Write(out)
 	return err
+}
+
+// prompt asks question on out and reads one line from in: true for y or
+// yes (any case), false for anything else, an empty line or end of input.
+func prompt(in io.Reader, out io.Writer, question string) (bool, error) {
+	if _, err := fmt.Fprintf(out, "%s [y/N] ", printable(question)); err != nil {
+		return false, err
+	}
+	line, err := bufio.NewReader(in).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, err
+	}
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return true, nil
+	}
+	return false, nil
+}
+
+// confirmer is the Confirm of demo and bench: --reset-schema already said
+// yes, so it asks again only on a terminal, and not with --yes.
+func confirmer(stderr io.Writer, yes bool) func(string) (bool, error) {
+	return func(question string) (bool, error) {
+		if yes || !benchrun.IsTerminal(os.Stdin) {
+			return true, nil
+		}
+		return prompt(os.Stdin, stderr, question)
+	}
 }
