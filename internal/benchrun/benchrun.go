@@ -34,17 +34,20 @@ type Options struct {
 	// created and marked by it, dropped at the end. An existing schema it did
 	// not create is refused (scratch.ErrNotScratch) unless ResetSchema.
 	Schema      string
-	ResetSchema bool                                // drop an existing schema bench did not create
-	Confirm     func(question string) (bool, error) // asked before such a drop, if set
-	Workload    string                              // one of Workloads
-	N           int                                 // instances (fanout: parents) to insert; default 10000
-	Concurrency int                                 // per queue per engine; default 100
-	Prefetch    int                                 // per queue per engine; default = Concurrency
-	Queues      int                                 // queues the instances are spread over; default 1
-	Engines     int                                 // engines in this process; default 1
-	MinDemand   int                                 // per queue; default: the engine's default
-	Commits     int                                 // outcome statements in flight per engine; default: the engine's
+	Workload    string // one of Workloads
+	N           int    // instances (fanout: parents) to insert; default 10000
+	Concurrency int    // per queue per engine; default 100
+	Prefetch    int    // per queue per engine; default = Concurrency
+	Queues      int    // queues the instances are spread over; default 1
+	Engines     int    // engines in this process; default 1
+	MinDemand   int    // per queue; default: the engine's default
+	Commits     int    // outcome statements in flight per engine; default: the engine's
 	Progress    io.Writer
+
+	// ResetSchema drops an existing Schema that bench did not create, and
+	// everything in it; Confirm, if set, is asked first.
+	ResetSchema bool
+	Confirm     func(question string) (bool, error)
 }
 
 // Report is what one run measured.
