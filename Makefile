@@ -8,8 +8,15 @@ PKGS := ./...
 ## test: format check, vet, staticcheck, every test with the race detector, then the chaos scenarios
 test: check test-only chaos
 
+## The tests share one PostgreSQL (max_connections, 100 by default) with other clients, so the
+## suite's connections are bounded: test packages run one at a time (-p 1; the first line
+## compiles every test binary in parallel without running a test), at most TEST_PARALLEL tests
+## of a package at once, and the pools of one package's tests hold at most GENDURABLE_TEST_CONNS
+## connections between them (internal/dbtest). Measure with: bash .ci/peak-conns make test-only
+TEST_PARALLEL ?= 2
 test-only:
-	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -race -count=1 -run '^$$' $(PKGS) >/dev/null
+	$(GO) test -race -count=1 -p 1 -parallel $(TEST_PARALLEL) $(PKGS)
 	cd bench && $(GO) vet ./... && $(GO) test -count=1 ./...
 	cd otel && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd e2e && $(GO) vet ./... && $(GO) test -count=1 ./...
