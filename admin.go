@@ -326,28 +326,82 @@ func sortedQueueNames(m map[string]*QueueStats) []string {
 	return out
 }
 
-// Pause stops every process from picking queue (steps already running
-// finish). The state is stored in the database. A queue name that is empty,
-// longer than 200 bytes, not valid UTF-8 or holding a control character is
-// [ErrInvalidInput].
-func (e *Engine) Pause(ctx context.Context, queue string) error { return e.setPaused(ctx, queue, true) }
+// ErrUnknownQueue: a queue has neither a row (from an earlier pause or
+// resume) nor any instance, and the call did not ask to create it: pausing a
+// misspelt name would otherwise leave a phantom queue behind.
+var ErrUnknownQueue = errors.New("gendurable: unknown queue")
 
-// Resume lets processes pick queue again.
-func (e *Engine) Resume(ctx context.Context, queue string) error {
-	if err := e.setPaused(ctx, queue, false); err != nil {
-		return err
-	}
-	e.kickQueue(queue)
-	return nil
+// ErrQueueNotEmpty: [Engine.RemoveQueue] refuses a queue that still has
+// instances (finished ones count until they are pruned).
+var ErrQueueNotEmpty = errors.New("gendurable: queue has instances")
+
+// QueueOpts tune [Engine.SetPaused].
+type QueueOpts struct {
+	// Create pauses or resumes a queue that is not known yet, creating its
+	// row. Default false: an unknown queue is refused with ErrUnknownQueue.
+	Create bool
 }
 
-func (e *Engine) setPaused(ctx context.Context, queue string, paused bool) error {
+// Pause stops every process from picking queue (steps already running
+// finish). The state is stored in the database. The queue must be known:
+// it has a row, an instance, or is in this engine's Config.Queues; else
+// [ErrUnknownQueue] (see [Engine.SetPaused] to create one).
+func (e *Engine) Pause(ctx context.Context, queue string) error {
+	return e.SetPaused(ctx, queue, true, nil)
+}
+
+// Resume lets processes pick queue again; an unknown queue is refused as
+// by [Engine.Pause].
+func (e *Engine) Resume(ctx context.Context, queue string) error {
+	return e.SetPaused(ctx, queue, false, nil)
+}
+
+// SetPaused pauses or resumes queue in every process. A queue is known if
+// it has a row in the queues table, any instance (live or finished), or is
+// configured in this engine's Config.Queues; an unknown queue is refused
+// with [ErrUnknownQueue] and nothing is written, unless opts.Create. Each
+// change is logged at Info on the engine's Logger.
+func (e *Engine) SetPaused(ctx context.Context, queue string, paused bool, opts *QueueOpts) error {
 	if err := checkName("queue name", queue); err != nil {
 		return err
 	}
-	if err := e.q.SetPaused(ctx, e.pool, queue, paused); err != nil {
-		return fmt.Errorf("gendurable: pause %q: %w", queue, err)
+	action := map[bool]string{true: "pause", false: "resume"}[paused]
+	_, ours := e.cfg.Queues[queue]
+	create := ours || (opts != nil && opts.Create)
+	known, err := e.q.SetPaused(ctx, e.pool, queue, paused, create)
+	if err != nil {
+		return fmt.Errorf("gendurable: %s %q: %w", action, queue, err)
 	}
+	if !known {
+		return fmt.Errorf("%w %q: it has no instance and no row", ErrUnknownQueue, queue)
+	}
+	e.log.Info("gendurable: queue "+action+"d", "queue", queue)
+	if !paused {
+		e.kickQueue(queue)
+	}
+	return nil
+}
+
+// RemoveQueue deletes queue's row (its pause flag) so it no longer shows in
+// [Engine.Queues]: for a queue that was paused or resumed by mistake. It
+// refuses a queue that has instances, finished ones included, with
+// [ErrQueueNotEmpty], and a queue without a row with [ErrUnknownQueue].
+// Removing a paused queue's row resumes it. The removal is logged at Info
+// on the engine's Logger.
+func (e *Engine) RemoveQueue(ctx context.Context, queue string) error {
+	if queue == "" || len(queue) > maxNameLen {
+		return errorf(ErrInvalidConfig, "queue name must be 1-%d bytes", maxNameLen)
+	}
+	hadRow, busy, removed, err := e.q.RemoveQueue(ctx, e.pool, queue)
+	switch {
+	case err != nil:
+		return fmt.Errorf("gendurable: remove queue %q: %w", queue, err)
+	case busy:
+		return fmt.Errorf("%w: queue %q (finished instances count until they are pruned)", ErrQueueNotEmpty, queue)
+	case !hadRow || !removed:
+		return fmt.Errorf("%w %q: it has no row to remove", ErrUnknownQueue, queue)
+	}
+	e.log.Info("gendurable: queue removed", "queue", queue)
 	return nil
 }
 

@@ -22,6 +22,16 @@ import (
 // -gendurable.soak runs the stress tests at soak size (minutes, not seconds).
 var soak = flag.Bool("gendurable.soak", false, "run the stress tests at soak size")
 
+// The stress tests share the test server with every other test and other
+// clients: every pool of theirs, in this process and in each of the two
+// worker processes they run at a time, holds at most stressConns
+// connections, all reserved from dbtest's budget (Options.Extra for the
+// workers). At 20 per pool, and both tests at once, they used up to 92 of
+// the server's 100 connections.
+const stressConns = 8
+
+var stressOpts = &dbtest.Options{MaxConns: stressConns, Extra: 2 * stressConns}
+
 type spanArgs struct {
 	Key string `json:"key"`
 }
@@ -57,14 +67,14 @@ func TestHelperStressProcess(t *testing.T) {
 	if err != nil {
 		os.Exit(3)
 	}
-	pcfg.MaxConns = 20
+	pcfg.MaxConns = stressConns
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		os.Exit(3)
 	}
 	eng, err := gendurable.New(pool, &gendurable.Config{
 		Schema: schema, Machines: stressMachines(pool, schema),
-		Queues:        map[string]gendurable.QueueConfig{"default": {Concurrency: 8, PollInterval: 20 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond}},
+		Queues:        map[string]gendurable.QueueConfig{"default": {Concurrency: stressConns - 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond}},
 		LeaseDuration: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond, ReaperInterval: 500 * time.Millisecond,
 	})
 	if err != nil {
@@ -123,10 +133,10 @@ func TestStressNoLostWakeUpAcrossProcesses(t *testing.T) {
 		n = 50000
 	}
 	m := awaiter(0)
-	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 20})
+	pool, schema := dbtest.NewSchema(t, stressOpts)
 	cfg := fastConfig(schema, m)
 	cfg.Logger = testLogger(t)
-	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 8, PollInterval: 20 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond}}
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: stressConns - 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond}}
 	eng, err := gendurable.New(pool, cfg)
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -200,7 +210,7 @@ func TestStressPartitionNoOverlapAcrossProcessesWithKills(t *testing.T) {
 	if *soak {
 		n, keys, kills = 30000, 200, 30
 	}
-	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 20})
+	pool, schema := dbtest.NewSchema(t, stressOpts)
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.spans (key text, instance bigint, attempt int, started timestamptz, ended timestamptz)`)
 	require.NoError(t, err)
@@ -208,7 +218,7 @@ func TestStressPartitionNoOverlapAcrossProcessesWithKills(t *testing.T) {
 	job := defs[1].(*gendurable.Job[spanArgs])
 	cfg := fastConfig(schema, defs...)
 	cfg.Logger = testLogger(t)
-	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 8, PollInterval: 20 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond}}
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: stressConns - 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond}}
 	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = 2*time.Second, 500*time.Millisecond, 500*time.Millisecond
 	eng, err := gendurable.New(pool, cfg)
 	require.NoError(t, err)

@@ -72,8 +72,8 @@ func TestAuditTrail(t *testing.T) {
 	failed := e.failed()
 	live := e.insertOrder(Order{Item: "live"})
 	waiting := e.insertOrder(Order{Item: "waiting"})
-	require.Equal(t, http.StatusSeeOther, act("/queues/q1/pause", nil).code)
-	require.Equal(t, http.StatusSeeOther, act("/queues/q1/resume", nil).code)
+	require.Equal(t, http.StatusSeeOther, act("/queues/default/pause", nil).code)
+	require.Equal(t, http.StatusSeeOther, act("/queues/default/resume", nil).code)
 	require.Equal(t, http.StatusSeeOther, act(fmt.Sprintf("/instances/%d/retry", failed), nil).code)
 	require.Equal(t, http.StatusSeeOther, act(fmt.Sprintf("/instances/%d/cancel", live), url.Values{"reason": {"by hand"}}).code)
 	require.Equal(t, http.StatusSeeOther, act(fmt.Sprintf("/instances/%d/signal", waiting), url.Values{"name": {"go"}}).code)
@@ -86,8 +86,8 @@ func TestAuditTrail(t *testing.T) {
 		key     string
 		value   any
 	}{
-		{"pause", "ok", "queue", "q1"},
-		{"resume", "ok", "queue", "q1"},
+		{"pause", "ok", "queue", "default"},
+		{"resume", "ok", "queue", "default"},
 		{"retry", "ok", "id", failed},
 		{"cancel", "ok", "id", live},
 		{"signal", "ok", "id", waiting},

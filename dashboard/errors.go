@@ -39,6 +39,8 @@ func friendly(err error) (int, string, bool) {
 		return http.StatusBadRequest, "Invalid signal: the name must be non-empty valid UTF-8 (at most 200 bytes), the dedup key valid UTF-8, and the payload JSON within the engine's size limit.", true
 	case errors.Is(err, gendurable.ErrInvalidInput):
 		return http.StatusBadRequest, "Invalid input: names, filters and search text must be valid UTF-8 without control characters, and not too long.", true
+	case errors.Is(err, gendurable.ErrUnknownQueue):
+		return http.StatusNotFound, "No such queue: it has no instances and was never paused.", true
 	case errors.Is(err, gendurable.ErrInvalidConfig):
 		return http.StatusBadRequest, "Invalid queue name.", true
 	case errors.Is(err, context.DeadlineExceeded):

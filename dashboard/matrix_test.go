@@ -43,10 +43,12 @@ func routes(shared int64) []route {
 		}},
 		{name: "pause", post: true, setup: func(t *testing.T, e *env, n int) (string, url.Values, func() bool) {
 			q := fmt.Sprintf("mq-pause-%d", n)
+			e.insertOrder(Order{Item: "p"}, gendurable.InsertOpts{Queue: q}) // only a known queue can be paused
 			return "/queues/" + q + "/pause", url.Values{}, func() bool { return e.queuePaused(q) }
 		}},
 		{name: "resume", post: true, setup: func(t *testing.T, e *env, n int) (string, url.Values, func() bool) {
 			q := fmt.Sprintf("mq-resume-%d", n)
+			e.insertOrder(Order{Item: "r"}, gendurable.InsertOpts{Queue: q})
 			require.NoError(t, e.eng.Pause(context.Background(), q))
 			return "/queues/" + q + "/resume", url.Values{}, func() bool { return !e.queuePaused(q) }
 		}},

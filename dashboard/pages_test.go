@@ -299,6 +299,7 @@ func TestActionsChangeDatabase(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, r.code)
 	require.False(t, e.queuePaused("default"))
 	// A queue name with a slash and a space survives the path.
+	e.insertOrder(Order{Item: "w"}, gendurable.InsertOpts{Queue: "we ird/q"}) // only a known queue can be paused
 	r = postAuth("/queues/"+url.PathEscape("we ird/q")+"/pause", nil)
 	require.Equal(t, http.StatusSeeOther, r.code, r.body)
 	require.True(t, e.queuePaused("we ird/q"))

@@ -16,6 +16,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/internal/demo"
+	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -74,12 +75,6 @@ func parseID(s string) (int64, error) {
 	return id, nil
 }
 
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
 func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -104,7 +99,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fmt.Fprintln(tw, "queue\tpaused\trunnable\texecuting\tawaiting_signal\tawaiting_children\tdone\tfailed\ttotal\t")
 	for _, q := range qs {
 		b := q.ByStatus
-		fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", q.Queue, q.Paused, b[gendurable.StatusRunnable], b[gendurable.StatusExecuting],
+		fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", printable(q.Queue), q.Paused, b[gendurable.StatusRunnable], b[gendurable.StatusExecuting],
 			b[gendurable.StatusAwaitingSignal], b[gendurable.StatusAwaitingChildren], b[gendurable.StatusDone], b[gendurable.StatusFailed], q.Total)
 	}
 	return tw.Flush()
@@ -149,7 +144,7 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tMACHINE\tQUEUE\tSTEP\tSTATUS\tATTEMPT\tINSERTED\tLAST ERROR")
 	for _, in := range page.Instances {
-		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, in.Machine, in.Version, in.Queue, in.Step, in.Status,
+		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, printable(in.Machine), in.Version, printable(in.Queue), printable(in.Step), printable(string(in.Status)),
 			in.Attempt, in.MaxAttempts, in.InsertedAt.Local().Format(time.DateTime), oneLine(in.LastError, 60))
 	}
 	if err := tw.Flush(); err != nil {
@@ -162,14 +157,6 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "more: --before %d\n", page.NextBefore)
 	}
 	return nil
-}
-
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
 }
 
 func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -197,31 +184,32 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if c.json {
 		return printJSON(stdout, d)
 	}
-	fmt.Fprintf(stdout, "instance %d  %s@%d  queue %s\n", d.ID, d.Machine, d.Version, d.Queue)
-	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", d.Status, d.Step, d.Attempt, d.MaxAttempts)
-	fmt.Fprintf(stdout, "waiting  %s\n", d.Wait.Summary)
+	p := printable
+	fmt.Fprintf(stdout, "instance %d  %s@%d  queue %s\n", d.ID, p(d.Machine), d.Version, p(d.Queue))
+	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", p(string(d.Status)), p(d.Step), d.Attempt, d.MaxAttempts)
+	fmt.Fprintf(stdout, "waiting  %s\n", p(d.Wait.Summary))
 	if d.PartitionKey != "" {
-		fmt.Fprintf(stdout, "key      %s\n", d.PartitionKey)
+		fmt.Fprintf(stdout, "key      %s\n", p(d.PartitionKey))
 	}
 	if d.Parent != nil {
-		fmt.Fprintf(stdout, "parent   %d (%s, %s)\n", d.Parent.ID, d.Parent.Machine, d.Parent.Status)
+		fmt.Fprintf(stdout, "parent   %d (%s, %s)\n", d.Parent.ID, p(d.Parent.Machine), p(string(d.Parent.Status)))
 	}
-	fmt.Fprintf(stdout, "state    %s\n", d.State)
+	fmt.Fprintf(stdout, "state    %s\n", p(string(d.State)))
 	if len(d.Result) > 0 {
-		fmt.Fprintf(stdout, "result   %s\n", d.Result)
+		fmt.Fprintf(stdout, "result   %s\n", p(string(d.Result)))
 	}
 	for _, e := range d.Errors {
-		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), e.Step, e.Attempt, e.Kind, oneLine(e.Error, 200))
+		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), p(e.Step), e.Attempt, p(e.Kind), oneLine(e.Error, 200))
 	}
 	for _, s := range d.Signals {
 		consumed := "pending"
 		if s.ConsumedAt != nil {
 			consumed = "consumed"
 		}
-		fmt.Fprintf(stdout, "signal   %d %s %s %s\n", s.ID, s.Name, consumed, oneLine(string(s.Payload), 80))
+		fmt.Fprintf(stdout, "signal   %d %s %s %s\n", s.ID, p(s.Name), consumed, oneLine(string(s.Payload), 80))
 	}
 	for _, k := range d.Children {
-		fmt.Fprintf(stdout, "child    %d %s %s\n", k.ID, k.Machine, k.Status)
+		fmt.Fprintf(stdout, "child    %d %s %s\n", k.ID, p(k.Machine), p(string(k.Status)))
 	}
 	return nil
 }
@@ -325,6 +313,7 @@ func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) 
 		fs.SetOutput(stderr)
 		var c common
 		c.register(fs)
+		create := fs.Bool("create", false, "accept a queue that has no instance and no row yet (creates its row)")
 		pos, err := parse(fs, args, "QUEUE")
 		if err != nil {
 			return err
@@ -334,20 +323,46 @@ func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) 
 			return err
 		}
 		defer done()
-		if pause {
-			err = eng.Pause(ctx, pos[0])
-		} else {
-			err = eng.Resume(ctx, pos[0])
-		}
-		if err != nil {
+		if err := eng.SetPaused(ctx, pos[0], pause, &gendurable.QueueOpts{Create: *create}); err != nil {
+			if errors.Is(err, gendurable.ErrUnknownQueue) {
+				return fmt.Errorf("%w (pass --create to %s it anyway)", err, name)
+			}
 			return err
 		}
 		if c.json {
 			return printJSON(stdout, map[string]any{"queue": pos[0], "paused": pause})
 		}
-		_, err = fmt.Fprintf(stdout, "queue %s %sd\n", pos[0], name)
+		_, err = fmt.Fprintf(stdout, "queue %s %sd\n", printable(pos[0]), name)
 		return err
 	}
+}
+
+// queueCmd is `queue remove NAME`: delete an empty queue's row.
+func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "remove" {
+		return usageError{"queue takes: remove QUEUE"}
+	}
+	fs := flag.NewFlagSet("queue remove", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c common
+	c.register(fs)
+	pos, err := parse(fs, args[1:], "QUEUE")
+	if err != nil {
+		return err
+	}
+	eng, done, err := c.engine(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := eng.RemoveQueue(ctx, pos[0]); err != nil {
+		return err
+	}
+	if c.json {
+		return printJSON(stdout, map[string]any{"queue": pos[0], "removed": true})
+	}
+	_, err = fmt.Fprintf(stdout, "queue %s removed\n", printable(pos[0]))
+	return err
 }
 
 func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -387,12 +402,15 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.SetOutput(stderr)
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default DATABASE_URL; unset: a private throwaway PostgreSQL)")
 	o := demo.Options{Out: stdout}
-	fs.StringVar(&o.Schema, "schema", "gendurable_demo", "schema to run in (dropped and recreated)")
+	fs.StringVar(&o.Schema, "schema", "gendurable_demo", "the demo's own schema: created, marked, recreated on every run; an existing schema the demo did not create is refused")
+	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that the demo did not create, and everything in it (asks on a terminal)")
+	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
 	fs.IntVar(&o.Orders, "orders", 200, "checkouts to run")
 	fs.IntVar(&o.Workers, "workers", 3, "engines working the queue")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
+	o.Confirm = confirmer(stderr, *yes)
 	o.DatabaseURL = *dbURL
 	if o.DatabaseURL == "" {
 		o.DatabaseURL = os.Getenv("DATABASE_URL")
@@ -410,11 +428,11 @@ func exitCode(err error) int {
 	switch {
 	case err == nil:
 		return exitOK
-	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp):
+	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp), errors.Is(err, scratch.ErrNotScratch):
 		return exitUsage
-	case errors.Is(err, gendurable.ErrNotFound):
+	case errors.Is(err, gendurable.ErrNotFound), errors.Is(err, gendurable.ErrUnknownQueue):
 		return exitNotFound
-	case errors.Is(err, gendurable.ErrNotRetryable), errors.Is(err, gendurable.ErrNotCancellable),
+	case errors.Is(err, gendurable.ErrNotRetryable), errors.Is(err, gendurable.ErrNotCancellable), errors.Is(err, gendurable.ErrQueueNotEmpty),
 		errors.Is(err, gendurable.ErrUniqueConflict), errors.Is(err, gendurable.ErrInstanceFinished):
 		return exitConflict
 	case errors.Is(err, gendurable.ErrInvalidSignal), errors.Is(err, gendurable.ErrInvalidConfig),

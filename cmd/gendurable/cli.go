@@ -36,6 +36,8 @@ commands:
   cancel ID [--reason R]         fail a live instance now
   signal ID NAME [--payload J]   send a signal
   pause QUEUE / resume QUEUE     stop or restart picking a queue, in every process
+                                 (an unknown queue is refused unless --create)
+  queue remove QUEUE             delete the row of a queue that has no instances
   prune [--retention D]          delete finished instances older than D
   ui [--addr A]                  serve the dashboard (credentials: --token-file, --basic-auth-file,
                                  or GENDURABLE_UI_TOKEN / GENDURABLE_UI_BASIC_AUTH; --allowed-host H)
@@ -43,7 +45,8 @@ commands:
   bench                          run a benchmark workload (see gendurable bench -h)
 
 Every command takes --database-url, --schema (default public) and --json.
-Exit codes: 0 ok, 1 failure, 2 bad usage, 3 not found, 4 conflict (e.g. retry of a live instance).
+Exit codes: 0 ok, 1 failure, 2 bad usage, 3 not found (instance, queue), 4 conflict (e.g. retry of
+a live instance, removing a queue that has instances).
 
 The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
 `
@@ -57,7 +60,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
 		"migrate": migrateCmd, "bench": benchCmd, "status": statusCmd, "list": listCmd, "show": showCmd,
 		"retry": retryCmd, "cancel": cancelCmd, "signal": signalCmd, "pause": pauseCmd(true),
-		"resume": pauseCmd(false), "prune": pruneCmd, "demo": demoCmd, "ui": uiCmd,
+		"resume": pauseCmd(false), "queue": queueCmd, "prune": pruneCmd, "demo": demoCmd, "ui": uiCmd,
 	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, usage)
@@ -70,12 +73,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	err := cmd(ctx, args[1:], stdout, stderr)
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, "gendurable:", err)
+		fmt.Fprintln(stderr, "gendurable:", printable(err.Error()))
 	}
 	return exitCode(err)
 }
 
 type usageError struct{ msg string }
+
+// errAborted: the operator answered no to a confirmation.
+var errAborted = errors.New("aborted: nothing changed")
 
 func (e usageError) Error() string { return e.msg }
 
@@ -95,6 +101,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	dbURL := fs.String("database-url", "", "PostgreSQL URL")
 	schema := fs.String("schema", "public", "schema holding gendurable's tables")
 	asJSON := fs.Bool("json", false, "print JSON")
+	yes := fs.Bool("yes", false, "down: do not ask for confirmation (needed when stdin is not a terminal)")
 	if len(args) == 0 {
 		return usageError{"migrate needs up, down, status or print"}
 	}
@@ -120,6 +127,9 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	case "up":
 		res, err = migrate.Up(ctx, pool, *schema)
 	case "down":
+		if err := confirmDown(ctx, pool, *schema, *yes, stderr); err != nil {
+			return err
+		}
 		res, err = migrate.Down(ctx, pool, *schema)
 	case "status":
 		var v int
@@ -148,7 +158,9 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	var o benchrun.Options
 	dbURL := fs.String("database-url", "", "PostgreSQL URL")
-	fs.StringVar(&o.Schema, "schema", "gendurable_bench", "schema to run in (dropped and recreated)")
+	fs.StringVar(&o.Schema, "schema", "gendurable_bench", "bench's own schema: created, marked, dropped at the end; an existing schema bench did not create is refused")
+	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that bench did not create, and everything in it (asks on a terminal)")
+	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
 	fs.StringVar(&o.Workload, "workload", "job", "job, fsm3, signal, fanout or partition")
 	fs.IntVar(&o.N, "n", 20000, "instances to insert (fanout: parents, each with 10 children)")
 	fs.IntVar(&o.Concurrency, "concurrency", 100, "steps running at once per queue per engine")
@@ -169,11 +181,12 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageError{fmt.Sprintf("unexpected arguments %v", fs.Args())}
 	}
 	o.DatabaseURL = databaseURL(*dbURL)
+	o.Confirm = confirmer(stderr, *yes)
 	if benchrun.IsTerminal(os.Stderr) {
 		o.Progress = stderr
 	}
 	if *idle > 0 {
-		res, err := benchrun.Idle(ctx, o.DatabaseURL, o.Schema, 12*time.Second, *idle)
+		res, err := benchrun.Idle(ctx, o, 12*time.Second, *idle)
 		if err != nil {
 			return err
 		}
@@ -184,7 +197,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if *pickup > 0 {
-		res, err := benchrun.Pickup(ctx, o.DatabaseURL, o.Schema, *pickup)
+		res, err := benchrun.Pickup(ctx, o, *pickup)
 		if err != nil {
 			return err
 		}
@@ -195,7 +208,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if *backlog {
-		res, err := benchrun.Backlog(ctx, o.DatabaseURL, o.Schema, []int{10_000, 1_000_000}, 50, 20, progressOr(o.Progress))
+		res, err := benchrun.Backlog(ctx, o, []int{10_000, 1_000_000}, 50, 20, progressOr(o.Progress))
 		if err != nil {
 			return err
 		}
@@ -224,6 +237,29 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	return benchrun.Print(stdout, rep, *asJSON)
+}
+
+// confirmDown asks before `migrate down` drops every gendurable table of
+// schema: on a terminal it prompts; elsewhere it needs --yes (exit 2).
+func confirmDown(ctx context.Context, pool *pgxpool.Pool, schema string, yes bool, stderr io.Writer) error {
+	if yes {
+		return nil
+	}
+	if v, err := migrate.Installed(ctx, pool, schema); err == nil && v == 0 {
+		return nil // nothing to drop
+	}
+	q := fmt.Sprintf("migrate down drops every gendurable table in schema %q, with all its instances and signals", schema)
+	if !benchrun.IsTerminal(os.Stdin) {
+		return usageError{q + "; pass --yes to confirm (stdin is not a terminal to ask on)"}
+	}
+	ok, err := prompt(os.Stdin, stderr, q+". Continue?")
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errAborted
+	}
+	return nil
 }
 
 func progressOr(w io.Writer) io.Writer {

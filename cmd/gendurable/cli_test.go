@@ -326,7 +326,10 @@ func call(t *testing.T, method, url, host, auth string) int {
 // failed logins reach ui's stderr although it logs at Warn.
 func TestUISecretsHostsAndAudit(t *testing.T) {
 	t.Parallel()
-	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	// A known queue to pause (unknown ones are refused).
+	_, err := pool.Exec(context.Background(), `INSERT INTO "`+schema+`".gendurable_queues (name) VALUES ('default')`)
+	require.NoError(t, err)
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)

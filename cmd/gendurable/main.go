@@ -1,9 +1,15 @@
-// Command gendurable operates gendurable from the shell: schema migrations
-// and benchmarks (more commands join as the operator surface grows).
+// Command gendurable operates gendurable from the shell: schema migrations,
+// inspecting and steering instances and queues, the dashboard, the demo and
+// benchmarks (`gendurable help` lists every command).
 //
 //	gendurable migrate up|down|status|print [--schema S]
+//	gendurable status | list | show ID | retry ID | cancel ID | signal ID NAME
+//	gendurable pause|resume QUEUE [--create] | queue remove QUEUE
 //	gendurable bench [--workload job|fsm3|signal|fanout|partition] [-n N] [--json]
 //	gendurable bench --backlog
+//
+// Text output escapes control characters and invalid UTF-8 in whatever it
+// prints from the database, so stored names cannot drive the terminal.
 //
 // The database is --database-url, else DATABASE_URL, else
 // postgres://postgres@127.0.0.1:5432/postgres.

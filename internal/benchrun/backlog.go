@@ -7,8 +7,8 @@ import (
 	"sort"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/gendurable/gendurable/internal/sqlq"
-	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -23,9 +23,14 @@ type BacklogResult struct {
 // Backlog measures one pick's latency (median of repeats, each in a rolled
 // back transaction so the backlog stays as seeded) with the given numbers
 // of runnable rows, seeded with generate_series plus a terminal bulk of
-// half as many rows, then VACUUM ANALYZEd.
-func Backlog(ctx context.Context, url, schema string, sizes []int, batch, repeats int, progress io.Writer) ([]BacklogResult, error) {
-	pool, err := pgxpool.New(ctx, url)
+// half as many rows, then VACUUM ANALYZEd. It runs in o.Schema (o's
+// database, schema and reset fields are used), recreated for each size.
+func Backlog(ctx context.Context, o Options, sizes []int, batch, repeats int, progress io.Writer) ([]BacklogResult, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	schema := o.Schema
+	pool, err := pgxpool.New(ctx, o.DatabaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -36,12 +41,10 @@ func Backlog(ctx context.Context, url, schema string, sizes []int, batch, repeat
 	}
 	var out []BacklogResult
 	for _, n := range sizes {
-		if _, err := migrate.Down(ctx, pool, schema); err != nil {
+		if err := o.prepare(ctx, pool); err != nil {
 			return nil, err
 		}
-		if _, err := migrate.Up(ctx, pool, schema); err != nil {
-			return nil, err
-		}
+		o.ResetSchema = false // from here on the schema is ours
 		fmt.Fprintf(progress, "seeding %d runnable rows…\n", n)
 		s := `"` + schema + `"`
 		for _, sql := range []string{
@@ -81,6 +84,6 @@ func Backlog(ctx context.Context, url, schema string, sizes []int, batch, repeat
 		sort.Float64s(ds)
 		out = append(out, BacklogResult{Runnable: n, Batch: batch, MedianMs: ds[len(ds)/2], P90Ms: ds[len(ds)*9/10]})
 	}
-	_, _ = migrate.Down(ctx, pool, schema)
+	_ = scratch.Drop(ctx, pool, schema)
 	return out, nil
 }

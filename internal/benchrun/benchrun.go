@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -20,7 +19,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/migrate"
+	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -31,7 +30,10 @@ var Workloads = []string{"job", "fsm3", "signal", "fanout", "partition"}
 // Options configure one run.
 type Options struct {
 	DatabaseURL string
-	Schema      string // default "gendurable_bench"
+	// Schema is the benchmark's own schema, default "gendurable_bench":
+	// created and marked by it, dropped at the end. An existing schema it did
+	// not create is refused (scratch.ErrNotScratch) unless ResetSchema.
+	Schema      string
 	Workload    string // one of Workloads
 	N           int    // instances (fanout: parents) to insert; default 10000
 	Concurrency int    // per queue per engine; default 100
@@ -41,6 +43,11 @@ type Options struct {
 	MinDemand   int    // per queue; default: the engine's default
 	Commits     int    // outcome statements in flight per engine; default: the engine's
 	Progress    io.Writer
+
+	// ResetSchema drops an existing Schema that bench did not create, and
+	// everything in it; Confirm, if set, is asked first.
+	ResetSchema bool
+	Confirm     func(question string) (bool, error)
 }
 
 // Report is what one run measured.
@@ -93,6 +100,11 @@ func (o *Options) defaults() error {
 		o.Progress = io.Discard
 	}
 	return nil
+}
+
+// prepare gives the run a fresh schema of its own (see Options.Schema).
+func (o *Options) prepare(ctx context.Context, pool *pgxpool.Pool) error {
+	return scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Reset: o.ResetSchema, Confirm: o.Confirm})
 }
 
 func contains(list []string, s string) bool {
@@ -263,13 +275,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if _, err := migrate.Down(ctx, pool, o.Schema); err != nil {
+	if err := o.prepare(ctx, pool); err != nil {
 		return nil, err
 	}
-	if _, err := migrate.Up(ctx, pool, o.Schema); err != nil {
-		return nil, err
-	}
-	defer func() { _, _ = migrate.Down(context.Background(), pool, o.Schema) }()
+	defer func() { _ = scratch.Drop(context.Background(), pool, o.Schema) }()
 
 	queues := map[string]gendurable.QueueConfig{}
 	queueNames := make([]string, o.Queues)
@@ -453,10 +462,4 @@ func Print(w io.Writer, r *Report, asJSON bool) error {
 		}
 	}
 	return nil
-}
-
-// IsTerminal reports whether f is a character device (a terminal).
-func IsTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

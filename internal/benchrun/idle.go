@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/migrate"
+	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -22,9 +22,14 @@ type IdleResult struct {
 
 // Idle starts one engine with default settings on an empty queue, waits for
 // its poll interval to back off (warmup), then counts its statements for d.
-func Idle(ctx context.Context, url, schema string, warmup, d time.Duration) (*IdleResult, error) {
+// It runs in o.Schema (o's database, schema and reset fields are used).
+func Idle(ctx context.Context, o Options, warmup, d time.Duration) (*IdleResult, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	schema := o.Schema
 	stmts := &counter{}
-	pcfg, err := pgxpool.ParseConfig(url)
+	pcfg, err := pgxpool.ParseConfig(o.DatabaseURL)
 	if err != nil {
 		return nil, err
 	}
@@ -34,9 +39,10 @@ func Idle(ctx context.Context, url, schema string, warmup, d time.Duration) (*Id
 		return nil, err
 	}
 	defer pool.Close()
-	if _, err := migrate.Up(ctx, pool, schema); err != nil {
+	if err := o.prepare(ctx, pool); err != nil {
 		return nil, err
 	}
+	defer func() { _ = scratch.Drop(context.Background(), pool, schema) }()
 	job, _, _, _ := machines()
 	eng, err := gendurable.New(pool, &gendurable.Config{
 		Schema: schema, Machines: []gendurable.Definition{job},
@@ -67,20 +73,22 @@ type PickupResult struct {
 
 // Pickup inserts one job at a time into an idle engine (default settings,
 // so its poll interval has backed off) and measures how long each takes to
-// start running: the local wake-up, not polling, is what is measured.
-func Pickup(ctx context.Context, url, schema string, samples int) (*PickupResult, error) {
-	pool, err := pgxpool.New(ctx, url)
+// start running: the local wake-up, not polling, is what is measured. It
+// runs in o.Schema (o's database, schema and reset fields are used).
+func Pickup(ctx context.Context, o Options, samples int) (*PickupResult, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	schema := o.Schema
+	pool, err := pgxpool.New(ctx, o.DatabaseURL)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	if _, err := migrate.Down(ctx, pool, schema); err != nil {
+	if err := o.prepare(ctx, pool); err != nil {
 		return nil, err
 	}
-	if _, err := migrate.Up(ctx, pool, schema); err != nil {
-		return nil, err
-	}
-	defer func() { _, _ = migrate.Down(context.Background(), pool, schema) }()
+	defer func() { _ = scratch.Drop(context.Background(), pool, schema) }()
 	started := make(chan time.Time, 1)
 	job := &gendurable.Job[args]{Name: "bench_pickup", Perform: func(context.Context, *gendurable.Run[args]) error {
 		started <- time.Now()

@@ -100,7 +100,7 @@ func TestChaos01WorkerKill(t *testing.T) {
 	cfgs := map[string]chaos.WorkerConfig{}
 	for i := 1; i <= workers; i++ {
 		cfg := env.Worker(fmt.Sprintf("w%d", i))
-		cfg.Concurrency, cfg.MaxConns = conc, 10
+		cfg.Concurrency, cfg.MaxConns = conc, 8 // 4 × 8 + the harness's 6: within the 40 connections make test may use
 		cfgs[cfg.Name] = cfg
 		_, err := fleet.Start(cfg, 30*time.Second)
 		must(t, err)

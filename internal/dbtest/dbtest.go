@@ -4,6 +4,13 @@
 //
 // The server is chosen by GENDURABLE_TEST_DATABASE_URL, else DATABASE_URL,
 // else postgres://postgres@127.0.0.1:5432/test.
+//
+// The server is shared (other packages' tests, other clients, at most 100
+// connections by default), so the pools of one test process hold at most
+// Budget connections between them: NewSchema waits until its pool's
+// MaxConns, plus the connections its helper processes will open
+// (Options.Extra), fit in what the running tests have left. The suite's
+// peak is then bounded whatever -parallel is.
 package dbtest
 
 import (
@@ -11,7 +18,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -33,9 +42,52 @@ func URL() string {
 
 // Options tune NewSchema.
 type Options struct {
-	MaxConns  int32           // default 8
+	MaxConns int32 // default 8
+	// Extra is how many connections the test's other processes (workers it
+	// starts) will hold at most; reserved from the budget with MaxConns.
+	Extra     int32
 	Tracer    pgx.QueryTracer // optional statement tracer
 	NoMigrate bool            // leave the schema empty
+}
+
+// DefaultBudget is Budget unless GENDURABLE_TEST_CONNS sets it.
+const DefaultBudget = 24
+
+// Budget is how many connections the test pools of one process may hold at
+// once (GENDURABLE_TEST_CONNS, default DefaultBudget). A test that asks for
+// more than all of it gets all of it, alone.
+var Budget = func() int32 {
+	if n, err := strconv.Atoi(os.Getenv("GENDURABLE_TEST_CONNS")); err == nil && n > 0 {
+		return int32(n)
+	}
+	return DefaultBudget
+}()
+
+var budget = struct {
+	sync.Mutex
+	cond  *sync.Cond
+	inUse int32
+}{}
+
+func init() { budget.cond = sync.NewCond(&budget.Mutex) }
+
+// reserve waits until n connections fit in the budget and takes them.
+func reserve(n int32) int32 {
+	n = min(n, Budget)
+	budget.Lock()
+	for budget.inUse+n > Budget {
+		budget.cond.Wait()
+	}
+	budget.inUse += n
+	budget.Unlock()
+	return n
+}
+
+func release(n int32) {
+	budget.Lock()
+	budget.inUse -= n
+	budget.Unlock()
+	budget.cond.Broadcast()
 }
 
 // NewSchema creates a fresh schema migrated to the latest version and a pool
@@ -45,6 +97,14 @@ func NewSchema(t testing.TB, opts *Options) (*pgxpool.Pool, string) {
 	if opts == nil {
 		opts = &Options{}
 	}
+	maxConns := int32(8)
+	if opts.MaxConns > 0 {
+		maxConns = opts.MaxConns
+	}
+	// Held until the pool is closed and the schema dropped (cleanups run
+	// last in, first out; this one is registered first).
+	held := reserve(maxConns + max(0, opts.Extra))
+	t.Cleanup(func() { release(held) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	b := make([]byte, 6)
@@ -55,10 +115,7 @@ func NewSchema(t testing.TB, opts *Options) (*pgxpool.Pool, string) {
 	if err != nil {
 		t.Fatalf("dbtest: parse %s: %v", URL(), err)
 	}
-	cfg.MaxConns = 8
-	if opts.MaxConns > 0 {
-		cfg.MaxConns = opts.MaxConns
-	}
+	cfg.MaxConns = maxConns
 	if opts.Tracer != nil {
 		cfg.ConnConfig.Tracer = opts.Tracer
 	}

@@ -17,16 +17,22 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/pgtemp"
-	"github.com/gendurable/gendurable/migrate"
+	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Options configure a demo run.
 type Options struct {
 	DatabaseURL string // empty: a throwaway PostgreSQL
-	Schema      string // default "gendurable_demo" (dropped and recreated)
-	Orders      int    // default 200
-	Workers     int    // engines working the queues; default 3
+	// Schema is the demo's own schema, default "gendurable_demo": created and
+	// marked by the demo, dropped and recreated on every run. An existing
+	// schema the demo did not create is refused (scratch.ErrNotScratch)
+	// unless ResetSchema.
+	Schema      string
+	ResetSchema bool                                // drop an existing schema the demo did not create
+	Confirm     func(question string) (bool, error) // asked before such a drop, if set
+	Orders      int                                 // default 200
+	Workers     int                                 // engines working the queues; default 3
 	Out         io.Writer
 	Live        bool // redraw a progress line (a terminal)
 }
@@ -135,10 +141,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if _, err := migrate.Down(ctx, pool, o.Schema); err != nil {
-		return nil, err
-	}
-	if _, err := migrate.Up(ctx, pool, o.Schema); err != nil {
+	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Reset: o.ResetSchema, Confirm: o.Confirm}); err != nil {
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -270,7 +270,7 @@ func TestParallelServers(t *testing.T) {
 		if got, want := queryString(t, ctx, conn, "show max_connections"), strconv.Itoa(20+i); got != want {
 			t.Errorf("server %d: max_connections = %s, want %s", i, got, want)
 		}
-		if got := queryString(t, ctx, conn, "select setting from pg_settings where name = 'application_name' and source = 'configuration file'"); got != `it's \ pgtemp` {
+		if got := queryString(t, ctx, conn, "select setting from pg_file_settings where name = 'application_name' and applied"); got != `it's \ pgtemp` {
 			t.Errorf("server %d: application_name = %q", i, got)
 		}
 		if _, err := conn.Exec(ctx, "create database other"); err != nil {

@@ -2,6 +2,7 @@ package sqlq
 
 import (
 	"context"
+	"errors"
 	"math"
 	"time"
 
@@ -187,14 +188,53 @@ func (q *Queries) QueueCounts(ctx context.Context, db DB) ([]QueueCountRow, erro
 	})
 }
 
+// setPausedSQL sets a queue's pause flag, creating its row, but only for a
+// known queue (a row, or any instance in it; the runnable check first, as it
+// has an index) unless $3 says to create it. No row comes back for an
+// unknown queue. An unknown queue costs one scan of the instances table.
 const setPausedSQL = `
-INSERT INTO {{schema}}.gendurable_queues (name, paused) VALUES ($1, $2)
-ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()`
+WITH known AS (
+  SELECT $3::bool
+      OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_queues WHERE name = $1)
+      OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances WHERE queue = $1 AND status = 'runnable')
+      OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances WHERE queue = $1) AS known
+)
+INSERT INTO {{schema}}.gendurable_queues (name, paused)
+SELECT $1, $2 FROM known WHERE known.known
+ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()
+RETURNING true`
 
-// SetPaused pauses or resumes a queue for every process.
-func (q *Queries) SetPaused(ctx context.Context, db DB, queue string, paused bool) error {
-	_, err := db.Exec(ctx, q.setPaused, queue, paused)
-	return err
+// SetPaused pauses or resumes a queue for every process. A queue that has
+// neither a row nor an instance is left alone (known false) unless create.
+func (q *Queries) SetPaused(ctx context.Context, db DB, queue string, paused, create bool) (known bool, err error) {
+	err = db.QueryRow(ctx, q.setPaused, queue, paused, create).Scan(&known)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// removeQueueSQL deletes a queue's row (its pause flag) when no instance,
+// live or finished, is in the queue. The final SELECT sees the statement's
+// snapshot, so "had a row" is as before the delete.
+const removeQueueSQL = `
+WITH busy AS (
+  SELECT EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances WHERE queue = $1) AS busy
+), gone AS (
+  DELETE FROM {{schema}}.gendurable_queues AS q USING busy
+  WHERE q.name = $1 AND NOT busy.busy
+  RETURNING q.name
+)
+SELECT EXISTS (SELECT 1 FROM {{schema}}.gendurable_queues WHERE name = $1),
+       (SELECT busy FROM busy),
+       EXISTS (SELECT 1 FROM gone)`
+
+// RemoveQueue deletes a queue's row if no instance is in the queue. It
+// reports whether the row existed, whether instances are in the queue, and
+// whether the row was deleted.
+func (q *Queries) RemoveQueue(ctx context.Context, db DB, queue string) (hadRow, busy, removed bool, err error) {
+	err = db.QueryRow(ctx, q.removeQueue, queue).Scan(&hadRow, &busy, &removed)
+	return hadRow, busy, removed, err
 }
 
 // cancelSQL fails a live instance at once with a reason, as a Stop would:

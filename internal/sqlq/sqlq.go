@@ -69,6 +69,7 @@ type Queries struct {
 	listSearch      string
 	queueCounts     string
 	setPaused       string
+	removeQueue     string
 	cancel          string
 	prune           string
 	listSignals     string
@@ -100,6 +101,7 @@ func New(schema string) (*Queries, error) {
 		listSearch:      render(listSearchSQL, qs),
 		queueCounts:     render(queueCountsSQL, qs),
 		setPaused:       render(setPausedSQL, qs),
+		removeQueue:     render(removeQueueSQL, qs),
 		cancel:          render(cancelSQL, qs),
 		prune:           render(pruneSQL, qs),
 		listSignals:     render(listSignalsSQL, qs),

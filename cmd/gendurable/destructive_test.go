@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strings"
+	"testing"
+
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// scratchName is a schema name no other test uses, dropped when t ends.
+func scratchName(t *testing.T, pool *pgxpool.Pool, prefix string) string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	name := prefix + hex.EncodeToString(b)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+name+`" CASCADE`) })
+	return name
+}
+
+func schemaComment(t *testing.T, pool *pgxpool.Pool, schema string) *string {
+	var c *string
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1`, schema).Scan(&c))
+	return c
+}
+
+func schemaExists(t *testing.T, pool *pgxpool.Pool, schema string) bool {
+	var ok bool
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&ok))
+	return ok
+}
+
+// TestDemoAndBenchNeverDropASchemaTheyDidNotCreate: `demo --schema victim`
+// and `bench --schema victim` once dropped a schema with live instances in
+// it. Now a schema they did not create — gendurable's tables with a live
+// row, or anyone's table — is refused (exit 2) and survives untouched; the
+// schemas they create are marked and theirs to recreate; --reset-schema is
+// the explicit way to drop one that is not.
+func TestDemoAndBenchNeverDropASchemaTheyDidNotCreate(t *testing.T) {
+	t.Parallel()
+	pool, victim := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO "`+victim+`".gendurable_instances (fsm, step) VALUES ('order', 'charge')`)
+	require.NoError(t, err)
+	users := scratchName(t, pool, "gdusers_")
+	_, err = pool.Exec(ctx, `CREATE SCHEMA "`+users+`"; CREATE TABLE "`+users+`".accounts (id int); INSERT INTO "`+users+`".accounts VALUES (1)`)
+	require.NoError(t, err)
+	rows := func(table string) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
+		return n
+	}
+
+	for _, cmd := range [][]string{{"demo", "--orders", "5"}, {"bench", "-n", "20"}} {
+		for _, schema := range []string{victim, users} {
+			_, errOut, code := cli(t, append(cmd, "--schema", schema)...)
+			require.Equal(t, exitUsage, code, "%s --schema %s: %s", cmd[0], schema, errOut)
+			require.Contains(t, errOut, "was not created by gendurable demo or bench")
+			require.Contains(t, errOut, "--reset-schema")
+		}
+		require.Equal(t, 1, rows(`"`+victim+`".gendurable_instances`), "%s left the victim's live row alone", cmd[0])
+		require.Equal(t, 1, rows(`"`+users+`".accounts`))
+	}
+
+	// A schema the demo creates is marked, and a second run may recreate it.
+	mine := scratchName(t, pool, "gddemo_")
+	for range 2 {
+		out, errOut, code := cli(t, "demo", "--orders", "5", "--schema", mine)
+		require.Equal(t, 0, code, "%s%s", out, errOut)
+		require.Contains(t, out, "checkouts paid and shipped")
+	}
+	require.NotNil(t, schemaComment(t, pool, mine))
+	require.True(t, strings.HasPrefix(*schemaComment(t, pool, mine), "gendurable scratch schema"))
+	// bench may reuse the demo's scratch schema, and drops it when done.
+	out, errOut, code := cli(t, "bench", "-n", "20", "--schema", mine)
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	require.False(t, schemaExists(t, pool, mine))
+
+	// --reset-schema (stdin is not a terminal: no prompt) drops the schema.
+	out, errOut, code = cli(t, "bench", "-n", "20", "--schema", users, "--reset-schema")
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	require.False(t, schemaExists(t, pool, users), "reset on request, then dropped as bench's own")
+}
+
+// TestMigrateDownAsksFirst: off a terminal `migrate down` refuses without
+// --yes (exit 2) and drops nothing; with --yes it drops the tables.
+func TestMigrateDownAsksFirst(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('order', 'charge')`)
+	require.NoError(t, err)
+
+	_, errOut, code := cli(t, "migrate", "down", "--schema", schema)
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "pass --yes to confirm")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`).Scan(&n))
+	require.Equal(t, 1, n)
+
+	out, errOut, code := cli(t, "migrate", "down", "--yes", "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "→ 0")
+	out, _, code = cli(t, "migrate", "down", "--schema", schema)
+	require.Equal(t, 0, code, "nothing left to drop: no confirmation needed")
+	require.Contains(t, out, "version 0 → 0")
+}
+
+func TestPrompt(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]bool{"y\n": true, "YES\n": true, " yes ": true, "\n": false, "": false, "n\n": false, "yep\n": false} {
+		var out strings.Builder
+		ok, err := prompt(strings.NewReader(in), &out, "drop \x1b[2J?")
+		require.NoError(t, err)
+		require.Equal(t, want, ok, "%q", in)
+		require.Equal(t, `drop \x1b[2J? [y/N] `, out.String())
+	}
+}

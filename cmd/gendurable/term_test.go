@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/stretchr/testify/require"
+)
+
+func TestPrintable(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"plain name", "plain name"},
+		{"ünïcødé ✓ 日本", "ünïcødé ✓ 日本"},
+		{`back\slash`, `back\slash`},
+		{"\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07", `\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07`},
+		{"tab\tnew\nline\r", `tab\x09new\x0aline\x0d`},
+		{"nul\x00del\x7f", `nul\x00del\x7f`},
+		{"c1 \u009b31m \u0085", `c1 \u009b31m \u0085`},
+		{"bad \xff\xfe utf8 \xc2", `bad \xff\xfe utf8 \xc2`},
+		{"nbsp\u00a0ok", "nbsp\u00a0ok"},
+	} {
+		require.Equal(t, tc.want, printable(tc.in), "%q", tc.in)
+		require.Equal(t, tc.in == tc.want, isPrintable(tc.in), "%q", tc.in)
+	}
+	// oneLine cuts at a character boundary, never inside one.
+	require.Equal(t, "ab…", oneLine("abé", 3))
+	require.Equal(t, "a b…", oneLine("a \n b\x1bc", 3))
+	require.Equal(t, `a \x1b…`, oneLine("a \x1bbc", 3))
+}
+
+// requireInert fails unless out is valid UTF-8 whose only control character
+// is the newline: nothing in it can drive a terminal.
+func requireInert(t *testing.T, out string) {
+	t.Helper()
+	require.True(t, utf8.ValidString(out), "invalid UTF-8 in %q", out)
+	for _, r := range out {
+		require.False(t, (r < 0x20 && r != '\n') || (r >= 0x7f && r < 0xa0), "control character %U in output %q", r, out)
+	}
+}
+
+// TestHostileNamesAreEscaped: names, states, payloads and errors that carry
+// terminal escapes (a signal named "\e[2J\e[31mFAKE\e]0;pwned\a" once cleared
+// the screen from `show`) come out of show, list and status, as text and as
+// JSON, with no control character left in them.
+func TestHostileNamesAreEscaped(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	const evil = "\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07\u009b1m\x7f\ttab\nline"
+	const shown = `\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07\u009b1m\x7f\x09tab\x0aline`
+	s := `"` + schema + `"`
+	hostileJSON, err := json.Marshal(map[string]string{"note": evil})
+	require.NoError(t, err)
+	errs, err := json.Marshal([]map[string]any{{"step": evil, "attempt": 1, "at": "2026-01-01T00:00:00Z", "kind": evil, "error": evil}})
+	require.NoError(t, err)
+	var parent int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances
+		(fsm, queue, step, state, status, partition_key, awaits, errors)
+		VALUES ($1, $1, $1, $2, 'awaiting_signal', $1, ARRAY[$1], $3) RETURNING id`, evil, hostileJSON, errs).Scan(&parent))
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, queue, step, result, status, parent_id, finished_at)
+		VALUES ($1, $1, $1, $2, 'done', $3, now())`, evil, hostileJSON, parent)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_signals (target_id, name, payload) VALUES ($1, $2, $3)`, parent, evil, hostileJSON)
+	require.NoError(t, err)
+
+	id := fmt.Sprint(parent)
+	var out string
+	for _, args := range [][]string{{"show", id}, {"list"}, {"status"}} {
+		var errOut string
+		var code int
+		out, errOut, code = cli(t, append(args, "--schema", schema)...)
+		require.Equal(t, 0, code, errOut)
+		requireInert(t, out)
+		require.Contains(t, out, shown[:40], "%s shows the escaped text", args[0])
+		require.Contains(t, out, `FAKE\x1b]0;pwned\x07`)
+
+		out, errOut, code = cli(t, append(args, "--schema", schema, "--json")...)
+		require.Equal(t, 0, code, errOut)
+		requireInert(t, strings.ReplaceAll(out, "\n", ""))
+		require.True(t, json.Valid([]byte(out)), out)
+		require.Contains(t, out, "FAKE", "%s --json", args[0])
+		require.Contains(t, out, `\u009b1m`, "C1 controls in JSON strings and jsonb values are escaped")
+	}
+	out, _, _ = cli(t, "show", id, "--schema", schema)
+	for _, line := range []string{"instance ", "status   ", "waiting  ", "key      ", "state    ", "error    ", "signal   ", "child    "} {
+		require.Contains(t, out, line)
+	}
+	require.Equal(t, 8, strings.Count(out, "\n"), "a newline in a value cannot forge a line:\n%s", out)
+
+	// A refused command's output is inert too: a hostile queue name is
+	// invalid input, refused before any SQL.
+	out, errOut, code := cli(t, "pause", evil, "--schema", schema)
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "invalid input")
+	requireInert(t, out)
+	requireInert(t, errOut)
+}

@@ -1,0 +1,94 @@
+// Package scratch gives `gendurable demo` and `gendurable bench` a schema of
+// their own. They drop and recreate it on every run, so they must never be
+// pointed at a schema that holds someone's data: a schema they create is
+// marked (a comment on the schema), and an existing schema without the mark
+// is refused — whatever it holds, gendurable tables with live instances
+// included — unless the operator asks for a reset, and confirms it when a
+// prompt is possible.
+package scratch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrNotScratch: the schema exists and was not created by demo or bench;
+// nothing was changed. Pass Reset (--reset-schema) to drop it anyway.
+var ErrNotScratch = errors.New("schema exists and was not created by gendurable demo or bench")
+
+// ErrAborted: the operator declined the reset; nothing was changed.
+var ErrAborted = errors.New("aborted: schema left as it was")
+
+// Options tune Prepare.
+type Options struct {
+	// Owner names the command in the schema's mark: "demo", "bench".
+	Owner string
+	// Reset drops an existing schema that is not marked (the operator's
+	// explicit --reset-schema). Default false: such a schema is refused.
+	Reset bool
+	// Confirm, if set, is asked before an unmarked schema is dropped (a
+	// prompt on a terminal); false aborts with ErrAborted.
+	Confirm func(question string) (bool, error)
+}
+
+// Prepare leaves schema freshly created, marked and migrated to the latest
+// version. A marked schema (an earlier run's) is dropped first; an existing
+// unmarked one is refused with ErrNotScratch unless o.Reset.
+func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) error {
+	info, err := sqlq.InspectSchema(ctx, db, schema)
+	if err != nil {
+		return fmt.Errorf("inspect schema %q: %w", schema, err)
+	}
+	if info.Exists && !info.Scratch() {
+		what := describe(info)
+		if !o.Reset {
+			return fmt.Errorf("%w: %q %s; choose another --schema, or pass --reset-schema to drop it and everything in it", ErrNotScratch, schema, what)
+		}
+		if o.Confirm != nil {
+			ok, err := o.Confirm(fmt.Sprintf("schema %q %s and was not created by gendurable %s. Drop it and everything in it?", schema, what, o.Owner))
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return ErrAborted
+			}
+		}
+	}
+	if info.Exists {
+		if err := sqlq.DropSchema(ctx, db, schema); err != nil {
+			return fmt.Errorf("drop schema %q: %w", schema, err)
+		}
+	}
+	if err := sqlq.CreateScratchSchema(ctx, db, schema, o.Owner); err != nil {
+		return fmt.Errorf("create schema %q: %w", schema, err)
+	}
+	if _, err := migrate.Up(ctx, db, schema); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Drop drops schema if it carries the scratch mark, and leaves it alone
+// otherwise.
+func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
+	info, err := sqlq.InspectSchema(ctx, db, schema)
+	if err != nil || !info.Exists || !info.Scratch() {
+		return err
+	}
+	return sqlq.DropSchema(ctx, db, schema)
+}
+
+func describe(info sqlq.SchemaInfo) string {
+	switch {
+	case info.Gendurable:
+		return fmt.Sprintf("holds gendurable's tables (%d objects in all)", info.Objects)
+	case info.Objects > 0:
+		return fmt.Sprintf("holds %d objects", info.Objects)
+	}
+	return "exists (empty)"
+}

@@ -1,0 +1,76 @@
+package sqlq
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// ---------------------------------------------------------------------------
+// Scratch schemas: the schemas `gendurable demo` and `gendurable bench`
+// create for themselves. Each is marked with a comment when created, and
+// only a marked schema is ever dropped without the operator saying so.
+
+// scratchCommentPrefix starts the comment of every scratch schema.
+const scratchCommentPrefix = "gendurable scratch schema"
+
+var scratchOwnerRE = regexp.MustCompile(`^[a-z]+$`)
+
+// SchemaInfo is what a schema holds, as far as deciding whether to drop it
+// goes.
+type SchemaInfo struct {
+	Exists     bool
+	Comment    string // "" if none
+	Objects    int64  // relations, types (other than row and array types) and functions in it
+	Gendurable bool   // it holds gendurable_instances
+}
+
+// Scratch reports whether the schema carries a scratch mark.
+func (s SchemaInfo) Scratch() bool { return strings.HasPrefix(s.Comment, scratchCommentPrefix) }
+
+const schemaInfoSQL = `
+SELECT n.oid IS NOT NULL,
+       coalesce(obj_description(n.oid, 'pg_namespace'), ''),
+       (SELECT count(*) FROM pg_class AS c WHERE c.relnamespace = n.oid)
+     + (SELECT count(*) FROM pg_type AS t WHERE t.typnamespace = n.oid AND t.typrelid = 0
+          AND NOT EXISTS (SELECT 1 FROM pg_type AS e WHERE e.typarray = t.oid))
+     + (SELECT count(*) FROM pg_proc AS p WHERE p.pronamespace = n.oid),
+       EXISTS (SELECT 1 FROM pg_class AS c WHERE c.relnamespace = n.oid AND c.relname = 'gendurable_instances')
+FROM (SELECT $1::text AS name) AS s
+LEFT JOIN pg_namespace AS n ON n.nspname = s.name`
+
+// InspectSchema reads whether schema exists, its comment, and what it holds.
+func InspectSchema(ctx context.Context, db RowQuerier, schema string) (SchemaInfo, error) {
+	var s SchemaInfo
+	if err := ValidateSchema(schema); err != nil {
+		return s, err
+	}
+	err := db.QueryRow(ctx, schemaInfoSQL, schema).Scan(&s.Exists, &s.Comment, &s.Objects, &s.Gendurable)
+	return s, err
+}
+
+// CreateScratchSchema creates schema, marked as a scratch schema of owner
+// (a lower-case word: "demo", "bench"). It fails if the schema exists.
+func CreateScratchSchema(ctx context.Context, db DB, schema, owner string) error {
+	if err := ValidateSchema(schema); err != nil {
+		return err
+	}
+	if !scratchOwnerRE.MatchString(owner) {
+		return fmt.Errorf("scratch schema owner %q: want lower-case letters", owner)
+	}
+	// COMMENT takes no parameters: the literal is built from a validated word.
+	_, err := db.Exec(ctx, "CREATE SCHEMA "+quoteIdent(schema)+"; COMMENT ON SCHEMA "+quoteIdent(schema)+
+		" IS '"+scratchCommentPrefix+" (created by gendurable "+owner+"; dropped by it without asking)'")
+	return err
+}
+
+// DropSchema drops schema and everything in it. Callers decide whether it
+// is theirs to drop (SchemaInfo.Scratch, or the operator's explicit reset).
+func DropSchema(ctx context.Context, db DB, schema string) error {
+	if err := ValidateSchema(schema); err != nil {
+		return err
+	}
+	_, err := db.Exec(ctx, "DROP SCHEMA IF EXISTS "+quoteIdent(schema)+" CASCADE")
+	return err
+}
