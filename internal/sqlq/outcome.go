@@ -11,7 +11,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Outcomes (SPEC §2, §4.4): one statement applies a batch of outcomes. A
+// Outcomes (docs/design.md §2, §4, §5): one statement applies a batch of outcomes. A
 // single outcome is a batch of one; concurrent steps' outcomes can share the
 // statement (group commit) without a new shape.
 //
