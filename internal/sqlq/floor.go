@@ -1,6 +1,9 @@
 package sqlq
 
-import "context"
+import (
+	"context"
+	"strings"
+)
 
 // ---------------------------------------------------------------------------
 // The physical floor (gendurable bench --floor): the cheapest way PostgreSQL
@@ -45,4 +48,28 @@ func (q *Queries) FloorSeed(ctx context.Context, db DB, n int) ([]int64, error) 
 func (q *Queries) FloorFlip(ctx context.Context, db DB, ids []int64) (int64, error) {
 	tag, err := db.Exec(ctx, render(floorFlipSQL, quoteIdent(q.Schema)), ids)
 	return tag.RowsAffected(), err
+}
+
+// WearStatistics gives the empty instances table the planner statistics of a
+// table in use (docs/design.md §5): it fills it with n finished rows,
+// ANALYZEs it, and empties it again; TRUNCATE keeps the statistics, which now
+// say that almost every row is done. Benchmarks start from here, so a fresh
+// database's flattering plans are not what they measure.
+func (q *Queries) WearStatistics(ctx context.Context, db DB, n int) error {
+	s := quoteIdent(q.Schema)
+	for _, sql := range []string{
+		render(`INSERT INTO {{schema}}.gendurable_instances (fsm, step, status, finished_at)
+		        SELECT 'worn', 'a', 'done', now() FROM generate_series(1, $1::int)`, s),
+		render(`ANALYZE {{schema}}.gendurable_instances`, s),
+		render(`TRUNCATE {{schema}}.gendurable_instances`, s),
+	} {
+		args := []any{}
+		if strings.Contains(sql, "$1") {
+			args = append(args, n)
+		}
+		if _, err := db.Exec(ctx, sql, args...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
