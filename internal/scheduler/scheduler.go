@@ -494,6 +494,14 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	for _, id := range kept {
 		ok[id] = true
 	}
+	// The statement reports ids, but this feeder may hold one instance under
+	// two tokens: a zombie whose lease was reaped, and the claim it picked
+	// again since. A row has one token, and tokens only grow: only the
+	// newest of them can be the one the id was kept for.
+	newest := make(map[int64]int64, len(ids))
+	for i, id := range ids {
+		newest[id] = max(newest[id], tokens[i])
+	}
 	s.mu.Lock()
 	s.lastBeat = start
 	resume := s.heldBack
@@ -501,7 +509,7 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	var lost []int64
 	for i, token := range tokens {
 		h := s.held[token]
-		if ok[ids[i]] || h == nil || h.committing {
+		if ok[ids[i]] && newest[ids[i]] == token || h == nil || h.committing {
 			// Extended; or finished meanwhile; or its outcome is being
 			// written and may just have committed: its fence settles it.
 			continue
