@@ -121,6 +121,9 @@ type Options struct {
 	ContinuousTick     time.Duration
 	ContinuousWorkers  int
 	IdleWait           time.Duration
+	// ContinuousSettle is the pause between the worker's Start and the
+	// producer's first insert.
+	ContinuousSettle time.Duration
 	// ContinuousGD overrides gendurable's queue configuration in the
 	// continuous mode (tests shorten the idle backoff); its zero value is
 	// the library's defaults, Concurrency = ContinuousWorkers.
@@ -170,6 +173,7 @@ func DefaultOptions() Options {
 		ContinuousTick:     10 * time.Millisecond,
 		ContinuousWorkers:  100,
 		IdleWait:           11 * time.Second,
+		ContinuousSettle:   time.Second,
 	}
 }
 
@@ -222,8 +226,8 @@ func (o *Options) validate() error {
 			return errors.New("continuous duration and tick must be positive")
 		case o.ContinuousWorkers <= 0:
 			return errors.New("continuous workers must be positive")
-		case o.IdleWait < 0:
-			return errors.New("idle wait must not be negative")
+		case o.IdleWait < 0 || o.ContinuousSettle < 0:
+			return errors.New("idle wait and settle must not be negative")
 		}
 		for _, r := range o.Rates {
 			if r <= 0 {
