@@ -20,16 +20,18 @@ type Result struct {
 	N       int    `json:"n"`
 	// StatsFinishedFrac is the frequency of the finished status in the jobs
 	// table's pg_stats when the run started (realistic statistics: close to
-	// 1; fresh: 0).
-	StatsFinishedFrac float64 `json:"stats_finished_frac"`
-	InsertSeconds     float64 `json:"insert_seconds"`
-	InsertRowsPerSec  float64 `json:"insert_rows_per_sec"`
-	StartMillis       float64 `json:"start_ms"`     // longest Start call of the processes (part of the work time)
-	WorkSeconds       float64 `json:"work_seconds"` // from the first Start to the last completion committed
-	JobsPerSec        float64 `json:"jobs_per_sec"`
-	StopMillis        float64 `json:"stop_ms"`           // longest Stop call of the processes
-	XactsPerJob       float64 `json:"xacts_per_job"`     // commits in the bench database during the work phase, per job
-	WALBytesPerJob    float64 `json:"wal_bytes_per_job"` // server-wide WAL during the work phase, per job
+	// 1; fresh: 0), and when its work was done (autovacuum may have
+	// analyzed the table meanwhile; -1: unknown).
+	StatsFinishedFrac      float64 `json:"stats_finished_frac"`
+	StatsFinishedFracAfter float64 `json:"stats_finished_frac_after"`
+	InsertSeconds          float64 `json:"insert_seconds"`
+	InsertRowsPerSec       float64 `json:"insert_rows_per_sec"`
+	StartMillis            float64 `json:"start_ms"`     // longest Start call of the processes (part of the work time)
+	WorkSeconds            float64 `json:"work_seconds"` // from the first Start to the last completion committed
+	JobsPerSec             float64 `json:"jobs_per_sec"`
+	StopMillis             float64 `json:"stop_ms"`           // longest Stop call of the processes
+	XactsPerJob            float64 `json:"xacts_per_job"`     // commits in the bench database during the work phase, per job
+	WALBytesPerJob         float64 `json:"wal_bytes_per_job"` // server-wide WAL during the work phase, per job
 	// CPU during the work phase, per job: the worker processes (the
 	// system's Go side, summed) and the whole machine (PostgreSQL, the
 	// workers, and anything else running: noisy on a shared machine; -1
@@ -140,11 +142,21 @@ func runThroughputs(ctx context.Context, o *Options, admin *pgxpool.Pool, rep *R
 					return fmt.Errorf("%s %s round %d: %w", system, c.key(), round, err)
 				}
 				rep.Results = append(rep.Results, res)
-				fmt.Fprintf(o.Progress, "  insert %d rows in %.2fs = %.0f rows/s; worked in %.2fs = %.0f jobs/s (start %.0fms, stop %.0fms, %.2f xacts/job, %.0f WAL B/job, CPU µs/job: workers %.0f machine %.0f; stats finished %.2f; load1 %.2f→%.2f)\n",
+				fmt.Fprintf(o.Progress, "  insert %d rows in %.2fs = %.0f rows/s; worked in %.2fs = %.0f jobs/s (start %.0fms, stop %.0fms, %.2f xacts/job, %.0f WAL B/job, CPU µs/job: workers %.0f machine %.0f; stats finished %.2f→%.2f; load1 %.2f→%.2f)\n",
 					res.N, res.InsertSeconds, res.InsertRowsPerSec, res.WorkSeconds, res.JobsPerSec,
 					res.StartMillis, res.StopMillis, res.XactsPerJob, res.WALBytesPerJob,
-					res.ClientCPUMicrosPerJob, res.MachineCPUMicrosPerJob, res.StatsFinishedFrac, res.Load1Before, res.Load1After)
+					res.ClientCPUMicrosPerJob, res.MachineCPUMicrosPerJob, res.StatsFinishedFrac, res.StatsFinishedFracAfter, res.Load1Before, res.Load1After)
 			}
+		}
+		if o.LimitDuration > 0 {
+			fmt.Fprintf(o.Progress, "[limit round %d/%d] %d-row UPDATE … FROM unnest by primary key on %d connections for %s\n",
+				round, o.Rounds, o.LimitBatch, o.PoolConns, o.LimitDuration)
+			res, err := runLimit(ctx, o, admin, round)
+			if err != nil {
+				return fmt.Errorf("limit round %d: %w", round, err)
+			}
+			rep.Limits = append(rep.Limits, res)
+			fmt.Fprintf(o.Progress, "  %.0f rows/s: job ceiling %.0f jobs/s (load1 %.2f)\n", res.RowsPerSec, res.JobCeiling, res.Load1)
 		}
 	}
 	return nil
@@ -250,6 +262,7 @@ func runOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s setting, pro
 	}
 	cpu1 := readCPU()
 	res.Load1After = loadAvg1()
+	res.StatsFinishedFracAfter = statsAfter(ctx, admin, o, system)
 	var firstStart, lastDone int64
 	var startDur, clientCPU time.Duration
 	g.lock(func() {
@@ -311,6 +324,16 @@ func runOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s setting, pro
 	}
 	res.DBCompleted = done
 	return res, nil
+}
+
+// statsAfter reads the finished fraction at the end of a run (-1 if it
+// cannot).
+func statsAfter(ctx context.Context, admin *pgxpool.Pool, o *Options, system string) float64 {
+	f, err := o.finishedFraction(ctx, admin, system)
+	if err != nil {
+		return -1
+	}
+	return f
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -61,6 +61,7 @@ func testOptions(t *testing.T) Options {
 	// Library defaults would leave an idle queue unpolled for up to 5 s.
 	o.ContinuousGD = gendurable.QueueConfig{PollInterval: 50 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond}
 	o.InsertN = 150
+	o.LimitDuration = 200 * time.Millisecond
 	o.RunTimeout = 60 * time.Second
 	t.Cleanup(func() {
 		admin, err := openPool(context.Background(), &o, 1, "gendurable-bench-test")
@@ -110,6 +111,9 @@ func TestRunSmall(t *testing.T) {
 	if procs[1] != 4 || procs[2] != 2 {
 		t.Errorf("process counts %v", procs)
 	}
+	if len(rep.Limits) != 1 || rep.Limits[0].Rows <= 0 || math.IsNaN(float64(rep.LimitFractionGendurable)) {
+		t.Errorf("limit %+v, fraction %v", rep.Limits, rep.LimitFractionGendurable)
+	}
 	if got, want := len(rep.Continuous), 2; got != want {
 		t.Fatalf("%d continuous results, want %d", got, want)
 	}
@@ -144,7 +148,7 @@ func TestRunSmall(t *testing.T) {
 	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "ratio gendurable/river jobs_per_sec: ") {
 		t.Errorf("last line %q", last)
 	}
-	for _, want := range []string{"jobs_per_sec@10x2p: ", "insert_rows_per_sec@InsertManyFast: ", "idle pickup"} {
+	for _, want := range []string{"jobs_per_sec@10x2p: ", "insert_rows_per_sec@InsertManyFast: ", "idle pickup", "physical limit: "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q", want)
 		}

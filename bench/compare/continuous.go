@@ -23,11 +23,13 @@ type ContinuousResult struct {
 	System            string  `json:"system"`
 	Rate              int     `json:"rate"` // jobs/s asked of the producer
 	Round             int     `json:"round"`
-	StatsFinishedFrac float64 `json:"stats_finished_frac"`
-	Inserted          int     `json:"inserted"`      // jobs inserted at the rate (the idle probe not counted)
-	AchievedRate      float64 `json:"achieved_rate"` // Inserted / the producer's elapsed time
-	Pickup            Dist    `json:"pickup"`
-	Complete          Dist    `json:"complete"`
+	StatsFinishedFrac float64 `json:"stats_finished_frac"` // as in Result
+	// StatsFinishedFracAfter is read once the rate's jobs are drained.
+	StatsFinishedFracAfter float64 `json:"stats_finished_frac_after"`
+	Inserted               int     `json:"inserted"`      // jobs inserted at the rate (the idle probe not counted)
+	AchievedRate           float64 `json:"achieved_rate"` // Inserted / the producer's elapsed time
+	Pickup                 Dist    `json:"pickup"`
+	Complete               Dist    `json:"complete"`
 	// InsertCall is the producer's InsertMany calls' own duration: the part
 	// of every latency before the rows are committed and visible.
 	InsertCall Dist `json:"insert_call"`
@@ -141,6 +143,7 @@ func runContinuousOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s se
 	if err := g.wait(ctx, o.runTimeout(inserted), progress, countAtLeast(inserted)); err != nil {
 		return res, fmt.Errorf("drain: %w", err)
 	}
+	res.StatsFinishedFracAfter = statsAfter(ctx, admin, o, system)
 
 	// Pickup after an idle period: the queue drained; leave it idle, then
 	// insert one job.

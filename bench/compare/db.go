@@ -292,6 +292,9 @@ func statsDelta(ctx context.Context, admin *pgxpool.Pool, a, b dbStats) (xacts i
 // small after a comparison).
 func emptyAll(ctx context.Context, admin *pgxpool.Pool, o *Options) error {
 	tables := append(o.tables(SystemRiver), o.tables(SystemGendurable)...)
-	_, err := admin.Exec(ctx, "TRUNCATE "+strings.Join(tables, ", "))
+	if _, err := admin.Exec(ctx, "TRUNCATE "+strings.Join(tables, ", ")); err != nil {
+		return err
+	}
+	_, err := admin.Exec(ctx, "DROP TABLE IF EXISTS "+o.limitTable())
 	return err
 }

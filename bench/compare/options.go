@@ -129,6 +129,12 @@ type Options struct {
 	// the library's defaults, Concurrency = ContinuousWorkers.
 	ContinuousGD gendurable.QueueConfig
 
+	// LimitDuration: in the throughput mode, once per round, measure the
+	// database's physical limit for this long (see LimitResult; 0: don't).
+	// LimitBatch is the rows per UPDATE (default 500).
+	LimitDuration time.Duration
+	LimitBatch    int
+
 	// InsertN is the number of rows each insert-mode run inserts (0: N).
 	InsertN int
 
@@ -174,6 +180,8 @@ func DefaultOptions() Options {
 		ContinuousWorkers:  100,
 		IdleWait:           11 * time.Second,
 		ContinuousSettle:   time.Second,
+		LimitDuration:      3 * time.Second,
+		LimitBatch:         500,
 	}
 }
 
@@ -211,6 +219,9 @@ func (o *Options) validate() error {
 			if _, err := parseSetting(s); err != nil {
 				return err
 			}
+		}
+		if o.LimitDuration < 0 || o.LimitDuration > 0 && (o.LimitBatch <= 0 || o.LimitBatch > limitRowsPerConn) {
+			return fmt.Errorf("limit: want a duration >= 0 and a batch of 1..%d", limitRowsPerConn)
 		}
 		for _, p := range o.Procs {
 			if p <= 0 || p > 16 {

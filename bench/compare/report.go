@@ -50,6 +50,15 @@ type Report struct {
 	Inserts       []InsertResult `json:"inserts"`
 	InsertMedians []InsertMedian `json:"insert_medians"`
 
+	// Limits: the physical limit, once per throughput round (LimitResult).
+	// LimitRowsPerSec is their median; LimitFraction* the best (one
+	// process) median jobs/s of each system over the job ceiling
+	// (LimitRowsPerSec / 2).
+	Limits                  []LimitResult `json:"limits"`
+	LimitRowsPerSec         Ratio         `json:"limit_rows_per_sec"`
+	LimitFractionGendurable Ratio         `json:"limit_fraction_gendurable"`
+	LimitFractionRiver      Ratio         `json:"limit_fraction_river"`
+
 	// RatioInsert: the throughput runs' insert phase (River's path as
 	// Options.RiverInsertFast says), every run of a system counted.
 	RatioInsert Ratio `json:"ratio_insert_rows_per_sec"`
@@ -222,6 +231,10 @@ func (r *Report) finish() {
 			func(x Result) float64 { return x.InsertRowsPerSec }))
 	}
 	r.RatioInsert = Ratio(insert(SystemGendurable) / insert(SystemRiver))
+	limit := median(collect(r.Limits, func(LimitResult) bool { return true }, func(x LimitResult) float64 { return x.RowsPerSec }))
+	r.LimitRowsPerSec = Ratio(limit)
+	r.LimitFractionGendurable = Ratio(median(jobs(SystemGendurable, best)) / (limit / 2))
+	r.LimitFractionRiver = Ratio(median(jobs(SystemRiver, best)) / (limit / 2))
 
 	r.ContinuousMedians = nil
 	var rates []int
@@ -274,6 +287,13 @@ func fmtLoad(x float64) string {
 	return strconv.FormatFloat(x, 'f', 2, 64)
 }
 
+func percent(x Ratio) string {
+	if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f%%", 100*float64(x))
+}
+
 func fmtMillis(x float64) string {
 	if x < 0 || math.IsNaN(x) {
 		return "-"
@@ -307,8 +327,8 @@ func (r *Report) WriteText(w io.Writer) error {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "system\tsetting\tprocs\tround\tstats done\tinsert rows/s\tjobs/s\twork s\tstart ms\tstop ms\txacts/job\tWAL B/job\tworker CPU µs/job\tmachine CPU µs/job\tload1\t")
 		for _, res := range r.Results {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t%.3f\t%.0f\t%.0f\t%.0f\t%s→%s\t\n",
-				res.System, res.Setting, res.Procs, res.Round, res.StatsFinishedFrac, res.InsertRowsPerSec, res.JobsPerSec, res.WorkSeconds,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%.2f→%.2f\t%.0f\t%.0f\t%.2f\t%.0f\t%.0f\t%.3f\t%.0f\t%.0f\t%.0f\t%s→%s\t\n",
+				res.System, res.Setting, res.Procs, res.Round, res.StatsFinishedFrac, res.StatsFinishedFracAfter, res.InsertRowsPerSec, res.JobsPerSec, res.WorkSeconds,
 				res.StartMillis, res.StopMillis, res.XactsPerJob, res.WALBytesPerJob,
 				res.ClientCPUMicrosPerJob, res.MachineCPUMicrosPerJob, fmtLoad(res.Load1Before), fmtLoad(res.Load1After))
 		}
@@ -329,6 +349,18 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 	}
 
+	if len(r.Limits) > 0 {
+		fmt.Fprintln(w)
+		l := r.Limits[0]
+		fmt.Fprintf(w, "physical limit: %d-row UPDATE … FROM unnest($1::bigint[]) by primary key changing an indexed status column, one transaction each, %d connections, %.0fs per round; a job costs two row writes: job ceiling = rows/s ÷ 2\n",
+			l.Batch, l.Conns, l.Seconds)
+		for _, x := range r.Limits {
+			fmt.Fprintf(w, "  round %d: %.0f rows/s, ceiling %.0f jobs/s (load1 %s)\n", x.Round, x.RowsPerSec, x.JobCeiling, fmtLoad(x.Load1))
+		}
+		fmt.Fprintf(w, "  median %s rows/s: best jobs/s at %s (gendurable) and %s (River) of the ceiling\n",
+			strconv.FormatFloat(float64(r.LimitRowsPerSec), 'f', 0, 64), percent(r.LimitFractionGendurable), percent(r.LimitFractionRiver))
+	}
+
 	if len(r.Continuous) > 0 {
 		fmt.Fprintln(w)
 		fmt.Fprintf(w, "continuous: producer process inserting at the rate for %gs, one worker process at library defaults (zero fields above: library defaults); latency ms from the producer's clock before its InsertMany call (whose own duration is \"insert call\") to the work function's entry (pickup) and to the completion event in the worker (complete); idle = one job after %gs idle\n",
@@ -336,8 +368,8 @@ func (r *Report) WriteText(w io.Writer) error {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "system\trate\tround\tstats done\tjobs\tachieved/s\tinsert call p50\tpickup p50\tpickup p99\tpickup max\tcomplete p50\tcomplete p99\tidle pickup\tidle complete\tload1\t")
 		for _, c := range r.Continuous {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s→%s\t\n",
-				c.System, c.Rate, c.Round, c.StatsFinishedFrac, c.Inserted, c.AchievedRate, fmtMillis(c.InsertCall.P50Milli),
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f→%.2f\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s→%s\t\n",
+				c.System, c.Rate, c.Round, c.StatsFinishedFrac, c.StatsFinishedFracAfter, c.Inserted, c.AchievedRate, fmtMillis(c.InsertCall.P50Milli),
 				fmtMillis(c.Pickup.P50Milli), fmtMillis(c.Pickup.P99Milli), fmtMillis(c.Pickup.MaxMilli),
 				fmtMillis(c.Complete.P50Milli), fmtMillis(c.Complete.P99Milli),
 				fmtMillis(c.IdlePickupMillis), fmtMillis(c.IdleCompleteMillis), fmtLoad(c.Load1Before), fmtLoad(c.Load1After))

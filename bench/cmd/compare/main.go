@@ -114,6 +114,9 @@ func run() error {
 	flag.DurationVar(&o.ContinuousSettle, "continuous-settle", o.ContinuousSettle, "continuous: pause between the worker process's Start and the first insert")
 	flag.DurationVar(&o.IdleWait, "idle-wait", o.IdleWait, "continuous: idle period before the one-job pickup probe (0: no probe)")
 
+	flag.DurationVar(&o.LimitDuration, "limit-duration", o.LimitDuration, "throughput: once per round, measure the physical limit (rows/s of -limit-batch-row UPDATE … FROM unnest by primary key on -pool-conns connections) for this long (0: skip)")
+	flag.IntVar(&o.LimitBatch, "limit-batch", o.LimitBatch, "throughput: rows per UPDATE of the physical-limit measurement")
+
 	flag.IntVar(&o.InsertN, "insert-n", o.InsertN, "insert: rows per run (0: -n)")
 
 	flag.DurationVar(&o.RunTimeout, "run-timeout", o.RunTimeout, "bound on one run's work phase (0: 60s + 2ms per job)")
