@@ -74,7 +74,8 @@ func insertRange(ctx context.Context, o *Options, p producer, from, to int) erro
 	return nil
 }
 
-// producerPoolConns: the producer inserts one batch at a time.
+// producerPoolConns: the bulk producer inserts one batch at a time; the
+// continuous producer keeps up to ContinuousInserters calls in flight.
 const producerPoolConns = 2
 
 func dbCounts(ctx context.Context, admin *pgxpool.Pool, o *Options, system string) (done, total int64, err error) {
@@ -185,8 +186,8 @@ func (o *Options) workerSpecFor(system string, s setting, expect int) workerSpec
 
 // openProducer opens the producer's pool (all connections up front) and
 // its insert-only client or engine.
-func openProducer(ctx context.Context, o *Options, system string, riverFast bool) (producer, *pgxpool.Pool, error) {
-	pool, err := openPool(ctx, o, producerPoolConns, "gendurable-bench-producer-"+system)
+func openProducer(ctx context.Context, o *Options, system string, riverFast bool, conns int32) (producer, *pgxpool.Pool, error) {
+	pool, err := openPool(ctx, o, conns, "gendurable-bench-producer-"+system)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -212,7 +213,7 @@ func runOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s setting, pro
 		return res, err
 	}
 	defer g.kill()
-	prod, pool, err := openProducer(ctx, o, system, o.RiverInsertFast)
+	prod, pool, err := openProducer(ctx, o, system, o.RiverInsertFast, producerPoolConns)
 	if err != nil {
 		return res, err
 	}

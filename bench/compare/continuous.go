@@ -3,6 +3,7 @@ package compare
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -78,7 +79,7 @@ func runContinuousOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s se
 		return res, err
 	}
 	defer g.kill()
-	prod, pool, err := openProducer(ctx, o, system, false)
+	prod, pool, err := openProducer(ctx, o, system, false, int32(o.ContinuousInserters))
 	if err != nil {
 		return res, err
 	}
@@ -97,43 +98,76 @@ func runContinuousOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s se
 		return res, ctx.Err()
 	}
 
-	// The producer: every tick, insert what the rate asks for by now (one
-	// InsertMany, at most InsertBatch rows).
+	// The producer: every tick, hand the rows the rate asks for by now to a
+	// free inserter (one InsertMany each, at most InsertBatch rows); while
+	// every inserter is busy, the rows wait for the next tick.
+	type batch struct{ from, n int }
+	batches := make(chan batch)
+	var (
+		mu       sync.Mutex
+		calls    []time.Duration
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	for range o.ContinuousInserters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var args []NoopArgs
+			for b := range batches {
+				args = args[:0]
+				ins := time.Now().UnixNano()
+				for i := range b.n {
+					args = append(args, NoopArgs{Num: b.from + i, Ins: ins})
+				}
+				err := prod.insert(ctx, args)
+				d := time.Since(time.Unix(0, ins))
+				mu.Lock()
+				calls = append(calls, d)
+				if err != nil && firstErr == nil {
+					firstErr = err
+				}
+				mu.Unlock()
+			}
+		}()
+	}
 	tick := time.NewTicker(o.ContinuousTick)
 	t0 := time.Now()
-	inserted := 0
-	var args []NoopArgs
-	var calls []time.Duration
+	dispatched := 0
+produce:
 	for {
 		elapsed := time.Since(t0)
 		if elapsed >= o.ContinuousDuration {
 			break
 		}
 		want := int(float64(rate) * elapsed.Seconds())
-		if n := min(want-inserted, o.InsertBatch); n > 0 {
-			args = args[:0]
-			ins := time.Now().UnixNano()
-			for i := range n {
-				args = append(args, NoopArgs{Num: inserted + i, Ins: ins})
+		if n := min(want-dispatched, o.InsertBatch); n > 0 {
+			select {
+			case batches <- batch{dispatched, n}:
+				dispatched += n
+			default:
 			}
-			if err := prod.insert(ctx, args); err != nil {
-				tick.Stop()
-				return res, err
-			}
-			calls = append(calls, time.Since(time.Unix(0, ins)))
-			inserted += n
 		}
 		select {
 		case <-tick.C:
 		case <-ctx.Done():
-			tick.Stop()
-			return res, ctx.Err()
+			break produce
 		}
 	}
 	tick.Stop()
+	close(batches)
+	wg.Wait()
+	elapsed := time.Since(t0)
+	if err := ctx.Err(); err != nil {
+		return res, err
+	}
+	if firstErr != nil {
+		return res, firstErr
+	}
+	inserted := dispatched
 	res.Inserted = inserted
+	res.AchievedRate = float64(inserted) / elapsed.Seconds()
 	res.InsertCall = dist(calls)
-	res.AchievedRate = float64(inserted) / time.Since(t0).Seconds()
 	countAtLeast := func(n int) func() bool {
 		return func() bool { return g.procs[0].count >= int64(n) }
 	}

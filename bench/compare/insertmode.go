@@ -55,7 +55,7 @@ func runInsertOne(ctx context.Context, o *Options, admin *pgxpool.Pool, path str
 	if res.StatsFinishedFrac, err = reset(ctx, admin, o, system); err != nil {
 		return res, err
 	}
-	prod, pool, err := openProducer(ctx, o, system, path == PathRiverInsertManyFast)
+	prod, pool, err := openProducer(ctx, o, system, path == PathRiverInsertManyFast, producerPoolConns)
 	if err != nil {
 		return res, err
 	}

@@ -120,7 +120,11 @@ type Options struct {
 	ContinuousDuration time.Duration
 	ContinuousTick     time.Duration
 	ContinuousWorkers  int
-	IdleWait           time.Duration
+	// ContinuousInserters is how many InsertMany calls the producer keeps
+	// in flight at most (its pool's size), so that one slow call does not
+	// hold the rate back.
+	ContinuousInserters int
+	IdleWait            time.Duration
 	// ContinuousSettle is the pause between the worker's Start and the
 	// producer's first insert.
 	ContinuousSettle time.Duration
@@ -173,15 +177,16 @@ func DefaultOptions() Options {
 			MinDemand:    1000,
 			PollInterval: 20 * time.Millisecond,
 		},
-		GDEqual:            gendurable.QueueConfig{},
-		Rates:              []int{2000, 8000},
-		ContinuousDuration: 10 * time.Second,
-		ContinuousTick:     10 * time.Millisecond,
-		ContinuousWorkers:  100,
-		IdleWait:           11 * time.Second,
-		ContinuousSettle:   time.Second,
-		LimitDuration:      3 * time.Second,
-		LimitBatch:         500,
+		GDEqual:             gendurable.QueueConfig{},
+		Rates:               []int{2000, 8000},
+		ContinuousDuration:  10 * time.Second,
+		ContinuousTick:      10 * time.Millisecond,
+		ContinuousWorkers:   1000,
+		ContinuousInserters: 4,
+		IdleWait:            11 * time.Second,
+		ContinuousSettle:    time.Second,
+		LimitDuration:       3 * time.Second,
+		LimitBatch:          500,
 	}
 }
 
@@ -237,6 +242,8 @@ func (o *Options) validate() error {
 			return errors.New("continuous duration and tick must be positive")
 		case o.ContinuousWorkers <= 0:
 			return errors.New("continuous workers must be positive")
+		case o.ContinuousInserters <= 0 || o.ContinuousInserters > 8:
+			return errors.New("continuous inserters: want 1..8")
 		case o.IdleWait < 0 || o.ContinuousSettle < 0:
 			return errors.New("idle wait and settle must not be negative")
 		}
