@@ -58,6 +58,7 @@ func testOptions(t *testing.T) Options {
 	o.ContinuousWorkers = 10
 	o.IdleWait = 300 * time.Millisecond
 	o.ContinuousSettle = 200 * time.Millisecond
+	o.ContinuousWarmup = 100 * time.Millisecond
 	// Library defaults would leave an idle queue unpolled for up to 5 s.
 	o.ContinuousGD = gendurable.QueueConfig{PollInterval: 50 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond}
 	o.InsertN = 150
@@ -118,7 +119,8 @@ func TestRunSmall(t *testing.T) {
 		t.Fatalf("%d continuous results, want %d", got, want)
 	}
 	for _, c := range rep.Continuous {
-		if c.Inserted == 0 || c.Pickup.N != c.Inserted || c.Complete.N != c.Inserted || c.Anomalies != 0 {
+		steady := c.Inserted - c.WarmupJobs
+		if c.Inserted == 0 || steady <= 0 || c.Pickup.N != steady || c.Complete.N != steady || c.Anomalies != 0 {
 			t.Errorf("bad continuous result %+v", c)
 		}
 		if c.Pickup.P50Milli < 0 || c.Complete.P50Milli < c.Pickup.P50Milli-1e-9 && c.Complete.N > 1 {
@@ -291,7 +293,9 @@ func TestDist(t *testing.T) {
 	l := newLatencyRec()
 	l.picked(1, NoopArgs{Num: 0, Ins: 1})
 	l.picked(2, NoopArgs{Num: idleNum, Ins: 1})
-	l.picked(3, NoopArgs{Num: 1}) // no timestamp: not measured
+	l.picked(3, NoopArgs{Num: 1})                       // no timestamp: not measured
+	l.picked(4, NoopArgs{Num: 2, Ins: 1, Warmup: true}) // warm-up: not measured
+	l.completed(4, 9)
 	l.completed(1, 5)
 	l.completed(2, 7)
 	l.completed(3, 9)

@@ -13,7 +13,8 @@ import (
 // process) inserting at a fixed rate into a queue worked by one worker
 // process at library defaults.
 //
-// Latencies are measured from NoopArgs.Ins, the producer's wall clock just
+// Latencies are measured, over the jobs inserted after the warm-up
+// (ContinuousWarmup: the queue goes from idle to busy), from NoopArgs.Ins, the producer's wall clock just
 // before the InsertMany call that carried the job (the insert's commit comes
 // after it, so pickup includes the insert statement itself): pickup = entry
 // of the work function in the worker process; completion = arrival of the
@@ -28,6 +29,7 @@ type ContinuousResult struct {
 	// StatsFinishedFracAfter is read once the rate's jobs are drained.
 	StatsFinishedFracAfter float64 `json:"stats_finished_frac_after"`
 	Inserted               int     `json:"inserted"`      // jobs inserted at the rate (the idle probe not counted)
+	WarmupJobs             int     `json:"warmup_jobs"`   // of which inserted during the warm-up: not in the latency figures
 	AchievedRate           float64 `json:"achieved_rate"` // Inserted / the producer's elapsed time
 	Pickup                 Dist    `json:"pickup"`
 	Complete               Dist    `json:"complete"`
@@ -101,7 +103,10 @@ func runContinuousOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s se
 	// The producer: every tick, hand the rows the rate asks for by now to a
 	// free inserter (one InsertMany each, at most InsertBatch rows); while
 	// every inserter is busy, the rows wait for the next tick.
-	type batch struct{ from, n int }
+	type batch struct {
+		from, n int
+		warmup  bool
+	}
 	batches := make(chan batch)
 	var (
 		mu       sync.Mutex
@@ -118,7 +123,7 @@ func runContinuousOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s se
 				args = args[:0]
 				ins := time.Now().UnixNano()
 				for i := range b.n {
-					args = append(args, NoopArgs{Num: b.from + i, Ins: ins})
+					args = append(args, NoopArgs{Num: b.from + i, Ins: ins, Warmup: b.warmup})
 				}
 				err := prod.insert(ctx, args)
 				d := time.Since(time.Unix(0, ins))
@@ -133,7 +138,7 @@ func runContinuousOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s se
 	}
 	tick := time.NewTicker(o.ContinuousTick)
 	t0 := time.Now()
-	dispatched := 0
+	dispatched, warmupJobs := 0, 0
 produce:
 	for {
 		elapsed := time.Since(t0)
@@ -142,9 +147,13 @@ produce:
 		}
 		want := int(float64(rate) * elapsed.Seconds())
 		if n := min(want-dispatched, o.InsertBatch); n > 0 {
+			warm := elapsed < o.ContinuousWarmup
 			select {
-			case batches <- batch{dispatched, n}:
+			case batches <- batch{dispatched, n, warm}:
 				dispatched += n
+				if warm {
+					warmupJobs += n
+				}
 			default:
 			}
 		}
@@ -165,7 +174,7 @@ produce:
 		return res, firstErr
 	}
 	inserted := dispatched
-	res.Inserted = inserted
+	res.Inserted, res.WarmupJobs = inserted, warmupJobs
 	res.AchievedRate = float64(inserted) / elapsed.Seconds()
 	res.InsertCall = dist(calls)
 	countAtLeast := func(n int) func() bool {

@@ -125,6 +125,10 @@ type Options struct {
 	// hold the rate back.
 	ContinuousInserters int
 	IdleWait            time.Duration
+	// ContinuousWarmup: jobs inserted during the first ContinuousWarmup of
+	// the producer's run are worked but left out of the latency figures
+	// (the idle-to-busy transition; pickup after idle is measured apart).
+	ContinuousWarmup time.Duration
 	// ContinuousSettle is the pause between the worker's Start and the
 	// producer's first insert.
 	ContinuousSettle time.Duration
@@ -244,8 +248,8 @@ func (o *Options) validate() error {
 			return errors.New("continuous workers must be positive")
 		case o.ContinuousInserters <= 0 || o.ContinuousInserters > 8:
 			return errors.New("continuous inserters: want 1..8")
-		case o.IdleWait < 0 || o.ContinuousSettle < 0:
-			return errors.New("idle wait and settle must not be negative")
+		case o.IdleWait < 0 || o.ContinuousSettle < 0 || o.ContinuousWarmup < 0 || o.ContinuousWarmup >= o.ContinuousDuration:
+			return errors.New("idle wait, settle and warm-up must not be negative; warm-up shorter than the duration")
 		}
 		for _, r := range o.Rates {
 			if r <= 0 {

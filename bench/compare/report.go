@@ -112,22 +112,23 @@ type InsertMedian struct {
 
 // OptionsSummary records what ran.
 type OptionsSummary struct {
-	Database        string            `json:"database"`
-	Modes           []string          `json:"modes"`
-	N               int               `json:"n"`
-	Rounds          int               `json:"rounds"`
-	InsertBatch     int               `json:"insert_batch"`
-	InsertN         int               `json:"insert_n"`
-	Concurrent      bool              `json:"concurrent_insert"`
-	RiverInsertFast bool              `json:"river_insert_fast"`
-	FreshStats      bool              `json:"fresh_stats"`
-	StatsRows       int               `json:"stats_rows"`
-	PoolConns       int32             `json:"pool_conns"`
-	Cases           []string          `json:"cases"`
-	Rates           []int             `json:"rates"`
-	ContinuousSecs  float64           `json:"continuous_seconds"`
-	IdleWaitSecs    float64           `json:"idle_wait_seconds"`
-	Configs         map[string]string `json:"configs"` // "system/setting" → configuration
+	Database             string            `json:"database"`
+	Modes                []string          `json:"modes"`
+	N                    int               `json:"n"`
+	Rounds               int               `json:"rounds"`
+	InsertBatch          int               `json:"insert_batch"`
+	InsertN              int               `json:"insert_n"`
+	Concurrent           bool              `json:"concurrent_insert"`
+	RiverInsertFast      bool              `json:"river_insert_fast"`
+	FreshStats           bool              `json:"fresh_stats"`
+	StatsRows            int               `json:"stats_rows"`
+	PoolConns            int32             `json:"pool_conns"`
+	Cases                []string          `json:"cases"`
+	Rates                []int             `json:"rates"`
+	ContinuousSecs       float64           `json:"continuous_seconds"`
+	ContinuousWarmupSecs float64           `json:"continuous_warmup_seconds"`
+	IdleWaitSecs         float64           `json:"idle_wait_seconds"`
+	Configs              map[string]string `json:"configs"` // "system/setting" → configuration
 }
 
 func summarize(o *Options) OptionsSummary {
@@ -135,7 +136,7 @@ func summarize(o *Options) OptionsSummary {
 		Database: o.Database, Modes: o.Modes, N: o.N, Rounds: o.Rounds, InsertBatch: o.InsertBatch,
 		InsertN: o.insertN(), Concurrent: o.Concurrent, RiverInsertFast: o.RiverInsertFast,
 		FreshStats: o.FreshStats, StatsRows: o.StatsRows, PoolConns: o.PoolConns,
-		Rates: o.Rates, ContinuousSecs: o.ContinuousDuration.Seconds(), IdleWaitSecs: o.IdleWait.Seconds(),
+		Rates: o.Rates, ContinuousSecs: o.ContinuousDuration.Seconds(), ContinuousWarmupSecs: o.ContinuousWarmup.Seconds(), IdleWaitSecs: o.IdleWait.Seconds(),
 		Configs: map[string]string{},
 	}
 	if cfg, err := poolConfig(o, o.PoolConns, ""); err == nil {
@@ -363,13 +364,13 @@ func (r *Report) WriteText(w io.Writer) error {
 
 	if len(r.Continuous) > 0 {
 		fmt.Fprintln(w)
-		fmt.Fprintf(w, "continuous: producer process inserting at the rate for %gs, one worker process at library defaults (zero fields above: library defaults); latency ms from the producer's clock before its InsertMany call (whose own duration is \"insert call\") to the work function's entry (pickup) and to the completion event in the worker (complete); idle = one job after %gs idle\n",
-			o.ContinuousSecs, o.IdleWaitSecs)
+		fmt.Fprintf(w, "continuous: producer process inserting at the rate for %gs (the first %gs a warm-up, not in the latencies), one worker process at library defaults (zero fields above: library defaults); latency ms from the producer's clock before its InsertMany call (whose own duration is \"insert call\") to the work function's entry (pickup) and to the completion event in the worker (complete); idle = one job after %gs idle\n",
+			o.ContinuousSecs, o.ContinuousWarmupSecs, o.IdleWaitSecs)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "system\trate\tround\tstats done\tjobs\tachieved/s\tinsert call p50\tpickup p50\tpickup p99\tpickup max\tcomplete p50\tcomplete p99\tidle pickup\tidle complete\tload1\t")
+		fmt.Fprintln(tw, "system\trate\tround\tstats done\tjobs\twarm-up\tachieved/s\tinsert call p50\tpickup p50\tpickup p99\tpickup max\tcomplete p50\tcomplete p99\tidle pickup\tidle complete\tload1\t")
 		for _, c := range r.Continuous {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f→%.2f\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s→%s\t\n",
-				c.System, c.Rate, c.Round, c.StatsFinishedFrac, c.StatsFinishedFracAfter, c.Inserted, c.AchievedRate, fmtMillis(c.InsertCall.P50Milli),
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f→%.2f\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s→%s\t\n",
+				c.System, c.Rate, c.Round, c.StatsFinishedFrac, c.StatsFinishedFracAfter, c.Inserted, c.WarmupJobs, c.AchievedRate, fmtMillis(c.InsertCall.P50Milli),
 				fmtMillis(c.Pickup.P50Milli), fmtMillis(c.Pickup.P99Milli), fmtMillis(c.Pickup.MaxMilli),
 				fmtMillis(c.Complete.P50Milli), fmtMillis(c.Complete.P99Milli),
 				fmtMillis(c.IdlePickupMillis), fmtMillis(c.IdleCompleteMillis), fmtLoad(c.Load1Before), fmtLoad(c.Load1After))

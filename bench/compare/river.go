@@ -22,6 +22,9 @@ type NoopArgs struct {
 	// insert call that carried the job: set in the continuous mode only,
 	// where latencies are measured from it (same machine, same clock).
 	Ins int64 `json:"ins,omitempty"`
+	// Warmup marks a continuous-mode job inserted during the warm-up: worked
+	// and awaited like the others, left out of the latency figures.
+	Warmup bool `json:"warmup,omitempty"`
 }
 
 // Kind is River's job kind.

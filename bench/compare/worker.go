@@ -206,7 +206,7 @@ func newLatencyRec() *latencyRec {
 
 func (l *latencyRec) picked(id int64, a NoopArgs) {
 	now := time.Now().UnixNano()
-	if a.Ins == 0 {
+	if a.Ins == 0 || a.Warmup {
 		return
 	}
 	l.mu.Lock()

@@ -112,6 +112,7 @@ func run() error {
 	flag.DurationVar(&o.ContinuousTick, "continuous-tick", o.ContinuousTick, "continuous: interval between the producer's InsertMany calls")
 	flag.IntVar(&o.ContinuousWorkers, "continuous-workers", o.ContinuousWorkers, "continuous: River MaxWorkers and gendurable Concurrency (everything else at library defaults)")
 	flag.IntVar(&o.ContinuousInserters, "continuous-inserters", o.ContinuousInserters, "continuous: InsertMany calls the producer keeps in flight at most (its pool size)")
+	flag.DurationVar(&o.ContinuousWarmup, "continuous-warmup", o.ContinuousWarmup, "continuous: jobs inserted during this first part of the producer's run are worked but left out of the latencies")
 	flag.DurationVar(&o.ContinuousSettle, "continuous-settle", o.ContinuousSettle, "continuous: pause between the worker process's Start and the first insert")
 	flag.DurationVar(&o.IdleWait, "idle-wait", o.IdleWait, "continuous: idle period before the one-job pickup probe (0: no probe)")
 
