@@ -189,6 +189,7 @@ func DefaultOptions() Options {
 		ContinuousInserters: 4,
 		IdleWait:            11 * time.Second,
 		ContinuousSettle:    time.Second,
+		ContinuousWarmup:    time.Second,
 		LimitDuration:       3 * time.Second,
 		LimitBatch:          500,
 	}
