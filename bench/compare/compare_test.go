@@ -321,6 +321,11 @@ func TestCases(t *testing.T) {
 	if err := o.validate(); err == nil {
 		t.Error("bad setting accepted")
 	}
+	o = DefaultOptions()
+	o.Procs = []int{1, 9} // 90 connections
+	if err := o.validate(); err == nil {
+		t.Error("too many connections accepted")
+	}
 	d := DefaultOptions()
 	s := d.setting("10")
 	if s.riverMaxWorkers != 10 || s.gd.Concurrency != 10 || s.gd.MinDemand != 10 {

@@ -57,10 +57,13 @@ func runContinuous(ctx context.Context, o *Options, admin *pgxpool.Pool, rep *Re
 					return fmt.Errorf("continuous %s %d/s round %d: %w", system, rate, round, err)
 				}
 				rep.Continuous = append(rep.Continuous, res)
-				fmt.Fprintf(o.Progress, "  %d jobs at %.0f/s (InsertMany call p50 %.1fms): pickup p50 %.1fms p99 %.1fms, completion p50 %.1fms p99 %.1fms; after %.0fs idle: pickup %.1fms completion %.1fms; load1 %.2f→%.2f\n",
+				fmt.Fprintf(o.Progress, "  %d jobs at %.0f/s (InsertMany call p50 %.1fms): pickup p50 %.1fms p99 %.1fms, completion p50 %.1fms p99 %.1fms; load1 %.2f→%.2f\n",
 					res.Inserted, res.AchievedRate, res.InsertCall.P50Milli, res.Pickup.P50Milli, res.Pickup.P99Milli,
-					res.Complete.P50Milli, res.Complete.P99Milli, res.IdleWaitSeconds,
-					res.IdlePickupMillis, res.IdleCompleteMillis, res.Load1Before, res.Load1After)
+					res.Complete.P50Milli, res.Complete.P99Milli, res.Load1Before, res.Load1After)
+				if o.IdleWait > 0 {
+					fmt.Fprintf(o.Progress, "  after %gs idle: pickup %.1fms, completion %.1fms\n",
+						res.IdleWaitSeconds, res.IdlePickupMillis, res.IdleCompleteMillis)
+				}
 			}
 		}
 	}

@@ -46,6 +46,10 @@ const (
 	ModeInsert     = "insert"
 )
 
+// maxWorkerConns bounds the worker processes' connections together
+// (processes × PoolConns): the server's max_connections is shared.
+const maxWorkerConns = 80
+
 // DefaultDatabaseURL is the maintenance connection used when none is given.
 const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 
@@ -233,9 +237,13 @@ func (o *Options) validate() error {
 		if o.LimitDuration < 0 || o.LimitDuration > 0 && (o.LimitBatch <= 0 || o.LimitBatch > limitRowsPerConn) {
 			return fmt.Errorf("limit: want a duration >= 0 and a batch of 1..%d", limitRowsPerConn)
 		}
+		conns := int(o.PoolConns)
+		if conns <= 0 {
+			conns = 4 // pgxpool's default on this kind of machine; a guess elsewhere
+		}
 		for _, p := range o.Procs {
-			if p <= 0 || p > 16 {
-				return fmt.Errorf("process count %d: want 1..16", p)
+			if p <= 0 || p*conns > maxWorkerConns {
+				return fmt.Errorf("process count %d: want 1.. with processes × pool conns (%d) <= %d (the server is shared)", p, conns, maxWorkerConns)
 			}
 		}
 	}
