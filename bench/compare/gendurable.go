@@ -13,8 +13,9 @@ import (
 	"github.com/gendurable/gendurable"
 )
 
-// gdNoop is the gendurable side of the no-op job. A worker process replaces
-// Perform's latency recording through gdPerform.
+// gdNoop is the gendurable side of the no-op job, as the producer registers
+// it; a worker process registers the same name with a Perform that records
+// latencies when asked to (newGDWorker).
 var gdNoop = &gendurable.Job[NoopArgs]{
 	Name:    "bench_noop",
 	Perform: func(context.Context, *gendurable.Run[NoopArgs]) error { return nil },
