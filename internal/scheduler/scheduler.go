@@ -174,6 +174,11 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 	// before retryAt: kicks and poll ticks wait too, so a feeder does not
 	// hammer a database that is coming back up.
 	var retryAt time.Time
+	// pollAt is when the poll timer fires next. It moves only when a pick
+	// or a tick happens: kicks (every finished step sends one) must not
+	// restart it, or a busy feeder would never look for other processes'
+	// inserts.
+	pollAt := time.Now().Add(interval)
 	failures := 0
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -220,6 +225,7 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 			default:
 				failures = 0
 			}
+			pollAt = time.Now().Add(interval)
 			if full {
 				s.mu.Lock()
 				s.more = true
@@ -235,13 +241,13 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 			}
 		}
 
-		resetTimer(timer, max(interval, time.Until(retryAt)))
+		resetTimer(timer, max(time.Until(pollAt), time.Until(retryAt), 0))
 		select {
 		case <-pickCtx.Done():
 		case <-s.kick:
-			interval = s.cfg.PollInterval
 			continue
 		case <-timer.C:
+			pollAt = time.Now().Add(interval)
 			s.mu.Lock()
 			s.more = true // the poll tick: look again
 			s.mu.Unlock()
