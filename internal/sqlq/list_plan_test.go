@@ -52,7 +52,7 @@ func TestListPlansAreIndexDrivenAndBounded(t *testing.T) {
 					require.Equal(t, low, win.Low)
 				}}
 			}
-			runSelectPlanCases(t, []planCase{
+			runPlanCases(t, []planCase{
 				page("first-page", 4*limit, limit, 0, sqlq.ListFilter{}),
 				page("dense-filter", 4*limit, limit, 0, sqlq.ListFilter{Status: str("awaiting_signal"), Step: str("w")}),
 				page("search-id", 100, 1, 0, sqlq.ListFilter{Search: str("123456"), SearchID: id(123456)}),
@@ -65,28 +65,5 @@ func TestListPlansAreIndexDrivenAndBounded(t *testing.T) {
 				page("window-end-matches", scan+100, 1, maxID-scan+1, sqlq.ListFilter{Before: id(maxID + 1), Step: str(lastStep)}),
 			})
 		})
-	}
-}
-
-// runSelectPlanCases is runPlanCases for SELECT statements: the executor of
-// a SELECT's unnamed portal inside a transaction ends (and auto_explain
-// reports its plan) only when the portal is dropped, so the plan is read
-// after the rollback.
-func runSelectPlanCases(t *testing.T, cases []planCase) {
-	t.Helper()
-	ctx := context.Background()
-	conn, rec := explainConn(t)
-	for _, cacheMode := range []string{"force_custom_plan", "force_generic_plan"} {
-		_, err := conn.Exec(ctx, "SET plan_cache_mode = "+cacheMode)
-		require.NoError(t, err)
-		for _, c := range cases {
-			tx, err := conn.Begin(ctx)
-			require.NoError(t, err)
-			rec.reset()
-			c.run(t, tx)
-			require.NoError(t, tx.Rollback(ctx))
-			plan := rec.last(t)
-			t.Run(c.name+"/"+cacheMode, func(t *testing.T) { checkPlan(t, plan, c.bound) })
-		}
 	}
 }
