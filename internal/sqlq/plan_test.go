@@ -256,7 +256,10 @@ type planCase struct {
 // that touches more rows than the statement's input justifies.
 func checkPlan(t *testing.T, plan planNode, bound float64) {
 	t.Helper()
+	most := 0.0
+	defer func() { t.Logf("most rows one node touched: %v (bound %v)", most, bound) }()
 	plan.walk(func(n planNode) {
+		most = max(most, n.touched(), n.RemovedByJoin*n.Loops)
 		ours := strings.HasPrefix(n.Relation, "gendurable_") || strings.HasPrefix(n.Index, "gendurable_")
 		if ours {
 			require.NotEqual(t, "Seq Scan", n.NodeType, "sequential scan of %s:\n%s", n.Relation, plan)
