@@ -111,8 +111,9 @@
 // recorded on the row (step, attempt, time, message; the last 20 are kept).
 //
 // A crash is different: no outcome is written, the lease expires, and the
-// reaper returns the row to runnable with attempt + 1 without calling Handle.
-// After MaxAttempts expired leases the reaper fails the instance.
+// reaper returns the row to runnable with attempt + 1 without calling Handle,
+// in its old place in the backlog (its eligible_at is kept). After
+// MaxAttempts expired leases the reaper fails the instance.
 //
 // Every claim gets a fresh fencing token. Outcomes and heartbeats apply only
 // while the token still matches, so a worker whose lease was reaped (a zombie
