@@ -2,11 +2,14 @@ package gendurable_test
 
 import (
 	"context"
+	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -59,4 +62,120 @@ func TestReapedRowKeepsItsPlaceInTheBacklog(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, reaped, order[0], "the reaped row ran after the backlog: %v", order)
+}
+
+// TestWithTxWaitingOnALockKeepsItsClaim: a WithTx callback waits on a row
+// another transaction holds for three leases. Its worker is alive and
+// heartbeats the claim all along, so the transaction must not be given up
+// after one lease (the step would run again, reaped, with attempt + 1): it
+// commits once the lock is released, on the first attempt.
+func TestWithTxWaitingOnALockKeepsItsClaim(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	var schema string
+	waiting := make(chan struct{}, 10)
+	m := &gendurable.Machine[orderArgs]{
+		Name: "contended", Start: "pay",
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				runs.Add(1)
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					waiting <- struct{}{}
+					_, err := tx.Exec(ctx, "UPDATE "+schema+".contended SET n = n + 1 WHERE id = 1")
+					return err
+				}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+	b := setup(t, cfg)
+	schema = b.schema
+	b.exec(`CREATE TABLE {{s}}.contended (id int PRIMARY KEY, n int NOT NULL)`)
+	b.exec(`INSERT INTO {{s}}.contended VALUES (1, 0)`)
+
+	ctx := context.Background()
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, replaceSchema(`UPDATE {{s}}.contended SET n = n + 100 WHERE id = 1`, b.schema))
+	require.NoError(t, err)
+
+	b.start()
+	id := b.insert(m.New(orderArgs{}))
+	select {
+	case <-waiting:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the step never ran")
+	}
+	time.Sleep(3 * time.Second) // three leases
+	require.NoError(t, holder.Rollback(ctx))
+
+	r := b.waitStatus(id, "done", 20*time.Second)
+	require.Equal(t, 0, r.Attempt, "the waiting transaction was given up and the step reaped: %v", r.Errors)
+	require.Empty(t, r.Errors)
+	require.Equal(t, int32(1), runs.Load(), "the step ran again")
+	require.Equal(t, 1, b.count(`SELECT n FROM {{s}}.contended WHERE id = 1`))
+}
+
+// TestWithTxConnectionFailureCostsNoAttempt: the backend of a WithTx
+// transaction is terminated (pg_terminate_backend, as an administrator or a
+// failover would) while its callback runs. That is no failure of the step:
+// with MaxAttempts 1 the instance must not fail; the step runs again without
+// counting an attempt, and the error history and the StepEvent say
+// "infrastructure".
+func TestWithTxConnectionFailureCostsNoAttempt(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	var b *testBundle
+	m := &gendurable.Machine[orderArgs]{
+		Name: "terminated", Start: "pay",
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				n := runs.Add(1)
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					if n > 1 {
+						return nil
+					}
+					var pid int
+					if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+						return err
+					}
+					if _, err := b.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+						return err
+					}
+					for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+						var alive bool
+						if err := b.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", pid).Scan(&alive); err != nil {
+							return err
+						}
+						if !alive {
+							break
+						}
+					}
+					_, err := tx.Exec(ctx, "SELECT 1")
+					return err
+				}), nil
+			},
+		},
+	}
+	events := &eventLog{}
+	cfg := fastConfig("", m)
+	cfg.Hooks = []gendurable.Hook{events}
+	b = setup(t, cfg)
+	b.start()
+	res, err := b.eng.Insert(context.Background(), m.New(orderArgs{}).With(gendurable.InsertOpts{MaxAttempts: 1}))
+	require.NoError(t, err)
+
+	eventually(t, 20*time.Second, func() bool { return gendurable.Status(b.row(res.ID).Status).Terminal() }, "instance not finished")
+	r := b.row(res.ID)
+	require.Equal(t, "done", r.Status, "errors: %v", r.Errors)
+	require.Equal(t, 0, r.Attempt)
+	require.Equal(t, int32(2), runs.Load())
+	require.Len(t, r.Errors, 1)
+	require.Equal(t, "infrastructure", r.Errors[0]["kind"], "%v", r.Errors)
+	ev, ok := findEvent(events, func(e *gendurable.StepEvent) bool { return e.InstanceID == res.ID && e.Err != nil })
+	require.True(t, ok, "no StepEvent with the error")
+	require.True(t, errors.Is(ev.Err, gendurable.ErrInfrastructure), "StepEvent.Err = %v", ev.Err)
+	require.Equal(t, "replay", ev.Outcome)
 }
