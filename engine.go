@@ -706,9 +706,14 @@ func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *exec
 	if err != nil {
 		return nil, nil, err
 	}
+	// Without a deadline, a connection that died silently (half-open after
+	// a failover) would keep the claim forever: watch its server session.
+	ctx, gone := context.WithCancelCause(ctx)
+	fnCtx, fnGone := context.WithCancelCause(stepCtx)
+	defer e.watchTx(tx.Conn().PgConn().PID(), func() { gone(errTxGone); fnGone(errTxGone) })()
 	defer func() { _ = tx.Rollback(ctx) }()
-	if fnErr := safely(func() error { return res.txFn(stepCtx, tx) }); fnErr != nil {
-		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed()) {
+	if fnErr := safely(func() error { return res.txFn(fnCtx, tx) }); fnErr != nil {
+		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
 			fnErr = fmt.Errorf("%w: the step's transaction failed on its connection: %w", ErrInfrastructure, fnErr)
 		}
 		return nil, fnErr, nil
@@ -726,6 +731,40 @@ func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *exec
 	// before this worker lets go of its claim.
 	h.Committing()
 	return &rows[0], nil, tx.Commit(ctx)
+}
+
+// errTxGone: the server session of a WithTx transaction no longer exists.
+var errTxGone = errors.New("gendurable: the transaction's server session is gone")
+
+// watchTx checks once per lease, while a WithTx transaction runs, that its
+// server session (backend pid) still exists, and calls gone once if it does
+// not. A check that fails (the database is unreachable) proves nothing: the
+// heartbeat gives the claim up if that lasts a lease. The returned func
+// stops the watch and waits for it.
+func (e *Engine) watchTx(pid uint32, gone func()) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(e.cfg.LeaseDuration)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			qctx, qcancel := context.WithTimeout(ctx, e.cfg.HeartbeatInterval)
+			var alive bool
+			err := e.pool.QueryRow(qctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int64(pid)).Scan(&alive)
+			qcancel()
+			if err == nil && !alive {
+				gone()
+				return
+			}
+		}
+	}()
+	return func() { cancel(); <-exited }
 }
 
 // connectionFailure reports an error that says the connection or the
