@@ -3,13 +3,17 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -178,4 +182,141 @@ func TestWithTxConnectionFailureCostsNoAttempt(t *testing.T) {
 	require.True(t, ok, "no StepEvent with the error")
 	require.True(t, errors.Is(ev.Err, gendurable.ErrInfrastructure), "StepEvent.Err = %v", ev.Err)
 	require.Equal(t, "replay", ev.Outcome)
+}
+
+// TestWithTxOnASilentlyDeadConnectionRunsAgain: the server session of a
+// WithTx transaction ends while its connection, seen from the client, just
+// goes quiet (half-open, as after a failover): no error ever arrives. The
+// claim is heartbeated on other connections, so only a check of the session
+// itself can tell: the step must run again, without counting an attempt,
+// instead of waiting forever.
+func TestWithTxOnASilentlyDeadConnectionRunsAgain(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	var admin *pgxpool.Pool
+	m := &gendurable.Machine[orderArgs]{
+		Name: "halfopen", Start: "pay",
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				n := runs.Add(1)
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					if n > 1 {
+						return nil
+					}
+					pid := tx.Conn().PgConn().PID()
+					tx.Conn().PgConn().Conn().(*quietConn).silence()
+					if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", int64(pid)); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, "SELECT 1") // no answer, ever
+					return err
+				}), nil
+			},
+		},
+	}
+	admin, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, Extra: 8})
+	pcfg, err := pgxpool.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	pcfg.MaxConns = 8
+	dialer := &net.Dialer{}
+	pcfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &quietConn{Conn: c}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cfg := fastConfig(schema, m)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+	cfg.Logger = testLogger(t)
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	b := &testBundle{t: t, pool: admin, schema: schema, eng: eng}
+	b.start()
+	res, err := eng.Insert(context.Background(), m.New(orderArgs{}).With(gendurable.InsertOpts{MaxAttempts: 1}))
+	require.NoError(t, err)
+
+	r := b.waitStatus(res.ID, "done", 15*time.Second)
+	require.Equal(t, 0, r.Attempt)
+	require.Equal(t, int32(2), runs.Load())
+	require.Len(t, r.Errors, 1)
+	require.Equal(t, "infrastructure", r.Errors[0]["kind"], "%v", r.Errors)
+}
+
+// quietConn is a connection that can be silenced: from then on writes are
+// swallowed and reads wait for their deadline (or Close), as on a TCP
+// connection whose peer vanished without a word.
+type quietConn struct {
+	net.Conn
+	mu       sync.Mutex
+	quiet    bool
+	closed   bool
+	deadline time.Time
+}
+
+func (c *quietConn) silence() {
+	c.mu.Lock()
+	c.quiet = true
+	c.mu.Unlock()
+}
+
+func (c *quietConn) state() (quiet, closed bool, deadline time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.quiet, c.closed, c.deadline
+}
+
+func (c *quietConn) Read(p []byte) (int, error) {
+	if quiet, _, _ := c.state(); !quiet {
+		return c.Conn.Read(p)
+	}
+	for {
+		_, closed, deadline := c.state()
+		switch {
+		case closed:
+			return 0, net.ErrClosed
+		case !deadline.IsZero() && time.Now().After(deadline):
+			return 0, os.ErrDeadlineExceeded
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (c *quietConn) Write(p []byte) (int, error) {
+	if quiet, closed, _ := c.state(); quiet {
+		if closed {
+			return 0, net.ErrClosed
+		}
+		if len(p) > 0 && p[0] == 'X' { // Terminate: the pool gives the connection up; don't keep it waiting
+			c.mu.Lock()
+			c.closed = true
+			c.mu.Unlock()
+		}
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *quietConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.deadline = t
+	c.mu.Unlock()
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *quietConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.deadline = t
+	c.mu.Unlock()
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *quietConn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	return c.Conn.Close()
 }
