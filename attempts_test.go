@@ -68,58 +68,75 @@ func TestReapedRowKeepsItsPlaceInTheBacklog(t *testing.T) {
 	require.Equal(t, reaped, order[0], "the reaped row ran after the backlog: %v", order)
 }
 
-// TestWithTxWaitingOnALockKeepsItsClaim: a WithTx callback waits on a row
-// another transaction holds for three leases. Its worker is alive and
-// heartbeats the claim all along, so the transaction must not be given up
-// after one lease (the step would run again, reaped, with attempt + 1): it
-// commits once the lock is released, on the first attempt.
+// TestWithTxWaitingOnALockKeepsItsClaim: a WithTx transaction waits for
+// three leases on a row another transaction holds — in its callback (a
+// contended row of the application), or in the outcome statement (the
+// instance row itself, as an open SignalTx holds it). Its worker is alive and
+// its claim is heartbeated (or, while locked, cannot be reaped), so the
+// transaction must not be given up after one lease (the step would be
+// reaped and run again with attempt + 1): it commits once the lock is
+// released, on the first attempt.
 func TestWithTxWaitingOnALockKeepsItsClaim(t *testing.T) {
 	t.Parallel()
-	var runs atomic.Int32
-	var schema string
-	waiting := make(chan struct{}, 10)
-	m := &gendurable.Machine[orderArgs]{
-		Name: "contended", Start: "pay",
-		Steps: map[string]gendurable.StepFunc[orderArgs]{
-			"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
-				runs.Add(1)
-				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
-					waiting <- struct{}{}
-					_, err := tx.Exec(ctx, "UPDATE "+schema+".contended SET n = n + 1 WHERE id = 1")
-					return err
-				}), nil
-			},
-		},
+	for _, lockInstance := range []bool{false, true} {
+		name := "callback waits on an application row"
+		if lockInstance {
+			name = "outcome waits on the instance row"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var runs atomic.Int32
+			var schema string
+			waiting, proceed := make(chan struct{}, 10), make(chan struct{})
+			m := &gendurable.Machine[orderArgs]{
+				Name: "contended", Start: "pay",
+				Steps: map[string]gendurable.StepFunc[orderArgs]{
+					"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+						runs.Add(1)
+						return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+							waiting <- struct{}{}
+							<-proceed
+							_, err := tx.Exec(ctx, "UPDATE "+schema+".contended SET n = n + 1 WHERE id = 1")
+							return err
+						}), nil
+					},
+				},
+			}
+			cfg := fastConfig("", m)
+			cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+			b := setup(t, cfg)
+			schema = b.schema
+			b.exec(`CREATE TABLE {{s}}.contended (id int PRIMARY KEY, n int NOT NULL)`)
+			b.exec(`INSERT INTO {{s}}.contended VALUES (1, 0)`)
+			b.start()
+			id := b.insert(m.New(orderArgs{}))
+			select {
+			case <-waiting:
+			case <-time.After(20 * time.Second):
+				t.Fatal("the step never ran")
+			}
+
+			ctx := context.Background()
+			holder, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = holder.Rollback(ctx) }()
+			lock, args := `UPDATE {{s}}.contended SET n = n + 100 WHERE id = 1`, []any(nil)
+			if lockInstance {
+				lock, args = `SELECT 1 FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, []any{id}
+			}
+			_, err = holder.Exec(ctx, replaceSchema(lock, b.schema), args...)
+			require.NoError(t, err)
+			close(proceed)
+			time.Sleep(3 * time.Second) // three leases
+			require.NoError(t, holder.Rollback(ctx))
+
+			r := b.waitStatus(id, "done", 20*time.Second)
+			require.Equal(t, 0, r.Attempt, "the waiting transaction was given up and the step reaped: %v", r.Errors)
+			require.Empty(t, r.Errors)
+			require.Equal(t, int32(1), runs.Load(), "the step ran again")
+			require.Equal(t, 1, b.count(`SELECT n FROM {{s}}.contended WHERE id = 1`))
+		})
 	}
-	cfg := fastConfig("", m)
-	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
-	b := setup(t, cfg)
-	schema = b.schema
-	b.exec(`CREATE TABLE {{s}}.contended (id int PRIMARY KEY, n int NOT NULL)`)
-	b.exec(`INSERT INTO {{s}}.contended VALUES (1, 0)`)
-
-	ctx := context.Background()
-	holder, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(ctx) }()
-	_, err = holder.Exec(ctx, replaceSchema(`UPDATE {{s}}.contended SET n = n + 100 WHERE id = 1`, b.schema))
-	require.NoError(t, err)
-
-	b.start()
-	id := b.insert(m.New(orderArgs{}))
-	select {
-	case <-waiting:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the step never ran")
-	}
-	time.Sleep(3 * time.Second) // three leases
-	require.NoError(t, holder.Rollback(ctx))
-
-	r := b.waitStatus(id, "done", 20*time.Second)
-	require.Equal(t, 0, r.Attempt, "the waiting transaction was given up and the step reaped: %v", r.Errors)
-	require.Empty(t, r.Errors)
-	require.Equal(t, int32(1), runs.Load(), "the step ran again")
-	require.Equal(t, 1, b.count(`SELECT n FROM {{s}}.contended WHERE id = 1`))
 }
 
 // TestWithTxConnectionFailureCostsNoAttempt: the backend of a WithTx

@@ -709,7 +709,9 @@ func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *exec
 	// Without a deadline, a connection that died silently (half-open after
 	// a failover) would keep the claim forever: watch its server session.
 	ctx, gone := context.WithCancelCause(ctx)
+	defer gone(nil)
 	fnCtx, fnGone := context.WithCancelCause(stepCtx)
+	defer fnGone(nil)
 	defer e.watchTx(tx.Conn().PgConn().PID(), func() { gone(errTxGone); fnGone(errTxGone) })()
 	defer func() { _ = tx.Rollback(ctx) }()
 	if fnErr := safely(func() error { return res.txFn(fnCtx, tx) }); fnErr != nil {
