@@ -94,6 +94,9 @@
 // [Outcome.WithTx] runs a callback in the transaction that commits the
 // outcome, so a step's own writes to the same database happen exactly once
 // (a fenced-out outcome rolls them back). It costs a transaction of its own.
+// A transaction waiting on a lock keeps its heartbeated claim as long as it
+// waits; a callback that fails on its connection ([ErrInfrastructure]) runs
+// again without counting an attempt.
 //
 // [Config].Periodic inserts one instance per slot of a cron schedule
 // (5-field, @hourly…, or @every), exactly once across processes; see
