@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Hook receives the engine's telemetry events (SPEC §7). OnEvent is called
+// Hook receives the engine's telemetry events (docs/design.md §8). OnEvent is called
 // synchronously from the engine's goroutines, often on the hot path: it must
 // be quick and must not block. Switch on the event's concrete type:
 //

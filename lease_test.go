@@ -57,6 +57,24 @@ func findEvent[E gendurable.Event](l *eventLog, match func(E) bool) (E, bool) {
 	return zero, false
 }
 
+// expireAndReap makes the lease of instance id run out, as if its worker had
+// stalled past it, and reaps it with the engine's reaper. The worker's
+// heartbeat still runs, though: one that lands between the two statements
+// finds the lapsed lease still holding its token (nobody reaped it yet) and
+// extends it again, and the reap then finds nothing. So both are repeated
+// until the reaper has recovered the row.
+func (b *testBundle) expireAndReap(id int64) {
+	b.t.Helper()
+	eventually(b.t, 10*time.Second, func() bool {
+		b.exec(`UPDATE {{s}}.gendurable_instances SET lease_expires_at = now() - interval '1 second'
+		        WHERE id = $1 AND status = 'executing'`, id)
+		n, err := b.eng.Reap(context.Background())
+		require.NoError(b.t, err)
+		require.LessOrEqual(b.t, n, 1, "only instance %d is executing", id)
+		return n == 1
+	}, "instance %d: its lease was never reaped", id)
+}
+
 func TestHeartbeatKeepsLongStepAlivePastLease(t *testing.T) {
 	t.Parallel()
 	job := &gendurable.Job[orderArgs]{
@@ -114,10 +132,7 @@ func TestZombieOutcomeIsFencedOut(t *testing.T) {
 	<-started
 
 	// The lease runs out (as if A stalled past it) and the reaper recovers it.
-	a.exec(`UPDATE {{s}}.gendurable_instances SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, id)
-	n, err := a.eng.Reap(context.Background())
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	a.expireAndReap(id)
 
 	// Process B runs the step again and finishes the instance.
 	healthy := &gendurable.Job[orderArgs]{Name: "fenced", Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
@@ -451,13 +466,17 @@ func TestZombieReturnDoesNotDropTheNewClaim(t *testing.T) {
 	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 200*time.Millisecond, -1
 	b := setup(t, cfg)
 	b.start()
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(releaseFirst) }) }) // before the engine stops
 	id := b.insert(job.New(orderArgs{}))
 	<-firstStarted
-	b.exec(`UPDATE {{s}}.gendurable_instances SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, id)
-	_, err := b.eng.Reap(context.Background())
-	require.NoError(t, err)
-	<-secondStarted
-	close(releaseFirst) // the zombie returns while the second run is in flight
+	b.expireAndReap(id)
+	select {
+	case <-secondStarted:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("instance %d was reaped but never ran again: %+v", id, b.row(id))
+	}
+	release.Do(func() { close(releaseFirst) }) // the zombie returns while the second run is in flight
 
 	// Reap often while the second run lasts: its lease must stay alive.
 	deadline := time.Now().Add(2 * time.Second)

@@ -68,9 +68,10 @@ type Machine[S any] struct {
 	// Backoff gives the delay before retry number attempt+1 for the default
 	// Handle. Default: 1s·2^attempt with jitter, capped at one hour.
 	Backoff func(attempt int) time.Duration
-	// Inbox, when true, loads the instance's whole inbox ([Run.Inbox]) for
-	// every step — one more statement per step. Without it the inbox is
-	// loaded only for a step that follows an Await.
+	// Inbox, when true, hands every step the instance's whole inbox
+	// ([Run.Inbox]); without it only a step that follows an Await gets it.
+	// Either way the signals come with the statement that claimed the row
+	// (no statement of their own): those committed before the claim.
 	Inbox bool
 	// StepTimeout bounds one run of a step and of the Handle that follows
 	// a failure (not a WithTx callback: that runs as part of the commit).

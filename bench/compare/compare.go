@@ -10,38 +10,79 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Result is one run of one system in one setting.
+// Result is one throughput run of one system in one case (setting × worker
+// processes).
 type Result struct {
-	System           string  `json:"system"`
-	Setting          string  `json:"setting"`
-	Round            int     `json:"round"`
-	N                int     `json:"n"`
-	InsertSeconds    float64 `json:"insert_seconds"`
-	InsertRowsPerSec float64 `json:"insert_rows_per_sec"`
-	StartMillis      float64 `json:"start_ms"`     // Start call (part of the work time)
-	WorkSeconds      float64 `json:"work_seconds"` // from Start to the last completion committed
-	JobsPerSec       float64 `json:"jobs_per_sec"`
-	StopMillis       float64 `json:"stop_ms"`
-	XactsPerJob      float64 `json:"xacts_per_job"`     // commits in the bench database during the work phase, per job
-	WALBytesPerJob   float64 `json:"wal_bytes_per_job"` // server-wide WAL during the work phase, per job
-	// CPU during the work phase, per job: this process (the system's Go
-	// side) and the whole machine (PostgreSQL, this process, and anything
-	// else running: noisy on a shared machine; -1 where unknown).
+	System  string `json:"system"`
+	Setting string `json:"setting"`
+	Procs   int    `json:"procs"` // worker processes
+	Round   int    `json:"round"`
+	N       int    `json:"n"`
+	// StatsFinishedFrac is the frequency of the finished status in the jobs
+	// table's pg_stats when the run started (realistic statistics: close to
+	// 1; fresh: 0), and when its work was done (autovacuum may have
+	// analyzed the table meanwhile; -1: unknown).
+	StatsFinishedFrac      float64 `json:"stats_finished_frac"`
+	StatsFinishedFracAfter float64 `json:"stats_finished_frac_after"`
+	InsertSeconds          float64 `json:"insert_seconds"`
+	InsertRowsPerSec       float64 `json:"insert_rows_per_sec"`
+	StartMillis            float64 `json:"start_ms"`     // longest Start call of the processes (part of the work time)
+	WorkSeconds            float64 `json:"work_seconds"` // from the first Start to the last completion committed
+	JobsPerSec             float64 `json:"jobs_per_sec"`
+	StopMillis             float64 `json:"stop_ms"`           // longest Stop call of the processes
+	XactsPerJob            float64 `json:"xacts_per_job"`     // commits in the bench database during the work phase, per job
+	WALBytesPerJob         float64 `json:"wal_bytes_per_job"` // server-wide WAL during the work phase, per job
+	// CPU during the work phase, per job: the worker processes (the
+	// system's Go side, summed) and the whole machine (PostgreSQL, the
+	// workers, and anything else running: noisy on a shared machine; -1
+	// where unknown).
 	ClientCPUMicrosPerJob  float64 `json:"client_cpu_us_per_job"`
 	MachineCPUMicrosPerJob float64 `json:"machine_cpu_us_per_job"`
 	Anomalies              int64   `json:"anomalies"`    // events other than a plain completion (failures, retries, fenced outcomes)
 	DBCompleted            int64   `json:"db_completed"` // rows completed/done in the table after the run
+	// Load1 is the machine's 1-minute load average (/proc/loadavg) before
+	// the run's reset and after its last completion.
+	Load1Before float64 `json:"load1_before"`
+	Load1After  float64 `json:"load1_after"`
 }
 
-// runner is one system's side of a run.
-type runner interface {
-	insert(ctx context.Context, from, to int) error
-	start(ctx context.Context) error
-	completed() int64
-	finished() <-chan struct{}
-	anomalies() int64
-	stop(ctx context.Context) error
-	dbCounts(ctx context.Context, admin *pgxpool.Pool) (done, total int64, err error)
+// producer inserts jobs: one bulk-insert call per batch.
+type producer interface {
+	insert(ctx context.Context, args []NoopArgs) error
+}
+
+func newProducer(o *Options, system string, pool *pgxpool.Pool, riverFast bool, logger *slog.Logger) (producer, error) {
+	if system == SystemRiver {
+		return newRiverProducer(o, pool, riverFast, logger)
+	}
+	return newGDProducer(o, pool, logger)
+}
+
+// insertRange inserts jobs Num from..to-1 in batches of o.InsertBatch.
+func insertRange(ctx context.Context, o *Options, p producer, from, to int) error {
+	args := make([]NoopArgs, 0, o.InsertBatch)
+	for lo := from; lo < to; lo += o.InsertBatch {
+		hi := min(lo+o.InsertBatch, to)
+		args = args[:0]
+		for i := lo; i < hi; i++ {
+			args = append(args, NoopArgs{Num: i})
+		}
+		if err := p.insert(ctx, args); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// producerPoolConns: the bulk producer inserts one batch at a time; the
+// continuous producer keeps up to ContinuousInserters calls in flight.
+const producerPoolConns = 2
+
+func dbCounts(ctx context.Context, admin *pgxpool.Pool, o *Options, system string) (done, total int64, err error) {
+	if system == SystemRiver {
+		return riverDBCounts(ctx, admin, o)
+	}
+	return gdDBCounts(ctx, admin, o)
 }
 
 // Run runs the whole comparison and returns its report.
@@ -49,10 +90,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	progress := o.Progress
-	if progress == nil {
-		progress = io.Discard
+	if o.Progress == nil {
+		o.Progress = io.Discard
 	}
+	o.Progress = &lockedWriter{w: o.Progress}
+	progress := o.Progress
 	if err := ensureDatabase(ctx, &o); err != nil {
 		return nil, fmt.Errorf("ensure database %s: %w", o.Database, err)
 	}
@@ -67,25 +109,22 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 
 	rep := &Report{Options: summarize(&o)}
 	began := time.Now()
-	for round := 1; round <= o.Rounds; round++ {
-		for _, name := range o.Settings {
-			s := o.setting(name)
-			for _, system := range []string{SystemRiver, SystemGendurable} {
-				fmt.Fprintf(progress, "[%s %s round %d/%d] %s\n", system, name, round, o.Rounds, s.describe(system))
-				res, err := runOne(ctx, &o, admin, s, system, round, progress)
-				if err != nil {
-					return rep, fmt.Errorf("%s %s round %d: %w", system, name, round, err)
-				}
-				rep.Results = append(rep.Results, res)
-				fmt.Fprintf(progress, "  insert %d rows in %.2fs = %.0f rows/s; worked in %.2fs = %.0f jobs/s (start %.0fms, stop %.0fms, %.2f xacts/job, %.0f WAL B/job, CPU µs/job: client %.0f machine %.0f)\n",
-					res.N, res.InsertSeconds, res.InsertRowsPerSec, res.WorkSeconds, res.JobsPerSec,
-					res.StartMillis, res.StopMillis, res.XactsPerJob, res.WALBytesPerJob,
-					res.ClientCPUMicrosPerJob, res.MachineCPUMicrosPerJob)
-			}
+	for _, mode := range o.Modes {
+		switch mode {
+		case ModeThroughput:
+			err = runThroughputs(ctx, &o, admin, rep)
+		case ModeContinuous:
+			err = runContinuous(ctx, &o, admin, rep)
+		case ModeInsert:
+			err = runInserts(ctx, &o, admin, rep)
+		}
+		if err != nil {
+			rep.finish()
+			return rep, err
 		}
 	}
 	// Leave the bench database small.
-	if err := reset(ctx, admin, &o); err != nil {
+	if err := emptyAll(ctx, admin, &o); err != nil {
 		fmt.Fprintf(progress, "final cleanup: %v\n", err)
 	}
 	rep.finish()
@@ -93,57 +132,98 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	return rep, nil
 }
 
+func runThroughputs(ctx context.Context, o *Options, admin *pgxpool.Pool, rep *Report) error {
+	for round := 1; round <= o.Rounds; round++ {
+		for _, c := range o.cases() {
+			s := o.setting(c.setting)
+			for _, system := range []string{SystemRiver, SystemGendurable} {
+				fmt.Fprintf(o.Progress, "[throughput %s %s procs=%d round %d/%d] %s\n", system, c.setting, c.procs, round, o.Rounds, s.describe(system))
+				res, err := runOne(ctx, o, admin, s, c.procs, system, round)
+				if err != nil {
+					return fmt.Errorf("%s %s round %d: %w", system, c.key(), round, err)
+				}
+				rep.Results = append(rep.Results, res)
+				fmt.Fprintf(o.Progress, "  insert %d rows in %.2fs = %.0f rows/s; worked in %.2fs = %.0f jobs/s (start %.0fms, stop %.0fms, %.2f xacts/job, %.0f WAL B/job, CPU µs/job: workers %.0f machine %.0f; stats finished %.2f→%.2f; load1 %.2f→%.2f)\n",
+					res.N, res.InsertSeconds, res.InsertRowsPerSec, res.WorkSeconds, res.JobsPerSec,
+					res.StartMillis, res.StopMillis, res.XactsPerJob, res.WALBytesPerJob,
+					res.ClientCPUMicrosPerJob, res.MachineCPUMicrosPerJob, res.StatsFinishedFrac, res.StatsFinishedFracAfter, res.Load1Before, res.Load1After)
+			}
+		}
+		if o.LimitDuration > 0 {
+			fmt.Fprintf(o.Progress, "[limit round %d/%d] %d-row UPDATE … FROM unnest by primary key on %d connections for %s\n",
+				round, o.Rounds, o.LimitBatch, o.PoolConns, o.LimitDuration)
+			res, err := runLimit(ctx, o, admin, round)
+			if err != nil {
+				return fmt.Errorf("limit round %d: %w", round, err)
+			}
+			rep.Limits = append(rep.Limits, res)
+			fmt.Fprintf(o.Progress, "  %.0f rows/s: job ceiling %.0f jobs/s (load1 %.2f)\n", res.RowsPerSec, res.JobCeiling, res.Load1)
+		}
+	}
+	return nil
+}
+
 func newLogger(w io.Writer, system string) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn})).With("system", system)
 }
 
-func runOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s setting, system string, round int, progress io.Writer) (res Result, err error) {
-	res = Result{System: system, Setting: s.name, Round: round, N: o.N}
-	if err := reset(ctx, admin, o); err != nil {
+// workerSpecFor is the worker process spec of a system in a setting.
+func (o *Options) workerSpecFor(system string, s setting, expect int) workerSpec {
+	spec := workerSpec{
+		System: system, DatabaseURL: o.DatabaseURL, Database: o.Database,
+		PoolConns: o.PoolConns, Expect: expect,
+		RiverMaxWorkers:        s.riverMaxWorkers,
+		RiverFetchCooldown:     s.riverFetchCooldown,
+		RiverFetchPollInterval: s.riverFetchPollInterval,
+		GD:                     s.gd,
+	}
+	spec.Schema = o.GDSchema
+	if system == SystemRiver {
+		spec.Schema = o.RiverSchema
+	}
+	return spec
+}
+
+// openProducer opens the producer's pool (all connections up front) and
+// its insert-only client or engine.
+func openProducer(ctx context.Context, o *Options, system string, riverFast bool, conns int32) (producer, *pgxpool.Pool, error) {
+	pool, err := openPool(ctx, o, conns, "gendurable-bench-producer-"+system)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := warmPool(ctx, pool); err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("warm pool: %w", err)
+	}
+	p, err := newProducer(o, system, pool, riverFast, newLogger(o.Progress, system))
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return p, pool, nil
+}
+
+func runOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s setting, procs int, system string, round int) (res Result, err error) {
+	res = Result{System: system, Setting: s.name, Procs: procs, Round: round, N: o.N, Load1Before: loadAvg1()}
+	if res.StatsFinishedFrac, err = reset(ctx, admin, o, system); err != nil {
 		return res, err
 	}
-	pool, err := openPool(ctx, o, o.PoolConns, "gendurable-bench-"+system)
+	g, err := spawnWorkers(ctx, o.workerSpecFor(system, s, o.N), procs, o.Progress)
 	if err != nil {
 		return res, err
 	}
-	poolClosed := false
-	defer func() {
-		if !poolClosed {
-			pool.Close()
-		}
-	}()
-	if err := warmPool(ctx, pool); err != nil {
-		return res, fmt.Errorf("warm pool: %w", err)
+	defer g.kill()
+	prod, pool, err := openProducer(ctx, o, system, o.RiverInsertFast, producerPoolConns)
+	if err != nil {
+		return res, err
 	}
-
-	var r runner
-	logger := newLogger(progress, system)
-	switch system {
-	case SystemRiver:
-		rr, err := newRiverRun(o, s, pool, logger)
-		if err != nil {
-			return res, err
-		}
-		r = rr
-	default:
-		gr, err := newGDRun(o, s, pool, logger)
-		if err != nil {
-			return res, err
-		}
-		r = gr
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = r.stop(context.WithoutCancel(ctx))
-		}
-	}()
+	defer pool.Close()
 
 	var insertDur time.Duration
 	insertErr := make(chan error, 1)
 	if !o.Concurrent {
 		t0 := time.Now()
-		if err := r.insert(ctx, 0, o.N); err != nil {
+		if err := insertRange(ctx, o, prod, 0, o.N); err != nil {
 			return res, err
 		}
 		insertDur = time.Since(t0)
@@ -155,60 +235,63 @@ func runOne(ctx context.Context, o *Options, admin *pgxpool.Pool, s setting, sys
 		return res, fmt.Errorf("stats: %w", err)
 	}
 	cpu0 := readCPU()
-	t1 := time.Now()
-	if err := r.start(ctx); err != nil {
-		return res, fmt.Errorf("start: %w", err)
+	if err := g.send("start"); err != nil {
+		return res, fmt.Errorf("start workers: %w", err)
 	}
-	startDur := time.Since(t1)
 	if o.Concurrent {
 		go func() {
 			t0 := time.Now()
-			err := r.insert(ctx, 0, o.N)
+			err := insertRange(ctx, o, prod, 0, o.N)
 			insertDur = time.Since(t0)
 			insertErr <- err
 		}()
 	}
-
-	timeout := time.NewTimer(o.runTimeout())
-	defer timeout.Stop()
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
-	var workDur time.Duration
-wait:
-	for {
-		select {
-		case <-r.finished():
-			workDur = time.Since(t1)
-			cpu1 := readCPU()
-			res.ClientCPUMicrosPerJob = float64(cpu1.self-cpu0.self) / float64(time.Microsecond) / float64(o.N)
-			res.MachineCPUMicrosPerJob = -1
-			if cpu0.hasBusy && cpu1.hasBusy {
-				res.MachineCPUMicrosPerJob = float64(cpu1.busy-cpu0.busy) / float64(time.Microsecond) / float64(o.N)
-			}
-			break wait
-		case <-tick.C:
-			fmt.Fprintf(progress, "  ... %d/%d done after %.0fs\n", r.completed(), o.N, time.Since(t1).Seconds())
-		case <-timeout.C:
-			done, total, _ := r.dbCounts(ctx, admin)
-			return res, fmt.Errorf("timed out after %s: %d completions seen, database has %d done of %d rows",
-				o.runTimeout(), r.completed(), done, total)
-		case <-ctx.Done():
-			return res, ctx.Err()
+	t1 := time.Now()
+	target := int64(o.N)
+	err = g.wait(ctx, o.runTimeout(o.N), func() {
+		fmt.Fprintf(o.Progress, "  ... %d/%d done after %.0fs\n", g.completed(), o.N, time.Since(t1).Seconds())
+	}, func() bool {
+		var n int64
+		for _, p := range g.procs {
+			n += p.count
 		}
+		return n >= target
+	})
+	if err != nil {
+		done, total, _ := dbCounts(ctx, admin, o, system)
+		return res, fmt.Errorf("work phase: %w (%d completions seen, database has %d done of %d rows)", err, g.completed(), done, total)
 	}
+	cpu1 := readCPU()
+	res.Load1After = loadAvg1()
+	res.StatsFinishedFracAfter = statsAfter(ctx, admin, o, system)
+	var firstStart, lastDone int64
+	var startDur, clientCPU time.Duration
+	g.lock(func() {
+		for _, p := range g.procs {
+			if firstStart == 0 || p.startNs < firstStart {
+				firstStart = p.startNs
+			}
+			lastDone = max(lastDone, p.lastNs)
+			startDur = max(startDur, p.startDur)
+			clientCPU += p.cpu
+		}
+	})
 	if err := <-insertErr; err != nil {
 		return res, err
 	}
 
-	t2 := time.Now()
-	stopped = true
-	if err := r.stop(ctx); err != nil {
+	if err := g.stop(ctx); err != nil {
 		return res, fmt.Errorf("stop: %w", err)
 	}
-	res.StopMillis = ms(time.Since(t2))
-	pool.Close() // its backends exit and flush their statistics
-	poolClosed = true
-	time.Sleep(200 * time.Millisecond)
+	var stopDur time.Duration
+	g.lock(func() {
+		for _, p := range g.procs {
+			stopDur = max(stopDur, p.stopDur)
+			res.Anomalies += p.anomalies
+		}
+	})
+	pool.Close()                       // its backends exit and flush their statistics
+	time.Sleep(200 * time.Millisecond) // so do the workers'
 	after, err := readStats(ctx, admin)
 	if err != nil {
 		return res, fmt.Errorf("stats: %w", err)
@@ -217,8 +300,7 @@ wait:
 	if err != nil {
 		return res, fmt.Errorf("stats: %w", err)
 	}
-
-	done, total, err := r.dbCounts(ctx, admin)
+	done, total, err := dbCounts(ctx, admin, o, system)
 	if err != nil {
 		return res, fmt.Errorf("count: %w", err)
 	}
@@ -226,16 +308,33 @@ wait:
 		return res, fmt.Errorf("database disagrees: %d of %d rows completed, want %d of %d", done, total, o.N, o.N)
 	}
 
+	workDur := time.Duration(lastDone - firstStart)
+	n := float64(o.N)
 	res.InsertSeconds = insertDur.Seconds()
-	res.InsertRowsPerSec = float64(o.N) / insertDur.Seconds()
+	res.InsertRowsPerSec = n / insertDur.Seconds()
 	res.StartMillis = ms(startDur)
+	res.StopMillis = ms(stopDur)
 	res.WorkSeconds = workDur.Seconds()
-	res.JobsPerSec = float64(o.N) / workDur.Seconds()
-	res.XactsPerJob = float64(xacts) / float64(o.N)
-	res.WALBytesPerJob = float64(wal) / float64(o.N)
-	res.Anomalies = r.anomalies()
+	res.JobsPerSec = n / workDur.Seconds()
+	res.XactsPerJob = float64(xacts) / n
+	res.WALBytesPerJob = float64(wal) / n
+	res.ClientCPUMicrosPerJob = float64(clientCPU) / float64(time.Microsecond) / n
+	res.MachineCPUMicrosPerJob = -1
+	if cpu0.hasBusy && cpu1.hasBusy {
+		res.MachineCPUMicrosPerJob = float64(cpu1.busy-cpu0.busy) / float64(time.Microsecond) / n
+	}
 	res.DBCompleted = done
 	return res, nil
+}
+
+// statsAfter reads the finished fraction at the end of a run (-1 if it
+// cannot).
+func statsAfter(ctx context.Context, admin *pgxpool.Pool, o *Options, system string) float64 {
+	f, err := o.finishedFraction(ctx, admin, system)
+	if err != nil {
+		return -1
+	}
+	return f
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -58,3 +58,30 @@ func machineBusy() (time.Duration, bool) {
 	}
 	return time.Duration(busy) * (time.Second / 100), true
 }
+
+// selfCPU is this process's CPU time (user + system).
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// loadAvg1 is the machine's 1-minute load average from /proc/loadavg (-1
+// where unavailable).
+func loadAvg1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return -1
+	}
+	x, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return -1
+	}
+	return x
+}

@@ -13,30 +13,57 @@ import (
 	"github.com/gendurable/gendurable"
 )
 
-// gdNoop is the gendurable side of the no-op job.
+// gdNoop is the gendurable side of the no-op job, as the producer registers
+// it; a worker process registers the same name with a Perform that records
+// latencies when asked to (newGDWorker).
 var gdNoop = &gendurable.Job[NoopArgs]{
 	Name:    "bench_noop",
 	Perform: func(context.Context, *gendurable.Run[NoopArgs]) error { return nil },
 }
 
-// gdRun is one gendurable run: an engine on its own pool, counting
-// completions from its StepEvent hook (called once the "done" outcome is
-// written).
-type gdRun struct {
-	o   *Options
-	s   setting
+// gdProducer inserts through an insert-only engine.
+type gdProducer struct {
+	eng *gendurable.Engine
+}
+
+func newGDProducer(o *Options, pool *pgxpool.Pool, logger *slog.Logger) (*gdProducer, error) {
+	eng, err := gendurable.New(pool, &gendurable.Config{
+		Schema:   o.GDSchema,
+		Machines: []gendurable.Definition{gdNoop},
+		Logger:   logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gendurable engine: %w", err)
+	}
+	return &gdProducer{eng: eng}, nil
+}
+
+func (p *gdProducer) insert(ctx context.Context, args []NoopArgs) error {
+	params := make([]gendurable.InsertParams, len(args))
+	for i, a := range args {
+		params[i] = gdNoop.New(a)
+	}
+	if _, err := p.eng.InsertMany(ctx, params); err != nil {
+		return fmt.Errorf("gendurable InsertMany: %w", err)
+	}
+	return nil
+}
+
+// gdWorker is gendurable's side of a worker process: an engine on the
+// process's pool, counting completions from its StepEvent hook (called
+// once the "done" outcome is written).
+type gdWorker struct {
 	eng *gendurable.Engine
 
 	done     atomic.Int64
+	last     atomic.Int64 // Unix ns of the last completion seen
 	unwanted atomic.Int64 // anything but a committed "done"
-	doneCh   chan struct{}
-	doneOnce sync.Once
-	target   int64
 	started  bool
+	stopOnce sync.Once
 }
 
-func newGDRun(o *Options, s setting, pool *pgxpool.Pool, logger *slog.Logger) (*gdRun, error) {
-	r := &gdRun{o: o, s: s, doneCh: make(chan struct{}), target: int64(o.N)}
+func newGDWorker(spec *workerSpec, pool *pgxpool.Pool, logger *slog.Logger, lat *latencyRec) (*gdWorker, error) {
+	r := &gdWorker{}
 	hook := gendurable.HookFunc(func(_ context.Context, ev gendurable.Event) {
 		e, ok := ev.(*gendurable.StepEvent)
 		if !ok {
@@ -46,14 +73,26 @@ func newGDRun(o *Options, s setting, pool *pgxpool.Pool, logger *slog.Logger) (*
 			r.unwanted.Add(1)
 			return
 		}
-		if r.done.Add(1) >= r.target {
-			r.doneOnce.Do(func() { close(r.doneCh) })
+		now := time.Now().UnixNano()
+		if lat != nil {
+			lat.completed(e.InstanceID, now)
 		}
+		r.last.Store(now)
+		r.done.Add(1)
 	})
+	job := &gendurable.Job[NoopArgs]{
+		Name: gdNoop.Name,
+		Perform: func(_ context.Context, j *gendurable.Run[NoopArgs]) error {
+			if lat != nil {
+				lat.picked(j.ID, j.State)
+			}
+			return nil
+		},
+	}
 	eng, err := gendurable.New(pool, &gendurable.Config{
-		Schema:   o.GDSchema,
-		Machines: []gendurable.Definition{gdNoop},
-		Queues:   map[string]gendurable.QueueConfig{"default": s.gd},
+		Schema:   spec.Schema,
+		Machines: []gendurable.Definition{job},
+		Queues:   map[string]gendurable.QueueConfig{"default": spec.GD},
 		Logger:   logger,
 		Hooks:    []gendurable.Hook{hook},
 	})
@@ -64,44 +103,33 @@ func newGDRun(o *Options, s setting, pool *pgxpool.Pool, logger *slog.Logger) (*
 	return r, nil
 }
 
-func (r *gdRun) insert(ctx context.Context, from, to int) error {
-	params := make([]gendurable.InsertParams, 0, r.o.InsertBatch)
-	for lo := from; lo < to; lo += r.o.InsertBatch {
-		hi := min(lo+r.o.InsertBatch, to)
-		params = params[:0]
-		for i := lo; i < hi; i++ {
-			params = append(params, gdNoop.New(NoopArgs{Num: i}))
-		}
-		if _, err := r.eng.InsertMany(ctx, params); err != nil {
-			return fmt.Errorf("gendurable InsertMany: %w", err)
-		}
-	}
-	return nil
-}
-
-func (r *gdRun) start(ctx context.Context) error {
+func (r *gdWorker) start(ctx context.Context) error {
 	if err := r.eng.Start(ctx); err != nil {
-		return err
+		return fmt.Errorf("gendurable start: %w", err)
 	}
 	r.started = true
 	return nil
 }
 
-func (r *gdRun) completed() int64          { return r.done.Load() }
-func (r *gdRun) finished() <-chan struct{} { return r.doneCh }
-func (r *gdRun) anomalies() int64          { return r.unwanted.Load() }
+func (r *gdWorker) completed() int64      { return r.done.Load() }
+func (r *gdWorker) lastCompletion() int64 { return r.last.Load() }
+func (r *gdWorker) anomalies() int64      { return r.unwanted.Load() }
 
-func (r *gdRun) stop(ctx context.Context) error {
-	if !r.started {
-		return nil
-	}
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	return r.eng.Stop(sctx)
+func (r *gdWorker) stop(ctx context.Context) error {
+	var err error
+	r.stopOnce.Do(func() {
+		if !r.started {
+			return
+		}
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		err = r.eng.Stop(sctx)
+	})
+	return err
 }
 
-func (r *gdRun) dbCounts(ctx context.Context, admin *pgxpool.Pool) (done, total int64, err error) {
-	inst, _ := r.o.gdTables()
+func gdDBCounts(ctx context.Context, admin *pgxpool.Pool, o *Options) (done, total int64, err error) {
+	inst, _ := o.gdTables()
 	err = admin.QueryRow(ctx, fmt.Sprintf(
 		`SELECT count(*) FILTER (WHERE status = 'done'), count(*) FROM %s`, inst)).Scan(&done, &total)
 	return done, total, err

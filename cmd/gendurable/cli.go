@@ -172,6 +172,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	backlog := fs.Bool("backlog", false, "measure one pick's latency at 10k and 1M runnable rows instead")
 	idle := fs.Duration("idle", 0, "measure the statements/s of an idle engine over this long instead (after 12s of backoff)")
+	fs.BoolVar(&o.FreshStats, "fresh-stats", false, "start from a fresh table's statistics instead of a table in use's (mostly done rows, ANALYZEd, then emptied)")
+	floor := fs.Int("floor", 0, "measure the physical floor instead: rows/s of 500-row UPDATE … FROM unnest by primary key from this many connections for 10s (a job writes its row twice)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	pickup := fs.Int("pickup", 0, "measure insert → step-start latency over this many locally inserted jobs instead")
 	if err := fs.Parse(args); err != nil {
@@ -194,6 +196,18 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return json.NewEncoder(stdout).Encode(res)
 		}
 		_, err = fmt.Fprintf(stdout, "idle engine: %d statements in %.0fs = %.2f statements/s\n", res.Statements, res.Seconds, res.StatementsPerSecond)
+		return err
+	}
+	if *floor > 0 {
+		res, err := benchrun.Floor(ctx, o, *floor, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return json.NewEncoder(stdout).Encode(res)
+		}
+		_, err = fmt.Fprintf(stdout, "physical floor at %d connections: %.0f rows/s (500-row UPDATE … FROM unnest by primary key) = at most %.0f jobs/s\n",
+			res.Conns, res.RowsPerSec, res.JobsPerSec)
 		return err
 	}
 	if *pickup > 0 {

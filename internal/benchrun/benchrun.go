@@ -20,6 +20,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/scratch"
+	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -43,6 +44,10 @@ type Options struct {
 	MinDemand   int    // per queue; default: the engine's default
 	Commits     int    // outcome statements in flight per engine; default: the engine's
 	Progress    io.Writer
+	// FreshStats skips wearing the table's statistics: by default the run
+	// starts from an empty table whose planner statistics say almost every
+	// row is done, as on an installation in use (sqlq.WearStatistics).
+	FreshStats bool
 
 	// ResetSchema drops an existing Schema that bench did not create, and
 	// everything in it; Confirm, if set, is asked first.
@@ -279,6 +284,15 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	defer func() { _ = scratch.Drop(context.Background(), pool, o.Schema) }()
+	if !o.FreshStats {
+		q, err := sqlq.New(o.Schema)
+		if err != nil {
+			return nil, err
+		}
+		if err := q.WearStatistics(ctx, pool, 200_000); err != nil {
+			return nil, fmt.Errorf("wear statistics: %w", err)
+		}
+	}
 
 	queues := map[string]gendurable.QueueConfig{}
 	queueNames := make([]string, o.Queues)

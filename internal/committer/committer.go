@@ -2,7 +2,7 @@
 // concurrent steps that arrive while a statement is in flight are applied
 // together in the next one (UPDATE … FROM unnest), the way a replicated log
 // batches entries. Each caller waits until its own outcome has committed (or
-// was fenced out) before its instance goes on, so the guarantee of SPEC §1
+// was fenced out) before its instance goes on, so the guarantee of docs/design.md §1
 // holds; under load the statements per step fall to 1/batch. With no
 // concurrency a batch is one outcome and nothing waits for a timer.
 package committer

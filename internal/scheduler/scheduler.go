@@ -174,6 +174,11 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 	// before retryAt: kicks and poll ticks wait too, so a feeder does not
 	// hammer a database that is coming back up.
 	var retryAt time.Time
+	// pollAt is when the poll timer fires next. It moves only when a pick
+	// or a tick happens: kicks (every finished step sends one) must not
+	// restart it, or a busy feeder would never look for other processes'
+	// inserts.
+	pollAt := time.Now().Add(interval)
 	failures := 0
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -220,6 +225,7 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 			default:
 				failures = 0
 			}
+			pollAt = time.Now().Add(interval)
 			if full {
 				s.mu.Lock()
 				s.more = true
@@ -235,13 +241,13 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 			}
 		}
 
-		resetTimer(timer, max(interval, time.Until(retryAt)))
+		resetTimer(timer, max(time.Until(pollAt), time.Until(retryAt), 0))
 		select {
 		case <-pickCtx.Done():
 		case <-s.kick:
-			interval = s.cfg.PollInterval
 			continue
 		case <-timer.C:
+			pollAt = time.Now().Add(interval)
 			s.mu.Lock()
 			s.more = true // the poll tick: look again
 			s.mu.Unlock()
@@ -494,6 +500,14 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	for _, id := range kept {
 		ok[id] = true
 	}
+	// The statement reports ids, but this feeder may hold one instance under
+	// two tokens: a zombie whose lease was reaped, and the claim it picked
+	// again since. A row has one token, and tokens only grow: only the
+	// newest of them can be the one the id was kept for.
+	newest := make(map[int64]int64, len(ids))
+	for i, id := range ids {
+		newest[id] = max(newest[id], tokens[i])
+	}
 	s.mu.Lock()
 	s.lastBeat = start
 	resume := s.heldBack
@@ -501,7 +515,7 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 	var lost []int64
 	for i, token := range tokens {
 		h := s.held[token]
-		if ok[ids[i]] || h == nil || h.committing {
+		if ok[ids[i]] && newest[ids[i]] == token || h == nil || h.committing {
 			// Extended; or finished meanwhile; or its outcome is being
 			// written and may just have committed: its fence settles it.
 			continue

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -108,4 +109,76 @@ func TestAbandonAfterReturnChangesNothing(t *testing.T) {
 	}
 	s.steps.Add(1) // would panic (negative counter) had Abandon given the step back a second time
 	s.steps.Done()
+}
+
+// lostLog records the instances reported as lost.
+type lostLog struct {
+	pickLog
+	mu   sync.Mutex
+	lost []int64
+}
+
+func (l *lostLog) LeaseLost(_ string, id int64) {
+	l.mu.Lock()
+	l.lost = append(l.lost, id)
+	l.mu.Unlock()
+}
+
+// TestHeartbeatTellsZombieFromNewClaim: a feeder holds one instance under
+// two tokens, a zombie whose lease was reaped and the claim it picked again
+// since. The heartbeat keeps the instance's id; only the new claim is held,
+// the zombie is lost.
+func TestHeartbeatTellsZombieFromNewClaim(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "INSERT INTO "+schema+".gendurable_instances (fsm, step) VALUES ('m', 's')"); err != nil {
+		t.Fatal(err)
+	}
+	ev := &lostLog{}
+	s := New(Config{Queue: "default", Concurrency: 2, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+		Lease: time.Minute, HeartbeatInterval: time.Second},
+		q, pool, func(context.Context, *sqlq.Claimed, Holder) Result { return Result{} }, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pick := func() sqlq.Claimed {
+		t.Helper()
+		if n, err := s.pick(ctx, 1); err != nil || n != 1 {
+			t.Fatalf("pick: %d rows, %v", n, err)
+		}
+		return s.buffer[len(s.buffer)-1]
+	}
+	zombie := pick()
+	// Its lease runs out and is reaped; the feeder claims the instance again.
+	if _, err := pool.Exec(ctx, "UPDATE "+schema+".gendurable_instances SET lease_expires_at = now() - interval '1 second'"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := q.Reap(ctx, pool, 10); err != nil || len(n) != 1 {
+		t.Fatalf("reap: %v, %v", n, err)
+	}
+	claim := pick()
+	if claim.ID != zombie.ID || claim.Token <= zombie.Token {
+		t.Fatalf("claims %+v then %+v: want one instance, a newer token", zombie, claim)
+	}
+	// The zombie runs on, ignoring its context; the new claim waits in the buffer.
+	zctx, zcancel := context.WithCancelCause(ctx)
+	defer zcancel(nil)
+	s.held[zombie.Token].running, s.held[zombie.Token].cancel = true, zcancel
+	s.buffer = s.buffer[1:]
+
+	s.heartbeatOnce(ctx)
+	if s.held[claim.Token] == nil || len(s.buffer) != 1 {
+		t.Fatalf("the new claim was dropped: held %v, buffer %v", s.held, s.buffer)
+	}
+	if s.held[zombie.Token] != nil {
+		t.Fatal("the zombie is still held (and heartbeated) after the heartbeat")
+	}
+	if cause := context.Cause(zctx); cause != ErrLeaseLost {
+		t.Fatalf("zombie's context: cause %v, want ErrLeaseLost", cause)
+	}
+	if len(ev.lost) != 1 || ev.lost[0] != zombie.ID {
+		t.Fatalf("lease-lost reports %v, want [%d]", ev.lost, zombie.ID)
+	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
 )
 
 // BenchmarkApplyOutcomes measures one batch of 500 outcomes through the
@@ -110,6 +111,63 @@ func BenchmarkInsertMany(b *testing.B) {
 					}
 				}
 				if _, err := q.InsertMany(ctx, pool, rows); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "rows/s")
+		})
+	}
+}
+
+// BenchmarkInsertPath compares two ways to insert 5,000 plain rows and get
+// their ids: the engine's one unnest statement, and COPY into a temporary
+// staging table followed by INSERT … SELECT … RETURNING (five round trips:
+// begin, create, copy, insert, commit). The engine keeps unnest: see
+// BENCHMARKS.md for the figures.
+func BenchmarkInsertPath(b *testing.B) {
+	for _, path := range []string{"unnest", "copy-staging"} {
+		b.Run(path, func(b *testing.B) {
+			pool, schema := dbtest.NewSchema(b, &dbtest.Options{MaxConns: 2})
+			ctx := context.Background()
+			q, _ := sqlq.New(schema)
+			const n = 5000
+			rows := make([]sqlq.NewInstance, n)
+			for j := range rows {
+				rows[j] = sqlq.NewInstance{FSM: "m", Version: 1, Queue: "default", Step: "a", State: `{"i":1}`, MaxAttempts: 20}
+			}
+			copyRows := make([][]any, n)
+			for j := range copyRows {
+				copyRows[j] = []any{int64(j), "m", int32(1), "default", "a", `{"i":1}`, int16(0), int32(20)}
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if path == "unnest" {
+					if _, err := q.InsertMany(ctx, pool, rows); err != nil {
+						b.Fatal(err)
+					}
+					continue
+				}
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `CREATE TEMP TABLE stage (ord bigint, fsm text, fsm_version int, queue text,
+						step text, state text, priority smallint, max_attempts int) ON COMMIT DROP`); err != nil {
+						return err
+					}
+					if _, err := tx.CopyFrom(ctx, pgx.Identifier{"stage"},
+						[]string{"ord", "fsm", "fsm_version", "queue", "step", "state", "priority", "max_attempts"},
+						pgx.CopyFromRows(copyRows)); err != nil {
+						return err
+					}
+					r, err := tx.Query(ctx, `INSERT INTO "`+schema+`".gendurable_instances
+						(fsm, fsm_version, queue, step, state, priority, max_attempts)
+						SELECT fsm, fsm_version, queue, step, state::jsonb, priority, max_attempts FROM stage ORDER BY ord
+						RETURNING id`)
+					if err != nil {
+						return err
+					}
+					_, err = pgx.CollectRows(r, pgx.RowTo[int64])
+					return err
+				})
+				if err != nil {
 					b.Fatal(err)
 				}
 			}

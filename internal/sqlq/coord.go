@@ -6,7 +6,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Signal (SPEC §6): insert the signal, then wake the instance if it awaits
+// Signal (docs/design.md §2): insert the signal, then wake the instance if it awaits
 // the name — one statement that first locks the instance row. The await
 // outcome locks the same row, so the two serialize: whichever commits second
 // sees the other's write on the row itself (the inbox counts), never a stale

@@ -10,7 +10,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Pick (SPEC §4.1): one statement claims up to $2 runnable rows of one queue.
+// Pick (docs/design.md §4, §5): one statement claims up to $2 runnable rows of one queue.
 //
 // `queue = $1` (never ANY) lets the pick index hand rows over already in
 // (priority, eligible_at) order so the LIMIT stops after the batch: the cost is
@@ -164,7 +164,7 @@ func nullJSON(m json.RawMessage) []byte {
 }
 
 // ---------------------------------------------------------------------------
-// Heartbeat (SPEC §4.5): one statement extends every lease a queue holds,
+// Heartbeat (docs/design.md §4, §5): one statement extends every lease a queue holds,
 // fenced by the claim token. Rows locked by someone else at that moment (a
 // caller's open SignalTx, an outcome committing) are skipped rather than
 // waited for, so one long transaction elsewhere cannot stall the whole
@@ -210,7 +210,7 @@ func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lea
 }
 
 // ---------------------------------------------------------------------------
-// Reap (SPEC §2, §4.5): leases that expired (no outcome was written: a crash,
+// Reap (docs/design.md §4): leases that expired (no outcome was written: a crash,
 // a stall, a lost connection) go back to runnable with attempt + 1, or to
 // failed once the attempts are spent. Driven by the lease partial index, so
 // the cost is proportional to the expired rows only. Handle is not called.
@@ -304,7 +304,7 @@ func (q *Queries) Release(ctx context.Context, db DB, ids, tokens []int64, delay
 }
 
 // ---------------------------------------------------------------------------
-// Partition lock (SPEC §5): a session-level advisory lock on a dedicated
+// Partition lock (docs/design.md §6): a session-level advisory lock on a dedicated
 // connection, held for the whole step and released after its outcome
 // commits. It lives as long as the connection, so a stalled worker (a
 // zombie) keeps its key locked until it returns, and a killed one frees it

@@ -8,7 +8,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Insert (SPEC §6): many rows in one statement from column arrays. A missing
+// Insert (docs/design.md §3): many rows in one statement from column arrays. A missing
 // run-at falls back to now() + run-in on the database clock. A row whose
 // unique key collides with a live row in its scope (or with an earlier row of
 // the same batch) is skipped by ON CONFLICT, which must repeat the unique

@@ -11,7 +11,7 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Outcomes (SPEC §2, §4.4): one statement applies a batch of outcomes. A
+// Outcomes (docs/design.md §2, §4, §5): one statement applies a batch of outcomes. A
 // single outcome is a batch of one; concurrent steps' outcomes can share the
 // statement (group commit) without a new shape.
 //
@@ -82,17 +82,17 @@ const (
 func outcomeSQL(shape outcomeShape) string {
 	var b strings.Builder
 	b.WriteString(`
-WITH o AS MATERIALIZED (
-  SELECT * FROM unnest(@ids::bigint[], @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
-                       @delays::bigint[], @attempt_inc::int[], @results::text[], @err_kinds::text[], @errs::text[],
-                       @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[])
-    AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us, inbox_dec,
-         cont)
-), locked AS MATERIALIZED (
+WITH locked AS MATERIALIZED (
   -- One primary-key probe per outcome (the lateral subquery cannot be
   -- flattened, and its only condition is the id); the fence is checked on
   -- the locked, newest row version.
-  SELECT o.*, c.fanout, c.inbox <> '{}'::jsonb AS has_inbox FROM o CROSS JOIN LATERAL (
+  SELECT o.*, c.fanout, c.inbox <> '{}'::jsonb AS has_inbox
+  FROM unnest(@ids::bigint[], @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
+              @delays::bigint[], @attempt_inc::int[], @results::text[], @err_kinds::text[], @errs::text[],
+              @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[])
+         AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us,
+              inbox_dec, cont)
+  CROSS JOIN LATERAL (
     SELECT i.claim_token, i.status, i.fanout, i.inbox FROM {{schema}}.gendurable_instances AS i
     WHERE i.id = o.id
     OFFSET 0 -- a fence: the outer conditions must not reach the scan

@@ -1,6 +1,6 @@
 // Package sqlq is the one home of gendurable's SQL: every statement the engine
 // runs is a named constant or function here, beside its siblings, so the cost
-// model of SPEC §4 maps one to one onto code.
+// model of docs/design.md §4 maps one to one onto code.
 //
 // Statements are written against the placeholder {{schema}}, which New
 // replaces once with the validated, quoted schema name. Every value is passed
