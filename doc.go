@@ -94,6 +94,9 @@
 // [Outcome.WithTx] runs a callback in the transaction that commits the
 // outcome, so a step's own writes to the same database happen exactly once
 // (a fenced-out outcome rolls them back). It costs a transaction of its own.
+// A transaction waiting on a lock keeps its heartbeated claim as long as it
+// waits; a callback that fails on its connection ([ErrInfrastructure]) runs
+// again without counting an attempt.
 //
 // [Config].Periodic inserts one instance per slot of a cron schedule
 // (5-field, @hourly…, or @every), exactly once across processes; see
@@ -111,8 +114,9 @@
 // recorded on the row (step, attempt, time, message; the last 20 are kept).
 //
 // A crash is different: no outcome is written, the lease expires, and the
-// reaper returns the row to runnable with attempt + 1 without calling Handle.
-// After MaxAttempts expired leases the reaper fails the instance.
+// reaper returns the row to runnable with attempt + 1 without calling Handle,
+// in its old place in the backlog (its eligible_at is kept). After
+// MaxAttempts expired leases the reaper fails the instance.
 //
 // Every claim gets a fresh fencing token. Outcomes and heartbeats apply only
 // while the token still matches, so a worker whose lease was reaped (a zombie

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"github.com/gendurable/gendurable/internal/scheduler"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -576,6 +580,9 @@ func (e *Engine) reportStep(ctx context.Context, queue string, c *sqlq.Claimed, 
 	case ev.Fenced:
 		e.log.Warn("gendurable: outcome fenced out: the lease was lost, another run owns the instance",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
+	case errors.Is(res.stepErr, ErrInfrastructure):
+		e.log.Warn("gendurable: step's transaction failed on its connection; it runs again without counting an attempt",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt, "err", res.stepErr)
 	case res.stepErr != nil:
 		e.log.Warn("gendurable: step failed", "queue", queue, "fsm", c.FSM, "id", c.ID,
 			"step", c.Step, "attempt", c.Attempt, "outcome", ev.Outcome, "err", res.stepErr)
@@ -597,16 +604,29 @@ func (e *Engine) commit(stepCtx context.Context, o *sqlq.Outcome) (*sqlq.Applied
 
 // commitTx writes a WithTx outcome: the step's callback and the outcome in
 // one transaction. If the callback fails, nothing of it is kept and the
-// error goes to Handle, whose outcome is written the ordinary way. Transient
-// failures retry the whole transaction (callback included) while the lease
-// can still be ours; a rejected outcome stops the instance like commit does.
+// error goes to Handle, whose outcome is written the ordinary way — unless
+// it failed on its connection (see [ErrInfrastructure]): then the step runs
+// again shortly, without counting an attempt. Transient failures retry the
+// whole transaction (callback included) for up to a lease; a rejected
+// outcome stops the instance like commit does. A transaction that waits (on
+// a lock held elsewhere, for a connection) is not given up while the claim
+// is heartbeated: only once the lease is lost (see txContext).
 func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult, h scheduler.Holder) (*sqlq.Applied, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(stepCtx), e.cfg.LeaseDuration)
+	ctx, cancel := e.txContext(stepCtx)
 	defer cancel()
 	failures := 0
+	var retryUntil time.Time
 	for {
 		applied, fnErr, err := e.tryCommitTx(ctx, stepCtx, db, res, h)
 		switch {
+		case errors.Is(fnErr, ErrInfrastructure):
+			*res = execResult{kind: kindReplay, stepErr: fnErr, out: sqlq.Outcome{
+				ID: in.c.ID, Token: in.c.Token, Kind: sqlq.KindReplay, AttemptInc: 0,
+				Delay:   backoff.Delay(infraRetryDelay, infraRetryDelay, 1),
+				ErrKind: strPtr("infrastructure"), Err: strPtr(truncate(fnErr.Error())),
+			}}
+			h.Committing()
+			return e.commit(stepCtx, &res.out)
 		case fnErr != nil:
 			*res = core.handleErr(stepCtx, in, fnErr)
 			res.out.ID, res.out.Token = in.c.ID, in.c.Token
@@ -628,6 +648,11 @@ func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore
 		}
 		db = e.pool // the dedicated connection may be dead
 		failures++
+		if failures == 1 {
+			retryUntil = time.Now().Add(e.cfg.LeaseDuration)
+		} else if time.Now().After(retryUntil) {
+			return nil, err
+		}
 		select {
 		case <-ctx.Done():
 			return nil, err
@@ -636,8 +661,40 @@ func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore
 	}
 }
 
+// infraRetryDelay is about how long a step whose transaction failed on its
+// connection waits before it runs again (jittered down to half of it).
+const infraRetryDelay = time.Second
+
+// txContext is the context of a WithTx outcome's transaction. A transaction
+// that waits — on a row another transaction locked, for a pool connection —
+// keeps its claim: the feeder heartbeats it all along. So the context has
+// no deadline; it is cancelled when the lease is lost (the heartbeat found
+// the row taken, or could not confirm it for a whole lease: the step
+// context's cause is ErrLeaseLost), or a lease after the step context was
+// cancelled for another reason (a stop), as before.
+func (e *Engine) txContext(stepCtx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(stepCtx))
+	stop := context.AfterFunc(stepCtx, func() {
+		if errors.Is(context.Cause(stepCtx), scheduler.ErrLeaseLost) {
+			cancel()
+			return
+		}
+		go func() {
+			t := time.NewTimer(e.cfg.LeaseDuration)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	})
+	return ctx, func() { stop(); cancel() }
+}
+
 // tryCommitTx runs one transaction of a WithTx outcome. fnErr is the
-// callback's own failure; err a database failure.
+// callback's own failure, wrapped in ErrInfrastructure if it failed on its
+// connection rather than by itself; err a database failure.
 func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *execResult, h scheduler.Holder) (applied *sqlq.Applied, fnErr, err error) {
 	beginner, ok := db.(interface {
 		Begin(context.Context) (pgx.Tx, error)
@@ -649,8 +706,18 @@ func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *exec
 	if err != nil {
 		return nil, nil, err
 	}
+	// Without a deadline, a connection that died silently (half-open after
+	// a failover) would keep the claim forever: watch its server session.
+	ctx, gone := context.WithCancelCause(ctx)
+	defer gone(nil)
+	fnCtx, fnGone := context.WithCancelCause(stepCtx)
+	defer fnGone(nil)
+	defer e.watchTx(tx.Conn().PgConn().PID(), func() { gone(errTxGone); fnGone(errTxGone) })()
 	defer func() { _ = tx.Rollback(ctx) }()
-	if fnErr := safely(func() error { return res.txFn(stepCtx, tx) }); fnErr != nil {
+	if fnErr := safely(func() error { return res.txFn(fnCtx, tx) }); fnErr != nil {
+		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
+			fnErr = fmt.Errorf("%w: the step's transaction failed on its connection: %w", ErrInfrastructure, fnErr)
+		}
 		return nil, fnErr, nil
 	}
 	var b sqlq.OutcomeBatch
@@ -666,6 +733,60 @@ func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *exec
 	// before this worker lets go of its claim.
 	h.Committing()
 	return &rows[0], nil, tx.Commit(ctx)
+}
+
+// errTxGone: the server session of a WithTx transaction no longer exists.
+var errTxGone = errors.New("gendurable: the transaction's server session is gone")
+
+// watchTx checks once per lease, while a WithTx transaction runs, that its
+// server session (backend pid) still exists, and calls gone once if it does
+// not. A check that fails (the database is unreachable) proves nothing: the
+// heartbeat gives the claim up if that lasts a lease. The returned func
+// stops the watch and waits for it.
+func (e *Engine) watchTx(pid uint32, gone func()) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(e.cfg.LeaseDuration)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			qctx, qcancel := context.WithTimeout(ctx, e.cfg.HeartbeatInterval)
+			var alive bool
+			err := e.pool.QueryRow(qctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int64(pid)).Scan(&alive)
+			qcancel()
+			if err == nil && !alive {
+				gone()
+				return
+			}
+		}
+	}()
+	return func() { cancel(); <-exited }
+}
+
+// connectionFailure reports an error that says the connection or the
+// server failed rather than the statement: the connection was lost or could
+// not be made (SQLSTATE class 08, a network error, EOF), the server is
+// shutting down or starting up (57P01, 57P02, 57P03), or it has no
+// connection to give (53300). A context's deadline or cancellation is not
+// one: it is the caller's.
+func connectionFailure(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03", "53300"}, pgErr.Code)
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }
 
 // wakeApplied kicks the local feeder of an outcome that made its instance

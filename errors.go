@@ -55,6 +55,15 @@ var (
 	// error Handle receives wraps it.
 	ErrStepTimeout = errors.New("gendurable: step timeout")
 
+	// ErrInfrastructure: a step's WithTx transaction failed on its
+	// connection, not by itself — the connection was lost or terminated
+	// (SQLSTATE class 08, 57P01 admin shutdown, 57P02, 57P03), or the server
+	// had no connection to give (53300 too many clients). Handle is not
+	// asked and no attempt is counted: the step runs again after about a
+	// second. The error history records it with kind "infrastructure", and
+	// the StepEvent's Err wraps this error.
+	ErrInfrastructure = errors.New("gendurable: infrastructure failure")
+
 	// ErrSchemaVersion: the schema is not migrated to the version this
 	// library needs (see package migrate).
 	ErrSchemaVersion = errors.New("gendurable: schema version mismatch")

@@ -36,7 +36,7 @@ type StepError struct {
 	Attempt int       `json:"attempt"`
 	At      time.Time `json:"at"`
 	// Kind is "error", "panic", "stop", "lease_expired", "state_decode",
-	// "outcome_rejected" or "interrupted".
+	// "outcome_rejected", "interrupted" or "infrastructure".
 	Kind  string `json:"kind"`
 	Error string `json:"error"`
 }

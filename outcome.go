@@ -89,7 +89,12 @@ func (o Outcome) Timeout(d time.Duration) Outcome {
 // transaction and commits. The step's own writes to this database and its
 // outcome thus commit together or not at all — exactly once, even when the
 // step runs twice (a fenced-out outcome rolls fn's writes back). If fn
-// returns an error, nothing is committed and the error goes to Handle.
+// returns an error, nothing is committed and the error goes to Handle —
+// unless fn failed on its connection (it was lost or terminated, or the
+// server had none to give: [ErrInfrastructure]); then the step runs again
+// shortly without counting an attempt. A transaction that waits on a lock
+// keeps its claim (heartbeated) for as long as it waits; it is given up
+// only once the lease is lost, or its server session is gone.
 //
 // Cost: a transaction of its own (BEGIN, fn's statements, the outcome,
 // COMMIT) instead of one statement that can share a batched commit.

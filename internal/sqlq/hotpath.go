@@ -215,6 +215,8 @@ func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lea
 // failed once the attempts are spent. Driven by the lease partial index, so
 // the cost is proportional to the expired rows only. Handle is not called.
 // A child failed here counts towards its parent's fan-in like any other.
+// eligible_at is left as it was: a reaped row keeps its place in the
+// backlog, ahead of rows that became eligible after it.
 
 const reapSQL = `
 WITH expired AS MATERIALIZED (
@@ -228,7 +230,6 @@ UPDATE {{schema}}.gendurable_instances AS i
 SET status = CASE WHEN i.attempt + 1 >= i.max_attempts
                   THEN 'failed' ELSE 'runnable' END::{{schema}}.gendurable_status,
     attempt = i.attempt + 1,
-    eligible_at = now(),
     lease_expires_at = NULL,
     claim_token = NULL,
     finished_at = CASE WHEN i.attempt + 1 >= i.max_attempts THEN now() END,
