@@ -14,7 +14,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/gendurable/gendurable/internal/committer"
-	"github.com/gendurable/gendurable/internal/scheduler"
+	"github.com/gendurable/gendurable/internal/feeder"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -166,7 +166,7 @@ type Engine struct {
 
 	mu      sync.Mutex
 	running *runState
-	scheds  map[string]*scheduler.Scheduler
+	scheds  map[string]*feeder.Feeder
 	poke    chan struct{} // wakes the await-timeout loop
 
 	// partitionSlots bounds the pool connections pinned by partition locks.
@@ -184,7 +184,7 @@ type runState struct {
 	periodicCancel context.CancelFunc
 	loops          sync.WaitGroup // feeder loops
 	background     sync.WaitGroup // heartbeats and reaper
-	scheds         map[string]*scheduler.Scheduler
+	scheds         map[string]*feeder.Feeder
 }
 
 // New validates cfg and returns an engine. It does not touch the database.
@@ -329,7 +329,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		return fmt.Errorf("%w: schema %q is at version %d, this library needs %d (run migrate.Up)", ErrSchemaVersion, e.cfg.Schema, v, want)
 	}
 
-	rs := &runState{scheds: map[string]*scheduler.Scheduler{}}
+	rs := &runState{scheds: map[string]*feeder.Feeder{}}
 	pickCtx, pickCancel := context.WithCancel(context.Background())
 	workCtx, workCancel := context.WithCancelCause(context.Background())
 	beatCtx, beatCancel := context.WithCancel(context.Background())
@@ -337,7 +337,7 @@ func (e *Engine) Start(ctx context.Context) error {
 
 	for name, qc := range e.cfg.Queues {
 		ev := &schedEvents{e: e}
-		s := scheduler.New(scheduler.Config{
+		s := feeder.New(feeder.Config{
 			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.Prefetch, MinDemand: qc.MinDemand,
 			BusyPollInterval: qc.BusyPollInterval, PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
 			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval,
@@ -444,12 +444,12 @@ func (e *Engine) Stop(ctx context.Context) error {
 // delay, go straight on with the next step under the fresh claim the
 // outcome statement handed back (up to ChainSteps steps, never while the
 // feeder is stopping), instead of releasing the row and picking it again.
-func (e *Engine) executor(queue string, chain int) scheduler.Executor {
-	return func(ctx context.Context, c *sqlq.Claimed, h scheduler.Holder) scheduler.Result {
+func (e *Engine) executor(queue string, chain int) feeder.Executor {
+	return func(ctx context.Context, c *sqlq.Claimed, h feeder.Holder) feeder.Result {
 		core := e.registry[machineKey{c.FSM, int(c.Version)}]
 		if core == nil {
 			e.releaseUnknown(queue, c)
-			return scheduler.Result{}
+			return feeder.Result{}
 		}
 		// Loads and WithTx outcomes of a partitioned row run on the
 		// connection that holds its key's lock.
@@ -457,7 +457,7 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 		if c.PartitionKey != nil {
 			lock, ok := e.lockPartition(ctx, queue, c)
 			if !ok {
-				return scheduler.Result{}
+				return feeder.Result{}
 			}
 			defer lock.release()
 			db = lock.conn
@@ -468,7 +468,7 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 			inputs(core, in)
 			res, ok := e.runStep(ctx, queue, core, in, h)
 			if !ok {
-				return scheduler.Result{} // abandoned: the watchdog writes its outcome
+				return feeder.Result{} // abandoned: the watchdog writes its outcome
 			}
 			res.out.ID, res.out.Token = c.ID, c.Token
 			res.out.Continue = n < chain && res.kind == kindNext && res.out.Delay <= 0 && res.txFn == nil &&
@@ -477,7 +477,7 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 				// Nothing in this worker depends on the commit any more: free
 				// the slot now; the claim stays held until the outcome commits.
 				e.commitDetached(ctx, queue, c, &res, h.Detach(), start)
-				return scheduler.Result{}
+				return feeder.Result{}
 			}
 			var applied *sqlq.Applied
 			var commitErr error
@@ -495,11 +495,11 @@ func (e *Engine) executor(queue string, chain int) scheduler.Executor {
 				// The feeder gave up the claim meanwhile (its lease looked
 				// lost): hand the re-claimed row back rather than strand it.
 				e.releaseClaim(&sqlq.Claimed{ID: c.ID, Token: *applied.Token}, 0)
-				return scheduler.Result{RunnableNow: true}
+				return feeder.Result{RunnableNow: true}
 			}
 			if applied == nil || applied.Token == nil {
 				runnable := applied != nil && applied.Status == string(StatusRunnable) && res.out.Delay <= 0
-				return scheduler.Result{RunnableNow: runnable}
+				return feeder.Result{RunnableNow: runnable}
 			}
 			// Still ours: the next step, with the state just committed.
 			next := *c
@@ -530,7 +530,7 @@ func transitionTarget(from string, res *execResult) string {
 // commitDetached hands a final outcome (no chaining, no partition lock, no
 // transaction) to the group committer and returns at once; the feeder's
 // claim is settled by finish when the outcome has committed.
-func (e *Engine) commitDetached(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, finish func(scheduler.Result), start time.Time) {
+func (e *Engine) commitDetached(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, finish func(feeder.Result), start time.Time) {
 	claimed := *c
 	r := *res
 	e.committer.CommitAsync(&r.out, func(cr committer.Result) {
@@ -543,7 +543,7 @@ func (e *Engine) commitDetached(ctx context.Context, queue string, c *sqlq.Claim
 			e.pokeTimeouts()
 		}
 		runnable := cr.Applied != nil && cr.Applied.Status == string(StatusRunnable) && r.out.Delay <= 0
-		finish(scheduler.Result{RunnableNow: runnable})
+		finish(feeder.Result{RunnableNow: runnable})
 	})
 }
 
@@ -611,7 +611,7 @@ func (e *Engine) commit(stepCtx context.Context, o *sqlq.Outcome) (*sqlq.Applied
 // outcome stops the instance like commit does. A transaction that waits (on
 // a lock held elsewhere, for a connection) is not given up while the claim
 // is heartbeated: only once the lease is lost (see txContext).
-func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult, h scheduler.Holder) (*sqlq.Applied, error) {
+func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult, h feeder.Holder) (*sqlq.Applied, error) {
 	ctx, cancel := e.txContext(stepCtx)
 	defer cancel()
 	failures := 0
@@ -643,7 +643,7 @@ func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore
 			res.kind, res.txFn = kindStop, nil
 			h.Committing()
 			return e.commit(stepCtx, &res.out)
-		case errors.Is(context.Cause(stepCtx), scheduler.ErrLeaseLost):
+		case errors.Is(context.Cause(stepCtx), feeder.ErrLeaseLost):
 			return nil, nil
 		}
 		db = e.pool // the dedicated connection may be dead
@@ -675,7 +675,7 @@ const infraRetryDelay = time.Second
 func (e *Engine) txContext(stepCtx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(stepCtx))
 	stop := context.AfterFunc(stepCtx, func() {
-		if errors.Is(context.Cause(stepCtx), scheduler.ErrLeaseLost) {
+		if errors.Is(context.Cause(stepCtx), feeder.ErrLeaseLost) {
 			cancel()
 			return
 		}
@@ -695,7 +695,7 @@ func (e *Engine) txContext(stepCtx context.Context) (context.Context, context.Ca
 // tryCommitTx runs one transaction of a WithTx outcome. fnErr is the
 // callback's own failure, wrapped in ErrInfrastructure if it failed on its
 // connection rather than by itself; err a database failure.
-func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *execResult, h scheduler.Holder) (applied *sqlq.Applied, fnErr, err error) {
+func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *execResult, h feeder.Holder) (applied *sqlq.Applied, fnErr, err error) {
 	beginner, ok := db.(interface {
 		Begin(context.Context) (pgx.Tx, error)
 	})

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/gendurable/gendurable/internal/scheduler"
+	"github.com/gendurable/gendurable/internal/feeder"
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
@@ -44,7 +44,7 @@ var (
 
 	// ErrLeaseLost: the step's lease was reaped or taken over; its context is
 	// cancelled with this cause and its outcome will not be written.
-	ErrLeaseLost = scheduler.ErrLeaseLost
+	ErrLeaseLost = feeder.ErrLeaseLost
 
 	// ErrEngineStopped: the engine is shutting down; in-flight step contexts
 	// are cancelled with this cause once the drain timeout passes.

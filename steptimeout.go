@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gendurable/gendurable/internal/scheduler"
+	"github.com/gendurable/gendurable/internal/feeder"
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
@@ -34,7 +34,7 @@ const (
 // fails) under its machine's StepTimeout. ok is false if the step was
 // abandoned meanwhile: the watchdog writes its outcome, and res must be
 // dropped.
-func (e *Engine) runStep(ctx context.Context, queue string, core *machineCore, in *execInput, h scheduler.Holder) (res execResult, ok bool) {
+func (e *Engine) runStep(ctx context.Context, queue string, core *machineCore, in *execInput, h feeder.Holder) (res execResult, ok bool) {
 	if core.stepTimeout <= 0 {
 		return core.exec(ctx, in), true
 	}
@@ -47,7 +47,7 @@ func (e *Engine) runStep(ctx context.Context, queue string, core *machineCore, i
 
 // watchStep arms the watchdog for the run of c's current step; ctx is the
 // step's context before its timeout.
-func (e *Engine) watchStep(ctx context.Context, queue string, core *machineCore, c *sqlq.Claimed, h scheduler.Holder) *stepWatch {
+func (e *Engine) watchStep(ctx context.Context, queue string, core *machineCore, c *sqlq.Claimed, h feeder.Holder) *stepWatch {
 	claimed := *c
 	start := time.Now()
 	w := &stepWatch{}
@@ -72,7 +72,7 @@ func (w *stepWatch) returned() bool {
 // returns), then writes the outcome the default Handle would — a retry
 // after the machine's backoff, or a Stop once the attempts are spent —
 // fenced by the step's claim token, and reports it.
-func (e *Engine) abandon(stepCtx context.Context, queue string, core *machineCore, c *sqlq.Claimed, h scheduler.Holder, running time.Duration) {
+func (e *Engine) abandon(stepCtx context.Context, queue string, core *machineCore, c *sqlq.Claimed, h feeder.Holder, running time.Duration) {
 	ctx := context.Background()
 	// The feeder first: once the claim is not heartbeated, no heartbeat can
 	// mistake the outcome written below for a lost lease. stillRunning is

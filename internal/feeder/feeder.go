@@ -1,11 +1,11 @@
-// Package scheduler is the per-queue feeder: it claims runnable rows with the
+// Package feeder is the per-queue feeder: it claims runnable rows with the
 // batched pick, buffers them (prefetch), starts them into a bounded number of
 // running slots, keeps every held lease alive with one batched heartbeat per
 // tick, and on stop hands the buffered rows straight back.
 //
 // It knows nothing of machines: each claimed row goes to an Executor that runs
 // it to a committed outcome.
-package scheduler
+package feeder
 
 import (
 	"context"
@@ -102,8 +102,8 @@ type held struct {
 	cancel     context.CancelCauseFunc // set once running
 }
 
-// Scheduler feeds one queue.
-type Scheduler struct {
+// Feeder feeds one queue.
+type Feeder struct {
 	cfg  Config
 	q    *sqlq.Queries
 	db   sqlq.DB
@@ -134,8 +134,8 @@ type Scheduler struct {
 }
 
 // New creates a feeder; Run starts it.
-func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log *slog.Logger) *Scheduler {
-	return &Scheduler{
+func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log *slog.Logger) *Feeder {
+	return &Feeder{
 		cfg: cfg, q: q, db: db, exec: exec, ev: ev, log: log,
 		kick: make(chan struct{}, 1),
 		work: make(chan stepJob, cfg.Concurrency),
@@ -146,14 +146,14 @@ func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log 
 }
 
 // Kick wakes the loop at once (a local insert made work runnable).
-func (s *Scheduler) Kick() {
+func (s *Feeder) Kick() {
 	s.mu.Lock()
 	s.more = true
 	s.mu.Unlock()
 	s.wake()
 }
 
-func (s *Scheduler) wake() {
+func (s *Feeder) wake() {
 	select {
 	case s.kick <- struct{}{}:
 	default:
@@ -164,7 +164,7 @@ func (s *Scheduler) wake() {
 // rows and returns. Steps run with contexts derived from workCtx and may
 // still be running when Run returns: wait for them with Wait. The heartbeat
 // must run (see Heartbeat) as long as anything is held.
-func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
+func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 	for range s.cfg.Concurrency {
 		go s.worker()
 	}
@@ -260,7 +260,7 @@ func (s *Scheduler) Run(pickCtx, workCtx context.Context) {
 }
 
 // busyPoll is the poll interval after a pick that found rows.
-func (s *Scheduler) busyPoll() time.Duration {
+func (s *Feeder) busyPoll() time.Duration {
 	if s.cfg.BusyPollInterval > 0 {
 		return s.cfg.BusyPollInterval
 	}
@@ -277,13 +277,13 @@ func resetTimer(t *time.Timer, d time.Duration) {
 	t.Reset(d)
 }
 
-func (s *Scheduler) inFlightNow() int {
+func (s *Feeder) inFlightNow() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.inFlight
 }
 
-func (s *Scheduler) bufferedNow() int {
+func (s *Feeder) bufferedNow() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.buffer)
@@ -293,7 +293,7 @@ func (s *Scheduler) bufferedNow() int {
 // cancelled by stopCtx: a pick cancelled after the server committed it would
 // leave rows executing under tokens nobody holds. Rows claimed as the feeder
 // stops are released by Run.
-func (s *Scheduler) pick(stopCtx context.Context, demand int) (int, error) {
+func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(stopCtx), s.cfg.Lease)
 	defer cancel()
 	start := time.Now()
@@ -313,7 +313,7 @@ func (s *Scheduler) pick(stopCtx context.Context, demand int) (int, error) {
 }
 
 // dispatch starts buffered rows into free running slots.
-func (s *Scheduler) dispatch(workCtx context.Context) {
+func (s *Feeder) dispatch(workCtx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.buffer) > 0 && time.Since(s.lastBeat) > s.cfg.Lease-s.cfg.HeartbeatInterval {
@@ -349,13 +349,13 @@ type stepJob struct {
 	c      sqlq.Claimed
 }
 
-func (s *Scheduler) worker() {
+func (s *Feeder) worker() {
 	for j := range s.work {
-		s.runStep(j.ctx, j.cancel, j.c)
+		s.runClaim(j.ctx, j.cancel, j.c)
 	}
 }
 
-func (s *Scheduler) runStep(ctx context.Context, cancel context.CancelCauseFunc, c sqlq.Claimed) {
+func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c sqlq.Claimed) {
 	h := &holder{s: s, token: c.Token}
 	res := s.exec(ctx, &c, h)
 	cancel(nil)
@@ -385,7 +385,7 @@ func (s *Scheduler) runStep(ctx context.Context, cancel context.CancelCauseFunc,
 }
 
 // releaseBuffer hands the claimed-but-unstarted rows back to runnable.
-func (s *Scheduler) releaseBuffer() {
+func (s *Feeder) releaseBuffer() {
 	s.mu.Lock()
 	ids := make([]int64, 0, len(s.buffer))
 	tokens := make([]int64, 0, len(s.buffer))
@@ -415,17 +415,17 @@ func (s *Scheduler) releaseBuffer() {
 }
 
 // ReleasedOnStop is the number of prefetched rows Run handed back when it stopped.
-func (s *Scheduler) ReleasedOnStop() int {
+func (s *Feeder) ReleasedOnStop() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.released
 }
 
 // InFlight reports the number of running steps.
-func (s *Scheduler) InFlight() int { return s.inFlightNow() }
+func (s *Feeder) InFlight() int { return s.inFlightNow() }
 
 // Abandoned reports the number of abandoned steps still running.
-func (s *Scheduler) Abandoned() int {
+func (s *Feeder) Abandoned() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.abandoned
@@ -433,7 +433,7 @@ func (s *Scheduler) Abandoned() int {
 
 // Wait blocks until every started step has returned or ctx is done; it
 // reports whether all steps returned.
-func (s *Scheduler) Wait(ctx context.Context) bool {
+func (s *Feeder) Wait(ctx context.Context) bool {
 	done := make(chan struct{})
 	go func() { s.steps.Wait(); close(done) }()
 	select {
@@ -448,7 +448,7 @@ func (s *Scheduler) Wait(ctx context.Context) bool {
 // is done. A held row the database no longer shows as ours is dropped from
 // the buffer or, if running, has its step context cancelled with
 // ErrLeaseLost: it is a zombie whose outcome the fence will reject anyway.
-func (s *Scheduler) Heartbeat(ctx context.Context) {
+func (s *Feeder) Heartbeat(ctx context.Context) {
 	s.mu.Lock()
 	s.lastBeat = time.Now()
 	s.mu.Unlock()
@@ -464,7 +464,7 @@ func (s *Scheduler) Heartbeat(ctx context.Context) {
 	}
 }
 
-func (s *Scheduler) heartbeatOnce(ctx context.Context) {
+func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	s.mu.Lock()
 	if len(s.held) == 0 {
 		s.lastBeat = time.Now()
@@ -547,7 +547,7 @@ func (s *Scheduler) heartbeatOnce(ctx context.Context) {
 // the leases for a whole lease period (the database is unreachable from
 // here): the reaper may already have handed them to another process, so
 // running steps are cancelled with ErrLeaseLost and buffered rows dropped.
-func (s *Scheduler) abandonIfExpired() {
+func (s *Feeder) abandonIfExpired() {
 	s.mu.Lock()
 	if time.Since(s.lastBeat) < s.cfg.Lease {
 		s.mu.Unlock()
@@ -570,7 +570,7 @@ func (s *Scheduler) abandonIfExpired() {
 
 // holder tracks the claim token a running step currently holds.
 type holder struct {
-	s         *Scheduler
+	s         *Feeder
 	token     int64 // guarded by s.mu
 	detached  bool  // set by the step's own goroutine before it returns
 	abandoned bool  // guarded by s.mu
