@@ -153,7 +153,7 @@
 // works the configured queues, [Engine.Stop] drains gracefully. Insert with
 // [Engine.Insert], [Engine.InsertMany] (one statement) or their Tx variants,
 // which enqueue inside the caller's pgx.Tx. An insert through an engine that
-// works the queue wakes its scheduler at once; other processes find new work
+// works the queue wakes its feeder at once; other processes find new work
 // by polling with idle backoff (no LISTEN/NOTIFY).
 //
 // Per queue, a feeder claims runnable rows with one batched statement

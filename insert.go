@@ -97,7 +97,7 @@ type InsertResult struct {
 }
 
 // Insert inserts one instance and, when this engine works its queue, wakes
-// the local scheduler at once.
+// the local feeder at once.
 func (e *Engine) Insert(ctx context.Context, p InsertParams) (InsertResult, error) {
 	res, err := e.insert(ctx, e.pool, []InsertParams{p})
 	if err != nil {
