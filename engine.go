@@ -126,12 +126,13 @@ type QueueConfig struct {
 	// MinDemand: don't pick for fewer free places than this, unless the
 	// queue is idle (fewer, fatter picks). Default 1.
 	MinDemand int
-	// BusyPollInterval is the interval to the next pick after a pick that
-	// found rows: work inserted by other processes (which cannot kick this
-	// one) is picked up within about this long while the queue is busy.
-	// Each pick that finds nothing doubles the interval, up to PollInterval
-	// while steps of this queue run and up to MaxPollInterval once the
-	// queue is idle. Default 25ms (or PollInterval, if shorter).
+	// BusyPollInterval is the interval between picks while the queue is
+	// busy — for PollInterval after its last pick that found rows, even if
+	// the queue drained in between: work inserted by other processes (which
+	// cannot kick this one) is picked up within about this long. After that,
+	// each pick that finds nothing doubles the interval, up to PollInterval
+	// while steps of this queue run and up to MaxPollInterval once the queue
+	// is idle. Default 25ms (or PollInterval, if shorter).
 	BusyPollInterval time.Duration
 	// PollInterval is the interval between picks while steps of this queue
 	// run and its last picks found nothing. Default 1s.

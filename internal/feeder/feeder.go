@@ -179,6 +179,12 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 	// restart it, or a busy feeder would never look for other processes'
 	// inserts.
 	pollAt := time.Now().Add(interval)
+	// busyUntil: a queue whose picks found rows within the last PollInterval
+	// is busy. Its empty picks (a finished step wakes the feeder, the queue
+	// has just drained) keep the busy interval instead of backing off, so
+	// work another process inserts a moment later is still picked up within
+	// BusyPollInterval (docs/design.md §4).
+	var busyUntil time.Time
 	failures := 0
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -217,6 +223,9 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 			case n > 0:
 				// Work is arriving: look again soon, for rows that other
 				// processes insert (they cannot kick this feeder).
+				failures, interval = 0, s.busyPoll()
+				busyUntil = time.Now().Add(s.cfg.PollInterval)
+			case time.Now().Before(busyUntil):
 				failures, interval = 0, s.busyPoll()
 			case idle:
 				failures, interval = 0, min(interval*2, s.cfg.MaxPollInterval)
