@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
@@ -37,16 +38,17 @@ func benchMachine() *Machine[benchState] {
 func BenchmarkStepExec(b *testing.B) {
 	m := benchMachine()
 	in := &execInput{
-		c: &sqlq.Claimed{ID: 1, Token: 2, FSM: "bench", Version: 1, Step: "a", MaxAttempts: 20,
+		Input: &executor.Input{Claim: &sqlq.Claimed{ID: 1, Token: 2, FSM: "bench", Version: 1, Step: "a", MaxAttempts: 20,
 			State: []byte(`{"order":"A-1","items":["book","lamp","pen"],"paid":0}`), InsertedAt: time.Now()},
-		queue: "default", limits: jsonLimits{maxBytes: DefaultMaxStateBytes, maxDepth: DefaultMaxJSONDepth},
+			Queue: "default"},
+		limits: jsonLimits{maxBytes: DefaultMaxStateBytes, maxDepth: DefaultMaxJSONDepth},
 	}
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
 		res := m.exec(ctx, in)
-		if res.kind != kindNext {
-			b.Fatal(res.kind)
+		if res.Out.Kind != sqlq.KindNext {
+			b.Fatal(res.Out.Kind)
 		}
 	}
 }

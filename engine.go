@@ -4,20 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/gendurable/gendurable/internal/committer"
+	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/feeder"
 	"github.com/gendurable/gendurable/internal/sqlq"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -170,10 +165,8 @@ type Engine struct {
 	scheds  map[string]*feeder.Feeder
 	poke    chan struct{} // wakes the await-timeout loop
 
-	// partitionSlots bounds the pool connections pinned by partition locks.
-	partitionSlots chan struct{}
-	committer      *committer.Committer
-	trans          transitions // observed step transitions, for Graph
+	exec  *executor.Executor // runs claimed rows of every queue
+	trans transitions        // observed step transitions, for Graph
 }
 
 // runState is one Start..Stop lifetime.
@@ -207,11 +200,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	e := &Engine{pool: pool, cfg: c, q: q, log: c.Logger, registry: map[machineKey]*machineCore{},
 		stateLimits:  jsonLimits{maxBytes: c.MaxStateBytes, bytesName: "MaxStateBytes", maxDepth: c.MaxJSONDepth},
 		signalLimits: jsonLimits{maxBytes: c.MaxSignalBytes, bytesName: "MaxSignalBytes", maxDepth: c.MaxJSONDepth}}
-	e.committer = committer.New(committer.Config{Lease: c.LeaseDuration, MaxInFlight: c.CommitConcurrency}, q, pool)
-	// Keep connections for the engine's own statements: a pick and a
-	// heartbeat per queue, the reaper, the timeout sweep and outcomes.
-	reserve := 2*len(c.Queues) + 2
-	e.partitionSlots = make(chan struct{}, max(1, int(pool.Config().MaxConns)-reserve))
 	for _, d := range c.Machines {
 		if d == nil {
 			return nil, errorf(ErrInvalidConfig, "nil entry in Machines")
@@ -226,6 +214,22 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		}
 		e.registry[k] = core
 	}
+	defs := make(map[machineKey]*executor.Definition, len(e.registry))
+	for k, core := range e.registry {
+		defs[k] = core.executorDefinition(e.stateLimits, e.newInstance)
+	}
+	e.exec = executor.New(executor.Config{
+		Queries: q, Pool: pool,
+		Committer: committer.New(committer.Config{Lease: c.LeaseDuration, MaxInFlight: c.CommitConcurrency}, q, pool),
+		Lookup:    func(name string, version int) *executor.Definition { return defs[machineKey{name, version}] },
+		Events:    execEvents{e}, Log: c.Logger,
+		Kick: e.kickQueue, AwaitParked: e.pokeTimeouts,
+		Lease: c.LeaseDuration, Heartbeat: c.HeartbeatInterval,
+		UnknownVersionDelay: c.UnknownVersionDelay, PartitionRetryDelay: c.PartitionRetryDelay,
+		// Keep connections for the engine's own statements: a pick and a
+		// heartbeat per queue, the reaper, the timeout sweep and outcomes.
+		PartitionConns: int(pool.Config().MaxConns) - (2*len(c.Queues) + 2),
+	})
 	return e, nil
 }
 
@@ -342,7 +346,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.Prefetch, MinDemand: qc.MinDemand,
 			BusyPollInterval: qc.BusyPollInterval, PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
 			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval,
-		}, e.q, e.pool, e.executor(name, qc.ChainSteps), ev, e.log)
+		}, e.q, e.pool, e.exec.ForQueue(name, qc.ChainSteps), ev, e.log)
 		rs.scheds[name] = s
 		rs.loops.Add(1)
 		go func() { defer rs.loops.Done(); s.Run(pickCtx, workCtx) }()
@@ -439,366 +443,6 @@ func (e *Engine) Stop(ctx context.Context) error {
 	return err
 }
 
-// executor returns the function that runs one claimed row of queue to a
-// committed outcome: take the partition lock if the row has a key, load what
-// the step needs, run it, write its outcome — and, after a Next without
-// delay, go straight on with the next step under the fresh claim the
-// outcome statement handed back (up to ChainSteps steps, never while the
-// feeder is stopping), instead of releasing the row and picking it again.
-func (e *Engine) executor(queue string, chain int) feeder.Executor {
-	return func(ctx context.Context, c *sqlq.Claimed, h feeder.Holder) feeder.Result {
-		core := e.registry[machineKey{c.FSM, int(c.Version)}]
-		if core == nil {
-			e.releaseUnknown(queue, c)
-			return feeder.Result{}
-		}
-		// Loads and WithTx outcomes of a partitioned row run on the
-		// connection that holds its key's lock.
-		var db sqlq.DB = e.pool
-		if c.PartitionKey != nil {
-			lock, ok := e.lockPartition(ctx, queue, c)
-			if !ok {
-				return feeder.Result{}
-			}
-			defer lock.release()
-			db = lock.conn
-		}
-		for n := 0; ; n++ {
-			start := time.Now()
-			in := &execInput{c: c, queue: queue, limits: e.stateLimits, newChild: e.newInstance}
-			inputs(core, in)
-			res, ok := e.runStep(ctx, queue, core, in, h)
-			if !ok {
-				return feeder.Result{} // abandoned: the watchdog writes its outcome
-			}
-			res.out.ID, res.out.Token = c.ID, c.Token
-			res.out.Continue = n < chain && res.kind == kindNext && res.out.Delay <= 0 && res.txFn == nil &&
-				ctx.Err() == nil && !h.Stopping()
-			if !res.out.Continue && res.txFn == nil && c.PartitionKey == nil {
-				// Nothing in this worker depends on the commit any more: free
-				// the slot now; the claim stays held until the outcome commits.
-				e.commitDetached(ctx, queue, c, &res, h.Detach(), start)
-				return feeder.Result{}
-			}
-			var applied *sqlq.Applied
-			var commitErr error
-			if res.txFn != nil {
-				applied, commitErr = e.commitTx(ctx, db, core, in, &res, h)
-			} else {
-				h.Committing()
-				applied, commitErr = e.commit(ctx, &res.out)
-			}
-			e.reportStep(ctx, queue, c, &res, applied != nil, commitErr, time.Since(start))
-			if applied != nil && applied.Status == string(StatusAwaitingSignal) && res.out.Timeout != nil {
-				e.pokeTimeouts()
-			}
-			if applied != nil && applied.Token != nil && !h.Continue(c.Token, *applied.Token) {
-				// The feeder gave up the claim meanwhile (its lease looked
-				// lost): hand the re-claimed row back rather than strand it.
-				e.releaseClaim(&sqlq.Claimed{ID: c.ID, Token: *applied.Token}, 0)
-				return feeder.Result{RunnableNow: true}
-			}
-			if applied == nil || applied.Token == nil {
-				runnable := applied != nil && applied.Status == string(StatusRunnable) && res.out.Delay <= 0
-				return feeder.Result{RunnableNow: runnable}
-			}
-			// Still ours: the next step, with the state just committed.
-			next := *c
-			next.Token, next.Step, next.State = *applied.Token, *res.out.Step, []byte(*res.out.State)
-			next.Attempt, next.Awaits, next.Children = 0, nil, 0
-			next.Inbox, next.ChildRows = applied.Inbox, nil
-			c = &next
-		}
-	}
-}
-
-// transitionTarget names where an outcome leads, for the machine graph.
-func transitionTarget(from string, res *execResult) string {
-	switch res.kind {
-	case kindDone:
-		return "done"
-	case kindStop:
-		return "failed"
-	case kindReplay:
-		return from
-	}
-	if res.out.Step != nil {
-		return *res.out.Step
-	}
-	return from
-}
-
-// commitDetached hands a final outcome (no chaining, no partition lock, no
-// transaction) to the group committer and returns at once; the feeder's
-// claim is settled by finish when the outcome has committed.
-func (e *Engine) commitDetached(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, finish func(feeder.Result), start time.Time) {
-	claimed := *c
-	r := *res
-	e.committer.CommitAsync(&r.out, func(cr committer.Result) {
-		ctx := context.WithoutCancel(ctx)
-		if cr.Applied != nil {
-			e.wakeApplied(cr.Applied)
-		}
-		e.reportStep(ctx, queue, &claimed, &r, cr.Applied != nil, cr.Err, time.Since(start))
-		if cr.Applied != nil && cr.Applied.Status == string(StatusAwaitingSignal) && r.out.Timeout != nil {
-			e.pokeTimeouts()
-		}
-		runnable := cr.Applied != nil && cr.Applied.Status == string(StatusRunnable) && r.out.Delay <= 0
-		finish(feeder.Result{RunnableNow: runnable})
-	})
-}
-
-// inputs hands the step what the claim brought along (docs/design.md §4):
-// the inbox after an await, or for machines that read it; the children after
-// a fan-out. The statement that claimed the row read them, so a step never
-// costs a load of its own.
-func inputs(core *machineCore, in *execInput) {
-	if in.c.Awaits != nil || core.readsInbox {
-		in.inbox = in.c.Inbox
-	}
-	if in.c.Children > 0 {
-		in.children = in.c.ChildRows
-	}
-}
-
-func (e *Engine) reportStep(ctx context.Context, queue string, c *sqlq.Claimed, res *execResult, applied bool, commitErr error, took time.Duration) {
-	if applied {
-		e.trans.add(c.FSM, c.Step, transitionTarget(c.Step, res), res.kind.String())
-	}
-	if len(e.cfg.Hooks) == 0 && commitErr == nil && applied && res.stepErr == nil && !e.log.Enabled(ctx, slog.LevelDebug) {
-		return // the common case: nothing to tell anyone
-	}
-	ev := &StepEvent{
-		Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Step: c.Step,
-		Attempt: int(c.Attempt), Outcome: res.kind.String(), Err: res.stepErr,
-		Duration: took, Fenced: commitErr == nil && !applied, CommitErr: commitErr,
-	}
-	e.emit(ctx, ev)
-	switch {
-	case commitErr != nil:
-		e.log.Error("gendurable: outcome not written; the step will run again after its lease expires",
-			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
-	case ev.Fenced:
-		e.log.Warn("gendurable: outcome fenced out: the lease was lost, another run owns the instance",
-			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
-	case errors.Is(res.stepErr, ErrInfrastructure):
-		e.log.Warn("gendurable: step's transaction failed on its connection; it runs again without counting an attempt",
-			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt, "err", res.stepErr)
-	case res.stepErr != nil:
-		e.log.Warn("gendurable: step failed", "queue", queue, "fsm", c.FSM, "id", c.ID,
-			"step", c.Step, "attempt", c.Attempt, "outcome", ev.Outcome, "err", res.stepErr)
-	default:
-		e.log.Debug("gendurable: step done", "queue", queue, "fsm", c.FSM, "id", c.ID,
-			"step", c.Step, "outcome", ev.Outcome, "took", took)
-	}
-}
-
-// commit writes one outcome through the group committer. It returns the
-// outcome if its fence held, nil if it was fenced out.
-func (e *Engine) commit(stepCtx context.Context, o *sqlq.Outcome) (*sqlq.Applied, error) {
-	r := e.committer.Commit(o)
-	if r.Applied != nil {
-		e.wakeApplied(r.Applied)
-	}
-	return r.Applied, r.Err
-}
-
-// commitTx writes a WithTx outcome: the step's callback and the outcome in
-// one transaction. If the callback fails, nothing of it is kept and the
-// error goes to Handle, whose outcome is written the ordinary way — unless
-// it failed on its connection (see [ErrInfrastructure]): then the step runs
-// again shortly, without counting an attempt. Transient failures retry the
-// whole transaction (callback included) for up to a lease; a rejected
-// outcome stops the instance like commit does. A transaction that waits (on
-// a lock held elsewhere, for a connection) is not given up while the claim
-// is heartbeated: only once the lease is lost (see txContext).
-func (e *Engine) commitTx(stepCtx context.Context, db sqlq.DB, core *machineCore, in *execInput, res *execResult, h feeder.Holder) (*sqlq.Applied, error) {
-	ctx, cancel := e.txContext(stepCtx)
-	defer cancel()
-	failures := 0
-	var retryUntil time.Time
-	for {
-		applied, fnErr, err := e.tryCommitTx(ctx, stepCtx, db, res, h)
-		switch {
-		case errors.Is(fnErr, ErrInfrastructure):
-			*res = execResult{kind: kindReplay, stepErr: fnErr, out: sqlq.Outcome{
-				ID: in.c.ID, Token: in.c.Token, Kind: sqlq.KindReplay, AttemptInc: 0,
-				Delay:   backoff.Delay(infraRetryDelay, infraRetryDelay, 1),
-				ErrKind: strPtr("infrastructure"), Err: strPtr(truncate(fnErr.Error())),
-			}}
-			h.Committing()
-			return e.commit(stepCtx, &res.out)
-		case fnErr != nil:
-			*res = core.handleErr(stepCtx, in, fnErr)
-			res.out.ID, res.out.Token = in.c.ID, in.c.Token
-			h.Committing()
-			return e.commit(stepCtx, &res.out)
-		case err == nil:
-			if applied != nil {
-				e.wakeApplied(applied)
-			}
-			return applied, nil
-		case sqlq.Rejected(err):
-			res.out = sqlq.Outcome{ID: in.c.ID, Token: in.c.Token, Kind: sqlq.KindStop,
-				ErrKind: strPtr("outcome_rejected"), Err: strPtr(truncate("outcome rejected by the database: " + err.Error()))}
-			res.kind, res.txFn = kindStop, nil
-			h.Committing()
-			return e.commit(stepCtx, &res.out)
-		case errors.Is(context.Cause(stepCtx), feeder.ErrLeaseLost):
-			return nil, nil
-		}
-		db = e.pool // the dedicated connection may be dead
-		failures++
-		if failures == 1 {
-			retryUntil = time.Now().Add(e.cfg.LeaseDuration)
-		} else if time.Now().After(retryUntil) {
-			return nil, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, err
-		case <-time.After(backoff.Delay(20*time.Millisecond, 2*time.Second, failures)):
-		}
-	}
-}
-
-// infraRetryDelay is about how long a step whose transaction failed on its
-// connection waits before it runs again (jittered down to half of it).
-const infraRetryDelay = time.Second
-
-// txContext is the context of a WithTx outcome's transaction. A transaction
-// that waits — on a row another transaction locked, for a pool connection —
-// keeps its claim: the feeder heartbeats it all along. So the context has
-// no deadline; it is cancelled when the lease is lost (the heartbeat found
-// the row taken, or could not confirm it for a whole lease: the step
-// context's cause is ErrLeaseLost), or a lease after the step context was
-// cancelled for another reason (a stop), as before.
-func (e *Engine) txContext(stepCtx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(stepCtx))
-	stop := context.AfterFunc(stepCtx, func() {
-		if errors.Is(context.Cause(stepCtx), feeder.ErrLeaseLost) {
-			cancel()
-			return
-		}
-		go func() {
-			t := time.NewTimer(e.cfg.LeaseDuration)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-	})
-	return ctx, func() { stop(); cancel() }
-}
-
-// tryCommitTx runs one transaction of a WithTx outcome. fnErr is the
-// callback's own failure, wrapped in ErrInfrastructure if it failed on its
-// connection rather than by itself; err a database failure.
-func (e *Engine) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *execResult, h feeder.Holder) (applied *sqlq.Applied, fnErr, err error) {
-	beginner, ok := db.(interface {
-		Begin(context.Context) (pgx.Tx, error)
-	})
-	if !ok {
-		return nil, nil, errors.New("gendurable: internal: connection cannot begin a transaction")
-	}
-	tx, err := beginner.Begin(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	// Without a deadline, a connection that died silently (half-open after
-	// a failover) would keep the claim forever: watch its server session.
-	ctx, gone := context.WithCancelCause(ctx)
-	defer gone(nil)
-	fnCtx, fnGone := context.WithCancelCause(stepCtx)
-	defer fnGone(nil)
-	defer e.watchTx(tx.Conn().PgConn().PID(), func() { gone(errTxGone); fnGone(errTxGone) })()
-	defer func() { _ = tx.Rollback(ctx) }()
-	if fnErr := safely(func() error { return res.txFn(fnCtx, tx) }); fnErr != nil {
-		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
-			fnErr = fmt.Errorf("%w: the step's transaction failed on its connection: %w", ErrInfrastructure, fnErr)
-		}
-		return nil, fnErr, nil
-	}
-	var b sqlq.OutcomeBatch
-	b.Add(&res.out)
-	rows, err := e.q.ApplyOutcomes(ctx, tx, &b)
-	if err != nil {
-		return nil, nil, err
-	}
-	if len(rows) == 0 {
-		return nil, nil, nil // fenced out: the rollback undoes the step's writes too
-	}
-	// The callback has run; from the commit on, the row may be finished
-	// before this worker lets go of its claim.
-	h.Committing()
-	return &rows[0], nil, tx.Commit(ctx)
-}
-
-// errTxGone: the server session of a WithTx transaction no longer exists.
-var errTxGone = errors.New("gendurable: the transaction's server session is gone")
-
-// watchTx checks once per lease, while a WithTx transaction runs, that its
-// server session (backend pid) still exists, and calls gone once if it does
-// not. A check that fails (the database is unreachable) proves nothing: the
-// heartbeat gives the claim up if that lasts a lease. The returned func
-// stops the watch and waits for it.
-func (e *Engine) watchTx(pid uint32, gone func()) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		t := time.NewTicker(e.cfg.LeaseDuration)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			qctx, qcancel := context.WithTimeout(ctx, e.cfg.HeartbeatInterval)
-			var alive bool
-			err := e.pool.QueryRow(qctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, int64(pid)).Scan(&alive)
-			qcancel()
-			if err == nil && !alive {
-				gone()
-				return
-			}
-		}
-	}()
-	return func() { cancel(); <-exited }
-}
-
-// connectionFailure reports an error that says the connection or the
-// server failed rather than the statement: the connection was lost or could
-// not be made (SQLSTATE class 08, a network error, EOF), the server is
-// shutting down or starting up (57P01, 57P02, 57P03), or it has no
-// connection to give (53300). A context's deadline or cancellation is not
-// one: it is the caller's.
-func connectionFailure(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03", "53300"}, pgErr.Code)
-	}
-	var connectErr *pgconn.ConnectError
-	var netErr net.Error
-	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
-}
-
-// wakeApplied kicks the local feeder of an outcome that made its instance
-// runnable (an Await that found its signal, children that were all
-// duplicates; a Next's own queue also learns from the step's completion).
-func (e *Engine) wakeApplied(a *sqlq.Applied) {
-	if a.Status == string(StatusRunnable) {
-		e.kickQueue(a.Queue)
-	}
-}
-
 func (e *Engine) pokeTimeouts() {
 	e.mu.Lock()
 	poke := e.poke
@@ -818,15 +462,6 @@ func (e *Engine) kickQueue(queue string) {
 	if s != nil {
 		s.Kick()
 	}
-}
-
-func (e *Engine) releaseUnknown(queue string, c *sqlq.Claimed) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	e.releaseClaim(c, e.cfg.UnknownVersionDelay)
-	e.log.Warn("gendurable: claimed a row of a machine version this process does not know; released it",
-		"queue", queue, "fsm", c.FSM, "version", c.Version, "id", c.ID, "retry_in", e.cfg.UnknownVersionDelay)
-	e.emit(ctx, &UnknownVersionEvent{Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Delay: e.cfg.UnknownVersionDelay})
 }
 
 // reapLoop runs the reaper every ReaperInterval until ctx is done.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/feeder"
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
@@ -48,12 +49,12 @@ var (
 
 	// ErrEngineStopped: the engine is shutting down; in-flight step contexts
 	// are cancelled with this cause once the drain timeout passes.
-	ErrEngineStopped = errors.New("gendurable: engine stopped")
+	ErrEngineStopped = executor.ErrEngineStopped
 
 	// ErrStepTimeout: the step ran longer than its machine's StepTimeout
 	// (a job's Timeout). Its context is cancelled with this cause, and the
 	// error Handle receives wraps it.
-	ErrStepTimeout = errors.New("gendurable: step timeout")
+	ErrStepTimeout = executor.ErrStepTimeout
 
 	// ErrInfrastructure: a step's WithTx transaction failed on its
 	// connection, not by itself — the connection was lost or terminated
@@ -62,7 +63,7 @@ var (
 	// asked and no attempt is counted: the step runs again after about a
 	// second. The error history records it with kind "infrastructure", and
 	// the StepEvent's Err wraps this error.
-	ErrInfrastructure = errors.New("gendurable: infrastructure failure")
+	ErrInfrastructure = executor.ErrInfrastructure
 
 	// ErrSchemaVersion: the schema is not migrated to the version this
 	// library needs (see package migrate).

@@ -9,11 +9,10 @@ import (
 	"runtime/debug"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
+	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
 )
@@ -151,7 +150,8 @@ type Definition interface {
 	definition() (*machineCore, error)
 }
 
-// machineCore is the untyped face of a machine that the engine works with.
+// machineCore is the untyped face of a machine: what validation, inserts
+// and the admin API need, and the executor's Definition built from it.
 type machineCore struct {
 	name        string
 	version     int
@@ -160,20 +160,38 @@ type machineCore struct {
 	steps       map[string]bool
 	maxAttempts int
 	encode      func(state any) (string, error) // checks the dynamic type is S
-	readsInbox  bool                            // load the inbox for every step, not only after an await
+	readsInbox  bool                            // every step gets the inbox, not only one after an await
 	stepTimeout time.Duration                   // 0: none
 	backoff     func(attempt int) time.Duration // retry delay of the default Handle
-	exec        func(ctx context.Context, in *execInput) execResult
-	handleErr   func(ctx context.Context, in *execInput, err error) execResult
+	exec        func(ctx context.Context, in *execInput) executor.Result
+	handleErr   func(ctx context.Context, in *execInput, err error) executor.Result
 }
 
-// execResult is a step's outcome, encoded for the database, plus what the
-// engine reports about it.
-type execResult struct {
-	out     sqlq.Outcome // ID and Token are filled in by the engine
-	kind    outcomeKind
-	stepErr error                                      // the handled error, if the step failed
-	txFn    func(ctx context.Context, tx pgx.Tx) error // WithTx: run in the outcome's transaction
+// execInput is a step run's input: what the executor hands over, and the
+// engine's limits and child encoder for the outcome.
+type execInput struct {
+	*executor.Input
+	limits   jsonLimits // of the outcome's state and result
+	newChild func(InsertParams) (sqlq.NewInstance, error)
+}
+
+// executorDefinition is core as the executor runs it, with this engine's
+// limits and child encoder.
+func (core *machineCore) executorDefinition(limits jsonLimits, newChild func(InsertParams) (sqlq.NewInstance, error)) *executor.Definition {
+	in := func(x *executor.Input) *execInput { return &execInput{Input: x, limits: limits, newChild: newChild} }
+	return &executor.Definition{
+		StepTimeout: core.stepTimeout,
+		ReadsInbox:  core.readsInbox,
+		Backoff: func(attempt int) time.Duration {
+			d := DefaultBackoff(attempt) // if the user's Backoff panics
+			_ = safely(func() error { d = core.backoff(attempt); return nil })
+			return d
+		},
+		Run: func(ctx context.Context, x *executor.Input) executor.Result { return core.exec(ctx, in(x)) },
+		Handle: func(ctx context.Context, x *executor.Input, err error) executor.Result {
+			return core.handleErr(ctx, in(x), err)
+		},
+	}
 }
 
 func (m *Machine[S]) definition() (*machineCore, error) {
@@ -230,23 +248,12 @@ func (m *Machine[S]) New(state S) InsertParams {
 	return InsertParams{def: m, state: state}
 }
 
-// execInput is everything a step run needs besides user code: the claimed
-// row, what was loaded for it, and the engine's encoders.
-type execInput struct {
-	c        *sqlq.Claimed
-	queue    string
-	inbox    []sqlq.SignalRow // loaded after an await, or when the machine reads its inbox
-	children []sqlq.ChildRow  // loaded after a fan-out
-	limits   jsonLimits       // of the outcome's state and result
-	newChild func(InsertParams) (sqlq.NewInstance, error)
-}
-
 // newRun builds the step's view of its instance; it fails only when the
 // stored state does not decode.
 func (m *Machine[S]) newRun(in *execInput) (*Run[S], error) {
-	c := in.c
+	c := in.Claim
 	r := &Run[S]{
-		ID: c.ID, Machine: c.FSM, Version: int(c.Version), Queue: in.queue, Step: c.Step,
+		ID: c.ID, Machine: c.FSM, Version: int(c.Version), Queue: in.Queue, Step: c.Step,
 		Attempt: int(c.Attempt), MaxAttempts: int(c.MaxAttempts), Priority: int(c.Priority),
 		InsertedAt: c.InsertedAt,
 	}
@@ -256,14 +263,14 @@ func (m *Machine[S]) newRun(in *execInput) (*Run[S], error) {
 	if err := safely(func() error { return json.Unmarshal(c.State, &r.State) }); err != nil {
 		return nil, fmt.Errorf("%w into %T: %v", ErrStateDecode, r.State, err)
 	}
-	for _, sr := range in.inbox {
+	for _, sr := range in.Inbox {
 		sig := Signal{ID: sr.ID, Name: sr.Name, Payload: sr.Payload, At: sr.InsertedAt}
 		r.Inbox = append(r.Inbox, sig)
 		if slices.Contains(c.Awaits, sr.Name) {
 			r.Awaited = append(r.Awaited, sig)
 		}
 	}
-	for _, cr := range in.children {
+	for _, cr := range in.Children {
 		r.Children = append(r.Children, Child{ID: cr.ID, Machine: cr.FSM, Version: int(cr.Version),
 			Step: cr.Step, Status: Status(cr.Status), Result: cr.Result, FinishedAt: cr.FinishedAt})
 	}
@@ -272,15 +279,15 @@ func (m *Machine[S]) newRun(in *execInput) (*Run[S], error) {
 
 // exec decodes the state, runs the step and, on failure, Handle, and encodes
 // the resulting outcome. It never returns without an outcome to apply.
-func (m *Machine[S]) exec(ctx context.Context, in *execInput) execResult {
+func (m *Machine[S]) exec(ctx context.Context, in *execInput) executor.Result {
 	r, err := m.newRun(in)
 	if err != nil {
 		// Stored data will not decode on a retry either: stop with the reason.
 		return stopResult("state_decode", err.Error(), err)
 	}
 	var out Outcome
-	if fn := m.Steps[in.c.Step]; fn == nil {
-		err = fmt.Errorf("%w: step %q is not declared by machine %q version %d", ErrInvalidOutcome, in.c.Step, m.Name, m.core.version)
+	if fn := m.Steps[in.Claim.Step]; fn == nil {
+		err = fmt.Errorf("%w: step %q is not declared by machine %q version %d", ErrInvalidOutcome, in.Claim.Step, m.Name, m.core.version)
 	} else {
 		out, err = callStep(ctx, func() (Outcome, error) { return fn(ctx, r) })
 	}
@@ -292,14 +299,14 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) execResult {
 		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, r, in); return err })
 	}
 	if err == nil {
-		return execResult{out: enc, kind: out.kind, txFn: out.txFn}
+		return executor.Result{Out: enc, TxFn: safeTx(out.txFn)}
 	}
 	return m.handle(ctx, r, in, err)
 }
 
 // handleErr runs the failure path for an error found after the step
 // returned (a WithTx callback that failed).
-func (m *Machine[S]) handleErr(ctx context.Context, in *execInput, stepErr error) execResult {
+func (m *Machine[S]) handleErr(ctx context.Context, in *execInput, stepErr error) executor.Result {
 	r, err := m.newRun(in)
 	if err != nil {
 		return stopResult("state_decode", err.Error(), err)
@@ -308,14 +315,14 @@ func (m *Machine[S]) handleErr(ctx context.Context, in *execInput, stepErr error
 }
 
 // handle asks Handle what to do after stepErr and encodes its answer.
-func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepErr error) execResult {
+func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepErr error) executor.Result {
 	if errors.Is(context.Cause(ctx), ErrEngineStopped) {
 		// The engine cancelled the step at shutdown: not the step's fault, so
 		// no attempt is counted and Handle is not asked. It runs again as is.
-		return execResult{
-			out: sqlq.Outcome{Kind: sqlq.KindReplay, AttemptInc: 0,
+		return executor.Result{
+			Out: sqlq.Outcome{Kind: sqlq.KindReplay, AttemptInc: 0,
 				ErrKind: strPtr("interrupted"), Err: strPtr(truncate("interrupted by engine shutdown: " + stepErr.Error()))},
-			kind: kindReplay, stepErr: stepErr,
+			StepErr: stepErr,
 		}
 	}
 	handle := m.Handle
@@ -335,11 +342,11 @@ func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepE
 		return stopResult(errKind(stepErr), msg, stepErr)
 	}
 	msg := stepErr.Error()
-	if out.kind == kindStop {
+	if out.kind == sqlq.KindStop {
 		msg = fmt.Sprintf("%s; stopped: %s", stepErr, out.reason)
 	}
 	enc.ErrKind, enc.Err = strPtr(errKind(stepErr)), strPtr(truncate(msg))
-	return execResult{out: enc, kind: out.kind, stepErr: stepErr}
+	return executor.Result{Out: enc, StepErr: stepErr}
 }
 
 func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Outcome, error) {
@@ -356,10 +363,10 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 	}
 	enc := sqlq.Outcome{Delay: o.delay}
 	switch o.kind {
-	case kindNext:
+	case sqlq.KindNext:
 		enc.Kind, enc.Step = sqlq.KindNext, strPtr(o.step)
 		consumeAwaited(&enc, r.Awaited)
-	case kindAwait:
+	case sqlq.KindAwait:
 		enc.Kind, enc.Step = sqlq.KindAwait, strPtr(o.step)
 		names, _ := json.Marshal(o.awaits)
 		enc.Awaits = strPtr(string(names))
@@ -377,7 +384,7 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 			b, _ := json.Marshal(seen)
 			enc.InboxDec = strPtr(string(b))
 		}
-	case kindChildren:
+	case sqlq.KindChildren:
 		enc.Kind, enc.Step = sqlq.KindChildren, strPtr(o.step)
 		consumeAwaited(&enc, r.Awaited)
 		for i, p := range o.children {
@@ -387,12 +394,12 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 			}
 			enc.Children = append(enc.Children, child)
 		}
-	case kindReplay:
+	case sqlq.KindReplay:
 		enc.Kind, enc.AttemptInc = sqlq.KindReplay, 1
 		if o.snooze {
 			enc.AttemptInc = 0
 		}
-	case kindDone:
+	case sqlq.KindDone:
 		enc.Kind = sqlq.KindDone
 		b, err := json.Marshal(o.result)
 		if err != nil {
@@ -402,7 +409,7 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 			return sqlq.Outcome{}, fmt.Errorf("%w: %w", ErrInvalidOutcome, err)
 		}
 		enc.Result = strPtr(string(b))
-	case kindStop:
+	case sqlq.KindStop:
 		enc.Kind = sqlq.KindStop
 		enc.ErrKind, enc.Err = strPtr("stop"), strPtr(truncate(o.reason))
 	}
@@ -459,6 +466,15 @@ func callStep(_ context.Context, fn func() (Outcome, error)) (out Outcome, err e
 	return fn()
 }
 
+// safeTx wraps a WithTx callback so that a panic in it comes back as a
+// *PanicError, handed to Handle like any step error.
+func safeTx(fn func(ctx context.Context, tx pgx.Tx) error) func(ctx context.Context, tx pgx.Tx) error {
+	if fn == nil {
+		return nil
+	}
+	return func(ctx context.Context, tx pgx.Tx) error { return safely(func() error { return fn(ctx, tx) }) }
+}
+
 // safely runs fn, turning a panic (e.g. in a user's MarshalJSON) into a *PanicError.
 func safely(fn func() error) (err error) {
 	defer func() {
@@ -469,11 +485,10 @@ func safely(fn func() error) (err error) {
 	return fn()
 }
 
-func stopResult(kind, msg string, cause error) execResult {
-	return execResult{
-		out:     sqlq.Outcome{Kind: sqlq.KindStop, ErrKind: strPtr(kind), Err: strPtr(truncate(msg))},
-		kind:    kindStop,
-		stepErr: cause,
+func stopResult(kind, msg string, cause error) executor.Result {
+	return executor.Result{
+		Out:     sqlq.Outcome{Kind: sqlq.KindStop, ErrKind: strPtr(kind), Err: strPtr(truncate(msg))},
+		StepErr: cause,
 	}
 }
 
@@ -499,21 +514,8 @@ func DefaultBackoff(attempt int) time.Duration {
 	return d - time.Duration(rand.Int64N(int64(d)/2+1))
 }
 
-const maxErrorText = 4000
-
-// truncate makes an error text safe to store: valid UTF-8, no NUL bytes
-// (PostgreSQL text cannot hold them), and bounded in length.
-func truncate(s string) string {
-	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
-	if len(s) <= maxErrorText {
-		return s
-	}
-	cut := maxErrorText
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…(truncated)"
-}
+// truncate makes an error text storable (sqlq.ErrorText).
+func truncate(s string) string { return sqlq.ErrorText(s) }
 
 func strPtr(s string) *string { return &s }
 

@@ -5,46 +5,16 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
 )
-
-type outcomeKind uint8
-
-const (
-	kindNone outcomeKind = iota
-	kindNext
-	kindReplay
-	kindDone
-	kindStop
-	kindAwait
-	kindChildren
-)
-
-func (k outcomeKind) String() string {
-	switch k {
-	case kindNext:
-		return "next"
-	case kindReplay:
-		return "replay"
-	case kindDone:
-		return "done"
-	case kindStop:
-		return "stop"
-	case kindAwait:
-		return "await"
-	case kindChildren:
-		return "children"
-	default:
-		return "none"
-	}
-}
 
 // Outcome is what a step decided. Build one with the methods of [Run]
 // ([Run.Next], [Run.Replay]) or with [Done] and [Stop]; the zero Outcome is
 // invalid. The engine validates an outcome before any SQL runs and applies it
 // in one statement, fenced by the step's claim token.
 type Outcome struct {
-	kind     outcomeKind
+	kind     sqlq.Kind
 	step     string
 	state    any  // the machine's state value (S), encoded by the engine
 	hasState bool // Next and Replay carry a state
@@ -67,7 +37,7 @@ func (o Outcome) Kind() string { return o.kind.String() }
 // restart or a crash does not shorten or lose it. On other outcomes it has no
 // effect except on Replay, where it replaces the replay delay.
 func (o Outcome) After(d time.Duration) Outcome {
-	if o.kind == kindNext || o.kind == kindReplay {
+	if o.kind == sqlq.KindNext || o.kind == sqlq.KindReplay {
 		o.delay = d
 	}
 	return o
@@ -78,7 +48,7 @@ func (o Outcome) After(d time.Duration) Outcome {
 // anyway, with an empty Awaited view (that is how the step tells it timed
 // out). It has no effect on other outcomes.
 func (o Outcome) Timeout(d time.Duration) Outcome {
-	if o.kind == kindAwait {
+	if o.kind == sqlq.KindAwait {
 		o.timeout = d
 	}
 	return o
@@ -105,23 +75,23 @@ func (o Outcome) WithTx(fn func(ctx context.Context, tx pgx.Tx) error) Outcome {
 
 // Done finishes the instance successfully. result (any JSON-encodable value,
 // or nil) is stored in the instance's result column.
-func Done(result any) Outcome { return Outcome{kind: kindDone, result: result} }
+func Done(result any) Outcome { return Outcome{kind: sqlq.KindDone, result: result} }
 
 // Stop fails the instance for good, recording reason in its error history.
 // It is not retried.
-func Stop(reason string) Outcome { return Outcome{kind: kindStop, reason: reason} }
+func Stop(reason string) Outcome { return Outcome{kind: sqlq.KindStop, reason: reason} }
 
 // Next moves the instance to step with a new state, committed before the
 // step runs; the attempt counter resets to 0.
 func (r *Run[S]) Next(step string, state S) Outcome {
-	return Outcome{kind: kindNext, step: step, state: state, hasState: true}
+	return Outcome{kind: sqlq.KindNext, step: step, state: state, hasState: true}
 }
 
 // Replay runs the same step again after delay with state, counting one more
 // attempt. Signals are not consumed and awaited names are kept, so the replay
 // sees the same inputs.
 func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
-	return Outcome{kind: kindReplay, state: state, hasState: true, delay: delay}
+	return Outcome{kind: sqlq.KindReplay, state: state, hasState: true, delay: delay}
 }
 
 // Await parks the instance until a signal with one of names arrives (see
@@ -133,7 +103,7 @@ func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 // together — signals accumulate until a Next (or ScheduleChildren) consumes
 // the ones the step received. Add a deadline with [Outcome.Timeout].
 func (r *Run[S]) Await(nextStep string, state S, names ...string) Outcome {
-	return Outcome{kind: kindAwait, step: nextStep, state: state, hasState: true, awaits: names}
+	return Outcome{kind: sqlq.KindAwait, step: nextStep, state: state, hasState: true, awaits: names}
 }
 
 // ScheduleChildren inserts children (instances of any registered machine,
@@ -142,24 +112,24 @@ func (r *Run[S]) Await(nextStep string, state S, names ...string) Outcome {
 // instance runs nextStep with state and sees them in [Run.Children]. With no
 // children (or only unique-key duplicates) it runs on at once.
 func (r *Run[S]) ScheduleChildren(nextStep string, state S, children ...InsertParams) Outcome {
-	return Outcome{kind: kindChildren, step: nextStep, state: state, hasState: true, children: children}
+	return Outcome{kind: sqlq.KindChildren, step: nextStep, state: state, hasState: true, children: children}
 }
 
 // validate checks an outcome against its machine before any SQL runs.
 func (o Outcome) validate(steps map[string]bool) error {
 	switch o.kind {
-	case kindNext:
+	case sqlq.KindNext:
 		if !steps[o.step] {
 			return fmt.Errorf("%w: Next names step %q, which the machine does not declare", ErrInvalidOutcome, o.step)
 		}
 		if o.delay < 0 {
 			return fmt.Errorf("%w: negative delay %s", ErrInvalidOutcome, o.delay)
 		}
-	case kindReplay:
+	case sqlq.KindReplay:
 		if o.delay < 0 {
 			return fmt.Errorf("%w: negative replay delay %s", ErrInvalidOutcome, o.delay)
 		}
-	case kindAwait:
+	case sqlq.KindAwait:
 		if !steps[o.step] {
 			return fmt.Errorf("%w: Await names next step %q, which the machine does not declare", ErrInvalidOutcome, o.step)
 		}
@@ -174,11 +144,11 @@ func (o Outcome) validate(steps map[string]bool) error {
 		if o.timeout < 0 {
 			return fmt.Errorf("%w: negative await timeout %s", ErrInvalidOutcome, o.timeout)
 		}
-	case kindChildren:
+	case sqlq.KindChildren:
 		if !steps[o.step] {
 			return fmt.Errorf("%w: ScheduleChildren names next step %q, which the machine does not declare", ErrInvalidOutcome, o.step)
 		}
-	case kindDone, kindStop:
+	case sqlq.KindDone, sqlq.KindStop:
 	default:
 		return fmt.Errorf("%w: the step returned the zero Outcome", ErrInvalidOutcome)
 	}

@@ -4,6 +4,7 @@
 package backoff
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -22,3 +23,26 @@ func Delay(base, ceiling time.Duration, n int) time.Duration {
 	}
 	return d/2 + rand.N(d/2+1)
 }
+
+// Write is the retry schedule of an outcome write that failed transiently
+// (a lost connection, a deadlock with another process's batch): the group
+// committer and a WithTx outcome's transaction both wait through it, 20 ms
+// doubling to 2 s, jittered.
+type Write struct{ failures int }
+
+// Wait counts one more failure and sleeps before the next try. It returns
+// false, at once, if ctx ends first: give up.
+func (w *Write) Wait(ctx context.Context) bool {
+	w.failures++
+	t := time.NewTimer(Delay(20*time.Millisecond, 2*time.Second, w.failures))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Failures is how many failures Wait has counted.
+func (w *Write) Failures() int { return w.failures }

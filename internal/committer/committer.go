@@ -16,10 +16,16 @@ import (
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
+// Defaults of Config.
+const (
+	DefaultMaxBatch    = 500
+	DefaultMaxInFlight = 2
+)
+
 // Config tunes a Committer.
 type Config struct {
-	MaxBatch    int           // outcomes per statement; default 500
-	MaxInFlight int           // statements in flight at once; default 2
+	MaxBatch    int           // outcomes per statement; default DefaultMaxBatch
+	MaxInFlight int           // statements in flight at once; default DefaultMaxInFlight
 	Lease       time.Duration // lease of continued outcomes, and how long a write is retried
 }
 
@@ -59,10 +65,10 @@ type Committer struct {
 // New returns a Committer writing through db.
 func New(cfg Config, q *sqlq.Queries, db sqlq.DB) *Committer {
 	if cfg.MaxBatch <= 0 {
-		cfg.MaxBatch = 500
+		cfg.MaxBatch = DefaultMaxBatch
 	}
 	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = 2
+		cfg.MaxInFlight = DefaultMaxInFlight
 	}
 	c := &Committer{cfg: cfg, q: q, db: db}
 	c.batches.New = func() any { return &sqlq.OutcomeBatch{} }
@@ -125,7 +131,7 @@ func (c *Committer) apply(batch []*request) {
 	defer cancel()
 	b := c.batches.Get().(*sqlq.OutcomeBatch)
 	defer c.batches.Put(b)
-	failures := 0
+	var retry backoff.Write
 	for {
 		b.Reset()
 		b.Lease = c.cfg.Lease
@@ -151,22 +157,15 @@ func (c *Committer) apply(batch []*request) {
 				return
 			}
 			if o := batch[0].out; o.Kind != sqlq.KindStop {
-				msg := "outcome rejected by the database: " + err.Error()
-				*o = sqlq.Outcome{ID: o.ID, Token: o.Token, Kind: sqlq.KindStop,
-					ErrKind: ptr("outcome_rejected"), Err: &msg}
+				*o = sqlq.RejectedStop(o, err)
 				continue
 			}
 		}
-		failures++
-		select {
-		case <-ctx.Done():
+		if !retry.Wait(ctx) {
 			for _, r := range batch {
 				r.deliver(Result{Err: err})
 			}
 			return
-		case <-time.After(backoff.Delay(20*time.Millisecond, 2*time.Second, failures)):
 		}
 	}
 }
-
-func ptr(s string) *string { return &s }

@@ -328,3 +328,13 @@ func (q *Queries) PartitionUnlock(ctx context.Context, db DB, key string) (bool,
 	err := db.QueryRow(ctx, partitionUnlockSQL, "gendurable:"+q.Schema, key).Scan(&ok)
 	return ok, err
 }
+
+const sessionAlive = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`
+
+// SessionAlive reports whether the server session with backend pid still
+// exists (a WithTx transaction's connection may die silently).
+func (q *Queries) SessionAlive(ctx context.Context, db DB, pid uint32) (bool, error) {
+	var alive bool
+	err := db.QueryRow(ctx, sessionAlive, int64(pid)).Scan(&alive)
+	return alive, err
+}

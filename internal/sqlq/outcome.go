@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -21,18 +22,77 @@ import (
 // the instance updated, parents joined — hangs off that locked set, so a
 // fenced-out outcome changes nothing at all.
 
-// Outcome kinds as stored in the batch's kind column.
+// Kind is what a step decided (docs/design.md §2). It is the one
+// definition of the outcome kinds: the root package's Outcome carries one,
+// the executor and committer branch on it, and the outcome statement's
+// CASEs are written with its values (outcomeSQL renders {{next}} … from
+// the constants below), so adding a kind starts here.
+type Kind int16
+
+// Outcome kinds. The numbers are what the batch's kind column carries.
 const (
-	KindNext     int16 = 1
-	KindReplay   int16 = 2
-	KindDone     int16 = 3
-	KindStop     int16 = 4
-	KindAwait    int16 = 5
-	KindChildren int16 = 6
+	KindNone     Kind = iota // the zero Outcome: invalid
+	KindNext                 // go on to a named step
+	KindReplay               // run the same step again (retry or snooze)
+	KindDone                 // finished successfully
+	KindStop                 // failed for good
+	KindAwait                // park until a signal (or a timeout)
+	KindChildren             // park until scheduled children finish
 )
+
+// String names the kind as outcomes, events and logs show it.
+func (k Kind) String() string {
+	switch k {
+	case KindNext:
+		return "next"
+	case KindReplay:
+		return "replay"
+	case KindDone:
+		return "done"
+	case KindStop:
+		return "stop"
+	case KindAwait:
+		return "await"
+	case KindChildren:
+		return "children"
+	}
+	return "none"
+}
+
+// kindSQL writes the kinds' values into the outcome statement's CASEs.
+var kindSQL = strings.NewReplacer(
+	"{{next}}", strconv.Itoa(int(KindNext)), "{{replay}}", strconv.Itoa(int(KindReplay)),
+	"{{done}}", strconv.Itoa(int(KindDone)), "{{stop}}", strconv.Itoa(int(KindStop)),
+	"{{await}}", strconv.Itoa(int(KindAwait)), "{{children}}", strconv.Itoa(int(KindChildren)))
 
 // MaxErrorHistory bounds the error entries kept on a row; older ones fall off.
 const MaxErrorHistory = 20
+
+// maxErrorText bounds one error text in the history, in bytes.
+const maxErrorText = 4000
+
+// ErrorText makes an error text storable in the error history: valid
+// UTF-8, no NUL bytes (PostgreSQL text cannot hold them), and at most
+// maxErrorText bytes, cut at a character boundary.
+func ErrorText(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) <= maxErrorText {
+		return s
+	}
+	cut := maxErrorText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…(truncated)"
+}
+
+// RejectedStop is the outcome that replaces o when the database rejected
+// it as data (see Rejected): a Stop of the same claim that records why. It
+// is the one rule for rejected outcomes, whichever path wrote them.
+func RejectedStop(o *Outcome, err error) Outcome {
+	kind, msg := "outcome_rejected", ErrorText("outcome rejected by the database: "+err.Error())
+	return Outcome{ID: o.ID, Token: o.Token, Kind: KindStop, ErrKind: &kind, Err: &msg}
+}
 
 // parentJoinCTE decrements the parents of the rows in CTE "changed" that
 // became done or failed; the decrement that reaches zero wakes the parent.
@@ -78,8 +138,12 @@ const (
 )
 
 // outcomeSQL is the outcome statement of one shape, with named parameters
-// (@name) that bindNamed numbers.
-func outcomeSQL(shape outcomeShape) string {
+// (@name) that bindNamed numbers and the kinds' values filled in.
+func outcomeSQL(shape outcomeShape) string { return kindSQL.Replace(outcomeSQLTemplate(shape)) }
+
+// outcomeSQLTemplate is the outcome statement of one shape as written, with
+// the kinds as placeholders ({{next}}, {{done}}, …).
+func outcomeSQLTemplate(shape outcomeShape) string {
 	var b strings.Builder
 	b.WriteString(`
 WITH locked AS MATERIALIZED (
@@ -150,40 +214,41 @@ WITH locked AS MATERIALIZED (
 		b.WriteString(`, swept AS (
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
   FROM locked AS o
-  WHERE o.kind IN (3, 4) AND o.has_inbox AND s.target_id = o.id AND s.consumed_at IS NULL
+  WHERE o.kind IN ({{done}}, {{stop}}) AND o.has_inbox AND s.target_id = o.id AND s.consumed_at IS NULL
   RETURNING s.id
 )`)
 	}
 	b.WriteString(`, changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET status = (CASE o.kind
-        WHEN 1 THEN CASE WHEN o.cont THEN 'executing' ELSE 'runnable' END
-        WHEN 2 THEN 'runnable' WHEN 3 THEN 'done' WHEN 4 THEN 'failed'
-        WHEN 5 THEN CASE WHEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
+        WHEN {{next}} THEN CASE WHEN o.cont THEN 'executing' ELSE 'runnable' END
+        WHEN {{replay}} THEN 'runnable' WHEN {{done}} THEN 'done' WHEN {{stop}} THEN 'failed'
+        WHEN {{await}} THEN CASE WHEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
                                 ?| ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb))
                          THEN 'runnable' ELSE 'awaiting_signal' END
         ELSE CASE WHEN o.kids = 0 THEN 'runnable' ELSE 'awaiting_children' END
       END)::{{schema}}.gendurable_status,
       step = coalesce(o.step, i.step),
       state = coalesce(o.state::jsonb, i.state),
-      attempt = CASE o.kind WHEN 2 THEN i.attempt + o.attempt_inc WHEN 3 THEN i.attempt WHEN 4 THEN i.attempt ELSE 0 END,
-      eligible_at = CASE WHEN o.kind IN (1, 2) THEN now() + o.delay_us * interval '1 microsecond'
-                         WHEN o.kind IN (5, 6) THEN now() ELSE i.eligible_at END,
-      result = CASE WHEN o.kind = 3 THEN o.result::jsonb ELSE i.result END,
-      awaits = CASE o.kind WHEN 2 THEN i.awaits
-                           WHEN 5 THEN ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb)) END,
-      await_deadline = CASE WHEN o.kind = 5 AND o.timeout_us IS NOT NULL
+      attempt = CASE o.kind WHEN {{replay}} THEN i.attempt + o.attempt_inc WHEN {{done}} THEN i.attempt
+                         WHEN {{stop}} THEN i.attempt ELSE 0 END,
+      eligible_at = CASE WHEN o.kind IN ({{next}}, {{replay}}) THEN now() + o.delay_us * interval '1 microsecond'
+                         WHEN o.kind IN ({{await}}, {{children}}) THEN now() ELSE i.eligible_at END,
+      result = CASE WHEN o.kind = {{done}} THEN o.result::jsonb ELSE i.result END,
+      awaits = CASE o.kind WHEN {{replay}} THEN i.awaits
+                           WHEN {{await}} THEN ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb)) END,
+      await_deadline = CASE WHEN o.kind = {{await}} AND o.timeout_us IS NOT NULL
                             THEN now() + o.timeout_us * interval '1 microsecond' END,
-      inbox = CASE WHEN o.kind IN (3, 4) THEN '{}'::jsonb
-                   WHEN o.kind IN (1, 6) AND o.inbox_dec IS NOT NULL
+      inbox = CASE WHEN o.kind IN ({{done}}, {{stop}}) THEN '{}'::jsonb
+                   WHEN o.kind IN ({{next}}, {{children}}) AND o.inbox_dec IS NOT NULL
                      THEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
                    ELSE i.inbox END,
-      children_total = CASE o.kind WHEN 2 THEN i.children_total WHEN 6 THEN o.kids ELSE 0 END,
-      children_pending = CASE o.kind WHEN 6 THEN o.kids ELSE i.children_pending END,
-      fanout = CASE o.kind WHEN 6 THEN i.fanout + 1 ELSE i.fanout END,
+      children_total = CASE o.kind WHEN {{replay}} THEN i.children_total WHEN {{children}} THEN o.kids ELSE 0 END,
+      children_pending = CASE o.kind WHEN {{children}} THEN o.kids ELSE i.children_pending END,
+      fanout = CASE o.kind WHEN {{children}} THEN i.fanout + 1 ELSE i.fanout END,
       lease_expires_at = CASE WHEN o.cont THEN now() + @lease::bigint * interval '1 microsecond' END,
       claim_token = CASE WHEN o.cont THEN nextval('{{schema}}.gendurable_claim_token_seq') END,
-      finished_at = CASE WHEN o.kind IN (3, 4) THEN now() END,
+      finished_at = CASE WHEN o.kind IN ({{done}}, {{stop}}) THEN now() END,
       updated_at = now(),
       errors = CASE WHEN o.err IS NULL THEN i.errors
                ELSE (CASE WHEN jsonb_array_length(i.errors) >= @max_errors THEN i.errors - 0 ELSE i.errors END)
@@ -233,7 +298,7 @@ func bindNamed(sql string) namedStmt {
 type Outcome struct {
 	ID         int64
 	Token      int64
-	Kind       int16
+	Kind       Kind
 	Step       *string // nil keeps the current step
 	State      *string // JSON; nil keeps the current state
 	Delay      time.Duration
@@ -288,7 +353,7 @@ func (b *OutcomeBatch) Len() int { return len(b.ids) }
 func (b *OutcomeBatch) Add(o *Outcome) {
 	b.ids = append(b.ids, o.ID)
 	b.tokens = append(b.tokens, o.Token)
-	b.kinds = append(b.kinds, o.Kind)
+	b.kinds = append(b.kinds, int16(o.Kind))
 	b.steps = append(b.steps, o.Step)
 	b.states = append(b.states, o.State)
 	b.delays = append(b.delays, micros(o.Delay))
@@ -325,7 +390,7 @@ func (b *OutcomeBatch) shape() outcomeShape {
 		sh |= shapeConsume
 	}
 	for _, k := range b.kinds {
-		if k == KindDone || k == KindStop {
+		if Kind(k) == KindDone || Kind(k) == KindStop {
 			sh |= shapeTerminal
 			break
 		}
@@ -422,6 +487,12 @@ type Applied struct {
 	Token  *int64      // a continued outcome's new claim token
 	Inbox  []SignalRow // a continued outcome: the unconsumed signals, for its next step
 }
+
+// Runnable reports that the outcome left its instance runnable.
+func (a *Applied) Runnable() bool { return a.Status == "runnable" }
+
+// AwaitingSignal reports that the outcome parked its instance for a signal.
+func (a *Applied) AwaitingSignal() bool { return a.Status == "awaiting_signal" }
 
 // ApplyOutcomes applies the batch in one statement and returns the outcomes
 // whose fence held. An id missing from the answer was not written: its claim

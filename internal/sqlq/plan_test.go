@@ -313,7 +313,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 			const batch = 500
 			ids, tokens := f.executing(t, batch)
 			res := `{"ok":true}`
-			outcomes := func(kind int16) *sqlq.OutcomeBatch {
+			outcomes := func(kind sqlq.Kind) *sqlq.OutcomeBatch {
 				b := &sqlq.OutcomeBatch{Lease: time.Minute}
 				for i := range ids {
 					b.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: kind, Result: &res, Step: ptr("b")})

@@ -1,4 +1,4 @@
-package gendurable
+package executor
 
 import (
 	"context"

@@ -1,0 +1,77 @@
+package gendurable
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/executor"
+	"github.com/gendurable/gendurable/internal/sqlq"
+)
+
+// execEvents turns what the executor observes into hook events, logs and
+// the machine graph's observed transitions.
+type execEvents struct{ e *Engine }
+
+func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res *executor.Result, applied bool, commitErr error, took time.Duration) {
+	e := x.e
+	if applied {
+		e.trans.add(c.FSM, c.Step, transitionTarget(c.Step, &res.Out), res.Out.Kind.String())
+	}
+	if len(e.cfg.Hooks) == 0 && commitErr == nil && applied && res.StepErr == nil && !e.log.Enabled(ctx, slog.LevelDebug) {
+		return // the common case: nothing to tell anyone
+	}
+	ev := &StepEvent{
+		Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Step: c.Step,
+		Attempt: int(c.Attempt), Outcome: res.Out.Kind.String(), Err: res.StepErr,
+		Duration: took, Fenced: commitErr == nil && !applied, CommitErr: commitErr,
+	}
+	e.emit(ctx, ev)
+	switch {
+	case commitErr != nil:
+		e.log.Error("gendurable: outcome not written; the step will run again after its lease expires",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
+	case ev.Fenced:
+		e.log.Warn("gendurable: outcome fenced out: the lease was lost, another run owns the instance",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
+	case errors.Is(res.StepErr, ErrInfrastructure):
+		e.log.Warn("gendurable: step's transaction failed on its connection; it runs again without counting an attempt",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt, "err", res.StepErr)
+	case res.StepErr != nil:
+		e.log.Warn("gendurable: step failed", "queue", queue, "fsm", c.FSM, "id", c.ID,
+			"step", c.Step, "attempt", c.Attempt, "outcome", ev.Outcome, "err", res.StepErr)
+	default:
+		e.log.Debug("gendurable: step done", "queue", queue, "fsm", c.FSM, "id", c.ID,
+			"step", c.Step, "outcome", ev.Outcome, "took", took)
+	}
+}
+
+func (x execEvents) Abandoned(ctx context.Context, queue string, c *sqlq.Claimed, a executor.Abandonment) {
+	x.e.emit(ctx, &StepAbandonedEvent{Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Step: c.Step,
+		Attempt: int(c.Attempt), Running: a.Running, Outcome: a.Outcome.String(), Written: a.Written, AbandonedSlots: a.Slots})
+}
+
+func (x execEvents) UnknownVersion(ctx context.Context, queue string, c *sqlq.Claimed, delay time.Duration) {
+	x.e.emit(ctx, &UnknownVersionEvent{Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Delay: delay})
+}
+
+func (x execEvents) PartitionContended(ctx context.Context, queue string, c *sqlq.Claimed, key string) {
+	x.e.emit(ctx, &PartitionContendedEvent{Queue: queue, InstanceID: c.ID, PartitionKey: key})
+}
+
+// transitionTarget names where an outcome leads, for the machine graph.
+func transitionTarget(from string, o *sqlq.Outcome) string {
+	switch o.Kind {
+	case sqlq.KindDone:
+		return "done"
+	case sqlq.KindStop:
+		return "failed"
+	case sqlq.KindReplay:
+		return from
+	}
+	if o.Step != nil {
+		return *o.Step
+	}
+	return from
+}

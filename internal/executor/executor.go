@@ -1,0 +1,293 @@
+// Package executor runs one claimed row to a committed outcome, straight
+// through (docs/design.md §4): look up the row's definition, take its
+// partition key, hand the step what its claim brought along, run it under
+// the step watchdog, and write the outcome through the group committer (or,
+// for a WithTx outcome, in the step's own transaction) — then, after a Next
+// without delay, go straight on with the next step under the fresh claim
+// the outcome statement handed back.
+//
+// The executor knows nothing of the user's types: the root package turns
+// each registered machine into a [Definition], whose Run decodes the state,
+// calls the step (and Handle on failure) and encodes the outcome. Everything
+// else it needs is an explicit field of [Config]; it reports what happened
+// through [Events].
+package executor
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/committer"
+	"github.com/gendurable/gendurable/internal/feeder"
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Cancellation causes and failure classes the executor gives steps; the
+// root package exports them under the same names.
+var (
+	// ErrEngineStopped cancels in-flight steps once the drain timeout of a
+	// stop has passed.
+	ErrEngineStopped = errors.New("gendurable: engine stopped")
+	// ErrStepTimeout cancels a step that ran past its StepTimeout.
+	ErrStepTimeout = errors.New("gendurable: step timeout")
+	// ErrInfrastructure marks a WithTx transaction that failed on its
+	// connection rather than by itself: it costs no attempt.
+	ErrInfrastructure = errors.New("gendurable: infrastructure failure")
+)
+
+// Definition is one registered machine version, as the executor sees it.
+type Definition struct {
+	// StepTimeout bounds one run of a step (0: none); see watch.go.
+	StepTimeout time.Duration
+	// ReadsInbox: every step gets the inbox, not only a step after an await.
+	ReadsInbox bool
+	// Backoff is the retry delay of the default Handle, for steps the
+	// watchdog abandons. Never nil; it must not panic.
+	Backoff func(attempt int) time.Duration
+	// Run decodes the state, runs the step (and Handle if it fails) and
+	// encodes the outcome. It never returns without an outcome to apply.
+	Run func(ctx context.Context, in *Input) Result
+	// Handle runs the failure path for an error found after the step
+	// returned (a WithTx callback that failed).
+	Handle func(ctx context.Context, in *Input, err error) Result
+}
+
+// Input is what one run of a step gets besides user code: the claimed row
+// and what the statement that claimed it brought along.
+type Input struct {
+	Claim    *sqlq.Claimed
+	Queue    string
+	Inbox    []sqlq.SignalRow // after an await, or when the machine reads its inbox
+	Children []sqlq.ChildRow  // after a fan-out
+}
+
+// Result is a step's outcome, encoded for the database, plus what the
+// executor reports about it. Out.ID and Out.Token are the executor's to set.
+type Result struct {
+	Out     sqlq.Outcome
+	StepErr error // the handled error, if the step failed
+	// TxFn (WithTx) runs in the outcome's transaction. The root package
+	// wraps the user's func so that a panic comes back as its error.
+	TxFn func(ctx context.Context, tx pgx.Tx) error
+}
+
+// Events receives what the executor observes; the root package turns the
+// calls into its typed hook events and logs. Calls must be quick.
+type Events interface {
+	// Step: a step's outcome was written (applied), fenced out (neither),
+	// or could not be written (commitErr).
+	Step(ctx context.Context, queue string, c *sqlq.Claimed, res *Result, applied bool, commitErr error, took time.Duration)
+	// Abandoned: the watchdog gave up a step that ignored its context.
+	Abandoned(ctx context.Context, queue string, c *sqlq.Claimed, a Abandonment)
+	// UnknownVersion: a claimed row's machine version is not registered
+	// here; it was released, runnable again after delay.
+	UnknownVersion(ctx context.Context, queue string, c *sqlq.Claimed, delay time.Duration)
+	// PartitionContended: a claimed row's partition key was held by
+	// another step; the row went back to runnable.
+	PartitionContended(ctx context.Context, queue string, c *sqlq.Claimed, key string)
+}
+
+// Abandonment describes a step the watchdog gave up.
+type Abandonment struct {
+	Running time.Duration // how long it had run
+	Outcome sqlq.Kind     // what the executor wrote for it
+	Written bool          // the outcome was applied
+	Slots   int           // running slots abandoned steps of the queue hold
+}
+
+// Config is the executor's dependencies and knobs. Every field is set by
+// the engine (no defaults here: the root's Config documents them).
+type Config struct {
+	Queries   *sqlq.Queries
+	Pool      *pgxpool.Pool
+	Committer *committer.Committer
+	// Lookup finds the definition of a claimed row; nil if not registered.
+	Lookup func(machine string, version int) *Definition
+	Events Events
+	Log    *slog.Logger
+	// Kick wakes the local feeder of queue (an outcome left a row runnable).
+	Kick func(queue string)
+	// AwaitParked: an outcome parked an instance with an await timeout;
+	// the await-timeout sweep should look at its next deadline.
+	AwaitParked func()
+
+	Lease               time.Duration
+	Heartbeat           time.Duration
+	UnknownVersionDelay time.Duration
+	PartitionRetryDelay time.Duration
+	// PartitionConns bounds the pool connections partitioned steps pin.
+	PartitionConns int
+}
+
+// Executor runs claimed rows; one serves every queue of an engine.
+type Executor struct {
+	cfg            Config
+	partitionSlots chan struct{}
+}
+
+// New returns an executor.
+func New(cfg Config) *Executor {
+	return &Executor{cfg: cfg, partitionSlots: make(chan struct{}, max(1, cfg.PartitionConns))}
+}
+
+// ForQueue returns the feeder.Executor of queue: it runs a claimed row to a
+// committed outcome and, after a Next without delay, goes straight on with
+// the next step (up to chain steps, never while the feeder is stopping)
+// instead of releasing the row and picking it again.
+func (x *Executor) ForQueue(queue string, chain int) feeder.Executor {
+	return func(ctx context.Context, c *sqlq.Claimed, h feeder.Holder) feeder.Result {
+		def := x.cfg.Lookup(c.FSM, int(c.Version))
+		if def == nil {
+			x.releaseUnknown(ctx, queue, c)
+			return feeder.Result{}
+		}
+		// A partitioned row's WithTx outcome runs on the connection that
+		// holds its key's lock.
+		var db sqlq.DB = x.cfg.Pool
+		if c.PartitionKey != nil {
+			lock, ok := x.lockPartition(ctx, queue, c)
+			if !ok {
+				return feeder.Result{}
+			}
+			defer lock.release()
+			db = lock.conn
+		}
+		r := run{x: x, queue: queue, def: def, db: db, h: h}
+		for n := 0; ; n++ {
+			next, res := r.step(ctx, c, n < chain)
+			if next == nil {
+				return res
+			}
+			c = next
+		}
+	}
+}
+
+// run is one claimed row's trip through the executor.
+type run struct {
+	x     *Executor
+	queue string
+	def   *Definition
+	db    sqlq.DB
+	h     feeder.Holder
+}
+
+// step runs one step of c and writes its outcome. It returns the claim of
+// the next step when the row is still this worker's (a chained Next), or
+// nil and what to tell the feeder.
+func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.Claimed, feeder.Result) {
+	x, h := r.x, r.h
+	start := time.Now()
+	in := r.input(c)
+	res, ok := r.runStep(ctx, in)
+	if !ok {
+		return nil, feeder.Result{} // abandoned: the watchdog wrote its outcome
+	}
+	res.Out.ID, res.Out.Token = c.ID, c.Token
+	res.Out.Continue = mayChain && res.Out.Kind == sqlq.KindNext && res.Out.Delay <= 0 && res.TxFn == nil &&
+		ctx.Err() == nil && !h.Stopping()
+	if !res.Out.Continue && res.TxFn == nil && c.PartitionKey == nil {
+		// Nothing in this worker depends on the commit any more: free the
+		// slot now; the claim stays held until the outcome commits.
+		r.commitDetached(ctx, c, &res, h.Detach(), start)
+		return nil, feeder.Result{}
+	}
+	var applied *sqlq.Applied
+	var commitErr error
+	if res.TxFn != nil {
+		applied, commitErr = r.commitTx(ctx, in, &res)
+	} else {
+		h.Committing()
+		cr := x.cfg.Committer.Commit(&res.Out)
+		applied, commitErr = cr.Applied, cr.Err
+	}
+	x.settled(ctx, r.queue, c, &res, applied, commitErr, time.Since(start))
+	if applied != nil && applied.Token != nil && !h.Continue(c.Token, *applied.Token) {
+		// The feeder gave up the claim meanwhile (its lease looked lost):
+		// hand the re-claimed row back rather than strand it.
+		x.releaseClaim(&sqlq.Claimed{ID: c.ID, Token: *applied.Token}, 0)
+		return nil, feeder.Result{RunnableNow: true}
+	}
+	if applied == nil || applied.Token == nil {
+		return nil, feeder.Result{RunnableNow: runnableNow(applied, &res)}
+	}
+	// Still ours: the next step, with the state just committed.
+	next := *c
+	next.Token, next.Step, next.State = *applied.Token, *res.Out.Step, []byte(*res.Out.State)
+	next.Attempt, next.Awaits, next.Children = 0, nil, 0
+	next.Inbox, next.ChildRows = applied.Inbox, nil
+	return &next, feeder.Result{}
+}
+
+// input hands the step what the claim brought along (docs/design.md §4):
+// the inbox after an await, or for machines that read it; the children
+// after a fan-out. The statement that claimed the row read them, so a step
+// never costs a load of its own.
+func (r *run) input(c *sqlq.Claimed) *Input {
+	in := &Input{Claim: c, Queue: r.queue}
+	if c.Awaits != nil || r.def.ReadsInbox {
+		in.Inbox = c.Inbox
+	}
+	if c.Children > 0 {
+		in.Children = c.ChildRows
+	}
+	return in
+}
+
+// commitDetached hands a final outcome (no chaining, no partition lock, no
+// transaction) to the group committer and returns at once; the feeder's
+// claim is settled by finish when the outcome has committed.
+func (r *run) commitDetached(ctx context.Context, c *sqlq.Claimed, res *Result, finish func(feeder.Result), start time.Time) {
+	claimed, result := *c, *res
+	r.x.cfg.Committer.CommitAsync(&result.Out, func(cr committer.Result) {
+		r.x.settled(context.WithoutCancel(ctx), r.queue, &claimed, &result, cr.Applied, cr.Err, time.Since(start))
+		finish(feeder.Result{RunnableNow: runnableNow(cr.Applied, &result)})
+	})
+}
+
+// settled reports a written (or fenced, or failed) outcome and wakes who
+// should know: the local feeder of a row it left runnable, the await-timeout
+// sweep of an await with a deadline.
+func (x *Executor) settled(ctx context.Context, queue string, c *sqlq.Claimed, res *Result, applied *sqlq.Applied, commitErr error, took time.Duration) {
+	if applied != nil {
+		if applied.Runnable() {
+			x.cfg.Kick(applied.Queue)
+		}
+		if applied.AwaitingSignal() && res.Out.Timeout != nil {
+			x.cfg.AwaitParked()
+		}
+	}
+	x.cfg.Events.Step(ctx, queue, c, res, applied != nil, commitErr, took)
+}
+
+// runnableNow: the outcome left its row runnable at once, so there is work
+// to pick even if the last pick came back short.
+func runnableNow(applied *sqlq.Applied, res *Result) bool {
+	return applied != nil && applied.Runnable() && res.Out.Delay <= 0
+}
+
+// releaseUnknown hands back a row of a machine version this process does
+// not know: another process, or a later deploy, may.
+func (x *Executor) releaseUnknown(ctx context.Context, queue string, c *sqlq.Claimed) {
+	x.releaseClaim(c, x.cfg.UnknownVersionDelay)
+	x.cfg.Log.Warn("gendurable: claimed a row of a machine version this process does not know; released it",
+		"queue", queue, "fsm", c.FSM, "version", c.Version, "id", c.ID, "retry_in", x.cfg.UnknownVersionDelay)
+	x.cfg.Events.UnknownVersion(context.WithoutCancel(ctx), queue, c, x.cfg.UnknownVersionDelay)
+}
+
+// releaseTimeout bounds handing a claimed row back; if it does not make it,
+// the reaper recovers the row after its lease.
+const releaseTimeout = 10 * time.Second
+
+// releaseClaim hands a claimed row back to runnable without counting an attempt.
+func (x *Executor) releaseClaim(c *sqlq.Claimed, delay time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if _, err := x.cfg.Queries.Release(ctx, x.cfg.Pool, []int64{c.ID}, []int64{c.Token}, delay); err != nil {
+		x.cfg.Log.Warn("gendurable: release failed; the reaper will recover the row", "id", c.ID, "err", err)
+	}
+}

@@ -1,0 +1,200 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/backoff"
+	"github.com/gendurable/gendurable/internal/feeder"
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// infraRetryDelay is about how long a step whose transaction failed on its
+// connection waits before it runs again (jittered down to half of it).
+const infraRetryDelay = time.Second
+
+// commitTx writes a WithTx outcome: the step's callback and the outcome in
+// one transaction — the one outcome path that does not go through the
+// group committer, because the user's writes share its transaction. If
+// the callback fails, nothing of it is kept and the error goes to Handle,
+// whose outcome is written the ordinary way — unless it failed on its
+// connection (ErrInfrastructure): then the step runs again shortly,
+// without counting an attempt. Transient failures retry the whole
+// transaction (callback included) for up to a lease; a rejected outcome
+// stops the instance (sqlq.RejectedStop), as the committer does. A
+// transaction that waits (on a lock held elsewhere, for a connection) is
+// not given up while the claim is heartbeated: only once the lease is lost
+// (see txContext).
+func (r *run) commitTx(stepCtx context.Context, in *Input, res *Result) (*sqlq.Applied, error) {
+	x, h, db := r.x, r.h, r.db
+	ctx, cancel := x.txContext(stepCtx)
+	defer cancel()
+	var retry backoff.Write
+	var retryUntil time.Time
+	for {
+		applied, fnErr, err := x.tryCommitTx(ctx, stepCtx, db, res, h)
+		switch {
+		case errors.Is(fnErr, ErrInfrastructure):
+			*res = Result{StepErr: fnErr, Out: sqlq.Outcome{
+				ID: in.Claim.ID, Token: in.Claim.Token, Kind: sqlq.KindReplay, AttemptInc: 0,
+				Delay:   backoff.Delay(infraRetryDelay, infraRetryDelay, 1),
+				ErrKind: ptr("infrastructure"), Err: ptr(sqlq.ErrorText(fnErr.Error())),
+			}}
+		case fnErr != nil:
+			*res = r.def.Handle(stepCtx, in, fnErr)
+			res.Out.ID, res.Out.Token = in.Claim.ID, in.Claim.Token
+		case err == nil:
+			return applied, nil
+		case sqlq.Rejected(err):
+			res.Out, res.TxFn = sqlq.RejectedStop(&res.Out, err), nil
+		case errors.Is(context.Cause(stepCtx), feeder.ErrLeaseLost):
+			return nil, nil
+		}
+		if fnErr != nil || res.TxFn == nil {
+			// What to write instead is decided: an ordinary outcome.
+			h.Committing()
+			cr := x.cfg.Committer.Commit(&res.Out)
+			return cr.Applied, cr.Err
+		}
+		db = x.cfg.Pool // the dedicated connection may be dead
+		if retryUntil.IsZero() {
+			retryUntil = time.Now().Add(x.cfg.Lease)
+		} else if time.Now().After(retryUntil) {
+			return nil, err
+		}
+		if !retry.Wait(ctx) {
+			return nil, err
+		}
+	}
+}
+
+// txContext is the context of a WithTx outcome's transaction. A transaction
+// that waits — on a row another transaction locked, for a pool connection —
+// keeps its claim: the feeder heartbeats it all along. So the context has
+// no deadline; it is cancelled when the lease is lost (the heartbeat found
+// the row taken, or could not confirm it for a whole lease: the step
+// context's cause is ErrLeaseLost), or a lease after the step context was
+// cancelled for another reason (a stop), as before.
+func (x *Executor) txContext(stepCtx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(stepCtx))
+	stop := context.AfterFunc(stepCtx, func() {
+		if errors.Is(context.Cause(stepCtx), feeder.ErrLeaseLost) {
+			cancel()
+			return
+		}
+		go func() {
+			t := time.NewTimer(x.cfg.Lease)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	})
+	return ctx, func() { stop(); cancel() }
+}
+
+// tryCommitTx runs one transaction of a WithTx outcome. fnErr is the
+// callback's own failure, wrapped in ErrInfrastructure if it failed on its
+// connection rather than by itself; err a database failure.
+func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Result, h feeder.Holder) (applied *sqlq.Applied, fnErr, err error) {
+	beginner, ok := db.(interface {
+		Begin(context.Context) (pgx.Tx, error)
+	})
+	if !ok {
+		return nil, nil, errors.New("gendurable: internal: connection cannot begin a transaction")
+	}
+	tx, err := beginner.Begin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Without a deadline, a connection that died silently (half-open after
+	// a failover) would keep the claim forever: watch its server session.
+	ctx, gone := context.WithCancelCause(ctx)
+	defer gone(nil)
+	fnCtx, fnGone := context.WithCancelCause(stepCtx)
+	defer fnGone(nil)
+	defer x.watchTx(tx.Conn().PgConn().PID(), func() { gone(errTxGone); fnGone(errTxGone) })()
+	defer func() { _ = tx.Rollback(ctx) }()
+	if fnErr := res.TxFn(fnCtx, tx); fnErr != nil {
+		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
+			fnErr = fmt.Errorf("%w: the step's transaction failed on its connection: %w", ErrInfrastructure, fnErr)
+		}
+		return nil, fnErr, nil
+	}
+	var b sqlq.OutcomeBatch
+	b.Add(&res.Out)
+	rows, err := x.cfg.Queries.ApplyOutcomes(ctx, tx, &b)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(rows) == 0 {
+		return nil, nil, nil // fenced out: the rollback undoes the step's writes too
+	}
+	// The callback has run; from the commit on, the row may be finished
+	// before this worker lets go of its claim.
+	h.Committing()
+	return &rows[0], nil, tx.Commit(ctx)
+}
+
+// errTxGone: the server session of a WithTx transaction no longer exists.
+var errTxGone = errors.New("gendurable: the transaction's server session is gone")
+
+// watchTx checks once per lease, while a WithTx transaction runs, that its
+// server session (backend pid) still exists, and calls gone once if it does
+// not. A check that fails (the database is unreachable) proves nothing: the
+// heartbeat gives the claim up if that lasts a lease. The returned func
+// stops the watch and waits for it.
+func (x *Executor) watchTx(pid uint32, gone func()) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(x.cfg.Lease)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			qctx, qcancel := context.WithTimeout(ctx, x.cfg.Heartbeat)
+			alive, err := x.cfg.Queries.SessionAlive(qctx, x.cfg.Pool, pid)
+			qcancel()
+			if err == nil && !alive {
+				gone()
+				return
+			}
+		}
+	}()
+	return func() { cancel(); <-exited }
+}
+
+// connectionFailure reports an error that says the connection or the
+// server failed rather than the statement: the connection was lost or could
+// not be made (SQLSTATE class 08, a network error, EOF), the server is
+// shutting down or starting up (57P01, 57P02, 57P03), or it has no
+// connection to give (53300). A context's deadline or cancellation is not
+// one: it is the caller's.
+func connectionFailure(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03", "53300"}, pgErr.Code)
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+}
