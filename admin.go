@@ -7,11 +7,8 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
@@ -106,13 +103,15 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 	if f.Status != "" && !validStatus(f.Status) {
 		return nil, errorf(ErrInvalidInput, "list: unknown status %q", f.Status)
 	}
-	for _, c := range []struct {
-		field, value string
-		max          int
-	}{{"queue", f.Queue, maxNameLen}, {"machine", f.Machine, maxNameLen}, {"step", f.Step, maxNameLen}, {"search", f.Search, maxKeyLen}} {
-		if err := checkInput("list: "+c.field, c.value, c.max); err != nil {
-			return nil, err
+	for _, c := range []struct{ field, value string }{{"queue", f.Queue}, {"machine", f.Machine}, {"step", f.Step}} {
+		if c.value != "" {
+			if err := checkName("list: "+c.field, c.value); err != nil {
+				return nil, err
+			}
 		}
+	}
+	if p := keyProblem(f.Search); p != "" {
+		return nil, errorf(ErrInvalidInput, "list: search text %s", p)
 	}
 	scan := f.MaxScan
 	switch {
@@ -170,28 +169,14 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 	return page, nil
 }
 
-// checkInput validates an operator's name, filter or search text the way
-// inserts validate theirs, so a bad byte is a typed error here instead of a
-// database error (SQLSTATE 22021) later. Control characters are refused as
-// well: no name or key an operator types holds one.
-func checkInput(field, s string, maxLen int) error {
-	switch {
-	case len(s) > maxLen:
-		return errorf(ErrInvalidInput, "%s longer than %d bytes", field, maxLen)
-	case !utf8.ValidString(s):
-		return errorf(ErrInvalidInput, "%s is not valid UTF-8", field)
-	case strings.IndexFunc(s, unicode.IsControl) >= 0:
-		return errorf(ErrInvalidInput, "%s holds NUL or another control character", field)
+// checkName validates a queue, machine or step name an operator gave the
+// way config and inserts validate theirs (nameProblem), so a bad byte is a
+// typed error here instead of a database error (SQLSTATE 22021) later.
+func checkName(field, s string) error {
+	if p := nameProblem(s); p != "" {
+		return errorf(ErrInvalidInput, "%s %q %s", field, s, p)
 	}
 	return nil
-}
-
-// checkName is checkInput for a name that must not be empty.
-func checkName(field, s string) error {
-	if s == "" {
-		return errorf(ErrInvalidInput, "empty %s", field)
-	}
-	return checkInput(field, s, maxNameLen)
 }
 
 func validStatus(s Status) bool {
@@ -389,8 +374,8 @@ func (e *Engine) SetPaused(ctx context.Context, queue string, paused bool, opts 
 // Removing a paused queue's row resumes it. The removal is logged at Info
 // on the engine's Logger.
 func (e *Engine) RemoveQueue(ctx context.Context, queue string) error {
-	if queue == "" || len(queue) > maxNameLen {
-		return errorf(ErrInvalidConfig, "queue name must be 1-%d bytes", maxNameLen)
+	if err := checkName("queue name", queue); err != nil {
+		return err
 	}
 	hadRow, busy, removed, err := e.q.RemoveQueue(ctx, e.pool, queue)
 	switch {

@@ -110,3 +110,42 @@ func TestListLooksAtABoundedWindow(t *testing.T) {
 	require.False(t, page.Partial)
 	require.Zero(t, page.Scanned, "Scanned is reported for partial pages")
 }
+
+// TestNamesAndKeysShareOneRule: what an insert or a config may hold, an
+// operator can filter, pause and remove, and the reverse: a queue name or
+// partition key with a control character is refused at insert
+// (ErrInvalidInsert) and in config (ErrInvalidConfig), as the admin API
+// refuses it (ErrInvalidInput) — RemoveQueue included.
+func TestNamesAndKeysShareOneRule(t *testing.T) {
+	t.Parallel()
+	job := (&recorder{}).job("onerule")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	for _, v := range []string{"tab\tqueue", "esc\x1b[2J", "a\x00b", "\xff", "a\u0085b"} {
+		_, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{Queue: v}))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "queue %q", v)
+		_, err = b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{PartitionKey: v}))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "partition key %q", v)
+		require.ErrorIs(t, b.eng.RemoveQueue(ctx, v), gendurable.ErrInvalidInput, "remove %q", v)
+		_, err = gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Queues: map[string]gendurable.QueueConfig{v: {}}})
+		require.ErrorIs(t, err, gendurable.ErrInvalidConfig, "config queue %q", v)
+		bad := &gendurable.Job[orderArgs]{Name: v, Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+		_, err = gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{bad}})
+		require.ErrorIs(t, err, gendurable.ErrInvalidConfig, "machine name %q", v)
+	}
+	require.ErrorIs(t, b.eng.RemoveQueue(ctx, ""), gendurable.ErrInvalidInput)
+	var n int
+	require.NoError(t, b.pool.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s.gendurable_instances`, b.schema)).Scan(&n))
+	require.Zero(t, n, "no refused insert wrote a row")
+
+	// Printable non-ASCII names and keys work everywhere.
+	id := b.insert(job.New(orderArgs{}).With(gendurable.InsertOpts{Queue: "naïve queue", PartitionKey: "clé 1"}))
+	for _, f := range []gendurable.ListFilter{{Queue: "naïve queue"}, {Search: "clé 1"}} {
+		page, err := b.eng.List(ctx, f)
+		require.NoError(t, err)
+		require.Len(t, page.Instances, 1)
+		require.Equal(t, id, page.Instances[0].ID)
+	}
+	require.NoError(t, b.eng.Pause(ctx, "naïve queue"))
+	require.ErrorIs(t, b.eng.RemoveQueue(ctx, "naïve queue"), gendurable.ErrQueueNotEmpty)
+}

@@ -273,8 +273,8 @@ func (c *Config) withDefaults() error {
 	}
 	queues := make(map[string]QueueConfig, len(c.Queues))
 	for name, qc := range c.Queues {
-		if name == "" || len(name) > maxNameLen {
-			return errorf(ErrInvalidConfig, "queue name %q must be 1-%d bytes", name, maxNameLen)
+		if p := nameProblem(name); p != "" {
+			return errorf(ErrInvalidConfig, "queue name %q %s", name, p)
 		}
 		if err := qc.withDefaults(name); err != nil {
 			return err

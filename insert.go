@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
@@ -186,14 +184,12 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "negative RunIn %s", o.RunIn)
 	case !o.RunAt.IsZero() && o.RunIn != 0:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt and RunIn are mutually exclusive")
-	case len(o.Queue) > maxNameLen:
-		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name longer than %d bytes", maxNameLen)
-	case len(o.PartitionKey) > maxKeyLen:
-		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "PartitionKey longer than %d bytes", maxKeyLen)
+	case o.Queue != "" && nameProblem(o.Queue) != "":
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name %q %s", o.Queue, nameProblem(o.Queue))
+	case keyProblem(o.PartitionKey) != "":
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "PartitionKey %s", keyProblem(o.PartitionKey))
 	case len(o.UniqueKey) > maxKeyLen:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey longer than %d bytes", maxKeyLen)
-	case !utf8.ValidString(o.PartitionKey) || strings.ContainsRune(o.PartitionKey, 0) || !utf8.ValidString(o.Queue) || strings.ContainsRune(o.Queue, 0):
-		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue and PartitionKey must be valid UTF-8 without NUL bytes")
 	}
 	state, err := core.encode(p.state)
 	if err != nil {
@@ -226,11 +222,6 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 	}
 	return r, nil
 }
-
-const (
-	maxNameLen = 200
-	maxKeyLen  = 1000
-)
 
 // wake kicks the local feeders of the queues that just received runnable work.
 func (e *Engine) wake(ps []InsertParams) {

@@ -1,6 +1,48 @@
 package gendurable
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Names and keys are checked by one rule wherever they come in — config,
+// inserts, the admin API, the CLI and the dashboard — so that what an insert
+// accepts an operator can also filter, pause or remove, and what an
+// operator cannot type no insert can store.
+const (
+	maxNameLen = 200  // queue, machine and step names
+	maxKeyLen  = 1000 // partition and unique keys, search text
+)
+
+// nameProblem says what is wrong with a queue, machine or step name, or ""
+// if nothing is: 1 to maxNameLen bytes of text (textProblem).
+func nameProblem(s string) string {
+	if s == "" {
+		return "is empty"
+	}
+	return textProblem(s, maxNameLen)
+}
+
+// keyProblem says what is wrong with a partition key or a search text, or
+// "" if nothing is: at most maxKeyLen bytes of text (textProblem).
+func keyProblem(s string) string { return textProblem(s, maxKeyLen) }
+
+// textProblem: valid UTF-8 (PostgreSQL text must be), without NUL (it
+// cannot hold it) or any other control character (names and keys are
+// printed on terminals and pages, and none is typed by a person).
+func textProblem(s string, maxLen int) string {
+	switch {
+	case len(s) > maxLen:
+		return fmt.Sprintf("is longer than %d bytes", maxLen)
+	case !utf8.ValidString(s):
+		return "is not valid UTF-8"
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		return "holds NUL or another control character"
+	}
+	return ""
+}
 
 // jsonLimits bounds an encoded JSON document (a state, a result, a signal
 // payload) before it reaches the database. PostgreSQL parses jsonb

@@ -200,8 +200,11 @@ func (m *Machine[S]) definition() (*machineCore, error) {
 }
 
 func (m *Machine[S]) build() (*machineCore, error) {
-	if m.Name == "" {
-		return nil, fmt.Errorf("%w: machine has no Name", ErrInvalidConfig)
+	if p := nameProblem(m.Name); p != "" {
+		return nil, fmt.Errorf("%w: machine Name %q %s", ErrInvalidConfig, m.Name, p)
+	}
+	if p := nameProblem(orDefault(m.Queue, DefaultQueue)); p != "" {
+		return nil, fmt.Errorf("%w: machine %q: Queue %q %s", ErrInvalidConfig, m.Name, m.Queue, p)
 	}
 	if m.Version < 0 {
 		return nil, fmt.Errorf("%w: machine %q: negative Version", ErrInvalidConfig, m.Name)
@@ -214,8 +217,11 @@ func (m *Machine[S]) build() (*machineCore, error) {
 	}
 	steps := make(map[string]bool, len(m.Steps))
 	for name, fn := range m.Steps {
-		if name == "" || fn == nil {
-			return nil, fmt.Errorf("%w: machine %q: step %q has an empty name or nil func", ErrInvalidConfig, m.Name, name)
+		if fn == nil {
+			return nil, fmt.Errorf("%w: machine %q: step %q has a nil func", ErrInvalidConfig, m.Name, name)
+		}
+		if p := nameProblem(name); p != "" {
+			return nil, fmt.Errorf("%w: machine %q: step name %q %s", ErrInvalidConfig, m.Name, name, p)
 		}
 		steps[name] = true
 	}

@@ -54,5 +54,8 @@ func TestCLIPauseRefusesUnknownQueues(t *testing.T) {
 	require.Equal(t, exitNotFound, code)
 	_, _, code = cli(t, append([]string{"queue", "frobnicate", "x"}, s...)...)
 	require.Equal(t, exitUsage, code)
+	_, errOut, code = cli(t, append([]string{"queue", "remove", "\xff"}, s...)...)
+	require.Equal(t, exitUsage, code, "invalid UTF-8 is invalid input, not a database error: %s", errOut)
+	require.NotContains(t, errOut, "SQLSTATE")
 	require.Equal(t, 1, queues(), "busy keeps its row")
 }
