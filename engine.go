@@ -800,8 +800,6 @@ func (e *Engine) wakeApplied(a *sqlq.Applied) {
 	}
 }
 
-// pokeTimeouts tells the running await-timeout sweep that an await with a
-// deadline was just written: it may be due before the sweep's next run.
 func (e *Engine) pokeTimeouts() {
 	e.mu.Lock()
 	sweeper := e.sweeper
