@@ -401,33 +401,7 @@ func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress fu
 	if retention < 0 {
 		return 0, errorf(ErrInvalidConfig, "negative retention")
 	}
-	var total int64
-	for {
-		n, err := e.q.Prune(ctx, e.pool, retention, PruneBatch)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("gendurable: prune: %w", err)
-		}
-		if progress != nil && n > 0 {
-			progress(total)
-		}
-		if n < PruneBatch {
-			return total, nil
-		}
-	}
-}
-
-// pruneLoop prunes every PruneInterval while the engine runs.
-func (e *Engine) pruneLoop(ctx context.Context) {
-	every(ctx, e.cfg.PruneInterval, func() {
-		n, err := e.Prune(ctx, e.cfg.Retention, nil)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			e.log.Warn("gendurable: prune failed", "err", err)
-		case n > 0:
-			e.log.Info("gendurable: pruned finished instances", "deleted", n, "retention", e.cfg.Retention)
-		}
-	})
+	return e.pruner().RunOnce(ctx, retention, progress)
 }
 
 // MachineGraph is a machine's steps with how many instances sit at each

@@ -12,6 +12,7 @@ import (
 	"github.com/gendurable/gendurable/internal/committer"
 	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/feeder"
+	"github.com/gendurable/gendurable/internal/maintenance"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -69,6 +70,16 @@ type Config struct {
 	// ReaperInterval between sweeps for expired leases. Default 30s. Set it
 	// negative to run no reaper in this process (another process must).
 	ReaperInterval time.Duration
+	// AwaitTimeoutInterval is the longest the await-timeout sweep sleeps:
+	// it wakes at the next deadline it knows of (an await with a timeout
+	// written by this process wakes it at once), and at least this often to
+	// find deadlines that other processes wrote. Set it negative to run no
+	// sweep in this process (another process must). Default: zero, which
+	// follows ReaperInterval — 30s by default, and no sweep when
+	// ReaperInterval is negative. It stays zero in [Engine.Config], so a
+	// configuration copied from there and given another ReaperInterval
+	// still follows it.
+	AwaitTimeoutInterval time.Duration
 	// DrainTimeout: on Stop, how long in-flight steps may run before their
 	// contexts are cancelled. Default 10s.
 	DrainTimeout time.Duration
@@ -95,7 +106,8 @@ type Config struct {
 	// failed) longer ago than this, with their signals, in batches. Default
 	// 7 days; negative keeps everything.
 	Retention time.Duration
-	// PruneInterval between prune sweeps. Default 1h.
+	// PruneInterval between prune sweeps, which run in engines that work
+	// queues. Default 1h; negative runs no pruner in this process.
 	PruneInterval time.Duration
 	// CommitConcurrency is how many outcome statements this engine keeps in
 	// flight at once. Outcomes of steps that finish while those run are
@@ -163,7 +175,7 @@ type Engine struct {
 	mu      sync.Mutex
 	running *runState
 	scheds  map[string]*feeder.Feeder
-	poke    chan struct{} // wakes the await-timeout loop
+	sweeper *maintenance.TimeoutSweeper // the running await-timeout sweep, poked by local awaits
 
 	exec  *executor.Executor // runs claimed rows of every queue
 	trans transitions        // observed step transitions, for Graph
@@ -171,14 +183,15 @@ type Engine struct {
 
 // runState is one Start..Stop lifetime.
 type runState struct {
-	pickCancel     context.CancelFunc
-	workCancel     context.CancelCauseFunc
-	beatCancel     context.CancelFunc
-	reaperCancel   context.CancelFunc
-	periodicCancel context.CancelFunc
-	loops          sync.WaitGroup // feeder loops
-	background     sync.WaitGroup // heartbeats and reaper
-	scheds         map[string]*feeder.Feeder
+	pickCancel context.CancelFunc
+	workCancel context.CancelCauseFunc
+	beatCancel context.CancelFunc
+	loops      sync.WaitGroup // feeder loops
+	heartbeats sync.WaitGroup
+	scheds     map[string]*feeder.Feeder
+	// services are the maintenance services, in start order (see
+	// maintenanceServices); Stop stops them in reverse.
+	services []maintenance.Service
 }
 
 // New validates cfg and returns an engine. It does not touch the database.
@@ -317,9 +330,11 @@ func (qc *QueueConfig) withDefaults(name string) error {
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.cfg }
 
-// Start checks that the schema is migrated and starts working the configured
-// queues and the reaper in background goroutines. ctx bounds the start-up
-// checks only; the engine runs until [Engine.Stop].
+// Start checks that the schema is migrated, then starts the maintenance
+// services (reaper, await-timeout sweep, pruner, periodic schedules, in
+// that order) and the feeders of the configured queues in background
+// goroutines. ctx bounds the start-up checks only; the engine runs until
+// [Engine.Stop].
 func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -335,6 +350,14 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 
 	rs := &runState{scheds: map[string]*feeder.Feeder{}}
+	// The maintenance services start first and stop last, after the
+	// feeders have drained. They run until Stop, not under ctx, which
+	// bounds start-up only.
+	services, sweeper := e.maintenanceServices()
+	if err := maintenance.StartAll(context.Background(), services); err != nil {
+		return fmt.Errorf("gendurable: start: %w", err)
+	}
+	rs.services = services
 	pickCtx, pickCancel := context.WithCancel(context.Background())
 	workCtx, workCancel := context.WithCancelCause(context.Background())
 	beatCtx, beatCancel := context.WithCancel(context.Background())
@@ -350,27 +373,8 @@ func (e *Engine) Start(ctx context.Context) error {
 		rs.scheds[name] = s
 		rs.loops.Add(1)
 		go func() { defer rs.loops.Done(); s.Run(pickCtx, workCtx) }()
-		rs.background.Add(1)
-		go func() { defer rs.background.Done(); s.Heartbeat(beatCtx) }()
-	}
-	if e.cfg.ReaperInterval > 0 {
-		reaperCtx, reaperCancel := context.WithCancel(context.Background())
-		rs.reaperCancel = reaperCancel
-		rs.background.Add(2)
-		go func() { defer rs.background.Done(); e.reapLoop(reaperCtx) }()
-		poke := make(chan struct{}, 1)
-		e.poke = poke
-		go func() { defer rs.background.Done(); e.timeoutLoop(reaperCtx, poke) }()
-	}
-	if e.cfg.Retention > 0 && e.cfg.PruneInterval > 0 && len(e.cfg.Queues) > 0 {
-		rs.background.Add(1)
-		go func() { defer rs.background.Done(); e.pruneLoop(beatCtx) }()
-	}
-	if len(e.cfg.Periodic) > 0 {
-		periodicCtx, periodicCancel := context.WithCancel(context.Background())
-		rs.periodicCancel = periodicCancel
-		rs.background.Add(1)
-		go func() { defer rs.background.Done(); e.periodicLoop(periodicCtx) }()
+		rs.heartbeats.Add(1)
+		go func() { defer rs.heartbeats.Done(); s.Heartbeat(beatCtx) }()
 	}
 	conc := 0
 	for _, qc := range e.cfg.Queues {
@@ -382,6 +386,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	e.running = rs
 	e.scheds = rs.scheds
+	e.sweeper = sweeper
 	e.log.Info("gendurable: engine started", "schema", e.cfg.Schema, "queues", len(e.cfg.Queues))
 	return nil
 }
@@ -394,11 +399,12 @@ func (e *Engine) Start(ctx context.Context) error {
 // Steps already abandoned for ignoring their context past StepTimeout
 // (the engine wrote their outcomes) are not waited for; if any still run,
 // Stop says so with an error wrapping [ErrStepTimeout].
+// The maintenance services stop last, in the reverse of their start order.
 // Stop on an engine that is not running returns nil.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
-	e.running, e.scheds, e.poke = nil, nil, nil
+	e.running, e.scheds, e.sweeper = nil, nil, nil
 	e.mu.Unlock()
 	if rs == nil {
 		return nil
@@ -432,26 +438,18 @@ func (e *Engine) Stop(ctx context.Context) error {
 		e.emit(ctx, &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})
 	}
 	rs.beatCancel()
-	if rs.reaperCancel != nil {
-		rs.reaperCancel()
-	}
-	if rs.periodicCancel != nil {
-		rs.periodicCancel()
-	}
-	rs.background.Wait()
+	maintenance.StopAll(rs.services) // in reverse start order, each waited for
+	rs.heartbeats.Wait()
 	e.log.Info("gendurable: engine stopped", "drained", completed, "took", time.Since(start))
 	return err
 }
 
 func (e *Engine) pokeTimeouts() {
 	e.mu.Lock()
-	poke := e.poke
+	sweeper := e.sweeper
 	e.mu.Unlock()
-	if poke != nil {
-		select {
-		case poke <- struct{}{}:
-		default:
-		}
+	if sweeper != nil {
+		sweeper.Poke()
 	}
 }
 
@@ -464,59 +462,12 @@ func (e *Engine) kickQueue(queue string) {
 	}
 }
 
-// reapLoop runs the reaper every ReaperInterval until ctx is done.
-func (e *Engine) reapLoop(ctx context.Context) {
-	every(ctx, e.cfg.ReaperInterval, func() {
-		if _, err := e.Reap(ctx); err != nil && ctx.Err() == nil {
-			e.log.Warn("gendurable: reaper sweep failed", "err", err)
-		}
-	})
-}
-
-// every calls fn once per interval until ctx is done.
-func every(ctx context.Context, interval time.Duration, fn func()) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			fn()
-		}
-	}
-}
-
-const reapBatch = 1000
-
 // Reap runs one reaper sweep now: every expired lease goes back to runnable
 // with attempt + 1, or fails once its attempts are spent. It returns the
 // number of rows recovered. Engines run it every ReaperInterval; it is
 // exported for tools and tests.
 func (e *Engine) Reap(ctx context.Context) (int, error) {
-	total := 0
-	for {
-		start := time.Now()
-		rows, err := e.q.Reap(ctx, e.pool, reapBatch)
-		if err != nil {
-			return total, fmt.Errorf("gendurable: reap: %w", err)
-		}
-		if len(rows) > 0 {
-			ev := &ReapEvent{Count: len(rows), Duration: time.Since(start)}
-			for _, r := range rows {
-				ev.IDs = append(ev.IDs, r.ID)
-				if r.Status == "failed" {
-					ev.Failed++
-				}
-			}
-			e.log.Warn("gendurable: reaped expired leases", "count", ev.Count, "failed", ev.Failed)
-			e.emit(ctx, ev)
-		}
-		total += len(rows)
-		if len(rows) < reapBatch {
-			return total, nil
-		}
-	}
+	return e.reaper().RunOnce(ctx)
 }
 
 func (e *Engine) emit(ctx context.Context, ev Event) {

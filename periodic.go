@@ -60,80 +60,14 @@ func slotKey(name string, slot time.Time) string {
 	return fmt.Sprintf("gendurable:periodic:%s:%s", name, slot.UTC().Format(time.RFC3339))
 }
 
-// latestSlot returns the last slot at or before now, if one falls within
-// a year.
-func latestSlot(s cron.Schedule, now time.Time) (time.Time, bool) {
-	for _, window := range []time.Duration{time.Hour, 25 * time.Hour, 32 * 24 * time.Hour, 367 * 24 * time.Hour} {
-		var last time.Time
-		for t := s.Next(now.Add(-window)); !t.IsZero() && !t.After(now); t = s.Next(t) {
-			last = t
-		}
-		if !last.IsZero() {
-			return last, true
-		}
-	}
-	return time.Time{}, false
-}
-
-// periodicLoop inserts each schedule's slots as they come due.
-func (e *Engine) periodicLoop(ctx context.Context) {
-	now := time.Now()
-	next := make([]time.Time, len(e.cfg.Periodic))
-	for i := range e.cfg.Periodic {
-		p := &e.cfg.Periodic[i]
-		if last, ok := latestSlot(p.sched, now); ok && !p.SkipMissed {
-			e.insertSlot(ctx, p, last)
-		}
-		next[i] = p.sched.Next(now)
-	}
-	for {
-		soonest := time.Time{}
-		for _, t := range next {
-			if !t.IsZero() && (soonest.IsZero() || t.Before(soonest)) {
-				soonest = t
-			}
-		}
-		if soonest.IsZero() {
-			return // no schedule has another slot
-		}
-		timer := time.NewTimer(time.Until(soonest))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-timer.C:
-		}
-		now := time.Now()
-		for i := range e.cfg.Periodic {
-			p := &e.cfg.Periodic[i]
-			if t := next[i]; !t.IsZero() && !t.After(now) {
-				e.insertSlot(ctx, p, t)
-				next[i] = p.sched.Next(now)
-			}
-		}
-	}
-}
-
-// insertSlot inserts the instance of one slot, once across all processes.
-func (e *Engine) insertSlot(ctx context.Context, p *Periodic, slot time.Time) {
+// insertSlot inserts the instance of one slot of schedule p, once across all
+// processes. The periodic service (internal/maintenance) calls it as slots
+// come due, and retries it if it fails.
+func (e *Engine) insertSlot(ctx context.Context, p *Periodic, slot time.Time) (id int64, duplicate bool, err error) {
 	params := p.New(slot)
 	params.opts.UniqueKey = slotKey(p.Name, slot)
 	params.opts.UniqueScope = UniqueForever
 	params.opts.RunAt, params.opts.RunIn = slot, 0
-	var err error
-	for attempt := 0; attempt < 5; attempt++ {
-		var res InsertResult
-		if res, err = e.Insert(ctx, params); err == nil {
-			if !res.Duplicate {
-				e.log.Info("gendurable: periodic slot inserted", "periodic", p.Name, "slot", slot, "id", res.ID)
-			}
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Duration(attempt+1) * 200 * time.Millisecond):
-		}
-	}
-	e.log.Error("gendurable: periodic slot not inserted", "periodic", p.Name, "slot", slot, "err", err)
+	res, err := e.Insert(ctx, params)
+	return res.ID, res.Duplicate, err
 }

@@ -110,40 +110,6 @@ func validateSignalName(name string) error {
 	return nil
 }
 
-// timeoutLoop wakes awaits whose deadline passed. It sleeps until the next
-// known deadline (at most ReaperInterval, so deadlines set by other
-// processes are found too); a local await outcome with an earlier deadline
-// pokes it.
-func (e *Engine) timeoutLoop(ctx context.Context, poke <-chan struct{}) {
-	for {
-		queues, n, next, err := e.q.WakeTimedOut(ctx, e.pool, reapBatch)
-		wait := e.cfg.ReaperInterval
-		switch {
-		case err != nil:
-			if ctx.Err() != nil {
-				return
-			}
-			e.log.Warn("gendurable: await-timeout sweep failed", "err", err)
-		case n == reapBatch:
-			wait = 0 // more are due
-		case next != nil:
-			wait = min(wait, max(time.Until(*next), 10*time.Millisecond))
-		}
-		for _, q := range queues {
-			e.kickQueue(q)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-poke:
-		case <-t.C:
-		}
-		t.Stop()
-	}
-}
-
 // WaitReason says what an instance is waiting for. Exactly the fields that
 // apply to its status are set.
 type WaitReason struct {

@@ -1,0 +1,63 @@
+package maintenance
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+)
+
+// Pruner deletes instances that finished (done or failed) longer than
+// Retention ago, with their signals, every Interval.
+type Pruner struct {
+	BaseService
+
+	Queries   *sqlq.Queries
+	DB        sqlq.Beginner // each batch runs in a transaction of its own
+	Interval  time.Duration // between sweeps; must be positive to Start
+	Retention time.Duration // of the sweeps Start runs; must be positive to Start
+	Batch     int           // rows per statement; default DefaultBatch
+	Log       *slog.Logger  // default slog.Default()
+}
+
+// Start prunes every Interval until Stop or until ctx is done.
+func (p *Pruner) Start(ctx context.Context) error {
+	if p.Interval <= 0 || p.Retention <= 0 {
+		return fmt.Errorf("gendurable: pruner: interval %s and retention %s must be positive", p.Interval, p.Retention)
+	}
+	return p.StartLoop(ctx, func(ctx context.Context) {
+		every(ctx, p.Interval, func() {
+			n, err := p.RunOnce(ctx, p.Retention, nil)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				logger(p.Log).Warn("gendurable: prune failed", "err", err)
+			case n > 0:
+				logger(p.Log).Info("gendurable: pruned finished instances", "deleted", n, "retention", p.Retention)
+			}
+		})
+	})
+}
+
+// RunOnce deletes the instances that finished more than retention ago, in
+// batches until none is left; progress, if not nil, is called after each
+// batch that deleted rows with the running total. It returns the number
+// deleted.
+func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
+	batch := orDefault(p.Batch, DefaultBatch)
+	var total int64
+	for {
+		n, err := p.Queries.Prune(ctx, p.DB, retention, batch)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("gendurable: prune: %w", err)
+		}
+		if progress != nil && n > 0 {
+			progress(total)
+		}
+		if n < int64(batch) {
+			return total, nil
+		}
+	}
+}

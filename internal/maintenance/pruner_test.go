@@ -1,0 +1,63 @@
+package maintenance
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+)
+
+const insertFinished = `INSERT INTO {{s}}.gendurable_instances (fsm, step, status, finished_at)
+VALUES ('m', 'a', $1, now() - $2::bigint * interval '1 second') RETURNING id`
+
+// TestPrunerDeletesOldFinishedRows: the running pruner deletes done and
+// failed rows that finished before the retention, with their signals, and
+// keeps recent and live rows.
+func TestPrunerDeletesOldFinishedRows(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	oldDone := d.id(insertFinished, "done", 7200)
+	d.id(insertFinished, "failed", 7200)
+	recent := d.id(insertFinished, "done", 60)
+	live := d.id(`INSERT INTO {{s}}.gendurable_instances (fsm, step, inserted_at) VALUES ('m', 'a', now() - interval '1 day') RETURNING id`)
+	d.id(`INSERT INTO {{s}}.gendurable_signals (target_id, name) VALUES ($1, 'go') RETURNING id`, oldDone)
+	d.id(`INSERT INTO {{s}}.gendurable_signals (target_id, name) VALUES ($1, 'go') RETURNING id`, recent)
+
+	p := &Pruner{Queries: d.q, DB: d.pool, Interval: 20 * time.Millisecond, Retention: time.Hour, Log: quiet}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	eventually(t, 3*time.Second, func() bool {
+		return d.count(`SELECT count(*) FROM {{s}}.gendurable_instances`) == 2
+	}, "old finished rows not pruned")
+	p.Stop()
+	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id IN ($1, $2)`, recent, live); n != 2 {
+		t.Fatal("a recent or live row was pruned")
+	}
+	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1`, oldDone); n != 0 {
+		t.Fatal("the pruned row's signal is left")
+	}
+	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1`, recent); n != 1 {
+		t.Fatal("a kept row's signal was pruned")
+	}
+}
+
+// TestPrunerRunOnceBatches: one sweep deletes batch after batch, reporting
+// the running total after each.
+func TestPrunerRunOnceBatches(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	for range 5 {
+		d.id(insertFinished, "done", 7200)
+	}
+	var progress []int64
+	p := &Pruner{Queries: d.q, DB: d.pool, Batch: 2, Log: quiet}
+	n, err := p.RunOnce(context.Background(), time.Hour, func(total int64) { progress = append(progress, total) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 5 || !slices.Equal(progress, []int64{2, 4, 5}) {
+		t.Fatalf("pruned %d with progress %v, want 5 with [2 4 5]", n, progress)
+	}
+}

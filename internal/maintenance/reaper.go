@@ -1,0 +1,112 @@
+package maintenance
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+)
+
+// DefaultBatch is how many rows one reap or await-timeout statement
+// handles when a service's Batch is zero.
+const DefaultBatch = 1000
+
+// Reaped is what one reap statement recovered.
+type Reaped struct {
+	Count    int     // rows recovered
+	Failed   int     // of which failed for good (attempts exhausted)
+	IDs      []int64 // the instances recovered
+	Duration time.Duration
+}
+
+// Reaper recovers expired leases every Interval: an expired row goes back
+// to runnable with attempt + 1, or fails once its attempts are spent.
+type Reaper struct {
+	BaseService
+
+	Queries  *sqlq.Queries
+	DB       sqlq.DB
+	Interval time.Duration // between sweeps; must be positive to Start
+	Batch    int           // rows per statement; default DefaultBatch
+	Log      *slog.Logger  // default slog.Default()
+	// OnReap, if set, is called after each statement that recovered rows
+	// (the engine turns it into its ReapEvent).
+	OnReap func(ctx context.Context, r *Reaped)
+}
+
+// Start runs a sweep every Interval until Stop or until ctx is done.
+func (r *Reaper) Start(ctx context.Context) error {
+	if r.Interval <= 0 {
+		return fmt.Errorf("gendurable: reaper: interval %s is not positive", r.Interval)
+	}
+	return r.StartLoop(ctx, func(ctx context.Context) {
+		every(ctx, r.Interval, func() {
+			if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+				logger(r.Log).Warn("gendurable: reaper sweep failed", "err", err)
+			}
+		})
+	})
+}
+
+// RunOnce runs one sweep now, batch after batch until no expired lease is
+// left, and returns the number of rows recovered.
+func (r *Reaper) RunOnce(ctx context.Context) (int, error) {
+	batch := orDefault(r.Batch, DefaultBatch)
+	total := 0
+	for {
+		start := time.Now()
+		rows, err := r.Queries.Reap(ctx, r.DB, batch)
+		if err != nil {
+			return total, fmt.Errorf("gendurable: reap: %w", err)
+		}
+		if len(rows) > 0 {
+			rep := &Reaped{Count: len(rows), Duration: time.Since(start), IDs: make([]int64, 0, len(rows))}
+			for _, row := range rows {
+				rep.IDs = append(rep.IDs, row.ID)
+				if row.Status == "failed" {
+					rep.Failed++
+				}
+			}
+			logger(r.Log).Warn("gendurable: reaped expired leases", "count", rep.Count, "failed", rep.Failed)
+			if r.OnReap != nil {
+				r.OnReap(ctx, rep)
+			}
+		}
+		total += len(rows)
+		if len(rows) < batch {
+			return total, nil
+		}
+	}
+}
+
+// every calls fn once per interval until ctx is done.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
+	}
+}
+
+// logger is l, or slog.Default() if l is nil.
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.Default()
+	}
+	return l
+}
+
+func orDefault[T comparable](v, d T) T {
+	var zero T
+	if v == zero {
+		return d
+	}
+	return v
+}

@@ -1,0 +1,102 @@
+// Package maintenance holds the engine's background services, the work
+// beside the hot path that no step asks for:
+//
+//   - [Reaper]: every interval, expired leases go back to runnable (or fail
+//     once their attempts are spent);
+//   - [TimeoutSweeper]: awaits whose deadline passed become runnable; it
+//     sleeps until the next known deadline, and a local await pokes it;
+//   - [Pruner]: every interval, finished rows older than the retention are
+//     deleted with their signals;
+//   - [Periodic]: each schedule's slots are inserted as they come due.
+//
+// Each is a [Service] with the same Start/Stop shape (River's startstop is
+// the model): Start launches its loop and returns at once, Stop cancels it
+// and waits for it to return. The engine starts them in one declared order
+// and stops them in reverse. Their dependencies — the statements of
+// internal/sqlq, a pool, a logger, callbacks for what the engine turns into
+// its typed hook events — are explicit struct fields; no service calls back
+// into the engine's own types, and no SQL is written here.
+package maintenance
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// Service is the shape every maintenance service shares.
+type Service interface {
+	// Start launches the service's loop in a goroutine and returns at once.
+	// The loop runs until Stop, or until ctx is done. Starting a service
+	// that is already started returns ErrStarted and changes nothing.
+	Start(ctx context.Context) error
+	// Stop cancels the loop and waits for it to return. Stop on a service
+	// that was never started, or is already stopped, does nothing. A
+	// stopped service may be started again.
+	Stop()
+}
+
+// ErrStarted: Start was called on a service that is running (or whose loop
+// ended on its own but that was not stopped yet).
+var ErrStarted = errors.New("gendurable: maintenance service already started")
+
+// BaseService gives a service the semantics of [Service]: embed it, and
+// implement Start by calling StartLoop with the service's loop; the embedded
+// Stop is then the service's Stop. The zero value is ready to use.
+type BaseService struct {
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// StartLoop runs loop in a goroutine under a context derived from ctx,
+// cancelled by Stop. It returns ErrStarted if a loop was started and not
+// stopped since.
+func (b *BaseService) StartLoop(ctx context.Context, loop func(ctx context.Context)) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done != nil {
+		return ErrStarted
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	b.cancel, b.done = cancel, done
+	go func() {
+		defer close(done)
+		loop(ctx)
+	}()
+	return nil
+}
+
+// Stop cancels the loop and waits until it has returned. Concurrent calls
+// all wait; a Start concurrent with a Stop waits for the Stop to finish.
+func (b *BaseService) Stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.done == nil {
+		return
+	}
+	b.cancel()
+	<-b.done
+	b.cancel, b.done = nil, nil
+}
+
+// StartAll starts services in order. If one fails to start, those already
+// started are stopped in reverse order and its error is returned.
+func StartAll(ctx context.Context, services []Service) error {
+	for i, s := range services {
+		if err := s.Start(ctx); err != nil {
+			StopAll(services[:i])
+			return err
+		}
+	}
+	return nil
+}
+
+// StopAll stops services in the reverse of their start order, each after
+// the loop of the one started after it has returned.
+func StopAll(services []Service) {
+	for i := len(services) - 1; i >= 0; i-- {
+		services[i].Stop()
+	}
+}

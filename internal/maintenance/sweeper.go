@@ -1,0 +1,109 @@
+package maintenance
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+)
+
+// minSweepWait is the shortest sleep before a deadline that is due soon:
+// a deadline a few microseconds away is swept a little late rather than in
+// a busy loop.
+const minSweepWait = 10 * time.Millisecond
+
+// TimeoutSweeper wakes awaits whose deadline passed: they become runnable,
+// and Kick is called for each queue that so received work. After each sweep
+// it sleeps until the next known deadline, at most Interval (so deadlines
+// set by other processes are found too); a local await outcome with an
+// earlier deadline calls Poke to have it sweep at once.
+type TimeoutSweeper struct {
+	BaseService
+
+	Queries  *sqlq.Queries
+	DB       sqlq.DB
+	Interval time.Duration // longest sleep between sweeps; must be positive to Start
+	Batch    int           // rows per statement; default DefaultBatch
+	Log      *slog.Logger  // default slog.Default()
+	// Kick, if set, is called with each queue a sweep made work runnable
+	// in (the engine wakes its local feeder).
+	Kick func(queue string)
+
+	pokeOnce sync.Once
+	poke     chan struct{}
+}
+
+func (s *TimeoutSweeper) pokes() chan struct{} {
+	s.pokeOnce.Do(func() { s.poke = make(chan struct{}, 1) })
+	return s.poke
+}
+
+// Poke has the loop sweep now rather than at its next planned time: an
+// await with a deadline was just written. It never blocks; pokes that
+// arrive while one is pending are one poke.
+func (s *TimeoutSweeper) Poke() {
+	select {
+	case s.pokes() <- struct{}{}:
+	default:
+	}
+}
+
+// Start sweeps at once, then again after each sleep, until Stop or until
+// ctx is done.
+func (s *TimeoutSweeper) Start(ctx context.Context) error {
+	if s.Interval <= 0 {
+		return fmt.Errorf("gendurable: await-timeout sweep: interval %s is not positive", s.Interval)
+	}
+	return s.StartLoop(ctx, s.loop)
+}
+
+func (s *TimeoutSweeper) loop(ctx context.Context) {
+	poke := s.pokes()
+	select { // a poke from before this start: the first sweep covers it
+	case <-poke:
+	default:
+	}
+	for {
+		wait, ok := s.sweep(ctx)
+		if !ok {
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-poke:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// sweep runs one statement and returns how long to sleep before the next;
+// false once ctx is done.
+func (s *TimeoutSweeper) sweep(ctx context.Context) (time.Duration, bool) {
+	batch := orDefault(s.Batch, DefaultBatch)
+	queues, n, next, err := s.Queries.WakeTimedOut(ctx, s.DB, batch)
+	wait := s.Interval
+	switch {
+	case err != nil:
+		if ctx.Err() != nil {
+			return 0, false
+		}
+		logger(s.Log).Warn("gendurable: await-timeout sweep failed", "err", err)
+	case n == batch:
+		wait = 0 // more are due
+	case next != nil:
+		wait = min(wait, max(time.Until(*next), minSweepWait))
+	}
+	if s.Kick != nil {
+		for _, q := range queues {
+			s.Kick(q)
+		}
+	}
+	return wait, true
+}

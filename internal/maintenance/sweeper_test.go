@@ -1,0 +1,123 @@
+package maintenance
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+const insertAwaiting = `INSERT INTO {{s}}.gendurable_instances (fsm, step, queue, status, awaits, await_deadline)
+VALUES ('m', 'a', $1, 'awaiting_signal', '{go}', now() + $2::bigint * interval '1 millisecond') RETURNING id`
+
+// kicks records the queues a sweeper kicked.
+type kicks struct {
+	mu     sync.Mutex
+	queues []string
+}
+
+func (k *kicks) kick(q string) {
+	k.mu.Lock()
+	k.queues = append(k.queues, q)
+	k.mu.Unlock()
+}
+
+func (k *kicks) has(q string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, x := range k.queues {
+		if x == q {
+			return true
+		}
+	}
+	return false
+}
+
+// TestTimeoutSweeperWakesExpiredAwait: an await whose deadline passed is
+// woken by the first sweep and its queue kicked; one without a deadline
+// stays.
+func TestTimeoutSweeperWakesExpiredAwait(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	due := d.id(insertAwaiting, "q1", -1000)
+	open := d.id(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, awaits) VALUES ('m', 'a', 'awaiting_signal', '{go}') RETURNING id`)
+	k := &kicks{}
+	s := &TimeoutSweeper{Queries: d.q, DB: d.pool, Interval: time.Minute, Log: quiet, Kick: k.kick}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	eventually(t, 3*time.Second, func() bool { return k.has("q1") }, "queue of the woken await not kicked")
+	if got := d.status(due); got != "runnable" {
+		t.Fatalf("expired await is %s, want runnable", got)
+	}
+	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND await_deadline IS NULL AND awaits = '{}'`, due); n != 1 {
+		t.Fatal("woken row keeps its deadline or awaits")
+	}
+	if got := d.status(open); got != "awaiting_signal" {
+		t.Fatalf("await without deadline is %s", got)
+	}
+}
+
+// TestTimeoutSweeperSleepsUntilNextDeadline: with an interval of a minute,
+// the sweep still wakes an await at its deadline, which it learnt from the
+// sweep before — not earlier.
+func TestTimeoutSweeperSleepsUntilNextDeadline(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	start := time.Now()
+	id := d.id(insertAwaiting, "q", 400)
+	s := &TimeoutSweeper{Queries: d.q, DB: d.pool, Interval: time.Minute, Log: quiet}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	eventually(t, 3*time.Second, func() bool { return d.status(id) == "runnable" }, "await not woken at its deadline")
+	if took := time.Since(start); took < 400*time.Millisecond {
+		t.Fatalf("woken after %s, before its deadline", took)
+	}
+}
+
+// TestTimeoutSweeperPoke: a sweeper sleeping for its whole interval (no
+// deadline known) sweeps at once when poked.
+func TestTimeoutSweeperPoke(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	db := &countingDB{DB: d.pool}
+	k := &kicks{}
+	s := &TimeoutSweeper{Queries: d.q, DB: db, Interval: time.Minute, Log: quiet, Kick: k.kick}
+	s.Poke() // before Start: covered by the first sweep, not a second one
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	eventually(t, 3*time.Second, func() bool { return db.done.Load() == 1 }, "first sweep did not run")
+	id := d.id(insertAwaiting, "poked", -1) // due, but nobody told the sweeper
+	time.Sleep(200 * time.Millisecond)
+	if got := d.status(id); got != "awaiting_signal" || db.done.Load() != 1 {
+		t.Fatalf("before the poke: status %s after %d sweeps; the sweeper should sleep its interval", got, db.done.Load())
+	}
+	s.Poke()
+	eventually(t, 3*time.Second, func() bool { return k.has("poked") }, "poke did not wake the sweeper")
+	if got := d.status(id); got != "runnable" {
+		t.Fatalf("after the poke: %s", got)
+	}
+}
+
+// TestTimeoutSweeperFullBatchSweepsAgain: a sweep that filled its batch is
+// followed by another at once, not after the interval.
+func TestTimeoutSweeperFullBatchSweepsAgain(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	for range 5 {
+		d.id(insertAwaiting, "q", -1000)
+	}
+	s := &TimeoutSweeper{Queries: d.q, DB: d.pool, Interval: time.Minute, Batch: 2, Log: quiet}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	eventually(t, 3*time.Second, func() bool {
+		return d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'awaiting_signal'`) == 0
+	}, "not every due await woken")
+}

@@ -1,0 +1,74 @@
+package gendurable
+
+import (
+	"context"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/maintenance"
+)
+
+// This file wires the maintenance services of internal/maintenance to the
+// engine's configuration, hooks and feeders. Their loops live there.
+
+// maintenanceServices returns the maintenance services one Start..Stop
+// lifetime runs, in their declared start order; Stop stops them in
+// reverse:
+//
+//  1. the reaper (ReaperInterval);
+//  2. the await-timeout sweep (AwaitTimeoutInterval);
+//  3. the pruner (PruneInterval and Retention; only if this engine works
+//     queues);
+//  4. the periodic schedules (Config.Periodic).
+//
+// The services that recover or wake existing rows come first; periodic,
+// the one that inserts new work, comes last, so on Stop it is the first to
+// stop. All of them start before the feeders and stop after the feeders
+// have drained (see Start and Stop).
+//
+// A service whose interval is negative (or, for the pruner, whose
+// Retention is) is not in the list. sweeper is the await-timeout sweep, nil
+// if it does not run: local await outcomes poke it.
+func (e *Engine) maintenanceServices() (services []maintenance.Service, sweeper *maintenance.TimeoutSweeper) {
+	if e.cfg.ReaperInterval > 0 {
+		r := e.reaper()
+		r.Interval = e.cfg.ReaperInterval
+		services = append(services, r)
+	}
+	if interval := orDefault(e.cfg.AwaitTimeoutInterval, e.cfg.ReaperInterval); interval > 0 {
+		sweeper = &maintenance.TimeoutSweeper{Queries: e.q, DB: e.pool, Interval: interval,
+			Log: e.log, Kick: e.kickQueue}
+		services = append(services, sweeper)
+	}
+	if e.cfg.Retention > 0 && e.cfg.PruneInterval > 0 && len(e.cfg.Queues) > 0 {
+		p := e.pruner()
+		p.Interval, p.Retention = e.cfg.PruneInterval, e.cfg.Retention
+		services = append(services, p)
+	}
+	if len(e.cfg.Periodic) > 0 {
+		p := &maintenance.Periodic{Log: e.log, Schedules: make([]maintenance.Schedule, len(e.cfg.Periodic))}
+		for i := range e.cfg.Periodic {
+			pp := &e.cfg.Periodic[i]
+			p.Schedules[i] = maintenance.Schedule{Name: pp.Name, Next: pp.sched.Next, SkipMissed: pp.SkipMissed}
+		}
+		p.Insert = func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
+			return e.insertSlot(ctx, &e.cfg.Periodic[i], slot)
+		}
+		services = append(services, p)
+	}
+	return services, sweeper
+}
+
+// reaper is a reaper for this engine: its loop runs under Start (with
+// ReaperInterval set), its RunOnce is [Engine.Reap].
+func (e *Engine) reaper() *maintenance.Reaper {
+	return &maintenance.Reaper{Queries: e.q, DB: e.pool, Log: e.log,
+		OnReap: func(ctx context.Context, r *maintenance.Reaped) {
+			e.emit(ctx, &ReapEvent{Count: r.Count, Failed: r.Failed, IDs: r.IDs, Duration: r.Duration})
+		}}
+}
+
+// pruner is a pruner for this engine: its loop runs under Start (with
+// PruneInterval and Retention set), its RunOnce is [Engine.Prune].
+func (e *Engine) pruner() *maintenance.Pruner {
+	return &maintenance.Pruner{Queries: e.q, DB: e.pool, Batch: PruneBatch, Log: e.log}
+}
