@@ -66,9 +66,9 @@ bench:
 bench-backlog:
 	$(GO) run ./cmd/gendurable bench --backlog
 
-## bench-micro: Go micro-benchmarks of the non-SQL hot path
+## bench-micro: Go micro-benchmarks of the non-SQL hot path (step codec, outcome batch)
 bench-micro:
-	$(GO) test -run XXX -bench . -benchmem -count 5 .
+	$(GO) test -run XXX -bench 'StepExec|OutcomeBatch' -benchmem -count 5 . ./internal/sqlq/
 
 ## bench-compare: gendurable vs River on the same database (module bench/)
 bench-compare:

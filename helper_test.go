@@ -3,9 +3,12 @@ package gendurable_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,6 +155,11 @@ func eventually(t *testing.T, timeout time.Duration, cond func() bool, msg strin
 	}
 }
 
+func near(t *testing.T, want, got time.Time, tol time.Duration) {
+	t.Helper()
+	require.WithinDuration(t, want, got, tol)
+}
+
 // testLogger sends engine logs to the test log (shown with -v or on failure).
 func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -166,3 +174,200 @@ func (w tWriter) Write(p []byte) (int, error) {
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+type orderArgs struct {
+	I int `json:"i"`
+}
+
+// recorder is a job that records the order in which it ran.
+type recorder struct {
+	mu  sync.Mutex
+	ran []int
+}
+
+func (rec *recorder) job(name string) *gendurable.Job[orderArgs] {
+	return &gendurable.Job[orderArgs]{
+		Name: name,
+		Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+			rec.mu.Lock()
+			rec.ran = append(rec.ran, j.State.I)
+			rec.mu.Unlock()
+			return nil
+		},
+	}
+}
+
+func (rec *recorder) order() []int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return append([]int(nil), rec.ran...)
+}
+
+type spanArgs struct {
+	Key string `json:"key"`
+}
+
+type weirdState struct {
+	Name string         `json:"name"`
+	Any  map[string]any `json:"any,omitempty"`
+}
+
+type probeState struct {
+	Do   string `json:"do"`
+	N    int    `json:"n"`
+	Seen []int  `json:"seen,omitempty"`
+}
+
+// probeMachine's step "a" does what the state says; "b" records what it saw.
+func probeMachine(handleCalls *atomic.Int32) *gendurable.Machine[probeState] {
+	return &gendurable.Machine[probeState]{
+		Name:        "probe",
+		Start:       "a",
+		MaxAttempts: 3,
+		Backoff:     func(int) time.Duration { return 0 },
+		Steps: map[string]gendurable.StepFunc[probeState]{
+			"a": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				s := r.State
+				s.N++
+				switch s.Do {
+				case "next":
+					return r.Next("b", s), nil
+				case "next_delay":
+					return r.Next("b", s).After(time.Hour), nil
+				case "replay":
+					return r.Replay(s, time.Hour), nil
+				case "done":
+					return gendurable.Done(map[string]int{"n": s.N}), nil
+				case "stop":
+					return gendurable.Stop("told to stop"), nil
+				case "error":
+					return gendurable.Outcome{}, errors.New("boom")
+				case "panic":
+					panic("kaboom")
+				case "invalid_step":
+					return r.Next("nope", s), nil
+				case "zero":
+					return gendurable.Outcome{}, nil
+				case "bad_result":
+					return gendurable.Done(func() {}), nil
+				}
+				return gendurable.Stop("unknown action " + s.Do), nil
+			},
+			"b": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				return gendurable.Done(r.State), nil
+			},
+		},
+		Handle: func(ctx context.Context, r *gendurable.Run[probeState], err error) (gendurable.Outcome, error) {
+			if handleCalls != nil {
+				handleCalls.Add(1)
+			}
+			if r.Attempt+1 >= r.MaxAttempts {
+				return gendurable.Stop("gave up"), nil
+			}
+			return r.Replay(r.State, 0), nil
+		},
+	}
+}
+
+type fanState struct {
+	Width    int      `json:"width"`
+	Depth    int      `json:"depth"`
+	Fail     bool     `json:"fail,omitempty"`
+	Seen     []string `json:"seen,omitempty"`
+	Resumes  int      `json:"resumes,omitempty"`
+	ChildSum int      `json:"child_sum,omitempty"`
+}
+
+type leafArgs struct {
+	N    int  `json:"n"`
+	Fail bool `json:"fail,omitempty"`
+}
+
+// fanMachines: a parent that fans out Width leaf jobs (or, with Depth > 0,
+// Width sub-parents), then sums its children's results.
+func fanMachines() (*gendurable.Machine[fanState], *gendurable.Job[leafArgs]) {
+	leaf := &gendurable.Job[leafArgs]{
+		Name: "leaf", MaxAttempts: 1,
+		Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+			if j.State.Fail {
+				return gendurable.JobCancel(errors.New("leaf failed on purpose"))
+			}
+			return nil
+		},
+	}
+	var parent *gendurable.Machine[fanState]
+	parent = &gendurable.Machine[fanState]{
+		Name: "fan", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				var kids []gendurable.InsertParams
+				for i := 0; i < r.State.Width; i++ {
+					if r.State.Depth > 0 {
+						kids = append(kids, parent.New(fanState{Width: r.State.Width, Depth: r.State.Depth - 1}))
+					} else {
+						kids = append(kids, leaf.New(leafArgs{N: i, Fail: r.State.Fail && i == 0}))
+					}
+				}
+				return r.ScheduleChildren("join", r.State, kids...), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				s := r.State
+				s.Resumes++
+				for _, c := range r.Children {
+					s.Seen = append(s.Seen, fmt.Sprintf("%s:%s", c.Machine, c.Status))
+					var sub fanState
+					if c.Machine == "fan" {
+						if err := jsonUnmarshal(c.Result, &sub); err != nil {
+							return gendurable.Outcome{}, err
+						}
+						s.ChildSum += 1 + sub.ChildSum
+					} else {
+						s.ChildSum++
+					}
+				}
+				return gendurable.Done(s), nil
+			},
+		},
+	}
+	return parent, leaf
+}
+
+// eventLog is a hook that keeps every event it sees.
+type eventLog struct {
+	mu     sync.Mutex
+	events []gendurable.Event
+}
+
+func (l *eventLog) OnEvent(_ context.Context, ev gendurable.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch e := ev.(type) { // copy: events must not be retained
+	case *gendurable.StepEvent:
+		c := *e
+		l.events = append(l.events, &c)
+	case *gendurable.LeaseLostEvent:
+		c := *e
+		l.events = append(l.events, &c)
+	case *gendurable.UnknownVersionEvent:
+		c := *e
+		l.events = append(l.events, &c)
+	case *gendurable.DrainEvent:
+		c := *e
+		l.events = append(l.events, &c)
+	case *gendurable.ReapEvent:
+		c := *e
+		l.events = append(l.events, &c)
+	}
+}
+
+func findEvent[E gendurable.Event](l *eventLog, match func(E) bool) (E, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, ev := range l.events {
+		if e, ok := ev.(E); ok && match(e) {
+			return e, true
+		}
+	}
+	var zero E
+	return zero, false
+}

@@ -3,75 +3,15 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
-
-type probeState struct {
-	Do   string `json:"do"`
-	N    int    `json:"n"`
-	Seen []int  `json:"seen,omitempty"`
-}
-
-// probeMachine's step "a" does what the state says; "b" records what it saw.
-func probeMachine(handleCalls *atomic.Int32) *gendurable.Machine[probeState] {
-	return &gendurable.Machine[probeState]{
-		Name:        "probe",
-		Start:       "a",
-		MaxAttempts: 3,
-		Backoff:     func(int) time.Duration { return 0 },
-		Steps: map[string]gendurable.StepFunc[probeState]{
-			"a": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
-				s := r.State
-				s.N++
-				switch s.Do {
-				case "next":
-					return r.Next("b", s), nil
-				case "next_delay":
-					return r.Next("b", s).After(time.Hour), nil
-				case "replay":
-					return r.Replay(s, time.Hour), nil
-				case "done":
-					return gendurable.Done(map[string]int{"n": s.N}), nil
-				case "stop":
-					return gendurable.Stop("told to stop"), nil
-				case "error":
-					return gendurable.Outcome{}, errors.New("boom")
-				case "panic":
-					panic("kaboom")
-				case "invalid_step":
-					return r.Next("nope", s), nil
-				case "zero":
-					return gendurable.Outcome{}, nil
-				case "bad_result":
-					return gendurable.Done(func() {}), nil
-				}
-				return gendurable.Stop("unknown action " + s.Do), nil
-			},
-			"b": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
-				return gendurable.Done(r.State), nil
-			},
-		},
-		Handle: func(ctx context.Context, r *gendurable.Run[probeState], err error) (gendurable.Outcome, error) {
-			if handleCalls != nil {
-				handleCalls.Add(1)
-			}
-			if r.Attempt+1 >= r.MaxAttempts {
-				return gendurable.Stop("gave up"), nil
-			}
-			return r.Replay(r.State, 0), nil
-		},
-	}
-}
-
-func near(t *testing.T, want, got time.Time, tol time.Duration) {
-	t.Helper()
-	require.WithinDuration(t, want, got, tol)
-}
 
 func TestOutcomeNextCommitsStateBeforeNextStep(t *testing.T) {
 	t.Parallel()
@@ -154,85 +94,6 @@ func TestOutcomeStop(t *testing.T) {
 	require.Zero(t, handled.Load(), "Stop is an outcome, not an error: Handle is not called")
 }
 
-func TestStepErrorRetriesUntilMaxAttemptsWithHistory(t *testing.T) {
-	t.Parallel()
-	var handled atomic.Int32
-	m := probeMachine(&handled)
-	b := setup(t, nil, m)
-	b.start()
-	id := b.insert(m.New(probeState{Do: "error"}))
-	r := b.waitStatus(id, "failed", 10*time.Second)
-	require.Equal(t, int32(3), handled.Load())
-	require.Equal(t, 2, r.Attempt, "attempts 0, 1, 2 ran; the third failure stopped it")
-	require.Len(t, r.Errors, 3)
-	for i, e := range r.Errors {
-		require.Equal(t, "error", e["kind"])
-		require.Equal(t, float64(i), e["attempt"])
-		require.Equal(t, "a", e["step"])
-		require.NotEmpty(t, e["at"])
-	}
-	require.Equal(t, "boom; stopped: gave up", r.Errors[2]["error"])
-}
-
-func TestDefaultHandleBacksOffThenStops(t *testing.T) {
-	t.Parallel()
-	m := &gendurable.Machine[probeState]{
-		Name: "flaky", Start: "a", MaxAttempts: 2,
-		Steps: map[string]gendurable.StepFunc[probeState]{
-			"a": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
-				return gendurable.Outcome{}, errors.New("flaky")
-			},
-		},
-	}
-	b := setup(t, nil, m)
-	b.start()
-	id := b.insert(m.New(probeState{}))
-	eventually(t, 10*time.Second, func() bool { return b.row(id).Attempt == 1 }, "no retry")
-	r := b.row(id)
-	require.Equal(t, "runnable", r.Status)
-	// DefaultBackoff(0) is between 0.5s and 1s.
-	delay := r.EligibleAt.Sub(r.Now)
-	require.True(t, delay > 0 && delay <= time.Second, "retry delay %s", delay)
-	r = b.waitStatus(id, "failed", 10*time.Second)
-	require.Len(t, r.Errors, 2)
-	require.Contains(t, r.Errors[1]["error"], "attempts exhausted (2 of 2)")
-}
-
-func TestPanicIsHandledAndRecorded(t *testing.T) {
-	t.Parallel()
-	var handled atomic.Int32
-	m := probeMachine(&handled)
-	b := setup(t, nil, m)
-	b.start()
-	id := b.insert(m.New(probeState{Do: "panic"}))
-	r := b.waitStatus(id, "failed", 10*time.Second)
-	require.Equal(t, int32(3), handled.Load())
-	require.Equal(t, "panic", r.Errors[0]["kind"])
-	require.Equal(t, "panic: kaboom", r.Errors[0]["error"])
-}
-
-func TestPanicInHandleStops(t *testing.T) {
-	t.Parallel()
-	m := &gendurable.Machine[probeState]{
-		Name: "badhandle", Start: "a",
-		Steps: map[string]gendurable.StepFunc[probeState]{
-			"a": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
-				return gendurable.Outcome{}, errors.New("step failed")
-			},
-		},
-		Handle: func(ctx context.Context, r *gendurable.Run[probeState], err error) (gendurable.Outcome, error) {
-			panic("handle exploded")
-		},
-	}
-	b := setup(t, nil, m)
-	b.start()
-	id := b.insert(m.New(probeState{}))
-	r := b.waitStatus(id, "failed", 10*time.Second)
-	require.Equal(t, 0, r.Attempt)
-	require.Len(t, r.Errors, 1)
-	require.Equal(t, "step failed; Handle failed: panic: handle exploded", r.Errors[0]["error"])
-}
-
 func TestInvalidOutcomesAreHandledErrors(t *testing.T) {
 	t.Parallel()
 	for _, do := range []string{"invalid_step", "zero", "bad_result"} {
@@ -250,18 +111,204 @@ func TestInvalidOutcomesAreHandledErrors(t *testing.T) {
 	}
 }
 
-func TestUndecodableStateStopsWithoutRetry(t *testing.T) {
+func TestFanOutFanIn(t *testing.T) {
 	t.Parallel()
-	var handled atomic.Int32
-	m := probeMachine(&handled)
-	b := setup(t, nil, m)
-	id := b.insert(m.New(probeState{Do: "done"}))
-	// Another deploy wrote a state that does not fit the struct.
-	b.exec(`UPDATE {{s}}.gendurable_instances SET state = '{"n": "not a number"}' WHERE id = $1`, id)
+	parent, leaf := fanMachines()
+	cfg := fastConfig("", parent, leaf)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 8, PollInterval: 10 * time.Millisecond}}
+	b := setup(t, cfg)
 	b.start()
+	ctx := context.Background()
+	id := b.insert(parent.New(fanState{Width: 5, Fail: true}))
+	// While children run, the parent says what it waits for.
+	eventually(t, 10*time.Second, func() bool { return b.row(id).Status == "awaiting_children" || b.row(id).Status == "done" }, "never parked")
+	if b.row(id).Status == "awaiting_children" {
+		w, err := b.eng.Wait(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, 5, w.ChildrenTotal)
+	}
+	r := b.waitStatus(id, "done", 20*time.Second)
+	var s fanState
+	require.NoError(t, jsonUnmarshal(r.Result, &s))
+	require.Equal(t, 1, s.Resumes, "the parent resumed exactly once, after its last child")
+	require.Len(t, s.Seen, 5)
+	require.Equal(t, "leaf:failed", s.Seen[0], "a failed child still counts towards the fan-in")
+	for _, seen := range s.Seen[1:] {
+		require.Equal(t, "leaf:done", seen)
+	}
+	require.Equal(t, 5, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE parent_id = $1`, id))
+	require.Equal(t, 0, b.count(`SELECT children_pending FROM {{s}}.gendurable_instances WHERE id = $1`, id))
+}
+
+func TestNestedFanOut(t *testing.T) {
+	t.Parallel()
+	parent, leaf := fanMachines()
+	cfg := fastConfig("", parent, leaf)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 10, PollInterval: 10 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(parent.New(fanState{Width: 3, Depth: 2})) // 3 + 9 sub-parents' … 27 leaves
+	r := b.waitStatus(id, "done", 30*time.Second)
+	var s fanState
+	require.NoError(t, jsonUnmarshal(r.Result, &s))
+	require.Equal(t, 3+9+27, s.ChildSum, "every descendant finished before its ancestor resumed")
+	require.Equal(t, 1+3+9+27, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`))
+}
+
+func TestZeroChildrenRunsOnAtOnce(t *testing.T) {
+	t.Parallel()
+	parent, leaf := fanMachines()
+	b := setup(t, nil, parent, leaf)
+	b.start()
+	id := b.insert(parent.New(fanState{Width: 0}))
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.JSONEq(t, `{"width":0,"depth":0,"resumes":1}`, string(r.Result))
+}
+
+func TestInvalidChildIsAnInvalidOutcome(t *testing.T) {
+	t.Parallel()
+	ghost := &gendurable.Job[leafArgs]{Name: "ghost", Perform: func(context.Context, *gendurable.Run[leafArgs]) error { return nil }}
+	m := &gendurable.Machine[fanState]{
+		Name: "badkids", Start: "a", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"a": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("a", r.State, ghost.New(leafArgs{})), nil
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(fanState{}))
 	r := b.waitStatus(id, "failed", 10*time.Second)
-	require.Zero(t, handled.Load())
-	require.Equal(t, 0, r.Attempt)
-	require.Equal(t, "state_decode", r.Errors[0]["kind"])
-	require.Contains(t, r.Errors[0]["error"], "state does not decode")
+	require.Contains(t, r.Errors[0]["error"], "machine not registered")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE parent_id IS NOT NULL`))
+}
+
+// TestTransactionalOutcome: the step's own writes commit with its outcome,
+// exactly once even when the step runs twice, and roll back when the
+// callback fails.
+func TestTransactionalOutcome(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	var mu sync.Mutex
+	m := &gendurable.Machine[leafArgs]{
+		Name: "ledger", Start: "post", MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 },
+		Steps: map[string]gendurable.StepFunc[leafArgs]{
+			"post": func(ctx context.Context, r *gendurable.Run[leafArgs]) (gendurable.Outcome, error) {
+				calls.Add(1)
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					mu.Lock()
+					defer mu.Unlock()
+					if _, err := tx.Exec(ctx, `INSERT INTO ledger_`+r.Queue+` (instance, amount) VALUES ($1, $2)`, r.ID, r.State.N); err != nil {
+						return err
+					}
+					if r.State.Fail && r.Attempt == 0 {
+						return errors.New("ledger rejected the first try")
+					}
+					return nil
+				}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.Queues = map[string]gendurable.QueueConfig{"tx": {PollInterval: 10 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.exec(`CREATE TABLE ledger_tx (instance bigint, amount int)`)
+	t.Cleanup(func() { _, _ = b.pool.Exec(context.Background(), `DROP TABLE IF EXISTS ledger_tx`) })
+	b.start()
+	ctx := context.Background()
+	ok, err := b.eng.Insert(ctx, m.New(leafArgs{N: 10}).With(gendurable.InsertOpts{Queue: "tx"}))
+	require.NoError(t, err)
+	flaky, err := b.eng.Insert(ctx, m.New(leafArgs{N: 20, Fail: true}).With(gendurable.InsertOpts{Queue: "tx"}))
+	require.NoError(t, err)
+	b.waitStatus(ok.ID, "done", 10*time.Second)
+	r := b.waitStatus(flaky.ID, "done", 10*time.Second)
+	require.Equal(t, 1, r.Attempt, "the failed callback went to Handle, which replayed")
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM ledger_tx WHERE instance = $1`, ok.ID))
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM ledger_tx WHERE instance = $1`, flaky.ID), "the failed try's write was rolled back")
+}
+
+// TestFencedTransactionalOutcomeRollsBack: a zombie's WithTx writes vanish
+// with its fenced-out outcome.
+func TestFencedTransactionalOutcomeRollsBack(t *testing.T) {
+	t.Parallel()
+	started, release := make(chan struct{}), make(chan struct{})
+	m := &gendurable.Machine[leafArgs]{
+		Name: "zledger", Start: "post",
+		Steps: map[string]gendurable.StepFunc[leafArgs]{
+			"post": func(ctx context.Context, r *gendurable.Run[leafArgs]) (gendurable.Outcome, error) {
+				close(started)
+				<-release
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `INSERT INTO zledger (instance) VALUES ($1)`, r.ID)
+					return err
+				}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.ReaperInterval = -1
+	b := setup(t, cfg)
+	b.exec(`CREATE TABLE zledger (instance bigint)`)
+	t.Cleanup(func() { _, _ = b.pool.Exec(context.Background(), `DROP TABLE IF EXISTS zledger`) })
+	b.start()
+	id := b.insert(m.New(leafArgs{}))
+	<-started
+	// The lease is taken away (reaped, then claimed by someone else).
+	b.exec(`UPDATE {{s}}.gendurable_instances SET claim_token = -1 WHERE id = $1`, id)
+	close(release)
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, b.count(`SELECT count(*) FROM zledger`), "the zombie's own writes rolled back with its outcome")
+	require.Equal(t, "executing", b.row(id).Status)
+}
+
+// A retried child of an earlier fan-out does not count against the
+// parent's current fan-out.
+func TestRetriedChildOfAnEarlierFanOutDoesNotWakeTheParent(t *testing.T) {
+	t.Parallel()
+	releaseC := make(chan struct{})
+	var secondJoinSaw atomic.Value
+	leaf := &gendurable.Job[leafArgs]{Name: "gleaf", MaxAttempts: 1, Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		switch j.State.N {
+		case 1:
+			if j.Attempt == 0 && j.MaxAttempts == 1 && !j.State.Fail {
+				return gendurable.JobCancel(context.Canceled)
+			}
+		case 3:
+			<-releaseC
+		}
+		return nil
+	}}
+	m := &gendurable.Machine[fanState]{
+		Name: "gens", Start: "one",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"one": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("two", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
+			},
+			"two": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("three", r.State, leaf.New(leafArgs{N: 3})), nil
+			},
+			"three": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				secondJoinSaw.Store(len(r.Children))
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	b := setup(t, nil, m, leaf)
+	b.start()
+	ctx := context.Background()
+	id := b.insert(m.New(fanState{}))
+	b.waitStatus(id, "awaiting_children", 10*time.Second)
+	eventually(t, 10*time.Second, func() bool { return b.row(id).Step == "three" }, "second fan-out not reached")
+	var failedChild int64
+	require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances WHERE parent_id = $1 AND status = 'failed'`, b.schema), id).Scan(&failedChild))
+	// Make the retry succeed, then retry the first fan-out's failed child.
+	b.exec(`UPDATE {{s}}.gendurable_instances SET state = '{"n":1,"fail":true}' WHERE id = $1`, failedChild)
+	require.NoError(t, b.eng.Retry(ctx, failedChild))
+	b.waitStatus(failedChild, "done", 10*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, "awaiting_children", b.row(id).Status, "the parent still waits for its current child")
+	close(releaseC)
+	b.waitStatus(id, "done", 10*time.Second)
+	require.Equal(t, 1, secondJoinSaw.Load(), "the join sees only its own fan-out's children")
 }

@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,6 +97,39 @@ func TestSignalBeforeAwaitDoesNotPark(t *testing.T) {
 	require.JSONEq(t, `{"got":["cancel"],"rounds":1}`, string(r.Result))
 }
 
+// A machine that reads its whole inbox still wakes at once on a signal
+// that arrived before it awaited; after a wake on one name, a pre-arrived
+// signal of another awaited name wakes it at once too.
+func TestAwaitSeesPreArrivedSignalsItHasNotReceived(t *testing.T) {
+	t.Parallel()
+	var got atomic.Value
+	m := &gendurable.Machine[waitState]{
+		Name: "prearrived", Start: "a", Inbox: true,
+		Steps: map[string]gendurable.StepFunc[waitState]{
+			"a": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return r.Await("b", r.State, "pay"), nil
+			},
+			"b": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return r.Await("c", r.State, "addr"), nil
+			},
+			"c": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				got.Store(len(r.Awaited))
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	ctx := context.Background()
+	id := b.insert(m.New(waitState{}))
+	for _, name := range []string{"addr", "pay"} {
+		_, err := b.eng.Signal(ctx, id, name, nil, nil)
+		require.NoError(t, err)
+	}
+	b.start()
+	b.waitStatus(id, "done", 10*time.Second)
+	require.Equal(t, 1, got.Load())
+}
+
 func TestAwaitTimeout(t *testing.T) {
 	t.Parallel()
 	m := awaiter(300 * time.Millisecond)
@@ -108,6 +142,37 @@ func TestAwaitTimeout(t *testing.T) {
 	require.NotNil(t, w.Deadline)
 	r := b.waitStatus(id, "done", 10*time.Second)
 	require.JSONEq(t, `{"timed_out":true,"rounds":1}`, string(r.Result), "woken at the next step with nothing awaited")
+}
+
+// A timeout after an earlier wake still shows an empty Awaited.
+func TestTimeoutAfterAWakeShowsEmptyAwaited(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[waitState]{
+		Name: "retimeout", Start: "a",
+		Steps: map[string]gendurable.StepFunc[waitState]{
+			"a": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return r.Await("b", r.State, "pay"), nil
+			},
+			"b": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				s := r.State
+				s.Rounds++
+				if s.Rounds == 1 {
+					return r.Await("b", s, "pay").Timeout(200 * time.Millisecond), nil
+				}
+				s.TimedOut = len(r.Awaited) == 0
+				s.Need = len(r.Inbox)
+				return gendurable.Done(s), nil
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(waitState{}))
+	b.waitStatus(id, "awaiting_signal", 10*time.Second)
+	_, err := b.eng.Signal(context.Background(), id, "pay", nil, nil)
+	require.NoError(t, err)
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.JSONEq(t, `{"timed_out":true,"rounds":2,"need":1}`, string(r.Result), "timed out; the earlier signal is still in the inbox")
 }
 
 func TestReawaitAccumulatesAndConsumesOnlyWhatItReceived(t *testing.T) {
@@ -232,4 +297,40 @@ func TestNoLostWakeUpUnderConcurrency(t *testing.T) {
 	require.Equal(t, n, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE consumed_at IS NOT NULL`))
 	require.Equal(t, n, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE result->'got' = '["pay"]'`),
 		"each instance received its one signal exactly once")
+}
+
+func TestWaitShowsThePartitionHolder(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	started := make(chan int64, 2)
+	job := &gendurable.Job[spanArgs]{Name: "holder", Perform: func(ctx context.Context, j *gendurable.Run[spanArgs]) error {
+		started <- j.ID
+		<-release
+		return nil
+	}}
+	b := setup(t, nil, job)
+	b.start()
+	ctx := context.Background()
+	opts := gendurable.InsertOpts{PartitionKey: "acct-1"}
+	first := b.insert(job.New(spanArgs{}).With(opts))
+	require.Equal(t, first, <-started)
+	second := b.insert(job.New(spanArgs{}).With(opts))
+	w, err := b.eng.Wait(ctx, second)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusRunnable, w.Status)
+	require.Equal(t, first, w.PartitionHeldBy)
+	require.Contains(t, w.Summary, `partition key "acct-1" held by instance`)
+	select {
+	case id := <-started:
+		t.Fatalf("instance %d started while its key was held", id)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	b.waitStatus(second, "done", 10*time.Second)
+
+	w, err = b.eng.Wait(ctx, second)
+	require.NoError(t, err)
+	require.Equal(t, "finished (done)", w.Summary)
+	_, err = b.eng.Wait(ctx, 424242)
+	require.ErrorIs(t, err, gendurable.ErrNotFound)
 }

@@ -32,10 +32,6 @@ const stressConns = 8
 
 var stressOpts = &dbtest.Options{MaxConns: stressConns, Extra: 2 * stressConns}
 
-type spanArgs struct {
-	Key string `json:"key"`
-}
-
 // stressMachines are what the stress worker processes run. The partitioned
 // job records each step's start and end (database clock) in a spans table.
 func stressMachines(pool *pgxpool.Pool, schema string) []gendurable.Definition {

@@ -3,8 +3,6 @@ package dashboard_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -20,8 +17,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
-	"github.com/gendurable/gendurable/migrate"
-	"github.com/jackc/pgx/v5"
+	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -30,13 +26,6 @@ import (
 // TestMain fails the package if a test leaves a goroutine behind.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-func dbURL() string {
-	if v := os.Getenv("DATABASE_URL"); v != "" {
-		return v
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 }
 
 // Order is the state of the test machine: it waits for signal "go", then
@@ -130,49 +119,12 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// newPool connects to the test database; the pool is closed at cleanup.
-func newPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cfg, err := pgxpool.ParseConfig(dbURL())
-	require.NoError(t, err)
-	cfg.MaxConns = 6
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
-
-// newEnv creates a migrated schema (dropped at cleanup) and an engine (not
-// started) that knows the order machine and the flaky job.
+// newEnv creates a migrated schema and its pool (internal/dbtest: dropped
+// and closed at cleanup, within the package's connection budget) and an
+// engine (not started) that knows the order machine and the flaky job.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	schema := "dash_" + randHex(6)
-	t.Cleanup(func() { // runs after the pool is closed and the engine stopped
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, dbURL())
-		if err != nil {
-			t.Logf("cleanup: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
-			t.Logf("cleanup: drop schema %s: %v", schema, err)
-		}
-	})
-	pool := newPool(t)
-	_, err := migrate.Up(ctx, pool, schema)
-	require.NoError(t, err)
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 6})
 	logs := &syncBuffer{}
 	order, flaky := orderMachine(), flakyJob()
 	batch := batchMachine(order)

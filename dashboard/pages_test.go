@@ -15,6 +15,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
+	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -340,8 +341,7 @@ func TestErrorsAreMappedAndNotLeaked(t *testing.T) {
 
 	// An engine on a schema that was never migrated: every read fails
 	// inside the database.
-	pool := newPool(t)
-	missing := "dash_missing_" + randHex(4)
+	pool, missing := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, NoMigrate: true})
 	broken, err := gendurable.New(pool, &gendurable.Config{Schema: missing, Machines: []gendurable.Definition{orderMachine()}})
 	require.NoError(t, err)
 	logs := &syncBuffer{}

@@ -32,18 +32,10 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
-	"github.com/gendurable/gendurable/migrate"
-	"github.com/jackc/pgx/v5"
+	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
-
-func dbURL() string {
-	if v := os.Getenv("DATABASE_URL"); v != "" {
-		return v
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
 
 // chromiumPath finds the browser, or skips the test (fails it under CI).
 func chromiumPath(t *testing.T) string {
@@ -106,29 +98,9 @@ func setup(t *testing.T) *world {
 	w := &world{t: t, shots: artifactsDir(t)}
 	w.fail.Store(true)
 
-	// Database: a fresh schema, dropped at the end.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	w.schema = fmt.Sprintf("e2e_%d", time.Now().UnixNano())
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, dbURL())
-		if err != nil {
-			t.Logf("cleanup: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+w.schema+" CASCADE"); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-	})
-	pool, err := pgxpool.New(ctx, dbURL())
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	w.pool = pool
-	_, err = migrate.Up(ctx, pool, w.schema)
-	require.NoError(t, err)
+	// Database: a fresh, migrated schema, dropped at the end.
+	pool, schema := dbtest.NewSchema(t, nil)
+	w.pool, w.schema = pool, schema
 
 	// Engine: an order machine that awaits a signal, and a job that fails
 	// (one attempt) until the test lets it succeed.
@@ -168,7 +140,7 @@ func setup(t *testing.T) *world {
 	})
 	require.NoError(t, err)
 	w.eng = eng
-	require.NoError(t, eng.Start(ctx))
+	require.NoError(t, eng.Start(context.Background()))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()

@@ -2,66 +2,16 @@ package gdotel_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/migrate"
+	"github.com/gendurable/gendurable/internal/dbtest"
 	gdotel "github.com/gendurable/gendurable/otel"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// databaseURL is the test server: GENDURABLE_TEST_DATABASE_URL, else
-// DATABASE_URL, else the local server (as the library's own tests).
-func databaseURL() string {
-	for _, k := range []string{"GENDURABLE_TEST_DATABASE_URL", "DATABASE_URL"} {
-		if v := os.Getenv(k); v != "" {
-			return v
-		}
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
-
-// newSchema creates a unique, migrated schema and a pool; both go away when
-// the test ends.
-func newSchema(t *testing.T) (*pgxpool.Pool, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "gdotel_" + hex.EncodeToString(b)
-
-	pool, err := pgxpool.New(ctx, databaseURL())
-	if err != nil {
-		t.Fatalf("connect %s: %v", databaseURL(), err)
-	}
-	t.Cleanup(func() {
-		pool.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, databaseURL())
-		if err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`); err != nil {
-			t.Errorf("drop schema %s: %v", schema, err)
-		}
-	})
-	if _, err := migrate.Up(ctx, pool, schema); err != nil {
-		t.Fatalf("migrate %s: %v", schema, err)
-	}
-	return pool, schema
-}
-
 func TestEndToEnd(t *testing.T) {
-	pool, schema := newSchema(t)
+	pool, schema := dbtest.NewSchema(t, nil)
 	r := newRig(t, gdotel.Options{Pool: pool, Schema: schema})
 
 	type args struct{ N int }

@@ -147,8 +147,8 @@ func NewSchema(t testing.TB, opts *Options) (*pgxpool.Pool, string) {
 	return pool, schema
 }
 
-// Counter is a pgx tracer that counts statements, optionally only those
-// whose SQL contains a substring.
+// Counter is a pgx tracer that counts statements, except those whose SQL
+// begins with "-- untraced" (a test's own queries on the traced pool).
 type Counter struct {
 	n atomic.Int64
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
@@ -40,5 +41,20 @@ func TestConnectionFailureClassification(t *testing.T) {
 		{errors.New("insufficient funds"), false},
 	} {
 		require.Equal(t, c.want, connectionFailure(c.err), "%v", c.err)
+	}
+}
+
+// BenchmarkOutcomeBatch measures adding outcomes to a reused batch (the
+// group committer's per-outcome cost before the statement).
+func BenchmarkOutcomeBatch(b *testing.B) {
+	step, state := "b", `{"order":"A-1","items":["book"],"paid":1}`
+	o := sqlq.Outcome{ID: 1, Token: 2, Kind: sqlq.KindNext, Step: &step, State: &state, Continue: true}
+	var batch sqlq.OutcomeBatch
+	b.ReportAllocs()
+	for b.Loop() {
+		batch.Reset()
+		for range 100 {
+			batch.Add(&o)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,156 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/stretchr/testify/require"
 )
+
+func TestStepErrorRetriesUntilMaxAttemptsWithHistory(t *testing.T) {
+	t.Parallel()
+	var handled atomic.Int32
+	m := probeMachine(&handled)
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(probeState{Do: "error"}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Equal(t, int32(3), handled.Load())
+	require.Equal(t, 2, r.Attempt, "attempts 0, 1, 2 ran; the third failure stopped it")
+	require.Len(t, r.Errors, 3)
+	for i, e := range r.Errors {
+		require.Equal(t, "error", e["kind"])
+		require.Equal(t, float64(i), e["attempt"])
+		require.Equal(t, "a", e["step"])
+		require.NotEmpty(t, e["at"])
+	}
+	require.Equal(t, "boom; stopped: gave up", r.Errors[2]["error"])
+}
+
+func TestDefaultHandleBacksOffThenStops(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[probeState]{
+		Name: "flaky", Start: "a", MaxAttempts: 2,
+		Steps: map[string]gendurable.StepFunc[probeState]{
+			"a": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				return gendurable.Outcome{}, errors.New("flaky")
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(probeState{}))
+	eventually(t, 10*time.Second, func() bool { return b.row(id).Attempt == 1 }, "no retry")
+	r := b.row(id)
+	require.Equal(t, "runnable", r.Status)
+	// DefaultBackoff(0) is between 0.5s and 1s.
+	delay := r.EligibleAt.Sub(r.Now)
+	require.True(t, delay > 0 && delay <= time.Second, "retry delay %s", delay)
+	r = b.waitStatus(id, "failed", 10*time.Second)
+	require.Len(t, r.Errors, 2)
+	require.Contains(t, r.Errors[1]["error"], "attempts exhausted (2 of 2)")
+}
+
+func TestPanicIsHandledAndRecorded(t *testing.T) {
+	t.Parallel()
+	var handled atomic.Int32
+	m := probeMachine(&handled)
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(probeState{Do: "panic"}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Equal(t, int32(3), handled.Load())
+	require.Equal(t, "panic", r.Errors[0]["kind"])
+	require.Equal(t, "panic: kaboom", r.Errors[0]["error"])
+}
+
+func TestPanicInHandleStops(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[probeState]{
+		Name: "badhandle", Start: "a",
+		Steps: map[string]gendurable.StepFunc[probeState]{
+			"a": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				return gendurable.Outcome{}, errors.New("step failed")
+			},
+		},
+		Handle: func(ctx context.Context, r *gendurable.Run[probeState], err error) (gendurable.Outcome, error) {
+			panic("handle exploded")
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(probeState{}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Equal(t, 0, r.Attempt)
+	require.Len(t, r.Errors, 1)
+	require.Equal(t, "step failed; Handle failed: panic: handle exploded", r.Errors[0]["error"])
+}
+
+func TestUndecodableStateStopsWithoutRetry(t *testing.T) {
+	t.Parallel()
+	var handled atomic.Int32
+	m := probeMachine(&handled)
+	b := setup(t, nil, m)
+	id := b.insert(m.New(probeState{Do: "done"}))
+	// Another deploy wrote a state that does not fit the struct.
+	b.exec(`UPDATE {{s}}.gendurable_instances SET state = '{"n": "not a number"}' WHERE id = $1`, id)
+	b.start()
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Zero(t, handled.Load())
+	require.Equal(t, 0, r.Attempt)
+	require.Equal(t, "state_decode", r.Errors[0]["kind"])
+	require.Contains(t, r.Errors[0]["error"], "state does not decode")
+}
+
+func TestStepErrorTextIsSanitized(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[weirdState]{
+		Name: "ugly", Start: "a", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[weirdState]{
+			"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
+				return gendurable.Outcome{}, &uglyErr{}
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(weirdState{}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	msg := r.Errors[0]["error"].(string)
+	require.NotContains(t, msg, "\x00")
+	require.Less(t, len(msg), 5000, "bounded")
+	require.True(t, strings.HasPrefix(msg, "nul\ufffd"), msg)
+}
+
+type uglyErr struct{}
+
+func (*uglyErr) Error() string { return "nul\x00\xff" + strings.Repeat("é", 10000) }
+
+// bombState panics when encoded with Boom set, like a buggy MarshalJSON.
+type bombState struct{ Boom bool }
+
+func (b bombState) MarshalJSON() ([]byte, error) {
+	if b.Boom {
+		panic("encoder bug")
+	}
+	return []byte(`{"Boom":false}`), nil
+}
+
+func TestPanicsInUserJSONAndHooksDoNotKillTheWorker(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[bombState]{
+		Name: "bomb", Start: "a", MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 },
+		Steps: map[string]gendurable.StepFunc[bombState]{
+			"a": func(ctx context.Context, r *gendurable.Run[bombState]) (gendurable.Outcome, error) {
+				return r.Next("a", bombState{Boom: true}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.Hooks = []gendurable.Hook{gendurable.HookFunc(func(context.Context, gendurable.Event) { panic("hook bug") })}
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(bombState{}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Len(t, r.Errors, 2)
+	require.Equal(t, "panic", r.Errors[0]["kind"])
+	require.Contains(t, r.Errors[0]["error"], "panic: encoder bug")
+}
 
 func TestStepTimeoutCancelsTheStepAndHandleSeesIt(t *testing.T) {
 	t.Parallel()

@@ -52,18 +52,3 @@ func BenchmarkStepExec(b *testing.B) {
 		}
 	}
 }
-
-// BenchmarkOutcomeBatch measures adding outcomes to a reused batch (the
-// group committer's per-outcome cost before the statement).
-func BenchmarkOutcomeBatch(b *testing.B) {
-	step, state := "b", `{"order":"A-1","items":["book"],"paid":1}`
-	o := sqlq.Outcome{ID: 1, Token: 2, Kind: sqlq.KindNext, Step: &step, State: &state, Continue: true}
-	var batch sqlq.OutcomeBatch
-	b.ReportAllocs()
-	for b.Loop() {
-		batch.Reset()
-		for range 100 {
-			batch.Add(&o)
-		}
-	}
-}

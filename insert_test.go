@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,130 @@ import (
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/stretchr/testify/require"
 )
+
+func TestInsertManyAndTx(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("many")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+
+	params := make([]gendurable.InsertParams, 100)
+	for i := range params {
+		params[i] = job.New(orderArgs{I: i})
+	}
+	res, err := b.eng.InsertMany(ctx, params)
+	require.NoError(t, err)
+	require.Len(t, res, 100)
+	for i := 1; i < len(res); i++ {
+		require.Greater(t, res[i].ID, res[i-1].ID, "ids come back in insert order")
+	}
+	require.JSONEq(t, `{"i":42}`, string(b.row(res[42].ID).State))
+
+	// Rolled back with the caller's transaction.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = b.eng.InsertManyTx(ctx, tx, params[:3])
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, 100, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+
+	// Committed with it.
+	tx, err = b.pool.Begin(ctx)
+	require.NoError(t, err)
+	one, err := b.eng.InsertTx(ctx, tx, job.New(orderArgs{I: 1000}))
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, 101, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+
+	b.start()
+	b.waitStatus(one.ID, "done", 10*time.Second)
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) == 101
+	}, "not all inserted jobs ran")
+}
+
+func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[weirdState]{Name: "w", Perform: func(context.Context, *gendurable.Run[weirdState]) error { return nil }}
+	unregistered := &gendurable.Job[weirdState]{Name: "ghost", Perform: func(context.Context, *gendurable.Run[weirdState]) error { return nil }}
+	b := setup(t, nil, job)
+	cfg := b.eng.Config()
+	cfg.MaxStateBytes = 1000
+	eng, err := gendurable.New(b.pool, &cfg)
+	require.NoError(t, err)
+	ctx := context.Background()
+
+	cases := []struct {
+		name string
+		p    gendurable.InsertParams
+		is   error
+	}{
+		{"unregistered machine", unregistered.New(weirdState{}), gendurable.ErrUnknownMachine},
+		{"zero params", gendurable.InsertParams{}, gendurable.ErrInvalidInsert},
+		{"priority out of range", job.New(weirdState{}).With(gendurable.InsertOpts{Priority: 40000}), gendurable.ErrInvalidInsert},
+		{"negative max attempts", job.New(weirdState{}).With(gendurable.InsertOpts{MaxAttempts: -1}), gendurable.ErrInvalidInsert},
+		{"run at and run in", job.New(weirdState{}).With(gendurable.InsertOpts{RunAt: time.Now(), RunIn: time.Second}), gendurable.ErrInvalidInsert},
+		{"negative run in", job.New(weirdState{}).With(gendurable.InsertOpts{RunIn: -time.Second}), gendurable.ErrInvalidInsert},
+		{"oversized state", job.New(weirdState{Name: strings.Repeat("x", 2000)}), gendurable.ErrInvalidInsert},
+		{"unencodable state", job.New(weirdState{Any: map[string]any{"f": func() {}}}), gendurable.ErrStateEncode},
+		{"NUL in state", job.New(weirdState{Name: "a\x00b"}), gendurable.ErrInvalidInsert},
+		{"oversized partition key", job.New(weirdState{}).With(gendurable.InsertOpts{PartitionKey: strings.Repeat("k", 5000)}), gendurable.ErrInvalidInsert},
+	}
+	for _, tc := range cases {
+		_, err := eng.Insert(ctx, tc.p)
+		require.ErrorIs(t, err, tc.is, tc.name)
+		// In a batch, one bad row rejects the whole statement.
+		_, err = eng.InsertMany(ctx, []gendurable.InsertParams{job.New(weirdState{Name: "fine"}), tc.p})
+		require.ErrorIs(t, err, tc.is, tc.name)
+	}
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "nothing was written")
+
+	// Invalid UTF-8 is replaced by encoding/json, not rejected: it round-trips as U+FFFD.
+	res, err := eng.Insert(ctx, job.New(weirdState{Name: "bad\xffutf8"}))
+	require.NoError(t, err)
+	require.JSONEq(t, `{"name":"bad\ufffdutf8"}`, string(b.row(res.ID).State))
+}
+
+func TestRunAtAndRunInEligibility(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("later")
+	b := setup(t, nil, job)
+	b.start()
+	ctx := context.Background()
+	res, err := b.eng.InsertMany(ctx, []gendurable.InsertParams{
+		// Long enough that the third row's run is over well before it, even
+		// on a loaded machine.
+		job.New(orderArgs{I: 1}).With(gendurable.InsertOpts{RunIn: 2 * time.Second}),
+		job.New(orderArgs{I: 2}).With(gendurable.InsertOpts{RunAt: time.Now().Add(time.Hour)}),
+		job.New(orderArgs{I: 3}),
+	})
+	require.NoError(t, err)
+	b.waitStatus(res[2].ID, "done", 5*time.Second)
+	r := b.row(res[0].ID)
+	require.True(t, r.Status == "runnable" || !r.Now.Before(r.EligibleAt), "RunIn not yet due: %s", r.Status)
+	b.waitStatus(res[0].ID, "done", 5*time.Second)
+	r = b.row(res[1].ID)
+	require.Equal(t, "runnable", r.Status)
+	near(t, r.Now.Add(time.Hour), r.EligibleAt, time.Minute)
+}
+
+func TestLocalInsertWakesIdleScheduler(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("wake")
+	cfg := &gendurable.Config{
+		Machines: []gendurable.Definition{job},
+		// Polls so rarely that only the local wake-up can explain a quick pickup.
+		Queues: map[string]gendurable.QueueConfig{"default": {PollInterval: time.Minute, MaxPollInterval: time.Minute}},
+	}
+	b := setup(t, cfg)
+	b.start()
+	time.Sleep(50 * time.Millisecond) // the first, empty pick has happened
+	id := b.insert(job.New(orderArgs{I: 1}))
+	b.waitStatus(id, "done", 5*time.Second)
+}
 
 func TestUniqueKeyDedupsAgainstLiveRowsAndWithinABatch(t *testing.T) {
 	t.Parallel()
@@ -148,81 +273,4 @@ func TestUniqueChildrenDedup(t *testing.T) {
 	id := b.insert(m.New(fanState{}))
 	r := b.waitStatus(id, "done", 10*time.Second)
 	require.JSONEq(t, `2`, string(r.Result), "the duplicate child was not inserted, and the parent waited only for the two real ones")
-}
-
-func TestWaitShowsThePartitionHolder(t *testing.T) {
-	t.Parallel()
-	release := make(chan struct{})
-	started := make(chan int64, 2)
-	job := &gendurable.Job[spanArgs]{Name: "holder", Perform: func(ctx context.Context, j *gendurable.Run[spanArgs]) error {
-		started <- j.ID
-		<-release
-		return nil
-	}}
-	b := setup(t, nil, job)
-	b.start()
-	ctx := context.Background()
-	opts := gendurable.InsertOpts{PartitionKey: "acct-1"}
-	first := b.insert(job.New(spanArgs{}).With(opts))
-	require.Equal(t, first, <-started)
-	second := b.insert(job.New(spanArgs{}).With(opts))
-	w, err := b.eng.Wait(ctx, second)
-	require.NoError(t, err)
-	require.Equal(t, gendurable.StatusRunnable, w.Status)
-	require.Equal(t, first, w.PartitionHeldBy)
-	require.Contains(t, w.Summary, `partition key "acct-1" held by instance`)
-	select {
-	case id := <-started:
-		t.Fatalf("instance %d started while its key was held", id)
-	case <-time.After(200 * time.Millisecond):
-	}
-	close(release)
-	b.waitStatus(second, "done", 10*time.Second)
-
-	w, err = b.eng.Wait(ctx, second)
-	require.NoError(t, err)
-	require.Equal(t, "finished (done)", w.Summary)
-	_, err = b.eng.Wait(ctx, 424242)
-	require.ErrorIs(t, err, gendurable.ErrNotFound)
-}
-
-func TestRetryFailedInstanceAndUniqueCollision(t *testing.T) {
-	t.Parallel()
-	var fail = true
-	var mu sync.Mutex
-	job := &gendurable.Job[orderArgs]{Name: "retryable", MaxAttempts: 1, Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
-		mu.Lock()
-		defer mu.Unlock()
-		if fail {
-			return context.DeadlineExceeded
-		}
-		return nil
-	}}
-	b := setup(t, nil, job)
-	b.start()
-	ctx := context.Background()
-	opts := gendurable.InsertOpts{UniqueKey: "invoice-9"}
-	first := b.insert(job.New(orderArgs{}).With(opts))
-	b.waitStatus(first, "failed", 10*time.Second)
-
-	// The key was freed by the failure; a new, still-waiting instance takes it.
-	holder := b.insert(job.New(orderArgs{I: 3}).With(gendurable.InsertOpts{UniqueKey: "invoice-9", RunIn: time.Hour}))
-	err := b.eng.Retry(ctx, first)
-	require.ErrorIs(t, err, gendurable.ErrUniqueConflict, "retrying would put two live instances on one key")
-	require.Equal(t, "failed", b.row(first).Status, "unchanged")
-	require.ErrorIs(t, b.eng.Retry(ctx, holder), gendurable.ErrNotRetryable)
-	require.ErrorIs(t, b.eng.Retry(ctx, 987654), gendurable.ErrNotFound)
-
-	mu.Lock()
-	fail = true
-	mu.Unlock()
-	plain := b.insert(job.New(orderArgs{}).With(gendurable.InsertOpts{MaxAttempts: 1}))
-	b.waitStatus(plain, "failed", 10*time.Second)
-	mu.Lock()
-	fail = false
-	mu.Unlock()
-	require.NoError(t, b.eng.Retry(ctx, plain))
-	r := b.waitStatus(plain, "done", 10*time.Second)
-	require.Equal(t, 0, r.Attempt)
-	require.Len(t, r.Errors, 1, "the history is kept")
 }

@@ -1,0 +1,361 @@
+package committer_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/committer"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// batchTracer records how many outcomes each outcome statement carried (the
+// fixture resets it after its pick, whose statement has a "locked" CTE too).
+type batchTracer struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (b *batchTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if !strings.Contains(d.SQL, "WITH locked AS") {
+		return ctx
+	}
+	n := -1
+	for _, a := range d.Args { // the first bigint array is the outcomes' ids
+		if ids, ok := a.([]int64); ok {
+			n = len(ids)
+			break
+		}
+	}
+	b.mu.Lock()
+	b.sizes = append(b.sizes, n)
+	b.mu.Unlock()
+	return ctx
+}
+
+func (b *batchTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// statements is the number of outcome statements so far.
+func (b *batchTracer) statements() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.sizes)
+}
+
+func (b *batchTracer) reset() {
+	b.mu.Lock()
+	b.sizes = nil
+	b.mu.Unlock()
+}
+
+func (b *batchTracer) batches() []int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]int(nil), b.sizes...)
+}
+
+// fixture is a migrated schema holding claimed (executing) rows.
+type fixture struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	schema string
+	q      *sqlq.Queries
+	tracer *batchTracer
+	claims []sqlq.Claimed
+}
+
+// newFixture inserts n rows and claims them all with a one-minute lease.
+func newFixture(t *testing.T, n int) *fixture {
+	t.Helper()
+	tracer := &batchTracer{}
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4, Tracer: tracer})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	rows := make([]sqlq.NewInstance, n)
+	for i := range rows {
+		rows[i] = sqlq.NewInstance{FSM: "m", Version: 1, Queue: "default", Step: "a", State: `{}`, MaxAttempts: 5}
+	}
+	_, err = q.InsertMany(ctx, pool, rows)
+	require.NoError(t, err)
+	claims, err := q.Pick(ctx, pool, "default", n, time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claims, n)
+	tracer.reset()
+	return &fixture{t: t, pool: pool, schema: schema, q: q, tracer: tracer, claims: claims}
+}
+
+func (f *fixture) committer(cfg committer.Config) *committer.Committer {
+	if cfg.Lease == 0 {
+		cfg.Lease = time.Minute
+	}
+	return committer.New(cfg, f.q, f.pool)
+}
+
+// instance is a row as these tests read it.
+type instance struct {
+	Status string
+	Step   string
+	State  string
+	Token  *int64
+	Errors []map[string]any
+}
+
+func (f *fixture) row(id int64) instance {
+	f.t.Helper()
+	var r instance
+	var errs []byte
+	require.NoError(f.t, f.pool.QueryRow(context.Background(), `SELECT status::text, step, state::text, claim_token, errors
+		FROM `+f.schema+`.gendurable_instances WHERE id = $1`, id).Scan(&r.Status, &r.Step, &r.State, &r.Token, &errs))
+	require.NoError(f.t, json.Unmarshal(errs, &r.Errors))
+	return r
+}
+
+// hold locks the row of id in a transaction of its own, so an outcome
+// statement that includes it waits; the returned function lets it go.
+func (f *fixture) hold(id int64) (release func()) {
+	f.t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	require.NoError(f.t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+f.schema+`.gendurable_instances WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(f.t, err)
+	var once sync.Once
+	release = func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
+	f.t.Cleanup(release)
+	return release
+}
+
+// waitStatements waits until n outcome statements have started.
+func (f *fixture) waitStatements(n int) {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.tracer.statements() < n {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("%d outcome statements started, want %d", f.tracer.statements(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func str(s string) *string { return &s }
+
+// next is an outcome moving claim c to step b with state {"i": i}.
+func next(c sqlq.Claimed, i int) *sqlq.Outcome {
+	return &sqlq.Outcome{ID: c.ID, Token: c.Token, Kind: sqlq.KindNext, Step: str("b"), State: str(fmt.Sprintf(`{"i": %d}`, i))}
+}
+
+func TestCommitAppliesAndReturnsApplied(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	c := f.committer(committer.Config{})
+	res := c.Commit(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{"ok": true}`)})
+	require.NoError(t, res.Err)
+	require.NotNil(t, res.Applied)
+	require.Equal(t, f.claims[0].ID, res.Applied.ID)
+	require.Equal(t, "done", res.Applied.Status)
+	require.Equal(t, "default", res.Applied.Queue)
+	r := f.row(f.claims[0].ID)
+	require.Equal(t, "done", r.Status)
+	require.Nil(t, r.Token, "the claim is released")
+	require.Equal(t, []int{1}, f.tracer.batches(), "one outcome, one statement")
+}
+
+// TestConcurrentCommitsAreGroupCommitted: outcomes committed from many
+// goroutines while a statement is in flight share the next statements, and
+// each caller gets its own row's result.
+func TestConcurrentCommitsAreGroupCommitted(t *testing.T) {
+	t.Parallel()
+	const n = 100
+	f := newFixture(t, n)
+	c := f.committer(committer.Config{MaxInFlight: 1})
+	// The first outcome's statement waits on a row lock: the others queue
+	// up behind it meanwhile.
+	release := f.hold(f.claims[0].ID)
+	results := make([]committer.Result, n)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		results[0] = c.Commit(next(f.claims[0], 0))
+	}()
+	f.waitStatements(1)
+	var started sync.WaitGroup
+	for i := 1; i < n; i++ {
+		wg.Add(1)
+		started.Add(1)
+		go func() {
+			defer wg.Done()
+			started.Done()
+			results[i] = c.Commit(next(f.claims[i], i))
+		}()
+	}
+	started.Wait()
+	time.Sleep(100 * time.Millisecond) // each goroutine has queued its outcome
+	release()
+	wg.Wait()
+
+	for i, res := range results {
+		require.NoError(t, res.Err, "outcome %d", i)
+		require.NotNil(t, res.Applied, "outcome %d", i)
+		require.Equal(t, f.claims[i].ID, res.Applied.ID, "caller %d got another row's result", i)
+		require.Equal(t, "runnable", res.Applied.Status)
+		r := f.row(f.claims[i].ID)
+		require.Equal(t, "b", r.Step)
+		require.JSONEq(t, fmt.Sprintf(`{"i": %d}`, i), r.State)
+	}
+	batches := f.tracer.batches()
+	t.Logf("%d outcomes in %d statements: %v", n, len(batches), batches)
+	require.Less(t, len(batches), n, "outcomes share statements")
+	require.GreaterOrEqual(t, slices.Max(batches), n/2, "the outcomes queued behind the first went in one statement (bar stragglers)")
+}
+
+// TestFencedOutOutcomeChangesNothing: an outcome whose claim token no
+// longer matches is dropped whole: nil Applied, nil Err, the row unchanged.
+func TestFencedOutOutcomeChangesNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	c := f.committer(committer.Config{})
+	cl := f.claims[0]
+	before := f.row(cl.ID)
+	res := c.Commit(&sqlq.Outcome{ID: cl.ID, Token: cl.Token + 1000, Kind: sqlq.KindDone, Result: str(`{"zombie": true}`)})
+	require.NoError(t, res.Err)
+	require.Nil(t, res.Applied, "a fenced-out outcome is not applied")
+	after := f.row(cl.ID)
+	require.Equal(t, before, after, "the row is unchanged")
+	require.Equal(t, "executing", after.Status)
+	require.Equal(t, cl.Token, *after.Token)
+}
+
+// TestRejectedOutcomeStopsOnlyItself: an outcome the database refuses
+// (jsonb cannot store \u0000) in one batch with good outcomes becomes a
+// Stop recording the reason; the others apply as they were.
+func TestRejectedOutcomeStopsOnlyItself(t *testing.T) {
+	t.Parallel()
+	const n, bad = 9, 5
+	f := newFixture(t, n)
+	c := f.committer(committer.Config{MaxInFlight: 1})
+	release := f.hold(f.claims[0].ID)
+	results := make([]chan committer.Result, n)
+	for i := range results {
+		results[i] = make(chan committer.Result, 1)
+	}
+	commit := func(i int) {
+		o := next(f.claims[i], i)
+		if i == bad {
+			o.State = str(`{"name": "nul\u0000"}`)
+		}
+		c.CommitAsync(o, func(r committer.Result) { results[i] <- r })
+	}
+	commit(0)
+	f.waitStatements(1)
+	for i := 1; i < n; i++ { // queued behind the first: one batch
+		commit(i)
+	}
+	release()
+
+	for i := range results {
+		var res committer.Result
+		select {
+		case res = <-results[i]:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("outcome %d: no result", i)
+		}
+		require.NoError(t, res.Err, "outcome %d", i)
+		require.NotNil(t, res.Applied, "outcome %d", i)
+		require.Equal(t, f.claims[i].ID, res.Applied.ID)
+		r := f.row(f.claims[i].ID)
+		if i == bad {
+			require.Equal(t, "failed", res.Applied.Status)
+			require.Equal(t, "failed", r.Status)
+			require.Equal(t, "a", r.Step, "the rejected Next did not move the step")
+			require.Len(t, r.Errors, 1)
+			require.Equal(t, "outcome_rejected", r.Errors[0]["kind"])
+			require.Contains(t, r.Errors[0]["error"], "outcome rejected by the database")
+			continue
+		}
+		require.Equal(t, "runnable", res.Applied.Status, "outcome %d", i)
+		require.Equal(t, "b", r.Step)
+		require.JSONEq(t, fmt.Sprintf(`{"i": %d}`, i), r.State)
+		require.Empty(t, r.Errors)
+	}
+	batches := f.tracer.batches()
+	t.Logf("outcome statements: %v", batches)
+	require.Equal(t, n-1, batches[1], "the good outcomes and the rejected one were tried in one statement")
+}
+
+// TestCommitAsyncCallsBackOnce: CommitAsync does not wait, and calls its
+// callback exactly once with the outcome's result.
+func TestCommitAsyncCallsBackOnce(t *testing.T) {
+	t.Parallel()
+	const n = 20
+	f := newFixture(t, n)
+	c := f.committer(committer.Config{})
+	var calls [n]atomic.Int32
+	got := make(chan committer.Result, 2*n)
+	for i, cl := range f.claims {
+		c.CommitAsync(next(cl, i), func(r committer.Result) {
+			calls[i].Add(1)
+			got <- r
+		})
+	}
+	seen := map[int64]bool{}
+	for range n {
+		select {
+		case r := <-got:
+			require.NoError(t, r.Err)
+			require.NotNil(t, r.Applied)
+			require.False(t, seen[r.Applied.ID], "row %d reported twice", r.Applied.ID)
+			seen[r.Applied.ID] = true
+		case <-time.After(10 * time.Second):
+			t.Fatal("a callback was never called")
+		}
+	}
+	// A later commit flushes after them: no callback runs again.
+	res := c.Commit(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone})
+	require.NoError(t, res.Err)
+	require.Nil(t, res.Applied, "the first outcome released the claim")
+	time.Sleep(20 * time.Millisecond)
+	for i := range calls {
+		require.Equal(t, int32(1), calls[i].Load(), "callback %d", i)
+	}
+	require.Empty(t, got)
+}
+
+// TestMaxBatchBoundsAStatement: outcomes queued behind a statement in
+// flight go in statements of at most MaxBatch outcomes.
+func TestMaxBatchBoundsAStatement(t *testing.T) {
+	t.Parallel()
+	const n, maxBatch = 36, 10
+	f := newFixture(t, n)
+	c := f.committer(committer.Config{MaxBatch: maxBatch, MaxInFlight: 1})
+	release := f.hold(f.claims[0].ID)
+	var done sync.WaitGroup
+	var failed atomic.Int32
+	for i, cl := range f.claims {
+		done.Add(1)
+		c.CommitAsync(next(cl, i), func(r committer.Result) {
+			if r.Err != nil || r.Applied == nil {
+				failed.Add(1)
+			}
+			done.Done()
+		})
+		if i == 0 {
+			f.waitStatements(1)
+		}
+	}
+	release()
+	done.Wait()
+	require.Zero(t, failed.Load())
+	require.Equal(t, []int{1, 10, 10, 10, 5}, f.tracer.batches(), "the first alone, then the 35 queued behind it in batches of MaxBatch")
+}
