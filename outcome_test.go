@@ -125,7 +125,9 @@ func TestFanOutFanIn(t *testing.T) {
 	if b.row(id).Status == "awaiting_children" {
 		w, err := b.eng.Wait(ctx, id)
 		require.NoError(t, err)
-		require.Equal(t, 5, w.ChildrenTotal)
+		if w.Status == gendurable.StatusAwaitingChildren { // it may have finished in between
+			require.Equal(t, 5, w.ChildrenTotal)
+		}
 	}
 	r := b.waitStatus(id, "done", 20*time.Second)
 	var s fanState
