@@ -87,10 +87,19 @@ type Config struct {
 	// registered here is released, runnable again after this delay (another
 	// process, or a later deploy, may know it). Default 30s.
 	UnknownVersionDelay time.Duration
-	// PartitionRetryDelay: a claimed row whose partition key turns out to be
-	// held by another step goes back to runnable, eligible after this delay.
-	// Default 250ms.
+	// PartitionRetryDelay has no effect since partition keys are key leases
+	// taken by the pick itself (a row whose key is full is not claimed).
+	//
+	// Deprecated: kept so that existing configurations compile.
 	PartitionRetryDelay time.Duration
+	// KeyPolicies set how many instances of a partition key may run at once,
+	// across every process, by key prefix: a key takes the Limit of the
+	// longest Prefix it starts with. A key no policy matches runs one at a
+	// time (Limit 1, the classic partition key); an insert's
+	// [InsertOpts].KeyLimit wins over every policy. Policies are read by the
+	// pick, so changing them (in the process that picks) applies to rows
+	// already inserted. See docs/design.md §6.
+	KeyPolicies []KeyPolicy
 	// MaxStateBytes bounds the encoded JSON state of an insert or outcome,
 	// and the encoded result of a Done. Default 1 MiB.
 	MaxStateBytes int
@@ -238,10 +247,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		Events:    execEvents{e}, Log: c.Logger,
 		Kick: e.kickQueue, AwaitParked: e.pokeTimeouts,
 		Lease: c.LeaseDuration, Heartbeat: c.HeartbeatInterval,
-		UnknownVersionDelay: c.UnknownVersionDelay, PartitionRetryDelay: c.PartitionRetryDelay,
-		// Keep connections for the engine's own statements: a pick and a
-		// heartbeat per queue, the reaper, the timeout sweep and outcomes.
-		PartitionConns: int(pool.Config().MaxConns) - (2*len(c.Queues) + 2),
+		UnknownVersionDelay: c.UnknownVersionDelay,
 	})
 	return e, nil
 }
@@ -272,6 +278,21 @@ func (c *Config) withDefaults() error {
 		return errorf(ErrInvalidConfig, "LeaseDuration %s below 1ms", c.LeaseDuration)
 	case c.MaxStateBytes < 0 || c.MaxSignalBytes < 0 || c.PartitionRetryDelay < 0:
 		return errorf(ErrInvalidConfig, "negative MaxStateBytes, MaxSignalBytes or PartitionRetryDelay")
+	}
+	c.KeyPolicies = slices.Clone(c.KeyPolicies)
+	prefixes := map[string]bool{}
+	for _, p := range c.KeyPolicies {
+		switch {
+		case p.Limit <= 0:
+			return errorf(ErrInvalidConfig, "KeyPolicy %q: Limit %d must be at least 1", p.Prefix, p.Limit)
+		case p.Limit > maxKeyLimit:
+			return errorf(ErrInvalidConfig, "KeyPolicy %q: Limit %d above %d", p.Prefix, p.Limit, maxKeyLimit)
+		case keyProblem(p.Prefix) != "":
+			return errorf(ErrInvalidConfig, "KeyPolicy prefix %q %s", p.Prefix, keyProblem(p.Prefix))
+		case prefixes[p.Prefix]:
+			return errorf(ErrInvalidConfig, "two KeyPolicies with prefix %q", p.Prefix)
+		}
+		prefixes[p.Prefix] = true
 	}
 	c.Periodic = slices.Clone(c.Periodic)
 	names := map[string]bool{}
@@ -363,12 +384,16 @@ func (e *Engine) Start(ctx context.Context) error {
 	beatCtx, beatCancel := context.WithCancel(context.Background())
 	rs.pickCancel, rs.workCancel, rs.beatCancel = pickCancel, workCancel, beatCancel
 
+	keyPolicies := make([]sqlq.KeyPolicy, len(e.cfg.KeyPolicies))
+	for i, p := range e.cfg.KeyPolicies {
+		keyPolicies[i] = sqlq.KeyPolicy{Prefix: p.Prefix, Limit: p.Limit}
+	}
 	for name, qc := range e.cfg.Queues {
 		ev := &schedEvents{e: e}
 		s := feeder.New(feeder.Config{
 			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.Prefetch, MinDemand: qc.MinDemand,
 			BusyPollInterval: qc.BusyPollInterval, PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
-			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval,
+			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval, KeyPolicies: keyPolicies,
 		}, e.q, e.pool, e.exec.ForQueue(name, qc.ChainSteps), ev, e.log)
 		rs.scheds[name] = s
 		rs.loops.Add(1)

@@ -56,10 +56,6 @@ func (x execEvents) UnknownVersion(ctx context.Context, queue string, c *sqlq.Cl
 	x.e.emit(ctx, &UnknownVersionEvent{Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Delay: delay})
 }
 
-func (x execEvents) PartitionContended(ctx context.Context, queue string, c *sqlq.Claimed, key string) {
-	x.e.emit(ctx, &PartitionContendedEvent{Queue: queue, InstanceID: c.ID, PartitionKey: key})
-}
-
 // transitionTarget names where an outcome leads, for the machine graph.
 func transitionTarget(from string, o *sqlq.Outcome) string {
 	switch o.Kind {

@@ -102,9 +102,11 @@ type LeaseLostEvent struct {
 	InstanceID int64
 }
 
-// PartitionContendedEvent: a claimed row's partition key was held by another
-// step, so the row went back to runnable. (Emitted once partition keys are
-// enforced.)
+// PartitionContendedEvent was emitted when a claimed row's partition key
+// was held by another step.
+//
+// Deprecated: no longer emitted. Partition keys are key leases taken by the
+// pick itself: a row whose key is full is not claimed in the first place.
 type PartitionContendedEvent struct {
 	Queue        string
 	InstanceID   int64

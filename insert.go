@@ -41,9 +41,15 @@ type InsertOpts struct {
 	RunIn time.Duration
 	// MaxAttempts overrides the machine's attempt budget.
 	MaxAttempts int
-	// PartitionKey: no two steps of instances sharing a key ever run at the
-	// same time, in any process. Instances without a key pay nothing.
+	// PartitionKey: at most the key's limit of instances sharing the key run
+	// a step at the same time, across every process — one at a time unless
+	// KeyLimit or a [Config.KeyPolicies] entry says more (docs/design.md §6).
+	// Instances without a key pay nothing.
 	PartitionKey string
+	// KeyLimit overrides the key's limit from [Config.KeyPolicies] for this
+	// instance: while it waits to run, its key runs at most KeyLimit steps
+	// at once. 0: the policy's (default 1). Needs a PartitionKey.
+	KeyLimit int
 	// UniqueKey: while an instance with this key is in one of UniqueScope's
 	// statuses, inserting another with the same key inserts nothing and
 	// returns the existing instance's id with Duplicate set. Enforced by a
@@ -190,6 +196,10 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "PartitionKey %s", keyProblem(o.PartitionKey))
 	case len(o.UniqueKey) > maxKeyLen:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey longer than %d bytes", maxKeyLen)
+	case o.KeyLimit < 0 || o.KeyLimit > maxKeyLimit:
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "KeyLimit %d outside 1..%d (0: the key's policy)", o.KeyLimit, maxKeyLimit)
+	case o.KeyLimit > 0 && o.PartitionKey == "":
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "KeyLimit without a PartitionKey")
 	}
 	state, err := core.encode(p.state)
 	if err != nil {
@@ -210,6 +220,10 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 	if o.PartitionKey != "" {
 		k := o.PartitionKey
 		r.PartitionKey = &k
+	}
+	if o.KeyLimit > 0 {
+		l := int32(o.KeyLimit)
+		r.KeyLimit = &l
 	}
 	if o.UniqueKey != "" {
 		mask, err := scopeMask(o.UniqueScope)

@@ -12,9 +12,18 @@ import (
 // accepts an operator can also filter, pause or remove, and what an
 // operator cannot type no insert can store.
 const (
-	maxNameLen = 200  // queue, machine and step names
-	maxKeyLen  = 1000 // partition and unique keys, search text
+	maxNameLen  = 200  // queue, machine and step names
+	maxKeyLen   = 1000 // partition and unique keys, search text
+	maxKeyLimit = 1 << 20
 )
+
+// KeyPolicy is how many instances of the partition keys starting with
+// Prefix may run a step at once, across every process (see
+// [Config.KeyPolicies]). An empty Prefix matches every key.
+type KeyPolicy struct {
+	Prefix string
+	Limit  int // at least 1
+}
 
 // nameProblem says what is wrong with a queue, machine or step name, or ""
 // if nothing is: 1 to maxNameLen bytes of text (textProblem).

@@ -107,6 +107,13 @@ type Run[S any] struct {
 	Priority     int       // lower runs first
 	PartitionKey string    // "" when the instance has none
 	InsertedAt   time.Time // when the instance was inserted
+	// Token is this run's claim token: the fencing token of the claim (and,
+	// for a keyed instance, of its key's slot). Every claim draws a larger
+	// one, so a resource the step writes to outside this database can refuse
+	// a write that carries a token smaller than the last it accepted — the
+	// write of a step that ran past its lease while a successor took over
+	// (docs/design.md §6; example in the README).
+	Token int64
 	// State is the instance's state, decoded from the row. Outcomes take the
 	// next state by value; changing State in place has no effect unless it is
 	// passed to one.
@@ -261,7 +268,7 @@ func (m *Machine[S]) newRun(in *execInput) (*Run[S], error) {
 	r := &Run[S]{
 		ID: c.ID, Machine: c.FSM, Version: int(c.Version), Queue: in.Queue, Step: c.Step,
 		Attempt: int(c.Attempt), MaxAttempts: int(c.MaxAttempts), Priority: int(c.Priority),
-		InsertedAt: c.InsertedAt,
+		InsertedAt: c.InsertedAt, Token: c.Token,
 	}
 	if c.PartitionKey != nil {
 		r.PartitionKey = *c.PartitionKey

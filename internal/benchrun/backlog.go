@@ -68,7 +68,7 @@ func Backlog(ctx context.Context, o Options, sizes []int, batch, repeats int, pr
 				return nil, err
 			}
 			start := time.Now()
-			rows, err := q.Pick(ctx, tx, "default", batch, time.Minute)
+			rows, _, err := q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: batch, Lease: time.Minute})
 			d := time.Since(start)
 			_ = tx.Rollback(ctx)
 			if err != nil {

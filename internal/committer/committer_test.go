@@ -88,7 +88,7 @@ func newFixture(t *testing.T, n int) *fixture {
 	}
 	_, err = q.InsertMany(ctx, pool, rows)
 	require.NoError(t, err)
-	claims, err := q.Pick(ctx, pool, "default", n, time.Minute)
+	claims, _, err := q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: n, Lease: time.Minute})
 	require.NoError(t, err)
 	require.Len(t, claims, n)
 	tracer.reset()

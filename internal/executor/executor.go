@@ -1,6 +1,6 @@
 // Package executor runs one claimed row to a committed outcome, straight
-// through (docs/design.md §4): look up the row's definition, take its
-// partition key, hand the step what its claim brought along, run it under
+// through (docs/design.md §4): look up the row's definition, hand the step
+// what its claim brought along, run it under
 // the step watchdog, and write the outcome through the group committer (or,
 // for a WithTx outcome, in the step's own transaction) — then, after a Next
 // without delay, go straight on with the next step under the fresh claim
@@ -86,9 +86,6 @@ type Events interface {
 	// UnknownVersion: a claimed row's machine version is not registered
 	// here; it was released, runnable again after delay.
 	UnknownVersion(ctx context.Context, queue string, c *sqlq.Claimed, delay time.Duration)
-	// PartitionContended: a claimed row's partition key was held by
-	// another step; the row went back to runnable.
-	PartitionContended(ctx context.Context, queue string, c *sqlq.Claimed, key string)
 }
 
 // Abandonment describes a step the watchdog gave up.
@@ -118,21 +115,13 @@ type Config struct {
 	Lease               time.Duration
 	Heartbeat           time.Duration
 	UnknownVersionDelay time.Duration
-	PartitionRetryDelay time.Duration
-	// PartitionConns bounds the pool connections partitioned steps pin.
-	PartitionConns int
 }
 
 // Executor runs claimed rows; one serves every queue of an engine.
-type Executor struct {
-	cfg            Config
-	partitionSlots chan struct{}
-}
+type Executor struct{ cfg Config }
 
 // New returns an executor.
-func New(cfg Config) *Executor {
-	return &Executor{cfg: cfg, partitionSlots: make(chan struct{}, max(1, cfg.PartitionConns))}
-}
+func New(cfg Config) *Executor { return &Executor{cfg: cfg} }
 
 // ForQueue returns the feeder.Executor of queue: it runs a claimed row to a
 // committed outcome and, after a Next without delay, goes straight on with
@@ -145,18 +134,7 @@ func (x *Executor) ForQueue(queue string, chain int) feeder.Executor {
 			x.releaseUnknown(ctx, queue, c)
 			return feeder.Result{}
 		}
-		// A partitioned row's WithTx outcome runs on the connection that
-		// holds its key's lock.
-		var db sqlq.DB = x.cfg.Pool
-		if c.PartitionKey != nil {
-			lock, ok := x.lockPartition(ctx, queue, c)
-			if !ok {
-				return feeder.Result{}
-			}
-			defer lock.release()
-			db = lock.conn
-		}
-		r := run{x: x, queue: queue, def: def, db: db, h: h}
+		r := run{x: x, queue: queue, def: def, h: h}
 		for n := 0; ; n++ {
 			next, res := r.step(ctx, c, n < chain)
 			if next == nil {
@@ -172,7 +150,6 @@ type run struct {
 	x     *Executor
 	queue string
 	def   *Definition
-	db    sqlq.DB
 	h     feeder.Holder
 }
 
@@ -190,7 +167,7 @@ func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.C
 	res.Out.ID, res.Out.Token = c.ID, c.Token
 	res.Out.Continue = mayChain && res.Out.Kind == sqlq.KindNext && res.Out.Delay <= 0 && res.TxFn == nil &&
 		ctx.Err() == nil && !h.Stopping()
-	if !res.Out.Continue && res.TxFn == nil && c.PartitionKey == nil {
+	if !res.Out.Continue && res.TxFn == nil {
 		// Nothing in this worker depends on the commit any more: free the
 		// slot now; the claim stays held until the outcome commits.
 		r.commitDetached(ctx, c, &res, h.Detach(), start)
@@ -238,8 +215,7 @@ func (r *run) input(c *sqlq.Claimed) *Input {
 	return in
 }
 
-// commitDetached hands a final outcome (no chaining, no partition lock, no
-// transaction) to the group committer and returns at once; the feeder's
+// commitDetached hands a final outcome (no chaining, no transaction) to the group committer and returns at once; the feeder's
 // claim is settled by finish when the outcome has committed.
 func (r *run) commitDetached(ctx context.Context, c *sqlq.Claimed, res *Result, finish func(feeder.Result), start time.Time) {
 	claimed, result := *c, *res

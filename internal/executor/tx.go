@@ -34,7 +34,8 @@ const infraRetryDelay = time.Second
 // not given up while the claim is heartbeated: only once the lease is lost
 // (see txContext).
 func (r *run) commitTx(stepCtx context.Context, in *Input, res *Result) (*sqlq.Applied, error) {
-	x, h, db := r.x, r.h, r.db
+	x, h := r.x, r.h
+	var db sqlq.DB = x.cfg.Pool
 	ctx, cancel := x.txContext(stepCtx)
 	defer cancel()
 	var retry backoff.Write
@@ -64,7 +65,6 @@ func (r *run) commitTx(stepCtx context.Context, in *Input, res *Result) (*sqlq.A
 			cr := x.cfg.Committer.Commit(&res.Out)
 			return cr.Applied, cr.Err
 		}
-		db = x.cfg.Pool // the dedicated connection may be dead
 		if retryUntil.IsZero() {
 			retryUntil = time.Now().Add(x.cfg.Lease)
 		} else if time.Now().After(retryUntil) {

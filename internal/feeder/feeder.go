@@ -31,6 +31,7 @@ type Config struct {
 	MaxPollInterval   time.Duration // idle backoff ceiling
 	Lease             time.Duration
 	HeartbeatInterval time.Duration
+	KeyPolicies       []sqlq.KeyPolicy // limits of partition keys by prefix
 }
 
 // Result is what an executor reports about a finished step.
@@ -126,8 +127,17 @@ type Feeder struct {
 	abandoned int
 	more      bool // the last pick was full, or an outcome made work runnable
 	released  int  // rows handed back when Run stopped
-	// lastBeat is when the held leases were last confirmed (or nothing was held).
+	// lastBeat is when the held leases were last confirmed (or nothing was
+	// held); set through confirmed, which moves deadline with it.
 	lastBeat time.Time
+	// deadline fires when lastBeat + Lease passes with no newer
+	// confirmation: the leases may have run out on the database clock, so
+	// every held claim is given up at once (see expire) — also the moment a
+	// stopped process resumes, before it sends another heartbeat.
+	deadline *time.Timer
+	// keyCursor is the key the last pick's walk over partition keys
+	// stopped at: the next pick starts after it (round robin). Loop only.
+	keyCursor string
 	heldBack bool        // dispatch waits for a heartbeat (see dispatch)
 	stopping atomic.Bool // Run is returning: no more chained steps
 	steps    sync.WaitGroup
@@ -135,7 +145,7 @@ type Feeder struct {
 
 // New creates a feeder; Run starts it.
 func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log *slog.Logger) *Feeder {
-	return &Feeder{
+	s := &Feeder{
 		cfg: cfg, q: q, db: db, exec: exec, ev: ev, log: log,
 		kick: make(chan struct{}, 1),
 		work: make(chan stepJob, cfg.Concurrency),
@@ -143,7 +153,23 @@ func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log 
 		// Not zero: dispatch waits while the leases look unconfirmed.
 		lastBeat: time.Now(),
 	}
+	s.deadline = time.AfterFunc(cfg.Lease, s.expire)
+	return s
 }
+
+// confirmed records that every lease held at the instant at was confirmed
+// (or that nothing was held then), and moves the local lease deadline to
+// at + Lease. The caller holds s.mu.
+func (s *Feeder) confirmed(at time.Time) {
+	s.lastBeat = at
+	s.deadline.Reset(time.Until(at.Add(s.cfg.Lease)))
+}
+
+// expire runs when the local lease deadline passes: the leases may have
+// run out on the database clock, where another process (or, for a keyed
+// row, another row of its key) may take over — so the steps are cancelled
+// now rather than after the next heartbeat says so (docs/design.md §6).
+func (s *Feeder) expire() { s.abandonIfExpired() }
 
 // Kick wakes the loop at once (a local insert made work runnable).
 func (s *Feeder) Kick() {
@@ -306,7 +332,9 @@ func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(stopCtx), s.cfg.Lease)
 	defer cancel()
 	start := time.Now()
-	rows, err := s.q.Pick(ctx, s.db, s.cfg.Queue, demand, s.cfg.Lease)
+	rows, cursor, err := s.q.Pick(ctx, s.db, s.cfg.Queue, sqlq.PickOpts{
+		Limit: demand, Lease: s.cfg.Lease, Cursor: s.keyCursor, Policies: s.cfg.KeyPolicies})
+	s.keyCursor = cursor
 	s.ev.Pick(s.cfg.Queue, len(rows), demand, time.Since(start), err)
 	if err != nil {
 		s.log.Warn("gendurable: pick failed", "queue", s.cfg.Queue, "err", err)
@@ -459,8 +487,9 @@ func (s *Feeder) Wait(ctx context.Context) bool {
 // ErrLeaseLost: it is a zombie whose outcome the fence will reject anyway.
 func (s *Feeder) Heartbeat(ctx context.Context) {
 	s.mu.Lock()
-	s.lastBeat = time.Now()
+	s.confirmed(time.Now())
 	s.mu.Unlock()
+	defer s.deadline.Stop()
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
@@ -469,6 +498,10 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		// A process that was stopped past its leases gives them up before
+		// it asks the database to extend them (the deadline timer may not
+		// have run yet).
+		s.abandonIfExpired()
 		s.heartbeatOnce(ctx)
 	}
 }
@@ -476,7 +509,7 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	s.mu.Lock()
 	if len(s.held) == 0 {
-		s.lastBeat = time.Now()
+		s.confirmed(time.Now())
 		s.mu.Unlock()
 		return
 	}
@@ -518,7 +551,7 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 		newest[id] = max(newest[id], tokens[i])
 	}
 	s.mu.Lock()
-	s.lastBeat = start
+	s.confirmed(start)
 	resume := s.heldBack
 	s.heldBack = false
 	var lost []int64
@@ -571,6 +604,7 @@ func (s *Feeder) abandonIfExpired() {
 		}
 	}
 	s.buffer = nil
+	s.confirmed(time.Now()) // nothing is held now
 	s.mu.Unlock()
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)

@@ -47,7 +47,7 @@ func BenchmarkApplyOutcomes(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				rows, err := q.Pick(ctx, conn, "default", n, time.Minute)
+				rows, _, err := q.Pick(ctx, conn, "default", sqlq.PickOpts{Limit: n, Lease: time.Minute})
 				if err != nil || len(rows) != n {
 					b.Fatal(err, len(rows))
 				}

@@ -10,45 +10,24 @@ import (
 )
 
 // ---------------------------------------------------------------------------
-// Pick (docs/design.md §4, §5): one statement claims up to $2 runnable rows of one queue.
+// Pick (docs/design.md §4, §5, §6): one statement claims up to $2 runnable rows of
+// one queue. The work is the function gendurable_pick (migration 005): plain rows
+// through the pick index in (priority, eligible_at) order — `queue = $1`, never
+// ANY, so the LIMIT stops the scan: O(batch), not O(backlog) — and keyed rows key
+// by key, round robin from the cursor, each key's live holders counted against its
+// limit under a transaction-level advisory lock. A paused queue (one primary-key
+// probe) yields nothing. The last row has no claim: it carries the cursor.
 //
-// `queue = $1` (never ANY) lets the pick index hand rows over already in
-// (priority, eligible_at) order so the LIMIT stops after the batch: the cost is
-// O(batch), not O(backlog). A paused queue (one primary-key probe) yields
-// nothing. FOR UPDATE SKIP LOCKED locks inside that one scan;
-// the partition dedup is a window over the locked set (rows that lose stay
-// runnable and unlock at commit); NOT EXISTS skips keys already executing, and
-// a null key short-circuits it.
+// The claimed rows come back whole from the function; the signals and children
+// their steps will read are added here, from those values.
 
 const pickSQL = `
-WITH locked AS (
-  SELECT c.id, c.partition_key, c.priority, c.eligible_at
-  FROM {{schema}}.gendurable_instances AS c
-  WHERE c.status = 'runnable' AND c.queue = $1 AND c.eligible_at <= now()
-    AND NOT EXISTS (SELECT 1 FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = $1 AND qp.paused)
-    AND (c.partition_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM {{schema}}.gendurable_instances AS x
-          WHERE x.status = 'executing' AND x.partition_key = c.partition_key))
-  ORDER BY c.priority, c.eligible_at
-  LIMIT $2
-  FOR UPDATE SKIP LOCKED
-), ranked AS (
-  SELECT id, row_number() OVER (
-           PARTITION BY partition_key, CASE WHEN partition_key IS NULL THEN id END
-           ORDER BY priority, eligible_at) AS rn
-  FROM locked
-)
-UPDATE {{schema}}.gendurable_instances AS i
-SET status = 'executing',
-    lease_expires_at = now() + $3::bigint * interval '1 microsecond',
-    claim_token = nextval('{{schema}}.gendurable_claim_token_seq'),
-    updated_at = now()
-FROM ranked AS r
-WHERE i.id = r.id AND r.rn = 1
-RETURNING i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state, i.attempt,
-          i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
-          CASE WHEN i.inbox <> '{}'::jsonb THEN ` + inboxRowsSQL + ` END,
-          CASE WHEN i.children_total > 0 THEN ` + childRowsSQL + ` END`
+SELECT p.next_cursor, i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state, i.attempt,
+       i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
+       CASE WHEN i.inbox <> '{}'::jsonb THEN ` + inboxRowsSQL + ` END,
+       CASE WHEN i.children_total > 0 THEN ` + childRowsSQL + ` END
+FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7) AS p
+CROSS JOIN LATERAL (SELECT (p.c).*) AS i`
 
 // inboxRowsSQL is the unconsumed signals of row i, oldest first, as one JSON
 // array, so the statement that claims a row hands its step the inbox (docs/
@@ -86,29 +65,69 @@ type Claimed struct {
 	ChildRows    []ChildRow  // Children > 0: the children of the latest fan-out
 }
 
-// Pick claims up to limit runnable rows of queue with a lease of the given length.
-func (q *Queries) Pick(ctx context.Context, db DB, queue string, limit int, lease time.Duration) ([]Claimed, error) {
-	rows, err := db.Query(ctx, q.pick, queue, limit, micros(lease))
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Claimed, error) {
-		var c Claimed
-		var inbox, children []byte
-		err := row.Scan(&c.ID, &c.Token, &c.FSM, &c.Version, &c.Step, &c.State, &c.Attempt,
-			&c.MaxAttempts, &c.Priority, &c.PartitionKey, &c.Awaits, &c.Children, &c.InsertedAt,
-			&inbox, &children)
-		if err == nil {
-			c.Inbox, err = decodeInbox(inbox)
-		}
-		if err == nil {
-			c.ChildRows, err = decodeChildren(children)
-		}
-		return c, err
-	})
+// KeyPolicy is the limit of the keys that start with Prefix (the longest
+// matching prefix wins; a row's own key_limit wins over every policy).
+type KeyPolicy struct {
+	Prefix string
+	Limit  int
 }
 
-// decodeInbox decodes inboxRowsSQL's array; NULL is an empty inbox.
+// PickOpts are the knobs of one pick besides the queue.
+type PickOpts struct {
+	Limit    int           // rows at most
+	Lease    time.Duration // of every claimed row
+	Cursor   string        // the key the previous pick's walk stopped at ("" to start)
+	Policies []KeyPolicy   // key limits by prefix
+	MaxKeys  int           // keys visited at most (default 4 × Limit + 16)
+}
+
+// Pick claims up to o.Limit runnable rows of queue and returns them with the
+// cursor the next pick of the queue should start its walk over keys from.
+func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) ([]Claimed, string, error) {
+	prefixes := make([]string, len(o.Policies))
+	limits := make([]int32, len(o.Policies))
+	for i, p := range o.Policies {
+		prefixes[i], limits[i] = p.Prefix, int32(p.Limit)
+	}
+	maxKeys := o.MaxKeys
+	if maxKeys <= 0 {
+		maxKeys = 4*o.Limit + 16
+	}
+	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, prefixes, limits, maxKeys)
+	if err != nil {
+		return nil, "", err
+	}
+	defer rows.Close()
+	var out []Claimed
+	cursor := o.Cursor
+	skip := make([]any, len(rows.FieldDescriptions()))
+	for rows.Next() {
+		if rows.RawValues()[0] != nil { // the cursor row: no claim
+			skip[0] = &cursor
+			if err := rows.Scan(skip...); err != nil {
+				return nil, "", err
+			}
+			continue
+		}
+		var c Claimed
+		var inbox, children []byte
+		if err := rows.Scan(nil, &c.ID, &c.Token, &c.FSM, &c.Version, &c.Step, &c.State, &c.Attempt,
+			&c.MaxAttempts, &c.Priority, &c.PartitionKey, &c.Awaits, &c.Children, &c.InsertedAt,
+			&inbox, &children); err != nil {
+			return nil, "", err
+		}
+		var err error
+		if c.Inbox, err = decodeInbox(inbox); err != nil {
+			return nil, "", err
+		}
+		if c.ChildRows, err = decodeChildren(children); err != nil {
+			return nil, "", err
+		}
+		out = append(out, c)
+	}
+	return out, cursor, rows.Err()
+}
+
 func decodeInbox(b []byte) ([]SignalRow, error) {
 	if b == nil {
 		return nil, nil
@@ -170,19 +189,23 @@ func nullJSON(m json.RawMessage) []byte {
 // waited for, so one long transaction elsewhere cannot stall the whole
 // queue's heartbeat; they are reported as still held if their token still
 // matches, and get extended on the next tick. A row that is not held any
-// more was reaped (or finished elsewhere): its step is a zombie.
+// more was reaped (or finished elsewhere): its step is a zombie. A keyed row
+// whose lease already ran out on the database clock is not extended either:
+// its key's slot is free from that moment, and another row of the key may
+// be running (docs/design.md §6).
 
 const heartbeatSQL = `
 WITH h AS MATERIALIZED (
   SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
 ), lockable AS MATERIALIZED (
   SELECT h.id FROM h CROSS JOIN LATERAL (
-    SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    SELECT i.claim_token, i.status, i.partition_key, i.lease_expires_at FROM {{schema}}.gendurable_instances AS i
     WHERE i.id = h.id
     OFFSET 0 -- a fence: the outer conditions must not reach the scan
     FOR NO KEY UPDATE SKIP LOCKED
   ) AS l
   WHERE l.claim_token = h.token AND l.status = 'executing'
+    AND (l.partition_key IS NULL OR l.lease_expires_at > now())
 ), extended AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
@@ -191,11 +214,12 @@ WITH h AS MATERIALIZED (
   RETURNING i.id
 ), snap AS (
   SELECT h.id FROM h CROSS JOIN LATERAL (
-    SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    SELECT i.claim_token, i.status, i.partition_key, i.lease_expires_at FROM {{schema}}.gendurable_instances AS i
     WHERE i.id = h.id
     OFFSET 0
   ) AS s
   WHERE s.claim_token = h.token AND s.status = 'executing'
+    AND (s.partition_key IS NULL OR s.lease_expires_at > now())
 )
 SELECT id FROM extended UNION SELECT id FROM snap`
 
@@ -301,32 +325,6 @@ func (q *Queries) Release(ctx context.Context, db DB, ids, tokens []int64, delay
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
-}
-
-// ---------------------------------------------------------------------------
-// Partition lock (docs/design.md §6): a session-level advisory lock on a dedicated
-// connection, held for the whole step and released after its outcome
-// commits. It lives as long as the connection, so a stalled worker (a
-// zombie) keeps its key locked until it returns, and a killed one frees it
-// when PostgreSQL drops its session. The lock space is namespaced by schema.
-
-const (
-	tryPartitionLockSQL = `SELECT pg_try_advisory_lock(hashtext($1), hashtext($2))`
-	partitionUnlockSQL  = `SELECT pg_advisory_unlock(hashtext($1), hashtext($2))`
-)
-
-// TryPartitionLock tries to lock key for this session.
-func (q *Queries) TryPartitionLock(ctx context.Context, db DB, key string) (bool, error) {
-	var ok bool
-	err := db.QueryRow(ctx, tryPartitionLockSQL, "gendurable:"+q.Schema, key).Scan(&ok)
-	return ok, err
-}
-
-// PartitionUnlock releases key; false means this session did not hold it.
-func (q *Queries) PartitionUnlock(ctx context.Context, db DB, key string) (bool, error) {
-	var ok bool
-	err := db.QueryRow(ctx, partitionUnlockSQL, "gendurable:"+q.Schema, key).Scan(&ok)
-	return ok, err
 }
 
 const sessionAlive = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`

@@ -18,9 +18,9 @@ const insertManySQL = `
 INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `)
 SELECT ` + newRowSelect + `
 FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::smallint[], $7::int[],
-            $8::timestamptz[], $9::bigint[], $10::text[], $11::bytea[], $12::int[])
+            $8::timestamptz[], $9::bigint[], $10::text[], $11::bytea[], $12::int[], $13::int[])
      WITH ORDINALITY AS n(fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
-                          run_in_us, partition_key, unique_key, scope_mask, ord)
+                          run_in_us, partition_key, unique_key, scope_mask, key_limit, ord)
 ORDER BY n.ord
 ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
 RETURNING id, unique_key`
@@ -32,9 +32,9 @@ const insertPlainSQL = `
 INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `)
 SELECT ` + newRowSelect + `
 FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::smallint[], $7::int[],
-            $8::timestamptz[], $9::bigint[], $10::text[], $11::bytea[], $12::int[])
+            $8::timestamptz[], $9::bigint[], $10::text[], $11::bytea[], $12::int[], $13::int[])
      AS n(fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
-          run_in_us, partition_key, unique_key, scope_mask)
+          run_in_us, partition_key, unique_key, scope_mask, key_limit)
 RETURNING id, unique_key`
 
 // lookupUniqueSQL finds the live rows holding unique keys (after a skip).
@@ -54,6 +54,7 @@ type NewInstance struct {
 	RunAt        *time.Time
 	RunIn        time.Duration
 	PartitionKey *string
+	KeyLimit     *int32 // nil: the key's policy
 	UniqueKey    []byte // nil: no uniqueness
 	ScopeMask    int32  // bit k-1 set: status number k (enum order) is in the unique scope
 }
@@ -68,13 +69,14 @@ type newRows struct {
 	partition               []*string
 	uniqueKey               [][]byte
 	scopeMask               []int32
+	keyLimit                []*int32
 }
 
 func (c *newRows) reset() {
 	c.fsm, c.queue, c.step, c.state = c.fsm[:0], c.queue[:0], c.step[:0], c.state[:0]
 	c.version, c.maxAttempts, c.priority = c.version[:0], c.maxAttempts[:0], c.priority[:0]
 	c.runAt, c.runIn, c.partition = c.runAt[:0], c.runIn[:0], c.partition[:0]
-	c.uniqueKey, c.scopeMask = c.uniqueKey[:0], c.scopeMask[:0]
+	c.uniqueKey, c.scopeMask, c.keyLimit = c.uniqueKey[:0], c.scopeMask[:0], c.keyLimit[:0]
 }
 
 func (c *newRows) add(r *NewInstance) {
@@ -90,6 +92,7 @@ func (c *newRows) add(r *NewInstance) {
 	c.partition = append(c.partition, r.PartitionKey)
 	c.uniqueKey = append(c.uniqueKey, r.UniqueKey)
 	c.scopeMask = append(c.scopeMask, r.ScopeMask)
+	c.keyLimit = append(c.keyLimit, r.KeyLimit)
 }
 
 // Inserted is the answer for one input row of InsertMany.
@@ -114,7 +117,7 @@ func (q *Queries) InsertMany(ctx context.Context, db DB, in []NewInstance) ([]In
 		}
 	}
 	rows, err := db.Query(ctx, stmt, c.fsm, c.version, c.queue, c.step, c.state, c.priority,
-		c.maxAttempts, c.runAt, c.runIn, c.partition, c.uniqueKey, c.scopeMask)
+		c.maxAttempts, c.runAt, c.runIn, c.partition, c.uniqueKey, c.scopeMask, c.keyLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -116,14 +116,15 @@ const parentJoinCTE = `parents AS (
 // newRowColumns and newRowSelect are shared by inserts and children: the
 // columns of a new instance and how each is computed from the unnest alias n.
 const newRowColumns = `fsm, fsm_version, queue, step, state, priority, max_attempts, eligible_at,
-   partition_key, unique_key, unique_scope`
+   partition_key, unique_key, unique_scope, key_limit`
 
 const newRowSelect = `n.fsm, n.fsm_version, n.queue, n.step, n.state::jsonb, n.priority, n.max_attempts,
        coalesce(n.run_at, now() + n.run_in_us * interval '1 microsecond'), n.partition_key,
        n.unique_key,
        CASE WHEN n.unique_key IS NOT NULL THEN ARRAY(
          SELECT e.s FROM unnest(enum_range(NULL::{{schema}}.gendurable_status)) WITH ORDINALITY AS e(s, k)
-         WHERE n.scope_mask & (1 << (e.k::int - 1)) <> 0) END`
+         WHERE n.scope_mask & (1 << (e.k::int - 1)) <> 0) END,
+       n.key_limit`
 
 // outcomeShape says which optional parts a batch needs: a batch of plain
 // Next/Done outcomes runs a statement without the children, signal and
@@ -150,14 +151,18 @@ WITH locked AS MATERIALIZED (
   -- One primary-key probe per outcome (the lateral subquery cannot be
   -- flattened, and its only condition is the id); the fence is checked on
   -- the locked, newest row version.
-  SELECT o.*, c.fanout, c.inbox <> '{}'::jsonb AS has_inbox
+  -- A keyed row whose lease ran out goes on only through the queue: its
+  -- key's slot may be another row's by now (docs/design.md §6).
+  SELECT o.*, c.fanout, c.inbox <> '{}'::jsonb AS has_inbox,
+         o.cont_asked AND (c.partition_key IS NULL OR c.lease_expires_at > now()) AS cont
   FROM unnest(@ids::bigint[], @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
               @delays::bigint[], @attempt_inc::int[], @results::text[], @err_kinds::text[], @errs::text[],
               @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[])
          AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us,
-              inbox_dec, cont)
+              inbox_dec, cont_asked)
   CROSS JOIN LATERAL (
-    SELECT i.claim_token, i.status, i.fanout, i.inbox FROM {{schema}}.gendurable_instances AS i
+    SELECT i.claim_token, i.status, i.fanout, i.inbox, i.partition_key, i.lease_expires_at
+    FROM {{schema}}.gendurable_instances AS i
     WHERE i.id = o.id
     OFFSET 0 -- a fence: the outer conditions must not reach the scan
     FOR UPDATE
@@ -187,9 +192,10 @@ WITH locked AS MATERIALIZED (
   SELECT ` + newRowSelect + `, n.parent, ((SELECT m FROM held) ->> n.parent::text)::int + 1
   FROM unnest(@kid_parent::bigint[], @kid_fsm::text[], @kid_version::int[], @kid_queue::text[], @kid_step::text[],
               @kid_state::text[], @kid_priority::smallint[], @kid_max_attempts::int[], @kid_run_at::timestamptz[],
-              @kid_run_in::bigint[], @kid_partition::text[], @kid_unique::bytea[], @kid_scope::int[])
+              @kid_run_in::bigint[], @kid_partition::text[], @kid_unique::bytea[], @kid_scope::int[],
+              @kid_key_limit::int[])
        WITH ORDINALITY AS n(parent, fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
-                            run_in_us, partition_key, unique_key, scope_mask, ord)
+                            run_in_us, partition_key, unique_key, scope_mask, key_limit, ord)
   WHERE (SELECT m FROM held) ? n.parent::text
   ORDER BY n.ord
   ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
@@ -460,6 +466,8 @@ func (b *OutcomeBatch) arg(name string) any {
 		return c.uniqueKey
 	case "kid_scope":
 		return c.scopeMask
+	case "kid_key_limit":
+		return c.keyLimit
 	case "consume_owner":
 		return b.consumeOwner
 	case "consume_id":

@@ -89,6 +89,19 @@ func (r *planRecorder) onNotice(_ *pgconn.PgConn, n *pgconn.Notice) {
 	r.plans = append(r.plans, p.Plan)
 }
 
+// all returns every plan reported since the last reset — a statement's own
+// and those of the statements run inside its functions — and forgets them.
+func (r *planRecorder) all(t *testing.T) []planNode {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.NoError(t, r.err)
+	require.NotEmpty(t, r.plans, "auto_explain reported no plan")
+	ps := r.plans
+	r.plans = nil
+	return ps
+}
+
 // last returns the plan of the statement that ran last, and forgets all.
 func (r *planRecorder) last(t *testing.T) planNode {
 	t.Helper()
@@ -126,6 +139,8 @@ func explainConn(t *testing.T) (*pgx.Conn, *planRecorder) {
 		"SET auto_explain.log_timing = off",
 		"SET auto_explain.log_format = json",
 		"SET auto_explain.log_level = notice",
+		// Statements run inside functions (the pick) are plans too.
+		"SET auto_explain.log_nested_statements = on",
 		"SET client_min_messages = notice",
 	} {
 		_, err := conn.Exec(ctx, s)
@@ -290,8 +305,12 @@ func runPlanCases(t *testing.T, cases []planCase) {
 			rec.reset()
 			c.run(t, tx)
 			require.NoError(t, tx.Rollback(ctx))
-			plan := rec.last(t)
-			t.Run(c.name+"/"+cacheMode, func(t *testing.T) { checkPlan(t, plan, c.bound) })
+			plans := rec.all(t)
+			t.Run(c.name+"/"+cacheMode, func(t *testing.T) {
+				for _, plan := range plans {
+					checkPlan(t, plan, c.bound)
+				}
+			})
 		}
 	}
 }
@@ -345,7 +364,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 				WHERE status = 'awaiting_signal' ORDER BY id DESC LIMIT 1`).Scan(&sigTarget))
 			cases := []planCase{
 				{"pick", 4 * 50, func(t *testing.T, tx pgx.Tx) {
-					got, err := f.q.Pick(ctx, tx, "default", 50, time.Minute)
+					got, _, err := f.q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: 50, Lease: time.Minute})
 					require.NoError(t, err)
 					require.Len(t, got, 50)
 				}},
@@ -421,7 +440,7 @@ func TestPickPlanIsBoundedByTheBatch(t *testing.T) {
 	ctx := context.Background()
 	const batch = 50
 	counter.Reset()
-	rows, err := f.q.Pick(ctx, f.pool, "default", batch, time.Minute)
+	rows, _, err := f.q.Pick(ctx, f.pool, "default", sqlq.PickOpts{Limit: batch, Lease: time.Minute})
 	require.Equal(t, int64(1), counter.Count(), "pick is one statement")
 	require.NoError(t, err)
 	require.Len(t, rows, batch)
@@ -436,3 +455,69 @@ func TestPickPlanIsBoundedByTheBatch(t *testing.T) {
 }
 
 func ptr(s string) *string { return &s }
+
+// TestKeyedPickIsBoundedByTheBatch (docs/design.md §6): with one hot key
+// holding 200k runnable rows and its slot taken, and 10k other keys with a
+// row each, a pick claims a batch of other keys' rows without reading the
+// hot key's backlog — every plan of the pick, the statements inside its
+// function included, touches O(batch) rows — and the next pick, from the
+// returned cursor, goes on with the keys after them (round robin). A key's
+// policy limit lets that many of its rows run, counting the live holder.
+func TestKeyedPickIsBoundedByTheBatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seeds 210k rows")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	s := `"` + schema + `"`
+	for _, sql := range []string{
+		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, partition_key, eligible_at)
+		 SELECT 'm', 'a', 'hot', now() - interval '1 hour' + g * interval '1 millisecond' FROM generate_series(1, 200000) g`,
+		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, partition_key)
+		 SELECT 'm', 'a', 'key-' || lpad(g::text, 5, '0') FROM generate_series(1, 10000) g`,
+		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, partition_key, status, claim_token, lease_expires_at)
+		 VALUES ('m', 'a', 'hot', 'executing', 1, now() + interval '1 hour')`,
+		`ANALYZE ` + s + `.gendurable_instances`,
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	conn, rec := explainConn(t)
+	_, err = conn.Exec(ctx, "SET search_path = "+s)
+	require.NoError(t, err)
+	const batch = 50
+	pick := func(o sqlq.PickOpts) ([]sqlq.Claimed, string) {
+		t.Helper()
+		rec.reset()
+		got, cursor, err := q.Pick(ctx, conn, "default", o)
+		require.NoError(t, err)
+		for _, plan := range rec.all(t) {
+			checkPlan(t, plan, 4*batch+16)
+		}
+		return got, cursor
+	}
+	got, cursor := pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute})
+	require.Len(t, got, batch)
+	for i, c := range got {
+		require.Equal(t, fmt.Sprintf("key-%05d", i+1), *c.PartitionKey, "keys in order, one row each, none of the full hot key")
+	}
+	require.Equal(t, "key-00050", cursor)
+	got, cursor = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: cursor})
+	require.Len(t, got, batch)
+	require.Equal(t, "key-00051", *got[0].PartitionKey, "the next pick goes on after the cursor")
+	require.Equal(t, "key-00100", cursor)
+
+	// A policy of 3 for "hot": two more of its rows may run beside the holder.
+	got, _ = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "hos",
+		Policies: []sqlq.KeyPolicy{{Prefix: "h", Limit: 2}, {Prefix: "ho", Limit: 3}}})
+	hot := 0
+	for _, c := range got {
+		if *c.PartitionKey == "hot" {
+			hot++
+		}
+	}
+	require.Equal(t, 2, hot, "the longest prefix's limit, minus the live holder")
+}

@@ -1,0 +1,15 @@
+-- Back to version 4: partition keys on session advisory locks again.
+DROP FUNCTION {{schema}}.gendurable_pick(text, int, bigint, text, text[], int[], int);
+
+DROP INDEX {{schema}}.gendurable_instances_key_holders;
+CREATE INDEX gendurable_instances_partition_active
+  ON {{schema}}.gendurable_instances (partition_key)
+  WHERE status = 'executing' AND partition_key IS NOT NULL;
+
+DROP INDEX {{schema}}.gendurable_instances_pick_keyed;
+DROP INDEX {{schema}}.gendurable_instances_pick;
+CREATE INDEX gendurable_instances_pick
+  ON {{schema}}.gendurable_instances (queue, priority, eligible_at)
+  WHERE status = 'runnable';
+
+ALTER TABLE {{schema}}.gendurable_instances DROP COLUMN key_limit;
