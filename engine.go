@@ -279,20 +279,9 @@ func (c *Config) withDefaults() error {
 	case c.MaxStateBytes < 0 || c.MaxSignalBytes < 0 || c.PartitionRetryDelay < 0:
 		return errorf(ErrInvalidConfig, "negative MaxStateBytes, MaxSignalBytes or PartitionRetryDelay")
 	}
-	c.KeyPolicies = slices.Clone(c.KeyPolicies)
-	prefixes := map[string]bool{}
-	for _, p := range c.KeyPolicies {
-		switch {
-		case p.Limit <= 0:
-			return errorf(ErrInvalidConfig, "KeyPolicy %q: Limit %d must be at least 1", p.Prefix, p.Limit)
-		case p.Limit > maxKeyLimit:
-			return errorf(ErrInvalidConfig, "KeyPolicy %q: Limit %d above %d", p.Prefix, p.Limit, maxKeyLimit)
-		case keyProblem(p.Prefix) != "":
-			return errorf(ErrInvalidConfig, "KeyPolicy prefix %q %s", p.Prefix, keyProblem(p.Prefix))
-		case prefixes[p.Prefix]:
-			return errorf(ErrInvalidConfig, "two KeyPolicies with prefix %q", p.Prefix)
-		}
-		prefixes[p.Prefix] = true
+	var err error
+	if c.KeyPolicies, err = validKeyPolicies(c.KeyPolicies); err != nil {
+		return err
 	}
 	c.Periodic = slices.Clone(c.Periodic)
 	names := map[string]bool{}
@@ -384,10 +373,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	beatCtx, beatCancel := context.WithCancel(context.Background())
 	rs.pickCancel, rs.workCancel, rs.beatCancel = pickCancel, workCancel, beatCancel
 
-	keyPolicies := make([]sqlq.KeyPolicy, len(e.cfg.KeyPolicies))
-	for i, p := range e.cfg.KeyPolicies {
-		keyPolicies[i] = sqlq.KeyPolicy{Prefix: p.Prefix, Limit: p.Limit}
-	}
+	keyPolicies := pickPolicies(e.cfg.KeyPolicies)
 	for name, qc := range e.cfg.Queues {
 		ev := &schedEvents{e: e}
 		s := feeder.New(feeder.Config{

@@ -17,13 +17,6 @@ const (
 	maxKeyLimit = 1 << 20
 )
 
-// KeyPolicy is how many instances of the partition keys starting with
-// Prefix may run a step at once, across every process (see
-// [Config.KeyPolicies]). An empty Prefix matches every key.
-type KeyPolicy struct {
-	Prefix string
-	Limit  int // at least 1
-}
 
 // nameProblem says what is wrong with a queue, machine or step name, or ""
 // if nothing is: 1 to maxNameLen bytes of text (textProblem).

@@ -138,9 +138,9 @@ type Feeder struct {
 	// keyCursor is the key the last pick's walk over partition keys
 	// stopped at: the next pick starts after it (round robin). Loop only.
 	keyCursor string
-	heldBack bool        // dispatch waits for a heartbeat (see dispatch)
-	stopping atomic.Bool // Run is returning: no more chained steps
-	steps    sync.WaitGroup
+	heldBack  bool        // dispatch waits for a heartbeat (see dispatch)
+	stopping  atomic.Bool // Run is returning: no more chained steps
+	steps     sync.WaitGroup
 }
 
 // New creates a feeder; Run starts it.

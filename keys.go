@@ -1,0 +1,54 @@
+package gendurable
+
+import (
+	"slices"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+)
+
+// Partition keys (docs/design.md §6). An instance inserted with
+// [InsertOpts].PartitionKey holds a slot of its key while it runs a step:
+// the executing row itself is the slot, stamped with its claim's fencing
+// token ([Run].Token) and lease. The pick takes a slot only when the key has
+// one free — fewer live holders than its limit, counted under a
+// transaction-level lock of the key — so at most the limit of a key's
+// instances run a step at once, across every process. A slot is freed when
+// its outcome commits, or when its lease runs out on the database clock; a
+// heartbeat never extends a keyed lease that ran out, and a step whose
+// lease cannot be confirmed in time is cancelled. Nothing is held between
+// statements, so keys work behind a transaction-pooling proxy.
+
+// KeyPolicy is how many instances of the partition keys starting with
+// Prefix may run a step at once, across every process (see
+// [Config.KeyPolicies]). An empty Prefix matches every key.
+type KeyPolicy struct {
+	Prefix string
+	Limit  int // at least 1
+}
+
+// validKeyPolicies checks policies and returns a copy the caller cannot
+// change behind the engine's back.
+func validKeyPolicies(policies []KeyPolicy) ([]KeyPolicy, error) {
+	prefixes := map[string]bool{}
+	for _, p := range policies {
+		switch {
+		case p.Limit <= 0 || p.Limit > maxKeyLimit:
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Limit %d outside 1..%d", p.Prefix, p.Limit, maxKeyLimit)
+		case keyProblem(p.Prefix) != "":
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy prefix %q %s", p.Prefix, keyProblem(p.Prefix))
+		case prefixes[p.Prefix]:
+			return nil, errorf(ErrInvalidConfig, "two KeyPolicies with prefix %q", p.Prefix)
+		}
+		prefixes[p.Prefix] = true
+	}
+	return slices.Clone(policies), nil
+}
+
+// pickPolicies is policies as the pick takes them.
+func pickPolicies(policies []KeyPolicy) []sqlq.KeyPolicy {
+	out := make([]sqlq.KeyPolicy, len(policies))
+	for i, p := range policies {
+		out[i] = sqlq.KeyPolicy{Prefix: p.Prefix, Limit: p.Limit}
+	}
+	return out
+}

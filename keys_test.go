@@ -1,0 +1,242 @@
+package gendurable_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/stretchr/testify/require"
+)
+
+// keyGauge counts the steps of each key running at once, and the most seen.
+type keyGauge struct {
+	mu      sync.Mutex
+	running map[string]int
+	most    map[string]int
+}
+
+func newKeyGauge() *keyGauge { return &keyGauge{running: map[string]int{}, most: map[string]int{}} }
+
+func (g *keyGauge) enter(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.running[key]++
+	g.most[key] = max(g.most[key], g.running[key])
+}
+
+func (g *keyGauge) leave(key string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.running[key]--
+}
+
+func (g *keyGauge) max(key string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.most[key]
+}
+
+// TestKeyLimitsHoldAcrossEngines: two engines work one queue; a key runs at
+// most its limit at once — the longest matching KeyPolicy prefix's, an
+// insert's KeyLimit, or 1 — and reaches it.
+func TestKeyLimitsHoldAcrossEngines(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	job := &gendurable.Job[spanArgs]{Name: "limited", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		time.Sleep(40 * time.Millisecond)
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 8, PollInterval: 10 * time.Millisecond}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "t-", Limit: 2}, {Prefix: "t-big-", Limit: 3}}
+	b := setup(t, cfg)
+	cfg2 := b.eng.Config()
+	cfg2.Logger = testLogger(t)
+	eng2, err := gendurable.New(b.pool, &cfg2)
+	require.NoError(t, err)
+	var ps []gendurable.InsertParams
+	for range 18 {
+		for _, o := range []gendurable.InsertOpts{{PartitionKey: "t-big-1"}, {PartitionKey: "t-x"},
+			{PartitionKey: "solo"}, {PartitionKey: "custom", KeyLimit: 4}} {
+			ps = append(ps, job.New(spanArgs{}).With(o))
+		}
+	}
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	require.NoError(t, eng2.Start(context.Background()))
+	t.Cleanup(func() { _ = eng2.Stop(context.Background()) })
+	for _, r := range res {
+		b.waitStatus(r.ID, "done", 30*time.Second)
+	}
+	for key, limit := range map[string]int{"t-big-1": 3, "t-x": 2, "solo": 1, "custom": 4} {
+		require.Equal(t, limit, g.max(key), "key %s: most steps at once", key)
+	}
+}
+
+// TestKeyedStepsHoldNoConnection: a running keyed step pins no pool
+// connection (its slot is its row), so eight keyed steps run at once on a
+// pool of three connections.
+func TestKeyedStepsHoldNoConnection(t *testing.T) {
+	t.Parallel()
+	const n = 8
+	var started atomic.Int32
+	all := make(chan struct{})
+	job := &gendurable.Job[spanArgs]{Name: "pinless", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		if started.Add(1) == n {
+			close(all)
+		}
+		select {
+		case <-all:
+			return nil
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("only %d of %d keyed steps ran at once", started.Load(), n)
+		}
+	}}
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 3})
+	cfg := fastConfig(schema, job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: n, PollInterval: 10 * time.Millisecond}}
+	cfg.Logger = testLogger(t)
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	b := &testBundle{t: t, pool: pool, schema: schema, eng: eng}
+	var ids []int64
+	for i := range n {
+		ids = append(ids, b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("k", i)})))
+	}
+	b.start()
+	for _, id := range ids {
+		r := b.waitStatus(id, "done", 20*time.Second)
+		require.Zero(t, r.Attempt, "instance %d ran once", id)
+	}
+}
+
+// TestKeysArePickedRoundRobin: a key with a deep backlog does not starve a
+// key whose rows came later: each pick visits the keys in turn.
+func TestKeysArePickedRoundRobin(t *testing.T) {
+	t.Parallel()
+	var bigDone atomic.Int32
+	smallAt := make(chan int32, 5)
+	job := &gendurable.Job[spanArgs]{Name: "fair", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		time.Sleep(10 * time.Millisecond)
+		if r.PartitionKey == "tenant-b" {
+			smallAt <- bigDone.Load()
+		} else {
+			bigDone.Add(1)
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, PollInterval: 10 * time.Millisecond}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "tenant-a", Limit: 4}}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for range 300 {
+		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "tenant-a"}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	for range 5 {
+		b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "tenant-b"}))
+	}
+	b.start()
+	var last int32
+	for range 5 {
+		select {
+		case last = <-smallAt:
+		case <-time.After(20 * time.Second):
+			t.Fatal("tenant-b's rows never ran")
+		}
+	}
+	// In queue order tenant-b would run after all 300 of tenant-a's rows.
+	require.Less(t, last, int32(150), "tenant-b finished after %d of tenant-a's 300 rows", last)
+}
+
+// TestKeySlotOutlivesItsHoldersProcess: an executing keyed row with a live
+// lease — claimed by another process, or by an engine of the previous
+// version before the upgrade — holds its key's slot: no other row of the key
+// starts until that lease runs out on the database clock.
+func TestKeySlotOutlivesItsHoldersProcess(t *testing.T) {
+	t.Parallel()
+	var b *testBundle
+	var expiry time.Time
+	afterExpiry := make(chan bool, 1)
+	job := &gendurable.Job[spanArgs]{Name: "successor", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		var after bool
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT clock_timestamp() >= $1`, expiry).Scan(&after))
+		afterExpiry <- after
+		return nil
+	}}
+	b = setup(t, nil, job)
+	require.NoError(t, b.pool.QueryRow(context.Background(), replaceSchema(`INSERT INTO {{s}}.gendurable_instances
+		(fsm, step, status, partition_key, claim_token, lease_expires_at)
+		VALUES ('gone', 'a', 'executing', 'acct', 1, now() + interval '1500 milliseconds') RETURNING lease_expires_at`, b.schema)).Scan(&expiry))
+	id := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "acct"}))
+	b.start()
+	b.waitStatus(id, "done", 10*time.Second)
+	require.True(t, <-afterExpiry, "the successor started before the old slot's lease ran out on the database clock")
+}
+
+// TestRunTokenIsTheClaimToken: a step sees its claim's fencing token, and a
+// later claim of the same instance sees a larger one.
+func TestRunTokenIsTheClaimToken(t *testing.T) {
+	t.Parallel()
+	tokens := make(chan int64, 2)
+	var b *testBundle
+	job := &gendurable.Job[spanArgs]{Name: "token", MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 },
+		Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+			var dbToken int64
+			require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT claim_token FROM {{s}}.gendurable_instances WHERE id = $1`, b.schema), r.ID).Scan(&dbToken))
+			require.Equal(t, dbToken, r.Token)
+			tokens <- r.Token
+			if r.Attempt == 0 {
+				return fmt.Errorf("once more")
+			}
+			return nil
+		}}
+	b = setup(t, nil, job)
+	b.start()
+	id := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "fenced"}))
+	b.waitStatus(id, "done", 10*time.Second)
+	first, second := <-tokens, <-tokens
+	require.Greater(t, second, first)
+}
+
+// TestKeyInputIsValidated: nonsense limits and keys are typed errors before
+// any SQL runs.
+func TestKeyInputIsValidated(t *testing.T) {
+	t.Parallel()
+	job := (&recorder{}).job("keyed")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	for _, o := range []gendurable.InsertOpts{
+		{PartitionKey: "k", KeyLimit: -1},
+		{PartitionKey: "k", KeyLimit: 1<<20 + 1},
+		{KeyLimit: 2},
+		{PartitionKey: "k\x00"},
+		{PartitionKey: "k\xff"},
+		{PartitionKey: strings.Repeat("k", 1001)},
+	} {
+		_, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(o))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "%+v", o)
+	}
+	for _, ps := range [][]gendurable.KeyPolicy{
+		{{Prefix: "a", Limit: 0}},
+		{{Prefix: "a", Limit: -3}},
+		{{Prefix: "a", Limit: 1}, {Prefix: "a", Limit: 2}},
+		{{Prefix: "a\x00", Limit: 1}},
+		{{Prefix: "\xfe", Limit: 1}},
+	} {
+		_, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, KeyPolicies: ps})
+		require.ErrorIs(t, err, gendurable.ErrInvalidConfig, "%+v", ps)
+	}
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+}
