@@ -1,7 +1,9 @@
 package gendurable
 
 import (
+	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
@@ -51,4 +53,39 @@ func pickPolicies(policies []KeyPolicy) []sqlq.KeyPolicy {
 		out[i] = sqlq.KeyPolicy{Prefix: p.Prefix, Limit: p.Limit}
 	}
 	return out
+}
+
+// keyLimit is how many slots key has as this engine sees it: the row's own
+// KeyLimit, else the longest matching policy's, else 1 — what the pick does.
+func (e *Engine) keyLimit(key string, own *int32) int {
+	if own != nil {
+		return int(*own)
+	}
+	limit, longest := 1, -1
+	for _, p := range e.cfg.KeyPolicies {
+		if strings.HasPrefix(key, p.Prefix) && len(p.Prefix) > longest {
+			limit, longest = p.Limit, len(p.Prefix)
+		}
+	}
+	return limit
+}
+
+// instanceList names a few instances for a sentence.
+func instanceList(ids []int64) string {
+	const most = 3
+	var b strings.Builder
+	b.WriteString("instance")
+	if len(ids) > 1 {
+		b.WriteString("s")
+	}
+	for i, id := range ids[:min(len(ids), most)] {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, " %d", id)
+	}
+	if len(ids) > most {
+		fmt.Fprintf(&b, " and %d more", len(ids)-most)
+	}
+	return b.String()
 }

@@ -17,7 +17,6 @@ const (
 	maxKeyLimit = 1 << 20
 )
 
-
 // nameProblem says what is wrong with a queue, machine or step name, or ""
 // if nothing is: 1 to maxNameLen bytes of text (textProblem).
 func nameProblem(s string) string {

@@ -126,9 +126,15 @@ type WaitReason struct {
 	// a backoff or a durable sleep); in the past means it is waiting for a
 	// free worker.
 	EligibleAt time.Time
-	// PartitionKey and PartitionHeldBy: a runnable instance whose key is
-	// held by another instance's running step.
+	// PartitionKey, KeyHolders, KeyLimit: a runnable instance whose key has
+	// no free slot — KeyHolders are the instances whose running steps hold
+	// the key's slots (live leases), KeyLimit how many slots the key has
+	// (the instance's own KeyLimit, else this engine's KeyPolicies, else 1:
+	// a process whose Config lacks the policies of the picking processes
+	// shows 1). PartitionHeldBy is the first holder.
 	PartitionKey    string
+	KeyHolders      []int64
+	KeyLimit        int
 	PartitionHeldBy int64
 	// LeaseExpiresAt: an executing instance's lease.
 	LeaseExpiresAt *time.Time
@@ -164,9 +170,11 @@ func (e *Engine) Wait(ctx context.Context, id int64) (*WaitReason, error) {
 		r.Summary = fmt.Sprintf("awaiting children: %d of %d done", r.ChildrenDone, r.ChildrenTotal)
 	case StatusRunnable:
 		switch {
-		case w.PartitionHolder != nil:
-			r.PartitionHeldBy = *w.PartitionHolder
-			r.Summary = fmt.Sprintf("partition key %q held by instance %d", r.PartitionKey, r.PartitionHeldBy)
+		case w.PartitionKey != nil && len(w.KeyHolders) >= e.keyLimit(*w.PartitionKey, w.KeyLimit):
+			r.KeyHolders, r.KeyLimit = w.KeyHolders, e.keyLimit(*w.PartitionKey, w.KeyLimit)
+			r.PartitionHeldBy = w.KeyHolders[0]
+			r.Summary = fmt.Sprintf("waiting for partition key %q (%d of %d slots held by %s)",
+				r.PartitionKey, len(w.KeyHolders), r.KeyLimit, instanceList(w.KeyHolders))
 		case w.EligibleAt.After(w.Now):
 			r.Summary = fmt.Sprintf("sleeping until %s (in %s)", w.EligibleAt.UTC().Format(time.RFC3339), w.EligibleAt.Sub(w.Now).Round(time.Second))
 		default:

@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -319,7 +320,9 @@ func TestWaitShowsThePartitionHolder(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, gendurable.StatusRunnable, w.Status)
 	require.Equal(t, first, w.PartitionHeldBy)
-	require.Contains(t, w.Summary, `partition key "acct-1" held by instance`)
+	require.Equal(t, fmt.Sprintf(`waiting for partition key "acct-1" (1 of 1 slots held by instance %d)`, first), w.Summary)
+	require.Equal(t, []int64{first}, w.KeyHolders)
+	require.Equal(t, 1, w.KeyLimit)
 	select {
 	case id := <-started:
 		t.Fatalf("instance %d started while its key was held", id)

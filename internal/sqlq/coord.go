@@ -121,10 +121,10 @@ const waitInfoSQL = `
 SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
        i.children_total, i.children_pending, i.partition_key,
        CASE WHEN i.partition_key IS NOT NULL AND i.status = 'runnable' THEN
-         (SELECT x.id FROM {{schema}}.gendurable_instances AS x
-          WHERE x.status = 'executing' AND x.partition_key = i.partition_key AND x.id <> i.id
-          LIMIT 1) END,
-       i.inbox, i.lease_expires_at, now()
+         ARRAY(SELECT x.id FROM {{schema}}.gendurable_instances AS x
+               WHERE x.status = 'executing' AND x.partition_key = i.partition_key AND x.lease_expires_at > now()
+               ORDER BY x.lease_expires_at LIMIT 100) END,
+       i.inbox, i.lease_expires_at, now(), i.key_limit
 FROM {{schema}}.gendurable_instances AS i
 WHERE i.id = $1`
 
@@ -138,7 +138,8 @@ type WaitRow struct {
 	ChildrenTotal   int32
 	ChildrenPending int32
 	PartitionKey    *string
-	PartitionHolder *int64
+	KeyHolders      []int64 // the key's live slot holders (at most 100)
+	KeyLimit        *int32  // the row's own KeyLimit
 	Inbox           map[string]int
 	LeaseExpiresAt  *time.Time
 	Now             time.Time
@@ -148,8 +149,8 @@ type WaitRow struct {
 func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64) (WaitRow, error) {
 	var w WaitRow
 	err := db.QueryRow(ctx, q.waitInfo, id).Scan(&w.Status, &w.Step, &w.EligibleAt, &w.Awaits,
-		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.PartitionHolder,
-		&w.Inbox, &w.LeaseExpiresAt, &w.Now)
+		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.KeyHolders,
+		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit)
 	return w, err
 }
 
