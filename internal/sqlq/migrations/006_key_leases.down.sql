@@ -1,4 +1,4 @@
--- Back to version 4: partition keys on session advisory locks again.
+-- Back to version 5: partition keys on session advisory locks again.
 DROP FUNCTION {{schema}}.gendurable_pick(text, int, bigint, text, text[], int[], int);
 
 DROP INDEX {{schema}}.gendurable_instances_key_holders;

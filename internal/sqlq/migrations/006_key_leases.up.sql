@@ -1,4 +1,4 @@
--- gendurable schema version 5: partition keys become key leases in the database
+-- gendurable schema version 6: partition keys become key leases in the database
 -- (docs/design.md §6). A keyed row holds a slot of its key while it is executing
 -- with a live lease: the executing row itself is the slot, stamped with the claim's
 -- fencing token and lease, freed by its outcome or by its lease running out on the
