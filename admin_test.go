@@ -355,7 +355,7 @@ func TestRemoveQueue(t *testing.T) {
 	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_queues WHERE name = 'typo'`))
 	require.ErrorIs(t, b.eng.RemoveQueue(ctx, "typo"), gendurable.ErrUnknownQueue)
 	require.ErrorIs(t, b.eng.RemoveQueue(ctx, "never"), gendurable.ErrUnknownQueue)
-	require.ErrorIs(t, b.eng.RemoveQueue(ctx, ""), gendurable.ErrInvalidConfig)
+	require.ErrorIs(t, b.eng.RemoveQueue(ctx, ""), gendurable.ErrInvalidInput)
 }
 
 func TestPruneDeletesOldFinishedRowsInBatches(t *testing.T) {

@@ -38,7 +38,7 @@ func TestInvalidConfig(t *testing.T) {
 		{"nil machine", gendurable.Config{Machines: []gendurable.Definition{nil}}, "nil entry"},
 		{"duplicate registration", gendurable.Config{Machines: []gendurable.Definition{ok, okV1Again}}, "registered twice"},
 		{"no steps", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Machine[orderArgs]{Name: "m", Start: "a"}}}, "declares no Steps"},
-		{"unnamed", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Machine[orderArgs]{Start: "a"}}}, "no Name"},
+		{"unnamed", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Machine[orderArgs]{Start: "a"}}}, `machine Name "" is empty`},
 		{"start not a step", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Machine[orderArgs]{
 			Name: "m", Start: "zzz",
 			Steps: map[string]gendurable.StepFunc[orderArgs]{"a": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {

@@ -2,6 +2,7 @@ package migrate_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -132,4 +133,97 @@ func TestStepwiseUpgrade(t *testing.T) {
 	res, err = migrate.To(ctx, pool, schema, 1)
 	require.NoError(t, err)
 	require.Equal(t, reversed(allVersions()[1:]), res.Applied)
+}
+
+// TestUpgradeFrom4IndexesChildrenByFanout: version 5 replaces the index on
+// parent_id with one on (parent_id, parent_fanout). An installation at
+// version 4 with a parent and children of two fan-outs keeps them; after the
+// upgrade, the children of the latest fan-out are one index lookup of both
+// columns and the children of every fan-out still an index lookup; down to 4
+// puts the old index back.
+func TestUpgradeFrom4IndexesChildrenByFanout(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	res, err := migrate.To(ctx, pool, schema, 4)
+	require.NoError(t, err)
+	require.Equal(t, allVersions()[:4], res.Applied)
+	var parent int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, fanout, children_total)
+		VALUES ('m', 'join', 2, 2) RETURNING id`).Scan(&parent))
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, parent_id, parent_fanout)
+		SELECT 'c', 'a', $1, CASE WHEN g <= 3 THEN 1 ELSE 2 END FROM generate_series(1, 5) g`, parent)
+	require.NoError(t, err)
+
+	parentIndexes := func() map[string]string {
+		t.Helper()
+		rows, err := pool.Query(ctx, `SELECT indexname, indexdef FROM pg_indexes
+			WHERE schemaname = $1 AND indexname LIKE 'gendurable_instances_parent%'`, schema)
+		require.NoError(t, err)
+		out := map[string]string{}
+		for rows.Next() {
+			var name, def string
+			require.NoError(t, rows.Scan(&name, &def))
+			out[name] = def[strings.Index(def, " USING "):]
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	// children counts the children of parent (of fan-out gen, if not 0)
+	// with every scan but an index scan ruled out, and returns the plan.
+	children := func(gen int) (n int, plan string) {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, `SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off`)
+		require.NoError(t, err)
+		q := fmt.Sprintf(`SELECT count(*) FROM %s.gendurable_instances WHERE parent_id = %d`, s, parent)
+		if gen != 0 {
+			q += fmt.Sprintf(` AND parent_fanout = %d`, gen)
+		}
+		require.NoError(t, tx.QueryRow(ctx, q).Scan(&n))
+		rows, err := tx.Query(ctx, `EXPLAIN `+q)
+		require.NoError(t, err)
+		var lines []string
+		for rows.Next() {
+			var l string
+			require.NoError(t, rows.Scan(&l))
+			lines = append(lines, l)
+		}
+		require.NoError(t, rows.Err())
+		return n, strings.Join(lines, "\n")
+	}
+	require.Equal(t, map[string]string{
+		"gendurable_instances_parent": " USING btree (parent_id) WHERE (parent_id IS NOT NULL)",
+	}, parentIndexes())
+
+	res, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, 4, res.From)
+	require.Equal(t, allVersions()[4:], res.Applied)
+	require.Equal(t, map[string]string{
+		"gendurable_instances_parent_fanout": " USING btree (parent_id, parent_fanout) WHERE (parent_id IS NOT NULL)",
+	}, parentIndexes())
+	n, plan := children(2)
+	require.Equal(t, 2, n, "the children of the latest fan-out survived the upgrade")
+	require.Contains(t, plan, "using gendurable_instances_parent_fanout")
+	require.Contains(t, plan, fmt.Sprintf("Index Cond: ((parent_id = %d) AND (parent_fanout = 2))", parent),
+		"both columns in the index condition")
+	n, plan = children(0)
+	require.Equal(t, 5, n)
+	require.Contains(t, plan, "using gendurable_instances_parent_fanout")
+	require.Contains(t, plan, fmt.Sprintf("Index Cond: (parent_id = %d)", parent), "parent_id alone is still an index lookup")
+
+	res, err = migrate.To(ctx, pool, schema, 4)
+	require.NoError(t, err)
+	require.Equal(t, reversed(allVersions()[4:]), res.Applied)
+	require.Equal(t, map[string]string{
+		"gendurable_instances_parent": " USING btree (parent_id) WHERE (parent_id IS NOT NULL)",
+	}, parentIndexes())
+	n, _ = children(0)
+	require.Equal(t, 5, n, "down keeps the rows")
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
 }

@@ -39,7 +39,9 @@ const inboxRowsSQL = `(SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s
            WHERE s.target_id = i.id AND s.consumed_at IS NULL)`
 
 // childRowsSQL is the children of row i's latest fan-out, in insertion order,
-// as one JSON array.
+// as one JSON array. The index on (parent_id, parent_fanout) (schema version 5)
+// finds that generation alone: the cost is the latest fan-out's children, not
+// every child the parent ever had.
 const childRowsSQL = `(SELECT jsonb_agg(jsonb_build_object('id', c.id, 'fsm', c.fsm, 'version', c.fsm_version,
                                                    'step', c.step, 'status', c.status, 'result', c.result,
                                                    'finished_at', c.finished_at) ORDER BY c.id)

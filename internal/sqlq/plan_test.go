@@ -89,27 +89,17 @@ func (r *planRecorder) onNotice(_ *pgconn.PgConn, n *pgconn.Notice) {
 	r.plans = append(r.plans, p.Plan)
 }
 
-// all returns every plan reported since the last reset — a statement's own
-// and those of the statements run inside its functions — and forgets them.
+// all returns the plans of every statement that ran since the last reset
+// (a call may run more than one: InsertMany's lookup of duplicates' holders,
+// Prune's settings, the statements inside the pick's function), and forgets
+// them.
 func (r *planRecorder) all(t *testing.T) []planNode {
 	t.Helper()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	require.NoError(t, r.err)
 	require.NotEmpty(t, r.plans, "auto_explain reported no plan")
-	ps := r.plans
-	r.plans = nil
-	return ps
-}
-
-// last returns the plan of the statement that ran last, and forgets all.
-func (r *planRecorder) last(t *testing.T) planNode {
-	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	require.NoError(t, r.err)
-	require.NotEmpty(t, r.plans, "auto_explain reported no plan")
-	p := r.plans[len(r.plans)-1]
+	p := r.plans
 	r.plans = nil
 	return p
 }
@@ -260,6 +250,87 @@ func (f *planFixture) executing(t *testing.T, n int) (ids, tokens []int64) {
 	return ids, tokens
 }
 
+// Sizes of what seedShapes adds for the shapes of claim and outcome the bulk
+// of the fixture does not have.
+const (
+	shInboxRows    = 50  // runnable rows of queue "inbox" with unconsumed signals
+	shInboxLive    = 3   // unconsumed signals of each
+	shInboxOld     = 30  // consumed signals of each (kept for dedup)
+	shChainOld     = 8   // consumed signals of each executing row the outcomes use
+	shParents      = 20  // runnable parents of queue "fanin", at their 4th fan-out
+	shFanouts      = 4   // fan-outs of each parent
+	shKidsOld      = 200 // children of each earlier fan-out
+	shKidsLatest   = 5   // children of the latest fan-out
+	shUniqueHeld   = 250 // live rows holding a unique key
+	shUniqueNew    = 200 // new keys in the unique insert batch
+	shUniqueRepeat = 50  // rows of that batch repeating a new key of the same batch
+	liveScope      = 15  // unique scope: runnable, executing, awaiting_signal, awaiting_children
+)
+
+// seedShapes adds, after the statistics were taken, what the claims and
+// outcomes of the other shapes read: the executing rows in ids get a second
+// unconsumed signal ("more") and a history of consumed ones; queue "inbox"
+// holds runnable rows with unconsumed and consumed signals; queue "fanin"
+// holds parents whose earlier fan-outs have many children each and whose
+// latest has a few; queue "held" holds rows keeping unique keys "held-N".
+// It returns one parent of queue "fanin".
+func (f *planFixture) seedShapes(t *testing.T, ids []int64) (parent int64) {
+	t.Helper()
+	ctx := context.Background()
+	s := `"` + f.schema + `"`
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := f.pool.Exec(ctx, sql, args...)
+		require.NoError(t, err, sql)
+	}
+	exec(`WITH t AS (SELECT unnest($1::bigint[]) AS id),
+		more AS (INSERT INTO `+s+`.gendurable_signals (target_id, name) SELECT id, 'more' FROM t),
+		old AS (INSERT INTO `+s+`.gendurable_signals (target_id, name, dedup_key, consumed_at)
+		        SELECT id, 'go', 'h' || g, now() - interval '1 minute' FROM t, generate_series(1, $2::int) g)
+		UPDATE `+s+`.gendurable_instances SET inbox = inbox || '{"more": 1}' WHERE id IN (SELECT id FROM t)`,
+		ids, shChainOld)
+	exec(`WITH r AS (
+		  INSERT INTO `+s+`.gendurable_instances (fsm, queue, step, inbox)
+		  SELECT 'm', 'inbox', 'w', jsonb_build_object('go', $2::int) FROM generate_series(1, $1::int)
+		  RETURNING id
+		), live AS (
+		  INSERT INTO `+s+`.gendurable_signals (target_id, name) SELECT id, 'go' FROM r, generate_series(1, $2::int)
+		)
+		INSERT INTO `+s+`.gendurable_signals (target_id, name, dedup_key, consumed_at)
+		SELECT id, 'go', 'h' || g, now() - interval '1 minute' FROM r, generate_series(1, $3::int) g`,
+		shInboxRows, shInboxLive, shInboxOld)
+	// Children in the order their fan-outs inserted them: generation by
+	// generation, so their ids interleave the parents' as in real use.
+	exec(`WITH p AS (
+		  INSERT INTO `+s+`.gendurable_instances (fsm, queue, step, fanout, children_total)
+		  SELECT 'm', 'fanin', 'join', $2::int, $4::int FROM generate_series(1, $1::int)
+		  RETURNING id
+		)
+		INSERT INTO `+s+`.gendurable_instances (fsm, step, status, result, finished_at, parent_id, parent_fanout)
+		SELECT 'c', 'a', 'done', '{"ok": true}', now(), p.id, gen
+		FROM p, generate_series(1, $2::int) gen, generate_series(1, CASE WHEN gen = $2 THEN $4::int ELSE $3::int END) k
+		ORDER BY gen, k, p.id`, shParents, shFanouts, shKidsOld, shKidsLatest)
+	held := make([]sqlq.NewInstance, shUniqueHeld)
+	for i := range held {
+		held[i] = uniqueRow("held", fmt.Sprintf("held-%d", i))
+	}
+	got, err := f.q.InsertMany(ctx, f.pool, held)
+	require.NoError(t, err)
+	for _, r := range got {
+		require.False(t, r.Duplicate)
+	}
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT id FROM `+s+`.gendurable_instances
+		WHERE queue = 'fanin' ORDER BY id DESC LIMIT 1`).Scan(&parent))
+	return parent
+}
+
+// uniqueRow is a row to insert into queue with a unique key live while the
+// row is.
+func uniqueRow(queue, key string) sqlq.NewInstance {
+	return sqlq.NewInstance{FSM: "u", Version: 1, Queue: queue, Step: "a", State: `{}`, MaxAttempts: 3,
+		UniqueKey: []byte(key), ScopeMask: liveScope}
+}
+
 // planCase is one statement run under one plan mode.
 type planCase struct {
 	name  string
@@ -289,9 +360,10 @@ func checkPlan(t *testing.T, plan planNode, bound float64) {
 }
 
 // runPlanCases runs each case in a rolled-back transaction on a plan-reporting
-// connection, as a custom and as a generic plan, and checks each plan. The
-// plan is read after the rollback: the executor of a plain SELECT's unnamed
-// portal ends (and auto_explain reports it) only when the portal is dropped.
+// connection, as a custom and as a generic plan, and checks the plan of every
+// statement the case ran. The plans are read after the rollback: the executor
+// of a plain SELECT's unnamed portal ends (and auto_explain reports it) only
+// when the portal is dropped.
 func runPlanCases(t *testing.T, cases []planCase) {
 	t.Helper()
 	ctx := context.Background()
@@ -331,6 +403,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 			ctx := context.Background()
 			const batch = 500
 			ids, tokens := f.executing(t, batch)
+			parent := f.seedShapes(t, ids)
 			res := `{"ok":true}`
 			outcomes := func(kind sqlq.Kind) *sqlq.OutcomeBatch {
 				b := &sqlq.OutcomeBatch{Lease: time.Minute}
@@ -341,7 +414,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 			}
 			signalOf := map[int64]int64{}
 			rows, err := f.pool.Query(ctx, `SELECT target_id, id FROM "`+f.schema+`".gendurable_signals
-				WHERE target_id = ANY ($1) AND consumed_at IS NULL`, ids)
+				WHERE target_id = ANY ($1) AND consumed_at IS NULL AND name = 'go'`, ids)
 			require.NoError(t, err)
 			for rows.Next() {
 				var target, id int64
@@ -359,9 +432,80 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 				fanning.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: sqlq.KindChildren, Step: ptr("join"),
 					Children: []sqlq.NewInstance{kid, kid}})
 			}
-			var sigTarget int64
+			// A batch of one shape per outcome, cycling through shapes.
+			mixed := func(shapes ...func(i int) sqlq.Outcome) *sqlq.OutcomeBatch {
+				b := &sqlq.OutcomeBatch{Lease: time.Minute}
+				for i := range ids {
+					o := shapes[i%len(shapes)](i)
+					o.ID, o.Token = ids[i], tokens[i]
+					b.Add(&o)
+				}
+				return b
+			}
+			errKind, errText := "error", "it broke"
+			minute := time.Minute
+			kid := sqlq.NewInstance{FSM: "c", Version: 1, Queue: "default", Step: "a", State: `{}`, MaxAttempts: 3}
+			chain := func(int) sqlq.Outcome {
+				return sqlq.Outcome{Kind: sqlq.KindNext, Step: ptr("b"), Continue: true}
+			}
+			chainConsuming := func(i int) sqlq.Outcome {
+				return sqlq.Outcome{Kind: sqlq.KindNext, Step: ptr("b"), Continue: true,
+					Consume: []int64{signalOf[ids[i]]}, InboxDec: ptr(`{"go":1}`)}
+			}
+			// Awaits: "go" is in the inbox, so an await of it without
+			// InboxDec wakes at once; one that has seen it parks.
+			awaitNow := func(int) sqlq.Outcome {
+				return sqlq.Outcome{Kind: sqlq.KindAwait, Step: ptr("w"), Awaits: ptr(`["go"]`)}
+			}
+			awaitSeen := func(int) sqlq.Outcome {
+				return sqlq.Outcome{Kind: sqlq.KindAwait, Step: ptr("w"), Awaits: ptr(`["go"]`), Timeout: &minute,
+					InboxDec: ptr(`{"go":1}`)}
+			}
+			awaitOther := func(int) sqlq.Outcome {
+				return sqlq.Outcome{Kind: sqlq.KindAwait, Step: ptr("w"), Awaits: ptr(`["other"]`), Timeout: &minute}
+			}
+			replay := func(int) sqlq.Outcome {
+				return sqlq.Outcome{Kind: sqlq.KindReplay, Delay: time.Second, AttemptInc: 1, ErrKind: &errKind, Err: &errText}
+			}
+			stop := func(int) sqlq.Outcome {
+				return sqlq.Outcome{Kind: sqlq.KindStop, ErrKind: &errKind, Err: &errText}
+			}
+			done := func(int) sqlq.Outcome { return sqlq.Outcome{Kind: sqlq.KindDone, Result: &res} }
+			fanOutConsuming := func(i int) sqlq.Outcome {
+				return sqlq.Outcome{Kind: sqlq.KindChildren, Step: ptr("join"), Children: []sqlq.NewInstance{kid, kid},
+					Consume: []int64{signalOf[ids[i]]}, InboxDec: ptr(`{"go":1}`)}
+			}
+			// statuses runs a batch and returns how many outcomes left each status.
+			statuses := func(t *testing.T, tx pgx.Tx, b *sqlq.OutcomeBatch) map[string]int {
+				t.Helper()
+				got, err := f.q.ApplyOutcomes(ctx, tx, b)
+				require.NoError(t, err)
+				require.Len(t, got, batch)
+				n := map[string]int{}
+				for _, a := range got {
+					n[a.Status]++
+				}
+				return n
+			}
+			var sigTarget, child int64
 			require.NoError(t, f.pool.QueryRow(ctx, `SELECT id FROM "`+f.schema+`".gendurable_instances
 				WHERE status = 'awaiting_signal' ORDER BY id DESC LIMIT 1`).Scan(&sigTarget))
+			require.NoError(t, f.pool.QueryRow(ctx, `SELECT id FROM "`+f.schema+`".gendurable_instances
+				WHERE status = 'executing' AND parent_id IS NOT NULL ORDER BY id DESC LIMIT 1`).Scan(&child))
+			plainRows := make([]sqlq.NewInstance, batch)
+			uniqueRows := make([]sqlq.NewInstance, batch)
+			for i := range plainRows {
+				plainRows[i] = sqlq.NewInstance{FSM: "m", Version: 1, Queue: "ins", Step: "a", State: `{"i":1}`, MaxAttempts: 3}
+				switch {
+				case i < shUniqueHeld: // held by a live row
+					uniqueRows[i] = uniqueRow("ins", fmt.Sprintf("held-%d", i))
+				case i < shUniqueHeld+shUniqueNew: // new
+					uniqueRows[i] = uniqueRow("ins", fmt.Sprintf("new-%d", i))
+				default: // a new key of this batch again
+					uniqueRows[i] = uniqueRow("ins", fmt.Sprintf("new-%d", i-shUniqueRepeat))
+				}
+			}
+			require.Equal(t, batch, shUniqueHeld+shUniqueNew+shUniqueRepeat)
 			cases := []planCase{
 				{"pick", 4 * 50, func(t *testing.T, tx pgx.Tx) {
 					got, _, err := f.q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: 50, Lease: time.Minute})
@@ -400,6 +544,97 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					for _, a := range got {
 						require.Equal(t, "awaiting_children", a.Status)
 					}
+				}},
+				// A claim of rows with unconsumed signals returns them
+				// (and only them: the consumed ones are kept for dedup).
+				{"pick-inbox", 4 * shInboxRows * (1 + shInboxLive), func(t *testing.T, tx pgx.Tx) {
+					got, _, err := f.q.Pick(ctx, tx, "inbox", sqlq.PickOpts{Limit: shInboxRows, Lease: time.Minute})
+					require.NoError(t, err)
+					require.Len(t, got, shInboxRows)
+					for _, c := range got {
+						require.Len(t, c.Inbox, shInboxLive)
+					}
+				}},
+				// A claim after a fan-out returns the latest fan-out's
+				// children and reads none of the earlier ones.
+				{"pick-after-fanouts", 4 * shParents * (1 + shKidsLatest), func(t *testing.T, tx pgx.Tx) {
+					got, _, err := f.q.Pick(ctx, tx, "fanin", sqlq.PickOpts{Limit: shParents, Lease: time.Minute})
+					require.NoError(t, err)
+					require.Len(t, got, shParents)
+					for _, c := range got {
+						require.Len(t, c.ChildRows, shKidsLatest)
+					}
+				}},
+				{"outcome-chain", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.ApplyOutcomes(ctx, tx, mixed(chain))
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+					for _, a := range got {
+						require.Equal(t, "executing", a.Status)
+						require.NotNil(t, a.Token)
+						require.Len(t, a.Inbox, 2, "go and more")
+					}
+				}},
+				{"outcome-chain-consuming", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.ApplyOutcomes(ctx, tx, mixed(chainConsuming))
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+					for _, a := range got {
+						require.Equal(t, "executing", a.Status)
+						require.Len(t, a.Inbox, 1, "more")
+						require.Equal(t, "more", a.Inbox[0].Name)
+					}
+				}},
+				{"outcome-await", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					n := statuses(t, tx, mixed(awaitNow, awaitSeen, awaitOther, awaitSeen))
+					require.Equal(t, map[string]int{"runnable": batch / 4, "awaiting_signal": 3 * batch / 4}, n)
+				}},
+				{"outcome-replay", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					require.Equal(t, map[string]int{"runnable": batch}, statuses(t, tx, mixed(replay)))
+				}},
+				{"outcome-stop", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					require.Equal(t, map[string]int{"failed": batch}, statuses(t, tx, mixed(stop)))
+				}},
+				{"outcome-mixed", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					n := statuses(t, tx, mixed(fanOutConsuming, done, chainConsuming, stop, awaitSeen, replay))
+					require.Equal(t, map[string]int{"awaiting_children": 84, "done": 84, "executing": 83,
+						"failed": 83, "awaiting_signal": 83, "runnable": 83}, n)
+				}},
+				{"insert-plain", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.InsertMany(ctx, tx, plainRows)
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+					for _, r := range got {
+						require.False(t, r.Duplicate)
+					}
+				}},
+				// Keys held by live rows and keys repeated in the batch are
+				// skipped by ON CONFLICT, then their holders looked up.
+				{"insert-unique", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.InsertMany(ctx, tx, uniqueRows)
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+					dups := 0
+					for _, r := range got {
+						require.NotZero(t, r.ID)
+						if r.Duplicate {
+							dups++
+						}
+					}
+					require.Equal(t, shUniqueHeld+shUniqueRepeat, dups)
+				}},
+				// Describe lists the children of every fan-out, by id, up to
+				// its limit: a parent_id-only lookup of the parent index.
+				{"describe-children", 4 * 500, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.ListAllChildren(ctx, tx, parent, 500)
+					require.NoError(t, err)
+					require.Len(t, got, 500)
+				}},
+				// Cancel of a child joins its parent (by primary key).
+				{"cancel-child", 100, func(t *testing.T, tx pgx.Tx) {
+					_, ok, err := f.q.Cancel(ctx, tx, child, "test")
+					require.NoError(t, err)
+					require.True(t, ok)
 				}},
 				{"reap", 4*fxExpired + 100, func(t *testing.T, tx pgx.Tx) {
 					got, err := f.q.Reap(ctx, tx, 1000)
