@@ -6,8 +6,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/stretchr/testify/require"
 )
@@ -226,4 +228,50 @@ func TestUpgradeFrom4IndexesChildrenByFanout(t *testing.T) {
 	require.Equal(t, 5, n, "down keeps the rows")
 	_, err = migrate.Up(ctx, pool, schema)
 	require.NoError(t, err)
+}
+
+// TestUpgradeTo6KeepsInFlightKeyedClaims: a keyed row claimed under version
+// 5 (by an engine holding the key's session lock) keeps its key's slot
+// across the upgrade to key leases: the new pick claims no other row of the
+// key while that lease is live, and does once it has run out. Down to 5 and
+// up again keeps every row.
+func TestUpgradeTo6KeepsInFlightKeyedClaims(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	_, err := migrate.To(ctx, pool, schema, 5)
+	require.NoError(t, err)
+	var holder int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances
+		(fsm, step, status, partition_key, claim_token, lease_expires_at)
+		VALUES ('m', 'a', 'executing', 'acct', 7, now() + interval '1 hour') RETURNING id`).Scan(&holder))
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, partition_key)
+		VALUES ('m', 'a', 'acct'), ('m', 'a', 'acct'), ('m', 'a', NULL)`)
+	require.NoError(t, err)
+
+	res, err := migrate.To(ctx, pool, schema, 6)
+	require.NoError(t, err)
+	require.Equal(t, []int{6}, res.Applied)
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	got, _, err := q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, got, 1, "only the plain row: acct's slot is held by the claim from before the upgrade")
+	require.Nil(t, got[0].PartitionKey)
+
+	_, err = pool.Exec(ctx, `UPDATE `+s+`.gendurable_instances SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, holder)
+	require.NoError(t, err)
+	got, _, err = q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, got, 1, "the lapsed lease freed acct's one slot")
+	require.Equal(t, "acct", *got[0].PartitionKey)
+
+	_, err = migrate.To(ctx, pool, schema, 5)
+	require.NoError(t, err)
+	_, err = migrate.To(ctx, pool, schema, 6)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.gendurable_instances`).Scan(&n))
+	require.Equal(t, 4, n)
 }
