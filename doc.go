@@ -82,12 +82,15 @@
 // it after the instance finishes). A duplicate insert returns the existing
 // id with Duplicate set — across processes, and within one InsertMany.
 //
-// [InsertOpts].PartitionKey serializes instances: no two steps of
-// instances sharing a key ever run at the same time, in any process, even
-// when a worker stalls past its lease. The picker skips keys already
-// executing; a session-level advisory lock, held on a dedicated connection
-// for the step, closes the races in between. Each running partitioned step
-// pins one pool connection: size the pool for it.
+// [InsertOpts].PartitionKey bounds how many instances sharing a key run a
+// step at once, across every process: one by default, or the limit of the
+// key's [KeyPolicy] or of the insert's KeyLimit. A running keyed step's row
+// is its key's slot, stamped with its fencing token ([Run].Token) and
+// lease; the pick takes slots key by key, round robin. A step whose lease
+// cannot be confirmed is cancelled, and a successor starts only once the
+// old slot's lease ran out on the database clock; a step that ignores its
+// context can still act after that, which the token lets a resource refuse.
+// Nothing pins a connection, so keys work behind a transaction-pooling proxy.
 //
 // # Transactional outcomes and periodic instances
 //

@@ -392,7 +392,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		conc += qc.Concurrency
 	}
 	if poolMax := int(e.pool.Config().MaxConns); conc >= poolMax {
-		e.log.Warn("gendurable: total queue concurrency reaches the pool size; partitioned steps each hold a connection, and heartbeats need one too",
+		e.log.Warn("gendurable: total queue concurrency reaches the pool size; steps with WithTx outcomes hold a connection for their transaction, and picks, heartbeats and outcomes need one too",
 			"concurrency", conc, "pool_max_conns", poolMax)
 	}
 	e.running = rs
