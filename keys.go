@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
@@ -21,21 +22,45 @@ import (
 // statements, so keys work behind a transaction-pooling proxy.
 
 // KeyPolicy is how many instances of the partition keys starting with
-// Prefix may run a step at once, across every process (see
-// [Config.KeyPolicies]). An empty Prefix matches every key.
+// Prefix may run a step at once, and how often one may start, across every
+// process (see [Config.KeyPolicies]). An empty Prefix matches every key.
 type KeyPolicy struct {
 	Prefix string
-	Limit  int // at least 1
+	// Limit is how many instances of one key run a step at once. At least 1.
+	Limit int
+	// Rate, if not 0, is how many steps of one key may start per Per: a
+	// token bucket per key, refilled at Rate/Per, holding at most Burst
+	// starts, kept in the database so every process draws from it.
+	Rate int
+	// Per is Rate's interval. Default (with a Rate) 1s.
+	Per time.Duration
+	// Burst is how many starts a key that was idle may make at once.
+	// Default (with a Rate) Rate: one interval's worth.
+	Burst int
 }
 
 // validKeyPolicies checks policies and returns a copy the caller cannot
 // change behind the engine's back.
 func validKeyPolicies(policies []KeyPolicy) ([]KeyPolicy, error) {
 	prefixes := map[string]bool{}
-	for _, p := range policies {
+	policies = slices.Clone(policies)
+	for i := range policies {
+		p := &policies[i]
+		if p.Rate > 0 {
+			setDefault(&p.Per, time.Second)
+			setDefault(&p.Burst, p.Rate)
+		}
 		switch {
 		case p.Limit <= 0 || p.Limit > maxKeyLimit:
 			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Limit %d outside 1..%d", p.Prefix, p.Limit, maxKeyLimit)
+		case p.Rate < 0 || p.Per < 0 || p.Burst < 0:
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: negative Rate, Per or Burst", p.Prefix)
+		case p.Rate == 0 && (p.Per != 0 || p.Burst != 0):
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Per or Burst without a Rate", p.Prefix)
+		case p.Rate > 0 && p.Per < time.Millisecond:
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Per %s below 1ms", p.Prefix, p.Per)
+		case p.Burst > maxKeyLimit:
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Burst %d above %d", p.Prefix, p.Burst, maxKeyLimit)
 		case keyProblem(p.Prefix) != "":
 			return nil, errorf(ErrInvalidConfig, "KeyPolicy prefix %q %s", p.Prefix, keyProblem(p.Prefix))
 		case prefixes[p.Prefix]:
@@ -43,14 +68,17 @@ func validKeyPolicies(policies []KeyPolicy) ([]KeyPolicy, error) {
 		}
 		prefixes[p.Prefix] = true
 	}
-	return slices.Clone(policies), nil
+	return policies, nil
 }
 
 // pickPolicies is policies as the pick takes them.
 func pickPolicies(policies []KeyPolicy) []sqlq.KeyPolicy {
 	out := make([]sqlq.KeyPolicy, len(policies))
 	for i, p := range policies {
-		out[i] = sqlq.KeyPolicy{Prefix: p.Prefix, Limit: p.Limit}
+		out[i] = sqlq.KeyPolicy{Prefix: p.Prefix, Limit: p.Limit, Burst: p.Burst}
+		if p.Rate > 0 {
+			out[i].Rate = float64(p.Rate) / p.Per.Seconds()
+		}
 	}
 	return out
 }

@@ -234,9 +234,63 @@ func TestKeyInputIsValidated(t *testing.T) {
 		{{Prefix: "a", Limit: 1}, {Prefix: "a", Limit: 2}},
 		{{Prefix: "a\x00", Limit: 1}},
 		{{Prefix: "\xfe", Limit: 1}},
+		{{Prefix: "r", Limit: 1, Rate: -1}},
+		{{Prefix: "r", Limit: 1, Per: time.Second}},
+		{{Prefix: "r", Limit: 1, Burst: 3}},
+		{{Prefix: "r", Limit: 1, Rate: 5, Per: time.Microsecond}},
+		{{Prefix: "r", Limit: 1, Rate: 5, Burst: -1}},
 	} {
 		_, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, KeyPolicies: ps})
 		require.ErrorIs(t, err, gendurable.ErrInvalidConfig, "%+v", ps)
 	}
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+}
+
+// TestKeyRateLimitsStarts: a key whose policy has a Rate starts at most
+// Burst + Rate × elapsed steps, across two engines, and keeps starting at
+// about that rate.
+func TestKeyRateLimitsStarts(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var starts []time.Time
+	job := &gendurable.Job[spanArgs]{Name: "rated", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 8, PollInterval: 10 * time.Millisecond}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "api:", Limit: 8, Rate: 20, Per: time.Second, Burst: 3}}
+	b := setup(t, cfg)
+	cfg2 := b.eng.Config()
+	cfg2.Logger = testLogger(t)
+	eng2, err := gendurable.New(b.pool, &cfg2)
+	require.NoError(t, err)
+	var ps []gendurable.InsertParams
+	for range 200 {
+		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "api:acme"}))
+	}
+	_, err = b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	require.NoError(t, eng2.Start(context.Background()))
+	t.Cleanup(func() { _ = eng2.Stop(context.Background()) })
+	time.Sleep(2 * time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, starts)
+	first := starts[0]
+	for _, window := range []time.Duration{250 * time.Millisecond, time.Second, 1500 * time.Millisecond} {
+		n := 0
+		for _, s := range starts {
+			if s.Sub(first) < window {
+				n++
+			}
+		}
+		// Process clocks only approximate the database's: one start of slack.
+		most := 3 + int(20*window.Seconds()) + 1
+		require.LessOrEqual(t, n, most, "%d starts in the first %s (rate 20/s, burst 3)", n, window)
+	}
+	require.GreaterOrEqual(t, len(starts), 20, "the key kept starting at about its rate")
 }

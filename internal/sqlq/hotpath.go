@@ -26,7 +26,7 @@ SELECT p.next_cursor, i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state
        i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
        CASE WHEN i.inbox <> '{}'::jsonb THEN ` + inboxRowsSQL + ` END,
        CASE WHEN i.children_total > 0 THEN ` + childRowsSQL + ` END
-FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7) AS p
+FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7::float8[], $8::int[], $9) AS p
 CROSS JOIN LATERAL (SELECT (p.c).*) AS i`
 
 // inboxRowsSQL is the unconsumed signals of row i, oldest first, as one JSON
@@ -67,11 +67,13 @@ type Claimed struct {
 	ChildRows    []ChildRow  // Children > 0: the children of the latest fan-out
 }
 
-// KeyPolicy is the limit of the keys that start with Prefix (the longest
-// matching prefix wins; a row's own key_limit wins over every policy).
+// KeyPolicy is the limit and rate of the keys that start with Prefix (the
+// longest matching prefix wins; a row's own key_limit wins over its limit).
 type KeyPolicy struct {
 	Prefix string
 	Limit  int
+	Rate   float64 // starts per second; 0: none
+	Burst  int     // the token bucket's size (with Rate)
 }
 
 // PickOpts are the knobs of one pick besides the queue.
@@ -88,14 +90,16 @@ type PickOpts struct {
 func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) ([]Claimed, string, error) {
 	prefixes := make([]string, len(o.Policies))
 	limits := make([]int32, len(o.Policies))
+	rates := make([]float64, len(o.Policies))
+	bursts := make([]int32, len(o.Policies))
 	for i, p := range o.Policies {
-		prefixes[i], limits[i] = p.Prefix, int32(p.Limit)
+		prefixes[i], limits[i], rates[i], bursts[i] = p.Prefix, int32(p.Limit), p.Rate, int32(p.Burst)
 	}
 	maxKeys := o.MaxKeys
 	if maxKeys <= 0 {
 		maxKeys = 4*o.Limit + 16
 	}
-	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, prefixes, limits, maxKeys)
+	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, prefixes, limits, rates, bursts, maxKeys)
 	if err != nil {
 		return nil, "", err
 	}

@@ -31,6 +31,14 @@ CREATE INDEX gendurable_instances_key_holders
   ON {{schema}}.gendurable_instances (partition_key, lease_expires_at)
   WHERE status = 'executing' AND partition_key IS NOT NULL;
 
+-- A rated key's token bucket (KeyPolicy.Rate): tokens left as of refilled_at.
+-- Written only by the pick, under the key's lock.
+CREATE TABLE {{schema}}.gendurable_key_buckets (
+  key         text PRIMARY KEY,
+  tokens      double precision NOT NULL,
+  refilled_at timestamptz NOT NULL
+);
+
 -- gendurable_pick claims up to p_limit runnable rows of p_queue with a lease of
 -- p_lease_us microseconds, and returns them (c), then one last row with c NULL
 -- whose next_cursor is where the next pick's walk over keys starts.
@@ -44,11 +52,13 @@ CREATE INDEX gendurable_instances_key_holders
 -- committed before the lock was granted — its live holders are counted against its
 -- limit (the head row's key_limit, else the longest of p_prefixes it starts with,
 -- else 1), and up to that many of its rows are claimed in (priority, eligible_at)
--- order. Keyed rows get up to half the batch first when plain rows wait too; plain
--- rows get the rest, in (priority, eligible_at) order; keyed rows fill what is left.
+-- order — and no more than its token bucket holds, if that policy has a rate
+-- (p_rates: starts per second, 0 for none; p_bursts: the bucket's size). Keyed
+-- rows get up to half the batch first when plain rows wait too; plain rows get
+-- the rest, in (priority, eligible_at) order; keyed rows fill what is left.
 CREATE FUNCTION {{schema}}.gendurable_pick(
   p_queue text, p_limit int, p_lease_us bigint, p_cursor text,
-  p_prefixes text[], p_limits int[], p_max_keys int)
+  p_prefixes text[], p_limits int[], p_rates double precision[], p_bursts int[], p_max_keys int)
 RETURNS TABLE (next_cursor text, c {{schema}}.gendurable_instances)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -61,6 +71,10 @@ DECLARE
   visited  int := 0;
   lim      int;
   held     int;
+  pol_lim  int;
+  rate     double precision;
+  burst    int;
+  avail    double precision;
 BEGIN
   IF EXISTS (SELECT 1 FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = p_queue AND qp.paused) THEN
     RETURN;
@@ -108,11 +122,10 @@ BEGIN
       k := NULL;
       visited := visited + 1;
       CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('gendurable:{{schema}}'), hashtext(cur));
-      SELECT coalesce(x.key_limit,
-                      (SELECT p.l FROM unnest(p_prefixes, p_limits) AS p(prefix, l)
-                       WHERE starts_with(cur, p.prefix) ORDER BY length(p.prefix) DESC LIMIT 1),
-                      1)
-        INTO lim
+      SELECT p.l, p.rate, p.burst INTO pol_lim, rate, burst
+      FROM unnest(p_prefixes, p_limits, p_rates, p_bursts) AS p(prefix, l, rate, burst)
+      WHERE starts_with(cur, p.prefix) ORDER BY length(p.prefix) DESC LIMIT 1;
+      SELECT coalesce(x.key_limit, pol_lim, 1) INTO lim
       FROM {{schema}}.gendurable_instances AS x
       WHERE x.status = 'runnable' AND x.queue = p_queue AND x.partition_key = cur AND x.eligible_at <= now()
       ORDER BY x.priority, x.eligible_at
@@ -122,6 +135,13 @@ BEGIN
       WHERE h.status = 'executing' AND h.partition_key = cur AND h.lease_expires_at > now();
       n := least(lim - held, budget - got);
       lim := NULL;
+      IF n > 0 AND rate > 0 THEN
+        INSERT INTO {{schema}}.gendurable_key_buckets AS b (key, tokens, refilled_at)
+        VALUES (cur, burst, now()) ON CONFLICT (key) DO NOTHING;
+        SELECT least(burst, b.tokens + extract(epoch FROM now() - b.refilled_at) * rate) INTO avail
+        FROM {{schema}}.gendurable_key_buckets AS b WHERE b.key = cur;
+        n := least(n, floor(avail)::int);
+      END IF;
       CONTINUE WHEN n <= 0;
       RETURN QUERY
         WITH claimed AS (
@@ -141,6 +161,9 @@ BEGIN
         SELECT NULL::text, claimed::{{schema}}.gendurable_instances FROM claimed;
       GET DIAGNOSTICS n = ROW_COUNT;
       got := got + n;
+      IF rate > 0 THEN
+        UPDATE {{schema}}.gendurable_key_buckets SET tokens = avail - n, refilled_at = now() WHERE key = cur;
+      END IF;
     END LOOP;
   END LOOP;
   next_cursor := cur;
