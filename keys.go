@@ -89,13 +89,38 @@ func (e *Engine) keyLimit(key string, own *int32) int {
 	if own != nil {
 		return int(*own)
 	}
-	limit, longest := 1, -1
-	for _, p := range e.cfg.KeyPolicies {
-		if strings.HasPrefix(key, p.Prefix) && len(p.Prefix) > longest {
-			limit, longest = p.Limit, len(p.Prefix)
+	if p := e.policy(key); p != nil {
+		return p.Limit
+	}
+	return 1
+}
+
+// policy is the KeyPolicy of key in this engine (the longest matching
+// prefix), or nil.
+func (e *Engine) policy(key string) *KeyPolicy {
+	var best *KeyPolicy
+	for i := range e.cfg.KeyPolicies {
+		p := &e.cfg.KeyPolicies[i]
+		if strings.HasPrefix(key, p.Prefix) && (best == nil || len(p.Prefix) > len(best.Prefix)) {
+			best = p
 		}
 	}
-	return limit
+	return best
+}
+
+// rateLimitedUntil is when key's bucket (tokens as of refilled) has a
+// start again, if that is after now and the key has a rate here.
+func (e *Engine) rateLimitedUntil(key string, tokens float64, refilled, now time.Time) *time.Time {
+	p := e.policy(key)
+	if p == nil || p.Rate == 0 {
+		return nil
+	}
+	perToken := time.Duration(float64(p.Per) / float64(p.Rate))
+	at := refilled.Add(time.Duration((1 - tokens) * float64(perToken)))
+	if tokens >= 1 || !at.After(now) {
+		return nil
+	}
+	return &at
 }
 
 // instanceList names a few instances for a sentence.

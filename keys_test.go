@@ -294,3 +294,23 @@ func TestKeyRateLimitsStarts(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, len(starts), 20, "the key kept starting at about its rate")
 }
+
+// TestWaitSaysARatedKeyIsLimited: Wait names the time a rated key's next
+// start comes.
+func TestWaitSaysARatedKeyIsLimited(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[spanArgs]{Name: "slowrate", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error { return nil }}
+	cfg := fastConfig("", job)
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "slow", Limit: 5, Rate: 1, Per: time.Hour, Burst: 1}}
+	b := setup(t, cfg)
+	first := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "slow"}))
+	second := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "slow"}))
+	b.start()
+	b.waitStatus(first, "done", 10*time.Second)
+	w, err := b.eng.Wait(context.Background(), second)
+	require.NoError(t, err)
+	require.NotNil(t, w.RateLimitedUntil)
+	require.WithinDuration(t, time.Now().Add(time.Hour), *w.RateLimitedUntil, 10*time.Second)
+	require.Contains(t, w.Summary, `partition key "slow" rate limited until`)
+	require.Equal(t, "runnable", b.row(second).Status)
+}

@@ -136,6 +136,10 @@ type WaitReason struct {
 	KeyHolders      []int64
 	KeyLimit        int
 	PartitionHeldBy int64
+	// RateLimitedUntil: a runnable instance whose key's rate (a
+	// [KeyPolicy] of this engine with a Rate) has no start left before
+	// this time.
+	RateLimitedUntil *time.Time
 	// LeaseExpiresAt: an executing instance's lease.
 	LeaseExpiresAt *time.Time
 	// Summary is one human sentence, e.g. "awaiting signal payment (times
@@ -175,6 +179,10 @@ func (e *Engine) Wait(ctx context.Context, id int64) (*WaitReason, error) {
 			r.PartitionHeldBy = w.KeyHolders[0]
 			r.Summary = fmt.Sprintf("waiting for partition key %q (%d of %d slots held by %s)",
 				r.PartitionKey, len(w.KeyHolders), r.KeyLimit, instanceList(w.KeyHolders))
+		case w.PartitionKey != nil && w.BucketTokens != nil && e.rateLimitedUntil(*w.PartitionKey, *w.BucketTokens, *w.BucketRefilled, w.Now) != nil:
+			r.RateLimitedUntil = e.rateLimitedUntil(*w.PartitionKey, *w.BucketTokens, *w.BucketRefilled, w.Now)
+			r.Summary = fmt.Sprintf("partition key %q rate limited until %s (in %s)", r.PartitionKey,
+				r.RateLimitedUntil.UTC().Format(time.RFC3339Nano), r.RateLimitedUntil.Sub(w.Now).Round(time.Millisecond))
 		case w.EligibleAt.After(w.Now):
 			r.Summary = fmt.Sprintf("sleeping until %s (in %s)", w.EligibleAt.UTC().Format(time.RFC3339), w.EligibleAt.Sub(w.Now).Round(time.Second))
 		default:

@@ -124,8 +124,9 @@ SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
          ARRAY(SELECT x.id FROM {{schema}}.gendurable_instances AS x
                WHERE x.status = 'executing' AND x.partition_key = i.partition_key AND x.lease_expires_at > now()
                ORDER BY x.lease_expires_at LIMIT 100) END,
-       i.inbox, i.lease_expires_at, now(), i.key_limit
+       i.inbox, i.lease_expires_at, now(), i.key_limit, b.tokens, b.refilled_at
 FROM {{schema}}.gendurable_instances AS i
+LEFT JOIN {{schema}}.gendurable_key_buckets AS b ON b.key = i.partition_key AND i.status = 'runnable'
 WHERE i.id = $1`
 
 // WaitRow is the raw material of a wait reason.
@@ -140,6 +141,8 @@ type WaitRow struct {
 	PartitionKey    *string
 	KeyHolders      []int64 // the key's live slot holders (at most 100)
 	KeyLimit        *int32  // the row's own KeyLimit
+	BucketTokens    *float64   // a rated key's tokens as of BucketRefilled
+	BucketRefilled  *time.Time // (runnable rows only)
 	Inbox           map[string]int
 	LeaseExpiresAt  *time.Time
 	Now             time.Time
@@ -150,7 +153,7 @@ func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64) (WaitRow, error
 	var w WaitRow
 	err := db.QueryRow(ctx, q.waitInfo, id).Scan(&w.Status, &w.Step, &w.EligibleAt, &w.Awaits,
 		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.KeyHolders,
-		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit)
+		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled)
 	return w, err
 }
 
