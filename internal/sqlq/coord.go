@@ -139,8 +139,8 @@ type WaitRow struct {
 	ChildrenTotal   int32
 	ChildrenPending int32
 	PartitionKey    *string
-	KeyHolders      []int64 // the key's live slot holders (at most 100)
-	KeyLimit        *int32  // the row's own KeyLimit
+	KeyHolders      []int64    // the key's live slot holders (at most 100)
+	KeyLimit        *int32     // the row's own KeyLimit
 	BucketTokens    *float64   // a rated key's tokens as of BucketRefilled
 	BucketRefilled  *time.Time // (runnable rows only)
 	Inbox           map[string]int
