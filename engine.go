@@ -246,6 +246,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		Lookup:    func(name string, version int) *executor.Definition { return defs[machineKey{name, version}] },
 		Events:    execEvents{e}, Log: c.Logger,
 		Kick: e.kickQueue, AwaitParked: e.pokeTimeouts,
+		RatedKey: func(key string) bool { p := e.policy(key); return p != nil && p.Rate > 0 },
 		Lease: c.LeaseDuration, Heartbeat: c.HeartbeatInterval,
 		UnknownVersionDelay: c.UnknownVersionDelay,
 	})

@@ -314,3 +314,37 @@ func TestWaitSaysARatedKeyIsLimited(t *testing.T) {
 	require.Contains(t, w.Summary, `partition key "slow" rate limited until`)
 	require.Equal(t, "runnable", b.row(second).Status)
 }
+
+// TestRatedKeyStepsDrawFromTheBucket: every step of a rated key's instance
+// starts from a pick that draws from the key's bucket — a Next does not
+// chain past the rate.
+func TestRatedKeyStepsDrawFromTheBucket(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var starts []time.Time
+	step := func(next string) gendurable.StepFunc[spanArgs] {
+		return func(ctx context.Context, r *gendurable.Run[spanArgs]) (gendurable.Outcome, error) {
+			mu.Lock()
+			starts = append(starts, time.Now())
+			mu.Unlock()
+			if next == "" {
+				return gendurable.Done(nil), nil
+			}
+			return r.Next(next, r.State), nil
+		}
+	}
+	m := &gendurable.Machine[spanArgs]{Name: "rated3", Start: "a",
+		Steps: map[string]gendurable.StepFunc[spanArgs]{"a": step("b"), "b": step("c"), "c": step("")}}
+	cfg := fastConfig("", m)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, PollInterval: 10 * time.Millisecond}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "paced", Limit: 4, Rate: 5, Per: time.Second, Burst: 1}}
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "paced"}))
+	b.waitStatus(id, "done", 10*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, starts, 3)
+	// 5 starts/s with a bucket of 1: the second and third wait ~200 ms each.
+	require.GreaterOrEqual(t, starts[2].Sub(starts[0]), 300*time.Millisecond, "steps chained past the key's rate")
+}

@@ -111,6 +111,10 @@ type Config struct {
 	// AwaitParked: an outcome parked an instance with an await timeout;
 	// the await-timeout sweep should look at its next deadline.
 	AwaitParked func()
+	// RatedKey reports a partition key whose policy limits its starts per
+	// interval: its rows never chain (a chained step would start without
+	// drawing from the key's bucket; the pick draws for it instead).
+	RatedKey func(key string) bool
 
 	Lease               time.Duration
 	Heartbeat           time.Duration
@@ -166,7 +170,7 @@ func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.C
 	}
 	res.Out.ID, res.Out.Token = c.ID, c.Token
 	res.Out.Continue = mayChain && res.Out.Kind == sqlq.KindNext && res.Out.Delay <= 0 && res.TxFn == nil &&
-		ctx.Err() == nil && !h.Stopping()
+		ctx.Err() == nil && !h.Stopping() && (c.PartitionKey == nil || !x.cfg.RatedKey(*c.PartitionKey))
 	if !res.Out.Continue && res.TxFn == nil {
 		// Nothing in this worker depends on the commit any more: free the
 		// slot now; the claim stays held until the outcome commits.
