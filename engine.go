@@ -247,7 +247,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		Events:    execEvents{e}, Log: c.Logger,
 		Kick: e.kickQueue, AwaitParked: e.pokeTimeouts,
 		RatedKey: func(key string) bool { p := e.policy(key); return p != nil && p.Rate > 0 },
-		Lease: c.LeaseDuration, Heartbeat: c.HeartbeatInterval,
+		Lease:    c.LeaseDuration, Heartbeat: c.HeartbeatInterval,
 		UnknownVersionDelay: c.UnknownVersionDelay,
 	})
 	return e, nil
@@ -502,8 +502,25 @@ func (e *Engine) callHook(ctx context.Context, h Hook, ev Event) {
 // schedEvents adapts feeder observations to hooks and logs.
 type schedEvents struct{ e *Engine }
 
-func (s *schedEvents) Pick(queue string, count, demand int, d time.Duration, err error) {
-	s.e.emit(context.Background(), &PickEvent{Queue: queue, Count: count, Demand: demand, Duration: d, Err: err})
+func (s *schedEvents) Pick(r feeder.PickReport) {
+	if len(s.e.cfg.Hooks) == 0 {
+		return
+	}
+	ev := &PickEvent{Queue: r.Queue, Count: r.Count, Demand: r.Demand, Duration: r.Duration, Err: r.Err}
+	for i := range r.KeysFull {
+		if r.KeysFull[i] == 0 && (i >= len(r.KeysRated) || r.KeysRated[i] == 0) {
+			continue
+		}
+		t := KeyThrottle{Default: i == 0, Full: int(r.KeysFull[i])}
+		if i > 0 && i <= len(s.e.cfg.KeyPolicies) {
+			t.Prefix = s.e.cfg.KeyPolicies[i-1].Prefix
+		}
+		if i < len(r.KeysRated) {
+			t.RateLimited = int(r.KeysRated[i])
+		}
+		ev.Throttled = append(ev.Throttled, t)
+	}
+	s.e.emit(context.Background(), ev)
 }
 
 func (s *schedEvents) Saturation(queue string, inFlight, buffered, concurrency, prefetch int) {

@@ -57,6 +57,19 @@ type PickEvent struct {
 	Demand   int // rows asked for
 	Duration time.Duration
 	Err      error
+	// Throttled counts, by key policy, the partition keys with runnable
+	// rows that the pick passed over: full (as many running as the key's
+	// limit) or rate limited (no start left in its bucket). Policies with
+	// nothing to count are left out.
+	Throttled []KeyThrottle
+}
+
+// KeyThrottle is what one pick passed over under one key policy.
+type KeyThrottle struct {
+	Prefix      string // the KeyPolicy's prefix
+	Default     bool   // keys that no KeyPolicy matches (limit 1)
+	Full        int    // keys with no free slot
+	RateLimited int    // keys with no start left in their bucket
 }
 
 // SaturationEvent: the feeder's load after a pick.

@@ -348,3 +348,43 @@ func TestRatedKeyStepsDrawFromTheBucket(t *testing.T) {
 	// 5 starts/s with a bucket of 1: the second and third wait ~200 ms each.
 	require.GreaterOrEqual(t, starts[2].Sub(starts[0]), 300*time.Millisecond, "steps chained past the key's rate")
 }
+
+// TestPickEventsCountThrottledKeys: PickEvent.Throttled says, by key
+// policy, how many keys with runnable rows a pick passed over because they
+// were full.
+func TestPickEventsCountThrottledKeys(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	job := &gendurable.Job[spanArgs]{Name: "throttled", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		<-release
+		return nil
+	}}
+	var mu sync.Mutex
+	full := map[string]int{}
+	cfg := fastConfig("", job)
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "vip:", Limit: 1}}
+	cfg.Hooks = []gendurable.Hook{gendurable.HookFunc(func(_ context.Context, ev gendurable.Event) {
+		if p, ok := ev.(*gendurable.PickEvent); ok {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, th := range p.Throttled {
+				name := th.Prefix
+				if th.Default {
+					name = "(default)"
+				}
+				full[name] += th.Full
+			}
+		}
+	})}
+	b := setup(t, cfg)
+	for _, k := range []string{"vip:1", "vip:1", "plain", "plain"} {
+		b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: k}))
+	}
+	b.start()
+	eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return full["vip:"] > 0 && full["(default)"] > 0
+	}, "no pick reported the full keys")
+	close(release)
+}

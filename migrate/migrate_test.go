@@ -255,14 +255,16 @@ func TestUpgradeTo6KeepsInFlightKeyedClaims(t *testing.T) {
 	require.Equal(t, []int{6}, res.Applied)
 	q, err := sqlq.New(schema)
 	require.NoError(t, err)
-	got, _, err := q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+	picked, err := q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+	got := picked.Claimed
 	require.NoError(t, err)
 	require.Len(t, got, 1, "only the plain row: acct's slot is held by the claim from before the upgrade")
 	require.Nil(t, got[0].PartitionKey)
 
 	_, err = pool.Exec(ctx, `UPDATE `+s+`.gendurable_instances SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, holder)
 	require.NoError(t, err)
-	got, _, err = q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+	picked, err = q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+	got = picked.Claimed
 	require.NoError(t, err)
 	require.Len(t, got, 1, "the lapsed lease freed acct's one slot")
 	require.Equal(t, "acct", *got[0].PartitionKey)

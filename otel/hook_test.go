@@ -242,12 +242,12 @@ func TestOtherEvents(t *testing.T) {
 	h.OnEvent(ctx, &gendurable.PickEvent{Queue: "q", Count: 0, Demand: 10, Duration: 3 * time.Millisecond})
 	h.OnEvent(ctx, &gendurable.PickEvent{Queue: "q", Demand: 10, Duration: time.Millisecond, Err: errors.New("boom")})
 	h.OnEvent(ctx, &gendurable.PickEvent{Queue: "other", Count: 1, Demand: 1, Duration: time.Millisecond})
+	h.OnEvent(ctx, &gendurable.PickEvent{Queue: "kq", Demand: 5, Duration: time.Millisecond, Throttled: []gendurable.KeyThrottle{
+		{Default: true, Full: 2}, {Prefix: "acct:", Full: 1, RateLimited: 4}}})
 	h.OnEvent(ctx, &gendurable.SaturationEvent{Queue: "q", InFlight: 7, Buffered: 2, Concurrency: 10, Prefetch: 10})
 	h.OnEvent(ctx, &gendurable.ReapEvent{Count: 3, Failed: 1, IDs: []int64{11, 12, 13}, Duration: time.Millisecond})
 	h.OnEvent(ctx, &gendurable.LeaseLostEvent{Queue: "q", InstanceID: 11})
 	h.OnEvent(ctx, &gendurable.StepAbandonedEvent{Queue: "q", Machine: "m", InstanceID: 15, Step: "s", Outcome: "replay", AbandonedSlots: 1})
-	h.OnEvent(ctx, &gendurable.PartitionContendedEvent{Queue: "q", InstanceID: 12, PartitionKey: "k"})
-	h.OnEvent(ctx, &gendurable.PartitionContendedEvent{Queue: "q", InstanceID: 13, PartitionKey: "k"})
 	h.OnEvent(ctx, &gendurable.UnknownVersionEvent{Queue: "q", Machine: "m", Version: 9, InstanceID: 14})
 	h.OnEvent(ctx, &gendurable.DrainEvent{Queue: "q"}) // no metric; must not panic
 
@@ -289,8 +289,16 @@ func TestOtherEvents(t *testing.T) {
 	if n, _ := intSum(t, mustMetric(t, rm, gdotel.MetricStepsAbandoned), q, gdotel.AttrMachine.String("m")); n != 1 {
 		t.Errorf("steps.abandoned = %d", n)
 	}
-	if n, _ := intSum(t, mustMetric(t, rm, gdotel.MetricPartitionContended), q); n != 2 {
-		t.Errorf("partition.contended = %d", n)
+	contended := mustMetric(t, rm, gdotel.MetricPartitionContended)
+	kq := gdotel.AttrQueue.String("kq")
+	if n, _ := intSum(t, contended, kq, gdotel.AttrKeyPolicy.String("(default)")); n != 2 {
+		t.Errorf("partition.contended{(default)} = %d", n)
+	}
+	if n, _ := intSum(t, contended, kq, gdotel.AttrKeyPolicy.String("acct:")); n != 1 {
+		t.Errorf("partition.contended{acct:} = %d", n)
+	}
+	if n, _ := intSum(t, mustMetric(t, rm, gdotel.MetricKeyRateLimited), kq, gdotel.AttrKeyPolicy.String("acct:")); n != 4 {
+		t.Errorf("key.rate_limited{acct:} = %d", n)
 	}
 	if n, _ := intSum(t, mustMetric(t, rm, gdotel.MetricUnknownVersion), q, gdotel.AttrMachine.String("m"), gdotel.AttrMachineVersion.Int(9)); n != 1 {
 		t.Errorf("unknown_version = %d", n)

@@ -82,6 +82,9 @@ const (
 	AttrAttempt        = attribute.Key("gendurable.attempt")
 	AttrStatus         = attribute.Key("gendurable.status")
 	AttrFailed         = attribute.Key("gendurable.failed") // bool: reaped rows that failed for good
+	// AttrKeyPolicy is the prefix of the KeyPolicy a partition key fell
+	// under, or "(default)" for keys no policy matches.
+	AttrKeyPolicy = attribute.Key("gendurable.key_policy")
 )
 
 // Metric names.
@@ -93,6 +96,7 @@ const (
 	MetricQueueDepth         = "gendurable.queue.depth"
 	MetricReaped             = "gendurable.reaped"
 	MetricPartitionContended = "gendurable.partition.contended"
+	MetricKeyRateLimited     = "gendurable.key.rate_limited"
 	MetricLeaseLost          = "gendurable.lease.lost"
 	MetricStepsAbandoned     = "gendurable.steps.abandoned"
 	MetricUnknownVersion     = "gendurable.unknown_version"
@@ -142,6 +146,7 @@ type Hook struct {
 	stepDuration metric.Float64Histogram
 	pickDuration metric.Float64Histogram
 	pickRows     metric.Int64Counter
+	rateLimited  metric.Int64Counter
 	reaped       metric.Int64Counter
 	contended    metric.Int64Counter
 	leaseLost    metric.Int64Counter
@@ -227,8 +232,11 @@ func New(opts Options) (*Hook, error) {
 	h.reaped, err = m.Int64Counter(MetricReaped, metric.WithUnit("{instance}"),
 		metric.WithDescription("Instances whose expired lease the reaper recovered; failed=true: attempts exhausted."))
 	check(err)
-	h.contended, err = m.Int64Counter(MetricPartitionContended, metric.WithUnit("{instance}"),
-		metric.WithDescription("Claimed rows handed back because their partition key was held."))
+	h.contended, err = m.Int64Counter(MetricPartitionContended, metric.WithUnit("{key}"),
+		metric.WithDescription("Partition keys with runnable rows a pick passed over because every slot of the key was held, by key policy."))
+	check(err)
+	h.rateLimited, err = m.Int64Counter(MetricKeyRateLimited, metric.WithUnit("{key}"),
+		metric.WithDescription("Partition keys with runnable rows a pick passed over because their rate left no start, by key policy."))
 	check(err)
 	h.leaseLost, err = m.Int64Counter(MetricLeaseLost, metric.WithUnit("{lease}"),
 		metric.WithDescription("Held leases found lost; the step's context was cancelled."))
@@ -281,6 +289,19 @@ func (h *Hook) OnEvent(ctx context.Context, ev gendurable.Event) {
 		if e.Count > 0 {
 			h.pickRows.Add(ctx, int64(e.Count), h.queueOpt(e.Queue))
 		}
+		for _, t := range e.Throttled {
+			policy := t.Prefix
+			if t.Default {
+				policy = "(default)"
+			}
+			o := metric.WithAttributes(AttrQueue.String(e.Queue), AttrKeyPolicy.String(policy))
+			if t.Full > 0 {
+				h.contended.Add(ctx, int64(t.Full), o)
+			}
+			if t.RateLimited > 0 {
+				h.rateLimited.Add(ctx, int64(t.RateLimited), o)
+			}
+		}
 	case *gendurable.SaturationEvent:
 		o := h.queueOpt(e.Queue)
 		h.inFlight.Record(ctx, int64(e.InFlight), o)
@@ -303,8 +324,6 @@ func (h *Hook) OnEvent(ctx context.Context, ev gendurable.Event) {
 		h.abandoned.Add(ctx, 1, metric.WithAttributes(AttrQueue.String(e.Queue), AttrMachine.String(e.Machine)))
 		h.instantSpan(ctx, e.InstanceID, "gendurable.step_abandoned", "the step ignored its context past its StepTimeout and was abandoned",
 			AttrQueue.String(e.Queue), AttrStep.String(e.Step))
-	case *gendurable.PartitionContendedEvent:
-		h.contended.Add(ctx, 1, h.queueOpt(e.Queue))
 	case *gendurable.UnknownVersionEvent:
 		h.unknownVer.Add(ctx, 1, metric.WithAttributes(AttrQueue.String(e.Queue), AttrMachine.String(e.Machine),
 			AttrMachineVersion.Int(e.Version)))

@@ -68,7 +68,8 @@ func Backlog(ctx context.Context, o Options, sizes []int, batch, repeats int, pr
 				return nil, err
 			}
 			start := time.Now()
-			rows, _, err := q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: batch, Lease: time.Minute})
+			picked, err := q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: batch, Lease: time.Minute})
+			rows := picked.Claimed
 			d := time.Since(start)
 			_ = tx.Rollback(ctx)
 			if err != nil {

@@ -88,7 +88,8 @@ func newFixture(t *testing.T, n int) *fixture {
 	}
 	_, err = q.InsertMany(ctx, pool, rows)
 	require.NoError(t, err)
-	claims, _, err := q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: n, Lease: time.Minute})
+	picked, err := q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: n, Lease: time.Minute})
+	claims := picked.Claimed
 	require.NoError(t, err)
 	require.Len(t, claims, n)
 	tracer.reset()

@@ -78,11 +78,23 @@ type Holder interface {
 // Events receives what the feeder observes. Methods are called from the
 // feeder's goroutines and must be quick.
 type Events interface {
-	Pick(queue string, count, demand int, d time.Duration, err error)
+	Pick(r PickReport)
 	Saturation(queue string, inFlight, buffered, concurrency, prefetch int)
 	LeaseLost(queue string, id int64)
 	HeartbeatFailed(queue string, err error)
 	Released(queue string, count int, err error)
+}
+
+// PickReport is one pick as the feeder saw it.
+type PickReport struct {
+	Queue         string
+	Count, Demand int // rows claimed, rows asked for
+	Duration      time.Duration
+	Err           error
+	// KeysFull and KeysRated count the partition keys passed over, full or
+	// out of starts: element 0 for keys no policy matches, element i+1
+	// for Config.KeyPolicies[i].
+	KeysFull, KeysRated []int32
 }
 
 // maxErrorBackoff caps the wait between failed picks (unless
@@ -332,10 +344,12 @@ func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(stopCtx), s.cfg.Lease)
 	defer cancel()
 	start := time.Now()
-	rows, cursor, err := s.q.Pick(ctx, s.db, s.cfg.Queue, sqlq.PickOpts{
+	res, err := s.q.Pick(ctx, s.db, s.cfg.Queue, sqlq.PickOpts{
 		Limit: demand, Lease: s.cfg.Lease, Cursor: s.keyCursor, Policies: s.cfg.KeyPolicies})
-	s.keyCursor = cursor
-	s.ev.Pick(s.cfg.Queue, len(rows), demand, time.Since(start), err)
+	rows := res.Claimed
+	s.keyCursor = res.Cursor
+	s.ev.Pick(PickReport{Queue: s.cfg.Queue, Count: len(rows), Demand: demand, Duration: time.Since(start), Err: err,
+		KeysFull: res.KeysFull, KeysRated: res.KeysRated})
 	if err != nil {
 		s.log.Warn("gendurable: pick failed", "queue", s.cfg.Queue, "err", err)
 		return 0, err

@@ -20,8 +20,8 @@ type pickLog struct {
 	failed []time.Time
 }
 
-func (p *pickLog) Pick(_ string, _, _ int, _ time.Duration, err error) {
-	if err != nil {
+func (p *pickLog) Pick(r PickReport) {
+	if r.Err != nil {
 		p.mu.Lock()
 		p.failed = append(p.failed, time.Now())
 		p.mu.Unlock()

@@ -47,7 +47,8 @@ func BenchmarkApplyOutcomes(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				rows, _, err := q.Pick(ctx, conn, "default", sqlq.PickOpts{Limit: n, Lease: time.Minute})
+				picked, err := q.Pick(ctx, conn, "default", sqlq.PickOpts{Limit: n, Lease: time.Minute})
+				rows := picked.Claimed
 				if err != nil || len(rows) != n {
 					b.Fatal(err, len(rows))
 				}

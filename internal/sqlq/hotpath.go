@@ -22,7 +22,7 @@ import (
 // their steps will read are added here, from those values.
 
 const pickSQL = `
-SELECT p.next_cursor, i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state, i.attempt,
+SELECT p.next_cursor, p.keys_full, p.keys_rated, i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state, i.attempt,
        i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
        CASE WHEN i.inbox <> '{}'::jsonb THEN ` + inboxRowsSQL + ` END,
        CASE WHEN i.children_total > 0 THEN ` + childRowsSQL + ` END
@@ -85,9 +85,19 @@ type PickOpts struct {
 	MaxKeys  int           // keys visited at most (default 4 × Limit + 16)
 }
 
-// Pick claims up to o.Limit runnable rows of queue and returns them with the
-// cursor the next pick of the queue should start its walk over keys from.
-func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) ([]Claimed, string, error) {
+// PickResult is what a pick claimed and what it saw of the keys.
+type PickResult struct {
+	Claimed []Claimed
+	// Cursor is where the next pick of the queue starts its walk over keys.
+	Cursor string
+	// KeysFull and KeysRated count the keys the pick passed over because
+	// they had no free slot, or no start left in their bucket: element 0
+	// for keys no policy matches, element i+1 for PickOpts.Policies[i].
+	KeysFull, KeysRated []int32
+}
+
+// Pick claims up to o.Limit runnable rows of queue.
+func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (PickResult, error) {
 	prefixes := make([]string, len(o.Policies))
 	limits := make([]int32, len(o.Policies))
 	rates := make([]float64, len(o.Policies))
@@ -101,37 +111,36 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) ([]
 	}
 	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, prefixes, limits, rates, bursts, maxKeys)
 	if err != nil {
-		return nil, "", err
+		return PickResult{}, err
 	}
 	defer rows.Close()
-	var out []Claimed
-	cursor := o.Cursor
+	res := PickResult{Cursor: o.Cursor}
 	skip := make([]any, len(rows.FieldDescriptions()))
 	for rows.Next() {
 		if rows.RawValues()[0] != nil { // the cursor row: no claim
-			skip[0] = &cursor
+			skip[0], skip[1], skip[2] = &res.Cursor, &res.KeysFull, &res.KeysRated
 			if err := rows.Scan(skip...); err != nil {
-				return nil, "", err
+				return PickResult{}, err
 			}
 			continue
 		}
 		var c Claimed
 		var inbox, children []byte
-		if err := rows.Scan(nil, &c.ID, &c.Token, &c.FSM, &c.Version, &c.Step, &c.State, &c.Attempt,
+		if err := rows.Scan(nil, nil, nil, &c.ID, &c.Token, &c.FSM, &c.Version, &c.Step, &c.State, &c.Attempt,
 			&c.MaxAttempts, &c.Priority, &c.PartitionKey, &c.Awaits, &c.Children, &c.InsertedAt,
 			&inbox, &children); err != nil {
-			return nil, "", err
+			return PickResult{}, err
 		}
 		var err error
 		if c.Inbox, err = decodeInbox(inbox); err != nil {
-			return nil, "", err
+			return PickResult{}, err
 		}
 		if c.ChildRows, err = decodeChildren(children); err != nil {
-			return nil, "", err
+			return PickResult{}, err
 		}
-		out = append(out, c)
+		res.Claimed = append(res.Claimed, c)
 	}
-	return out, cursor, rows.Err()
+	return res, rows.Err()
 }
 
 func decodeInbox(b []byte) ([]SignalRow, error) {

@@ -508,7 +508,8 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 			require.Equal(t, batch, shUniqueHeld+shUniqueNew+shUniqueRepeat)
 			cases := []planCase{
 				{"pick", 4 * 50, func(t *testing.T, tx pgx.Tx) {
-					got, _, err := f.q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: 50, Lease: time.Minute})
+					picked, err := f.q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: 50, Lease: time.Minute})
+					got := picked.Claimed
 					require.NoError(t, err)
 					require.Len(t, got, 50)
 				}},
@@ -548,7 +549,8 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 				// A claim of rows with unconsumed signals returns them
 				// (and only them: the consumed ones are kept for dedup).
 				{"pick-inbox", 4 * shInboxRows * (1 + shInboxLive), func(t *testing.T, tx pgx.Tx) {
-					got, _, err := f.q.Pick(ctx, tx, "inbox", sqlq.PickOpts{Limit: shInboxRows, Lease: time.Minute})
+					picked, err := f.q.Pick(ctx, tx, "inbox", sqlq.PickOpts{Limit: shInboxRows, Lease: time.Minute})
+					got := picked.Claimed
 					require.NoError(t, err)
 					require.Len(t, got, shInboxRows)
 					for _, c := range got {
@@ -558,7 +560,8 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 				// A claim after a fan-out returns the latest fan-out's
 				// children and reads none of the earlier ones.
 				{"pick-after-fanouts", 4 * shParents * (1 + shKidsLatest), func(t *testing.T, tx pgx.Tx) {
-					got, _, err := f.q.Pick(ctx, tx, "fanin", sqlq.PickOpts{Limit: shParents, Lease: time.Minute})
+					picked, err := f.q.Pick(ctx, tx, "fanin", sqlq.PickOpts{Limit: shParents, Lease: time.Minute})
+					got := picked.Claimed
 					require.NoError(t, err)
 					require.Len(t, got, shParents)
 					for _, c := range got {
@@ -675,7 +678,8 @@ func TestPickPlanIsBoundedByTheBatch(t *testing.T) {
 	ctx := context.Background()
 	const batch = 50
 	counter.Reset()
-	rows, _, err := f.q.Pick(ctx, f.pool, "default", sqlq.PickOpts{Limit: batch, Lease: time.Minute})
+	picked, err := f.q.Pick(ctx, f.pool, "default", sqlq.PickOpts{Limit: batch, Lease: time.Minute})
+	rows := picked.Claimed
 	require.Equal(t, int64(1), counter.Count(), "pick is one statement")
 	require.NoError(t, err)
 	require.Len(t, rows, batch)
@@ -724,15 +728,17 @@ func TestKeyedPickIsBoundedByTheBatch(t *testing.T) {
 	_, err = conn.Exec(ctx, "SET search_path = "+s)
 	require.NoError(t, err)
 	const batch = 50
+	var last sqlq.PickResult
 	pick := func(o sqlq.PickOpts) ([]sqlq.Claimed, string) {
 		t.Helper()
 		rec.reset()
-		got, cursor, err := q.Pick(ctx, conn, "default", o)
+		res, err := q.Pick(ctx, conn, "default", o)
 		require.NoError(t, err)
 		for _, plan := range rec.all(t) {
 			checkPlan(t, plan, 4*batch+16)
 		}
-		return got, cursor
+		last = res
+		return res.Claimed, res.Cursor
 	}
 	got, cursor := pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute})
 	require.Len(t, got, batch)
@@ -755,4 +761,10 @@ func TestKeyedPickIsBoundedByTheBatch(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2, hot, "the longest prefix's limit, minus the live holder")
+	// The first pick passed over the full hot key, which no policy matched.
+	require.Equal(t, []int32{0, 0, 0}, last.KeysFull, "after the policies, hot had room")
+	_, _ = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "hos",
+		Policies: []sqlq.KeyPolicy{{Prefix: "h", Limit: 2}, {Prefix: "ho", Limit: 3}}})
+	require.Equal(t, []int32{0, 0, 1}, last.KeysFull, "hot is full now: counted under its policy, \"ho\"")
+	require.Equal(t, []int32{0, 0, 0}, last.KeysRated)
 }

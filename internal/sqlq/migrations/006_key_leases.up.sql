@@ -41,7 +41,9 @@ CREATE TABLE {{schema}}.gendurable_key_buckets (
 
 -- gendurable_pick claims up to p_limit runnable rows of p_queue with a lease of
 -- p_lease_us microseconds, and returns them (c), then one last row with c NULL
--- whose next_cursor is where the next pick's walk over keys starts.
+-- whose next_cursor is where the next pick's walk over keys starts, and which
+-- counts the keys it found full (keys_full) or out of starts (keys_rated), by
+-- policy: element i+1 for p_prefixes[i], element 1 for keys no policy matches.
 --
 -- Keyed rows are taken key by key, round robin: the walk starts after p_cursor
 -- (the key the previous pick stopped at), goes up the keys that have runnable rows
@@ -59,7 +61,7 @@ CREATE TABLE {{schema}}.gendurable_key_buckets (
 CREATE FUNCTION {{schema}}.gendurable_pick(
   p_queue text, p_limit int, p_lease_us bigint, p_cursor text,
   p_prefixes text[], p_limits int[], p_rates double precision[], p_bursts int[], p_max_keys int)
-RETURNS TABLE (next_cursor text, c {{schema}}.gendurable_instances)
+RETURNS TABLE (next_cursor text, keys_full int[], keys_rated int[], c {{schema}}.gendurable_instances)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   got      int := 0;
@@ -75,6 +77,9 @@ DECLARE
   rate     double precision;
   burst    int;
   avail    double precision;
+  pol      int;
+  n_full   int[] := array_fill(0, ARRAY[coalesce(array_length(p_prefixes, 1), 0) + 1]);
+  n_rated  int[] := array_fill(0, ARRAY[coalesce(array_length(p_prefixes, 1), 0) + 1]);
 BEGIN
   IF EXISTS (SELECT 1 FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = p_queue AND qp.paused) THEN
     RETURN;
@@ -100,7 +105,7 @@ BEGIN
                 FOR UPDATE SKIP LOCKED) AS r
           WHERE i.id = r.id
           RETURNING i.*)
-        SELECT NULL::text, claimed::{{schema}}.gendurable_instances FROM claimed;
+        SELECT NULL::text, NULL::int[], NULL::int[], claimed::{{schema}}.gendurable_instances FROM claimed;
       GET DIAGNOSTICS n = ROW_COUNT;
       got := got + n;
     END IF;
@@ -122,9 +127,10 @@ BEGIN
       k := NULL;
       visited := visited + 1;
       CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('gendurable:{{schema}}'), hashtext(cur));
-      SELECT p.l, p.rate, p.burst INTO pol_lim, rate, burst
-      FROM unnest(p_prefixes, p_limits, p_rates, p_bursts) AS p(prefix, l, rate, burst)
+      SELECT p.l, p.rate, p.burst, p.ord INTO pol_lim, rate, burst, pol
+      FROM unnest(p_prefixes, p_limits, p_rates, p_bursts) WITH ORDINALITY AS p(prefix, l, rate, burst, ord)
       WHERE starts_with(cur, p.prefix) ORDER BY length(p.prefix) DESC LIMIT 1;
+      pol := coalesce(pol, 0) + 1;
       SELECT coalesce(x.key_limit, pol_lim, 1) INTO lim
       FROM {{schema}}.gendurable_instances AS x
       WHERE x.status = 'runnable' AND x.queue = p_queue AND x.partition_key = cur AND x.eligible_at <= now()
@@ -133,6 +139,9 @@ BEGIN
       CONTINUE WHEN lim IS NULL; -- nothing of this key is eligible yet
       SELECT count(*) INTO held FROM {{schema}}.gendurable_instances AS h
       WHERE h.status = 'executing' AND h.partition_key = cur AND h.lease_expires_at > now();
+      IF held >= lim THEN
+        n_full[pol] := n_full[pol] + 1;
+      END IF;
       n := least(lim - held, budget - got);
       lim := NULL;
       IF n > 0 AND rate > 0 THEN
@@ -140,6 +149,9 @@ BEGIN
         VALUES (cur, burst, now()) ON CONFLICT (key) DO NOTHING;
         SELECT least(burst, b.tokens + extract(epoch FROM now() - b.refilled_at) * rate) INTO avail
         FROM {{schema}}.gendurable_key_buckets AS b WHERE b.key = cur;
+        IF avail < 1 THEN
+          n_rated[pol] := n_rated[pol] + 1;
+        END IF;
         n := least(n, floor(avail)::int);
       END IF;
       CONTINUE WHEN n <= 0;
@@ -158,7 +170,7 @@ BEGIN
                 FOR UPDATE SKIP LOCKED) AS r
           WHERE i.id = r.id
           RETURNING i.*)
-        SELECT NULL::text, claimed::{{schema}}.gendurable_instances FROM claimed;
+        SELECT NULL::text, NULL::int[], NULL::int[], claimed::{{schema}}.gendurable_instances FROM claimed;
       GET DIAGNOSTICS n = ROW_COUNT;
       got := got + n;
       IF rate > 0 THEN
@@ -167,6 +179,8 @@ BEGIN
     END LOOP;
   END LOOP;
   next_cursor := cur;
+  keys_full := n_full;
+  keys_rated := n_rated;
   c := NULL;
   RETURN NEXT;
 END
