@@ -158,6 +158,13 @@ type QueueConfig struct {
 	// pick per MaxPollInterval; work inserted by another process into an
 	// idle queue waits up to this long. Default 5s.
 	MaxPollInterval time.Duration
+	// GlobalConcurrency, if not 0, bounds how many steps of this queue run
+	// at once across every process (counted as executing rows with a live
+	// lease, under a lock of the queue taken by each pick). Every process
+	// working the queue should set the same value. It costs each pick of
+	// the queue a read of the live leases of all queues. Default 0: only
+	// Concurrency, per process.
+	GlobalConcurrency int
 	// ChainSteps: after a Next without delay commits, the same worker runs
 	// the instance's next step at once (the outcome statement keeps it
 	// claimed), up to this many steps in a row before the instance goes
@@ -328,8 +335,8 @@ func (qc *QueueConfig) withDefaults(name string) error {
 	setDefault(&qc.MaxPollInterval, max(DefaultMaxPollInterval, qc.PollInterval))
 	setDefault(&qc.BusyPollInterval, min(DefaultBusyPollInterval, qc.PollInterval))
 	switch {
-	case qc.Concurrency < 0:
-		return errorf(ErrInvalidConfig, "queue %q: negative Concurrency", name)
+	case qc.Concurrency < 0 || qc.GlobalConcurrency < 0:
+		return errorf(ErrInvalidConfig, "queue %q: negative Concurrency or GlobalConcurrency", name)
 	case qc.MinDemand < 0 || qc.MinDemand > qc.Concurrency+qc.Prefetch:
 		return errorf(ErrInvalidConfig, "queue %q: MinDemand %d outside 1..Concurrency+Prefetch (%d)", name, qc.MinDemand, qc.Concurrency+qc.Prefetch)
 	case qc.BusyPollInterval < 0 || qc.PollInterval < qc.BusyPollInterval || qc.MaxPollInterval < qc.PollInterval:
@@ -381,6 +388,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.Prefetch, MinDemand: qc.MinDemand,
 			BusyPollInterval: qc.BusyPollInterval, PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
 			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval, KeyPolicies: keyPolicies,
+			Global: qc.GlobalConcurrency,
 		}, e.q, e.pool, e.exec.ForQueue(name, qc.ChainSteps), ev, e.log)
 		rs.scheds[name] = s
 		rs.loops.Add(1)

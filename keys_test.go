@@ -388,3 +388,45 @@ func TestPickEventsCountThrottledKeys(t *testing.T) {
 	}, "no pick reported the full keys")
 	close(release)
 }
+
+// TestGlobalConcurrencyHoldsAcrossEngines: a queue's GlobalConcurrency
+// bounds its running steps across processes, whatever each one's
+// Concurrency, and is reached.
+func TestGlobalConcurrencyHoldsAcrossEngines(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	job := &gendurable.Job[spanArgs]{Name: "global", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter("all")
+		defer g.leave("all")
+		time.Sleep(30 * time.Millisecond)
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 6, GlobalConcurrency: 5, PollInterval: 10 * time.Millisecond}}
+	b := setup(t, cfg)
+	cfg2 := b.eng.Config()
+	cfg2.Logger = testLogger(t)
+	eng2, err := gendurable.New(b.pool, &cfg2)
+	require.NoError(t, err)
+	var ps []gendurable.InsertParams
+	for i := range 60 {
+		o := gendurable.InsertOpts{}
+		if i%2 == 0 {
+			o.PartitionKey = fmt.Sprint("k", i%6) // keyed rows count too
+			o.KeyLimit = 3
+		}
+		ps = append(ps, job.New(spanArgs{}).With(o))
+	}
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	require.NoError(t, eng2.Start(context.Background()))
+	t.Cleanup(func() { _ = eng2.Stop(context.Background()) })
+	for _, r := range res {
+		b.waitStatus(r.ID, "done", 30*time.Second)
+	}
+	require.Equal(t, 5, g.max("all"), "most steps of the queue at once, across both engines")
+	_, err = gendurable.New(b.pool, &gendurable.Config{Schema: b.schema,
+		Queues: map[string]gendurable.QueueConfig{"q": {GlobalConcurrency: -1}}})
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+}

@@ -32,6 +32,7 @@ type Config struct {
 	Lease             time.Duration
 	HeartbeatInterval time.Duration
 	KeyPolicies       []sqlq.KeyPolicy // limits of partition keys by prefix
+	Global            int              // the queue's running steps across every process at most (0: no bound)
 }
 
 // Result is what an executor reports about a finished step.
@@ -345,7 +346,7 @@ func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 	defer cancel()
 	start := time.Now()
 	res, err := s.q.Pick(ctx, s.db, s.cfg.Queue, sqlq.PickOpts{
-		Limit: demand, Lease: s.cfg.Lease, Cursor: s.keyCursor, Policies: s.cfg.KeyPolicies})
+		Limit: demand, Lease: s.cfg.Lease, Cursor: s.keyCursor, Policies: s.cfg.KeyPolicies, Global: s.cfg.Global})
 	rows := res.Claimed
 	s.keyCursor = res.Cursor
 	s.ev.Pick(PickReport{Queue: s.cfg.Queue, Count: len(rows), Demand: demand, Duration: time.Since(start), Err: err,

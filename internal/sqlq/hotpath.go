@@ -26,7 +26,7 @@ SELECT p.next_cursor, p.keys_full, p.keys_rated, i.id, i.claim_token, i.fsm, i.f
        i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
        CASE WHEN i.inbox <> '{}'::jsonb THEN ` + inboxRowsSQL + ` END,
        CASE WHEN i.children_total > 0 THEN ` + childRowsSQL + ` END
-FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7::float8[], $8::int[], $9) AS p
+FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7::float8[], $8::int[], $9, $10) AS p
 CROSS JOIN LATERAL (SELECT (p.c).*) AS i`
 
 // inboxRowsSQL is the unconsumed signals of row i, oldest first, as one JSON
@@ -83,6 +83,7 @@ type PickOpts struct {
 	Cursor   string        // the key the previous pick's walk stopped at ("" to start)
 	Policies []KeyPolicy   // key limits by prefix
 	MaxKeys  int           // keys visited at most (default 4 × Limit + 16)
+	Global   int           // the queue's running steps across every process at most (0: no bound)
 }
 
 // PickResult is what a pick claimed and what it saw of the keys.
@@ -109,7 +110,7 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (Pi
 	if maxKeys <= 0 {
 		maxKeys = 4*o.Limit + 16
 	}
-	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, prefixes, limits, rates, bursts, maxKeys)
+	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, prefixes, limits, rates, bursts, maxKeys, o.Global)
 	if err != nil {
 		return PickResult{}, err
 	}

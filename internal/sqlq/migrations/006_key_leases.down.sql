@@ -1,5 +1,5 @@
 -- Back to version 5: partition keys on session advisory locks again.
-DROP FUNCTION {{schema}}.gendurable_pick(text, int, bigint, text, text[], int[], double precision[], int[], int);
+DROP FUNCTION {{schema}}.gendurable_pick(text, int, bigint, text, text[], int[], double precision[], int[], int, int);
 DROP TABLE {{schema}}.gendurable_key_buckets;
 
 DROP INDEX {{schema}}.gendurable_instances_key_holders;

@@ -58,9 +58,16 @@ CREATE TABLE {{schema}}.gendurable_key_buckets (
 -- (p_rates: starts per second, 0 for none; p_bursts: the bucket's size). Keyed
 -- rows get up to half the batch first when plain rows wait too; plain rows get
 -- the rest, in (priority, eligible_at) order; keyed rows fill what is left.
+--
+-- p_global > 0 bounds the queue's running steps across every process
+-- (QueueConfig.GlobalConcurrency): under a transaction-level lock of the queue,
+-- its executing rows with a live lease are counted and the batch shrinks to
+-- what is left. That count reads the live leases of every queue (the lease
+-- index), so it costs O(executing rows) — paid only by queues that set it.
 CREATE FUNCTION {{schema}}.gendurable_pick(
   p_queue text, p_limit int, p_lease_us bigint, p_cursor text,
-  p_prefixes text[], p_limits int[], p_rates double precision[], p_bursts int[], p_max_keys int)
+  p_prefixes text[], p_limits int[], p_rates double precision[], p_bursts int[], p_max_keys int,
+  p_global int)
 RETURNS TABLE (next_cursor text, keys_full int[], keys_rated int[], c {{schema}}.gendurable_instances)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
@@ -80,15 +87,24 @@ DECLARE
   pol      int;
   n_full   int[] := array_fill(0, ARRAY[coalesce(array_length(p_prefixes, 1), 0) + 1]);
   n_rated  int[] := array_fill(0, ARRAY[coalesce(array_length(p_prefixes, 1), 0) + 1]);
+  total    int := p_limit;
 BEGIN
   IF EXISTS (SELECT 1 FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = p_queue AND qp.paused) THEN
     RETURN;
   END IF;
+  IF p_global > 0 THEN
+    PERFORM pg_advisory_xact_lock(hashtext('gendurable:{{schema}}'), hashtext('queue:' || p_queue));
+    SELECT count(*) INTO held FROM {{schema}}.gendurable_instances AS h
+    WHERE h.status = 'executing' AND h.lease_expires_at > now() AND h.queue = p_queue;
+    total := least(p_limit, greatest(0, p_global - held));
+  END IF;
   FOR phase IN 1..2 LOOP
-    IF phase = 1 THEN
-      budget := greatest(1, p_limit / 2);
+    IF total <= 0 THEN
+      EXIT;
+    ELSIF phase = 1 THEN
+      budget := greatest(1, total / 2);
     ELSE
-      budget := p_limit;
+      budget := total;
       -- plain rows, in (priority, eligible_at) order
       RETURN QUERY
         WITH claimed AS (
@@ -101,7 +117,7 @@ BEGIN
                 WHERE x.status = 'runnable' AND x.queue = p_queue AND x.partition_key IS NULL
                   AND x.eligible_at <= now()
                 ORDER BY x.priority, x.eligible_at
-                LIMIT p_limit - got
+                LIMIT total - got
                 FOR UPDATE SKIP LOCKED) AS r
           WHERE i.id = r.id
           RETURNING i.*)
