@@ -45,14 +45,16 @@ type Options struct {
 	Commits     int    // outcome statements in flight per engine; default: the engine's
 	MaxConns    int    // the run's pool size; default min(90, Engines × (Queues × 4 + 8) + 4)
 	Progress    io.Writer
-	// Keys, KeySleep, FairBacklog and FairRows shape workload keys (see
-	// KeysReport): Keys partition keys of limit 4 (default 8), each step
-	// sleeping KeySleep (default 5ms); tenant A's backlog (default 100,000
-	// rows) and tenant B's rows (default 100).
+	// Keys, KeySleep, FairBacklog, FairRows and FairRounds shape workload
+	// keys (see KeysReport): Keys partition keys of limit 4 (default 8),
+	// each step sleeping KeySleep (default 5ms); tenant A's backlog
+	// (default 100,000 rows); tenant B's rows per round (default 100) and
+	// rounds per fairness phase (default 5).
 	Keys        int
 	KeySleep    time.Duration
 	FairBacklog int
 	FairRows    int
+	FairRounds  int
 	// FreshStats skips wearing the table's statistics: by default the run
 	// starts from an empty table whose planner statistics say almost every
 	// row is done, as on an installation in use (sqlq.WearStatistics).
@@ -134,6 +136,9 @@ func (o *Options) defaults() error {
 		}
 		if o.FairRows <= 0 {
 			o.FairRows = 100
+		}
+		if o.FairRounds <= 0 {
+			o.FairRounds = 5
 		}
 	}
 	return nil
@@ -510,8 +515,8 @@ func Print(w io.Writer, r *Report, asJSON bool) error {
 		rows = append(rows, [][2]string{
 			{"keys × limit, step sleep", fmt.Sprintf("%d × %d, %.1f ms", k.Keys, k.Limit, k.SleepMs)},
 			{"a key's running steps max / mean", fmt.Sprintf("%d / %.2f (%d of %d keys reached the limit)", k.MaxRunning, k.MeanRunning, k.KeysAtLimit, k.Keys)},
-			{"tenant B insert → start, A idle", fmt.Sprintf("p50 %.1f ms / p99 %.1f ms (%d of %d started)", f.BIdleP50Ms, f.BIdleP99Ms, f.BIdleStarted, f.BRows)},
-			{"tenant B insert → start, A busy", fmt.Sprintf("p50 %.1f ms / p99 %.1f ms (%d of %d started; A: %d inserted, %d runnable)", f.BP50Ms, f.BP99Ms, f.BStarted, f.BRows, f.ABacklog, f.ARunnableAtB)},
+			{"tenant B insert → start, A idle", fmt.Sprintf("p50 %.1f ms / p99 %.1f ms (%d of %d × %d started)", f.BIdleP50Ms, f.BIdleP99Ms, f.BIdleStarted, f.BRounds, f.BRows)},
+			{"tenant B insert → start, A busy", fmt.Sprintf("p50 %.1f ms / p99 %.1f ms (%d of %d × %d started; A: %d inserted, %d runnable)", f.BP50Ms, f.BP99Ms, f.BStarted, f.BRounds, f.BRows, f.ABacklog, f.ARunnableAtB)},
 			{"B's p99 busy / idle", fmt.Sprintf("%.2f (tenant limit %d)", f.P99Ratio, f.Limit)},
 		}...)
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
@@ -23,13 +24,15 @@ import (
 //     ("par-0", "par-1", …) whose KeyPolicy has Limit 4; each step sleeps
 //     KeySleep. The step function counts, in this process, how many steps
 //     of its key are running.
-//  2. Fairness with A idle: FairRows rows of tenant B inserted at once
-//     (one InsertMany) into the idle engine; their insert → start latency.
+//  2. Fairness with A idle: FairRounds rounds, each of FairRows rows of
+//     tenant B inserted at once (one InsertMany) into the idle engine, the
+//     next 20–100 ms after the last of them started; their insert → start
+//     latency.
 //  3. Fairness with A busy: FairBacklog rows of tenant A inserted with the
 //     engine stopped, then the engine started; once A's steps have filled
-//     its claim window twice over, FairRows rows of B inserted at once; the
-//     same latency. The engine is stopped once B's rows have all started,
-//     A's backlog is left unfinished.
+//     its claim window twice over, the same rounds of B; the same latency.
+//     The engine is stopped once B's rows have all started; A's backlog is
+//     left unfinished.
 //
 // Both tenants are partition keys ("tenant-a", "tenant-b") with one
 // KeyPolicy, prefix "tenant-", whose limit is the queue's whole claim window
@@ -63,14 +66,16 @@ type FairnessReport struct {
 	Limit    int `json:"limit"`     // the "tenant-" KeyPolicy limit: concurrency + prefetch
 	ABacklog int `json:"a_backlog"` // tenant A rows inserted before B's
 	// ARunnableAtB is how many of A's rows were still runnable just before
-	// B's were inserted.
+	// B's first round was inserted.
 	ARunnableAtB int `json:"a_runnable_at_b"`
-	BRows        int `json:"b_rows"` // tenant B rows inserted in each phase
+	BRows        int `json:"b_rows"`   // tenant B rows inserted at once, per round
+	BRounds      int `json:"b_rounds"` // rounds of B's rows per phase
 	// BStarted and BIdleStarted are how many of B's rows started with A
-	// busy and with A idle (all of them, or the run fails).
+	// busy and with A idle: all b_rounds × b_rows, or the run fails.
 	BStarted     int `json:"b_started"`
 	BIdleStarted int `json:"b_idle_started"`
-	// B's insert → start latency percentiles with A busy and with A idle.
+	// B's insert → start latency percentiles (nearest rank, over every
+	// round's rows) with A busy and with A idle.
 	BP50Ms     float64 `json:"b_p50_ms"`
 	BP99Ms     float64 `json:"b_p99_ms"`
 	BIdleP50Ms float64 `json:"b_idle_p50_ms"`
@@ -272,27 +277,36 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 
 	// 2. B alone: the engine is running and idle.
 	fr := &kr.Fairness
-	fr.Limit, fr.ABacklog, fr.BRows = window, o.FairBacklog, o.FairRows
+	fr.Limit, fr.ABacklog, fr.BRows, fr.BRounds = window, o.FairBacklog, o.FairRows, o.FairRounds
 	if err := meter.syncClock(ctx, pool); err != nil {
 		return nil, err
 	}
-	bInsert := func(phase string) ([]float64, error) {
-		if err := insert(o.FairRows, func(int) string { return tenantB }); err != nil {
-			return nil, err
+	bRounds := func(phase string) ([]float64, error) {
+		var all []float64
+		for round := range o.FairRounds {
+			time.Sleep(time.Duration(20+rand.IntN(80)) * time.Millisecond)
+			if err := insert(o.FairRows, func(int) string { return tenantB }); err != nil {
+				return nil, err
+			}
+			// B's rows starving would otherwise keep the run waiting forever.
+			deadline := time.Now().Add(bWaitLimit)
+			err := wait(phase, func() (bool, string) {
+				n := meter.count(func() int { return len(meter.b) })
+				return n >= o.FairRows || time.Now().After(deadline),
+					fmt.Sprintf("round %d/%d: %d/%d of tenant B's rows started", round+1, o.FairRounds, n, o.FairRows)
+			})
+			started := meter.bStarts()
+			all = append(all, started...)
+			if err != nil {
+				return nil, err
+			}
+			if len(started) < o.FairRows {
+				return nil, fmt.Errorf("keys %s: only %d of tenant B's %d rows started within %v", phase, len(started), o.FairRows, bWaitLimit)
+			}
 		}
-		// B's rows starving would otherwise keep the run waiting forever.
-		deadline := time.Now().Add(bWaitLimit)
-		err := wait(phase, func() (bool, string) {
-			n := meter.count(func() int { return len(meter.b) })
-			return n >= o.FairRows || time.Now().After(deadline), fmt.Sprintf("%d/%d of tenant B's rows started", n, o.FairRows)
-		})
-		started := meter.bStarts()
-		if err == nil && len(started) < o.FairRows {
-			err = fmt.Errorf("keys %s: only %d of tenant B's %d rows started within %v", phase, len(started), o.FairRows, bWaitLimit)
-		}
-		return started, err
+		return all, nil
 	}
-	idle, err := bInsert("fairness, A idle")
+	idle, err := bRounds("fairness, A idle")
 	if err != nil {
 		return nil, err
 	}
@@ -328,7 +342,7 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 		WHERE queue = 'q0' AND partition_key = $1 AND status = 'runnable'`, tenantA).Scan(&fr.ARunnableAtB); err != nil {
 		return nil, err
 	}
-	busy, err := bInsert("fairness, A busy")
+	busy, err := bRounds("fairness, A busy")
 	if err != nil {
 		return nil, err
 	}

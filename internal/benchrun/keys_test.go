@@ -27,7 +27,7 @@ func TestKeysWorkload(t *testing.T) {
 	t.Parallel()
 	o := benchSchema(t)
 	o.Workload, o.N, o.Concurrency = "keys", 200, 20
-	o.Keys, o.FairBacklog, o.FairRows = 4, 1000, 20
+	o.Keys, o.FairBacklog, o.FairRows, o.FairRounds = 4, 1000, 20, 2
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	r, err := Run(ctx, o)
@@ -54,8 +54,9 @@ func TestKeysWorkload(t *testing.T) {
 	require.Equal(t, 1000, f.ABacklog)
 	require.LessOrEqual(t, f.ARunnableAtB, 1000)
 	require.Equal(t, 20, f.BRows)
-	require.Equal(t, 20, f.BIdleStarted, "all of B's rows ran with A idle")
-	require.Equal(t, 20, f.BStarted, "all of B's rows ran behind A's backlog")
+	require.Equal(t, 2, f.BRounds)
+	require.Equal(t, 40, f.BIdleStarted, "all of B's rows ran with A idle")
+	require.Equal(t, 40, f.BStarted, "all of B's rows ran behind A's backlog")
 	for _, p := range [][2]float64{{f.BIdleP50Ms, f.BIdleP99Ms}, {f.BP50Ms, f.BP99Ms}} {
 		require.Positive(t, p[0])
 		require.LessOrEqual(t, p[0], p[1])
@@ -74,7 +75,7 @@ func TestKeysWorkload(t *testing.T) {
 	}
 	fair, ok := out.Keys["fairness"].(map[string]any)
 	require.True(t, ok)
-	for _, name := range []string{"limit", "a_backlog", "a_runnable_at_b", "b_rows", "b_started", "b_idle_started",
+	for _, name := range []string{"limit", "a_backlog", "a_runnable_at_b", "b_rows", "b_rounds", "b_started", "b_idle_started",
 		"b_p50_ms", "b_p99_ms", "b_idle_p50_ms", "b_idle_p99_ms", "p99_ratio"} {
 		require.Contains(t, fair, name)
 	}
