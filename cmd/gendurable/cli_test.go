@@ -69,10 +69,10 @@ func TestCLIEndToEnd(t *testing.T) {
 
 	out, _, code := cli(t, append([]string{"migrate", "up"}, s...)...)
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "version 0 → 5")
+	require.Contains(t, out, "version 0 → 6")
 	out, _, code = cli(t, append([]string{"migrate", "status", "--json"}, s...)...)
 	require.Equal(t, 0, code)
-	require.Contains(t, out, `"to":5`)
+	require.Contains(t, out, `"to":6`)
 	out, _, code = cli(t, "migrate", "print", "--schema", "elsewhere")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, `CREATE TABLE "elsewhere".gendurable_instances`)

@@ -26,7 +26,7 @@ import (
 )
 
 // Workloads lists the workload names.
-var Workloads = []string{"job", "fsm3", "signal", "fanout", "partition"}
+var Workloads = []string{"job", "fsm3", "signal", "fanout", "partition", "keys"}
 
 // Options configure one run.
 type Options struct {
@@ -36,14 +36,25 @@ type Options struct {
 	// not create is refused (scratch.ErrNotScratch) unless ResetSchema.
 	Schema      string
 	Workload    string // one of Workloads
-	N           int    // instances (fanout: parents) to insert; default 10000
+	N           int    // instances (fanout: parents; keys: the parallelism phase's) to insert; default 10000
 	Concurrency int    // per queue per engine; default 100
 	Prefetch    int    // per queue per engine; default = Concurrency
 	Queues      int    // queues the instances are spread over; default 1
 	Engines     int    // engines in this process; default 1
 	MinDemand   int    // per queue; default: the engine's default
 	Commits     int    // outcome statements in flight per engine; default: the engine's
+	MaxConns    int    // the run's pool size; default min(90, Engines × (Queues × 4 + 8) + 4)
 	Progress    io.Writer
+	// Keys, KeySleep, FairBacklog, FairRows and FairRounds shape workload
+	// keys (see KeysReport): Keys partition keys of limit 4 (default 8),
+	// each step sleeping KeySleep (default 5ms); tenant A's backlog
+	// (default 100,000 rows); tenant B's rows per round (default 100) and
+	// rounds per fairness phase (default 5).
+	Keys        int
+	KeySleep    time.Duration
+	FairBacklog int
+	FairRows    int
+	FairRounds  int
 	// FreshStats skips wearing the table's statistics: by default the run
 	// starts from an empty table whose planner statistics say almost every
 	// row is done, as on an installation in use (sqlq.WearStatistics).
@@ -74,6 +85,9 @@ type Report struct {
 	MaxRSSMB          float64 `json:"max_rss_mb"`
 	// Statements breaks the work phase's statements down by kind.
 	Statements []StatementStat `json:"statements,omitempty"`
+	// Keys is what workload keys measured; its other fields are those of
+	// its parallelism phase.
+	Keys *KeysReport `json:"keys,omitempty"`
 }
 
 func (o *Options) defaults() error {
@@ -101,8 +115,31 @@ func (o *Options) defaults() error {
 	if o.Engines <= 0 {
 		o.Engines = 1
 	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = min(90, o.Engines*(o.Queues*4+8)+4)
+	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
+	}
+	if o.Workload == "keys" {
+		if o.Queues != 1 || o.Engines != 1 {
+			return errors.New("workload keys runs one engine on one queue")
+		}
+		if o.Keys <= 0 {
+			o.Keys = 8
+		}
+		if o.KeySleep <= 0 {
+			o.KeySleep = 5 * time.Millisecond
+		}
+		if o.FairBacklog <= 0 {
+			o.FairBacklog = 100_000
+		}
+		if o.FairRows <= 0 {
+			o.FairRows = 100
+		}
+		if o.FairRounds <= 0 {
+			o.FairRounds = 5
+		}
 	}
 	return nil
 }
@@ -110,6 +147,12 @@ func (o *Options) defaults() error {
 // prepare gives the run a fresh schema of its own (see Options.Schema).
 func (o *Options) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 	return scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Reset: o.ResetSchema, Confirm: o.Confirm})
+}
+
+// queueConfig is the configuration of each of the run's queues.
+func (o *Options) queueConfig() gendurable.QueueConfig {
+	return gendurable.QueueConfig{Concurrency: o.Concurrency, Prefetch: o.Prefetch, MinDemand: o.MinDemand,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 200 * time.Millisecond}
 }
 
 func contains(list []string, s string) bool {
@@ -273,7 +316,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	pcfg.MaxConns = int32(min(90, o.Engines*(o.Queues*4+8)+4))
+	pcfg.MaxConns = int32(o.MaxConns)
 	pcfg.ConnConfig.Tracer = stmts
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -294,12 +337,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		}
 	}
 
+	if o.Workload == "keys" {
+		return runKeys(ctx, o, pool, stmts)
+	}
 	queues := map[string]gendurable.QueueConfig{}
 	queueNames := make([]string, o.Queues)
 	for i := range queueNames {
 		queueNames[i] = fmt.Sprintf("q%d", i)
-		queues[queueNames[i]] = gendurable.QueueConfig{Concurrency: o.Concurrency, Prefetch: o.Prefetch, MinDemand: o.MinDemand,
-			PollInterval: 20 * time.Millisecond, MaxPollInterval: 200 * time.Millisecond}
+		queues[queueNames[i]] = o.queueConfig()
 	}
 	steps := &stepCounter{}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -464,6 +509,16 @@ func Print(w io.Writer, r *Report, asJSON bool) error {
 		{"latency p50 / p99 (insert → done)", fmt.Sprintf("%.1f ms / %.1f ms", r.P50Ms, r.P99Ms)},
 		{"worker CPU", fmt.Sprintf("%.2f s over %.2f s", r.CPUSeconds, r.WorkSeconds)},
 		{"max RSS", fmt.Sprintf("%.0f MB", r.MaxRSSMB)},
+	}
+	if k := r.Keys; k != nil {
+		f := k.Fairness
+		rows = append(rows, [][2]string{
+			{"keys × limit, step sleep", fmt.Sprintf("%d × %d, %.1f ms", k.Keys, k.Limit, k.SleepMs)},
+			{"a key's running steps max / mean", fmt.Sprintf("%d / %.2f (%d of %d keys reached the limit)", k.MaxRunning, k.MeanRunning, k.KeysAtLimit, k.Keys)},
+			{"tenant B insert → start, A idle", fmt.Sprintf("p50 %.1f ms / p99 %.1f ms (%d of %d × %d started)", f.BIdleP50Ms, f.BIdleP99Ms, f.BIdleStarted, f.BRounds, f.BRows)},
+			{"tenant B insert → start, A busy", fmt.Sprintf("p50 %.1f ms / p99 %.1f ms (%d of %d × %d started; A: %d inserted, %d runnable)", f.BP50Ms, f.BP99Ms, f.BStarted, f.BRounds, f.BRows, f.ABacklog, f.ARunnableAtB)},
+			{"B's p99 busy / idle", fmt.Sprintf("%.2f (tenant limit %d)", f.P99Ratio, f.Limit)},
+		}...)
 	}
 	for _, row := range rows {
 		if _, err := fmt.Fprintf(w, "%-34s %s\n", row[0], row[1]); err != nil {
