@@ -74,17 +74,24 @@ DECLARE
   got      int := 0;
   n        int;
   budget   int;
-  k        text;
-  cur      text := coalesce(p_cursor, '');
-  wrapped  boolean := coalesce(p_cursor, '') = '';
-  visited  int := 0;
-  lim      int;
   held     int;
-  pol_lim  int;
-  rate     double precision;
-  burst    int;
-  avail    double precision;
-  pol      int;
+  chunk    int;
+  e        int;
+  cur      text := coalesce(p_cursor, '');
+  prev     text;
+  acc      int;
+  start    text := coalesce(p_cursor, '');  -- where this walk began
+  wrapped  boolean := coalesce(p_cursor, '') = '';
+  walked   boolean := false;                -- every key was visited once
+  past     boolean;
+  visited  int := 0;
+  ks       text[];
+  locked   text[];
+  rk       text[];
+  rtake    int[];
+  ravail   double precision[];
+  rfull    int[];
+  rrated   int[];
   n_full   int[] := array_fill(0, ARRAY[coalesce(array_length(p_prefixes, 1), 0) + 1]);
   n_rated  int[] := array_fill(0, ARRAY[coalesce(array_length(p_prefixes, 1), 0) + 1]);
   total    int := p_limit;
@@ -125,73 +132,132 @@ BEGIN
       GET DIAGNOSTICS n = ROW_COUNT;
       got := got + n;
     END IF;
-    -- keyed rows, key by key
-    WHILE got < budget AND visited < p_max_keys LOOP
-      SELECT x.partition_key INTO k FROM {{schema}}.gendurable_instances AS x
-      WHERE x.status = 'runnable' AND x.queue = p_queue AND x.partition_key IS NOT NULL
-        AND x.partition_key > cur
-      ORDER BY x.partition_key
-      LIMIT 1;
-      IF k IS NULL OR (wrapped AND k > p_cursor AND coalesce(p_cursor, '') <> '') THEN
-        EXIT WHEN wrapped;
+    -- keyed rows, a chunk of keys at a time
+    WHILE got < budget AND visited < p_max_keys AND NOT walked LOOP
+      chunk := least(p_max_keys - visited, greatest(16, 2 * (budget - got)));
+      -- The next keys with runnable rows after cur, in order: a loose scan of
+      -- the keyed pick index, one probe per key. Past the wrap, only keys up
+      -- to the cursor the walk started from.
+      WITH RECURSIVE w(k, i) AS (
+        (SELECT x.partition_key, 1 FROM {{schema}}.gendurable_instances AS x
+         WHERE x.status = 'runnable' AND x.queue = p_queue AND x.partition_key IS NOT NULL
+           AND x.partition_key > cur
+         ORDER BY x.partition_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT x.partition_key FROM {{schema}}.gendurable_instances AS x
+                WHERE x.status = 'runnable' AND x.queue = p_queue AND x.partition_key IS NOT NULL
+                  AND x.partition_key > w.k
+                ORDER BY x.partition_key LIMIT 1), w.i + 1
+        FROM w WHERE w.k IS NOT NULL AND w.i < chunk)
+      SELECT array_agg(w.k ORDER BY w.i) FILTER (WHERE NOT (wrapped AND start <> '' AND w.k > start)),
+             bool_or(wrapped AND start <> '' AND w.k > start)
+        INTO ks, past
+      FROM w WHERE w.k IS NOT NULL;
+      IF ks IS NULL THEN
+        IF wrapped OR past THEN
+          walked := true;
+          EXIT;
+        END IF;
         wrapped := true;
         cur := '';
-        k := NULL;
         CONTINUE;
       END IF;
-      cur := k;
-      k := NULL;
-      visited := visited + 1;
-      CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtext('gendurable:{{schema}}'), hashtext(cur));
-      SELECT p.l, p.rate, p.burst, p.ord INTO pol_lim, rate, burst, pol
-      FROM unnest(p_prefixes, p_limits, p_rates, p_bursts) WITH ORDINALITY AS p(prefix, l, rate, burst, ord)
-      WHERE starts_with(cur, p.prefix) ORDER BY length(p.prefix) DESC LIMIT 1;
-      pol := coalesce(pol, 0) + 1;
-      SELECT coalesce(x.key_limit, pol_lim, 1) INTO lim
-      FROM {{schema}}.gendurable_instances AS x
-      WHERE x.status = 'runnable' AND x.queue = p_queue AND x.partition_key = cur AND x.eligible_at <= now()
-      ORDER BY x.priority, x.eligible_at
-      LIMIT 1;
-      CONTINUE WHEN lim IS NULL; -- nothing of this key is eligible yet
-      SELECT count(*) INTO held FROM {{schema}}.gendurable_instances AS h
-      WHERE h.status = 'executing' AND h.partition_key = cur AND h.lease_expires_at > now();
-      IF held >= lim THEN
-        n_full[pol] := n_full[pol] + 1;
-      END IF;
-      n := least(lim - held, budget - got);
-      lim := NULL;
-      IF n > 0 AND rate > 0 THEN
-        INSERT INTO {{schema}}.gendurable_key_buckets AS b (key, tokens, refilled_at)
-        VALUES (cur, burst, now()) ON CONFLICT (key) DO NOTHING;
-        SELECT least(burst, b.tokens + extract(epoch FROM now() - b.refilled_at) * rate) INTO avail
-        FROM {{schema}}.gendurable_key_buckets AS b WHERE b.key = cur;
-        IF avail < 1 THEN
-          n_rated[pol] := n_rated[pol] + 1;
+      walked := coalesce(past, false);
+      visited := visited + cardinality(ks);
+      prev := cur;
+      cur := ks[cardinality(ks)];
+      -- The keys no other pick is claiming now. Locks first, then (the next
+      -- statements) a snapshot that sees every claim committed before them.
+      SELECT array_agg(u.k ORDER BY u.ord) INTO locked
+      FROM unnest(ks) WITH ORDINALITY AS u(k, ord)
+      WHERE pg_try_advisory_xact_lock(hashtext('gendurable:{{schema}}'), hashtext(u.k));
+      CONTINUE WHEN locked IS NULL;
+      -- Each key's room: limit − live holders, and a rated key's tokens;
+      -- keys with nothing eligible yet drop out.
+      SELECT array_agg(r.k ORDER BY r.ord), array_agg(r.take ORDER BY r.ord),
+             array_agg(r.avail ORDER BY r.ord), array_agg(r.full_pol) FILTER (WHERE r.full_pol IS NOT NULL),
+             array_agg(r.rated_pol) FILTER (WHERE r.rated_pol IS NOT NULL)
+        INTO rk, rtake, ravail, rfull, rrated
+      FROM (
+        SELECT q.k, q.ord, q.avail,
+               CASE WHEN q.free <= 0 THEN q.pol END AS full_pol,
+               CASE WHEN q.free > 0 AND q.avail < 1 THEN q.pol END AS rated_pol,
+               greatest(0, least(q.free, coalesce(floor(q.avail)::int, q.free))) AS take
+        FROM (
+          SELECT u.k, u.ord, coalesce(p.ord, 0) + 1 AS pol,
+                 coalesce(head.key_limit, p.l, 1) - held.n AS free,
+                 CASE WHEN p.rate > 0 THEN
+                   least(p.burst, coalesce(b.tokens + extract(epoch FROM now() - b.refilled_at) * p.rate, p.burst))
+                 END AS avail
+          FROM unnest(locked) WITH ORDINALITY AS u(k, ord)
+          CROSS JOIN LATERAL (
+            SELECT x.key_limit FROM {{schema}}.gendurable_instances AS x
+            WHERE x.status = 'runnable' AND x.queue = p_queue AND x.partition_key = u.k AND x.eligible_at <= now()
+            ORDER BY x.priority, x.eligible_at LIMIT 1) AS head
+          CROSS JOIN LATERAL (
+            SELECT count(*)::int AS n FROM {{schema}}.gendurable_instances AS h
+            WHERE h.status = 'executing' AND h.partition_key = u.k AND h.lease_expires_at > now()) AS held
+          LEFT JOIN LATERAL (
+            SELECT pp.l, pp.rate, pp.burst, pp.ord
+            FROM unnest(p_prefixes, p_limits, p_rates, p_bursts) WITH ORDINALITY AS pp(prefix, l, rate, burst, ord)
+            WHERE starts_with(u.k, pp.prefix) ORDER BY length(pp.prefix) DESC LIMIT 1) AS p ON true
+          LEFT JOIN LATERAL (
+            SELECT bb.tokens, bb.refilled_at FROM {{schema}}.gendurable_key_buckets AS bb
+            WHERE bb.key = u.k AND p.rate > 0
+            OFFSET 0) AS b ON true -- one primary-key probe per rated key
+        ) AS q
+      ) AS r;
+      FOR e IN 1..coalesce(cardinality(rfull), 0) LOOP
+        n_full[rfull[e]] := n_full[rfull[e]] + 1;
+      END LOOP;
+      FOR e IN 1..coalesce(cardinality(rrated), 0) LOOP
+        n_rated[rrated[e]] := n_rated[rrated[e]] + 1;
+      END LOOP;
+      CONTINUE WHEN rk IS NULL;
+      -- A key the budget runs out at gets its turn first in the next pick:
+      -- the cursor stops before it.
+      acc := 0;
+      FOR e IN 1..cardinality(rk) LOOP
+        acc := acc + rtake[e];
+        IF acc > budget - got THEN
+          cur := coalesce((SELECT max(u.k) FROM unnest(ks) AS u(k) WHERE u.k < rk[e]), prev);
+          walked := false;
+          EXIT;
         END IF;
-        n := least(n, floor(avail)::int);
-      END IF;
-      CONTINUE WHEN n <= 0;
+      END LOOP;
+      -- Claim each key's rows, in walk order, within what is left of the
+      -- budget; spend the rated keys' tokens.
       RETURN QUERY
-        WITH claimed AS (
+        WITH t AS (
+          SELECT u.k, u.take, u.avail,
+                 least(u.take, greatest(0, (budget - got) - coalesce(sum(u.take) OVER (
+                   ORDER BY u.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0))) AS n
+          FROM unnest(rk, rtake, ravail) WITH ORDINALITY AS u(k, take, avail, ord)
+        ), claimed AS (
           UPDATE {{schema}}.gendurable_instances AS i
           SET status = 'executing',
               lease_expires_at = now() + p_lease_us * interval '1 microsecond',
               claim_token = nextval('{{schema}}.gendurable_claim_token_seq'),
               updated_at = now()
-          FROM (SELECT x.id FROM {{schema}}.gendurable_instances AS x
-                WHERE x.status = 'runnable' AND x.queue = p_queue AND x.partition_key = cur
-                  AND x.eligible_at <= now()
-                ORDER BY x.priority, x.eligible_at
-                LIMIT n
-                FOR UPDATE SKIP LOCKED) AS r
+          FROM (SELECT x.id FROM t CROSS JOIN LATERAL (
+                  SELECT x.id FROM {{schema}}.gendurable_instances AS x
+                  WHERE x.status = 'runnable' AND x.queue = p_queue AND x.partition_key = t.k
+                    AND x.eligible_at <= now()
+                  ORDER BY x.priority, x.eligible_at
+                  LIMIT t.n
+                  FOR UPDATE SKIP LOCKED) AS x
+                WHERE t.n > 0) AS r
           WHERE i.id = r.id
-          RETURNING i.*)
+          RETURNING i.*
+        ), spent AS (
+          INSERT INTO {{schema}}.gendurable_key_buckets AS b (key, tokens, refilled_at)
+          SELECT t.k, t.avail - (SELECT count(*) FROM claimed WHERE claimed.partition_key = t.k), now()
+          FROM t WHERE t.avail IS NOT NULL
+          ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens, refilled_at = excluded.refilled_at
+        )
         SELECT NULL::text, NULL::int[], NULL::int[], claimed::{{schema}}.gendurable_instances FROM claimed;
       GET DIAGNOSTICS n = ROW_COUNT;
       got := got + n;
-      IF rate > 0 THEN
-        UPDATE {{schema}}.gendurable_key_buckets SET tokens = avail - n, refilled_at = now() WHERE key = cur;
-      END IF;
     END LOOP;
   END LOOP;
   next_cursor := cur;
