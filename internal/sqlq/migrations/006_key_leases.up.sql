@@ -214,16 +214,17 @@ BEGIN
         n_rated[rrated[e]] := n_rated[rrated[e]] + 1;
       END LOOP;
       CONTINUE WHEN rk IS NULL;
-      -- A key the budget runs out at gets its turn first in the next pick:
-      -- the cursor stops before it.
+      -- A key left with nothing because the batch ran out before it gets its
+      -- turn first in the next pick: the cursor stops before it. (A key that
+      -- got part of what it could take has had its turn.)
       acc := 0;
       FOR e IN 1..cardinality(rk) LOOP
-        acc := acc + rtake[e];
-        IF acc > budget - got THEN
+        IF rtake[e] > 0 AND acc >= budget - got THEN
           cur := coalesce((SELECT max(u.k) FROM unnest(ks) AS u(k) WHERE u.k < rk[e]), prev);
           walked := false;
           EXIT;
         END IF;
+        acc := acc + rtake[e];
       END LOOP;
       -- Claim each key's rows, in walk order, within what is left of the
       -- budget; spend the rated keys' tokens.
