@@ -49,10 +49,10 @@ func bouncerPool(t *testing.T, url string, mode pgx.QueryExecMode, maxConns int3
 // setupBouncer is setup behind a PgBouncer in transaction pooling mode: the
 // schema is created and migrated directly (b.pool, which the checks use),
 // the engine works through the pooler with the given exec mode.
-func setupBouncer(t *testing.T, mode pgx.QueryExecMode, cfg *gendurable.Config) (*testBundle, *pgxpool.Pool) {
+func setupBouncer(t *testing.T, mode pgx.QueryExecMode, poolSize int, cfg *gendurable.Config) (*testBundle, *pgxpool.Pool) {
 	t.Helper()
-	url := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolSize: bouncerPoolSize}).URL
-	direct, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4, Extra: bouncerPoolSize})
+	url := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolSize: poolSize}).URL
+	direct, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4, Extra: int32(poolSize)})
 	pool := bouncerPool(t, url, mode, 16)
 	cfg.Schema = schema
 	if cfg.Logger == nil {
@@ -89,7 +89,7 @@ const bouncerWait = 30 * time.Second
 func bouncerWorkloads(lease time.Duration) []bouncerWorkload {
 	return []bouncerWorkload{
 		bouncerJobs(), bouncerMachine(), bouncerSignals(), bouncerChildren(),
-		bouncerUnique(), bouncerWithTx(lease), bouncerInsertMany(), bouncerAdmin(),
+		bouncerUnique(), bouncerWithTx(lease, 2), bouncerInsertMany(), bouncerAdmin(),
 	}
 }
 
@@ -131,7 +131,7 @@ func runBouncerWorkloads(t *testing.T, mode pgx.QueryExecMode) {
 			cfg.Queues[q] = qc
 		}
 	}
-	b, through := setupBouncer(t, mode, cfg)
+	b, through := setupBouncer(t, mode, bouncerPoolSize, cfg)
 	for _, w := range workloads {
 		if w.prep != nil {
 			w.prep(b)
@@ -297,11 +297,14 @@ func bouncerUnique() bouncerWorkload {
 	}}
 }
 
-// bouncerWithTx: a WithTx outcome whose transaction outlasts a lease
-// commits once. Behind PgBouncer the connection's backend pid (from
-// BackendKeyData) is PgBouncer's, not the server's, so a watch that looked
-// it up in pg_stat_activity would take the healthy transaction for dead.
-func bouncerWithTx(lease time.Duration) bouncerWorkload {
+// bouncerWithTx: n WithTx outcomes, at once, whose transactions outlast a
+// lease commit once each. Behind PgBouncer the connection's backend pid
+// (from BackendKeyData) is a random number of PgBouncer's, not the server's,
+// so a watch that looked it up in pg_stat_activity would take the healthy
+// transaction for dead — when the number fits an int4 (the lookup of a
+// larger one fails, which proves nothing): about one connection in two,
+// hence several transactions on their own connections.
+func bouncerWithTx(lease time.Duration, n int) bouncerWorkload {
 	var calls atomic.Int32
 	var ledger string // schema.table, set by prep before the engine starts
 	m := &gendurable.Machine[leafArgs]{Name: "blongtx", Start: "post", MaxAttempts: 1, Steps: map[string]gendurable.StepFunc[leafArgs]{
@@ -311,8 +314,8 @@ func bouncerWithTx(lease time.Duration) bouncerWorkload {
 				if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (instance, amount) VALUES ($1, $2)`, r.ID, r.State.N); err != nil {
 					return err
 				}
-				select { // hold the transaction open for a lease and a half
-				case <-time.After(lease + lease/2):
+				select { // hold the transaction open for two leases and a half: two checks of its session
+				case <-time.After(2*lease + lease/2):
 					return nil
 				case <-ctx.Done():
 					return context.Cause(ctx)
@@ -327,12 +330,19 @@ func bouncerWithTx(lease time.Duration) bouncerWorkload {
 			b.exec(`CREATE TABLE ` + ledger + ` (instance bigint, amount int)`)
 		},
 		run: func(b *testBundle, _ *pgxpool.Pool) {
-			id := b.insert(m.New(leafArgs{N: 7}))
-			r := b.waitStatus(id, "done", bouncerWait)
-			require.Equal(b.t, 0, r.Attempt)
-			require.Empty(b.t, r.Errors)
-			require.Equal(b.t, int32(1), calls.Load(), "the callback ran once: its transaction was not taken for dead")
-			require.Equal(b.t, 1, b.count(`SELECT count(*) FROM {{s}}.bouncer_ledger WHERE instance = $1`, id))
+			ps := make([]gendurable.InsertParams, n)
+			for i := range ps {
+				ps[i] = m.New(leafArgs{N: i})
+			}
+			res, err := b.eng.InsertMany(context.Background(), ps)
+			require.NoError(b.t, err)
+			for _, r := range res {
+				row := b.waitStatus(r.ID, "done", bouncerWait)
+				require.Equal(b.t, 0, row.Attempt)
+				require.Empty(b.t, row.Errors, "instance %d: its transaction was taken for dead", r.ID)
+				require.Equal(b.t, 1, b.count(`SELECT count(*) FROM {{s}}.bouncer_ledger WHERE instance = $1`, r.ID))
+			}
+			require.Equal(b.t, int32(n), calls.Load(), "each callback ran once")
 		},
 	}
 }
@@ -397,6 +407,12 @@ func bouncerAdmin() bouncerWorkload {
 			qs, err := b.eng.Queues(ctx)
 			require.NoError(b.t, err)
 			require.NotEmpty(b.t, qs)
+			inst, err := b.eng.Instance(ctx, held[1])
+			require.NoError(b.t, err)
+			require.Equal(b.t, gendurable.StatusRunnable, inst.Status)
+			g, err := b.eng.Graph(ctx, "badmin")
+			require.NoError(b.t, err)
+			require.NotEmpty(b.t, g.Steps)
 			require.NoError(b.t, b.eng.Resume(ctx, "badmin"))
 			b.waitStatus(held[1], "done", bouncerWait)
 			b.waitStatus(held[2], "done", bouncerWait)
@@ -414,6 +430,28 @@ func bouncerAdmin() bouncerWorkload {
 			require.ErrorIs(b.t, err, gendurable.ErrNotFound)
 		},
 	}
+}
+
+// TestPgBouncerWithTxLongerThanALease is the withtx workload alone, with
+// six transactions at once and server sessions to spare, so that the
+// watch's checks of each transaction's session (once a lease, each bounded
+// by the heartbeat interval) are answered rather than queued: without the
+// real backend pid, all six pass only if all six connections drew a pid
+// above the int4 range (1 in 64).
+func TestPgBouncerWithTxLongerThanALease(t *testing.T) {
+	const lease, n = 1500 * time.Millisecond, 6
+	w := bouncerWithTx(lease, n)
+	cfg := &gendurable.Config{
+		Machines:          w.defs,
+		Queues:            map[string]gendurable.QueueConfig{"default": {Concurrency: n, PollInterval: 20 * time.Millisecond}},
+		LeaseDuration:     lease,
+		HeartbeatInterval: lease / 3,
+		ReaperInterval:    200 * time.Millisecond,
+	}
+	b, through := setupBouncer(t, bouncerExecMode, n+2, cfg)
+	w.prep(b)
+	b.start()
+	w.run(b, through)
 }
 
 // TestPgBouncerMigrate: migrations run through the pooler — one
