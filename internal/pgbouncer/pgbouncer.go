@@ -31,6 +31,13 @@
 // the user after the start, which clears the parent-death signal, so a
 // killed test binary would leave the pooler running.
 //
+// # Leftovers
+//
+// pgbouncer is started with a parent-death signal (SIGKILL), so a test
+// binary that is killed (or panics on -timeout, skipping cleanups) does not
+// leave it running; its directory (pgbouncer-* in os.TempDir, when root)
+// does stay behind.
+//
 // # Missing binary
 //
 // Without a pgbouncer binary the test is skipped, except when CI=true: then
