@@ -117,13 +117,18 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	if err != nil {
 		return nil, nil, err
 	}
+	pid, err := x.backendPID(ctx, tx)
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, nil, err
+	}
 	// Without a deadline, a connection that died silently (half-open after
 	// a failover) would keep the claim forever: watch its server session.
 	ctx, gone := context.WithCancelCause(ctx)
 	defer gone(nil)
 	fnCtx, fnGone := context.WithCancelCause(stepCtx)
 	defer fnGone(nil)
-	defer x.watchTx(tx.Conn().PgConn().PID(), func() { gone(errTxGone); fnGone(errTxGone) })()
+	defer x.watchTx(pid, func() { gone(errTxGone); fnGone(errTxGone) })()
 	defer func() { _ = tx.Rollback(ctx) }()
 	if fnErr := res.TxFn(fnCtx, tx); fnErr != nil {
 		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
@@ -144,6 +149,42 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	// before this worker lets go of its claim.
 	h.Committing()
 	return &rows[0], nil, tx.Commit(ctx)
+}
+
+// directPID marks, in a connection's CustomData, a connection whose
+// announced backend pid is its server session's.
+const directPID = "gendurable.directPID"
+
+// backendPID is the server process id of tx's session, for watchTx.
+//
+// The pid a connection announced at startup (BackendKeyData) is not always
+// the server's: behind a proxy that pools transactions (PgBouncer with
+// pool_mode = transaction) it is one the proxy made up, and the server
+// session under the connection changes from one transaction to the next.
+// Looking that pid up in pg_stat_activity would find nothing and take a
+// healthy transaction that outlasts a lease for dead. So the pid is asked
+// for inside the transaction, whose server session a proxy keeps for the
+// whole of it: one extra statement, on the WithTx path only. A connection
+// whose announced pid turned out to be its server's is direct (a proxy
+// cannot hand out a server's key: it must route cancel requests itself) and
+// is trusted from then on: on a direct connection the question is asked
+// once per connection, not per transaction. The alternative — skipping the
+// watch when the pid cannot be trusted — would leave a WithTx transaction
+// on a silently dead connection holding its claim forever behind a proxy.
+func (x *Executor) backendPID(ctx context.Context, tx pgx.Tx) (uint32, error) {
+	conn := tx.Conn().PgConn()
+	data := conn.CustomData()
+	if data[directPID] == true {
+		return conn.PID(), nil
+	}
+	pid, err := x.cfg.Queries.BackendPID(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	if pid == conn.PID() {
+		data[directPID] = true
+	}
+	return pid, nil
 }
 
 // errTxGone: the server session of a WithTx transaction no longer exists.

@@ -352,3 +352,12 @@ func (q *Queries) SessionAlive(ctx context.Context, db DB, pid uint32) (bool, er
 	err := db.QueryRow(ctx, sessionAlive, int64(pid)).Scan(&alive)
 	return alive, err
 }
+
+// BackendPID returns the process id of the server session db runs on: in a
+// transaction, the session that runs the whole transaction, even behind a
+// transaction-pooling proxy.
+func (q *Queries) BackendPID(ctx context.Context, db DB) (uint32, error) {
+	var pid int64
+	err := db.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid)
+	return uint32(pid), err
+}

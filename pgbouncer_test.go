@@ -1,0 +1,604 @@
+//go:build linux
+
+package gendurable_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/pgbouncer"
+	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// bouncerExecMode is the pgx query exec mode the README recommends behind
+// PgBouncer 1.18 in transaction pooling: no named prepared statements, and
+// parameters encoded by the types the server describes, as in pgx's
+// default mode (so a step's own statements in WithTx behave the same).
+const bouncerExecMode = pgx.QueryExecModeCacheDescribe
+
+// bouncerPoolSize is PgBouncer's server connections for the test database:
+// fewer than the engine's client connections, so transactions really are
+// multiplexed over shared server sessions.
+const bouncerPoolSize = 4
+
+// bouncerPool is a pool of connections through the pooler at url.
+func bouncerPool(t *testing.T, url string, mode pgx.QueryExecMode, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// setupBouncer is setup behind a PgBouncer in transaction pooling mode: the
+// schema is created and migrated directly (b.pool, which the checks use),
+// the engine works through the pooler with the given exec mode.
+func setupBouncer(t *testing.T, mode pgx.QueryExecMode, poolSize int, cfg *gendurable.Config) (*testBundle, *pgxpool.Pool) {
+	t.Helper()
+	url := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolSize: poolSize}).URL
+	direct, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4, Extra: int32(poolSize)})
+	pool := bouncerPool(t, url, mode, 16)
+	cfg.Schema = schema
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	return &testBundle{t: t, pool: direct, schema: schema, eng: eng}, pool
+}
+
+// bouncerWorkload is one kind of work run through the pooler: the
+// definitions and queues it needs, what to prepare before the engine
+// starts, and what to run and check once it has.
+type bouncerWorkload struct {
+	name   string
+	defs   []gendurable.Definition
+	queues map[string]gendurable.QueueConfig
+	prep   func(b *testBundle)
+	// run gets the test's bundle (b.pool is the direct pool) and the
+	// engine's pool, which goes through the pooler.
+	run func(b *testBundle, through *pgxpool.Pool)
+}
+
+const bouncerWait = 30 * time.Second
+
+// bouncerWorkloads is every kind of work that must finish behind PgBouncer
+// in transaction pooling. They run at once, on one engine.
+//
+// Keyed instances (InsertOpts.PartitionKey) are not in the list: their
+// steps hold a session-level advisory lock today, which transaction pooling
+// cannot keep. The key-lease work of issue 12 makes them session-free; its
+// workload (keyed instances of a few hot keys, 0 overlapping steps per key)
+// joins this list then.
+func bouncerWorkloads(lease time.Duration) []bouncerWorkload {
+	return []bouncerWorkload{
+		bouncerJobs(), bouncerMachine(), bouncerSignals(), bouncerChildren(),
+		bouncerUnique(), bouncerWithTx(lease, 2), bouncerInsertMany(), bouncerAdmin(),
+	}
+}
+
+// TestPgBouncerTransactionPooling runs jobs, machines, signals, children,
+// unique inserts, WithTx outcomes longer than a lease, InsertMany and the
+// admin API through a PgBouncer in transaction pooling mode, in each pgx
+// exec mode that PgBouncer 1.18 supports (the README's first): all finish.
+//
+// Not parallel with other tests: its workloads are parallel subtests, which
+// would wait for a slot that a parallel test waiting for the connection
+// budget holds, while this test holds budget.
+func TestPgBouncerTransactionPooling(t *testing.T) {
+	modes := []pgx.QueryExecMode{bouncerExecMode, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol}
+	if testing.Short() {
+		modes = modes[:1]
+	}
+	for _, mode := range modes {
+		// One after the other: each holds a share of the connection budget,
+		// and its workloads run in parallel.
+		t.Run(mode.String(), func(t *testing.T) { runBouncerWorkloads(t, mode) })
+	}
+}
+
+func runBouncerWorkloads(t *testing.T, mode pgx.QueryExecMode) {
+	const lease = 2 * time.Second
+	workloads := bouncerWorkloads(lease)
+	cfg := &gendurable.Config{
+		Queues: map[string]gendurable.QueueConfig{
+			"default": {Concurrency: 8, PollInterval: 20 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond},
+		},
+		LeaseDuration:     lease,
+		HeartbeatInterval: lease / 4,
+		ReaperInterval:    200 * time.Millisecond,
+		DrainTimeout:      5 * time.Second,
+	}
+	for _, w := range workloads {
+		cfg.Machines = append(cfg.Machines, w.defs...)
+		for q, qc := range w.queues {
+			cfg.Queues[q] = qc
+		}
+	}
+	b, through := setupBouncer(t, mode, bouncerPoolSize, cfg)
+	for _, w := range workloads {
+		if w.prep != nil {
+			w.prep(b)
+		}
+	}
+	b.start()
+	t.Run("workloads", func(t *testing.T) {
+		for _, w := range workloads {
+			t.Run(w.name, func(t *testing.T) {
+				t.Parallel()
+				wb := *b
+				wb.t = t
+				w.run(&wb, through)
+			})
+		}
+	})
+}
+
+func bouncerJobs() bouncerWorkload {
+	var runs sync.Map // id → *atomic.Int32
+	job := &gendurable.Job[orderArgs]{Name: "bjob", Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+		n, _ := runs.LoadOrStore(j.ID, new(atomic.Int32))
+		n.(*atomic.Int32).Add(1)
+		return nil
+	}}
+	return bouncerWorkload{name: "jobs", defs: []gendurable.Definition{job}, run: func(b *testBundle, _ *pgxpool.Pool) {
+		var ids []int64
+		for i := range 40 {
+			ids = append(ids, b.insert(job.New(orderArgs{I: i})))
+		}
+		for _, id := range ids {
+			b.waitStatus(id, "done", bouncerWait)
+			n, ok := runs.Load(id)
+			require.True(b.t, ok)
+			require.Equal(b.t, int32(1), n.(*atomic.Int32).Load(), "job %d ran once", id)
+		}
+	}}
+}
+
+type bouncerSteps struct {
+	Trail []string `json:"trail"`
+}
+
+func bouncerMachine() bouncerWorkload {
+	step := func(name, next string) gendurable.StepFunc[bouncerSteps] {
+		return func(ctx context.Context, r *gendurable.Run[bouncerSteps]) (gendurable.Outcome, error) {
+			s := r.State
+			s.Trail = append(s.Trail, name)
+			if next == "" {
+				return gendurable.Done(s), nil
+			}
+			o := r.Next(next, s)
+			if name == "b" {
+				o = o.After(50 * time.Millisecond) // a durable sleep between steps
+			}
+			return o, nil
+		}
+	}
+	m := &gendurable.Machine[bouncerSteps]{Name: "bsteps", Start: "a", Steps: map[string]gendurable.StepFunc[bouncerSteps]{
+		"a": step("a", "b"), "b": step("b", "c"), "c": step("c", "d"), "d": step("d", ""),
+	}}
+	return bouncerWorkload{name: "machine", defs: []gendurable.Definition{m}, run: func(b *testBundle, _ *pgxpool.Pool) {
+		var ids []int64
+		for range 20 {
+			ids = append(ids, b.insert(m.New(bouncerSteps{})))
+		}
+		for _, id := range ids {
+			r := b.waitStatus(id, "done", bouncerWait)
+			require.JSONEq(b.t, `{"trail":["a","b","c","d"]}`, string(r.Result))
+		}
+	}}
+}
+
+func bouncerSignals() bouncerWorkload {
+	m := awaiter(0)
+	return bouncerWorkload{name: "signals", defs: []gendurable.Definition{m}, run: func(b *testBundle, _ *pgxpool.Pool) {
+		ctx := context.Background()
+		var ids []int64
+		for range 10 {
+			ids = append(ids, b.insert(m.New(waitState{})))
+		}
+		for _, id := range ids {
+			eventually(b.t, bouncerWait, func() bool {
+				w, err := b.eng.Wait(ctx, id)
+				require.NoError(b.t, err)
+				return w.Status == gendurable.StatusAwaitingSignal
+			}, "instance %d never awaited", id)
+			res, err := b.eng.Signal(ctx, id, "pay", payment{Amount: int(id)}, &gendurable.SignalOpts{DedupKey: fmt.Sprint("pay-", id)})
+			require.NoError(b.t, err)
+			require.True(b.t, res.Woke)
+			dup, err := b.eng.Signal(ctx, id, "pay", payment{Amount: int(id)}, &gendurable.SignalOpts{DedupKey: fmt.Sprint("pay-", id)})
+			require.NoError(b.t, err)
+			require.True(b.t, dup.Duplicate)
+		}
+		for _, id := range ids {
+			r := b.waitStatus(id, "done", bouncerWait)
+			require.JSONEq(b.t, `{"got":["pay"],"rounds":1}`, string(r.Result))
+		}
+	}}
+}
+
+func bouncerChildren() bouncerWorkload {
+	parent, leaf := fanMachines()
+	return bouncerWorkload{name: "children", defs: []gendurable.Definition{parent, leaf}, run: func(b *testBundle, _ *pgxpool.Pool) {
+		var ids []int64
+		for range 3 {
+			ids = append(ids, b.insert(parent.New(fanState{Width: 4, Depth: 1})))
+		}
+		for _, id := range ids {
+			r := b.waitStatus(id, "done", bouncerWait)
+			var s fanState
+			require.NoError(b.t, jsonUnmarshal(r.Result, &s))
+			require.Equal(b.t, 4+4*4, s.ChildSum, "every child and grandchild joined")
+		}
+	}}
+}
+
+func bouncerUnique() bouncerWorkload {
+	release := make(chan struct{})
+	job := &gendurable.Job[orderArgs]{Name: "bunique", Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	return bouncerWorkload{name: "unique", defs: []gendurable.Definition{job}, run: func(b *testBundle, _ *pgxpool.Pool) {
+		ctx := context.Background()
+		opts := gendurable.InsertOpts{UniqueKey: "bouncer-order-7"}
+		var wg sync.WaitGroup
+		results := make([]gendurable.InsertResult, 8)
+		for i := range results {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := b.eng.Insert(ctx, job.New(orderArgs{I: i}).With(opts))
+				if err != nil {
+					b.t.Error(err)
+				}
+				results[i] = res
+			}()
+		}
+		wg.Wait()
+		var inserted int
+		for _, r := range results {
+			if !r.Duplicate {
+				inserted++
+			}
+			require.Equal(b.t, results[0].ID, r.ID, "every insert names the one live instance")
+		}
+		require.Equal(b.t, 1, inserted)
+		// Within one InsertMany too.
+		res, err := b.eng.InsertMany(ctx, []gendurable.InsertParams{job.New(orderArgs{}).With(opts), job.New(orderArgs{}).With(opts)})
+		require.NoError(b.t, err)
+		require.True(b.t, res[0].Duplicate && res[1].Duplicate)
+		close(release)
+		b.waitStatus(results[0].ID, "done", bouncerWait)
+		again := b.insert(job.New(orderArgs{}).With(opts))
+		require.NotEqual(b.t, results[0].ID, again, "the key is free once the holder is done")
+		b.waitStatus(again, "done", bouncerWait)
+		require.Equal(b.t, 2, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unique_key = 'bouncer-order-7'`))
+	}}
+}
+
+// bouncerWithTx: n WithTx outcomes, at once, whose transactions outlast a
+// lease commit once each. Behind PgBouncer the connection's backend pid
+// (from BackendKeyData) is a random number of PgBouncer's, not the server's,
+// so a watch that looked it up in pg_stat_activity would take the healthy
+// transaction for dead — when the number fits an int4 (the lookup of a
+// larger one fails, which proves nothing): about one connection in two,
+// hence several transactions on their own connections.
+func bouncerWithTx(lease time.Duration, n int) bouncerWorkload {
+	var calls atomic.Int32
+	var ledger string // schema.table, set by prep before the engine starts
+	m := &gendurable.Machine[leafArgs]{Name: "blongtx", Start: "post", MaxAttempts: 1, Steps: map[string]gendurable.StepFunc[leafArgs]{
+		"post": func(ctx context.Context, r *gendurable.Run[leafArgs]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+				calls.Add(1)
+				if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (instance, amount) VALUES ($1, $2)`, r.ID, r.State.N); err != nil {
+					return err
+				}
+				select { // hold the transaction open for two leases and a half: two checks of its session
+				case <-time.After(2*lease + lease/2):
+					return nil
+				case <-ctx.Done():
+					return context.Cause(ctx)
+				}
+			}), nil
+		},
+	}}
+	return bouncerWorkload{
+		name: "withtx", defs: []gendurable.Definition{m},
+		prep: func(b *testBundle) {
+			ledger = b.schema + ".bouncer_ledger"
+			b.exec(`CREATE TABLE ` + ledger + ` (instance bigint, amount int)`)
+		},
+		run: func(b *testBundle, _ *pgxpool.Pool) {
+			ps := make([]gendurable.InsertParams, n)
+			for i := range ps {
+				ps[i] = m.New(leafArgs{N: i})
+			}
+			res, err := b.eng.InsertMany(context.Background(), ps)
+			require.NoError(b.t, err)
+			for _, r := range res {
+				row := b.waitStatus(r.ID, "done", bouncerWait)
+				require.Equal(b.t, 0, row.Attempt)
+				require.Empty(b.t, row.Errors, "instance %d: its transaction was taken for dead", r.ID)
+				require.Equal(b.t, 1, b.count(`SELECT count(*) FROM {{s}}.bouncer_ledger WHERE instance = $1`, r.ID))
+			}
+			require.Equal(b.t, int32(n), calls.Load(), "each callback ran once")
+		},
+	}
+}
+
+func bouncerInsertMany() bouncerWorkload {
+	var ran atomic.Int32
+	job := &gendurable.Job[orderArgs]{Name: "bmany", Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+		ran.Add(1)
+		return nil
+	}}
+	return bouncerWorkload{name: "insertmany", defs: []gendurable.Definition{job}, run: func(b *testBundle, through *pgxpool.Pool) {
+		ctx := context.Background()
+		ps := make([]gendurable.InsertParams, 300)
+		for i := range ps {
+			ps[i] = job.New(orderArgs{I: i})
+		}
+		res, err := b.eng.InsertMany(ctx, ps)
+		require.NoError(b.t, err)
+		require.Len(b.t, res, len(ps))
+		// InsertManyTx inside the caller's transaction, through the pooler.
+		require.NoError(b.t, pgx.BeginFunc(ctx, through, func(tx pgx.Tx) error {
+			_, err := b.eng.InsertManyTx(ctx, tx, ps[:20])
+			return err
+		}))
+		eventually(b.t, bouncerWait, func() bool {
+			return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'bmany' AND status = 'done'`) == 320
+		}, "InsertMany's instances did not all finish")
+		require.Equal(b.t, int32(320), ran.Load())
+	}}
+}
+
+func bouncerAdmin() bouncerWorkload {
+	fail := atomic.Bool{}
+	fail.Store(true)
+	job := &gendurable.Job[orderArgs]{Name: "badmin", Queue: "badmin", MaxAttempts: 1, Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+		if j.State.I == 0 && fail.Load() {
+			return errors.New("fails until retried")
+		}
+		return nil
+	}}
+	return bouncerWorkload{
+		name: "admin", defs: []gendurable.Definition{job},
+		queues: map[string]gendurable.QueueConfig{"badmin": {Concurrency: 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond}},
+		run: func(b *testBundle, _ *pgxpool.Pool) {
+			ctx := context.Background()
+			failing := b.insert(job.New(orderArgs{I: 0}))
+			b.waitStatus(failing, "failed", bouncerWait)
+
+			require.NoError(b.t, b.eng.Pause(ctx, "badmin"))
+			var held []int64
+			for i := 1; i <= 3; i++ {
+				held = append(held, b.insert(job.New(orderArgs{I: i})))
+			}
+			time.Sleep(300 * time.Millisecond)
+			page, err := b.eng.List(ctx, gendurable.ListFilter{Queue: "badmin", Status: gendurable.StatusRunnable})
+			require.NoError(b.t, err)
+			require.Len(b.t, page.Instances, 3, "a paused queue is not picked")
+			d, err := b.eng.Describe(ctx, held[0])
+			require.NoError(b.t, err)
+			require.Equal(b.t, gendurable.StatusRunnable, d.Status)
+			require.NoError(b.t, b.eng.Cancel(ctx, held[0], "not wanted"))
+			qs, err := b.eng.Queues(ctx)
+			require.NoError(b.t, err)
+			require.NotEmpty(b.t, qs)
+			inst, err := b.eng.Instance(ctx, held[1])
+			require.NoError(b.t, err)
+			require.Equal(b.t, gendurable.StatusRunnable, inst.Status)
+			g, err := b.eng.Graph(ctx, "badmin")
+			require.NoError(b.t, err)
+			require.NotEmpty(b.t, g.Steps)
+			require.NoError(b.t, b.eng.Resume(ctx, "badmin"))
+			b.waitStatus(held[1], "done", bouncerWait)
+			b.waitStatus(held[2], "done", bouncerWait)
+			require.Equal(b.t, "failed", b.row(held[0]).Status)
+
+			fail.Store(false)
+			require.NoError(b.t, b.eng.Retry(ctx, failing))
+			b.waitStatus(failing, "done", bouncerWait)
+
+			b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '2 days' WHERE queue = 'badmin'`)
+			n, err := b.eng.Prune(ctx, 24*time.Hour, nil)
+			require.NoError(b.t, err)
+			require.Equal(b.t, int64(4), n, "the queue's four finished instances, and nothing of the others")
+			_, err = b.eng.Describe(ctx, failing)
+			require.ErrorIs(b.t, err, gendurable.ErrNotFound)
+		},
+	}
+}
+
+// TestPgBouncerWithTxLongerThanALease is the withtx workload alone, with
+// six transactions at once and server sessions to spare, so that the
+// watch's checks of each transaction's session (once a lease, each bounded
+// by the heartbeat interval) are answered rather than queued: without the
+// real backend pid, all six pass only if all six connections drew a pid
+// above the int4 range (1 in 64).
+func TestPgBouncerWithTxLongerThanALease(t *testing.T) {
+	const lease, n = 1500 * time.Millisecond, 6
+	w := bouncerWithTx(lease, n)
+	cfg := &gendurable.Config{
+		Machines:          w.defs,
+		Queues:            map[string]gendurable.QueueConfig{"default": {Concurrency: n, PollInterval: 20 * time.Millisecond}},
+		LeaseDuration:     lease,
+		HeartbeatInterval: lease / 3,
+		ReaperInterval:    200 * time.Millisecond,
+	}
+	b, through := setupBouncer(t, bouncerExecMode, n+2, cfg)
+	w.prep(b)
+	b.start()
+	w.run(b, through)
+}
+
+// TestPgBouncerMigrate: migrations run through the pooler — one
+// transaction each, serialized by a transaction-level advisory lock, so
+// concurrent migrators through shared server sessions apply each version
+// once — and down again.
+func TestPgBouncerMigrate(t *testing.T) {
+	url := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolSize: 2}).URL
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, Extra: 2, NoMigrate: true})
+	pool := bouncerPool(t, url, bouncerExecMode, 6)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	results := make([]migrate.Result, 4)
+	errs := make([]error, len(results))
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = migrate.Up(ctx, pool, schema)
+		}()
+	}
+	wg.Wait()
+	var applied int
+	for i := range results {
+		require.NoError(t, errs[i])
+		applied += len(results[i].Applied)
+	}
+	require.Equal(t, migrate.Latest(), applied, "each version applied once")
+	v, err := migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, migrate.Latest(), v)
+	_, err = migrate.Down(ctx, pool, schema)
+	require.NoError(t, err)
+	v, err = migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Zero(t, v)
+}
+
+// TestPgBouncerExecModes: pgx's default mode (named prepared statements,
+// cached per client connection) breaks through PgBouncer 1.18 in
+// transaction pooling as soon as two client connections share a server
+// session; the modes without named statements work. Of those, only
+// cache_describe encodes parameters by the types the server describes, as
+// the default mode does: exec and simple_protocol guess from the Go type,
+// so JSON as []byte becomes bytea and a map has no encoding at all — which
+// a step's own statements in WithTx would run into.
+func TestPgBouncerExecModes(t *testing.T) {
+	url := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolSize: 1}).URL
+	_, _ = dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, Extra: 1, NoMigrate: true}) // reserves the budget
+	ctx := context.Background()
+	const q = "SELECT $1::int + 1"
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
+		t.Run(mode.String(), func(t *testing.T) {
+			pool := bouncerPool(t, url, mode, 2)
+			a, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer a.Release()
+			c, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer c.Release()
+			var n int
+			require.NoError(t, a.QueryRow(ctx, q, 1).Scan(&n))
+			err = c.QueryRow(ctx, q, 1).Scan(&n) // the same server session, another client
+			if mode == pgx.QueryExecModeCacheStatement {
+				var pgErr *pgconn.PgError
+				require.ErrorAs(t, err, &pgErr)
+				require.Equal(t, "42P05", pgErr.Code, "prepared statement already exists: %v", err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, 2, n)
+
+			var doc string
+			errBytes := c.QueryRow(ctx, "SELECT $1::jsonb::text", []byte(`{"a":1}`)).Scan(&doc)
+			errMap := c.QueryRow(ctx, "SELECT $1::jsonb::text", map[string]int{"a": 1}).Scan(&doc)
+			if mode == bouncerExecMode {
+				require.NoError(t, errBytes)
+				require.NoError(t, errMap)
+				require.JSONEq(t, `{"a":1}`, doc)
+			} else {
+				require.Error(t, errBytes, "[]byte sent as bytea")
+				require.Error(t, errMap, "no text encoding for a map")
+			}
+		})
+	}
+}
+
+// pidQuestions counts the statements that ask for the backend pid.
+type pidQuestions struct{ n atomic.Int32 }
+
+func (c *pidQuestions) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, "pg_backend_pid()") {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *pidQuestions) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestPgBouncerWithTxAsksForTheBackendPID: a WithTx transaction asks the
+// server for its backend pid (the one its watch looks for) — through the
+// pooler once per transaction, since the pid a connection announced is
+// PgBouncer's own; on a direct connection once per connection, after which
+// the announced pid is trusted.
+func TestPgBouncerWithTxAsksForTheBackendPID(t *testing.T) {
+	const instances = 6
+	m := &gendurable.Machine[leafArgs]{Name: "pidtx", Start: "post", Steps: map[string]gendurable.StepFunc[leafArgs]{
+		"post": func(ctx context.Context, r *gendurable.Run[leafArgs]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error { return nil }), nil
+		},
+	}}
+	url := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolSize: 2}).URL
+	for _, c := range []struct {
+		name string
+		url  string
+		mode pgx.QueryExecMode
+		want func(t *testing.T, asked int32)
+	}{
+		{"direct", dbtest.URL(), pgx.QueryExecModeCacheStatement, func(t *testing.T, asked int32) {
+			require.Positive(t, asked)
+			require.LessOrEqual(t, asked, int32(3), "at most once per connection (MaxConns 3)")
+		}},
+		{"through PgBouncer", url, bouncerExecMode, func(t *testing.T, asked int32) {
+			require.Equal(t, int32(instances), asked, "once per transaction")
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			direct, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, Extra: 3})
+			q := &pidQuestions{}
+			pcfg, err := pgxpool.ParseConfig(c.url)
+			require.NoError(t, err)
+			pcfg.MaxConns = 3
+			pcfg.ConnConfig.DefaultQueryExecMode = c.mode
+			pcfg.ConnConfig.Tracer = q
+			pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			cfg := fastConfig(schema, m)
+			cfg.Logger = testLogger(t)
+			eng, err := gendurable.New(pool, cfg)
+			require.NoError(t, err)
+			b := &testBundle{t: t, pool: direct, schema: schema, eng: eng}
+			b.start()
+			for range instances {
+				b.waitStatus(b.insert(m.New(leafArgs{})), "done", bouncerWait)
+			}
+			c.want(t, q.n.Load())
+		})
+	}
+}
