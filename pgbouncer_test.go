@@ -81,16 +81,43 @@ const bouncerWait = 30 * time.Second
 // bouncerWorkloads is every kind of work that must finish behind PgBouncer
 // in transaction pooling. They run at once, on one engine.
 //
-// Keyed instances (InsertOpts.PartitionKey) are not in the list: their
-// steps hold a session-level advisory lock today, which transaction pooling
-// cannot keep. The key-lease work of issue 12 makes them session-free; its
-// workload (keyed instances of a few hot keys, 0 overlapping steps per key)
-// joins this list then.
+// Keyed instances are in it: a key's slot is its executing row and the
+// pick's per-key lock is transaction-scoped, so nothing of a key lives in a
+// server session.
 func bouncerWorkloads(lease time.Duration) []bouncerWorkload {
 	return []bouncerWorkload{
 		bouncerJobs(), bouncerMachine(), bouncerSignals(), bouncerChildren(),
 		bouncerUnique(), bouncerWithTx(lease, 2), bouncerInsertMany(), bouncerAdmin(),
+		bouncerKeyed(),
 	}
+}
+
+// bouncerKeyed: keyed instances of a few hot keys, limit 1 and limit 2, with
+// steps long enough to collide: never more running per key than its limit.
+func bouncerKeyed() bouncerWorkload {
+	g := newKeyGauge()
+	job := &gendurable.Job[spanArgs]{Name: "bkeyed", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		time.Sleep(15 * time.Millisecond)
+		return nil
+	}}
+	return bouncerWorkload{name: "keyed", defs: []gendurable.Definition{job}, run: func(b *testBundle, _ *pgxpool.Pool) {
+		var ps []gendurable.InsertParams
+		for i := range 30 {
+			ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("bk-one-", i%2)}))
+			ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "bk-two", KeyLimit: 2}))
+		}
+		res, err := b.eng.InsertMany(context.Background(), ps)
+		require.NoError(b.t, err)
+		for _, r := range res {
+			b.waitStatus(r.ID, "done", bouncerWait)
+		}
+		for key, limit := range map[string]int{"bk-one-0": 1, "bk-one-1": 1, "bk-two": 2} {
+			require.LessOrEqual(b.t, g.max(key), limit, "key %s: most steps at once", key)
+			require.GreaterOrEqual(b.t, g.max(key), 1, "key %s ran", key)
+		}
+	}}
 }
 
 // TestPgBouncerTransactionPooling runs jobs, machines, signals, children,
