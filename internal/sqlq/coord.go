@@ -122,7 +122,8 @@ SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
        i.children_total, i.children_pending, i.partition_key,
        CASE WHEN i.partition_key IS NOT NULL AND i.status = 'runnable' THEN
          ARRAY(SELECT x.id FROM {{schema}}.gendurable_instances AS x
-               WHERE x.status = 'executing' AND x.partition_key = i.partition_key AND x.lease_expires_at > now()
+               WHERE x.partition_key = i.partition_key AND x.lease_expires_at IS NOT NULL
+                 AND (x.lease_expires_at > now() OR x.claim_token IS NOT NULL) AND x.id <> i.id
                ORDER BY x.lease_expires_at LIMIT 100) END,
        i.inbox, i.lease_expires_at, now(), i.key_limit, b.tokens, b.refilled_at
 FROM {{schema}}.gendurable_instances AS i
