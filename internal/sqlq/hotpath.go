@@ -206,9 +206,9 @@ func nullJSON(m json.RawMessage) []byte {
 // queue's heartbeat; they are reported as still held if their token still
 // matches, and get extended on the next tick. A row that is not held any
 // more was reaped (or finished elsewhere): its step is a zombie. A keyed row
-// whose lease already ran out on the database clock is not extended either:
-// its key's slot is free from that moment, and another row of the key may
-// be running (docs/design.md §6).
+// whose lease already ran out on the database clock is not extended either
+// (checked after its row lock, on the clock of that moment): its key's slot
+// may be another row's by now (docs/design.md §6).
 
 const heartbeatSQL = `
 WITH h AS MATERIALIZED (
@@ -221,7 +221,7 @@ WITH h AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED
   ) AS l
   WHERE l.claim_token = h.token AND l.status = 'executing'
-    AND (l.partition_key IS NULL OR l.lease_expires_at > now())
+    AND (l.partition_key IS NULL OR l.lease_expires_at > clock_timestamp())
 ), extended AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
@@ -235,7 +235,7 @@ WITH h AS MATERIALIZED (
     OFFSET 0
   ) AS s
   WHERE s.claim_token = h.token AND s.status = 'executing'
-    AND (s.partition_key IS NULL OR s.lease_expires_at > now())
+    AND (s.partition_key IS NULL OR s.lease_expires_at > clock_timestamp())
 )
 SELECT id FROM extended UNION SELECT id FROM snap`
 

@@ -152,9 +152,10 @@ WITH locked AS MATERIALIZED (
   -- flattened, and its only condition is the id); the fence is checked on
   -- the locked, newest row version.
   -- A keyed row whose lease ran out goes on only through the queue: its
-  -- key's slot may be another row's by now (docs/design.md §6).
+  -- key's slot may be another row's by now (docs/design.md §6). The lease
+  -- is read after the row lock, on the clock of that moment.
   SELECT o.*, c.fanout, c.inbox <> '{}'::jsonb AS has_inbox,
-         o.cont_asked AND (c.partition_key IS NULL OR c.lease_expires_at > now()) AS cont
+         o.cont_asked AND (c.partition_key IS NULL OR c.lease_expires_at > clock_timestamp()) AS cont
   FROM unnest(@ids::bigint[], @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
               @delays::bigint[], @attempt_inc::int[], @results::text[], @err_kinds::text[], @errs::text[],
               @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[])
