@@ -105,7 +105,7 @@ func connLimits(t *testing.T, pool, conc int) {
 		}
 	}
 	summary(t, r.Line("conn-limits", fmt.Sprintf("pool of %d, concurrency %d, %d distinct partition keys", cfg.MaxConns, cfg.Concurrency, n))+
-		fmt.Sprintf(" (at most %d connections seen in %d samples; all done in %s, %.0f steps/s, longest gap between commits %s; %d contended claims; reported: %s; %s)",
+		fmt.Sprintf(" (at most %d connections seen in %d samples; all done in %s, %.0f steps/s, longest gap between commits %s; %d full keys passed over; reported: %s; %s)",
 			*maxSeen, *samples, took.Round(100*time.Millisecond), float64(r.Committed)/took.Seconds(), gap.Round(time.Millisecond), contended, trunc(rep, 160), r.Invariants()))
 	c.done()
 }

@@ -190,9 +190,10 @@ func runWorker(cfg WorkerConfig, out *emitter, logger *slog.Logger) (int, error)
 		case *gendurable.ReapEvent:
 			c.reaped.Add(int64(e.Count))
 			c.reapedFailed.Add(int64(e.Failed))
-		case *gendurable.PartitionContendedEvent:
-			c.contended.Add(1)
 		case *gendurable.PickEvent:
+			for _, th := range e.Throttled {
+				c.contended.Add(int64(th.Full)) // keys passed over full
+			}
 			if e.Err != nil {
 				c.pickErrs.Add(1)
 				c.mu.Lock()

@@ -114,6 +114,12 @@ type held struct {
 	running    bool
 	committing bool                    // the step returned; its outcome is being written
 	cancel     context.CancelCauseFunc // set once running
+	// deadline is when this claim's lease may run out on the database
+	// clock, as far as this process knows: a local instant no later than
+	// the database's expiry (it is taken before the statement that set the
+	// lease was sent). Past it the claim is given up (see expire).
+	deadline     time.Time
+	committingAt time.Time // when the outcome statement was about to be sent
 }
 
 // Feeder feeds one queue.
@@ -141,13 +147,15 @@ type Feeder struct {
 	more      bool // the last pick was full, or an outcome made work runnable
 	released  int  // rows handed back when Run stopped
 	// lastBeat is when the held leases were last confirmed (or nothing was
-	// held); set through confirmed, which moves deadline with it.
+	// held): dispatch holds buffered rows back when it is old.
 	lastBeat time.Time
-	// deadline fires when lastBeat + Lease passes with no newer
-	// confirmation: the leases may have run out on the database clock, so
-	// every held claim is given up at once (see expire) — also the moment a
-	// stopped process resumes, before it sends another heartbeat.
+	// deadline fires at the earliest held claim's deadline (armedAt): the
+	// claims whose lease may have run out on the database clock are given
+	// up at once (see expire) — also the moment a stopped process resumes,
+	// before it sends another heartbeat.
 	deadline *time.Timer
+	armedAt  time.Time
+	timerOff bool // Heartbeat returned: the timer stays stopped
 	// keyCursor is the key the last pick's walk over partition keys
 	// stopped at: the next pick starts after it (round robin). Loop only.
 	keyCursor string
@@ -166,23 +174,67 @@ func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log 
 		// Not zero: dispatch waits while the leases look unconfirmed.
 		lastBeat: time.Now(),
 	}
-	s.deadline = time.AfterFunc(cfg.Lease, s.expire)
+	s.deadline = time.AfterFunc(time.Hour, s.expire)
+	s.deadline.Stop()
 	return s
 }
 
-// confirmed records that every lease held at the instant at was confirmed
-// (or that nothing was held then), and moves the local lease deadline to
-// at + Lease. The caller holds s.mu.
-func (s *Feeder) confirmed(at time.Time) {
-	s.lastBeat = at
-	s.deadline.Reset(time.Until(at.Add(s.cfg.Lease)))
+// confirmed records that the held leases were confirmed at the instant at
+// (or that nothing was held then). The caller holds s.mu.
+func (s *Feeder) confirmed(at time.Time) { s.lastBeat = at }
+
+// armLocked sets the timer for the earliest deadline among the held claims,
+// or for d if that is earlier than what it is armed for. The caller holds
+// s.mu.
+func (s *Feeder) armLocked(d time.Time) {
+	if s.timerOff || (!s.armedAt.IsZero() && !d.Before(s.armedAt)) {
+		return
+	}
+	s.armedAt = d
+	s.deadline.Reset(time.Until(d))
 }
 
-// expire runs when the local lease deadline passes: the leases may have
-// run out on the database clock, where another process (or, for a keyed
-// row, another row of its key) may take over — so the steps are cancelled
-// now rather than after the next heartbeat says so (docs/design.md §6).
-func (s *Feeder) expire() { s.abandonIfExpired() }
+// rearmLocked arms the timer for the earliest deadline among the held
+// claims (none held: disarmed). The caller holds s.mu.
+func (s *Feeder) rearmLocked() {
+	s.armedAt = time.Time{}
+	s.deadline.Stop()
+	for _, h := range s.held {
+		s.armLocked(h.deadline)
+	}
+}
+
+// expire gives up every held claim whose deadline has passed: its lease
+// may have run out on the database clock, where another process (or, for a
+// keyed row, another row of its key) may take over. A running step is
+// cancelled with ErrLeaseLost, a buffered row dropped (docs/design.md §6).
+func (s *Feeder) expire() {
+	s.mu.Lock()
+	now := time.Now()
+	var lost []int64
+	for token, h := range s.held {
+		if h.deadline.After(now) {
+			continue
+		}
+		lost = append(lost, h.id)
+		delete(s.held, token)
+		if h.running {
+			h.cancel(ErrLeaseLost)
+			continue
+		}
+		for j := range s.buffer {
+			if s.buffer[j].Token == token {
+				s.buffer = append(s.buffer[:j], s.buffer[j+1:]...)
+				break
+			}
+		}
+	}
+	s.rearmLocked()
+	s.mu.Unlock()
+	for _, id := range lost {
+		s.ev.LeaseLost(s.cfg.Queue, id)
+	}
+}
 
 // Kick wakes the loop at once (a local insert made work runnable).
 func (s *Feeder) Kick() {
@@ -348,7 +400,9 @@ func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 	res, err := s.q.Pick(ctx, s.db, s.cfg.Queue, sqlq.PickOpts{
 		Limit: demand, Lease: s.cfg.Lease, Cursor: s.keyCursor, Policies: s.cfg.KeyPolicies, Global: s.cfg.Global})
 	rows := res.Claimed
-	s.keyCursor = res.Cursor
+	if err == nil {
+		s.keyCursor = res.Cursor
+	}
 	s.ev.Pick(PickReport{Queue: s.cfg.Queue, Count: len(rows), Demand: demand, Duration: time.Since(start), Err: err,
 		KeysFull: res.KeysFull, KeysRated: res.KeysRated})
 	if err != nil {
@@ -357,7 +411,8 @@ func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 	}
 	s.mu.Lock()
 	for _, c := range rows {
-		s.held[c.Token] = &held{id: c.ID}
+		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease)}
+		s.armLocked(start.Add(s.cfg.Lease))
 	}
 	s.buffer = append(s.buffer, rows...)
 	s.mu.Unlock()
@@ -504,7 +559,12 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 	s.mu.Lock()
 	s.confirmed(time.Now())
 	s.mu.Unlock()
-	defer s.deadline.Stop()
+	defer func() {
+		s.mu.Lock()
+		s.timerOff = true
+		s.deadline.Stop()
+		s.mu.Unlock()
+	}()
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
@@ -516,7 +576,7 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 		// A process that was stopped past its leases gives them up before
 		// it asks the database to extend them (the deadline timer may not
 		// have run yet).
-		s.abandonIfExpired()
+		s.expire()
 		s.heartbeatOnce(ctx)
 	}
 }
@@ -549,13 +609,15 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	if err != nil {
 		if ctx.Err() == nil {
 			s.ev.HeartbeatFailed(s.cfg.Queue, err)
-			s.abandonIfExpired()
+			s.expire()
 		}
 		return
 	}
-	ok := make(map[int64]bool, len(kept))
-	for _, id := range kept {
-		ok[id] = true
+	// What is left of each kept lease, on the database clock when the
+	// statement looked, counts from start, which is no later.
+	left := make(map[int64]time.Duration, len(kept))
+	for _, k := range kept {
+		left[k.ID] = k.Left
 	}
 	// The statement reports ids, but this feeder may hold one instance under
 	// two tokens: a zombie whose lease was reaped, and the claim it picked
@@ -572,9 +634,15 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	var lost []int64
 	for i, token := range tokens {
 		h := s.held[token]
-		if ok[ids[i]] && newest[ids[i]] == token || h == nil || h.committing {
-			// Extended; or finished meanwhile; or its outcome is being
-			// written and may just have committed: its fence settles it.
+		if d, ok := left[ids[i]]; ok && newest[ids[i]] == token && h != nil {
+			// Extended, or held but locked by someone else and not
+			// extended (d says how long it still is ours).
+			h.deadline = start.Add(d)
+			continue
+		}
+		if h == nil || h.committing {
+			// Finished meanwhile; or its outcome is being written and may
+			// just have committed: its fence settles it.
 			continue
 		}
 		// Gone: stop heartbeating it; cancel its step, or drop it from the buffer.
@@ -591,38 +659,13 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 			}
 		}
 	}
+	s.rearmLocked()
 	s.mu.Unlock()
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
 	if resume {
 		s.wake() // dispatch the buffered claims that are still ours
-	}
-}
-
-// abandonIfExpired gives up every held claim once no heartbeat has confirmed
-// the leases for a whole lease period (the database is unreachable from
-// here): the reaper may already have handed them to another process, so
-// running steps are cancelled with ErrLeaseLost and buffered rows dropped.
-func (s *Feeder) abandonIfExpired() {
-	s.mu.Lock()
-	if time.Since(s.lastBeat) < s.cfg.Lease {
-		s.mu.Unlock()
-		return
-	}
-	var lost []int64
-	for token, h := range s.held {
-		lost = append(lost, h.id)
-		delete(s.held, token)
-		if h.running {
-			h.cancel(ErrLeaseLost)
-		}
-	}
-	s.buffer = nil
-	s.confirmed(time.Now()) // nothing is held now
-	s.mu.Unlock()
-	for _, id := range lost {
-		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
 }
 
@@ -644,6 +687,9 @@ func (h *holder) Continue(oldToken, newToken int64) bool {
 	}
 	delete(h.s.held, oldToken)
 	e.committing = false // the next step runs
+	// The outcome statement gave the row a fresh lease; it was sent after
+	// committingAt.
+	e.deadline = e.committingAt.Add(h.s.cfg.Lease)
 	h.s.held[newToken] = e
 	h.token = newToken
 	return true
@@ -652,7 +698,7 @@ func (h *holder) Continue(oldToken, newToken int64) bool {
 func (h *holder) Committing() {
 	h.s.mu.Lock()
 	if e := h.s.held[h.token]; e != nil {
-		e.committing = true
+		e.committing, e.committingAt = true, time.Now()
 	}
 	h.s.mu.Unlock()
 }

@@ -60,7 +60,7 @@ func (q *Queries) Signal(ctx context.Context, db DB, target int64, name string, 
 // ---------------------------------------------------------------------------
 // What a step reads besides its row — its unconsumed signals and its
 // children — comes with the statement that claims it (pick, or a chaining
-// outcome): see inboxRowsSQL and childRowsSQL.
+// outcome): see inboxRowsSQL and the pick function's child_rows.
 
 // SignalRow is one unconsumed signal.
 type SignalRow struct {

@@ -18,14 +18,15 @@ import (
 // limit under a transaction-level advisory lock. A paused queue (one primary-key
 // probe) yields nothing. The last row has no claim: it carries the cursor.
 //
-// The claimed rows come back whole from the function; the signals and children
-// their steps will read are added here, from those values.
+// The claimed rows come back whole from the function, with the signals and
+// children their steps will read: read there, by the statement that claimed
+// them (this statement's own snapshot is older than the function's claims,
+// and would miss a signal that woke a row just before it was claimed).
 
 const pickSQL = `
 SELECT p.next_cursor, p.keys_full, p.keys_rated, i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state, i.attempt,
        i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
-       CASE WHEN i.inbox <> '{}'::jsonb THEN ` + inboxRowsSQL + ` END,
-       CASE WHEN i.children_total > 0 THEN ` + childRowsSQL + ` END
+       p.inbox_rows, p.child_rows
 FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7::float8[], $8::int[], $9, $10) AS p
 CROSS JOIN LATERAL (SELECT (p.c).*) AS i`
 
@@ -37,16 +38,6 @@ const inboxRowsSQL = `(SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s
                                                    'at', s.inserted_at) ORDER BY s.id)
            FROM {{schema}}.gendurable_signals AS s
            WHERE s.target_id = i.id AND s.consumed_at IS NULL)`
-
-// childRowsSQL is the children of row i's latest fan-out, in insertion order,
-// as one JSON array. The index on (parent_id, parent_fanout) (schema version 5)
-// finds that generation alone: the cost is the latest fan-out's children, not
-// every child the parent ever had.
-const childRowsSQL = `(SELECT jsonb_agg(jsonb_build_object('id', c.id, 'fsm', c.fsm, 'version', c.fsm_version,
-                                                   'step', c.step, 'status', c.status, 'result', c.result,
-                                                   'finished_at', c.finished_at) ORDER BY c.id)
-           FROM {{schema}}.gendurable_instances AS c
-           WHERE c.parent_id = i.id AND c.parent_fanout = i.fanout)`
 
 // Claimed is one row the pick moved to executing.
 type Claimed struct {
@@ -164,7 +155,8 @@ func decodeInbox(b []byte) ([]SignalRow, error) {
 	return out, nil
 }
 
-// decodeChildren decodes childRowsSQL's array; NULL is no children.
+// decodeChildren decodes the pick's child_rows array (gendurable_pick,
+// migration 006); NULL is no children.
 func decodeChildren(b []byte) ([]ChildRow, error) {
 	if b == nil {
 		return nil, nil
@@ -227,9 +219,14 @@ WITH h AS MATERIALIZED (
   SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
   FROM lockable AS l
   WHERE i.id = l.id
-  RETURNING i.id
+  RETURNING i.id, i.lease_expires_at
 ), snap AS (
-  SELECT h.id FROM h CROSS JOIN LATERAL (
+  -- Held but locked by someone else, so not extended: a keyed row has what
+  -- is left of its lease (its key's slot is at stake); any other row counts
+  -- as extended, as its outcome's fence settles what happens to it.
+  SELECT h.id, CASE WHEN s.partition_key IS NULL THEN now() + $3::bigint * interval '1 microsecond'
+                    ELSE s.lease_expires_at END AS lease_expires_at
+  FROM h CROSS JOIN LATERAL (
     SELECT i.claim_token, i.status, i.partition_key, i.lease_expires_at FROM {{schema}}.gendurable_instances AS i
     WHERE i.id = h.id
     OFFSET 0
@@ -237,16 +234,32 @@ WITH h AS MATERIALIZED (
   WHERE s.claim_token = h.token AND s.status = 'executing'
     AND (s.partition_key IS NULL OR s.lease_expires_at > clock_timestamp())
 )
-SELECT id FROM extended UNION SELECT id FROM snap`
+SELECT id, (extract(epoch FROM max(lease_expires_at) - clock_timestamp()) * 1000000)::bigint
+FROM (SELECT id, lease_expires_at FROM extended UNION ALL SELECT id, lease_expires_at FROM snap) AS k
+GROUP BY id`
 
-// Heartbeat extends the leases of the (id, token) pairs and returns the ids
-// still held (extended now, or skipped because locked at this moment).
-func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lease time.Duration) ([]int64, error) {
+// Kept is a lease the heartbeat found still held: extended now, or (locked
+// by someone else at that moment) as it was. Left is how much of it was
+// left on the database clock when the statement looked.
+type Kept struct {
+	ID   int64
+	Left time.Duration
+}
+
+// Heartbeat extends the leases of the (id, token) pairs and returns those
+// still held.
+func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lease time.Duration) ([]Kept, error) {
 	rows, err := db.Query(ctx, q.heartbeat, ids, tokens, micros(lease))
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Kept, error) {
+		var k Kept
+		var us int64
+		err := row.Scan(&k.ID, &us)
+		k.Left = time.Duration(us) * time.Microsecond
+		return k, err
+	})
 }
 
 // ---------------------------------------------------------------------------

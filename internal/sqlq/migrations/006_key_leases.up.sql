@@ -50,7 +50,11 @@ CREATE TABLE {{schema}}.gendurable_key_buckets (
 );
 
 -- gendurable_pick claims up to p_limit runnable rows of p_queue with a lease of
--- p_lease_us microseconds and returns them (c), then one last row with c NULL whose
+-- p_lease_us microseconds and returns them (c) with what their steps read besides
+-- (inbox_rows: the unconsumed signals, when the inbox counts are not empty;
+-- child_rows: the latest fan-out's children) — read by the statement that claimed
+-- them, whose snapshot sees every signal the claimed row's counts do (the same
+-- JSON as inboxRowsSQL and childRowsSQL in hotpath.go) — then one last row with c NULL whose
 -- next_cursor is where the next pick's walk over keys starts, and which counts the
 -- keys it found full (keys_full) or out of starts (keys_rated), by policy: element
 -- i+1 for p_prefixes[i], element 1 for keys no policy matches (docs/design.md §6).
@@ -85,7 +89,8 @@ CREATE FUNCTION {{schema}}.gendurable_pick(
   p_queue text, p_limit int, p_lease_us bigint, p_cursor text,
   p_prefixes text[], p_limits int[], p_rates double precision[], p_bursts int[], p_max_keys int,
   p_global int)
-RETURNS TABLE (next_cursor text, keys_full int[], keys_rated int[], c {{schema}}.gendurable_instances)
+RETURNS TABLE (next_cursor text, keys_full int[], keys_rated int[], c {{schema}}.gendurable_instances,
+               inbox_rows jsonb, child_rows jsonb)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   ns       int := hashtext('gendurable:' || trim(both '"' from '{{schema}}'));
@@ -151,8 +156,19 @@ BEGIN
                 LIMIT total - got
                 FOR UPDATE SKIP LOCKED) AS r
           WHERE i.id = r.id
-          RETURNING i.*)
-        SELECT NULL::text, NULL::int[], NULL::int[], claimed::{{schema}}.gendurable_instances FROM claimed;
+          RETURNING i AS row,
+            CASE WHEN i.inbox <> '{}'::jsonb THEN
+              (SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
+                                                   'at', s.inserted_at) ORDER BY s.id)
+               FROM {{schema}}.gendurable_signals AS s
+               WHERE s.target_id = i.id AND s.consumed_at IS NULL) END AS inbox_rows,
+            CASE WHEN i.children_total > 0 THEN
+              (SELECT jsonb_agg(jsonb_build_object('id', ch.id, 'fsm', ch.fsm, 'version', ch.fsm_version,
+                                                   'step', ch.step, 'status', ch.status, 'result', ch.result,
+                                                   'finished_at', ch.finished_at) ORDER BY ch.id)
+               FROM {{schema}}.gendurable_instances AS ch
+               WHERE ch.parent_id = i.id AND ch.parent_fanout = i.fanout) END AS child_rows)
+        SELECT NULL::text, NULL::int[], NULL::int[], claimed.row, claimed.inbox_rows, claimed.child_rows FROM claimed;
       GET DIAGNOSTICS n = ROW_COUNT;
       got := got + n;
     END IF;
@@ -326,14 +342,25 @@ BEGIN
               updated_at = now()
           FROM cand
           WHERE i.id = cand.id AND cand.go
-          RETURNING i.*
+          RETURNING i AS row,
+            CASE WHEN i.inbox <> '{}'::jsonb THEN
+              (SELECT jsonb_agg(jsonb_build_object('id', s.id, 'name', s.name, 'payload', s.payload,
+                                                   'at', s.inserted_at) ORDER BY s.id)
+               FROM {{schema}}.gendurable_signals AS s
+               WHERE s.target_id = i.id AND s.consumed_at IS NULL) END AS inbox_rows,
+            CASE WHEN i.children_total > 0 THEN
+              (SELECT jsonb_agg(jsonb_build_object('id', ch.id, 'fsm', ch.fsm, 'version', ch.fsm_version,
+                                                   'step', ch.step, 'status', ch.status, 'result', ch.result,
+                                                   'finished_at', ch.finished_at) ORDER BY ch.id)
+               FROM {{schema}}.gendurable_instances AS ch
+               WHERE ch.parent_id = i.id AND ch.parent_fanout = i.fanout) END AS child_rows
         ), spent AS (
           INSERT INTO {{schema}}.gendurable_key_buckets AS b (key, tokens, refilled_at)
-          SELECT t.k, t.avail - (SELECT count(*) FROM claimed WHERE claimed.partition_key = t.k), now()
+          SELECT t.k, t.avail - (SELECT count(*) FROM claimed WHERE (claimed.row).partition_key = t.k), now()
           FROM t WHERE t.avail IS NOT NULL
           ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens, refilled_at = excluded.refilled_at
         )
-        SELECT NULL::text, NULL::int[], NULL::int[], claimed::{{schema}}.gendurable_instances FROM claimed;
+        SELECT NULL::text, NULL::int[], NULL::int[], claimed.row, claimed.inbox_rows, claimed.child_rows FROM claimed;
       GET DIAGNOSTICS n = ROW_COUNT;
       got := got + n;
     END LOOP;
@@ -342,6 +369,8 @@ BEGIN
   keys_full := n_full;
   keys_rated := n_rated;
   c := NULL;
+  inbox_rows := NULL;
+  child_rows := NULL;
   RETURN NEXT;
 END
 $$;
