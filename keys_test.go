@@ -430,3 +430,189 @@ func TestGlobalConcurrencyHoldsAcrossEngines(t *testing.T) {
 		Queues: map[string]gendurable.QueueConfig{"q": {GlobalConcurrency: -1}}})
 	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
 }
+
+type spanLog struct {
+	mu    sync.Mutex
+	t0    time.Time
+	lines []string
+	spans map[string][2]time.Duration
+}
+
+func (s *spanLog) mark(name string, start bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d := time.Since(s.t0)
+	sp := s.spans[name]
+	if start {
+		sp[0] = d
+	} else {
+		sp[1] = d
+	}
+	s.spans[name] = sp
+}
+
+// TestKeyedStepWhoseRowIsLockedStopsBeforeItsSuccessor: a keyed step whose
+// row a caller's open SignalTx locks cannot have its lease extended (the
+// heartbeat skips locked rows); its worker cancels it when what is left of
+// the lease runs out — before a pick may start the key's next row.
+func TestKeyedStepWhoseRowIsLockedStopsBeforeItsSuccessor(t *testing.T) {
+	t.Parallel()
+	log := &spanLog{t0: time.Now(), spans: map[string][2]time.Duration{}}
+	aStarted := make(chan int64, 1)
+	job := &gendurable.Job[spanArgs]{Name: "ov", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		log.mark(r.State.Key, true)
+		if r.State.Key == "A" {
+			aStarted <- r.ID
+		}
+		select {
+		case <-ctx.Done():
+			log.mark(r.State.Key, false)
+			t.Logf("%s (token %d) cancelled: %v", r.State.Key, r.Token, context.Cause(ctx))
+			return ctx.Err()
+		case <-time.After(8 * time.Second):
+			log.mark(r.State.Key, false)
+			return nil
+		}
+	}}
+	cfg := fastConfig("", job) // lease 3s, heartbeat 1s
+	b := setup(t, cfg)
+	ctx := context.Background()
+	b.insert(job.New(spanArgs{Key: "A"}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	b.start()
+	aID := <-aStarted
+	time.Sleep(1500 * time.Millisecond) // a heartbeat or so
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = b.eng.SignalTx(ctx, tx, aID, "poke", nil, nil)
+	require.NoError(t, err)
+	lockedAt := time.Since(log.t0)
+	b.insert(job.New(spanArgs{Key: "B"}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	time.Sleep(6 * time.Second)
+	require.NoError(t, tx.Rollback(ctx))
+	time.Sleep(500 * time.Millisecond)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	a, bb := log.spans["A"], log.spans["B"]
+	t.Logf("row locked at %v; A ran [%v, %v]; B ran [%v, %v]", lockedAt, a[0], a[1], bb[0], bb[1])
+	if bb[0] != 0 && (a[1] == 0 || a[1] > bb[0]) {
+		t.Errorf("OVERLAP: B started at %v while A (limit 1, same key) ran until %v", bb[0], a[1])
+	}
+}
+
+// TestBlockedChainingOutcomeDoesNotOverlapTheKeysNextRow: a chained Next of a
+// keyed row whose outcome statement waited on a row lock (a caller's open
+// SignalTx) past its lease neither chains past the lease (the lease is read
+// after the lock) nor runs beside the row a pick gave the key's slot to.
+func TestBlockedChainingOutcomeDoesNotOverlapTheKeysNextRow(t *testing.T) {
+	t.Parallel()
+	log := &spanLog{t0: time.Now(), spans: map[string][2]time.Duration{}}
+	aStarted := make(chan int64, 1)
+	release := make(chan struct{})
+	hold := func(ctx context.Context, name string, d time.Duration) error {
+		log.mark(name, true)
+		defer log.mark(name, false)
+		select {
+		case <-ctx.Done():
+			t.Logf("%s cancelled: %v", name, context.Cause(ctx))
+			return ctx.Err()
+		case <-time.After(d):
+			return nil
+		}
+	}
+	m := &gendurable.Machine[spanArgs]{Name: "chainer", Start: "a", Steps: map[string]gendurable.StepFunc[spanArgs]{
+		"a": func(ctx context.Context, r *gendurable.Run[spanArgs]) (gendurable.Outcome, error) {
+			log.mark("A.a", true)
+			aStarted <- r.ID
+			<-release
+			log.mark("A.a", false)
+			return r.Next("b", r.State), nil
+		},
+		"b": func(ctx context.Context, r *gendurable.Run[spanArgs]) (gendurable.Outcome, error) {
+			t.Logf("A.b runs with token %d", r.Token)
+			return gendurable.Done(nil), hold(ctx, "A.b", 6*time.Second)
+		},
+	}}
+	job := &gendurable.Job[spanArgs]{Name: "other", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		t.Logf("B runs with token %d", r.Token)
+		return hold(ctx, "B", 6*time.Second)
+	}}
+	cfg := fastConfig("", m, job) // lease 3s, heartbeat 1s
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, ChainSteps: 3,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	ctx := context.Background()
+	b.insert(m.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	b.start()
+	aID := <-aStarted
+	time.Sleep(1200 * time.Millisecond)
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = b.eng.SignalTx(ctx, tx, aID, "poke", nil, nil) // locks A's row
+	require.NoError(t, err)
+	S := time.Now()
+	b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	time.Sleep(1800 * time.Millisecond) // lease (3s) ran out S+(2..3s) from now
+	close(release)                      // A.a returns Next: its outcome statement starts, waits on the lock
+	time.Sleep(time.Until(S.Add(3500 * time.Millisecond)))
+	require.NoError(t, tx.Commit(ctx)) // the outcome goes on
+	time.Sleep(2500 * time.Millisecond)
+	require.LessOrEqual(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE partition_key = 'k' AND status = 'executing' AND lease_expires_at > now()`), 1, "live holders of key k")
+	time.Sleep(1500 * time.Millisecond)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	ab, bb := log.spans["A.b"], log.spans["B"]
+	t.Logf("A.a %v; A.b ran [%v, %v]; B ran [%v, %v]", log.spans["A.a"], ab[0], ab[1], bb[0], bb[1])
+	if ab[0] != 0 && bb[0] != 0 {
+		lo, hi := max(ab[0], bb[0]), min(nz(ab[1]), nz(bb[1]))
+		if hi > lo {
+			t.Errorf("OVERLAP of %v: A.b and B (same key, limit 1) ran at once", hi-lo)
+		}
+	}
+}
+
+func nz(d time.Duration) time.Duration {
+	if d == 0 {
+		return time.Hour
+	}
+	return d
+}
+
+// TestCancelledKeyedStepHoldsItsSlotUntilItsLeaseEnds: an operator's Cancel
+// of a running keyed step fences it, but its key's slot stays taken until its
+// lease runs out: the step learns of the cancel only at its next heartbeat.
+func TestCancelledKeyedStepHoldsItsSlotUntilItsLeaseEnds(t *testing.T) {
+	t.Parallel()
+	log := &spanLog{t0: time.Now(), spans: map[string][2]time.Duration{}}
+	aStarted := make(chan int64, 1)
+	job := &gendurable.Job[spanArgs]{Name: "ov", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		log.mark(r.State.Key, true)
+		defer log.mark(r.State.Key, false)
+		if r.State.Key == "A" {
+			aStarted <- r.ID
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Second):
+			return nil
+		}
+	}}
+	cfg := fastConfig("", job) // heartbeat 1s
+	b := setup(t, cfg)
+	ctx := context.Background()
+	b.insert(job.New(spanArgs{Key: "A"}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	b.start()
+	aID := <-aStarted
+	b.insert(job.New(spanArgs{Key: "B"}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, b.eng.Cancel(ctx, aID, "operator"))
+	time.Sleep(2 * time.Second)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	a, bb := log.spans["A"], log.spans["B"]
+	t.Logf("A ran [%v, %v]; B ran [%v, %v]", a[0], a[1], bb[0], bb[1])
+	if bb[0] != 0 && (a[1] == 0 || a[1] > bb[0]) {
+		t.Errorf("OVERLAP %v: B started while the cancelled A still ran", a[1]-bb[0])
+	}
+}

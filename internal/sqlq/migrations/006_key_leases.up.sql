@@ -113,6 +113,7 @@ DECLARE
   locked   text[];
   rk       text[];
   rtake    int[];
+  rlim     int[];
   ravail   double precision[];
   rfull    int[];
   rrated   int[];
@@ -259,16 +260,17 @@ BEGIN
       -- Each key's room: limit − holders, and a rated key's tokens; keys with
       -- nothing eligible drop out.
       SELECT array_agg(r.k ORDER BY r.ord), array_agg(r.take ORDER BY r.ord),
-             array_agg(r.avail ORDER BY r.ord), array_agg(r.full_pol) FILTER (WHERE r.full_pol IS NOT NULL),
+             array_agg(r.avail ORDER BY r.ord), array_agg(r.pol_l ORDER BY r.ord),
+             array_agg(r.full_pol) FILTER (WHERE r.full_pol IS NOT NULL),
              array_agg(r.rated_pol) FILTER (WHERE r.rated_pol IS NOT NULL)
-        INTO rk, rtake, ravail, rfull, rrated
+        INTO rk, rtake, ravail, rlim, rfull, rrated
       FROM (
-        SELECT q.k, q.ord, q.avail,
+        SELECT q.k, q.ord, q.avail, q.pol_l,
                CASE WHEN q.free <= 0 THEN q.pol END AS full_pol,
                CASE WHEN q.free > 0 AND q.avail < 1 THEN q.pol END AS rated_pol,
                greatest(0, least(q.free, coalesce(floor(q.avail)::int, q.free))) AS take
         FROM (
-          SELECT u.k, u.ord, coalesce(p.ord, 0) + 1 AS pol,
+          SELECT u.k, u.ord, coalesce(p.ord, 0) + 1 AS pol, coalesce(p.l, 1) AS pol_l,
                  coalesce(head.key_limit, p.l, 1) - held.n AS free,
                  CASE WHEN p.rate > 0 THEN
                    least(p.burst, coalesce(b.tokens + extract(epoch FROM now() - b.refilled_at) * p.rate, p.burst))
@@ -316,23 +318,24 @@ BEGIN
       -- rows before it in this claim count); spend the rated keys' tokens.
       RETURN QUERY
         WITH t AS (
-          SELECT u.k, u.take, u.avail,
+          SELECT u.k, u.take, u.avail, u.pol_l,
                  least(u.take, greatest(0, (budget - got) - coalesce(sum(u.take) OVER (
                    ORDER BY u.ord ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0))) AS n
-          FROM unnest(rk, rtake, ravail) WITH ORDINALITY AS u(k, take, avail, ord)
+          FROM unnest(rk, rtake, ravail, rlim) WITH ORDINALITY AS u(k, take, avail, pol_l, ord)
         ), cand AS (
           SELECT x.id, x.ok, bool_and(x.ok) OVER (PARTITION BY t.k ORDER BY x.rn) AS go
           FROM t CROSS JOIN LATERAL (
-            SELECT y.id, row_number() OVER () AS rn, y.key_limit IS NULL OR y.key_limit >= (
+            SELECT y.id, row_number() OVER w AS rn, coalesce(y.key_limit, t.pol_l) >= (
                      SELECT count(*) FROM {{schema}}.gendurable_instances AS h
                      WHERE h.partition_key = t.k AND h.lease_expires_at IS NOT NULL
-                       AND (h.lease_expires_at > now() OR h.claim_token IS NOT NULL)) + row_number() OVER () AS ok
-            FROM (SELECT y.id, y.key_limit FROM {{schema}}.gendurable_instances AS y
+                       AND (h.lease_expires_at > now() OR h.claim_token IS NOT NULL)) + row_number() OVER w AS ok
+            FROM (SELECT y.id, y.key_limit, y.priority, y.eligible_at FROM {{schema}}.gendurable_instances AS y
                   WHERE y.status = 'runnable' AND y.queue = p_queue AND y.partition_key = t.k
                     AND y.eligible_at <= now()
                   ORDER BY y.priority, y.eligible_at
                   LIMIT t.n
-                  FOR UPDATE SKIP LOCKED) AS y) AS x
+                  FOR UPDATE SKIP LOCKED) AS y
+            WINDOW w AS (ORDER BY y.priority, y.eligible_at, y.id)) AS x
           WHERE t.n > 0
         ), claimed AS (
           UPDATE {{schema}}.gendurable_instances AS i
