@@ -438,6 +438,11 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 		if h == nil {
 			continue // its lease was lost while buffered
 		}
+		if !h.deadline.After(time.Now()) {
+			// Its lease may have run out (the process was stopped while
+			// its pick was in flight): the timer gives it up; never start it.
+			continue
+		}
 		ctx, cancel := context.WithCancelCause(workCtx)
 		h.running, h.cancel = true, cancel
 		s.inFlight++
