@@ -319,8 +319,8 @@ func TestLeaseDeadlineCancelsTheStep(t *testing.T) {
 				}
 				// Not before the local lease deadline (the heartbeat's own
 				// start), and at once when it passes.
-				if after < lease || after > lease+150*time.Millisecond {
-					t.Fatalf("cancelled %s after the last confirmation, want within [%s, %s]", after, lease, lease+150*time.Millisecond)
+				if after < lease || after > lease+250*time.Millisecond {
+					t.Fatalf("cancelled %s after the last confirmation, want within [%s, %s]", after, lease, lease+250*time.Millisecond)
 				}
 			case <-time.After(10 * lease):
 				t.Fatalf("the step was not cancelled %s after its last confirmed heartbeat (lease %s)", 10*lease, lease)
@@ -437,10 +437,11 @@ func TestStoppedProcessCancelsItsStepOnResume(t *testing.T) {
 	if cause != ErrLeaseLost.Error() {
 		t.Fatalf("the step was cancelled with %q, want %q", cause, ErrLeaseLost)
 	}
-	// At once: well within one heartbeat interval (100ms) of SIGCONT.
+	// At once (a fraction of a millisecond here; the bound leaves room for
+	// a loaded machine).
 	lag := time.Unix(0, nanos).Sub(cont)
-	if lag < 0 || lag > 100*time.Millisecond {
-		t.Fatalf("the step was cancelled %s after SIGCONT, want within 100ms", lag)
+	if lag < 0 || lag > 250*time.Millisecond {
+		t.Fatalf("the step was cancelled %s after SIGCONT, want within 250ms", lag)
 	}
 	t.Logf("cancelled with ErrLeaseLost %s after SIGCONT", lag)
 }
