@@ -127,9 +127,16 @@ type Feeder struct {
 	abandoned int
 	more      bool // the last pick was full, or an outcome made work runnable
 	released  int  // rows handed back when Run stopped
-	// lastBeat is when the held leases were last confirmed (or nothing was
-	// held); set through confirmed, which moves deadline with it.
+	// lastBeat: every held lease was confirmed at or after lastBeat — by a
+	// heartbeat, or by the pick that claimed it — as the local clock read
+	// before the statement was sent, so lastBeat + Lease never comes after
+	// a held lease's end on the database clock. Set through confirmed,
+	// which moves deadline with it.
 	lastBeat time.Time
+	// pickedSince is when the oldest pick whose claims were added since the
+	// running heartbeat listed the held claims began (zero: none): that
+	// heartbeat does not confirm them, so it confirms no later than this.
+	pickedSince time.Time
 	// deadline fires when lastBeat + Lease passes with no newer
 	// confirmation: the leases may have run out on the database clock, so
 	// every held claim is given up at once (see expire) — also the moment a
@@ -340,13 +347,33 @@ func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 		s.log.Warn("gendurable: pick failed", "queue", s.cfg.Queue, "err", err)
 		return 0, err
 	}
+	s.add(rows, start)
+	return len(rows), nil
+}
+
+// add buffers rows claimed by a pick that began at start.
+func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
+	if len(rows) == 0 {
+		return
+	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, c := range rows {
 		s.held[c.Token] = &held{id: c.ID}
 	}
 	s.buffer = append(s.buffer, rows...)
-	s.mu.Unlock()
-	return len(rows), nil
+	// The claims' leases began when the statement ran, after start: they
+	// are confirmed as of start, not as of now. A pick that comes back late
+	// — the process was stopped while it was in flight, or the database was
+	// slow — brings claims that may have run out and been reaped, and run
+	// elsewhere, meanwhile: dispatch holds them back and the deadline gives
+	// them up, as for any unconfirmed claim.
+	if start.Before(s.lastBeat) {
+		s.confirmed(start)
+	}
+	if s.pickedSince.IsZero() || start.Before(s.pickedSince) {
+		s.pickedSince = start
+	}
 }
 
 // dispatch starts buffered rows into free running slots.
@@ -487,7 +514,9 @@ func (s *Feeder) Wait(ctx context.Context) bool {
 // ErrLeaseLost: it is a zombie whose outcome the fence will reject anyway.
 func (s *Feeder) Heartbeat(ctx context.Context) {
 	s.mu.Lock()
-	s.confirmed(time.Now())
+	if len(s.held) == 0 { // claims picked already keep their pick's confirmation
+		s.confirmed(time.Now())
+	}
 	s.mu.Unlock()
 	defer s.deadline.Stop()
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
@@ -509,6 +538,7 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	s.mu.Lock()
 	if len(s.held) == 0 {
+		s.pickedSince = time.Time{}
 		s.confirmed(time.Now())
 		s.mu.Unlock()
 		return
@@ -519,6 +549,7 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 		ids = append(ids, h.id)
 		tokens = append(tokens, token)
 	}
+	s.pickedSince = time.Time{} // every claim picked so far is in this heartbeat
 	// A slow heartbeat (a busy database, a pool queue) still counts if it
 	// lands before the leases it extends lapse: give it half the time left
 	// rather than cancel it after one interval and lose its place in the
@@ -551,7 +582,13 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 		newest[id] = max(newest[id], tokens[i])
 	}
 	s.mu.Lock()
-	s.confirmed(start)
+	// Claims picked while this heartbeat was under way are not in it: they
+	// stay confirmed as of their pick.
+	at := start
+	if !s.pickedSince.IsZero() && s.pickedSince.Before(at) {
+		at = s.pickedSince
+	}
+	s.confirmed(at)
 	resume := s.heldBack
 	s.heldBack = false
 	var lost []int64
@@ -604,6 +641,7 @@ func (s *Feeder) abandonIfExpired() {
 		}
 	}
 	s.buffer = nil
+	s.pickedSince = time.Time{}
 	s.confirmed(time.Now()) // nothing is held now
 	s.mu.Unlock()
 	for _, id := range lost {

@@ -462,3 +462,102 @@ func processStopped(pid int) bool {
 	}
 	return true
 }
+
+// TestLatePickStartsNothing: a pick that comes back late — here its
+// statement was sent a second ago, as when the process was stopped while it
+// was in flight — brings claims whose leases began a second ago, whatever
+// the feeder confirmed since (here: everything, just now, as after it gave
+// up its claims on waking). With a lease of 300ms they may have run out and
+// run elsewhere: none is started, and the deadline gives them up.
+func TestLatePickStartsNothing(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	ev := &lostLog{}
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+		Lease: lease, HeartbeatInterval: 100 * time.Millisecond},
+		&sqlq.Queries{}, heartbeatDB{}, nil, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var started sync.WaitGroup
+	s.exec = func(context.Context, *sqlq.Claimed, Holder) Result { started.Done(); return Result{} }
+	go s.worker()
+	defer close(s.work)
+	s.mu.Lock()
+	s.confirmed(time.Now())
+	s.mu.Unlock()
+	s.add([]sqlq.Claimed{{ID: 1, Token: 7}}, time.Now().Add(-time.Second))
+	s.dispatch(context.Background())
+	if n := s.InFlight(); n != 0 {
+		t.Fatalf("%d steps started from a pick sent %s ago (lease %s)", n, time.Second, lease)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		s.mu.Lock()
+		held, buffered := len(s.held), len(s.buffer)
+		s.mu.Unlock()
+		if held == 0 && buffered == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the late pick's claim is still held (%d) or buffered (%d)", held, buffered)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.dispatch(context.Background())
+	if n := s.InFlight(); n != 0 {
+		t.Fatalf("%d steps started after the late claims were given up", n)
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.lost) != 1 || ev.lost[0] != 1 {
+		t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
+	}
+}
+
+// pickDuringHeartbeat answers the heartbeat (every lease kept) after first
+// running during: claims picked while the heartbeat is under way.
+type pickDuringHeartbeat struct {
+	heartbeatDB
+	during func()
+}
+
+func (d pickDuringHeartbeat) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	d.during()
+	return heartbeatDB{mode: "kept"}.Query(ctx, sql, args...)
+}
+
+// TestHeartbeatConfirmsNoClaimPickedDuringIt: a pick sent before a
+// heartbeat whose claims arrive while the heartbeat is under way is not in
+// that heartbeat: the claims stay confirmed as of their pick, and the
+// feeder's lease deadline stays no later than their leases' end.
+func TestHeartbeatConfirmsNoClaimPickedDuringIt(t *testing.T) {
+	t.Parallel()
+	var s *Feeder
+	pickStart := time.Now().Add(-50 * time.Millisecond)
+	db := pickDuringHeartbeat{during: func() { s.add([]sqlq.Claimed{{ID: 2, Token: 8}}, pickStart) }}
+	s = New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+		Lease: time.Minute, HeartbeatInterval: time.Second},
+		&sqlq.Queries{}, db, nil, &lostLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s.mu.Lock()
+	s.held[7] = &held{id: 1} // confirmed by the heartbeat
+	s.confirmed(time.Now())
+	s.mu.Unlock()
+	s.heartbeatOnce(context.Background())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[8] == nil || s.held[7] == nil {
+		t.Fatalf("held %v: both claims should be held", s.held)
+	}
+	if s.lastBeat.After(pickStart) {
+		t.Fatalf("after the heartbeat, the leases count as confirmed %s after the pick of a claim it did not confirm began",
+			s.lastBeat.Sub(pickStart))
+	}
+	// The next heartbeat lists that claim and confirms it.
+	s.mu.Unlock()
+	db.during = func() {}
+	s.db = db
+	before := time.Now()
+	s.heartbeatOnce(context.Background())
+	s.mu.Lock()
+	if s.lastBeat.Before(before) {
+		t.Fatalf("the next heartbeat did not confirm the claims: last confirmation %s before it", before.Sub(s.lastBeat))
+	}
+}
