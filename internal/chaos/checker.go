@@ -44,6 +44,10 @@ type Report struct {
 	// OverlapsCountingStops is Overlaps with the stopped time of those runs
 	// counted as running (informational: what a wall-clock span shows).
 	OverlapsCountingStops int
+	// StaleStarts counts the runs that started with a claim that was no
+	// longer current (its row carried another token, or was not executing,
+	// or its lease had run out on the database clock).
+	StaleStarts int
 	// SlotExcess counts the keyed runs that started while their key's
 	// limit of other rows held a slot (executing, lease not run out on the
 	// database clock): the key lease itself let one too many in.
@@ -142,6 +146,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 		{&r.CutAtStop, spansCTE + `SELECT count(*) FROM spans WHERE cut`, nil},
 		{&r.Overlaps, spansCTE + excessCTE + `SELECT count(*) FROM excess`, nil},
 		{&r.OverlapsCountingStops, rawSpansCTE + excessCTE + `SELECT count(*) FROM excess`, nil},
+		{&r.StaleStarts, `SELECT count(*) FROM {{s}}.chaos_effects WHERE NOT claim_current`, nil},
 		{&r.SlotExcess, `SELECT count(*) FROM {{s}}.chaos_effects e WHERE ` + slotExcess, nil},
 		{&r.FencedWrites, `SELECT count(*) FROM {{s}}.chaos_fenced_log`, nil},
 		{&r.FencedRefused, `SELECT count(*) FROM {{s}}.chaos_fenced_log WHERE NOT accepted`, nil},
@@ -326,6 +331,10 @@ func (r *Report) sample(ctx context.Context, pool *pgxpool.Pool, schema string) 
 			   FROM spans a WHERE a.pkey = x.pkey AND a.id <> x.id AND a.started <= x.t AND x.t < a.ended))
 			FROM excess x ORDER BY x.t LIMIT 5`)
 	}
+	if r.StaleStarts > 0 {
+		add("stale start", `SELECT format('%s #%s %s (token %s, attempt %s) started at %s by pid %s', fsm, instance, step, token, attempt, started, pid)
+			FROM {{s}}.chaos_effects WHERE NOT claim_current ORDER BY started LIMIT 5`)
+	}
 	if r.SlotExcess > 0 {
 		add("slot excess", `SELECT format('key %s: run %s (instance %s, token %s) started at %s with %s other rows holding a slot', e.pkey, e.id, e.instance, e.token, e.started, e.holders)
 			FROM {{s}}.chaos_effects e WHERE `+slotExcess+` ORDER BY e.started LIMIT 5`)
@@ -366,6 +375,7 @@ func (r *Report) Violations(allowFailed bool) []string {
 	chk(r.TokenReuse, "claim tokens shared by two committed outcomes")
 	chk(r.NullToken, "outcomes committed without a claim token (fence broken)")
 	chk(r.Overlaps, "partition-key overlaps (runs started while their key had its limit running)")
+	chk(r.StaleStarts, "steps started with a claim that was no longer current")
 	chk(r.SlotExcess, "keyed runs started while their key's limit of other rows held live slots")
 	chk(r.StaleAccepted, "stale writes accepted at the fenced resource")
 	chk(r.LostWakeUps, "parked instances with a matching unconsumed signal (lost wake-ups)")
@@ -396,8 +406,8 @@ func (r *Report) Line(scenario string, tail ...string) string {
 
 // Invariants is a compact list of the invariant counts, for the summary.
 func (r *Report) Invariants() string {
-	s := fmt.Sprintf("%d failed, %d double commits, %d partition overlaps, %d key slot excesses, %d lost wake-ups, %d early/double fan-ins, %d past lease",
-		r.Failed, r.MultiCommit+r.TokenReuse+r.NullToken, r.Overlaps, r.SlotExcess, r.LostWakeUps, r.FaninEarly+r.FaninMulti+r.FaninWrong, r.PastLease)
+	s := fmt.Sprintf("%d failed, %d double commits, %d stale starts, %d partition overlaps, %d key slot excesses, %d lost wake-ups, %d early/double fan-ins, %d past lease",
+		r.Failed, r.MultiCommit+r.TokenReuse+r.NullToken, r.StaleStarts, r.Overlaps, r.SlotExcess, r.LostWakeUps, r.FaninEarly+r.FaninMulti+r.FaninWrong, r.PastLease)
 	if r.FencedWrites > 0 {
 		s += fmt.Sprintf(", %d stale writes accepted", r.StaleAccepted)
 	}

@@ -98,9 +98,12 @@ func TestCheckerFindsViolations(t *testing.T) {
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended, honours) VALUES
 		(-34, 'leaf', 'work', 0, 0, 'i1', 9, 'w9', 's1', now() + interval '21 seconds', now() + interval '22 seconds', false)`)
 	// Key slots: a run of k3-a that started while three other rows of its
-	// key held a slot, and one of s1 that started with none.
+	// key held a slot, and one of s1 that started with none. A run that
+	// started with a claim no longer current.
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, holders) VALUES
 		(-40, 'leaf', 'work', 0, 0, 'h1', 1, 'w', 'k3-a', 3), (-41, 'leaf', 'work', 0, 0, 'h2', 1, 'w', 's1', 0)`)
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, claim_current) VALUES
+		(-42, 'leaf', 'work', 0, 0, 'st', 1, 'w', false), (-43, 'leaf', 'work', 0, 0, 'st2', 1, 'w', true)`)
 	// The fenced resource: a current write, a stale write refused, and a
 	// stale write accepted.
 	exec(`INSERT INTO {{s}}.chaos_fenced_log (key, n, token, instance, run_id, pid, phase, accepted, current) VALUES
@@ -130,7 +133,7 @@ func TestCheckerFindsViolations(t *testing.T) {
 		{"Duplicates", r.Duplicates, 2}, {"Overlaps", r.Overlaps, 3}, {"OpenSpans", r.OpenSpans, 3},
 		{"CutAtStop", r.CutAtStop, 2}, {"OverlapsCountingStops", r.OverlapsCountingStops, 5},
 		{"KeyPeaks[1]", r.KeyPeaks[1], 2}, {"KeyPeaks[2]", r.KeyPeaks[2], 2}, {"KeyPeaks[3]", r.KeyPeaks[3], 4},
-		{"SlotExcess", r.SlotExcess, 1}, {"FencedWrites", r.FencedWrites, 3}, {"FencedRefused", r.FencedRefused, 1},
+		{"SlotExcess", r.SlotExcess, 1}, {"StaleStarts", r.StaleStarts, 1}, {"FencedWrites", r.FencedWrites, 3}, {"FencedRefused", r.FencedRefused, 1},
 		{"StaleAccepted", r.StaleAccepted, 1}, {"StaleRefused", r.StaleRefused, 1},
 		{"LostWakeUps", r.LostWakeUps, 1}, {"FaninEarly", r.FaninEarly, 1}, {"PastLease", r.PastLease, 1},
 		{"Stuck", r.Stuck, 2},

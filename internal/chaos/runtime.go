@@ -35,6 +35,9 @@ CREATE TABLE {{s}}.chaos_effects (
   -- keyed runs: how many other rows of the key held a slot (executing, lease
   -- not run out on the database clock) when this run started
   holders  int,
+  -- whether the run's claim was still current when it started: the row
+  -- carried its token, executing, with a lease not run out
+  claim_current boolean,
   started  timestamptz NOT NULL DEFAULT clock_timestamp(),
   ended    timestamptz,
   -- why the work stopped short: NULL when it ran to its end, else the kind of
@@ -131,10 +134,12 @@ type Runtime struct {
 func NewRuntime(pool *pgxpool.Pool, schema string, pid int, worker string) *Runtime {
 	return &Runtime{
 		Pool: pool, Schema: schema, PID: pid, Worker: worker,
-		insEffect: SQL(schema, `INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, token, honours, holders)
+		insEffect: SQL(schema, `INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, token, honours, holders, claim_current)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
 			        CASE WHEN $9::text IS NOT NULL THEN (SELECT count(*) FROM {{s}}.gendurable_instances h
-			          WHERE h.partition_key = $9 AND h.status = 'executing' AND h.lease_expires_at > clock_timestamp() AND h.id <> $1) END)
+			          WHERE h.partition_key = $9 AND h.status = 'executing' AND h.lease_expires_at > clock_timestamp() AND h.id <> $1) END,
+			        coalesce((SELECT i.claim_token = $10 AND i.status = 'executing' AND i.lease_expires_at > clock_timestamp()
+			                  FROM {{s}}.gendurable_instances i WHERE i.id = $1), false))
 			RETURNING id, started`),
 		endEffect: SQL(schema, `UPDATE {{s}}.chaos_effects SET ended = clock_timestamp(), cause = $2, work_end = $3 WHERE id = $1`),
 		// The claim token is read from the instance row inside the outcome's
