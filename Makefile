@@ -23,10 +23,11 @@ test-only:
 
 ## chaos: the reliability scenarios of RELIABILITY.md against DATABASE_URL (default: the local
 ## server; database restarts use private servers), one summary line each; non-zero exit if any
-## pass criterion fails. CI size by default (under a minute); CHAOS_FULL=1 for full size (minutes).
+## pass criterion fails. CI size by default (about 70 s); CHAOS_FULL=1 for full size (minutes).
 ## CHAOS_PARALLEL light scenarios run at once (default 4; at 8 the long-tx timing criterion failed
 ## in 2 of 2 runs on a loaded 2-core box). The heavy ones run alone; worker-kill, the largest,
-## holds 4 workers × 8 + 6 connections. Peak 38 of the shared server's connections, measured with
+## holds 4 workers × 8 + 6 connections (key-limit-kill 3 × 8 + 6, key-stall 3 × 6 + 6). Peak 38 of
+## the shared server's connections, measured with
 ## PEAK_CONNS_ALSO='chaos:%' bash .ci/peak-conns make chaos
 CHAOS_PARALLEL ?= 4
 CHAOS_FLAGS = $(if $(CHAOS_FULL),-chaos.full -test.parallel 1 -test.timeout 60m,-test.parallel $(CHAOS_PARALLEL) -test.timeout 20m)

@@ -434,7 +434,6 @@ func TestGlobalConcurrencyHoldsAcrossEngines(t *testing.T) {
 type spanLog struct {
 	mu    sync.Mutex
 	t0    time.Time
-	lines []string
 	spans map[string][2]time.Duration
 }
 

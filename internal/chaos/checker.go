@@ -33,8 +33,36 @@ type Report struct {
 	TokenReuse  int // committed oracle rows sharing a claim token
 	NullToken   int // committed oracle rows written while the row had no claim token
 
-	Overlaps    int // pairs of runs of one partition key that overlapped in time
-	OpenSpans   int // partitioned runs whose end is unknown (excluded from Overlaps)
+	// Overlaps counts the runs of a partition key that started while the
+	// key already had its limit of runs active (spans: see spansCTE).
+	Overlaps  int
+	OpenSpans int // partitioned runs whose end is unknown (excluded from Overlaps)
+	// CutAtStop: runs that lost their claim while their process was
+	// stopped; their span ends at the stop (a frozen process is not
+	// running; see spansCTE).
+	CutAtStop int
+	// OverlapsCountingStops is Overlaps with the stopped time of those runs
+	// counted as running (informational: what a wall-clock span shows).
+	OverlapsCountingStops int
+	// StaleStarts counts the runs that started with a claim that was no
+	// longer current (its row carried another token, or was not executing,
+	// or its lease had run out on the database clock).
+	StaleStarts int
+	// SlotExcess counts the keyed runs that started while their key's
+	// limit of other rows held a slot (executing, lease not run out on the
+	// database clock): the key lease itself let one too many in.
+	SlotExcess int
+	// KeyPeaks: by key limit, the most runs of one key with that limit
+	// that were active at once.
+	KeyPeaks map[int]int
+
+	// The fenced resource (chaos_fenced): writes offered, refused, and
+	// accepted although the writer's claim was no longer current.
+	FencedWrites  int
+	FencedRefused int
+	StaleAccepted int // accepted stale writes: the fence let a zombie through
+	StaleRefused  int // stale writes the fence refused
+
 	LostWakeUps int // parked instances holding a matching unconsumed signal
 	FaninEarly  int // parents whose join step started before their last child finished
 	FaninMulti  int // parents whose join step committed more than once
@@ -60,7 +88,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 	if o.PastLeaseGrace == 0 {
 		o.PastLeaseGrace = 2 * time.Second
 	}
-	r := &Report{DoneByFsm: map[string]int{}, FailedByFsm: map[string]int{}}
+	r := &Report{DoneByFsm: map[string]int{}, FailedByFsm: map[string]int{}, KeyPeaks: map[int]int{}}
 	q := func(dst *int, stmt string, args ...any) error {
 		if err := pool.QueryRow(ctx, SQL(schema, stmt), args...).Scan(dst); err != nil {
 			return fmt.Errorf("chaos check: %w\n%s", err, stmt)
@@ -115,7 +143,15 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 			(SELECT 1 FROM {{s}}.chaos_oracle WHERE token IS NOT NULL GROUP BY token HAVING count(*) > 1) x`, nil},
 		{&r.NullToken, `SELECT count(*) FROM {{s}}.chaos_oracle WHERE token IS NULL`, nil},
 		{&r.OpenSpans, spansCTE + `SELECT count(*) FROM spans WHERE ended IS NULL`, nil},
-		{&r.Overlaps, spansCTE + `SELECT count(*) ` + overlapping, nil},
+		{&r.CutAtStop, spansCTE + `SELECT count(*) FROM spans WHERE cut`, nil},
+		{&r.Overlaps, spansCTE + excessCTE + `SELECT count(*) FROM excess`, nil},
+		{&r.OverlapsCountingStops, rawSpansCTE + excessCTE + `SELECT count(*) FROM excess`, nil},
+		{&r.StaleStarts, `SELECT count(*) FROM {{s}}.chaos_effects WHERE NOT claim_current`, nil},
+		{&r.SlotExcess, `SELECT count(*) FROM {{s}}.chaos_effects e WHERE ` + slotExcess, nil},
+		{&r.FencedWrites, `SELECT count(*) FROM {{s}}.chaos_fenced_log`, nil},
+		{&r.FencedRefused, `SELECT count(*) FROM {{s}}.chaos_fenced_log WHERE NOT accepted`, nil},
+		{&r.StaleAccepted, `SELECT count(*) FROM {{s}}.chaos_fenced_log WHERE accepted AND NOT current`, nil},
+		{&r.StaleRefused, `SELECT count(*) FROM {{s}}.chaos_fenced_log WHERE NOT accepted AND NOT current`, nil},
 		{&r.LostWakeUps, `SELECT count(*) FROM {{s}}.gendurable_instances i WHERE ` + lostWakeUp, nil},
 		{&r.FaninEarly, `SELECT count(*) FROM (
 			  SELECT (SELECT max(c.finished_at) FROM {{s}}.gendurable_instances c WHERE c.parent_id = p.id) AS last_child,
@@ -147,19 +183,97 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 		}
 	}
 	r.Lost = r.MissingRows + r.LostChildren + r.LostOutcomes
+	rows, err = pool.Query(ctx, SQL(schema, spansCTE+runningCTE+`SELECT lim, max(n)::int FROM running GROUP BY lim`))
+	if err != nil {
+		return nil, fmt.Errorf("chaos check: key peaks: %w", err)
+	}
+	for rows.Next() {
+		var lim, peak int
+		if err := rows.Scan(&lim, &peak); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		r.KeyPeaks[lim] = peak
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
 	r.sample(ctx, pool, schema)
 	return r, nil
 }
 
-// spansCTE: partitioned step runs with their end; a run of a killed
-// process ends at the kill (recorded on the database clock just before
-// SIGKILL).
+// spansCTE: partitioned step runs, each with its key's limit and the span
+// in which it was running (database clock):
+//
+//   - it starts when its side-effect row is written;
+//   - it ends when the run stamps its end (its work done, or its context
+//     seen cancelled); a run of a killed process ends at the kill (recorded
+//     just before SIGKILL);
+//   - a run in flight when its process was stopped (SIGSTOP; recorded once
+//     the process is stopped) ends at the stop if it lost its claim while
+//     stopped — its context was cancelled with ErrLeaseLost, or its lease
+//     ran out and was reaped: a frozen process is not running, and what the
+//     run did after SIGCONT is the scenario's to check (how soon its work
+//     ended, from work_end; its late writes, at the fenced resource; its
+//     late outcome, by the fence). cut says so.
+//
+// Runs of steps that ignore their context (honours = false) are left out:
+// nothing is promised about when they stop.
+//
+// A key's limit is its instance's key_limit, else the longest prefix of
+// chaos_key_limits (the scenario's Config.KeyPolicies) it starts with,
+// else 1. The scenarios give every instance of one key the same limit.
 const spansCTE = `WITH spans AS (
-  SELECT e.id, e.pkey, e.started,
-         coalesce(e.ended, (SELECT CASE WHEN min(f.at) IS NOT NULL THEN greatest(min(f.at), e.started) END FROM {{s}}.chaos_faults f
-                            WHERE f.pid = e.pid AND f.kind = 'kill' AND f.at >= e.started - interval '1 second')) AS ended
-  FROM {{s}}.chaos_effects e WHERE e.pkey IS NOT NULL
+  SELECT e.id, e.pkey, e.started, l.lim, st.at IS NOT NULL AS cut,
+         CASE WHEN st.at IS NOT NULL THEN greatest(st.at, e.started) ELSE ` + spanEnd + ` END AS ended
+  FROM {{s}}.chaos_effects e
+  LEFT JOIN LATERAL (SELECT min(f.at) AS at FROM {{s}}.chaos_faults f
+                     WHERE f.pid = e.pid AND f.kind = 'stop' AND f.at >= e.started - interval '1 second'
+                       AND (e.ended IS NULL OR f.at < e.ended)
+                       AND (e.cause = 'lease_lost' OR EXISTS (
+                         SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
+                         WHERE i.id = e.instance AND x->>'kind' = 'lease_expired' AND (x->>'attempt')::int = e.attempt))) st ON true
+  CROSS JOIN LATERAL (SELECT ` + keyLimit + ` AS lim) l
+  WHERE e.pkey IS NOT NULL AND e.honours
 ) `
+
+// rawSpansCTE is spansCTE without the cut at a stop: the stopped time of a
+// stopped run counts as running.
+const rawSpansCTE = `WITH spans AS (
+  SELECT e.id, e.pkey, e.started, l.lim, false AS cut, ` + spanEnd + ` AS ended
+  FROM {{s}}.chaos_effects e
+  CROSS JOIN LATERAL (SELECT ` + keyLimit + ` AS lim) l
+  WHERE e.pkey IS NOT NULL AND e.honours
+) `
+
+// spanEnd is the end of run e's span: its end stamp, or the kill of its process.
+const spanEnd = `coalesce(e.ended, (SELECT CASE WHEN min(f.at) IS NOT NULL THEN greatest(min(f.at), e.started) END FROM {{s}}.chaos_faults f
+                            WHERE f.pid = e.pid AND f.kind = 'kill' AND f.at >= e.started - interval '1 second'))`
+
+// keyLimit is the limit of run e's key.
+const keyLimit = `coalesce((SELECT i.key_limit FROM {{s}}.gendurable_instances i WHERE i.id = e.instance),
+                (SELECT p.lim FROM {{s}}.chaos_key_limits p WHERE starts_with(e.pkey, p.prefix)
+                 ORDER BY length(p.prefix) DESC LIMIT 1),
+                1)`
+
+// runningCTE follows spansCTE: a sweep over each key's span starts (d = 1)
+// and ends (d = -1) in time order, ends first at equal times (a run that
+// ends as another starts does not overlap it); n is how many of the key's
+// runs are active just after each event. Open and empty spans are left out.
+const runningCTE = `, events AS (
+  SELECT id, pkey, lim, started AS t, 1 AS d FROM spans WHERE ended > started
+  UNION ALL
+  SELECT id, pkey, lim, ended, -1 FROM spans WHERE ended > started
+), running AS (
+  SELECT id, pkey, lim, t, d, sum(d) OVER (PARTITION BY pkey ORDER BY t, d, id ROWS UNBOUNDED PRECEDING) AS n
+  FROM events
+) `
+
+// excessCTE follows spansCTE: the runs that started while their key
+// already had its limit of runs active (for a limit of 1, the runs that
+// started while another of their key was running).
+const excessCTE = runningCTE + `, excess AS (SELECT id, pkey, lim, t, n FROM running WHERE d = 1 AND n > lim) `
 
 // Predicates shared by the counts and the samples.
 const (
@@ -169,9 +283,9 @@ const (
 	  (SELECT count(DISTINCT o.seq) FROM {{s}}.chaos_oracle o
 	   WHERE o.instance = i.id AND o.seq BETWEEN 0 AND coalesce((i.result->>'seq')::int, -1))
 	  <> coalesce((i.result->>'seq')::int, -1) + 1`
-	// overlapping: pairs of spans of one partition key that overlap in time.
-	overlapping = `FROM spans a JOIN spans b
-	  ON a.pkey = b.pkey AND a.id < b.id AND a.started < b.ended AND b.started < a.ended`
+	// slotExcess: keyed run e started while its key's limit of other rows
+	// held a slot.
+	slotExcess = `e.pkey IS NOT NULL AND e.holders >= ` + keyLimit + ``
 	// lostWakeUp: instance i is parked on a name it holds an unconsumed signal of.
 	lostWakeUp = `i.status = 'awaiting_signal' AND EXISTS (
 	  SELECT 1 FROM {{s}}.gendurable_signals s
@@ -212,8 +326,22 @@ func (r *Report) sample(ctx context.Context, pool *pgxpool.Pool, schema string) 
 			WHERE `+lostOutcome+` LIMIT 5`, OracleMachines)
 	}
 	if r.Overlaps > 0 {
-		add("overlap", spansCTE+`SELECT format('key %s: run %s [%s, %s] and run %s [%s, %s]', a.pkey, a.id, a.started, a.ended, b.id, b.started, b.ended)
-			`+overlapping+` LIMIT 5`)
+		add("overlap", spansCTE+excessCTE+`SELECT format('key %s (limit %s): run %s started at %s with %s running: %s', x.pkey, x.lim, x.id, x.t, x.n - 1,
+			  (SELECT string_agg(format('run %s [%s, %s]%s', a.id, a.started, a.ended, CASE WHEN a.cut THEN ' cut at a stop' ELSE '' END), ', ' ORDER BY a.started)
+			   FROM spans a WHERE a.pkey = x.pkey AND a.id <> x.id AND a.started <= x.t AND x.t < a.ended))
+			FROM excess x ORDER BY x.t LIMIT 5`)
+	}
+	if r.StaleStarts > 0 {
+		add("stale start", `SELECT format('%s #%s %s (token %s, attempt %s) started at %s by pid %s', fsm, instance, step, token, attempt, started, pid)
+			FROM {{s}}.chaos_effects WHERE NOT claim_current ORDER BY started LIMIT 5`)
+	}
+	if r.SlotExcess > 0 {
+		add("slot excess", `SELECT format('key %s: run %s (instance %s, token %s) started at %s with %s other rows holding a slot', e.pkey, e.id, e.instance, e.token, e.started, e.holders)
+			FROM {{s}}.chaos_effects e WHERE `+slotExcess+` ORDER BY e.started LIMIT 5`)
+	}
+	if r.StaleAccepted > 0 {
+		add("stale write accepted", `SELECT format('key %s: %s write #%s of run %s (instance %s, token %s, pid %s) at %s', key, phase, n, run_id, instance, token, pid, at)
+			FROM {{s}}.chaos_fenced_log WHERE accepted AND NOT current ORDER BY id LIMIT 5`)
 	}
 	if r.LostWakeUps > 0 {
 		add("lost wake-up", `SELECT format('#%s awaits %s', i.id, i.awaits) FROM {{s}}.gendurable_instances i
@@ -246,7 +374,10 @@ func (r *Report) Violations(allowFailed bool) []string {
 	chk(r.MultiCommit, "(instance, seq) committed more than once")
 	chk(r.TokenReuse, "claim tokens shared by two committed outcomes")
 	chk(r.NullToken, "outcomes committed without a claim token (fence broken)")
-	chk(r.Overlaps, "partition-key overlaps")
+	chk(r.Overlaps, "partition-key overlaps (runs started while their key had its limit running)")
+	chk(r.StaleStarts, "steps started with a claim that was no longer current")
+	chk(r.SlotExcess, "keyed runs started while their key's limit of other rows held live slots")
+	chk(r.StaleAccepted, "stale writes accepted at the fenced resource")
 	chk(r.LostWakeUps, "parked instances with a matching unconsumed signal (lost wake-ups)")
 	chk(r.FaninEarly, "parents resumed before their last child finished")
 	chk(r.FaninMulti, "parents resumed more than once")
@@ -275,6 +406,10 @@ func (r *Report) Line(scenario string, tail ...string) string {
 
 // Invariants is a compact list of the invariant counts, for the summary.
 func (r *Report) Invariants() string {
-	return fmt.Sprintf("%d failed, %d double commits, %d partition overlaps, %d lost wake-ups, %d early/double fan-ins, %d past lease",
-		r.Failed, r.MultiCommit+r.TokenReuse+r.NullToken, r.Overlaps, r.LostWakeUps, r.FaninEarly+r.FaninMulti+r.FaninWrong, r.PastLease)
+	s := fmt.Sprintf("%d failed, %d double commits, %d stale starts, %d partition overlaps, %d key slot excesses, %d lost wake-ups, %d early/double fan-ins, %d past lease",
+		r.Failed, r.MultiCommit+r.TokenReuse+r.NullToken, r.StaleStarts, r.Overlaps, r.SlotExcess, r.LostWakeUps, r.FaninEarly+r.FaninMulti+r.FaninWrong, r.PastLease)
+	if r.FencedWrites > 0 {
+		s += fmt.Sprintf(", %d stale writes accepted", r.StaleAccepted)
+	}
+	return s
 }

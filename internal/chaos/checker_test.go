@@ -65,6 +65,51 @@ func TestCheckerFindsViolations(t *testing.T) {
 		(-1, 'leaf', 'work', 0, 0, 'o1', 1, 'w', 'k', now(), now() + interval '2 seconds'),
 		(-2, 'leaf', 'work', 0, 0, 'o2', 1, 'w', 'k', now() + interval '1 second', now() + interval '3 seconds'),
 		(-3, 'leaf', 'work', 0, 0, 'o3', 7, 'w', 'k', now() + interval '10 seconds', NULL)`)
+	// Key limits: limit 3 for "k3-" keys. Three runs of k3-a at once are
+	// within it; four of k3-b are one too many. An instance inserted with
+	// key_limit 2 runs twice at once within its limit.
+	exec(`INSERT INTO {{s}}.chaos_key_limits VALUES ('k3-', 3)`)
+	for i, k := range []string{"k3-a", "k3-a", "k3-a", "k3-b", "k3-b", "k3-b", "k3-b"} {
+		exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended) VALUES
+			(-10 - $2, 'leaf', 'work', 0, 0, 'l', 1, 'w', $1, now() + $2 * interval '1 millisecond', now() + interval '1 second')`, k, i)
+	}
+	two := ins("done", `, partition_key, key_limit) VALUES ('plain', 'work', $1::text::{{s}}.gendurable_status, 'k2', 2`)
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended) VALUES
+		($1, 'plain', 'work', 0, 0, 'a', 1, 'w', 'k2', now(), now() + interval '1 second'),
+		($1, 'plain', 'work', 1, 0, 'b', 1, 'w', 'k2', now(), now() + interval '1 second')`, two)
+	// A stopped process (pid 8, stopped at +20 s): its run of key s1, cancelled
+	// with ErrLeaseLost, ends at the stop and does not overlap the run another
+	// process made of s1 meanwhile; its run of key s2, which neither saw a
+	// cancellation nor was reaped (its claim was not lost), does.
+	exec(`INSERT INTO {{s}}.chaos_faults (kind, pid, worker, at, until) VALUES ('stop', 8, 'w8', now() + interval '20 seconds', now() + interval '24 seconds')`)
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended, cause) VALUES
+		(-30, 'leaf', 'work', 0, 0, 's1', 8, 'w8', 's1', now() + interval '19 seconds', now() + interval '25 seconds', 'lease_lost'),
+		(-31, 'leaf', 'work', 0, 0, 's1b', 9, 'w9', 's1', now() + interval '21 seconds', now() + interval '22 seconds', NULL),
+		(-32, 'leaf', 'work', 0, 0, 's2', 8, 'w8', 's2', now() + interval '19 seconds', now() + interval '25 seconds', NULL),
+		(-33, 'leaf', 'work', 0, 0, 's2b', 9, 'w9', 's2', now() + interval '21 seconds', now() + interval '22 seconds', NULL)`)
+	// A run of pid 8 that went on with its work after the stop, but whose
+	// attempt was reaped meanwhile (it lost its claim while stopped): it ends
+	// at the stop too.
+	reaped := ins("done", `, errors) VALUES ('plain', 'work', $1::text::{{s}}.gendurable_status, '[{"kind": "lease_expired", "attempt": 0}]'`)
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended) VALUES
+		($1, 'plain', 'work', 0, 0, 's3', 8, 'w8', 's3', now() + interval '19 seconds', now() + interval '25 seconds'),
+		(-35, 'leaf', 'work', 0, 0, 's3b', 9, 'w9', 's3', now() + interval '21 seconds', now() + interval '22 seconds')`, reaped)
+	// A run of a step that ignores its context promises nothing: left out.
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended, honours) VALUES
+		(-34, 'leaf', 'work', 0, 0, 'i1', 9, 'w9', 's1', now() + interval '21 seconds', now() + interval '22 seconds', false)`)
+	// Key slots: a run of k3-a that started while three other rows of its
+	// key held a slot, and one of s1 that started with none. A run that
+	// started with a claim no longer current.
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, holders) VALUES
+		(-40, 'leaf', 'work', 0, 0, 'h1', 1, 'w', 'k3-a', 3), (-41, 'leaf', 'work', 0, 0, 'h2', 1, 'w', 's1', 0)`)
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, claim_current) VALUES
+		(-42, 'leaf', 'work', 0, 0, 'st', 1, 'w', false), (-43, 'leaf', 'work', 0, 0, 'st2', 1, 'w', true)`)
+	// The fenced resource: a current write, a stale write refused, and a
+	// stale write accepted.
+	exec(`INSERT INTO {{s}}.chaos_fenced_log (key, n, token, instance, run_id, pid, phase, accepted, current) VALUES
+		('f', 1, 5, -30, 'r5', 1, 'start', true, true),
+		('f', 2, 4, -31, 'r4', 1, 'end', false, false),
+		('g', 1, 3, -32, 'r3', 1, 'end', true, false)`)
 	// A lost wake-up: parked on "go" with an unconsumed "go".
 	parked := ins("awaiting_signal", `, awaits) VALUES ('waiter', 'got', $1::text::{{s}}.gendurable_status, '{go}'`)
 	exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name) VALUES ($1, 'go')`, parked)
@@ -85,7 +130,11 @@ func TestCheckerFindsViolations(t *testing.T) {
 	}{
 		{"MissingRows", r.MissingRows, 1}, {"LostOutcomes", r.LostOutcomes, 1}, {"Lost", r.Lost, 2},
 		{"MultiCommit", r.MultiCommit, 1}, {"TokenReuse", r.TokenReuse, 1}, {"NullToken", r.NullToken, 1},
-		{"Duplicates", r.Duplicates, 2}, {"Overlaps", r.Overlaps, 1}, {"OpenSpans", r.OpenSpans, 1},
+		{"Duplicates", r.Duplicates, 2}, {"Overlaps", r.Overlaps, 3}, {"OpenSpans", r.OpenSpans, 3},
+		{"CutAtStop", r.CutAtStop, 2}, {"OverlapsCountingStops", r.OverlapsCountingStops, 5},
+		{"KeyPeaks[1]", r.KeyPeaks[1], 2}, {"KeyPeaks[2]", r.KeyPeaks[2], 2}, {"KeyPeaks[3]", r.KeyPeaks[3], 4},
+		{"SlotExcess", r.SlotExcess, 1}, {"StaleStarts", r.StaleStarts, 1}, {"FencedWrites", r.FencedWrites, 3}, {"FencedRefused", r.FencedRefused, 1},
+		{"StaleAccepted", r.StaleAccepted, 1}, {"StaleRefused", r.StaleRefused, 1},
 		{"LostWakeUps", r.LostWakeUps, 1}, {"FaninEarly", r.FaninEarly, 1}, {"PastLease", r.PastLease, 1},
 		{"Stuck", r.Stuck, 2},
 	} {
@@ -102,4 +151,75 @@ func TestCheckerFindsViolations(t *testing.T) {
 		t.Errorf("violations: %v", v)
 	}
 	t.Log(r.Line("checker-selftest"))
+}
+
+// TestFencedResourceRefusesOldTokens: the fenced resource applies a write
+// whose token is at least the last one it accepted for the key, refuses an
+// older one, and logs whether each writer's claim was still current.
+func TestFencedResourceRefusesOldTokens(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	env := newEnv(t, chaos.DefaultURL(), "fenced")
+	var a, b int64
+	for _, c := range []struct {
+		id    *int64
+		token int64
+	}{{&a, 7}, {&b, 9}} {
+		if err := env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `INSERT INTO {{s}}.gendurable_instances
+			(fsm, step, status, partition_key, claim_token, lease_expires_at)
+			VALUES ('leaf', 'work', 'executing', 'k', $1, now() + interval '1 minute') RETURNING id`), c.token).Scan(c.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt := chaos.NewRuntime(nil, env.Schema, 1, "w")
+	for _, w := range []struct {
+		token, instance int64
+		phase           string
+		accepted        bool
+	}{
+		{7, a, "start", true},
+		{5, a, "start", false}, // an older claim of a: refused, and not current
+		{9, b, "start", true},
+		{7, a, "end", false}, // a's claim is current, but b's newer token was seen
+		{9, b, "end", true},
+	} {
+		got, err := rt.FenceWrite(ctx, env.Admin, "k", w.token, w.instance, "r", w.phase)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != w.accepted {
+			t.Errorf("write of token %d (%s): accepted %v, want %v", w.token, w.phase, got, w.accepted)
+		}
+	}
+	var token, writes, refused int
+	if err := env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT token, writes, refused FROM {{s}}.chaos_fenced WHERE key = 'k'`)).
+		Scan(&token, &writes, &refused); err != nil {
+		t.Fatal(err)
+	}
+	if token != 9 || writes != 3 || refused != 2 {
+		t.Errorf("chaos_fenced: token %d, %d writes, %d refused; want 9, 3, 2", token, writes, refused)
+	}
+	r, err := chaos.Check(ctx, env.Admin, env.Schema, chaos.CheckOpts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.FencedWrites != 5 || r.FencedRefused != 2 || r.StaleRefused != 1 || r.StaleAccepted != 0 {
+		t.Errorf("checker: %d writes, %d refused, %d stale refused, %d stale accepted; want 5, 2, 1, 0",
+			r.FencedWrites, r.FencedRefused, r.StaleRefused, r.StaleAccepted)
+	}
+	// a's lease runs out: its claim is no longer current, and with no newer
+	// token seen for key k2 the fence accepts its write — a stale write the
+	// checker counts.
+	if _, err := env.Admin.Exec(ctx, chaos.SQL(env.Schema, `UPDATE {{s}}.gendurable_instances SET lease_expires_at = now() - interval '1 second' WHERE id = $1`), a); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rt.FenceWrite(ctx, env.Admin, "k2", 7, a, "r", "end"); err != nil || !got {
+		t.Fatalf("first write of key k2: accepted %v, %v", got, err)
+	}
+	if r, err = chaos.Check(ctx, env.Admin, env.Schema, chaos.CheckOpts{}); err != nil {
+		t.Fatal(err)
+	}
+	if r.StaleAccepted != 1 {
+		t.Errorf("checker: %d stale writes accepted, want 1", r.StaleAccepted)
+	}
 }

@@ -37,11 +37,13 @@ func sampleConns(ctx context.Context, env *chaos.Env, app string) (maxSeen *int,
 
 // TestChaos09ConnectionLimits: a worker with a pool of 6 connections and a
 // concurrency of 16 (then a pool of 2 and a concurrency of 8) runs only
-// partitioned steps (every key distinct, so all
-// of them could run at once), whose own code also uses the pool. Each
-// running partitioned step pins a connection. The engine must never open
-// more connections than the pool allows, must keep going (degrade, not
-// deadlock: commits in every 2 s window), and must say so.
+// partitioned steps (every key distinct, so all of them could run at once),
+// whose own code also uses the pool (a keyed step holds no connection of
+// its own since keys are leases; its side-effect writes, its outcome
+// transaction and the engine's statements compete for the pool). The
+// engine must never open more connections than the pool allows, must keep
+// going (degrade, not deadlock: commits in every 2 s window), and must say
+// so.
 func TestChaos09ConnectionLimits(t *testing.T) {
 	t.Parallel() // with the other light scenarios (stall, poison, clock)
 	for _, pc := range []struct{ pool, conc int }{{6, 16}, {2, 8}} {
@@ -76,7 +78,7 @@ func connLimits(t *testing.T, pool, conc int) {
 	took := time.Since(start)
 	stopSampling()
 	waitSampler()
-	stopped, stopErr := proc.Term(30 * time.Second)
+	_, stopErr := proc.Term(30 * time.Second)
 	r, err := env.Check(ctx, chaos.CheckOpts{})
 	must(t, err)
 	// Progress: the longest gap between two commits.
@@ -84,16 +86,16 @@ func connLimits(t *testing.T, pool, conc int) {
 	must(t, env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT coalesce(max(d), interval '0') FROM
 		(SELECT ended - lag(ended) OVER (ORDER BY ended) AS d FROM {{s}}.chaos_oracle) x`)).Scan(&gap))
 	reports := append(proc.Stderr("pool size"), proc.Stderr("no connection")...)
-	contended := int64(0)
-	if stopped != nil {
-		contended = stopped.Counts["contended"]
-	}
 
 	c := &criteria{t: t}
 	c.report(r.Violations(false))
 	c.check(live == 0, "%d instances still live after %s: the exhausted pool deadlocked", live, took.Round(time.Second))
 	c.check(*maxSeen <= cfg.MaxConns, "the worker held %d connections at once, over its pool's %d", *maxSeen, cfg.MaxConns)
-	c.check(*samples > 50, "only %d connection samples", *samples)
+	// The sampler must have watched the whole run: a sample every 50 ms at
+	// least (it takes one every 10 ms plus a query), and never fewer than 10.
+	// (With key leases the run is short: 0.8 s at CI size, where the partition
+	// locks made it 12 s.)
+	c.check(*samples >= max(10, int(took/(50*time.Millisecond))), "only %d connection samples in %s", *samples, took.Round(time.Millisecond))
 	c.check(gap < 2*time.Second, "no step committed for %s: stalled", gap.Round(time.Millisecond))
 	c.check(len(reports) > 0, "the engine never reported that its pool is too small for its concurrency")
 	c.check(stopErr == nil, "graceful stop: %v", stopErr)
@@ -105,7 +107,7 @@ func connLimits(t *testing.T, pool, conc int) {
 		}
 	}
 	summary(t, r.Line("conn-limits", fmt.Sprintf("pool of %d, concurrency %d, %d distinct partition keys", cfg.MaxConns, cfg.Concurrency, n))+
-		fmt.Sprintf(" (at most %d connections seen in %d samples; all done in %s, %.0f steps/s, longest gap between commits %s; %d full keys passed over; reported: %s; %s)",
-			*maxSeen, *samples, took.Round(100*time.Millisecond), float64(r.Committed)/took.Seconds(), gap.Round(time.Millisecond), contended, trunc(rep, 160), r.Invariants()))
+		fmt.Sprintf(" (at most %d connections seen in %d samples; all done in %s, %.0f steps/s, longest gap between commits %s; reported: %s; %s)",
+			*maxSeen, *samples, took.Round(100*time.Millisecond), float64(r.Committed)/took.Seconds(), gap.Round(time.Millisecond), trunc(rep, 160), r.Invariants()))
 	c.done()
 }

@@ -23,6 +23,12 @@
 // becomes: exactly one chaos_oracle row per (instance, seq), no gaps.
 // Effect rows per (instance, seq) beyond the first are duplicate step runs.
 //
+// Keyed "fenced" leaves also write chaos_fenced, a resource outside the
+// engine fenced by the claim token (Run.Token): a write with a token older
+// than the last one accepted for its key is refused, and every offer is
+// logged with whether the writer's claim was still current, so that stale
+// writes the fence let through can be counted.
+//
 // [Check] classifies every instance (terminal ok / failed / lost / stuck) and
 // checks the invariants; [Report.Line] is the one-line summary a scenario
 // prints. The scenarios themselves are tests behind the build tag "chaos"

@@ -238,6 +238,35 @@ func (e *Env) TerminateWorkers(ctx context.Context) (int, error) {
 	return n, err
 }
 
+// TerminateWorker terminates every backend of worker name (by
+// application_name) and returns how many it terminated.
+func (e *Env) TerminateWorker(ctx context.Context, name string) (int, error) {
+	var n int
+	err := Retry(ctx, func(ctx context.Context) error {
+		return e.Admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE application_name = $1 AND pid <> pg_backend_pid()`, AppName(e.Schema, name)).Scan(&n)
+	})
+	return n, err
+}
+
+// SetKeyPolicies records the key policies the scenario's workers run with
+// (WorkerConfig.KeyPolicies), so that the checker knows each key's limit.
+func (e *Env) SetKeyPolicies(ctx context.Context, policies []gendurable.KeyPolicy) error {
+	return Retry(ctx, func(ctx context.Context) error {
+		return pgx.BeginFunc(ctx, e.Admin, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, SQL(e.Schema, `DELETE FROM {{s}}.chaos_key_limits`)); err != nil {
+				return err
+			}
+			for _, p := range policies {
+				if _, err := tx.Exec(ctx, SQL(e.Schema, `INSERT INTO {{s}}.chaos_key_limits (prefix, lim) VALUES ($1, $2)`), p.Prefix, p.Limit); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+}
+
 // Count runs a count query ({{s}} is the schema).
 func (e *Env) Count(ctx context.Context, stmt string, args ...any) (int, error) {
 	var n int

@@ -26,6 +26,13 @@ type FlowState struct {
 type LeafState struct {
 	Seq     int `json:"seq"`
 	SleepMs int `json:"sleep_ms,omitempty"`
+	// Fence: a keyed leaf writes its key's fenced resource (chaos_fenced)
+	// with its claim token when its work starts and when it ends.
+	Fence bool `json:"fence,omitempty"`
+	// IgnoreCtx: the leaf ignores its context (it works to the end and
+	// writes the fenced resource whatever happens): the checker leaves its
+	// runs out of the partition overlaps, which promise nothing for them.
+	IgnoreCtx bool `json:"ignore_ctx,omitempty"`
 }
 
 // WaiterState is the state of the "waiter" machine: it awaits "pay"
@@ -116,7 +123,7 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 		Name: "leaf", Start: "work", MaxAttempts: 25, Backoff: chaosBackoff,
 		Steps: map[string]gendurable.StepFunc[LeafState]{
 			"work": func(ctx context.Context, r *gendurable.Run[LeafState]) (gendurable.Outcome, error) {
-				run, err := beginWork(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs))
+				run, err := beginFenced(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs), r.State.Fence, r.State.IgnoreCtx)
 				if err != nil {
 					return gendurable.Outcome{}, err
 				}

@@ -168,6 +168,55 @@ func (p *Proc) ExitErr() error { <-p.done; return p.exitErr }
 // Signal sends sig to the process.
 func (p *Proc) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
 
+// Stop SIGSTOPs the process and returns once the kernel shows every one of
+// its threads stopped (state T in /proc/<pid>/task/*/stat), so that whatever
+// the harness records next happens while the process cannot run.
+func (p *Proc) Stop(timeout time.Duration) error {
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(timeout); ; time.Sleep(time.Millisecond) {
+		if stopped(p.PID) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("worker %s (pid %d) not stopped %s after SIGSTOP", p.Name, p.PID, timeout)
+		}
+	}
+}
+
+// stopped reports whether every thread of process pid is stopped.
+func stopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, t := range tasks {
+		if statState(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name())) != 'T' {
+			return false
+		}
+	}
+	return true
+}
+
+// ProcState is the state letter of process pid in /proc/<pid>/stat (R, S,
+// T, ...), or 0 if it cannot be read.
+func ProcState(pid int) byte { return statState(fmt.Sprintf("/proc/%d/stat", pid)) }
+
+func statState(path string) byte {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses; the state
+	// follows the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0
+	}
+	return b[i+2]
+}
+
 // Kill SIGKILLs the process and waits for it.
 func (p *Proc) Kill() {
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)

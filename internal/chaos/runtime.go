@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -29,8 +30,23 @@ CREATE TABLE {{s}}.chaos_effects (
   pid      int NOT NULL,
   worker   text NOT NULL,
   pkey     text,
+  token    bigint,      -- the run's claim token (Run.Token)
+  honours  boolean NOT NULL DEFAULT true, -- false: the step ignores its context (LeafState.IgnoreCtx)
+  -- keyed runs: how many other rows of the key held a slot (executing, lease
+  -- not run out on the database clock) when this run started
+  holders  int,
+  -- whether the run's claim was still current when it started: the row
+  -- carried its token, executing, with a lease not run out
+  claim_current boolean,
   started  timestamptz NOT NULL DEFAULT clock_timestamp(),
-  ended    timestamptz
+  ended    timestamptz,
+  -- why the work stopped short: NULL when it ran to its end, else the kind of
+  -- its context's cause ('lease_lost', 'stopped', 'timeout', 'other')
+  cause    text,
+  -- when the step's work ended (done, or its context seen cancelled), on the
+  -- worker's clock — the host's: the harness and its workers run on one
+  -- machine — taken before the end is stamped in the database
+  work_end timestamptz
 );
 CREATE INDEX ON {{s}}.chaos_effects (instance, seq);
 CREATE INDEX ON {{s}}.chaos_effects (pkey) WHERE pkey IS NOT NULL;
@@ -54,6 +70,38 @@ CREATE INDEX ON {{s}}.chaos_oracle (instance, seq);
 -- top-level instances the harness inserted (children are found by parent_id)
 CREATE TABLE {{s}}.chaos_expected (id bigint PRIMARY KEY, kind text, batch text);
 CREATE INDEX ON {{s}}.chaos_expected (batch);
+-- A resource outside the engine fenced by the claim token (Run.Token): one row
+-- per partition key, written by keyed steps of fenced leaves at the start and
+-- at the end of their work. A write carrying a token smaller than the last one
+-- accepted is refused (counted in refused, not applied).
+CREATE TABLE {{s}}.chaos_fenced (
+  key     text PRIMARY KEY,
+  token   bigint NOT NULL,
+  writes  int NOT NULL DEFAULT 0,
+  refused int NOT NULL DEFAULT 0
+);
+-- Every write offered to chaos_fenced, in the resource's own order (n, per
+-- key): accepted or refused, and whether the writer's claim was still current
+-- when it was applied (the instance row carried its token, executing, with a
+-- lease not yet run out on the database clock). Accepted and not current: a
+-- stale write the fence let through.
+CREATE TABLE {{s}}.chaos_fenced_log (
+  id       bigserial PRIMARY KEY,
+  key      text NOT NULL,
+  n        int NOT NULL,
+  token    bigint NOT NULL,
+  instance bigint NOT NULL,
+  run_id   text NOT NULL,
+  pid      int NOT NULL,
+  phase    text NOT NULL, -- 'start' or 'end' of the step's work
+  accepted boolean NOT NULL,
+  current  boolean NOT NULL,
+  at       timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+-- The key policies the scenario's workers run with (Config.KeyPolicies), for
+-- the checker: a key's limit is its row's key_limit, else the longest prefix
+-- here it starts with, else 1.
+CREATE TABLE {{s}}.chaos_key_limits (prefix text PRIMARY KEY, lim int NOT NULL);
 -- faults the harness injected, on the database clock (taken just before the fault)
 CREATE TABLE {{s}}.chaos_faults (
   id     bigserial PRIMARY KEY,
@@ -79,20 +127,46 @@ type Runtime struct {
 	// Options of the process (scenario knobs for the poison machines).
 	EffectErrors atomic.Int64 // side-effect writes that failed
 
-	insEffect, endEffect, insOracle string
+	insEffect, endEffect, insOracle, fenceWrite string
 }
 
 // NewRuntime prepares the statements for schema.
 func NewRuntime(pool *pgxpool.Pool, schema string, pid int, worker string) *Runtime {
 	return &Runtime{
 		Pool: pool, Schema: schema, PID: pid, Worker: worker,
-		insEffect: SQL(schema, `INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id, started`),
-		endEffect: SQL(schema, `UPDATE {{s}}.chaos_effects SET ended = clock_timestamp() WHERE id = $1`),
+		insEffect: SQL(schema, `INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, token, honours, holders, claim_current)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+			        CASE WHEN $9::text IS NOT NULL THEN (SELECT count(*) FROM {{s}}.gendurable_instances h
+			          WHERE h.partition_key = $9 AND h.status = 'executing' AND h.lease_expires_at > clock_timestamp() AND h.id <> $1) END,
+			        coalesce((SELECT i.claim_token = $10 AND i.status = 'executing' AND i.lease_expires_at > clock_timestamp()
+			                  FROM {{s}}.gendurable_instances i WHERE i.id = $1), false))
+			RETURNING id, started`),
+		endEffect: SQL(schema, `UPDATE {{s}}.chaos_effects SET ended = clock_timestamp(), cause = $2, work_end = $3 WHERE id = $1`),
 		// The claim token is read from the instance row inside the outcome's
 		// transaction: if the fence holds, it is this run's token.
 		insOracle: SQL(schema, `INSERT INTO {{s}}.chaos_oracle (instance, fsm, step, seq, attempt, token, run_id, pid, worker, started, note)
 			SELECT $1, $2, $3, $4, $5, (SELECT claim_token FROM {{s}}.gendurable_instances WHERE id = $1), $6, $7, $8, $9, $10`),
+		// A write to the fenced resource: applied if its token is at least the
+		// last one accepted for the key, refused otherwise; logged either way
+		// in the resource's order, with whether the writer's claim was still
+		// current (read under a key-share lock: the newest committed version
+		// of the instance row, which cannot be reaped or finished while the
+		// write is applied).
+		fenceWrite: SQL(schema, `WITH cur AS MATERIALIZED (
+			  SELECT coalesce((SELECT i.claim_token = $2 AND i.status = 'executing' AND i.lease_expires_at > clock_timestamp()
+			                   FROM {{s}}.gendurable_instances AS i WHERE i.id = $3 FOR KEY SHARE), false) AS current
+			), w AS (
+			  INSERT INTO {{s}}.chaos_fenced AS f (key, token, writes, refused)
+			  SELECT $1, $2, 1, 0 FROM cur
+			  ON CONFLICT (key) DO UPDATE SET
+			    writes  = f.writes  + CASE WHEN f.token <= EXCLUDED.token THEN 1 ELSE 0 END,
+			    refused = f.refused + CASE WHEN f.token <= EXCLUDED.token THEN 0 ELSE 1 END,
+			    token   = greatest(f.token, EXCLUDED.token)
+			  RETURNING f.token = $2 AS accepted, f.writes + f.refused AS n
+			)
+			INSERT INTO {{s}}.chaos_fenced_log (key, n, token, instance, run_id, pid, phase, accepted, current)
+			SELECT $1, w.n, $2, $3, $4, $5, $6, w.accepted, cur.current FROM w, cur
+			RETURNING accepted`),
 	}
 }
 
@@ -106,6 +180,10 @@ type stepRun struct {
 	seq      int
 	attempt  int
 	runID    string
+	pkey     *string
+	token    int64
+	fenced   bool // writes the fenced resource of its key at the start and end of its work
+	ignore   bool // ignores its context: works to the end and writes whatever happens
 	effectID int64
 	started  time.Time
 	ended    bool
@@ -114,13 +192,19 @@ type stepRun struct {
 // begin records the step's start as a side effect (autocommit, kept whatever
 // happens next) and returns the run.
 func begin[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq int) (*stepRun, error) {
-	s := &stepRun{rt: rt, id: r.ID, fsm: r.Machine, step: r.Step, seq: seq, attempt: r.Attempt, runID: randID()}
-	var pkey *string
+	return beginRun(ctx, rt, r, seq, false)
+}
+
+func beginRun[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq int, ignore bool) (*stepRun, error) {
+	s := &stepRun{rt: rt, id: r.ID, fsm: r.Machine, step: r.Step, seq: seq, attempt: r.Attempt, runID: randID(), token: r.Token, ignore: ignore}
 	if r.PartitionKey != "" {
 		k := r.PartitionKey
-		pkey = &k
+		s.pkey = &k
 	}
-	err := rt.Pool.QueryRow(ctx, rt.insEffect, s.id, s.fsm, s.step, s.seq, s.attempt, s.runID, rt.PID, rt.Worker, pkey).
+	if ignore {
+		ctx = context.WithoutCancel(ctx)
+	}
+	err := rt.Pool.QueryRow(ctx, rt.insEffect, s.id, s.fsm, s.step, s.seq, s.attempt, s.runID, rt.PID, rt.Worker, s.pkey, s.token, !ignore).
 		Scan(&s.effectID, &s.started)
 	if err != nil {
 		rt.EffectErrors.Add(1)
@@ -131,9 +215,33 @@ func begin[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq in
 
 // beginWork is begin, then work for d: the start of most harness steps.
 func beginWork[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq int, d time.Duration) (*stepRun, error) {
-	run, err := begin(ctx, rt, r, seq)
+	return beginFenced(ctx, rt, r, seq, d, false, false)
+}
+
+// beginFenced is beginWork; if fenced and the instance has a partition key,
+// the run also writes its key's fenced resource (chaos_fenced), with its
+// claim token, when its work starts and when it ends. Both writes honour
+// ctx — a run whose context is done writes nothing more — unless ignore:
+// then the run ignores its context throughout (it works to the end and
+// writes whatever happens), as a careless step would.
+func beginFenced[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq int, d time.Duration, fenced, ignore bool) (*stepRun, error) {
+	run, err := beginRun(ctx, rt, r, seq, ignore)
 	if err != nil {
 		return nil, err
+	}
+	if ignore {
+		ctx = context.WithoutCancel(ctx)
+	}
+	run.fenced = fenced && run.pkey != nil
+	if run.fenced {
+		if err := run.fence(ctx, "start"); err != nil {
+			if ctx.Err() != nil {
+				run.cut(ctx)
+				return nil, context.Cause(ctx)
+			}
+			run.end()
+			return nil, err
+		}
 	}
 	if err := run.work(ctx, d); err != nil {
 		return nil, err
@@ -141,33 +249,105 @@ func beginWork[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], se
 	return run, nil
 }
 
-// work sleeps d (the step's "work"), honouring ctx, then stamps the end of
-// the side effect.
+// work sleeps d (the step's "work"), honouring ctx, then (for a fenced run)
+// writes the fenced resource and stamps the end of the side effect. A run
+// whose context is done stops at once and records why (cut).
 func (s *stepRun) work(ctx context.Context, d time.Duration) error {
 	if d > 0 {
 		t := time.NewTimer(d)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			s.end()
+			s.cut(ctx)
 			return context.Cause(ctx)
 		case <-t.C:
+		}
+	}
+	if s.fenced {
+		if err := s.fence(ctx, "end"); err != nil {
+			if ctx.Err() != nil {
+				s.cut(ctx)
+				return context.Cause(ctx)
+			}
+			s.end()
+			return err
 		}
 	}
 	s.end()
 	return nil
 }
 
+// fence offers one write to the fenced resource of the run's key. It tries
+// again through connection trouble (the worker's backends may have been
+// terminated) as long as ctx is not done, and never once it is.
+func (s *stepRun) fence(ctx context.Context, phase string) error {
+	var err error
+	for i := 0; i < 3 && ctx.Err() == nil; i++ {
+		if _, err = s.rt.FenceWrite(ctx, s.rt.Pool, *s.pkey, s.token, s.id, s.runID, phase); err == nil {
+			return nil // accepted or refused: the resource decided
+		}
+		if !Transient(err) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	s.rt.EffectErrors.Add(1)
+	return fmt.Errorf("chaos: fenced write (%s): %w", phase, err)
+}
+
+// FenceWrite offers one write carrying token to the fenced resource of key
+// on behalf of a run of instance, and reports whether it was accepted.
+func (rt *Runtime) FenceWrite(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, key string, token, instance int64, runID, phase string) (bool, error) {
+	var accepted bool
+	err := db.QueryRow(ctx, rt.fenceWrite, key, token, instance, runID, rt.PID, phase).Scan(&accepted)
+	return accepted, err
+}
+
+// CauseKind names the cause of a cancelled step context as the harness
+// records it (chaos_effects.cause).
+func CauseKind(cause error) string {
+	switch {
+	case errors.Is(cause, gendurable.ErrLeaseLost):
+		return "lease_lost"
+	case errors.Is(cause, gendurable.ErrEngineStopped):
+		return "stopped"
+	case errors.Is(cause, gendurable.ErrStepTimeout):
+		return "timeout"
+	default:
+		return "other"
+	}
+}
+
+// cut stamps the end of a run whose context is done, with the cause and when
+// the step saw it (this process's clock).
+func (s *stepRun) cut(ctx context.Context) {
+	s.stamp(CauseKind(context.Cause(ctx)), time.Now())
+}
+
 // end stamps the side effect's end (a few quick tries; the span stays open
 // if the database is unreachable, which the checker reports).
-func (s *stepRun) end() {
+func (s *stepRun) end() { s.stamp("", time.Now()) }
+
+func (s *stepRun) stamp(cause string, workEnd time.Time) {
 	if s.ended {
 		return
 	}
 	s.ended = true
+	var c *string
+	if cause != "" {
+		c = &cause
+	}
 	for i := 0; i < 3; i++ {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := s.rt.Pool.Exec(ctx, s.rt.endEffect, s.effectID)
+		_, err := s.rt.Pool.Exec(ctx, s.rt.endEffect, s.effectID, c, workEnd)
 		cancel()
 		if err == nil {
 			return

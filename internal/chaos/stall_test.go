@@ -45,7 +45,10 @@ func TestChaos02Stall(t *testing.T) {
 	_, err = env.Insert(ctx, "leaf", ps)
 	must(t, err)
 
-	type window struct{ from, to time.Time }
+	type window struct {
+		from, to time.Time // database clock: once stopped, once continued
+		cont     time.Time // harness clock, just before SIGCONT
+	}
 	var windows []window
 	for s := 0; s < stalls; s++ {
 		time.Sleep(500 * time.Millisecond)
@@ -57,14 +60,15 @@ func TestChaos02Stall(t *testing.T) {
 				break
 			}
 		}
+		must(t, procA.Stop(2*time.Second))
 		id, from, err := env.Fault(ctx, "stop", procA)
 		must(t, err)
-		must(t, procA.Signal(syscall.SIGSTOP))
 		time.Sleep(2 * lease)
+		cont := time.Now()
 		must(t, procA.Signal(syscall.SIGCONT))
 		to, err := env.FaultEnd(ctx, id)
 		must(t, err)
-		windows = append(windows, window{from, to})
+		windows = append(windows, window{from, to, cont})
 	}
 	_, live, err := env.WaitTerminal(ctx, time.Now().Add(60*time.Second))
 	must(t, err)
@@ -78,11 +82,13 @@ func TestChaos02Stall(t *testing.T) {
 	type zombie struct {
 		committed, reaped, staleStart, handled bool
 		runs                                   int
+		workEnd                                *time.Time
+		stall                                  int
 	}
 	zs := map[string]zombie{}
-	for _, w := range windows {
+	for i, w := range windows {
 		rows, err := env.Admin.Query(ctx, chaos.SQL(env.Schema, `
-			SELECT z.run_id,
+			SELECT z.run_id, z.work_end,
 			       EXISTS (SELECT 1 FROM {{s}}.chaos_oracle o WHERE o.run_id = z.run_id),
 			       EXISTS (SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) e
 			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND (e->>'attempt')::int = z.attempt),
@@ -97,15 +103,29 @@ func TestChaos02Stall(t *testing.T) {
 		must(t, err)
 		for rows.Next() {
 			var id string
-			var z zombie
-			must(t, rows.Scan(&id, &z.committed, &z.reaped, &z.staleStart, &z.handled, &z.runs))
-			zs[id] = z
+			z := zombie{stall: i}
+			must(t, rows.Scan(&id, &z.workEnd, &z.committed, &z.reaped, &z.staleStart, &z.handled, &z.runs))
+			if _, seen := zs[id]; !seen {
+				zs[id] = z
+			}
 		}
 		rows.Close()
 	}
 	zombies := len(zs)
 	reaped, lateApplied, rerunOnce, rerunOther, staleStarts, committedAlone, handled, unexplained := 0, 0, 0, 0, 0, 0, 0, 0
+	// How soon after SIGCONT each reaped run's work ended: its context is
+	// cancelled at once (the lease deadline has passed), unless its work
+	// (a sleep) had ended while it was stopped.
+	var tailMax time.Duration
+	lateTails := 0
 	for _, z := range zs {
+		if z.reaped && z.workEnd != nil {
+			tail := z.workEnd.Sub(windows[z.stall].cont)
+			tailMax = max(tailMax, tail)
+			if tail > 250*time.Millisecond {
+				lateTails++
+			}
+		}
 		switch {
 		case z.reaped:
 			reaped++
@@ -145,11 +165,12 @@ func TestChaos02Stall(t *testing.T) {
 	c.check(lateApplied == 0, "%d late outcomes of reaped zombie runs were applied", lateApplied)
 	c.check(rerunOther == 0, "%d reaped steps did not rerun exactly once", rerunOther)
 	c.check(staleStarts == 0, "the stalled worker started %d steps after their claim had been reaped (it must wait for a heartbeat after a pause)", staleStarts)
+	c.check(lateTails == 0, "%d reaped runs of the stalled worker went on working more than 250ms after SIGCONT (longest %s)", lateTails, tailMax)
 	c.check(unexplained == 0, "%d zombie runs neither reaped, nor committed alone, nor retried through Handle", unexplained)
 	c.check(int(fenced+unwritten) >= reaped, "the stalled worker reported %d fenced and %d unwritten outcomes for %d reaped runs", fenced, unwritten, reaped)
 	c.check(stopErr == nil, "graceful stop: %v", stopErr)
 	summary(t, r.Line("stall", fmt.Sprintf("%d stalls of %s (2× lease)", stalls, 2*lease))+
-		fmt.Sprintf(" (%d steps in flight in the stalled worker: %d reaped and rerun once each, %d late outcomes fenced and %d not written = 0 rows changed, %d started after their reap, %d committed by the zombie itself before any reap, %d rolled back on waking and retried through Handle; %d partition overlaps; %s)",
-			zombies, rerunOnce, fenced, unwritten, staleStarts, committedAlone, handled, r.Overlaps, r.Invariants()))
+		fmt.Sprintf(" (%d steps in flight in the stalled worker: %d reaped and rerun once each, their work ended at most %s after SIGCONT, %d late outcomes fenced and %d not written = 0 rows changed, %d started after their reap, %d committed by the zombie itself before any reap, %d rolled back on waking and retried through Handle; %d partition overlaps (%d if the stopped time counted as running); %s)",
+			zombies, rerunOnce, tailMax.Round(100*time.Microsecond), fenced, unwritten, staleStarts, committedAlone, handled, r.Overlaps, r.OverlapsCountingStops, r.Invariants()))
 	c.done()
 }

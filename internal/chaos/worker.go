@@ -42,6 +42,9 @@ type WorkerConfig struct {
 	DrainMs     int    `json:"drain_ms,omitempty"`
 	StopMs      int    `json:"stop_ms,omitempty"` // bound on Engine.Stop at SIGTERM (default 15s)
 	CommitConc  int    `json:"commit_conc,omitempty"`
+	// KeyPolicies: Config.KeyPolicies (record them with Env.SetKeyPolicies
+	// too, for the checker).
+	KeyPolicies []gendurable.KeyPolicy `json:"key_policies,omitempty"`
 
 	Knobs Knobs `json:"knobs"`
 
@@ -104,9 +107,9 @@ func (e *emitter) emit(ev Event) {
 
 // counters are what the worker's hooks observe.
 type counters struct {
-	steps, stepErrs, fenced, commitErrs, leaseLost, reaped, reapedFailed, contended, pickErrs atomic.Int64
-	hookPanics                                                                                atomic.Int64
-	connAttempts, connOK                                                                      atomic.Int64
+	steps, stepErrs, fenced, commitErrs, leaseLost, reaped, reapedFailed, pickErrs atomic.Int64
+	hookPanics                                                                     atomic.Int64
+	connAttempts, connOK                                                           atomic.Int64
 
 	mu        sync.Mutex
 	picks     []time.Duration
@@ -118,7 +121,7 @@ func (c *counters) snapshot(rt *Runtime) map[string]int64 {
 	return map[string]int64{
 		"steps": c.steps.Load(), "step_errors": c.stepErrs.Load(), "fenced": c.fenced.Load(),
 		"commit_errors": c.commitErrs.Load(), "lease_lost": c.leaseLost.Load(), "reaped": c.reaped.Load(),
-		"reaped_failed": c.reapedFailed.Load(), "contended": c.contended.Load(), "pick_errors": c.pickErrs.Load(),
+		"reaped_failed": c.reapedFailed.Load(), "pick_errors": c.pickErrs.Load(),
 		"effect_errors": rt.EffectErrors.Load(), "conn_attempts": c.connAttempts.Load(), "conn_ok": c.connOK.Load(),
 	}
 }
@@ -191,9 +194,6 @@ func runWorker(cfg WorkerConfig, out *emitter, logger *slog.Logger) (int, error)
 			c.reaped.Add(int64(e.Count))
 			c.reapedFailed.Add(int64(e.Failed))
 		case *gendurable.PickEvent:
-			for _, th := range e.Throttled {
-				c.contended.Add(int64(th.Full)) // keys passed over full
-			}
 			if e.Err != nil {
 				c.pickErrs.Add(1)
 				c.mu.Lock()
@@ -227,8 +227,9 @@ func runWorker(cfg WorkerConfig, out *emitter, logger *slog.Logger) (int, error)
 		}},
 		LeaseDuration: ms(cfg.LeaseMs), HeartbeatInterval: ms(cfg.HeartbeatMs), ReaperInterval: ms(cfg.ReaperMs),
 		DrainTimeout: ms(cfg.DrainMs), CommitConcurrency: cfg.CommitConc,
-		Logger: logger,
-		Hooks:  hooks,
+		KeyPolicies: cfg.KeyPolicies,
+		Logger:      logger,
+		Hooks:       hooks,
 	})
 	if err != nil {
 		return 2, err

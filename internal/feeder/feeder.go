@@ -409,14 +409,26 @@ func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 		s.log.Warn("gendurable: pick failed", "queue", s.cfg.Queue, "err", err)
 		return 0, err
 	}
+	s.add(rows, start)
+	return len(rows), nil
+}
+
+// add buffers rows claimed by a pick that was sent at start: their leases
+// began after it, so their deadlines count from it. A pick that comes back
+// late (the process was stopped while it was in flight) brings claims whose
+// deadline may have passed: dispatch never starts them, and the timer gives
+// them up at once.
+func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
+	if len(rows) == 0 {
+		return
+	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	for _, c := range rows {
 		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease)}
-		s.armLocked(start.Add(s.cfg.Lease))
 	}
 	s.buffer = append(s.buffer, rows...)
-	s.mu.Unlock()
-	return len(rows), nil
+	s.armLocked(start.Add(s.cfg.Lease))
 }
 
 // dispatch starts buffered rows into free running slots.

@@ -1,16 +1,27 @@
 package feeder
 
 import (
+	"bufio"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -180,5 +191,373 @@ func TestHeartbeatTellsZombieFromNewClaim(t *testing.T) {
 	}
 	if len(ev.lost) != 1 || ev.lost[0] != zombie.ID {
 		t.Fatalf("lease-lost reports %v, want [%d]", ev.lost, zombie.ID)
+	}
+}
+
+// heartbeatDB answers the heartbeat statement (the only one these tests
+// send): "kept" confirms every lease; "hang" blocks until the statement's
+// context is done (a dead or half-open connection); "fail" fails at once
+// (the database refuses connections).
+type heartbeatDB struct{ mode string }
+
+func (d heartbeatDB) Query(ctx context.Context, _ string, args ...any) (pgx.Rows, error) {
+	switch d.mode {
+	case "kept":
+		return &idRows{ids: args[0].([]int64)}, nil
+	case "hang":
+		<-ctx.Done()
+		return nil, ctx.Err()
+	default:
+		return nil, errors.New("connection refused")
+	}
+}
+
+func (heartbeatDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, errors.New("heartbeatDB: Exec")
+}
+
+func (heartbeatDB) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
+
+// idRows is a result of one bigint column.
+type idRows struct {
+	ids []int64
+	i   int
+}
+
+func (r *idRows) Close()                        {}
+func (r *idRows) Err() error                    { return nil }
+func (r *idRows) CommandTag() pgconn.CommandTag { return pgconn.CommandTag{} }
+func (r *idRows) FieldDescriptions() []pgconn.FieldDescription {
+	return []pgconn.FieldDescription{{Name: "id"}}
+}
+func (r *idRows) Next() bool             { r.i++; return r.i <= len(r.ids) }
+func (r *idRows) Values() ([]any, error) { return []any{r.ids[r.i-1]}, nil }
+func (r *idRows) RawValues() [][]byte    { return nil }
+func (r *idRows) Conn() *pgx.Conn        { return nil }
+func (r *idRows) TypeMap() *pgtype.Map   { return nil }
+func (r *idRows) Scan(dest ...any) error {
+	*dest[0].(*int64) = r.ids[r.i-1]
+	return nil
+}
+
+// runHeld starts one held claim (instance 1, token 7) of s as a running
+// step that waits for its context; the returned channel gets the cause and
+// the moment the step saw it.
+func runHeld(s *Feeder) <-chan stepEnd {
+	ended := make(chan stepEnd, 1)
+	s.exec = func(ctx context.Context, _ *sqlq.Claimed, _ Holder) Result {
+		<-ctx.Done()
+		ended <- stepEnd{cause: context.Cause(ctx), at: time.Now()}
+		return Result{}
+	}
+	s.mu.Lock()
+	s.held[7] = &held{id: 1}
+	s.buffer = []sqlq.Claimed{{ID: 1, Token: 7}}
+	s.mu.Unlock()
+	go s.worker()
+	s.dispatch(context.Background())
+	return ended
+}
+
+type stepEnd struct {
+	cause error
+	at    time.Time
+}
+
+// TestLeaseDeadlineCancelsTheStep: once no heartbeat has confirmed the
+// leases for a whole lease, the running step is cancelled with ErrLeaseLost
+// right at lastBeat + Lease — by the feeder's deadline timer, whether or
+// not a heartbeat tick comes (with no heartbeat loop at all, only the timer
+// can; a hanging or failing heartbeat says nothing in time either). A
+// heartbeat that keeps confirming keeps the step running.
+func TestLeaseDeadlineCancelsTheStep(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	for _, c := range []struct {
+		name     string
+		db       string // "": no heartbeat loop
+		interval time.Duration
+	}{
+		{"no heartbeat loop", "", 100 * time.Millisecond},
+		{"heartbeat hangs", "hang", 40 * time.Millisecond},
+		{"heartbeat fails", "fail", 40 * time.Millisecond},
+		{"heartbeat confirms", "kept", 40 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ev := &lostLog{}
+			s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+				Lease: lease, HeartbeatInterval: c.interval},
+				&sqlq.Queries{}, heartbeatDB{mode: c.db}, nil, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			defer close(s.work)
+			s.mu.Lock()
+			start := time.Now()
+			s.confirmed(start) // as Heartbeat does when it starts
+			s.mu.Unlock()
+			ended := runHeld(s)
+			if c.db != "" {
+				hbDone := make(chan struct{})
+				go func() { defer close(hbDone); s.Heartbeat(ctx) }()
+				defer func() { cancel(); <-hbDone }()
+			}
+
+			if c.db == "kept" {
+				select {
+				case e := <-ended:
+					t.Fatalf("a step whose leases are confirmed was cancelled after %s: %v", e.at.Sub(start), e.cause)
+				case <-time.After(4 * lease):
+				}
+				return
+			}
+			select {
+			case e := <-ended:
+				after := e.at.Sub(start)
+				if !errors.Is(e.cause, ErrLeaseLost) {
+					t.Fatalf("cancelled with %v, want ErrLeaseLost", e.cause)
+				}
+				// Not before the local lease deadline (the heartbeat's own
+				// start), and at once when it passes.
+				if after < lease || after > lease+250*time.Millisecond {
+					t.Fatalf("cancelled %s after the last confirmation, want within [%s, %s]", after, lease, lease+250*time.Millisecond)
+				}
+			case <-time.After(10 * lease):
+				t.Fatalf("the step was not cancelled %s after its last confirmed heartbeat (lease %s)", 10*lease, lease)
+			}
+			ev.mu.Lock()
+			defer ev.mu.Unlock()
+			if len(ev.lost) != 1 || ev.lost[0] != 1 {
+				t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
+			}
+		})
+	}
+}
+
+// envStoppedHelper makes the test binary the process that
+// TestStoppedProcessCancelsItsStepOnResume stops and continues.
+const envStoppedHelper = "GENDURABLE_FEEDER_STOPPED_HELPER"
+
+// TestHelperStoppedFeeder is not a test: it is the process that
+// TestStoppedProcessCancelsItsStepOnResume stops. It runs a feeder whose
+// heartbeats confirm every lease at once, with one running step that
+// waits for its context, and reports on stdout when the step started and
+// when (unix nanoseconds) and why it was cancelled.
+func TestHelperStoppedFeeder(t *testing.T) {
+	if os.Getenv(envStoppedHelper) == "" {
+		t.Skip("helper process only")
+	}
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+		Lease: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond},
+		&sqlq.Queries{}, heartbeatDB{mode: "kept"}, nil, &lostLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	go s.Heartbeat(context.Background())
+	ended := runHeld(s)
+	fmt.Printf("helper: started\n")
+	e := <-ended
+	fmt.Printf("helper: cancelled %d %q\n", e.at.UnixNano(), fmt.Sprint(e.cause))
+	time.Sleep(100 * time.Millisecond) // let the parent read it
+}
+
+// TestStoppedProcessCancelsItsStepOnResume: a process holding a running
+// step is stopped (SIGSTOP) for twice its lease, then continued. Its
+// heartbeats confirmed the lease until the stop, and the step was not
+// cancelled; on SIGCONT its step's context is cancelled with ErrLeaseLost
+// at once — before it sends another heartbeat, and whatever the database
+// would answer — since the lease may have run out on the database clock
+// and another process may run the row (or, for a keyed row, its key).
+func TestStoppedProcessCancelsItsStepOnResume(t *testing.T) {
+	t.Parallel()
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc to see the process stopped")
+	}
+	const lease = 500 * time.Millisecond
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperStoppedFeeder$")
+	cmd.Env = append(os.Environ(), envStoppedHelper+"=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	lines := make(chan string, 4)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if l, ok := strings.CutPrefix(sc.Text(), "helper: "); ok {
+				lines <- l
+			}
+		}
+		close(lines)
+	}()
+	next := func(within time.Duration) string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("the helper process exited")
+			}
+			return l
+		case <-time.After(within):
+			return ""
+		}
+	}
+	if l := next(30 * time.Second); l != "started" {
+		t.Fatalf("helper: %q, want started", l)
+	}
+	// Heartbeats keep the step running for as long as the process runs.
+	if l := next(3 * lease); l != "" {
+		t.Fatalf("the step ended while its heartbeats confirmed its lease: %s", l)
+	}
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !processStopped(cmd.Process.Pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the helper process did not stop")
+		}
+	}
+	time.Sleep(2 * lease)
+	cont := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	l := next(10 * time.Second)
+	var nanos int64
+	var cause string
+	if _, err := fmt.Sscanf(l, "cancelled %d %q", &nanos, &cause); err != nil {
+		t.Fatalf("helper: %q: %v", l, err)
+	}
+	if cause != ErrLeaseLost.Error() {
+		t.Fatalf("the step was cancelled with %q, want %q", cause, ErrLeaseLost)
+	}
+	// At once (a fraction of a millisecond here; the bound leaves room for
+	// a loaded machine).
+	lag := time.Unix(0, nanos).Sub(cont)
+	if lag < 0 || lag > 250*time.Millisecond {
+		t.Fatalf("the step was cancelled %s after SIGCONT, want within 250ms", lag)
+	}
+	t.Logf("cancelled with ErrLeaseLost %s after SIGCONT", lag)
+}
+
+// processStopped reports whether every thread of process pid is stopped
+// (state T in /proc/<pid>/task/*/stat).
+func processStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		i := strings.LastIndexByte(string(b), ')')
+		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
+
+// TestLatePickStartsNothing: a pick that comes back late — here its
+// statement was sent a second ago, as when the process was stopped while it
+// was in flight — brings claims whose leases began a second ago, whatever
+// the feeder confirmed since (here: everything, just now, as after it gave
+// up its claims on waking). With a lease of 300ms they may have run out and
+// run elsewhere: none is started, and the deadline gives them up.
+func TestLatePickStartsNothing(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	ev := &lostLog{}
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+		Lease: lease, HeartbeatInterval: 100 * time.Millisecond},
+		&sqlq.Queries{}, heartbeatDB{}, nil, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var started sync.WaitGroup
+	s.exec = func(context.Context, *sqlq.Claimed, Holder) Result { started.Done(); return Result{} }
+	go s.worker()
+	defer close(s.work)
+	s.mu.Lock()
+	s.confirmed(time.Now())
+	s.mu.Unlock()
+	s.add([]sqlq.Claimed{{ID: 1, Token: 7}}, time.Now().Add(-time.Second))
+	s.dispatch(context.Background())
+	if n := s.InFlight(); n != 0 {
+		t.Fatalf("%d steps started from a pick sent %s ago (lease %s)", n, time.Second, lease)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		s.mu.Lock()
+		held, buffered := len(s.held), len(s.buffer)
+		s.mu.Unlock()
+		if held == 0 && buffered == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the late pick's claim is still held (%d) or buffered (%d)", held, buffered)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.dispatch(context.Background())
+	if n := s.InFlight(); n != 0 {
+		t.Fatalf("%d steps started after the late claims were given up", n)
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.lost) != 1 || ev.lost[0] != 1 {
+		t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
+	}
+}
+
+// pickDuringHeartbeat answers the heartbeat (every lease kept) after first
+// running during: claims picked while the heartbeat is under way.
+type pickDuringHeartbeat struct {
+	heartbeatDB
+	during func()
+}
+
+func (d pickDuringHeartbeat) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	d.during()
+	return heartbeatDB{mode: "kept"}.Query(ctx, sql, args...)
+}
+
+// TestHeartbeatConfirmsNoClaimPickedDuringIt: a pick sent before a
+// heartbeat whose claims arrive while the heartbeat is under way is not in
+// that heartbeat: the claims stay confirmed as of their pick, and the
+// feeder's lease deadline stays no later than their leases' end.
+func TestHeartbeatConfirmsNoClaimPickedDuringIt(t *testing.T) {
+	t.Parallel()
+	var s *Feeder
+	pickStart := time.Now().Add(-50 * time.Millisecond)
+	db := pickDuringHeartbeat{during: func() { s.add([]sqlq.Claimed{{ID: 2, Token: 8}}, pickStart) }}
+	s = New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+		Lease: time.Minute, HeartbeatInterval: time.Second},
+		&sqlq.Queries{}, db, nil, &lostLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s.mu.Lock()
+	s.held[7] = &held{id: 1} // confirmed by the heartbeat
+	s.confirmed(time.Now())
+	s.mu.Unlock()
+	s.heartbeatOnce(context.Background())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[8] == nil || s.held[7] == nil {
+		t.Fatalf("held %v: both claims should be held", s.held)
+	}
+	if s.lastBeat.After(pickStart) {
+		t.Fatalf("after the heartbeat, the leases count as confirmed %s after the pick of a claim it did not confirm began",
+			s.lastBeat.Sub(pickStart))
+	}
+	// The next heartbeat lists that claim and confirms it.
+	s.mu.Unlock()
+	db.during = func() {}
+	s.db = db
+	before := time.Now()
+	s.heartbeatOnce(context.Background())
+	s.mu.Lock()
+	if s.lastBeat.Before(before) {
+		t.Fatalf("the next heartbeat did not confirm the claims: last confirmation %s before it", before.Sub(s.lastBeat))
 	}
 }
