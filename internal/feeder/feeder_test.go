@@ -105,7 +105,7 @@ func TestAbandonAfterReturnChangesNothing(t *testing.T) {
 		Lease: time.Second, HeartbeatInterval: 300 * time.Millisecond},
 		nil, nil, func(_ context.Context, _ *sqlq.Claimed, hh Holder) Result { h = hh; return Result{} },
 		&pickLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	s.held[7] = &held{id: 1}
+	s.held[7] = &held{id: 1, deadline: time.Now().Add(time.Second)}
 	s.buffer = []sqlq.Claimed{{ID: 1, Token: 7}}
 	s.lastBeat = time.Now()
 	go s.worker()
@@ -203,7 +203,7 @@ type heartbeatDB struct{ mode string }
 func (d heartbeatDB) Query(ctx context.Context, _ string, args ...any) (pgx.Rows, error) {
 	switch d.mode {
 	case "kept":
-		return &idRows{ids: args[0].([]int64)}, nil
+		return &idRows{ids: args[0].([]int64), leftUs: args[2].(int64)}, nil
 	case "hang":
 		<-ctx.Done()
 		return nil, ctx.Err()
@@ -218,25 +218,28 @@ func (heartbeatDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, err
 
 func (heartbeatDB) QueryRow(context.Context, string, ...any) pgx.Row { return nil }
 
-// idRows is a result of one bigint column.
+// idRows is a heartbeat's result: (id, microseconds of lease left) rows,
+// every lease extended in full.
 type idRows struct {
-	ids []int64
-	i   int
+	ids    []int64
+	leftUs int64
+	i      int
 }
 
 func (r *idRows) Close()                        {}
 func (r *idRows) Err() error                    { return nil }
 func (r *idRows) CommandTag() pgconn.CommandTag { return pgconn.CommandTag{} }
 func (r *idRows) FieldDescriptions() []pgconn.FieldDescription {
-	return []pgconn.FieldDescription{{Name: "id"}}
+	return []pgconn.FieldDescription{{Name: "id"}, {Name: "left"}}
 }
 func (r *idRows) Next() bool             { r.i++; return r.i <= len(r.ids) }
-func (r *idRows) Values() ([]any, error) { return []any{r.ids[r.i-1]}, nil }
+func (r *idRows) Values() ([]any, error) { return []any{r.ids[r.i-1], r.leftUs}, nil }
 func (r *idRows) RawValues() [][]byte    { return nil }
 func (r *idRows) Conn() *pgx.Conn        { return nil }
 func (r *idRows) TypeMap() *pgtype.Map   { return nil }
 func (r *idRows) Scan(dest ...any) error {
 	*dest[0].(*int64) = r.ids[r.i-1]
+	*dest[1].(*int64) = r.leftUs
 	return nil
 }
 
@@ -251,7 +254,8 @@ func runHeld(s *Feeder) <-chan stepEnd {
 		return Result{}
 	}
 	s.mu.Lock()
-	s.held[7] = &held{id: 1}
+	s.held[7] = &held{id: 1, deadline: s.lastBeat.Add(s.cfg.Lease)} // claimed when the leases were last confirmed
+	s.armLocked(s.lastBeat.Add(s.cfg.Lease))
 	s.buffer = []sqlq.Claimed{{ID: 1, Token: 7}}
 	s.mu.Unlock()
 	go s.worker()
@@ -537,7 +541,7 @@ func TestHeartbeatConfirmsNoClaimPickedDuringIt(t *testing.T) {
 		Lease: time.Minute, HeartbeatInterval: time.Second},
 		&sqlq.Queries{}, db, nil, &lostLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	s.mu.Lock()
-	s.held[7] = &held{id: 1} // confirmed by the heartbeat
+	s.held[7] = &held{id: 1, deadline: time.Now().Add(time.Second)} // confirmed by the heartbeat
 	s.confirmed(time.Now())
 	s.mu.Unlock()
 	s.heartbeatOnce(context.Background())
@@ -546,9 +550,8 @@ func TestHeartbeatConfirmsNoClaimPickedDuringIt(t *testing.T) {
 	if s.held[8] == nil || s.held[7] == nil {
 		t.Fatalf("held %v: both claims should be held", s.held)
 	}
-	if s.lastBeat.After(pickStart) {
-		t.Fatalf("after the heartbeat, the leases count as confirmed %s after the pick of a claim it did not confirm began",
-			s.lastBeat.Sub(pickStart))
+	if d := s.held[8].deadline; d.After(pickStart.Add(time.Minute)) {
+		t.Fatalf("after the heartbeat, the claim it did not confirm has a deadline %s after its pick's lease", d.Sub(pickStart.Add(time.Minute)))
 	}
 	// The next heartbeat lists that claim and confirms it.
 	s.mu.Unlock()
@@ -557,7 +560,7 @@ func TestHeartbeatConfirmsNoClaimPickedDuringIt(t *testing.T) {
 	before := time.Now()
 	s.heartbeatOnce(context.Background())
 	s.mu.Lock()
-	if s.lastBeat.Before(before) {
-		t.Fatalf("the next heartbeat did not confirm the claims: last confirmation %s before it", before.Sub(s.lastBeat))
+	if d := s.held[8].deadline; d.Before(before.Add(time.Minute)) {
+		t.Fatalf("the next heartbeat did not confirm the claim: its deadline is %s before the heartbeat's lease", before.Add(time.Minute).Sub(d))
 	}
 }
