@@ -16,14 +16,15 @@ import (
 	"github.com/gendurable/gendurable/internal/pgbouncer"
 )
 
-// bouncerFlows builds n top-level flows without partition keys: every one
-// awaits a "go" signal, a third fan out to two leaf children.
+// bouncerFlows builds n top-level flows: every one awaits a "go" signal, a
+// third fan out to two leaf children whose partition keys are drawn from 8
+// (the checker counts overlapping runs of a key).
 func bouncerFlows(env *chaos.Env, n, offset int) []gendurable.InsertParams {
 	ps := make([]gendurable.InsertParams, n)
 	for i := range ps {
 		s := chaos.FlowState{Await: true, SleepMs: 20}
 		if (i+offset)%3 == 0 {
-			s.Kids, s.Depth = 2, 1
+			s.Kids, s.Depth, s.KidKeys = 2, 1, 8
 		}
 		ps[i] = env.M.Flow.New(s)
 	}
@@ -34,15 +35,15 @@ func bouncerFlows(env *chaos.Env, n, offset int) []gendurable.InsertParams {
 // a PgBouncer in transaction pooling mode (8 server sessions for up to
 // 3 × 8 client connections; pgx's exec mode set in the URL,
 // default_query_exec_mode=cache_describe), while flows arrive in waves (each awaits a
-// "go" signal, a third fan out to 2 children; every step commits its
+// "go" signal, a third fan out to 2 keyed children; every step commits its
 // outcome with WithTx). Every 2 s a fault: a random worker is SIGKILLed and
 // restarted, or (every third fault) the pooler's server sessions are
 // terminated under it. The same criteria as the worker kill storm, and the
 // workers never held more server sessions than the pooler's pool.
 //
-// Keyed instances are not in the mix: their steps hold session advisory
-// locks today, which transaction pooling cannot keep. They join this
-// scenario with the key leases of issue 12.
+// Keyed instances are in the mix (the fan-out's children): a key's slot is
+// its executing row and the pick's per-key lock is transaction-scoped, so
+// transaction pooling keeps them; 0 partition overlaps is among the criteria.
 func TestChaos11PgBouncer(t *testing.T) {
 	ctx := bg(t, 10*time.Minute)
 	const poolSize = 8
