@@ -54,17 +54,15 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/childproc"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -81,7 +79,6 @@ const (
 	defaultStartTimeout = 30 * time.Second
 	stopTimeout         = 10 * time.Second
 	pollPeriod          = 25 * time.Millisecond
-	tailBytes           = 16 << 10
 	tailLines           = 40
 	bindAttempts        = 5
 )
@@ -118,11 +115,11 @@ type Bouncer struct {
 	// Port is the pooler's TCP port on 127.0.0.1.
 	Port int
 
-	p *process
+	p *childproc.Process
 }
 
 // Output is the tail of pgbouncer's log (its stderr).
-func (b *Bouncer) Output() string { return b.p.out.String() }
+func (b *Bouncer) Output() string { return b.p.Out.String() }
 
 // Start starts a PgBouncer in transaction pooling mode in front of
 // upstreamURL and returns the URL to connect through it. It is stopped
@@ -156,11 +153,11 @@ func launch(t testing.TB, bin, upstreamURL string, opts Options) (*Bouncer, erro
 	var dir string
 	if os.Geteuid() == 0 {
 		var err error
-		if cred, err = unprivilegedCredential(opts.OSUser); err != nil {
-			return nil, err
+		if cred, err = childproc.UnprivilegedCredential(opts.OSUser, "nobody", "postgres"); err != nil {
+			return nil, fmt.Errorf("pgbouncer: running as root, and no unprivileged user to run pgbouncer as (set Options.OSUser): %w", err)
 		}
-		if dir, err = makeDir(cred); err != nil {
-			return nil, err
+		if dir, err = childproc.MakeDir("pgbouncer-", cred); err != nil {
+			return nil, fmt.Errorf("pgbouncer: %w", err)
 		}
 		t.Cleanup(func() { _ = os.RemoveAll(dir) }) // after the stop below
 	} else {
@@ -175,7 +172,7 @@ func launch(t testing.TB, bin, upstreamURL string, opts Options) (*Bouncer, erro
 			t.Errorf("%v", err)
 		}
 		if t.Failed() {
-			t.Logf("pgbouncer on port %d%s", b.Port, b.p.out.quote())
+			t.Logf("pgbouncer on port %d%s", b.Port, b.p.Out.Quote("pgbouncer", tailLines))
 		}
 	})
 	return b, nil
@@ -363,8 +360,8 @@ func startOn(dir, bin, upstreamURL string, up *upstream, port int, cred *syscall
 	}
 	cmd := exec.Command(bin, ini)
 	cmd.Dir = dir
-	cmd.Env = childEnv()
-	out := &tail{}
+	cmd.Env = childproc.Env()
+	out := &childproc.Tail{}
 	cmd.Stdout = out
 	cmd.Stderr = out
 	cmd.WaitDelay = 3 * time.Second
@@ -373,7 +370,7 @@ func startOn(dir, bin, upstreamURL string, up *upstream, port int, cred *syscall
 		Pdeathsig:  syscall.SIGKILL, // does not outlive a killed test binary
 		Credential: cred,            // nil: run as ourselves
 	}
-	p, err := startProcess(cmd, out)
+	p, err := childproc.Start(cmd, out)
 	if err != nil {
 		return nil, fmt.Errorf("pgbouncer: starting %s: %w", bin, err)
 	}
@@ -409,17 +406,17 @@ func (b *Bouncer) waitReady(timeout time.Duration) error {
 		lastErr = err
 		t := time.NewTimer(pollPeriod)
 		select {
-		case <-b.p.done:
+		case <-b.p.Done():
 			t.Stop()
-			err := fmt.Errorf("pgbouncer: exited during startup (%v)%s", b.p.err, b.p.out.quote())
-			if o := b.p.out.String(); strings.Contains(o, "Address already in use") {
+			err := fmt.Errorf("pgbouncer: exited during startup (%v)%s", b.p.Err(), b.p.Out.Quote("pgbouncer", tailLines))
+			if o := b.p.Out.String(); strings.Contains(o, "Address already in use") {
 				err = fmt.Errorf("%w %d: %w", errBind, b.Port, err)
 			}
 			return err
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("pgbouncer: no working connection through port %d within %s (last error: %v)%s",
-				b.Port, timeout, lastErr, b.p.out.quote())
+				b.Port, timeout, lastErr, b.p.Out.Quote("pgbouncer", tailLines))
 		case <-t.C:
 		}
 	}
@@ -430,152 +427,22 @@ func (b *Bouncer) waitReady(timeout time.Duration) error {
 func (b *Bouncer) stop() error {
 	p := b.p
 	select {
-	case <-p.done:
+	case <-p.Done():
 		return nil
 	default:
 	}
-	pid := p.cmd.Process.Pid
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	pid := p.Cmd.Process.Pid
+	_ = p.Cmd.Process.Signal(syscall.SIGTERM)
 	t := time.NewTimer(stopTimeout)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-p.Done():
 		return nil
 	case <-t.C:
 	}
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
-	<-p.done
-	return fmt.Errorf("pgbouncer (pid %d) did not exit within %s of SIGTERM; killed it%s", pid, stopTimeout, p.out.quote())
-}
-
-// process is a started child and its exit status.
-type process struct {
-	cmd  *exec.Cmd
-	out  *tail
-	done chan struct{} // closed once the process has exited and been reaped
-	err  error         // Wait's result; read only after done is closed
-}
-
-// startProcess starts cmd and reaps it in the background. Pdeathsig fires
-// when the thread that forked the child exits (https://go.dev/issue/27505),
-// so the fork happens on a locked goroutine that then waits for the child.
-func startProcess(cmd *exec.Cmd, out *tail) (*process, error) {
-	p := &process{cmd: cmd, out: out, done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
-// childEnv is our environment minus PG* variables, with a C locale.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "PG") || strings.HasPrefix(kv, "LC_ALL=") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return append(env, "LC_ALL=C")
-}
-
-// unprivilegedCredential resolves the user to run pgbouncer as when root.
-func unprivilegedCredential(name string) (*syscall.Credential, error) {
-	names := []string{name}
-	if name == "" {
-		names = []string{"nobody", "postgres"}
-	}
-	var errs []error
-	for _, n := range names {
-		u, err := user.Lookup(n)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-		if err1 != nil || err2 != nil {
-			errs = append(errs, fmt.Errorf("user %s has non-numeric uid/gid %s/%s", n, u.Uid, u.Gid))
-			continue
-		}
-		if uid == 0 {
-			errs = append(errs, fmt.Errorf("user %s has uid 0", n))
-			continue
-		}
-		// Groups is empty: the child drops root's supplementary groups.
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-	}
-	return nil, fmt.Errorf("pgbouncer: running as root, and no unprivileged user to run pgbouncer as (set Options.OSUser): %w",
-		errors.Join(errs...))
-}
-
-// makeDir creates a directory owned by cred's user, under os.TempDir if that
-// user can reach it, else under /tmp.
-func makeDir(cred *syscall.Credential) (string, error) {
-	parent := os.TempDir()
-	if !traversable(parent, cred) {
-		if !traversable("/tmp", cred) {
-			return "", fmt.Errorf("pgbouncer: neither %s nor /tmp is accessible to uid %d", parent, cred.Uid)
-		}
-		parent = "/tmp"
-	}
-	dir, err := os.MkdirTemp(parent, "pgbouncer-")
-	if err != nil {
-		return "", fmt.Errorf("pgbouncer: %w", err)
-	}
-	if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-		_ = os.RemoveAll(dir)
-		return "", fmt.Errorf("pgbouncer: preparing %s: %w", dir, err)
-	}
-	return dir, nil
-}
-
-// traversable reports whether the user in cred may search dir and all its
-// ancestors (ignoring ACLs).
-func traversable(dir string, cred *syscall.Credential) bool {
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return false
-	}
-	for {
-		fi, err := os.Stat(dir)
-		if err != nil || !fi.IsDir() {
-			return false
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return false
-		}
-		var bit os.FileMode
-		switch {
-		case st.Uid == cred.Uid:
-			bit = 0o100
-		case st.Gid == cred.Gid:
-			bit = 0o010
-		default:
-			bit = 0o001
-		}
-		if fi.Mode().Perm()&bit == 0 {
-			return false
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return true
-		}
-		dir = parent
-	}
+	<-p.Done()
+	return fmt.Errorf("pgbouncer (pid %d) did not exit within %s of SIGTERM; killed it%s", pid, stopTimeout, p.Out.Quote("pgbouncer", tailLines))
 }
 
 // freePort asks the kernel for a currently unused loopback TCP port.
@@ -586,39 +453,4 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// tail keeps the last tailBytes of a process's output.
-type tail struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (t *tail) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if over := len(t.buf) - tailBytes; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
-}
-
-// quote renders the last lines of the output for a message.
-func (t *tail) quote() string {
-	s := strings.TrimRight(t.String(), "\n")
-	if s == "" {
-		return " (no output from pgbouncer)"
-	}
-	lines := strings.Split(s, "\n")
-	if len(lines) > tailLines {
-		lines = lines[len(lines)-tailLines:]
-	}
-	return "\n--- last output of pgbouncer ---\n" + strings.Join(lines, "\n")
 }

@@ -119,7 +119,7 @@ func TestBouncerStopsWithTest(t *testing.T) {
 	t.Run("inner", func(t *testing.T) {
 		b := StartWith(t, dbtest.URL(), Options{})
 		port = b.Port
-		dir = b.p.cmd.Dir
+		dir = b.p.Cmd.Dir
 		conn, err := net.Dial("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 		require.NoError(t, err)
 		_ = conn.Close()
@@ -127,7 +127,7 @@ func TestBouncerStopsWithTest(t *testing.T) {
 			st, err := os.Stat(dir)
 			require.NoError(t, err)
 			require.NotZero(t, st.Sys().(*syscall.Stat_t).Uid, "pgbouncer's directory belongs to the unprivileged user")
-			require.NotZero(t, b.p.cmd.SysProcAttr.Credential.Uid)
+			require.NotZero(t, b.p.Cmd.SysProcAttr.Credential.Uid)
 		}
 	})
 	_, err := net.DialTimeout("tcp", net.JoinHostPort(host, strconv.Itoa(port)), time.Second)

@@ -11,9 +11,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -22,6 +20,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/childproc"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -39,8 +38,7 @@ const (
 
 	host       = "127.0.0.1"
 	superuser  = "postgres"
-	tailBytes  = 16 << 10 // output kept per process for error messages
-	tailLines  = 30       // lines of that output quoted in errors
+	tailLines  = 30 // lines of a child's output quoted in errors
 	waitDelay  = 3 * time.Second
 	pollPeriod = 25 * time.Millisecond
 )
@@ -118,7 +116,7 @@ type Server struct {
 	stopTO  time.Duration
 	env     []string
 	mu      sync.Mutex
-	pm      *process // the running postmaster, nil while down
+	pm      *childproc.Process // the running postmaster, nil while down
 	stopped bool
 	stopErr error
 }
@@ -138,7 +136,7 @@ func Start(ctx context.Context, opts Options) (srv *Server, err error) {
 		log:     io.Discard,
 		startTO: orDefault(opts.StartTimeout, DefaultStartTimeout),
 		stopTO:  orDefault(opts.StopTimeout, DefaultStopTimeout),
-		env:     append(childEnv(), opts.Env...),
+		env:     append(childproc.Env(), opts.Env...),
 	}
 	if opts.Log != nil {
 		s.log = &safeWriter{w: opts.Log}
@@ -156,8 +154,8 @@ func Start(ctx context.Context, opts Options) (srv *Server, err error) {
 	}
 
 	if os.Geteuid() == 0 {
-		if s.cred, err = unprivilegedCredential(opts.OSUser); err != nil {
-			return nil, err
+		if s.cred, err = childproc.UnprivilegedCredential(opts.OSUser, "postgres", "nobody"); err != nil {
+			return nil, fmt.Errorf("pgtemp: running as root, and no unprivileged user to run postgres as (set Options.OSUser): %w", err)
 		}
 	}
 
@@ -286,7 +284,7 @@ var errBind = errors.New("pgtemp: could not bind port")
 
 // initdb creates the cluster in s.dataDir.
 func (s *Server) initdb(ctx context.Context) error {
-	out := newTail()
+	out := &childproc.Tail{}
 	cmd := exec.CommandContext(ctx, filepath.Join(s.binDir, "initdb"),
 		"-D", s.dataDir,
 		"-U", superuser,
@@ -299,16 +297,16 @@ func (s *Server) initdb(ctx context.Context) error {
 	cmd.Cancel = func() error { // on ctx expiry, kill initdb and its helpers
 		return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	}
-	p, err := startProcess(cmd, out)
+	p, err := childproc.Start(cmd, out)
 	if err != nil {
 		return fmt.Errorf("pgtemp: starting initdb: %w", err)
 	}
-	<-p.done
-	if p.err != nil {
+	<-p.Done()
+	if p.Err() != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("pgtemp: initdb: %w (%v)%s", context.Cause(ctx), p.err, out.quote("initdb"))
+			return fmt.Errorf("pgtemp: initdb: %w (%v)%s", context.Cause(ctx), p.Err(), out.Quote("initdb", tailLines))
 		}
-		return fmt.Errorf("pgtemp: initdb failed: %w%s", p.err, out.quote("initdb"))
+		return fmt.Errorf("pgtemp: initdb failed: %w%s", p.Err(), out.Quote("initdb", tailLines))
 	}
 	return nil
 }
@@ -332,7 +330,7 @@ func (s *Server) appendConf(conf string) error {
 
 // startLocked starts the postmaster and waits until it accepts connections.
 func (s *Server) startLocked(ctx context.Context) error {
-	out := newTail()
+	out := &childproc.Tail{}
 	cmd := exec.Command(filepath.Join(s.binDir, "postgres"),
 		"-D", s.dataDir,
 		"-p", strconv.Itoa(s.port),
@@ -340,7 +338,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 		"-c", "unix_socket_directories="+s.baseDir,
 	)
 	s.prepare(cmd, out)
-	p, err := startProcess(cmd, out)
+	p, err := childproc.Start(cmd, out)
 	if err != nil {
 		return fmt.Errorf("pgtemp: starting postgres: %w", err)
 	}
@@ -354,7 +352,7 @@ func (s *Server) startLocked(ctx context.Context) error {
 }
 
 // waitReady polls until a real connection to the server succeeds.
-func (s *Server) waitReady(ctx context.Context, p *process) error {
+func (s *Server) waitReady(ctx context.Context, p *childproc.Process) error {
 	connURL := s.URL()
 	var lastErr error
 	for {
@@ -367,10 +365,10 @@ func (s *Server) waitReady(ctx context.Context, p *process) error {
 		lastErr = err
 		t := time.NewTimer(pollPeriod)
 		select {
-		case <-p.done:
+		case <-p.Done():
 			t.Stop()
-			output := p.out.String()
-			err := fmt.Errorf("pgtemp: postgres exited during startup (%v)%s", p.err, p.out.quote("postgres"))
+			output := p.Out.String()
+			err := fmt.Errorf("pgtemp: postgres exited during startup (%v)%s", p.Err(), p.Out.Quote("postgres", tailLines))
 			if strings.Contains(output, "could not bind") || strings.Contains(output, "could not create any TCP/IP sockets") {
 				err = fmt.Errorf("%w %d: %w", errBind, s.port, err)
 			}
@@ -378,7 +376,7 @@ func (s *Server) waitReady(ctx context.Context, p *process) error {
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("pgtemp: postgres did not accept connections on port %d: %w (last error: %v)%s",
-				s.port, context.Cause(ctx), lastErr, p.out.quote("postgres"))
+				s.port, context.Cause(ctx), lastErr, p.Out.Quote("postgres", tailLines))
 		case <-t.C:
 		}
 	}
@@ -394,32 +392,32 @@ func (s *Server) shutdownLocked(sig syscall.Signal) error {
 	}
 	s.pm = nil
 	select {
-	case <-p.done:
+	case <-p.Done():
 		return nil // already exited
 	default:
 	}
-	pid := p.cmd.Process.Pid
-	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	pid := p.Cmd.Process.Pid
+	if err := p.Cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("pgtemp: signalling postgres (pid %d): %w", pid, err)
 	}
 	t := time.NewTimer(s.stopTO)
 	defer t.Stop()
 	select {
-	case <-p.done:
+	case <-p.Done():
 		return nil
 	case <-t.C:
 	}
 	// Kill the postmaster (and anything left in its process group; server
 	// children detect the postmaster's death and exit on their own).
 	_ = syscall.Kill(-pid, syscall.SIGKILL)
-	_ = p.cmd.Process.Kill()
-	<-p.done
+	_ = p.Cmd.Process.Kill()
+	<-p.Done()
 	return fmt.Errorf("pgtemp: postgres (pid %d) did not exit within %s of %v; killed it%s",
-		pid, s.stopTO, sig, p.out.quote("postgres"))
+		pid, s.stopTO, sig, p.Out.Quote("postgres", tailLines))
 }
 
 // prepare sets up the environment, credentials and output of a child.
-func (s *Server) prepare(cmd *exec.Cmd, out *tail) {
+func (s *Server) prepare(cmd *exec.Cmd, out *childproc.Tail) {
 	cmd.Dir = s.baseDir
 	cmd.Env = s.env
 	cmd.Stdout = io.MultiWriter(out, s.log) // same writer: one pipe for both
@@ -432,148 +430,19 @@ func (s *Server) prepare(cmd *exec.Cmd, out *tail) {
 	}
 }
 
-// process is a started child and its exit status.
-type process struct {
-	cmd  *exec.Cmd
-	out  *tail
-	done chan struct{} // closed when the process has exited and been reaped
-	err  error         // Wait's result; read only after done is closed
-}
-
-// startProcess starts cmd and reaps it in the background.
-//
-// Pdeathsig is delivered when the thread that forked the child exits, not the
-// process (https://go.dev/issue/27505). So we fork from a goroutine locked to
-// its OS thread, and keep that goroutine (and thread) busy waiting for the
-// child until it exits.
-func startProcess(cmd *exec.Cmd, out *tail) (*process, error) {
-	p := &process{cmd: cmd, out: out, done: make(chan struct{})}
-	started := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	if err := <-started; err != nil {
-		return nil, err
-	}
-	return p, nil
-}
-
-// childEnv is our environment minus PG* variables (PGDATA, PGPORT, ...),
-// which could redirect initdb or postgres, with a C locale for predictable
-// messages.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "PG") || strings.HasPrefix(kv, "LC_ALL=") {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return append(env, "LC_ALL=C")
-}
-
-// unprivilegedCredential resolves the user to run the server as when root.
-func unprivilegedCredential(name string) (*syscall.Credential, error) {
-	names := []string{name}
-	if name == "" {
-		names = []string{"postgres", "nobody"}
-	}
-	var errs []error
-	for _, n := range names {
-		u, err := user.Lookup(n)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
-		gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
-		if err1 != nil || err2 != nil {
-			errs = append(errs, fmt.Errorf("user %s has non-numeric uid/gid %s/%s", n, u.Uid, u.Gid))
-			continue
-		}
-		if uid == 0 {
-			errs = append(errs, fmt.Errorf("user %s has uid 0", n))
-			continue
-		}
-		// Groups is empty: the child drops root's supplementary groups.
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-	}
-	return nil, fmt.Errorf("pgtemp: running as root, and no unprivileged user to run postgres as (set Options.OSUser): %w",
-		errors.Join(errs...))
-}
-
 // makeBaseDir creates the temporary directory, owned by the user that will
-// run postgres. That user must be able to reach it, so when running as root
-// the parent directory must be traversable by that user; if os.TempDir()
-// is not (e.g. TMPDIR=/root/tmp), /tmp is tried.
+// run postgres (see childproc.MakeDir). It is 0755 so that other local users
+// may use the Unix socket in it; the data directory inside is 0700 (initdb).
 func makeBaseDir(cred *syscall.Credential) (string, error) {
-	parent := os.TempDir()
-	if cred != nil && !traversable(parent, cred) {
-		if !traversable("/tmp", cred) {
-			return "", fmt.Errorf("pgtemp: neither %s nor /tmp is accessible to uid %d", parent, cred.Uid)
-		}
-		parent = "/tmp"
-	}
-	dir, err := os.MkdirTemp(parent, "pgtemp-")
+	dir, err := childproc.MakeDir("pgtemp-", cred)
 	if err != nil {
 		return "", fmt.Errorf("pgtemp: %w", err)
 	}
-	// 0755 so that other local users may use the Unix socket in it; the
-	// data directory inside is 0700 (initdb).
-	err = os.Chmod(dir, 0o755)
-	if err == nil && cred != nil {
-		err = os.Chown(dir, int(cred.Uid), int(cred.Gid))
-	}
-	if err != nil {
+	if err := os.Chmod(dir, 0o755); err != nil {
 		_ = os.RemoveAll(dir)
 		return "", fmt.Errorf("pgtemp: preparing %s: %w", dir, err)
 	}
 	return dir, nil
-}
-
-// traversable reports whether the user in cred may search dir and all its
-// ancestors (ignoring ACLs).
-func traversable(dir string, cred *syscall.Credential) bool {
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return false
-	}
-	for {
-		fi, err := os.Stat(dir)
-		if err != nil || !fi.IsDir() {
-			return false
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return false
-		}
-		perm := fi.Mode().Perm()
-		var bit os.FileMode
-		switch {
-		case st.Uid == cred.Uid:
-			bit = 0o100
-		case st.Gid == cred.Gid:
-			bit = 0o010
-		default:
-			bit = 0o001
-		}
-		if perm&bit == 0 {
-			return false
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return true
-		}
-		dir = parent
-	}
 }
 
 // FindBinDir locates a directory holding the PostgreSQL server binaries
@@ -711,43 +580,6 @@ func orDefault(d, def time.Duration) time.Duration {
 		return d
 	}
 	return def
-}
-
-// tail keeps the last tailBytes of a process's output.
-type tail struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func newTail() *tail { return &tail{} }
-
-func (t *tail) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, p...)
-	if over := len(t.buf) - tailBytes; over > 0 {
-		t.buf = append(t.buf[:0], t.buf[over:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tail) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.buf)
-}
-
-// quote renders the last lines of the output for an error message.
-func (t *tail) quote(what string) string {
-	s := strings.TrimRight(t.String(), "\n")
-	if s == "" {
-		return " (no output from " + what + ")"
-	}
-	lines := strings.Split(s, "\n")
-	if len(lines) > tailLines {
-		lines = lines[len(lines)-tailLines:]
-	}
-	return "\n--- last output of " + what + " ---\n" + strings.Join(lines, "\n")
 }
 
 // safeWriter serialises writes to the user's log writer and swallows its
