@@ -164,6 +164,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&o.Workload, "workload", "job", "job, fsm3, signal, fanout, partition or keys (key parallelism and tenant fairness; see BENCHMARKS.md)")
 	fs.IntVar(&o.N, "n", 20000, "instances to insert (fanout: parents, each with 10 children; keys: rows of the parallelism phase)")
 	fs.IntVar(&o.FairBacklog, "fair-backlog", 100_000, "keys: tenant A's runnable rows in the fairness phase")
+	fs.IntVar(&o.KeyRate, "key-rate", 50, "keys: starts per second of the rated key in the rate phase")
+	fs.DurationVar(&o.RateWindow, "rate-window", 30*time.Second, "keys: how long the rate phase measures the rated key's starts")
 	fs.IntVar(&o.Concurrency, "concurrency", 100, "steps running at once per queue per engine")
 	fs.IntVar(&o.Prefetch, "prefetch", 0, "rows claimed beyond running slots (default = concurrency)")
 	fs.IntVar(&o.Queues, "queues", 1, "queues the instances are spread over")

@@ -55,6 +55,10 @@ type Options struct {
 	FairBacklog int
 	FairRows    int
 	FairRounds  int
+	// KeyRate and RateWindow shape its rate phase: a key rated KeyRate
+	// starts per second (default 50) measured over RateWindow (default 30s).
+	KeyRate    int
+	RateWindow time.Duration
 	// FreshStats skips wearing the table's statistics: by default the run
 	// starts from an empty table whose planner statistics say almost every
 	// row is done, as on an installation in use (sqlq.WearStatistics).
@@ -139,6 +143,12 @@ func (o *Options) defaults() error {
 		}
 		if o.FairRounds <= 0 {
 			o.FairRounds = 5
+		}
+		if o.KeyRate <= 0 {
+			o.KeyRate = 50
+		}
+		if o.RateWindow <= 0 {
+			o.RateWindow = 30 * time.Second
 		}
 	}
 	return nil
@@ -518,6 +528,8 @@ func Print(w io.Writer, r *Report, asJSON bool) error {
 			{"tenant B insert → start, A idle", fmt.Sprintf("p50 %.1f ms / p99 %.1f ms (%d of %d × %d started)", f.BIdleP50Ms, f.BIdleP99Ms, f.BIdleStarted, f.BRounds, f.BRows)},
 			{"tenant B insert → start, A busy", fmt.Sprintf("p50 %.1f ms / p99 %.1f ms (%d of %d × %d started; A: %d inserted, %d runnable)", f.BP50Ms, f.BP99Ms, f.BStarted, f.BRounds, f.BRows, f.ABacklog, f.ARunnableAtB)},
 			{"B's p99 busy / idle", fmt.Sprintf("%.2f (tenant limit %d)", f.P99Ratio, f.Limit)},
+			{"rated key starts/s", fmt.Sprintf("%.2f for %.0f/s asked (%+.1f %%, burst %d; %d in %.0f s, at most %d in a second)",
+				k.Rate.Measured, k.Rate.Asked, k.Rate.ErrorPct, k.Rate.Burst, k.Rate.Starts, k.Rate.WindowS, k.Rate.MostInSec)},
 		}...)
 	}
 	for _, row := range rows {

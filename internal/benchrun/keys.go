@@ -59,6 +59,7 @@ type KeysReport struct {
 	// report's steps_per_sec).
 	StepsPerSec float64        `json:"steps_per_sec"`
 	Fairness    FairnessReport `json:"fairness"`
+	Rate        RateReport     `json:"rate"`
 }
 
 // FairnessReport is the fairness phases of workload keys (see KeysReport).
@@ -88,9 +89,23 @@ const (
 	keyLimit = 4
 	tenantA  = "tenant-a"
 	tenantB  = "tenant-b"
+	ratedKey = "rated-1"
 	// bWaitLimit is how long tenant B's rows may take to start.
 	bWaitLimit = 2 * time.Minute
 )
+
+// RateReport is the rate phase: a key whose KeyPolicy has Rate starts per
+// second (burst Rate/10) runs behind tenant A's backlog, in the same queue;
+// its starts are counted over a window that begins a second after its first.
+type RateReport struct {
+	Asked     float64 `json:"asked_per_sec"`    // the policy's rate
+	Burst     int     `json:"burst"`            // the policy's burst
+	WindowS   float64 `json:"window_s"`         // how long starts were counted
+	Starts    int     `json:"starts"`           // starts in the window
+	Measured  float64 `json:"measured_per_sec"` // Starts / WindowS
+	ErrorPct  float64 `json:"error_pct"`        // (Measured − Asked) / Asked × 100
+	MostInSec int     `json:"most_in_a_second"` // most starts in any 1 s of the window
+}
 
 // keyMeter is the keys workload's step function and what it observes.
 type keyMeter struct {
@@ -105,6 +120,7 @@ type keyMeter struct {
 	last     time.Time
 	aStarted int
 	b        map[int64]float64 // tenant B: insert → first start, ms, by instance
+	rated    []time.Time       // the rated key's starts
 }
 
 func (m *keyMeter) perform(ctx context.Context, r *gendurable.Run[args]) error {
@@ -125,6 +141,8 @@ func (m *keyMeter) perform(ctx context.Context, r *gendurable.Run[args]) error {
 		if _, ok := m.b[r.ID]; !ok {
 			m.b[r.ID] = float64(start.Add(m.offset).Sub(r.InsertedAt).Microseconds()) / 1000
 		}
+	case key == ratedKey:
+		m.rated = append(m.rated, start)
 	}
 	m.mu.Unlock()
 	t := time.NewTimer(m.sleep)
@@ -184,7 +202,8 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 	eng, err := gendurable.New(pool, &gendurable.Config{
 		Schema: o.Schema, Machines: []gendurable.Definition{job},
 		Queues:      map[string]gendurable.QueueConfig{"q0": o.queueConfig()},
-		KeyPolicies: []gendurable.KeyPolicy{{Prefix: "par-", Limit: keyLimit}, {Prefix: "tenant-", Limit: window}},
+		KeyPolicies: []gendurable.KeyPolicy{{Prefix: "par-", Limit: keyLimit}, {Prefix: "tenant-", Limit: window},
+			{Prefix: "rated-", Limit: window, Rate: o.KeyRate, Per: time.Second, Burst: rateBurst(o.KeyRate)}},
 		Hooks:       []gendurable.Hook{steps}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		CommitConcurrency: o.Commits,
 	})
@@ -352,6 +371,46 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 		fr.P99Ratio = fr.BP99Ms / fr.BIdleP99Ms
 	}
 
+	// 4. A rated key behind what is left of A's backlog.
+	rr := &kr.Rate
+	rr.Asked, rr.Burst = float64(o.KeyRate), rateBurst(o.KeyRate)
+	secs := o.RateWindow.Seconds()
+	if err := insert(int(float64(o.KeyRate)*(secs+3))+rr.Burst, func(int) string { return ratedKey }); err != nil {
+		return nil, err
+	}
+	var from time.Time
+	err = wait("rate", func() (bool, string) {
+		m := meter
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if len(m.rated) == 0 {
+			return false, "waiting for the rated key's first start"
+		}
+		if from.IsZero() {
+			from = m.rated[0].Add(time.Second) // past the burst
+		}
+		left := time.Until(from.Add(o.RateWindow))
+		return left <= 0, fmt.Sprintf("%d starts of the rated key, %s to go", len(m.rated), left.Round(time.Second))
+	})
+	if err != nil {
+		return nil, err
+	}
+	meter.mu.Lock()
+	perSec := map[int64]int{}
+	for _, t := range meter.rated {
+		if !t.Before(from) && t.Before(from.Add(o.RateWindow)) {
+			rr.Starts++
+			perSec[int64(t.Sub(from)/time.Second)]++
+		}
+	}
+	meter.mu.Unlock()
+	for _, n := range perSec {
+		rr.MostInSec = max(rr.MostInSec, n)
+	}
+	rr.WindowS = secs
+	rr.Measured = float64(rr.Starts) / secs
+	rr.ErrorPct = (rr.Measured - rr.Asked) / rr.Asked * 100
+
 	return &Report{
 		Workload: o.Workload, Instances: o.N, Steps: want,
 		Concurrency: o.Concurrency, Queues: 1, Engines: 1,
@@ -366,6 +425,11 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 		Keys:       kr,
 	}, nil
 }
+
+// rateBurst is the rate phase's bucket: a tenth of a second's starts, so
+// that picks (every BusyPollInterval, 25 ms, while the queue is busy) never
+// find the bucket full and lose tokens.
+func rateBurst(rate int) int { return max(1, rate/10) }
 
 // clockOffset is the database's clock minus this process's: of five
 // clock_timestamp() round trips, the shortest's, against its midpoint.

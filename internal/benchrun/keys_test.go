@@ -28,6 +28,7 @@ func TestKeysWorkload(t *testing.T) {
 	o := benchSchema(t)
 	o.Workload, o.N, o.Concurrency = "keys", 200, 20
 	o.Keys, o.FairBacklog, o.FairRows, o.FairRounds = 4, 1000, 20, 2
+	o.KeyRate, o.RateWindow = 20, 2*time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	r, err := Run(ctx, o)
@@ -79,9 +80,21 @@ func TestKeysWorkload(t *testing.T) {
 		"b_p50_ms", "b_p99_ms", "b_idle_p50_ms", "b_idle_p99_ms", "p99_ratio"} {
 		require.Contains(t, fair, name)
 	}
+	rate, ok := out.Keys["rate"].(map[string]any)
+	require.True(t, ok)
+	for _, name := range []string{"asked_per_sec", "burst", "window_s", "starts", "measured_per_sec", "error_pct", "most_in_a_second"} {
+		require.Contains(t, rate, name)
+	}
+	rr := r.Keys.Rate
+	require.Equal(t, 20.0, rr.Asked)
+	require.Equal(t, 2, rr.Burst)
+	require.Positive(t, rr.Starts, "the rated key started")
+	// Never above the rate: the burst plus the rate over the window.
+	require.LessOrEqual(t, float64(rr.Starts), rr.Asked*rr.WindowS+float64(rr.Burst)+1)
 	buf.Reset()
 	require.NoError(t, Print(&buf, r, false))
 	require.Contains(t, buf.String(), "B's p99 busy / idle")
+	require.Contains(t, buf.String(), "rated key starts/s")
 }
 
 // TestPartitionWorkload: workload partition works on key leases, with no
