@@ -201,10 +201,10 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 	steps := &stepCounter{}
 	eng, err := gendurable.New(pool, &gendurable.Config{
 		Schema: o.Schema, Machines: []gendurable.Definition{job},
-		Queues:      map[string]gendurable.QueueConfig{"q0": o.queueConfig()},
+		Queues: map[string]gendurable.QueueConfig{"q0": o.queueConfig()},
 		KeyPolicies: []gendurable.KeyPolicy{{Prefix: "par-", Limit: keyLimit}, {Prefix: "tenant-", Limit: window},
 			{Prefix: "rated-", Limit: window, Rate: o.KeyRate, Per: time.Second, Burst: rateBurst(o.KeyRate)}},
-		Hooks:       []gendurable.Hook{steps}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Hooks: []gendurable.Hook{steps}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		CommitConcurrency: o.Commits,
 	})
 	if err != nil {
