@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -313,4 +314,259 @@ func TestChaos13KeyLimitKillStorm(t *testing.T) {
 		fmt.Sprintf(" (%d leaves over 4 keys of limit 3 (policy k3-), 2 of limit 1, 1 of KeyLimit 2, %d processes × %d steps; most at once per key: limit 3 → %d, limit 2 → %d, limit 1 → %d; all terminal %s after the last kill, bound %s; %s)",
 			inserted, workers, conc, r.KeyPeaks[3], r.KeyPeaks[2], r.KeyPeaks[1], afterKill.Round(100*time.Millisecond), bound, r.Invariants()))
 	c.done()
+}
+
+// TestChaos14KeyRateKillStorm: three worker processes with KeyPolicies
+// {r5-: limit 8, 5 starts per second, burst 2}, {r3h-: limit 4, 3 starts per
+// 500 ms, burst 3} and {k2-: limit 2} run leaves over two r5- keys and one
+// r3h- key, each with a backlog of about its rate × the storm, next to
+// unrated keyed (k2-) and plain leaves that keep arriving, while every 1.5 s
+// a random worker is SIGKILLed and restarted. A rated key's rows never
+// chain: every start of one of its steps, a rerun after a kill included,
+// comes from a pick that drew a token of its bucket.
+//
+// Pass: for every rated key and every window [t, t+w) of the run (database
+// clock, the step starts of chaos_effects; each start taken as a window's
+// start, which finds the fullest window of each length, for w = the
+// policy's Per, 1 s and 3 s, and the whole run from its first start to its
+// last), at most Burst + Rate × w/Per starts; each rated key started at
+// least half of Rate × the storm's length during the storm; 0 lost, 0
+// stuck, the usual invariants. The same windows over the claims' pick times
+// (the instance row's updated_at at the start: the clock the bucket runs
+// on) are reported alongside.
+func TestChaos14KeyRateKillStorm(t *testing.T) {
+	ctx := bg(t, 15*time.Minute)
+	env := newEnv(t, chaos.DefaultURL(), "krate")
+	fleet := newFleet(t)
+	const workers, conc = 3, 8
+	storm := pick(8*time.Second, 60*time.Second)
+	initial, wave := pick(200, 1000), pick(20, 20)
+	policies := []gendurable.KeyPolicy{
+		{Prefix: "r5-", Limit: 8, Rate: 5, Per: time.Second, Burst: 2},
+		{Prefix: "r3h-", Limit: 4, Rate: 3, Per: 500 * time.Millisecond, Burst: 3},
+		{Prefix: "k2-", Limit: 2},
+	}
+	rated := map[string]gendurable.KeyPolicy{"r5-0": policies[0], "r5-1": policies[0], "r3h-0": policies[1]}
+	must(t, env.SetKeyPolicies(ctx, policies))
+
+	cfgs := map[string]chaos.WorkerConfig{}
+	for i := 1; i <= workers; i++ {
+		cfg := env.Worker(fmt.Sprintf("w%d", i))
+		cfg.Concurrency, cfg.MaxConns = conc, 8 // 3 × 8 + the harness's 6
+		cfg.KeyPolicies = policies
+		cfgs[cfg.Name] = cfg
+		_, err := fleet.Start(cfg, 30*time.Second)
+		must(t, err)
+	}
+	leaf := func(key string) gendurable.InsertParams {
+		return env.M.Leaf.New(chaos.LeafState{SleepMs: 150}).With(gendurable.InsertOpts{PartitionKey: key})
+	}
+	// Unrated work: keyed of limit 2, and plain.
+	mix := func(n int) []gendurable.InsertParams {
+		ps := make([]gendurable.InsertParams, n)
+		for i := range ps {
+			if k := rand.IntN(4); k < 2 {
+				ps[i] = leaf(fmt.Sprintf("k2-%d", k))
+			} else {
+				ps[i] = leaf("")
+			}
+		}
+		return ps
+	}
+	// The rated keys' backlog: about Rate × the storm each, in random order
+	// among the unrated rows.
+	ps := mix(initial)
+	var ratedRows int
+	for key, p := range rated {
+		n := int(float64(p.Rate)*storm.Seconds()/p.Per.Seconds()) + 5
+		for range n {
+			ps = append(ps, leaf(key))
+		}
+		ratedRows += n
+	}
+	rand.Shuffle(len(ps), func(i, j int) { ps[i], ps[j] = ps[j], ps[i] })
+	ids, err := env.Insert(ctx, "leaf", ps)
+	must(t, err)
+	inserted := len(ids)
+
+	var stormFrom, stormTo time.Time
+	must(t, env.Admin.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&stormFrom))
+	kills := 0
+	var lastKill time.Time
+	start := time.Now()
+	killTick := time.NewTicker(1500 * time.Millisecond)
+	waveTick := time.NewTicker(500 * time.Millisecond)
+	for time.Since(start) < storm {
+		select {
+		case <-killTick.C:
+			killAndRestart(ctx, t, env, fleet, cfgs)
+			kills++
+			lastKill = time.Now()
+		case <-waveTick.C:
+			ids, err := env.Insert(ctx, "leaf", mix(wave))
+			must(t, err)
+			inserted += len(ids)
+		}
+	}
+	killTick.Stop()
+	waveTick.Stop()
+	must(t, env.Admin.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&stormTo))
+
+	cfg := cfgs["w1"]
+	bound := time.Duration(cfg.LeaseMs+cfg.ReaperMs)*time.Millisecond + 60*time.Second
+	_, live, err := env.WaitTerminal(ctx, lastKill.Add(bound))
+	must(t, err)
+	afterKill := time.Since(lastKill)
+	_, stopErr := fleet.TermAll(30 * time.Second)
+	r, err := env.Check(ctx, chaos.CheckOpts{})
+	must(t, err)
+
+	c := &criteria{t: t}
+	c.report(r.Violations(false))
+	c.check(live == 0, "%d instances still live %s after the last kill (bound %s)", live, afterKill.Round(time.Millisecond), bound)
+	c.check(r.Duplicates <= kills*conc, "%d duplicate step runs > kills × concurrency = %d", r.Duplicates, kills*conc)
+	c.check(stopErr == nil, "graceful stop: %v", stopErr)
+
+	keys := make([]string, 0, len(rated))
+	for k := range rated {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	windows := 0
+	for _, key := range keys {
+		p := rated[key]
+		ws := []time.Duration{p.Per}
+		for _, w := range []time.Duration{time.Second, 3 * time.Second} {
+			if w != p.Per {
+				ws = append(ws, w)
+			}
+		}
+		var n int
+		var first, last, firstPick, lastPick time.Time
+		must(t, chaos.Retry(ctx, func(ctx context.Context) error {
+			return env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT count(*), min(started), max(started), min(claimed), max(claimed)
+				FROM {{s}}.chaos_effects WHERE pkey = $1`), key).Scan(&n, &first, &last, &firstPick, &lastPick)
+		}))
+		// The whole run: a window from the key's first start (pick) to just
+		// past its last.
+		ws = append(ws, last.Sub(first)+time.Microsecond)
+		var text []string
+		lagged := 0
+		for i, w := range ws {
+			whole := i == len(ws)-1
+			name := w.String()
+			if whole {
+				name = "whole run " + w.Round(time.Millisecond).String()
+			}
+			// The bucket's own clock: the picks. No slack.
+			pw := w
+			if whole {
+				pw = lastPick.Sub(firstPick) + time.Microsecond
+			}
+			pk := rateWindows(ctx, t, env, key, "claimed", p, pw)
+			windows += pk.windows
+			c.check(pk.excess <= 0, "key %s: %d claims (pick times) in the window [%s, +%s) > Burst %d + Rate %d × %s/%s = %d allowed: %s",
+				key, pk.n, pk.at.Format(time.RFC3339Nano), pw, p.Burst, p.Rate, pw, p.Per, pk.allowed, pk.sample)
+			c.check(pk.runs == n, "key %s: %d of its %d runs have a pick time (a claim current at their start)", key, pk.runs, n)
+			// The step starts: each follows its pick by the dispatch lag.
+			st := rateWindows(ctx, t, env, key, "started", p, w)
+			windows += st.windows
+			c.check(st.excess <= 0, "key %s: %d step starts in the window [%s, +%s) > Burst %d + Rate %d × (%s + the window's largest pick-to-start lag %s)/%s = %d allowed: %s",
+				key, st.n, st.at.Format(time.RFC3339Nano), w, p.Burst, p.Rate, w, st.lag, p.Per, st.allowed, st.sample)
+			lagged += st.strictOver
+			text = append(text, fmt.Sprintf("%s: picks %d of %d, starts %d of %d", name, pk.most, pk.mostAllowed, st.most, st.mostAllowed))
+		}
+		var inStorm int
+		must(t, chaos.Retry(ctx, func(ctx context.Context) error {
+			return env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT count(*) FROM {{s}}.chaos_effects
+				WHERE pkey = $1 AND started >= $2 AND started < $3`), key, stormFrom, stormTo).Scan(&inStorm)
+		}))
+		expect := float64(p.Rate) * stormTo.Sub(stormFrom).Seconds() / p.Per.Seconds()
+		c.check(float64(inStorm) >= expect/2, "key %s started %d steps during the %s storm, less than half of Rate × storm = %.1f: the scenario did not press on the rate",
+			key, inStorm, stormTo.Sub(stormFrom).Round(time.Millisecond), expect)
+		parts = append(parts, fmt.Sprintf("%s (%d per %s, burst %d): %d starts, %d in the storm (%.0f%% of the rate); most in a window vs allowed: %s; %d windows of starts within the pick-to-start lag's allowance only",
+			key, p.Rate, p.Per, p.Burst, n, inStorm, 100*float64(inStorm)/expect, strings.Join(text, ", "), lagged))
+	}
+	summary(t, r.Line("key-rate-kill", fmt.Sprintf("%d kills", kills))+
+		fmt.Sprintf(" (%d leaves, %d of them over 3 rated keys, %d processes × %d steps; %d windows checked (by pick time and by step start), per key: %s; all terminal %s after the last kill, bound %s; %s)",
+			inserted, ratedRows, workers, conc, windows, strings.Join(parts, "; "),
+			afterKill.Round(100*time.Millisecond), bound, r.Invariants()))
+	c.done()
+}
+
+// killAndRestart SIGKILLs a random worker of the fleet (recording the kill
+// first, on the database clock) and starts it again.
+func killAndRestart(ctx context.Context, t *testing.T, env *chaos.Env, fleet *chaos.Fleet, cfgs map[string]chaos.WorkerConfig) {
+	t.Helper()
+	names := fleet.Current()
+	victim := names[rand.IntN(len(names))]
+	_, _, err := env.Fault(ctx, "kill", victim)
+	must(t, err)
+	victim.Kill()
+	_, err = fleet.Start(cfgs[victim.Name], 0)
+	must(t, err)
+}
+
+// rateStats is the fullest window of one length over a key's runs.
+type rateStats struct {
+	windows, runs      int           // windows checked (one per run), runs counted
+	strictOver         int           // windows over Burst + Rate × w/Per without the lag (by step start)
+	most, mostAllowed  int           // the most runs in one window, and what that window allowed
+	n, allowed, excess int           // the window furthest over (or least under) what it allowed
+	at                 time.Time     // where that window starts
+	lag                time.Duration // its largest pick-to-start lag (by step start)
+	sample             string        // its runs
+}
+
+// rateWindows slides a window of length w over key's runs, one window
+// starting at each run's col, and returns the window with the most runs
+// over what it allows, Burst + Rate × w/Per, rounded down. col "claimed":
+// the run's pick (the now() of the pick that claimed it, for runs whose
+// claim was current at their start), the clock the bucket runs on;
+// "started": the step's start, which follows its pick by the dispatch lag,
+// so that a window of starts may hold the picks of a window longer by the
+// largest pick-to-start lag of its runs — which it is allowed.
+func rateWindows(ctx context.Context, t *testing.T, env *chaos.Env, key, col string, p gendurable.KeyPolicy, w time.Duration) rateStats {
+	t.Helper()
+	var s rateStats
+	var at *time.Time
+	var sample *string
+	var lagUs int64
+	lagged := "0"
+	if col == "started" {
+		lagged = "1"
+	}
+	must(t, chaos.Retry(ctx, func(ctx context.Context) error {
+		return env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, fmt.Sprintf(`
+			WITH s AS (SELECT id, instance, attempt, pid, started, claimed, %[1]s AS t,
+			                  CASE WHEN claim_current THEN greatest(started - claimed, interval '0') ELSE interval '0' END AS lag
+			           FROM {{s}}.chaos_effects
+			           WHERE pkey = $1 AND %[1]s IS NOT NULL AND (%[1]s = started OR claim_current)),
+			     win AS (SELECT a.t, x.n, x.lag,
+			                    floor($3::int + $4::float8 * (extract(epoch FROM $2::bigint * interval '1 microsecond' + %[2]s * x.lag)) + 1e-9)::int AS allowed
+			             FROM s a CROSS JOIN LATERAL (
+			               SELECT count(*)::int AS n, max(b.lag) AS lag FROM s b
+			               WHERE b.t >= a.t AND b.t < a.t + $2::bigint * interval '1 microsecond') x),
+			     top AS (SELECT t, n, lag, allowed FROM win ORDER BY n - allowed DESC, n DESC, t LIMIT 1),
+			     most AS (SELECT n, allowed FROM win ORDER BY n DESC, allowed, t LIMIT 1)
+			SELECT (SELECT count(*) FROM win), (SELECT count(*) FROM s),
+			       (SELECT count(*) FROM win WHERE n > floor($3::int + $4::float8 * (extract(epoch FROM $2::bigint * interval '1 microsecond')) + 1e-9)),
+			       coalesce((SELECT n FROM most), 0), coalesce((SELECT allowed FROM most), 0),
+			       coalesce((SELECT n FROM top), 0), coalesce((SELECT allowed FROM top), 0),
+			       (SELECT t FROM top), coalesce((SELECT (extract(epoch FROM lag) * 1000000)::bigint FROM top), 0),
+			       (SELECT string_agg(format('run %%s (instance %%s attempt %%s pid %%s) picked %%s started %%s', b.id, b.instance, b.attempt, b.pid, b.claimed, b.started), ', ' ORDER BY b.t)
+			        FROM s b, top WHERE b.t >= top.t AND b.t < top.t + $2::bigint * interval '1 microsecond')`, col, lagged)),
+			key, w.Microseconds(), p.Burst, float64(p.Rate)/p.Per.Seconds()).Scan(
+			&s.windows, &s.runs, &s.strictOver, &s.most, &s.mostAllowed, &s.n, &s.allowed, &at, &lagUs, &sample)
+	}))
+	s.excess = s.n - s.allowed
+	s.lag = time.Duration(lagUs) * time.Microsecond
+	if at != nil {
+		s.at = *at
+	}
+	if sample != nil {
+		s.sample = *sample
+	}
+	return s
 }

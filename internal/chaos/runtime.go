@@ -38,6 +38,10 @@ CREATE TABLE {{s}}.chaos_effects (
   -- whether the run's claim was still current when it started: the row
   -- carried its token, executing, with a lease not run out
   claim_current boolean,
+  -- the instance row's updated_at when this run started: for a run whose
+  -- claim was current, the now() of the pick that claimed it (the clock a
+  -- rated key's token bucket runs on; heartbeats leave updated_at alone)
+  claimed  timestamptz,
   started  timestamptz NOT NULL DEFAULT clock_timestamp(),
   ended    timestamptz,
   -- why the work stopped short: NULL when it ran to its end, else the kind of
@@ -134,12 +138,13 @@ type Runtime struct {
 func NewRuntime(pool *pgxpool.Pool, schema string, pid int, worker string) *Runtime {
 	return &Runtime{
 		Pool: pool, Schema: schema, PID: pid, Worker: worker,
-		insEffect: SQL(schema, `INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, token, honours, holders, claim_current)
+		insEffect: SQL(schema, `INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, token, honours, holders, claim_current, claimed)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
 			        CASE WHEN $9::text IS NOT NULL THEN (SELECT count(*) FROM {{s}}.gendurable_instances h
 			          WHERE h.partition_key = $9 AND h.status = 'executing' AND h.lease_expires_at > clock_timestamp() AND h.id <> $1) END,
 			        coalesce((SELECT i.claim_token = $10 AND i.status = 'executing' AND i.lease_expires_at > clock_timestamp()
-			                  FROM {{s}}.gendurable_instances i WHERE i.id = $1), false))
+			                  FROM {{s}}.gendurable_instances i WHERE i.id = $1), false),
+			        (SELECT i.updated_at FROM {{s}}.gendurable_instances i WHERE i.id = $1))
 			RETURNING id, started`),
 		endEffect: SQL(schema, `UPDATE {{s}}.chaos_effects SET ended = clock_timestamp(), cause = $2, work_end = $3 WHERE id = $1`),
 		// The claim token is read from the instance row inside the outcome's
