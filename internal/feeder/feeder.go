@@ -216,24 +216,32 @@ func (s *Feeder) expire() {
 		if h.deadline.After(now) {
 			continue
 		}
-		lost = append(lost, h.id)
-		delete(s.held, token)
-		if h.running {
-			h.cancel(ErrLeaseLost)
-			continue
-		}
-		for j := range s.buffer {
-			if s.buffer[j].Token == token {
-				s.buffer = append(s.buffer[:j], s.buffer[j+1:]...)
-				break
-			}
-		}
+		lost = append(lost, s.loseLocked(token, h))
 	}
 	s.rearmLocked()
 	s.mu.Unlock()
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
+}
+
+// loseLocked gives up a held claim whose lease is gone: it is no longer
+// heartbeated, its step is cancelled with ErrLeaseLost or, if it was only
+// buffered, it is dropped. It returns the instance id to report. The caller
+// holds s.mu.
+func (s *Feeder) loseLocked(token int64, h *held) int64 {
+	delete(s.held, token)
+	if h.running {
+		h.cancel(ErrLeaseLost)
+		return h.id
+	}
+	for j := range s.buffer {
+		if s.buffer[j].Token == token {
+			s.buffer = append(s.buffer[:j], s.buffer[j+1:]...)
+			break
+		}
+	}
+	return h.id
 }
 
 // Kick wakes the loop at once (a local insert made work runnable).
@@ -663,18 +671,7 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 			continue
 		}
 		// Gone: stop heartbeating it; cancel its step, or drop it from the buffer.
-		lost = append(lost, h.id)
-		delete(s.held, token)
-		if h.running {
-			h.cancel(ErrLeaseLost)
-			continue
-		}
-		for j := range s.buffer {
-			if s.buffer[j].Token == token {
-				s.buffer = append(s.buffer[:j], s.buffer[j+1:]...)
-				break
-			}
-		}
+		lost = append(lost, s.loseLocked(token, h))
 	}
 	s.rearmLocked()
 	s.mu.Unlock()
