@@ -193,9 +193,9 @@
 //
 // # Telemetry
 //
-// Hooks ([Hook]) receive typed events — [StepEvent], [PickEvent],
+// Hooks ([Hook]) receive typed events — [StepEvent], [PickEvent] (with the
+// partition keys a pick passed over, full or rate limited, by key policy),
 // [SaturationEvent], [ReapEvent], [DrainEvent], [UnknownVersionEvent],
-// [LeaseLostEvent], [StepAbandonedEvent], [PartitionContendedEvent] — and the
-// engine logs through
+// [LeaseLostEvent], [StepAbandonedEvent] — and the engine logs through
 // log/slog.
 package gendurable
