@@ -252,7 +252,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		Committer: committer.New(committer.Config{Lease: c.LeaseDuration, MaxInFlight: c.CommitConcurrency}, q, pool),
 		Lookup:    func(name string, version int) *executor.Definition { return defs[machineKey{name, version}] },
 		Events:    execEvents{e}, Log: c.Logger,
-		Kick: e.kickQueue, AwaitParked: e.pokeTimeouts,
+		Kick: e.kickQueue, KickAt: e.kickQueueAt, AwaitParked: e.pokeTimeouts,
 		RatedKey: func(key string) bool { p := e.policy(key); return p != nil && p.Rate > 0 },
 		Lease:    c.LeaseDuration, Heartbeat: c.HeartbeatInterval,
 		UnknownVersionDelay: c.UnknownVersionDelay,
@@ -470,6 +470,16 @@ func (e *Engine) pokeTimeouts() {
 	e.mu.Unlock()
 	if sweeper != nil {
 		sweeper.Poke()
+	}
+}
+
+// kickQueueAt wakes the local feeder of queue at t.
+func (e *Engine) kickQueueAt(queue string, t time.Time) {
+	e.mu.Lock()
+	s := e.scheds[queue]
+	e.mu.Unlock()
+	if s != nil {
+		s.KickAt(t)
 	}
 }
 

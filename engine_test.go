@@ -1413,3 +1413,78 @@ func TestDrainTimeoutCancelsStepsWithoutCountingAnAttempt(t *testing.T) {
 	require.Equal(t, 0, r.Attempt, "shutdown is not the step's failure")
 	require.Equal(t, "interrupted", r.Errors[0]["kind"])
 }
+
+// TestDelayedRowsOfThisProcessRunOnTime: a retry's backoff, a durable sleep
+// (Next.After) and an insert's RunIn end when they say, not at the next poll:
+// the process that wrote the delay wakes its feeder then. Polls are 2 s
+// apart here, so a late start would show. Gaps are measured on the database
+// clock; the slack is for a loaded machine.
+func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
+	t.Parallel()
+	var b *testBundle
+	var mu sync.Mutex
+	starts := map[string][]time.Time{}
+	mark := func(ctx context.Context, what string) {
+		var now time.Time
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&now))
+		mu.Lock()
+		starts[what] = append(starts[what], now)
+		mu.Unlock()
+	}
+	retry := &gendurable.Job[orderArgs]{Name: "ontime-retry", MaxAttempts: 5,
+		Backoff: func(int) time.Duration { return 100 * time.Millisecond },
+		Perform: func(ctx context.Context, r *gendurable.Run[orderArgs]) error {
+			mark(ctx, "retry")
+			if r.Attempt < 3 {
+				return errors.New("not yet")
+			}
+			return nil
+		}}
+	sleeper := &gendurable.Machine[orderArgs]{Name: "ontime-sleep", Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{
+		"a": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			mark(ctx, "sleep")
+			return r.Next("b", r.State).After(150 * time.Millisecond), nil
+		},
+		"b": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			mark(ctx, "sleep")
+			return gendurable.Done(nil), nil
+		},
+	}}
+	later := &gendurable.Job[orderArgs]{Name: "ontime-later", Perform: func(ctx context.Context, r *gendurable.Run[orderArgs]) error {
+		mark(ctx, "later")
+		return nil
+	}}
+	cfg := fastConfig("", retry, sleeper, later)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
+		BusyPollInterval: 2 * time.Second, PollInterval: 2 * time.Second, MaxPollInterval: 5 * time.Second}}
+	b = setup(t, cfg)
+	b.start()
+	ids := []int64{b.insert(retry.New(orderArgs{})), b.insert(sleeper.New(orderArgs{}))}
+	var insertedAt time.Time
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&insertedAt))
+	ids = append(ids, b.insert(later.New(orderArgs{}).With(gendurable.InsertOpts{RunIn: 150 * time.Millisecond})))
+	for _, id := range ids {
+		b.waitStatus(id, "done", 10*time.Second)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	gaps := func(ts []time.Time) (out []time.Duration) {
+		for i := 1; i < len(ts); i++ {
+			out = append(out, ts[i].Sub(ts[i-1]))
+		}
+		return out
+	}
+	check := func(what string, got []time.Duration, want time.Duration) {
+		t.Logf("%s: %v apart (want %s)", what, got, want)
+		for _, g := range got {
+			require.GreaterOrEqual(t, g, want-10*time.Millisecond, "%s ran early", what)
+			require.Less(t, g, want+250*time.Millisecond, "%s waited for a poll", what)
+		}
+	}
+	require.Len(t, starts["retry"], 4)
+	check("retry attempts (backoff 100ms)", gaps(starts["retry"]), 100*time.Millisecond)
+	require.Len(t, starts["sleep"], 2)
+	check("steps around Next.After(150ms)", gaps(starts["sleep"]), 150*time.Millisecond)
+	require.Len(t, starts["later"], 1)
+	check("RunIn 150ms from the insert", gaps([]time.Time{insertedAt, starts["later"][0]}), 150*time.Millisecond)
+}

@@ -237,7 +237,8 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 	return r, nil
 }
 
-// wake kicks the local feeders of the queues that just received runnable work.
+// wake kicks the local feeders of the queues that just received runnable
+// work, and asks them to wake when rows inserted for later become eligible.
 func (e *Engine) wake(ps []InsertParams) {
 	e.mu.Lock()
 	scheds := e.scheds
@@ -247,11 +248,19 @@ func (e *Engine) wake(ps []InsertParams) {
 	}
 	seen := map[string]bool{}
 	for _, p := range ps {
-		if !p.opts.RunAt.IsZero() || p.opts.RunIn > 0 {
-			continue
-		}
 		core, _ := p.def.definition()
 		q := orDefault(p.opts.Queue, core.queue)
+		if at := p.opts.RunAt; !at.IsZero() || p.opts.RunIn > 0 {
+			// Eligible later: wake the feeder then (RunAt is on the
+			// database clock; this process's clock stands in for it).
+			if at.IsZero() {
+				at = time.Now().Add(p.opts.RunIn)
+			}
+			if s := scheds[q]; s != nil && at.After(time.Now()) {
+				s.KickAt(at)
+			}
+			continue
+		}
 		if seen[q] {
 			continue
 		}

@@ -108,6 +108,9 @@ type Config struct {
 	Log    *slog.Logger
 	// Kick wakes the local feeder of queue (an outcome left a row runnable).
 	Kick func(queue string)
+	// KickAt wakes the local feeder of queue at t (an outcome left a row
+	// runnable after a delay: a retry's backoff, a durable sleep).
+	KickAt func(queue string, t time.Time)
 	// AwaitParked: an outcome parked an instance with an await timeout;
 	// the await-timeout sweep should look at its next deadline.
 	AwaitParked func()
@@ -230,11 +233,14 @@ func (r *run) commitDetached(ctx context.Context, c *sqlq.Claimed, res *Result, 
 }
 
 // settled reports a written (or fenced, or failed) outcome and wakes who
-// should know: the local feeder of a row it left runnable, the await-timeout
-// sweep of an await with a deadline.
+// should know: the local feeder of a row it left runnable (now, or when its
+// delay ends), the await-timeout sweep of an await with a deadline.
 func (x *Executor) settled(ctx context.Context, queue string, c *sqlq.Claimed, res *Result, applied *sqlq.Applied, commitErr error, took time.Duration) {
 	if applied != nil {
-		if applied.Runnable() {
+		switch {
+		case applied.Runnable() && res.Out.Delay > 0:
+			x.cfg.KickAt(applied.Queue, time.Now().Add(res.Out.Delay))
+		case applied.Runnable():
 			x.cfg.Kick(applied.Queue)
 		}
 		if applied.AwaitingSignal() && res.Out.Timeout != nil {

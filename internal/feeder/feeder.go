@@ -8,6 +8,7 @@
 package feeder
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"log/slog"
@@ -156,6 +157,10 @@ type Feeder struct {
 	deadline *time.Timer
 	armedAt  time.Time
 	timerOff bool // Heartbeat returned: the timer stays stopped
+	// wakes are the instants this process knows rows become eligible (its
+	// own delayed outcomes and inserts): a min-heap, at most maxWakes; the
+	// loop picks at the earliest instead of waiting for its poll timer.
+	wakes wakeHeap
 	// keyCursor is the key the last pick's walk over partition keys
 	// stopped at: the next pick starts after it (round robin). Loop only.
 	keyCursor string
@@ -250,6 +255,52 @@ func (s *Feeder) Kick() {
 	s.more = true
 	s.mu.Unlock()
 	s.wake()
+}
+
+// maxWakes bounds the wake instants a feeder remembers; past it the
+// latest are dropped (the poll timer finds those rows).
+const maxWakes = 4096
+
+// KickAt asks the loop to pick at t: a row this process wrote becomes
+// eligible then (a retry's backoff, a durable sleep, RunIn). Rows that other
+// processes delay are found by the poll timer as before.
+func (s *Feeder) KickAt(t time.Time) {
+	s.mu.Lock()
+	earliest := len(s.wakes) == 0 || t.Before(s.wakes[0])
+	if len(s.wakes) < maxWakes {
+		heap.Push(&s.wakes, t)
+	}
+	s.mu.Unlock()
+	if earliest {
+		s.wake() // the loop's timer may need to fire sooner
+	}
+}
+
+// nextWakeLocked drops the wake instants that have passed and reports
+// whether there were any, and the next one still ahead (zero if none).
+func (s *Feeder) nextWakeLocked(now time.Time) (due bool, next time.Time) {
+	for len(s.wakes) > 0 && !s.wakes[0].After(now) {
+		heap.Pop(&s.wakes)
+		due = true
+	}
+	if len(s.wakes) > 0 {
+		next = s.wakes[0]
+	}
+	return due, next
+}
+
+// wakeHeap is a min-heap of instants.
+type wakeHeap []time.Time
+
+func (h wakeHeap) Len() int           { return len(h) }
+func (h wakeHeap) Less(i, j int) bool { return h[i].Before(h[j]) }
+func (h wakeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *wakeHeap) Push(x any)        { *h = append(*h, x.(time.Time)) }
+func (h *wakeHeap) Pop() any {
+	old := *h
+	t := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return t
 }
 
 func (s *Feeder) wake() {
@@ -349,15 +400,30 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 			}
 		}
 
-		resetTimer(timer, max(time.Until(pollAt), time.Until(retryAt), 0))
+		s.mu.Lock()
+		due, nextWake := s.nextWakeLocked(time.Now())
+		if due {
+			s.more = true // a row of ours became eligible
+		}
+		s.mu.Unlock()
+		if due {
+			continue
+		}
+		wait := time.Until(pollAt)
+		if !nextWake.IsZero() {
+			wait = min(wait, time.Until(nextWake))
+		}
+		resetTimer(timer, max(wait, time.Until(retryAt), 0))
 		select {
 		case <-pickCtx.Done():
 		case <-s.kick:
 			continue
 		case <-timer.C:
-			pollAt = time.Now().Add(interval)
+			if !time.Now().Before(pollAt) {
+				pollAt = time.Now().Add(interval)
+			}
 			s.mu.Lock()
-			s.more = true // the poll tick: look again
+			s.more = true // the poll tick, or a wake: look again
 			s.mu.Unlock()
 			continue
 		}
