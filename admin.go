@@ -215,7 +215,7 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 		return nil, err
 	}
 	d := &InstanceDetail{Instance: *in}
-	if d.Wait, err = e.Wait(ctx, id); err != nil {
+	if d.Wait, err = e.WaitReason(ctx, id); err != nil {
 		return nil, err
 	}
 	sigs, err := e.q.ListSignals(ctx, e.pool, id, 100)

@@ -105,7 +105,7 @@
 // (5-field, @hourly…, or @every), exactly once across processes; see
 // [Periodic] for the missed-slot policy.
 //
-// [Engine.Wait] says what an instance waits for: signals and deadline,
+// [Engine.WaitReason] says what an instance waits for: signals and deadline,
 // children k of n, the partition key's holder, or its eligible time.
 //
 // # Failures

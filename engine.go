@@ -193,8 +193,9 @@ type Engine struct {
 	scheds  map[string]*feeder.Feeder
 	sweeper *maintenance.TimeoutSweeper // the running await-timeout sweep, poked by local awaits
 
-	exec  *executor.Executor // runs claimed rows of every queue
-	trans transitions        // observed step transitions, for Graph
+	exec     *executor.Executor // runs claimed rows of every queue
+	trans    transitions        // observed step transitions, for Graph
+	finished finishWaiters      // WaitResult callers, woken by this process's final outcomes
 }
 
 // runState is one Start..Stop lifetime.

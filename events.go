@@ -18,6 +18,9 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 	e := x.e
 	if applied {
 		e.trans.add(c.FSM, c.Step, transitionTarget(c.Step, &res.Out), res.Out.Kind.String())
+		if res.Out.Kind == sqlq.KindDone || res.Out.Kind == sqlq.KindStop {
+			e.finished.notify(c.ID)
+		}
 	}
 	if len(e.cfg.Hooks) == 0 && commitErr == nil && applied && res.StepErr == nil && !e.log.Enabled(ctx, slog.LevelDebug) {
 		return // the common case: nothing to tell anyone

@@ -112,7 +112,7 @@ func Example_checkout() {
 	for !parked(ctx, eng, paid.ID) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	w, _ := eng.Wait(ctx, paid.ID)
+	w, _ := eng.WaitReason(ctx, paid.ID)
 	fmt.Println("A-1:", w.Summary[:len("awaiting signal payment")])
 	if _, err := eng.Signal(ctx, paid.ID, "payment", Payment{Cents: 4200}, &gendurable.SignalOpts{DedupKey: "psp-event-981"}); err != nil {
 		panic(err)

@@ -307,7 +307,7 @@ func TestWaitSaysARatedKeyIsLimited(t *testing.T) {
 	second := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "slow"}))
 	b.start()
 	b.waitStatus(first, "done", 10*time.Second)
-	w, err := b.eng.Wait(context.Background(), second)
+	w, err := b.eng.WaitReason(context.Background(), second)
 	require.NoError(t, err)
 	require.NotNil(t, w.RateLimitedUntil)
 	require.WithinDuration(t, time.Now().Add(time.Hour), *w.RateLimitedUntil, 10*time.Second)

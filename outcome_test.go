@@ -123,7 +123,7 @@ func TestFanOutFanIn(t *testing.T) {
 	// While children run, the parent says what it waits for.
 	eventually(t, 10*time.Second, func() bool { return b.row(id).Status == "awaiting_children" || b.row(id).Status == "done" }, "never parked")
 	if b.row(id).Status == "awaiting_children" {
-		w, err := b.eng.Wait(ctx, id)
+		w, err := b.eng.WaitReason(ctx, id)
 		require.NoError(t, err)
 		if w.Status == gendurable.StatusAwaitingChildren { // it may have finished in between
 			require.Equal(t, 5, w.ChildrenTotal)

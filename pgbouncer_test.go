@@ -242,7 +242,7 @@ func bouncerSignals() bouncerWorkload {
 		}
 		for _, id := range ids {
 			eventually(b.t, bouncerWait, func() bool {
-				w, err := b.eng.Wait(ctx, id)
+				w, err := b.eng.WaitReason(ctx, id)
 				require.NoError(b.t, err)
 				return w.Status == gendurable.StatusAwaitingSignal
 			}, "instance %d never awaited", id)

@@ -147,9 +147,17 @@ type WaitReason struct {
 	Summary string
 }
 
-// Wait reports what instance id is waiting for; [ErrNotFound] if it does
-// not exist. The CLI and the dashboard show it.
+// Wait is [Engine.WaitReason].
+//
+// Deprecated: it says what an instance waits for, not the instance's
+// result; use WaitReason, or [Result] to wait for an instance to finish.
 func (e *Engine) Wait(ctx context.Context, id int64) (*WaitReason, error) {
+	return e.WaitReason(ctx, id)
+}
+
+// WaitReason reports what instance id is waiting for; [ErrNotFound] if it does
+// not exist. The CLI and the dashboard show it.
+func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) {
 	w, err := e.q.WaitInfo(ctx, e.pool, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
