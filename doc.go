@@ -105,6 +105,8 @@
 // (5-field, @hourly…, or @every), exactly once across processes; see
 // [Periodic] for the missed-slot policy.
 //
+// [WaitResult] blocks until an instance finishes and returns its Done
+// result, decoded, or its failure ([FailedError]).
 // [Engine.WaitReason] says what an instance waits for: signals and deadline,
 // children k of n, the partition key's holder, or its eligible time.
 //
