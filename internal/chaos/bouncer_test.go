@@ -5,7 +5,6 @@ package chaos_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/url"
 	"sync"
 	"testing"
@@ -109,14 +108,8 @@ func TestChaos11PgBouncer(t *testing.T) {
 				terms++
 				terminated += n
 			} else {
-				names := fleet.Current()
-				victim := names[rand.IntN(len(names))]
-				_, _, err := env.Fault(ctx, "kill", victim)
-				must(t, err)
-				victim.Kill()
+				killAndRestart(ctx, t, env, fleet, cfgs)
 				kills++
-				_, err = fleet.Start(cfgs[victim.Name], 0)
-				must(t, err)
 			}
 			lastFault = time.Now()
 		case <-waveTick.C:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,4 +149,17 @@ func stopPrivateServers() {
 		_ = s.Stop()
 	}
 	privateServers = nil
+}
+
+// killAndRestart SIGKILLs a random worker of the fleet (recording the kill
+// first, on the database clock) and starts it again.
+func killAndRestart(ctx context.Context, t *testing.T, env *chaos.Env, fleet *chaos.Fleet, cfgs map[string]chaos.WorkerConfig) {
+	t.Helper()
+	names := fleet.Current()
+	victim := names[rand.IntN(len(names))]
+	_, _, err := env.Fault(ctx, "kill", victim)
+	must(t, err)
+	victim.Kill()
+	_, err = fleet.Start(cfgs[victim.Name], 0)
+	must(t, err)
 }

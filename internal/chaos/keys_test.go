@@ -277,15 +277,9 @@ func TestChaos13KeyLimitKillStorm(t *testing.T) {
 	for time.Since(start) < storm {
 		select {
 		case <-killTick.C:
-			names := fleet.Current()
-			victim := names[rand.IntN(len(names))]
-			_, _, err := env.Fault(ctx, "kill", victim)
-			must(t, err)
-			victim.Kill()
+			killAndRestart(ctx, t, env, fleet, cfgs)
 			kills++
 			lastKill = time.Now()
-			_, err = fleet.Start(cfgs[victim.Name], 0)
-			must(t, err)
 		case <-waveTick.C:
 			ids, err := env.Insert(ctx, "leaf", mix(wave))
 			must(t, err)
@@ -493,19 +487,6 @@ func TestChaos14KeyRateKillStorm(t *testing.T) {
 			inserted, ratedRows, workers, conc, windows, strings.Join(parts, "; "),
 			afterKill.Round(100*time.Millisecond), bound, r.Invariants()))
 	c.done()
-}
-
-// killAndRestart SIGKILLs a random worker of the fleet (recording the kill
-// first, on the database clock) and starts it again.
-func killAndRestart(ctx context.Context, t *testing.T, env *chaos.Env, fleet *chaos.Fleet, cfgs map[string]chaos.WorkerConfig) {
-	t.Helper()
-	names := fleet.Current()
-	victim := names[rand.IntN(len(names))]
-	_, _, err := env.Fault(ctx, "kill", victim)
-	must(t, err)
-	victim.Kill()
-	_, err = fleet.Start(cfgs[victim.Name], 0)
-	must(t, err)
 }
 
 // rateStats is the fullest window of one length over a key's runs.

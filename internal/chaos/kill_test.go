@@ -120,15 +120,9 @@ func TestChaos01WorkerKill(t *testing.T) {
 	for time.Since(start) < storm {
 		select {
 		case <-killTick.C:
-			names := fleet.Current()
-			victim := names[rand.IntN(len(names))]
-			_, _, err := env.Fault(ctx, "kill", victim)
-			must(t, err)
-			victim.Kill()
+			killAndRestart(ctx, t, env, fleet, cfgs)
 			kills++
 			lastKill = time.Now()
-			_, err = fleet.Start(cfgs[victim.Name], 0)
-			must(t, err)
 		case <-waveTick.C:
 			ids, err := env.Insert(ctx, "flow", flowMix(env, wave, inserted, 20))
 			must(t, err)
