@@ -3,7 +3,7 @@ GO ?= go
 STATICCHECK_VERSION ?= v0.8.2
 PKGS := ./...
 
-.PHONY: test check fmt-check vet lint test-only chaos fuzz demo bench bench-backlog bench-micro bench-compare
+.PHONY: test check fmt-check vet lint test-only chaos fuzz demo bench bench-backlog bench-micro bench-compare long-horizon
 
 ## test: format check, vet, staticcheck, every test with the race detector, then the chaos scenarios
 test: check test-only chaos
@@ -74,3 +74,30 @@ bench-micro:
 ## bench-compare: gendurable vs River on the same database (module bench/)
 bench-compare:
 	cd bench && $(GO) run ./cmd/compare
+
+## long-horizon: the long-horizon benchmark of issue 15 (bench/README.md, "Long horizon"): each
+## system's adapter, REPLICAS processes, through warmup, clean, idle-in-tx, recovery,
+## active-readers, high-load (1.5 × RATE), recovery, kill-worker and start-worker against
+## DATABASE_URL's server, one system at a time, each in a fresh database lh_<system>. RATE is the
+## total offered jobs/s (split between the replicas), WORKERS each replica's worker count. 71 min
+## per system at SCALE=1; SCALE=0.02 SAMPLE=1 is a smoke run of about 2 min per system. Writes
+## OUT/summary.md, OUT/*.png, OUT/run.json, OUT/<system>/samples.csv; LH_FLAGS passes more flags
+## (cd bench && go run ./cmd/long-horizon -h). Not part of `make test`.
+SYSTEM ?= gendurable
+RATE ?= 200
+WORKERS ?= 8
+REPLICAS ?= 2
+SCALE ?= 1
+SAMPLE ?= 5
+OUT ?= long-horizon-out
+LH_FLAGS ?=
+RIVER_ADAPTER ?= ./cmd/river-long-horizon
+LH_BIN = $(abspath $(OUT))/bin
+long-horizon:
+	@mkdir -p $(LH_BIN)
+	$(GO) build -o $(LH_BIN)/gendurable ./cmd/gendurable
+	cd bench && $(GO) build -o $(LH_BIN)/long-horizon ./cmd/long-horizon
+	@if [ "$(SYSTEM)" != gendurable ]; then cd bench && echo "$(GO) build -o $(LH_BIN)/river-long-horizon $(RIVER_ADAPTER)" && $(GO) build -o $(LH_BIN)/river-long-horizon $(RIVER_ADAPTER); fi
+	$(LH_BIN)/long-horizon -system $(SYSTEM) -rate $(RATE) -workers $(WORKERS) -replicas $(REPLICAS) \
+		-scale $(SCALE) -sample-every $(SAMPLE) -out $(OUT) \
+		-gendurable-cmd '$(LH_BIN)/gendurable bench --long-horizon' -river-cmd '$(LH_BIN)/river-long-horizon' $(LH_FLAGS)

@@ -1,16 +1,19 @@
 package gendurable
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
 	"strconv"
-	"sync"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // This file is the operator's API: what the CLI and the dashboard call.
@@ -21,6 +24,9 @@ var ErrNotCancellable = errors.New("gendurable: instance already finished")
 
 // MaxListLimit bounds one page of [Engine.List].
 const MaxListLimit = 500
+
+// MaxStateFilter bounds ListFilter.State, in bytes.
+const MaxStateFilter = 1000
 
 // Bounds of the rows one [Engine.List] page looks at (ListFilter.MaxScan).
 const (
@@ -49,6 +55,14 @@ type ListFilter struct {
 	// Search matches an exact instance id, partition key or unique key, each
 	// through an index.
 	Search string
+	// State keeps instances whose state contains this JSON document, in
+	// the sense of PostgreSQL's jsonb containment (@>): {"customer": "c-7"}
+	// matches every state holding that key and value, at any other content;
+	// [1, 2] matches a state that is an array holding 1 and 2. It needs no
+	// index: like the other filters it is checked on the instances a page
+	// looks at (MaxScan). At most [MaxStateFilter] bytes, a JSON object or
+	// array; anything else is [ErrInvalidInput].
+	State json.RawMessage
 	// Before pages: only instances with a smaller id (pass the last page's
 	// NextBefore).
 	Before int64
@@ -57,6 +71,9 @@ type ListFilter struct {
 	// MaxScan bounds the instances one page looks at; default
 	// DefaultListScan, at most MaxListScan.
 	MaxScan int
+	// All lets [Engine.RetryMatching] and [Engine.CancelMatching] act on a
+	// filter without criteria: every instance. List ignores it.
+	All bool
 }
 
 // InstanceSummary is one row of a list.
@@ -67,7 +84,7 @@ type InstanceSummary struct {
 	Queue        string     `json:"queue"`
 	Step         string     `json:"step"`
 	Status       Status     `json:"status"`
-	Attempt      int        `json:"attempt"`
+	Attempt      int        `json:"attempt"` // from 0, as Instance.Attempt
 	MaxAttempts  int        `json:"max_attempts"`
 	Priority     int        `json:"priority"`
 	PartitionKey string     `json:"partition_key,omitempty"`
@@ -113,6 +130,9 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 	if p := keyProblem(f.Search); p != "" {
 		return nil, errorf(ErrInvalidInput, "list: search text %s", p)
 	}
+	if p := stateFilterProblem(f.State); p != "" {
+		return nil, errorf(ErrInvalidInput, "list: state filter %s", p)
+	}
 	scan := f.MaxScan
 	switch {
 	case scan <= 0:
@@ -137,12 +157,22 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 	if f.Before > 0 {
 		q.Before = &f.Before
 	}
+	if len(f.State) > 0 {
+		q.State = opt(string(f.State))
+	}
 	if id, err := strconv.ParseInt(f.Search, 10, 64); err == nil && id > 0 {
 		q.SearchID = &id
 	}
 	rows, win, err := e.q.ListInstances(ctx, e.pool, q)
+	var pgErr *pgconn.PgError
+	if err != nil && q.State != nil && errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+		// The database refused the state filter as jsonb (a lone UTF-16
+		// surrogate, a number beyond numeric's range): bad input, not a
+		// failure.
+		return nil, errorf(ErrInvalidInput, "list: state filter: %s", pgErr.Message)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("gendurable: list: %w", err)
+		return nil, e.dbErr(err, "list")
 	}
 	page := &ListPage{Instances: make([]InstanceSummary, 0, min(len(rows), limit))}
 	if len(rows) <= limit && win.Full && win.Low > 1 {
@@ -167,6 +197,57 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 		page.Instances = append(page.Instances, s)
 	}
 	return page, nil
+}
+
+// stateFilterProblem says what is wrong with a ListFilter.State, or "".
+func stateFilterProblem(doc json.RawMessage) string {
+	if len(doc) == 0 {
+		return ""
+	}
+	s := strings.TrimSpace(string(doc))
+	switch {
+	case len(doc) > MaxStateFilter:
+		return fmt.Sprintf("is longer than %d bytes", MaxStateFilter)
+	case !json.Valid(doc):
+		return "is not valid JSON"
+	case s[0] != '{' && s[0] != '[':
+		return `is not a JSON object or array (e.g. {"customer": "c-7"})`
+	case !utf8.Valid(doc):
+		return "is not valid UTF-8"
+	case holdsNUL(doc):
+		return "holds a NUL character (\\u0000), which no stored state can"
+	}
+	return ""
+}
+
+// holdsNUL reports whether the valid JSON doc has a NUL character in a
+// string or key (an escaped backslash followed by "u0000" is not one).
+func holdsNUL(doc json.RawMessage) bool {
+	if !strings.Contains(string(doc), `\u0000`) {
+		return false
+	}
+	dec := json.NewDecoder(strings.NewReader(string(doc)))
+	dec.UseNumber()
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if s, ok := tok.(string); ok && strings.ContainsRune(s, 0) {
+			return true
+		}
+	}
+}
+
+// stateMatchesAll reports whether doc, a valid state filter, is an empty
+// object or array: it is contained in every object (or array) state, so it
+// selects nothing out and is no bulk criterion.
+func stateMatchesAll(doc json.RawMessage) bool {
+	var b bytes.Buffer
+	if json.Compact(&b, doc) != nil {
+		return false
+	}
+	return b.String() == "{}" || b.String() == "[]"
 }
 
 // checkName validates a queue, machine or step name an operator gave the
@@ -214,13 +295,13 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 	if err != nil {
 		return nil, err
 	}
-	d := &InstanceDetail{Instance: *in}
+	d := &InstanceDetail{Instance: *in, Signals: []SignalInfo{}, Children: []Child{}}
 	if d.Wait, err = e.WaitReason(ctx, id); err != nil {
 		return nil, err
 	}
 	sigs, err := e.q.ListSignals(ctx, e.pool, id, 100)
 	if err != nil {
-		return nil, fmt.Errorf("gendurable: describe %d: %w", id, err)
+		return nil, e.dbErr(err, fmt.Sprintf("describe %d", id))
 	}
 	for _, s := range sigs {
 		si := SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, SentAt: s.InsertedAt, ConsumedAt: s.ConsumedAt}
@@ -231,11 +312,11 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 	}
 	kids, err := e.q.ListAllChildren(ctx, e.pool, id, 500)
 	if err != nil {
-		return nil, fmt.Errorf("gendurable: describe %d: %w", id, err)
+		return nil, e.dbErr(err, fmt.Sprintf("describe %d", id))
 	}
 	for _, c := range kids {
 		d.Children = append(d.Children, Child{ID: c.ID, Machine: c.FSM, Version: int(c.Version), Step: c.Step,
-			Status: Status(c.Status), Result: c.Result, FinishedAt: c.FinishedAt})
+			Status: Status(c.Status), Result: c.Result, FinishedAt: c.FinishedAt, InsertedAt: c.InsertedAt})
 	}
 	if in.ParentID != nil {
 		if p, err := e.Instance(ctx, *in.ParentID); err == nil {
@@ -250,13 +331,14 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 // history: its inbox is consumed, a parent counts it as finished, and a
 // worker still running one of its steps is fenced out (its outcome changes
 // nothing). [ErrNotFound], or [ErrNotCancellable] for a finished instance.
+// The cancel is logged at Info on the engine's Logger.
 func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
 	status, ok, err := e.q.Cancel(ctx, e.pool, id, truncate(reason))
 	if err != nil {
-		return fmt.Errorf("gendurable: cancel %d: %w", id, err)
+		return e.dbErr(err, fmt.Sprintf("cancel %d", id))
 	}
 	switch {
 	case status == nil:
@@ -264,6 +346,7 @@ func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 	case !ok:
 		return fmt.Errorf("%w: instance %d is %s", ErrNotCancellable, id, *status)
 	}
+	e.log.Info("gendurable: instance cancelled", "id", id, "reason", reason)
 	return nil
 }
 
@@ -280,7 +363,7 @@ type QueueStats struct {
 func (e *Engine) Queues(ctx context.Context) ([]QueueStats, error) {
 	rows, err := e.q.QueueCounts(ctx, e.pool)
 	if err != nil {
-		return nil, fmt.Errorf("gendurable: queue counts: %w", err)
+		return nil, e.dbErr(err, "queue counts")
 	}
 	byName := map[string]*QueueStats{}
 	for _, r := range rows {
@@ -355,7 +438,7 @@ func (e *Engine) SetPaused(ctx context.Context, queue string, paused bool, opts 
 	create := ours || (opts != nil && opts.Create)
 	known, err := e.q.SetPaused(ctx, e.pool, queue, paused, create)
 	if err != nil {
-		return fmt.Errorf("gendurable: %s %q: %w", action, queue, err)
+		return e.dbErr(err, fmt.Sprintf("%s %q", action, queue))
 	}
 	if !known {
 		return fmt.Errorf("%w %q: it has no instance and no row", ErrUnknownQueue, queue)
@@ -380,7 +463,7 @@ func (e *Engine) RemoveQueue(ctx context.Context, queue string) error {
 	hadRow, busy, removed, err := e.q.RemoveQueue(ctx, e.pool, queue)
 	switch {
 	case err != nil:
-		return fmt.Errorf("gendurable: remove queue %q: %w", queue, err)
+		return e.dbErr(err, fmt.Sprintf("remove queue %q", queue))
 	case busy:
 		return fmt.Errorf("%w: queue %q (finished instances count until they are pruned)", ErrQueueNotEmpty, queue)
 	case !hadRow || !removed:
@@ -401,96 +484,15 @@ func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress fu
 	if retention < 0 {
 		return 0, errorf(ErrInvalidConfig, "negative retention")
 	}
-	return e.pruner().RunOnce(ctx, retention, progress)
+	n, err := e.pruner().RunOnce(ctx, retention, progress)
+	if err != nil && notMigrated(err) {
+		return n, e.dbErr(err, "prune")
+	}
+	return n, err
 }
 
-// MachineGraph is a machine's steps with how many instances sit at each
-// (by status) and the transitions this process has observed since it started.
-type MachineGraph struct {
-	Machine     string                      `json:"machine"`
-	Versions    []int                       `json:"versions"` // registered here
-	Steps       []string                    `json:"steps"`    // declared, plus any found in the table
-	Start       string                      `json:"start"`
-	Counts      map[string]map[Status]int64 `json:"counts"`      // step → status → instances
-	Transitions []Transition                `json:"transitions"` // observed by this process
-}
-
-// Transition counts outcomes from one step to the next.
-type Transition struct {
-	From    string `json:"from"`
-	To      string `json:"to"` // a step, or "done" / "failed" / "await" / "children" outcomes' next step
-	Outcome string `json:"outcome"`
-	Count   int64  `json:"count"`
-}
-
-// transitions counts observed (machine, from, to, outcome) in this process.
-type transitions struct {
-	mu sync.Mutex
-	m  map[[4]string]int64
-}
-
-func (t *transitions) add(machine, from, to, outcome string) {
-	t.mu.Lock()
-	if t.m == nil {
-		t.m = map[[4]string]int64{}
-	}
-	t.m[[4]string{machine, from, to, outcome}]++
-	t.mu.Unlock()
-}
-
-// Graph returns the machine graph of a machine (by name): [ErrNotFound] if
-// no such machine is registered or stored, [ErrInvalidInput] for a name no
-// machine can have (see [ListFilter]).
-func (e *Engine) Graph(ctx context.Context, machine string) (*MachineGraph, error) {
-	if err := checkName("machine name", machine); err != nil {
-		return nil, err
-	}
-	g := &MachineGraph{Machine: machine, Counts: map[string]map[Status]int64{}}
-	steps := map[string]bool{}
-	for k, core := range e.registry {
-		if k.name != machine {
-			continue
-		}
-		g.Versions = append(g.Versions, k.version)
-		g.Start = core.start
-		for s := range core.steps {
-			steps[s] = true
-		}
-	}
-	sort.Ints(g.Versions)
-	rows, err := e.q.StepCounts(ctx, e.pool, machine)
-	if err != nil {
-		return nil, fmt.Errorf("gendurable: graph %q: %w", machine, err)
-	}
-	for _, r := range rows {
-		steps[r.Step] = true
-		if g.Counts[r.Step] == nil {
-			g.Counts[r.Step] = map[Status]int64{}
-		}
-		g.Counts[r.Step][Status(r.Status)] = r.Count
-	}
-	if len(steps) == 0 {
-		return nil, fmt.Errorf("%w: no machine %q here or in the table", ErrNotFound, machine)
-	}
-	g.Steps = sortedKeys(steps)
-	e.trans.mu.Lock()
-	for k, n := range e.trans.m {
-		if k[0] == machine {
-			g.Transitions = append(g.Transitions, Transition{From: k[1], To: k[2], Outcome: k[3], Count: n})
-		}
-	}
-	e.trans.mu.Unlock()
-	sort.Slice(g.Transitions, func(i, j int) bool {
-		a, b := g.Transitions[i], g.Transitions[j]
-		if a.From != b.From {
-			return a.From < b.From
-		}
-		return a.To < b.To
-	})
-	return g, nil
-}
-
-// Machines lists the machines registered in this engine (name → versions).
+// Machines lists the machines registered in this engine (name → versions);
+// [Engine.ListMachines] lists those stored in the database too.
 func (e *Engine) Machines() map[string][]int {
 	out := map[string][]int{}
 	for k := range e.registry {

@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -127,6 +128,78 @@ func TestListLooksAtABoundedWindow(t *testing.T) {
 	require.Zero(t, page.Scanned, "Scanned is reported for partial pages")
 }
 
+// TestListByStateContent: ListFilter.State keeps the instances whose state
+// contains a JSON document, within the window a page looks at, combined
+// with the other filters and a key search; a document that is not a JSON
+// object or array, or too long, is ErrInvalidInput.
+func TestListByStateContent(t *testing.T) {
+	t.Parallel()
+	job := (&recorder{}).job("stateful")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	var ps []gendurable.InsertParams
+	for i := range 30 {
+		ps = append(ps, job.New(orderArgs{I: i % 10}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprintf("pk-%d", i)}))
+	}
+	res, err := b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+
+	page, err := b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(`{"i": 7}`)})
+	require.NoError(t, err)
+	require.Equal(t, []int64{res[27].ID, res[17].ID, res[7].ID}, ids(page))
+	page, err = b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(`{"i": 7}`), Search: "pk-17"})
+	require.NoError(t, err)
+	require.Equal(t, []int64{res[17].ID}, ids(page), "with a key search")
+	page, err = b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(`{}`), Limit: 100})
+	require.NoError(t, err)
+	require.Len(t, page.Instances, 30, "{} is contained in every object")
+	page, err = b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(`{"i": 70}`)})
+	require.NoError(t, err)
+	require.Empty(t, page.Instances)
+
+	// Bounded like the other filters: a window of 12 sees the newest 12.
+	page, err = b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(`{"i": 3}`), MaxScan: 12})
+	require.NoError(t, err)
+	require.Equal(t, []int64{res[23].ID}, ids(page))
+	require.True(t, page.Partial)
+	var rest []int64
+	for page.NextBefore != 0 {
+		page, err = b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(`{"i": 3}`), MaxScan: 12, Before: page.NextBefore})
+		require.NoError(t, err)
+		rest = append(rest, ids(page)...)
+	}
+	require.Equal(t, []int64{res[13].ID, res[3].ID}, rest, "paging on finds the older matches")
+
+	for _, bad := range []string{`7`, `"x"`, `{"i":`, `null`, `{"k": "\u0000"}`, `{"k": "` + strings.Repeat("x", 1000) + `"}`} {
+		_, err := b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(bad)})
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, bad)
+	}
+}
+
+// TestListStateFilterEdgeInput: what jsonb refuses is bad input, not a
+// database failure, and an escaped backslash before "u0000" is no NUL.
+func TestListStateFilterEdgeInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	id := b.seedRow(`status, state`, `'runnable', $1::jsonb`, `{"p": "C:\\u0000"}`)
+	for _, bad := range []string{"{\"k\": \"\xff\"}", `{"k": "\ud800"}`, `{"k": 1e1000000}`} {
+		_, err := b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(bad)})
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, bad)
+	}
+	page, err := b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(`{"p": "C:\\u0000"}`)})
+	require.NoError(t, err)
+	require.Equal(t, []int64{id}, ids(page))
+}
+
+func ids(p *gendurable.ListPage) []int64 {
+	var out []int64
+	for _, in := range p.Instances {
+		out = append(out, in.ID)
+	}
+	return out
+}
+
 // TestAdminInputIsValidated: NUL, invalid UTF-8, control characters and
 // oversized text in list filters, queue and machine names are
 // ErrInvalidInput before any SQL runs (the database would answer 22021),
@@ -199,7 +272,7 @@ func TestDescribeAndGraph(t *testing.T) {
 
 	g, err := b.eng.Graph(ctx, "fan")
 	require.NoError(t, err)
-	require.Equal(t, []string{"join", "spawn"}, g.Steps)
+	require.Equal(t, []string{"spawn", "join"}, g.Steps, "Start first, then the rest by name")
 	require.Equal(t, "spawn", g.Start)
 	require.Equal(t, int64(1), g.Counts["join"][gendurable.StatusDone])
 	require.Contains(t, g.Transitions, gendurable.Transition{From: "spawn", To: "join", Outcome: "children", Count: 1})

@@ -50,6 +50,17 @@
 // does not declare, the zero Outcome, or a state that does not encode is an
 // [ErrInvalidOutcome], handed to Handle like any step error.
 //
+// A machine may declare its transitions in [Machine].Flow: for each step,
+// the steps it may lead to and the outcome kinds it may return. [New]
+// refuses a Flow that names an unknown step ([*UnknownStepError]); at run
+// time an outcome that breaks it fails the instance at once, without a
+// retry ([*TransitionError], [ErrUndeclaredTransition]), and
+// [Machine.ValidateOutcome] checks an outcome the same way in a test. Every
+// engine stores its machines' definitions in the database when it starts,
+// so that [Engine.Graph] and [Engine.ListMachines] — the CLI, the dashboard
+// — show every machine, registered in the process or not
+// (docs/design.md §9).
+//
 // # Signals and await
 //
 // [Engine.Signal] sends a durable message to an instance (optionally with a
@@ -175,17 +186,30 @@
 // The Engine also serves operators: [Engine.List], [Engine.Describe],
 // [Engine.Retry], [Engine.Cancel], [Engine.Queues], [Engine.Pause] and
 // [Engine.Resume], [Engine.Prune] (also run periodically, see
-// Config.Retention) and [Engine.Graph]. The gendurable command and the
+// Config.Retention), [Engine.ListMachines] and [Engine.Graph]. The gendurable command and the
 // dashboard package are built on them. Their names, filters and search text
 // are validated like inserts — [ErrInvalidInput] before any SQL runs — and
 // their reads are bounded: a list page looks at no more than
 // ListFilter.MaxScan instances, and a search by id, partition key or unique
-// key is an index lookup.
+// key is an index lookup. [Engine.RetryMany] and [Engine.CancelMany] act on
+// up to [MaxBulkIDs] ids, [Engine.RetryMatching] and [Engine.CancelMatching]
+// on everything a ListFilter matches, [BulkBatch] instances per statement
+// (a filter without criteria needs ListFilter.All); [Engine.RunNow] makes a
+// scheduled or backing-off instance eligible now. On a schema that was never
+// migrated they return [ErrNotMigrated].
 //
 // Rows run on the (machine, version) they were inserted with; several
 // versions may be registered side by side. A row whose version this process
 // does not know is released back after a delay, never run on the wrong
 // version and never failed.
+//
+// # Testing
+//
+// Package [github.com/gendurable/gendurable/gendurabletest] runs one step
+// of a machine without a database and shows the outcome the engine would
+// write (RunStep), gives each test a schema of its own (NewDB), asserts
+// what code under test inserted (RequireInserted), and works an engine
+// until given instances finish (WorkUntilFinished).
 //
 // # Schema
 //

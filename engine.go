@@ -194,7 +194,7 @@ type Engine struct {
 	sweeper *maintenance.TimeoutSweeper // the running await-timeout sweep, poked by local awaits
 
 	exec     *executor.Executor // runs claimed rows of every queue
-	trans    transitions        // observed step transitions, for Graph
+	trans    transitions        // transitions taken since the last merge into the stored definitions (graph.go)
 	finished finishWaiters      // WaitResult callers, woken by this process's final outcomes
 }
 
@@ -368,6 +368,10 @@ func (e *Engine) Start(ctx context.Context) error {
 		return fmt.Errorf("%w: schema %q is at version %d, this library needs %d (run migrate.Up)", ErrSchemaVersion, e.cfg.Schema, v, want)
 	}
 
+	if err := e.storeDefinitions(ctx); err != nil {
+		return fmt.Errorf("gendurable: start: storing machine definitions: %w", err)
+	}
+
 	rs := &runState{scheds: map[string]*feeder.Feeder{}}
 	// The maintenance services start first and stop last, after the
 	// feeders have drained. They run until Stop, not under ctx, which
@@ -512,7 +516,7 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 func (e *Engine) callHook(ctx context.Context, h Hook, ev Event) {
 	defer func() {
 		if v := recover(); v != nil {
-			e.log.Error("gendurable: hook panicked", "event", ev.EventName(), "panic", v)
+			e.log.Error("gendurable: hook panicked", "event", ev.EventName(), "panic", (&PanicError{Value: v}).Error())
 		}
 	}()
 	h.OnEvent(ctx, ev)

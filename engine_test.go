@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/gendurabletest"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -45,6 +47,8 @@ func TestInvalidConfig(t *testing.T) {
 				return gendurable.Done(nil), nil
 			}},
 		}}}, `Start step "zzz" is not one of its Steps [a]`},
+		{"version beyond int", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j", Version: math.MaxInt32 + 1,
+			Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}}}, "Version 2147483648 is more than 2147483647"},
 		{"job without perform", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j"}}}, "no Perform"},
 		{"negative concurrency", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: -1}}}, "negative Concurrency"},
 		{"min demand too big", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 2, Prefetch: -1, MinDemand: 3}}}, "MinDemand 3"},
@@ -127,12 +131,16 @@ func TestQueueRouting(t *testing.T) {
 	b.start()
 	other := b.insert(job.New(orderArgs{I: 1})) // machine default queue "default": not worked here
 	mine := b.insert(job.New(orderArgs{I: 2}).With(gendurable.InsertOpts{Queue: "mine"}))
-	b.waitStatus(mine, "done", 10*time.Second)
-	require.Equal(t, "mine", b.row(mine).Queue)
+	ctx := t.Context()
+	gendurabletest.WorkUntilFinished(ctx, t, b.eng, mine)
+	require.Equal(t, mine, gendurabletest.RequireInserted(ctx, t, b.eng, job, &gendurabletest.InsertedOpts[orderArgs]{
+		Queue: "mine", Status: gendurable.StatusDone,
+	}).ID)
 	time.Sleep(100 * time.Millisecond)
-	r := b.row(other)
-	require.Equal(t, "runnable", r.Status, "a queue this engine does not work is never picked")
-	require.Equal(t, "default", r.Queue)
+	// A queue this engine does not work is never picked.
+	require.Equal(t, other, gendurabletest.RequireInserted(ctx, t, b.eng, job, &gendurabletest.InsertedOpts[orderArgs]{
+		Queue: "default", Status: gendurable.StatusRunnable,
+	}).ID)
 	require.Equal(t, []int{2}, rec.order())
 }
 

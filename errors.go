@@ -3,11 +3,13 @@ package gendurable
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/feeder"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Sentinel errors. Wrapped errors returned by the package match them with
@@ -76,6 +78,15 @@ var (
 	// SQL runs. The CLI exits 2 on it and the dashboard answers 400.
 	ErrInvalidInput = errors.New("gendurable: invalid input")
 
+	// ErrNotMigrated: the schema holds no gendurable tables: a statement
+	// met SQLSTATE 42P01 (undefined table) on one of them. The error text
+	// says to run `gendurable migrate up` (or migrate.Up, package
+	// github.com/gendurable/gendurable/migrate) for the schema.
+	// Operator calls, inserts and signals return it; the CLI exits 1 with
+	// that hint and the dashboard shows it. ([Engine.Start] checks the
+	// version itself and returns [ErrSchemaVersion].)
+	ErrNotMigrated = errors.New("gendurable: schema not migrated")
+
 	// ErrAlreadyStarted: Start was called on a running engine.
 	ErrAlreadyStarted = errors.New("gendurable: engine already started")
 )
@@ -86,7 +97,18 @@ type PanicError struct {
 	Stack string // the goroutine's stack at the panic
 }
 
-func (e *PanicError) Error() string { return fmt.Sprintf("panic: %v", e.Value) }
+// Error formats Value with %v. A Value whose String or Error method panics
+// with a value that does the same would make fmt panic again (it gives up
+// on nested panics), killing the worker that reports it; Error then names
+// the value's type instead.
+func (e *PanicError) Error() (msg string) {
+	defer func() {
+		if recover() != nil {
+			msg = fmt.Sprintf("panic: a %T value (formatting it panicked)", e.Value)
+		}
+	}()
+	return fmt.Sprintf("panic: %v", e.Value)
+}
 
 // CancelError marks a job error as final: the job fails at once, without
 // further attempts. Create it with [JobCancel].
@@ -113,6 +135,37 @@ func (e *SnoozeError) Error() string { return fmt.Sprintf("job snoozed for %s", 
 // JobSnooze, returned from a job's Perform, runs the job again after d
 // without counting an attempt.
 func JobSnooze(d time.Duration) error { return &SnoozeError{Delay: d} }
+
+// notMigrated reports an undefined-table error (SQLSTATE 42P01) on one of
+// gendurable's tables.
+func notMigrated(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01" && strings.Contains(pgErr.Message, "gendurable_")
+}
+
+// dbErr wraps a database error of the operation what: as [ErrNotMigrated],
+// naming the schema and the command that fixes it, when the tables are
+// missing; as "gendurable: what: err" otherwise.
+func (e *Engine) dbErr(err error, what string) error {
+	if notMigrated(err) {
+		return &notMigratedError{what: what, schema: e.cfg.Schema, err: err}
+	}
+	return fmt.Errorf("gendurable: %s: %w", what, err)
+}
+
+// notMigratedError says what to run instead of the database's "relation
+// ... does not exist", which it still wraps.
+type notMigratedError struct {
+	what, schema string
+	err          error
+}
+
+func (n *notMigratedError) Error() string {
+	return fmt.Sprintf("%v: %s: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` (or migrate.Up) first",
+		ErrNotMigrated, n.what, n.schema, n.schema)
+}
+
+func (n *notMigratedError) Unwrap() []error { return []error{ErrNotMigrated, n.err} }
 
 // errorf wraps a sentinel with a formatted explanation.
 func errorf(sentinel error, format string, args ...any) error {

@@ -17,7 +17,7 @@ type execEvents struct{ e *Engine }
 func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res *executor.Result, applied bool, commitErr error, took time.Duration) {
 	e := x.e
 	if applied {
-		e.trans.add(c.FSM, c.Step, transitionTarget(c.Step, &res.Out), res.Out.Kind.String())
+		e.trans.add(c.FSM, int(c.Version), c.Step, transitionTarget(c.Step, &res.Out), res.Out.Kind.String())
 		if res.Out.Kind == sqlq.KindDone || res.Out.Kind == sqlq.KindStop {
 			e.finished.notify(c.ID)
 		}

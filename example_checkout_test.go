@@ -2,13 +2,13 @@ package gendurable_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -82,7 +82,7 @@ func Example_checkout() {
 	}
 
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dbtest.URL())
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		panic(err)
 	}
@@ -118,16 +118,17 @@ func Example_checkout() {
 		panic(err)
 	}
 
-	waitDone(ctx, eng, paid.ID)
-	waitDone(ctx, eng, late.ID)
-	a1, _ := eng.Instance(ctx, paid.ID)
-	a2, _ := eng.Instance(ctx, late.ID)
-	fmt.Println("A-1:", a1.Status, string(a1.Result))
-	fmt.Println("A-2:", a2.Status, a2.Errors[len(a2.Errors)-1].Error)
+	result, err := gendurable.WaitResult[map[string]int](ctx, eng, paid.ID)
+	fmt.Println("A-1:", result, err)
+	_, err = gendurable.WaitResult[map[string]int](ctx, eng, late.ID)
+	var failed *gendurable.FailedError
+	if errors.As(err, &failed) {
+		fmt.Println("A-2: failed at", failed.Step+":", failed.Reason)
+	}
 	// Output:
 	// A-1: awaiting signal payment
-	// A-1: done {"paid": 4200, "shipped": 2}
-	// A-2: failed payment timed out
+	// A-1: map[paid:4200 shipped:2] <nil>
+	// A-2: failed at ship: payment timed out
 }
 
 func parked(ctx context.Context, eng *gendurable.Engine, id int64) bool {

@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -23,7 +21,7 @@ type Signup struct {
 // works them to completion.
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dbtest.URL())
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
 		panic(err)
 	}
@@ -77,23 +75,15 @@ func Example() {
 	defer func() { _ = eng.Stop(ctx) }()
 
 	m, _ := eng.Insert(ctx, signup.New(Signup{Email: "ada@example.com"}))
-	waitDone(ctx, eng, m.ID)
+	if _, err := gendurable.WaitResult[any](ctx, eng, m.ID); err != nil {
+		panic(err)
+	}
 	j, _ := eng.Insert(ctx, pinger.New(ping{Msg: "pong"}))
-	waitDone(ctx, eng, j.ID)
+	if _, err := gendurable.WaitResult[any](ctx, eng, j.ID); err != nil {
+		panic(err)
+	}
 	// Output:
 	// create account for ada@example.com
 	// welcome ada@example.com verified: true
 	// job says pong
-}
-
-// waitDone polls the instance until it is finished.
-func waitDone(ctx context.Context, eng *gendurable.Engine, id int64) {
-	for range 500 {
-		in, err := eng.Instance(ctx, id)
-		if err == nil && in.Status.Terminal() {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	panic("instance did not finish")
 }

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/gendurabletest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -43,7 +43,8 @@ func fastConfig(schema string, machines ...gendurable.Definition) *gendurable.Co
 // filled in. A nil cfg means fastConfig with the given machines.
 func setup(t *testing.T, cfg *gendurable.Config, machines ...gendurable.Definition) *testBundle {
 	t.Helper()
-	pool, schema := dbtest.NewSchema(t, nil)
+	db := gendurabletest.NewDB(t, nil)
+	pool, schema := db.Pool, db.Schema
 	if cfg == nil {
 		cfg = fastConfig(schema, machines...)
 	}

@@ -42,7 +42,7 @@ type StepEvent struct {
 	Version    int
 	InstanceID int64
 	Step       string        // the step that ran
-	Attempt    int           // its attempt number
+	Attempt    int           // its attempt, from 0 (Run.Attempt)
 	Outcome    string        // "next", "replay", "done" or "stop"
 	Err        error         // the step's handled error (or panic), if any
 	Duration   time.Duration // user code plus outcome commit
@@ -139,7 +139,7 @@ type StepAbandonedEvent struct {
 	Version        int
 	InstanceID     int64
 	Step           string
-	Attempt        int
+	Attempt        int           // from 0 (Run.Attempt)
 	Running        time.Duration // how long the step had run
 	Outcome        string
 	Written        bool

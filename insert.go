@@ -159,7 +159,7 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 			// E.g. a JSON string holding \u0000, which jsonb cannot store.
 			return nil, fmt.Errorf("%w: the database rejected the values: %w", ErrInvalidInsert, err)
 		}
-		return nil, fmt.Errorf("gendurable: insert: %w", err)
+		return nil, e.dbErr(err, "insert")
 	}
 	out := make([]InsertResult, len(got))
 	for i, g := range got {
@@ -170,6 +170,12 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 
 // newInstance validates one insert and encodes it for the database.
 func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
+	return newInstance(e.registry, e.stateLimits, p)
+}
+
+// newInstance validates one insert against registry (nil: any valid
+// definition, for gendurabletest.RunStep) and limits, and encodes it.
+func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p InsertParams) (sqlq.NewInstance, error) {
 	if p.def == nil {
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "InsertParams has no machine (use Machine.New or Job.New)")
 	}
@@ -177,7 +183,7 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 	if err != nil {
 		return sqlq.NewInstance{}, err
 	}
-	if reg := e.registry[machineKey{core.name, core.version}]; reg != core {
+	if reg := registry[machineKey{core.name, core.version}]; registry != nil && reg != core {
 		return sqlq.NewInstance{}, errorf(ErrUnknownMachine, "%q version %d (add it to Config.Machines)", core.name, core.version)
 	}
 	o := p.opts
@@ -205,7 +211,7 @@ func (e *Engine) newInstance(p InsertParams) (sqlq.NewInstance, error) {
 	if err != nil {
 		return sqlq.NewInstance{}, err
 	}
-	if err := checkJSON(e.stateLimits, "state", state); err != nil {
+	if err := checkJSON(limits, "state", state); err != nil {
 		return sqlq.NewInstance{}, fmt.Errorf("%w: %w", ErrInvalidInsert, err)
 	}
 	r := sqlq.NewInstance{

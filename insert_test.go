@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/gendurabletest"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/stretchr/testify/require"
 )
@@ -29,14 +30,22 @@ func TestInsertManyAndTx(t *testing.T) {
 	for i := 1; i < len(res); i++ {
 		require.Greater(t, res[i].ID, res[i-1].ID, "ids come back in insert order")
 	}
-	require.JSONEq(t, `{"i":42}`, string(b.row(res[42].ID).State))
+	require.Equal(t, res[42].ID, gendurabletest.RequireInserted(ctx, t, b.eng, job, &gendurabletest.InsertedOpts[orderArgs]{
+		State: func(a orderArgs) bool { return a.I == 42 },
+	}).ID)
 
 	// Rolled back with the caller's transaction.
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = b.eng.InsertManyTx(ctx, tx, params[:3])
+	_, err = b.eng.InsertManyTx(ctx, tx, []gendurable.InsertParams{job.New(orderArgs{I: 500}), job.New(orderArgs{I: 501})})
 	require.NoError(t, err)
+	gendurabletest.RequireInsertedTx(ctx, t, b.eng, tx, job, &gendurabletest.InsertedOpts[orderArgs]{
+		State: func(a orderArgs) bool { return a.I == 501 },
+	})
 	require.NoError(t, tx.Rollback(ctx))
+	gendurabletest.RequireNotInserted(ctx, t, b.eng, job, &gendurabletest.InsertedOpts[orderArgs]{
+		State: func(a orderArgs) bool { return a.I >= 500 },
+	})
 	require.Equal(t, 100, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
 
 	// Committed with it.
@@ -45,13 +54,17 @@ func TestInsertManyAndTx(t *testing.T) {
 	one, err := b.eng.InsertTx(ctx, tx, job.New(orderArgs{I: 1000}))
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
-	require.Equal(t, 101, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+	require.Equal(t, one.ID, gendurabletest.RequireInserted(ctx, t, b.eng, job, &gendurabletest.InsertedOpts[orderArgs]{
+		State: func(a orderArgs) bool { return a.I == 1000 },
+	}).ID)
 
-	b.start()
-	b.waitStatus(one.ID, "done", 10*time.Second)
-	eventually(t, 20*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) == 101
-	}, "not all inserted jobs ran")
+	ids := []int64{one.ID}
+	for _, r := range res {
+		ids = append(ids, r.ID)
+	}
+	for _, in := range gendurabletest.WorkUntilFinished(ctx, t, b.eng, ids...) {
+		require.Equal(t, gendurable.StatusDone, in.Status, "every inserted job ran")
+	}
 }
 
 func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {

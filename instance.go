@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -33,35 +34,48 @@ var ErrNotFound = errors.New("gendurable: instance not found")
 // StepError is one entry of an instance's error history.
 type StepError struct {
 	Step    string    `json:"step"`
-	Attempt int       `json:"attempt"`
+	Attempt int       `json:"attempt"` // from 0, as Instance.Attempt
 	At      time.Time `json:"at"`
 	// Kind is "error", "panic", "stop", "lease_expired", "state_decode",
 	// "outcome_rejected", "interrupted" or "infrastructure".
 	Kind  string `json:"kind"`
 	Error string `json:"error"`
+	// Stack is a panic's stack trace (Kind "panic"), from the panicking
+	// frame down, at most 8 KiB; empty for other errors (and for panics
+	// recorded by versions that did not keep it).
+	Stack string `json:"stack,omitempty"`
 }
 
-// Instance is a snapshot of one instance row.
+// Instance is a snapshot of one instance row. Its JSON form (the CLI's
+// `show --json`) uses snake_case names, like every gendurable type.
 type Instance struct {
-	ID             int64
-	Machine        string
-	Version        int
-	Queue          string
-	Step           string
-	Status         Status
-	State          json.RawMessage
-	Result         json.RawMessage // set once done
-	Priority       int
-	Attempt        int
-	MaxAttempts    int
-	EligibleAt     time.Time
-	LeaseExpiresAt *time.Time // set while executing
-	PartitionKey   string
-	Errors         []StepError // oldest first, the last 20
-	ParentID       *int64
-	InsertedAt     time.Time
-	UpdatedAt      time.Time
-	FinishedAt     *time.Time
+	ID       int64           `json:"id"`
+	Machine  string          `json:"machine"`
+	Version  int             `json:"version"`
+	Queue    string          `json:"queue"`
+	Step     string          `json:"step"`
+	Status   Status          `json:"status"`
+	State    json.RawMessage `json:"state"`
+	Result   json.RawMessage `json:"result,omitempty"` // set once done
+	Priority int             `json:"priority"`
+	// Attempt counts from 0: 0 while the step runs (or waits to run) for
+	// the first time, +1 per failed attempt (a replay or an expired lease).
+	// Attempt+1 is the run's number ("attempt 1 of 3"), as the CLI shows it.
+	Attempt        int        `json:"attempt"`
+	MaxAttempts    int        `json:"max_attempts"`
+	EligibleAt     time.Time  `json:"eligible_at"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"` // set while executing
+	PartitionKey   string     `json:"partition_key,omitempty"`
+	// UniqueKey is the key the instance was inserted with (InsertOpts.UniqueKey),
+	// "" if none; UniqueKeyHeld says whether its status is inside its unique
+	// scope now, so that it keeps another insert with the key out.
+	UniqueKey     string      `json:"unique_key,omitempty"`
+	UniqueKeyHeld bool        `json:"unique_key_held,omitempty"`
+	Errors        []StepError `json:"errors"` // oldest first, the last 20
+	ParentID      *int64      `json:"parent_id,omitempty"`
+	InsertedAt    time.Time   `json:"inserted_at"`
+	UpdatedAt     time.Time   `json:"updated_at"`
+	FinishedAt    *time.Time  `json:"finished_at,omitempty"`
 }
 
 // Instance reads one instance by id; [ErrNotFound] if there is none.
@@ -71,8 +85,13 @@ func (e *Engine) Instance(ctx context.Context, id int64) (*Instance, error) {
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("gendurable: read instance %d: %w", id, err)
+		return nil, e.dbErr(err, fmt.Sprintf("read instance %d", id))
 	}
+	return instanceFromRow(r)
+}
+
+// instanceFromRow converts a stored row to an Instance.
+func instanceFromRow(r sqlq.InstanceRow) (*Instance, error) {
 	in := &Instance{
 		ID: r.ID, Machine: r.FSM, Version: int(r.Version), Queue: r.Queue, Step: r.Step,
 		Status: Status(r.Status), State: r.State, Result: r.Result, Priority: int(r.Priority),
@@ -83,8 +102,9 @@ func (e *Engine) Instance(ctx context.Context, id int64) (*Instance, error) {
 	if r.PartitionKey != nil {
 		in.PartitionKey = *r.PartitionKey
 	}
+	in.UniqueKey, in.UniqueKeyHeld = string(r.UniqueKey), r.UniqueHeld
 	if err := json.Unmarshal(r.Errors, &in.Errors); err != nil {
-		return nil, fmt.Errorf("gendurable: instance %d: error history: %w", id, err)
+		return nil, fmt.Errorf("gendurable: instance %d: error history: %w", r.ID, err)
 	}
 	return in, nil
 }
@@ -100,7 +120,8 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // with a fresh attempt budget; its error history is kept. A child whose
 // parent still waits is waited for again. [ErrNotFound], [ErrNotRetryable]
 // (not failed), or [ErrUniqueConflict] (another live instance now holds its
-// unique key) leave everything unchanged.
+// unique key) leave everything unchanged. The retry is logged at Info on
+// the engine's Logger.
 func (e *Engine) Retry(ctx context.Context, id int64) error {
 	status, queue, err := e.q.Retry(ctx, e.pool, id)
 	var pgErr *pgconn.PgError
@@ -108,7 +129,7 @@ func (e *Engine) Retry(ctx context.Context, id int64) error {
 		return fmt.Errorf("%w: instance %d: %s", ErrUniqueConflict, id, pgErr.Detail)
 	}
 	if err != nil {
-		return fmt.Errorf("gendurable: retry %d: %w", id, err)
+		return e.dbErr(err, fmt.Sprintf("retry %d", id))
 	}
 	switch {
 	case status == nil:
@@ -117,5 +138,33 @@ func (e *Engine) Retry(ctx context.Context, id int64) error {
 		return fmt.Errorf("%w: instance %d is %s", ErrNotRetryable, id, *status)
 	}
 	e.kickQueue(*queue)
+	e.log.Info("gendurable: instance retried", "id", id)
+	return nil
+}
+
+// ErrNotDelayed: [Engine.RunNow] applies to a runnable instance that is
+// eligible later (scheduled with RunAt or RunIn, or backing off before its
+// next attempt), not to one executing, parked or finished.
+var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
+
+// RunNow makes a runnable instance that is eligible later — scheduled, or
+// backing off before its next attempt — eligible now; its attempt count is
+// kept. An instance already eligible is left as it is (nil). [ErrNotFound],
+// or [ErrNotDelayed] for an instance executing, awaiting a signal or
+// children, or finished. The change is logged at Info on the engine's
+// Logger.
+func (e *Engine) RunNow(ctx context.Context, id int64) error {
+	status, queue, err := e.q.RunNow(ctx, e.pool, id)
+	switch {
+	case err != nil:
+		return e.dbErr(err, fmt.Sprintf("run now %d", id))
+	case status == nil:
+		return fmt.Errorf("%w: id %d", ErrNotFound, id)
+	case queue != nil:
+		e.kickQueue(*queue)
+		e.log.Info("gendurable: instance made eligible now", "id", id)
+	case Status(*status) != StatusRunnable:
+		return fmt.Errorf("%w: instance %d is %s", ErrNotDelayed, id, *status)
+	}
 	return nil
 }

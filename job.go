@@ -48,6 +48,7 @@ func (j *Job[T]) definition() (*machineCore, error) {
 		j.m = &Machine[T]{
 			Name: j.Name, Version: j.Version, Queue: j.Queue, Start: JobStep,
 			MaxAttempts: j.MaxAttempts, Backoff: j.Backoff, StepTimeout: j.Timeout,
+			Flow: []FlowStep{{Step: JobStep, Kinds: OutcomeDone}}, // finishes, snoozes (Replay) or fails
 			Steps: map[string]StepFunc[T]{JobStep: func(ctx context.Context, r *Run[T]) (Outcome, error) {
 				if perform == nil {
 					return Outcome{}, errors.New("job has no Perform func")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/gendurabletest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -38,29 +39,32 @@ func TestJobOutcomes(t *testing.T) {
 		},
 	}
 	b := setup(t, nil, job)
-	b.start()
-	ids := map[int]int64{}
+	var ids []int64
 	for i := 1; i <= 5; i++ {
-		ids[i] = b.insert(job.New(orderArgs{I: i}))
+		ids = append(ids, b.insert(job.New(orderArgs{I: i})))
 	}
-	r := b.waitStatus(ids[1], "done", 10*time.Second)
-	require.Equal(t, 0, r.Attempt)
-	require.Equal(t, "perform", r.Step)
+	ins := gendurabletest.WorkUntilFinished(t.Context(), t, b.eng, ids...)
+	for _, in := range ins {
+		require.Equal(t, gendurable.JobStep, in.Step)
+	}
+	succeeded, failedOnceThenDone, alwaysFailing, cancelled, snoozedOnce := ins[0], ins[1], ins[2], ins[3], ins[4]
+	require.Equal(t, gendurable.StatusDone, succeeded.Status)
+	require.Equal(t, 0, succeeded.Attempt)
 
-	r = b.waitStatus(ids[2], "done", 10*time.Second)
-	require.Equal(t, 1, r.Attempt)
-	require.Len(t, r.Errors, 1)
+	require.Equal(t, gendurable.StatusDone, failedOnceThenDone.Status)
+	require.Equal(t, 1, failedOnceThenDone.Attempt)
+	require.Len(t, failedOnceThenDone.Errors, 1)
 
-	r = b.waitStatus(ids[3], "failed", 10*time.Second)
-	require.Equal(t, 2, r.Attempt)
-	require.Len(t, r.Errors, 3)
+	require.Equal(t, gendurable.StatusFailed, alwaysFailing.Status)
+	require.Equal(t, 2, alwaysFailing.Attempt)
+	require.Len(t, alwaysFailing.Errors, 3)
 
-	r = b.waitStatus(ids[4], "failed", 10*time.Second)
-	require.Equal(t, 0, r.Attempt, "a cancelled job is not retried")
-	require.Len(t, r.Errors, 1)
-	require.Contains(t, r.Errors[0]["error"], "job cancelled")
+	require.Equal(t, gendurable.StatusFailed, cancelled.Status)
+	require.Equal(t, 0, cancelled.Attempt, "a cancelled job is not retried")
+	require.Len(t, cancelled.Errors, 1)
+	require.Contains(t, cancelled.Errors[0].Error, "job cancelled")
 
-	r = b.waitStatus(ids[5], "done", 10*time.Second)
-	require.Equal(t, 0, r.Attempt, "a snooze does not count an attempt")
-	require.Empty(t, r.Errors)
+	require.Equal(t, gendurable.StatusDone, snoozedOnce.Status)
+	require.Equal(t, 0, snoozedOnce.Attempt, "a snooze does not count an attempt")
+	require.Empty(t, snoozedOnce.Errors)
 }

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,7 +50,8 @@ type Machine[S any] struct {
 	// Name identifies the machine in the database (the fsm column). Required.
 	Name string
 	// Version of the machine; rows run on the version they were inserted
-	// with, and several versions may be registered side by side. Default 1.
+	// with, and several versions may be registered side by side. Default 1,
+	// at most math.MaxInt32 (a PostgreSQL int).
 	Version int
 	// Queue new instances go to unless InsertOpts says otherwise.
 	// Default "default".
@@ -89,6 +92,18 @@ type Machine[S any] struct {
 	// waits for it. Default 0: no timeout (a step runs as long as its
 	// worker heartbeats).
 	StepTimeout time.Duration
+	// Flow, when not empty, declares the machine's transitions: for each
+	// step listed, the steps its outcomes may name and the kinds it may
+	// return (see [FlowStep]). [New] checks that every name is one of
+	// Steps ([*UnknownStepError] otherwise); at run time an outcome that
+	// breaks it fails the instance at once with a [*TransitionError]
+	// (kind "transition" in its history) instead of being retried; and
+	// [Machine.ValidateOutcome] lets a test check an outcome the same way.
+	// The dashboard draws the declared transitions, and its steps in this
+	// order (Start first, then the Flow's order, then the rest by name).
+	// Steps not listed are not checked. Default: empty, nothing is
+	// checked and the steps are drawn Start first, then by name.
+	Flow []FlowStep
 
 	once    sync.Once
 	core    *machineCore
@@ -143,13 +158,16 @@ func (s Signal) Decode(v any) error { return json.Unmarshal(s.Payload, v) }
 
 // Child is one child instance as its parent sees it.
 type Child struct {
-	ID         int64
-	Machine    string
-	Version    int
-	Step       string
-	Status     Status
-	Result     json.RawMessage // the child's Done result
-	FinishedAt *time.Time
+	ID         int64           `json:"id"`
+	Machine    string          `json:"machine"`
+	Version    int             `json:"version"`
+	Step       string          `json:"step"`
+	Status     Status          `json:"status"`
+	Result     json.RawMessage `json:"result,omitempty"` // the child's Done result
+	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	// InsertedAt is when the child was scheduled. Set by [Engine.Describe]
+	// (InstanceDetail.Children); Run.Children leaves it zero.
+	InsertedAt time.Time `json:"inserted_at,omitzero"`
 }
 
 // Definition is a registered machine or job: a *Machine[S] or a *Job[T].
@@ -165,6 +183,8 @@ type machineCore struct {
 	queue       string
 	start       string
 	steps       map[string]bool
+	order       []string             // the steps as the graph lists them: Start, Flow order, the rest by name
+	flow        map[string]*flowRule // declared transitions by step; nil: none declared
 	maxAttempts int
 	encode      func(state any) (string, error) // checks the dynamic type is S
 	readsInbox  bool                            // every step gets the inbox, not only one after an await
@@ -216,11 +236,18 @@ func (m *Machine[S]) build() (*machineCore, error) {
 	if m.Version < 0 {
 		return nil, fmt.Errorf("%w: machine %q: negative Version", ErrInvalidConfig, m.Name)
 	}
+	if m.Version > math.MaxInt32 {
+		// Stored as a PostgreSQL int: larger ones wrapped around on insert.
+		return nil, fmt.Errorf("%w: machine %q: Version %d is more than %d", ErrInvalidConfig, m.Name, m.Version, math.MaxInt32)
+	}
 	if m.MaxAttempts < 0 || m.StepTimeout < 0 {
 		return nil, fmt.Errorf("%w: machine %q: negative MaxAttempts or StepTimeout", ErrInvalidConfig, m.Name)
 	}
 	if len(m.Steps) == 0 {
 		return nil, fmt.Errorf("%w: machine %q declares no Steps", ErrInvalidConfig, m.Name)
+	}
+	if len(m.Steps) > MaxSteps {
+		return nil, fmt.Errorf("%w: machine %q declares %d Steps, more than %d", ErrInvalidConfig, m.Name, len(m.Steps), MaxSteps)
 	}
 	steps := make(map[string]bool, len(m.Steps))
 	for name, fn := range m.Steps {
@@ -235,6 +262,10 @@ func (m *Machine[S]) build() (*machineCore, error) {
 	if !steps[m.Start] {
 		return nil, fmt.Errorf("%w: machine %q: Start step %q is not one of its Steps %v", ErrInvalidConfig, m.Name, m.Start, sortedKeys(steps))
 	}
+	flow, order, err := buildFlow(m.Name, orDefault(m.Version, 1), m.Start, steps, m.Flow)
+	if err != nil {
+		return nil, err
+	}
 	backoff := m.Backoff
 	if backoff == nil {
 		backoff = DefaultBackoff
@@ -245,6 +276,8 @@ func (m *Machine[S]) build() (*machineCore, error) {
 		queue:       orDefault(m.Queue, DefaultQueue),
 		start:       m.Start,
 		steps:       steps,
+		order:       order,
+		flow:        flow,
 		maxAttempts: orDefault(m.MaxAttempts, DefaultMaxAttempts),
 		encode:      encodeTyped[S],
 		readsInbox:  m.Inbox,
@@ -307,6 +340,13 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) executor.Result {
 	if err != nil && errors.Is(context.Cause(ctx), ErrStepTimeout) && !errors.Is(err, ErrStepTimeout) {
 		err = fmt.Errorf("%w (%s): %w", ErrStepTimeout, m.core.stepTimeout, err)
 	}
+	if err == nil {
+		if terr := m.core.checkFlow(in.Claim.Step, out); terr != nil {
+			// A declared transition broken is a bug in the step's code: the
+			// same code would return it again, so no retry (docs/design.md §9).
+			return stopResult("transition", terr.Error(), terr)
+		}
+	}
 	var enc sqlq.Outcome
 	if err == nil {
 		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, r, in); return err })
@@ -348,17 +388,27 @@ func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepE
 		err = fmt.Errorf("%w: Handle may not return a WithTx outcome", ErrInvalidOutcome)
 	}
 	if err == nil {
+		if terr := m.core.checkFlow(r.Step, out); terr != nil {
+			msg := fmt.Sprintf("%s; Handle's outcome: %s", stepErr, terr)
+			return stopResult("transition", msg, terr)
+		}
+	}
+	if err == nil {
 		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, r, in); return err })
 	}
 	if err != nil {
 		msg := fmt.Sprintf("%s; Handle failed: %s", stepErr, err)
-		return stopResult(errKind(stepErr), msg, stepErr)
+		res := stopResult(errKind(stepErr), msg, stepErr)
+		if res.Out.ErrStack = errStack(stepErr); res.Out.ErrStack == nil {
+			res.Out.ErrStack = errStack(err) // Handle itself panicked
+		}
+		return res
 	}
 	msg := stepErr.Error()
 	if out.kind == sqlq.KindStop {
 		msg = fmt.Sprintf("%s; stopped: %s", stepErr, out.reason)
 	}
-	enc.ErrKind, enc.Err = strPtr(errKind(stepErr)), strPtr(truncate(msg))
+	enc.ErrKind, enc.Err, enc.ErrStack = strPtr(errKind(stepErr)), strPtr(truncate(msg)), errStack(stepErr)
 	return executor.Result{Out: enc, StepErr: stepErr}
 }
 
@@ -371,7 +421,7 @@ func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Out
 
 // encodeOutcome validates o for this machine and encodes it for the database.
 func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Outcome, error) {
-	if err := o.validate(m.core.steps); err != nil {
+	if err := m.core.checkOutcome(r.Step, o); err != nil {
 		return sqlq.Outcome{}, err
 	}
 	enc := sqlq.Outcome{Delay: o.delay}
@@ -439,6 +489,16 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 	return enc, nil
 }
 
+// checkOutcome checks an outcome against its machine's steps before it is
+// encoded (a Next to a step that does not exist, bad delays or await
+// names): such an error goes to Handle like a step's error. The machine's
+// declared Flow is checked before it, by checkFlow, and fails the instance
+// at once. The engine and gendurabletest.RunStep both go through exec, so
+// both rules hold in both (TestRunStepUndeclaredTransitionFailsTheTest).
+func (core *machineCore) checkOutcome(_ string, o Outcome) error {
+	return o.validate(core.steps)
+}
+
 // consumeAwaited makes a progressing outcome consume exactly the awaited
 // signals the step received: a same-name signal that arrived after the step
 // loaded its inbox survives.
@@ -503,6 +563,41 @@ func stopResult(kind, msg string, cause error) executor.Result {
 		Out:     sqlq.Outcome{Kind: sqlq.KindStop, ErrKind: strPtr(kind), Err: strPtr(truncate(msg))},
 		StepErr: cause,
 	}
+}
+
+// errStack is the stack trace a panic's entry in the error history keeps
+// (StepError.Stack): from the panicking frame down, the recovery's own
+// frames left out, at most sqlq.MaxStackText bytes. nil for other errors.
+func errStack(err error) *string {
+	var p *PanicError
+	if !errors.As(err, &p) || p.Stack == "" {
+		return nil
+	}
+	return strPtr(sqlq.StackText(panickingFrames(p.Stack)))
+}
+
+// panickingFrames drops the frames of a debug.Stack taken in a deferred
+// recover above the call to panic (runtime/debug.Stack, the deferred
+// function, runtime.gopanic), keeping the goroutine header line.
+func panickingFrames(stack string) string {
+	head, rest, ok := strings.Cut(stack, "\n")
+	if !ok {
+		return stack
+	}
+	i := strings.Index(rest, "\npanic(")
+	if !strings.HasPrefix(rest, "panic(") && i < 0 {
+		return stack
+	}
+	if i >= 0 {
+		rest = rest[i+1:]
+	}
+	// Skip "panic(...)" and its file line.
+	for range 2 {
+		if _, after, ok := strings.Cut(rest, "\n"); ok {
+			rest = after
+		}
+	}
+	return head + "\n" + rest
 }
 
 func errKind(err error) string {

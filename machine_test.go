@@ -68,6 +68,21 @@ func TestPanicIsHandledAndRecorded(t *testing.T) {
 	require.Equal(t, int32(3), handled.Load())
 	require.Equal(t, "panic", r.Errors[0]["kind"])
 	require.Equal(t, "panic: kaboom", r.Errors[0]["error"])
+
+	// Each entry keeps the panic's stack, from the panicking frame (the
+	// probe step in helper_test.go) down, without the recovery's frames.
+	in, err := b.eng.Instance(context.Background(), id)
+	require.NoError(t, err)
+	require.Len(t, in.Errors, 3)
+	for _, e := range in.Errors {
+		require.True(t, strings.HasPrefix(e.Stack, "goroutine "), e.Stack)
+		lines := strings.Split(e.Stack, "\n")
+		require.Contains(t, lines[1], "probeMachine", "the first frame is the one that panicked:\n%s", e.Stack)
+		require.Contains(t, lines[2], "helper_test.go:")
+		require.NotContains(t, e.Stack, "runtime/debug.Stack")
+		require.NotContains(t, e.Stack, "panic(")
+		require.LessOrEqual(t, len(e.Stack), 8<<10)
+	}
 }
 
 func TestPanicInHandleStops(t *testing.T) {
@@ -90,6 +105,9 @@ func TestPanicInHandleStops(t *testing.T) {
 	require.Equal(t, 0, r.Attempt)
 	require.Len(t, r.Errors, 1)
 	require.Equal(t, "step failed; Handle failed: panic: handle exploded", r.Errors[0]["error"])
+	in, err := b.eng.Instance(context.Background(), id)
+	require.NoError(t, err)
+	require.Contains(t, in.Errors[0].Stack, "TestPanicInHandleStops", "the stack of Handle's own panic")
 }
 
 func TestUndecodableStateStopsWithoutRetry(t *testing.T) {
@@ -295,4 +313,52 @@ func TestStepIgnoringItsContextIsAbandoned(t *testing.T) {
 	require.Equal(t, "failed", after.Status)
 	require.Len(t, after.Errors, 2)
 	require.Nil(t, after.Result)
+}
+
+// nestedPanic's String panics with a nestedPanic: fmt recovers the first
+// panic, then panics again printing its value.
+type nestedPanic struct{}
+
+func (nestedPanic) String() string { panic(nestedPanic{}) }
+
+// TestPanicValueWhoseStringPanics: a step panicking with a value fmt cannot
+// print fails its instance like any panic; the worker process survives
+// (it died with "panic while printing panic value" before).
+func TestPanicValueWhoseStringPanics(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[weirdState]{
+		Name: "evil", Start: "a", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[weirdState]{
+			"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
+				panic(nestedPanic{})
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(weirdState{}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Equal(t, "panic", r.Errors[0]["kind"])
+	require.Contains(t, r.Errors[0]["error"], "panic: a gendurable_test.nestedPanic value (formatting it panicked)")
+}
+
+// TestHookPanicValueFmtCannotPrint: a hook panicking with a value fmt cannot
+// print is logged by its type; the engine lives on (logging the value
+// itself panicked again inside slog's recovery and killed the process).
+func TestHookPanicValueFmtCannotPrint(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[weirdState]{
+		Name: "hooked", Start: "a",
+		Steps: map[string]gendurable.StepFunc[weirdState]{
+			"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.Hooks = []gendurable.Hook{gendurable.HookFunc(func(context.Context, gendurable.Event) { panic(nestedPanic{}) })}
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(weirdState{}))
+	b.waitStatus(id, "done", 10*time.Second)
 }

@@ -14,6 +14,9 @@ import (
 // lifetime runs, in their declared start order; Stop stops them in
 // reverse:
 //
+//  0. the merge of observed transitions into the stored machine
+//     definitions (every 10s and once more on Stop, after the feeders
+//     drained; only if machines are registered; graph.go);
 //  1. the reaper (ReaperInterval);
 //  2. the await-timeout sweep (AwaitTimeoutInterval);
 //  3. the pruner (PruneInterval and Retention; only if this engine works
@@ -29,6 +32,9 @@ import (
 // Retention is) is not in the list. sweeper is the await-timeout sweep, nil
 // if it does not run: local await outcomes poke it.
 func (e *Engine) maintenanceServices() (services []maintenance.Service, sweeper *maintenance.TimeoutSweeper) {
+	if len(e.registry) > 0 {
+		services = append(services, e.observedFlusher())
+	}
 	if e.cfg.ReaperInterval > 0 {
 		r := e.reaper()
 		r.Interval = e.cfg.ReaperInterval

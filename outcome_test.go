@@ -150,9 +150,8 @@ func TestNestedFanOut(t *testing.T) {
 	b := setup(t, cfg)
 	b.start()
 	id := b.insert(parent.New(fanState{Width: 3, Depth: 2})) // 3 + 9 sub-parents' … 27 leaves
-	r := b.waitStatus(id, "done", 30*time.Second)
-	var s fanState
-	require.NoError(t, jsonUnmarshal(r.Result, &s))
+	s, err := gendurable.WaitResult[fanState](t.Context(), b.eng, id)
+	require.NoError(t, err)
 	require.Equal(t, 3+9+27, s.ChildSum, "every descendant finished before its ancestor resumed")
 	require.Equal(t, 1+3+9+27, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`))
 }

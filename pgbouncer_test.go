@@ -15,6 +15,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/pgbouncer"
+	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -450,9 +451,18 @@ func bouncerAdmin() bouncerWorkload {
 			b.waitStatus(failing, "done", bouncerWait)
 
 			b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '2 days' WHERE queue = 'badmin'`)
-			n, err := b.eng.Prune(ctx, 24*time.Hour, nil)
-			require.NoError(b.t, err)
-			require.Equal(b.t, int64(4), n, "the queue's four finished instances, and nothing of the others")
+			// Prune skips rows another transaction has locked: a heartbeat
+			// that still lists a row finished a moment ago locks it for its
+			// own short transaction. The next run takes it, so run until the
+			// four are gone and check that nothing else went with them.
+			var pruned int64
+			eventually(b.t, bouncerWait, func() bool {
+				n, err := b.eng.Prune(ctx, 24*time.Hour, nil)
+				require.NoError(b.t, err)
+				pruned += n
+				return pruned >= 4
+			}, "the queue's four finished instances were not all pruned")
+			require.Equal(b.t, int64(4), pruned, "the queue's four finished instances, and nothing of the others")
 			_, err = b.eng.Describe(ctx, failing)
 			require.ErrorIs(b.t, err, gendurable.ErrNotFound)
 		},
@@ -506,7 +516,7 @@ func TestPgBouncerMigrate(t *testing.T) {
 		require.NoError(t, errs[i])
 		applied += len(results[i].Applied)
 	}
-	require.Equal(t, migrate.Latest(), applied, "each version applied once")
+	require.Equal(t, len(sqlq.Migrations()), applied, "each version applied once")
 	v, err := migrate.Installed(ctx, pool, schema)
 	require.NoError(t, err)
 	require.Equal(t, migrate.Latest(), v)

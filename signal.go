@@ -31,9 +31,9 @@ type SignalOpts struct {
 
 // SignalResult is what a signal did.
 type SignalResult struct {
-	ID        int64 // the signal's id (for a duplicate, the original's)
-	Duplicate bool  // the dedup key was already used: nothing was written
-	Woke      bool  // the instance was awaiting this name and is now runnable
+	ID        int64 `json:"id"`        // the signal's id (for a duplicate, the original's)
+	Duplicate bool  `json:"duplicate"` // the dedup key was already used: nothing was written
+	Woke      bool  `json:"woke"`      // the instance was awaiting this name and is now runnable
 }
 
 // Signal sends a durable message to instance id. It is stored in the
@@ -41,7 +41,8 @@ type SignalResult struct {
 // A signal and a concurrent Await outcome serialize on the instance row, so
 // a wake-up is never lost. payload may be nil or any JSON-encodable value.
 // Sending to an unknown instance returns [ErrNotFound], to a finished one
-// [ErrInstanceFinished]; neither writes anything.
+// [ErrInstanceFinished] (unless its dedup key was already delivered to it:
+// Duplicate, as for a live one); neither writes anything.
 func (e *Engine) Signal(ctx context.Context, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
 	return e.signal(ctx, e.pool, id, name, payload, opts)
 }
@@ -78,19 +79,19 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 		if sqlq.Rejected(err) {
 			return SignalResult{}, fmt.Errorf("%w: the database rejected the payload: %w", ErrInvalidSignal, err)
 		}
-		return SignalResult{}, fmt.Errorf("gendurable: signal %d: %w", id, err)
+		return SignalResult{}, e.dbErr(err, fmt.Sprintf("signal %d", id))
 	}
 	switch {
 	case r.Status == nil:
 		return SignalResult{}, fmt.Errorf("%w: id %d", ErrNotFound, id)
+	case r.ID == nil && r.DupID != nil:
+		// Before the finished check: a sender retrying a delivery that
+		// woke the instance, which then finished, learns it was delivered.
+		return SignalResult{ID: *r.DupID, Duplicate: true}, nil
 	case *r.Status == string(StatusDone) || *r.Status == string(StatusFailed):
 		return SignalResult{}, fmt.Errorf("%w: instance %d is %s", ErrInstanceFinished, id, *r.Status)
 	case r.ID == nil:
-		res := SignalResult{Duplicate: true}
-		if r.DupID != nil {
-			res.ID = *r.DupID
-		}
-		return res, nil
+		return SignalResult{Duplicate: true}, nil
 	}
 	if r.Woke && r.Queue != nil && db == sqlq.DB(e.pool) {
 		e.kickQueue(*r.Queue)
@@ -113,38 +114,39 @@ func validateSignalName(name string) error {
 // WaitReason says what an instance is waiting for. Exactly the fields that
 // apply to its status are set.
 type WaitReason struct {
-	Status Status
-	Step   string // the step it will run next (or is running)
+	Status Status `json:"status"`
+	Step   string `json:"step"` // the step it will run next (or is running)
 	// Signals it awaits (awaiting_signal), with the deadline if the await
 	// has a timeout, and the unconsumed signals it holds by name.
-	Signals       []string
-	Deadline      *time.Time
-	InboxByName   map[string]int
-	ChildrenDone  int // awaiting_children: finished children of ChildrenTotal
-	ChildrenTotal int
+	Signals     []string       `json:"signals,omitempty"`
+	Deadline    *time.Time     `json:"deadline,omitempty"`
+	InboxByName map[string]int `json:"inbox_by_name,omitempty"`
+	// awaiting_children: finished children of ChildrenTotal.
+	ChildrenDone  int `json:"children_done,omitempty"`
+	ChildrenTotal int `json:"children_total,omitempty"`
 	// EligibleAt is when a runnable instance may next be picked (a delay,
 	// a backoff or a durable sleep); in the past means it is waiting for a
 	// free worker.
-	EligibleAt time.Time
+	EligibleAt time.Time `json:"eligible_at"`
 	// PartitionKey, KeyHolders, KeyLimit: a runnable instance whose key has
 	// no free slot — KeyHolders are the instances whose running steps hold
 	// the key's slots (live leases), KeyLimit how many slots the key has
 	// (the instance's own KeyLimit, else this engine's KeyPolicies, else 1:
 	// a process whose Config lacks the policies of the picking processes
 	// shows 1). PartitionHeldBy is the first holder.
-	PartitionKey    string
-	KeyHolders      []int64
-	KeyLimit        int
-	PartitionHeldBy int64
+	PartitionKey    string  `json:"partition_key,omitempty"`
+	KeyHolders      []int64 `json:"key_holders,omitempty"`
+	KeyLimit        int     `json:"key_limit,omitempty"`
+	PartitionHeldBy int64   `json:"partition_held_by,omitempty"`
 	// RateLimitedUntil: a runnable instance whose key's rate (a
 	// [KeyPolicy] of this engine with a Rate) has no start left before
 	// this time.
-	RateLimitedUntil *time.Time
+	RateLimitedUntil *time.Time `json:"rate_limited_until,omitempty"`
 	// LeaseExpiresAt: an executing instance's lease.
-	LeaseExpiresAt *time.Time
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 	// Summary is one human sentence, e.g. "awaiting signal payment (times
 	// out in 14m)".
-	Summary string
+	Summary string `json:"summary"`
 }
 
 // Wait is [Engine.WaitReason].
@@ -163,7 +165,7 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("gendurable: wait reason of %d: %w", id, err)
+		return nil, e.dbErr(err, fmt.Sprintf("wait reason of %d", id))
 	}
 	r := &WaitReason{Status: Status(w.Status), Step: w.Step, EligibleAt: w.EligibleAt, InboxByName: w.Inbox}
 	if w.PartitionKey != nil {

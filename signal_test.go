@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -225,6 +226,15 @@ func TestSignalDedupAndErrors(t *testing.T) {
 	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'done' WHERE id = $1`, id)
 	_, err = b.eng.Signal(ctx, id, "pay", nil, nil)
 	require.ErrorIs(t, err, gendurable.ErrInstanceFinished)
+	_, err = b.eng.Signal(ctx, id, "pay", nil, &gendurable.SignalOpts{DedupKey: "evt-8"})
+	require.ErrorIs(t, err, gendurable.ErrInstanceFinished)
+	// A sender retrying a delivery that already succeeded learns so, even
+	// after the signal woke the instance and it finished (the dedup key
+	// holds for the instance's whole life).
+	again, err = b.eng.Signal(ctx, id, "note", 3, &gendurable.SignalOpts{DedupKey: "evt-7"})
+	require.NoError(t, err)
+	require.True(t, again.Duplicate)
+	require.Equal(t, first.ID, again.ID)
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "rejected signals write nothing")
 }
 
@@ -336,4 +346,41 @@ func TestWaitShowsThePartitionHolder(t *testing.T) {
 	require.Equal(t, "finished (done)", w.Summary)
 	_, err = b.eng.WaitReason(ctx, 424242)
 	require.ErrorIs(t, err, gendurable.ErrNotFound)
+}
+
+// TestConcurrentDuplicatesReportTheOriginal: senders racing with one dedup
+// key write one signal, and every duplicate reports its id, as
+// SignalResult.ID promises (a sender that waited for the instance's row
+// lock behind the original's commit reported ID 0: its statement's
+// snapshot could not see the original).
+func TestConcurrentDuplicatesReportTheOriginal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	for range 10 {
+		id := b.seedRow(`status`, `'awaiting_signal'`)
+		results := make([]gendurable.SignalResult, 8)
+		var wg sync.WaitGroup
+		for i := range results {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var err error
+				results[i], err = b.eng.Signal(ctx, id, "go", nil, &gendurable.SignalOpts{DedupKey: "k"})
+				assert.NoError(t, err)
+			}()
+		}
+		wg.Wait()
+		var original int64
+		require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(
+			`SELECT id FROM {{s}}.gendurable_signals WHERE target_id = $1 AND dedup_key = 'k'`, b.schema), id).Scan(&original))
+		fresh := 0
+		for _, r := range results {
+			require.Equal(t, original, r.ID, "%+v", r)
+			if !r.Duplicate {
+				fresh++
+			}
+		}
+		require.Equal(t, 1, fresh)
+	}
 }

@@ -1,6 +1,6 @@
 // Package dashboard is gendurable's operator web UI: an [http.Handler] that
 // shows queues, instances and machine graphs, and lets an operator retry,
-// cancel and signal instances and pause or resume queues.
+// cancel, signal and run now instances and pause or resume queues.
 //
 // Mount it in your own server:
 //
@@ -12,25 +12,36 @@
 //	mux.Handle("/admin/gendurable/", h)
 //
 // The pages are rendered on the server with html/template; the stylesheet
-// and a few lines of JavaScript (confirmation prompts only) are embedded in
-// the binary. Nothing is loaded from elsewhere.
+// and a little JavaScript (confirmation prompts, the bulk selection count,
+// auto-refresh without a page flash) are embedded in the binary. Nothing is
+// loaded from elsewhere, and every page works without JavaScript.
 //
 // # Pages
 //
 //   - / — queues: counts by status, total, paused flag, pause/resume, and
-//     throughput (done and failed per minute). The engine keeps no finish-time
-//     history, so the dashboard measures throughput itself, in memory, from
-//     the done/failed counts of successive loads of this page (ideally about
-//     a minute apart; the page can refresh itself with ?refresh=N). The figure
-//     is per dashboard process and appears from the second load on.
+//     throughput: a chart (inline SVG) of the instances finished per minute
+//     over the last hour and each queue's done and failed per minute over
+//     the last five, from [gendurable.Engine.Throughput] (the database's
+//     finish times, a bounded read shared for a few seconds).
 //   - /instances — the list, with filters (queue, status, machine, step,
-//     inserted from/to in UTC, search by id, partition key or unique key)
-//     and keyset paging, at most [MaxPageSize] rows a page. A search is an
-//     index lookup; a page looks at no more than
-//     [gendurable.DefaultListScan] instances, and says so when it stopped
-//     there before filling up (its "Older" link continues below them).
-//   - /instances/{id} — state, result, error history, signals, children,
-//     parent, what it waits for; retry, cancel and signal.
+//     inserted from/to in UTC, search by id, partition key or unique key,
+//     state contains a JSON document) and keyset paging, at most
+//     [MaxPageSize] rows a page. A search is an index lookup; a page looks at
+//     no more than [gendurable.DefaultListScan] instances, and says so when
+//     it stopped there before filling up (its "Older" link continues below
+//     them). Bulk retry and cancel act on ticked rows (at most
+//     [MaxPageSize]) or on every instance the filter matches (a filter
+//     without criteria is refused; a state filter of {} or [] is none).
+//   - /instances/{id} — state, result, a timeline (inserted, errors,
+//     signals, children, finish on one axis), the error history (a panic's
+//     stack trace collapsed under it), signals, children, parent, unique
+//     key, what it waits for; retry, cancel and signal, and run now for a
+//     scheduled or backing-off instance ([gendurable.Engine.RunNow]).
+//
+// Any of these pages given ?refresh=N (2 to 300 seconds) refreshes itself:
+// with JavaScript the page is fetched and swapped in place, skipping a turn
+// while the reader types, has rows ticked or text selected, or the tab is
+// hidden; without it a <noscript> meta refresh reloads it.
 //   - /machines and /machines/{name} — registered machines, and a machine's
 //     steps drawn as a graph (inline SVG) with counts by status and the
 //     transitions the engine's process has observed.
@@ -60,7 +71,8 @@
 //     timeouts, a header size limit) on a [LimitListener] (a bound on open
 //     connections), as `gendurable ui` does, or give your own server the
 //     same bounds.
-//   - Audit trail: one line per action (refused ones too) and per failed
+//   - Audit trail: one line per action (refused ones too; a bulk action's
+//     line names its ids or filter and its counts) and per failed
 //     login (at most a few a minute per remote IP) on Options.AuditLogger at
 //     [LevelAudit], with who, what, which ids, from where and the outcome.
 //   - Every request runs under a timeout (Options.RequestTimeout).
@@ -76,8 +88,9 @@
 //     X-Content-Type-Options, X-Frame-Options, Referrer-Policy and, for pages,
 //     Cache-Control: no-store.
 //   - After a POST the handler redirects (303) to a page whose query string
-//     names a flash message from a fixed list, so a crafted link cannot make
-//     the page display arbitrary text.
+//     names a flash message from a fixed list (a bulk action's adds counts,
+//     read as numbers), so a crafted link cannot make the page display
+//     arbitrary text.
 package dashboard
 
 import (
@@ -164,10 +177,12 @@ type Options struct {
 	Logger *slog.Logger
 
 	// AuditLogger receives the audit trail, at [LevelAudit]: one line per
-	// mutation (pause, resume, retry, cancel, signal — refused ones too)
-	// with who, what, which ids, from where and the outcome, and one per
-	// failed login (credentials presented and wrong; at most a few a
-	// minute per remote IP, the rest counted). Default Logger.
+	// mutation (pause, resume, retry, cancel, run now, signal, bulk retry
+	// and cancel — refused ones too) with who, what, which ids (or filter),
+	// from where and the outcome, and one per failed login (credentials
+	// presented and wrong; at most a few a minute per remote IP, the rest
+	// counted).
+	// Default Logger.
 	AuditLogger *slog.Logger
 
 	// Title shown in the header. Default "gendurable".
@@ -182,7 +197,7 @@ type dashboard struct {
 	log     *slog.Logger
 	auditor *slog.Logger
 	pages   pages
-	sampler *sampler
+	tp      throughputCache
 	handler http.Handler
 
 	basicUser, basicPass [32]byte // SHA-256 of the configured credentials
@@ -243,7 +258,7 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	if opts.Title == "" {
 		opts.Title = "gendurable"
 	}
-	d := &dashboard{eng: eng, opts: opts, base: base, log: opts.Logger, auditor: opts.AuditLogger, sampler: newSampler(),
+	d := &dashboard{eng: eng, opts: opts, base: base, log: opts.Logger, auditor: opts.AuditLogger,
 		anyHost: anyHost, allowed: allowed, limiter: newLogLimiter()}
 	if a := opts.BasicAuth; a != nil {
 		d.basicUser, d.basicPass = sha256.Sum256([]byte(a.User)), sha256.Sum256([]byte(a.Password))
@@ -265,9 +280,12 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	mux.HandleFunc("GET /static/{file}", serveStatic)
 	mux.Handle("POST /queues/{queue}/pause", d.mutation("pause", d.pauseAction))
 	mux.Handle("POST /queues/{queue}/resume", d.mutation("resume", d.resumeAction))
+	mux.Handle("POST /bulk/retry", d.mutation("bulk-retry", d.bulkRetryAction))
+	mux.Handle("POST /bulk/cancel", d.mutation("bulk-cancel", d.bulkCancelAction))
 	mux.Handle("POST /instances/{id}/retry", d.mutation("retry", d.retryAction))
 	mux.Handle("POST /instances/{id}/cancel", d.mutation("cancel", d.cancelAction))
 	mux.Handle("POST /instances/{id}/signal", d.mutation("signal", d.signalAction))
+	mux.Handle("POST /instances/{id}/run-now", d.mutation("run-now", d.runNowAction))
 
 	// Cross-origin protection covers every route: it lets safe methods
 	// through and rejects cross-origin POSTs before any handler runs.

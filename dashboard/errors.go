@@ -33,6 +33,8 @@ func friendly(err error) (int, string, bool) {
 		return http.StatusConflict, "Another live instance holds this instance's unique key, so it cannot be retried now.", true
 	case errors.Is(err, gendurable.ErrNotCancellable):
 		return http.StatusConflict, "The instance has already finished; only a live instance can be cancelled.", true
+	case errors.Is(err, gendurable.ErrNotDelayed):
+		return http.StatusConflict, "Only a runnable instance waiting for a later time (scheduled, or backing off before its next attempt) can be run now; this one is running, waiting for a signal or children, or finished.", true
 	case errors.Is(err, gendurable.ErrInstanceFinished):
 		return http.StatusConflict, "The instance has already finished; it accepts no more signals.", true
 	case errors.Is(err, gendurable.ErrInvalidSignal):
@@ -43,6 +45,8 @@ func friendly(err error) (int, string, bool) {
 		return http.StatusNotFound, "No such queue: it has no instances and was never paused.", true
 	case errors.Is(err, gendurable.ErrInvalidConfig):
 		return http.StatusBadRequest, "Invalid queue name.", true
+	case errors.Is(err, gendurable.ErrNotMigrated):
+		return http.StatusServiceUnavailable, "The schema has no gendurable tables: run gendurable migrate up (with its --schema) first.", false
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable, "The request timed out. Try again, or narrow the filters.", false
 	case errors.Is(err, context.Canceled):
@@ -121,6 +125,7 @@ func isDigits(s string) bool {
 var flashes = map[string]string{
 	"retried":          "Retried: the instance is runnable again at the step it failed in.",
 	"cancelled":        "Cancelled: the instance is failed.",
+	"ran-now":          "Eligible now: the next worker that polls its queue runs it, with its attempt count kept.",
 	"signalled":        "Signal sent; it waits in the instance's inbox.",
 	"signal-woke":      "Signal sent; it woke the instance.",
 	"signal-duplicate": "Nothing sent: a signal with this dedup key was already delivered.",
@@ -128,7 +133,17 @@ var flashes = map[string]string{
 	"resumed":          "Queue resumed.",
 }
 
-func flashOf(r *http.Request) string { return flashes[r.URL.Query().Get("flash")] }
+// flashParams are the query parameters of a flash message: a reload or a
+// link made from the page drops them.
+var flashParams = []string{"flash", "changed", "skipped", "not_found", "partial"}
+
+func flashOf(r *http.Request) string {
+	q := r.URL.Query()
+	if m := bulkFlash(q); m != "" {
+		return m
+	}
+	return flashes[q.Get("flash")]
+}
 
 // redirect answers a POST with 303 to path (relative to the base) with a
 // flash key.

@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -21,11 +22,12 @@ const maxFilterLen = 1000
 // Queues overview
 
 type queuesData struct {
-	Queues   []queueRow
-	Totals   map[gendurable.Status]int64
-	Total    int64
-	Refresh  int
-	Machines int
+	Queues     []queueRow
+	Totals     map[gendurable.Status]int64
+	Total      int64
+	Machines   int
+	Chart      *svgChart
+	Throughput *gendurable.Throughput
 }
 
 type queueRow struct {
@@ -50,22 +52,57 @@ func (d *dashboard) queuesPage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sort.Slice(stats, func(i, j int) bool { return stats[i].Queue < stats[j].Queue })
-	rates := d.sampler.observe(time.Now(), stats)
+	tp, err := d.throughput(r.Context())
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
 
-	data := queuesData{Totals: map[gendurable.Status]int64{}, Machines: len(d.eng.Machines())}
+	machines, err := d.machineNames(r.Context())
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	data := queuesData{Totals: map[gendurable.Status]int64{}, Machines: len(machines),
+		Chart: layoutChart(tp.Buckets), Throughput: tp}
 	for _, q := range stats {
-		data.Queues = append(data.Queues, queueRow{QueueStats: q, Rate: rates[q.Queue]})
+		data.Queues = append(data.Queues, queueRow{QueueStats: q, Rate: rateOf(tp.ByQueue[q.Queue])})
 		for s, n := range q.ByStatus {
 			data.Totals[s] += n
 		}
 		data.Total += q.Total
 	}
-	if v := r.URL.Query().Get("refresh"); v != "" {
-		if n, err := strconv.Atoi(v); err == nil {
-			data.Refresh = min(max(n, 2), 300)
+	d.render(w, r, http.StatusOK, "queues", "Queues", "queues", data)
+}
+
+// machineNames are the names of the machines the dashboard knows, sorted:
+// those every engine stored when it started and those registered in its
+// own engine ([gendurable.Engine.ListMachines]), so that a standalone
+// `gendurable ui` knows them all. If the stored ones cannot be read — a
+// schema migrated before version 7 has no table for them — it falls back
+// to the registered ones, with a warning in the log, rather than fail the
+// page; only a request out of time fails.
+func (d *dashboard) machineNames(ctx context.Context) ([]string, error) {
+	ms, err := d.eng.ListMachines(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		d.log.Warn("dashboard: reading the stored machines failed; showing the machines registered here", "err", err)
+		var names []string
+		for name := range d.eng.Machines() {
+			names = append(names, name)
+		}
+		sort.Strings(names)
+		return names, nil
+	}
+	var names []string
+	for _, m := range ms { // by name, then version
+		if len(names) == 0 || names[len(names)-1] != m.Name {
+			names = append(names, m.Name)
 		}
 	}
-	d.render(w, r, http.StatusOK, "queues", "Queues", "queues", data)
+	return names, nil
 }
 
 func (d *dashboard) pauseAction(w http.ResponseWriter, r *http.Request) {
@@ -93,8 +130,8 @@ func (d *dashboard) resumeAction(w http.ResponseWriter, r *http.Request) {
 
 // listForm is the list's filters as the user typed them (to refill the form).
 type listForm struct {
-	Queue, Status, Machine, Step, From, To, Q string
-	Limit                                     int
+	Queue, Status, Machine, Step, From, To, Q, State string
+	Limit                                            int
 }
 
 type listData struct {
@@ -108,7 +145,14 @@ type listData struct {
 	Max      int
 	Scanned  int  // instances the page looked at
 	Partial  bool // it stopped at its scan bound before filling up
+	// The bulk form: the filters again (hidden fields), whether there are
+	// any (the "all matching" buttons need some), and them as text.
+	Hidden     []hiddenField
+	Filtered   bool
+	FilterText string
 }
+
+type hiddenField struct{ Name, Value string }
 
 // timeLayouts accepted by the from/to filters (UTC unless they say).
 var timeLayouts = []string{time.RFC3339, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02 15:04:05", "2006-01-02 15:04", "2006-01-02"}
@@ -129,7 +173,7 @@ func (d *dashboard) parseList(q url.Values) (gendurable.ListFilter, listForm, er
 		Queue: strings.TrimSpace(q.Get("queue")), Status: strings.TrimSpace(q.Get("status")),
 		Machine: strings.TrimSpace(q.Get("machine")), Step: strings.TrimSpace(q.Get("step")),
 		From: strings.TrimSpace(q.Get("from")), To: strings.TrimSpace(q.Get("to")), Q: strings.TrimSpace(q.Get("q")),
-		Limit: d.opts.PageSize,
+		State: strings.TrimSpace(q.Get("state")), Limit: d.opts.PageSize,
 	}
 	for _, v := range []string{form.Queue, form.Machine, form.Step, form.Q} {
 		if len(v) > maxFilterLen {
@@ -137,6 +181,13 @@ func (d *dashboard) parseList(q url.Values) (gendurable.ListFilter, listForm, er
 		}
 	}
 	f.Queue, f.Machine, f.Step, f.Search = form.Queue, form.Machine, form.Step, form.Q
+	if form.State != "" {
+		if len(form.State) > gendurable.MaxStateFilter || !json.Valid([]byte(form.State)) ||
+			(form.State[0] != '{' && form.State[0] != '[') {
+			return f, form, inputError(fmt.Sprintf(`"State contains" must be a JSON object or array of at most %d bytes, e.g. {"customer": "c-7"}.`, gendurable.MaxStateFilter))
+		}
+		f.State = json.RawMessage(form.State)
+	}
 	if form.Status != "" {
 		if !slices.Contains(allStatuses, gendurable.Status(form.Status)) {
 			return f, form, inputError("Unknown status.")
@@ -187,18 +238,25 @@ func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 	data := listData{Form: form, Rows: page.Instances, Paged: f.Before > 0, Max: MaxPageSize,
 		Scanned: page.Scanned, Partial: page.Partial}
 	kv := []string{"queue", form.Queue, "status", form.Status, "machine", form.Machine, "step", form.Step,
-		"from", form.From, "to", form.To, "q", form.Q}
+		"from", form.From, "to", form.To, "q", form.Q, "state", form.State}
 	if form.Limit != d.opts.PageSize {
 		kv = append(kv, "limit", strconv.Itoa(form.Limit))
 	}
 	data.FirstURL = d.listURL(kv...)
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i] != "limit" && kv[i+1] != "" {
+			data.Hidden = append(data.Hidden, hiddenField{kv[i], kv[i+1]})
+			data.FilterText += " " + kv[i] + "=" + kv[i+1]
+		}
+	}
+	data.Filtered, data.FilterText = len(data.Hidden) > 0, strings.TrimSpace(data.FilterText)
 	if page.NextBefore > 0 {
 		data.NextURL = d.listURL(append(kv, "before", strconv.FormatInt(page.NextBefore, 10))...)
 	}
-	for name := range d.eng.Machines() {
-		data.Machines = append(data.Machines, name)
+	if data.Machines, err = d.machineNames(r.Context()); err != nil {
+		d.fail(w, r, err)
+		return
 	}
-	sort.Strings(data.Machines)
 	for name := range d.eng.Config().Queues {
 		data.Queues = append(data.Queues, name)
 	}
@@ -213,7 +271,9 @@ type instanceData struct {
 	*gendurable.InstanceDetail
 	StateJSON  string
 	ResultJSON string
-	Errors     []gendurable.StepError // newest first
+	Errors     []errorRow // newest first
+	Timeline   *svgTimeline
+	Events     []timelineEvent
 	Signals    []signalRow
 	Children   []childRow
 	Pending    int // unconsumed signals
@@ -221,6 +281,15 @@ type instanceData struct {
 	CanRetry   bool
 	CanCancel  bool
 	CanSignal  bool
+	// CanRunNow: runnable, but not before a later time (scheduled, or
+	// backing off before its next attempt), by this process's clock; the
+	// engine decides on the database's (Engine.RunNow).
+	CanRunNow bool
+}
+
+type errorRow struct {
+	gendurable.StepError
+	StackID string // the id of its collapsed stack trace, stable across refreshes
 }
 
 type signalRow struct {
@@ -260,10 +329,13 @@ func (d *dashboard) instancePage(w http.ResponseWriter, r *http.Request) {
 		CanRetry:       det.Status == gendurable.StatusFailed,
 		CanCancel:      !det.Status.Terminal(),
 		CanSignal:      !det.Status.Terminal(),
+		CanRunNow:      det.Status == gendurable.StatusRunnable && det.EligibleAt.After(time.Now()),
 	}
 	for i := len(det.Errors) - 1; i >= 0; i-- {
-		data.Errors = append(data.Errors, det.Errors[i])
+		e := det.Errors[i]
+		data.Errors = append(data.Errors, errorRow{StepError: e, StackID: "stack-" + strconv.FormatInt(e.At.UnixNano(), 36) + "-" + strconv.Itoa(e.Attempt)})
 	}
+	data.Timeline, data.Events = buildTimeline(det, time.Now())
 	for _, s := range det.Signals {
 		data.Signals = append(data.Signals, signalRow{SignalInfo: s, PayloadJSON: d.prettyJSON(det.Machine, s.Payload)})
 		if s.ConsumedAt == nil {
@@ -291,6 +363,23 @@ func (d *dashboard) retryAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), "retried")
+}
+
+// runNowAction makes a scheduled or backing-off instance eligible now
+// (Engine.RunNow): its attempt count is kept. One that is already eligible
+// is left as it is.
+func (d *dashboard) runNowAction(w http.ResponseWriter, r *http.Request) {
+	id, ok := parseID(r)
+	if !ok {
+		d.fail(w, r, gendurable.ErrNotFound)
+		return
+	}
+	note(r, "id", id)
+	if err := d.eng.RunNow(r.Context(), id); err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), "ran-now")
 }
 
 func (d *dashboard) cancelAction(w http.ResponseWriter, r *http.Request) {
@@ -351,16 +440,35 @@ func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {
 // Machines
 
 type machineRow struct {
-	Name     string
-	Versions []int
+	Name       string
+	Versions   []int
+	Steps      int  // of the newest version
+	Flow       bool // the newest version declares its transitions
+	Registered bool // in this dashboard's engine
+	Stored     bool
+	SeenAt     *time.Time // last start of an engine registering it
 }
 
 func (d *dashboard) machinesPage(w http.ResponseWriter, r *http.Request) {
-	var rows []machineRow
-	for name, vs := range d.eng.Machines() {
-		rows = append(rows, machineRow{Name: name, Versions: vs})
+	ms, err := d.eng.ListMachines(r.Context())
+	if err != nil {
+		d.fail(w, r, err)
+		return
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].Name < rows[j].Name })
+	var rows []machineRow
+	for _, m := range ms { // by name, then version
+		if len(rows) == 0 || rows[len(rows)-1].Name != m.Name {
+			rows = append(rows, machineRow{Name: m.Name})
+		}
+		row := &rows[len(rows)-1]
+		row.Versions = append(row.Versions, m.Version)
+		row.Steps, row.Flow = len(m.Steps), m.Flow
+		row.Registered = row.Registered || m.Registered
+		row.Stored = row.Stored || m.Stored
+		if m.SeenAt != nil && (row.SeenAt == nil || m.SeenAt.After(*row.SeenAt)) {
+			row.SeenAt = m.SeenAt
+		}
+	}
 	d.render(w, r, http.StatusOK, "machines", "Machines", "machines", rows)
 }
 

@@ -4,49 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/stretchr/testify/require"
 )
-
-func stats(done, failed int64) []gendurable.QueueStats {
-	return []gendurable.QueueStats{{Queue: "q", ByStatus: map[gendurable.Status]int64{
-		gendurable.StatusDone: done, gendurable.StatusFailed: failed}}}
-}
-
-func TestSamplerRate(t *testing.T) {
-	t.Parallel()
-	s := newSampler()
-	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	require.False(t, s.observe(t0, stats(0, 0))["q"].Known, "first sample: no rate")
-	require.False(t, s.observe(t0.Add(2*time.Second), stats(5, 0))["q"].Known, "too close to the first")
-	r := s.observe(t0.Add(30*time.Second), stats(60, 3))["q"]
-	require.True(t, r.Known)
-	require.InDelta(t, 120, r.DonePerMin, 0.01) // 60 over 30s
-	require.InDelta(t, 6, r.FailPerMin, 0.01)
-	require.Equal(t, 30*time.Second, r.Over)
-
-	// Past a minute, the reference is the newest sample at least a minute old.
-	r = s.observe(t0.Add(90*time.Second), stats(120, 3))["q"]
-	require.Equal(t, 60*time.Second, r.Over) // against the 30s sample
-	require.InDelta(t, 60, r.DonePerMin, 0.01)
-	require.InDelta(t, 0, r.FailPerMin, 0.01)
-
-	// Pruning lowers the counts: clamped at zero.
-	r = s.observe(t0.Add(200*time.Second), stats(10, 0))["q"]
-	require.True(t, r.Known)
-	require.Zero(t, r.DonePerMin)
-
-	// Old samples are forgotten, and the sample list stays bounded.
-	r = s.observe(t0.Add(time.Hour), stats(10, 0))["q"]
-	require.False(t, r.Known)
-	for i := range 2 * maxSamples {
-		s.observe(t0.Add(time.Hour+time.Duration(i)*sampleEvery), stats(int64(i), 0))
-	}
-	require.LessOrEqual(t, len(s.samples), maxSamples)
-}
 
 func TestLayoutGraph(t *testing.T) {
 	t.Parallel()
@@ -56,6 +20,11 @@ func TestLayoutGraph(t *testing.T) {
 		Counts: map[string]map[gendurable.Status]int64{
 			"a": {gendurable.StatusRunnable: 2},
 			"c": {gendurable.StatusFailed: 1, gendurable.StatusDone: 4},
+		},
+		Parked: map[string]gendurable.Parked{"a": {BackingOff: 1, Delayed: 1}},
+		Declared: []gendurable.DeclaredTransition{
+			{From: "a", To: "b", Kinds: []string{"next"}},
+			{From: "b", To: "lonely", Kinds: []string{"next"}}, // declared, never taken
 		},
 		Transitions: []gendurable.Transition{
 			{From: "a", To: "b", Outcome: "next", Count: 3},
@@ -68,46 +37,128 @@ func TestLayoutGraph(t *testing.T) {
 		},
 	}
 	svg := d.layoutGraph(g)
-	cols := map[string]int{}
+	layers := map[string]int{}
 	for _, n := range svg.Nodes {
-		cols[n.Terminal+":"+n.Name] = n.col
+		layers[n.Terminal+":"+n.Name] = n.layer
 		require.Positive(t, n.W)
 		require.Positive(t, n.H)
 		require.LessOrEqual(t, n.X+n.W, svg.Width)
 		require.LessOrEqual(t, n.Y+n.H, svg.Height)
 	}
-	require.Equal(t, 0, cols[":a"])
-	require.Equal(t, 1, cols[":b"])
-	require.Equal(t, 2, cols[":c"])
-	require.Equal(t, 2, cols[":done"]) // the step, not the terminal
-	require.Equal(t, 3, cols[":lonely"])
-	require.Equal(t, 4, cols["done:done"])
-	require.Equal(t, 4, cols["failed:failed"])
-	require.Len(t, svg.Edges, 6) // the replay is a loop note, not an edge
-	back := 0
+	require.Equal(t, 0, layers[":a"])
+	require.Equal(t, 1, layers[":b"])
+	require.Equal(t, 2, layers[":c"])
+	require.Equal(t, 2, layers[":done"]) // the step, not the terminal
+	require.Equal(t, 2, layers[":lonely"], "reached by a declared edge")
+	require.Equal(t, 3, layers["done:done"])
+	require.Equal(t, 3, layers["failed:failed"])
+	require.Len(t, svg.Edges, 7) // the replay is a loop note, not an edge
+	var back, declaredOnly int
 	for _, e := range svg.Edges {
 		if e.Back {
 			back++
 		}
+		if e.Declared && !e.Taken {
+			declaredOnly++
+			require.Empty(t, e.Label)
+		}
 	}
 	require.Equal(t, 1, back)
-	require.Equal(t, []string{"a", "b", "c", "done", "lonely"}, svg.stepOrder())
+	require.Equal(t, 1, declaredOnly)
+	require.Equal(t, []string{"a", "b", "c", "done", "lonely"}, svg.stepOrder(), "declared order")
 	for _, n := range svg.Nodes {
-		if n.Name == "c" && n.Terminal == "" {
+		switch {
+		case n.Name == "c" && n.Terminal == "":
 			require.Equal(t, "↻ replayed 5", n.Loop)
-		}
-		if n.Terminal == "done" {
+		case n.Name == "a":
+			require.Equal(t, []string{"runnable 2", "↳ backing off 1", "↳ delayed 1"}, lineTexts(n))
+		case n.Terminal == "done":
 			require.Equal(t, "4 instances", n.Lines[0].Text)
-		}
-		if n.Terminal == "failed" {
+		case n.Terminal == "failed":
 			require.Equal(t, "1 instance", n.Lines[0].Text)
 		}
 	}
 
-	// No transitions observed: the start, then everything else, then terminals.
-	svg = d.layoutGraph(&gendurable.MachineGraph{Machine: "m", Start: "x", Steps: []string{"w", "x"}})
+	// No transitions at all: the start, then every step in declaration
+	// order, one layer each, then the terminals.
+	svg = d.layoutGraph(&gendurable.MachineGraph{Machine: "m", Start: "x", Steps: []string{"x", "w", "a"}})
 	require.Equal(t, "x", svg.Nodes[0].Name)
 	require.True(t, svg.Nodes[0].Start)
+	require.Equal(t, []int{0, 1, 2, 3, 3}, nodeLayers(svg))
+}
+
+// TestLayoutGraphFitsTheWindow: a 12-step chain (and wider machines) wrap
+// into bands no wider than the page at a 1400 px window, without boxes
+// overlapping; edges to the next band run from bottom to top.
+func TestLayoutGraphFitsTheWindow(t *testing.T) {
+	t.Parallel()
+	d := &dashboard{}
+	require.LessOrEqual(t, maxGraphWidth, 1400-2*24-2*18)
+	for _, n := range []int{1, 5, 12, 40} {
+		g := &gendurable.MachineGraph{Machine: "chain", Start: "s00"}
+		for i := range n {
+			g.Steps = append(g.Steps, fmt.Sprintf("s%02d", i))
+			to := "done"
+			if i < n-1 {
+				to = fmt.Sprintf("s%02d", i+1)
+			}
+			g.Declared = append(g.Declared, gendurable.DeclaredTransition{From: g.Steps[i], To: to, Kinds: []string{"next"}})
+		}
+		svg := d.layoutGraph(g)
+		require.LessOrEqual(t, svg.Width, maxGraphWidth, "%d steps", n)
+		require.Equal(t, (n+1+graphCols-1)/graphCols, svg.Bands, "%d steps: a layer each, and the terminals", n)
+		for i, a := range svg.Nodes {
+			require.LessOrEqual(t, a.X+a.W, svg.Width)
+			require.LessOrEqual(t, a.Y+a.H, svg.Height)
+			for _, b := range svg.Nodes[i+1:] {
+				overlap := a.X < b.X+b.W && b.X < a.X+a.W && a.Y < b.Y+b.H && b.Y < a.Y+a.H
+				require.False(t, overlap, "%d steps: %s and %s overlap", n, a.Name, b.Name)
+			}
+		}
+		for i := range n {
+			node := svg.Nodes[i]
+			require.Equal(t, i, node.layer, "declaration order along the chain")
+			require.Equal(t, i/graphCols, node.band)
+			require.Equal(t, margin+(i%graphCols)*(boxW+colGap), node.X)
+		}
+	}
+	require.Equal(t, 5, graphCols)
+	// 12 steps: 13 layers in 3 bands; the edge s04 → s05 goes down.
+	g := &gendurable.MachineGraph{Machine: "chain", Start: "s00"}
+	for i := range 12 {
+		g.Steps = append(g.Steps, fmt.Sprintf("s%02d", i))
+		if i > 0 {
+			g.Transitions = append(g.Transitions, gendurable.Transition{From: g.Steps[i-1], To: g.Steps[i], Outcome: "next", Count: 1})
+		}
+	}
+	svg := d.layoutGraph(g)
+	require.Equal(t, 3, svg.Bands)
+	require.Equal(t, 2*margin+5*boxW+4*colGap, svg.Width)
+	require.True(t, strings.HasPrefix(svg.Edges[4].Path, fmt.Sprintf("M%d,", margin+4*(boxW+colGap)+boxW/2)), svg.Edges[4].Path)
+}
+
+func TestEdgeLabel(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "", edgeLabel(nil))
+	require.Equal(t, "3", edgeLabel(map[string]int64{"next": 2, "done": 1}))
+	require.Equal(t, "await 2", edgeLabel(map[string]int64{"await": 2}))
+	require.Equal(t, "2 · await 1 · children 4", edgeLabel(map[string]int64{"next": 2, "await": 1, "children": 4}))
+}
+
+func lineTexts(n *svgNode) []string {
+	var out []string
+	for _, l := range n.Lines {
+		out = append(out, l.Text)
+	}
+	return out
+}
+
+func nodeLayers(g *svgGraph) []int {
+	var out []int
+	for _, n := range g.Nodes {
+		out = append(out, n.layer)
+	}
+	return out
 }
 
 func TestStripBaseAndLinks(t *testing.T) {
@@ -132,12 +183,16 @@ func TestStripBaseAndLinks(t *testing.T) {
 func TestFriendlyNeverEchoesEngineText(t *testing.T) {
 	t.Parallel()
 	for _, err := range []error{gendurable.ErrNotFound, gendurable.ErrNotRetryable, gendurable.ErrNotCancellable,
-		gendurable.ErrInstanceFinished, gendurable.ErrUniqueConflict, gendurable.ErrInvalidSignal, gendurable.ErrInvalidConfig} {
+		gendurable.ErrInstanceFinished, gendurable.ErrUniqueConflict, gendurable.ErrInvalidSignal, gendurable.ErrInvalidConfig,
+		gendurable.ErrNotMigrated} {
 		code, msg, _ := friendly(err)
 		require.NotEqual(t, 500, code, err)
 		require.NotContains(t, msg, "gendurable:", err)
 	}
-	code, msg, _ := friendly(errors.New(`relation "x" does not exist`))
+	code, msg, _ := friendly(fmt.Errorf("list: %w", gendurable.ErrNotMigrated))
+	require.Equal(t, 503, code)
+	require.Contains(t, msg, "run gendurable migrate up")
+	code, msg, _ = friendly(errors.New(`relation "x" does not exist`))
 	require.Equal(t, 500, code)
 	require.Empty(t, msg)
 	require.Equal(t, "ab…", truncate(3, "ab€"))

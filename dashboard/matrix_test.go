@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
@@ -58,10 +59,30 @@ func routes(shared int64) []route {
 				return e.instance(id).Status == gendurable.StatusRunnable
 			}
 		}},
+		{name: "run-now", post: true, setup: func(t *testing.T, e *env, n int) (string, url.Values, func() bool) {
+			id := e.insertOrder(Order{Item: "n"}, gendurable.InsertOpts{RunIn: time.Hour})
+			return fmt.Sprintf("/instances/%d/run-now", id), url.Values{}, func() bool {
+				return e.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND eligible_at <= now()`, id) == 1
+			}
+		}},
 		{name: "cancel", post: true, setup: func(t *testing.T, e *env, n int) (string, url.Values, func() bool) {
 			id := e.insertOrder(Order{Item: "c"})
 			return fmt.Sprintf("/instances/%d/cancel", id), url.Values{"reason": {"matrix"}}, func() bool {
 				return e.instance(id).Status == gendurable.StatusFailed
+			}
+		}},
+		{name: "bulk-retry", post: true, setup: func(t *testing.T, e *env, n int) (string, url.Values, func() bool) {
+			a, b := e.failed(), e.failed()
+			form := url.Values{"id": {strconv.FormatInt(a, 10), strconv.FormatInt(b, 10)}, "scope": {"selected"}}
+			return "/bulk/retry", form, func() bool {
+				return e.instance(a).Status == gendurable.StatusRunnable && e.instance(b).Status == gendurable.StatusRunnable
+			}
+		}},
+		{name: "bulk-cancel-match", post: true, setup: func(t *testing.T, e *env, n int) (string, url.Values, func() bool) {
+			q := fmt.Sprintf("mq-bulk-%d", n)
+			a := e.insertOrder(Order{Item: "b"}, gendurable.InsertOpts{Queue: q})
+			return "/bulk/cancel", url.Values{"queue": {q}, "scope": {"match"}}, func() bool {
+				return e.instance(a).Status == gendurable.StatusFailed
 			}
 		}},
 		{name: "signal", post: true, setup: func(t *testing.T, e *env, n int) (string, url.Values, func() bool) {

@@ -102,6 +102,10 @@ func TestListFiltersAndPaging(t *testing.T) {
 		{query: "to=" + url.QueryEscape(time.Now().Add(-time.Hour).UTC().Format(time.RFC3339)), count: 0},
 		{query: "from=2000-01-01&to=" + url.QueryEscape(time.Now().Add(time.Hour).UTC().Format("2006-01-02T15:04:05")) + "&queue=vip", want: []int64{special}},
 		{query: "q=nothing-like-this", count: 0},
+		{query: "state=" + url.QueryEscape(`{"item": "special"}`), want: []int64{special}},
+		{query: "state=" + url.QueryEscape(`{"item": "uniq"}`) + "&q=order-77", want: []int64{uniq}},
+		{query: "state=" + url.QueryEscape(`{"item": "uniq"}`) + "&queue=vip", count: 0},
+		{query: "state=" + url.QueryEscape(`{"item": "nobody"}`), count: 0},
 	}
 	for _, c := range cases {
 		r := get(t, h, "/instances?"+c.query)
@@ -121,10 +125,13 @@ func TestListFiltersAndPaging(t *testing.T) {
 	r = get(t, h, "/instances?queue=vip&status=runnable")
 	require.Contains(t, r.body, `name="queue" value="vip"`)
 	require.Contains(t, r.body, `<option value="runnable" selected>`)
+	r = get(t, h, "/instances?state="+url.QueryEscape(`{"item": "<b>"}`))
+	require.Contains(t, r.body, `name="state" value="{&#34;item&#34;: &#34;&lt;b&gt;&#34;}"`)
 
 	// Bad input is a 400 with our message.
 	for _, q := range []string{"status=bogus", "from=yesterday", "to=13/13/2020", "limit=-1", "limit=x", "before=-5", "before=abc",
-		"q=" + strings.Repeat("x", 1001)} {
+		"q=" + strings.Repeat("x", 1001), "state=7", "state=" + url.QueryEscape(`{"a":`), "state=null",
+		"state=" + url.QueryEscape(`{"a": "`+strings.Repeat("x", 1000)+`"}`)} {
 		r := get(t, h, "/instances?"+q)
 		require.Equal(t, http.StatusBadRequest, r.code, q)
 		require.NotContains(t, r.body, "gendurable:", q)
@@ -340,7 +347,8 @@ func TestErrorsAreMappedAndNotLeaked(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, r.code)
 
 	// An engine on a schema that was never migrated: every read fails
-	// inside the database.
+	// inside the database, and the page says what to run (503), naming
+	// nothing of the database's.
 	pool, missing := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, NoMigrate: true})
 	broken, err := gendurable.New(pool, &gendurable.Config{Schema: missing, Machines: []gendurable.Definition{orderMachine()}})
 	require.NoError(t, err)
@@ -349,19 +357,19 @@ func TestErrorsAreMappedAndNotLeaked(t *testing.T) {
 	require.NoError(t, err)
 	for _, p := range []string{"/", "/instances", "/instances/1", "/machines/order"} {
 		r := get(t, bh, p)
-		require.Equal(t, http.StatusInternalServerError, r.code, p)
-		require.Contains(t, r.body, "Internal error (reference ")
+		require.Equal(t, http.StatusServiceUnavailable, r.code, p)
+		require.Contains(t, r.body, "run gendurable migrate up", p)
 		for _, leak := range []string{missing, "does not exist", "relation", "SQLSTATE", "gendurable:"} {
 			require.NotContains(t, r.body, leak, p)
 		}
 	}
-	for _, p := range []string{"/instances/1/retry", "/instances/1/cancel", "/queues/default/pause"} {
+	for _, p := range []string{"/instances/1/retry", "/instances/1/cancel", "/instances/1/run-now", "/queues/default/pause"} {
 		r := post(t, bh, p, url.Values{})
-		require.Equal(t, http.StatusInternalServerError, r.code, p)
+		require.Equal(t, http.StatusServiceUnavailable, r.code, p)
 		require.NotContains(t, r.body, missing, p)
 	}
-	require.Contains(t, logs.String(), "does not exist")
-	require.Contains(t, logs.String(), "dashboard: internal error")
+	require.Contains(t, logs.String(), "schema not migrated")
+	require.Contains(t, logs.String(), "dashboard: request failed")
 
 	// A request that runs out of time is a 503 with a fixed message.
 	slow, _ := e.handler(dashboard.Options{RequestTimeout: time.Nanosecond})
@@ -440,7 +448,8 @@ func TestMachinesAndGraph(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, r.code)
 }
 
-// TestQueuesPage: counts per status, pause flag and the throughput column.
+// TestQueuesPage: counts per status, pause flag, the throughput chart and
+// columns, auto-refresh.
 func TestQueuesPage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -458,7 +467,13 @@ func TestQueuesPage(t *testing.T) {
 	require.Contains(t, r.body, `data-refresh="2"`)
 	require.Contains(t, r.body, "read-only")
 	require.NotContains(t, r.body, "<form")
-	require.Contains(t, r.body, "—") // throughput not known on the first load
+	// Throughput from the database on the first load: the failed instance
+	// finished in the newest minute (1 in 5 minutes: 0.2/min).
+	require.Contains(t, r.body, `<svg class="chart" id="throughput"`)
+	require.Contains(t, r.body, "(0 done, 1 failed)")
+	require.Regexp(t, `<rect class="failed" x="753" y="\d+" width="10" height="\d+">`, r.body, "the last minute's bar")
+	require.Contains(t, r.body, `<td class="num">0.2</td>`)
+	require.Contains(t, r.body, `<noscript><meta http-equiv="refresh" content="2"></noscript>`, "reloads without JavaScript")
 
 	// Read-only: the mutation is refused and nothing changes.
 	r = post(t, h, "/queues/vip/resume", nil)
@@ -502,4 +517,121 @@ func TestChildrenAndParentLinks(t *testing.T) {
 	r = get(t, h, fmt.Sprintf("/instances/%d", parent.ID))
 	require.Equal(t, 2, strings.Count(r.body, `<span class="st st-done">done</span>`), "both children shown done")
 	require.Contains(t, html.UnescapeString(r.body), `"shipped": "x"`)
+}
+
+// TestAttemptsShownFromOne: every page counts attempts from 1, as the CLI
+// does (the API and JSON count from 0): the list, the overview, the error
+// history and the timeline. An instance the reaper failed after its last
+// lease (attempt = max attempts in the row) shows "3 of 3", not "4 of 3".
+func TestAttemptsShownFromOne(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	ctx := context.Background()
+	hist, err := json.Marshal([]gendurable.StepError{
+		{Step: "wait", Attempt: 0, At: time.Now().Add(-2 * time.Minute), Kind: "error", Error: "first failure"},
+		{Step: "wait", Attempt: 1, At: time.Now().Add(-time.Minute), Kind: "error", Error: "second failure"},
+	})
+	require.NoError(t, err)
+	backingOff := e.insertOrder(Order{Item: "b"}, gendurable.InsertOpts{MaxAttempts: 3})
+	reaped := e.insertOrder(Order{Item: "r"}, gendurable.InsertOpts{MaxAttempts: 3})
+	_, err = e.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.gendurable_instances SET attempt = 2, errors = $2 WHERE id = $1`, e.schema), backingOff, hist)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.gendurable_instances SET attempt = 3, status = 'failed', finished_at = now() WHERE id = $1`, e.schema), reaped)
+	require.NoError(t, err)
+	require.Equal(t, 2, e.instance(backingOff).Attempt, "the API counts from 0")
+
+	r := get(t, h, "/instances")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, rowOf(t, r.body, backingOff), `<td class="num">3/3</td>`)
+	require.Contains(t, rowOf(t, r.body, reaped), `<td class="num">3/3</td>`)
+
+	r = get(t, h, fmt.Sprintf("/instances/%d", backingOff))
+	require.Contains(t, r.body, `<dd id="attempt">3 of 3</dd>`)
+	require.Contains(t, r.body, `<td>wait</td><td class="num">1</td><td>error</td><td class="err"><pre>first failure</pre>`)
+	require.Contains(t, r.body, `<td>wait</td><td class="num">2</td><td>error</td><td class="err"><pre>second failure</pre>`)
+	require.Contains(t, r.body, "step wait, attempt 1 (error): first failure")
+	require.Contains(t, r.body, "step wait, attempt 2 (error): second failure")
+	require.Contains(t, r.body, "last update: runnable at step wait, attempt 3 of 3")
+	require.NotContains(t, r.body, "attempt 0")
+
+	r = get(t, h, fmt.Sprintf("/instances/%d", reaped))
+	require.Contains(t, r.body, `<dd id="attempt">3 of 3</dd>`)
+	require.NotContains(t, r.body, "4 of 3")
+}
+
+// rowOf is the list page's row of instance id.
+func rowOf(t *testing.T, body string, id int64) string {
+	t.Helper()
+	_, rest, ok := strings.Cut(body, fmt.Sprintf(`<tr data-instance-id="%d">`, id))
+	require.True(t, ok, "no row for %d", id)
+	row, _, _ := strings.Cut(rest, "</tr>")
+	return row
+}
+
+// TestRunNowAction: a scheduled or backing-off instance's page offers "Run
+// now" (confirmed first); the POST makes it eligible now with its attempt
+// count kept, is audit-logged, and is refused with a clear 409 for an
+// instance not waiting to run and a 404 for a missing one. Read-only
+// dashboards offer no such form (the route matrix checks the POST).
+func TestRunNowAction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t) // not started: nothing picks the instances up
+	h, logs := e.handler(dashboard.Options{})
+	ctx := context.Background()
+	eligibleNow := func(id int64) bool {
+		return e.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND eligible_at <= now()`, id) == 1
+	}
+
+	scheduled := e.insertOrder(Order{Item: "later"}, gendurable.InsertOpts{RunIn: time.Hour})
+	r := get(t, h, fmt.Sprintf("/instances/%d", scheduled))
+	require.Contains(t, r.body, fmt.Sprintf(`action="/instances/%d/run-now" class="action" data-confirm="Run instance %d now rather than at `, scheduled, scheduled))
+	require.Contains(t, r.body, `id="run-now"`)
+	require.NotContains(t, r.body, "backing off before")
+	r = post(t, h, fmt.Sprintf("/instances/%d/run-now", scheduled), nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.Equal(t, fmt.Sprintf("/instances/%d?flash=ran-now", scheduled), r.header.Get("Location"))
+	require.True(t, eligibleNow(scheduled))
+	require.Contains(t, logs.String(), `msg="dashboard audit: run-now" action=run-now outcome=ok status=303`)
+	require.Contains(t, logs.String(), fmt.Sprintf(`path=/instances/%d/run-now id=%d`, scheduled, scheduled))
+	r = get(t, h, fmt.Sprintf("/instances/%d?flash=ran-now", scheduled))
+	require.Contains(t, r.body, "Eligible now: the next worker that polls its queue runs it")
+	require.NotContains(t, r.body, `id="run-now"`, "eligible already: nothing to offer")
+	r = post(t, h, fmt.Sprintf("/instances/%d/run-now", scheduled), nil)
+	require.Equal(t, http.StatusSeeOther, r.code, "already eligible: left as it is")
+
+	// Backing off before its third attempt: the attempt count is kept.
+	backingOff := e.insertOrder(Order{Item: "retrying"}, gendurable.InsertOpts{MaxAttempts: 5})
+	_, err := e.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.gendurable_instances SET attempt = 2, eligible_at = now() + interval '10 minutes' WHERE id = $1`, e.schema), backingOff)
+	require.NoError(t, err)
+	r = get(t, h, fmt.Sprintf("/instances/%d", backingOff))
+	require.Contains(t, r.body, "backing off before attempt 3.")
+	r = post(t, h, fmt.Sprintf("/instances/%d/run-now", backingOff), nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.True(t, eligibleNow(backingOff))
+	require.Equal(t, 2, e.instance(backingOff).Attempt)
+
+	// Not waiting to run: 409 with what the action is for; nothing changes.
+	failed := e.failed()
+	r = get(t, h, fmt.Sprintf("/instances/%d", failed))
+	require.NotContains(t, r.body, `id="run-now"`)
+	r = post(t, h, fmt.Sprintf("/instances/%d/run-now", failed), nil)
+	require.Equal(t, http.StatusConflict, r.code)
+	require.Contains(t, r.body, "Only a runnable instance waiting for a later time (scheduled, or backing off before its next attempt) can be run now")
+	require.NotContains(t, r.body, "gendurable:")
+	require.Equal(t, gendurable.StatusFailed, e.instance(failed).Status)
+	require.Contains(t, logs.String(), `action=run-now outcome=refused status=409`)
+
+	r = post(t, h, "/instances/999999999/run-now", nil)
+	require.Equal(t, http.StatusNotFound, r.code)
+	r = post(t, h, "/instances/abc/run-now", nil)
+	require.Equal(t, http.StatusNotFound, r.code)
+
+	ro, _ := e.handler(dashboard.Options{ReadOnly: true})
+	later := e.insertOrder(Order{Item: "ro"}, gendurable.InsertOpts{RunIn: time.Hour})
+	r = get(t, ro, fmt.Sprintf("/instances/%d", later))
+	require.NotContains(t, r.body, "run-now")
+	r = post(t, ro, fmt.Sprintf("/instances/%d/run-now", later), nil)
+	require.Equal(t, http.StatusForbidden, r.code)
+	require.False(t, eligibleNow(later))
 }

@@ -1,9 +1,11 @@
 package dashboard_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
 
+	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
 	"github.com/stretchr/testify/require"
 )
@@ -25,4 +27,42 @@ func TestPauseRefusesUnknownQueue(t *testing.T) {
 	r := post(t, h, "/queues/default/pause", nil) // the engine's own queue
 	require.Equal(t, http.StatusSeeOther, r.code)
 	require.True(t, e.queuePaused("default"))
+}
+
+// TestStandaloneKnowsStoredMachines: a dashboard whose engine registers no
+// machine (a standalone `gendurable ui`) counts the machines the engines
+// stored on the queues page and offers them in the list's machine filter;
+// on a schema without the machines table (migrated before version 7) both
+// pages fall back to the machines registered in their own engine, with a
+// warning, instead of failing.
+func TestStandaloneKnowsStoredMachines(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start()
+	require.NoError(t, e.eng.Stop(context.Background()))
+	bare, err := gendurable.New(e.pool, &gendurable.Config{Schema: e.schema})
+	require.NoError(t, err)
+	h, err := dashboard.New(bare, dashboard.Options{AllowedHosts: []string{"example.com"}})
+	require.NoError(t, err)
+
+	r := get(t, h, "/")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `<span id="machine-count">3 machine(s)</span>`)
+	r = get(t, h, "/instances")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `<datalist id="machines"><option value="batch"><option value="flaky"><option value="order"></datalist>`)
+
+	_, err = e.pool.Exec(context.Background(), `DROP TABLE "`+e.schema+`".gendurable_machines`)
+	require.NoError(t, err)
+	own, logs := e.handler(dashboard.Options{})
+	r = get(t, own, "/")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `<span id="machine-count">3 machine(s)</span>`)
+	r = get(t, own, "/instances")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `<option value="order">`)
+	require.Contains(t, logs.String(), "reading the stored machines failed")
+	r = get(t, h, "/")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `<span id="machine-count">0 machine(s)</span>`)
 }

@@ -46,6 +46,8 @@ func parsePages(d *dashboard) (pages, error) {
 		"live":     func(s gendurable.Status) bool { return !s.Terminal() },
 		"trunc":    truncate,
 		"add":      func(a, b int) int { return a + b },
+		"attempt":  shownAttempt,
+		"maxTP":    func() int { return gendurable.MaxThroughputRows },
 	}
 	out := pages{}
 	for _, name := range pageNames {
@@ -56,6 +58,20 @@ func parsePages(d *dashboard) (pages, error) {
 		out[name] = t
 	}
 	return out, nil
+}
+
+// shownAttempt is an attempt as the pages show it: counted from 1 ("attempt
+// 1 of 3" is the first run), as the CLI shows it; the Go API and JSON count
+// from 0, the failed attempts before this run. Given max attempts, it is at
+// most that: an instance whose last lease expired is failed with its
+// attempt count at max (the reaper counts the expired one, docs/design.md
+// §4), and its last run shows as "3 of 3", not "4 of 3".
+func shownAttempt(attempt int, maxAttempts ...int) int {
+	n := attempt + 1
+	if len(maxAttempts) > 0 && maxAttempts[0] > 0 && n > maxAttempts[0] {
+		n = maxAttempts[0]
+	}
+	return n
 }
 
 var allStatuses = []gendurable.Status{
@@ -98,6 +114,7 @@ type view struct {
 	Flash    string
 	User     string
 	Now      time.Time
+	Refresh  refreshLinks
 	Data     any
 }
 
@@ -107,6 +124,7 @@ func (d *dashboard) render(w http.ResponseWriter, r *http.Request, code int, pag
 	v := view{Title: title, AppTitle: d.opts.Title, Nav: nav, ReadOnly: d.opts.ReadOnly, User: userOf(r), Now: time.Now(), Data: data}
 	if code < 300 {
 		v.Flash = flashOf(r)
+		v.Refresh = d.refreshLinks(r)
 	}
 	var buf bytes.Buffer
 	if err := d.pages[page].Execute(&buf, v); err != nil {

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	cdplog "github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
@@ -75,6 +76,9 @@ type chargeArgs struct {
 	Amount int `json:"amount"`
 }
 
+// panicAmount makes the charge job panic.
+const panicAmount = 666
+
 // world is the engine, the dashboard server and the browser of a test.
 type world struct {
 	t      *testing.T
@@ -123,6 +127,9 @@ func setup(t *testing.T) *world {
 		Name:        "charge",
 		MaxAttempts: 1,
 		Perform: func(ctx context.Context, j *gendurable.Run[chargeArgs]) error {
+			if j.State.Amount == panicAmount {
+				panic("<b>gateway</b> exploded")
+			}
 			if w.fail.Load() {
 				return errors.New("card declined by the gateway")
 			}
@@ -407,6 +414,19 @@ func TestDashboardInBrowser(t *testing.T) {
 		w.screenshot("04-instance-retried-done")
 	})
 
+	t.Run("run a scheduled instance now", func(t *testing.T) {
+		w.t = t
+		later := w.insert(w.charge.New(chargeArgs{Amount: 5}).With(gendurable.InsertOpts{RunIn: time.Hour})) // charges succeed since the retry
+		w.navigate(fmt.Sprintf("/instances/%d", later), 200)
+		require.Contains(t, w.text("h1"), "runnable")
+		require.Contains(t, w.text("#attempt"), "1 of ", "attempts are shown from 1")
+		w.submit(chromedp.Click(chromedp.CSS("#run-now")))
+		require.Contains(t, w.text(".flash"), "Eligible now")
+		w.waitStatus(later, gendurable.StatusDone)
+		w.navigate(fmt.Sprintf("/instances/%d", later), 200)
+		require.Equal(t, 0, w.count("#run-now"))
+	})
+
 	t.Run("send a signal and see it wake", func(t *testing.T) {
 		w.t = t
 		w.navigate(fmt.Sprintf("/instances/%d", banana), 200)
@@ -473,6 +493,164 @@ func TestDashboardInBrowser(t *testing.T) {
 		w.navigate("/instances/987654321", 404)
 		require.Contains(t, w.text(".error-page"), "Not found")
 		w.screenshot("11-not-found")
+	})
+
+	w.t = t
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	require.Empty(t, w.problems, "the pages logged errors (CSP violations, script errors)")
+}
+
+// TestDashboardDepthInBrowser: the throughput chart, auto-refresh that
+// swaps the page in place and pauses while rows are ticked, bulk retry and
+// cancel (ticked rows and by filter), search by state content, and the
+// detail page's timeline, unique key and collapsed panic stack trace; then
+// the same pages with JavaScript off.
+func TestDashboardDepthInBrowser(t *testing.T) {
+	w := setup(t)
+	var charges []int64
+	for i := range 3 {
+		charges = append(charges, w.insert(w.charge.New(chargeArgs{Amount: 100 + i})))
+	}
+	boom := w.insert(w.charge.New(chargeArgs{Amount: panicAmount}).With(gendurable.InsertOpts{UniqueKey: "charge-<666>"}))
+	var orders []int64
+	for _, item := range []string{"apple", "banana", "cherry"} {
+		orders = append(orders, w.insert(w.order.New(Order{Item: item})))
+	}
+	for _, id := range append(charges, boom) {
+		w.waitStatus(id, gendurable.StatusFailed)
+	}
+	for _, id := range orders {
+		w.waitStatus(id, gendurable.StatusAwaitingSignal)
+	}
+	eval := func(expr string) bool {
+		t := w.t
+		t.Helper()
+		v, err := chromedp.Run(w.ctx, chromedp.Evaluate[bool](expr))
+		require.NoError(t, err, expr)
+		return v
+	}
+
+	t.Run("throughput chart", func(t *testing.T) {
+		w.t = t
+		w.navigate("/", 200)
+		require.Equal(t, 1, w.count("svg#throughput"))
+		require.GreaterOrEqual(t, w.count("svg#throughput rect.failed"), 1, "this minute's failures")
+		require.Contains(t, w.text(".chart-card h2"), "(0 done, 4 failed)")
+		w.screenshot("12-queues-throughput")
+	})
+
+	t.Run("auto-refresh swaps the list in place and pauses while rows are ticked", func(t *testing.T) {
+		w.t = t
+		w.navigate("/instances?machine=charge&refresh=2", 200)
+		require.Equal(t, 4, w.count("tr[data-instance-id]"))
+		require.True(t, eval("(window.__stay = true)"))
+		fresh := w.insert(w.charge.New(chargeArgs{Amount: 1}))
+		require.Eventually(t, func() bool { return w.count(fmt.Sprintf(`tr[data-instance-id="%d"]`, fresh)) == 1 },
+			10*time.Second, 100*time.Millisecond, "the new row never showed up")
+		require.True(t, eval("window.__stay === true"), "swapped in place, not reloaded")
+		require.True(t, eval(`document.documentElement.hasAttribute("data-refreshed")`))
+		w.waitStatus(fresh, gendurable.StatusFailed)
+
+		// Ticking a row pauses it: a newer instance does not appear.
+		w.run(chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-instance-id="%d"] input[data-bulk]`, charges[0]))))
+		later := w.insert(w.charge.New(chargeArgs{Amount: 2}))
+		w.run(chromedp.Sleep(5 * time.Second)) // two refresh periods and more
+		require.Equal(t, 0, w.count(fmt.Sprintf(`tr[data-instance-id="%d"]`, later)))
+		require.Contains(t, w.text(".refresh-state"), "paused while rows are selected")
+		require.Equal(t, "1", w.text("[data-bulk-count]"))
+		w.screenshot("13-instances-refresh-paused")
+		w.waitStatus(later, gendurable.StatusFailed)
+	})
+
+	t.Run("bulk retry of ticked rows", func(t *testing.T) {
+		w.t = t
+		w.fail.Store(false) // the retried charges succeed
+		w.navigate("/instances?machine=charge&status=failed", 200)
+		for _, id := range charges[:2] {
+			w.run(chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-instance-id="%d"] input[data-bulk]`, id))))
+		}
+		require.Equal(t, "2", w.text("[data-bulk-count]"))
+		w.screenshot("14-instances-ticked")
+		w.submit(chromedp.Click(chromedp.CSS("#bulk-retry")))
+		require.Contains(t, w.text(".flash"), "Retried 2 instance(s).")
+		require.Contains(t, w.location(), "machine=charge")
+		require.NotContains(t, w.location(), "flash=")
+		for _, id := range charges[:2] {
+			w.waitStatus(id, gendurable.StatusDone)
+		}
+		require.Equal(t, gendurable.StatusFailed, w.instance(charges[2]).Status, "not ticked")
+	})
+
+	t.Run("bulk cancel by filter", func(t *testing.T) {
+		w.t = t
+		w.navigate("/instances?machine=order&status=awaiting_signal", 200)
+		require.Equal(t, 3, w.count("tr[data-instance-id]"))
+		w.run(chromedp.SetValue(chromedp.CSS(`#bulk-form input[name="reason"]`), "closing the shop"))
+		w.submit(chromedp.Click(chromedp.CSS("#bulk-cancel-match")))
+		require.Contains(t, w.text(".flash"), "Cancelled 3 instance(s).")
+		for _, id := range orders {
+			in := w.waitStatus(id, gendurable.StatusFailed)
+			require.Equal(t, "closing the shop", in.Errors[len(in.Errors)-1].Error)
+		}
+		require.Equal(t, 0, w.count("tr[data-instance-id]"), "none awaits any more")
+		w.screenshot("15-instances-bulk-cancelled")
+	})
+
+	t.Run("search by state content", func(t *testing.T) {
+		w.t = t
+		w.navigate("/instances", 200)
+		w.run(chromedp.SetValue(chromedp.CSS(`input[name="state"]`), `{"item": "banana"}`))
+		w.submit(chromedp.Click(chromedp.CSS(`form.filters button[type="submit"]`)))
+		require.Equal(t, 1, w.count("tr[data-instance-id]"))
+		require.Equal(t, 1, w.count(fmt.Sprintf(`tr[data-instance-id="%d"]`, orders[1])))
+		w.screenshot("16-instances-state-search")
+	})
+
+	t.Run("detail: timeline, unique key, panic stack", func(t *testing.T) {
+		w.t = t
+		w.navigate(fmt.Sprintf("/instances/%d", boom), 200)
+		require.Equal(t, "charge-<666>", w.text("#unique-key"))
+		require.Equal(t, 1, w.count("svg#timeline"))
+		require.Equal(t, 1, w.count(`svg#timeline circle[data-kind="panic"]`))
+		require.Equal(t, 1, w.count(`svg#timeline circle[data-kind="failed"]`))
+		require.Contains(t, w.text("td.err pre"), "panic: <b>gateway</b> exploded", "shown as text")
+		require.Equal(t, 0, w.count("td.err b"), "never as markup")
+		require.False(t, eval(`document.querySelector("details.stack").open`), "collapsed")
+		w.run(chromedp.Click(chromedp.CSS("details.stack summary")))
+		stack := w.text("details.stack pre")
+		require.True(t, strings.HasPrefix(stack, "goroutine "), stack)
+		require.Contains(t, stack, "dashboard_test.go")
+		w.screenshot("17-instance-panic-timeline")
+
+		// Auto-refresh keeps the opened stack open.
+		w.navigate(fmt.Sprintf("/instances/%d?refresh=2", boom), 200)
+		w.run(chromedp.Click(chromedp.CSS("details.stack summary")))
+		require.True(t, eval("(window.__stay = true)"))
+		w.run(chromedp.Sleep(2500 * time.Millisecond))
+		require.Eventually(t, func() bool { return eval(`document.documentElement.hasAttribute("data-refreshed")`) },
+			5*time.Second, 100*time.Millisecond)
+		require.True(t, eval(`window.__stay === true && document.querySelector("details.stack").open`))
+	})
+
+	t.Run("without JavaScript", func(t *testing.T) {
+		w.t = t
+		_, err := chromedp.Call(w.ctx, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: true})
+		require.NoError(t, err)
+		defer func() {
+			_, err := chromedp.Call(w.ctx, emulation.SetScriptExecutionDisabled, emulation.SetScriptExecutionDisabledParams{Value: false})
+			require.NoError(t, err)
+		}()
+		w.navigate("/instances?machine=charge&status=failed&refresh=5", 200)
+		require.Equal(t, 1, w.count(`noscript`))
+		rows := w.count("tr[data-instance-id]")
+		require.GreaterOrEqual(t, rows, 2)
+		// The bulk form works as a plain form: no prompt, no count.
+		w.run(chromedp.Click(chromedp.CSS(fmt.Sprintf(`tr[data-instance-id="%d"] input[data-bulk]`, charges[2]))))
+		w.submit(chromedp.Click(chromedp.CSS("#bulk-retry")))
+		require.Contains(t, w.text(".flash"), "Retried 1 instance(s).")
+		w.waitStatus(charges[2], gendurable.StatusDone)
+		w.screenshot("18-instances-no-javascript")
 	})
 
 	w.t = t

@@ -53,7 +53,7 @@ func Down(ctx context.Context, db DB, schema string) (Result, error) {
 func To(ctx context.Context, db DB, schema string, target int) (Result, error) {
 	from, applied, err := sqlq.Migrate(ctx, db, schema, target)
 	if err != nil {
-		return Result{From: from, To: from}, fmt.Errorf("gendurable migrate %q to %d: %w", schema, target, err)
+		return Result{From: from, To: from}, fmt.Errorf("gendurable: migrate %q to %d: %w", schema, target, err)
 	}
 	return Result{From: from, To: target, Applied: applied}, nil
 }
@@ -62,7 +62,7 @@ func To(ctx context.Context, db DB, schema string, target int) (Result, error) {
 func Installed(ctx context.Context, db DB, schema string) (int, error) {
 	v, err := sqlq.InstalledVersion(ctx, db, schema)
 	if err != nil {
-		return 0, fmt.Errorf("gendurable migrate: read installed version of %q: %w", schema, err)
+		return 0, fmt.Errorf("gendurable: migrate: read installed version of %q: %w", schema, err)
 	}
 	return v, nil
 }
@@ -76,7 +76,7 @@ func SQL(schema string, from, to int) (string, error) {
 	}
 	latest := Latest()
 	if from < 0 || to < 0 || from > latest || to > latest {
-		return "", fmt.Errorf("gendurable migrate: versions must be within 0..%d", latest)
+		return "", fmt.Errorf("gendurable: migrate: versions must be within 0..%d", latest)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS \"%s\";\n", schema)

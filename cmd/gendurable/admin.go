@@ -7,7 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -33,13 +36,20 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.json, "json", false, "print JSON")
 }
 
-// engine opens a pool and an insert-only engine for admin calls.
-func (c *common) engine(ctx context.Context) (*gendurable.Engine, func(), error) {
-	pool, err := pgxpool.New(ctx, databaseURL(c.dbURL))
+// engine opens a pool and an insert-only engine for admin calls. Its
+// Logger writes the library's audit lines of mutations (retries, cancels,
+// queue changes, ...) to stderr, as text or, with --json, JSON lines, with
+// via=cli and the operating-system user.
+func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engine, func(), error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL(c.dbURL))
+	if err != nil {
+		return nil, nil, usageError{msg: fmt.Sprintf("database URL: %v", err)}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	eng, err := gendurable.New(pool, &gendurable.Config{Schema: c.schema})
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: c.schema, Logger: c.logger(stderr)})
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -47,43 +57,115 @@ func (c *common) engine(ctx context.Context) (*gendurable.Engine, func(), error)
 	return eng, pool.Close, nil
 }
 
+// logger is the CLI's audit logger (see engine).
+func (c *common) logger(stderr io.Writer) *slog.Logger {
+	var h slog.Handler = slog.NewTextHandler(stderr, nil)
+	if c.json {
+		h = slog.NewJSONHandler(stderr, nil)
+	}
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	return slog.New(h).With("via", "cli", "user", name)
+}
+
 // parse parses flags that may come before or after the positional
 // arguments, and checks the number of positional arguments.
 func parse(fs *flag.FlagSet, args []string, positional ...string) ([]string, error) {
+	pos, err := parseAll(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) != len(positional) {
+		what := "no arguments"
+		if len(positional) > 0 {
+			what = strings.Join(positional, " ")
+		}
+		return nil, usageError{msg: fmt.Sprintf("%s takes %s, got %d argument(s)", fs.Name(), what, len(pos)), help: true}
+	}
+	return pos, nil
+}
+
+// parseAll parses flags that may come before or after positional
+// arguments and returns the positional ones.
+func parseAll(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		if fs.NArg() == 0 {
-			break
+			return pos, nil
 		}
 		pos = append(pos, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
-	if len(pos) != len(positional) {
-		return nil, usageError{fmt.Sprintf("%s takes %s", fs.Name(), strings.Join(positional, " "))}
-	}
-	return pos, nil
 }
 
 func parseID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 {
-		return 0, usageError{fmt.Sprintf("%q is not an instance id", s)}
+		return 0, usageError{msg: fmt.Sprintf("%q is not an instance id", s), help: true}
 	}
 	return id, nil
 }
 
+// filterFlags are list's filters, shared by list and the bulk retry and
+// cancel.
+type filterFlags struct {
+	f      gendurable.ListFilter
+	status string
+	since  time.Duration
+}
+
+func (ff *filterFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&ff.f.Queue, "queue", "", "only this queue")
+	fs.StringVar(&ff.status, "status", "", "only this status (runnable, executing, awaiting_signal, awaiting_children, done, failed)")
+	fs.StringVar(&ff.f.Machine, "machine", "", "only this machine")
+	fs.StringVar(&ff.f.Step, "step", "", "only instances at this step")
+	fs.StringVar(&ff.f.Search, "search", "", "an exact instance id, partition key or unique key (index lookups)")
+	fs.DurationVar(&ff.since, "since", 0, "only instances inserted within this long (e.g. 30m, 2h)")
+	fs.IntVar(&ff.f.MaxScan, "scan", gendurable.DefaultListScan, fmt.Sprintf("look at no more than this many instances per statement (at most %d)", gendurable.MaxListScan))
+}
+
+// filter checks the flags and returns the filter they describe.
+func (ff *filterFlags) filter(cmd string) (gendurable.ListFilter, error) {
+	f := ff.f
+	f.Status = gendurable.Status(ff.status)
+	switch {
+	case ff.status != "" && !slices.Contains(statuses, f.Status):
+		return f, usageError{msg: fmt.Sprintf("%s: --status %q is not a status (want one of %s)", cmd, ff.status, statusList()), help: true}
+	case ff.since < 0:
+		return f, usageError{msg: fmt.Sprintf("%s: --since %s is negative", cmd, ff.since), help: true}
+	case f.MaxScan < 1 || f.MaxScan > gendurable.MaxListScan:
+		return f, usageError{msg: fmt.Sprintf("%s: --scan must be within 1..%d", cmd, gendurable.MaxListScan), help: true}
+	}
+	if ff.since > 0 {
+		f.From = time.Now().Add(-ff.since)
+	}
+	return f, nil
+}
+
+var statuses = []gendurable.Status{gendurable.StatusRunnable, gendurable.StatusExecuting, gendurable.StatusAwaitingSignal,
+	gendurable.StatusAwaitingChildren, gendurable.StatusDone, gendurable.StatusFailed}
+
+func statusList() string {
+	s := make([]string, len(statuses))
+	for i, st := range statuses {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
+}
+
 func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("status")
 	var c common
 	c.register(fs)
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	eng, done, err := c.engine(ctx)
+	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err
 	}
@@ -106,30 +188,28 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 }
 
 func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("list", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("list")
 	var c common
 	c.register(fs)
-	var f gendurable.ListFilter
-	var status string
-	var since time.Duration
-	fs.StringVar(&f.Queue, "queue", "", "only this queue")
-	fs.StringVar(&status, "status", "", "only this status (runnable, executing, awaiting_signal, awaiting_children, done, failed)")
-	fs.StringVar(&f.Machine, "machine", "", "only this machine")
-	fs.StringVar(&f.Step, "step", "", "only instances at this step")
-	fs.StringVar(&f.Search, "search", "", "an exact instance id, partition key or unique key (index lookups)")
-	fs.DurationVar(&since, "since", 0, "only instances inserted within this long")
-	fs.IntVar(&f.Limit, "limit", 50, fmt.Sprintf("rows (at most %d)", gendurable.MaxListLimit))
-	fs.Int64Var(&f.Before, "before", 0, "page: only ids below this (the previous page's next_before)")
-	fs.IntVar(&f.MaxScan, "scan", gendurable.DefaultListScan, fmt.Sprintf("look at no more than this many instances (at most %d)", gendurable.MaxListScan))
+	var ff filterFlags
+	ff.register(fs)
+	limit := fs.Int("limit", 50, fmt.Sprintf("rows (at most %d)", gendurable.MaxListLimit))
+	before := fs.Int64("before", 0, "page: only ids below this (the previous page's next_before)")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	f.Status = gendurable.Status(status)
-	if since > 0 {
-		f.From = time.Now().Add(-since)
+	f, err := ff.filter("list")
+	if err != nil {
+		return err
 	}
-	eng, done, err := c.engine(ctx)
+	switch {
+	case *limit < 1 || *limit > gendurable.MaxListLimit:
+		return usageError{msg: fmt.Sprintf("list: --limit must be within 1..%d", gendurable.MaxListLimit), help: true}
+	case *before < 0:
+		return usageError{msg: "list: --before must not be negative", help: true}
+	}
+	f.Limit, f.Before = *limit, *before
+	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err
 	}
@@ -145,7 +225,7 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintln(tw, "ID\tMACHINE\tQUEUE\tSTEP\tSTATUS\tATTEMPT\tINSERTED\tLAST ERROR")
 	for _, in := range page.Instances {
 		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, printable(in.Machine), in.Version, printable(in.Queue), printable(in.Step), printable(string(in.Status)),
-			in.Attempt, in.MaxAttempts, in.InsertedAt.Local().Format(time.DateTime), oneLine(in.LastError, 60))
+			shownAttempt(in.Attempt, in.MaxAttempts), in.MaxAttempts, in.InsertedAt.Local().Format(time.DateTime), oneLine(in.LastError, 60))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -160,8 +240,7 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("show", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("show")
 	var c common
 	c.register(fs)
 	pos, err := parse(fs, args, "ID")
@@ -172,7 +251,7 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	eng, done, err := c.engine(ctx)
+	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err
 	}
@@ -186,7 +265,7 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	p := printable
 	fmt.Fprintf(stdout, "instance %d  %s@%d  queue %s\n", d.ID, p(d.Machine), d.Version, p(d.Queue))
-	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", p(string(d.Status)), p(d.Step), d.Attempt, d.MaxAttempts)
+	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", p(string(d.Status)), p(d.Step), shownAttempt(d.Attempt, d.MaxAttempts), d.MaxAttempts)
 	fmt.Fprintf(stdout, "waiting  %s\n", p(d.Wait.Summary))
 	if d.PartitionKey != "" {
 		fmt.Fprintf(stdout, "key      %s\n", p(d.PartitionKey))
@@ -199,7 +278,8 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "result   %s\n", p(string(d.Result)))
 	}
 	for _, e := range d.Errors {
-		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), p(e.Step), e.Attempt, p(e.Kind), oneLine(e.Error, 200))
+		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), p(e.Step), shownAttempt(e.Attempt, 0), p(e.Kind), oneLine(e.Error, 200))
+		printStack(stdout, e.Stack)
 	}
 	for _, s := range d.Signals {
 		consumed := "pending"
@@ -214,30 +294,123 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return nil
 }
 
-// idCmd runs a command that acts on one instance id.
-func idCmd(name string, act func(ctx context.Context, eng *gendurable.Engine, id int64, fs *flag.FlagSet) (string, error), extra func(fs *flag.FlagSet)) func(context.Context, []string, io.Writer, io.Writer) error {
-	return func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-		fs := flag.NewFlagSet(name, flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		var c common
-		c.register(fs)
-		if extra != nil {
-			extra(fs)
+// Bounds of a panic's stack trace as show prints it; show --json has the
+// whole trace (the engine keeps at most 8 KiB of it).
+const (
+	maxStackLines    = 40
+	maxStackLineText = 200
+)
+
+// printStack writes a panic's stack trace (StepError.Stack) under its error
+// line: "stack" and then one indented line per line of the trace (a leading
+// tab as four spaces), each at most maxStackLineText bytes and made
+// printable like every value show prints, at most maxStackLines lines and
+// then how many were left out. Nothing for an empty stack.
+func printStack(w io.Writer, stack string) {
+	stack = strings.TrimRight(stack, "\n")
+	if stack == "" {
+		return
+	}
+	lines := strings.Split(stack, "\n")
+	label := "stack    "
+	for i, line := range lines {
+		if i == maxStackLines {
+			fmt.Fprintf(w, "         … %d more lines (show --json has the whole trace)\n", len(lines)-i)
+			return
 		}
-		pos, err := parse(fs, args, "ID")
-		if err != nil {
+		indent := ""
+		for strings.HasPrefix(line, "\t") {
+			indent, line = indent+"    ", line[1:]
+		}
+		fmt.Fprintf(w, "%s%s%s\n", label, indent, oneLine(line, maxStackLineText))
+		label = "         "
+	}
+}
+
+// shownAttempt is an attempt as the CLI (and the dashboard) shows it:
+// counted from 1, where the API and JSON count from 0; at most maxAttempts
+// when that is positive, since an instance failed after its last lease
+// expired has counted that attempt too (attempt = max attempts in the row)
+// and its last run is "3 of 3", not "4 of 3".
+func shownAttempt(attempt, maxAttempts int) int {
+	if maxAttempts > 0 && attempt+1 > maxAttempts {
+		return maxAttempts
+	}
+	return attempt + 1
+}
+
+// retryCmd: retry ID, retry ID ID..., or retry FILTER.
+func retryCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return bulkCmd(ctx, "retry", args, stdout, stderr)
+}
+
+// cancelCmd: cancel ID, cancel ID ID..., or cancel FILTER, with --reason.
+func cancelCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return bulkCmd(ctx, "cancel", args, stdout, stderr)
+}
+
+// bulkCmd is retry and cancel: one id keeps the single call's exit codes
+// (3 not found, 4 conflict); several ids or a filter act in bulk and print
+// counts. A filter asks for confirmation on a terminal, and needs --yes
+// elsewhere.
+func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags(name)
+	var c common
+	c.register(fs)
+	var ff filterFlags
+	ff.register(fs)
+	all := fs.Bool("all", false, "with no filter: act on every instance ("+map[string]string{"retry": "every failed one", "cancel": "every live one"}[name]+")")
+	yes := fs.Bool("yes", false, "do not ask before acting on a filter (needed when stdin is not a terminal)")
+	var reason *string
+	if name == "cancel" {
+		reason = fs.String("reason", "cancelled from the CLI", "recorded in each instance's error history")
+	}
+	pos, err := parseAll(fs, args)
+	if err != nil {
+		return err
+	}
+	f, err := ff.filter(name)
+	if err != nil {
+		return err
+	}
+	filtered := f.Queue != "" || f.Status != "" || f.Machine != "" || f.Step != "" || f.Search != "" || ff.since > 0
+	switch {
+	case len(pos) > 0 && (filtered || *all):
+		return usageError{msg: fmt.Sprintf("%s: give instance ids or a filter, not both", name), help: true}
+	case len(pos) == 0 && !filtered && !*all:
+		return usageError{msg: fmt.Sprintf("%s needs instance ids, filter flags (those of list) or --all", name), help: true}
+	case len(pos) > gendurable.MaxBulkIDs:
+		return usageError{msg: fmt.Sprintf("%s: %d ids, at most %d at once (or use a filter)", name, len(pos), gendurable.MaxBulkIDs), help: true}
+	}
+	ids := make([]int64, len(pos))
+	for i, p := range pos {
+		if ids[i], err = parseID(p); err != nil {
 			return err
 		}
-		id, err := parseID(pos[0])
-		if err != nil {
+	}
+	cancelReason := ""
+	if reason != nil {
+		cancelReason = *reason
+	}
+	if len(ids) == 0 {
+		f.All = *all
+		if err := confirmBulk(name, f, *yes, stderr); err != nil {
 			return err
 		}
-		eng, done, err := c.engine(ctx)
-		if err != nil {
-			return err
+	}
+	eng, done, err := c.engine(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if len(ids) == 1 {
+		id := ids[0]
+		var msg string
+		if name == "retry" {
+			err, msg = eng.Retry(ctx, id), fmt.Sprintf("instance %d is runnable again", id)
+		} else {
+			err, msg = eng.Cancel(ctx, id, cancelReason), fmt.Sprintf("instance %d cancelled", id)
 		}
-		defer done()
-		msg, err := act(ctx, eng, id, fs)
 		if err != nil {
 			return err
 		}
@@ -247,23 +420,87 @@ func idCmd(name string, act func(ctx context.Context, eng *gendurable.Engine, id
 		_, err = fmt.Fprintln(stdout, msg)
 		return err
 	}
+	var res gendurable.BulkResult
+	switch {
+	case name == "retry" && len(ids) > 0:
+		res, err = eng.RetryMany(ctx, ids)
+	case name == "retry":
+		res, err = eng.RetryMatching(ctx, f)
+	case len(ids) > 0:
+		res, err = eng.CancelMany(ctx, ids, cancelReason)
+	default:
+		res, err = eng.CancelMatching(ctx, f, cancelReason)
+	}
+	if res.Matched > 0 || res.NotFound > 0 || err == nil {
+		// What was done is printed even when a later batch failed.
+		if c.json {
+			if perr := printJSON(stdout, res); perr != nil && err == nil {
+				err = perr
+			}
+		} else {
+			done := map[string]string{"retry": "retried", "cancel": "cancelled"}[name]
+			why := map[string]string{"retry": "not failed, or their unique key is held by a live instance", "cancel": "already finished"}[name]
+			fmt.Fprintf(stdout, "%s %d of %d matching instances; %d skipped (%s)", done, res.Changed, res.Matched, res.Skipped, why)
+			if res.NotFound > 0 {
+				fmt.Fprintf(stdout, "; %d ids not found", res.NotFound)
+			}
+			fmt.Fprintln(stdout)
+		}
+	}
+	return err
 }
 
-var retryCmd = idCmd("retry", func(ctx context.Context, eng *gendurable.Engine, id int64, _ *flag.FlagSet) (string, error) {
-	return fmt.Sprintf("instance %d is runnable again", id), eng.Retry(ctx, id)
-}, nil)
+// confirmBulk asks before a retry or cancel by filter: on a terminal it
+// prompts; elsewhere it needs --yes (exit 2).
+func confirmBulk(name string, f gendurable.ListFilter, yes bool, stderr io.Writer) error {
+	if yes {
+		return nil
+	}
+	what := map[string]string{"retry": "retry every failed instance", "cancel": "cancel every live instance"}[name]
+	q := fmt.Sprintf("%s matching %s", what, f)
+	if !benchrun.IsTerminal(os.Stdin) {
+		return usageError{msg: q + ": pass --yes to confirm (stdin is not a terminal to ask on)"}
+	}
+	ok, err := prompt(os.Stdin, stderr, q+"?")
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errAborted
+	}
+	return nil
+}
 
-var cancelReason string
-
-var cancelCmd = idCmd("cancel", func(ctx context.Context, eng *gendurable.Engine, id int64, _ *flag.FlagSet) (string, error) {
-	return fmt.Sprintf("instance %d cancelled", id), eng.Cancel(ctx, id, cancelReason)
-}, func(fs *flag.FlagSet) {
-	fs.StringVar(&cancelReason, "reason", "cancelled from the CLI", "recorded in the error history")
-})
+func runNowCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("run-now")
+	var c common
+	c.register(fs)
+	pos, err := parse(fs, args, "ID")
+	if err != nil {
+		return err
+	}
+	id, err := parseID(pos[0])
+	if err != nil {
+		return err
+	}
+	eng, done, err := c.engine(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := eng.RunNow(ctx, id); err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("instance %d is eligible now", id)
+	if c.json {
+		return printJSON(stdout, map[string]any{"id": id, "ok": true, "message": msg})
+	}
+	_, err = fmt.Fprintln(stdout, msg)
+	return err
+}
 
 func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("signal", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("signal")
 	var c common
 	c.register(fs)
 	payload := fs.String("payload", "", "JSON payload")
@@ -279,11 +516,11 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var p any
 	if *payload != "" {
 		if !json.Valid([]byte(*payload)) {
-			return usageError{"--payload is not valid JSON"}
+			return usageError{msg: "--payload is not valid JSON"}
 		}
 		p = json.RawMessage(*payload)
 	}
-	eng, done, err := c.engine(ctx)
+	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err
 	}
@@ -292,6 +529,7 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	c.logger(stderr).Info("gendurable: signal sent", "id", id, "name", pos[1], "signal_id", res.ID, "duplicate", res.Duplicate, "woke", res.Woke)
 	if c.json {
 		return printJSON(stdout, res)
 	}
@@ -309,8 +547,7 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) error {
 	name := map[bool]string{true: "pause", false: "resume"}[pause]
 	return func(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-		fs := flag.NewFlagSet(name, flag.ContinueOnError)
-		fs.SetOutput(stderr)
+		fs := newFlags(name)
 		var c common
 		c.register(fs)
 		create := fs.Bool("create", false, "accept a queue that has no instance and no row yet (creates its row)")
@@ -318,7 +555,7 @@ func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) 
 		if err != nil {
 			return err
 		}
-		eng, done, err := c.engine(ctx)
+		eng, done, err := c.engine(ctx, stderr)
 		if err != nil {
 			return err
 		}
@@ -339,18 +576,20 @@ func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) 
 
 // queueCmd is `queue remove NAME`: delete an empty queue's row.
 func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "remove" {
-		return usageError{"queue takes: remove QUEUE"}
-	}
-	fs := flag.NewFlagSet("queue remove", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("queue remove")
 	var c common
 	c.register(fs)
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		return helpRequest{fs}
+	}
+	if len(args) == 0 || args[0] != "remove" {
+		return usageError{msg: "queue takes: remove QUEUE", help: true}
+	}
 	pos, err := parse(fs, args[1:], "QUEUE")
 	if err != nil {
 		return err
 	}
-	eng, done, err := c.engine(ctx)
+	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err
 	}
@@ -366,15 +605,17 @@ func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("prune", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("prune")
 	var c common
 	c.register(fs)
-	retention := fs.Duration("retention", gendurable.DefaultRetention, "delete instances finished longer ago than this")
+	retention := fs.Duration("retention", gendurable.DefaultRetention, "delete instances finished longer ago than this (e.g. 72h)")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	eng, done, err := c.engine(ctx)
+	if *retention < 0 {
+		return usageError{msg: fmt.Sprintf("prune: --retention %s is negative", *retention), help: true}
+	}
+	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err
 	}
@@ -390,6 +631,7 @@ func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	c.logger(stderr).Info("gendurable: pruned", "deleted", n, "retention", retention.String())
 	if c.json {
 		return printJSON(stdout, map[string]any{"deleted": n, "retention": retention.String()})
 	}
@@ -398,8 +640,7 @@ func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("demo")
 	dbURL := fs.String("database-url", "", "PostgreSQL URL (default DATABASE_URL; unset: a private throwaway PostgreSQL)")
 	o := demo.Options{Out: stdout}
 	fs.StringVar(&o.Schema, "schema", "gendurable_demo", "the demo's own schema: created, marked, recreated on every run; an existing schema the demo did not create is refused")
@@ -409,6 +650,9 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&o.Workers, "workers", 3, "engines working the queue")
 	if _, err := parse(fs, args); err != nil {
 		return err
+	}
+	if o.Orders < 1 || o.Workers < 1 {
+		return usageError{msg: "demo: --orders and --workers must be positive", help: true}
 	}
 	o.Confirm = confirmer(stderr, *yes)
 	o.DatabaseURL = *dbURL
@@ -424,20 +668,49 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 // exitCode maps an error to the CLI's exit codes.
 func exitCode(err error) int {
-	var ue usageError
-	switch {
-	case err == nil:
+	switch errorCode(err) {
+	case "":
 		return exitOK
-	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp), errors.Is(err, scratch.ErrNotScratch):
+	case "usage", "invalid_input":
 		return exitUsage
-	case errors.Is(err, gendurable.ErrNotFound), errors.Is(err, gendurable.ErrUnknownQueue):
+	case "not_found":
 		return exitNotFound
-	case errors.Is(err, gendurable.ErrNotRetryable), errors.Is(err, gendurable.ErrNotCancellable), errors.Is(err, gendurable.ErrQueueNotEmpty),
-		errors.Is(err, gendurable.ErrUniqueConflict), errors.Is(err, gendurable.ErrInstanceFinished):
+	case "conflict":
 		return exitConflict
-	case errors.Is(err, gendurable.ErrInvalidSignal), errors.Is(err, gendurable.ErrInvalidConfig),
-		errors.Is(err, gendurable.ErrInvalidInput):
-		return exitUsage
 	}
 	return exitError
+}
+
+// errorCode is the "code" of an error in --json output: usage (the
+// command line is wrong), invalid_input (a value the library refused),
+// not_found, conflict, not_migrated, aborted (a confirmation answered no),
+// or error (anything else: the database is unreachable, ...).
+func errorCode(err error) string {
+	var ue usageError
+	is := func(targets ...error) bool {
+		for _, t := range targets {
+			if errors.Is(err, t) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &ue), is(flag.ErrHelp, scratch.ErrNotScratch):
+		return "usage"
+	case is(gendurable.ErrInvalidSignal, gendurable.ErrInvalidConfig, gendurable.ErrInvalidInput, gendurable.ErrInvalidSchema):
+		return "invalid_input"
+	case is(gendurable.ErrNotFound, gendurable.ErrUnknownQueue):
+		return "not_found"
+	case is(gendurable.ErrNotRetryable, gendurable.ErrNotCancellable, gendurable.ErrQueueNotEmpty, gendurable.ErrUniqueConflict,
+		gendurable.ErrInstanceFinished, gendurable.ErrNotDelayed):
+		return "conflict"
+	case is(gendurable.ErrNotMigrated):
+		return "not_migrated"
+	case is(errAborted):
+		return "aborted"
+	}
+	return "error"
 }

@@ -2,16 +2,19 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime/pprof"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/benchrun"
+	"github.com/gendurable/gendurable/internal/longhorizon"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -25,6 +28,38 @@ const (
 	exitConflict = 4 // the instance is not in a state that allows it
 )
 
+// command is one subcommand: how it is called and what it does.
+type command struct {
+	synopsis string // after "gendurable ", e.g. "show ID [flags]"
+	summary  string // one paragraph for --help
+	run      func(context.Context, []string, io.Writer, io.Writer) error
+}
+
+var commands map[string]command
+
+func init() {
+	commands = map[string]command{
+		"migrate": {"migrate up|down|status|print [flags]", "Install (up), remove (down: asks first, or --yes), inspect (status) or print (print: the SQL of every version) gendurable's tables in --schema.", migrateCmd},
+		"status":  {"status [flags]", "Instance counts by queue and status, with each queue's pause flag.", statusCmd},
+		"list":    {"list [filter flags] [flags]", "List instances, newest first, one page at a time. A page looks at no more than --scan instances; follow next_before (--before) for more.", listCmd},
+		"show":    {"show ID [flags]", "One instance: state, result, error history (a panic's stack trace, its first 40 lines; --json has it whole), signals, children, parent and what it waits for.", showCmd},
+		"retry": {"retry ID [ID...] | retry --queue Q --status failed ... (filter flags) | retry --all [flags]",
+			"Run failed instances again at the step they failed in, with a fresh attempt budget. By id (one, or up to 1000), or every failed instance a filter matches (the flags of list; asks first, or --yes). Prints how many were matched, retried and skipped.", retryCmd},
+		"cancel": {"cancel ID [ID...] | cancel (filter flags) | cancel --all [--reason R] [flags]",
+			"Fail live instances now, recording --reason in their error history; a worker running one of their steps is fenced out. By id (one, or up to 1000), or every live instance a filter matches (the flags of list; asks first, or --yes).", cancelCmd},
+		"run-now":  {"run-now ID [flags]", "Make a scheduled (RunAt, RunIn) or backing-off instance eligible now. Its attempt count is kept.", runNowCmd},
+		"signal":   {"signal ID NAME [--payload JSON] [--dedup-key K] [flags]", "Send a durable signal to an instance; it wakes if it awaits NAME.", signalCmd},
+		"pause":    {"pause QUEUE [--create] [flags]", "Stop every process from picking QUEUE (steps already running finish). An unknown queue is refused unless --create.", pauseCmd(true)},
+		"resume":   {"resume QUEUE [--create] [flags]", "Let every process pick QUEUE again. An unknown queue is refused unless --create.", pauseCmd(false)},
+		"queue":    {"queue remove QUEUE [flags]", "Delete the row (pause flag) of a queue that has no instances.", queueCmd},
+		"prune":    {"prune [--retention D] [flags]", "Delete finished (done or failed) instances that finished more than D ago, with their signals.", pruneCmd},
+		"ui":       {"ui [--addr A] [flags]", "Serve the dashboard. Beyond loopback it needs a bearer token or basic auth (--token-file, --basic-auth-file, or GENDURABLE_UI_TOKEN / GENDURABLE_UI_BASIC_AUTH).", uiCmd},
+		"demo":     {"demo [flags]", "Run the checkout demo in its own schema (on a private throwaway PostgreSQL if no database is given).", demoCmd},
+		"machines": {"machines [NAME] [flags]", "Every machine an engine stored when it started (name, versions, steps); with NAME, its graph: steps in declared order with instance counts, declared and taken transitions.", machinesCmd},
+		"bench":    {"bench [flags]", "Run a benchmark workload in bench's own schema (see BENCHMARKS.md).", benchCmd},
+	}
+}
+
 const usage = `usage: gendurable <command> [flags]
 
 commands:
@@ -32,21 +67,37 @@ commands:
   status                         instance counts by queue and status
   list                           list instances (filters: --queue --status --machine --step --search --since)
   show ID                        one instance: state, errors, signals, children, what it waits for
-  retry ID                       a failed instance runs again
-  cancel ID [--reason R]         fail a live instance now
+  retry ID... | retry FILTER     failed instances run again (FILTER: the flags of list, or --all)
+  cancel ID... | cancel FILTER   fail live instances now [--reason R]
+  run-now ID                     a scheduled or backing-off instance runs now
   signal ID NAME [--payload J]   send a signal
   pause QUEUE / resume QUEUE     stop or restart picking a queue, in every process
                                  (an unknown queue is refused unless --create)
   queue remove QUEUE             delete the row of a queue that has no instances
   prune [--retention D]          delete finished instances older than D
+  machines [NAME]                every machine stored by an engine at its start; with NAME, its graph:
+                                 steps in declared order with counts, declared and taken transitions
   ui [--addr A]                  serve the dashboard (credentials: --token-file, --basic-auth-file,
                                  or GENDURABLE_UI_TOKEN / GENDURABLE_UI_BASIC_AUTH; --allowed-host H)
   demo                           run the checkout demo (a throwaway PostgreSQL if no database is given)
-  bench                          run a benchmark workload (see gendurable bench -h)
+  bench                          run a benchmark workload (see gendurable bench -h; --long-horizon:
+                                 the long-horizon benchmark's adapter, configured by the environment)
 
-Every command takes --database-url, --schema (default public) and --json.
-Exit codes: 0 ok, 1 failure, 2 bad usage, 3 not found (instance, queue), 4 conflict (e.g. retry of
-a live instance, removing a queue that has instances).
+"gendurable <command> --help" shows a command's arguments and flags.
+Every database command takes --database-url, --schema (default public) and --json.
+
+With --json, output is JSON with snake_case names, and an error is {"error": {"code": ...,
+"message": ..., "exit_code": ...}} on stderr. Exit codes: 0 ok; 1 failure (code "error";
+"not_migrated": run gendurable migrate up; "aborted": a confirmation answered no); 2 bad usage
+or input ("usage", "invalid_input"); 3 not found ("not_found": instance, queue); 4 conflict
+("conflict": e.g. retry of a live instance, run-now of one not waiting to run, removing a queue
+that has instances).
+
+Attempts are shown counted from 1 ("attempt 1 of 3" is the first run; one failed after its
+last lease expired shows "3 of 3"); the JSON "attempt" fields count from 0, as the Go API does.
+
+Mutations (retry, cancel, run-now, signal, pause, resume, queue remove, prune) are logged to
+stderr, one line each (JSON with --json), with the operating-system user.
 
 The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
 `
@@ -57,28 +108,112 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
 	}
-	commands := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
-		"migrate": migrateCmd, "bench": benchCmd, "status": statusCmd, "list": listCmd, "show": showCmd,
-		"retry": retryCmd, "cancel": cancelCmd, "signal": signalCmd, "pause": pauseCmd(true),
-		"resume": pauseCmd(false), "queue": queueCmd, "prune": pruneCmd, "demo": demoCmd, "ui": uiCmd,
-	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		if len(args) > 1 {
+			if _, ok := commands[args[1]]; ok {
+				return run(ctx, []string{args[1], "--help"}, stdout, stderr)
+			}
+		}
 		fmt.Fprint(stdout, usage)
 		return exitOK
 	}
-	cmd := commands[args[0]]
-	if cmd == nil {
-		fmt.Fprintf(stderr, "gendurable: unknown command %q\n\n%s", args[0], usage)
-		return exitUsage
+	asJSON := wantsJSON(args[1:])
+	cmd, ok := commands[args[0]]
+	var err error
+	if !ok {
+		err = usageError{msg: fmt.Sprintf("unknown command %q (gendurable help lists them)", args[0])}
+	} else {
+		err = cmd.run(ctx, args[1:], stdout, stderr)
 	}
-	err := cmd(ctx, args[1:], stdout, stderr)
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintln(stderr, "gendurable:", printable(err.Error()))
+	var help helpRequest
+	if errors.As(err, &help) {
+		printHelp(stdout, args[0], help.fs)
+		return exitOK
+	}
+	if err != nil {
+		reportError(stderr, args[0], err, asJSON)
 	}
 	return exitCode(err)
 }
 
-type usageError struct{ msg string }
+// wantsJSON reports whether the command line asks for --json, so that even
+// an error in parsing it is reported as JSON.
+func wantsJSON(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-json", "--json", "-json=true", "--json=true", "-json=1", "--json=1":
+			return true
+		}
+	}
+	return false
+}
+
+// printHelp writes a command's synopsis, summary and flags.
+func printHelp(w io.Writer, name string, fs *flag.FlagSet) {
+	c := commands[name]
+	fmt.Fprintf(w, "usage: gendurable %s\n\n%s\n", c.synopsis, c.summary)
+	if fs != nil {
+		fmt.Fprintf(w, "\nflags:\n")
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+}
+
+// reportError writes err once: "gendurable: message" (the library's own
+// errors already start with "gendurable: "), or as {"error": {...}} with
+// --json.
+func reportError(w io.Writer, name string, err error, asJSON bool) {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "gendurable: ") {
+		msg = "gendurable: " + msg
+	}
+	var ue usageError
+	if errors.As(err, &ue) && ue.help && commands[name].run != nil {
+		msg += fmt.Sprintf(" (gendurable %s --help shows its usage)", name)
+	}
+	if asJSON {
+		_ = printJSON(w, map[string]any{"error": map[string]any{"code": errorCode(err), "message": msg, "exit_code": exitCode(err)}})
+		return
+	}
+	fmt.Fprintln(w, printable(msg))
+}
+
+// newFlags is a command's flag set: parse errors are returned, never
+// printed (run prints one message), and -h/--help ask for printHelp.
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parseFlags parses args with fs, turning -h into a helpRequest and any
+// other parse error into a usage error.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		return helpRequest{fs}
+	}
+	return usageError{msg: fs.Name() + ": " + err.Error(), help: true}
+}
+
+// helpRequest: -h or --help was given; run prints the command's help.
+type helpRequest struct{ fs *flag.FlagSet }
+
+func (helpRequest) Error() string { return "help requested" }
+
+// usageError: the command line is wrong (exit 2). help: the message
+// points to the command's --help.
+type usageError struct {
+	msg  string
+	help bool
+}
 
 // errAborted: the operator answered no to a confirmation.
 var errAborted = errors.New("aborted: nothing changed")
@@ -96,18 +231,36 @@ func databaseURL(flagValue string) string {
 }
 
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("migrate")
 	dbURL := fs.String("database-url", "", "PostgreSQL URL")
 	schema := fs.String("schema", "public", "schema holding gendurable's tables")
 	asJSON := fs.Bool("json", false, "print JSON")
 	yes := fs.Bool("yes", false, "down: do not ask for confirmation (needed when stdin is not a terminal)")
 	if len(args) == 0 {
-		return usageError{"migrate needs up, down, status or print"}
+		return usageError{msg: "migrate needs up, down, status or print", help: true}
 	}
 	action := args[0]
-	if err := fs.Parse(args[1:]); err != nil {
+	if strings.HasPrefix(action, "-") {
+		// Flags first (migrate --help, migrate --json up): parse them, then
+		// the action must follow.
+		if err := parseFlags(fs, args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			return usageError{msg: "migrate needs up, down, status or print", help: true}
+		}
+		action, args = fs.Arg(0), fs.Args()
+	}
+	switch action {
+	case "up", "down", "status", "print":
+	default:
+		return usageError{msg: fmt.Sprintf("unknown migrate action %q (want up, down, status or print)", action), help: true}
+	}
+	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{msg: fmt.Sprintf("migrate %s: unexpected arguments %q", action, fs.Args()), help: true}
 	}
 	if action == "print" {
 		sql, err := migrate.SQL(*schema, 0, migrate.Latest())
@@ -137,13 +290,17 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			res = migrate.Result{From: v, To: v}
 		}
 	default:
-		return usageError{fmt.Sprintf("unknown migrate action %q", action)}
+		return usageError{msg: fmt.Sprintf("unknown migrate action %q", action)}
 	}
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return json.NewEncoder(stdout).Encode(map[string]any{"schema": *schema, "from": res.From, "to": res.To, "applied": res.Applied, "latest": migrate.Latest()})
+		applied := res.Applied
+		if applied == nil {
+			applied = []int{}
+		}
+		return printJSON(stdout, map[string]any{"schema": *schema, "from": res.From, "to": res.To, "applied": applied, "latest": migrate.Latest()})
 	}
 	if action == "status" {
 		_, err = fmt.Fprintf(stdout, "schema %s: version %d (latest %d)\n", *schema, res.To, migrate.Latest())
@@ -154,8 +311,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("bench")
 	var o benchrun.Options
 	dbURL := fs.String("database-url", "", "PostgreSQL URL")
 	fs.StringVar(&o.Schema, "schema", "gendurable_bench", "bench's own schema: created, marked, dropped at the end; an existing schema bench did not create is refused")
@@ -179,11 +335,32 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	floor := fs.Int("floor", 0, "measure the physical floor instead: rows/s of 500-row UPDATE … FROM unnest by primary key from this many connections for 10s (a job writes its row twice)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	pickup := fs.Int("pickup", 0, "measure insert → step-start latency over this many locally inserted jobs instead")
-	if err := fs.Parse(args); err != nil {
+	longHorizon := fs.Bool("long-horizon", false, "run as an adapter of the public long-horizon benchmark instead: configured by the environment only "+
+		"(DATABASE_URL, SCENARIO, PRODUCER_MODE, PRODUCER_RATE, TARGET_DEPTH, WORKER_COUNT, JOB_PAYLOAD_BYTES, JOB_WORK_MS, SAMPLE_EVERY_S; see BENCHMARKS.md), "+
+		"JSON lines on stdout until SIGTERM")
+	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("unexpected arguments %v", fs.Args())}
+	if !slices.Contains(benchrun.Workloads, o.Workload) {
+		return usageError{msg: fmt.Sprintf("bench: unknown --workload %q (want one of %s)", o.Workload, strings.Join(benchrun.Workloads, ", ")), help: true}
+	}
+	if err := nonNegative("bench", map[string]int{"n": o.N, "fair-backlog": o.FairBacklog, "key-rate": o.KeyRate,
+		"concurrency": o.Concurrency, "prefetch": o.Prefetch, "queues": o.Queues, "engines": o.Engines, "commits": o.Commits,
+		"min-demand": o.MinDemand, "floor": *floor, "pickup": *pickup}); err != nil {
+		return err
+	}
+	if o.RateWindow <= 0 || *idle < 0 {
+		return usageError{msg: "bench: --rate-window must be positive and --idle not negative", help: true}
+	}
+	if *longHorizon {
+		if fs.NFlag() > 1 {
+			return usageError{msg: "bench: --long-horizon is configured by the environment only: it takes no other flag"}
+		}
+		err := benchrun.LongHorizon(ctx, os.Getenv, stdout, stderr)
+		if errors.Is(err, longhorizon.ErrInvalidEnv) {
+			return usageError{msg: err.Error()}
+		}
+		return err
 	}
 	o.DatabaseURL = databaseURL(*dbURL)
 	o.Confirm = confirmer(stderr, *yes)
@@ -196,7 +373,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		if *asJSON {
-			return json.NewEncoder(stdout).Encode(res)
+			return printJSON(stdout, res)
 		}
 		_, err = fmt.Fprintf(stdout, "idle engine: %d statements in %.0fs = %.2f statements/s\n", res.Statements, res.Seconds, res.StatementsPerSecond)
 		return err
@@ -207,7 +384,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		if *asJSON {
-			return json.NewEncoder(stdout).Encode(res)
+			return printJSON(stdout, res)
 		}
 		_, err = fmt.Fprintf(stdout, "physical floor at %d connections: %.0f rows/s (500-row UPDATE … FROM unnest by primary key) = at most %.0f jobs/s\n",
 			res.Conns, res.RowsPerSec, res.JobsPerSec)
@@ -219,7 +396,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		if *asJSON {
-			return json.NewEncoder(stdout).Encode(res)
+			return printJSON(stdout, res)
 		}
 		_, err = fmt.Fprintf(stdout, "pickup latency of a local insert (%d samples): p50 %.2f ms, p90 %.2f ms, max %.2f ms\n", res.Samples, res.P50Ms, res.P90Ms, res.MaxMs)
 		return err
@@ -230,7 +407,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		if *asJSON {
-			return json.NewEncoder(stdout).Encode(map[string]any{"backlog": res, "ratio_1m_over_10k": res[1].MedianMs / res[0].MedianMs})
+			return printJSON(stdout, map[string]any{"backlog": res, "ratio_1m_over_10k": res[1].MedianMs / res[0].MedianMs})
 		}
 		for _, r := range res {
 			fmt.Fprintf(stdout, "pick of %d at %8d runnable: median %.2f ms, p90 %.2f ms\n", r.Batch, r.Runnable, r.MedianMs, r.P90Ms)
@@ -253,7 +430,10 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	return benchrun.Print(stdout, rep, *asJSON)
+	if *asJSON {
+		return printJSON(stdout, rep)
+	}
+	return benchrun.Print(stdout, rep, false)
 }
 
 // confirmDown asks before `migrate down` drops every gendurable table of
@@ -267,7 +447,7 @@ func confirmDown(ctx context.Context, pool *pgxpool.Pool, schema string, yes boo
 	}
 	q := fmt.Sprintf("migrate down drops every gendurable table in schema %q, with all its instances and signals", schema)
 	if !benchrun.IsTerminal(os.Stdin) {
-		return usageError{q + "; pass --yes to confirm (stdin is not a terminal to ask on)"}
+		return usageError{msg: q + "; pass --yes to confirm (stdin is not a terminal to ask on)"}
 	}
 	ok, err := prompt(os.Stdin, stderr, q+". Continue?")
 	if err != nil {
@@ -284,4 +464,15 @@ func progressOr(w io.Writer) io.Writer {
 		return io.Discard
 	}
 	return w
+}
+
+// nonNegative refuses negative values of integer flags (0 means the
+// default for each of them).
+func nonNegative(cmd string, flags map[string]int) error {
+	for _, name := range slices.Sorted(maps.Keys(flags)) {
+		if flags[name] < 0 {
+			return usageError{msg: fmt.Sprintf("%s: --%s must not be negative (0: the default)", cmd, name), help: true}
+		}
+	}
+	return nil
 }

@@ -12,13 +12,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/migrate"
 	"github.com/stretchr/testify/require"
 )
 
@@ -69,10 +73,10 @@ func TestCLIEndToEnd(t *testing.T) {
 
 	out, _, code := cli(t, append([]string{"migrate", "up"}, s...)...)
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "version 0 → 6")
+	require.Contains(t, out, fmt.Sprintf("version 0 → %d", migrate.Latest()))
 	out, _, code = cli(t, append([]string{"migrate", "status", "--json"}, s...)...)
 	require.Equal(t, 0, code)
-	require.Contains(t, out, `"to":6`)
+	require.Contains(t, out, fmt.Sprintf(`"to": %d`, migrate.Latest()))
 	out, _, code = cli(t, "migrate", "print", "--schema", "elsewhere")
 	require.Equal(t, 0, code)
 	require.Contains(t, out, `CREATE TABLE "elsewhere".gendurable_instances`)
@@ -254,7 +258,6 @@ func TestCLIRejectsBadInput(t *testing.T) {
 		{"list", "--step", "\xff\xfe"},
 		{"list", "--machine", "a\x1bb"},
 		{"list", "--search", "\x1b[2J"},
-		{"list", "--status", "nope"},
 		{"pause", "\xff"},
 		{"resume", "\t"},
 		{"pause", "a\x7fb"},
@@ -387,4 +390,320 @@ func TestUISecretsHostsAndAudit(t *testing.T) {
 	require.Equal(t, http.StatusOK, call(t, "GET", base+"/", "", "Basic "+base64.StdEncoding.EncodeToString([]byte("ops:pw-from-a-file"))))
 	require.Equal(t, http.StatusUnauthorized, call(t, "GET", base+"/", "", "Basic "+base64.StdEncoding.EncodeToString([]byte("ops:pw-from-a-file\n"))))
 	require.NotContains(t, stderr.String(), "visible to every user", "no warning without secrets on the command line")
+}
+
+// oneErrorLine checks that stderr is one line, "gendurable: ..." with the
+// prefix once, and no flag package usage dump.
+func oneErrorLine(t *testing.T, args []string, stderr string) {
+	t.Helper()
+	require.Equal(t, 1, strings.Count(stderr, "\n"), "%q: one line: %s", args, stderr)
+	require.True(t, strings.HasPrefix(stderr, "gendurable: "), "%q: %s", args, stderr)
+	require.NotContains(t, stderr, "gendurable: gendurable", "%q", args)
+	require.NotContains(t, stderr, "Usage of", "%q", args)
+	require.NotContains(t, stderr, "SQLSTATE", "%q", args)
+}
+
+// jsonError decodes a --json error from stderr and checks its shape.
+func jsonError(t *testing.T, args []string, stderr string, code string, exit int) string {
+	t.Helper()
+	return jsonErrorIn(t, args, stderr, []string{code}, exit)
+}
+
+func jsonErrorIn(t *testing.T, args []string, stderr string, codes []string, exit int) string {
+	t.Helper()
+	var e struct {
+		Error map[string]any `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stderr), &e), "%q: %s", args, stderr)
+	require.Contains(t, codes, e.Error["code"], "%q: %s", args, stderr)
+	require.EqualValues(t, exit, e.Error["exit_code"], "%q", args)
+	msg, _ := e.Error["message"].(string)
+	require.True(t, strings.HasPrefix(msg, "gendurable: "), "%q: %s", args, msg)
+	require.NotContains(t, msg, "gendurable: gendurable", "%q", args)
+	require.Len(t, e.Error, 3, "code, message, exit_code")
+	return msg
+}
+
+// TestBadFlagValuesExitTwoWithOneMessage (issue 14 item 6): every bad flag
+// value or argument exits 2 with one error line (no usage dump, one
+// prefix), or with --json one {"error": {...}} object on stderr; nothing
+// reaches stdout.
+func TestBadFlagValuesExitTwoWithOneMessage(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"prune", "--retention", "abc"},
+		{"prune", "--retention", "-1h"},
+		{"list", "--since", "2x"},
+		{"list", "--since", "-1h"},
+		{"list", "--status", "bogus"},
+		{"list", "--limit", "0"},
+		{"list", "--limit", "501"},
+		{"list", "--scan", "0"},
+		{"list", "--before", "-1"},
+		{"list", "--nosuchflag"},
+		{"list", "extra"},
+		{"status", "extra"},
+		{"status", "--database-url", "postgres://x@[::1"},
+		{"show"},
+		{"show", "abc"},
+		{"show", "1", "2"},
+		{"signal", "1"},
+		{"signal", "1", "go", "--payload", "{nope"},
+		{"retry"},
+		{"retry", "abc"},
+		{"retry", "1", "--queue", "q"},
+		{"retry", "--status", "failed"}, // a filter needs --yes off a terminal
+		{"cancel", "--all"},
+		{"cancel", "--queue", "q", "--since", "1y"},
+		{"run-now"},
+		{"run-now", "0"},
+		{"pause"},
+		{"queue", "frob", "x"},
+		{"migrate"},
+		{"migrate", "sideways"},
+		{"migrate", "up", "extra"},
+		{"migrate", "up", "--schema", "1bad"},
+		{"list", "--schema", "bad-name"},
+		{"bench", "--workload", "nope"},
+		{"bench", "-n", "-1"},
+		{"demo", "--orders", "0"},
+		{"ui", "--max-conns", "0"},
+		{"frobnicate"},
+	} {
+		out, errOut, code := cli(t, args...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.Empty(t, out, "%q", args)
+		oneErrorLine(t, args, errOut)
+
+		jargs := append(slices.Clone(args), "--json")
+		out, errOut, code = cli(t, jargs...)
+		require.Equal(t, exitUsage, code, "%q: %s", jargs, errOut)
+		require.Empty(t, out, "%q", jargs)
+		jsonErrorIn(t, jargs, errOut, []string{"usage", "invalid_input"}, exitUsage)
+	}
+}
+
+// TestHelpOnEveryCommand: `gendurable CMD --help` (and -h, and `help CMD`)
+// prints the command's synopsis, with its positional arguments, and its
+// flags to stdout and exits 0.
+func TestHelpOnEveryCommand(t *testing.T) {
+	t.Parallel()
+	want := map[string]string{"show": "show ID", "signal": "signal ID NAME", "migrate": "migrate up|down|status|print",
+		"retry": "retry ID [ID...]", "cancel": "cancel ID [ID...]", "run-now": "run-now ID", "pause": "pause QUEUE",
+		"resume": "resume QUEUE", "queue": "queue remove QUEUE"}
+	for name := range commands {
+		for _, args := range [][]string{{name, "--help"}, {name, "-h"}, {"help", name}} {
+			out, errOut, code := cli(t, args...)
+			require.Equal(t, 0, code, "%q: %s", args, errOut)
+			require.Empty(t, errOut, "%q", args)
+			require.True(t, strings.HasPrefix(out, "usage: gendurable "+name), "%q: %s", args, out)
+			require.Contains(t, out, "flags:\n", "%q", args)
+			if w, ok := want[name]; ok {
+				require.Contains(t, out, "usage: gendurable "+w, "%q", args)
+			}
+		}
+	}
+	out, _, code := cli(t, "migrate", "up", "--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "-yes")
+	out, _, code = cli(t, "queue", "remove", "--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "queue remove QUEUE")
+}
+
+// TestErrorsNotFoundAndNotMigrated: a missing instance is one line with one
+// prefix (exit 3); a schema that was never migrated says to run
+// `gendurable migrate up` instead of the database's "relation ... does not
+// exist" (exit 1); with --json both are {"error": {...}} on stderr.
+func TestErrorsNotFoundAndNotMigrated(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	args := []string{"show", "999999", "--schema", schema}
+	_, errOut, code := cli(t, args...)
+	require.Equal(t, exitNotFound, code)
+	require.Equal(t, "gendurable: instance not found: id 999999\n", errOut)
+	_, errOut, code = cli(t, append(args, "--json")...)
+	require.Equal(t, exitNotFound, code)
+	require.Equal(t, "gendurable: instance not found: id 999999", jsonError(t, args, errOut, "not_found", exitNotFound))
+
+	bare := scratchName(t, pool, "gdbare_")
+	_, err := pool.Exec(context.Background(), `CREATE SCHEMA "`+bare+`"`)
+	require.NoError(t, err)
+	for _, schema := range []string{bare, "gd_no_such_schema"} {
+		for _, args := range [][]string{{"status"}, {"list"}, {"show", "1"}, {"retry", "1"}, {"cancel", "--all", "--yes"},
+			{"run-now", "1"}, {"signal", "1", "go"}, {"prune"}, {"pause", "default"}, {"machines"}, {"machines", "order"}} {
+			args = append(args, "--schema", schema)
+			out, errOut, code := cli(t, args...)
+			require.Equal(t, exitError, code, "%q: %s", args, errOut)
+			require.Empty(t, out, "%q", args)
+			oneErrorLine(t, args, errOut)
+			require.Contains(t, errOut, "run `gendurable migrate up --schema "+schema+"`", "%q", args)
+			require.NotContains(t, errOut, "does not exist", "%q", args)
+			_, errOut, code = cli(t, append(args, "--json")...)
+			require.Equal(t, exitError, code)
+			require.Contains(t, jsonError(t, args, errOut, "not_migrated", exitError), "gendurable migrate up")
+		}
+	}
+}
+
+// lhEnv is a long-horizon adapter's environment: schema, then NAME=value pairs.
+func lhEnv(schema string, kv ...string) []string {
+	url := dbtest.URL()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	env := []string{"DATABASE_URL=" + url + sep + "pool_max_conns=6", "GENDURABLE_SCHEMA=" + schema}
+	for _, e := range os.Environ() {
+		if k, _, _ := strings.Cut(e, "="); !strings.Contains(" DATABASE_URL SCENARIO PRODUCER_MODE PRODUCER_RATE TARGET_DEPTH WORKER_COUNT JOB_PAYLOAD_BYTES JOB_WORK_MS SAMPLE_EVERY_S BENCH_INSTANCE_ID PRODUCER_RATE_CONTROL_FILE GENDURABLE_SCHEMA ", " "+k+" ") {
+			env = append(env, e)
+		}
+	}
+	return append(env, kv...)
+}
+
+// TestBenchLongHorizonProtocol runs `gendurable bench --long-horizon` as the
+// benchmark's harness does: the first stdout line is the descriptor, then
+// every SAMPLE_EVERY_S (aligned to the wall clock) one line per metric with
+// the protocol's fields; jobs are produced, claimed and completed; SIGTERM
+// ends it with exit 0 within 5 s.
+func TestBenchLongHorizonProtocol(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 1, Extra: 6})
+	cmd := exec.Command(binary, "bench", "--long-horizon")
+	cmd.Env = lhEnv(schema, "SCENARIO=long_horizon", "PRODUCER_MODE=fixed", "PRODUCER_RATE=200", "WORKER_COUNT=8", "SAMPLE_EVERY_S=1")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill() }()
+
+	lines := make(chan string, 1024)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	next := func() map[string]any {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("stdout closed early; stderr:\n%s", stderr.String())
+			}
+			var m map[string]any
+			require.NoError(t, json.Unmarshal([]byte(l), &m), "not a JSON line: %q", l)
+			return m
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no line in 30s; stderr:\n%s", stderr.String())
+			return nil
+		}
+	}
+	d := next()
+	require.Equal(t, "descriptor", d["kind"])
+	require.Equal(t, "gendurable", d["system"])
+	require.Equal(t, []any{schema + ".gendurable_instances"}, d["event_tables"])
+	require.Equal(t, []any{}, d["extensions"])
+	require.Equal(t, strconv.Itoa(migrate.Latest()), d["schema_version"])
+	for _, k := range []string{"version", "db_name", "started_at"} {
+		require.NotEmpty(t, d[k], k)
+	}
+
+	want := []string{"claim_p50_ms", "claim_p95_ms", "claim_p99_ms", "enqueue_rate", "completion_rate", "queue_depth", "producer_target_rate"}
+	windows := map[string]float64{"claim_p50_ms": 30, "claim_p95_ms": 30, "claim_p99_ms": 30, "enqueue_rate": 1, "completion_rate": 1, "queue_depth": 0, "producer_target_rate": 0}
+	var last map[string]float64
+	for tick := 0; tick < 4; tick++ {
+		got := map[string]float64{}
+		var at string
+		for _, metric := range want {
+			s := next()
+			require.Len(t, s, 9, "fields of %v", s)
+			require.Equal(t, metric, s["metric"])
+			require.Equal(t, "gendurable", s["system"])
+			require.Equal(t, "adapter", s["kind"])
+			require.Equal(t, "adapter", s["subject_kind"])
+			require.Equal(t, "", s["subject"])
+			require.Equal(t, windows[metric], s["window_s"], metric)
+			require.Equal(t, float64(0), s["instance_id"])
+			ts, err := time.Parse(time.RFC3339Nano, s["t"].(string))
+			require.NoError(t, err)
+			require.Zero(t, ts.Nanosecond(), "samples are aligned to whole seconds: %s", s["t"])
+			if at == "" {
+				at = s["t"].(string)
+			}
+			require.Equal(t, at, s["t"], "one timestamp per tick")
+			got[metric] = s["value"].(float64)
+		}
+		last = got
+	}
+	require.Equal(t, float64(200), last["producer_target_rate"])
+	require.Greater(t, last["enqueue_rate"], 100.0)
+	require.Greater(t, last["completion_rate"], 100.0)
+	require.Greater(t, last["claim_p50_ms"], 0.0)
+	require.GreaterOrEqual(t, last["claim_p99_ms"], last["claim_p95_ms"])
+	require.GreaterOrEqual(t, last["claim_p95_ms"], last["claim_p50_ms"])
+
+	var done int
+	require.NoError(t, pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM `+schema+`.gendurable_instances WHERE status = 'done'`).Scan(&done))
+	require.Greater(t, done, 200)
+
+	start := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	exited := make(chan error, 1)
+	go func() {
+		for l := range lines { // whatever it writes until it exits is JSON lines too
+			if !json.Valid([]byte(l)) {
+				exited <- fmt.Errorf("not a JSON line after SIGTERM: %q", l)
+				return
+			}
+		}
+		exited <- cmd.Wait()
+	}()
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "exit after SIGTERM; stderr:\n%s", stderr.String())
+	case <-time.After(8 * time.Second):
+		t.Fatalf("still running 8 s after SIGTERM; stderr:\n%s", stderr.String())
+	}
+	require.Less(t, time.Since(start), 5*time.Second)
+}
+
+// TestBenchLongHorizonRejectsBadEnvironment: a wrong or missing variable is
+// exit 2 with a message naming it, and nothing on stdout.
+func TestBenchLongHorizonRejectsBadEnvironment(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"PRODUCER_RATE=200"}, "WORKER_COUNT is not set"},
+		{[]string{"WORKER_COUNT=8"}, "PRODUCER_RATE is not set"},
+		{[]string{"WORKER_COUNT=8", "PRODUCER_RATE=fast"}, `PRODUCER_RATE="fast"`},
+		{[]string{"WORKER_COUNT=0", "PRODUCER_RATE=200"}, `WORKER_COUNT="0"`},
+		{[]string{"WORKER_COUNT=8", "PRODUCER_MODE=depth-target"}, "TARGET_DEPTH is not set"},
+		{[]string{"WORKER_COUNT=8", "PRODUCER_MODE=burst", "PRODUCER_RATE=1"}, `PRODUCER_MODE "burst"`},
+		{[]string{"WORKER_COUNT=8", "PRODUCER_RATE=1", "SCENARIO=soak"}, `SCENARIO "soak"`},
+		{[]string{"WORKER_COUNT=8", "PRODUCER_RATE=1", "SAMPLE_EVERY_S=0.5"}, `SAMPLE_EVERY_S="0.5"`},
+		{[]string{"WORKER_COUNT=8", "PRODUCER_RATE=1", "JOB_PAYLOAD_BYTES=-1"}, `JOB_PAYLOAD_BYTES="-1"`},
+		{[]string{"WORKER_COUNT=8", "PRODUCER_RATE=1", "GENDURABLE_SCHEMA=a;b"}, "GENDURABLE_SCHEMA"},
+		{[]string{"WORKER_COUNT=8", "PRODUCER_RATE=1", "DATABASE_URL="}, "DATABASE_URL is not set"},
+	} {
+		cmd := exec.Command(binary, "bench", "--long-horizon")
+		cmd.Env = lhEnv("gdtest_never_created", c.env...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%v", c.env)
+		require.Equal(t, 2, ee.ExitCode(), "%v: %s", c.env, errb.String())
+		require.Contains(t, errb.String(), c.want, "%v", c.env)
+		require.Empty(t, out.String(), "%v", c.env)
+	}
+	_, errOut, code := cli(t, "bench", "--long-horizon", "-n", "5")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "configured by the environment only")
 }

@@ -3,10 +3,16 @@
 // benchmarks (`gendurable help` lists every command).
 //
 //	gendurable migrate up|down|status|print [--schema S]
-//	gendurable status | list | show ID | retry ID | cancel ID | signal ID NAME
+//	gendurable status | list | show ID | run-now ID | signal ID NAME
+//	gendurable retry|cancel ID... | retry|cancel FILTER --yes (the flags of list, or --all)
 //	gendurable pause|resume QUEUE [--create] | queue remove QUEUE
+//	gendurable COMMAND --help
 //	gendurable bench [--workload job|fsm3|signal|fanout|partition] [-n N] [--json]
 //	gendurable bench --backlog
+//	gendurable bench --long-horizon   (configured by the environment; see BENCHMARKS.md)
+//
+// With --json every output, errors included ({"error": {"code", "message",
+// "exit_code"}} on stderr), is JSON with snake_case names.
 //
 // Text output escapes control characters and invalid UTF-8 in whatever it
 // prints from the database, so stored names cannot drive the terminal.

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -30,8 +29,7 @@ const minRemoteToken = 16
 // told otherwise; a non-loopback address needs --token (of 16 bytes or
 // more) or --basic-auth.
 func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("ui", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlags("ui")
 	var c common
 	c.register(fs)
 	addr := fs.String("addr", dashboard.DefaultAddr, "listen address")
@@ -63,36 +61,36 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if basicAuth != "" {
 		user, pass, ok := strings.Cut(basicAuth, ":")
 		if !ok || user == "" || pass == "" {
-			return usageError{"--basic-auth takes user:password"}
+			return usageError{msg: "--basic-auth takes user:password"}
 		}
 		opts.BasicAuth = &dashboard.BasicAuth{User: user, Password: pass}
 	}
 	if tok != "" && opts.BearerToken == "" {
-		return usageError{"the bearer token is only white space"}
+		return usageError{msg: "the bearer token is only white space"}
 	}
 	host, _, err := net.SplitHostPort(*addr)
 	if err != nil {
-		return usageError{fmt.Sprintf("--addr %q: %v", *addr, err)}
+		return usageError{msg: fmt.Sprintf("--addr %q: %v", *addr, err)}
 	}
 	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" {
 		switch {
 		case opts.BearerToken == "" && opts.BasicAuth == nil:
-			return usageError{"serving beyond loopback needs --token or --basic-auth"}
+			return usageError{msg: "serving beyond loopback needs --token or --basic-auth"}
 		case opts.BearerToken != "" && len(opts.BearerToken) < minRemoteToken:
-			return usageError{fmt.Sprintf("serving beyond loopback needs a token of at least %d bytes", minRemoteToken)}
+			return usageError{msg: fmt.Sprintf("serving beyond loopback needs a token of at least %d bytes", minRemoteToken)}
 		}
 	}
 	if *maxConns <= 0 {
-		return usageError{"--max-conns must be positive"}
+		return usageError{msg: "--max-conns must be positive"}
 	}
-	eng, done, err := c.engine(ctx)
+	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err
 	}
 	defer done()
 	h, err := dashboard.New(eng, opts)
 	if err != nil {
-		return usageError{err.Error()}
+		return usageError{msg: err.Error()}
 	}
 	srv := dashboard.NewServer(h, dashboard.ServerOptions{MaxConns: *maxConns})
 	ln, err := net.Listen("tcp", *addr)
@@ -118,18 +116,18 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 	switch {
 	case value != "" && file != "":
-		return "", usageError{fmt.Sprintf("give --%s or --%s-file, not both", name, name)}
+		return "", usageError{msg: fmt.Sprintf("give --%s or --%s-file, not both", name, name)}
 	case value != "":
 		fmt.Fprintf(stderr, "gendurable: warning: --%s is visible to every user of this machine (ps); prefer --%s-file or %s\n", name, name, env)
 		return value, nil
 	case file != "":
 		b, err := os.ReadFile(file)
 		if err != nil {
-			return "", usageError{fmt.Sprintf("--%s-file: %v", name, err)}
+			return "", usageError{msg: fmt.Sprintf("--%s-file: %v", name, err)}
 		}
 		s := strings.TrimRight(string(b), "\r\n")
 		if s == "" {
-			return "", usageError{fmt.Sprintf("--%s-file %s is empty", name, file)}
+			return "", usageError{msg: fmt.Sprintf("--%s-file %s is empty", name, file)}
 		}
 		return s, nil
 	}

@@ -58,19 +58,43 @@ func TestChaos11PgBouncer(t *testing.T) {
 	storm := pick(8*time.Second, 60*time.Second)
 	initial, wave := pick(300, 1000), pick(20, 20)
 
-	// The workers' server sessions, sampled: never more than the pool.
+	// The workers' server sessions, sampled: never more than the pool, as
+	// held for a second. A backend PgBouncer closed (its client was killed
+	// mid-transaction, or it was terminated) stays in pg_stat_activity until
+	// its process has exited, while PgBouncer already opens its
+	// replacement: single samples saw 9 and 10 for a pool of 8 that way.
+	// What the check is for — workers reaching the server past the pooler,
+	// 8 sessions each — would hold for every sample of a second.
+	const hold = time.Second
 	sctx, stopSampling := context.WithCancel(ctx)
-	var maxSessions, samples int
+	var maxSessions, maxSeen, samples int
 	var sampling sync.WaitGroup
 	sampling.Add(1)
 	go func() {
 		defer sampling.Done()
+		type sample struct {
+			at time.Time
+			n  int
+		}
+		var recent []sample
 		for sctx.Err() == nil {
 			var n int
 			if env.Admin.QueryRow(sctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE $1`,
 				chaos.AppName(env.Schema, "w")+"%").Scan(&n) == nil {
+				now := time.Now()
 				samples++
-				maxSessions = max(maxSessions, n)
+				maxSeen = max(maxSeen, n)
+				recent = append(recent, sample{now, n})
+				for len(recent) > 0 && now.Sub(recent[0].at) > hold {
+					recent = recent[1:]
+				}
+				if now.Sub(recent[0].at) >= hold*9/10 { // the window spans about a second
+					held := n
+					for _, r := range recent {
+						held = min(held, r.n)
+					}
+					maxSessions = max(maxSessions, held)
+				}
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -143,10 +167,10 @@ func TestChaos11PgBouncer(t *testing.T) {
 	c.check(r.Duplicates <= dupBound, "%d duplicate step runs > %d (kills × concurrency + terminations × workers × concurrency)", r.Duplicates, dupBound)
 	c.check(stopErr == nil, "graceful stop: %v", stopErr)
 	c.check(sig.errs.Load() == 0, "%d signals could not be sent", sig.errs.Load())
-	c.check(samples > 0 && maxSessions <= poolSize, "%d server sessions of the workers seen at once (pool %d; %d samples)", maxSessions, poolSize, samples)
+	c.check(samples > 0 && maxSessions <= poolSize, "%d server sessions of the workers held for a second (pool %d; %d samples)", maxSessions, poolSize, samples)
 	summary(t, r.Line("pgbouncer", fmt.Sprintf("%d kills, %d terminations (%d server sessions)", kills, terms, terminated))+
-		fmt.Sprintf(" (%d top-level + %d children, %d processes × %d steps through PgBouncer pool_mode=transaction, default_pool_size %d: at most %d server sessions in %d samples; %d signals sent of which %d dedup no-ops; all terminal %s after the last fault, bound %s; %s)",
-			r.TopLevel, r.Instances-r.TopLevel, workers, conc, poolSize, maxSessions, samples, sig.sent.Load(), sig.dups.Load(),
+		fmt.Sprintf(" (%d top-level + %d children, %d processes × %d steps through PgBouncer pool_mode=transaction, default_pool_size %d: at most %d server sessions held for a second (%d in a single sample, some exiting) in %d samples; %d signals sent of which %d dedup no-ops; all terminal %s after the last fault, bound %s; %s)",
+			r.TopLevel, r.Instances-r.TopLevel, workers, conc, poolSize, maxSessions, maxSeen, samples, sig.sent.Load(), sig.dups.Load(),
 			afterFault.Round(100*time.Millisecond), bound, r.Invariants()))
 	c.done()
 }

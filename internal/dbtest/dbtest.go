@@ -42,7 +42,8 @@ func URL() string {
 
 // Options tune NewSchema.
 type Options struct {
-	MaxConns int32 // default 8
+	URL      string // default URL()
+	MaxConns int32  // default 8
 	// Extra is how many connections the test's other processes (workers it
 	// starts) will hold at most; reserved from the budget with MaxConns.
 	Extra     int32
@@ -111,9 +112,13 @@ func NewSchema(t testing.TB, opts *Options) (*pgxpool.Pool, string) {
 	_, _ = rand.Read(b)
 	schema := "gdtest_" + hex.EncodeToString(b)
 
-	cfg, err := pgxpool.ParseConfig(URL())
+	url := opts.URL
+	if url == "" {
+		url = URL()
+	}
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		t.Fatalf("dbtest: parse %s: %v", URL(), err)
+		t.Fatalf("dbtest: parse the database URL: %v", err)
 	}
 	cfg.MaxConns = maxConns
 	if opts.Tracer != nil {
@@ -134,7 +139,7 @@ func NewSchema(t testing.TB, opts *Options) (*pgxpool.Pool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		pool.Close()
-		conn, err := pgx.Connect(ctx, URL())
+		conn, err := pgx.Connect(ctx, url)
 		if err != nil {
 			t.Logf("dbtest: cleanup connect: %v", err)
 			return

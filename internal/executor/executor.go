@@ -197,7 +197,7 @@ func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.C
 		return nil, feeder.Result{RunnableNow: true}
 	}
 	if applied == nil || applied.Token == nil {
-		return nil, feeder.Result{RunnableNow: runnableNow(applied, &res)}
+		return nil, r.result(c, applied, &res)
 	}
 	// Still ours: the next step, with the state just committed.
 	next := *c
@@ -228,7 +228,7 @@ func (r *run) commitDetached(ctx context.Context, c *sqlq.Claimed, res *Result, 
 	claimed, result := *c, *res
 	r.x.cfg.Committer.CommitAsync(&result.Out, func(cr committer.Result) {
 		r.x.settled(context.WithoutCancel(ctx), r.queue, &claimed, &result, cr.Applied, cr.Err, time.Since(start))
-		finish(feeder.Result{RunnableNow: runnableNow(cr.Applied, &result)})
+		finish(r.result(&claimed, cr.Applied, &result))
 	})
 }
 
@@ -248,6 +248,13 @@ func (x *Executor) settled(ctx context.Context, queue string, c *sqlq.Claimed, r
 		}
 	}
 	x.cfg.Events.Step(ctx, queue, c, res, applied != nil, commitErr, took)
+}
+
+// result is what the feeder learns of a step whose outcome committed (applied)
+// or was fenced out (nil) without chaining: whether it left its row runnable
+// at once, and whether it freed a slot of the row's partition key.
+func (r *run) result(c *sqlq.Claimed, applied *sqlq.Applied, res *Result) feeder.Result {
+	return feeder.Result{RunnableNow: runnableNow(applied, res), KeyFreed: applied != nil && c.PartitionKey != nil}
 }
 
 // runnableNow: the outcome left its row runnable at once, so there is work

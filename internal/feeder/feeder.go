@@ -42,6 +42,10 @@ type Result struct {
 	// runnable at once (a Next or Replay without delay): there is work to
 	// pick even if the last pick came back short.
 	RunnableNow bool
+	// KeyFreed is true when the committed outcome freed a slot of a
+	// partition key: the key's next row may be claimable now, so the feeder
+	// picks again at once rather than at its next poll tick (docs/design.md §6).
+	KeyFreed bool
 }
 
 // Executor runs one claimed row to a committed (or fenced-out) outcome.
@@ -145,7 +149,7 @@ type Feeder struct {
 	committing int
 	// abandoned counts running steps given up on (see Holder.Abandon).
 	abandoned int
-	more      bool // the last pick was full, or an outcome made work runnable
+	more      bool // the last pick was full, or an outcome made work runnable or freed a key's slot
 	released  int  // rows handed back when Run stopped
 	// lastBeat is when the held leases were last confirmed (or nothing was
 	// held): dispatch holds buffered rows back when it is old.
@@ -574,7 +578,7 @@ func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c
 		return
 	}
 	delete(s.held, h.token)
-	if res.RunnableNow {
+	if res.RunnableNow || res.KeyFreed {
 		s.more = true
 	}
 	s.mu.Unlock()
@@ -809,7 +813,7 @@ func (h *holder) Detach() func(Result) {
 		s.mu.Lock()
 		s.committing--
 		delete(s.held, h.token)
-		if res.RunnableNow {
+		if res.RunnableNow || res.KeyFreed {
 			s.more = true
 		}
 		s.mu.Unlock()

@@ -22,8 +22,11 @@ type ListFilter struct {
 	// gendurable_instances_partition_key, gendurable_instances_unique_key).
 	Search   *string
 	SearchID *int64
-	Before   *int64 // keyset paging: ids below this
-	Limit    int    // rows returned
+	// State keeps rows whose state contains this JSON document (jsonb @>),
+	// checked on the window's rows like the other filters.
+	State  *string
+	Before *int64 // keyset paging: ids below this
+	Limit  int    // rows returned
 	// Scan bounds the rows a page looks at: the newest Scan instances below
 	// Before (of those matching Search, if set) are filtered, no more.
 	Scan int
@@ -32,7 +35,7 @@ type ListFilter struct {
 // A list looks at a window: the newest $8 candidates below the cursor $7,
 // taken from the primary key backwards (listScanSQL) or from the union of
 // the id, partition-key and unique-key lookups (listSearchSQL), so no page
-// reads more than $8 rows whatever the filters. The filters ($1-$6) apply
+// reads more than $8 rows whatever the filters. The filters ($1-$6, $10) apply
 // to the window and the page is at most $9 rows: the scan stops as soon as
 // the page is full, so a plain first page reads about $9 rows. The window's
 // last row (row number $8) is returned even if it does not match, flagged
@@ -54,7 +57,8 @@ FROM (
            AND ($3::text IS NULL OR x.fsm = $3)
            AND ($4::text IS NULL OR x.step = $4)
            AND ($5::timestamptz IS NULL OR x.inserted_at >= $5)
-           AND ($6::timestamptz IS NULL OR x.inserted_at < $6), false) AS hit
+           AND ($6::timestamptz IS NULL OR x.inserted_at < $6)
+           AND ($10::jsonb IS NULL OR x.state @> $10::jsonb), false) AS hit
   FROM (`
 
 const listTailSQL = `) AS x
@@ -73,13 +77,13 @@ const listScanSQL = listColsSQL + `
 const listSearchSQL = listColsSQL + `
     SELECT i.* FROM (
       SELECT id FROM (
-        (SELECT id FROM {{schema}}.gendurable_instances WHERE id = $10 AND id < $7)
+        (SELECT id FROM {{schema}}.gendurable_instances WHERE id = $11 AND id < $7)
         UNION
         (SELECT id FROM {{schema}}.gendurable_instances
-         WHERE partition_key = $11 AND id < $7 ORDER BY id DESC LIMIT $8)
+         WHERE partition_key = $12 AND id < $7 ORDER BY id DESC LIMIT $8)
         UNION
         (SELECT id FROM {{schema}}.gendurable_instances
-         WHERE unique_key = convert_to($11, 'UTF8') AND id < $7 ORDER BY id DESC LIMIT $8)
+         WHERE unique_key = convert_to($12, 'UTF8') AND id < $7 ORDER BY id DESC LIMIT $8)
       ) AS u
       ORDER BY id DESC
       LIMIT $8
@@ -123,7 +127,7 @@ func (q *Queries) ListSQL(f ListFilter) (string, []any) {
 	}
 	// One more row than asked: the window's last row may come after the
 	// matches.
-	args := []any{f.Queue, f.Status, f.FSM, f.Step, f.From, f.To, before, f.Scan, f.Limit + 1}
+	args := []any{f.Queue, f.Status, f.FSM, f.Step, f.From, f.To, before, f.Scan, f.Limit + 1, f.State}
 	if f.Search == nil {
 		return q.listScan, args
 	}
@@ -338,7 +342,7 @@ func (q *Queries) ListSignals(ctx context.Context, db DB, id int64, limit int) (
 }
 
 const listAllChildrenSQL = `
-SELECT id, fsm, fsm_version, step, status::text, result, finished_at
+SELECT id, fsm, fsm_version, step, status::text, result, finished_at, inserted_at
 FROM {{schema}}.gendurable_instances WHERE parent_id = $1
 ORDER BY id LIMIT $2`
 
@@ -350,13 +354,16 @@ func (q *Queries) ListAllChildren(ctx context.Context, db DB, id int64, limit in
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ChildRow, error) {
 		var c ChildRow
-		err := row.Scan(&c.ID, &c.FSM, &c.Version, &c.Step, &c.Status, &c.Result, &c.FinishedAt)
+		err := row.Scan(&c.ID, &c.FSM, &c.Version, &c.Step, &c.Status, &c.Result, &c.FinishedAt, &c.InsertedAt)
 		return c, err
 	})
 }
 
 const stepCountsSQL = `
-SELECT step, status::text, count(*) FROM {{schema}}.gendurable_instances
+SELECT step, status::text, count(*),
+       count(*) FILTER (WHERE status = 'runnable' AND eligible_at > now() AND attempt > 0),
+       count(*) FILTER (WHERE status = 'runnable' AND eligible_at > now() AND attempt = 0)
+FROM {{schema}}.gendurable_instances
 WHERE fsm = $1 GROUP BY 1, 2 ORDER BY 1, 2`
 
 // StepCountRow counts one machine's instances at a step in a status.
@@ -364,6 +371,10 @@ type StepCountRow struct {
 	Step   string
 	Status string
 	Count  int64
+	// Of runnable rows not eligible yet: after a failure (attempt > 0,
+	// backing off), or delayed on purpose (attempt 0: a Next with After, a
+	// RunIn, a snooze).
+	BackingOff, Delayed int64
 }
 
 // StepCounts counts a machine's instances by step and status.
@@ -374,7 +385,76 @@ func (q *Queries) StepCounts(ctx context.Context, db DB, fsm string) ([]StepCoun
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (StepCountRow, error) {
 		var r StepCountRow
-		err := row.Scan(&r.Step, &r.Status, &r.Count)
+		err := row.Scan(&r.Step, &r.Status, &r.Count, &r.BackingOff, &r.Delayed)
 		return r, err
 	})
+}
+
+// throughputSQL counts the instances that finished (done or failed) in the
+// last $1 microseconds by queue, status and minute (0: the minute that ends
+// now, on the database's clock). It walks gendurable_instances_finished
+// (finished_at, partial on status IN ('done', 'failed'), the prune index)
+// backwards from now and stops after $2 rows, so a busy hour costs at most
+// $2 index entries and heap rows; when it stops early, the oldest minutes
+// counted are incomplete (the caller sees the total reach $2). One row
+// always comes back, with now() and NULLs when nothing finished. It runs
+// under throughputSettings: statistics that say the hour holds a handful
+// of rows must not buy a bitmap scan of every finish in it and a sort.
+const throughputSQL = `
+WITH f AS (
+  SELECT queue, status, finished_at
+  FROM {{schema}}.gendurable_instances
+  WHERE status IN ('done', 'failed')
+    AND finished_at > now() - $1::bigint * interval '1 microsecond'
+  ORDER BY finished_at DESC
+  LIMIT $2
+)
+SELECT now(), g.queue, g.status, g.ago, g.n
+FROM (SELECT 1) AS one
+LEFT JOIN (
+  SELECT queue, status::text AS status,
+         greatest(0, floor(extract(epoch FROM now() - finished_at) / 60))::int AS ago, count(*) AS n
+  FROM f GROUP BY 1, 2, 3
+) AS g ON true`
+
+// throughputSettings leave the planner the ordered walk of the finished
+// index only (as pruneSettings do for the pruner), for this transaction.
+const throughputSettings = `SELECT set_config('enable_seqscan', 'off', true),
+       set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)`
+
+// ThroughputRow is the count of one (queue, status, minute ago).
+type ThroughputRow struct {
+	Queue  string
+	Status string // done or failed
+	Ago    int    // whole minutes between the finish and now
+	Count  int64
+}
+
+// Throughput counts the finishes of the last window by queue, status and
+// minute, reading at most limit rows (newest first), in a transaction of
+// its own. now is the database's clock.
+func (q *Queries) Throughput(ctx context.Context, db Beginner, window time.Duration, limit int) (now time.Time, out []ThroughputRow, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, throughputSettings); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, q.throughput, micros(window), limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var queue, status *string
+			var ago *int32
+			var n *int64
+			if err := rows.Scan(&now, &queue, &status, &ago, &n); err != nil {
+				return err
+			}
+			if queue != nil {
+				out = append(out, ThroughputRow{Queue: *queue, Status: *status, Ago: int(*ago), Count: *n})
+			}
+		}
+		return rows.Err()
+	})
+	return now, out, err
 }

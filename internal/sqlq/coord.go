@@ -2,7 +2,10 @@ package sqlq
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // ---------------------------------------------------------------------------
@@ -49,10 +52,26 @@ type SignalResult struct {
 	Queue  *string // the woken instance's queue
 }
 
+// signalDupSQL finds the signal holding a dedup key, in a snapshot of its
+// own (see Signal).
+const signalDupSQL = `SELECT id FROM {{schema}}.gendurable_signals WHERE target_id = $1 AND dedup_key = $2`
+
 // Signal inserts a signal for target and wakes it if it awaits name.
+//
+// A signal with the same dedup key committed by another sender while this
+// statement waited for the instance's row lock is invisible to the
+// statement's snapshot (READ COMMITTED): its insert skips the key, but it
+// cannot read the holder's id. A second statement, with a newer snapshot,
+// reads it.
 func (q *Queries) Signal(ctx context.Context, db DB, target int64, name string, payload *string, dedupKey *string) (SignalResult, error) {
 	var r SignalResult
 	err := db.QueryRow(ctx, q.signal, target, name, payload, dedupKey).Scan(&r.Status, &r.ID, &r.DupID, &r.Woke, &r.Queue)
+	if err == nil && r.Status != nil && r.ID == nil && r.DupID == nil && dedupKey != nil {
+		err = db.QueryRow(ctx, q.signalDup, target, *dedupKey).Scan(&r.DupID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+	}
 	return r, err
 }
 
@@ -79,6 +98,7 @@ type ChildRow struct {
 	Status     string
 	Result     []byte
 	FinishedAt *time.Time
+	InsertedAt time.Time // ListAllChildren only
 }
 
 // ---------------------------------------------------------------------------
@@ -164,7 +184,7 @@ func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64) (WaitRow, error
 const getInstanceSQL = `
 SELECT id, fsm, fsm_version, queue, step, state, result, status::text, priority, attempt,
        max_attempts, eligible_at, lease_expires_at, partition_key, errors, parent_id, awaits,
-       inserted_at, updated_at, finished_at
+       inserted_at, updated_at, finished_at, unique_key, unique_guard IS NOT NULL
 FROM {{schema}}.gendurable_instances WHERE id = $1`
 
 // InstanceRow is one instance as stored.
@@ -189,6 +209,8 @@ type InstanceRow struct {
 	InsertedAt     time.Time
 	UpdatedAt      time.Time
 	FinishedAt     *time.Time
+	UniqueKey      []byte // nil: inserted without one
+	UniqueHeld     bool   // the row's status is in its unique scope: it holds the key now
 }
 
 // GetInstance reads one instance; pgx.ErrNoRows when there is none.
@@ -196,8 +218,34 @@ func (q *Queries) GetInstance(ctx context.Context, db DB, id int64) (InstanceRow
 	var r InstanceRow
 	err := db.QueryRow(ctx, q.getInstance, id).Scan(&r.ID, &r.FSM, &r.Version, &r.Queue, &r.Step,
 		&r.State, &r.Result, &r.Status, &r.Priority, &r.Attempt, &r.MaxAttempts, &r.EligibleAt,
-		&r.LeaseExpiresAt, &r.PartitionKey, &r.Errors, &r.ParentID, &r.Awaits, &r.InsertedAt, &r.UpdatedAt, &r.FinishedAt)
+		&r.LeaseExpiresAt, &r.PartitionKey, &r.Errors, &r.ParentID, &r.Awaits, &r.InsertedAt, &r.UpdatedAt, &r.FinishedAt,
+		&r.UniqueKey, &r.UniqueHeld)
 	return r, err
+}
+
+// instancesOfSQL reads the newest instances of one machine version, for
+// package gendurabletest's assertions. There is no index on fsm: it scans
+// the table, which is fine for a test's schema and not meant for more.
+const instancesOfSQL = `
+SELECT id, fsm, fsm_version, queue, step, state, result, status::text, priority, attempt,
+       max_attempts, eligible_at, lease_expires_at, partition_key, errors, parent_id, awaits,
+       inserted_at, updated_at, finished_at
+FROM {{schema}}.gendurable_instances WHERE fsm = $1 AND fsm_version = $2
+ORDER BY id DESC LIMIT $3`
+
+// InstancesOf reads up to limit instances of machine fsm at version, newest first.
+func (q *Queries) InstancesOf(ctx context.Context, db DB, fsm string, version int32, limit int) ([]InstanceRow, error) {
+	rows, err := db.Query(ctx, q.instancesOf, fsm, version, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (InstanceRow, error) {
+		var r InstanceRow
+		err := row.Scan(&r.ID, &r.FSM, &r.Version, &r.Queue, &r.Step,
+			&r.State, &r.Result, &r.Status, &r.Priority, &r.Attempt, &r.MaxAttempts, &r.EligibleAt,
+			&r.LeaseExpiresAt, &r.PartitionKey, &r.Errors, &r.ParentID, &r.Awaits, &r.InsertedAt, &r.UpdatedAt, &r.FinishedAt)
+		return r, err
+	})
 }
 
 // ---------------------------------------------------------------------------

@@ -173,3 +173,23 @@ func TestPickRefusesRepeatableRead(t *testing.T) {
 	require.True(t, errors.As(err, &pgErr), "%v", err)
 	require.Equal(t, "25001", pgErr.Code)
 }
+
+// TestPickVisitsEachKeyOnce: a pick whose walk goes round every key —
+// from an empty cursor, or from the last key, where such a walk leaves the
+// cursor — visits each key once: three full keys are counted full three
+// times, not six (version 6 walked them all again in its second phase).
+func TestPickVisitsEachKeyOnce(t *testing.T) {
+	t.Parallel()
+	q, exec, _, conn := keySetup(t)
+	ctx := context.Background()
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key, status, claim_token, lease_expires_at)
+	      SELECT 'm', 'a', 'k' || g, 'executing', g, now() + interval '1 hour' FROM generate_series(1, 3) g`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key) SELECT 'm', 'a', 'k' || g FROM generate_series(1, 3) g`)
+	c := conn()
+	for _, cursor := range []string{"", "k3"} {
+		res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute, Cursor: cursor})
+		require.NoError(t, err)
+		require.Empty(t, res.Claimed)
+		require.Equal(t, []int32{3}, res.KeysFull, "cursor %q", cursor)
+	}
+}

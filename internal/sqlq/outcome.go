@@ -71,6 +71,11 @@ const MaxErrorHistory = 20
 // maxErrorText bounds one error text in the history, in bytes.
 const maxErrorText = 4000
 
+// MaxStackText bounds the stack trace a panic's entry in the error history
+// keeps beside its text, in bytes: with MaxErrorHistory entries a row's
+// history stays under about 240 KiB even if every attempt panicked.
+const MaxStackText = 8 << 10
+
 // ErrorText makes an error text storable in the error history: valid
 // UTF-8, no NUL bytes (PostgreSQL text cannot hold them), and at most
 // maxErrorText bytes, cut at a character boundary.
@@ -84,6 +89,30 @@ func ErrorText(s string) string {
 		cut--
 	}
 	return s[:cut] + "…(truncated)"
+}
+
+// StackText makes a panic's stack trace storable in the error history:
+// valid UTF-8 without NUL bytes, at most MaxStackText bytes, cut after the
+// last whole frame that fits (the innermost frames come first and are kept).
+func StackText(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) <= MaxStackText {
+		return s
+	}
+	const mark = "\n…(truncated)"
+	// A frame is a function line and a tab-indented file line: cut before
+	// a function line.
+	cut := strings.LastIndexByte(s[:MaxStackText-len(mark)], '\n')
+	for cut > 0 && s[cut+1] == '\t' {
+		cut = strings.LastIndexByte(s[:cut], '\n')
+	}
+	if cut <= 0 {
+		cut = MaxStackText - len(mark)
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+	}
+	return s[:cut] + mark
 }
 
 // RejectedStop is the outcome that replaces o when the database rejected
@@ -158,9 +187,9 @@ WITH locked AS MATERIALIZED (
          o.cont_asked AND (c.partition_key IS NULL OR c.lease_expires_at > clock_timestamp()) AS cont
   FROM unnest(@ids::bigint[], @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
               @delays::bigint[], @attempt_inc::int[], @results::text[], @err_kinds::text[], @errs::text[],
-              @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[])
+              @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[], @err_stacks::text[])
          AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us,
-              inbox_dec, cont_asked)
+              inbox_dec, cont_asked, err_stack)
   CROSS JOIN LATERAL (
     SELECT i.claim_token, i.status, i.fanout, i.inbox, i.partition_key, i.lease_expires_at
     FROM {{schema}}.gendurable_instances AS i
@@ -261,7 +290,9 @@ WITH locked AS MATERIALIZED (
                ELSE (CASE WHEN jsonb_array_length(i.errors) >= @max_errors THEN i.errors - 0 ELSE i.errors END)
                     || jsonb_build_array(jsonb_build_object(
                          'step', i.step, 'attempt', i.attempt, 'at', now(),
-                         'kind', o.err_kind, 'error', o.err)) END
+                         'kind', o.err_kind, 'error', o.err)
+                       || CASE WHEN o.err_stack IS NULL THEN '{}'::jsonb
+                               ELSE jsonb_build_object('stack', o.err_stack) END) END
   FROM (SELECT l.*, ` + kids + ` AS kids FROM locked AS l) AS o
   WHERE i.id = o.id
   RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token,
@@ -313,6 +344,7 @@ type Outcome struct {
 	Result     *string // JSON; done only
 	ErrKind    *string // with Err: recorded in the error history
 	Err        *string
+	ErrStack   *string        // with Err: a panic's stack trace (StackText), recorded beside it
 	Awaits     *string        // await: JSON array of names
 	Timeout    *time.Duration // await: deadline after now
 	InboxDec   *string        // JSON name → count: consumed (next, children) or already seen (await)
@@ -332,6 +364,7 @@ type OutcomeBatch struct {
 	delays                  []int64
 	attemptInc              []int32
 	results, errKind, err   []*string
+	errStack                []*string
 	awaits, inboxDec        []*string
 	timeouts                []*int64
 	consumeOwner, consumeID []int64
@@ -347,6 +380,7 @@ func (b *OutcomeBatch) Reset() {
 	b.ids, b.tokens, b.kinds = b.ids[:0], b.tokens[:0], b.kinds[:0]
 	b.steps, b.states, b.delays = b.steps[:0], b.states[:0], b.delays[:0]
 	b.attemptInc, b.results, b.errKind, b.err = b.attemptInc[:0], b.results[:0], b.errKind[:0], b.err[:0]
+	b.errStack = b.errStack[:0]
 	b.awaits, b.inboxDec, b.timeouts = b.awaits[:0], b.inboxDec[:0], b.timeouts[:0]
 	b.consumeOwner, b.consumeID, b.childParent = b.consumeOwner[:0], b.consumeID[:0], b.childParent[:0]
 	b.cont = b.cont[:0]
@@ -368,6 +402,7 @@ func (b *OutcomeBatch) Add(o *Outcome) {
 	b.results = append(b.results, o.Result)
 	b.errKind = append(b.errKind, o.ErrKind)
 	b.err = append(b.err, o.Err)
+	b.errStack = append(b.errStack, o.ErrStack)
 	b.awaits = append(b.awaits, o.Awaits)
 	b.inboxDec = append(b.inboxDec, o.InboxDec)
 	b.cont = append(b.cont, o.Continue && o.Kind == KindNext && o.Delay <= 0)
@@ -429,6 +464,8 @@ func (b *OutcomeBatch) arg(name string) any {
 		return b.errKind
 	case "errs":
 		return b.err
+	case "err_stacks":
+		return b.errStack
 	case "awaits":
 		return b.awaits
 	case "timeouts":

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // TestOutcomeSQLUsesTheKindConstants: the outcome statement's CASEs are
@@ -55,5 +56,26 @@ func BenchmarkOutcomeBatch(b *testing.B) {
 		for range 100 {
 			batch.Add(&o)
 		}
+	}
+}
+
+// TestStackText: a stack trace is stored whole up to MaxStackText bytes,
+// and past that cut after its last whole line that fits, NULs dropped.
+func TestStackText(t *testing.T) {
+	t.Parallel()
+	short := "goroutine 1 [running]:\nmain.f()\n\t/x.go:1 +0x1\x00"
+	if got := StackText(short); got != strings.TrimSuffix(short, "\x00") {
+		t.Fatalf("short stack changed: %q", got)
+	}
+	long := "goroutine 1 [running]:\n" + strings.Repeat("main.frame()\n\t/src/main.go:12 +0x1d\n", 1000)
+	got := StackText(long)
+	if len(got) > MaxStackText {
+		t.Fatalf("%d bytes kept, more than %d", len(got), MaxStackText)
+	}
+	if !strings.HasSuffix(got, "+0x1d\n…(truncated)") || !strings.HasPrefix(got, "goroutine 1 [running]:\nmain.frame()") {
+		t.Fatalf("not cut after a whole line: ...%q", got[len(got)-40:])
+	}
+	if one := StackText(strings.Repeat("é", MaxStackText)); len(one) > MaxStackText || !utf8.ValidString(one) {
+		t.Fatalf("a stack without newlines: %d bytes, valid UTF-8 %v", len(one), utf8.ValidString(one))
 	}
 }

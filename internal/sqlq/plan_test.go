@@ -492,6 +492,9 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 				WHERE status = 'awaiting_signal' ORDER BY id DESC LIMIT 1`).Scan(&sigTarget))
 			require.NoError(t, f.pool.QueryRow(ctx, `SELECT id FROM "`+f.schema+`".gendurable_instances
 				WHERE status = 'executing' AND parent_id IS NOT NULL ORDER BY id DESC LIMIT 1`).Scan(&child))
+			var runnableID int64
+			require.NoError(t, f.pool.QueryRow(ctx, `SELECT id FROM "`+f.schema+`".gendurable_instances
+				WHERE status = 'runnable' AND queue = 'default' ORDER BY id DESC LIMIT 1`).Scan(&runnableID))
 			plainRows := make([]sqlq.NewInstance, batch)
 			uniqueRows := make([]sqlq.NewInstance, batch)
 			for i := range plainRows {
@@ -639,6 +642,40 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NoError(t, err)
 					require.True(t, ok)
 				}},
+				// Bulk retry and cancel of a batch by id: index lookups of
+				// the batch and of its rows' parents (docs/design.md §5).
+				{"retry-many", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					// The setup's own plan is checked too: keep it to the
+					// primary key.
+					_, err := tx.Exec(ctx, `SET LOCAL enable_bitmapscan = off`)
+					require.NoError(t, err)
+					_, err = tx.Exec(ctx, `UPDATE "`+f.schema+`".gendurable_instances
+						SET status = 'failed', claim_token = NULL, lease_expires_at = NULL, finished_at = now() WHERE id = ANY ($1)`, ids)
+					require.NoError(t, err)
+					_, err = tx.Exec(ctx, `SET LOCAL enable_bitmapscan = on`)
+					require.NoError(t, err)
+					got, err := f.q.RetryMany(ctx, tx, ids)
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+				}},
+				{"cancel-many", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.CancelMany(ctx, tx, ids, "test")
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+				}},
+				{"existing", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.Existing(ctx, tx, ids)
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+				}},
+				{"run-now", 100, func(t *testing.T, tx pgx.Tx) {
+					_, err := tx.Exec(ctx, `UPDATE "`+f.schema+`".gendurable_instances
+						SET eligible_at = now() + interval '1 hour' WHERE id = $1`, runnableID)
+					require.NoError(t, err)
+					_, queue, err := f.q.RunNow(ctx, tx, runnableID)
+					require.NoError(t, err)
+					require.NotNil(t, queue)
+				}},
 				{"reap", 4*fxExpired + 100, func(t *testing.T, tx pgx.Tx) {
 					got, err := f.q.Reap(ctx, tx, 1000)
 					require.NoError(t, err)
@@ -768,4 +805,47 @@ func TestKeyedPickIsBoundedByTheBatch(t *testing.T) {
 	require.Zero(t, last.KeysFull[0]+last.KeysFull[1], "no full key under the other policies")
 	require.Positive(t, last.KeysFull[2], "hot counted full under \"ho\"")
 	require.Equal(t, []int32{0, 0, 0}, last.KeysRated)
+}
+
+// TestKeyedPickClaimsByPrimaryKey (docs/design.md §5, §6): on a small,
+// freshly analyzed table whose runnable rows are all keyed (100 keys of 200
+// rows, the bench's partition workload), a pick of 1,000 claims one row per
+// key through the primary key. Version 6's claim joined its candidates to the
+// table, and the planner hashed the whole table for it: a sequential scan of
+// every row per pick.
+func TestKeyedPickClaimsByPrimaryKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	s := `"` + schema + `"`
+	for _, sql := range []string{
+		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, partition_key)
+		 SELECT 'm', 'a', 'key-' || (g % 100) FROM generate_series(1, 20000) g`,
+		`ANALYZE ` + s + `.gendurable_instances`,
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	conn, rec := explainConn(t)
+	_, err = conn.Exec(ctx, "SET search_path = "+s)
+	require.NoError(t, err)
+	const batch = 1000
+	for _, cacheMode := range []string{"force_custom_plan", "force_generic_plan"} {
+		_, err := conn.Exec(ctx, "SET plan_cache_mode = "+cacheMode)
+		require.NoError(t, err)
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		rec.reset()
+		res, err := q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: batch, Lease: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, res.Claimed, 100, "one row per key")
+		require.NoError(t, tx.Rollback(ctx))
+		t.Run(cacheMode, func(t *testing.T) {
+			for _, plan := range rec.all(t) {
+				checkPlan(t, plan, 4*batch+16)
+			}
+		})
+	}
 }

@@ -61,7 +61,9 @@ type Queries struct {
 	insertPlain     string
 	lookupUnique    string
 	getInstance     string
+	instancesOf     string
 	signal          string
+	signalDup       string
 	wakeTimedOut    string
 	waitInfo        string
 	retry           string
@@ -75,6 +77,14 @@ type Queries struct {
 	listSignals     string
 	listAllChildren string
 	stepCounts      string
+	throughput      string
+	retryMany       string
+	cancelMany      string
+	existing        string
+	runNow          string
+	upsertMachines  string
+	mergeObserved   string
+	storedMachines  string
 }
 
 // New validates the schema name and renders every statement for it.
@@ -92,8 +102,10 @@ func New(schema string) (*Queries, error) {
 		insertMany:      render(insertManySQL, qs),
 		insertPlain:     render(insertPlainSQL, qs),
 		getInstance:     render(getInstanceSQL, qs),
+		instancesOf:     render(instancesOfSQL, qs),
 		lookupUnique:    render(lookupUniqueSQL, qs),
 		signal:          render(signalSQL, qs),
+		signalDup:       render(signalDupSQL, qs),
 		wakeTimedOut:    render(wakeTimedOutSQL, qs),
 		waitInfo:        render(waitInfoSQL, qs),
 		retry:           render(retrySQL, qs),
@@ -107,6 +119,14 @@ func New(schema string) (*Queries, error) {
 		listSignals:     render(listSignalsSQL, qs),
 		listAllChildren: render(listAllChildrenSQL, qs),
 		stepCounts:      render(stepCountsSQL, qs),
+		throughput:      render(throughputSQL, qs),
+		retryMany:       render(retryManySQL, qs),
+		cancelMany:      render(cancelManySQL, qs),
+		existing:        render(existingSQL, qs),
+		runNow:          render(runNowSQL, qs),
+		upsertMachines:  render(upsertMachinesSQL, qs),
+		mergeObserved:   render(mergeObservedSQL, qs),
+		storedMachines:  render(storedMachinesSQL, qs),
 	}
 	for sh := range outcomeShape(shapeCount) {
 		q.applyOutcomes[sh] = bindNamed(render(outcomeSQL(sh), qs))

@@ -1,0 +1,226 @@
+// Package riverlh is River's adapter of the public long-horizon benchmark of
+// PostgreSQL job queues — the same protocol, environment and measurements as
+// gendurable's (`gendurable bench --long-horizon`; the protocol is package
+// internal/longhorizon of the gendurable module), so one driver runs both.
+// The command is bench/cmd/river-long-horizon.
+//
+// River is set up as the benchmark's own River adapter sets it up
+// (hardbyte/postgresql-job-queue-benchmarking, river-bench/main.go), so its
+// figures compare with the published ones: River's migrations (rivermigrate),
+// one queue (default) of WORKER_COUNT workers, FetchCooldown and
+// FetchPollInterval 50 ms, JobTimeout and RescueStuckJobsAfter 30 s, every
+// other setting at River's default (completed jobs kept 24 h); inserts
+// through InsertManyFast (COPY), at most 128 jobs each.
+package riverlh
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/longhorizon"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+)
+
+// Args is a long-horizon job: its number and a filler of about
+// JOB_PAYLOAD_BYTES in all.
+type Args struct {
+	Seq int64  `json:"seq"`
+	Pad string `json:"pad"`
+}
+
+// Kind is River's job kind.
+func (Args) Kind() string { return "long_horizon_job" }
+
+// Run is the adapter, configured by getenv only (os.Getenv; see
+// longhorizon.FromEnv, and RIVER_SCHEMA for River's schema, default the
+// connection's search path — public): it migrates, writes the descriptor,
+// starts the client, and produces and samples until ctx ends (SIGTERM); then
+// it stops the client (1 s for running jobs, then StopAndCancel) and returns
+// nil, within 5 s. Its job sleeps JOB_WORK_MS; a completion counts when River
+// reports the job completed (EventKindJobCompleted, sent once its completer
+// has written it).
+//
+// Claim latency is insert → job start on the database clock, measured as
+// gendurable's adapter measures it: the job's created_at (set by the insert,
+// now() on the database) against the start of Work on this process's clock
+// moved to the database's by the measured offset.
+//
+// Errors about the environment wrap longhorizon.ErrInvalidEnv (exit 2).
+func Run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
+	err := run(ctx, getenv, stdout, stderr)
+	if err != nil && ctx.Err() != nil && !errors.Is(err, longhorizon.ErrInvalidEnv) {
+		return nil // SIGTERM while starting: a stop, not a failure
+	}
+	return err
+}
+
+func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := longhorizon.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	schema := strings.TrimSpace(getenv("RIVER_SCHEMA"))
+	if schema != "" && !validIdent(schema) {
+		return fmt.Errorf("%w: RIVER_SCHEMA=%q (want 1-63 characters of [A-Za-z0-9_], not starting with a digit)", longhorizon.ErrInvalidEnv, schema)
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("%w: DATABASE_URL: %v", longhorizon.ErrInvalidEnv, err)
+	}
+	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
+		pcfg.MaxConns = 20 // the public adapter's MAX_CONNECTIONS default
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	if schema != "" {
+		if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return fmt.Errorf("create schema %s: %w", schema, err)
+		}
+	}
+	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema})
+	if err != nil {
+		return fmt.Errorf("river migrator: %w", err)
+	}
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("river migrate: %w", err)
+	}
+	versions, err := migrator.ExistingVersions(ctx)
+	if err != nil {
+		return fmt.Errorf("river versions: %w", err)
+	}
+	schemaVersion := "0"
+	if len(versions) > 0 {
+		schemaVersion = fmt.Sprint(versions[len(versions)-1].Version)
+	}
+
+	tel := &longhorizon.Telemetry{}
+	workDur := time.Duration(cfg.WorkMs) * time.Millisecond
+	workers := river.NewWorkers()
+	river.AddWorker(workers, river.WorkFunc(func(ctx context.Context, j *river.Job[Args]) error {
+		tel.Started(j.CreatedAt)
+		if workDur > 0 {
+			t := time.NewTimer(workDur)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}))
+	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Schema:               schema,
+		Queues:               map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.WorkerCount}},
+		Workers:              workers,
+		FetchCooldown:        50 * time.Millisecond,
+		FetchPollInterval:    50 * time.Millisecond,
+		JobTimeout:           30 * time.Second,
+		RescueStuckJobsAfter: 30 * time.Second,
+		Logger:               slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		return fmt.Errorf("river client: %w", err)
+	}
+	events, cancelSub := client.SubscribeConfig(&river.SubscribeConfig{
+		ChanSize: 100_000, // a full channel drops events, and they are the completion count
+		Kinds:    []river.EventKind{river.EventKindJobCompleted},
+	})
+	subDone := make(chan struct{})
+	go func() {
+		defer close(subDone)
+		for range events {
+			tel.Completed(1)
+		}
+	}()
+	defer func() { cancelSub(); <-subDone }()
+
+	table := "public.river_job"
+	if schema != "" {
+		table = schema + ".river_job"
+	}
+	out := longhorizon.NewEmitter(stdout)
+	if err := out.Emit(longhorizon.Descriptor{
+		Kind: "descriptor", System: "river", EventTables: []string{table}, Extensions: []string{},
+		Version: riverVersion(), SchemaVersion: schemaVersion, DBName: pcfg.ConnConfig.Database,
+		StartedAt: time.Now().UTC().Format(longhorizon.TimeFormat), InstanceID: cfg.InstanceID,
+	}); err != nil {
+		return err
+	}
+	if err := client.Start(ctx); err != nil {
+		return fmt.Errorf("river start: %w", err)
+	}
+	sys := &system{client: client, pool: pool, table: "river_job"}
+	if schema != "" {
+		sys.table = pgx.Identifier{schema, "river_job"}.Sanitize()
+	}
+	runErr := longhorizon.Run(ctx, cfg, "river", sys, tel, out, log)
+	stopCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := client.Stop(stopCtx); err != nil {
+		cctx, ccancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer ccancel()
+		if err := client.StopAndCancel(cctx); err != nil {
+			log.Warn("long horizon: stop", "err", err)
+		}
+	}
+	log.Info("long horizon: stopped")
+	return runErr
+}
+
+type system struct {
+	client *river.Client[pgx.Tx]
+	pool   *pgxpool.Pool
+	table  string // river_job, schema-qualified and sanitized if RIVER_SCHEMA is set
+}
+
+func (s *system) Insert(ctx context.Context, seq int64, n int, pad string) error {
+	ps := make([]river.InsertManyParams, n)
+	for i := range ps {
+		ps[i] = river.InsertManyParams{Args: Args{Seq: seq + int64(i), Pad: pad}}
+	}
+	_, err := s.client.InsertManyFast(ctx, ps)
+	return err
+}
+
+// Depth counts available jobs (River's state for runnable and unclaimed), at
+// most longhorizon.DepthCap, through River's (state, queue, priority,
+// scheduled_at, id) index.
+func (s *system) Depth(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM `+s.table+
+		` WHERE state = 'available' AND queue = $1 LIMIT $2) AS a`, river.QueueDefault, longhorizon.DepthCap).Scan(&n)
+	return n, err
+}
+
+func (s *system) DBNow(ctx context.Context) (time.Time, error) {
+	var t time.Time
+	err := s.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t)
+	return t, err
+}
+
+func validIdent(s string) bool {
+	if s == "" || len(s) > 63 || (s[0] >= '0' && s[0] <= '9') {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,311 @@
+package gendurable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Bulk operator calls: retry or cancel many instances at once, by id or by
+// filter, with the per-instance rules of [Engine.Retry] and [Engine.Cancel].
+
+// MaxBulkIDs bounds the ids of one [Engine.RetryMany] or [Engine.CancelMany]
+// call, and the ids a [BulkResult] lists.
+const MaxBulkIDs = 1000
+
+// BulkBatch is how many instances one statement of [Engine.RetryMatching]
+// or [Engine.CancelMatching] changes at most.
+const BulkBatch = 500
+
+// BulkResult counts what a bulk call did. On an error, it counts what was
+// done before the error (each batch commits on its own).
+type BulkResult struct {
+	// Matched: the instances the call looked at — the given ids that exist,
+	// or the instances the filter matched.
+	Matched int64 `json:"matched"`
+	// Changed: the instances retried or cancelled.
+	Changed int64 `json:"changed"`
+	// Skipped: matched but left as they were — not in a status the action
+	// applies to (a retry needs a failed instance, a cancel a live one),
+	// changed by someone else meanwhile, or, for a retry, its unique key now
+	// held by another live instance.
+	Skipped int64 `json:"skipped"`
+	// NotFound: given ids with no instance (RetryMany and CancelMany only).
+	NotFound int64 `json:"not_found"`
+	// ChangedIDs are the ids changed, the first MaxBulkIDs of them (empty,
+	// not nil, when none was).
+	ChangedIDs []int64 `json:"changed_ids"`
+	// Truncated: more were changed than ChangedIDs lists.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+func (r *BulkResult) add(changed []sqlq.BulkChanged, matched int64) {
+	r.Matched += matched
+	r.Changed += int64(len(changed))
+	r.Skipped += matched - int64(len(changed))
+	for _, c := range changed {
+		if len(r.ChangedIDs) == MaxBulkIDs {
+			r.Truncated = true
+			break
+		}
+		r.ChangedIDs = append(r.ChangedIDs, c.ID)
+	}
+}
+
+// bulkIDs checks and de-duplicates the ids of a by-id bulk call.
+func bulkIDs(op string, ids []int64) ([]int64, error) {
+	if len(ids) == 0 {
+		return nil, errorf(ErrInvalidInput, "%s: no ids", op)
+	}
+	out := slices.Clone(ids)
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) > MaxBulkIDs {
+		return nil, errorf(ErrInvalidInput, "%s: %d ids, at most %d per call (or use a filter)", op, len(out), MaxBulkIDs)
+	}
+	if out[0] <= 0 {
+		return nil, errorf(ErrInvalidInput, "%s: id %d is not an instance id", op, out[0])
+	}
+	return out, nil
+}
+
+// RetryMany retries the failed instances among ids (at most [MaxBulkIDs];
+// duplicates count once) as [Engine.Retry] would each: back to runnable at
+// the step they failed in with a fresh attempt budget, waited for again by a
+// parent that still waits. Instances not failed, or whose unique key another
+// live instance now holds, are skipped; ids without an instance are counted
+// in NotFound. Empty, oversized or non-positive ids are [ErrInvalidInput].
+// The change is logged at Info on the engine's Logger.
+func (e *Engine) RetryMany(ctx context.Context, ids []int64) (BulkResult, error) {
+	ids, err := bulkIDs("retry", ids)
+	if err != nil {
+		return BulkResult{}, err
+	}
+	res, err := e.byIDs(ctx, ids, "retry", e.retryBatch)
+	e.logBulk("gendurable: instances retried", res, err)
+	return res, err
+}
+
+// CancelMany cancels the live instances among ids (at most [MaxBulkIDs];
+// duplicates count once) as [Engine.Cancel] would each, recording reason
+// (default "cancelled by an operator"): finished instances are skipped, ids
+// without an instance counted in NotFound. Empty, oversized or non-positive
+// ids are [ErrInvalidInput]. The change is logged at Info on the engine's
+// Logger.
+func (e *Engine) CancelMany(ctx context.Context, ids []int64, reason string) (BulkResult, error) {
+	ids, err := bulkIDs("cancel", ids)
+	if err != nil {
+		return BulkResult{}, err
+	}
+	res, err := e.byIDs(ctx, ids, "cancel", e.cancelBatch(reason))
+	e.logBulk("gendurable: instances cancelled", res, err)
+	return res, err
+}
+
+func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch func(context.Context, []int64) ([]sqlq.BulkChanged, error)) (BulkResult, error) {
+	res := BulkResult{ChangedIDs: []int64{}}
+	found, err := e.q.Existing(ctx, e.pool, ids)
+	if err != nil {
+		return res, e.dbErr(err, op)
+	}
+	res.NotFound = int64(len(ids) - len(found))
+	if len(found) == 0 {
+		return res, nil
+	}
+	slices.Sort(found)
+	changed, err := batch(ctx, found)
+	if err != nil {
+		return res, err
+	}
+	res.add(changed, int64(len(found)))
+	return res, nil
+}
+
+// RetryMatching retries every failed instance f matches, as
+// [Engine.RetryMany] would, newest first, in batches of at most [BulkBatch]
+// instances: each batch is one bounded list statement (at most f.MaxScan
+// instances looked at, as a [Engine.List] page) and one bulk statement,
+// committed on its own, so no statement locks an unbounded set and a large
+// match neither holds locks long nor starves workers. Instances inserted
+// after the call starts are not visited. f.Limit is ignored; f.Before, if
+// set, starts the walk below that id.
+//
+// A filter without criteria (no Queue, Status, Machine, Step, From, To,
+// Search or State; a State of {} or [] is contained in every object or array
+// state, so it is none) is [ErrInvalidInput] unless f.All is set: "every failed instance"
+// must be asked for explicitly. An instance the filter matches that is not
+// failed is counted in Skipped (set Status to "failed" to visit only those).
+// The call stops at ctx's end between batches, returning what it did so far
+// with ctx's error. The change is logged at Info on the engine's Logger.
+func (e *Engine) RetryMatching(ctx context.Context, f ListFilter) (BulkResult, error) {
+	res, err := e.matching(ctx, f, "retry", e.retryBatch)
+	e.logBulk("gendurable: instances retried", res, err, "filter", f.String())
+	return res, err
+}
+
+// CancelMatching cancels every live instance f matches, as
+// [Engine.CancelMany] would, in batches as [Engine.RetryMatching] does and
+// with its rule for filters without criteria. Finished instances the filter
+// matches are counted in Skipped.
+func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string) (BulkResult, error) {
+	res, err := e.matching(ctx, f, "cancel", e.cancelBatch(reason))
+	e.logBulk("gendurable: instances cancelled", res, err, "filter", f.String())
+	return res, err
+}
+
+func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch func(context.Context, []int64) ([]sqlq.BulkChanged, error)) (BulkResult, error) {
+	res := BulkResult{ChangedIDs: []int64{}}
+	if !f.hasCriteria() && !f.All {
+		return res, errorf(ErrInvalidInput, "%s: the filter has no criteria (queue, status, machine, step, time range, search or state); set All to act on every instance", op)
+	}
+	f.Limit = BulkBatch
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		page, err := e.List(ctx, f)
+		if err != nil {
+			return res, err
+		}
+		if n := len(page.Instances); n > 0 {
+			ids := make([]int64, n)
+			for i, in := range page.Instances {
+				ids[i] = in.ID
+			}
+			slices.Sort(ids)
+			changed, err := batch(ctx, ids)
+			if err != nil {
+				return res, err
+			}
+			res.add(changed, int64(n))
+		}
+		if page.NextBefore == 0 {
+			return res, nil
+		}
+		f.Before = page.NextBefore
+	}
+}
+
+// hasCriteria reports whether f selects by anything but position.
+func (f ListFilter) hasCriteria() bool {
+	return f.Queue != "" || f.Status != "" || f.Machine != "" || f.Step != "" || !f.From.IsZero() ||
+		!f.To.IsZero() || f.Search != "" || (len(f.State) > 0 && !stateMatchesAll(f.State))
+}
+
+// String describes f's criteria for logs.
+func (f ListFilter) String() string {
+	s := ""
+	add := func(k, v string) {
+		if v != "" {
+			if s != "" {
+				s += " "
+			}
+			s += k + "=" + fmt.Sprintf("%q", v)
+		}
+	}
+	add("queue", f.Queue)
+	add("status", string(f.Status))
+	add("machine", f.Machine)
+	add("step", f.Step)
+	if !f.From.IsZero() {
+		add("from", f.From.Format(time.RFC3339))
+	}
+	if !f.To.IsZero() {
+		add("to", f.To.Format(time.RFC3339))
+	}
+	add("search", f.Search)
+	add("state", string(f.State))
+	if f.Before > 0 {
+		add("before", fmt.Sprint(f.Before))
+	}
+	if s == "" && f.All {
+		s = "all"
+	}
+	return s
+}
+
+// retryBatch retries the failed instances among ids (sorted, at most
+// MaxBulkIDs). Two of them sharing a unique key collide on the unique
+// index; the batch is then retried one instance at a time, each collision
+// skipped.
+func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, error) {
+	changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(ctx, e.pool, ids) })
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		changed = changed[:0]
+		for _, id := range ids {
+			one, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(ctx, e.pool, []int64{id}) })
+			if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+				continue
+			}
+			if err != nil {
+				return changed, e.dbErr(err, "retry")
+			}
+			changed = append(changed, one...)
+		}
+		err = nil
+	}
+	if err != nil {
+		return nil, e.dbErr(err, "retry")
+	}
+	e.kickQueues(changed)
+	return changed, nil
+}
+
+func (e *Engine) cancelBatch(reason string) func(context.Context, []int64) ([]sqlq.BulkChanged, error) {
+	if reason == "" {
+		reason = "cancelled by an operator"
+	}
+	reason = truncate(reason)
+	return func(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, error) {
+		changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.CancelMany(ctx, e.pool, ids, reason) })
+		if err != nil {
+			return nil, e.dbErr(err, "cancel")
+		}
+		return changed, nil
+	}
+}
+
+// bulkStatement runs a bulk statement, again after a deadlock or
+// serialization failure with another process's writes (up to 5 tries).
+func bulkStatement(ctx context.Context, run func() ([]sqlq.BulkChanged, error)) ([]sqlq.BulkChanged, error) {
+	for try := 1; ; try++ {
+		changed, err := run()
+		var pgErr *pgconn.PgError
+		if try == 5 || !errors.As(err, &pgErr) || (pgErr.Code != "40P01" && pgErr.Code != "40001") {
+			return changed, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(time.Duration(try*10) * time.Millisecond):
+		}
+	}
+}
+
+// kickQueues wakes this process's feeders of the queues rows went back to.
+func (e *Engine) kickQueues(changed []sqlq.BulkChanged) {
+	seen := map[string]bool{}
+	for _, c := range changed {
+		if !seen[c.Queue] {
+			seen[c.Queue] = true
+			e.kickQueue(c.Queue)
+		}
+	}
+}
+
+func (e *Engine) logBulk(msg string, res BulkResult, err error, kv ...any) {
+	if res.Changed == 0 && err != nil {
+		return
+	}
+	args := append([]any{"matched", res.Matched, "changed", res.Changed, "skipped", res.Skipped, "not_found", res.NotFound}, kv...)
+	if err != nil {
+		args = append(args, "err", err)
+	}
+	e.log.Info(msg, args...)
+}

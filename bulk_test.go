@@ -1,0 +1,378 @@
+package gendurable_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+)
+
+// seedRow inserts one instance row directly and returns its id.
+func (b *testBundle) seedRow(cols, vals string, args ...any) int64 {
+	b.t.Helper()
+	var id int64
+	require.NoError(b.t, b.pool.QueryRow(context.Background(), replaceSchema(
+		`INSERT INTO {{s}}.gendurable_instances (fsm, step, `+cols+`) VALUES ('m', 'a', `+vals+`) RETURNING id`, b.schema),
+		args...).Scan(&id))
+	return id
+}
+
+const liveScope = `'{runnable,executing,awaiting_signal,awaiting_children}'`
+
+func TestRetryManyAndCancelManyByID(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+
+	for _, ids := range [][]int64{nil, {}, {0}, {-3, 5}, make([]int64, gendurable.MaxBulkIDs+1)} {
+		if len(ids) > gendurable.MaxBulkIDs {
+			for i := range ids {
+				ids[i] = int64(i + 1)
+			}
+		}
+		_, err := b.eng.RetryMany(ctx, ids)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%d ids", len(ids))
+		_, err = b.eng.CancelMany(ctx, ids, "")
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%d ids", len(ids))
+	}
+
+	// A parent waiting on two failed children of its current fan-out, and
+	// a finished parent with one.
+	parent := b.seedRow(`status, fanout, children_total, children_pending`, `'awaiting_children', 2, 3, 0`)
+	kid1 := b.seedRow(`status, parent_id, parent_fanout, finished_at`, `'failed', $1, 2, now()`, parent)
+	kid2 := b.seedRow(`status, parent_id, parent_fanout, finished_at`, `'failed', $1, 2, now()`, parent)
+	old := b.seedRow(`status, parent_id, parent_fanout, finished_at`, `'failed', $1, 1, now()`, parent)
+	live := b.seedRow(`status`, `'runnable'`)
+	// A failed row whose key a live row holds, and two failed rows sharing
+	// a key no one holds: one of them can be retried.
+	held := b.seedRow(`status, unique_key, unique_scope`, `'failed', 'k1', `+liveScope)
+	b.seedRow(`status, unique_key, unique_scope`, `'runnable', 'k1', `+liveScope)
+	twin1 := b.seedRow(`status, unique_key, unique_scope`, `'failed', 'k2', `+liveScope)
+	twin2 := b.seedRow(`status, unique_key, unique_scope`, `'failed', 'k2', `+liveScope)
+	// A leftover unconsumed signal on a failed row is consumed by the retry.
+	b.exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name) VALUES ($1, 'late')`, kid1)
+
+	res, err := b.eng.RetryMany(ctx, []int64{kid1, kid2, kid2, old, live, held, 987654})
+	require.NoError(t, err)
+	require.Equal(t, gendurable.BulkResult{Matched: 5, Changed: 3, Skipped: 2, NotFound: 1,
+		ChangedIDs: []int64{kid1, kid2, old}}, res, "kid2 counts once; live and held are skipped")
+	for _, id := range []int64{kid1, kid2, old} {
+		r := b.row(id)
+		require.Equal(t, "runnable", r.Status)
+		require.Nil(t, r.FinishedAt)
+	}
+	require.Equal(t, "failed", b.row(held).Status)
+	require.Equal(t, 2, b.count(`SELECT children_pending FROM {{s}}.gendurable_instances WHERE id = $1`, parent),
+		"the parent waits for its two retried children again, not for the earlier fan-out's")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE consumed_at IS NULL`))
+
+	// The twins collide on the unique index: one at a time, one is retried.
+	res, err = b.eng.RetryMany(ctx, []int64{twin1, twin2, held})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Changed, "%+v", res)
+	require.Equal(t, int64(2), res.Skipped)
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id IN ($1, $2) AND status = 'runnable'`, twin1, twin2))
+
+	// Cancel: the children join their parent, which wakes; a running row
+	// is fenced out; finished rows are skipped.
+	running := b.seedRow(`status, claim_token, lease_expires_at, inbox`, `'executing', 42, now() + interval '1 minute', '{"go": 1}'`)
+	b.exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name) VALUES ($1, 'go')`, running)
+	res, err = b.eng.CancelMany(ctx, []int64{kid1, kid2, running, held, 123456789}, "bulk test")
+	require.NoError(t, err)
+	require.Equal(t, gendurable.BulkResult{Matched: 4, Changed: 3, Skipped: 1, NotFound: 1,
+		ChangedIDs: []int64{kid1, kid2, running}}, res)
+	p := b.row(parent)
+	require.Equal(t, "runnable", p.Status, "both children finished: the parent runs its join")
+	require.Zero(t, b.count(`SELECT children_pending FROM {{s}}.gendurable_instances WHERE id = $1`, parent))
+	r := b.row(running)
+	require.Equal(t, "failed", r.Status)
+	require.Nil(t, r.Token, "the running step is fenced out")
+	require.Equal(t, "cancelled", r.Errors[len(r.Errors)-1]["kind"])
+	require.Equal(t, "bulk test", r.Errors[len(r.Errors)-1]["error"])
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE consumed_at IS NULL`), "its inbox is consumed")
+
+	res, err = b.eng.CancelMany(ctx, []int64{999999999}, "")
+	require.NoError(t, err)
+	require.Equal(t, gendurable.BulkResult{NotFound: 1, ChangedIDs: []int64{}}, res)
+}
+
+func TestBulkByFilterWorksInBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+
+	_, err := b.eng.RetryMatching(ctx, gendurable.ListFilter{})
+	require.ErrorIs(t, err, gendurable.ErrInvalidInput, "no criteria")
+	_, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{Before: 10, Limit: 3}, "")
+	require.ErrorIs(t, err, gendurable.ErrInvalidInput, "paging is not a criterion")
+	_, err = b.eng.RetryMatching(ctx, gendurable.ListFilter{Status: "bogus"})
+	require.ErrorIs(t, err, gendurable.ErrInvalidInput)
+
+	// More than two batches of failed rows in queue q, others elsewhere.
+	const n = 2*gendurable.BulkBatch + 37
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, queue, step, status, finished_at)
+		SELECT 'm', 'q', 'a', 'failed', now() FROM generate_series(1, $1::int)`, n)
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, queue, step, status)
+		SELECT 'm', 'q', 'a', 'runnable' FROM generate_series(1, 10)`)
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, queue, step, status, finished_at)
+		SELECT 'm', 'other', 'a', 'failed', now() FROM generate_series(1, 5)`)
+
+	// A small scan window makes many partial pages: every match is still found.
+	res, err := b.eng.RetryMatching(ctx, gendurable.ListFilter{Queue: "q", MaxScan: 300})
+	require.NoError(t, err)
+	require.Equal(t, int64(n+10), res.Matched)
+	require.Equal(t, int64(n), res.Changed)
+	require.Equal(t, int64(10), res.Skipped, "the runnable rows")
+	require.Len(t, res.ChangedIDs, gendurable.MaxBulkIDs)
+	require.True(t, res.Truncated)
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE queue = 'q' AND status = 'failed'`))
+	require.Equal(t, 5, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE queue = 'other' AND status = 'failed'`))
+
+	res, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{Queue: "q", Status: gendurable.StatusRunnable}, "drain q")
+	require.NoError(t, err)
+	require.Equal(t, int64(n+10), res.Changed)
+	require.Zero(t, res.Skipped)
+
+	// All: every instance; the finished ones are skipped.
+	res, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{All: true}, "")
+	require.NoError(t, err)
+	require.Equal(t, int64(n+15), res.Matched)
+	require.Zero(t, res.Changed)
+	res, err = b.eng.RetryMatching(ctx, gendurable.ListFilter{All: true, Status: gendurable.StatusFailed})
+	require.NoError(t, err)
+	require.Equal(t, int64(n+15), res.Changed)
+
+	// A cancelled context stops between batches.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = b.eng.CancelMatching(cctx, gendurable.ListFilter{Queue: "q"}, "")
+	require.ErrorIs(t, err, context.Canceled)
+	// Cancelled after the first batch: that batch stays done and is counted.
+	res, err = b.eng.CancelMatching(&cancelAfter{Context: ctx, checks: 1}, gendurable.ListFilter{Queue: "q"}, "")
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, int64(gendurable.BulkBatch), res.Changed)
+	require.Equal(t, gendurable.BulkBatch, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE queue = 'q' AND status = 'failed'`))
+}
+
+// cancelAfter is a context whose Err turns to Canceled after a number of
+// checks (its Done never closes, so statements run to their end).
+type cancelAfter struct {
+	context.Context
+	checks int
+}
+
+func (c *cancelAfter) Err() error {
+	if c.checks == 0 {
+		return context.Canceled
+	}
+	c.checks--
+	return nil
+}
+
+// TestBulkCancelWhileWorkersRun: running children of 20 fan-outs are
+// cancelled by filter again and again while the engine runs them. Every child ends done or cancelled, never
+// both (a cancelled child's late outcome is fenced out), and every parent
+// joins exactly once with a zero count: the cancels and the workers'
+// outcomes decrement the same parents without losing or doubling one.
+func TestBulkCancelWhileWorkersRun(t *testing.T) {
+	t.Parallel()
+	leaf := &gendurable.Job[leafArgs]{Name: "bleaf", MaxAttempts: 1, Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		time.Sleep(time.Duration(2+j.State.N%5) * time.Millisecond)
+		return nil
+	}}
+	const parents, width = 20, 10
+	m := &gendurable.Machine[fanState]{Name: "bparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				kids := make([]gendurable.InsertParams, width)
+				for i := range kids {
+					kids[i] = leaf.New(leafArgs{N: i})
+				}
+				return r.ScheduleChildren("join", r.State, kids...), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return gendurable.Done(len(r.Children)), nil
+			},
+		}}
+	cfg := fastConfig("", m, leaf)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, PollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	ids := make([]int64, parents)
+	for i := range ids {
+		ids[i] = b.insert(m.New(fanState{}))
+	}
+	// Start while children are live: some runnable, some running.
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'bleaf' AND status = 'executing'`) > 0
+	}, "no child running yet")
+	var cancelled int64
+	for b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'bparent' AND status <> 'done'`) > 0 {
+		// Only running children: each cancel races their outcomes.
+		res, err := b.eng.CancelMatching(ctx, gendurable.ListFilter{Machine: "bleaf", Status: gendurable.StatusExecuting}, "bulk while running")
+		require.NoError(t, err)
+		cancelled += res.Changed
+		time.Sleep(5 * time.Millisecond)
+	}
+	require.Positive(t, cancelled)
+	require.Equal(t, int(cancelled), b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE fsm = 'bleaf' AND status = 'failed' AND errors -> -1 ->> 'kind' = 'cancelled'`))
+	require.Equal(t, parents*width, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE fsm = 'bleaf' AND (status = 'done' OR (status = 'failed' AND errors -> -1 ->> 'kind' = 'cancelled'))`))
+	for _, id := range ids {
+		r := b.waitStatus(id, "done", 10*time.Second)
+		require.JSONEq(t, fmt.Sprint(width), string(r.Result))
+		require.Zero(t, b.count(`SELECT children_pending FROM {{s}}.gendurable_instances WHERE id = $1`, id))
+	}
+}
+
+// TestBulkRetryWhileWorkersRun: 300 failed jobs are retried by two
+// operators at once while the engine runs what is retried. Each instance is
+// retried exactly once between them and then succeeds.
+func TestBulkRetryWhileWorkersRun(t *testing.T) {
+	t.Parallel()
+	var runs sync.Map // id → runs
+	job := &gendurable.Job[orderArgs]{Name: "bretry", MaxAttempts: 1, Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+		n, _ := runs.LoadOrStore(j.ID, new(atomic.Int32))
+		if n.(*atomic.Int32).Add(1) == 1 {
+			return errors.New("first run fails")
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 8, PollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	const n = 300
+	ps := make([]gendurable.InsertParams, n)
+	for i := range ps {
+		ps[i] = job.New(orderArgs{I: i})
+	}
+	_, err := b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'failed'`) == n
+	}, "not all failed")
+
+	var wg sync.WaitGroup
+	results := make([]gendurable.BulkResult, 2)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			results[i], err = b.eng.RetryMatching(ctx, gendurable.ListFilter{Machine: "bretry", MaxScan: 100})
+			require.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	require.Equal(t, int64(n), results[0].Changed+results[1].Changed, "each instance retried once: %+v", results)
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) == n
+	}, "not all done after the retry")
+	runs.Range(func(_, v any) bool {
+		require.Equal(t, int32(2), v.(*atomic.Int32).Load())
+		return true
+	})
+}
+
+func TestRunNow(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "later", Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error { return nil }}
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	scheduled := b.insert(job.New(orderArgs{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	backingOff := b.seedRow(`status, attempt, eligible_at`, `'runnable', 2, now() + interval '10 minutes'`)
+	now := b.seedRow(`status`, `'runnable'`)
+	parked := b.seedRow(`status, awaits`, `'awaiting_signal', '{go}'`)
+	done := b.seedRow(`status, finished_at`, `'done', now()`)
+
+	for _, id := range []int64{scheduled, backingOff} {
+		require.NoError(t, b.eng.RunNow(ctx, id))
+		r := b.row(id)
+		require.Equal(t, "runnable", r.Status)
+		require.False(t, r.EligibleAt.After(r.Now), "eligible now")
+	}
+	require.Equal(t, 2, b.row(backingOff).Attempt, "the attempt count is kept")
+	require.NoError(t, b.eng.RunNow(ctx, now), "already eligible: nothing to do")
+	require.ErrorIs(t, b.eng.RunNow(ctx, parked), gendurable.ErrNotDelayed)
+	require.ErrorIs(t, b.eng.RunNow(ctx, done), gendurable.ErrNotDelayed)
+	require.ErrorIs(t, b.eng.RunNow(ctx, 98765432), gendurable.ErrNotFound)
+
+	// The engine runs it at once, not in an hour.
+	b.start()
+	b.waitStatus(scheduled, "done", 5*time.Second)
+}
+
+// TestNotMigratedSaysWhatToRun: operator calls on a schema without
+// gendurable's tables return ErrNotMigrated with the command to run, not a
+// bare "relation does not exist".
+func TestNotMigratedSaysWhatToRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	eng, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema + "_none"})
+	require.NoError(t, err)
+	ctx := context.Background()
+	calls := map[string]func() error{
+		"list":   func() error { _, err := eng.List(ctx, gendurable.ListFilter{}); return err },
+		"queues": func() error { _, err := eng.Queues(ctx); return err },
+		"show":   func() error { _, err := eng.Describe(ctx, 1); return err },
+		"retry":  func() error { return eng.Retry(ctx, 1) },
+		"cancel": func() error { return eng.Cancel(ctx, 1, "") },
+		"runnow": func() error { return eng.RunNow(ctx, 1) },
+		"bulk":   func() error { _, err := eng.CancelMany(ctx, []int64{1}, ""); return err },
+		"prune":  func() error { _, err := eng.Prune(ctx, time.Hour, nil); return err },
+		"signal": func() error { _, err := eng.Signal(ctx, 1, "go", nil, nil); return err },
+		"pause":  func() error { return eng.Pause(ctx, "default") },
+		"machines": func() error {
+			_, err := eng.ListMachines(ctx)
+			return err
+		},
+		"graph":      func() error { _, err := eng.Graph(ctx, "order"); return err },
+		"throughput": func() error { _, err := eng.Throughput(ctx); return err },
+		"matching":   func() error { _, err := eng.RetryMatching(ctx, gendurable.ListFilter{Status: "failed"}); return err },
+		"retrymany":  func() error { _, err := eng.RetryMany(ctx, []int64{1}); return err },
+	}
+	for name, call := range calls {
+		err := call()
+		require.ErrorIs(t, err, gendurable.ErrNotMigrated, name)
+		require.Contains(t, err.Error(), "run `gendurable migrate up --schema "+b.schema+"_none`", name)
+		require.NotContains(t, err.Error(), "does not exist", name)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, "the database's error is still wrapped")
+		require.Equal(t, "42P01", pgErr.Code)
+	}
+}
+
+// TestBulkByEmptyStateIsNoCriterion: a State of {} or [] is contained in
+// every object or array state, so a bulk call by it alone is refused as a
+// filter without criteria, not run over every instance.
+func TestBulkByEmptyStateIsNoCriterion(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	live := b.seedRow(`status, state`, `'runnable', '{"a": 1}'`)
+	failed := b.seedRow(`status, state, finished_at`, `'failed', '[1]', now()`)
+	for _, s := range []string{`{}`, ` { } `, "{\n}", `[]`, `[ ]`} {
+		_, err := b.eng.CancelMatching(ctx, gendurable.ListFilter{State: json.RawMessage(s)}, "")
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "cancel by %q", s)
+		_, err = b.eng.RetryMatching(ctx, gendurable.ListFilter{State: json.RawMessage(s)})
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "retry by %q", s)
+	}
+	require.Equal(t, "runnable", b.row(live).Status)
+	require.Equal(t, "failed", b.row(failed).Status)
+	// A non-empty document is a criterion.
+	res, err := b.eng.CancelMatching(ctx, gendurable.ListFilter{State: json.RawMessage(`{"a": 1}`)}, "")
+	require.NoError(t, err)
+	require.Equal(t, []int64{live}, res.ChangedIDs)
+}

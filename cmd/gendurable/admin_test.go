@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// seed inserts rows into schema's instances table: n rows with the given
+// columns and values (SQL expressions; g is the row number).
+func seed(t *testing.T, pool *pgxpool.Pool, schema string, n int, cols, vals string) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `INSERT INTO "`+schema+`".gendurable_instances (fsm, step, `+cols+`)
+		SELECT 'm', 'a', `+vals+` FROM generate_series(1, $1::int) g`, n)
+	require.NoError(t, err)
+}
+
+func countRows(t *testing.T, pool *pgxpool.Pool, schema, where string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT count(*) FROM "`+schema+`".gendurable_instances WHERE `+where).Scan(&n))
+	return n
+}
+
+// auditLines returns the JSON audit lines of a --json run's stderr.
+func auditLines(t *testing.T, stderr string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(stderr), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), "stderr line %q", line)
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestBulkRetryAndCancelByFilter (issue 14 item 6): retry and cancel by the
+// filters of list, over more than two batches; off a terminal a filter needs
+// --yes and, without it, changes nothing; the counts are printed (text or
+// JSON) and the action is audit-logged on stderr with the user.
+func TestBulkRetryAndCancelByFilter(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	const n = 2*gendurable.BulkBatch + 3
+	seed(t, pool, schema, n, "queue, status, finished_at", "'q', 'failed', now()")
+	seed(t, pool, schema, 4, "queue, status", "'q', 'runnable'")
+	seed(t, pool, schema, 5, "queue, status, finished_at", "'other', 'failed', now()")
+
+	_, errOut, code := cli(t, append([]string{"retry", "--queue", "q"}, s...)...)
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "pass --yes to confirm")
+	require.Equal(t, n, countRows(t, pool, schema, "status = 'failed' AND queue = 'q'"), "nothing changed")
+
+	out, errOut, code := cli(t, append([]string{"retry", "--queue", "q", "--yes", "--json"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	var res gendurable.BulkResult
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, int64(n+4), res.Matched)
+	require.Equal(t, int64(n), res.Changed)
+	require.Equal(t, int64(4), res.Skipped)
+	require.Len(t, res.ChangedIDs, gendurable.MaxBulkIDs)
+	require.True(t, res.Truncated)
+	require.Zero(t, countRows(t, pool, schema, "status = 'failed' AND queue = 'q'"))
+	require.Equal(t, 5, countRows(t, pool, schema, "status = 'failed' AND queue = 'other'"))
+	lines := auditLines(t, errOut)
+	require.Len(t, lines, 1)
+	require.Equal(t, "gendurable: instances retried", lines[0]["msg"])
+	require.Equal(t, "cli", lines[0]["via"])
+	require.NotEmpty(t, lines[0]["user"])
+	require.EqualValues(t, n, lines[0]["changed"])
+	require.Equal(t, `queue="q"`, lines[0]["filter"])
+
+	out, errOut, code = cli(t, append([]string{"cancel", "--queue", "q", "--status", "runnable", "--yes", "--reason", "drain"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, fmt.Sprintf("cancelled %d of %d matching instances; 0 skipped (already finished)\n", n+4, n+4), out)
+	require.Contains(t, errOut, `msg="gendurable: instances cancelled" via=cli user=`)
+	require.Equal(t, n+4, countRows(t, pool, schema, `queue = 'q' AND errors -> -1 ->> 'error' = 'drain'`))
+
+	// By ids: several ids act in bulk, missing ones are counted.
+	out, _, code = cli(t, append([]string{"retry", "1", "2", "999999", "--json"}, s...)...)
+	require.Equal(t, 0, code)
+	require.JSONEq(t, `{"matched": 2, "changed": 2, "skipped": 0, "not_found": 1, "changed_ids": [1, 2]}`, out)
+	out, _, code = cli(t, append([]string{"cancel", "1", "2", "3"}, s...)...)
+	require.Equal(t, 0, code)
+	require.Equal(t, "cancelled 2 of 3 matching instances; 1 skipped (already finished)\n", out)
+
+	// --all: every instance; the finished ones are skipped.
+	out, _, code = cli(t, append([]string{"retry", "--all", "--yes", "--json"}, s...)...)
+	require.Equal(t, 0, code)
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, int64(n+9), res.Changed)
+}
+
+// TestRunNowCLI: run-now makes a scheduled instance eligible now (exit 0),
+// refuses a failed one (exit 4) and reports a missing one (exit 3).
+func TestRunNowCLI(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	seed(t, pool, schema, 1, "eligible_at", "now() + interval '1 hour'")
+	seed(t, pool, schema, 1, "status, finished_at", "'failed', now()")
+
+	out, errOut, code := cli(t, append([]string{"run-now", "1"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "instance 1 is eligible now\n", out)
+	require.Contains(t, errOut, `msg="gendurable: instance made eligible now" via=cli`)
+	require.Equal(t, 1, countRows(t, pool, schema, "id = 1 AND eligible_at <= now()"))
+	_, errOut, code = cli(t, append([]string{"run-now", "2"}, s...)...)
+	require.Equal(t, exitConflict, code)
+	require.Equal(t, "gendurable: instance is not waiting to run: instance 2 is failed\n", errOut)
+	_, errOut, code = cli(t, append([]string{"run-now", "3", "--json"}, s...)...)
+	require.Equal(t, exitNotFound, code)
+	jsonError(t, []string{"run-now", "3"}, errOut, "not_found", exitNotFound)
+}
+
+// TestAttemptsShownFromOne: show and list count attempts from 1, the JSON
+// from 0; an instance the reaper failed after its last lease (attempt =
+// max attempts in the row) shows "3 of 3", as the dashboard does.
+func TestAttemptsShownFromOne(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	seed(t, pool, schema, 1, "attempt, max_attempts, errors",
+		`1, 3, '[{"step": "a", "attempt": 0, "at": "2026-01-01T00:00:00Z", "kind": "error", "error": "first"}]'`)
+	seed(t, pool, schema, 1, "attempt, max_attempts, status, finished_at", "3, 3, 'failed', now()")
+
+	out, errOut, code := cli(t, append([]string{"show", "1"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "status   runnable at step a (attempt 2 of 3)\n")
+	require.Contains(t, out, " step a attempt 1 [error] first\n")
+	out, _, _ = cli(t, append([]string{"show", "2"}, s...)...)
+	require.Contains(t, out, "status   failed at step a (attempt 3 of 3)\n")
+	out, _, _ = cli(t, append([]string{"list"}, s...)...)
+	require.Regexp(t, `(?m)^1 .* 2/3 `, out)
+	require.Regexp(t, `(?m)^2 .* 3/3 `, out)
+	out, _, _ = cli(t, append([]string{"show", "1", "--json"}, s...)...)
+	var d gendurable.InstanceDetail
+	require.NoError(t, json.Unmarshal([]byte(out), &d))
+	require.Equal(t, 1, d.Attempt)
+	require.Equal(t, 0, d.Errors[0].Attempt)
+}
+
+// TestShowPrintsPanicStack: show prints a panic's stack trace under its
+// error, indented, escaped like every value (nothing in it can drive the
+// terminal), each line and the number of lines bounded; show --json carries
+// the whole trace as "stack".
+func TestShowPrintsPanicStack(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	var stack strings.Builder
+	stack.WriteString("goroutine 7 [running]:\nmain.step(\x1b]0;pwned\x07)\n\t/app/main.go:12 +0x1d\n")
+	stack.WriteString("main.long(" + strings.Repeat("x", 500) + ")\n")
+	for i := range 60 {
+		fmt.Fprintf(&stack, "main.frame%d()\n\t/app/f.go:%d +0x1\n", i, i)
+	}
+	hist, err := json.Marshal([]gendurable.StepError{
+		{Step: "a", Attempt: 0, Kind: "panic", Error: "panic: boom", Stack: stack.String()},
+		{Step: "a", Attempt: 1, Kind: "error", Error: "plain"},
+	})
+	require.NoError(t, err)
+	_, err = pool.Exec(context.Background(), `INSERT INTO "`+schema+`".gendurable_instances (fsm, step, errors) VALUES ('m', 'a', $1)`, hist)
+	require.NoError(t, err)
+
+	out, errOut, code := cli(t, append([]string{"show", "1"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	requireInert(t, out)
+	require.Contains(t, out, " step a attempt 1 [panic] panic: boom\n"+
+		"stack    goroutine 7 [running]:\n"+
+		"         main.step(\\x1b]0;pwned\\x07)\n"+
+		"             /app/main.go:12 +0x1d\n"+
+		"         main.long("+strings.Repeat("x", maxStackLineText-len("main.long("))+"…\n")
+	require.Contains(t, out, fmt.Sprintf("         … %d more lines (show --json has the whole trace)\n", 4+2*60-maxStackLines))
+	require.Equal(t, maxStackLines, strings.Count(out, "\n         "), "the stack's lines after its first (bounded) and the note")
+	require.Contains(t, out, " step a attempt 2 [error] plain\n", "the next error follows")
+	require.Equal(t, 1, strings.Count(out, "stack    "), "only the panic has a stack")
+
+	out, _, code = cli(t, append([]string{"show", "1", "--json"}, s...)...)
+	require.Equal(t, 0, code)
+	var d struct {
+		Errors []map[string]any `json:"errors"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &d))
+	require.Equal(t, stack.String(), d.Errors[0]["stack"], "the whole trace, under the snake_case key stack")
+	require.NotContains(t, d.Errors[1], "stack")
+}
+
+var snakeCase = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+
+// snakeKeys fails on any object key of v that is not snake_case, except
+// inside user data (state, result, payload, inbox_by_name).
+func snakeKeys(t *testing.T, cmd []string, path string, v any) {
+	t.Helper()
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			require.Regexp(t, snakeCase, k, "%q: key %s.%s", cmd, path, k)
+			switch k {
+			case "state", "result", "payload", "inbox_by_name":
+				continue
+			}
+			snakeKeys(t, cmd, path+"."+k, e)
+		}
+	case []any:
+		for _, e := range x {
+			snakeKeys(t, cmd, path+"[]", e)
+		}
+	}
+}
+
+// TestEveryJSONOutputIsSnakeCase (issue 14 item 6): one JSON convention for
+// every command's --json output — snake_case names throughout (show's
+// instance fields were Go's ID, Machine, ... before), arrays never null.
+func TestEveryJSONOutputIsSnakeCase(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema, "--json"}
+	seed(t, pool, schema, 1, "status, awaits, inbox", `'awaiting_signal', '{go}', '{"other": 1}'`)
+	seed(t, pool, schema, 1, "status, finished_at", "'failed', now()")
+	seed(t, pool, schema, 1, "eligible_at", "now() + interval '1 hour'")
+	seed(t, pool, schema, 1, "status", "'runnable'")
+	_, err := pool.Exec(context.Background(), `INSERT INTO "`+schema+`".gendurable_signals (target_id, name) VALUES (1, 'other')`)
+	require.NoError(t, err)
+	for _, args := range [][]string{
+		{"migrate", "status"}, {"status"}, {"list"}, {"show", "1"}, {"show", "2"}, {"signal", "1", "go", "--payload", `{"a":1}`},
+		{"retry", "2"}, {"run-now", "3"}, {"cancel", "4"}, {"retry", "2", "4"}, {"cancel", "--all", "--yes"},
+		{"pause", "default", "--create"}, {"resume", "default"}, {"prune", "--retention", "0s"}, {"queue", "remove", "default"},
+	} {
+		args = append(args, s...)
+		out, errOut, code := cli(t, args...)
+		require.Equal(t, 0, code, "%q: %s", args, errOut)
+		require.NotContains(t, out, "null", "%q: %s", args, out)
+		var v any
+		require.NoError(t, json.Unmarshal([]byte(out), &v), "%q: %s", args, out)
+		snakeKeys(t, args, "", v)
+		for _, line := range auditLines(t, errOut+"{}") {
+			snakeKeys(t, args, "stderr", line)
+		}
+	}
+}
+
+// TestBulkByFilterAsksOnATerminal: on a terminal (script(1) gives the
+// binary one), retry by filter asks first; "n" changes nothing (exit 1,
+// "aborted"), "y" retries.
+func TestBulkByFilterAsksOnATerminal(t *testing.T) {
+	t.Parallel()
+	scriptPath, err := exec.LookPath("script")
+	if err != nil {
+		t.Skip("script(1) is not installed")
+	}
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	seed(t, pool, schema, 3, "queue, status, finished_at", "'q', 'failed', now()")
+	onTerminal := func(answer string) (string, int) {
+		cmd := exec.Command(scriptPath, "-qec", binary+" retry --queue q --schema "+schema, "/dev/null")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+		cmd.Stdin = strings.NewReader(answer + "\n")
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		}
+		require.NoError(t, err)
+		return string(out), 0
+	}
+	out, code := onTerminal("n")
+	require.Equal(t, exitError, code, out)
+	require.Contains(t, out, `retry every failed instance matching queue="q"? [y/N]`)
+	require.Contains(t, out, "gendurable: aborted: nothing changed")
+	require.Equal(t, 3, countRows(t, pool, schema, "status = 'failed'"))
+	out, code = onTerminal("y")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "retried 3 of 3 matching instances")
+	require.Zero(t, countRows(t, pool, schema, "status = 'failed'"))
+}

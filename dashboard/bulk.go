@@ -1,0 +1,204 @@
+package dashboard
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/gendurable/gendurable"
+)
+
+// Bulk retry and cancel (the instance list). Two ways to pick instances:
+//
+//   - ticked rows: the form's "id" values, at most MaxPageSize (one page);
+//   - the list's filter (scope=match): every instance the filter matches,
+//     not only the page shown, walked by Engine.RetryMatching /
+//     CancelMatching in bounded batches. A filter without criteria is
+//     refused: the dashboard never acts on every instance at once.
+//
+// A retry changes failed instances only and a cancel live ones; the others
+// are counted as skipped. The work stops at the request's timeout
+// (Options.RequestTimeout): what was done by then stays done, and the page
+// says the run was cut short. Like every mutation, both are POST only,
+// cross-origin protected, refused in read-only mode and audit-logged (with
+// the ids or the filter, and the counts).
+
+// bulkForm is what a bulk action was asked to do.
+type bulkForm struct {
+	ids    []int64
+	filter gendurable.ListFilter
+	match  bool
+	back   string // the list page to return to, with its filters
+}
+
+// parseBulk reads and validates a bulk form.
+func (d *dashboard) parseBulk(r *http.Request) (bulkForm, error) {
+	var b bulkForm
+	f, form, err := d.parseList(r.PostForm)
+	if err != nil {
+		return b, err
+	}
+	b.filter = gendurable.ListFilter{Queue: f.Queue, Status: f.Status, Machine: f.Machine, Step: f.Step,
+		From: f.From, To: f.To, Search: f.Search, State: f.State}
+	b.back = listPath(form)
+	switch scope := r.PostForm.Get("scope"); scope {
+	case "match":
+		if b.filter.Queue == "" && b.filter.Status == "" && b.filter.Machine == "" && b.filter.Step == "" &&
+			b.filter.From.IsZero() && b.filter.To.IsZero() && b.filter.Search == "" && matchesEveryState(b.filter.State) {
+			return b, inputError("Filter the list first: acting on every instance at once is not offered here.")
+		}
+		if len(r.PostForm["id"]) > 0 {
+			return b, inputError("Either tick rows or act on the whole filter, not both.")
+		}
+		b.match = true
+	case "", "selected":
+		vs := r.PostForm["id"]
+		switch {
+		case len(vs) == 0:
+			return b, inputError("Tick at least one instance.")
+		case len(vs) > MaxPageSize:
+			return b, inputError(fmt.Sprintf("At most %d instances at once; act on the filter for more.", MaxPageSize))
+		}
+		for _, v := range vs {
+			id, err := strconv.ParseInt(v, 10, 64)
+			if !isDigits(v) || err != nil || id <= 0 {
+				return b, inputError("Bad instance id.")
+			}
+			b.ids = append(b.ids, id)
+		}
+	default:
+		return b, inputError("Unknown scope.")
+	}
+	return b, nil
+}
+
+// matchesEveryState reports whether a state filter selects nothing out:
+// none, or an empty object or array, which every object or array state
+// contains (the engine refuses it as a bulk criterion too).
+func matchesEveryState(doc json.RawMessage) bool {
+	var b bytes.Buffer
+	if len(doc) == 0 || json.Compact(&b, doc) != nil {
+		return len(doc) == 0
+	}
+	return b.String() == "{}" || b.String() == "[]"
+}
+
+// listPath is the list page with form's filters, relative to the base.
+func listPath(form listForm) string {
+	v := url.Values{}
+	for _, kv := range [][2]string{{"queue", form.Queue}, {"status", form.Status}, {"machine", form.Machine},
+		{"step", form.Step}, {"from", form.From}, {"to", form.To}, {"q", form.Q}, {"state", form.State}} {
+		if kv[1] != "" {
+			v.Set(kv[0], kv[1])
+		}
+	}
+	if len(v) == 0 {
+		return "/instances"
+	}
+	return "/instances?" + v.Encode()
+}
+
+func (d *dashboard) bulkRetryAction(w http.ResponseWriter, r *http.Request) {
+	d.bulk(w, r, "retried", func(ctx context.Context, b bulkForm) (gendurable.BulkResult, error) {
+		if b.match {
+			return d.eng.RetryMatching(ctx, b.filter)
+		}
+		return d.eng.RetryMany(ctx, b.ids)
+	})
+}
+
+func (d *dashboard) bulkCancelAction(w http.ResponseWriter, r *http.Request) {
+	reason := strings.TrimSpace(r.PostForm.Get("reason"))
+	if reason == "" {
+		reason = "cancelled from the dashboard"
+	}
+	if len(reason) > maxFilterLen {
+		d.fail(w, r, inputError(fmt.Sprintf("The reason is longer than %d bytes.", maxFilterLen)))
+		return
+	}
+	d.bulk(w, r, "cancelled", func(ctx context.Context, b bulkForm) (gendurable.BulkResult, error) {
+		note(r, "reason", reason)
+		if b.match {
+			return d.eng.CancelMatching(ctx, b.filter, reason)
+		}
+		return d.eng.CancelMany(ctx, b.ids, reason)
+	})
+}
+
+// bulk runs one bulk action and redirects to the list with its counts.
+func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
+	run func(context.Context, bulkForm) (gendurable.BulkResult, error)) {
+	b, err := d.parseBulk(r)
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	if b.match {
+		note(r, "scope", "match", "filter", b.filter.String())
+	} else {
+		note(r, "scope", "selected", "ids", b.ids)
+	}
+	res, err := run(r.Context(), b)
+	note(r, "matched", res.Matched, "changed", res.Changed, "skipped", res.Skipped, "not_found", res.NotFound,
+		"changed_ids", res.ChangedIDs)
+	partial := false
+	if err != nil {
+		// Cut short by the request's timeout after some work: report what
+		// was done; anything else fails the request.
+		if !errors.Is(err, context.DeadlineExceeded) || res.Matched == 0 {
+			d.fail(w, r, err)
+			return
+		}
+		partial = true
+		note(r, "partial", true)
+	}
+	v := url.Values{"flash": {"bulk-" + done}, "changed": {strconv.FormatInt(res.Changed, 10)},
+		"skipped": {strconv.FormatInt(res.Skipped, 10)}, "not_found": {strconv.FormatInt(res.NotFound, 10)}}
+	if partial {
+		v.Set("partial", "1")
+	}
+	sep := "?"
+	if strings.Contains(b.back, "?") {
+		sep = "&"
+	}
+	http.Redirect(w, r, d.link(b.back)+sep+v.Encode(), http.StatusSeeOther)
+}
+
+// bulkFlash is the message after a bulk action: a fixed text with counts
+// (numbers only, so a crafted link can make it say nothing else).
+func bulkFlash(q url.Values) string {
+	verb := map[string]string{"bulk-retried": "Retried", "bulk-cancelled": "Cancelled"}[q.Get("flash")]
+	if verb == "" {
+		return ""
+	}
+	num := func(k string) int64 {
+		v := q.Get(k)
+		if !isDigits(v) {
+			return 0
+		}
+		n, _ := strconv.ParseInt(v, 10, 64)
+		return n
+	}
+	msg := fmt.Sprintf("%s %d instance(s)", verb, num("changed"))
+	if n := num("skipped"); n > 0 {
+		what := "not failed"
+		if verb == "Cancelled" {
+			what = "already finished"
+		}
+		msg += fmt.Sprintf("; %d skipped (%s, or changed meanwhile)", n, what)
+	}
+	if n := num("not_found"); n > 0 {
+		msg += fmt.Sprintf("; %d not found", n)
+	}
+	msg += "."
+	if q.Get("partial") == "1" {
+		msg += " Stopped at the request's time limit before the end of the filter: submit again to go on."
+	}
+	return msg
+}

@@ -1,0 +1,141 @@
+package dashboard_test
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/dashboard"
+	"github.com/stretchr/testify/require"
+)
+
+// TestBulkRetryAndCancel: ticked rows are retried (failed ones) or
+// cancelled (live ones), the others counted as skipped; a filter acts on
+// every match, not only one page; the redirect keeps the list's filters and
+// says what happened; each action leaves one audit line with the ids or
+// the filter and the counts.
+func TestBulkRetryAndCancel(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	log := &captured{}
+	h, _ := e.handler(dashboard.Options{Logger: slog.New(log)})
+	ids := func(vs ...int64) []string {
+		var out []string
+		for _, v := range vs {
+			out = append(out, strconv.FormatInt(v, 10))
+		}
+		return out
+	}
+
+	f1, f2, live := e.failed(), e.failed(), e.insertOrder(Order{Item: "live"})
+	r := post(t, h, "/bulk/retry", url.Values{"id": ids(f1, f2, live, 987654), "scope": {"selected"}, "status": {"failed"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	loc := r.header.Get("Location")
+	require.True(t, strings.HasPrefix(loc, "/instances?status=failed&"), loc)
+	for _, id := range []int64{f1, f2} {
+		require.Equal(t, gendurable.StatusRunnable, e.instance(id).Status)
+	}
+	require.Equal(t, gendurable.StatusRunnable, e.instance(live).Status, "a live one is left as it was")
+	page := get(t, h, loc)
+	require.Contains(t, page.body, "Retried 2 instance(s); 1 skipped (not failed, or changed meanwhile); 1 not found.")
+	line := log.with("dashboard audit: bulk-retry")
+	require.Len(t, line, 1)
+	require.Equal(t, "ok", line[0]["outcome"])
+	require.Equal(t, []int64{f1, f2, live, 987654}, line[0]["ids"])
+	require.Equal(t, int64(2), line[0]["changed"])
+	require.Equal(t, []int64{f1, f2}, line[0]["changed_ids"])
+
+	// By filter: every live instance of the queue, past one page.
+	var queued []int64
+	for i := range dashboard.MaxPageSize + 20 {
+		queued = append(queued, e.insertOrder(Order{Item: fmt.Sprint(i)}, gendurable.InsertOpts{Queue: "bulkq"}))
+	}
+	other := e.insertOrder(Order{Item: "elsewhere"})
+	r = post(t, h, "/bulk/cancel", url.Values{"queue": {"bulkq"}, "scope": {"match"}, "reason": {"bulk <test>"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.Contains(t, get(t, h, r.header.Get("Location")).body, fmt.Sprintf("Cancelled %d instance(s).", len(queued)))
+	for _, id := range queued {
+		in := e.instance(id)
+		require.Equal(t, gendurable.StatusFailed, in.Status)
+		require.Equal(t, "bulk <test>", in.Errors[len(in.Errors)-1].Error)
+	}
+	require.Equal(t, gendurable.StatusRunnable, e.instance(other).Status, "outside the filter")
+	line = log.with("dashboard audit: bulk-cancel")
+	require.Len(t, line, 1)
+	require.Equal(t, "match", line[0]["scope"])
+	require.Equal(t, `queue="bulkq"`, line[0]["filter"])
+	require.Equal(t, "bulk <test>", line[0]["reason"])
+
+	// Cancelling ticked rows; a finished one is skipped.
+	a := e.insertOrder(Order{Item: "a"})
+	r = post(t, h, "/bulk/cancel", url.Values{"id": ids(a, f1), "scope": {"selected"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.Equal(t, gendurable.StatusFailed, e.instance(a).Status)
+	require.Equal(t, gendurable.StatusFailed, e.instance(f1).Status, "f1 was runnable again: cancelled too")
+	r = post(t, h, "/bulk/cancel", url.Values{"id": ids(a), "scope": {"selected"}})
+	require.Contains(t, get(t, h, r.header.Get("Location")).body, "Cancelled 0 instance(s); 1 skipped (already finished, or changed meanwhile).")
+}
+
+// TestBulkInputIsValidated: bulk forms are bounded and checked before
+// anything changes, with our own messages.
+func TestBulkInputIsValidated(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	live := e.insertOrder(Order{Item: "x"})
+	many := make([]string, dashboard.MaxPageSize+1)
+	for i := range many {
+		many[i] = strconv.FormatInt(live, 10)
+	}
+	for name, c := range map[string]struct {
+		path string
+		form url.Values
+		msg  string
+	}{
+		"nothing ticked":       {"/bulk/cancel", url.Values{"scope": {"selected"}}, "Tick at least one instance."},
+		"too many":             {"/bulk/cancel", url.Values{"id": many}, "At most 100 instances at once"},
+		"bad id":               {"/bulk/cancel", url.Values{"id": {"1", "x"}}, "Bad instance id."},
+		"negative id":          {"/bulk/cancel", url.Values{"id": {"-1"}}, "Bad instance id."},
+		"zero id":              {"/bulk/retry", url.Values{"id": {"0"}}, "Bad instance id."},
+		"no filter":            {"/bulk/cancel", url.Values{"scope": {"match"}}, "Filter the list first"},
+		"both":                 {"/bulk/cancel", url.Values{"scope": {"match"}, "queue": {"default"}, "id": {"1"}}, "not both"},
+		"unknown scope":        {"/bulk/retry", url.Values{"scope": {"everything"}, "id": {"1"}}, "Unknown scope."},
+		"bad filter":           {"/bulk/retry", url.Values{"scope": {"match"}, "status": {"bogus"}}, "Unknown status."},
+		"bad state filter":     {"/bulk/retry", url.Values{"scope": {"match"}, "state": {"7"}}, "must be a JSON object or array"},
+		"empty state filter":   {"/bulk/cancel", url.Values{"scope": {"match"}, "state": {" { } "}}, "Filter the list first"},
+		"empty state array":    {"/bulk/retry", url.Values{"scope": {"match"}, "state": {"[]"}}, "Filter the list first"},
+		"state not UTF-8":      {"/bulk/cancel", url.Values{"scope": {"match"}, "state": {"{\"k\": \"\xff\"}"}}, "Invalid input"},
+		"state lone surrogate": {"/bulk/cancel", url.Values{"scope": {"match"}, "state": {`{"k": "\udc00"}`}}, "Invalid input"},
+		"long reason":          {"/bulk/cancel", url.Values{"id": {"1"}, "reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
+	} {
+		r := post(t, h, c.path, c.form)
+		require.Equal(t, http.StatusBadRequest, r.code, name)
+		require.Contains(t, r.body, c.msg, name)
+	}
+	require.Equal(t, gendurable.StatusRunnable, e.instance(live).Status, "nothing changed")
+
+	// A crafted flash link shows numbers only.
+	r := get(t, h, "/instances?flash=bulk-retried&changed=%3Cscript%3E&skipped=2")
+	require.Contains(t, r.body, "Retried 0 instance(s); 2 skipped")
+	require.NotContains(t, r.body, "<script>")
+
+	// The list offers the bulk form, the "all matching" buttons only when
+	// filtered; read-only, neither form nor boxes.
+	require.Contains(t, r.body, `id="bulk-form"`)
+	require.Contains(t, r.body, `data-bulk aria-label="tick`)
+	require.NotContains(t, r.body, `id="bulk-retry-match"`)
+	r = get(t, h, "/instances?queue=default")
+	require.Contains(t, r.body, `<input type="hidden" name="queue" value="default">`)
+	require.Contains(t, r.body, `id="bulk-retry-match"`)
+	ro, _ := e.handler(dashboard.Options{ReadOnly: true})
+	r = get(t, ro, "/instances?queue=default")
+	require.NotContains(t, r.body, "bulk-form")
+	require.NotContains(t, r.body, "data-bulk")
+	require.Equal(t, http.StatusForbidden, post(t, ro, "/bulk/cancel", url.Values{"id": {strconv.FormatInt(live, 10)}}).code)
+	require.Equal(t, gendurable.StatusRunnable, e.instance(live).Status)
+}

@@ -1,0 +1,66 @@
+package dashboard_test
+
+import (
+	"context"
+	"net/http"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/dashboard"
+	"github.com/stretchr/testify/require"
+)
+
+// TestStandaloneGraph: a dashboard on an engine that registers no machine
+// (what `gendurable ui` runs) lists every machine an engine stored at its
+// start and draws each whole: every step, the transitions taken (merged on
+// the worker's Stop), and no wider than the page.
+func TestStandaloneGraph(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	bare, err := gendurable.New(e.pool, &gendurable.Config{Schema: e.schema})
+	require.NoError(t, err)
+	h, err := dashboard.New(bare, dashboard.Options{AllowedHosts: []string{"example.com"}})
+	require.NoError(t, err)
+
+	r := get(t, h, "/machines")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, "No machine is stored yet")
+
+	e.start()
+	a := e.insertOrder(Order{Item: "a"})
+	e.waitStatus(a, gendurable.StatusAwaitingSignal, 10*time.Second)
+	_, err = e.eng.Signal(context.Background(), a, "go", nil, nil)
+	require.NoError(t, err)
+	e.waitStatus(a, gendurable.StatusDone, 10*time.Second)
+	b := e.insertOrder(Order{Item: "b"})
+	e.waitStatus(b, gendurable.StatusAwaitingSignal, 10*time.Second)
+
+	r = get(t, h, "/machines")
+	for _, m := range []string{"order", "flaky", "batch"} {
+		require.Contains(t, r.body, `href="/machines/`+m+`"`)
+	}
+	require.Contains(t, r.body, "declared", "the flaky job declares its one step")
+
+	r = get(t, h, "/machines/batch")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `data-step="fan"`, "every step, with no instance anywhere")
+	require.Contains(t, r.body, `data-step="join"`)
+	require.Contains(t, r.body, "v1")
+
+	require.NoError(t, e.eng.Stop(context.Background()))
+	r = get(t, h, "/machines/order")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `class="edge"`, "transitions taken, merged on Stop")
+	require.Contains(t, r.body, "await 2")
+	require.Contains(t, r.body, "awaiting_signal 1")
+	m := regexp.MustCompile(`<svg class="graph"[^>]* width="(\d+)"`).FindStringSubmatch(r.body)
+	require.NotNil(t, m)
+	w, _ := strconv.Atoi(m[1])
+	require.LessOrEqual(t, w, 1190)
+
+	r = get(t, h, "/machines/flaky")
+	require.Contains(t, r.body, `class="edge declared-only"`, "perform → done is declared, not taken")
+}

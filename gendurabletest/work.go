@@ -1,0 +1,109 @@
+package gendurabletest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+)
+
+// deadlineMargin is how long before the test binary's deadline
+// WorkUntilFinished gives up, so that it fails the test with its own
+// message rather than the binary panicking.
+const deadlineMargin = 2 * time.Second
+
+// WorkUntilFinished works eng until every instance of ids is done or
+// failed and returns them, in the order of ids. If eng is not running it
+// is started, and stopped again before WorkUntilFinished returns; a running
+// engine (or another process) just works on. An instance finished by eng
+// is seen at once, one finished elsewhere within a second.
+//
+// It waits until ctx is done or shortly before the test binary's deadline
+// (go test -timeout), whichever comes first; then it fails the test,
+// listing each instance that has not finished with its status, step,
+// attempt, last error and what it waits for.
+//
+//	ins := gendurabletest.WorkUntilFinished(ctx, t, eng, id)
+//	if ins[0].Status != gendurable.StatusDone { ... }
+func WorkUntilFinished(ctx context.Context, tb testing.TB, eng *gendurable.Engine, ids ...int64) []*gendurable.Instance {
+	tb.Helper()
+	if eng == nil {
+		tb.Fatalf("gendurabletest: WorkUntilFinished: nil engine")
+	}
+	if len(eng.Config().Queues) == 0 {
+		tb.Fatalf("gendurabletest: WorkUntilFinished: the engine works no queue (set Config.Queues)")
+	}
+	switch err := eng.Start(ctx); {
+	case err == nil:
+		defer func() {
+			stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := eng.Stop(stopCtx); err != nil {
+				tb.Errorf("gendurabletest: WorkUntilFinished: stopping the engine: %v", err)
+			}
+		}()
+	case errors.Is(err, gendurable.ErrAlreadyStarted):
+	default:
+		tb.Fatalf("gendurabletest: WorkUntilFinished: starting the engine: %v", err)
+	}
+	waitCtx := ctx
+	if d, ok := tb.(interface{ Deadline() (time.Time, bool) }); ok {
+		if deadline, ok := d.Deadline(); ok {
+			var cancel context.CancelFunc
+			waitCtx, cancel = context.WithDeadline(ctx, deadline.Add(-deadlineMargin))
+			defer cancel()
+		}
+	}
+	for _, id := range ids {
+		if _, err := gendurable.WaitResult[json.RawMessage](waitCtx, eng, id); err != nil &&
+			!errors.Is(err, gendurable.ErrInstanceFailed) && !errors.Is(err, gendurable.ErrStateDecode) {
+			if errors.Is(err, gendurable.ErrNotFound) {
+				tb.Fatalf("gendurabletest: WorkUntilFinished: %v", err)
+			}
+			if waitCtx.Err() == nil {
+				tb.Fatalf("gendurabletest: WorkUntilFinished: instance %d: %v", id, err)
+			}
+			break // timed out: the report below says which are not finished
+		}
+	}
+	// Read them all again with a live context, even after a timeout.
+	readCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	out := make([]*gendurable.Instance, len(ids))
+	var pending []string
+	for i, id := range ids {
+		in, err := eng.Instance(readCtx, id)
+		if err != nil {
+			tb.Fatalf("gendurabletest: WorkUntilFinished: %v", err)
+		}
+		out[i] = in
+		if !in.Status.Terminal() {
+			pending = append(pending, describePending(readCtx, eng, in))
+		}
+	}
+	if len(pending) > 0 {
+		tb.Fatalf("gendurabletest: WorkUntilFinished: %d of %d instances did not finish (%v):\n%s",
+			len(pending), len(ids), context.Cause(waitCtx), strings.Join(pending, "\n"))
+	}
+	return out
+}
+
+// describePending says where an unfinished instance stands and why.
+func describePending(ctx context.Context, eng *gendurable.Engine, in *gendurable.Instance) string {
+	s := fmt.Sprintf("    id %d (%s): %s at step %q, attempt %d of %d", in.ID, in.Machine, in.Status, in.Step, in.Attempt, in.MaxAttempts)
+	if w, err := eng.WaitReason(ctx, in.ID); err == nil && w.Summary != "" {
+		s += "; " + w.Summary
+	}
+	if n := len(in.Errors); n > 0 {
+		s += fmt.Sprintf("; last error (%s): %s", in.Errors[n-1].Kind, clip(in.Errors[n-1].Error, 300))
+	}
+	if _, ok := eng.Config().Queues[in.Queue]; !ok {
+		s += fmt.Sprintf("; queue %q is not one this engine works", in.Queue)
+	}
+	return s
+}

@@ -1,0 +1,86 @@
+package gendurabletest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/gendurabletest"
+	"github.com/stretchr/testify/require"
+)
+
+func workEngine(t *testing.T) *gendurable.Engine {
+	db := gendurabletest.NewDB(t, &gendurabletest.DBOpts{MaxConns: 4})
+	return db.NewEngine(t, &gendurable.Config{
+		Machines: []gendurable.Definition{orderMachine, shipJob},
+		Queues: map[string]gendurable.QueueConfig{
+			"default":  {Concurrency: 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond},
+			"shipping": {Concurrency: 1, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond},
+		},
+		ReaperInterval: -1, PruneInterval: -1,
+	})
+}
+
+func TestWorkUntilFinished(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	eng := workEngine(t)
+	paid, err := eng.Insert(ctx, orderMachine.New(order{Item: "book"}))
+	require.NoError(t, err)
+	failing, err := eng.Insert(ctx, orderMachine.New(order{Item: "lamp", Do: "stop"}))
+	require.NoError(t, err)
+	// Not started: WorkUntilFinished starts the engine and stops it again.
+	// The first instance parks for its payment, sent here meanwhile.
+	go func() {
+		for {
+			if _, err := eng.Signal(context.WithoutCancel(ctx), paid.ID, "payment", payment{Cents: 700}, nil); err == nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	ins := gendurabletest.WorkUntilFinished(ctx, t, eng, paid.ID, failing.ID)
+	require.Len(t, ins, 2)
+	require.Equal(t, gendurable.StatusDone, ins[0].Status)
+	require.JSONEq(t, `{"paid": 700, "shipped": 1}`, string(ins[0].Result))
+	require.Equal(t, gendurable.StatusFailed, ins[1].Status)
+	require.Equal(t, "out of stock", ins[1].Errors[len(ins[1].Errors)-1].Error)
+
+	// The engine was stopped again: a new instance stays runnable.
+	id, err := eng.Insert(ctx, orderMachine.New(order{Item: "pen", Do: "stop"}))
+	require.NoError(t, err)
+	time.Sleep(100 * time.Millisecond)
+	in, err := eng.Instance(ctx, id.ID)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusRunnable, in.Status)
+
+	// A running engine keeps running.
+	require.NoError(t, eng.Start(ctx))
+	gendurabletest.WorkUntilFinished(ctx, t, eng, id.ID)
+	require.ErrorIs(t, eng.Start(ctx), gendurable.ErrAlreadyStarted)
+}
+
+// An instance that does not finish in time fails the test with what it
+// waits for.
+func TestWorkUntilFinishedTimeout(t *testing.T) {
+	t.Parallel()
+	eng := workEngine(t)
+	parked, err := eng.Insert(t.Context(), orderMachine.New(order{Item: "book"}))
+	require.NoError(t, err)
+	elsewhere, err := eng.Insert(t.Context(), shipJob.New(shipment{Item: "x"}).With(gendurable.InsertOpts{Queue: "nowhere"}))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	f := newFakeTB(t)
+	require.True(t, f.run(func(tb testing.TB) { gendurabletest.WorkUntilFinished(ctx, tb, eng, parked.ID, elsewhere.ID) }))
+	msg := f.message()
+	require.Contains(t, msg, "WorkUntilFinished: 2 of 2 instances did not finish (context deadline exceeded)")
+	require.Contains(t, msg, "id "+itoa(parked.ID)+` (order): awaiting_signal at step "ship", attempt 0 of 3; awaiting signal payment or cancel`)
+	require.Contains(t, msg, "id "+itoa(elsewhere.ID)+` (ship): runnable at step "perform"`)
+	require.Contains(t, msg, `queue "nowhere" is not one this engine works`)
+
+	f = newFakeTB(t)
+	require.True(t, f.run(func(tb testing.TB) { gendurabletest.WorkUntilFinished(t.Context(), tb, eng, 1<<40) }))
+	require.Contains(t, f.message(), "instance not found")
+}

@@ -1,0 +1,206 @@
+package benchrun
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/longhorizon"
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// LongHorizonQueue is the queue the long-horizon adapter inserts into and works.
+const LongHorizonQueue = "long_horizon"
+
+// lhArgs is a long-horizon job: its number and a filler of about
+// JOB_PAYLOAD_BYTES in all.
+type lhArgs struct {
+	Seq int64  `json:"seq"`
+	Pad string `json:"pad"`
+}
+
+// LongHorizon is `gendurable bench --long-horizon`: the adapter of the public
+// long-horizon benchmark (package internal/longhorizon), configured by
+// getenv only (os.Getenv; see longhorizon.FromEnv, and GENDURABLE_SCHEMA for
+// the schema, default public). It migrates the schema up, writes the
+// descriptor to stdout, starts one engine working queue "long_horizon" with
+// WORKER_COUNT running steps and every other setting at its default, and
+// produces and samples until ctx ends (SIGTERM); then it stops the engine
+// (steps get 1 s to finish, claims not started are handed back) and returns
+// nil, within 5 s. Its job sleeps JOB_WORK_MS; a completion counts when its
+// outcome has committed (the engine's StepEvent).
+//
+// Claim latency is insert → step start, both on the database clock: the
+// row's inserted_at (now() of its insert transaction) and the step's start,
+// read on this process's clock and moved to the database's by an offset
+// measured every 30 s (the shortest of 5 round trips of SELECT
+// clock_timestamp(), read as halfway through). On a local database the
+// offset is a few microseconds; remote, its error is at most half a round
+// trip.
+//
+// Errors about the environment wrap longhorizon.ErrInvalidEnv (exit 2).
+func LongHorizon(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
+	err := longHorizon(ctx, getenv, stdout, stderr)
+	if err != nil && ctx.Err() != nil && !errors.Is(err, longhorizon.ErrInvalidEnv) {
+		return nil // SIGTERM while starting: a stop, not a failure
+	}
+	return err
+}
+
+func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := longhorizon.FromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	schema := strings.TrimSpace(getenv("GENDURABLE_SCHEMA"))
+	if schema == "" {
+		schema = gendurable.DefaultSchema
+	}
+	if err := sqlq.ValidateSchema(schema); err != nil {
+		return fmt.Errorf("%w: GENDURABLE_SCHEMA: %v", longhorizon.ErrInvalidEnv, err)
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("%w: DATABASE_URL: %v", longhorizon.ErrInvalidEnv, err)
+	}
+	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
+		// Picks, heartbeats, outcomes (2 in flight), maintenance, the
+		// producer, the depth poll and the clock.
+		pcfg.MaxConns = 12
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	res, err := migrate.Up(ctx, pool, schema)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	q, err := sqlq.New(schema)
+	if err != nil {
+		return err
+	}
+
+	tel := &longhorizon.Telemetry{}
+	workDur := time.Duration(cfg.WorkMs) * time.Millisecond
+	job := &gendurable.Job[lhArgs]{Name: "long_horizon_job", Perform: func(ctx context.Context, r *gendurable.Run[lhArgs]) error {
+		tel.Started(r.InsertedAt)
+		if workDur > 0 {
+			t := time.NewTimer(workDur)
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}}
+	eng, err := gendurable.New(pool, &gendurable.Config{
+		Schema: schema, Machines: []gendurable.Definition{job},
+		Queues:       map[string]gendurable.QueueConfig{LongHorizonQueue: {Concurrency: cfg.WorkerCount}},
+		DrainTimeout: time.Second,
+		Hooks:        []gendurable.Hook{completions{tel}},
+		Logger:       slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		return err
+	}
+
+	out := longhorizon.NewEmitter(stdout)
+	if err := out.Emit(longhorizon.Descriptor{
+		Kind: "descriptor", System: "gendurable",
+		EventTables: []string{schema + ".gendurable_instances"},
+		EventIndexes: []string{schema + ".gendurable_instances_pkey", schema + ".gendurable_instances_pick_plain",
+			schema + ".gendurable_instances_pick_keyed", schema + ".gendurable_instances_lease",
+			schema + ".gendurable_instances_finished"},
+		Extensions: []string{}, Version: moduleVersion(), SchemaVersion: strconv.Itoa(res.To),
+		DBName: pcfg.ConnConfig.Database, StartedAt: time.Now().UTC().Format(longhorizon.TimeFormat),
+		InstanceID: cfg.InstanceID,
+	}); err != nil {
+		return err
+	}
+	if err := eng.Start(ctx); err != nil {
+		return err
+	}
+	sys := &gendurableSystem{eng: eng, job: job, pool: pool, q: q}
+	runErr := longhorizon.Run(ctx, cfg, "gendurable", sys, tel, out, log)
+	stopCtx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := eng.Stop(stopCtx); err != nil {
+		log.Warn("long horizon: stop", "err", err)
+	}
+	log.Info("long horizon: stopped")
+	return runErr
+}
+
+// completions counts committed steps (one per job).
+type completions struct{ tel *longhorizon.Telemetry }
+
+func (c completions) OnEvent(_ context.Context, ev gendurable.Event) {
+	if e, ok := ev.(*gendurable.StepEvent); ok && !e.Fenced && e.CommitErr == nil {
+		c.tel.Completed(1)
+	}
+}
+
+type gendurableSystem struct {
+	eng  *gendurable.Engine
+	job  *gendurable.Job[lhArgs]
+	pool *pgxpool.Pool
+	q    *sqlq.Queries
+}
+
+func (s *gendurableSystem) Insert(ctx context.Context, seq int64, n int, pad string) error {
+	ps := make([]gendurable.InsertParams, n)
+	for i := range ps {
+		ps[i] = s.job.New(lhArgs{Seq: seq + int64(i), Pad: pad}).With(gendurable.InsertOpts{Queue: LongHorizonQueue})
+	}
+	_, err := s.eng.InsertMany(ctx, ps)
+	return err
+}
+
+func (s *gendurableSystem) Depth(ctx context.Context) (int64, error) {
+	return s.q.QueueDepth(ctx, s.pool, LongHorizonQueue, longhorizon.DepthCap)
+}
+
+func (s *gendurableSystem) DBNow(ctx context.Context) (time.Time, error) {
+	return sqlq.DBNow(ctx, s.pool)
+}
+
+// moduleVersion is the binary's module version, else its VCS revision.
+func moduleVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	rev, dirty := "", false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if rev == "" {
+		return "devel"
+	}
+	if dirty {
+		rev += "-dirty"
+	}
+	return rev
+}

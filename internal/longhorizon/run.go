@@ -1,0 +1,360 @@
+package longhorizon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// System is what an adapter provides for one queue system.
+type System interface {
+	// Insert enqueues n jobs numbered from seq, each carrying pad as its
+	// filler, in one batch; it returns once they are committed.
+	Insert(ctx context.Context, seq int64, n int, pad string) error
+	// Depth counts the jobs that could be claimed now and are not: runnable,
+	// eligible, unclaimed — at most DepthCap of them (a bounded query).
+	Depth(ctx context.Context) (int64, error)
+	// DBNow reads the database's clock (clock_timestamp()).
+	DBNow(ctx context.Context) (time.Time, error)
+}
+
+// DepthCap bounds the count of queue_depth: a larger backlog reads as
+// DepthCap, so the poll stays cheap however far the system falls behind.
+const DepthCap = 1_000_000
+
+// MaxBatch is the most jobs one Insert carries; the producer inserts every
+// 10 ms what its rate has accrued, up to this (as the public adapters do).
+const (
+	MaxBatch    = 128
+	batchPeriod = 10 * time.Millisecond
+)
+
+// Descriptor is the first line of an adapter's stdout.
+type Descriptor struct {
+	Kind          string   `json:"kind"` // "descriptor"
+	System        string   `json:"system"`
+	EventTables   []string `json:"event_tables"`
+	EventIndexes  []string `json:"event_indexes,omitempty"`
+	Extensions    []string `json:"extensions"`
+	Version       string   `json:"version"`
+	SchemaVersion string   `json:"schema_version"`
+	DBName        string   `json:"db_name"`
+	StartedAt     string   `json:"started_at"`
+	InstanceID    int      `json:"instance_id"`
+}
+
+// Sample is one metric line.
+type Sample struct {
+	T           string  `json:"t"`
+	System      string  `json:"system"`
+	Kind        string  `json:"kind"`         // "adapter"
+	SubjectKind string  `json:"subject_kind"` // "adapter"
+	Subject     string  `json:"subject"`      // ""
+	Metric      string  `json:"metric"`
+	Value       float64 `json:"value"`
+	WindowS     float64 `json:"window_s"`
+	InstanceID  int     `json:"instance_id"`
+}
+
+// Metrics every sample tick emits, in order (observer metrics: instance 0 only).
+var (
+	Metrics         = []string{"claim_p50_ms", "claim_p95_ms", "claim_p99_ms", "enqueue_rate", "completion_rate", "queue_depth", "producer_target_rate"}
+	ObserverMetrics = map[string]bool{"queue_depth": true, "producer_target_rate": true}
+)
+
+// TimeFormat is the protocol's timestamp: UTC, milliseconds.
+const TimeFormat = "2006-01-02T15:04:05.000Z"
+
+// Telemetry is what workers report to. Safe for concurrent use.
+type Telemetry struct {
+	claims    Rolling
+	enqueued  atomic.Int64
+	completed atomic.Int64
+	offsetNs  atomic.Int64 // database clock minus process clock
+}
+
+// Started records a job starting now in this process, inserted at insertedAt
+// on the database clock: its claim latency is now, moved to the database
+// clock by the measured offset, minus insertedAt.
+func (t *Telemetry) Started(insertedAt time.Time) {
+	now := time.Now()
+	dbNow := now.Add(time.Duration(t.offsetNs.Load()))
+	t.claims.Record(now, dbNow.Sub(insertedAt).Microseconds())
+}
+
+// Completed records n jobs whose completion has been written.
+func (t *Telemetry) Completed(n int) { t.completed.Add(int64(n)) }
+
+// Offset is the last measured offset of the database clock from this
+// process's clock.
+func (t *Telemetry) Offset() time.Duration { return time.Duration(t.offsetNs.Load()) }
+
+// Emitter writes JSON lines, one Write per line, serialized and unbuffered:
+// a line is out of the process as soon as it is emitted, so there is nothing
+// to flush when a signal ends it.
+type Emitter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+// NewEmitter writes to w (the process's stdout).
+func NewEmitter(w io.Writer) *Emitter { return &Emitter{w: w} }
+
+// Emit writes v as one line.
+func (e *Emitter) Emit(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, err = e.w.Write(append(b, '\n'))
+	return err
+}
+
+// Run drives a started system until ctx ends: it measures the clock offset
+// (before returning from its first step and every 30 s), produces, polls the
+// queue depth and emits the samples, aligned to wall-clock multiples of
+// SampleEvery. The descriptor must have been emitted already. It returns nil
+// when ctx ends, once its goroutines have stopped.
+func Run(ctx context.Context, cfg Config, name string, sys System, tel *Telemetry, out *Emitter, log *slog.Logger) error {
+	if err := syncClock(ctx, sys, tel); err != nil {
+		return fmt.Errorf("database clock: %w", err)
+	}
+	log.Info("long horizon: running", "system", name, "mode", cfg.ProducerMode, "rate", cfg.ProducerRate,
+		"target_depth", cfg.TargetDepth, "workers", cfg.WorkerCount, "instance", cfg.InstanceID,
+		"db_clock_offset", tel.Offset())
+	r := &runner{cfg: cfg, name: name, sys: sys, tel: tel, out: out, log: log}
+	r.rate.Store(math.Float64bits(cfg.ProducerRate))
+	var wg sync.WaitGroup
+	for _, loop := range []func(context.Context){r.clockLoop, r.depthLoop, r.produce, r.sample} {
+		wg.Add(1)
+		go func() { defer wg.Done(); loop(ctx) }()
+	}
+	wg.Wait()
+	return nil
+}
+
+type runner struct {
+	cfg  Config
+	name string
+	sys  System
+	tel  *Telemetry
+	out  *Emitter
+	log  *slog.Logger
+
+	rate      atomic.Uint64 // float64 bits: current producer target, jobs/s
+	depth     atomic.Int64  // last polled queue depth (0 before the first poll)
+	depthSeen atomic.Bool
+	sincePoll atomic.Int64 // jobs inserted since the last depth poll
+}
+
+// syncClock measures the offset of the database clock: of 5 round trips,
+// the shortest, assuming the database read its clock halfway through it.
+func syncClock(ctx context.Context, sys System, tel *Telemetry) error {
+	best := time.Duration(math.MaxInt64)
+	var offset time.Duration
+	for i := 0; i < 5; i++ {
+		t0 := time.Now()
+		db, err := sys.DBNow(ctx)
+		if err != nil {
+			return err
+		}
+		rtt := time.Since(t0)
+		if rtt < best {
+			best, offset = rtt, db.Sub(t0.Add(rtt/2))
+		}
+	}
+	tel.offsetNs.Store(int64(offset))
+	return nil
+}
+
+func (r *runner) clockLoop(ctx context.Context) {
+	t := time.NewTicker(30 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := syncClock(ctx, r.sys, r.tel); err != nil && ctx.Err() == nil {
+				r.log.Warn("long horizon: database clock", "err", err)
+			}
+		}
+	}
+}
+
+// depthLoop polls the queue depth: every 200 ms when the producer steers by
+// it, else once a second and only in instance 0 (the one that reports it).
+func (r *runner) depthLoop(ctx context.Context) {
+	every := time.Second
+	if r.cfg.ProducerMode == ModeDepthTarget {
+		every = 200 * time.Millisecond
+	} else if r.cfg.InstanceID != 0 {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		before := r.sincePoll.Load()
+		n, err := r.sys.Depth(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.log.Warn("long horizon: queue depth", "err", err)
+		} else {
+			r.depth.Store(n)
+			r.depthSeen.Store(true)
+			r.sincePoll.Add(-before)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (r *runner) readRateFile() {
+	if r.cfg.RateControlFile == "" {
+		return
+	}
+	b, err := os.ReadFile(r.cfg.RateControlFile)
+	if err != nil {
+		return
+	}
+	if v, err := parseRate(strings.TrimSpace(string(b))); err == nil {
+		r.rate.Store(math.Float64bits(v))
+	}
+}
+
+// produce inserts jobs: in fixed mode, every 10 ms what the rate has accrued
+// since (an open loop: credit a slow insert leaves behind is inserted
+// after it, MaxBatch at a time); in depth-target mode, up to MaxBatch
+// whenever the last polled depth plus what was inserted since is below
+// TARGET_DEPTH.
+func (r *runner) produce(ctx context.Context) {
+	pad := strings.Repeat("x", max(0, r.cfg.PayloadBytes-32))
+	var seq int64
+	var credit float64
+	last := time.Now()
+	lastFile := time.Time{}
+	for ctx.Err() == nil {
+		n := 0
+		if r.cfg.ProducerMode == ModeDepthTarget {
+			if !r.depthSeen.Load() {
+				sleepCtx(ctx, 50*time.Millisecond)
+				continue
+			}
+			n = min(MaxBatch, r.cfg.TargetDepth-int(r.depth.Load()+r.sincePoll.Load()))
+			if n <= 0 {
+				sleepCtx(ctx, 20*time.Millisecond)
+				continue
+			}
+		} else {
+			if time.Since(lastFile) >= time.Second {
+				r.readRateFile()
+				lastFile = time.Now()
+			}
+			if d := batchPeriod - time.Since(last); d > 0 {
+				sleepCtx(ctx, d)
+			}
+			now := time.Now()
+			credit += math.Float64frombits(r.rate.Load()) * now.Sub(last).Seconds()
+			last = now
+			if credit < 1 {
+				continue
+			}
+			n = min(MaxBatch, int(credit))
+			credit -= float64(n)
+		}
+		if err := r.sys.Insert(ctx, seq, n, pad); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.log.Warn("long horizon: insert", "jobs", n, "err", err)
+			sleepCtx(ctx, 100*time.Millisecond)
+			continue
+		}
+		seq += int64(n)
+		r.tel.enqueued.Add(int64(n))
+		r.sincePoll.Add(int64(n))
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// nextBoundary is the first multiple of every (since the Unix epoch) after now.
+func nextBoundary(now time.Time, every time.Duration) time.Time {
+	return now.Truncate(every).Add(every)
+}
+
+// sample emits the metrics at every wall-clock multiple of SampleEvery.
+// Rates are over the time since the previous tick (the first: since Run
+// started); a tick missed (the process was stopped) is skipped, not
+// caught up.
+func (r *runner) sample(ctx context.Context) {
+	lastTick := time.Now()
+	lastEnq, lastDone := r.tel.enqueued.Load(), r.tel.completed.Load()
+	for {
+		at := nextBoundary(time.Now(), r.cfg.SampleEvery)
+		t := time.NewTimer(time.Until(at))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		dt := now.Sub(lastTick).Seconds()
+		enq, done := r.tel.enqueued.Load(), r.tel.completed.Load()
+		q := r.tel.claims.Window(now).Quantiles(0.50, 0.95, 0.99)
+		mode := r.cfg.ProducerMode
+		target := math.Float64frombits(r.rate.Load())
+		if mode == ModeDepthTarget {
+			target = 0
+		}
+		values := map[string][2]float64{
+			"claim_p50_ms":         {ms(q[0]), windowSecs},
+			"claim_p95_ms":         {ms(q[1]), windowSecs},
+			"claim_p99_ms":         {ms(q[2]), windowSecs},
+			"enqueue_rate":         {float64(enq-lastEnq) / dt, r.cfg.SampleEvery.Seconds()},
+			"completion_rate":      {float64(done-lastDone) / dt, r.cfg.SampleEvery.Seconds()},
+			"queue_depth":          {float64(r.depth.Load()), 0},
+			"producer_target_rate": {target, 0},
+		}
+		lastTick, lastEnq, lastDone = now, enq, done
+		ts := at.UTC().Format(TimeFormat)
+		for _, m := range Metrics {
+			if ObserverMetrics[m] && r.cfg.InstanceID != 0 {
+				continue
+			}
+			v := values[m]
+			if err := r.out.Emit(Sample{T: ts, System: r.name, Kind: "adapter", SubjectKind: "adapter",
+				Metric: m, Value: round3(v[0]), WindowS: v[1], InstanceID: r.cfg.InstanceID}); err != nil {
+				r.log.Warn("long horizon: write sample", "err", err)
+			}
+		}
+	}
+}
+
+func ms(micros int64) float64 { return float64(micros) / 1000 }
+
+// round3 keeps three decimals (microseconds of a millisecond figure).
+func round3(v float64) float64 { return math.Round(v*1000) / 1000 }

@@ -1,0 +1,49 @@
+package maintenance
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Flusher calls Flush every Interval, and once more when it is stopped, so
+// that what Flush writes (the engine's observed transitions) survives a
+// clean stop. A failed Flush is logged; the next one tries again.
+type Flusher struct {
+	BaseService
+	Name     string
+	Interval time.Duration
+	Flush    func(ctx context.Context) error
+	Log      *slog.Logger
+	// FinalTimeout bounds the last Flush on Stop. Default 5s.
+	FinalTimeout time.Duration
+}
+
+// Start launches the loop.
+func (f *Flusher) Start(ctx context.Context) error { return f.StartLoop(ctx, f.loop) }
+
+func (f *Flusher) loop(ctx context.Context) {
+	t := time.NewTicker(f.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			timeout := f.FinalTimeout
+			if timeout <= 0 {
+				timeout = 5 * time.Second
+			}
+			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+			f.flush(final)
+			cancel()
+			return
+		case <-t.C:
+			f.flush(ctx)
+		}
+	}
+}
+
+func (f *Flusher) flush(ctx context.Context) {
+	if err := f.Flush(ctx); err != nil && f.Log != nil {
+		f.Log.Warn("gendurable: "+f.Name+" failed; it is tried again later", "err", err)
+	}
+}

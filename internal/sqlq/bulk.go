@@ -1,0 +1,160 @@
+package sqlq
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ---------------------------------------------------------------------------
+// Bulk operator statements: retry or cancel a batch of instances by id, and
+// make a delayed instance eligible now. A batch is bounded by its caller
+// (gendurable.MaxBulkIDs) and passed sorted; its rows are found one primary
+// key probe each (a lateral lookup behind an OFFSET 0 fence, as the hot path
+// does, so no statistics can turn it into a scan of a status' rows) and
+// locked in id order first, so two bulk statements never lock the same rows
+// in opposite orders (docs/design.md §5).
+
+// retryManySQL is retrySQL for a batch: the failed rows among $1 go back to
+// runnable with a fresh attempt budget. A row whose unique key another live
+// row now holds is left failed (the single retry reports it as a conflict);
+// two rows of the batch sharing a key still collide on the unique index
+// (SQLSTATE 23505), and the caller then retries them one by one. Parents that
+// still wait count each of their retried children again, once per child.
+const retryManySQL = `
+WITH cand AS MATERIALIZED (
+  SELECT c.id FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
+    SELECT c.id, c.unique_key, c.unique_scope FROM {{schema}}.gendurable_instances AS c
+    WHERE c.id = u.id AND c.status = 'failed'
+    OFFSET 0 -- a fence: one primary-key probe per id
+    FOR NO KEY UPDATE
+  ) AS c
+  WHERE NOT (c.unique_key IS NOT NULL AND 'runnable' = ANY (c.unique_scope) AND EXISTS (
+      SELECT 1 FROM {{schema}}.gendurable_instances AS h WHERE h.unique_guard = c.unique_key))
+  ORDER BY u.ord
+), r AS (
+  UPDATE {{schema}}.gendurable_instances AS i
+  SET status = 'runnable', attempt = 0, eligible_at = now(), finished_at = NULL,
+      lease_expires_at = NULL, claim_token = NULL, updated_at = now()
+  FROM cand WHERE i.id = cand.id -- locked by cand, still failed
+  RETURNING i.id, i.parent_id, i.parent_fanout, i.queue
+), p AS (
+  UPDATE {{schema}}.gendurable_instances AS p
+  SET children_pending = p.children_pending + x.n, updated_at = now()
+  FROM (SELECT parent_id, parent_fanout, count(*)::int AS n FROM r
+        WHERE parent_id IS NOT NULL GROUP BY parent_id, parent_fanout) AS x
+  WHERE p.id = x.parent_id AND p.status = 'awaiting_children' AND p.fanout = x.parent_fanout
+  RETURNING p.id
+), leftovers AS (
+  -- A signal that raced the terminal outcome stayed unconsumed: consume it
+  -- now, as the terminal outcome would have (see retrySQL).
+  UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
+  FROM (SELECT x.id FROM r CROSS JOIN LATERAL (
+          SELECT s.id FROM {{schema}}.gendurable_signals AS s
+          WHERE s.target_id = r.id AND s.consumed_at IS NULL
+          OFFSET 0) AS x) AS l
+  WHERE s.id = l.id
+  RETURNING s.id
+)
+SELECT id, queue FROM r ORDER BY id`
+
+// cancelManySQL is cancelSQL for a batch: the live rows among $1 fail at
+// once with reason $2, their inboxes are consumed, their parents count them
+// as finished, and workers still running one of their steps are fenced out.
+const cancelManySQL = `
+WITH cand AS MATERIALIZED (
+  SELECT c.id, c.inbox <> '{}'::jsonb AS has_inbox
+  FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
+    SELECT c.id, c.inbox FROM {{schema}}.gendurable_instances AS c
+    WHERE c.id = u.id AND c.status NOT IN ('done', 'failed')
+    OFFSET 0 -- a fence: one primary-key probe per id
+    FOR NO KEY UPDATE
+  ) AS c
+  ORDER BY u.ord
+), changed AS (
+  UPDATE {{schema}}.gendurable_instances AS i
+  SET status = 'failed', finished_at = now(), updated_at = now(),
+      lease_expires_at = CASE WHEN i.status = 'executing' AND i.partition_key IS NOT NULL THEN i.lease_expires_at END,
+      claim_token = NULL, awaits = NULL, await_deadline = NULL, inbox = '{}',
+      errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
+               || jsonb_build_array(jsonb_build_object(
+                    'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'cancelled', 'error', $2::text))
+  FROM cand WHERE i.id = cand.id -- locked by cand, still live
+  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue
+), swept AS (
+  -- A row whose inbox counts are empty has no unconsumed signal: every
+  -- signal bumps them under the row lock cand holds.
+  UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
+  FROM (SELECT x.id FROM cand CROSS JOIN LATERAL (
+          SELECT s.id FROM {{schema}}.gendurable_signals AS s
+          WHERE s.target_id = cand.id AND s.consumed_at IS NULL
+          OFFSET 0) AS x
+        WHERE cand.has_inbox) AS l
+  WHERE s.id = l.id
+  RETURNING s.id
+), ` + parentJoinCTE + `
+SELECT id, queue FROM changed ORDER BY id`
+
+// existingSQL returns which of the ids $1 exist.
+const existingSQL = `
+SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+  SELECT c.id FROM {{schema}}.gendurable_instances AS c WHERE c.id = u.id OFFSET 0) AS c`
+
+// runNowSQL makes a runnable row that is eligible later (scheduled, or
+// backing off before its next attempt) eligible now. It returns the status
+// the row had (NULL if none exists) and, if it was changed, its queue.
+const runNowSQL = `
+WITH u AS (
+  UPDATE {{schema}}.gendurable_instances
+  SET eligible_at = now(), updated_at = now()
+  WHERE id = $1 AND status = 'runnable' AND eligible_at > now()
+  RETURNING queue
+)
+SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1), (SELECT queue FROM u)`
+
+// BulkChanged is one row a bulk statement changed.
+type BulkChanged struct {
+	ID    int64
+	Queue string
+}
+
+func (q *Queries) bulk(ctx context.Context, db DB, sql string, args ...any) ([]BulkChanged, error) {
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkChanged, error) {
+		var c BulkChanged
+		err := row.Scan(&c.ID, &c.Queue)
+		return c, err
+	})
+}
+
+// RetryMany retries the failed instances among ids (sorted, no duplicates) (see retryManySQL) and
+// returns those it retried.
+func (q *Queries) RetryMany(ctx context.Context, db DB, ids []int64) ([]BulkChanged, error) {
+	return q.bulk(ctx, db, q.retryMany, ids)
+}
+
+// CancelMany cancels the live instances among ids (sorted, no duplicates) with reason (see
+// cancelManySQL) and returns those it cancelled.
+func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason string) ([]BulkChanged, error) {
+	return q.bulk(ctx, db, q.cancelMany, ids, reason, MaxErrorHistory)
+}
+
+// Existing returns which of ids exist, in no particular order.
+func (q *Queries) Existing(ctx context.Context, db DB, ids []int64) ([]int64, error) {
+	rows, err := db.Query(ctx, q.existing, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// RunNow makes a delayed runnable instance eligible now. It returns the
+// status the instance had (nil if none exists) and, if it was delayed and is
+// now eligible, its queue.
+func (q *Queries) RunNow(ctx context.Context, db DB, id int64) (status, queue *string, err error) {
+	err = db.QueryRow(ctx, q.runNow, id).Scan(&status, &queue)
+	return status, queue, err
+}

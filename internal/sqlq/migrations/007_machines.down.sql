@@ -1,0 +1,2 @@
+-- Back to version 6: no stored machine definitions.
+DROP TABLE {{schema}}.gendurable_machines;
