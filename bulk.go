@@ -22,8 +22,10 @@ const MaxBulkIDs = 1000
 // or [Engine.CancelMatching] changes at most.
 const BulkBatch = 500
 
-// BulkResult counts what a bulk call did. On an error, it counts what was
-// done before the error (each batch commits on its own).
+// BulkResult counts what a bulk call did. On error, the result holds what
+// was changed before it: every statement commits on its own, so the batches
+// (and, in a batch retried one instance at a time, the instances) done
+// before the failing one stay changed and are counted and listed.
 type BulkResult struct {
 	// Matched: the instances the call looked at — the given ids that exist,
 	// or the instances the filter matched.
@@ -80,6 +82,7 @@ func bulkIDs(op string, ids []int64) ([]int64, error) {
 // parent that still waits. Instances not failed, or whose unique key another
 // live instance now holds, are skipped; ids without an instance are counted
 // in NotFound. Empty, oversized or non-positive ids are [ErrInvalidInput].
+// On error, the result holds what was changed before it (see [BulkResult]).
 // The change is logged at Info on the engine's Logger.
 func (e *Engine) RetryMany(ctx context.Context, ids []int64) (BulkResult, error) {
 	ids, err := bulkIDs("retry", ids)
@@ -95,7 +98,8 @@ func (e *Engine) RetryMany(ctx context.Context, ids []int64) (BulkResult, error)
 // duplicates count once) as [Engine.Cancel] would each, recording reason
 // (default "cancelled by an operator"): finished instances are skipped, ids
 // without an instance counted in NotFound. Empty, oversized or non-positive
-// ids are [ErrInvalidInput]. The change is logged at Info on the engine's
+// ids are [ErrInvalidInput]. On error, the result holds what was changed
+// before it (see [BulkResult]). The change is logged at Info on the engine's
 // Logger.
 func (e *Engine) CancelMany(ctx context.Context, ids []int64, reason string) (BulkResult, error) {
 	ids, err := bulkIDs("cancel", ids)
@@ -107,7 +111,12 @@ func (e *Engine) CancelMany(ctx context.Context, ids []int64, reason string) (Bu
 	return res, err
 }
 
-func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch func(context.Context, []int64) ([]sqlq.BulkChanged, error)) (BulkResult, error) {
+// bulkBatch changes the instances among ids it applies to and returns
+// those it changed and how many of ids it is done with: all of them, or, on
+// error, those before the failing statement's (their changes committed).
+type bulkBatch func(ctx context.Context, ids []int64) (changed []sqlq.BulkChanged, done int, err error)
+
+func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch bulkBatch) (BulkResult, error) {
 	res := BulkResult{ChangedIDs: []int64{}}
 	found, err := e.q.Existing(ctx, e.pool, ids)
 	if err != nil {
@@ -118,12 +127,9 @@ func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch func(c
 		return res, nil
 	}
 	slices.Sort(found)
-	changed, err := batch(ctx, found)
-	if err != nil {
-		return res, err
-	}
-	res.add(changed, int64(len(found)))
-	return res, nil
+	changed, done, err := batch(ctx, found)
+	res.add(changed, int64(done))
+	return res, err
 }
 
 // RetryMatching retries every failed instance f matches, as
@@ -141,7 +147,9 @@ func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch func(c
 // must be asked for explicitly. An instance the filter matches that is not
 // failed is counted in Skipped (set Status to "failed" to visit only those).
 // The call stops at ctx's end between batches, returning what it did so far
-// with ctx's error. The change is logged at Info on the engine's Logger.
+// with ctx's error; on any other error too, the result holds what was
+// changed before it (see [BulkResult]). The change is logged at Info on the
+// engine's Logger.
 func (e *Engine) RetryMatching(ctx context.Context, f ListFilter) (BulkResult, error) {
 	res, err := e.matching(ctx, f, "retry", e.retryBatch)
 	e.logBulk("gendurable: instances retried", res, err, "filter", f.String())
@@ -158,7 +166,7 @@ func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string
 	return res, err
 }
 
-func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch func(context.Context, []int64) ([]sqlq.BulkChanged, error)) (BulkResult, error) {
+func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch bulkBatch) (BulkResult, error) {
 	res := BulkResult{ChangedIDs: []int64{}}
 	if !f.hasCriteria() && !f.All {
 		return res, errorf(ErrInvalidInput, "%s: the filter has no criteria (queue, status, machine, step, time range, search or state); set All to act on every instance", op)
@@ -178,11 +186,11 @@ func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch fu
 				ids[i] = in.ID
 			}
 			slices.Sort(ids)
-			changed, err := batch(ctx, ids)
+			changed, done, err := batch(ctx, ids)
+			res.add(changed, int64(done))
 			if err != nil {
 				return res, err
 			}
-			res.add(changed, int64(n))
 		}
 		if page.NextBefore == 0 {
 			return res, nil
@@ -232,42 +240,48 @@ func (f ListFilter) String() string {
 // retryBatch retries the failed instances among ids (sorted, at most
 // MaxBulkIDs). Two of them sharing a unique key collide on the unique
 // index; the batch is then retried one instance at a time, each collision
-// skipped.
-func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, error) {
+// skipped. On error, the instances retried before it are returned with it
+// (their statements committed), and their queues woken all the same.
+func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
 	changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(ctx, e.pool, ids) })
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		changed = changed[:0]
-		for _, id := range ids {
+	if isUniqueViolation(err) {
+		changed = nil
+		for i, id := range ids {
 			one, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(ctx, e.pool, []int64{id}) })
-			if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			if isUniqueViolation(err) {
 				continue
 			}
 			if err != nil {
-				return changed, e.dbErr(err, "retry")
+				e.kickQueues(changed)
+				return changed, i, e.dbErr(err, "retry")
 			}
 			changed = append(changed, one...)
 		}
 		err = nil
 	}
 	if err != nil {
-		return nil, e.dbErr(err, "retry")
+		return nil, 0, e.dbErr(err, "retry")
 	}
 	e.kickQueues(changed)
-	return changed, nil
+	return changed, len(ids), nil
 }
 
-func (e *Engine) cancelBatch(reason string) func(context.Context, []int64) ([]sqlq.BulkChanged, error) {
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+func (e *Engine) cancelBatch(reason string) bulkBatch {
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
 	reason = truncate(reason)
-	return func(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, error) {
+	return func(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
 		changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.CancelMany(ctx, e.pool, ids, reason) })
 		if err != nil {
-			return nil, e.dbErr(err, "cancel")
+			return nil, 0, e.dbErr(err, "cancel") // one statement: nothing changed
 		}
-		return changed, nil
+		return changed, len(ids), nil
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
@@ -160,6 +161,90 @@ func TestBulkByFilterWorksInBatches(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, int64(gendurable.BulkBatch), res.Changed)
 	require.Equal(t, gendurable.BulkBatch, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE queue = 'q' AND status = 'failed'`))
+}
+
+// TestBulkErrorKeepsWhatWasChanged: a bulk call that fails part way
+// returns, with its error, exactly the instances it changed before — in a
+// batch retried one instance at a time after a unique-key collision, and in
+// a later batch of a filter walk. A statement trigger makes any statement
+// that changes the poisoned row fail, so every earlier statement commits.
+func TestBulkErrorKeepsWhatWasChanged(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	b.exec(`CREATE TABLE {{s}}.poison (id bigint PRIMARY KEY)`)
+	b.exec(`CREATE FUNCTION {{s}}.poison_check() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF EXISTS (SELECT 1 FROM changed JOIN {{s}}.poison USING (id)) THEN
+				RAISE EXCEPTION 'poisoned row';
+			END IF;
+			RETURN NULL;
+		END $$`)
+	b.exec(`CREATE TRIGGER poison AFTER UPDATE ON {{s}}.gendurable_instances
+		REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION {{s}}.poison_check()`)
+	inTable := func(status string, ids ...int64) []int64 {
+		t.Helper()
+		rows, err := b.pool.Query(ctx, replaceSchema(
+			`SELECT id FROM {{s}}.gendurable_instances WHERE id = ANY ($1) AND status = $2 ORDER BY id`, b.schema), ids, status)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		if got == nil {
+			got = []int64{}
+		}
+		return got
+	}
+
+	// By id: two failed rows share a key, so the batch collides and goes
+	// one at a time; the first twin is retried, the second skipped, and the
+	// poisoned row after them fails the call.
+	twin1 := b.seedRow(`status, unique_key, unique_scope`, `'failed', 'k', `+liveScope)
+	twin2 := b.seedRow(`status, unique_key, unique_scope`, `'failed', 'k', `+liveScope)
+	bad := b.seedRow(`status`, `'failed'`)
+	after := b.seedRow(`status`, `'failed'`)
+	b.exec(`INSERT INTO {{s}}.poison VALUES ($1)`, bad)
+	ids := []int64{twin1, twin2, bad, after}
+	res, err := b.eng.RetryMany(ctx, ids)
+	require.ErrorContains(t, err, "poisoned row")
+	require.Equal(t, gendurable.BulkResult{Matched: 2, Changed: 1, Skipped: 1, ChangedIDs: []int64{twin1}}, res)
+	require.Equal(t, inTable("runnable", ids...), res.ChangedIDs, "the result lists what the table holds")
+
+	// By filter: the walk goes newest first; the first batch commits, the
+	// second falls back to one at a time (a collision) and fails part way.
+	b.exec(`DELETE FROM {{s}}.poison`)
+	b.exec(`DELETE FROM {{s}}.gendurable_instances`)
+	old1 := b.seedRow(`queue, status, unique_key, unique_scope`, `'f', 'failed', 'k', `+liveScope)
+	b.seedRow(`queue, status, unique_key, unique_scope`, `'f', 'failed', 'k', `+liveScope)
+	oldBad := b.seedRow(`queue, status`, `'f', 'failed'`)
+	b.exec(`INSERT INTO {{s}}.poison VALUES ($1)`, oldBad)
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, queue, step, status, finished_at)
+		SELECT 'm', 'f', 'a', 'failed', now() FROM generate_series(1, $1::int)`, gendurable.BulkBatch-3)
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, queue, step, status, finished_at)
+		SELECT 'm', 'f', 'a', 'failed', now() FROM generate_series(1, $1::int)`, gendurable.BulkBatch)
+	all := make([]int64, 0, 2*gendurable.BulkBatch)
+	rows, err := b.pool.Query(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances`, b.schema))
+	require.NoError(t, err)
+	all, err = pgx.AppendRows(all, rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	res, err = b.eng.RetryMatching(ctx, gendurable.ListFilter{Queue: "f"})
+	require.ErrorContains(t, err, "poisoned row")
+	require.Equal(t, int64(gendurable.BulkBatch+1), res.Changed, "the first batch and the first of the twins")
+	require.Equal(t, int64(gendurable.BulkBatch+2), res.Matched)
+	require.Equal(t, int64(1), res.Skipped)
+	changed := inTable("runnable", all...)
+	require.Len(t, changed, gendurable.BulkBatch+1)
+	require.Contains(t, changed, old1)
+	require.ElementsMatch(t, changed, res.ChangedIDs)
+
+	// Cancel by filter: a later batch's statement (the one with old1, live
+	// again) fails whole; the earlier batch's cancels are returned.
+	b.exec(`UPDATE {{s}}.poison SET id = $1`, old1)
+	res, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{Queue: "f"}, "")
+	require.ErrorContains(t, err, "poisoned row")
+	require.Equal(t, int64(gendurable.BulkBatch), res.Changed)
+	cancelled := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'failed' AND errors @> '[{"kind": "cancelled"}]'`)
+	require.Equal(t, int(res.Changed), cancelled)
+	require.Len(t, res.ChangedIDs, cancelled)
 }
 
 // cancelAfter is a context whose Err turns to Canceled after a number of
