@@ -108,7 +108,9 @@ func kindBit(k sqlq.Kind) OutcomeKinds {
 // not in its Kinds. The error is a [*TransitionError]. At run time the
 // instance fails at once, without asking Handle and without a retry (the
 // same code would return the same outcome again), with error kind
-// "transition" in its history.
+// "transition" in its history. When Handle returns such an outcome, the
+// history entry keeps the step's error (and a panic's stack), and the step
+// event's Err wraps both that error and the *TransitionError.
 var ErrUndeclaredTransition = errors.New("gendurable: undeclared transition")
 
 // TransitionError describes an outcome that breaks its machine's Flow. It

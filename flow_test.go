@@ -207,6 +207,59 @@ func TestUndeclaredTransitionFailsTheInstanceAtOnce(t *testing.T) {
 	require.Contains(t, err.Error(), "undeclared transition")
 }
 
+// TestPanicStackSurvivesABrokenFlow: a step that panics records its stack
+// (StepError.Stack) whether Handle's answer keeps the Flow (a retry) or
+// breaks it (a "transition" failure); in the second case the step event
+// still carries the panic along with the *TransitionError.
+func TestPanicStackSurvivesABrokenFlow(t *testing.T) {
+	t.Parallel()
+	m := shopMachine(1)
+	m.Handle = func(ctx context.Context, r *gendurable.Run[shopState], err error) (gendurable.Outcome, error) {
+		if r.State.Go == "break" {
+			return r.Next("ship", r.State), nil // reserve may only go to charge
+		}
+		if r.Attempt == 0 {
+			return r.Replay(r.State, 0), nil
+		}
+		return gendurable.Stop("gave up"), nil
+	}
+	m.Steps["reserve"] = func(ctx context.Context, r *gendurable.Run[shopState]) (gendurable.Outcome, error) {
+		panic("reserve exploded")
+	}
+	log := &eventLog{}
+	cfg := fastConfig("", m)
+	cfg.Hooks = []gendurable.Hook{log}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	kept := b.insert(m.New(shopState{Go: "keep"}))
+	broken := b.insert(m.New(shopState{Go: "break"}))
+
+	b.waitStatus(kept, "failed", 10*time.Second)
+	b.waitStatus(broken, "failed", 10*time.Second)
+	for id, kinds := range map[int64][]string{kept: {"panic", "panic"}, broken: {"transition"}} {
+		in, err := b.eng.Instance(ctx, id)
+		require.NoError(t, err)
+		require.Len(t, in.Errors, len(kinds))
+		for i, e := range in.Errors {
+			require.Equal(t, kinds[i], e.Kind)
+			require.Contains(t, e.Error, "panic: reserve exploded")
+			require.True(t, strings.HasPrefix(e.Stack, "goroutine "), "instance %d: %q", id, e.Stack)
+			require.Contains(t, strings.Split(e.Stack, "\n")[1], "TestPanicStackSurvivesABrokenFlow",
+				"the first frame is the one that panicked:\n%s", e.Stack)
+		}
+	}
+	ev, ok := findEvent(log, func(e *gendurable.StepEvent) bool { return e.InstanceID == broken })
+	require.True(t, ok)
+	var perr *gendurable.PanicError
+	require.ErrorAs(t, ev.Err, &perr, "the step's panic: %v", ev.Err)
+	require.Contains(t, perr.Stack, "TestPanicStackSurvivesABrokenFlow")
+	var terr *gendurable.TransitionError
+	require.ErrorAs(t, ev.Err, &terr)
+	require.Equal(t, "ship", terr.To)
+	require.ErrorIs(t, ev.Err, gendurable.ErrUndeclaredTransition)
+}
+
 // newPoolForConfigTests is a pool that New can be given; the tests using
 // it never reach the database (New does not touch it).
 func newPoolForConfigTests(t *testing.T) *pgxpool.Pool {

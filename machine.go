@@ -389,8 +389,12 @@ func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepE
 	}
 	if err == nil {
 		if terr := m.core.checkFlow(r.Step, out); terr != nil {
-			msg := fmt.Sprintf("%s; Handle's outcome: %s", stepErr, terr)
-			return stopResult("transition", msg, terr)
+			// The failure is Handle's broken Flow, but the step's error (a
+			// panic's stack included) is what an operator debugs: keep both.
+			cause := fmt.Errorf("%w; Handle's outcome: %w", stepErr, terr)
+			res := stopResult("transition", cause.Error(), cause)
+			res.Out.ErrStack = errStack(stepErr)
+			return res
 		}
 	}
 	if err == nil {
