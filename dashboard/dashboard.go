@@ -22,7 +22,8 @@
 //     throughput: a chart (inline SVG) of the instances finished per minute
 //     over the last hour and each queue's done and failed per minute over
 //     the last five, from [gendurable.Engine.Throughput] (the database's
-//     finish times, a bounded read shared for a few seconds).
+//     finish times, a bounded read shared for a few seconds; while one
+//     request refreshes it, the others are shown the previous one).
 //   - /instances — the list, with filters (queue, status, machine, step,
 //     inserted from/to in UTC, search by id, partition key or unique key,
 //     state contains a JSON document) and keyset paging, at most
