@@ -15,14 +15,13 @@ package riverlh
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/longhorizon"
+	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
@@ -30,12 +29,9 @@ import (
 	"github.com/riverqueue/river/rivermigrate"
 )
 
-// Args is a long-horizon job: its number and a filler of about
-// JOB_PAYLOAD_BYTES in all.
-type Args struct {
-	Seq int64  `json:"seq"`
-	Pad string `json:"pad"`
-}
+// Args is a long-horizon job (longhorizon.Job, the same JSON as
+// gendurable's) as River's job args.
+type Args longhorizon.Job
 
 // Kind is River's job kind.
 func (Args) Kind() string { return "long_horizon_job" }
@@ -56,11 +52,7 @@ func (Args) Kind() string { return "long_horizon_job" }
 //
 // Errors about the environment wrap longhorizon.ErrInvalidEnv (exit 2).
 func Run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
-	err := run(ctx, getenv, stdout, stderr)
-	if err != nil && ctx.Err() != nil && !errors.Is(err, longhorizon.ErrInvalidEnv) {
-		return nil // SIGTERM while starting: a stop, not a failure
-	}
-	return err
+	return longhorizon.Exit(ctx, run(ctx, getenv, stdout, stderr))
 }
 
 func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -68,16 +60,13 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	if err != nil {
 		return err
 	}
-	schema := strings.TrimSpace(getenv("RIVER_SCHEMA"))
-	if schema != "" && !validIdent(schema) {
-		return fmt.Errorf("%w: RIVER_SCHEMA=%q (want 1-63 characters of [A-Za-z0-9_], not starting with a digit)", longhorizon.ErrInvalidEnv, schema)
-	}
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	schema, err := longhorizon.SchemaFromEnv(getenv, "RIVER_SCHEMA")
 	if err != nil {
-		return fmt.Errorf("%w: DATABASE_URL: %v", longhorizon.ErrInvalidEnv, err)
+		return err
 	}
-	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
-		pcfg.MaxConns = 20 // the public adapter's MAX_CONNECTIONS default
+	pcfg, err := longhorizon.PoolConfig(cfg, 20) // the public adapter's MAX_CONNECTIONS default
+	if err != nil {
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
@@ -111,17 +100,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	workDur := time.Duration(cfg.WorkMs) * time.Millisecond
 	workers := river.NewWorkers()
 	river.AddWorker(workers, river.WorkFunc(func(ctx context.Context, j *river.Job[Args]) error {
-		tel.Started(j.CreatedAt)
-		if workDur > 0 {
-			t := time.NewTimer(workDur)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return nil
+		return tel.Work(ctx, j.CreatedAt, workDur)
 	}))
 	client, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
 		Schema:               schema,
@@ -208,19 +187,5 @@ func (s *system) Depth(ctx context.Context) (int64, error) {
 }
 
 func (s *system) DBNow(ctx context.Context) (time.Time, error) {
-	var t time.Time
-	err := s.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&t)
-	return t, err
-}
-
-func validIdent(s string) bool {
-	if s == "" || len(s) > 63 || (s[0] >= '0' && s[0] <= '9') {
-		return false
-	}
-	for _, r := range s {
-		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
-			return false
-		}
-	}
-	return true
+	return sqlq.DBNow(ctx, s.pool)
 }

@@ -2,13 +2,11 @@ package benchrun
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable"
@@ -20,13 +18,6 @@ import (
 
 // LongHorizonQueue is the queue the long-horizon adapter inserts into and works.
 const LongHorizonQueue = "long_horizon"
-
-// lhArgs is a long-horizon job: its number and a filler of about
-// JOB_PAYLOAD_BYTES in all.
-type lhArgs struct {
-	Seq int64  `json:"seq"`
-	Pad string `json:"pad"`
-}
 
 // LongHorizon is `gendurable bench --long-horizon`: the adapter of the public
 // long-horizon benchmark (package internal/longhorizon), configured by
@@ -49,11 +40,7 @@ type lhArgs struct {
 //
 // Errors about the environment wrap longhorizon.ErrInvalidEnv (exit 2).
 func LongHorizon(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
-	err := longHorizon(ctx, getenv, stdout, stderr)
-	if err != nil && ctx.Err() != nil && !errors.Is(err, longhorizon.ErrInvalidEnv) {
-		return nil // SIGTERM while starting: a stop, not a failure
-	}
-	return err
+	return longhorizon.Exit(ctx, longHorizon(ctx, getenv, stdout, stderr))
 }
 
 func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -61,21 +48,18 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 	if err != nil {
 		return err
 	}
-	schema := strings.TrimSpace(getenv("GENDURABLE_SCHEMA"))
+	schema, err := longhorizon.SchemaFromEnv(getenv, "GENDURABLE_SCHEMA")
+	if err != nil {
+		return err
+	}
 	if schema == "" {
 		schema = gendurable.DefaultSchema
 	}
-	if err := sqlq.ValidateSchema(schema); err != nil {
-		return fmt.Errorf("%w: GENDURABLE_SCHEMA: %v", longhorizon.ErrInvalidEnv, err)
-	}
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	// Picks, heartbeats, outcomes (2 in flight), maintenance, the producer,
+	// the depth poll and the clock.
+	pcfg, err := longhorizon.PoolConfig(cfg, 12)
 	if err != nil {
-		return fmt.Errorf("%w: DATABASE_URL: %v", longhorizon.ErrInvalidEnv, err)
-	}
-	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
-		// Picks, heartbeats, outcomes (2 in flight), maintenance, the
-		// producer, the depth poll and the clock.
-		pcfg.MaxConns = 12
+		return err
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
@@ -94,18 +78,8 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 
 	tel := &longhorizon.Telemetry{}
 	workDur := time.Duration(cfg.WorkMs) * time.Millisecond
-	job := &gendurable.Job[lhArgs]{Name: "long_horizon_job", Perform: func(ctx context.Context, r *gendurable.Run[lhArgs]) error {
-		tel.Started(r.InsertedAt)
-		if workDur > 0 {
-			t := time.NewTimer(workDur)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		return nil
+	job := &gendurable.Job[longhorizon.Job]{Name: "long_horizon_job", Perform: func(ctx context.Context, r *gendurable.Run[longhorizon.Job]) error {
+		return tel.Work(ctx, r.InsertedAt, workDur)
 	}}
 	eng, err := gendurable.New(pool, &gendurable.Config{
 		Schema: schema, Machines: []gendurable.Definition{job},
@@ -156,7 +130,7 @@ func (c completions) OnEvent(_ context.Context, ev gendurable.Event) {
 
 type gendurableSystem struct {
 	eng  *gendurable.Engine
-	job  *gendurable.Job[lhArgs]
+	job  *gendurable.Job[longhorizon.Job]
 	pool *pgxpool.Pool
 	q    *sqlq.Queries
 }
@@ -164,7 +138,7 @@ type gendurableSystem struct {
 func (s *gendurableSystem) Insert(ctx context.Context, seq int64, n int, pad string) error {
 	ps := make([]gendurable.InsertParams, n)
 	for i := range ps {
-		ps[i] = s.job.New(lhArgs{Seq: seq + int64(i), Pad: pad}).With(gendurable.InsertOpts{Queue: LongHorizonQueue})
+		ps[i] = s.job.New(longhorizon.Job{Seq: seq + int64(i), Pad: pad}).With(gendurable.InsertOpts{Queue: LongHorizonQueue})
 	}
 	_, err := s.eng.InsertMany(ctx, ps)
 	return err
