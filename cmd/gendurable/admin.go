@@ -103,6 +103,33 @@ func parseAll(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// withInstance is the preamble of a command on one instance: it parses args
+// (the instance's ID, then the positional arguments more names), runs check
+// if given (flag values, before the database is opened), opens the engine
+// and runs fn with the id and the arguments after it.
+func (c *common) withInstance(ctx context.Context, fs *flag.FlagSet, args []string, stderr io.Writer, more []string,
+	check func() error, fn func(eng *gendurable.Engine, id int64, rest []string) error) error {
+	pos, err := parse(fs, args, append([]string{"ID"}, more...)...)
+	if err != nil {
+		return err
+	}
+	id, err := parseID(pos[0])
+	if err != nil {
+		return err
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	eng, done, err := c.engine(ctx, stderr)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return fn(eng, id, pos[1:])
+}
+
 func parseID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 {
@@ -243,26 +270,21 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := newFlags("show")
 	var c common
 	c.register(fs)
-	pos, err := parse(fs, args, "ID")
-	if err != nil {
-		return err
-	}
-	id, err := parseID(pos[0])
-	if err != nil {
-		return err
-	}
-	eng, done, err := c.engine(ctx, stderr)
-	if err != nil {
-		return err
-	}
-	defer done()
-	d, err := eng.Describe(ctx, id)
-	if err != nil {
-		return err
-	}
-	if c.json {
-		return printJSON(stdout, d)
-	}
+	return c.withInstance(ctx, fs, args, stderr, nil, nil, func(eng *gendurable.Engine, id int64, _ []string) error {
+		d, err := eng.Describe(ctx, id)
+		if err != nil {
+			return err
+		}
+		if c.json {
+			return printJSON(stdout, d)
+		}
+		printInstance(stdout, d)
+		return nil
+	})
+}
+
+// printInstance is show's text output.
+func printInstance(stdout io.Writer, d *gendurable.InstanceDetail) {
 	p := printable
 	fmt.Fprintf(stdout, "instance %d  %s@%d  queue %s\n", d.ID, p(d.Machine), d.Version, p(d.Queue))
 	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", p(string(d.Status)), p(d.Step), shownAttempt(d.Attempt, d.MaxAttempts), d.MaxAttempts)
@@ -291,7 +313,6 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	for _, k := range d.Children {
 		fmt.Fprintf(stdout, "child    %d %s %s\n", k.ID, p(k.Machine), p(string(k.Status)))
 	}
-	return nil
 }
 
 // Bounds of a panic's stack trace as show prints it; show --json has the
@@ -475,28 +496,17 @@ func runNowCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("run-now")
 	var c common
 	c.register(fs)
-	pos, err := parse(fs, args, "ID")
-	if err != nil {
+	return c.withInstance(ctx, fs, args, stderr, nil, nil, func(eng *gendurable.Engine, id int64, _ []string) error {
+		if err := eng.RunNow(ctx, id); err != nil {
+			return err
+		}
+		msg := fmt.Sprintf("instance %d is eligible now", id)
+		if c.json {
+			return printJSON(stdout, map[string]any{"id": id, "ok": true, "message": msg})
+		}
+		_, err := fmt.Fprintln(stdout, msg)
 		return err
-	}
-	id, err := parseID(pos[0])
-	if err != nil {
-		return err
-	}
-	eng, done, err := c.engine(ctx, stderr)
-	if err != nil {
-		return err
-	}
-	defer done()
-	if err := eng.RunNow(ctx, id); err != nil {
-		return err
-	}
-	msg := fmt.Sprintf("instance %d is eligible now", id)
-	if c.json {
-		return printJSON(stdout, map[string]any{"id": id, "ok": true, "message": msg})
-	}
-	_, err = fmt.Fprintln(stdout, msg)
-	return err
+	})
 }
 
 func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -505,43 +515,36 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	c.register(fs)
 	payload := fs.String("payload", "", "JSON payload")
 	dedup := fs.String("dedup-key", "", "dedup key: sending the same key twice is a no-op")
-	pos, err := parse(fs, args, "ID", "NAME")
-	if err != nil {
-		return err
-	}
-	id, err := parseID(pos[0])
-	if err != nil {
-		return err
-	}
 	var p any
-	if *payload != "" {
-		if !json.Valid([]byte(*payload)) {
-			return usageError{msg: "--payload is not valid JSON"}
+	check := func() error {
+		if *payload != "" {
+			if !json.Valid([]byte(*payload)) {
+				return usageError{msg: "--payload is not valid JSON"}
+			}
+			p = json.RawMessage(*payload)
 		}
-		p = json.RawMessage(*payload)
+		return nil
 	}
-	eng, done, err := c.engine(ctx, stderr)
-	if err != nil {
-		return err
-	}
-	defer done()
-	res, err := eng.Signal(ctx, id, pos[1], p, &gendurable.SignalOpts{DedupKey: *dedup})
-	if err != nil {
-		return err
-	}
-	c.logger(stderr).Info("gendurable: signal sent", "id", id, "name", pos[1], "signal_id", res.ID, "duplicate", res.Duplicate, "woke", res.Woke)
-	if c.json {
-		return printJSON(stdout, res)
-	}
-	switch {
-	case res.Duplicate:
-		fmt.Fprintf(stdout, "duplicate of signal %d: nothing sent\n", res.ID)
-	case res.Woke:
-		fmt.Fprintf(stdout, "signal %d sent; instance %d woke up\n", res.ID, id)
-	default:
-		fmt.Fprintf(stdout, "signal %d sent to instance %d's inbox\n", res.ID, id)
-	}
-	return nil
+	return c.withInstance(ctx, fs, args, stderr, []string{"NAME"}, check, func(eng *gendurable.Engine, id int64, rest []string) error {
+		name := rest[0]
+		res, err := eng.Signal(ctx, id, name, p, &gendurable.SignalOpts{DedupKey: *dedup})
+		if err != nil {
+			return err
+		}
+		c.logger(stderr).Info("gendurable: signal sent", "id", id, "name", name, "signal_id", res.ID, "duplicate", res.Duplicate, "woke", res.Woke)
+		if c.json {
+			return printJSON(stdout, res)
+		}
+		switch {
+		case res.Duplicate:
+			fmt.Fprintf(stdout, "duplicate of signal %d: nothing sent\n", res.ID)
+		case res.Woke:
+			fmt.Fprintf(stdout, "signal %d sent; instance %d woke up\n", res.ID, id)
+		default:
+			fmt.Fprintf(stdout, "signal %d sent to instance %d's inbox\n", res.ID, id)
+		}
+		return nil
+	})
 }
 
 func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) error {
