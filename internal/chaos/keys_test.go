@@ -232,23 +232,11 @@ func TestChaos12KeyStallTerminated(t *testing.T) {
 // committed outcome per step, duplicate runs at most kills × concurrency.
 func TestChaos13KeyLimitKillStorm(t *testing.T) {
 	ctx := bg(t, 15*time.Minute)
-	env := newEnv(t, chaos.DefaultURL(), "klimit")
-	fleet := newFleet(t)
-	const workers, conc = 3, 8
+	policies := []gendurable.KeyPolicy{{Prefix: "k3-", Limit: 3}}
+	ks := newKeyStorm(ctx, t, "klimit", policies)
+	env := ks.env
 	storm := pick(8*time.Second, 60*time.Second)
 	initial, wave := pick(400, 1500), pick(20, 20)
-	policies := []gendurable.KeyPolicy{{Prefix: "k3-", Limit: 3}}
-	must(t, env.SetKeyPolicies(ctx, policies))
-
-	cfgs := map[string]chaos.WorkerConfig{}
-	for i := 1; i <= workers; i++ {
-		cfg := env.Worker(fmt.Sprintf("w%d", i))
-		cfg.Concurrency, cfg.MaxConns = conc, 8 // 3 × 8 + the harness's 6
-		cfg.KeyPolicies = policies
-		cfgs[cfg.Name] = cfg
-		_, err := fleet.Start(cfg, 30*time.Second)
-		must(t, err)
-	}
 	mix := func(n int) []gendurable.InsertParams {
 		ps := make([]gendurable.InsertParams, n)
 		for i := range ps {
@@ -265,48 +253,13 @@ func TestChaos13KeyLimitKillStorm(t *testing.T) {
 		}
 		return ps
 	}
-	ids, err := env.Insert(ctx, "leaf", mix(initial))
-	must(t, err)
-	inserted := len(ids)
-
-	kills := 0
-	var lastKill time.Time
-	start := time.Now()
-	killTick := time.NewTicker(1500 * time.Millisecond)
-	waveTick := time.NewTicker(500 * time.Millisecond)
-	for time.Since(start) < storm {
-		select {
-		case <-killTick.C:
-			killAndRestart(ctx, t, env, fleet, cfgs)
-			kills++
-			lastKill = time.Now()
-		case <-waveTick.C:
-			ids, err := env.Insert(ctx, "leaf", mix(wave))
-			must(t, err)
-			inserted += len(ids)
-		}
-	}
-	killTick.Stop()
-	waveTick.Stop()
-
-	cfg := cfgs["w1"]
-	bound := time.Duration(cfg.LeaseMs+cfg.ReaperMs)*time.Millisecond + 60*time.Second
-	_, live, err := env.WaitTerminal(ctx, lastKill.Add(bound))
-	must(t, err)
-	afterKill := time.Since(lastKill)
-	_, stopErr := fleet.TermAll(30 * time.Second)
-	r, err := env.Check(ctx, chaos.CheckOpts{})
-	must(t, err)
-
-	c := &criteria{t: t}
-	c.report(r.Violations(false))
-	c.check(live == 0, "%d instances still live %s after the last kill (bound %s)", live, afterKill.Round(time.Millisecond), bound)
+	ks.insert(ctx, t, mix(initial))
+	ks.run(ctx, t, storm, func() []gendurable.InsertParams { return mix(wave) })
+	r, c, terminal := ks.finish(ctx, t)
 	c.check(r.KeyPeaks[3] == 3, "the limit-3 keys ran at most %d at once: the scenario did not reach the limit", r.KeyPeaks[3])
-	c.check(r.Duplicates <= kills*conc, "%d duplicate step runs > kills × concurrency = %d", r.Duplicates, kills*conc)
-	c.check(stopErr == nil, "graceful stop: %v", stopErr)
-	summary(t, r.Line("key-limit-kill", fmt.Sprintf("%d kills", kills))+
-		fmt.Sprintf(" (%d leaves over 4 keys of limit 3 (policy k3-), 2 of limit 1, 1 of KeyLimit 2, %d processes × %d steps; most at once per key: limit 3 → %d, limit 2 → %d, limit 1 → %d; all terminal %s after the last kill, bound %s; %s)",
-			inserted, workers, conc, r.KeyPeaks[3], r.KeyPeaks[2], r.KeyPeaks[1], afterKill.Round(100*time.Millisecond), bound, r.Invariants()))
+	summary(t, r.Line("key-limit-kill", fmt.Sprintf("%d kills", ks.kills))+
+		fmt.Sprintf(" (%d leaves over 4 keys of limit 3 (policy k3-), 2 of limit 1, 1 of KeyLimit 2, %d processes × %d steps; most at once per key: limit 3 → %d, limit 2 → %d, limit 1 → %d; %s; %s)",
+			ks.inserted, keyStormWorkers, keyStormConc, r.KeyPeaks[3], r.KeyPeaks[2], r.KeyPeaks[1], terminal, r.Invariants()))
 	c.done()
 }
 
@@ -330,28 +283,16 @@ func TestChaos13KeyLimitKillStorm(t *testing.T) {
 // on) are reported alongside.
 func TestChaos14KeyRateKillStorm(t *testing.T) {
 	ctx := bg(t, 15*time.Minute)
-	env := newEnv(t, chaos.DefaultURL(), "krate")
-	fleet := newFleet(t)
-	const workers, conc = 3, 8
-	storm := pick(8*time.Second, 60*time.Second)
-	initial, wave := pick(200, 1000), pick(20, 20)
 	policies := []gendurable.KeyPolicy{
 		{Prefix: "r5-", Limit: 8, Rate: 5, Per: time.Second, Burst: 2},
 		{Prefix: "r3h-", Limit: 4, Rate: 3, Per: 500 * time.Millisecond, Burst: 3},
 		{Prefix: "k2-", Limit: 2},
 	}
 	rated := map[string]gendurable.KeyPolicy{"r5-0": policies[0], "r5-1": policies[0], "r3h-0": policies[1]}
-	must(t, env.SetKeyPolicies(ctx, policies))
-
-	cfgs := map[string]chaos.WorkerConfig{}
-	for i := 1; i <= workers; i++ {
-		cfg := env.Worker(fmt.Sprintf("w%d", i))
-		cfg.Concurrency, cfg.MaxConns = conc, 8 // 3 × 8 + the harness's 6
-		cfg.KeyPolicies = policies
-		cfgs[cfg.Name] = cfg
-		_, err := fleet.Start(cfg, 30*time.Second)
-		must(t, err)
-	}
+	ks := newKeyStorm(ctx, t, "krate", policies)
+	env := ks.env
+	storm := pick(8*time.Second, 60*time.Second)
+	initial, wave := pick(200, 1000), pick(20, 20)
 	leaf := func(key string) gendurable.InsertParams {
 		return env.M.Leaf.New(chaos.LeafState{SleepMs: 150}).With(gendurable.InsertOpts{PartitionKey: key})
 	}
@@ -379,47 +320,10 @@ func TestChaos14KeyRateKillStorm(t *testing.T) {
 		ratedRows += n
 	}
 	rand.Shuffle(len(ps), func(i, j int) { ps[i], ps[j] = ps[j], ps[i] })
-	ids, err := env.Insert(ctx, "leaf", ps)
-	must(t, err)
-	inserted := len(ids)
-
-	var stormFrom, stormTo time.Time
-	must(t, env.Admin.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&stormFrom))
-	kills := 0
-	var lastKill time.Time
-	start := time.Now()
-	killTick := time.NewTicker(1500 * time.Millisecond)
-	waveTick := time.NewTicker(500 * time.Millisecond)
-	for time.Since(start) < storm {
-		select {
-		case <-killTick.C:
-			killAndRestart(ctx, t, env, fleet, cfgs)
-			kills++
-			lastKill = time.Now()
-		case <-waveTick.C:
-			ids, err := env.Insert(ctx, "leaf", mix(wave))
-			must(t, err)
-			inserted += len(ids)
-		}
-	}
-	killTick.Stop()
-	waveTick.Stop()
-	must(t, env.Admin.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&stormTo))
-
-	cfg := cfgs["w1"]
-	bound := time.Duration(cfg.LeaseMs+cfg.ReaperMs)*time.Millisecond + 60*time.Second
-	_, live, err := env.WaitTerminal(ctx, lastKill.Add(bound))
-	must(t, err)
-	afterKill := time.Since(lastKill)
-	_, stopErr := fleet.TermAll(30 * time.Second)
-	r, err := env.Check(ctx, chaos.CheckOpts{})
-	must(t, err)
-
-	c := &criteria{t: t}
-	c.report(r.Violations(false))
-	c.check(live == 0, "%d instances still live %s after the last kill (bound %s)", live, afterKill.Round(time.Millisecond), bound)
-	c.check(r.Duplicates <= kills*conc, "%d duplicate step runs > kills × concurrency = %d", r.Duplicates, kills*conc)
-	c.check(stopErr == nil, "graceful stop: %v", stopErr)
+	ks.insert(ctx, t, ps)
+	ks.run(ctx, t, storm, func() []gendurable.InsertParams { return mix(wave) })
+	stormFrom, stormTo := ks.from, ks.to
+	r, c, terminal := ks.finish(ctx, t)
 
 	keys := make([]string, 0, len(rated))
 	for k := range rated {
@@ -482,11 +386,93 @@ func TestChaos14KeyRateKillStorm(t *testing.T) {
 		parts = append(parts, fmt.Sprintf("%s (%d per %s, burst %d): %d starts, %d in the storm (%.0f%% of the rate); most in a window vs allowed: %s; %d windows of starts within the pick-to-start lag's allowance only",
 			key, p.Rate, p.Per, p.Burst, n, inStorm, 100*float64(inStorm)/expect, strings.Join(text, ", "), lagged))
 	}
-	summary(t, r.Line("key-rate-kill", fmt.Sprintf("%d kills", kills))+
-		fmt.Sprintf(" (%d leaves, %d of them over 3 rated keys, %d processes × %d steps; %d windows checked (by pick time and by step start), per key: %s; all terminal %s after the last kill, bound %s; %s)",
-			inserted, ratedRows, workers, conc, windows, strings.Join(parts, "; "),
-			afterKill.Round(100*time.Millisecond), bound, r.Invariants()))
+	summary(t, r.Line("key-rate-kill", fmt.Sprintf("%d kills", ks.kills))+
+		fmt.Sprintf(" (%d leaves, %d of them over 3 rated keys, %d processes × %d steps; %d windows checked (by pick time and by step start), per key: %s; %s; %s)",
+			ks.inserted, ratedRows, keyStormWorkers, keyStormConc, windows, strings.Join(parts, "; "), terminal, r.Invariants()))
 	c.done()
+}
+
+// Scenarios 13 and 14 run keyStormWorkers worker processes of keyStormConc
+// steps each (3 × 8 connections + the harness's 6).
+const keyStormWorkers, keyStormConc = 3, 8
+
+// keyStorm is what scenarios 13 and 14 share: the worker fleet under key
+// policies, leaves inserted in waves while every 1.5 s a random worker is
+// SIGKILLed and restarted, and the end — every instance terminal, the
+// fleet stopped, the invariants checked.
+type keyStorm struct {
+	env      *chaos.Env
+	fleet    *chaos.Fleet
+	cfgs     map[string]chaos.WorkerConfig
+	inserted int
+	kills    int
+	lastKill time.Time
+	from, to time.Time // the storm, on the database clock
+}
+
+// newKeyStorm sets policies in a new environment and starts the fleet.
+func newKeyStorm(ctx context.Context, t *testing.T, name string, policies []gendurable.KeyPolicy) *keyStorm {
+	ks := &keyStorm{env: newEnv(t, chaos.DefaultURL(), name), fleet: newFleet(t), cfgs: map[string]chaos.WorkerConfig{}}
+	must(t, ks.env.SetKeyPolicies(ctx, policies))
+	for i := 1; i <= keyStormWorkers; i++ {
+		cfg := ks.env.Worker(fmt.Sprintf("w%d", i))
+		cfg.Concurrency, cfg.MaxConns = keyStormConc, 8
+		cfg.KeyPolicies = policies
+		ks.cfgs[cfg.Name] = cfg
+		_, err := ks.fleet.Start(cfg, 30*time.Second)
+		must(t, err)
+	}
+	return ks
+}
+
+func (ks *keyStorm) insert(ctx context.Context, t *testing.T, ps []gendurable.InsertParams) {
+	ids, err := ks.env.Insert(ctx, "leaf", ps)
+	must(t, err)
+	ks.inserted += len(ids)
+}
+
+// run is the storm: for d, a kill and restart every 1.5 s and the leaves of
+// wave every 500 ms.
+func (ks *keyStorm) run(ctx context.Context, t *testing.T, d time.Duration, wave func() []gendurable.InsertParams) {
+	must(t, ks.env.Admin.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&ks.from))
+	start := time.Now()
+	killTick := time.NewTicker(1500 * time.Millisecond)
+	waveTick := time.NewTicker(500 * time.Millisecond)
+	for time.Since(start) < d {
+		select {
+		case <-killTick.C:
+			killAndRestart(ctx, t, ks.env, ks.fleet, ks.cfgs)
+			ks.kills++
+			ks.lastKill = time.Now()
+		case <-waveTick.C:
+			ks.insert(ctx, t, wave())
+		}
+	}
+	killTick.Stop()
+	waveTick.Stop()
+	must(t, ks.env.Admin.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&ks.to))
+}
+
+// finish waits until every instance is terminal (at most lease + reaper
+// interval + 60 s after the last kill), stops the fleet and checks the
+// invariants. The criteria it returns hold the checks every key storm
+// makes — the invariants, none live, duplicate runs at most kills ×
+// concurrency, a graceful stop — and terminal says when all ended.
+func (ks *keyStorm) finish(ctx context.Context, t *testing.T) (r *chaos.Report, c *criteria, terminal string) {
+	cfg := ks.cfgs["w1"]
+	bound := time.Duration(cfg.LeaseMs+cfg.ReaperMs)*time.Millisecond + 60*time.Second
+	_, live, err := ks.env.WaitTerminal(ctx, ks.lastKill.Add(bound))
+	must(t, err)
+	afterKill := time.Since(ks.lastKill)
+	_, stopErr := ks.fleet.TermAll(30 * time.Second)
+	r, err = ks.env.Check(ctx, chaos.CheckOpts{})
+	must(t, err)
+	c = &criteria{t: t}
+	c.report(r.Violations(false))
+	c.check(live == 0, "%d instances still live %s after the last kill (bound %s)", live, afterKill.Round(time.Millisecond), bound)
+	c.check(r.Duplicates <= ks.kills*keyStormConc, "%d duplicate step runs > kills × concurrency = %d", r.Duplicates, ks.kills*keyStormConc)
+	c.check(stopErr == nil, "graceful stop: %v", stopErr)
+	return r, c, fmt.Sprintf("all terminal %s after the last kill, bound %s", afterKill.Round(100*time.Millisecond), bound)
 }
 
 // rateStats is the fullest window of one length over a key's runs.
