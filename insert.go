@@ -262,8 +262,12 @@ func (e *Engine) wake(ps []InsertParams) {
 			if at.IsZero() {
 				at = time.Now().Add(p.opts.RunIn)
 			}
-			if s := scheds[q]; s != nil && at.After(time.Now()) {
-				s.KickAt(at)
+			if s := scheds[q]; s != nil {
+				if at.After(time.Now()) {
+					s.KickAt(at)
+				} else {
+					s.KickBelow(at) // eligible already, maybe below the pick's floor
+				}
 			}
 			continue
 		}

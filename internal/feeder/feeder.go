@@ -296,6 +296,19 @@ func (s *Feeder) Kick() {
 	s.wake()
 }
 
+// KickBelow wakes the loop for a row this process made eligible since t, a
+// time that may be below the pick's floor (an insert's RunAt in the past):
+// the next pick looks from t on (docs/design.md §4).
+func (s *Feeder) KickBelow(t time.Time) {
+	s.mu.Lock()
+	if s.floorFound == nil || t.Before(*s.floorFound) {
+		s.floorFound = &t
+	}
+	s.more = true
+	s.mu.Unlock()
+	s.wake()
+}
+
 // maxWakes bounds the wake instants a feeder remembers; past it the
 // latest are dropped (the poll timer finds those rows).
 const maxWakes = 4096
