@@ -263,10 +263,13 @@ func (e *Engine) wake(ps []InsertParams) {
 				at = time.Now().Add(p.opts.RunIn)
 			}
 			if s := scheds[q]; s != nil {
-				if at.After(time.Now()) {
+				switch {
+				case at.After(time.Now()):
 					s.KickAt(at)
-				} else {
+				case p.opts.PartitionKey == "":
 					s.KickBelow(at) // eligible already, maybe below the pick's floor
+				default:
+					s.Kick() // keyed rows have no floor
 				}
 			}
 			continue
