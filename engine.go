@@ -393,7 +393,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.Prefetch, MinDemand: qc.MinDemand,
 			BusyPollInterval: qc.BusyPollInterval, PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
 			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval, KeyPolicies: keyPolicies,
-			Global: qc.GlobalConcurrency,
+			Global: qc.GlobalConcurrency, FloorCheck: feeder.DefaultFloorCheck,
 		}, e.q, e.pool, e.exec.ForQueue(name, qc.ChainSteps), ev, e.log)
 		rs.scheds[name] = s
 		rs.loops.Add(1)

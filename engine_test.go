@@ -1496,3 +1496,75 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 	require.Len(t, starts["later"], 1)
 	check("RunIn 150ms from the insert", gaps([]time.Time{insertedAt, starts["later"][0]}), 150*time.Millisecond)
 }
+
+// TestRowsVisibleBelowThePickFloorRun (docs/design.md §4): while a queue is
+// busy its picks look at nothing eligible before their floor (the last
+// short pick's now() less a second). Rows that become visible below it
+// still run, within the floor check's bound: a row inserted by a
+// transaction that stays open past the slack, rows another process
+// inserted with a RunAt in the past, and (woken at once) this process's own
+// insert with a RunAt in the past.
+func TestRowsVisibleBelowThePickFloorRun(t *testing.T) {
+	t.Parallel()
+	var b *testBundle
+	job := &gendurable.Job[orderArgs]{Name: "floor", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
+		BusyPollInterval: 25 * time.Millisecond, PollInterval: time.Second, MaxPollInterval: 5 * time.Second}}
+	b = setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	// Keep the queue busy: its picks come back short, so the floor follows now().
+	stop := make(chan struct{})
+	producing := make(chan struct{})
+	go func() {
+		defer close(producing)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if _, err := b.eng.Insert(ctx, job.New(orderArgs{I: 0})); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-producing }()
+	time.Sleep(1500 * time.Millisecond) // the floor is set and has moved
+
+	const bound = 4 * time.Second // FloorCheck (1 s) + a check + a pick, on a loaded machine
+	ran := func(what string, id int64, since time.Time) {
+		t.Helper()
+		b.waitStatus(id, "done", 10*time.Second)
+		took := time.Since(since)
+		t.Logf("%s: done %v after it became visible", what, took)
+		require.Less(t, took, bound, what)
+	}
+
+	// An insert whose transaction commits 2.5 s after its now().
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	res, err := b.eng.InsertTx(ctx, tx, job.New(orderArgs{I: 1}))
+	require.NoError(t, err)
+	time.Sleep(2500 * time.Millisecond)
+	require.NoError(t, tx.Commit(ctx))
+	ran("a transaction open 2.5 s", res.ID, time.Now())
+
+	// Another process's insert with a RunAt in the past.
+	other, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{job},
+		Logger: testLogger(t)})
+	require.NoError(t, err)
+	res, err = other.Insert(ctx, job.New(orderArgs{I: 2}).With(gendurable.InsertOpts{RunAt: time.Now().Add(-time.Hour)}))
+	require.NoError(t, err)
+	ran("another process's RunAt an hour ago", res.ID, time.Now())
+
+	// This process's own: it lowers the floor itself.
+	start := time.Now()
+	res, err = b.eng.Insert(ctx, job.New(orderArgs{I: 3}).With(gendurable.InsertOpts{RunAt: time.Now().Add(-time.Hour)}))
+	require.NoError(t, err)
+	b.waitStatus(res.ID, "done", 10*time.Second)
+	t.Logf("this process's RunAt an hour ago: done %v after the insert", time.Since(start))
+	require.Less(t, time.Since(start), 500*time.Millisecond, "a local insert below the floor wakes its pick")
+}

@@ -262,8 +262,15 @@ func (e *Engine) wake(ps []InsertParams) {
 			if at.IsZero() {
 				at = time.Now().Add(p.opts.RunIn)
 			}
-			if s := scheds[q]; s != nil && at.After(time.Now()) {
-				s.KickAt(at)
+			if s := scheds[q]; s != nil {
+				switch {
+				case at.After(time.Now()):
+					s.KickAt(at)
+				case p.opts.PartitionKey == "":
+					s.KickBelow(at) // eligible already, maybe below the pick's floor
+				default:
+					s.Kick() // keyed rows have no floor
+				}
 			}
 			continue
 		}

@@ -255,6 +255,10 @@ func TestUpgradeTo6KeepsInFlightKeyedClaims(t *testing.T) {
 	res, err := migrate.To(ctx, pool, schema, 6)
 	require.NoError(t, err)
 	require.Equal(t, []int{6}, res.Applied)
+	// This library's pick calls the overload of version 11 (the floor); its
+	// keyed part is version 6's key leases.
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
 	q, err := sqlq.New(schema)
 	require.NoError(t, err)
 	picked, err := q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
@@ -278,6 +282,45 @@ func TestUpgradeTo6KeepsInFlightKeyedClaims(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.gendurable_instances`).Scan(&n))
 	require.Equal(t, 4, n)
+}
+
+// TestUpgradeTo11KeepsThePreviousPick: version 11 adds the pick's floor as a
+// new overload of gendurable_pick; the ten-argument function of version 9
+// stays, so engines of the previous version keep picking during a rolling
+// upgrade. Going below 11 drops the overload only.
+func TestUpgradeTo11KeepsThePreviousPick(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	_, err := migrate.To(ctx, pool, schema, 9)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step) SELECT 'm', 'a' FROM generate_series(1, 3)`)
+	require.NoError(t, err)
+	oldPick := func() int {
+		t.Helper()
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(p.c) FROM `+s+`.gendurable_pick('default', 1, 60000000, '',
+			'{}', '{}', '{}', '{}', 20, 0) AS p`).Scan(&n))
+		return n
+	}
+	require.Equal(t, 1, oldPick())
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, 1, oldPick(), "version 9's pick still works at version 11")
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	res, err := q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: 5, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, res.Claimed, 1)
+	require.NotNil(t, res.Floor, "the overload returns the next floor")
+
+	_, err = migrate.To(ctx, pool, schema, 9)
+	require.NoError(t, err)
+	var overloads int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE proname = 'gendurable_pick'
+		AND pronamespace = $1::regnamespace`, s).Scan(&overloads))
+	require.Equal(t, 1, overloads)
 }
 
 // TestInstancesAutovacuumByDeadRows: version 8 sets the instances table's

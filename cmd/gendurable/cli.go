@@ -330,6 +330,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&o.MinDemand, "min-demand", 0, "don't pick for fewer free places than this (default: the engine's)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	backlog := fs.Bool("backlog", false, "measure one pick's latency at 10k and 1M runnable rows instead")
+	heldPick := fs.Bool("held-pick", false, "measure one pick of 16 after 10k, 50k and 180k rows were claimed, with and without an xid held open meanwhile, with and without the pick's floor, instead")
 	idle := fs.Duration("idle", 0, "measure the statements/s of an idle engine over this long instead (after 12s of backoff)")
 	fs.BoolVar(&o.FreshStats, "fresh-stats", false, "start from a fresh table's statistics instead of a table in use's (mostly done rows, ANALYZEd, then emptied)")
 	floor := fs.Int("floor", 0, "measure the physical floor instead: rows/s of 500-row UPDATE … FROM unnest by primary key from this many connections for 10s (a job writes its row twice)")
@@ -400,6 +401,25 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		_, err = fmt.Fprintf(stdout, "pickup latency of a local insert (%d samples): p50 %.2f ms, p90 %.2f ms, max %.2f ms\n", res.Samples, res.P50Ms, res.P90Ms, res.MaxMs)
 		return err
+	}
+	if *heldPick {
+		res, err := benchrun.HeldPick(ctx, o, []int{10_000, 50_000, 180_000}, 16, 20, progressOr(o.Progress))
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdout, map[string]any{"held_pick": res})
+		}
+		for _, r := range res {
+			fmt.Fprintf(stdout, "pick of %d after %6d claims, held xid %-5v floor %-5v: median %7.2f ms, p90 %7.2f ms, "+
+				"%8.0f index entries, %6.0f index blocks, %6.0f heap blocks per pick", r.Batch, r.Claimed, r.Held, r.Floor,
+				r.MedianMs, r.P90Ms, r.IndexTuples, r.IndexBlocks, r.HeapBlocks)
+			if r.Floor {
+				fmt.Fprintf(stdout, "; floor check %.2f ms", r.CheckMs)
+			}
+			fmt.Fprintln(stdout)
+		}
+		return nil
 	}
 	if *backlog {
 		res, err := benchrun.Backlog(ctx, o, []int{10_000, 1_000_000}, 50, 20, progressOr(o.Progress))

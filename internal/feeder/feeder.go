@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,7 +35,23 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	KeyPolicies       []sqlq.KeyPolicy // limits of partition keys by prefix
 	Global            int              // the queue's running steps across every process at most (0: no bound)
+	// FloorCheck is how often, at most, the feeder looks for runnable plain
+	// rows below its pick's floor while the queue is busy (see floorTick);
+	// 0: DefaultFloorCheck; negative: no floor (every pick looks at every
+	// row, as before schema version 11).
+	FloorCheck time.Duration
 }
+
+// DefaultFloorCheck is Config.FloorCheck's default: a plain row that becomes
+// visible below the pick's floor (a transaction that commits more than a
+// second after its now(), a RunAt in the past, a reaped row) is picked at
+// most this long, plus a check and a pick, after it does (docs/design.md §4).
+const DefaultFloorCheck = time.Second
+
+// maxFloorPrios bounds the priorities the pick seeks to the floor within;
+// rows of other priorities are still picked, their entries below the floor
+// read but not their heap tuples.
+const maxFloorPrios = 8
 
 // Result is what an executor reports about a finished step.
 type Result struct {
@@ -168,9 +185,24 @@ type Feeder struct {
 	// keyCursor is the key the last pick's walk over partition keys
 	// stopped at: the next pick starts after it (round robin). Loop only.
 	keyCursor string
-	heldBack  bool        // dispatch waits for a heartbeat (see dispatch)
-	stopping  atomic.Bool // Run is returning: no more chained steps
-	steps     sync.WaitGroup
+	// The pick's floor (docs/design.md §4), loop only: floor is the last
+	// pick's PickResult.Floor (nil: none), prios the priorities plain rows
+	// were claimed at lately (most recent first), floorTicked when floorTick
+	// last started a check or dropped the floor, claimedSince whether a
+	// pick claimed rows since then.
+	floor        *time.Time
+	prios        []int16
+	floorTicked  time.Time
+	claimedSince bool
+	// floorFound is what the last floor check found (under mu): the
+	// earliest eligible_at of a runnable plain row below the floor, or the
+	// zero time when the check failed. checking: a check is running.
+	floorFound *time.Time
+	checking   bool
+	checks     sync.WaitGroup
+	heldBack   bool        // dispatch waits for a heartbeat (see dispatch)
+	stopping   atomic.Bool // Run is returning: no more chained steps
+	steps      sync.WaitGroup
 }
 
 // New creates a feeder; Run starts it.
@@ -182,6 +214,9 @@ func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log 
 		held: make(map[int64]*held),
 		// Not zero: dispatch waits while the leases look unconfirmed.
 		lastBeat: time.Now(),
+	}
+	if s.cfg.FloorCheck == 0 {
+		s.cfg.FloorCheck = DefaultFloorCheck
 	}
 	s.deadline = time.AfterFunc(time.Hour, s.expire)
 	s.deadline.Stop()
@@ -256,6 +291,19 @@ func (s *Feeder) loseLocked(token int64, h *held) int64 {
 // Kick wakes the loop at once (a local insert made work runnable).
 func (s *Feeder) Kick() {
 	s.mu.Lock()
+	s.more = true
+	s.mu.Unlock()
+	s.wake()
+}
+
+// KickBelow wakes the loop for a row this process made eligible since t, a
+// time that may be below the pick's floor (an insert's RunAt in the past):
+// the next pick looks from t on (docs/design.md §4).
+func (s *Feeder) KickBelow(t time.Time) {
+	s.mu.Lock()
+	if s.floorFound == nil || t.Before(*s.floorFound) {
+		s.floorFound = &t
+	}
 	s.more = true
 	s.mu.Unlock()
 	s.wake()
@@ -435,6 +483,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 	}
 	s.stopping.Store(true)
 	s.releaseBuffer()
+	s.checks.Wait()
 }
 
 // busyPoll is the poll interval after a pick that found rows.
@@ -474,12 +523,15 @@ func (s *Feeder) bufferedNow() int {
 func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(stopCtx), s.cfg.Lease)
 	defer cancel()
+	s.floorTick(stopCtx)
 	start := time.Now()
 	res, err := s.q.Pick(ctx, s.db, s.cfg.Queue, sqlq.PickOpts{
-		Limit: demand, Lease: s.cfg.Lease, Cursor: s.keyCursor, Policies: s.cfg.KeyPolicies, Global: s.cfg.Global})
+		Limit: demand, Lease: s.cfg.Lease, Cursor: s.keyCursor, Policies: s.cfg.KeyPolicies, Global: s.cfg.Global,
+		Floor: s.floor, Prios: s.prios})
 	rows := res.Claimed
 	if err == nil {
 		s.keyCursor = res.Cursor
+		s.picked(res)
 	}
 	s.ev.Pick(PickReport{Queue: s.cfg.Queue, Count: len(rows), Demand: demand, Duration: time.Since(start), Err: err,
 		KeysFull: res.KeysFull, KeysRated: res.KeysRated})
@@ -489,6 +541,97 @@ func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 	}
 	s.add(rows, start)
 	return len(rows), nil
+}
+
+// floorTick runs before each pick (docs/design.md §4). It lowers the floor
+// to what a floor check found, and once per FloorCheck it either starts a
+// check — the queue claimed rows since the last tick: a row may have become
+// visible below the floor meanwhile — or, when the queue claimed nothing,
+// drops the floor: the next pick looks at every row (an idle queue adds no
+// statement) and sets the floor again.
+func (s *Feeder) floorTick(stopCtx context.Context) {
+	if s.cfg.FloorCheck < 0 {
+		s.floor = nil
+		return
+	}
+	s.mu.Lock()
+	found := s.floorFound
+	s.floorFound = nil
+	s.mu.Unlock()
+	if found != nil && s.floor != nil && found.Before(*s.floor) {
+		s.floor = found
+	}
+	now := time.Now()
+	if s.floor == nil || now.Sub(s.floorTicked) < s.cfg.FloorCheck {
+		return
+	}
+	s.floorTicked = now
+	if !s.claimedSince {
+		s.floor = nil
+		return
+	}
+	s.claimedSince = false
+	s.mu.Lock()
+	if s.checking {
+		s.mu.Unlock()
+		return
+	}
+	s.checking = true
+	s.mu.Unlock()
+	s.checks.Add(1)
+	go s.checkFloor(stopCtx, *s.floor)
+}
+
+// checkFloor looks for runnable plain rows below floor, off the pick path,
+// and hands the earliest one's eligible_at to the next pick (waking it).
+func (s *Feeder) checkFloor(stopCtx context.Context, floor time.Time) {
+	defer s.checks.Done()
+	ctx, cancel := context.WithTimeout(stopCtx, s.cfg.Lease)
+	defer cancel()
+	at, err := s.q.PickFloorCheck(ctx, s.db, s.cfg.Queue, floor)
+	if err != nil {
+		if stopCtx.Err() == nil {
+			s.log.Warn("gendurable: pick floor check failed", "queue", s.cfg.Queue, "err", err)
+		}
+		at = &time.Time{} // unknown: the next pick looks at every row
+	}
+	s.mu.Lock()
+	s.checking = false
+	if at != nil && (s.floorFound == nil || at.Before(*s.floorFound)) {
+		s.floorFound = at
+		s.more = true
+	}
+	s.mu.Unlock()
+	if at != nil {
+		s.wake()
+	}
+}
+
+// picked notes what a pick tells the floor: the next floor, whether rows
+// were claimed, and at which priorities.
+func (s *Feeder) picked(res sqlq.PickResult) {
+	if s.cfg.FloorCheck < 0 {
+		return
+	}
+	s.floor = res.Floor
+	if s.floor != nil && s.floorTicked.IsZero() {
+		s.floorTicked = time.Now() // the first floor: checks start one FloorCheck from now
+	}
+	for _, c := range res.Claimed {
+		s.claimedSince = true
+		if c.PartitionKey != nil || (len(s.prios) > 0 && s.prios[0] == c.Priority) {
+			continue
+		}
+		i := slices.Index(s.prios, c.Priority)
+		if i < 0 {
+			if len(s.prios) < maxFloorPrios {
+				s.prios = append(s.prios, 0)
+			}
+			i = len(s.prios) - 1
+		}
+		copy(s.prios[1:i+1], s.prios[:i])
+		s.prios[0] = c.Priority
+	}
 }
 
 // add buffers rows claimed by a pick that was sent at start: their leases

@@ -16,7 +16,8 @@ import (
 // ANY, so the LIMIT stops the scan: O(batch), not O(backlog) — and keyed rows key
 // by key, round robin from the cursor, each key's live holders counted against its
 // limit under a transaction-level advisory lock. A paused queue (one primary-key
-// probe) yields nothing. The last row has no claim: it carries the cursor.
+// probe) yields nothing. The last row has no claim: it carries the cursor and
+// the floor for the next pick (migration 011, docs/design.md §4).
 //
 // The claimed rows come back whole from the function, with the signals and
 // children their steps will read: read there, by the statement that claimed
@@ -24,10 +25,11 @@ import (
 // and would miss a signal that woke a row just before it was claimed).
 
 const pickSQL = `
-SELECT p.next_cursor, p.keys_full, p.keys_rated, i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state, i.attempt,
+SELECT p.next_cursor, p.keys_full, p.keys_rated, p.next_floor, i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state, i.attempt,
        i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
        p.inbox_rows, p.child_rows
-FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7::float8[], $8::int[], $9, $10) AS p
+FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7::float8[], $8::int[], $9, $10,
+                                 $11::timestamptz, $12::smallint[]) AS p
 CROSS JOIN LATERAL (SELECT (p.c).*) AS i`
 
 // inboxRowsSQL is the unconsumed signals of row i, oldest first, as one JSON
@@ -75,6 +77,14 @@ type PickOpts struct {
 	Policies []KeyPolicy   // key limits by prefix
 	MaxKeys  int           // keys visited at most (default 4 × Limit + 16)
 	Global   int           // the queue's running steps across every process at most (0: no bound)
+	// Floor is the previous pick's PickResult.Floor: plain rows eligible
+	// before it are not looked at (nil: no floor). Below it the pick reads
+	// no index entry of the priorities in Prios, and no heap tuple of any
+	// other; rows that become visible below it are found by PickFloorCheck.
+	Floor *time.Time
+	// Prios are the priorities plain rows of the queue were claimed at
+	// lately: the pick seeks straight to the floor within each.
+	Prios []int16
 }
 
 // PickResult is what a pick claimed and what it saw of the keys.
@@ -86,6 +96,10 @@ type PickResult struct {
 	// they had no free slot, or no start left in their bucket: element 0
 	// for keys no policy matches, element i+1 for PickOpts.Policies[i].
 	KeysFull, KeysRated []int32
+	// Floor is the floor for the next pick: PickOpts.Floor, or the pick's
+	// now() less a second's slack when its plain part claimed fewer rows
+	// than it asked for (every visible eligible plain row was taken).
+	Floor *time.Time
 }
 
 // Pick claims up to o.Limit runnable rows of queue.
@@ -101,16 +115,17 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (Pi
 	if maxKeys <= 0 {
 		maxKeys = 4*o.Limit + 16
 	}
-	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, prefixes, limits, rates, bursts, maxKeys, o.Global)
+	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, prefixes, limits, rates, bursts, maxKeys, o.Global,
+		o.Floor, o.Prios)
 	if err != nil {
 		return PickResult{}, err
 	}
 	defer rows.Close()
-	res := PickResult{Cursor: o.Cursor}
+	res := PickResult{Cursor: o.Cursor, Floor: o.Floor}
 	skip := make([]any, len(rows.FieldDescriptions()))
 	for rows.Next() {
 		if rows.RawValues()[0] != nil { // the cursor row: no claim
-			skip[0], skip[1], skip[2] = &res.Cursor, &res.KeysFull, &res.KeysRated
+			skip[0], skip[1], skip[2], skip[3] = &res.Cursor, &res.KeysFull, &res.KeysRated, &res.Floor
 			if err := rows.Scan(skip...); err != nil {
 				return PickResult{}, err
 			}
@@ -118,7 +133,7 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (Pi
 		}
 		var c Claimed
 		var inbox, children []byte
-		if err := rows.Scan(nil, nil, nil, &c.ID, &c.Token, &c.FSM, &c.Version, &c.Step, &c.State, &c.Attempt,
+		if err := rows.Scan(nil, nil, nil, nil, &c.ID, &c.Token, &c.FSM, &c.Version, &c.Step, &c.State, &c.Attempt,
 			&c.MaxAttempts, &c.Priority, &c.PartitionKey, &c.Awaits, &c.Children, &c.InsertedAt,
 			&inbox, &children); err != nil {
 			return PickResult{}, err
@@ -133,6 +148,26 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (Pi
 		res.Claimed = append(res.Claimed, c)
 	}
 	return res, rows.Err()
+}
+
+// pickFloorCheckSQL finds the earliest eligible_at of the queue's runnable
+// plain rows below a pick's floor: rows that became visible after the pick
+// that set the floor (a transaction that committed more than the floor's
+// slack after its now(), a RunAt in the past, a reaped or released row, a row
+// a pick skipped while it was locked). It walks the plain pick index's
+// entries below the floor, fetching each one's heap tuple — under a held
+// snapshot, every row claimed since — so the feeder runs it off the pick
+// path, at most once per FloorCheck, and only while the queue is busy.
+const pickFloorCheckSQL = `
+SELECT min(x.eligible_at) FROM {{schema}}.gendurable_instances AS x
+WHERE x.status = 'runnable' AND x.queue = $1 AND x.partition_key IS NULL AND x.eligible_at < $2`
+
+// PickFloorCheck returns the earliest eligible_at of queue's runnable plain
+// rows below floor, or nil if there is none: the floor to lower to.
+func (q *Queries) PickFloorCheck(ctx context.Context, db DB, queue string, floor time.Time) (*time.Time, error) {
+	var at *time.Time
+	err := db.QueryRow(ctx, q.pickFloorCheck, queue, floor).Scan(&at)
+	return at, err
 }
 
 func decodeInbox(b []byte) ([]SignalRow, error) {

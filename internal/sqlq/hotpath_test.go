@@ -193,3 +193,163 @@ func TestPickVisitsEachKeyOnce(t *testing.T) {
 		require.Equal(t, []int32{3}, res.KeysFull, "cursor %q", cursor)
 	}
 }
+
+// pickIndexReads is what the plain pick index of schema s has served: index
+// entries returned (idx_tup_read) and blocks read. Each reading backend's
+// pending counters are flushed first (pg_stat_force_next_flush, PostgreSQL
+// 15: counters are flushed at most once a second otherwise).
+func pickIndexReads(t *testing.T, c *pgx.Conn, schema string) (tuples, blocks int64) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := c.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, `SELECT pg_stat_clear_snapshot()`)
+	require.NoError(t, err)
+	require.NoError(t, c.QueryRow(ctx, `
+		SELECT i.idx_tup_read, s.idx_blks_hit + s.idx_blks_read
+		FROM pg_stat_user_indexes AS i JOIN pg_statio_user_indexes AS s USING (indexrelid)
+		WHERE i.schemaname = $1 AND i.indexrelname = 'gendurable_instances_pick_plain'`, schema).Scan(&tuples, &blocks))
+	return tuples, blocks
+}
+
+// TestPickFloorSkipsClaimedRowsUnderAHeldXmin (docs/design.md §4): while
+// another session holds an xid, the pick index keeps the entries of every
+// row claimed since, and a pick without a floor reads each of them (and its
+// heap tuple) before the first runnable row. With the floor a pick reads
+// O(batch) entries; with its priority among Prios it also reads O(1) index
+// blocks, and without (an unlisted priority) it still fetches no heap tuple
+// below the floor.
+func TestPickFloorSkipsClaimedRowsUnderAHeldXmin(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	c, err := pgx.Connect(ctx, dbtest.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+
+	// The holder: an xid held open on another connection.
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT txid_current()`)
+	require.NoError(t, err)
+
+	// A few thousand rows, claimed and finished after the hold began.
+	const claimed, batch = 3000, 20
+	_, err = c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, eligible_at)
+		SELECT 'm', 'a', now() - interval '1 minute' + g * interval '1 millisecond' FROM generate_series(1, $1::int) g`, claimed)
+	require.NoError(t, err)
+	var floor *time.Time
+	for n := 0; n < claimed; {
+		res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 500, Lease: time.Minute, Floor: floor, Prios: []int16{0}})
+		require.NoError(t, err)
+		n += len(res.Claimed)
+		floor = res.Floor
+		ids := make([]int64, len(res.Claimed))
+		for i, r := range res.Claimed {
+			ids[i] = r.ID
+		}
+		_, err = c.Exec(ctx, `UPDATE `+s+`.gendurable_instances SET status = 'done', finished_at = now() WHERE id = ANY($1)`, ids)
+		require.NoError(t, err)
+	}
+	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 500, Lease: time.Minute, Floor: floor, Prios: []int16{0}})
+	require.NoError(t, err)
+	require.Empty(t, res.Claimed)
+	require.NotNil(t, res.Floor, "a pick that claimed fewer rows than it asked for sets the floor")
+	floor = res.Floor
+	time.Sleep(10 * time.Millisecond) // now() moves past the floor's slack
+	_, err = c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step) SELECT 'm', 'a' FROM generate_series(1, $1::int)`, 2*batch)
+	require.NoError(t, err)
+
+	pick := func(name string, o sqlq.PickOpts) (tuples, blocks int64) {
+		t.Helper()
+		t0, b0 := pickIndexReads(t, c, schema)
+		tx, err := c.Begin(ctx)
+		require.NoError(t, err)
+		start := time.Now()
+		res, err := q.Pick(ctx, tx, "default", o)
+		took := time.Since(start)
+		require.NoError(t, err)
+		require.Len(t, res.Claimed, batch)
+		require.NoError(t, tx.Rollback(ctx)) // every pick sees the same rows
+		t1, b1 := pickIndexReads(t, c, schema)
+		t.Logf("%s: %d index entries, %d index blocks, %v", name, t1-t0, b1-b0, took)
+		return t1 - t0, b1 - b0
+	}
+	o := sqlq.PickOpts{Limit: batch, Lease: time.Minute}
+	tuples, _ := pick("no floor", o)
+	require.GreaterOrEqual(t, tuples, int64(claimed), "without a floor the pick reads every claimed row's entry")
+	o.Floor = floor
+	tuples, _ = pick("floor, priority not listed", o)
+	require.LessOrEqual(t, tuples, int64(2*batch))
+	o.Prios = []int16{-4, 0, 9}
+	tuples, blocks := pick("floor", o)
+	require.LessOrEqual(t, tuples, int64(2*batch))
+	require.LessOrEqual(t, blocks, int64(20), "the scan starts at the floor")
+}
+
+// TestPickFloorKeepsPriorityOrder: the pick claims in (priority,
+// eligible_at) order across the floor's ranges: a row of a higher priority
+// inserted after a backlog of lower ones goes first, whether its priority is
+// listed or not, and the listed priorities' rows follow in order.
+func TestPickFloorKeepsPriorityOrder(t *testing.T) {
+	t.Parallel()
+	q, exec, _, conn := keySetup(t)
+	ctx := context.Background()
+	c := conn()
+	floor := time.Now().Add(-time.Minute).Truncate(time.Microsecond)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, priority) SELECT 'm', 'low', 5 FROM generate_series(1, 10)`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, priority) VALUES ('m', 'mid', 2)`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, priority) VALUES ('m', 'urgent', -3)`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, priority) VALUES ('m', 'mid', 2)`)
+	for _, prios := range [][]int16{nil, {5}, {2, 5}, {5, -3, 2}, {7}} {
+		tx, err := c.Begin(ctx)
+		require.NoError(t, err)
+		res, err := q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: 4, Lease: time.Minute, Floor: &floor, Prios: prios})
+		require.NoError(t, err)
+		var steps []string
+		for _, r := range res.Claimed {
+			steps = append(steps, r.Step)
+		}
+		require.Equal(t, []string{"urgent", "mid", "mid", "low"}, steps, "prios %v", prios)
+		require.True(t, floor.Equal(*res.Floor), "a full pick keeps the floor: %v", res.Floor)
+		require.NoError(t, tx.Rollback(ctx))
+	}
+}
+
+// TestPickFloorCheckFindsRowsBelowTheFloor: a row that became visible below
+// the floor (here a RunAt in the past) is not picked until the floor check
+// lowers the floor to it; then it is, and the next floor is set again.
+func TestPickFloorCheckFindsRowsBelowTheFloor(t *testing.T) {
+	t.Parallel()
+	q, exec, _, conn := keySetup(t)
+	ctx := context.Background()
+	c := conn()
+	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 4, Lease: time.Minute, Floor: nil})
+	require.NoError(t, err)
+	require.NotNil(t, res.Floor, "an empty pick sets the floor")
+	floor := *res.Floor
+	at, err := q.PickFloorCheck(ctx, c, "default", floor)
+	require.NoError(t, err)
+	require.Nil(t, at, "nothing below the floor")
+
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, eligible_at) VALUES ('m', 'late', now() - interval '1 hour')`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key, eligible_at) VALUES ('m', 'keyed', 'k', now() - interval '2 hours')`)
+	res, err = q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 4, Lease: time.Minute, Floor: &floor, Prios: []int16{0}})
+	require.NoError(t, err)
+	require.Len(t, res.Claimed, 1)
+	require.Equal(t, "keyed", res.Claimed[0].Step, "keyed rows have no floor")
+
+	at, err = q.PickFloorCheck(ctx, c, "default", floor)
+	require.NoError(t, err)
+	require.NotNil(t, at)
+	require.Less(t, time.Until(*at), -59*time.Minute)
+	res, err = q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 4, Lease: time.Minute, Floor: at, Prios: []int16{0}})
+	require.NoError(t, err)
+	require.Len(t, res.Claimed, 1)
+	require.Equal(t, "late", res.Claimed[0].Step)
+	require.True(t, res.Floor.After(floor.Add(-time.Second)), "the floor is set again: %v", res.Floor)
+}

@@ -509,12 +509,38 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 				}
 			}
 			require.Equal(t, batch, shUniqueHeld+shUniqueNew+shUniqueRepeat)
+			// A floor with 100 runnable plain rows of queue default below it.
+			var floor time.Time
+			require.NoError(t, f.pool.QueryRow(ctx, `SELECT eligible_at FROM "`+f.schema+`".gendurable_instances
+				WHERE status = 'runnable' AND queue = 'default' AND partition_key IS NULL
+				ORDER BY eligible_at LIMIT 1 OFFSET 100`).Scan(&floor))
 			cases := []planCase{
 				{"pick", 4 * 50, func(t *testing.T, tx pgx.Tx) {
 					picked, err := f.q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: 50, Lease: time.Minute})
 					got := picked.Claimed
 					require.NoError(t, err)
 					require.Len(t, got, 50)
+				}},
+				// The pick under a floor (migration 011): ranges of
+				// priorities, each from the floor or with it as an index
+				// condition.
+				{"pick-floor", 4 * 50, func(t *testing.T, tx pgx.Tx) {
+					picked, err := f.q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: 50, Lease: time.Minute,
+						Floor: &floor, Prios: []int16{0, 2}})
+					require.NoError(t, err)
+					require.Len(t, picked.Claimed, 50)
+				}},
+				{"pick-floor-unlisted", 4 * 50, func(t *testing.T, tx pgx.Tx) {
+					picked, err := f.q.Pick(ctx, tx, "default", sqlq.PickOpts{Limit: 50, Lease: time.Minute,
+						Floor: &floor, Prios: []int16{7}})
+					require.NoError(t, err)
+					require.Len(t, picked.Claimed, 50)
+				}},
+				// The floor check reads the rows below the floor: here 100.
+				{"pick-floor-check", 4 * 50, func(t *testing.T, tx pgx.Tx) {
+					at, err := f.q.PickFloorCheck(ctx, tx, "default", floor)
+					require.NoError(t, err)
+					require.NotNil(t, at)
 				}},
 				{"heartbeat", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
 					held, err := f.q.Heartbeat(ctx, tx, ids, tokens, time.Minute)

@@ -53,6 +53,7 @@ type Queries struct {
 	Schema string // unquoted, validated
 
 	pick            string
+	pickFloorCheck  string
 	heartbeat       string
 	reap            string
 	applyOutcomes   [shapeCount]namedStmt
@@ -96,6 +97,7 @@ func New(schema string) (*Queries, error) {
 	q := &Queries{
 		Schema:          schema,
 		pick:            render(pickSQL, qs),
+		pickFloorCheck:  render(pickFloorCheckSQL, qs),
 		heartbeat:       render(heartbeatSQL, qs),
 		reap:            render(reapSQL, qs),
 		release:         render(releaseSQL, qs),
