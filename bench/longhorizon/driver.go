@@ -272,9 +272,14 @@ type SystemRun struct {
 type Report struct {
 	Options Options      `json:"-"`
 	Runs    []*SystemRun `json:"runs"`
+	// Partial is set when a run cut short wrote the outputs of the
+	// systems that had finished before it (Run's error says which failed).
+	Partial bool `json:"-"`
 }
 
-// Run runs every system of o in turn and writes the outputs to o.Out.
+// Run runs every system of o in turn and writes the outputs to o.Out. If a
+// system's run fails or ctx ends, the systems that finished before it are
+// still written (Report.Partial), and the error names the one cut short.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	o, err := o.withDefaults()
 	if err != nil {
@@ -286,12 +291,24 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep := &Report{Options: o}
 	for _, sys := range o.Systems {
 		r, err := runSystem(ctx, &o, sys)
-		if r != nil {
-			rep.Runs = append(rep.Runs, r)
-		}
 		if err != nil {
-			return rep, fmt.Errorf("%s: %w", sys, err)
+			err = fmt.Errorf("%s: %w", sys, err)
+			// A run cut short (SIGINT, SIGTERM, a replica that would not
+			// start) still reports the systems that ran to the end: an
+			// hour-long run of the first system is not lost to the second.
+			if len(rep.Runs) > 0 {
+				if werr := WriteOutputs(rep); werr != nil {
+					err = errors.Join(err, werr)
+				} else {
+					rep.Partial = true
+				}
+			}
+			if r != nil {
+				rep.Runs = append(rep.Runs, r)
+			}
+			return rep, err
 		}
+		rep.Runs = append(rep.Runs, r)
 	}
 	return rep, WriteOutputs(rep)
 }

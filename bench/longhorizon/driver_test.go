@@ -262,3 +262,37 @@ func TestReportTwoSystems(t *testing.T) {
 		}
 	}
 }
+
+// TestRunCutShortWritesWhatFinished: when the second system's run fails
+// (here its adapter exits without a descriptor), the first system's
+// outputs are still written, and the error names the one cut short.
+func TestRunCutShortWritesWhatFinished(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs PostgreSQL")
+	}
+	out := t.TempDir()
+	phases := DefaultPhases()
+	for i := range phases {
+		phases[i].Duration = 300 * time.Millisecond
+	}
+	rep, err := Run(context.Background(), Options{
+		DatabaseURL: maintURL(t), Systems: []string{"fake", "broken"},
+		Commands: map[string][]string{"fake": fakeCommand("fake"), "broken": {"false"}},
+		Rate:     20, Workers: 1, Replicas: 2, SampleEvery: time.Second, Phases: phases,
+		DrainTimeout: 10 * time.Second, DBPrefix: "lhtest_", Out: out,
+		Counters: map[string]Counter{"fake": fakeCounter}, Log: testLog{t},
+	})
+	if err == nil || !strings.Contains(err.Error(), "broken") {
+		t.Fatalf("err = %v, want the broken system's", err)
+	}
+	if rep == nil || !rep.Partial || len(rep.Runs) == 0 || rep.Runs[0].System != "fake" {
+		t.Fatalf("report: %+v", rep)
+	}
+	sum, rerr := os.ReadFile(filepath.Join(out, "summary.md"))
+	if rerr != nil || !strings.Contains(string(sum), "fake") {
+		t.Fatalf("summary.md of the finished system: %v\n%s", rerr, sum)
+	}
+	if !strings.Contains(string(sum), "Cut short: only fake ran to the end of fake, broken.") || strings.Contains(string(sum), "### broken") {
+		t.Fatalf("summary.md does not say the run was cut short, or reports the system cut short:\n%s", sum)
+	}
+}

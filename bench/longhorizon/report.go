@@ -120,7 +120,14 @@ const mb = 1 << 20
 func WriteSummary(w io.Writer, rep *Report) error {
 	o := rep.Options
 	bw := bufio.NewWriter(w)
-	fmt.Fprintf(bw, "<!-- long-horizon driver: %s; systems %s -->\n\n", time.Now().UTC().Format(time.RFC3339), strings.Join(o.Systems, ", "))
+	var ran []string
+	for _, r := range rep.Runs {
+		ran = append(ran, r.System)
+	}
+	fmt.Fprintf(bw, "<!-- long-horizon driver: %s; systems %s -->\n\n", time.Now().UTC().Format(time.RFC3339), strings.Join(ran, ", "))
+	if len(ran) < len(o.Systems) {
+		fmt.Fprintf(bw, "Cut short: only %s ran to the end of %s.\n\n", strings.Join(ran, ", "), strings.Join(o.Systems, ", "))
+	}
 	fmt.Fprintf(bw, "Settings: %g jobs/s offered in total (%d replicas × %g), %d workers per replica, %d ms jobs, %d-byte payloads, "+
 		"high-load %g×, %d readers, samples every %v, phase lengths × %g.\n\n",
 		o.Rate, o.Replicas, o.Rate/float64(max(o.Replicas, 1)), o.Workers, o.WorkMS, o.PayloadBytes,

@@ -78,6 +78,9 @@ func run(args []string) error {
 	defer stop()
 	rep, err := longhorizon.Run(ctx, o)
 	if err != nil {
+		if rep != nil && rep.Partial {
+			fmt.Fprintf(os.Stderr, "long-horizon: cut short; wrote the outputs of the systems that finished to %s\n", rep.Options.Out)
+		}
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "long-horizon: wrote %s/{summary.md,run.json,*.png,<system>/samples.csv,...}\n", rep.Options.Out)
