@@ -72,6 +72,18 @@ type Holder interface {
 	// with the final result. The executor then returns at once. It implies
 	// Committing.
 	Detach() func(Result)
+	// MayHandOff reports that a keyed step's outcome may claim its key's
+	// next row (the key hand-off, docs/design.md §6): the feeder is not
+	// stopping and its last pick came back short of its demand, so no other
+	// work waits for the slot the key would keep.
+	MayHandOff() bool
+	// HandOff moves the held claim from the old token (whose outcome
+	// committed) to next, the row its outcome statement claimed in its
+	// place: heartbeats follow it and its deadline counts from when the
+	// outcome statement was about to be sent (see Committing). It reports
+	// false if the old claim is no longer held, its deadline has passed, or
+	// the feeder is stopping: the caller must release next then.
+	HandOff(oldToken int64, next *sqlq.Claimed) bool
 	// Abandon gives up a step that ignores its context (the caller writes
 	// its outcome): its claim is no longer heartbeated and Wait no longer
 	// waits for it, but it keeps its running slot until the executor
@@ -170,7 +182,10 @@ type Feeder struct {
 	keyCursor string
 	heldBack  bool        // dispatch waits for a heartbeat (see dispatch)
 	stopping  atomic.Bool // Run is returning: no more chained steps
-	steps     sync.WaitGroup
+	// short: the last pick came back with fewer rows than it asked for
+	// (and did not fail), so keyed steps may hand their slots on.
+	short atomic.Bool
+	steps sync.WaitGroup
 }
 
 // New creates a feeder; Run starts it.
@@ -366,6 +381,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		if shouldPick {
 			n, err := s.pick(pickCtx, demand)
 			full := err == nil && n == demand
+			s.short.Store(err == nil && n < demand)
 			switch {
 			case err != nil:
 				// Database trouble: back off, with jitter, until a pick works.
@@ -788,6 +804,29 @@ func (h *holder) Committing() {
 }
 
 func (h *holder) Stopping() bool { return h.s.stopping.Load() }
+
+func (h *holder) MayHandOff() bool { return !h.s.stopping.Load() && h.s.short.Load() }
+
+func (h *holder) HandOff(oldToken int64, next *sqlq.Claimed) bool {
+	s := h.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.held[oldToken]
+	if e == nil || oldToken != h.token || s.stopping.Load() {
+		return false
+	}
+	// The outcome statement gave next its lease; it was sent after
+	// committingAt.
+	deadline := e.committingAt.Add(s.cfg.Lease)
+	if !deadline.After(time.Now()) {
+		return false
+	}
+	delete(s.held, oldToken)
+	e.id, e.committing, e.deadline = next.ID, false, deadline
+	s.held[next.Token] = e
+	h.token = next.Token
+	return true
+}
 
 func (h *holder) Abandon() (int, bool) {
 	s := h.s
