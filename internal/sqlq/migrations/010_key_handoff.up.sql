@@ -29,7 +29,9 @@ CREATE FUNCTION {{schema}}.gendurable_handoff(
 RETURNS TABLE (c {{schema}}.gendurable_instances, inbox_rows jsonb, child_rows jsonb)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-  ns   int := hashtext('gendurable:' || trim(both '"' from '{{schema}}'));
+  ns     int := hashtext('gendurable:' || trim(both '"' from '{{schema}}'));
+  q      text;
+  paused text[] := '{}';
   lk   text[];
   lq   text[];
   lnum int[];
@@ -39,15 +41,21 @@ BEGIN
      OR current_setting('transaction_isolation') <> 'read committed' THEN
     RETURN;
   END IF;
-  -- The pairs whose key no pick or other hand-off holds, in queues not paused.
+  -- A paused queue hands nothing on (one primary-key probe per queue, as
+  -- the pick's).
+  FOR q IN SELECT DISTINCT x.q FROM unnest(p_queues) AS x(q) LOOP
+    IF EXISTS (SELECT 1 FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = q AND qp.paused) THEN
+      paused := paused || q;
+    END IF;
+  END LOOP;
+  -- The pairs whose key no pick or other hand-off holds.
   SELECT array_agg(u.k), array_agg(u.q), array_agg(u.n), array_agg(u.l)
     INTO lk, lq, lnum, llim
   FROM (SELECT x.k, x.q, count(*)::int AS n, max(x.l) AS l
         FROM unnest(p_keys, p_queues, p_limits) AS x(k, q, l)
+        WHERE x.q <> ALL (paused)
         GROUP BY x.k, x.q) AS u
-  WHERE CASE WHEN EXISTS (SELECT 1 FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = u.q AND qp.paused)
-             THEN false
-             ELSE pg_try_advisory_xact_lock(ns, hashtext(u.k)) END;
+  WHERE pg_try_advisory_xact_lock(ns, hashtext(u.k));
   IF lk IS NULL THEN
     RETURN;
   END IF;
