@@ -44,7 +44,8 @@ type Result struct {
 	RunnableNow bool
 	// KeyFreed is true when the committed outcome freed a slot of a
 	// partition key: the key's next row may be claimable now, so the feeder
-	// picks again at once rather than at its next poll tick (docs/design.md §6).
+	// picks again at once rather than at its next poll tick (docs/design.md §6);
+	// not set when the outcome handed the slot to the key's next row.
 	KeyFreed bool
 }
 
