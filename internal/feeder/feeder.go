@@ -75,8 +75,10 @@ type Holder interface {
 	Detach() func(Result)
 	// MayHandOff reports that a keyed step's outcome may claim its key's
 	// next row (the key hand-off, docs/design.md §6): the feeder is not
-	// stopping and its last pick came back short of its demand, so no other
-	// work waits for the slot the key would keep.
+	// stopping, its last pick came back short of its demand (no other work
+	// was waiting for the slot the key would keep), and it has at least
+	// MinDemand free places (a hand-off keeps the claims held as they are,
+	// and below MinDemand the feeder would not pick for other keys).
 	MayHandOff() bool
 	// HandOff moves the held claim from the old token (whose outcome
 	// committed) to next, the row its outcome statement claimed in its
@@ -363,13 +365,8 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		s.dispatch(workCtx)
 
 		s.mu.Lock()
-		// Outcomes waiting for their group commit hold claims too, but need
-		// no worker: they get a window of their own (as large as the
-		// running+prefetch one) before they hold back picking.
-		window := s.cfg.Concurrency + s.cfg.Prefetch
-		claimed := s.inFlight + len(s.buffer) + max(0, s.committing-window)
-		demand := window - claimed
-		idle := claimed == 0 && s.committing == 0
+		demand := s.demandLocked()
+		idle := s.inFlight+len(s.buffer) == 0 && s.committing == 0
 		// Pick when there is room (at least MinDemand, or anything when
 		// idle) and a reason to look: a full last pick, a kick, a poll tick,
 		// or an idle queue.
@@ -452,6 +449,16 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 	}
 	s.stopping.Store(true)
 	s.releaseBuffer()
+}
+
+// demandLocked is how many rows a pick may claim now: the running and
+// prefetch window less the claims held. Outcomes waiting for their group
+// commit hold claims too, but need no worker: they get a window of their
+// own (as large as the running+prefetch one) before they hold back
+// picking. The caller holds s.mu.
+func (s *Feeder) demandLocked() int {
+	window := s.cfg.Concurrency + s.cfg.Prefetch
+	return window - (s.inFlight + len(s.buffer) + max(0, s.committing-window))
 }
 
 // busyPoll is the poll interval after a pick that found rows.
@@ -806,7 +813,18 @@ func (h *holder) Committing() {
 
 func (h *holder) Stopping() bool { return h.s.stopping.Load() }
 
-func (h *holder) MayHandOff() bool { return !h.s.stopping.Load() && h.s.short.Load() }
+func (h *holder) MayHandOff() bool {
+	s := h.s
+	if s.stopping.Load() || !s.short.Load() {
+		return false
+	}
+	// A hand-off keeps the claims this feeder holds as they are: it must
+	// not keep the feeder below MinDemand free places, where it would not
+	// pick for other keys' rows (see Run).
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.demandLocked() >= s.cfg.MinDemand
+}
 
 func (h *holder) HandOff(oldToken int64, next *sqlq.Claimed) bool {
 	s := h.s
