@@ -978,3 +978,43 @@ func TestStopReleasesAHandedOffSuccessor(t *testing.T) {
 		b.waitStatus(id, "done", 10*time.Second)
 	}
 }
+
+// TestHandedOffRowOfAnUnknownVersionIsReleased: a successor whose machine
+// version this engine does not know is released like a picked one
+// (runnable, eligible after UnknownVersionDelay, no attempt counted), and
+// the key's slot is free at once for its next row, which runs.
+func TestHandedOffRowOfAnUnknownVersionIsReleased(t *testing.T) {
+	t.Parallel()
+	mk := func(v int) *gendurable.Job[spanArgs] {
+		return &gendurable.Job[spanArgs]{Name: "handedver", Version: v, Perform: func(_ context.Context, r *gendurable.Run[spanArgs]) error {
+			if r.PartitionKey == "slow" {
+				time.Sleep(3 * time.Second) // the queue is busy, not idle: only a freed key brings a pick
+			}
+			return nil
+		}}
+	}
+	v1, v2 := mk(1), mk(2)
+	cfg := fastConfig("", v2)
+	cfg.UnknownVersionDelay = time.Hour
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
+		BusyPollInterval: time.Second, PollInterval: time.Second, MaxPollInterval: 5 * time.Second}}
+	b := setup(t, cfg)
+	producer, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{v1}})
+	require.NoError(t, err)
+	b.insert(v2.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "slow"}))
+	first := b.insert(v2.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	old, err := producer.Insert(context.Background(), v1.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	require.NoError(t, err)
+	last := b.insert(v2.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	b.start()
+	b.waitStatus(first, "done", 10*time.Second)
+	b.waitStatus(last, "done", 10*time.Second)
+	r := b.row(old.ID)
+	require.Equal(t, "runnable", r.Status)
+	require.Zero(t, r.Attempt)
+	near(t, r.Now.Add(time.Hour), r.EligibleAt, time.Minute)
+	// The released slot brought a pick at once, not at the 1 s poll.
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances AS l, {{s}}.gendurable_instances AS f
+		WHERE l.id = $1 AND f.id = $2 AND l.finished_at < f.finished_at + interval '900 milliseconds'`, last, first),
+		"the key's last row waited for the poll")
+}

@@ -144,12 +144,13 @@ func New(cfg Config) *Executor { return &Executor{cfg: cfg} }
 func (x *Executor) ForQueue(queue string, chain int, handoff bool) feeder.Executor {
 	return func(ctx context.Context, c *sqlq.Claimed, h feeder.Holder) feeder.Result {
 		r := run{x: x, queue: queue, h: h, handoff: handoff}
+		handed := false // c was handed off by its predecessor's outcome
 		for n := 0; ; n++ {
 			if r.def == nil {
 				if r.def = x.cfg.Lookup(c.FSM, int(c.Version)); r.def == nil {
 					x.releaseUnknown(ctx, queue, c)
-					// A handed-off row: its key's slot is free again.
-					return feeder.Result{KeyFreed: n > 0}
+					// A handed-off row released: its key's slot is free again.
+					return feeder.Result{KeyFreed: handed}
 				}
 			}
 			next, res := r.step(ctx, c, n < chain)
@@ -158,7 +159,7 @@ func (x *Executor) ForQueue(queue string, chain int, handoff bool) feeder.Execut
 			}
 			if next.ID != c.ID {
 				// A successor of the key: a row of its own, chained afresh.
-				r.def, n = nil, -1
+				r.def, n, handed = nil, -1, true
 			}
 			c = next
 		}
