@@ -226,10 +226,14 @@ func TestChaos12KeyStallTerminated(t *testing.T) {
 // TestChaos13KeyLimitKillStorm: three worker processes with KeyPolicies
 // {Prefix: "k3-", Limit: 3} run leaves over four k3- keys, two keys of the
 // default limit 1 and one key inserted with KeyLimit 2, while every 1.5 s a
-// random worker is SIGKILLed and restarted. Pass: never more runs of a key
+// random worker is SIGKILLed and restarted. Half the leaves write the
+// oracle in a WithTx outcome, half are plain (group-committed outcomes, which
+// may hand their key's slot to its next row). Pass: never more runs of a key
 // at once than its limit (database clock; a killed run ends at its kill),
-// and the k3- keys do reach 3 at once; 0 lost, 0 stuck, exactly one
-// committed outcome per step, duplicate runs at most kills × concurrency.
+// and the k3- keys do reach 3 at once; some runs' claims are key hand-offs
+// (docs/design.md §6: claimed by the outcome statement of the row before
+// them); 0 lost, 0 stuck, exactly one committed outcome per step, duplicate
+// runs at most kills × concurrency.
 func TestChaos13KeyLimitKillStorm(t *testing.T) {
 	ctx := bg(t, 15*time.Minute)
 	env := newEnv(t, chaos.DefaultURL(), "klimit")
@@ -261,7 +265,13 @@ func TestChaos13KeyLimitKillStorm(t *testing.T) {
 			default:
 				o.PartitionKey, o.KeyLimit = "kx-0", 2
 			}
-			ps[i] = env.M.Leaf.New(chaos.LeafState{SleepMs: 150}).With(o)
+			// Half the leaves commit their outcome with the oracle (WithTx,
+			// which never hands a key's slot on), half group-committed.
+			m := env.M.Leaf
+			if rand.IntN(2) == 0 {
+				m = env.M.Plain
+			}
+			ps[i] = m.New(chaos.LeafState{SleepMs: 150}).With(o)
 		}
 		return ps
 	}
@@ -298,15 +308,24 @@ func TestChaos13KeyLimitKillStorm(t *testing.T) {
 	r, err := env.Check(ctx, chaos.CheckOpts{})
 	must(t, err)
 
+	// Runs whose claim was a key hand-off: claimed by the outcome statement
+	// of another row of the key (the claim's time is that row's finish).
+	var handed, keyed int
+	must(t, env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT count(*) FILTER (WHERE EXISTS (
+		  SELECT 1 FROM {{s}}.gendurable_instances AS p
+		  WHERE p.partition_key = e.pkey AND p.finished_at = e.claimed AND p.id <> e.instance)), count(*)
+		FROM {{s}}.chaos_effects AS e WHERE e.pkey IS NOT NULL`)).Scan(&handed, &keyed))
+
 	c := &criteria{t: t}
 	c.report(r.Violations(false))
 	c.check(live == 0, "%d instances still live %s after the last kill (bound %s)", live, afterKill.Round(time.Millisecond), bound)
+	c.check(handed > 0, "no run's claim was a key hand-off (%d keyed runs): the scenario did not exercise it", keyed)
 	c.check(r.KeyPeaks[3] == 3, "the limit-3 keys ran at most %d at once: the scenario did not reach the limit", r.KeyPeaks[3])
 	c.check(r.Duplicates <= kills*conc, "%d duplicate step runs > kills × concurrency = %d", r.Duplicates, kills*conc)
 	c.check(stopErr == nil, "graceful stop: %v", stopErr)
 	summary(t, r.Line("key-limit-kill", fmt.Sprintf("%d kills", kills))+
-		fmt.Sprintf(" (%d leaves over 4 keys of limit 3 (policy k3-), 2 of limit 1, 1 of KeyLimit 2, %d processes × %d steps; most at once per key: limit 3 → %d, limit 2 → %d, limit 1 → %d; all terminal %s after the last kill, bound %s; %s)",
-			inserted, workers, conc, r.KeyPeaks[3], r.KeyPeaks[2], r.KeyPeaks[1], afterKill.Round(100*time.Millisecond), bound, r.Invariants()))
+		fmt.Sprintf(" (%d leaves, half of them plain, over 4 keys of limit 3 (policy k3-), 2 of limit 1, 1 of KeyLimit 2, %d processes × %d steps; most at once per key: limit 3 → %d, limit 2 → %d, limit 1 → %d; %d of %d keyed runs claimed by a key hand-off; all terminal %s after the last kill, bound %s; %s)",
+			inserted, workers, conc, r.KeyPeaks[3], r.KeyPeaks[2], r.KeyPeaks[1], handed, keyed, afterKill.Round(100*time.Millisecond), bound, r.Invariants()))
 	c.done()
 }
 
