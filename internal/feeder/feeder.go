@@ -75,10 +75,11 @@ type Holder interface {
 	Detach() func(Result)
 	// MayHandOff reports that a keyed step's outcome may claim its key's
 	// next row (the key hand-off, docs/design.md §6): the feeder is not
-	// stopping, its last pick came back short of its demand (no other work
-	// was waiting for the slot the key would keep), and it has at least
-	// MinDemand free places (a hand-off keeps the claims held as they are,
-	// and below MinDemand the feeder would not pick for other keys).
+	// stopping; its last pick came back short of its demand (no other work
+	// was waiting for the slot the key would keep) and no kick or wake has
+	// said since that rows of this process became runnable; and it has at
+	// least MinDemand free places (a hand-off keeps the claims held as they
+	// are, and below MinDemand the feeder would not pick for other keys).
 	MayHandOff() bool
 	// HandOff moves the held claim from the old token (whose outcome
 	// committed) to next, the row its outcome statement claimed in its
@@ -186,7 +187,8 @@ type Feeder struct {
 	heldBack  bool        // dispatch waits for a heartbeat (see dispatch)
 	stopping  atomic.Bool // Run is returning: no more chained steps
 	// short: the last pick came back with fewer rows than it asked for
-	// (and did not fail), so keyed steps may hand their slots on.
+	// (and did not fail), and no local insert or wake has made work
+	// runnable since, so keyed steps may hand their slots on.
 	short atomic.Bool
 	steps sync.WaitGroup
 }
@@ -271,10 +273,13 @@ func (s *Feeder) loseLocked(token int64, h *held) int64 {
 	return h.id
 }
 
-// Kick wakes the loop at once (a local insert made work runnable).
+// Kick wakes the loop at once (a local insert made work runnable). Until
+// the next pick, keyed outcomes do not hand their slots on: the new rows
+// may be waiting for one.
 func (s *Feeder) Kick() {
 	s.mu.Lock()
 	s.more = true
+	s.short.Store(false)
 	s.mu.Unlock()
 	s.wake()
 }
@@ -422,6 +427,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		due, nextWake := s.nextWakeLocked(time.Now())
 		if due {
 			s.more = true // a row of ours became eligible
+			s.short.Store(false)
 		}
 		s.mu.Unlock()
 		if due {

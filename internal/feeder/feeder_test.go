@@ -574,8 +574,9 @@ func TestHeartbeatConfirmsNoClaimPickedDuringIt(t *testing.T) {
 }
 
 // TestMayHandOff: a keyed outcome may hand its slot on only while the
-// feeder is not stopping, its last pick came back short, and it keeps at
-// least MinDemand free places (so it still picks for other keys).
+// feeder is not stopping, its last pick came back short and no kick came
+// since, and it keeps at least MinDemand free places (so it still picks for
+// other keys).
 func TestMayHandOff(t *testing.T) {
 	t.Parallel()
 	s := New(Config{Queue: "q", Concurrency: 4, Prefetch: 4, MinDemand: 3, PollInterval: time.Second,
@@ -595,6 +596,11 @@ func TestMayHandOff(t *testing.T) {
 		t.Fatal("allowed with 2 free places, below MinDemand 3")
 	}
 	s.inFlight, s.buffer = 1, nil
+	s.Kick() // a local insert: its rows may wait for the slot
+	if h.MayHandOff() {
+		t.Fatal("allowed after a kick, before the next pick")
+	}
+	s.short.Store(true)
 	s.stopping.Store(true)
 	if h.MayHandOff() {
 		t.Fatal("allowed while stopping")
