@@ -97,10 +97,13 @@
 // step at once, across every process: one by default, or the limit of the
 // key's [KeyPolicy] or of the insert's KeyLimit. A running keyed step's row
 // is its key's slot, stamped with its fencing token ([Run].Token) and
-// lease; the pick takes slots key by key, round robin. A step whose lease
-// cannot be confirmed is cancelled, and a successor starts only once the
-// old slot's lease ran out on the database clock; a step that ignores its
-// context can still act after that, which the token lets a resource refuse.
+// lease; the pick takes slots key by key, round robin, and an outcome that
+// frees a slot usually hands it to the key's next row in the same
+// statement (not for rated keys, nor while the queue's picks come back
+// full). A step whose lease cannot be confirmed is cancelled, and a
+// successor starts only once the old slot's lease ran out on the database
+// clock; a step that ignores its context can still act after that, which
+// the token lets a resource refuse.
 // Nothing pins a connection, so keys work behind a transaction-pooling proxy.
 //
 // # Transactional outcomes and periodic instances

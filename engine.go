@@ -255,7 +255,17 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		Events:    execEvents{e}, Log: c.Logger,
 		Kick: e.kickQueue, KickAt: e.kickQueueAt, AwaitParked: e.pokeTimeouts,
 		RatedKey: func(key string) bool { p := e.policy(key); return p != nil && p.Rate > 0 },
-		Lease:    c.LeaseDuration, Heartbeat: c.HeartbeatInterval,
+		HandoffLimit: func(key string) int {
+			switch p := e.policy(key); {
+			case p == nil:
+				return 1
+			case p.Rate > 0:
+				return 0 // each start draws a token in a pick
+			default:
+				return p.Limit
+			}
+		},
+		Lease: c.LeaseDuration, Heartbeat: c.HeartbeatInterval,
 		UnknownVersionDelay: c.UnknownVersionDelay,
 	})
 	return e, nil
@@ -394,7 +404,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			BusyPollInterval: qc.BusyPollInterval, PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
 			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval, KeyPolicies: keyPolicies,
 			Global: qc.GlobalConcurrency, FloorCheck: feeder.DefaultFloorCheck,
-		}, e.q, e.pool, e.exec.ForQueue(name, qc.ChainSteps), ev, e.log)
+		}, e.q, e.pool, e.exec.ForQueue(name, qc.ChainSteps, qc.GlobalConcurrency == 0), ev, e.log)
 		rs.scheds[name] = s
 		rs.loops.Add(1)
 		go func() { defer rs.loops.Done(); s.Run(pickCtx, workCtx) }()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -634,7 +635,8 @@ func TestCancelledKeyedStepHoldsItsSlotUntilItsLeaseEnds(t *testing.T) {
 // makes the feeder pick again at once, not at its next poll (docs/design.md
 // §6). With a 1 s poll and another key's step keeping the queue busy, five
 // rows of one key run back to back well within a second; waiting for the
-// poll would take four.
+// poll would take four. (The queue has a GlobalConcurrency, so no key is
+// handed off by an outcome: the freed slots go through the pick.)
 func TestFreedKeyIsPickedAtOnce(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -650,7 +652,7 @@ func TestFreedKeyIsPickedAtOnce(t *testing.T) {
 		return nil
 	}}
 	cfg := fastConfig("", job)
-	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, GlobalConcurrency: 100,
 		BusyPollInterval: time.Second, PollInterval: time.Second, MaxPollInterval: 5 * time.Second}}
 	b := setup(t, cfg)
 	ps := []gendurable.InsertParams{job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "slow"})}
@@ -669,4 +671,350 @@ func TestFreedKeyIsPickedAtOnce(t *testing.T) {
 	took := ends[4].Sub(start)
 	t.Logf("five rows of key k done %v after the start", took)
 	require.Less(t, took, time.Second, "key k's rows waited for the poll")
+}
+
+// The key hand-off (docs/design.md §6): the outcome statement that frees a
+// keyed row's slot claims the key's next row itself, and the worker runs it.
+
+// claimLog records each step's instance, the time of its claim — the row's
+// updated_at when the step starts, which is the now() of the transaction
+// that claimed it — and its span on the database clock.
+type claimLog struct {
+	b     *testBundle
+	mu    sync.Mutex
+	at    map[int64]time.Time
+	key   map[int64]string
+	spans map[string][][2]time.Time
+}
+
+func newClaimLog() *claimLog {
+	return &claimLog{at: map[int64]time.Time{}, key: map[int64]string{}, spans: map[string][][2]time.Time{}}
+}
+
+// step is a step body: it records the claim and the span around sleep.
+func (l *claimLog) step(ctx context.Context, id int64, key string, sleep time.Duration) error {
+	var claimed, start, end time.Time
+	if err := l.b.pool.QueryRow(ctx, replaceSchema(`SELECT updated_at, clock_timestamp()
+		FROM {{s}}.gendurable_instances WHERE id = $1`, l.b.schema), id).Scan(&claimed, &start); err != nil {
+		return err
+	}
+	time.Sleep(sleep)
+	if err := l.b.pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&end); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.at[id]; !ok {
+		l.at[id] = claimed
+	}
+	l.key[id] = key
+	l.spans[key] = append(l.spans[key], [2]time.Time{start, end})
+	return nil
+}
+
+// handedOff counts, of the rows of key the log saw, those claimed by the
+// outcome statement of another row of the key (claimed at its finished_at),
+// and how many rows it saw.
+func (l *claimLog) handedOff(key string) (handed, total int) {
+	l.b.t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	finished := map[time.Time]bool{}
+	rows, err := l.b.pool.Query(context.Background(), replaceSchema(`SELECT finished_at FROM {{s}}.gendurable_instances
+		WHERE partition_key = $1 AND finished_at IS NOT NULL`, l.b.schema), key)
+	require.NoError(l.b.t, err)
+	for rows.Next() {
+		var at time.Time
+		require.NoError(l.b.t, rows.Scan(&at))
+		finished[at] = true
+	}
+	require.NoError(l.b.t, rows.Err())
+	for id, at := range l.at {
+		if l.key[id] == key {
+			total++
+			if finished[at] {
+				handed++
+			}
+		}
+	}
+	return handed, total
+}
+
+// mostAtOnce is the most spans of key that overlap at one instant.
+func (l *claimLog) mostAtOnce(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	var edges []edge
+	for _, s := range l.spans[key] {
+		edges = append(edges, edge{s[0], 1}, edge{s[1], -1})
+	}
+	slices.SortFunc(edges, func(a, b edge) int {
+		if c := a.at.Compare(b.at); c != 0 {
+			return c
+		}
+		return a.delta - b.delta // an end before a start at the same instant
+	})
+	n, most := 0, 0
+	for _, e := range edges {
+		n += e.delta
+		most = max(most, n)
+	}
+	return most
+}
+
+// TestKeyHandOffClaimsTheNextRowInTheOutcome: with a 1 s poll, each of key
+// k's rows after the first is claimed by the outcome statement of the row
+// before it — in the same transaction: its claim's time is that row's
+// finished_at — and runs; no pick is needed.
+func TestKeyHandOffClaimsTheNextRowInTheOutcome(t *testing.T) {
+	t.Parallel()
+	log := newClaimLog()
+	job := &gendurable.Job[spanArgs]{Name: "handed", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		return log.step(ctx, r.ID, r.PartitionKey, 0)
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
+		BusyPollInterval: time.Second, PollInterval: time.Second, MaxPollInterval: 5 * time.Second}}
+	b := setup(t, cfg)
+	log.b = b
+	var ps []gendurable.InsertParams
+	for range 6 {
+		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	}
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	start := time.Now()
+	b.start()
+	for _, r := range res {
+		b.waitStatus(r.ID, "done", 10*time.Second)
+	}
+	t.Logf("six rows of key k done %v after the start", time.Since(start))
+	handed, total := log.handedOff("k")
+	require.Equal(t, 6, total)
+	require.Equal(t, 5, handed, "rows claimed by their predecessor's outcome")
+}
+
+// TestNoKeyHandOff: a rated key's rows, a GlobalConcurrency queue's, a
+// WithTx outcome's successor, and a key's rows while the feeder's picks come
+// back full all go through the pick — and all run.
+func TestNoKeyHandOff(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name   string
+		config func(*gendurable.Config)
+		withTx bool
+		plain  int // plain rows that keep the picks full
+	}{
+		{name: "rated", config: func(c *gendurable.Config) {
+			c.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "k", Limit: 1, Rate: 1000}}
+		}},
+		{name: "global", config: func(c *gendurable.Config) {
+			qc := c.Queues["default"]
+			qc.GlobalConcurrency = 10
+			c.Queues["default"] = qc
+		}},
+		{name: "withtx", withTx: true},
+		{name: "picks-full", plain: 300, config: func(c *gendurable.Config) {
+			c.Queues["default"] = gendurable.QueueConfig{Concurrency: 1, Prefetch: -1,
+				PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			log := newClaimLog()
+			job := &gendurable.Machine[spanArgs]{Name: "unhanded", Start: "a", Steps: map[string]gendurable.StepFunc[spanArgs]{
+				"a": func(ctx context.Context, r *gendurable.Run[spanArgs]) (gendurable.Outcome, error) {
+					if r.PartitionKey == "" {
+						return gendurable.Done(nil), nil
+					}
+					if err := log.step(ctx, r.ID, r.PartitionKey, 0); err != nil {
+						return gendurable.Outcome{}, err
+					}
+					if tc.withTx {
+						return gendurable.Done(nil).WithTx(func(context.Context, pgx.Tx) error { return nil }), nil
+					}
+					return gendurable.Done(nil), nil
+				}}}
+			cfg := fastConfig("", job)
+			if tc.config != nil {
+				tc.config(cfg)
+			}
+			b := setup(t, cfg)
+			log.b = b
+			var ps []gendurable.InsertParams
+			for range tc.plain {
+				ps = append(ps, job.New(spanArgs{}))
+			}
+			for range 4 {
+				ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+			}
+			res, err := b.eng.InsertMany(context.Background(), ps)
+			require.NoError(t, err)
+			b.start()
+			for _, r := range res[tc.plain:] {
+				b.waitStatus(r.ID, "done", 20*time.Second)
+			}
+			handed, total := log.handedOff("k")
+			require.Equal(t, 4, total)
+			require.Zero(t, handed, "rows claimed by their predecessor's outcome")
+		})
+	}
+}
+
+// TestKeyLimitsHoldWithHandOffAcrossEngines: three engines work keys of
+// limits 1 to 4 whose slots are handed on by outcomes as well as taken by
+// picks; on the database clock, no key ever has more steps running at once
+// than its limit, and the limits are reached.
+func TestKeyLimitsHoldWithHandOffAcrossEngines(t *testing.T) {
+	t.Parallel()
+	log := newClaimLog()
+	job := &gendurable.Job[spanArgs]{Name: "handlimited", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		return log.step(ctx, r.ID, r.PartitionKey, time.Duration(5+r.ID%10)*time.Millisecond)
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 6, PollInterval: 10 * time.Millisecond}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "t-", Limit: 2}, {Prefix: "t-big-", Limit: 3}}
+	b := setup(t, cfg)
+	log.b = b
+	var engines []*gendurable.Engine
+	for range 2 {
+		c := b.eng.Config()
+		c.Logger = testLogger(t)
+		eng, err := gendurable.New(b.pool, &c)
+		require.NoError(t, err)
+		engines = append(engines, eng)
+	}
+	limits := map[string]int{"t-big-1": 3, "t-x": 2, "solo": 1, "custom": 4}
+	var ps []gendurable.InsertParams
+	for range 30 {
+		for _, o := range []gendurable.InsertOpts{{PartitionKey: "t-big-1"}, {PartitionKey: "t-x"},
+			{PartitionKey: "solo"}, {PartitionKey: "custom", KeyLimit: 4}} {
+			ps = append(ps, job.New(spanArgs{}).With(o))
+		}
+	}
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	for _, eng := range engines {
+		require.NoError(t, eng.Start(context.Background()))
+		t.Cleanup(func() { _ = eng.Stop(context.Background()) })
+	}
+	for _, r := range res {
+		b.waitStatus(r.ID, "done", 60*time.Second)
+	}
+	handedAll := 0
+	for key, limit := range limits {
+		handed, total := log.handedOff(key)
+		handedAll += handed
+		t.Logf("key %s (limit %d): %d of %d rows handed off, at most %d at once", key, limit, handed, total, log.mostAtOnce(key))
+		require.LessOrEqual(t, log.mostAtOnce(key), limit, "key %s: more steps at once than its limit", key)
+	}
+	require.Positive(t, handedAll, "no row was handed off")
+}
+
+// TestStopReleasesAHandedOffSuccessor: a successor claimed by an outcome
+// that commits while the engine stops is handed back at once — runnable,
+// not executing until its lease runs out — and runs under the next engine.
+func TestStopReleasesAHandedOffSuccessor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	entered := make(chan int64, 10)
+	release := make(chan struct{})
+	var ran sync.Map
+	job := &gendurable.Job[spanArgs]{Name: "stopped", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		ran.Store(r.ID, true)
+		entered <- r.ID
+		<-release
+		return nil
+	}}
+	b := setup(t, nil, job)
+	ids := []int64{
+		b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})),
+		b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})),
+		b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})),
+	}
+	b.start()
+	require.Equal(t, ids[0], <-entered)
+	// The first row's outcome will wait on its row lock while the engine stops.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, replaceSchema(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), ids[0])
+	require.NoError(t, err)
+	close(release)
+	time.Sleep(100 * time.Millisecond) // the step returned; its outcome waits
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.eng.Stop(ctx) }()
+	time.Sleep(300 * time.Millisecond) // the feeder is stopping
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, <-stopped)
+	require.Equal(t, "done", b.row(ids[0]).Status)
+	for _, id := range ids[1:] {
+		_, started := ran.Load(id)
+		require.False(t, started, "instance %d started during the stop", id)
+		r := b.row(id)
+		require.Equal(t, "runnable", r.Status, "instance %d", id)
+		require.Zero(t, r.Attempt)
+		require.Nil(t, r.Token)
+	}
+	// The second row was claimed (by the first's outcome: the feeder picked
+	// no more) and released: its eligible_at moved to the release; the
+	// third's is still its insert's.
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances AS i, {{s}}.gendurable_instances AS p
+		WHERE i.id = $1 AND p.id = $2 AND i.eligible_at > p.finished_at`, ids[1], ids[0]), "the successor was not handed off and released")
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND eligible_at = inserted_at`, ids[2]))
+	// The next engine runs them.
+	cfg := b.eng.Config()
+	cfg.Logger = testLogger(t)
+	eng2, err := gendurable.New(b.pool, &cfg)
+	require.NoError(t, err)
+	require.NoError(t, eng2.Start(ctx))
+	t.Cleanup(func() { _ = eng2.Stop(context.Background()) })
+	for _, id := range ids[1:] {
+		b.waitStatus(id, "done", 10*time.Second)
+	}
+}
+
+// TestHandedOffRowOfAnUnknownVersionIsReleased: a successor whose machine
+// version this engine does not know is released like a picked one
+// (runnable, eligible after UnknownVersionDelay, no attempt counted), and
+// the key's slot is free at once for its next row, which runs.
+func TestHandedOffRowOfAnUnknownVersionIsReleased(t *testing.T) {
+	t.Parallel()
+	mk := func(v int) *gendurable.Job[spanArgs] {
+		return &gendurable.Job[spanArgs]{Name: "handedver", Version: v, Perform: func(_ context.Context, r *gendurable.Run[spanArgs]) error {
+			if r.PartitionKey == "slow" {
+				time.Sleep(3 * time.Second) // the queue is busy, not idle: only a freed key brings a pick
+			}
+			return nil
+		}}
+	}
+	v1, v2 := mk(1), mk(2)
+	cfg := fastConfig("", v2)
+	cfg.UnknownVersionDelay = time.Hour
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
+		BusyPollInterval: time.Second, PollInterval: time.Second, MaxPollInterval: 5 * time.Second}}
+	b := setup(t, cfg)
+	producer, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{v1}})
+	require.NoError(t, err)
+	b.insert(v2.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "slow"}))
+	first := b.insert(v2.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	old, err := producer.Insert(context.Background(), v1.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	require.NoError(t, err)
+	last := b.insert(v2.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	b.start()
+	b.waitStatus(first, "done", 10*time.Second)
+	b.waitStatus(last, "done", 10*time.Second)
+	r := b.row(old.ID)
+	require.Equal(t, "runnable", r.Status)
+	require.Zero(t, r.Attempt)
+	near(t, r.Now.Add(time.Hour), r.EligibleAt, time.Minute)
+	// The released slot brought a pick at once, not at the 1 s poll.
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances AS l, {{s}}.gendurable_instances AS f
+		WHERE l.id = $1 AND f.id = $2 AND l.finished_at < f.finished_at + interval '900 milliseconds'`, last, first),
+		"the key's last row waited for the poll")
 }

@@ -226,10 +226,14 @@ func TestChaos12KeyStallTerminated(t *testing.T) {
 // TestChaos13KeyLimitKillStorm: three worker processes with KeyPolicies
 // {Prefix: "k3-", Limit: 3} run leaves over four k3- keys, two keys of the
 // default limit 1 and one key inserted with KeyLimit 2, while every 1.5 s a
-// random worker is SIGKILLed and restarted. Pass: never more runs of a key
+// random worker is SIGKILLed and restarted. Half the leaves write the
+// oracle in a WithTx outcome, half are plain (group-committed outcomes, which
+// may hand their key's slot to its next row). Pass: never more runs of a key
 // at once than its limit (database clock; a killed run ends at its kill),
-// and the k3- keys do reach 3 at once; 0 lost, 0 stuck, exactly one
-// committed outcome per step, duplicate runs at most kills × concurrency.
+// and the k3- keys do reach 3 at once; some runs' claims are key hand-offs
+// (docs/design.md §6: claimed by the outcome statement of the row before
+// them); 0 lost, 0 stuck, exactly one committed outcome per step, duplicate
+// runs at most kills × concurrency.
 func TestChaos13KeyLimitKillStorm(t *testing.T) {
 	ctx := bg(t, 15*time.Minute)
 	policies := []gendurable.KeyPolicy{{Prefix: "k3-", Limit: 3}}
@@ -249,17 +253,32 @@ func TestChaos13KeyLimitKillStorm(t *testing.T) {
 			default:
 				o.PartitionKey, o.KeyLimit = "kx-0", 2
 			}
-			ps[i] = env.M.Leaf.New(chaos.LeafState{SleepMs: 150}).With(o)
+			// Half the leaves commit their outcome with the oracle (WithTx,
+			// which never hands a key's slot on), half group-committed.
+			m := env.M.Leaf
+			if rand.IntN(2) == 0 {
+				m = env.M.Plain
+			}
+			ps[i] = m.New(chaos.LeafState{SleepMs: 150}).With(o)
 		}
 		return ps
 	}
 	ks.insert(ctx, t, mix(initial))
 	ks.run(ctx, t, storm, func() []gendurable.InsertParams { return mix(wave) })
 	r, c, terminal := ks.finish(ctx, t)
+
+	// Runs whose claim was a key hand-off: claimed by the outcome statement
+	// of another row of the key (the claim's time is that row's finish).
+	var handed, keyed int
+	must(t, ks.env.Admin.QueryRow(ctx, chaos.SQL(ks.env.Schema, `SELECT count(*) FILTER (WHERE EXISTS (
+		  SELECT 1 FROM {{s}}.gendurable_instances AS p
+		  WHERE p.partition_key = e.pkey AND p.finished_at = e.claimed AND p.id <> e.instance)), count(*)
+		FROM {{s}}.chaos_effects AS e WHERE e.pkey IS NOT NULL`)).Scan(&handed, &keyed))
+	c.check(handed > 0, "no run's claim was a key hand-off (%d keyed runs): the scenario did not exercise it", keyed)
 	c.check(r.KeyPeaks[3] == 3, "the limit-3 keys ran at most %d at once: the scenario did not reach the limit", r.KeyPeaks[3])
 	summary(t, r.Line("key-limit-kill", fmt.Sprintf("%d kills", ks.kills))+
-		fmt.Sprintf(" (%d leaves over 4 keys of limit 3 (policy k3-), 2 of limit 1, 1 of KeyLimit 2, %d processes × %d steps; most at once per key: limit 3 → %d, limit 2 → %d, limit 1 → %d; %s; %s)",
-			ks.inserted, keyStormWorkers, keyStormConc, r.KeyPeaks[3], r.KeyPeaks[2], r.KeyPeaks[1], terminal, r.Invariants()))
+		fmt.Sprintf(" (%d leaves, half of them plain, over 4 keys of limit 3 (policy k3-), 2 of limit 1, 1 of KeyLimit 2, %d processes × %d steps; most at once per key: limit 3 → %d, limit 2 → %d, limit 1 → %d; %d of %d keyed runs claimed by a key hand-off; %s; %s)",
+			ks.inserted, keyStormWorkers, keyStormConc, r.KeyPeaks[3], r.KeyPeaks[2], r.KeyPeaks[1], handed, keyed, terminal, r.Invariants()))
 	c.done()
 }
 

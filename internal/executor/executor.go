@@ -118,6 +118,10 @@ type Config struct {
 	// interval: its rows never chain (a chained step would start without
 	// drawing from the key's bucket; the pick draws for it instead).
 	RatedKey func(key string) bool
+	// HandoffLimit is the limit of a partition key's policy as this engine
+	// sees it (1 without a policy), or 0 for a key that may not hand off
+	// (a rated key: each of its starts draws a token in a pick).
+	HandoffLimit func(key string) int
 
 	Lease               time.Duration
 	Heartbeat           time.Duration
@@ -133,19 +137,29 @@ func New(cfg Config) *Executor { return &Executor{cfg: cfg} }
 // ForQueue returns the feeder.Executor of queue: it runs a claimed row to a
 // committed outcome and, after a Next without delay, goes straight on with
 // the next step (up to chain steps, never while the feeder is stopping)
-// instead of releasing the row and picking it again.
-func (x *Executor) ForQueue(queue string, chain int) feeder.Executor {
+// instead of releasing the row and picking it again. With handoff (a queue
+// without GlobalConcurrency), a keyed row's outcome that frees its key's
+// slot may claim the key's next row in the same statement, and the worker
+// goes on with that row (docs/design.md §6).
+func (x *Executor) ForQueue(queue string, chain int, handoff bool) feeder.Executor {
 	return func(ctx context.Context, c *sqlq.Claimed, h feeder.Holder) feeder.Result {
-		def := x.cfg.Lookup(c.FSM, int(c.Version))
-		if def == nil {
-			x.releaseUnknown(ctx, queue, c)
-			return feeder.Result{}
-		}
-		r := run{x: x, queue: queue, def: def, h: h}
+		r := run{x: x, queue: queue, h: h, handoff: handoff}
+		handed := false // c was handed off by its predecessor's outcome
 		for n := 0; ; n++ {
+			if r.def == nil {
+				if r.def = x.cfg.Lookup(c.FSM, int(c.Version)); r.def == nil {
+					x.releaseUnknown(ctx, queue, c)
+					// A handed-off row released: its key's slot is free again.
+					return feeder.Result{KeyFreed: handed}
+				}
+			}
 			next, res := r.step(ctx, c, n < chain)
 			if next == nil {
 				return res
+			}
+			if next.ID != c.ID {
+				// A successor of the key: a row of its own, chained afresh.
+				r.def, n, handed = nil, -1, true
 			}
 			c = next
 		}
@@ -154,10 +168,11 @@ func (x *Executor) ForQueue(queue string, chain int) feeder.Executor {
 
 // run is one claimed row's trip through the executor.
 type run struct {
-	x     *Executor
-	queue string
-	def   *Definition
-	h     feeder.Holder
+	x       *Executor
+	queue   string
+	def     *Definition // of the row being run
+	h       feeder.Holder
+	handoff bool // the queue allows the key hand-off
 }
 
 // step runs one step of c and writes its outcome. It returns the claim of
@@ -174,7 +189,12 @@ func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.C
 	res.Out.ID, res.Out.Token = c.ID, c.Token
 	res.Out.Continue = mayChain && res.Out.Kind == sqlq.KindNext && res.Out.Delay <= 0 && res.TxFn == nil &&
 		ctx.Err() == nil && !h.Stopping() && (c.PartitionKey == nil || !x.cfg.RatedKey(*c.PartitionKey))
-	if !res.Out.Continue && res.TxFn == nil {
+	if !res.Out.Continue && res.TxFn == nil && r.handoff && c.PartitionKey != nil && ctx.Err() == nil && h.MayHandOff() {
+		// The outcome frees the key's slot: let its statement claim the
+		// key's next row, and wait for it here (not detached) to run it.
+		res.Out.Handoff = int32(x.cfg.HandoffLimit(*c.PartitionKey))
+	}
+	if !res.Out.Continue && res.TxFn == nil && res.Out.Handoff == 0 {
 		// Nothing in this worker depends on the commit any more: free the
 		// slot now; the claim stays held until the outcome commits.
 		r.commitDetached(ctx, c, &res, h.Detach(), start)
@@ -190,6 +210,9 @@ func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.C
 		applied, commitErr = cr.Applied, cr.Err
 	}
 	x.settled(ctx, r.queue, c, &res, applied, commitErr, time.Since(start))
+	if applied != nil && applied.Successor != nil {
+		return r.handedOff(ctx, c, applied, &res)
+	}
 	if applied != nil && applied.Token != nil && !h.Continue(c.Token, *applied.Token) {
 		// The feeder gave up the claim meanwhile (its lease looked lost):
 		// hand the re-claimed row back rather than strand it.
@@ -205,6 +228,22 @@ func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.C
 	next.Attempt, next.Awaits, next.Children = 0, nil, 0
 	next.Inbox, next.ChildRows = applied.Inbox, nil
 	return &next, feeder.Result{}
+}
+
+// handedOff takes over the successor that the outcome of c claimed in its
+// place (the key hand-off): the feeder's claim moves to it, and the worker
+// runs it next. If the feeder gave the claim up meanwhile or is stopping,
+// or the step's context is done, the successor goes back to runnable at
+// once, as buffered rows do on stop, and the key's slot counts as freed.
+func (r *run) handedOff(ctx context.Context, c *sqlq.Claimed, applied *sqlq.Applied, res *Result) (*sqlq.Claimed, feeder.Result) {
+	next := applied.Successor
+	if ctx.Err() != nil || !r.h.HandOff(c.Token, next) {
+		r.x.releaseClaim(next, 0)
+		fr := r.result(c, applied, res)
+		fr.RunnableNow = true
+		return nil, fr
+	}
+	return next, feeder.Result{}
 }
 
 // input hands the step what the claim brought along (docs/design.md §4):

@@ -61,7 +61,8 @@ type Result struct {
 	RunnableNow bool
 	// KeyFreed is true when the committed outcome freed a slot of a
 	// partition key: the key's next row may be claimable now, so the feeder
-	// picks again at once rather than at its next poll tick (docs/design.md §6).
+	// picks again at once rather than at its next poll tick (docs/design.md §6);
+	// not set when the outcome handed the slot to the key's next row.
 	KeyFreed bool
 }
 
@@ -89,6 +90,21 @@ type Holder interface {
 	// with the final result. The executor then returns at once. It implies
 	// Committing.
 	Detach() func(Result)
+	// MayHandOff reports that a keyed step's outcome may claim its key's
+	// next row (the key hand-off, docs/design.md §6): the feeder is not
+	// stopping; its last pick came back short of its demand (no other work
+	// was waiting for the slot the key would keep) and no kick or wake has
+	// said since that rows of this process became runnable; and it has at
+	// least MinDemand free places (a hand-off keeps the claims held as they
+	// are, and below MinDemand the feeder would not pick for other keys).
+	MayHandOff() bool
+	// HandOff moves the held claim from the old token (whose outcome
+	// committed) to next, the row its outcome statement claimed in its
+	// place: heartbeats follow it and its deadline counts from when the
+	// outcome statement was about to be sent (see Committing). It reports
+	// false if the old claim is no longer held, its deadline has passed, or
+	// the feeder is stopping: the caller must release next then.
+	HandOff(oldToken int64, next *sqlq.Claimed) bool
 	// Abandon gives up a step that ignores its context (the caller writes
 	// its outcome): its claim is no longer heartbeated and Wait no longer
 	// waits for it, but it keeps its running slot until the executor
@@ -202,7 +218,11 @@ type Feeder struct {
 	checks     sync.WaitGroup
 	heldBack   bool        // dispatch waits for a heartbeat (see dispatch)
 	stopping   atomic.Bool // Run is returning: no more chained steps
-	steps      sync.WaitGroup
+	// short: the last pick came back with fewer rows than it asked for
+	// (and did not fail), and no local insert or wake has made work
+	// runnable since, so keyed steps may hand their slots on.
+	short atomic.Bool
+	steps sync.WaitGroup
 }
 
 // New creates a feeder; Run starts it.
@@ -288,10 +308,13 @@ func (s *Feeder) loseLocked(token int64, h *held) int64 {
 	return h.id
 }
 
-// Kick wakes the loop at once (a local insert made work runnable).
+// Kick wakes the loop at once (a local insert made work runnable). Until
+// the next pick, keyed outcomes do not hand their slots on: the new rows
+// may be waiting for one.
 func (s *Feeder) Kick() {
 	s.mu.Lock()
 	s.more = true
+	s.short.Store(false)
 	s.mu.Unlock()
 	s.wake()
 }
@@ -395,13 +418,8 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		s.dispatch(workCtx)
 
 		s.mu.Lock()
-		// Outcomes waiting for their group commit hold claims too, but need
-		// no worker: they get a window of their own (as large as the
-		// running+prefetch one) before they hold back picking.
-		window := s.cfg.Concurrency + s.cfg.Prefetch
-		claimed := s.inFlight + len(s.buffer) + max(0, s.committing-window)
-		demand := window - claimed
-		idle := claimed == 0 && s.committing == 0
+		demand := s.demandLocked()
+		idle := s.inFlight+len(s.buffer) == 0 && s.committing == 0
 		// Pick when there is room (at least MinDemand, or anything when
 		// idle) and a reason to look: a full last pick, a kick, a poll tick,
 		// or an idle queue.
@@ -414,6 +432,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		if shouldPick {
 			n, err := s.pick(pickCtx, demand)
 			full := err == nil && n == demand
+			s.short.Store(err == nil && n < demand)
 			switch {
 			case err != nil:
 				// Database trouble: back off, with jitter, until a pick works.
@@ -456,6 +475,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		due, nextWake := s.nextWakeLocked(time.Now())
 		if due {
 			s.more = true // a row of ours became eligible
+			s.short.Store(false)
 		}
 		s.mu.Unlock()
 		if due {
@@ -484,6 +504,16 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 	s.stopping.Store(true)
 	s.releaseBuffer()
 	s.checks.Wait()
+}
+
+// demandLocked is how many rows a pick may claim now: the running and
+// prefetch window less the claims held. Outcomes waiting for their group
+// commit hold claims too, but need no worker: they get a window of their
+// own (as large as the running+prefetch one) before they hold back
+// picking. The caller holds s.mu.
+func (s *Feeder) demandLocked() int {
+	window := s.cfg.Concurrency + s.cfg.Prefetch
+	return window - (s.inFlight + len(s.buffer) + max(0, s.committing-window))
 }
 
 // busyPoll is the poll interval after a pick that found rows.
@@ -931,6 +961,40 @@ func (h *holder) Committing() {
 }
 
 func (h *holder) Stopping() bool { return h.s.stopping.Load() }
+
+func (h *holder) MayHandOff() bool {
+	s := h.s
+	if s.stopping.Load() || !s.short.Load() {
+		return false
+	}
+	// A hand-off keeps the claims this feeder holds as they are: it must
+	// not keep the feeder below MinDemand free places, where it would not
+	// pick for other keys' rows (see Run).
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.demandLocked() >= s.cfg.MinDemand
+}
+
+func (h *holder) HandOff(oldToken int64, next *sqlq.Claimed) bool {
+	s := h.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.held[oldToken]
+	if e == nil || oldToken != h.token || s.stopping.Load() {
+		return false
+	}
+	// The outcome statement gave next its lease; it was sent after
+	// committingAt.
+	deadline := e.committingAt.Add(s.cfg.Lease)
+	if !deadline.After(time.Now()) {
+		return false
+	}
+	delete(s.held, oldToken)
+	e.id, e.committing, e.deadline = next.ID, false, deadline
+	s.held[next.Token] = e
+	h.token = next.Token
+	return true
+}
 
 func (h *holder) Abandon() (int, bool) {
 	s := h.s

@@ -572,3 +572,75 @@ func TestHeartbeatConfirmsNoClaimPickedDuringIt(t *testing.T) {
 		t.Fatalf("the next heartbeat did not confirm the claim: its deadline is %s before the heartbeat's lease", before.Add(time.Minute).Sub(d))
 	}
 }
+
+// TestMayHandOff: a keyed outcome may hand its slot on only while the
+// feeder is not stopping, its last pick came back short and no kick came
+// since, and it keeps at least MinDemand free places (so it still picks for
+// other keys).
+func TestMayHandOff(t *testing.T) {
+	t.Parallel()
+	s := New(Config{Queue: "q", Concurrency: 4, Prefetch: 4, MinDemand: 3, PollInterval: time.Second,
+		MaxPollInterval: time.Second, Lease: time.Second, HeartbeatInterval: 300 * time.Millisecond},
+		nil, nil, nil, &pickLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h := &holder{s: s, token: 1}
+	s.inFlight = 1
+	if h.MayHandOff() {
+		t.Fatal("allowed before any short pick")
+	}
+	s.short.Store(true)
+	if !h.MayHandOff() {
+		t.Fatal("not allowed after a short pick, 7 free places")
+	}
+	s.inFlight, s.buffer = 4, make([]sqlq.Claimed, 2)
+	if h.MayHandOff() {
+		t.Fatal("allowed with 2 free places, below MinDemand 3")
+	}
+	s.inFlight, s.buffer = 1, nil
+	s.Kick() // a local insert: its rows may wait for the slot
+	if h.MayHandOff() {
+		t.Fatal("allowed after a kick, before the next pick")
+	}
+	s.short.Store(true)
+	s.stopping.Store(true)
+	if h.MayHandOff() {
+		t.Fatal("allowed while stopping")
+	}
+}
+
+// TestHandOffMovesTheClaim: the held claim moves to the successor, with a
+// deadline one lease after the outcome statement was about to be sent; it
+// is refused (the caller releases the successor) if the old claim is gone,
+// its deadline has passed, or the feeder is stopping.
+func TestHandOffMovesTheClaim(t *testing.T) {
+	t.Parallel()
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second,
+		MaxPollInterval: time.Second, Lease: time.Second, HeartbeatInterval: 300 * time.Millisecond},
+		nil, nil, nil, &pickLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s.held[7] = &held{id: 1, running: true, deadline: time.Now().Add(time.Second)}
+	h := &holder{s: s, token: 7}
+	h.Committing()
+	sent := s.held[7].committingAt
+	if !h.HandOff(7, &sqlq.Claimed{ID: 2, Token: 9}) {
+		t.Fatal("hand-off refused")
+	}
+	e := s.held[9]
+	if s.held[7] != nil || e == nil || e.id != 2 || e.committing || !e.deadline.Equal(sent.Add(time.Second)) || h.token != 9 {
+		t.Fatalf("after the hand-off: held %v, token %d", s.held, h.token)
+	}
+	if h.HandOff(7, &sqlq.Claimed{ID: 3, Token: 11}) {
+		t.Fatal("hand-off from a claim no longer held")
+	}
+	h.Committing()
+	s.held[9].committingAt = time.Now().Add(-2 * time.Second)
+	if h.HandOff(9, &sqlq.Claimed{ID: 3, Token: 11}) {
+		t.Fatal("hand-off whose deadline has passed")
+	}
+	h.Committing()
+	s.stopping.Store(true)
+	if h.HandOff(9, &sqlq.Claimed{ID: 3, Token: 11}) {
+		t.Fatal("hand-off while stopping")
+	}
+	if s.held[9] == nil {
+		t.Fatal("a refused hand-off dropped the claim")
+	}
+}

@@ -176,3 +176,68 @@ func BenchmarkInsertPath(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkKeyHandOff measures the outcome statement of 50 keyed Dones, one
+// per key (the bench's partition workload in small): "done" frees the slots
+// (the next holders are then picked, outside the timer), "handoff" also
+// claims each key's next row in the same statement (docs/design.md §6).
+func BenchmarkKeyHandOff(b *testing.B) {
+	for _, mode := range []string{"done", "handoff"} {
+		b.Run(mode, func(b *testing.B) {
+			pool, schema := dbtest.NewSchema(b, &dbtest.Options{MaxConns: 2})
+			ctx := context.Background()
+			q, _ := sqlq.New(schema)
+			const keys = 50
+			if _, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step, partition_key)
+				SELECT 'm', 'a', 'key-' || (g % $2) FROM generate_series(1, $1::int) g`, (b.N+2)*keys, keys); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `VACUUM ANALYZE "`+schema+`".gendurable_instances`); err != nil {
+				b.Fatal(err)
+			}
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Release()
+			pick := func() []sqlq.Claimed {
+				picked, err := q.Pick(ctx, conn, "default", sqlq.PickOpts{Limit: keys, Lease: time.Minute})
+				if err != nil || len(picked.Claimed) != keys {
+					b.Fatal(err, len(picked.Claimed))
+				}
+				return picked.Claimed
+			}
+			holders := pick()
+			res := `{"ok":true}`
+			handoff := int32(0)
+			if mode == "handoff" {
+				handoff = 1
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				batch := sqlq.OutcomeBatch{Lease: time.Minute}
+				for _, h := range holders {
+					batch.Add(&sqlq.Outcome{ID: h.ID, Token: h.Token, Kind: sqlq.KindDone, Result: &res, Handoff: handoff})
+				}
+				applied, err := q.ApplyOutcomes(ctx, conn, &batch)
+				if err != nil || len(applied) != keys {
+					b.Fatal(err, len(applied))
+				}
+				if mode == "done" {
+					b.StopTimer()
+					holders = pick()
+					b.StartTimer()
+					continue
+				}
+				holders = holders[:0]
+				for _, a := range applied {
+					if a.Successor == nil {
+						b.Fatalf("no successor for %d", a.ID)
+					}
+					holders = append(holders, *a.Successor)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*keys), "µs/row")
+		})
+	}
+}

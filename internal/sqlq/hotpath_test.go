@@ -358,3 +358,159 @@ func TestPickFloorCheckFindsRowsBelowTheFloor(t *testing.T) {
 	require.Equal(t, "late", res.Claimed[0].Step)
 	require.True(t, res.Floor.After(floor.Add(-time.Second)), "the floor is set again: %v", res.Floor)
 }
+
+// The key hand-off (docs/design.md §6): the outcome statement that frees a
+// keyed row's slot claims the key's next row itself.
+
+// handoffDone is a Done of holder id that may hand its key's slot on under
+// limit.
+func handoffDone(id, token int64, limit int32) sqlq.Outcome {
+	res := `{}`
+	return sqlq.Outcome{ID: id, Token: token, Kind: sqlq.KindDone, Result: &res, Handoff: limit}
+}
+
+// applyOne applies outs in one batch and returns what was applied, by id.
+func applyOne(t *testing.T, q *sqlq.Queries, db sqlq.DB, outs ...sqlq.Outcome) map[int64]sqlq.Applied {
+	t.Helper()
+	b := &sqlq.OutcomeBatch{Lease: time.Minute}
+	for i := range outs {
+		b.Add(&outs[i])
+	}
+	got, err := q.ApplyOutcomes(context.Background(), db, b)
+	require.NoError(t, err)
+	m := map[int64]sqlq.Applied{}
+	for _, a := range got {
+		m[a.ID] = a
+	}
+	return m
+}
+
+// TestOutcomeHandsOffTheKeysNextRow: a Done of key k's holder claims k's
+// next eligible row in (priority, eligible_at) order — in the same
+// transaction (its claim's updated_at is the holder's finished_at), as a
+// pick would (executing, a lease, a fresh token, its inbox) — and no more
+// than the one slot it freed.
+func TestOutcomeHandsOffTheKeysNextRow(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key, status, claim_token, lease_expires_at)
+	      OVERRIDING SYSTEM VALUE VALUES (1, 'm', 'a', 'k', 'executing', 1, now() + interval '1 minute')`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key, priority, eligible_at, inbox)
+	      OVERRIDING SYSTEM VALUE VALUES
+	        (2, 'm', 'b', 'k', 1, now() - interval '1 hour', '{}'),
+	        (3, 'm', 'c', 'k', 0, now() - interval '1 minute', '{"go": 1}'),
+	        (4, 'm', 'd', 'k', 0, now() + interval '1 hour', '{}'),
+	        (5, 'm', 'e', 'k', 0, now() - interval '1 minute', '{}')`)
+	exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name) VALUES (3, 'go')`)
+	got := applyOne(t, q, conn(), handoffDone(1, 1, 1))
+	require.Equal(t, "done", got[1].Status)
+	s := got[1].Successor
+	require.NotNil(t, s, "no successor")
+	require.Equal(t, int64(3), s.ID, "the eligible head in (priority, eligible_at) order")
+	require.Equal(t, "c", s.Step)
+	require.Len(t, s.Inbox, 1)
+	require.Equal(t, "go", s.Inbox[0].Name)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances AS i, {{s}}.gendurable_instances AS p
+		WHERE i.id = 3 AND p.id = 1 AND i.status = 'executing' AND i.claim_token = $1
+		  AND i.lease_expires_at > now() + interval '50 seconds' AND i.updated_at = p.finished_at`, s.Token))
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`))
+}
+
+// TestHandOffKeepsTheKeyLimit: the successor's own key_limit, else the
+// limit passed, else 1, against the holders the statement does not free;
+// one successor per freed row at most, two keys in one batch.
+func TestHandOffKeepsTheKeyLimit(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	// Key k: holders 1001, 1002 (freed here) and 1003 (held elsewhere); key j: holder 1010.
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key, status, claim_token, lease_expires_at)
+	      OVERRIDING SYSTEM VALUE VALUES (1001, 'm', 'a', 'k', 'executing', 1, now() + interval '1 minute'),
+	        (1002, 'm', 'a', 'k', 'executing', 2, now() + interval '1 minute'),
+	        (1003, 'm', 'a', 'k', 'executing', 3, now() + interval '1 minute'),
+	        (1010, 'm', 'a', 'j', 'executing', 10, now() + interval '1 minute')`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key) SELECT 'm', 'b', 'k' FROM generate_series(1, 5)`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key) SELECT 'm', 'b', 'j' FROM generate_series(1, 5)`)
+	// Limit 2 for k: 3 still holds, so one of the two freed slots is taken again.
+	got := applyOne(t, q, conn(), handoffDone(1001, 1, 2), handoffDone(1002, 2, 2), handoffDone(1010, 10, 1))
+	require.Equal(t, 1, btoi(got[1001].Successor != nil)+btoi(got[1002].Successor != nil), "limit 2 with one other holder")
+	require.NotNil(t, got[1010].Successor)
+	require.Equal(t, "j", *got[1010].Successor.PartitionKey)
+	require.Equal(t, 2, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key = 'k' AND status = 'executing'`))
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key = 'j' AND status = 'executing'`))
+	// The next row of k has its own key_limit 1: with 3 holding, no room.
+	var succ sqlq.Claimed
+	for _, a := range got {
+		if a.Successor != nil && *a.Successor.PartitionKey == "k" {
+			succ = *a.Successor
+		}
+	}
+	exec(`UPDATE {{s}}.gendurable_instances SET key_limit = 1 WHERE partition_key = 'k' AND status = 'runnable'`)
+	got = applyOne(t, q, conn(), handoffDone(succ.ID, succ.Token, 5))
+	require.Nil(t, got[succ.ID].Successor, "the next row's own limit (1) is taken by row 1003")
+	// A limit of 5 for k (no key_limit): one successor for the one freed row.
+	exec(`UPDATE {{s}}.gendurable_instances SET key_limit = NULL WHERE partition_key = 'k'`)
+	got = applyOne(t, q, conn(), handoffDone(1003, 3, 5))
+	require.NotNil(t, got[1003].Successor)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key = 'k' AND status = 'executing'`))
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestNoHandOff: no successor when the key's lock is held (a pick is on
+// it), when the queue is paused, when no row of the key is eligible, when
+// the outcome asked for none, or when the outcome keeps the slot (a chained
+// Next); a Replay that frees the slot hands it to the next row, never to
+// itself.
+func TestNoHandOff(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	holder := func(id int64, key string) {
+		exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key, status, claim_token, lease_expires_at)
+		      OVERRIDING SYSTEM VALUE VALUES ($1, 'm', 'a', $2, 'executing', $1, now() + interval '1 minute')`, id, key)
+		exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key) VALUES ('m', 'b', $1)`, key)
+	}
+	// The key's lock is held by another transaction (a pick).
+	holder(1001, "locked")
+	other := conn()
+	tx, err := other.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('gendurable:' || current_schema()), hashtext('locked'))`)
+	require.NoError(t, err)
+	got := applyOne(t, q, conn(), handoffDone(1001, 1001, 1))
+	require.Equal(t, "done", got[1001].Status)
+	require.Nil(t, got[1001].Successor, "the key's lock is held")
+	require.NoError(t, tx.Rollback(ctx))
+	// Paused queue.
+	holder(1002, "paused")
+	exec(`INSERT INTO {{s}}.gendurable_queues (name, paused) VALUES ('default', true)`)
+	got = applyOne(t, q, conn(), handoffDone(1002, 1002, 1))
+	require.Nil(t, got[1002].Successor, "paused queue")
+	exec(`UPDATE {{s}}.gendurable_queues SET paused = false`)
+	// Not eligible yet.
+	holder(1003, "later")
+	exec(`UPDATE {{s}}.gendurable_instances SET eligible_at = now() + interval '1 hour' WHERE partition_key = 'later' AND status = 'runnable'`)
+	got = applyOne(t, q, conn(), handoffDone(1003, 1003, 1))
+	require.Nil(t, got[1003].Successor, "not eligible")
+	// Not asked.
+	holder(1004, "unasked")
+	got = applyOne(t, q, conn(), handoffDone(1004, 1004, 0))
+	require.Nil(t, got[1004].Successor)
+	// A chained Next keeps its slot; a Replay frees it for the next row.
+	holder(1005, "chain")
+	step := "b"
+	got = applyOne(t, q, conn(), sqlq.Outcome{ID: 1005, Token: 1005, Kind: sqlq.KindNext, Step: &step, Continue: true, Handoff: 1})
+	require.Equal(t, "executing", got[1005].Status)
+	require.Nil(t, got[1005].Successor, "a chained Next keeps the slot")
+	got = applyOne(t, q, conn(), sqlq.Outcome{ID: 1005, Token: *got[1005].Token, Kind: sqlq.KindReplay, Handoff: 1})
+	require.Equal(t, "runnable", got[1005].Status)
+	require.NotNil(t, got[1005].Successor)
+	require.NotEqual(t, int64(1005), got[1005].Successor.ID)
+	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing' AND partition_key <> 'chain'`))
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`))
+}

@@ -2,6 +2,7 @@ package sqlq
 
 import (
 	"context"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -164,6 +165,7 @@ const (
 	shapeChildren outcomeShape = 1 << iota // some outcome schedules children
 	shapeConsume                           // some outcome consumes signals
 	shapeTerminal                          // some outcome is Done or Stop: sweep its inbox, join its parent
+	shapeHandoff                           // some outcome may hand its key's slot to the key's next row
 	shapeCount    = 1 << iota
 )
 
@@ -184,14 +186,18 @@ WITH locked AS MATERIALIZED (
   -- key's slot may be another row's by now (docs/design.md §6). The lease
   -- is read after the row lock, on the clock of that moment.
   SELECT o.*, c.fanout, c.inbox <> '{}'::jsonb AS has_inbox,
-         o.cont_asked AND (c.partition_key IS NULL OR c.lease_expires_at > clock_timestamp()) AS cont
+         o.cont_asked AND (c.partition_key IS NULL OR c.lease_expires_at > clock_timestamp()) AS cont` +
+		iff(shape&shapeHandoff != 0, `,
+         c.partition_key AS pkey, c.queue AS pqueue, c.parent_id AS pparent`) + `
   FROM unnest(@ids::bigint[], @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
               @delays::bigint[], @attempt_inc::int[], @results::text[], @err_kinds::text[], @errs::text[],
-              @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[], @err_stacks::text[])
+              @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[], @err_stacks::text[]` +
+		iff(shape&shapeHandoff != 0, `, @handoff::int[]`) + `)
          AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us,
-              inbox_dec, cont_asked, err_stack)
+              inbox_dec, cont_asked, err_stack` + iff(shape&shapeHandoff != 0, `, handoff`) + `)
   CROSS JOIN LATERAL (
-    SELECT i.claim_token, i.status, i.fanout, i.inbox, i.partition_key, i.lease_expires_at
+    SELECT i.claim_token, i.status, i.fanout, i.inbox, i.partition_key, i.lease_expires_at` +
+		iff(shape&shapeHandoff != 0, `, i.queue, i.parent_id`) + `
     FROM {{schema}}.gendurable_instances AS i
     WHERE i.id = o.id
     OFFSET 0 -- a fence: the outer conditions must not reach the scan
@@ -295,15 +301,57 @@ WITH locked AS MATERIALIZED (
                                ELSE jsonb_build_object('stack', o.err_stack) END) END
   FROM (SELECT l.*, ` + kids + ` AS kids FROM locked AS l) AS o
   WHERE i.id = o.id
-  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token,
+  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token, i.partition_key,
             CASE WHEN o.cont AND i.inbox <> '{}'::jsonb THEN ` + continuedInbox + ` END AS inbox_rows
 )`)
 	if shape&shapeTerminal != 0 {
 		b.WriteString(", " + parentJoinCTE)
 	}
-	b.WriteString(`
+	if shape&shapeHandoff == 0 {
+		b.WriteString(`
 SELECT id, status::text, queue, claim_token, inbox_rows FROM changed`)
+		return b.String()
+	}
+	// The key hand-off (docs/design.md §6): the freed keyed rows whose
+	// outcome allows it (handoff: the key's policy limit as the engine sees
+	// it) pass their keys to gendurable_handoff (migration 010), which claims
+	// each key's next rows, one for one, under the pick's per-key lock. It
+	// leaves out of its holders the rows this statement frees, and out of its
+	// candidates every row this statement writes (its outcome rows, their
+	// parents), whichever runs first. The successors come back after the
+	// outcomes, with succ set; the caller matches them to the freed rows by
+	// (queue, key).
+	b.WriteString(`, handoff AS MATERIALIZED (
+  SELECT h.c, h.inbox_rows, h.child_rows
+  FROM (SELECT array_agg(l.pkey) FILTER (WHERE l.a) AS keys, array_agg(l.pqueue) FILTER (WHERE l.a) AS queues,
+               array_agg(l.handoff) FILTER (WHERE l.a) AS limits,
+               coalesce(array_agg(l.id) FILTER (WHERE NOT l.cont), '{}') AS freed,
+               array_agg(l.id) || coalesce(array_agg(l.pparent) FILTER (WHERE l.pparent IS NOT NULL), '{}') AS skip
+        FROM (SELECT l.*, l.handoff > 0 AND NOT l.cont AND l.pkey IS NOT NULL AS a FROM locked AS l) AS l) AS x
+  CROSS JOIN LATERAL {{schema}}.gendurable_handoff(x.keys, x.queues, x.limits, x.freed, x.skip,
+                                                  @lease::bigint) AS h
+  WHERE x.keys IS NOT NULL
+)
+SELECT false AS succ, id, status::text, queue, claim_token, inbox_rows, partition_key,
+       NULL::text AS fsm, NULL::int AS fsm_version, NULL::text AS step, NULL::jsonb AS state, NULL::int AS attempt,
+       NULL::int AS max_attempts, NULL::smallint AS priority, NULL::text[] AS awaits, NULL::int AS children_total,
+       NULL::timestamptz AS inserted_at, NULL::jsonb AS child_rows
+FROM changed
+UNION ALL
+SELECT true, (h.c).id, 'executing', (h.c).queue, (h.c).claim_token, h.inbox_rows, (h.c).partition_key,
+       (h.c).fsm, (h.c).fsm_version, (h.c).step, (h.c).state, (h.c).attempt,
+       (h.c).max_attempts, (h.c).priority, (h.c).awaits, (h.c).children_total,
+       (h.c).inserted_at, h.child_rows
+FROM handoff AS h`)
 	return b.String()
+}
+
+// iff is s if cond, else "".
+func iff(cond bool, s string) string {
+	if cond {
+		return s
+	}
+	return ""
 }
 
 // namedStmt is a statement whose parameters were written @name: SQL holds
@@ -354,6 +402,12 @@ type Outcome struct {
 	// worker under a fresh claim token and lease, so it can run its next
 	// step at once without a pick.
 	Continue bool
+	// Handoff, if above 0, lets an outcome that frees a keyed row's slot
+	// claim the key's next eligible row in the same statement (the key
+	// hand-off, docs/design.md §6): it is the key's policy limit as the
+	// engine sees it (1 without a policy); a row's own key_limit wins.
+	// Applied.Successor is what it claimed.
+	Handoff int32
 }
 
 // OutcomeBatch is a reusable set of column arrays for ApplyOutcomes.
@@ -371,6 +425,7 @@ type OutcomeBatch struct {
 	children                newRows
 	childParent             []int64
 	cont                    []bool
+	handoff                 []int32
 	// Lease is the lease given to continued outcomes.
 	Lease time.Duration
 }
@@ -383,7 +438,7 @@ func (b *OutcomeBatch) Reset() {
 	b.errStack = b.errStack[:0]
 	b.awaits, b.inboxDec, b.timeouts = b.awaits[:0], b.inboxDec[:0], b.timeouts[:0]
 	b.consumeOwner, b.consumeID, b.childParent = b.consumeOwner[:0], b.consumeID[:0], b.childParent[:0]
-	b.cont = b.cont[:0]
+	b.cont, b.handoff = b.cont[:0], b.handoff[:0]
 	b.children.reset()
 }
 
@@ -406,6 +461,7 @@ func (b *OutcomeBatch) Add(o *Outcome) {
 	b.awaits = append(b.awaits, o.Awaits)
 	b.inboxDec = append(b.inboxDec, o.InboxDec)
 	b.cont = append(b.cont, o.Continue && o.Kind == KindNext && o.Delay <= 0)
+	b.handoff = append(b.handoff, max(o.Handoff, 0))
 	var timeout *int64
 	if o.Timeout != nil {
 		t := micros(*o.Timeout)
@@ -434,6 +490,12 @@ func (b *OutcomeBatch) shape() outcomeShape {
 	for _, k := range b.kinds {
 		if Kind(k) == KindDone || Kind(k) == KindStop {
 			sh |= shapeTerminal
+			break
+		}
+	}
+	for _, h := range b.handoff {
+		if h > 0 {
+			sh |= shapeHandoff
 			break
 		}
 	}
@@ -474,6 +536,8 @@ func (b *OutcomeBatch) arg(name string) any {
 		return b.inboxDec
 	case "cont":
 		return b.cont
+	case "handoff":
+		return b.handoff
 	case "lease":
 		return micros(b.Lease)
 	case "max_errors":
@@ -532,6 +596,11 @@ type Applied struct {
 	Queue  string
 	Token  *int64      // a continued outcome's new claim token
 	Inbox  []SignalRow // a continued outcome: the unconsumed signals, for its next step
+	// Successor is the row of the same key and queue that this outcome's
+	// statement claimed in its place (Outcome.Handoff), held like a
+	// pick's claim: executing under its own claim token and a lease that
+	// began when the statement's transaction did.
+	Successor *Claimed
 }
 
 // Runnable reports that the outcome left its instance runnable.
@@ -544,19 +613,107 @@ func (a *Applied) AwaitingSignal() bool { return a.Status == "awaiting_signal" }
 // whose fence held. An id missing from the answer was not written: its claim
 // token no longer matched (the lease was reaped and the row claimed again, or
 // an operator moved it), so that step's outcome is dropped whole.
+//
+// A batch with hand-offs (Outcome.Handoff) also claims successors: each
+// comes back on the Applied of a freed row of its key and queue whose
+// outcome allowed it, one for one.
 func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]Applied, error) {
 	sql, args := q.outcomeStatement(b)
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Applied, error) {
+	if b.shape()&shapeHandoff == 0 {
+		return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Applied, error) {
+			var a Applied
+			var inbox []byte
+			err := row.Scan(&a.ID, &a.Status, &a.Queue, &a.Token, &inbox)
+			if err == nil {
+				a.Inbox, err = decodeInbox(inbox)
+			}
+			return a, err
+		})
+	}
+	defer rows.Close()
+	var out []Applied
+	var keys []*string
+	var succs []Claimed
+	var queues []string // of succs
+	for rows.Next() {
+		var succ bool
 		var a Applied
-		var inbox []byte
-		err := row.Scan(&a.ID, &a.Status, &a.Queue, &a.Token, &inbox)
-		if err == nil {
-			a.Inbox, err = decodeInbox(inbox)
+		var c Claimed
+		var inbox, children []byte
+		// NULL in the outcome rows.
+		var fsm, step *string
+		var version, attempt, maxAttempts, kids *int32
+		var priority *int16
+		var inserted *time.Time
+		if err := rows.Scan(&succ, &a.ID, &a.Status, &a.Queue, &a.Token, &inbox, &c.PartitionKey,
+			&fsm, &version, &step, &c.State, &attempt, &maxAttempts, &priority, &c.Awaits,
+			&kids, &inserted, &children); err != nil {
+			return nil, err
 		}
-		return a, err
-	})
+		if !succ {
+			var err error
+			if a.Inbox, err = decodeInbox(inbox); err != nil {
+				return nil, err
+			}
+			out, keys = append(out, a), append(keys, c.PartitionKey)
+			continue
+		}
+		if a.Token == nil || fsm == nil || step == nil || version == nil || attempt == nil || maxAttempts == nil ||
+			priority == nil || kids == nil || inserted == nil {
+			return nil, fmt.Errorf("sqlq: hand-off row %d came back incomplete", a.ID)
+		}
+		c.ID, c.Token, c.FSM, c.Version, c.Step = a.ID, *a.Token, *fsm, *version, *step
+		c.Attempt, c.MaxAttempts, c.Priority, c.Children, c.InsertedAt = *attempt, *maxAttempts, *priority, *kids, *inserted
+		var err error
+		if c.Inbox, err = decodeInbox(inbox); err != nil {
+			return nil, err
+		}
+		if c.ChildRows, err = decodeChildren(children); err != nil {
+			return nil, err
+		}
+		succs, queues = append(succs, c), append(queues, a.Queue)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	b.matchSuccessors(out, keys, succs, queues)
+	return out, nil
+}
+
+// matchSuccessors gives each successor to a row of its key and queue that
+// the statement freed and whose outcome allowed a hand-off: the statement
+// claimed at most one successor per such row. A successor that found no
+// such row (none can) stays executing until its lease runs out, and the
+// reaper takes it back.
+func (b *OutcomeBatch) matchSuccessors(applied []Applied, keys []*string, succs []Claimed, queues []string) {
+	if len(succs) == 0 {
+		return
+	}
+	allowed := make(map[int64]bool, len(b.ids))
+	for i, id := range b.ids {
+		if b.handoff[i] > 0 {
+			allowed[id] = true
+		}
+	}
+	type slot struct{ queue, key string }
+	waiting := map[slot][]*Applied{}
+	for i := range applied {
+		a := &applied[i]
+		if allowed[a.ID] && keys[i] != nil && a.Status != "executing" {
+			k := slot{a.Queue, *keys[i]}
+			waiting[k] = append(waiting[k], a)
+		}
+	}
+	for i := range succs {
+		c := &succs[i]
+		k := slot{queues[i], *c.PartitionKey}
+		if w := waiting[k]; len(w) > 0 {
+			w[0].Successor = c
+			waiting[k] = w[1:]
+		}
+	}
 }

@@ -627,6 +627,39 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 				{"outcome-stop", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
 					require.Equal(t, map[string]int{"failed": batch}, statuses(t, tx, mixed(stop)))
 				}},
+				// Keyed Dones that hand their slots on (docs/design.md §6):
+				// 50 keys of 10 freed rows each, limit 10, each key with 20
+				// runnable rows: 500 successors, each found by its key's
+				// pick-index range and claimed by primary key. (Queue and
+				// keys of their own: the versions this leaves behind must
+				// not lie in the way of the other cases' keys.)
+				{"outcome-handoff", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					_, err := tx.Exec(ctx, `INSERT INTO "`+f.schema+`".gendurable_instances (fsm, queue, step, partition_key)
+						SELECT 'm', 'handoff', 'a', 'h' || (g % 50) FROM generate_series(1, 1000) g`)
+					require.NoError(t, err)
+					_, err = tx.Exec(ctx, `SET LOCAL enable_bitmapscan = off`)
+					require.NoError(t, err)
+					_, err = tx.Exec(ctx, `UPDATE "`+f.schema+`".gendurable_instances
+						SET queue = 'handoff', partition_key = 'h' || ((array_position($1::bigint[], id) - 1) % 50)
+						WHERE id = ANY ($1)`, ids)
+					require.NoError(t, err)
+					_, err = tx.Exec(ctx, `SET LOCAL enable_bitmapscan = on`)
+					require.NoError(t, err)
+					b := &sqlq.OutcomeBatch{Lease: time.Minute}
+					for i := range ids {
+						b.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: sqlq.KindDone, Result: &res, Handoff: 10})
+					}
+					got, err := f.q.ApplyOutcomes(ctx, tx, b)
+					require.NoError(t, err)
+					require.Len(t, got, batch)
+					succ := map[int64]bool{}
+					for _, a := range got {
+						require.Equal(t, "done", a.Status)
+						require.NotNil(t, a.Successor)
+						require.False(t, succ[a.Successor.ID])
+						succ[a.Successor.ID] = true
+					}
+				}},
 				{"outcome-mixed", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
 					n := statuses(t, tx, mixed(fanOutConsuming, done, chainConsuming, stop, awaitSeen, replay))
 					require.Equal(t, map[string]int{"awaiting_children": 84, "done": 84, "executing": 83,
@@ -871,6 +904,99 @@ func TestKeyedPickClaimsByPrimaryKey(t *testing.T) {
 		t.Run(cacheMode, func(t *testing.T) {
 			for _, plan := range rec.all(t) {
 				checkPlan(t, plan, 4*batch+16)
+			}
+		})
+	}
+}
+
+// TestHandOffIsBoundedByTheBatch (docs/design.md §5, §6): the outcome
+// statement's key hand-off, with one hot key holding 200k runnable rows and
+// 10k other keys with a row each, under each kind of lying statistics, as a
+// custom and a generic plan: the Dones of the hot key's holder and of 50
+// other keys' holders each hand their slot to their key's next row, and no
+// plan of the statement — the statements inside gendurable_handoff included
+// — touches more than O(batch) rows: none reads the hot key's backlog.
+func TestHandOffIsBoundedByTheBatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seeds 210k rows per statistics mode")
+	}
+	t.Parallel()
+	for _, mode := range statsModes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+			q, err := sqlq.New(schema)
+			require.NoError(t, err)
+			s := `"` + schema + `"`
+			exec := func(sql string) {
+				t.Helper()
+				_, err := pool.Exec(ctx, sql)
+				require.NoError(t, err, sql)
+			}
+			exec(`ALTER TABLE ` + s + `.gendurable_instances SET (autovacuum_enabled = false)`)
+			if mode == statsEmpty {
+				exec(`ANALYZE ` + s + `.gendurable_instances`)
+			}
+			exec(`INSERT INTO ` + s + `.gendurable_instances (fsm, step, status, finished_at)
+				SELECT 'm', 'a', 'done', now() FROM generate_series(1, 20000)`)
+			if mode == statsAllDone {
+				exec(`ANALYZE ` + s + `.gendurable_instances`)
+			}
+			exec(`INSERT INTO ` + s + `.gendurable_instances (fsm, step, partition_key, eligible_at)
+				SELECT 'm', 'a', 'hot', now() - interval '1 hour' + g * interval '1 millisecond' FROM generate_series(1, 200000) g`)
+			exec(`INSERT INTO ` + s + `.gendurable_instances (fsm, step, partition_key)
+				SELECT 'm', 'a', 'key-' || lpad(g::text, 5, '0') FROM generate_series(1, 10000) g`)
+			// The holders: hot's, and one of each of the first 50 keys.
+			exec(`INSERT INTO ` + s + `.gendurable_instances (fsm, step, partition_key, status, claim_token, lease_expires_at)
+				SELECT 'm', 'a', CASE WHEN g = 0 THEN 'hot' ELSE 'key-' || lpad(g::text, 5, '0') END,
+				       'executing', 1000000 + g, now() + interval '1 hour'
+				FROM generate_series(0, 50) g`)
+			var ids, tokens []int64
+			rows, err := pool.Query(ctx, `SELECT id, claim_token FROM `+s+`.gendurable_instances
+				WHERE status = 'executing' ORDER BY id`)
+			require.NoError(t, err)
+			for rows.Next() {
+				var id, tok int64
+				require.NoError(t, rows.Scan(&id, &tok))
+				ids, tokens = append(ids, id), append(tokens, tok)
+			}
+			require.NoError(t, rows.Err())
+			require.Len(t, ids, 51)
+			var hotHead int64
+			require.NoError(t, pool.QueryRow(ctx, `SELECT min(id) FROM `+s+`.gendurable_instances
+				WHERE partition_key = 'hot' AND status = 'runnable'`).Scan(&hotHead))
+			res := `{}`
+			conn, rec := explainConn(t)
+			_, err = conn.Exec(ctx, "SET search_path = "+s)
+			require.NoError(t, err)
+			const bound = 4*51 + 16
+			for _, cacheMode := range []string{"force_custom_plan", "force_generic_plan"} {
+				_, err := conn.Exec(ctx, "SET plan_cache_mode = "+cacheMode)
+				require.NoError(t, err)
+				tx, err := conn.Begin(ctx)
+				require.NoError(t, err)
+				rec.reset()
+				b := &sqlq.OutcomeBatch{Lease: time.Minute}
+				for i := range ids {
+					b.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: sqlq.KindDone, Result: &res, Handoff: 1})
+				}
+				got, err := q.ApplyOutcomes(ctx, tx, b)
+				require.NoError(t, err)
+				require.Len(t, got, 51)
+				for _, a := range got {
+					require.NotNil(t, a.Successor, "row %d", a.ID)
+					if *a.Successor.PartitionKey == "hot" {
+						require.Equal(t, hotHead, a.Successor.ID, "hot's head row")
+					}
+				}
+				require.NoError(t, tx.Rollback(ctx))
+				plans := rec.all(t)
+				t.Run(cacheMode, func(t *testing.T) {
+					for _, plan := range plans {
+						checkPlan(t, plan, bound)
+					}
+				})
 			}
 		})
 	}
