@@ -127,6 +127,16 @@ func (c *Committer) flushLoop() {
 // deadlock with another process's batch) until the lease runs out. A
 // rejected batch is split so only the offending outcome is stopped.
 func (c *Committer) apply(batch []*request) {
+	if len(batch) > 1 && sharesAnID(batch) {
+		// Two claims of one instance (a step fenced out whose context still
+		// runs, and the claim that replaced it): results are delivered by
+		// instance id, so each goes in a statement of its own, where only
+		// the one whose token still matches is written.
+		for _, r := range batch {
+			c.apply([]*request{r})
+		}
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Lease)
 	defer cancel()
 	b := c.batches.Get().(*sqlq.OutcomeBatch)
@@ -167,5 +177,26 @@ func (c *Committer) apply(batch []*request) {
 			}
 			return
 		}
+		// The failed attempt may have committed (a connection lost after
+		// the commit): its outcomes are then fenced out on the retry, and a
+		// successor it claimed stays executing without a heartbeat until
+		// its lease runs out (docs/design.md §6). The retry hands nothing
+		// on, so it cannot strand a second one.
+		for _, r := range batch {
+			r.out.Handoff = 0
+		}
 	}
+}
+
+// sharesAnID reports whether two requests of batch are outcomes of the same
+// instance.
+func sharesAnID(batch []*request) bool {
+	seen := make(map[int64]struct{}, len(batch))
+	for _, r := range batch {
+		if _, dup := seen[r.out.ID]; dup {
+			return true
+		}
+		seen[r.out.ID] = struct{}{}
+	}
+	return false
 }

@@ -360,3 +360,41 @@ func TestMaxBatchBoundsAStatement(t *testing.T) {
 	require.Zero(t, failed.Load())
 	require.Equal(t, []int{1, 10, 10, 10, 5}, f.tracer.batches(), "the first alone, then the 35 queued behind it in batches of MaxBatch")
 }
+
+// TestTwoClaimsOfOneInstanceGetTheirOwnResults: a fenced-out step's
+// outcome (a stale token) and the current claim's outcome of the same
+// instance, queued into one batch, each get their own answer: the current
+// one is applied, the stale one is fenced out — not both told the current
+// one's result.
+func TestTwoClaimsOfOneInstanceGetTheirOwnResults(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2)
+	c := f.committer(committer.Config{MaxInFlight: 1})
+	release := f.hold(f.claims[1].ID)
+	first := make(chan committer.Result, 1)
+	c.CommitAsync(next(f.claims[1], 1), func(r committer.Result) { first <- r })
+	f.waitStatements(1)
+	cl := f.claims[0]
+	stale, live := make(chan committer.Result, 1), make(chan committer.Result, 1)
+	c.CommitAsync(&sqlq.Outcome{ID: cl.ID, Token: cl.Token - 1000, Kind: sqlq.KindDone, Result: str(`{"zombie": true}`)},
+		func(r committer.Result) { stale <- r })
+	c.CommitAsync(next(cl, 7), func(r committer.Result) { live <- r }) // queued behind the first: one batch
+	release()
+	for _, ch := range []chan committer.Result{first, stale, live} {
+		select {
+		case r := <-ch:
+			ch <- r
+		case <-time.After(10 * time.Second):
+			t.Fatal("no result")
+		}
+	}
+	s, l := <-stale, <-live
+	require.NoError(t, s.Err)
+	require.Nil(t, s.Applied, "the stale claim's outcome is fenced out")
+	require.NoError(t, l.Err)
+	require.NotNil(t, l.Applied, "the current claim's outcome is applied")
+	require.Equal(t, "runnable", l.Applied.Status)
+	r := f.row(cl.ID)
+	require.Equal(t, "runnable", r.Status)
+	require.JSONEq(t, `{"i": 7}`, r.State)
+}

@@ -595,17 +595,20 @@ func (s *Feeder) floorTick(stopCtx context.Context) {
 	if s.floor == nil || now.Sub(s.floorTicked) < s.cfg.FloorCheck {
 		return
 	}
+	s.mu.Lock()
+	if s.checking {
+		// The last check is still running: this tick waits for it rather
+		// than being spent, so the next pick after it ticks at once.
+		s.mu.Unlock()
+		return
+	}
 	s.floorTicked = now
 	if !s.claimedSince {
+		s.mu.Unlock()
 		s.floor = nil
 		return
 	}
 	s.claimedSince = false
-	s.mu.Lock()
-	if s.checking {
-		s.mu.Unlock()
-		return
-	}
 	s.checking = true
 	s.mu.Unlock()
 	s.checks.Add(1)
@@ -949,6 +952,9 @@ func (h *holder) Continue(oldToken, newToken int64) bool {
 	e.deadline = e.committingAt.Add(h.s.cfg.Lease)
 	h.s.held[newToken] = e
 	h.token = newToken
+	// A heartbeat confirmed while the outcome was in flight may have
+	// armed the timer past this deadline.
+	h.s.armLocked(e.deadline)
 	return true
 }
 
@@ -993,6 +999,7 @@ func (h *holder) HandOff(oldToken int64, next *sqlq.Claimed) bool {
 	e.id, e.committing, e.deadline = next.ID, false, deadline
 	s.held[next.Token] = e
 	h.token = next.Token
+	s.armLocked(deadline) // as in Continue
 	return true
 }
 

@@ -616,7 +616,8 @@ func TestHandOffMovesTheClaim(t *testing.T) {
 	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second,
 		MaxPollInterval: time.Second, Lease: time.Second, HeartbeatInterval: 300 * time.Millisecond},
 		nil, nil, nil, &pickLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	s.held[7] = &held{id: 1, running: true, deadline: time.Now().Add(time.Second)}
+	s.held[7] = &held{id: 1, running: true, deadline: time.Now().Add(time.Second), cancel: func(error) {}}
+	t.Cleanup(func() { s.mu.Lock(); s.timerOff = true; s.deadline.Stop(); s.mu.Unlock() })
 	h := &holder{s: s, token: 7}
 	h.Committing()
 	sent := s.held[7].committingAt
@@ -642,5 +643,24 @@ func TestHandOffMovesTheClaim(t *testing.T) {
 	}
 	if s.held[9] == nil {
 		t.Fatal("a refused hand-off dropped the claim")
+	}
+}
+
+// TestFloorTickWaitsForARunningCheck: a tick that comes while the last
+// floor check still runs is not spent: the rows claimed since stay to be
+// checked, by the first pick after that check ends (docs/design.md §4).
+func TestFloorTickWaitsForARunningCheck(t *testing.T) {
+	t.Parallel()
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second,
+		MaxPollInterval: time.Second, Lease: time.Second, HeartbeatInterval: 300 * time.Millisecond},
+		nil, nil, nil, &pickLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	floor := time.Now().Add(-time.Second)
+	ticked := time.Now().Add(-time.Hour)
+	s.floor, s.floorTicked, s.claimedSince = &floor, ticked, true
+	s.checking = true // a check started by an earlier tick
+	s.floorTick(context.Background())
+	if !s.floorTicked.Equal(ticked) || !s.claimedSince || s.floor == nil {
+		t.Fatalf("a tick during a check was spent: ticked %v (was %v), claimed since %v, floor %v",
+			s.floorTicked, ticked, s.claimedSince, s.floor)
 	}
 }
