@@ -241,6 +241,16 @@ func (q *Queries) RemoveQueue(ctx context.Context, db DB, queue string) (hadRow,
 	return hadRow, busy, removed, err
 }
 
+// cancelSet is what a cancel writes to each instance it cancels ($2 the
+// reason, $3 MaxErrorHistory): Cancel and the bulk cancels share it.
+const cancelSet = `
+  SET status = 'failed', finished_at = now(), updated_at = now(),
+      lease_expires_at = CASE WHEN i.status = 'executing' AND i.partition_key IS NOT NULL THEN i.lease_expires_at END,
+      claim_token = NULL, awaits = NULL, await_deadline = NULL, inbox = '{}',
+      errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
+               || jsonb_build_array(jsonb_build_object(
+                    'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'cancelled', 'error', $2::text))`
+
 // cancelSQL fails a live instance at once with a reason, as a Stop would:
 // the inbox is consumed, a parent counts it as finished, and a worker still
 // running a step of it is fenced out (its claim token is cleared). A keyed
@@ -250,12 +260,7 @@ func (q *Queries) RemoveQueue(ctx context.Context, db DB, queue string) (hadRow,
 const cancelSQL = `
 WITH changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET status = 'failed', finished_at = now(), updated_at = now(),
-      lease_expires_at = CASE WHEN i.status = 'executing' AND i.partition_key IS NOT NULL THEN i.lease_expires_at END,
-      claim_token = NULL, awaits = NULL, await_deadline = NULL, inbox = '{}',
-      errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
-               || jsonb_build_array(jsonb_build_object(
-                    'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'cancelled', 'error', $2::text))
+` + cancelSet + `
   WHERE i.id = $1 AND i.status NOT IN ('done', 'failed')
   RETURNING i.id, i.status, i.parent_id, i.parent_fanout
 ), swept AS (

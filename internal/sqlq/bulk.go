@@ -73,12 +73,7 @@ WITH cand AS MATERIALIZED (
   ORDER BY u.ord
 ), changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET status = 'failed', finished_at = now(), updated_at = now(),
-      lease_expires_at = CASE WHEN i.status = 'executing' AND i.partition_key IS NOT NULL THEN i.lease_expires_at END,
-      claim_token = NULL, awaits = NULL, await_deadline = NULL, inbox = '{}',
-      errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
-               || jsonb_build_array(jsonb_build_object(
-                    'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'cancelled', 'error', $2::text))
+` + cancelSet + `
   FROM cand WHERE i.id = cand.id -- locked by cand, still live
   RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue
 ), swept AS (
