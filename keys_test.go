@@ -57,7 +57,10 @@ func TestKeyLimitsHoldAcrossEngines(t *testing.T) {
 		return nil
 	}}
 	cfg := fastConfig("", job)
-	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 8, PollInterval: 10 * time.Millisecond}}
+	// Room for every key's limit at once (3 + 2 + 1 + 4) in each engine: a
+	// pick shares its batch by fair share, so with less room a key's last
+	// slot may be claimed into the prefetch buffer behind the others.
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 10, PollInterval: 10 * time.Millisecond}}
 	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "t-", Limit: 2}, {Prefix: "t-big-", Limit: 3}}
 	b := setup(t, cfg)
 	cfg2 := b.eng.Config()

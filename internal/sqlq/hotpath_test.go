@@ -116,6 +116,29 @@ func TestPickFillsItsBatchFromOneKey(t *testing.T) {
 	require.Len(t, res.Claimed, 10)
 }
 
+// TestPickSharesTheBatchByFairShare (docs/design.md §6, "Fairness"): keys
+// whose limits leave room for the whole batch, holding 6, 0 and 2 slots:
+// a pick of 10 raises the ones holding fewest first, and leaves each
+// holding 6 — the key holding most gets nothing, though it comes first in
+// the walk.
+func TestPickSharesTheBatchByFairShare(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	for key, held := range map[string]int{"a": 6, "b": 0, "c": 2} {
+		exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key, key_limit, status, claim_token, lease_expires_at)
+		      SELECT 'm', 'a', $1, 100, 'executing', g, now() + interval '1 hour' FROM generate_series(1, $2::int) g`, key, held)
+		exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key, key_limit)
+		      SELECT 'm', 'a', $1, 100 FROM generate_series(1, 50)`, key)
+	}
+	res, err := q.Pick(context.Background(), conn(), "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, res.Claimed, 10)
+	for _, key := range []string{"a", "b", "c"} {
+		require.Equal(t, 6, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+			WHERE partition_key = $1 AND status = 'executing'`, key), "key %s", key)
+	}
+}
+
 // TestPicksOfOneRowServePlainRowsToo: picks of one row (a busy feeder's
 // usual demand) do not always go to keyed rows.
 func TestPicksOfOneRowServePlainRowsToo(t *testing.T) {

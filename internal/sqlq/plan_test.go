@@ -847,9 +847,19 @@ func TestKeyedPickIsBoundedByTheBatch(t *testing.T) {
 	require.Equal(t, "key-00051", *got[0].PartitionKey, "the next pick goes on after the cursor")
 	require.Equal(t, "key-00100", cursor)
 
-	// A policy of 3 for "hot": two more of its rows may run beside the holder.
-	got, _ = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "hos",
-		Policies: []sqlq.KeyPolicy{{Prefix: "h", Limit: 2}, {Prefix: "ho", Limit: 3}}})
+	// A policy of 3 for "hot": two more of its rows may run beside the
+	// holder — but by fair share, not while the keys walked with it hold
+	// nothing: they get the batch, and the cursor stays before hot, so
+	// the next pick starts at it.
+	policies := []sqlq.KeyPolicy{{Prefix: "h", Limit: 2}, {Prefix: "ho", Limit: 3}}
+	got, cursor = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "hos", Policies: policies})
+	require.Len(t, got, batch)
+	for _, c := range got {
+		require.NotEqual(t, "hot", *c.PartitionKey, "hot holds a slot, the keys after it none")
+	}
+	require.Equal(t, "hos", cursor, "hot, left with nothing, comes first next time")
+	// Walked alone, hot gets its room.
+	got, _ = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "hos", MaxKeys: 1, Policies: policies})
 	hot := 0
 	for _, c := range got {
 		if *c.PartitionKey == "hot" {
@@ -858,8 +868,7 @@ func TestKeyedPickIsBoundedByTheBatch(t *testing.T) {
 	}
 	require.Equal(t, 2, hot, "the longest prefix's limit, minus the live holder")
 	// hot is full now: a pick counts its visit under its policy, "ho".
-	_, _ = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "hos",
-		Policies: []sqlq.KeyPolicy{{Prefix: "h", Limit: 2}, {Prefix: "ho", Limit: 3}}})
+	_, _ = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "hos", Policies: policies})
 	require.Len(t, last.KeysFull, 3)
 	require.Zero(t, last.KeysFull[0]+last.KeysFull[1], "no full key under the other policies")
 	require.Positive(t, last.KeysFull[2], "hot counted full under \"ho\"")
