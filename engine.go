@@ -253,7 +253,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 		Committer: committer.New(committer.Config{Lease: c.LeaseDuration, MaxInFlight: c.CommitConcurrency}, q, pool),
 		Lookup:    func(name string, version int) *executor.Definition { return defs[machineKey{name, version}] },
 		Events:    execEvents{e}, Log: c.Logger,
-		Kick: e.kickQueue, KickAt: e.kickQueueAt, AwaitParked: e.pokeTimeouts,
+		Kick: e.kickQueue, KickAt: e.kickQueueAt, KickBelow: e.kickAllBelow, AwaitParked: e.pokeTimeouts,
 		RatedKey: func(key string) bool { p := e.policy(key); return p != nil && p.Rate > 0 },
 		HandoffLimit: func(key string) int {
 			switch p := e.policy(key); {
@@ -495,6 +495,20 @@ func (e *Engine) kickQueueAt(queue string, t time.Time) {
 	e.mu.Unlock()
 	if s != nil {
 		s.KickAt(t)
+	}
+}
+
+// kickAllBelow wakes every local feeder for rows eligible from t on, maybe
+// below their picks' floors.
+func (e *Engine) kickAllBelow(t time.Time) {
+	e.mu.Lock()
+	scheds := make([]*feeder.Feeder, 0, len(e.scheds))
+	for _, s := range e.scheds {
+		scheds = append(scheds, s)
+	}
+	e.mu.Unlock()
+	for _, s := range scheds {
+		s.KickBelow(t)
 	}
 }
 

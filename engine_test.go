@@ -1503,12 +1503,31 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 // still run, within the floor check's bound: a row inserted by a
 // transaction that stays open past the slack, rows another process
 // inserted with a RunAt in the past, and (woken at once) this process's own
-// insert with a RunAt in the past.
+// insert with a RunAt in the past, and (woken at once) the next step of
+// this process's WithTx outcome whose transaction lasted past the slack.
 func TestRowsVisibleBelowThePickFloorRun(t *testing.T) {
 	t.Parallel()
 	var b *testBundle
 	job := &gendurable.Job[orderArgs]{Name: "floor", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
-	cfg := fastConfig("", job)
+	var txEnded atomic.Int64 // unix nanos: when the slow WithTx callback returned
+	bStarted := make(chan time.Time, 1)
+	slow := &gendurable.Machine[orderArgs]{
+		Name: "slowtx", Start: "a",
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"a": func(_ context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				return r.Next("b", r.State).WithTx(func(context.Context, pgx.Tx) error {
+					time.Sleep(1600 * time.Millisecond)
+					txEnded.Store(time.Now().UnixNano())
+					return nil
+				}), nil
+			},
+			"b": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				bStarted <- time.Now()
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	cfg := fastConfig("", job, slow)
 	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
 		BusyPollInterval: 25 * time.Millisecond, PollInterval: time.Second, MaxPollInterval: 5 * time.Second}}
 	b = setup(t, cfg)
@@ -1567,4 +1586,21 @@ func TestRowsVisibleBelowThePickFloorRun(t *testing.T) {
 	b.waitStatus(res.ID, "done", 10*time.Second)
 	t.Logf("this process's RunAt an hour ago: done %v after the insert", time.Since(start))
 	require.Less(t, time.Since(start), 500*time.Millisecond, "a local insert below the floor wakes its pick")
+
+	// This process's WithTx outcome, its transaction open 1.6 s: the next
+	// step's row is eligible from the transaction's start. Three times: a
+	// floor check (once a second) could find one such row this soon by luck.
+	for i := range 3 {
+		res, err = b.eng.Insert(ctx, slow.New(orderArgs{I: 4 + i}))
+		require.NoError(t, err)
+		select {
+		case at := <-bStarted:
+			took := at.Sub(time.Unix(0, txEnded.Load()))
+			t.Logf("WithTx open 1.6 s: next step %v after the callback returned", took)
+			require.Less(t, took, 150*time.Millisecond, "a local WithTx outcome below the floor wakes its pick")
+		case <-time.After(15 * time.Second):
+			t.Fatal("the step after the slow WithTx never ran")
+		}
+		b.waitStatus(res.ID, "done", 10*time.Second)
+	}
 }

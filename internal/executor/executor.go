@@ -111,6 +111,10 @@ type Config struct {
 	// KickAt wakes the local feeder of queue at t (an outcome left a row
 	// runnable after a delay: a retry's backoff, a durable sleep).
 	KickAt func(queue string, t time.Time)
+	// KickBelow wakes every local feeder for rows made eligible at or after
+	// t, a time that may be below their picks' floors (docs/design.md §4): a
+	// WithTx outcome's rows are eligible from its transaction's start.
+	KickBelow func(t time.Time)
 	// AwaitParked: an outcome parked an instance with an await timeout;
 	// the await-timeout sweep should look at its next deadline.
 	AwaitParked func()
@@ -166,6 +170,10 @@ func (x *Executor) ForQueue(queue string, chain int, handoff bool) feeder.Execut
 	}
 }
 
+// floorSlack is how far behind a pick's now() its floor lies (migration 011):
+// a row made eligible longer than this before its commit may be below it.
+const floorSlack = time.Second
+
 // run is one claimed row's trip through the executor.
 type run struct {
 	x       *Executor
@@ -203,7 +211,16 @@ func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.C
 	var applied *sqlq.Applied
 	var commitErr error
 	if res.TxFn != nil {
+		began := time.Now()
 		applied, commitErr = r.commitTx(ctx, in, &res)
+		if applied != nil && x.cfg.KickBelow != nil && time.Since(began) > floorSlack/2 {
+			// What the transaction made runnable (its row, a parent it
+			// woke, children it scheduled, in any queue) is eligible from
+			// its start, on the database clock: maybe below the floor of
+			// a pick since (now() less floorSlack). The local clock stands
+			// in for the database's, less floorSlack for the skew.
+			x.cfg.KickBelow(began.Add(-floorSlack))
+		}
 	} else {
 		h.Committing()
 		cr := x.cfg.Committer.Commit(&res.Out)
