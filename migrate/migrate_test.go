@@ -284,6 +284,38 @@ func TestUpgradeTo6KeepsInFlightKeyedClaims(t *testing.T) {
 	require.Equal(t, 4, n)
 }
 
+// TestVersion12ReplacesThePickInPlace: version 12 (fair share) replaces the
+// body of version 11's twelve-argument pick, keeping its signature (an
+// engine of version 11 still running picks through it); going down to 11
+// puts version 11's body back, byte for byte.
+func TestVersion12ReplacesThePickInPlace(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	body := func() (src string, overloads int) {
+		t.Helper()
+		require.NoError(t, pool.QueryRow(ctx, `SELECT max(p.prosrc) FILTER (WHERE p.pronargs = 12), count(*)
+			FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace
+			WHERE p.proname = 'gendurable_pick' AND n.nspname = $1`, schema).Scan(&src, &overloads))
+		return src, overloads
+	}
+	_, err := migrate.To(ctx, pool, schema, 11)
+	require.NoError(t, err)
+	v11, n := body()
+	require.Equal(t, 2, n)
+	_, err = migrate.To(ctx, pool, schema, 12)
+	require.NoError(t, err)
+	v12, n := body()
+	require.Equal(t, 2, n, "replaced in place: no new overload")
+	require.NotEqual(t, v11, v12)
+	require.Contains(t, v12, "fair share")
+	_, err = migrate.To(ctx, pool, schema, 11)
+	require.NoError(t, err)
+	back, n := body()
+	require.Equal(t, 2, n)
+	require.Equal(t, v11, back, "down to 11 restores version 11's pick")
+}
+
 // TestUpgradeTo11KeepsThePreviousPick: version 11 adds the pick's floor as a
 // new overload of gendurable_pick; the ten-argument function of version 9
 // stays, so engines of the previous version keep picking during a rolling

@@ -346,15 +346,16 @@ BEGIN
       -- rated keys' tokens.
       RETURN QUERY
         WITH t AS (
-          SELECT u.k, u.take, u.avail, u.pol_l, u.n
-          FROM unnest(rk, rtake, ravail, rlim, alloc) WITH ORDINALITY AS u(k, take, avail, pol_l, n, ord)
+          SELECT u.k, u.take, u.avail, u.pol_l, u.n, u.held
+          FROM unnest(rk, rtake, ravail, rlim, alloc, rheld) AS u(k, take, avail, pol_l, n, held)
         ), cand AS (
           SELECT x.id, x.ok, bool_and(x.ok) OVER (PARTITION BY t.k ORDER BY x.rn) AS go
           FROM t CROSS JOIN LATERAL (
-            SELECT y.id, row_number() OVER w AS rn, coalesce(y.key_limit, t.pol_l) >= (
-                     SELECT count(*) FROM {{schema}}.gendurable_instances AS h
-                     WHERE h.partition_key = t.k AND h.lease_expires_at IS NOT NULL
-                       AND (h.lease_expires_at > now() OR h.claim_token IS NOT NULL)) + row_number() OVER w AS ok
+            -- The key's holders as the room statement counted them: under the
+            -- key's lock only this transaction adds holders, so the count can
+            -- only have fallen since (one count per key, not per row).
+            SELECT y.id, row_number() OVER w AS rn,
+                   coalesce(y.key_limit, t.pol_l) >= t.held + row_number() OVER w AS ok
             FROM (SELECT y.id, y.key_limit, y.priority, y.eligible_at FROM {{schema}}.gendurable_instances AS y
                   WHERE y.status = 'runnable' AND y.queue = p_queue AND y.partition_key = t.k
                     AND y.eligible_at <= now()
