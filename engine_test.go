@@ -1422,11 +1422,13 @@ func TestDrainTimeoutCancelsStepsWithoutCountingAnAttempt(t *testing.T) {
 	require.Equal(t, "interrupted", r.Errors[0]["kind"])
 }
 
-// TestDelayedRowsOfThisProcessRunOnTime: a retry's backoff, a durable sleep
-// (Next.After) and an insert's RunIn end when they say, not at the next poll:
-// the process that wrote the delay wakes its feeder then. Polls are 2 s
-// apart here, so a late start would show. Gaps are measured on the database
-// clock; the slack is for a loaded machine.
+// TestDelayedRowsOfThisProcessRunOnTime: a retry's backoff, a Replay's
+// delay, a durable sleep (Next.After), an insert's RunIn and an await's
+// timeout end when they say, not at the next poll or sweep: the process
+// that wrote the delay wakes its feeder (or its await-timeout sweep) then.
+// Polls are 2 s apart and the sweep's interval 5 s here, so a late start
+// would show. Gaps are measured on the database clock; the slack is for a
+// loaded machine.
 func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 	t.Parallel()
 	var b *testBundle
@@ -1462,12 +1464,38 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 		mark(ctx, "later")
 		return nil
 	}}
-	cfg := fastConfig("", retry, sleeper, later)
+	replayer := &gendurable.Machine[orderArgs]{Name: "ontime-replay", Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{
+		"a": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			mark(ctx, "replay")
+			if r.State.I < 2 {
+				return r.Replay(orderArgs{I: r.State.I + 1}, 100*time.Millisecond), nil
+			}
+			return gendurable.Done(nil), nil
+		},
+	}}
+	awaiter := &gendurable.Machine[orderArgs]{Name: "ontime-await", Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{
+		"a": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			mark(ctx, "await")
+			return r.Await("b", r.State, "never").Timeout(150 * time.Millisecond), nil
+		},
+		"b": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			mark(ctx, "await")
+			if len(r.Awaited) != 0 {
+				return gendurable.Stop("woken by a signal, not by the timeout"), nil
+			}
+			return gendurable.Done(nil), nil
+		},
+	}}
+	cfg := fastConfig("", retry, sleeper, later, replayer, awaiter)
 	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
 		BusyPollInterval: 2 * time.Second, PollInterval: 2 * time.Second, MaxPollInterval: 5 * time.Second}}
+	// The sweep finds other processes' deadlines every 5 s: a local await's
+	// timeout must not wait for that.
+	cfg.ReaperInterval, cfg.AwaitTimeoutInterval = 5*time.Second, 5*time.Second
 	b = setup(t, cfg)
 	b.start()
-	ids := []int64{b.insert(retry.New(orderArgs{})), b.insert(sleeper.New(orderArgs{}))}
+	ids := []int64{b.insert(retry.New(orderArgs{})), b.insert(sleeper.New(orderArgs{})),
+		b.insert(replayer.New(orderArgs{})), b.insert(awaiter.New(orderArgs{}))}
 	var insertedAt time.Time
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&insertedAt))
 	ids = append(ids, b.insert(later.New(orderArgs{}).With(gendurable.InsertOpts{RunIn: 150 * time.Millisecond})))
@@ -1495,6 +1523,10 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 	check("steps around Next.After(150ms)", gaps(starts["sleep"]), 150*time.Millisecond)
 	require.Len(t, starts["later"], 1)
 	check("RunIn 150ms from the insert", gaps([]time.Time{insertedAt, starts["later"][0]}), 150*time.Millisecond)
+	require.Len(t, starts["replay"], 3)
+	check("runs around Replay(state, 100ms)", gaps(starts["replay"]), 100*time.Millisecond)
+	require.Len(t, starts["await"], 2)
+	check("steps around Await(...).Timeout(150ms)", gaps(starts["await"]), 150*time.Millisecond)
 }
 
 // TestRowsVisibleBelowThePickFloorRun (docs/design.md §4): while a queue is

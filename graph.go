@@ -264,7 +264,7 @@ func (e *Engine) Graph(ctx context.Context, machine string) (*MachineGraph, erro
 	sort.Strings(tableOnly)
 	g.Steps = append(g.Steps, tableOnly...)
 	if len(g.Steps) == 0 {
-		return nil, fmt.Errorf("%w: no machine %q is stored, registered here or in the table", ErrNotFound, machine)
+		return nil, &machineNotFoundError{machine}
 	}
 	for k, n := range observed {
 		g.Transitions = append(g.Transitions, Transition{From: k[0], To: k[1], Outcome: k[2], Count: n})
@@ -275,8 +275,22 @@ func (e *Engine) Graph(ctx context.Context, machine string) (*MachineGraph, erro
 	if g.Transitions == nil {
 		g.Transitions = []Transition{}
 	}
+	if g.Versions == nil { // only in the instance table: no version known
+		g.Versions = []int{}
+	}
 	return g, nil
 }
+
+// machineNotFoundError is Graph's [ErrNotFound], worded for a machine
+// rather than an instance.
+type machineNotFoundError struct{ name string }
+
+func (e *machineNotFoundError) Error() string {
+	return fmt.Sprintf("gendurable: machine not found: no machine %q is stored, registered here or in the table", e.name)
+}
+
+// Is makes errors.Is(err, ErrNotFound) hold.
+func (e *machineNotFoundError) Is(target error) bool { return target == ErrNotFound }
 
 // def is the definition an engine stores for core.
 func (core *machineCore) def() sqlq.MachineDef {

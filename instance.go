@@ -28,7 +28,8 @@ const (
 // Terminal reports whether the status is final (done or failed).
 func (s Status) Terminal() bool { return s == StatusDone || s == StatusFailed }
 
-// ErrNotFound: no instance has the given id.
+// ErrNotFound: no instance has the given id (from [Engine.Graph]: no such
+// machine).
 var ErrNotFound = errors.New("gendurable: instance not found")
 
 // StepError is one entry of an instance's error history.

@@ -16,9 +16,10 @@ type receipt struct {
 
 // TestWaitResultReturnsTheDecodedResultOrTheFailure: WaitResult blocks
 // until the instance finishes and returns its Done result decoded, or a
-// *FailedError for a failed one; ErrNotFound for an unknown id; the
-// context's error when it ends first. An engine that works no queue waits
-// for instances finished elsewhere (by polling).
+// *FailedError for a failed one; ErrStateDecode for a result that does not
+// decode into T; ErrNotFound for an unknown id; the context's error when it
+// ends first. An engine that works no queue waits for instances finished
+// elsewhere (by polling).
 func TestWaitResultReturnsTheDecodedResultOrTheFailure(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
@@ -57,6 +58,10 @@ func TestWaitResultReturnsTheDecodedResultOrTheFailure(t *testing.T) {
 	r, err := gendurable.WaitResult[receipt](ctx, b.eng, ok)
 	require.NoError(t, err)
 	require.Equal(t, receipt{Total: 42}, r)
+	// A result that does not decode into T is a typed error, not a zero T.
+	_, err = gendurable.WaitResult[[]string](ctx, b.eng, ok)
+	require.ErrorIs(t, err, gendurable.ErrStateDecode)
+	require.NotErrorIs(t, err, gendurable.ErrInstanceFailed)
 	select {
 	case r := <-got:
 		require.Equal(t, receipt{Total: 42}, r, "the other engine got the result too")

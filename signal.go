@@ -152,7 +152,7 @@ type WaitReason struct {
 // Wait is [Engine.WaitReason].
 //
 // Deprecated: it says what an instance waits for, not the instance's
-// result; use WaitReason, or [Result] to wait for an instance to finish.
+// result; use WaitReason, or [WaitResult] to wait for an instance to finish.
 func (e *Engine) Wait(ctx context.Context, id int64) (*WaitReason, error) {
 	return e.WaitReason(ctx, id)
 }

@@ -70,6 +70,8 @@ func TestCLIMachines(t *testing.T) {
 
 	_, errOut, code := cli(t, append([]string{"machines", "nope"}, s...)...)
 	require.Equal(t, exitNotFound, code, errOut)
+	require.Equal(t, "gendurable: machine not found: no machine \"nope\" is stored, registered here or in the table\n", errOut,
+		"a machine, not an instance")
 	_, _, code = cli(t, append([]string{"machines", "a\x1bb"}, s...)...)
 	require.Equal(t, exitUsage, code)
 	_, _, code = cli(t, append([]string{"machines", "a", "b"}, s...)...)
