@@ -30,6 +30,33 @@ func (m Migration) Up(schema string) string { return render(m.up, quoteIdent(sch
 // Down renders the version's down SQL for a schema.
 func (m Migration) Down(schema string) string { return render(m.down, quoteIdent(schema)) }
 
+// includePrefix starts a line of a migration file that stands for the whole
+// of another migration file of this package ("-- include: 011_pick_floor.up.sql"):
+// a down migration that puts back what an earlier up migration created
+// (version 12's down restores version 11's pick) names that file instead of
+// repeating it, so the two cannot drift apart.
+const includePrefix = "-- include: "
+
+// expandIncludes replaces each include line of body with the named file.
+func expandIncludes(body string) string {
+	if !strings.Contains(body, includePrefix) {
+		return body
+	}
+	lines := strings.SplitAfter(body, "\n")
+	for i, line := range lines {
+		name, ok := strings.CutPrefix(strings.TrimRight(line, "\n"), includePrefix)
+		if !ok {
+			continue
+		}
+		inc, err := fs.ReadFile(migrationFS, "migrations/"+name)
+		if err != nil || strings.Contains(string(inc), includePrefix) {
+			panic("sqlq: bad include in a migration: " + line) // embedded: caught by the tests
+		}
+		lines[i] = string(inc)
+	}
+	return strings.Join(lines, "")
+}
+
 // Migrations lists every embedded migration in version order.
 func Migrations() []Migration {
 	byVersion := map[int]*Migration{}
@@ -45,10 +72,11 @@ func Migrations() []Migration {
 		if !ok || err != nil {
 			panic("sqlq: bad migration file name " + name)
 		}
-		body, err := fs.ReadFile(migrationFS, "migrations/"+name)
+		raw, err := fs.ReadFile(migrationFS, "migrations/"+name)
 		if err != nil {
 			panic(err)
 		}
+		body := expandIncludes(string(raw))
 		m := byVersion[v]
 		if m == nil {
 			m = &Migration{Version: v}
@@ -56,9 +84,9 @@ func Migrations() []Migration {
 		}
 		switch {
 		case strings.HasSuffix(rest, ".up.sql"):
-			m.Name, m.up = strings.TrimSuffix(rest, ".up.sql"), string(body)
+			m.Name, m.up = strings.TrimSuffix(rest, ".up.sql"), body
 		case strings.HasSuffix(rest, ".down.sql"):
-			m.down = string(body)
+			m.down = body
 		}
 	}
 	out := make([]Migration, 0, len(byVersion))
