@@ -284,11 +284,12 @@ func TestUpgradeTo6KeepsInFlightKeyedClaims(t *testing.T) {
 	require.Equal(t, 4, n)
 }
 
-// TestVersion12ReplacesThePickInPlace: version 12 (fair share) replaces the
-// body of version 11's twelve-argument pick, keeping its signature (an
-// engine of version 11 still running picks through it); going down to 11
-// puts version 11's body back, byte for byte.
-func TestVersion12ReplacesThePickInPlace(t *testing.T) {
+// TestVersions12And13ReplaceThePickInPlace: versions 12 (fair share) and 13
+// (the cursor passes a key holding more than the keys served) each replace
+// the body of version 11's twelve-argument pick, keeping its signature (an
+// engine of the version before still running picks through it); going down
+// a version puts the previous body back, byte for byte.
+func TestVersions12And13ReplaceThePickInPlace(t *testing.T) {
 	t.Parallel()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
 	ctx := context.Background()
@@ -301,19 +302,27 @@ func TestVersion12ReplacesThePickInPlace(t *testing.T) {
 	}
 	_, err := migrate.To(ctx, pool, schema, 11)
 	require.NoError(t, err)
-	v11, n := body()
+	prev, n := body()
 	require.Equal(t, 2, n)
-	_, err = migrate.To(ctx, pool, schema, 12)
-	require.NoError(t, err)
-	v12, n := body()
-	require.Equal(t, 2, n, "replaced in place: no new overload")
-	require.NotEqual(t, v11, v12)
-	require.Contains(t, v12, "fair share")
-	_, err = migrate.To(ctx, pool, schema, 11)
-	require.NoError(t, err)
-	back, n := body()
-	require.Equal(t, 2, n)
-	require.Equal(t, v11, back, "down to 11 restores version 11's pick")
+	for _, step := range []struct {
+		version int
+		marker  string
+	}{{12, "fair share"}, {13, "the most any key that got a share now holds"}} {
+		_, err = migrate.To(ctx, pool, schema, step.version)
+		require.NoError(t, err)
+		next, n := body()
+		require.Equal(t, 2, n, "version %d replaced in place: no new overload", step.version)
+		require.NotEqual(t, prev, next)
+		require.Contains(t, next, step.marker)
+		_, err = migrate.To(ctx, pool, schema, step.version-1)
+		require.NoError(t, err)
+		back, n := body()
+		require.Equal(t, 2, n)
+		require.Equal(t, prev, back, "down to %d restores its pick", step.version-1)
+		_, err = migrate.To(ctx, pool, schema, step.version)
+		require.NoError(t, err)
+		prev = next
+	}
 }
 
 // TestUpgradeTo11KeepsThePreviousPick: version 11 adds the pick's floor as a

@@ -139,6 +139,38 @@ func TestPickSharesTheBatchByFairShare(t *testing.T) {
 	}
 }
 
+// TestFairShareDoesNotStallTheWalk: a key left out of a pick because it
+// holds more slots than the others (not because the batch ran out before
+// its turn) does not hold the cursor. Here key "a" holds 20 long slots and
+// 24 keys of limit 1 behind it have quick steps: version 12 stopped the
+// cursor before "a" at every pick, so the same few keys right after it got
+// every batch and the keys further on (and those past the first chunk)
+// never ran.
+func TestFairShareDoesNotStallTheWalk(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key, key_limit, status, claim_token, lease_expires_at)
+	      SELECT 'm', 'a', 'a', 100, 'executing', g, now() + interval '1 hour' FROM generate_series(1, 20) g`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key, key_limit) SELECT 'm', 'a', 'a', 100 FROM generate_series(1, 50)`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key)
+	      SELECT 'm', 'a', 'b' || lpad(k::text, 2, '0') FROM generate_series(1, 24) k, generate_series(1, 50)`)
+	c := conn()
+	cursor := ""
+	for i := 0; i < 30; i++ {
+		res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 4, Lease: time.Minute, Cursor: cursor})
+		require.NoError(t, err)
+		require.NotEmpty(t, res.Claimed, "pick %d", i)
+		cursor = res.Cursor
+		// Quick steps: each claimed row is done before the next pick.
+		exec(`UPDATE {{s}}.gendurable_instances SET status = 'done', lease_expires_at = NULL, claim_token = NULL
+		      WHERE status = 'executing' AND partition_key <> 'a'`)
+	}
+	served := count(`SELECT count(DISTINCT partition_key) FROM {{s}}.gendurable_instances
+		WHERE status = 'done' AND partition_key LIKE 'b%'`)
+	require.Equal(t, 24, served, "keys of limit 1 that ran in 30 picks of 4 (120 places for 24 keys)")
+}
+
 // TestPicksOfOneRowServePlainRowsToo: picks of one row (a busy feeder's
 // usual demand) do not always go to keyed rows.
 func TestPicksOfOneRowServePlainRowsToo(t *testing.T) {

@@ -33,7 +33,7 @@ func (m Migration) Down(schema string) string { return render(m.down, quoteIdent
 // includePrefix starts a line of a migration file that stands for the whole
 // of another migration file of this package ("-- include: 011_pick_floor.up.sql"):
 // a down migration that puts back what an earlier up migration created
-// (version 12's down restores version 11's pick) names that file instead of
+// (version 12's down restores version 11's pick, 13's restores 12's) names that file instead of
 // repeating it, so the two cannot drift apart.
 const includePrefix = "-- include: "
 

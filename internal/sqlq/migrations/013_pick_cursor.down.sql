@@ -1,0 +1,3 @@
+-- Back to version 12's gendurable_pick, whose cursor stops before every key left with nothing:
+-- version 12's up migration, which only replaces that function's body, run again.
+-- include: 012_fair_share.up.sql
