@@ -21,8 +21,12 @@ type Reaped struct {
 	Duration time.Duration
 }
 
-// Reaper recovers expired leases every Interval: an expired row goes back
-// to runnable with attempt + 1, or fails once its attempts are spent.
+// Reaper recovers expired leases: an expired row goes back to runnable with
+// attempt + 1, or fails once its attempts are spent. It sweeps every
+// Interval, and sooner when the next lease of any process runs out before
+// that: after each sweep (and at Start) it reads that lease's expiry from
+// the lease index, so a crashed worker's rows run again about a lease after
+// its last heartbeat, not up to an Interval later.
 type Reaper struct {
 	BaseService
 
@@ -36,18 +40,52 @@ type Reaper struct {
 	OnReap func(ctx context.Context, r *Reaped)
 }
 
-// Start runs a sweep every Interval until Stop or until ctx is done.
+// Start runs sweeps until Stop or until ctx is done: every Interval, or at
+// the next lease expiry if that comes first.
 func (r *Reaper) Start(ctx context.Context) error {
 	if r.Interval <= 0 {
 		return fmt.Errorf("gendurable: reaper: interval %s is not positive", r.Interval)
 	}
 	return r.StartLoop(ctx, func(ctx context.Context) {
-		every(ctx, r.Interval, func() {
+		t := time.NewTimer(r.next(ctx, true))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
 			if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
 				logger(r.Log).Warn("gendurable: reaper sweep failed", "err", err)
 			}
-		})
+			t.Reset(r.next(ctx, false))
+		}
 	})
+}
+
+// expiryMargin is how long past a lease's expiry (database clock) the
+// reaper sweeps for it, and minSweepGap the least time between sweeps.
+const (
+	expiryMargin = 50 * time.Millisecond
+	minSweepGap  = 100 * time.Millisecond
+)
+
+// next is how long to wait before the next sweep: Interval, or until just
+// past the next lease expiry if that is sooner. A lease already expired
+// right after a sweep is on a row the sweep found locked (its owner is
+// writing it): it waits for the Interval, as it would have without the
+// probe. At start it means a sweep now.
+func (r *Reaper) next(ctx context.Context, starting bool) time.Duration {
+	d, ok, err := r.Queries.NextExpiry(ctx, r.DB)
+	switch {
+	case err != nil || !ok:
+		return r.Interval
+	case d <= 0 && starting:
+		return 0
+	case d <= 0:
+		return r.Interval
+	}
+	return min(r.Interval, max(d+expiryMargin, minSweepGap))
 }
 
 // RunOnce runs one sweep now, batch after batch until no expired lease is

@@ -56,6 +56,24 @@ func TestReaperRecoversExpiredLease(t *testing.T) {
 	}
 }
 
+// TestReaperSweepsAtTheNextExpiry: with an Interval of a minute, the
+// running reaper still recovers each lease just after it runs out (1.5 s
+// and 3 s after Start here): it reads the next expiry at Start and after
+// each sweep.
+func TestReaperSweepsAtTheNextExpiry(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	first := d.id(insertExecuting, 1500, 5)
+	second := d.id(insertExecuting, 3000, 5)
+	r := &Reaper{Queries: d.q, DB: d.pool, Interval: time.Minute, Log: quiet}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	eventually(t, 10*time.Second, func() bool { return d.status(first) == "runnable" }, "first lease not reaped")
+	eventually(t, 10*time.Second, func() bool { return d.status(second) == "runnable" }, "second lease not reaped")
+}
+
 // TestReaperRunOnceBatches: one sweep goes on batch after batch until no
 // expired lease is left, reporting each batch.
 func TestReaperRunOnceBatches(t *testing.T) {

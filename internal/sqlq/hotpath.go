@@ -3,6 +3,7 @@ package sqlq
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -355,6 +356,29 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) ([]Reaped, error) 
 		err := row.Scan(&r.ID, &r.FSM, &r.Queue, &r.Step, &r.Attempt, &r.Status)
 		return r, err
 	})
+}
+
+// The first entry of the lease index: the lease that runs out next, as
+// seconds from now() on the database clock (negative: already expired).
+const nextExpirySQL = `
+SELECT extract(epoch FROM lease_expires_at - now())::float8
+FROM {{schema}}.gendurable_instances
+WHERE status = 'executing' AND lease_expires_at IS NOT NULL
+ORDER BY lease_expires_at
+LIMIT 1`
+
+// NextExpiry is how long until the next lease of any process runs out, on
+// the database clock (negative if one already has); ok is false when no
+// row is executing.
+func (q *Queries) NextExpiry(ctx context.Context, db DB) (d time.Duration, ok bool, err error) {
+	var secs float64
+	switch err := db.QueryRow(ctx, q.nextExpiry).Scan(&secs); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, err
+	}
+	return time.Duration(secs * float64(time.Second)), true, nil
 }
 
 // ---------------------------------------------------------------------------

@@ -740,6 +740,14 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NoError(t, err)
 					require.Len(t, got, fxExpired)
 				}},
+				// The reaper's probe of the next lease expiry: the first
+				// entry of the lease index.
+				{"next-expiry", 100, func(t *testing.T, tx pgx.Tx) {
+					d, ok, err := f.q.NextExpiry(ctx, tx)
+					require.NoError(t, err)
+					require.True(t, ok)
+					require.Negative(t, d, "the fixture's expired leases come first")
+				}},
 				{"signal", 100, func(t *testing.T, tx pgx.Tx) {
 					r, err := f.q.Signal(ctx, tx, sigTarget, "go", nil, nil)
 					require.NoError(t, err)
