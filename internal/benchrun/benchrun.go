@@ -528,6 +528,8 @@ func Print(w io.Writer, r *Report, asJSON bool) error {
 			{"tenant B insert → start, A idle", fmt.Sprintf("p50 %.1f ms / p99 %.1f ms (%d of %d × %d started)", f.BIdleP50Ms, f.BIdleP99Ms, f.BIdleStarted, f.BRounds, f.BRows)},
 			{"tenant B insert → start, A busy", fmt.Sprintf("p50 %.1f ms / p99 %.1f ms (%d of %d × %d started; A: %d inserted, %d runnable)", f.BP50Ms, f.BP99Ms, f.BStarted, f.BRounds, f.BRows, f.ABacklog, f.ARunnableAtB)},
 			{"B's p99 busy / idle", fmt.Sprintf("%.2f (tenant limit %d)", f.P99Ratio, f.Limit)},
+			{"B's wait, A idle (round medians)", f.IdleTrace.String()},
+			{"B's wait, A busy (round medians)", f.Trace.String()},
 			{"rated key starts/s", fmt.Sprintf("%.2f for %.0f/s asked (%+.1f %%, burst %d; %d in %.0f s, at most %d in a second)",
 				k.Rate.Measured, k.Rate.Asked, k.Rate.ErrorPct, k.Rate.Burst, k.Rate.Starts, k.Rate.WindowS, k.Rate.MostInSec)},
 		}...)

@@ -83,6 +83,138 @@ type FairnessReport struct {
 	BIdleP99Ms float64 `json:"b_idle_p99_ms"`
 	// P99Ratio is b_p99_ms / b_idle_p99_ms.
 	P99Ratio float64 `json:"p99_ratio"`
+	// Trace and IdleTrace are where B's wait went, with A busy and idle.
+	Trace     BTrace `json:"trace"`
+	IdleTrace BTrace `json:"idle_trace"`
+}
+
+// BTrace breaks tenant B's insert → start down, as medians over a phase's
+// rounds. Times count from the moment InsertMany returned (B's rows
+// committed), in this process's clock, except CommitMs.
+type BTrace struct {
+	// CommitMs: B's inserted_at (the insert transaction's start, database
+	// clock) to InsertMany's return.
+	CommitMs float64 `json:"commit_ms"`
+	// FirstPickMs: to the start of the first pick that ended after the
+	// insert returned (negative: it was already in flight).
+	FirstPickMs float64 `json:"first_pick_ms"`
+	// FirstStartMs and LastStartMs: to B's first and last step start.
+	FirstStartMs float64 `json:"first_start_ms"`
+	LastStartMs  float64 `json:"last_start_ms"`
+	// Picks that ended after the insert and began before B's last start, their mean duration
+	// (ms), and the mean rows each asked for (demand) and claimed.
+	Picks      float64 `json:"picks"`
+	PickMs     float64 `json:"pick_ms"`
+	PickDemand float64 `json:"pick_demand"`
+	PickRows   float64 `json:"pick_rows"`
+}
+
+func (t BTrace) String() string {
+	return fmt.Sprintf("commit %.1f ms; after it: first pick %.1f ms, B's first start %.1f ms, last %.1f ms; %.0f picks of %.1f ms, %.0f asked, %.0f claimed",
+		t.CommitMs, t.FirstPickMs, t.FirstStartMs, t.LastStartMs, t.Picks, t.PickMs, t.PickDemand, t.PickRows)
+}
+
+// pickTracer records the engine's picks while on.
+type pickTracer struct {
+	mu    sync.Mutex
+	on    bool
+	picks []tracedPick
+}
+
+type tracedPick struct {
+	start          time.Time
+	dur            time.Duration
+	demand, claims int
+}
+
+func (p *pickTracer) OnEvent(_ context.Context, ev gendurable.Event) {
+	e, ok := ev.(*gendurable.PickEvent)
+	if !ok {
+		return
+	}
+	end := time.Now()
+	p.mu.Lock()
+	if p.on {
+		p.picks = append(p.picks, tracedPick{start: end.Add(-e.Duration), dur: e.Duration, demand: e.Demand, claims: e.Count})
+	}
+	p.mu.Unlock()
+}
+
+// start clears the record and turns it on; stop turns it off and returns it.
+func (p *pickTracer) start() {
+	p.mu.Lock()
+	p.on, p.picks = true, nil
+	p.mu.Unlock()
+}
+
+func (p *pickTracer) stop() []tracedPick {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.on = false
+	return p.picks
+}
+
+// traceRound is one round's BTrace: B's rows were committed at inserted
+// (local clock) and started at starts; dbInserted is their inserted_at
+// in this process's clock.
+func traceRound(inserted, dbInserted time.Time, starts []time.Time, picks []tracedPick) BTrace {
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	var tr BTrace
+	tr.CommitMs = ms(inserted.Sub(dbInserted))
+	if len(starts) == 0 {
+		return tr
+	}
+	first, last := starts[0], starts[0]
+	for _, t := range starts {
+		if t.Before(first) {
+			first = t
+		}
+		if t.After(last) {
+			last = t
+		}
+	}
+	tr.FirstStartMs, tr.LastStartMs = ms(first.Sub(inserted)), ms(last.Sub(inserted))
+	var dur time.Duration
+	var demand, rows int
+	for _, p := range picks {
+		if p.start.Add(p.dur).Before(inserted) || p.start.After(last) {
+			continue // over before the insert returned, or after B's last start
+		}
+		if tr.Picks == 0 {
+			tr.FirstPickMs = ms(p.start.Sub(inserted))
+		}
+		tr.Picks++
+		dur += p.dur
+		demand += p.demand
+		rows += p.claims
+	}
+	if tr.Picks > 0 {
+		tr.PickMs = ms(dur) / tr.Picks
+		tr.PickDemand = float64(demand) / tr.Picks
+		tr.PickRows = float64(rows) / tr.Picks
+	}
+	return tr
+}
+
+// medianTrace is the field-by-field median of rounds' traces.
+func medianTrace(rounds []BTrace) BTrace {
+	field := func(f func(*BTrace) float64) float64 {
+		xs := make([]float64, len(rounds))
+		for i := range rounds {
+			xs[i] = f(&rounds[i])
+		}
+		return percentile(xs, 0.5)
+	}
+	return BTrace{
+		CommitMs:     field(func(t *BTrace) float64 { return t.CommitMs }),
+		FirstPickMs:  field(func(t *BTrace) float64 { return t.FirstPickMs }),
+		FirstStartMs: field(func(t *BTrace) float64 { return t.FirstStartMs }),
+		LastStartMs:  field(func(t *BTrace) float64 { return t.LastStartMs }),
+		Picks:        field(func(t *BTrace) float64 { return t.Picks }),
+		PickMs:       field(func(t *BTrace) float64 { return t.PickMs }),
+		PickDemand:   field(func(t *BTrace) float64 { return t.PickDemand }),
+		PickRows:     field(func(t *BTrace) float64 { return t.PickRows }),
+	}
 }
 
 const (
@@ -120,6 +252,8 @@ type keyMeter struct {
 	last     time.Time
 	aStarted int
 	b        map[int64]float64 // tenant B: insert → first start, ms, by instance
+	bAt      []time.Time       // tenant B: first starts, this process's clock
+	bIns     time.Time         // tenant B: inserted_at of the last row started, this process's clock
 	rated    []time.Time       // the rated key's starts
 }
 
@@ -140,6 +274,8 @@ func (m *keyMeter) perform(ctx context.Context, r *gendurable.Run[args]) error {
 	case key == tenantB:
 		if _, ok := m.b[r.ID]; !ok {
 			m.b[r.ID] = float64(start.Add(m.offset).Sub(r.InsertedAt).Microseconds()) / 1000
+			m.bAt = append(m.bAt, start)
+			m.bIns = r.InsertedAt.Add(-m.offset)
 		}
 	case key == ratedKey:
 		m.rated = append(m.rated, start)
@@ -166,16 +302,18 @@ func (m *keyMeter) perform(ctx context.Context, r *gendurable.Run[args]) error {
 	return err
 }
 
-// bStarts swaps out B's latencies observed so far.
-func (m *keyMeter) bStarts() []float64 {
+// bStarts swaps out B's latencies observed so far, their start instants
+// and the last one's inserted_at (this process's clock).
+func (m *keyMeter) bStarts() (ms []float64, at []time.Time, inserted time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]float64, 0, len(m.b))
-	for _, ms := range m.b {
-		out = append(out, ms)
+	ms = make([]float64, 0, len(m.b))
+	for _, v := range m.b {
+		ms = append(ms, v)
 	}
-	m.b = map[int64]float64{}
-	return out
+	at, inserted = m.bAt, m.bIns
+	m.b, m.bAt = map[int64]float64{}, nil
+	return ms, at, inserted
 }
 
 // syncClock measures the offset of the database's clock.
@@ -199,12 +337,13 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 	meter := &keyMeter{sleep: o.KeySleep, running: map[string]int{}, peak: map[string]int{}, b: map[int64]float64{}}
 	job := &gendurable.Job[args]{Name: "bench_keys", Perform: meter.perform}
 	steps := &stepCounter{}
+	tracer := &pickTracer{}
 	eng, err := gendurable.New(pool, &gendurable.Config{
 		Schema: o.Schema, Machines: []gendurable.Definition{job},
 		Queues: map[string]gendurable.QueueConfig{"q0": o.queueConfig()},
 		KeyPolicies: []gendurable.KeyPolicy{{Prefix: "par-", Limit: keyLimit}, {Prefix: "tenant-", Limit: window},
 			{Prefix: "rated-", Limit: window, Rate: o.KeyRate, Per: time.Second, Burst: rateBurst(o.KeyRate)}},
-		Hooks: []gendurable.Hook{steps}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Hooks: []gendurable.Hook{steps, tracer}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		CommitConcurrency: o.Commits,
 	})
 	if err != nil {
@@ -300,13 +439,16 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 	if err := meter.syncClock(ctx, pool); err != nil {
 		return nil, err
 	}
-	bRounds := func(phase string) ([]float64, error) {
+	bRounds := func(phase string) ([]float64, BTrace, error) {
 		var all []float64
+		var traces []BTrace
 		for round := range o.FairRounds {
 			time.Sleep(time.Duration(20+rand.IntN(80)) * time.Millisecond)
+			tracer.start()
 			if err := insert(o.FairRows, func(int) string { return tenantB }); err != nil {
-				return nil, err
+				return nil, BTrace{}, err
 			}
+			inserted := time.Now()
 			// B's rows starving would otherwise keep the run waiting forever.
 			deadline := time.Now().Add(bWaitLimit)
 			err := wait(phase, func() (bool, string) {
@@ -314,21 +456,23 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 				return n >= o.FairRows || time.Now().After(deadline),
 					fmt.Sprintf("round %d/%d: %d/%d of tenant B's rows started", round+1, o.FairRounds, n, o.FairRows)
 			})
-			started := meter.bStarts()
+			started, at, dbInserted := meter.bStarts()
 			all = append(all, started...)
+			traces = append(traces, traceRound(inserted, dbInserted, at, tracer.stop()))
 			if err != nil {
-				return nil, err
+				return nil, BTrace{}, err
 			}
 			if len(started) < o.FairRows {
-				return nil, fmt.Errorf("keys %s: only %d of tenant B's %d rows started within %v", phase, len(started), o.FairRows, bWaitLimit)
+				return nil, BTrace{}, fmt.Errorf("keys %s: only %d of tenant B's %d rows started within %v", phase, len(started), o.FairRows, bWaitLimit)
 			}
 		}
-		return all, nil
+		return all, medianTrace(traces), nil
 	}
-	idle, err := bRounds("fairness, A idle")
+	idle, idleTrace, err := bRounds("fairness, A idle")
 	if err != nil {
 		return nil, err
 	}
+	fr.IdleTrace = idleTrace
 	fr.BIdleStarted = len(idle)
 	fr.BIdleP50Ms, fr.BIdleP99Ms = percentile(idle, 0.5), percentile(idle, 0.99)
 
@@ -361,10 +505,11 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 		WHERE queue = 'q0' AND partition_key = $1 AND status = 'runnable'`, tenantA).Scan(&fr.ARunnableAtB); err != nil {
 		return nil, err
 	}
-	busy, err := bRounds("fairness, A busy")
+	busy, busyTrace, err := bRounds("fairness, A busy")
 	if err != nil {
 		return nil, err
 	}
+	fr.Trace = busyTrace
 	fr.BStarted = len(busy)
 	fr.BP50Ms, fr.BP99Ms = percentile(busy, 0.5), percentile(busy, 0.99)
 	if fr.BIdleP99Ms > 0 {
