@@ -63,6 +63,14 @@ func TestKeysWorkload(t *testing.T) {
 		require.LessOrEqual(t, p[0], p[1])
 	}
 	require.InDelta(t, f.BP99Ms/f.BIdleP99Ms, f.P99Ratio, 1e-9)
+	// B's rows were claimed by picks the trace saw, and started after
+	// their insert committed.
+	for _, tr := range []BTrace{f.IdleTrace, f.Trace} {
+		require.GreaterOrEqual(t, tr.Picks, 1.0, "%+v", tr)
+		require.Positive(t, tr.PickRows, "%+v", tr)
+		require.Positive(t, tr.CommitMs, "%+v", tr)
+		require.LessOrEqual(t, tr.FirstStartMs, tr.LastStartMs, "%+v", tr)
+	}
 
 	// The JSON carries every documented field.
 	var buf bytes.Buffer
