@@ -69,8 +69,8 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// ReaperInterval between sweeps for expired leases. Default 30s. The
 	// reaper also sweeps as the next lease of any process runs out when
-	// that comes sooner (it reads that expiry from the lease index after
-	// each sweep), so a crashed worker's rows run again about LeaseDuration
+	// that comes sooner (it reads that expiry from the lease index at start
+	// and after each sweep), so a crashed worker's rows run again about LeaseDuration
 	// after its last heartbeat rather than up to ReaperInterval later, once
 	// a sweep has run since the crash. Set it negative to run no reaper in
 	// this process (another process must).

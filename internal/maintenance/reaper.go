@@ -47,7 +47,7 @@ func (r *Reaper) Start(ctx context.Context) error {
 		return fmt.Errorf("gendurable: reaper: interval %s is not positive", r.Interval)
 	}
 	return r.StartLoop(ctx, func(ctx context.Context) {
-		t := time.NewTimer(r.next(ctx, true))
+		t := time.NewTimer(r.next(ctx))
 		defer t.Stop()
 		for {
 			select {
@@ -58,7 +58,7 @@ func (r *Reaper) Start(ctx context.Context) error {
 			if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
 				logger(r.Log).Warn("gendurable: reaper sweep failed", "err", err)
 			}
-			t.Reset(r.next(ctx, false))
+			t.Reset(r.next(ctx))
 		}
 	})
 }
@@ -71,18 +71,12 @@ const (
 )
 
 // next is how long to wait before the next sweep: Interval, or until just
-// past the next lease expiry if that is sooner. A lease already expired
-// right after a sweep is on a row the sweep found locked (its owner is
-// writing it): it waits for the Interval, as it would have without the
-// probe. At start it means a sweep now.
-func (r *Reaper) next(ctx context.Context, starting bool) time.Duration {
+// past the next lease expiry still ahead if that is sooner. Leases already
+// past (at Start, or a row the last sweep skipped because its owner had it
+// locked) wait for the Interval, as they did before the probe.
+func (r *Reaper) next(ctx context.Context) time.Duration {
 	d, ok, err := r.Queries.NextExpiry(ctx, r.DB)
-	switch {
-	case err != nil || !ok:
-		return r.Interval
-	case d <= 0 && starting:
-		return 0
-	case d <= 0:
+	if err != nil || !ok {
 		return r.Interval
 	}
 	return min(r.Interval, max(d+expiryMargin, minSweepGap))

@@ -358,18 +358,20 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) ([]Reaped, error) 
 	})
 }
 
-// The first entry of the lease index: the lease that runs out next, as
-// seconds from now() on the database clock (negative: already expired).
+// The first entry of the lease index past now(): the lease that runs out
+// next, as seconds from now() on the database clock. The scan starts at
+// now(), so it does not read the entries of leases already past (rows the
+// reap statement skipped as locked, and, under a held snapshot, the dead
+// entries of every row claimed and finished since).
 const nextExpirySQL = `
 SELECT extract(epoch FROM lease_expires_at - now())::float8
 FROM {{schema}}.gendurable_instances
-WHERE status = 'executing' AND lease_expires_at IS NOT NULL
+WHERE status = 'executing' AND lease_expires_at > now()
 ORDER BY lease_expires_at
 LIMIT 1`
 
-// NextExpiry is how long until the next lease of any process runs out, on
-// the database clock (negative if one already has); ok is false when no
-// row is executing.
+// NextExpiry is how long until the next lease of any process that has not
+// run out yet does, on the database clock; ok is false when there is none.
 func (q *Queries) NextExpiry(ctx context.Context, db DB) (d time.Duration, ok bool, err error) {
 	var secs float64
 	switch err := db.QueryRow(ctx, q.nextExpiry).Scan(&secs); {
