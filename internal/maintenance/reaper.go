@@ -47,7 +47,7 @@ func (r *Reaper) Start(ctx context.Context) error {
 		return fmt.Errorf("gendurable: reaper: interval %s is not positive", r.Interval)
 	}
 	return r.StartLoop(ctx, func(ctx context.Context) {
-		t := time.NewTimer(r.next(ctx))
+		t := time.NewTimer(r.next(ctx, 0))
 		defer t.Stop()
 		for {
 			select {
@@ -55,10 +55,11 @@ func (r *Reaper) Start(ctx context.Context) error {
 				return
 			case <-t.C:
 			}
+			began := time.Now()
 			if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
 				logger(r.Log).Warn("gendurable: reaper sweep failed", "err", err)
 			}
-			t.Reset(r.next(ctx))
+			t.Reset(r.next(ctx, time.Since(began)))
 		}
 	})
 }
@@ -71,11 +72,15 @@ const (
 )
 
 // next is how long to wait before the next sweep: Interval, or until just
-// past the next lease expiry still ahead if that is sooner. Leases already
-// past (at Start, or a row the last sweep skipped because its owner had it
-// locked) wait for the Interval, as they did before the probe.
-func (r *Reaper) next(ctx context.Context) time.Duration {
-	d, ok, err := r.Queries.NextExpiry(ctx, r.DB)
+// past the next lease expiry if that is sooner. The probe looks back over
+// the sweep just made (since: from before its first statement was sent): a
+// lease that ran out while it ran was not seen by it, and gets a sweep
+// after minSweepGap. Leases that ran out before — at Start, or a row the
+// sweep skipped because its owner had it locked — are not looked at, and
+// wait for the Interval as they did before the probe (so a row held locked
+// does not hide the leases after it, and cannot make the loop spin).
+func (r *Reaper) next(ctx context.Context, since time.Duration) time.Duration {
+	d, ok, err := r.Queries.NextExpiry(ctx, r.DB, since)
 	if err != nil || !ok {
 		return r.Interval
 	}

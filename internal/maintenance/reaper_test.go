@@ -74,6 +74,55 @@ func TestReaperSweepsAtTheNextExpiry(t *testing.T) {
 	eventually(t, 10*time.Second, func() bool { return d.status(second) == "runnable" }, "second lease not reaped")
 }
 
+// TestReaperKeepsUpWithDenseExpiries: 500 leases running out 2 ms apart
+// from 1.5 s on (a busy worker that crashed) are all reaped within seconds
+// with an Interval of a minute. A probe that took a lease running out
+// during a sweep for a locked row waited the whole Interval after it.
+func TestReaperKeepsUpWithDenseExpiries(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	last := d.id(`WITH ins AS (INSERT INTO {{s}}.gendurable_instances (fsm, step, status, lease_expires_at, claim_token, max_attempts)
+		SELECT 'm', 'a', 'executing', now() + (1500 + 2*g) * interval '1 millisecond', 7, 5 FROM generate_series(0, 499) AS g
+		RETURNING id) SELECT max(id) FROM ins`)
+	r := &Reaper{Queries: d.q, DB: d.pool, Interval: time.Minute, Log: quiet}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	eventually(t, 10*time.Second, func() bool { return d.status(last) == "runnable" }, "the last lease (2.5 s) not reaped")
+	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`); n != 0 {
+		t.Fatalf("%d leases not reaped", n)
+	}
+}
+
+// TestReaperIsNotBlindedByALockedRow: an expired row held locked (a WithTx
+// running past its lease) does not keep the reaper from sweeping at the
+// next lease expiry after it.
+func TestReaperIsNotBlindedByALockedRow(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	ctx := context.Background()
+	locked := d.id(insertExecuting, -1000, 5)
+	crashed := d.id(insertExecuting, 1500, 5)
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, d.sql(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`), locked); err != nil {
+		t.Fatal(err)
+	}
+	r := &Reaper{Queries: d.q, DB: d.pool, Interval: time.Minute, Log: quiet}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	eventually(t, 10*time.Second, func() bool { return d.status(crashed) == "runnable" }, "the lease expiring at 1.5 s not reaped")
+	if got := d.status(locked); got != "executing" {
+		t.Fatalf("the locked row is %s, want executing", got)
+	}
+}
+
 // TestReaperRunOnceBatches: one sweep goes on batch after batch until no
 // expired lease is left, reporting each batch.
 func TestReaperRunOnceBatches(t *testing.T) {

@@ -358,23 +358,25 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) ([]Reaped, error) 
 	})
 }
 
-// The first entry of the lease index past now(): the lease that runs out
-// next, as seconds from now() on the database clock. The scan starts at
-// now(), so it does not read the entries of leases already past (rows the
-// reap statement skipped as locked, and, under a held snapshot, the dead
-// entries of every row claimed and finished since).
+// The first entry of the lease index past now() − $1: the lease that runs
+// out next, as seconds from now() on the database clock (negative: it ran
+// out within the lookback). The scan starts there, so it does not read the
+// entries of leases that ran out before (rows a sweep skipped as locked,
+// and, under a held snapshot, the dead entries of every row claimed and
+// finished since).
 const nextExpirySQL = `
 SELECT extract(epoch FROM lease_expires_at - now())::float8
 FROM {{schema}}.gendurable_instances
-WHERE status = 'executing' AND lease_expires_at > now()
+WHERE status = 'executing' AND lease_expires_at > now() - $1::bigint * interval '1 microsecond'
 ORDER BY lease_expires_at
 LIMIT 1`
 
-// NextExpiry is how long until the next lease of any process that has not
-// run out yet does, on the database clock; ok is false when there is none.
-func (q *Queries) NextExpiry(ctx context.Context, db DB) (d time.Duration, ok bool, err error) {
+// NextExpiry is how long until the next lease of any process runs out, on
+// the database clock, counting leases that ran out within lookback (their
+// d is negative); ok is false when there is none.
+func (q *Queries) NextExpiry(ctx context.Context, db DB, lookback time.Duration) (d time.Duration, ok bool, err error) {
 	var secs float64
-	switch err := db.QueryRow(ctx, q.nextExpiry).Scan(&secs); {
+	switch err := db.QueryRow(ctx, q.nextExpiry, micros(lookback)).Scan(&secs); {
 	case errors.Is(err, pgx.ErrNoRows):
 		return 0, false, nil
 	case err != nil:

@@ -743,7 +743,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 				// The reaper's probe of the next lease expiry: the first
 				// entry of the lease index.
 				{"next-expiry", 100, func(t *testing.T, tx pgx.Tx) {
-					d, ok, err := f.q.NextExpiry(ctx, tx)
+					d, ok, err := f.q.NextExpiry(ctx, tx, 0)
 					require.NoError(t, err)
 					require.True(t, ok)
 					require.Positive(t, d, "the first lease still ahead, past the fixture's expired ones")
