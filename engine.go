@@ -67,13 +67,14 @@ type Config struct {
 	// HeartbeatInterval between lease extensions; HeartbeatInterval × 3 must
 	// not exceed LeaseDuration. Default 20s, or LeaseDuration/3 if shorter.
 	HeartbeatInterval time.Duration
-	// ReaperInterval between sweeps for expired leases. Default 30s. The
-	// reaper also sweeps as the next lease of any process runs out when
-	// that comes sooner (it reads that expiry from the lease index at start
-	// and after each sweep), so a crashed worker's rows run again about LeaseDuration
-	// after its last heartbeat rather than up to ReaperInterval later, once
-	// a sweep has run since the crash. Set it negative to run no reaper in
-	// this process (another process must).
+	// ReaperInterval is the longest wait between sweeps for expired leases
+	// (the first runs at Start). Default 30s. The reaper also sweeps as the
+	// next lease of any process runs out when that comes sooner (each sweep
+	// reads that expiry from the lease index in its own statement), so a
+	// crashed worker's rows run again about LeaseDuration after its last
+	// heartbeat rather than up to ReaperInterval later, once a sweep has run
+	// since the crash. Set it negative to run no reaper in this process
+	// (another process must).
 	ReaperInterval time.Duration
 	// AwaitTimeoutInterval is the longest the await-timeout sweep sleeps:
 	// it wakes at the next deadline it knows of (an await with a timeout

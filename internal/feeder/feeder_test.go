@@ -166,7 +166,7 @@ func TestHeartbeatTellsZombieFromNewClaim(t *testing.T) {
 	if _, err := pool.Exec(ctx, "UPDATE "+schema+".gendurable_instances SET lease_expires_at = now() - interval '1 second'"); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := q.Reap(ctx, pool, 10); err != nil || len(n) != 1 {
+	if n, _, err := q.Reap(ctx, pool, 10); err != nil || len(n) != 1 {
 		t.Fatalf("reap: %v, %v", n, err)
 	}
 	claim := pick()

@@ -3,7 +3,6 @@ package sqlq
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -333,7 +332,13 @@ FROM expired AS e
 WHERE i.id = e.id
 RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.parent_fanout
 ), ` + parentJoinCTE + `
-SELECT id, fsm, queue, step, attempt, status::text FROM changed`
+SELECT c.id, c.fsm, c.queue, c.step, c.attempt, c.status::text, n.next
+FROM (SELECT (SELECT extract(epoch FROM x.lease_expires_at - now())::float8
+              FROM {{schema}}.gendurable_instances AS x
+              WHERE x.status = 'executing' AND x.lease_expires_at > now()
+              ORDER BY x.lease_expires_at
+              LIMIT 1) AS next) AS n
+LEFT JOIN changed AS c ON true`
 
 // Reaped is one row the reaper recovered.
 type Reaped struct {
@@ -345,44 +350,34 @@ type Reaped struct {
 	Status  string // "runnable" or "failed"
 }
 
-// Reap recovers up to limit expired leases.
-func (q *Queries) Reap(ctx context.Context, db DB, limit int) ([]Reaped, error) {
+// Reap recovers up to limit expired leases. next is how long until the
+// next lease still ahead of the statement's now() runs out, on the database
+// clock (the first entry of the lease index past it; nil if none): leases
+// that ran out before now() and were left are rows another transaction
+// has locked, and are not counted.
+func (q *Queries) Reap(ctx context.Context, db DB, limit int) (reaped []Reaped, next *time.Duration, err error) {
 	rows, err := db.Query(ctx, q.reap, limit, MaxErrorHistory)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Reaped, error) {
-		var r Reaped
-		err := row.Scan(&r.ID, &r.FSM, &r.Queue, &r.Step, &r.Attempt, &r.Status)
-		return r, err
-	})
-}
-
-// The first entry of the lease index past now() − $1: the lease that runs
-// out next, as seconds from now() on the database clock (negative: it ran
-// out within the lookback). The scan starts there, so it does not read the
-// entries of leases that ran out before (rows a sweep skipped as locked,
-// and, under a held snapshot, the dead entries of every row claimed and
-// finished since).
-const nextExpirySQL = `
-SELECT extract(epoch FROM lease_expires_at - now())::float8
-FROM {{schema}}.gendurable_instances
-WHERE status = 'executing' AND lease_expires_at > now() - $1::bigint * interval '1 microsecond'
-ORDER BY lease_expires_at
-LIMIT 1`
-
-// NextExpiry is how long until the next lease of any process runs out, on
-// the database clock, counting leases that ran out within lookback (their
-// d is negative); ok is false when there is none.
-func (q *Queries) NextExpiry(ctx context.Context, db DB, lookback time.Duration) (d time.Duration, ok bool, err error) {
-	var secs float64
-	switch err := db.QueryRow(ctx, q.nextExpiry, micros(lookback)).Scan(&secs); {
-	case errors.Is(err, pgx.ErrNoRows):
-		return 0, false, nil
-	case err != nil:
-		return 0, false, err
+	defer rows.Close()
+	for rows.Next() {
+		var id *int64
+		var fsm, queue, step, status *string
+		var attempt *int32
+		var secs *float64
+		if err := rows.Scan(&id, &fsm, &queue, &step, &attempt, &status, &secs); err != nil {
+			return nil, nil, err
+		}
+		if secs != nil {
+			d := time.Duration(*secs * float64(time.Second))
+			next = &d
+		}
+		if id != nil { // nil: the one row of a statement that reaped nothing
+			reaped = append(reaped, Reaped{ID: *id, FSM: *fsm, Queue: *queue, Step: *step, Attempt: *attempt, Status: *status})
+		}
 	}
-	return time.Duration(secs * float64(time.Second)), true, nil
+	return reaped, next, rows.Err()
 }
 
 // ---------------------------------------------------------------------------

@@ -56,7 +56,6 @@ type Queries struct {
 	pickFloorCheck  string
 	heartbeat       string
 	reap            string
-	nextExpiry      string
 	applyOutcomes   [shapeCount]namedStmt
 	release         string
 	insertMany      string
@@ -101,7 +100,6 @@ func New(schema string) (*Queries, error) {
 		pickFloorCheck:  render(pickFloorCheckSQL, qs),
 		heartbeat:       render(heartbeatSQL, qs),
 		reap:            render(reapSQL, qs),
-		nextExpiry:      render(nextExpirySQL, qs),
 		release:         render(releaseSQL, qs),
 		insertMany:      render(insertManySQL, qs),
 		insertPlain:     render(insertPlainSQL, qs),
