@@ -89,6 +89,18 @@ type Config struct {
 	// DrainTimeout: on Stop, how long in-flight steps may run before their
 	// contexts are cancelled. Default 10s.
 	DrainTimeout time.Duration
+	// TxIdleTimeout bounds how long a [Outcome.WithTx] transaction may wait
+	// on its own client — the callback's work between its statements — before
+	// the server ends it (idle_in_transaction_session_timeout, set for that
+	// transaction only). It is what frees the locks of a worker cut off from
+	// the database: a network partition leaves the worker's session open on
+	// the server, holding the callback's locks until the OS's TCP keepalive
+	// gives up (two hours by default), and the step's rerun elsewhere would
+	// wait on them. A step whose transaction the server ends this way fails,
+	// counting an attempt, with an error that says so. Waiting on a lock or
+	// on a running statement is not idle. Default: LeaseDuration; negative
+	// sets no limit (the server's own setting applies).
+	TxIdleTimeout time.Duration
 	// UnknownVersionDelay: a claimed row whose (machine, version) is not
 	// registered here is released, runnable again after this delay (another
 	// process, or a later deploy, may know it). Default 30s.
@@ -271,7 +283,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 				return p.Limit
 			}
 		},
-		Lease: c.LeaseDuration, Heartbeat: c.HeartbeatInterval,
+		Lease: c.LeaseDuration, Heartbeat: c.HeartbeatInterval, TxIdle: c.TxIdleTimeout,
 		UnknownVersionDelay: c.UnknownVersionDelay,
 	})
 	return e, nil
@@ -283,6 +295,7 @@ func (c *Config) withDefaults() error {
 	setDefault(&c.HeartbeatInterval, min(DefaultHeartbeatInterval, c.LeaseDuration/3))
 	setDefault(&c.ReaperInterval, DefaultReaperInterval)
 	setDefault(&c.DrainTimeout, DefaultDrainTimeout)
+	setDefault(&c.TxIdleTimeout, c.LeaseDuration)
 	setDefault(&c.UnknownVersionDelay, DefaultUnknownVersionDelay)
 	setDefault(&c.PartitionRetryDelay, DefaultPartitionRetryDelay)
 	setDefault(&c.MaxSignalBytes, DefaultMaxSignalBytes)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -657,6 +658,129 @@ func TestWithTxWaitingOnALockKeepsItsClaim(t *testing.T) {
 			require.Equal(t, int32(1), runs.Load(), "the step ran again")
 			require.Equal(t, 1, b.count(`SELECT n FROM {{s}}.contended WHERE id = 1`))
 		})
+	}
+}
+
+// TestWithTxCutOffFromTheDatabaseLetsGoOfItsLocks: a worker is cut off from
+// the database (a network partition: no byte goes through, no socket is
+// closed) while its WithTx callback holds a lock on an application row. The
+// server cannot tell: the session stays idle in transaction with the lock
+// until something on the server ends it — the OS's TCP keepalive, two hours
+// by default. The step's rerun by another worker, once the lease is gone,
+// needs the same row. The engine sets idle_in_transaction_session_timeout
+// (the lease) on its own transactions, so the server ends the orphan and
+// the rerun finishes; without it the rerun waits on the lock for hours.
+func TestWithTxCutOffFromTheDatabaseLetsGoOfItsLocks(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	var schema string
+	inTx := make(chan struct{}, 1)
+	m := &gendurable.Machine[orderArgs]{
+		Name: "cutoff", Start: "pay",
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				n := runs.Add(1)
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, "UPDATE "+schema+".account SET n = n + 1 WHERE id = 1"); err != nil {
+						return err
+					}
+					if n == 1 {
+						inTx <- struct{}{}
+						<-ctx.Done() // the partition comes now; the lease is lost
+						return ctx.Err()
+					}
+					return nil
+				}), nil
+			},
+		},
+	}
+	short := func(cfg *gendurable.Config) *gendurable.Config {
+		cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+		return cfg
+	}
+	b := setup(t, short(fastConfig("", m)))
+	schema = b.schema
+	b.exec(`CREATE TABLE {{s}}.account (id int PRIMARY KEY, n int NOT NULL)`)
+	b.exec(`INSERT INTO {{s}}.account VALUES (1, 0)`)
+
+	// Worker A reaches the database only through a proxy that can cut it off.
+	pcfg, err := pgxpool.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	proxy := dbtest.NewCutProxy(t, net.JoinHostPort(pcfg.ConnConfig.Host, strconv.Itoa(int(pcfg.ConnConfig.Port))))
+	host, port, err := net.SplitHostPort(proxy.Addr())
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = host, uint16(p)
+	pcfg.ConnConfig.ConnectTimeout = time.Second
+	pcfg.MaxConns = 4
+	poolA, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	engA, err := gendurable.New(poolA, short(fastConfig(b.schema, m)))
+	require.NoError(t, err)
+	require.NoError(t, engA.Start(context.Background()))
+	t.Cleanup(func() {
+		proxy.Close() // A's sockets end: its stop does not wait on a partition
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = engA.Stop(ctx)
+		poolA.Close()
+	})
+
+	id := b.insert(m.New(orderArgs{}))
+	select {
+	case <-inTx:
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker A never ran the step")
+	}
+	proxy.Cut()
+	b.start() // worker B, connected directly, reruns the step once A's lease is gone
+
+	r := b.waitStatus(id, "done", 20*time.Second)
+	require.Equal(t, int32(2), runs.Load(), "A's run, then B's rerun: %v", r.Errors)
+	require.Equal(t, 1, b.count(`SELECT n FROM {{s}}.account WHERE id = 1`), "A's write was rolled back with its session, B's committed")
+}
+
+// TestWithTxIdleForALeaseCountsAnAttempt: the limit that frees a cut-off
+// worker's locks also ends a callback that leaves its transaction idle —
+// waiting on its own client, not on the database — for a whole lease while
+// its worker is well. Running such a step again would end the same way, so
+// it is the step's failure: it counts an attempt and says why, and the
+// instance fails after its attempts instead of running forever.
+func TestWithTxIdleForALeaseCountsAnAttempt(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	m := &gendurable.Machine[orderArgs]{
+		Name: "idler", Start: "pay", MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				runs.Add(1)
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+						return err
+					}
+					select { // slow work of the client's own, the transaction open
+					case <-time.After(2500 * time.Millisecond):
+					case <-ctx.Done():
+					}
+					_, err := tx.Exec(ctx, "SELECT 2")
+					return err
+				}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(orderArgs{}))
+	r := b.waitStatus(id, "failed", 20*time.Second)
+	require.Equal(t, int32(2), runs.Load(), "two attempts, then failed: %v", r.Errors)
+	require.Len(t, r.Errors, 2)
+	for _, e := range r.Errors {
+		require.Contains(t, e["error"], "left idle", "the error says what happened")
+		require.NotEqual(t, "infrastructure", e["kind"], "the step's own failure, not the infrastructure's")
 	}
 }
 

@@ -342,12 +342,11 @@ func bouncerWithTx(lease time.Duration, n int) bouncerWorkload {
 				if _, err := tx.Exec(ctx, `INSERT INTO `+ledger+` (instance, amount) VALUES ($1, $2)`, r.ID, r.State.N); err != nil {
 					return err
 				}
-				select { // hold the transaction open for two leases and a half: two checks of its session
-				case <-time.After(2*lease + lease/2):
-					return nil
-				case <-ctx.Done():
-					return context.Cause(ctx)
-				}
+				// Hold the transaction open for two leases and a half: two
+				// checks of its session. It waits on the server (a statement
+				// that runs is not idle: Config.TxIdleTimeout does not end it).
+				_, err := tx.Exec(ctx, `SELECT pg_sleep($1)`, (2*lease + lease/2).Seconds())
+				return err
 			}), nil
 		},
 	}}

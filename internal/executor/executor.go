@@ -127,8 +127,11 @@ type Config struct {
 	// (a rated key: each of its starts draws a token in a pick).
 	HandoffLimit func(key string) int
 
-	Lease               time.Duration
-	Heartbeat           time.Duration
+	Lease     time.Duration
+	Heartbeat time.Duration
+	// TxIdle: the server ends a WithTx transaction that waits on its client
+	// this long (sqlq.BeginIdleLimited); ≤ 0: no limit of ours.
+	TxIdle              time.Duration
 	UnknownVersionDelay time.Duration
 }
 

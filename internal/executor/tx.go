@@ -108,12 +108,20 @@ func (x *Executor) txContext(stepCtx context.Context) (context.Context, context.
 // connection rather than by itself; err a database failure.
 func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Result, h feeder.Holder) (applied *sqlq.Applied, fnErr, err error) {
 	beginner, ok := db.(interface {
-		Begin(context.Context) (pgx.Tx, error)
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
 	})
 	if !ok {
 		return nil, nil, errors.New("gendurable: internal: connection cannot begin a transaction")
 	}
-	tx, err := beginner.Begin(ctx)
+	// The server ends the transaction should it wait on this client for
+	// TxIdle: a client cut off from it (a partition) would otherwise leave
+	// the session holding fn's locks for the OS keepalive's hours, and the
+	// step's rerun elsewhere would wait on them (docs/design.md §2).
+	var opts pgx.TxOptions
+	if x.cfg.TxIdle > 0 {
+		opts.BeginQuery = sqlq.BeginIdleLimited(x.cfg.TxIdle)
+	}
+	tx, err := beginner.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -130,9 +138,20 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	defer fnGone(nil)
 	defer x.watchTx(pid, func() { gone(errTxGone); fnGone(errTxGone) })()
 	defer func() { _ = tx.Rollback(ctx) }()
-	if fnErr := res.TxFn(fnCtx, tx); fnErr != nil {
+	clock := newIdleClock()
+	if fnErr := res.TxFn(fnCtx, &clockedTx{Tx: tx, c: clock}); fnErr != nil {
 		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
-			fnErr = fmt.Errorf("%w: the step's transaction failed on its connection: %w", ErrInfrastructure, fnErr)
+			if idle := clock.longestIdle(); idleEnded(fnErr) || (x.cfg.TxIdle > 0 && idle >= x.cfg.TxIdle*9/10) {
+				// The server's idle limit (BeginIdleLimited): fn left the
+				// transaction waiting on fn's own work for TxIdle.
+				// Running it again would do the same, so this is the
+				// step's failure, counted as an attempt.
+				fnErr = fmt.Errorf("gendurable: the step's transaction was left idle for %s between statements, "+
+					"and the server ends a WithTx transaction left idle for Config.TxIdleTimeout (%s): %w",
+					idle.Round(time.Millisecond), x.cfg.TxIdle, fnErr)
+			} else {
+				fnErr = fmt.Errorf("%w: the step's transaction failed on its connection: %w", ErrInfrastructure, fnErr)
+			}
 		}
 		return nil, fnErr, nil
 	}
@@ -218,6 +237,13 @@ func (x *Executor) watchTx(pid uint32, gone func()) (stop func()) {
 		}
 	}()
 	return func() { cancel(); <-exited }
+}
+
+// idleEnded reports whether err is the server's notice that it ended the
+// session for idling in a transaction (idle_in_transaction_session_timeout).
+func idleEnded(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25P03"
 }
 
 // connectionFailure reports an error that says the connection or the

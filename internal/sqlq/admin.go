@@ -295,13 +295,23 @@ WITH doomed AS MATERIALIZED (
 )
 DELETE FROM {{schema}}.gendurable_instances AS i USING doomed AS d WHERE i.id = d.id`
 
+// idleLimitSetting, in the first statement of a transaction of the
+// library's own that is not a WithTx outcome's (prune, throughput, a
+// migration), has the server end it should it wait on its client for a
+// minute: a client cut off without its socket closing would otherwise
+// leave the session holding its locks and its snapshot for the OS
+// keepalive's hours (docs/design.md §2). Such a transaction sends its
+// statements back to back; a minute is never a wait of its own.
+const idleLimitSetting = `set_config('idle_in_transaction_session_timeout', '60000', true)`
+
 // pruneSettings rule out, for the prune transaction only, the plans whose
 // cost grows with the finished rows rather than the batch: a bitmap scan of
 // every expired row followed by a sort, or a hash join that reads a whole
 // table (a sequential or full index scan) to delete a batch.
 const pruneSettings = `SELECT set_config('enable_seqscan', 'off', true),
        set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),
-       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+       set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
+       ` + idleLimitSetting
 
 // Prune deletes one batch of finished instances older than retention and
 // returns how many it deleted. It runs in a transaction of its own.
@@ -425,7 +435,8 @@ LEFT JOIN (
 // throughputSettings leave the planner the ordered walk of the finished
 // index only (as pruneSettings do for the pruner), for this transaction.
 const throughputSettings = `SELECT set_config('enable_seqscan', 'off', true),
-       set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)`
+       set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),
+       ` + idleLimitSetting
 
 // ThroughputRow is the count of one (queue, status, minute ago).
 type ThroughputRow struct {

@@ -9,3 +9,8 @@ func (q *Queries) ReapSQL() string { return q.reap }
 // OutcomeStatement exposes the outcome statement a batch runs, with its
 // arguments, to the plan tests.
 func (q *Queries) OutcomeStatement(b *OutcomeBatch) (string, []any) { return q.outcomeStatement(b) }
+
+// IdleLimitSettings exposes the first statements of the library's own
+// transactions that set their idle limit, for admin_test.go.
+var IdleLimitSettings = map[string]string{"prune": pruneSettings, "throughput": throughputSettings,
+	"migrate": migrateLock}

@@ -424,6 +424,21 @@ func (q *Queries) SessionAlive(ctx context.Context, db DB, pid uint32) (bool, er
 	return alive, err
 }
 
+// BeginIdleLimited is the statement that begins a transaction of the
+// engine's own that spans round trips (a WithTx outcome's): BEGIN, and
+// idle_in_transaction_session_timeout for this transaction only, in one
+// round trip (a simple-protocol query of two statements, which a
+// transaction-pooling proxy runs as one transaction). A client cut off from
+// the server without its socket closing (a partition, a host gone) leaves
+// its session idle in transaction, holding its locks and xmin, until the
+// server's TCP keepalive notices — two hours by default; with this the
+// server ends the session after idle of its own (docs/design.md §2). The
+// setting counts only time the session waits for its client: a statement
+// that runs or waits on a lock is not idle.
+func BeginIdleLimited(idle time.Duration) string {
+	return fmt.Sprintf("begin; set local idle_in_transaction_session_timeout = %d", max(idle.Milliseconds(), 1))
+}
+
 // BackendPID returns the process id of the server session db runs on: in a
 // transaction, the session that runs the whole transaction, even behind a
 // transaction-pooling proxy.

@@ -148,6 +148,11 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// migrateLock serializes migrators of one schema, and limits the
+// migration's idle (idleLimitSetting): a migrator cut off mid-migration
+// must not hold the schema's locks for hours.
+const migrateLock = `SELECT ` + idleLimitSetting + `, pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1))`
+
 // Migrate moves the schema from its installed version to target, up or down,
 // in one transaction serialized by an advisory lock, so concurrent migrators
 // (several processes starting at once) apply each step exactly once. It
@@ -165,7 +170,7 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 		return 0, nil, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1))`, schema); err != nil {
+	if _, err := tx.Exec(ctx, migrateLock, schema); err != nil {
 		return 0, nil, err
 	}
 	if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteIdent(schema)); err != nil {

@@ -1,0 +1,167 @@
+package executor
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// idleClock measures how long a WithTx callback leaves its transaction
+// idle: waiting on the callback's own work rather than on a statement.
+// The server ends an engine transaction that waits on its client for a
+// lease (sqlq.BeginIdleLimited); when the transaction's session is gone,
+// the longest idle stretch tells that end — the callback's own doing,
+// which running it again would repeat — from a terminated session or a
+// failover, which the engine's infrastructure answers for.
+type idleClock struct {
+	mu      sync.Mutex
+	busy    int       // statements (or open result sets) in progress
+	lastEnd time.Time // when busy last went to 0
+	longest time.Duration
+}
+
+func newIdleClock() *idleClock { return &idleClock{lastEnd: time.Now()} }
+
+func (c *idleClock) start() {
+	c.mu.Lock()
+	if c.busy == 0 {
+		c.longest = max(c.longest, time.Since(c.lastEnd))
+	}
+	c.busy++
+	c.mu.Unlock()
+}
+
+func (c *idleClock) end() {
+	c.mu.Lock()
+	if c.busy--; c.busy == 0 {
+		c.lastEnd = time.Now()
+	}
+	c.mu.Unlock()
+}
+
+// longestIdle is the longest stretch so far with no statement in progress,
+// the current one included.
+func (c *idleClock) longestIdle() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.busy == 0 {
+		return max(c.longest, time.Since(c.lastEnd))
+	}
+	return c.longest
+}
+
+// clockedTx is the pgx.Tx a WithTx callback gets: the engine's transaction,
+// its statements timed by an idleClock. What goes around it (Conn, the
+// large-object API) is not timed.
+type clockedTx struct {
+	pgx.Tx
+	c *idleClock
+}
+
+func (t *clockedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	t.c.start()
+	defer t.c.end()
+	inner, err := t.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &clockedTx{Tx: inner, c: t.c}, nil
+}
+
+func (t *clockedTx) Commit(ctx context.Context) error {
+	t.c.start()
+	defer t.c.end()
+	return t.Tx.Commit(ctx)
+}
+
+func (t *clockedTx) Rollback(ctx context.Context) error {
+	t.c.start()
+	defer t.c.end()
+	return t.Tx.Rollback(ctx)
+}
+
+func (t *clockedTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
+	t.c.start()
+	defer t.c.end()
+	return t.Tx.CopyFrom(ctx, table, cols, src)
+}
+
+func (t *clockedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	t.c.start()
+	defer t.c.end()
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+func (t *clockedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	t.c.start()
+	defer t.c.end()
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+func (t *clockedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	t.c.start()
+	rows, err := t.Tx.Query(ctx, sql, args...)
+	if err != nil {
+		t.c.end()
+		return rows, err
+	}
+	return &clockedRows{Rows: rows, c: t.c}, nil
+}
+
+func (t *clockedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	t.c.start()
+	return &clockedRow{row: t.Tx.QueryRow(ctx, sql, args...), c: t.c}
+}
+
+func (t *clockedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	t.c.start()
+	return &clockedBatch{BatchResults: t.Tx.SendBatch(ctx, b), c: t.c}
+}
+
+// clockedRows ends its statement's busy time when the result set is done:
+// closed, or read to the end (pgx closes it then).
+type clockedRows struct {
+	pgx.Rows
+	c    *idleClock
+	once sync.Once
+}
+
+func (r *clockedRows) done() { r.once.Do(r.c.end) }
+
+func (r *clockedRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.done()
+	return false
+}
+
+func (r *clockedRows) Close() {
+	r.Rows.Close()
+	r.done()
+}
+
+type clockedRow struct {
+	row  pgx.Row
+	c    *idleClock
+	once sync.Once
+}
+
+func (r *clockedRow) Scan(dest ...any) error {
+	defer r.once.Do(r.c.end)
+	return r.row.Scan(dest...)
+}
+
+type clockedBatch struct {
+	pgx.BatchResults
+	c    *idleClock
+	once sync.Once
+}
+
+func (b *clockedBatch) Close() error {
+	defer b.once.Do(b.c.end)
+	return b.BatchResults.Close()
+}

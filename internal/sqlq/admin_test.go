@@ -1,0 +1,62 @@
+package sqlq_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+)
+
+// TestOwnTransactionsEndWhenLeftIdle: every transaction of the library's
+// own that spans round trips limits how long the server lets it wait on
+// its client (docs/design.md §2), so a client cut off without its socket
+// closing does not hold locks and a snapshot for the OS keepalive's hours.
+// A WithTx outcome's transaction (BeginIdleLimited) is ended once idle for
+// its limit; prune, throughput and migrate set a minute.
+func TestOwnTransactionsEndWhenLeftIdle(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+
+	t.Run("WithTx", func(t *testing.T) {
+		tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlq.BeginIdleLimited(300 * time.Millisecond)})
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		var limit string
+		require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&limit))
+		require.Equal(t, "300ms", limit)
+		time.Sleep(time.Second) // idle, waiting on this client
+		_, err = tx.Exec(ctx, `SELECT 1`)
+		var pgErr *pgconn.PgError
+		require.True(t, (errors.As(err, &pgErr) && pgErr.Code == "25P03") || errors.Is(err, io.EOF) || tx.Conn().IsClosed(),
+			"the server ended the idle transaction: %v", err)
+		// The setting is the transaction's alone: a session after it has
+		// the server's default again.
+		var after string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&after))
+		require.NotEqual(t, "300ms", after)
+	})
+	for name, first := range sqlq.IdleLimitSettings {
+		t.Run(name, func(t *testing.T) {
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			var args []any
+			if name == "migrate" {
+				args = []any{"idle_test"}
+			}
+			_, err = tx.Exec(ctx, first, args...)
+			require.NoError(t, err)
+			var limit string
+			require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&limit))
+			require.Equal(t, "1min", limit)
+		})
+	}
+}
