@@ -634,6 +634,55 @@ func TestCancelledKeyedStepHoldsItsSlotUntilItsLeaseEnds(t *testing.T) {
 	}
 }
 
+// TestRetriedCancelledKeyedStepWaitsForItsLease: an operator who cancels a
+// running keyed step and retries it at once (Retry, RetryMany) does not free
+// the key's slot: the cancelled step runs until its worker's next heartbeat,
+// so the retried row — or any other row of its key — may start only once
+// the cancelled step's lease has ended. The retry used to clear the lease,
+// and the pick started the row again beside the step it had cancelled.
+func TestRetriedCancelledKeyedStepWaitsForItsLease(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	started := map[string]chan int64{"one": make(chan int64, 4), "many": make(chan int64, 4)}
+	job := &gendurable.Job[spanArgs]{Name: "rc", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		started[r.PartitionKey] <- r.ID
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(4 * time.Second):
+			return nil
+		}
+	}}
+	cfg := fastConfig("", job) // lease 3s, heartbeat 1s
+	b := setup(t, cfg)
+	ctx := context.Background()
+	one := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "one"}))
+	many := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "many"}))
+	b.start()
+	<-started["one"]
+	<-started["many"]
+	require.NoError(t, b.eng.Cancel(ctx, one, "operator"))
+	require.NoError(t, b.eng.Retry(ctx, one))
+	_, err := b.eng.CancelMany(ctx, []int64{many}, "operator")
+	require.NoError(t, err)
+	res, err := b.eng.RetryMany(ctx, []int64{many})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Changed, "RetryMany")
+	// Each row runs again, but only after its cancelled step's lease ended.
+	for key := range started {
+		select {
+		case <-started[key]:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("key %s: the retried row did not run again", key)
+		}
+	}
+	for key := range started {
+		require.Equal(t, 1, g.max(key), "key %s (limit 1): most steps at once", key)
+	}
+}
+
 // TestFreedKeyIsPickedAtOnce: a step's outcome that frees its key's slot
 // makes the feeder pick again at once, not at its next poll (docs/design.md
 // §6). With a 1 s poll and another key's step keeping the queue busy, five
