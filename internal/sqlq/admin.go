@@ -282,10 +282,13 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 // and their signals, oldest first. It runs under pruneSettings: the planner
 // may only walk the finished index in order and probe the signals index, so
 // a batch costs O(batch) whatever the statistics say (docs/design.md §5).
+// A keyed row cancelled mid-step whose lease is still live is its key's slot
+// (cancelSet): it is kept until the lease ends, whatever the retention.
 const pruneSQL = `
 WITH doomed AS MATERIALIZED (
   SELECT id FROM {{schema}}.gendurable_instances
   WHERE status IN ('done', 'failed') AND finished_at < now() - $1::bigint * interval '1 microsecond'
+    AND NOT (lease_expires_at IS NOT NULL AND lease_expires_at > now())
   ORDER BY finished_at
   LIMIT $2
   FOR UPDATE SKIP LOCKED
