@@ -449,6 +449,47 @@ func TestGlobalConcurrencyHoldsAcrossEngines(t *testing.T) {
 	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
 }
 
+// TestCancelledStepHoldsItsGlobalPlaceUntilItsLeaseEnds: an operator's Cancel
+// of a running step of a queue with a GlobalConcurrency fences it, but the
+// step runs until its worker's next heartbeat: its place in the queue's
+// bound stays taken until its lease runs out, as a cancelled keyed step's
+// slot does — also when it is retried at once.
+func TestCancelledStepHoldsItsGlobalPlaceUntilItsLeaseEnds(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	started := make(chan string, 8)
+	job := &gendurable.Job[spanArgs]{Name: "gc", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter("all")
+		defer g.leave("all")
+		started <- r.State.Key
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(4 * time.Second):
+			return nil
+		}
+	}}
+	cfg := fastConfig("", job) // lease 3s, heartbeat 1s
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, GlobalConcurrency: 1,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	ctx := context.Background()
+	a := b.insert(job.New(spanArgs{Key: "A"}))
+	b.start()
+	require.Equal(t, "A", <-started)
+	b.insert(job.New(spanArgs{Key: "B"}))
+	require.NoError(t, b.eng.Cancel(ctx, a, "operator"))
+	require.NoError(t, b.eng.Retry(ctx, a))
+	for range 2 {
+		select {
+		case <-started:
+		case <-time.After(15 * time.Second):
+			t.Fatal("the rows after the cancel did not run")
+		}
+	}
+	require.Equal(t, 1, g.max("all"), "GlobalConcurrency 1: most steps of the queue at once")
+}
+
 type spanLog struct {
 	mu    sync.Mutex
 	t0    time.Time

@@ -255,15 +255,16 @@ func (q *Queries) InstancesOf(ctx context.Context, db DB, fsm string, version in
 // no longer counts for its parent. The unique index may refuse the move (another
 // live instance took the key meanwhile): the caller reports that.
 //
-// A keyed row cancelled mid-step keeps its lease (cancelSet): the cancelled
-// step may run until its worker's next heartbeat. A retry keeps that lease
-// while it is live, so the retried row itself counts as one of its key's
-// holders until then (the pick and the hand-off count a row with a live
-// lease whatever its status, docs/design.md §6): neither it nor another row
-// of its key starts beside the step that was cancelled.
+// A row cancelled mid-step keeps its lease (cancelSet): the cancelled step
+// may run until its worker's next heartbeat. A retry keeps that lease while
+// it is live, so the retried row itself counts as one of its key's holders
+// and one of its queue's running steps until then (the pick and the hand-off
+// count a row with a live lease whatever its status, docs/design.md §6):
+// neither it nor another row of its key, or of its queue beyond the queue's
+// GlobalConcurrency, starts beside the step that was cancelled.
 
 // retryLease is the lease a retried row keeps (retrySQL, retryManySQL).
-const retryLease = `CASE WHEN i.partition_key IS NOT NULL AND i.lease_expires_at > now() THEN i.lease_expires_at END`
+const retryLease = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at END`
 
 const retrySQL = `
 WITH r AS (
