@@ -490,6 +490,51 @@ func TestCancelledStepHoldsItsGlobalPlaceUntilItsLeaseEnds(t *testing.T) {
 	require.Equal(t, 1, g.max("all"), "GlobalConcurrency 1: most steps of the queue at once")
 }
 
+// TestGlobalConcurrencyAtItsBoundIsNoPickFailure: a pick of a queue whose
+// GlobalConcurrency is taken claims nothing and says so; it is not a failed
+// pick. It used to come back with a NULL cursor that the engine read as a
+// claimed row ("cannot scan NULL"): every such pick was logged and reported
+// as failed, and the feeder backed off as from database trouble, so the next
+// row waited for the backoff after a place came free.
+func TestGlobalConcurrencyAtItsBoundIsNoPickFailure(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var spans [][2]time.Time
+	job := &gendurable.Job[spanArgs]{Name: "bound", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		start := time.Now()
+		time.Sleep(600 * time.Millisecond)
+		mu.Lock()
+		spans = append(spans, [2]time.Time{start, time.Now()})
+		mu.Unlock()
+		return nil
+	}}
+	events := &eventLog{}
+	cfg := fastConfig("", job)
+	cfg.Hooks = []gendurable.Hook{events}
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, GlobalConcurrency: 1,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 5 * time.Second}}
+	b := setup(t, cfg)
+	var ids []int64
+	for range 4 {
+		ids = append(ids, b.insert(job.New(spanArgs{})))
+	}
+	b.start()
+	for _, id := range ids {
+		b.waitStatus(id, "done", 20*time.Second)
+	}
+	if ev, failed := findEvent(events, func(e *gendurable.PickEvent) bool { return e.Err != nil }); failed {
+		t.Errorf("a pick at the GlobalConcurrency bound failed: %v", ev.Err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.SortFunc(spans, func(a, b [2]time.Time) int { return a[0].Compare(b[0]) })
+	for i := 1; i < len(spans); i++ {
+		gap := spans[i][0].Sub(spans[i-1][1])
+		t.Logf("step %d started %v after step %d ended", i, gap, i-1)
+		require.Less(t, gap, 400*time.Millisecond, "a freed place waits for no backoff")
+	}
+}
+
 type spanLog struct {
 	mu    sync.Mutex
 	t0    time.Time

@@ -124,10 +124,17 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (Pi
 	res := PickResult{Cursor: o.Cursor, Floor: o.Floor}
 	skip := make([]any, len(rows.FieldDescriptions()))
 	for rows.Next() {
-		if rows.RawValues()[0] != nil { // the cursor row: no claim
-			skip[0], skip[1], skip[2], skip[3] = &res.Cursor, &res.KeysFull, &res.KeysRated, &res.Floor
+		if rows.RawValues()[4] == nil {
+			// The cursor row: no claim. Its cursor is NULL when the pick
+			// walked no key (a GlobalConcurrency already taken: the batch
+			// was 0), and the walk then starts where it did.
+			var cursor *string
+			skip[0], skip[1], skip[2], skip[3] = &cursor, &res.KeysFull, &res.KeysRated, &res.Floor
 			if err := rows.Scan(skip...); err != nil {
 				return PickResult{}, err
+			}
+			if cursor != nil {
+				res.Cursor = *cursor
 			}
 			continue
 		}
