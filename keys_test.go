@@ -602,6 +602,57 @@ func TestKeyedStepWhoseRowIsLockedStopsBeforeItsSuccessor(t *testing.T) {
 	}
 }
 
+// TestGlobalStepWhoseRowIsLockedStopsBeforeTheNextStep: in a queue with a
+// GlobalConcurrency, a step whose row a caller's open SignalTx locks cannot
+// have its lease extended (the heartbeat skips locked rows), and the pick's
+// count of the queue's running steps leaves it out once that lease has run
+// out on the database clock; its worker cancels it when what is left of the
+// lease runs out — before a pick may start another step in its place, as a
+// keyed step's worker does.
+func TestGlobalStepWhoseRowIsLockedStopsBeforeTheNextStep(t *testing.T) {
+	t.Parallel()
+	log := &spanLog{t0: time.Now(), spans: map[string][2]time.Duration{}}
+	aStarted := make(chan int64, 1)
+	job := &gendurable.Job[spanArgs]{Name: "gl", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		log.mark(r.State.Key, true)
+		defer log.mark(r.State.Key, false)
+		if r.State.Key == "A" {
+			aStarted <- r.ID
+		}
+		select {
+		case <-ctx.Done():
+			t.Logf("%s cancelled: %v", r.State.Key, context.Cause(ctx))
+			return ctx.Err()
+		case <-time.After(8 * time.Second):
+			return nil
+		}
+	}}
+	cfg := fastConfig("", job) // lease 3s, heartbeat 1s
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, GlobalConcurrency: 1,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	ctx := context.Background()
+	b.insert(job.New(spanArgs{Key: "A"}))
+	b.start()
+	aID := <-aStarted
+	time.Sleep(1500 * time.Millisecond) // a heartbeat or so
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = b.eng.SignalTx(ctx, tx, aID, "poke", nil, nil)
+	require.NoError(t, err)
+	b.insert(job.New(spanArgs{Key: "B"}))
+	time.Sleep(6 * time.Second)
+	require.NoError(t, tx.Rollback(ctx))
+	time.Sleep(500 * time.Millisecond)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	a, bb := log.spans["A"], log.spans["B"]
+	t.Logf("A ran [%v, %v]; B ran [%v, %v]", a[0], a[1], bb[0], bb[1])
+	if bb[0] != 0 && (a[1] == 0 || a[1] > bb[0]) {
+		t.Errorf("OVERLAP: B started at %v while A ran until %v (GlobalConcurrency 1)", bb[0], a[1])
+	}
+}
+
 // TestBlockedChainingOutcomeDoesNotOverlapTheKeysNextRow: a chained Next of a
 // keyed row whose outcome statement waited on a row lock (a caller's open
 // SignalTx) past its lease neither chains past the lease (the lease is read
