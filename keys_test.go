@@ -820,6 +820,49 @@ func TestRetriedCancelledKeyedStepWaitsForItsLease(t *testing.T) {
 	}
 }
 
+// TestRetriedCancelledStepOfAWideKeyWaitsForItsLease: with a key limit
+// above 1 the retried row itself may not take the place its cancelled step
+// still holds: it becomes eligible when that lease ends. Else the pick would
+// claim it at once (the key had room beside the cancelled step's lease),
+// its new lease would replace the old one, and the key would count one
+// holder less than it runs.
+func TestRetriedCancelledStepOfAWideKeyWaitsForItsLease(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	started := make(chan string, 8)
+	job := &gendurable.Job[spanArgs]{Name: "wide", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		started <- r.State.Key
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(4 * time.Second):
+			return nil
+		}
+	}}
+	b := setup(t, nil, job) // lease 3s, heartbeat 1s
+	ctx := context.Background()
+	opts := gendurable.InsertOpts{PartitionKey: "w", KeyLimit: 2}
+	a := b.insert(job.New(spanArgs{Key: "A"}).With(opts))
+	b.start()
+	require.Equal(t, "A", <-started)
+	require.NoError(t, b.eng.Cancel(ctx, a, "operator"))
+	require.NoError(t, b.eng.Retry(ctx, a))
+	time.Sleep(200 * time.Millisecond)
+	b.insert(job.New(spanArgs{Key: "B"}).With(opts))
+	b.insert(job.New(spanArgs{Key: "C"}).With(opts))
+	for range 2 {
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the rows after the cancel did not run")
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, 2, g.max("w"), "key w (limit 2): most steps at once")
+}
+
 // TestFreedKeyIsPickedAtOnce: a step's outcome that frees its key's slot
 // makes the feeder pick again at once, not at its next poll (docs/design.md
 // §6). With a 1 s poll and another key's step keeping the queue busy, five

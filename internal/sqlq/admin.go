@@ -245,7 +245,7 @@ func (q *Queries) RemoveQueue(ctx context.Context, db DB, queue string) (hadRow,
 // reason, $3 MaxErrorHistory): Cancel and the bulk cancels share it.
 const cancelSet = `
   SET status = 'failed', finished_at = now(), updated_at = now(),
-      lease_expires_at = CASE WHEN i.status = 'executing' THEN i.lease_expires_at END,
+      lease_expires_at = CASE WHEN i.status = 'executing' OR i.lease_expires_at > now() THEN i.lease_expires_at END,
       claim_token = NULL, awaits = NULL, await_deadline = NULL, inbox = '{}',
       errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
                || jsonb_build_array(jsonb_build_object(
@@ -257,7 +257,8 @@ const cancelSet = `
 // cancelled mid-step keeps its lease: its key's slot, and its place in its
 // queue's GlobalConcurrency (migration 014), stay taken until the lease runs
 // out, since the fenced step may still be running until its worker's next
-// heartbeat (docs/design.md §6).
+// heartbeat (docs/design.md §6). So does a row retried since (retrySQL) whose
+// lease is still live: cancelled again, it still stands for that step.
 const cancelSQL = `
 WITH changed AS (
   UPDATE {{schema}}.gendurable_instances AS i

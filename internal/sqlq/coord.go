@@ -261,15 +261,23 @@ func (q *Queries) InstancesOf(ctx context.Context, db DB, fsm string, version in
 // and one of its queue's running steps until then (the pick and the hand-off
 // count a row with a live lease whatever its status, docs/design.md §6):
 // neither it nor another row of its key, or of its queue beyond the queue's
-// GlobalConcurrency, starts beside the step that was cancelled.
+// GlobalConcurrency, starts beside the step that was cancelled. The row
+// itself becomes eligible when that lease ends: claimed before (its key
+// having room beside the lease), its new lease would replace the one that
+// counted the cancelled step, and its key would count one holder less than
+// it runs.
 
-// retryLease is the lease a retried row keeps (retrySQL, retryManySQL).
-const retryLease = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at END`
+// retryLease is the lease a retried row keeps, and retryEligible when it
+// becomes eligible (retrySQL, retryManySQL).
+const (
+	retryLease    = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at END`
+	retryEligible = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at ELSE now() END`
+)
 
 const retrySQL = `
 WITH r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET status = 'runnable', attempt = 0, eligible_at = now(), finished_at = NULL,
+  SET status = 'runnable', attempt = 0, eligible_at = ` + retryEligible + `, finished_at = NULL,
       lease_expires_at = ` + retryLease + `, claim_token = NULL, updated_at = now()
   WHERE id = $1 AND status = 'failed'
   RETURNING id, parent_id, parent_fanout, queue
