@@ -152,8 +152,10 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 // backing off before its next attempt — eligible now; its attempt count is
 // kept. An instance already eligible is left as it is (nil). [ErrNotFound],
 // or [ErrNotDelayed] for an instance executing, awaiting a signal or
-// children, or finished. The change is logged at Info on the engine's
-// Logger.
+// children, or finished. An instance retried while the lease of its
+// cancelled step still lives becomes eligible when that lease ends, not
+// before (its step may still be running until then). The change is logged
+// at Info on the engine's Logger.
 func (e *Engine) RunNow(ctx context.Context, id int64) error {
 	status, queue, err := e.q.RunNow(ctx, e.pool, id)
 	switch {

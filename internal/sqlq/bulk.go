@@ -97,11 +97,13 @@ SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
 
 // runNowSQL makes a runnable row that is eligible later (scheduled, or
 // backing off before its next attempt) eligible now. It returns the status
-// the row had (NULL if none exists) and, if it was changed, its queue.
+// the row had (NULL if none exists) and, if it was changed, its queue. A row
+// retried while the lease of its cancelled step still lives stays eligible
+// only when that lease ends (see retrySQL).
 const runNowSQL = `
 WITH u AS (
-  UPDATE {{schema}}.gendurable_instances
-  SET eligible_at = now(), updated_at = now()
+  UPDATE {{schema}}.gendurable_instances AS i
+  SET eligible_at = ` + retryEligible + `, updated_at = now()
   WHERE id = $1 AND status = 'runnable' AND eligible_at > now()
   RETURNING queue
 )
