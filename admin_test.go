@@ -458,6 +458,50 @@ func TestPruneDeletesOldFinishedRowsInBatches(t *testing.T) {
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
 }
 
+// TestPruneKeepsACancelledKeyedStepsSlot: a keyed step cancelled mid-step
+// keeps its key's slot until its lease ends (it runs until its worker's next
+// heartbeat), and a prune with a retention shorter than that lease does not
+// delete the slot: the cancelled row is kept until its lease has ended, so
+// the key's next row does not start beside the step that was cancelled.
+func TestPruneKeepsACancelledKeyedStepsSlot(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	started := make(chan string, 4)
+	job := &gendurable.Job[spanArgs]{Name: "pk", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		started <- r.State.Key
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(4 * time.Second):
+			return nil
+		}
+	}}
+	b := setup(t, nil, job) // lease 3s, heartbeat 1s
+	ctx := context.Background()
+	a := b.insert(job.New(spanArgs{Key: "A"}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	b.start()
+	require.Equal(t, "A", <-started)
+	b.insert(job.New(spanArgs{Key: "B"}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	require.NoError(t, b.eng.Cancel(ctx, a, "operator"))
+	n, err := b.eng.Prune(ctx, 0, nil)
+	require.NoError(t, err)
+	require.Zero(t, n, "a cancelled row whose lease is live is not pruned")
+	select {
+	case key := <-started:
+		require.Equal(t, "B", key)
+	case <-time.After(10 * time.Second):
+		t.Fatal("B did not run")
+	}
+	require.Equal(t, 1, g.max("k"), "key k (limit 1): most steps at once")
+	eventually(t, 10*time.Second, func() bool {
+		n, err := b.eng.Prune(ctx, 0, nil)
+		require.NoError(t, err)
+		return n == 1
+	}, "the cancelled row is pruned once its lease has ended")
+}
+
 // TestNamesAndKeysShareOneRule: what an insert or a config may hold, an
 // operator can filter, pause and remove, and the reverse: a queue name or
 // partition key with a control character is refused at insert

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -150,7 +151,8 @@ type Config struct {
 // QueueConfig tunes one queue's feeder. The zero value is usable.
 type QueueConfig struct {
 	// Concurrency is the number of steps of this queue that run at once in
-	// this process. Default 10.
+	// this process. Default 10. Concurrency + Prefetch (a pick's batch at
+	// most) is at most 1<<20.
 	Concurrency int
 	// Prefetch is how many rows are claimed beyond the running slots so that
 	// a finishing step finds the next one at hand. Buffered rows are
@@ -181,7 +183,7 @@ type QueueConfig struct {
 	// lease, under a lock of the queue taken by each pick). Every process
 	// working the queue should set the same value. It costs each pick of
 	// the queue a read of the live leases of all queues. Default 0: only
-	// Concurrency, per process.
+	// Concurrency, per process. At most 2147483647 (the pick's int4).
 	GlobalConcurrency int
 	// ChainSteps: after a Next without delay commits, the same worker runs
 	// the instance's next step at once (the outcome statement keeps it
@@ -367,6 +369,12 @@ func (qc *QueueConfig) withDefaults(name string) error {
 	switch {
 	case qc.Concurrency < 0 || qc.GlobalConcurrency < 0:
 		return errorf(ErrInvalidConfig, "queue %q: negative Concurrency or GlobalConcurrency", name)
+	case qc.GlobalConcurrency > math.MaxInt32:
+		// The pick takes it as an int4: a larger one failed every pick.
+		return errorf(ErrInvalidConfig, "queue %q: GlobalConcurrency %d above %d", name, qc.GlobalConcurrency, math.MaxInt32)
+	case qc.Concurrency+qc.Prefetch > maxQueueWindow:
+		// A pick's batch (and 4 × it, its bound of keys) is an int4.
+		return errorf(ErrInvalidConfig, "queue %q: Concurrency + Prefetch %d above %d", name, qc.Concurrency+qc.Prefetch, maxQueueWindow)
 	case qc.MinDemand < 0 || qc.MinDemand > qc.Concurrency+qc.Prefetch:
 		return errorf(ErrInvalidConfig, "queue %q: MinDemand %d outside 1..Concurrency+Prefetch (%d)", name, qc.MinDemand, qc.Concurrency+qc.Prefetch)
 	case qc.BusyPollInterval < 0 || qc.PollInterval < qc.BusyPollInterval || qc.MaxPollInterval < qc.PollInterval:

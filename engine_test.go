@@ -52,6 +52,8 @@ func TestInvalidConfig(t *testing.T) {
 			Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}}}, "Version 2147483648 is more than 2147483647"},
 		{"job without perform", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j"}}}, "no Perform"},
 		{"negative concurrency", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: -1}}}, "negative Concurrency"},
+		{"global concurrency beyond int4", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {GlobalConcurrency: math.MaxInt32 + 1}}}, "GlobalConcurrency 2147483648 above"},
+		{"pick window beyond bound", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 1 << 30}}}, "Concurrency + Prefetch 2147483648 above"},
 		{"min demand too big", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 2, Prefetch: -1, MinDemand: 3}}}, "MinDemand 3"},
 		{"poll above max", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {PollInterval: time.Minute, MaxPollInterval: time.Second}}}, "PollInterval"},
 		{"empty queue name", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"": {}}}, "queue name"},

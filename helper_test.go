@@ -358,6 +358,9 @@ func (l *eventLog) OnEvent(_ context.Context, ev gendurable.Event) {
 	case *gendurable.ReapEvent:
 		c := *e
 		l.events = append(l.events, &c)
+	case *gendurable.PickEvent:
+		c := *e
+		l.events = append(l.events, &c)
 	}
 }
 

@@ -62,10 +62,14 @@ type Instance struct {
 	// Attempt counts from 0: 0 while the step runs (or waits to run) for
 	// the first time, +1 per failed attempt (a replay or an expired lease).
 	// Attempt+1 is the run's number ("attempt 1 of 3"), as the CLI shows it.
-	Attempt        int        `json:"attempt"`
-	MaxAttempts    int        `json:"max_attempts"`
-	EligibleAt     time.Time  `json:"eligible_at"`
-	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"` // set while executing
+	Attempt     int       `json:"attempt"`
+	MaxAttempts int       `json:"max_attempts"`
+	EligibleAt  time.Time `json:"eligible_at"`
+	// LeaseExpiresAt is set while executing, and kept by an instance
+	// cancelled mid-step (and retried since, while it lives): until then its
+	// step may still run, and it holds its key's slot and its place in its
+	// queue's GlobalConcurrency (docs/design.md §6).
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 	PartitionKey   string     `json:"partition_key,omitempty"`
 	// UniqueKey is the key the instance was inserted with (InsertOpts.UniqueKey),
 	// "" if none; UniqueKeyHeld says whether its status is inside its unique
@@ -152,8 +156,10 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 // backing off before its next attempt — eligible now; its attempt count is
 // kept. An instance already eligible is left as it is (nil). [ErrNotFound],
 // or [ErrNotDelayed] for an instance executing, awaiting a signal or
-// children, or finished. The change is logged at Info on the engine's
-// Logger.
+// children, or finished. An instance retried while the lease of its
+// cancelled step still lives becomes eligible when that lease ends, not
+// before (its step may still be running until then). The change is logged
+// at Info on the engine's Logger.
 func (e *Engine) RunNow(ctx context.Context, id int64) error {
 	status, queue, err := e.q.RunNow(ctx, e.pool, id)
 	switch {

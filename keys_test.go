@@ -449,6 +449,92 @@ func TestGlobalConcurrencyHoldsAcrossEngines(t *testing.T) {
 	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
 }
 
+// TestCancelledStepHoldsItsGlobalPlaceUntilItsLeaseEnds: an operator's Cancel
+// of a running step of a queue with a GlobalConcurrency fences it, but the
+// step runs until its worker's next heartbeat: its place in the queue's
+// bound stays taken until its lease runs out, as a cancelled keyed step's
+// slot does — also when it is retried at once.
+func TestCancelledStepHoldsItsGlobalPlaceUntilItsLeaseEnds(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	started := make(chan string, 8)
+	job := &gendurable.Job[spanArgs]{Name: "gc", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter("all")
+		defer g.leave("all")
+		started <- r.State.Key
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(4 * time.Second):
+			return nil
+		}
+	}}
+	cfg := fastConfig("", job) // lease 3s, heartbeat 1s
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, GlobalConcurrency: 1,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	ctx := context.Background()
+	a := b.insert(job.New(spanArgs{Key: "A"}))
+	b.start()
+	require.Equal(t, "A", <-started)
+	b.insert(job.New(spanArgs{Key: "B"}))
+	require.NoError(t, b.eng.Cancel(ctx, a, "operator"))
+	require.NoError(t, b.eng.Retry(ctx, a))
+	for range 2 {
+		select {
+		case <-started:
+		case <-time.After(15 * time.Second):
+			t.Fatal("the rows after the cancel did not run")
+		}
+	}
+	require.Equal(t, 1, g.max("all"), "GlobalConcurrency 1: most steps of the queue at once")
+}
+
+// TestGlobalConcurrencyAtItsBoundIsNoPickFailure: a pick of a queue whose
+// GlobalConcurrency is taken claims nothing and says so; it is not a failed
+// pick. It used to come back with a NULL cursor that the engine read as a
+// claimed row ("cannot scan NULL"): every such pick was logged and reported
+// as failed, and the feeder backed off as from database trouble, so the next
+// row waited for the backoff after a place came free.
+func TestGlobalConcurrencyAtItsBoundIsNoPickFailure(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var spans [][2]time.Time
+	job := &gendurable.Job[spanArgs]{Name: "bound", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		start := time.Now()
+		time.Sleep(600 * time.Millisecond)
+		mu.Lock()
+		spans = append(spans, [2]time.Time{start, time.Now()})
+		mu.Unlock()
+		return nil
+	}}
+	events := &eventLog{}
+	cfg := fastConfig("", job)
+	cfg.Hooks = []gendurable.Hook{events}
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, GlobalConcurrency: 1,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 5 * time.Second}}
+	b := setup(t, cfg)
+	var ids []int64
+	for range 4 {
+		ids = append(ids, b.insert(job.New(spanArgs{})))
+	}
+	b.start()
+	for _, id := range ids {
+		b.waitStatus(id, "done", 20*time.Second)
+	}
+	if ev, failed := findEvent(events, func(e *gendurable.PickEvent) bool { return e.Err != nil }); failed {
+		t.Errorf("a pick at the GlobalConcurrency bound failed: %v", ev.Err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.SortFunc(spans, func(a, b [2]time.Time) int { return a[0].Compare(b[0]) })
+	for i := 1; i < len(spans); i++ {
+		gap := spans[i][0].Sub(spans[i-1][1])
+		t.Logf("step %d started %v after step %d ended", i, gap, i-1)
+		require.Less(t, gap, 400*time.Millisecond, "a freed place waits for no backoff")
+	}
+}
+
 type spanLog struct {
 	mu    sync.Mutex
 	t0    time.Time
@@ -513,6 +599,57 @@ func TestKeyedStepWhoseRowIsLockedStopsBeforeItsSuccessor(t *testing.T) {
 	t.Logf("row locked at %v; A ran [%v, %v]; B ran [%v, %v]", lockedAt, a[0], a[1], bb[0], bb[1])
 	if bb[0] != 0 && (a[1] == 0 || a[1] > bb[0]) {
 		t.Errorf("OVERLAP: B started at %v while A (limit 1, same key) ran until %v", bb[0], a[1])
+	}
+}
+
+// TestGlobalStepWhoseRowIsLockedStopsBeforeTheNextStep: in a queue with a
+// GlobalConcurrency, a step whose row a caller's open SignalTx locks cannot
+// have its lease extended (the heartbeat skips locked rows), and the pick's
+// count of the queue's running steps leaves it out once that lease has run
+// out on the database clock; its worker cancels it when what is left of the
+// lease runs out — before a pick may start another step in its place, as a
+// keyed step's worker does.
+func TestGlobalStepWhoseRowIsLockedStopsBeforeTheNextStep(t *testing.T) {
+	t.Parallel()
+	log := &spanLog{t0: time.Now(), spans: map[string][2]time.Duration{}}
+	aStarted := make(chan int64, 1)
+	job := &gendurable.Job[spanArgs]{Name: "gl", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		log.mark(r.State.Key, true)
+		defer log.mark(r.State.Key, false)
+		if r.State.Key == "A" {
+			aStarted <- r.ID
+		}
+		select {
+		case <-ctx.Done():
+			t.Logf("%s cancelled: %v", r.State.Key, context.Cause(ctx))
+			return ctx.Err()
+		case <-time.After(8 * time.Second):
+			return nil
+		}
+	}}
+	cfg := fastConfig("", job) // lease 3s, heartbeat 1s
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, GlobalConcurrency: 1,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	ctx := context.Background()
+	b.insert(job.New(spanArgs{Key: "A"}))
+	b.start()
+	aID := <-aStarted
+	time.Sleep(1500 * time.Millisecond) // a heartbeat or so
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = b.eng.SignalTx(ctx, tx, aID, "poke", nil, nil)
+	require.NoError(t, err)
+	b.insert(job.New(spanArgs{Key: "B"}))
+	time.Sleep(6 * time.Second)
+	require.NoError(t, tx.Rollback(ctx))
+	time.Sleep(500 * time.Millisecond)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	a, bb := log.spans["A"], log.spans["B"]
+	t.Logf("A ran [%v, %v]; B ran [%v, %v]", a[0], a[1], bb[0], bb[1])
+	if bb[0] != 0 && (a[1] == 0 || a[1] > bb[0]) {
+		t.Errorf("OVERLAP: B started at %v while A ran until %v (GlobalConcurrency 1)", bb[0], a[1])
 	}
 }
 
@@ -632,6 +769,99 @@ func TestCancelledKeyedStepHoldsItsSlotUntilItsLeaseEnds(t *testing.T) {
 	if bb[0] != 0 && (a[1] == 0 || a[1] > bb[0]) {
 		t.Errorf("OVERLAP %v: B started while the cancelled A still ran", a[1]-bb[0])
 	}
+}
+
+// TestRetriedCancelledKeyedStepWaitsForItsLease: an operator who cancels a
+// running keyed step and retries it at once (Retry, RetryMany) does not free
+// the key's slot: the cancelled step runs until its worker's next heartbeat,
+// so the retried row — or any other row of its key — may start only once
+// the cancelled step's lease has ended. The retry used to clear the lease,
+// and the pick started the row again beside the step it had cancelled.
+func TestRetriedCancelledKeyedStepWaitsForItsLease(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	started := map[string]chan int64{"one": make(chan int64, 4), "many": make(chan int64, 4)}
+	job := &gendurable.Job[spanArgs]{Name: "rc", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		started[r.PartitionKey] <- r.ID
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(4 * time.Second):
+			return nil
+		}
+	}}
+	cfg := fastConfig("", job) // lease 3s, heartbeat 1s
+	b := setup(t, cfg)
+	ctx := context.Background()
+	one := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "one"}))
+	many := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "many"}))
+	b.start()
+	<-started["one"]
+	<-started["many"]
+	require.NoError(t, b.eng.Cancel(ctx, one, "operator"))
+	require.NoError(t, b.eng.Retry(ctx, one))
+	_, err := b.eng.CancelMany(ctx, []int64{many}, "operator")
+	require.NoError(t, err)
+	res, err := b.eng.RetryMany(ctx, []int64{many})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Changed, "RetryMany")
+	// Each row runs again, but only after its cancelled step's lease ended.
+	for key := range started {
+		select {
+		case <-started[key]:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("key %s: the retried row did not run again", key)
+		}
+	}
+	for key := range started {
+		require.Equal(t, 1, g.max(key), "key %s (limit 1): most steps at once", key)
+	}
+}
+
+// TestRetriedCancelledStepOfAWideKeyWaitsForItsLease: with a key limit
+// above 1 the retried row itself may not take the place its cancelled step
+// still holds: it becomes eligible when that lease ends. Else the pick would
+// claim it at once (the key had room beside the cancelled step's lease),
+// its new lease would replace the old one, and the key would count one
+// holder less than it runs.
+func TestRetriedCancelledStepOfAWideKeyWaitsForItsLease(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	started := make(chan string, 8)
+	job := &gendurable.Job[spanArgs]{Name: "wide", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		started <- r.State.Key
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(4 * time.Second):
+			return nil
+		}
+	}}
+	b := setup(t, nil, job) // lease 3s, heartbeat 1s
+	ctx := context.Background()
+	opts := gendurable.InsertOpts{PartitionKey: "w", KeyLimit: 2}
+	a := b.insert(job.New(spanArgs{Key: "A"}).With(opts))
+	b.start()
+	require.Equal(t, "A", <-started)
+	require.NoError(t, b.eng.Cancel(ctx, a, "operator"))
+	require.NoError(t, b.eng.Retry(ctx, a))
+	require.NoError(t, b.eng.RunNow(ctx, a), "eligible at once? not while the cancelled step's lease lives")
+	time.Sleep(200 * time.Millisecond)
+	b.insert(job.New(spanArgs{Key: "B"}).With(opts))
+	b.insert(job.New(spanArgs{Key: "C"}).With(opts))
+	for range 2 {
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the rows after the cancel did not run")
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, 2, g.max("w"), "key w (limit 2): most steps at once")
 }
 
 // TestFreedKeyIsPickedAtOnce: a step's outcome that frees its key's slot

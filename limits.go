@@ -15,6 +15,9 @@ const (
 	maxNameLen  = 200  // queue, machine and step names
 	maxKeyLen   = 1000 // partition and unique keys, search text
 	maxKeyLimit = 1 << 20
+	// maxQueueWindow bounds a queue's Concurrency + Prefetch: a pick's
+	// batch, which the pick takes as an int4 (and its bound of keys, 4 × it).
+	maxQueueWindow = 1 << 20
 )
 
 // nameProblem says what is wrong with a queue, machine or step name, or ""

@@ -284,11 +284,12 @@ func TestUpgradeTo6KeepsInFlightKeyedClaims(t *testing.T) {
 	require.Equal(t, 4, n)
 }
 
-// TestVersions12And13ReplaceThePickInPlace: versions 12 (fair share) and 13
-// (the cursor passes a key holding more than the keys served) each replace
-// the body of version 11's twelve-argument pick, keeping its signature (an
-// engine of the version before still running picks through it); going down
-// a version puts the previous body back, byte for byte.
+// TestVersions12And13ReplaceThePickInPlace: versions 12 (fair share), 13
+// (the cursor passes a key holding more than the keys served) and 14 (rows
+// cancelled mid-step count against GlobalConcurrency) each replace the body
+// of version 11's twelve-argument pick, keeping its signature (an engine of
+// the version before still running picks through it); going down a version
+// puts the previous body back, byte for byte.
 func TestVersions12And13ReplaceThePickInPlace(t *testing.T) {
 	t.Parallel()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
@@ -307,7 +308,7 @@ func TestVersions12And13ReplaceThePickInPlace(t *testing.T) {
 	for _, step := range []struct {
 		version int
 		marker  string
-	}{{12, "fair share"}, {13, "the most any key that got a share now holds"}} {
+	}{{12, "fair share"}, {13, "the most any key that got a share now holds"}, {14, "cancelled mid-step"}} {
 		_, err = migrate.To(ctx, pool, schema, step.version)
 		require.NoError(t, err)
 		next, n := body()

@@ -446,6 +446,110 @@ func TestChaos14KeyRateKillStorm(t *testing.T) {
 	c.done()
 }
 
+// TestChaos15GlobalConcurrencyCancelStorm: three worker processes of 8
+// steps each work one queue with GlobalConcurrency 6 — plain and keyed
+// leaves (four keys of limit 3), half of them committing with the oracle
+// (WithTx) — while every 1.5 s a random worker is SIGKILLed and restarted,
+// and every 400 ms the harness, as an operator, cancels a running step and
+// retries its instance at once.
+//
+// Pass: at no instant of the database clock do more than 6 runs of the
+// queue run at once (the runs' spans from chaos_effects, a killed process's
+// runs ending at its kill), and the bound is reached; no key runs more than
+// its limit; 0 lost, 0 stuck, the usual invariants; every cancelled
+// instance ends done.
+func TestChaos15GlobalConcurrencyCancelStorm(t *testing.T) {
+	ctx := bg(t, 15*time.Minute)
+	const global = 6
+	policies := []gendurable.KeyPolicy{{Prefix: "g3-", Limit: 3}}
+	ks := newKeyStormWith(ctx, t, "gcancel", policies, func(c *chaos.WorkerConfig) { c.GlobalConcurrency = global })
+	env := ks.env
+	storm := pick(8*time.Second, 60*time.Second)
+	initial, wave := pick(150, 600), pick(8, 8)
+	mix := func(n int) []gendurable.InsertParams {
+		ps := make([]gendurable.InsertParams, n)
+		for i := range ps {
+			var o gendurable.InsertOpts
+			if k := rand.IntN(4); k < 2 {
+				o.PartitionKey = fmt.Sprintf("g3-%d", rand.IntN(4))
+			}
+			m := env.M.Leaf
+			if rand.IntN(2) == 0 {
+				m = env.M.Plain
+			}
+			ps[i] = m.New(chaos.LeafState{SleepMs: 200}).With(o)
+		}
+		return ps
+	}
+	ks.insert(ctx, t, mix(initial))
+	// The operator: cancel a running step, retry its instance at once.
+	var cancelled []int64
+	opCtx, stopOp := context.WithCancel(ctx)
+	opDone := make(chan struct{})
+	go func() {
+		defer close(opDone)
+		tick := time.NewTicker(400 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-opCtx.Done():
+				return
+			case <-tick.C:
+			}
+			var id int64
+			err := env.Admin.QueryRow(opCtx, chaos.SQL(env.Schema, `SELECT id FROM {{s}}.gendurable_instances
+				WHERE status = 'executing' ORDER BY random() LIMIT 1`)).Scan(&id)
+			if err != nil {
+				continue // none running now (or the storm is over)
+			}
+			// Under ctx: the end of the storm must not come between the
+			// cancel and its retry.
+			if env.Eng.Cancel(ctx, id, "chaos operator") != nil {
+				continue // finished meanwhile
+			}
+			if err := env.Eng.Retry(ctx, id); err != nil {
+				t.Errorf("retry of cancelled instance %d: %v", id, err)
+				continue
+			}
+			cancelled = append(cancelled, id)
+		}
+	}()
+	ks.run(ctx, t, storm, func() []gendurable.InsertParams { return mix(wave) })
+	stopOp()
+	<-opDone
+	ks.reruns = len(cancelled)
+	r, c, terminal := ks.finish(ctx, t)
+
+	// The most runs of the queue at once: a sweep over every run's span.
+	var peak int
+	var at *time.Time
+	must(t, env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `WITH spans AS (
+		  SELECT e.id, e.started, `+chaosSpanEnd+` AS ended FROM {{s}}.chaos_effects e WHERE e.honours
+		), events AS (
+		  SELECT id, started AS t, 1 AS d FROM spans WHERE ended > started
+		  UNION ALL SELECT id, ended, -1 FROM spans WHERE ended > started
+		), running AS (
+		  SELECT t, d, sum(d) OVER (ORDER BY t, d, id ROWS UNBOUNDED PRECEDING) AS n FROM events
+		)
+		SELECT coalesce(max(n), 0), (SELECT t FROM running ORDER BY n DESC, t LIMIT 1) FROM running`)).Scan(&peak, &at))
+	var notDone int
+	must(t, env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE id = ANY ($1) AND status <> 'done'`), cancelled).Scan(&notDone))
+	c.check(len(cancelled) > 0, "the operator cancelled no running step: the scenario did not exercise it")
+	c.check(notDone == 0, "%d of %d cancelled and retried instances did not end done", notDone, len(cancelled))
+	c.check(peak <= global, "%d runs of the queue at once (at %v) > GlobalConcurrency %d", peak, at, global)
+	c.check(peak >= global, "the queue ran at most %d at once: the scenario did not reach its GlobalConcurrency %d", peak, global)
+	summary(t, r.Line("global-cancel", fmt.Sprintf("%d kills, %d cancels", ks.kills, len(cancelled)))+
+		fmt.Sprintf(" (%d leaves, half keyed over 4 keys of limit 3, half of them plain, %d processes × %d steps, GlobalConcurrency %d; most at once in the queue: %d; per key: %d; %s; %s)",
+			ks.inserted, keyStormWorkers, keyStormConc, global, peak, r.KeyPeaks[3], terminal, r.Invariants()))
+	c.done()
+}
+
+// chaosSpanEnd is the checker's end of run e's span (chaos_effects AS e):
+// its end stamp, or the kill of its process.
+const chaosSpanEnd = `coalesce(e.ended, (SELECT CASE WHEN min(f.at) IS NOT NULL THEN greatest(min(f.at), e.started) END
+  FROM {{s}}.chaos_faults f WHERE f.pid = e.pid AND f.kind = 'kill' AND f.at >= e.started - interval '1 second'))`
+
 // Scenarios 13 and 14 run keyStormWorkers worker processes of keyStormConc
 // steps each (3 × 8 connections + the harness's 6).
 const keyStormWorkers, keyStormConc = 3, 8
@@ -462,16 +566,30 @@ type keyStorm struct {
 	kills    int
 	lastKill time.Time
 	from, to time.Time // the storm, on the database clock
+	// reruns: step runs the scenario caused besides the kills (an
+	// operator's cancel and retry of a running step): finish allows them
+	// as duplicates on top of kills × concurrency.
+	reruns int
 }
 
 // newKeyStorm sets policies in a new environment and starts the fleet.
 func newKeyStorm(ctx context.Context, t *testing.T, name string, policies []gendurable.KeyPolicy) *keyStorm {
+	return newKeyStormWith(ctx, t, name, policies, nil)
+}
+
+// newKeyStormWith is newKeyStorm with each worker's configuration passed
+// through tune (if not nil) before the worker starts.
+func newKeyStormWith(ctx context.Context, t *testing.T, name string, policies []gendurable.KeyPolicy,
+	tune func(*chaos.WorkerConfig)) *keyStorm {
 	ks := &keyStorm{env: newEnv(t, chaos.DefaultURL(), name), fleet: newFleet(t), cfgs: map[string]chaos.WorkerConfig{}}
 	must(t, ks.env.SetKeyPolicies(ctx, policies))
 	for i := 1; i <= keyStormWorkers; i++ {
 		cfg := ks.env.Worker(fmt.Sprintf("w%d", i))
 		cfg.Concurrency, cfg.MaxConns = keyStormConc, 8
 		cfg.KeyPolicies = policies
+		if tune != nil {
+			tune(&cfg)
+		}
 		ks.cfgs[cfg.Name] = cfg
 		_, err := ks.fleet.Start(cfg, 30*time.Second)
 		must(t, err)
@@ -524,7 +642,8 @@ func (ks *keyStorm) finish(ctx context.Context, t *testing.T) (r *chaos.Report, 
 	c = &criteria{t: t}
 	c.report(r.Violations(false))
 	c.check(live == 0, "%d instances still live %s after the last kill (bound %s)", live, afterKill.Round(time.Millisecond), bound)
-	c.check(r.Duplicates <= ks.kills*keyStormConc, "%d duplicate step runs > kills × concurrency = %d", r.Duplicates, ks.kills*keyStormConc)
+	c.check(r.Duplicates <= ks.kills*keyStormConc+ks.reruns, "%d duplicate step runs > kills × concurrency + reruns = %d",
+		r.Duplicates, ks.kills*keyStormConc+ks.reruns)
 	c.check(stopErr == nil, "graceful stop: %v", stopErr)
 	return r, c, fmt.Sprintf("all terminal %s after the last kill, bound %s", afterKill.Round(100*time.Millisecond), bound)
 }

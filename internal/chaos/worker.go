@@ -45,6 +45,8 @@ type WorkerConfig struct {
 	// KeyPolicies: Config.KeyPolicies (record them with Env.SetKeyPolicies
 	// too, for the checker).
 	KeyPolicies []gendurable.KeyPolicy `json:"key_policies,omitempty"`
+	// GlobalConcurrency: the queue's QueueConfig.GlobalConcurrency.
+	GlobalConcurrency int `json:"global_concurrency,omitempty"`
 
 	Knobs Knobs `json:"knobs"`
 
@@ -222,7 +224,7 @@ func runWorker(cfg WorkerConfig, out *emitter, logger *slog.Logger) (int, error)
 		Schema:   cfg.Schema,
 		Machines: defs.All,
 		Queues: map[string]gendurable.QueueConfig{queue: {
-			Concurrency: cfg.Concurrency, Prefetch: cfg.Prefetch,
+			Concurrency: cfg.Concurrency, Prefetch: cfg.Prefetch, GlobalConcurrency: cfg.GlobalConcurrency,
 			PollInterval: ms(cfg.PollMs), MaxPollInterval: ms(cfg.MaxPollMs),
 		}},
 		LeaseDuration: ms(cfg.LeaseMs), HeartbeatInterval: ms(cfg.HeartbeatMs), ReaperInterval: ms(cfg.ReaperMs),

@@ -875,7 +875,7 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 
 	start := time.Now()
 	hctx, cancel := context.WithTimeout(ctx, timeout)
-	kept, err := s.q.Heartbeat(hctx, s.db, ids, tokens, s.cfg.Lease)
+	kept, err := s.q.Heartbeat(hctx, s.db, ids, tokens, s.cfg.Lease, s.cfg.Global > 0)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {

@@ -245,7 +245,7 @@ func (q *Queries) RemoveQueue(ctx context.Context, db DB, queue string) (hadRow,
 // reason, $3 MaxErrorHistory): Cancel and the bulk cancels share it.
 const cancelSet = `
   SET status = 'failed', finished_at = now(), updated_at = now(),
-      lease_expires_at = CASE WHEN i.status = 'executing' AND i.partition_key IS NOT NULL THEN i.lease_expires_at END,
+      lease_expires_at = CASE WHEN i.status = 'executing' OR i.lease_expires_at > now() THEN i.lease_expires_at END,
       claim_token = NULL, awaits = NULL, await_deadline = NULL, inbox = '{}',
       errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
                || jsonb_build_array(jsonb_build_object(
@@ -253,10 +253,12 @@ const cancelSet = `
 
 // cancelSQL fails a live instance at once with a reason, as a Stop would:
 // the inbox is consumed, a parent counts it as finished, and a worker still
-// running a step of it is fenced out (its claim token is cleared). A keyed
-// row cancelled mid-step keeps its lease: its key's slot stays taken until
-// the lease runs out, since the fenced step may still be running until its
-// worker's next heartbeat (docs/design.md §6).
+// running a step of it is fenced out (its claim token is cleared). A row
+// cancelled mid-step keeps its lease: its key's slot, and its place in its
+// queue's GlobalConcurrency (migration 014), stay taken until the lease runs
+// out, since the fenced step may still be running until its worker's next
+// heartbeat (docs/design.md §6). So does a row retried since (retrySQL) whose
+// lease is still live: cancelled again, it still stands for that step.
 const cancelSQL = `
 WITH changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
@@ -282,10 +284,13 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 // and their signals, oldest first. It runs under pruneSettings: the planner
 // may only walk the finished index in order and probe the signals index, so
 // a batch costs O(batch) whatever the statistics say (docs/design.md §5).
+// A keyed row cancelled mid-step whose lease is still live is its key's slot
+// (cancelSet): it is kept until the lease ends, whatever the retention.
 const pruneSQL = `
 WITH doomed AS MATERIALIZED (
   SELECT id FROM {{schema}}.gendurable_instances
   WHERE status IN ('done', 'failed') AND finished_at < now() - $1::bigint * interval '1 microsecond'
+    AND NOT (lease_expires_at IS NOT NULL AND lease_expires_at > now())
   ORDER BY finished_at
   LIMIT $2
   FOR UPDATE SKIP LOCKED

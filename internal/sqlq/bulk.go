@@ -34,8 +34,8 @@ WITH cand AS MATERIALIZED (
   ORDER BY u.ord
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET status = 'runnable', attempt = 0, eligible_at = now(), finished_at = NULL,
-      lease_expires_at = NULL, claim_token = NULL, updated_at = now()
+  SET status = 'runnable', attempt = 0, eligible_at = ` + retryEligible + `, finished_at = NULL,
+      lease_expires_at = ` + retryLease + `, claim_token = NULL, updated_at = now()
   FROM cand WHERE i.id = cand.id -- locked by cand, still failed
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue
 ), p AS (
@@ -97,11 +97,13 @@ SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
 
 // runNowSQL makes a runnable row that is eligible later (scheduled, or
 // backing off before its next attempt) eligible now. It returns the status
-// the row had (NULL if none exists) and, if it was changed, its queue.
+// the row had (NULL if none exists) and, if it was changed, its queue. A row
+// retried while the lease of its cancelled step still lives stays eligible
+// only when that lease ends (see retrySQL).
 const runNowSQL = `
 WITH u AS (
-  UPDATE {{schema}}.gendurable_instances
-  SET eligible_at = now(), updated_at = now()
+  UPDATE {{schema}}.gendurable_instances AS i
+  SET eligible_at = ` + retryEligible + `, updated_at = now()
   WHERE id = $1 AND status = 'runnable' AND eligible_at > now()
   RETURNING queue
 )

@@ -254,12 +254,31 @@ func (q *Queries) InstancesOf(ctx context.Context, db DB, fsm string, version in
 // its fan-out, the parent waits for it again; a child of an earlier fan-out
 // no longer counts for its parent. The unique index may refuse the move (another
 // live instance took the key meanwhile): the caller reports that.
+//
+// A row cancelled mid-step keeps its lease (cancelSet): the cancelled step
+// may run until its worker's next heartbeat. A retry keeps that lease while
+// it is live, so the retried row itself counts as one of its key's holders
+// and one of its queue's running steps until then (the pick and the hand-off
+// count a row with a live lease whatever its status, docs/design.md §6):
+// neither it nor another row of its key, or of its queue beyond the queue's
+// GlobalConcurrency, starts beside the step that was cancelled. The row
+// itself becomes eligible when that lease ends: claimed before (its key
+// having room beside the lease), its new lease would replace the one that
+// counted the cancelled step, and its key would count one holder less than
+// it runs.
+
+// retryLease is the lease a retried row keeps, and retryEligible when it
+// becomes eligible (retrySQL, retryManySQL).
+const (
+	retryLease    = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at END`
+	retryEligible = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at ELSE now() END`
+)
 
 const retrySQL = `
 WITH r AS (
-  UPDATE {{schema}}.gendurable_instances
-  SET status = 'runnable', attempt = 0, eligible_at = now(), finished_at = NULL,
-      lease_expires_at = NULL, claim_token = NULL, updated_at = now()
+  UPDATE {{schema}}.gendurable_instances AS i
+  SET status = 'runnable', attempt = 0, eligible_at = ` + retryEligible + `, finished_at = NULL,
+      lease_expires_at = ` + retryLease + `, claim_token = NULL, updated_at = now()
   WHERE id = $1 AND status = 'failed'
   RETURNING id, parent_id, parent_fanout, queue
 ), p AS (

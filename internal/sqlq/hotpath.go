@@ -124,10 +124,17 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (Pi
 	res := PickResult{Cursor: o.Cursor, Floor: o.Floor}
 	skip := make([]any, len(rows.FieldDescriptions()))
 	for rows.Next() {
-		if rows.RawValues()[0] != nil { // the cursor row: no claim
-			skip[0], skip[1], skip[2], skip[3] = &res.Cursor, &res.KeysFull, &res.KeysRated, &res.Floor
+		if rows.RawValues()[4] == nil {
+			// The cursor row: no claim. Its cursor is NULL when the pick
+			// walked no key (a GlobalConcurrency already taken: the batch
+			// was 0), and the walk then starts where it did.
+			var cursor *string
+			skip[0], skip[1], skip[2], skip[3] = &cursor, &res.KeysFull, &res.KeysRated, &res.Floor
 			if err := rows.Scan(skip...); err != nil {
 				return PickResult{}, err
+			}
+			if cursor != nil {
+				res.Cursor = *cursor
 			}
 			continue
 		}
@@ -235,7 +242,10 @@ func nullJSON(m json.RawMessage) []byte {
 // more was reaped (or finished elsewhere): its step is a zombie. A keyed row
 // whose lease already ran out on the database clock is not extended either
 // (checked after its row lock, on the clock of that moment): its key's slot
-// may be another row's by now (docs/design.md §6).
+// may be another row's by now (docs/design.md §6). A row of a queue with a
+// GlobalConcurrency ($4, bounded) is held to the same rule as a keyed row:
+// once its lease has run out the pick no longer counts it among the queue's
+// running steps, so its place may be another step's.
 
 const heartbeatSQL = `
 WITH h AS MATERIALIZED (
@@ -248,7 +258,7 @@ WITH h AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED
   ) AS l
   WHERE l.claim_token = h.token AND l.status = 'executing'
-    AND (l.partition_key IS NULL OR l.lease_expires_at > clock_timestamp())
+    AND ((l.partition_key IS NULL AND NOT $4::bool) OR l.lease_expires_at > clock_timestamp())
 ), extended AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
@@ -256,10 +266,11 @@ WITH h AS MATERIALIZED (
   WHERE i.id = l.id
   RETURNING i.id, i.lease_expires_at
 ), snap AS (
-  -- Held but locked by someone else, so not extended: a keyed row has what
-  -- is left of its lease (its key's slot is at stake); any other row counts
+  -- Held but locked by someone else, so not extended: a keyed row, or a
+  -- row of a bounded queue, has what is left of its lease (its key's slot,
+  -- or its place in the queue's bound, is at stake); any other row counts
   -- as extended, as its outcome's fence settles what happens to it.
-  SELECT h.id, CASE WHEN s.partition_key IS NULL THEN now() + $3::bigint * interval '1 microsecond'
+  SELECT h.id, CASE WHEN s.partition_key IS NULL AND NOT $4::bool THEN now() + $3::bigint * interval '1 microsecond'
                     ELSE s.lease_expires_at END AS lease_expires_at
   FROM h CROSS JOIN LATERAL (
     SELECT i.claim_token, i.status, i.partition_key, i.lease_expires_at FROM {{schema}}.gendurable_instances AS i
@@ -267,7 +278,7 @@ WITH h AS MATERIALIZED (
     OFFSET 0
   ) AS s
   WHERE s.claim_token = h.token AND s.status = 'executing'
-    AND (s.partition_key IS NULL OR s.lease_expires_at > clock_timestamp())
+    AND ((s.partition_key IS NULL AND NOT $4::bool) OR s.lease_expires_at > clock_timestamp())
 )
 SELECT id, (extract(epoch FROM max(lease_expires_at) - clock_timestamp()) * 1000000)::bigint
 FROM (SELECT id, lease_expires_at FROM extended UNION ALL SELECT id, lease_expires_at FROM snap) AS k
@@ -282,9 +293,10 @@ type Kept struct {
 }
 
 // Heartbeat extends the leases of the (id, token) pairs and returns those
-// still held.
-func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lease time.Duration) ([]Kept, error) {
-	rows, err := db.Query(ctx, q.heartbeat, ids, tokens, micros(lease))
+// still held. bounded: the rows are of a queue with a GlobalConcurrency,
+// whose leases are kept as keyed rows' are (see heartbeatSQL).
+func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lease time.Duration, bounded bool) ([]Kept, error) {
+	rows, err := db.Query(ctx, q.heartbeat, ids, tokens, micros(lease), bounded)
 	if err != nil {
 		return nil, err
 	}

@@ -72,7 +72,7 @@ func TestHeartbeatCommittingAfterExpiryHoldsTheSlot(t *testing.T) {
 	done := make(chan []sqlq.Kept)
 	go func() {
 		time.Sleep(800 * time.Millisecond) // the lease has 200ms left
-		kept, err := q.Heartbeat(ctx, hb, []int64{1}, []int64{1}, time.Minute)
+		kept, err := q.Heartbeat(ctx, hb, []int64{1}, []int64{1}, time.Minute, false)
 		if err != nil {
 			t.Error(err)
 		}

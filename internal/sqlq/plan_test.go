@@ -543,7 +543,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NotNil(t, at)
 				}},
 				{"heartbeat", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
-					held, err := f.q.Heartbeat(ctx, tx, ids, tokens, time.Minute)
+					held, err := f.q.Heartbeat(ctx, tx, ids, tokens, time.Minute, false)
 					require.NoError(t, err)
 					require.Len(t, held, batch)
 				}},
