@@ -61,6 +61,8 @@ type Report struct {
 	FencedWrites  int
 	FencedRefused int
 	StaleAccepted int // accepted stale writes: the fence let a zombie through
+	StaleFirst    int // with CheckOpts.StaleFirstAllowed: stale writes accepted before any write of a newer claim (not in StaleAccepted)
+	staleFilter   string
 	StaleRefused  int // stale writes the fence refused
 
 	LostWakeUps int // parked instances holding a matching unconsumed signal
@@ -81,6 +83,13 @@ type CheckOpts struct {
 	// PastLeaseGrace: an executing row counts in PastLease once its lease
 	// expired longer ago than this (the reaper's interval plus slack).
 	PastLeaseGrace time.Duration
+	// StaleFirstAllowed: a stale write that reached the fenced resource
+	// before any write of a newer claim of its key is accepted — a token
+	// fence sees only the writes that reach it (RELIABILITY.md) — and is
+	// counted in StaleFirst, not StaleAccepted. For scenarios where a
+	// context-ignoring step keeps running while its key waits for the reap
+	// (a cut-off process), not only after its successors ran (a stopped one).
+	StaleFirstAllowed bool
 }
 
 // Check runs every check over schema.
@@ -121,6 +130,11 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 	}
 	rows.Close()
 
+	staleAfterNewer := "" // every accepted stale write counts
+	if o.StaleFirstAllowed {
+		staleAfterNewer = ` AND EXISTS (SELECT 1 FROM {{s}}.chaos_fenced_log m WHERE m.key = l.key AND m.n < l.n AND m.token > l.token)`
+	}
+	r.staleFilter = staleAfterNewer
 	checks := []struct {
 		dst  *int
 		stmt string
@@ -150,7 +164,9 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 		{&r.SlotExcess, `SELECT count(*) FROM {{s}}.chaos_effects e WHERE ` + slotExcess, nil},
 		{&r.FencedWrites, `SELECT count(*) FROM {{s}}.chaos_fenced_log`, nil},
 		{&r.FencedRefused, `SELECT count(*) FROM {{s}}.chaos_fenced_log WHERE NOT accepted`, nil},
-		{&r.StaleAccepted, `SELECT count(*) FROM {{s}}.chaos_fenced_log WHERE accepted AND NOT current`, nil},
+		{&r.StaleAccepted, `SELECT count(*) FROM {{s}}.chaos_fenced_log l WHERE accepted AND NOT current` + staleAfterNewer, nil},
+		{&r.StaleFirst, `SELECT count(*) FROM {{s}}.chaos_fenced_log l WHERE accepted AND NOT current AND $1::bool AND NOT EXISTS (
+			SELECT 1 FROM {{s}}.chaos_fenced_log m WHERE m.key = l.key AND m.n < l.n AND m.token > l.token)`, []any{o.StaleFirstAllowed}},
 		{&r.StaleRefused, `SELECT count(*) FROM {{s}}.chaos_fenced_log WHERE NOT accepted AND NOT current`, nil},
 		{&r.LostWakeUps, `SELECT count(*) FROM {{s}}.gendurable_instances i WHERE ` + lostWakeUp, nil},
 		{&r.FaninEarly, `SELECT count(*) FROM (
@@ -341,7 +357,7 @@ func (r *Report) sample(ctx context.Context, pool *pgxpool.Pool, schema string) 
 	}
 	if r.StaleAccepted > 0 {
 		add("stale write accepted", `SELECT format('key %s: %s write #%s of run %s (instance %s, token %s, pid %s) at %s', key, phase, n, run_id, instance, token, pid, at)
-			FROM {{s}}.chaos_fenced_log WHERE accepted AND NOT current ORDER BY id LIMIT 5`)
+			FROM {{s}}.chaos_fenced_log l WHERE accepted AND NOT current`+r.staleFilter+` ORDER BY id LIMIT 5`)
 	}
 	if r.LostWakeUps > 0 {
 		add("lost wake-up", `SELECT format('#%s awaits %s', i.id, i.awaits) FROM {{s}}.gendurable_instances i

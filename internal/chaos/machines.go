@@ -33,6 +33,11 @@ type LeafState struct {
 	// writes the fenced resource whatever happens): the checker leaves its
 	// runs out of the partition overlaps, which promise nothing for them.
 	IgnoreCtx bool `json:"ignore_ctx,omitempty"`
+	// TxHoldMs: a keyed leaf updates its key's row of chaos_key_tx in its
+	// WithTx outcome and then holds the transaction open, idle, this long.
+	TxHoldMs int `json:"tx_hold_ms,omitempty"`
+	// Exact: work exactly SleepMs, not a random part of it.
+	Exact bool `json:"exact,omitempty"`
 }
 
 // WaiterState is the state of the "waiter" machine: it awaits "pay"
@@ -123,11 +128,15 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 		Name: "leaf", Start: "work", MaxAttempts: 25, Backoff: chaosBackoff,
 		Steps: map[string]gendurable.StepFunc[LeafState]{
 			"work": func(ctx context.Context, r *gendurable.Run[LeafState]) (gendurable.Outcome, error) {
-				run, err := beginFenced(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs), r.State.Fence, r.State.IgnoreCtx)
+				d := jitter(r.State.SleepMs)
+				if r.State.Exact {
+					d = ms(r.State.SleepMs)
+				}
+				run, err := beginFenced(ctx, rt, r, r.State.Seq, d, r.State.Fence, r.State.IgnoreCtx)
 				if err != nil {
 					return gendurable.Outcome{}, err
 				}
-				return run.commit(gendurable.Done(map[string]int{"seq": r.State.Seq}), nil), nil
+				return run.commitHolding(gendurable.Done(map[string]int{"seq": r.State.Seq}), nil, ms(r.State.TxHoldMs)), nil
 			},
 		},
 	}

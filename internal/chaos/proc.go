@@ -231,8 +231,15 @@ func (p *Proc) Term(timeout time.Duration) (*Event, error) {
 	select {
 	case <-p.done:
 	case <-time.After(timeout):
+		// Its goroutines' stacks to its log (the Go runtime's SIGQUIT dump),
+		// to see what it was waiting on; then kill it.
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-p.done:
+		case <-time.After(2 * time.Second):
+		}
 		p.Kill()
-		return nil, fmt.Errorf("worker %s did not stop within %s; killed", p.Name, timeout)
+		return nil, fmt.Errorf("worker %s did not stop within %s; killed (goroutine dump in %s)", p.Name, timeout, p.logPath)
 	}
 	if ev := p.Last("stopped"); ev != nil {
 		return ev, nil

@@ -102,6 +102,11 @@ CREATE TABLE {{s}}.chaos_fenced_log (
   current  boolean NOT NULL,
   at       timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+-- An application row per partition key that a keyed leaf with TxHoldMs updates
+-- in its WithTx outcome and then holds (the transaction idle) for that long: a
+-- run cut off from the database mid-transaction leaves the row locked for as
+-- long as its server session lives, and the key's next runs need the lock.
+CREATE TABLE {{s}}.chaos_key_tx (key text PRIMARY KEY, n int NOT NULL);
 -- The key policies the scenario's workers run with (Config.KeyPolicies), for
 -- the checker: a key's limit is its row's key_limit, else the longest prefix
 -- here it starts with, else 1.
@@ -131,7 +136,7 @@ type Runtime struct {
 	// Options of the process (scenario knobs for the poison machines).
 	EffectErrors atomic.Int64 // side-effect writes that failed
 
-	insEffect, endEffect, insOracle, fenceWrite string
+	insEffect, endEffect, insOracle, fenceWrite, keyTx string
 }
 
 // NewRuntime prepares the statements for schema.
@@ -151,6 +156,8 @@ func NewRuntime(pool *pgxpool.Pool, schema string, pid int, worker string) *Runt
 		// transaction: if the fence holds, it is this run's token.
 		insOracle: SQL(schema, `INSERT INTO {{s}}.chaos_oracle (instance, fsm, step, seq, attempt, token, run_id, pid, worker, started, note)
 			SELECT $1, $2, $3, $4, $5, (SELECT claim_token FROM {{s}}.gendurable_instances WHERE id = $1), $6, $7, $8, $9, $10`),
+		keyTx: SQL(schema, `INSERT INTO {{s}}.chaos_key_tx AS k (key, n) VALUES ($1, 1)
+			ON CONFLICT (key) DO UPDATE SET n = k.n + 1`),
 		// A write to the fenced resource: applied if its token is at least the
 		// last one accepted for the key, refused otherwise; logged either way
 		// in the resource's order, with whether the writer's claim was still
@@ -366,6 +373,14 @@ func (s *stepRun) stamp(cause string, workEnd time.Time) {
 // transaction that applies the outcome, so it exists iff the outcome
 // committed.
 func (s *stepRun) commit(o gendurable.Outcome, note any) gendurable.Outcome {
+	return s.commitHolding(o, note, 0)
+}
+
+// commitHolding is commit; a keyed run with hold > 0 also updates its key's
+// row of chaos_key_tx in the outcome's transaction and then leaves the
+// transaction idle for hold (honouring the context), as an application
+// that works between its statements would.
+func (s *stepRun) commitHolding(o gendurable.Outcome, note any, hold time.Duration) gendurable.Outcome {
 	s.end()
 	var noteJSON []byte
 	if note != nil {
@@ -373,7 +388,20 @@ func (s *stepRun) commit(o gendurable.Outcome, note any) gendurable.Outcome {
 	}
 	return o.WithTx(func(ctx context.Context, tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, s.rt.insOracle, s.id, s.fsm, s.step, s.seq, s.attempt, s.runID, s.rt.PID, s.rt.Worker, s.started, noteJSON)
-		return err
+		if err != nil || hold <= 0 || s.pkey == nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.rt.keyTx, *s.pkey); err != nil {
+			return err
+		}
+		t := time.NewTimer(hold)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-t.C:
+			return nil
+		}
 	})
 }
 

@@ -26,9 +26,13 @@ const EnvWorker = "CHAOS_WORKER"
 
 // WorkerConfig configures one worker process.
 type WorkerConfig struct {
-	URL    string `json:"url"`
-	Schema string `json:"schema"`
-	Name   string `json:"name"` // w1, w2, ...: part of the application_name
+	URL string `json:"url"`
+	// EngineURL, if set, is where the engine's pool connects (a proxy the
+	// harness can cut); the harness's own records (side effects, the fenced
+	// resource) still go to URL, from a pool of their own.
+	EngineURL string `json:"engine_url,omitempty"`
+	Schema    string `json:"schema"`
+	Name      string `json:"name"` // w1, w2, ...: part of the application_name
 
 	Queue       string `json:"queue,omitempty"` // default "default"
 	Concurrency int    `json:"concurrency"`
@@ -152,7 +156,11 @@ func runWorker(cfg WorkerConfig, out *emitter, logger *slog.Logger) (int, error)
 	// From the start: a SIGTERM while the engine starts still means "stop gracefully".
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM, syscall.SIGINT)
-	pcfg, err := pgxpool.ParseConfig(cfg.URL)
+	engineURL := cfg.URL
+	if cfg.EngineURL != "" {
+		engineURL = cfg.EngineURL
+	}
+	pcfg, err := pgxpool.ParseConfig(engineURL)
 	if err != nil {
 		return 2, err
 	}
@@ -161,6 +169,10 @@ func runWorker(cfg WorkerConfig, out *emitter, logger *slog.Logger) (int, error)
 	}
 	pcfg.ConnConfig.RuntimeParams["application_name"] = cfg.AppName()
 	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	// An idle connection is pinged before use; after a partition pgx would
+	// otherwise keep an abandoned ping going for a minute, and the pool's
+	// Close waits for it.
+	pcfg.PingTimeout = 2 * time.Second
 	c := &counters{}
 	pcfg.BeforeConnect = func(context.Context, *pgx.ConnConfig) error {
 		c.connAttempts.Add(1)
@@ -175,7 +187,21 @@ func runWorker(cfg WorkerConfig, out *emitter, logger *slog.Logger) (int, error)
 		return 2, err
 	}
 
-	rt := NewRuntime(pool, cfg.Schema, os.Getpid(), cfg.Name)
+	rtPool := pool
+	if cfg.EngineURL != "" {
+		hcfg, err := pgxpool.ParseConfig(cfg.URL)
+		if err != nil {
+			return 2, err
+		}
+		hcfg.MaxConns = 4
+		hcfg.ConnConfig.RuntimeParams["application_name"] = cfg.AppName() + ":harness"
+		hcfg.ConnConfig.ConnectTimeout = 2 * time.Second
+		if rtPool, err = pgxpool.NewWithConfig(ctx, hcfg); err != nil {
+			return 2, err
+		}
+		defer rtPool.Close()
+	}
+	rt := NewRuntime(rtPool, cfg.Schema, os.Getpid(), cfg.Name)
 	defs := NewMachines(rt, cfg.Knobs)
 	hooks := []gendurable.Hook{gendurable.HookFunc(func(_ context.Context, ev gendurable.Event) {
 		switch e := ev.(type) {
@@ -291,13 +317,16 @@ func runWorker(cfg WorkerConfig, out *emitter, logger *slog.Logger) (int, error)
 		stopTimeout = ms(cfg.StopMs)
 	}
 	sctx, cancel := context.WithTimeout(ctx, stopTimeout)
+	stopStart := time.Now()
 	stopErr := eng.Stop(sctx)
+	stopDur := time.Since(stopStart)
 	cancel()
 	stopBG()
 	wg.Wait()
-	pool.Close()
+	pool.Close() // pgx may take up to 15 s here with connections cut off (its cancel requests' timeout)
 	ev := Event{Ev: "stopped", Counts: c.snapshot(rt)}
 	ev.Counts["hook_panics"] = c.hookPanics.Load()
+	ev.Counts["stop_ms"] = stopDur.Milliseconds()
 	if stopErr != nil {
 		ev.Err = stopErr.Error()
 	}
