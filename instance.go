@@ -121,8 +121,11 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // with a fresh attempt budget; its error history is kept. A child whose
 // parent still waits is waited for again. [ErrNotFound], [ErrNotRetryable]
 // (not failed), or [ErrUniqueConflict] (another live instance now holds its
-// unique key) leave everything unchanged. The retry is logged at Info on
-// the engine's Logger.
+// unique key) leave everything unchanged. A keyed instance cancelled
+// while its step ran keeps its key's slot until that step's lease ends
+// ([Engine.Cancel]); retried before then, it keeps the slot and becomes
+// eligible when the lease ends, so it never runs beside the cancelled run.
+// The retry is logged at Info on the engine's Logger.
 func (e *Engine) Retry(ctx context.Context, id int64) error {
 	status, queue, err := e.q.Retry(ctx, e.pool, id)
 	var pgErr *pgconn.PgError

@@ -255,11 +255,24 @@ func (q *Queries) InstancesOf(ctx context.Context, db DB, fsm string, version in
 // no longer counts for its parent. The unique index may refuse the move (another
 // live instance took the key meanwhile): the caller reports that.
 
+// retryLeaseSet is what a retry writes to the eligible time and lease of
+// a failed row (the row unaliased or aliased i alike): a keyed row an
+// operator cancelled mid-step keeps its lease (cancelSet) — the fenced run
+// may go on until its worker's next heartbeat, and the lease is its key's
+// slot — so a retry before that lease ends keeps it too, and the row
+// becomes eligible only when it ends: neither the retried row nor another
+// row of the key starts beside the cancelled run (docs/design.md §6). Any
+// other row is eligible at once, without a lease.
+const retryLeaseSet = `      eligible_at = CASE WHEN partition_key IS NOT NULL AND lease_expires_at > now()
+                         THEN lease_expires_at ELSE now() END,
+      lease_expires_at = CASE WHEN partition_key IS NOT NULL AND lease_expires_at > now()
+                              THEN lease_expires_at END`
+
 const retrySQL = `
 WITH r AS (
   UPDATE {{schema}}.gendurable_instances
-  SET status = 'runnable', attempt = 0, eligible_at = now(), finished_at = NULL,
-      lease_expires_at = NULL, claim_token = NULL, updated_at = now()
+  SET status = 'runnable', attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+` + retryLeaseSet + `
   WHERE id = $1 AND status = 'failed'
   RETURNING id, parent_id, parent_fanout, queue
 ), p AS (
