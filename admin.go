@@ -478,7 +478,8 @@ const PruneBatch = 1000
 
 // Prune deletes finished (done or failed) instances that finished more
 // than retention ago, with their signals, in batches of PruneBatch until
-// none is left; progress, if not nil, is called after each batch with the
+// none is left (a finished child whose parent is still live is kept, for
+// the parent's next step reads it); progress, if not nil, is called after each batch with the
 // running total. It returns the number deleted.
 func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	if retention < 0 {

@@ -496,3 +496,48 @@ func TestNamesAndKeysShareOneRule(t *testing.T) {
 	require.NoError(t, b.eng.Pause(ctx, "naïve queue"))
 	require.ErrorIs(t, b.eng.RemoveQueue(ctx, "naïve queue"), gendurable.ErrQueueNotEmpty)
 }
+
+// TestPruneKeepsTheChildrenOfALiveParent: a child that finished long ago
+// while its parent still waits for a slower sibling is part of what the
+// parent's next step reads (Run.Children, with results). Prune — the
+// operator's and the engine's own — must leave it until the parent has
+// finished, whatever its age; then it goes like any finished row.
+func TestPruneKeepsTheChildrenOfALiveParent(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	leaf := &gendurable.Job[leafArgs]{Name: "pleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		if j.State.N == 2 {
+			<-gate // the slow sibling
+		}
+		return nil
+	}}
+	m := &gendurable.Machine[fanState]{Name: "pparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return gendurable.Done(len(r.Children)), nil
+			},
+		}}
+	b := setup(t, fastConfig("", m, leaf))
+	b.start()
+	ctx := context.Background()
+	parent := b.insert(m.New(fanState{}))
+	var fast int64
+	eventually(t, 10*time.Second, func() bool {
+		return b.pool.QueryRow(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances
+			WHERE parent_id = $1 AND status = 'done'`, b.schema), parent).Scan(&fast) == nil
+	}, "the fast child did not finish")
+	b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '10 days' WHERE id = $1`, fast)
+	n, err := b.eng.Prune(ctx, 24*time.Hour, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(0), n, "a finished child of a parent that still waits was pruned")
+	close(gate)
+	r := b.waitStatus(parent, "done", 10*time.Second)
+	require.JSONEq(t, `2`, string(r.Result), "the parent's join step saw both children")
+	b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '10 days'`)
+	n, err = b.eng.Prune(ctx, 24*time.Hour, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), n, "once the parent finished, it and its children go")
+}

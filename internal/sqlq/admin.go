@@ -279,16 +279,23 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 }
 
 // pruneSQL deletes up to $2 finished instances older than the retention,
-// and their signals, oldest first. It runs under pruneSettings: the planner
-// may only walk the finished index in order and probe the signals index, so
-// a batch costs O(batch) whatever the statistics say (docs/design.md §5).
+// and their signals, oldest first. A finished child whose parent is still
+// live is kept, whatever its age: the parent's next step reads it
+// (Run.Children, with its result); it goes once the parent has finished.
+// It runs under pruneSettings: the planner may only walk the finished index
+// in order and probe the signals index and the parent's primary key, so a
+// batch costs O(batch) whatever the statistics say (docs/design.md §5),
+// plus the old children of live parents it walks past.
 const pruneSQL = `
 WITH doomed AS MATERIALIZED (
-  SELECT id FROM {{schema}}.gendurable_instances
-  WHERE status IN ('done', 'failed') AND finished_at < now() - $1::bigint * interval '1 microsecond'
-  ORDER BY finished_at
+  SELECT i.id FROM {{schema}}.gendurable_instances AS i
+  WHERE i.status IN ('done', 'failed') AND i.finished_at < now() - $1::bigint * interval '1 microsecond'
+    AND (i.parent_id IS NULL OR NOT EXISTS (
+      SELECT 1 FROM {{schema}}.gendurable_instances AS p
+      WHERE p.id = i.parent_id AND p.status NOT IN ('done', 'failed')))
+  ORDER BY i.finished_at
   LIMIT $2
-  FOR UPDATE SKIP LOCKED
+  FOR UPDATE OF i SKIP LOCKED
 ), signals AS (
   DELETE FROM {{schema}}.gendurable_signals AS s USING doomed AS d WHERE s.target_id = d.id
   RETURNING s.id
