@@ -541,3 +541,37 @@ func TestPruneKeepsTheChildrenOfALiveParent(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(3), n, "once the parent finished, it and its children go")
 }
+
+// TestPruneIsLoggedEvenWhenCutShort: Prune is an operator's mutation and
+// leaves one audit line on the engine's Logger, with what it deleted — also
+// when it stops part way (Ctrl-C in `gendurable prune`, a lost connection):
+// the batches before committed and are gone.
+func TestPruneIsLoggedEvenWhenCutShort(t *testing.T) {
+	t.Parallel()
+	job := (&recorder{}).job("cutshort")
+	var logs bytes.Buffer
+	cfg := fastConfig("", job)
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	b := setup(t, cfg)
+	ps := make([]gendurable.InsertParams, 2500)
+	for i := range ps {
+		ps[i] = job.New(orderArgs{I: i})
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'done', finished_at = now() - interval '10 days'`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n, err := b.eng.Prune(ctx, 24*time.Hour, func(int64) { cancel() }) // stop after the first batch
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, int64(gendurable.PruneBatch), n)
+	require.Equal(t, 1500, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+	require.Contains(t, logs.String(), "gendurable: pruned")
+	require.Contains(t, logs.String(), fmt.Sprintf("deleted=%d", gendurable.PruneBatch))
+
+	logs.Reset()
+	n, err = b.eng.Prune(context.Background(), 24*time.Hour, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(1500), n)
+	require.Contains(t, logs.String(), "deleted=1500")
+}

@@ -627,14 +627,16 @@ func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if benchrun.IsTerminal(os.Stderr) {
 		progress = func(n int64) { fmt.Fprintf(stderr, "\rpruned %d…", n) }
 	}
-	n, err := eng.Prune(ctx, *retention, progress)
+	n, err := eng.Prune(ctx, *retention, progress) // logged by the engine, on the CLI's logger
 	if progress != nil {
 		fmt.Fprintln(stderr)
 	}
 	if err != nil {
+		if n > 0 { // the batches before the error committed
+			return fmt.Errorf("%w (%d instances were deleted before it)", err, n)
+		}
 		return err
 	}
-	c.logger(stderr).Info("gendurable: pruned", "deleted", n, "retention", retention.String())
 	if c.json {
 		return printJSON(stdout, map[string]any{"deleted": n, "retention": retention.String()})
 	}
