@@ -1029,8 +1029,8 @@ func TestHandedOffRowOfAnUnknownVersionIsReleased(t *testing.T) {
 // starts only once the cancelled run's lease has ended — never beside it.
 func TestRetryOfACancelledKeyedStepWaitsForItsLease(t *testing.T) {
 	t.Parallel()
-	for _, bulk := range []bool{false, true} {
-		t.Run(map[bool]string{false: "Retry", true: "RetryMany"}[bulk], func(t *testing.T) {
+	for _, how := range []string{"Retry", "RetryMany", "RetryCancelRetry"} {
+		t.Run(how, func(t *testing.T) {
 			t.Parallel()
 			var mu sync.Mutex
 			running, most, runs := 0, 0, 0
@@ -1061,11 +1061,16 @@ func TestRetryOfACancelledKeyedStepWaitsForItsLease(t *testing.T) {
 			b.start()
 			aID := <-started
 			require.NoError(t, b.eng.Cancel(ctx, aID, "operator"))
-			if bulk {
+			switch how {
+			case "RetryMany":
 				res, err := b.eng.RetryMany(ctx, []int64{aID})
 				require.NoError(t, err)
 				require.Equal(t, int64(1), res.Changed)
-			} else {
+			case "RetryCancelRetry": // cancelled again while it waits: the slot stays taken
+				require.NoError(t, b.eng.Retry(ctx, aID))
+				require.NoError(t, b.eng.Cancel(ctx, aID, "operator, again"))
+				require.NoError(t, b.eng.Retry(ctx, aID))
+			default:
 				require.NoError(t, b.eng.Retry(ctx, aID))
 			}
 			select {

@@ -242,10 +242,13 @@ func (q *Queries) RemoveQueue(ctx context.Context, db DB, queue string) (hadRow,
 }
 
 // cancelSet is what a cancel writes to each instance it cancels ($2 the
-// reason, $3 MaxErrorHistory): Cancel and the bulk cancels share it.
+// reason, $3 MaxErrorHistory): Cancel and the bulk cancels share it. A
+// keyed row keeps its lease (its key's slot) if it is executing, or if it is
+// a row retried while its cancelled run's lease was live (retryLeaseSet).
 const cancelSet = `
   SET status = 'failed', finished_at = now(), updated_at = now(),
-      lease_expires_at = CASE WHEN i.status = 'executing' AND i.partition_key IS NOT NULL THEN i.lease_expires_at END,
+      lease_expires_at = CASE WHEN i.partition_key IS NOT NULL AND (i.status = 'executing' OR i.lease_expires_at > now())
+                              THEN i.lease_expires_at END,
       claim_token = NULL, awaits = NULL, await_deadline = NULL, inbox = '{}',
       errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
                || jsonb_build_array(jsonb_build_object(
