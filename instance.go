@@ -153,7 +153,9 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 
 // RunNow makes a runnable instance that is eligible later — scheduled, or
 // backing off before its next attempt — eligible now; its attempt count is
-// kept. An instance already eligible is left as it is (nil). [ErrNotFound],
+// kept (a keyed instance retried after a cancel of its running step becomes
+// eligible when that step's lease ends, not before: see [Engine.Retry]).
+// An instance already eligible is left as it is (nil). [ErrNotFound],
 // or [ErrNotDelayed] for an instance executing, awaiting a signal or
 // children, or finished. The change is logged at Info on the engine's
 // Logger.

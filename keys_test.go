@@ -1029,7 +1029,7 @@ func TestHandedOffRowOfAnUnknownVersionIsReleased(t *testing.T) {
 // starts only once the cancelled run's lease has ended — never beside it.
 func TestRetryOfACancelledKeyedStepWaitsForItsLease(t *testing.T) {
 	t.Parallel()
-	for _, how := range []string{"Retry", "RetryMany", "RetryCancelRetry"} {
+	for _, how := range []string{"Retry", "RetryMany", "RetryCancelRetry", "RetryRunNow"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
 			var mu sync.Mutex
@@ -1057,7 +1057,9 @@ func TestRetryOfACancelledKeyedStepWaitsForItsLease(t *testing.T) {
 			cfg := fastConfig("", job) // lease 3s, heartbeat 1s
 			b := setup(t, cfg)
 			ctx := context.Background()
-			b.insert(job.New(spanArgs{Key: "A"}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+			// Limit 2: the instance's own live lease is one holder, so a
+			// second run of it would fit unless it is kept from running.
+			b.insert(job.New(spanArgs{Key: "A"}).With(gendurable.InsertOpts{PartitionKey: "k", KeyLimit: 2}))
 			b.start()
 			aID := <-started
 			require.NoError(t, b.eng.Cancel(ctx, aID, "operator"))
@@ -1070,6 +1072,9 @@ func TestRetryOfACancelledKeyedStepWaitsForItsLease(t *testing.T) {
 				require.NoError(t, b.eng.Retry(ctx, aID))
 				require.NoError(t, b.eng.Cancel(ctx, aID, "operator, again"))
 				require.NoError(t, b.eng.Retry(ctx, aID))
+			case "RetryRunNow": // run now cannot make it eligible before the lease ends
+				require.NoError(t, b.eng.Retry(ctx, aID))
+				require.NoError(t, b.eng.RunNow(ctx, aID))
 			default:
 				require.NoError(t, b.eng.Retry(ctx, aID))
 			}
@@ -1080,7 +1085,7 @@ func TestRetryOfACancelledKeyedStepWaitsForItsLease(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			require.Equal(t, 1, most, "the retried keyed step ran beside its cancelled run (key limit 1)")
+			require.Equal(t, 1, most, "the retried keyed step ran beside its cancelled run")
 		})
 	}
 }

@@ -96,12 +96,16 @@ SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
   SELECT c.id FROM {{schema}}.gendurable_instances AS c WHERE c.id = u.id OFFSET 0) AS c`
 
 // runNowSQL makes a runnable row that is eligible later (scheduled, or
-// backing off before its next attempt) eligible now. It returns the status
-// the row had (NULL if none exists) and, if it was changed, its queue.
+// backing off before its next attempt) eligible now — but not before the
+// live lease a keyed row retried after a cancel keeps (retryLeaseSet): its
+// cancelled run may still go on until then. It returns the status the row
+// had (NULL if none exists) and, if it was changed, its queue.
 const runNowSQL = `
 WITH u AS (
   UPDATE {{schema}}.gendurable_instances
-  SET eligible_at = now(), updated_at = now()
+  SET eligible_at = CASE WHEN partition_key IS NOT NULL AND lease_expires_at > now()
+                         THEN lease_expires_at ELSE now() END,
+      updated_at = now()
   WHERE id = $1 AND status = 'runnable' AND eligible_at > now()
   RETURNING queue
 )
