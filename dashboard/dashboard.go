@@ -45,7 +45,10 @@
 // hidden; without it a <noscript> meta refresh reloads it.
 //   - /machines and /machines/{name} — registered machines, and a machine's
 //     steps drawn as a graph (inline SVG) with counts by status and the
-//     transitions the engine's process has observed.
+//     transitions the engine's process has observed. A machine named "." or
+//     ".." (which a browser would resolve out of a path) is
+//     /machines?name=.., and such a queue's pause and resume are
+//     /queues/pause?queue=.. and /queues/resume?queue=...
 //
 // # Security
 //
@@ -281,6 +284,9 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	mux.HandleFunc("GET /static/{file}", serveStatic)
 	mux.Handle("POST /queues/{queue}/pause", d.mutation("pause", d.pauseAction))
 	mux.Handle("POST /queues/{queue}/resume", d.mutation("resume", d.resumeAction))
+	// The queues "." and "..", whose names a path cannot carry past a browser.
+	mux.Handle("POST /queues/pause", d.mutation("pause", d.pauseAction))
+	mux.Handle("POST /queues/resume", d.mutation("resume", d.resumeAction))
 	mux.Handle("POST /bulk/retry", d.mutation("bulk-retry", d.bulkRetryAction))
 	mux.Handle("POST /bulk/cancel", d.mutation("bulk-cancel", d.bulkCancelAction))
 	mux.Handle("POST /instances/{id}/retry", d.mutation("retry", d.retryAction))
