@@ -62,10 +62,13 @@ type Instance struct {
 	// Attempt counts from 0: 0 while the step runs (or waits to run) for
 	// the first time, +1 per failed attempt (a replay or an expired lease).
 	// Attempt+1 is the run's number ("attempt 1 of 3"), as the CLI shows it.
-	Attempt        int        `json:"attempt"`
-	MaxAttempts    int        `json:"max_attempts"`
-	EligibleAt     time.Time  `json:"eligible_at"`
-	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"` // set while executing
+	Attempt     int       `json:"attempt"`
+	MaxAttempts int       `json:"max_attempts"`
+	EligibleAt  time.Time `json:"eligible_at"`
+	// LeaseExpiresAt is set while executing; a keyed instance cancelled
+	// while executing keeps its run's lease (its key's slot) until it ends,
+	// also once retried ([Engine.Cancel], [Engine.Retry]).
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 	PartitionKey   string     `json:"partition_key,omitempty"`
 	// UniqueKey is the key the instance was inserted with (InsertOpts.UniqueKey),
 	// "" if none; UniqueKeyHeld says whether its status is inside its unique
