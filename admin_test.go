@@ -575,3 +575,45 @@ func TestPruneIsLoggedEvenWhenCutShort(t *testing.T) {
 	require.Equal(t, int64(1500), n)
 	require.Contains(t, logs.String(), "deleted=1500")
 }
+
+// TestRetryOfAParentCancelledMidFanOutWaitsForItsChildren: a parent
+// cancelled while it awaits its children leaves them running; retried
+// while some still run, it must wait for them again, not run its join step
+// at once with live children in Run.Children.
+func TestRetryOfAParentCancelledMidFanOutWaitsForItsChildren(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	leaf := &gendurable.Job[leafArgs]{Name: "rleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		select {
+		case <-gate:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	m := &gendurable.Machine[fanState]{Name: "rparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				var st []string
+				for _, c := range r.Children {
+					st = append(st, string(c.Status))
+				}
+				return gendurable.Done(st), nil
+			},
+		}}
+	b := setup(t, fastConfig("", m, leaf))
+	b.start()
+	ctx := context.Background()
+	parent := b.insert(m.New(fanState{}))
+	b.waitStatus(parent, "awaiting_children", 10*time.Second)
+	require.NoError(t, b.eng.Cancel(ctx, parent, "operator"))
+	require.NoError(t, b.eng.Retry(ctx, parent))
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, "awaiting_children", b.row(parent).Status, "the retried parent ran its join beside its live children")
+	close(gate)
+	r := b.waitStatus(parent, "done", 10*time.Second)
+	require.JSONEq(t, `["done", "done"]`, string(r.Result))
+}

@@ -122,7 +122,8 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 
 // Retry moves a failed instance back to runnable at the step it failed in,
 // with a fresh attempt budget; its error history is kept. A child whose
-// parent still waits is waited for again. [ErrNotFound], [ErrNotRetryable]
+// parent still waits is waited for again; a parent cancelled while it
+// awaited its children, some of which still run, awaits them again. [ErrNotFound], [ErrNotRetryable]
 // (not failed), or [ErrUniqueConflict] (another live instance now holds its
 // unique key) leave everything unchanged. A keyed instance cancelled
 // while its step ran keeps its key's slot until that step's lease ends

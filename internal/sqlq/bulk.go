@@ -34,7 +34,8 @@ WITH cand AS MATERIALIZED (
   ORDER BY u.ord
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET status = 'runnable', attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+` + retryStatusSet + `,
 ` + retryLeaseSet + `
   FROM cand WHERE i.id = cand.id -- locked by cand, still failed
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue

@@ -268,10 +268,19 @@ const retryLeaseSet = `      eligible_at = CASE WHEN partition_key IS NOT NULL A
       lease_expires_at = CASE WHEN partition_key IS NOT NULL AND lease_expires_at > now()
                               THEN lease_expires_at END`
 
+// retryStatusSet is the status a retry gives a failed row: runnable, or,
+// for a parent cancelled while it awaited its fan-out with children still
+// live (children_pending counts them down whatever the parent's status),
+// awaiting_children again, so its next step runs once they have finished,
+// not beside them.
+const retryStatusSet = `      status = CASE WHEN children_pending > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
+                    ELSE 'runnable' END`
+
 const retrySQL = `
 WITH r AS (
   UPDATE {{schema}}.gendurable_instances
-  SET status = 'runnable', attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+` + retryStatusSet + `,
 ` + retryLeaseSet + `
   WHERE id = $1 AND status = 'failed'
   RETURNING id, parent_id, parent_fanout, queue
