@@ -392,6 +392,30 @@ func TestUISecretsHostsAndAudit(t *testing.T) {
 	require.NotContains(t, stderr.String(), "visible to every user", "no warning without secrets on the command line")
 }
 
+// TestUIEngineLinesAreNotTheCLIs: under `gendurable ui` an action is the
+// dashboard user's, not the CLI's: the engine's own line of it (e.g.
+// "queue paused") must not claim via=cli and the server's operating-system
+// user, which read as if someone at the shell had done it; the dashboard's
+// audit line names the dashboard user.
+func TestUIEngineLinesAreNotTheCLIs(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	_, err := pool.Exec(context.Background(), `INSERT INTO "`+schema+`".gendurable_queues (name) VALUES ('default')`)
+	require.NoError(t, err)
+	base, stderr := startUI(t, []string{"GENDURABLE_UI_TOKEN=env-token-0123456789"}, "--schema", schema)
+	require.Equal(t, http.StatusSeeOther, call(t, "POST", base+"/queues/default/pause", "", "Bearer env-token-0123456789"))
+	require.Eventually(t, func() bool {
+		s := stderr.String()
+		return strings.Contains(s, "gendurable: queue paused") && strings.Contains(s, "dashboard audit: pause")
+	}, 5*time.Second, 20*time.Millisecond, "stderr: %s", stderr)
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if strings.Contains(line, "gendurable: queue paused") {
+			require.NotContains(t, line, "via=cli", line)
+			require.Contains(t, line, "via=ui", line)
+		}
+	}
+}
+
 // oneErrorLine checks that stderr is one line, "gendurable: ..." with the
 // prefix once, and no flag package usage dump.
 func oneErrorLine(t *testing.T, args []string, stderr string) {

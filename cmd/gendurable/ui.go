@@ -83,6 +83,7 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *maxConns <= 0 {
 		return usageError{msg: "--max-conns must be positive"}
 	}
+	c.ui = true
 	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err
