@@ -392,6 +392,29 @@ func TestUISecretsHostsAndAudit(t *testing.T) {
 	require.NotContains(t, stderr.String(), "visible to every user", "no warning without secrets on the command line")
 }
 
+// TestUIRefusesAnyHostWithoutCredentials: on loopback without credentials
+// the Host check is all that keeps a web page whose DNS name was rebound to
+// 127.0.0.1 from reading and driving the dashboard (its POSTs are
+// same-origin to the browser). `--allowed-host '*'` turns that check off,
+// so without --token or --basic-auth it is refused (exit 2), not served.
+func TestUIRefusesAnyHostWithoutCredentials(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, NoMigrate: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "ui", "--addr", "127.0.0.1:0", "--schema", schema, "--allowed-host", "*")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, ctx.Err(), "it served: %s", out)
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "%s", out)
+	require.Equal(t, exitUsage, ee.ExitCode(), "%s", out)
+	require.Contains(t, string(out), "--allowed-host '*' needs --token or --basic-auth")
+
+	base, _ := startUI(t, []string{"GENDURABLE_UI_TOKEN=env-token-0123456789"}, "--schema", schema, "--allowed-host", "*")
+	require.Equal(t, http.StatusUnauthorized, call(t, "GET", base+"/", "rebound.example", ""), "with a token, any host is served, to those who have it")
+}
+
 // TestUIEngineLinesAreNotTheCLIs: under `gendurable ui` an action is the
 // dashboard user's, not the CLI's: the engine's own line of it (e.g.
 // "queue paused") must not claim via=cli and the server's operating-system
