@@ -616,4 +616,45 @@ func TestRetryOfAParentCancelledMidFanOutWaitsForItsChildren(t *testing.T) {
 	close(gate)
 	r := b.waitStatus(parent, "done", 10*time.Second)
 	require.JSONEq(t, `["done", "done"]`, string(r.Result))
+
+	// Cancelled in one statement with its children (a cancel by queue), the
+	// parent's count of pending children is not counted down (the statement
+	// changes its row once); retried, it must not wait for children that
+	// have all finished, but run its join.
+	block := make(chan struct{})
+	defer close(block)
+	gate2 := &gendurable.Job[leafArgs]{Name: "rleaf2", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		select {
+		case <-block:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	m2 := &gendurable.Machine[fanState]{Name: "rparent2", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, gate2.New(leafArgs{N: 1}).With(gendurable.InsertOpts{Queue: "q2"}),
+					gate2.New(leafArgs{N: 2}).With(gendurable.InsertOpts{Queue: "q2"})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				var st []string
+				for _, c := range r.Children {
+					st = append(st, string(c.Status))
+				}
+				return gendurable.Done(st), nil
+			},
+		}}
+	cfg2 := fastConfig("", m2, gate2)
+	cfg2.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4}, "q2": {Concurrency: 4}}
+	b2 := setup(t, cfg2)
+	b2.start()
+	p2 := b2.insert(m2.New(fanState{}).With(gendurable.InsertOpts{Queue: "q2"}))
+	b2.waitStatus(p2, "awaiting_children", 10*time.Second)
+	res, err := b2.eng.CancelMatching(ctx, gendurable.ListFilter{Queue: "q2"}, "drain q2")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), res.Changed, "the parent and its two children, in one batch")
+	require.NoError(t, b2.eng.Retry(ctx, p2))
+	r = b2.waitStatus(p2, "done", 10*time.Second)
+	require.JSONEq(t, `["failed", "failed"]`, string(r.Result))
 }
