@@ -478,15 +478,25 @@ const PruneBatch = 1000
 
 // Prune deletes finished (done or failed) instances that finished more
 // than retention ago, with their signals, in batches of PruneBatch until
-// none is left; progress, if not nil, is called after each batch with the
-// running total. It returns the number deleted.
+// none is left (a finished child whose parent is still live is kept, for
+// the parent's next step reads it); progress, if not nil, is called after each batch with the
+// running total. It returns the number deleted; on error, the number
+// deleted before it (each batch commits on its own). The prune is logged at
+// Info on the engine's Logger with that number, also when it stopped part
+// way (unless it deleted nothing).
 func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	if retention < 0 {
 		return 0, errorf(ErrInvalidConfig, "negative retention")
 	}
 	n, err := e.pruner().RunOnce(ctx, retention, progress)
 	if err != nil && notMigrated(err) {
-		return n, e.dbErr(err, "prune")
+		err = e.dbErr(err, "prune")
+	}
+	switch {
+	case err == nil:
+		e.log.Info("gendurable: pruned", "deleted", n, "retention", retention.String())
+	case n > 0:
+		e.log.Info("gendurable: pruned", "deleted", n, "retention", retention.String(), "err", err)
 	}
 	return n, err
 }

@@ -540,3 +540,165 @@ func TestNamesAndKeysShareOneRule(t *testing.T) {
 	require.NoError(t, b.eng.Pause(ctx, "naïve queue"))
 	require.ErrorIs(t, b.eng.RemoveQueue(ctx, "naïve queue"), gendurable.ErrQueueNotEmpty)
 }
+
+// TestPruneKeepsTheChildrenOfALiveParent: a child that finished long ago
+// while its parent still waits for a slower sibling is part of what the
+// parent's next step reads (Run.Children, with results). Prune — the
+// operator's and the engine's own — must leave it until the parent has
+// finished, whatever its age; then it goes like any finished row.
+func TestPruneKeepsTheChildrenOfALiveParent(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	leaf := &gendurable.Job[leafArgs]{Name: "pleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		if j.State.N == 2 {
+			<-gate // the slow sibling
+		}
+		return nil
+	}}
+	m := &gendurable.Machine[fanState]{Name: "pparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return gendurable.Done(len(r.Children)), nil
+			},
+		}}
+	b := setup(t, fastConfig("", m, leaf))
+	b.start()
+	ctx := context.Background()
+	parent := b.insert(m.New(fanState{}))
+	var fast int64
+	eventually(t, 10*time.Second, func() bool {
+		return b.pool.QueryRow(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances
+			WHERE parent_id = $1 AND status = 'done'`, b.schema), parent).Scan(&fast) == nil
+	}, "the fast child did not finish")
+	b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '10 days' WHERE id = $1`, fast)
+	n, err := b.eng.Prune(ctx, 24*time.Hour, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(0), n, "a finished child of a parent that still waits was pruned")
+	close(gate)
+	r := b.waitStatus(parent, "done", 10*time.Second)
+	require.JSONEq(t, `2`, string(r.Result), "the parent's join step saw both children")
+	b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '10 days'`)
+	n, err = b.eng.Prune(ctx, 24*time.Hour, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), n, "once the parent finished, it and its children go")
+}
+
+// TestPruneIsLoggedEvenWhenCutShort: Prune is an operator's mutation and
+// leaves one audit line on the engine's Logger, with what it deleted — also
+// when it stops part way (Ctrl-C in `gendurable prune`, a lost connection):
+// the batches before committed and are gone.
+func TestPruneIsLoggedEvenWhenCutShort(t *testing.T) {
+	t.Parallel()
+	job := (&recorder{}).job("cutshort")
+	var logs bytes.Buffer
+	cfg := fastConfig("", job)
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	b := setup(t, cfg)
+	ps := make([]gendurable.InsertParams, 2500)
+	for i := range ps {
+		ps[i] = job.New(orderArgs{I: i})
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'done', finished_at = now() - interval '10 days'`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n, err := b.eng.Prune(ctx, 24*time.Hour, func(int64) { cancel() }) // stop after the first batch
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, int64(gendurable.PruneBatch), n)
+	require.Equal(t, 1500, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+	require.Contains(t, logs.String(), "gendurable: pruned")
+	require.Contains(t, logs.String(), fmt.Sprintf("deleted=%d", gendurable.PruneBatch))
+
+	logs.Reset()
+	n, err = b.eng.Prune(context.Background(), 24*time.Hour, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(1500), n)
+	require.Contains(t, logs.String(), "deleted=1500")
+}
+
+// TestRetryOfAParentCancelledMidFanOutWaitsForItsChildren: a parent
+// cancelled while it awaits its children leaves them running; retried
+// while some still run, it must wait for them again, not run its join step
+// at once with live children in Run.Children.
+func TestRetryOfAParentCancelledMidFanOutWaitsForItsChildren(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	leaf := &gendurable.Job[leafArgs]{Name: "rleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		select {
+		case <-gate:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	m := &gendurable.Machine[fanState]{Name: "rparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				var st []string
+				for _, c := range r.Children {
+					st = append(st, string(c.Status))
+				}
+				return gendurable.Done(st), nil
+			},
+		}}
+	b := setup(t, fastConfig("", m, leaf))
+	b.start()
+	ctx := context.Background()
+	parent := b.insert(m.New(fanState{}))
+	b.waitStatus(parent, "awaiting_children", 10*time.Second)
+	require.NoError(t, b.eng.Cancel(ctx, parent, "operator"))
+	require.NoError(t, b.eng.Retry(ctx, parent))
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, "awaiting_children", b.row(parent).Status, "the retried parent ran its join beside its live children")
+	close(gate)
+	r := b.waitStatus(parent, "done", 10*time.Second)
+	require.JSONEq(t, `["done", "done"]`, string(r.Result))
+
+	// Cancelled in one statement with its children (a cancel by queue), the
+	// parent's count of pending children is not counted down (the statement
+	// changes its row once); retried, it must not wait for children that
+	// have all finished, but run its join.
+	block := make(chan struct{})
+	defer close(block)
+	gate2 := &gendurable.Job[leafArgs]{Name: "rleaf2", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		select {
+		case <-block:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	m2 := &gendurable.Machine[fanState]{Name: "rparent2", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, gate2.New(leafArgs{N: 1}).With(gendurable.InsertOpts{Queue: "q2"}),
+					gate2.New(leafArgs{N: 2}).With(gendurable.InsertOpts{Queue: "q2"})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				var st []string
+				for _, c := range r.Children {
+					st = append(st, string(c.Status))
+				}
+				return gendurable.Done(st), nil
+			},
+		}}
+	cfg2 := fastConfig("", m2, gate2)
+	cfg2.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4}, "q2": {Concurrency: 4}}
+	b2 := setup(t, cfg2)
+	b2.start()
+	p2 := b2.insert(m2.New(fanState{}).With(gendurable.InsertOpts{Queue: "q2"}))
+	b2.waitStatus(p2, "awaiting_children", 10*time.Second)
+	res, err := b2.eng.CancelMatching(ctx, gendurable.ListFilter{Queue: "q2"}, "drain q2")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), res.Changed, "the parent and its two children, in one batch")
+	require.NoError(t, b2.eng.Retry(ctx, p2))
+	r = b2.waitStatus(p2, "done", 10*time.Second)
+	require.JSONEq(t, `["failed", "failed"]`, string(r.Result))
+}

@@ -146,8 +146,9 @@ func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch bulkBa
 // state, so it is none) is [ErrInvalidInput] unless f.All is set: "every failed instance"
 // must be asked for explicitly. An instance the filter matches that is not
 // failed is counted in Skipped (set Status to "failed" to visit only those).
-// The call stops at ctx's end between batches, returning what it did so far
-// with ctx's error; on any other error too, the result holds what was
+// The call stops at ctx's end between batches — a batch statement under way
+// runs to its end (at most 30 s), so what it changed is counted — returning
+// what it did so far with ctx's error; on any other error too, the result holds what was
 // changed before it (see [BulkResult]). The change is logged at Info on the
 // engine's Logger.
 func (e *Engine) RetryMatching(ctx context.Context, f ListFilter) (BulkResult, error) {
@@ -243,11 +244,21 @@ func (f ListFilter) String() string {
 // skipped. On error, the instances retried before it are returned with it
 // (their statements committed), and their queues woken all the same.
 func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
-	changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(ctx, e.pool, ids) })
+	sctx, cancel := statementContext(ctx)
+	defer cancel()
+	changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(sctx, e.pool, ids) })
 	if isUniqueViolation(err) {
 		changed = nil
 		for i, id := range ids {
-			one, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(ctx, e.pool, []int64{id}) })
+			if err := ctx.Err(); err != nil { // between statements
+				e.kickQueues(changed)
+				return changed, i, err
+			}
+			one, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) {
+				sctx, cancel := statementContext(ctx)
+				defer cancel()
+				return e.q.RetryMany(sctx, e.pool, []int64{id})
+			})
 			if isUniqueViolation(err) {
 				continue
 			}
@@ -277,12 +288,27 @@ func (e *Engine) cancelBatch(reason string) bulkBatch {
 	}
 	reason = truncate(reason)
 	return func(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
-		changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.CancelMany(ctx, e.pool, ids, reason) })
+		sctx, cancel := statementContext(ctx)
+		defer cancel()
+		changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.CancelMany(sctx, e.pool, ids, reason) })
 		if err != nil {
 			return nil, 0, e.dbErr(err, "cancel") // one statement: nothing changed
 		}
 		return changed, len(ids), nil
 	}
+}
+
+// bulkStatementTimeout bounds one statement of a bulk call, which runs to
+// its end even if the call's context ends meanwhile (statementContext).
+const bulkStatementTimeout = 30 * time.Second
+
+// statementContext is the context of one bulk statement: ctx's values but
+// not its end, bounded by bulkStatementTimeout. A statement cancelled in
+// flight may have committed on the server all the same, and its changes
+// would then go uncounted (and unlisted in the audit line); so a bulk call
+// checks its context between statements and lets a started one finish.
+func statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), bulkStatementTimeout)
 }
 
 // bulkStatement runs a bulk statement, again after a deadlock or

@@ -131,8 +131,9 @@ type Config struct {
 	// SQL runs. Default 1000; negative leaves the check to the database.
 	MaxJSONDepth int
 	// Retention: a maintenance loop deletes instances that finished (done or
-	// failed) longer ago than this, with their signals, in batches. Default
-	// 7 days; negative keeps everything.
+	// failed) longer ago than this, with their signals, in batches (a
+	// finished child whose parent is still live is kept until the parent
+	// finishes). Default 7 days; negative keeps everything.
 	Retention time.Duration
 	// PruneInterval between prune sweeps, which run in engines that work
 	// queues. Default 1h; negative runs no pruner in this process.

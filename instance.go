@@ -123,10 +123,14 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 
 // Retry moves a failed instance back to runnable at the step it failed in,
 // with a fresh attempt budget; its error history is kept. A child whose
-// parent still waits is waited for again. [ErrNotFound], [ErrNotRetryable]
+// parent still waits is waited for again; a parent cancelled while it
+// awaited its children, some of which still run, awaits them again. [ErrNotFound], [ErrNotRetryable]
 // (not failed), or [ErrUniqueConflict] (another live instance now holds its
-// unique key) leave everything unchanged. The retry is logged at Info on
-// the engine's Logger.
+// unique key) leave everything unchanged. A keyed instance cancelled
+// while its step ran keeps its key's slot until that step's lease ends
+// ([Engine.Cancel]); retried before then, it keeps the slot and becomes
+// eligible when the lease ends, so it never runs beside the cancelled run.
+// The retry is logged at Info on the engine's Logger.
 func (e *Engine) Retry(ctx context.Context, id int64) error {
 	status, queue, err := e.q.Retry(ctx, e.pool, id)
 	var pgErr *pgconn.PgError
@@ -154,7 +158,9 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 
 // RunNow makes a runnable instance that is eligible later — scheduled, or
 // backing off before its next attempt — eligible now; its attempt count is
-// kept. An instance already eligible is left as it is (nil). [ErrNotFound],
+// kept (a keyed instance retried after a cancel of its running step becomes
+// eligible when that step's lease ends, not before: see [Engine.Retry]).
+// An instance already eligible is left as it is (nil). [ErrNotFound],
 // or [ErrNotDelayed] for an instance executing, awaiting a signal or
 // children, or finished. An instance retried while the lease of its
 // cancelled step still lives becomes eligible when that lease ends, not

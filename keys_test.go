@@ -1251,3 +1251,71 @@ func TestHandedOffRowOfAnUnknownVersionIsReleased(t *testing.T) {
 		WHERE l.id = $1 AND f.id = $2 AND l.finished_at < f.finished_at + interval '900 milliseconds'`, last, first),
 		"the key's last row waited for the poll")
 }
+
+// TestRetryOfACancelledKeyedStepWaitsForItsLease: an operator who cancels a
+// running keyed step and retries it at once (Retry, or RetryMany) must not
+// free its key's slot early: the fenced run may go on until its worker's
+// next heartbeat, so the retried instance (and any other row of the key)
+// starts only once the cancelled run's lease has ended — never beside it.
+func TestRetryOfACancelledKeyedStepWaitsForItsLease(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"Retry", "RetryMany", "RetryCancelRetry", "RetryRunNow"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			running, most, runs := 0, 0, 0
+			started := make(chan int64, 4)
+			job := &gendurable.Job[spanArgs]{Name: "rc", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+				mu.Lock()
+				running++
+				runs++
+				most = max(most, running)
+				mu.Unlock()
+				defer func() {
+					mu.Lock()
+					running--
+					mu.Unlock()
+				}()
+				started <- r.ID
+				select { // honours its context
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(2 * time.Second):
+					return nil
+				}
+			}}
+			cfg := fastConfig("", job) // lease 3s, heartbeat 1s
+			b := setup(t, cfg)
+			ctx := context.Background()
+			// Limit 2: the instance's own live lease is one holder, so a
+			// second run of it would fit unless it is kept from running.
+			b.insert(job.New(spanArgs{Key: "A"}).With(gendurable.InsertOpts{PartitionKey: "k", KeyLimit: 2}))
+			b.start()
+			aID := <-started
+			require.NoError(t, b.eng.Cancel(ctx, aID, "operator"))
+			switch how {
+			case "RetryMany":
+				res, err := b.eng.RetryMany(ctx, []int64{aID})
+				require.NoError(t, err)
+				require.Equal(t, int64(1), res.Changed)
+			case "RetryCancelRetry": // cancelled again while it waits: the slot stays taken
+				require.NoError(t, b.eng.Retry(ctx, aID))
+				require.NoError(t, b.eng.Cancel(ctx, aID, "operator, again"))
+				require.NoError(t, b.eng.Retry(ctx, aID))
+			case "RetryRunNow": // run now cannot make it eligible before the lease ends
+				require.NoError(t, b.eng.Retry(ctx, aID))
+				require.NoError(t, b.eng.RunNow(ctx, aID))
+			default:
+				require.NoError(t, b.eng.Retry(ctx, aID))
+			}
+			select {
+			case <-started:
+			case <-time.After(8 * time.Second):
+				t.Fatal("the retried instance never ran again")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			require.Equal(t, 1, most, "the retried keyed step ran beside its cancelled run")
+		})
+	}
+}

@@ -135,3 +135,32 @@ func TestAuditTrail(t *testing.T) {
 	require.Equal(t, "ops", logins[0]["user"])
 	require.Equal(t, "bearer", logins[len(logins)-1]["scheme"])
 }
+
+// TestCrossOriginRefusalIsAudited: a cross-origin POST to an action (a
+// forged form on another site, riding the operator's session) is refused
+// with 403 before any handler runs — and, as a refused action, leaves its
+// line on the audit logger, not only on the general one.
+func TestCrossOriginRefusalIsAudited(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	general, audit := &captured{}, &captured{}
+	h, _ := e.handler(dashboard.Options{Logger: slog.New(general), AuditLogger: slog.New(audit)})
+	live := e.insertOrder(Order{Item: "live"})
+	for _, c := range []struct{ path, action string }{
+		{fmt.Sprintf("/instances/%d/cancel", live), "cancel"},
+		{"/bulk/retry", "bulk-retry"},
+		{"/queues/default/pause", "pause"},
+	} {
+		r := do(t, h, req{method: http.MethodPost, path: c.path, form: url.Values{"scope": {"match"}, "queue": {"default"}},
+			remote: "10.1.2.3:5555", header: map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}})
+		require.Equal(t, http.StatusForbidden, r.code, c.path)
+		recs := audit.with("dashboard audit: " + c.action)
+		require.Len(t, recs, 1, "%s: %v", c.path, audit.recs)
+		require.Equal(t, "refused", recs[0]["outcome"])
+		require.Equal(t, dashboard.LevelAudit, recs[0]["level"])
+		require.Equal(t, "https://evil.example", recs[0]["origin"])
+		require.Equal(t, "10.1.2.3:5555", recs[0]["remote"])
+	}
+	require.False(t, e.instance(live).Status.Terminal(), "the forged cancel changed nothing")
+	require.False(t, e.queuePaused("default"))
+}

@@ -24,8 +24,8 @@ import (
 //
 // A retry changes failed instances only and a cancel live ones; the others
 // are counted as skipped. The work stops at the request's timeout
-// (Options.RequestTimeout): what was done by then stays done, and the page
-// says the run was cut short. Like every mutation, both are POST only,
+// (Options.RequestTimeout), after the batch under way: what was done by
+// then stays done and is counted, and the page says the run was cut short. Like every mutation, both are POST only,
 // cross-origin protected, refused in read-only mode and audit-logged (with
 // the ids or the filter, and the counts).
 

@@ -45,7 +45,10 @@
 // hidden; without it a <noscript> meta refresh reloads it.
 //   - /machines and /machines/{name} — registered machines, and a machine's
 //     steps drawn as a graph (inline SVG) with counts by status and the
-//     transitions the engine's process has observed.
+//     transitions the engine's process has observed. A machine named "." or
+//     ".." (which a browser would resolve out of a path) is
+//     /machines?name=.., and such a queue's pause and resume are
+//     /queues/pause?queue=.. and /queues/resume?queue=...
 //
 // # Security
 //
@@ -72,7 +75,8 @@
 //     timeouts, a header size limit) on a [LimitListener] (a bound on open
 //     connections), as `gendurable ui` does, or give your own server the
 //     same bounds.
-//   - Audit trail: one line per action (refused ones too; a bulk action's
+//   - Audit trail: one line per action (refused ones too, cross-origin
+//     POSTs included, at most a few a minute per remote IP; a bulk action's
 //     line names its ids or filter and its counts) and per failed
 //     login (at most a few a minute per remote IP) on Options.AuditLogger at
 //     [LevelAudit], with who, what, which ids, from where and the outcome.
@@ -273,20 +277,28 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	}
 
 	mux := http.NewServeMux()
+	actions := map[string]string{} // route pattern → action, for the audit line of a refused one
+	mutation := func(pattern, action string, h http.HandlerFunc) {
+		actions[pattern] = action
+		mux.Handle(pattern, d.mutation(action, h))
+	}
 	mux.HandleFunc("GET /{$}", d.queuesPage)
 	mux.HandleFunc("GET /instances", d.listPage)
 	mux.HandleFunc("GET /instances/{id}", d.instancePage)
 	mux.HandleFunc("GET /machines", d.machinesPage)
 	mux.HandleFunc("GET /machines/{name}", d.graphPage)
 	mux.HandleFunc("GET /static/{file}", serveStatic)
-	mux.Handle("POST /queues/{queue}/pause", d.mutation("pause", d.pauseAction))
-	mux.Handle("POST /queues/{queue}/resume", d.mutation("resume", d.resumeAction))
-	mux.Handle("POST /bulk/retry", d.mutation("bulk-retry", d.bulkRetryAction))
-	mux.Handle("POST /bulk/cancel", d.mutation("bulk-cancel", d.bulkCancelAction))
-	mux.Handle("POST /instances/{id}/retry", d.mutation("retry", d.retryAction))
-	mux.Handle("POST /instances/{id}/cancel", d.mutation("cancel", d.cancelAction))
-	mux.Handle("POST /instances/{id}/signal", d.mutation("signal", d.signalAction))
-	mux.Handle("POST /instances/{id}/run-now", d.mutation("run-now", d.runNowAction))
+	mutation("POST /queues/{queue}/pause", "pause", d.pauseAction)
+	mutation("POST /queues/{queue}/resume", "resume", d.resumeAction)
+	// The queues "." and "..", whose names a path cannot carry past a browser.
+	mutation("POST /queues/pause", "pause", d.pauseAction)
+	mutation("POST /queues/resume", "resume", d.resumeAction)
+	mutation("POST /bulk/retry", "bulk-retry", d.bulkRetryAction)
+	mutation("POST /bulk/cancel", "bulk-cancel", d.bulkCancelAction)
+	mutation("POST /instances/{id}/retry", "retry", d.retryAction)
+	mutation("POST /instances/{id}/cancel", "cancel", d.cancelAction)
+	mutation("POST /instances/{id}/signal", "signal", d.signalAction)
+	mutation("POST /instances/{id}/run-now", "run-now", d.runNowAction)
 
 	// Cross-origin protection covers every route: it lets safe methods
 	// through and rejects cross-origin POSTs before any handler runs.
@@ -297,8 +309,26 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		}
 	}
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		d.log.Warn("dashboard: cross-origin request rejected", "method", r.Method, "path", r.URL.Path,
-			"origin", r.Header.Get("Origin"), "sec_fetch_site", r.Header.Get("Sec-Fetch-Site"), "remote", r.RemoteAddr)
+		attrs := []any{"method", r.Method, "path", r.URL.Path, "origin", r.Header.Get("Origin"),
+			"sec_fetch_site", r.Header.Get("Sec-Fetch-Site"), "remote", r.RemoteAddr}
+		if _, pattern := mux.Handler(r); actions[pattern] != "" {
+			// A refused action: on the audit trail (a few a minute per
+			// remote IP, as failed logins), with who was signed in.
+			if ok, dropped := d.limiter.allow(remoteIP(r), time.Now()); ok {
+				user := userOf(r)
+				if user == "" {
+					user = "(no authentication configured)"
+				}
+				attrs = append([]any{"action", actions[pattern], "outcome", "refused", "status", http.StatusForbidden,
+					"reason", "cross-origin", "user", user}, attrs...)
+				if dropped > 0 {
+					attrs = append(attrs, "suppressed_before", dropped)
+				}
+				d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+actions[pattern], attrs...)
+			}
+		} else {
+			d.log.Warn("dashboard: cross-origin request rejected", attrs...)
+		}
 		d.errorPage(w, r, http.StatusForbidden, "Cross-origin request refused. Use the dashboard's own buttons.")
 	}))
 	d.handler = cop.Handler(mux)

@@ -2,7 +2,9 @@ package dashboard_test
 
 import (
 	"context"
+	"html"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"testing"
@@ -63,4 +65,29 @@ func TestStandaloneGraph(t *testing.T) {
 
 	r = get(t, h, "/machines/flaky")
 	require.Contains(t, r.body, `class="edge declared-only"`, "perform → done is declared, not taken")
+}
+
+// TestMachinesNamedDotsHaveAGraphPage: a machine named "." or ".." is
+// linked from the lists like any other, and the link reaches its graph as
+// a browser resolves it (a dot segment in a path would be resolved away).
+func TestMachinesNamedDotsHaveAGraphPage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	_, err := e.pool.Exec(context.Background(), `INSERT INTO "`+e.schema+`".gendurable_instances (fsm, step) VALUES ('.', 'a'), ('..', 'a')`)
+	require.NoError(t, err)
+	base, err := url.Parse("http://example.com/")
+	require.NoError(t, err)
+	list := get(t, h, "/instances")
+	require.Equal(t, http.StatusOK, list.code)
+	for _, name := range []string{".", ".."} {
+		m := regexp.MustCompile(`<a href="([^"]*)">` + regexp.QuoteMeta(name) + `</a>`).FindStringSubmatch(list.body)
+		require.NotNil(t, m, "no link to machine %q", name)
+		u, err := url.Parse(html.UnescapeString(m[1]))
+		require.NoError(t, err)
+		target := base.ResolveReference(u)
+		r := get(t, h, target.RequestURI())
+		require.Equal(t, http.StatusOK, r.code, "machine %q linked as %s", name, target.RequestURI())
+		require.Contains(t, r.body, "<title>Machine "+html.EscapeString(name))
+	}
 }

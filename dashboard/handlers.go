@@ -105,8 +105,17 @@ func (d *dashboard) machineNames(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
+// queueOf is the queue a pause or resume names: in the path, or, for "."
+// and "..", in the query (queueURL).
+func queueOf(r *http.Request) string {
+	if q := r.PathValue("queue"); q != "" {
+		return q
+	}
+	return r.URL.Query().Get("queue")
+}
+
 func (d *dashboard) pauseAction(w http.ResponseWriter, r *http.Request) {
-	q := r.PathValue("queue")
+	q := queueOf(r)
 	note(r, "queue", q)
 	if err := d.eng.Pause(r.Context(), q); err != nil {
 		d.fail(w, r, err)
@@ -116,7 +125,7 @@ func (d *dashboard) pauseAction(w http.ResponseWriter, r *http.Request) {
 }
 
 func (d *dashboard) resumeAction(w http.ResponseWriter, r *http.Request) {
-	q := r.PathValue("queue")
+	q := queueOf(r)
 	note(r, "queue", q)
 	if err := d.eng.Resume(r.Context(), q); err != nil {
 		d.fail(w, r, err)
@@ -450,6 +459,10 @@ type machineRow struct {
 }
 
 func (d *dashboard) machinesPage(w http.ResponseWriter, r *http.Request) {
+	if q := r.URL.Query(); q.Has("name") { // the graph of "." or ".." (machineURL)
+		d.graph(w, r, q.Get("name"))
+		return
+	}
 	ms, err := d.eng.ListMachines(r.Context())
 	if err != nil {
 		d.fail(w, r, err)
@@ -479,7 +492,10 @@ type graphData struct {
 }
 
 func (d *dashboard) graphPage(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
+	d.graph(w, r, r.PathValue("name"))
+}
+
+func (d *dashboard) graph(w http.ResponseWriter, r *http.Request, name string) {
 	if name == "" || len(name) > maxFilterLen {
 		d.fail(w, r, gendurable.ErrNotFound)
 		return

@@ -2,7 +2,10 @@ package dashboard_test
 
 import (
 	"context"
+	"html"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/gendurable/gendurable"
@@ -65,4 +68,39 @@ func TestStandaloneKnowsStoredMachines(t *testing.T) {
 	r = get(t, h, "/")
 	require.Equal(t, http.StatusOK, r.code)
 	require.Contains(t, r.body, `<span id="machine-count">0 machine(s)</span>`)
+}
+
+// TestQueuesNamedDotsCanBePaused: a queue may be named "." or ".." (any
+// name an insert accepts, an operator can act on), but as a path segment a
+// browser resolves it away: the form for ".." posted to /pause. The queues
+// page's pause and resume forms must reach the queue they show, as a
+// browser resolves their action.
+func TestQueuesNamedDotsCanBePaused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	base, err := url.Parse("http://example.com/")
+	require.NoError(t, err)
+	for _, q := range []string{".", ".."} {
+		e.insertOrder(Order{Item: "dots"}, gendurable.InsertOpts{Queue: q})
+		for _, action := range []string{"pause", "resume"} {
+			page := get(t, h, "/")
+			require.Equal(t, http.StatusOK, page.code)
+			var form string
+			for _, part := range strings.Split(page.body, `<form method="post" action="`)[1:] {
+				href, rest, _ := strings.Cut(part, `"`)
+				href = html.UnescapeString(href)
+				if strings.Contains(href, action) && (strings.Contains(rest, "Pause queue "+q+"?") || action == "resume") {
+					form = href
+				}
+			}
+			require.NotEmpty(t, form, "queue %q: no %s form", q, action)
+			u, err := url.Parse(form)
+			require.NoError(t, err)
+			target := base.ResolveReference(u) // as a browser: dot segments go
+			r := post(t, h, target.RequestURI(), nil)
+			require.Equal(t, http.StatusSeeOther, r.code, "queue %q: %s posted to %s: %s", q, action, target.RequestURI(), r.body)
+			require.Equal(t, action == "pause", e.queuePaused(q), "queue %q after %s", q, action)
+		}
+	}
 }

@@ -30,8 +30,18 @@ func parsePages(d *dashboard) (pages, error) {
 	funcs := template.FuncMap{
 		"link":        d.link,
 		"instanceURL": func(id int64) string { return d.link("/instances/" + strconv.FormatInt(id, 10)) },
-		"machineURL":  func(name string) string { return d.link("/machines/" + url.PathEscape(name)) },
+		"machineURL": func(name string) string {
+			if name == "." || name == ".." { // as queueURL: a path cannot carry them
+				return d.link("/machines") + "?" + url.Values{"name": {name}}.Encode()
+			}
+			return d.link("/machines/" + url.PathEscape(name))
+		},
 		"queueURL": func(queue, action string) string {
+			if queue == "." || queue == ".." {
+				// A browser resolves a dot segment away, escaped or not:
+				// these names travel in the query instead.
+				return d.link("/queues/"+action) + "?" + url.Values{"queue": {queue}}.Encode()
+			}
 			return d.link("/queues/" + url.PathEscape(queue) + "/" + action)
 		},
 		"listURL":  d.listURL,

@@ -44,7 +44,8 @@ func Up(ctx context.Context, db DB, schema string) (Result, error) {
 }
 
 // Down removes every gendurable table from schema (version 0). The schema
-// itself is left in place. All instances and signals are lost.
+// itself is left in place (and one that does not exist is not created).
+// All instances and signals are lost.
 func Down(ctx context.Context, db DB, schema string) (Result, error) {
 	return To(ctx, db, schema, 0)
 }

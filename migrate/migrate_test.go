@@ -46,6 +46,23 @@ func TestUpDownUp(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestDownOfAMissingSchemaCreatesNothing: `migrate down` (Down, or To(0))
+// of a schema that does not exist has nothing to remove, and must not leave
+// an empty schema behind that it created itself.
+func TestDownOfAMissingSchemaCreatesNothing(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	absent := schema + "_absent"
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+absent+`"`) })
+	res, err := migrate.Down(ctx, pool, absent)
+	require.NoError(t, err)
+	require.Equal(t, migrate.Result{}, res)
+	var exists bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, absent).Scan(&exists))
+	require.False(t, exists, "migrate down created the schema it was to empty")
+}
+
 func TestConcurrentUpAppliesOnce(t *testing.T) {
 	t.Parallel()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 8})

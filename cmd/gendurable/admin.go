@@ -28,6 +28,9 @@ type common struct {
 	dbURL  string
 	schema string
 	json   bool
+	// ui: the engine serves the dashboard, whose users act through it (its
+	// lines say via=ui; the dashboard's audit lines name the user).
+	ui bool
 }
 
 func (c *common) register(fs *flag.FlagSet) {
@@ -57,7 +60,9 @@ func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engi
 	return eng, pool.Close, nil
 }
 
-// logger is the CLI's audit logger (see engine).
+// logger is the CLI's audit logger (see engine). Under ui the actions are
+// the dashboard users': its lines say via=ui and name the server's
+// operating-system user as such, not as the one who acted.
 func (c *common) logger(stderr io.Writer) *slog.Logger {
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
 	if c.json {
@@ -66,6 +71,9 @@ func (c *common) logger(stderr io.Writer) *slog.Logger {
 	name := "unknown"
 	if u, err := user.Current(); err == nil {
 		name = u.Username
+	}
+	if c.ui {
+		return slog.New(h).With("via", "ui", "server_user", name)
 	}
 	return slog.New(h).With("via", "cli", "user", name)
 }
@@ -627,14 +635,16 @@ func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if benchrun.IsTerminal(os.Stderr) {
 		progress = func(n int64) { fmt.Fprintf(stderr, "\rpruned %d…", n) }
 	}
-	n, err := eng.Prune(ctx, *retention, progress)
+	n, err := eng.Prune(ctx, *retention, progress) // logged by the engine, on the CLI's logger
 	if progress != nil {
 		fmt.Fprintln(stderr)
 	}
 	if err != nil {
+		if n > 0 { // the batches before the error committed
+			return fmt.Errorf("%w (%d instances were deleted before it)", err, n)
+		}
 		return err
 	}
-	c.logger(stderr).Info("gendurable: pruned", "deleted", n, "retention", retention.String())
 	if c.json {
 		return printJSON(stdout, map[string]any{"deleted": n, "retention": retention.String()})
 	}

@@ -392,6 +392,53 @@ func TestUISecretsHostsAndAudit(t *testing.T) {
 	require.NotContains(t, stderr.String(), "visible to every user", "no warning without secrets on the command line")
 }
 
+// TestUIRefusesAnyHostWithoutCredentials: on loopback without credentials
+// the Host check is all that keeps a web page whose DNS name was rebound to
+// 127.0.0.1 from reading and driving the dashboard (its POSTs are
+// same-origin to the browser). `--allowed-host '*'` turns that check off,
+// so without --token or --basic-auth it is refused (exit 2), not served.
+func TestUIRefusesAnyHostWithoutCredentials(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, NoMigrate: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "ui", "--addr", "127.0.0.1:0", "--schema", schema, "--allowed-host", "*")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, ctx.Err(), "it served: %s", out)
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "%s", out)
+	require.Equal(t, exitUsage, ee.ExitCode(), "%s", out)
+	require.Contains(t, string(out), "--allowed-host '*' needs --token or --basic-auth")
+
+	base, _ := startUI(t, []string{"GENDURABLE_UI_TOKEN=env-token-0123456789"}, "--schema", schema, "--allowed-host", "*")
+	require.Equal(t, http.StatusUnauthorized, call(t, "GET", base+"/", "rebound.example", ""), "with a token, any host is served, to those who have it")
+}
+
+// TestUIEngineLinesAreNotTheCLIs: under `gendurable ui` an action is the
+// dashboard user's, not the CLI's: the engine's own line of it (e.g.
+// "queue paused") must not claim via=cli and the server's operating-system
+// user, which read as if someone at the shell had done it; the dashboard's
+// audit line names the dashboard user.
+func TestUIEngineLinesAreNotTheCLIs(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	_, err := pool.Exec(context.Background(), `INSERT INTO "`+schema+`".gendurable_queues (name) VALUES ('default')`)
+	require.NoError(t, err)
+	base, stderr := startUI(t, []string{"GENDURABLE_UI_TOKEN=env-token-0123456789"}, "--schema", schema)
+	require.Equal(t, http.StatusSeeOther, call(t, "POST", base+"/queues/default/pause", "", "Bearer env-token-0123456789"))
+	require.Eventually(t, func() bool {
+		s := stderr.String()
+		return strings.Contains(s, "gendurable: queue paused") && strings.Contains(s, "dashboard audit: pause")
+	}, 5*time.Second, 20*time.Millisecond, "stderr: %s", stderr)
+	for _, line := range strings.Split(stderr.String(), "\n") {
+		if strings.Contains(line, "gendurable: queue paused") {
+			require.NotContains(t, line, "via=cli", line)
+			require.Contains(t, line, "via=ui", line)
+		}
+	}
+}
+
 // oneErrorLine checks that stderr is one line, "gendurable: ..." with the
 // prefix once, and no flag package usage dump.
 func oneErrorLine(t *testing.T, args []string, stderr string) {

@@ -86,6 +86,43 @@ func TestDemoAndBenchNeverDropASchemaTheyDidNotCreate(t *testing.T) {
 	require.False(t, schemaExists(t, pool, users), "reset on request, then dropped as bench's own")
 }
 
+// TestDemoAndBenchKeepWhatOthersAddedToTheirSchema: a schema demo or bench
+// created is theirs to recreate, but not what someone added since — a table
+// of theirs inside it, or a view elsewhere reading its instances: a rerun
+// that would drop them (DROP SCHEMA ... CASCADE took both) is refused like
+// any schema they did not create, and changes nothing.
+func TestDemoAndBenchKeepWhatOthersAddedToTheirSchema(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, NoMigrate: true})
+	ctx := context.Background()
+	mine := scratchName(t, pool, "gddemo_")
+	out, errOut, code := cli(t, "demo", "--orders", "5", "--schema", mine)
+	require.Equal(t, 0, code, "%s%s", out, errOut)
+	views := scratchName(t, pool, "gdviews_")
+	_, err := pool.Exec(ctx, `CREATE SCHEMA "`+views+`"; CREATE VIEW "`+views+`".demo_done AS
+		SELECT id FROM "`+mine+`".gendurable_instances WHERE status = 'done'`)
+	require.NoError(t, err)
+	exists := func(rel string) bool {
+		var ok bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, rel).Scan(&ok))
+		return ok
+	}
+	for _, cmd := range [][]string{{"demo", "--orders", "5"}, {"bench", "-n", "20"}} {
+		_, errOut, code := cli(t, append(cmd, "--schema", mine)...)
+		require.Equal(t, exitUsage, code, "%s: a view elsewhere reads the schema: %s", cmd[0], errOut)
+		require.Contains(t, errOut, "--reset-schema")
+		require.True(t, exists(`"`+views+`".demo_done`), "%s dropped a view it did not create", cmd[0])
+	}
+	_, err = pool.Exec(ctx, `DROP VIEW "`+views+`".demo_done; CREATE TABLE "`+mine+`".notes (id int); INSERT INTO "`+mine+`".notes VALUES (1)`)
+	require.NoError(t, err)
+	for _, cmd := range [][]string{{"demo", "--orders", "5"}, {"bench", "-n", "20"}} {
+		_, errOut, code := cli(t, append(cmd, "--schema", mine)...)
+		require.Equal(t, exitUsage, code, "%s: a table of someone's is in the schema: %s", cmd[0], errOut)
+		require.True(t, exists(`"`+mine+`".notes`), "%s dropped a table it did not create", cmd[0])
+		require.True(t, exists(`"`+mine+`".gendurable_instances`), "%s changed the schema it refused", cmd[0])
+	}
+}
+
 // TestMigrateDownAsksFirst: off a terminal `migrate down` refuses without
 // --yes (exit 2) and drops nothing; with --yes it drops the tables.
 func TestMigrateDownAsksFirst(t *testing.T) {

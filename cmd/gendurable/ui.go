@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -80,9 +81,17 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return usageError{msg: fmt.Sprintf("serving beyond loopback needs a token of at least %d bytes", minRemoteToken)}
 		}
 	}
+	if slices.Contains(allowed, "*") && opts.BearerToken == "" && opts.BasicAuth == nil {
+		// The Host check is what keeps a page whose DNS name was rebound to
+		// this address from reading and driving a dashboard without
+		// credentials: its requests are same-origin to the browser.
+		return usageError{msg: "--allowed-host '*' needs --token or --basic-auth: without them, the Host check is what keeps " +
+			"any web page (through a DNS name rebound to this address) from using the dashboard"}
+	}
 	if *maxConns <= 0 {
 		return usageError{msg: "--max-conns must be positive"}
 	}
+	c.ui = true
 	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err

@@ -81,13 +81,8 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 	job := &gendurable.Job[longhorizon.Job]{Name: "long_horizon_job", Perform: func(ctx context.Context, r *gendurable.Run[longhorizon.Job]) error {
 		return tel.Work(ctx, r.InsertedAt, workDur)
 	}}
-	eng, err := gendurable.New(pool, &gendurable.Config{
-		Schema: schema, Machines: []gendurable.Definition{job},
-		Queues:       map[string]gendurable.QueueConfig{LongHorizonQueue: {Concurrency: cfg.WorkerCount}},
-		DrainTimeout: time.Second,
-		Hooks:        []gendurable.Hook{completions{tel}},
-		Logger:       slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	eng, err := gendurable.New(pool, longHorizonConfig(schema, job, cfg.WorkerCount, completions{tel},
+		slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {
 		return err
 	}
@@ -117,6 +112,23 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 	}
 	log.Info("long horizon: stopped")
 	return runErr
+}
+
+// longHorizonConfig is the adapter's engine: one queue of its own, every
+// other setting at its default but one. The schema is the environment's
+// (public by default), which may hold others' instances, and an engine
+// that works queues prunes every finished instance of its schema past the
+// retention, not only its own: the adapter keeps everything (Retention < 0),
+// so it never deletes what it did not create.
+func longHorizonConfig(schema string, job gendurable.Definition, workers int, hook gendurable.Hook, logger *slog.Logger) *gendurable.Config {
+	return &gendurable.Config{
+		Schema: schema, Machines: []gendurable.Definition{job},
+		Queues:       map[string]gendurable.QueueConfig{LongHorizonQueue: {Concurrency: workers}},
+		DrainTimeout: time.Second,
+		Retention:    -1,
+		Hooks:        []gendurable.Hook{hook},
+		Logger:       logger,
+	}
 }
 
 // completions counts committed steps (one per job).

@@ -4,7 +4,9 @@
 // marked (a comment on the schema), and an existing schema without the mark
 // is refused — whatever it holds, gendurable tables with live instances
 // included — unless the operator asks for a reset, and confirms it when a
-// prompt is possible.
+// prompt is possible. A marked schema is dropped without CASCADE, so one
+// that someone added an object to, or that an object elsewhere depends on,
+// is refused the same way.
 package scratch
 
 import (
@@ -14,6 +16,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -44,6 +47,21 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	if err != nil {
 		return fmt.Errorf("inspect schema %q: %w", schema, err)
 	}
+	if info.Exists && info.Scratch() {
+		// An earlier run's: dropped if it holds only what gendurable put
+		// there and nothing elsewhere depends on it.
+		err := dropOwn(ctx, db, schema)
+		switch {
+		case err == nil:
+			info.Exists = false
+		case !errors.Is(err, ErrNotScratch):
+			return fmt.Errorf("drop schema %q: %w", schema, err)
+		case !o.Reset:
+			return fmt.Errorf("%w; choose another --schema, or pass --reset-schema to drop it and everything in it", err)
+		default:
+			info.Comment = "" // the explicit reset below, confirmed like any other
+		}
+	}
 	if info.Exists && !info.Scratch() {
 		what := describe(info)
 		if !o.Reset {
@@ -73,14 +91,42 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	return nil
 }
 
-// Drop drops schema if it carries the scratch mark, and leaves it alone
-// otherwise.
+// Drop drops schema if it carries the scratch mark and holds only what
+// gendurable put there, and leaves it alone otherwise (ErrNotScratch when
+// something else is in it or depends on it).
 func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
 	info, err := sqlq.InspectSchema(ctx, db, schema)
 	if err != nil || !info.Exists || !info.Scratch() {
 		return err
 	}
-	return sqlq.DropSchema(ctx, db, schema)
+	return dropOwn(ctx, db, schema)
+}
+
+// dropOwn drops a marked schema, in one transaction, without CASCADE:
+// gendurable's own objects one by one (migrate.Down, which names each of
+// them), then the schema itself. An object someone added to the schema, or
+// one elsewhere that depends on gendurable's tables (a view, a foreign
+// key), stops it (SQLSTATE 2BP01): then nothing is dropped and the error
+// wraps ErrNotScratch. The mark says the schema was created by demo or
+// bench, not that all it holds is theirs.
+func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err = migrate.Down(ctx, tx, schema); err == nil {
+		err = sqlq.DropEmptySchema(ctx, tx, schema)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "2BP01" {
+		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but holds objects they did not create, "+
+			"or objects elsewhere depend on it (%s)", ErrNotScratch, schema, pgErr.Message)
+	}
+	if err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 func describe(info sqlq.SchemaInfo) string {

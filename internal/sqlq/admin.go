@@ -242,7 +242,9 @@ func (q *Queries) RemoveQueue(ctx context.Context, db DB, queue string) (hadRow,
 }
 
 // cancelSet is what a cancel writes to each instance it cancels ($2 the
-// reason, $3 MaxErrorHistory): Cancel and the bulk cancels share it.
+// reason, $3 MaxErrorHistory): Cancel and the bulk cancels share it. A
+// row keeps its lease if it is executing, or if it is a row retried while
+// its cancelled run's lease was live (retryLease): see cancelSQL.
 const cancelSet = `
   SET status = 'failed', finished_at = now(), updated_at = now(),
       lease_expires_at = CASE WHEN i.status = 'executing' OR i.lease_expires_at > now() THEN i.lease_expires_at END,
@@ -281,19 +283,27 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 }
 
 // pruneSQL deletes up to $2 finished instances older than the retention,
-// and their signals, oldest first. It runs under pruneSettings: the planner
-// may only walk the finished index in order and probe the signals index, so
-// a batch costs O(batch) whatever the statistics say (docs/design.md §5).
-// A keyed row cancelled mid-step whose lease is still live is its key's slot
-// (cancelSet): it is kept until the lease ends, whatever the retention.
+// and their signals, oldest first. A finished child whose parent is still
+// live is kept, whatever its age: the parent's next step reads it
+// (Run.Children, with its result); it goes once the parent has finished. A
+// row cancelled mid-step whose lease is still live is kept until the lease
+// ends (cancelSet): it stands for a step that may still run, its key's slot
+// and its place in its queue's GlobalConcurrency. It runs under
+// pruneSettings: the planner may only walk the finished index in order and
+// probe the signals index and the parent's primary key, so a batch costs
+// O(batch) whatever the statistics say (docs/design.md §5), plus the old
+// children of live parents and the live leases it walks past.
 const pruneSQL = `
 WITH doomed AS MATERIALIZED (
-  SELECT id FROM {{schema}}.gendurable_instances
-  WHERE status IN ('done', 'failed') AND finished_at < now() - $1::bigint * interval '1 microsecond'
-    AND NOT (lease_expires_at IS NOT NULL AND lease_expires_at > now())
-  ORDER BY finished_at
+  SELECT i.id FROM {{schema}}.gendurable_instances AS i
+  WHERE i.status IN ('done', 'failed') AND i.finished_at < now() - $1::bigint * interval '1 microsecond'
+    AND NOT (i.lease_expires_at IS NOT NULL AND i.lease_expires_at > now())
+    AND (i.parent_id IS NULL OR NOT EXISTS (
+      SELECT 1 FROM {{schema}}.gendurable_instances AS p
+      WHERE p.id = i.parent_id AND p.status NOT IN ('done', 'failed')))
+  ORDER BY i.finished_at
   LIMIT $2
-  FOR UPDATE SKIP LOCKED
+  FOR UPDATE OF i SKIP LOCKED
 ), signals AS (
   DELETE FROM {{schema}}.gendurable_signals AS s USING doomed AS d WHERE s.target_id = d.id
   RETURNING s.id

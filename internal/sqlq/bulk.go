@@ -34,8 +34,9 @@ WITH cand AS MATERIALIZED (
   ORDER BY u.ord
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET status = 'runnable', attempt = 0, eligible_at = ` + retryEligible + `, finished_at = NULL,
-      lease_expires_at = ` + retryLease + `, claim_token = NULL, updated_at = now()
+  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+` + retryStatusSet + `,
+      eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   FROM cand WHERE i.id = cand.id -- locked by cand, still failed
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue
 ), p AS (

@@ -274,11 +274,27 @@ const (
 	retryEligible = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at ELSE now() END`
 )
 
+// retryStatusSet is the status a retry gives a failed row i: runnable, or,
+// for a parent cancelled while it awaited its fan-out with children of it
+// still live, awaiting_children again with those children pending, so its
+// next step runs once they have finished, not beside them. The children are
+// counted (through the parent's children index), not read from
+// children_pending: a cancel that took a parent and its children in one
+// statement changed the parent's row once and never counted them down.
+const retryStatusSet = `      status = CASE WHEN ` + liveChildren + ` > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
+                    ELSE 'runnable' END,
+      children_pending = CASE WHEN ` + liveChildren + ` > 0 THEN ` + liveChildren + ` ELSE i.children_pending END`
+
+// liveChildren counts the unfinished children of row i's current fan-out.
+const liveChildren = `(SELECT count(*)::int FROM {{schema}}.gendurable_instances AS c
+         WHERE c.parent_id = i.id AND c.parent_fanout = i.fanout AND c.status NOT IN ('done', 'failed'))`
+
 const retrySQL = `
 WITH r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET status = 'runnable', attempt = 0, eligible_at = ` + retryEligible + `, finished_at = NULL,
-      lease_expires_at = ` + retryLease + `, claim_token = NULL, updated_at = now()
+  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+` + retryStatusSet + `,
+      eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   WHERE id = $1 AND status = 'failed'
   RETURNING id, parent_id, parent_fanout, queue
 ), p AS (

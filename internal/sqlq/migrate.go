@@ -173,8 +173,12 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 	if _, err := tx.Exec(ctx, migrateLock, schema); err != nil {
 		return 0, nil, err
 	}
-	if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteIdent(schema)); err != nil {
-		return 0, nil, err
+	if target > 0 {
+		// Down (target 0) creates nothing: a missing schema has no tables
+		// to remove, and InstalledVersion reads it as version 0.
+		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteIdent(schema)); err != nil {
+			return 0, nil, err
+		}
 	}
 	from, err = InstalledVersion(ctx, tx, schema)
 	if err != nil {

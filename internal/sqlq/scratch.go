@@ -74,3 +74,13 @@ func DropSchema(ctx context.Context, db DB, schema string) error {
 	_, err := db.Exec(ctx, "DROP SCHEMA IF EXISTS "+quoteIdent(schema)+" CASCADE")
 	return err
 }
+
+// DropEmptySchema drops schema without CASCADE: it fails (SQLSTATE 2BP01)
+// if anything is left in it.
+func DropEmptySchema(ctx context.Context, db DB, schema string) error {
+	if err := ValidateSchema(schema); err != nil {
+		return err
+	}
+	_, err := db.Exec(ctx, "DROP SCHEMA "+quoteIdent(schema)+" RESTRICT")
+	return err
+}
