@@ -28,6 +28,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/pgtemp"
+	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -218,10 +219,15 @@ func demo(ctx context.Context, n int) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := migrate.Down(ctx, pool, schema); err != nil { // a clean slate each run
-		return err
-	}
-	if _, err := migrate.Up(ctx, pool, schema); err != nil {
+	// A clean slate each run, in a schema of the demo's own: it is marked
+	// when created, and one the demo did not create (it may hold someone's
+	// data) is left alone.
+	if err := scratch.Prepare(ctx, pool, schema, scratch.Options{Owner: "quickstart"}); err != nil {
+		if errors.Is(err, scratch.ErrNotScratch) {
+			return fmt.Errorf("schema %q exists in DATABASE_URL's database and was not created by this demo, so nothing was changed: "+
+				"drop it yourself if it is a leftover (DROP SCHEMA %s CASCADE), or unset DATABASE_URL to run against a throwaway PostgreSQL (%w)",
+				schema, schema, err)
+		}
 		return err
 	}
 	if err := insert(ctx, pool, n); err != nil {
