@@ -23,10 +23,12 @@ test-only:
 
 ## chaos: the reliability scenarios of RELIABILITY.md against DATABASE_URL (default: the local
 ## server; database restarts use private servers), one summary line each; non-zero exit if any
-## pass criterion fails. CI size by default (about 70 s); CHAOS_FULL=1 for full size (minutes).
+## pass criterion fails. CI size by default (a few minutes; all of `bash .ci/run` took 8.5 min on
+## 2026-11-25); CHAOS_FULL=1 for full size (longer).
 ## CHAOS_PARALLEL light scenarios run at once (default 4; at 8 the long-tx timing criterion failed
 ## in 2 of 2 runs on a loaded 2-core box). The heavy ones run alone; worker-kill, the largest,
-## holds 4 workers × 8 + 6 connections (key-limit-kill 3 × 8 + 6, key-stall 3 × 6 + 6). Peak 38 of
+## holds 4 workers × 8 + 6 connections (key-limit-kill 3 × 8 + 6, key-stall 3 × 6 + 6, cutoff
+## 3 × 6 + 4 + 6: the cut worker's harness pool). Peak 38 of
 ## the shared server's connections, measured with
 ## PEAK_CONNS_ALSO='chaos:%' bash .ci/peak-conns make chaos
 CHAOS_PARALLEL ?= 4
