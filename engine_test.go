@@ -706,14 +706,10 @@ func TestWithTxCutOffFromTheDatabaseLetsGoOfItsLocks(t *testing.T) {
 	b.exec(`INSERT INTO {{s}}.account VALUES (1, 0)`)
 
 	// Worker A reaches the database only through a proxy that can cut it off.
-	pcfg, err := pgxpool.ParseConfig(dbtest.URL())
+	direct, err := pgxpool.ParseConfig(dbtest.URL())
 	require.NoError(t, err)
-	proxy := dbtest.NewCutProxy(t, net.JoinHostPort(pcfg.ConnConfig.Host, strconv.Itoa(int(pcfg.ConnConfig.Port))))
-	host, port, err := net.SplitHostPort(proxy.Addr())
-	require.NoError(t, err)
-	p, err := strconv.Atoi(port)
-	require.NoError(t, err)
-	pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = host, uint16(p)
+	proxy := dbtest.NewCutProxy(t, net.JoinHostPort(direct.ConnConfig.Host, strconv.Itoa(int(direct.ConnConfig.Port))))
+	pcfg := proxy.PoolConfig(t, dbtest.URL())
 	pcfg.ConnConfig.ConnectTimeout = time.Second
 	pcfg.MaxConns = 4
 	poolA, err := pgxpool.NewWithConfig(context.Background(), pcfg)
@@ -741,6 +737,125 @@ func TestWithTxCutOffFromTheDatabaseLetsGoOfItsLocks(t *testing.T) {
 	r := b.waitStatus(id, "done", 20*time.Second)
 	require.Equal(t, int32(2), runs.Load(), "A's run, then B's rerun: %v", r.Errors)
 	require.Equal(t, 1, b.count(`SELECT n FROM {{s}}.account WHERE id = 1`), "A's write was rolled back with its session, B's committed")
+}
+
+// TestWorkerCutOffAndBackResumesWork: a worker is cut off from the database
+// (a partition: nothing crosses, nothing is closed) while it runs steps,
+// another worker takes its rows over once their leases are gone, and then
+// the partition heals: what the cut worker sent meanwhile arrives late. Its
+// late writes change nothing that is no longer its own (every step's
+// result is the one of a run that held the claim), and it goes back to work
+// by itself: rows inserted after the heal, with the other worker stopped,
+// are all done by it.
+func TestWorkerCutOffAndBackResumesWork(t *testing.T) {
+	t.Parallel()
+	type run struct {
+		worker     string
+		start, end time.Time
+		cancelled  bool
+	}
+	var mu sync.Mutex
+	runs := map[int64][]run{}
+	job := func(worker string) *gendurable.Job[orderArgs] {
+		return &gendurable.Job[orderArgs]{Name: "heal", Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+			r := run{worker: worker, start: time.Now()}
+			select {
+			case <-ctx.Done():
+				r.cancelled = true
+			case <-time.After(300 * time.Millisecond):
+			}
+			r.end = time.Now()
+			mu.Lock()
+			runs[j.ID] = append(runs[j.ID], r)
+			mu.Unlock()
+			return ctx.Err()
+		}}
+	}
+	short := func(cfg *gendurable.Config) *gendurable.Config {
+		cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+		return cfg
+	}
+	jobB := job("B")
+	b := setup(t, short(fastConfig("", jobB)))
+
+	direct, err := pgxpool.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	proxy := dbtest.NewCutProxy(t, net.JoinHostPort(direct.ConnConfig.Host, strconv.Itoa(int(direct.ConnConfig.Port))))
+	pcfg := proxy.PoolConfig(t, dbtest.URL())
+	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
+	pcfg.MaxConns = 6
+	poolA, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	engA, err := gendurable.New(poolA, short(fastConfig(b.schema, job("A"))))
+	require.NoError(t, err)
+	require.NoError(t, engA.Start(context.Background()))
+	t.Cleanup(func() {
+		proxy.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = engA.Stop(ctx)
+		poolA.Close()
+	})
+
+	var first []int64
+	for i := range 12 {
+		first = append(first, b.insert(jobB.New(orderArgs{I: i})))
+	}
+	eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(runs) > 0
+	}, "worker A never finished a step")
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) > 0
+	}, "worker A runs nothing")
+	proxy.Cut()
+	cutAt := time.Now()
+	b.start() // worker B takes A's rows over once their leases are gone
+	for _, id := range first {
+		b.waitStatus(id, "done", 20*time.Second)
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	require.NoError(t, b.eng.Stop(stopCtx))
+	cancel()
+
+	proxy.Heal()
+	healAt := time.Now()
+	var second []int64
+	for i := range 6 {
+		second = append(second, b.insert(jobB.New(orderArgs{I: 100 + i})))
+	}
+	for _, id := range second {
+		b.waitStatus(id, "done", 20*time.Second)
+	}
+	t.Logf("cut for %s; the new rows done %s after the heal", healAt.Sub(cutAt).Round(time.Millisecond), time.Since(healAt).Round(time.Millisecond))
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range second {
+		rs := runs[id]
+		require.NotEmpty(t, rs)
+		require.Equal(t, "A", rs[len(rs)-1].worker, "instance %d: only A was working after the heal", id)
+	}
+	// A's runs in flight at the cut ended — their work done, or cancelled
+	// by A's own lease deadline, a lease at most after the cut — before B's
+	// rerun of the same instance began.
+	cutRuns := 0
+	for id, rs := range runs {
+		for _, a := range rs {
+			if a.worker != "A" || a.end.Before(cutAt) || !a.start.Before(cutAt) {
+				continue
+			}
+			cutRuns++
+			require.Less(t, a.end.Sub(cutAt), time.Second+250*time.Millisecond, "instance %d: A's run in flight at the cut went on past its lease", id)
+			for _, o := range rs {
+				if o.worker == "B" {
+					require.True(t, a.end.Before(o.start), "instance %d: B's rerun started %s before A's cut run ended", id, a.end.Sub(o.start))
+				}
+			}
+		}
+	}
+	require.Positive(t, cutRuns, "the cut caught no run of A in flight: the test proved nothing")
 }
 
 // TestWithTxIdleForALeaseCountsAnAttempt: the limit that frees a cut-off

@@ -3,8 +3,11 @@ package dbtest
 import (
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // CutProxy is a loopback TCP proxy to a database server that can cut the
@@ -13,14 +16,17 @@ import (
 // the client nor the server learns that the other side is gone, and the
 // server keeps each session (and its open transaction, and its locks) until
 // something on the server ends it. Connections opened after Cut hang the
-// same way. Close ends everything; it is registered with t.Cleanup.
+// same way. Heal lets traffic through again, as a partition that ends does:
+// what was sent meanwhile arrives late, in order (nothing is dropped, as
+// TCP would retransmit it). Close ends everything; it is registered with
+// t.Cleanup.
 type CutProxy struct {
 	ln       net.Listener
 	upstream string
 
 	mu    sync.Mutex
 	conns []net.Conn
-	cut   chan struct{} // closed by Cut
+	open  chan struct{} // closed while traffic flows; replaced by Cut
 	done  chan struct{} // closed by Close
 	once  sync.Once
 }
@@ -33,7 +39,9 @@ func NewCutProxy(t testing.TB, upstream string) *CutProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &CutProxy{ln: ln, upstream: upstream, cut: make(chan struct{}), done: make(chan struct{})}
+	open := make(chan struct{})
+	close(open)
+	p := &CutProxy{ln: ln, upstream: upstream, open: open, done: make(chan struct{})}
 	go p.accept()
 	t.Cleanup(p.Close)
 	return p
@@ -42,14 +50,42 @@ func NewCutProxy(t testing.TB, upstream string) *CutProxy {
 // Addr is the proxy's host:port.
 func (p *CutProxy) Addr() string { return p.ln.Addr().String() }
 
-// Cut stops all traffic through the proxy, for good.
+// Cut stops all traffic through the proxy until Heal.
 func (p *CutProxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	select {
-	case <-p.cut:
+	case <-p.open:
+		p.open = make(chan struct{})
+	default: // already cut
+	}
+}
+
+// Heal lets traffic through again after Cut.
+func (p *CutProxy) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.open:
 	default:
-		close(p.cut)
+		close(p.open)
+	}
+}
+
+// flowing returns a channel that is closed while traffic may flow.
+func (p *CutProxy) flowing() chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.open
+}
+
+// wait blocks until traffic may flow; false once the proxy is closed.
+func (p *CutProxy) wait() bool {
+	select {
+	case <-p.flowing():
+		return true
+	case <-p.done:
+		return false
 	}
 }
 
@@ -89,11 +125,8 @@ func (p *CutProxy) accept() {
 			return
 		}
 		go func() {
-			select { // a connection opened after the cut never reaches the server
-			case <-p.cut:
-				<-p.done
+			if !p.wait() { // a connection opened during a cut reaches the server once it heals
 				return
-			default:
 			}
 			up, err := net.Dial("tcp", p.upstream)
 			if err != nil {
@@ -109,17 +142,18 @@ func (p *CutProxy) accept() {
 	}
 }
 
-// pipe copies from src to dst until the cut, then holds both open until
-// Close. Before the cut, a side that closes closes the other.
+// pipe copies from src to dst, holding what it read during a cut until
+// the cut heals. A side that closes closes the other — once the cut has
+// healed: during a partition the other side learns nothing.
 func (p *CutProxy) pipe(dst io.WriteCloser, src io.Reader) {
 	buf := make([]byte, 32<<10)
 	for {
-		n, err := src.Read(buf)
-		select {
-		case <-p.cut:
-			<-p.done // what was read is dropped: nothing crosses a partition
+		if !p.wait() {
 			return
-		default:
+		}
+		n, err := src.Read(buf)
+		if !p.wait() { // read as the cut came: it crosses when the cut heals
+			return
 		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -127,8 +161,31 @@ func (p *CutProxy) pipe(dst io.WriteCloser, src io.Reader) {
 			}
 		}
 		if err != nil {
-			_ = dst.Close() // one side closed before any cut: so does the other
+			_ = dst.Close()
 			return
 		}
 	}
+}
+
+// PoolConfig is a pool configuration for url that reaches its server
+// through the proxy. It has no TLS and no fallbacks: pgx's fallbacks (for
+// sslmode=prefer, the default) would name the server itself, and a
+// connection could go around the proxy.
+func (p *CutProxy) PoolConfig(t testing.TB, url string) *pgxpool.Config {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, port, err := net.SplitHostPort(p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
+	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
+	return cfg
 }
