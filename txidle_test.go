@@ -101,3 +101,50 @@ func TestIdleLimitDoesNotEndACopyCutOff(t *testing.T) {
 	<-copied
 	_ = conn.Close(ctx)
 }
+
+// TestTxIdleTimeoutDefaultAndNone: Engine.Config reports TxIdleTimeout,
+// the lease by default; with a negative one a WithTx transaction has the
+// server's own setting (0 here: none); with a positive one, that, in ms.
+func TestTxIdleTimeoutDefaultAndNone(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		set  time.Duration
+		want string
+	}{{0, "3s"}, {-1, "0"}, {time.Microsecond, "1ms"}} {
+		got := make(chan string, 1)
+		m := &gendurable.Machine[orderArgs]{
+			Name: "limitof", Start: "pay",
+			Steps: map[string]gendurable.StepFunc[orderArgs]{
+				"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+					return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+						var s string
+						err := tx.QueryRow(ctx, "SELECT current_setting('idle_in_transaction_session_timeout')").Scan(&s)
+						if err == nil {
+							select {
+							case got <- s:
+							default:
+							}
+						}
+						return err
+					}), nil
+				},
+			},
+		}
+		cfg := fastConfig("", m)
+		cfg.TxIdleTimeout = c.set
+		b := setup(t, cfg)
+		if c.set == 0 {
+			require.Equal(t, b.eng.Config().LeaseDuration, b.eng.Config().TxIdleTimeout)
+		} else {
+			require.Equal(t, c.set, b.eng.Config().TxIdleTimeout)
+		}
+		b.start()
+		b.insert(m.New(orderArgs{}))
+		select {
+		case s := <-got:
+			require.Equal(t, c.want, s, "TxIdleTimeout %s", c.set)
+		case <-time.After(20 * time.Second):
+			t.Fatal("the step never ran")
+		}
+	}
+}
