@@ -17,11 +17,13 @@ import (
 // server's 25P03 does not reach the client (the pooler reports the lost
 // server session its own way), so only the idle clock tells a callback
 // that idled its transaction for TxIdleTimeout from a failover. In every
-// exec mode usable through the pooler, such a step must count its attempts
+// exec mode usable through the pooler (not describe_exec: its Describe and
+// its Execute are two round trips, which the pooler may send to two server
+// sessions — the engine's own statements fail so, WithTx or not), such a step must count its attempts
 // and fail, and a step that does not idle must commit (the BEGIN with its
 // SET LOCAL works in that mode).
 func TestPgBouncerWithTxIdleForALeaseCountsAnAttempt(t *testing.T) {
-	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
 		t.Run(mode.String(), func(t *testing.T) {
 			var runs atomic.Int32
 			m := &gendurable.Machine[orderArgs]{
