@@ -65,11 +65,15 @@ func (o Outcome) Timeout(d time.Duration) Outcome {
 // shortly without counting an attempt. A transaction that waits on a lock
 // keeps its claim (heartbeated) for as long as it waits; it is given up
 // only once the lease is lost, or its server session is gone. fn must not
-// leave the transaction idle — doing work of its own between statements —
-// for [Config].TxIdleTimeout (default: the lease): the server then ends the
-// transaction, as it must for a worker cut off from the database whose
-// session would otherwise hold fn's locks for hours, and the step fails,
-// counting an attempt.
+// leave the transaction idle — doing work of its own between statements, or
+// between the rows of a result it reads — for [Config].TxIdleTimeout
+// (default: the lease): the server then ends the transaction, as it must for
+// a worker cut off from the database whose session would otherwise hold
+// fn's locks for hours, and the step fails, counting an attempt. The engine
+// tells that end from a lost connection by the server's error where one
+// arrives, otherwise by timing the calls fn makes on tx: statements sent
+// around it (tx.Conn(), tx.LargeObjects()) are not timed. tx is a wrapper,
+// not the pool's own transaction type.
 //
 // Cost: a transaction of its own (BEGIN, fn's statements, the outcome,
 // COMMIT) instead of one statement that can share a batched commit.

@@ -103,9 +103,9 @@ func (t *clockedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.C
 
 func (t *clockedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	t.c.start()
+	defer t.c.end()
 	rows, err := t.Tx.Query(ctx, sql, args...)
 	if err != nil {
-		t.c.end()
 		return rows, err
 	}
 	return &clockedRows{Rows: rows, c: t.c}, nil
@@ -113,55 +113,82 @@ func (t *clockedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 
 func (t *clockedTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	t.c.start()
+	defer t.c.end()
 	return &clockedRow{row: t.Tx.QueryRow(ctx, sql, args...), c: t.c}
 }
 
 func (t *clockedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	t.c.start()
+	defer t.c.end()
 	return &clockedBatch{BatchResults: t.Tx.SendBatch(ctx, b), c: t.c}
 }
 
-// clockedRows ends its statement's busy time when the result set is done:
-// closed, or read to the end (pgx closes it then).
+// clockedRows times the calls that read its result set, not the time it
+// stays open: the server sends a result set that fits its socket's buffers
+// at once and then waits on the client, idle, however slowly the callback
+// reads it — work of the callback's own between two rows is idle. (A result
+// set too large for the buffers keeps the server writing, not idle, while
+// the callback reads slowly; a stretch of 0.9 × TxIdle between two rows of
+// one is taken for idle all the same.)
 type clockedRows struct {
 	pgx.Rows
-	c    *idleClock
-	once sync.Once
+	c *idleClock
 }
 
-func (r *clockedRows) done() { r.once.Do(r.c.end) }
-
 func (r *clockedRows) Next() bool {
-	if r.Rows.Next() {
-		return true
-	}
-	r.done()
-	return false
+	r.c.start()
+	defer r.c.end()
+	return r.Rows.Next()
 }
 
 func (r *clockedRows) Close() {
+	r.c.start()
+	defer r.c.end()
 	r.Rows.Close()
-	r.done()
 }
 
 type clockedRow struct {
-	row  pgx.Row
-	c    *idleClock
-	once sync.Once
+	row pgx.Row
+	c   *idleClock
 }
 
 func (r *clockedRow) Scan(dest ...any) error {
-	defer r.once.Do(r.c.end)
+	r.c.start()
+	defer r.c.end()
 	return r.row.Scan(dest...)
 }
 
+// clockedBatch times the calls that read the batch's results, as
+// clockedRows does a result set's.
 type clockedBatch struct {
 	pgx.BatchResults
-	c    *idleClock
-	once sync.Once
+	c *idleClock
+}
+
+func (b *clockedBatch) Exec() (pgconn.CommandTag, error) {
+	b.c.start()
+	defer b.c.end()
+	return b.BatchResults.Exec()
+}
+
+func (b *clockedBatch) Query() (pgx.Rows, error) {
+	b.c.start()
+	defer b.c.end()
+	rows, err := b.BatchResults.Query()
+	if err != nil {
+		return rows, err
+	}
+	return &clockedRows{Rows: rows, c: b.c}, nil
+}
+
+func (b *clockedBatch) QueryRow() pgx.Row {
+	b.c.start()
+	defer b.c.end()
+	return &clockedRow{row: b.BatchResults.QueryRow(), c: b.c}
 }
 
 func (b *clockedBatch) Close() error {
-	defer b.once.Do(b.c.end)
+	b.c.start()
+	defer b.c.end()
 	return b.BatchResults.Close()
 }

@@ -141,7 +141,10 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	clock := newIdleClock()
 	if fnErr := res.TxFn(fnCtx, &clockedTx{Tx: tx, c: clock}); fnErr != nil {
 		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
-			if idle := clock.longestIdle(); idleEnded(fnErr) || (x.cfg.TxIdle > 0 && idle >= x.cfg.TxIdle*9/10) {
+			// The server's own reason, where it gave one, decides; the
+			// idle clock only when none arrived (the session watch found
+			// it gone, a proxy between reported its own error).
+			if idle := clock.longestIdle(); idleEnded(fnErr) || (!endedOtherwise(fnErr) && x.cfg.TxIdle > 0 && idle >= x.cfg.TxIdle*9/10) {
 				// The server's idle limit (BeginIdleLimited): fn left the
 				// transaction waiting on fn's own work for TxIdle.
 				// Running it again would do the same, so this is the
@@ -244,6 +247,17 @@ func (x *Executor) watchTx(pid uint32, gone func()) (stop func()) {
 func idleEnded(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "25P03"
+}
+
+// endedOtherwise reports whether err is the server's notice that it ended
+// the session for a reason other than idling (57P01 terminated by an
+// administrator or a failover, 57P02 crash shutdown, …): whatever the idle
+// clock says — a callback waiting in a statement the clock does not time
+// (tx.Conn(), tx.LargeObjects()) looks idle to it — the transaction was
+// not ended for its idle.
+func endedOtherwise(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "57P")
 }
 
 // connectionFailure reports an error that says the connection or the

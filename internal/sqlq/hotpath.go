@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -447,8 +448,11 @@ func (q *Queries) SessionAlive(ctx context.Context, db DB, pid uint32) (bool, er
 // server ends the session after idle of its own (docs/design.md §2). The
 // setting counts only time the session waits for its client: a statement
 // that runs or waits on a lock is not idle.
+//
+// The server takes whole milliseconds from 1 to 2^31-1 (about 24.8 days):
+// idle is brought into that range (a longer one is as good as none).
 func BeginIdleLimited(idle time.Duration) string {
-	return fmt.Sprintf("begin; set local idle_in_transaction_session_timeout = %d", max(idle.Milliseconds(), 1))
+	return fmt.Sprintf("begin; set local idle_in_transaction_session_timeout = %d", min(max(idle.Milliseconds(), 1), math.MaxInt32))
 }
 
 // BackendPID returns the process id of the server session db runs on: in a

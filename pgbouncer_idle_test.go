@@ -1,0 +1,79 @@
+//go:build linux
+
+package gendurable_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// TestPgBouncerWithTxIdleForALeaseCountsAnAttempt: behind PgBouncer the
+// server's 25P03 does not reach the client (the pooler reports the lost
+// server session its own way), so only the idle clock tells a callback
+// that idled its transaction for TxIdleTimeout from a failover. In every
+// exec mode usable through the pooler (not describe_exec: its Describe and
+// its Execute are two round trips, which the pooler may send to two server
+// sessions — the engine's own statements fail so, WithTx or not), such a step must count its attempts
+// and fail, and a step that does not idle must commit (the BEGIN with its
+// SET LOCAL works in that mode).
+func TestPgBouncerWithTxIdleForALeaseCountsAnAttempt(t *testing.T) {
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			var runs atomic.Int32
+			m := &gendurable.Machine[orderArgs]{
+				Name: "bidler", Start: "pay", MaxAttempts: 2,
+				Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+				Steps: map[string]gendurable.StepFunc[orderArgs]{
+					"pay": func(_ context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+						idle := r.State.I > 0
+						if idle {
+							runs.Add(1)
+						}
+						return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+							var limit string
+							if err := tx.QueryRow(ctx, "SELECT current_setting('idle_in_transaction_session_timeout')").Scan(&limit); err != nil {
+								return err
+							}
+							if limit != "1s" {
+								return errorString("limit " + limit)
+							}
+							if idle {
+								select {
+								case <-time.After(2500 * time.Millisecond):
+								case <-ctx.Done():
+								}
+							}
+							_, err := tx.Exec(ctx, "SELECT $1::int", 2)
+							return err
+						}), nil
+					},
+				},
+			}
+			cfg := fastConfig("", m)
+			cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+			b, _ := setupBouncer(t, mode, 3, cfg)
+			b.start()
+			ok := b.insert(m.New(orderArgs{}))
+			idler := b.insert(m.New(orderArgs{I: 1}))
+			b.waitStatus(ok, "done", 20*time.Second)
+			eventually(t, 30*time.Second, func() bool { return gendurable.Status(b.row(idler).Status).Terminal() || runs.Load() > 4 },
+				"neither finished nor rerun")
+			r := b.row(idler)
+			require.Equal(t, "failed", r.Status, "runs %d, errors: %v", runs.Load(), r.Errors)
+			require.Equal(t, int32(2), runs.Load(), "%v", r.Errors)
+			for _, e := range r.Errors {
+				require.Contains(t, e["error"], "left idle", "%v", r.Errors)
+			}
+		})
+	}
+}
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }

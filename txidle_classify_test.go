@@ -1,0 +1,141 @@
+package gendurable_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// TestWithTxTerminatedWhileWaitingInALargeObjectCostsNoAttempt: the callback
+// writes a large object (tx.LargeObjects(), part of pgx.Tx) and waits on a
+// lock another transaction holds on it — longer than TxIdleTimeout: the
+// server is running its statement, the transaction is not idle. Its backend
+// is then terminated (an administrator, a failover): SQLSTATE 57P01. That is
+// the infrastructure's failure and must cost no attempt, as for a statement
+// sent through tx.Exec.
+func TestWithTxTerminatedWhileWaitingInALargeObjectCostsNoAttempt(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	var oid atomic.Uint32
+	pids := make(chan int, 1)
+	m := &gendurable.Machine[orderArgs]{
+		Name: "lowait", Start: "pay",
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				n := runs.Add(1)
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					if n > 1 {
+						return nil
+					}
+					var pid int
+					if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+						return err
+					}
+					pids <- pid
+					los := tx.LargeObjects()
+					lo, err := los.Open(ctx, oid.Load(), pgx.LargeObjectModeWrite)
+					if err != nil {
+						return err
+					}
+					_, err = lo.Write([]byte("mine")) // waits on the other transaction's lock
+					return err
+				}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+	b := setup(t, cfg)
+	ctx := context.Background()
+
+	var o uint32
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT lo_from_bytea(0, 'abcd')").Scan(&o))
+	oid.Store(o)
+	t.Cleanup(func() { _, _ = b.pool.Exec(context.Background(), "SELECT lo_unlink($1)", o) })
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, "SELECT lo_put($1, 0, 'held')", o)
+	require.NoError(t, err)
+
+	b.start()
+	res, err := b.eng.Insert(ctx, m.New(orderArgs{}).With(gendurable.InsertOpts{MaxAttempts: 1}))
+	require.NoError(t, err)
+	var pid int
+	select {
+	case pid = <-pids:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the step never ran")
+	}
+	// Blocked on the lock for longer than TxIdleTimeout (the lease, 1 s).
+	eventually(t, 10*time.Second, func() bool {
+		var waiting bool
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting))
+		return waiting
+	}, "the callback never waited on the lock")
+	time.Sleep(1500 * time.Millisecond)
+	_, err = b.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+	require.NoError(t, err)
+	_ = holder.Rollback(ctx)
+
+	eventually(t, 20*time.Second, func() bool { return gendurable.Status(b.row(res.ID).Status).Terminal() }, "instance not finished")
+	r := b.row(res.ID)
+	require.Equal(t, "done", r.Status, "errors: %v", r.Errors)
+	require.Equal(t, 0, r.Attempt, "errors: %v", r.Errors)
+	require.Len(t, r.Errors, 1)
+	require.Equal(t, "infrastructure", r.Errors[0]["kind"], "%v", r.Errors)
+}
+
+// TestWithTxIdleWhileReadingRowsCountsAnAttempt: the callback reads a small
+// result set and does slow work of its own for each row (honouring its
+// context), the result set open. The server sent every row at once: the
+// transaction is idle, waiting on the client, and the server ends it after
+// TxIdleTimeout; the engine's session watch then cancels the callback. That
+// is the callback's own idling, as in TestWithTxIdleForALeaseCountsAnAttempt:
+// it must count attempts and fail, not run again for ever at no cost.
+func TestWithTxIdleWhileReadingRowsCountsAnAttempt(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	m := &gendurable.Machine[orderArgs]{
+		Name: "slowrows", Start: "pay", MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				runs.Add(1)
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					rows, err := tx.Query(ctx, "SELECT generate_series(1, 3)")
+					if err != nil {
+						return err
+					}
+					defer rows.Close()
+					for rows.Next() {
+						select { // slow work per row, e.g. a call elsewhere
+						case <-time.After(3 * time.Second):
+						case <-ctx.Done():
+							return ctx.Err()
+						}
+					}
+					return rows.Err()
+				}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(orderArgs{}))
+	eventually(t, 30*time.Second, func() bool { return gendurable.Status(b.row(id).Status).Terminal() || runs.Load() > 4 },
+		"neither finished nor rerun")
+	r := b.row(id)
+	require.Equal(t, "failed", r.Status, "runs %d, errors: %v", runs.Load(), r.Errors)
+	require.Equal(t, int32(2), runs.Load(), "%v", r.Errors)
+	for _, e := range r.Errors {
+		require.Contains(t, e["error"], "left idle", "%v", r.Errors)
+	}
+}
