@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,8 +79,10 @@ func TestIdleLimitDoesNotEndACopyCutOff(t *testing.T) {
 	p, err := strconv.Atoi(port)
 	require.NoError(t, err)
 	pcfg.Host, pcfg.Port = host, uint16(p)
+	pcfg.TLSConfig, pcfg.Fallbacks = nil, nil // else sslmode=prefer's fallback goes around the proxy
 	conn, err := pgx.ConnectConfig(ctx, pcfg)
 	require.NoError(t, err)
+	require.Equal(t, proxy.Addr(), conn.PgConn().Conn().RemoteAddr().String(), "through the proxy")
 	pid := conn.PgConn().PID()
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlq.BeginIdleLimited(300 * time.Millisecond)})
 	require.NoError(t, err)
@@ -90,6 +93,12 @@ func TestIdleLimitDoesNotEndACopyCutOff(t *testing.T) {
 		_, _ = tx.CopyFrom(ctx, pgx.Identifier{b.schema, "sink"}, []string{"n"}, src)
 	}()
 	<-src.started
+	// The server is in the COPY, waiting for the client's data, before the cut.
+	require.Eventually(t, func() bool {
+		var state, query string
+		err := b.pool.QueryRow(ctx, `SELECT state, query FROM pg_stat_activity WHERE pid = $1`, int(pid)).Scan(&state, &query)
+		return err == nil && state == "active" && strings.HasPrefix(strings.ToLower(query), "copy")
+	}, 5*time.Second, 10*time.Millisecond, "the server never entered the COPY")
 	proxy.Cut()
 	time.Sleep(2 * time.Second) // more than six times the limit
 	var state string
