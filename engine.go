@@ -99,8 +99,10 @@ type Config struct {
 	// gives up (two hours by default), and the step's rerun elsewhere would
 	// wait on them. A step whose transaction the server ends this way fails,
 	// counting an attempt, with an error that says so. Waiting on a lock or
-	// on a running statement is not idle. Default: LeaseDuration; negative
-	// sets no limit (the server's own setting applies).
+	// on a running statement is not idle. A stricter limit the session
+	// already has (set for the role or database) is kept. Default:
+	// LeaseDuration; negative sets no limit (the server's own setting
+	// applies).
 	TxIdleTimeout time.Duration
 	// UnknownVersionDelay: a claimed row whose (machine, version) is not
 	// registered here is released, runnable again after this delay (another

@@ -316,14 +316,15 @@ DELETE FROM {{schema}}.gendurable_instances AS i USING doomed AS d WHERE i.id = 
 // minute: a client cut off without its socket closing would otherwise
 // leave the session holding its locks and its snapshot for the OS
 // keepalive's hours (docs/design.md §2). Such a transaction sends its
-// statements back to back; a minute is never a wait of its own.
-const idleLimitSetting = `set_config('idle_in_transaction_session_timeout', '60000', true)`
+// statements back to back; a minute is never a wait of its own. A
+// stricter limit the session already has is kept.
+var idleLimitSetting = idleLimitAtMost(60000)
 
 // pruneSettings rule out, for the prune transaction only, the plans whose
 // cost grows with the finished rows rather than the batch: a bitmap scan of
 // every expired row followed by a sort, or a hash join that reads a whole
 // table (a sequential or full index scan) to delete a batch.
-const pruneSettings = `SELECT set_config('enable_seqscan', 'off', true),
+var pruneSettings = `SELECT set_config('enable_seqscan', 'off', true),
        set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),
        set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
        ` + idleLimitSetting
@@ -449,7 +450,7 @@ LEFT JOIN (
 
 // throughputSettings leave the planner the ordered walk of the finished
 // index only (as pruneSettings do for the pruner), for this transaction.
-const throughputSettings = `SELECT set_config('enable_seqscan', 'off', true),
+var throughputSettings = `SELECT set_config('enable_seqscan', 'off', true),
        set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),
        ` + idleLimitSetting
 

@@ -43,6 +43,34 @@ func TestOwnTransactionsEndWhenLeftIdle(t *testing.T) {
 		require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&after))
 		require.NotEqual(t, "300ms", after)
 	})
+	// A stricter limit the session has (an administrator's, for the role
+	// or the database) is kept; a looser one gives way.
+	for _, c := range []struct{ session, ours, want string }{
+		{"100ms", "with", "100ms"}, {"10min", "with", "300ms"}, {"10s", "prune", "10s"}, {"10min", "prune", "1min"},
+	} {
+		t.Run("session "+c.session+" "+c.ours, func(t *testing.T) {
+			conn, err := pool.Acquire(ctx)
+			require.NoError(t, err)
+			defer conn.Release()
+			_, err = conn.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, false)`, c.session)
+			require.NoError(t, err)
+			defer func() { _, _ = conn.Exec(ctx, `RESET idle_in_transaction_session_timeout`) }()
+			var tx pgx.Tx
+			if c.ours == "with" {
+				tx, err = conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlq.BeginIdleLimited(300 * time.Millisecond)})
+				require.NoError(t, err)
+			} else {
+				tx, err = conn.Begin(ctx)
+				require.NoError(t, err)
+				_, err = tx.Exec(ctx, sqlq.IdleLimitSettings[c.ours])
+				require.NoError(t, err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			var limit string
+			require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&limit))
+			require.Equal(t, c.want, limit)
+		})
+	}
 	for name, first := range sqlq.IdleLimitSettings {
 		t.Run(name, func(t *testing.T) {
 			tx, err := pool.Begin(ctx)

@@ -450,9 +450,21 @@ func (q *Queries) SessionAlive(ctx context.Context, db DB, pid uint32) (bool, er
 // that runs or waits on a lock is not idle.
 //
 // The server takes whole milliseconds from 1 to 2^31-1 (about 24.8 days):
-// idle is brought into that range (a longer one is as good as none).
+// idle is brought into that range (a longer one is as good as none). A
+// stricter limit the session already has (set for the role or database by
+// its administrator) is kept.
 func BeginIdleLimited(idle time.Duration) string {
-	return fmt.Sprintf("begin; set local idle_in_transaction_session_timeout = %d", min(max(idle.Milliseconds(), 1), math.MaxInt32))
+	return "begin; select " + idleLimitAtMost(min(max(idle.Milliseconds(), 1), math.MaxInt32))
+}
+
+// idleLimitAtMost is a set_config call that limits the transaction's
+// idle_in_transaction_session_timeout to ms milliseconds, keeping a
+// stricter one the session has (0 is none).
+func idleLimitAtMost(ms int64) string {
+	return fmt.Sprintf(`set_config('idle_in_transaction_session_timeout', CASE
+  WHEN current_setting('idle_in_transaction_session_timeout')::interval > interval '0'
+   AND current_setting('idle_in_transaction_session_timeout')::interval <= interval '%[1]d milliseconds'
+  THEN current_setting('idle_in_transaction_session_timeout') ELSE '%[1]d' END, true)`, ms)
 }
 
 // BackendPID returns the process id of the server session db runs on: in a

@@ -151,7 +151,7 @@ type Beginner interface {
 // migrateLock serializes migrators of one schema, and limits the
 // migration's idle (idleLimitSetting): a migrator cut off mid-migration
 // must not hold the schema's locks for hours.
-const migrateLock = `SELECT ` + idleLimitSetting + `, pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1))`
+var migrateLock = `SELECT ` + idleLimitSetting + `, pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1))`
 
 // Migrate moves the schema from its installed version to target, up or down,
 // in one transaction serialized by an advisory lock, so concurrent migrators
