@@ -100,7 +100,10 @@ type Config struct {
 	// wait on them. A step whose transaction the server ends this way fails,
 	// counting an attempt, with an error that says so. Waiting on a lock or
 	// on a running statement is not idle. A stricter limit the session
-	// already has (set for the role or database) is kept. Default:
+	// already has (set for the role or database) is kept; a callback ended
+	// by that one before TxIdleTimeout is not told apart from a lost
+	// connection unless the server's reason reaches it (no attempt is
+	// counted, the step runs again). Default:
 	// LeaseDuration; negative sets no limit (the server's own setting
 	// applies).
 	TxIdleTimeout time.Duration
