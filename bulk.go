@@ -79,7 +79,8 @@ func bulkIDs(op string, ids []int64) ([]int64, error) {
 // RetryMany retries the failed instances among ids (at most [MaxBulkIDs];
 // duplicates count once) as [Engine.Retry] would each: back to runnable at
 // the step they failed in with a fresh attempt budget, waited for again by a
-// parent that still waits. Instances not failed, or whose unique key another
+// parent that still waits; a parent retried together with children of its
+// current fan-out awaits them again, as a parent retried after them does. Instances not failed, or whose unique key another
 // live instance now holds, are skipped; ids without an instance are counted
 // in NotFound. Empty, oversized or non-positive ids are [ErrInvalidInput].
 // On error, the result holds what was changed before it (see [BulkResult]).

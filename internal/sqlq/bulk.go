@@ -35,7 +35,7 @@ WITH cand AS MATERIALIZED (
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
-` + retryStatusSet + `,
+` + retryManyStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   FROM cand WHERE i.id = cand.id -- locked by cand, still failed
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue

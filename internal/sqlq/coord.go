@@ -289,6 +289,23 @@ const retryStatusSet = `      status = CASE WHEN ` + liveChildren + ` > 0 THEN '
 const liveChildren = `(SELECT count(*)::int FROM {{schema}}.gendurable_instances AS c
          WHERE c.parent_id = i.id AND c.parent_fanout = i.fanout AND c.status NOT IN ('done', 'failed'))`
 
+// retryManyStatusSet is retryStatusSet for retryManySQL: the children that
+// statement retries beside their parent count as live too. Its snapshot
+// still sees them failed, so counted by status alone a parent retried with
+// its children (a retry by filter after a cancel by filter) went runnable
+// and ran its next step while the children it had just retried ran; its
+// own row being failed in that snapshot, the statement's count of retried
+// children for waiting parents (CTE p) passes it over.
+const retryManyStatusSet = `      status = CASE WHEN ` + liveOrRetriedChildren + ` > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
+                    ELSE 'runnable' END,
+      children_pending = CASE WHEN ` + liveOrRetriedChildren + ` > 0 THEN ` + liveOrRetriedChildren + ` ELSE i.children_pending END`
+
+// liveOrRetriedChildren counts the children of row i's current fan-out that
+// are unfinished or retried by the same statement (CTE cand).
+const liveOrRetriedChildren = `(SELECT count(*)::int FROM {{schema}}.gendurable_instances AS c
+         WHERE c.parent_id = i.id AND c.parent_fanout = i.fanout
+           AND (c.status NOT IN ('done', 'failed') OR c.id IN (SELECT cand.id FROM cand)))`
+
 const retrySQL = `
 WITH r AS (
   UPDATE {{schema}}.gendurable_instances AS i
