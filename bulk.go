@@ -329,10 +329,17 @@ func bulkStatement(ctx context.Context, run func() ([]sqlq.BulkChanged, error)) 
 	}
 }
 
-// kickQueues wakes this process's feeders of the queues rows went back to.
+// kickQueues wakes this process's feeders of the queues rows went back to,
+// at once or when a row becomes eligible.
 func (e *Engine) kickQueues(changed []sqlq.BulkChanged) {
 	seen := map[string]bool{}
 	for _, c := range changed {
+		if c.Wait > 0 {
+			// Eligible when its cancelled step's lease ends: wake the
+			// feeder then (see Engine.Retry).
+			e.kickQueueAt(c.Queue, time.Now().Add(c.Wait))
+			continue
+		}
 		if !seen[c.Queue] {
 			seen[c.Queue] = true
 			e.kickQueue(c.Queue)

@@ -132,7 +132,7 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // eligible when the lease ends, so it never runs beside the cancelled run.
 // The retry is logged at Info on the engine's Logger.
 func (e *Engine) Retry(ctx context.Context, id int64) error {
-	status, queue, err := e.q.Retry(ctx, e.pool, id)
+	status, queue, wait, err := e.q.Retry(ctx, e.pool, id)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return fmt.Errorf("%w: instance %d: %s", ErrUniqueConflict, id, pgErr.Detail)
@@ -145,6 +145,14 @@ func (e *Engine) Retry(ctx context.Context, id int64) error {
 		return fmt.Errorf("%w: id %d", ErrNotFound, id)
 	case queue == nil:
 		return fmt.Errorf("%w: instance %d is %s", ErrNotRetryable, id, *status)
+	}
+	if wait > 0 {
+		// Eligible when its cancelled step's lease ends: wake the feeder then
+		// (a kick now would find nothing, and the idle backoff could leave
+		// the row waiting up to MaxPollInterval past that).
+		e.kickQueueAt(*queue, time.Now().Add(wait))
+		e.log.Info("gendurable: instance retried", "id", id, "eligible_in", wait)
+		return nil
 	}
 	e.kickQueue(*queue)
 	e.log.Info("gendurable: instance retried", "id", id)
@@ -167,12 +175,15 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 // before (its step may still be running until then). The change is logged
 // at Info on the engine's Logger.
 func (e *Engine) RunNow(ctx context.Context, id int64) error {
-	status, queue, err := e.q.RunNow(ctx, e.pool, id)
+	status, queue, wait, err := e.q.RunNow(ctx, e.pool, id)
 	switch {
 	case err != nil:
 		return e.dbErr(err, fmt.Sprintf("run now %d", id))
 	case status == nil:
 		return fmt.Errorf("%w: id %d", ErrNotFound, id)
+	case queue != nil && wait > 0:
+		e.kickQueueAt(*queue, time.Now().Add(wait))
+		e.log.Info("gendurable: instance made eligible when its cancelled step's lease ends", "id", id, "eligible_in", wait)
 	case queue != nil:
 		e.kickQueue(*queue)
 		e.log.Info("gendurable: instance made eligible now", "id", id)

@@ -2,6 +2,7 @@ package sqlq
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -38,7 +39,7 @@ WITH cand AS MATERIALIZED (
 ` + retryManyStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   FROM cand WHERE i.id = cand.id -- locked by cand, still failed
-  RETURNING i.id, i.parent_id, i.parent_fanout, i.queue
+  RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
   SET children_pending = p.children_pending + x.n, updated_at = now()
@@ -57,7 +58,7 @@ WITH cand AS MATERIALIZED (
   WHERE s.id = l.id
   RETURNING s.id
 )
-SELECT id, queue FROM r ORDER BY id`
+SELECT id, queue, wait_us FROM r ORDER BY id`
 
 // cancelManySQL is cancelSQL for a batch: the live rows among $1 fail at
 // once with reason $2, their inboxes are consumed, their parents count them
@@ -106,14 +107,16 @@ WITH u AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET eligible_at = ` + retryEligible + `, updated_at = now()
   WHERE id = $1 AND status = 'runnable' AND eligible_at > now()
-  RETURNING queue
+  RETURNING queue, ` + retryWait + ` AS wait_us
 )
-SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1), (SELECT queue FROM u)`
+SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1), (SELECT queue FROM u),
+       coalesce((SELECT wait_us FROM u), 0)`
 
 // BulkChanged is one row a bulk statement changed.
 type BulkChanged struct {
 	ID    int64
 	Queue string
+	Wait  time.Duration // RetryMany: how long until the row is eligible (0: now; see retryWait)
 }
 
 func (q *Queries) bulk(ctx context.Context, db DB, sql string, args ...any) ([]BulkChanged, error) {
@@ -131,7 +134,17 @@ func (q *Queries) bulk(ctx context.Context, db DB, sql string, args ...any) ([]B
 // RetryMany retries the failed instances among ids (sorted, no duplicates) (see retryManySQL) and
 // returns those it retried.
 func (q *Queries) RetryMany(ctx context.Context, db DB, ids []int64) ([]BulkChanged, error) {
-	return q.bulk(ctx, db, q.retryMany, ids)
+	rows, err := db.Query(ctx, q.retryMany, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkChanged, error) {
+		var c BulkChanged
+		var us int64
+		err := row.Scan(&c.ID, &c.Queue, &us)
+		c.Wait = time.Duration(us) * time.Microsecond
+		return c, err
+	})
 }
 
 // CancelMany cancels the live instances among ids (sorted, no duplicates) with reason (see
@@ -150,9 +163,11 @@ func (q *Queries) Existing(ctx context.Context, db DB, ids []int64) ([]int64, er
 }
 
 // RunNow makes a delayed runnable instance eligible now. It returns the
-// status the instance had (nil if none exists) and, if it was delayed and is
-// now eligible, its queue.
-func (q *Queries) RunNow(ctx context.Context, db DB, id int64) (status, queue *string, err error) {
-	err = db.QueryRow(ctx, q.runNow, id).Scan(&status, &queue)
-	return status, queue, err
+// status the instance had (nil if none exists), its queue if it was delayed,
+// and how long until it is eligible: 0, or what is left of the lease of its
+// cancelled step (see runNowSQL).
+func (q *Queries) RunNow(ctx context.Context, db DB, id int64) (status, queue *string, wait time.Duration, err error) {
+	var us int64
+	err = db.QueryRow(ctx, q.runNow, id).Scan(&status, &queue, &us)
+	return status, queue, time.Duration(us) * time.Microsecond, err
 }

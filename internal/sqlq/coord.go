@@ -313,7 +313,7 @@ WITH r AS (
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   WHERE id = $1 AND status = 'failed'
-  RETURNING id, parent_id, parent_fanout, queue
+  RETURNING id, parent_id, parent_fanout, queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
   SET children_pending = p.children_pending + 1, updated_at = now()
@@ -327,11 +327,21 @@ WITH r AS (
   RETURNING s.id
 )
 SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
-       (SELECT queue FROM r)`
+       (SELECT queue FROM r), coalesce((SELECT wait_us FROM r), 0)`
+
+// retryWait is, in RETURNING of a retry (or run-now) of row i, how long
+// (microseconds, on the database clock) until the row, runnable, becomes
+// eligible: 0 if it is eligible now or not runnable (a parent awaiting its
+// children is woken by them). The engine wakes its feeder of the queue then
+// (a retried row waits for the lease of its cancelled step).
+const retryWait = `CASE WHEN i.status = 'runnable' AND i.eligible_at > now()
+         THEN ceil(extract(epoch FROM i.eligible_at - now()) * 1000000)::bigint ELSE 0 END`
 
 // Retry moves a failed instance back to runnable; it returns the status the
-// instance had (nil if none exists) and its queue if it was retried.
-func (q *Queries) Retry(ctx context.Context, db DB, id int64) (status *string, queue *string, err error) {
-	err = db.QueryRow(ctx, q.retry, id).Scan(&status, &queue)
-	return status, queue, err
+// instance had (nil if none exists), its queue if it was retried, and how
+// long until it is eligible (0: now).
+func (q *Queries) Retry(ctx context.Context, db DB, id int64) (status *string, queue *string, wait time.Duration, err error) {
+	var us int64
+	err = db.QueryRow(ctx, q.retry, id).Scan(&status, &queue, &us)
+	return status, queue, time.Duration(us) * time.Microsecond, err
 }
