@@ -42,4 +42,18 @@ func TestRetryAndRunNowOfARowWaitingForItsCancelledStepsLease(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, r.code, r.body)
 	r = get(t, h, r.header.Get("Location"))
 	require.Contains(t, r.body, "when the lease of its cancelled step ends")
+
+	// A parent cancelled while a child of its fan-out runs.
+	parent := e.insertOrder(Order{Item: "parent"}, gendurable.InsertOpts{})
+	child := e.insertOrder(Order{Item: "child"}, gendurable.InsertOpts{})
+	_, err = e.pool.Exec(context.Background(), fmt.Sprintf(`UPDATE %[1]s.gendurable_instances SET status = 'failed', finished_at = now(),
+		fanout = 1, children_total = 1, children_pending = 1 WHERE id = $1;`, e.schema), parent)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(context.Background(), fmt.Sprintf(`UPDATE %s.gendurable_instances SET status = 'executing', parent_id = $2,
+		parent_fanout = 1, lease_expires_at = now() + interval '1 hour' WHERE id = $1`, e.schema), child, parent)
+	require.NoError(t, err)
+	r = post(t, h, fmt.Sprintf("/instances/%d/retry", parent), nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	r = get(t, h, r.header.Get("Location"))
+	require.Contains(t, r.body, "Retried: the instance awaits its live children again")
 }

@@ -313,4 +313,11 @@ func TestRunNowAndRetryOfARowWaitingForItsCancelledStepsLease(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "instance 2 is runnable again; it becomes eligible when the lease of its cancelled step ends")
 	require.Equal(t, 1, countRows(t, pool, schema, "id = 2 AND status = 'runnable' AND eligible_at > now() + interval '59 minutes'"))
+
+	// 3: a parent cancelled while a child of its fan-out (4) runs.
+	seed(t, pool, schema, 1, "status, finished_at, fanout, children_total, children_pending", "'failed', now(), 1, 1, 1")
+	seed(t, pool, schema, 1, "status, parent_id, parent_fanout", "'executing', 3, 1")
+	out, errOut, code = cli(t, append([]string{"retry", "3"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "instance 3 awaits its live children again (0 of 1 done)\n", out)
 }
