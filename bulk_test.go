@@ -556,3 +556,38 @@ func TestBulkRetryOfAFanOutMakesTheParentAwaitItsChildren(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryManyOfAParentWithItsChildrenAfterAUniqueCollision: when two rows
+// of a batch share a unique key the batch is retried one instance at a
+// time; a parent and children of its current fan-out in that batch must
+// still leave the parent awaiting them (the children first), as the batch
+// statement does, down a nested fan-out too.
+func TestRetryManyOfAParentWithItsChildrenAfterAUniqueCollision(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	for _, twins := range []bool{false, true} {
+		grand := b.seedRow(`status, fanout, children_total, children_pending, finished_at`, `'failed', 1, 1, 1, now()`)
+		parent := b.seedRow(`status, fanout, children_total, children_pending, finished_at, parent_id, parent_fanout`, `'failed', 1, 2, 2, now(), $1, 1`, grand)
+		kid1 := b.seedRow(`status, parent_id, parent_fanout, finished_at`, `'failed', $1, 1, now()`, parent)
+		kid2 := b.seedRow(`status, parent_id, parent_fanout, finished_at`, `'failed', $1, 1, now()`, parent)
+		ids := []int64{grand, parent, kid1, kid2}
+		want := int64(4)
+		if twins {
+			key := fmt.Sprintf("'twin-%d'", parent)
+			ids = append(ids, b.seedRow(`status, unique_key, unique_scope`, `'failed', `+key+`, `+liveScope),
+				b.seedRow(`status, unique_key, unique_scope`, `'failed', `+key+`, `+liveScope))
+			want = 5 // one twin collides
+		}
+		res, err := b.eng.RetryMany(ctx, ids)
+		require.NoError(t, err)
+		require.Equal(t, want, res.Changed, "twins %v", twins)
+		for _, p := range []struct {
+			id      int64
+			pending int
+		}{{grand, 1}, {parent, 2}} {
+			require.Equal(t, "awaiting_children", b.row(p.id).Status, "twins %v: instance %d's retried children are live", twins, p.id)
+			require.Equal(t, p.pending, b.count(`SELECT children_pending FROM {{s}}.gendurable_instances WHERE id = $1`, p.id))
+		}
+	}
+}

@@ -92,6 +92,13 @@ WITH cand AS MATERIALIZED (
 ), ` + parentJoinCTE + `
 SELECT id, queue FROM changed ORDER BY id`
 
+// parentsAmongSQL returns which of the ids $1 are the parent of another of
+// them (one primary-key probe per id).
+const parentsAmongSQL = `
+SELECT DISTINCT c.parent_id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+  SELECT c.parent_id FROM {{schema}}.gendurable_instances AS c WHERE c.id = u.id OFFSET 0) AS c
+WHERE c.parent_id = ANY ($1::bigint[])`
+
 // existingSQL returns which of the ids $1 exist.
 const existingSQL = `
 SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
@@ -151,6 +158,16 @@ func (q *Queries) RetryMany(ctx context.Context, db DB, ids []int64) ([]BulkChan
 // cancelManySQL) and returns those it cancelled.
 func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason string) ([]BulkChanged, error) {
 	return q.bulk(ctx, db, q.cancelMany, ids, reason, MaxErrorHistory)
+}
+
+// ParentsAmong returns which of ids are the parent of another of them, in
+// no particular order.
+func (q *Queries) ParentsAmong(ctx context.Context, db DB, ids []int64) ([]int64, error) {
+	rows, err := db.Query(ctx, q.parentsAmong, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
 // Existing returns which of ids exist, in no particular order.
