@@ -330,7 +330,11 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 // Cancel fails a live instance at once, recording reason in its error
 // history: its inbox is consumed, a parent counts it as finished, and a
 // worker still running one of its steps is fenced out (its outcome changes
-// nothing). [ErrNotFound], or [ErrNotCancellable] for a finished instance.
+// nothing). The fenced step may still run until its worker's next
+// heartbeat, so the instance keeps that step's lease until it ends — its
+// key's slot, its place in its queue's GlobalConcurrency; a prune keeps it
+// until then, and a retry before then waits for it ([Engine.Retry]).
+// [ErrNotFound], or [ErrNotCancellable] for a finished instance.
 // The cancel is logged at Info on the engine's Logger.
 func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 	if reason == "" {

@@ -79,7 +79,8 @@ func bulkIDs(op string, ids []int64) ([]int64, error) {
 // RetryMany retries the failed instances among ids (at most [MaxBulkIDs];
 // duplicates count once) as [Engine.Retry] would each: back to runnable at
 // the step they failed in with a fresh attempt budget, waited for again by a
-// parent that still waits. Instances not failed, or whose unique key another
+// parent that still waits; a parent retried together with children of its
+// current fan-out awaits them again, as a parent retried after them does. Instances not failed, or whose unique key another
 // live instance now holds, are skipped; ids without an instance are counted
 // in NotFound. Empty, oversized or non-positive ids are [ErrInvalidInput].
 // On error, the result holds what was changed before it (see [BulkResult]).
@@ -240,8 +241,8 @@ func (f ListFilter) String() string {
 
 // retryBatch retries the failed instances among ids (sorted, at most
 // MaxBulkIDs). Two of them sharing a unique key collide on the unique
-// index; the batch is then retried one instance at a time, each collision
-// skipped. On error, the instances retried before it are returned with it
+// index; the batch is then retried one instance at a time (parents of
+// others in the batch after them: childrenFirst), each collision skipped. On error, the instances retried before it are returned with it
 // (their statements committed), and their queues woken all the same.
 func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
 	sctx, cancel := statementContext(ctx)
@@ -249,6 +250,10 @@ func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChange
 	changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(sctx, e.pool, ids) })
 	if isUniqueViolation(err) {
 		changed = nil
+		var oerr error
+		if ids, oerr = childrenFirst(sctx, e, ids); oerr != nil {
+			return nil, 0, e.dbErr(oerr, "retry")
+		}
 		for i, id := range ids {
 			if err := ctx.Err(); err != nil { // between statements
 				e.kickQueues(changed)
@@ -275,6 +280,35 @@ func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChange
 	}
 	e.kickQueues(changed)
 	return changed, len(ids), nil
+}
+
+// childrenFirst orders ids (sorted) for a retry one at a time: the ids that
+// are no other's parent in order, then the parents, newest first (a child
+// fan-out's parent was inserted before it). A parent retried after its
+// children awaits them again, as in the batch statement
+// (sqlq.retryManyStatusSet); retried before them, it went runnable, and its
+// next step ran while the children it was retried with ran.
+func childrenFirst(ctx context.Context, e *Engine, ids []int64) ([]int64, error) {
+	parents, err := e.q.ParentsAmong(ctx, e.pool, ids)
+	if err != nil || len(parents) == 0 {
+		return ids, err
+	}
+	isParent := make(map[int64]bool, len(parents))
+	for _, p := range parents {
+		isParent[p] = true
+	}
+	out := make([]int64, 0, len(ids))
+	for _, id := range ids {
+		if !isParent[id] {
+			out = append(out, id)
+		}
+	}
+	for i := len(ids) - 1; i >= 0; i-- {
+		if isParent[ids[i]] {
+			out = append(out, ids[i])
+		}
+	}
+	return out, nil
 }
 
 func isUniqueViolation(err error) bool {
@@ -328,10 +362,17 @@ func bulkStatement(ctx context.Context, run func() ([]sqlq.BulkChanged, error)) 
 	}
 }
 
-// kickQueues wakes this process's feeders of the queues rows went back to.
+// kickQueues wakes this process's feeders of the queues rows went back to,
+// at once or when a row becomes eligible.
 func (e *Engine) kickQueues(changed []sqlq.BulkChanged) {
 	seen := map[string]bool{}
 	for _, c := range changed {
+		if c.Wait > 0 {
+			// Eligible when its cancelled step's lease ends: wake the
+			// feeder then (see Engine.Retry).
+			e.kickQueueAt(c.Queue, time.Now().Add(c.Wait))
+			continue
+		}
 		if !seen[c.Queue] {
 			seen[c.Queue] = true
 			e.kickQueue(c.Queue)

@@ -500,3 +500,94 @@ func TestBulkByEmptyStateIsNoCriterion(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int64{live}, res.ChangedIDs)
 }
+
+// TestBulkRetryOfAFanOutMakesTheParentAwaitItsChildren: a parent and its
+// children cancelled together (a cancel by queue), then retried together (a
+// retry by the same filter, or by ids: one statement), must have the parent
+// await the children it retried beside it, as a single retry of the parent
+// after its children does; its join must not run while they are live.
+func TestBulkRetryOfAFanOutMakesTheParentAwaitItsChildren(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"RetryMatching", "RetryMany"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			var runs atomic.Int32
+			started := make(chan struct{}, 8)
+			leaf := &gendurable.Job[leafArgs]{Name: "bfleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+				if runs.Add(1) <= 2 { // the first runs wait for the cancel
+					started <- struct{}{}
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				return nil
+			}}
+			m := &gendurable.Machine[fanState]{Name: "bfparent", Start: "spawn",
+				Steps: map[string]gendurable.StepFunc[fanState]{
+					"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+						return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
+					},
+					"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+						var st []string
+						for _, c := range r.Children {
+							st = append(st, string(c.Status))
+						}
+						return gendurable.Done(st), nil
+					},
+				}}
+			b := setup(t, fastConfig("", m, leaf))
+			b.start()
+			ctx := context.Background()
+			parent := b.insert(m.New(fanState{}))
+			<-started
+			<-started
+			res, err := b.eng.CancelMatching(ctx, gendurable.ListFilter{Queue: "default"}, "drain")
+			require.NoError(t, err)
+			require.Equal(t, int64(3), res.Changed, "the parent and its two children")
+			if how == "RetryMatching" {
+				res, err = b.eng.RetryMatching(ctx, gendurable.ListFilter{Queue: "default"})
+			} else {
+				res, err = b.eng.RetryMany(ctx, res.ChangedIDs)
+			}
+			require.NoError(t, err)
+			require.Equal(t, int64(3), res.Changed)
+			require.Equal(t, "awaiting_children", b.row(parent).Status, "the parent's children were retried with it and are live")
+			r := b.waitStatus(parent, "done", 15*time.Second)
+			require.JSONEq(t, `["done", "done"]`, string(r.Result), "the join ran before its retried children finished")
+		})
+	}
+}
+
+// TestRetryManyOfAParentWithItsChildrenAfterAUniqueCollision: when two rows
+// of a batch share a unique key the batch is retried one instance at a
+// time; a parent and children of its current fan-out in that batch must
+// still leave the parent awaiting them (the children first), as the batch
+// statement does, down a nested fan-out too.
+func TestRetryManyOfAParentWithItsChildrenAfterAUniqueCollision(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	for _, twins := range []bool{false, true} {
+		grand := b.seedRow(`status, fanout, children_total, children_pending, finished_at`, `'failed', 1, 1, 1, now()`)
+		parent := b.seedRow(`status, fanout, children_total, children_pending, finished_at, parent_id, parent_fanout`, `'failed', 1, 2, 2, now(), $1, 1`, grand)
+		kid1 := b.seedRow(`status, parent_id, parent_fanout, finished_at`, `'failed', $1, 1, now()`, parent)
+		kid2 := b.seedRow(`status, parent_id, parent_fanout, finished_at`, `'failed', $1, 1, now()`, parent)
+		ids := []int64{grand, parent, kid1, kid2}
+		want := int64(4)
+		if twins {
+			key := fmt.Sprintf("'twin-%d'", parent)
+			ids = append(ids, b.seedRow(`status, unique_key, unique_scope`, `'failed', `+key+`, `+liveScope),
+				b.seedRow(`status, unique_key, unique_scope`, `'failed', `+key+`, `+liveScope))
+			want = 5 // one twin collides
+		}
+		res, err := b.eng.RetryMany(ctx, ids)
+		require.NoError(t, err)
+		require.Equal(t, want, res.Changed, "twins %v", twins)
+		for _, p := range []struct {
+			id      int64
+			pending int
+		}{{grand, 1}, {parent, 2}} {
+			require.Equal(t, "awaiting_children", b.row(p.id).Status, "twins %v: instance %d's retried children are live", twins, p.id)
+			require.Equal(t, p.pending, b.count(`SELECT children_pending FROM {{s}}.gendurable_instances WHERE id = $1`, p.id))
+		}
+	}
+}

@@ -186,7 +186,9 @@ type QueueConfig struct {
 	MaxPollInterval time.Duration
 	// GlobalConcurrency, if not 0, bounds how many steps of this queue run
 	// at once across every process (counted as executing rows with a live
-	// lease, under a lock of the queue taken by each pick). Every process
+	// lease, and rows an operator cancelled mid-step whose lease is still
+	// live, retried or not: their step may run until its worker's next
+	// heartbeat; under a lock of the queue taken by each pick). Every process
 	// working the queue should set the same value. It costs each pick of
 	// the queue a read of the live leases of all queues. Default 0: only
 	// Concurrency, per process. At most 2147483647 (the pick's int4).

@@ -126,13 +126,16 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // parent still waits is waited for again; a parent cancelled while it
 // awaited its children, some of which still run, awaits them again. [ErrNotFound], [ErrNotRetryable]
 // (not failed), or [ErrUniqueConflict] (another live instance now holds its
-// unique key) leave everything unchanged. A keyed instance cancelled
-// while its step ran keeps its key's slot until that step's lease ends
-// ([Engine.Cancel]); retried before then, it keeps the slot and becomes
-// eligible when the lease ends, so it never runs beside the cancelled run.
+// unique key) leave everything unchanged. An instance cancelled while its
+// step ran keeps that step's lease — its key's slot, its place in its
+// queue's GlobalConcurrency — until the lease ends ([Engine.Cancel]);
+// retried before then, it keeps the lease and becomes eligible when the
+// lease ends (a parent put back to awaiting its children: when they have
+// finished and the lease has ended), so it never runs beside the cancelled
+// run; this engine wakes its feeder of the queue then.
 // The retry is logged at Info on the engine's Logger.
 func (e *Engine) Retry(ctx context.Context, id int64) error {
-	status, queue, err := e.q.Retry(ctx, e.pool, id)
+	status, queue, wait, err := e.q.Retry(ctx, e.pool, id)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return fmt.Errorf("%w: instance %d: %s", ErrUniqueConflict, id, pgErr.Detail)
@@ -146,6 +149,14 @@ func (e *Engine) Retry(ctx context.Context, id int64) error {
 	case queue == nil:
 		return fmt.Errorf("%w: instance %d is %s", ErrNotRetryable, id, *status)
 	}
+	if wait > 0 {
+		// Eligible when its cancelled step's lease ends: wake the feeder then
+		// (a kick now would find nothing, and the idle backoff could leave
+		// the row waiting up to MaxPollInterval past that).
+		e.kickQueueAt(*queue, time.Now().Add(wait))
+		e.log.Info("gendurable: instance retried", "id", id, "eligible_in", wait)
+		return nil
+	}
 	e.kickQueue(*queue)
 	e.log.Info("gendurable: instance retried", "id", id)
 	return nil
@@ -158,7 +169,7 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 
 // RunNow makes a runnable instance that is eligible later — scheduled, or
 // backing off before its next attempt — eligible now; its attempt count is
-// kept (a keyed instance retried after a cancel of its running step becomes
+// kept (an instance retried after a cancel of its running step becomes
 // eligible when that step's lease ends, not before: see [Engine.Retry]).
 // An instance already eligible is left as it is (nil). [ErrNotFound],
 // or [ErrNotDelayed] for an instance executing, awaiting a signal or
@@ -167,12 +178,15 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 // before (its step may still be running until then). The change is logged
 // at Info on the engine's Logger.
 func (e *Engine) RunNow(ctx context.Context, id int64) error {
-	status, queue, err := e.q.RunNow(ctx, e.pool, id)
+	status, queue, wait, err := e.q.RunNow(ctx, e.pool, id)
 	switch {
 	case err != nil:
 		return e.dbErr(err, fmt.Sprintf("run now %d", id))
 	case status == nil:
 		return fmt.Errorf("%w: id %d", ErrNotFound, id)
+	case queue != nil && wait > 0:
+		e.kickQueueAt(*queue, time.Now().Add(wait))
+		e.log.Info("gendurable: instance made eligible when its cancelled step's lease ends", "id", id, "eligible_in", wait)
 	case queue != nil:
 		e.kickQueue(*queue)
 		e.log.Info("gendurable: instance made eligible now", "id", id)

@@ -77,3 +77,59 @@ func TestRetryFailedInstanceAndUniqueCollision(t *testing.T) {
 	require.Equal(t, 0, r.Attempt)
 	require.Len(t, r.Errors, 1, "the history is kept")
 }
+
+// TestRetriedCancelledStepRunsWhenItsLeaseEnds: a step retried while the
+// lease of its cancelled run lives is eligible when that lease ends; the
+// engine that retried it must pick it then, not after its feeder's idle
+// backoff (up to MaxPollInterval) has found it.
+func TestRetriedCancelledStepRunsWhenItsLeaseEnds(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"Retry", "RetryMany"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			starts := make(chan time.Time, 4)
+			var mu sync.Mutex
+			runs := 0
+			job := &gendurable.Job[spanArgs]{Name: "rprompt", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+				mu.Lock()
+				runs++
+				first := runs == 1
+				mu.Unlock()
+				starts <- time.Now()
+				if first {
+					<-ctx.Done() // cancelled
+					return ctx.Err()
+				}
+				return nil
+			}}
+			cfg := fastConfig("", job) // lease 3s, heartbeat 1s
+			// The default poll intervals: an idle queue backs off to 5 s.
+			cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4}}
+			b := setup(t, cfg)
+			b.start()
+			ctx := context.Background()
+			id := b.insert(job.New(spanArgs{}))
+			<-starts
+			require.NoError(t, b.eng.Cancel(ctx, id, "operator"))
+			if how == "Retry" {
+				require.NoError(t, b.eng.Retry(ctx, id))
+			} else {
+				res, err := b.eng.RetryMany(ctx, []int64{id})
+				require.NoError(t, err)
+				require.Equal(t, int64(1), res.Changed)
+			}
+			r := b.row(id)
+			require.NotNil(t, r.LeaseExp)
+			lease := *r.LeaseExp
+			select {
+			case at := <-starts:
+				late := at.Sub(lease)
+				t.Logf("ran %v after the lease ended", late)
+				require.GreaterOrEqual(t, late, time.Duration(0))
+				require.Less(t, late, 750*time.Millisecond, "the retried step waited for the feeder's backoff")
+			case <-time.After(15 * time.Second):
+				t.Fatal("the retried step never ran")
+			}
+		})
+	}
+}

@@ -313,3 +313,85 @@ func TestRetriedChildOfAnEarlierFanOutDoesNotWakeTheParent(t *testing.T) {
 	b.waitStatus(id, "done", 10*time.Second)
 	require.Equal(t, 1, secondJoinSaw.Load(), "the join sees only its own fan-out's children")
 }
+
+// TestWokenParentWaitsForTheLeaseOfItsCancelledStep: a parent whose step was
+// cancelled while a child of its current fan-out was live (the child had
+// been cancelled, which woke the parent, and retried) keeps that step's
+// lease; retried, it awaits the child again and is eligible when the lease
+// ends. The child finishing before then must not make it eligible at once:
+// its next step would run beside the cancelled one, which runs until its
+// worker's next heartbeat (docs/design.md §6).
+func TestWokenParentWaitsForTheLeaseOfItsCancelledStep(t *testing.T) {
+	t.Parallel()
+	var leafRuns atomic.Int32
+	leafStarted := make(chan int32, 4)
+	finish := make(chan struct{})
+	leaf := &gendurable.Job[leafArgs]{Name: "wleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		n := leafRuns.Add(1)
+		leafStarted <- n
+		if n == 1 {
+			<-ctx.Done() // cancelled
+			return ctx.Err()
+		}
+		select {
+		case <-finish:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	var mu sync.Mutex
+	running, most := 0, 0
+	var starts []time.Time
+	workStarted := make(chan struct{}, 4)
+	m := &gendurable.Machine[fanState]{Name: "wparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("work", r.State, leaf.New(leafArgs{})), nil
+			},
+			"work": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				mu.Lock()
+				running++
+				most = max(most, running)
+				starts = append(starts, time.Now())
+				first := len(starts) == 1
+				mu.Unlock()
+				defer func() { mu.Lock(); running--; mu.Unlock() }()
+				workStarted <- struct{}{}
+				if first {
+					<-ctx.Done() // cancelled: runs until its worker's next heartbeat
+					return gendurable.Outcome{}, ctx.Err()
+				}
+				return gendurable.Done("ok"), nil
+			},
+		}}
+	b := setup(t, fastConfig("", m, leaf)) // lease 3s, heartbeat 1s
+	b.start()
+	ctx := context.Background()
+	parent := b.insert(m.New(fanState{}))
+	require.Equal(t, int32(1), <-leafStarted)
+	var child int64
+	require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances WHERE parent_id = $1`, b.schema), parent).Scan(&child))
+	require.NoError(t, b.eng.Cancel(ctx, child, "operator")) // the parent counts it finished and runs "work"
+	<-workStarted
+	require.NoError(t, b.eng.Retry(ctx, child)) // live again, of the parent's current fan-out
+	select {
+	case n := <-leafStarted:
+		require.Equal(t, int32(2), n)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the retried child did not run")
+	}
+	require.NoError(t, b.eng.Cancel(ctx, parent, "operator")) // "work" is running: the lease stays
+	require.NoError(t, b.eng.Retry(ctx, parent))
+	p := b.row(parent)
+	require.Equal(t, "awaiting_children", p.Status, "a child of its fan-out is live")
+	require.NotNil(t, p.LeaseExp, "the cancelled step's lease is kept")
+	lease := *p.LeaseExp
+	close(finish) // the child finishes: the parent wakes, but its cancelled step's lease is live
+	b.waitStatus(parent, "done", 15*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, starts, 2)
+	require.Equal(t, 1, most, "the woken parent's next step ran beside its cancelled step")
+	require.False(t, starts[1].Before(lease), "the woken parent ran at %v, before its cancelled step's lease ended at %v", starts[1], lease)
+}

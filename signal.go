@@ -142,7 +142,9 @@ type WaitReason struct {
 	// [KeyPolicy] of this engine with a Rate) has no start left before
 	// this time.
 	RateLimitedUntil *time.Time `json:"rate_limited_until,omitempty"`
-	// LeaseExpiresAt: an executing instance's lease.
+	// LeaseExpiresAt: an executing instance's lease; or, for a runnable
+	// one retried while the lease of its cancelled step lived, that lease:
+	// it becomes eligible when the lease ends (the step may run until then).
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 	// Summary is one human sentence, e.g. "awaiting signal payment (times
 	// out in 14m)".
@@ -184,6 +186,10 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 		r.Summary = fmt.Sprintf("awaiting children: %d of %d done", r.ChildrenDone, r.ChildrenTotal)
 	case StatusRunnable:
 		switch {
+		case w.LeaseExpiresAt != nil && w.LeaseExpiresAt.After(w.Now):
+			r.LeaseExpiresAt = w.LeaseExpiresAt
+			r.Summary = fmt.Sprintf("waiting for the lease of its cancelled step to end at %s (in %s): that step may still be running",
+				w.LeaseExpiresAt.UTC().Format(time.RFC3339), w.LeaseExpiresAt.Sub(w.Now).Round(time.Second))
 		case w.PartitionKey != nil && len(w.KeyHolders) >= e.keyLimit(*w.PartitionKey, w.KeyLimit):
 			r.KeyHolders, r.KeyLimit = w.KeyHolders, e.keyLimit(*w.PartitionKey, w.KeyLimit)
 			r.PartitionHeldBy = w.KeyHolders[0]

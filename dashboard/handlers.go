@@ -338,7 +338,8 @@ func (d *dashboard) instancePage(w http.ResponseWriter, r *http.Request) {
 		CanRetry:       det.Status == gendurable.StatusFailed,
 		CanCancel:      !det.Status.Terminal(),
 		CanSignal:      !det.Status.Terminal(),
-		CanRunNow:      det.Status == gendurable.StatusRunnable && det.EligibleAt.After(time.Now()),
+		CanRunNow: det.Status == gendurable.StatusRunnable && det.EligibleAt.After(time.Now()) &&
+			(det.Wait == nil || det.Wait.LeaseExpiresAt == nil), // not one waiting for its cancelled step's lease
 	}
 	for i := len(det.Errors) - 1; i >= 0; i-- {
 		e := det.Errors[i]
@@ -371,7 +372,16 @@ func (d *dashboard) retryAction(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, err)
 		return
 	}
-	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), "retried")
+	flash := "retried"
+	if wr, err := d.eng.WaitReason(r.Context(), id); err == nil {
+		switch {
+		case wr.Status == gendurable.StatusRunnable && wr.LeaseExpiresAt != nil:
+			flash = "retried-lease"
+		case wr.Status == gendurable.StatusAwaitingChildren:
+			flash = "retried-children"
+		}
+	}
+	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), flash)
 }
 
 // runNowAction makes a scheduled or backing-off instance eligible now
@@ -388,7 +398,11 @@ func (d *dashboard) runNowAction(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, err)
 		return
 	}
-	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), "ran-now")
+	flash := "ran-now"
+	if wr, err := d.eng.WaitReason(r.Context(), id); err == nil && wr.Status == gendurable.StatusRunnable && wr.LeaseExpiresAt != nil {
+		flash = "ran-now-lease" // retried while its cancelled step's lease lives: eligible when it ends
+	}
+	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), flash)
 }
 
 func (d *dashboard) cancelAction(w http.ResponseWriter, r *http.Request) {

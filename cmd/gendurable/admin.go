@@ -437,6 +437,9 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 		var msg string
 		if name == "retry" {
 			err, msg = eng.Retry(ctx, id), fmt.Sprintf("instance %d is runnable again", id)
+			if err == nil {
+				msg = retriedMessage(ctx, eng, id, msg)
+			}
 		} else {
 			err, msg = eng.Cancel(ctx, id, cancelReason), fmt.Sprintf("instance %d cancelled", id)
 		}
@@ -509,12 +512,43 @@ func runNowCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return err
 		}
 		msg := fmt.Sprintf("instance %d is eligible now", id)
+		if at := leaseWait(ctx, eng, id); at != nil {
+			msg = fmt.Sprintf("instance %d becomes eligible when the lease of its cancelled step ends (at %s), not now: that step may still be running",
+				id, at.UTC().Format(time.RFC3339))
+		}
 		if c.json {
 			return printJSON(stdout, map[string]any{"id": id, "ok": true, "message": msg})
 		}
 		_, err := fmt.Fprintln(stdout, msg)
 		return err
 	})
+}
+
+// leaseWait is the lease a runnable instance waits for, if it was retried
+// while its cancelled step's lease lived (Engine.WaitReason); nil if not, or
+// if that cannot be read (the message then stays the plain one).
+func leaseWait(ctx context.Context, eng *gendurable.Engine, id int64) *time.Time {
+	w, err := eng.WaitReason(ctx, id)
+	if err != nil || w.Status != gendurable.StatusRunnable {
+		return nil
+	}
+	return w.LeaseExpiresAt
+}
+
+// retriedMessage is what a retry of id says: plain, or what the instance
+// now waits for — the lease of its cancelled step, or its live children.
+func retriedMessage(ctx context.Context, eng *gendurable.Engine, id int64, plain string) string {
+	w, err := eng.WaitReason(ctx, id)
+	switch {
+	case err != nil:
+		return plain
+	case w.Status == gendurable.StatusRunnable && w.LeaseExpiresAt != nil:
+		return fmt.Sprintf("%s; it becomes eligible when the lease of its cancelled step ends (at %s): that step may still be running",
+			plain, w.LeaseExpiresAt.UTC().Format(time.RFC3339))
+	case w.Status == gendurable.StatusAwaitingChildren:
+		return fmt.Sprintf("instance %d awaits its live children again (%d of %d done)", id, w.ChildrenDone, w.ChildrenTotal)
+	}
+	return plain
 }
 
 func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -287,3 +287,37 @@ func TestBulkByFilterAsksOnATerminal(t *testing.T) {
 	require.Contains(t, out, "retried 3 of 3 matching instances")
 	require.Zero(t, countRows(t, pool, schema, "status = 'failed'"))
 }
+
+// TestRunNowAndRetryOfARowWaitingForItsCancelledStepsLease: a row cancelled
+// mid-step keeps its lease; retried (or run now) while that lease lives it
+// becomes eligible only when the lease ends. The CLI must not say it is
+// eligible now, nor (for a retry) leave the wait unsaid.
+func TestRunNowAndRetryOfARowWaitingForItsCancelledStepsLease(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	// 1: retried while its cancelled step's lease lives; 2: cancelled mid-step.
+	seed(t, pool, schema, 1, "eligible_at, lease_expires_at", "now() + interval '1 hour', now() + interval '1 hour'")
+	seed(t, pool, schema, 1, "status, finished_at, lease_expires_at", "'failed', now(), now() + interval '1 hour'")
+
+	out, errOut, code := cli(t, append([]string{"run-now", "1"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, out, "eligible now")
+	require.Contains(t, out, "instance 1 becomes eligible when the lease of its cancelled step ends")
+	require.NotContains(t, errOut, "made eligible now")
+	out, errOut, code = cli(t, append([]string{"run-now", "1", "--json"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "becomes eligible when the lease of its cancelled step ends")
+
+	out, errOut, code = cli(t, append([]string{"retry", "2"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "instance 2 is runnable again; it becomes eligible when the lease of its cancelled step ends")
+	require.Equal(t, 1, countRows(t, pool, schema, "id = 2 AND status = 'runnable' AND eligible_at > now() + interval '59 minutes'"))
+
+	// 3: a parent cancelled while a child of its fan-out (4) runs.
+	seed(t, pool, schema, 1, "status, finished_at, fanout, children_total, children_pending", "'failed', now(), 1, 1, 1")
+	seed(t, pool, schema, 1, "status, parent_id, parent_fanout", "'executing', 3, 1")
+	out, errOut, code = cli(t, append([]string{"retry", "3"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "instance 3 awaits its live children again (0 of 1 done)\n", out)
+}

@@ -2,6 +2,7 @@ package sqlq
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -35,10 +36,10 @@ WITH cand AS MATERIALIZED (
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
-` + retryStatusSet + `,
+` + retryManyStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   FROM cand WHERE i.id = cand.id -- locked by cand, still failed
-  RETURNING i.id, i.parent_id, i.parent_fanout, i.queue
+  RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
   SET children_pending = p.children_pending + x.n, updated_at = now()
@@ -57,7 +58,7 @@ WITH cand AS MATERIALIZED (
   WHERE s.id = l.id
   RETURNING s.id
 )
-SELECT id, queue FROM r ORDER BY id`
+SELECT id, queue, wait_us FROM r ORDER BY id`
 
 // cancelManySQL is cancelSQL for a batch: the live rows among $1 fail at
 // once with reason $2, their inboxes are consumed, their parents count them
@@ -91,6 +92,13 @@ WITH cand AS MATERIALIZED (
 ), ` + parentJoinCTE + `
 SELECT id, queue FROM changed ORDER BY id`
 
+// parentsAmongSQL returns which of the ids $1 are the parent of another of
+// them (one primary-key probe per id).
+const parentsAmongSQL = `
+SELECT DISTINCT c.parent_id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+  SELECT c.parent_id FROM {{schema}}.gendurable_instances AS c WHERE c.id = u.id OFFSET 0) AS c
+WHERE c.parent_id = ANY ($1::bigint[])`
+
 // existingSQL returns which of the ids $1 exist.
 const existingSQL = `
 SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
@@ -106,14 +114,16 @@ WITH u AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET eligible_at = ` + retryEligible + `, updated_at = now()
   WHERE id = $1 AND status = 'runnable' AND eligible_at > now()
-  RETURNING queue
+  RETURNING queue, ` + retryWait + ` AS wait_us
 )
-SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1), (SELECT queue FROM u)`
+SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1), (SELECT queue FROM u),
+       coalesce((SELECT wait_us FROM u), 0)`
 
 // BulkChanged is one row a bulk statement changed.
 type BulkChanged struct {
 	ID    int64
 	Queue string
+	Wait  time.Duration // RetryMany: how long until the row is eligible (0: now; see retryWait)
 }
 
 func (q *Queries) bulk(ctx context.Context, db DB, sql string, args ...any) ([]BulkChanged, error) {
@@ -131,13 +141,33 @@ func (q *Queries) bulk(ctx context.Context, db DB, sql string, args ...any) ([]B
 // RetryMany retries the failed instances among ids (sorted, no duplicates) (see retryManySQL) and
 // returns those it retried.
 func (q *Queries) RetryMany(ctx context.Context, db DB, ids []int64) ([]BulkChanged, error) {
-	return q.bulk(ctx, db, q.retryMany, ids)
+	rows, err := db.Query(ctx, q.retryMany, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkChanged, error) {
+		var c BulkChanged
+		var us int64
+		err := row.Scan(&c.ID, &c.Queue, &us)
+		c.Wait = time.Duration(us) * time.Microsecond
+		return c, err
+	})
 }
 
 // CancelMany cancels the live instances among ids (sorted, no duplicates) with reason (see
 // cancelManySQL) and returns those it cancelled.
 func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason string) ([]BulkChanged, error) {
 	return q.bulk(ctx, db, q.cancelMany, ids, reason, MaxErrorHistory)
+}
+
+// ParentsAmong returns which of ids are the parent of another of them, in
+// no particular order.
+func (q *Queries) ParentsAmong(ctx context.Context, db DB, ids []int64) ([]int64, error) {
+	rows, err := db.Query(ctx, q.parentsAmong, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
 // Existing returns which of ids exist, in no particular order.
@@ -150,9 +180,11 @@ func (q *Queries) Existing(ctx context.Context, db DB, ids []int64) ([]int64, er
 }
 
 // RunNow makes a delayed runnable instance eligible now. It returns the
-// status the instance had (nil if none exists) and, if it was delayed and is
-// now eligible, its queue.
-func (q *Queries) RunNow(ctx context.Context, db DB, id int64) (status, queue *string, err error) {
-	err = db.QueryRow(ctx, q.runNow, id).Scan(&status, &queue)
-	return status, queue, err
+// status the instance had (nil if none exists), its queue if it was delayed,
+// and how long until it is eligible: 0, or what is left of the lease of its
+// cancelled step (see runNowSQL).
+func (q *Queries) RunNow(ctx context.Context, db DB, id int64) (status, queue *string, wait time.Duration, err error) {
+	var us int64
+	err = db.QueryRow(ctx, q.runNow, id).Scan(&status, &queue, &us)
+	return status, queue, time.Duration(us) * time.Microsecond, err
 }

@@ -289,6 +289,23 @@ const retryStatusSet = `      status = CASE WHEN ` + liveChildren + ` > 0 THEN '
 const liveChildren = `(SELECT count(*)::int FROM {{schema}}.gendurable_instances AS c
          WHERE c.parent_id = i.id AND c.parent_fanout = i.fanout AND c.status NOT IN ('done', 'failed'))`
 
+// retryManyStatusSet is retryStatusSet for retryManySQL: the children that
+// statement retries beside their parent count as live too. Its snapshot
+// still sees them failed, so counted by status alone a parent retried with
+// its children (a retry by filter after a cancel by filter) went runnable
+// and ran its next step while the children it had just retried ran; its
+// own row being failed in that snapshot, the statement's count of retried
+// children for waiting parents (CTE p) passes it over.
+const retryManyStatusSet = `      status = CASE WHEN ` + liveOrRetriedChildren + ` > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
+                    ELSE 'runnable' END,
+      children_pending = CASE WHEN ` + liveOrRetriedChildren + ` > 0 THEN ` + liveOrRetriedChildren + ` ELSE i.children_pending END`
+
+// liveOrRetriedChildren counts the children of row i's current fan-out that
+// are unfinished or retried by the same statement (CTE cand).
+const liveOrRetriedChildren = `(SELECT count(*)::int FROM {{schema}}.gendurable_instances AS c
+         WHERE c.parent_id = i.id AND c.parent_fanout = i.fanout
+           AND (c.status NOT IN ('done', 'failed') OR c.id IN (SELECT cand.id FROM cand)))`
+
 const retrySQL = `
 WITH r AS (
   UPDATE {{schema}}.gendurable_instances AS i
@@ -296,7 +313,7 @@ WITH r AS (
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   WHERE id = $1 AND status = 'failed'
-  RETURNING id, parent_id, parent_fanout, queue
+  RETURNING id, parent_id, parent_fanout, queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
   SET children_pending = p.children_pending + 1, updated_at = now()
@@ -310,11 +327,21 @@ WITH r AS (
   RETURNING s.id
 )
 SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
-       (SELECT queue FROM r)`
+       (SELECT queue FROM r), coalesce((SELECT wait_us FROM r), 0)`
+
+// retryWait is, in RETURNING of a retry (or run-now) of row i, how long
+// (microseconds, on the database clock) until the row, runnable, becomes
+// eligible: 0 if it is eligible now or not runnable (a parent awaiting its
+// children is woken by them). The engine wakes its feeder of the queue then
+// (a retried row waits for the lease of its cancelled step).
+const retryWait = `CASE WHEN i.status = 'runnable' AND i.eligible_at > now()
+         THEN ceil(extract(epoch FROM i.eligible_at - now()) * 1000000)::bigint ELSE 0 END`
 
 // Retry moves a failed instance back to runnable; it returns the status the
-// instance had (nil if none exists) and its queue if it was retried.
-func (q *Queries) Retry(ctx context.Context, db DB, id int64) (status *string, queue *string, err error) {
-	err = db.QueryRow(ctx, q.retry, id).Scan(&status, &queue)
-	return status, queue, err
+// instance had (nil if none exists), its queue if it was retried, and how
+// long until it is eligible (0: now).
+func (q *Queries) Retry(ctx context.Context, db DB, id int64) (status *string, queue *string, wait time.Duration, err error) {
+	var us int64
+	err = db.QueryRow(ctx, q.retry, id).Scan(&status, &queue, &us)
+	return status, queue, time.Duration(us) * time.Microsecond, err
 }

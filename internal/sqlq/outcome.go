@@ -128,14 +128,19 @@ func RejectedStop(o *Outcome, err error) Outcome {
 // became done or failed; the decrement that reaches zero wakes the parent.
 // A child counts only against the fan-out generation it was scheduled in.
 // Concurrent children of one parent serialize on the parent's row lock and
-// each decrement applies to the newest value.
+// each decrement applies to the newest value. A parent that still holds the
+// lease of a cancelled step (retried while that lease lived and a child of
+// its fan-out ran: retrySQL) wakes eligible when the lease ends, as the
+// retry made it, not at once: its next step must not run beside the
+// cancelled one (retryEligible).
 const parentJoinCTE = `parents AS (
   UPDATE {{schema}}.gendurable_instances AS p
   SET children_pending = p.children_pending - x.n,
       status = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - x.n <= 0
                     THEN 'runnable' ELSE p.status END,
       eligible_at = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - x.n <= 0
-                         THEN now() ELSE p.eligible_at END,
+                         THEN CASE WHEN p.lease_expires_at > now() THEN p.lease_expires_at ELSE now() END
+                         ELSE p.eligible_at END,
       updated_at = now()
   FROM (SELECT parent_id, parent_fanout, count(*)::int AS n FROM changed
         WHERE status IN ('done', 'failed') AND parent_id IS NOT NULL GROUP BY parent_id, parent_fanout) AS x

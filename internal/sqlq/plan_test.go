@@ -731,7 +731,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					_, err := tx.Exec(ctx, `UPDATE "`+f.schema+`".gendurable_instances
 						SET eligible_at = now() + interval '1 hour' WHERE id = $1`, runnableID)
 					require.NoError(t, err)
-					_, queue, err := f.q.RunNow(ctx, tx, runnableID)
+					_, queue, _, err := f.q.RunNow(ctx, tx, runnableID)
 					require.NoError(t, err)
 					require.NotNil(t, queue)
 				}},

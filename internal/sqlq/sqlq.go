@@ -82,6 +82,7 @@ type Queries struct {
 	retryMany       string
 	cancelMany      string
 	existing        string
+	parentsAmong    string
 	runNow          string
 	upsertMachines  string
 	mergeObserved   string
@@ -125,6 +126,7 @@ func New(schema string) (*Queries, error) {
 		retryMany:       render(retryManySQL, qs),
 		cancelMany:      render(cancelManySQL, qs),
 		existing:        render(existingSQL, qs),
+		parentsAmong:    render(parentsAmongSQL, qs),
 		runNow:          render(runNowSQL, qs),
 		upsertMachines:  render(upsertMachinesSQL, qs),
 		mergeObserved:   render(mergeObservedSQL, qs),
