@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -706,9 +705,7 @@ func TestWithTxCutOffFromTheDatabaseLetsGoOfItsLocks(t *testing.T) {
 	b.exec(`INSERT INTO {{s}}.account VALUES (1, 0)`)
 
 	// Worker A reaches the database only through a proxy that can cut it off.
-	direct, err := pgxpool.ParseConfig(dbtest.URL())
-	require.NoError(t, err)
-	proxy := dbtest.NewCutProxy(t, net.JoinHostPort(direct.ConnConfig.Host, strconv.Itoa(int(direct.ConnConfig.Port))))
+	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
 	pcfg := proxy.PoolConfig(t, dbtest.URL())
 	pcfg.ConnConfig.ConnectTimeout = time.Second
 	pcfg.MaxConns = 4
@@ -778,9 +775,7 @@ func TestWorkerCutOffAndBackResumesWork(t *testing.T) {
 	jobB := job("B")
 	b := setup(t, short(fastConfig("", jobB)))
 
-	direct, err := pgxpool.ParseConfig(dbtest.URL())
-	require.NoError(t, err)
-	proxy := dbtest.NewCutProxy(t, net.JoinHostPort(direct.ConnConfig.Host, strconv.Itoa(int(direct.ConnConfig.Port))))
+	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
 	pcfg := proxy.PoolConfig(t, dbtest.URL())
 	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
 	pcfg.MaxConns = 6

@@ -2,8 +2,6 @@ package gendurable_test
 
 import (
 	"context"
-	"net"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -71,16 +69,8 @@ func TestIdleLimitDoesNotEndACopyCutOff(t *testing.T) {
 	b := setup(t, fastConfig(""))
 	ctx := context.Background()
 	b.exec(`CREATE TABLE {{s}}.sink (n int)`)
-	pcfg, err := pgx.ParseConfig(dbtest.URL())
-	require.NoError(t, err)
-	proxy := dbtest.NewCutProxy(t, net.JoinHostPort(pcfg.Host, strconv.Itoa(int(pcfg.Port))))
-	host, port, err := net.SplitHostPort(proxy.Addr())
-	require.NoError(t, err)
-	p, err := strconv.Atoi(port)
-	require.NoError(t, err)
-	pcfg.Host, pcfg.Port = host, uint16(p)
-	pcfg.TLSConfig, pcfg.Fallbacks = nil, nil // else sslmode=prefer's fallback goes around the proxy
-	conn, err := pgx.ConnectConfig(ctx, pcfg)
+	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
+	conn, err := pgx.ConnectConfig(ctx, proxy.PoolConfig(t, dbtest.URL()).ConnConfig)
 	require.NoError(t, err)
 	require.Equal(t, proxy.Addr(), conn.PgConn().Conn().RemoteAddr().String(), "through the proxy")
 	pid := conn.PgConn().PID()

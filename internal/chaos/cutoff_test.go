@@ -4,9 +4,7 @@ package chaos_test
 
 import (
 	"fmt"
-	"net"
 	"sort"
-	"strconv"
 	"testing"
 	"time"
 
@@ -52,7 +50,7 @@ func TestChaos16CutOff(t *testing.T) {
 
 	pcfg, err := pgx.ParseConfig(chaos.DefaultURL())
 	must(t, err)
-	proxy := dbtest.NewCutProxy(t, net.JoinHostPort(pcfg.Host, strconv.Itoa(int(pcfg.Port))))
+	proxy := dbtest.NewCutProxyFor(t, chaos.DefaultURL())
 	engineURL := fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", pcfg.User, proxy.Addr(), pcfg.Database)
 
 	var cut *chaos.Proc

@@ -189,3 +189,13 @@ func (p *CutProxy) PoolConfig(t testing.TB, url string) *pgxpool.Config {
 	cfg.ConnConfig.TLSConfig, cfg.ConnConfig.Fallbacks = nil, nil
 	return cfg
 }
+
+// NewCutProxyFor is NewCutProxy to the server of url (its first host).
+func NewCutProxyFor(t testing.TB, url string) *CutProxy {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewCutProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+}
