@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -584,6 +586,56 @@ func TestPruneKeepsTheChildrenOfALiveParent(t *testing.T) {
 	n, err = b.eng.Prune(ctx, 24*time.Hour, nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(3), n, "once the parent finished, it and its children go")
+}
+
+// TestPruneKeepsTheChildrenOfAFailedParent: a parent whose join step failed
+// can be retried, and its join then reads its children again. Its children
+// are kept while it is failed, whatever their age, and go once it is pruned
+// itself.
+func TestPruneKeepsTheChildrenOfAFailedParent(t *testing.T) {
+	t.Parallel()
+	leaf := &gendurable.Job[leafArgs]{Name: "fleaf", Perform: func(context.Context, *gendurable.Run[leafArgs]) error { return nil }}
+	var joins atomic.Int32
+	m := &gendurable.Machine[fanState]{Name: "fparent", Start: "spawn", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				if joins.Add(1) == 1 {
+					return gendurable.Outcome{}, errors.New("the first join fails")
+				}
+				return gendurable.Done(len(r.Children)), nil
+			},
+		}}
+	b := setup(t, fastConfig("", m, leaf))
+	b.start()
+	ctx := context.Background()
+	parent := b.insert(m.New(fanState{}))
+	b.waitStatus(parent, "failed", 10*time.Second)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '10 days' WHERE parent_id = $1`, parent)
+	n, err := b.eng.Prune(ctx, 24*time.Hour, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(0), n, "a finished child of a failed parent was pruned")
+	err = b.eng.Retry(ctx, parent)
+	require.NoError(t, err)
+	r := b.waitStatus(parent, "done", 10*time.Second)
+	require.JSONEq(t, `2`, string(r.Result), "the retried join saw both children")
+
+	// A failed parent past the retention goes, and its children after it.
+	joins.Store(0)
+	other := b.insert(m.New(fanState{}))
+	b.waitStatus(other, "failed", 10*time.Second)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '10 days' WHERE id = $1 OR parent_id = $1`, other)
+	total := int64(0)
+	for range 3 {
+		n, err = b.eng.Prune(ctx, 24*time.Hour, nil)
+		require.NoError(t, err)
+		total += n
+	}
+	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 OR parent_id = $1`, other))
+	require.Equal(t, int64(5), total, "the first parent's two old children, once it was done; the failed parent, then its two children")
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1`, parent), "the done parent is not past the retention")
 }
 
 // TestPruneIsLoggedEvenWhenCutShort: Prune is an operator's mutation and

@@ -284,8 +284,10 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 
 // pruneSQL deletes up to $2 finished instances older than the retention,
 // and their signals, oldest first. A finished child whose parent is still
-// live is kept, whatever its age: the parent's next step reads it
-// (Run.Children, with its result); it goes once the parent has finished. A
+// live, or failed (a retry runs the parent again at the step it failed in,
+// which may read its children), is kept, whatever its age: the parent's
+// next step reads it (Run.Children, with its result); it goes once the
+// parent is done, or pruned itself (the next batch: the parent gone). A
 // row cancelled mid-step whose lease is still live is kept until the lease
 // ends (cancelSet): it stands for a step that may still run, its key's slot
 // and its place in its queue's GlobalConcurrency. It runs under
@@ -300,7 +302,7 @@ WITH doomed AS MATERIALIZED (
     AND NOT (i.lease_expires_at IS NOT NULL AND i.lease_expires_at > now())
     AND (i.parent_id IS NULL OR NOT EXISTS (
       SELECT 1 FROM {{schema}}.gendurable_instances AS p
-      WHERE p.id = i.parent_id AND p.status NOT IN ('done', 'failed')))
+      WHERE p.id = i.parent_id AND p.status <> 'done'))
   ORDER BY i.finished_at
   LIMIT $2
   FOR UPDATE OF i SKIP LOCKED

@@ -250,7 +250,9 @@ func (q *Queries) InstancesOf(ctx context.Context, db DB, fsm string, version in
 
 // ---------------------------------------------------------------------------
 // Retry (admin): a failed instance goes back to runnable at its current step
-// with a fresh attempt budget. If it is a child whose parent still waits on
+// with a fresh attempt budget. A parent that failed in the step after its
+// fan-out sees the same children again (a failing outcome keeps the
+// fan-out's children_total, and prune keeps a failed parent's children). If it is a child whose parent still waits on
 // its fan-out, the parent waits for it again; a child of an earlier fan-out
 // no longer counts for its parent. The unique index may refuse the move (another
 // live instance took the key meanwhile): the caller reports that.

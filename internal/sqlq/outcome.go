@@ -290,7 +290,8 @@ WITH locked AS MATERIALIZED (
                    WHEN o.kind IN ({{next}}, {{children}}) AND o.inbox_dec IS NOT NULL
                      THEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
                    ELSE i.inbox END,
-      children_total = CASE o.kind WHEN {{replay}} THEN i.children_total WHEN {{children}} THEN o.kids ELSE 0 END,
+      children_total = CASE o.kind WHEN {{replay}} THEN i.children_total WHEN {{stop}} THEN i.children_total
+                                   WHEN {{children}} THEN o.kids ELSE 0 END,
       children_pending = CASE o.kind WHEN {{children}} THEN o.kids ELSE i.children_pending END,
       fanout = CASE o.kind WHEN {{children}} THEN i.fanout + 1 ELSE i.fanout END,
       lease_expires_at = CASE WHEN o.cont THEN now() + @lease::bigint * interval '1 microsecond' END,
