@@ -22,10 +22,10 @@ import (
 // two rows of the batch sharing a key still collide on the unique index
 // (SQLSTATE 23505), and the caller then retries them one by one. Parents that
 // still wait count each of their retried children again, once per child.
-const retryManySQL = `
+var retryManySQL = `
 WITH cand AS MATERIALIZED (
-  SELECT c.id FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
-    SELECT c.id, c.unique_key, c.unique_scope FROM {{schema}}.gendurable_instances AS c
+  SELECT c.id, c.fanout FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
+    SELECT c.id, c.fanout, c.unique_key, c.unique_scope FROM {{schema}}.gendurable_instances AS c
     WHERE c.id = u.id AND c.status = 'failed'
     OFFSET 0 -- a fence: one primary-key probe per id
     FOR NO KEY UPDATE
@@ -33,12 +33,15 @@ WITH cand AS MATERIALIZED (
   WHERE NOT (c.unique_key IS NOT NULL AND 'runnable' = ANY (c.unique_scope) AND EXISTS (
       SELECT 1 FROM {{schema}}.gendurable_instances AS h WHERE h.unique_guard = c.unique_key))
   ORDER BY u.ord
+), k AS (
+  SELECT p.id, ` + liveChildren(`SELECT cand.id FROM cand`) + ` AS kids
+  FROM cand AS p
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
-` + retryManyStatusSet + `,
+` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
-  FROM cand WHERE i.id = cand.id -- locked by cand, still failed
+  FROM k WHERE i.id = k.id -- locked by cand, still failed
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p

@@ -276,46 +276,46 @@ const (
 	retryEligible = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at ELSE now() END`
 )
 
-// retryStatusSet is the status a retry gives a failed row i: runnable, or,
-// for a parent cancelled while it awaited its fan-out with children of it
-// still live, awaiting_children again with those children pending, so its
-// next step runs once they have finished, not beside them. The children are
-// counted (through the parent's children index), not read from
-// children_pending: a cancel that took a parent and its children in one
-// statement changed the parent's row once and never counted them down.
-const retryStatusSet = `      status = CASE WHEN ` + liveChildren + ` > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
+// retryStatusSet is the status a retry gives a failed row i, from k.kids,
+// the live children of its current fan-out (liveChildren, counted once per
+// row in a CTE k of the statement): runnable, or, for a parent cancelled
+// while it awaited its fan-out with children of it still live,
+// awaiting_children again with those children pending, so its next step
+// runs once they have finished, not beside them. The children are counted
+// (through the parent's children index), not read from children_pending: a
+// cancel that took a parent and its children in one statement changed the
+// parent's row once and never counted them down.
+const retryStatusSet = `      status = CASE WHEN k.kids > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
                     ELSE 'runnable' END,
-      children_pending = CASE WHEN ` + liveChildren + ` > 0 THEN ` + liveChildren + ` ELSE i.children_pending END`
+      children_pending = CASE WHEN k.kids > 0 THEN k.kids ELSE i.children_pending END`
 
-// liveChildren counts the unfinished children of row i's current fan-out.
-const liveChildren = `(SELECT count(*)::int FROM {{schema}}.gendurable_instances AS c
-         WHERE c.parent_id = i.id AND c.parent_fanout = i.fanout AND c.status NOT IN ('done', 'failed'))`
+// liveChildren counts the unfinished children of the current fan-out of
+// row p, and also those among retried, if set (a subquery of ids the same statement
+// retries: its snapshot still sees them failed, so counted by status alone
+// a parent retried with its children — a retry by filter after a cancel by
+// filter — went runnable and ran its next step beside them; its own row
+// being failed in that snapshot, the statement's count of retried children
+// for waiting parents, CTE p, passes it over).
+func liveChildren(retried string) string {
+	live := `c.status NOT IN ('done', 'failed')`
+	if retried != "" {
+		live = `(` + live + ` OR c.id IN (` + retried + `))`
+	}
+	return `(SELECT count(*)::int FROM {{schema}}.gendurable_instances AS c
+         WHERE c.parent_id = p.id AND c.parent_fanout = p.fanout AND ` + live + `)`
+}
 
-// retryManyStatusSet is retryStatusSet for retryManySQL: the children that
-// statement retries beside their parent count as live too. Its snapshot
-// still sees them failed, so counted by status alone a parent retried with
-// its children (a retry by filter after a cancel by filter) went runnable
-// and ran its next step while the children it had just retried ran; its
-// own row being failed in that snapshot, the statement's count of retried
-// children for waiting parents (CTE p) passes it over.
-const retryManyStatusSet = `      status = CASE WHEN ` + liveOrRetriedChildren + ` > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
-                    ELSE 'runnable' END,
-      children_pending = CASE WHEN ` + liveOrRetriedChildren + ` > 0 THEN ` + liveOrRetriedChildren + ` ELSE i.children_pending END`
-
-// liveOrRetriedChildren counts the children of row i's current fan-out that
-// are unfinished or retried by the same statement (CTE cand).
-const liveOrRetriedChildren = `(SELECT count(*)::int FROM {{schema}}.gendurable_instances AS c
-         WHERE c.parent_id = i.id AND c.parent_fanout = i.fanout
-           AND (c.status NOT IN ('done', 'failed') OR c.id IN (SELECT cand.id FROM cand)))`
-
-const retrySQL = `
-WITH r AS (
+var retrySQL = `
+WITH k AS (
+  SELECT p.id, ` + liveChildren("") + ` AS kids
+  FROM {{schema}}.gendurable_instances AS p WHERE p.id = $1
+), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
-  WHERE id = $1 AND status = 'failed'
-  RETURNING id, parent_id, parent_fanout, queue, ` + retryWait + ` AS wait_us
+  FROM k WHERE i.id = k.id AND i.status = 'failed'
+  RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
   SET children_pending = p.children_pending + 1, updated_at = now()
