@@ -141,20 +141,7 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	clock := newIdleClock()
 	if fnErr := res.TxFn(fnCtx, &clockedTx{Tx: tx, c: clock}); fnErr != nil {
 		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
-			// The server's own reason, where it gave one, decides; the
-			// idle clock only when none arrived (the session watch found
-			// it gone, a proxy between reported its own error).
-			if idle := clock.longestIdle(); idleEnded(fnErr) || (!endedOtherwise(fnErr) && x.cfg.TxIdle > 0 && idle >= x.cfg.TxIdle*9/10) {
-				// The server's idle limit (BeginIdleLimited): fn left the
-				// transaction waiting on fn's own work for TxIdle.
-				// Running it again would do the same, so this is the
-				// step's failure, counted as an attempt.
-				fnErr = fmt.Errorf("gendurable: the step's transaction was left idle for %s between statements, "+
-					"and the server ends a WithTx transaction left idle for Config.TxIdleTimeout (%s): %w",
-					idle.Round(time.Millisecond), x.cfg.TxIdle, fnErr)
-			} else {
-				fnErr = fmt.Errorf("%w: the step's transaction failed on its connection: %w", ErrInfrastructure, fnErr)
-			}
+			fnErr = x.sessionLost(fnErr, clock.longestIdle())
 		}
 		return nil, fnErr, nil
 	}
@@ -240,6 +227,23 @@ func (x *Executor) watchTx(pid uint32, gone func()) (stop func()) {
 		}
 	}()
 	return func() { cancel(); <-exited }
+}
+
+// sessionLost is the error of a WithTx callback whose transaction lost its
+// server session, idle its longest stretch without a statement. The
+// server's own reason, where it gave one, decides; the idle clock only when
+// none arrived (the session watch found the session gone, a proxy between
+// reported its own error). Ended by the server's idle limit
+// (BeginIdleLimited), fn left the transaction waiting on fn's own work for
+// TxIdle: running it again would do the same, so it is the step's failure,
+// counted as an attempt. Otherwise it is the infrastructure's.
+func (x *Executor) sessionLost(fnErr error, idle time.Duration) error {
+	if idleEnded(fnErr) || (!endedOtherwise(fnErr) && x.cfg.TxIdle > 0 && idle >= x.cfg.TxIdle*9/10) {
+		return fmt.Errorf("gendurable: the step's transaction was left idle for %s between statements, "+
+			"and the server ends a WithTx transaction left idle for Config.TxIdleTimeout (%s): %w",
+			idle.Round(time.Millisecond), x.cfg.TxIdle, fnErr)
+	}
+	return fmt.Errorf("%w: the step's transaction failed on its connection: %w", ErrInfrastructure, fnErr)
 }
 
 // idleEnded reports whether err is the server's notice that it ended the

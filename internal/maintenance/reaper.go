@@ -68,12 +68,8 @@ func (r *Reaper) Start(ctx context.Context) error {
 			case next != nil:
 				wait = min(wait, max(*next+expiryMargin, minSweepGap))
 			}
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if !pause(ctx, wait, nil) {
 				return
-			case <-t.C:
 			}
 		}
 	})
@@ -128,6 +124,19 @@ func every(ctx context.Context, interval time.Duration, fn func()) {
 			fn()
 		}
 	}
+}
+
+// pause waits d, or until poke (nil: never) fires; false once ctx is done.
+func pause(ctx context.Context, d time.Duration, poke <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-poke:
+	case <-t.C:
+	}
+	return true
 }
 
 // logger is l, or slog.Default() if l is nil.

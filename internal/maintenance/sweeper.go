@@ -68,18 +68,9 @@ func (s *TimeoutSweeper) loop(ctx context.Context) {
 	}
 	for {
 		wait, ok := s.sweep(ctx)
-		if !ok {
+		if !ok || !pause(ctx, wait, poke) {
 			return
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-poke:
-		case <-t.C:
-		}
-		t.Stop()
 	}
 }
 
