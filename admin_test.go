@@ -469,17 +469,7 @@ func TestPruneKeepsACancelledKeyedStepsSlot(t *testing.T) {
 	t.Parallel()
 	g := newKeyGauge()
 	started := make(chan string, 4)
-	job := &gendurable.Job[spanArgs]{Name: "pk", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
-		g.enter(r.PartitionKey)
-		defer g.leave(r.PartitionKey)
-		started <- r.State.Key
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(4 * time.Second):
-			return nil
-		}
-	}}
+	job := gaugedJob("pk", g, started, 4*time.Second)
 	b := setup(t, nil, job) // lease 3s, heartbeat 1s
 	ctx := context.Background()
 	a := b.insert(job.New(spanArgs{Key: "A"}).With(gendurable.InsertOpts{PartitionKey: "k"}))

@@ -820,6 +820,22 @@ func TestRetriedCancelledKeyedStepWaitsForItsLease(t *testing.T) {
 	}
 }
 
+// gaugedJob is a job whose runs g counts per partition key; each reports
+// its start (its State.Key) on started and works d, honouring its context.
+func gaugedJob(name string, g *keyGauge, started chan<- string, d time.Duration) *gendurable.Job[spanArgs] {
+	return &gendurable.Job[spanArgs]{Name: name, Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		started <- r.State.Key
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+			return nil
+		}
+	}}
+}
+
 // TestRetriedCancelledStepOfAWideKeyWaitsForItsLease: with a key limit
 // above 1 the retried row itself may not take the place its cancelled step
 // still holds: it becomes eligible when that lease ends. Else the pick would
@@ -830,17 +846,7 @@ func TestRetriedCancelledStepOfAWideKeyWaitsForItsLease(t *testing.T) {
 	t.Parallel()
 	g := newKeyGauge()
 	started := make(chan string, 8)
-	job := &gendurable.Job[spanArgs]{Name: "wide", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
-		g.enter(r.PartitionKey)
-		defer g.leave(r.PartitionKey)
-		started <- r.State.Key
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(4 * time.Second):
-			return nil
-		}
-	}}
+	job := gaugedJob("wide", g, started, 4*time.Second)
 	b := setup(t, nil, job) // lease 3s, heartbeat 1s
 	ctx := context.Background()
 	opts := gendurable.InsertOpts{PartitionKey: "w", KeyLimit: 2}
