@@ -335,7 +335,8 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 // key's slot, its place in its queue's GlobalConcurrency; a prune keeps it
 // until then, and a retry before then waits for it ([Engine.Retry]).
 // [ErrNotFound], or [ErrNotCancellable] for a finished instance.
-// The cancel is logged at Info on the engine's Logger.
+// The cancel is logged at Info on the engine's Logger. A parent's children
+// are left as they are, running; [Engine.CancelTree] cancels them too.
 func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 	if reason == "" {
 		reason = "cancelled by an operator"

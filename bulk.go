@@ -28,7 +28,8 @@ const BulkBatch = 500
 // before the failing one stay changed and are counted and listed.
 type BulkResult struct {
 	// Matched: the instances the call looked at — the given ids that exist,
-	// or the instances the filter matched.
+	// the instances the filter matched, or the root and descendants of a
+	// [Engine.CancelTree].
 	Matched int64 `json:"matched"`
 	// Changed: the instances retried or cancelled.
 	Changed int64 `json:"changed"`
@@ -166,6 +167,109 @@ func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string
 	res, err := e.matching(ctx, f, "cancel", e.cancelBatch(reason))
 	e.logBulk("gendurable: instances cancelled", res, err, "filter", f.String())
 	return res, err
+}
+
+// CancelTree cancels the instance id and every live descendant at any
+// depth — the children of its fan-outs, their children, and so on — each as
+// [Engine.Cancel] would, recording reason (default "cancelled by an
+// operator"): inboxes consumed, a worker still running a step fenced out
+// with the step keeping its lease until it ends (its key's slot, its place
+// in its queue's GlobalConcurrency). It is how to stop a whole tree, where a
+// Cancel of a parent leaves its children running.
+//
+// Parents go before their children: the tree is walked top down, one level
+// at a time, and an instance is cancelled before its children are read. A
+// cancelled child counts as finished for its parent's join, so cancelling
+// the children first could wake a waiting parent and run its next step
+// before its own cancel; here the parent is failed already when its
+// children's cancels count it down, and never runs another step (a step of
+// it already running is fenced, as by Cancel). Reading the children only
+// once their parent is cancelled also finds every child: a fan-out that
+// committed before the parent's cancel is seen, and one after it is fenced
+// out.
+//
+// The walk is bounded like [Engine.CancelMatching]: the children of at
+// most [BulkBatch] instances are read per statement (an index lookup per
+// instance, no lock taken), and at most BulkBatch live ones cancelled per
+// statement, each committed on its own, so a tree of any size neither holds
+// locks long nor starves workers. The walk goes through finished instances
+// too (a parent cancelled earlier may have children still running), so
+// calling CancelTree on an instance already cancelled by Cancel stops what
+// it left running. Matched counts the root and every descendant found;
+// Skipped, those among them already finished (the root too), which keep
+// their results.
+//
+// An id with no instance is [ErrNotFound], a non-positive one
+// [ErrInvalidInput]. The call stops at ctx's end between statements (one
+// under way runs to its end), returning what it did so far with ctx's error;
+// on any other error too the result holds what was changed before it (see
+// [BulkResult]). Descendants inserted after the walk passed their parent
+// (a retry of a finished member meanwhile) are not visited. The change is
+// logged at Info on the engine's Logger.
+func (e *Engine) CancelTree(ctx context.Context, id int64, reason string) (BulkResult, error) {
+	if id <= 0 {
+		return BulkResult{ChangedIDs: []int64{}}, errorf(ErrInvalidInput, "cancel tree: id %d is not an instance id", id)
+	}
+	res, err := e.cancelTree(ctx, id, e.cancelBatch(reason))
+	if res.Matched > 0 {
+		e.logBulk("gendurable: instance tree cancelled", res, err, "root", id)
+	}
+	return res, err
+}
+
+// cancelTree is CancelTree's walk (docs/design.md §5): level holds the
+// instances cancelled (or found finished) whose children are still to be read.
+func (e *Engine) cancelTree(ctx context.Context, id int64, batch bulkBatch) (BulkResult, error) {
+	res := BulkResult{ChangedIDs: []int64{}}
+	found, err := e.q.Existing(ctx, e.pool, []int64{id})
+	if err != nil {
+		return res, e.dbErr(err, "cancel tree")
+	}
+	if len(found) == 0 {
+		return res, fmt.Errorf("%w: id %d", ErrNotFound, id)
+	}
+	changed, done, err := batch(ctx, found)
+	res.add(changed, int64(done))
+	if err != nil {
+		return res, err
+	}
+	for level := found; len(level) > 0; {
+		var next []int64
+		for len(level) > 0 {
+			parents := level[:min(BulkBatch, len(level))]
+			level = level[len(parents):]
+			if err := ctx.Err(); err != nil {
+				return res, err
+			}
+			kids, err := e.q.TreeChildren(ctx, e.pool, parents)
+			if err != nil {
+				return res, e.dbErr(err, "cancel tree")
+			}
+			var live []int64
+			for _, k := range kids {
+				next = append(next, k.ID)
+				if k.Live {
+					live = append(live, k.ID)
+				}
+			}
+			res.add(nil, int64(len(kids)-len(live))) // finished: skipped
+			slices.Sort(live)
+			for len(live) > 0 {
+				ids := live[:min(BulkBatch, len(live))]
+				live = live[len(ids):]
+				if err := ctx.Err(); err != nil {
+					return res, err
+				}
+				changed, done, err := batch(ctx, ids)
+				res.add(changed, int64(done))
+				if err != nil {
+					return res, err
+				}
+			}
+		}
+		level = next
+	}
+	return res, nil
 }
 
 func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch bulkBatch) (BulkResult, error) {

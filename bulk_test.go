@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -590,4 +592,340 @@ func TestRetryManyOfAParentWithItsChildrenAfterAUniqueCollision(t *testing.T) {
 			require.Equal(t, p.pending, b.count(`SELECT children_pending FROM {{s}}.gendurable_instances WHERE id = $1`, p.id))
 		}
 	}
+}
+
+type twigArgs struct {
+	N     int  `json:"n"`
+	Block bool `json:"block,omitempty"`
+}
+
+// treeKit is a tree of real machines: fan-out machines (treeFan) whose join
+// steps are counted, and twigs that finish at once with their N, or, when
+// Block, wait for gate (ignoring their context: their outcome comes late,
+// after any cancel).
+type treeKit struct {
+	joins atomic.Int32
+	gate  chan struct{}
+	once  sync.Once
+	twig  *gendurable.Machine[twigArgs]
+}
+
+func newTreeKit() *treeKit {
+	k := &treeKit{gate: make(chan struct{})}
+	k.twig = &gendurable.Machine[twigArgs]{Name: "twig", Start: "work",
+		Steps: map[string]gendurable.StepFunc[twigArgs]{
+			"work": func(ctx context.Context, r *gendurable.Run[twigArgs]) (gendurable.Outcome, error) {
+				if r.State.Block {
+					<-k.gate
+					return gendurable.Done("late"), nil
+				}
+				return gendurable.Done(map[string]int{"n": r.State.N}), nil
+			},
+		}}
+	return k
+}
+
+func (k *treeKit) open() { k.once.Do(func() { close(k.gate) }) }
+
+// fan is a machine that fans out kids() and counts its join.
+func (k *treeKit) fan(name string, kids func() []gendurable.InsertParams) *gendurable.Machine[fanState] {
+	return &gendurable.Machine[fanState]{Name: name, Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, kids()...), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				k.joins.Add(1)
+				return gendurable.Done(len(r.Children)), nil
+			},
+		}}
+}
+
+// TestCancelTreeStopsEveryLiveDescendantWithRealWorkers: a trunk fanned out
+// to two branches, a twig blocked mid-step and a quick twig; each branch to a
+// blocked twig and a quick one. Cancelled as a tree while the blocked twigs
+// run, every live member ends failed and cancelled; the running twigs are
+// fenced (their late outcomes change nothing) and keep their leases, as
+// Cancel's do; the quick twigs, done before, keep their results; no join
+// step runs.
+func TestCancelTreeStopsEveryLiveDescendantWithRealWorkers(t *testing.T) {
+	t.Parallel()
+	k := newTreeKit()
+	branch := k.fan("branch", func() []gendurable.InsertParams {
+		return []gendurable.InsertParams{k.twig.New(twigArgs{Block: true}), k.twig.New(twigArgs{N: 2})}
+	})
+	trunk := k.fan("trunk", func() []gendurable.InsertParams {
+		return []gendurable.InsertParams{branch.New(fanState{}), branch.New(fanState{}),
+			k.twig.New(twigArgs{Block: true}), k.twig.New(twigArgs{N: 1})}
+	})
+	log := &eventLog{}
+	cfg := fastConfig("", trunk, branch, k.twig)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 8, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}}
+	cfg.Hooks = []gendurable.Hook{log}
+	b := setup(t, cfg)
+	b.start()
+	t.Cleanup(k.open) // before the engine's Stop
+	ctx := context.Background()
+	root := b.insert(trunk.New(fanState{}))
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'twig' AND status = 'executing'`) == 3 &&
+			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'twig' AND status = 'done'`) == 3 &&
+			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm IN ('trunk', 'branch') AND status = 'awaiting_children'`) == 3
+	}, "the tree did not reach its blocked twigs")
+	members := func(where string) []int64 {
+		rows, err := b.pool.Query(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances WHERE `+where+` ORDER BY id`, b.schema))
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		return ids
+	}
+	blocked := members(`fsm = 'twig' AND status = 'executing'`)
+	quick := members(`fsm = 'twig' AND status = 'done'`)
+	branches := members(`fsm = 'branch'`)
+
+	res, err := b.eng.CancelTree(ctx, root, "tree test")
+	require.NoError(t, err)
+	require.Equal(t, int64(9), res.Matched, "%+v", res)
+	require.Equal(t, int64(6), res.Changed, "the trunk, its branches and the blocked twigs")
+	require.Equal(t, int64(3), res.Skipped, "the quick twigs, done")
+	require.Zero(t, res.NotFound)
+	require.ElementsMatch(t, append(append([]int64{root}, branches...), blocked...), res.ChangedIDs)
+	require.Equal(t, root, res.ChangedIDs[0], "the root first")
+
+	for _, id := range append(append([]int64{root}, branches...), blocked...) {
+		r := b.row(id)
+		require.Equal(t, "failed", r.Status, "instance %d", id)
+		require.Equal(t, "cancelled", r.Errors[len(r.Errors)-1]["kind"], "instance %d", id)
+		require.Equal(t, "tree test", r.Errors[len(r.Errors)-1]["error"], "instance %d", id)
+	}
+	for _, id := range blocked {
+		r := b.row(id)
+		require.Nil(t, r.Token, "twig %d: its running step is fenced out", id)
+		require.NotNil(t, r.LeaseExp, "twig %d keeps the lease of its running step, as a Cancel leaves it", id)
+		require.True(t, r.LeaseExp.After(r.Now), "twig %d", id)
+	}
+
+	// The blocked steps return now: their outcomes are fenced out.
+	k.open()
+	eventually(t, 10*time.Second, func() bool {
+		for _, id := range blocked {
+			if ev, ok := findEvent(log, func(e *gendurable.StepEvent) bool { return e.InstanceID == id }); !ok || !ev.Fenced {
+				return false
+			}
+		}
+		return true
+	}, "a running twig's late outcome was not fenced out")
+	time.Sleep(300 * time.Millisecond) // time for a wrongly woken parent to run its join
+	for _, id := range blocked {
+		r := b.row(id)
+		require.Equal(t, "failed", r.Status, "twig %d", id)
+		require.Nil(t, r.Result, "twig %d: no step committed after the cancel", id)
+	}
+	for i, id := range quick {
+		r := b.row(id)
+		require.Equal(t, "done", r.Status, "a finished twig stays finished")
+		require.NotEmpty(t, r.Result, "twig %d keeps its result", i)
+	}
+	require.Zero(t, k.joins.Load(), "a cancelled parent ran its join step")
+	require.Equal(t, "failed", b.row(root).Status)
+}
+
+// TestCancelTreeCancelsParentsBeforeTheirChildren: a trunk over three
+// branches of 300 parked twigs each (a queue no worker runs), cancelled as a
+// tree in several batches. A trigger records every status change: no parent
+// is ever woken (a cancelled child counts as finished: cancelling the
+// children first would wake it, and it could run its next step before its
+// own cancel), each member is failed after its parent, and no join runs.
+func TestCancelTreeCancelsParentsBeforeTheirChildren(t *testing.T) {
+	t.Parallel()
+	k := newTreeKit()
+	const width, twigs = 3, 300
+	branch := k.fan("branch", func() []gendurable.InsertParams {
+		kids := make([]gendurable.InsertParams, twigs)
+		for i := range kids {
+			kids[i] = k.twig.New(twigArgs{N: i}).With(gendurable.InsertOpts{Queue: "parked"})
+		}
+		return kids
+	})
+	trunk := k.fan("trunk", func() []gendurable.InsertParams {
+		kids := make([]gendurable.InsertParams, width)
+		for i := range kids {
+			kids[i] = branch.New(fanState{})
+		}
+		return kids
+	})
+	b := setup(t, fastConfig("", trunk, branch, k.twig))
+	b.start()
+	ctx := context.Background()
+	root := b.insert(trunk.New(fanState{}))
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'twig'`) == width*twigs &&
+			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'awaiting_children'`) == 1+width
+	}, "the tree was not built")
+	b.exec(`CREATE TABLE {{s}}.moves (seq bigserial PRIMARY KEY, id bigint, parent_id bigint, status text)`)
+	b.exec(`CREATE FUNCTION {{s}}.record_move() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO {{s}}.moves (id, parent_id, status) VALUES (NEW.id, NEW.parent_id, NEW.status::text);
+			RETURN NULL;
+		END $$`)
+	b.exec(`CREATE TRIGGER record_move AFTER UPDATE ON {{s}}.gendurable_instances
+		FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status) EXECUTE FUNCTION {{s}}.record_move()`)
+
+	res, err := b.eng.CancelTree(ctx, root, "")
+	require.NoError(t, err)
+	n := int64(1 + width + width*twigs)
+	require.Equal(t, gendurable.BulkResult{Matched: n, Changed: n, ChangedIDs: res.ChangedIDs}, res)
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.moves WHERE status <> 'failed'`), "a parent was woken")
+	require.Equal(t, int(n), b.count(`SELECT count(*) FROM {{s}}.moves`))
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.moves AS c JOIN {{s}}.moves AS p ON p.id = c.parent_id WHERE c.seq < p.seq`),
+		"a child was cancelled before its parent")
+	require.Equal(t, "cancelled by an operator", b.row(root).Errors[0]["error"])
+	time.Sleep(300 * time.Millisecond) // time for a wrongly woken parent to run its join
+	require.Zero(t, k.joins.Load(), "a cancelled parent ran its join step")
+}
+
+// TestCancelTreeOfAFinishedParentAndBadInput: CancelTree of a parent an
+// operator cancelled earlier (with Cancel, which left its children running)
+// cancels what is still live under it, at any depth — under a failed child
+// too — with Cancel's effect on each row (fenced, lease kept, inbox
+// consumed); finished members are skipped and keep their results, and
+// nothing outside the tree changes. Unknown and non-positive ids are
+// refused.
+func TestCancelTreeOfAFinishedParentAndBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	_, err := b.eng.CancelTree(ctx, 0, "")
+	require.ErrorIs(t, err, gendurable.ErrInvalidInput)
+	res, err := b.eng.CancelTree(ctx, 987654321, "")
+	require.ErrorIs(t, err, gendurable.ErrNotFound)
+	require.Equal(t, gendurable.BulkResult{ChangedIDs: []int64{}}, res)
+
+	parent := b.seedRow(`status, finished_at, fanout, children_total, children_pending`, `'failed', now(), 1, 3, 2`)
+	running := b.seedRow(`status, parent_id, parent_fanout, claim_token, lease_expires_at, inbox`,
+		`'executing', $1, 1, 42, now() + interval '1 minute', '{"go": 1}'`, parent)
+	b.exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name) VALUES ($1, 'go')`, running)
+	done := b.seedRow(`status, parent_id, parent_fanout, finished_at, result`, `'done', $1, 1, now(), '{"kept": true}'`, parent)
+	failedKid := b.seedRow(`status, parent_id, parent_fanout, finished_at, fanout, children_total, children_pending`,
+		`'failed', $1, 1, now(), 1, 1, 1`, parent)
+	grandkid := b.seedRow(`status, parent_id, parent_fanout`, `'runnable', $1, 1`, failedKid)
+	other := b.seedRow(`status`, `'runnable'`)
+
+	res, err = b.eng.CancelTree(ctx, parent, "stop the rest")
+	require.NoError(t, err)
+	require.Equal(t, gendurable.BulkResult{Matched: 5, Changed: 2, Skipped: 3, ChangedIDs: []int64{running, grandkid}}, res)
+	r := b.row(running)
+	require.Equal(t, "failed", r.Status)
+	require.Nil(t, r.Token, "its running step is fenced out")
+	require.NotNil(t, r.LeaseExp, "it keeps its running step's lease")
+	require.Equal(t, "stop the rest", r.Errors[len(r.Errors)-1]["error"])
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE consumed_at IS NULL`), "its inbox is consumed")
+	require.Equal(t, "failed", b.row(grandkid).Status, "a live grandchild under a failed child")
+	require.JSONEq(t, `{"kept": true}`, string(b.row(done).Result))
+	require.Equal(t, "done", b.row(done).Status)
+	require.Equal(t, "runnable", b.row(other).Status, "outside the tree")
+
+	res, err = b.eng.CancelTree(ctx, parent, "")
+	require.NoError(t, err)
+	require.Equal(t, gendurable.BulkResult{Matched: 5, Skipped: 5, ChangedIDs: []int64{}}, res, "nothing live is left")
+}
+
+// stmtTracer records how long each statement of a pool took and how many
+// rows it returned.
+type stmtTracer struct {
+	mu    sync.Mutex
+	stmts []tracedStmt
+}
+
+type tracedStmt struct {
+	sql  string
+	took time.Duration
+	rows int64
+}
+
+type stmtStartKey struct{}
+
+type stmtStart struct {
+	sql string
+	at  time.Time
+}
+
+func (s *stmtTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, stmtStartKey{}, stmtStart{sql: d.SQL, at: time.Now()})
+}
+
+func (s *stmtTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	st, ok := ctx.Value(stmtStartKey{}).(stmtStart)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	s.stmts = append(s.stmts, tracedStmt{sql: st.sql, took: time.Since(st.at), rows: d.CommandTag.RowsAffected()})
+	s.mu.Unlock()
+}
+
+// TestCancelTreeOfALargeTreeIsBatched: a tree of 100,050 descendants over
+// three levels (50 parents of 40 parents of 49 leaves, one leaf in ten
+// done) is cancelled in statements of at most BulkBatch rows, none of them
+// long; every live member ends failed. It logs what it measured.
+func TestCancelTreeOfALargeTreeIsBatched(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a tree of 100k instances")
+	}
+	t.Parallel()
+	tr := &stmtTracer{}
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, Tracer: tr})
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Logger: testLogger(t)})
+	require.NoError(t, err)
+	b := &testBundle{t: t, pool: pool, schema: schema, eng: eng}
+	ctx := context.Background()
+	const cols = `INSERT INTO {{s}}.gendurable_instances (fsm, step, status, finished_at, fanout, children_total, children_pending, parent_id, parent_fanout) `
+	root := b.seedRow(`status, fanout, children_total, children_pending`, `'awaiting_children', 1, 50, 50`)
+	b.exec(cols+`SELECT 'm', 'a', 'awaiting_children', NULL, 1, 40, 40, $1, 1 FROM generate_series(1, 50)`, root)
+	b.exec(cols+`SELECT 'm', 'a', 'awaiting_children', NULL, 1, 49, 49, p.id, 1
+		FROM {{s}}.gendurable_instances AS p CROSS JOIN generate_series(1, 40) WHERE p.parent_id = $1`, root)
+	b.exec(cols+`SELECT 'm', 'a', (CASE WHEN g % 10 = 0 THEN 'done' ELSE 'runnable' END)::{{s}}.gendurable_status,
+		CASE WHEN g % 10 = 0 THEN now() END, 0, 0, 0, p.id, 1
+		FROM {{s}}.gendurable_instances AS p CROSS JOIN generate_series(1, 49) AS g
+		WHERE p.parent_id IN (SELECT id FROM {{s}}.gendurable_instances WHERE parent_id = $1)`, root)
+	b.exec(`ANALYZE {{s}}.gendurable_instances`)
+	require.Equal(t, 100_051, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+	tr.mu.Lock()
+	tr.stmts = nil
+	tr.mu.Unlock()
+
+	start := time.Now()
+	res, err := eng.CancelTree(ctx, root, "large tree")
+	took := time.Since(start)
+	require.NoError(t, err)
+	require.Equal(t, int64(100_051), res.Matched)
+	require.Equal(t, int64(1+50+2000+2000*45), res.Changed)
+	require.Equal(t, int64(2000*4), res.Skipped)
+	require.True(t, res.Truncated)
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status NOT IN ('done', 'failed')`))
+
+	var cancels, reads []tracedStmt
+	for _, s := range tr.stmts {
+		switch {
+		case strings.Contains(s.sql, "'cancelled'"):
+			cancels = append(cancels, s)
+		case strings.Contains(s.sql, "c.parent_id = u.id"):
+			reads = append(reads, s)
+		}
+	}
+	longest := func(ss []tracedStmt) (time.Duration, int64) {
+		var d time.Duration
+		var rows int64
+		for _, s := range ss {
+			d, rows = max(d, s.took), max(rows, s.rows)
+		}
+		return d, rows
+	}
+	cd, crows := longest(cancels)
+	rd, rrows := longest(reads)
+	t.Logf("CancelTree of %d instances: %s; %d cancel statements (longest %s, at most %d rows), %d reads (longest %s, at most %d rows)",
+		res.Matched, took.Round(time.Millisecond), len(cancels), cd.Round(time.Millisecond), crows, len(reads), rd.Round(time.Millisecond), rrows)
+	require.LessOrEqual(t, crows, int64(gendurable.BulkBatch), "a cancel statement changed more than a batch")
+	require.GreaterOrEqual(t, len(cancels), int(res.Changed)/gendurable.BulkBatch)
+	require.Less(t, cd, 5*time.Second, "a cancel statement held its locks for long")
 }

@@ -197,8 +197,10 @@
 // key is an index lookup. [Engine.RetryMany] and [Engine.CancelMany] act on
 // up to [MaxBulkIDs] ids, [Engine.RetryMatching] and [Engine.CancelMatching]
 // on everything a ListFilter matches, [BulkBatch] instances per statement
-// (a filter without criteria needs ListFilter.All); on error, their
-// [BulkResult] holds what was changed before it. [Engine.RunNow] makes a
+// (a filter without criteria needs ListFilter.All), and [Engine.CancelTree]
+// on an instance and every live descendant, parents before their children,
+// also in batches; on error, their [BulkResult] holds what was changed
+// before it. [Engine.RunNow] makes a
 // scheduled or backing-off instance eligible now. On a schema that was never
 // migrated they return [ErrNotMigrated].
 //

@@ -173,7 +173,8 @@ func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 // bulkFlash is the message after a bulk action: a fixed text with counts
 // (numbers only, so a crafted link can make it say nothing else).
 func bulkFlash(q url.Values) string {
-	verb := map[string]string{"bulk-retried": "Retried", "bulk-cancelled": "Cancelled"}[q.Get("flash")]
+	flash := q.Get("flash")
+	verb := map[string]string{"bulk-retried": "Retried", "bulk-cancelled": "Cancelled", "tree-cancelled": "Cancelled"}[flash]
 	if verb == "" {
 		return ""
 	}
@@ -197,7 +198,10 @@ func bulkFlash(q url.Values) string {
 		msg += fmt.Sprintf("; %d not found", n)
 	}
 	msg += "."
-	if q.Get("partial") == "1" {
+	switch {
+	case q.Get("partial") == "1" && flash == "tree-cancelled":
+		msg += " Stopped at the request's time limit before the end of the tree: submit again to go on."
+	case q.Get("partial") == "1":
 		msg += " Stopped at the request's time limit before the end of the filter: submit again to go on."
 	}
 	return msg

@@ -36,8 +36,10 @@
 //   - /instances/{id} — state, result, a timeline (inserted, errors,
 //     signals, children, finish on one axis), the error history (a panic's
 //     stack trace collapsed under it), signals, children, parent, unique
-//     key, what it waits for; retry, cancel and signal, and run now for a
-//     scheduled or backing-off instance ([gendurable.Engine.RunNow]).
+//     key, what it waits for; retry, cancel and signal, run now for a
+//     scheduled or backing-off instance ([gendurable.Engine.RunNow]), and,
+//     for an instance with children, cancel with every live descendant,
+//     parents first ([gendurable.Engine.CancelTree]).
 //
 // Any of these pages given ?refresh=N (2 to 300 seconds) refreshes itself:
 // with JavaScript the page is fetched and swapped in place, skipping a turn
@@ -182,11 +184,11 @@ type Options struct {
 	Logger *slog.Logger
 
 	// AuditLogger receives the audit trail, at [LevelAudit]: one line per
-	// mutation (pause, resume, retry, cancel, run now, signal, bulk retry
-	// and cancel — refused ones too) with who, what, which ids (or filter),
-	// from where and the outcome, and one per failed login (credentials
-	// presented and wrong; at most a few a minute per remote IP, the rest
-	// counted).
+	// mutation (pause, resume, retry, cancel, cancel with descendants, run
+	// now, signal, bulk retry and cancel — refused ones too) with who, what,
+	// which ids (or filter), from where and the outcome, and one per failed
+	// login (credentials presented and wrong; at most a few a minute per
+	// remote IP, the rest counted).
 	// Default Logger.
 	AuditLogger *slog.Logger
 
@@ -297,6 +299,7 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	mutation("POST /bulk/cancel", "bulk-cancel", d.bulkCancelAction)
 	mutation("POST /instances/{id}/retry", "retry", d.retryAction)
 	mutation("POST /instances/{id}/cancel", "cancel", d.cancelAction)
+	mutation("POST /instances/{id}/cancel-tree", "cancel-tree", d.cancelTreeAction)
 	mutation("POST /instances/{id}/signal", "signal", d.signalAction)
 	mutation("POST /instances/{id}/run-now", "run-now", d.runNowAction)
 

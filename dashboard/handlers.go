@@ -3,6 +3,7 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -290,6 +291,10 @@ type instanceData struct {
 	CanRetry   bool
 	CanCancel  bool
 	CanSignal  bool
+	// CanCancelTree: it has children, and it or one of the children shown
+	// is live (a parent cancelled alone may have children still running):
+	// Engine.CancelTree.
+	CanCancelTree bool
 	// CanRunNow: runnable, but not before a later time (scheduled, or
 	// backing off before its next attempt), by this process's clock; the
 	// engine decides on the database's (Engine.RunNow).
@@ -338,6 +343,8 @@ func (d *dashboard) instancePage(w http.ResponseWriter, r *http.Request) {
 		CanRetry:       det.Status == gendurable.StatusFailed,
 		CanCancel:      !det.Status.Terminal(),
 		CanSignal:      !det.Status.Terminal(),
+		CanCancelTree: len(det.Children) > 0 && (!det.Status.Terminal() ||
+			slices.ContainsFunc(det.Children, func(c gendurable.Child) bool { return !c.Status.Terminal() })),
 		CanRunNow: det.Status == gendurable.StatusRunnable && det.EligibleAt.After(time.Now()) &&
 			(det.Wait == nil || det.Wait.LeaseExpiresAt == nil), // not one waiting for its cancelled step's lease
 	}
@@ -421,6 +428,44 @@ func (d *dashboard) cancelAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), "cancelled")
+}
+
+// cancelTreeAction cancels an instance and every live descendant, parents
+// first (Engine.CancelTree), and returns to the instance with the counts. It
+// stops at the request's timeout after the statement under way, as a bulk
+// cancel by filter does: what was done stays done and is counted.
+func (d *dashboard) cancelTreeAction(w http.ResponseWriter, r *http.Request) {
+	id, ok := parseID(r)
+	if !ok {
+		d.fail(w, r, gendurable.ErrNotFound)
+		return
+	}
+	reason := strings.TrimSpace(r.PostForm.Get("reason"))
+	if reason == "" {
+		reason = "cancelled from the dashboard"
+	}
+	if len(reason) > maxFilterLen {
+		d.fail(w, r, inputError(fmt.Sprintf("The reason is longer than %d bytes.", maxFilterLen)))
+		return
+	}
+	note(r, "id", id, "reason", reason)
+	res, err := d.eng.CancelTree(r.Context(), id, reason)
+	note(r, "matched", res.Matched, "changed", res.Changed, "skipped", res.Skipped, "changed_ids", res.ChangedIDs)
+	partial := false
+	if err != nil {
+		if !errors.Is(err, context.DeadlineExceeded) || res.Matched == 0 {
+			d.fail(w, r, err)
+			return
+		}
+		partial = true
+		note(r, "partial", true)
+	}
+	v := url.Values{"flash": {"tree-cancelled"}, "changed": {strconv.FormatInt(res.Changed, 10)},
+		"skipped": {strconv.FormatInt(res.Skipped, 10)}}
+	if partial {
+		v.Set("partial", "1")
+	}
+	http.Redirect(w, r, d.link("/instances/"+strconv.FormatInt(id, 10))+"?"+v.Encode(), http.StatusSeeOther)
 }
 
 func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {

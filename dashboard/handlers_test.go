@@ -3,8 +3,11 @@ package dashboard_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"net/url"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
@@ -56,4 +59,69 @@ func TestRetryAndRunNowOfARowWaitingForItsCancelledStepsLease(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, r.code, r.body)
 	r = get(t, h, r.header.Get("Location"))
 	require.Contains(t, r.body, "Retried: the instance awaits its live children again")
+}
+
+// TestCancelTreeFromTheInstancePage: an instance with children, live or
+// with a live child, offers "Cancel with descendants" (one without children
+// does not, nor a read-only dashboard, nor a tree with nothing live left);
+// posted, it cancels the live members, says how many, and leaves an audit
+// line with the reason and the counts. A cross-origin post is refused and
+// audited; a second post skips them all.
+func TestCancelTreeFromTheInstancePage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.start()
+	audit := &captured{}
+	h, _ := e.handler(dashboard.Options{AuditLogger: slog.New(audit)})
+	ctx := context.Background()
+	res, err := e.eng.Insert(ctx, e.batch.New(Batch{Items: []string{"x", "y"}}))
+	require.NoError(t, err)
+	parent := e.waitStatus(res.ID, gendurable.StatusAwaitingChildren, 10*time.Second)
+	det, err := e.eng.Describe(ctx, parent.ID)
+	require.NoError(t, err)
+	require.Len(t, det.Children, 2)
+	for _, c := range det.Children {
+		e.waitStatus(c.ID, gendurable.StatusAwaitingSignal, 10*time.Second)
+	}
+	lone := e.insertOrder(Order{Item: "lone"})
+	path := fmt.Sprintf("/instances/%d/cancel-tree", parent.ID)
+
+	require.Contains(t, get(t, h, fmt.Sprintf("/instances/%d", parent.ID)).body, `id="cancel-tree"`)
+	require.NotContains(t, get(t, h, fmt.Sprintf("/instances/%d", lone)).body, `id="cancel-tree"`, "no children")
+	ro, _ := e.handler(dashboard.Options{ReadOnly: true})
+	require.NotContains(t, get(t, ro, fmt.Sprintf("/instances/%d", parent.ID)).body, `id="cancel-tree"`)
+	require.Equal(t, http.StatusForbidden, post(t, ro, path, nil).code)
+	r := do(t, h, req{method: http.MethodPost, path: path, form: url.Values{}, remote: "10.1.2.3:5555",
+		header: map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}})
+	require.Equal(t, http.StatusForbidden, r.code)
+	require.Equal(t, "refused", audit.with("dashboard audit: cancel-tree")[0]["outcome"])
+	require.Equal(t, gendurable.StatusAwaitingChildren, e.instance(parent.ID).Status, "the refused posts changed nothing")
+
+	// Cancelled alone, the parent leaves its children running: still offered.
+	require.NoError(t, e.eng.Cancel(ctx, parent.ID, "alone"))
+	require.Contains(t, get(t, h, fmt.Sprintf("/instances/%d", parent.ID)).body, `id="cancel-tree"`)
+	r = post(t, h, path, url.Values{"reason": {"tree <test>"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.Contains(t, get(t, h, r.header.Get("Location")).body, "Cancelled 2 instance(s); 1 skipped (already finished, or changed meanwhile).")
+	for _, c := range det.Children {
+		in := e.instance(c.ID)
+		require.Equal(t, gendurable.StatusFailed, in.Status)
+		require.Equal(t, "tree <test>", in.Errors[len(in.Errors)-1].Error)
+	}
+	require.NotContains(t, get(t, h, fmt.Sprintf("/instances/%d", parent.ID)).body, `id="cancel-tree"`, "nothing live is left")
+	require.False(t, e.instance(lone).Status.Terminal(), "outside the tree")
+	var ok map[string]any
+	for _, l := range audit.with("dashboard audit: cancel-tree") {
+		if l["outcome"] == "ok" {
+			ok = l
+		}
+	}
+	require.NotNil(t, ok, "%v", audit.recs)
+	require.Equal(t, parent.ID, ok["id"])
+	require.Equal(t, "tree <test>", ok["reason"])
+	require.EqualValues(t, 2, ok["changed"])
+
+	r = post(t, h, path, nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.Contains(t, get(t, h, r.header.Get("Location")).body, "Cancelled 0 instance(s); 3 skipped (already finished, or changed meanwhile).")
 }

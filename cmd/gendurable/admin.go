@@ -373,7 +373,8 @@ func retryCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return bulkCmd(ctx, "retry", args, stdout, stderr)
 }
 
-// cancelCmd: cancel ID, cancel ID ID..., or cancel FILTER, with --reason.
+// cancelCmd: cancel ID, cancel ID ID..., cancel FILTER, or cancel --tree
+// ID, with --reason.
 func cancelCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return bulkCmd(ctx, "cancel", args, stdout, stderr)
 }
@@ -389,10 +390,12 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 	var ff filterFlags
 	ff.register(fs)
 	all := fs.Bool("all", false, "with no filter: act on every instance ("+map[string]string{"retry": "every failed one", "cancel": "every live one"}[name]+")")
-	yes := fs.Bool("yes", false, "do not ask before acting on a filter (needed when stdin is not a terminal)")
+	yes := fs.Bool("yes", false, "do not ask before acting on a filter or a tree (needed when stdin is not a terminal)")
 	var reason *string
+	tree := new(bool)
 	if name == "cancel" {
 		reason = fs.String("reason", "cancelled from the CLI", "recorded in each instance's error history")
+		tree = fs.Bool("tree", false, "with one ID: cancel it and every live descendant (its children, theirs, ...), parents before their children; asks first, or --yes")
 	}
 	pos, err := parseAll(fs, args)
 	if err != nil {
@@ -404,6 +407,10 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 	}
 	filtered := f.Queue != "" || f.Status != "" || f.Machine != "" || f.Step != "" || f.Search != "" || ff.since > 0
 	switch {
+	case *tree && (filtered || *all):
+		return usageError{msg: "cancel --tree takes one instance id, not a filter", help: true}
+	case *tree && len(pos) != 1:
+		return usageError{msg: fmt.Sprintf("cancel --tree takes one instance id, got %d", len(pos)), help: true}
 	case len(pos) > 0 && (filtered || *all):
 		return usageError{msg: fmt.Sprintf("%s: give instance ids or a filter, not both", name), help: true}
 	case len(pos) == 0 && !filtered && !*all:
@@ -421,7 +428,13 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 	if reason != nil {
 		cancelReason = *reason
 	}
-	if len(ids) == 0 {
+	switch {
+	case *tree:
+		// A tree may hold any number of instances: asked first, as a filter is.
+		if err := confirm(fmt.Sprintf("cancel instance %d and every live descendant", ids[0]), *yes, stderr); err != nil {
+			return err
+		}
+	case len(ids) == 0:
 		f.All = *all
 		if err := confirmBulk(name, f, *yes, stderr); err != nil {
 			return err
@@ -432,6 +445,11 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 		return err
 	}
 	defer done()
+	if *tree {
+		res, err := eng.CancelTree(ctx, ids[0], cancelReason)
+		return printBulk(stdout, c.json, res, err, fmt.Sprintf("cancelled %d of the %d instances of the tree of %d; %d skipped (already finished)",
+			res.Changed, res.Matched, ids[0], res.Skipped))
+	}
 	if len(ids) == 1 {
 		id := ids[0]
 		var msg string
@@ -463,33 +481,44 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 	default:
 		res, err = eng.CancelMatching(ctx, f, cancelReason)
 	}
-	if res.Matched > 0 || res.NotFound > 0 || err == nil {
-		// What was done is printed even when a later batch failed.
-		if c.json {
-			if perr := printJSON(stdout, res); perr != nil && err == nil {
-				err = perr
-			}
-		} else {
-			done := map[string]string{"retry": "retried", "cancel": "cancelled"}[name]
-			why := map[string]string{"retry": "not failed, or their unique key is held by a live instance", "cancel": "already finished"}[name]
-			fmt.Fprintf(stdout, "%s %d of %d matching instances; %d skipped (%s)", done, res.Changed, res.Matched, res.Skipped, why)
-			if res.NotFound > 0 {
-				fmt.Fprintf(stdout, "; %d ids not found", res.NotFound)
-			}
-			fmt.Fprintln(stdout)
-		}
+	verb := map[string]string{"retry": "retried", "cancel": "cancelled"}[name]
+	why := map[string]string{"retry": "not failed, or their unique key is held by a live instance", "cancel": "already finished"}[name]
+	msg := fmt.Sprintf("%s %d of %d matching instances; %d skipped (%s)", verb, res.Changed, res.Matched, res.Skipped, why)
+	if res.NotFound > 0 {
+		msg += fmt.Sprintf("; %d ids not found", res.NotFound)
 	}
+	return printBulk(stdout, c.json, res, err, msg)
+}
+
+// printBulk prints a bulk call's counts (res as JSON, or msg) and returns
+// its error. What was done is printed even when a later batch failed.
+func printBulk(stdout io.Writer, asJSON bool, res gendurable.BulkResult, err error, msg string) error {
+	if res.Matched == 0 && res.NotFound == 0 && err != nil {
+		return err
+	}
+	if asJSON {
+		if perr := printJSON(stdout, res); perr != nil && err == nil {
+			err = perr
+		}
+		return err
+	}
+	fmt.Fprintln(stdout, msg)
 	return err
 }
 
 // confirmBulk asks before a retry or cancel by filter: on a terminal it
 // prompts; elsewhere it needs --yes (exit 2).
 func confirmBulk(name string, f gendurable.ListFilter, yes bool, stderr io.Writer) error {
+	what := map[string]string{"retry": "retry every failed instance", "cancel": "cancel every live instance"}[name]
+	return confirm(fmt.Sprintf("%s matching %s", what, f), yes, stderr)
+}
+
+// confirm asks q (a mutation of an unbounded number of instances) on a
+// terminal; elsewhere it needs --yes (exit 2).
+func confirm(q string, yes bool, stderr io.Writer) error {
 	if yes {
 		return nil
 	}
-	what := map[string]string{"retry": "retry every failed instance", "cancel": "cancel every live instance"}[name]
-	q := fmt.Sprintf("%s matching %s", what, f)
 	if !benchrun.IsTerminal(os.Stdin) {
 		return usageError{msg: q + ": pass --yes to confirm (stdin is not a terminal to ask on)"}
 	}

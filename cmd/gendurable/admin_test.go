@@ -321,3 +321,46 @@ func TestRunNowAndRetryOfARowWaitingForItsCancelledStepsLease(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, "instance 3 awaits its live children again (0 of 1 done)\n", out)
 }
+
+// TestCancelTreeCLI: cancel --tree ID cancels an instance and every live
+// descendant, asks first (off a terminal it needs --yes, and without it
+// changes nothing), prints the counts (text or JSON), is audit-logged, and
+// exits 3 for an unknown id.
+func TestCancelTreeCLI(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	// 1 awaits 2, 3 and 5 (done); 3 awaits 4; 6 is outside the tree.
+	seed(t, pool, schema, 1, "status, fanout, children_total, children_pending", "'awaiting_children', 1, 3, 2")
+	seed(t, pool, schema, 1, "status, parent_id, parent_fanout", "'runnable', 1, 1")
+	seed(t, pool, schema, 1, "status, parent_id, parent_fanout, fanout, children_total, children_pending", "'awaiting_children', 1, 1, 1, 1, 1")
+	seed(t, pool, schema, 1, "status, parent_id, parent_fanout", "'runnable', 3, 1")
+	seed(t, pool, schema, 1, "status, parent_id, parent_fanout, finished_at", "'done', 1, 1, now()")
+	seed(t, pool, schema, 1, "status", "'runnable'")
+
+	_, errOut, code := cli(t, append([]string{"cancel", "--tree", "1"}, s...)...)
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "cancel instance 1 and every live descendant: pass --yes to confirm")
+	require.Equal(t, 5, countRows(t, pool, schema, "status NOT IN ('done', 'failed')"), "nothing changed")
+
+	out, errOut, code := cli(t, append([]string{"cancel", "--tree", "1", "--yes", "--reason", "tree drain"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "cancelled 4 of the 5 instances of the tree of 1; 1 skipped (already finished)\n", out)
+	require.Contains(t, errOut, `msg="gendurable: instance tree cancelled" via=cli user=`)
+	require.Contains(t, errOut, "root=1")
+	require.Equal(t, 4, countRows(t, pool, schema, `id <= 4 AND status = 'failed' AND errors -> -1 ->> 'error' = 'tree drain'`))
+	require.Equal(t, 1, countRows(t, pool, schema, `id = 6 AND status = 'runnable'`), "outside the tree")
+
+	out, errOut, code = cli(t, append([]string{"cancel", "1", "--tree", "--yes", "--json"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.JSONEq(t, `{"matched": 5, "changed": 0, "skipped": 5, "not_found": 0, "changed_ids": []}`, out)
+	lines := auditLines(t, errOut)
+	require.Len(t, lines, 1)
+	require.Equal(t, "gendurable: instance tree cancelled", lines[0]["msg"])
+	require.EqualValues(t, 1, lines[0]["root"])
+
+	args := append([]string{"cancel", "--tree", "999", "--yes", "--json"}, s...)
+	_, errOut, code = cli(t, args...)
+	require.Equal(t, exitNotFound, code, errOut)
+	jsonError(t, args, errOut, "not_found", exitNotFound)
+}

@@ -45,8 +45,8 @@ func init() {
 		"show":    {"show ID [flags]", "One instance: state, result, error history (a panic's stack trace, its first 40 lines; --json has it whole), signals, children, parent and what it waits for.", showCmd},
 		"retry": {"retry ID [ID...] | retry --queue Q --status failed ... (filter flags) | retry --all [flags]",
 			"Run failed instances again at the step they failed in, with a fresh attempt budget. By id (one, or up to 1000), or every failed instance a filter matches (the flags of list; asks first, or --yes). Prints how many were matched, retried and skipped.", retryCmd},
-		"cancel": {"cancel ID [ID...] | cancel (filter flags) | cancel --all [--reason R] [flags]",
-			"Fail live instances now, recording --reason in their error history; a worker running one of their steps is fenced out. By id (one, or up to 1000), or every live instance a filter matches (the flags of list; asks first, or --yes).", cancelCmd},
+		"cancel": {"cancel ID [ID...] | cancel (filter flags) | cancel --all | cancel --tree ID [--reason R] [flags]",
+			"Fail live instances now, recording --reason in their error history; a worker running one of their steps is fenced out. By id (one, or up to 1000), every live instance a filter matches (the flags of list; asks first, or --yes), or, with --tree, an instance and every live descendant, parents first (asks first, or --yes).", cancelCmd},
 		"run-now":  {"run-now ID [flags]", "Make a scheduled (RunAt, RunIn) or backing-off instance eligible now. Its attempt count is kept.", runNowCmd},
 		"signal":   {"signal ID NAME [--payload JSON] [--dedup-key K] [flags]", "Send a durable signal to an instance; it wakes if it awaits NAME.", signalCmd},
 		"pause":    {"pause QUEUE [--create] [flags]", "Stop every process from picking QUEUE (steps already running finish). An unknown queue is refused unless --create.", pauseCmd(true)},
@@ -69,6 +69,7 @@ commands:
   show ID                        one instance: state, errors, signals, children, what it waits for
   retry ID... | retry FILTER     failed instances run again (FILTER: the flags of list, or --all)
   cancel ID... | cancel FILTER   fail live instances now [--reason R]
+  cancel --tree ID               the same for an instance and every live descendant
   run-now ID                     a scheduled or backing-off instance runs now
   signal ID NAME [--payload J]   send a signal
   pause QUEUE / resume QUEUE     stop or restart picking a queue, in every process

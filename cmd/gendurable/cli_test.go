@@ -502,6 +502,11 @@ func TestBadFlagValuesExitTwoWithOneMessage(t *testing.T) {
 		{"retry", "--status", "failed"}, // a filter needs --yes off a terminal
 		{"cancel", "--all"},
 		{"cancel", "--queue", "q", "--since", "1y"},
+		{"cancel", "--tree", "1"}, // a tree needs --yes off a terminal
+		{"cancel", "--tree", "--yes"},
+		{"cancel", "--tree", "1", "2", "--yes"},
+		{"cancel", "--tree", "1", "--queue", "q", "--yes"},
+		{"cancel", "--tree", "0", "--yes"},
 		{"run-now"},
 		{"run-now", "0"},
 		{"pause"},

@@ -66,6 +66,7 @@ SELECT id, queue, wait_us FROM r ORDER BY id`
 // cancelManySQL is cancelSQL for a batch: the live rows among $1 fail at
 // once with reason $2, their inboxes are consumed, their parents count them
 // as finished, and workers still running one of their steps are fenced out.
+// The bulk cancels and CancelTree (a level of a tree at a time) run it.
 const cancelManySQL = `
 WITH cand AS MATERIALIZED (
   SELECT c.id, c.inbox <> '{}'::jsonb AS has_inbox
@@ -94,6 +95,17 @@ WITH cand AS MATERIALIZED (
   RETURNING s.id
 ), ` + parentJoinCTE + `
 SELECT id, queue FROM changed ORDER BY id`
+
+// treeChildrenSQL returns the children (of every fan-out) of the ids $1,
+// each with whether it is live: one lookup of the parent index
+// (gendurable_instances_parent_fanout, by its leading column) per id,
+// behind an OFFSET 0 fence as the bulk statements probe theirs. It locks
+// nothing: Engine.CancelTree reads a level of the tree with it and cancels
+// what it found with cancelManySQL, a batch at a time. Its rows are the
+// children of at most gendurable.BulkBatch parents, whatever their number.
+const treeChildrenSQL = `
+SELECT c.id, c.status NOT IN ('done', 'failed') FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+  SELECT c.id, c.status FROM {{schema}}.gendurable_instances AS c WHERE c.parent_id = u.id OFFSET 0) AS c`
 
 // parentsAmongSQL returns which of the ids $1 are the parent of another of
 // them (one primary-key probe per id).
@@ -161,6 +173,27 @@ func (q *Queries) RetryMany(ctx context.Context, db DB, ids []int64) ([]BulkChan
 // cancelManySQL) and returns those it cancelled.
 func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason string) ([]BulkChanged, error) {
 	return q.bulk(ctx, db, q.cancelMany, ids, reason, MaxErrorHistory)
+}
+
+// TreeChild is a child TreeChildren found: its id and whether it is live
+// (not done, not failed).
+type TreeChild struct {
+	ID   int64
+	Live bool
+}
+
+// TreeChildren returns the children of every fan-out of parents (see
+// treeChildrenSQL), in no particular order.
+func (q *Queries) TreeChildren(ctx context.Context, db DB, parents []int64) ([]TreeChild, error) {
+	rows, err := db.Query(ctx, q.treeChildren, parents)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (TreeChild, error) {
+		var c TreeChild
+		err := row.Scan(&c.ID, &c.Live)
+		return c, err
+	})
 }
 
 // ParentsAmong returns which of ids are the parent of another of them, in

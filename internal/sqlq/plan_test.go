@@ -695,6 +695,16 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NoError(t, err)
 					require.Len(t, got, 500)
 				}},
+				// CancelTree reads a level's children: a parent_id-only
+				// lookup of the parent index per parent, every fan-out's.
+				{"tree-children", 4 * 500, func(t *testing.T, tx pgx.Tx) {
+					got, err := f.q.TreeChildren(ctx, tx, []int64{parent})
+					require.NoError(t, err)
+					require.Len(t, got, (shFanouts-1)*shKidsOld+shKidsLatest)
+					for _, c := range got {
+						require.False(t, c.Live)
+					}
+				}},
 				// Cancel of a child joins its parent (by primary key).
 				{"cancel-child", 100, func(t *testing.T, tx pgx.Tx) {
 					_, ok, err := f.q.Cancel(ctx, tx, child, "test")

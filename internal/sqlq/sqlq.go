@@ -83,6 +83,7 @@ type Queries struct {
 	cancelMany      string
 	existing        string
 	parentsAmong    string
+	treeChildren    string
 	runNow          string
 	upsertMachines  string
 	mergeObserved   string
@@ -127,6 +128,7 @@ func New(schema string) (*Queries, error) {
 		cancelMany:      render(cancelManySQL, qs),
 		existing:        render(existingSQL, qs),
 		parentsAmong:    render(parentsAmongSQL, qs),
+		treeChildren:    render(treeChildrenSQL, qs),
 		runNow:          render(runNowSQL, qs),
 		upsertMachines:  render(upsertMachinesSQL, qs),
 		mergeObserved:   render(mergeObservedSQL, qs),
