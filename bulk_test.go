@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -928,4 +929,105 @@ func TestCancelTreeOfALargeTreeIsBatched(t *testing.T) {
 	require.LessOrEqual(t, crows, int64(gendurable.BulkBatch), "a cancel statement changed more than a batch")
 	require.GreaterOrEqual(t, len(cancels), int(res.Changed)/gendurable.BulkBatch)
 	require.Less(t, cd, 5*time.Second, "a cancel statement held its locks for long")
+}
+
+// nestState is a level of a nest tree: fan out Width nests until Max, whose
+// leaves park awaiting a signal that never comes.
+type nestState struct {
+	Depth int `json:"depth"`
+	Max   int `json:"max"`
+	Width int `json:"width"`
+}
+
+// nestMachine fans out as nestState says, each spawn step first sleeping a
+// few milliseconds (by its id) so fan-outs commit all through a walk; joins
+// counts the join steps run. Nothing in a nest tree finishes by itself.
+func nestMachine(joins *atomic.Int32) *gendurable.Machine[nestState] {
+	m := &gendurable.Machine[nestState]{Name: "nest", Start: "spawn"}
+	m.Steps = map[string]gendurable.StepFunc[nestState]{
+		"spawn": func(ctx context.Context, r *gendurable.Run[nestState]) (gendurable.Outcome, error) {
+			time.Sleep(time.Duration(r.ID*7919%16) * time.Millisecond)
+			if r.State.Depth == r.State.Max {
+				return r.Await("join", r.State, "never"), nil
+			}
+			kids := make([]gendurable.InsertParams, r.State.Width)
+			for i := range kids {
+				kids[i] = m.New(nestState{Depth: r.State.Depth + 1, Max: r.State.Max, Width: r.State.Width})
+			}
+			return r.ScheduleChildren("join", r.State, kids...), nil
+		},
+		"join": func(ctx context.Context, r *gendurable.Run[nestState]) (gendurable.Outcome, error) {
+			joins.Add(1)
+			return gendurable.Done(nil), nil
+		},
+	}
+	return m
+}
+
+// treeSize counts the instances of the tree of root, root included.
+func (b *testBundle) treeSize(root int64) int {
+	return b.count(`WITH RECURSIVE t AS (SELECT id FROM {{s}}.gendurable_instances WHERE id = $1
+		UNION ALL SELECT c.id FROM {{s}}.gendurable_instances AS c JOIN t ON c.parent_id = t.id)
+		SELECT count(*) FROM t`, root)
+}
+
+// TestCancelTreeRacesFanOutsAtEveryLevel: trees of nests (1 + 3 + 9 + 27)
+// cancelled while they are being built, at a later moment in each trial, so
+// that fan-outs at every level commit before, during and after the walk
+// passes their parent, with real workers. Every member the tree ends with
+// was found (Matched is the tree's final size) and cancelled by the call;
+// nothing of the tree is left live, so no fan-out slipped in after its
+// parent was read; no parent ran its join step.
+func TestCancelTreeRacesFanOutsAtEveryLevel(t *testing.T) {
+	t.Parallel()
+	var joins atomic.Int32
+	nest := nestMachine(&joins)
+	cfg := fastConfig("", nest)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 8, PollInterval: 5 * time.Millisecond, MaxPollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	for trial := range 24 {
+		root := b.insert(nest.New(nestState{Max: 3, Width: 3}))
+		time.Sleep(time.Duration(trial) * 1500 * time.Microsecond)
+		reason := fmt.Sprintf("race %d", trial)
+		res, err := b.eng.CancelTree(ctx, root, reason)
+		require.NoError(t, err)
+		time.Sleep(200 * time.Millisecond) // the fenced steps under way return
+		size := b.treeSize(root)
+		require.Equal(t, int64(size), res.Matched, "trial %d: a member of the tree was not found: %+v", trial, res)
+		require.Equal(t, res.Matched, res.Changed, "trial %d: nothing in a nest tree finishes by itself", trial)
+		require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status NOT IN ('done', 'failed')`),
+			"trial %d: a member was left live", trial)
+		require.Equal(t, int(res.Changed), b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+			WHERE errors -> -1 ->> 'error' = $1`, reason), "trial %d", trial)
+		t.Logf("trial %d: a tree of %d cancelled", trial, size)
+	}
+	require.Zero(t, joins.Load(), "a cancelled parent ran its join step")
+}
+
+// TestCancelTreeOfADeepChain: a chain of 50 nests, one child each, built by
+// real workers, its leaf parked; CancelTree of the top cancels all 51, each
+// after its parent, and none runs a join step.
+func TestCancelTreeOfADeepChain(t *testing.T) {
+	t.Parallel()
+	var joins atomic.Int32
+	nest := nestMachine(&joins)
+	b := setup(t, nil, nest)
+	b.start()
+	ctx := context.Background()
+	root := b.insert(nest.New(nestState{Max: 50, Width: 1}))
+	eventually(t, 30*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'awaiting_signal'`) == 1
+	}, "the chain was not built")
+	require.Equal(t, 51, b.treeSize(root))
+	res, err := b.eng.CancelTree(ctx, root, "deep")
+	require.NoError(t, err)
+	require.Equal(t, gendurable.BulkResult{Matched: 51, Changed: 51, ChangedIDs: res.ChangedIDs}, res)
+	// Ids grow down the chain: each was cancelled after its parent.
+	require.True(t, slices.IsSorted(res.ChangedIDs), "%v", res.ChangedIDs)
+	require.Equal(t, root, res.ChangedIDs[0])
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status <> 'failed'`))
+	time.Sleep(300 * time.Millisecond) // time for a wrongly woken parent to run its join
+	require.Zero(t, joins.Load())
 }
