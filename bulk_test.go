@@ -1031,3 +1031,88 @@ func TestCancelTreeOfADeepChain(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // time for a wrongly woken parent to run its join
 	require.Zero(t, joins.Load())
 }
+
+// cutTracer calls cut when the n-th statement whose SQL contains marker
+// starts (atStart) or ends.
+type cutTracer struct {
+	marker  string
+	n       int
+	atStart bool
+	cut     func()
+	mu      sync.Mutex
+	seen    int
+}
+
+func (c *cutTracer) hit(sql string, start bool) {
+	if start != c.atStart || !strings.Contains(sql, c.marker) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen++; c.seen == c.n {
+		c.cut()
+	}
+}
+
+func (c *cutTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	c.hit(d.SQL, true)
+	return ctx
+}
+
+func (c *cutTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {}
+
+// TestCancelTreeStoppedMidWalk: a root over 3 parents of 600 parked leaves,
+// its CancelTree's context cancelled as the walk's 5th cancel statement (the
+// second batch of leaves) or its 2nd read of children (the leaves') starts.
+// The call returns ctx's error and a result that is exactly what the
+// database holds: the statement under way ran to its end and is counted,
+// nothing after it ran, and every member cancelled has its parent cancelled
+// (parents first, even when cut short). A second CancelTree finishes the job.
+func TestCancelTreeStoppedMidWalk(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		marker  string
+		n       int
+		changed int64
+	}{
+		{"in a cancel", "'cancelled'", 4, 1 + 3 + 2*gendurable.BulkBatch},
+		{"in a read", "c.parent_id = u.id", 2, 1 + 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			tr := &cutTracer{marker: tc.marker, n: tc.n, atStart: true, cut: cancel}
+			pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, Tracer: tr})
+			eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Logger: testLogger(t)})
+			require.NoError(t, err)
+			b := &testBundle{t: t, pool: pool, schema: schema, eng: eng}
+			root := b.seedRow(`status, fanout, children_total, children_pending`, `'awaiting_children', 1, 3, 3`)
+			b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, fanout, children_total, children_pending, parent_id, parent_fanout)
+				SELECT 'm', 'a', 'awaiting_children', 1, 600, 600, $1, 1 FROM generate_series(1, 3)`, root)
+			b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, queue, parent_id, parent_fanout)
+				SELECT 'm', 'a', 'runnable', 'parked', p.id, 1
+				FROM {{s}}.gendurable_instances AS p CROSS JOIN generate_series(1, 600) WHERE p.parent_id = $1`, root)
+
+			res, err := eng.CancelTree(ctx, root, "cut")
+			require.ErrorIs(t, err, context.Canceled)
+			require.Equal(t, tc.changed, res.Changed, "%+v", res)
+			require.Equal(t, res.Changed, res.Matched)
+			require.Equal(t, int(res.Changed), b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'failed'`),
+				"the result counts what the database holds")
+			require.Equal(t, min(int(res.Changed), gendurable.MaxBulkIDs), len(res.ChangedIDs))
+			require.Equal(t, len(res.ChangedIDs), b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+				WHERE status = 'failed' AND id = ANY ($1)`, res.ChangedIDs))
+			require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances AS c
+				JOIN {{s}}.gendurable_instances AS p ON p.id = c.parent_id WHERE c.status = 'failed' AND p.status <> 'failed'`),
+				"a member was cancelled before its parent")
+
+			res, err = eng.CancelTree(context.Background(), root, "cut")
+			require.NoError(t, err)
+			require.Equal(t, int64(1+3+1800), res.Matched)
+			require.Equal(t, 1+3+1800-tc.changed, res.Changed)
+			require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status <> 'failed'`))
+		})
+	}
+}
