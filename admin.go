@@ -484,7 +484,8 @@ const PruneBatch = 1000
 // Prune deletes finished (done or failed) instances that finished more
 // than retention ago, with their signals, in batches of PruneBatch until
 // none is left (a finished child whose parent is still live is kept, for
-// the parent's next step reads it); progress, if not nil, is called after each batch with the
+// the parent's next step reads it, and a finished parent while a child of it
+// is live, for [Engine.CancelTree] of it to reach them); progress, if not nil, is called after each batch with the
 // running total. It returns the number deleted; on error, the number
 // deleted before it (each batch commits on its own). The prune is logged at
 // Info on the engine's Logger with that number, also when it stopped part

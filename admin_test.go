@@ -744,3 +744,73 @@ func TestRetryOfAParentCancelledMidFanOutWaitsForItsChildren(t *testing.T) {
 	r = b2.waitStatus(p2, "done", 10*time.Second)
 	require.JSONEq(t, `["failed", "failed"]`, string(r.Result))
 }
+
+// TestPruneKeepsAFinishedParentWithLiveChildren: a parent cancelled alone
+// (Cancel leaves its children running), at the root or under a parent that
+// then finished, is the way to its live children: CancelTree walks down
+// from it. Prune keeps it, whatever its age, while a child of it is live, so
+// that a later CancelTree of it still stops them (a finished ancestor above
+// it is not kept); once they have finished it goes, and they after it.
+func TestPruneKeepsAFinishedParentWithLiveChildren(t *testing.T) {
+	t.Parallel()
+	var joins atomic.Int32
+	nest := nestMachine(&joins)
+	b := setup(t, nil, nest)
+	b.start()
+	ctx := context.Background()
+	live := func() int {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status NOT IN ('done', 'failed')`)
+	}
+	age := func() {
+		b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '10 days' WHERE finished_at IS NOT NULL`)
+	}
+	// prune prunes until nothing is left to prune: the children of a
+	// parent pruned in one call go in the next.
+	prune := func() int64 {
+		total := int64(0)
+		for {
+			n, err := b.eng.Prune(ctx, 24*time.Hour, nil)
+			require.NoError(t, err)
+			if n == 0 {
+				return total
+			}
+			total += n
+		}
+	}
+
+	// A root cancelled alone, over two parked leaves.
+	root := b.insert(nest.New(nestState{Max: 1, Width: 2}))
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'awaiting_signal'`) == 2
+	}, "the leaves did not park")
+	require.NoError(t, b.eng.Cancel(ctx, root, "alone"))
+	age()
+	require.Zero(t, prune(), "a cancelled root with live children was pruned")
+	res, err := b.eng.CancelTree(ctx, root, "later")
+	require.NoError(t, err)
+	require.Equal(t, int64(2), res.Changed, "%+v", res)
+	require.Zero(t, live())
+
+	// A middle member cancelled alone: its parent joins and is done, the
+	// member failed, its leaf parked.
+	top := b.insert(nest.New(nestState{Max: 2, Width: 1}))
+	var mid int64
+	eventually(t, 10*time.Second, func() bool {
+		return b.pool.QueryRow(ctx, replaceSchema(`SELECT parent_id FROM {{s}}.gendurable_instances
+			WHERE status = 'awaiting_signal'`, b.schema)).Scan(&mid) == nil
+	}, "the leaf did not park")
+	require.NoError(t, b.eng.Cancel(ctx, mid, "alone"))
+	b.waitStatus(top, "done", 10*time.Second)
+	age()
+	require.Equal(t, int64(4), prune(), "the first tree, finished, and the done top; not the cancelled member over a live leaf")
+	_, err = b.eng.CancelTree(ctx, top, "later")
+	require.ErrorIs(t, err, gendurable.ErrNotFound, "a finished ancestor of the member cancelled alone may go")
+	res, err = b.eng.CancelTree(ctx, mid, "later")
+	require.NoError(t, err)
+	require.Equal(t, gendurable.BulkResult{Matched: 2, Changed: 1, Skipped: 1, ChangedIDs: res.ChangedIDs}, res)
+	require.Zero(t, live())
+
+	age()
+	require.Equal(t, int64(2), prune(), "finished, the rest goes, parents first")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+}

@@ -195,7 +195,10 @@ func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string
 // locks long nor starves workers. The walk goes through finished instances
 // too (a parent cancelled earlier may have children still running), so
 // calling CancelTree on an instance already cancelled by Cancel stops what
-// it left running. Matched counts the root and every descendant found;
+// it left running: prune keeps such an instance, whatever its age, while a
+// child of it is live (not its finished ancestors, which may go after the
+// retention; a CancelTree from above them then no longer reaches it).
+// Matched counts the root and every descendant found;
 // Skipped, those among them already finished (the root too), which keep
 // their results.
 //

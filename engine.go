@@ -138,7 +138,9 @@ type Config struct {
 	// Retention: a maintenance loop deletes instances that finished (done or
 	// failed) longer ago than this, with their signals, in batches (a
 	// finished child whose parent is still live is kept until the parent
-	// finishes). Default 7 days; negative keeps everything.
+	// finishes, and a finished parent while a child of it is live, for
+	// [Engine.CancelTree] of it to reach them). Default 7 days; negative
+	// keeps everything.
 	Retention time.Duration
 	// PruneInterval between prune sweeps, which run in engines that work
 	// queues. Default 1h; negative runs no pruner in this process.

@@ -290,11 +290,15 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 // parent is done, or pruned itself (the next batch: the parent gone). A
 // row cancelled mid-step whose lease is still live is kept until the lease
 // ends (cancelSet): it stands for a step that may still run, its key's slot
-// and its place in its queue's GlobalConcurrency. It runs under
-// pruneSettings: the planner may only walk the finished index in order and
-// probe the signals index and the parent's primary key, so a batch costs
+// and its place in its queue's GlobalConcurrency. A finished parent with a
+// live child (one cancelled alone: Cancel leaves its children running) is
+// kept until they have finished: Engine.CancelTree of it walks down to them
+// through it. It runs under pruneSettings: the planner may only walk the
+// finished index in order and probe the signals index, the parent's primary
+// key and (for a row that fanned out) the parent index, so a batch costs
 // O(batch) whatever the statistics say (docs/design.md §5), plus the old
-// children of live parents and the live leases it walks past.
+// children of live parents, the finished children of the parents it
+// probes, and the live leases and live children's parents it walks past.
 const pruneSQL = `
 WITH doomed AS MATERIALIZED (
   SELECT i.id FROM {{schema}}.gendurable_instances AS i
@@ -303,6 +307,9 @@ WITH doomed AS MATERIALIZED (
     AND (i.parent_id IS NULL OR NOT EXISTS (
       SELECT 1 FROM {{schema}}.gendurable_instances AS p
       WHERE p.id = i.parent_id AND p.status <> 'done'))
+    AND NOT (i.fanout > 0 AND EXISTS (
+      SELECT 1 FROM {{schema}}.gendurable_instances AS c
+      WHERE c.parent_id = i.id AND c.status NOT IN ('done', 'failed')))
   ORDER BY i.finished_at
   LIMIT $2
   FOR UPDATE OF i SKIP LOCKED

@@ -198,9 +198,10 @@ func newPlanFixture(t *testing.T, mode statsMode, tracer pgx.QueryTracer) *planF
 	if mode == statsEmpty {
 		analyze()
 	}
-	// The finished bulk, a third of it past a 1 h retention.
-	exec(`INSERT INTO `+s+`.gendurable_instances (fsm, step, status, finished_at, inserted_at)
-		SELECT 'm', 'a', 'done', now() - (g % 3) * interval '1 hour' - interval '1 minute', now() - interval '1 day'
+	// The finished bulk, a third of it past a 1 h retention; half of it
+	// fanned out once (prune probes their children).
+	exec(`INSERT INTO `+s+`.gendurable_instances (fsm, step, status, finished_at, inserted_at, fanout)
+		SELECT 'm', 'a', 'done', now() - (g % 3) * interval '1 hour' - interval '1 minute', now() - interval '1 day', g % 2
 		FROM generate_series(1, $1::int) g`, fxDone)
 	if mode == statsAllDone {
 		analyze()
