@@ -1116,3 +1116,68 @@ func TestCancelTreeStoppedMidWalk(t *testing.T) {
 		})
 	}
 }
+
+// TestCancelTreeThenRetryManyOfAKeyedTree: a parent over two children of
+// one partition key, in a queue with a GlobalConcurrency of 1, cancelled as
+// a tree while the first child runs, then retried at once, tree and all
+// (RetryMany of the ids CancelTree changed). The fenced step keeps its key's
+// slot and its queue's place until its lease ends: its retried row and its
+// sibling wait, so never do two steps of the key (or the queue) run at
+// once; the retried parent awaits its retried children again, and joins
+// once, seeing both done.
+func TestCancelTreeThenRetryManyOfAKeyedTree(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	started := make(chan int64, 8)
+	kid := &gendurable.Job[spanArgs]{Name: "keyedkid", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		started <- r.ID
+		select {
+		case <-ctx.Done(): // fenced: seen at the worker's next heartbeat
+			return ctx.Err()
+		case <-time.After(time.Second):
+			return nil
+		}
+	}}
+	var joins atomic.Int32
+	parent := &gendurable.Machine[fanState]{Name: "keyedparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				opts := gendurable.InsertOpts{Queue: "kq", PartitionKey: "K"}
+				return r.ScheduleChildren("join", r.State, kid.New(spanArgs{}).With(opts), kid.New(spanArgs{}).With(opts)), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				joins.Add(1)
+				done := 0
+				for _, c := range r.Children {
+					if c.Status == gendurable.StatusDone {
+						done++
+					}
+				}
+				return gendurable.Done(done), nil
+			},
+		}}
+	cfg := fastConfig("", parent, kid) // lease 3s, heartbeat 1s
+	cfg.Queues["kq"] = gendurable.QueueConfig{Concurrency: 4, GlobalConcurrency: 1,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	root := b.insert(parent.New(fanState{}))
+	first := <-started
+	res, err := b.eng.CancelTree(ctx, root, "tree")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), res.Changed, "%+v", res)
+	r := b.row(first)
+	require.NotNil(t, r.LeaseExp, "the fenced step keeps its lease")
+	retried, err := b.eng.RetryMany(ctx, res.ChangedIDs)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), retried.Changed, "%+v", retried)
+	require.Equal(t, "awaiting_children", b.row(root).Status, "the retried parent awaits its retried children")
+
+	r = b.waitStatus(root, "done", 20*time.Second)
+	require.JSONEq(t, `2`, string(r.Result), "both children done")
+	require.Equal(t, int32(1), joins.Load())
+	require.Equal(t, 1, g.max("K"), "two steps of key K ran at once")
+}

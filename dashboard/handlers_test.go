@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,8 +66,10 @@ func TestRetryAndRunNowOfARowWaitingForItsCancelledStepsLease(t *testing.T) {
 // with a live child, offers "Cancel with descendants" (one without children
 // does not, nor a read-only dashboard, nor a tree with nothing live left);
 // posted, it cancels the live members, says how many, and leaves an audit
-// line with the reason and the counts. A cross-origin post is refused and
-// audited; a second post skips them all.
+// line with the reason and the counts. A cross-origin post, an id that is
+// not a positive int64 or names no instance, and an oversized reason are
+// refused (403, 404, 400) and audited, changing nothing; a GET is not
+// routed (405); a second post skips them all.
 func TestCancelTreeFromTheInstancePage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -95,6 +98,13 @@ func TestCancelTreeFromTheInstancePage(t *testing.T) {
 		header: map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}})
 	require.Equal(t, http.StatusForbidden, r.code)
 	require.Equal(t, "refused", audit.with("dashboard audit: cancel-tree")[0]["outcome"])
+	for _, bad := range []string{"abc", "0", "-1", "1e3", "99999999999999999999", "987654321"} {
+		r := post(t, h, "/instances/"+bad+"/cancel-tree", nil)
+		require.Equal(t, http.StatusNotFound, r.code, "id %q", bad)
+	}
+	require.Equal(t, http.StatusBadRequest, post(t, h, path, url.Values{"reason": {strings.Repeat("x", 10000)}}).code, "an oversized reason")
+	require.Equal(t, http.StatusMethodNotAllowed, do(t, h, req{method: http.MethodGet, path: path}).code)
+	require.Len(t, audit.with("dashboard audit: cancel-tree"), 8, "every refused post is audited: the cross-origin one, the bad ids, the oversized reason")
 	require.Equal(t, gendurable.StatusAwaitingChildren, e.instance(parent.ID).Status, "the refused posts changed nothing")
 
 	// Cancelled alone, the parent leaves its children running: still offered.
