@@ -1181,3 +1181,80 @@ func TestCancelTreeThenRetryManyOfAKeyedTree(t *testing.T) {
 	require.Equal(t, int32(1), joins.Load())
 	require.Equal(t, 1, g.max("K"), "two steps of key K ran at once")
 }
+
+// TestCancelTreeRacesOtherCancelsAndPrune: a tree of 3,011 parked instances
+// (a root over 10 parents of 300 leaves), cancelled in two races. First by
+// two CancelTree calls, a CancelMatching of its queue and a CancelMany of
+// its newest 1,000 ids (children first) at once: their statements lock
+// overlapping rows in different orders (a cancel also updates the parent of
+// each row it cancels); each call ends without error, and every instance is
+// cancelled by exactly one of them. Then by one CancelTree while prunes with
+// no retention delete what it has finished meanwhile: the walk still
+// reaches and cancels every member (it reads children by their parent's id,
+// whether the parent is still there or not). Either way none is left live.
+func TestCancelTreeRacesOtherCancelsAndPrune(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	for _, withPrune := range []bool{false, true} {
+		for trial := range 3 {
+			root := b.seedRow(`status, queue, fanout, children_total, children_pending`, `'awaiting_children', 'parked', 1, 10, 10`)
+			b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, queue, fanout, children_total, children_pending, parent_id, parent_fanout)
+				SELECT 'm', 'a', 'awaiting_children', 'parked', 1, 300, 300, $1, 1 FROM generate_series(1, 10)`, root)
+			b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, queue, parent_id, parent_fanout)
+				SELECT 'm', 'a', 'runnable', 'parked', p.id, 1
+				FROM {{s}}.gendurable_instances AS p CROSS JOIN generate_series(1, 300) WHERE p.parent_id = $1`, root)
+			rows, err := b.pool.Query(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances ORDER BY id DESC LIMIT 1000`, b.schema))
+			require.NoError(t, err)
+			newest, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			require.NoError(t, err)
+
+			var changed, pruned atomic.Int64
+			var wg sync.WaitGroup
+			errs := make(chan error, 8)
+			start := make(chan struct{})
+			run := func(f func() (gendurable.BulkResult, error)) {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					res, err := f()
+					changed.Add(res.Changed)
+					errs <- err
+				}()
+			}
+			run(func() (gendurable.BulkResult, error) { return b.eng.CancelTree(ctx, root, "tree") })
+			if withPrune {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					for range 30 {
+						n, err := b.eng.Prune(ctx, 0, nil)
+						if err != nil {
+							errs <- err
+							return
+						}
+						pruned.Add(n)
+					}
+				}()
+			} else {
+				run(func() (gendurable.BulkResult, error) { return b.eng.CancelTree(ctx, root, "tree") })
+				run(func() (gendurable.BulkResult, error) {
+					return b.eng.CancelMatching(ctx, gendurable.ListFilter{Queue: "parked"}, "matching")
+				})
+				run(func() (gendurable.BulkResult, error) { return b.eng.CancelMany(ctx, newest, "many") })
+			}
+			close(start)
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err, "prune %v, trial %d", withPrune, trial)
+			}
+			require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status <> 'failed'`), "prune %v, trial %d", withPrune, trial)
+			require.Equal(t, int64(3011), changed.Load(), "prune %v, trial %d: each instance cancelled once", withPrune, trial)
+			t.Logf("prune %v, trial %d: %d pruned by the prunes", withPrune, trial, pruned.Load())
+			b.exec(`DELETE FROM {{s}}.gendurable_instances`)
+		}
+	}
+}
