@@ -198,17 +198,18 @@ func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string
 // it left running: prune keeps such an instance, whatever its age, while a
 // child of it is live (not its finished ancestors, which may go after the
 // retention; a CancelTree from above them then no longer reaches it).
-// Matched counts the root and every descendant found;
-// Skipped, those among them already finished (the root too), which keep
-// their results.
+// Matched counts the root and every descendant found; Skipped, those among
+// them already finished (the root too), which keep their results.
 //
 // An id with no instance is [ErrNotFound], a non-positive one
-// [ErrInvalidInput]. The call stops at ctx's end between statements (one
-// under way runs to its end), returning what it did so far with ctx's error;
-// on any other error too the result holds what was changed before it (see
-// [BulkResult]). Descendants inserted after the walk passed their parent
-// (a retry of a finished member meanwhile) are not visited. The change is
-// logged at Info on the engine's Logger.
+// [ErrInvalidInput]. The call stops at ctx's end between statements (a
+// cancel statement under way runs to its end, so what it changed is counted;
+// a read of children under way is abandoned, having changed nothing), still
+// parents before their children, returning what it did so far with ctx's
+// error; on any other error too the result holds what was changed before it
+// (see [BulkResult]). Descendants inserted after the walk passed their
+// parent (a retry of a finished member meanwhile) are not visited. The
+// change is logged at Info on the engine's Logger.
 func (e *Engine) CancelTree(ctx context.Context, id int64, reason string) (BulkResult, error) {
 	if id <= 0 {
 		return BulkResult{ChangedIDs: []int64{}}, errorf(ErrInvalidInput, "cancel tree: id %d is not an instance id", id)
