@@ -39,6 +39,9 @@ const (
 	DefaultMaxSignalBytes      = 256 << 10
 	DefaultMaxJSONDepth        = 1000
 	DefaultPartitionRetryDelay = 250 * time.Millisecond
+	// DefaultMinMaintenanceTimeout is the least default MaintenanceTimeout,
+	// which is max(LeaseDuration, DefaultMinMaintenanceTimeout).
+	DefaultMinMaintenanceTimeout = 30 * time.Second
 )
 
 // Config configures an [Engine]. The zero value is usable (an insert-only
@@ -143,6 +146,21 @@ type Config struct {
 	// PruneInterval between prune sweeps, which run in engines that work
 	// queues. Default 1h; negative runs no pruner in this process.
 	PruneInterval time.Duration
+	// MaintenanceTimeout bounds each statement of the maintenance services
+	// (reap, await-timeout sweep, periodic insert, the merge of observed
+	// transitions); a prune batch, one transaction of up to PruneBatch
+	// rows, gets 10 × MaintenanceTimeout. A statement stuck on a connection
+	// cut off silently (a partition, a proxy that stops forwarding without
+	// closing) is abandoned at its deadline — pgx closes the connection —
+	// and the service goes on with its next sweep on a fresh connection
+	// instead of waiting for the OS's TCP keepalive (two hours by default):
+	// an expired lease is then recovered within MaintenanceTimeout +
+	// ReaperInterval of the cut. A periodic insert abandoned so is retried;
+	// had it committed, the retry finds its slot taken (each slot is still
+	// one instance). Default max(LeaseDuration, 30s): far above a healthy
+	// maintenance statement (milliseconds), and a stuck one costs at most
+	// about a lease more. See docs/design.md §7.
+	MaintenanceTimeout time.Duration
 	// CommitConcurrency is how many outcome statements this engine keeps in
 	// flight at once. Outcomes of steps that finish while those run are
 	// group-committed in the next statement. Default 2.
@@ -313,11 +331,12 @@ func (c *Config) withDefaults() error {
 	setDefault(&c.MaxJSONDepth, DefaultMaxJSONDepth)
 	setDefault(&c.Retention, DefaultRetention)
 	setDefault(&c.PruneInterval, DefaultPruneInterval)
+	setDefault(&c.MaintenanceTimeout, max(c.LeaseDuration, DefaultMinMaintenanceTimeout))
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	switch {
-	case c.LeaseDuration < 0 || c.HeartbeatInterval < 0 || c.DrainTimeout < 0 || c.UnknownVersionDelay < 0:
+	case c.LeaseDuration < 0 || c.HeartbeatInterval < 0 || c.DrainTimeout < 0 || c.UnknownVersionDelay < 0 || c.MaintenanceTimeout < 0:
 		return errorf(ErrInvalidConfig, "durations must not be negative")
 	case c.HeartbeatInterval*3 > c.LeaseDuration:
 		return errorf(ErrInvalidConfig, "HeartbeatInterval × 3 (%s) exceeds LeaseDuration (%s): a live step could be reaped",
@@ -559,7 +578,8 @@ func (e *Engine) kickQueue(queue string) {
 // Reap runs one reaper sweep now: every expired lease goes back to runnable
 // with attempt + 1, or fails once its attempts are spent. It returns the
 // number of rows recovered. Engines run it every ReaperInterval; it is
-// exported for tools and tests.
+// exported for tools and tests. Each statement runs under
+// Config.MaintenanceTimeout as well as ctx.
 func (e *Engine) Reap(ctx context.Context) (int, error) {
 	return e.reaper().RunOnce(ctx)
 }

@@ -17,6 +17,9 @@ type Flusher struct {
 	Log      *slog.Logger
 	// FinalTimeout bounds the last Flush on Stop. Default 5s.
 	FinalTimeout time.Duration
+	// StatementTimeout bounds each periodic Flush. Default
+	// DefaultStatementTimeout.
+	StatementTimeout time.Duration
 }
 
 // Start launches the loop.
@@ -37,7 +40,9 @@ func (f *Flusher) loop(ctx context.Context) {
 			cancel()
 			return
 		case <-t.C:
-			f.flush(ctx)
+			bctx, cancel := context.WithTimeout(ctx, orDefault(f.StatementTimeout, DefaultStatementTimeout))
+			f.flush(bctx)
+			cancel()
 		}
 	}
 }

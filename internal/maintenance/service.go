@@ -16,13 +16,53 @@
 // internal/sqlq, a pool, a logger, callbacks for what the engine turns into
 // its typed hook events — are explicit struct fields; no service calls back
 // into the engine's own types, and no SQL is written here.
+//
+// # Deadlines
+//
+// Every statement a service sends runs under a deadline of its own (the
+// service's StatementTimeout; a prune batch, one transaction, under the
+// pruner's BatchTimeout), not only under the service's long-lived context.
+// A connection cut off silently — a partition, a proxy or NAT that stops
+// forwarding without closing — otherwise leaves the statement waiting for a
+// reply until the OS's TCP keepalive gives up, two hours by default, and
+// the loop with it. At the deadline pgx closes the connection; the service
+// logs a warning and goes on with its next iteration, which the pool serves
+// on a fresh connection (docs/design.md §7).
 package maintenance
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"time"
 )
+
+// DefaultStatementTimeout bounds one statement of a service whose
+// StatementTimeout is zero. The engine sets max(LeaseDuration, 30s)
+// (Config.MaintenanceTimeout).
+const DefaultStatementTimeout = 30 * time.Second
+
+// PruneTimeoutFactor: a prune batch's deadline is this many statement
+// timeouts (the engine's pruner, and a Pruner whose BatchTimeout is zero).
+// A batch deletes up to its Batch rows and their signals in one
+// transaction: far longer than a reap, legitimately, on a large table or a
+// busy server.
+const PruneTimeoutFactor = 10
+
+// bounded runs stmt under a context derived from ctx that also ends d
+// from now: the deadline of one statement (or one short transaction).
+// When that deadline, not ctx, ended it, the error says so, wrapping
+// stmt's (which wraps context.DeadlineExceeded).
+func bounded(ctx context.Context, d time.Duration, stmt func(ctx context.Context) error) error {
+	sctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	err := stmt(sctx)
+	if err != nil && ctx.Err() == nil && errors.Is(sctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("no reply within %s, statement abandoned and its connection closed: %w", d, err)
+	}
+	return err
+}
 
 // Service is the shape every maintenance service shares.
 type Service interface {
