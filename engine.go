@@ -488,8 +488,12 @@ func (e *Engine) Start(ctx context.Context) error {
 // Steps already abandoned for ignoring their context past StepTimeout
 // (the engine wrote their outcomes) are not waited for; if any still run,
 // Stop says so with an error wrapping [ErrStepTimeout].
-// The maintenance services stop last, in the reverse of their start order.
-// Stop on an engine that is not running returns nil.
+// The maintenance services stop last, in the reverse of their start order:
+// a statement they have in flight is cancelled, and the last merge of
+// observed transitions (graph.go) runs for at most 5 s and not past ctx —
+// so a Stop whose network is cut off still returns by ctx's deadline
+// (TestStopWithMaintenanceCutOff). Stop on an engine that is not running
+// returns nil.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
@@ -527,7 +531,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 		e.emit(ctx, &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})
 	}
 	rs.beatCancel()
-	maintenance.StopAll(rs.services) // in reverse start order, each waited for
+	maintenance.StopAll(ctx, rs.services) // in reverse start order, each waited for; a final flush ends with ctx
 	rs.heartbeats.Wait()
 	e.log.Info("gendurable: engine stopped", "drained", completed, "took", time.Since(start))
 	return err

@@ -138,22 +138,27 @@ func TestReaperOfAnEngineCutOffRecovers(t *testing.T) {
 // TestStopWithMaintenanceCutOff: an engine's network is cut (nothing
 // crosses, nothing is closed) while its reaper and await-timeout sweep
 // send a statement every 100 ms, with a MaintenanceTimeout (30 s) far
-// longer than the test: Stop does not wait for it, it cancels the
-// statements (pgx interrupts the read at once) and returns within its
-// context.
+// longer than the test, and with transitions its steps took not yet merged
+// into the stored graph. Stop returns within its context (1 s): it cancels
+// the statements in flight (pgx interrupts the read at once), and the last
+// merge of the transitions, which waits on the cut, ends with Stop's
+// context. It ended after its own 5 s before.
 func TestStopWithMaintenanceCutOff(t *testing.T) {
 	t.Parallel()
-	b := setup(t, &gendurable.Config{})
-	eng, proxy := cutOffEngine(t, b, &gendurable.Config{LeaseDuration: time.Second, HeartbeatInterval: 300 * time.Millisecond,
-		ReaperInterval: 100 * time.Millisecond})
-	time.Sleep(300 * time.Millisecond) // a few sweeps through the proxy
+	job := &gendurable.Job[orderArgs]{Name: "stopcut", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	b := setup(t, fastConfig("", job))
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, PollInterval: 20 * time.Millisecond}}
+	eng, proxy := cutOffEngine(t, b, cfg)
+	b.waitStatus(b.insert(job.New(orderArgs{})), "done", 10*time.Second) // a transition to merge on Stop
 	proxy.Cut()
 	time.Sleep(500 * time.Millisecond) // the next sweeps are sent, and wait
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	start := time.Now()
-	require.NoError(t, eng.Stop(ctx))
+	err := eng.Stop(ctx)
 	took := time.Since(start)
-	t.Logf("Stop took %s with the network cut", took.Round(time.Millisecond))
-	require.Less(t, took, 2*time.Second)
+	t.Logf("Stop took %s with the network cut: %v", took.Round(time.Millisecond), err)
+	require.Less(t, took, 1500*time.Millisecond)
 }

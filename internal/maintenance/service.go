@@ -85,9 +85,15 @@ var ErrStarted = errors.New("gendurable: maintenance service already started")
 // Stop is then the service's Stop. The zero value is ready to use.
 type BaseService struct {
 	mu     sync.Mutex
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 	done   chan struct{}
 }
+
+// stopped is the cause of a loop context that Stop or StopContext
+// cancelled; ctx is StopContext's (Background for Stop).
+type stopped struct{ ctx context.Context }
+
+func (*stopped) Error() string { return "gendurable: maintenance service stopped" }
 
 // StartLoop runs loop in a goroutine under a context derived from ctx,
 // cancelled by Stop. It returns ErrStarted if a loop was started and not
@@ -98,7 +104,7 @@ func (b *BaseService) StartLoop(ctx context.Context, loop func(ctx context.Conte
 	if b.done != nil {
 		return ErrStarted
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
 	b.cancel, b.done = cancel, done
 	go func() {
@@ -110,15 +116,33 @@ func (b *BaseService) StartLoop(ctx context.Context, loop func(ctx context.Conte
 
 // Stop cancels the loop and waits until it has returned. Concurrent calls
 // all wait; a Start concurrent with a Stop waits for the Stop to finish.
-func (b *BaseService) Stop() {
+func (b *BaseService) Stop() { b.StopContext(context.Background()) }
+
+// StopContext is Stop for a caller that must return by ctx's deadline:
+// work the loop does once cancelled, under [FinalContext] (the Flusher's
+// last flush), ends when ctx does. The loop's return is still waited for.
+func (b *BaseService) StopContext(ctx context.Context) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.done == nil {
 		return
 	}
-	b.cancel()
+	b.cancel(&stopped{ctx})
 	<-b.done
 	b.cancel, b.done = nil, nil
+}
+
+// FinalContext is the context of a loop's last work once its context ctx
+// is done (a final flush that must outlive the cancel): it ends after d,
+// or when the context of the StopContext that cancelled ctx ends.
+func FinalContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	final, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	var st *stopped
+	if errors.As(context.Cause(ctx), &st) {
+		release := context.AfterFunc(st.ctx, cancel)
+		return final, func() { release(); cancel() }
+	}
+	return final, cancel
 }
 
 // StartAll starts services in order. If one fails to start, those already
@@ -126,7 +150,7 @@ func (b *BaseService) Stop() {
 func StartAll(ctx context.Context, services []Service) error {
 	for i, s := range services {
 		if err := s.Start(ctx); err != nil {
-			StopAll(services[:i])
+			StopAll(context.Background(), services[:i])
 			return err
 		}
 	}
@@ -134,9 +158,15 @@ func StartAll(ctx context.Context, services []Service) error {
 }
 
 // StopAll stops services in the reverse of their start order, each after
-// the loop of the one started after it has returned.
-func StopAll(services []Service) {
+// the loop of the one started after it has returned. Services that embed
+// BaseService are stopped with StopContext(ctx): their last work after the
+// cancel (the Flusher's final flush) ends when ctx does.
+func StopAll(ctx context.Context, services []Service) {
 	for i := len(services) - 1; i >= 0; i-- {
-		services[i].Stop()
+		if s, ok := services[i].(interface{ StopContext(context.Context) }); ok {
+			s.StopContext(ctx)
+		} else {
+			services[i].Stop()
+		}
 	}
 }
