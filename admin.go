@@ -489,7 +489,8 @@ const PruneBatch = 1000
 // running total. It returns the number deleted; on error, the number
 // deleted before it (each batch commits on its own). The prune is logged at
 // Info on the engine's Logger with that number, also when it stopped part
-// way (unless it deleted nothing).
+// way (unless it deleted nothing). Each batch runs under 10 ×
+// Config.MaintenanceTimeout as well as ctx: one past it is rolled back.
 func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	if retention < 0 {
 		return 0, errorf(ErrInvalidConfig, "negative retention")

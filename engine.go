@@ -39,6 +39,9 @@ const (
 	DefaultMaxSignalBytes      = 256 << 10
 	DefaultMaxJSONDepth        = 1000
 	DefaultPartitionRetryDelay = 250 * time.Millisecond
+	// DefaultMinMaintenanceTimeout is the least default MaintenanceTimeout,
+	// which is max(LeaseDuration, DefaultMinMaintenanceTimeout).
+	DefaultMinMaintenanceTimeout = 30 * time.Second
 )
 
 // Config configures an [Engine]. The zero value is usable (an insert-only
@@ -145,6 +148,21 @@ type Config struct {
 	// PruneInterval between prune sweeps, which run in engines that work
 	// queues. Default 1h; negative runs no pruner in this process.
 	PruneInterval time.Duration
+	// MaintenanceTimeout bounds each statement of the maintenance services
+	// (reap, await-timeout sweep, periodic insert, the merge of observed
+	// transitions); a prune batch, one transaction of up to PruneBatch
+	// rows, gets 10 × MaintenanceTimeout. A statement stuck on a connection
+	// cut off silently (a partition, a proxy that stops forwarding without
+	// closing) is abandoned at its deadline — pgx closes the connection —
+	// and the service goes on with its next sweep on a fresh connection
+	// instead of waiting for the OS's TCP keepalive (two hours by default):
+	// an expired lease is then recovered within MaintenanceTimeout +
+	// ReaperInterval of the cut. A periodic insert abandoned so is retried;
+	// had it committed, the retry finds its slot taken (each slot is still
+	// one instance). Default max(LeaseDuration, 30s): far above a healthy
+	// maintenance statement (milliseconds), and a stuck one costs at most
+	// about a lease more. See docs/design.md §7.
+	MaintenanceTimeout time.Duration
 	// CommitConcurrency is how many outcome statements this engine keeps in
 	// flight at once. Outcomes of steps that finish while those run are
 	// group-committed in the next statement. Default 2.
@@ -315,11 +333,12 @@ func (c *Config) withDefaults() error {
 	setDefault(&c.MaxJSONDepth, DefaultMaxJSONDepth)
 	setDefault(&c.Retention, DefaultRetention)
 	setDefault(&c.PruneInterval, DefaultPruneInterval)
+	setDefault(&c.MaintenanceTimeout, max(c.LeaseDuration, DefaultMinMaintenanceTimeout))
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	switch {
-	case c.LeaseDuration < 0 || c.HeartbeatInterval < 0 || c.DrainTimeout < 0 || c.UnknownVersionDelay < 0:
+	case c.LeaseDuration < 0 || c.HeartbeatInterval < 0 || c.DrainTimeout < 0 || c.UnknownVersionDelay < 0 || c.MaintenanceTimeout < 0:
 		return errorf(ErrInvalidConfig, "durations must not be negative")
 	case c.HeartbeatInterval*3 > c.LeaseDuration:
 		return errorf(ErrInvalidConfig, "HeartbeatInterval × 3 (%s) exceeds LeaseDuration (%s): a live step could be reaped",
@@ -471,8 +490,12 @@ func (e *Engine) Start(ctx context.Context) error {
 // Steps already abandoned for ignoring their context past StepTimeout
 // (the engine wrote their outcomes) are not waited for; if any still run,
 // Stop says so with an error wrapping [ErrStepTimeout].
-// The maintenance services stop last, in the reverse of their start order.
-// Stop on an engine that is not running returns nil.
+// The maintenance services stop last, in the reverse of their start order:
+// a statement they have in flight is cancelled, and the last merge of
+// observed transitions (graph.go) runs for at most 5 s and not past ctx —
+// so a Stop whose network is cut off still returns by ctx's deadline
+// (TestStopWithMaintenanceCutOff). Stop on an engine that is not running
+// returns nil.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
@@ -510,7 +533,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 		e.emit(ctx, &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})
 	}
 	rs.beatCancel()
-	maintenance.StopAll(rs.services) // in reverse start order, each waited for
+	maintenance.StopAll(ctx, rs.services) // in reverse start order, each waited for; a final flush ends with ctx
 	rs.heartbeats.Wait()
 	e.log.Info("gendurable: engine stopped", "drained", completed, "took", time.Since(start))
 	return err
@@ -561,7 +584,8 @@ func (e *Engine) kickQueue(queue string) {
 // Reap runs one reaper sweep now: every expired lease goes back to runnable
 // with attempt + 1, or fails once its attempts are spent. It returns the
 // number of rows recovered. Engines run it every ReaperInterval; it is
-// exported for tools and tests.
+// exported for tools and tests. Each statement runs under
+// Config.MaintenanceTimeout as well as ctx.
 func (e *Engine) Reap(ctx context.Context) (int, error) {
 	return e.reaper().RunOnce(ctx)
 }

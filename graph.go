@@ -358,7 +358,7 @@ func (e *Engine) flushObserved(ctx context.Context) error {
 // observedFlusher is the maintenance service that runs flushObserved.
 func (e *Engine) observedFlusher() maintenance.Service {
 	return &maintenance.Flusher{Name: "merging observed transitions", Interval: observedFlushInterval,
-		Flush: e.flushObserved, Log: e.log}
+		Flush: e.flushObserved, Log: e.log, StatementTimeout: e.cfg.MaintenanceTimeout}
 }
 
 // transitionKey is one transition of one machine version.

@@ -28,6 +28,11 @@ import (
 // stop. All of them start before the feeders and stop after the feeders
 // have drained (see Start and Stop).
 //
+// Every statement they send runs under a deadline of its own,
+// Config.MaintenanceTimeout (a prune batch: PruneTimeoutFactor times it),
+// so that one stuck on a dead connection does not hold its loop
+// (docs/design.md §7).
+//
 // A service whose interval is negative (or, for the pruner, whose
 // Retention is) is not in the list. sweeper is the await-timeout sweep, nil
 // if it does not run: local await outcomes poke it.
@@ -42,7 +47,7 @@ func (e *Engine) maintenanceServices() (services []maintenance.Service, sweeper 
 	}
 	if interval := orDefault(e.cfg.AwaitTimeoutInterval, e.cfg.ReaperInterval); interval > 0 {
 		sweeper = &maintenance.TimeoutSweeper{Queries: e.q, DB: e.pool, Interval: interval,
-			Log: e.log, Kick: e.kickQueue}
+			StatementTimeout: e.cfg.MaintenanceTimeout, Log: e.log, Kick: e.kickQueue}
 		services = append(services, sweeper)
 	}
 	if e.cfg.Retention > 0 && e.cfg.PruneInterval > 0 && len(e.cfg.Queues) > 0 {
@@ -51,7 +56,8 @@ func (e *Engine) maintenanceServices() (services []maintenance.Service, sweeper 
 		services = append(services, p)
 	}
 	if len(e.cfg.Periodic) > 0 {
-		p := &maintenance.Periodic{Log: e.log, Schedules: make([]maintenance.Schedule, len(e.cfg.Periodic))}
+		p := &maintenance.Periodic{Log: e.log, StatementTimeout: e.cfg.MaintenanceTimeout,
+			Schedules: make([]maintenance.Schedule, len(e.cfg.Periodic))}
 		for i := range e.cfg.Periodic {
 			pp := &e.cfg.Periodic[i]
 			p.Schedules[i] = maintenance.Schedule{Name: pp.Name, Next: pp.sched.Next, SkipMissed: pp.SkipMissed}
@@ -67,7 +73,7 @@ func (e *Engine) maintenanceServices() (services []maintenance.Service, sweeper 
 // reaper is a reaper for this engine: its loop runs under Start (with
 // ReaperInterval set), its RunOnce is [Engine.Reap].
 func (e *Engine) reaper() *maintenance.Reaper {
-	return &maintenance.Reaper{Queries: e.q, DB: e.pool, Log: e.log,
+	return &maintenance.Reaper{Queries: e.q, DB: e.pool, Log: e.log, StatementTimeout: e.cfg.MaintenanceTimeout,
 		OnReap: func(ctx context.Context, r *maintenance.Reaped) {
 			e.emit(ctx, &ReapEvent{Count: r.Count, Failed: r.Failed, IDs: r.IDs, Duration: r.Duration})
 		}}
@@ -76,5 +82,6 @@ func (e *Engine) reaper() *maintenance.Reaper {
 // pruner is a pruner for this engine: its loop runs under Start (with
 // PruneInterval and Retention set), its RunOnce is [Engine.Prune].
 func (e *Engine) pruner() *maintenance.Pruner {
-	return &maintenance.Pruner{Queries: e.q, DB: e.pool, Batch: PruneBatch, Log: e.log}
+	return &maintenance.Pruner{Queries: e.q, DB: e.pool, Batch: PruneBatch, Log: e.log,
+		BatchTimeout: maintenance.PruneTimeoutFactor * e.cfg.MaintenanceTimeout}
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -46,4 +48,117 @@ func TestAwaitTimeoutIntervalKnob(t *testing.T) {
 		require.NoError(t, eng.Stop(context.Background()))
 		b.exec(`DELETE FROM {{s}}.gendurable_instances`)
 	}
+}
+
+// cutOffEngine starts an engine on b's schema (insert-only unless cfg has
+// queues) whose pool of two connections reaches the database only through
+// a proxy that can cut it off; both end with the test. An insert-only
+// engine's reaper sends one statement at a time: on one connection, and on
+// the second once it abandoned one on a dead connection (pgx keeps the
+// dead one's place in the pool for up to 15 s while it closes it).
+func cutOffEngine(t *testing.T, b *testBundle, cfg *gendurable.Config) (*gendurable.Engine, *dbtest.CutProxy) {
+	t.Helper()
+	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
+	pcfg := proxy.PoolConfig(t, dbtest.URL())
+	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	cfg.Schema, cfg.Logger = b.schema, testLogger(t)
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, eng.Start(context.Background()))
+	t.Cleanup(func() {
+		proxy.Close() // the engine's sockets end: nothing waits on the cut
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = eng.Stop(ctx)
+		pool.Close()
+	})
+	return eng, proxy
+}
+
+// TestMaintenanceTimeoutDefault: the maintenance statements' deadline is
+// max(LeaseDuration, 30s) unless set; a negative one is refused.
+func TestMaintenanceTimeoutDefault(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &gendurable.Config{})
+	for _, c := range []struct {
+		lease, set, want time.Duration
+	}{
+		{0, 0, gendurable.DefaultLeaseDuration},
+		{time.Second, 0, 30 * time.Second},
+		{2 * time.Minute, 0, 2 * time.Minute},
+		{time.Second, 5 * time.Second, 5 * time.Second},
+	} {
+		eng, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, LeaseDuration: c.lease, MaintenanceTimeout: c.set})
+		require.NoError(t, err)
+		require.Equal(t, c.want, eng.Config().MaintenanceTimeout, "lease %s, set %s", c.lease, c.set)
+	}
+	_, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, MaintenanceTimeout: -time.Second})
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+}
+
+// TestReaperOfAnEngineCutOffRecovers: an engine's one pool connection is
+// stranded — nothing crosses it any more, nothing is closed, as when a NAT
+// or proxy forgets it — while its reaper sweeps every 100 ms. The reap
+// statement sent on it is abandoned at Config.MaintenanceTimeout (1 s here)
+// and the next sweep, on a fresh connection, recovers a lease that expired
+// after the strand: within MaintenanceTimeout + ReaperInterval. Without the
+// deadline the reaper waited on the dead connection for as long as the
+// OS's TCP keepalive allows.
+func TestReaperOfAnEngineCutOffRecovers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &gendurable.Config{})
+	_, proxy := cutOffEngine(t, b, &gendurable.Config{LeaseDuration: time.Second, HeartbeatInterval: 300 * time.Millisecond,
+		ReaperInterval: 100 * time.Millisecond, AwaitTimeoutInterval: -1, MaintenanceTimeout: time.Second})
+	expired := func() int64 {
+		var id int64
+		require.NoError(t, b.pool.QueryRow(context.Background(), `INSERT INTO `+b.schema+`.gendurable_instances
+			(fsm, step, status, lease_expires_at, claim_token, max_attempts)
+			VALUES ('m', 'a', 'executing', now() - interval '1 second', 7, 5) RETURNING id`).Scan(&id))
+		return id
+	}
+	runnable := func(id int64) func() bool {
+		return func() bool {
+			return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND status = 'runnable'`, id) == 1
+		}
+	}
+	eventually(t, 5*time.Second, runnable(expired()), "lease expired before the strand not reaped")
+
+	proxy.Strand()
+	stranded := time.Now()
+	eventually(t, 10*time.Second, runnable(expired()), "lease expired after the strand not reaped")
+	took := time.Since(stranded)
+	t.Logf("reaped %s after the strand", took.Round(time.Millisecond))
+	require.Less(t, took, time.Second+100*time.Millisecond+2*time.Second, "about MaintenanceTimeout + ReaperInterval")
+	require.Greater(t, took, 500*time.Millisecond, "the statement on the stranded connection did not wait for its deadline")
+}
+
+// TestStopWithMaintenanceCutOff: an engine's network is cut (nothing
+// crosses, nothing is closed) while its reaper and await-timeout sweep
+// send a statement every 100 ms, with a MaintenanceTimeout (30 s) far
+// longer than the test, and with transitions its steps took not yet merged
+// into the stored graph. Stop returns within its context (1 s): it cancels
+// the statements in flight (pgx interrupts the read at once), and the last
+// merge of the transitions, which waits on the cut, ends with Stop's
+// context. It ended after its own 5 s before.
+func TestStopWithMaintenanceCutOff(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "stopcut", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	b := setup(t, fastConfig("", job))
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = time.Second, 300*time.Millisecond, 100*time.Millisecond
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, PollInterval: 20 * time.Millisecond}}
+	eng, proxy := cutOffEngine(t, b, cfg)
+	b.waitStatus(b.insert(job.New(orderArgs{})), "done", 10*time.Second) // a transition to merge on Stop
+	proxy.Cut()
+	time.Sleep(500 * time.Millisecond) // the next sweeps are sent, and wait
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	err := eng.Stop(ctx)
+	took := time.Since(start)
+	t.Logf("Stop took %s with the network cut: %v", took.Round(time.Millisecond), err)
+	require.Less(t, took, 1500*time.Millisecond)
 }

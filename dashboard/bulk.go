@@ -113,13 +113,41 @@ func (d *dashboard) bulkRetryAction(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (d *dashboard) bulkCancelAction(w http.ResponseWriter, r *http.Request) {
+// cancelReason is a cancel form's reason: trimmed, a default when empty,
+// refused over maxFilterLen bytes.
+func cancelReason(r *http.Request) (string, error) {
 	reason := strings.TrimSpace(r.PostForm.Get("reason"))
 	if reason == "" {
 		reason = "cancelled from the dashboard"
 	}
 	if len(reason) > maxFilterLen {
-		d.fail(w, r, inputError(fmt.Sprintf("The reason is longer than %d bytes.", maxFilterLen)))
+		return "", inputError(fmt.Sprintf("The reason is longer than %d bytes.", maxFilterLen))
+	}
+	return reason, nil
+}
+
+// bulkDone reports a bulk call's result to the request's audit line and
+// says whether it failed the request (written already): an error fails it,
+// unless the request's timeout cut the call short after some work (partial:
+// what was done is reported).
+func (d *dashboard) bulkDone(w http.ResponseWriter, r *http.Request, res gendurable.BulkResult, err error) (partial, failed bool) {
+	note(r, "matched", res.Matched, "changed", res.Changed, "skipped", res.Skipped, "not_found", res.NotFound,
+		"changed_ids", res.ChangedIDs)
+	if err == nil {
+		return false, false
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || res.Matched == 0 {
+		d.fail(w, r, err)
+		return false, true
+	}
+	note(r, "partial", true)
+	return true, false
+}
+
+func (d *dashboard) bulkCancelAction(w http.ResponseWriter, r *http.Request) {
+	reason, err := cancelReason(r)
+	if err != nil {
+		d.fail(w, r, err)
 		return
 	}
 	d.bulk(w, r, "cancelled", func(ctx context.Context, b bulkForm) (gendurable.BulkResult, error) {
@@ -145,18 +173,9 @@ func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 		note(r, "scope", "selected", "ids", b.ids)
 	}
 	res, err := run(r.Context(), b)
-	note(r, "matched", res.Matched, "changed", res.Changed, "skipped", res.Skipped, "not_found", res.NotFound,
-		"changed_ids", res.ChangedIDs)
-	partial := false
-	if err != nil {
-		// Cut short by the request's timeout after some work: report what
-		// was done; anything else fails the request.
-		if !errors.Is(err, context.DeadlineExceeded) || res.Matched == 0 {
-			d.fail(w, r, err)
-			return
-		}
-		partial = true
-		note(r, "partial", true)
+	partial, failed := d.bulkDone(w, r, res, err)
+	if failed {
+		return
 	}
 	v := url.Values{"flash": {"bulk-" + done}, "changed": {strconv.FormatInt(res.Changed, 10)},
 		"skipped": {strconv.FormatInt(res.Skipped, 10)}, "not_found": {strconv.FormatInt(res.NotFound, 10)}}

@@ -112,6 +112,9 @@ func TestBulkInputIsValidated(t *testing.T) {
 		"state not UTF-8":      {"/bulk/cancel", url.Values{"scope": {"match"}, "state": {"{\"k\": \"\xff\"}"}}, "Invalid input"},
 		"state lone surrogate": {"/bulk/cancel", url.Values{"scope": {"match"}, "state": {`{"k": "\udc00"}`}}, "Invalid input"},
 		"long reason":          {"/bulk/cancel", url.Values{"id": {"1"}, "reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
+		// The single cancel and the tree cancel read their reason alike.
+		"long reason, one":  {fmt.Sprintf("/instances/%d/cancel", live), url.Values{"reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
+		"long reason, tree": {fmt.Sprintf("/instances/%d/cancel-tree", live), url.Values{"reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
 	} {
 		r := post(t, h, c.path, c.form)
 		require.Equal(t, http.StatusBadRequest, r.code, name)

@@ -3,7 +3,6 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -418,9 +417,10 @@ func (d *dashboard) cancelAction(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, gendurable.ErrNotFound)
 		return
 	}
-	reason := strings.TrimSpace(r.PostForm.Get("reason"))
-	if reason == "" {
-		reason = "cancelled from the dashboard"
+	reason, err := cancelReason(r)
+	if err != nil {
+		d.fail(w, r, err)
+		return
 	}
 	note(r, "id", id, "reason", reason)
 	if err := d.eng.Cancel(r.Context(), id, reason); err != nil {
@@ -440,25 +440,16 @@ func (d *dashboard) cancelTreeAction(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, gendurable.ErrNotFound)
 		return
 	}
-	reason := strings.TrimSpace(r.PostForm.Get("reason"))
-	if reason == "" {
-		reason = "cancelled from the dashboard"
-	}
-	if len(reason) > maxFilterLen {
-		d.fail(w, r, inputError(fmt.Sprintf("The reason is longer than %d bytes.", maxFilterLen)))
+	reason, err := cancelReason(r)
+	if err != nil {
+		d.fail(w, r, err)
 		return
 	}
 	note(r, "id", id, "reason", reason)
 	res, err := d.eng.CancelTree(r.Context(), id, reason)
-	note(r, "matched", res.Matched, "changed", res.Changed, "skipped", res.Skipped, "changed_ids", res.ChangedIDs)
-	partial := false
-	if err != nil {
-		if !errors.Is(err, context.DeadlineExceeded) || res.Matched == 0 {
-			d.fail(w, r, err)
-			return
-		}
-		partial = true
-		note(r, "partial", true)
+	partial, failed := d.bulkDone(w, r, res, err)
+	if failed {
+		return
 	}
 	v := url.Values{"flash": {"tree-cancelled"}, "changed": {strconv.FormatInt(res.Changed, 10)},
 		"skipped": {strconv.FormatInt(res.Skipped, 10)}}

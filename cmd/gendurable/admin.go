@@ -678,16 +678,28 @@ func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return err
 }
 
+// pruneAskBelow: a prune with a retention shorter than this asks first
+// (or needs --yes): it deletes results that callers of Wait, and operators,
+// may still be reading — "0s" deletes every finished instance.
+const pruneAskBelow = time.Hour
+
 func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("prune")
 	var c common
 	c.register(fs)
 	retention := fs.Duration("retention", gendurable.DefaultRetention, "delete instances finished longer ago than this (e.g. 72h)")
+	yes := fs.Bool("yes", false, "do not ask before a --retention under "+pruneAskBelow.String())
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
 	if *retention < 0 {
 		return usageError{msg: fmt.Sprintf("prune: --retention %s is negative", *retention), help: true}
+	}
+	if *retention < pruneAskBelow {
+		q := fmt.Sprintf("prune: delete every instance finished more than %s ago, with its result", *retention)
+		if err := confirm(q, *yes, stderr); err != nil {
+			return err
+		}
 	}
 	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {

@@ -239,7 +239,7 @@ func TestEveryJSONOutputIsSnakeCase(t *testing.T) {
 		{"machines"}, {"machines", "m"},
 		{"migrate", "status"}, {"status"}, {"list"}, {"show", "1"}, {"show", "2"}, {"signal", "1", "go", "--payload", `{"a":1}`},
 		{"retry", "2"}, {"run-now", "3"}, {"cancel", "4"}, {"retry", "2", "4"}, {"cancel", "--all", "--yes"},
-		{"pause", "default", "--create"}, {"resume", "default"}, {"prune", "--retention", "0s"}, {"queue", "remove", "default"},
+		{"pause", "default", "--create"}, {"resume", "default"}, {"prune", "--retention", "0s", "--yes"}, {"queue", "remove", "default"},
 	} {
 		args = append(args, s...)
 		out, errOut, code := cli(t, args...)

@@ -177,9 +177,14 @@ func TestCLIEndToEnd(t *testing.T) {
 	out, _, code = cli(t, append([]string{"prune", "--retention", "1000h", "--json"}, s...)...)
 	require.Equal(t, 0, code)
 	require.Contains(t, out, `"deleted": 0`)
+	// A retention under an hour asks first; off a terminal it needs --yes,
+	// and deletes nothing without it.
+	_, errOut, code = cli(t, append([]string{"prune", "--retention", "0s"}, s...)...)
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "pass --yes to confirm")
 	out, _, code = cli(t, append([]string{"prune", "--retention", "24h"}, s...)...)
 	require.Equal(t, 0, code)
-	require.Contains(t, out, "deleted 3 instances")
+	require.Contains(t, out, "deleted 3 instances", "the prune without --yes deleted nothing")
 
 	_, _, code = cli(t, append([]string{"show", "999999"}, s...)...)
 	require.Equal(t, exitNotFound, code)

@@ -18,7 +18,9 @@ import (
 // something on the server ends it. Connections opened after Cut hang the
 // same way. Heal lets traffic through again, as a partition that ends does:
 // what was sent meanwhile arrives late, in order (nothing is dropped, as
-// TCP would retransmit it). Close ends everything; it is registered with
+// TCP would retransmit it). Strand cuts only the connections open at the
+// time, for good, as a NAT or a load balancer that forgets them does: new
+// connections go through. Close ends everything; it is registered with
 // t.Cleanup.
 type CutProxy struct {
 	ln       net.Listener
@@ -26,8 +28,9 @@ type CutProxy struct {
 
 	mu    sync.Mutex
 	conns []net.Conn
-	open  chan struct{} // closed while traffic flows; replaced by Cut
-	done  chan struct{} // closed by Close
+	links []chan struct{} // of the connections not stranded: closed by Strand
+	open  chan struct{}   // closed while traffic flows; replaced by Cut
+	done  chan struct{}   // closed by Close
 	once  sync.Once
 }
 
@@ -70,6 +73,28 @@ func (p *CutProxy) Heal() {
 	default:
 		close(p.open)
 	}
+}
+
+// Strand stops, for good, all traffic of the connections open now (those
+// Close has not ended), without closing anything: neither side learns that
+// the other is gone, and what either sends is never delivered. Connections
+// opened after Strand are not affected.
+func (p *CutProxy) Strand() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.links {
+		close(l)
+	}
+	p.links = nil
+}
+
+// link registers a new connection for Strand.
+func (p *CutProxy) link() chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := make(chan struct{})
+	p.links = append(p.links, l)
+	return l
 }
 
 // flowing returns a channel that is closed while traffic may flow.
@@ -124,6 +149,7 @@ func (p *CutProxy) accept() {
 		if !p.track(down) {
 			return
 		}
+		stranded := p.link()
 		go func() {
 			if !p.wait() { // a connection opened during a cut reaches the server once it heals
 				return
@@ -136,23 +162,41 @@ func (p *CutProxy) accept() {
 			if !p.track(up) {
 				return
 			}
-			go p.pipe(up, down)
-			p.pipe(down, up)
+			go p.pipe(up, down, stranded)
+			p.pipe(down, up, stranded)
 		}()
 	}
 }
 
 // pipe copies from src to dst, holding what it read during a cut until
 // the cut heals. A side that closes closes the other — once the cut has
-// healed: during a partition the other side learns nothing.
-func (p *CutProxy) pipe(dst io.WriteCloser, src io.Reader) {
+// healed: during a partition the other side learns nothing. Once stranded
+// is closed, nothing more crosses, and nothing is closed, until Close.
+func (p *CutProxy) pipe(dst io.WriteCloser, src io.Reader, stranded chan struct{}) {
 	buf := make([]byte, 32<<10)
+	pass := func() bool {
+		select {
+		case <-stranded:
+			<-p.done
+			return false
+		default:
+		}
+		select {
+		case <-p.flowing():
+			return true
+		case <-stranded:
+			<-p.done
+			return false
+		case <-p.done:
+			return false
+		}
+	}
 	for {
-		if !p.wait() {
+		if !pass() {
 			return
 		}
 		n, err := src.Read(buf)
-		if !p.wait() { // read as the cut came: it crosses when the cut heals
+		if !pass() { // read as the cut came: it crosses when the cut heals
 			return
 		}
 		if n > 0 {

@@ -15,8 +15,12 @@ type Flusher struct {
 	Interval time.Duration
 	Flush    func(ctx context.Context) error
 	Log      *slog.Logger
-	// FinalTimeout bounds the last Flush on Stop. Default 5s.
+	// FinalTimeout bounds the last Flush on Stop (and so does the context
+	// of a StopContext, when it ends sooner). Default 5s.
 	FinalTimeout time.Duration
+	// StatementTimeout bounds each periodic Flush. Default
+	// DefaultStatementTimeout.
+	StatementTimeout time.Duration
 }
 
 // Start launches the loop.
@@ -32,12 +36,14 @@ func (f *Flusher) loop(ctx context.Context) {
 			if timeout <= 0 {
 				timeout = 5 * time.Second
 			}
-			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+			final, cancel := FinalContext(ctx, timeout)
 			f.flush(final)
 			cancel()
 			return
 		case <-t.C:
-			f.flush(ctx)
+			bctx, cancel := context.WithTimeout(ctx, orDefault(f.StatementTimeout, DefaultStatementTimeout))
+			f.flush(bctx)
+			cancel()
 		}
 	}
 }

@@ -45,3 +45,39 @@ func TestFlusherFlushesOnItsIntervalAndOnStop(t *testing.T) {
 		t.Fatalf("%d of %d flushes ran with a cancelled context", calls.Load()-live.Load(), calls.Load())
 	}
 }
+
+// TestFlusherFinalFlushEndsWithStopContext: the last Flush, stuck (on a
+// dead connection, say), ends when the context given to StopContext does,
+// not after FinalTimeout; a plain Stop still gives it FinalTimeout.
+func TestFlusherFinalFlushEndsWithStopContext(t *testing.T) {
+	var stopping atomic.Bool
+	var lasted atomic.Int64
+	f := &Flusher{Name: "test flush", Interval: time.Hour, FinalTimeout: 5 * time.Second, Flush: func(ctx context.Context) error {
+		if !stopping.Load() {
+			return nil
+		}
+		start := time.Now()
+		<-ctx.Done()
+		lasted.Store(int64(time.Since(start)))
+		return ctx.Err()
+	}}
+	if err := f.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	stopping.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	f.StopContext(ctx)
+	if d := time.Duration(lasted.Load()); d < 100*time.Millisecond || d > time.Second {
+		t.Fatalf("the last flush lasted %s, want the stop context's 100ms", d)
+	}
+
+	f.FinalTimeout = 200 * time.Millisecond
+	if err := f.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.Stop()
+	if d := time.Duration(lasted.Load()); d < 200*time.Millisecond || d > 2*time.Second {
+		t.Fatalf("after a plain Stop the last flush lasted %s, want FinalTimeout 200ms", d)
+	}
+}

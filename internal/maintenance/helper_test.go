@@ -1,10 +1,12 @@
 package maintenance
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -98,3 +100,66 @@ func (r countedRow) Scan(dest ...any) error {
 	defer r.done.Add(1)
 	return r.Row.Scan(dest...)
 }
+
+// proxied is a pool of two connections to the test's database through a
+// CutProxy: every statement a service sends on it goes through the proxy,
+// on the same connection while that one lives (a service sends one
+// statement at a time). The second is the fresh connection the service
+// goes on with once it abandoned a statement on a dead one: pgx keeps the
+// dead connection's place in the pool for up to 15 s while it closes it.
+func (d *db) proxied() (*pgxpool.Pool, *dbtest.CutProxy) {
+	d.t.Helper()
+	proxy := dbtest.NewCutProxyFor(d.t, dbtest.URL())
+	cfg := proxy.PoolConfig(d.t, dbtest.URL())
+	cfg.MaxConns = 2
+	cfg.ConnConfig.ConnectTimeout = 2 * time.Second
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	d.t.Cleanup(func() {
+		proxy.Close() // first: pgx closing a stranded connection waits 15 s for the server's goodbye
+		pool.Close()
+	})
+	return pool, proxy
+}
+
+// strandedSweepTimeout and strandedSweepInterval are the deadline and
+// interval of the services the dead-connection tests run.
+const (
+	strandedSweepTimeout  = time.Second
+	strandedSweepInterval = 100 * time.Millisecond
+)
+
+// recoveredAfterDeadline fails t unless took — from the strand of a
+// service's connection to the recovery of what its statement on that
+// connection was to do — is about one statement deadline and interval: the
+// statement sent on the dead connection waited its deadline out (not
+// less), and the next sweep came on a fresh connection.
+func recoveredAfterDeadline(t *testing.T, took time.Duration) {
+	t.Helper()
+	t.Logf("recovered %s after the strand (deadline %s, interval %s)", took.Round(time.Millisecond), strandedSweepTimeout, strandedSweepInterval)
+	if took < strandedSweepTimeout/2 || took > strandedSweepTimeout+strandedSweepInterval+2*time.Second {
+		t.Fatalf("recovered %s after the strand, want about deadline %s + interval %s", took, strandedSweepTimeout, strandedSweepInterval)
+	}
+}
+
+// logBuffer collects a logger's lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }

@@ -25,7 +25,12 @@ type Schedule struct {
 //
 // Insert writes one slot; making each slot one instance across all
 // processes (a unique key per slot) is its business. A failed insert is
-// retried a few times, then logged and given up.
+// retried a few times, then logged and given up. Each attempt runs under
+// StatementTimeout: one stuck on a dead connection is abandoned at that
+// deadline and retried on a fresh connection. Such an insert may have
+// committed all the same (its reply was what got lost): the retry finds
+// the slot's unique key taken and reports a duplicate, so a slot is still
+// inserted once.
 type Periodic struct {
 	BaseService
 
@@ -37,6 +42,9 @@ type Periodic struct {
 	// RetryDelay: a failed insert is retried after RetryDelay, 2×, 3×, 4×
 	// and 5× RetryDelay; default 200ms.
 	RetryDelay time.Duration
+	// StatementTimeout bounds each insert attempt; default
+	// DefaultStatementTimeout.
+	StatementTimeout time.Duration
 }
 
 // insertAttempts is how many times a slot's insert is tried.
@@ -93,11 +101,17 @@ func (p *Periodic) insertSlot(ctx context.Context, i int, slot time.Time) {
 	for attempt := 0; attempt < insertAttempts; attempt++ {
 		var id int64
 		var dup bool
-		if id, dup, err = p.Insert(ctx, i, slot); err == nil {
+		if err = bounded(ctx, orDefault(p.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
+			id, dup, err = p.Insert(ctx, i, slot)
+			return err
+		}); err == nil {
 			if !dup {
 				logger(p.Log).Info("gendurable: periodic slot inserted", "periodic", name, "slot", slot, "id", id)
 			}
 			return
+		}
+		if ctx.Err() == nil && attempt+1 < insertAttempts {
+			logger(p.Log).Warn("gendurable: periodic slot insert failed; it is tried again", "periodic", name, "slot", slot, "attempt", attempt+1, "err", err)
 		}
 		t := time.NewTimer(time.Duration(attempt+1) * delay)
 		select {

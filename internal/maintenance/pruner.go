@@ -11,6 +11,14 @@ import (
 
 // Pruner deletes instances that finished (done or failed) longer than
 // Retention ago, with their signals, every Interval.
+//
+// Each batch — one transaction — runs under BatchTimeout, a generous bound
+// (by default PruneTimeoutFactor statement timeouts, 5 minutes; the engine's
+// is 10 × Config.MaintenanceTimeout, 10 minutes at the default lease): a
+// batch of Batch rows that runs this long is not pruning but stuck, on a
+// dead connection or behind a lock. It is rolled back (the transaction
+// ends with its connection, which pgx closes), logged, and the next
+// Interval tries again; what it would have deleted stays until then.
 type Pruner struct {
 	BaseService
 
@@ -20,6 +28,9 @@ type Pruner struct {
 	Retention time.Duration // of the sweeps Start runs; must be positive to Start
 	Batch     int           // rows per statement; default DefaultBatch
 	Log       *slog.Logger  // default slog.Default()
+	// BatchTimeout bounds each batch's transaction; default
+	// PruneTimeoutFactor × DefaultStatementTimeout.
+	BatchTimeout time.Duration
 }
 
 // Start prunes every Interval until Stop or until ctx is done.
@@ -48,7 +59,11 @@ func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress 
 	batch := orDefault(p.Batch, DefaultBatch)
 	var total int64
 	for {
-		n, err := p.Queries.Prune(ctx, p.DB, retention, batch)
+		var n int64
+		err := bounded(ctx, orDefault(p.BatchTimeout, PruneTimeoutFactor*DefaultStatementTimeout), func(ctx context.Context) (err error) {
+			n, err = p.Queries.Prune(ctx, p.DB, retention, batch)
+			return err
+		})
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("gendurable: prune: %w", err)

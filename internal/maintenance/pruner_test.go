@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -59,5 +60,35 @@ func TestPrunerRunOnceBatches(t *testing.T) {
 	}
 	if n != 5 || !slices.Equal(progress, []int64{2, 4, 5}) {
 		t.Fatalf("pruned %d with progress %v, want 5 with [2 4 5]", n, progress)
+	}
+}
+
+// TestPrunerAbandonsABatchOnADeadConnection: between two prunes, the
+// pruner's connection is stranded (nothing crosses it, nothing is closed).
+// The next batch never gets a reply; at BatchTimeout the pruner abandons it
+// and logs a warning, and the prune an Interval later, on a fresh
+// connection, deletes the row that finished meanwhile.
+func TestPrunerAbandonsABatchOnADeadConnection(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	pool, proxy := d.proxied()
+	logs := &logBuffer{}
+	d.id(insertFinished, "done", 7200)
+	p := &Pruner{Queries: d.q, DB: pool, Interval: strandedSweepInterval, Retention: time.Hour,
+		BatchTimeout: strandedSweepTimeout, Log: logs.logger()}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	none := func() bool { return d.count(`SELECT count(*) FROM {{s}}.gendurable_instances`) == 0 }
+	eventually(t, 5*time.Second, none, "row finished before the strand not pruned")
+
+	proxy.Strand()
+	stranded := time.Now()
+	d.id(insertFinished, "done", 7200)
+	eventually(t, 10*time.Second, none, "row finished after the strand not pruned")
+	recoveredAfterDeadline(t, time.Since(stranded))
+	if !strings.Contains(logs.String(), "prune failed") {
+		t.Fatalf("no warning of the abandoned batch; logs:\n%s", logs.String())
 	}
 }

@@ -28,6 +28,12 @@ type Reaped struct {
 // (as the await-timeout sweep's reports its next deadline), so a crashed
 // worker's rows run again about a lease after its last heartbeat, not up to
 // an Interval later.
+//
+// Each reap statement runs under StatementTimeout: one stuck on a dead
+// connection is abandoned at that deadline, logged, and the next sweep
+// comes an Interval later on a fresh connection — an expired lease is
+// recovered at most StatementTimeout + Interval after the connection died
+// (TestReaperAbandonsAStatementOnADeadConnection).
 type Reaper struct {
 	BaseService
 
@@ -36,6 +42,9 @@ type Reaper struct {
 	Interval time.Duration // longest sleep between sweeps; must be positive to Start
 	Batch    int           // rows per statement; default DefaultBatch
 	Log      *slog.Logger  // default slog.Default()
+	// StatementTimeout bounds each reap statement; default
+	// DefaultStatementTimeout.
+	StatementTimeout time.Duration
 	// OnReap, if set, is called after each statement that recovered rows
 	// (the engine turns it into its ReapEvent).
 	OnReap func(ctx context.Context, r *Reaped)
@@ -88,7 +97,12 @@ func (r *Reaper) sweep(ctx context.Context) (int, *time.Duration, error) {
 	total := 0
 	for {
 		start := time.Now()
-		rows, next, err := r.Queries.Reap(ctx, r.DB, batch)
+		var rows []sqlq.Reaped
+		var next *time.Duration
+		err := bounded(ctx, orDefault(r.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
+			rows, next, err = r.Queries.Reap(ctx, r.DB, batch)
+			return err
+		})
 		if err != nil {
 			return total, nil, fmt.Errorf("gendurable: reap: %w", err)
 		}

@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -143,5 +144,36 @@ func TestReaperRunOnceBatches(t *testing.T) {
 	}
 	if n, err := r.RunOnce(context.Background()); n != 0 || err != nil {
 		t.Fatalf("second sweep: %d, %v", n, err)
+	}
+}
+
+// TestReaperAbandonsAStatementOnADeadConnection: between two sweeps, the
+// reaper's connection is stranded — nothing crosses it any more and nothing
+// is closed, as when a NAT or proxy forgets it. The next reap statement,
+// sent on it, never gets a reply. At StatementTimeout the reaper abandons
+// it (pgx closes the connection) and logs a warning; its next sweep, an
+// Interval later on a fresh connection, recovers the lease that expired
+// meanwhile. Without the deadline the reaper waited for the reply until the
+// OS's TCP keepalive gave up (two hours by default).
+func TestReaperAbandonsAStatementOnADeadConnection(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	pool, proxy := d.proxied()
+	logs := &logBuffer{}
+	before := d.id(insertExecuting, -1000, 5)
+	r := &Reaper{Queries: d.q, DB: pool, Interval: strandedSweepInterval, StatementTimeout: strandedSweepTimeout, Log: logs.logger()}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	eventually(t, 5*time.Second, func() bool { return d.status(before) == "runnable" }, "lease expired before the strand not reaped")
+
+	proxy.Strand() // the pool's one connection, which carried that sweep
+	stranded := time.Now()
+	after := d.id(insertExecuting, -1000, 5)
+	eventually(t, 10*time.Second, func() bool { return d.status(after) == "runnable" }, "lease expired after the strand not reaped")
+	recoveredAfterDeadline(t, time.Since(stranded))
+	if !strings.Contains(logs.String(), "reaper sweep failed") {
+		t.Fatalf("no warning of the abandoned statement; logs:\n%s", logs.String())
 	}
 }

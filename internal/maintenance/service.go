@@ -16,13 +16,53 @@
 // internal/sqlq, a pool, a logger, callbacks for what the engine turns into
 // its typed hook events — are explicit struct fields; no service calls back
 // into the engine's own types, and no SQL is written here.
+//
+// # Deadlines
+//
+// Every statement a service sends runs under a deadline of its own (the
+// service's StatementTimeout; a prune batch, one transaction, under the
+// pruner's BatchTimeout), not only under the service's long-lived context.
+// A connection cut off silently — a partition, a proxy or NAT that stops
+// forwarding without closing — otherwise leaves the statement waiting for a
+// reply until the OS's TCP keepalive gives up, two hours by default, and
+// the loop with it. At the deadline pgx closes the connection; the service
+// logs a warning and goes on with its next iteration, which the pool serves
+// on a fresh connection (docs/design.md §7).
 package maintenance
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"time"
 )
+
+// DefaultStatementTimeout bounds one statement of a service whose
+// StatementTimeout is zero. The engine sets max(LeaseDuration, 30s)
+// (Config.MaintenanceTimeout).
+const DefaultStatementTimeout = 30 * time.Second
+
+// PruneTimeoutFactor: a prune batch's deadline is this many statement
+// timeouts (the engine's pruner, and a Pruner whose BatchTimeout is zero).
+// A batch deletes up to its Batch rows and their signals in one
+// transaction: far longer than a reap, legitimately, on a large table or a
+// busy server.
+const PruneTimeoutFactor = 10
+
+// bounded runs stmt under a context derived from ctx that also ends d
+// from now: the deadline of one statement (or one short transaction).
+// When that deadline, not ctx, ended it, the error says so, wrapping
+// stmt's (which wraps context.DeadlineExceeded).
+func bounded(ctx context.Context, d time.Duration, stmt func(ctx context.Context) error) error {
+	sctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	err := stmt(sctx)
+	if err != nil && ctx.Err() == nil && errors.Is(sctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("no reply within %s, statement abandoned and its connection closed: %w", d, err)
+	}
+	return err
+}
 
 // Service is the shape every maintenance service shares.
 type Service interface {
@@ -45,9 +85,15 @@ var ErrStarted = errors.New("gendurable: maintenance service already started")
 // Stop is then the service's Stop. The zero value is ready to use.
 type BaseService struct {
 	mu     sync.Mutex
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 	done   chan struct{}
 }
+
+// stopped is the cause of a loop context that Stop or StopContext
+// cancelled; ctx is StopContext's (Background for Stop).
+type stopped struct{ ctx context.Context }
+
+func (*stopped) Error() string { return "gendurable: maintenance service stopped" }
 
 // StartLoop runs loop in a goroutine under a context derived from ctx,
 // cancelled by Stop. It returns ErrStarted if a loop was started and not
@@ -58,7 +104,7 @@ func (b *BaseService) StartLoop(ctx context.Context, loop func(ctx context.Conte
 	if b.done != nil {
 		return ErrStarted
 	}
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
 	b.cancel, b.done = cancel, done
 	go func() {
@@ -70,15 +116,33 @@ func (b *BaseService) StartLoop(ctx context.Context, loop func(ctx context.Conte
 
 // Stop cancels the loop and waits until it has returned. Concurrent calls
 // all wait; a Start concurrent with a Stop waits for the Stop to finish.
-func (b *BaseService) Stop() {
+func (b *BaseService) Stop() { b.StopContext(context.Background()) }
+
+// StopContext is Stop for a caller that must return by ctx's deadline:
+// work the loop does once cancelled, under [FinalContext] (the Flusher's
+// last flush), ends when ctx does. The loop's return is still waited for.
+func (b *BaseService) StopContext(ctx context.Context) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.done == nil {
 		return
 	}
-	b.cancel()
+	b.cancel(&stopped{ctx})
 	<-b.done
 	b.cancel, b.done = nil, nil
+}
+
+// FinalContext is the context of a loop's last work once its context ctx
+// is done (a final flush that must outlive the cancel): it ends after d,
+// or when the context of the StopContext that cancelled ctx ends.
+func FinalContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	final, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	var st *stopped
+	if errors.As(context.Cause(ctx), &st) {
+		release := context.AfterFunc(st.ctx, cancel)
+		return final, func() { release(); cancel() }
+	}
+	return final, cancel
 }
 
 // StartAll starts services in order. If one fails to start, those already
@@ -86,7 +150,7 @@ func (b *BaseService) Stop() {
 func StartAll(ctx context.Context, services []Service) error {
 	for i, s := range services {
 		if err := s.Start(ctx); err != nil {
-			StopAll(services[:i])
+			StopAll(context.Background(), services[:i])
 			return err
 		}
 	}
@@ -94,9 +158,15 @@ func StartAll(ctx context.Context, services []Service) error {
 }
 
 // StopAll stops services in the reverse of their start order, each after
-// the loop of the one started after it has returned.
-func StopAll(services []Service) {
+// the loop of the one started after it has returned. Services that embed
+// BaseService are stopped with StopContext(ctx): their last work after the
+// cancel (the Flusher's final flush) ends when ctx does.
+func StopAll(ctx context.Context, services []Service) {
 	for i := len(services) - 1; i >= 0; i-- {
-		services[i].Stop()
+		if s, ok := services[i].(interface{ StopContext(context.Context) }); ok {
+			s.StopContext(ctx)
+		} else {
+			services[i].Stop()
+		}
 	}
 }

@@ -135,7 +135,7 @@ func TestStartAllStopAllOrder(t *testing.T) {
 	if err := StartAll(context.Background(), services); err != nil {
 		t.Fatal(err)
 	}
-	StopAll(services)
+	StopAll(context.Background(), services)
 	if want := []string{"start a", "start b", "start c", "stop c", "stop b", "stop a"}; !slices.Equal(log, want) {
 		t.Fatalf("got %q, want %q", log, want)
 	}

@@ -20,6 +20,11 @@ const minSweepWait = 10 * time.Millisecond
 // it sleeps until the next known deadline, at most Interval (so deadlines
 // set by other processes are found too); a local await outcome with an
 // earlier deadline calls Poke to have it sweep at once.
+//
+// Each statement runs under StatementTimeout: one stuck on a dead
+// connection is abandoned at that deadline, logged, and the next sweep
+// comes an Interval later on a fresh connection
+// (TestTimeoutSweeperAbandonsAStatementOnADeadConnection).
 type TimeoutSweeper struct {
 	BaseService
 
@@ -28,6 +33,9 @@ type TimeoutSweeper struct {
 	Interval time.Duration // longest sleep between sweeps; must be positive to Start
 	Batch    int           // rows per statement; default DefaultBatch
 	Log      *slog.Logger  // default slog.Default()
+	// StatementTimeout bounds each sweep statement; default
+	// DefaultStatementTimeout.
+	StatementTimeout time.Duration
 	// Kick, if set, is called with each queue a sweep made work runnable
 	// in (the engine wakes its local feeder).
 	Kick func(queue string)
@@ -78,7 +86,13 @@ func (s *TimeoutSweeper) loop(ctx context.Context) {
 // false once ctx is done.
 func (s *TimeoutSweeper) sweep(ctx context.Context) (time.Duration, bool) {
 	batch := orDefault(s.Batch, DefaultBatch)
-	queues, n, next, err := s.Queries.WakeTimedOut(ctx, s.DB, batch)
+	var queues []string
+	var n int
+	var next *time.Time
+	err := bounded(ctx, orDefault(s.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
+		queues, n, next, err = s.Queries.WakeTimedOut(ctx, s.DB, batch)
+		return err
+	})
 	wait := s.Interval
 	switch {
 	case err != nil:

@@ -2,6 +2,7 @@ package maintenance
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -120,4 +121,39 @@ func TestTimeoutSweeperFullBatchSweepsAgain(t *testing.T) {
 	eventually(t, 3*time.Second, func() bool {
 		return d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'awaiting_signal'`) == 0
 	}, "not every due await woken")
+}
+
+// TestTimeoutSweeperAbandonsAStatementOnADeadConnection: between two
+// sweeps, the sweeper's connection is stranded (nothing crosses it, nothing
+// is closed). The next sweep's statement never gets a reply; at
+// StatementTimeout the sweeper abandons it and logs a warning, and the
+// sweep an Interval later, on a fresh connection, wakes the await that
+// came due meanwhile. Without the deadline it waited for the reply for as
+// long as the OS's TCP keepalive allows.
+func TestTimeoutSweeperAbandonsAStatementOnADeadConnection(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	pool, proxy := d.proxied()
+	logs := &logBuffer{}
+	k := &kicks{}
+	d.id(insertAwaiting, "before", -1000)
+	s := &TimeoutSweeper{Queries: d.q, DB: pool, Interval: strandedSweepInterval, StatementTimeout: strandedSweepTimeout,
+		Log: logs.logger(), Kick: k.kick}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	eventually(t, 5*time.Second, func() bool { return k.has("before") }, "await due before the strand not woken")
+
+	proxy.Strand()
+	stranded := time.Now()
+	after := d.id(insertAwaiting, "after", -1000)
+	eventually(t, 10*time.Second, func() bool { return k.has("after") }, "await due after the strand not woken")
+	recoveredAfterDeadline(t, time.Since(stranded))
+	if got := d.status(after); got != "runnable" {
+		t.Fatalf("await due after the strand is %s, want runnable", got)
+	}
+	if !strings.Contains(logs.String(), "await-timeout sweep failed") {
+		t.Fatalf("no warning of the abandoned statement; logs:\n%s", logs.String())
+	}
 }
