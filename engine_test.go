@@ -1856,19 +1856,24 @@ func TestRowsVisibleBelowThePickFloorRun(t *testing.T) {
 	require.Less(t, time.Since(start), 500*time.Millisecond, "a local insert below the floor wakes its pick")
 
 	// This process's WithTx outcome, its transaction open 1.6 s: the next
-	// step's row is eligible from the transaction's start. Three times: a
-	// floor check (once a second) could find one such row this soon by luck.
-	for i := range 3 {
+	// step's row is eligible from the transaction's start. Five times, and
+	// the median judged: a floor check (once a second) could find one such
+	// row this soon by luck (the median of five, about 3 % of the time), and
+	// one try can be slow on a loaded machine (CI saw 296 ms once; a quiet
+	// run 2–7 ms).
+	var took []time.Duration
+	for i := range 5 {
 		res, err = b.eng.Insert(ctx, slow.New(orderArgs{I: 4 + i}))
 		require.NoError(t, err)
 		select {
 		case at := <-bStarted:
-			took := at.Sub(time.Unix(0, txEnded.Load()))
-			t.Logf("WithTx open 1.6 s: next step %v after the callback returned", took)
-			require.Less(t, took, 150*time.Millisecond, "a local WithTx outcome below the floor wakes its pick")
+			took = append(took, at.Sub(time.Unix(0, txEnded.Load())))
+			t.Logf("WithTx open 1.6 s: next step %v after the callback returned", took[len(took)-1])
 		case <-time.After(15 * time.Second):
 			t.Fatal("the step after the slow WithTx never ran")
 		}
 		b.waitStatus(res.ID, "done", 10*time.Second)
 	}
+	slices.Sort(took)
+	require.Less(t, took[len(took)/2], 150*time.Millisecond, "a local WithTx outcome below the floor wakes its pick (median of %v)", took)
 }
