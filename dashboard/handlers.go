@@ -290,9 +290,11 @@ type instanceData struct {
 	CanRetry   bool
 	CanCancel  bool
 	CanSignal  bool
-	// CanCancelTree: it has children, and it or one of the children shown
-	// is live (a parent cancelled alone may have children still running):
-	// Engine.CancelTree.
+	// CanCancelTree: it has children (Engine.CancelTree). Offered whatever
+	// the statuses shown: a finished parent can have live descendants below
+	// a child cancelled alone (Cancel leaves its children running, and the
+	// parent counts the cancelled child finished), and the page lists only
+	// the children, not theirs.
 	CanCancelTree bool
 	// CanRunNow: runnable, but not before a later time (scheduled, or
 	// backing off before its next attempt), by this process's clock; the
@@ -342,8 +344,7 @@ func (d *dashboard) instancePage(w http.ResponseWriter, r *http.Request) {
 		CanRetry:       det.Status == gendurable.StatusFailed,
 		CanCancel:      !det.Status.Terminal(),
 		CanSignal:      !det.Status.Terminal(),
-		CanCancelTree: len(det.Children) > 0 && (!det.Status.Terminal() ||
-			slices.ContainsFunc(det.Children, func(c gendurable.Child) bool { return !c.Status.Terminal() })),
+		CanCancelTree: len(det.Children) > 0,
 		CanRunNow: det.Status == gendurable.StatusRunnable && det.EligibleAt.After(time.Now()) &&
 			(det.Wait == nil || det.Wait.LeaseExpiresAt == nil), // not one waiting for its cancelled step's lease
 	}
