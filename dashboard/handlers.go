@@ -344,7 +344,7 @@ func (d *dashboard) instancePage(w http.ResponseWriter, r *http.Request) {
 		CanRetry:       det.Status == gendurable.StatusFailed,
 		CanCancel:      !det.Status.Terminal(),
 		CanSignal:      !det.Status.Terminal(),
-		CanCancelTree: len(det.Children) > 0,
+		CanCancelTree:  len(det.Children) > 0,
 		CanRunNow: det.Status == gendurable.StatusRunnable && det.EligibleAt.After(time.Now()) &&
 			(det.Wait == nil || det.Wait.LeaseExpiresAt == nil), // not one waiting for its cancelled step's lease
 	}
