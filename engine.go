@@ -161,7 +161,10 @@ type Config struct {
 	// had it committed, the retry finds its slot taken (each slot is still
 	// one instance). Default max(LeaseDuration, 30s): far above a healthy
 	// maintenance statement (milliseconds), and a stuck one costs at most
-	// about a lease more. See docs/design.md §7.
+	// about a lease more. Negative or under a second is [ErrInvalidConfig]:
+	// a deadline that short would abandon healthy statements too, every
+	// sweep. One too long for 10 × it to be a Duration gives a prune batch
+	// the longest Duration. See docs/design.md §7.
 	MaintenanceTimeout time.Duration
 	// CommitConcurrency is how many outcome statements this engine keeps in
 	// flight at once. Outcomes of steps that finish while those run are
@@ -340,6 +343,11 @@ func (c *Config) withDefaults() error {
 	switch {
 	case c.LeaseDuration < 0 || c.HeartbeatInterval < 0 || c.DrainTimeout < 0 || c.UnknownVersionDelay < 0 || c.MaintenanceTimeout < 0:
 		return errorf(ErrInvalidConfig, "durations must not be negative")
+	case c.MaintenanceTimeout < time.Second:
+		// A deadline that short abandons healthy statements too, sweep after
+		// sweep (a Duration of 30 is 30 ns, its unit forgotten): no lease
+		// would ever be reaped (TestMaintenanceTimeoutUnderASecondRefused).
+		return errorf(ErrInvalidConfig, "MaintenanceTimeout %s below 1s: every maintenance statement would be abandoned at its deadline", c.MaintenanceTimeout)
 	case c.HeartbeatInterval*3 > c.LeaseDuration:
 		return errorf(ErrInvalidConfig, "HeartbeatInterval × 3 (%s) exceeds LeaseDuration (%s): a live step could be reaped",
 			c.HeartbeatInterval*3, c.LeaseDuration)

@@ -83,5 +83,5 @@ func (e *Engine) reaper() *maintenance.Reaper {
 // PruneInterval and Retention set), its RunOnce is [Engine.Prune].
 func (e *Engine) pruner() *maintenance.Pruner {
 	return &maintenance.Pruner{Queries: e.q, DB: e.pool, Batch: PruneBatch, Log: e.log,
-		BatchTimeout: maintenance.PruneTimeoutFactor * e.cfg.MaintenanceTimeout}
+		BatchTimeout: maintenance.PruneBatchTimeout(e.cfg.MaintenanceTimeout)}
 }

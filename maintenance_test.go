@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -97,6 +98,53 @@ func TestMaintenanceTimeoutDefault(t *testing.T) {
 	}
 	_, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, MaintenanceTimeout: -time.Second})
 	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+}
+
+// TestMaintenanceTimeoutUnderASecondRefused: New refuses a
+// MaintenanceTimeout under a second. A Duration of 30 is 30 ns (its unit
+// forgotten): every maintenance statement was abandoned at that deadline,
+// its connection closed, sweep after sweep — no expired lease reaped, no
+// await timeout fired, no periodic slot inserted, only warnings logged. A
+// second is the least accepted, and with it an expired lease is reaped.
+func TestMaintenanceTimeoutUnderASecondRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &gendurable.Config{})
+	for _, d := range []time.Duration{30, time.Millisecond, time.Second - 1} {
+		_, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, MaintenanceTimeout: d})
+		require.ErrorIs(t, err, gendurable.ErrInvalidConfig, "MaintenanceTimeout %s", d)
+	}
+	eng, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, MaintenanceTimeout: time.Second, Logger: testLogger(t)})
+	require.NoError(t, err)
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, lease_expires_at, claim_token, max_attempts)
+		VALUES ('m', 'a', 'executing', now() - interval '1 second', 7, 5)`)
+	n, err := eng.Reap(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
+// TestPruneUnderTheLongestMaintenanceTimeout: a MaintenanceTimeout so long
+// that 10 × it (a prune batch's deadline) is past the longest Duration —
+// math.MaxInt64 set to mean "no deadline", or the default under a lease
+// that long — gives a prune batch the longest deadline. 10 × it wrapped
+// around to a negative deadline before, which failed every batch at once:
+// nothing was ever pruned.
+func TestPruneUnderTheLongestMaintenanceTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &gendurable.Config{})
+	for _, cfg := range []*gendurable.Config{
+		{MaintenanceTimeout: math.MaxInt64},
+		{MaintenanceTimeout: 30 * 365 * 24 * time.Hour},
+		{LeaseDuration: 100 * 365 * 24 * time.Hour},
+	} {
+		cfg.Schema, cfg.Logger = b.schema, testLogger(t)
+		eng, err := gendurable.New(b.pool, cfg)
+		require.NoError(t, err)
+		b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, finished_at)
+			VALUES ('m', 'a', 'done', now() - interval '1 hour')`)
+		n, err := eng.Prune(context.Background(), time.Minute, nil)
+		require.NoError(t, err, "MaintenanceTimeout %s", eng.Config().MaintenanceTimeout)
+		require.EqualValues(t, 1, n)
+	}
 }
 
 // TestReaperOfAnEngineCutOffRecovers: an engine's one pool connection is

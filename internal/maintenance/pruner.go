@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
@@ -29,8 +30,19 @@ type Pruner struct {
 	Batch     int           // rows per statement; default DefaultBatch
 	Log       *slog.Logger  // default slog.Default()
 	// BatchTimeout bounds each batch's transaction; default
-	// PruneTimeoutFactor × DefaultStatementTimeout.
+	// PruneBatchTimeout(DefaultStatementTimeout).
 	BatchTimeout time.Duration
+}
+
+// PruneBatchTimeout is the deadline of a prune batch for a statement
+// timeout of d: PruneTimeoutFactor × d, or the longest Duration when that
+// product does not fit in one (it would wrap around to a negative
+// deadline, which fails every batch at once).
+func PruneBatchTimeout(d time.Duration) time.Duration {
+	if d > math.MaxInt64/PruneTimeoutFactor {
+		return math.MaxInt64
+	}
+	return PruneTimeoutFactor * d
 }
 
 // Start prunes every Interval until Stop or until ctx is done.
@@ -60,7 +72,7 @@ func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress 
 	var total int64
 	for {
 		var n int64
-		err := bounded(ctx, orDefault(p.BatchTimeout, PruneTimeoutFactor*DefaultStatementTimeout), func(ctx context.Context) (err error) {
+		err := bounded(ctx, orDefault(p.BatchTimeout, PruneBatchTimeout(DefaultStatementTimeout)), func(ctx context.Context) (err error) {
 			n, err = p.Queries.Prune(ctx, p.DB, retention, batch)
 			return err
 		})
