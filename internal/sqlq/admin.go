@@ -339,7 +339,10 @@ var pruneSettings = `SELECT set_config('enable_seqscan', 'off', true),
        ` + idleLimitSetting
 
 // Prune deletes one batch of finished instances older than retention and
-// returns how many it deleted. It runs in a transaction of its own.
+// returns how many it deleted. It runs in a transaction of its own. With an
+// error it returns 0: the batch rolled back, or its COMMIT failed — or, the
+// connection lost on the way back, committed unseen, so callers' counts of
+// what was deleted before an error are a lower bound.
 func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duration, batch int) (int64, error) {
 	var n int64
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
@@ -350,7 +353,10 @@ func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duratio
 		n = tag.RowsAffected()
 		return err
 	})
-	return n, err
+	if err != nil {
+		return 0, err // the batch did not commit (or its COMMIT failed): none of it counts
+	}
+	return n, nil
 }
 
 const listSignalsSQL = `

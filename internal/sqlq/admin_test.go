@@ -88,3 +88,33 @@ func TestOwnTransactionsEndWhenLeftIdle(t *testing.T) {
 		})
 	}
 }
+
+// TestPruneCountsNoBatchWhoseCommitFailed: a prune batch whose COMMIT
+// fails deleted nothing, so Prune reports 0 with the error — not the rows
+// its DELETE matched, which the caller would add to what was deleted
+// before it. A deferred constraint trigger fails the commit on purpose.
+func TestPruneCountsNoBatchWhoseCommitFailed(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	s := `"` + schema + `"`
+	for _, stmt := range []string{
+		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, status, finished_at)
+		 SELECT 'm', 'a', 'done', now() - interval '2 hours' FROM generate_series(1, 5)`,
+		`CREATE FUNCTION ` + s + `.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN RAISE EXCEPTION 'refused at commit'; END $$`,
+		`CREATE CONSTRAINT TRIGGER refuse AFTER DELETE ON ` + s + `.gendurable_instances
+		 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ` + s + `.refuse()`,
+	} {
+		_, err := pool.Exec(ctx, stmt)
+		require.NoError(t, err)
+	}
+	n, err := q.Prune(ctx, pool, time.Hour, 100)
+	require.ErrorContains(t, err, "refused at commit")
+	require.Zero(t, n, "the batch rolled back: nothing was deleted")
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.gendurable_instances`).Scan(&left))
+	require.Equal(t, 5, left)
+}
