@@ -81,13 +81,17 @@ type SaturationEvent struct {
 	Prefetch    int
 }
 
-// ReapEvent: the reaper recovered expired leases.
+// ReapEvent: a reap statement recovered expired leases, or failed. It
+// comes after each statement that recovered rows, and after each that
+// failed while the engine runs — its connection lost, or no reply within
+// [Config].MaintenanceTimeout — with Err set and the counts zero, so a
+// reaper that cannot reach the database is seen, not only logged.
 type ReapEvent struct {
 	Count    int     // rows recovered
 	Failed   int     // of which failed for good (attempts exhausted)
 	IDs      []int64 // the instances recovered
 	Duration time.Duration
-	Err      error
+	Err      error // the statement failed; nothing was recovered by it
 }
 
 // DrainEvent: a queue's feeder stopped.

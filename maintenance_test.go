@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -158,8 +159,14 @@ func TestPruneUnderTheLongestMaintenanceTimeout(t *testing.T) {
 func TestReaperOfAnEngineCutOffRecovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &gendurable.Config{})
+	var reapErr atomic.Pointer[gendurable.ReapEvent] // one with Err: the abandoned statement is seen by hooks
 	_, proxy := cutOffEngine(t, b, &gendurable.Config{LeaseDuration: time.Second, HeartbeatInterval: 300 * time.Millisecond,
-		ReaperInterval: 100 * time.Millisecond, AwaitTimeoutInterval: -1, MaintenanceTimeout: time.Second})
+		ReaperInterval: 100 * time.Millisecond, AwaitTimeoutInterval: -1, MaintenanceTimeout: time.Second,
+		Hooks: []gendurable.Hook{gendurable.HookFunc(func(_ context.Context, ev gendurable.Event) {
+			if r, ok := ev.(*gendurable.ReapEvent); ok && r.Err != nil {
+				reapErr.CompareAndSwap(nil, r)
+			}
+		})}})
 	expired := func() int64 {
 		var id int64
 		require.NoError(t, b.pool.QueryRow(context.Background(), `INSERT INTO `+b.schema+`.gendurable_instances
@@ -181,6 +188,10 @@ func TestReaperOfAnEngineCutOffRecovers(t *testing.T) {
 	t.Logf("reaped %s after the strand", took.Round(time.Millisecond))
 	require.Less(t, took, time.Second+100*time.Millisecond+2*time.Second, "about MaintenanceTimeout + ReaperInterval")
 	require.Greater(t, took, 500*time.Millisecond, "the statement on the stranded connection did not wait for its deadline")
+	ev := reapErr.Load()
+	require.NotNil(t, ev, "the abandoned reap statement came to the hooks as a ReapEvent with Err")
+	require.ErrorContains(t, ev.Err, "no reply within 1s")
+	require.Zero(t, ev.Count)
 }
 
 // TestStopWithMaintenanceCutOff: an engine's network is cut (nothing

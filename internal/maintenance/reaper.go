@@ -19,6 +19,9 @@ type Reaped struct {
 	Failed   int     // of which failed for good (attempts exhausted)
 	IDs      []int64 // the instances recovered
 	Duration time.Duration
+	// Err: the statement failed (no reply by its deadline, a lost
+	// connection, …); the counts are then zero.
+	Err error
 }
 
 // Reaper recovers expired leases: an expired row goes back to runnable with
@@ -45,8 +48,9 @@ type Reaper struct {
 	// StatementTimeout bounds each reap statement; default
 	// DefaultStatementTimeout.
 	StatementTimeout time.Duration
-	// OnReap, if set, is called after each statement that recovered rows
-	// (the engine turns it into its ReapEvent).
+	// OnReap, if set, is called after each statement that recovered rows,
+	// and after one that failed while the service runs (Err set; the
+	// engine turns both into its ReapEvent).
 	OnReap func(ctx context.Context, r *Reaped)
 }
 
@@ -104,7 +108,11 @@ func (r *Reaper) sweep(ctx context.Context) (int, *time.Duration, error) {
 			return err
 		})
 		if err != nil {
-			return total, nil, fmt.Errorf("gendurable: reap: %w", err)
+			err = fmt.Errorf("gendurable: reap: %w", err)
+			if r.OnReap != nil && ctx.Err() == nil {
+				r.OnReap(ctx, &Reaped{Duration: time.Since(start), Err: err})
+			}
+			return total, nil, err
 		}
 		if len(rows) > 0 {
 			rep := &Reaped{Count: len(rows), Duration: time.Since(start), IDs: make([]int64, 0, len(rows))}
