@@ -412,18 +412,28 @@ func (d *dashboard) runNowAction(w http.ResponseWriter, r *http.Request) {
 	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), flash)
 }
 
-func (d *dashboard) cancelAction(w http.ResponseWriter, r *http.Request) {
-	id, ok := parseID(r)
+// cancelForm is a cancel's instance id and reason, noted on the audit
+// line; ok false when the request was failed (written already).
+func (d *dashboard) cancelForm(w http.ResponseWriter, r *http.Request) (id int64, reason string, ok bool) {
+	id, ok = parseID(r)
 	if !ok {
 		d.fail(w, r, gendurable.ErrNotFound)
-		return
+		return 0, "", false
 	}
 	reason, err := cancelReason(r)
 	if err != nil {
 		d.fail(w, r, err)
-		return
+		return 0, "", false
 	}
 	note(r, "id", id, "reason", reason)
+	return id, reason, true
+}
+
+func (d *dashboard) cancelAction(w http.ResponseWriter, r *http.Request) {
+	id, reason, ok := d.cancelForm(w, r)
+	if !ok {
+		return
+	}
 	if err := d.eng.Cancel(r.Context(), id, reason); err != nil {
 		d.fail(w, r, err)
 		return
@@ -436,17 +446,10 @@ func (d *dashboard) cancelAction(w http.ResponseWriter, r *http.Request) {
 // stops at the request's timeout after the statement under way, as a bulk
 // cancel by filter does: what was done stays done and is counted.
 func (d *dashboard) cancelTreeAction(w http.ResponseWriter, r *http.Request) {
-	id, ok := parseID(r)
+	id, reason, ok := d.cancelForm(w, r)
 	if !ok {
-		d.fail(w, r, gendurable.ErrNotFound)
 		return
 	}
-	reason, err := cancelReason(r)
-	if err != nil {
-		d.fail(w, r, err)
-		return
-	}
-	note(r, "id", id, "reason", reason)
 	res, err := d.eng.CancelTree(r.Context(), id, reason)
 	partial, failed := d.bulkDone(w, r, res, err)
 	if failed {
