@@ -928,7 +928,6 @@ func TestCancelTreeOfALargeTreeIsBatched(t *testing.T) {
 		res.Matched, took.Round(time.Millisecond), len(cancels), cd.Round(time.Millisecond), crows, len(reads), rd.Round(time.Millisecond), rrows)
 	require.LessOrEqual(t, crows, int64(gendurable.BulkBatch), "a cancel statement changed more than a batch")
 	require.GreaterOrEqual(t, len(cancels), int(res.Changed)/gendurable.BulkBatch)
-	require.Less(t, cd, 5*time.Second, "a cancel statement held its locks for long")
 }
 
 // nestState is a level of a nest tree: fan out Width nests until Max, whose
