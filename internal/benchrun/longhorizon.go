@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable"
@@ -21,8 +22,8 @@ const LongHorizonQueue = "long_horizon"
 
 // LongHorizon is `gendurable bench --long-horizon`: the adapter of the public
 // long-horizon benchmark (package internal/longhorizon), configured by
-// getenv only (os.Getenv; see longhorizon.FromEnv, and GENDURABLE_SCHEMA for
-// the schema, default public). It migrates the schema up, writes the
+// getenv only (os.Getenv; see longhorizon.FromEnv, GENDURABLE_SCHEMA for
+// the schema, default public, and RetentionEnv). It migrates the schema up, writes the
 // descriptor to stdout, starts one engine working queue "long_horizon" with
 // WORKER_COUNT running steps and every other setting at its default, and
 // produces and samples until ctx ends (SIGTERM); then it stops the engine
@@ -55,6 +56,10 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 	if schema == "" {
 		schema = gendurable.DefaultSchema
 	}
+	retention, err := retentionFromEnv(getenv)
+	if err != nil {
+		return err
+	}
 	// Picks, heartbeats, outcomes (2 in flight), maintenance, the producer,
 	// the depth poll and the clock.
 	pcfg, err := longhorizon.PoolConfig(cfg, 12)
@@ -81,8 +86,14 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 	job := &gendurable.Job[longhorizon.Job]{Name: "long_horizon_job", Perform: func(ctx context.Context, r *gendurable.Run[longhorizon.Job]) error {
 		return tel.Work(ctx, r.InsertedAt, workDur)
 	}}
-	eng, err := gendurable.New(pool, longHorizonConfig(schema, job, cfg.WorkerCount, completions{tel},
-		slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	ecfg := longHorizonConfig(schema, job, cfg.WorkerCount, completions{tel},
+		slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if retention > 0 {
+		ecfg.Retention, ecfg.PruneInterval = retention, pruneIntervalFor(retention)
+		log.Info("long horizon: pruning finished instances of the schema", "schema", schema,
+			"retention", ecfg.Retention, "interval", ecfg.PruneInterval)
+	}
+	eng, err := gendurable.New(pool, ecfg)
 	if err != nil {
 		return err
 	}
@@ -112,6 +123,35 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 	}
 	log.Info("long horizon: stopped")
 	return runErr
+}
+
+// RetentionEnv names the adapter's one setting of its own beyond the
+// protocol: unset (the default), its engine prunes nothing; a Go duration
+// (at least 1s), its engine deletes every finished instance of its schema
+// that finished longer ago than that — the operator's choice for a schema
+// that holds only the benchmark's rows (BENCHMARKS.md, "Long horizon — the
+// adapters").
+const RetentionEnv = "GENDURABLE_RETENTION"
+
+// retentionFromEnv reads RetentionEnv: 0 when unset.
+func retentionFromEnv(getenv func(string) string) (time.Duration, error) {
+	raw := strings.TrimSpace(getenv(RetentionEnv))
+	if raw == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(raw)
+	if err != nil || d < time.Second {
+		return 0, fmt.Errorf("%w: %s=%q (want a duration of at least 1s, such as 90s or 10m)",
+			longhorizon.ErrInvalidEnv, RetentionEnv, raw)
+	}
+	return d, nil
+}
+
+// pruneIntervalFor is the prune interval under a retention r: a quarter of
+// it, from 1 s to the engine's default, so a finished row stays at most
+// about 1.25 r.
+func pruneIntervalFor(r time.Duration) time.Duration {
+	return min(max(r/4, time.Second), gendurable.DefaultPruneInterval)
 }
 
 // longHorizonConfig is the adapter's engine: one queue of its own, every

@@ -2,6 +2,7 @@ package benchrun
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"testing"
 	"time"
@@ -35,4 +36,29 @@ func TestLongHorizonEngineKeepsOthersFinishedInstances(t *testing.T) {
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances WHERE fsm = 'theirs'`).Scan(&n))
 	require.Equal(t, 1, n, "the adapter's engine pruned an instance it did not create")
+}
+
+// TestLongHorizonRetentionFromEnv: GENDURABLE_RETENTION unset keeps
+// everything; a duration of at least a second is the retention; anything
+// else is an environment error (exit 2), before any connection.
+func TestLongHorizonRetentionFromEnv(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]time.Duration{"": 0, " ": 0, "90s": 90 * time.Second, "10m": 10 * time.Minute, "1s": time.Second} {
+		got, err := retentionFromEnv(func(string) string { return raw })
+		require.NoError(t, err, raw)
+		require.Equal(t, want, got, raw)
+	}
+	for _, raw := range []string{"0", "0s", "-1m", "999ms", "1 minute", "10", "1h\x00"} {
+		_, err := retentionFromEnv(func(string) string { return raw })
+		require.ErrorIs(t, err, longhorizon.ErrInvalidEnv, raw)
+		require.ErrorContains(t, err, RetentionEnv)
+	}
+	// Bad retention stops the adapter before it connects (the URL is unreachable).
+	env := map[string]string{"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none", "PRODUCER_RATE": "1",
+		"WORKER_COUNT": "1", RetentionEnv: "soon"}
+	err := longHorizon(context.Background(), func(k string) string { return env[k] }, io.Discard, io.Discard)
+	require.ErrorIs(t, err, longhorizon.ErrInvalidEnv)
+	require.Equal(t, time.Second, pruneIntervalFor(time.Second))
+	require.Equal(t, 15*time.Second, pruneIntervalFor(time.Minute))
+	require.Equal(t, gendurable.DefaultPruneInterval, pruneIntervalFor(30*24*time.Hour))
 }
