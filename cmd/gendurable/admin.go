@@ -406,7 +406,12 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 		return err
 	}
 	filtered := f.Queue != "" || f.Status != "" || f.Machine != "" || f.Step != "" || f.Search != "" || ff.since > 0
+	scanSet := false
+	fs.Visit(func(fl *flag.Flag) { scanSet = scanSet || fl.Name == "scan" })
 	switch {
+	case scanSet && !filtered && !*all:
+		// --scan bounds a filter's statements; ids and trees never scan.
+		return usageError{msg: fmt.Sprintf("%s: --scan goes with a filter or --all, not with instance ids or --tree", name), help: true}
 	case *tree && (filtered || *all):
 		return usageError{msg: "cancel --tree takes one instance id, not a filter", help: true}
 	case *tree && len(pos) != 1:

@@ -521,7 +521,10 @@ func TestBadFlagValuesExitTwoWithOneMessage(t *testing.T) {
 		{"cancel", "--tree", "1", "--since", "1h", "--yes"},
 		{"cancel", "--tree", "1", "--search", "k", "--yes"},
 		{"cancel", "--tree", "1", "--machine", "m", "--step", "s", "--yes"},
-		{"retry", "--tree", "1", "--yes"}, // no retry of a tree
+		{"retry", "--tree", "1", "--yes"},                  // no retry of a tree
+		{"cancel", "--tree", "1", "--scan", "50", "--yes"}, // --scan bounds a filter, not a tree
+		{"cancel", "1", "2", "--scan", "50"},
+		{"retry", "1", "--scan", "50"},
 		{"run-now"},
 		{"run-now", "0"},
 		{"pause"},
