@@ -208,8 +208,11 @@ func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string
 // parents before their children, returning what it did so far with ctx's
 // error; on any other error too the result holds what was changed before it
 // (see [BulkResult]). Descendants inserted after the walk passed their
-// parent (a retry of a finished member meanwhile) are not visited. The
-// change is logged at Info on the engine's Logger.
+// parent (a retry of a finished member meanwhile) are not visited, and a
+// member retried (by [Engine.Retry] or a bulk retry) after the walk
+// cancelled it runs again: CancelTree cancels what is live as it passes, it
+// does not keep the tree cancelled. The change is logged at Info on the
+// engine's Logger.
 func (e *Engine) CancelTree(ctx context.Context, id int64, reason string) (BulkResult, error) {
 	if id <= 0 {
 		return BulkResult{ChangedIDs: []int64{}}, errorf(ErrInvalidInput, "cancel tree: id %d is not an instance id", id)
