@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/gendurable/gendurable/internal/backoff"
 )
 
 // Schedule is one periodic schedule as the [Periodic] service sees it.
@@ -20,12 +22,19 @@ type Schedule struct {
 // Periodic inserts each schedule's slots as they come due: on start the
 // most recent slot that already passed (unless SkipMissed; earlier missed
 // slots are skipped), then each slot at its time. It has no interval of its
-// own: it sleeps until the soonest next slot of its schedules, and its loop
-// ends once no schedule has another slot.
+// own: it sleeps until the soonest next slot of its schedules (or the
+// soonest retry), and its loop ends once no schedule has another slot and
+// none waits for its insert.
 //
 // Insert writes one slot; making each slot one instance across all
 // processes (a unique key per slot) is its business. A failed insert is
-// retried a few times, then logged and given up. Each attempt runs under
+// tried again — after RetryDelay, then twice as long each time up to
+// MaxRetryDelay, jittered — until it succeeds or the schedule's next slot
+// comes due: a slot that came due during a database outage is inserted,
+// late, once the database answers again. When the next slot comes due
+// first, it takes the failed slot's place (logged as an error): as on
+// start, an outage leaves at most its most recent slot to run late. The
+// schedules do not wait for each other's retries. Each attempt runs under
 // StatementTimeout: one stuck on a dead connection is abandoned at that
 // deadline and retried on a fresh connection. Such an insert may have
 // committed all the same (its reply was what got lost): the retry finds
@@ -39,16 +48,28 @@ type Periodic struct {
 	// the slot was inserted already (by this or another process).
 	Insert func(ctx context.Context, i int, slot time.Time) (id int64, duplicate bool, err error)
 	Log    *slog.Logger // default slog.Default()
-	// RetryDelay: a failed insert is retried after RetryDelay, 2×, 3×, 4×
-	// and 5× RetryDelay; default 200ms.
+	// RetryDelay is the wait before a failed insert's first retry; each
+	// retry after it waits twice as long, up to MaxRetryDelay (jittered
+	// into the upper half). Default 200ms.
 	RetryDelay time.Duration
+	// MaxRetryDelay caps the wait between retries; default
+	// DefaultPeriodicMaxRetryDelay.
+	MaxRetryDelay time.Duration
 	// StatementTimeout bounds each insert attempt; default
 	// DefaultStatementTimeout.
 	StatementTimeout time.Duration
 }
 
-// insertAttempts is how many times a slot's insert is tried.
-const insertAttempts = 5
+// DefaultPeriodicMaxRetryDelay is the default cap of the wait between a
+// slot's insert attempts.
+const DefaultPeriodicMaxRetryDelay = 10 * time.Second
+
+// dueSlot is a slot that came due and is not inserted yet.
+type dueSlot struct {
+	at      time.Time // the slot
+	tries   int       // failed attempts so far
+	retryAt time.Time // the next attempt, not before
+}
 
 // Start inserts the missed slots and then each slot as it comes due, until
 // Stop, until ctx is done or until no schedule has another slot.
@@ -59,69 +80,83 @@ func (p *Periodic) Start(ctx context.Context) error {
 func (p *Periodic) loop(ctx context.Context) {
 	now := time.Now()
 	next := make([]time.Time, len(p.Schedules))
+	due := make([]*dueSlot, len(p.Schedules))
 	for i := range p.Schedules {
 		s := &p.Schedules[i]
 		if last, ok := latestSlot(s.Next, now); ok && !s.SkipMissed {
-			p.insertSlot(ctx, i, last)
+			due[i] = &dueSlot{at: last, retryAt: now}
 		}
 		next[i] = s.Next(now)
 	}
-	for {
-		soonest := time.Time{}
-		for _, t := range next {
-			if !t.IsZero() && (soonest.IsZero() || t.Before(soonest)) {
-				soonest = t
-			}
-		}
-		if soonest.IsZero() {
-			return // no schedule has another slot
-		}
-		timer := time.NewTimer(time.Until(soonest))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-timer.C:
-		}
+	for ctx.Err() == nil {
 		now := time.Now()
 		for i := range p.Schedules {
 			if t := next[i]; !t.IsZero() && !t.After(now) {
-				p.insertSlot(ctx, i, t)
+				if old := due[i]; old != nil {
+					logger(p.Log).Error("gendurable: periodic slot not inserted: the next slot came due first",
+						"periodic", p.Schedules[i].Name, "slot", old.at, "next", t, "attempts", old.tries)
+				}
+				due[i] = &dueSlot{at: t, retryAt: now}
 				next[i] = p.Schedules[i].Next(now)
 			}
+		}
+		for i, d := range due {
+			if d != nil && !d.retryAt.After(now) && ctx.Err() == nil && p.insertSlot(ctx, i, d) {
+				due[i] = nil
+			}
+		}
+		wake := time.Time{}
+		for i := range p.Schedules {
+			for _, t := range []time.Time{next[i], retryAt(due[i])} {
+				if !t.IsZero() && (wake.IsZero() || t.Before(wake)) {
+					wake = t
+				}
+			}
+		}
+		if wake.IsZero() {
+			return // no schedule has another slot, and none is waiting
+		}
+		timer := time.NewTimer(time.Until(wake))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+		case <-timer.C:
 		}
 	}
 }
 
-// insertSlot inserts the instance of one slot, retrying a failed insert.
-func (p *Periodic) insertSlot(ctx context.Context, i int, slot time.Time) {
-	name := p.Schedules[i].Name
-	delay := orDefault(p.RetryDelay, 200*time.Millisecond)
-	var err error
-	for attempt := 0; attempt < insertAttempts; attempt++ {
-		var id int64
-		var dup bool
-		if err = bounded(ctx, orDefault(p.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
-			id, dup, err = p.Insert(ctx, i, slot)
-			return err
-		}); err == nil {
-			if !dup {
-				logger(p.Log).Info("gendurable: periodic slot inserted", "periodic", name, "slot", slot, "id", id)
-			}
-			return
-		}
-		if ctx.Err() == nil && attempt+1 < insertAttempts {
-			logger(p.Log).Warn("gendurable: periodic slot insert failed; it is tried again", "periodic", name, "slot", slot, "attempt", attempt+1, "err", err)
-		}
-		t := time.NewTimer(time.Duration(attempt+1) * delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
+func retryAt(d *dueSlot) time.Time {
+	if d == nil {
+		return time.Time{}
 	}
-	logger(p.Log).Error("gendurable: periodic slot not inserted", "periodic", name, "slot", slot, "err", err)
+	return d.retryAt
+}
+
+// insertSlot makes one attempt at inserting d, the due slot of schedule i.
+// A failed attempt sets d's next attempt.
+func (p *Periodic) insertSlot(ctx context.Context, i int, d *dueSlot) bool {
+	name := p.Schedules[i].Name
+	var id int64
+	var dup bool
+	err := bounded(ctx, orDefault(p.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
+		id, dup, err = p.Insert(ctx, i, d.at)
+		return err
+	})
+	if err == nil {
+		if !dup {
+			logger(p.Log).Info("gendurable: periodic slot inserted", "periodic", name, "slot", d.at, "id", id)
+		}
+		return true
+	}
+	d.tries++
+	wait := backoff.Delay(orDefault(p.RetryDelay, 200*time.Millisecond),
+		orDefault(p.MaxRetryDelay, DefaultPeriodicMaxRetryDelay), d.tries)
+	d.retryAt = time.Now().Add(wait)
+	if ctx.Err() == nil {
+		logger(p.Log).Warn("gendurable: periodic slot insert failed; it is tried again", "periodic", name, "slot", d.at,
+			"attempt", d.tries, "retry_in", wait, "err", err)
+	}
+	return false
 }
 
 // latestSlot returns the last slot at or before now of the schedule whose
