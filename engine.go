@@ -502,7 +502,10 @@ func (e *Engine) Start(ctx context.Context) error {
 // a statement they have in flight is cancelled, and the last merge of
 // observed transitions (graph.go) runs for at most 5 s and not past ctx —
 // so a Stop whose network is cut off still returns by ctx's deadline
-// (TestStopWithMaintenanceCutOff). Stop on an engine that is not running
+// (TestStopWithMaintenanceCutOff). A pick in flight is let finish (its
+// answer may hold claims) unless ctx ends first: then it is abandoned, and
+// rows it claimed are reaped after their lease, as a crashed worker's are
+// (TestStopWithAPickCutOff). Stop on an engine that is not running
 // returns nil.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
@@ -514,7 +517,22 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	start := time.Now()
 	rs.pickCancel()
-	rs.loops.Wait() // feeders stopped picking and released their buffers
+	// The feeders stop picking and release their buffers. A pick in flight
+	// is let finish (its answer may hold claims), unless ctx ends first —
+	// the network cut off, the server stuck: then it is abandoned, and the
+	// rows it claimed or could not release are reaped after their lease.
+	var abandonedPick error
+	loopsDone := make(chan struct{})
+	go func() { rs.loops.Wait(); close(loopsDone) }()
+	select {
+	case <-loopsDone:
+	case <-ctx.Done():
+		for _, s := range rs.scheds {
+			s.Abort()
+		}
+		<-loopsDone
+		abandonedPick = fmt.Errorf("gendurable: stop: a pick or a release of prefetched rows still waiting on the database was abandoned (its rows are reaped after their lease): %w", ctx.Err())
+	}
 
 	drainCtx, cancel := context.WithTimeout(ctx, e.cfg.DrainTimeout)
 	completed := true
@@ -533,6 +551,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 		}
 		abandoned += s.Abandoned()
 	}
+	err = errors.Join(abandonedPick, err)
 	if abandoned > 0 {
 		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d steps abandoned for ignoring their context past StepTimeout are still running (the engine wrote their outcomes): %w",
 			abandoned, ErrStepTimeout))

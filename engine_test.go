@@ -1877,3 +1877,42 @@ func TestRowsVisibleBelowThePickFloorRun(t *testing.T) {
 	slices.Sort(took)
 	require.Less(t, took[len(took)/2], 150*time.Millisecond, "a local WithTx outcome below the floor wakes its pick (median of %v)", took)
 }
+
+// TestStopWithAPickCutOff: the network is cut while the feeder's pick is in
+// flight (its statement waits for a reply that never comes). Stop with a 1 s
+// context returns by then, with ctx's error: it used to wait for the pick's
+// own deadline, a lease (8 s here). Nothing is lost: the cut heals after Stop
+// (the abandoned pick's bytes may then reach the server and claim rows for
+// nobody), and another engine runs every job — rows claimed so are reaped
+// once their lease ends.
+func TestStopWithAPickCutOff(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "stoppick", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	b := setup(t, fastConfig("", job))
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 8*time.Second, 2*time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, PollInterval: 20 * time.Millisecond, MaxPollInterval: 20 * time.Millisecond}}
+	eng, proxy := cutOffEngine(t, b, cfg)
+	time.Sleep(200 * time.Millisecond) // the feeder polls: its connection is open and idle between picks
+	proxy.Cut()
+	ids := make([]int64, 10)
+	for i := range ids {
+		ids[i] = b.insert(job.New(orderArgs{}))
+	}
+	time.Sleep(300 * time.Millisecond) // the next pick is sent, and waits
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	err := eng.Stop(ctx)
+	took := time.Since(start)
+	t.Logf("Stop took %s with a pick cut off: %v", took.Round(time.Millisecond), err)
+	require.Less(t, took, 2500*time.Millisecond, "Stop waited for the pick cut off")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	proxy.Heal()
+	require.NoError(t, b.eng.Start(context.Background()))
+	defer func() { _ = b.eng.Stop(context.Background()) }()
+	for _, id := range ids {
+		b.waitStatus(id, "done", 30*time.Second)
+	}
+}

@@ -223,6 +223,11 @@ type Feeder struct {
 	// runnable since, so keyed steps may hand their slots on.
 	short atomic.Bool
 	steps sync.WaitGroup
+
+	// abortCtx bounds the statements a stopping feeder lets finish (a pick
+	// in flight, the release of its buffer); Abort cancels it.
+	abortCtx context.Context
+	abort    context.CancelFunc
 }
 
 // New creates a feeder; Run starts it.
@@ -240,8 +245,17 @@ func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log 
 	}
 	s.deadline = time.AfterFunc(time.Hour, s.expire)
 	s.deadline.Stop()
+	s.abortCtx, s.abort = context.WithCancel(context.Background())
 	return s
 }
+
+// Abort ends, at once, the statements that Run's stop otherwise lets
+// finish: a pick in flight (its answer may hold claims) and the release of
+// prefetched rows. The engine calls it when its Stop's context ends while
+// they still wait on the database — a network cut off, a stuck server.
+// Rows such a pick claimed, or the release did not hand back, keep their
+// leases and are reaped like a crashed worker's (docs/design.md §7).
+func (s *Feeder) Abort() { s.abort() }
 
 // confirmed records that the held leases were confirmed at the instant at
 // (or that nothing was held then). The caller holds s.mu.
@@ -548,10 +562,11 @@ func (s *Feeder) bufferedNow() int {
 
 // pick claims up to demand rows into the buffer. The statement is not
 // cancelled by stopCtx: a pick cancelled after the server committed it would
-// leave rows executing under tokens nobody holds. Rows claimed as the feeder
-// stops are released by Run.
+// leave rows executing under tokens nobody holds, until the reaper takes
+// them back. Rows claimed as the feeder stops are released by Run. Only
+// Abort (a Stop out of time) cancels it.
 func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(stopCtx), s.cfg.Lease)
+	ctx, cancel := context.WithTimeout(s.abortCtx, s.cfg.Lease)
 	defer cancel()
 	s.floorTick(stopCtx)
 	start := time.Now()
@@ -779,7 +794,7 @@ func (s *Feeder) releaseBuffer() {
 	if len(ids) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(s.abortCtx, 10*time.Second)
 	defer cancel()
 	released, err := s.q.Release(ctx, s.db, ids, tokens, 0)
 	s.mu.Lock()
