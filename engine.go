@@ -503,10 +503,15 @@ func (e *Engine) Start(ctx context.Context) error {
 // observed transitions (graph.go) runs for at most 5 s and not past ctx —
 // so a Stop whose network is cut off still returns by ctx's deadline
 // (TestStopWithMaintenanceCutOff). A pick in flight is let finish (its
-// answer may hold claims) unless ctx ends first: then it is abandoned, and
-// rows it claimed are reaped after their lease, as a crashed worker's are
-// (TestStopWithAPickCutOff). Stop on an engine that is not running
-// returns nil.
+// answer may hold claims) unless it is still waiting 100 ms after ctx
+// ended: then it is abandoned, and rows it claimed are reaped after their
+// lease, as a crashed worker's are (TestStopWithAPickCutOff). Stop on an
+// engine that is not running returns nil.
+// stopGrace is how long past its context's end Stop still waits for a
+// feeder's pick in flight, or the release of its prefetched rows, before it
+// abandons them.
+const stopGrace = 100 * time.Millisecond
+
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
@@ -518,20 +523,29 @@ func (e *Engine) Stop(ctx context.Context) error {
 	start := time.Now()
 	rs.pickCancel()
 	// The feeders stop picking and release their buffers. A pick in flight
-	// is let finish (its answer may hold claims), unless ctx ends first —
-	// the network cut off, the server stuck: then it is abandoned, and the
-	// rows it claimed or could not release are reaped after their lease.
+	// is let finish (its answer may hold claims), unless ctx ends first and
+	// stopGrace passes — the network cut off, the server stuck: then it is
+	// abandoned, and the rows it claimed or could not release are reaped
+	// after their lease. (The grace lets a Stop called with a context that
+	// is already done still hand its prefetched rows back on a database that
+	// answers in milliseconds.)
 	var abandonedPick error
 	loopsDone := make(chan struct{})
 	go func() { rs.loops.Wait(); close(loopsDone) }()
 	select {
 	case <-loopsDone:
 	case <-ctx.Done():
-		for _, s := range rs.scheds {
-			s.Abort()
+		grace := time.NewTimer(stopGrace)
+		select {
+		case <-loopsDone:
+		case <-grace.C:
+			for _, s := range rs.scheds {
+				s.Abort()
+			}
+			<-loopsDone
+			abandonedPick = fmt.Errorf("gendurable: stop: a pick or a release of prefetched rows still waiting on the database was abandoned (its rows are reaped after their lease): %w", ctx.Err())
 		}
-		<-loopsDone
-		abandonedPick = fmt.Errorf("gendurable: stop: a pick or a release of prefetched rows still waiting on the database was abandoned (its rows are reaped after their lease): %w", ctx.Err())
+		grace.Stop()
 	}
 
 	drainCtx, cancel := context.WithTimeout(ctx, e.cfg.DrainTimeout)

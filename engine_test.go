@@ -1629,6 +1629,53 @@ func TestGracefulDrain(t *testing.T) {
 	require.True(t, ev.Completed)
 }
 
+// TestStopWithAContextAlreadyDoneReleasesPrefetchedRows: Stop called with
+// a context that is already done (a signal's context, say) abandons the
+// running step at once, but still hands its prefetched rows back on a
+// database that answers: they are runnable again at once, not executing
+// until a lease (a minute here) runs out.
+func TestStopWithAContextAlreadyDoneReleasesPrefetchedRows(t *testing.T) {
+	t.Parallel()
+	started := make(chan struct{}, 10)
+	job := &gendurable.Job[orderArgs]{
+		Name: "donectx",
+		Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		},
+	}
+	log := &eventLog{}
+	cfg := &gendurable.Config{
+		Machines:      []gendurable.Definition{job},
+		Hooks:         []gendurable.Hook{log},
+		LeaseDuration: time.Minute, HeartbeatInterval: 10 * time.Second, DrainTimeout: 10 * time.Second,
+		Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 5, PollInterval: 20 * time.Millisecond}},
+	}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for i := 0; i < 4; i++ {
+		ps = append(ps, job.New(orderArgs{I: i}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	require.NoError(t, b.eng.Start(context.Background()))
+	<-started
+	eventually(t, 5*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 4
+	}, "prefetch did not claim the rest")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, b.eng.Stop(ctx), context.Canceled)
+	require.Equal(t, 3, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+	                             WHERE status = 'runnable' AND claim_token IS NULL AND attempt = 0`),
+		"the prefetched rows were not handed back")
+	ev, ok := findEvent(log, func(*gendurable.DrainEvent) bool { return true })
+	require.True(t, ok)
+	require.Equal(t, 3, ev.Released)
+}
+
 func TestDrainTimeoutCancelsStepsWithoutCountingAnAttempt(t *testing.T) {
 	t.Parallel()
 	started := make(chan struct{}, 1)
