@@ -57,6 +57,20 @@ func (d *db) count(stmt string, args ...any) int {
 	return n
 }
 
+// texts runs a SELECT of one text column and returns its values.
+func (d *db) texts(stmt string, args ...any) []string {
+	d.t.Helper()
+	rows, err := d.pool.Query(context.Background(), d.sql(stmt), args...)
+	if err != nil {
+		d.t.Fatalf("%s: %v", stmt, err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		d.t.Fatalf("%s: %v", stmt, err)
+	}
+	return out
+}
+
 // status is the status of instance id.
 func (d *db) status(id int64) string {
 	d.t.Helper()

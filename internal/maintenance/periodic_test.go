@@ -77,21 +77,7 @@ func TestPeriodicInsertsDueSlotOnce(t *testing.T) {
 	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_instances`); n != 3 {
 		t.Fatalf("%d rows, want 3: the catch-up schedule's missed and due slots, the skip schedule's due slot", n)
 	}
-	var rows []string
-	r, err := d.pool.Query(context.Background(), d.sql(`SELECT fsm || ' ' || (state->>'slot') FROM {{s}}.gendurable_instances ORDER BY 1`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for r.Next() {
-		var s string
-		if err := r.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		rows = append(rows, s)
-	}
-	if r.Err() != nil {
-		t.Fatal(r.Err())
-	}
+	rows := d.texts(`SELECT fsm || ' ' || (state->>'slot') FROM {{s}}.gendurable_instances ORDER BY 1`)
 	if len(slices.Compact(slices.Clone(rows))) != 3 {
 		t.Fatalf("rows %q: a slot inserted twice", rows)
 	}
@@ -232,21 +218,7 @@ func TestPeriodicNextSlotTakesAFailedSlotsPlace(t *testing.T) {
 		return d.count(`SELECT count(*) FROM {{s}}.gendurable_instances`) == 2
 	}, "the healthy slot and the hourly schedule's second slot were not inserted")
 	p.Stop()
-	var rows []string
-	r, err := d.pool.Query(context.Background(), d.sql(`SELECT fsm || ' ' || (state->>'slot')::timestamptz FROM {{s}}.gendurable_instances ORDER BY 1`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for r.Next() {
-		var s string
-		if err := r.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		rows = append(rows, s)
-	}
-	if r.Err() != nil {
-		t.Fatal(r.Err())
-	}
+	rows := d.texts(`SELECT fsm || ' ' || (state->>'slot')::timestamptz FROM {{s}}.gendurable_instances ORDER BY 1`)
 	if len(rows) != 2 || !strings.HasPrefix(rows[0], "healthy ") || !strings.HasPrefix(rows[1], "hourly ") {
 		t.Fatalf("rows %q, want the healthy slot and one hourly slot", rows)
 	}
