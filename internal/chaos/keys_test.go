@@ -710,3 +710,202 @@ func rateWindows(ctx context.Context, t *testing.T, env *chaos.Env, key, col str
 	}
 	return s
 }
+
+// TestChaos17ChainedKeysStall: three workers (8 steps each) with
+// KeyPolicies {c2-: 2} run "chain" instances of six short steps (up to
+// 8 ms) — group-committed steps that go on to themselves without delay, so
+// the worker keeps the row claimed and runs the next step at once
+// (docs/design.md §4) — over twelve keys of limit 1 and six of limit 2,
+// while, again and again, the worker running
+// the most steps is SIGSTOPped for twice the lease, with its chaining
+// outcomes in flight, and then SIGCONTed; the others run the keys
+// meanwhile. A stopped worker finds the answers of its outcomes waiting on
+// waking: it must start no step on a claim whose lease ran out while it
+// was stopped.
+//
+// Pass: 0 steps started with a claim that was no longer current, 0
+// overlapping runs of a key among runs that honour their context (a frozen
+// process is not running), 0 key slot excesses; other workers ran the
+// stopped runs' keys meanwhile; 0 lost, 0 stuck; the usual invariants.
+func TestChaos17ChainedKeysStall(t *testing.T) {
+	ctx := bg(t, 10*time.Minute)
+	policies := []gendurable.KeyPolicy{{Prefix: "c2-", Limit: 2}}
+	ks := newKeyStorm(ctx, t, "kchain", policies)
+	env := ks.env
+	stalls := pick(5, 12)
+	n := pick(3000, 8000)
+	lease := time.Duration(ks.cfgs["w1"].LeaseMs) * time.Millisecond
+	var keys []string
+	for i := range 12 {
+		keys = append(keys, fmt.Sprintf("c1-%d", i))
+	}
+	for i := range 6 {
+		keys = append(keys, fmt.Sprintf("c2-%d", i))
+	}
+	ps := make([]gendurable.InsertParams, n)
+	for i := range ps {
+		// Short steps: a stop often finds chaining outcomes in flight.
+		ps[i] = env.M.Chain.New(chaos.LeafState{SleepMs: 8, Chain: 5}).
+			With(gendurable.InsertOpts{PartitionKey: keys[i%len(keys)]})
+	}
+	ks.insert(ctx, t, ps)
+
+	windows := stallBusiest(ctx, t, ks, stalls, lease)
+	ks.lastKill = time.Now()
+	ks.reruns = len(windows) * keyStormConc // a stopped worker's runs in flight are reaped and run again
+	r, c, terminal := ks.finish(ctx, t)
+
+	// Runs in flight in a stopped worker, and runs of their keys by the
+	// other workers while it was stopped.
+	var inFlight, chainedInFlight, successors int
+	for _, w := range windows {
+		var a, b, s int
+		must(t, chaos.Retry(ctx, func(ctx context.Context) error {
+			return env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `
+				WITH z AS (SELECT * FROM {{s}}.chaos_effects z
+				           WHERE z.pid = $1 AND z.started <= $2 AND (z.ended IS NULL OR z.ended >= $2))
+				SELECT (SELECT count(*) FROM z), (SELECT count(*) FROM z WHERE z.seq > 0),
+				       (SELECT count(*) FROM {{s}}.chaos_effects x WHERE x.pid <> $1 AND x.started > $2 AND x.started < $3
+				          AND x.pkey IN (SELECT z.pkey FROM z))`), w.proc.PID, w.from, w.to).Scan(&a, &b, &s)
+		}))
+		inFlight, chainedInFlight, successors = inFlight+a, chainedInFlight+b, successors+s
+	}
+	var chainedRuns, runs int
+	must(t, chaos.Retry(ctx, func(ctx context.Context) error {
+		return env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT count(*) FILTER (WHERE seq > 0), count(*) FROM {{s}}.chaos_effects`)).Scan(&chainedRuns, &runs)
+	}))
+	c.check(inFlight > 0, "no run was in flight in a stopped worker: the scenario proved nothing")
+	c.check(successors > 0, "no other worker ran a stopped run's key while it was stopped: the scenario proved nothing")
+	summary(t, r.Line("chained-keys-stall", fmt.Sprintf("%d stalls of %s (2× lease)", len(windows), 2*lease))+
+		fmt.Sprintf(" (%d chain instances of 6 steps over 12 keys of limit 1 and 6 of limit 2, %d processes × %d steps; %d runs, %d of them steps after the first; in flight in the stopped workers: %d runs (%d after the first step); meanwhile %d runs of their keys by the other workers; most at once per key: limit 2 → %d, limit 1 → %d; %d overlapping runs counting the stopped time as running; %s; %s)",
+			n, keyStormWorkers, keyStormConc, runs, chainedRuns, inFlight, chainedInFlight, successors, r.KeyPeaks[2], r.KeyPeaks[1], r.OverlapsCountingStops, terminal, r.Invariants()))
+	c.done()
+}
+
+// stallWindow is one stop of a worker, on the database clock.
+type stallWindow struct {
+	proc     *chaos.Proc
+	from, to time.Time
+}
+
+// stallBusiest stops, stalls times, the worker of ks running the most steps
+// at that moment (SIGSTOP, recorded as a fault once every thread is
+// stopped) for 2× lease, then continues it; 700 ms between stalls.
+func stallBusiest(ctx context.Context, t *testing.T, ks *keyStorm, stalls int, lease time.Duration) []stallWindow {
+	t.Helper()
+	env := ks.env
+	var windows []stallWindow
+	for s := 0; s < stalls; s++ {
+		time.Sleep(700 * time.Millisecond)
+		var victim *chaos.Proc
+		best := -1
+		for _, p := range ks.fleet.Current() {
+			var running int
+			must(t, chaos.Retry(ctx, func(ctx context.Context) error {
+				return env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT count(*) FROM {{s}}.chaos_effects
+					WHERE pid = $1 AND ended IS NULL`), p.PID).Scan(&running)
+			}))
+			if running > best {
+				victim, best = p, running
+			}
+		}
+		must(t, victim.Stop(2*time.Second))
+		id, from, err := env.Fault(ctx, "stop", victim)
+		must(t, err)
+		time.Sleep(2 * lease)
+		must(t, victim.Signal(syscall.SIGCONT))
+		to, err := env.FaultEnd(ctx, id)
+		must(t, err)
+		windows = append(windows, stallWindow{proc: victim, from: from, to: to})
+	}
+	return windows
+}
+
+// TestChaos18GlobalConcurrencyChainedStall: three workers of 8 steps each
+// work one queue with GlobalConcurrency 8: "chain" instances without a
+// partition key, six short steps (up to 8 ms) each, chained (a
+// group-committed Next without delay keeps the row claimed), while again
+// and again the worker running the most steps is SIGSTOPped for twice the
+// lease, its chaining outcomes in flight, and then SIGCONTed. While it is
+// stopped its leases run out and the other workers take the queue's places.
+//
+// Pass: at no instant of the database clock do more than 8 runs of the
+// queue that honour their context run at once (a run in flight in a
+// stopped worker that lost its claim while stopped ends at the stop: a
+// frozen process is not running), and 8 is reached; 0 stale starts; 0
+// lost, 0 stuck; the usual invariants.
+func TestChaos18GlobalConcurrencyChainedStall(t *testing.T) {
+	ctx := bg(t, 10*time.Minute)
+	const global = 8
+	ks := newKeyStormWith(ctx, t, "gchain", nil, func(c *chaos.WorkerConfig) { c.GlobalConcurrency = global })
+	env := ks.env
+	stalls := pick(5, 12)
+	n := pick(2000, 6000)
+	lease := time.Duration(ks.cfgs["w1"].LeaseMs) * time.Millisecond
+	ps := make([]gendurable.InsertParams, n)
+	for i := range ps {
+		ps[i] = env.M.Chain.New(chaos.LeafState{SleepMs: 8, Chain: 5})
+	}
+	ks.insert(ctx, t, ps)
+	windows := stallBusiest(ctx, t, ks, stalls, lease)
+	ks.lastKill = time.Now()
+	ks.reruns = len(windows) * keyStormConc
+	r, c, terminal := ks.finish(ctx, t)
+
+	var peak, rawPeak int
+	var at *time.Time
+	for _, cut := range []bool{true, false} {
+		end := chaosSpanEnd
+		if cut {
+			end = `CASE WHEN st.at IS NOT NULL THEN greatest(st.at, e.started) ELSE ` + chaosSpanEnd + ` END`
+		}
+		var p int
+		var a *time.Time
+		must(t, env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `WITH spans AS (
+			  SELECT e.id, e.started, `+end+` AS ended FROM {{s}}.chaos_effects e
+			  LEFT JOIN LATERAL (`+chaosStopCut+`) st ON true
+			  WHERE e.honours
+			), events AS (
+			  SELECT id, started AS t, 1 AS d FROM spans WHERE ended > started
+			  UNION ALL SELECT id, ended, -1 FROM spans WHERE ended > started
+			), running AS (
+			  SELECT t, d, sum(d) OVER (ORDER BY t, d, id ROWS UNBOUNDED PRECEDING) AS n FROM events
+			)
+			SELECT coalesce(max(n), 0), (SELECT t FROM running ORDER BY n DESC, t LIMIT 1) FROM running`)).Scan(&p, &a))
+		if cut {
+			peak, at = p, a
+		} else {
+			rawPeak = p
+		}
+	}
+	var inFlight, chainedRuns, runs int
+	for _, w := range windows {
+		var a int
+		must(t, chaos.Retry(ctx, func(ctx context.Context) error {
+			return env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT count(*) FROM {{s}}.chaos_effects z
+				WHERE z.pid = $1 AND z.started <= $2 AND (z.ended IS NULL OR z.ended >= $2)`), w.proc.PID, w.from).Scan(&a)
+		}))
+		inFlight += a
+	}
+	must(t, chaos.Retry(ctx, func(ctx context.Context) error {
+		return env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT count(*) FILTER (WHERE seq > 0), count(*) FROM {{s}}.chaos_effects`)).Scan(&chainedRuns, &runs)
+	}))
+	c.check(inFlight > 0, "no run was in flight in a stopped worker: the scenario proved nothing")
+	c.check(peak <= global, "%d runs of the queue at once (at %v) > GlobalConcurrency %d", peak, at, global)
+	c.check(peak >= global, "the queue ran at most %d at once: the scenario did not reach its GlobalConcurrency %d", peak, global)
+	summary(t, r.Line("global-chain-stall", fmt.Sprintf("%d stalls of %s (2× lease)", len(windows), 2*lease))+
+		fmt.Sprintf(" (%d chain instances of 6 steps, no key, %d processes × %d steps, GlobalConcurrency %d; %d runs, %d of them steps after the first; in flight in the stopped workers: %d runs; most at once in the queue: %d (%d counting the stopped time as running); %s; %s)",
+			n, keyStormWorkers, keyStormConc, global, runs, chainedRuns, inFlight, peak, rawPeak, terminal, r.Invariants()))
+	c.done()
+}
+
+// chaosStopCut is, for run e (chaos_effects AS e), the stop of its process
+// while it ran, if it lost its claim while stopped (cancelled with
+// ErrLeaseLost, or reaped): a frozen process is not running, so its span
+// ends there (the checker's spansCTE does the same for keyed runs).
+const chaosStopCut = `SELECT min(f.at) AS at FROM {{s}}.chaos_faults f
+  WHERE f.pid = e.pid AND f.kind = 'stop' AND f.at >= e.started - interval '1 second'
+    AND (e.ended IS NULL OR f.at < e.ended)
+    AND (e.cause = 'lease_lost' OR EXISTS (
+      SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
+      WHERE i.id = e.instance AND x->>'kind' = 'lease_expired' AND (x->>'attempt')::int = e.attempt))`
