@@ -1491,3 +1491,103 @@ func processStopped(pid int) bool {
 	}
 	return true
 }
+
+// TestHandOffWhoseAnswerIsLostRunsTheSuccessorOnce: a keyed step's outcome
+// hands its key's slot on (it claims the key's next row), commits, and its
+// answer never reaches the worker — the worker's connections to the server
+// are stranded (nothing crosses, nothing is closed) just before the
+// statement runs. The committer gives up on the stranded connection after
+// a lease and writes the outcome again on a fresh one, where it is fenced
+// out (the step's row is done) and hands nothing on; the successor, never
+// started, holds its key's slot until its lease runs out, is reaped, and
+// runs — once, never beside another run of its key — and every row of the
+// key is done.
+func TestHandOffWhoseAnswerIsLostRunsTheSuccessorOnce(t *testing.T) {
+	t.Parallel()
+	const lease = 1500 * time.Millisecond
+	g := newKeyGauge()
+	entered := make(chan int64, 16)
+	var mu sync.Mutex
+	runs := map[int64]int{}
+	job := &gendurable.Job[spanArgs]{Name: "lostanswer", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		mu.Lock()
+		runs[r.ID]++
+		mu.Unlock()
+		entered <- r.ID
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(200 * time.Millisecond):
+			return nil
+		}
+	}}
+	short := func(cfg *gendurable.Config) *gendurable.Config {
+		cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = lease, 500*time.Millisecond, 100*time.Millisecond
+		cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 50 * time.Millisecond}}
+		return cfg
+	}
+	b := setup(t, short(fastConfig("", job)))
+	ctx := context.Background()
+	var ids []int64
+	for range 3 {
+		ids = append(ids, b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})))
+	}
+
+	// Worker A reaches the server through a proxy that can strand its connections.
+	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
+	pcfg := proxy.PoolConfig(t, dbtest.URL())
+	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
+	pcfg.MaxConns = 6
+	poolA, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	engA, err := gendurable.New(poolA, short(fastConfig(b.schema, job)))
+	require.NoError(t, err)
+	require.NoError(t, engA.Start(ctx))
+	t.Cleanup(func() {
+		proxy.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = engA.Stop(ctx)
+		poolA.Close()
+	})
+	require.Equal(t, ids[0], <-entered)
+
+	// The first row's outcome waits on its row lock; the connections are
+	// stranded; then the outcome commits, handing the slot on.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, replaceSchema(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), ids[0])
+	require.NoError(t, err)
+	eventually(t, 5*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))
+			AND query LIKE '%cont_asked%'`, int(tx.Conn().PgConn().PID())) > 0
+	}, "no outcome waits on the first row's lock")
+	proxy.Strand()
+	require.NoError(t, tx.Rollback(ctx))
+	b.waitStatus(ids[0], "done", 5*time.Second)
+	var succ int64
+	eventually(t, 5*time.Second, func() bool {
+		return b.pool.QueryRow(ctx, replaceSchema(`SELECT i.id FROM {{s}}.gendurable_instances AS i, {{s}}.gendurable_instances AS p
+			WHERE p.id = $1 AND i.partition_key = 'k' AND i.status = 'executing' AND i.updated_at = p.finished_at`, b.schema), ids[0]).Scan(&succ) == nil
+	}, "the outcome handed the key's slot to no row")
+	committed := time.Now()
+
+	b.start() // worker B, connected directly
+	for _, id := range ids {
+		b.waitStatus(id, "done", 30*time.Second)
+	}
+	r := b.row(succ)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("successor %d: %d runs, attempt %d, errors %v; all done %s after the commit", succ, runs[succ], r.Attempt, r.Errors, time.Since(committed))
+	require.Equal(t, 1, runs[succ], "the stranded successor ran more than once, or never")
+	require.Equal(t, 1, r.Attempt, "the stranded claim was reaped (an attempt)")
+	require.Equal(t, "lease_expired", r.Errors[0]["kind"])
+	require.Equal(t, 1, g.max("k"), "two rows of the key ran at once")
+	for _, id := range ids {
+		require.Equal(t, 1, runs[id], "instance %d", id)
+	}
+}
