@@ -1591,3 +1591,40 @@ func TestHandOffWhoseAnswerIsLostRunsTheSuccessorOnce(t *testing.T) {
 		require.Equal(t, 1, runs[id], "instance %d", id)
 	}
 }
+
+// TestKeyPoliciesThatDifferBetweenEngines: two engines work one queue, one
+// with a KeyPolicy of limit 3 for the key's prefix, the other with none
+// (limit 1 there). Each process applies its own: the key runs up to the
+// larger limit at once, never more — a row another engine starts counts
+// against every engine's limit.
+func TestKeyPoliciesThatDifferBetweenEngines(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	job := &gendurable.Job[spanArgs]{Name: "differ", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		time.Sleep(40 * time.Millisecond)
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, PollInterval: 10 * time.Millisecond}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "t-", Limit: 3}}
+	b := setup(t, cfg)
+	cfg2 := b.eng.Config()
+	cfg2.Logger, cfg2.KeyPolicies = testLogger(t), nil
+	eng2, err := gendurable.New(b.pool, &cfg2)
+	require.NoError(t, err)
+	var ps []gendurable.InsertParams
+	for range 40 {
+		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "t-1"}))
+	}
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	require.NoError(t, eng2.Start(context.Background()))
+	t.Cleanup(func() { _ = eng2.Stop(context.Background()) })
+	b.start()
+	for _, r := range res {
+		b.waitStatus(r.ID, "done", 30*time.Second)
+	}
+	require.Equal(t, 3, g.max("t-1"), "most steps of the key at once")
+}
