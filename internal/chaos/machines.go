@@ -38,10 +38,6 @@ type LeafState struct {
 	TxHoldMs int `json:"tx_hold_ms,omitempty"`
 	// Exact: work exactly SleepMs, not a random part of it.
 	Exact bool `json:"exact,omitempty"`
-	// Chain (the "chain" machine): how many more times the step goes on
-	// to itself with a Next without delay — a group-committed outcome that
-	// keeps the row claimed, so the same worker runs the next step at once.
-	Chain int `json:"chain,omitempty"`
 }
 
 // WaiterState is the state of the "waiter" machine: it awaits "pay"
@@ -80,9 +76,6 @@ type Machines struct {
 	// Plain is a leaf without the oracle: its outcome is an ordinary
 	// group-committed one (no WithTx). Bystander of the poison scenario.
 	Plain *gendurable.Machine[LeafState]
-	// Chain is Plain whose step goes on to itself LeafState.Chain times
-	// (chained steps, docs/design.md §4), then finishes.
-	Chain *gendurable.Machine[LeafState]
 
 	PoisonPanic     *gendurable.Machine[LeafState]
 	PoisonLoop      *gendurable.Machine[LeafState]
@@ -243,23 +236,6 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 			},
 		},
 	}
-	m.Chain = &gendurable.Machine[LeafState]{
-		Name: "chain", Start: "work", MaxAttempts: 25, Backoff: chaosBackoff,
-		Steps: map[string]gendurable.StepFunc[LeafState]{
-			"work": func(ctx context.Context, r *gendurable.Run[LeafState]) (gendurable.Outcome, error) {
-				if _, err := beginWork(ctx, rt, r, r.State.Seq, jitter(r.State.SleepMs)); err != nil {
-					return gendurable.Outcome{}, err
-				}
-				if r.State.Chain <= 0 {
-					return gendurable.Done(map[string]int{"seq": r.State.Seq}), nil
-				}
-				s := r.State
-				s.Seq++
-				s.Chain--
-				return r.Next("work", s), nil // group-committed, chained
-			},
-		},
-	}
 
 	// --- poison steps -------------------------------------------------------
 	m.PoisonPanic = &gendurable.Machine[LeafState]{
@@ -399,7 +375,7 @@ func NewMachines(rt *Runtime, k Knobs) *Machines {
 		return 0
 	})
 
-	m.All = []gendurable.Definition{m.Flow, m.Leaf, m.Waiter, m.Plain, m.Chain,
+	m.All = []gendurable.Definition{m.Flow, m.Leaf, m.Waiter, m.Plain,
 		m.PoisonPanic, m.PoisonLoop, m.PoisonDecode, m.PoisonEncode, m.PoisonHandle, m.PoisonNUL, m.PoisonDeep, m.PoisonDeepPlain,
 		m.ClockSleep, m.ClockAwait, m.ClockLong, m.ClockHang}
 	return m
