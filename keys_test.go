@@ -1405,7 +1405,7 @@ func TestHelperChainingWorkerProcess(t *testing.T) {
 // it must not start step b on those claims: their leases ran out on the
 // database clock a lease ago, and the rows run again under new claims.
 // (Its deadline timer would cancel such a step a moment later; the step
-// must not start at all.) Before Continue checked the deadlines, 4 of 15
+// must not start at all.) Before Continue checked the deadlines, 5 of 29
 // runs here started 1–2 such steps, beside the same rows' new runs: on
 // waking, the answer could reach the executor before the timer gave the
 // old claim up.
