@@ -415,8 +415,12 @@ type QueueOpts struct {
 	Create bool
 }
 
-// Pause stops every process from picking queue (steps already running
-// finish). The state is stored in the database. The queue must be known:
+// Pause stops every process from picking queue and from handing a key's
+// slot on to the key's next row (steps already running finish). It does not
+// stop a chain: an instance whose step returns a Next without delay goes on
+// with its next step in the same worker, up to QueueConfig.ChainSteps steps
+// in a row, before it goes back to the (paused) queue. The state is stored
+// in the database. The queue must be known:
 // it has a row, an instance, or is in this engine's Config.Queues; else
 // [ErrUnknownQueue] (see [Engine.SetPaused] to create one).
 func (e *Engine) Pause(ctx context.Context, queue string) error {

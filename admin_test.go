@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -813,4 +814,48 @@ func TestPruneKeepsAFinishedParentWithLiveChildren(t *testing.T) {
 	age()
 	require.Equal(t, int64(2), prune(), "finished, the rest goes, parents first")
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+}
+
+// TestPauseLetsAChainEndAtChainSteps: a pause stops picks, not a chain — an
+// instance whose steps go on to their next with a Next without delay runs
+// at most QueueConfig.ChainSteps more steps in the worker that holds it,
+// then goes back to the queue, where it waits while the queue is paused.
+func TestPauseLetsAChainEndAtChainSteps(t *testing.T) {
+	t.Parallel()
+	const chain = 3
+	var mu sync.Mutex
+	var starts []time.Time
+	m := &gendurable.Machine[orderArgs]{Name: "pausechain", Start: "s", Steps: map[string]gendurable.StepFunc[orderArgs]{
+		"s": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			mu.Lock()
+			starts = append(starts, time.Now())
+			mu.Unlock()
+			time.Sleep(30 * time.Millisecond)
+			if r.State.I >= 50 {
+				return gendurable.Done(nil), nil
+			}
+			s := r.State
+			s.I++
+			return r.Next("s", s), nil
+		}}}
+	cfg := fastConfig("", m)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, ChainSteps: chain, PollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(orderArgs{}))
+	eventually(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(starts) >= 2 }, "the chain never ran")
+	require.NoError(t, b.eng.Pause(context.Background(), "default"))
+	paused := time.Now()
+	time.Sleep(time.Second)
+	mu.Lock()
+	after := 0
+	for _, s := range starts {
+		if s.After(paused) {
+			after++
+		}
+	}
+	mu.Unlock()
+	t.Logf("%d steps started after the pause", after)
+	require.LessOrEqual(t, after, chain, "more steps started after the pause than one chain's")
+	require.Equal(t, "runnable", b.row(id).Status, "the instance went back to the paused queue")
 }

@@ -3,16 +3,20 @@ package gendurable_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -1324,4 +1328,303 @@ func TestRetryOfACancelledKeyedStepWaitsForItsLease(t *testing.T) {
 			require.Equal(t, 1, most, "the retried keyed step ran beside its cancelled run")
 		})
 	}
+}
+
+// chainedKeyMachine is a keyed machine of two steps, a → b, that chains
+// (a group-committed Next without delay). Each step records its start in
+// table starts — in the statement that writes it, whether its claim was
+// still current: its token the row's, executing, its lease not run out on
+// the database clock — with a context that is not cancelled (the start
+// happened, whatever comes after); step a also records its end. Each step
+// then works, honouring its context.
+func chainedKeyMachine(pool *pgxpool.Pool, schema string) *gendurable.Machine[orderArgs] {
+	record := func(ctx context.Context, r *gendurable.Run[orderArgs], step string) {
+		if pool == nil {
+			return
+		}
+		_, _ = pool.Exec(context.WithoutCancel(ctx), `INSERT INTO `+schema+`.starts
+			SELECT $1, $2, $3, clock_timestamp(), EXISTS (SELECT 1 FROM `+schema+`.gendurable_instances AS i
+			  WHERE i.id = $1 AND i.claim_token = $3 AND i.status = 'executing' AND i.lease_expires_at > clock_timestamp())`,
+			r.ID, step, r.Token)
+	}
+	work := func(ctx context.Context, d time.Duration) error {
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(d):
+			return nil
+		}
+	}
+	return &gendurable.Machine[orderArgs]{
+		Name: "chainkey", Start: "a",
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"a": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				record(ctx, r, "a")
+				if err := work(ctx, 400*time.Millisecond); err != nil {
+					return gendurable.Outcome{}, err
+				}
+				record(ctx, r, "a-end")
+				return r.Next("b", r.State), nil
+			},
+			"b": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				record(ctx, r, "b")
+				if err := work(ctx, 200*time.Millisecond); err != nil {
+					return gendurable.Outcome{}, err
+				}
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+}
+
+// TestHelperChainingWorkerProcess is not a test: it is the worker process
+// that TestStoppedWorkerStartsNoChainedStepOfALapsedLease stops and
+// continues.
+func TestHelperChainingWorkerProcess(t *testing.T) {
+	schema := os.Getenv("GENDURABLE_CHAIN_SCHEMA")
+	if schema == "" {
+		t.Skip("helper process only")
+	}
+	serveHelper(func(pool *pgxpool.Pool) *gendurable.Config {
+		return &gendurable.Config{
+			Schema:        schema,
+			Machines:      []gendurable.Definition{chainedKeyMachine(pool, schema)},
+			Queues:        map[string]gendurable.QueueConfig{"default": {Concurrency: 3, PollInterval: 20 * time.Millisecond}},
+			LeaseDuration: 1500 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond, ReaperInterval: -1,
+		}
+	})
+}
+
+// TestStoppedWorkerStartsNoChainedStepOfALapsedLease: a worker process
+// runs step a of keyed instances; their chaining outcomes (Next to b,
+// group-committed) wait on the rows' locks, which the test holds, and the
+// worker is stopped (SIGSTOP) with them in flight. The test lets them
+// commit: each row is re-claimed for step b under a fresh lease, and the
+// answer waits in the stopped worker's socket. Two leases later the rows
+// are reaped (their keys free for any worker). When the worker continues
+// it must not start step b on those claims: their leases ran out on the
+// database clock a lease ago, and the rows run again under new claims.
+// (Its deadline timer would cancel such a step a moment later; the step
+// must not start at all.) Before Continue checked the deadlines, 5 of 29
+// runs here started 1–2 such steps, beside the same rows' new runs: on
+// waking, the answer could reach the executor before the timer gave the
+// old claim up.
+func TestStoppedWorkerStartsNoChainedStepOfALapsedLease(t *testing.T) {
+	t.Parallel()
+	const lease = 1500 * time.Millisecond
+	const n = 3
+	m := chainedKeyMachine(nil, "") // this process only inserts, locks and reaps
+	b := setup(t, nil, m)
+	b.exec(`CREATE TABLE {{s}}.starts (id bigint, step text, token bigint, at timestamptz, current bool)`)
+	var ids []int64
+	for i := range n {
+		ids = append(ids, b.insert(m.New(orderArgs{I: i}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprintf("ck-%d", i)})))
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperChainingWorkerProcess$")
+	cmd.Env = append(os.Environ(), "GENDURABLE_CHAIN_SCHEMA="+b.schema)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_, _ = cmd.Process.Wait()
+	})
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.starts WHERE step = 'a'`) == n
+	}, "the worker never started step a of every instance")
+
+	// Hold the rows' locks: the chaining outcomes wait on them.
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, replaceSchema(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = ANY ($1) FOR UPDATE`, b.schema), ids)
+	require.NoError(t, err)
+	eventually(t, 5*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.starts WHERE step = 'a-end'`) == n
+	}, "step a did not end")
+	eventually(t, 5*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))
+			AND query LIKE '%cont_asked%'`, int(tx.Conn().PgConn().PID())) > 0
+	}, "no chaining outcome waits on the rows' locks")
+	time.Sleep(100 * time.Millisecond) // every outcome sent
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	eventually(t, 5*time.Second, func() bool { return processStopped(cmd.Process.Pid) }, "the worker did not stop")
+	require.NoError(t, tx.Commit(ctx))
+	var chained int
+	eventually(t, 5*time.Second, func() bool {
+		chained = b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = ANY ($1) AND step = 'b' AND status = 'executing'`, ids)
+		return chained > 0
+	}, "no chaining outcome re-claimed its row for step b")
+	time.Sleep(200 * time.Millisecond) // the others, if they were sent
+	chained = b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = ANY ($1) AND step = 'b' AND status = 'executing'`, ids)
+
+	time.Sleep(2 * lease)
+	reaped, err := b.eng.Reap(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, reaped, chained, "the continued rows' leases ran out while the worker was stopped")
+	continued := time.Now()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
+	time.Sleep(1500 * time.Millisecond)
+
+	stale := b.count(`SELECT count(*) FROM {{s}}.starts WHERE step = 'b' AND NOT current AND at > $1`, continued)
+	all := b.count(`SELECT count(*) FROM {{s}}.starts WHERE step = 'b'`)
+	t.Logf("%d rows re-claimed for step b while the worker was stopped; step b: %d starts after SIGCONT, %d of them on a claim that was no longer current",
+		chained, all, stale)
+	require.Zero(t, stale, "after SIGCONT the worker started step b on claims whose leases had run out while it was stopped")
+}
+
+// processStopped reports whether every thread of process pid is stopped
+// (state T in /proc/<pid>/task/*/stat).
+func processStopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		i := strings.LastIndexByte(string(b), ')')
+		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
+
+// TestHandOffWhoseAnswerIsLostRunsTheSuccessorOnce: a keyed step's outcome
+// hands its key's slot on (it claims the key's next row), commits, and its
+// answer never reaches the worker — the worker's connections to the server
+// are stranded (nothing crosses, nothing is closed) just before the
+// statement runs. The committer gives up on the stranded connection after
+// a lease and writes the outcome again on a fresh one, where it is fenced
+// out (the step's row is done) and hands nothing on; the successor, never
+// started, holds its key's slot until its lease runs out, is reaped, and
+// runs — once, never beside another run of its key — and every row of the
+// key is done.
+func TestHandOffWhoseAnswerIsLostRunsTheSuccessorOnce(t *testing.T) {
+	t.Parallel()
+	const lease = 1500 * time.Millisecond
+	g := newKeyGauge()
+	entered := make(chan int64, 16)
+	var mu sync.Mutex
+	runs := map[int64]int{}
+	job := &gendurable.Job[spanArgs]{Name: "lostanswer", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		mu.Lock()
+		runs[r.ID]++
+		mu.Unlock()
+		entered <- r.ID
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(200 * time.Millisecond):
+			return nil
+		}
+	}}
+	short := func(cfg *gendurable.Config) *gendurable.Config {
+		cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = lease, 500*time.Millisecond, 100*time.Millisecond
+		cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 50 * time.Millisecond}}
+		return cfg
+	}
+	b := setup(t, short(fastConfig("", job)))
+	ctx := context.Background()
+	var ids []int64
+	for range 3 {
+		ids = append(ids, b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})))
+	}
+
+	// Worker A reaches the server through a proxy that can strand its connections.
+	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
+	pcfg := proxy.PoolConfig(t, dbtest.URL())
+	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
+	pcfg.MaxConns = 6
+	poolA, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	engA, err := gendurable.New(poolA, short(fastConfig(b.schema, job)))
+	require.NoError(t, err)
+	require.NoError(t, engA.Start(ctx))
+	t.Cleanup(func() {
+		proxy.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = engA.Stop(ctx)
+		poolA.Close()
+	})
+	require.Equal(t, ids[0], <-entered)
+
+	// The first row's outcome waits on its row lock; the connections are
+	// stranded; then the outcome commits, handing the slot on.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, replaceSchema(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), ids[0])
+	require.NoError(t, err)
+	eventually(t, 5*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))
+			AND query LIKE '%cont_asked%'`, int(tx.Conn().PgConn().PID())) > 0
+	}, "no outcome waits on the first row's lock")
+	proxy.Strand()
+	require.NoError(t, tx.Rollback(ctx))
+	b.waitStatus(ids[0], "done", 5*time.Second)
+	var succ int64
+	eventually(t, 5*time.Second, func() bool {
+		return b.pool.QueryRow(ctx, replaceSchema(`SELECT i.id FROM {{s}}.gendurable_instances AS i, {{s}}.gendurable_instances AS p
+			WHERE p.id = $1 AND i.partition_key = 'k' AND i.status = 'executing' AND i.updated_at = p.finished_at`, b.schema), ids[0]).Scan(&succ) == nil
+	}, "the outcome handed the key's slot to no row")
+	committed := time.Now()
+
+	b.start() // worker B, connected directly
+	for _, id := range ids {
+		b.waitStatus(id, "done", 30*time.Second)
+	}
+	r := b.row(succ)
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("successor %d: %d runs, attempt %d, errors %v; all done %s after the commit", succ, runs[succ], r.Attempt, r.Errors, time.Since(committed))
+	require.Equal(t, 1, runs[succ], "the stranded successor ran more than once, or never")
+	require.Equal(t, 1, r.Attempt, "the stranded claim was reaped (an attempt)")
+	require.Equal(t, "lease_expired", r.Errors[0]["kind"])
+	require.Equal(t, 1, g.max("k"), "two rows of the key ran at once")
+	for _, id := range ids {
+		require.Equal(t, 1, runs[id], "instance %d", id)
+	}
+}
+
+// TestKeyPoliciesThatDifferBetweenEngines: two engines work one queue, one
+// with a KeyPolicy of limit 3 for the key's prefix, the other with none
+// (limit 1 there). Each process applies its own: the key runs up to the
+// larger limit at once, never more — a row another engine starts counts
+// against every engine's limit.
+func TestKeyPoliciesThatDifferBetweenEngines(t *testing.T) {
+	t.Parallel()
+	g := newKeyGauge()
+	job := &gendurable.Job[spanArgs]{Name: "differ", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter(r.PartitionKey)
+		defer g.leave(r.PartitionKey)
+		time.Sleep(40 * time.Millisecond)
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, PollInterval: 10 * time.Millisecond}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "t-", Limit: 3}}
+	b := setup(t, cfg)
+	cfg2 := b.eng.Config()
+	cfg2.Logger, cfg2.KeyPolicies = testLogger(t), nil
+	eng2, err := gendurable.New(b.pool, &cfg2)
+	require.NoError(t, err)
+	var ps []gendurable.InsertParams
+	for range 40 {
+		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "t-1"}))
+	}
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	require.NoError(t, eng2.Start(context.Background()))
+	t.Cleanup(func() { _ = eng2.Stop(context.Background()) })
+	b.start()
+	for _, r := range res {
+		b.waitStatus(r.ID, "done", 30*time.Second)
+	}
+	require.Equal(t, 3, g.max("t-1"), "most steps of the key at once")
 }

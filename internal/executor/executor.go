@@ -234,8 +234,10 @@ func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.C
 		return r.handedOff(ctx, c, applied, &res)
 	}
 	if applied != nil && applied.Token != nil && !h.Continue(c.Token, *applied.Token) {
-		// The feeder gave up the claim meanwhile (its lease looked lost):
-		// hand the re-claimed row back rather than strand it.
+		// The feeder gave up the claim meanwhile (its lease looked lost),
+		// or the answer came too late to trust the new lease (the process
+		// was stopped while the statement was in flight): hand the
+		// re-claimed row back rather than strand it or run it.
 		x.releaseClaim(&sqlq.Claimed{ID: c.ID, Token: *applied.Token}, 0)
 		return nil, feeder.Result{RunnableNow: true}
 	}

@@ -76,7 +76,10 @@ type Executor func(ctx context.Context, c *sqlq.Claimed, h Holder) Result
 type Holder interface {
 	// Continue moves the held claim from the old token to the new one (the
 	// outcome statement re-claimed the row), so that heartbeats follow it.
-	// It reports false if the old claim is no longer held (lease lost).
+	// It reports false if the old claim is no longer held (lease lost), or
+	// if its deadline or the new lease's (one lease after the outcome
+	// statement was about to be sent, see Committing) has passed: the
+	// caller must release the row then, and not run its next step.
 	Continue(oldToken, newToken int64) bool
 	// Stopping reports that the feeder is shutting down: finish, don't chain.
 	Stopping() bool
@@ -960,11 +963,23 @@ func (h *holder) Continue(oldToken, newToken int64) bool {
 	if e == nil || oldToken != h.token {
 		return false
 	}
+	// The outcome statement gave the row a fresh lease; it was sent after
+	// committingAt. An answer that comes back past that lease's deadline,
+	// or past the old claim's (the process was stopped while the statement
+	// was in flight, and woke with the answer waiting before the timer ran),
+	// is not acted on: the new lease may have run out on the database clock,
+	// the row been reaped and run elsewhere — for a keyed row, its key taken
+	// by its next row — and for a row of a queue with a GlobalConcurrency
+	// the statement may have re-claimed it after its lease ran out, when
+	// its place could be another step's. The timer gives the claim up.
+	now := time.Now()
+	deadline := e.committingAt.Add(h.s.cfg.Lease)
+	if !deadline.After(now) || !e.deadline.After(now) {
+		return false
+	}
 	delete(h.s.held, oldToken)
 	e.committing = false // the next step runs
-	// The outcome statement gave the row a fresh lease; it was sent after
-	// committingAt.
-	e.deadline = e.committingAt.Add(h.s.cfg.Lease)
+	e.deadline = deadline
 	h.s.held[newToken] = e
 	h.token = newToken
 	// A heartbeat confirmed while the outcome was in flight may have

@@ -664,3 +664,56 @@ func TestFloorTickWaitsForARunningCheck(t *testing.T) {
 			s.floorTicked, ticked, s.claimedSince, s.floor)
 	}
 }
+
+// TestContinueRefusesALapsedClaim: a chaining outcome whose answer comes
+// back late — the process was stopped (SIGSTOP) while the statement was in
+// flight, and on waking the answer reached the executor before the
+// deadline timer had run — must not move the claim to the continued row:
+// the row's new lease began when the statement ran, a lease ago or more,
+// so it may have been reaped and run elsewhere (for a keyed row, its key
+// taken by its next row), and the executor would start the next step on a
+// claim that is no longer current. Continue refuses, as HandOff does, when
+// the new lease's deadline (one lease after the statement was about to be
+// sent) has passed, and also when the old claim's deadline has passed (for
+// a row of a queue with a GlobalConcurrency the statement re-claims a row
+// whose lease ran out, whose place may be another step's); the claim stays
+// held under its old token for the timer to give up.
+func TestContinueRefusesALapsedClaim(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second,
+		MaxPollInterval: time.Second, Lease: lease, HeartbeatInterval: 300 * time.Millisecond},
+		nil, nil, nil, &pickLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(func() { s.mu.Lock(); s.timerOff = true; s.deadline.Stop(); s.mu.Unlock() })
+	// The timer is not armed: as in a process that just woke, it has not
+	// run yet.
+	s.held[7] = &held{id: 1, running: true, deadline: time.Now().Add(lease), cancel: func(error) {}}
+	h := &holder{s: s, token: 7}
+	h.Committing()
+	if !h.Continue(7, 9) {
+		t.Fatal("a chaining outcome answered at once was refused")
+	}
+	if s.held[7] != nil || s.held[9] == nil || h.token != 9 {
+		t.Fatalf("after Continue: held %v, token %d", s.held, h.token)
+	}
+
+	// Answered two leases after it was sent; a heartbeat during the
+	// statement had confirmed the old lease, so its deadline is still ahead.
+	h.Committing()
+	s.held[9].committingAt = time.Now().Add(-2 * lease)
+	if h.Continue(9, 11) {
+		t.Fatal("Continue moved the claim to a row whose new lease ran out a lease ago")
+	}
+	if s.held[9] == nil || s.held[11] != nil || h.token != 9 {
+		t.Fatalf("a refused Continue changed the claims: held %v, token %d", s.held, h.token)
+	}
+
+	// Answered in time for the new lease, but the old claim's deadline
+	// has passed: the statement may have re-claimed a row whose lease had
+	// run out.
+	h.Committing()
+	s.held[9].deadline = time.Now().Add(-time.Millisecond)
+	if h.Continue(9, 11) {
+		t.Fatal("Continue moved a claim whose deadline had passed")
+	}
+}
