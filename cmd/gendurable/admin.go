@@ -35,8 +35,34 @@ type common struct {
 
 func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.dbURL, "database-url", "", "PostgreSQL URL (default DATABASE_URL, else the local server)")
-	fs.StringVar(&c.schema, "schema", "public", "schema holding gendurable's tables")
+	c.schema = "public"
+	fs.Var(schemaFlag{&c.schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
+}
+
+// errEmptySchema: --schema was given an empty value. The library reads an
+// empty Config.Schema as "public", so without this check an unset shell
+// variable (--schema "$SCHEMA") would act on the public schema.
+var errEmptySchema = errors.New(`empty: give the schema's name (omit --schema for "public")`)
+
+// schemaFlag is --schema: a value that is empty or only white space is a
+// usage error when the command line is parsed, before any connection.
+// (Any other bad name is the library's ErrInvalidSchema, also before one.)
+type schemaFlag struct{ s *string }
+
+func (f schemaFlag) String() string {
+	if f.s == nil {
+		return ""
+	}
+	return *f.s
+}
+
+func (f schemaFlag) Set(v string) error {
+	if strings.TrimSpace(v) == "" {
+		return errEmptySchema
+	}
+	*f.s = v
+	return nil
 }
 
 // engine opens a pool and an insert-only engine for admin calls. Its

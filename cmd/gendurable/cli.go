@@ -85,7 +85,7 @@ commands:
                                  the long-horizon benchmark's adapter, configured by the environment)
 
 "gendurable <command> --help" shows a command's arguments and flags.
-Every database command takes --database-url, --schema (default public) and --json.
+Every database command takes --database-url, --schema (default public; not empty) and --json.
 
 With --json, output is JSON with snake_case names, and an error is {"error": {"code": ...,
 "message": ..., "exit_code": ...}} on stderr. Exit codes: 0 ok; 1 failure (code "error";
@@ -234,7 +234,9 @@ func databaseURL(flagValue string) string {
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate")
 	dbURL := fs.String("database-url", "", "PostgreSQL URL")
-	schema := fs.String("schema", "public", "schema holding gendurable's tables")
+	schema := new(string)
+	*schema = "public"
+	fs.Var(schemaFlag{schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	yes := fs.Bool("yes", false, "down: do not ask for confirmation (needed when stdin is not a terminal)")
 	if len(args) == 0 {
