@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -250,6 +252,78 @@ func TestUIServesTheDashboardOnLoopback(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// TestUIAnswersRequestsUnderWayWhenInterrupted: a SIGTERM (or Ctrl-C) stops
+// `gendurable ui` taking connections, but a request under way is still
+// answered, its action done and audit-logged, before the process exits.
+// Before, the command returned as soon as http.Server.Serve did — at the
+// start of Shutdown — and the process exited under the request: the client
+// got nothing, the cancel was not done (a bulk action could be stopped
+// between batches) and no audit line was written. The request here is a
+// cancel whose body is held back until the server is stopping (Expect:
+// 100-continue says when its handler is reading it).
+func TestUIAnswersRequestsUnderWayWhenInterrupted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := dbtest.NewSchema(t, nil)
+	seed(t, pool, schema, 1, "queue, status", "'q', 'runnable'")
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM "`+schema+`".gendurable_instances`).Scan(&id))
+
+	cmd := exec.Command(binary, "ui", "--schema", schema, "--addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err, "stderr: %s", stderr)
+	go func() { exited <- cmd.Wait() }()
+	addr := strings.TrimSuffix(strings.TrimPrefix(strings.Fields(line)[2], "http://"), "/")
+
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.SetDeadline(time.Now().Add(time.Minute)))
+	body := "reason=interrupted"
+	_, err = fmt.Fprintf(conn, "POST /instances/%d/cancel HTTP/1.1\r\nHost: %s\r\n"+
+		"Content-Type: application/x-www-form-urlencoded\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", id, addr, len(body))
+	require.NoError(t, err)
+	resp := bufio.NewReader(conn)
+	status, err := resp.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "HTTP/1.1 100 Continue\r\n", status, "the handler reads the body")
+	_, err = resp.ReadString('\n')
+	require.NoError(t, err)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.Eventually(t, func() bool { // stopping: no new connection is taken
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	}, 10*time.Second, 10*time.Millisecond, "stderr: %s", stderr)
+	_, err = io.WriteString(conn, body)
+	require.NoError(t, err)
+	status, err = resp.ReadString('\n')
+	require.NoError(t, err, "the request under way is answered; stderr: %s", stderr)
+	require.Equal(t, "HTTP/1.1 303 See Other\r\n", status)
+
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "exit 0 once the request is answered; stderr: %s", stderr)
+		exited <- err // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatalf("still running 30 s after SIGTERM with no request under way; stderr: %s", stderr)
+	}
+	require.Contains(t, stderr.String(), "gendurable: ui: stopping; answering the requests under way first")
+	require.Contains(t, stderr.String(), `msg="dashboard audit: cancel" action=cancel outcome=ok status=303`)
+	require.Equal(t, 1, countRows(t, pool, schema, fmt.Sprintf("id = %d AND status = 'failed'", id)))
 }
 
 // TestCLIRejectsBadInput: NUL-free but invalid UTF-8 or control characters

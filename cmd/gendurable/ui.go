@@ -107,16 +107,47 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "dashboard on http://%s/ (Ctrl-C to stop)\n", ln.Addr())
+	return serveUntil(ctx, srv, dashboard.LimitListener(ln, *maxConns), stderr)
+}
+
+// uiShutdownTimeout bounds how long an interrupted `gendurable ui` waits
+// for the requests under way: the dashboard bounds each by its
+// RequestTimeout, so they end within it.
+const uiShutdownTimeout = dashboard.DefaultRequestTimeout + 5*time.Second
+
+// serveUntil serves ln until ctx ends, then stops taking connections and
+// returns once the requests under way have been answered (at most
+// uiShutdownTimeout; those still running then are cut off, and it says
+// so). http.Server.Serve returns as soon as Shutdown begins: returning
+// then let the process exit under a request still running — a retry or
+// cancel by filter stopped between its batches, its answer and its audit
+// line lost.
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener, stderr io.Writer) error {
+	stopped := make(chan struct{}) // Serve returned on its own
+	drained := make(chan error, 1)
 	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		select {
+		case <-ctx.Done():
+		case <-stopped:
+			drained <- nil
+			return
+		}
+		fmt.Fprintf(stderr, "gendurable: ui: stopping; answering the requests under way first (at most %s)\n", uiShutdownTimeout)
+		shutdown, cancel := context.WithTimeout(context.Background(), uiShutdownTimeout)
 		defer cancel()
-		_ = srv.Shutdown(shutdown)
+		err := srv.Shutdown(shutdown)
+		if err != nil {
+			_ = srv.Close()
+			err = fmt.Errorf("ui: requests still under way %s after the interrupt were cut off: %w", uiShutdownTimeout, err)
+		}
+		drained <- err
 	}()
-	if err := srv.Serve(dashboard.LimitListener(ln, *maxConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	err := srv.Serve(ln)
+	close(stopped)
+	if !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	return nil
+	return <-drained
 }
 
 // secret is a credential from its flag, its file, or its environment
