@@ -90,18 +90,32 @@ func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engi
 // the dashboard users': its lines say via=ui and name the server's
 // operating-system user as such, not as the one who acted.
 func (c *common) logger(stderr io.Writer) *slog.Logger {
+	if c.ui {
+		h, name := logHandler(stderr, c.json)
+		return slog.New(h).With("via", "ui", "server_user", name)
+	}
+	return cliLogger(stderr, c.json)
+}
+
+// cliLogger is the audit logger of a command run from the shell: text
+// lines on stderr (JSON lines if asJSON), with via=cli and the
+// operating-system user. Every mutation leaves a line on it: those of the
+// admin commands (through the engine), migrate's, and a --reset-schema drop.
+func cliLogger(stderr io.Writer, asJSON bool) *slog.Logger {
+	h, name := logHandler(stderr, asJSON)
+	return slog.New(h).With("via", "cli", "user", name)
+}
+
+func logHandler(stderr io.Writer, asJSON bool) (slog.Handler, string) {
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
-	if c.json {
+	if asJSON {
 		h = slog.NewJSONHandler(stderr, nil)
 	}
 	name := "unknown"
 	if u, err := user.Current(); err == nil {
 		name = u.Username
 	}
-	if c.ui {
-		return slog.New(h).With("via", "ui", "server_user", name)
-	}
-	return slog.New(h).With("via", "cli", "user", name)
+	return h, name
 }
 
 // parse parses flags that may come before or after the positional
@@ -769,6 +783,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return usageError{msg: "demo: --orders and --workers must be positive", help: true}
 	}
 	o.Confirm = confirmer(stderr, *yes)
+	o.AuditLogger = cliLogger(stderr, false)
 	o.DatabaseURL = *dbURL
 	if o.DatabaseURL == "" {
 		o.DatabaseURL = os.Getenv("DATABASE_URL")

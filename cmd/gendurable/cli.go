@@ -97,8 +97,9 @@ that has instances).
 Attempts are shown counted from 1 ("attempt 1 of 3" is the first run; one failed after its
 last lease expired shows "3 of 3"); the JSON "attempt" fields count from 0, as the Go API does.
 
-Mutations (retry, cancel, run-now, signal, pause, resume, queue remove, prune) are logged to
-stderr, one line each (JSON with --json), with the operating-system user.
+Mutations (retry, cancel, run-now, signal, pause, resume, queue remove, prune, a migrate that
+applied a version, a --reset-schema drop) are logged to stderr, one line each (JSON with --json),
+with the operating-system user.
 
 The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
 `
@@ -298,6 +299,9 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	if len(res.Applied) > 0 { // a change to the schema: on the audit trail, as every mutation
+		cliLogger(stderr, *asJSON).Info("gendurable: schema migrated", "schema", *schema, "from", res.From, "to", res.To, "applied", res.Applied)
+	}
 	if *asJSON {
 		applied := res.Applied
 		if applied == nil {
@@ -368,6 +372,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	o.DatabaseURL = databaseURL(*dbURL)
 	o.Confirm = confirmer(stderr, *yes)
+	o.AuditLogger = cliLogger(stderr, *asJSON)
 	if benchrun.IsTerminal(os.Stderr) {
 		o.Progress = stderr
 	}

@@ -68,6 +68,8 @@ type Options struct {
 	// everything in it; Confirm, if set, is asked first.
 	ResetSchema bool
 	Confirm     func(question string) (bool, error)
+	// AuditLogger, if set, gets a line when ResetSchema drops a schema.
+	AuditLogger *slog.Logger
 }
 
 // Report is what one run measured.
@@ -156,7 +158,7 @@ func (o *Options) defaults() error {
 
 // prepare gives the run a fresh schema of its own (see Options.Schema).
 func (o *Options) prepare(ctx context.Context, pool *pgxpool.Pool) error {
-	return scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Reset: o.ResetSchema, Confirm: o.Confirm})
+	return scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger})
 }
 
 // queueConfig is the configuration of each of the run's queues.

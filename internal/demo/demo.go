@@ -31,6 +31,7 @@ type Options struct {
 	Schema      string
 	ResetSchema bool                                // drop an existing schema the demo did not create
 	Confirm     func(question string) (bool, error) // asked before such a drop, if set
+	AuditLogger *slog.Logger                        // if set, gets a line when such a schema is dropped
 	Orders      int                                 // default 200
 	Workers     int                                 // engines working the queues; default 3
 	Out         io.Writer
@@ -141,7 +142,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Reset: o.ResetSchema, Confirm: o.Confirm}); err != nil {
+	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger}); err != nil {
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
