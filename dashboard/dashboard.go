@@ -113,6 +113,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/gendurable/gendurable"
 )
@@ -148,7 +149,9 @@ type Options struct {
 	// BasicAuth, if set, requires these credentials (HTTP Basic).
 	BasicAuth *BasicAuth
 	// BearerToken, if set, requires "Authorization: Bearer <token>". When
-	// both BasicAuth and BearerToken are set, either is accepted.
+	// both BasicAuth and BearerToken are set, either is accepted. New
+	// refuses a token, user or password with a control character (no
+	// header or login form could carry it).
 	BearerToken string
 
 	// ReadOnly hides every action and makes every mutating route answer 403.
@@ -227,10 +230,19 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	if a := opts.BasicAuth; a != nil && (a.User == "" || a.Password == "" || strings.Contains(a.User, ":")) {
 		return nil, errors.New("dashboard: BasicAuth needs a non-empty User (without ':') and Password")
 	}
+	if a := opts.BasicAuth; a != nil && (hasControl(a.User) || hasControl(a.Password)) {
+		// RFC 7617: no control characters; a browser's login form cannot
+		// type one, so nobody could log in.
+		return nil, errors.New("dashboard: BasicAuth holds a control character (a line break from a file?): no browser could log in with it")
+	}
 	if tok := opts.BearerToken; tok != "" {
 		// Trimmed like the presented token, so " x" can log in with "x".
 		if opts.BearerToken = strings.TrimSpace(tok); opts.BearerToken == "" {
 			return nil, errors.New("dashboard: BearerToken is only white space")
+		}
+		if hasControl(opts.BearerToken) {
+			// An HTTP header cannot carry one: no client could present it.
+			return nil, errors.New("dashboard: BearerToken holds a control character (a line break from a file?): no client could present it")
 		}
 	}
 	allowed := map[string]bool{}
@@ -337,6 +349,9 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	d.handler = cop.Handler(mux)
 	return d, nil
 }
+
+// hasControl reports whether s holds a control character (C0, DEL or C1).
+func hasControl(s string) bool { return strings.ContainsFunc(s, unicode.IsControl) }
 
 // ServeHTTP applies the security headers, authentication and timeout, strips
 // the base path, and routes.

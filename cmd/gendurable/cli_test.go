@@ -326,6 +326,47 @@ func TestUIAnswersRequestsUnderWayWhenInterrupted(t *testing.T) {
 	require.Equal(t, 1, countRows(t, pool, schema, fmt.Sprintf("id = %d AND status = 'failed'", id)))
 }
 
+// TestUISecretFilesAreBoundedAndOneLine: --token-file and --basic-auth-file
+// read at most 4 KiB (before, the whole file: --token-file /dev/zero grew
+// the process by hundreds of MB a second until it was killed, and a 64 KiB
+// file became a 64 KiB token), and a credential with a line break inside is
+// refused (before, the dashboard started and refused every login). Both
+// are exit 2 before anything is served; the database URL here has nothing
+// listening.
+func TestUISecretFilesAreBoundedAndOneLine(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	big := write("big", strings.Repeat("a", 64<<10))
+	twoLines := write("two", "first-line-of-token\nsecond-line\n")
+	basicTwoLines := write("basic", "ops:pass\nword\n")
+	fine := write("fine", strings.Repeat("t", 4<<10-1)+"\n") // 4 KiB with its line break: one token
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--token-file", big}, "longer than 4096 bytes"},
+		{[]string{"--basic-auth-file", big}, "longer than 4096 bytes"},
+		{[]string{"--token-file", twoLines}, "control character"},
+		{[]string{"--basic-auth-file", basicTwoLines}, "control character"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var stdout, stderr strings.Builder
+		code := run(ctx, append([]string{"ui", "--addr", "127.0.0.1:0", "--database-url", "postgres://postgres@127.0.0.1:1/none"}, c.args...), &stdout, &stderr)
+		cancel()
+		require.Equal(t, exitUsage, code, "%q: %s", c.args, stderr.String())
+		require.Contains(t, stderr.String(), c.want, "%q", c.args)
+		require.Empty(t, stdout.String(), "%q: nothing served", c.args)
+	}
+	tok, err := secret("token", "", fine, envUIToken, io.Discard)
+	require.NoError(t, err)
+	require.Len(t, tok, 4<<10-1)
+}
+
 // TestCLIRejectsBadInput: NUL-free but invalid UTF-8 or control characters
 // in filters and queue names are a usage error (exit 2), not a database
 // error (exit 1 with SQLSTATE 22021). (A NUL cannot travel in argv.)

@@ -161,7 +161,7 @@ func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 		fmt.Fprintf(stderr, "gendurable: warning: --%s is visible to every user of this machine (ps); prefer --%s-file or %s\n", name, name, env)
 		return value, nil
 	case file != "":
-		b, err := os.ReadFile(file)
+		b, err := readSecretFile(file)
 		if err != nil {
 			return "", usageError{msg: fmt.Sprintf("--%s-file: %v", name, err)}
 		}
@@ -172,4 +172,29 @@ func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 		return s, nil
 	}
 	return os.Getenv(env), nil
+}
+
+// maxSecretFile bounds what --token-file and --basic-auth-file read: a
+// credential is a line, and a file past this is not one (a log, a key
+// store, /dev/zero — which would otherwise be read until memory ran out).
+const maxSecretFile = 4 << 10
+
+// errSecretTooLarge: a secret file is over maxSecretFile.
+var errSecretTooLarge = fmt.Errorf("longer than %d bytes: not a file holding one credential", maxSecretFile)
+
+// readSecretFile reads a credential file of at most maxSecretFile bytes.
+func readSecretFile(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	switch {
+	case err != nil:
+		return nil, err
+	case len(b) > maxSecretFile:
+		return nil, fmt.Errorf("%s: %w", name, errSecretTooLarge)
+	}
+	return b, nil
 }
