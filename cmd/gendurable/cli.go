@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -140,16 +141,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // wantsJSON reports whether the command line asks for --json, so that even
 // an error in parsing it is reported as JSON.
+// It reads --json's value as the flag package does (strconv.ParseBool:
+// --json=T, --json=True, ... too); the last --json given wins.
 func wantsJSON(args []string) bool {
+	asJSON := false
 	for _, a := range args {
-		switch a {
-		case "--":
-			return false
-		case "-json", "--json", "-json=true", "--json=true", "-json=1", "--json=1":
-			return true
+		if a == "--" {
+			break
+		}
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "json" {
+			continue
+		}
+		if !hasValue {
+			asJSON = true
+			continue
+		}
+		if b, err := strconv.ParseBool(value); err == nil {
+			asJSON = b
 		}
 	}
-	return false
+	return asJSON
 }
 
 // printHelp writes a command's synopsis, summary and flags.

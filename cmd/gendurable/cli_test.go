@@ -367,6 +367,38 @@ func TestUISecretFilesAreBoundedAndOneLine(t *testing.T) {
 	require.Len(t, tok, 4<<10-1)
 }
 
+// TestErrorsAreJSONWhateverTheSpellingOfJSON: with --json every error is
+// JSON on stderr, however --json is spelt; the flag package takes any
+// strconv.ParseBool value. Before, --json=T, --json=True or --json=TRUE turned
+// JSON output on but errors came out as text (only -json, --json, =true and
+// =1 were recognized), and --json --json=false printed them as JSON.
+func TestErrorsAreJSONWhateverTheSpellingOfJSON(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		flags  []string
+		asJSON bool
+	}{
+		{[]string{"--json"}, true}, {[]string{"-json"}, true}, {[]string{"--json=true"}, true}, {[]string{"--json=1"}, true},
+		{[]string{"--json=t"}, true}, {[]string{"--json=T"}, true}, {[]string{"--json=True"}, true}, {[]string{"-json=TRUE"}, true},
+		{[]string{"--json=false"}, false}, {[]string{"--json=0"}, false}, {[]string{"--json=F"}, false},
+		{[]string{"--json", "--json=false"}, false}, {[]string{"--json=false", "--json"}, true},
+		{[]string{"--", "--json"}, false},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), append([]string{"list", "--limit", "0"}, c.flags...), &stdout, &stderr)
+		require.Equal(t, exitUsage, code, "%q: %s", c.flags, stderr.String())
+		var e struct{ Error struct{ Code string } }
+		err := json.Unmarshal([]byte(stderr.String()), &e)
+		if c.asJSON {
+			require.NoError(t, err, "%q: %s", c.flags, stderr.String())
+			require.Equal(t, "usage", e.Error.Code, "%q", c.flags)
+		} else {
+			require.Error(t, err, "%q: %s", c.flags, stderr.String())
+			require.True(t, strings.HasPrefix(stderr.String(), "gendurable: list"), "%q: %s", c.flags, stderr.String())
+		}
+	}
+}
+
 // TestCLIRejectsBadInput: NUL-free but invalid UTF-8 or control characters
 // in filters and queue names are a usage error (exit 2), not a database
 // error (exit 1 with SQLSTATE 22021). (A NUL cannot travel in argv.)
