@@ -774,13 +774,13 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.Schema, "schema", "gendurable_demo", "the demo's own schema: created, marked, recreated on every run; an existing schema the demo did not create is refused")
 	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that the demo did not create, and everything in it (asks on a terminal)")
 	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
-	fs.IntVar(&o.Orders, "orders", 200, "checkouts to run")
-	fs.IntVar(&o.Workers, "workers", 3, "engines working the queue")
+	fs.IntVar(&o.Orders, "orders", 200, fmt.Sprintf("checkouts to run (at most %d)", demo.MaxOrders))
+	fs.IntVar(&o.Workers, "workers", 3, fmt.Sprintf("engines working the queue (at most %d)", demo.MaxWorkers))
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	if o.Orders < 1 || o.Workers < 1 {
-		return usageError{msg: "demo: --orders and --workers must be positive", help: true}
+	if o.Orders < 1 || o.Orders > demo.MaxOrders || o.Workers < 1 || o.Workers > demo.MaxWorkers {
+		return usageError{msg: fmt.Sprintf("demo: --orders must be within 1..%d and --workers within 1..%d", demo.MaxOrders, demo.MaxWorkers), help: true}
 	}
 	o.Confirm = confirmer(stderr, *yes)
 	o.AuditLogger = cliLogger(stderr, false)

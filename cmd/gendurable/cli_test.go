@@ -399,6 +399,27 @@ func TestErrorsAreJSONWhateverTheSpellingOfJSON(t *testing.T) {
 	}
 }
 
+// TestDemoBoundsOrdersAndWorkers: --orders and --workers are bounded (a
+// demo, not a load test) and checked before any connection. Before,
+// --orders 9223372036854775807 passed the check (positive) and the demo,
+// after creating its schema, panicked building the orders in memory
+// (makeslice: len out of range); a value merely large, such as 100000000,
+// would allocate them all, and --workers started that many engines.
+func TestDemoBoundsOrdersAndWorkers(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1})
+	schema := scratchName(t, pool, "gdbound_")
+	for _, args := range [][]string{
+		{"--orders", "9223372036854775807"}, {"--orders", "100001"}, {"--workers", "65"}, {"--workers", "100000000"},
+	} {
+		_, errOut, code := cli(t, append([]string{"demo", "--schema", schema}, args...)...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.NotContains(t, errOut, "panic", "%q", args)
+		require.Contains(t, errOut, "demo: --orders must be within 1..100000 and --workers within 1..64", "%q", args)
+		require.False(t, schemaExists(t, pool, schema), "%q: refused before the schema was created", args)
+	}
+}
+
 // TestCLIRejectsBadInput: NUL-free but invalid UTF-8 or control characters
 // in filters and queue names are a usage error (exit 2), not a database
 // error (exit 1 with SQLSTATE 22021). (A NUL cannot travel in argv.)
