@@ -343,8 +343,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&o.RateWindow, "rate-window", 30*time.Second, "keys: how long the rate phase measures the rated key's starts")
 	fs.IntVar(&o.Concurrency, "concurrency", 100, "steps running at once per queue per engine")
 	fs.IntVar(&o.Prefetch, "prefetch", 0, "rows claimed beyond running slots (default = concurrency)")
-	fs.IntVar(&o.Queues, "queues", 1, "queues the instances are spread over")
-	fs.IntVar(&o.Engines, "engines", 1, "engines (workers) in this process")
+	fs.IntVar(&o.Queues, "queues", 1, fmt.Sprintf("queues the instances are spread over (at most %d)", benchrun.MaxQueues))
+	fs.IntVar(&o.Engines, "engines", 1, fmt.Sprintf("engines (workers) in this process (at most %d)", benchrun.MaxEngines))
 	fs.IntVar(&o.Commits, "commits", 0, "outcome statements in flight per engine (default: the engine's)")
 	fs.IntVar(&o.MinDemand, "min-demand", 0, "don't pick for fewer free places than this (default: the engine's)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
@@ -368,6 +368,9 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		"concurrency": o.Concurrency, "prefetch": o.Prefetch, "queues": o.Queues, "engines": o.Engines, "commits": o.Commits,
 		"min-demand": o.MinDemand, "floor": *floor, "pickup": *pickup}); err != nil {
 		return err
+	}
+	if o.Queues > benchrun.MaxQueues || o.Engines > benchrun.MaxEngines {
+		return usageError{msg: fmt.Sprintf("bench: --queues must be at most %d and --engines at most %d", benchrun.MaxQueues, benchrun.MaxEngines), help: true}
 	}
 	if o.RateWindow <= 0 || *idle < 0 {
 		return usageError{msg: "bench: --rate-window must be positive and --idle not negative", help: true}

@@ -420,6 +420,27 @@ func TestDemoBoundsOrdersAndWorkers(t *testing.T) {
 	}
 }
 
+// TestBenchBoundsQueuesAndEngines: bench's --queues and --engines are
+// bounded and checked before any connection. Before, --queues
+// 9223372036854775807 created bench's schema and then panicked building the
+// queue names (makeslice: len out of range), and --engines
+// 9223372036854775807 overflowed the pool size ("MaxSize must be >= 1",
+// exit 1) after creating it.
+func TestBenchBoundsQueuesAndEngines(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1})
+	schema := scratchName(t, pool, "gdbench_")
+	for _, args := range [][]string{
+		{"--queues", "9223372036854775807"}, {"--engines", "9223372036854775807"}, {"--queues", "1001"}, {"--engines", "101"},
+	} {
+		_, errOut, code := cli(t, append([]string{"bench", "-n", "10", "--schema", schema}, args...)...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.NotContains(t, errOut, "panic", "%q", args)
+		require.Contains(t, errOut, "bench: --queues must be at most 1000 and --engines at most 100", "%q", args)
+		require.False(t, schemaExists(t, pool, schema), "%q: refused before the schema was created", args)
+	}
+}
+
 // TestCLIRejectsBadInput: NUL-free but invalid UTF-8 or control characters
 // in filters and queue names are a usage error (exit 2), not a database
 // error (exit 1 with SQLSTATE 22021). (A NUL cannot travel in argv.)

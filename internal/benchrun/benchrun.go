@@ -28,6 +28,14 @@ import (
 // Workloads lists the workload names.
 var Workloads = []string{"job", "fsm3", "signal", "fanout", "partition", "keys"}
 
+// Bounds of Options.Queues and Options.Engines: each queue of each engine
+// is a feeder with its buffer and connections (the pool is sized by their
+// product), and their names are built at once.
+const (
+	MaxQueues  = 1000
+	MaxEngines = 100
+)
+
 // Options configure one run.
 type Options struct {
 	DatabaseURL string
@@ -120,6 +128,9 @@ func (o *Options) defaults() error {
 	}
 	if o.Engines <= 0 {
 		o.Engines = 1
+	}
+	if o.Queues > MaxQueues || o.Engines > MaxEngines {
+		return fmt.Errorf("bench: at most %d queues and %d engines", MaxQueues, MaxEngines)
 	}
 	if o.MaxConns <= 0 {
 		o.MaxConns = min(90, o.Engines*(o.Queues*4+8)+4)
