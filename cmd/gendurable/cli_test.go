@@ -420,7 +420,7 @@ func TestDemoBoundsOrdersAndWorkers(t *testing.T) {
 	}
 }
 
-// TestBenchBoundsQueuesAndEngines: bench's --queues and --engines are
+// TestBenchBoundsQueuesAndEngines: bench's --queues, --engines and --floor are
 // bounded and checked before any connection. Before, --queues
 // 9223372036854775807 created bench's schema and then panicked building the
 // queue names (makeslice: len out of range), and --engines
@@ -438,6 +438,15 @@ func TestBenchBoundsQueuesAndEngines(t *testing.T) {
 		require.NotContains(t, errOut, "panic", "%q", args)
 		require.Contains(t, errOut, "bench: --queues must be at most 1000 and --engines at most 100", "%q", args)
 		require.False(t, schemaExists(t, pool, schema), "%q: refused before the schema was created", args)
+	}
+	// --floor N opens N connections, each seeding 5,000 rows: before, 2147483648
+	// overflowed the pool's int32 size ("MaxSize must be >= 1", exit 1), and
+	// 4294967297 wrapped to one connection over 21 trillion rows to seed.
+	for _, n := range []string{"2147483648", "1001"} {
+		_, errOut, code := cli(t, "bench", "--floor", n, "--schema", schema)
+		require.Equal(t, exitUsage, code, "--floor %s: %s", n, errOut)
+		require.Contains(t, errOut, "bench: --floor must be at most 1000 connections")
+		require.False(t, schemaExists(t, pool, schema))
 	}
 }
 
