@@ -79,7 +79,9 @@
 //     same bounds.
 //   - Audit trail: one line per action (refused ones too, cross-origin
 //     POSTs included, at most a few a minute per remote IP; a bulk action's
-//     line names its ids or filter and its counts) and per failed
+//     line names its ids or filter, its counts and the ids it changed, the
+//     first [gendurable.MaxBulkIDs], with changed_ids_truncated past
+//     them) and per failed
 //     login (at most a few a minute per remote IP) on Options.AuditLogger at
 //     [LevelAudit], with who, what, which ids, from where and the outcome.
 //   - Every request runs under a timeout (Options.RequestTimeout).
