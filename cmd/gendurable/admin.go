@@ -70,9 +70,9 @@ func (f schemaFlag) Set(v string) error {
 // queue changes, ...) to stderr, as text or, with --json, JSON lines, with
 // via=cli and the operating-system user.
 func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engine, func(), error) {
-	cfg, err := pgxpool.ParseConfig(databaseURL(c.dbURL))
+	cfg, err := parseDatabaseURL(databaseURL(c.dbURL))
 	if err != nil {
-		return nil, nil, usageError{msg: fmt.Sprintf("database URL: %v", err)}
+		return nil, nil, err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -787,6 +787,11 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	o.DatabaseURL = *dbURL
 	if o.DatabaseURL == "" {
 		o.DatabaseURL = os.Getenv("DATABASE_URL")
+	}
+	if o.DatabaseURL != "" { // "": a throwaway PostgreSQL
+		if _, err := parseDatabaseURL(o.DatabaseURL); err != nil {
+			return err
+		}
 	}
 	if f, ok := stdout.(*os.File); ok {
 		o.Live = benchrun.IsTerminal(f)

@@ -234,6 +234,17 @@ var errAborted = errors.New("aborted: nothing changed")
 
 func (e usageError) Error() string { return e.msg }
 
+// parseDatabaseURL parses a database URL (or key=value string); one that
+// does not parse is a usage error (exit 2), for every command alike. pgx
+// masks a password in its message.
+func parseDatabaseURL(url string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, usageError{msg: fmt.Sprintf("database URL: %v", err)}
+	}
+	return cfg, nil
+}
+
 func databaseURL(flagValue string) string {
 	if flagValue != "" {
 		return flagValue
@@ -286,7 +297,11 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		_, err = io.WriteString(stdout, sql)
 		return err
 	}
-	pool, err := pgxpool.New(ctx, databaseURL(*dbURL))
+	cfg, err := parseDatabaseURL(databaseURL(*dbURL))
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -389,6 +404,9 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	o.DatabaseURL = databaseURL(*dbURL)
+	if _, err := parseDatabaseURL(o.DatabaseURL); err != nil {
+		return err
+	}
 	o.Confirm = confirmer(stderr, *yes)
 	o.AuditLogger = cliLogger(stderr, *asJSON)
 	if benchrun.IsTerminal(os.Stderr) {

@@ -450,6 +450,25 @@ func TestBenchBoundsQueuesAndEngines(t *testing.T) {
 	}
 }
 
+// TestBadDatabaseURLIsAUsageErrorForEveryCommand: a --database-url that does
+// not parse is exit 2 ("usage", "database URL: ..."), with its password
+// masked, for every command. Before, the admin commands said so but
+// migrate, demo and bench exited 1, as for a database that is down.
+func TestBadDatabaseURLIsAUsageErrorForEveryCommand(t *testing.T) {
+	t.Parallel()
+	bad := "postgres://ops:topsecret@127.0.0.1:99999999/db"
+	for _, cmd := range [][]string{
+		{"status"}, {"migrate", "status"}, {"migrate", "up"}, {"migrate", "down", "--yes"},
+		{"demo", "--schema", "gdnever"}, {"bench", "--schema", "gdnever"}, {"bench", "--floor", "2", "--schema", "gdnever"},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), append(append([]string{}, cmd...), "--database-url", bad), &stdout, &stderr)
+		require.Equal(t, exitUsage, code, "%q: %s", cmd, stderr.String())
+		require.Contains(t, stderr.String(), "gendurable: database URL: cannot parse", "%q", cmd)
+		require.NotContains(t, stderr.String(), "topsecret", "%q", cmd)
+	}
+}
+
 // TestCLIRejectsBadInput: NUL-free but invalid UTF-8 or control characters
 // in filters and queue names are a usage error (exit 2), not a database
 // error (exit 1 with SQLSTATE 22021). (A NUL cannot travel in argv.)
