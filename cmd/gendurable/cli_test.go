@@ -469,6 +469,19 @@ func TestBadDatabaseURLIsAUsageErrorForEveryCommand(t *testing.T) {
 	}
 }
 
+// TestUIAddrWithABadPortIsAUsageError: ui --addr with a port out of range
+// (or an unknown service name) is exit 2, like any bad flag value, before the
+// engine is made. Before, it was exit 1 from the listen ("invalid port").
+func TestUIAddrWithABadPortIsAUsageError(t *testing.T) {
+	t.Parallel()
+	for _, addr := range []string{"127.0.0.1:99999", "127.0.0.1:-1", "[::1]:65536", "127.0.0.1:nosuchservice"} {
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), []string{"ui", "--addr", addr, "--database-url", "postgres://postgres@127.0.0.1:1/none"}, &stdout, &stderr)
+		require.Equal(t, exitUsage, code, "%s: %s", addr, stderr.String())
+		require.Contains(t, stderr.String(), "gendurable: --addr", addr)
+	}
+}
+
 // TestCLIRejectsBadInput: NUL-free but invalid UTF-8 or control characters
 // in filters and queue names are a usage error (exit 2), not a database
 // error (exit 1 with SQLSTATE 22021). (A NUL cannot travel in argv.)

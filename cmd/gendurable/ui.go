@@ -69,7 +69,10 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if tok != "" && opts.BearerToken == "" {
 		return usageError{msg: "the bearer token is only white space"}
 	}
-	host, _, err := net.SplitHostPort(*addr)
+	host, port, err := net.SplitHostPort(*addr)
+	if err == nil {
+		_, err = net.LookupPort("tcp", port) // a number within 0..65535, or a service name
+	}
 	if err != nil {
 		return usageError{msg: fmt.Sprintf("--addr %q: %v", *addr, err)}
 	}
