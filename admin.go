@@ -64,12 +64,13 @@ type ListFilter struct {
 	// array; anything else is [ErrInvalidInput].
 	State json.RawMessage
 	// Before pages: only instances with a smaller id (pass the last page's
-	// NextBefore).
+	// NextBefore). Negative is [ErrInvalidInput].
 	Before int64
-	// Limit is the page size; default 50, at most MaxListLimit.
+	// Limit is the page size; default (0) 50, at most MaxListLimit;
+	// negative is [ErrInvalidInput].
 	Limit int
-	// MaxScan bounds the instances one page looks at; default
-	// DefaultListScan, at most MaxListScan.
+	// MaxScan bounds the instances one page looks at; default (0)
+	// DefaultListScan, at most MaxListScan; negative is [ErrInvalidInput].
 	MaxScan int
 	// All lets [Engine.RetryMatching] and [Engine.CancelMatching] act on a
 	// filter without criteria: every instance. List ignores it.
@@ -110,6 +111,11 @@ type ListPage struct {
 
 // List returns instances matching f, newest first, one page at a time.
 func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
+	if f.Before < 0 || f.Limit < 0 || f.MaxScan < 0 {
+		// A cursor is a previous page's NextBefore, never negative; taken
+		// as none, a bad one would restart the walk from the newest.
+		return nil, errorf(ErrInvalidInput, "list: negative before (%d), limit (%d) or max scan (%d)", f.Before, f.Limit, f.MaxScan)
+	}
 	limit := f.Limit
 	switch {
 	case limit <= 0:
@@ -338,6 +344,9 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 // The cancel is logged at Info on the engine's Logger. A parent's children
 // are left as they are, running; [Engine.CancelTree] cancels them too.
 func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
+	if err := checkID("cancel", id); err != nil {
+		return err
+	}
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}

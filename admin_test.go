@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -858,4 +860,72 @@ func TestPauseLetsAChainEndAtChainSteps(t *testing.T) {
 	t.Logf("%d steps started after the pause", after)
 	require.LessOrEqual(t, after, chain, "more steps started after the pause than one chain's")
 	require.Equal(t, "runnable", b.row(id).Status, "the instance went back to the paused queue")
+}
+
+// TestCallsOnOneInstanceRefuseNonPositiveIDs: an id no instance can have
+// (ids are positive) is ErrInvalidInput before any SQL runs — as RetryMany,
+// CancelMany and CancelTree already did — and still ErrNotFound for callers
+// that test for that. Before, Instance, Describe, WaitReason, WaitResult,
+// Retry, Cancel, RunNow and Signal sent it to the database (ErrNotFound
+// after a round trip). The pool here has nothing listening: a call that
+// reached for a connection would fail with a connection error.
+func TestCallsOnOneInstanceRefuseNonPositiveIDs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
+	require.NoError(t, err)
+	defer pool.Close()
+	eng, err := gendurable.New(pool, &gendurable.Config{})
+	require.NoError(t, err)
+	for _, id := range []int64{0, -1, math.MinInt64} {
+		for name, call := range map[string]func() error{
+			"Instance":   func() error { _, err := eng.Instance(ctx, id); return err },
+			"Describe":   func() error { _, err := eng.Describe(ctx, id); return err },
+			"WaitReason": func() error { _, err := eng.WaitReason(ctx, id); return err },
+			"WaitResult": func() error { _, err := gendurable.WaitResult[int](ctx, eng, id); return err },
+			"Retry":      func() error { return eng.Retry(ctx, id) },
+			"Cancel":     func() error { return eng.Cancel(ctx, id, "") },
+			"RunNow":     func() error { return eng.RunNow(ctx, id) },
+			"Signal":     func() error { _, err := eng.Signal(ctx, id, "go", nil, nil); return err },
+			"SignalDedup": func() error {
+				_, err := eng.Signal(ctx, id, "go", 1, &gendurable.SignalOpts{DedupKey: "k"})
+				return err
+			},
+		} {
+			err := call()
+			require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%s(%d)", name, id)
+			require.ErrorIs(t, err, gendurable.ErrNotFound, "%s(%d)", name, id)
+			require.ErrorContains(t, err, fmt.Sprintf("id %d is not an instance id", id), name)
+		}
+	}
+}
+
+// TestListRefusesANegativeCursor: a negative Before (a cursor no page
+// returns), Limit or MaxScan is ErrInvalidInput before any SQL runs, from
+// List and from the bulk calls that walk its pages. Before, each was taken
+// as unset: a corrupted cursor restarted the walk at the newest instance,
+// and CancelMatching with one acted from the top. (The pool has nothing
+// listening, as in TestCallsOnOneInstanceRefuseNonPositiveIDs.)
+func TestListRefusesANegativeCursor(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
+	require.NoError(t, err)
+	defer pool.Close()
+	eng, err := gendurable.New(pool, &gendurable.Config{})
+	require.NoError(t, err)
+	for _, f := range []gendurable.ListFilter{
+		{Before: -1}, {Before: math.MinInt64}, {Limit: -1}, {MaxScan: -5}, {Queue: "q", Before: -7},
+	} {
+		_, err := eng.List(ctx, f)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%+v", f)
+		if f.Limit != 0 {
+			continue // the bulk calls set their own page size
+		}
+		f.Queue = "q"
+		_, err = eng.CancelMatching(ctx, f, "")
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%+v", f)
+		_, err = eng.RetryMatching(ctx, f)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%+v", f)
+	}
 }

@@ -75,7 +75,10 @@ var (
 	// [Engine.Resume], [Engine.Graph]) got a filter, name or search text it
 	// cannot use: empty where a name is required, too long, not valid UTF-8,
 	// or holding NUL or another control character. It is returned before any
-	// SQL runs. The CLI exits 2 on it and the dashboard answers 400.
+	// SQL runs. The CLI exits 2 on it and the dashboard answers 400. An
+	// instance id of 0 or less given to a call on one instance (Instance,
+	// Describe, WaitReason, WaitResult, Retry, Cancel, RunNow, Signal) is
+	// ErrInvalidInput and, as no instance has it, ErrNotFound too.
 	ErrInvalidInput = errors.New("gendurable: invalid input")
 
 	// ErrNotMigrated: the schema holds no gendurable tables: a statement

@@ -32,6 +32,29 @@ func (s Status) Terminal() bool { return s == StatusDone || s == StatusFailed }
 // machine).
 var ErrNotFound = errors.New("gendurable: instance not found")
 
+// badIDError: an id no instance can have (ids are positive), refused
+// before any SQL runs. It is [ErrInvalidInput], and [ErrNotFound] too — what
+// the calls on one instance returned for it before they checked, after a
+// round trip.
+type badIDError struct {
+	op string
+	id int64
+}
+
+func (e badIDError) Error() string {
+	return fmt.Sprintf("gendurable: invalid input: %s: id %d is not an instance id (ids are positive)", e.op, e.id)
+}
+
+func (e badIDError) Is(target error) bool { return target == ErrInvalidInput || target == ErrNotFound }
+
+// checkID refuses a non-positive instance id (badIDError).
+func checkID(op string, id int64) error {
+	if id > 0 {
+		return nil
+	}
+	return badIDError{op: op, id: id}
+}
+
 // StepError is one entry of an instance's error history.
 type StepError struct {
 	Step    string    `json:"step"`
@@ -85,6 +108,9 @@ type Instance struct {
 
 // Instance reads one instance by id; [ErrNotFound] if there is none.
 func (e *Engine) Instance(ctx context.Context, id int64) (*Instance, error) {
+	if err := checkID("read instance", id); err != nil {
+		return nil, err
+	}
 	r, err := e.q.GetInstance(ctx, e.pool, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
@@ -135,6 +161,9 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // run; this engine wakes its feeder of the queue then.
 // The retry is logged at Info on the engine's Logger.
 func (e *Engine) Retry(ctx context.Context, id int64) error {
+	if err := checkID("retry", id); err != nil {
+		return err
+	}
 	status, queue, wait, err := e.q.Retry(ctx, e.pool, id)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -178,6 +207,9 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 // before (its step may still be running until then). The change is logged
 // at Info on the engine's Logger.
 func (e *Engine) RunNow(ctx context.Context, id int64) error {
+	if err := checkID("run now", id); err != nil {
+		return err
+	}
 	status, queue, wait, err := e.q.RunNow(ctx, e.pool, id)
 	switch {
 	case err != nil:

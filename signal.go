@@ -55,6 +55,9 @@ func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, id int64, name string,
 }
 
 func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
+	if err := checkID("signal", id); err != nil {
+		return SignalResult{}, err
+	}
 	if err := validateSignalName(name); err != nil {
 		return SignalResult{}, fmt.Errorf("%w: %v", ErrInvalidSignal, err)
 	}
@@ -162,6 +165,9 @@ func (e *Engine) Wait(ctx context.Context, id int64) (*WaitReason, error) {
 // WaitReason reports what instance id is waiting for; [ErrNotFound] if it does
 // not exist. The CLI and the dashboard show it.
 func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) {
+	if err := checkID("wait reason", id); err != nil {
+		return nil, err
+	}
 	w, err := e.q.WaitInfo(ctx, e.pool, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)

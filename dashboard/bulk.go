@@ -133,6 +133,11 @@ func cancelReason(r *http.Request) (string, error) {
 func (d *dashboard) bulkDone(w http.ResponseWriter, r *http.Request, res gendurable.BulkResult, err error) (partial, failed bool) {
 	note(r, "matched", res.Matched, "changed", res.Changed, "skipped", res.Skipped, "not_found", res.NotFound,
 		"changed_ids", res.ChangedIDs)
+	if res.Truncated {
+		// changed_ids holds the first gendurable.MaxBulkIDs only: say so,
+		// or the line reads as the whole list.
+		note(r, "changed_ids_truncated", true)
+	}
 	if err == nil {
 		return false, false
 	}

@@ -1,6 +1,7 @@
 package dashboard_test
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -141,4 +142,35 @@ func TestBulkInputIsValidated(t *testing.T) {
 	require.NotContains(t, r.body, "data-bulk")
 	require.Equal(t, http.StatusForbidden, post(t, ro, "/bulk/cancel", url.Values{"id": {strconv.FormatInt(live, 10)}}).code)
 	require.Equal(t, gendurable.StatusRunnable, e.instance(live).Status)
+}
+
+// TestBulkAuditLineSaysItsIDListIsCut: a bulk action that changed more than
+// gendurable.MaxBulkIDs instances lists the first MaxBulkIDs ids on its
+// audit line and says the list is cut (changed_ids_truncated). Before, the
+// line held 1000 ids and nothing said there were more.
+func TestBulkAuditLineSaysItsIDListIsCut(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	log := &captured{}
+	h, _ := e.handler(dashboard.Options{Logger: slog.New(log)})
+	n := gendurable.MaxBulkIDs + 1
+	_, err := e.pool.Exec(context.Background(), `INSERT INTO "`+e.schema+`".gendurable_instances (fsm, step, queue)
+		SELECT 'order', 'a', 'many' FROM generate_series(1, $1::int)`, n)
+	require.NoError(t, err)
+	r := post(t, h, "/bulk/cancel", url.Values{"queue": {"many"}, "scope": {"match"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	line := log.with("dashboard audit: bulk-cancel")
+	require.Len(t, line, 1)
+	require.Equal(t, int64(n), line[0]["changed"])
+	require.Len(t, line[0]["changed_ids"], gendurable.MaxBulkIDs)
+	require.Equal(t, true, line[0]["changed_ids_truncated"])
+
+	// A short list says nothing of the kind.
+	id := e.insertOrder(Order{Item: "one"}, gendurable.InsertOpts{Queue: "few"})
+	r = post(t, h, "/bulk/cancel", url.Values{"queue": {"few"}, "scope": {"match"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	line = log.with("dashboard audit: bulk-cancel")
+	require.Len(t, line, 2)
+	require.Equal(t, []int64{id}, line[1]["changed_ids"])
+	require.NotContains(t, line[1], "changed_ids_truncated")
 }

@@ -79,7 +79,9 @@
 //     same bounds.
 //   - Audit trail: one line per action (refused ones too, cross-origin
 //     POSTs included, at most a few a minute per remote IP; a bulk action's
-//     line names its ids or filter and its counts) and per failed
+//     line names its ids or filter, its counts and the ids it changed, the
+//     first [gendurable.MaxBulkIDs], with changed_ids_truncated past
+//     them) and per failed
 //     login (at most a few a minute per remote IP) on Options.AuditLogger at
 //     [LevelAudit], with who, what, which ids, from where and the outcome.
 //   - Every request runs under a timeout (Options.RequestTimeout).
@@ -111,8 +113,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/gendurable/gendurable"
 )
@@ -140,7 +144,9 @@ type BasicAuth struct {
 // root, no authentication, read-write.
 type Options struct {
 	// BasePath is the URL path the handler is mounted at, e.g. "/admin"
-	// ("" or "/" for the root). Every link and redirect starts with it.
+	// ("" or "/" for the root): clean (no "." or ".." segment, no "//"),
+	// without "?", "#", "%" or control characters. Every link and redirect
+	// starts with it.
 	// Requests may reach the handler with the prefix (mux.Handle("/admin/", h))
 	// or without it (http.StripPrefix): both work.
 	BasePath string
@@ -148,7 +154,9 @@ type Options struct {
 	// BasicAuth, if set, requires these credentials (HTTP Basic).
 	BasicAuth *BasicAuth
 	// BearerToken, if set, requires "Authorization: Bearer <token>". When
-	// both BasicAuth and BearerToken are set, either is accepted.
+	// both BasicAuth and BearerToken are set, either is accepted. New
+	// refuses a token, user or password with a control character (no
+	// header or login form could carry it).
 	BearerToken string
 
 	// ReadOnly hides every action and makes every mutating route answer 403.
@@ -221,16 +229,29 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		return nil, errors.New("dashboard: nil engine")
 	}
 	base := strings.TrimRight(opts.BasePath, "/")
-	if base != "" && (!strings.HasPrefix(base, "/") || strings.ContainsAny(base, "?#") || strings.Contains(base, "//")) {
-		return nil, fmt.Errorf("dashboard: BasePath %q must be a clean absolute path like /admin", opts.BasePath)
+	if base != "" && (!strings.HasPrefix(base, "/") || path.Clean(base) != base || strings.ContainsAny(base, "?#%") || hasControl(base)) {
+		// Not clean ("/a/../b", "/.", "//a"): a browser resolves the links'
+		// dot segments away from the base. With "%": the links carry it
+		// as written, the request's path arrives decoded and no longer
+		// starts with the base. Either way every link would miss.
+		return nil, fmt.Errorf("dashboard: BasePath %q must be a clean absolute path like /admin (no . or .. segments, //, ?, #, %% or control characters)", opts.BasePath)
 	}
 	if a := opts.BasicAuth; a != nil && (a.User == "" || a.Password == "" || strings.Contains(a.User, ":")) {
 		return nil, errors.New("dashboard: BasicAuth needs a non-empty User (without ':') and Password")
+	}
+	if a := opts.BasicAuth; a != nil && (hasControl(a.User) || hasControl(a.Password)) {
+		// RFC 7617: no control characters; a browser's login form cannot
+		// type one, so nobody could log in.
+		return nil, errors.New("dashboard: BasicAuth holds a control character (a line break from a file?): no browser could log in with it")
 	}
 	if tok := opts.BearerToken; tok != "" {
 		// Trimmed like the presented token, so " x" can log in with "x".
 		if opts.BearerToken = strings.TrimSpace(tok); opts.BearerToken == "" {
 			return nil, errors.New("dashboard: BearerToken is only white space")
+		}
+		if hasControl(opts.BearerToken) {
+			// An HTTP header cannot carry one: no client could present it.
+			return nil, errors.New("dashboard: BearerToken holds a control character (a line break from a file?): no client could present it")
 		}
 	}
 	allowed := map[string]bool{}
@@ -337,6 +358,9 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	d.handler = cop.Handler(mux)
 	return d, nil
 }
+
+// hasControl reports whether s holds a control character (C0, DEL or C1).
+func hasControl(s string) bool { return strings.ContainsFunc(s, unicode.IsControl) }
 
 // ServeHTTP applies the security headers, authentication and timeout, strips
 // the base path, and routes.

@@ -25,13 +25,23 @@ func TestNewValidatesOptions(t *testing.T) {
 	_, err := dashboard.New(nil, dashboard.Options{})
 	require.Error(t, err)
 	for name, o := range map[string]dashboard.Options{
-		"relative base":  {BasePath: "admin"},
-		"base with ?":    {BasePath: "/a?b"},
-		"empty password": {BasicAuth: &dashboard.BasicAuth{User: "u"}},
-		"colon in user":  {BasicAuth: &dashboard.BasicAuth{User: "a:b", Password: "p"}},
-		"neg timeout":    {RequestTimeout: -1},
-		"page too big":   {PageSize: dashboard.MaxPageSize + 1},
-		"bad origin":     {TrustedOrigins: []string{"not an origin"}},
+		"relative base": {BasePath: "admin"},
+		"base with ?":   {BasePath: "/a?b"},
+		// Links under these would miss the handler (dot segments resolved
+		// away by the browser; a "%" arriving decoded).
+		"base with ..":        {BasePath: "/a/../b"},
+		"base with .":         {BasePath: "/a/./b"},
+		"base of .":           {BasePath: "/."},
+		"base of ..":          {BasePath: "/.."},
+		"base with //":        {BasePath: "//a"},
+		"base with %":         {BasePath: "/a%2Fb"},
+		"base with a space %": {BasePath: "/ops%20desk"},
+		"base with newline":   {BasePath: "/a\nb"},
+		"empty password":      {BasicAuth: &dashboard.BasicAuth{User: "u"}},
+		"colon in user":       {BasicAuth: &dashboard.BasicAuth{User: "a:b", Password: "p"}},
+		"neg timeout":         {RequestTimeout: -1},
+		"page too big":        {PageSize: dashboard.MaxPageSize + 1},
+		"bad origin":          {TrustedOrigins: []string{"not an origin"}},
 	} {
 		_, err := dashboard.New(e.eng, o)
 		require.Error(t, err, name)

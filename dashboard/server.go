@@ -60,7 +60,9 @@ func (o ServerOptions) withDefaults() ServerOptions {
 //	err = srv.Serve(dashboard.LimitListener(ln, 0))
 //
 // (When you mount the handler in a server of your own, give that server
-// the same bounds.)
+// the same bounds.) To stop, call srv.Shutdown and wait for it to return,
+// not only for Serve (which returns as Shutdown begins): the requests under
+// way — a bulk action's batches — are answered and audit-logged by then.
 func NewServer(h http.Handler, o ServerOptions) *http.Server {
 	o = o.withDefaults()
 	return &http.Server{

@@ -35,8 +35,34 @@ type common struct {
 
 func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.dbURL, "database-url", "", "PostgreSQL URL (default DATABASE_URL, else the local server)")
-	fs.StringVar(&c.schema, "schema", "public", "schema holding gendurable's tables")
+	c.schema = "public"
+	fs.Var(schemaFlag{&c.schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
+}
+
+// errEmptySchema: --schema was given an empty value. The library reads an
+// empty Config.Schema as "public", so without this check an unset shell
+// variable (--schema "$SCHEMA") would act on the public schema.
+var errEmptySchema = errors.New(`empty: give the schema's name (omit --schema for "public")`)
+
+// schemaFlag is --schema: a value that is empty or only white space is a
+// usage error when the command line is parsed, before any connection.
+// (Any other bad name is the library's ErrInvalidSchema, also before one.)
+type schemaFlag struct{ s *string }
+
+func (f schemaFlag) String() string {
+	if f.s == nil {
+		return ""
+	}
+	return *f.s
+}
+
+func (f schemaFlag) Set(v string) error {
+	if strings.TrimSpace(v) == "" {
+		return errEmptySchema
+	}
+	*f.s = v
+	return nil
 }
 
 // engine opens a pool and an insert-only engine for admin calls. Its
@@ -44,9 +70,9 @@ func (c *common) register(fs *flag.FlagSet) {
 // queue changes, ...) to stderr, as text or, with --json, JSON lines, with
 // via=cli and the operating-system user.
 func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engine, func(), error) {
-	cfg, err := pgxpool.ParseConfig(databaseURL(c.dbURL))
+	cfg, err := parseDatabaseURL(databaseURL(c.dbURL))
 	if err != nil {
-		return nil, nil, usageError{msg: fmt.Sprintf("database URL: %v", err)}
+		return nil, nil, err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -64,18 +90,32 @@ func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engi
 // the dashboard users': its lines say via=ui and name the server's
 // operating-system user as such, not as the one who acted.
 func (c *common) logger(stderr io.Writer) *slog.Logger {
+	if c.ui {
+		h, name := logHandler(stderr, c.json)
+		return slog.New(h).With("via", "ui", "server_user", name)
+	}
+	return cliLogger(stderr, c.json)
+}
+
+// cliLogger is the audit logger of a command run from the shell: text
+// lines on stderr (JSON lines if asJSON), with via=cli and the
+// operating-system user. Every mutation leaves a line on it: those of the
+// admin commands (through the engine), migrate's, and a --reset-schema drop.
+func cliLogger(stderr io.Writer, asJSON bool) *slog.Logger {
+	h, name := logHandler(stderr, asJSON)
+	return slog.New(h).With("via", "cli", "user", name)
+}
+
+func logHandler(stderr io.Writer, asJSON bool) (slog.Handler, string) {
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
-	if c.json {
+	if asJSON {
 		h = slog.NewJSONHandler(stderr, nil)
 	}
 	name := "unknown"
 	if u, err := user.Current(); err == nil {
 		name = u.Username
 	}
-	if c.ui {
-		return slog.New(h).With("via", "ui", "server_user", name)
-	}
-	return slog.New(h).With("via", "cli", "user", name)
+	return h, name
 }
 
 // parse parses flags that may come before or after the positional
@@ -739,18 +779,24 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&o.Schema, "schema", "gendurable_demo", "the demo's own schema: created, marked, recreated on every run; an existing schema the demo did not create is refused")
 	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that the demo did not create, and everything in it (asks on a terminal)")
 	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
-	fs.IntVar(&o.Orders, "orders", 200, "checkouts to run")
-	fs.IntVar(&o.Workers, "workers", 3, "engines working the queue")
+	fs.IntVar(&o.Orders, "orders", 200, fmt.Sprintf("checkouts to run (at most %d)", demo.MaxOrders))
+	fs.IntVar(&o.Workers, "workers", 3, fmt.Sprintf("engines working the queue (at most %d)", demo.MaxWorkers))
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
-	if o.Orders < 1 || o.Workers < 1 {
-		return usageError{msg: "demo: --orders and --workers must be positive", help: true}
+	if o.Orders < 1 || o.Orders > demo.MaxOrders || o.Workers < 1 || o.Workers > demo.MaxWorkers {
+		return usageError{msg: fmt.Sprintf("demo: --orders must be within 1..%d and --workers within 1..%d", demo.MaxOrders, demo.MaxWorkers), help: true}
 	}
 	o.Confirm = confirmer(stderr, *yes)
+	o.AuditLogger = cliLogger(stderr, false)
 	o.DatabaseURL = *dbURL
 	if o.DatabaseURL == "" {
 		o.DatabaseURL = os.Getenv("DATABASE_URL")
+	}
+	if o.DatabaseURL != "" { // "": a throwaway PostgreSQL
+		if _, err := parseDatabaseURL(o.DatabaseURL); err != nil {
+			return err
+		}
 	}
 	if f, ok := stdout.(*os.File); ok {
 		o.Live = benchrun.IsTerminal(f)

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
@@ -363,4 +364,38 @@ func TestCancelTreeCLI(t *testing.T) {
 	_, errOut, code = cli(t, args...)
 	require.Equal(t, exitNotFound, code, errOut)
 	jsonError(t, args, errOut, "not_found", exitNotFound)
+}
+
+// An empty --schema (an unset shell variable: --schema "$SCHEMA") is a usage
+// error of every database command, before any connection: the library reads
+// an empty schema as "public", so before, `cancel --all --yes --schema ""`
+// cancelled every live instance of the public schema, and `ui --schema ""`
+// served it. The database URL here has nothing listening: a command that
+// connected would fail with exit 1, not 2.
+func TestEmptySchemaIsRefusedBeforeAnyConnection(t *testing.T) {
+	t.Parallel()
+	nowhere := "postgres://postgres@127.0.0.1:1/none?connect_timeout=2"
+	for _, cmd := range [][]string{
+		{"status"}, {"list"}, {"show", "1"}, {"retry", "1"}, {"retry", "--all", "--yes"},
+		{"cancel", "1", "2"}, {"cancel", "--all", "--yes"}, {"cancel", "--tree", "1", "--yes"},
+		{"run-now", "1"}, {"signal", "1", "go"}, {"pause", "q", "--create"}, {"resume", "q", "--create"},
+		{"queue", "remove", "q"}, {"prune", "--retention", "2h"}, {"machines"}, {"ui", "--addr", "127.0.0.1:0"},
+		{"migrate", "up"}, {"migrate", "down", "--yes"}, {"migrate", "status"},
+	} {
+		for _, schema := range []string{"--schema=", "--schema= ", "--schema=\t"} {
+			args := append(append([]string{}, cmd...), schema, "--database-url", nowhere, "--json")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			var stdout, stderr strings.Builder
+			code := run(ctx, args, &stdout, &stderr)
+			cancel()
+			require.Equal(t, exitUsage, code, "%q: %s", args, stderr.String())
+			var e struct {
+				Error struct{ Code, Message string }
+			}
+			require.NoError(t, json.Unmarshal([]byte(stderr.String()), &e), "%q: %s", args, stderr.String())
+			require.Equal(t, "usage", e.Error.Code, "%q", args)
+			require.Contains(t, e.Error.Message, "flag -schema: empty", "%q", args)
+			require.Empty(t, stdout.String(), "%q", args)
+		}
+	}
 }

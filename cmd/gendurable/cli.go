@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -85,7 +86,7 @@ commands:
                                  the long-horizon benchmark's adapter, configured by the environment)
 
 "gendurable <command> --help" shows a command's arguments and flags.
-Every database command takes --database-url, --schema (default public) and --json.
+Every database command takes --database-url, --schema (default public; not empty) and --json.
 
 With --json, output is JSON with snake_case names, and an error is {"error": {"code": ...,
 "message": ..., "exit_code": ...}} on stderr. Exit codes: 0 ok; 1 failure (code "error";
@@ -97,8 +98,9 @@ that has instances).
 Attempts are shown counted from 1 ("attempt 1 of 3" is the first run; one failed after its
 last lease expired shows "3 of 3"); the JSON "attempt" fields count from 0, as the Go API does.
 
-Mutations (retry, cancel, run-now, signal, pause, resume, queue remove, prune) are logged to
-stderr, one line each (JSON with --json), with the operating-system user.
+Mutations (retry, cancel, run-now, signal, pause, resume, queue remove, prune, a migrate that
+applied a version, a --reset-schema drop) are logged to stderr, one line each (JSON with --json),
+with the operating-system user.
 
 The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
 `
@@ -139,16 +141,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // wantsJSON reports whether the command line asks for --json, so that even
 // an error in parsing it is reported as JSON.
+// It reads --json's value as the flag package does (strconv.ParseBool:
+// --json=T, --json=True, ... too); the last --json given wins.
 func wantsJSON(args []string) bool {
+	asJSON := false
 	for _, a := range args {
-		switch a {
-		case "--":
-			return false
-		case "-json", "--json", "-json=true", "--json=true", "-json=1", "--json=1":
-			return true
+		if a == "--" {
+			break
+		}
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "json" {
+			continue
+		}
+		if !hasValue {
+			asJSON = true
+			continue
+		}
+		if b, err := strconv.ParseBool(value); err == nil {
+			asJSON = b
 		}
 	}
-	return false
+	return asJSON
 }
 
 // printHelp writes a command's synopsis, summary and flags.
@@ -221,6 +234,17 @@ var errAborted = errors.New("aborted: nothing changed")
 
 func (e usageError) Error() string { return e.msg }
 
+// parseDatabaseURL parses a database URL (or key=value string); one that
+// does not parse is a usage error (exit 2), for every command alike. pgx
+// masks a password in its message.
+func parseDatabaseURL(url string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, usageError{msg: fmt.Sprintf("database URL: %v", err)}
+	}
+	return cfg, nil
+}
+
 func databaseURL(flagValue string) string {
 	if flagValue != "" {
 		return flagValue
@@ -234,7 +258,9 @@ func databaseURL(flagValue string) string {
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate")
 	dbURL := fs.String("database-url", "", "PostgreSQL URL")
-	schema := fs.String("schema", "public", "schema holding gendurable's tables")
+	schema := new(string)
+	*schema = "public"
+	fs.Var(schemaFlag{schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	yes := fs.Bool("yes", false, "down: do not ask for confirmation (needed when stdin is not a terminal)")
 	if len(args) == 0 {
@@ -271,7 +297,11 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		_, err = io.WriteString(stdout, sql)
 		return err
 	}
-	pool, err := pgxpool.New(ctx, databaseURL(*dbURL))
+	cfg, err := parseDatabaseURL(databaseURL(*dbURL))
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
@@ -295,6 +325,9 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if err != nil {
 		return err
+	}
+	if len(res.Applied) > 0 { // a change to the schema: on the audit trail, as every mutation
+		cliLogger(stderr, *asJSON).Info("gendurable: schema migrated", "schema", *schema, "from", res.From, "to", res.To, "applied", res.Applied)
 	}
 	if *asJSON {
 		applied := res.Applied
@@ -325,8 +358,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&o.RateWindow, "rate-window", 30*time.Second, "keys: how long the rate phase measures the rated key's starts")
 	fs.IntVar(&o.Concurrency, "concurrency", 100, "steps running at once per queue per engine")
 	fs.IntVar(&o.Prefetch, "prefetch", 0, "rows claimed beyond running slots (default = concurrency)")
-	fs.IntVar(&o.Queues, "queues", 1, "queues the instances are spread over")
-	fs.IntVar(&o.Engines, "engines", 1, "engines (workers) in this process")
+	fs.IntVar(&o.Queues, "queues", 1, fmt.Sprintf("queues the instances are spread over (at most %d)", benchrun.MaxQueues))
+	fs.IntVar(&o.Engines, "engines", 1, fmt.Sprintf("engines (workers) in this process (at most %d)", benchrun.MaxEngines))
 	fs.IntVar(&o.Commits, "commits", 0, "outcome statements in flight per engine (default: the engine's)")
 	fs.IntVar(&o.MinDemand, "min-demand", 0, "don't pick for fewer free places than this (default: the engine's)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
@@ -351,6 +384,12 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		"min-demand": o.MinDemand, "floor": *floor, "pickup": *pickup}); err != nil {
 		return err
 	}
+	if *floor > benchrun.MaxFloorConns {
+		return usageError{msg: fmt.Sprintf("bench: --floor must be at most %d connections", benchrun.MaxFloorConns), help: true}
+	}
+	if o.Queues > benchrun.MaxQueues || o.Engines > benchrun.MaxEngines {
+		return usageError{msg: fmt.Sprintf("bench: --queues must be at most %d and --engines at most %d", benchrun.MaxQueues, benchrun.MaxEngines), help: true}
+	}
 	if o.RateWindow <= 0 || *idle < 0 {
 		return usageError{msg: "bench: --rate-window must be positive and --idle not negative", help: true}
 	}
@@ -365,7 +404,11 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	o.DatabaseURL = databaseURL(*dbURL)
+	if _, err := parseDatabaseURL(o.DatabaseURL); err != nil {
+		return err
+	}
 	o.Confirm = confirmer(stderr, *yes)
+	o.AuditLogger = cliLogger(stderr, *asJSON)
 	if benchrun.IsTerminal(os.Stderr) {
 		o.Progress = stderr
 	}

@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -250,6 +252,234 @@ func TestUIServesTheDashboardOnLoopback(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+// TestUIAnswersRequestsUnderWayWhenInterrupted: a SIGTERM (or Ctrl-C) stops
+// `gendurable ui` taking connections, but a request under way is still
+// answered, its action done and audit-logged, before the process exits.
+// Before, the command returned as soon as http.Server.Serve did — at the
+// start of Shutdown — and the process exited under the request: the client
+// got nothing, the cancel was not done (a bulk action could be stopped
+// between batches) and no audit line was written. The request here is a
+// cancel whose body is held back until the server is stopping (Expect:
+// 100-continue says when its handler is reading it).
+func TestUIAnswersRequestsUnderWayWhenInterrupted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := dbtest.NewSchema(t, nil)
+	seed(t, pool, schema, 1, "queue, status", "'q', 'runnable'")
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM "`+schema+`".gendurable_instances`).Scan(&id))
+
+	cmd := exec.Command(binary, "ui", "--schema", schema, "--addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err, "stderr: %s", stderr)
+	go func() { exited <- cmd.Wait() }()
+	addr := strings.TrimSuffix(strings.TrimPrefix(strings.Fields(line)[2], "http://"), "/")
+
+	conn, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer conn.Close()
+	require.NoError(t, conn.SetDeadline(time.Now().Add(time.Minute)))
+	body := "reason=interrupted"
+	_, err = fmt.Fprintf(conn, "POST /instances/%d/cancel HTTP/1.1\r\nHost: %s\r\n"+
+		"Content-Type: application/x-www-form-urlencoded\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n", id, addr, len(body))
+	require.NoError(t, err)
+	resp := bufio.NewReader(conn)
+	status, err := resp.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "HTTP/1.1 100 Continue\r\n", status, "the handler reads the body")
+	_, err = resp.ReadString('\n')
+	require.NoError(t, err)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.Eventually(t, func() bool { // stopping: no new connection is taken
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	}, 10*time.Second, 10*time.Millisecond, "stderr: %s", stderr)
+	_, err = io.WriteString(conn, body)
+	require.NoError(t, err)
+	status, err = resp.ReadString('\n')
+	require.NoError(t, err, "the request under way is answered; stderr: %s", stderr)
+	require.Equal(t, "HTTP/1.1 303 See Other\r\n", status)
+
+	select {
+	case err := <-exited:
+		require.NoError(t, err, "exit 0 once the request is answered; stderr: %s", stderr)
+		exited <- err // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatalf("still running 30 s after SIGTERM with no request under way; stderr: %s", stderr)
+	}
+	require.Contains(t, stderr.String(), "gendurable: ui: stopping; answering the requests under way first")
+	require.Contains(t, stderr.String(), `msg="dashboard audit: cancel" action=cancel outcome=ok status=303`)
+	require.Equal(t, 1, countRows(t, pool, schema, fmt.Sprintf("id = %d AND status = 'failed'", id)))
+}
+
+// TestUISecretFilesAreBoundedAndOneLine: --token-file and --basic-auth-file
+// read at most 4 KiB (before, the whole file: --token-file /dev/zero grew
+// the process by hundreds of MB a second until it was killed, and a 64 KiB
+// file became a 64 KiB token), and a credential with a line break inside is
+// refused (before, the dashboard started and refused every login). Both
+// are exit 2 before anything is served; the database URL here has nothing
+// listening.
+func TestUISecretFilesAreBoundedAndOneLine(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+		return p
+	}
+	big := write("big", strings.Repeat("a", 64<<10))
+	twoLines := write("two", "first-line-of-token\nsecond-line\n")
+	basicTwoLines := write("basic", "ops:pass\nword\n")
+	fine := write("fine", strings.Repeat("t", 4<<10-1)+"\n") // 4 KiB with its line break: one token
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--token-file", big}, "longer than 4096 bytes"},
+		{[]string{"--basic-auth-file", big}, "longer than 4096 bytes"},
+		{[]string{"--token-file", twoLines}, "control character"},
+		{[]string{"--basic-auth-file", basicTwoLines}, "control character"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var stdout, stderr strings.Builder
+		code := run(ctx, append([]string{"ui", "--addr", "127.0.0.1:0", "--database-url", "postgres://postgres@127.0.0.1:1/none"}, c.args...), &stdout, &stderr)
+		cancel()
+		require.Equal(t, exitUsage, code, "%q: %s", c.args, stderr.String())
+		require.Contains(t, stderr.String(), c.want, "%q", c.args)
+		require.Empty(t, stdout.String(), "%q: nothing served", c.args)
+	}
+	tok, err := secret("token", "", fine, envUIToken, io.Discard)
+	require.NoError(t, err)
+	require.Len(t, tok, 4<<10-1)
+}
+
+// TestErrorsAreJSONWhateverTheSpellingOfJSON: with --json every error is
+// JSON on stderr, however --json is spelt; the flag package takes any
+// strconv.ParseBool value. Before, --json=T, --json=True or --json=TRUE turned
+// JSON output on but errors came out as text (only -json, --json, =true and
+// =1 were recognized), and --json --json=false printed them as JSON.
+func TestErrorsAreJSONWhateverTheSpellingOfJSON(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		flags  []string
+		asJSON bool
+	}{
+		{[]string{"--json"}, true}, {[]string{"-json"}, true}, {[]string{"--json=true"}, true}, {[]string{"--json=1"}, true},
+		{[]string{"--json=t"}, true}, {[]string{"--json=T"}, true}, {[]string{"--json=True"}, true}, {[]string{"-json=TRUE"}, true},
+		{[]string{"--json=false"}, false}, {[]string{"--json=0"}, false}, {[]string{"--json=F"}, false},
+		{[]string{"--json", "--json=false"}, false}, {[]string{"--json=false", "--json"}, true},
+		{[]string{"--", "--json"}, false},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), append([]string{"list", "--limit", "0"}, c.flags...), &stdout, &stderr)
+		require.Equal(t, exitUsage, code, "%q: %s", c.flags, stderr.String())
+		var e struct{ Error struct{ Code string } }
+		err := json.Unmarshal([]byte(stderr.String()), &e)
+		if c.asJSON {
+			require.NoError(t, err, "%q: %s", c.flags, stderr.String())
+			require.Equal(t, "usage", e.Error.Code, "%q", c.flags)
+		} else {
+			require.Error(t, err, "%q: %s", c.flags, stderr.String())
+			require.True(t, strings.HasPrefix(stderr.String(), "gendurable: list"), "%q: %s", c.flags, stderr.String())
+		}
+	}
+}
+
+// TestDemoBoundsOrdersAndWorkers: --orders and --workers are bounded (a
+// demo, not a load test) and checked before any connection. Before,
+// --orders 9223372036854775807 passed the check (positive) and the demo,
+// after creating its schema, panicked building the orders in memory
+// (makeslice: len out of range); a value merely large, such as 100000000,
+// would allocate them all, and --workers started that many engines.
+func TestDemoBoundsOrdersAndWorkers(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1})
+	schema := scratchName(t, pool, "gdbound_")
+	for _, args := range [][]string{
+		{"--orders", "9223372036854775807"}, {"--orders", "100001"}, {"--workers", "65"}, {"--workers", "100000000"},
+	} {
+		_, errOut, code := cli(t, append([]string{"demo", "--schema", schema}, args...)...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.NotContains(t, errOut, "panic", "%q", args)
+		require.Contains(t, errOut, "demo: --orders must be within 1..100000 and --workers within 1..64", "%q", args)
+		require.False(t, schemaExists(t, pool, schema), "%q: refused before the schema was created", args)
+	}
+}
+
+// TestBenchBoundsQueuesAndEngines: bench's --queues, --engines and --floor are
+// bounded and checked before any connection. Before, --queues
+// 9223372036854775807 created bench's schema and then panicked building the
+// queue names (makeslice: len out of range), and --engines
+// 9223372036854775807 overflowed the pool size ("MaxSize must be >= 1",
+// exit 1) after creating it.
+func TestBenchBoundsQueuesAndEngines(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1})
+	schema := scratchName(t, pool, "gdbench_")
+	for _, args := range [][]string{
+		{"--queues", "9223372036854775807"}, {"--engines", "9223372036854775807"}, {"--queues", "1001"}, {"--engines", "101"},
+	} {
+		_, errOut, code := cli(t, append([]string{"bench", "-n", "10", "--schema", schema}, args...)...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.NotContains(t, errOut, "panic", "%q", args)
+		require.Contains(t, errOut, "bench: --queues must be at most 1000 and --engines at most 100", "%q", args)
+		require.False(t, schemaExists(t, pool, schema), "%q: refused before the schema was created", args)
+	}
+	// --floor N opens N connections, each seeding 5,000 rows: before, 2147483648
+	// overflowed the pool's int32 size ("MaxSize must be >= 1", exit 1), and
+	// 4294967297 wrapped to one connection over 21 trillion rows to seed.
+	for _, n := range []string{"2147483648", "1001"} {
+		_, errOut, code := cli(t, "bench", "--floor", n, "--schema", schema)
+		require.Equal(t, exitUsage, code, "--floor %s: %s", n, errOut)
+		require.Contains(t, errOut, "bench: --floor must be at most 1000 connections")
+		require.False(t, schemaExists(t, pool, schema))
+	}
+}
+
+// TestBadDatabaseURLIsAUsageErrorForEveryCommand: a --database-url that does
+// not parse is exit 2 ("usage", "database URL: ..."), with its password
+// masked, for every command. Before, the admin commands said so but
+// migrate, demo and bench exited 1, as for a database that is down.
+func TestBadDatabaseURLIsAUsageErrorForEveryCommand(t *testing.T) {
+	t.Parallel()
+	bad := "postgres://ops:topsecret@127.0.0.1:99999999/db"
+	for _, cmd := range [][]string{
+		{"status"}, {"migrate", "status"}, {"migrate", "up"}, {"migrate", "down", "--yes"},
+		{"demo", "--schema", "gdnever"}, {"bench", "--schema", "gdnever"}, {"bench", "--floor", "2", "--schema", "gdnever"},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), append(append([]string{}, cmd...), "--database-url", bad), &stdout, &stderr)
+		require.Equal(t, exitUsage, code, "%q: %s", cmd, stderr.String())
+		require.Contains(t, stderr.String(), "gendurable: database URL: cannot parse", "%q", cmd)
+		require.NotContains(t, stderr.String(), "topsecret", "%q", cmd)
+	}
+}
+
+// TestUIAddrWithABadPortIsAUsageError: ui --addr with a port out of range
+// (or an unknown service name) is exit 2, like any bad flag value, before the
+// engine is made. Before, it was exit 1 from the listen ("invalid port").
+func TestUIAddrWithABadPortIsAUsageError(t *testing.T) {
+	t.Parallel()
+	for _, addr := range []string{"127.0.0.1:99999", "127.0.0.1:-1", "[::1]:65536", "127.0.0.1:nosuchservice"} {
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), []string{"ui", "--addr", addr, "--database-url", "postgres://postgres@127.0.0.1:1/none"}, &stdout, &stderr)
+		require.Equal(t, exitUsage, code, "%s: %s", addr, stderr.String())
+		require.Contains(t, stderr.String(), "gendurable: --addr", addr)
+	}
 }
 
 // TestCLIRejectsBadInput: NUL-free but invalid UTF-8 or control characters

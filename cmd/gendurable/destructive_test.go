@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -156,4 +157,47 @@ func TestPrompt(t *testing.T) {
 		require.Equal(t, want, ok, "%q", in)
 		require.Equal(t, `drop \x1b[2J? [y/N] `, out.String())
 	}
+}
+
+// TestSchemaChangesAreAuditLogged: every mutation leaves a line on stderr
+// with via=cli and the operating-system user — the schema changes too.
+// Before, `migrate up` and `migrate down --yes` (which drops every
+// instance) and a `--reset-schema --yes` drop of a schema holding someone's
+// table printed their result on stdout and nothing on the audit trail. A
+// migrate that changes nothing, and the drop of a command's own scratch
+// schema, are not mutations of anyone's data and stay quiet.
+func TestSchemaChangesAreAuditLogged(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	schema := scratchName(t, pool, "gdaudit_")
+
+	_, errOut, code := cli(t, "migrate", "up", "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, `msg="gendurable: schema migrated" via=cli user=`)
+	require.Contains(t, errOut, "schema="+schema+" from=0 to=")
+	_, errOut, code = cli(t, "migrate", "up", "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	require.Empty(t, errOut, "nothing applied, nothing logged")
+	_, errOut, code = cli(t, "migrate", "down", "--yes", "--json", "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	var line struct{ Msg, Via, User, Schema string }
+	require.NoError(t, json.Unmarshal([]byte(errOut), &line), errOut)
+	require.Equal(t, "gendurable: schema migrated", line.Msg)
+	require.Equal(t, "cli", line.Via)
+	require.NotEmpty(t, line.User)
+	require.Equal(t, schema, line.Schema)
+	require.Contains(t, errOut, `"to":0`)
+
+	// The explicit reset of a schema the command did not create.
+	_, err := pool.Exec(ctx, `CREATE TABLE "`+schema+`".accounts (id int)`)
+	require.NoError(t, err)
+	_, errOut, code = cli(t, "demo", "--orders", "1", "--schema", schema, "--reset-schema", "--yes")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, errOut, `msg="gendurable: schema dropped (--reset-schema): it was not created by gendurable demo" via=cli user=`)
+	require.Contains(t, errOut, "schema="+schema+` held="holds 1 objects"`)
+	// The demo's own schema, dropped and recreated by the next run: quiet.
+	_, errOut, code = cli(t, "demo", "--orders", "1", "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, errOut, "schema dropped")
 }

@@ -69,7 +69,10 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if tok != "" && opts.BearerToken == "" {
 		return usageError{msg: "the bearer token is only white space"}
 	}
-	host, _, err := net.SplitHostPort(*addr)
+	host, port, err := net.SplitHostPort(*addr)
+	if err == nil {
+		_, err = net.LookupPort("tcp", port) // a number within 0..65535, or a service name
+	}
 	if err != nil {
 		return usageError{msg: fmt.Sprintf("--addr %q: %v", *addr, err)}
 	}
@@ -107,16 +110,47 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "dashboard on http://%s/ (Ctrl-C to stop)\n", ln.Addr())
+	return serveUntil(ctx, srv, dashboard.LimitListener(ln, *maxConns), stderr)
+}
+
+// uiShutdownTimeout bounds how long an interrupted `gendurable ui` waits
+// for the requests under way: the dashboard bounds each by its
+// RequestTimeout, so they end within it.
+const uiShutdownTimeout = dashboard.DefaultRequestTimeout + 5*time.Second
+
+// serveUntil serves ln until ctx ends, then stops taking connections and
+// returns once the requests under way have been answered (at most
+// uiShutdownTimeout; those still running then are cut off, and it says
+// so). http.Server.Serve returns as soon as Shutdown begins: returning
+// then let the process exit under a request still running — a retry or
+// cancel by filter stopped between its batches, its answer and its audit
+// line lost.
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener, stderr io.Writer) error {
+	stopped := make(chan struct{}) // Serve returned on its own
+	drained := make(chan error, 1)
 	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		select {
+		case <-ctx.Done():
+		case <-stopped:
+			drained <- nil
+			return
+		}
+		fmt.Fprintf(stderr, "gendurable: ui: stopping; answering the requests under way first (at most %s)\n", uiShutdownTimeout)
+		shutdown, cancel := context.WithTimeout(context.Background(), uiShutdownTimeout)
 		defer cancel()
-		_ = srv.Shutdown(shutdown)
+		err := srv.Shutdown(shutdown)
+		if err != nil {
+			_ = srv.Close()
+			err = fmt.Errorf("ui: requests still under way %s after the interrupt were cut off: %w", uiShutdownTimeout, err)
+		}
+		drained <- err
 	}()
-	if err := srv.Serve(dashboard.LimitListener(ln, *maxConns)); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	err := srv.Serve(ln)
+	close(stopped)
+	if !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	return nil
+	return <-drained
 }
 
 // secret is a credential from its flag, its file, or its environment
@@ -130,7 +164,7 @@ func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 		fmt.Fprintf(stderr, "gendurable: warning: --%s is visible to every user of this machine (ps); prefer --%s-file or %s\n", name, name, env)
 		return value, nil
 	case file != "":
-		b, err := os.ReadFile(file)
+		b, err := readSecretFile(file)
 		if err != nil {
 			return "", usageError{msg: fmt.Sprintf("--%s-file: %v", name, err)}
 		}
@@ -141,4 +175,29 @@ func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 		return s, nil
 	}
 	return os.Getenv(env), nil
+}
+
+// maxSecretFile bounds what --token-file and --basic-auth-file read: a
+// credential is a line, and a file past this is not one (a log, a key
+// store, /dev/zero — which would otherwise be read until memory ran out).
+const maxSecretFile = 4 << 10
+
+// errSecretTooLarge: a secret file is over maxSecretFile.
+var errSecretTooLarge = fmt.Errorf("longer than %d bytes: not a file holding one credential", maxSecretFile)
+
+// readSecretFile reads a credential file of at most maxSecretFile bytes.
+func readSecretFile(name string) ([]byte, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	switch {
+	case err != nil:
+		return nil, err
+	case len(b) > maxSecretFile:
+		return nil, fmt.Errorf("%s: %w", name, errSecretTooLarge)
+	}
+	return b, nil
 }

@@ -28,6 +28,14 @@ import (
 // Workloads lists the workload names.
 var Workloads = []string{"job", "fsm3", "signal", "fanout", "partition", "keys"}
 
+// Bounds of Options.Queues and Options.Engines: each queue of each engine
+// is a feeder with its buffer and connections (the pool is sized by their
+// product), and their names are built at once.
+const (
+	MaxQueues  = 1000
+	MaxEngines = 100
+)
+
 // Options configure one run.
 type Options struct {
 	DatabaseURL string
@@ -68,6 +76,8 @@ type Options struct {
 	// everything in it; Confirm, if set, is asked first.
 	ResetSchema bool
 	Confirm     func(question string) (bool, error)
+	// AuditLogger, if set, gets a line when ResetSchema drops a schema.
+	AuditLogger *slog.Logger
 }
 
 // Report is what one run measured.
@@ -119,6 +129,9 @@ func (o *Options) defaults() error {
 	if o.Engines <= 0 {
 		o.Engines = 1
 	}
+	if o.Queues > MaxQueues || o.Engines > MaxEngines {
+		return fmt.Errorf("bench: at most %d queues and %d engines", MaxQueues, MaxEngines)
+	}
 	if o.MaxConns <= 0 {
 		o.MaxConns = min(90, o.Engines*(o.Queues*4+8)+4)
 	}
@@ -156,7 +169,7 @@ func (o *Options) defaults() error {
 
 // prepare gives the run a fresh schema of its own (see Options.Schema).
 func (o *Options) prepare(ctx context.Context, pool *pgxpool.Pool) error {
-	return scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Reset: o.ResetSchema, Confirm: o.Confirm})
+	return scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger})
 }
 
 // queueConfig is the configuration of each of the run's queues.

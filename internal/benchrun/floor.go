@@ -2,6 +2,7 @@ package benchrun
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,11 +22,18 @@ type FloorResult struct {
 	JobsPerSec float64 `json:"jobs_limit_per_sec"`
 }
 
+// MaxFloorConns bounds Floor's connections: each seeds 5,000 rows of its
+// own, and a pool's size is an int32.
+const MaxFloorConns = 1000
+
 // Floor measures rows/s of 500-row UPDATE … FROM unnest statements by
 // primary key that flip the indexed status column, from conns connections
 // at once for d, each on rows of its own (no lock waits). It runs in
 // o.Schema (o's database, schema and reset fields are used).
 func Floor(ctx context.Context, o Options, conns int, d time.Duration) (*FloorResult, error) {
+	if conns < 1 || conns > MaxFloorConns {
+		return nil, fmt.Errorf("bench: the floor takes 1..%d connections", MaxFloorConns)
+	}
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}

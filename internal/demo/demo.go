@@ -21,6 +21,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
+// Bounds of Options.Orders and Options.Workers: a demo, not a load test
+// (the orders are built in memory at once, and each worker is an engine).
+const (
+	MaxOrders  = 100_000
+	MaxWorkers = 64
+)
+
 // Options configure a demo run.
 type Options struct {
 	DatabaseURL string // empty: a throwaway PostgreSQL
@@ -31,8 +38,9 @@ type Options struct {
 	Schema      string
 	ResetSchema bool                                // drop an existing schema the demo did not create
 	Confirm     func(question string) (bool, error) // asked before such a drop, if set
-	Orders      int                                 // default 200
-	Workers     int                                 // engines working the queues; default 3
+	AuditLogger *slog.Logger                        // if set, gets a line when such a schema is dropped
+	Orders      int                                 // default 200, at most MaxOrders
+	Workers     int                                 // engines working the queues; default 3, at most MaxWorkers
 	Out         io.Writer
 	Live        bool // redraw a progress line (a terminal)
 }
@@ -122,6 +130,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	if o.Workers <= 0 {
 		o.Workers = 3
 	}
+	if o.Orders > MaxOrders || o.Workers > MaxWorkers {
+		return nil, fmt.Errorf("demo: at most %d orders and %d workers", MaxOrders, MaxWorkers)
+	}
 	if o.Out == nil {
 		o.Out = io.Discard
 	}
@@ -141,7 +152,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Reset: o.ResetSchema, Confirm: o.Confirm}); err != nil {
+	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger}); err != nil {
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))

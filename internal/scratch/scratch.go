@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
@@ -37,6 +38,11 @@ type Options struct {
 	// Confirm, if set, is asked before an unmarked schema is dropped (a
 	// prompt on a terminal); false aborts with ErrAborted.
 	Confirm func(question string) (bool, error)
+	// Logger, if set, gets one Warn line when an unmarked schema is
+	// dropped (Reset): the audit trail of a drop of what the command did
+	// not create. A marked schema's drop is not logged: it is the
+	// command's own.
+	Logger *slog.Logger
 }
 
 // Prepare leaves schema freshly created, marked and migrated to the latest
@@ -80,6 +86,10 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	if info.Exists {
 		if err := sqlq.DropSchema(ctx, db, schema); err != nil {
 			return fmt.Errorf("drop schema %q: %w", schema, err)
+		}
+		if o.Logger != nil && !info.Scratch() {
+			o.Logger.Warn("gendurable: schema dropped (--reset-schema): it was not created by gendurable "+o.Owner,
+				"schema", schema, "held", describe(info))
 		}
 	}
 	if err := sqlq.CreateScratchSchema(ctx, db, schema, o.Owner); err != nil {
