@@ -50,10 +50,10 @@ type Periodic struct {
 	Log    *slog.Logger // default slog.Default()
 	// RetryDelay is the wait before a failed insert's first retry; each
 	// retry after it waits twice as long, up to MaxRetryDelay (jittered
-	// into the upper half). Default 200ms.
+	// into the upper half). Default (zero or negative) 200ms.
 	RetryDelay time.Duration
-	// MaxRetryDelay caps the wait between retries; default
-	// DefaultPeriodicMaxRetryDelay.
+	// MaxRetryDelay caps the wait between retries; default (zero or
+	// negative) DefaultPeriodicMaxRetryDelay.
 	MaxRetryDelay time.Duration
 	// StatementTimeout bounds each insert attempt; default
 	// DefaultStatementTimeout.
@@ -149,14 +149,22 @@ func (p *Periodic) insertSlot(ctx context.Context, i int, d *dueSlot) bool {
 		return true
 	}
 	d.tries++
-	wait := backoff.Delay(orDefault(p.RetryDelay, 200*time.Millisecond),
-		orDefault(p.MaxRetryDelay, DefaultPeriodicMaxRetryDelay), d.tries)
+	wait := backoff.Delay(positiveOr(p.RetryDelay, 200*time.Millisecond),
+		positiveOr(p.MaxRetryDelay, DefaultPeriodicMaxRetryDelay), d.tries)
 	d.retryAt = time.Now().Add(wait)
 	if ctx.Err() == nil {
 		logger(p.Log).Warn("gendurable: periodic slot insert failed; it is tried again", "periodic", name, "slot", d.at,
 			"attempt", d.tries, "retry_in", wait, "err", err)
 	}
 	return false
+}
+
+// positiveOr is v, or d if v is not positive.
+func positiveOr(v, d time.Duration) time.Duration {
+	if v <= 0 {
+		return d
+	}
+	return v
 }
 
 // latestSlot returns the last slot at or before now of the schedule whose

@@ -325,3 +325,31 @@ func TestPeriodicSlotOnceWhenAnAbandonedInsertCommitted(t *testing.T) {
 		t.Fatalf("want one warning of the abandoned insert, and the slot not given up; logs:\n%s", logs.String())
 	}
 }
+
+// TestPeriodicNegativeRetryDelaysKeepTheDefaults: a Periodic whose
+// RetryDelay and MaxRetryDelay are negative waits the defaults between a
+// failing slot's attempts. A negative MaxRetryDelay used to cap every wait
+// below zero: the failing insert was sent again at once, hundreds of times
+// a second, for as long as it failed.
+func TestPeriodicNegativeRetryDelaysKeepTheDefaults(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	var tries atomic.Int32
+	p := &Periodic{Log: quiet, RetryDelay: -time.Second, MaxRetryDelay: -time.Second,
+		Schedules: []Schedule{{Name: "broken", Next: slots(time.Now().Add(-time.Minute))}},
+		Insert: func(ctx context.Context, _ int, _ time.Time) (int64, bool, error) {
+			tries.Add(1)
+			var n int64
+			return 0, false, d.pool.QueryRow(ctx, `SELECT 1/0`).Scan(&n) // division_by_zero, every time
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	p.Stop()
+	// The default 200 ms doubling, jittered into its upper half: attempts
+	// at 0, 100–200 ms, 300–600 ms.
+	if n := tries.Load(); n < 2 || n > 3 {
+		t.Fatalf("%d attempts in 500 ms, want 2 or 3 (the default retry delays)", n)
+	}
+}
