@@ -34,7 +34,11 @@ type Schedule struct {
 // late, once the database answers again. When the next slot comes due
 // first, it takes the failed slot's place (logged as an error): as on
 // start, an outage leaves at most its most recent slot to run late. The
-// schedules do not wait for each other's retries. Each attempt runs under
+// schedules do not wait for each other's retries, but they share the loop:
+// an attempt in flight holds the others up, up to StatementTimeout. A
+// schedule held up past several of its slots (by such an attempt, a
+// suspended process, the clock set forward) inserts the most recent of
+// them, and skips the earlier ones. Each attempt runs under
 // StatementTimeout: one stuck on a dead connection is abandoned at that
 // deadline and retried on a fresh connection. Such an insert may have
 // committed all the same (its reply was what got lost): the retry finds
@@ -92,6 +96,7 @@ func (p *Periodic) loop(ctx context.Context) {
 		now := time.Now()
 		for i := range p.Schedules {
 			if t := next[i]; !t.IsZero() && !t.After(now) {
+				t = latestSince(p.Schedules[i].Next, t, now)
 				if old := due[i]; old != nil {
 					logger(p.Log).Error("gendurable: periodic slot not inserted: the next slot came due first",
 						"periodic", p.Schedules[i].Name, "slot", old.at, "next", t, "attempts", old.tries)
@@ -165,6 +170,24 @@ func positiveOr(v, d time.Duration) time.Duration {
 		return d
 	}
 	return v
+}
+
+// latestSince returns the last slot at or before now of the schedule whose
+// slots next gives, t being one such slot: usually t itself, but the loop
+// may have been held up past several (an attempt that waited for its
+// deadline, a suspended process, the clock set forward), and then the most
+// recent of them is the one that runs, as on start.
+func latestSince(next func(time.Time) time.Time, t, now time.Time) time.Time {
+	if n := next(t); n.IsZero() || n.After(now) {
+		return t
+	}
+	if last, ok := latestSlot(next, now); ok && last.After(t) {
+		return last
+	}
+	for n := next(t); !n.IsZero() && !n.After(now); n = next(n) {
+		t = n // more than a year of slots passed: latestSlot's windows missed them
+	}
+	return t
 }
 
 // latestSlot returns the last slot at or before now of the schedule whose

@@ -353,3 +353,53 @@ func TestPeriodicNegativeRetryDelaysKeepTheDefaults(t *testing.T) {
 		t.Fatalf("%d attempts in 500 ms, want 2 or 3 (the default retry delays)", n)
 	}
 }
+
+// TestPeriodicSlotDueWhileTheLoopWasHeldUpIsTheMostRecent: the loop is held
+// up past several slots of a schedule (here another schedule's insert takes
+// a second on the server; a suspended process or a clock jumped forward
+// does the same). When it gets round to the schedule, the slot it inserts is
+// the most recent one that passed, as on start, and the earlier ones are
+// skipped. It used to insert the earliest of them, and skip the others.
+func TestPeriodicSlotDueWhileTheLoopWasHeldUpIsTheMostRecent(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	now := time.Now().Truncate(time.Millisecond)
+	var frequent []time.Time
+	for k := 1; k <= 6; k++ {
+		frequent = append(frequent, now.Add(time.Duration(k)*100*time.Millisecond))
+	}
+	var slow atomic.Bool
+	p := &Periodic{Log: quiet,
+		Schedules: []Schedule{{Name: "slow", Next: slots(now.Add(-time.Minute))}, {Name: "frequent", Next: slots(frequent...)}},
+		Insert: func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
+			name := []string{"slow", "frequent"}[i]
+			if name == "slow" && !slow.Swap(true) {
+				if _, err := d.pool.Exec(ctx, `SELECT pg_sleep(1)`); err != nil {
+					return 0, false, err
+				}
+			}
+			var id int64
+			err := d.pool.QueryRow(ctx, d.sql(insertSlotOnce), name, slot).Scan(&id)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return 0, true, nil
+			}
+			return id, false, err
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	eventually(t, 5*time.Second, func() bool {
+		return d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'frequent'`) == 1
+	}, "no slot of the frequent schedule inserted after the hold-up")
+	time.Sleep(200 * time.Millisecond) // nothing more comes
+	p.Stop()
+	var got time.Time
+	if err := d.pool.QueryRow(context.Background(), d.sql(`SELECT (state->>'slot')::timestamptz FROM {{s}}.gendurable_instances WHERE fsm = 'frequent'`)).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'frequent'`); n != 1 || !got.Equal(frequent[len(frequent)-1]) {
+		t.Fatalf("%d rows of the frequent schedule, slot %s after the start; want one, its last slot (%s)",
+			n, got.Sub(now), frequent[len(frequent)-1].Sub(now))
+	}
+}
