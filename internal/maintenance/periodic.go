@@ -33,7 +33,8 @@ type Schedule struct {
 // comes due: a slot that came due during a database outage is inserted,
 // late, once the database answers again. When the next slot comes due
 // first, it takes the failed slot's place (logged as an error): as on
-// start, an outage leaves at most its most recent slot to run late. The
+// start, an outage leaves at most its most recent slot to run late. An
+// error that Permanent reports as such gives the slot up at once. The
 // schedules do not wait for each other's retries, but they share the loop:
 // an attempt in flight holds the others up, up to StatementTimeout. A
 // schedule held up past several of its slots (by such an attempt, a
@@ -52,6 +53,11 @@ type Periodic struct {
 	// the slot was inserted already (by this or another process).
 	Insert func(ctx context.Context, i int, slot time.Time) (id int64, duplicate bool, err error)
 	Log    *slog.Logger // default slog.Default()
+	// Permanent reports whether an insert's error is one that trying again
+	// cannot mend (the instance is invalid, whatever the database does):
+	// such a slot is given up at once, logged as an error, and the schedule
+	// goes on with its next slot. Nil: every error is tried again.
+	Permanent func(err error) bool
 	// RetryDelay is the wait before a failed insert's first retry; each
 	// retry after it waits twice as long, up to MaxRetryDelay (jittered
 	// into the upper half). Default (zero or negative) 200ms.
@@ -107,7 +113,7 @@ func (p *Periodic) loop(ctx context.Context) {
 		}
 		for i, d := range due {
 			if d != nil && !d.retryAt.After(now) && ctx.Err() == nil && p.insertSlot(ctx, i, d) {
-				due[i] = nil
+				due[i] = nil // inserted, or given up
 			}
 		}
 		wake := time.Time{}
@@ -138,7 +144,8 @@ func retryAt(d *dueSlot) time.Time {
 }
 
 // insertSlot makes one attempt at inserting d, the due slot of schedule i.
-// A failed attempt sets d's next attempt.
+// It reports whether d is settled: inserted, or given up for a permanent
+// error. Another failed attempt sets d's next attempt.
 func (p *Periodic) insertSlot(ctx context.Context, i int, d *dueSlot) bool {
 	name := p.Schedules[i].Name
 	var id int64
@@ -154,6 +161,11 @@ func (p *Periodic) insertSlot(ctx context.Context, i int, d *dueSlot) bool {
 		return true
 	}
 	d.tries++
+	if ctx.Err() == nil && p.Permanent != nil && p.Permanent(err) {
+		logger(p.Log).Error("gendurable: periodic slot not inserted: its insert cannot succeed", "periodic", name, "slot", d.at,
+			"attempts", d.tries, "err", err)
+		return true
+	}
 	wait := backoff.Delay(positiveOr(p.RetryDelay, 200*time.Millisecond),
 		positiveOr(p.MaxRetryDelay, DefaultPeriodicMaxRetryDelay), d.tries)
 	d.retryAt = time.Now().Add(wait)
