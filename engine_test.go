@@ -2004,3 +2004,28 @@ func TestEngineMethodsHaveTheirDocComments(t *testing.T) {
 	}
 	require.Greater(t, n, 10, "no Engine methods found")
 }
+
+// TestStopWithAContextAlreadyDoneOnAnIdleEngine: an engine with no step
+// running, stopped with a context that is already done, has nothing to
+// abandon: Stop returns nil and its drain is complete. It used to report
+// "steps ignoring cancellation are still running" (and Completed false)
+// every time: waiting for the running steps raced the done context, which
+// always won.
+func TestStopWithAContextAlreadyDoneOnAnIdleEngine(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "idle", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	log := &eventLog{}
+	cfg := fastConfig("", job)
+	cfg.Hooks = []gendurable.Hook{log}
+	b := setup(t, cfg)
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	for range 5 {
+		require.NoError(t, b.eng.Start(context.Background()))
+		time.Sleep(50 * time.Millisecond) // the feeder's first pick found nothing
+		require.NoError(t, b.eng.Stop(done), "an idle engine's Stop abandoned nothing")
+	}
+	ev, ok := findEvent(log, func(*gendurable.DrainEvent) bool { return true })
+	require.True(t, ok)
+	require.True(t, ev.Completed, "an idle engine's drain is complete")
+}
