@@ -490,6 +490,11 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
+// stopGrace is how long past its context's end Stop still waits for a
+// feeder's pick in flight, or the release of its prefetched rows, before it
+// abandons them.
+const stopGrace = 100 * time.Millisecond
+
 // Stop shuts the engine down gracefully: it stops picking, hands prefetched
 // rows straight back to runnable, waits up to DrainTimeout for in-flight
 // steps to commit their outcomes, then cancels their contexts (cause
@@ -507,11 +512,6 @@ func (e *Engine) Start(ctx context.Context) error {
 // ended: then it is abandoned, and rows it claimed are reaped after their
 // lease, as a crashed worker's are (TestStopWithAPickCutOff). Stop on an
 // engine that is not running returns nil.
-// stopGrace is how long past its context's end Stop still waits for a
-// feeder's pick in flight, or the release of its prefetched rows, before it
-// abandons them.
-const stopGrace = 100 * time.Millisecond
-
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running

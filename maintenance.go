@@ -2,6 +2,7 @@ package gendurable
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/maintenance"
@@ -64,6 +65,11 @@ func (e *Engine) maintenanceServices() (services []maintenance.Service, sweeper 
 		}
 		p.Insert = func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
 			return e.insertSlot(ctx, &e.cfg.Periodic[i], slot)
+		}
+		// The instance New built is refused, by the engine or by the
+		// database's checks: trying the same slot again gets the same answer.
+		p.Permanent = func(err error) bool {
+			return errors.Is(err, ErrInvalidInsert) || errors.Is(err, ErrUnknownMachine) || errors.Is(err, ErrStateEncode)
 		}
 		services = append(services, p)
 	}

@@ -32,6 +32,10 @@ type Periodic struct {
 	Schedule string
 	// New builds the instance for a slot (the slot's time is passed in).
 	// Its UniqueKey, UniqueScope and RunAt are set by the engine. Required.
+	// An instance the engine refuses (ErrInvalidInsert, ErrUnknownMachine,
+	// ErrStateEncode) gives its slot up at once, logged as an error; a slot
+	// whose insert fails otherwise (the database down) is tried again until
+	// the schedule's next slot comes due.
 	New func(slot time.Time) InsertParams
 	// SkipMissed: on start, do not insert a slot that passed while no
 	// process ran.

@@ -1,7 +1,12 @@
 package gendurable_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,4 +99,54 @@ func TestPeriodicValidation(t *testing.T) {
 		_, err := gendurable.New(b.pool, cfg)
 		require.ErrorIs(t, err, gendurable.ErrInvalidConfig, "%+v", p.Schedule)
 	}
+}
+
+// TestPeriodicSlotWhoseInsertIsInvalidIsGivenUpAtOnce: a schedule whose New
+// builds an instance the engine refuses (ErrInvalidInsert: here a priority
+// out of range) cannot be mended by trying again. Its slot is given up at
+// its first attempt, with one error logged, and the engine goes on with the
+// schedule's next slot. It used to be retried until then — for an hourly
+// schedule, every 10 s for up to an hour, a warning each time.
+func TestPeriodicSlotWhoseInsertIsInvalidIsGivenUpAtOnce(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[tick]{Name: "invalid", Perform: func(context.Context, *gendurable.Run[tick]) error { return nil }}
+	var calls atomic.Int32
+	cfg := fastConfig("", job)
+	cfg.Periodic = []gendurable.Periodic{{
+		Name: "invalid", Schedule: "@daily",
+		New: func(slot time.Time) gendurable.InsertParams {
+			calls.Add(1)
+			return job.New(tick{Slot: slot}).With(gendurable.InsertOpts{Priority: 1 << 20})
+		},
+	}}
+	logs := &syncBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	b := setup(t, cfg)
+	require.NoError(t, b.eng.Start(context.Background()))
+	time.Sleep(1500 * time.Millisecond) // retries would come at about 0.2, 0.6 and 1.4 s
+	require.NoError(t, b.eng.Stop(context.Background()))
+	require.EqualValues(t, 1, calls.Load(), "the invalid slot's insert was tried again")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+	out := logs.String()
+	require.Equal(t, 1, strings.Count(out, "level=ERROR"), "want one error for the slot given up; logs:\n%s", out)
+	require.Contains(t, out, "Priority", "the error says why; logs:\n%s", out)
+	require.NotContains(t, out, "tried again", "logs:\n%s", out)
+}
+
+// syncBuffer is a bytes.Buffer that goroutines may write while a test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -226,6 +226,10 @@ type Feeder struct {
 	// runnable since, so keyed steps may hand their slots on.
 	short atomic.Bool
 	steps sync.WaitGroup
+	// pending counts steps as steps does (each Add and Done with it), so
+	// Wait can tell at once that none is left: with a context already
+	// done, its wait on steps would lose the race to ctx.
+	pending atomic.Int64
 
 	// abortCtx bounds the statements a stopping feeder lets finish (a pick
 	// in flight, the release of its buffer); Abort cancels it.
@@ -731,6 +735,7 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 		h.running, h.cancel = true, cancel
 		s.inFlight++
 		s.steps.Add(1)
+		s.pending.Add(1)
 		s.work <- stepJob{ctx: ctx, cancel: cancel, c: c} // never blocks: one place per slot
 	}
 	if len(s.buffer) == 0 {
@@ -776,7 +781,7 @@ func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c
 		s.more = true
 	}
 	s.mu.Unlock()
-	s.steps.Done()
+	s.stepDone()
 	s.wake()
 }
 
@@ -827,16 +832,26 @@ func (s *Feeder) Abandoned() int {
 	return s.abandoned
 }
 
+// stepDone settles one started step in steps and pending.
+func (s *Feeder) stepDone() {
+	s.pending.Add(-1)
+	s.steps.Done()
+}
+
 // Wait blocks until every started step has returned or ctx is done; it
-// reports whether all steps returned.
+// reports whether all steps returned. With none running it returns true,
+// even if ctx is done.
 func (s *Feeder) Wait(ctx context.Context) bool {
+	if s.pending.Load() == 0 {
+		return true
+	}
 	done := make(chan struct{})
 	go func() { s.steps.Wait(); close(done) }()
 	select {
 	case <-done:
 		return true
 	case <-ctx.Done():
-		return false
+		return s.pending.Load() == 0
 	}
 }
 
@@ -1045,7 +1060,7 @@ func (h *holder) Abandon() (int, bool) {
 	delete(s.held, h.token)
 	n := s.abandoned
 	s.mu.Unlock()
-	s.steps.Done()
+	s.stepDone()
 	return n, true
 }
 
@@ -1061,7 +1076,7 @@ func (h *holder) Detach() func(Result) {
 			s.more = true
 		}
 		s.mu.Unlock()
-		s.steps.Done()
+		s.stepDone()
 		s.wake()
 	}
 }

@@ -33,8 +33,13 @@ type Schedule struct {
 // comes due: a slot that came due during a database outage is inserted,
 // late, once the database answers again. When the next slot comes due
 // first, it takes the failed slot's place (logged as an error): as on
-// start, an outage leaves at most its most recent slot to run late. The
-// schedules do not wait for each other's retries. Each attempt runs under
+// start, an outage leaves at most its most recent slot to run late. An
+// error that Permanent reports as such gives the slot up at once. The
+// schedules do not wait for each other's retries, but they share the loop:
+// an attempt in flight holds the others up, up to StatementTimeout. A
+// schedule held up past several of its slots (by such an attempt, a
+// suspended process, the clock set forward) inserts the most recent of
+// them, and skips the earlier ones. Each attempt runs under
 // StatementTimeout: one stuck on a dead connection is abandoned at that
 // deadline and retried on a fresh connection. Such an insert may have
 // committed all the same (its reply was what got lost): the retry finds
@@ -48,12 +53,17 @@ type Periodic struct {
 	// the slot was inserted already (by this or another process).
 	Insert func(ctx context.Context, i int, slot time.Time) (id int64, duplicate bool, err error)
 	Log    *slog.Logger // default slog.Default()
+	// Permanent reports whether an insert's error is one that trying again
+	// cannot mend (the instance is invalid, whatever the database does):
+	// such a slot is given up at once, logged as an error, and the schedule
+	// goes on with its next slot. Nil: every error is tried again.
+	Permanent func(err error) bool
 	// RetryDelay is the wait before a failed insert's first retry; each
 	// retry after it waits twice as long, up to MaxRetryDelay (jittered
-	// into the upper half). Default 200ms.
+	// into the upper half). Default (zero or negative) 200ms.
 	RetryDelay time.Duration
-	// MaxRetryDelay caps the wait between retries; default
-	// DefaultPeriodicMaxRetryDelay.
+	// MaxRetryDelay caps the wait between retries; default (zero or
+	// negative) DefaultPeriodicMaxRetryDelay.
 	MaxRetryDelay time.Duration
 	// StatementTimeout bounds each insert attempt; default
 	// DefaultStatementTimeout.
@@ -92,6 +102,7 @@ func (p *Periodic) loop(ctx context.Context) {
 		now := time.Now()
 		for i := range p.Schedules {
 			if t := next[i]; !t.IsZero() && !t.After(now) {
+				t = latestSince(p.Schedules[i].Next, t, now)
 				if old := due[i]; old != nil {
 					logger(p.Log).Error("gendurable: periodic slot not inserted: the next slot came due first",
 						"periodic", p.Schedules[i].Name, "slot", old.at, "next", t, "attempts", old.tries)
@@ -102,7 +113,7 @@ func (p *Periodic) loop(ctx context.Context) {
 		}
 		for i, d := range due {
 			if d != nil && !d.retryAt.After(now) && ctx.Err() == nil && p.insertSlot(ctx, i, d) {
-				due[i] = nil
+				due[i] = nil // inserted, or given up
 			}
 		}
 		wake := time.Time{}
@@ -133,7 +144,8 @@ func retryAt(d *dueSlot) time.Time {
 }
 
 // insertSlot makes one attempt at inserting d, the due slot of schedule i.
-// A failed attempt sets d's next attempt.
+// It reports whether d is settled: inserted, or given up for a permanent
+// error. Another failed attempt sets d's next attempt.
 func (p *Periodic) insertSlot(ctx context.Context, i int, d *dueSlot) bool {
 	name := p.Schedules[i].Name
 	var id int64
@@ -149,14 +161,45 @@ func (p *Periodic) insertSlot(ctx context.Context, i int, d *dueSlot) bool {
 		return true
 	}
 	d.tries++
-	wait := backoff.Delay(orDefault(p.RetryDelay, 200*time.Millisecond),
-		orDefault(p.MaxRetryDelay, DefaultPeriodicMaxRetryDelay), d.tries)
+	if ctx.Err() == nil && p.Permanent != nil && p.Permanent(err) {
+		logger(p.Log).Error("gendurable: periodic slot not inserted: its insert cannot succeed", "periodic", name, "slot", d.at,
+			"attempts", d.tries, "err", err)
+		return true
+	}
+	wait := backoff.Delay(positiveOr(p.RetryDelay, 200*time.Millisecond),
+		positiveOr(p.MaxRetryDelay, DefaultPeriodicMaxRetryDelay), d.tries)
 	d.retryAt = time.Now().Add(wait)
 	if ctx.Err() == nil {
 		logger(p.Log).Warn("gendurable: periodic slot insert failed; it is tried again", "periodic", name, "slot", d.at,
 			"attempt", d.tries, "retry_in", wait, "err", err)
 	}
 	return false
+}
+
+// positiveOr is v, or d if v is not positive.
+func positiveOr(v, d time.Duration) time.Duration {
+	if v <= 0 {
+		return d
+	}
+	return v
+}
+
+// latestSince returns the last slot at or before now of the schedule whose
+// slots next gives, t being one such slot: usually t itself, but the loop
+// may have been held up past several (an attempt that waited for its
+// deadline, a suspended process, the clock set forward), and then the most
+// recent of them is the one that runs, as on start.
+func latestSince(next func(time.Time) time.Time, t, now time.Time) time.Time {
+	if n := next(t); n.IsZero() || n.After(now) {
+		return t
+	}
+	if last, ok := latestSlot(next, now); ok && last.After(t) {
+		return last
+	}
+	for n := next(t); !n.IsZero() && !n.After(now); n = next(n) {
+		t = n // more than a year of slots passed: latestSlot's windows missed them
+	}
+	return t
 }
 
 // latestSlot returns the last slot at or before now of the schedule whose

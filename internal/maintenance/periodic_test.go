@@ -325,3 +325,81 @@ func TestPeriodicSlotOnceWhenAnAbandonedInsertCommitted(t *testing.T) {
 		t.Fatalf("want one warning of the abandoned insert, and the slot not given up; logs:\n%s", logs.String())
 	}
 }
+
+// TestPeriodicNegativeRetryDelaysKeepTheDefaults: a Periodic whose
+// RetryDelay and MaxRetryDelay are negative waits the defaults between a
+// failing slot's attempts. A negative MaxRetryDelay used to cap every wait
+// below zero: the failing insert was sent again at once, hundreds of times
+// a second, for as long as it failed.
+func TestPeriodicNegativeRetryDelaysKeepTheDefaults(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	var tries atomic.Int32
+	p := &Periodic{Log: quiet, RetryDelay: -time.Second, MaxRetryDelay: -time.Second,
+		Schedules: []Schedule{{Name: "broken", Next: slots(time.Now().Add(-time.Minute))}},
+		Insert: func(ctx context.Context, _ int, _ time.Time) (int64, bool, error) {
+			tries.Add(1)
+			var n int64
+			return 0, false, d.pool.QueryRow(ctx, `SELECT 1/0`).Scan(&n) // division_by_zero, every time
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	p.Stop()
+	// The default 200 ms doubling, jittered into its upper half: attempts
+	// at 0, 100–200 ms, 300–600 ms.
+	if n := tries.Load(); n < 2 || n > 3 {
+		t.Fatalf("%d attempts in 500 ms, want 2 or 3 (the default retry delays)", n)
+	}
+}
+
+// TestPeriodicSlotDueWhileTheLoopWasHeldUpIsTheMostRecent: the loop is held
+// up past several slots of a schedule (here another schedule's insert takes
+// a second on the server; a suspended process or a clock jumped forward
+// does the same). When it gets round to the schedule, the slot it inserts is
+// the most recent one that passed, as on start, and the earlier ones are
+// skipped. It used to insert the earliest of them, and skip the others.
+func TestPeriodicSlotDueWhileTheLoopWasHeldUpIsTheMostRecent(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	now := time.Now().Truncate(time.Millisecond)
+	var frequent []time.Time
+	for k := 1; k <= 6; k++ {
+		frequent = append(frequent, now.Add(time.Duration(k)*100*time.Millisecond))
+	}
+	var slow atomic.Bool
+	p := &Periodic{Log: quiet,
+		Schedules: []Schedule{{Name: "slow", Next: slots(now.Add(-time.Minute))}, {Name: "frequent", Next: slots(frequent...)}},
+		Insert: func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
+			name := []string{"slow", "frequent"}[i]
+			if name == "slow" && !slow.Swap(true) {
+				if _, err := d.pool.Exec(ctx, `SELECT pg_sleep(1)`); err != nil {
+					return 0, false, err
+				}
+			}
+			var id int64
+			err := d.pool.QueryRow(ctx, d.sql(insertSlotOnce), name, slot).Scan(&id)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return 0, true, nil
+			}
+			return id, false, err
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	eventually(t, 5*time.Second, func() bool {
+		return d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'frequent'`) == 1
+	}, "no slot of the frequent schedule inserted after the hold-up")
+	time.Sleep(200 * time.Millisecond) // nothing more comes
+	p.Stop()
+	var got time.Time
+	if err := d.pool.QueryRow(context.Background(), d.sql(`SELECT (state->>'slot')::timestamptz FROM {{s}}.gendurable_instances WHERE fsm = 'frequent'`)).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'frequent'`); n != 1 || !got.Equal(frequent[len(frequent)-1]) {
+		t.Fatalf("%d rows of the frequent schedule, slot %s after the start; want one, its last slot (%s)",
+			n, got.Sub(now), frequent[len(frequent)-1].Sub(now))
+	}
+}
