@@ -493,7 +493,7 @@ func (e *Engine) Start(ctx context.Context) error {
 // stopGrace is how long past its context's end Stop still waits for a
 // feeder's pick in flight, or the release of its prefetched rows, before it
 // abandons them.
-const stopGrace = 100 * time.Millisecond
+const stopGrace = 500 * time.Millisecond
 
 // Stop shuts the engine down gracefully: it stops picking, hands prefetched
 // rows straight back to runnable, waits up to DrainTimeout for in-flight
@@ -506,12 +506,13 @@ const stopGrace = 100 * time.Millisecond
 // The maintenance services stop last, in the reverse of their start order:
 // a statement they have in flight is cancelled, and the last merge of
 // observed transitions (graph.go) runs for at most 5 s and not past ctx —
-// so a Stop whose network is cut off still returns by ctx's deadline
+// so maintenance never holds a Stop past ctx's deadline
 // (TestStopWithMaintenanceCutOff). A pick in flight is let finish (its
-// answer may hold claims) unless it is still waiting 100 ms after ctx
+// answer may hold claims) unless it is still waiting 500 ms after ctx
 // ended: then it is abandoned, and rows it claimed are reaped after their
-// lease, as a crashed worker's are (TestStopWithAPickCutOff). Stop on an
-// engine that is not running returns nil.
+// lease, as a crashed worker's are (TestStopWithAPickCutOff) — so a Stop
+// whose network is cut off returns within 500 ms of ctx's deadline. Stop
+// on an engine that is not running returns nil.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
