@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/childproc"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -1450,7 +1451,7 @@ func TestStoppedWorkerStartsNoChainedStepOfALapsedLease(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // every outcome sent
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
-	eventually(t, 5*time.Second, func() bool { return processStopped(cmd.Process.Pid) }, "the worker did not stop")
+	eventually(t, 5*time.Second, func() bool { return childproc.Stopped(cmd.Process.Pid) }, "the worker did not stop")
 	require.NoError(t, tx.Commit(ctx))
 	var chained int
 	eventually(t, 5*time.Second, func() bool {
@@ -1473,23 +1474,6 @@ func TestStoppedWorkerStartsNoChainedStepOfALapsedLease(t *testing.T) {
 	t.Logf("%d rows re-claimed for step b while the worker was stopped; step b: %d starts after SIGCONT, %d of them on a claim that was no longer current",
 		chained, all, stale)
 	require.Zero(t, stale, "after SIGCONT the worker started step b on claims whose leases had run out while it was stopped")
-}
-
-// processStopped reports whether every thread of process pid is stopped
-// (state T in /proc/<pid>/task/*/stat).
-func processStopped(pid int) bool {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil || len(tasks) == 0 {
-		return false
-	}
-	for _, task := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
-		i := strings.LastIndexByte(string(b), ')')
-		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
-			return false
-		}
-	}
-	return true
 }
 
 // TestHandOffWhoseAnswerIsLostRunsTheSuccessorOnce: a keyed step's outcome

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/childproc"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
@@ -430,7 +431,7 @@ func TestStoppedProcessCancelsItsStepOnResume(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); !processStopped(cmd.Process.Pid); time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); !childproc.Stopped(cmd.Process.Pid); time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the helper process did not stop")
 		}
@@ -456,23 +457,6 @@ func TestStoppedProcessCancelsItsStepOnResume(t *testing.T) {
 		t.Fatalf("the step was cancelled %s after SIGCONT, want within 250ms", lag)
 	}
 	t.Logf("cancelled with ErrLeaseLost %s after SIGCONT", lag)
-}
-
-// processStopped reports whether every thread of process pid is stopped
-// (state T in /proc/<pid>/task/*/stat).
-func processStopped(pid int) bool {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil || len(tasks) == 0 {
-		return false
-	}
-	for _, task := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
-		i := strings.LastIndexByte(string(b), ')')
-		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
-			return false
-		}
-	}
-	return true
 }
 
 // TestLatePickStartsNothing: a pick that comes back late — here its

@@ -20,6 +20,16 @@ VALUES ($1, 'a', jsonb_build_object('slot', $2::timestamptz), convert_to($1 || $
         '{runnable,executing,awaiting_signal,awaiting_children,done,failed}')
 ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING RETURNING id`
 
+// insertSlot inserts the row of slot of the schedule name once: its id, or
+// duplicate when the slot's row is there already (Periodic.Insert's answer).
+func (d *db) insertSlot(ctx context.Context, name string, slot time.Time) (id int64, duplicate bool, err error) {
+	err = d.pool.QueryRow(ctx, d.sql(insertSlotOnce), name, slot).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, true, nil
+	}
+	return id, false, err
+}
+
 // slots is a schedule of fixed slots.
 func slots(ts ...time.Time) func(time.Time) time.Time {
 	return func(t time.Time) time.Time {
@@ -51,12 +61,7 @@ func TestPeriodicInsertsDueSlotOnce(t *testing.T) {
 		mu.Lock()
 		calls = append(calls, schedules[i].Name+" "+slot.Sub(now).String())
 		mu.Unlock()
-		var id int64
-		err := d.pool.QueryRow(ctx, d.sql(insertSlotOnce), schedules[i].Name, slot).Scan(&id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return 0, true, nil
-		}
-		return id, false, err
+		return d.insertSlot(ctx, schedules[i].Name, slot)
 	}
 	a := &Periodic{Schedules: schedules, Insert: insert, Log: quiet}
 	b := &Periodic{Schedules: schedules, Insert: insert, Log: quiet}
@@ -152,12 +157,7 @@ func TestPeriodicSlotDueDuringAnOutageIsInsertedAfterIt(t *testing.T) {
 		Schedules:        []Schedule{{Name: "nightly", Next: slots(due), SkipMissed: true}},
 		Insert: func(ctx context.Context, _ int, slot time.Time) (int64, bool, error) {
 			tries.Add(1)
-			var id int64
-			err := d.pool.QueryRow(ctx, d.sql(insertSlotOnce), "nightly", slot).Scan(&id)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return 0, true, nil
-			}
-			return id, false, err
+			return d.insertSlot(ctx, "nightly", slot)
 		}}
 	if err := p.Start(ctx); err != nil {
 		t.Fatal(err)
@@ -203,12 +203,7 @@ func TestPeriodicNextSlotTakesAFailedSlotsPlace(t *testing.T) {
 			if name == "hourly" && time.Now().Before(second.Add(100*time.Millisecond)) {
 				return 0, false, errors.New("database unavailable")
 			}
-			var id int64
-			err := d.pool.QueryRow(ctx, d.sql(insertSlotOnce), name, slot).Scan(&id)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return 0, true, nil
-			}
-			return id, false, err
+			return d.insertSlot(ctx, name, slot)
 		}}
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
@@ -378,12 +373,7 @@ func TestPeriodicSlotDueWhileTheLoopWasHeldUpIsTheMostRecent(t *testing.T) {
 					return 0, false, err
 				}
 			}
-			var id int64
-			err := d.pool.QueryRow(ctx, d.sql(insertSlotOnce), name, slot).Scan(&id)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return 0, true, nil
-			}
-			return id, false, err
+			return d.insertSlot(ctx, name, slot)
 		}}
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
