@@ -17,6 +17,7 @@ import (
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/internal/longhorizon"
 	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -180,7 +181,7 @@ func printHelp(w io.Writer, name string, fs *flag.FlagSet) {
 // errors already start with "gendurable: "), or as {"error": {...}} with
 // --json.
 func reportError(w io.Writer, name string, err error, asJSON bool) {
-	msg := err.Error()
+	msg := tidyConnectError(name, err.Error(), err)
 	if !strings.HasPrefix(msg, "gendurable: ") {
 		msg = "gendurable: " + msg
 	}
@@ -193,6 +194,47 @@ func reportError(w io.Writer, name string, err error, asJSON bool) {
 		return
 	}
 	fmt.Fprintln(w, printable(msg))
+}
+
+// tidyConnectError rewrites, within msg (err's message), pgx's report of a
+// failed connection — one line per address tried, each twice under the
+// default sslmode=prefer (with TLS, then without), joined by newlines that
+// would print as \x0a\x09 — as one line: each distinct failure once (the
+// TLS attempt's "server refused TLS connection" left out when another line
+// says more), then where command name's database URL comes from.
+func tidyConnectError(name, msg string, err error) string {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) || ce.Config == nil {
+		return msg
+	}
+	var causes []error
+	switch u := ce.Unwrap().(type) {
+	case interface{ Unwrap() []error }:
+		causes = u.Unwrap()
+	case error:
+		causes = []error{u}
+	}
+	var details []string
+	for _, c := range causes {
+		for line := range strings.SplitSeq(c.Error(), "\n") {
+			if line = strings.TrimSpace(line); line != "" && !slices.Contains(details, line) {
+				details = append(details, line)
+			}
+		}
+	}
+	if len(details) > 1 {
+		details = slices.DeleteFunc(details, func(d string) bool { return strings.HasSuffix(d, "tls error: server refused TLS connection") })
+	}
+	fallback := defaultDatabaseURL
+	if name == "demo" {
+		fallback = "a throwaway PostgreSQL"
+	}
+	tidy := fmt.Sprintf("cannot connect to the database as user %s, database %s: %s (the database is --database-url, else DATABASE_URL, else %s)",
+		ce.Config.User, ce.Config.Database, strings.Join(details, "; "), fallback)
+	if full := ce.Error(); strings.Contains(msg, full) {
+		return strings.Replace(msg, full, tidy, 1)
+	}
+	return msg
 }
 
 // newFlags is a command's flag set: parse errors are returned, never
@@ -252,8 +294,12 @@ func databaseURL(flagValue string) string {
 	if v := os.Getenv("DATABASE_URL"); v != "" {
 		return v
 	}
-	return "postgres://postgres@127.0.0.1:5432/postgres"
+	return defaultDatabaseURL
 }
+
+// defaultDatabaseURL is the database of every command (but demo's) when
+// neither --database-url nor DATABASE_URL is given.
+const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres"
 
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate")

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -843,6 +844,54 @@ func TestErrorsNotFoundAndNotMigrated(t *testing.T) {
 			require.Equal(t, exitError, code)
 			require.Contains(t, jsonError(t, args, errOut, "not_migrated", exitError), "gendurable migrate up")
 		}
+	}
+}
+
+// TestConnectionFailuresAreOneReadableLine: a database URL that names a
+// port nothing listens on, or a database that does not exist, is one line
+// saying so — each failure once, no "\x0a\x09" from pgx's multi-line
+// report, no TLS attempt's noise — and where the URL comes from (exit 1).
+// Before, it was pgx's report with its newlines escaped, every line twice.
+func TestConnectionFailuresAreOneReadableLine(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	noDB, err := url.Parse(dbtest.URL())
+	require.NoError(t, err)
+	noDB.Path = "/gd_no_such_database"
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--database-url", "postgres://postgres@" + closed + "/postgres"}, "connect: connection refused"},
+		{[]string{"list", "--database-url", "postgres://postgres@" + closed + "/postgres?sslmode=disable"}, "connect: connection refused"},
+		{[]string{"migrate", "up", "--database-url", noDB.String()}, `database "gd_no_such_database" does not exist`},
+		{[]string{"demo", "--database-url", "postgres://postgres@" + closed + "/postgres"}, "connect: connection refused"},
+	} {
+		_, errOut, code := cli(t, c.args...)
+		require.Equal(t, exitError, code, "%q: %s", c.args, errOut)
+		require.Equal(t, 1, strings.Count(errOut, "\n"), "%q: one line: %s", c.args, errOut)
+		require.Contains(t, errOut, "cannot connect to the database as user postgres, database ", "%q", c.args)
+		require.Equal(t, 1, strings.Count(errOut, c.want), "%q: said once: %s", c.args, errOut)
+		require.NotContains(t, errOut, `\x0a`, "%q", c.args)
+		require.NotContains(t, errOut, "tls error", "%q", c.args)
+		fallback := "else postgres://postgres@127.0.0.1:5432/postgres)"
+		if c.args[0] == "demo" {
+			fallback = "else a throwaway PostgreSQL)"
+		}
+		require.Contains(t, errOut, "(the database is --database-url, else DATABASE_URL, "+fallback, "%q", c.args)
+		if c.args[0] == "demo" {
+			continue // no --json
+		}
+
+		_, errOut, code = cli(t, append(c.args, "--json")...)
+		require.Equal(t, exitError, code)
+		msg := jsonError(t, c.args, errOut, "error", exitError)
+		require.NotContains(t, msg, "\n", "%q", c.args)
+		require.Equal(t, 1, strings.Count(msg, c.want), "%q: %s", c.args, msg)
 	}
 }
 
