@@ -129,6 +129,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	} else {
 		err = cmd.run(ctx, args[1:], stdout, stderr)
 	}
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Ctrl-C or SIGTERM: say so, rather than "context canceled".
+		err = fmt.Errorf("%s stopped: %v (%w)", args[0], context.Cause(ctx), err)
+	}
 	var help helpRequest
 	if errors.As(err, &help) {
 		printHelp(stdout, args[0], help.fs)

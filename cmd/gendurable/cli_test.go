@@ -225,6 +225,37 @@ func TestDemoOnAThrowawayPostgres(t *testing.T) {
 	require.Regexp(t, `done in .*: \d+ checkouts paid and shipped .*, \d+ timed out waiting for payment`, string(out))
 }
 
+// TestDemoInterruptedSaysSo: Ctrl-C (SIGINT) or SIGTERM in the middle of
+// the demo ends it with one line naming the signal, exit 1. Before, it said
+// "gendurable: context canceled" (or "queue counts: context canceled").
+func TestDemoInterruptedSaysSo(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, NoMigrate: true, Extra: 4})
+	for _, c := range []struct {
+		sig  syscall.Signal
+		name string
+	}{{syscall.SIGINT, "interrupt"}, {syscall.SIGTERM, "terminated"}} {
+		cmd := exec.Command(binary, "demo", "--orders", "3000", "--schema", scratchName(t, pool, "gddemo_"))
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		var errOut bytes.Buffer
+		cmd.Stderr = &errOut
+		require.NoError(t, cmd.Start())
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() && !strings.HasPrefix(sc.Text(), "inserted ") {
+		}
+		require.NoError(t, cmd.Process.Signal(c.sig))
+		go func() { _, _ = io.Copy(io.Discard, stdout) }()
+		err = cmd.Wait()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%s", errOut.String())
+		require.Equal(t, exitError, ee.ExitCode(), "%s", errOut.String())
+		require.True(t, strings.HasPrefix(errOut.String(), "gendurable: demo stopped: "+c.name+" signal received ("), "%s", errOut.String())
+		require.Equal(t, 1, strings.Count(errOut.String(), "\n"), "one line: %s", errOut.String())
+	}
+}
+
 func TestUIServesTheDashboardOnLoopback(t *testing.T) {
 	t.Parallel()
 	_, schema := dbtest.NewSchema(t, nil)

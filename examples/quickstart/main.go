@@ -116,6 +116,9 @@ func main() {
 	default:
 		err = fmt.Errorf("unknown command %q (demo, work, insert, status)", cmd)
 	}
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		err = fmt.Errorf("stopped: %v", context.Cause(ctx)) // Ctrl-C, SIGTERM
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bufio"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gendurable/gendurable/internal/pgtemp"
@@ -61,6 +64,22 @@ func TestByHandCommandsShareTheDemosSchema(t *testing.T) {
 	out2, err = quickstart("demo", "-n", "3") // resets the by-hand leftovers: its own schema
 	require.NoError(t, err, out2)
 	require.Contains(t, out2, "every instance finished")
+
+	// Ctrl-C in the middle: one line naming the signal, not "context canceled".
+	cmd := exec.CommandContext(ctx, bin, "demo", "-n", "3000")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.URL())
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
+	require.NoError(t, cmd.Start())
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() && !strings.HasPrefix(sc.Text(), "kill -9 worker 1") {
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	require.Error(t, cmd.Wait())
+	require.Equal(t, "quickstart: stopped: interrupt signal received\n", errOut.String())
 
 	_, err = pool.Exec(ctx, `DROP SCHEMA quickstart CASCADE; CREATE SCHEMA quickstart; CREATE TABLE quickstart.mine (x int)`)
 	require.NoError(t, err)
