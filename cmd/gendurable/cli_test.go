@@ -261,6 +261,7 @@ func TestUIServesTheDashboardOnLoopback(t *testing.T) {
 	_, schema := dbtest.NewSchema(t, nil)
 	_, errOut, code := cli(t, "ui", "--schema", schema, "--addr", "0.0.0.0:0")
 	require.Equal(t, exitUsage, code, "beyond loopback without auth is refused: %s", errOut)
+	require.Contains(t, errOut, "needs a bearer token or basic auth: --token-file F, --basic-auth-file F, or GENDURABLE_UI_TOKEN", "it names the ways that keep the secret out of ps")
 
 	cmd := exec.Command(binary, "ui", "--schema", schema, "--addr", "127.0.0.1:0", "--token", "s3cret")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
@@ -676,7 +677,7 @@ func TestUIRefusesAnyHostWithoutCredentials(t *testing.T) {
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee, "%s", out)
 	require.Equal(t, exitUsage, ee.ExitCode(), "%s", out)
-	require.Contains(t, string(out), "--allowed-host '*' needs --token or --basic-auth")
+	require.Contains(t, string(out), "--allowed-host '*' needs a bearer token or basic auth (--token-file F, --basic-auth-file F, or GENDURABLE_UI_TOKEN / GENDURABLE_UI_BASIC_AUTH in the environment)")
 
 	base, _ := startUI(t, []string{"GENDURABLE_UI_TOKEN=env-token-0123456789"}, "--schema", schema, "--allowed-host", "*")
 	require.Equal(t, http.StatusUnauthorized, call(t, "GET", base+"/", "rebound.example", ""), "with a token, any host is served, to those who have it")
