@@ -124,9 +124,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	asJSON := wantsJSON(args[1:])
 	cmd, ok := commands[args[0]]
 	var err error
-	if !ok {
+	switch {
+	case !ok && strings.HasPrefix(args[0], "-"):
+		// gendurable --database-url URL status: say where flags go, naming
+		// the command if one follows (flag values are not repeated: a URL
+		// may hold a password).
+		flag, _, _ := strings.Cut(args[0], "=")
+		cmdName := "<command>"
+		if i := slices.IndexFunc(args, func(a string) bool { _, ok := commands[a]; return ok }); i > 0 {
+			cmdName = args[i]
+			asJSON = wantsJSON(slices.Concat(args[:i], args[i+1:]))
+		}
+		err = usageError{msg: fmt.Sprintf("%s before the command: flags go after it (gendurable %s %s …; gendurable help lists the commands)", flag, cmdName, flag)}
+	case !ok:
 		err = usageError{msg: fmt.Sprintf("unknown command %q (gendurable help lists them)", args[0])}
-	} else {
+	default:
 		err = cmd.run(ctx, args[1:], stdout, stderr)
 	}
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {

@@ -879,6 +879,35 @@ func TestErrorsNotFoundAndNotMigrated(t *testing.T) {
 	}
 }
 
+// TestFlagsBeforeTheCommandSayWhereTheyGo: `gendurable --database-url URL
+// status` is exit 2 with a line saying that flags go after the command,
+// naming it, without repeating the URL (it may hold a password); with
+// --json the error is JSON. Before, it was `unknown command
+// "--database-url"`.
+func TestFlagsBeforeTheCommandSayWhereTheyGo(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--database-url", "postgres://ops:topsecret@127.0.0.1:1/db", "status"}, "gendurable: --database-url before the command: flags go after it (gendurable status --database-url …"},
+		{[]string{"--schema=s", "list", "--limit", "3"}, "gendurable: --schema before the command: flags go after it (gendurable list --schema …"},
+		{[]string{"--schema", "s"}, "gendurable: --schema before the command: flags go after it (gendurable <command> --schema …"},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), c.args, &stdout, &stderr)
+		require.Equal(t, exitUsage, code, "%q: %s", c.args, stderr.String())
+		require.Empty(t, stdout.String())
+		oneErrorLine(t, c.args, stderr.String())
+		require.Contains(t, stderr.String(), c.want, "%q", c.args)
+		require.NotContains(t, stderr.String(), "topsecret", "%q", c.args)
+	}
+	args := []string{"--json", "status"}
+	var stdout, stderr strings.Builder
+	require.Equal(t, exitUsage, run(context.Background(), args, &stdout, &stderr))
+	require.Contains(t, jsonError(t, args, stderr.String(), "usage", exitUsage), "--json before the command")
+}
+
 // TestConnectionFailuresAreOneReadableLine: a database URL that names a
 // port nothing listens on, or a database that does not exist, is one line
 // saying so — each failure once, no "\x0a\x09" from pgx's multi-line
