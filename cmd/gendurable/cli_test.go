@@ -912,7 +912,8 @@ func TestFlagsBeforeTheCommandSayWhereTheyGo(t *testing.T) {
 // port nothing listens on, or a database that does not exist, is one line
 // saying so — each failure once, no "\x0a\x09" from pgx's multi-line
 // report, no TLS attempt's noise — and where the URL comes from (exit 1).
-// Before, it was pgx's report with its newlines escaped, every line twice.
+// Before, it was pgx's report with its newlines escaped, every line twice,
+// and ui served pages that all failed.
 func TestConnectionFailuresAreOneReadableLine(t *testing.T) {
 	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -931,6 +932,8 @@ func TestConnectionFailuresAreOneReadableLine(t *testing.T) {
 		{[]string{"list", "--database-url", "postgres://postgres@" + closed + "/postgres?sslmode=disable"}, "connect: connection refused"},
 		{[]string{"migrate", "up", "--database-url", noDB.String()}, `database "gd_no_such_database" does not exist`},
 		{[]string{"demo", "--database-url", "postgres://postgres@" + closed + "/postgres"}, "connect: connection refused"},
+		// ui checks the database before it serves: not a page of 500s.
+		{[]string{"ui", "--addr", "127.0.0.1:0", "--database-url", noDB.String()}, `database "gd_no_such_database" does not exist`},
 	} {
 		_, errOut, code := cli(t, c.args...)
 		require.Equal(t, exitError, code, "%q: %s", c.args, errOut)

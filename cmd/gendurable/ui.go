@@ -108,6 +108,9 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usageError{msg: err.Error()}
 	}
+	if err := c.checkConnection(ctx); err != nil {
+		return fmt.Errorf("ui: %w", err)
+	}
 	srv := dashboard.NewServer(h, dashboard.ServerOptions{MaxConns: *maxConns})
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
