@@ -6,7 +6,9 @@
 // included — unless the operator asks for a reset, and confirms it when a
 // prompt is possible. A marked schema is dropped without CASCADE, so one
 // that someone added an object to, or that an object elsewhere depends on,
-// is refused the same way.
+// is refused the same way. The quickstart example (examples/quickstart)
+// uses it too: Prepare for its demo, Ensure for the insert, work and status
+// commands that keep what an earlier run left.
 package scratch
 
 import (
