@@ -322,8 +322,9 @@ WITH k AS (
   FROM r WHERE p.id = r.parent_id AND p.status = 'awaiting_children' AND p.fanout = r.parent_fanout
   RETURNING p.id
 ), leftovers AS (
-  -- A signal that raced the terminal outcome stayed unconsumed while the
-  -- inbox counts went to zero: consume it now, as the terminal outcome would have.
+  -- A signal that raced the terminal outcome, if the finisher's second sweep
+  -- (ApplyOutcomes, Cancel) failed, stayed unconsumed while the inbox counts
+  -- went to zero: consume it now, as the terminal outcome would have.
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
   FROM r WHERE s.target_id = r.id AND s.consumed_at IS NULL
   RETURNING s.id
