@@ -34,7 +34,7 @@ WITH cand AS MATERIALIZED (
       SELECT 1 FROM {{schema}}.gendurable_instances AS h WHERE h.unique_guard = c.unique_key))
   ORDER BY u.ord
 ), k AS (
-  SELECT p.id, ` + liveChildren(`SELECT cand.id FROM cand`) + ` AS kids
+  SELECT p.id, ` + liveChildren(`SELECT cand.id FROM cand`) + ` AS kids, ` + pendingInSnapshot + ` AS pending0
   FROM cand AS p
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i

@@ -285,9 +285,25 @@ const (
 // (through the parent's children index), not read from children_pending: a
 // cancel that took a parent and its children in one statement changed the
 // parent's row once and never counted them down.
-const retryStatusSet = `      status = CASE WHEN k.kids > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
+//
+// The count is taken on the statement's snapshot, before the statement
+// waits for the row's lock: a child that finished meanwhile (its outcome
+// held the parent's row) was counted live, and the parent would wait for it
+// for ever. Every child of the current fan-out that finishes counts itself
+// down on the parent's row (parentJoinCTE), whatever the parent's status, so
+// the children that finished in between are the fall of children_pending
+// from k's snapshot of the row (k.pending0) to the locked row's.
+const retryStatusSet = `      status = CASE WHEN ` + retryKids + ` > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
                     ELSE 'runnable' END,
-      children_pending = CASE WHEN k.kids > 0 THEN k.kids ELSE i.children_pending END`
+      children_pending = CASE WHEN ` + retryKids + ` > 0 THEN ` + retryKids + ` ELSE i.children_pending END`
+
+// retryKids is the live children of row i's current fan-out as of its
+// locked version: k's count, less those that finished since k's snapshot.
+const retryKids = `(k.kids - (k.pending0 - i.children_pending))`
+
+// pendingInSnapshot is row p's children_pending on the statement's snapshot
+// (a plain read: a locking read would return the newest version).
+const pendingInSnapshot = `(SELECT s.children_pending FROM {{schema}}.gendurable_instances AS s WHERE s.id = p.id)`
 
 // liveChildren counts the unfinished children of the current fan-out of
 // row p, and also those among retried, if set (a subquery of ids the same statement
@@ -307,7 +323,7 @@ func liveChildren(retried string) string {
 
 var retrySQL = `
 WITH k AS (
-  SELECT p.id, ` + liveChildren("") + ` AS kids
+  SELECT p.id, ` + liveChildren("") + ` AS kids, p.children_pending AS pending0
   FROM {{schema}}.gendurable_instances AS p WHERE p.id = $1
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
