@@ -38,7 +38,7 @@ WITH cand AS MATERIALIZED (
   FROM cand AS p
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}',
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   FROM k WHERE i.id = k.id -- locked by cand, still failed

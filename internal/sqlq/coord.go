@@ -327,7 +327,7 @@ WITH k AS (
   FROM {{schema}}.gendurable_instances AS p WHERE p.id = $1
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}',
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   FROM k WHERE i.id = k.id AND i.status = 'failed'
@@ -339,8 +339,11 @@ WITH k AS (
   RETURNING p.id
 ), leftovers AS (
   -- A signal that raced the terminal outcome, if the finisher's second sweep
-  -- (ApplyOutcomes, Cancel) failed, stayed unconsumed while the inbox counts
-  -- went to zero: consume it now, as the terminal outcome would have.
+  -- (ApplyOutcomes, Cancel, Reap) failed, stayed unconsumed while the inbox
+  -- counts went to zero: consume it now, as the terminal outcome would have.
+  -- The counts (SET inbox above) go to zero with it: every signal of a
+  -- failed instance is consumed, and counts left over would wake a retried
+  -- await for signals no step can see.
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
   FROM r WHERE s.target_id = r.id AND s.consumed_at IS NULL
   RETURNING s.id
