@@ -185,8 +185,11 @@ type QueueConfig struct {
 	Concurrency int
 	// Prefetch is how many rows are claimed beyond the running slots so that
 	// a finishing step finds the next one at hand. Buffered rows are
-	// heartbeated like running ones and handed back on Stop. 0 means the
-	// default (equal to Concurrency); negative means none.
+	// heartbeated like running ones and handed back on Stop; if the process
+	// dies instead, the reaper charges each an attempt as it does a running
+	// step (it cannot tell them apart), so a row with one attempt left fails
+	// without having run. 0 means the default (equal to Concurrency);
+	// negative means none.
 	Prefetch int
 	// MinDemand: don't pick for fewer free places than this, unless the
 	// queue is idle (fewer, fatter picks). Default 1.

@@ -2134,3 +2134,65 @@ func TestStopWithAContextAlreadyDoneOnAnIdleEngine(t *testing.T) {
 	require.True(t, ok)
 	require.True(t, ev.Completed, "an idle engine's drain is complete")
 }
+
+// TestReaperFailingAWokenInstanceConsumesItsInbox: an instance woken by a
+// signal whose worker vanished mid-step, with no attempt left, is failed by
+// the reaper. A failure consumes the inbox (as Stop and Cancel do): its
+// signals are consumed and its inbox counts cleared together, so that a
+// Retry finds the two agreeing. The reaper used to leave both, and Retry
+// consumed the signals but kept the counts: the retried step saw no signal
+// (Awaited empty) while the counts said one was there, so re-awaiting it
+// woke the instance at once, for ever — a busy loop of steps, the signal
+// never seen.
+func TestReaperFailingAWokenInstanceConsumesItsInbox(t *testing.T) {
+	t.Parallel()
+	var woken, empty atomic.Int64
+	m := &gendurable.Machine[waitState]{
+		Name: "reapwake", Start: "park",
+		Steps: map[string]gendurable.StepFunc[waitState]{
+			"park": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return r.Await("woken", r.State, "go"), nil
+			},
+			"woken": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				woken.Add(1)
+				if len(r.Awaited) == 0 {
+					empty.Add(1)
+					return r.Await("woken", r.State, "go"), nil
+				}
+				return gendurable.Done(len(r.Awaited)), nil
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	ctx := context.Background()
+	res, err := b.eng.Insert(ctx, m.New(waitState{}).With(gendurable.InsertOpts{MaxAttempts: 1}))
+	require.NoError(t, err)
+	id := res.ID
+	b.waitStatus(id, "awaiting_signal", 10*time.Second)
+	require.NoError(t, b.eng.Pause(ctx, gendurable.DefaultQueue))
+	_, err = b.eng.Signal(ctx, id, "go", nil, nil)
+	require.NoError(t, err)
+	// Woken and claimed by a worker that then vanished: its lease ran out.
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'executing', claim_token = 99,
+	        lease_expires_at = now() - interval '1 second' WHERE id = $1 AND status = 'runnable'`, id)
+	n, err := b.eng.Reap(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	b.waitStatus(id, "failed", time.Second)
+	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, id),
+		"the failed instance keeps an unconsumed signal")
+	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND inbox <> '{}'`, id),
+		"the failed instance keeps its inbox counts")
+
+	require.NoError(t, b.eng.Retry(ctx, id))
+	require.NoError(t, b.eng.Resume(ctx, gendurable.DefaultQueue))
+	b.waitStatus(id, "awaiting_signal", 10*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, "awaiting_signal", b.row(id).Status)
+	require.LessOrEqual(t, woken.Load(), int64(1), "the retried step ran %d times (%d without a signal)", woken.Load(), empty.Load())
+	_, err = b.eng.Signal(ctx, id, "go", nil, nil)
+	require.NoError(t, err)
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.JSONEq(t, `1`, string(r.Result))
+}
