@@ -95,8 +95,13 @@ func scopeMask(scope []Status) (int32, error) {
 }
 
 // InsertResult is what an insert produced.
+//
+// A duplicate's ID is read by a second statement after the insert: if the
+// instance holding the key left the key's scope in between (it finished,
+// under the default UniqueLive), ID is 0 — nothing was inserted, and the
+// key is free again, so inserting once more creates a new instance.
 type InsertResult struct {
-	ID        int64 // the new instance's id, or for a duplicate the existing one's
+	ID        int64 // the new instance's id, or for a duplicate the existing one's (0: see above)
 	Duplicate bool  // the unique key was held by a live instance: nothing was inserted
 }
 
