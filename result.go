@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/gendurable/gendurable/internal/executor"
 )
 
 // ErrInstanceFailed: [WaitResult] waited for an instance that failed (it
@@ -39,26 +41,37 @@ const (
 // WaitResult blocks until instance id is finished and returns its Done
 // result decoded into T (a nil result decodes to T's zero value) — or a
 // *[FailedError] (errors.Is ErrInstanceFailed) if it failed, [ErrNotFound] if
-// there is no such instance, or ctx's error — or the error of a read that
-// failed: a poll is not retried, so a database restart or a lost connection
-// ends the wait with its error (the instance is unaffected: call it again). An instance finished by a step
+// there is no such instance, or ctx's error. An instance finished by a step
 // of this engine wakes it at once; otherwise it polls, from every 10 ms
 // backing off to every second. Any engine can wait, also one that works no
-// queue.
+// queue. A poll that fails because the connection was lost or the server
+// is restarting (SQLSTATE class 08, 57P01–57P03, 53300, a network error)
+// is tried again at the poll interval, so a database restart does not end
+// the wait; if ctx ends meanwhile, the error wraps ctx's and names the last
+// failure. Any other failed read ends the wait with its error.
 //
 //	total, err := gendurable.WaitResult[Receipt](ctx, eng, id)
 func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 	var zero T
 	poll := resultPollFirst
+	var lost error // the last poll's connection failure
 	for {
 		// Listen before looking, so a finish between the two is not missed.
 		woken, stop := e.finished.listen(id)
 		in, err := e.Instance(ctx, id)
-		if err != nil {
+		if err != nil && (ctx.Err() != nil || !executor.ConnectionFailure(err)) {
 			stop()
+			if ctx.Err() != nil && lost != nil {
+				return zero, fmt.Errorf("%w (the last poll before it failed: %v)", ctx.Err(), lost)
+			}
 			return zero, err
 		}
-		switch in.Status {
+		lost = err // nil, or a connection failure: look again at the next poll
+		var status Status
+		if in != nil {
+			status = in.Status
+		}
+		switch status {
 		case StatusDone:
 			stop()
 			var v T
@@ -82,6 +95,9 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 		case <-ctx.Done():
 			t.Stop()
 			stop()
+			if lost != nil {
+				return zero, fmt.Errorf("%w (the last poll before it failed: %v)", ctx.Err(), lost)
+			}
 			return zero, ctx.Err()
 		case <-woken:
 		case <-t.C:

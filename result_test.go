@@ -3,10 +3,13 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -120,4 +123,82 @@ func TestWaitResultWakesAtOnceForLocalFinishes(t *testing.T) {
 			t.Fatal("WaitResult never returned")
 		}
 	}
+}
+
+// TestWaitResultRidesThroughLostConnections: the waiter's connections are
+// terminated under it, three times, while it polls for an instance that
+// another engine finishes afterwards: it still returns the result. Its
+// first poll on a terminated connection used to end the wait with the
+// error (57P01); a database restart did the same. A waiter whose context
+// ends while its polls fail says what failed.
+func TestWaitResultRidesThroughLostConnections(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	m := &gendurable.Machine[receipt]{Name: "result-lost", Start: "a", Steps: map[string]gendurable.StepFunc[receipt]{
+		"a": func(ctx context.Context, r *gendurable.Run[receipt]) (gendurable.Outcome, error) {
+			<-release
+			return gendurable.Done(receipt{Total: 7}), nil
+		},
+	}}
+	b := setup(t, nil, m)
+	id := b.insert(m.New(receipt{}))
+	b.start()
+	finish := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(finish) // before the engine's Stop, if the test fails early
+
+	ctx := context.Background()
+	app := "waiter-" + b.schema
+	pcfg, err := pgxpool.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	pcfg.ConnConfig.RuntimeParams["application_name"] = app
+	pcfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	waiter, err := gendurable.New(pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{m}})
+	require.NoError(t, err)
+
+	type answer struct {
+		r   receipt
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		r, err := gendurable.WaitResult[receipt](ctx, waiter, id)
+		got <- answer{r, err}
+	}()
+	terminated := 0
+	for range 3 {
+		time.Sleep(60 * time.Millisecond) // a few polls on the pool's connections
+		var n int
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n))
+		terminated += n
+		select {
+		case a := <-got:
+			t.Fatalf("WaitResult returned (%v, %v) after a connection was terminated", a.r, a.err)
+		default:
+		}
+	}
+	require.Positive(t, terminated, "no waiter connection was terminated")
+	time.Sleep(100 * time.Millisecond)
+	finish()
+	select {
+	case a := <-got:
+		require.NoError(t, a.err)
+		require.Equal(t, receipt{Total: 7}, a.r)
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitResult did not return once the instance finished")
+	}
+
+	// Polls that keep failing until ctx ends: ctx's error, naming the failure.
+	down, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=1")
+	require.NoError(t, err)
+	defer down.Close()
+	lost, err := gendurable.New(down, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{m}})
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	_, err = gendurable.WaitResult[receipt](short, lost, id)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "the last poll before it failed")
 }

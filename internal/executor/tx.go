@@ -264,6 +264,11 @@ func endedOtherwise(err error) bool {
 	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "57P")
 }
 
+// ConnectionFailure reports whether err says the connection or the server
+// failed rather than the statement (see connectionFailure): trying again,
+// on another connection, may succeed.
+func ConnectionFailure(err error) bool { return connectionFailure(err) }
+
 // connectionFailure reports an error that says the connection or the
 // server failed rather than the statement: the connection was lost or could
 // not be made (SQLSTATE class 08, a network error, EOF), the server is
