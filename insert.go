@@ -54,6 +54,8 @@ type InsertOpts struct {
 	// statuses, inserting another with the same key inserts nothing and
 	// returns the existing instance's id with Duplicate set. Enforced by a
 	// unique index, so it holds across processes and within one InsertMany.
+	// At most 1000 bytes of valid UTF-8 without control characters, like
+	// PartitionKey (so that an operator can search for it).
 	UniqueKey string
 	// UniqueScope lists the statuses in which the key is held. It must
 	// include every live status (runnable, executing, awaiting_signal,
@@ -200,8 +202,8 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name %q %s", o.Queue, nameProblem(o.Queue))
 	case keyProblem(o.PartitionKey) != "":
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "PartitionKey %s", keyProblem(o.PartitionKey))
-	case len(o.UniqueKey) > maxKeyLen:
-		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey longer than %d bytes", maxKeyLen)
+	case keyProblem(o.UniqueKey) != "":
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey %s", keyProblem(o.UniqueKey))
 	case o.KeyLimit < 0 || o.KeyLimit > maxKeyLimit:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "KeyLimit %d outside 1..%d (0: the key's policy)", o.KeyLimit, maxKeyLimit)
 	case o.KeyLimit > 0 && o.PartitionKey == "":

@@ -287,3 +287,29 @@ func TestUniqueChildrenDedup(t *testing.T) {
 	r := b.waitStatus(id, "done", 10*time.Second)
 	require.JSONEq(t, `2`, string(r.Result), "the duplicate child was not inserted, and the parent waited only for the two real ones")
 }
+
+// TestUniqueKeyIsValidatedLikeAPartitionKey: a unique key with a control
+// character or invalid UTF-8 is ErrInvalidInsert before any SQL, as a
+// partition key is: the list's search (CLI, dashboard, ListFilter.Search)
+// refuses both, so such a key could never be searched for.
+func TestUniqueKeyIsValidatedLikeAPartitionKey(t *testing.T) {
+	t.Parallel()
+	job := (&recorder{}).job("uniq")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	for _, k := range []string{"k\x00", "k\x01", "\x1b[31m", "tab\t", "del\x7f", "c1\u0085", "k\xff", "\xc3", strings.Repeat("k", 1001)} {
+		_, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{UniqueKey: k}))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "%q", k)
+		_, err = b.eng.InsertMany(ctx, []gendurable.InsertParams{job.New(orderArgs{}), job.New(orderArgs{}).With(gendurable.InsertOpts{UniqueKey: k})})
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "InsertMany %q", k)
+	}
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "nothing was inserted")
+	for _, k := range []string{"order:7 ✓", strings.Repeat("k", 1000)} {
+		r, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{UniqueKey: k}))
+		require.NoError(t, err, "%q", k)
+		page, err := b.eng.List(ctx, gendurable.ListFilter{Search: k})
+		require.NoError(t, err)
+		require.Len(t, page.Instances, 1, "the key is found by a search")
+		require.Equal(t, r.ID, page.Instances[0].ID)
+	}
+}

@@ -13,7 +13,7 @@ import (
 // operator cannot type no insert can store.
 const (
 	maxNameLen  = 200  // queue, machine and step names
-	maxKeyLen   = 1000 // partition and unique keys, search text
+	maxKeyLen   = 1000 // partition, unique and dedup keys, search text
 	maxKeyLimit = 1 << 20
 	// maxQueueWindow bounds a queue's Concurrency + Prefetch: a pick's
 	// batch, which the pick takes as an int4 (and its bound of keys, 4 × it).
@@ -29,8 +29,9 @@ func nameProblem(s string) string {
 	return textProblem(s, maxNameLen)
 }
 
-// keyProblem says what is wrong with a partition key or a search text, or
-// "" if nothing is: at most maxKeyLen bytes of text (textProblem).
+// keyProblem says what is wrong with a partition, unique or dedup key or a
+// search text, or "" if nothing is: at most maxKeyLen bytes of text
+// (textProblem).
 func keyProblem(s string) string { return textProblem(s, maxKeyLen) }
 
 // textProblem: valid UTF-8 (PostgreSQL text must be), without NUL (it
