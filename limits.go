@@ -18,6 +18,10 @@ const (
 	// maxQueueWindow bounds a queue's Concurrency + Prefetch: a pick's
 	// batch, which the pick takes as an int4 (and its bound of keys, 4 × it).
 	maxQueueWindow = 1 << 20
+	// minRunAtYear, maxRunAtYear: InsertOpts.RunAt's years (UTC, 0 being 1
+	// BC), within PostgreSQL's timestamptz range (4713 BC to 294276 AD).
+	minRunAtYear = -4712
+	maxRunAtYear = 294275
 )
 
 // nameProblem says what is wrong with a queue, machine or step name, or ""
@@ -105,4 +109,60 @@ func nestsDeeper[T string | []byte](b T, limit int) bool {
 		}
 	}
 	return false
+}
+
+// jsonbProblem says why PostgreSQL would refuse the valid JSON document b
+// as jsonb, or "" if it would not: a \u0000 escape (jsonb cannot hold NUL;
+// encoding/json writes one for a NUL byte in a Go string), or a \u escape
+// of a UTF-16 surrogate that is not a high one followed by a low one.
+// Inserts and signals check it before any SQL: the database's refusal
+// would abort the caller's transaction under InsertTx or SignalTx.
+func jsonbProblem[T string | []byte](b T) string {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' { // in valid JSON, only inside a string
+			continue
+		}
+		if i+1 < len(b) && b[i+1] != 'u' {
+			i++ // \" \\ \/ \b \f \n \r \t
+			continue
+		}
+		r, ok := hex4(b, i+2)
+		switch {
+		case !ok:
+			return "" // not valid JSON: json.Valid's verdict, not ours
+		case r == 0:
+			return "holds a NUL character (\\u0000), which PostgreSQL cannot store"
+		case r >= 0xdc00 && r <= 0xdfff:
+			return "holds a lone UTF-16 low surrogate escape, which PostgreSQL refuses"
+		case r >= 0xd800 && r <= 0xdbff:
+			if lo, ok := hex4(b, i+8); !ok || i+7 >= len(b) || b[i+6] != '\\' || b[i+7] != 'u' || lo < 0xdc00 || lo > 0xdfff {
+				return "holds a UTF-16 high surrogate escape without its low surrogate, which PostgreSQL refuses"
+			}
+			i += 11 // the pair
+			continue
+		}
+		i += 5
+	}
+	return ""
+}
+
+// hex4 reads 4 hex digits of b at i.
+func hex4[T string | []byte](b T, i int) (rune, bool) {
+	if i < 0 || i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range []byte(b[i : i+4]) {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }

@@ -30,3 +30,33 @@ func TestNestsDeeper(t *testing.T) {
 		}
 	}
 }
+
+func TestJSONBProblem(t *testing.T) {
+	t.Parallel()
+	for doc, bad := range map[string]bool{
+		`{"a":"x"}`:                  false,
+		`"\u0000"`:                   true,
+		`{"k\u0000":1}`:              true,  // in a key too
+		`"\\u0000"`:                  false, // an escaped backslash, then text
+		`"\\\u0000"`:                 true,
+		`"\u00001"`:                  true,
+		`"\u0001\u001f\u00e9"`:       false,
+		`"\ud83d\ude00"`:             false, // a pair
+		`"\uD83D\uDE00"`:             false,
+		`"\ud800"`:                   true,
+		`"\ud800x"`:                  true,
+		`"\ud800\u0041"`:             true,
+		`"\ud800\ud800"`:             true,
+		`"\udc00"`:                   true,
+		`"\ude00\ud83d"`:             true,
+		`["\ud83d\ude00", "\u0000"]`: true,
+		`"\"\\\/\b\f\n\r\t"`:         false,
+	} {
+		if got := jsonbProblem(doc) != ""; got != bad {
+			t.Errorf("jsonbProblem(%s) = %q, want a problem: %v", doc, jsonbProblem(doc), bad)
+		}
+		if got := jsonbProblem([]byte(doc)) != ""; got != bad {
+			t.Errorf("jsonbProblem([]byte(%s)) = %q, want a problem: %v", doc, jsonbProblem([]byte(doc)), bad)
+		}
+	}
+}

@@ -52,7 +52,10 @@ func (e *Engine) Signal(ctx context.Context, id int64, name string, payload any,
 
 // SignalTx sends a signal inside the caller's transaction: it is delivered
 // (and wakes the instance) only if the transaction commits. The instance
-// row stays locked until then.
+// row stays locked until then. An invalid name, dedup key or payload (one
+// PostgreSQL cannot store included: a NUL character, a lone UTF-16
+// surrogate escape) is [ErrInvalidSignal] before any SQL runs, so the
+// transaction is left usable.
 func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
 	return e.signal(ctx, tx, id, name, payload, opts)
 }
@@ -78,6 +81,9 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 	}
 	if err := checkJSON(e.signalLimits, "payload", b); err != nil {
 		return SignalResult{}, fmt.Errorf("%w: %w", ErrInvalidSignal, err)
+	}
+	if p := jsonbProblem(b); p != "" {
+		return SignalResult{}, errorf(ErrInvalidSignal, "payload %s", p)
 	}
 	p := string(b)
 	r, err := e.q.Signal(ctx, db, id, name, &p, dedup)

@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -416,6 +417,7 @@ func TestSignalNamesAndDedupKeysRefuseControlCharacters(t *testing.T) {
 		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "dedup key %q", name)
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
 		_, err = b.eng.SignalTx(ctx, tx, id, name, nil, nil)
 		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "SignalTx name %q", name)
 		require.NoError(t, tx.Rollback(ctx))
@@ -439,4 +441,28 @@ func TestSignalNamesAndDedupKeysRefuseControlCharacters(t *testing.T) {
 		require.Contains(t, r.Errors[0]["error"], "invalid outcome", "Await %q", bad[i])
 		require.Contains(t, r.Errors[0]["error"], "control character")
 	}
+}
+
+// TestSignalTxRefusesWhatPostgreSQLWouldBeforeSQL: a payload jsonb cannot
+// hold (\u0000, a lone surrogate escape) is ErrInvalidSignal before any
+// SQL, so a SignalTx caller's transaction goes on; before, the database's
+// refusal aborted it.
+func TestSignalTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	ctx := context.Background()
+	id := b.insert(m.New(waitState{}))
+	for _, payload := range []any{"nul\x00inside", json.RawMessage(`{"a":"\u0000"}`), json.RawMessage(`"\udbff"`), json.RawMessage(`["\udfff"]`)} {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }() // on a failure: the schema's drop would wait for it
+		_, err = b.eng.SignalTx(ctx, tx, id, "note", payload, nil)
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "%s", payload)
+		require.NotContains(t, err.Error(), "SQLSTATE", "refused before any SQL")
+		_, err = b.eng.SignalTx(ctx, tx, id, "note", "fine", nil)
+		require.NoError(t, err, "the caller's transaction goes on after %s", payload)
+		require.NoError(t, tx.Commit(ctx))
+	}
+	require.Equal(t, 4, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
 }
