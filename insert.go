@@ -202,10 +202,10 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "negative RunIn %s", o.RunIn)
 	case !o.RunAt.IsZero() && o.RunIn != 0:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt and RunIn are mutually exclusive")
-	case !o.RunAt.IsZero() && (o.RunAt.UTC().Year() < minRunAtYear || o.RunAt.UTC().Year() > maxRunAtYear):
+	case !o.RunAt.IsZero() && !timestampYear(o.RunAt):
 		// PostgreSQL's refusal would abort an InsertTx caller's transaction.
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt %s outside the years %d..%d that PostgreSQL's timestamps hold",
-			o.RunAt.UTC().Format(time.RFC3339), minRunAtYear, maxRunAtYear)
+			o.RunAt.UTC().Format(time.RFC3339), minTimestampYear, maxTimestampYear)
 	case o.Queue != "" && nameProblem(o.Queue) != "":
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name %q %s", o.Queue, nameProblem(o.Queue))
 	case keyProblem(o.PartitionKey) != "":

@@ -3,6 +3,7 @@ package gendurable
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -18,11 +19,19 @@ const (
 	// maxQueueWindow bounds a queue's Concurrency + Prefetch: a pick's
 	// batch, which the pick takes as an int4 (and its bound of keys, 4 × it).
 	maxQueueWindow = 1 << 20
-	// minRunAtYear, maxRunAtYear: InsertOpts.RunAt's years (UTC, 0 being 1
-	// BC), within PostgreSQL's timestamptz range (4713 BC to 294276 AD).
-	minRunAtYear = -4712
-	maxRunAtYear = 294275
+	// minTimestampYear, maxTimestampYear: the years (UTC, 0 being 1 BC) of
+	// the times an insert or a filter may give (InsertOpts.RunAt,
+	// ListFilter.From and To), within PostgreSQL's timestamptz range (4713
+	// BC to 294276 AD).
+	minTimestampYear = -4712
+	maxTimestampYear = 294275
 )
+
+// timestampYear reports whether t's year is one PostgreSQL's timestamptz holds.
+func timestampYear(t time.Time) bool {
+	y := t.UTC().Year()
+	return y >= minTimestampYear && y <= maxTimestampYear
+}
 
 // nameProblem says what is wrong with a queue, machine or step name, or ""
 // if nothing is: 1 to maxNameLen bytes of text (textProblem).
