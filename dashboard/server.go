@@ -81,7 +81,7 @@ func NewServer(h http.Handler, o ServerOptions) *http.Server {
 // before a full [LimitListener] may close it to make room: a client's
 // request normally follows its connection within milliseconds, and a
 // keep-alive connection is often reused at once for the next asset.
-const evictGrace = 250 * time.Millisecond
+const evictGrace = 100 * time.Millisecond
 
 // LimitListener returns a listener that holds at most n connections open
 // at once (n <= 0: DefaultMaxConns): past that, Accept waits until one
@@ -89,9 +89,10 @@ const evictGrace = 250 * time.Millisecond
 // taking a file descriptor each.
 //
 // Served by a server from [NewServer], a full listener makes room: it
-// closes the connection that has been waiting longest without a request
-// under way — idle after an answer, or open (for [evictGrace] at least)
-// without a whole request header — so that a client holding many
+// closes a connection without a request under way — one lingering after
+// its last answer before it closes, else the one waiting longest, idle
+// after an answer or open without a whole request header (for 100 ms at
+// least) — so that a client holding many
 // connections open and silent, or idling many keep-alives, cannot starve
 // the others. Connections with a request being read or answered are never
 // closed; only when every one has a request under way does Accept wait.
@@ -178,7 +179,8 @@ func (l *limitListener) evict(now time.Time) (retry time.Duration, evicted bool)
 	l.mu.Lock()
 	var oldest *limitConn
 	for c := range l.conns {
-		if (c.state == http.StateNew || c.state == http.StateIdle) && (oldest == nil || c.since.Before(oldest.since)) {
+		if (c.state == http.StateNew || c.state == http.StateIdle || c.state == stateLingering) &&
+			(oldest == nil || c.since.Before(oldest.since)) {
 			oldest = c
 		}
 	}
@@ -186,7 +188,7 @@ func (l *limitListener) evict(now time.Time) (retry time.Duration, evicted bool)
 		l.mu.Unlock()
 		return 0, false
 	}
-	if wait := oldest.since.Add(evictGrace).Sub(now); wait > 0 {
+	if wait := oldest.since.Add(evictGrace).Sub(now); wait > 0 && oldest.state != stateLingering {
 		l.mu.Unlock()
 		return wait, false
 	}
@@ -229,8 +231,14 @@ func (l *limitListener) Close() error {
 }
 
 // stateUnknown: no ConnState reported (a server not from NewServer): the
-// connection is never closed to make room.
-const stateUnknown http.ConnState = -1
+// connection is never closed to make room. stateLingering: the server
+// answered for the last time and half-closed it (CloseWrite); it waits a
+// moment before it closes (net/http's 500 ms against a reset losing the
+// answer), a slot a full listener may take back at once.
+const (
+	stateUnknown   http.ConnState = -1
+	stateLingering http.ConnState = -2
+)
 
 type limitConn struct {
 	net.Conn
@@ -238,6 +246,27 @@ type limitConn struct {
 	once  sync.Once
 	state http.ConnState // under l.mu
 	since time.Time      // when it entered state
+}
+
+// CloseWrite half-closes the connection, as net/http does after its last
+// answer (hiding it made the client wait the server's whole linger for the
+// end of the answer), and marks it lingering.
+func (c *limitConn) CloseWrite() error {
+	var err error
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		err = cw.CloseWrite()
+	}
+	l := c.l
+	l.mu.Lock()
+	if _, open := l.conns[c]; open && c.state != stateUnknown {
+		c.state, c.since = stateLingering, time.Time{} // first to go
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+	l.mu.Unlock()
+	return err
 }
 
 func (c *limitConn) Close() error {

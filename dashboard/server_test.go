@@ -275,3 +275,51 @@ func TestFullListenerMakesRoomForNewClients(t *testing.T) {
 	require.NotZero(t, resp.StatusCode)
 	require.LessOrEqual(t, peak.Load(), int64(o.MaxConns), "the server never held more than MaxConns connections")
 }
+
+// TestLingeringConnectionEndsWithItsAnswer: the server half-closes a
+// connection after its last answer when it lingers before closing it (a
+// 413 to a POST whose body is over the bound, here), so the client sees the
+// end of it at once, not after net/http's 500 ms linger (LimitListener's
+// connections hid CloseWrite from the server); and a full listener takes
+// the slot of such a lingering connection back at once for the next
+// client.
+func TestLingeringConnectionEndsWithItsAnswer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{BearerToken: "a-token-of-some-length"})
+	o := dashboard.ServerOptions{ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxConns: 1}
+	addr, _, _ := serve(t, h, o)
+
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	body := strings.Repeat("a", dashboard.MaxFormBytes+1)
+	_, err = io.WriteString(c, "POST /queues/x/pause HTTP/1.1\r\nHost: "+addr+"\r\nAuthorization: Bearer a-token-of-some-length"+
+		"\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: "+fmt.Sprint(len(body))+"\r\n\r\n"+body)
+	require.NoError(t, err)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	answered := time.Now()
+	_, err = io.ReadAll(br)
+	require.NoError(t, err, "the server ended the connection")
+	require.Less(t, time.Since(answered), 250*time.Millisecond, "the end of the answer came with the linger's close")
+
+	// The only slot is held by the lingering connection (c, still open on
+	// this side): the next client is served without waiting for it.
+	start := time.Now()
+	req, err := http.NewRequest("GET", "http://"+addr+"/static/style.css", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer a-token-of-some-length")
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err = client.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	t.Logf("next client answered in %s", time.Since(start))
+}
