@@ -84,7 +84,137 @@ func checkJSON[T string | []byte](l jsonLimits, what string, b T) error {
 	if nestsDeeper(b, l.maxDepth) {
 		return fmt.Errorf("%s nests arrays and objects deeper than Config.MaxJSONDepth %d", what, l.maxDepth)
 	}
+	grown, problem := storedNumbers(b)
+	switch {
+	case problem != "":
+		return fmt.Errorf("%s holds %s", what, problem)
+	case l.maxBytes > 0 && len(b)+grown > l.maxBytes:
+		return fmt.Errorf("%s is %d bytes as PostgreSQL stores and returns it (numbers with an exponent written out in full: 1e6 as 1000000), over Config.%s %d",
+			what, len(b)+grown, l.bytesName, l.maxBytes)
+	}
 	return nil
+}
+
+// PostgreSQL's numeric, which jsonb stores numbers as, holds at most this
+// many digits before the decimal point and after it.
+const (
+	numericMaxIntDigits  = 131072
+	numericMaxFracDigits = 16383
+)
+
+// storedNumbers reads the numbers of the valid JSON document b as
+// PostgreSQL's jsonb stores them: as numeric, written out in full when the
+// document is read (1e6 comes back as 1000000, 1e-6 as 0.000001). It
+// returns how many bytes longer than in b they are then, or a problem: a
+// number numeric cannot hold at all (its refusal would abort the caller's
+// transaction). Left unchecked, a state of 90 KB holding 10,000 numbers
+// 1e131071 reads back as 1.3 GB: every read of it, the pick of its queue
+// included, failed with "out of memory", and no other instance of the
+// queue ran.
+func storedNumbers[T string | []byte](b T) (grown int, problem string) {
+	inString, escaped := false, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		case c == '"':
+			inString = true
+			continue
+		case c != '-' && (c < '0' || c > '9'):
+			continue
+		}
+		// A number: -?int(.frac)?([eE][+-]?exp)?
+		start := i
+		neg := c == '-'
+		if neg {
+			i++
+		}
+		intStart := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		intDigits := i - intStart
+		fracStart, fracDigits := i, 0
+		if i < len(b) && b[i] == '.' {
+			i++
+			fracStart = i
+			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+				i++
+			}
+			fracDigits = i - fracStart
+		}
+		if i >= len(b) || (b[i] != 'e' && b[i] != 'E') {
+			// No exponent: written back as it came. (The loop's i++
+			// moves past the number.)
+			i--
+			continue
+		}
+		i++
+		expNeg := false
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			expNeg = b[i] == '-'
+			i++
+		}
+		exp := 0
+		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+			if exp < 1<<30 {
+				exp = exp*10 + int(b[i]-'0')
+			}
+		}
+		encoded := i - start
+		i--
+		if expNeg {
+			exp = -exp
+		}
+		// The significant digits: those of int and frac, leading zeros
+		// skipped; the decimal point falls intDigits+exp digits in.
+		zeros, all := 0, intDigits+fracDigits
+		for k := 0; k < all; k++ {
+			d := b[intStart+k]
+			if k >= intDigits {
+				d = b[fracStart+k-intDigits]
+			}
+			if d != '0' {
+				break
+			}
+			zeros++
+		}
+		before := 1 // "0"
+		if zeros < all && intDigits+exp-zeros > 0 {
+			before = intDigits + exp - zeros
+		}
+		after := max(0, fracDigits-exp)
+		if (zeros < all && intDigits+exp-zeros > numericMaxIntDigits) || after > numericMaxFracDigits {
+			return 0, fmt.Sprintf("a number PostgreSQL cannot store (%s: numeric holds %d digits before the decimal point and %d after)",
+				clip(string(b[start:i+1]), 40), numericMaxIntDigits, numericMaxFracDigits)
+		}
+		stored := before
+		if after > 0 {
+			stored += 1 + after
+		}
+		if neg {
+			stored++
+		}
+		grown += max(0, stored-encoded)
+	}
+	return grown, ""
+}
+
+// clip cuts s to at most n bytes, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // nestsDeeper reports whether b (valid JSON) nests arrays and objects
