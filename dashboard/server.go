@@ -92,12 +92,12 @@ const evictGrace = 100 * time.Millisecond
 // closes a connection without a request under way — one lingering after
 // its last answer before it closes, else the one waiting longest, idle
 // after an answer or open without a whole request header (for 100 ms at
-// least) — so that a client holding many
-// connections open and silent, or idling many keep-alives, cannot starve
-// the others. Connections with a request being read or answered are never
-// closed; only when every one has a request under way does Accept wait.
-// (Under a server of your own, set its ConnState to the one NewServer
-// sets, or connections are never closed to make room.)
+// least) — so that a client holding many connections open and silent, or
+// idling many keep-alives, cannot starve the others. Connections with a
+// request being read or answered are never closed; only when every one
+// has a request under way does Accept wait. (Under a server of your own,
+// set its ConnState to the one NewServer sets, or connections are never
+// closed to make room.)
 func LimitListener(ln net.Listener, n int) net.Listener {
 	if n <= 0 {
 		n = DefaultMaxConns
