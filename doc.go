@@ -135,7 +135,12 @@
 // A crash is different: no outcome is written, the lease expires, and the
 // reaper returns the row to runnable with attempt + 1 without calling Handle,
 // in its old place in the backlog (its eligible_at is kept). After
-// MaxAttempts expired leases the reaper fails the instance.
+// MaxAttempts expired leases the reaper fails the instance. The reaper
+// cannot tell a running step from a row the crashed worker had only
+// claimed ahead (QueueConfig.Prefetch): each of those is charged an attempt
+// too, although its step never started — with MaxAttempts 1, a kill -9
+// fails them all. Run such machines or jobs in a queue with a negative
+// Prefetch, or give them more than one attempt.
 //
 // Every claim gets a fresh fencing token. Outcomes and heartbeats apply only
 // while the token still matches, so a worker whose lease was reaped (a zombie

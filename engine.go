@@ -188,8 +188,11 @@ type QueueConfig struct {
 	Concurrency int
 	// Prefetch is how many rows are claimed beyond the running slots so that
 	// a finishing step finds the next one at hand. Buffered rows are
-	// heartbeated like running ones and handed back on Stop. 0 means the
-	// default (equal to Concurrency); negative means none.
+	// heartbeated like running ones and handed back on Stop; if the process
+	// dies instead, the reaper charges each an attempt as it does a running
+	// step (it cannot tell them apart), so a row with one attempt left fails
+	// without having run. 0 means the default (equal to Concurrency);
+	// negative means none.
 	Prefetch int
 	// MinDemand: don't pick for fewer free places than this, unless the
 	// queue is idle (fewer, fatter picks). Default 1.
@@ -242,10 +245,11 @@ type Engine struct {
 
 	stateLimits, signalLimits jsonLimits
 
-	mu      sync.Mutex
-	running *runState
-	scheds  map[string]*feeder.Feeder
-	sweeper *maintenance.TimeoutSweeper // the running await-timeout sweep, poked by local awaits
+	mu       sync.Mutex
+	running  *runState
+	stopping *runState // the run a Stop in progress is stopping; nil once it returned
+	scheds   map[string]*feeder.Feeder
+	sweeper  *maintenance.TimeoutSweeper // the running await-timeout sweep, poked by local awaits
 
 	exec     *executor.Executor // runs claimed rows of every queue
 	trans    transitions        // transitions taken since the last merge into the stored definitions (graph.go)
@@ -263,6 +267,10 @@ type runState struct {
 	// services are the maintenance services, in start order (see
 	// maintenanceServices); Stop stops them in reverse.
 	services []maintenance.Service
+	// stopped is closed when the Stop of this run returns, with stopErr its
+	// result: a second Stop (or a Start) called meanwhile waits for it.
+	stopped chan struct{}
+	stopErr error
 }
 
 // New validates cfg and returns an engine. It does not touch the database.
@@ -430,9 +438,21 @@ func (e *Engine) Config() Config { return e.cfg }
 // services (reaper, await-timeout sweep, pruner, periodic schedules, in
 // that order) and the feeders of the configured queues in background
 // goroutines. ctx bounds the start-up checks only; the engine runs until
-// [Engine.Stop].
+// [Engine.Stop]. Called while a Stop is in progress, Start first waits for
+// it to return (or for ctx).
 func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
+	for e.stopping != nil {
+		// A Stop is in progress: its steps still drain. Start once it returned.
+		st := e.stopping
+		e.mu.Unlock()
+		select {
+		case <-st.stopped:
+		case <-ctx.Done():
+			return fmt.Errorf("gendurable: start: waiting for the Stop in progress: %w", ctx.Err())
+		}
+		e.mu.Lock()
+	}
 	defer e.mu.Unlock()
 	if e.running != nil {
 		return ErrAlreadyStarted
@@ -449,7 +469,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		return fmt.Errorf("gendurable: start: storing machine definitions: %w", err)
 	}
 
-	rs := &runState{scheds: map[string]*feeder.Feeder{}}
+	rs := &runState{scheds: map[string]*feeder.Feeder{}, stopped: make(chan struct{})}
 	// The maintenance services start first and stop last, after the
 	// feeders have drained. They run until Stop, not under ctx, which
 	// bounds start-up only.
@@ -495,14 +515,39 @@ func (e *Engine) Start(ctx context.Context) error {
 
 // stopGrace is how long past its context's end Stop still waits for a
 // feeder's pick in flight, or the release of its prefetched rows, before it
-// abandons them.
+// abandons them, and for cancelled steps to return.
 const stopGrace = 500 * time.Millisecond
+
+// afterGrace returns a context that ends grace after ctx ends (with ctx's
+// values). The returned func releases it.
+func afterGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	late, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	var mu sync.Mutex
+	var timer *time.Timer
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		timer = time.AfterFunc(grace, cancel)
+		mu.Unlock()
+	})
+	return late, func() {
+		stop()
+		mu.Lock()
+		if timer != nil {
+			timer.Stop()
+		}
+		mu.Unlock()
+		cancel()
+	}
+}
 
 // Stop shuts the engine down gracefully: it stops picking, hands prefetched
 // rows straight back to runnable, waits up to DrainTimeout for in-flight
 // steps to commit their outcomes, then cancels their contexts (cause
-// ErrEngineStopped) and waits for them to return. Steps still running when
-// ctx is done are abandoned to the reaper and Stop returns ctx's error.
+// ErrEngineStopped) and waits for them to return. Steps still running 500
+// ms after ctx is done (a step that ignores its cancel) are abandoned to
+// the reaper and Stop returns an error wrapping ctx's; steps that return
+// on their cancel within those 500 ms are not reported, also when ctx was
+// done when Stop was called.
 // Steps already abandoned for ignoring their context past StepTimeout
 // (the engine wrote their outcomes) are not waited for; if any still run,
 // Stop says so with an error wrapping [ErrStepTimeout].
@@ -515,16 +560,42 @@ const stopGrace = 500 * time.Millisecond
 // ended: then it is abandoned, and rows it claimed are reaped after their
 // lease, as a crashed worker's are (TestStopWithAPickCutOff) — so a Stop
 // whose network is cut off returns within 500 ms of ctx's deadline. Stop
-// on an engine that is not running returns nil.
+// on an engine that is not running returns nil. A Stop called while
+// another is in progress waits for that one and returns its result (or,
+// if its own ctx ends first, an error wrapping ctx's); a Start called
+// meanwhile waits for it too, then starts.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
-	e.running, e.scheds, e.sweeper = nil, nil, nil
-	e.mu.Unlock()
 	if rs == nil {
-		return nil
+		st := e.stopping
+		e.mu.Unlock()
+		if st == nil {
+			return nil
+		}
+		select {
+		case <-st.stopped:
+			return st.stopErr
+		case <-ctx.Done():
+			return fmt.Errorf("gendurable: stop: waiting for the Stop in progress: %w", ctx.Err())
+		}
 	}
+	e.running, e.scheds, e.sweeper = nil, nil, nil
+	e.stopping = rs
+	e.mu.Unlock()
+	var err error
+	defer func() {
+		rs.stopErr = err
+		e.mu.Lock()
+		e.stopping = nil
+		e.mu.Unlock()
+		close(rs.stopped)
+	}()
 	start := time.Now()
+	// late ends stopGrace after ctx: what Stop still waits for past ctx's
+	// end (the release of prefetched rows, steps returning on cancel).
+	late, lateDone := afterGrace(ctx, stopGrace)
+	defer lateDone()
 	rs.pickCancel()
 	// The feeders stop picking and release their buffers. A pick in flight
 	// is let finish (its answer may hold claims), unless ctx ends first and
@@ -538,18 +609,12 @@ func (e *Engine) Stop(ctx context.Context) error {
 	go func() { rs.loops.Wait(); close(loopsDone) }()
 	select {
 	case <-loopsDone:
-	case <-ctx.Done():
-		grace := time.NewTimer(stopGrace)
-		select {
-		case <-loopsDone:
-		case <-grace.C:
-			for _, s := range rs.scheds {
-				s.Abort()
-			}
-			<-loopsDone
-			abandonedPick = fmt.Errorf("gendurable: stop: a pick or a release of prefetched rows still waiting on the database was abandoned (its rows are reaped after their lease): %w", ctx.Err())
+	case <-late.Done():
+		for _, s := range rs.scheds {
+			s.Abort()
 		}
-		grace.Stop()
+		<-loopsDone
+		abandonedPick = fmt.Errorf("gendurable: stop: a pick or a release of prefetched rows still waiting on the database was abandoned (its rows are reaped after their lease): %w", ctx.Err())
 	}
 
 	drainCtx, cancel := context.WithTimeout(ctx, e.cfg.DrainTimeout)
@@ -561,10 +626,11 @@ func (e *Engine) Stop(ctx context.Context) error {
 	}
 	cancel()
 	rs.workCancel(ErrEngineStopped)
-	var err error
 	abandoned := 0
 	for _, s := range rs.scheds {
-		if !s.Wait(ctx) {
+		// Steps that honour their context return within the grace, also when
+		// ctx is done already: only those that do not are reported.
+		if !s.Wait(late) {
 			err = fmt.Errorf("gendurable: stop: steps ignoring cancellation are still running: %w", ctx.Err())
 		}
 		abandoned += s.Abandoned()

@@ -133,3 +133,83 @@ func TestRetriedCancelledStepRunsWhenItsLeaseEnds(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryOfAParentRacingItsLastChildsFinish: a parent cancelled while it
+// awaits its children leaves them running; retried while the last of them
+// finishes, it must end up waiting for nothing — runnable, its join run —
+// whichever statement takes the parent's row first. The retry counts the
+// live children on its snapshot; when the child's outcome held the
+// parent's row lock while the retry waited for it, that snapshot still saw
+// the child running, and the retry put the parent back to awaiting one
+// child that had already counted itself down: awaiting_children for ever.
+// A transaction holding the parent's row lines the two up: the child's
+// outcome waits first, the retry (its snapshot taken) second.
+func TestRetryOfAParentRacingItsLastChildsFinish(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan int64, 1), make(chan struct{}, 1)
+	leaf := &gendurable.Job[leafArgs]{Name: "rlast", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		entered <- j.ID
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	m := &gendurable.Machine[fanState]{Name: "rlastparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				var st []string
+				for _, c := range r.Children {
+					st = append(st, string(c.Status))
+				}
+				return gendurable.Done(st), nil
+			},
+		}}
+	b := setup(t, fastConfig("", m, leaf))
+	b.start()
+	ctx := context.Background()
+	for _, many := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Retry", true: "RetryMany"}[many], func(t *testing.T) {
+			parent := b.insert(m.New(fanState{}))
+			child := <-entered
+			b.waitStatus(parent, "awaiting_children", 10*time.Second)
+			require.NoError(t, b.eng.Cancel(ctx, parent, "operator"))
+
+			tx, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			var holder int
+			require.NoError(t, tx.QueryRow(ctx, replaceSchema(`SELECT pg_backend_pid() FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), parent).Scan(&holder))
+			waiting := func(n int) func() bool {
+				return func() bool {
+					// Blocked by the holder, or by a session the holder blocks (the
+					// second waiter for a row waits on the first).
+					return b.count(`WITH a AS (SELECT pid, pg_blocking_pids(pid) AS by FROM pg_stat_activity)
+						SELECT count(*) FROM a WHERE $1 = ANY (a.by)
+						   OR EXISTS (SELECT 1 FROM a AS f WHERE $1 = ANY (f.by) AND f.pid = ANY (a.by))`, holder) >= n
+				}
+			}
+			release <- struct{}{} // the child's Done outcome counts itself down on the parent's row: it waits
+			eventually(t, 10*time.Second, waiting(1), "the child's outcome does not wait for the parent's row")
+			retried := make(chan error, 1)
+			go func() {
+				if many {
+					_, err := b.eng.RetryMany(ctx, []int64{parent})
+					retried <- err
+					return
+				}
+				retried <- b.eng.Retry(ctx, parent)
+			}()
+			eventually(t, 10*time.Second, waiting(2), "the retry does not wait for the parent's row")
+			require.NoError(t, tx.Commit(ctx))
+			require.NoError(t, <-retried)
+			b.waitStatus(child, "done", 10*time.Second)
+			r := b.waitStatus(parent, "done", 10*time.Second)
+			require.JSONEq(t, `["done"]`, string(r.Result))
+		})
+	}
+}

@@ -39,7 +39,9 @@ const (
 // WaitResult blocks until instance id is finished and returns its Done
 // result decoded into T (a nil result decodes to T's zero value) — or a
 // *[FailedError] (errors.Is ErrInstanceFailed) if it failed, [ErrNotFound] if
-// there is no such instance, or ctx's error. An instance finished by a step
+// there is no such instance, or ctx's error — or the error of a read that
+// failed: a poll is not retried, so a database restart or a lost connection
+// ends the wait with its error (the instance is unaffected: call it again). An instance finished by a step
 // of this engine wakes it at once; otherwise it polls, from every 10 ms
 // backing off to every second. Any engine can wait, also one that works no
 // queue.

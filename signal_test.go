@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -465,4 +466,106 @@ func TestSignalTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 		require.NoError(t, tx.Commit(ctx))
 	}
 	require.Equal(t, 4, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
+}
+
+// TestSignalCommittedWhileAFinishWaitsIsSwept: a signal whose transaction
+// holds the instance row while the step's Done outcome (or an operator's
+// Cancel) waits for that row commits before the finish does, so it was
+// delivered to a live instance; the finish must still consume it, as it
+// consumes every signal of the inbox. The finishing statement's snapshot
+// was taken before the signal committed: sweeping by that snapshot left the
+// signal unconsumed on a finished instance (inbox counts cleared, its
+// consumed_at still NULL), shown as pending forever by Describe.
+func TestSignalCommittedWhileAFinishWaitsIsSwept(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan int64, 4), make(chan struct{}, 1)
+	m := &gendurable.Machine[waitState]{
+		Name: "finisher", Start: "work",
+		Steps: map[string]gendurable.StepFunc[waitState]{
+			"work": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				if r.State.Need == 1 { // the Cancel case: never finishes by itself
+					entered <- r.ID
+					<-ctx.Done()
+					return gendurable.Outcome{}, ctx.Err()
+				}
+				entered <- r.ID
+				<-release
+				if r.State.Need == 2 { // its own transaction: the executor's path
+					return gendurable.Done(nil).WithTx(func(context.Context, pgx.Tx) error { return nil }), nil
+				}
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	ctx := context.Background()
+
+	// waitBlocked waits until a statement waits for the lock tx holds.
+	waitBlocked := func(t *testing.T, tx pgx.Tx, what string) {
+		t.Helper()
+		var pid int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+		eventually(t, 10*time.Second, func() bool {
+			return b.count(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, pid) > 0
+		}, "%s does not wait for the instance row", what)
+	}
+	unconsumed := func(id int64) int {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, id)
+	}
+
+	for _, c := range []struct {
+		name string
+		need int
+	}{{"Done", 0}, {"DoneWithTx", 2}} {
+		t.Run(c.name, func(t *testing.T) {
+			id := b.insert(m.New(waitState{Need: c.need}))
+			require.Equal(t, id, <-entered)
+			tx, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			res, err := b.eng.SignalTx(ctx, tx, id, "late", nil, nil)
+			require.NoError(t, err)
+			require.NotZero(t, res.ID)
+			release <- struct{}{} // the step returns Done: its outcome waits for the row
+			waitBlocked(t, tx, "the Done outcome")
+			require.NoError(t, tx.Commit(ctx))
+			b.waitStatus(id, "done", 10*time.Second)
+			// A group-committed outcome is committed before its second sweep
+			// runs: allow that statement its moment.
+			eventually(t, 2*time.Second, func() bool { return unconsumed(id) == 0 },
+				"a signal delivered before the Done stays unconsumed on the done instance")
+			info, err := b.eng.Describe(ctx, id)
+			require.NoError(t, err)
+			for _, s := range info.Signals {
+				require.NotNil(t, s.ConsumedAt, "Describe shows signal %d pending on a done instance", s.ID)
+			}
+		})
+	}
+
+	for _, many := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Cancel", true: "CancelMany"}[many], func(t *testing.T) {
+			id := b.insert(m.New(waitState{Need: 1}))
+			require.Equal(t, id, <-entered)
+			tx, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			_, err = b.eng.SignalTx(ctx, tx, id, "late", nil, nil)
+			require.NoError(t, err)
+			cancelled := make(chan error, 1)
+			go func() {
+				if many {
+					_, err := b.eng.CancelMany(ctx, []int64{id}, "operator")
+					cancelled <- err
+					return
+				}
+				cancelled <- b.eng.Cancel(ctx, id, "operator")
+			}()
+			waitBlocked(t, tx, "the cancel")
+			require.NoError(t, tx.Commit(ctx))
+			require.NoError(t, <-cancelled)
+			b.waitStatus(id, "failed", 10*time.Second)
+			require.Equal(t, 0, unconsumed(id), "a signal delivered before the cancel stays unconsumed on the cancelled instance")
+		})
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/internal/demo"
 	"github.com/gendurable/gendurable/internal/scratch"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -84,6 +85,24 @@ func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engi
 		return nil, nil, err
 	}
 	return eng, pool.Close, nil
+}
+
+// checkConnection connects to the database once, so that a command that
+// would otherwise start without touching it (ui) fails at once, saying why,
+// when the URL is wrong or the server is down, rather than serving pages
+// that all fail.
+func (c *common) checkConnection(ctx context.Context) error {
+	cfg, err := parseDatabaseURL(databaseURL(c.dbURL))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
 }
 
 // logger is the CLI's audit logger (see engine). Under ui the actions are

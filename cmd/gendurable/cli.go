@@ -17,6 +17,7 @@ import (
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/internal/longhorizon"
 	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -123,10 +124,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	asJSON := wantsJSON(args[1:])
 	cmd, ok := commands[args[0]]
 	var err error
-	if !ok {
+	switch {
+	case !ok && strings.HasPrefix(args[0], "-"):
+		// gendurable --database-url URL status: say where flags go, naming
+		// the command if one follows (flag values are not repeated: a URL
+		// may hold a password).
+		flag, _, _ := strings.Cut(args[0], "=")
+		cmdName := "<command>"
+		if i := slices.IndexFunc(args, func(a string) bool { _, ok := commands[a]; return ok }); i > 0 {
+			cmdName = args[i]
+			asJSON = wantsJSON(slices.Concat(args[:i], args[i+1:]))
+		}
+		err = usageError{msg: fmt.Sprintf("%s before the command: flags go after it (gendurable %s %s …; gendurable help lists the commands)", flag, cmdName, flag)}
+	case !ok:
 		err = usageError{msg: fmt.Sprintf("unknown command %q (gendurable help lists them)", args[0])}
-	} else {
+	default:
 		err = cmd.run(ctx, args[1:], stdout, stderr)
+	}
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		// Ctrl-C or SIGTERM: say so, rather than "context canceled".
+		err = fmt.Errorf("%s stopped: %v (%w)", args[0], context.Cause(ctx), err)
 	}
 	var help helpRequest
 	if errors.As(err, &help) {
@@ -180,7 +197,7 @@ func printHelp(w io.Writer, name string, fs *flag.FlagSet) {
 // errors already start with "gendurable: "), or as {"error": {...}} with
 // --json.
 func reportError(w io.Writer, name string, err error, asJSON bool) {
-	msg := err.Error()
+	msg := tidyConnectError(name, err.Error(), err)
 	if !strings.HasPrefix(msg, "gendurable: ") {
 		msg = "gendurable: " + msg
 	}
@@ -193,6 +210,47 @@ func reportError(w io.Writer, name string, err error, asJSON bool) {
 		return
 	}
 	fmt.Fprintln(w, printable(msg))
+}
+
+// tidyConnectError rewrites, within msg (err's message), pgx's report of a
+// failed connection — one line per address tried, each twice under the
+// default sslmode=prefer (with TLS, then without), joined by newlines that
+// would print as \x0a\x09 — as one line: each distinct failure once (the
+// TLS attempt's "server refused TLS connection" left out when another line
+// says more), then where command name's database URL comes from.
+func tidyConnectError(name, msg string, err error) string {
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) || ce.Config == nil {
+		return msg
+	}
+	var causes []error
+	switch u := ce.Unwrap().(type) {
+	case interface{ Unwrap() []error }:
+		causes = u.Unwrap()
+	case error:
+		causes = []error{u}
+	}
+	var details []string
+	for _, c := range causes {
+		for line := range strings.SplitSeq(c.Error(), "\n") {
+			if line = strings.TrimSpace(line); line != "" && !slices.Contains(details, line) {
+				details = append(details, line)
+			}
+		}
+	}
+	if len(details) > 1 {
+		details = slices.DeleteFunc(details, func(d string) bool { return strings.HasSuffix(d, "tls error: server refused TLS connection") })
+	}
+	fallback := defaultDatabaseURL
+	if name == "demo" {
+		fallback = "a throwaway PostgreSQL"
+	}
+	tidy := fmt.Sprintf("cannot connect to the database as user %s, database %s: %s (the database is --database-url, else DATABASE_URL, else %s)",
+		ce.Config.User, ce.Config.Database, strings.Join(details, "; "), fallback)
+	if full := ce.Error(); strings.Contains(msg, full) {
+		return strings.Replace(msg, full, tidy, 1)
+	}
+	return msg
 }
 
 // newFlags is a command's flag set: parse errors are returned, never
@@ -252,8 +310,12 @@ func databaseURL(flagValue string) string {
 	if v := os.Getenv("DATABASE_URL"); v != "" {
 		return v
 	}
-	return "postgres://postgres@127.0.0.1:5432/postgres"
+	return defaultDatabaseURL
 }
+
+// defaultDatabaseURL is the database of every command (but demo's) when
+// neither --database-url nor DATABASE_URL is given.
+const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres"
 
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate")

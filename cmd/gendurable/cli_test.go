@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -224,11 +225,43 @@ func TestDemoOnAThrowawayPostgres(t *testing.T) {
 	require.Regexp(t, `done in .*: \d+ checkouts paid and shipped .*, \d+ timed out waiting for payment`, string(out))
 }
 
+// TestDemoInterruptedSaysSo: Ctrl-C (SIGINT) or SIGTERM in the middle of
+// the demo ends it with one line naming the signal, exit 1. Before, it said
+// "gendurable: context canceled" (or "queue counts: context canceled").
+func TestDemoInterruptedSaysSo(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, NoMigrate: true, Extra: 4})
+	for _, c := range []struct {
+		sig  syscall.Signal
+		name string
+	}{{syscall.SIGINT, "interrupt"}, {syscall.SIGTERM, "terminated"}} {
+		cmd := exec.Command(binary, "demo", "--orders", "3000", "--schema", scratchName(t, pool, "gddemo_"))
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		var errOut bytes.Buffer
+		cmd.Stderr = &errOut
+		require.NoError(t, cmd.Start())
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() && !strings.HasPrefix(sc.Text(), "inserted ") {
+		}
+		require.NoError(t, cmd.Process.Signal(c.sig))
+		go func() { _, _ = io.Copy(io.Discard, stdout) }()
+		err = cmd.Wait()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%s", errOut.String())
+		require.Equal(t, exitError, ee.ExitCode(), "%s", errOut.String())
+		require.True(t, strings.HasPrefix(errOut.String(), "gendurable: demo stopped: "+c.name+" signal received ("), "%s", errOut.String())
+		require.Equal(t, 1, strings.Count(errOut.String(), "\n"), "one line: %s", errOut.String())
+	}
+}
+
 func TestUIServesTheDashboardOnLoopback(t *testing.T) {
 	t.Parallel()
 	_, schema := dbtest.NewSchema(t, nil)
 	_, errOut, code := cli(t, "ui", "--schema", schema, "--addr", "0.0.0.0:0")
 	require.Equal(t, exitUsage, code, "beyond loopback without auth is refused: %s", errOut)
+	require.Contains(t, errOut, "needs a bearer token or basic auth: --token-file F, --basic-auth-file F, or GENDURABLE_UI_TOKEN", "it names the ways that keep the secret out of ps")
 
 	cmd := exec.Command(binary, "ui", "--schema", schema, "--addr", "127.0.0.1:0", "--token", "s3cret")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
@@ -658,7 +691,7 @@ func TestUIRefusesAnyHostWithoutCredentials(t *testing.T) {
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee, "%s", out)
 	require.Equal(t, exitUsage, ee.ExitCode(), "%s", out)
-	require.Contains(t, string(out), "--allowed-host '*' needs --token or --basic-auth")
+	require.Contains(t, string(out), "--allowed-host '*' needs a bearer token or basic auth (--token-file F, --basic-auth-file F, or GENDURABLE_UI_TOKEN / GENDURABLE_UI_BASIC_AUTH in the environment)")
 
 	base, _ := startUI(t, []string{"GENDURABLE_UI_TOKEN=env-token-0123456789"}, "--schema", schema, "--allowed-host", "*")
 	require.Equal(t, http.StatusUnauthorized, call(t, "GET", base+"/", "rebound.example", ""), "with a token, any host is served, to those who have it")
@@ -857,6 +890,86 @@ func TestErrorsNotFoundAndNotMigrated(t *testing.T) {
 			require.Equal(t, exitError, code)
 			require.Contains(t, jsonError(t, args, errOut, "not_migrated", exitError), "gendurable migrate up")
 		}
+	}
+}
+
+// TestFlagsBeforeTheCommandSayWhereTheyGo: `gendurable --database-url URL
+// status` is exit 2 with a line saying that flags go after the command,
+// naming it, without repeating the URL (it may hold a password); with
+// --json the error is JSON. Before, it was `unknown command
+// "--database-url"`.
+func TestFlagsBeforeTheCommandSayWhereTheyGo(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--database-url", "postgres://ops:topsecret@127.0.0.1:1/db", "status"}, "gendurable: --database-url before the command: flags go after it (gendurable status --database-url …"},
+		{[]string{"--schema=s", "list", "--limit", "3"}, "gendurable: --schema before the command: flags go after it (gendurable list --schema …"},
+		{[]string{"--schema", "s"}, "gendurable: --schema before the command: flags go after it (gendurable <command> --schema …"},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), c.args, &stdout, &stderr)
+		require.Equal(t, exitUsage, code, "%q: %s", c.args, stderr.String())
+		require.Empty(t, stdout.String())
+		oneErrorLine(t, c.args, stderr.String())
+		require.Contains(t, stderr.String(), c.want, "%q", c.args)
+		require.NotContains(t, stderr.String(), "topsecret", "%q", c.args)
+	}
+	args := []string{"--json", "status"}
+	var stdout, stderr strings.Builder
+	require.Equal(t, exitUsage, run(context.Background(), args, &stdout, &stderr))
+	require.Contains(t, jsonError(t, args, stderr.String(), "usage", exitUsage), "--json before the command")
+}
+
+// TestConnectionFailuresAreOneReadableLine: a database URL that names a
+// port nothing listens on, or a database that does not exist, is one line
+// saying so — each failure once, no "\x0a\x09" from pgx's multi-line
+// report, no TLS attempt's noise — and where the URL comes from (exit 1).
+// Before, it was pgx's report with its newlines escaped, every line twice,
+// and ui served pages that all failed.
+func TestConnectionFailuresAreOneReadableLine(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	noDB, err := url.Parse(dbtest.URL())
+	require.NoError(t, err)
+	noDB.Path = "/gd_no_such_database"
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--database-url", "postgres://postgres@" + closed + "/postgres"}, "connect: connection refused"},
+		{[]string{"list", "--database-url", "postgres://postgres@" + closed + "/postgres?sslmode=disable"}, "connect: connection refused"},
+		{[]string{"migrate", "up", "--database-url", noDB.String()}, `database "gd_no_such_database" does not exist`},
+		{[]string{"demo", "--database-url", "postgres://postgres@" + closed + "/postgres"}, "connect: connection refused"},
+		// ui checks the database before it serves: not a page of 500s.
+		{[]string{"ui", "--addr", "127.0.0.1:0", "--database-url", noDB.String()}, `database "gd_no_such_database" does not exist`},
+	} {
+		_, errOut, code := cli(t, c.args...)
+		require.Equal(t, exitError, code, "%q: %s", c.args, errOut)
+		require.Equal(t, 1, strings.Count(errOut, "\n"), "%q: one line: %s", c.args, errOut)
+		require.Contains(t, errOut, "cannot connect to the database as user postgres, database ", "%q", c.args)
+		require.Equal(t, 1, strings.Count(errOut, c.want), "%q: said once: %s", c.args, errOut)
+		require.NotContains(t, errOut, `\x0a`, "%q", c.args)
+		require.NotContains(t, errOut, "tls error", "%q", c.args)
+		fallback := "else postgres://postgres@127.0.0.1:5432/postgres)"
+		if c.args[0] == "demo" {
+			fallback = "else a throwaway PostgreSQL)"
+		}
+		require.Contains(t, errOut, "(the database is --database-url, else DATABASE_URL, "+fallback, "%q", c.args)
+		if c.args[0] == "demo" {
+			continue // no --json
+		}
+
+		_, errOut, code = cli(t, append(c.args, "--json")...)
+		require.Equal(t, exitError, code)
+		msg := jsonError(t, c.args, errOut, "error", exitError)
+		require.NotContains(t, msg, "\n", "%q", c.args)
+		require.Equal(t, 1, strings.Count(msg, c.want), "%q: %s", c.args, msg)
 	}
 }
 

@@ -26,6 +26,10 @@ const (
 // minRemoteToken is the shortest bearer token accepted beyond loopback.
 const minRemoteToken = 16
 
+// credentialFlags says how to give ui credentials: the ways that keep them
+// out of ps first (--token and --basic-auth work too, with a warning).
+const credentialFlags = "--token-file F, --basic-auth-file F, or " + envUIToken + " / " + envUIBasicAuth + " in the environment"
+
 // uiCmd serves the dashboard until interrupted. It binds to loopback unless
 // told otherwise; a non-loopback address needs --token (of 16 bytes or
 // more) or --basic-auth.
@@ -79,7 +83,7 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" {
 		switch {
 		case opts.BearerToken == "" && opts.BasicAuth == nil:
-			return usageError{msg: "serving beyond loopback needs --token or --basic-auth"}
+			return usageError{msg: "serving beyond loopback needs a bearer token or basic auth: " + credentialFlags}
 		case opts.BearerToken != "" && len(opts.BearerToken) < minRemoteToken:
 			return usageError{msg: fmt.Sprintf("serving beyond loopback needs a token of at least %d bytes", minRemoteToken)}
 		}
@@ -88,7 +92,7 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// The Host check is what keeps a page whose DNS name was rebound to
 		// this address from reading and driving a dashboard without
 		// credentials: its requests are same-origin to the browser.
-		return usageError{msg: "--allowed-host '*' needs --token or --basic-auth: without them, the Host check is what keeps " +
+		return usageError{msg: "--allowed-host '*' needs a bearer token or basic auth (" + credentialFlags + "): without them, the Host check is what keeps " +
 			"any web page (through a DNS name rebound to this address) from using the dashboard"}
 	}
 	if *maxConns <= 0 {
@@ -103,6 +107,9 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	h, err := dashboard.New(eng, opts)
 	if err != nil {
 		return usageError{msg: err.Error()}
+	}
+	if err := c.checkConnection(ctx); err != nil {
+		return fmt.Errorf("ui: %w", err)
 	}
 	srv := dashboard.NewServer(h, dashboard.ServerOptions{MaxConns: *maxConns})
 	ln, err := net.Listen("tcp", *addr)

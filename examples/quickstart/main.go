@@ -29,7 +29,6 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/pgtemp"
 	"github.com/gendurable/gendurable/internal/scratch"
-	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -117,6 +116,9 @@ func main() {
 	default:
 		err = fmt.Errorf("unknown command %q (demo, work, insert, status)", cmd)
 	}
+	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		err = fmt.Errorf("stopped: %v", context.Cause(ctx)) // Ctrl-C, SIGTERM
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
 		os.Exit(1)
@@ -133,10 +135,20 @@ func withPool(ctx context.Context, fn func(*pgxpool.Pool) error) error {
 		return err
 	}
 	defer pool.Close()
-	if _, err := migrate.Up(ctx, pool, schema); err != nil {
+	// The schema the demo uses too: created and marked if missing, kept
+	// (with the instances in it) if marked, refused if someone else's.
+	if err := scratch.Ensure(ctx, pool, schema, scratchOptions); err != nil {
 		return err
 	}
 	return fn(pool)
+}
+
+// scratchOptions mark the quickstart's schema as its own; the remedy for one
+// it did not create names what this program offers (no flags).
+var scratchOptions = scratch.Options{
+	Owner: "quickstart",
+	Remedy: "nothing was changed: drop it yourself if it is a leftover (DROP SCHEMA " + schema +
+		" CASCADE), or unset DATABASE_URL to run the demo against a throwaway PostgreSQL",
 }
 
 func newEngine(pool *pgxpool.Pool, logger *slog.Logger) (*gendurable.Engine, error) {
@@ -222,12 +234,7 @@ func demo(ctx context.Context, n int) error {
 	// A clean slate each run, in a schema of the demo's own: it is marked
 	// when created, and one the demo did not create (it may hold someone's
 	// data) is left alone.
-	if err := scratch.Prepare(ctx, pool, schema, scratch.Options{Owner: "quickstart"}); err != nil {
-		if errors.Is(err, scratch.ErrNotScratch) {
-			return fmt.Errorf("schema %q exists in DATABASE_URL's database and was not created by this demo, so nothing was changed: "+
-				"drop it yourself if it is a leftover (DROP SCHEMA %s CASCADE), or unset DATABASE_URL to run against a throwaway PostgreSQL (%w)",
-				schema, schema, err)
-		}
+	if err := scratch.Prepare(ctx, pool, schema, scratchOptions); err != nil {
 		return err
 	}
 	if err := insert(ctx, pool, n); err != nil {

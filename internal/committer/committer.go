@@ -9,11 +9,13 @@ package committer
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/puddle/v2"
 )
 
 // Defaults of Config.
@@ -171,7 +173,10 @@ func (c *Committer) apply(batch []*request) {
 				continue
 			}
 		}
-		if !retry.Wait(ctx) {
+		// A closed pool does not open again (the application closed it after
+		// Stop, with a step that ignored its cancel still running): give up
+		// at once rather than retry until the lease runs out.
+		if errors.Is(err, puddle.ErrClosedPool) || !retry.Wait(ctx) {
 			for _, r := range batch {
 				r.deliver(Result{Err: err})
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
 	"github.com/stretchr/testify/require"
 )
 
@@ -397,4 +398,22 @@ func TestTwoClaimsOfOneInstanceGetTheirOwnResults(t *testing.T) {
 	r := f.row(cl.ID)
 	require.Equal(t, "runnable", r.Status)
 	require.JSONEq(t, `{"i": 7}`, r.State)
+}
+
+// TestClosedPoolGivesUpAtOnce: an outcome committed after the application
+// closed the pool (a step that ignored its cancel returned after Stop) is
+// given up at once with the pool's error, not retried until its lease (a
+// minute here) runs out.
+func TestClosedPoolGivesUpAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	closed, err := pgxpool.NewWithConfig(context.Background(), f.pool.Config().Copy())
+	require.NoError(t, err)
+	closed.Close()
+	c := committer.New(committer.Config{Lease: time.Minute}, f.q, closed)
+	t0 := time.Now()
+	res := c.Commit(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{}`)})
+	require.ErrorIs(t, res.Err, puddle.ErrClosedPool)
+	require.Less(t, time.Since(t0), 10*time.Second, "retried a closed pool")
+	require.Equal(t, "executing", f.row(f.claims[0].ID).Status)
 }

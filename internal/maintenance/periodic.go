@@ -103,9 +103,15 @@ func (p *Periodic) loop(ctx context.Context) {
 		for i := range p.Schedules {
 			if t := next[i]; !t.IsZero() && !t.After(now) {
 				t = latestSince(p.Schedules[i].Next, t, now)
-				if old := due[i]; old != nil {
+				if old := due[i]; old != nil && old.tries > 0 {
 					logger(p.Log).Error("gendurable: periodic slot not inserted: the next slot came due first",
 						"periodic", p.Schedules[i].Name, "slot", old.at, "next", t, "attempts", old.tries)
+				} else if old != nil {
+					// Never tried: the loop was held up (or had only just
+					// started) past the next slot, which runs in its place
+					// as the most recent — no failure to report.
+					logger(p.Log).Info("gendurable: periodic slot skipped: a later slot came due before it was tried",
+						"periodic", p.Schedules[i].Name, "slot", old.at, "next", t)
 				}
 				due[i] = &dueSlot{at: t, retryAt: now}
 				next[i] = p.Schedules[i].Next(now)

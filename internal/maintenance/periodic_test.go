@@ -393,3 +393,47 @@ func TestPeriodicSlotDueWhileTheLoopWasHeldUpIsTheMostRecent(t *testing.T) {
 			n, got.Sub(now), frequent[len(frequent)-1].Sub(now))
 	}
 }
+
+// TestPeriodicSlotSupersededBeforeItsFirstAttemptIsNoError: a schedule's
+// missed slot is due at start, and its next slot comes due before the loop
+// first looks (here: another schedule's Next is slow to answer at start).
+// The next slot runs as the most recent, the missed one is skipped, and no
+// error is logged: nothing failed (the error once claimed "attempts 0").
+func TestPeriodicSlotSupersededBeforeItsFirstAttemptIsNoError(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	now := time.Now()
+	missed, soon := now.Add(-time.Minute), now.Add(20*time.Millisecond)
+	logs := &logBuffer{}
+	var slowOnce atomic.Bool
+	p := &Periodic{Log: logs.logger(),
+		Schedules: []Schedule{
+			{Name: "soon", Next: slots(missed, soon)},
+			{Name: "slow", Next: func(t time.Time) time.Time {
+				if !slowOnce.Swap(true) {
+					time.Sleep(100 * time.Millisecond) // past "soon"'s next slot
+				}
+				return time.Time{}
+			}},
+		},
+		Insert: func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
+			return d.insertSlot(ctx, []string{"soon", "slow"}[i], slot)
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	eventually(t, 5*time.Second, func() bool {
+		return d.count(`SELECT count(*) FROM {{s}}.gendurable_instances`) == 1
+	}, "no slot inserted")
+	p.Stop()
+	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE (state->>'slot')::timestamptz = $1`, soon); n != 1 {
+		t.Fatalf("%d rows of the most recent slot, want 1 (and none of the missed one)", n)
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Fatalf("an error was logged for a slot never tried:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), "periodic slot skipped") {
+		t.Fatalf("the skipped slot is not in the log:\n%s", logs.String())
+	}
+}

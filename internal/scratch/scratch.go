@@ -6,7 +6,9 @@
 // included — unless the operator asks for a reset, and confirms it when a
 // prompt is possible. A marked schema is dropped without CASCADE, so one
 // that someone added an object to, or that an object elsewhere depends on,
-// is refused the same way.
+// is refused the same way. The quickstart example (examples/quickstart)
+// uses it too: Prepare for its demo, Ensure for the insert, work and status
+// commands that keep what an earlier run left.
 package scratch
 
 import (
@@ -43,6 +45,19 @@ type Options struct {
 	// not create. A marked schema's drop is not logged: it is the
 	// command's own.
 	Logger *slog.Logger
+	// Remedy, if set, replaces the advice that ends ErrNotScratch's message
+	// (default: choose another --schema, or pass --reset-schema), for a
+	// caller that has no such flags.
+	Remedy string
+}
+
+const defaultRemedy = "choose another --schema, or pass --reset-schema to drop it and everything in it"
+
+func (o Options) remedy() string {
+	if o.Remedy != "" {
+		return o.Remedy
+	}
+	return defaultRemedy
 }
 
 // Prepare leaves schema freshly created, marked and migrated to the latest
@@ -63,7 +78,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		case !errors.Is(err, ErrNotScratch):
 			return fmt.Errorf("drop schema %q: %w", schema, err)
 		case !o.Reset:
-			return fmt.Errorf("%w; choose another --schema, or pass --reset-schema to drop it and everything in it", err)
+			return fmt.Errorf("%w; %s", err, o.remedy())
 		default:
 			info.Comment = "" // the explicit reset below, confirmed like any other
 		}
@@ -71,7 +86,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	if info.Exists && !info.Scratch() {
 		what := describe(info)
 		if !o.Reset {
-			return fmt.Errorf("%w: %q %s; choose another --schema, or pass --reset-schema to drop it and everything in it", ErrNotScratch, schema, what)
+			return fmt.Errorf("%w: %q %s; %s", ErrNotScratch, schema, what, o.remedy())
 		}
 		if o.Confirm != nil {
 			ok, err := o.Confirm(fmt.Sprintf("schema %q %s and was not created by gendurable %s. Drop it and everything in it?", schema, what, o.Owner))
@@ -99,6 +114,38 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		return err
 	}
 	return nil
+}
+
+// Ensure leaves schema created, marked and migrated to the latest version,
+// keeping what earlier runs left in it: a missing schema is created and
+// marked, a marked one is migrated up, and an existing unmarked one is
+// refused with ErrNotScratch (nothing changed; o.Reset and o.Confirm do not
+// apply). It is for commands that work in their schema across several runs
+// (the quickstart example's insert, work and status), where Prepare would
+// drop the instances an earlier run inserted.
+func Ensure(ctx context.Context, db *pgxpool.Pool, schema string, o Options) error {
+	for range 2 { // a second time if another process created the schema meanwhile
+		info, err := sqlq.InspectSchema(ctx, db, schema)
+		if err != nil {
+			return fmt.Errorf("inspect schema %q: %w", schema, err)
+		}
+		if info.Exists && !info.Scratch() {
+			return fmt.Errorf("%w: %q %s; %s", ErrNotScratch, schema, describe(info), o.remedy())
+		}
+		if !info.Exists {
+			err = sqlq.CreateScratchSchema(ctx, db, schema, o.Owner)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42P06" { // duplicate_schema: inspect it again
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("create schema %q: %w", schema, err)
+			}
+		}
+		_, err = migrate.Up(ctx, db, schema)
+		return err
+	}
+	return fmt.Errorf("create schema %q: created and dropped again by another process meanwhile", schema)
 }
 
 // Drop drops schema if it carries the scratch mark and holds only what

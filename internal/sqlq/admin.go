@@ -279,6 +279,11 @@ SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
 // instance had (nil if none exists) and whether it was cancelled.
 func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (status *string, cancelled bool, err error) {
 	err = db.QueryRow(ctx, q.cancel, id, reason, MaxErrorHistory).Scan(&status, &cancelled)
+	if err == nil && cancelled {
+		// See CancelMany: the statement's sweep misses a signal that
+		// committed while it waited for the row. Best effort, as there.
+		_ = q.SweepInboxes(ctx, db, []int64{id})
+	}
 	return status, cancelled, err
 }
 

@@ -34,11 +34,11 @@ WITH cand AS MATERIALIZED (
       SELECT 1 FROM {{schema}}.gendurable_instances AS h WHERE h.unique_guard = c.unique_key))
   ORDER BY u.ord
 ), k AS (
-  SELECT p.id, ` + liveChildren(`SELECT cand.id FROM cand`) + ` AS kids
+  SELECT p.id, ` + liveChildren(`SELECT cand.id FROM cand`) + ` AS kids, ` + pendingInSnapshot + ` AS pending0
   FROM cand AS p
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}',
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   FROM k WHERE i.id = k.id -- locked by cand, still failed
@@ -172,7 +172,20 @@ func (q *Queries) RetryMany(ctx context.Context, db DB, ids []int64) ([]BulkChan
 // CancelMany cancels the live instances among ids (sorted, no duplicates) with reason (see
 // cancelManySQL) and returns those it cancelled.
 func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason string) ([]BulkChanged, error) {
-	return q.bulk(ctx, db, q.cancelMany, ids, reason, MaxErrorHistory)
+	changed, err := q.bulk(ctx, db, q.cancelMany, ids, reason, MaxErrorHistory)
+	if err == nil && len(changed) > 0 {
+		// A signal that committed while the statement waited for its row
+		// is not in the statement's snapshot, so its sweep missed it:
+		// sweep again, in a snapshot of its own. The rows are failed now,
+		// so no signal arrives after it. Best effort: the cancel is
+		// committed, and a Retry sweeps what is left (retrySQL).
+		done := make([]int64, len(changed))
+		for i, c := range changed {
+			done[i] = c.ID
+		}
+		_ = q.SweepInboxes(ctx, db, done)
+	}
+	return changed, err
 }
 
 // TreeChild is a child TreeChildren found: its id and whether it is live

@@ -285,9 +285,25 @@ const (
 // (through the parent's children index), not read from children_pending: a
 // cancel that took a parent and its children in one statement changed the
 // parent's row once and never counted them down.
-const retryStatusSet = `      status = CASE WHEN k.kids > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
+//
+// The count is taken on the statement's snapshot, before the statement
+// waits for the row's lock: a child that finished meanwhile (its outcome
+// held the parent's row) was counted live, and the parent would wait for it
+// for ever. Every child of the current fan-out that finishes counts itself
+// down on the parent's row (parentJoinCTE), whatever the parent's status, so
+// the children that finished in between are the fall of children_pending
+// from k's snapshot of the row (k.pending0) to the locked row's.
+const retryStatusSet = `      status = CASE WHEN ` + retryKids + ` > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
                     ELSE 'runnable' END,
-      children_pending = CASE WHEN k.kids > 0 THEN k.kids ELSE i.children_pending END`
+      children_pending = CASE WHEN ` + retryKids + ` > 0 THEN ` + retryKids + ` ELSE i.children_pending END`
+
+// retryKids is the live children of row i's current fan-out as of its
+// locked version: k's count, less those that finished since k's snapshot.
+const retryKids = `(k.kids - (k.pending0 - i.children_pending))`
+
+// pendingInSnapshot is row p's children_pending on the statement's snapshot
+// (a plain read: a locking read would return the newest version).
+const pendingInSnapshot = `(SELECT s.children_pending FROM {{schema}}.gendurable_instances AS s WHERE s.id = p.id)`
 
 // liveChildren counts the unfinished children of the current fan-out of
 // row p, and also those among retried, if set (a subquery of ids the same statement
@@ -307,11 +323,11 @@ func liveChildren(retried string) string {
 
 var retrySQL = `
 WITH k AS (
-  SELECT p.id, ` + liveChildren("") + ` AS kids
+  SELECT p.id, ` + liveChildren("") + ` AS kids, p.children_pending AS pending0
   FROM {{schema}}.gendurable_instances AS p WHERE p.id = $1
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(),
+  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}',
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   FROM k WHERE i.id = k.id AND i.status = 'failed'
@@ -322,8 +338,12 @@ WITH k AS (
   FROM r WHERE p.id = r.parent_id AND p.status = 'awaiting_children' AND p.fanout = r.parent_fanout
   RETURNING p.id
 ), leftovers AS (
-  -- A signal that raced the terminal outcome stayed unconsumed while the
-  -- inbox counts went to zero: consume it now, as the terminal outcome would have.
+  -- A signal that raced the terminal outcome, if the finisher's second sweep
+  -- (ApplyOutcomes, Cancel, Reap) failed, stayed unconsumed while the inbox
+  -- counts went to zero: consume it now, as the terminal outcome would have.
+  -- The counts (SET inbox above) go to zero with it: every signal of a
+  -- failed instance is consumed, and counts left over would wake a retried
+  -- await for signals no step can see.
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
   FROM r WHERE s.target_id = r.id AND s.consumed_at IS NULL
   RETURNING s.id

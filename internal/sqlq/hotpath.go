@@ -334,6 +334,8 @@ SET status = CASE WHEN i.attempt + 1 >= i.max_attempts
     lease_expires_at = NULL,
     claim_token = NULL,
     finished_at = CASE WHEN i.attempt + 1 >= i.max_attempts THEN now() END,
+    -- A failure consumes the inbox, as Stop and a cancel do (swept below).
+    inbox = CASE WHEN i.attempt + 1 >= i.max_attempts THEN '{}'::jsonb ELSE i.inbox END,
     updated_at = now(),
     errors = (CASE WHEN jsonb_array_length(i.errors) >= $2 THEN i.errors - 0 ELSE i.errors END)
              || jsonb_build_array(jsonb_build_object(
@@ -344,6 +346,17 @@ SET status = CASE WHEN i.attempt + 1 >= i.max_attempts
 FROM expired AS e
 WHERE i.id = e.id
 RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.parent_fanout
+), swept AS (
+  -- The failed rows' signals on this statement's snapshot; one that
+  -- committed after it was taken is swept by Reap's second statement.
+  UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
+  FROM (SELECT x.id FROM changed AS c CROSS JOIN LATERAL (
+          SELECT s.id FROM {{schema}}.gendurable_signals AS s
+          WHERE s.target_id = c.id AND s.consumed_at IS NULL
+          OFFSET 0) AS x
+        WHERE c.status = 'failed') AS l
+  WHERE s.id = l.id
+  RETURNING s.id
 ), ` + parentJoinCTE + `
 SELECT c.id, c.fsm, c.queue, c.step, c.attempt, c.status::text, n.next
 FROM (SELECT (SELECT extract(epoch FROM x.lease_expires_at - now())::float8
@@ -390,7 +403,24 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) (reaped []Reaped, 
 			reaped = append(reaped, Reaped{ID: *id, FSM: *fsm, Queue: *queue, Step: *step, Attempt: *attempt, Status: *status})
 		}
 	}
-	return reaped, next, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	// The failed rows' inboxes once more, on a fresh snapshot: a signal that
+	// committed after the statement's snapshot was taken (before it locked
+	// the row) is in the counts the statement cleared, not in its sweep.
+	// No signal can follow: the rows are failed. Best effort, as for a
+	// cancel: the reap is committed, and a Retry sweeps what is left.
+	var failed []int64
+	for _, r := range reaped {
+		if r.Status == "failed" {
+			failed = append(failed, r.ID)
+		}
+	}
+	if len(failed) > 0 {
+		_ = q.SweepInboxes(ctx, db, failed)
+	}
+	return reaped, next, nil
 }
 
 // ---------------------------------------------------------------------------

@@ -192,6 +192,8 @@ WITH locked AS MATERIALIZED (
   -- is read after the row lock, on the clock of that moment.
   SELECT o.*, c.fanout, c.inbox <> '{}'::jsonb AS has_inbox,
          o.cont_asked AND (c.partition_key IS NULL OR c.lease_expires_at > clock_timestamp()) AS cont` +
+		iff(shape&shapeTerminal != 0, `,
+         c.inbox AS held_inbox`) +
 		iff(shape&shapeHandoff != 0, `,
          c.partition_key AS pkey, c.queue AS pqueue, c.parent_id AS pparent`) + `
   FROM unnest(@ids::bigint[], @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
@@ -258,12 +260,23 @@ WITH locked AS MATERIALIZED (
 	if shape&shapeTerminal != 0 {
 		// A row whose inbox counts are empty has no unconsumed signal: every
 		// signal bumps them under the row lock this statement holds.
+		// It sweeps the signals of this statement's snapshot. A signal that
+		// committed after the snapshot was taken, while this statement
+		// waited for the row lock the signal held, is in the locked row's
+		// counts but not in the snapshot: resweep reports it, and the
+		// caller sweeps again in a statement of its own (ApplyOutcomes).
 		b.WriteString(`, swept AS (
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
   FROM locked AS o
   WHERE o.kind IN ({{done}}, {{stop}}) AND o.has_inbox AND s.target_id = o.id AND s.consumed_at IS NULL
-  RETURNING s.id
+  RETURNING s.target_id
 )`)
+	}
+	resweep := "false"
+	if shape&shapeTerminal != 0 {
+		resweep = `(o.kind IN ({{done}}, {{stop}}) AND o.has_inbox
+              AND (SELECT coalesce(sum(n.value::int), 0) FROM jsonb_each_text(o.held_inbox) AS n)
+                  > (SELECT count(*) FROM swept AS w WHERE w.target_id = o.id))`
 	}
 	b.WriteString(`, changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
@@ -308,14 +321,15 @@ WITH locked AS MATERIALIZED (
   FROM (SELECT l.*, ` + kids + ` AS kids FROM locked AS l) AS o
   WHERE i.id = o.id
   RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token, i.partition_key,
-            CASE WHEN o.cont AND i.inbox <> '{}'::jsonb THEN ` + continuedInbox + ` END AS inbox_rows
+            CASE WHEN o.cont AND i.inbox <> '{}'::jsonb THEN ` + continuedInbox + ` END AS inbox_rows,
+            ` + resweep + ` AS resweep
 )`)
 	if shape&shapeTerminal != 0 {
 		b.WriteString(", " + parentJoinCTE)
 	}
 	if shape&shapeHandoff == 0 {
 		b.WriteString(`
-SELECT id, status::text, queue, claim_token, inbox_rows FROM changed`)
+SELECT id, status::text, queue, claim_token, inbox_rows, resweep FROM changed`)
 		return b.String()
 	}
 	// The key hand-off (docs/design.md §6): the freed keyed rows whose
@@ -341,13 +355,13 @@ SELECT id, status::text, queue, claim_token, inbox_rows FROM changed`)
 SELECT false AS succ, id, status::text, queue, claim_token, inbox_rows, partition_key,
        NULL::text AS fsm, NULL::int AS fsm_version, NULL::text AS step, NULL::jsonb AS state, NULL::int AS attempt,
        NULL::int AS max_attempts, NULL::smallint AS priority, NULL::text[] AS awaits, NULL::int AS children_total,
-       NULL::timestamptz AS inserted_at, NULL::jsonb AS child_rows
+       NULL::timestamptz AS inserted_at, NULL::jsonb AS child_rows, resweep
 FROM changed
 UNION ALL
 SELECT true, (h.c).id, 'executing', (h.c).queue, (h.c).claim_token, h.inbox_rows, (h.c).partition_key,
        (h.c).fsm, (h.c).fsm_version, (h.c).step, (h.c).state, (h.c).attempt,
        (h.c).max_attempts, (h.c).priority, (h.c).awaits, (h.c).children_total,
-       (h.c).inserted_at, h.child_rows
+       (h.c).inserted_at, h.child_rows, false
 FROM handoff AS h`)
 	return b.String()
 }
@@ -624,24 +638,71 @@ func (a *Applied) AwaitingSignal() bool { return a.Status == "awaiting_signal" }
 // comes back on the Applied of a freed row of its key and queue whose
 // outcome allowed it, one for one.
 func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]Applied, error) {
+	applied, resweep, err := q.applyOutcomes1(ctx, db, b)
+	if err != nil || len(resweep) == 0 {
+		return applied, err
+	}
+	// A finishing outcome whose statement waited for its row while a
+	// signal's transaction held it, and committed: that signal is not in
+	// the statement's snapshot, so the statement's sweep of the inbox
+	// missed it. Sweep again, on a fresh snapshot: the rows are finished,
+	// so no signal can arrive after this one (the signal statement refuses
+	// a finished instance under the row lock).
+	if _, serr := db.Exec(ctx, q.sweepInboxes, resweep); serr != nil {
+		if _, inTx := db.(pgx.Tx); inTx {
+			return nil, serr // the caller's transaction is aborted: nothing was written
+		}
+		// The outcomes are committed: only the sweep failed. A Retry of
+		// such an instance sweeps what is left (retrySQL).
+	}
+	return applied, nil
+}
+
+// SweepInboxes marks every unconsumed signal of the (finished) instances
+// ids consumed. It completes the sweep of a finishing statement that
+// waited for a row whose signal committed meanwhile (see ApplyOutcomes,
+// cancelSQL).
+func (q *Queries) SweepInboxes(ctx context.Context, db DB, ids []int64) error {
+	_, err := db.Exec(ctx, q.sweepInboxes, ids)
+	return err
+}
+
+// sweepInboxesSQL marks the unconsumed signals of the instances $1
+// consumed: one probe of the signals' inbox index (target_id, consumed_at
+// IS NULL) per id, whatever the statistics say.
+const sweepInboxesSQL = `
+UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
+FROM (SELECT x.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+        SELECT s.id FROM {{schema}}.gendurable_signals AS s
+        WHERE s.target_id = u.id AND s.consumed_at IS NULL
+        OFFSET 0) AS x) AS l
+WHERE s.id = l.id`
+
+// applyOutcomes1 runs the outcome statement; resweep lists the finished
+// rows whose inbox sweep missed a signal.
+func (q *Queries) applyOutcomes1(ctx context.Context, db DB, b *OutcomeBatch) (out []Applied, resweep []int64, err error) {
 	sql, args := q.outcomeStatement(b)
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if b.shape()&shapeHandoff == 0 {
-		return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Applied, error) {
+		out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Applied, error) {
 			var a Applied
 			var inbox []byte
-			err := row.Scan(&a.ID, &a.Status, &a.Queue, &a.Token, &inbox)
+			var again bool
+			err := row.Scan(&a.ID, &a.Status, &a.Queue, &a.Token, &inbox, &again)
 			if err == nil {
 				a.Inbox, err = decodeInbox(inbox)
 			}
+			if again {
+				resweep = append(resweep, a.ID)
+			}
 			return a, err
 		})
+		return out, resweep, err
 	}
 	defer rows.Close()
-	var out []Applied
 	var keys []*string
 	var succs []Claimed
 	var queues []string // of succs
@@ -655,39 +716,43 @@ func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]
 		var version, attempt, maxAttempts, kids *int32
 		var priority *int16
 		var inserted *time.Time
+		var again bool
 		if err := rows.Scan(&succ, &a.ID, &a.Status, &a.Queue, &a.Token, &inbox, &c.PartitionKey,
 			&fsm, &version, &step, &c.State, &attempt, &maxAttempts, &priority, &c.Awaits,
-			&kids, &inserted, &children); err != nil {
-			return nil, err
+			&kids, &inserted, &children, &again); err != nil {
+			return nil, nil, err
 		}
 		if !succ {
 			var err error
 			if a.Inbox, err = decodeInbox(inbox); err != nil {
-				return nil, err
+				return nil, nil, err
+			}
+			if again {
+				resweep = append(resweep, a.ID)
 			}
 			out, keys = append(out, a), append(keys, c.PartitionKey)
 			continue
 		}
 		if a.Token == nil || fsm == nil || step == nil || version == nil || attempt == nil || maxAttempts == nil ||
 			priority == nil || kids == nil || inserted == nil {
-			return nil, fmt.Errorf("sqlq: hand-off row %d came back incomplete", a.ID)
+			return nil, nil, fmt.Errorf("sqlq: hand-off row %d came back incomplete", a.ID)
 		}
 		c.ID, c.Token, c.FSM, c.Version, c.Step = a.ID, *a.Token, *fsm, *version, *step
 		c.Attempt, c.MaxAttempts, c.Priority, c.Children, c.InsertedAt = *attempt, *maxAttempts, *priority, *kids, *inserted
 		var err error
 		if c.Inbox, err = decodeInbox(inbox); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if c.ChildRows, err = decodeChildren(children); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		succs, queues = append(succs, c), append(queues, a.Queue)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	b.matchSuccessors(out, keys, succs, queues)
-	return out, nil
+	return out, resweep, nil
 }
 
 // matchSuccessors gives each successor to a row of its key and queue that

@@ -81,6 +81,7 @@ type Queries struct {
 	throughput      string
 	retryMany       string
 	cancelMany      string
+	sweepInboxes    string
 	existing        string
 	parentsAmong    string
 	treeChildren    string
@@ -126,6 +127,7 @@ func New(schema string) (*Queries, error) {
 		throughput:      render(throughputSQL, qs),
 		retryMany:       render(retryManySQL, qs),
 		cancelMany:      render(cancelManySQL, qs),
+		sweepInboxes:    render(sweepInboxesSQL, qs),
 		existing:        render(existingSQL, qs),
 		parentsAmong:    render(parentsAmongSQL, qs),
 		treeChildren:    render(treeChildrenSQL, qs),

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/gendurable/gendurable/internal/pgtemp"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// TestByHandCommandsShareTheDemosSchema follows the README's "see a crash
+// recovered, by hand" and then its "crash recovery, shown": insert (and
+// work, status) create the quickstart schema marked as the demo's own, so
+// the demo run afterwards resets it instead of refusing it; and, like the
+// demo, they refuse a quickstart schema that someone else created, leaving
+// it as it was. Before, insert installed gendurable's tables in any schema
+// named quickstart, unmarked, and the demo then refused its own leftovers.
+// Its own server: the schema name is fixed.
+func TestByHandCommandsShareTheDemosSchema(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL")
+	}
+	ctx := t.Context()
+	srv, err := pgtemp.Start(ctx, pgtemp.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Stop() })
+	pool, err := pgxpool.New(ctx, srv.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	bin := filepath.Join(t.TempDir(), "quickstart")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	quickstart := func(args ...string) (string, error) {
+		cmd := exec.CommandContext(ctx, bin, args...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.URL())
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+
+	out2, err := quickstart("insert", "-n", "3")
+	require.NoError(t, err, out2)
+	require.Contains(t, out2, "inserted 3 orders and 3 jobs")
+	comment := func() string {
+		var c *string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = 'quickstart'`).Scan(&c))
+		require.NotNil(t, c, "the schema carries a mark")
+		return *c
+	}
+	require.Contains(t, comment(), "created by gendurable quickstart")
+	out2, err = quickstart("insert", "-n", "2") // a second insert keeps the first's instances
+	require.NoError(t, err, out2)
+	out2, err = quickstart("status")
+	require.NoError(t, err, out2)
+	require.Contains(t, out2, "runnable    10 ")
+
+	out2, err = quickstart("demo", "-n", "3") // resets the by-hand leftovers: its own schema
+	require.NoError(t, err, out2)
+	require.Contains(t, out2, "every instance finished")
+
+	// Ctrl-C in the middle: one line naming the signal, not "context canceled".
+	cmd := exec.CommandContext(ctx, bin, "demo", "-n", "3000")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.URL())
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var errOut strings.Builder
+	cmd.Stderr = &errOut
+	require.NoError(t, cmd.Start())
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() && !strings.HasPrefix(sc.Text(), "kill -9 worker 1") {
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	require.Error(t, cmd.Wait())
+	require.Equal(t, "quickstart: stopped: interrupt signal received\n", errOut.String())
+
+	_, err = pool.Exec(ctx, `DROP SCHEMA quickstart CASCADE; CREATE SCHEMA quickstart; CREATE TABLE quickstart.mine (x int)`)
+	require.NoError(t, err)
+	for _, args := range [][]string{{"insert", "-n", "1"}, {"status"}, {"work"}, {"demo", "-n", "1"}} {
+		out2, err = quickstart(args...)
+		require.Error(t, err, "%q: %s", args, out2)
+		require.Contains(t, out2, `"quickstart" holds 1 objects`, "%q", args)
+		require.Contains(t, out2, "DROP SCHEMA quickstart CASCADE", "%q", args)
+		require.NotContains(t, out2, "--reset-schema", "%q: a flag quickstart does not have", args)
+		require.Equal(t, 1, strings.Count(strings.TrimSpace(out2), "\n")+1, "%q: one line: %s", args, out2)
+	}
+	var tables []string
+	rows, err := pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'quickstart'`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var name string
+		require.NoError(t, rows.Scan(&name))
+		tables = append(tables, name)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"mine"}, tables, "someone else's schema is left as it was")
+}

@@ -1,0 +1,73 @@
+package scratch
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+	"testing"
+
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// freshName is a schema name no one uses, dropped when the test ends.
+func freshName(t *testing.T, pool *pgxpool.Pool) string {
+	b := make([]byte, 5)
+	_, _ = rand.Read(b)
+	name := "gdscratch_" + hex.EncodeToString(b)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+name+`" CASCADE`) })
+	return name
+}
+
+// TestEnsureKeepsItsOwnSchemaAndRefusesOthers: Ensure creates a missing
+// schema marked and migrated, keeps a marked one with what is in it (where
+// Prepare would drop it), creates it once when processes race for it, and
+// refuses an unmarked one, changing nothing, with the caller's remedy.
+func TestEnsureKeepsItsOwnSchemaAndRefusesOthers(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	o := Options{Owner: "quickstart", Remedy: "drop it yourself"}
+
+	own := freshName(t, pool)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs { // four processes starting at once: one creates it
+		wg.Go(func() { errs[i] = Ensure(ctx, pool, own, o) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	var comment string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT obj_description($1::regnamespace, 'pg_namespace')`, own).Scan(&comment))
+	require.Contains(t, comment, "created by gendurable quickstart")
+	v, err := migrate.Installed(ctx, pool, own)
+	require.NoError(t, err)
+	require.Equal(t, migrate.Latest(), v)
+
+	_, err = pool.Exec(ctx, `INSERT INTO "`+own+`".gendurable_queues (name) VALUES ('kept')`)
+	require.NoError(t, err)
+	require.NoError(t, Ensure(ctx, pool, own, o))
+	var kept int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+own+`".gendurable_queues WHERE name = 'kept'`).Scan(&kept))
+	require.Equal(t, 1, kept, "a marked schema keeps what is in it")
+
+	other := freshName(t, pool)
+	_, err = pool.Exec(ctx, `CREATE SCHEMA "`+other+`"; CREATE TABLE "`+other+`".mine (x int)`)
+	require.NoError(t, err)
+	err = Ensure(ctx, pool, other, o)
+	require.ErrorIs(t, err, ErrNotScratch)
+	require.ErrorContains(t, err, "holds 1 objects; drop it yourself")
+	require.NotContains(t, err.Error(), "--reset-schema")
+	var objects int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace`, other).Scan(&objects))
+	require.Equal(t, 1, objects, "someone else's schema is left as it was")
+
+	err = Prepare(ctx, pool, other, Options{Owner: "demo"})
+	require.ErrorIs(t, err, ErrNotScratch)
+	require.ErrorContains(t, err, "choose another --schema, or pass --reset-schema", "the default remedy")
+}
