@@ -36,8 +36,9 @@ const (
 
 // ListFilter selects instances for [Engine.List]. Zero fields do not filter.
 // Queue, Machine and Step (at most 200 bytes) and Search (at most 1000) must be
-// valid UTF-8 without NUL or other control characters; anything else is
-// [ErrInvalidInput].
+// valid UTF-8 without NUL or other control characters, and From and To
+// within the years PostgreSQL's timestamps hold (4713 BC to 294275 AD);
+// anything else is [ErrInvalidInput].
 //
 // A page is bounded by the rows it looks at, not only by the rows it
 // returns: it takes the newest MaxScan instances below Before (those
@@ -139,6 +140,15 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 	if p := stateFilterProblem(f.State); p != "" {
 		return nil, errorf(ErrInvalidInput, "list: state filter %s", p)
 	}
+	for _, c := range []struct {
+		field string
+		t     time.Time
+	}{{"from", f.From}, {"to", f.To}} {
+		if !c.t.IsZero() && !timestampYear(c.t) {
+			return nil, errorf(ErrInvalidInput, "list: %s %s outside the years %d..%d that PostgreSQL's timestamps hold",
+				c.field, c.t.UTC().Format(time.RFC3339), minTimestampYear, maxTimestampYear)
+		}
+	}
 	scan := f.MaxScan
 	switch {
 	case scan <= 0:
@@ -222,6 +232,8 @@ func stateFilterProblem(doc json.RawMessage) string {
 		return "is not valid UTF-8"
 	case holdsNUL(doc):
 		return "holds a NUL character (\\u0000), which no stored state can"
+	case jsonbProblem([]byte(doc)) != "":
+		return jsonbProblem([]byte(doc)) // a lone surrogate escape
 	}
 	return ""
 }

@@ -929,3 +929,37 @@ func TestListRefusesANegativeCursor(t *testing.T) {
 		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%+v", f)
 	}
 }
+
+// TestListTimesOutsidePostgreSQLAreInvalidInput: a ListFilter From or To
+// whose year PostgreSQL's timestamps cannot hold is ErrInvalidInput, for
+// List and the bulk calls that walk it, before any SQL; before, From in
+// year 300000 came back as the database's untyped "timestamp out of range"
+// (22008), and To in year -300000 listed nothing without a word.
+func TestListTimesOutsidePostgreSQLAreInvalidInput(t *testing.T) {
+	t.Parallel()
+	job := (&recorder{}).job("timed")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	b.insert(job.New(orderArgs{I: 1}))
+	for _, f := range []gendurable.ListFilter{
+		{From: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{To: time.Date(-300000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{From: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)},
+	} {
+		_, err := b.eng.List(ctx, f)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%+v", f)
+		require.NotContains(t, err.Error(), "SQLSTATE")
+		_, err = b.eng.RetryMatching(ctx, f)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%+v", f)
+		_, err = b.eng.CancelMatching(ctx, f, "")
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%+v", f)
+	}
+	// A state filter with a lone surrogate escape: refused before SQL too.
+	_, err := b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(`["\ud800"]`)})
+	require.ErrorIs(t, err, gendurable.ErrInvalidInput)
+	require.ErrorContains(t, err, "surrogate")
+	// The widest years PostgreSQL holds still list.
+	page, err := b.eng.List(ctx, gendurable.ListFilter{From: time.Date(-4712, 1, 1, 0, 0, 0, 0, time.UTC), To: time.Date(294275, 1, 1, 0, 0, 0, 0, time.UTC)})
+	require.NoError(t, err)
+	require.Len(t, page.Instances, 1)
+}

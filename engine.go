@@ -128,9 +128,12 @@ type Config struct {
 	// already inserted. See docs/design.md §6.
 	KeyPolicies []KeyPolicy
 	// MaxStateBytes bounds the encoded JSON state of an insert or outcome,
-	// and the encoded result of a Done. Default 1 MiB.
+	// and the encoded result of a Done, as PostgreSQL stores and returns it:
+	// numbers with an exponent count written out in full (1e6 as 1000000).
+	// Default 1 MiB.
 	MaxStateBytes int
-	// MaxSignalBytes bounds the encoded JSON payload of a signal. Default 256 KiB.
+	// MaxSignalBytes bounds the encoded JSON payload of a signal, measured
+	// likewise. Default 256 KiB.
 	MaxSignalBytes int
 	// MaxJSONDepth bounds how deeply arrays and objects may nest in a
 	// state, result or signal payload. PostgreSQL rejects documents nested

@@ -54,6 +54,8 @@ type InsertOpts struct {
 	// statuses, inserting another with the same key inserts nothing and
 	// returns the existing instance's id with Duplicate set. Enforced by a
 	// unique index, so it holds across processes and within one InsertMany.
+	// At most 1000 bytes of valid UTF-8 without control characters, like
+	// PartitionKey (so that an operator can search for it).
 	UniqueKey string
 	// UniqueScope lists the statuses in which the key is held. It must
 	// include every live status (runnable, executing, awaiting_signal,
@@ -129,7 +131,11 @@ func (e *Engine) InsertMany(ctx context.Context, ps []InsertParams) ([]InsertRes
 
 // InsertTx inserts one instance inside the caller's transaction, so it
 // commits or rolls back with the caller's own writes. Workers find it by
-// polling once the transaction commits.
+// polling once the transaction commits. Invalid input — options out of
+// range, a state over the limits or one PostgreSQL cannot store (a NUL
+// character, a lone UTF-16 surrogate escape), a RunAt outside its
+// timestamps — is [ErrInvalidInsert] before any SQL runs, so the
+// transaction is left usable.
 func (e *Engine) InsertTx(ctx context.Context, tx pgx.Tx, p InsertParams) (InsertResult, error) {
 	res, err := e.insert(ctx, tx, []InsertParams{p})
 	if err != nil {
@@ -201,12 +207,16 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "negative RunIn %s", o.RunIn)
 	case !o.RunAt.IsZero() && o.RunIn != 0:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt and RunIn are mutually exclusive")
+	case !o.RunAt.IsZero() && !timestampYear(o.RunAt):
+		// PostgreSQL's refusal would abort an InsertTx caller's transaction.
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt %s outside the years %d..%d that PostgreSQL's timestamps hold",
+			o.RunAt.UTC().Format(time.RFC3339), minTimestampYear, maxTimestampYear)
 	case o.Queue != "" && nameProblem(o.Queue) != "":
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name %q %s", o.Queue, nameProblem(o.Queue))
 	case keyProblem(o.PartitionKey) != "":
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "PartitionKey %s", keyProblem(o.PartitionKey))
-	case len(o.UniqueKey) > maxKeyLen:
-		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey longer than %d bytes", maxKeyLen)
+	case keyProblem(o.UniqueKey) != "":
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey %s", keyProblem(o.UniqueKey))
 	case o.KeyLimit < 0 || o.KeyLimit > maxKeyLimit:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "KeyLimit %d outside 1..%d (0: the key's policy)", o.KeyLimit, maxKeyLimit)
 	case o.KeyLimit > 0 && o.PartitionKey == "":
@@ -218,6 +228,9 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 	}
 	if err := checkJSON(limits, "state", state); err != nil {
 		return sqlq.NewInstance{}, fmt.Errorf("%w: %w", ErrInvalidInsert, err)
+	}
+	if p := jsonbProblem(state); p != "" {
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "state %s", p)
 	}
 	r := sqlq.NewInstance{
 		FSM: core.name, Version: int32(core.version), Queue: orDefault(o.Queue, core.queue),

@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"sync"
 	"testing"
@@ -286,4 +287,81 @@ func TestUniqueChildrenDedup(t *testing.T) {
 	id := b.insert(m.New(fanState{}))
 	r := b.waitStatus(id, "done", 10*time.Second)
 	require.JSONEq(t, `2`, string(r.Result), "the duplicate child was not inserted, and the parent waited only for the two real ones")
+}
+
+// TestUniqueKeyIsValidatedLikeAPartitionKey: a unique key with a control
+// character or invalid UTF-8 is ErrInvalidInsert before any SQL, as a
+// partition key is: the list's search (CLI, dashboard, ListFilter.Search)
+// refuses both, so such a key could never be searched for.
+func TestUniqueKeyIsValidatedLikeAPartitionKey(t *testing.T) {
+	t.Parallel()
+	job := (&recorder{}).job("uniq")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	for _, k := range []string{"k\x00", "k\x01", "\x1b[31m", "tab\t", "del\x7f", "c1\u0085", "k\xff", "\xc3", strings.Repeat("k", 1001)} {
+		_, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{UniqueKey: k}))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "%q", k)
+		_, err = b.eng.InsertMany(ctx, []gendurable.InsertParams{job.New(orderArgs{}), job.New(orderArgs{}).With(gendurable.InsertOpts{UniqueKey: k})})
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "InsertMany %q", k)
+	}
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "nothing was inserted")
+	for _, k := range []string{"order:7 ✓", strings.Repeat("k", 1000)} {
+		r, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{UniqueKey: k}))
+		require.NoError(t, err, "%q", k)
+		page, err := b.eng.List(ctx, gendurable.ListFilter{Search: k})
+		require.NoError(t, err)
+		require.Len(t, page.Instances, 1, "the key is found by a search")
+		require.Equal(t, r.ID, page.Instances[0].ID)
+	}
+}
+
+// TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL: a state PostgreSQL's
+// jsonb cannot hold (a NUL in a string, which encoding/json writes as
+// \u0000, or a lone surrogate escape) and a RunAt outside its timestamps
+// are ErrInvalidInsert before any SQL runs. Before, the database refused
+// them, which aborted the InsertTx caller's transaction: its own writes
+// were rolled back at commit.
+func TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
+	t.Parallel()
+	type raw struct {
+		S string          `json:"s,omitempty"`
+		R json.RawMessage `json:"r,omitempty"`
+	}
+	job := &gendurable.Job[raw]{Name: "raw", Perform: func(context.Context, *gendurable.Run[raw]) error { return nil }}
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	b.exec(`CREATE TABLE {{s}}.callers (n int)`)
+	for name, p := range map[string]gendurable.InsertParams{
+		"NUL in a string":         job.New(raw{S: "a\x00b"}),
+		"escaped NUL":             job.New(raw{R: json.RawMessage(`{"k\u0000": 1}`)}),
+		"lone high surrogate":     job.New(raw{R: json.RawMessage(`"\ud800"`)}),
+		"lone low surrogate":      job.New(raw{R: json.RawMessage(`["\udc00"]`)}),
+		"RunAt past PostgreSQL":   job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}),
+		"RunAt before PostgreSQL": job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}),
+	} {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }() // on a failure: the schema's drop would wait for it
+		_, err = tx.Exec(ctx, replaceSchema(`INSERT INTO {{s}}.callers VALUES (1)`, b.schema))
+		require.NoError(t, err)
+		_, err = b.eng.InsertTx(ctx, tx, p)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, name)
+		require.NotContains(t, err.Error(), "SQLSTATE", "%s: refused before any SQL", name)
+		_, err = tx.Exec(ctx, replaceSchema(`INSERT INTO {{s}}.callers VALUES (2)`, b.schema))
+		require.NoError(t, err, "%s: the caller's transaction goes on", name)
+		require.NoError(t, tx.Commit(ctx), name)
+	}
+	require.Equal(t, 12, b.count(`SELECT count(*) FROM {{s}}.callers`), "every caller's writes committed")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+
+	// What PostgreSQL does hold goes in: a surrogate pair, an escaped
+	// backslash before "u0000", control characters, RunAt at the bounds.
+	for _, p := range []gendurable.InsertParams{
+		job.New(raw{R: json.RawMessage(`["\ud83d\ude00", "\\u0000", "\u0001"]`)}),
+		job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(294275, 12, 31, 0, 0, 0, 0, time.UTC)}),
+		job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(-4712, 1, 1, 0, 0, 0, 0, time.UTC)}),
+	} {
+		_, err := b.eng.Insert(ctx, p)
+		require.NoError(t, err)
+	}
 }

@@ -3,6 +3,7 @@ package gendurable
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -13,12 +14,24 @@ import (
 // operator cannot type no insert can store.
 const (
 	maxNameLen  = 200  // queue, machine and step names
-	maxKeyLen   = 1000 // partition and unique keys, search text
+	maxKeyLen   = 1000 // partition, unique and dedup keys, search text
 	maxKeyLimit = 1 << 20
 	// maxQueueWindow bounds a queue's Concurrency + Prefetch: a pick's
 	// batch, which the pick takes as an int4 (and its bound of keys, 4 × it).
 	maxQueueWindow = 1 << 20
+	// minTimestampYear, maxTimestampYear: the years (UTC, 0 being 1 BC) of
+	// the times an insert or a filter may give (InsertOpts.RunAt,
+	// ListFilter.From and To), within PostgreSQL's timestamptz range (4713
+	// BC to 294276 AD).
+	minTimestampYear = -4712
+	maxTimestampYear = 294275
 )
+
+// timestampYear reports whether t's year is one PostgreSQL's timestamptz holds.
+func timestampYear(t time.Time) bool {
+	y := t.UTC().Year()
+	return y >= minTimestampYear && y <= maxTimestampYear
+}
 
 // nameProblem says what is wrong with a queue, machine or step name, or ""
 // if nothing is: 1 to maxNameLen bytes of text (textProblem).
@@ -29,8 +42,9 @@ func nameProblem(s string) string {
 	return textProblem(s, maxNameLen)
 }
 
-// keyProblem says what is wrong with a partition key or a search text, or
-// "" if nothing is: at most maxKeyLen bytes of text (textProblem).
+// keyProblem says what is wrong with a partition, unique or dedup key or a
+// search text, or "" if nothing is: at most maxKeyLen bytes of text
+// (textProblem).
 func keyProblem(s string) string { return textProblem(s, maxKeyLen) }
 
 // textProblem: valid UTF-8 (PostgreSQL text must be), without NUL (it
@@ -70,7 +84,137 @@ func checkJSON[T string | []byte](l jsonLimits, what string, b T) error {
 	if nestsDeeper(b, l.maxDepth) {
 		return fmt.Errorf("%s nests arrays and objects deeper than Config.MaxJSONDepth %d", what, l.maxDepth)
 	}
+	grown, problem := storedNumbers(b)
+	switch {
+	case problem != "":
+		return fmt.Errorf("%s holds %s", what, problem)
+	case l.maxBytes > 0 && len(b)+grown > l.maxBytes:
+		return fmt.Errorf("%s is %d bytes as PostgreSQL stores and returns it (numbers with an exponent written out in full: 1e6 as 1000000), over Config.%s %d",
+			what, len(b)+grown, l.bytesName, l.maxBytes)
+	}
 	return nil
+}
+
+// PostgreSQL's numeric, which jsonb stores numbers as, holds at most this
+// many digits before the decimal point and after it.
+const (
+	numericMaxIntDigits  = 131072
+	numericMaxFracDigits = 16383
+)
+
+// storedNumbers reads the numbers of the valid JSON document b as
+// PostgreSQL's jsonb stores them: as numeric, written out in full when the
+// document is read (1e6 comes back as 1000000, 1e-6 as 0.000001). It
+// returns how many bytes longer than in b they are then, or a problem: a
+// number numeric cannot hold at all (its refusal would abort the caller's
+// transaction). Left unchecked, a state of 90 KB holding 10,000 numbers
+// 1e131071 reads back as 1.3 GB: every read of it, the pick of its queue
+// included, failed with "out of memory", and no other instance of the
+// queue ran.
+func storedNumbers[T string | []byte](b T) (grown int, problem string) {
+	inString, escaped := false, false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		case c == '"':
+			inString = true
+			continue
+		case c != '-' && (c < '0' || c > '9'):
+			continue
+		}
+		// A number: -?int(.frac)?([eE][+-]?exp)?
+		start := i
+		neg := c == '-'
+		if neg {
+			i++
+		}
+		intStart := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		intDigits := i - intStart
+		fracStart, fracDigits := i, 0
+		if i < len(b) && b[i] == '.' {
+			i++
+			fracStart = i
+			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+				i++
+			}
+			fracDigits = i - fracStart
+		}
+		if i >= len(b) || (b[i] != 'e' && b[i] != 'E') {
+			// No exponent: written back as it came. (The loop's i++
+			// moves past the number.)
+			i--
+			continue
+		}
+		i++
+		expNeg := false
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			expNeg = b[i] == '-'
+			i++
+		}
+		exp := 0
+		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+			if exp < 1<<30 {
+				exp = exp*10 + int(b[i]-'0')
+			}
+		}
+		encoded := i - start
+		i--
+		if expNeg {
+			exp = -exp
+		}
+		// The significant digits: those of int and frac, leading zeros
+		// skipped; the decimal point falls intDigits+exp digits in.
+		zeros, all := 0, intDigits+fracDigits
+		for k := 0; k < all; k++ {
+			d := b[intStart+k]
+			if k >= intDigits {
+				d = b[fracStart+k-intDigits]
+			}
+			if d != '0' {
+				break
+			}
+			zeros++
+		}
+		before := 1 // "0"
+		if zeros < all && intDigits+exp-zeros > 0 {
+			before = intDigits + exp - zeros
+		}
+		after := max(0, fracDigits-exp)
+		if (zeros < all && intDigits+exp-zeros > numericMaxIntDigits) || after > numericMaxFracDigits {
+			return 0, fmt.Sprintf("a number PostgreSQL cannot store (%s: numeric holds %d digits before the decimal point and %d after)",
+				clip(string(b[start:i+1]), 40), numericMaxIntDigits, numericMaxFracDigits)
+		}
+		stored := before
+		if after > 0 {
+			stored += 1 + after
+		}
+		if neg {
+			stored++
+		}
+		grown += max(0, stored-encoded)
+	}
+	return grown, ""
+}
+
+// clip cuts s to at most n bytes, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }
 
 // nestsDeeper reports whether b (valid JSON) nests arrays and objects
@@ -104,4 +248,60 @@ func nestsDeeper[T string | []byte](b T, limit int) bool {
 		}
 	}
 	return false
+}
+
+// jsonbProblem says why PostgreSQL would refuse the valid JSON document b
+// as jsonb, or "" if it would not: a \u0000 escape (jsonb cannot hold NUL;
+// encoding/json writes one for a NUL byte in a Go string), or a \u escape
+// of a UTF-16 surrogate that is not a high one followed by a low one.
+// Inserts and signals check it before any SQL: the database's refusal
+// would abort the caller's transaction under InsertTx or SignalTx.
+func jsonbProblem[T string | []byte](b T) string {
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' { // in valid JSON, only inside a string
+			continue
+		}
+		if i+1 < len(b) && b[i+1] != 'u' {
+			i++ // \" \\ \/ \b \f \n \r \t
+			continue
+		}
+		r, ok := hex4(b, i+2)
+		switch {
+		case !ok:
+			return "" // not valid JSON: json.Valid's verdict, not ours
+		case r == 0:
+			return "holds a NUL character (\\u0000), which PostgreSQL cannot store"
+		case r >= 0xdc00 && r <= 0xdfff:
+			return "holds a lone UTF-16 low surrogate escape, which PostgreSQL refuses"
+		case r >= 0xd800 && r <= 0xdbff:
+			if lo, ok := hex4(b, i+8); !ok || i+7 >= len(b) || b[i+6] != '\\' || b[i+7] != 'u' || lo < 0xdc00 || lo > 0xdfff {
+				return "holds a UTF-16 high surrogate escape without its low surrogate, which PostgreSQL refuses"
+			}
+			i += 11 // the pair
+			continue
+		}
+		i += 5
+	}
+	return ""
+}
+
+// hex4 reads 4 hex digits of b at i.
+func hex4[T string | []byte](b T, i int) (rune, bool) {
+	if i < 0 || i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range []byte(b[i : i+4]) {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }

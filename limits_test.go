@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -78,4 +79,70 @@ func TestDeeplyNestedJSONIsATypedErrorBeforeTheDatabase(t *testing.T) {
 	id := b.insert(m.New(deepState{}))
 	r := b.waitStatus(id, "failed", 10*time.Second)
 	require.Contains(t, r.Errors[0]["error"], "deeper than Config.MaxJSONDepth 1000")
+}
+
+// TestNumberBombsAreRefusedBeforeSQL: jsonb stores numbers as numeric and
+// writes them out in full when read, so a state of 72 bytes holding eight
+// numbers 1e131071 reads back as 1 MiB, and one of 90 KB as 1.3 GB — past
+// PostgreSQL's 1 GB limit: every read of it failed with "out of memory",
+// the pick of its queue included, and no other instance of the queue ran
+// again. Such a state, result or payload is now measured as stored against
+// MaxStateBytes / MaxSignalBytes, and a number numeric cannot hold at all
+// (1e131072) is refused, before any SQL: for an insert ErrInvalidInsert,
+// a signal ErrInvalidSignal, and a step's outcome ErrInvalidOutcome (the
+// instance fails; its queue goes on).
+func TestNumberBombsAreRefusedBeforeSQL(t *testing.T) {
+	t.Parallel()
+	type bombState struct {
+		N    json.RawMessage `json:"n,omitempty"`
+		Bomb bool            `json:"bomb,omitempty"`
+	}
+	bomb := json.RawMessage("[" + strings.TrimSuffix(strings.Repeat("1e131071,", 8), ",") + "]")
+	job := &gendurable.Job[bombState]{Name: "bombs", MaxAttempts: 1, Perform: func(context.Context, *gendurable.Run[bombState]) error { return nil }}
+	m := &gendurable.Machine[bombState]{
+		Name: "bomber", Start: "a", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[bombState]{
+			"a": func(ctx context.Context, r *gendurable.Run[bombState]) (gendurable.Outcome, error) {
+				if r.State.Bomb {
+					return r.Next("b", bombState{N: bomb}), nil
+				}
+				return r.Next("b", r.State), nil
+			},
+			"b": func(ctx context.Context, r *gendurable.Run[bombState]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	b := setup(t, nil, job, m)
+	ctx := context.Background()
+	for name, n := range map[string]json.RawMessage{
+		"1 MiB as stored": bomb,
+		"not storable":    json.RawMessage(`[1e131072]`),
+		"too small":       json.RawMessage(`{"x": 1e-16384}`),
+	} {
+		_, err := b.eng.Insert(ctx, job.New(bombState{N: n}))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, name)
+		require.NotContains(t, err.Error(), "SQLSTATE", name)
+	}
+	live := b.insert(job.New(bombState{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	for _, n := range []json.RawMessage{json.RawMessage("[" + strings.TrimSuffix(strings.Repeat("1e131071,", 2), ",") + "]"), json.RawMessage(`1e131072`)} {
+		_, err := b.eng.Signal(ctx, live, "s", n, nil)
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "%s", n)
+		require.NotContains(t, err.Error(), "SQLSTATE")
+	}
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "no bomb was inserted")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
+
+	// Large numbers that are storable and small as stored still go in.
+	_, err := b.eng.Insert(ctx, job.New(bombState{N: json.RawMessage(`[1e300, 1.7976931348623157e308, 5e-324, 1e1000]`)}))
+	require.NoError(t, err)
+
+	// A step returning a bomb state: an invalid outcome; the queue works on.
+	b.start()
+	bad := b.insert(m.New(bombState{Bomb: true}))
+	good := b.insert(m.New(bombState{}))
+	r := b.waitStatus(bad, "failed", 10*time.Second)
+	require.Contains(t, r.Errors[0]["error"], "invalid outcome")
+	require.Contains(t, r.Errors[0]["error"], "as PostgreSQL stores")
+	b.waitStatus(good, "done", 10*time.Second)
 }

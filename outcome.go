@@ -110,7 +110,10 @@ func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 // Nothing is consumed: awaiting again from the woken step parks until a new
 // matching signal arrives, and the next wake sees the old and the new ones
 // together — signals accumulate until a Next (or ScheduleChildren) consumes
-// the ones the step received. Add a deadline with [Outcome.Timeout].
+// the ones the step received. Add a deadline with [Outcome.Timeout]. Each
+// name is checked as [Engine.Signal] checks it (1 to 200 bytes of valid
+// UTF-8 without control characters); an invalid one makes the outcome
+// [ErrInvalidOutcome].
 func (r *Run[S]) Await(nextStep string, state S, names ...string) Outcome {
 	return Outcome{kind: sqlq.KindAwait, step: nextStep, state: state, hasState: true, awaits: names}
 }

@@ -22,7 +22,8 @@ import (
 // longer than the schedule's period.
 type Periodic struct {
 	// Name identifies the schedule; it is part of every slot's unique key,
-	// so renaming a schedule starts its slots afresh. Required.
+	// so renaming a schedule starts its slots afresh. Required: 1 to 200
+	// bytes of valid UTF-8 without control characters, like a queue name.
 	Name string
 	// Schedule is a standard 5-field cron expression ("*/15 * * * *",
 	// "0 9 * * MON-FRI"), a descriptor (@hourly, @daily, @weekly, @monthly,
@@ -45,8 +46,11 @@ type Periodic struct {
 }
 
 func (p *Periodic) validate() error {
-	if p.Name == "" || len(p.Name) > maxNameLen {
-		return errorf(ErrInvalidConfig, "Periodic needs a Name of 1-%d bytes", maxNameLen)
+	if nameProblem(p.Name) != "" {
+		// The name is in every slot's unique key, which holds no control
+		// character or invalid UTF-8 (an insert would refuse every slot).
+		return errorf(ErrInvalidConfig, "Periodic needs a Name of 1-%d bytes of valid UTF-8 without control characters: %q %s",
+			maxNameLen, p.Name, nameProblem(p.Name))
 	}
 	if p.New == nil {
 		return errorf(ErrInvalidConfig, "Periodic %q has no New func", p.Name)

@@ -98,6 +98,12 @@ func TestPeriodicValidation(t *testing.T) {
 		{Name: "x", Schedule: "61 * * * *", New: newFn},
 		{Name: "x", Schedule: "@every 10ms", New: newFn},
 		{Name: "x", Schedule: "@hourly"},
+		// The name is in the slots' unique key: what a key cannot hold, a
+		// name cannot either (else every slot's insert was refused).
+		{Name: "tab\there", Schedule: "@hourly", New: newFn},
+		{Name: "bad\xff", Schedule: "@hourly", New: newFn},
+		{Name: "nul\x00", Schedule: "@hourly", New: newFn},
+		{Name: strings.Repeat("n", 201), Schedule: "@hourly", New: newFn},
 	} {
 		cfg := fastConfig(b.schema, job)
 		cfg.Periodic = []gendurable.Periodic{p}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
@@ -42,14 +41,21 @@ type SignalResult struct {
 // a wake-up is never lost. payload may be nil or any JSON-encodable value.
 // Sending to an unknown instance returns [ErrNotFound], to a finished one
 // [ErrInstanceFinished] (unless its dedup key was already delivered to it:
-// Duplicate, as for a live one); neither writes anything.
+// Duplicate, as for a live one); neither writes anything. name is 1 to 200
+// bytes and a DedupKey at most 1000, both valid UTF-8 without NUL or another
+// control character (the rule of queue names and keys: what a sender can
+// use, an operator can type): anything else is [ErrInvalidSignal], before
+// any SQL runs.
 func (e *Engine) Signal(ctx context.Context, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
 	return e.signal(ctx, e.pool, id, name, payload, opts)
 }
 
 // SignalTx sends a signal inside the caller's transaction: it is delivered
 // (and wakes the instance) only if the transaction commits. The instance
-// row stays locked until then.
+// row stays locked until then. An invalid name, dedup key or payload (one
+// PostgreSQL cannot store included: a NUL character, a lone UTF-16
+// surrogate escape) is [ErrInvalidSignal] before any SQL runs, so the
+// transaction is left usable.
 func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
 	return e.signal(ctx, tx, id, name, payload, opts)
 }
@@ -63,8 +69,8 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 	}
 	var dedup *string
 	if opts != nil && opts.DedupKey != "" {
-		if len(opts.DedupKey) > maxKeyLen || !utf8.ValidString(opts.DedupKey) || strings.ContainsRune(opts.DedupKey, 0) {
-			return SignalResult{}, errorf(ErrInvalidSignal, "DedupKey must be valid UTF-8, without NUL, at most %d bytes", maxKeyLen)
+		if p := keyProblem(opts.DedupKey); p != "" {
+			return SignalResult{}, errorf(ErrInvalidSignal, "DedupKey %s", p)
 		}
 		k := opts.DedupKey
 		dedup = &k
@@ -75,6 +81,9 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 	}
 	if err := checkJSON(e.signalLimits, "payload", b); err != nil {
 		return SignalResult{}, fmt.Errorf("%w: %w", ErrInvalidSignal, err)
+	}
+	if p := jsonbProblem(b); p != "" {
+		return SignalResult{}, errorf(ErrInvalidSignal, "payload %s", p)
 	}
 	p := string(b)
 	r, err := e.q.Signal(ctx, db, id, name, &p, dedup)
@@ -102,14 +111,16 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 	return SignalResult{ID: *r.ID, Woke: r.Woke}, nil
 }
 
+// validateSignalName checks a signal name by the rule of queue, machine and
+// step names (nameProblem): 1 to 200 bytes of valid UTF-8 without NUL or
+// another control character. Signal and Await check it alike, so a name an
+// instance awaits is one an operator can type in the CLI or the dashboard.
 func validateSignalName(name string) error {
-	switch {
-	case name == "":
-		return errors.New("empty signal name")
-	case len(name) > maxNameLen:
-		return fmt.Errorf("signal name longer than %d bytes", maxNameLen)
-	case !utf8.ValidString(name) || strings.ContainsRune(name, 0):
-		return errors.New("signal name must be valid UTF-8 without NUL bytes")
+	if p := nameProblem(name); p != "" {
+		if len(name) > maxNameLen {
+			return fmt.Errorf("signal name %s", p) // not quoted whole
+		}
+		return fmt.Errorf("signal name %q %s", name, p)
 	}
 	return nil
 }

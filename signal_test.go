@@ -2,7 +2,9 @@ package gendurable_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -384,6 +386,86 @@ func TestConcurrentDuplicatesReportTheOriginal(t *testing.T) {
 		}
 		require.Equal(t, 1, fresh)
 	}
+}
+
+// TestSignalNamesAndDedupKeysRefuseControlCharacters: a signal name is
+// checked by the rule of queue, machine and step names, and a dedup key by
+// that of partition and unique keys — no NUL or other control character
+// (C0, DEL, C1), valid UTF-8, bounded — in Signal, SignalTx and Await
+// alike, as ErrInvalidSignal (ErrInvalidOutcome for Await) before any SQL:
+// a name an instance awaits is one an operator can type in the CLI or the
+// dashboard, and what either prints is what was sent.
+func TestSignalNamesAndDedupKeysRefuseControlCharacters(t *testing.T) {
+	t.Parallel()
+	bad := []string{"a\x01b", "\x1b[2J", "tab\there", "line\nbreak", "del\x7f", "c1\u009b", "bell\a"}
+	m := &gendurable.Machine[waitState]{
+		Name: "ctlawait", Start: "park", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[waitState]{
+			"park": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return r.Await("park", r.State, "ok", bad[r.State.Rounds]), nil
+			},
+		},
+	}
+	live := awaiter(0)
+	b := setup(t, nil, m, live)
+	ctx := context.Background()
+	id := b.insert(live.New(waitState{}))
+	for _, name := range bad {
+		_, err := b.eng.Signal(ctx, id, name, nil, nil)
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "name %q", name)
+		require.ErrorContains(t, err, "control character")
+		_, err = b.eng.Signal(ctx, id, "pay", nil, &gendurable.SignalOpts{DedupKey: name})
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "dedup key %q", name)
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = b.eng.SignalTx(ctx, tx, id, name, nil, nil)
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "SignalTx name %q", name)
+		require.NoError(t, tx.Rollback(ctx))
+	}
+	_, err := b.eng.Signal(ctx, id, "pay", nil, &gendurable.SignalOpts{DedupKey: strings.Repeat("k", 1001)})
+	require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "nothing was sent")
+
+	// What is still accepted: any printable text, spaces included, at the bounds.
+	for _, ok := range []string{"pay", "päy ✓", "with space", strings.Repeat("n", 200)} {
+		_, err := b.eng.Signal(ctx, id, ok, nil, &gendurable.SignalOpts{DedupKey: ok + strings.Repeat("k", 1000-len(ok))})
+		require.NoError(t, err, "name %q", ok)
+	}
+
+	// Awaiting such a name is an invalid outcome, handed to Handle: the
+	// instance fails with it instead of parking on a name nobody can type.
+	b.start()
+	for i := range bad {
+		aid := b.insert(m.New(waitState{Rounds: i}))
+		r := b.waitStatus(aid, "failed", 10*time.Second)
+		require.Contains(t, r.Errors[0]["error"], "invalid outcome", "Await %q", bad[i])
+		require.Contains(t, r.Errors[0]["error"], "control character")
+	}
+}
+
+// TestSignalTxRefusesWhatPostgreSQLWouldBeforeSQL: a payload jsonb cannot
+// hold (\u0000, a lone surrogate escape) is ErrInvalidSignal before any
+// SQL, so a SignalTx caller's transaction goes on; before, the database's
+// refusal aborted it.
+func TestSignalTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	ctx := context.Background()
+	id := b.insert(m.New(waitState{}))
+	for _, payload := range []any{"nul\x00inside", json.RawMessage(`{"a":"\u0000"}`), json.RawMessage(`"\udbff"`), json.RawMessage(`["\udfff"]`)} {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }() // on a failure: the schema's drop would wait for it
+		_, err = b.eng.SignalTx(ctx, tx, id, "note", payload, nil)
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "%s", payload)
+		require.NotContains(t, err.Error(), "SQLSTATE", "refused before any SQL")
+		_, err = b.eng.SignalTx(ctx, tx, id, "note", "fine", nil)
+		require.NoError(t, err, "the caller's transaction goes on after %s", payload)
+		require.NoError(t, tx.Commit(ctx))
+	}
+	require.Equal(t, 4, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
 }
 
 // TestSignalCommittedWhileAFinishWaitsIsSwept: a signal whose transaction

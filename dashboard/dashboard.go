@@ -75,8 +75,10 @@
 //     is closed.
 //   - Serve the handler with [NewServer] (read-header, read, write and idle
 //     timeouts, a header size limit) on a [LimitListener] (a bound on open
-//     connections), as `gendurable ui` does, or give your own server the
-//     same bounds.
+//     connections; when they are all taken, one lingering after its
+//     last answer, or the one idle longest or open without a whole
+//     request header, is closed to make room), as
+//     `gendurable ui` does, or give your own server the same bounds.
 //   - Audit trail: one line per action (refused ones too, cross-origin
 //     POSTs included, at most a few a minute per remote IP; a bulk action's
 //     line names its ids or filter, its counts and the ids it changed, the

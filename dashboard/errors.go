@@ -38,7 +38,7 @@ func friendly(err error) (int, string, bool) {
 	case errors.Is(err, gendurable.ErrInstanceFinished):
 		return http.StatusConflict, "The instance has already finished; it accepts no more signals.", true
 	case errors.Is(err, gendurable.ErrInvalidSignal):
-		return http.StatusBadRequest, "Invalid signal: the name must be non-empty valid UTF-8 (at most 200 bytes), the dedup key valid UTF-8, and the payload JSON within the engine's size limit.", true
+		return http.StatusBadRequest, "Invalid signal: the name must be 1 to 200 bytes and the dedup key at most 1000, both valid UTF-8 without control characters, and the payload JSON within the engine's size limit.", true
 	case errors.Is(err, gendurable.ErrInvalidInput):
 		return http.StatusBadRequest, "Invalid input: names, filters and search text must be valid UTF-8 without control characters, and not too long.", true
 	case errors.Is(err, gendurable.ErrUnknownQueue):

@@ -1,6 +1,7 @@
 package dashboard_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"testing"
@@ -10,8 +11,9 @@ import (
 )
 
 // TestBadInputIs400: NUL, invalid UTF-8 and control characters in filters,
-// queue names and machine names get 400 with our own message, never a 500
-// with the database's text (SQLSTATE 22021), and change nothing.
+// queue names, machine names, signal names and dedup keys get 400 with our
+// own message, never a 500 with the database's text (SQLSTATE 22021), and
+// change nothing.
 func TestBadInputIs400(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -31,6 +33,16 @@ func TestBadInputIs400(t *testing.T) {
 		require.Contains(t, r.body, "Invalid input", p)
 	}
 	require.Zero(t, e.count(`SELECT count(*) FROM {{s}}.gendurable_queues`), "no queue row was written")
+	id := e.insertOrder(Order{Item: "x"})
+	for _, v := range []url.Values{
+		{"name": {"a\x01b"}}, {"name": {"go\x1b[2J"}}, {"name": {"c1\u009b"}}, {"name": {"go"}, "dedup_key": {"k\x7f"}},
+		{"name": {"go"}, "dedup_key": {"k\tk"}},
+	} {
+		r := post(t, h, fmt.Sprintf("/instances/%d/signal", id), v)
+		require.Equal(t, http.StatusBadRequest, r.code, "%q: %s", v, r.body)
+		require.Contains(t, r.body, "Invalid signal", "%q", v)
+	}
+	require.Zero(t, e.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "no signal was sent")
 	require.NotContains(t, logs.String(), "internal error")
 	require.NotContains(t, logs.String(), "22021")
 }

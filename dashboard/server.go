@@ -72,18 +72,38 @@ func NewServer(h http.Handler, o ServerOptions) *http.Server {
 		WriteTimeout:      o.WriteTimeout,
 		IdleTimeout:       o.IdleTimeout,
 		MaxHeaderBytes:    o.MaxHeaderBytes,
+		ConnState:         connState, // a full LimitListener closes idle connections to make room
 	}
 }
+
+// evictGrace is how long a connection must have been idle (kept alive
+// after an answer) or new (accepted, its request header not yet read)
+// before a full [LimitListener] may close it to make room: a client's
+// request normally follows its connection within milliseconds, and a
+// keep-alive connection is often reused at once for the next asset.
+const evictGrace = 100 * time.Millisecond
 
 // LimitListener returns a listener that holds at most n connections open
 // at once (n <= 0: DefaultMaxConns): past that, Accept waits until one
 // closes, and further clients wait in the kernel's backlog instead of
 // taking a file descriptor each.
+//
+// Served by a server from [NewServer], a full listener makes room: it
+// closes a connection without a request under way — one lingering after
+// its last answer before it closes, else the one waiting longest, idle
+// after an answer or open without a whole request header (for 100 ms at
+// least) — so that a client holding many connections open and silent, or
+// idling many keep-alives, cannot starve the others. Connections with a
+// request being read or answered are never closed; only when every one
+// has a request under way does Accept wait. (Under a server of your own,
+// set its ConnState to the one NewServer sets, or connections are never
+// closed to make room.)
 func LimitListener(ln net.Listener, n int) net.Listener {
 	if n <= 0 {
 		n = DefaultMaxConns
 	}
-	return &limitListener{Listener: ln, sem: make(chan struct{}, n), done: make(chan struct{})}
+	return &limitListener{Listener: ln, sem: make(chan struct{}, n), done: make(chan struct{}),
+		wake: make(chan struct{}, 1), conns: map[*limitConn]struct{}{}}
 }
 
 type limitListener struct {
@@ -91,20 +111,117 @@ type limitListener struct {
 	sem       chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
+	wake      chan struct{} // a connection became idle or new
+
+	mu    sync.Mutex
+	conns map[*limitConn]struct{} // open, with their states
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		select {
+		case l.sem <- struct{}{}:
+			return l.accept()
+		case <-l.done:
+			return nil, net.ErrClosed
+		default:
+		}
+		// Full: close the connection waiting longest without a request,
+		// or wait for one to close, become idle or pass its grace.
+		retry, evicted := l.evict(time.Now())
+		if evicted {
+			continue
+		}
+		var after <-chan time.Time
+		if retry > 0 {
+			if timer == nil {
+				timer = time.NewTimer(retry)
+			} else {
+				timer.Reset(retry)
+			}
+			after = timer.C
+		}
+		select {
+		case l.sem <- struct{}{}:
+			return l.accept()
+		case <-l.wake:
+		case <-after:
+		case <-l.done:
+			return nil, net.ErrClosed
+		}
 	}
+}
+
+// accept takes the next connection once a slot is held.
+func (l *limitListener) accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		<-l.sem
 		return nil, err
 	}
-	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+	lc := &limitConn{Conn: c, l: l, state: stateUnknown}
+	l.mu.Lock()
+	l.conns[lc] = struct{}{}
+	l.mu.Unlock()
+	return lc, nil
+}
+
+// evict closes the open connection that has waited longest without a
+// request under way, if one has for evictGrace; otherwise it says how long
+// until one may have (0: none may, until a connection changes state).
+func (l *limitListener) evict(now time.Time) (retry time.Duration, evicted bool) {
+	l.mu.Lock()
+	var oldest *limitConn
+	for c := range l.conns {
+		if (c.state == http.StateNew || c.state == http.StateIdle || c.state == stateLingering) &&
+			(oldest == nil || c.since.Before(oldest.since)) {
+			oldest = c
+		}
+	}
+	if oldest == nil {
+		l.mu.Unlock()
+		return 0, false
+	}
+	if wait := oldest.since.Add(evictGrace).Sub(now); wait > 0 && oldest.state != stateLingering {
+		l.mu.Unlock()
+		return wait, false
+	}
+	delete(l.conns, oldest) // no longer a candidate, whatever it reports now
+	l.mu.Unlock()
+	_ = oldest.Close() // frees its slot; the server's reader sees it closed
+	return 0, true
+}
+
+// connState records a connection's state (http.Server.ConnState).
+func connState(c net.Conn, s http.ConnState) {
+	lc, ok := c.(*limitConn)
+	if !ok {
+		return
+	}
+	l := lc.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, open := l.conns[lc]; !open {
+		return
+	}
+	switch s {
+	case http.StateClosed, http.StateHijacked:
+		delete(l.conns, lc) // a hijacked one is the handler's: never closed here
+		return
+	}
+	lc.state, lc.since = s, time.Now()
+	if s == http.StateNew || s == http.StateIdle {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (l *limitListener) Close() error {
@@ -113,14 +230,52 @@ func (l *limitListener) Close() error {
 	return err
 }
 
+// stateUnknown: no ConnState reported (a server not from NewServer): the
+// connection is never closed to make room. stateLingering: the server
+// answered for the last time and half-closed it (CloseWrite); it waits a
+// moment before it closes (net/http's 500 ms against a reset losing the
+// answer), a slot a full listener may take back at once.
+const (
+	stateUnknown   http.ConnState = -1
+	stateLingering http.ConnState = -2
+)
+
 type limitConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l     *limitListener
+	once  sync.Once
+	state http.ConnState // under l.mu
+	since time.Time      // when it entered state
+}
+
+// CloseWrite half-closes the connection, as net/http does after its last
+// answer (hiding it made the client wait the server's whole linger for the
+// end of the answer), and marks it lingering.
+func (c *limitConn) CloseWrite() error {
+	var err error
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		err = cw.CloseWrite()
+	}
+	l := c.l
+	l.mu.Lock()
+	if _, open := l.conns[c]; open && c.state != stateUnknown {
+		c.state, c.since = stateLingering, time.Time{} // first to go
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+	}
+	l.mu.Unlock()
+	return err
 }
 
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.conns, c)
+		c.l.mu.Unlock()
+		<-c.l.sem
+	})
 	return err
 }

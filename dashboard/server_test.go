@@ -200,3 +200,126 @@ func TestNewServerDefaults(t *testing.T) {
 		t.Fatal("Accept still blocked after Close")
 	}
 }
+
+// TestFullListenerMakesRoomForNewClients is the review's attack: a client
+// fills every slot of LimitListener with connections that send nothing or
+// idle after an answer, and keeps reconnecting as they are closed. Other
+// clients still get their answers at once (not after the header or idle
+// timeout, here 30 s and 60 s), the server never holds more than MaxConns
+// connections, and a request under way — a POST whose body is still
+// coming — is not closed to make room: it gets its answer.
+func TestFullListenerMakesRoomForNewClients(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{BearerToken: "a-token-of-some-length"})
+	o := dashboard.ServerOptions{ReadHeaderTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxConns: 4}
+	addr, _, peak := serve(t, h, o)
+	const auth = "Authorization: Bearer a-token-of-some-length\r\n"
+
+	// A request under way: its header read, its body trickling.
+	slow, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer slow.Close()
+	_, err = io.WriteString(slow, "POST /queues/x/pause HTTP/1.1\r\nHost: "+addr+"\r\n"+auth+
+		"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 6\r\n\r\nab")
+	require.NoError(t, err)
+
+	// The attacker: the other slots, held by connections that idle after an
+	// answer and by ones that send nothing, reopened as soon as closed.
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { stop(); wg.Wait() }()
+	for i := range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				go func() { <-ctx.Done(); c.Close() }()
+				if i%2 == 0 { // keep-alive: one answer, then idle
+					_, _ = io.WriteString(c, "GET /static/style.css HTTP/1.1\r\nHost: "+addr+"\r\n"+auth+"\r\n")
+				}
+				_, _ = io.Copy(io.Discard, c) // until the server closes it
+				c.Close()
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond) // every slot taken
+
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for range 5 {
+		start := time.Now()
+		req, err := http.NewRequest("GET", "http://"+addr+"/static/style.css", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer a-token-of-some-length")
+		resp, err := client.Do(req)
+		require.NoError(t, err, "a client got no answer while the attacker held the slots")
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Less(t, time.Since(start), 3*time.Second, "answered after %s", time.Since(start))
+	}
+
+	// The request under way was left alone: its body completes, it is answered.
+	_, err = io.WriteString(slow, "cdef")
+	require.NoError(t, err)
+	_ = slow.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(slow), nil)
+	require.NoError(t, err, "the request under way was closed to make room")
+	resp.Body.Close()
+	require.NotZero(t, resp.StatusCode)
+	require.LessOrEqual(t, peak.Load(), int64(o.MaxConns), "the server never held more than MaxConns connections")
+}
+
+// TestLingeringConnectionEndsWithItsAnswer: the server half-closes a
+// connection after its last answer when it lingers before closing it (a
+// 413 to a POST whose body is over the bound, here), so the client sees the
+// end of it at once, not after net/http's 500 ms linger (LimitListener's
+// connections hid CloseWrite from the server); and a full listener takes
+// the slot of such a lingering connection back at once for the next
+// client.
+func TestLingeringConnectionEndsWithItsAnswer(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{BearerToken: "a-token-of-some-length"})
+	o := dashboard.ServerOptions{ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 60 * time.Second, MaxConns: 1}
+	addr, _, _ := serve(t, h, o)
+
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	body := strings.Repeat("a", dashboard.MaxFormBytes+1)
+	_, err = io.WriteString(c, "POST /queues/x/pause HTTP/1.1\r\nHost: "+addr+"\r\nAuthorization: Bearer a-token-of-some-length"+
+		"\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: "+fmt.Sprint(len(body))+"\r\n\r\n"+body)
+	require.NoError(t, err)
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+	answered := time.Now()
+	_, err = io.ReadAll(br)
+	require.NoError(t, err, "the server ended the connection")
+	require.Less(t, time.Since(answered), 250*time.Millisecond, "the end of the answer came with the linger's close")
+
+	// The only slot is held by the lingering connection (c, still open on
+	// this side): the next client is served without waiting for it.
+	start := time.Now()
+	req, err := http.NewRequest("GET", "http://"+addr+"/static/style.css", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer a-token-of-some-length")
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err = client.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	t.Logf("next client answered in %s", time.Since(start))
+}

@@ -535,6 +535,20 @@ func TestCLIRejectsBadInput(t *testing.T) {
 		require.Contains(t, errOut, "invalid input", "%q", args)
 		require.NotContains(t, errOut, "SQLSTATE", "%q", args)
 	}
+	// A signal name or dedup key is checked by the same rule (no instance
+	// needs to exist: nothing is looked up).
+	for _, args := range [][]string{
+		{"signal", "1", "a\x01b"},
+		{"signal", "1", "\x1b[2J"},
+		{"signal", "1", "tab\t"},
+		{"signal", "1", "c1\u009b"},
+		{"signal", "1", "go", "--dedup-key", "k\x7f"},
+	} {
+		_, errOut, code := cli(t, append(args, "--schema", schema)...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.Contains(t, errOut, "invalid signal", "%q", args)
+		require.Contains(t, errOut, "control character", "%q", args)
+	}
 }
 
 // lockedBuffer collects a process's output while it runs.
