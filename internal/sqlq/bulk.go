@@ -192,7 +192,8 @@ func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason str
 		// A signal that committed while the statement waited for its row
 		// is not in the statement's snapshot, so its sweep missed it:
 		// sweep again, in a snapshot of its own. The rows are failed now,
-		// so no signal arrives after it. Best effort: the cancel is
+		// so no signal arrives after it, unless a Retry came in between
+		// (sweepInboxesSQL leaves a retried row alone). Best effort: the cancel is
 		// committed, and a Retry sweeps what is left (retrySQL).
 		done := make([]int64, len(changed))
 		for i, c := range changed {
