@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -212,4 +213,99 @@ func TestRetryOfAParentRacingItsLastChildsFinish(t *testing.T) {
 			require.JSONEq(t, `["done"]`, string(r.Result))
 		})
 	}
+}
+
+// TestRetryManyOfAParentWhoseRetriedChildFinishedMeanwhile: a RetryMany
+// that waits for the lock of an earlier row of its batch takes a failed
+// parent's row later than its snapshot; if meanwhile a child of the parent
+// that the snapshot saw failed was retried on its own and finished, that
+// child counted itself down on the parent's row (a failed parent counts its
+// children down too). The retry must still put the parent back to await
+// its other, live child. It took the fall of children_pending since its
+// snapshot as the finishes of children its snapshot counted live, so the
+// retried child's finish took one off a count that never held it: the
+// parent went runnable, and its join ran while its other child still ran.
+func TestRetryManyOfAParentWhoseRetriedChildFinishedMeanwhile(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	runs := map[int64]int{}
+	entered, release := make(chan int64, 4), make(chan struct{}, 1)
+	leaf := &gendurable.Job[leafArgs]{Name: "rmfin", MaxAttempts: 1, Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		mu.Lock()
+		runs[j.ID]++
+		n := runs[j.ID]
+		mu.Unlock()
+		switch {
+		case j.State.Fail && n == 1: // the first child fails at once, the first time
+			return gendurable.JobCancel(errors.New("first run fails"))
+		case j.State.Fail:
+			return nil
+		}
+		entered <- j.ID // the second child runs until released
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	other := &gendurable.Job[leafArgs]{Name: "rmfinx", MaxAttempts: 1, Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		return gendurable.JobCancel(errors.New("fails"))
+	}}
+	m := &gendurable.Machine[fanState]{Name: "rmfinparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1, Fail: true}), leaf.New(leafArgs{N: 2})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				var st []string
+				for _, c := range r.Children {
+					st = append(st, string(c.Status))
+				}
+				return gendurable.Done(st), nil
+			},
+		}}
+	b := setup(t, fastConfig("", m, leaf, other))
+	b.start()
+	ctx := context.Background()
+
+	x := b.insert(other.New(leafArgs{})) // the batch's earlier row, whose lock the retry waits for
+	b.waitStatus(x, "failed", 10*time.Second)
+	parent := b.insert(m.New(fanState{}))
+	live := <-entered
+	b.waitStatus(parent, "awaiting_children", 10*time.Second)
+	var failedKid int64
+	eventually(t, 10*time.Second, func() bool {
+		failedKid = int64(b.count(`SELECT coalesce(max(id), 0)::int FROM {{s}}.gendurable_instances
+			WHERE parent_id = $1 AND status = 'failed'`, parent))
+		return failedKid != 0
+	}, "the first child does not fail")
+	require.NoError(t, b.eng.Cancel(ctx, parent, "operator"))
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	var holder int
+	require.NoError(t, tx.QueryRow(ctx, replaceSchema(`SELECT pg_backend_pid() FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), x).Scan(&holder))
+	retried := make(chan error, 1)
+	var res gendurable.BulkResult
+	go func() {
+		var err error
+		res, err = b.eng.RetryMany(ctx, []int64{x, parent})
+		retried <- err
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, holder) > 0
+	}, "the retry does not wait for the earlier row")
+	// Meanwhile the failed child is retried on its own and finishes.
+	require.NoError(t, b.eng.Retry(ctx, failedKid))
+	b.waitStatus(failedKid, "done", 10*time.Second)
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-retried)
+	require.EqualValues(t, 2, res.Changed)
+	require.Equal(t, "awaiting_children", b.row(parent).Status, "the retried parent does not wait for its live child")
+	release <- struct{}{}
+	b.waitStatus(live, "done", 10*time.Second)
+	r := b.waitStatus(parent, "done", 10*time.Second)
+	require.JSONEq(t, `["done","done"]`, string(r.Result), "the parent's join ran before its live child finished")
 }

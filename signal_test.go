@@ -12,6 +12,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -566,6 +567,85 @@ func TestSignalCommittedWhileAFinishWaitsIsSwept(t *testing.T) {
 			require.NoError(t, <-cancelled)
 			b.waitStatus(id, "failed", 10*time.Second)
 			require.Equal(t, 0, unconsumed(id), "a signal delivered before the cancel stays unconsumed on the cancelled instance")
+		})
+	}
+}
+
+// sweepGate is a pgx tracer that holds a statement sweeping inboxes
+// (sqlq.SweepInboxes) at its start until released.
+type sweepGate struct {
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (g *sweepGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "gendurable_signals") && strings.Contains(d.SQL, "unnest($1::bigint[]) AS u(id)") &&
+		strings.HasPrefix(strings.TrimSpace(d.SQL), "UPDATE") {
+		g.held <- struct{}{}
+		<-g.release
+	}
+	return ctx
+}
+
+func (g *sweepGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestFinishersSecondSweepSparesARetriedInstancesSignals: the second sweep
+// of a finish (a cancel's here; ApplyOutcomes' and the reaper's are the same
+// statement) runs after the finish committed. An operator's Retry may come
+// in between, and a signal sent to the retried, live instance then: the
+// sweep must leave that signal for the instance's steps. It swept every
+// unconsumed signal of the ids, "no signal can follow: the rows are
+// failed", and consumed it, while the inbox counts still held it: a step
+// awaiting it woke at once and saw nothing, for ever.
+func TestFinishersSecondSweepSparesARetriedInstancesSignals(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[waitState]{
+		Name: "sparer", Start: "work",
+		Steps: map[string]gendurable.StepFunc[waitState]{
+			"work": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	b := setup(t, nil, m) // not started: the instance stays runnable
+	ctx := context.Background()
+	gate := &sweepGate{held: make(chan struct{}), release: make(chan struct{})}
+	pc := b.pool.Config().Copy()
+	pc.ConnConfig.Tracer = gate
+	pc.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	require.NoError(t, err)
+	defer pool.Close()
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{m}, Logger: testLogger(t)})
+	require.NoError(t, err)
+
+	for _, many := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Cancel", true: "CancelMany"}[many], func(t *testing.T) {
+			id := b.insert(m.New(waitState{}))
+			cancelled := make(chan error, 1)
+			go func() {
+				if many {
+					_, err := eng.CancelMany(ctx, []int64{id}, "operator")
+					cancelled <- err
+					return
+				}
+				cancelled <- eng.Cancel(ctx, id, "operator")
+			}()
+			select {
+			case <-gate.held: // the cancel committed; its second sweep waits
+			case err := <-cancelled:
+				t.Fatalf("the cancel returned (%v) without a second sweep", err)
+			}
+			require.NoError(t, b.eng.Retry(ctx, id))
+			res, err := b.eng.Signal(ctx, id, "later", nil, nil)
+			require.NoError(t, err)
+			require.NotZero(t, res.ID)
+			close(gate.release)
+			require.NoError(t, <-cancelled)
+			gate.release = make(chan struct{})
+			require.Equal(t, "runnable", b.row(id).Status)
+			require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, id),
+				"the cancel's second sweep consumed a signal sent to the instance after it was retried")
 		})
 	}
 }

@@ -34,7 +34,7 @@ WITH cand AS MATERIALIZED (
       SELECT 1 FROM {{schema}}.gendurable_instances AS h WHERE h.unique_guard = c.unique_key))
   ORDER BY u.ord
 ), k AS (
-  SELECT p.id, ` + liveChildren(`SELECT cand.id FROM cand`) + ` AS kids, ` + pendingInSnapshot + ` AS pending0
+  SELECT p.id, ` + liveChildren(`SELECT cand.id FROM cand`) + ` AS kids
   FROM cand AS p
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
@@ -155,18 +155,33 @@ func (q *Queries) bulk(ctx context.Context, db DB, sql string, args ...any) ([]B
 
 // RetryMany retries the failed instances among ids (sorted, no duplicates) (see retryManySQL) and
 // returns those it retried.
-func (q *Queries) RetryMany(ctx context.Context, db DB, ids []int64) ([]BulkChanged, error) {
-	rows, err := db.Query(ctx, q.retryMany, ids)
+//
+// It locks the rows first, in a statement of its own (see retryStatusSet):
+// the retry statement, run on the ids it locked, counts their children on a
+// snapshot taken once no child of theirs can finish any more.
+func (q *Queries) RetryMany(ctx context.Context, db TxDB, ids []int64) (changed []BulkChanged, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		locked, err := q.lockForRetry(ctx, tx, ids)
+		if err != nil || len(locked) == 0 {
+			return err
+		}
+		rows, err := tx.Query(ctx, q.retryMany, locked)
+		if err != nil {
+			return err
+		}
+		changed, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkChanged, error) {
+			var c BulkChanged
+			var us int64
+			err := row.Scan(&c.ID, &c.Queue, &us)
+			c.Wait = time.Duration(us) * time.Microsecond
+			return c, err
+		})
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkChanged, error) {
-		var c BulkChanged
-		var us int64
-		err := row.Scan(&c.ID, &c.Queue, &us)
-		c.Wait = time.Duration(us) * time.Microsecond
-		return c, err
-	})
+	return changed, nil
 }
 
 // CancelMany cancels the live instances among ids (sorted, no duplicates) with reason (see
@@ -177,7 +192,8 @@ func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason str
 		// A signal that committed while the statement waited for its row
 		// is not in the statement's snapshot, so its sweep missed it:
 		// sweep again, in a snapshot of its own. The rows are failed now,
-		// so no signal arrives after it. Best effort: the cancel is
+		// so no signal arrives after it, unless a Retry came in between
+		// (sweepInboxesSQL leaves a retried row alone). Best effort: the cancel is
 		// committed, and a Retry sweeps what is left (retrySQL).
 		done := make([]int64, len(changed))
 		for i, c := range changed {

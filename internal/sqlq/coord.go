@@ -286,24 +286,44 @@ const (
 // cancel that took a parent and its children in one statement changed the
 // parent's row once and never counted them down.
 //
-// The count is taken on the statement's snapshot, before the statement
-// waits for the row's lock: a child that finished meanwhile (its outcome
-// held the parent's row) was counted live, and the parent would wait for it
-// for ever. Every child of the current fan-out that finishes counts itself
-// down on the parent's row (parentJoinCTE), whatever the parent's status, so
-// the children that finished in between are the fall of children_pending
-// from k's snapshot of the row (k.pending0) to the locked row's.
-const retryStatusSet = `      status = CASE WHEN ` + retryKids + ` > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
+// The count is taken on the statement's snapshot, so the statement must
+// not wait for the row's lock after taking it: a child that finished
+// meanwhile (its outcome held the parent's row) would be counted live, and
+// the parent would wait for it for ever. Retry and RetryMany lock the rows
+// first (retryLockSQL), in a statement of their own in the same
+// transaction: no child of a locked row can finish until the retry commits,
+// and the retry statement's snapshot, taken after the locks, holds every
+// child that finished before.
+const retryStatusSet = `      status = CASE WHEN k.kids > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
                     ELSE 'runnable' END,
-      children_pending = CASE WHEN ` + retryKids + ` > 0 THEN ` + retryKids + ` ELSE i.children_pending END`
+      children_pending = CASE WHEN k.kids > 0 THEN k.kids ELSE i.children_pending END`
 
-// retryKids is the live children of row i's current fan-out as of its
-// locked version: k's count, less those that finished since k's snapshot.
-const retryKids = `(k.kids - (k.pending0 - i.children_pending))`
+// retryLockSQL locks the failed rows among $1 (in order: the caller's ids
+// sorted), one primary-key probe each, and returns their ids: the first
+// statement of a retry (see retryStatusSet).
+const retryLockSQL = `
+SELECT c.id FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
+  SELECT c.id FROM {{schema}}.gendurable_instances AS c
+  WHERE c.id = u.id AND c.status = 'failed'
+  OFFSET 0 -- a fence: one primary-key probe per id
+  FOR NO KEY UPDATE
+) AS c
+ORDER BY u.ord`
 
-// pendingInSnapshot is row p's children_pending on the statement's snapshot
-// (a plain read: a locking read would return the newest version).
-const pendingInSnapshot = `(SELECT s.children_pending FROM {{schema}}.gendurable_instances AS s WHERE s.id = p.id)`
+// TxDB is a DB that begins a transaction (a savepoint, in a transaction).
+type TxDB interface {
+	DB
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// lockForRetry runs retryLockSQL in tx and returns the ids it locked.
+func (q *Queries) lockForRetry(ctx context.Context, tx pgx.Tx, ids []int64) ([]int64, error) {
+	rows, err := tx.Query(ctx, q.retryLock, ids)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
 
 // liveChildren counts the unfinished children of the current fan-out of
 // row p, and also those among retried, if set (a subquery of ids the same statement
@@ -323,7 +343,7 @@ func liveChildren(retried string) string {
 
 var retrySQL = `
 WITH k AS (
-  SELECT p.id, ` + liveChildren("") + ` AS kids, p.children_pending AS pending0
+  SELECT p.id, ` + liveChildren("") + ` AS kids
   FROM {{schema}}.gendurable_instances AS p WHERE p.id = $1
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
@@ -362,8 +382,16 @@ const retryWait = `CASE WHEN i.status = 'runnable' AND i.eligible_at > now()
 // Retry moves a failed instance back to runnable; it returns the status the
 // instance had (nil if none exists), its queue if it was retried, and how
 // long until it is eligible (0: now).
-func (q *Queries) Retry(ctx context.Context, db DB, id int64) (status *string, queue *string, wait time.Duration, err error) {
+func (q *Queries) Retry(ctx context.Context, db TxDB, id int64) (status *string, queue *string, wait time.Duration, err error) {
 	var us int64
-	err = db.QueryRow(ctx, q.retry, id).Scan(&status, &queue, &us)
-	return status, queue, time.Duration(us) * time.Microsecond, err
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := q.lockForRetry(ctx, tx, []int64{id}); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, q.retry, id).Scan(&status, &queue, &us)
+	})
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	return status, queue, time.Duration(us) * time.Microsecond, nil
 }

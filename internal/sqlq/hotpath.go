@@ -409,7 +409,8 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) (reaped []Reaped, 
 	// The failed rows' inboxes once more, on a fresh snapshot: a signal that
 	// committed after the statement's snapshot was taken (before it locked
 	// the row) is in the counts the statement cleared, not in its sweep.
-	// No signal can follow: the rows are failed. Best effort, as for a
+	// No signal can follow while the rows are failed (sweepInboxesSQL
+	// leaves a row retried in between alone). Best effort, as for a
 	// cancel: the reap is committed, and a Retry sweeps what is left.
 	var failed []int64
 	for _, r := range reaped {

@@ -647,7 +647,9 @@ func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]
 	// the statement's snapshot, so the statement's sweep of the inbox
 	// missed it. Sweep again, on a fresh snapshot: the rows are finished,
 	// so no signal can arrive after this one (the signal statement refuses
-	// a finished instance under the row lock).
+	// a finished instance under the row lock) unless a Retry made a row
+	// live again meanwhile, which the sweep then leaves alone
+	// (sweepInboxesSQL).
 	if _, serr := db.Exec(ctx, q.sweepInboxes, resweep); serr != nil {
 		if _, inTx := db.(pgx.Tx); inTx {
 			return nil, serr // the caller's transaction is aborted: nothing was written
@@ -658,23 +660,32 @@ func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]
 	return applied, nil
 }
 
-// SweepInboxes marks every unconsumed signal of the (finished) instances
-// ids consumed. It completes the sweep of a finishing statement that
-// waited for a row whose signal committed meanwhile (see ApplyOutcomes,
-// cancelSQL).
+// SweepInboxes marks every unconsumed signal of the instances ids that are
+// still finished consumed (see sweepInboxesSQL). It completes the sweep of
+// a finishing statement that waited for a row whose signal committed
+// meanwhile (see ApplyOutcomes, cancelSQL).
 func (q *Queries) SweepInboxes(ctx context.Context, db DB, ids []int64) error {
 	_, err := db.Exec(ctx, q.sweepInboxes, ids)
 	return err
 }
 
-// sweepInboxesSQL marks the unconsumed signals of the instances $1
-// consumed: one probe of the signals' inbox index (target_id, consumed_at
-// IS NULL) per id, whatever the statistics say.
+// sweepInboxesSQL marks the unconsumed signals of the instances $1 that
+// are still finished consumed: one primary-key probe and one probe of the
+// signals' inbox index (target_id, consumed_at IS NULL) per id, whatever
+// the statistics say. It runs after the finish committed, so a Retry may
+// have come in between, and a signal sent to the retried, live instance
+// after it: that one is the instance's. Such a signal is in this
+// statement's snapshot only if the retry is too (the signal statement
+// refuses a finished instance under the row lock), so a row the snapshot
+// sees live is left alone.
 const sweepInboxesSQL = `
 UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
 FROM (SELECT x.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+        SELECT i.id FROM {{schema}}.gendurable_instances AS i
+        WHERE i.id = u.id AND i.status IN ('done', 'failed')
+        OFFSET 0) AS f CROSS JOIN LATERAL (
         SELECT s.id FROM {{schema}}.gendurable_signals AS s
-        WHERE s.target_id = u.id AND s.consumed_at IS NULL
+        WHERE s.target_id = f.id AND s.consumed_at IS NULL
         OFFSET 0) AS x) AS l
 WHERE s.id = l.id`
 

@@ -82,6 +82,7 @@ type Queries struct {
 	retryMany       string
 	cancelMany      string
 	sweepInboxes    string
+	retryLock       string
 	existing        string
 	parentsAmong    string
 	treeChildren    string
@@ -128,6 +129,7 @@ func New(schema string) (*Queries, error) {
 		retryMany:       render(retryManySQL, qs),
 		cancelMany:      render(cancelManySQL, qs),
 		sweepInboxes:    render(sweepInboxesSQL, qs),
+		retryLock:       render(retryLockSQL, qs),
 		existing:        render(existingSQL, qs),
 		parentsAmong:    render(parentsAmongSQL, qs),
 		treeChildren:    render(treeChildrenSQL, qs),
