@@ -446,6 +446,9 @@ func (e *Engine) Start(ctx context.Context) error {
 		// A Stop is in progress: its steps still drain. Start once it returned.
 		st := e.stopping
 		e.mu.Unlock()
+		if e.insideEngine(ctx) {
+			return errors.New("gendurable: start: a Stop is in progress, and this call comes from a step or a hook it may be waiting for")
+		}
 		select {
 		case <-st.stopped:
 		case <-ctx.Done():
@@ -479,7 +482,9 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	rs.services = services
 	pickCtx, pickCancel := context.WithCancel(context.Background())
-	workCtx, workCancel := context.WithCancelCause(context.Background())
+	// Steps' contexts say they are the engine's own (insideEngine): a Stop
+	// called from a step while another Stop runs must not wait for it.
+	workCtx, workCancel := context.WithCancelCause(context.WithValue(context.Background(), engineCallKey{}, e))
 	beatCtx, beatCancel := context.WithCancel(context.Background())
 	rs.pickCancel, rs.workCancel, rs.beatCancel = pickCancel, workCancel, beatCancel
 
@@ -562,15 +567,20 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // whose network is cut off returns within 500 ms of ctx's deadline. Stop
 // on an engine that is not running returns nil. A Stop called while
 // another is in progress waits for that one and returns its result (or,
-// if its own ctx ends first, an error wrapping ctx's); a Start called
-// meanwhile waits for it too, then starts.
+// if its own ctx ends first, an error wrapping ctx's) — unless it is called
+// from a step or a hook with the context the engine gave it: then it
+// returns nil at once, since the Stop in progress may be waiting for that
+// step or hook. A Start called meanwhile waits for the Stop, then starts.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
 	if rs == nil {
 		st := e.stopping
 		e.mu.Unlock()
-		if st == nil {
+		if st == nil || e.insideEngine(ctx) {
+			// Not running; or called from a step or a hook (with the
+			// context it was given), which the Stop in progress may be
+			// waiting for: waiting here would wait for ever.
 			return nil
 		}
 		select {
@@ -702,9 +712,24 @@ func (e *Engine) Reap(ctx context.Context) (int, error) {
 }
 
 func (e *Engine) emit(ctx context.Context, ev Event) {
+	if len(e.cfg.Hooks) == 0 {
+		return
+	}
+	ctx = context.WithValue(ctx, engineCallKey{}, e) // see insideEngine
 	for _, h := range e.cfg.Hooks {
 		e.callHook(ctx, h, ev)
 	}
+}
+
+// engineCallKey marks the contexts the engine hands to steps and hooks.
+type engineCallKey struct{}
+
+// insideEngine reports whether ctx is one e handed to a step or a hook:
+// a call made with it runs on e's own goroutines, which a Stop in progress
+// may be waiting for.
+func (e *Engine) insideEngine(ctx context.Context) bool {
+	v, _ := ctx.Value(engineCallKey{}).(*Engine)
+	return v == e
 }
 
 // callHook shields the engine from a panicking hook: telemetry must never

@@ -2196,3 +2196,71 @@ func TestReaperFailingAWokenInstanceConsumesItsInbox(t *testing.T) {
 	r := b.waitStatus(id, "done", 10*time.Second)
 	require.JSONEq(t, `1`, string(r.Result))
 }
+
+// stopFromHook calls Stop from a hook, with the hook's context, on the
+// events named: once per event, its results sent on done.
+type stopFromHook struct {
+	eng  **gendurable.Engine
+	on   func(gendurable.Event) bool
+	done chan error
+}
+
+func (h *stopFromHook) OnEvent(ctx context.Context, ev gendurable.Event) {
+	if h.on(ev) {
+		h.done <- (*h.eng).Stop(ctx)
+	}
+}
+
+// TestStopFromAHookDuringStopReturnsAtOnce: a hook that calls Stop while a
+// Stop is in progress — on the DrainEvent the Stop emits, or on the
+// StepEvent of a step the Stop is draining — gets nil at once, with the
+// context the engine gave it: waiting for the Stop in progress, which waits
+// for that hook, would wait for ever.
+func TestStopFromAHookDuringStopReturnsAtOnce(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	job := &gendurable.Job[orderArgs]{Name: "hookstop", Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+		started <- struct{}{}
+		<-release
+		return nil
+	}}
+	var eng *gendurable.Engine
+	var stopping atomic.Bool
+	hook := &stopFromHook{eng: &eng, done: make(chan error, 4), on: func(ev gendurable.Event) bool {
+		switch ev.(type) {
+		case *gendurable.DrainEvent:
+			return true
+		case *gendurable.StepEvent:
+			return stopping.Load()
+		}
+		return false
+	}}
+	cfg := fastConfig("", job)
+	cfg.Hooks = []gendurable.Hook{hook}
+	cfg.DrainTimeout = 30 * time.Second
+	b := setup(t, cfg)
+	eng = b.eng
+	b.insert(job.New(orderArgs{}))
+	require.NoError(t, eng.Start(context.Background()))
+	<-started
+	stopped := make(chan error, 1)
+	stopping.Store(true)
+	go func() { stopped <- eng.Stop(context.Background()) }()
+	time.Sleep(100 * time.Millisecond) // the Stop is draining the step
+	close(release)                     // its StepEvent's hook calls Stop
+	for _, what := range []string{"the StepEvent's", "the DrainEvent's"} {
+		select {
+		case err := <-hook.done:
+			require.NoError(t, err, what)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s hook's Stop did not return", what)
+		}
+	}
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Stop in progress did not return")
+	}
+}
