@@ -680,19 +680,9 @@ func TestRetryOfAParentCancelledMidFanOutWaitsForItsChildren(t *testing.T) {
 			return ctx.Err()
 		}
 	}}
-	m := &gendurable.Machine[fanState]{Name: "rparent", Start: "spawn",
-		Steps: map[string]gendurable.StepFunc[fanState]{
-			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
-				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
-			},
-			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
-				var st []string
-				for _, c := range r.Children {
-					st = append(st, string(c.Status))
-				}
-				return gendurable.Done(st), nil
-			},
-		}}
+	m := statusParent("rparent", func() []gendurable.InsertParams {
+		return []gendurable.InsertParams{leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})}
+	})
 	b := setup(t, fastConfig("", m, leaf))
 	b.start()
 	ctx := context.Background()
@@ -720,20 +710,9 @@ func TestRetryOfAParentCancelledMidFanOutWaitsForItsChildren(t *testing.T) {
 			return ctx.Err()
 		}
 	}}
-	m2 := &gendurable.Machine[fanState]{Name: "rparent2", Start: "spawn",
-		Steps: map[string]gendurable.StepFunc[fanState]{
-			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
-				return r.ScheduleChildren("join", r.State, gate2.New(leafArgs{N: 1}).With(gendurable.InsertOpts{Queue: "q2"}),
-					gate2.New(leafArgs{N: 2}).With(gendurable.InsertOpts{Queue: "q2"})), nil
-			},
-			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
-				var st []string
-				for _, c := range r.Children {
-					st = append(st, string(c.Status))
-				}
-				return gendurable.Done(st), nil
-			},
-		}}
+	m2 := statusParent("rparent2", func() []gendurable.InsertParams {
+		return []gendurable.InsertParams{gate2.New(leafArgs{N: 1}).With(gendurable.InsertOpts{Queue: "q2"}), gate2.New(leafArgs{N: 2}).With(gendurable.InsertOpts{Queue: "q2"})}
+	})
 	cfg2 := fastConfig("", m2, gate2)
 	cfg2.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4}, "q2": {Concurrency: 4}}
 	b2 := setup(t, cfg2)

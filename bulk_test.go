@@ -524,19 +524,9 @@ func TestBulkRetryOfAFanOutMakesTheParentAwaitItsChildren(t *testing.T) {
 				}
 				return nil
 			}}
-			m := &gendurable.Machine[fanState]{Name: "bfparent", Start: "spawn",
-				Steps: map[string]gendurable.StepFunc[fanState]{
-					"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
-						return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
-					},
-					"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
-						var st []string
-						for _, c := range r.Children {
-							st = append(st, string(c.Status))
-						}
-						return gendurable.Done(st), nil
-					},
-				}}
+			m := statusParent("bfparent", func() []gendurable.InsertParams {
+				return []gendurable.InsertParams{leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})}
+			})
 			b := setup(t, fastConfig("", m, leaf))
 			b.start()
 			ctx := context.Background()

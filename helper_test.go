@@ -284,6 +284,24 @@ type leafArgs struct {
 	Fail bool `json:"fail,omitempty"`
 }
 
+// statusParent is a machine that schedules kids() as its children, then
+// finishes with their statuses ([]string, in the order of Run.Children).
+func statusParent(name string, kids func() []gendurable.InsertParams) *gendurable.Machine[fanState] {
+	return &gendurable.Machine[fanState]{Name: name, Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, kids()...), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				var st []string
+				for _, c := range r.Children {
+					st = append(st, string(c.Status))
+				}
+				return gendurable.Done(st), nil
+			},
+		}}
+}
+
 // fanMachines: a parent that fans out Width leaf jobs (or, with Depth > 0,
 // Width sub-parents), then sums its children's results.
 func fanMachines() (*gendurable.Machine[fanState], *gendurable.Job[leafArgs]) {

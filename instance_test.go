@@ -157,19 +157,9 @@ func TestRetryOfAParentRacingItsLastChildsFinish(t *testing.T) {
 			return ctx.Err()
 		}
 	}}
-	m := &gendurable.Machine[fanState]{Name: "rlastparent", Start: "spawn",
-		Steps: map[string]gendurable.StepFunc[fanState]{
-			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
-				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1})), nil
-			},
-			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
-				var st []string
-				for _, c := range r.Children {
-					st = append(st, string(c.Status))
-				}
-				return gendurable.Done(st), nil
-			},
-		}}
+	m := statusParent("rlastparent", func() []gendurable.InsertParams {
+		return []gendurable.InsertParams{leaf.New(leafArgs{N: 1})}
+	})
 	b := setup(t, fastConfig("", m, leaf))
 	b.start()
 	ctx := context.Background()
@@ -252,19 +242,9 @@ func TestRetryManyOfAParentWhoseRetriedChildFinishedMeanwhile(t *testing.T) {
 	other := &gendurable.Job[leafArgs]{Name: "rmfinx", MaxAttempts: 1, Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
 		return gendurable.JobCancel(errors.New("fails"))
 	}}
-	m := &gendurable.Machine[fanState]{Name: "rmfinparent", Start: "spawn",
-		Steps: map[string]gendurable.StepFunc[fanState]{
-			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
-				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1, Fail: true}), leaf.New(leafArgs{N: 2})), nil
-			},
-			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
-				var st []string
-				for _, c := range r.Children {
-					st = append(st, string(c.Status))
-				}
-				return gendurable.Done(st), nil
-			},
-		}}
+	m := statusParent("rmfinparent", func() []gendurable.InsertParams {
+		return []gendurable.InsertParams{leaf.New(leafArgs{N: 1, Fail: true}), leaf.New(leafArgs{N: 2})}
+	})
 	b := setup(t, fastConfig("", m, leaf, other))
 	b.start()
 	ctx := context.Background()
