@@ -20,6 +20,14 @@ import (
 // costs one late run, not a burst. Set SkipMissed to skip it too. A slot
 // counts as run while its row exists: keep the retention of finished rows
 // longer than the schedule's period.
+//
+// Clocks: a process inserts a slot when its own clock reaches it, and the
+// instance is eligible at the slot on the database clock (RunAt is the
+// slot). So the process whose clock is furthest ahead inserts each slot,
+// early by its skew, and the instance still runs at its time; a process
+// whose clock is behind finds the slot taken, or inserts it late by its
+// skew (eligible at once). A clock set forward, or a machine that was
+// suspended, makes a slot due within a minute.
 type Periodic struct {
 	// Name identifies the schedule; it is part of every slot's unique key,
 	// so renaming a schedule starts its slots afresh. Required: 1 to 200

@@ -642,23 +642,46 @@ const zoneWindow = 36 * 3600
 // firstInstant returns the earliest instant (Unix seconds) whose wall clock in
 // loc is the civil time u (given as civilUnix), or false if the wall clock
 // never shows u (a DST gap).
+//
+// Each offset the zone uses within u ± zoneWindow gives one candidate,
+// u - offset, which is valid if the zone uses that offset at the candidate
+// itself; the earliest valid candidate is the answer. The offsets are
+// sampled along the zone's periods as ZoneBounds reports them. Those bounds
+// are not always the zone's transitions: past the last transition of its
+// table, the time package derives periods from the zone's rule a year at a
+// time and ends the last one of a leap year a day early, on Dec 31 00:00
+// UTC, so an instant of that day gets an end that is not after it. The
+// validity of a candidate is therefore checked by looking its offset up,
+// never by the bounds, and a period whose end is not after the sampled
+// instant is stepped over an hour at a time.
 func firstInstant(u int64, loc *time.Location) (int64, bool) {
 	p := time.Unix(u-zoneWindow, 0).In(loc)
-	// Zone periods are visited in order and each candidate lies inside its
-	// period, so the first valid candidate is the earliest.
-	for range 64 {
+	best, found := int64(0), false
+	prevOff, first := 0, true
+	for range 256 {
 		_, off := p.Zone()
-		start, end := p.ZoneBounds()
-		cand := u - int64(off)
-		if (start.IsZero() || cand >= start.Unix()) && (end.IsZero() || cand < end.Unix()) {
-			return cand, true
+		if first || off != prevOff {
+			cand := u - int64(off)
+			if !found || cand < best {
+				if _, o := time.Unix(cand, 0).In(loc).Zone(); o == off {
+					best, found = cand, true
+				}
+			}
 		}
-		if end.IsZero() || end.Unix() > u+zoneWindow || !end.After(p) {
-			return 0, false
+		prevOff, first = off, false
+		_, end := p.ZoneBounds()
+		if end.IsZero() {
+			break // no later transition
 		}
-		p = end
+		if !end.After(p) {
+			end = p.Add(time.Hour) // not a real bound (see above)
+		}
+		if end.Unix() > u+zoneWindow {
+			break
+		}
+		p = end.In(loc)
 	}
-	return 0, false
+	return best, found
 }
 
 // everySchedule fires at the multiples of every since the Unix epoch.

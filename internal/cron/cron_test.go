@@ -464,6 +464,92 @@ func TestHistoricalZoneChanges(t *testing.T) {
 	require.Equal(t, []string{"10-18 18:00", "10-19 00:00", "10-19 06:00", "10-19 12:00", "10-19 18:00", "10-20 00:00", "10-20 06:00", "10-20 12:00"}, walls)
 }
 
+// Past the last transition of a zone's table (2037 in the zoneinfo files
+// Go embeds and fat system files, the last rule change in slim ones) the
+// time package derives a zone's periods from its rule a year at a time, and
+// in a leap year ends the last period on Dec 31 00:00 UTC, a day early: an
+// instant of that day gets a ZoneBounds end that is not after it.
+// firstInstant used to take that for a DST gap, so every activation whose
+// search window touched that day was skipped — about 36 hours around every
+// such new year, and a whole year of "@yearly" in America/New_York.
+func TestNextAcrossTheLastDayOfALeapYearPastTheZoneTable(t *testing.T) {
+	for _, tc := range []struct{ zone, spec string }{
+		{"America/New_York", "0 0 * * *"},
+		{"America/New_York", "0 12 * * *"},
+		{"Europe/London", "0 * * * *"},
+		{"Australia/Sydney", "*/30 * * * *"},
+		{"America/Santiago", "15 3 * * *"},
+	} {
+		sc, err := ParseInLocation(tc.spec, mustLoc(t, tc.zone))
+		require.NoError(t, err)
+		cs := sc.(*cronSchedule)
+		for _, year := range []int{2040, 2044, 2400} {
+			from := time.Date(year, 12, 29, 0, 0, 0, 0, time.UTC)
+			for n := 0; n < 400; n++ {
+				want := reference(cs, from, 3*24*time.Hour)
+				got := cs.Next(from)
+				require.False(t, want.IsZero())
+				require.True(t, want.Equal(got), "%s in %s from %v: want %v, got %v", tc.spec, tc.zone, from, want, got)
+				if from.After(time.Date(year+1, 1, 2, 12, 0, 0, 0, time.UTC)) {
+					break
+				}
+				from = got
+			}
+		}
+	}
+	s, err := Parse("TZ=America/New_York @yearly")
+	require.NoError(t, err)
+	require.Equal(t, "2041-01-01T00:00:00-05:00", s.Next(mustTime(t, "2040-06-01T00:00:00Z")).Format(time.RFC3339))
+}
+
+// ruleOnlyZone is a zone whose offsets all come from the POSIX TZ rule tz (a
+// TZif file with no transitions), as a zone's times after its last table
+// entry do; in slim zoneinfo files (zic's default) that is every year since
+// the zone's last rule change — 2007 for America/New_York.
+func ruleOnlyZone(t *testing.T, name, std, tz string, stdOffset int32) *time.Location {
+	t.Helper()
+	var b []byte
+	be32 := func(v uint32) { b = append(b, byte(v>>24), byte(v>>16), byte(v>>8), byte(v)) }
+	for range 2 { // the version 1 block, then the version 2 block
+		b = append(b, "TZif2"...)
+		b = append(b, make([]byte, 15)...)
+		for _, n := range []int{0, 0, 0, 0, 1, len(std) + 1} { // isut, isstd, leap, time, type, char counts
+			be32(uint32(n))
+		}
+		be32(uint32(stdOffset))
+		b = append(b, 0, 0) // not DST, abbreviation index 0
+		b = append(b, std...)
+		b = append(b, 0)
+	}
+	b = append(b, "\n"+tz+"\n"...)
+	loc, err := time.LoadLocationFromTZData(name, b)
+	require.NoError(t, err)
+	return loc
+}
+
+// TestNextAcrossTheLastDayOfALeapYearInARuleOnlyZone: the same as
+// TestNextAcrossTheLastDayOfALeapYearPastTheZoneTable in a zone as slim
+// zoneinfo files give it: there the days skipped were those around
+// 2024-12-31, and next 2028-12-31.
+func TestNextAcrossTheLastDayOfALeapYearInARuleOnlyZone(t *testing.T) {
+	loc := ruleOnlyZone(t, "America/New_York", "EST", "EST5EDT,M3.2.0,M11.1.0", -5*3600)
+	for _, spec := range []string{"0 0 * * *", "0 * * * *", "30 9 * * *"} {
+		sc, err := ParseInLocation(spec, loc)
+		require.NoError(t, err)
+		cs := sc.(*cronSchedule)
+		for _, year := range []int{2024, 2028} {
+			from := time.Date(year, 12, 29, 0, 0, 0, 0, time.UTC)
+			for from.Before(time.Date(year+1, 1, 2, 12, 0, 0, 0, time.UTC)) {
+				want := reference(cs, from, 3*24*time.Hour)
+				got := cs.Next(from)
+				require.False(t, want.IsZero())
+				require.True(t, want.Equal(got), "%s from %v: want %v, got %v", spec, from, want, got)
+				from = got
+			}
+		}
+	}
+}
+
 func TestNextExtremes(t *testing.T) {
 	for _, spec := range []string{"* * * * *", "0 0 29 2 *", "@every 1s", "@every 43800h", "TZ=America/New_York 30 2 * * *"} {
 		s, err := Parse(spec)

@@ -23,7 +23,9 @@ type Schedule struct {
 // most recent slot that already passed (unless SkipMissed; earlier missed
 // slots are skipped), then each slot at its time. It has no interval of its
 // own: it sleeps until the soonest next slot of its schedules (or the
-// soonest retry), and its loop ends once no schedule has another slot and
+// soonest retry), a minute at most (so a slot is seen due within a minute
+// of its time also after the clock was set forward or the machine was
+// suspended: a timer does not count either), and its loop ends once no schedule has another slot and
 // none waits for its insert.
 //
 // Insert writes one slot; making each slot one instance across all
@@ -68,7 +70,22 @@ type Periodic struct {
 	// StatementTimeout bounds each insert attempt; default
 	// DefaultStatementTimeout.
 	StatementTimeout time.Duration
+
+	// now is the wall clock (tests); nil is time.Now.
+	now func() time.Time
+	// maxSleep caps each wait of the loop (tests); zero is
+	// periodicMaxSleep.
+	maxSleep time.Duration
 }
+
+// periodicMaxSleep caps each wait of the loop. Slots are wall-clock
+// instants, but a timer runs on the monotonic clock, which a clock set
+// forward does not move and a suspended machine stops: a wait computed
+// before either would end that much past the slot it waits for (a daily
+// schedule's slot an hour late after the clock was stepped an hour
+// forward). Waking at least this often, the loop sees such a slot due
+// within this long of its time.
+const periodicMaxSleep = time.Minute
 
 // DefaultPeriodicMaxRetryDelay is the default cap of the wait between a
 // slot's insert attempts.
@@ -87,8 +104,15 @@ func (p *Periodic) Start(ctx context.Context) error {
 	return p.StartLoop(ctx, p.loop)
 }
 
+func (p *Periodic) clock() time.Time {
+	if p.now != nil {
+		return p.now()
+	}
+	return time.Now()
+}
+
 func (p *Periodic) loop(ctx context.Context) {
-	now := time.Now()
+	now := p.clock()
 	next := make([]time.Time, len(p.Schedules))
 	due := make([]*dueSlot, len(p.Schedules))
 	for i := range p.Schedules {
@@ -99,7 +123,7 @@ func (p *Periodic) loop(ctx context.Context) {
 		next[i] = s.Next(now)
 	}
 	for ctx.Err() == nil {
-		now := time.Now()
+		now := p.clock()
 		for i := range p.Schedules {
 			if t := next[i]; !t.IsZero() && !t.After(now) {
 				t = latestSince(p.Schedules[i].Next, t, now)
@@ -133,7 +157,7 @@ func (p *Periodic) loop(ctx context.Context) {
 		if wake.IsZero() {
 			return // no schedule has another slot, and none is waiting
 		}
-		timer := time.NewTimer(time.Until(wake))
+		timer := time.NewTimer(min(wake.Sub(p.clock()), positiveOr(p.maxSleep, periodicMaxSleep)))
 		select {
 		case <-ctx.Done():
 			timer.Stop()
@@ -174,7 +198,7 @@ func (p *Periodic) insertSlot(ctx context.Context, i int, d *dueSlot) bool {
 	}
 	wait := backoff.Delay(positiveOr(p.RetryDelay, 200*time.Millisecond),
 		positiveOr(p.MaxRetryDelay, DefaultPeriodicMaxRetryDelay), d.tries)
-	d.retryAt = time.Now().Add(wait)
+	d.retryAt = p.clock().Add(wait)
 	if ctx.Err() == nil {
 		logger(p.Log).Warn("gendurable: periodic slot insert failed; it is tried again", "periodic", name, "slot", d.at,
 			"attempt", d.tries, "retry_in", wait, "err", err)

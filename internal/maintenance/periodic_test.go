@@ -437,3 +437,35 @@ func TestPeriodicSlotSupersededBeforeItsFirstAttemptIsNoError(t *testing.T) {
 		t.Fatalf("the skipped slot is not in the log:\n%s", logs.String())
 	}
 }
+
+// TestPeriodicSlotDueAfterTheClockJumpedForwardIsInsertedThen: the wall
+// clock is set an hour forward while the loop waits for a slot an hour away.
+// The slot is due at once, and is inserted within the loop's longest wait
+// (here 100ms). The loop used to wait out the hour it computed before the
+// jump on its timer, which runs on the monotonic clock (as it does while a
+// machine is suspended): the slot went in an hour late.
+func TestPeriodicSlotDueAfterTheClockJumpedForwardIsInsertedThen(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	var skew atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	slot := now().Add(time.Hour).Truncate(time.Millisecond)
+	p := &Periodic{Log: quiet, now: now, maxSleep: 100 * time.Millisecond,
+		Schedules: []Schedule{{Name: "hourly", Next: slots(slot, slot.Add(2*time.Hour))}},
+		Insert: func(ctx context.Context, i int, s time.Time) (int64, bool, error) {
+			return d.insertSlot(ctx, "hourly", s)
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	time.Sleep(300 * time.Millisecond) // the loop waits for the slot
+	skew.Store(int64(time.Hour + time.Second))
+	eventually(t, 3*time.Second, func() bool {
+		return d.count(`SELECT count(*) FROM {{s}}.gendurable_instances`) == 1
+	}, "the slot the clock jumped past not inserted")
+	p.Stop()
+	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_instances`); n != 1 {
+		t.Fatalf("%d rows, want 1", n)
+	}
+}
