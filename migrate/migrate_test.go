@@ -404,3 +404,28 @@ func TestInstancesAutovacuumByDeadRows(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, reloptions())
 }
+
+// TestReinstallKeepsClaimTokensGrowing: a claim's token is its fencing
+// token, and "every claim draws a larger one" must hold across a Down and
+// an Up of the schema too. Starting the sequence at 1 again gave the new
+// instances (ids from 1 again) the old claims' (id, token) pairs: a step of
+// an engine still running across the reinstall wrote its late outcome onto
+// the new instance of the same id (marking it done while its own step still
+// ran), and a resource fencing by token refused every write of the new runs.
+func TestReinstallKeepsClaimTokensGrowing(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, nil)
+	ctx := context.Background()
+	var old int64
+	for range 1000 { // claims of the first install
+		require.NoError(t, pool.QueryRow(ctx, `SELECT nextval('"`+schema+`".gendurable_claim_token_seq')`).Scan(&old))
+	}
+	_, err := migrate.Down(ctx, pool, schema)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	var fresh int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT nextval('"`+schema+`".gendurable_claim_token_seq')`).Scan(&fresh))
+	require.Greater(t, fresh, old, "the reinstalled schema's first claim token is larger than the last one of the previous install")
+	require.Less(t, fresh, int64(1)<<53, "tokens stay exact as JSON numbers (the dashboard's JavaScript)")
+}
