@@ -220,3 +220,12 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 	}
 	return from, applied, nil
 }
+
+// DefaultIsolation reads the isolation level a statement of db runs at
+// outside an explicit transaction: the level of the pick's own implicit
+// transaction, which the pick refuses unless it is read committed.
+func DefaultIsolation(ctx context.Context, db RowQuerier) (string, error) {
+	var level string
+	err := db.QueryRow(ctx, `SELECT current_setting('transaction_isolation')`).Scan(&level)
+	return level, err
+}
