@@ -11,6 +11,7 @@ import (
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -428,4 +429,45 @@ func TestReinstallKeepsClaimTokensGrowing(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT nextval('"`+schema+`".gendurable_claim_token_seq')`).Scan(&fresh))
 	require.Greater(t, fresh, old, "the reinstalled schema's first claim token is larger than the last one of the previous install")
 	require.Less(t, fresh, int64(1)<<53, "tokens stay exact as JSON numbers (the dashboard's JavaScript)")
+}
+
+// TestUpByTheSchemaOwnerWithoutCreateOnTheDatabase: a role that owns its
+// schema but may not create schemas in the database (no CREATE on it, the
+// default for a role that does not own the database) migrates its schema.
+// Up ran CREATE SCHEMA IF NOT EXISTS first, which PostgreSQL refuses
+// without that privilege even when the schema exists: every Up failed,
+// also one with nothing to do on every start.
+func TestUpByTheSchemaOwnerWithoutCreateOnTheDatabase(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	role := schema + "_owner"
+	_, err := pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD 'gdtest'`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+		_, _ = pool.Exec(context.Background(), `DROP ROLE IF EXISTS `+role)
+	})
+	_, err = pool.Exec(ctx, `ALTER SCHEMA `+schema+` OWNER TO `+role)
+	require.NoError(t, err)
+	cfg, err := pgx.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	cfg.User, cfg.Password = role, "gdtest"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var mayCreate bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE')`).Scan(&mayCreate))
+	require.False(t, mayCreate, "the role may not create schemas")
+
+	res, err := migrate.Up(ctx, conn, schema)
+	require.NoError(t, err)
+	require.Equal(t, allVersions(), res.Applied)
+	res, err = migrate.Up(ctx, conn, schema)
+	require.NoError(t, err)
+	require.Empty(t, res.Applied)
+	_, err = migrate.Down(ctx, conn, schema)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, conn, schema+"_other")
+	require.Error(t, err, "a schema that does not exist still needs the privilege")
 }
