@@ -207,7 +207,8 @@
 // also in batches; on error, their [BulkResult] holds what was changed
 // before it. [Engine.RunNow] makes a
 // scheduled or backing-off instance eligible now. On a schema that was never
-// migrated they return [ErrNotMigrated].
+// migrated they return [ErrNotMigrated]; on one migrated to another
+// version than the library's, [ErrSchemaVersion].
 //
 // Rows run on the (machine, version) they were inserted with; several
 // versions may be registered side by side. A row whose version this process

@@ -434,10 +434,12 @@ func (qc *QueueConfig) withDefaults(name string) error {
 // Config returns the engine's configuration with defaults filled in.
 func (e *Engine) Config() Config { return e.cfg }
 
-// Start checks that the schema is migrated, then starts the maintenance
-// services (reaper, await-timeout sweep, pruner, periodic schedules, in
-// that order) and the feeders of the configured queues in background
-// goroutines. ctx bounds the start-up checks only; the engine runs until
+// Start checks that the schema is migrated (else [ErrSchemaVersion]) and,
+// for an engine with queues, that the pool's transactions default to read
+// committed, the isolation level the pick needs (else [ErrInvalidConfig]),
+// then starts the maintenance services (reaper, await-timeout sweep,
+// pruner, periodic schedules, in that order) and the feeders of the
+// configured queues in background goroutines. ctx bounds the start-up checks only; the engine runs until
 // [Engine.Stop]. Called while a Stop is in progress, Start first waits for
 // it to return (or for ctx).
 func (e *Engine) Start(ctx context.Context) error {
@@ -466,6 +468,19 @@ func (e *Engine) Start(ctx context.Context) error {
 	}
 	if want := sqlq.LatestVersion(); v != want {
 		return fmt.Errorf("%w: schema %q is at version %d, this library needs %d (run migrate.Up)", ErrSchemaVersion, e.cfg.Schema, v, want)
+	}
+	if len(e.cfg.Queues) > 0 {
+		// The pick refuses any other level: a pool whose transactions
+		// default to repeatable read or serializable would start, log a
+		// failed pick every poll and never run a step.
+		level, err := sqlq.DefaultIsolation(ctx, e.pool)
+		if err != nil {
+			return fmt.Errorf("gendurable: start: reading the transaction isolation level: %w", err)
+		}
+		if level != "read committed" {
+			return errorf(ErrInvalidConfig, "the pool's transactions run at %s, the pick needs read committed "+
+				"(set default_transaction_isolation to 'read committed' for the pool's connections, role or database)", level)
+		}
 	}
 
 	if err := e.storeDefinitions(ctx); err != nil {

@@ -84,6 +84,34 @@ func TestStartRefusesUnmigratedSchema(t *testing.T) {
 	require.ErrorContains(t, err, "run migrate.Up")
 }
 
+// TestStartRefusesAPoolThatIsNotReadCommitted: the pick refuses any
+// isolation level but read committed, so on a pool whose transactions
+// default to another (default_transaction_isolation, set in the URL, for
+// the role or the database) an engine with queues started, logged "pick
+// failed" every poll and never ran a step. Start refuses it instead, saying
+// what to change; an engine without queues picks nothing and starts.
+func TestStartRefusesAPoolThatIsNotReadCommitted(t *testing.T) {
+	t.Parallel()
+	url := dbtest.URL()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{URL: url + sep + "default_transaction_isolation=repeatable%20read", MaxConns: 2})
+	job := &gendurable.Job[orderArgs]{Name: "j", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	eng, err := gendurable.New(pool, fastConfig(schema, job))
+	require.NoError(t, err)
+	err = eng.Start(context.Background())
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+	require.ErrorContains(t, err, "repeatable read")
+	require.ErrorContains(t, err, "read committed")
+
+	insertOnly, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{job}})
+	require.NoError(t, err)
+	require.NoError(t, insertOnly.Start(context.Background()))
+	require.NoError(t, insertOnly.Stop(context.Background()))
+}
+
 func TestStartStopRepeatedly(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}

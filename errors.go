@@ -1,6 +1,7 @@
 package gendurable
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -68,7 +69,11 @@ var (
 	ErrInfrastructure = executor.ErrInfrastructure
 
 	// ErrSchemaVersion: the schema is not migrated to the version this
-	// library needs (see package migrate).
+	// library needs (see package migrate). [Engine.Start] checks the version
+	// and returns it; an operator call, insert or signal of an engine that
+	// was not started returns it too when a statement misses a table, column
+	// or function because the schema is at an older (or newer) version —
+	// the error text names both versions and the command to run.
 	ErrSchemaVersion = errors.New("gendurable: schema version mismatch")
 
 	// ErrInvalidInput: an operator call ([Engine.List], [Engine.Pause],
@@ -146,15 +151,60 @@ func notMigrated(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "42P01" && strings.Contains(pgErr.Message, "gendurable_")
 }
 
-// dbErr wraps a database error of the operation what: as [ErrNotMigrated],
+// schemaObjectMissing reports an error a schema at another version than
+// the library's gives: an undefined table, column or function (SQLSTATE
+// 42P01, 42703, 42883).
+func schemaObjectMissing(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "42P01", "42703", "42883":
+		return true
+	}
+	return false
+}
+
+// dbErr wraps a database error of the operation what: as [ErrSchemaVersion]
+// when a table, column or function is missing and the schema is at another
+// version than this library's (read only then, on this error path: an
+// engine that was never started has not checked it); as [ErrNotMigrated],
 // naming the schema and the command that fixes it, when the tables are
 // missing; as "gendurable: what: err" otherwise.
 func (e *Engine) dbErr(err error, what string) error {
+	if schemaObjectMissing(err) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		v, verr := sqlq.InstalledVersion(ctx, e.pool, e.cfg.Schema)
+		cancel()
+		if want := sqlq.LatestVersion(); verr == nil && v != 0 && v != want {
+			return &schemaVersionError{what: what, schema: e.cfg.Schema, have: v, want: want, err: err}
+		}
+	}
 	if notMigrated(err) {
 		return &notMigratedError{what: what, schema: e.cfg.Schema, err: err}
 	}
 	return fmt.Errorf("gendurable: %s: %w", what, err)
 }
+
+// schemaVersionError says which versions differ and what to run instead
+// of the database's "column ... does not exist", which it still wraps.
+type schemaVersionError struct {
+	what, schema string
+	have, want   int
+	err          error
+}
+
+func (s *schemaVersionError) Error() string {
+	fix := fmt.Sprintf("run `gendurable migrate up --schema %s` (or migrate.Up)", s.schema)
+	if s.have > s.want {
+		fix = "upgrade this process's gendurable"
+	}
+	return fmt.Sprintf("%v: %s: schema %q is at version %d, this library needs %d; %s",
+		ErrSchemaVersion, s.what, s.schema, s.have, s.want, fix)
+}
+
+func (s *schemaVersionError) Unwrap() []error { return []error{ErrSchemaVersion, s.err} }
 
 // notMigratedError says what to run instead of the database's "relation
 // ... does not exist", which it still wraps.

@@ -124,8 +124,9 @@ type Run[S any] struct {
 	InsertedAt   time.Time // when the instance was inserted
 	// Token is this run's claim token: the fencing token of the claim (and,
 	// for a keyed instance, of its key's slot). Every claim draws a larger
-	// one, so a resource the step writes to outside this database can refuse
-	// a write that carries a token smaller than the last it accepted — the
+	// one, across a reinstall of the schema (migrate down, then up) too, so
+	// a resource the step writes to outside this database can refuse a
+	// write that carries a token smaller than the last it accepted — the
 	// write of a step that ran past its lease while a successor took over
 	// (docs/design.md §6; example in the README).
 	Token int64

@@ -2,6 +2,7 @@ package gendurable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -42,7 +43,8 @@ type Periodic struct {
 	// New builds the instance for a slot (the slot's time is passed in).
 	// Its UniqueKey, UniqueScope and RunAt are set by the engine. Required.
 	// An instance the engine refuses (ErrInvalidInsert, ErrUnknownMachine,
-	// ErrStateEncode) gives its slot up at once, logged as an error; a slot
+	// ErrStateEncode) gives its slot up at once, logged as an error, as
+	// does a New that panics or a state whose encoding panics; a slot
 	// whose insert fails otherwise (the database down) is tried again until
 	// the schedule's next slot comes due.
 	New func(slot time.Time) InsertParams
@@ -79,11 +81,24 @@ func slotKey(name string, slot time.Time) string {
 // insertSlot inserts the instance of one slot of schedule p, once across all
 // processes. The periodic service (internal/maintenance) calls it as slots
 // come due, and retries it if it fails.
+//
+// New and the encoding of the state it builds are the user's code on the
+// engine's own goroutine: a panic in either gives the slot up (it is an
+// ErrInvalidInsert or ErrStateEncode, which the service does not retry)
+// instead of taking the process down.
 func (e *Engine) insertSlot(ctx context.Context, p *Periodic, slot time.Time) (id int64, duplicate bool, err error) {
-	params := p.New(slot)
+	var params InsertParams
+	if err := safely(func() error { params = p.New(slot); return nil }); err != nil {
+		return 0, false, fmt.Errorf("%w: Periodic %q: New: %w", ErrInvalidInsert, p.Name, err)
+	}
 	params.opts.UniqueKey = slotKey(p.Name, slot)
 	params.opts.UniqueScope = UniqueForever
 	params.opts.RunAt, params.opts.RunIn = slot, 0
-	res, err := e.Insert(ctx, params)
+	var res InsertResult
+	var pe *PanicError
+	err = safely(func() (err error) { res, err = e.Insert(ctx, params); return err })
+	if errors.As(err, &pe) {
+		return 0, false, fmt.Errorf("%w: Periodic %q: encoding the state: %w", ErrStateEncode, p.Name, err)
+	}
 	return res.ID, res.Duplicate, err
 }

@@ -144,6 +144,48 @@ func TestPeriodicSlotWhoseInsertIsInvalidIsGivenUpAtOnce(t *testing.T) {
 	require.NotContains(t, out, "tried again", "logs:\n%s", out)
 }
 
+// panickyTick's encoding panics, as a user's MarshalJSON may.
+type panickyTick struct{}
+
+func (panickyTick) MarshalJSON() ([]byte, error) { panic("no encoding today") }
+
+// TestPeriodicNewThatPanicsGivesItsSlotUp: a schedule's New, or the
+// encoding of the state it builds, is the user's code running on the
+// engine's periodic goroutine. A panic there killed the whole process (a
+// step's, a hook's, a Backoff's or a MarshalJSON's in an outcome are caught);
+// now the slot is given up as an instance the engine refuses is, with one
+// error logged that carries the panic, and the engine runs on.
+func TestPeriodicNewThatPanicsGivesItsSlotUp(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[tick]{Name: "fine", Perform: func(context.Context, *gendurable.Run[tick]) error { return nil }}
+	bad := &gendurable.Job[panickyTick]{Name: "bad", Perform: func(context.Context, *gendurable.Run[panickyTick]) error { return nil }}
+	var calls atomic.Int32
+	cfg := fastConfig("", job, bad)
+	cfg.Periodic = []gendurable.Periodic{{
+		Name: "panics", Schedule: "@daily",
+		New: func(time.Time) gendurable.InsertParams {
+			calls.Add(1)
+			panic("New is broken")
+		},
+	}, {
+		Name: "encoding panics", Schedule: "@daily",
+		New: func(time.Time) gendurable.InsertParams { calls.Add(1); return bad.New(panickyTick{}) },
+	}}
+	logs := &syncBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	b := setup(t, cfg)
+	require.NoError(t, b.eng.Start(context.Background()))
+	time.Sleep(1500 * time.Millisecond) // retries would come at about 0.2, 0.6 and 1.4 s
+	id := b.insert(job.New(tick{}))
+	b.waitStatus(id, "done", 10*time.Second)
+	require.NoError(t, b.eng.Stop(context.Background()))
+	require.EqualValues(t, 2, calls.Load(), "a slot whose New panicked was tried again")
+	out := logs.String()
+	require.Equal(t, 2, strings.Count(out, "level=ERROR"), "want one error per slot given up; logs:\n%s", out)
+	require.Contains(t, out, "New is broken", "logs:\n%s", out)
+	require.Contains(t, out, "no encoding today", "logs:\n%s", out)
+}
+
 // syncBuffer is a bytes.Buffer that goroutines may write while a test reads.
 type syncBuffer struct {
 	mu  sync.Mutex

@@ -39,6 +39,8 @@ type Result struct {
 }
 
 // Up migrates schema to the latest version, creating the schema if needed.
+// The role needs CREATE on the schema (its owner has it); the database's
+// CREATE privilege only when the schema does not exist yet.
 func Up(ctx context.Context, db DB, schema string) (Result, error) {
 	return To(ctx, db, schema, Latest())
 }

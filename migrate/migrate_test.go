@@ -11,6 +11,7 @@ import (
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -403,4 +404,70 @@ func TestInstancesAutovacuumByDeadRows(t *testing.T) {
 	_, err = migrate.To(ctx, pool, schema, 6)
 	require.NoError(t, err)
 	require.Empty(t, reloptions())
+}
+
+// TestReinstallKeepsClaimTokensGrowing: a claim's token is its fencing
+// token, and "every claim draws a larger one" must hold across a Down and
+// an Up of the schema too. Starting the sequence at 1 again gave the new
+// instances (ids from 1 again) the old claims' (id, token) pairs: a step of
+// an engine still running across the reinstall wrote its late outcome onto
+// the new instance of the same id (marking it done while its own step still
+// ran), and a resource fencing by token refused every write of the new runs.
+func TestReinstallKeepsClaimTokensGrowing(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, nil)
+	ctx := context.Background()
+	var old int64
+	for range 1000 { // claims of the first install
+		require.NoError(t, pool.QueryRow(ctx, `SELECT nextval('"`+schema+`".gendurable_claim_token_seq')`).Scan(&old))
+	}
+	_, err := migrate.Down(ctx, pool, schema)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	var fresh int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT nextval('"`+schema+`".gendurable_claim_token_seq')`).Scan(&fresh))
+	require.Greater(t, fresh, old, "the reinstalled schema's first claim token is larger than the last one of the previous install")
+	require.Less(t, fresh, int64(1)<<53, "tokens stay exact as JSON numbers (the dashboard's JavaScript)")
+}
+
+// TestUpByTheSchemaOwnerWithoutCreateOnTheDatabase: a role that owns its
+// schema but may not create schemas in the database (no CREATE on it, the
+// default for a role that does not own the database) migrates its schema.
+// Up ran CREATE SCHEMA IF NOT EXISTS first, which PostgreSQL refuses
+// without that privilege even when the schema exists: every Up failed,
+// also one with nothing to do on every start.
+func TestUpByTheSchemaOwnerWithoutCreateOnTheDatabase(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	role := schema + "_owner"
+	_, err := pool.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD 'gdtest'`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+		_, _ = pool.Exec(context.Background(), `DROP ROLE IF EXISTS `+role)
+	})
+	_, err = pool.Exec(ctx, `ALTER SCHEMA `+schema+` OWNER TO `+role)
+	require.NoError(t, err)
+	cfg, err := pgx.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	cfg.User, cfg.Password = role, "gdtest"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	var mayCreate bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE')`).Scan(&mayCreate))
+	require.False(t, mayCreate, "the role may not create schemas")
+
+	res, err := migrate.Up(ctx, conn, schema)
+	require.NoError(t, err)
+	require.Equal(t, allVersions(), res.Applied)
+	res, err = migrate.Up(ctx, conn, schema)
+	require.NoError(t, err)
+	require.Empty(t, res.Applied)
+	_, err = migrate.Down(ctx, conn, schema)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, conn, schema+"_other")
+	require.Error(t, err, "a schema that does not exist still needs the privilege")
 }

@@ -865,7 +865,7 @@ func errorCode(err error) string {
 	case is(gendurable.ErrNotRetryable, gendurable.ErrNotCancellable, gendurable.ErrQueueNotEmpty, gendurable.ErrUniqueConflict,
 		gendurable.ErrInstanceFinished, gendurable.ErrNotDelayed):
 		return "conflict"
-	case is(gendurable.ErrNotMigrated):
+	case is(gendurable.ErrNotMigrated, gendurable.ErrSchemaVersion):
 		return "not_migrated"
 	case is(errAborted):
 		return "aborted"

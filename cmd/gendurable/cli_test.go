@@ -891,6 +891,24 @@ func TestErrorsNotFoundAndNotMigrated(t *testing.T) {
 			require.Contains(t, jsonError(t, args, errOut, "not_migrated", exitError), "gendurable migrate up")
 		}
 	}
+
+	// A schema at an older version: the versions and the command to run,
+	// not "column ... does not exist".
+	old := scratchName(t, pool, "gdold_")
+	_, err = migrate.To(context.Background(), pool, old, 1)
+	require.NoError(t, err)
+	for _, args := range [][]string{{"status"}, {"signal", "1", "go"}} {
+		args = append(args, "--schema", old)
+		_, errOut, code := cli(t, args...)
+		require.Equal(t, exitError, code, "%q: %s", args, errOut)
+		oneErrorLine(t, args, errOut)
+		require.Contains(t, errOut, "is at version 1, this library needs", "%q", args)
+		require.Contains(t, errOut, "run `gendurable migrate up --schema "+old+"`", "%q", args)
+		require.NotContains(t, errOut, "does not exist", "%q", args)
+		_, errOut, code = cli(t, append(args, "--json")...)
+		require.Equal(t, exitError, code)
+		require.Contains(t, jsonError(t, args, errOut, "not_migrated", exitError), "gendurable migrate up")
+	}
 }
 
 // TestFlagsBeforeTheCommandSayWhereTheyGo: `gendurable --database-url URL

@@ -175,9 +175,18 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 	}
 	if target > 0 {
 		// Down (target 0) creates nothing: a missing schema has no tables
-		// to remove, and InstalledVersion reads it as version 0.
-		if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteIdent(schema)); err != nil {
+		// to remove, and InstalledVersion reads it as version 0. An
+		// existing schema is not created again: PostgreSQL checks the
+		// database's CREATE privilege before IF NOT EXISTS, and a role that
+		// owns its schema but may not create schemas could never migrate.
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists); err != nil {
 			return 0, nil, err
+		}
+		if !exists {
+			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteIdent(schema)); err != nil {
+				return 0, nil, err
+			}
 		}
 	}
 	from, err = InstalledVersion(ctx, tx, schema)
@@ -219,4 +228,13 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 		return from, nil, err
 	}
 	return from, applied, nil
+}
+
+// DefaultIsolation reads the isolation level a statement of db runs at
+// outside an explicit transaction: the level of the pick's own implicit
+// transaction, which the pick refuses unless it is read committed.
+func DefaultIsolation(ctx context.Context, db RowQuerier) (string, error) {
+	var level string
+	err := db.QueryRow(ctx, `SELECT current_setting('transaction_isolation')`).Scan(&level)
+	return level, err
 }

@@ -6,6 +6,15 @@ CREATE TYPE {{schema}}.gendurable_status AS ENUM
 
 -- Every claim draws a fresh fencing token from this sequence.
 CREATE SEQUENCE {{schema}}.gendurable_claim_token_seq AS bigint;
+-- It starts at the clock in microseconds since 1970, not at 1: tokens must
+-- keep growing across a reinstall (migrate down, then up). Every earlier token
+-- was drawn at less than one a microsecond since its install (or since 1 before
+-- this start), so it is smaller; a late outcome of a step claimed before the
+-- reinstall then never matches a new claim of a new row with the same id, and a
+-- resource that fences by token accepts the new runs. 2^53 (exact in JSON) is
+-- centuries away.
+SELECT setval('{{schema}}.gendurable_claim_token_seq',
+              (extract(epoch FROM clock_timestamp()) * 1000000)::bigint);
 
 CREATE TABLE {{schema}}.gendurable_instances (
   id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
