@@ -476,7 +476,7 @@ func TestClaimBringsInboxAndChildren(t *testing.T) {
 	for _, sql := range rec.sql {
 		known := false
 		for _, prefix := range []string{"WITH locked AS", "WITH o AS", "WITH h AS", "WITH target AS", "INSERT INTO",
-			"WITH expired AS", "WITH due AS", "SELECT obj_description", "SELECT set_config", "begin", "commit",
+			"WITH expired AS", "WITH due AS", "SELECT obj_description", "SELECT current_setting", "SELECT set_config", "begin", "commit",
 			"SELECT id, fsm, fsm_version", "SELECT p.next_cursor"} {
 			known = known || strings.HasPrefix(sql, prefix)
 		}
