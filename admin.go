@@ -230,31 +230,9 @@ func stateFilterProblem(doc json.RawMessage) string {
 		return `is not a JSON object or array (e.g. {"customer": "c-7"})`
 	case !utf8.Valid(doc):
 		return "is not valid UTF-8"
-	case holdsNUL(doc):
-		return "holds a NUL character (\\u0000), which no stored state can"
-	case jsonbProblem([]byte(doc)) != "":
-		return jsonbProblem([]byte(doc)) // a lone surrogate escape
 	}
-	return ""
-}
-
-// holdsNUL reports whether the valid JSON doc has a NUL character in a
-// string or key (an escaped backslash followed by "u0000" is not one).
-func holdsNUL(doc json.RawMessage) bool {
-	if !strings.Contains(string(doc), `\u0000`) {
-		return false
-	}
-	dec := json.NewDecoder(strings.NewReader(string(doc)))
-	dec.UseNumber()
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return false
-		}
-		if s, ok := tok.(string); ok && strings.ContainsRune(s, 0) {
-			return true
-		}
-	}
+	// A NUL (\u0000) or a lone surrogate escape: no stored state holds one.
+	return jsonbProblem([]byte(doc))
 }
 
 // stateMatchesAll reports whether doc, a valid state filter, is an empty

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -851,10 +850,7 @@ func TestPauseLetsAChainEndAtChainSteps(t *testing.T) {
 func TestCallsOnOneInstanceRefuseNonPositiveIDs(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
-	require.NoError(t, err)
-	defer pool.Close()
-	eng, err := gendurable.New(pool, &gendurable.Config{})
+	eng, err := gendurable.New(unreachablePool(t), &gendurable.Config{})
 	require.NoError(t, err)
 	for _, id := range []int64{0, -1, math.MinInt64} {
 		for name, call := range map[string]func() error{
@@ -888,10 +884,7 @@ func TestCallsOnOneInstanceRefuseNonPositiveIDs(t *testing.T) {
 func TestListRefusesANegativeCursor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
-	require.NoError(t, err)
-	defer pool.Close()
-	eng, err := gendurable.New(pool, &gendurable.Config{})
+	eng, err := gendurable.New(unreachablePool(t), &gendurable.Config{})
 	require.NoError(t, err)
 	for _, f := range []gendurable.ListFilter{
 		{Before: -1}, {Before: math.MinInt64}, {Limit: -1}, {MaxScan: -5}, {Queue: "q", Before: -7},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/gendurabletest"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -140,6 +141,29 @@ func (b *testBundle) count(sql string, args ...any) int {
 	var n int
 	require.NoError(b.t, b.pool.QueryRow(context.Background(), replaceSchema(sql, b.schema), args...).Scan(&n))
 	return n
+}
+
+// lockRows locks the instance rows ids in a transaction of its own, so
+// that a statement writing one of them waits; it returns the transaction
+// (rolled back when the test ends, if the test has not ended it) and its
+// backend's pid, for blockedBy.
+func (b *testBundle) lockRows(ids ...int64) (pgx.Tx, int) {
+	b.t.Helper()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(b.t, err)
+	b.t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, replaceSchema(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = ANY ($1) FOR UPDATE`, b.schema), ids)
+	require.NoError(b.t, err)
+	return tx, int(tx.Conn().PgConn().PID())
+}
+
+// blockedBy counts the sessions waiting for a lock that the backend pid
+// holds, whose statement contains like ("" for any).
+func (b *testBundle) blockedBy(pid int, like string) int {
+	b.t.Helper()
+	return b.count(`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))
+		AND strpos(query, $2) > 0`, pid, like)
 }
 
 func replaceSchema(sql, schema string) string { return strings.ReplaceAll(sql, "{{s}}", schema) }
@@ -282,6 +306,17 @@ type fanState struct {
 type leafArgs struct {
 	N    int  `json:"n"`
 	Fail bool `json:"fail,omitempty"`
+}
+
+// unreachablePool is a pool of a server that is not there (nothing listens
+// on port 1): a call that reaches for a connection fails with a connection
+// error, so a call that returns another error checked before any SQL.
+func unreachablePool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // statusParent is a machine that schedules kids() as its children, then

@@ -170,11 +170,7 @@ func TestRetryOfAParentRacingItsLastChildsFinish(t *testing.T) {
 			b.waitStatus(parent, "awaiting_children", 10*time.Second)
 			require.NoError(t, b.eng.Cancel(ctx, parent, "operator"))
 
-			tx, err := b.pool.Begin(ctx)
-			require.NoError(t, err)
-			defer tx.Rollback(ctx)
-			var holder int
-			require.NoError(t, tx.QueryRow(ctx, replaceSchema(`SELECT pg_backend_pid() FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), parent).Scan(&holder))
+			tx, holder := b.lockRows(parent)
 			waiting := func(n int) func() bool {
 				return func() bool {
 					// Blocked by the holder, or by a session the holder blocks (the
@@ -262,11 +258,7 @@ func TestRetryManyOfAParentWhoseRetriedChildFinishedMeanwhile(t *testing.T) {
 	}, "the first child does not fail")
 	require.NoError(t, b.eng.Cancel(ctx, parent, "operator"))
 
-	tx, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	var holder int
-	require.NoError(t, tx.QueryRow(ctx, replaceSchema(`SELECT pg_backend_pid() FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), x).Scan(&holder))
+	tx, holder := b.lockRows(x)
 	retried := make(chan error, 1)
 	var res gendurable.BulkResult
 	go func() {
@@ -274,9 +266,7 @@ func TestRetryManyOfAParentWhoseRetriedChildFinishedMeanwhile(t *testing.T) {
 		res, err = b.eng.RetryMany(ctx, []int64{x, parent})
 		retried <- err
 	}()
-	eventually(t, 10*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, holder) > 0
-	}, "the retry does not wait for the earlier row")
+	eventually(t, 10*time.Second, func() bool { return b.blockedBy(holder, "") > 0 }, "the retry does not wait for the earlier row")
 	// Meanwhile the failed child is retried on its own and finishes.
 	require.NoError(t, b.eng.Retry(ctx, failedKid))
 	b.waitStatus(failedKid, "done", 10*time.Second)

@@ -1436,18 +1436,12 @@ func TestStoppedWorkerStartsNoChainedStepOfALapsedLease(t *testing.T) {
 
 	// Hold the rows' locks: the chaining outcomes wait on them.
 	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, replaceSchema(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = ANY ($1) FOR UPDATE`, b.schema), ids)
-	require.NoError(t, err)
+	tx, pid := b.lockRows(ids...)
 	eventually(t, 5*time.Second, func() bool {
 		return b.count(`SELECT count(*) FROM {{s}}.starts WHERE step = 'a-end'`) == n
 	}, "step a did not end")
-	eventually(t, 5*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))
-			AND query LIKE '%cont_asked%'`, int(tx.Conn().PgConn().PID())) > 0
-	}, "no chaining outcome waits on the rows' locks")
+	eventually(t, 5*time.Second, func() bool { return b.blockedBy(pid, "cont_asked") > 0 },
+		"no chaining outcome waits on the rows' locks")
 	time.Sleep(100 * time.Millisecond) // every outcome sent
 
 	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
@@ -1540,15 +1534,9 @@ func TestHandOffWhoseAnswerIsLostRunsTheSuccessorOnce(t *testing.T) {
 
 	// The first row's outcome waits on its row lock; the connections are
 	// stranded; then the outcome commits, handing the slot on.
-	tx, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, replaceSchema(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), ids[0])
-	require.NoError(t, err)
-	eventually(t, 5*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))
-			AND query LIKE '%cont_asked%'`, int(tx.Conn().PgConn().PID())) > 0
-	}, "no outcome waits on the first row's lock")
+	tx, pid := b.lockRows(ids[0])
+	eventually(t, 5*time.Second, func() bool { return b.blockedBy(pid, "cont_asked") > 0 },
+		"no outcome waits on the first row's lock")
 	proxy.Strand()
 	require.NoError(t, tx.Rollback(ctx))
 	b.waitStatus(ids[0], "done", 5*time.Second)

@@ -112,22 +112,11 @@ const (
 // included, failed with "out of memory", and no other instance of the
 // queue ran.
 func storedNumbers[T string | []byte](b T) (grown int, problem string) {
-	inString, escaped := false, false
 	for i := 0; i < len(b); i++ {
 		c := b[i]
 		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-			continue
 		case c == '"':
-			inString = true
+			i = stringEnd(b, i)
 			continue
 		case c != '-' && (c < '0' || c > '9'):
 			continue
@@ -209,6 +198,20 @@ func storedNumbers[T string | []byte](b T) (grown int, problem string) {
 	return grown, ""
 }
 
+// stringEnd returns the index of the quote that closes the JSON string
+// whose opening quote is b[i] (len(b) if none does), skipping escapes.
+func stringEnd[T string | []byte](b T, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++ // the escaped byte
+		case '"':
+			return i
+		}
+	}
+	return len(b)
+}
+
 // clip cuts s to at most n bytes, marking the cut.
 func clip(s string, n int) string {
 	if len(s) <= n {
@@ -225,20 +228,11 @@ func nestsDeeper[T string | []byte](b T, limit int) bool {
 	if limit < 0 || len(b) <= limit {
 		return false
 	}
-	depth, inString, escaped := 0, false, false
+	depth := 0
 	for i := 0; i < len(b); i++ {
 		switch c := b[i]; {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
 		case c == '"':
-			inString = true
+			i = stringEnd(b, i)
 		case c == '[' || c == '{':
 			if depth++; depth > limit {
 				return true

@@ -62,7 +62,7 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 		if err != nil && (ctx.Err() != nil || !executor.ConnectionFailure(err)) {
 			stop()
 			if ctx.Err() != nil && lost != nil {
-				return zero, fmt.Errorf("%w (the last poll before it failed: %v)", ctx.Err(), lost)
+				return zero, waitEnded(ctx, lost)
 			}
 			return zero, err
 		}
@@ -95,10 +95,7 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 		case <-ctx.Done():
 			t.Stop()
 			stop()
-			if lost != nil {
-				return zero, fmt.Errorf("%w (the last poll before it failed: %v)", ctx.Err(), lost)
-			}
-			return zero, ctx.Err()
+			return zero, waitEnded(ctx, lost)
 		case <-woken:
 		case <-t.C:
 			poll = min(2*poll, resultPollMax)
@@ -106,6 +103,15 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 		t.Stop()
 		stop()
 	}
+}
+
+// waitEnded is WaitResult's error when ctx ended: ctx's, naming lost, the
+// connection failure of the last poll, if there was one.
+func waitEnded(ctx context.Context, lost error) error {
+	if lost != nil {
+		return fmt.Errorf("%w (the last poll before it failed: %v)", ctx.Err(), lost)
+	}
+	return ctx.Err()
 }
 
 // finishWaiters wakes WaitResult callers when a step of this process

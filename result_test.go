@@ -191,10 +191,7 @@ func TestWaitResultRidesThroughLostConnections(t *testing.T) {
 	}
 
 	// Polls that keep failing until ctx ends: ctx's error, naming the failure.
-	down, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/postgres?connect_timeout=1")
-	require.NoError(t, err)
-	defer down.Close()
-	lost, err := gendurable.New(down, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{m}})
+	lost, err := gendurable.New(unreachablePool(t), &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{m}})
 	require.NoError(t, err)
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()

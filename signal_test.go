@@ -507,9 +507,7 @@ func TestSignalCommittedWhileAFinishWaitsIsSwept(t *testing.T) {
 		t.Helper()
 		var pid int
 		require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-		eventually(t, 10*time.Second, func() bool {
-			return b.count(`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))`, pid) > 0
-		}, "%s does not wait for the instance row", what)
+		eventually(t, 10*time.Second, func() bool { return b.blockedBy(pid, "") > 0 }, "%s does not wait for the instance row", what)
 	}
 	unconsumed := func(id int64) int {
 		return b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, id)
