@@ -254,6 +254,7 @@ type Engine struct {
 	exec     *executor.Executor // runs claimed rows of every queue
 	trans    transitions        // transitions taken since the last merge into the stored definitions (graph.go)
 	finished finishWaiters      // WaitResult callers, woken by this process's final outcomes
+	ownCtx   context.Context    // Background, marked as the engine's own (insideEngine): steps' and feeder hooks' base
 }
 
 // runState is one Start..Stop lifetime.
@@ -292,6 +293,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	e := &Engine{pool: pool, cfg: c, q: q, log: c.Logger, registry: map[machineKey]*machineCore{},
 		stateLimits:  jsonLimits{maxBytes: c.MaxStateBytes, bytesName: "MaxStateBytes", maxDepth: c.MaxJSONDepth},
 		signalLimits: jsonLimits{maxBytes: c.MaxSignalBytes, bytesName: "MaxSignalBytes", maxDepth: c.MaxJSONDepth}}
+	e.ownCtx = e.ownCall(context.Background())
 	for _, d := range c.Machines {
 		if d == nil {
 			return nil, errorf(ErrInvalidConfig, "nil entry in Machines")
@@ -499,7 +501,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	pickCtx, pickCancel := context.WithCancel(context.Background())
 	// Steps' contexts say they are the engine's own (insideEngine): a Stop
 	// called from a step while another Stop runs must not wait for it.
-	workCtx, workCancel := context.WithCancelCause(context.WithValue(context.Background(), engineCallKey{}, e))
+	workCtx, workCancel := context.WithCancelCause(e.ownCtx)
 	beatCtx, beatCancel := context.WithCancel(context.Background())
 	rs.pickCancel, rs.workCancel, rs.beatCancel = pickCancel, workCancel, beatCancel
 
@@ -666,7 +668,7 @@ func (e *Engine) Stop(ctx context.Context) error {
 			abandoned, ErrStepTimeout))
 	}
 	for name := range rs.scheds {
-		e.emit(ctx, &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})
+		e.emit(e.ownCall(ctx), &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})
 	}
 	rs.beatCancel()
 	maintenance.StopAll(ctx, rs.services) // in reverse start order, each waited for; a final flush ends with ctx
@@ -727,17 +729,20 @@ func (e *Engine) Reap(ctx context.Context) (int, error) {
 }
 
 func (e *Engine) emit(ctx context.Context, ev Event) {
-	if len(e.cfg.Hooks) == 0 {
-		return
-	}
-	ctx = context.WithValue(ctx, engineCallKey{}, e) // see insideEngine
 	for _, h := range e.cfg.Hooks {
 		e.callHook(ctx, h, ev)
 	}
 }
 
-// engineCallKey marks the contexts the engine hands to steps and hooks.
+// engineCallKey marks the contexts the engine hands to steps and hooks:
+// steps' derive from workCtx, which carries it; hooks called off a step's
+// path get ownCtx or a context marked by ownCall.
 type engineCallKey struct{}
+
+// ownCall marks ctx as one the engine hands to a hook (see insideEngine).
+func (e *Engine) ownCall(ctx context.Context) context.Context {
+	return context.WithValue(ctx, engineCallKey{}, e)
+}
 
 // insideEngine reports whether ctx is one e handed to a step or a hook:
 // a call made with it runs on e's own goroutines, which a Stop in progress
@@ -779,19 +784,19 @@ func (s *schedEvents) Pick(r feeder.PickReport) {
 		}
 		ev.Throttled = append(ev.Throttled, t)
 	}
-	s.e.emit(context.Background(), ev)
+	s.e.emit(s.e.ownCtx, ev)
 }
 
 func (s *schedEvents) Saturation(queue string, inFlight, buffered, concurrency, prefetch int) {
 	if len(s.e.cfg.Hooks) == 0 {
 		return
 	}
-	s.e.emit(context.Background(), &SaturationEvent{Queue: queue, InFlight: inFlight, Buffered: buffered, Concurrency: concurrency, Prefetch: prefetch})
+	s.e.emit(s.e.ownCtx, &SaturationEvent{Queue: queue, InFlight: inFlight, Buffered: buffered, Concurrency: concurrency, Prefetch: prefetch})
 }
 
 func (s *schedEvents) LeaseLost(queue string, id int64) {
 	s.e.log.Warn("gendurable: lease lost; cancelling the step", "queue", queue, "id", id)
-	s.e.emit(context.Background(), &LeaseLostEvent{Queue: queue, InstanceID: id})
+	s.e.emit(s.e.ownCtx, &LeaseLostEvent{Queue: queue, InstanceID: id})
 }
 
 func (s *schedEvents) HeartbeatFailed(queue string, err error) {
