@@ -544,22 +544,9 @@ const stopGrace = 500 * time.Millisecond
 // values). The returned func releases it.
 func afterGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
 	late, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	var mu sync.Mutex
-	var timer *time.Timer
-	stop := context.AfterFunc(ctx, func() {
-		mu.Lock()
-		timer = time.AfterFunc(grace, cancel)
-		mu.Unlock()
-	})
-	return late, func() {
-		stop()
-		mu.Lock()
-		if timer != nil {
-			timer.Stop()
-		}
-		mu.Unlock()
-		cancel()
-	}
+	// A timer left running by the release only cancels late once more.
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(grace, cancel) })
+	return late, func() { stop(); cancel() }
 }
 
 // Stop shuts the engine down gracefully: it stops picking, hands prefetched
