@@ -12,7 +12,6 @@ package migrate
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
@@ -72,36 +71,17 @@ func Installed(ctx context.Context, db DB, schema string) (int, error) {
 
 // SQL returns the SQL that migrates schema from version from to version to
 // (up when to > from, down when to < from), with the version comment, for
-// users who apply migrations with their own tool.
+// users who apply migrations with their own tool. Like Up, an install from
+// version 0 creates the schema only if it is missing (so a role that owns
+// its schema but may not create schemas can run it); no other script
+// creates it. from == to gives an empty script.
 func SQL(schema string, from, to int) (string, error) {
 	if err := sqlq.ValidateSchema(schema); err != nil {
 		return "", err
 	}
-	latest := Latest()
-	if from < 0 || to < 0 || from > latest || to > latest {
-		return "", fmt.Errorf("gendurable: migrate: versions must be within 0..%d", latest)
+	s, err := sqlq.MigrationScript(schema, from, to)
+	if err != nil {
+		return "", fmt.Errorf("gendurable: migrate: %w", err)
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "CREATE SCHEMA IF NOT EXISTS \"%s\";\n", schema)
-	ms := sqlq.Migrations()
-	if to >= from {
-		for _, m := range ms {
-			if m.Version > from && m.Version <= to {
-				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) up\n%s", m.Version, m.Name, m.Up(schema))
-			}
-		}
-		if to > 0 && to != from {
-			fmt.Fprintf(&b, "\nCOMMENT ON TABLE \"%s\".gendurable_instances IS 'gendurable schema version %d';\n", schema, to)
-		}
-	} else {
-		for i := len(ms) - 1; i >= 0; i-- {
-			if m := ms[i]; m.Version <= from && m.Version > to {
-				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) down\n%s", m.Version, m.Name, m.Down(schema))
-			}
-		}
-		if to > 0 {
-			fmt.Fprintf(&b, "\nCOMMENT ON TABLE \"%s\".gendurable_instances IS 'gendurable schema version %d';\n", schema, to)
-		}
-	}
-	return b.String(), nil
+	return s, nil
 }

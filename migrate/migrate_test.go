@@ -439,6 +439,64 @@ func TestReinstallKeepsClaimTokensGrowing(t *testing.T) {
 // also one with nothing to do on every start.
 func TestUpByTheSchemaOwnerWithoutCreateOnTheDatabase(t *testing.T) {
 	t.Parallel()
+	conn, schema := schemaOwnerWithoutCreate(t)
+	ctx := context.Background()
+	res, err := migrate.Up(ctx, conn, schema)
+	require.NoError(t, err)
+	require.Equal(t, allVersions(), res.Applied)
+	res, err = migrate.Up(ctx, conn, schema)
+	require.NoError(t, err)
+	require.Empty(t, res.Applied)
+	_, err = migrate.Down(ctx, conn, schema)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, conn, schema+"_other")
+	require.Error(t, err, "a schema that does not exist still needs the privilege")
+}
+
+// TestPrintedSQLRunsForTheSchemaOwnerWithoutCreateOnTheDatabase: the script
+// `gendurable migrate print` writes, applied by a role that owns its schema
+// but may not create schemas. It began with CREATE SCHEMA IF NOT EXISTS,
+// which PostgreSQL refuses without the privilege even when the schema
+// exists (42501), and a down script carried it too.
+func TestPrintedSQLRunsForTheSchemaOwnerWithoutCreateOnTheDatabase(t *testing.T) {
+	t.Parallel()
+	conn, schema := schemaOwnerWithoutCreate(t)
+	ctx := context.Background()
+	up, err := migrate.SQL(schema, 0, migrate.Latest())
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, up)
+	require.NoError(t, err)
+	v, err := migrate.Installed(ctx, conn, schema)
+	require.NoError(t, err)
+	require.Equal(t, migrate.Latest(), v)
+
+	down, err := migrate.SQL(schema, migrate.Latest(), 0)
+	require.NoError(t, err)
+	require.NotContains(t, down, "CREATE SCHEMA", "a down script creates nothing")
+	last := allVersions()[len(allVersions())-2]
+	step, err := migrate.SQL(schema, last, migrate.Latest())
+	require.NoError(t, err)
+	require.NotContains(t, step, "CREATE SCHEMA", "only an install from version 0 may need the schema")
+	same, err := migrate.SQL(schema, last, last)
+	require.NoError(t, err)
+	require.Empty(t, same)
+	_, err = conn.Exec(ctx, down)
+	require.NoError(t, err)
+	v, err = migrate.Installed(ctx, conn, schema)
+	require.NoError(t, err)
+	require.Zero(t, v)
+
+	other, err := migrate.SQL(schema+"_other", 0, migrate.Latest())
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, other)
+	require.Error(t, err, "a schema that does not exist still needs the privilege")
+}
+
+// schemaOwnerWithoutCreate makes a fresh schema owned by a new login role
+// that may not create schemas in the database, and returns a connection as
+// that role.
+func schemaOwnerWithoutCreate(t *testing.T) (*pgx.Conn, string) {
+	t.Helper()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
 	ctx := context.Background()
 	role := schema + "_owner"
@@ -455,19 +513,9 @@ func TestUpByTheSchemaOwnerWithoutCreateOnTheDatabase(t *testing.T) {
 	cfg.User, cfg.Password = role, "gdtest"
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	require.NoError(t, err)
-	defer conn.Close(ctx)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	var mayCreate bool
 	require.NoError(t, conn.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE')`).Scan(&mayCreate))
 	require.False(t, mayCreate, "the role may not create schemas")
-
-	res, err := migrate.Up(ctx, conn, schema)
-	require.NoError(t, err)
-	require.Equal(t, allVersions(), res.Applied)
-	res, err = migrate.Up(ctx, conn, schema)
-	require.NoError(t, err)
-	require.Empty(t, res.Applied)
-	_, err = migrate.Down(ctx, conn, schema)
-	require.NoError(t, err)
-	_, err = migrate.Up(ctx, conn, schema+"_other")
-	require.Error(t, err, "a schema that does not exist still needs the privilege")
+	return conn, schema
 }

@@ -238,3 +238,45 @@ func DefaultIsolation(ctx context.Context, db RowQuerier) (string, error) {
 	err := db.QueryRow(ctx, `SELECT current_setting('transaction_isolation')`).Scan(&level)
 	return level, err
 }
+
+// MigrationScript is the SQL that migrates schema from version from to
+// version to (up when to > from, down when to < from) with the version
+// comment, for users who apply migrations with their own tool; from == to is
+// empty. Like Migrate, it creates the schema only on an install from version
+// 0 and only when it is missing: PostgreSQL checks the database's CREATE
+// privilege before IF NOT EXISTS, so a role that owns its schema but may not
+// create schemas could not run a bare CREATE SCHEMA IF NOT EXISTS. The
+// versions must be within 0..LatestVersion() and schema valid.
+func MigrationScript(schema string, from, to int) (string, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return "", err
+	}
+	if latest := LatestVersion(); from < 0 || to < 0 || from > latest || to > latest {
+		return "", fmt.Errorf("versions must be within 0..%d", latest)
+	}
+	var b strings.Builder
+	q := quoteIdent(schema)
+	ms := Migrations()
+	switch {
+	case to > from:
+		if from == 0 {
+			// The name is a literal: ValidateSchema allows no quote.
+			fmt.Fprintf(&b, "DO $gendurable$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = '%s') THEN\n    CREATE SCHEMA %s;\n  END IF;\nEND $gendurable$;\n", schema, q)
+		}
+		for _, m := range ms {
+			if m.Version > from && m.Version <= to {
+				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) up\n%s", m.Version, m.Name, m.Up(schema))
+			}
+		}
+	case to < from:
+		for i := len(ms) - 1; i >= 0; i-- {
+			if m := ms[i]; m.Version <= from && m.Version > to {
+				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) down\n%s", m.Version, m.Name, m.Down(schema))
+			}
+		}
+	}
+	if to > 0 && to != from {
+		fmt.Fprintf(&b, "\nCOMMENT ON TABLE %s.gendurable_instances IS '%s%d';\n", q, versionCommentPrefix, to)
+	}
+	return b.String(), nil
+}
