@@ -159,7 +159,11 @@ func TestCLIEndToEnd(t *testing.T) {
 	_, _, code = cli(t, append([]string{"signal", fmt.Sprint(waiting.ID), "go", "--payload", "{nope"}, s...)...)
 	require.Equal(t, exitUsage, code)
 
-	another, err := eng.Insert(ctx, waiter.New(args{}))
+	// Not eligible for an hour, so the cancel finds it runnable: a cancel of
+	// a running step keeps its lease, and the prune below would keep the
+	// row until the lease ran out (deleting 2, not 3, when the engine had
+	// picked it first).
+	another, err := eng.Insert(ctx, waiter.New(args{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
 	require.NoError(t, err)
 	out, _, code = cli(t, append([]string{"cancel", fmt.Sprint(another.ID), "--reason", "operator said so"}, s...)...)
 	require.Equal(t, 0, code, out)
