@@ -319,7 +319,7 @@ const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres"
 
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate")
-	dbURL := fs.String("database-url", "", "PostgreSQL URL")
+	dbURL := fs.String("database-url", "", "PostgreSQL URL (default DATABASE_URL, else the local server)")
 	schema := new(string)
 	*schema = "public"
 	fs.Var(schemaFlag{schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
@@ -409,7 +409,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("bench")
 	var o benchrun.Options
-	dbURL := fs.String("database-url", "", "PostgreSQL URL")
+	dbURL := fs.String("database-url", "", "PostgreSQL URL (default DATABASE_URL, else the local server)")
 	fs.StringVar(&o.Schema, "schema", "gendurable_bench", "bench's own schema: created, marked, dropped at the end; an existing schema bench did not create is refused")
 	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that bench did not create, and everything in it (asks on a terminal)")
 	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")

@@ -848,6 +848,13 @@ func TestHelpOnEveryCommand(t *testing.T) {
 			if w, ok := want[name]; ok {
 				require.Contains(t, out, "usage: gendurable "+w, "%q", args)
 			}
+			// Every command reads DATABASE_URL when --database-url is not
+			// given (migrate and bench did too, though their help said
+			// only "PostgreSQL URL").
+			if i := strings.Index(out, "-database-url string\n"); i >= 0 {
+				line, _, _ := strings.Cut(out[i+len("-database-url string\n"):], "\n")
+				require.Contains(t, line, "default DATABASE_URL", "%q", args)
+			}
 		}
 	}
 	out, _, code := cli(t, "migrate", "up", "--help")
