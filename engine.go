@@ -237,7 +237,12 @@ type machineKey struct {
 }
 
 // Engine inserts instances and, once started, works its queues. Create it
-// with [New]; it is safe for concurrent use.
+// with [New] (which checks the Config and does not touch the database),
+// call [Engine.Start] to work Config.Queues and run the maintenance
+// services, and [Engine.Stop] to drain. Inserts, signals and the operator
+// calls (List, Describe, Retry, Cancel, …) work on a stopped engine too, so
+// a process that only inserts, or a tool, never starts it. An Engine is
+// safe for concurrent use.
 type Engine struct {
 	pool     *pgxpool.Pool
 	cfg      Config
