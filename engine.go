@@ -241,7 +241,7 @@ type machineKey struct {
 // call [Engine.Start] to work Config.Queues and run the maintenance
 // services, and [Engine.Stop] to drain. Inserts, signals and the operator
 // calls (List, Describe, Retry, Cancel, …) work on a stopped engine too, so
-// a process that only inserts, or a tool, never starts it. An Engine is
+// a process that only inserts, or a tool, need not start it. An Engine is
 // safe for concurrent use.
 type Engine struct {
 	pool     *pgxpool.Pool
