@@ -49,7 +49,7 @@ func init() {
 			"Run failed instances again at the step they failed in, with a fresh attempt budget. By id (one, or up to 1000), or every failed instance a filter matches (the flags of list; asks first, or --yes). Prints how many were matched, retried and skipped.", retryCmd},
 		"cancel": {"cancel ID [ID...] | cancel (filter flags) | cancel --all | cancel --tree ID [--reason R] [flags]",
 			"Fail live instances now, recording --reason in their error history; a worker running one of their steps is fenced out. By id (one, or up to 1000), every live instance a filter matches (the flags of list; asks first, or --yes), or, with --tree, an instance and every live descendant, parents first (asks first, or --yes).", cancelCmd},
-		"run-now":  {"run-now ID [flags]", "Make a scheduled (RunAt, RunIn) or backing-off instance eligible now. Its attempt count is kept.", runNowCmd},
+		"run-now":  {"run-now ID [flags]", "Make a scheduled (RunAt, RunIn) or backing-off instance eligible now. Its attempt count is kept. One already eligible is left as it is (exit 0); one executing, awaiting a signal or children, or finished is refused (exit 4).", runNowCmd},
 		"signal":   {"signal ID NAME [--payload JSON] [--dedup-key K] [flags]", "Send a durable signal to an instance; it wakes if it awaits NAME.", signalCmd},
 		"pause":    {"pause QUEUE [--create] [flags]", "Stop every process from picking QUEUE (steps already running finish). An unknown queue is refused unless --create.", pauseCmd(true)},
 		"resume":   {"resume QUEUE [--create] [flags]", "Let every process pick QUEUE again. An unknown queue is refused unless --create.", pauseCmd(false)},
