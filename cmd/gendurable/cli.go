@@ -87,7 +87,8 @@ commands:
                                  the long-horizon benchmark's adapter, configured by the environment)
 
 "gendurable <command> --help" shows a command's arguments and flags.
-Every database command takes --database-url, --schema (default public; not empty) and --json.
+Every database command takes --database-url, --schema (not empty; default public, but demo and
+bench default to their own schemas) and --json (all but demo).
 
 With --json, output is JSON with snake_case names, and an error is {"error": {"code": ...,
 "message": ..., "exit_code": ...}} on stderr. Exit codes: 0 ok; 1 failure (code "error";
@@ -103,7 +104,8 @@ Mutations (retry, cancel, run-now, signal, pause, resume, queue remove, prune, a
 applied a version, a --reset-schema drop) are logged to stderr, one line each (JSON with --json),
 with the operating-system user.
 
-The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
+The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres
+(demo, with neither, starts a private throwaway PostgreSQL).
 `
 
 // run is the whole CLI, testable without a process.

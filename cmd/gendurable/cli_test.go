@@ -855,6 +855,15 @@ func TestHelpOnEveryCommand(t *testing.T) {
 				line, _, _ := strings.Cut(out[i+len("-database-url string\n"):], "\n")
 				require.Contains(t, line, "default DATABASE_URL", "%q", args)
 			}
+			// As `gendurable --help` says: every database command takes
+			// --database-url, --schema and --json, but demo has no --json.
+			require.Contains(t, out, "-database-url", "%q", args)
+			require.Contains(t, out, "-schema", "%q", args)
+			if name == "demo" {
+				require.NotContains(t, out, "-json", "%q", args)
+			} else {
+				require.Contains(t, out, "-json", "%q", args)
+			}
 		}
 	}
 	out, _, code := cli(t, "migrate", "up", "--help")
