@@ -161,6 +161,10 @@ func TestCLIEndToEnd(t *testing.T) {
 
 	another, err := eng.Insert(ctx, waiter.New(args{}))
 	require.NoError(t, err)
+	// Parked first: a cancel that catches its step running leaves the row's
+	// lease live, and prune keeps such a row until the lease ends (60 s), so
+	// the prune below found 2 instances, not 3, on a loaded machine.
+	waitFor(another.ID, gendurable.StatusAwaitingSignal)
 	out, _, code = cli(t, append([]string{"cancel", fmt.Sprint(another.ID), "--reason", "operator said so"}, s...)...)
 	require.Equal(t, 0, code, out)
 	in, err := eng.Instance(ctx, another.ID)
