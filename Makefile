@@ -61,7 +61,9 @@ lint:
 demo:
 	$(GO) run ./examples/quickstart
 
-## bench: every workload of `gendurable bench` against DATABASE_URL (default: the local server)
+## bench: the workloads job, fsm3, signal, fanout and partition of `gendurable bench` against
+## DATABASE_URL (default: the local server); `keys`, four phases with a 30 s rate window, runs
+## alone: go run ./cmd/gendurable bench --workload keys (BENCHMARKS.md)
 bench:
 	@for w in job fsm3 signal fanout partition; do $(GO) run ./cmd/gendurable bench --workload $$w -n 20000 || exit 1; done
 

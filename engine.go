@@ -171,7 +171,8 @@ type Config struct {
 	MaintenanceTimeout time.Duration
 	// CommitConcurrency is how many outcome statements this engine keeps in
 	// flight at once. Outcomes of steps that finish while those run are
-	// group-committed in the next statement. Default 2.
+	// group-committed in the next statement. Default 2 (for 0 or a negative
+	// value).
 	CommitConcurrency int
 
 	// Logger for the engine's own logs. Default slog.Default().
@@ -211,7 +212,8 @@ type QueueConfig struct {
 	// MaxPollInterval caps the idle backoff: each empty pick on an idle queue
 	// doubles the interval up to this, so an idle queue costs at most one
 	// pick per MaxPollInterval; work inserted by another process into an
-	// idle queue waits up to this long. Default 5s.
+	// idle queue waits up to this long. Default 5s (or PollInterval, if
+	// longer).
 	MaxPollInterval time.Duration
 	// GlobalConcurrency, if not 0, bounds how many steps of this queue run
 	// at once across every process (counted as executing rows with a live
@@ -235,7 +237,12 @@ type machineKey struct {
 }
 
 // Engine inserts instances and, once started, works its queues. Create it
-// with [New]; it is safe for concurrent use.
+// with [New] (which checks the Config and does not touch the database),
+// call [Engine.Start] to work Config.Queues and run the maintenance
+// services, and [Engine.Stop] to drain. Inserts, signals and the operator
+// calls (List, Describe, Retry, Cancel, …) work on a stopped engine too, so
+// a process that only inserts, or a tool, need not start it. An Engine is
+// safe for concurrent use.
 type Engine struct {
 	pool     *pgxpool.Pool
 	cfg      Config
@@ -350,6 +357,11 @@ func (c *Config) withDefaults() error {
 	setDefault(&c.Retention, DefaultRetention)
 	setDefault(&c.PruneInterval, DefaultPruneInterval)
 	setDefault(&c.MaintenanceTimeout, max(c.LeaseDuration, DefaultMinMaintenanceTimeout))
+	if c.CommitConcurrency <= 0 {
+		// The committer reads 0 or less as its default too; filled in here
+		// so that Engine.Config reports what runs.
+		c.CommitConcurrency = committer.DefaultMaxInFlight
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

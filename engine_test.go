@@ -3,9 +3,11 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"log/slog"
 	"math"
 	"net"
 	"os"
@@ -110,6 +112,46 @@ func TestStartRefusesAPoolThatIsNotReadCommitted(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, insertOnly.Start(context.Background()))
 	require.NoError(t, insertOnly.Stop(context.Background()))
+}
+
+// README "Pool size": Start warns when the queues' total Concurrency is at
+// least the pool's MaxConns, naming both, and not below that.
+func TestStartWarnsWhenConcurrencyReachesThePoolSize(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4})
+	job := &gendurable.Job[orderArgs]{Name: "j", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	const warning = "total queue concurrency reaches the pool size"
+	for _, c := range []struct {
+		queues map[string]gendurable.QueueConfig
+		warns  bool
+	}{
+		{map[string]gendurable.QueueConfig{"a": {Concurrency: 3}}, false},
+		{map[string]gendurable.QueueConfig{"a": {Concurrency: 4}}, true},
+		{map[string]gendurable.QueueConfig{"a": {Concurrency: 2}, "b": {Concurrency: 2}}, true}, // the total counts
+		{map[string]gendurable.QueueConfig{"a": {}}, true},                                      // the default 10
+	} {
+		logs := &syncBuffer{}
+		eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{job}, Queues: c.queues,
+			Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		require.NoError(t, err)
+		require.NoError(t, eng.Start(context.Background()))
+		require.NoError(t, eng.Stop(context.Background()))
+		out := logs.String()
+		if !c.warns {
+			require.NotContains(t, out, warning, "queues %v", c.queues)
+			continue
+		}
+		require.Contains(t, out, warning, "queues %v", c.queues)
+		require.Contains(t, out, "pool_max_conns=4", "queues %v", c.queues)
+		total := 0
+		for _, qc := range c.queues {
+			total += max(qc.Concurrency, 0)
+		}
+		if total == 0 {
+			total = 10
+		}
+		require.Contains(t, out, fmt.Sprintf("concurrency=%d", total), "queues %v", c.queues)
+	}
 }
 
 func TestStartStopRepeatedly(t *testing.T) {

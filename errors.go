@@ -61,8 +61,9 @@ var (
 
 	// ErrInfrastructure: a step's WithTx transaction failed on its
 	// connection, not by itself — the connection was lost or terminated
-	// (SQLSTATE class 08, 57P01 admin shutdown, 57P02, 57P03), or the server
-	// had no connection to give (53300 too many clients). Handle is not
+	// (SQLSTATE class 08, 57P01 admin shutdown, 57P02, 57P03, or a network
+	// error), or the server had no connection to give (53300 too many
+	// clients). Handle is not
 	// asked and no attempt is counted: the step runs again after about a
 	// second. The error history records it with kind "infrastructure", and
 	// the StepEvent's Err wraps this error.

@@ -106,8 +106,16 @@ func Example_checkout() {
 	}
 	defer func() { _ = eng.Stop(ctx) }()
 
-	paid, _ := eng.Insert(ctx, checkout.New(Checkout{Order: "A-1", Items: []string{"book", "lamp"}}))
-	late, _ := eng.Insert(ctx, checkout.New(Checkout{Order: "A-2", Items: []string{"pen"}}))
+	// Check every insert's error: an unregistered machine or an invalid
+	// option is refused, and nothing is written.
+	paid, err := eng.Insert(ctx, checkout.New(Checkout{Order: "A-1", Items: []string{"book", "lamp"}}))
+	if err != nil {
+		panic(err)
+	}
+	late, err := eng.Insert(ctx, checkout.New(Checkout{Order: "A-2", Items: []string{"pen"}}))
+	if err != nil {
+		panic(err)
+	}
 
 	for !parked(ctx, eng, paid.ID) {
 		time.Sleep(10 * time.Millisecond)

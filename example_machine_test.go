@@ -74,11 +74,17 @@ func Example() {
 	}
 	defer func() { _ = eng.Stop(ctx) }()
 
-	m, _ := eng.Insert(ctx, signup.New(Signup{Email: "ada@example.com"}))
+	m, err := eng.Insert(ctx, signup.New(Signup{Email: "ada@example.com"}))
+	if err != nil {
+		panic(err) // e.g. ErrUnknownMachine: signup missing from Config.Machines
+	}
 	if _, err := gendurable.WaitResult[any](ctx, eng, m.ID); err != nil {
 		panic(err)
 	}
-	j, _ := eng.Insert(ctx, pinger.New(ping{Msg: "pong"}))
+	j, err := eng.Insert(ctx, pinger.New(ping{Msg: "pong"}))
+	if err != nil {
+		panic(err)
+	}
 	if _, err := gendurable.WaitResult[any](ctx, eng, j.ID); err != nil {
 		panic(err)
 	}

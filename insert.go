@@ -48,7 +48,8 @@ type InsertOpts struct {
 	PartitionKey string
 	// KeyLimit overrides the key's limit from [Config.KeyPolicies] for this
 	// instance: while it waits to run, its key runs at most KeyLimit steps
-	// at once. 0: the policy's (default 1). Needs a PartitionKey.
+	// at once. 0: the policy's (default 1); at most 1<<20. Needs a
+	// PartitionKey.
 	KeyLimit int
 	// UniqueKey: while an instance with this key is in one of UniqueScope's
 	// statuses, inserting another with the same key inserts nothing and

@@ -26,16 +26,17 @@ import (
 // process (see [Config.KeyPolicies]). An empty Prefix matches every key.
 type KeyPolicy struct {
 	Prefix string
-	// Limit is how many instances of one key run a step at once. At least 1.
+	// Limit is how many instances of one key run a step at once. Required:
+	// 1 to 1<<20 (1048576).
 	Limit int
 	// Rate, if not 0, is how many steps of one key may start per Per: a
 	// token bucket per key, refilled at Rate/Per, holding at most Burst
 	// starts, kept in the database so every process draws from it.
 	Rate int
-	// Per is Rate's interval. Default (with a Rate) 1s.
+	// Per is Rate's interval, at least 1ms. Default (with a Rate) 1s.
 	Per time.Duration
 	// Burst is how many starts a key that was idle may make at once.
-	// Default (with a Rate) Rate: one interval's worth.
+	// Default (with a Rate) Rate: one interval's worth. At most 1<<20.
 	Burst int
 }
 

@@ -263,6 +263,43 @@ func TestFencedTransactionalOutcomeRollsBack(t *testing.T) {
 	require.Equal(t, "executing", b.row(id).Status)
 }
 
+// README: ScheduleChildren's children are inserted in the same statement
+// that parks the parent — the statement fenced by the claim token — so a
+// fan-out whose claim is gone inserts no child (design §1: a fenced outcome
+// changes nothing at all), and the parent keeps its step.
+func TestFencedFanOutInsertsNoChildren(t *testing.T) {
+	t.Parallel()
+	started, release := make(chan struct{}), make(chan struct{})
+	leaf := &gendurable.Job[leafArgs]{Name: "zfleaf", Perform: func(context.Context, *gendurable.Run[leafArgs]) error { return nil }}
+	m := &gendurable.Machine[fanState]{
+		Name: "zfan", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				close(started)
+				<-release
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m, leaf)
+	cfg.ReaperInterval = -1
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(fanState{}))
+	<-started
+	// The lease is taken away (reaped, then claimed by someone else).
+	b.exec(`UPDATE {{s}}.gendurable_instances SET claim_token = -1 WHERE id = $1`, id)
+	close(release)
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id <> $1`, id), "the zombie's fan-out inserted children")
+	r := b.row(id)
+	require.Equal(t, "executing", r.Status)
+	require.Equal(t, "spawn", r.Step)
+}
+
 // A retried child of an earlier fan-out does not count against the
 // parent's current fan-out.
 func TestRetriedChildOfAnEarlierFanOutDoesNotWakeTheParent(t *testing.T) {

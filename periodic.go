@@ -10,8 +10,9 @@ import (
 )
 
 // Periodic inserts one instance per slot of a schedule, exactly once across
-// all processes: every engine that works queues computes the same slots and
-// inserts each with a unique key derived from the schedule's name and the
+// all processes: every started engine whose [Config].Periodic lists the
+// schedule (working queues or not) computes the same slots and inserts each
+// with a unique key derived from the schedule's name and the
 // slot's time ([UniqueForever] scope), so whichever process is first wins
 // and the others' inserts are no-ops.
 //

@@ -53,6 +53,24 @@ func TestPeriodicInsertsEachSlotOnceAcrossProcesses(t *testing.T) {
 		WHERE eligible_at <> (state->>'slot')::timestamptz`), "each instance is due at its slot")
 }
 
+// TestPeriodicRunsInAnEngineWithoutQueues: an engine that only inserts (no
+// Queues) still inserts its schedules' slots, as the Periodic godoc says.
+func TestPeriodicRunsInAnEngineWithoutQueues(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[tick]{Name: "tick", Perform: func(context.Context, *gendurable.Run[tick]) error { return nil }}
+	cfg := fastConfig("", job)
+	cfg.Queues = nil
+	cfg.Periodic = []gendurable.Periodic{{
+		Name: "insert-only", Schedule: "@every 1s",
+		New: func(slot time.Time) gendurable.InsertParams { return job.New(tick{Slot: slot}) },
+	}}
+	b := setup(t, cfg)
+	b.start()
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`) >= 2
+	}, "an engine without queues inserted no slot")
+}
+
 func TestPeriodicMissedSlotPolicy(t *testing.T) {
 	t.Parallel()
 	job := &gendurable.Job[tick]{Name: "hourly", Perform: func(context.Context, *gendurable.Run[tick]) error { return nil }}

@@ -85,6 +85,23 @@ func TestWaitResultReturnsTheDecodedResultOrTheFailure(t *testing.T) {
 	require.ErrorIs(t, err, gendurable.ErrNotFound)
 }
 
+// TestWaitResultEndsOnAReadThatFailsForGood: only a lost connection (or a
+// server restarting) is polled through; any other failed read ends the
+// wait at once with its error — here a schema never migrated.
+func TestWaitResultEndsOnAReadThatFailsForGood(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = gendurable.WaitResult[any](ctx, eng, 1)
+	require.ErrorIs(t, err, gendurable.ErrNotMigrated)
+	require.NotErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 10*time.Second, "the wait went on after a read that cannot succeed")
+}
+
 // TestWaitResultWakesAtOnceForLocalFinishes: a waiter on the engine whose
 // step finishes the instance is woken by that step, not by its poll (which
 // has backed off to a second by then): three times in a row within 150 ms

@@ -95,7 +95,10 @@ func ExampleWorkUntilFinished() {
 		Machines: []gendurable.Definition{invoice},
 		Queues:   map[string]gendurable.QueueConfig{"default": {Concurrency: 2}},
 	})
-	empty, _ := eng.Insert(ctx, invoice.New(Invoice{Customer: "bob"}))
+	empty, err := eng.Insert(ctx, invoice.New(Invoice{Customer: "bob"}))
+	if err != nil {
+		t.Fatalf("insert: %v", err)
+	}
 
 	ins := gendurabletest.WorkUntilFinished(ctx, t, eng, empty.ID)
 	fmt.Println(ins[0].Status, ins[0].Errors[0].Error)

@@ -49,7 +49,7 @@ func init() {
 			"Run failed instances again at the step they failed in, with a fresh attempt budget. By id (one, or up to 1000), or every failed instance a filter matches (the flags of list; asks first, or --yes). Prints how many were matched, retried and skipped.", retryCmd},
 		"cancel": {"cancel ID [ID...] | cancel (filter flags) | cancel --all | cancel --tree ID [--reason R] [flags]",
 			"Fail live instances now, recording --reason in their error history; a worker running one of their steps is fenced out. By id (one, or up to 1000), every live instance a filter matches (the flags of list; asks first, or --yes), or, with --tree, an instance and every live descendant, parents first (asks first, or --yes).", cancelCmd},
-		"run-now":  {"run-now ID [flags]", "Make a scheduled (RunAt, RunIn) or backing-off instance eligible now. Its attempt count is kept.", runNowCmd},
+		"run-now":  {"run-now ID [flags]", "Make a scheduled (RunAt, RunIn) or backing-off instance eligible now. Its attempt count is kept. One already eligible is left as it is (exit 0); one executing, awaiting a signal or children, or finished is refused (exit 4).", runNowCmd},
 		"signal":   {"signal ID NAME [--payload JSON] [--dedup-key K] [flags]", "Send a durable signal to an instance; it wakes if it awaits NAME.", signalCmd},
 		"pause":    {"pause QUEUE [--create] [flags]", "Stop every process from picking QUEUE (steps already running finish). An unknown queue is refused unless --create.", pauseCmd(true)},
 		"resume":   {"resume QUEUE [--create] [flags]", "Let every process pick QUEUE again. An unknown queue is refused unless --create.", pauseCmd(false)},
@@ -87,7 +87,8 @@ commands:
                                  the long-horizon benchmark's adapter, configured by the environment)
 
 "gendurable <command> --help" shows a command's arguments and flags.
-Every database command takes --database-url, --schema (default public; not empty) and --json.
+Every database command takes --database-url, --schema (not empty; default public, but demo and
+bench default to their own schemas) and --json (all but demo).
 
 With --json, output is JSON with snake_case names, and an error is {"error": {"code": ...,
 "message": ..., "exit_code": ...}} on stderr. Exit codes: 0 ok; 1 failure (code "error";
@@ -103,7 +104,8 @@ Mutations (retry, cancel, run-now, signal, pause, resume, queue remove, prune, a
 applied a version, a --reset-schema drop) are logged to stderr, one line each (JSON with --json),
 with the operating-system user.
 
-The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres.
+The database is --database-url, else DATABASE_URL, else postgres://postgres@127.0.0.1:5432/postgres
+(demo, with neither, starts a private throwaway PostgreSQL).
 `
 
 // run is the whole CLI, testable without a process.
@@ -319,7 +321,7 @@ const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres"
 
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate")
-	dbURL := fs.String("database-url", "", "PostgreSQL URL")
+	dbURL := fs.String("database-url", "", "PostgreSQL URL (default DATABASE_URL, else the local server)")
 	schema := new(string)
 	*schema = "public"
 	fs.Var(schemaFlag{schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
@@ -409,7 +411,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("bench")
 	var o benchrun.Options
-	dbURL := fs.String("database-url", "", "PostgreSQL URL")
+	dbURL := fs.String("database-url", "", "PostgreSQL URL (default DATABASE_URL, else the local server)")
 	fs.StringVar(&o.Schema, "schema", "gendurable_bench", "bench's own schema: created, marked, dropped at the end; an existing schema bench did not create is refused")
 	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that bench did not create, and everything in it (asks on a terminal)")
 	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")

@@ -165,6 +165,10 @@ func TestCLIEndToEnd(t *testing.T) {
 	// picked it first).
 	another, err := eng.Insert(ctx, waiter.New(args{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
 	require.NoError(t, err)
+	// Parked first: a cancel that catches its step running leaves the row's
+	// lease live, and prune keeps such a row until the lease ends (60 s), so
+	// the prune below found 2 instances, not 3, on a loaded machine.
+	waitFor(another.ID, gendurable.StatusAwaitingSignal)
 	out, _, code = cli(t, append([]string{"cancel", fmt.Sprint(another.ID), "--reason", "operator said so"}, s...)...)
 	require.Equal(t, 0, code, out)
 	in, err := eng.Instance(ctx, another.ID)
@@ -851,6 +855,22 @@ func TestHelpOnEveryCommand(t *testing.T) {
 			require.Contains(t, out, "flags:\n", "%q", args)
 			if w, ok := want[name]; ok {
 				require.Contains(t, out, "usage: gendurable "+w, "%q", args)
+			}
+			// Every command reads DATABASE_URL when --database-url is not
+			// given (migrate and bench did too, though their help said
+			// only "PostgreSQL URL").
+			if i := strings.Index(out, "-database-url string\n"); i >= 0 {
+				line, _, _ := strings.Cut(out[i+len("-database-url string\n"):], "\n")
+				require.Contains(t, line, "default DATABASE_URL", "%q", args)
+			}
+			// As `gendurable --help` says: every database command takes
+			// --database-url, --schema and --json, but demo has no --json.
+			require.Contains(t, out, "-database-url", "%q", args)
+			require.Contains(t, out, "-schema", "%q", args)
+			if name == "demo" {
+				require.NotContains(t, out, "-json", "%q", args)
+			} else {
+				require.Contains(t, out, "-json", "%q", args)
 			}
 		}
 	}
