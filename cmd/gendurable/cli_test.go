@@ -159,11 +159,7 @@ func TestCLIEndToEnd(t *testing.T) {
 	_, _, code = cli(t, append([]string{"signal", fmt.Sprint(waiting.ID), "go", "--payload", "{nope"}, s...)...)
 	require.Equal(t, exitUsage, code)
 
-	// Not eligible for an hour, so the cancel finds it runnable: a cancel of
-	// a running step keeps its lease, and the prune below would keep the
-	// row until the lease ran out (deleting 2, not 3, when the engine had
-	// picked it first).
-	another, err := eng.Insert(ctx, waiter.New(args{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	another, err := eng.Insert(ctx, waiter.New(args{}))
 	require.NoError(t, err)
 	// Parked first: a cancel that catches its step running leaves the row's
 	// lease live, and prune keeps such a row until the lease ends (60 s), so
