@@ -351,6 +351,72 @@ func TestPickFloorSkipsClaimedRowsUnderAHeldXmin(t *testing.T) {
 	require.LessOrEqual(t, blocks, int64(20), "the scan starts at the floor")
 }
 
+// TestFullPicksMoveTheFloorUnderAHeldXmin: a standing backlog, where every
+// pick claims all it asks for, gets a floor too (schema version 15): each
+// full pick returns the eligible_at of the last row it claimed, so under a
+// held xid the next pick starts there instead of reading the entries of
+// every row claimed since the hold began. Before, a full pick returned the
+// floor it was given (none, for a queue that was never short), and the picks
+// of a backlog slowed as the hold went on.
+func TestFullPicksMoveTheFloorUnderAHeldXmin(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	c, err := pgx.Connect(ctx, dbtest.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT txid_current()`)
+	require.NoError(t, err)
+
+	// A backlog in the past, one millisecond apart; every pick below is full.
+	const claimed, batch = 3000, 20
+	_, err = c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, eligible_at)
+		SELECT 'm', 'a', now() - interval '1 minute' + g * interval '1 millisecond' FROM generate_series(1, $1::int) g`, claimed+2*batch)
+	require.NoError(t, err)
+	var floor *time.Time
+	for n := 0; n < claimed; {
+		res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 500, Lease: time.Minute, Floor: floor, Prios: []int16{0}})
+		require.NoError(t, err)
+		require.Len(t, res.Claimed, 500, "the backlog fills every pick")
+		n += len(res.Claimed)
+		ids := make([]int64, len(res.Claimed))
+		for i, r := range res.Claimed {
+			ids[i] = r.ID
+		}
+		var last time.Time
+		require.NoError(t, c.QueryRow(ctx, `SELECT max(eligible_at) FROM `+s+`.gendurable_instances WHERE id = ANY($1)`, ids).Scan(&last))
+		require.NotNil(t, res.Floor, "a full pick sets the floor")
+		require.True(t, res.Floor.Equal(last), "the floor is the last claimed row's eligible_at: %v, want %v", *res.Floor, last)
+		floor = res.Floor
+		_, err = c.Exec(ctx, `UPDATE `+s+`.gendurable_instances SET status = 'done', finished_at = now() WHERE id = ANY($1)`, ids)
+		require.NoError(t, err)
+	}
+
+	pick := func(name string, o sqlq.PickOpts) int64 {
+		t.Helper()
+		t0, _ := pickIndexReads(t, c, schema)
+		tx, err := c.Begin(ctx)
+		require.NoError(t, err)
+		res, err := q.Pick(ctx, tx, "default", o)
+		require.NoError(t, err)
+		require.Len(t, res.Claimed, batch)
+		require.NoError(t, tx.Rollback(ctx)) // every pick sees the same rows
+		t1, _ := pickIndexReads(t, c, schema)
+		t.Logf("%s: %d index entries", name, t1-t0)
+		return t1 - t0
+	}
+	o := sqlq.PickOpts{Limit: batch, Lease: time.Minute, Prios: []int16{0}}
+	require.GreaterOrEqual(t, pick("no floor", o), int64(claimed), "without a floor the pick reads every claimed row's entry")
+	o.Floor = floor
+	require.LessOrEqual(t, pick("the full picks' floor", o), int64(2*batch))
+}
+
 // TestPickFloorKeepsPriorityOrder: the pick claims in (priority,
 // eligible_at) order across the floor's ranges: a row of a higher priority
 // inserted after a backlog of lower ones goes first, whether its priority is
@@ -375,7 +441,14 @@ func TestPickFloorKeepsPriorityOrder(t *testing.T) {
 			steps = append(steps, r.Step)
 		}
 		require.Equal(t, []string{"urgent", "mid", "mid", "low"}, steps, "prios %v", prios)
-		require.True(t, floor.Equal(*res.Floor), "a full pick keeps the floor: %v", res.Floor)
+		// A full pick moves the floor up to the eligible_at of the last row it
+		// claimed (a "low" one), never past it (TestFullPicksMoveTheFloorUnderAHeldXmin).
+		var last time.Time
+		require.NoError(t, tx.QueryRow(ctx, `SELECT eligible_at FROM gendurable_instances WHERE id = $1`,
+			res.Claimed[3].ID).Scan(&last))
+		require.NotNil(t, res.Floor)
+		require.False(t, res.Floor.Before(floor), "the floor does not go down: %v", res.Floor)
+		require.False(t, res.Floor.After(last), "the floor stays at or below the last claimed row: %v, %v", res.Floor, last)
 		require.NoError(t, tx.Rollback(ctx))
 	}
 }

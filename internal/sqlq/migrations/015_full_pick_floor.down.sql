@@ -1,0 +1,3 @@
+-- Back to version 14's gendurable_pick, whose full picks return the floor they were given:
+-- version 14's up migration run again (its index already exists; the function's body is replaced).
+-- include: 014_cancelled_leases.up.sql
