@@ -248,6 +248,11 @@ type Engine struct {
 	mu       sync.Mutex
 	running  *runState
 	stopping *runState // the run a Stop in progress is stopping; nil once it returned
+	// starting is the Start in progress, between its checks on the
+	// database and its engine running: e.mu is not held across those
+	// round trips (a cut network would hold every caller that takes it —
+	// an Insert's kick, Stop — until Start's ctx ends). nil otherwise.
+	starting *startState
 	scheds   map[string]*feeder.Feeder
 	sweeper  *maintenance.TimeoutSweeper // the running await-timeout sweep, poked by local awaits
 
@@ -256,6 +261,15 @@ type Engine struct {
 	finished finishWaiters      // WaitResult callers, woken by this process's final outcomes
 	ownCtx   context.Context    // Background, marked as the engine's own (insideEngine): steps' and feeder hooks' base
 }
+
+// startState is a Start in progress (see Engine.starting).
+type startState struct {
+	cancel context.CancelCauseFunc // a Stop called meanwhile ends the start with errStoppedWhileStarting
+	done   chan struct{}           // closed when that Start returns
+}
+
+// errStoppedWhileStarting is the cause a Stop gives a Start in progress.
+var errStoppedWhileStarting = fmt.Errorf("gendurable: start: Stop was called while the engine was starting: %w", ErrEngineStopped)
 
 // runState is one Start..Stop lifetime.
 type runState struct {
@@ -442,53 +456,64 @@ func (e *Engine) Config() Config { return e.cfg }
 // then starts the maintenance services (reaper, await-timeout sweep,
 // pruner, periodic schedules, in that order) and the feeders of the
 // configured queues in background goroutines. ctx bounds the start-up checks only; the engine runs until
-// [Engine.Stop]. Called while a Stop is in progress, Start first waits for
-// it to return (or for ctx).
+// [Engine.Stop]. Called while a Stop (or another Start) is in progress,
+// Start first waits for it to return (or for ctx). No lock is held across
+// the checks' round trips: an Insert, a Signal or a Stop called meanwhile
+// does not wait for them (a network cut off would hold it until ctx ends);
+// a Stop called meanwhile ends them, and Start returns an error wrapping
+// [ErrEngineStopped] (TestStopDuringAStartCutOff).
 func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
-	for e.stopping != nil {
-		// A Stop is in progress: its steps still drain. Start once it returned.
-		st := e.stopping
+	for e.stopping != nil || e.starting != nil {
+		// A Stop is in progress (its steps still drain), or another Start:
+		// go on once it returned.
+		var wait <-chan struct{}
+		what := "the Stop in progress"
+		if st := e.stopping; st != nil {
+			wait = st.stopped
+		} else {
+			wait, what = e.starting.done, "the Start in progress"
+		}
+		stopping := e.stopping != nil
 		e.mu.Unlock()
-		if e.insideEngine(ctx) {
+		if stopping && e.insideEngine(ctx) {
 			return errors.New("gendurable: start: a Stop is in progress, and this call comes from a step or a hook it may be waiting for")
 		}
 		select {
-		case <-st.stopped:
+		case <-wait:
 		case <-ctx.Done():
-			return fmt.Errorf("gendurable: start: waiting for the Stop in progress: %w", ctx.Err())
+			return fmt.Errorf("gendurable: start: waiting for %s: %w", what, ctx.Err())
 		}
 		e.mu.Lock()
 	}
-	defer e.mu.Unlock()
 	if e.running != nil {
+		e.mu.Unlock()
 		return ErrAlreadyStarted
 	}
-	v, err := sqlq.InstalledVersion(ctx, e.pool, e.cfg.Schema)
-	if err != nil {
-		return fmt.Errorf("gendurable: start: reading schema version: %w", err)
-	}
-	if want := sqlq.LatestVersion(); v != want {
-		return fmt.Errorf("%w: schema %q is at version %d, this library needs %d (run migrate.Up)", ErrSchemaVersion, e.cfg.Schema, v, want)
-	}
-	if len(e.cfg.Queues) > 0 {
-		// The pick refuses any other level: a pool whose transactions
-		// default to repeatable read or serializable would start, log a
-		// failed pick every poll and never run a step.
-		level, err := sqlq.DefaultIsolation(ctx, e.pool)
-		if err != nil {
-			return fmt.Errorf("gendurable: start: reading the transaction isolation level: %w", err)
+	// The checks below wait on the database: e.mu is let go meanwhile
+	// (TestInsertDuringAStartCutOff), and a Stop ends them (Stop).
+	ctx, cancel := context.WithCancelCause(ctx)
+	st := &startState{cancel: cancel, done: make(chan struct{})}
+	e.starting = st
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.starting = nil
+		e.mu.Unlock()
+		cancel(nil)
+		close(st.done)
+	}()
+	if err := e.startChecks(ctx); err != nil {
+		if c := context.Cause(ctx); errors.Is(c, errStoppedWhileStarting) {
+			return c
 		}
-		if level != "read committed" {
-			return errorf(ErrInvalidConfig, "the pool's transactions run at %s, the pick needs read committed "+
-				"(set default_transaction_isolation to 'read committed' for the pool's connections, role or database)", level)
-		}
+		return err
 	}
-
-	if err := e.storeDefinitions(ctx); err != nil {
-		return fmt.Errorf("gendurable: start: storing machine definitions: %w", err)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c := context.Cause(ctx); errors.Is(c, errStoppedWhileStarting) {
+		return c
 	}
-
 	rs := &runState{scheds: map[string]*feeder.Feeder{}, stopped: make(chan struct{})}
 	// The maintenance services start first and stop last, after the
 	// feeders have drained. They run until Stop, not under ctx, which
@@ -535,6 +560,35 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
+// startChecks are Start's round trips to the database, under ctx: the
+// schema's version, the pool's isolation level, the stored definitions.
+func (e *Engine) startChecks(ctx context.Context) error {
+	v, err := sqlq.InstalledVersion(ctx, e.pool, e.cfg.Schema)
+	if err != nil {
+		return fmt.Errorf("gendurable: start: reading schema version: %w", err)
+	}
+	if want := sqlq.LatestVersion(); v != want {
+		return fmt.Errorf("%w: schema %q is at version %d, this library needs %d (run migrate.Up)", ErrSchemaVersion, e.cfg.Schema, v, want)
+	}
+	if len(e.cfg.Queues) > 0 {
+		// The pick refuses any other level: a pool whose transactions
+		// default to repeatable read or serializable would start, log a
+		// failed pick every poll and never run a step.
+		level, err := sqlq.DefaultIsolation(ctx, e.pool)
+		if err != nil {
+			return fmt.Errorf("gendurable: start: reading the transaction isolation level: %w", err)
+		}
+		if level != "read committed" {
+			return errorf(ErrInvalidConfig, "the pool's transactions run at %s, the pick needs read committed "+
+				"(set default_transaction_isolation to 'read committed' for the pool's connections, role or database)", level)
+		}
+	}
+	if err := e.storeDefinitions(ctx); err != nil {
+		return fmt.Errorf("gendurable: start: storing machine definitions: %w", err)
+	}
+	return nil
+}
+
 // stopGrace is how long past its context's end Stop still waits for a
 // feeder's pick in flight, or the release of its prefetched rows, before it
 // abandons them, and for cancelled steps to return.
@@ -569,7 +623,10 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // ended: then it is abandoned, and rows it claimed are reaped after their
 // lease, as a crashed worker's are (TestStopWithAPickCutOff) — so a Stop
 // whose network is cut off returns within 500 ms of ctx's deadline. Stop
-// on an engine that is not running returns nil. A Stop called while
+// on an engine that is not running returns nil; on one whose Start is in
+// progress, it ends that start (Start returns an error wrapping
+// ErrEngineStopped) and returns nil once Start has returned, or an error
+// wrapping ctx's if ctx ends first. A Stop called while
 // another is in progress waits for that one and returns its result (or,
 // if its own ctx ends first, an error wrapping ctx's) — unless it is called
 // from a step or a hook with the context the engine gave it: then it
@@ -578,6 +635,21 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
+	if rs == nil && e.starting != nil {
+		// A Start in progress, waiting on the database: end it. The
+		// engine is then not running (Start returns an error wrapping
+		// ErrEngineStopped).
+		st := e.starting
+		e.mu.Unlock()
+		st.cancel(errStoppedWhileStarting)
+		select {
+		case <-st.done:
+		case <-ctx.Done():
+			return fmt.Errorf("gendurable: stop: waiting for the Start in progress to end: %w", ctx.Err())
+		}
+		e.mu.Lock()
+		rs = e.running
+	}
 	if rs == nil {
 		st := e.stopping
 		e.mu.Unlock()
