@@ -153,8 +153,8 @@ type Config struct {
 	PruneInterval time.Duration
 	// MaintenanceTimeout bounds each statement of the maintenance services
 	// (reap, await-timeout sweep, periodic insert, the merge of observed
-	// transitions); a prune batch, one transaction of up to PruneBatch
-	// rows, gets 10 × MaintenanceTimeout. A statement stuck on a connection
+	// transitions) and each poll of [WaitResult]; a prune batch, one
+	// transaction of up to PruneBatch rows, gets 10 × MaintenanceTimeout. A statement stuck on a connection
 	// cut off silently (a partition, a proxy that stops forwarding without
 	// closing) is abandoned at its deadline — pgx closes the connection —
 	// and the service goes on with its next sweep on a fresh connection
