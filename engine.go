@@ -256,10 +256,11 @@ type Engine struct {
 	scheds   map[string]*feeder.Feeder
 	sweeper  *maintenance.TimeoutSweeper // the running await-timeout sweep, poked by local awaits
 
-	exec     *executor.Executor // runs claimed rows of every queue
-	trans    transitions        // transitions taken since the last merge into the stored definitions (graph.go)
-	finished finishWaiters      // WaitResult callers, woken by this process's final outcomes
-	ownCtx   context.Context    // Background, marked as the engine's own (insideEngine): steps' and feeder hooks' base
+	exec     *executor.Executor   // runs claimed rows of every queue
+	commits  *committer.Committer // the executor's group committer: Stop aborts it when out of time
+	trans    transitions          // transitions taken since the last merge into the stored definitions (graph.go)
+	finished finishWaiters        // WaitResult callers, woken by this process's final outcomes
+	ownCtx   context.Context      // Background, marked as the engine's own (insideEngine): steps' and feeder hooks' base
 }
 
 // startState is a Start in progress (see Engine.starting).
@@ -326,9 +327,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	for k, core := range e.registry {
 		defs[k] = core.executorDefinition(e.stateLimits, e.newInstance)
 	}
+	e.commits = committer.New(committer.Config{Lease: c.LeaseDuration, MaxInFlight: c.CommitConcurrency}, q, pool)
 	e.exec = executor.New(executor.Config{
 		Queries: q, Pool: pool,
-		Committer: committer.New(committer.Config{Lease: c.LeaseDuration, MaxInFlight: c.CommitConcurrency}, q, pool),
+		Committer: e.commits,
 		Lookup:    func(name string, version int) *executor.Definition { return defs[machineKey{name, version}] },
 		Events:    execEvents{e}, Log: c.Logger,
 		Kick: e.kickQueue, KickAt: e.kickQueueAt, KickBelow: e.kickAllBelow, AwaitParked: e.pokeTimeouts,
@@ -514,6 +516,7 @@ func (e *Engine) Start(ctx context.Context) error {
 	if c := context.Cause(ctx); errors.Is(c, errStoppedWhileStarting) {
 		return c
 	}
+	e.commits.Resume() // a Stop out of time may have aborted it
 	rs := &runState{scheds: map[string]*feeder.Feeder{}, stopped: make(chan struct{})}
 	// The maintenance services start first and stop last, after the
 	// feeders have drained. They run until Stop, not under ctx, which
@@ -594,6 +597,11 @@ func (e *Engine) startChecks(ctx context.Context) error {
 // abandons them, and for cancelled steps to return.
 const stopGrace = 500 * time.Millisecond
 
+// commitSettle is how long Stop, once out of time, waits for the outcomes
+// it abandoned (Committer.Abort) to be settled: their statements end at
+// once.
+const commitSettle = 100 * time.Millisecond
+
 // afterGrace returns a context that ends grace after ctx ends (with ctx's
 // values). The returned func releases it.
 func afterGrace(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
@@ -610,7 +618,11 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // ms after ctx is done (a step that ignores its cancel) are abandoned to
 // the reaper and Stop returns an error wrapping ctx's; steps that return
 // on their cancel within those 500 ms are not reported, also when ctx was
-// done when Stop was called.
+// done when Stop was called. Outcomes still waiting on the database then
+// (a network cut off: they would be retried for up to a lease) are given
+// up too, within 100 ms more, and so is the outcome of any step that
+// returns later, until the next Start: their rows keep their leases and
+// are reaped, and Stop's error says so (TestStopWithAnOutcomeCutOff).
 // Steps already abandoned for ignoring their context past StepTimeout
 // (the engine wrote their outcomes) are not waited for; if any still run,
 // Stop says so with an error wrapping [ErrStepTimeout].
@@ -713,13 +725,33 @@ func (e *Engine) Stop(ctx context.Context) error {
 	cancel()
 	rs.workCancel(ErrEngineStopped)
 	abandoned := 0
+	left := false
 	for _, s := range rs.scheds {
 		// Steps that honour their context return within the grace, also when
 		// ctx is done already: only those that do not are reported.
 		if !s.Wait(late) {
-			err = fmt.Errorf("gendurable: stop: steps ignoring cancellation are still running: %w", ctx.Err())
+			left = true
 		}
 		abandoned += s.Abandoned()
+	}
+	if left {
+		// Some have not settled. Those whose outcome is still waiting on
+		// the database (a network cut off; the committer retries for up to
+		// a lease) are abandoned now, their rows reaped after their lease,
+		// rather than written after Stop returned
+		// (TestStopWithAnOutcomeCutOff); what is left then is steps that
+		// ignore their cancellation.
+		e.commits.Abort()
+		settle, cancel := context.WithTimeout(context.Background(), commitSettle)
+		for _, s := range rs.scheds {
+			if !s.Wait(settle) {
+				err = fmt.Errorf("gendurable: stop: steps ignoring cancellation are still running: %w", ctx.Err())
+			}
+		}
+		cancel()
+		if err == nil {
+			err = fmt.Errorf("gendurable: stop: outcomes still waiting on the database were abandoned (their rows are reaped after their lease): %w", ctx.Err())
+		}
 	}
 	err = errors.Join(abandonedPick, err)
 	if abandoned > 0 {

@@ -2388,3 +2388,67 @@ func TestInsertDuringAStartCutOff(t *testing.T) {
 	b.start()
 	b.waitStatus(res.ID, "done", 10*time.Second)
 }
+
+// TestStopWithAnOutcomeCutOff: a step returns while the network is cut
+// off, so its outcome waits on the database (the committer retries it for
+// up to a lease, 6 s here). Stop with a 1 s context gives the outcome up
+// once its context and grace are over: the step's StepEvent (with the
+// commit's error) is emitted before Stop returns, and Stop's error says
+// that outcomes were abandoned. The row keeps its lease and runs again
+// elsewhere once it is reaped. The committer used to go on retrying after
+// Stop returned — a goroutine and a pool connection of the stopped engine
+// for up to a lease, its StepEvent reaching the hooks 6 s after the cut —
+// and Stop blamed "steps ignoring cancellation".
+func TestStopWithAnOutcomeCutOff(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	job := &gendurable.Job[orderArgs]{Name: "stopoutcome", Perform: func(context.Context, *gendurable.Run[orderArgs]) error {
+		<-release
+		return nil
+	}}
+	b := setup(t, fastConfig("", job))
+	pool, proxy := cutOffPool(t, 3)
+	cfg := fastConfig(b.schema, job)
+	cfg.Logger = testLogger(t)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 6*time.Second, 2*time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: -1, PollInterval: time.Minute, MaxPollInterval: time.Minute}}
+	var stopped atomic.Bool
+	var stepEvents, afterStop atomic.Int64
+	cfg.Hooks = []gendurable.Hook{gendurable.HookFunc(func(_ context.Context, ev gendurable.Event) {
+		if se, ok := ev.(*gendurable.StepEvent); ok {
+			stepEvents.Add(1)
+			if stopped.Load() {
+				afterStop.Add(1)
+				t.Logf("StepEvent after Stop returned: %+v", se)
+			}
+		}
+	})}
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, eng.Start(context.Background()))
+	res, err := eng.Insert(context.Background(), job.New(orderArgs{})) // kicks its feeder
+	require.NoError(t, err)
+	id := res.ID
+	b.waitStatus(id, "executing", 10*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	proxy.Cut()
+	close(release) // the step returns: its outcome waits on the cut
+	time.Sleep(300 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	err = eng.Stop(ctx)
+	stopped.Store(true)
+	took := time.Since(start)
+	t.Logf("Stop took %s with an outcome cut off: %v", took.Round(time.Millisecond), err)
+	require.Less(t, took, 2500*time.Millisecond)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "outcomes still waiting on the database were abandoned")
+	require.Equal(t, int64(1), stepEvents.Load(), "the step's event, with its commit's error, before Stop returned")
+	time.Sleep(6 * time.Second) // a lease: the committer's retries would have ended by now
+	require.Zero(t, afterStop.Load(), "nothing of the stopped engine reached the hooks")
+
+	proxy.Heal()
+	b.start()
+	b.waitStatus(id, "done", 15*time.Second)
+}
