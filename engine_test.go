@@ -2395,7 +2395,7 @@ func TestInsertDuringAStartCutOff(t *testing.T) {
 // once its context and grace are over: the step's StepEvent (with the
 // commit's error) is emitted before Stop returns, and Stop's error says
 // that outcomes were abandoned. The row keeps its lease and runs again
-// elsewhere once it is reaped. The committer used to go on retrying after
+// once it is reaped, and the engine started again writes outcomes again. The committer used to go on retrying after
 // Stop returned — a goroutine and a pool connection of the stopped engine
 // for up to a lease, its StepEvent reaching the hooks 6 s after the cut —
 // and Stop blamed "steps ignoring cancellation".
@@ -2448,7 +2448,15 @@ func TestStopWithAnOutcomeCutOff(t *testing.T) {
 	time.Sleep(6 * time.Second) // a lease: the committer's retries would have ended by now
 	require.Zero(t, afterStop.Load(), "nothing of the stopped engine reached the hooks")
 
+	// Started again once the cut heals, the same engine writes outcomes
+	// again; the row, reaped after its lease, runs on another engine.
 	proxy.Heal()
+	stopped.Store(false)
+	require.NoError(t, eng.Start(context.Background()))
+	defer func() { _ = eng.Stop(context.Background()) }()
+	res, err = eng.Insert(context.Background(), job.New(orderArgs{I: 1}))
+	require.NoError(t, err)
+	b.waitStatus(res.ID, "done", 15*time.Second)
 	b.start()
 	b.waitStatus(id, "done", 15*time.Second)
 }
