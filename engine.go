@@ -153,8 +153,8 @@ type Config struct {
 	PruneInterval time.Duration
 	// MaintenanceTimeout bounds each statement of the maintenance services
 	// (reap, await-timeout sweep, periodic insert, the merge of observed
-	// transitions); a prune batch, one transaction of up to PruneBatch
-	// rows, gets 10 × MaintenanceTimeout. A statement stuck on a connection
+	// transitions) and each poll of [WaitResult]; a prune batch, one
+	// transaction of up to PruneBatch rows, gets 10 × MaintenanceTimeout. A statement stuck on a connection
 	// cut off silently (a partition, a proxy that stops forwarding without
 	// closing) is abandoned at its deadline — pgx closes the connection —
 	// and the service goes on with its next sweep on a fresh connection
@@ -255,14 +255,29 @@ type Engine struct {
 	mu       sync.Mutex
 	running  *runState
 	stopping *runState // the run a Stop in progress is stopping; nil once it returned
+	// starting is the Start in progress, between its checks on the
+	// database and its engine running: e.mu is not held across those
+	// round trips (a cut network would hold every caller that takes it —
+	// an Insert's kick, Stop — until Start's ctx ends). nil otherwise.
+	starting *startState
 	scheds   map[string]*feeder.Feeder
 	sweeper  *maintenance.TimeoutSweeper // the running await-timeout sweep, poked by local awaits
 
-	exec     *executor.Executor // runs claimed rows of every queue
-	trans    transitions        // transitions taken since the last merge into the stored definitions (graph.go)
-	finished finishWaiters      // WaitResult callers, woken by this process's final outcomes
-	ownCtx   context.Context    // Background, marked as the engine's own (insideEngine): steps' and feeder hooks' base
+	exec     *executor.Executor   // runs claimed rows of every queue
+	commits  *committer.Committer // the executor's group committer: Stop aborts it when out of time
+	trans    transitions          // transitions taken since the last merge into the stored definitions (graph.go)
+	finished finishWaiters        // WaitResult callers, woken by this process's final outcomes
+	ownCtx   context.Context      // Background, marked as the engine's own (insideEngine): steps' and feeder hooks' base
 }
+
+// startState is a Start in progress (see Engine.starting).
+type startState struct {
+	cancel context.CancelCauseFunc // a Stop called meanwhile ends the start with errStoppedWhileStarting
+	done   chan struct{}           // closed when that Start returns
+}
+
+// errStoppedWhileStarting is the cause a Stop gives a Start in progress.
+var errStoppedWhileStarting = fmt.Errorf("gendurable: start: Stop was called while the engine was starting: %w", ErrEngineStopped)
 
 // runState is one Start..Stop lifetime.
 type runState struct {
@@ -319,9 +334,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	for k, core := range e.registry {
 		defs[k] = core.executorDefinition(e.stateLimits, e.newInstance)
 	}
+	e.commits = committer.New(committer.Config{Lease: c.LeaseDuration, MaxInFlight: c.CommitConcurrency}, q, pool)
 	e.exec = executor.New(executor.Config{
 		Queries: q, Pool: pool,
-		Committer: committer.New(committer.Config{Lease: c.LeaseDuration, MaxInFlight: c.CommitConcurrency}, q, pool),
+		Committer: e.commits,
 		Lookup:    func(name string, version int) *executor.Definition { return defs[machineKey{name, version}] },
 		Events:    execEvents{e}, Log: c.Logger,
 		Kick: e.kickQueue, KickAt: e.kickQueueAt, KickBelow: e.kickAllBelow, AwaitParked: e.pokeTimeouts,
@@ -454,53 +470,65 @@ func (e *Engine) Config() Config { return e.cfg }
 // then starts the maintenance services (reaper, await-timeout sweep,
 // pruner, periodic schedules, in that order) and the feeders of the
 // configured queues in background goroutines. ctx bounds the start-up checks only; the engine runs until
-// [Engine.Stop]. Called while a Stop is in progress, Start first waits for
-// it to return (or for ctx).
+// [Engine.Stop]. Called while a Stop (or another Start) is in progress,
+// Start first waits for it to return (or for ctx). No lock is held across
+// the checks' round trips: an Insert, a Signal or a Stop called meanwhile
+// does not wait for them (a network cut off would hold it until ctx ends);
+// a Stop called meanwhile ends them, and Start returns an error wrapping
+// [ErrEngineStopped] (TestStopDuringAStartCutOff).
 func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
-	for e.stopping != nil {
-		// A Stop is in progress: its steps still drain. Start once it returned.
-		st := e.stopping
+	for e.stopping != nil || e.starting != nil {
+		// A Stop is in progress (its steps still drain), or another Start:
+		// go on once it returned.
+		var wait <-chan struct{}
+		what := "the Stop in progress"
+		if st := e.stopping; st != nil {
+			wait = st.stopped
+		} else {
+			wait, what = e.starting.done, "the Start in progress"
+		}
+		stopping := e.stopping != nil
 		e.mu.Unlock()
-		if e.insideEngine(ctx) {
+		if stopping && e.insideEngine(ctx) {
 			return errors.New("gendurable: start: a Stop is in progress, and this call comes from a step or a hook it may be waiting for")
 		}
 		select {
-		case <-st.stopped:
+		case <-wait:
 		case <-ctx.Done():
-			return fmt.Errorf("gendurable: start: waiting for the Stop in progress: %w", ctx.Err())
+			return fmt.Errorf("gendurable: start: waiting for %s: %w", what, ctx.Err())
 		}
 		e.mu.Lock()
 	}
-	defer e.mu.Unlock()
 	if e.running != nil {
+		e.mu.Unlock()
 		return ErrAlreadyStarted
 	}
-	v, err := sqlq.InstalledVersion(ctx, e.pool, e.cfg.Schema)
-	if err != nil {
-		return fmt.Errorf("gendurable: start: reading schema version: %w", err)
-	}
-	if want := sqlq.LatestVersion(); v != want {
-		return fmt.Errorf("%w: schema %q is at version %d, this library needs %d (run migrate.Up)", ErrSchemaVersion, e.cfg.Schema, v, want)
-	}
-	if len(e.cfg.Queues) > 0 {
-		// The pick refuses any other level: a pool whose transactions
-		// default to repeatable read or serializable would start, log a
-		// failed pick every poll and never run a step.
-		level, err := sqlq.DefaultIsolation(ctx, e.pool)
-		if err != nil {
-			return fmt.Errorf("gendurable: start: reading the transaction isolation level: %w", err)
+	// The checks below wait on the database: e.mu is let go meanwhile
+	// (TestInsertDuringAStartCutOff), and a Stop ends them (Stop).
+	ctx, cancel := context.WithCancelCause(ctx)
+	st := &startState{cancel: cancel, done: make(chan struct{})}
+	e.starting = st
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.starting = nil
+		e.mu.Unlock()
+		cancel(nil)
+		close(st.done)
+	}()
+	if err := e.startChecks(ctx); err != nil {
+		if c := context.Cause(ctx); errors.Is(c, errStoppedWhileStarting) {
+			return c
 		}
-		if level != "read committed" {
-			return errorf(ErrInvalidConfig, "the pool's transactions run at %s, the pick needs read committed "+
-				"(set default_transaction_isolation to 'read committed' for the pool's connections, role or database)", level)
-		}
+		return err
 	}
-
-	if err := e.storeDefinitions(ctx); err != nil {
-		return fmt.Errorf("gendurable: start: storing machine definitions: %w", err)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c := context.Cause(ctx); errors.Is(c, errStoppedWhileStarting) {
+		return c
 	}
-
+	e.commits.Resume() // a Stop out of time may have aborted it
 	rs := &runState{scheds: map[string]*feeder.Feeder{}, stopped: make(chan struct{})}
 	// The maintenance services start first and stop last, after the
 	// feeders have drained. They run until Stop, not under ctx, which
@@ -547,10 +575,44 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
+// startChecks are Start's round trips to the database, under ctx: the
+// schema's version, the pool's isolation level, the stored definitions.
+func (e *Engine) startChecks(ctx context.Context) error {
+	v, err := sqlq.InstalledVersion(ctx, e.pool, e.cfg.Schema)
+	if err != nil {
+		return fmt.Errorf("gendurable: start: reading schema version: %w", err)
+	}
+	if want := sqlq.LatestVersion(); v != want {
+		return fmt.Errorf("%w: schema %q is at version %d, this library needs %d (run migrate.Up)", ErrSchemaVersion, e.cfg.Schema, v, want)
+	}
+	if len(e.cfg.Queues) > 0 {
+		// The pick refuses any other level: a pool whose transactions
+		// default to repeatable read or serializable would start, log a
+		// failed pick every poll and never run a step.
+		level, err := sqlq.DefaultIsolation(ctx, e.pool)
+		if err != nil {
+			return fmt.Errorf("gendurable: start: reading the transaction isolation level: %w", err)
+		}
+		if level != "read committed" {
+			return errorf(ErrInvalidConfig, "the pool's transactions run at %s, the pick needs read committed "+
+				"(set default_transaction_isolation to 'read committed' for the pool's connections, role or database)", level)
+		}
+	}
+	if err := e.storeDefinitions(ctx); err != nil {
+		return fmt.Errorf("gendurable: start: storing machine definitions: %w", err)
+	}
+	return nil
+}
+
 // stopGrace is how long past its context's end Stop still waits for a
 // feeder's pick in flight, or the release of its prefetched rows, before it
 // abandons them, and for cancelled steps to return.
 const stopGrace = 500 * time.Millisecond
+
+// commitSettle is how long Stop, once out of time, waits for the outcomes
+// it abandoned (Committer.Abort) to be settled: their statements end at
+// once.
+const commitSettle = 100 * time.Millisecond
 
 // afterGrace returns a context that ends grace after ctx ends (with ctx's
 // values). The returned func releases it.
@@ -568,7 +630,11 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // ms after ctx is done (a step that ignores its cancel) are abandoned to
 // the reaper and Stop returns an error wrapping ctx's; steps that return
 // on their cancel within those 500 ms are not reported, also when ctx was
-// done when Stop was called.
+// done when Stop was called. Outcomes still waiting on the database then
+// (a network cut off: they would be retried for up to a lease) are given
+// up too, within 100 ms more, and so is the outcome of any step that
+// returns later, until the next Start: their rows keep their leases and
+// are reaped, and Stop's error says so (TestStopWithAnOutcomeCutOff).
 // Steps already abandoned for ignoring their context past StepTimeout
 // (the engine wrote their outcomes) are not waited for; if any still run,
 // Stop says so with an error wrapping [ErrStepTimeout].
@@ -581,7 +647,10 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // ended: then it is abandoned, and rows it claimed are reaped after their
 // lease, as a crashed worker's are (TestStopWithAPickCutOff) — so a Stop
 // whose network is cut off returns within 500 ms of ctx's deadline. Stop
-// on an engine that is not running returns nil. A Stop called while
+// on an engine that is not running returns nil; on one whose Start is in
+// progress, it ends that start (Start returns an error wrapping
+// ErrEngineStopped) and returns nil once Start has returned, or an error
+// wrapping ctx's if ctx ends first. A Stop called while
 // another is in progress waits for that one and returns its result (or,
 // if its own ctx ends first, an error wrapping ctx's) — unless it is called
 // from a step or a hook with the context the engine gave it: then it
@@ -590,6 +659,21 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
+	if rs == nil && e.starting != nil {
+		// A Start in progress, waiting on the database: end it. The
+		// engine is then not running (Start returns an error wrapping
+		// ErrEngineStopped).
+		st := e.starting
+		e.mu.Unlock()
+		st.cancel(errStoppedWhileStarting)
+		select {
+		case <-st.done:
+		case <-ctx.Done():
+			return fmt.Errorf("gendurable: stop: waiting for the Start in progress to end: %w", ctx.Err())
+		}
+		e.mu.Lock()
+		rs = e.running
+	}
 	if rs == nil {
 		st := e.stopping
 		e.mu.Unlock()
@@ -653,13 +737,33 @@ func (e *Engine) Stop(ctx context.Context) error {
 	cancel()
 	rs.workCancel(ErrEngineStopped)
 	abandoned := 0
+	left := false
 	for _, s := range rs.scheds {
 		// Steps that honour their context return within the grace, also when
 		// ctx is done already: only those that do not are reported.
 		if !s.Wait(late) {
-			err = fmt.Errorf("gendurable: stop: steps ignoring cancellation are still running: %w", ctx.Err())
+			left = true
 		}
 		abandoned += s.Abandoned()
+	}
+	if left {
+		// Some have not settled. Those whose outcome is still waiting on
+		// the database (a network cut off; the committer retries for up to
+		// a lease) are abandoned now, their rows reaped after their lease,
+		// rather than written after Stop returned
+		// (TestStopWithAnOutcomeCutOff); what is left then is steps that
+		// ignore their cancellation.
+		e.commits.Abort()
+		settle, cancel := context.WithTimeout(context.Background(), commitSettle)
+		for _, s := range rs.scheds {
+			if !s.Wait(settle) {
+				err = fmt.Errorf("gendurable: stop: steps ignoring cancellation are still running: %w", ctx.Err())
+			}
+		}
+		cancel()
+		if err == nil {
+			err = fmt.Errorf("gendurable: stop: outcomes still waiting on the database were abandoned (their rows are reaped after their lease): %w", ctx.Err())
+		}
 	}
 	err = errors.Join(abandonedPick, err)
 	if abandoned > 0 {

@@ -2334,3 +2334,171 @@ func TestStopFromAHookDuringStopReturnsAtOnce(t *testing.T) {
 		t.Fatal("the Stop in progress did not return")
 	}
 }
+
+// cutOffPool is a pool (of maxConns) that reaches the test server only
+// through a dbtest.CutProxy, with pgx's defaults otherwise: no
+// ConnectTimeout, no PingTimeout — a cut connection waits for its ctx.
+func cutOffPool(t *testing.T, maxConns int32) (*pgxpool.Pool, *dbtest.CutProxy) {
+	t.Helper()
+	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
+	pcfg := proxy.PoolConfig(t, dbtest.URL())
+	pcfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		proxy.Close() // the pool's sockets end: nothing waits on the cut
+		pool.Close()
+	})
+	return pool, proxy
+}
+
+// TestStopDuringAStartCutOff: Start waits on a network cut off (its first
+// statement's connection gets no answer; its ctx allows 10 s). A Stop with
+// a 300 ms context, called meanwhile, ends the start and returns within
+// its ctx; Start returns an error wrapping ErrEngineStopped, and the engine
+// is not running. Stop used to wait for the lock Start held across its
+// round trips to the database, until Start's own ctx ended (10 s).
+func TestStopDuringAStartCutOff(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "startcut", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	b := setup(t, fastConfig("", job))
+	pool, proxy := cutOffPool(t, 2)
+	cfg := fastConfig(b.schema, job)
+	cfg.Logger = testLogger(t)
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	proxy.Cut()
+	startErr := make(chan error, 1)
+	startCtx, cancelStart := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelStart()
+	go func() { startErr <- eng.Start(startCtx) }()
+	time.Sleep(300 * time.Millisecond) // Start waits on the cut
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = eng.Stop(ctx)
+	took := time.Since(start)
+	t.Logf("Stop during a Start cut off took %s: %v", took.Round(time.Millisecond), err)
+	require.NoError(t, err, "the start ended and nothing ran")
+	require.Less(t, took, 2*time.Second, "Stop waited for the Start cut off")
+	select {
+	case err := <-startErr:
+		t.Logf("Start: %v", err)
+		require.ErrorIs(t, err, gendurable.ErrEngineStopped)
+	case <-time.After(2 * time.Second):
+		t.Fatal("Start went on after the Stop")
+	}
+	// The engine was not left running, and starts once the cut heals.
+	proxy.Heal()
+	require.NoError(t, eng.Start(context.Background()))
+	b.waitStatus(b.insert(job.New(orderArgs{})), "done", 10*time.Second)
+	require.NoError(t, eng.Stop(context.Background()))
+}
+
+// TestInsertDuringAStartCutOff: Start's first statement goes out on a
+// connection cut off for good (dbtest.CutProxy.Strand: new connections go
+// through) and waits for its ctx (8 s). An Insert with a 1 s context,
+// meanwhile, commits on a fresh connection and returns within its ctx. It
+// used to commit, then wait for the lock Start held across its round trips
+// to wake the local feeders — until Start's ctx ended, long past its own.
+func TestInsertDuringAStartCutOff(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "insertcut", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	b := setup(t, fastConfig("", job))
+	pool, proxy := cutOffPool(t, 3)
+	cfg := fastConfig(b.schema, job)
+	cfg.Logger = testLogger(t)
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, pool.Ping(context.Background())) // one idle connection: Start takes it
+	proxy.Strand()
+	startErr := make(chan error, 1)
+	startCtx, cancelStart := context.WithTimeout(context.Background(), 8*time.Second)
+	defer cancelStart()
+	go func() { startErr <- eng.Start(startCtx) }()
+	time.Sleep(300 * time.Millisecond) // Start waits on the stranded connection
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	res, err := eng.Insert(ctx, job.New(orderArgs{}))
+	took := time.Since(start)
+	t.Logf("Insert during a Start cut off took %s: %v", took.Round(time.Millisecond), err)
+	require.NoError(t, err)
+	require.Less(t, took, 2*time.Second, "Insert waited for the Start cut off")
+	cancelStart()
+	require.Error(t, <-startErr)
+	b.start()
+	b.waitStatus(res.ID, "done", 10*time.Second)
+}
+
+// TestStopWithAnOutcomeCutOff: a step returns while the network is cut
+// off, so its outcome waits on the database (the committer retries it for
+// up to a lease, 6 s here). Stop with a 1 s context gives the outcome up
+// once its context and grace are over: the step's StepEvent (with the
+// commit's error) is emitted before Stop returns, and Stop's error says
+// that outcomes were abandoned. The row keeps its lease and runs again
+// once it is reaped, and the engine started again writes outcomes again. The committer used to go on retrying after
+// Stop returned — a goroutine and a pool connection of the stopped engine
+// for up to a lease, its StepEvent reaching the hooks 6 s after the cut —
+// and Stop blamed "steps ignoring cancellation".
+func TestStopWithAnOutcomeCutOff(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	job := &gendurable.Job[orderArgs]{Name: "stopoutcome", Perform: func(context.Context, *gendurable.Run[orderArgs]) error {
+		<-release
+		return nil
+	}}
+	b := setup(t, fastConfig("", job))
+	pool, proxy := cutOffPool(t, 3)
+	cfg := fastConfig(b.schema, job)
+	cfg.Logger = testLogger(t)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 6*time.Second, 2*time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: -1, PollInterval: time.Minute, MaxPollInterval: time.Minute}}
+	var stopped atomic.Bool
+	var stepEvents, afterStop atomic.Int64
+	cfg.Hooks = []gendurable.Hook{gendurable.HookFunc(func(_ context.Context, ev gendurable.Event) {
+		if se, ok := ev.(*gendurable.StepEvent); ok {
+			stepEvents.Add(1)
+			if stopped.Load() {
+				afterStop.Add(1)
+				t.Logf("StepEvent after Stop returned: %+v", se)
+			}
+		}
+	})}
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, eng.Start(context.Background()))
+	res, err := eng.Insert(context.Background(), job.New(orderArgs{})) // kicks its feeder
+	require.NoError(t, err)
+	id := res.ID
+	b.waitStatus(id, "executing", 10*time.Second)
+	time.Sleep(200 * time.Millisecond)
+	proxy.Cut()
+	close(release) // the step returns: its outcome waits on the cut
+	time.Sleep(300 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	err = eng.Stop(ctx)
+	stopped.Store(true)
+	took := time.Since(start)
+	t.Logf("Stop took %s with an outcome cut off: %v", took.Round(time.Millisecond), err)
+	require.Less(t, took, 2500*time.Millisecond)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "outcomes still waiting on the database were abandoned")
+	require.Equal(t, int64(1), stepEvents.Load(), "the step's event, with its commit's error, before Stop returned")
+	time.Sleep(6 * time.Second) // a lease: the committer's retries would have ended by now
+	require.Zero(t, afterStop.Load(), "nothing of the stopped engine reached the hooks")
+
+	// Started again once the cut heals, the same engine writes outcomes
+	// again; the row, reaped after its lease, runs on another engine.
+	proxy.Heal()
+	stopped.Store(false)
+	require.NoError(t, eng.Start(context.Background()))
+	defer func() { _ = eng.Stop(context.Background()) }()
+	res, err = eng.Insert(context.Background(), job.New(orderArgs{I: 1}))
+	require.NoError(t, err)
+	b.waitStatus(res.ID, "done", 15*time.Second)
+	b.start()
+	b.waitStatus(id, "done", 15*time.Second)
+}

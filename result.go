@@ -45,9 +45,10 @@ const (
 // of this engine wakes it at once; otherwise it polls, from every 10 ms
 // backing off to every second. Any engine can wait, also one that works no
 // queue. A poll that fails because the connection was lost or the server
-// is restarting (SQLSTATE class 08, 57P01–57P03, 53300, a network error)
-// is tried again at the poll interval, so a database restart does not end
-// the wait; if ctx ends meanwhile, the error wraps ctx's and names the last
+// is restarting (SQLSTATE class 08, 57P01–57P03, 53300, a network error),
+// or that has no reply within Config.MaintenanceTimeout (its connection cut
+// off silently: it is closed), is tried again at the poll interval, so a
+// database restart or a network cut does not end the wait; if ctx ends meanwhile, the error wraps ctx's and names the last
 // failure. Any other failed read ends the wait with its error.
 //
 //	total, err := gendurable.WaitResult[Receipt](ctx, eng, id)
@@ -58,8 +59,8 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 	for {
 		// Listen before looking, so a finish between the two is not missed.
 		woken, stop := e.finished.listen(id)
-		in, err := e.Instance(ctx, id)
-		if err != nil && (ctx.Err() != nil || !executor.ConnectionFailure(err)) {
+		in, err := e.pollInstance(ctx, id)
+		if err != nil && (ctx.Err() != nil || !executor.ConnectionFailure(err) && !errors.Is(err, errPollStalled)) {
 			stop()
 			if ctx.Err() != nil && lost != nil {
 				return zero, waitEnded(ctx, lost)
@@ -103,6 +104,24 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 		t.Stop()
 		stop()
 	}
+}
+
+// errPollStalled marks a WaitResult poll abandoned at its deadline.
+var errPollStalled = errors.New("no reply")
+
+// pollInstance is one poll of WaitResult: Instance under a deadline of
+// MaintenanceTimeout as well as ctx. A connection cut off silently under
+// it (a NAT or proxy that forgets it, a partition) is abandoned there —
+// pgx closes it — and the next poll runs on a fresh connection, rather
+// than waiting on it until ctx ends (TestWaitResultOnAConnectionCutOff).
+func (e *Engine) pollInstance(ctx context.Context, id int64) (*Instance, error) {
+	pctx, cancel := context.WithTimeout(ctx, e.cfg.MaintenanceTimeout)
+	defer cancel()
+	in, err := e.Instance(pctx, id)
+	if err != nil && ctx.Err() == nil && pctx.Err() != nil {
+		return nil, fmt.Errorf("%w within %s (MaintenanceTimeout): %w", errPollStalled, e.cfg.MaintenanceTimeout, err)
+	}
+	return in, err
 }
 
 // waitEnded is WaitResult's error when ctx ended: ctx's, naming lost, the

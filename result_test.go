@@ -216,3 +216,46 @@ func TestWaitResultRidesThroughLostConnections(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "the last poll before it failed")
 }
+
+// TestWaitResultOnAConnectionCutOff: WaitResult's polls go out on a
+// connection that is then cut off for good (dbtest.CutProxy.Strand: nothing
+// crosses it, nothing is closed; new connections go through), and the
+// instance is finished meanwhile by another engine. With a 15 s context and
+// a MaintenanceTimeout of 1 s, the poll stuck on the dead connection is
+// abandoned after 1 s and the next one, on a fresh connection, sees the
+// instance done: WaitResult returns its result a few seconds after the
+// strand. It used to wait on the dead connection until its context ended
+// (15 s), then fail with "context deadline exceeded".
+func TestWaitResultOnAConnectionCutOff(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "waitcut", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	b := setup(t, fastConfig("", job))
+	pool, proxy := cutOffPool(t, 3)
+	waiter, err := gendurable.New(pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{job},
+		MaintenanceTimeout: time.Second, Logger: testLogger(t)})
+	require.NoError(t, err)
+	res, err := b.eng.Insert(context.Background(), job.New(orderArgs{}).With(gendurable.InsertOpts{RunIn: 1500 * time.Millisecond}))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		_, err := gendurable.WaitResult[any](ctx, waiter, res.ID)
+		done <- err
+	}()
+	time.Sleep(700 * time.Millisecond) // WaitResult polls, on the pool's one connection
+	proxy.Strand()
+	stranded := time.Now()
+	b.start()
+	b.waitStatus(res.ID, "done", 10*time.Second)
+	t.Logf("done %s after the strand", time.Since(stranded).Round(time.Millisecond))
+	select {
+	case err := <-done:
+		took := time.Since(stranded)
+		t.Logf("WaitResult returned %s after the strand: %v", took.Round(time.Millisecond), err)
+		require.NoError(t, err)
+		require.Less(t, took, 6*time.Second)
+	case <-time.After(20 * time.Second):
+		t.Fatal("WaitResult did not return")
+	}
+}

@@ -297,13 +297,27 @@ func (e usageError) Error() string { return e.msg }
 // parseDatabaseURL parses a database URL (or key=value string); one that
 // does not parse is a usage error (exit 2), for every command alike. pgx
 // masks a password in its message.
+//
+// A URL that sets no connect_timeout (nor PGCONNECT_TIMEOUT) gets
+// defaultConnectTimeout: pgx's default is none, so a server that accepts
+// the connection and never answers (a network cut off behind a proxy or a
+// load balancer, a stopped process) held every command until Ctrl-C, and
+// one whose packets are dropped until the OS gave up (about two minutes on
+// Linux) (TestSilentServerIsAConnectionErrorInBoundedTime).
 func parseDatabaseURL(url string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, usageError{msg: fmt.Sprintf("database URL: %v", err)}
 	}
+	if cfg.ConnConfig.ConnectTimeout == 0 && !strings.Contains(url, "connect_timeout") && os.Getenv("PGCONNECT_TIMEOUT") == "" {
+		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
+	}
 	return cfg, nil
 }
+
+// defaultConnectTimeout bounds each connection attempt of a command whose
+// database URL sets no connect_timeout (see parseDatabaseURL).
+const defaultConnectTimeout = 10 * time.Second
 
 func databaseURL(flagValue string) string {
 	if flagValue != "" {

@@ -1172,3 +1172,53 @@ func TestBenchLongHorizonRejectsBadEnvironment(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "configured by the environment only")
 }
+
+// TestSilentServerIsAConnectionErrorInBoundedTime: a database URL whose
+// server accepts the connection and then never answers (a network cut off
+// behind a proxy, a stopped server process) is, after the CLI's default
+// connect timeout (10 s: the URL sets none), one line saying it cannot
+// connect, exit 1. The commands used to wait for ever (pgx's default is no
+// timeout): `status` was still waiting when this test killed it after 30 s.
+func TestSilentServerIsAConnectionErrorInBoundedTime(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // read nothing, answer nothing
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			_ = c.Close()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "status", "--database-url", "postgres://postgres@"+ln.Addr().String()+"/postgres")
+	cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	start := time.Now()
+	err = cmd.Run()
+	took := time.Since(start)
+	t.Logf("status took %s: %v: %s", took.Round(time.Millisecond), err, errb.String())
+	require.NoError(t, ctx.Err(), "still waiting after 30 s")
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee)
+	require.Equal(t, exitError, ee.ExitCode())
+	require.Equal(t, 1, strings.Count(errb.String(), "\n"), "one line: %s", errb.String())
+	require.Contains(t, errb.String(), "cannot connect to the database as user postgres, database postgres")
+	require.Less(t, took, 25*time.Second)
+}

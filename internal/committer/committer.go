@@ -10,6 +10,7 @@ package committer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -62,7 +63,15 @@ type Committer struct {
 	pending  []*request
 	inFlight int
 	batches  sync.Pool
+	// run bounds every statement besides its lease: Abort cancels it, and
+	// it stays cancelled until Resume.
+	run       context.Context
+	runCancel context.CancelFunc
 }
+
+// ErrAborted is the error of an outcome the committer gave up on because
+// Abort was called (an engine's Stop out of time).
+var ErrAborted = errors.New("outcome abandoned by a stop out of time; its row is reaped after its lease")
 
 // New returns a Committer writing through db.
 func New(cfg Config, q *sqlq.Queries, db sqlq.DB) *Committer {
@@ -74,7 +83,37 @@ func New(cfg Config, q *sqlq.Queries, db sqlq.DB) *Committer {
 	}
 	c := &Committer{cfg: cfg, q: q, db: db}
 	c.batches.New = func() any { return &sqlq.OutcomeBatch{} }
+	c.run, c.runCancel = context.WithCancel(context.Background())
 	return c
+}
+
+// Abort gives up, at once, the statements in flight and their retries,
+// and every outcome applied after it until Resume: each is delivered with
+// an error wrapping ErrAborted, and its row keeps its lease, to be reaped
+// as a crashed worker's. An engine's Stop calls it when its context (and
+// grace) ended with outcomes still waiting on the database — a network cut
+// off, a stuck server — which would otherwise be retried for up to a lease
+// after Stop returned, holding their pool connections.
+func (c *Committer) Abort() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.runCancel()
+}
+
+// Resume undoes Abort: outcomes are written again (an engine started
+// again).
+func (c *Committer) Resume() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.run.Err() != nil {
+		c.run, c.runCancel = context.WithCancel(context.Background())
+	}
+}
+
+func (c *Committer) runContext() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.run
 }
 
 // Commit applies o, possibly together with other outcomes, and returns once
@@ -139,8 +178,15 @@ func (c *Committer) apply(batch []*request) {
 		}
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Lease)
+	run := c.runContext()
+	ctx, cancel := context.WithTimeout(run, c.cfg.Lease)
 	defer cancel()
+	if run.Err() != nil {
+		for _, r := range batch {
+			r.deliver(Result{Err: ErrAborted})
+		}
+		return
+	}
 	b := c.batches.Get().(*sqlq.OutcomeBatch)
 	defer c.batches.Put(b)
 	var retry backoff.Write
@@ -177,6 +223,9 @@ func (c *Committer) apply(batch []*request) {
 		// Stop, with a step that ignored its cancel still running): give up
 		// at once rather than retry until the lease runs out.
 		if errors.Is(err, puddle.ErrClosedPool) || !retry.Wait(ctx) {
+			if run.Err() != nil {
+				err = fmt.Errorf("%w: %w", ErrAborted, err)
+			}
 			for _, r := range batch {
 				r.deliver(Result{Err: err})
 			}

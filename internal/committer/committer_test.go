@@ -417,3 +417,39 @@ func TestClosedPoolGivesUpAtOnce(t *testing.T) {
 	require.Less(t, time.Since(t0), 10*time.Second, "retried a closed pool")
 	require.Equal(t, "executing", f.row(f.claims[0].ID).Status)
 }
+
+// TestAbortGivesUpOutcomesUntilResume: an outcome whose statement waits on
+// the database (here on a row lock; in an engine's Stop out of time, on a
+// network cut off) is given up at once by Abort, with ErrAborted, instead
+// of being retried for up to its lease (a minute here); so is every
+// outcome until Resume, after which outcomes are written again.
+func TestAbortGivesUpOutcomesUntilResume(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 2)
+	c := f.committer(committer.Config{})
+	release := f.hold(f.claims[0].ID)
+	got := make(chan committer.Result, 1)
+	go func() {
+		got <- c.Commit(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{}`)})
+	}()
+	f.waitStatements(1)
+	t0 := time.Now()
+	c.Abort()
+	select {
+	case res := <-got:
+		require.ErrorIs(t, res.Err, committer.ErrAborted)
+		require.Nil(t, res.Applied)
+		require.Less(t, time.Since(t0), 2*time.Second)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the aborted outcome was not given up")
+	}
+	release()
+	require.Equal(t, "executing", f.row(f.claims[0].ID).Status, "the row keeps its claim, for the reaper")
+	res := c.Commit(&sqlq.Outcome{ID: f.claims[1].ID, Token: f.claims[1].Token, Kind: sqlq.KindDone, Result: str(`{}`)})
+	require.ErrorIs(t, res.Err, committer.ErrAborted, "aborted until Resume")
+	c.Resume()
+	res = c.Commit(&sqlq.Outcome{ID: f.claims[1].ID, Token: f.claims[1].Token, Kind: sqlq.KindDone, Result: str(`{}`)})
+	require.NoError(t, res.Err)
+	require.NotNil(t, res.Applied)
+	require.Equal(t, "done", f.row(f.claims[1].ID).Status)
+}
