@@ -98,6 +98,14 @@
 //   - Responses carry Content-Security-Policy (default-src 'self'),
 //     X-Content-Type-Options, X-Frame-Options, Referrer-Policy and, for pages,
 //     Cache-Control: no-store.
+//   - Bidirectional controls (U+202E RIGHT-TO-LEFT OVERRIDE and its kin),
+//     which html/template leaves as they are, are shown as the text \u202e
+//     wherever stored data carries one (states, payloads, error messages,
+//     cancel reasons), so no text reads in another order than it is
+//     stored; names and keys cannot hold one (the engine refuses them).
+//   - A signal's name is sent as typed, as the CLI and the API send it: one
+//     that starts or ends with white space is refused (400), not trimmed
+//     into another name.
 //   - After a POST the handler redirects (303) to a page whose query string
 //     names a flash message from a fixed list (a bulk action's adds counts,
 //     read as numbers), so a crafted link cannot make the page display

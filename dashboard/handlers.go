@@ -469,7 +469,9 @@ func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, gendurable.ErrNotFound)
 		return
 	}
-	name := strings.TrimSpace(r.PostForm.Get("name"))
+	// As typed, as the CLI and the API take it: a name with white space
+	// around it is refused (ErrInvalidSignal), not changed into another.
+	name := r.PostForm.Get("name")
 	note(r, "id", id, "name", name)
 	payload := strings.TrimSpace(r.PostForm.Get("payload"))
 	if payload == "" {

@@ -138,3 +138,29 @@ func TestCancelTreeFromTheInstancePage(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, r.code, r.body)
 	require.Contains(t, get(t, h, r.header.Get("Location")).body, "Cancelled 0 instance(s); 3 skipped (already finished, or changed meanwhile).")
 }
+
+// TestSignalNameIsTakenAsTyped: the dashboard trimmed a signal's name while
+// the API and the CLI took it as given, so " go" from the page woke an
+// instance awaiting "go" while the same name through the API did not, and
+// an instance awaiting "go " (which Await accepted) could not be woken from
+// the page at all. Now a name that starts or ends with white space is
+// refused everywhere (ErrInvalidSignal: 400 here), with nothing sent and
+// the refusal on the audit trail.
+func TestSignalNameIsTakenAsTyped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	audit := &syncBuffer{}
+	h, _ := e.handler(dashboard.Options{AuditLogger: slog.New(slog.NewTextHandler(audit, nil))})
+	id := e.insertOrder(Order{Item: "x"})
+	for _, name := range []string{" go", "go ", "go\u00a0", "\u2003go"} {
+		_, err := e.eng.Signal(context.Background(), id, name, nil, nil)
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "API %q", name)
+		r := post(t, h, fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {name}})
+		require.Equal(t, http.StatusBadRequest, r.code, "dashboard %q: %s", name, r.body)
+		require.Contains(t, r.body, "Invalid signal")
+	}
+	require.Zero(t, e.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "nothing was sent")
+	require.Equal(t, 4, strings.Count(audit.String(), "outcome=refused"), audit.String())
+	r := post(t, h, fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {"go"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+}

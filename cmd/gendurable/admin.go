@@ -125,16 +125,32 @@ func cliLogger(stderr io.Writer, asJSON bool) *slog.Logger {
 	return slog.New(h).With("via", "cli", "user", name)
 }
 
+// logHandler is the handler of the CLI's log lines: text, whose values
+// slog quotes with every control and bidirectional character escaped, or
+// JSON lines, which slog writes with DEL, C1 and bidirectional controls as
+// they are (a cancel reason or a dashboard user's input can carry them):
+// those go through inertJSON, as --json output does.
 func logHandler(stderr io.Writer, asJSON bool) (slog.Handler, string) {
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
 	if asJSON {
-		h = slog.NewJSONHandler(stderr, nil)
+		h = slog.NewJSONHandler(inertWriter{stderr}, nil)
 	}
 	name := "unknown"
 	if u, err := user.Current(); err == nil {
 		name = u.Username
 	}
 	return h, name
+}
+
+// inertWriter writes JSON text through inertJSON. slog's JSON handler
+// writes each record in one Write.
+type inertWriter struct{ w io.Writer }
+
+func (w inertWriter) Write(p []byte) (int, error) {
+	if _, err := w.w.Write(inertJSON(p)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // parse parses flags that may come before or after the positional
