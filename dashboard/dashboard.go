@@ -18,7 +18,9 @@
 //
 // # Pages
 //
-//   - / — queues: counts by status, total, paused flag, pause/resume, and
+//   - / — queues: counts by status (an aggregate over every instance,
+//     shared between requests for 2 s, read afresh after an action of
+//     this dashboard), total, paused flag, pause/resume, and
 //     throughput: a chart (inline SVG) of the instances finished per minute
 //     over the last hour and each queue's done and failed per minute over
 //     the last five, from [gendurable.Engine.Throughput] (the database's
@@ -223,7 +225,10 @@ type dashboard struct {
 	auditor *slog.Logger
 	pages   pages
 	tp      throughputCache
-	handler http.Handler
+	// queueStats: the queues page's counts, shared between requests for
+	// queueStatsTTL; reset by every action of this dashboard that succeeds.
+	queueStats shared[[]gendurable.QueueStats]
+	handler    http.Handler
 
 	basicUser, basicPass [32]byte // SHA-256 of the configured credentials
 	bearer               [32]byte
@@ -538,6 +543,9 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 			return
 		}
 		h(w, r)
+		if sw.code == http.StatusSeeOther {
+			d.queueStats.reset() // counts and pause flags changed: the next page shows it
+		}
 	})
 }
 
