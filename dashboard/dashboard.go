@@ -198,6 +198,11 @@ type Options struct {
 	// Redact, if set, is applied to every instance state, result and
 	// signal payload before display; machine is the instance's machine
 	// name. Return the JSON to show (e.g. with secrets replaced).
+	// A "State contains" filter that Redact would change (given the
+	// filter as a document of the filter's machine, or of any machine
+	// the dashboard knows) names hidden data and is refused with 400, in
+	// the list and in bulk actions: listing an instance by it would tell
+	// whether a guess of the hidden value is right.
 	Redact func(machine string, data json.RawMessage) json.RawMessage
 
 	// Logger receives internal errors and refusals. Default slog.Default().

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -239,6 +240,9 @@ func (d *dashboard) parseList(q url.Values) (gendurable.ListFilter, listForm, er
 
 func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 	f, form, err := d.parseList(r.URL.Query())
+	if err == nil {
+		err = d.checkStateFilter(r.Context(), f)
+	}
 	if err != nil {
 		d.fail(w, r, err)
 		return
@@ -278,6 +282,38 @@ func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 	}
 	sort.Strings(data.Queues)
 	d.render(w, r, http.StatusOK, "instances", "Instances", "instances", data)
+}
+
+// checkStateFilter refuses a "State contains" filter that names data
+// Options.Redact hides: whether an instance is listed (or counted by a bulk
+// action) would tell whether its hidden value is the one guessed, one
+// request per guess — with an id search, of one instance's PIN or token.
+// A filter names hidden data when Redact, given the filter as a document
+// of the filter's machine (or of any machine the dashboard knows, without
+// one), changes it.
+func (d *dashboard) checkStateFilter(ctx context.Context, f gendurable.ListFilter) error {
+	if d.opts.Redact == nil || len(f.State) == 0 {
+		return nil
+	}
+	names := []string{f.Machine}
+	if f.Machine == "" {
+		var err error
+		if names, err = d.machineNames(ctx); err != nil {
+			return err
+		}
+	}
+	var want any
+	if err := json.Unmarshal(f.State, &want); err != nil {
+		return inputError("\"State contains\" is not valid JSON.")
+	}
+	for _, m := range names {
+		var got any
+		red := d.opts.Redact(m, slices.Clone(f.State))
+		if json.Unmarshal(red, &got) != nil || !reflect.DeepEqual(got, want) {
+			return inputError("\"State contains\" names data this dashboard hides (Options.Redact): searching for it would reveal it. Filter on other fields.")
+		}
+	}
+	return nil
 }
 
 // ---------------------------------------------------------------------------
