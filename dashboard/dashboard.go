@@ -49,7 +49,9 @@
 // hidden; without it a <noscript> meta refresh reloads it.
 //   - /machines and /machines/{name} — registered machines, and a machine's
 //     steps drawn as a graph (inline SVG) with counts by status and the
-//     transitions the engine's process has observed. A machine named "." or
+//     transitions the engine's process has observed (a known machine's
+//     graph is shared between requests for 2 s, as the queues' counts
+//     are). A machine named "." or
 //     ".." (which a browser would resolve out of a path) is
 //     /machines?name=.., and such a queue's pause and resume are
 //     /queues/pause?queue=.. and /queues/resume?queue=...
@@ -233,6 +235,7 @@ type dashboard struct {
 	// queueStats: the queues page's counts, shared between requests for
 	// queueStatsTTL; reset by every action of this dashboard that succeeds.
 	queueStats shared[[]gendurable.QueueStats]
+	graphs     graphs // each known machine's graph, shared for graphTTL; reset as queueStats
 	handler    http.Handler
 
 	basicUser, basicPass [32]byte // SHA-256 of the configured credentials
@@ -549,7 +552,7 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 		}
 		h(w, r)
 		if sw.code == http.StatusSeeOther {
-			d.queueStats.reset() // counts and pause flags changed: the next page shows it
+			d.resetShared() // counts and pause flags changed: the next page shows it
 		}
 	})
 }

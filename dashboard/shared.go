@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/gendurable/gendurable"
 )
 
 // shared is a value read from the database that concurrent requests share:
@@ -92,4 +94,37 @@ func (c *shared[T]) reset() {
 	var zero T
 	c.val = zero
 	c.mu.Unlock()
+}
+
+// graphs are the machine graphs shared between requests, one per machine
+// the dashboard knows (so at most as many as engines stored).
+type graphs struct {
+	mu sync.Mutex
+	m  map[string]*shared[*gendurable.MachineGraph]
+}
+
+// graphOf is the shared graph of the machine name.
+func (d *dashboard) graphOf(name string) *shared[*gendurable.MachineGraph] {
+	d.graphs.mu.Lock()
+	defer d.graphs.mu.Unlock()
+	if d.graphs.m == nil {
+		d.graphs.m = map[string]*shared[*gendurable.MachineGraph]{}
+	}
+	c := d.graphs.m[name]
+	if c == nil {
+		c = &shared[*gendurable.MachineGraph]{}
+		d.graphs.m[name] = c
+	}
+	return c
+}
+
+// resetShared makes the next page of every shared read read afresh: an
+// action of this dashboard changed counts, statuses or pause flags.
+func (d *dashboard) resetShared() {
+	d.queueStats.reset()
+	d.graphs.mu.Lock()
+	for _, c := range d.graphs.m {
+		c.reset()
+	}
+	d.graphs.mu.Unlock()
 }
