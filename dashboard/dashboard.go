@@ -208,6 +208,11 @@ type Options struct {
 	Redact func(machine string, data json.RawMessage) json.RawMessage
 
 	// Logger receives internal errors and refusals. Default slog.Default().
+	// The dashboard's lines (audit lines too) carry what clients sent —
+	// the user name of a failed login, the path of a refused request,
+	// a cancel's reason — with DEL, C1 controls and bidirectional
+	// controls in strings written as \u escapes, which slog's JSON
+	// handler would write as they are.
 	Logger *slog.Logger
 
 	// AuditLogger receives the audit trail, at [LevelAudit]: one line per
@@ -306,6 +311,9 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	if opts.AuditLogger == nil {
 		opts.AuditLogger = opts.Logger
 	}
+	// What a client sent reaches these lines: see inertHandler.
+	opts.Logger = slog.New(inertHandler{opts.Logger.Handler()})
+	opts.AuditLogger = slog.New(inertHandler{opts.AuditLogger.Handler()})
 	if opts.Title == "" {
 		opts.Title = "gendurable"
 	}
