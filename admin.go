@@ -36,7 +36,8 @@ const (
 
 // ListFilter selects instances for [Engine.List]. Zero fields do not filter.
 // Queue, Machine and Step (at most 200 bytes) and Search (at most 1000) must be
-// valid UTF-8 without NUL or other control characters, and From and To
+// valid UTF-8 without NUL, other control characters or bidirectional
+// controls (and the names do not start or end with white space), and From and To
 // within the years PostgreSQL's timestamps hold (4713 BC to 294275 AD);
 // anything else is [ErrInvalidInput].
 //

@@ -80,7 +80,11 @@ var (
 	// ErrInvalidInput: an operator call ([Engine.List], [Engine.Pause],
 	// [Engine.Resume], [Engine.Graph]) got a filter, name or search text it
 	// cannot use: empty where a name is required, too long, not valid UTF-8,
-	// or holding NUL or another control character. It is returned before any
+	// holding NUL or another control character or a bidirectional control
+	// (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C), or a name
+	// (queue, machine, step, signal) that starts or ends with white space —
+	// the rule inserts, signals and config follow too (ErrInvalidInsert,
+	// ErrInvalidSignal, ErrInvalidConfig). It is returned before any
 	// SQL runs. The CLI exits 2 on it and the dashboard answers 400. An
 	// instance id of 0 or less given to a call on one instance (Instance,
 	// Describe, WaitReason, WaitResult, Retry, Cancel, RunNow, Signal) is

@@ -55,8 +55,9 @@ type InsertOpts struct {
 	// statuses, inserting another with the same key inserts nothing and
 	// returns the existing instance's id with Duplicate set. Enforced by a
 	// unique index, so it holds across processes and within one InsertMany.
-	// At most 1000 bytes of valid UTF-8 without control characters, like
-	// PartitionKey (so that an operator can search for it).
+	// At most 1000 bytes of valid UTF-8 without control characters or
+	// bidirectional controls, like PartitionKey (so that an operator can
+	// search for it, and it shows as it is stored).
 	UniqueKey string
 	// UniqueScope lists the statuses in which the key is held. It must
 	// include every live status (runnable, executing, awaiting_signal,

@@ -33,13 +33,26 @@ func timestampYear(t time.Time) bool {
 	return y >= minTimestampYear && y <= maxTimestampYear
 }
 
-// nameProblem says what is wrong with a queue, machine or step name, or ""
-// if nothing is: 1 to maxNameLen bytes of text (textProblem).
+// nameProblem says what is wrong with a queue, machine, step or signal
+// name, or "" if nothing is: 1 to maxNameLen bytes of text (textProblem)
+// that neither starts nor ends with white space. The dashboard's forms
+// pass a name on as typed, as the CLI and the API do; a name " pay" would
+// look like "pay" on every page and in every table while a signal "pay"
+// never woke its awaiter.
 func nameProblem(s string) string {
 	if s == "" {
 		return "is empty"
 	}
-	return textProblem(s, maxNameLen)
+	if p := textProblem(s, maxNameLen); p != "" {
+		return p
+	}
+	if first, _ := utf8.DecodeRuneInString(s); unicode.IsSpace(first) {
+		return "starts with white space"
+	}
+	if last, _ := utf8.DecodeLastRuneInString(s); unicode.IsSpace(last) {
+		return "ends with white space"
+	}
+	return ""
 }
 
 // keyProblem says what is wrong with a partition, unique or dedup key or a
@@ -49,7 +62,12 @@ func keyProblem(s string) string { return textProblem(s, maxKeyLen) }
 
 // textProblem: valid UTF-8 (PostgreSQL text must be), without NUL (it
 // cannot hold it) or any other control character (names and keys are
-// printed on terminals and pages, and none is typed by a person).
+// printed on terminals and pages, and none is typed by a person), nor a
+// bidirectional control character (U+061C, U+200E, U+200F, U+202A–U+202E,
+// U+2066–U+2069: the Unicode property Bidi_Control), which makes text
+// display in another order than it is stored — a partition key
+// "acct-1<U+202E>7-tnuocca" shows as "acct-1account-7" on a page and in a
+// table, and a name can pass for another.
 func textProblem(s string, maxLen int) string {
 	switch {
 	case len(s) > maxLen:
@@ -58,9 +76,17 @@ func textProblem(s string, maxLen int) string {
 		return "is not valid UTF-8"
 	case strings.IndexFunc(s, unicode.IsControl) >= 0:
 		return "holds NUL or another control character"
+	case strings.IndexFunc(s, isBidiControl) >= 0:
+		return "holds a bidirectional control character (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C), which would show it in another order than it is stored"
 	}
 	return ""
 }
+
+// isBidiControl reports whether r is a Unicode bidirectional control
+// character (the Bidi_Control property). The CLI and the dashboard show
+// those in other stored text (states, payloads, error messages) as \u
+// escapes.
+func isBidiControl(r rune) bool { return unicode.Is(unicode.Bidi_Control, r) }
 
 // jsonLimits bounds an encoded JSON document (a state, a result, a signal
 // payload) before it reaches the database. PostgreSQL parses jsonb

@@ -146,3 +146,79 @@ func TestNumberBombsAreRefusedBeforeSQL(t *testing.T) {
 	require.Contains(t, r.Errors[0]["error"], "as PostgreSQL stores")
 	b.waitStatus(good, "done", 10*time.Second)
 }
+
+// TestBidiControlsAndEdgeSpacesAreRefusedInNamesAndKeys: a bidirectional
+// control character (U+202E RIGHT-TO-LEFT OVERRIDE and its kin) makes a
+// name or key display in another order than it is stored: a partition key
+// "acct-1<U+202E>7-tnuocca" reads as "acct-1account-7" on the dashboard and
+// in the CLI's tables. Like a control character, it is refused wherever a
+// name or key comes in — insert (ErrInvalidInsert), Signal and Await
+// (ErrInvalidSignal; an invalid outcome), config (ErrInvalidConfig) and the
+// admin API (ErrInvalidInput) — before any SQL. So is a name that starts or
+// ends with white space: " pay" shows as "pay" everywhere, and the
+// dashboard used to trim what it was given while the API did not, so an
+// instance awaiting "pay " could not be woken from the dashboard.
+func TestBidiControlsAndEdgeSpacesAreRefusedInNamesAndKeys(t *testing.T) {
+	t.Parallel()
+	bidi := []string{"acct-1\u202e7-tnuocca", "a\u202ab", "a\u202bb", "a\u202cb", "a\u202db", "a\u2066b", "a\u2067b",
+		"a\u2068b", "a\u2069b", "a\u200eb", "a\u200fb", "a\u061cb"}
+	edges := []string{" pay", "pay ", "pay\u00a0", "\u3000pay", " "}
+	m := &gendurable.Machine[waitState]{
+		Name: "bidiawait", Start: "park", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[waitState]{
+			"park": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return r.Await("park", r.State, "ok", append(bidi, edges...)[r.State.Rounds]), nil
+			},
+		},
+	}
+	live := awaiter(0)
+	job := (&recorder{}).job("bidijob")
+	b := setup(t, nil, m, live, job)
+	ctx := context.Background()
+	id := b.insert(live.New(waitState{}))
+	for _, v := range bidi {
+		_, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{PartitionKey: v}))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "partition key %q", v)
+		require.ErrorContains(t, err, "bidirectional")
+		_, err = b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{UniqueKey: v}))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "unique key %q", v)
+		_, err = b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{Queue: v}))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "queue %q", v)
+		_, err = b.eng.Signal(ctx, id, "pay", nil, &gendurable.SignalOpts{DedupKey: v})
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "dedup key %q", v)
+		_, err = b.eng.List(ctx, gendurable.ListFilter{Search: v})
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "search %q", v)
+	}
+	for _, v := range append(bidi, edges...) {
+		_, err := b.eng.Signal(ctx, id, v, nil, nil)
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "signal name %q", v)
+		_, err = b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{Queue: v}))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "queue %q", v)
+		require.ErrorIs(t, b.eng.Pause(ctx, v), gendurable.ErrInvalidInput, "pause %q", v)
+		_, err = b.eng.List(ctx, gendurable.ListFilter{Step: v})
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "step filter %q", v)
+		bad := &gendurable.Job[orderArgs]{Name: v, Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+		_, err = gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{bad}})
+		require.ErrorIs(t, err, gendurable.ErrInvalidConfig, "machine name %q", v)
+	}
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "nothing was sent")
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "nothing was inserted")
+
+	// Still accepted: spaces inside a name, right-to-left text without
+	// controls, other non-ASCII text.
+	for _, ok := range []string{"with space", "שלום", "مرحبا", "päy ✓"} {
+		_, err := b.eng.Signal(ctx, id, ok, nil, nil)
+		require.NoError(t, err, "name %q", ok)
+		_, err = b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{PartitionKey: ok}))
+		require.NoError(t, err, "key %q", ok)
+	}
+
+	// Awaiting such a name is an invalid outcome: the instance fails
+	// instead of parking on a name no operator can type or see.
+	b.start()
+	for i, v := range append(bidi, edges...) {
+		aid := b.insert(m.New(waitState{Rounds: i}))
+		r := b.waitStatus(aid, "failed", 10*time.Second)
+		require.Contains(t, r.Errors[0]["error"], "invalid outcome", "Await %q", v)
+	}
+}

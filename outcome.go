@@ -112,7 +112,8 @@ func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 // together — signals accumulate until a Next (or ScheduleChildren) consumes
 // the ones the step received. Add a deadline with [Outcome.Timeout]. Each
 // name is checked as [Engine.Signal] checks it (1 to 200 bytes of valid
-// UTF-8 without control characters); an invalid one makes the outcome
+// UTF-8 without control characters or bidirectional controls, not starting
+// or ending with white space); an invalid one makes the outcome
 // [ErrInvalidOutcome].
 func (r *Run[S]) Await(nextStep string, state S, names ...string) Outcome {
 	return Outcome{kind: sqlq.KindAwait, step: nextStep, state: state, hasState: true, awaits: names}

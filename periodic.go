@@ -33,7 +33,8 @@ import (
 type Periodic struct {
 	// Name identifies the schedule; it is part of every slot's unique key,
 	// so renaming a schedule starts its slots afresh. Required: 1 to 200
-	// bytes of valid UTF-8 without control characters, like a queue name.
+	// bytes of valid UTF-8 without control characters or bidirectional
+	// controls, not starting or ending with white space, like a queue name.
 	Name string
 	// Schedule is a standard 5-field cron expression ("*/15 * * * *",
 	// "0 9 * * MON-FRI"), a descriptor (@hourly, @daily, @weekly, @monthly,

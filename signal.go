@@ -42,10 +42,12 @@ type SignalResult struct {
 // Sending to an unknown instance returns [ErrNotFound], to a finished one
 // [ErrInstanceFinished] (unless its dedup key was already delivered to it:
 // Duplicate, as for a live one); neither writes anything. name is 1 to 200
-// bytes and a DedupKey at most 1000, both valid UTF-8 without NUL or another
-// control character (the rule of queue names and keys: what a sender can
-// use, an operator can type): anything else is [ErrInvalidSignal], before
-// any SQL runs.
+// bytes and a DedupKey at most 1000, both valid UTF-8 without NUL, another
+// control character or a bidirectional control, and the name neither starts
+// nor ends with white space (the rule of queue names and keys: what a sender
+// can use, an operator can type and see as it is): anything else is
+// [ErrInvalidSignal], before any SQL runs. The name is taken as given: the
+// CLI and the dashboard pass it on untrimmed.
 func (e *Engine) Signal(ctx context.Context, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
 	return e.signal(ctx, e.pool, id, name, payload, opts)
 }
@@ -112,8 +114,9 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 }
 
 // validateSignalName checks a signal name by the rule of queue, machine and
-// step names (nameProblem): 1 to 200 bytes of valid UTF-8 without NUL or
-// another control character. Signal and Await check it alike, so a name an
+// step names (nameProblem): 1 to 200 bytes of valid UTF-8 without NUL,
+// another control character or a bidirectional control, not starting or
+// ending with white space. Signal and Await check it alike, so a name an
 // instance awaits is one an operator can type in the CLI or the dashboard.
 func validateSignalName(name string) error {
 	if p := nameProblem(name); p != "" {

@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
 	"testing"
+	"unicode"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
@@ -163,4 +165,46 @@ func TestCrossOriginRefusalIsAudited(t *testing.T) {
 	}
 	require.False(t, e.instance(live).Status.Terminal(), "the forged cancel changed nothing")
 	require.False(t, e.queuePaused("default"))
+}
+
+// TestLogLinesCarryNoRawC1OrBidiControls: a log line carries what a
+// client sent — the user name of a failed login and the path of a refused
+// request before any authentication, a cancel's reason after it — and
+// slog's JSON handler writes DEL, C1 controls (U+009B is an 8-bit CSI) and
+// bidirectional controls as they are: a client without credentials wrote
+// them into the operator's log, to act on the terminal that reads it or
+// reorder the line. They are now written as \u escapes (C0 controls and
+// invalid UTF-8 the handlers escaped already).
+func TestLogLinesCarryNoRawC1OrBidiControls(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var buf syncBuffer
+	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	h, err := dashboard.New(e.eng, dashboard.Options{Logger: logger, AllowedHosts: []string{"example.com"},
+		BasicAuth: &dashboard.BasicAuth{User: "ops", Password: "pw-0123456789abcdef"}})
+	require.NoError(t, err)
+	const evil = "\u009b2J\u202eevil\x7f"
+	hr := httptest.NewRequest(http.MethodGet, "http://example.com/%C2%9B%E2%80%AE", nil)
+	hr.SetBasicAuth(evil, "x")
+	h.ServeHTTP(httptest.NewRecorder(), hr) // failed login
+	hr = httptest.NewRequest(http.MethodGet, "http://example.com/%C2%9B%E2%80%AE", nil)
+	hr.Host = "rebound.example"
+	h.ServeHTTP(httptest.NewRecorder(), hr) // host not served
+	id := e.insertOrder(Order{Item: "x"})
+	hr = httptest.NewRequest(http.MethodPost, fmt.Sprintf("http://example.com/instances/%d/cancel", id),
+		strings.NewReader(url.Values{"reason": {"refund " + evil}}.Encode()))
+	hr.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	hr.SetBasicAuth("ops", "pw-0123456789abcdef")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, hr) // an action, audit-logged with its reason
+	require.Equal(t, http.StatusSeeOther, rec.Code, rec.Body.String())
+
+	out := buf.String()
+	for _, msg := range []string{"failed login", "host not served", "dashboard audit: cancel"} {
+		require.Contains(t, out, msg)
+	}
+	for _, r := range out {
+		require.False(t, r == 0x7f || (r >= 0x80 && r < 0xa0) || unicode.Is(unicode.Bidi_Control, r), "%U in the log:\n%s", r, out)
+	}
+	require.Contains(t, out, `\\u009b2J\\u202eevil\\u007f`, "shown as escapes")
 }

@@ -168,6 +168,9 @@ func (d *dashboard) bulkCancelAction(w http.ResponseWriter, r *http.Request) {
 func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 	run func(context.Context, bulkForm) (gendurable.BulkResult, error)) {
 	b, err := d.parseBulk(r)
+	if err == nil {
+		err = d.checkStateFilter(r.Context(), b.filter)
+	}
 	if err != nil {
 		d.fail(w, r, err)
 		return

@@ -18,7 +18,9 @@
 //
 // # Pages
 //
-//   - / — queues: counts by status, total, paused flag, pause/resume, and
+//   - / — queues: counts by status (an aggregate over every instance,
+//     shared between requests for 2 s, read afresh after an action of
+//     this dashboard), total, paused flag, pause/resume, and
 //     throughput: a chart (inline SVG) of the instances finished per minute
 //     over the last hour and each queue's done and failed per minute over
 //     the last five, from [gendurable.Engine.Throughput] (the database's
@@ -47,7 +49,9 @@
 // hidden; without it a <noscript> meta refresh reloads it.
 //   - /machines and /machines/{name} — registered machines, and a machine's
 //     steps drawn as a graph (inline SVG) with counts by status and the
-//     transitions the engine's process has observed. A machine named "." or
+//     transitions the engine's process has observed (a known machine's
+//     graph is shared between requests for 2 s, as the queues' counts
+//     are). A machine named "." or
 //     ".." (which a browser would resolve out of a path) is
 //     /machines?name=.., and such a queue's pause and resume are
 //     /queues/pause?queue=.. and /queues/resume?queue=...
@@ -98,6 +102,14 @@
 //   - Responses carry Content-Security-Policy (default-src 'self'),
 //     X-Content-Type-Options, X-Frame-Options, Referrer-Policy and, for pages,
 //     Cache-Control: no-store.
+//   - Bidirectional controls (U+202E RIGHT-TO-LEFT OVERRIDE and its kin),
+//     which html/template leaves as they are, are shown as the text \u202e
+//     wherever stored data carries one (states, payloads, error messages,
+//     cancel reasons), so no text reads in another order than it is
+//     stored; names and keys cannot hold one (the engine refuses them).
+//   - A signal's name is sent as typed, as the CLI and the API send it: one
+//     that starts or ends with white space is refused (400), not trimmed
+//     into another name.
 //   - After a POST the handler redirects (303) to a page whose query string
 //     names a flash message from a fixed list (a bulk action's adds counts,
 //     read as numbers), so a crafted link cannot make the page display
@@ -188,9 +200,19 @@ type Options struct {
 	// Redact, if set, is applied to every instance state, result and
 	// signal payload before display; machine is the instance's machine
 	// name. Return the JSON to show (e.g. with secrets replaced).
+	// A "State contains" filter that Redact would change (given the
+	// filter as a document of the filter's machine, or of any machine
+	// the dashboard knows) names hidden data and is refused with 400, in
+	// the list and in bulk actions: listing an instance by it would tell
+	// whether a guess of the hidden value is right.
 	Redact func(machine string, data json.RawMessage) json.RawMessage
 
 	// Logger receives internal errors and refusals. Default slog.Default().
+	// The dashboard's lines (audit lines too) carry what clients sent —
+	// the user name of a failed login, the path of a refused request,
+	// a cancel's reason — with DEL, C1 controls and bidirectional
+	// controls in strings written as \u escapes, which slog's JSON
+	// handler would write as they are.
 	Logger *slog.Logger
 
 	// AuditLogger receives the audit trail, at [LevelAudit]: one line per
@@ -215,7 +237,11 @@ type dashboard struct {
 	auditor *slog.Logger
 	pages   pages
 	tp      throughputCache
-	handler http.Handler
+	// queueStats: the queues page's counts, shared between requests for
+	// queueStatsTTL; reset by every action of this dashboard that succeeds.
+	queueStats shared[[]gendurable.QueueStats]
+	graphs     graphs // each known machine's graph, shared for graphTTL; reset as queueStats
+	handler    http.Handler
 
 	basicUser, basicPass [32]byte // SHA-256 of the configured credentials
 	bearer               [32]byte
@@ -285,6 +311,9 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	if opts.AuditLogger == nil {
 		opts.AuditLogger = opts.Logger
 	}
+	// What a client sent reaches these lines: see inertHandler.
+	opts.Logger = slog.New(inertHandler{opts.Logger.Handler()})
+	opts.AuditLogger = slog.New(inertHandler{opts.AuditLogger.Handler()})
 	if opts.Title == "" {
 		opts.Title = "gendurable"
 	}
@@ -530,6 +559,9 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 			return
 		}
 		h(w, r)
+		if sw.code == http.StatusSeeOther {
+			d.resetShared() // counts and pause flags changed: the next page shows it
+		}
 	})
 }
 

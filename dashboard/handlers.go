@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -35,12 +36,19 @@ type queueRow struct {
 	Rate rate
 }
 
+// queueStatsTTL is how long the queues page's counts are shared between
+// requests: each read counts every instance (an aggregate over the whole
+// table: 130 ms at 200,000 rows on two cores, seconds at millions), and a
+// page may refresh itself every 2 s in any number of tabs.
+const queueStatsTTL = 2 * time.Second
+
 func (d *dashboard) queuesPage(w http.ResponseWriter, r *http.Request) {
-	stats, err := d.eng.Queues(r.Context())
+	cached, err := d.queueStats.get(r.Context(), queueStatsTTL, d.eng.Queues)
 	if err != nil {
 		d.fail(w, r, err)
 		return
 	}
+	stats := slices.Clone(cached) // shared with other requests: appended to below
 	// Queues this engine works but that hold nothing yet.
 	have := map[string]bool{}
 	for _, q := range stats {
@@ -232,6 +240,9 @@ func (d *dashboard) parseList(q url.Values) (gendurable.ListFilter, listForm, er
 
 func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 	f, form, err := d.parseList(r.URL.Query())
+	if err == nil {
+		err = d.checkStateFilter(r.Context(), f)
+	}
 	if err != nil {
 		d.fail(w, r, err)
 		return
@@ -271,6 +282,38 @@ func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 	}
 	sort.Strings(data.Queues)
 	d.render(w, r, http.StatusOK, "instances", "Instances", "instances", data)
+}
+
+// checkStateFilter refuses a "State contains" filter that names data
+// Options.Redact hides: whether an instance is listed (or counted by a bulk
+// action) would tell whether its hidden value is the one guessed, one
+// request per guess — with an id search, of one instance's PIN or token.
+// A filter names hidden data when Redact, given the filter as a document
+// of the filter's machine (or of any machine the dashboard knows, without
+// one), changes it.
+func (d *dashboard) checkStateFilter(ctx context.Context, f gendurable.ListFilter) error {
+	if d.opts.Redact == nil || len(f.State) == 0 {
+		return nil
+	}
+	names := []string{f.Machine}
+	if f.Machine == "" {
+		var err error
+		if names, err = d.machineNames(ctx); err != nil {
+			return err
+		}
+	}
+	var want any
+	if err := json.Unmarshal(f.State, &want); err != nil {
+		return inputError("\"State contains\" is not valid JSON.")
+	}
+	for _, m := range names {
+		var got any
+		red := d.opts.Redact(m, slices.Clone(f.State))
+		if json.Unmarshal(red, &got) != nil || !reflect.DeepEqual(got, want) {
+			return inputError("\"State contains\" names data this dashboard hides (Options.Redact): searching for it would reveal it. Filter on other fields.")
+		}
+	}
+	return nil
 }
 
 // ---------------------------------------------------------------------------
@@ -469,7 +512,9 @@ func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, gendurable.ErrNotFound)
 		return
 	}
-	name := strings.TrimSpace(r.PostForm.Get("name"))
+	// As typed, as the CLI and the API take it: a name with white space
+	// around it is refused (ErrInvalidSignal), not changed into another.
+	name := r.PostForm.Get("name")
 	note(r, "id", id, "name", name)
 	payload := strings.TrimSpace(r.PostForm.Get("payload"))
 	if payload == "" {
@@ -549,12 +594,33 @@ func (d *dashboard) graphPage(w http.ResponseWriter, r *http.Request) {
 	d.graph(w, r, r.PathValue("name"))
 }
 
+// graphTTL is how long a machine's graph is shared between requests: its
+// counts are an aggregate over the machine's instances (a sequential scan
+// of the table: 129 ms at 200,000 rows on two cores).
+const graphTTL = 2 * time.Second
+
 func (d *dashboard) graph(w http.ResponseWriter, r *http.Request, name string) {
 	if name == "" || len(name) > maxFilterLen {
 		d.fail(w, r, gendurable.ErrNotFound)
 		return
 	}
-	g, err := d.eng.Graph(r.Context(), name)
+	// The graphs of the machines the dashboard knows (stored by an engine,
+	// or registered in its own) are shared; another name (a machine known
+	// only by its instances, or none) is read for its request alone, so
+	// that names a client makes up cannot fill memory.
+	names, err := d.machineNames(r.Context())
+	if err != nil {
+		d.fail(w, r, err)
+		return
+	}
+	var g *gendurable.MachineGraph
+	if slices.Contains(names, name) {
+		g, err = d.graphOf(name).get(r.Context(), graphTTL, func(ctx context.Context) (*gendurable.MachineGraph, error) {
+			return d.eng.Graph(ctx, name)
+		})
+	} else {
+		g, err = d.eng.Graph(r.Context(), name)
+	}
 	if err != nil {
 		d.fail(w, r, err)
 		return

@@ -2,6 +2,7 @@ package dashboard_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -137,4 +138,76 @@ func TestCancelTreeFromTheInstancePage(t *testing.T) {
 	r = post(t, h, path, nil)
 	require.Equal(t, http.StatusSeeOther, r.code, r.body)
 	require.Contains(t, get(t, h, r.header.Get("Location")).body, "Cancelled 0 instance(s); 3 skipped (already finished, or changed meanwhile).")
+}
+
+// TestSignalNameIsTakenAsTyped: the dashboard trimmed a signal's name while
+// the API and the CLI took it as given, so " go" from the page woke an
+// instance awaiting "go" while the same name through the API did not, and
+// an instance awaiting "go " (which Await accepted) could not be woken from
+// the page at all. Now a name that starts or ends with white space is
+// refused everywhere (ErrInvalidSignal: 400 here), with nothing sent and
+// the refusal on the audit trail.
+func TestSignalNameIsTakenAsTyped(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	audit := &syncBuffer{}
+	h, _ := e.handler(dashboard.Options{AuditLogger: slog.New(slog.NewTextHandler(audit, nil))})
+	id := e.insertOrder(Order{Item: "x"})
+	for _, name := range []string{" go", "go ", "go\u00a0", "\u2003go"} {
+		_, err := e.eng.Signal(context.Background(), id, name, nil, nil)
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "API %q", name)
+		r := post(t, h, fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {name}})
+		require.Equal(t, http.StatusBadRequest, r.code, "dashboard %q: %s", name, r.body)
+		require.Contains(t, r.body, "Invalid signal")
+	}
+	require.Zero(t, e.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "nothing was sent")
+	require.Equal(t, 4, strings.Count(audit.String(), "outcome=refused"), audit.String())
+	r := post(t, h, fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {"go"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+}
+
+// TestStateFilterCannotProbeRedactedData: Options.Redact hides a state's
+// secrets on every page, but the list's "State contains" filter matched the
+// stored state: /instances?q=ID&state={"secret":"guess"} listed the
+// instance exactly when the guess was right — an oracle, one request per
+// guess (a 4-digit PIN in at most 10,000), and a bulk action by that filter
+// counted (and changed) the instances whose secret matched. A filter that
+// Redact would change is now refused (400), in the list and in bulk
+// actions; one on data Redact leaves alone still works.
+func TestStateFilterCannotProbeRedactedData(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	redact := func(machine string, data json.RawMessage) json.RawMessage {
+		var m map[string]any
+		if json.Unmarshal(data, &m) != nil {
+			return data
+		}
+		for k := range m {
+			if strings.Contains(k, "secret") {
+				m[k] = "[redacted]"
+			}
+		}
+		b, _ := json.Marshal(m)
+		return b
+	}
+	h, _ := e.handler(dashboard.Options{Redact: redact})
+	id := e.insertOrder(Order{Item: "book", Secret: "4711"})
+	for _, p := range []string{
+		fmt.Sprintf("/instances?q=%d&state=%s", id, url.QueryEscape(`{"secret":"4711"}`)),
+		fmt.Sprintf("/instances?q=%d&state=%s", id, url.QueryEscape(`{"secret":"0000"}`)),
+		"/instances?machine=order&state=" + url.QueryEscape(`{"item":"book","secret":"4711"}`),
+	} {
+		r := get(t, h, p)
+		require.Equal(t, http.StatusBadRequest, r.code, "%s: %s", p, r.body)
+		require.Contains(t, r.body, "hides")
+		require.NotContains(t, r.body, fmt.Sprintf(`data-instance-id="%d"`, id))
+	}
+	r := post(t, h, "/bulk/cancel", url.Values{"scope": {"match"}, "state": {`{"secret":"4711"}`}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	require.Equal(t, gendurable.StatusRunnable, e.instance(id).Status, "nothing was cancelled")
+
+	// Fields Redact leaves alone can still be searched.
+	r = get(t, h, "/instances?state="+url.QueryEscape(`{"item":"book"}`))
+	require.Equal(t, http.StatusOK, r.code, r.body)
+	require.Contains(t, r.body, fmt.Sprintf(`data-instance-id="%d"`, id))
 }

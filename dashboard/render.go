@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable"
 )
@@ -150,9 +152,37 @@ func (d *dashboard) render(w http.ResponseWriter, r *http.Request, code int, pag
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	if r.Method != http.MethodHead {
-		_, _ = w.Write(buf.Bytes())
+		_, _ = w.Write(showBidi(buf.Bytes()))
 	}
 }
+
+// showBidi returns page with every bidirectional control character
+// (U+202E RIGHT-TO-LEFT OVERRIDE and its kin, the Unicode property
+// Bidi_Control) written out as the text \u202e. html/template escapes
+// markup, not these: a step's error message, a state, a payload or a
+// cancel reason holding one would show the text after it in another order
+// than it is stored ("acct-1<U+202E>7-tnuocca" reads "acct-1account-7").
+// Names and keys cannot hold one (the engine refuses them); the templates
+// hold none, so only data is changed, and only where it carries one.
+func showBidi(page []byte) []byte {
+	if !bytes.ContainsFunc(page, isBidiControl) {
+		return page
+	}
+	var b bytes.Buffer
+	b.Grow(len(page) + 32)
+	for i := 0; i < len(page); {
+		r, size := utf8.DecodeRune(page[i:])
+		if isBidiControl(r) {
+			fmt.Fprintf(&b, `\u%04x`, r)
+		} else {
+			b.Write(page[i : i+size])
+		}
+		i += size
+	}
+	return b.Bytes()
+}
+
+func isBidiControl(r rune) bool { return unicode.Is(unicode.Bidi_Control, r) }
 
 // prettyJSON redacts and indents a JSON document for display.
 func (d *dashboard) prettyJSON(machine string, raw json.RawMessage) string {

@@ -125,16 +125,32 @@ func cliLogger(stderr io.Writer, asJSON bool) *slog.Logger {
 	return slog.New(h).With("via", "cli", "user", name)
 }
 
+// logHandler is the handler of the CLI's log lines: text, whose values
+// slog quotes with every control and bidirectional character escaped, or
+// JSON lines, which slog writes with DEL, C1 and bidirectional controls as
+// they are (a cancel reason or a dashboard user's input can carry them):
+// those go through inertJSON, as --json output does.
 func logHandler(stderr io.Writer, asJSON bool) (slog.Handler, string) {
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
 	if asJSON {
-		h = slog.NewJSONHandler(stderr, nil)
+		h = slog.NewJSONHandler(inertWriter{stderr}, nil)
 	}
 	name := "unknown"
 	if u, err := user.Current(); err == nil {
 		name = u.Username
 	}
 	return h, name
+}
+
+// inertWriter writes JSON text through inertJSON. slog's JSON handler
+// writes each record in one Write.
+type inertWriter struct{ w io.Writer }
+
+func (w inertWriter) Write(p []byte) (int, error) {
+	if _, err := w.w.Write(inertJSON(p)); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // parse parses flags that may come before or after the positional
@@ -155,19 +171,50 @@ func parse(fs *flag.FlagSet, args []string, positional ...string) ([]string, err
 }
 
 // parseAll parses flags that may come before or after positional
-// arguments and returns the positional ones.
+// arguments and returns the positional ones. "--" ends the flags: every
+// argument after it is positional, however it looks — `cancel -- 7 --tree
+// --yes` is three ids (and refused), not a tree cancel of 7, and `signal --
+// 7 -pay` sends a signal named "-pay".
 func parseAll(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
 		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}
-		if fs.NArg() == 0 {
+		rest := fs.Args()
+		if endedFlags(fs, args[:len(args)-len(rest)]) {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
 			return pos, nil
 		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
+}
+
+// endedFlags reports whether the flag package, having consumed the
+// arguments consumed (flags and their values), stopped at a "--" that ends
+// the flags, rather than at a positional argument: a "--" that is the
+// value of a flag before it (--reason --) ends nothing.
+func endedFlags(fs *flag.FlagSet, consumed []string) bool {
+	for i := 0; i < len(consumed); i++ {
+		a := consumed[i]
+		if a == "--" {
+			return true
+		}
+		name, _, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if hasValue {
+			continue
+		}
+		if f := fs.Lookup(name); f != nil {
+			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+				continue
+			}
+			i++ // its value is the next argument, whatever it looks like
+		}
+	}
+	return false
 }
 
 // withInstance is the preamble of a command on one instance: it parses args

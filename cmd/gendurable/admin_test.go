@@ -399,3 +399,39 @@ func TestEmptySchemaIsRefusedBeforeAnyConnection(t *testing.T) {
 		}
 	}
 }
+
+// TestDoubleDashEndsTheFlags: after "--" every argument is positional,
+// however it looks. The CLI parsed flags again after the first positional
+// argument that followed "--", so `cancel -- ID --tree --yes` — ids from a
+// script, the last of which came from data — cancelled ID and every live
+// descendant, and `signal -- ID -pay` could not send a signal named
+// "-pay". Now the first is three ids, refused (exit 2, nothing changed),
+// and the second sends "-pay". A "--" that is a flag's value still ends
+// nothing.
+func TestDoubleDashEndsTheFlags(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	seed(t, pool, schema, 1, "queue, status, awaits", "'q', 'awaiting_signal', ARRAY['-pay']")
+	var parent int64
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT min(id) FROM "`+schema+`".gendurable_instances`).Scan(&parent))
+	seed(t, pool, schema, 2, "queue, status, parent_id", fmt.Sprintf("'q', 'runnable', %d", parent))
+	id := fmt.Sprint(parent)
+
+	_, errOut, code := cli(t, "cancel", "--schema", schema, "--", id, "--tree", "--yes")
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, `"--tree" is not an instance id`)
+	require.Zero(t, countRows(t, pool, schema, "status = 'failed'"), "nothing was cancelled")
+
+	out, errOut, code := cli(t, "signal", "--schema", schema, "--", id, "-pay")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "woke up")
+	var name string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT name FROM "`+schema+`".gendurable_signals`).Scan(&name))
+	require.Equal(t, "-pay", name)
+
+	// "--" as a flag's value is a value; the flags after it are flags.
+	out, errOut, code = cli(t, "cancel", "--schema", schema, "--reason", "--", id, "--json")
+	require.Equal(t, 0, code, errOut)
+	require.True(t, json.Valid([]byte(out)), out)
+	require.Equal(t, 1, countRows(t, pool, schema, "status = 'failed' AND errors::text LIKE '%\"--\"%'"), "cancelled with the reason \"--\"")
+}

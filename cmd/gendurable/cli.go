@@ -87,6 +87,7 @@ commands:
                                  the long-horizon benchmark's adapter, configured by the environment)
 
 "gendurable <command> --help" shows a command's arguments and flags.
+"--" ends the flags: every argument after it is an argument, however it looks.
 Every database command takes --database-url, --schema (not empty; default public, but demo and
 bench default to their own schemas) and --json (all but demo).
 

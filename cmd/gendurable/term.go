@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/benchrun"
@@ -22,9 +23,11 @@ import (
 
 // printable returns s with every character a terminal could act on made
 // visible: C0 controls (tab and newline included, so a value cannot break a
-// table row or forge a line), DEL and C1 controls as \xHH or \u00HH, and
-// each byte of invalid UTF-8 as \xHH. Other text, backslashes included, is
-// left as it is.
+// table row or forge a line), DEL and C1 controls as \xHH or \u00HH,
+// bidirectional controls (U+202E and its kin, which would show the text
+// around them in another order than it is stored) as \uHHHH, and each
+// byte of invalid UTF-8 as \xHH. Other text, backslashes included, is left
+// as it is.
 func printable(s string) string {
 	if isPrintable(s) {
 		return s
@@ -38,7 +41,7 @@ func printable(s string) string {
 			fmt.Fprintf(&b, `\x%02x`, s[i])
 		case r < 0x20 || r == 0x7f:
 			fmt.Fprintf(&b, `\x%02x`, r)
-		case r >= 0x80 && r < 0xa0:
+		case (r >= 0x80 && r < 0xa0) || unicode.Is(unicode.Bidi_Control, r):
 			fmt.Fprintf(&b, `\u%04x`, r)
 		default:
 			b.WriteString(s[i : i+size])
@@ -60,7 +63,7 @@ func isPrintable(s string) bool {
 			continue
 		}
 		r, size := utf8.DecodeRuneInString(s[i:])
-		if (r == utf8.RuneError && size == 1) || r < 0xa0 {
+		if (r == utf8.RuneError && size == 1) || r < 0xa0 || unicode.Is(unicode.Bidi_Control, r) {
 			return false
 		}
 		i += size
@@ -84,10 +87,10 @@ func oneLine(s string, n int) string {
 }
 
 // printJSON writes v as indented JSON. encoding/json escapes C0 controls in
-// strings but writes DEL and C1 controls (U+0080–U+009F) as they are, also
-// inside json.RawMessage values read from jsonb; those are escaped here as
-// \u00HH too, which leaves the JSON value unchanged (such characters can only
-// occur inside strings).
+// strings but writes DEL, C1 controls (U+0080–U+009F) and bidirectional
+// controls (U+202E, ...) as they are, also inside json.RawMessage values
+// read from jsonb; those are escaped here as \uHHHH too, which leaves the
+// JSON value unchanged (such characters can only occur inside strings).
 func printJSON(w io.Writer, v any) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
@@ -95,22 +98,30 @@ func printJSON(w io.Writer, v any) error {
 	if err := enc.Encode(v); err != nil {
 		return err
 	}
-	out := buf.Bytes()
-	if bytes.IndexByte(out, 0x7f) >= 0 || bytes.Contains(out, []byte{0xc2}) {
-		var b bytes.Buffer
-		for i := 0; i < len(out); {
-			r, size := utf8.DecodeRune(out[i:])
-			if r == 0x7f || (r >= 0x80 && r < 0xa0) {
-				fmt.Fprintf(&b, `\u%04x`, r)
-			} else {
-				b.Write(out[i : i+size])
-			}
-			i += size
-		}
-		out = b.Bytes()
-	}
-	_, err := w.Write(out)
+	_, err := w.Write(inertJSON(buf.Bytes()))
 	return err
+}
+
+// inertJSON returns the JSON text out with DEL, C1 controls and
+// bidirectional controls written as \uHHHH escapes (the same JSON value:
+// such characters can only occur inside strings), so that no terminal
+// acts on them. The CLI's JSON log lines go through it too.
+func inertJSON(out []byte) []byte {
+	if bytes.IndexByte(out, 0x7f) < 0 && !bytes.Contains(out, []byte{0xc2}) &&
+		!bytes.Contains(out, []byte{0xd8, 0x9c}) && !bytes.Contains(out, []byte{0xe2, 0x80}) && !bytes.Contains(out, []byte{0xe2, 0x81}) {
+		return out // the common case: nothing to escape (U+061C is d8 9c; U+200E–U+2069 start e2 80 or e2 81)
+	}
+	var b bytes.Buffer
+	for i := 0; i < len(out); {
+		r, size := utf8.DecodeRune(out[i:])
+		if r == 0x7f || (r >= 0x80 && r < 0xa0) || unicode.Is(unicode.Bidi_Control, r) {
+			fmt.Fprintf(&b, `\u%04x`, r)
+		} else {
+			b.Write(out[i : i+size])
+		}
+		i += size
+	}
+	return b.Bytes()
 }
 
 // prompt asks question on out and reads one line from in: true for y or

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/dbtest"
@@ -100,4 +101,67 @@ func TestHostileNamesAreEscaped(t *testing.T) {
 	require.Contains(t, errOut, "invalid input")
 	requireInert(t, out)
 	requireInert(t, errOut)
+}
+
+// requireNoBidi fails if out holds a bidirectional control character.
+func requireNoBidi(t *testing.T, out string) {
+	t.Helper()
+	for _, r := range out {
+		require.False(t, unicode.Is(unicode.Bidi_Control, r), "bidirectional control %U in output %q", r, out)
+	}
+}
+
+// TestBidiControlsAreEscaped: a bidirectional control (U+202E
+// RIGHT-TO-LEFT OVERRIDE, U+2066 LEFT-TO-RIGHT ISOLATE, ...) in stored text
+// — a step's error message, a state, a signal payload, or a name stored
+// before names refused them — shows the text after it reversed on the
+// operator's terminal: "acct-1<U+202E>7-tnuocca" reads "acct-1account-7".
+// show and list print it as \u202e, as text and as JSON; and the JSON log
+// lines on stderr (a cancel's reason, under ui a dashboard user's input)
+// carry no DEL, C1 or bidirectional control either.
+func TestBidiControlsAreEscaped(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f`, printable("acct-1\u202e7-tnuocca \u2066x\u2069 \u200f"))
+	require.False(t, isPrintable("a\u202eb"))
+	require.True(t, isPrintable("שלום مرحبا"), "right-to-left text itself is left as it is")
+
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	const evil = "acct-1\u202e7-tnuocca"
+	s := `"` + schema + `"`
+	state, err := json.Marshal(map[string]string{"customer": evil})
+	require.NoError(t, err)
+	errs, err := json.Marshal([]map[string]any{{"step": "charge", "attempt": 0, "at": "2026-01-01T00:00:00Z", "kind": "error", "error": "declined for " + evil}})
+	require.NoError(t, err)
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances
+		(fsm, queue, step, state, status, partition_key, awaits, errors)
+		VALUES ('order', 'default', 'charge', $2, 'awaiting_signal', $1, ARRAY['pay'], $3) RETURNING id`, evil, state, errs).Scan(&id))
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_signals (target_id, name, payload) VALUES ($1, 'note', $2)`, id, state)
+	require.NoError(t, err)
+
+	for _, args := range [][]string{{"show", fmt.Sprint(id)}, {"list"}} {
+		for _, asJSON := range []bool{false, true} {
+			a := append(args, "--schema", schema)
+			if asJSON {
+				a = append(a, "--json")
+			}
+			out, errOut, code := cli(t, a...)
+			require.Equal(t, 0, code, errOut)
+			requireNoBidi(t, out)
+			require.Contains(t, out, `acct-1\u202e7-tnuocca`, "%v shows the override as an escape", a)
+			if asJSON {
+				require.True(t, json.Valid([]byte(out)), out)
+			}
+		}
+	}
+
+	// A cancel's reason is free text, kept as given (show escapes it); the
+	// JSON audit line on stderr escapes it too.
+	out, errOut, code := cli(t, "cancel", fmt.Sprint(id), "--reason", "refund \u009b2J "+evil+" \x7f", "--schema", schema, "--json")
+	require.Equal(t, 0, code, errOut)
+	requireInert(t, strings.ReplaceAll(errOut, "\n", ""))
+	requireNoBidi(t, errOut)
+	require.Contains(t, errOut, `refund \u009b2J acct-1\u202e7-tnuocca \u007f`)
+	requireInert(t, out)
 }

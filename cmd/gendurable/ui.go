@@ -23,7 +23,8 @@ const (
 	envUIBasicAuth = "GENDURABLE_UI_BASIC_AUTH"
 )
 
-// minRemoteToken is the shortest bearer token accepted beyond loopback.
+// minRemoteToken is the shortest bearer token, and basic-auth password,
+// accepted beyond loopback.
 const minRemoteToken = 16
 
 // credentialFlags says how to give ui credentials: the ways that keep them
@@ -86,6 +87,11 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return usageError{msg: "serving beyond loopback needs a bearer token or basic auth: " + credentialFlags}
 		case opts.BearerToken != "" && len(opts.BearerToken) < minRemoteToken:
 			return usageError{msg: fmt.Sprintf("serving beyond loopback needs a token of at least %d bytes", minRemoteToken)}
+		case opts.BasicAuth != nil && len(opts.BasicAuth.Password) < minRemoteToken:
+			// Either credential lets a client in, and failed logins are
+			// only logged, not slowed: a short password is guessed
+			// online (thousands of tries a second) whatever the token.
+			return usageError{msg: fmt.Sprintf("serving beyond loopback needs a basic-auth password of at least %d bytes", minRemoteToken)}
 		}
 	}
 	if slices.Contains(allowed, "*") && opts.BearerToken == "" && opts.BasicAuth == nil {

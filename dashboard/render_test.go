@@ -1,0 +1,42 @@
+package dashboard_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"unicode"
+
+	"github.com/gendurable/gendurable/dashboard"
+	"github.com/stretchr/testify/require"
+)
+
+// requireNoBidi fails if body holds a bidirectional control character.
+func requireNoBidi(t *testing.T, what, body string) {
+	t.Helper()
+	for _, r := range body {
+		require.False(t, unicode.Is(unicode.Bidi_Control, r), "%s: bidirectional control %U on the page", what, r)
+	}
+}
+
+// TestBidiControlsInStoredTextAreShownAsEscapes: html/template escapes
+// markup but not U+202E RIGHT-TO-LEFT OVERRIDE and its kin, so a state, a
+// signal payload, an error message or a cancel reason holding one showed
+// the text after it reversed: "acct-1<U+202E>7-tnuocca" read
+// "acct-1account-7" on the instance page and in the list's last error.
+// Pages now write each as the text \u202e.
+func TestBidiControlsInStoredTextAreShownAsEscapes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	const evil = "acct-1\u202e7-tnuocca \u2067x\u2069"
+	id := e.insertOrder(Order{Item: evil, Secret: "s"})
+	_, err := e.eng.Signal(context.Background(), id, "note", map[string]string{"who": evil}, nil)
+	require.NoError(t, err)
+	require.NoError(t, e.eng.Cancel(context.Background(), id, "refund "+evil))
+	for _, p := range []string{fmt.Sprintf("/instances/%d", id), "/instances", "/instances?status=failed"} {
+		r := get(t, h, p)
+		require.Equal(t, 200, r.code, r.body)
+		requireNoBidi(t, p, r.body)
+		require.Contains(t, r.body, `acct-1\u202e7-tnuocca \u2067x\u2069`, p)
+	}
+}

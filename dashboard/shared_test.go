@@ -1,0 +1,97 @@
+package dashboard_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/dashboard"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// countTracer counts the statements whose text holds a marker.
+type countTracer struct {
+	marker string
+	n      atomic.Int64
+}
+
+func (c *countTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, c.marker) {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *countTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestQueuesPageSharesItsCounts: the queues page counts every instance by
+// queue and status — an aggregate over the whole table (130 ms at 200,000
+// rows on two cores; linear in the table), which every request ran anew,
+// so a few tabs at ?refresh=2, or a client hammering the page, kept the
+// database scanning the table without pause (30 requests at once: 30
+// aggregates). The counts are now shared between requests for 2 s; an
+// action of the dashboard makes the next page read afresh, so a pause
+// shows at once.
+func TestQueuesPageSharesItsCounts(t *testing.T) {
+	t.Parallel()
+	tr := &countTracer{marker: "FULL JOIN"} // the queue counts' statement, and no other the page runs
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 6, Tracer: tr})
+	order := orderMachine()
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{order},
+		Queues: map[string]gendurable.QueueConfig{"default": {}}, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	_, err = eng.Insert(context.Background(), order.New(Order{Item: "x"}))
+	require.NoError(t, err)
+	h, err := dashboard.New(eng, dashboard.Options{AllowedHosts: []string{"example.com"}, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+
+	var wg sync.WaitGroup
+	for range 30 {
+		wg.Go(func() {
+			r := get(t, h, "/")
+			require.Equal(t, http.StatusOK, r.code, r.body)
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, tr.n.Load(), int64(2), "30 loads of the queues page at once share their counts")
+
+	r := post(t, h, "/queues/default/pause", nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	r = get(t, h, "/")
+	require.Contains(t, r.body, "Resume", "the pause shows on the next page at once")
+	require.Contains(t, r.body, "paused")
+}
+
+// TestGraphPagesShareTheirCounts: a machine's graph counts its instances by
+// step and status — a sequential scan of the table (129 ms at 200,000
+// rows) — and 20 loads of the graph at once ran 20 scans. A known
+// machine's graph is now shared for 2 s.
+func TestGraphPagesShareTheirCounts(t *testing.T) {
+	t.Parallel()
+	tr := &countTracer{marker: "count(*) FILTER"} // the graph's step counts
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 6, Tracer: tr})
+	order := orderMachine()
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{order},
+		Queues: map[string]gendurable.QueueConfig{"default": {}}, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	h, err := dashboard.New(eng, dashboard.Options{AllowedHosts: []string{"example.com"}, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			r := get(t, h, "/machines/order")
+			require.Equal(t, http.StatusOK, r.code, r.body)
+			require.Contains(t, r.body, `data-step="wait"`)
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, tr.n.Load(), int64(2), "20 loads of a graph at once share its counts")
+}
