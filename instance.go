@@ -158,8 +158,10 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // retried before then, it keeps the lease and becomes eligible when the
 // lease ends (a parent put back to awaiting its children: when they have
 // finished and the lease has ended), so it never runs beside the cancelled
-// run; this engine wakes its feeder of the queue then.
-// The retry is logged at Info on the engine's Logger.
+// run; this engine wakes its feeder of the queue then. The retry locks
+// the instance's parent with it, so a child and its parent retried at the
+// same moment take turns, and the parent awaits the child whichever goes
+// first. The retry is logged at Info on the engine's Logger.
 func (e *Engine) Retry(ctx context.Context, id int64) error {
 	if err := checkID("retry", id); err != nil {
 		return err

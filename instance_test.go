@@ -279,3 +279,73 @@ func TestRetryManyOfAParentWhoseRetriedChildFinishedMeanwhile(t *testing.T) {
 	r := b.waitStatus(parent, "done", 10*time.Second)
 	require.JSONEq(t, `["done","done"]`, string(r.Result), "the parent's join ran before its live child finished")
 }
+
+// TestRetryOfAChildRacingTheRetryOfItsParent: a parent cancelled while it
+// awaited its fan-out, with one child failed and one still live, is retried
+// at the same moment as its failed child, by two operators. Whichever
+// commits first, the parent must end up awaiting both children. Each retry
+// used to lock its own row only: the parent's counted the failed child as
+// finished (its snapshot saw it failed), and the child's found the parent
+// failed (its snapshot saw it so) and counted itself on no one, so the
+// parent awaited one child while two were live — the other child's finish
+// woke it, and its join ran beside the retried child. The tracer holds the
+// first retry between its statement and its COMMIT while the second runs.
+func TestRetryOfAChildRacingTheRetryOfItsParent(t *testing.T) {
+	t.Parallel()
+	tr := &pauseTracer{}
+	b := setupTraced(t, tr, nil)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		many        bool
+		parentFirst bool
+	}{{"Retry/parent held", false, true}, {"Retry/child held", false, false},
+		{"RetryMany/parent held", true, true}, {"RetryMany/child held", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := b.seedRow(`status, finished_at, fanout, children_total, children_pending`, `'failed', now(), 1, 2, 1`)
+			failed := b.seedRow(`status, finished_at, parent_id, parent_fanout`, `'failed', now(), $1, 1`, parent)
+			live := b.seedRow(`status, eligible_at, parent_id, parent_fanout`, `'runnable', now() + interval '1 hour', $1, 1`, parent)
+			retry := func(id int64) error {
+				if tc.many {
+					res, err := b.eng.RetryMany(ctx, []int64{id})
+					if err == nil && res.Changed != 1 {
+						err = errors.New("retry many changed nothing")
+					}
+					return err
+				}
+				return b.eng.Retry(ctx, id)
+			}
+			first, second := parent, failed
+			if !tc.parentFirst {
+				first, second = failed, parent
+			}
+			held, release := tr.pauseAt(t, "children_pending = p.children_pending +", first)
+			firstDone := make(chan error, 1)
+			go func() { firstDone <- retry(first) }()
+			pid := <-held // the first retry's statement ran; its COMMIT waits
+			secondDone := make(chan error, 1)
+			go func() { secondDone <- retry(second) }()
+			eventually(t, 10*time.Second, func() bool { return len(secondDone) > 0 || b.blockedBy(pid, "") > 0 },
+				"the second retry neither finishes nor waits for the first")
+			release()
+			require.NoError(t, <-firstDone)
+			require.NoError(t, <-secondDone)
+
+			var status string
+			var pending, liveKids int
+			require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT p.status::text, p.children_pending,
+				(SELECT count(*) FROM {{s}}.gendurable_instances AS c
+				 WHERE c.parent_id = p.id AND c.parent_fanout = p.fanout AND c.status NOT IN ('done', 'failed'))::int
+				FROM {{s}}.gendurable_instances AS p WHERE p.id = $1`, b.schema), parent).Scan(&status, &pending, &liveKids))
+			require.Equal(t, 2, liveKids)
+			require.Equal(t, "awaiting_children", status)
+			require.Equal(t, 2, pending, "the parent counts %d pending children while %d are live", pending, liveKids)
+
+			// The live child's finish must not wake the parent while the
+			// retried one is live.
+			_, err := b.eng.CancelMany(ctx, []int64{live}, "finish")
+			require.NoError(t, err)
+			require.Equal(t, "awaiting_children", b.row(parent).Status, "the parent woke while its retried child %d is %s", failed, b.row(failed).Status)
+		})
+	}
+}

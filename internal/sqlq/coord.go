@@ -294,20 +294,48 @@ const (
 // transaction: no child of a locked row can finish until the retry commits,
 // and the retry statement's snapshot, taken after the locks, holds every
 // child that finished before.
+//
+// The same lock statement locks the parents of the rows it retries. A
+// retried child counts itself on its parent only if the statement's
+// snapshot sees the parent awaiting it, and a retried parent counts only
+// the children its snapshot sees live: a child and its parent retried at
+// once, each holding only its own row, saw each other failed, and the
+// parent awaited one child less than were live — another child's finish
+// woke it beside the retried one. With the parent's row locked first, the
+// two retries take turns, and the second one's snapshot holds the first
+// one's change. (A prune deletes a finished parent only under its lock,
+// after looking at its children in a snapshot taken then: pruneSQL.)
 const retryStatusSet = `      status = CASE WHEN k.kids > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
                     ELSE 'runnable' END,
       children_pending = CASE WHEN k.kids > 0 THEN k.kids ELSE i.children_pending END`
 
-// retryLockSQL locks the failed rows among $1 (in order: the caller's ids
-// sorted), one primary-key probe each, and returns their ids: the first
-// statement of a retry (see retryStatusSet).
+// retryLockSQL locks the failed rows among $1 (the caller's ids, sorted)
+// and their parents, every one in id order so that two retries lock shared
+// rows in the same order, one primary-key probe each, and returns the ids
+// among $1 that are failed once locked: the first statement of a retry (see
+// retryStatusSet). The parents are read before any lock is taken: a row's
+// parent_id never changes. A parent is locked whatever its status.
 const retryLockSQL = `
-SELECT c.id FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
-  SELECT c.id FROM {{schema}}.gendurable_instances AS c
-  WHERE c.id = u.id AND c.status = 'failed'
+WITH t AS (
+  SELECT array_agg(x.id ORDER BY x.id) AS ids FROM (
+    SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+      SELECT c.id FROM {{schema}}.gendurable_instances AS c
+      WHERE c.id = u.id AND c.status = 'failed'
+      OFFSET 0) AS c
+    UNION
+    SELECT c.parent_id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+      SELECT c.parent_id FROM {{schema}}.gendurable_instances AS c
+      WHERE c.id = u.id AND c.status = 'failed' AND c.parent_id IS NOT NULL
+      OFFSET 0) AS c
+  ) AS x
+)
+SELECT c.id FROM t CROSS JOIN LATERAL unnest(t.ids) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
+  SELECT c.id, c.status FROM {{schema}}.gendurable_instances AS c
+  WHERE c.id = u.id
   OFFSET 0 -- a fence: one primary-key probe per id
   FOR NO KEY UPDATE
 ) AS c
+WHERE c.status = 'failed' AND c.id = ANY ($1::bigint[])
 ORDER BY u.ord`
 
 // TxDB is a DB that begins a transaction (a savepoint, in a transaction).
