@@ -317,17 +317,13 @@ const retryStatusSet = `      status = CASE WHEN k.kids > 0 THEN 'awaiting_child
 // parent_id never changes. A parent is locked whatever its status.
 const retryLockSQL = `
 WITH t AS (
-  SELECT array_agg(x.id ORDER BY x.id) AS ids FROM (
-    SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
-      SELECT c.id FROM {{schema}}.gendurable_instances AS c
-      WHERE c.id = u.id AND c.status = 'failed'
-      OFFSET 0) AS c
-    UNION
-    SELECT c.parent_id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
-      SELECT c.parent_id FROM {{schema}}.gendurable_instances AS c
-      WHERE c.id = u.id AND c.status = 'failed' AND c.parent_id IS NOT NULL
-      OFFSET 0) AS c
-  ) AS x
+  SELECT array_agg(DISTINCT x.id ORDER BY x.id) AS ids
+  FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+    SELECT c.id, c.parent_id FROM {{schema}}.gendurable_instances AS c
+    WHERE c.id = u.id AND c.status = 'failed'
+    OFFSET 0 -- a fence: one primary-key probe per id
+  ) AS c CROSS JOIN LATERAL (VALUES (c.id), (c.parent_id)) AS x(id)
+  WHERE x.id IS NOT NULL
 )
 SELECT c.id FROM t CROSS JOIN LATERAL unnest(t.ids) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
   SELECT c.id, c.status FROM {{schema}}.gendurable_instances AS c
