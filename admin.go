@@ -481,15 +481,17 @@ func (e *Engine) RemoveQueue(ctx context.Context, queue string) error {
 	return nil
 }
 
-// PruneBatch is how many rows one prune statement deletes.
+// PruneBatch is how many rows one prune batch (a transaction) deletes at most.
 const PruneBatch = 1000
 
 // Prune deletes finished (done or failed) instances that finished more
 // than retention ago, with their signals, in batches of PruneBatch until
 // none is left (a finished child whose parent is still live is kept, for
 // the parent's next step reads it, and a finished parent while a child of it
-// is live, for [Engine.CancelTree] of it to reach them); progress, if not nil, is called after each batch with the
-// running total. It returns the number deleted; on error, the number
+// is live, for [Engine.CancelTree] of it to reach them — a child retried
+// while the prune runs included: a batch looks at each row again once it
+// holds the row's lock); progress, if not nil, is called after each batch
+// with the running total. It returns the number deleted; on error, the number
 // deleted before it (each batch commits on its own). The prune is logged at
 // Info on the engine's Logger with that number, also when it stopped part
 // way (unless it deleted nothing). Each batch runs under 10 ×

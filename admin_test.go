@@ -935,3 +935,71 @@ func TestListTimesOutsidePostgreSQLAreInvalidInput(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Instances, 1)
 }
+
+// TestPruneRacingTheRetryOfAChild: a parent that failed long ago, with its
+// only child failed too, is old enough to prune; an operator retries the
+// child while the prune runs. Whichever goes first, the parent must not be
+// deleted while the child is live again (CancelTree of it reaches the child
+// through it, and its next step, once retried, reads it). The prune looked
+// at the children on its statement's snapshot and took the parent's lock
+// later in the same statement: a retry that committed in between was not
+// seen, and the prune deleted the parent of a live child. 100,000 kept rows
+// before the parent in the prune's order (finished children of a live
+// parent) leave the retry time to commit while the prune walks past them;
+// the second case holds the retry between its statement and its COMMIT
+// while the prune runs.
+func TestPruneRacingTheRetryOfAChild(t *testing.T) {
+	t.Parallel()
+	tr := &pauseTracer{}
+	b := setupTraced(t, tr, nil)
+	ctx := context.Background()
+	keeper := b.seedRow(`status, eligible_at, fanout`, `'runnable', now() + interval '1 hour', 1`)
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, finished_at, parent_id, parent_fanout)
+		SELECT 'm', 'a', 'done', now() - interval '20 days', $1, 1 FROM generate_series(1, 100000)`, keeper)
+	b.exec(`ANALYZE {{s}}.gendurable_instances`)
+	pruneActive := func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE state = 'active'
+			AND strpos(query, 'ORDER BY i.finished_at') > 0 AND strpos(query, $1) > 0`, b.schema) > 0
+	}
+	for _, held := range []bool{false, true} {
+		t.Run(map[bool]string{false: "retry during the prune's walk", true: "retry held before its commit"}[held], func(t *testing.T) {
+			parent := b.seedRow(`status, finished_at, fanout, children_total`, `'failed', now() - interval '10 days', 1, 1`)
+			child := b.seedRow(`status, finished_at, parent_id, parent_fanout`, `'failed', now() - interval '10 days', $1, 1`, parent)
+			pruned := make(chan error, 1)
+			prune := func() {
+				go func() {
+					_, err := b.eng.Prune(ctx, 24*time.Hour, nil)
+					pruned <- err
+				}()
+			}
+			if held {
+				heldc, release := tr.pauseAt(t, "children_pending = p.children_pending +", child)
+				retried := make(chan error, 1)
+				go func() { retried <- b.eng.Retry(ctx, child) }()
+				<-heldc
+				prune()
+				require.NoError(t, <-pruned)
+				release()
+				require.NoError(t, <-retried)
+			} else {
+				prune()
+				eventually(t, 10*time.Second, pruneActive, "the prune does not run")
+				require.NoError(t, b.eng.Retry(ctx, child))
+				require.True(t, pruneActive(), "the prune's walk ended before the retry committed: the race was not run")
+				require.NoError(t, <-pruned)
+			}
+			require.Equal(t, "runnable", b.row(child).Status)
+			require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1`, parent),
+				"the prune deleted the parent of live child %d", child)
+			// Finished again, the child and then its parent go.
+			_, err := b.eng.CancelMany(ctx, []int64{child}, "finish")
+			require.NoError(t, err)
+			b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '10 days' WHERE id = ANY ($1)`, []int64{parent, child})
+			for range 2 { // the parent, then its child (a prune takes a child once its parent is gone)
+				_, err = b.eng.Prune(ctx, 24*time.Hour, nil)
+				require.NoError(t, err)
+			}
+			require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = ANY ($1)`, []int64{parent, child}))
+		})
+	}
+}
