@@ -332,7 +332,9 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 // until then, and a retry before then waits for it ([Engine.Retry]).
 // [ErrNotFound], or [ErrNotCancellable] for a finished instance.
 // The cancel is logged at Info on the engine's Logger. A parent's children
-// are left as they are, running; [Engine.CancelTree] cancels them too.
+// are left as they are, running; [Engine.CancelTree] cancels them too. A
+// cancel that PostgreSQL ends in a deadlock with another transaction (a
+// retry locking the instance's parent first) runs again, up to 5 times.
 func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 	if err := checkID("cancel", id); err != nil {
 		return err
@@ -340,7 +342,15 @@ func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
-	status, ok, err := e.q.Cancel(ctx, e.pool, id, truncate(reason))
+	type answer struct {
+		status *string
+		ok     bool
+	}
+	a, err := againOnDeadlock(ctx, func() (answer, error) {
+		status, ok, err := e.q.Cancel(ctx, e.pool, id, truncate(reason))
+		return answer{status, ok}, err
+	})
+	status, ok := a.status, a.ok
 	if err != nil {
 		return e.dbErr(err, fmt.Sprintf("cancel %d", id))
 	}

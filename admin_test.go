@@ -1003,3 +1003,46 @@ func TestPruneRacingTheRetryOfAChild(t *testing.T) {
 		})
 	}
 }
+
+// TestCancelDeadlockedWithARetryManyIsRetried: a Cancel of a live child
+// locks the child, then its parent (to count itself down); a RetryMany that
+// retries the parent and a failed grandchild locks its rows and their
+// parents in id order — the parent, then the child (the grandchild's
+// parent). Met half way, the two wait for each other, and PostgreSQL ends
+// one of them with a deadlock (SQLSTATE 40P01): the one that began to wait
+// first, here the Cancel. A bulk call ran its statement again after a
+// deadlock; a Cancel returned the error to the operator. A transaction
+// holding a row that the RetryMany locks between the parent and the child
+// lines them up: the RetryMany holds the parent and waits, the Cancel takes
+// the child and waits for the parent, and the holder lets go.
+func TestCancelDeadlockedWithARetryManyIsRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	parent := b.seedRow(`status, finished_at, fanout, children_total, children_pending`, `'failed', now(), 1, 1, 1`)
+	between := b.seedRow(`status, finished_at`, `'failed', now()`)
+	child := b.seedRow(`status, fanout, children_total, children_pending, parent_id, parent_fanout`,
+		`'awaiting_children', 1, 1, 0, $1, 1`, parent)
+	grandchild := b.seedRow(`status, finished_at, parent_id, parent_fanout`, `'failed', now(), $1, 1`, child)
+
+	tx, holder := b.lockRows(between)
+	retried := make(chan error, 1)
+	var res gendurable.BulkResult
+	go func() {
+		var err error
+		res, err = b.eng.RetryMany(ctx, []int64{parent, between, grandchild})
+		retried <- err
+	}()
+	eventually(t, 10*time.Second, func() bool { return b.blockedBy(holder, "") > 0 }, "the retry does not wait for the row between")
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- b.eng.Cancel(ctx, child, "operator") }()
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND strpos(query, 'cancelled') > 0 AND strpos(query, $1) > 0`, b.schema) > 0
+	}, "the cancel does not wait for the parent")
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-retried)
+	require.NoError(t, <-cancelled, "the cancel of %d, deadlocked with the retry, failed", child)
+	require.EqualValues(t, 3, res.Changed)
+	require.Equal(t, "failed", b.row(child).Status)
+}

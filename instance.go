@@ -166,7 +166,15 @@ func (e *Engine) Retry(ctx context.Context, id int64) error {
 	if err := checkID("retry", id); err != nil {
 		return err
 	}
-	status, queue, wait, err := e.q.Retry(ctx, e.pool, id)
+	type answer struct {
+		status, queue *string
+		wait          time.Duration
+	}
+	a, err := againOnDeadlock(ctx, func() (answer, error) {
+		status, queue, wait, err := e.q.Retry(ctx, e.pool, id)
+		return answer{status, queue, wait}, err
+	})
+	status, queue, wait := a.status, a.queue, a.wait
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return fmt.Errorf("%w: instance %d: %s", ErrUniqueConflict, id, pgErr.Detail)
