@@ -1046,3 +1046,44 @@ func TestCancelDeadlockedWithARetryManyIsRetried(t *testing.T) {
 	require.EqualValues(t, 3, res.Changed)
 	require.Equal(t, "failed", b.row(child).Status)
 }
+
+// TestCancelAndRunNowRacingAFinishReportWhatTheyFound: a Cancel (or a
+// RunNow) that waits for the row while another transaction finishes it — the
+// step's own Done outcome, another operator's cancel — changes nothing, and
+// must say what the row became. Both statements read the status they report
+// on their snapshot, taken before the wait: the Cancel answered
+// ErrNotCancellable "instance N is executing" for an instance that was done,
+// and the RunNow answered nil — as for an instance already eligible — for
+// one that had just been cancelled. A transaction holding the row lines the
+// two up.
+func TestCancelAndRunNowRacingAFinishReportWhatTheyFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+
+	running := b.seedRow(`status, lease_expires_at, claim_token`, `'executing', now() + interval '1 minute', 7`)
+	tx, holder := b.lockRows(running)
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- b.eng.Cancel(ctx, running, "operator") }()
+	eventually(t, 10*time.Second, func() bool { return b.blockedBy(holder, "") > 0 }, "the cancel does not wait for the row")
+	_, err := tx.Exec(ctx, replaceSchema(`UPDATE {{s}}.gendurable_instances SET status = 'done', finished_at = now(),
+		lease_expires_at = NULL, claim_token = NULL WHERE id = $1`, b.schema), running)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	err = <-cancelled
+	require.ErrorIs(t, err, gendurable.ErrNotCancellable)
+	require.ErrorContains(t, err, "is done")
+
+	delayed := b.seedRow(`status, eligible_at`, `'runnable', now() + interval '1 hour'`)
+	tx, holder = b.lockRows(delayed)
+	ran := make(chan error, 1)
+	go func() { ran <- b.eng.RunNow(ctx, delayed) }()
+	eventually(t, 10*time.Second, func() bool { return b.blockedBy(holder, "") > 0 }, "the run-now does not wait for the row")
+	_, err = tx.Exec(ctx, replaceSchema(`UPDATE {{s}}.gendurable_instances SET status = 'failed', finished_at = now()
+		WHERE id = $1`, b.schema), delayed)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	err = <-ran
+	require.ErrorIs(t, err, gendurable.ErrNotDelayed, "the run-now of a cancelled instance reported success")
+	require.ErrorContains(t, err, "is failed")
+}

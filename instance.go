@@ -214,7 +214,9 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 // or [ErrNotDelayed] for an instance executing, awaiting a signal or
 // children, or finished. An instance retried while the lease of its
 // cancelled step still lives becomes eligible when that lease ends, not
-// before (its step may still be running until then). The change is logged
+// before (its step may still be running until then). An instance that
+// another transaction finished while the call waited for it is reported as
+// it is now ([ErrNotDelayed] with its new status). The change is logged
 // at Info on the engine's Logger.
 func (e *Engine) RunNow(ctx context.Context, id int64) error {
 	if err := checkID("run now", id); err != nil {

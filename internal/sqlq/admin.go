@@ -276,15 +276,38 @@ SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
        EXISTS (SELECT 1 FROM changed)`
 
 // Cancel fails a live instance with reason; it returns the status the
-// instance had (nil if none exists) and whether it was cancelled.
+// instance had (nil if none exists) and whether it was cancelled. When it
+// was not, the status is read again (Status): the statement's own read is
+// on its snapshot, taken before it waited for a row that another
+// transaction finished meanwhile (a step's Done outcome committing), and
+// reported the status from before that finish.
 func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (status *string, cancelled bool, err error) {
 	err = db.QueryRow(ctx, q.cancel, id, reason, MaxErrorHistory).Scan(&status, &cancelled)
-	if err == nil && cancelled {
+	switch {
+	case err == nil && cancelled:
 		// See CancelMany: the statement's sweep misses a signal that
 		// committed while it waited for the row. Best effort, as there.
 		_ = q.SweepInboxes(ctx, db, []int64{id})
+	case err == nil && status != nil:
+		status, err = q.Status(ctx, db, id)
 	}
 	return status, cancelled, err
+}
+
+const statusSQL = `SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1`
+
+// Status returns an instance's status, nil if it does not exist: a read in
+// a snapshot of its own, after an admin statement that changed nothing.
+func (q *Queries) Status(ctx context.Context, db DB, id int64) (*string, error) {
+	var status string
+	err := db.QueryRow(ctx, q.status, id).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &status, nil
 }
 
 // prunableSQL is what makes a finished instance i prunable besides its age:

@@ -247,9 +247,14 @@ func (q *Queries) Existing(ctx context.Context, db DB, ids []int64) ([]int64, er
 // RunNow makes a delayed runnable instance eligible now. It returns the
 // status the instance had (nil if none exists), its queue if it was delayed,
 // and how long until it is eligible: 0, or what is left of the lease of its
-// cancelled step (see runNowSQL).
+// cancelled step (see runNowSQL). When it changed nothing, the status is
+// read again, as Cancel does: the statement's own read is on its snapshot,
+// from before a change it waited for (a cancel committing).
 func (q *Queries) RunNow(ctx context.Context, db DB, id int64) (status, queue *string, wait time.Duration, err error) {
 	var us int64
 	err = db.QueryRow(ctx, q.runNow, id).Scan(&status, &queue, &us)
+	if err == nil && queue == nil && status != nil {
+		status, err = q.Status(ctx, db, id)
+	}
 	return status, queue, time.Duration(us) * time.Microsecond, err
 }

@@ -76,6 +76,7 @@ type Queries struct {
 	cancel          string
 	prune           string
 	pruneLock       string
+	status          string
 	listSignals     string
 	listAllChildren string
 	stepCounts      string
@@ -124,6 +125,7 @@ func New(schema string) (*Queries, error) {
 		cancel:          render(cancelSQL, qs),
 		prune:           render(pruneSQL, qs),
 		pruneLock:       render(pruneLockSQL, qs),
+		status:          render(statusSQL, qs),
 		listSignals:     render(listSignalsSQL, qs),
 		listAllChildren: render(listAllChildrenSQL, qs),
 		stepCounts:      render(stepCountsSQL, qs),
