@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -348,4 +349,82 @@ func TestRetryOfAChildRacingTheRetryOfItsParent(t *testing.T) {
 			require.Equal(t, "awaiting_children", b.row(parent).Status, "the parent woke while its retried child %d is %s", failed, b.row(failed).Status)
 		})
 	}
+}
+
+// TestRetryAndRunNowThatWaitedForTheRowRunAtOnce: a Retry (or RunNow) that
+// waits for the row's lock — a caller's transaction holds it, for 1.6 s —
+// while the queue is busy makes the row eligible, and wakes its feeder, as
+// it returns: the row must run at once. Both made it eligible from their
+// transaction's start, before the wait: more than a second before, which
+// is below the floor of a busy queue's picks (the last short pick's now()
+// less a second, docs/design.md §4), so the kicked pick passed it over and
+// it ran only when a floor check found it. Five times each, the median
+// judged, as TestRowsVisibleBelowThePickFloorRun does.
+func TestRetryAndRunNowThatWaitedForTheRowRunAtOnce(t *testing.T) {
+	t.Parallel()
+	var started, failed sync.Map // id → time.Time of its step's last start; ids that failed once
+	job := &gendurable.Job[orderArgs]{Name: "waited", MaxAttempts: 1, Perform: func(_ context.Context, j *gendurable.Run[orderArgs]) error {
+		if j.State.I == 0 {
+			return nil // the load
+		}
+		started.Store(j.ID, time.Now())
+		if _, again := failed.LoadOrStore(j.ID, true); j.State.I == 1 && !again {
+			return gendurable.JobCancel(errors.New("fails once"))
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
+		BusyPollInterval: 25 * time.Millisecond, PollInterval: time.Second, MaxPollInterval: 5 * time.Second}}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	stop, producing := make(chan struct{}), make(chan struct{})
+	go func() { // keep the queue busy: its picks come back short, so the floor follows now()
+		defer close(producing)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if _, err := b.eng.Insert(ctx, job.New(orderArgs{I: 0})); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-producing }()
+	time.Sleep(1500 * time.Millisecond) // the floor is set and has moved
+
+	measure := func(what string, prepare func() int64, call func(id int64) error) {
+		var took []time.Duration
+		for range 5 {
+			id := prepare()
+			started.Delete(id)
+			tx, holder := b.lockRows(id)
+			done := make(chan error, 1)
+			go func() { done <- call(id) }()
+			eventually(t, 10*time.Second, func() bool { return b.blockedBy(holder, "") > 0 }, "%s does not wait for the row", what)
+			time.Sleep(1600 * time.Millisecond)
+			require.NoError(t, tx.Commit(ctx))
+			require.NoError(t, <-done)
+			returned := time.Now()
+			b.waitStatus(id, "done", 10*time.Second)
+			at, ok := started.Load(id)
+			require.True(t, ok)
+			took = append(took, at.(time.Time).Sub(returned))
+		}
+		slices.Sort(took)
+		t.Logf("%s after a 1.6 s wait for the row: step started %v after the call returned", what, took)
+		require.Less(t, took[len(took)/2], 150*time.Millisecond, "%s: median of %v", what, took)
+	}
+	measure("Retry", func() int64 {
+		id := b.insert(job.New(orderArgs{I: 1}))
+		b.waitStatus(id, "failed", 10*time.Second)
+		return id
+	}, func(id int64) error { return b.eng.Retry(ctx, id) })
+	measure("RunNow", func() int64 {
+		return b.insert(job.New(orderArgs{I: 2}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	}, func(id int64) error { return b.eng.RunNow(ctx, id) })
 }

@@ -124,12 +124,20 @@ SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
 // the row had (NULL if none exists) and, if it was changed, its queue. A row
 // retried while the lease of its cancelled step still lives stays eligible
 // only when that lease ends (see retrySQL).
+//
+// The row is locked in a CTE of its own before the update computes its new
+// values: an UPDATE computes them before it waits for a row lock (another
+// transaction's lock alone leaves the row unchanged, so nothing computes
+// them again), and the clock retryEligible reads would be from before the
+// wait — below the pick's floor after a wait of over a second.
 const runNowSQL = `
-WITH u AS (
+WITH l AS MATERIALIZED (
+  SELECT id FROM {{schema}}.gendurable_instances WHERE id = $1 FOR NO KEY UPDATE
+), u AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET eligible_at = ` + retryEligible + `, updated_at = now()
-  WHERE id = $1 AND status = 'runnable' AND eligible_at > now()
-  RETURNING queue, ` + retryWait + ` AS wait_us
+  FROM l WHERE i.id = l.id AND i.status = 'runnable' AND i.eligible_at > now()
+  RETURNING i.queue, ` + retryWait + ` AS wait_us
 )
 SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1), (SELECT queue FROM u),
        coalesce((SELECT wait_us FROM u), 0)`

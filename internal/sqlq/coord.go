@@ -270,10 +270,16 @@ func (q *Queries) InstancesOf(ctx context.Context, db DB, fsm string, version in
 // it runs.
 
 // retryLease is the lease a retried row keeps, and retryEligible when it
-// becomes eligible (retrySQL, retryManySQL).
+// becomes eligible (retrySQL, retryManySQL, runNowSQL). Both read the clock
+// (clock_timestamp()), not the transaction's start: a retry or run-now may
+// have waited for the row's lock, and a row made eligible from before a
+// wait of over a second lies below the floor of a busy queue's picks
+// (docs/design.md §4), which pass it over until a floor check finds it —
+// the feeder this engine wakes found nothing, and the row ran 0.3–0.9 s
+// late (TestRetryAndRunNowThatWaitedForTheRowRunAtOnce).
 const (
-	retryLease    = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at END`
-	retryEligible = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at ELSE now() END`
+	retryLease    = `CASE WHEN i.lease_expires_at > clock_timestamp() THEN i.lease_expires_at END`
+	retryEligible = `CASE WHEN i.lease_expires_at > clock_timestamp() THEN i.lease_expires_at ELSE clock_timestamp() END`
 )
 
 // retryStatusSet is the status a retry gives a failed row i, from k.kids,
@@ -396,12 +402,12 @@ SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
        (SELECT queue FROM r), coalesce((SELECT wait_us FROM r), 0)`
 
 // retryWait is, in RETURNING of a retry (or run-now) of row i, how long
-// (microseconds, on the database clock) until the row, runnable, becomes
+// (microseconds, on the database clock, read now) until the row, runnable, becomes
 // eligible: 0 if it is eligible now or not runnable (a parent awaiting its
 // children is woken by them). The engine wakes its feeder of the queue then
 // (a retried row waits for the lease of its cancelled step).
-const retryWait = `CASE WHEN i.status = 'runnable' AND i.eligible_at > now()
-         THEN ceil(extract(epoch FROM i.eligible_at - now()) * 1000000)::bigint ELSE 0 END`
+const retryWait = `CASE WHEN i.status = 'runnable' AND i.eligible_at > clock_timestamp()
+         THEN ceil(extract(epoch FROM i.eligible_at - clock_timestamp()) * 1000000)::bigint ELSE 0 END`
 
 // Retry moves a failed instance back to runnable; it returns the status the
 // instance had (nil if none exists), its queue if it was retried, and how
