@@ -280,18 +280,26 @@ SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
 // was not, the status is read again (Status): the statement's own read is
 // on its snapshot, taken before it waited for a row that another
 // transaction finished meanwhile (a step's Done outcome committing), and
-// reported the status from before that finish.
+// reported the status from before that finish. A row that is live on that
+// second read (its snapshot saw it failed, and a retry has committed since)
+// is cancelled again, up to 3 tries.
 func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (status *string, cancelled bool, err error) {
-	err = db.QueryRow(ctx, q.cancel, id, reason, MaxErrorHistory).Scan(&status, &cancelled)
-	switch {
-	case err == nil && cancelled:
-		// See CancelMany: the statement's sweep misses a signal that
-		// committed while it waited for the row. Best effort, as there.
-		_ = q.SweepInboxes(ctx, db, []int64{id})
-	case err == nil && status != nil:
-		status, err = q.Status(ctx, db, id)
+	for try := 1; ; try++ {
+		err = db.QueryRow(ctx, q.cancel, id, reason, MaxErrorHistory).Scan(&status, &cancelled)
+		switch {
+		case err == nil && cancelled:
+			// See CancelMany: the statement's sweep misses a signal that
+			// committed while it waited for the row. Best effort, as there.
+			_ = q.SweepInboxes(ctx, db, []int64{id})
+			return status, true, nil
+		case err != nil || status == nil:
+			return status, false, err
+		}
+		if status, err = q.Status(ctx, db, id); err != nil || status == nil || try == 3 ||
+			*status == "done" || *status == "failed" {
+			return status, false, err
+		}
 	}
-	return status, cancelled, err
 }
 
 const statusSQL = `SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1`
