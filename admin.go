@@ -333,7 +333,9 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 // until then, and a retry before then waits for it ([Engine.Retry]).
 // [ErrNotFound], or [ErrNotCancellable] for a finished instance.
 // The cancel is logged at Info on the engine's Logger. A parent's children
-// are left as they are, running; [Engine.CancelTree] cancels them too.
+// are left as they are, running; [Engine.CancelTree] cancels them too. A
+// cancel that PostgreSQL ends in a deadlock with another transaction (a
+// retry locking the instance's parent first) runs again, up to 5 times.
 func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 	if err := checkID("cancel", id); err != nil {
 		return err
@@ -341,7 +343,15 @@ func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
-	status, ok, err := e.q.Cancel(ctx, e.pool, id, truncate(reason))
+	type answer struct {
+		status *string
+		ok     bool
+	}
+	a, err := againOnDeadlock(ctx, func() (answer, error) {
+		status, ok, err := e.q.Cancel(ctx, e.pool, id, truncate(reason))
+		return answer{status, ok}, err
+	})
+	status, ok := a.status, a.ok
 	if err != nil {
 		return e.dbErr(err, fmt.Sprintf("cancel %d", id))
 	}
@@ -482,15 +492,17 @@ func (e *Engine) RemoveQueue(ctx context.Context, queue string) error {
 	return nil
 }
 
-// PruneBatch is how many rows one prune statement deletes.
+// PruneBatch is how many rows one prune batch (a transaction) deletes at most.
 const PruneBatch = 1000
 
 // Prune deletes finished (done or failed) instances that finished more
 // than retention ago, with their signals, in batches of PruneBatch until
 // none is left (a finished child whose parent is still live is kept, for
 // the parent's next step reads it, and a finished parent while a child of it
-// is live, for [Engine.CancelTree] of it to reach them); progress, if not nil, is called after each batch with the
-// running total. It returns the number deleted; on error, the number
+// is live, for [Engine.CancelTree] of it to reach them — a child retried
+// while the prune runs included: a batch looks at each row again once it
+// holds the row's lock); progress, if not nil, is called after each batch
+// with the running total. It returns the number deleted; on error, the number
 // deleted before it (each batch commits on its own). The prune is logged at
 // Info on the engine's Logger with that number, also when it stopped part
 // way (unless it deleted nothing). Each batch runs under 10 ×

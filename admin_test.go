@@ -935,3 +935,155 @@ func TestListTimesOutsidePostgreSQLAreInvalidInput(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, page.Instances, 1)
 }
+
+// TestPruneRacingTheRetryOfAChild: a parent that failed long ago, with its
+// only child failed too, is old enough to prune; an operator retries the
+// child while the prune runs. Whichever goes first, the parent must not be
+// deleted while the child is live again (CancelTree of it reaches the child
+// through it, and its next step, once retried, reads it). The prune looked
+// at the children on its statement's snapshot and took the parent's lock
+// later in the same statement: a retry that committed in between was not
+// seen, and the prune deleted the parent of a live child. 100,000 kept rows
+// before the parent in the prune's order (finished children of a live
+// parent) leave the retry time to commit while the prune walks past them;
+// the second case holds the retry between its statement and its COMMIT
+// while the prune runs.
+func TestPruneRacingTheRetryOfAChild(t *testing.T) {
+	t.Parallel()
+	tr := &pauseTracer{}
+	b := setupTraced(t, tr, nil)
+	ctx := context.Background()
+	keeper := b.seedRow(`status, eligible_at, fanout`, `'runnable', now() + interval '1 hour', 1`)
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, finished_at, parent_id, parent_fanout)
+		SELECT 'm', 'a', 'done', now() - interval '20 days', $1, 1 FROM generate_series(1, 100000)`, keeper)
+	b.exec(`ANALYZE {{s}}.gendurable_instances`)
+	pruneActive := func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE state = 'active'
+			AND strpos(query, 'ORDER BY i.finished_at') > 0 AND strpos(query, $1) > 0`, b.schema) > 0
+	}
+	for _, held := range []bool{false, true} {
+		t.Run(map[bool]string{false: "retry during the prune's walk", true: "retry held before its commit"}[held], func(t *testing.T) {
+			parent := b.seedRow(`status, finished_at, fanout, children_total`, `'failed', now() - interval '10 days', 1, 1`)
+			child := b.seedRow(`status, finished_at, parent_id, parent_fanout`, `'failed', now() - interval '10 days', $1, 1`, parent)
+			pruned := make(chan error, 1)
+			prune := func() {
+				go func() {
+					_, err := b.eng.Prune(ctx, 24*time.Hour, nil)
+					pruned <- err
+				}()
+			}
+			if held {
+				heldc, release := tr.pauseAt(t, "children_pending = p.children_pending +", child)
+				retried := make(chan error, 1)
+				go func() { retried <- b.eng.Retry(ctx, child) }()
+				<-heldc
+				prune()
+				require.NoError(t, <-pruned)
+				release()
+				require.NoError(t, <-retried)
+			} else {
+				prune()
+				eventually(t, 10*time.Second, pruneActive, "the prune does not run")
+				require.NoError(t, b.eng.Retry(ctx, child))
+				require.True(t, pruneActive(), "the prune's walk ended before the retry committed: the race was not run")
+				require.NoError(t, <-pruned)
+			}
+			require.Equal(t, "runnable", b.row(child).Status)
+			require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1`, parent),
+				"the prune deleted the parent of live child %d", child)
+			// Finished again, the child and then its parent go.
+			_, err := b.eng.CancelMany(ctx, []int64{child}, "finish")
+			require.NoError(t, err)
+			b.exec(`UPDATE {{s}}.gendurable_instances SET finished_at = now() - interval '10 days' WHERE id = ANY ($1)`, []int64{parent, child})
+			for range 2 { // the parent, then its child (a prune takes a child once its parent is gone)
+				_, err = b.eng.Prune(ctx, 24*time.Hour, nil)
+				require.NoError(t, err)
+			}
+			require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = ANY ($1)`, []int64{parent, child}))
+		})
+	}
+}
+
+// TestCancelDeadlockedWithARetryManyIsRetried: a Cancel of a live child
+// locks the child, then its parent (to count itself down); a RetryMany that
+// retries the parent and a failed grandchild locks its rows and their
+// parents in id order — the parent, then the child (the grandchild's
+// parent). Met half way, the two wait for each other, and PostgreSQL ends
+// one of them with a deadlock (SQLSTATE 40P01): the one that began to wait
+// first, here the Cancel. A bulk call ran its statement again after a
+// deadlock; a Cancel returned the error to the operator. A transaction
+// holding a row that the RetryMany locks between the parent and the child
+// lines them up: the RetryMany holds the parent and waits, the Cancel takes
+// the child and waits for the parent, and the holder lets go.
+func TestCancelDeadlockedWithARetryManyIsRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	parent := b.seedRow(`status, finished_at, fanout, children_total, children_pending`, `'failed', now(), 1, 1, 1`)
+	between := b.seedRow(`status, finished_at`, `'failed', now()`)
+	child := b.seedRow(`status, fanout, children_total, children_pending, parent_id, parent_fanout`,
+		`'awaiting_children', 1, 1, 0, $1, 1`, parent)
+	grandchild := b.seedRow(`status, finished_at, parent_id, parent_fanout`, `'failed', now(), $1, 1`, child)
+
+	tx, holder := b.lockRows(between)
+	retried := make(chan error, 1)
+	var res gendurable.BulkResult
+	go func() {
+		var err error
+		res, err = b.eng.RetryMany(ctx, []int64{parent, between, grandchild})
+		retried <- err
+	}()
+	eventually(t, 10*time.Second, func() bool { return b.blockedBy(holder, "") > 0 }, "the retry does not wait for the row between")
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- b.eng.Cancel(ctx, child, "operator") }()
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND strpos(query, 'cancelled') > 0 AND strpos(query, $1) > 0`, b.schema) > 0
+	}, "the cancel does not wait for the parent")
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-retried)
+	require.NoError(t, <-cancelled, "the cancel of %d, deadlocked with the retry, failed", child)
+	require.EqualValues(t, 3, res.Changed)
+	require.Equal(t, "failed", b.row(child).Status)
+}
+
+// TestCancelAndRunNowRacingAFinishReportWhatTheyFound: a Cancel (or a
+// RunNow) that waits for the row while another transaction finishes it — the
+// step's own Done outcome, another operator's cancel — changes nothing, and
+// must say what the row became. Both statements read the status they report
+// on their snapshot, taken before the wait: the Cancel answered
+// ErrNotCancellable "instance N is executing" for an instance that was done,
+// and the RunNow answered nil — as for an instance already eligible — for
+// one that had just been cancelled. A transaction holding the row lines the
+// two up.
+func TestCancelAndRunNowRacingAFinishReportWhatTheyFound(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+
+	running := b.seedRow(`status, lease_expires_at, claim_token`, `'executing', now() + interval '1 minute', 7`)
+	tx, holder := b.lockRows(running)
+	cancelled := make(chan error, 1)
+	go func() { cancelled <- b.eng.Cancel(ctx, running, "operator") }()
+	eventually(t, 10*time.Second, func() bool { return b.blockedBy(holder, "") > 0 }, "the cancel does not wait for the row")
+	_, err := tx.Exec(ctx, replaceSchema(`UPDATE {{s}}.gendurable_instances SET status = 'done', finished_at = now(),
+		lease_expires_at = NULL, claim_token = NULL WHERE id = $1`, b.schema), running)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	err = <-cancelled
+	require.ErrorIs(t, err, gendurable.ErrNotCancellable)
+	require.ErrorContains(t, err, "is done")
+
+	delayed := b.seedRow(`status, eligible_at`, `'runnable', now() + interval '1 hour'`)
+	tx, holder = b.lockRows(delayed)
+	ran := make(chan error, 1)
+	go func() { ran <- b.eng.RunNow(ctx, delayed) }()
+	eventually(t, 10*time.Second, func() bool { return b.blockedBy(holder, "") > 0 }, "the run-now does not wait for the row")
+	_, err = tx.Exec(ctx, replaceSchema(`UPDATE {{s}}.gendurable_instances SET status = 'failed', finished_at = now()
+		WHERE id = $1`, b.schema), delayed)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	err = <-ran
+	require.ErrorIs(t, err, gendurable.ErrNotDelayed, "the run-now of a cancelled instance reported success")
+	require.ErrorContains(t, err, "is failed")
+}

@@ -457,17 +457,28 @@ func statementContext(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 // bulkStatement runs a bulk statement, again after a deadlock or
-// serialization failure with another process's writes (up to 5 tries).
+// serialization failure with another process's writes (againOnDeadlock).
 func bulkStatement(ctx context.Context, run func() ([]sqlq.BulkChanged, error)) ([]sqlq.BulkChanged, error) {
+	return againOnDeadlock(ctx, run)
+}
+
+// againOnDeadlock runs an operator's statement (or transaction) again after
+// a deadlock or serialization failure (SQLSTATE 40P01, 40001), up to 5
+// tries: PostgreSQL ends one of the transactions caught in a deadlock with
+// nothing changed, and the operator asked for a change, not a race. A
+// Cancel of a child locks the child and then its parent; a retry locks the
+// parent of a retried row before a child of it that is the parent of
+// another: the two can meet half way (TestCancelDeadlockedWithARetryManyIsRetried).
+func againOnDeadlock[T any](ctx context.Context, run func() (T, error)) (T, error) {
 	for try := 1; ; try++ {
-		changed, err := run()
+		v, err := run()
 		var pgErr *pgconn.PgError
 		if try == 5 || !errors.As(err, &pgErr) || (pgErr.Code != "40P01" && pgErr.Code != "40001") {
-			return changed, err
+			return v, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return v, err
 		case <-time.After(time.Duration(try*10) * time.Millisecond):
 		}
 	}

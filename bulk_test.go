@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -1246,4 +1247,81 @@ func TestCancelTreeRacesOtherCancelsAndPrune(t *testing.T) {
 			b.exec(`DELETE FROM {{s}}.gendurable_instances`)
 		}
 	}
+}
+
+// TestOperatorStormKeepsTheJoinCounts: eight sessions retry and cancel at
+// random — RetryMany, Retry, CancelMany, Cancel, CancelTree — over 30
+// families of a failed parent with three failed children and a live one,
+// with no worker running. Afterwards every parent awaiting its children
+// counts exactly its live children, and no call failed but for the
+// instance's status (not failed, already finished): no deadlock reaches an
+// operator. Without the parent's lock in a retry, a child and its parent
+// retried at once by two sessions left the parent counting a child less
+// than were live (TestRetryOfAChildRacingTheRetryOfItsParent lines that up).
+func TestOperatorStormKeepsTheJoinCounts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	var all []int64
+	for range 30 {
+		p := b.seedRow(`status, finished_at, fanout, children_total, children_pending`, `'failed', now(), 1, 4, 4`)
+		all = append(all, p)
+		for k := range 4 {
+			st := `'failed', now()`
+			if k == 3 {
+				st = `'runnable', NULL`
+			}
+			all = append(all, b.seedRow(`status, finished_at, parent_id, parent_fanout, eligible_at`,
+				st+`, $1, 1, now() + interval '1 hour'`, p))
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 1000)
+	for s := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(s), 1))
+			for range 20 {
+				ids := make([]int64, 8)
+				for i := range ids {
+					ids[i] = all[r.IntN(len(all))]
+				}
+				var err error
+				one := func(f func(id int64) error) {
+					for _, id := range ids {
+						if e := f(id); e != nil && !errors.Is(e, gendurable.ErrNotRetryable) && !errors.Is(e, gendurable.ErrNotCancellable) {
+							errs <- e
+						}
+					}
+				}
+				switch s % 4 {
+				case 0:
+					_, err = b.eng.RetryMany(ctx, ids)
+				case 1:
+					one(func(id int64) error { return b.eng.Retry(ctx, id) })
+				case 2:
+					_, err = b.eng.CancelMany(ctx, ids, "storm")
+					if err == nil && r.IntN(3) == 0 {
+						_, err = b.eng.CancelTree(ctx, ids[0], "storm")
+					}
+				case 3:
+					one(func(id int64) error { return b.eng.Cancel(ctx, id, "storm") })
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("an operator call failed: %v", err)
+	}
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances AS p
+		WHERE p.fanout > 0 AND p.status = 'awaiting_children' AND p.children_pending <> (
+			SELECT count(*) FROM {{s}}.gendurable_instances AS c
+			WHERE c.parent_id = p.id AND c.parent_fanout = p.fanout AND c.status NOT IN ('done', 'failed'))`),
+		"parents awaiting a count of children other than their live ones")
 }

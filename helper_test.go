@@ -14,6 +14,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/gendurabletest"
+	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -427,4 +428,85 @@ func findEvent[E gendurable.Event](l *eventLog, match func(E) bool) (E, bool) {
 	}
 	var zero E
 	return zero, false
+}
+
+// pauseTracer is a statement tracer that calls its hook, when one is set,
+// as each statement's answer has arrived and before its caller goes on (a
+// transaction's next statement or COMMIT): a hook that blocks holds the
+// caller there, its locks held and its snapshot taken, which widens a race
+// window at a chosen point.
+type pauseTracer struct {
+	hook atomic.Pointer[func(conn *pgx.Conn, sql string, args []any)]
+}
+
+type pauseStartKey struct{}
+
+type pauseStart struct {
+	sql  string
+	args []any
+}
+
+func (p *pauseTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, pauseStartKey{}, pauseStart{d.SQL, d.Args})
+}
+
+func (p *pauseTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
+	if h := p.hook.Load(); h != nil && d.Err == nil {
+		s, _ := ctx.Value(pauseStartKey{}).(pauseStart)
+		(*h)(conn, s.sql, s.args)
+	}
+}
+
+// pauseAt makes the tracer hold the first statement whose text contains
+// like and whose first argument is id (or a slice holding id alone): it
+// returns the held session's pid once it is held, and a release function.
+func (p *pauseTracer) pauseAt(t *testing.T, like string, id int64) (held <-chan int, release func()) {
+	t.Helper()
+	heldc, gate := make(chan int, 1), make(chan struct{})
+	var once sync.Once
+	hook := func(conn *pgx.Conn, sql string, args []any) {
+		if !strings.Contains(sql, like) || len(args) == 0 {
+			return
+		}
+		switch a := args[0].(type) {
+		case int64:
+			if a != id {
+				return
+			}
+		case []int64:
+			if len(a) != 1 || a[0] != id {
+				return
+			}
+		default:
+			return
+		}
+		first := false
+		once.Do(func() { first = true })
+		if !first {
+			return
+		}
+		heldc <- int(conn.PgConn().PID())
+		<-gate
+	}
+	p.hook.Store(&hook)
+	var ronce sync.Once
+	release = func() { ronce.Do(func() { p.hook.Store(nil); close(gate) }) }
+	t.Cleanup(release)
+	return heldc, release
+}
+
+// setupTraced is setup on a pool whose statements go through tracer.
+func setupTraced(t *testing.T, tracer pgx.QueryTracer, cfg *gendurable.Config, machines ...gendurable.Definition) *testBundle {
+	t.Helper()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{Tracer: tracer})
+	if cfg == nil {
+		cfg = fastConfig(schema, machines...)
+	}
+	cfg.Schema = schema
+	if cfg.Logger == nil {
+		cfg.Logger = testLogger(t)
+	}
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	return &testBundle{t: t, pool: pool, schema: schema, eng: eng}
 }

@@ -158,13 +158,23 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // retried before then, it keeps the lease and becomes eligible when the
 // lease ends (a parent put back to awaiting its children: when they have
 // finished and the lease has ended), so it never runs beside the cancelled
-// run; this engine wakes its feeder of the queue then.
-// The retry is logged at Info on the engine's Logger.
+// run; this engine wakes its feeder of the queue then. The retry locks
+// the instance's parent with it, so a child and its parent retried at the
+// same moment take turns, and the parent awaits the child whichever goes
+// first. The retry is logged at Info on the engine's Logger.
 func (e *Engine) Retry(ctx context.Context, id int64) error {
 	if err := checkID("retry", id); err != nil {
 		return err
 	}
-	status, queue, wait, err := e.q.Retry(ctx, e.pool, id)
+	type answer struct {
+		status, queue *string
+		wait          time.Duration
+	}
+	a, err := againOnDeadlock(ctx, func() (answer, error) {
+		status, queue, wait, err := e.q.Retry(ctx, e.pool, id)
+		return answer{status, queue, wait}, err
+	})
+	status, queue, wait := a.status, a.queue, a.wait
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return fmt.Errorf("%w: instance %d: %s", ErrUniqueConflict, id, pgErr.Detail)
@@ -204,7 +214,9 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 // or [ErrNotDelayed] for an instance executing, awaiting a signal or
 // children, or finished. An instance retried while the lease of its
 // cancelled step still lives becomes eligible when that lease ends, not
-// before (its step may still be running until then). The change is logged
+// before (its step may still be running until then). An instance that
+// another transaction finished while the call waited for it is reported as
+// it is now ([ErrNotDelayed] with its new status). The change is logged
 // at Info on the engine's Logger.
 func (e *Engine) RunNow(ctx context.Context, id int64) error {
 	if err := checkID("run now", id); err != nil {

@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -278,4 +279,152 @@ func TestRetryManyOfAParentWhoseRetriedChildFinishedMeanwhile(t *testing.T) {
 	b.waitStatus(live, "done", 10*time.Second)
 	r := b.waitStatus(parent, "done", 10*time.Second)
 	require.JSONEq(t, `["done","done"]`, string(r.Result), "the parent's join ran before its live child finished")
+}
+
+// TestRetryOfAChildRacingTheRetryOfItsParent: a parent cancelled while it
+// awaited its fan-out, with one child failed and one still live, is retried
+// at the same moment as its failed child, by two operators. Whichever
+// commits first, the parent must end up awaiting both children. Each retry
+// used to lock its own row only: the parent's counted the failed child as
+// finished (its snapshot saw it failed), and the child's found the parent
+// failed (its snapshot saw it so) and counted itself on no one, so the
+// parent awaited one child while two were live — the other child's finish
+// woke it, and its join ran beside the retried child. The tracer holds the
+// first retry between its statement and its COMMIT while the second runs.
+func TestRetryOfAChildRacingTheRetryOfItsParent(t *testing.T) {
+	t.Parallel()
+	tr := &pauseTracer{}
+	b := setupTraced(t, tr, nil)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		many        bool
+		parentFirst bool
+	}{{"Retry/parent held", false, true}, {"Retry/child held", false, false},
+		{"RetryMany/parent held", true, true}, {"RetryMany/child held", true, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := b.seedRow(`status, finished_at, fanout, children_total, children_pending`, `'failed', now(), 1, 2, 1`)
+			failed := b.seedRow(`status, finished_at, parent_id, parent_fanout`, `'failed', now(), $1, 1`, parent)
+			live := b.seedRow(`status, eligible_at, parent_id, parent_fanout`, `'runnable', now() + interval '1 hour', $1, 1`, parent)
+			retry := func(id int64) error {
+				if tc.many {
+					res, err := b.eng.RetryMany(ctx, []int64{id})
+					if err == nil && res.Changed != 1 {
+						err = errors.New("retry many changed nothing")
+					}
+					return err
+				}
+				return b.eng.Retry(ctx, id)
+			}
+			first, second := parent, failed
+			if !tc.parentFirst {
+				first, second = failed, parent
+			}
+			held, release := tr.pauseAt(t, "children_pending = p.children_pending +", first)
+			firstDone := make(chan error, 1)
+			go func() { firstDone <- retry(first) }()
+			pid := <-held // the first retry's statement ran; its COMMIT waits
+			secondDone := make(chan error, 1)
+			go func() { secondDone <- retry(second) }()
+			eventually(t, 10*time.Second, func() bool { return len(secondDone) > 0 || b.blockedBy(pid, "") > 0 },
+				"the second retry neither finishes nor waits for the first")
+			release()
+			require.NoError(t, <-firstDone)
+			require.NoError(t, <-secondDone)
+
+			var status string
+			var pending, liveKids int
+			require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT p.status::text, p.children_pending,
+				(SELECT count(*) FROM {{s}}.gendurable_instances AS c
+				 WHERE c.parent_id = p.id AND c.parent_fanout = p.fanout AND c.status NOT IN ('done', 'failed'))::int
+				FROM {{s}}.gendurable_instances AS p WHERE p.id = $1`, b.schema), parent).Scan(&status, &pending, &liveKids))
+			require.Equal(t, 2, liveKids)
+			require.Equal(t, "awaiting_children", status)
+			require.Equal(t, 2, pending, "the parent counts %d pending children while %d are live", pending, liveKids)
+
+			// The live child's finish must not wake the parent while the
+			// retried one is live.
+			_, err := b.eng.CancelMany(ctx, []int64{live}, "finish")
+			require.NoError(t, err)
+			require.Equal(t, "awaiting_children", b.row(parent).Status, "the parent woke while its retried child %d is %s", failed, b.row(failed).Status)
+		})
+	}
+}
+
+// TestRetryAndRunNowThatWaitedForTheRowRunAtOnce: a Retry (or RunNow) that
+// waits for the row's lock — a caller's transaction holds it, for 1.6 s —
+// while the queue is busy makes the row eligible, and wakes its feeder, as
+// it returns: the row must run at once. Both made it eligible from their
+// transaction's start, before the wait: more than a second before, which
+// is below the floor of a busy queue's picks (the last short pick's now()
+// less a second, docs/design.md §4), so the kicked pick passed it over and
+// it ran only when a floor check found it. Five times each, the median
+// judged, as TestRowsVisibleBelowThePickFloorRun does.
+func TestRetryAndRunNowThatWaitedForTheRowRunAtOnce(t *testing.T) {
+	t.Parallel()
+	var started, failed sync.Map // id → time.Time of its step's last start; ids that failed once
+	job := &gendurable.Job[orderArgs]{Name: "waited", MaxAttempts: 1, Perform: func(_ context.Context, j *gendurable.Run[orderArgs]) error {
+		if j.State.I == 0 {
+			return nil // the load
+		}
+		started.Store(j.ID, time.Now())
+		if _, again := failed.LoadOrStore(j.ID, true); j.State.I == 1 && !again {
+			return gendurable.JobCancel(errors.New("fails once"))
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
+		BusyPollInterval: 25 * time.Millisecond, PollInterval: time.Second, MaxPollInterval: 5 * time.Second}}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	stop, producing := make(chan struct{}), make(chan struct{})
+	go func() { // keep the queue busy: its picks come back short, so the floor follows now()
+		defer close(producing)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if _, err := b.eng.Insert(ctx, job.New(orderArgs{I: 0})); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	defer func() { close(stop); <-producing }()
+	time.Sleep(1500 * time.Millisecond) // the floor is set and has moved
+
+	measure := func(what string, prepare func() int64, call func(id int64) error) {
+		var took []time.Duration
+		for range 5 {
+			id := prepare()
+			started.Delete(id)
+			tx, holder := b.lockRows(id)
+			done := make(chan error, 1)
+			go func() { done <- call(id) }()
+			eventually(t, 10*time.Second, func() bool { return b.blockedBy(holder, "") > 0 }, "%s does not wait for the row", what)
+			time.Sleep(1600 * time.Millisecond)
+			require.NoError(t, tx.Commit(ctx))
+			require.NoError(t, <-done)
+			returned := time.Now()
+			b.waitStatus(id, "done", 10*time.Second)
+			at, ok := started.Load(id)
+			require.True(t, ok)
+			took = append(took, at.(time.Time).Sub(returned))
+		}
+		slices.Sort(took)
+		t.Logf("%s after a 1.6 s wait for the row: step started %v after the call returned", what, took)
+		require.Less(t, took[len(took)/2], 150*time.Millisecond, "%s: median of %v", what, took)
+	}
+	measure("Retry", func() int64 {
+		id := b.insert(job.New(orderArgs{I: 1}))
+		b.waitStatus(id, "failed", 10*time.Second)
+		return id
+	}, func(id int64) error { return b.eng.Retry(ctx, id) })
+	measure("RunNow", func() int64 {
+		return b.insert(job.New(orderArgs{I: 2}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	}, func(id int64) error { return b.eng.RunNow(ctx, id) })
 }

@@ -72,8 +72,9 @@ func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress 
 	var total int64
 	for {
 		var n int64
+		var full bool
 		err := bounded(ctx, orDefault(p.BatchTimeout, PruneBatchTimeout(DefaultStatementTimeout)), func(ctx context.Context) (err error) {
-			n, err = p.Queries.Prune(ctx, p.DB, retention, batch)
+			n, full, err = p.Queries.Prune(ctx, p.DB, retention, batch)
 			return err
 		})
 		total += n
@@ -83,7 +84,7 @@ func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress 
 		if progress != nil && n > 0 {
 			progress(total)
 		}
-		if n < int64(batch) {
+		if !full {
 			return total, nil
 		}
 	}

@@ -276,48 +276,104 @@ SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
        EXISTS (SELECT 1 FROM changed)`
 
 // Cancel fails a live instance with reason; it returns the status the
-// instance had (nil if none exists) and whether it was cancelled.
+// instance had (nil if none exists) and whether it was cancelled. When it
+// was not, the status is read again (Status): the statement's own read is
+// on its snapshot, taken before it waited for a row that another
+// transaction finished meanwhile (a step's Done outcome committing), and
+// reported the status from before that finish. A row that is live on that
+// second read (its snapshot saw it failed, and a retry has committed since)
+// is cancelled again, up to 3 tries.
 func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (status *string, cancelled bool, err error) {
-	err = db.QueryRow(ctx, q.cancel, id, reason, MaxErrorHistory).Scan(&status, &cancelled)
-	if err == nil && cancelled {
-		// See CancelMany: the statement's sweep misses a signal that
-		// committed while it waited for the row. Best effort, as there.
-		_ = q.SweepInboxes(ctx, db, []int64{id})
+	for try := 1; ; try++ {
+		err = db.QueryRow(ctx, q.cancel, id, reason, MaxErrorHistory).Scan(&status, &cancelled)
+		switch {
+		case err == nil && cancelled:
+			// See CancelMany: the statement's sweep misses a signal that
+			// committed while it waited for the row. Best effort, as there.
+			_ = q.SweepInboxes(ctx, db, []int64{id})
+			return status, true, nil
+		case err != nil || status == nil:
+			return status, false, err
+		}
+		if status, err = q.Status(ctx, db, id); err != nil || status == nil || try == 3 ||
+			*status == "done" || *status == "failed" {
+			return status, false, err
+		}
 	}
-	return status, cancelled, err
 }
 
-// pruneSQL deletes up to $2 finished instances older than the retention,
-// and their signals, oldest first. A finished child whose parent is still
-// live, or failed (a retry runs the parent again at the step it failed in,
-// which may read its children), is kept, whatever its age: the parent's
-// next step reads it (Run.Children, with its result); it goes once the
-// parent is done, or pruned itself (the next batch: the parent gone). A
-// row cancelled mid-step whose lease is still live is kept until the lease
-// ends (cancelSet): it stands for a step that may still run, its key's slot
-// and its place in its queue's GlobalConcurrency. A finished parent with a
-// live child (one cancelled alone: Cancel leaves its children running) is
+const statusSQL = `SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1`
+
+// Status returns an instance's status, nil if it does not exist: a read in
+// a snapshot of its own, after an admin statement that changed nothing.
+func (q *Queries) Status(ctx context.Context, db DB, id int64) (*string, error) {
+	var status string
+	err := db.QueryRow(ctx, q.status, id).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &status, nil
+}
+
+// prunableSQL is what makes a finished instance i prunable besides its age:
+// a finished child whose parent is still live, or failed (a retry runs the
+// parent again at the step it failed in, which may read its children), is
+// kept, whatever its age: the parent's next step reads it (Run.Children,
+// with its result); it goes once the parent is done, or pruned itself (the
+// next batch: the parent gone). A row cancelled mid-step whose lease is
+// still live is kept until the lease ends (cancelSet): it stands for a step
+// that may still run, its key's slot and its place in its queue's
+// GlobalConcurrency. A finished parent with a live child (one cancelled
+// alone: Cancel leaves its children running; or a child retried since) is
 // kept until they have finished: Engine.CancelTree of it walks down to them
-// through it. It runs under pruneSettings: the planner may only walk the
-// finished index in order and probe the signals index, the parent's primary
-// key and (for a row that fanned out) the parent index, so a batch costs
-// O(batch) whatever the statistics say (docs/design.md §5), plus the old
-// children of live parents, the finished children of the parents it
-// probes, and the live leases and live children's parents it walks past.
-const pruneSQL = `
-WITH doomed AS MATERIALIZED (
-  SELECT i.id FROM {{schema}}.gendurable_instances AS i
-  WHERE i.status IN ('done', 'failed') AND i.finished_at < now() - $1::bigint * interval '1 microsecond'
-    AND NOT (i.lease_expires_at IS NOT NULL AND i.lease_expires_at > now())
+// through it.
+const prunableSQL = `
+    NOT (i.lease_expires_at IS NOT NULL AND i.lease_expires_at > now())
     AND (i.parent_id IS NULL OR NOT EXISTS (
       SELECT 1 FROM {{schema}}.gendurable_instances AS p
       WHERE p.id = i.parent_id AND p.status <> 'done'))
     AND NOT (i.fanout > 0 AND EXISTS (
       SELECT 1 FROM {{schema}}.gendurable_instances AS c
-      WHERE c.parent_id = i.id AND c.status NOT IN ('done', 'failed')))
-  ORDER BY i.finished_at
-  LIMIT $2
-  FOR UPDATE OF i SKIP LOCKED
+      WHERE c.parent_id = i.id AND c.status NOT IN ('done', 'failed')))`
+
+// pruneLockSQL locks up to $2 finished instances older than the retention
+// that are prunable (prunableSQL), oldest first, and returns their ids: the
+// first statement of a prune batch. It runs under pruneSettings: the
+// planner may only walk the finished index in order and probe the parent's
+// primary key and (for a row that fanned out) the parent index, so a batch
+// costs O(batch) whatever the statistics say (docs/design.md §5), plus the
+// old children of live parents, the finished children of the parents it
+// probes, and the live leases and live children's parents it walks past.
+//
+// What it read of a row's children is on its snapshot, taken before it
+// locked the row: a child retried meanwhile (its retry locks the parent
+// first, retryLockSQL) may be live by the time the lock is granted. So the
+// delete (pruneSQL) looks again, on a snapshot of its own taken after the
+// locks: a retry that committed before it is seen, and one that had not
+// yet taken the parent's lock waits for the prune's commit and then finds
+// the parent gone (a retry of a child whose parent was pruned before it).
+const pruneLockSQL = `
+SELECT i.id FROM {{schema}}.gendurable_instances AS i
+WHERE i.status IN ('done', 'failed') AND i.finished_at < now() - $1::bigint * interval '1 microsecond'
+  AND ` + prunableSQL + `
+ORDER BY i.finished_at
+LIMIT $2
+FOR UPDATE OF i SKIP LOCKED`
+
+// pruneSQL deletes those of the instances $1, locked by pruneLockSQL in the
+// same transaction (so still finished), that are still prunable, with their
+// signals: one primary-key probe per id behind an OFFSET 0 fence.
+const pruneSQL = `
+WITH doomed AS MATERIALIZED (
+  SELECT i.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+    SELECT i.id, i.lease_expires_at, i.parent_id, i.fanout FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = u.id
+    OFFSET 0 -- a fence: one primary-key probe per id
+  ) AS i
+  WHERE ` + prunableSQL + `
 ), signals AS (
   DELETE FROM {{schema}}.gendurable_signals AS s USING doomed AS d WHERE s.target_id = d.id
   RETURNING s.id
@@ -344,24 +400,34 @@ var pruneSettings = `SELECT set_config('enable_seqscan', 'off', true),
        ` + idleLimitSetting
 
 // Prune deletes one batch of finished instances older than retention and
-// returns how many it deleted. It runs in a transaction of its own. With an
-// error it returns 0: the batch rolled back, or its COMMIT failed — or, the
+// returns how many it deleted, and whether the batch was full (it locked
+// batch rows: more may be left, though some of them were kept on the second
+// look, pruneSQL). It runs in a transaction of its own. With an error it
+// returns 0: the batch rolled back, or its COMMIT failed — or, the
 // connection lost on the way back, committed unseen, so callers' counts of
 // what was deleted before an error are a lower bound.
-func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duration, batch int) (int64, error) {
-	var n int64
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duration, batch int) (deleted int64, full bool, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, pruneSettings); err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, q.prune, micros(retention), batch)
-		n = tag.RowsAffected()
+		rows, err := tx.Query(ctx, q.pruneLock, micros(retention), batch)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		full = len(ids) >= batch
+		tag, err := tx.Exec(ctx, q.prune, ids)
+		deleted = tag.RowsAffected()
 		return err
 	})
 	if err != nil {
-		return 0, err // the batch did not commit (or its COMMIT failed): none of it counts
+		return 0, false, err // the batch did not commit (or its COMMIT failed): none of it counts
 	}
-	return n, nil
+	return deleted, full, nil
 }
 
 const listSignalsSQL = `

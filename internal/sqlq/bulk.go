@@ -124,12 +124,20 @@ SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
 // the row had (NULL if none exists) and, if it was changed, its queue. A row
 // retried while the lease of its cancelled step still lives stays eligible
 // only when that lease ends (see retrySQL).
+//
+// The row is locked in a CTE of its own before the update computes its new
+// values: an UPDATE computes them before it waits for a row lock (another
+// transaction's lock alone leaves the row unchanged, so nothing computes
+// them again), and the clock retryEligible reads would be from before the
+// wait — below the pick's floor after a wait of over a second.
 const runNowSQL = `
-WITH u AS (
+WITH l AS MATERIALIZED (
+  SELECT id FROM {{schema}}.gendurable_instances WHERE id = $1 FOR NO KEY UPDATE
+), u AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET eligible_at = ` + retryEligible + `, updated_at = now()
-  WHERE id = $1 AND status = 'runnable' AND eligible_at > now()
-  RETURNING queue, ` + retryWait + ` AS wait_us
+  FROM l WHERE i.id = l.id AND i.status = 'runnable' AND i.eligible_at > now()
+  RETURNING i.queue, ` + retryWait + ` AS wait_us
 )
 SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1), (SELECT queue FROM u),
        coalesce((SELECT wait_us FROM u), 0)`
@@ -247,9 +255,14 @@ func (q *Queries) Existing(ctx context.Context, db DB, ids []int64) ([]int64, er
 // RunNow makes a delayed runnable instance eligible now. It returns the
 // status the instance had (nil if none exists), its queue if it was delayed,
 // and how long until it is eligible: 0, or what is left of the lease of its
-// cancelled step (see runNowSQL).
+// cancelled step (see runNowSQL). When it changed nothing, the status is
+// read again, as Cancel does: the statement's own read is on its snapshot,
+// from before a change it waited for (a cancel committing).
 func (q *Queries) RunNow(ctx context.Context, db DB, id int64) (status, queue *string, wait time.Duration, err error) {
 	var us int64
 	err = db.QueryRow(ctx, q.runNow, id).Scan(&status, &queue, &us)
+	if err == nil && queue == nil && status != nil {
+		status, err = q.Status(ctx, db, id)
+	}
 	return status, queue, time.Duration(us) * time.Microsecond, err
 }

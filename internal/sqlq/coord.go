@@ -270,10 +270,16 @@ func (q *Queries) InstancesOf(ctx context.Context, db DB, fsm string, version in
 // it runs.
 
 // retryLease is the lease a retried row keeps, and retryEligible when it
-// becomes eligible (retrySQL, retryManySQL).
+// becomes eligible (retrySQL, retryManySQL, runNowSQL). Both read the clock
+// (clock_timestamp()), not the transaction's start: a retry or run-now may
+// have waited for the row's lock, and a row made eligible from before a
+// wait of over a second lies below the floor of a busy queue's picks
+// (docs/design.md §4), which pass it over until a floor check finds it —
+// the feeder this engine wakes found nothing, and the row ran 0.3–0.9 s
+// late (TestRetryAndRunNowThatWaitedForTheRowRunAtOnce).
 const (
-	retryLease    = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at END`
-	retryEligible = `CASE WHEN i.lease_expires_at > now() THEN i.lease_expires_at ELSE now() END`
+	retryLease    = `CASE WHEN i.lease_expires_at > clock_timestamp() THEN i.lease_expires_at END`
+	retryEligible = `CASE WHEN i.lease_expires_at > clock_timestamp() THEN i.lease_expires_at ELSE clock_timestamp() END`
 )
 
 // retryStatusSet is the status a retry gives a failed row i, from k.kids,
@@ -294,20 +300,44 @@ const (
 // transaction: no child of a locked row can finish until the retry commits,
 // and the retry statement's snapshot, taken after the locks, holds every
 // child that finished before.
+//
+// The same lock statement locks the parents of the rows it retries. A
+// retried child counts itself on its parent only if the statement's
+// snapshot sees the parent awaiting it, and a retried parent counts only
+// the children its snapshot sees live: a child and its parent retried at
+// once, each holding only its own row, saw each other failed, and the
+// parent awaited one child less than were live — another child's finish
+// woke it beside the retried one. With the parent's row locked first, the
+// two retries take turns, and the second one's snapshot holds the first
+// one's change. (A prune deletes a finished parent only under its lock,
+// after looking at its children in a snapshot taken then: pruneSQL.)
 const retryStatusSet = `      status = CASE WHEN k.kids > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
                     ELSE 'runnable' END,
       children_pending = CASE WHEN k.kids > 0 THEN k.kids ELSE i.children_pending END`
 
-// retryLockSQL locks the failed rows among $1 (in order: the caller's ids
-// sorted), one primary-key probe each, and returns their ids: the first
-// statement of a retry (see retryStatusSet).
+// retryLockSQL locks the failed rows among $1 (the caller's ids, sorted)
+// and their parents, every one in id order so that two retries lock shared
+// rows in the same order, one primary-key probe each, and returns the ids
+// among $1 that are failed once locked: the first statement of a retry (see
+// retryStatusSet). The parents are read before any lock is taken: a row's
+// parent_id never changes. A parent is locked whatever its status.
 const retryLockSQL = `
-SELECT c.id FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
-  SELECT c.id FROM {{schema}}.gendurable_instances AS c
-  WHERE c.id = u.id AND c.status = 'failed'
+WITH t AS (
+  SELECT array_agg(DISTINCT x.id ORDER BY x.id) AS ids
+  FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
+    SELECT c.id, c.parent_id FROM {{schema}}.gendurable_instances AS c
+    WHERE c.id = u.id AND c.status = 'failed'
+    OFFSET 0 -- a fence: one primary-key probe per id
+  ) AS c CROSS JOIN LATERAL (VALUES (c.id), (c.parent_id)) AS x(id)
+  WHERE x.id IS NOT NULL
+)
+SELECT c.id FROM t CROSS JOIN LATERAL unnest(t.ids) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
+  SELECT c.id, c.status FROM {{schema}}.gendurable_instances AS c
+  WHERE c.id = u.id
   OFFSET 0 -- a fence: one primary-key probe per id
   FOR NO KEY UPDATE
 ) AS c
+WHERE c.status = 'failed' AND c.id = ANY ($1::bigint[])
 ORDER BY u.ord`
 
 // TxDB is a DB that begins a transaction (a savepoint, in a transaction).
@@ -372,12 +402,12 @@ SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
        (SELECT queue FROM r), coalesce((SELECT wait_us FROM r), 0)`
 
 // retryWait is, in RETURNING of a retry (or run-now) of row i, how long
-// (microseconds, on the database clock) until the row, runnable, becomes
+// (microseconds, on the database clock, read now) until the row, runnable, becomes
 // eligible: 0 if it is eligible now or not runnable (a parent awaiting its
 // children is woken by them). The engine wakes its feeder of the queue then
 // (a retried row waits for the lease of its cancelled step).
-const retryWait = `CASE WHEN i.status = 'runnable' AND i.eligible_at > now()
-         THEN ceil(extract(epoch FROM i.eligible_at - now()) * 1000000)::bigint ELSE 0 END`
+const retryWait = `CASE WHEN i.status = 'runnable' AND i.eligible_at > clock_timestamp()
+         THEN ceil(extract(epoch FROM i.eligible_at - clock_timestamp()) * 1000000)::bigint ELSE 0 END`
 
 // Retry moves a failed instance back to runnable; it returns the status the
 // instance had (nil if none exists), its queue if it was retried, and how

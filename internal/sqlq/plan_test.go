@@ -767,7 +767,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NotNil(t, next)
 				}},
 				{"prune", 4*1000 + 100, func(t *testing.T, tx pgx.Tx) {
-					n, err := f.q.Prune(ctx, tx, time.Hour, 1000)
+					n, _, err := f.q.Prune(ctx, tx, time.Hour, 1000)
 					require.NoError(t, err)
 					require.Equal(t, int64(1000), n)
 				}},

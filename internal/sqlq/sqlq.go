@@ -75,6 +75,8 @@ type Queries struct {
 	removeQueue     string
 	cancel          string
 	prune           string
+	pruneLock       string
+	status          string
 	listSignals     string
 	listAllChildren string
 	stepCounts      string
@@ -122,6 +124,8 @@ func New(schema string) (*Queries, error) {
 		removeQueue:     render(removeQueueSQL, qs),
 		cancel:          render(cancelSQL, qs),
 		prune:           render(pruneSQL, qs),
+		pruneLock:       render(pruneLockSQL, qs),
+		status:          render(statusSQL, qs),
 		listSignals:     render(listSignalsSQL, qs),
 		listAllChildren: render(listAllChildrenSQL, qs),
 		stepCounts:      render(stepCountsSQL, qs),
