@@ -68,7 +68,9 @@
 // instance with [Run.Await](nextStep, state, names...), optionally with
 // [Outcome.Timeout]; the first matching signal makes it runnable at
 // nextStep, whose [Run.Awaited] holds the matching signals ([Run.Inbox] all
-// of them). A timed-out await runs nextStep with an empty Awaited.
+// of them). A timed-out await runs nextStep with an empty Awaited;
+// Timeout(0) times out at once (a deadline already passed), unless a
+// matching signal is already in the inbox.
 //
 // A Next (or ScheduleChildren) consumes exactly the awaited signals the
 // step received; a same-name signal that arrived later survives. Replay and

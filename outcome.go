@@ -24,6 +24,7 @@ type Outcome struct {
 	snooze   bool // replay without counting an attempt (jobs)
 	awaits   []string
 	timeout  time.Duration
+	deadline bool // Timeout was called: the await has a deadline, timeout after now
 	children []InsertParams
 	txFn     func(ctx context.Context, tx pgx.Tx) error
 }
@@ -46,10 +47,16 @@ func (o Outcome) After(d time.Duration) Outcome {
 // Timeout returns a copy of an Await outcome with a deadline: if no awaited
 // signal arrives within d, the instance becomes runnable at its next step
 // anyway, with an empty Awaited view (that is how the step tells it timed
-// out). It has no effect on other outcomes.
+// out). A d of 0 is a deadline that has already passed, as for a remaining
+// time computed with time.Until that ran out: the await times out at once
+// — unless a matching signal the step has not seen is already in the
+// inbox, which wakes it with that signal instead. An Await without Timeout
+// waits as long as it takes. A negative d is an [ErrInvalidOutcome] (as a
+// negative [Outcome.After] is): clamp a computed one with max(d, 0). It has
+// no effect on other outcomes.
 func (o Outcome) Timeout(d time.Duration) Outcome {
 	if o.kind == sqlq.KindAwait {
-		o.timeout = d
+		o.timeout, o.deadline = d, true
 	}
 	return o
 }

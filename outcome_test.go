@@ -395,3 +395,32 @@ func TestWokenParentWaitsForTheLeaseOfItsCancelledStep(t *testing.T) {
 	require.Equal(t, 1, most, "the woken parent's next step ran beside its cancelled step")
 	require.False(t, starts[1].Before(lease), "the woken parent ran at %v, before its cancelled step's lease ended at %v", starts[1], lease)
 }
+
+// TestAwaitTimeoutZeroTimesOutAtOnce: Timeout(0) is a deadline that has
+// already passed — the remaining time of a deadline the step computed with
+// time.Until, run out — so the await times out at once (its next step sees
+// an empty Awaited), unless a matching signal it has not seen is already in
+// the inbox, which wakes it instead. Before, Timeout(0) set no deadline at
+// all: the instance stayed awaiting_signal for good.
+func TestAwaitTimeoutZeroTimesOutAtOnce(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(waitState{}))
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.JSONEq(t, `{"timed_out":true,"rounds":1}`, string(r.Result), "timed out at once")
+
+	// A matching signal already there wins over the passed deadline.
+	sig := b.insert(m.New(waitState{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	_, err := b.eng.Signal(context.Background(), sig, "pay", nil, nil)
+	require.NoError(t, err)
+	require.NoError(t, b.eng.RunNow(context.Background(), sig))
+	r = b.waitStatus(sig, "done", 10*time.Second)
+	require.JSONEq(t, `{"got":["pay"],"rounds":1}`, string(r.Result), "woken by the signal, not timed out")
+
+	// A negative timeout stays an invalid outcome, like a negative After.
+	var run gendurable.Run[waitState]
+	require.ErrorIs(t, m.ValidateOutcome("park", run.Await("woken", waitState{}, "pay").Timeout(-time.Second)), gendurable.ErrInvalidOutcome)
+	require.NoError(t, m.ValidateOutcome("park", run.Await("woken", waitState{}, "pay").Timeout(0)))
+}
