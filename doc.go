@@ -217,6 +217,18 @@
 // does not know is released back after a delay, never run on the wrong
 // version and never failed.
 //
+// A deploy that changes a machine without a new Version meets its old rows
+// where they are (docs/design.md §9): a row at a step the machine no longer
+// declares goes to Handle as an [ErrInvalidOutcome] (Run.Step is the old
+// name, so a Handle can move it on) and is by default retried with backoff
+// until its attempts are spent; a state that no longer decodes into S (a
+// job's args, likewise) fails the instance at once, kind "state_decode".
+// Either is in its error history; [Engine.Retry] runs it again after the
+// definition is fixed. A failure consumes the instance's inbox like any
+// finish: a retried step that had been woken by a signal sees an empty
+// Awaited, as after a timeout — a step that must not lose a signal's
+// payload copies it into the state (a Next) before work that may fail.
+//
 // # Testing
 //
 // Package [github.com/gendurable/gendurable/gendurabletest] runs one step

@@ -105,7 +105,11 @@ func (r *Run[S]) Next(step string, state S) Outcome {
 
 // Replay runs the same step again after delay with state, counting one more
 // attempt. Signals are not consumed and awaited names are kept, so the replay
-// sees the same inputs.
+// sees the same inputs. MaxAttempts bounds the retries of the default Handle
+// and of the reaper, not a step's own Replays: a step may replay past it
+// (Run.Attempt then exceeds MaxAttempts), and its next failure or expired
+// lease fails the instance at once. To poll without spending the attempt
+// budget, return r.Next(r.Step, state).After(delay): it resets the counter.
 func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 	return Outcome{kind: sqlq.KindReplay, state: state, hasState: true, delay: delay}
 }
