@@ -69,8 +69,7 @@
 // [Outcome.Timeout]; the first matching signal makes it runnable at
 // nextStep, whose [Run.Awaited] holds the matching signals ([Run.Inbox] all
 // of them). A timed-out await runs nextStep with an empty Awaited;
-// Timeout(0) times out at once (a deadline already passed), unless a
-// matching signal is already in the inbox.
+// Timeout(0) is no deadline, and a negative one an invalid outcome.
 //
 // A Next (or ScheduleChildren) consumes exactly the awaited signals the
 // step received; a same-name signal that arrived later survives. Replay and

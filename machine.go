@@ -443,8 +443,8 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 		enc.Kind, enc.Step = sqlq.KindAwait, strPtr(o.step)
 		names, _ := json.Marshal(o.awaits)
 		enc.Awaits = strPtr(string(names))
-		if o.deadline {
-			t := o.timeout // 0: a deadline of now, which the sweep fires at once
+		if o.timeout > 0 {
+			t := o.timeout
 			enc.Timeout = &t
 		}
 		// Signals the step already received do not wake it again at once:

@@ -24,7 +24,6 @@ type Outcome struct {
 	snooze   bool // replay without counting an attempt (jobs)
 	awaits   []string
 	timeout  time.Duration
-	deadline bool // Timeout was called: the await has a deadline, timeout after now
 	children []InsertParams
 	txFn     func(ctx context.Context, tx pgx.Tx) error
 }
@@ -47,16 +46,15 @@ func (o Outcome) After(d time.Duration) Outcome {
 // Timeout returns a copy of an Await outcome with a deadline: if no awaited
 // signal arrives within d, the instance becomes runnable at its next step
 // anyway, with an empty Awaited view (that is how the step tells it timed
-// out). A d of 0 is a deadline that has already passed, as for a remaining
-// time computed with time.Until that ran out: the await times out at once
-// — unless a matching signal the step has not seen is already in the
-// inbox, which wakes it with that signal instead. An Await without Timeout
-// waits as long as it takes. A negative d is an [ErrInvalidOutcome] (as a
-// negative [Outcome.After] is): clamp a computed one with max(d, 0). It has
-// no effect on other outcomes.
+// out). A d of 0 means no deadline, as a zero StepTimeout means none: the
+// await waits as long as it takes. A negative d is an [ErrInvalidOutcome]
+// (as a negative [Outcome.After] is), handed to Handle. So a remaining time
+// computed with time.Until that may have run out must not be passed as is:
+// max(d, time.Nanosecond) times out at once when it has. It has no effect
+// on other outcomes.
 func (o Outcome) Timeout(d time.Duration) Outcome {
 	if o.kind == sqlq.KindAwait {
-		o.timeout, o.deadline = d, true
+		o.timeout = d
 	}
 	return o
 }

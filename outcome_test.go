@@ -396,31 +396,39 @@ func TestWokenParentWaitsForTheLeaseOfItsCancelledStep(t *testing.T) {
 	require.False(t, starts[1].Before(lease), "the woken parent ran at %v, before its cancelled step's lease ended at %v", starts[1], lease)
 }
 
-// TestAwaitTimeoutZeroTimesOutAtOnce: Timeout(0) is a deadline that has
-// already passed — the remaining time of a deadline the step computed with
-// time.Until, run out — so the await times out at once (its next step sees
-// an empty Awaited), unless a matching signal it has not seen is already in
-// the inbox, which wakes it instead. Before, Timeout(0) set no deadline at
-// all: the instance stayed awaiting_signal for good.
-func TestAwaitTimeoutZeroTimesOutAtOnce(t *testing.T) {
+// TestAwaitTimeoutOfARemainingTime pins what Timeout does with the
+// remaining time of a deadline computed with time.Until: 0 means no deadline
+// (as a zero StepTimeout means none) and the instance awaits for good; a
+// negative one is an invalid outcome, retried until the attempts are spent;
+// max(d, time.Nanosecond), as the godoc says, times out at once.
+func TestAwaitTimeoutOfARemainingTime(t *testing.T) {
 	t.Parallel()
-	m := awaiter(0)
+	remaining := map[string]time.Duration{"zero": 0, "negative": -time.Second, "clamped": max(-time.Second, time.Nanosecond)}
+	m := &gendurable.Machine[probeState]{Name: "remaining", Start: "park", MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return time.Millisecond },
+		Steps: map[string]gendurable.StepFunc[probeState]{
+			"park": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				return r.Await("woken", r.State, "pay").Timeout(remaining[r.State.Do]), nil
+			},
+			"woken": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				return gendurable.Done(len(r.Awaited)), nil
+			},
+		}}
 	b := setup(t, nil, m)
 	b.start()
-	id := b.insert(m.New(waitState{}))
-	r := b.waitStatus(id, "done", 10*time.Second)
-	require.JSONEq(t, `{"timed_out":true,"rounds":1}`, string(r.Result), "timed out at once")
+	zero := b.insert(m.New(probeState{Do: "zero"}))
+	negative := b.insert(m.New(probeState{Do: "negative"}))
+	clamped := b.insert(m.New(probeState{Do: "clamped"}))
 
-	// A matching signal already there wins over the passed deadline.
-	sig := b.insert(m.New(waitState{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
-	_, err := b.eng.Signal(context.Background(), sig, "pay", nil, nil)
+	r := b.waitStatus(clamped, "done", 10*time.Second)
+	require.JSONEq(t, `0`, string(r.Result), "timed out at once")
+	r = b.waitStatus(negative, "failed", 10*time.Second)
+	require.Len(t, r.Errors, 2)
+	require.Contains(t, r.Errors[1]["error"], "negative await timeout -1s")
+	b.waitStatus(zero, "awaiting_signal", 10*time.Second)
+	time.Sleep(300 * time.Millisecond)
+	w, err := b.eng.WaitReason(context.Background(), zero)
 	require.NoError(t, err)
-	require.NoError(t, b.eng.RunNow(context.Background(), sig))
-	r = b.waitStatus(sig, "done", 10*time.Second)
-	require.JSONEq(t, `{"got":["pay"],"rounds":1}`, string(r.Result), "woken by the signal, not timed out")
-
-	// A negative timeout stays an invalid outcome, like a negative After.
-	var run gendurable.Run[waitState]
-	require.ErrorIs(t, m.ValidateOutcome("park", run.Await("woken", waitState{}, "pay").Timeout(-time.Second)), gendurable.ErrInvalidOutcome)
-	require.NoError(t, m.ValidateOutcome("park", run.Await("woken", waitState{}, "pay").Timeout(0)))
+	require.Equal(t, gendurable.StatusAwaitingSignal, w.Status)
+	require.Nil(t, w.Deadline, "Timeout(0) is no deadline")
 }

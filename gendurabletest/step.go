@@ -79,12 +79,9 @@ type StepResult[S any] struct {
 	// CountsAttempt is true for a Replay that counts an attempt (false for
 	// a job's JobSnooze).
 	CountsAttempt bool
-	// Awaits and Timeout are an Await's signal names and deadline;
-	// HasTimeout tells an Await with a Timeout (Timeout 0: it times out at
-	// once) from one without (it waits as long as it takes).
-	Awaits     []string
-	Timeout    time.Duration
-	HasTimeout bool
+	// Awaits and Timeout are an Await's signal names and deadline.
+	Awaits  []string
+	Timeout time.Duration
 	// Children are ScheduleChildren's children, as they would be inserted.
 	Children []ChildInsert
 	// Consumes lists the ids of the Inbox signals a Next or
@@ -145,7 +142,7 @@ func (r *StepResult[S]) String() string {
 	if len(r.Awaits) > 0 {
 		fmt.Fprintf(&b, " awaiting %s", strings.Join(r.Awaits, ", "))
 	}
-	if r.HasTimeout {
+	if r.Timeout > 0 {
 		fmt.Fprintf(&b, " for at most %s", r.Timeout)
 	}
 	if len(r.Children) > 0 {
@@ -287,7 +284,7 @@ func fill[S any](r *StepResult[S], o *sqlq.Outcome, step string, attempt int, st
 		}
 	}
 	if o.Timeout != nil {
-		r.Timeout, r.HasTimeout = *o.Timeout, true
+		r.Timeout = *o.Timeout
 	}
 	if o.Result != nil {
 		r.Result = json.RawMessage(*o.Result)

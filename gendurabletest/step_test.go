@@ -120,31 +120,6 @@ func TestRunStepAwait(t *testing.T) {
 	require.Equal(t, "ship", res.Step)
 	require.Equal(t, []string{"payment", "cancel"}, res.Awaits)
 	require.Equal(t, 30*time.Minute, res.Timeout)
-	require.True(t, res.HasTimeout)
-}
-
-// TestRunStepAwaitTimeoutZero: an Await with Timeout(0) (it times out at
-// once) is told from one without a Timeout (it waits as long as it takes).
-func TestRunStepAwaitTimeoutZero(t *testing.T) {
-	t.Parallel()
-	m := &gendurable.Machine[order]{Name: "await0", Start: "a", Steps: map[string]gendurable.StepFunc[order]{
-		"a": func(ctx context.Context, r *gendurable.Run[order]) (gendurable.Outcome, error) {
-			if r.State.Item == "now" {
-				return r.Await("b", r.State, "x").Timeout(0), nil
-			}
-			return r.Await("b", r.State, "x"), nil
-		},
-		"b": func(ctx context.Context, r *gendurable.Run[order]) (gendurable.Outcome, error) {
-			return gendurable.Done(nil), nil
-		},
-	}}
-	res := gendurabletest.RunStep(t.Context(), t, m, "a", order{Item: "now"}, nil)
-	require.True(t, res.HasTimeout)
-	require.Zero(t, res.Timeout)
-	require.Contains(t, res.String(), "for at most 0s")
-	res = gendurabletest.RunStep(t.Context(), t, m, "a", order{}, nil)
-	require.False(t, res.HasTimeout)
-	require.NotContains(t, res.String(), "for at most")
 }
 
 func TestRunStepAfterAwait(t *testing.T) {
