@@ -214,7 +214,8 @@
 // Rows run on the (machine, version) they were inserted with; several
 // versions may be registered side by side. A row whose version this process
 // does not know is released back after a delay, never run on the wrong
-// version and never failed.
+// version and never failed; its error history (kind "unknown_version") and
+// [Engine.WaitReason] say so.
 //
 // A deploy that changes a machine without a new Version meets its old rows
 // where they are (docs/design.md §9): a row at a step the machine no longer

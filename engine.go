@@ -112,7 +112,10 @@ type Config struct {
 	TxIdleTimeout time.Duration
 	// UnknownVersionDelay: a claimed row whose (machine, version) is not
 	// registered here is released, runnable again after this delay (another
-	// process, or a later deploy, may know it). Default 30s.
+	// process, or a later deploy, may know it), with an entry of kind
+	// "unknown_version" in its error history (no attempt counted; each
+	// release's entry replaces the previous one's), so that Describe and
+	// WaitReason ("released unrun until …") tell it from a sleep. Default 30s.
 	UnknownVersionDelay time.Duration
 	// PartitionRetryDelay has no effect since partition keys are key leases
 	// taken by the pick itself (a row whose key is full is not claimed).

@@ -516,7 +516,8 @@ func TestUnknownVersionIsReleasedNotRun(t *testing.T) {
 	r := b.row(old.ID)
 	require.Equal(t, "runnable", r.Status, "released, never failed")
 	require.Equal(t, 0, r.Attempt)
-	require.Empty(t, r.Errors)
+	require.Len(t, r.Errors, 1, "its release is in the history, counting no attempt")
+	require.Equal(t, "unknown_version", r.Errors[0]["kind"])
 	near(t, r.Now.Add(time.Hour), r.EligibleAt, time.Minute)
 	require.Zero(t, ranV1.Load())
 
@@ -531,6 +532,53 @@ func TestUnknownVersionIsReleasedNotRun(t *testing.T) {
 	b.waitStatus(old.ID, "done", 10*time.Second)
 	require.Equal(t, int32(1), ranV1.Load())
 	require.Equal(t, int32(1), ranV2.Load())
+}
+
+// TestUnknownMachineRowSaysSo: a row of a (machine, version) that no
+// running process registers — a deploy removed the machine — is released
+// every UnknownVersionDelay, for as long as that lasts. Before, nothing on
+// the row said why: Describe showed no error and WaitReason "sleeping until
+// …", as for a durable sleep. Now each release leaves an entry of kind
+// unknown_version in the history (the previous such entry gives it its
+// place, so repeats do not push real errors out), WaitReason says so while
+// the row waits, and a deploy that knows the machine runs it as before.
+func TestUnknownMachineRowSaysSo(t *testing.T) {
+	t.Parallel()
+	m := probeMachine(nil)
+	cfg := fastConfig("", m)
+	cfg.UnknownVersionDelay = 200 * time.Millisecond
+	b := setup(t, cfg)
+	id := b.insert(m.New(probeState{Do: "error"}))
+	b.exec(`UPDATE {{s}}.gendurable_instances SET fsm = 'gone' WHERE id = $1`, id)
+	// A real error before the deploy stays in the history.
+	b.exec(`UPDATE {{s}}.gendurable_instances SET errors = '[{"step": "a", "attempt": 0, "kind": "error", "error": "boom", "at": "2026-01-01T00:00:00Z"}]' WHERE id = $1`, id)
+	b.start()
+	var claims int
+	eventually(t, 10*time.Second, func() bool {
+		claims = b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND claim_token IS NULL AND status = 'runnable' AND updated_at > inserted_at + interval '700 milliseconds'`, id)
+		return claims == 1
+	}, "released several times")
+	r := b.row(id)
+	require.Equal(t, 0, r.Attempt)
+	require.Len(t, r.Errors, 2, "one entry for every release, and the real error kept")
+	require.Equal(t, "boom", r.Errors[0]["error"])
+	require.Equal(t, "unknown_version", r.Errors[1]["kind"])
+	require.Contains(t, r.Errors[1]["error"], `machine "gone" version 1 is not registered in the process that claimed it`)
+	w, err := b.eng.WaitReason(context.Background(), id)
+	require.NoError(t, err)
+	require.Contains(t, w.Summary, "released unrun until")
+	require.Contains(t, w.Summary, `machine "gone" version 1 is not registered`)
+	require.NotContains(t, w.Summary, "sleeping")
+	d, err := b.eng.Describe(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, "unknown_version", d.Errors[len(d.Errors)-1].Kind)
+
+	// A durable sleep after the row ran again is a sleep, whatever the history says.
+	require.NoError(t, b.eng.Stop(context.Background()))
+	b.exec(`UPDATE {{s}}.gendurable_instances SET fsm = 'probe', eligible_at = now() + interval '1 hour' WHERE id = $1`, id)
+	w, err = b.eng.WaitReason(context.Background(), id)
+	require.NoError(t, err)
+	require.Contains(t, w.Summary, "sleeping until")
 }
 
 func TestOutcomeTheDatabaseRejectsStopsTheInstance(t *testing.T) {

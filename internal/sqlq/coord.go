@@ -145,7 +145,12 @@ SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
                WHERE x.partition_key = i.partition_key AND x.lease_expires_at IS NOT NULL
                  AND (x.lease_expires_at > now() OR x.claim_token IS NOT NULL) AND x.id <> i.id
                ORDER BY x.lease_expires_at LIMIT 100) END,
-       i.inbox, i.lease_expires_at, now(), i.key_limit, b.tokens, b.refilled_at
+       i.inbox, i.lease_expires_at, now(), i.key_limit, b.tokens, b.refilled_at,
+       -- released unrun by a process that did not know its (machine,
+       -- version), and not run since: the release's history entry
+       CASE WHEN i.status = 'runnable' AND i.errors -> -1 ->> 'kind' = '` + KindUnknownVersion + `'
+                 AND (i.errors -> -1 ->> 'retry_at')::timestamptz = i.eligible_at
+            THEN i.errors -> -1 ->> 'error' END
 FROM {{schema}}.gendurable_instances AS i
 LEFT JOIN {{schema}}.gendurable_key_buckets AS b ON b.key = i.partition_key AND i.status = 'runnable'
 WHERE i.id = $1`
@@ -167,6 +172,7 @@ type WaitRow struct {
 	Inbox           map[string]int
 	LeaseExpiresAt  *time.Time
 	Now             time.Time
+	UnknownVersion  *string // the entry of its release by a process that did not know its machine version
 }
 
 // WaitInfo reads what instance id waits for; pgx.ErrNoRows if it does not exist.
@@ -174,7 +180,7 @@ func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64) (WaitRow, error
 	var w WaitRow
 	err := db.QueryRow(ctx, q.waitInfo, id).Scan(&w.Status, &w.Step, &w.EligibleAt, &w.Awaits,
 		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.KeyHolders,
-		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled)
+		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled, &w.UnknownVersion)
 	return w, err
 }
 

@@ -58,6 +58,7 @@ type Queries struct {
 	reap            string
 	applyOutcomes   [shapeCount]namedStmt
 	release         string
+	releaseUnknown  string
 	insertMany      string
 	insertPlain     string
 	lookupUnique    string
@@ -105,6 +106,7 @@ func New(schema string) (*Queries, error) {
 		heartbeat:       render(heartbeatSQL, qs),
 		reap:            render(reapSQL, qs),
 		release:         render(releaseSQL, qs),
+		releaseUnknown:  render(releaseUnknownSQL, qs),
 		insertMany:      render(insertManySQL, qs),
 		insertPlain:     render(insertPlainSQL, qs),
 		getInstance:     render(getInstanceSQL, qs),
