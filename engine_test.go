@@ -2340,3 +2340,48 @@ func TestStopFromAHookDuringStopReturnsAtOnce(t *testing.T) {
 		t.Fatal("the Stop in progress did not return")
 	}
 }
+
+// TestInstanceTooLargeToClaimFailsAlone: a join whose children's results
+// add up past 256 MB cannot be claimed — the pick builds the children it
+// hands the step as one jsonb value, which PostgreSQL refuses (SQLSTATE
+// 54000), and the whole pick fails. Before, the parent stayed runnable for
+// good, with no error of its own, and every pick that reached it failed
+// (each costing the server ~300 MB). Now such a pick makes the engine fail
+// the rows at the head of the queue that are too large, with the sizes in
+// their reason, and the queue goes on.
+func TestInstanceTooLargeToClaimFailsAlone(t *testing.T) {
+	t.Parallel()
+	leaf := &gendurable.Job[orderArgs]{Name: "leaf", Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error { return nil }}
+	parent := statusParent("par", func() []gendurable.InsertParams {
+		var ks []gendurable.InsertParams
+		for range 300 {
+			ks = append(ks, leaf.New(orderArgs{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+		}
+		return ks
+	})
+	cfg := fastConfig("", parent, leaf)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 30*time.Second, 5*time.Second
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(parent.New(fanState{}))
+	b.waitStatus(id, "awaiting_children", 10*time.Second)
+	// Every child done with a 1 MB result (a string PostgreSQL compresses
+	// on disk: 300 MB only once the pick builds its value).
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'done', finished_at = now(), result = to_jsonb(repeat('x', 1000000)) WHERE parent_id = $1`, id)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'runnable', children_pending = 0, eligible_at = now() WHERE id = $1`, id)
+	after := b.insert(leaf.New(orderArgs{I: 1}))
+	r := b.waitStatus(id, "failed", 90*time.Second)
+	last := r.Errors[len(r.Errors)-1]
+	require.Equal(t, "cancelled", last["kind"])
+	require.Contains(t, last["error"], "too large to claim")
+	require.Contains(t, last["error"], "256 MB")
+	b.waitStatus(after, "done", 30*time.Second)
+
+	// The same for an instance holding 300 unconsumed 1 MB signals.
+	full := b.insert(leaf.New(orderArgs{I: 2}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	b.exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name, payload) SELECT $1, 'note', to_jsonb(repeat('y', 1000000)) FROM generate_series(1, 300)`, full)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET inbox = '{"note": 300}', eligible_at = now() WHERE id = $1`, full)
+	r = b.waitStatus(full, "failed", 90*time.Second)
+	require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "its unconsumed signals to 300")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, full), "the failure consumed them")
+}

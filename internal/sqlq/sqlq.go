@@ -59,6 +59,7 @@ type Queries struct {
 	applyOutcomes   [shapeCount]namedStmt
 	release         string
 	releaseUnknown  string
+	oversizedClaims string
 	insertMany      string
 	insertPlain     string
 	lookupUnique    string
@@ -107,6 +108,7 @@ func New(schema string) (*Queries, error) {
 		reap:            render(reapSQL, qs),
 		release:         render(releaseSQL, qs),
 		releaseUnknown:  render(releaseUnknownSQL, qs),
+		oversizedClaims: render(oversizedClaimsSQL, qs),
 		insertMany:      render(insertManySQL, qs),
 		insertPlain:     render(insertPlainSQL, qs),
 		getInstance:     render(getInstanceSQL, qs),
