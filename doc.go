@@ -68,7 +68,8 @@
 // instance with [Run.Await](nextStep, state, names...), optionally with
 // [Outcome.Timeout]; the first matching signal makes it runnable at
 // nextStep, whose [Run.Awaited] holds the matching signals ([Run.Inbox] all
-// of them). A timed-out await runs nextStep with an empty Awaited.
+// of them). A timed-out await runs nextStep with an empty Awaited;
+// Timeout(0) is no deadline, and a negative one an invalid outcome.
 //
 // A Next (or ScheduleChildren) consumes exactly the awaited signals the
 // step received; a same-name signal that arrived later survives. Replay and
@@ -213,7 +214,20 @@
 // Rows run on the (machine, version) they were inserted with; several
 // versions may be registered side by side. A row whose version this process
 // does not know is released back after a delay, never run on the wrong
-// version and never failed.
+// version and never failed; its error history (kind "unknown_version") and
+// [Engine.WaitReason] say so.
+//
+// A deploy that changes a machine without a new Version meets its old rows
+// where they are (docs/design.md §9): a row at a step the machine no longer
+// declares goes to Handle as an [ErrInvalidOutcome] (Run.Step is the old
+// name, so a Handle can move it on) and is by default retried with backoff
+// until its attempts are spent; a state that no longer decodes into S (a
+// job's args, likewise) fails the instance at once, kind "state_decode".
+// Either is in its error history; [Engine.Retry] runs it again after the
+// definition is fixed. A failure consumes the instance's inbox like any
+// finish: a retried step that had been woken by a signal sees an empty
+// Awaited, as after a timeout — a step that must not lose a signal's
+// payload copies it into the state (a Next) before work that may fail.
 //
 // # Testing
 //

@@ -112,7 +112,10 @@ type Config struct {
 	TxIdleTimeout time.Duration
 	// UnknownVersionDelay: a claimed row whose (machine, version) is not
 	// registered here is released, runnable again after this delay (another
-	// process, or a later deploy, may know it). Default 30s.
+	// process, or a later deploy, may know it), with an entry of kind
+	// "unknown_version" in its error history (no attempt counted; each
+	// release's entry replaces the previous one's), so that Describe and
+	// WaitReason ("released unrun until …") tell it from a sleep. Default 30s.
 	UnknownVersionDelay time.Duration
 	// PartitionRetryDelay has no effect since partition keys are key leases
 	// taken by the pick itself (a row whose key is full is not claimed).
@@ -780,6 +783,37 @@ func (e *Engine) Stop(ctx context.Context) error {
 	return err
 }
 
+// oversizedLookahead is how many rows at the head of a queue
+// failOversized looks at.
+const oversizedLookahead = 1000
+
+// failOversized runs after a pick of queue failed on a PostgreSQL limit
+// (SQLSTATE 54000): a row whose unconsumed signals or children (with their
+// results) the pick cannot build into one jsonb value makes every pick that
+// reaches it fail, and would stay runnable for good. It fails each such row
+// at the head of the queue (a cancel, with the sizes in its reason), so the
+// picks go on and an operator sees why. It runs on the feeder's goroutine,
+// under MaintenanceTimeout: the failed pick took its time already.
+func (e *Engine) failOversized(queue string) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.MaintenanceTimeout)
+	defer cancel()
+	rows, err := e.q.OversizedClaims(ctx, e.pool, queue, oversizedLookahead, sqlq.MaxClaimBytes)
+	if err != nil {
+		e.log.Warn("gendurable: looking for instances too large to claim failed", "queue", queue, "err", err)
+		return
+	}
+	for _, r := range rows {
+		reason := fmt.Sprintf("too large to claim: its latest fan-out's children and results come to %d bytes and its unconsumed signals to %d; "+
+			"a claim carries each as one jsonb value, which PostgreSQL caps at 256 MB", r.KidBytes, r.InboxBytes)
+		if _, err := e.q.CancelMany(ctx, e.pool, []int64{r.ID}, truncate(reason)); err != nil {
+			e.log.Warn("gendurable: failing an instance too large to claim failed", "queue", queue, "id", r.ID, "err", err)
+			continue
+		}
+		e.log.Error("gendurable: failed an instance too large to claim", "queue", queue, "id", r.ID,
+			"children_bytes", r.KidBytes, "inbox_bytes", r.InboxBytes)
+	}
+}
+
 func (e *Engine) pokeTimeouts() {
 	e.mu.Lock()
 	sweeper := e.sweeper
@@ -870,6 +904,9 @@ func (e *Engine) callHook(ctx context.Context, h Hook, ev Event) {
 type schedEvents struct{ e *Engine }
 
 func (s *schedEvents) Pick(r feeder.PickReport) {
+	if r.Err != nil && sqlq.ProgramLimit(r.Err) {
+		s.e.failOversized(r.Queue)
+	}
 	if len(s.e.cfg.Hooks) == 0 {
 		return
 	}

@@ -558,7 +558,8 @@ func TestUnknownVersionIsReleasedNotRun(t *testing.T) {
 	r := b.row(old.ID)
 	require.Equal(t, "runnable", r.Status, "released, never failed")
 	require.Equal(t, 0, r.Attempt)
-	require.Empty(t, r.Errors)
+	require.Len(t, r.Errors, 1, "its release is in the history, counting no attempt")
+	require.Equal(t, "unknown_version", r.Errors[0]["kind"])
 	near(t, r.Now.Add(time.Hour), r.EligibleAt, time.Minute)
 	require.Zero(t, ranV1.Load())
 
@@ -573,6 +574,53 @@ func TestUnknownVersionIsReleasedNotRun(t *testing.T) {
 	b.waitStatus(old.ID, "done", 10*time.Second)
 	require.Equal(t, int32(1), ranV1.Load())
 	require.Equal(t, int32(1), ranV2.Load())
+}
+
+// TestUnknownMachineRowSaysSo: a row of a (machine, version) that no
+// running process registers — a deploy removed the machine — is released
+// every UnknownVersionDelay, for as long as that lasts. Before, nothing on
+// the row said why: Describe showed no error and WaitReason "sleeping until
+// …", as for a durable sleep. Now each release leaves an entry of kind
+// unknown_version in the history (the previous such entry gives it its
+// place, so repeats do not push real errors out), WaitReason says so while
+// the row waits, and a deploy that knows the machine runs it as before.
+func TestUnknownMachineRowSaysSo(t *testing.T) {
+	t.Parallel()
+	m := probeMachine(nil)
+	cfg := fastConfig("", m)
+	cfg.UnknownVersionDelay = 200 * time.Millisecond
+	b := setup(t, cfg)
+	id := b.insert(m.New(probeState{Do: "error"}))
+	b.exec(`UPDATE {{s}}.gendurable_instances SET fsm = 'gone' WHERE id = $1`, id)
+	// A real error before the deploy stays in the history.
+	b.exec(`UPDATE {{s}}.gendurable_instances SET errors = '[{"step": "a", "attempt": 0, "kind": "error", "error": "boom", "at": "2026-01-01T00:00:00Z"}]' WHERE id = $1`, id)
+	b.start()
+	var claims int
+	eventually(t, 10*time.Second, func() bool {
+		claims = b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND claim_token IS NULL AND status = 'runnable' AND updated_at > inserted_at + interval '700 milliseconds'`, id)
+		return claims == 1
+	}, "released several times")
+	r := b.row(id)
+	require.Equal(t, 0, r.Attempt)
+	require.Len(t, r.Errors, 2, "one entry for every release, and the real error kept")
+	require.Equal(t, "boom", r.Errors[0]["error"])
+	require.Equal(t, "unknown_version", r.Errors[1]["kind"])
+	require.Contains(t, r.Errors[1]["error"], `machine "gone" version 1 is not registered in the process that claimed it`)
+	w, err := b.eng.WaitReason(context.Background(), id)
+	require.NoError(t, err)
+	require.Contains(t, w.Summary, "released unrun until")
+	require.Contains(t, w.Summary, `machine "gone" version 1 is not registered`)
+	require.NotContains(t, w.Summary, "sleeping")
+	d, err := b.eng.Describe(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, "unknown_version", d.Errors[len(d.Errors)-1].Kind)
+
+	// A durable sleep after the row ran again is a sleep, whatever the history says.
+	require.NoError(t, b.eng.Stop(context.Background()))
+	b.exec(`UPDATE {{s}}.gendurable_instances SET fsm = 'probe', eligible_at = now() + interval '1 hour' WHERE id = $1`, id)
+	w, err = b.eng.WaitReason(context.Background(), id)
+	require.NoError(t, err)
+	require.Contains(t, w.Summary, "sleeping until")
 }
 
 func TestOutcomeTheDatabaseRejectsStopsTheInstance(t *testing.T) {
@@ -2501,4 +2549,49 @@ func TestStopWithAnOutcomeCutOff(t *testing.T) {
 	b.waitStatus(res.ID, "done", 15*time.Second)
 	b.start()
 	b.waitStatus(id, "done", 15*time.Second)
+}
+
+// TestInstanceTooLargeToClaimFailsAlone: a join whose children's results
+// add up past 256 MB cannot be claimed — the pick builds the children it
+// hands the step as one jsonb value, which PostgreSQL refuses (SQLSTATE
+// 54000), and the whole pick fails. Before, the parent stayed runnable for
+// good, with no error of its own, and every pick that reached it failed
+// (each costing the server ~300 MB). Now such a pick makes the engine fail
+// the rows at the head of the queue that are too large, with the sizes in
+// their reason, and the queue goes on.
+func TestInstanceTooLargeToClaimFailsAlone(t *testing.T) {
+	t.Parallel()
+	leaf := &gendurable.Job[orderArgs]{Name: "leaf", Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error { return nil }}
+	parent := statusParent("par", func() []gendurable.InsertParams {
+		var ks []gendurable.InsertParams
+		for range 300 {
+			ks = append(ks, leaf.New(orderArgs{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+		}
+		return ks
+	})
+	cfg := fastConfig("", parent, leaf)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 30*time.Second, 5*time.Second
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(parent.New(fanState{}))
+	b.waitStatus(id, "awaiting_children", 10*time.Second)
+	// Every child done with a 1 MB result (a string PostgreSQL compresses
+	// on disk: 300 MB only once the pick builds its value).
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'done', finished_at = now(), result = to_jsonb(repeat('x', 1000000)) WHERE parent_id = $1`, id)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'runnable', children_pending = 0, eligible_at = now() WHERE id = $1`, id)
+	after := b.insert(leaf.New(orderArgs{I: 1}))
+	r := b.waitStatus(id, "failed", 90*time.Second)
+	last := r.Errors[len(r.Errors)-1]
+	require.Equal(t, "cancelled", last["kind"])
+	require.Contains(t, last["error"], "too large to claim")
+	require.Contains(t, last["error"], "256 MB")
+	b.waitStatus(after, "done", 30*time.Second)
+
+	// The same for an instance holding 300 unconsumed 1 MB signals.
+	full := b.insert(leaf.New(orderArgs{I: 2}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	b.exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name, payload) SELECT $1, 'note', to_jsonb(repeat('y', 1000000)) FROM generate_series(1, 300)`, full)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET inbox = '{"note": 300}', eligible_at = now() WHERE id = $1`, full)
+	r = b.waitStatus(full, "failed", 90*time.Second)
+	require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "its unconsumed signals to 300")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, full), "the failure consumed them")
 }

@@ -68,3 +68,44 @@ func TestJobOutcomes(t *testing.T) {
 	require.Equal(t, 0, snoozedOnce.Attempt, "a snooze does not count an attempt")
 	require.Empty(t, snoozedOnce.Errors)
 }
+
+// TestJobWhoseArgsTypeChangedFailsAtOnceAndRetries pins a deploy that
+// changes a job's args type without a new Version: a stored row whose args
+// no longer decode fails at once (attempt 0, kind "state_decode", Perform
+// not called, WaitResult's *FailedError says so), and a Retry after
+// redeploying a type that fits runs it.
+func TestJobWhoseArgsTypeChangedFailsAtOnceAndRetries(t *testing.T) {
+	t.Parallel()
+	type argsV1 struct {
+		Order string `json:"order"`
+	}
+	type argsV2 struct {
+		Order int `json:"order"` // the next deploy made it a number
+	}
+	var performed atomic.Int32
+	v1 := &gendurable.Job[argsV1]{Name: "charge", Perform: func(ctx context.Context, j *gendurable.Run[argsV1]) error { return nil }}
+	v2 := &gendurable.Job[argsV2]{Name: "charge", Perform: func(ctx context.Context, j *gendurable.Run[argsV2]) error {
+		performed.Add(1)
+		return nil
+	}}
+	b := setup(t, nil, v2)
+	producer, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{v1}})
+	require.NoError(t, err)
+	res, err := producer.Insert(context.Background(), v1.New(argsV1{Order: "A-17"}))
+	require.NoError(t, err)
+	b.start()
+	_, err = gendurable.WaitResult[any](context.Background(), b.eng, res.ID)
+	var f *gendurable.FailedError
+	require.ErrorAs(t, err, &f)
+	require.Equal(t, "state_decode", f.Kind)
+	require.Contains(t, f.Reason, "state does not decode")
+	r := b.row(res.ID)
+	require.Equal(t, 0, r.Attempt, "no retry")
+	require.Len(t, r.Errors, 1)
+	require.Zero(t, performed.Load())
+
+	require.NoError(t, b.eng.Stop(context.Background()))
+	fixed, _ := startEngine(t, b, v1)
+	require.NoError(t, fixed.Retry(context.Background(), res.ID))
+	b.waitStatus(res.ID, "done", 10*time.Second)
+}

@@ -59,13 +59,18 @@ type Machine[S any] struct {
 	// Start is the step a new instance begins at. Required; must be a key of Steps.
 	Start string
 	// Steps maps each step name to its code. Every step an outcome names
-	// must be declared here. Required, non-empty.
+	// must be declared here. Required, non-empty. A row at a step this map
+	// no longer has (a deploy removed it without a new Version) runs into an
+	// [ErrInvalidOutcome] ("step … is not declared"), handed to Handle with
+	// Run.Step the old name — a Handle may move such rows on with Next —
+	// and by default retried with Backoff until its attempts are spent.
 	Steps map[string]StepFunc[S]
 	// Handle decides the outcome after a failed step. Default: replay with
 	// exponential backoff and jitter (see Backoff) until MaxAttempts, then stop.
 	Handle HandleFunc[S]
 	// MaxAttempts is the default attempt budget of new instances: handled
-	// failures and expired leases both count. Default 20.
+	// failures and expired leases both count, and so do the step's own
+	// Replays, which the budget does not stop (see [Run.Replay]). Default 20.
 	MaxAttempts int
 	// Backoff gives the delay before retry number attempt+1 for the default
 	// Handle. Default: 1s·2^attempt with jitter, capped at one hour.

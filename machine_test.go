@@ -362,3 +362,133 @@ func TestHookPanicValueFmtCannotPrint(t *testing.T) {
 	id := b.insert(m.New(weirdState{}))
 	b.waitStatus(id, "done", 10*time.Second)
 }
+
+// deployState is the state of deployMachine.
+type deployState struct {
+	Paid bool `json:"paid"`
+}
+
+// deployMachine parks at "settle" until "pay"; withSettle false is the
+// next deploy, where the step "settle" is gone.
+func deployMachine(withSettle bool, handle gendurable.HandleFunc[deployState]) *gendurable.Machine[deployState] {
+	steps := map[string]gendurable.StepFunc[deployState]{
+		"await": func(ctx context.Context, r *gendurable.Run[deployState]) (gendurable.Outcome, error) {
+			return r.Await("settle", r.State, "pay"), nil
+		},
+		"refund": func(ctx context.Context, r *gendurable.Run[deployState]) (gendurable.Outcome, error) {
+			return gendurable.Done("refunded"), nil
+		},
+	}
+	if withSettle {
+		steps["settle"] = func(ctx context.Context, r *gendurable.Run[deployState]) (gendurable.Outcome, error) {
+			if len(r.Awaited) == 0 {
+				return gendurable.Done("settled without a payment"), nil
+			}
+			return gendurable.Done("settled"), nil
+		}
+	}
+	return &gendurable.Machine[deployState]{Name: "deploy", Start: "await", MaxAttempts: 3,
+		Backoff: func(int) time.Duration { return 10 * time.Millisecond }, Handle: handle, Steps: steps}
+}
+
+// startEngine starts another engine on b's schema with machines, stopped
+// when the test ends (or by the returned func).
+func startEngine(t *testing.T, b *testBundle, machines ...gendurable.Definition) (*gendurable.Engine, func()) {
+	t.Helper()
+	cfg := fastConfig(b.schema, machines...)
+	cfg.Logger = testLogger(t)
+	eng, err := gendurable.New(b.pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, eng.Start(context.Background()))
+	stop := sync.OnceFunc(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = eng.Stop(ctx)
+	})
+	t.Cleanup(stop)
+	return eng, stop
+}
+
+// TestDeployThatRemovesAStep pins what happens to an instance parked at a
+// step that the next deploy's machine (same name and version) no longer
+// declares: woken, its step is an ErrInvalidOutcome handed to Handle — which
+// sees Run.Step, the old name, and may move it on (a migration) — and by
+// default retried with backoff until its attempts are spent, then failed
+// with the reason in its history. A Retry after redeploying the step runs it
+// again, but the failure consumed the signal that woke it: the step sees an
+// empty Awaited, as after a timeout.
+func TestDeployThatRemovesAStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, deployMachine(true, nil))
+	ctx := context.Background()
+	first := deployMachine(true, nil)
+	old, stopOld := startEngine(t, b, first)
+	parked, err := old.Insert(ctx, first.New(deployState{}))
+	require.NoError(t, err)
+	migrated, err := old.Insert(ctx, first.New(deployState{}))
+	require.NoError(t, err)
+	b.waitStatus(parked.ID, "awaiting_signal", 10*time.Second)
+	b.waitStatus(migrated.ID, "awaiting_signal", 10*time.Second)
+	stopOld()
+
+	// The new deploy: "settle" is gone.
+	next, stopNext := startEngine(t, b, deployMachine(false, nil))
+	_, err = next.Signal(ctx, parked.ID, "pay", nil, nil)
+	require.NoError(t, err)
+	r := b.waitStatus(parked.ID, "failed", 10*time.Second)
+	require.Equal(t, "settle", r.Step)
+	require.Len(t, r.Errors, 3, "retried until its attempts were spent")
+	for _, e := range r.Errors {
+		require.Equal(t, "error", e["kind"])
+		require.Contains(t, e["error"], `step "settle" is not declared by machine "deploy" version 1`)
+	}
+	require.Contains(t, r.Errors[2]["error"], "attempts exhausted (3 of 3)")
+	stopNext()
+
+	// A Handle can migrate such instances to a step that exists.
+	var sawStep string
+	migrate := func(ctx context.Context, r *gendurable.Run[deployState], err error) (gendurable.Outcome, error) {
+		if errors.Is(err, gendurable.ErrInvalidOutcome) && r.Step == "settle" {
+			sawStep = r.Step
+			return r.Next("refund", r.State), nil
+		}
+		return r.Replay(r.State, time.Second), nil
+	}
+	mig, stopMig := startEngine(t, b, deployMachine(false, migrate))
+	_, err = mig.Signal(ctx, migrated.ID, "pay", nil, nil)
+	require.NoError(t, err)
+	r = b.waitStatus(migrated.ID, "done", 10*time.Second)
+	require.JSONEq(t, `"refunded"`, string(r.Result))
+	require.Equal(t, "settle", sawStep)
+	stopMig()
+
+	// Redeployed with the step back, a Retry runs it — without the signal.
+	fixed, _ := startEngine(t, b, deployMachine(true, nil))
+	require.NoError(t, fixed.Retry(ctx, parked.ID))
+	r = b.waitStatus(parked.ID, "done", 10*time.Second)
+	require.JSONEq(t, `"settled without a payment"`, string(r.Result), "the failure consumed the signal that woke it")
+}
+
+// TestStepReplaysAreNotBoundedByMaxAttempts pins that MaxAttempts bounds
+// what the default Handle and the reaper do, not a Replay the step returns
+// itself: such a step replays past the budget (Run.Attempt 5 of 3), and its
+// next failure then fails the instance at once, without a retry.
+func TestStepReplaysAreNotBoundedByMaxAttempts(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[probeState]{Name: "poller", Start: "poll", MaxAttempts: 3,
+		Steps: map[string]gendurable.StepFunc[probeState]{
+			"poll": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				if r.Attempt < 5 {
+					return r.Replay(r.State, time.Millisecond), nil // not ready yet: poll again
+				}
+				return gendurable.Outcome{}, errors.New("transient")
+			},
+		}}
+	b := setup(t, nil, m)
+	b.start()
+	id := b.insert(m.New(probeState{}))
+	r := b.waitStatus(id, "failed", 10*time.Second)
+	require.Equal(t, 5, r.Attempt)
+	require.Len(t, r.Errors, 1, "the first failure past the budget was the last")
+	require.Contains(t, r.Errors[0]["error"], "transient; stopped: attempts exhausted (6 of 3)")
+}

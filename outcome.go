@@ -46,7 +46,12 @@ func (o Outcome) After(d time.Duration) Outcome {
 // Timeout returns a copy of an Await outcome with a deadline: if no awaited
 // signal arrives within d, the instance becomes runnable at its next step
 // anyway, with an empty Awaited view (that is how the step tells it timed
-// out). It has no effect on other outcomes.
+// out). A d of 0 means no deadline, as a zero StepTimeout means none: the
+// await waits as long as it takes. A negative d is an [ErrInvalidOutcome]
+// (as a negative [Outcome.After] is), handed to Handle. So a remaining time
+// computed with time.Until that may have run out must not be passed as is:
+// max(d, time.Nanosecond) times out at once when it has. It has no effect
+// on other outcomes.
 func (o Outcome) Timeout(d time.Duration) Outcome {
 	if o.kind == sqlq.KindAwait {
 		o.timeout = d
@@ -98,7 +103,11 @@ func (r *Run[S]) Next(step string, state S) Outcome {
 
 // Replay runs the same step again after delay with state, counting one more
 // attempt. Signals are not consumed and awaited names are kept, so the replay
-// sees the same inputs.
+// sees the same inputs. MaxAttempts bounds the retries of the default Handle
+// and of the reaper, not a step's own Replays: a step may replay past it
+// (Run.Attempt then exceeds MaxAttempts), and its next failure or expired
+// lease fails the instance at once. To poll without spending the attempt
+// budget, return r.Next(r.Step, state).After(delay): it resets the counter.
 func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 	return Outcome{kind: sqlq.KindReplay, state: state, hasState: true, delay: delay}
 }

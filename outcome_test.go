@@ -432,3 +432,40 @@ func TestWokenParentWaitsForTheLeaseOfItsCancelledStep(t *testing.T) {
 	require.Equal(t, 1, most, "the woken parent's next step ran beside its cancelled step")
 	require.False(t, starts[1].Before(lease), "the woken parent ran at %v, before its cancelled step's lease ended at %v", starts[1], lease)
 }
+
+// TestAwaitTimeoutOfARemainingTime pins what Timeout does with the
+// remaining time of a deadline computed with time.Until: 0 means no deadline
+// (as a zero StepTimeout means none) and the instance awaits for good; a
+// negative one is an invalid outcome, retried until the attempts are spent;
+// max(d, time.Nanosecond), as the godoc says, times out at once.
+func TestAwaitTimeoutOfARemainingTime(t *testing.T) {
+	t.Parallel()
+	remaining := map[string]time.Duration{"zero": 0, "negative": -time.Second, "clamped": max(-time.Second, time.Nanosecond)}
+	m := &gendurable.Machine[probeState]{Name: "remaining", Start: "park", MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return time.Millisecond },
+		Steps: map[string]gendurable.StepFunc[probeState]{
+			"park": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				return r.Await("woken", r.State, "pay").Timeout(remaining[r.State.Do]), nil
+			},
+			"woken": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				return gendurable.Done(len(r.Awaited)), nil
+			},
+		}}
+	b := setup(t, nil, m)
+	b.start()
+	zero := b.insert(m.New(probeState{Do: "zero"}))
+	negative := b.insert(m.New(probeState{Do: "negative"}))
+	clamped := b.insert(m.New(probeState{Do: "clamped"}))
+
+	r := b.waitStatus(clamped, "done", 10*time.Second)
+	require.JSONEq(t, `0`, string(r.Result), "timed out at once")
+	r = b.waitStatus(negative, "failed", 10*time.Second)
+	require.Len(t, r.Errors, 2)
+	require.Contains(t, r.Errors[1]["error"], "negative await timeout -1s")
+	b.waitStatus(zero, "awaiting_signal", 10*time.Second)
+	time.Sleep(300 * time.Millisecond)
+	w, err := b.eng.WaitReason(context.Background(), zero)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusAwaitingSignal, w.Status)
+	require.Nil(t, w.Deadline, "Timeout(0) is no deadline")
+}

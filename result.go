@@ -40,8 +40,9 @@ const (
 
 // WaitResult blocks until instance id is finished and returns its Done
 // result decoded into T (a nil result decodes to T's zero value) — or a
-// *[FailedError] (errors.Is ErrInstanceFailed) if it failed, [ErrNotFound] if
-// there is no such instance, or ctx's error. An instance finished by a step
+// *[FailedError] (errors.Is ErrInstanceFailed) if it failed (a cancelled
+// instance too: Kind "cancelled"), [ErrStateDecode] if the result does not
+// decode into T, [ErrNotFound] if there is no such instance, or ctx's error. An instance finished by a step
 // of this engine wakes it at once; otherwise it polls, from every 10 ms
 // backing off to every second. Any engine can wait, also one that works no
 // queue. A poll that fails because the connection was lost or the server

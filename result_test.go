@@ -259,3 +259,19 @@ func TestWaitResultOnAConnectionCutOff(t *testing.T) {
 		t.Fatal("WaitResult did not return")
 	}
 }
+
+// TestWaitResultOfACancelledInstance: a cancelled instance is a failed one
+// for WaitResult: a *FailedError of kind "cancelled" with the reason given.
+func TestWaitResultOfACancelledInstance(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	id := b.insert(m.New(waitState{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	require.NoError(t, b.eng.Cancel(context.Background(), id, "customer left"))
+	_, err := gendurable.WaitResult[waitState](context.Background(), b.eng, id)
+	var f *gendurable.FailedError
+	require.ErrorAs(t, err, &f)
+	require.ErrorIs(t, err, gendurable.ErrInstanceFailed)
+	require.Equal(t, "cancelled", f.Kind)
+	require.Equal(t, "customer left", f.Reason)
+}

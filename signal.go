@@ -219,6 +219,9 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 			r.RateLimitedUntil = e.rateLimitedUntil(*w.PartitionKey, *w.BucketTokens, *w.BucketRefilled, w.Now)
 			r.Summary = fmt.Sprintf("partition key %q rate limited until %s (in %s)", r.PartitionKey,
 				r.RateLimitedUntil.UTC().Format(time.RFC3339Nano), r.RateLimitedUntil.Sub(w.Now).Round(time.Millisecond))
+		case w.UnknownVersion != nil:
+			r.Summary = fmt.Sprintf("released unrun until %s (in %s): %s", w.EligibleAt.UTC().Format(time.RFC3339),
+				w.EligibleAt.Sub(w.Now).Round(time.Second), *w.UnknownVersion)
 		case w.EligibleAt.After(w.Now):
 			r.Summary = fmt.Sprintf("sleeping until %s (in %s)", w.EligibleAt.UTC().Format(time.RFC3339), w.EligibleAt.Sub(w.Now).Round(time.Second))
 		default:

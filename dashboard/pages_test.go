@@ -532,7 +532,9 @@ func TestChildrenAndParentLinks(t *testing.T) {
 // TestAttemptsShownFromOne: every page counts attempts from 1, as the CLI
 // does (the API and JSON count from 0): the list, the overview, the error
 // history and the timeline. An instance the reaper failed after its last
-// lease (attempt = max attempts in the row) shows "3 of 3", not "4 of 3".
+// lease (attempt = max attempts in the row) shows "3 of 3", not "4 of 3";
+// one whose step replayed past its budget (attempt 5) shows the run it is
+// on, "6 of 3", where it showed "3 of 3" before.
 func TestAttemptsShownFromOne(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -549,12 +551,16 @@ func TestAttemptsShownFromOne(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.gendurable_instances SET attempt = 3, status = 'failed', finished_at = now() WHERE id = $1`, e.schema), reaped)
 	require.NoError(t, err)
+	replayed := e.insertOrder(Order{Item: "p"}, gendurable.InsertOpts{MaxAttempts: 3})
+	_, err = e.pool.Exec(ctx, fmt.Sprintf(`UPDATE %s.gendurable_instances SET attempt = 5 WHERE id = $1`, e.schema), replayed)
+	require.NoError(t, err)
 	require.Equal(t, 2, e.instance(backingOff).Attempt, "the API counts from 0")
 
 	r := get(t, h, "/instances")
 	require.Equal(t, http.StatusOK, r.code)
 	require.Contains(t, rowOf(t, r.body, backingOff), `<td class="num">3/3</td>`)
 	require.Contains(t, rowOf(t, r.body, reaped), `<td class="num">3/3</td>`)
+	require.Contains(t, rowOf(t, r.body, replayed), `<td class="num">6/3</td>`)
 
 	r = get(t, h, fmt.Sprintf("/instances/%d", backingOff))
 	require.Contains(t, r.body, `<dd id="attempt">3 of 3</dd>`)
@@ -568,6 +574,10 @@ func TestAttemptsShownFromOne(t *testing.T) {
 	r = get(t, h, fmt.Sprintf("/instances/%d", reaped))
 	require.Contains(t, r.body, `<dd id="attempt">3 of 3</dd>`)
 	require.NotContains(t, r.body, "4 of 3")
+
+	r = get(t, h, fmt.Sprintf("/instances/%d", replayed))
+	require.Contains(t, r.body, `<dd id="attempt">6 of 3</dd>`)
+	require.Contains(t, r.body, "attempt 6 of 3")
 }
 
 // rowOf is the list page's row of instance id.

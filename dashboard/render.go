@@ -59,6 +59,7 @@ func parsePages(d *dashboard) (pages, error) {
 		"trunc":    truncate,
 		"add":      func(a, b int) int { return a + b },
 		"attempt":  shownAttempt,
+		"run":      shownRun,
 		"maxTP":    func() int { return gendurable.MaxThroughputRows },
 	}
 	out := pages{}
@@ -74,16 +75,21 @@ func parsePages(d *dashboard) (pages, error) {
 
 // shownAttempt is an attempt as the pages show it: counted from 1 ("attempt
 // 1 of 3" is the first run), as the CLI shows it; the Go API and JSON count
-// from 0, the failed attempts before this run. Given max attempts, it is at
-// most that: an instance whose last lease expired is failed with its
-// attempt count at max (the reaper counts the expired one, docs/design.md
-// §4), and its last run shows as "3 of 3", not "4 of 3".
-func shownAttempt(attempt int, maxAttempts ...int) int {
-	n := attempt + 1
-	if len(maxAttempts) > 0 && maxAttempts[0] > 0 && n > maxAttempts[0] {
-		n = maxAttempts[0]
+// from 0, the failed attempts before this run.
+func shownAttempt(attempt int) int { return attempt + 1 }
+
+// shownRun is an instance's run as the pages show it beside its max
+// attempts: shownAttempt, except for an instance the reaper failed after its
+// last lease expired, whose attempt count it raised to max (the reaper
+// counts the expired run, docs/design.md §4): its last run shows as "3 of
+// 3", not "4 of 3". Only that case: a step that replayed past its budget
+// ([gendurable.Run.Replay] is not stopped by it) is on its 6th run at
+// attempt 5 and shows "6 of 3", not "3 of 3".
+func shownRun(attempt, maxAttempts int, status gendurable.Status) int {
+	if status == gendurable.StatusFailed && maxAttempts > 0 && attempt == maxAttempts {
+		return maxAttempts
 	}
-	return n
+	return attempt + 1
 }
 
 var allStatuses = []gendurable.Status{

@@ -94,7 +94,7 @@ func buildTimeline(det *gendurable.InstanceDetail, now time.Time) (*svgTimeline,
 	if det.FinishedAt != nil {
 		add(*det.FinishedAt, "instance", string(det.Status), fmt.Sprintf("%s at step %s", det.Status, det.Step), 0)
 	} else {
-		add(det.UpdatedAt, "instance", "updated", fmt.Sprintf("last update: %s at step %s, attempt %d of %d", det.Status, det.Step, shownAttempt(det.Attempt, det.MaxAttempts), det.MaxAttempts), 0)
+		add(det.UpdatedAt, "instance", "updated", fmt.Sprintf("last update: %s at step %s, attempt %d of %d", det.Status, det.Step, shownRun(det.Attempt, det.MaxAttempts, det.Status), det.MaxAttempts), 0)
 		if det.EligibleAt.After(det.UpdatedAt) && det.Status == gendurable.StatusRunnable {
 			add(det.EligibleAt, "instance", "eligible", "eligible to run again (backoff or delay)", 0)
 		}

@@ -366,7 +366,7 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fmt.Fprintln(tw, "ID\tMACHINE\tQUEUE\tSTEP\tSTATUS\tATTEMPT\tINSERTED\tLAST ERROR")
 	for _, in := range page.Instances {
 		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, printable(in.Machine), in.Version, printable(in.Queue), printable(in.Step), printable(string(in.Status)),
-			shownAttempt(in.Attempt, in.MaxAttempts), in.MaxAttempts, in.InsertedAt.Local().Format(time.DateTime), oneLine(in.LastError, 60))
+			shownRun(in.Attempt, in.MaxAttempts, in.Status), in.MaxAttempts, in.InsertedAt.Local().Format(time.DateTime), oneLine(in.LastError, 60))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -401,7 +401,7 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 func printInstance(stdout io.Writer, d *gendurable.InstanceDetail) {
 	p := printable
 	fmt.Fprintf(stdout, "instance %d  %s@%d  queue %s\n", d.ID, p(d.Machine), d.Version, p(d.Queue))
-	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", p(string(d.Status)), p(d.Step), shownAttempt(d.Attempt, d.MaxAttempts), d.MaxAttempts)
+	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", p(string(d.Status)), p(d.Step), shownRun(d.Attempt, d.MaxAttempts, d.Status), d.MaxAttempts)
 	fmt.Fprintf(stdout, "waiting  %s\n", p(d.Wait.Summary))
 	if d.PartitionKey != "" {
 		fmt.Fprintf(stdout, "key      %s\n", p(d.PartitionKey))
@@ -414,7 +414,7 @@ func printInstance(stdout io.Writer, d *gendurable.InstanceDetail) {
 		fmt.Fprintf(stdout, "result   %s\n", p(string(d.Result)))
 	}
 	for _, e := range d.Errors {
-		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), p(e.Step), shownAttempt(e.Attempt, 0), p(e.Kind), oneLine(e.Error, 200))
+		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), p(e.Step), shownAttempt(e.Attempt), p(e.Kind), oneLine(e.Error, 200))
 		printStack(stdout, e.Stack)
 	}
 	for _, s := range d.Signals {
@@ -463,12 +463,18 @@ func printStack(w io.Writer, stack string) {
 }
 
 // shownAttempt is an attempt as the CLI (and the dashboard) shows it:
-// counted from 1, where the API and JSON count from 0; at most maxAttempts
-// when that is positive, since an instance failed after its last lease
-// expired has counted that attempt too (attempt = max attempts in the row)
-// and its last run is "3 of 3", not "4 of 3".
-func shownAttempt(attempt, maxAttempts int) int {
-	if maxAttempts > 0 && attempt+1 > maxAttempts {
+// counted from 1, where the API and JSON count from 0.
+func shownAttempt(attempt int) int { return attempt + 1 }
+
+// shownRun is an instance's run as the CLI (and the dashboard) shows it
+// beside its max attempts: its attempt counted from 1 — except for an
+// instance the reaper failed after its last lease expired, which counted
+// that run too (attempt = max attempts in the row): its last run is "3 of
+// 3", not "4 of 3". Only that case: a step that replayed past its budget
+// (Run.Replay is not stopped by it) is on its 6th run at attempt 5, and
+// shows "6 of 3", not "3 of 3".
+func shownRun(attempt, maxAttempts int, status gendurable.Status) int {
+	if status == gendurable.StatusFailed && maxAttempts > 0 && attempt == maxAttempts {
 		return maxAttempts
 	}
 	return attempt + 1

@@ -128,7 +128,9 @@ func TestRunNowCLI(t *testing.T) {
 
 // TestAttemptsShownFromOne: show and list count attempts from 1, the JSON
 // from 0; an instance the reaper failed after its last lease (attempt =
-// max attempts in the row) shows "3 of 3", as the dashboard does.
+// max attempts in the row) shows "3 of 3", as the dashboard does; one whose
+// step replayed past its budget shows the run it is on ("6 of 3"), where it
+// showed "3 of 3" before.
 func TestAttemptsShownFromOne(t *testing.T) {
 	t.Parallel()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
@@ -136,6 +138,7 @@ func TestAttemptsShownFromOne(t *testing.T) {
 	seed(t, pool, schema, 1, "attempt, max_attempts, errors",
 		`1, 3, '[{"step": "a", "attempt": 0, "at": "2026-01-01T00:00:00Z", "kind": "error", "error": "first"}]'`)
 	seed(t, pool, schema, 1, "attempt, max_attempts, status, finished_at", "3, 3, 'failed', now()")
+	seed(t, pool, schema, 1, "attempt, max_attempts", "5, 3")
 
 	out, errOut, code := cli(t, append([]string{"show", "1"}, s...)...)
 	require.Equal(t, 0, code, errOut)
@@ -146,6 +149,9 @@ func TestAttemptsShownFromOne(t *testing.T) {
 	out, _, _ = cli(t, append([]string{"list"}, s...)...)
 	require.Regexp(t, `(?m)^1 .* 2/3 `, out)
 	require.Regexp(t, `(?m)^2 .* 3/3 `, out)
+	require.Regexp(t, `(?m)^3 .* 6/3 `, out)
+	out, _, _ = cli(t, append([]string{"show", "3"}, s...)...)
+	require.Contains(t, out, "status   runnable at step a (attempt 6 of 3)\n")
 	out, _, _ = cli(t, append([]string{"show", "1", "--json"}, s...)...)
 	var d gendurable.InstanceDetail
 	require.NoError(t, json.Unmarshal([]byte(out), &d))

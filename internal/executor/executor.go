@@ -16,7 +16,9 @@ package executor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/committer"
@@ -327,10 +329,25 @@ func runnableNow(applied *sqlq.Applied, res *Result) bool {
 // releaseUnknown hands back a row of a machine version this process does
 // not know: another process, or a later deploy, may.
 func (x *Executor) releaseUnknown(ctx context.Context, queue string, c *sqlq.Claimed) {
-	x.releaseClaim(c, x.cfg.UnknownVersionDelay)
+	// Say so in the row's history: without it an operator saw a row
+	// "sleeping" for UnknownVersionDelay, again and again, with no error.
+	msg := fmt.Sprintf("machine %q version %d is not registered in the process that claimed it (%s); released, tried again in %s",
+		c.FSM, c.Version, processName(), x.cfg.UnknownVersionDelay)
+	rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	_, err := x.cfg.Queries.ReleaseUnknown(rctx, x.cfg.Pool, c.ID, c.Token, x.cfg.UnknownVersionDelay, msg)
+	cancel()
+	if err != nil {
+		x.cfg.Log.Warn("gendurable: release failed; the reaper will recover the row", "id", c.ID, "err", err)
+	}
 	x.cfg.Log.Warn("gendurable: claimed a row of a machine version this process does not know; released it",
 		"queue", queue, "fsm", c.FSM, "version", c.Version, "id", c.ID, "retry_in", x.cfg.UnknownVersionDelay)
 	x.cfg.Events.UnknownVersion(context.WithoutCancel(ctx), queue, c, x.cfg.UnknownVersionDelay)
+}
+
+// processName names this process in a row's history: host and pid.
+func processName() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s pid %d", host, os.Getpid())
 }
 
 // releaseTimeout bounds handing a claimed row back; if it does not make it,

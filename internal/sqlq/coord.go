@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // ---------------------------------------------------------------------------
@@ -135,6 +136,67 @@ func (q *Queries) WakeTimedOut(ctx context.Context, db DB, limit int) (queues []
 }
 
 // ---------------------------------------------------------------------------
+// Claims too large to make: the pick hands a claimed row's unconsumed
+// signals and its latest fan-out's children (with their results) to its step
+// as one jsonb value each (docs/design.md §4), and PostgreSQL refuses to
+// build one over 256 MB (SQLSTATE 54000): a pick that reaches such a row
+// fails whole, every time. After a pick failed so, the engine looks for such
+// rows at the head of the queue — the first rows in pick order, read
+// through the pick index — and fails them (a cancel with the reason).
+
+// MaxClaimBytes is how large a row's inbox or children, counted as their
+// JSON text plus a margin per entry for what the pick adds beside it, may be
+// before OversizedClaims reports the row: PostgreSQL's limit on one jsonb
+// value (268,435,455 bytes), less 16 MiB.
+const MaxClaimBytes = 268435455 - 16<<20
+
+const oversizedClaimsSQL = `
+SELECT c.id, c.kid_bytes, c.inbox_bytes FROM (
+  SELECT i.id,
+    CASE WHEN i.children_total > 0 THEN
+      (SELECT coalesce(sum(coalesce(octet_length(ch.result::text), 0) + 256), 0)
+       FROM {{schema}}.gendurable_instances AS ch
+       WHERE ch.parent_id = i.id AND ch.parent_fanout = i.fanout) ELSE 0 END AS kid_bytes,
+    CASE WHEN i.inbox <> '{}'::jsonb THEN
+      (SELECT coalesce(sum(octet_length(s.payload::text) + octet_length(s.name) + 128), 0)
+       FROM {{schema}}.gendurable_signals AS s
+       WHERE s.target_id = i.id AND s.consumed_at IS NULL) ELSE 0 END AS inbox_bytes
+  FROM (SELECT x.id, x.children_total, x.inbox, x.fanout FROM {{schema}}.gendurable_instances AS x
+        WHERE x.queue = $1 AND x.status = 'runnable' AND x.eligible_at <= now()
+        ORDER BY x.priority, x.eligible_at
+        LIMIT $2) AS i
+) AS c
+WHERE greatest(c.kid_bytes, c.inbox_bytes) > $3`
+
+// Oversized is a row whose claim would carry more than MaxClaimBytes.
+type Oversized struct {
+	ID         int64
+	KidBytes   int64 // its latest fan-out's children with their results
+	InboxBytes int64 // its unconsumed signals
+}
+
+// OversizedClaims reports, among the first limit runnable, eligible rows of
+// queue in pick order, those whose inbox or children exceed maxBytes.
+func (q *Queries) OversizedClaims(ctx context.Context, db DB, queue string, limit int, maxBytes int64) ([]Oversized, error) {
+	rows, err := db.Query(ctx, q.oversizedClaims, queue, limit, maxBytes)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Oversized, error) {
+		var o Oversized
+		err := r.Scan(&o.ID, &o.KidBytes, &o.InboxBytes)
+		return o, err
+	})
+}
+
+// ProgramLimit reports a statement refused for exceeding a limit of
+// PostgreSQL's (SQLSTATE 54000: a jsonb value over 256 MB among them).
+func ProgramLimit(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "54000"
+}
+
+// ---------------------------------------------------------------------------
 // Wait visibility: what a parked or pending instance waits for, in one read.
 
 const waitInfoSQL = `
@@ -145,7 +207,12 @@ SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
                WHERE x.partition_key = i.partition_key AND x.lease_expires_at IS NOT NULL
                  AND (x.lease_expires_at > now() OR x.claim_token IS NOT NULL) AND x.id <> i.id
                ORDER BY x.lease_expires_at LIMIT 100) END,
-       i.inbox, i.lease_expires_at, now(), i.key_limit, b.tokens, b.refilled_at
+       i.inbox, i.lease_expires_at, now(), i.key_limit, b.tokens, b.refilled_at,
+       -- released unrun by a process that did not know its (machine,
+       -- version), and not run since: the release's history entry
+       CASE WHEN i.status = 'runnable' AND i.errors -> -1 ->> 'kind' = '` + KindUnknownVersion + `'
+                 AND (i.errors -> -1 ->> 'retry_at')::timestamptz = i.eligible_at
+            THEN i.errors -> -1 ->> 'error' END
 FROM {{schema}}.gendurable_instances AS i
 LEFT JOIN {{schema}}.gendurable_key_buckets AS b ON b.key = i.partition_key AND i.status = 'runnable'
 WHERE i.id = $1`
@@ -167,6 +234,7 @@ type WaitRow struct {
 	Inbox           map[string]int
 	LeaseExpiresAt  *time.Time
 	Now             time.Time
+	UnknownVersion  *string // the entry of its release by a process that did not know its machine version
 }
 
 // WaitInfo reads what instance id waits for; pgx.ErrNoRows if it does not exist.
@@ -174,7 +242,7 @@ func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64) (WaitRow, error
 	var w WaitRow
 	err := db.QueryRow(ctx, q.waitInfo, id).Scan(&w.Status, &w.Step, &w.EligibleAt, &w.Awaits,
 		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.KeyHolders,
-		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled)
+		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled, &w.UnknownVersion)
 	return w, err
 }
 

@@ -458,6 +458,46 @@ func (q *Queries) Release(ctx context.Context, db DB, ids, tokens []int64, delay
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
+// releaseUnknownSQL hands back a claimed row whose (machine, version) the
+// claiming process does not know, like Release, and says so in the row's
+// error history — an entry of kind "unknown_version" that takes the place of
+// the previous one if that was one too, so that a row released every
+// UnknownVersionDelay for days does not push its real errors out — so that
+// Describe, WaitReason and the dashboard tell it from a durable sleep. No
+// attempt is counted. One row, by primary key, fenced by its token.
+const releaseUnknownSQL = `
+UPDATE {{schema}}.gendurable_instances AS i
+SET status = 'runnable',
+    eligible_at = now() + $3::bigint * interval '1 microsecond',
+    lease_expires_at = NULL,
+    claim_token = NULL,
+    updated_at = now(),
+    errors = (CASE WHEN i.errors -> -1 ->> 'kind' = '` + KindUnknownVersion + `' THEN i.errors - (-1)
+                   WHEN jsonb_array_length(i.errors) >= $5::int THEN i.errors - 0
+                   ELSE i.errors END)
+             || jsonb_build_array(jsonb_build_object('step', i.step, 'attempt', i.attempt, 'at', now(),
+                                                     'kind', '` + KindUnknownVersion + `', 'error', $4::text,
+                                                     'retry_at', now() + $3::bigint * interval '1 microsecond'))
+WHERE i.id = $1 AND i.claim_token = $2 AND i.status = 'executing'
+RETURNING i.id`
+
+// KindUnknownVersion is the error kind of the history entry a release of
+// a row of an unknown (machine, version) writes.
+const KindUnknownVersion = "unknown_version"
+
+// ReleaseUnknown returns a claimed row of a machine version the process
+// does not know to runnable, eligible after delay, with msg in its error
+// history (releaseUnknownSQL). It reports whether the claim was still the
+// row's.
+func (q *Queries) ReleaseUnknown(ctx context.Context, db DB, id, token int64, delay time.Duration, msg string) (bool, error) {
+	rows, err := db.Query(ctx, q.releaseUnknown, id, token, micros(delay), ErrorText(msg), MaxErrorHistory)
+	if err != nil {
+		return false, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	return len(ids) == 1, err
+}
+
 const sessionAlive = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`
 
 // SessionAlive reports whether the server session with backend pid still

@@ -58,6 +58,8 @@ type Queries struct {
 	reap            string
 	applyOutcomes   [shapeCount]namedStmt
 	release         string
+	releaseUnknown  string
+	oversizedClaims string
 	insertMany      string
 	insertPlain     string
 	lookupUnique    string
@@ -107,6 +109,8 @@ func New(schema string) (*Queries, error) {
 		heartbeat:       render(heartbeatSQL, qs),
 		reap:            render(reapSQL, qs),
 		release:         render(releaseSQL, qs),
+		releaseUnknown:  render(releaseUnknownSQL, qs),
+		oversizedClaims: render(oversizedClaimsSQL, qs),
 		insertMany:      render(insertManySQL, qs),
 		insertPlain:     render(insertPlainSQL, qs),
 		getInstance:     render(getInstanceSQL, qs),
