@@ -2065,25 +2065,7 @@ func TestRowsVisibleBelowThePickFloorRun(t *testing.T) {
 	b = setup(t, cfg)
 	b.start()
 	ctx := context.Background()
-	// Keep the queue busy: its picks come back short, so the floor follows now().
-	stop := make(chan struct{})
-	producing := make(chan struct{})
-	go func() {
-		defer close(producing)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			if _, err := b.eng.Insert(ctx, job.New(orderArgs{I: 0})); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}()
-	defer func() { close(stop); <-producing }()
-	time.Sleep(1500 * time.Millisecond) // the floor is set and has moved
+	defer keepBusy(b, job)()
 
 	const bound = 4 * time.Second // FloorCheck (1 s) + a check + a pick, on a loaded machine
 	ran := func(what string, id int64, since time.Time) {

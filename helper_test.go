@@ -46,7 +46,12 @@ func fastConfig(schema string, machines ...gendurable.Definition) *gendurable.Co
 func setup(t *testing.T, cfg *gendurable.Config, machines ...gendurable.Definition) *testBundle {
 	t.Helper()
 	db := gendurabletest.NewDB(t, nil)
-	pool, schema := db.Pool, db.Schema
+	return bundleOn(t, db.Pool, db.Schema, cfg, machines...)
+}
+
+// bundleOn makes the engine of a testBundle on pool and schema (see setup).
+func bundleOn(t *testing.T, pool *pgxpool.Pool, schema string, cfg *gendurable.Config, machines ...gendurable.Definition) *testBundle {
+	t.Helper()
 	if cfg == nil {
 		cfg = fastConfig(schema, machines...)
 	}
@@ -499,14 +504,28 @@ func (p *pauseTracer) pauseAt(t *testing.T, like string, id int64) (held <-chan 
 func setupTraced(t *testing.T, tracer pgx.QueryTracer, cfg *gendurable.Config, machines ...gendurable.Definition) *testBundle {
 	t.Helper()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{Tracer: tracer})
-	if cfg == nil {
-		cfg = fastConfig(schema, machines...)
-	}
-	cfg.Schema = schema
-	if cfg.Logger == nil {
-		cfg.Logger = testLogger(t)
-	}
-	eng, err := gendurable.New(pool, cfg)
-	require.NoError(t, err)
-	return &testBundle{t: t, pool: pool, schema: schema, eng: eng}
+	return bundleOn(t, pool, schema, cfg, machines...)
+}
+
+// keepBusy inserts a job every 5 ms until the returned func is called, and
+// waits 1.5 s first: the queue's picks come back short, so its pick floor is
+// set and follows now() (docs/design.md §4).
+func keepBusy(b *testBundle, job *gendurable.Job[orderArgs]) (stop func()) {
+	done, producing := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(producing)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			if _, err := b.eng.Insert(context.Background(), job.New(orderArgs{I: 0})); err != nil {
+				b.t.Error(err)
+				return
+			}
+		}
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	return func() { close(done); <-producing }
 }

@@ -379,23 +379,7 @@ func TestRetryAndRunNowThatWaitedForTheRowRunAtOnce(t *testing.T) {
 	b := setup(t, cfg)
 	b.start()
 	ctx := context.Background()
-	stop, producing := make(chan struct{}), make(chan struct{})
-	go func() { // keep the queue busy: its picks come back short, so the floor follows now()
-		defer close(producing)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			if _, err := b.eng.Insert(ctx, job.New(orderArgs{I: 0})); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}()
-	defer func() { close(stop); <-producing }()
-	time.Sleep(1500 * time.Millisecond) // the floor is set and has moved
+	defer keepBusy(b, job)()
 
 	measure := func(what string, prepare func() int64, call func(id int64) error) {
 		var took []time.Duration

@@ -2,10 +2,8 @@ package dashboard
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/gendurable/gendurable"
@@ -23,74 +21,12 @@ const (
 	rateMinutes   = 5 // the per-queue rates average the newest five minutes
 )
 
-// throughputCache holds the newest read and when it was made. The mutex
-// guards the fields only, never a read: while one request reads, the
-// others are served the previous value, or, before the first read
-// completes, wait for it (each as long as its own context allows).
-type throughputCache struct {
-	mu     sync.Mutex
-	at     time.Time
-	val    *gendurable.Throughput
-	flight *throughputRead // the read under way, nil when none
-}
-
-// throughputRead is one read of the throughput, shared by the requests
-// that wait for it; done is closed when val and err are set.
-type throughputRead struct {
-	done chan struct{}
-	val  *gendurable.Throughput
-	err  error
-}
-
 // throughput returns the engine's throughput, at most throughputTTL old, or
-// older while another request refreshes it: one slow read holds up only
-// the request that makes it (and, before any value exists, those waiting
-// for the first).
+// older while another request refreshes it (see shared): one slow read
+// holds up only the request that makes it (and, before any value exists,
+// those waiting for the first).
 func (d *dashboard) throughput(ctx context.Context) (*gendurable.Throughput, error) {
-	c := &d.tp
-	for {
-		c.mu.Lock()
-		if c.val != nil && (c.flight != nil || time.Since(c.at) < throughputTTL) {
-			v := c.val
-			c.mu.Unlock()
-			return v, nil
-		}
-		f := c.flight
-		if f == nil {
-			f = &throughputRead{done: make(chan struct{})}
-			c.flight = f
-			c.mu.Unlock()
-			d.readThroughput(ctx, f)
-			return f.val, f.err
-		}
-		c.mu.Unlock()
-		select {
-		case <-f.done:
-			if f.err == nil {
-				return f.val, nil
-			}
-			// It failed, perhaps because its request ended: read with ours.
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
-}
-
-// readThroughput makes the read f stands for and publishes its result.
-func (d *dashboard) readThroughput(ctx context.Context, f *throughputRead) {
-	c := &d.tp
-	defer func() {
-		c.mu.Lock()
-		if f.err == nil && f.val != nil {
-			c.val, c.at = f.val, time.Now()
-		} else if f.err == nil {
-			f.err = errors.New("dashboard: the throughput read did not finish") // it panicked
-		}
-		c.flight = nil
-		c.mu.Unlock()
-		close(f.done)
-	}()
-	f.val, f.err = d.eng.Throughput(ctx)
+	return d.tp.get(ctx, throughputTTL, d.eng.Throughput)
 }
 
 // rate is a queue's finishing rate over the newest rateMinutes minutes.

@@ -236,7 +236,7 @@ type dashboard struct {
 	log     *slog.Logger
 	auditor *slog.Logger
 	pages   pages
-	tp      throughputCache
+	tp      shared[*gendurable.Throughput]
 	// queueStats: the queues page's counts, shared between requests for
 	// queueStatsTTL; reset by every action of this dashboard that succeeds.
 	queueStats shared[[]gendurable.QueueStats]

@@ -177,19 +177,7 @@ func TestSignalNameIsTakenAsTyped(t *testing.T) {
 func TestStateFilterCannotProbeRedactedData(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	redact := func(machine string, data json.RawMessage) json.RawMessage {
-		var m map[string]any
-		if json.Unmarshal(data, &m) != nil {
-			return data
-		}
-		for k := range m {
-			if strings.Contains(k, "secret") {
-				m[k] = "[redacted]"
-			}
-		}
-		b, _ := json.Marshal(m)
-		return b
-	}
+	redact := func(_ string, data json.RawMessage) json.RawMessage { return redactSecrets(data) }
 	h, _ := e.handler(dashboard.Options{Redact: redact})
 	id := e.insertOrder(Order{Item: "book", Secret: "4711"})
 	for _, p := range []string{

@@ -158,17 +158,7 @@ func TestDetailRedactionAndSignalWake(t *testing.T) {
 	var redacted []string
 	redact := func(machine string, data json.RawMessage) json.RawMessage {
 		redacted = append(redacted, machine) // handlers run on this goroutine here (httptest recorder)
-		var m map[string]any
-		if json.Unmarshal(data, &m) != nil {
-			return data
-		}
-		for k := range m {
-			if strings.Contains(k, "secret") {
-				m[k] = "[redacted]"
-			}
-		}
-		b, _ := json.Marshal(m)
-		return b
+		return redactSecrets(data)
 	}
 	h, _ := e.handler(dashboard.Options{Redact: redact})
 	id := e.insertOrder(Order{Item: "book", Secret: "hunter2"})
@@ -654,4 +644,20 @@ func TestRunNowAction(t *testing.T) {
 	r = post(t, ro, fmt.Sprintf("/instances/%d/run-now", later), nil)
 	require.Equal(t, http.StatusForbidden, r.code)
 	require.False(t, eligibleNow(later))
+}
+
+// redactSecrets is a Redact that hides the value of every top-level field
+// whose name holds "secret".
+func redactSecrets(data json.RawMessage) json.RawMessage {
+	var m map[string]any
+	if json.Unmarshal(data, &m) != nil {
+		return data
+	}
+	for k := range m {
+		if strings.Contains(k, "secret") {
+			m[k] = "[redacted]"
+		}
+	}
+	b, _ := json.Marshal(m)
+	return b
 }

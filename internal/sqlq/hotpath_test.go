@@ -281,25 +281,13 @@ func pickIndexReads(t *testing.T, c *pgx.Conn, schema string) (tuples, blocks in
 // below the floor.
 func TestPickFloorSkipsClaimedRowsUnderAHeldXmin(t *testing.T) {
 	t.Parallel()
-	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
-	q, err := sqlq.New(schema)
-	require.NoError(t, err)
+	q, c, schema := heldXmin(t)
 	ctx := context.Background()
 	s := `"` + schema + `"`
-	c, err := pgx.Connect(ctx, dbtest.URL())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-
-	// The holder: an xid held open on another connection.
-	holder, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(ctx) }()
-	_, err = holder.Exec(ctx, `SELECT txid_current()`)
-	require.NoError(t, err)
 
 	// A few thousand rows, claimed and finished after the hold began.
 	const claimed, batch = 3000, 20
-	_, err = c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, eligible_at)
+	_, err := c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, eligible_at)
 		SELECT 'm', 'a', now() - interval '1 minute' + g * interval '1 millisecond' FROM generate_series(1, $1::int) g`, claimed)
 	require.NoError(t, err)
 	var floor *time.Time
@@ -360,23 +348,13 @@ func TestPickFloorSkipsClaimedRowsUnderAHeldXmin(t *testing.T) {
 // of a backlog slowed as the hold went on.
 func TestFullPicksMoveTheFloorUnderAHeldXmin(t *testing.T) {
 	t.Parallel()
-	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
-	q, err := sqlq.New(schema)
-	require.NoError(t, err)
+	q, c, schema := heldXmin(t)
 	ctx := context.Background()
 	s := `"` + schema + `"`
-	c, err := pgx.Connect(ctx, dbtest.URL())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close(context.Background()) })
-	holder, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(ctx) }()
-	_, err = holder.Exec(ctx, `SELECT txid_current()`)
-	require.NoError(t, err)
 
 	// A backlog in the past, one millisecond apart; every pick below is full.
 	const claimed, batch = 3000, 20
-	_, err = c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, eligible_at)
+	_, err := c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, eligible_at)
 		SELECT 'm', 'a', now() - interval '1 minute' + g * interval '1 millisecond' FROM generate_series(1, $1::int) g`, claimed+2*batch)
 	require.NoError(t, err)
 	var floor *time.Time
@@ -415,6 +393,26 @@ func TestFullPicksMoveTheFloorUnderAHeldXmin(t *testing.T) {
 	require.GreaterOrEqual(t, pick("no floor", o), int64(claimed), "without a floor the pick reads every claimed row's entry")
 	o.Floor = floor
 	require.LessOrEqual(t, pick("the full picks' floor", o), int64(2*batch))
+}
+
+// heldXmin makes a schema, a connection to pick on, and an xid held open on
+// another connection until the test ends: no row version dead since can be
+// removed, or its index entries marked dead.
+func heldXmin(t *testing.T) (*sqlq.Queries, *pgx.Conn, string) {
+	t.Helper()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, dbtest.URL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback(context.Background()) })
+	_, err = holder.Exec(ctx, `SELECT txid_current()`)
+	require.NoError(t, err)
+	return q, c, schema
 }
 
 // TestPickFloorKeepsPriorityOrder: the pick claims in (priority,
