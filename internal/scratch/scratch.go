@@ -135,7 +135,10 @@ func Ensure(ctx context.Context, db *pgxpool.Pool, schema string, o Options) err
 		if !info.Exists {
 			err = sqlq.CreateScratchSchema(ctx, db, schema, o.Owner)
 			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "42P06" { // duplicate_schema: inspect it again
+			// Created by another process meanwhile: inspect it again. Two
+			// CREATE SCHEMA at once may also end in 23505, the catalog's
+			// unique index refusing the second, rather than 42P06.
+			if errors.As(err, &pgErr) && (pgErr.Code == "42P06" || pgErr.Code == "23505") {
 				continue
 			}
 			if err != nil {
