@@ -58,11 +58,10 @@ type Periodic struct {
 }
 
 func (p *Periodic) validate() error {
-	if nameProblem(p.Name) != "" {
-		// The name is in every slot's unique key, which holds no control
-		// character or invalid UTF-8 (an insert would refuse every slot).
-		return errorf(ErrInvalidConfig, "Periodic needs a Name of 1-%d bytes of valid UTF-8 without control characters: %q %s",
-			maxNameLen, p.Name, nameProblem(p.Name))
+	if problem := nameProblem(p.Name); problem != "" {
+		// The name is in every slot's unique key, which an insert checks as
+		// it checks a name (it would refuse every slot).
+		return errorf(ErrInvalidConfig, "Periodic needs a Name of 1-%d bytes: %q %s", maxNameLen, p.Name, problem)
 	}
 	if p.New == nil {
 		return errorf(ErrInvalidConfig, "Periodic %q has no New func", p.Name)

@@ -188,7 +188,7 @@ func (l *limitListener) evict(now time.Time) (retry time.Duration, evicted bool)
 		l.mu.Unlock()
 		return 0, false
 	}
-	if wait := oldest.since.Add(evictGrace).Sub(now); wait > 0 && oldest.state != stateLingering {
+	if wait := oldest.since.Add(evictGrace).Sub(now); wait > 0 { // a lingering connection's since is zero: never waited for
 		l.mu.Unlock()
 		return wait, false
 	}

@@ -107,14 +107,13 @@ func printJSON(w io.Writer, v any) error {
 // such characters can only occur inside strings), so that no terminal
 // acts on them. The CLI's JSON log lines go through it too.
 func inertJSON(out []byte) []byte {
-	if bytes.IndexByte(out, 0x7f) < 0 && !bytes.Contains(out, []byte{0xc2}) &&
-		!bytes.Contains(out, []byte{0xd8, 0x9c}) && !bytes.Contains(out, []byte{0xe2, 0x80}) && !bytes.Contains(out, []byte{0xe2, 0x81}) {
-		return out // the common case: nothing to escape (U+061C is d8 9c; U+200E–U+2069 start e2 80 or e2 81)
+	if !bytes.ContainsFunc(out, inert) {
+		return out // the common case: nothing to escape
 	}
 	var b bytes.Buffer
 	for i := 0; i < len(out); {
 		r, size := utf8.DecodeRune(out[i:])
-		if r == 0x7f || (r >= 0x80 && r < 0xa0) || unicode.Is(unicode.Bidi_Control, r) {
+		if inert(r) {
 			fmt.Fprintf(&b, `\u%04x`, r)
 		} else {
 			b.Write(out[i : i+size])
@@ -122,6 +121,12 @@ func inertJSON(out []byte) []byte {
 		i += size
 	}
 	return b.Bytes()
+}
+
+// inert reports whether r is a character inertJSON escapes: DEL, a C1
+// control or a bidirectional control.
+func inert(r rune) bool {
+	return r == 0x7f || (r >= 0x80 && r < 0xa0) || unicode.Is(unicode.Bidi_Control, r)
 }
 
 // prompt asks question on out and reads one line from in: true for y or

@@ -334,7 +334,7 @@ func (x *Executor) releaseUnknown(ctx context.Context, queue string, c *sqlq.Cla
 	msg := fmt.Sprintf("machine %q version %d is not registered in the process that claimed it (%s); released, tried again in %s",
 		c.FSM, c.Version, processName(), x.cfg.UnknownVersionDelay)
 	rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	_, err := x.cfg.Queries.ReleaseUnknown(rctx, x.cfg.Pool, c.ID, c.Token, x.cfg.UnknownVersionDelay, msg)
+	err := x.cfg.Queries.ReleaseUnknown(rctx, x.cfg.Pool, c.ID, c.Token, x.cfg.UnknownVersionDelay, msg)
 	cancel()
 	if err != nil {
 		x.cfg.Log.Warn("gendurable: release failed; the reaper will recover the row", "id", c.ID, "err", err)

@@ -478,8 +478,7 @@ SET status = 'runnable',
              || jsonb_build_array(jsonb_build_object('step', i.step, 'attempt', i.attempt, 'at', now(),
                                                      'kind', '` + KindUnknownVersion + `', 'error', $4::text,
                                                      'retry_at', now() + $3::bigint * interval '1 microsecond'))
-WHERE i.id = $1 AND i.claim_token = $2 AND i.status = 'executing'
-RETURNING i.id`
+WHERE i.id = $1 AND i.claim_token = $2 AND i.status = 'executing'`
 
 // KindUnknownVersion is the error kind of the history entry a release of
 // a row of an unknown (machine, version) writes.
@@ -487,15 +486,11 @@ const KindUnknownVersion = "unknown_version"
 
 // ReleaseUnknown returns a claimed row of a machine version the process
 // does not know to runnable, eligible after delay, with msg in its error
-// history (releaseUnknownSQL). It reports whether the claim was still the
-// row's.
-func (q *Queries) ReleaseUnknown(ctx context.Context, db DB, id, token int64, delay time.Duration, msg string) (bool, error) {
-	rows, err := db.Query(ctx, q.releaseUnknown, id, token, micros(delay), ErrorText(msg), MaxErrorHistory)
-	if err != nil {
-		return false, err
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	return len(ids) == 1, err
+// history (releaseUnknownSQL); a claim that is no longer the row's changes
+// nothing.
+func (q *Queries) ReleaseUnknown(ctx context.Context, db DB, id, token int64, delay time.Duration, msg string) error {
+	_, err := db.Exec(ctx, q.releaseUnknown, id, token, micros(delay), ErrorText(msg), MaxErrorHistory)
+	return err
 }
 
 const sessionAlive = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`

@@ -650,7 +650,7 @@ func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]
 	// a finished instance under the row lock) unless a Retry made a row
 	// live again meanwhile, which the sweep then leaves alone
 	// (sweepInboxesSQL).
-	if _, serr := db.Exec(ctx, q.sweepInboxes, resweep); serr != nil {
+	if serr := q.SweepInboxes(ctx, db, resweep); serr != nil {
 		if _, inTx := db.(pgx.Tx); inTx {
 			return nil, serr // the caller's transaction is aborted: nothing was written
 		}

@@ -3,7 +3,7 @@
 -- so a standing backlog — every pick full — never had one: under a snapshot held elsewhere each
 -- pick read the entries (and heap tuples) of every row claimed since the hold began, picks slowed
 -- as the hold went on, the backlog grew, and the queue fell further behind (a full-length run at
--- 2,000 jobs/s: completion fell from 2,000/s to a median of 61/s through a 15-minute hold).
+-- 2,000 jobs/s: completion fell from 2,000/s to 23-371/s a minute through a 15-minute hold).
 -- Now a full pick returns the eligible_at of the last plain row it claimed (at most now() - the
 -- slack) as the next floor. Same arguments and result as version 14's pick (replaced
 -- in place).
