@@ -1,0 +1,3 @@
+-- Back to version 15's gendurable_pick, one statement per range of priorities: version 15's
+-- up migration run again (the function's body is replaced).
+-- include: 015_full_pick_floor.up.sql
