@@ -67,9 +67,11 @@ SELECT id, queue, wait_us FROM r ORDER BY id`
 // once with reason $2, their inboxes are consumed, their parents count them
 // as finished, and workers still running one of their steps are fenced out.
 // The bulk cancels and CancelTree (a level of a tree at a time) run it.
-const cancelManySQL = `
+// resweep flags a row whose sweep missed a signal that committed while the
+// statement waited for the row (heldSignals): CancelMany sweeps those again.
+var cancelManySQL = `
 WITH cand AS MATERIALIZED (
-  SELECT c.id, c.inbox <> '{}'::jsonb AS has_inbox
+  SELECT c.id, c.inbox
   FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
     SELECT c.id, c.inbox FROM {{schema}}.gendurable_instances AS c
     WHERE c.id = u.id AND c.status NOT IN ('done', 'failed')
@@ -79,9 +81,9 @@ WITH cand AS MATERIALIZED (
   ORDER BY u.ord
 ), changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
-` + cancelSet + `
+` + cancelSet(`$2::text`) + `
   FROM cand WHERE i.id = cand.id -- locked by cand, still live
-  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue
+  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, cand.inbox AS held_inbox
 ), swept AS (
   -- A row whose inbox counts are empty has no unconsumed signal: every
   -- signal bumps them under the row lock cand holds.
@@ -90,11 +92,15 @@ WITH cand AS MATERIALIZED (
           SELECT s.id FROM {{schema}}.gendurable_signals AS s
           WHERE s.target_id = cand.id AND s.consumed_at IS NULL
           OFFSET 0) AS x
-        WHERE cand.has_inbox) AS l
+        WHERE cand.inbox <> '{}'::jsonb) AS l
   WHERE s.id = l.id
-  RETURNING s.id
+  RETURNING s.target_id
 ), ` + parentJoinCTE + `
-SELECT id, queue FROM changed ORDER BY id`
+SELECT c.id, c.queue,
+       c.held_inbox <> '{}'::jsonb AND ` + heldSignals(`c.held_inbox`) + ` > coalesce(w.n, 0) AS resweep
+FROM changed AS c
+LEFT JOIN (SELECT target_id, count(*) AS n FROM swept GROUP BY target_id) AS w ON w.target_id = c.id
+ORDER BY c.id`
 
 // treeChildrenSQL returns the children (of every fan-out) of the ids $1,
 // each with whether it is live: one lookup of the parent index
@@ -149,18 +155,6 @@ type BulkChanged struct {
 	Wait  time.Duration // RetryMany: how long until the row is eligible (0: now; see retryWait)
 }
 
-func (q *Queries) bulk(ctx context.Context, db DB, sql string, args ...any) ([]BulkChanged, error) {
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkChanged, error) {
-		var c BulkChanged
-		err := row.Scan(&c.ID, &c.Queue)
-		return c, err
-	})
-}
-
 // RetryMany retries the failed instances among ids (sorted, no duplicates) (see retryManySQL) and
 // returns those it retried.
 //
@@ -194,20 +188,30 @@ func (q *Queries) RetryMany(ctx context.Context, db TxDB, ids []int64) (changed 
 
 // CancelMany cancels the live instances among ids (sorted, no duplicates) with reason (see
 // cancelManySQL) and returns those it cancelled.
+//
+// A signal that committed while the statement waited for its row is not in
+// the statement's snapshot, so its sweep missed it; the statement reports
+// such rows, and they are swept again, in a snapshot of their own: the rows
+// are failed now, so no signal arrives after it, unless a Retry came in
+// between (sweepInboxesSQL leaves a retried row alone). Best effort: the
+// cancel is committed, and a Retry sweeps what is left (retrySQL).
 func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason string) ([]BulkChanged, error) {
-	changed, err := q.bulk(ctx, db, q.cancelMany, ids, reason, MaxErrorHistory)
-	if err == nil && len(changed) > 0 {
-		// A signal that committed while the statement waited for its row
-		// is not in the statement's snapshot, so its sweep missed it:
-		// sweep again, in a snapshot of its own. The rows are failed now,
-		// so no signal arrives after it, unless a Retry came in between
-		// (sweepInboxesSQL leaves a retried row alone). Best effort: the cancel is
-		// committed, and a Retry sweeps what is left (retrySQL).
-		done := make([]int64, len(changed))
-		for i, c := range changed {
-			done[i] = c.ID
+	rows, err := db.Query(ctx, q.cancelMany, ids, reason, MaxErrorHistory)
+	if err != nil {
+		return nil, err
+	}
+	var resweep []int64
+	changed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkChanged, error) {
+		var c BulkChanged
+		var again bool
+		err := row.Scan(&c.ID, &c.Queue, &again)
+		if again {
+			resweep = append(resweep, c.ID)
 		}
-		_ = q.SweepInboxes(ctx, db, done)
+		return c, err
+	})
+	if err == nil && len(resweep) > 0 {
+		_ = q.SweepInboxes(ctx, db, resweep)
 	}
 	return changed, err
 }
