@@ -1090,11 +1090,12 @@ func TestCancelAndRunNowRacingAFinishReportWhatTheyFound(t *testing.T) {
 
 // TestOperatorCallsRoundTrips counts the statements an operator's call
 // sends. Cancel and CancelMany sweep a second time only when their
-// statement reports a signal it missed (none here), and Cancel reports the
-// status its locking statement found, with no read of its own after it.
-// Before, Cancel of a live instance sent 2 statements (its second sweep),
-// of a finished one 2 (a status read); CancelMany sent 3 (the ids'
-// existence, the cancel, the second sweep).
+// statement reports a signal it missed (none here), and Cancel and RunNow
+// report the status their locking statement found, with no read of their
+// own after it. Before, Cancel of a live instance sent 2 statements (its
+// second sweep), of a finished one 2 (a status read) and so did RunNow of
+// an instance that was not delayed; CancelMany sent 3 (the ids' existence,
+// the cancel, the second sweep).
 func TestOperatorCallsRoundTrips(t *testing.T) {
 	t.Parallel()
 	rec := &sqlRecorder{}
@@ -1140,4 +1141,12 @@ func TestOperatorCallsRoundTrips(t *testing.T) {
 		require.EqualValues(t, 3, res.Changed)
 	}), "CancelMany: the ids' existence and the cancel")
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = ANY ($1) AND consumed_at IS NULL`, ids))
+
+	delayed := b.seedRow(`status, eligible_at`, `'runnable', now() + interval '1 hour'`)
+	require.Equal(t, 1, count(func() { require.NoError(t, b.eng.RunNow(ctx, delayed)) }), "RunNow of a delayed instance")
+	running := b.seedRow(`status, lease_expires_at, claim_token`, `'executing', now() + interval '1 minute', 8`)
+	require.Equal(t, 1, count(func() {
+		require.ErrorIs(t, b.eng.RunNow(ctx, running), gendurable.ErrNotDelayed)
+	}), "RunNow of an executing instance")
+	require.Equal(t, 1, count(func() { require.NoError(t, b.eng.RunNow(ctx, delayed)) }), "RunNow of an eligible instance")
 }

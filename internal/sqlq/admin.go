@@ -305,22 +305,6 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 	return status, cancelled, nil
 }
 
-const statusSQL = `SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1`
-
-// Status returns an instance's status, nil if it does not exist: a read in
-// a snapshot of its own, after an admin statement that changed nothing.
-func (q *Queries) Status(ctx context.Context, db DB, id int64) (*string, error) {
-	var status string
-	err := db.QueryRow(ctx, q.status, id).Scan(&status)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &status, nil
-}
-
 // prunableSQL is what makes a finished instance i prunable besides its age:
 // a finished child whose parent is still live, or failed (a retry runs the
 // parent again at the step it failed in, which may read its children), is

@@ -22,13 +22,15 @@ import (
 // two rows of the batch sharing a key still collide on the unique index
 // (SQLSTATE 23505), and the caller then retries them one by one. Parents that
 // still wait count each of their retried children again, once per child.
+// Its rows ($1) are locked already, by retryLockSQL in the same transaction
+// (RetryMany): it reads them on a snapshot taken after those locks, so they
+// are as it finds them, and it does not lock them again.
 var retryManySQL = `
 WITH cand AS MATERIALIZED (
   SELECT c.id, c.fanout FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
     SELECT c.id, c.fanout, c.unique_key, c.unique_scope FROM {{schema}}.gendurable_instances AS c
     WHERE c.id = u.id AND c.status = 'failed'
     OFFSET 0 -- a fence: one primary-key probe per id
-    FOR NO KEY UPDATE
   ) AS c
   WHERE NOT (c.unique_key IS NOT NULL AND 'runnable' = ANY (c.unique_scope) AND EXISTS (
       SELECT 1 FROM {{schema}}.gendurable_instances AS h WHERE h.unique_guard = c.unique_key))
@@ -41,7 +43,7 @@ WITH cand AS MATERIALIZED (
   SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}',
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
-  FROM k WHERE i.id = k.id -- locked by cand, still failed
+  FROM k WHERE i.id = k.id -- locked by retryLockSQL, still failed
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
@@ -135,18 +137,19 @@ SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
 // values: an UPDATE computes them before it waits for a row lock (another
 // transaction's lock alone leaves the row unchanged, so nothing computes
 // them again), and the clock retryEligible reads would be from before the
-// wait — below the pick's floor after a wait of over a second.
+// wait — below the pick's floor after a wait of over a second. The status
+// it returns is the locked row's: as the transaction that held the row left
+// it, not as the statement's snapshot, taken before the wait, saw it.
 const runNowSQL = `
 WITH l AS MATERIALIZED (
-  SELECT id FROM {{schema}}.gendurable_instances WHERE id = $1 FOR NO KEY UPDATE
+  SELECT id, status FROM {{schema}}.gendurable_instances WHERE id = $1 FOR NO KEY UPDATE
 ), u AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET eligible_at = ` + retryEligible + `, updated_at = now()
   FROM l WHERE i.id = l.id AND i.status = 'runnable' AND i.eligible_at > now()
   RETURNING i.queue, ` + retryWait + ` AS wait_us
 )
-SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1), (SELECT queue FROM u),
-       coalesce((SELECT wait_us FROM u), 0)`
+SELECT (SELECT status::text FROM l), (SELECT queue FROM u), coalesce((SELECT wait_us FROM u), 0)`
 
 // BulkChanged is one row a bulk statement changed.
 type BulkChanged struct {
@@ -259,14 +262,11 @@ func (q *Queries) Existing(ctx context.Context, db DB, ids []int64) ([]int64, er
 // RunNow makes a delayed runnable instance eligible now. It returns the
 // status the instance had (nil if none exists), its queue if it was delayed,
 // and how long until it is eligible: 0, or what is left of the lease of its
-// cancelled step (see runNowSQL). When it changed nothing, the status is
-// read again, as Cancel does: the statement's own read is on its snapshot,
-// from before a change it waited for (a cancel committing).
+// cancelled step (see runNowSQL). One statement: the status is the one it
+// found once it held the row, after a change it waited for (a cancel
+// committing).
 func (q *Queries) RunNow(ctx context.Context, db DB, id int64) (status, queue *string, wait time.Duration, err error) {
 	var us int64
 	err = db.QueryRow(ctx, q.runNow, id).Scan(&status, &queue, &us)
-	if err == nil && queue == nil && status != nil {
-		status, err = q.Status(ctx, db, id)
-	}
 	return status, queue, time.Duration(us) * time.Microsecond, err
 }
