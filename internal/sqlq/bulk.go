@@ -66,15 +66,16 @@ WITH cand AS MATERIALIZED (
 SELECT id, queue, wait_us FROM r ORDER BY id`
 
 // cancelManySQL is cancelSQL for a batch: the live rows among $1 fail at
-// once with reason $2, their inboxes are consumed, their parents count them
-// as finished, and workers still running one of their steps are fenced out.
-// The bulk cancels and CancelTree (a level of a tree at a time) run it.
-// resweep flags a row whose sweep missed a signal that committed while the
-// statement waited for the row (heldSignals): CancelMany sweeps those again.
+// once, each with its reason in $2 (the same position), their inboxes are
+// consumed, their parents count them as finished, and workers still running
+// one of their steps are fenced out. The bulk cancels, CancelTree (a level
+// of a tree at a time) and Engine.failOversized run it. resweep flags a row
+// whose sweep missed a signal that committed while the statement waited for
+// the row (heldSignals): CancelManyEach sweeps those again.
 var cancelManySQL = `
 WITH cand AS MATERIALIZED (
-  SELECT c.id, c.inbox
-  FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
+  SELECT c.id, u.reason, c.inbox
+  FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS u(id, reason, ord) CROSS JOIN LATERAL (
     SELECT c.id, c.inbox FROM {{schema}}.gendurable_instances AS c
     WHERE c.id = u.id AND c.status NOT IN ('done', 'failed')
     OFFSET 0 -- a fence: one primary-key probe per id
@@ -83,7 +84,7 @@ WITH cand AS MATERIALIZED (
   ORDER BY u.ord
 ), changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
-` + cancelSet(`$2::text`) + `
+` + cancelSet(`cand.reason`) + `
   FROM cand WHERE i.id = cand.id -- locked by cand, still live
   RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, cand.inbox AS held_inbox
 ), swept AS (
@@ -191,6 +192,15 @@ func (q *Queries) RetryMany(ctx context.Context, db TxDB, ids []int64) (changed 
 
 // CancelMany cancels the live instances among ids (sorted, no duplicates) with reason (see
 // cancelManySQL) and returns those it cancelled.
+func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason string) ([]BulkChanged, error) {
+	reasons := make([]string, len(ids))
+	for i := range reasons {
+		reasons[i] = reason
+	}
+	return q.CancelManyEach(ctx, db, ids, reasons)
+}
+
+// CancelManyEach is CancelMany with a reason per id (reasons[i] for ids[i]).
 //
 // A signal that committed while the statement waited for its row is not in
 // the statement's snapshot, so its sweep missed it; the statement reports
@@ -198,8 +208,8 @@ func (q *Queries) RetryMany(ctx context.Context, db TxDB, ids []int64) (changed 
 // are failed now, so no signal arrives after it, unless a Retry came in
 // between (sweepInboxesSQL leaves a retried row alone). Best effort: the
 // cancel is committed, and a Retry sweeps what is left (retrySQL).
-func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason string) ([]BulkChanged, error) {
-	rows, err := db.Query(ctx, q.cancelMany, ids, reason, MaxErrorHistory)
+func (q *Queries) CancelManyEach(ctx context.Context, db DB, ids []int64, reasons []string) ([]BulkChanged, error) {
+	rows, err := db.Query(ctx, q.cancelMany, ids, reasons, MaxErrorHistory)
 	if err != nil {
 		return nil, err
 	}
