@@ -281,7 +281,7 @@ WITH l AS MATERIALIZED (
   RETURNING i.id, i.status, i.parent_id, i.parent_fanout, l.inbox AS held_inbox
 ), swept AS (
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
-  FROM changed AS c WHERE c.held_inbox <> '{}'::jsonb AND s.target_id = c.id AND s.consumed_at IS NULL
+  FROM changed AS c WHERE s.target_id = c.id AND s.consumed_at IS NULL
   RETURNING s.id
 ), ` + parentJoinCTE + `
 SELECT (SELECT status::text FROM l), EXISTS (SELECT 1 FROM changed),

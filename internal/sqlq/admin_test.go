@@ -161,3 +161,48 @@ func TestReapSweepsAgainOnlyWhatItMissed(t *testing.T) {
 		WHERE target_id = $1 AND consumed_at IS NULL`, id).Scan(&left))
 	require.Zero(t, left, "the reap's own sweep consumed the failed row's signals")
 }
+
+// TestCancelAndReapSweepWhateverTheCounts: Cancel and a reap that fails a
+// row consume every unconsumed signal of it in their own statement, as they
+// did before they reported rows to sweep again, even a signal the inbox
+// counts do not show (counts and signals disagree only after a bug or a
+// hand edit; the sweep does not rely on them). With the sweep limited to
+// rows whose counts were not empty, as CancelMany's is, the signal stayed.
+func TestCancelAndReapSweepWhateverTheCounts(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	seed := func(cols, vals string) int64 {
+		t.Helper()
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, `+cols+`)
+			VALUES ('m', 'a', `+vals+`) RETURNING id`).Scan(&id))
+		_, err := pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_signals (target_id, name) VALUES ($1, 'stray')`, id)
+		require.NoError(t, err)
+		return id
+	}
+	unconsumed := func(id int64) int {
+		t.Helper()
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.gendurable_signals
+			WHERE target_id = $1 AND consumed_at IS NULL`, id).Scan(&n))
+		return n
+	}
+
+	live := seed(`status`, `'runnable'`)
+	_, ok, err := q.Cancel(ctx, pool, live, "test")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Zero(t, unconsumed(live), "Cancel left a signal its counts did not show")
+
+	expired := seed(`status, attempt, max_attempts, claim_token, lease_expires_at`,
+		`'executing', 0, 1, 9, now() - interval '1 second'`)
+	reaped, _, err := q.Reap(ctx, pool, 10)
+	require.NoError(t, err)
+	require.Len(t, reaped, 1)
+	require.Equal(t, "failed", reaped[0].Status)
+	require.Zero(t, unconsumed(expired), "a reap left a signal its counts did not show")
+}

@@ -357,7 +357,7 @@ RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.pare
           SELECT s.id FROM {{schema}}.gendurable_signals AS s
           WHERE s.target_id = c.id AND s.consumed_at IS NULL
           OFFSET 0) AS x
-        WHERE c.status = 'failed' AND c.held_inbox <> '{}'::jsonb) AS l
+        WHERE c.status = 'failed') AS l
   WHERE s.id = l.id
   RETURNING s.target_id
 ), ` + parentJoinCTE + `
