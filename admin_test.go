@@ -1087,3 +1087,66 @@ func TestCancelAndRunNowRacingAFinishReportWhatTheyFound(t *testing.T) {
 	require.ErrorIs(t, err, gendurable.ErrNotDelayed, "the run-now of a cancelled instance reported success")
 	require.ErrorContains(t, err, "is failed")
 }
+
+// TestOperatorCallsRoundTrips counts the statements an operator's call
+// sends. Cancel and CancelMany sweep a second time only when their
+// statement reports a signal it missed (none here), and Cancel and RunNow
+// report the status their locking statement found, with no read of their
+// own after it. Before, Cancel of a live instance sent 2 statements (its
+// second sweep), of a finished one 2 (a status read) and so did RunNow of
+// an instance that was not delayed; CancelMany sent 3 (the ids' existence,
+// the cancel, the second sweep).
+func TestOperatorCallsRoundTrips(t *testing.T) {
+	t.Parallel()
+	rec := &sqlRecorder{}
+	b := setupTraced(t, rec, nil) // not started: only the calls' statements
+	ctx := context.Background()
+	count := func(call func()) int {
+		t.Helper()
+		rec.mu.Lock()
+		n := len(rec.sql)
+		rec.mu.Unlock()
+		call()
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		return len(rec.sql) - n
+	}
+
+	live := b.seedRow(`status, lease_expires_at, claim_token`, `'executing', now() + interval '1 minute', 7`)
+	require.Equal(t, 1, count(func() { require.NoError(t, b.eng.Cancel(ctx, live, "operator")) }), "Cancel of a live instance")
+	require.Equal(t, 1, count(func() {
+		require.ErrorIs(t, b.eng.Cancel(ctx, live, "operator"), gendurable.ErrNotCancellable)
+	}), "Cancel of a finished instance")
+	require.Equal(t, 1, count(func() {
+		require.ErrorIs(t, b.eng.Cancel(ctx, live+1000, "operator"), gendurable.ErrNotFound)
+	}), "Cancel of no instance")
+
+	signalled := b.seedRow(`status`, `'runnable'`)
+	_, err := b.eng.Signal(ctx, signalled, "note", nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, count(func() { require.NoError(t, b.eng.Cancel(ctx, signalled, "operator")) }),
+		"Cancel of an instance with a signal in its snapshot")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, signalled))
+
+	var ids []int64
+	for range 3 {
+		id := b.seedRow(`status`, `'runnable'`)
+		_, err := b.eng.Signal(ctx, id, "note", nil, nil)
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	require.Equal(t, 2, count(func() {
+		res, err := b.eng.CancelMany(ctx, ids, "operator")
+		require.NoError(t, err)
+		require.EqualValues(t, 3, res.Changed)
+	}), "CancelMany: the ids' existence and the cancel")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = ANY ($1) AND consumed_at IS NULL`, ids))
+
+	delayed := b.seedRow(`status, eligible_at`, `'runnable', now() + interval '1 hour'`)
+	require.Equal(t, 1, count(func() { require.NoError(t, b.eng.RunNow(ctx, delayed)) }), "RunNow of a delayed instance")
+	running := b.seedRow(`status, lease_expires_at, claim_token`, `'executing', now() + interval '1 minute', 8`)
+	require.Equal(t, 1, count(func() {
+		require.ErrorIs(t, b.eng.RunNow(ctx, running), gendurable.ErrNotDelayed)
+	}), "RunNow of an executing instance")
+	require.Equal(t, 1, count(func() { require.NoError(t, b.eng.RunNow(ctx, delayed)) }), "RunNow of an eligible instance")
+}

@@ -1,6 +1,7 @@
 package gendurable
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -271,6 +272,8 @@ type Engine struct {
 	trans    transitions          // transitions taken since the last merge into the stored definitions (graph.go)
 	finished finishWaiters        // WaitResult callers, woken by this process's final outcomes
 	ownCtx   context.Context      // Background, marked as the engine's own (insideEngine): steps' and feeder hooks' base
+
+	oversized oversizedGuard // failOversized's backoff
 }
 
 // startState is a Start in progress (see Engine.starting).
@@ -787,31 +790,117 @@ func (e *Engine) Stop(ctx context.Context) error {
 // failOversized looks at.
 const oversizedLookahead = 1000
 
+// failOversized backs off, per queue, while it keeps finding nothing to
+// fail (or failing itself): from oversizedBackoffMin, doubling, up to
+// oversizedBackoffMax.
+const (
+	oversizedBackoffMin = time.Second
+	oversizedBackoffMax = time.Minute
+)
+
 // failOversized runs after a pick of queue failed on a PostgreSQL limit
 // (SQLSTATE 54000): a row whose unconsumed signals or children (with their
 // results) the pick cannot build into one jsonb value makes every pick that
-// reaches it fail, and would stay runnable for good. It fails each such row
-// at the head of the queue (a cancel, with the sizes in its reason), so the
-// picks go on and an operator sees why. It runs on the feeder's goroutine,
-// under MaintenanceTimeout: the failed pick took its time already.
+// reaches it fail, and would stay runnable for good. It fails every such row
+// at the head of the queue, in one statement (a cancel, each with its sizes
+// in its reason), so the picks go on and an operator sees why. It runs on the
+// feeder's goroutine, under MaintenanceTimeout: the failed pick took its time
+// already. When it found nothing to fail, or failed itself, the picks that
+// fail again do not run it again at once: it waits oversizedBackoffMin, then
+// twice as long each time, up to oversizedBackoffMax (the look reads the
+// sizes of up to oversizedLookahead rows' children and signals); once it
+// failed some row, the next pick failure runs it at once.
 func (e *Engine) failOversized(queue string) {
-	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.MaintenanceTimeout)
-	defer cancel()
-	rows, err := e.q.OversizedClaims(ctx, e.pool, queue, oversizedLookahead, sqlq.MaxClaimBytes)
-	if err != nil {
-		e.log.Warn("gendurable: looking for instances too large to claim failed", "queue", queue, "err", err)
+	if !e.oversized.due(queue, time.Now()) {
 		return
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.MaintenanceTimeout)
+	defer cancel()
+	e.oversized.done(queue, e.failOversized1(ctx, queue), time.Now())
+}
+
+// failOversized1 is one look of failOversized; it reports whether it found
+// rows too large to claim and ran the cancel of them.
+func (e *Engine) failOversized1(ctx context.Context, queue string) bool {
+	rows, err := e.q.OversizedClaims(ctx, e.pool, queue, oversizedLookahead, e.oversized.limitBytes())
+	if err != nil {
+		e.log.Warn("gendurable: looking for instances too large to claim failed", "queue", queue, "err", err)
+		return false
+	}
+	if len(rows) == 0 {
+		e.log.Warn("gendurable: a pick failed on a PostgreSQL limit, and no instance at the head of the queue is too large to claim",
+			"queue", queue, "looked_at", oversizedLookahead)
+		return false
+	}
+	// In id order, as every bulk cancel locks its rows (sqlq.CancelManyEach).
+	slices.SortFunc(rows, func(a, b sqlq.Oversized) int { return cmp.Compare(a.ID, b.ID) })
+	ids, reasons := make([]int64, len(rows)), make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+		reasons[i] = truncate(fmt.Sprintf("too large to claim: its latest fan-out's children and results come to %d bytes and its unconsumed signals to %d; "+
+			"a claim carries each as one jsonb value, which PostgreSQL caps at 256 MB", r.KidBytes, r.InboxBytes))
+	}
+	changed, err := e.q.CancelManyEach(ctx, e.pool, ids, reasons)
+	if err != nil {
+		e.log.Warn("gendurable: failing instances too large to claim failed", "queue", queue, "ids", ids, "err", err)
+		return false
+	}
+	byID := make(map[int64]sqlq.Oversized, len(rows))
 	for _, r := range rows {
-		reason := fmt.Sprintf("too large to claim: its latest fan-out's children and results come to %d bytes and its unconsumed signals to %d; "+
-			"a claim carries each as one jsonb value, which PostgreSQL caps at 256 MB", r.KidBytes, r.InboxBytes)
-		if _, err := e.q.CancelMany(ctx, e.pool, []int64{r.ID}, truncate(reason)); err != nil {
-			e.log.Warn("gendurable: failing an instance too large to claim failed", "queue", queue, "id", r.ID, "err", err)
-			continue
-		}
+		byID[r.ID] = r
+	}
+	for _, c := range changed {
+		r := byID[c.ID]
 		e.log.Error("gendurable: failed an instance too large to claim", "queue", queue, "id", r.ID,
 			"children_bytes", r.KidBytes, "inbox_bytes", r.InboxBytes)
 	}
+	return true
+}
+
+// oversizedGuard is failOversized's backoff, per queue. Its zero value is
+// ready to use.
+type oversizedGuard struct {
+	mu    sync.Mutex
+	next  map[string]time.Time // no look before this
+	fails map[string]int       // looks in a row that failed nothing
+	limit int64                // the size reported as too large; 0: sqlq.MaxClaimBytes (tests lower it)
+}
+
+// due reports whether failOversized may look at queue at now.
+func (g *oversizedGuard) due(queue string, now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return !now.Before(g.next[queue])
+}
+
+// done records a look at queue that ended at now, and whether it failed
+// rows (progress): without, the next look waits.
+func (g *oversizedGuard) done(queue string, progress bool, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if progress {
+		delete(g.next, queue)
+		delete(g.fails, queue)
+		return
+	}
+	if g.next == nil {
+		g.next, g.fails = map[string]time.Time{}, map[string]int{}
+	}
+	g.fails[queue]++
+	wait := oversizedBackoffMax
+	if n := g.fails[queue]; n <= 6 {
+		wait = min(oversizedBackoffMin<<(n-1), oversizedBackoffMax)
+	}
+	g.next[queue] = now.Add(wait)
+}
+
+func (g *oversizedGuard) limitBytes() int64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.limit == 0 {
+		return sqlq.MaxClaimBytes
+	}
+	return g.limit
 }
 
 func (e *Engine) pokeTimeouts() {

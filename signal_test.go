@@ -3,7 +3,9 @@ package gendurable_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -588,7 +590,8 @@ func (g *sweepGate) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Trac
 func (g *sweepGate) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // TestFinishersSecondSweepSparesARetriedInstancesSignals: the second sweep
-// of a finish (a cancel's here; ApplyOutcomes' and the reaper's are the same
+// of a finish (a cancel's here, sent because a signal committed while the
+// cancel waited for the row; ApplyOutcomes' and the reaper's are the same
 // statement) runs after the finish committed. An operator's Retry may come
 // in between, and a signal sent to the retried, live instance then: the
 // sweep must leave that signal for the instance's steps. It swept every
@@ -620,6 +623,15 @@ func TestFinishersSecondSweepSparesARetriedInstancesSignals(t *testing.T) {
 	for _, many := range []bool{false, true} {
 		t.Run(map[bool]string{false: "Cancel", true: "CancelMany"}[many], func(t *testing.T) {
 			id := b.insert(m.New(waitState{}))
+			// A signal that holds the row while the cancel waits for it,
+			// and commits: the cancel's own sweep misses it.
+			tx, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx)
+			_, err = b.eng.SignalTx(ctx, tx, id, "late", nil, nil)
+			require.NoError(t, err)
+			var pid int
+			require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
 			cancelled := make(chan error, 1)
 			go func() {
 				if many {
@@ -629,6 +641,8 @@ func TestFinishersSecondSweepSparesARetriedInstancesSignals(t *testing.T) {
 				}
 				cancelled <- eng.Cancel(ctx, id, "operator")
 			}()
+			eventually(t, 10*time.Second, func() bool { return b.blockedBy(pid, "") > 0 }, "the cancel does not wait for the row")
+			require.NoError(t, tx.Commit(ctx))
 			select {
 			case <-gate.held: // the cancel committed; its second sweep waits
 			case err := <-cancelled:
@@ -644,6 +658,106 @@ func TestFinishersSecondSweepSparesARetriedInstancesSignals(t *testing.T) {
 			require.Equal(t, "runnable", b.row(id).Status)
 			require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, id),
 				"the cancel's second sweep consumed a signal sent to the instance after it was retried")
+		})
+	}
+}
+
+// sweepCounter is a pgx tracer that counts the statements sweeping inboxes
+// a second time (sqlq.SweepInboxes).
+type sweepCounter struct{ n atomic.Int64 }
+
+func (c *sweepCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "gendurable_signals") && strings.Contains(d.SQL, "unnest($1::bigint[]) AS u(id)") &&
+		strings.HasPrefix(strings.TrimSpace(d.SQL), "UPDATE") {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *sweepCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestSignalsRacingCancelsLeaveNoneUnconsumed: senders signal instances in
+// transactions that hold the row a moment, while Cancel (or CancelMany, a
+// batch at a time) fails them. A cancel sweeps the inbox on its snapshot and
+// sweeps again only for the rows it reports (a signal committed while it
+// waited for the row, seen in the locked inbox counts but not in its
+// snapshot): no signal may stay unconsumed on a cancelled instance. The
+// count of second sweeps shows the race was run.
+func TestSignalsRacingCancelsLeaveNoneUnconsumed(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[waitState]{
+		Name: "raced", Start: "work",
+		Steps: map[string]gendurable.StepFunc[waitState]{
+			"work": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	sweeps := &sweepCounter{}
+	b := setupTraced(t, sweeps, nil, m) // not started: the instances stay live until cancelled
+	ctx := context.Background()
+
+	for _, many := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Cancel", true: "CancelMany"}[many], func(t *testing.T) {
+			const rounds, batch, senders = 40, 4, 3
+			before := sweeps.n.Load()
+			var all []int64
+			var sent atomic.Int64
+			for round := range rounds {
+				ids := make([]int64, batch)
+				for i := range ids {
+					ids[i] = b.insert(m.New(waitState{}))
+				}
+				all = append(all, ids...)
+				var wg sync.WaitGroup
+				for s := range senders * batch {
+					wg.Add(1)
+					go func(id int64) {
+						defer wg.Done()
+						for {
+							tx, err := b.pool.Begin(ctx)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							_, err = b.eng.SignalTx(ctx, tx, id, "note", nil, nil)
+							if err != nil {
+								_ = tx.Rollback(ctx)
+								if !errors.Is(err, gendurable.ErrInstanceFinished) {
+									t.Error(err)
+								}
+								return
+							}
+							time.Sleep(time.Duration(rand.IntN(1500)) * time.Microsecond) // holds the row
+							if err := tx.Commit(ctx); err != nil {
+								t.Error(err)
+								return
+							}
+							sent.Add(1)
+						}
+					}(ids[s%batch])
+				}
+				time.Sleep(time.Duration(1+round%5) * time.Millisecond)
+				if many {
+					res, err := b.eng.CancelMany(ctx, ids, "operator")
+					require.NoError(t, err)
+					require.EqualValues(t, batch, res.Changed)
+				} else {
+					for _, id := range ids {
+						require.NoError(t, b.eng.Cancel(ctx, id, "operator"))
+					}
+				}
+				wg.Wait()
+			}
+			require.NotZero(t, sent.Load())
+			require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals AS s
+				JOIN {{s}}.gendurable_instances AS i ON i.id = s.target_id
+				WHERE s.consumed_at IS NULL AND i.status = 'failed' AND i.id = ANY ($1)`, all),
+				"signals left unconsumed on cancelled instances")
+			require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = ANY ($1)
+				AND (status <> 'failed' OR inbox <> '{}')`, all))
+			t.Logf("%d signals sent to %d instances; %d second sweeps", sent.Load(), len(all), sweeps.n.Load()-before)
+			require.NotZero(t, sweeps.n.Load()-before, "no cancel waited for a signal: the race was not run")
 		})
 	}
 }

@@ -241,17 +241,20 @@ func (q *Queries) RemoveQueue(ctx context.Context, db DB, queue string) (hadRow,
 	return hadRow, busy, removed, err
 }
 
-// cancelSet is what a cancel writes to each instance it cancels ($2 the
-// reason, $3 MaxErrorHistory): Cancel and the bulk cancels share it. A
-// row keeps its lease if it is executing, or if it is a row retried while
-// its cancelled run's lease was live (retryLease): see cancelSQL.
-const cancelSet = `
+// cancelSet is what a cancel writes to each instance it cancels (reason the
+// SQL expression of its reason, $3 MaxErrorHistory): Cancel and the bulk
+// cancels share it. A row keeps its lease if it is executing, or if it is a
+// row retried while its cancelled run's lease was live (retryLease): see
+// cancelSQL.
+func cancelSet(reason string) string {
+	return `
   SET status = 'failed', finished_at = now(), updated_at = now(),
       lease_expires_at = CASE WHEN i.status = 'executing' OR i.lease_expires_at > now() THEN i.lease_expires_at END,
       claim_token = NULL, awaits = NULL, await_deadline = NULL, inbox = '{}',
       errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
                || jsonb_build_array(jsonb_build_object(
-                    'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'cancelled', 'error', $2::text))`
+                    'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'cancelled', 'error', ` + reason + `))`
+}
 
 // cancelSQL fails a live instance at once with a reason, as a Stop would:
 // the inbox is consumed, a parent counts it as finished, and a worker still
@@ -261,61 +264,45 @@ const cancelSet = `
 // out, since the fenced step may still be running until its worker's next
 // heartbeat (docs/design.md §6). So does a row retried since (retrySQL) whose
 // lease is still live: cancelled again, it still stands for that step.
-const cancelSQL = `
-WITH changed AS (
+//
+// The row is locked first (l): the lock returns the row as the transaction
+// that held it left it, so the status reported is the one the cancel found
+// (not the statement's snapshot's, taken before a wait for a finish), and
+// the inbox counts include a signal that committed during that wait. Such a
+// signal is not in the snapshot the sweep reads: resweep reports it, as the
+// outcome statement does (heldSignals), and Cancel sweeps again.
+var cancelSQL = `
+WITH l AS MATERIALIZED (
+  SELECT id, status, inbox FROM {{schema}}.gendurable_instances WHERE id = $1 FOR NO KEY UPDATE
+), changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
-` + cancelSet + `
-  WHERE i.id = $1 AND i.status NOT IN ('done', 'failed')
-  RETURNING i.id, i.status, i.parent_id, i.parent_fanout
+` + cancelSet(`$2::text`) + `
+  FROM l WHERE i.id = l.id AND l.status NOT IN ('done', 'failed') -- locked by l, still live
+  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, l.inbox AS held_inbox
 ), swept AS (
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
   FROM changed AS c WHERE s.target_id = c.id AND s.consumed_at IS NULL
   RETURNING s.id
 ), ` + parentJoinCTE + `
-SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1),
-       EXISTS (SELECT 1 FROM changed)`
+SELECT (SELECT status::text FROM l), EXISTS (SELECT 1 FROM changed),
+       coalesce((SELECT ` + heldSignals(`c.held_inbox`) + ` > (SELECT count(*) FROM swept) FROM changed AS c), false)`
 
 // Cancel fails a live instance with reason; it returns the status the
-// instance had (nil if none exists) and whether it was cancelled. When it
-// was not, the status is read again (Status): the statement's own read is
-// on its snapshot, taken before it waited for a row that another
-// transaction finished meanwhile (a step's Done outcome committing), and
-// reported the status from before that finish. A row that is live on that
-// second read (its snapshot saw it failed, and a retry has committed since)
-// is cancelled again, up to 3 tries.
+// instance had when the cancel locked it (nil if none exists) and whether it
+// was cancelled. One statement, and a second one (SweepInboxes) only when a
+// signal committed while the statement waited for the row: the statement's
+// sweep missed it. Best effort, as for the outcomes: the cancel is
+// committed, and a Retry sweeps what is left (retrySQL).
 func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (status *string, cancelled bool, err error) {
-	for try := 1; ; try++ {
-		err = db.QueryRow(ctx, q.cancel, id, reason, MaxErrorHistory).Scan(&status, &cancelled)
-		switch {
-		case err == nil && cancelled:
-			// See CancelMany: the statement's sweep misses a signal that
-			// committed while it waited for the row. Best effort, as there.
-			_ = q.SweepInboxes(ctx, db, []int64{id})
-			return status, true, nil
-		case err != nil || status == nil:
-			return status, false, err
-		}
-		if status, err = q.Status(ctx, db, id); err != nil || status == nil || try == 3 ||
-			*status == "done" || *status == "failed" {
-			return status, false, err
-		}
-	}
-}
-
-const statusSQL = `SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1`
-
-// Status returns an instance's status, nil if it does not exist: a read in
-// a snapshot of its own, after an admin statement that changed nothing.
-func (q *Queries) Status(ctx context.Context, db DB, id int64) (*string, error) {
-	var status string
-	err := db.QueryRow(ctx, q.status, id).Scan(&status)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
+	var resweep bool
+	err = db.QueryRow(ctx, q.cancel, id, reason, MaxErrorHistory).Scan(&status, &cancelled, &resweep)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return &status, nil
+	if resweep {
+		_ = q.SweepInboxes(ctx, db, []int64{id})
+	}
+	return status, cancelled, nil
 }
 
 // prunableSQL is what makes a finished instance i prunable besides its age:

@@ -22,13 +22,15 @@ import (
 // two rows of the batch sharing a key still collide on the unique index
 // (SQLSTATE 23505), and the caller then retries them one by one. Parents that
 // still wait count each of their retried children again, once per child.
+// Its rows ($1) are locked already, by retryLockSQL in the same transaction
+// (RetryMany): it reads them on a snapshot taken after those locks, so they
+// are as it finds them, and it does not lock them again.
 var retryManySQL = `
 WITH cand AS MATERIALIZED (
   SELECT c.id, c.fanout FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
     SELECT c.id, c.fanout, c.unique_key, c.unique_scope FROM {{schema}}.gendurable_instances AS c
     WHERE c.id = u.id AND c.status = 'failed'
     OFFSET 0 -- a fence: one primary-key probe per id
-    FOR NO KEY UPDATE
   ) AS c
   WHERE NOT (c.unique_key IS NOT NULL AND 'runnable' = ANY (c.unique_scope) AND EXISTS (
       SELECT 1 FROM {{schema}}.gendurable_instances AS h WHERE h.unique_guard = c.unique_key))
@@ -41,7 +43,7 @@ WITH cand AS MATERIALIZED (
   SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}',
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
-  FROM k WHERE i.id = k.id -- locked by cand, still failed
+  FROM k WHERE i.id = k.id -- locked by retryLockSQL, still failed
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
@@ -64,13 +66,16 @@ WITH cand AS MATERIALIZED (
 SELECT id, queue, wait_us FROM r ORDER BY id`
 
 // cancelManySQL is cancelSQL for a batch: the live rows among $1 fail at
-// once with reason $2, their inboxes are consumed, their parents count them
-// as finished, and workers still running one of their steps are fenced out.
-// The bulk cancels and CancelTree (a level of a tree at a time) run it.
-const cancelManySQL = `
+// once, each with its reason in $2 (the same position), their inboxes are
+// consumed, their parents count them as finished, and workers still running
+// one of their steps are fenced out. The bulk cancels, CancelTree (a level
+// of a tree at a time) and Engine.failOversized run it. resweep flags a row
+// whose sweep missed a signal that committed while the statement waited for
+// the row (heldSignals): CancelManyEach sweeps those again.
+var cancelManySQL = `
 WITH cand AS MATERIALIZED (
-  SELECT c.id, c.inbox <> '{}'::jsonb AS has_inbox
-  FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
+  SELECT c.id, u.reason, c.inbox
+  FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS u(id, reason, ord) CROSS JOIN LATERAL (
     SELECT c.id, c.inbox FROM {{schema}}.gendurable_instances AS c
     WHERE c.id = u.id AND c.status NOT IN ('done', 'failed')
     OFFSET 0 -- a fence: one primary-key probe per id
@@ -79,9 +84,9 @@ WITH cand AS MATERIALIZED (
   ORDER BY u.ord
 ), changed AS (
   UPDATE {{schema}}.gendurable_instances AS i
-` + cancelSet + `
+` + cancelSet(`cand.reason`) + `
   FROM cand WHERE i.id = cand.id -- locked by cand, still live
-  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue
+  RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, cand.inbox AS held_inbox
 ), swept AS (
   -- A row whose inbox counts are empty has no unconsumed signal: every
   -- signal bumps them under the row lock cand holds.
@@ -90,11 +95,15 @@ WITH cand AS MATERIALIZED (
           SELECT s.id FROM {{schema}}.gendurable_signals AS s
           WHERE s.target_id = cand.id AND s.consumed_at IS NULL
           OFFSET 0) AS x
-        WHERE cand.has_inbox) AS l
+        WHERE cand.inbox <> '{}'::jsonb) AS l
   WHERE s.id = l.id
-  RETURNING s.id
+  RETURNING s.target_id
 ), ` + parentJoinCTE + `
-SELECT id, queue FROM changed ORDER BY id`
+SELECT c.id, c.queue,
+       c.held_inbox <> '{}'::jsonb AND ` + heldSignals(`c.held_inbox`) + ` > coalesce(w.n, 0) AS resweep
+FROM changed AS c
+LEFT JOIN (SELECT target_id, count(*) AS n FROM swept GROUP BY target_id) AS w ON w.target_id = c.id
+ORDER BY c.id`
 
 // treeChildrenSQL returns the children (of every fan-out) of the ids $1,
 // each with whether it is live: one lookup of the parent index
@@ -129,36 +138,25 @@ SELECT c.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
 // values: an UPDATE computes them before it waits for a row lock (another
 // transaction's lock alone leaves the row unchanged, so nothing computes
 // them again), and the clock retryEligible reads would be from before the
-// wait — below the pick's floor after a wait of over a second.
+// wait — below the pick's floor after a wait of over a second. The status
+// it returns is the locked row's: as the transaction that held the row left
+// it, not as the statement's snapshot, taken before the wait, saw it.
 const runNowSQL = `
 WITH l AS MATERIALIZED (
-  SELECT id FROM {{schema}}.gendurable_instances WHERE id = $1 FOR NO KEY UPDATE
+  SELECT id, status FROM {{schema}}.gendurable_instances WHERE id = $1 FOR NO KEY UPDATE
 ), u AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET eligible_at = ` + retryEligible + `, updated_at = now()
   FROM l WHERE i.id = l.id AND i.status = 'runnable' AND i.eligible_at > now()
   RETURNING i.queue, ` + retryWait + ` AS wait_us
 )
-SELECT (SELECT status::text FROM {{schema}}.gendurable_instances WHERE id = $1), (SELECT queue FROM u),
-       coalesce((SELECT wait_us FROM u), 0)`
+SELECT (SELECT status::text FROM l), (SELECT queue FROM u), coalesce((SELECT wait_us FROM u), 0)`
 
 // BulkChanged is one row a bulk statement changed.
 type BulkChanged struct {
 	ID    int64
 	Queue string
 	Wait  time.Duration // RetryMany: how long until the row is eligible (0: now; see retryWait)
-}
-
-func (q *Queries) bulk(ctx context.Context, db DB, sql string, args ...any) ([]BulkChanged, error) {
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkChanged, error) {
-		var c BulkChanged
-		err := row.Scan(&c.ID, &c.Queue)
-		return c, err
-	})
 }
 
 // RetryMany retries the failed instances among ids (sorted, no duplicates) (see retryManySQL) and
@@ -195,19 +193,38 @@ func (q *Queries) RetryMany(ctx context.Context, db TxDB, ids []int64) (changed 
 // CancelMany cancels the live instances among ids (sorted, no duplicates) with reason (see
 // cancelManySQL) and returns those it cancelled.
 func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason string) ([]BulkChanged, error) {
-	changed, err := q.bulk(ctx, db, q.cancelMany, ids, reason, MaxErrorHistory)
-	if err == nil && len(changed) > 0 {
-		// A signal that committed while the statement waited for its row
-		// is not in the statement's snapshot, so its sweep missed it:
-		// sweep again, in a snapshot of its own. The rows are failed now,
-		// so no signal arrives after it, unless a Retry came in between
-		// (sweepInboxesSQL leaves a retried row alone). Best effort: the cancel is
-		// committed, and a Retry sweeps what is left (retrySQL).
-		done := make([]int64, len(changed))
-		for i, c := range changed {
-			done[i] = c.ID
+	reasons := make([]string, len(ids))
+	for i := range reasons {
+		reasons[i] = reason
+	}
+	return q.CancelManyEach(ctx, db, ids, reasons)
+}
+
+// CancelManyEach is CancelMany with a reason per id (reasons[i] for ids[i]).
+//
+// A signal that committed while the statement waited for its row is not in
+// the statement's snapshot, so its sweep missed it; the statement reports
+// such rows, and they are swept again, in a snapshot of their own: the rows
+// are failed now, so no signal arrives after it, unless a Retry came in
+// between (sweepInboxesSQL leaves a retried row alone). Best effort: the
+// cancel is committed, and a Retry sweeps what is left (retrySQL).
+func (q *Queries) CancelManyEach(ctx context.Context, db DB, ids []int64, reasons []string) ([]BulkChanged, error) {
+	rows, err := db.Query(ctx, q.cancelMany, ids, reasons, MaxErrorHistory)
+	if err != nil {
+		return nil, err
+	}
+	var resweep []int64
+	changed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkChanged, error) {
+		var c BulkChanged
+		var again bool
+		err := row.Scan(&c.ID, &c.Queue, &again)
+		if again {
+			resweep = append(resweep, c.ID)
 		}
-		_ = q.SweepInboxes(ctx, db, done)
+		return c, err
+	})
+	if err == nil && len(resweep) > 0 {
+		_ = q.SweepInboxes(ctx, db, resweep)
 	}
 	return changed, err
 }
@@ -255,14 +272,11 @@ func (q *Queries) Existing(ctx context.Context, db DB, ids []int64) ([]int64, er
 // RunNow makes a delayed runnable instance eligible now. It returns the
 // status the instance had (nil if none exists), its queue if it was delayed,
 // and how long until it is eligible: 0, or what is left of the lease of its
-// cancelled step (see runNowSQL). When it changed nothing, the status is
-// read again, as Cancel does: the statement's own read is on its snapshot,
-// from before a change it waited for (a cancel committing).
+// cancelled step (see runNowSQL). One statement: the status is the one it
+// found once it held the row, after a change it waited for (a cancel
+// committing).
 func (q *Queries) RunNow(ctx context.Context, db DB, id int64) (status, queue *string, wait time.Duration, err error) {
 	var us int64
 	err = db.QueryRow(ctx, q.runNow, id).Scan(&status, &queue, &us)
-	if err == nil && queue == nil && status != nil {
-		status, err = q.Status(ctx, db, id)
-	}
 	return status, queue, time.Duration(us) * time.Microsecond, err
 }

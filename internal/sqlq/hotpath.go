@@ -319,9 +319,11 @@ func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lea
 // eligible_at is left as it was: a reaped row keeps its place in the
 // backlog, ahead of rows that became eligible after it.
 
-const reapSQL = `
+var reapSQL = `
 WITH expired AS MATERIALIZED (
-  SELECT id FROM {{schema}}.gendurable_instances
+  -- inbox as locked: a row another transaction changed since this
+  -- statement's snapshot was taken is locked and read as it left it.
+  SELECT id, inbox FROM {{schema}}.gendurable_instances
   WHERE status = 'executing' AND lease_expires_at < now()
   ORDER BY lease_expires_at
   LIMIT $1
@@ -345,10 +347,11 @@ SET status = CASE WHEN i.attempt + 1 >= i.max_attempts
                                 ELSE 'lease expired with no outcome (worker crashed or stalled)' END))
 FROM expired AS e
 WHERE i.id = e.id
-RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.parent_fanout
+RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.parent_fanout, e.inbox AS held_inbox
 ), swept AS (
   -- The failed rows' signals on this statement's snapshot; one that
-  -- committed after it was taken is swept by Reap's second statement.
+  -- committed after it was taken is in the locked counts, not here:
+  -- resweep reports the row (heldSignals) and Reap sweeps it again.
   UPDATE {{schema}}.gendurable_signals AS s SET consumed_at = now()
   FROM (SELECT x.id FROM changed AS c CROSS JOIN LATERAL (
           SELECT s.id FROM {{schema}}.gendurable_signals AS s
@@ -356,9 +359,12 @@ RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.pare
           OFFSET 0) AS x
         WHERE c.status = 'failed') AS l
   WHERE s.id = l.id
-  RETURNING s.id
+  RETURNING s.target_id
 ), ` + parentJoinCTE + `
-SELECT c.id, c.fsm, c.queue, c.step, c.attempt, c.status::text, n.next
+SELECT c.id, c.fsm, c.queue, c.step, c.attempt, c.status::text, n.next,
+       coalesce(c.status = 'failed' AND c.held_inbox <> '{}'::jsonb
+                AND ` + heldSignals(`c.held_inbox`) + ` > (SELECT count(*) FROM swept AS w WHERE w.target_id = c.id),
+                false)
 FROM (SELECT (SELECT extract(epoch FROM x.lease_expires_at - now())::float8
               FROM {{schema}}.gendurable_instances AS x
               WHERE x.status = 'executing' AND x.lease_expires_at > now()
@@ -387,13 +393,18 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) (reaped []Reaped, 
 		return nil, nil, err
 	}
 	defer rows.Close()
+	var resweep []int64
 	for rows.Next() {
 		var id *int64
 		var fsm, queue, step, status *string
 		var attempt *int32
 		var secs *float64
-		if err := rows.Scan(&id, &fsm, &queue, &step, &attempt, &status, &secs); err != nil {
+		var again bool
+		if err := rows.Scan(&id, &fsm, &queue, &step, &attempt, &status, &secs, &again); err != nil {
 			return nil, nil, err
+		}
+		if again {
+			resweep = append(resweep, *id)
 		}
 		if secs != nil {
 			d := time.Duration(*secs * float64(time.Second))
@@ -406,20 +417,14 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) (reaped []Reaped, 
 	if err := rows.Err(); err != nil {
 		return nil, nil, err
 	}
-	// The failed rows' inboxes once more, on a fresh snapshot: a signal that
-	// committed after the statement's snapshot was taken (before it locked
-	// the row) is in the counts the statement cleared, not in its sweep.
-	// No signal can follow while the rows are failed (sweepInboxesSQL
-	// leaves a row retried in between alone). Best effort, as for a
-	// cancel: the reap is committed, and a Retry sweeps what is left.
-	var failed []int64
-	for _, r := range reaped {
-		if r.Status == "failed" {
-			failed = append(failed, r.ID)
-		}
-	}
-	if len(failed) > 0 {
-		_ = q.SweepInboxes(ctx, db, failed)
+	// The failed rows whose sweep missed a signal (resweep: it committed
+	// after the statement's snapshot was taken, before the row was locked),
+	// once more, on a fresh snapshot. No signal can follow while the rows
+	// are failed (sweepInboxesSQL leaves a row retried in between alone).
+	// Best effort, as for a cancel: the reap is committed, and a Retry
+	// sweeps what is left.
+	if len(resweep) > 0 {
+		_ = q.SweepInboxes(ctx, db, resweep)
 	}
 	return reaped, next, nil
 }

@@ -275,7 +275,7 @@ WITH locked AS MATERIALIZED (
 	resweep := "false"
 	if shape&shapeTerminal != 0 {
 		resweep = `(o.kind IN ({{done}}, {{stop}}) AND o.has_inbox
-              AND (SELECT coalesce(sum(n.value::int), 0) FROM jsonb_each_text(o.held_inbox) AS n)
+              AND ` + heldSignals(`o.held_inbox`) + `
                   > (SELECT count(*) FROM swept AS w WHERE w.target_id = o.id))`
 	}
 	b.WriteString(`, changed AS (
@@ -364,6 +364,18 @@ SELECT true, (h.c).id, 'executing', (h.c).queue, (h.c).claim_token, h.inbox_rows
        (h.c).inserted_at, h.child_rows, false
 FROM handoff AS h`)
 	return b.String()
+}
+
+// heldSignals is, in a finishing statement, the number of unconsumed
+// signals the inbox counts inbox say the row held, read under its lock.
+// Every signal bumps the counts under the row lock, so a signal that
+// committed while the statement waited for the lock is counted there but is
+// not in the statement's snapshot, which its sweep reads: a finishing
+// statement (outcome, Cancel, CancelMany, Reap) whose sweep consumed fewer
+// signals of a row than this reports the row to be swept again, in a
+// statement of its own (SweepInboxes).
+func heldSignals(inbox string) string {
+	return `(SELECT coalesce(sum(n.value::int), 0) FROM jsonb_each_text(` + inbox + `) AS n)`
 }
 
 // iff is s if cond, else "".
@@ -663,7 +675,8 @@ func (q *Queries) ApplyOutcomes(ctx context.Context, db DB, b *OutcomeBatch) ([]
 // SweepInboxes marks every unconsumed signal of the instances ids that are
 // still finished consumed (see sweepInboxesSQL). It completes the sweep of
 // a finishing statement that waited for a row whose signal committed
-// meanwhile (see ApplyOutcomes, cancelSQL).
+// meanwhile, and reported it (see heldSignals, ApplyOutcomes, Cancel,
+// CancelMany, Reap).
 func (q *Queries) SweepInboxes(ctx context.Context, db DB, ids []int64) error {
 	_, err := db.Exec(ctx, q.sweepInboxes, ids)
 	return err

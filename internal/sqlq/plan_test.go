@@ -1026,3 +1026,39 @@ func TestHandOffIsBoundedByTheBatch(t *testing.T) {
 		})
 	}
 }
+
+// TestRetryManyLocksItsRowsOnce: RetryMany locks its rows (and their
+// parents) in its first statement; the retry statement, run on a snapshot
+// taken after those locks, reads the rows as they are and locks none
+// again. Before, the retry statement locked every row a second time: two
+// of its statements' plans held a LockRows node.
+func TestRetryManyLocksItsRowsOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	rows, err := pool.Query(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step, status, finished_at)
+		SELECT 'm', 'a', 'failed', now() FROM generate_series(1, 5) RETURNING id`)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+
+	conn, rec := explainConn(t)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	rec.reset()
+	got, err := q.RetryMany(ctx, tx, ids)
+	require.NoError(t, err)
+	require.Len(t, got, len(ids))
+	require.NoError(t, tx.Rollback(ctx))
+	locking := 0
+	for _, plan := range rec.all(t) {
+		found := false
+		plan.walk(func(n planNode) { found = found || n.NodeType == "LockRows" })
+		if found {
+			locking++
+		}
+	}
+	require.Equal(t, 1, locking, "statements of RetryMany that lock rows")
+}

@@ -78,7 +78,6 @@ type Queries struct {
 	cancel          string
 	prune           string
 	pruneLock       string
-	status          string
 	listSignals     string
 	listAllChildren string
 	stepCounts      string
@@ -129,7 +128,6 @@ func New(schema string) (*Queries, error) {
 		cancel:          render(cancelSQL, qs),
 		prune:           render(pruneSQL, qs),
 		pruneLock:       render(pruneLockSQL, qs),
-		status:          render(statusSQL, qs),
 		listSignals:     render(listSignalsSQL, qs),
 		listAllChildren: render(listAllChildrenSQL, qs),
 		stepCounts:      render(stepCountsSQL, qs),
