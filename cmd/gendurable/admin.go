@@ -21,7 +21,6 @@ import (
 	"github.com/gendurable/gendurable/internal/demo"
 	"github.com/gendurable/gendurable/internal/display"
 	"github.com/gendurable/gendurable/internal/scratch"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -70,8 +69,17 @@ func (f schemaFlag) Set(v string) error {
 // engine opens a pool and an insert-only engine for admin calls. Its
 // Logger writes the library's audit lines of mutations (retries, cancels,
 // queue changes, ...) to stderr, as text or, with --json, JSON lines, with
-// via=cli and the operating-system user.
+// via=cli and the operating-system user. done closes the pool.
 func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engine, func(), error) {
+	eng, pool, err := c.engineAndPool(ctx, stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	return eng, pool.Close, nil
+}
+
+// engineAndPool is engine, with the pool it opened (the caller closes it).
+func (c *common) engineAndPool(ctx context.Context, stderr io.Writer) (*gendurable.Engine, *pgxpool.Pool, error) {
 	cfg, err := parseDatabaseURL(databaseURL(c.dbURL))
 	if err != nil {
 		return nil, nil, err
@@ -85,25 +93,20 @@ func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engi
 		pool.Close()
 		return nil, nil, err
 	}
-	return eng, pool.Close, nil
+	return eng, pool, nil
 }
 
-// checkConnection connects to the database once, so that a command that
-// would otherwise start without touching it (ui) fails at once, saying why,
-// when the URL is wrong or the server is down, rather than serving pages
-// that all fail.
-func (c *common) checkConnection(ctx context.Context) error {
-	cfg, err := parseDatabaseURL(databaseURL(c.dbURL))
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
-	if err != nil {
-		return err
-	}
-	return conn.Close(ctx)
+// checkConnection pings the database through pool, so that a command that
+// would otherwise start without touching it (ui) fails at once, saying
+// why, when the URL is wrong or the server is down, rather than serving
+// pages that all fail. The connection it opens stays in the pool for the
+// command's work. The connect timeout bounds it (parseDatabaseURL's
+// defaultConnectTimeout, or the URL's connect_timeout), not a deadline of
+// its own: at a deadline the pool's Acquire returns only "context deadline
+// exceeded", where a connect that times out says which server and database
+// it could not reach.
+func checkConnection(ctx context.Context, pool *pgxpool.Pool) error {
+	return pool.Ping(ctx)
 }
 
 // logger is the CLI's audit logger (see engine). Under ui the actions are
