@@ -6,11 +6,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/gendurable/gendurable/internal/display"
 )
 
 // LevelAudit is the level of the audit trail (Options.AuditLogger): Warn,
@@ -171,9 +170,9 @@ func (l *logLimiter) allow(ip string, now time.Time) (ok bool, dropped int) {
 
 // inertHandler passes records on to h with DEL, C1 controls (U+0080–U+009F)
 // and bidirectional controls (U+202E, ...) in the message and in string
-// values written as the text \u009b: slog's JSON handler writes those as
-// they are, and log lines carry what a client sent — the user name of a
-// failed login and the path of a refused request before any
+// values written as the text \u009b (display.Inert): slog's JSON handler
+// writes those as they are, and log lines carry what a client sent — the
+// user name of a failed login and the path of a refused request before any
 // authentication, a cancel's reason after it — to a terminal that may act
 // on an 8-bit CSI or show the line reordered. (C0 controls and invalid
 // UTF-8 both of slog's handlers escape.)
@@ -182,7 +181,7 @@ type inertHandler struct{ h slog.Handler }
 func (h inertHandler) Enabled(ctx context.Context, l slog.Level) bool { return h.h.Enabled(ctx, l) }
 
 func (h inertHandler) Handle(ctx context.Context, r slog.Record) error {
-	nr := slog.NewRecord(r.Time, r.Level, inertText(r.Message), r.PC)
+	nr := slog.NewRecord(r.Time, r.Level, display.Inert(r.Message), r.PC)
 	r.Attrs(func(a slog.Attr) bool {
 		nr.AddAttrs(inertAttr(a))
 		return true
@@ -204,7 +203,7 @@ func inertAttr(a slog.Attr) slog.Attr {
 	v := a.Value.Resolve()
 	switch v.Kind() {
 	case slog.KindString:
-		return slog.String(a.Key, inertText(v.String()))
+		return slog.String(a.Key, display.Inert(v.String()))
 	case slog.KindGroup:
 		g := v.Group()
 		clean := make([]any, len(g))
@@ -215,34 +214,10 @@ func inertAttr(a slog.Attr) slog.Attr {
 	case slog.KindAny:
 		switch x := v.Any().(type) {
 		case error:
-			return slog.String(a.Key, inertText(x.Error()))
+			return slog.String(a.Key, display.Inert(x.Error()))
 		case fmt.Stringer:
-			return slog.String(a.Key, inertText(x.String()))
+			return slog.String(a.Key, display.Inert(x.String()))
 		}
 	}
 	return slog.Attr{Key: a.Key, Value: v}
-}
-
-// inertText is s with DEL, C1 and bidirectional controls as \u escapes.
-func inertText(s string) string {
-	if !strings.ContainsFunc(s, needsInert) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if size == 1 && r == utf8.RuneError {
-			b.WriteByte(s[i]) // invalid UTF-8: the handlers escape it
-		} else if needsInert(r) {
-			fmt.Fprintf(&b, `\u%04x`, r)
-		} else {
-			b.WriteString(s[i : i+size])
-		}
-		i += size
-	}
-	return b.String()
-}
-
-func needsInert(r rune) bool {
-	return r == 0x7f || (r >= 0x80 && r < 0xa0) || unicode.Is(unicode.Bidi_Control, r)
 }

@@ -51,7 +51,8 @@
 //     steps drawn as a graph (inline SVG) with counts by status and the
 //     transitions the engine's process has observed (a known machine's
 //     graph is shared between requests for 2 s, as the queues' counts
-//     are). A machine named "." or
+//     are, and so are the names of the machines the dashboard knows,
+//     which the queues, list and graph pages read). A machine named "." or
 //     ".." (which a browser would resolve out of a path) is
 //     /machines?name=.., and such a queue's pause and resume are
 //     /queues/pause?queue=.. and /queues/resume?queue=...
@@ -241,7 +242,10 @@ type dashboard struct {
 	// queueStatsTTL; reset by every action of this dashboard that succeeds.
 	queueStats shared[[]gendurable.QueueStats]
 	graphs     graphs // each known machine's graph, shared for graphTTL; reset as queueStats
-	handler    http.Handler
+	// machines: the names of the machines the dashboard knows
+	// (machineNames), shared for machineNamesTTL; no action changes them.
+	machines shared[[]string]
+	handler  http.Handler
 
 	basicUser, basicPass [32]byte // SHA-256 of the configured credentials
 	bearer               [32]byte

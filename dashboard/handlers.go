@@ -83,14 +83,25 @@ func (d *dashboard) queuesPage(w http.ResponseWriter, r *http.Request) {
 	d.render(w, r, http.StatusOK, "queues", "Queues", "queues", data)
 }
 
+// machineNamesTTL is how long the names of the machines the dashboard
+// knows are shared between requests: the queues, list and graph pages all
+// need them, and each read lists every stored definition.
+const machineNamesTTL = 2 * time.Second
+
 // machineNames are the names of the machines the dashboard knows, sorted:
 // those every engine stored when it started and those registered in its
 // own engine ([gendurable.Engine.ListMachines]), so that a standalone
 // `gendurable ui` knows them all. If the stored ones cannot be read — a
 // schema migrated before version 7 has no table for them — it falls back
 // to the registered ones, with a warning in the log, rather than fail the
-// page; only a request out of time fails.
+// page; only a request out of time fails. They are shared between requests
+// for machineNamesTTL (see shared): the slice is read-only.
 func (d *dashboard) machineNames(ctx context.Context) ([]string, error) {
+	return d.machines.get(ctx, machineNamesTTL, d.readMachineNames)
+}
+
+// readMachineNames reads what machineNames shares.
+func (d *dashboard) readMachineNames(ctx context.Context) ([]string, error) {
 	ms, err := d.eng.ListMachines(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -240,8 +251,12 @@ func (d *dashboard) parseList(q url.Values) (gendurable.ListFilter, listForm, er
 
 func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 	f, form, err := d.parseList(r.URL.Query())
+	var machines []string // read once: the form lists them, and a state filter is checked against them
 	if err == nil {
-		err = d.checkStateFilter(r.Context(), f)
+		machines, err = d.machineNames(r.Context())
+	}
+	if err == nil {
+		err = d.checkStateFilter(f, func() ([]string, error) { return machines, nil })
 	}
 	if err != nil {
 		d.fail(w, r, err)
@@ -273,10 +288,7 @@ func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 	if page.NextBefore > 0 {
 		data.NextURL = d.listURL(append(kv, "before", strconv.FormatInt(page.NextBefore, 10))...)
 	}
-	if data.Machines, err = d.machineNames(r.Context()); err != nil {
-		d.fail(w, r, err)
-		return
-	}
+	data.Machines = machines
 	for name := range d.eng.Config().Queues {
 		data.Queues = append(data.Queues, name)
 	}
@@ -290,15 +302,15 @@ func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 // request per guess — with an id search, of one instance's PIN or token.
 // A filter names hidden data when Redact, given the filter as a document
 // of the filter's machine (or of any machine the dashboard knows, without
-// one), changes it.
-func (d *dashboard) checkStateFilter(ctx context.Context, f gendurable.ListFilter) error {
+// one: known returns them, called only then), changes it.
+func (d *dashboard) checkStateFilter(f gendurable.ListFilter, known func() ([]string, error)) error {
 	if d.opts.Redact == nil || len(f.State) == 0 {
 		return nil
 	}
 	names := []string{f.Machine}
 	if f.Machine == "" {
 		var err error
-		if names, err = d.machineNames(ctx); err != nil {
+		if names, err = known(); err != nil {
 			return err
 		}
 	}

@@ -65,6 +65,10 @@ func TestStandaloneKnowsStoredMachines(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.code)
 	require.Contains(t, r.body, `<option value="order">`)
 	require.Contains(t, logs.String(), "reading the stored machines failed")
+	// A new dashboard of the bare engine: h shares the names it read
+	// (3) for 2 s.
+	h, err = dashboard.New(bare, dashboard.Options{AllowedHosts: []string{"example.com"}})
+	require.NoError(t, err)
 	r = get(t, h, "/")
 	require.Equal(t, http.StatusOK, r.code)
 	require.Contains(t, r.body, `<span id="machine-count">0 machine(s)</span>`)

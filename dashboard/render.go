@@ -14,10 +14,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/display"
 )
 
 //go:embed templates/*.html static/*
@@ -58,8 +57,8 @@ func parsePages(d *dashboard) (pages, error) {
 		"live":     func(s gendurable.Status) bool { return !s.Terminal() },
 		"trunc":    truncate,
 		"add":      func(a, b int) int { return a + b },
-		"attempt":  shownAttempt,
-		"run":      shownRun,
+		"attempt":  display.Attempt, // counted from 1, as the CLI shows it
+		"run":      display.Run,
 		"maxTP":    func() int { return gendurable.MaxThroughputRows },
 	}
 	out := pages{}
@@ -71,25 +70,6 @@ func parsePages(d *dashboard) (pages, error) {
 		out[name] = t
 	}
 	return out, nil
-}
-
-// shownAttempt is an attempt as the pages show it: counted from 1 ("attempt
-// 1 of 3" is the first run), as the CLI shows it; the Go API and JSON count
-// from 0, the failed attempts before this run.
-func shownAttempt(attempt int) int { return attempt + 1 }
-
-// shownRun is an instance's run as the pages show it beside its max
-// attempts: shownAttempt, except for an instance the reaper failed after its
-// last lease expired, whose attempt count it raised to max (the reaper
-// counts the expired run, docs/design.md §4): its last run shows as "3 of
-// 3", not "4 of 3". Only that case: a step that replayed past its budget
-// ([gendurable.Run.Replay] is not stopped by it) is on its 6th run at
-// attempt 5 and shows "6 of 3", not "3 of 3".
-func shownRun(attempt, maxAttempts int, status gendurable.Status) int {
-	if status == gendurable.StatusFailed && maxAttempts > 0 && attempt == maxAttempts {
-		return maxAttempts
-	}
-	return attempt + 1
 }
 
 var allStatuses = []gendurable.Status{
@@ -158,37 +138,13 @@ func (d *dashboard) render(w http.ResponseWriter, r *http.Request, code int, pag
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
 	if r.Method != http.MethodHead {
-		_, _ = w.Write(showBidi(buf.Bytes()))
+		// html/template escapes markup but not bidirectional controls: a
+		// state, payload, error message or cancel reason holding U+202E
+		// would show the text after it reversed. The templates hold none,
+		// so only data is changed, and only where it carries one.
+		_, _ = w.Write(display.Bidi(buf.Bytes()))
 	}
 }
-
-// showBidi returns page with every bidirectional control character
-// (U+202E RIGHT-TO-LEFT OVERRIDE and its kin, the Unicode property
-// Bidi_Control) written out as the text \u202e. html/template escapes
-// markup, not these: a step's error message, a state, a payload or a
-// cancel reason holding one would show the text after it in another order
-// than it is stored ("acct-1<U+202E>7-tnuocca" reads "acct-1account-7").
-// Names and keys cannot hold one (the engine refuses them); the templates
-// hold none, so only data is changed, and only where it carries one.
-func showBidi(page []byte) []byte {
-	if !bytes.ContainsFunc(page, isBidiControl) {
-		return page
-	}
-	var b bytes.Buffer
-	b.Grow(len(page) + 32)
-	for i := 0; i < len(page); {
-		r, size := utf8.DecodeRune(page[i:])
-		if isBidiControl(r) {
-			fmt.Fprintf(&b, `\u%04x`, r)
-		} else {
-			b.Write(page[i : i+size])
-		}
-		i += size
-	}
-	return b.Bytes()
-}
-
-func isBidiControl(r rune) bool { return unicode.Is(unicode.Bidi_Control, r) }
 
 // prettyJSON redacts and indents a JSON document for display.
 func (d *dashboard) prettyJSON(machine string, raw json.RawMessage) string {

@@ -2,8 +2,10 @@ package dashboard_test
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -94,4 +96,62 @@ func TestGraphPagesShareTheirCounts(t *testing.T) {
 	}
 	wg.Wait()
 	require.LessOrEqual(t, tr.n.Load(), int64(2), "20 loads of a graph at once share its counts")
+}
+
+// machineListTracer counts the statements that list the stored machines
+// (Engine.ListMachines: the stored definitions of every machine, no name),
+// the read behind the machine names the dashboard knows.
+type machineListTracer struct{ n atomic.Int64 }
+
+func (c *machineListTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "gendurable_machines") && strings.Contains(d.SQL, "ORDER BY name, version") && len(d.Args) > 0 {
+		if name, ok := d.Args[0].(*string); ok && name == nil {
+			c.n.Add(1)
+		}
+	}
+	return ctx
+}
+
+func (c *machineListTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestMachineNamesAreReadOncePerRequestAndShared: the names of the machines
+// the dashboard knows (a read of every stored definition) were read anew by
+// every graph page (20 loads of a graph at once: 20 reads), and twice by a
+// list filtered on state without a machine under Options.Redact (once to
+// check the filter, once for the form). A request now reads them once at
+// most, and requests share them for 2 s, like the queues page's counts.
+func TestMachineNamesAreReadOncePerRequestAndShared(t *testing.T) {
+	t.Parallel()
+	tr := &machineListTracer{}
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 6, Tracer: tr})
+	order := orderMachine()
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{order},
+		Queues: map[string]gendurable.QueueConfig{"default": {}}, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	_, err = eng.Insert(context.Background(), order.New(Order{Item: "x"}))
+	require.NoError(t, err)
+	newHandler := func() http.Handler {
+		h, err := dashboard.New(eng, dashboard.Options{AllowedHosts: []string{"example.com"}, Logger: slog.New(slog.DiscardHandler),
+			Redact: func(_ string, data json.RawMessage) json.RawMessage { return data }}) // hides nothing: every filter passes
+		require.NoError(t, err)
+		return h
+	}
+
+	r := get(t, newHandler(), "/instances?state="+url.QueryEscape(`{"item":"x"}`))
+	require.Equal(t, http.StatusOK, r.code, r.body)
+	require.Len(t, rowIDs(r.body), 1)
+	require.Equal(t, int64(1), tr.n.Load(), "a list filtered on state reads the machine names once")
+
+	tr.n.Store(0)
+	h := newHandler()
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			r := get(t, h, "/machines/order")
+			require.Equal(t, http.StatusOK, r.code, r.body)
+			require.Contains(t, r.body, `data-step="wait"`)
+		})
+	}
+	wg.Wait()
+	require.LessOrEqual(t, tr.n.Load(), int64(2), "20 loads of a graph at once share the machine names")
 }

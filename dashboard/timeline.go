@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/display"
 )
 
 // The instance timeline (detail page): what the database records of an
@@ -75,7 +76,7 @@ func buildTimeline(det *gendurable.InstanceDetail, now time.Time) (*svgTimeline,
 	}
 	add(det.InsertedAt, "instance", "inserted", "inserted", 0)
 	for _, e := range det.Errors {
-		add(e.At, "errors", e.Kind, fmt.Sprintf("step %s, attempt %d (%s): %s", e.Step, shownAttempt(e.Attempt), e.Kind, truncate(200, e.Error)), 0)
+		add(e.At, "errors", e.Kind, fmt.Sprintf("step %s, attempt %d (%s): %s", e.Step, display.Attempt(e.Attempt), e.Kind, truncate(200, e.Error)), 0)
 	}
 	for _, s := range det.Signals {
 		add(s.SentAt, "signals", "signal", fmt.Sprintf("signal %q sent (#%d)", s.Name, s.ID), 0)
@@ -94,7 +95,7 @@ func buildTimeline(det *gendurable.InstanceDetail, now time.Time) (*svgTimeline,
 	if det.FinishedAt != nil {
 		add(*det.FinishedAt, "instance", string(det.Status), fmt.Sprintf("%s at step %s", det.Status, det.Step), 0)
 	} else {
-		add(det.UpdatedAt, "instance", "updated", fmt.Sprintf("last update: %s at step %s, attempt %d of %d", det.Status, det.Step, shownRun(det.Attempt, det.MaxAttempts, det.Status), det.MaxAttempts), 0)
+		add(det.UpdatedAt, "instance", "updated", fmt.Sprintf("last update: %s at step %s, attempt %d of %d", det.Status, det.Step, display.Run(det.Attempt, det.MaxAttempts, det.Status), det.MaxAttempts), 0)
 		if det.EligibleAt.After(det.UpdatedAt) && det.Status == gendurable.StatusRunnable {
 			add(det.EligibleAt, "instance", "eligible", "eligible to run again (backoff or delay)", 0)
 		}

@@ -19,8 +19,8 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/internal/demo"
+	"github.com/gendurable/gendurable/internal/display"
 	"github.com/gendurable/gendurable/internal/scratch"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -69,8 +69,17 @@ func (f schemaFlag) Set(v string) error {
 // engine opens a pool and an insert-only engine for admin calls. Its
 // Logger writes the library's audit lines of mutations (retries, cancels,
 // queue changes, ...) to stderr, as text or, with --json, JSON lines, with
-// via=cli and the operating-system user.
+// via=cli and the operating-system user. done closes the pool.
 func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engine, func(), error) {
+	eng, pool, err := c.engineAndPool(ctx, stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	return eng, pool.Close, nil
+}
+
+// engineAndPool is engine, with the pool it opened (the caller closes it).
+func (c *common) engineAndPool(ctx context.Context, stderr io.Writer) (*gendurable.Engine, *pgxpool.Pool, error) {
 	cfg, err := parseDatabaseURL(databaseURL(c.dbURL))
 	if err != nil {
 		return nil, nil, err
@@ -84,25 +93,20 @@ func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engi
 		pool.Close()
 		return nil, nil, err
 	}
-	return eng, pool.Close, nil
+	return eng, pool, nil
 }
 
-// checkConnection connects to the database once, so that a command that
-// would otherwise start without touching it (ui) fails at once, saying why,
-// when the URL is wrong or the server is down, rather than serving pages
-// that all fail.
-func (c *common) checkConnection(ctx context.Context) error {
-	cfg, err := parseDatabaseURL(databaseURL(c.dbURL))
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(ctx, cfg.ConnConfig)
-	if err != nil {
-		return err
-	}
-	return conn.Close(ctx)
+// checkConnection pings the database through pool, so that a command that
+// would otherwise start without touching it (ui) fails at once, saying
+// why, when the URL is wrong or the server is down, rather than serving
+// pages that all fail. The connection it opens stays in the pool for the
+// command's work. The connect timeout bounds it (parseDatabaseURL's
+// defaultConnectTimeout, or the URL's connect_timeout), not a deadline of
+// its own: at a deadline the pool's Acquire returns only "context deadline
+// exceeded", where a connect that times out says which server and database
+// it could not reach.
+func checkConnection(ctx context.Context, pool *pgxpool.Pool) error {
+	return pool.Ping(ctx)
 }
 
 // logger is the CLI's audit logger (see engine). Under ui the actions are
@@ -129,7 +133,7 @@ func cliLogger(stderr io.Writer, asJSON bool) *slog.Logger {
 // slog quotes with every control and bidirectional character escaped, or
 // JSON lines, which slog writes with DEL, C1 and bidirectional controls as
 // they are (a cancel reason or a dashboard user's input can carry them):
-// those go through inertJSON, as --json output does.
+// those go through display.InertJSON, as --json output does.
 func logHandler(stderr io.Writer, asJSON bool) (slog.Handler, string) {
 	var h slog.Handler = slog.NewTextHandler(stderr, nil)
 	if asJSON {
@@ -142,12 +146,12 @@ func logHandler(stderr io.Writer, asJSON bool) (slog.Handler, string) {
 	return h, name
 }
 
-// inertWriter writes JSON text through inertJSON. slog's JSON handler
+// inertWriter writes JSON text through display.InertJSON. slog's JSON handler
 // writes each record in one Write.
 type inertWriter struct{ w io.Writer }
 
 func (w inertWriter) Write(p []byte) (int, error) {
-	if _, err := w.w.Write(inertJSON(p)); err != nil {
+	if _, err := w.w.Write(display.InertJSON(p)); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -322,7 +326,7 @@ func statusCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fmt.Fprintln(tw, "queue\tpaused\trunnable\texecuting\tawaiting_signal\tawaiting_children\tdone\tfailed\ttotal\t")
 	for _, q := range qs {
 		b := q.ByStatus
-		fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", printable(q.Queue), q.Paused, b[gendurable.StatusRunnable], b[gendurable.StatusExecuting],
+		fmt.Fprintf(tw, "%s\t%v\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t\n", display.Terminal(q.Queue), q.Paused, b[gendurable.StatusRunnable], b[gendurable.StatusExecuting],
 			b[gendurable.StatusAwaitingSignal], b[gendurable.StatusAwaitingChildren], b[gendurable.StatusDone], b[gendurable.StatusFailed], q.Total)
 	}
 	return tw.Flush()
@@ -365,8 +369,8 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tMACHINE\tQUEUE\tSTEP\tSTATUS\tATTEMPT\tINSERTED\tLAST ERROR")
 	for _, in := range page.Instances {
-		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, printable(in.Machine), in.Version, printable(in.Queue), printable(in.Step), printable(string(in.Status)),
-			shownRun(in.Attempt, in.MaxAttempts, in.Status), in.MaxAttempts, in.InsertedAt.Local().Format(time.DateTime), oneLine(in.LastError, 60))
+		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, display.Terminal(in.Machine), in.Version, display.Terminal(in.Queue), display.Terminal(in.Step), display.Terminal(string(in.Status)),
+			display.Run(in.Attempt, in.MaxAttempts, in.Status), in.MaxAttempts, in.InsertedAt.Local().Format(time.DateTime), oneLine(in.LastError, 60))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -399,9 +403,9 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 // printInstance is show's text output.
 func printInstance(stdout io.Writer, d *gendurable.InstanceDetail) {
-	p := printable
+	p := display.Terminal
 	fmt.Fprintf(stdout, "instance %d  %s@%d  queue %s\n", d.ID, p(d.Machine), d.Version, p(d.Queue))
-	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", p(string(d.Status)), p(d.Step), shownRun(d.Attempt, d.MaxAttempts, d.Status), d.MaxAttempts)
+	fmt.Fprintf(stdout, "status   %s at step %s (attempt %d of %d)\n", p(string(d.Status)), p(d.Step), display.Run(d.Attempt, d.MaxAttempts, d.Status), d.MaxAttempts)
 	fmt.Fprintf(stdout, "waiting  %s\n", p(d.Wait.Summary))
 	if d.PartitionKey != "" {
 		fmt.Fprintf(stdout, "key      %s\n", p(d.PartitionKey))
@@ -414,7 +418,7 @@ func printInstance(stdout io.Writer, d *gendurable.InstanceDetail) {
 		fmt.Fprintf(stdout, "result   %s\n", p(string(d.Result)))
 	}
 	for _, e := range d.Errors {
-		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), p(e.Step), shownAttempt(e.Attempt), p(e.Kind), oneLine(e.Error, 200))
+		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), p(e.Step), display.Attempt(e.Attempt), p(e.Kind), oneLine(e.Error, 200))
 		printStack(stdout, e.Stack)
 	}
 	for _, s := range d.Signals {
@@ -439,8 +443,9 @@ const (
 // printStack writes a panic's stack trace (StepError.Stack) under its error
 // line: "stack" and then one indented line per line of the trace (a leading
 // tab as four spaces), each at most maxStackLineText bytes and made
-// printable like every value show prints, at most maxStackLines lines and
-// then how many were left out. Nothing for an empty stack.
+// visible (display.Terminal) like every value show prints, at most
+// maxStackLines lines and then how many were left out. Nothing for an empty
+// stack.
 func printStack(w io.Writer, stack string) {
 	stack = strings.TrimRight(stack, "\n")
 	if stack == "" {
@@ -460,24 +465,6 @@ func printStack(w io.Writer, stack string) {
 		fmt.Fprintf(w, "%s%s%s\n", label, indent, oneLine(line, maxStackLineText))
 		label = "         "
 	}
-}
-
-// shownAttempt is an attempt as the CLI (and the dashboard) shows it:
-// counted from 1, where the API and JSON count from 0.
-func shownAttempt(attempt int) int { return attempt + 1 }
-
-// shownRun is an instance's run as the CLI (and the dashboard) shows it
-// beside its max attempts: its attempt counted from 1 — except for an
-// instance the reaper failed after its last lease expired, which counted
-// that run too (attempt = max attempts in the row): its last run is "3 of
-// 3", not "4 of 3". Only that case: a step that replayed past its budget
-// (Run.Replay is not stopped by it) is on its 6th run at attempt 5, and
-// shows "6 of 3", not "3 of 3".
-func shownRun(attempt, maxAttempts int, status gendurable.Status) int {
-	if status == gendurable.StatusFailed && maxAttempts > 0 && attempt == maxAttempts {
-		return maxAttempts
-	}
-	return attempt + 1
 }
 
 // retryCmd: retry ID, retry ID ID..., or retry FILTER.
@@ -760,7 +747,7 @@ func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) 
 		if c.json {
 			return printJSON(stdout, map[string]any{"queue": pos[0], "paused": pause})
 		}
-		_, err = fmt.Fprintf(stdout, "queue %s %sd\n", printable(pos[0]), name)
+		_, err = fmt.Fprintf(stdout, "queue %s %sd\n", display.Terminal(pos[0]), name)
 		return err
 	}
 }
@@ -791,7 +778,7 @@ func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if c.json {
 		return printJSON(stdout, map[string]any{"queue": pos[0], "removed": true})
 	}
-	_, err = fmt.Fprintf(stdout, "queue %s removed\n", printable(pos[0]))
+	_, err = fmt.Fprintf(stdout, "queue %s removed\n", display.Terminal(pos[0]))
 	return err
 }
 

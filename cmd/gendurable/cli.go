@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/benchrun"
+	"github.com/gendurable/gendurable/internal/display"
 	"github.com/gendurable/gendurable/internal/longhorizon"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -212,7 +213,7 @@ func reportError(w io.Writer, name string, err error, asJSON bool) {
 		_ = printJSON(w, map[string]any{"error": map[string]any{"code": errorCode(err), "message": msg, "exit_code": exitCode(err)}})
 		return
 	}
-	fmt.Fprintln(w, printable(msg))
+	fmt.Fprintln(w, display.Terminal(msg))
 }
 
 // tidyConnectError rewrites, within msg (err's message), pgx's report of a

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/display"
 )
 
 // machinesCmd lists every machine stored in the database (an engine stores
@@ -58,7 +59,7 @@ func machinesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if m.SeenAt != nil {
 			seen = m.SeenAt.Local().Format(time.DateTime)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\n", printable(m.Name), m.Version, printable(m.Start), len(m.Steps), flow, seen)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\n", display.Terminal(m.Name), m.Version, display.Terminal(m.Start), len(m.Steps), flow, seen)
 	}
 	return tw.Flush()
 }
@@ -71,7 +72,7 @@ func machineGraph(ctx context.Context, eng *gendurable.Engine, name string, asJS
 	if asJSON {
 		return printJSON(stdout, g)
 	}
-	p := printable
+	p := display.Terminal
 	versions := make([]string, len(g.Versions))
 	for i, v := range g.Versions {
 		versions[i] = fmt.Sprint(v)

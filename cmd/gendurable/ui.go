@@ -105,16 +105,16 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageError{msg: "--max-conns must be positive"}
 	}
 	c.ui = true
-	eng, done, err := c.engine(ctx, stderr)
+	eng, pool, err := c.engineAndPool(ctx, stderr)
 	if err != nil {
 		return err
 	}
-	defer done()
+	defer pool.Close()
 	h, err := dashboard.New(eng, opts)
 	if err != nil {
 		return usageError{msg: err.Error()}
 	}
-	if err := c.checkConnection(ctx); err != nil {
+	if err := checkConnection(ctx, pool); err != nil {
 		return fmt.Errorf("ui: %w", err)
 	}
 	srv := dashboard.NewServer(h, dashboard.ServerOptions{MaxConns: *maxConns})

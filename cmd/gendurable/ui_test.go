@@ -3,9 +3,15 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,4 +47,74 @@ func TestUIRefusesAShortPasswordBeyondLoopback(t *testing.T) {
 		require.Equal(t, exitUsage, ee.ExitCode(), "%v: served instead of refusing: %s", args, out)
 		require.Contains(t, string(out), "password of at least 16 bytes")
 	}
+}
+
+// TestUIChecksTheDatabaseOnItsPool: ui checks the database before it
+// serves (TestConnectionFailuresAreOneReadableLine) by pinging the pool
+// the dashboard then uses, so the connection the check opened serves the
+// pages. Before, the check opened a connection of its own beside the
+// pool's and closed it, and the first page opened another: two
+// connections, counted here by a proxy in front of the server, where one
+// does.
+func TestUIChecksTheDatabaseOnItsPool(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1})
+	u, err := url.Parse(dbtest.URL())
+	require.NoError(t, err)
+	proxy := newCountingProxy(t, u.Host)
+	u.Host = proxy.addr
+	q := u.Query()
+	q.Set("sslmode", "disable") // one TCP connection per database connection
+	u.RawQuery = q.Encode()
+
+	addr, stderr := startUI(t, []string{"DATABASE_URL=" + u.String()}, "--schema", schema)
+	for _, page := range []string{"/", "/instances", "/machines"} {
+		require.Equal(t, http.StatusOK, call(t, "GET", addr+page, "", ""), "%s: %s", page, stderr)
+	}
+	require.Equal(t, int64(1), proxy.accepted.Load(), "the check's connection serves the pages")
+}
+
+// countingProxy forwards loopback connections to upstream and counts them.
+type countingProxy struct {
+	addr     string
+	accepted atomic.Int64
+}
+
+func newCountingProxy(t *testing.T, upstream string) *countingProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &countingProxy{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var open []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range open {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.accepted.Add(1)
+			up, err := net.Dial("tcp", upstream)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			open = append(open, c, up)
+			mu.Unlock()
+			wg.Go(func() { _, _ = io.Copy(up, c); up.Close() })
+			wg.Go(func() { _, _ = io.Copy(c, up); c.Close() })
+		}
+	})
+	return p
 }

@@ -1,0 +1,189 @@
+// Package display is how the gendurable command and the dashboard show what
+// they read from the database: text stored by anyone (names, states,
+// payloads, error messages, an operator's cancel reason) with the characters
+// that a terminal would act on, or that would show the text around them in
+// another order than it is stored, written out as escapes; and an instance's
+// attempts counted as operators read them.
+//
+// # The escaping rule
+//
+// One rule says which characters are escaped and how. Each of the functions
+// below applies the part of it that the output it feeds does not already
+// cover:
+//
+//   - C0 controls (U+0000–U+001F, tab and newline included) and DEL as \xHH,
+//     and each byte of invalid UTF-8 as \xHH: [Terminal] only; JSON encoders
+//     and slog's handlers escape these themselves, and a browser acts on none.
+//   - DEL (in JSON text and log values) and C1 controls (U+0080–U+009F, an
+//     8-bit CSI among them) as \u00HH: [Terminal] and [Inert]; encoding/json
+//     and slog's JSON handler write them as they are.
+//   - Bidirectional controls (the Unicode property Bidi_Control: U+202E
+//     RIGHT-TO-LEFT OVERRIDE and its kin) as \uHHHH: all of them, [Bidi]
+//     included; html/template escapes markup, not these, and
+//     "acct-1<U+202E>7-tnuocca" reads "acct-1account-7".
+//
+// Everything else, backslashes and right-to-left text included, is left as
+// it is. Text that holds nothing to escape is returned as it was given,
+// without a copy.
+package display
+
+import (
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/gendurable/gendurable"
+)
+
+// Terminal returns s with every character a terminal could act on made
+// visible: C0 controls (tab and newline included, so a value cannot break
+// a table row or forge a line) and DEL as \xHH, C1 controls as \u00HH,
+// bidirectional controls as \uHHHH and each byte of invalid UTF-8 as \xHH.
+// The gendurable command prints every stored value through it: a name like
+// "\x1b[2J\x1b]0;pwned\a" shows as that text rather than clear the screen.
+func Terminal(s string) string { return escapeString(s, terminal) }
+
+// Inert returns s with DEL, C1 controls and bidirectional controls as
+// \uHHHH: for a value a slog handler then writes, which escapes C0 controls
+// and invalid UTF-8 itself (both of slog's handlers do) but, as JSON, writes
+// these as they are.
+func Inert(s string) string { return escapeString(s, inert) }
+
+// InertJSON is [Inert] applied to JSON text, such as encoding/json's output
+// or a JSON log line. Its escapes are JSON's own, and such characters can
+// occur only inside strings, so the JSON value is unchanged.
+func InertJSON(text []byte) []byte { return escapeBytes(text, inert) }
+
+// Bidi returns an HTML page with its bidirectional controls as the text
+// \uHHHH and nothing else changed: a browser acts on no other control
+// character, and html/template escapes the markup.
+func Bidi(page []byte) []byte { return escapeBytes(page, bidiOnly) }
+
+// class is what the rule makes of one character.
+type class uint8
+
+const (
+	plain   class = iota // left as it is
+	c0                   // U+0000–U+001F
+	del                  // U+007F
+	c1                   // U+0080–U+009F
+	bidi                 // Bidi_Control
+	invalid              // a byte that is not (part of) valid UTF-8
+)
+
+// classify classifies r, decoded from size bytes (utf8.RuneError of size 1
+// is an invalid byte; of size 3, a U+FFFD that was stored as such).
+func classify(r rune, size int) class {
+	switch {
+	case r == utf8.RuneError && size == 1:
+		return invalid
+	case r < 0x20:
+		return c0
+	case r == 0x7f:
+		return del
+	case r >= 0x80 && r < 0xa0:
+		return c1
+	case unicode.Is(unicode.Bidi_Control, r):
+		return bidi
+	}
+	return plain
+}
+
+// set is the classes one output escapes.
+type set uint8
+
+const (
+	terminal set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid
+	inert    set = 1<<del | 1<<c1 | 1<<bidi
+	bidiOnly set = 1 << bidi
+)
+
+func (s set) has(c class) bool { return s&(1<<c) != 0 }
+
+// appendEscape appends the escape of r (of class c, whose first byte is
+// first). Text for a terminal writes every ASCII control alike, as \xHH;
+// JSON has only \u escapes, so where C0 controls are left to an encoder,
+// DEL is \u007f.
+func (s set) appendEscape(b []byte, c class, r rune, first byte) []byte {
+	switch {
+	case c == invalid:
+		return fmt.Appendf(b, `\x%02x`, first)
+	case r < utf8.RuneSelf && s.has(c0):
+		return fmt.Appendf(b, `\x%02x`, r)
+	}
+	return fmt.Appendf(b, `\u%04x`, r)
+}
+
+func escapeString(s string, set set) string {
+	if out, changed := escape(s, set, utf8.DecodeRuneInString); changed {
+		return string(out)
+	}
+	return s
+}
+
+func escapeBytes(p []byte, set set) []byte {
+	if out, changed := escape(p, set, utf8.DecodeRune); changed {
+		return out
+	}
+	return p
+}
+
+// escape returns s with the characters of set escaped, and true; or nil
+// and false when s holds none.
+func escape[T string | []byte](s T, set set, decode func(T) (rune, int)) ([]byte, bool) {
+	i := firstEscaped(s, set, decode)
+	if i < 0 {
+		return nil, false
+	}
+	b := make([]byte, 0, len(s)+16)
+	b = append(b, s[:i]...)
+	for i < len(s) {
+		r, size := decode(s[i:])
+		if c := classify(r, size); set.has(c) {
+			b = set.appendEscape(b, c, r, s[i])
+		} else {
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return b, true
+}
+
+// firstEscaped is the offset of the first character of s that set escapes,
+// or -1. ASCII, most of any text, is judged byte by byte.
+func firstEscaped[T string | []byte](s T, set set, decode func(T) (rune, int)) int {
+	for i := 0; i < len(s); {
+		if c := s[i]; c < utf8.RuneSelf {
+			if (c < 0x20 && set.has(c0)) || (c == 0x7f && set.has(del)) {
+				return i
+			}
+			i++
+			continue
+		}
+		r, size := decode(s[i:])
+		if set.has(classify(r, size)) {
+			return i
+		}
+		i += size
+	}
+	return -1
+}
+
+// Attempt is an attempt as operators read it: counted from 1 ("attempt 1
+// of 3" is the first run), where the Go API and JSON count from 0, the
+// failed attempts before this run.
+func Attempt(attempt int) int { return attempt + 1 }
+
+// Run is the run an instance is on, shown beside its max attempts ("run of
+// max"): [Attempt], except for an instance the reaper failed after its last
+// lease expired, whose attempt count it raised to max attempts (the reaper
+// counts the expired run, docs/design.md §4): its last run shows as "3 of
+// 3", not "4 of 3". Only that case: a step that replayed past its budget
+// ([gendurable.Run.Replay] is not stopped by it) is on its 6th run at
+// attempt 5 and shows "6 of 3", not "3 of 3".
+func Run(attempt, maxAttempts int, status gendurable.Status) int {
+	if status == gendurable.StatusFailed && maxAttempts > 0 && attempt == maxAttempts {
+		return maxAttempts
+	}
+	return Attempt(attempt)
+}

@@ -1,0 +1,82 @@
+package display
+
+import (
+	"testing"
+
+	"github.com/gendurable/gendurable"
+	"github.com/stretchr/testify/require"
+)
+
+// TestEscapingRule is the rule, whole: for each input, what the terminal
+// (Terminal), slog values and JSON text (Inert, InertJSON) and HTML pages
+// (Bidi) get. Text with nothing to escape is returned as it was.
+func TestEscapingRule(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, in              string
+		terminal, inert, bidi string
+	}{
+		{name: "plain", in: "plain name",
+			terminal: "plain name", inert: "plain name", bidi: "plain name"},
+		{name: "letters beyond ASCII", in: "ünïcødé ✓ 日本 \U0001F600",
+			terminal: "ünïcødé ✓ 日本 \U0001F600", inert: "ünïcødé ✓ 日本 \U0001F600", bidi: "ünïcødé ✓ 日本 \U0001F600"},
+		{name: "backslashes stay", in: `back\slash \u202e`,
+			terminal: `back\slash \u202e`, inert: `back\slash \u202e`, bidi: `back\slash \u202e`},
+		{name: "right-to-left text stays", in: "שלום مرحبا",
+			terminal: "שלום مرحبا", inert: "שלום مرحبا", bidi: "שלום مرحبا"},
+		{name: "no-break space and U+FFFD stay", in: "nbsp\u00a0ok \ufffd",
+			terminal: "nbsp\u00a0ok \ufffd", inert: "nbsp\u00a0ok \ufffd", bidi: "nbsp\u00a0ok \ufffd"},
+		{name: "terminal escapes", in: "\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07",
+			terminal: `\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07`, inert: "\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07", bidi: "\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07"},
+		{name: "white space controls", in: "tab\tnew\nline\r",
+			terminal: `tab\x09new\x0aline\x0d`, inert: "tab\tnew\nline\r", bidi: "tab\tnew\nline\r"},
+		{name: "NUL and DEL", in: "nul\x00del\x7f",
+			terminal: `nul\x00del\x7f`, inert: "nul\x00del\\u007f", bidi: "nul\x00del\x7f"},
+		{name: "C1 controls", in: "c1 \u009b31m \u0085 \u0080\u009f",
+			terminal: `c1 \u009b31m \u0085 \u0080\u009f`, inert: `c1 \u009b31m \u0085 \u0080\u009f`, bidi: "c1 \u009b31m \u0085 \u0080\u009f"},
+		{name: "bidirectional controls", in: "acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a",
+			terminal: `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a`,
+			inert:    `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a`,
+			bidi:     `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a`},
+		{name: "invalid UTF-8", in: "bad \xff\xfe utf8 \xc2",
+			terminal: `bad \xff\xfe utf8 \xc2`, inert: "bad \xff\xfe utf8 \xc2", bidi: "bad \xff\xfe utf8 \xc2"},
+		{name: "a bidi control after invalid UTF-8", in: "\xe2\x80\u202e",
+			terminal: `\xe2\x80\u202e`, inert: "\xe2\x80\\u202e", bidi: "\xe2\x80\\u202e"},
+		{name: "everything at once", in: "\x1b\u009b\u202e\x7f\xff",
+			terminal: `\x1b\u009b\u202e\x7f\xff`, inert: "\x1b\\u009b\\u202e\\u007f\xff", bidi: "\x1b\u009b\\u202e\x7f\xff"},
+	} {
+		require.Equal(t, tc.terminal, Terminal(tc.in), "Terminal: %s: %q", tc.name, tc.in)
+		require.Equal(t, tc.inert, Inert(tc.in), "Inert: %s: %q", tc.name, tc.in)
+		require.Equal(t, tc.inert, string(InertJSON([]byte(tc.in))), "InertJSON: %s: %q", tc.name, tc.in)
+		require.Equal(t, tc.bidi, string(Bidi([]byte(tc.in))), "Bidi: %s: %q", tc.name, tc.in)
+	}
+	// Nothing to escape: the same bytes back, not a copy.
+	page := []byte("<p>nothing to escape \x1b</p>")
+	require.Same(t, &page[0], &Bidi(page)[0])
+	require.Same(t, &page[0], &InertJSON(page)[0])
+}
+
+// TestAttemptsAsShown: attempts count from 1; the run an instance is on is
+// its attempt counted from 1, except for one the reaper failed after its
+// last lease expired (attempt = max attempts): "3 of 3", not "4 of 3".
+func TestAttemptsAsShown(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 1, Attempt(0))
+	require.Equal(t, 3, Attempt(2))
+	for _, tc := range []struct {
+		attempt, max int
+		status       gendurable.Status
+		want         int
+	}{
+		{0, 3, gendurable.StatusRunnable, 1},
+		{1, 3, gendurable.StatusRunnable, 2},
+		{2, 3, gendurable.StatusFailed, 3},   // failed by its step on its last run
+		{3, 3, gendurable.StatusFailed, 3},   // failed by the reaper: it counted the expired run
+		{3, 3, gendurable.StatusRunnable, 4}, // only a failed instance
+		{5, 3, gendurable.StatusRunnable, 6}, // replayed past its budget
+		{5, 3, gendurable.StatusFailed, 6},
+		{0, 0, gendurable.StatusFailed, 1}, // no max attempts recorded
+	} {
+		require.Equal(t, tc.want, Run(tc.attempt, tc.max, tc.status), "%+v", tc)
+	}
+}
