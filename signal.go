@@ -81,11 +81,8 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 	if err != nil {
 		return SignalResult{}, errorf(ErrInvalidSignal, "payload does not encode to JSON: %v", err)
 	}
-	if err := checkJSON(e.signalLimits, "payload", b); err != nil {
-		return SignalResult{}, fmt.Errorf("%w: %w", ErrInvalidSignal, err)
-	}
-	if p := jsonbProblem(b); p != "" {
-		return SignalResult{}, errorf(ErrInvalidSignal, "payload %s", p)
+	if err := checkInputJSON(e.signalLimits, "payload", b, ErrInvalidSignal); err != nil {
+		return SignalResult{}, err
 	}
 	p := string(b)
 	r, err := e.q.Signal(ctx, db, id, name, &p, dedup)
