@@ -172,7 +172,7 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 			// E.g. a JSON string holding \u0000, which jsonb cannot store.
 			return nil, fmt.Errorf("%w: the database rejected the values: %w", ErrInvalidInsert, err)
 		}
-		return nil, e.dbErr(err, "insert")
+		return nil, e.dbErr(ctx, err, "insert")
 	}
 	out := make([]InsertResult, len(got))
 	for i, g := range got {
