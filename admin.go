@@ -189,7 +189,7 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 		return nil, errorf(ErrInvalidInput, "list: state filter: %s", pgErr.Message)
 	}
 	if err != nil {
-		return nil, e.dbErr(err, "list")
+		return nil, e.dbErr(ctx, err, "list")
 	}
 	page := &ListPage{Instances: make([]InstanceSummary, 0, min(len(rows), limit))}
 	if len(rows) <= limit && win.Full && win.Low > 1 {
@@ -298,7 +298,7 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 	}
 	sigs, err := e.q.ListSignals(ctx, e.pool, id, 100)
 	if err != nil {
-		return nil, e.dbErr(err, fmt.Sprintf("describe %d", id))
+		return nil, e.dbErr(ctx, err, fmt.Sprintf("describe %d", id))
 	}
 	for _, s := range sigs {
 		si := SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, SentAt: s.InsertedAt, ConsumedAt: s.ConsumedAt}
@@ -309,7 +309,7 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 	}
 	kids, err := e.q.ListAllChildren(ctx, e.pool, id, 500)
 	if err != nil {
-		return nil, e.dbErr(err, fmt.Sprintf("describe %d", id))
+		return nil, e.dbErr(ctx, err, fmt.Sprintf("describe %d", id))
 	}
 	for _, c := range kids {
 		d.Children = append(d.Children, Child{ID: c.ID, Machine: c.FSM, Version: int(c.Version), Step: c.Step,
@@ -353,7 +353,7 @@ func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 	})
 	status, ok := a.status, a.ok
 	if err != nil {
-		return e.dbErr(err, fmt.Sprintf("cancel %d", id))
+		return e.dbErr(ctx, err, fmt.Sprintf("cancel %d", id))
 	}
 	switch {
 	case status == nil:
@@ -378,7 +378,7 @@ type QueueStats struct {
 func (e *Engine) Queues(ctx context.Context) ([]QueueStats, error) {
 	rows, err := e.q.QueueCounts(ctx, e.pool)
 	if err != nil {
-		return nil, e.dbErr(err, "queue counts")
+		return nil, e.dbErr(ctx, err, "queue counts")
 	}
 	byName := map[string]*QueueStats{}
 	for _, r := range rows {
@@ -457,7 +457,7 @@ func (e *Engine) SetPaused(ctx context.Context, queue string, paused bool, opts 
 	create := ours || (opts != nil && opts.Create)
 	known, err := e.q.SetPaused(ctx, e.pool, queue, paused, create)
 	if err != nil {
-		return e.dbErr(err, fmt.Sprintf("%s %q", action, queue))
+		return e.dbErr(ctx, err, fmt.Sprintf("%s %q", action, queue))
 	}
 	if !known {
 		return fmt.Errorf("%w %q: it has no instance and no row", ErrUnknownQueue, queue)
@@ -482,7 +482,7 @@ func (e *Engine) RemoveQueue(ctx context.Context, queue string) error {
 	hadRow, busy, removed, err := e.q.RemoveQueue(ctx, e.pool, queue)
 	switch {
 	case err != nil:
-		return e.dbErr(err, fmt.Sprintf("remove queue %q", queue))
+		return e.dbErr(ctx, err, fmt.Sprintf("remove queue %q", queue))
 	case busy:
 		return fmt.Errorf("%w: queue %q (finished instances count until they are pruned)", ErrQueueNotEmpty, queue)
 	case !hadRow || !removed:
@@ -513,7 +513,7 @@ func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress fu
 	}
 	n, err := e.pruner().RunOnce(ctx, retention, progress)
 	if err != nil && notMigrated(err) {
-		err = e.dbErr(err, "prune")
+		err = e.dbErr(ctx, err, "prune")
 	}
 	switch {
 	case err == nil:

@@ -122,7 +122,7 @@ func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch bulkBa
 	res := BulkResult{ChangedIDs: []int64{}}
 	found, err := e.q.Existing(ctx, e.pool, ids)
 	if err != nil {
-		return res, e.dbErr(err, op)
+		return res, e.dbErr(ctx, err, op)
 	}
 	res.NotFound = int64(len(ids) - len(found))
 	if len(found) == 0 {
@@ -230,7 +230,7 @@ func (e *Engine) cancelTree(ctx context.Context, id int64, batch bulkBatch) (Bul
 	res := BulkResult{ChangedIDs: []int64{}}
 	found, err := e.q.Existing(ctx, e.pool, []int64{id})
 	if err != nil {
-		return res, e.dbErr(err, "cancel tree")
+		return res, e.dbErr(ctx, err, "cancel tree")
 	}
 	if len(found) == 0 {
 		return res, fmt.Errorf("%w: id %d", ErrNotFound, id)
@@ -250,7 +250,7 @@ func (e *Engine) cancelTree(ctx context.Context, id int64, batch bulkBatch) (Bul
 			}
 			kids, err := e.q.TreeChildren(ctx, e.pool, parents)
 			if err != nil {
-				return res, e.dbErr(err, "cancel tree")
+				return res, e.dbErr(ctx, err, "cancel tree")
 			}
 			var live []int64
 			for _, k := range kids {
@@ -363,7 +363,7 @@ func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChange
 		changed = nil
 		var oerr error
 		if ids, oerr = childrenFirst(sctx, e, ids); oerr != nil {
-			return nil, 0, e.dbErr(oerr, "retry")
+			return nil, 0, e.dbErr(ctx, oerr, "retry")
 		}
 		for i, id := range ids {
 			if err := ctx.Err(); err != nil { // between statements
@@ -380,14 +380,14 @@ func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChange
 			}
 			if err != nil {
 				e.kickQueues(changed)
-				return changed, i, e.dbErr(err, "retry")
+				return changed, i, e.dbErr(ctx, err, "retry")
 			}
 			changed = append(changed, one...)
 		}
 		err = nil
 	}
 	if err != nil {
-		return nil, 0, e.dbErr(err, "retry")
+		return nil, 0, e.dbErr(ctx, err, "retry")
 	}
 	e.kickQueues(changed)
 	return changed, len(ids), nil
@@ -437,7 +437,7 @@ func (e *Engine) cancelBatch(reason string) bulkBatch {
 		defer cancel()
 		changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.CancelMany(sctx, e.pool, ids, reason) })
 		if err != nil {
-			return nil, 0, e.dbErr(err, "cancel") // one statement: nothing changed
+			return nil, 0, e.dbErr(ctx, err, "cancel") // one statement: nothing changed
 		}
 		return changed, len(ids), nil
 	}

@@ -171,7 +171,10 @@ type Config struct {
 	// about a lease more. Negative or under a second is [ErrInvalidConfig]:
 	// a deadline that short would abandon healthy statements too, every
 	// sweep. One too long for 10 × it to be a Duration gives a prune batch
-	// the longest Duration. See docs/design.md §7.
+	// the longest Duration. The read of the schema version after a call's
+	// statement met a missing table or column (to return [ErrSchemaVersion])
+	// runs under the caller's context for at most 5 s, or MaintenanceTimeout
+	// if shorter. See docs/design.md §7.
 	MaintenanceTimeout time.Duration
 	// CommitConcurrency is how many outcome statements this engine keeps in
 	// flight at once. Outcomes of steps that finish while those run are
@@ -589,7 +592,7 @@ func (e *Engine) startChecks(ctx context.Context) error {
 		return fmt.Errorf("gendurable: start: reading schema version: %w", err)
 	}
 	if want := sqlq.LatestVersion(); v != want {
-		return fmt.Errorf("%w: schema %q is at version %d, this library needs %d (run migrate.Up)", ErrSchemaVersion, e.cfg.Schema, v, want)
+		return &schemaVersionError{what: "start", schema: e.cfg.Schema, have: v, want: want}
 	}
 	if len(e.cfg.Queues) > 0 {
 		// The pick refuses any other level: a pool whose transactions

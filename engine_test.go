@@ -23,6 +23,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/gendurabletest"
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -83,7 +84,8 @@ func TestStartRefusesUnmigratedSchema(t *testing.T) {
 	require.NoError(t, err)
 	err = eng.Start(context.Background())
 	require.ErrorIs(t, err, gendurable.ErrSchemaVersion)
-	require.ErrorContains(t, err, "run migrate.Up")
+	require.EqualError(t, err, fmt.Sprintf("%v: start: schema %q is at version 0, this library needs %d; run `gendurable migrate up --schema %s` (or migrate.Up)",
+		gendurable.ErrSchemaVersion, schema, migrate.Latest(), schema))
 }
 
 // TestStartRefusesAPoolThatIsNotReadCommitted: the pick refuses any

@@ -171,15 +171,21 @@ func schemaObjectMissing(err error) bool {
 	return false
 }
 
-// dbErr wraps a database error of the operation what: as [ErrSchemaVersion]
-// when a table, column or function is missing and the schema is at another
-// version than this library's (read only then, on this error path: an
-// engine that was never started has not checked it); as [ErrNotMigrated],
-// naming the schema and the command that fixes it, when the tables are
-// missing; as "gendurable: what: err" otherwise.
-func (e *Engine) dbErr(err error, what string) error {
+// dbErr wraps a database error of the operation what, called with ctx: as
+// [ErrSchemaVersion] when a table, column or function is missing and the
+// schema is at another version than this library's (read only then, on
+// this error path: an engine that was never started has not checked it);
+// as [ErrNotMigrated], naming the schema and the command that fixes it,
+// when the tables are missing; as "gendurable: what: err" otherwise.
+//
+// The version is read under the caller's ctx, for at most
+// versionReadTimeout (or Config.MaintenanceTimeout if shorter): a caller
+// whose ctx ends is not held by it (a caller of InsertTx holding a small
+// pool's last connection waited the full bound for one), and gets the plain
+// wrapped error if the read did not finish.
+func (e *Engine) dbErr(ctx context.Context, err error, what string) error {
 	if schemaObjectMissing(err) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, min(versionReadTimeout, e.cfg.MaintenanceTimeout))
 		v, verr := sqlq.InstalledVersion(ctx, e.pool, e.cfg.Schema)
 		cancel()
 		if want := sqlq.LatestVersion(); verr == nil && v != 0 && v != want {
@@ -193,7 +199,8 @@ func (e *Engine) dbErr(err error, what string) error {
 }
 
 // schemaVersionError says which versions differ and what to run instead
-// of the database's "column ... does not exist", which it still wraps.
+// of the database's "column ... does not exist", which it still wraps; or,
+// from Start's check (err nil), before any statement fails.
 type schemaVersionError struct {
 	what, schema string
 	have, want   int
@@ -209,7 +216,15 @@ func (s *schemaVersionError) Error() string {
 		ErrSchemaVersion, s.what, s.schema, s.have, s.want, fix)
 }
 
-func (s *schemaVersionError) Unwrap() []error { return []error{ErrSchemaVersion, s.err} }
+func (s *schemaVersionError) Unwrap() []error {
+	if s.err == nil { // Start's check: no statement failed
+		return []error{ErrSchemaVersion}
+	}
+	return []error{ErrSchemaVersion, s.err}
+}
+
+// versionReadTimeout bounds dbErr's read of the schema version.
+const versionReadTimeout = 5 * time.Second
 
 // notMigratedError says what to run instead of the database's "relation
 // ... does not exist", which it still wraps.

@@ -108,7 +108,7 @@ type MachineInfo struct {
 func (e *Engine) ListMachines(ctx context.Context) ([]MachineInfo, error) {
 	stored, err := e.q.StoredMachines(ctx, e.pool, nil, MaxMachines)
 	if err != nil {
-		return nil, e.dbErr(err, "list machines")
+		return nil, e.dbErr(ctx, err, "list machines")
 	}
 	byKey := map[machineKey]*MachineInfo{}
 	var out []*MachineInfo
@@ -150,7 +150,7 @@ func (e *Engine) Graph(ctx context.Context, machine string) (*MachineGraph, erro
 	g := &MachineGraph{Machine: machine, Counts: map[string]map[Status]int64{}, Parked: map[string]Parked{}}
 	stored, err := e.q.StoredMachines(ctx, e.pool, &machine, MaxMachines)
 	if err != nil {
-		return nil, e.dbErr(err, fmt.Sprintf("graph %q", machine))
+		return nil, e.dbErr(ctx, err, fmt.Sprintf("graph %q", machine))
 	}
 	// One definition per version: this engine's registered one wins over
 	// the stored copy (they are equal once it started).
@@ -236,7 +236,7 @@ func (e *Engine) Graph(ctx context.Context, machine string) (*MachineGraph, erro
 
 	rows, err := e.q.StepCounts(ctx, e.pool, machine)
 	if err != nil {
-		return nil, e.dbErr(err, fmt.Sprintf("graph %q", machine))
+		return nil, e.dbErr(ctx, err, fmt.Sprintf("graph %q", machine))
 	}
 	var tableOnly []string
 	for _, r := range rows {

@@ -172,7 +172,7 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 			// E.g. a JSON string holding \u0000, which jsonb cannot store.
 			return nil, fmt.Errorf("%w: the database rejected the values: %w", ErrInvalidInsert, err)
 		}
-		return nil, e.dbErr(err, "insert")
+		return nil, e.dbErr(ctx, err, "insert")
 	}
 	out := make([]InsertResult, len(got))
 	for i, g := range got {
@@ -228,11 +228,8 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 	if err != nil {
 		return sqlq.NewInstance{}, err
 	}
-	if err := checkJSON(limits, "state", state); err != nil {
-		return sqlq.NewInstance{}, fmt.Errorf("%w: %w", ErrInvalidInsert, err)
-	}
-	if p := jsonbProblem(state); p != "" {
-		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "state %s", p)
+	if err := checkInputJSON(limits, "state", state, ErrInvalidInsert); err != nil {
+		return sqlq.NewInstance{}, err
 	}
 	r := sqlq.NewInstance{
 		FSM: core.name, Version: int32(core.version), Queue: orDefault(o.Queue, core.queue),

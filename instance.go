@@ -116,7 +116,7 @@ func (e *Engine) Instance(ctx context.Context, id int64) (*Instance, error) {
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}
 	if err != nil {
-		return nil, e.dbErr(err, fmt.Sprintf("read instance %d", id))
+		return nil, e.dbErr(ctx, err, fmt.Sprintf("read instance %d", id))
 	}
 	return instanceFromRow(r)
 }
@@ -180,7 +180,7 @@ func (e *Engine) Retry(ctx context.Context, id int64) error {
 		return fmt.Errorf("%w: instance %d: %s", ErrUniqueConflict, id, pgErr.Detail)
 	}
 	if err != nil {
-		return e.dbErr(err, fmt.Sprintf("retry %d", id))
+		return e.dbErr(ctx, err, fmt.Sprintf("retry %d", id))
 	}
 	switch {
 	case status == nil:
@@ -225,7 +225,7 @@ func (e *Engine) RunNow(ctx context.Context, id int64) error {
 	status, queue, wait, err := e.q.RunNow(ctx, e.pool, id)
 	switch {
 	case err != nil:
-		return e.dbErr(err, fmt.Sprintf("run now %d", id))
+		return e.dbErr(ctx, err, fmt.Sprintf("run now %d", id))
 	case status == nil:
 		return fmt.Errorf("%w: id %d", ErrNotFound, id)
 	case queue != nil && wait > 0:

@@ -102,23 +102,47 @@ type jsonLimits struct {
 
 // checkJSON checks one encoded document against l; what names it in the
 // error. It takes the encoding as it comes (a string or bytes): converting
-// would copy every state on the hot path.
+// would copy every state on the hot path. Outcomes check with it; inserts
+// and signals with checkInputJSON, which also looks for what jsonb refuses.
 func checkJSON[T string | []byte](l jsonLimits, what string, b T) error {
-	if l.maxBytes > 0 && len(b) > l.maxBytes {
-		return fmt.Errorf("%s is %d bytes encoded, over Config.%s %d", what, len(b), l.bytesName, l.maxBytes)
-	}
-	if nestsDeeper(b, l.maxDepth) {
-		return fmt.Errorf("%s nests arrays and objects deeper than Config.MaxJSONDepth %d", what, l.maxDepth)
-	}
-	grown, problem := storedNumbers(b)
+	_, err := scanChecked(l, what, b)
+	return err
+}
+
+// checkInputJSON is checkJSON for a document an insert or a signal sends,
+// followed by jsonbProblem's check, from the same pass over b: the errors
+// wrap sentinel (ErrInvalidInsert, ErrInvalidSignal). Both come before any
+// SQL: the database's refusal would abort the caller's transaction under
+// InsertTx or SignalTx.
+func checkInputJSON[T string | []byte](l jsonLimits, what string, b T, sentinel error) error {
+	s, err := scanChecked(l, what, b)
 	switch {
-	case problem != "":
-		return fmt.Errorf("%s holds %s", what, problem)
-	case l.maxBytes > 0 && len(b)+grown > l.maxBytes:
-		return fmt.Errorf("%s is %d bytes as PostgreSQL stores and returns it (numbers with an exponent written out in full: 1e6 as 1000000), over Config.%s %d",
-			what, len(b)+grown, l.bytesName, l.maxBytes)
+	case err != nil:
+		return fmt.Errorf("%w: %w", sentinel, err)
+	case s.jsonb != "":
+		return errorf(sentinel, "%s %s", what, s.jsonb)
 	}
 	return nil
+}
+
+// scanChecked scans b (scanJSON) and turns what it found into checkJSON's
+// error, in this order: the encoded size, the nesting, a number numeric
+// cannot hold, the size as PostgreSQL stores it.
+func scanChecked[T string | []byte](l jsonLimits, what string, b T) (jsonScan, error) {
+	if l.maxBytes > 0 && len(b) > l.maxBytes {
+		return jsonScan{}, fmt.Errorf("%s is %d bytes encoded, over Config.%s %d", what, len(b), l.bytesName, l.maxBytes)
+	}
+	s := scanJSON(b, l.maxDepth)
+	switch {
+	case s.deeper:
+		return s, fmt.Errorf("%s nests arrays and objects deeper than Config.MaxJSONDepth %d", what, l.maxDepth)
+	case s.number != "":
+		return s, fmt.Errorf("%s holds %s", what, s.number)
+	case l.maxBytes > 0 && len(b)+s.grown > l.maxBytes:
+		return s, fmt.Errorf("%s is %d bytes as PostgreSQL stores and returns it (numbers with an exponent written out in full: 1e6 as 1000000), over Config.%s %d",
+			what, len(b)+s.grown, l.bytesName, l.maxBytes)
+	}
+	return s, nil
 }
 
 // PostgreSQL's numeric, which jsonb stores numbers as, holds at most this
@@ -128,115 +152,220 @@ const (
 	numericMaxFracDigits = 16383
 )
 
-// storedNumbers reads the numbers of the valid JSON document b as
-// PostgreSQL's jsonb stores them: as numeric, written out in full when the
-// document is read (1e6 comes back as 1000000, 1e-6 as 0.000001). It
-// returns how many bytes longer than in b they are then, or a problem: a
-// number numeric cannot hold at all (its refusal would abort the caller's
-// transaction). Left unchecked, a state of 90 KB holding 10,000 numbers
-// 1e131071 reads back as 1.3 GB: every read of it, the pick of its queue
-// included, failed with "out of memory", and no other instance of the
-// queue ran.
-func storedNumbers[T string | []byte](b T) (grown int, problem string) {
+// jsonScan is what scanJSON finds in a document.
+type jsonScan struct {
+	// deeper: arrays and objects nest deeper than the limit. The scan
+	// stops there, leaving the fields below unfinished.
+	deeper bool
+	// grown: how many bytes longer than encoded the numbers are as
+	// PostgreSQL's jsonb stores them, as numeric, and writes them out when
+	// the document is read (1e6 comes back as 1000000, 1e-6 as 0.000001).
+	// Left unchecked, a state of 90 KB holding 10,000 numbers 1e131071
+	// reads back as 1.3 GB: every read of it, the pick of its queue
+	// included, failed with "out of memory", and no other instance of the
+	// queue ran. Not counted on past a number problem.
+	grown int
+	// number: the first number numeric cannot hold at all (its refusal
+	// would abort the caller's transaction), or "".
+	number string
+	// jsonb: why PostgreSQL would refuse the document as jsonb, or "": a
+	// \u0000 escape (jsonb cannot hold NUL; encoding/json writes one for a
+	// NUL byte in a Go string), or a \u escape of a UTF-16 surrogate that
+	// is not a high one followed by a low one. The first such escape; past
+	// a malformed \u escape (not valid JSON: json.Valid's verdict, not
+	// ours) none is looked for.
+	jsonb string
+}
+
+// jsonbNUL, jsonbLowSurrogate, jsonbHighSurrogate: jsonScan.jsonb's
+// problems.
+const (
+	jsonbNUL           = "holds a NUL character (\\u0000), which PostgreSQL cannot store"
+	jsonbLowSurrogate  = "holds a lone UTF-16 low surrogate escape, which PostgreSQL refuses"
+	jsonbHighSurrogate = "holds a UTF-16 high surrogate escape without its low surrogate, which PostgreSQL refuses"
+)
+
+// scanJSON reads the valid JSON document b once, for how deeply it nests
+// arrays and objects (against limit; negative: no limit), how PostgreSQL
+// stores its numbers, and what jsonb refuses in its strings (jsonScan).
+// Every document an insert, a signal or an outcome sends passes through
+// it, so it reads each byte once: a document of at most limit bytes cannot
+// nest deeper than limit, and the common small state skips the count.
+//
+// It assumes valid JSON (callers pass encoding/json's output, or text
+// json.Valid accepted) and does not check it: on other input it neither
+// panics nor claims anything useful.
+func scanJSON[T string | []byte](b T, limit int) (s jsonScan) {
+	if len(b) <= limit {
+		limit = -1
+	}
+	depth := 0
+	jsonbOpen := true // still looking for a jsonb problem
 	for i := 0; i < len(b); i++ {
-		c := b[i]
-		switch {
-		case c == '"':
-			i = stringEnd(b, i)
-			continue
-		case c != '-' && (c < '0' || c > '9'):
-			continue
+		switch jsonByteKind[b[i]] {
+		case 0:
+		case kindQuote:
+			// A string, to its closing quote; the byte after a backslash
+			// is escaped.
+		str:
+			for i++; i < len(b); i++ {
+				switch b[i] {
+				case '"':
+					break str
+				case '\\':
+				default:
+					continue
+				}
+				if i+1 < len(b) && b[i+1] != 'u' {
+					i++ // \" \\ \/ \b \f \n \r \t
+					continue
+				}
+				if !jsonbOpen {
+					i++
+					continue
+				}
+				r, ok := hex4(b, i+2)
+				switch {
+				case !ok:
+					jsonbOpen = false
+					i++
+					continue
+				case r == 0:
+					s.jsonb, jsonbOpen = jsonbNUL, false
+				case r >= 0xdc00 && r <= 0xdfff:
+					s.jsonb, jsonbOpen = jsonbLowSurrogate, false
+				case r >= 0xd800 && r <= 0xdbff:
+					if lo, ok := hex4(b, i+8); !ok || b[i+6] != '\\' || b[i+7] != 'u' || lo < 0xdc00 || lo > 0xdfff {
+						s.jsonb, jsonbOpen = jsonbHighSurrogate, false
+						break
+					}
+					i += 6 // the pair's first half; its second below
+				}
+				i += 5 // the escape's u and 4 hex digits, none a quote
+			}
+		case kindOpen:
+			if depth++; limit >= 0 && depth > limit {
+				s.deeper = true
+				return s
+			}
+		case kindClose:
+			depth--
+		case kindNumber:
+			// Most numbers have no exponent and are stored as sent: read
+			// past their digits here, and leave the rest to storedNumber.
+			start := i
+			if b[i] == '-' {
+				i++
+			}
+			for i < len(b) && (b[i] >= '0' && b[i] <= '9' || b[i] == '.') {
+				i++
+			}
+			if i >= len(b) || (b[i] != 'e' && b[i] != 'E') {
+				i-- // the number's last byte
+				continue
+			}
+			var grown int
+			var problem string
+			i, grown, problem = storedNumber(b, start)
+			if s.number == "" {
+				s.number = problem
+				s.grown += grown
+			}
 		}
-		// A number: -?int(.frac)?([eE][+-]?exp)?
-		start := i
-		neg := c == '-'
-		if neg {
-			i++
-		}
-		intStart := i
+	}
+	return s
+}
+
+// jsonByteKind: the bytes scanJSON looks at outside strings.
+var jsonByteKind = [256]uint8{'"': kindQuote, '[': kindOpen, '{': kindOpen, ']': kindClose, '}': kindClose,
+	'-': kindNumber, '0': kindNumber, '1': kindNumber, '2': kindNumber, '3': kindNumber, '4': kindNumber,
+	'5': kindNumber, '6': kindNumber, '7': kindNumber, '8': kindNumber, '9': kindNumber}
+
+const (
+	kindQuote = 1 + iota
+	kindOpen
+	kindClose
+	kindNumber
+)
+
+// storedNumber reads the number of b that starts at start (-?int(.frac)?
+// ([eE][+-]?exp)?) as PostgreSQL's jsonb stores it: as numeric, written out
+// in full. It returns the index of its last byte, how many bytes longer
+// than encoded it is then, or a problem: a number numeric cannot hold.
+func storedNumber[T string | []byte](b T, start int) (last, grown int, problem string) {
+	i := start
+	neg := b[i] == '-'
+	if neg {
+		i++
+	}
+	intStart := i
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	intDigits := i - intStart
+	fracStart, fracDigits := i, 0
+	if i < len(b) && b[i] == '.' {
+		i++
+		fracStart = i
 		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
 			i++
 		}
-		intDigits := i - intStart
-		fracStart, fracDigits := i, 0
-		if i < len(b) && b[i] == '.' {
-			i++
-			fracStart = i
-			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-				i++
-			}
-			fracDigits = i - fracStart
-		}
-		if i >= len(b) || (b[i] != 'e' && b[i] != 'E') {
-			// No exponent: written back as it came. (The loop's i++
-			// moves past the number.)
-			i--
-			continue
-		}
-		i++
-		expNeg := false
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			expNeg = b[i] == '-'
-			i++
-		}
-		exp := 0
-		for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
-			if exp < 1<<30 {
-				exp = exp*10 + int(b[i]-'0')
-			}
-		}
-		encoded := i - start
-		i--
-		if expNeg {
-			exp = -exp
-		}
-		// The significant digits: those of int and frac, leading zeros
-		// skipped; the decimal point falls intDigits+exp digits in.
-		zeros, all := 0, intDigits+fracDigits
-		for k := 0; k < all; k++ {
-			d := b[intStart+k]
-			if k >= intDigits {
-				d = b[fracStart+k-intDigits]
-			}
-			if d != '0' {
-				break
-			}
-			zeros++
-		}
-		before := 1 // "0"
-		if zeros < all && intDigits+exp-zeros > 0 {
-			before = intDigits + exp - zeros
-		}
-		after := max(0, fracDigits-exp)
-		if (zeros < all && intDigits+exp-zeros > numericMaxIntDigits) || after > numericMaxFracDigits {
-			return 0, fmt.Sprintf("a number PostgreSQL cannot store (%s: numeric holds %d digits before the decimal point and %d after)",
-				clip(string(b[start:i+1]), 40), numericMaxIntDigits, numericMaxFracDigits)
-		}
-		stored := before
-		if after > 0 {
-			stored += 1 + after
-		}
-		if neg {
-			stored++
-		}
-		grown += max(0, stored-encoded)
+		fracDigits = i - fracStart
 	}
-	return grown, ""
+	if i >= len(b) || (b[i] != 'e' && b[i] != 'E') {
+		return i - 1, 0, "" // no exponent: written back as it came
+	}
+	i++
+	expNeg := false
+	if i < len(b) && (b[i] == '+' || b[i] == '-') {
+		expNeg = b[i] == '-'
+		i++
+	}
+	exp := 0
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		if exp < 1<<30 {
+			exp = exp*10 + int(b[i]-'0')
+		}
+	}
+	encoded := i - start
+	if expNeg {
+		exp = -exp
+	}
+	// The significant digits: those of int and frac, leading zeros
+	// skipped; the decimal point falls intDigits+exp digits in.
+	zeros, all := 0, intDigits+fracDigits
+	for k := 0; k < all; k++ {
+		d := b[intStart+k]
+		if k >= intDigits {
+			d = b[fracStart+k-intDigits]
+		}
+		if d != '0' {
+			break
+		}
+		zeros++
+	}
+	before := 1 // "0"
+	if zeros < all && intDigits+exp-zeros > 0 {
+		before = intDigits + exp - zeros
+	}
+	after := max(0, fracDigits-exp)
+	if (zeros < all && intDigits+exp-zeros > numericMaxIntDigits) || after > numericMaxFracDigits {
+		return i - 1, 0, fmt.Sprintf("a number PostgreSQL cannot store (%s: numeric holds %d digits before the decimal point and %d after)",
+			clip(string(b[start:i]), 40), numericMaxIntDigits, numericMaxFracDigits)
+	}
+	stored := before
+	if after > 0 {
+		stored += 1 + after
+	}
+	if neg {
+		stored++
+	}
+	return i - 1, max(0, stored-encoded), ""
 }
 
-// stringEnd returns the index of the quote that closes the JSON string
-// whose opening quote is b[i] (len(b) if none does), skipping escapes.
-func stringEnd[T string | []byte](b T, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++ // the escaped byte
-		case '"':
-			return i
-		}
-	}
-	return len(b)
-}
+// jsonbProblem says why PostgreSQL would refuse the valid JSON document b
+// as jsonb, or "" if it would not (jsonScan.jsonb).
+func jsonbProblem[T string | []byte](b T) string { return scanJSON(b, -1).jsonb }
 
 // clip cuts s to at most n bytes, marking the cut.
 func clip(s string, n int) string {
@@ -244,65 +373,6 @@ func clip(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
-}
-
-// nestsDeeper reports whether b (valid JSON) nests arrays and objects
-// deeper than limit (negative: no limit). A document of at most limit bytes
-// cannot nest that deep, so the common small state costs a length
-// comparison.
-func nestsDeeper[T string | []byte](b T, limit int) bool {
-	if limit < 0 || len(b) <= limit {
-		return false
-	}
-	depth := 0
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; {
-		case c == '"':
-			i = stringEnd(b, i)
-		case c == '[' || c == '{':
-			if depth++; depth > limit {
-				return true
-			}
-		case c == ']' || c == '}':
-			depth--
-		}
-	}
-	return false
-}
-
-// jsonbProblem says why PostgreSQL would refuse the valid JSON document b
-// as jsonb, or "" if it would not: a \u0000 escape (jsonb cannot hold NUL;
-// encoding/json writes one for a NUL byte in a Go string), or a \u escape
-// of a UTF-16 surrogate that is not a high one followed by a low one.
-// Inserts and signals check it before any SQL: the database's refusal
-// would abort the caller's transaction under InsertTx or SignalTx.
-func jsonbProblem[T string | []byte](b T) string {
-	for i := 0; i < len(b); i++ {
-		if b[i] != '\\' { // in valid JSON, only inside a string
-			continue
-		}
-		if i+1 < len(b) && b[i+1] != 'u' {
-			i++ // \" \\ \/ \b \f \n \r \t
-			continue
-		}
-		r, ok := hex4(b, i+2)
-		switch {
-		case !ok:
-			return "" // not valid JSON: json.Valid's verdict, not ours
-		case r == 0:
-			return "holds a NUL character (\\u0000), which PostgreSQL cannot store"
-		case r >= 0xdc00 && r <= 0xdfff:
-			return "holds a lone UTF-16 low surrogate escape, which PostgreSQL refuses"
-		case r >= 0xd800 && r <= 0xdbff:
-			if lo, ok := hex4(b, i+8); !ok || i+7 >= len(b) || b[i+6] != '\\' || b[i+7] != 'u' || lo < 0xdc00 || lo > 0xdfff {
-				return "holds a UTF-16 high surrogate escape without its low surrogate, which PostgreSQL refuses"
-			}
-			i += 11 // the pair
-			continue
-		}
-		i += 5
-	}
-	return ""
 }
 
 // hex4 reads 4 hex digits of b at i.

@@ -81,11 +81,8 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 	if err != nil {
 		return SignalResult{}, errorf(ErrInvalidSignal, "payload does not encode to JSON: %v", err)
 	}
-	if err := checkJSON(e.signalLimits, "payload", b); err != nil {
-		return SignalResult{}, fmt.Errorf("%w: %w", ErrInvalidSignal, err)
-	}
-	if p := jsonbProblem(b); p != "" {
-		return SignalResult{}, errorf(ErrInvalidSignal, "payload %s", p)
+	if err := checkInputJSON(e.signalLimits, "payload", b, ErrInvalidSignal); err != nil {
+		return SignalResult{}, err
 	}
 	p := string(b)
 	r, err := e.q.Signal(ctx, db, id, name, &p, dedup)
@@ -93,7 +90,7 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 		if sqlq.Rejected(err) {
 			return SignalResult{}, fmt.Errorf("%w: the database rejected the payload: %w", ErrInvalidSignal, err)
 		}
-		return SignalResult{}, e.dbErr(err, fmt.Sprintf("signal %d", id))
+		return SignalResult{}, e.dbErr(ctx, err, fmt.Sprintf("signal %d", id))
 	}
 	switch {
 	case r.Status == nil:
@@ -187,7 +184,7 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}
 	if err != nil {
-		return nil, e.dbErr(err, fmt.Sprintf("wait reason of %d", id))
+		return nil, e.dbErr(ctx, err, fmt.Sprintf("wait reason of %d", id))
 	}
 	r := &WaitReason{Status: Status(w.Status), Step: w.Step, EligibleAt: w.EligibleAt, InboxByName: w.Inbox}
 	if w.PartitionKey != nil {

@@ -49,7 +49,7 @@ type Throughput struct {
 func (e *Engine) Throughput(ctx context.Context) (*Throughput, error) {
 	now, rows, err := e.q.Throughput(ctx, e.pool, ThroughputWindow, MaxThroughputRows)
 	if err != nil {
-		return nil, e.dbErr(err, "throughput")
+		return nil, e.dbErr(ctx, err, "throughput")
 	}
 	t := &Throughput{Now: now, ByQueue: map[string][]ThroughputBucket{}, Complete: true}
 	newBuckets := func() []ThroughputBucket {

@@ -139,3 +139,48 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestQueueDepthIsAnExactCountByQueueAndStatus: the gauge counts every row of
+// each queue and status at collection — runnable rows scheduled for later
+// and finished rows included — not only what a pick could claim now (a
+// bounded count of eligible runnable rows, such as the long-horizon bench's
+// QueueDepth, would read 2 here rather than 5, and report no done rows).
+func TestQueueDepthIsAnExactCountByQueueAndStatus(t *testing.T) {
+	pool, schema := dbtest.NewSchema(t, nil)
+	r := newRig(t, gdotel.Options{Pool: pool, Schema: schema})
+	type args struct{ N int }
+	jobA := &gendurable.Job[args]{Name: "depth_a", Queue: "a", Perform: func(context.Context, *gendurable.Run[args]) error { return nil }}
+	jobB := &gendurable.Job[args]{Name: "depth_b", Queue: "b", Perform: func(context.Context, *gendurable.Run[args]) error { return nil }}
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{jobA, jobB}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	later := gendurable.InsertOpts{RunIn: time.Hour}
+	ps := []gendurable.InsertParams{jobA.New(args{1}), jobA.New(args{2}), jobA.New(args{3}).With(later),
+		jobA.New(args{4}).With(later), jobA.New(args{5}).With(later), jobB.New(args{6})}
+	res, err := eng.InsertMany(ctx, ps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One of b's rows finished, as an operator's cancel leaves it.
+	if err := eng.Cancel(ctx, res[5].ID, "done with it"); err != nil {
+		t.Fatal(err)
+	}
+	in, err := eng.Instance(ctx, res[5].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	depth := mustMetric(t, r.collect(t), gdotel.MetricQueueDepth)
+	want := map[[2]string]int64{{"a", "runnable"}: 5, {"b", string(in.Status)}: 1}
+	for _, q := range []string{"a", "b"} {
+		for _, s := range []gendurable.Status{gendurable.StatusRunnable, gendurable.StatusExecuting, gendurable.StatusAwaitingSignal,
+			gendurable.StatusAwaitingChildren, gendurable.StatusDone, gendurable.StatusFailed} {
+			got, pts := intSum(t, depth, gdotel.AttrQueue.String(q), gdotel.AttrStatus.String(string(s)))
+			if w := want[[2]string{q, string(s)}]; got != w || pts != 1 {
+				t.Errorf("queue.depth{%s,%s} = %d (%d points), want %d", q, s, got, pts, w)
+			}
+		}
+	}
+}

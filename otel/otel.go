@@ -93,7 +93,7 @@ const (
 	MetricStepDuration       = "gendurable.step.duration"
 	MetricPickDuration       = "gendurable.pick.duration"
 	MetricPickRows           = "gendurable.pick.rows"
-	MetricQueueDepth         = "gendurable.queue.depth"
+	MetricQueueDepth         = "gendurable.queue.depth" // instances by queue and status, exact (see Options.Pool)
 	MetricReaped             = "gendurable.reaped"
 	MetricPartitionContended = "gendurable.partition.contended"
 	MetricKeyRateLimited     = "gendurable.key.rate_limited"
@@ -119,10 +119,13 @@ type Options struct {
 	// Pass a noop.NewTracerProvider() for metrics only.
 	TracerProvider trace.TracerProvider
 
-	// Pool enables the gendurable.queue.depth gauge: at each collection one
-	// GROUP BY query counts the instances of Schema by queue and status.
-	// It scans the instances table: on very large tables, mind the
-	// collection interval. Optional.
+	// Pool enables the gendurable.queue.depth gauge: the instances of
+	// Schema in each queue and status at the collection, counted exactly —
+	// runnable includes rows scheduled for later as well as those a pick
+	// could claim now, and done and failed hold finished rows until the
+	// pruner deletes them. One GROUP BY query per collection reads the
+	// whole instances table (no index covers a count of every status): on
+	// very large tables, mind the collection interval. Optional.
 	Pool *pgxpool.Pool
 	// Schema holding gendurable's tables (a plain identifier). Default
 	// "public"; only used with Pool.
