@@ -822,8 +822,8 @@ func (e *Engine) failOversized(queue string) {
 	e.oversized.done(queue, e.failOversized1(ctx, queue), time.Now())
 }
 
-// failOversized1 is one look of failOversized; it reports whether it found
-// rows too large to claim and ran the cancel of them.
+// failOversized1 is one look of failOversized; it reports whether it failed
+// a row too large to claim.
 func (e *Engine) failOversized1(ctx context.Context, queue string) bool {
 	rows, err := e.q.OversizedClaims(ctx, e.pool, queue, oversizedLookahead, e.oversized.limitBytes())
 	if err != nil {
@@ -857,7 +857,7 @@ func (e *Engine) failOversized1(ctx context.Context, queue string) bool {
 		e.log.Error("gendurable: failed an instance too large to claim", "queue", queue, "id", r.ID,
 			"children_bytes", r.KidBytes, "inbox_bytes", r.InboxBytes)
 	}
-	return true
+	return len(changed) > 0 // the backoff resets only when a row was failed
 }
 
 // oversizedGuard is failOversized's backoff, per queue. Its zero value is

@@ -60,7 +60,7 @@ WITH cand AS MATERIALIZED (
           SELECT s.id FROM {{schema}}.gendurable_signals AS s
           WHERE s.target_id = r.id AND s.consumed_at IS NULL
           OFFSET 0) AS x) AS l
-  WHERE s.id = l.id
+  WHERE s.id = l.id AND s.consumed_at IS NULL -- rechecked on a version newer than the snapshot
   RETURNING s.id
 )
 SELECT id, queue, wait_us FROM r ORDER BY id`
@@ -96,7 +96,10 @@ WITH cand AS MATERIALIZED (
           WHERE s.target_id = cand.id AND s.consumed_at IS NULL
           OFFSET 0) AS x
         WHERE cand.inbox <> '{}'::jsonb) AS l
-  WHERE s.id = l.id
+  -- consumed_at again: a signal consumed since the snapshot (by the step
+  -- whose lock cand waited for) is rechecked on its new version and not
+  -- counted as swept, so a signal that arrived meanwhile is not hidden.
+  WHERE s.id = l.id AND s.consumed_at IS NULL
   RETURNING s.target_id
 ), ` + parentJoinCTE + `
 SELECT c.id, c.queue,

@@ -358,7 +358,7 @@ RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.pare
           WHERE s.target_id = c.id AND s.consumed_at IS NULL
           OFFSET 0) AS x
         WHERE c.status = 'failed') AS l
-  WHERE s.id = l.id
+  WHERE s.id = l.id AND s.consumed_at IS NULL -- rechecked on a version newer than the snapshot
   RETURNING s.target_id
 ), ` + parentJoinCTE + `
 SELECT c.id, c.fsm, c.queue, c.step, c.attempt, c.status::text, n.next,
