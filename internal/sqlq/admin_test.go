@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,16 +119,6 @@ func TestPruneCountsNoBatchWhoseCommitFailed(t *testing.T) {
 	require.Equal(t, 5, left)
 }
 
-// stmtCounter is a pgx tracer that counts statements.
-type stmtCounter struct{ n atomic.Int64 }
-
-func (c *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // TestReapSweepsAgainOnlyWhatItMissed: a reap that fails rows (attempts
 // exhausted) consumes their signals in its own statement and sends a second
 // sweep only for rows it reports (a signal committed after its snapshot was
@@ -137,7 +126,7 @@ func (c *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 // always sent the second sweep: 2 statements.
 func TestReapSweepsAgainOnlyWhatItMissed(t *testing.T) {
 	t.Parallel()
-	counter := &stmtCounter{}
+	counter := &dbtest.Counter{}
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, Tracer: counter})
 	q, err := sqlq.New(schema)
 	require.NoError(t, err)
@@ -150,12 +139,12 @@ func TestReapSweepsAgainOnlyWhatItMissed(t *testing.T) {
 	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_signals (target_id, name) VALUES ($1, 'go'), ($1, 'go')`, id)
 	require.NoError(t, err)
 
-	before := counter.n.Load()
+	before := counter.Count()
 	reaped, _, err := q.Reap(ctx, pool, 10)
 	require.NoError(t, err)
 	require.Len(t, reaped, 1)
 	require.Equal(t, "failed", reaped[0].Status)
-	require.EqualValues(t, 1, counter.n.Load()-before, "statements of a reap that missed no signal")
+	require.EqualValues(t, 1, counter.Count()-before, "statements of a reap that missed no signal")
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.gendurable_signals
 		WHERE target_id = $1 AND consumed_at IS NULL`, id).Scan(&left))

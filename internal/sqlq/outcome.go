@@ -700,7 +700,7 @@ FROM (SELECT x.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
         SELECT s.id FROM {{schema}}.gendurable_signals AS s
         WHERE s.target_id = f.id AND s.consumed_at IS NULL
         OFFSET 0) AS x) AS l
-WHERE s.id = l.id`
+WHERE s.id = l.id AND s.consumed_at IS NULL -- rechecked on a version newer than the snapshot`
 
 // applyOutcomes1 runs the outcome statement; resweep lists the finished
 // rows whose inbox sweep missed a signal.
