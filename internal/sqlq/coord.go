@@ -388,17 +388,13 @@ const retryStatusSet = `      status = CASE WHEN k.kids > 0 THEN 'awaiting_child
 // rows in the same order, one primary-key probe each, and returns the ids
 // among $1 that are failed once locked: the first statement of a retry (see
 // retryStatusSet). The parents are read before any lock is taken: a row's
-// parent_id never changes. A parent is locked whatever its status; with $2,
-// so is every row of $1 (Retry, whose second statement is not limited to
-// the ids this one returns: a row its snapshot saw live and a cancel failed
-// just after would otherwise be retried unlocked, its live children counted
-// on a snapshot that a child finishing meanwhile makes stale).
+// parent_id never changes. A parent is locked whatever its status.
 const retryLockSQL = `
 WITH t AS (
   SELECT array_agg(DISTINCT x.id ORDER BY x.id) AS ids
   FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
     SELECT c.id, c.parent_id FROM {{schema}}.gendurable_instances AS c
-    WHERE c.id = u.id AND ($2::boolean OR c.status = 'failed')
+    WHERE c.id = u.id AND c.status = 'failed'
     OFFSET 0 -- a fence: one primary-key probe per id
   ) AS c CROSS JOIN LATERAL (VALUES (c.id), (c.parent_id)) AS x(id)
   WHERE x.id IS NOT NULL
@@ -418,10 +414,9 @@ type TxDB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// lockForRetry runs retryLockSQL in tx and returns the failed ids it
-// locked; every id is locked, failed or not, if all.
-func (q *Queries) lockForRetry(ctx context.Context, tx pgx.Tx, ids []int64, all bool) ([]int64, error) {
-	rows, err := tx.Query(ctx, q.retryLock, ids, all)
+// lockForRetry runs retryLockSQL in tx and returns the ids it locked.
+func (q *Queries) lockForRetry(ctx context.Context, tx pgx.Tx, ids []int64) ([]int64, error) {
+	rows, err := tx.Query(ctx, q.retryLock, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -444,10 +439,15 @@ func liveChildren(retried string) string {
          WHERE c.parent_id = p.id AND c.parent_fanout = p.fanout AND ` + live + `)`
 }
 
+// retrySQL retries row $1 if retryLockSQL locked it ($2, its result): a row
+// that snapshot saw live and that a cancel failed just after is not locked,
+// nor is its parent, so it is not retried here (its live children would be
+// counted on this snapshot while a child's outcome held the row, and that
+// count written over the child's decrement); Retry locks again.
 var retrySQL = `
 WITH k AS (
   SELECT p.id, ` + liveChildren("") + ` AS kids
-  FROM {{schema}}.gendurable_instances AS p WHERE p.id = $1
+  FROM {{schema}}.gendurable_instances AS p WHERE p.id = $1 AND p.id = ANY ($2::bigint[])
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}',
@@ -488,10 +488,20 @@ const retryWait = `CASE WHEN i.status = 'runnable' AND i.eligible_at > clock_tim
 func (q *Queries) Retry(ctx context.Context, db TxDB, id int64) (status *string, queue *string, wait time.Duration, err error) {
 	var us int64
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		if _, err := q.lockForRetry(ctx, tx, []int64{id}, true); err != nil {
-			return err
+		for try := 1; ; try++ {
+			locked, err := q.lockForRetry(ctx, tx, []int64{id})
+			if err != nil {
+				return err
+			}
+			if err := tx.QueryRow(ctx, q.retry, id, locked).Scan(&status, &queue, &us); err != nil {
+				return err
+			}
+			// Not locked, and failed on the retry statement's later
+			// snapshot: a cancel committed between the two. Lock it now.
+			if len(locked) > 0 || status == nil || *status != "failed" || try == 3 {
+				return nil
+			}
 		}
-		return tx.QueryRow(ctx, q.retry, id).Scan(&status, &queue, &us)
 	})
 	if err != nil {
 		return nil, nil, 0, err
