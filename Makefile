@@ -83,7 +83,7 @@ bench-compare:
 ## system's adapter, REPLICAS processes, through warmup, clean, idle-in-tx, recovery,
 ## active-readers, high-load (1.5 × RATE), recovery, kill-worker and start-worker against
 ## DATABASE_URL's server, one system at a time, each in a fresh database lh_<system>. RATE is the
-## total offered jobs/s (split between the replicas), WORKERS each replica's worker count. 71 min
+## total offered jobs/s (split between the replicas), WORKERS each replica's worker count. 74 min
 ## per system at SCALE=1; SCALE=0.02 SAMPLE=1 is a smoke run of about 2 min per system. Writes
 ## OUT/summary.md, OUT/*.png, OUT/run.json, OUT/<system>/samples.csv; LH_FLAGS passes more flags
 ## (cd bench && go run ./cmd/long-horizon -h). Not part of `make test`.

@@ -8,7 +8,8 @@
 //	When a step completes, its outcome (the new state, the next step) is
 //	committed to the database before execution of that instance proceeds.
 //	A crash at any point loses at most the step that was running, which then
-//	runs again (at-least-once).
+//	runs again (at-least-once) while the instance has attempts left: the
+//	reaper charges the lost run one, and fails the instance once none is left.
 //
 // # Machines
 //

@@ -47,7 +47,7 @@ type Phase struct {
 
 // DefaultPhases are the targets at full length: 10 min clean → 15
 // idle-in-tx → 10 recovery → 10 active-readers → 10 high-load → 10 recovery,
-// after a 3 min warmup and before the crash phases (3 min each): 71 minutes
+// after a 3 min warmup and before the crash phases (3 min each): 74 minutes
 // per system.
 func DefaultPhases() []Phase {
 	return []Phase{

@@ -484,7 +484,11 @@ const retryWait = `CASE WHEN i.status = 'runnable' AND i.eligible_at > clock_tim
 
 // Retry moves a failed instance back to runnable; it returns the status the
 // instance had (nil if none exists), its queue if it was retried, and how
-// long until it is eligible (0: now).
+// long until it is eligible (0: now). A row that turns failed between the
+// lock statement and the retry statement (a cancel committing in between)
+// is locked again, up to three tries; a row that is still flipping after
+// that is reported failed and not retried (queue nil), and a Retry of it
+// again is safe.
 func (q *Queries) Retry(ctx context.Context, db TxDB, id int64) (status *string, queue *string, wait time.Duration, err error) {
 	var us int64
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
