@@ -48,6 +48,23 @@ type Config struct {
 // most this long, plus a check and a pick, after it does (docs/design.md §4).
 const DefaultFloorCheck = time.Second
 
+// floorCheckDuty bounds the share of time a queue's floor checks take: the
+// next check starts no sooner than this many times the last one's duration
+// after that one started. A check reads every index entry below the floor
+// with its heap tuple; under a snapshot held elsewhere those are the entries
+// of every row claimed since the hold began, so checks grow with the hold
+// (1.2 s each after 8 minutes at 2,000 jobs/s), and run once a second they
+// kept a server process busy per engine. Spaced by their duration they take
+// at most a tenth of one, and a row below the floor waits longer: at most
+// floorCheckDuty × the last check's duration instead of FloorCheck.
+const floorCheckDuty = 10
+
+// floorCheckDue reports whether a floor check may start at now, the last
+// one having started at ticked and taken took.
+func floorCheckDue(now, ticked time.Time, took, every time.Duration) bool {
+	return now.Sub(ticked) >= max(every, floorCheckDuty*took)
+}
+
 // maxFloorPrios bounds the priorities the pick seeks to the floor within;
 // rows of other priorities are still picked, their entries below the floor
 // read but not their heap tuples.
@@ -215,9 +232,11 @@ type Feeder struct {
 	claimedSince bool
 	// floorFound is what the last floor check found (under mu): the
 	// earliest eligible_at of a runnable plain row below the floor, or the
-	// zero time when the check failed. checking: a check is running.
+	// zero time when the check failed. checking: a check is running;
+	// checkTook: how long the last one took (floorCheckDue).
 	floorFound *time.Time
 	checking   bool
+	checkTook  time.Duration
 	checks     sync.WaitGroup
 	heldBack   bool        // dispatch waits for a heartbeat (see dispatch)
 	stopping   atomic.Bool // Run is returning: no more chained steps
@@ -596,7 +615,8 @@ func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 }
 
 // floorTick runs before each pick (docs/design.md §4). It lowers the floor
-// to what a floor check found, and once per FloorCheck it either starts a
+// to what a floor check found, and once per FloorCheck (or floorCheckDuty
+// times the last check's duration, if that is longer) it either starts a
 // check — the queue claimed rows since the last tick: a row may have become
 // visible below the floor meanwhile — or, when the queue claimed nothing,
 // drops the floor: the next pick looks at every row (an idle queue adds no
@@ -609,12 +629,13 @@ func (s *Feeder) floorTick(stopCtx context.Context) {
 	s.mu.Lock()
 	found := s.floorFound
 	s.floorFound = nil
+	took := s.checkTook
 	s.mu.Unlock()
 	if found != nil && s.floor != nil && found.Before(*s.floor) {
 		s.floor = found
 	}
 	now := time.Now()
-	if s.floor == nil || now.Sub(s.floorTicked) < s.cfg.FloorCheck {
+	if s.floor == nil || !floorCheckDue(now, s.floorTicked, took, s.cfg.FloorCheck) {
 		return
 	}
 	s.mu.Lock()
@@ -643,7 +664,9 @@ func (s *Feeder) checkFloor(stopCtx context.Context, floor time.Time) {
 	defer s.checks.Done()
 	ctx, cancel := context.WithTimeout(stopCtx, s.cfg.Lease)
 	defer cancel()
+	start := time.Now()
 	at, err := s.q.PickFloorCheck(ctx, s.db, s.cfg.Queue, floor)
+	took := time.Since(start)
 	if err != nil {
 		if stopCtx.Err() == nil {
 			s.log.Warn("gendurable: pick floor check failed", "queue", s.cfg.Queue, "err", err)
@@ -652,6 +675,11 @@ func (s *Feeder) checkFloor(stopCtx context.Context, floor time.Time) {
 	}
 	s.mu.Lock()
 	s.checking = false
+	if err == nil {
+		// A failed check found nothing to space by: its caller looks at
+		// every row on the next pick instead.
+		s.checkTook = took
+	}
 	if at != nil && (s.floorFound == nil || at.Before(*s.floorFound)) {
 		s.floorFound = at
 		s.more = true

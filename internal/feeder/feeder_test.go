@@ -701,3 +701,38 @@ func TestContinueRefusesALapsedClaim(t *testing.T) {
 		t.Fatal("Continue moved a claim whose deadline had passed")
 	}
 }
+
+// TestFloorChecksAreSpacedByTheirDuration: a floor check that took long
+// (under a snapshot held elsewhere it reads every entry claimed since the
+// hold began) is not followed by the next one FloorCheck later, but only
+// after floorCheckDuty times its duration: checks once a second that each
+// took 1.2 s kept a server process busy per engine through a hold.
+func TestFloorChecksAreSpacedByTheirDuration(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	for _, c := range []struct {
+		since, took time.Duration
+		due         bool
+	}{
+		{time.Second, 0, true},                            // no check yet: FloorCheck
+		{999 * time.Millisecond, 0, false},                // within FloorCheck
+		{time.Second, 50 * time.Millisecond, true},        // a fast check: FloorCheck
+		{5 * time.Second, 1200 * time.Millisecond, false}, // a slow one: 10 × 1.2 s
+		{12 * time.Second, 1200 * time.Millisecond, true},
+	} {
+		if got := floorCheckDue(now, now.Add(-c.since), c.took, time.Second); got != c.due {
+			t.Errorf("%v after a check that took %v: due %v, want %v", c.since, c.took, got, c.due)
+		}
+	}
+	// The tick does not start a check before then: nothing is spent.
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second,
+		MaxPollInterval: time.Second, Lease: time.Second, HeartbeatInterval: 300 * time.Millisecond},
+		nil, nil, nil, &pickLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	floor := now.Add(-time.Second)
+	ticked := now.Add(-5 * time.Second)
+	s.floor, s.floorTicked, s.claimedSince, s.checkTook = &floor, ticked, true, 1200*time.Millisecond
+	s.floorTick(context.Background())
+	if !s.floorTicked.Equal(ticked) || !s.claimedSince || s.checking {
+		t.Fatalf("a check started 5 s after one that took 1.2 s: ticked %v (was %v), checking %v", s.floorTicked, ticked, s.checking)
+	}
+}
