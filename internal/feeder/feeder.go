@@ -53,7 +53,7 @@ const DefaultFloorCheck = time.Second
 // after that one started. A check reads every index entry below the floor
 // with its heap tuple; under a snapshot held elsewhere those are the entries
 // of every row claimed since the hold began, so checks grow with the hold
-// (1.2 s each after 8 minutes at 2,000 jobs/s), and run once a second they
+// (0.8-1.2 s each six minutes into a hold at 2,000 jobs/s), and run once a second they
 // kept a server process busy per engine. Spaced by their duration they take
 // at most a tenth of one, and a row below the floor waits longer: at most
 // floorCheckDuty × the last check's duration instead of FloorCheck.
