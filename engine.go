@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/gendurable/gendurable/internal/committer"
 	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/feeder"
@@ -890,11 +891,7 @@ func (g *oversizedGuard) done(queue string, progress bool, now time.Time) {
 		g.next, g.fails = map[string]time.Time{}, map[string]int{}
 	}
 	g.fails[queue]++
-	wait := oversizedBackoffMax
-	if n := g.fails[queue]; n <= 6 {
-		wait = min(oversizedBackoffMin<<(n-1), oversizedBackoffMax)
-	}
-	g.next[queue] = now.Add(wait)
+	g.next[queue] = now.Add(backoff.Exp(oversizedBackoffMin, oversizedBackoffMax, g.fails[queue]))
 }
 
 func (g *oversizedGuard) limitBytes() int64 {

@@ -13,15 +13,21 @@ import (
 // in a row: base·2^(n-1), at most ceiling, then a random point in the upper
 // half of that ([d/2, d]), so the expected wait still grows geometrically.
 func Delay(base, ceiling time.Duration, n int) time.Duration {
-	d := max(base, time.Millisecond)
-	for i := 1; i < n && d < ceiling; i++ {
-		d *= 2
-	}
-	d = min(d, ceiling)
+	d := Exp(max(base, time.Millisecond), ceiling, n)
 	if d <= 1 {
 		return d
 	}
 	return d/2 + rand.N(d/2+1)
+}
+
+// Exp is Delay without the jitter: base·2^(n-1), at most ceiling, for a
+// wait that only one caller keeps (nothing to spread).
+func Exp(base, ceiling time.Duration, n int) time.Duration {
+	d := base
+	for i := 1; i < n && d < ceiling; i++ {
+		d *= 2
+	}
+	return min(d, ceiling)
 }
 
 // Write is the retry schedule of an outcome write that failed transiently
