@@ -169,7 +169,7 @@ func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 	run func(context.Context, bulkForm) (gendurable.BulkResult, error)) {
 	b, err := d.parseBulk(r)
 	if err == nil {
-		err = d.checkStateFilter(b.filter, func() ([]string, error) { return d.machineNames(r.Context()) })
+		err = d.checkStateFilter(r.Context(), b.filter)
 	}
 	if err != nil {
 		d.fail(w, r, err)

@@ -251,12 +251,12 @@ func (d *dashboard) parseList(q url.Values) (gendurable.ListFilter, listForm, er
 
 func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 	f, form, err := d.parseList(r.URL.Query())
-	var machines []string // read once: the form lists them, and a state filter is checked against them
+	var machines []string // the form lists them; a state filter's check reads the same, shared copy
 	if err == nil {
 		machines, err = d.machineNames(r.Context())
 	}
 	if err == nil {
-		err = d.checkStateFilter(f, func() ([]string, error) { return machines, nil })
+		err = d.checkStateFilter(r.Context(), f)
 	}
 	if err != nil {
 		d.fail(w, r, err)
@@ -302,15 +302,15 @@ func (d *dashboard) listPage(w http.ResponseWriter, r *http.Request) {
 // request per guess — with an id search, of one instance's PIN or token.
 // A filter names hidden data when Redact, given the filter as a document
 // of the filter's machine (or of any machine the dashboard knows, without
-// one: known returns them, called only then), changes it.
-func (d *dashboard) checkStateFilter(f gendurable.ListFilter, known func() ([]string, error)) error {
+// one: machineNames, read only then), changes it.
+func (d *dashboard) checkStateFilter(ctx context.Context, f gendurable.ListFilter) error {
 	if d.opts.Redact == nil || len(f.State) == 0 {
 		return nil
 	}
 	names := []string{f.Machine}
 	if f.Machine == "" {
 		var err error
-		if names, err = known(); err != nil {
+		if names, err = d.machineNames(ctx); err != nil {
 			return err
 		}
 	}
