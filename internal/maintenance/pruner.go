@@ -70,11 +70,11 @@ func (p *Pruner) Start(ctx context.Context) error {
 func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	batch := orDefault(p.Batch, DefaultBatch)
 	var total int64
+	var from *time.Time // where the next batch starts (sqlq.Prune)
 	for {
 		var n int64
-		var full bool
 		err := bounded(ctx, orDefault(p.BatchTimeout, PruneBatchTimeout(DefaultStatementTimeout)), func(ctx context.Context) (err error) {
-			n, full, err = p.Queries.Prune(ctx, p.DB, retention, batch)
+			n, from, err = p.Queries.Prune(ctx, p.DB, retention, batch, from)
 			return err
 		})
 		total += n
@@ -84,7 +84,7 @@ func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress 
 		if progress != nil && n > 0 {
 			progress(total)
 		}
-		if !full {
+		if from == nil {
 			return total, nil
 		}
 	}

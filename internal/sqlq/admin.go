@@ -327,8 +327,14 @@ const prunableSQL = `
       WHERE c.parent_id = i.id AND c.status NOT IN ('done', 'failed')))`
 
 // pruneLockSQL locks up to $2 finished instances older than the retention
-// that are prunable (prunableSQL), oldest first, and returns their ids: the
-// first statement of a prune batch. It runs under pruneSettings: the
+// that are prunable (prunableSQL), oldest first from $3 (a finished_at; NULL:
+// the oldest), and returns their ids and finished_at: the first statement of
+// a prune batch. A sweep's next batch starts at its last row's finished_at
+// rather than at the index's head, which it would read again batch after
+// batch: the rows kept or skipped as locked, and, while a snapshot held
+// elsewhere keeps dead index entries from being marked, every row the
+// sweep has deleted — quadratic in the rows a sweep deletes. Rows left
+// behind (kept, or locked) are the next sweep's. It runs under pruneSettings: the
 // planner may only walk the finished index in order and probe the parent's
 // primary key and (for a row that fanned out) the parent index, so a batch
 // costs O(batch) whatever the statistics say (docs/design.md §5), plus the
@@ -343,8 +349,9 @@ const prunableSQL = `
 // yet taken the parent's lock waits for the prune's commit and then finds
 // the parent gone (a retry of a child whose parent was pruned before it).
 const pruneLockSQL = `
-SELECT i.id FROM {{schema}}.gendurable_instances AS i
+SELECT i.id, i.finished_at FROM {{schema}}.gendurable_instances AS i
 WHERE i.status IN ('done', 'failed') AND i.finished_at < now() - $1::bigint * interval '1 microsecond'
+  AND i.finished_at >= coalesce($3::timestamptz, '-infinity')
   AND ` + prunableSQL + `
 ORDER BY i.finished_at
 LIMIT $2
@@ -386,35 +393,44 @@ var pruneSettings = `SELECT set_config('enable_seqscan', 'off', true),
        set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
        ` + idleLimitSetting
 
-// Prune deletes one batch of finished instances older than retention and
-// returns how many it deleted, and whether the batch was full (it locked
-// batch rows: more may be left, though some of them were kept on the second
-// look, pruneSQL). It runs in a transaction of its own. With an error it
-// returns 0: the batch rolled back, or its COMMIT failed — or, the
-// connection lost on the way back, committed unseen, so callers' counts of
-// what was deleted before an error are a lower bound.
-func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duration, batch int) (deleted int64, full bool, err error) {
+// Prune deletes one batch of finished instances older than retention,
+// starting at from (nil: the oldest; else the next return of the sweep's
+// last batch), and returns how many it deleted, and where the next batch of
+// the sweep starts: nil unless the batch was full (it locked batch rows:
+// more may be left, though some of them were kept on the second look,
+// pruneSQL). It runs in a transaction of its own. With an error it returns
+// 0: the batch rolled back, or its COMMIT failed — or, the connection lost
+// on the way back, committed unseen, so callers' counts of what was
+// deleted before an error are a lower bound.
+func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duration, batch int, from *time.Time) (deleted int64, next *time.Time, err error) {
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, pruneSettings); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, q.pruneLock, micros(retention), batch)
+		rows, err := tx.Query(ctx, q.pruneLock, micros(retention), batch, from)
 		if err != nil {
 			return err
 		}
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil || len(ids) == 0 {
+		var ids []int64
+		var id int64
+		var last time.Time
+		if _, err := pgx.ForEachRow(rows, []any{&id, &last}, func() error {
+			ids = append(ids, id)
+			return nil
+		}); err != nil || len(ids) == 0 {
 			return err
 		}
-		full = len(ids) >= batch
 		tag, err := tx.Exec(ctx, q.prune, ids)
 		deleted = tag.RowsAffected()
+		if len(ids) >= batch {
+			next = &last
+		}
 		return err
 	})
 	if err != nil {
-		return 0, false, err // the batch did not commit (or its COMMIT failed): none of it counts
+		return 0, nil, err // the batch did not commit (or its COMMIT failed): none of it counts
 	}
-	return deleted, full, nil
+	return deleted, next, nil
 }
 
 const listSignalsSQL = `

@@ -111,7 +111,7 @@ func TestPruneCountsNoBatchWhoseCommitFailed(t *testing.T) {
 		_, err := pool.Exec(ctx, stmt)
 		require.NoError(t, err)
 	}
-	n, _, err := q.Prune(ctx, pool, time.Hour, 100)
+	n, _, err := q.Prune(ctx, pool, time.Hour, 100, nil)
 	require.ErrorContains(t, err, "refused at commit")
 	require.Zero(t, n, "the batch rolled back: nothing was deleted")
 	var left int

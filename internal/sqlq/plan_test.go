@@ -767,9 +767,14 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NotNil(t, next)
 				}},
 				{"prune", 4*1000 + 100, func(t *testing.T, tx pgx.Tx) {
-					n, _, err := f.q.Prune(ctx, tx, time.Hour, 1000)
+					// Two batches of a sweep: from the oldest, then from where the first ended.
+					n, next, err := f.q.Prune(ctx, tx, time.Hour, 500, nil)
 					require.NoError(t, err)
-					require.Equal(t, int64(1000), n)
+					require.Equal(t, int64(500), n)
+					require.NotNil(t, next, "a full batch says where the next starts")
+					n, _, err = f.q.Prune(ctx, tx, time.Hour, 500, next)
+					require.NoError(t, err)
+					require.Equal(t, int64(500), n)
 				}},
 			}
 			runPlanCases(t, cases)
