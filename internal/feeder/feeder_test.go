@@ -167,8 +167,8 @@ func TestHeartbeatTellsZombieFromNewClaim(t *testing.T) {
 	if _, err := pool.Exec(ctx, "UPDATE "+schema+".gendurable_instances SET lease_expires_at = now() - interval '1 second'"); err != nil {
 		t.Fatal(err)
 	}
-	if n, _, err := q.Reap(ctx, pool, 10); err != nil || len(n) != 1 {
-		t.Fatalf("reap: %v, %v", n, err)
+	if res, err := q.Reap(ctx, pool, 10, nil); err != nil || len(res.Reaped) != 1 {
+		t.Fatalf("reap: %v, %v", res.Reaped, err)
 	}
 	claim := pick()
 	if claim.ID != zombie.ID || claim.Token <= zombie.Token {

@@ -192,18 +192,34 @@ func (r *runner) clockLoop(ctx context.Context) {
 	}
 }
 
-// depthLoop polls the queue depth: every 200 ms when the producer steers by
-// it, else once a second and only in instance 0 (the one that reports it).
-func (r *runner) depthLoop(ctx context.Context) {
-	every := time.Second
-	if r.cfg.ProducerMode == ModeDepthTarget {
+// depthPollDuty spaces the depth polls by their duration: the next starts
+// no sooner than this many times the last one's duration after it started.
+// A count over a backlog of a million rows, under a snapshot held elsewhere,
+// takes seconds; polled back to back it kept a server process busy beside
+// the system measured.
+const depthPollDuty = 10
+
+// depthPollGap is the time from one depth poll's start to the next's: every
+// 200 ms when the producer steers by the depth, else once a sample period
+// (the depth is reported once a sample), and at least depthPollDuty times
+// the last poll's duration.
+func depthPollGap(mode string, sampleEvery, took time.Duration) time.Duration {
+	every := sampleEvery
+	if mode == ModeDepthTarget {
 		every = 200 * time.Millisecond
-	} else if r.cfg.InstanceID != 0 {
+	}
+	return max(every, depthPollDuty*took)
+}
+
+// depthLoop polls the queue depth (depthPollGap): in every instance when
+// the producer steers by it, else only in instance 0 (the one that reports
+// it).
+func (r *runner) depthLoop(ctx context.Context) {
+	if r.cfg.ProducerMode != ModeDepthTarget && r.cfg.InstanceID != 0 {
 		return
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
 	for {
+		start := time.Now()
 		before := r.sincePoll.Load()
 		n, err := r.sys.Depth(ctx)
 		if err != nil {
@@ -219,7 +235,7 @@ func (r *runner) depthLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(time.Until(start.Add(depthPollGap(r.cfg.ProducerMode, r.cfg.SampleEvery, time.Since(start))))):
 		}
 	}
 }

@@ -30,7 +30,10 @@ type Reaped struct {
 // out before that: each sweep's last statement reports that lease's expiry
 // (as the await-timeout sweep's reports its next deadline), so a crashed
 // worker's rows run again about a lease after its last heartbeat, not up to
-// an Interval later.
+// an Interval later. Between full sweeps a sweep starts at the floor the last
+// one returned, so a snapshot held elsewhere does not make every sweep read
+// the lease entries of every row claimed since it began (fullSweepDue;
+// docs/design.md §4, "The reaper's floor").
 //
 // Each reap statement runs under StatementTimeout: one stuck on a dead
 // connection is abandoned at that deadline, logged, and the next sweep
@@ -61,6 +64,24 @@ const (
 	minSweepGap  = 100 * time.Millisecond
 )
 
+// fullSweepEvery: between sweeps from the floor the last one returned
+// (sqlq.Reap), a full sweep — from the lease index's head — runs at Start
+// and then once this many Intervals have passed since the last one started,
+// and no sooner than fullSweepDuty times its duration (it grows with a
+// snapshot held elsewhere, as a floor check does). A lease below the floor
+// (written by a transaction that committed more than sqlq.ReapFloorSlack
+// after it ran out) is recovered by the next full sweep.
+const (
+	fullSweepEvery = 10
+	fullSweepDuty  = 10
+)
+
+// fullSweepDue reports whether a sweep starting at now, the last full one
+// having started at last and taken took, is a full one.
+func fullSweepDue(now, last time.Time, took, interval time.Duration) bool {
+	return last.IsZero() || now.Sub(last) >= max(fullSweepEvery*interval, fullSweepDuty*took)
+}
+
 // Start runs sweeps until Stop or until ctx is done: one at once, then
 // every Interval, or just past the next lease expiry if that comes first.
 // Leases that ran out before a sweep's statement and were left (rows
@@ -72,9 +93,21 @@ func (r *Reaper) Start(ctx context.Context) error {
 		return fmt.Errorf("gendurable: reaper: interval %s is not positive", r.Interval)
 	}
 	return r.StartLoop(ctx, func(ctx context.Context) {
+		var floor *time.Time // nil: a full sweep
+		var lastFull time.Time
+		var fullTook time.Duration
 		for {
 			wait := r.Interval
-			_, next, err := r.sweep(ctx)
+			from := floor
+			start := time.Now()
+			if fullSweepDue(start, lastFull, fullTook, r.Interval) {
+				from = nil
+			}
+			_, next, to, err := r.sweep(ctx, from)
+			if from == nil && err == nil {
+				lastFull, fullTook = start, time.Since(start)
+			}
+			floor = to // nil after an error: the next sweep is full
 			switch {
 			case err != nil && ctx.Err() == nil:
 				logger(r.Log).Warn("gendurable: reaper sweep failed", "err", err)
@@ -88,23 +121,24 @@ func (r *Reaper) Start(ctx context.Context) error {
 	})
 }
 
-// RunOnce runs one sweep now, batch after batch until no expired lease is
-// left, and returns the number of rows recovered.
+// RunOnce runs one full sweep now, batch after batch until no expired lease
+// is left, and returns the number of rows recovered.
 func (r *Reaper) RunOnce(ctx context.Context) (int, error) {
-	n, _, err := r.sweep(ctx)
+	n, _, _, err := r.sweep(ctx, nil)
 	return n, err
 }
 
-// sweep is RunOnce, also returning its last statement's next expiry.
-func (r *Reaper) sweep(ctx context.Context) (int, *time.Duration, error) {
+// sweep is RunOnce from floor (nil: a full sweep), also returning its last
+// statement's next expiry and the floor the next sweep may start at (nil
+// after an error).
+func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (int, *time.Duration, *time.Time, error) {
 	batch := orDefault(r.Batch, DefaultBatch)
 	total := 0
 	for {
 		start := time.Now()
-		var rows []sqlq.Reaped
-		var next *time.Duration
+		var res sqlq.ReapResult
 		err := bounded(ctx, orDefault(r.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
-			rows, next, err = r.Queries.Reap(ctx, r.DB, batch)
+			res, err = r.Queries.Reap(ctx, r.DB, batch, floor)
 			return err
 		})
 		if err != nil {
@@ -112,8 +146,10 @@ func (r *Reaper) sweep(ctx context.Context) (int, *time.Duration, error) {
 			if r.OnReap != nil && ctx.Err() == nil {
 				r.OnReap(ctx, &Reaped{Duration: time.Since(start), Err: err})
 			}
-			return total, nil, err
+			return total, nil, nil, err
 		}
+		rows := res.Reaped
+		floor = &res.Floor
 		if len(rows) > 0 {
 			rep := &Reaped{Count: len(rows), Duration: time.Since(start), IDs: make([]int64, 0, len(rows))}
 			for _, row := range rows {
@@ -129,7 +165,7 @@ func (r *Reaper) sweep(ctx context.Context) (int, *time.Duration, error) {
 		}
 		total += len(rows)
 		if len(rows) < batch {
-			return total, next, nil
+			return total, res.Next, floor, nil
 		}
 	}
 }

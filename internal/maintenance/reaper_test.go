@@ -124,6 +124,51 @@ func TestReaperIsNotBlindedByALockedRow(t *testing.T) {
 	}
 }
 
+// TestReaperFindsALeaseBelowItsFloor: between full sweeps the running
+// reaper sweeps from the floor its last sweep returned (about
+// sqlq.ReapFloorSlack before its now()). A lease that ran out an hour
+// before it became visible — a transaction that wrote it and committed long
+// after — is below that floor, and the next full sweep recovers it:
+// fullSweepEvery Intervals after the last one.
+func TestReaperFindsALeaseBelowItsFloor(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	r := &Reaper{Queries: d.q, DB: d.pool, Interval: 100 * time.Millisecond, Log: quiet}
+	if err := r.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	time.Sleep(300 * time.Millisecond) // the full sweep at Start, then sweeps from its floor
+	late := d.id(insertExecuting, -3600*1000, 5)
+	eventually(t, 10*time.Second, func() bool { return d.status(late) == "runnable" }, "the lease below the floor not reaped")
+}
+
+// TestFullSweepsAreSpaced: a full sweep runs first, then once
+// fullSweepEvery Intervals have passed, or fullSweepDuty times its
+// duration if that is longer.
+func TestFullSweepsAreSpaced(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	for _, c := range []struct {
+		since, took time.Duration
+		due         bool
+	}{
+		{0, 0, true}, // none yet
+		{9 * time.Second, 10 * time.Millisecond, false},
+		{10 * time.Second, 10 * time.Millisecond, true},
+		{15 * time.Second, 2 * time.Second, false}, // a slow one: 10 × 2 s
+		{20 * time.Second, 2 * time.Second, true},
+	} {
+		last := now.Add(-c.since)
+		if c.since == 0 {
+			last = time.Time{}
+		}
+		if got := fullSweepDue(now, last, c.took, time.Second); got != c.due {
+			t.Errorf("%v after a full sweep that took %v: due %v, want %v", c.since, c.took, got, c.due)
+		}
+	}
+}
+
 // TestReaperRunOnceBatches: one sweep goes on batch after batch until no
 // expired lease is left, reporting each batch.
 func TestReaperRunOnceBatches(t *testing.T) {

@@ -140,8 +140,9 @@ func TestReapSweepsAgainOnlyWhatItMissed(t *testing.T) {
 	require.NoError(t, err)
 
 	before := counter.Count()
-	reaped, _, err := q.Reap(ctx, pool, 10)
+	res, err := q.Reap(ctx, pool, 10, nil)
 	require.NoError(t, err)
+	reaped := res.Reaped
 	require.Len(t, reaped, 1)
 	require.Equal(t, "failed", reaped[0].Status)
 	require.EqualValues(t, 1, counter.Count()-before, "statements of a reap that missed no signal")
@@ -189,8 +190,9 @@ func TestCancelAndReapSweepWhateverTheCounts(t *testing.T) {
 
 	expired := seed(`status, attempt, max_attempts, claim_token, lease_expires_at`,
 		`'executing', 0, 1, 9, now() - interval '1 second'`)
-	reaped, _, err := q.Reap(ctx, pool, 10)
+	res, err := q.Reap(ctx, pool, 10, nil)
 	require.NoError(t, err)
+	reaped := res.Reaped
 	require.Len(t, reaped, 1)
 	require.Equal(t, "failed", reaped[0].Status)
 	require.Zero(t, unconsumed(expired), "a reap left a signal its counts did not show")

@@ -318,6 +318,18 @@ func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lea
 // A child failed here counts towards its parent's fan-in like any other.
 // eligible_at is left as it was: a reaped row keeps its place in the
 // backlog, ahead of rows that became eligible after it.
+//
+// The sweep starts at $3, the floor the last sweep returned (NULL: a full
+// sweep, from the lease index's head). From the head, a sweep reads the
+// entry of every row claimed since a snapshot held elsewhere began, with its
+// heap tuple: the entries of rows that finished cannot be marked dead while
+// it is held (docs/design.md §4, "The reaper's floor"). The floor it returns
+// is the earliest of now() − reapFloorSlack and the earliest expired lease
+// of a row still executing that it did not reap (locked by another
+// transaction, or past the LIMIT), read without locks on its snapshot: every
+// row it could see and left is at or above it. What it cannot see is a lease
+// that a transaction wrote and committed more than reapFloorSlack after it
+// had run out; the full sweeps find those.
 
 var reapSQL = `
 WITH expired AS MATERIALIZED (
@@ -325,6 +337,7 @@ WITH expired AS MATERIALIZED (
   -- statement's snapshot was taken is locked and read as it left it.
   SELECT id, inbox FROM {{schema}}.gendurable_instances
   WHERE status = 'executing' AND lease_expires_at < now()
+    AND lease_expires_at >= coalesce($3::timestamptz, '-infinity')
   ORDER BY lease_expires_at
   LIMIT $1
   FOR UPDATE SKIP LOCKED
@@ -361,7 +374,7 @@ RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.pare
   WHERE s.id = l.id AND s.consumed_at IS NULL -- rechecked on a version newer than the snapshot
   RETURNING s.target_id
 ), ` + parentJoinCTE + `
-SELECT c.id, c.fsm, c.queue, c.step, c.attempt, c.status::text, n.next,
+SELECT c.id, c.fsm, c.queue, c.step, c.attempt, c.status::text, n.next, n.floor,
        coalesce(c.status = 'failed' AND c.held_inbox <> '{}'::jsonb
                 AND ` + heldSignals(`c.held_inbox`) + ` > (SELECT count(*) FROM swept AS w WHERE w.target_id = c.id),
                 false)
@@ -369,7 +382,14 @@ FROM (SELECT (SELECT extract(epoch FROM x.lease_expires_at - now())::float8
               FROM {{schema}}.gendurable_instances AS x
               WHERE x.status = 'executing' AND x.lease_expires_at > now()
               ORDER BY x.lease_expires_at
-              LIMIT 1) AS next) AS n
+              LIMIT 1) AS next,
+             least(now() - $4::bigint * interval '1 microsecond',
+                   (SELECT x.lease_expires_at FROM {{schema}}.gendurable_instances AS x
+                    WHERE x.status = 'executing' AND x.lease_expires_at < now()
+                      AND x.lease_expires_at >= coalesce($3::timestamptz, '-infinity')
+                      AND x.id NOT IN (SELECT e.id FROM expired AS e)
+                    ORDER BY x.lease_expires_at
+                    LIMIT 1)) AS floor) AS n
 LEFT JOIN changed AS c ON true`
 
 // Reaped is one row the reaper recovered.
@@ -382,15 +402,32 @@ type Reaped struct {
 	Status  string // "runnable" or "failed"
 }
 
-// Reap recovers up to limit expired leases. next is how long until the
-// next lease still ahead of the statement's now() runs out, on the database
-// clock (the first entry of the lease index past it; nil if none): leases
-// that ran out before now() and were left are rows another transaction
-// has locked, and are not counted.
-func (q *Queries) Reap(ctx context.Context, db DB, limit int) (reaped []Reaped, next *time.Duration, err error) {
-	rows, err := db.Query(ctx, q.reap, limit, MaxErrorHistory)
+// ReapFloorSlack is how far before its statement's now() a reap's returned
+// floor lies at the latest: a lease written by a transaction that commits
+// up to this long after it ran out is still above the next sweep's floor.
+const ReapFloorSlack = 10 * time.Second
+
+// ReapResult is what one reap statement did and saw.
+type ReapResult struct {
+	Reaped []Reaped
+	// Next is how long until the next lease still ahead of the statement's
+	// now() runs out, on the database clock (the first entry of the lease
+	// index past it; nil if none): leases that ran out before now() and
+	// were left are rows another transaction has locked, and are not
+	// counted.
+	Next *time.Duration
+	// Floor is where the next sweep may start (reapSQL), on the database
+	// clock.
+	Floor time.Time
+}
+
+// Reap recovers up to limit expired leases at or above floor (nil: from the
+// oldest; else a Floor an earlier Reap returned).
+func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time) (ReapResult, error) {
+	var res ReapResult
+	rows, err := db.Query(ctx, q.reap, limit, MaxErrorHistory, floor, micros(ReapFloorSlack))
 	if err != nil {
-		return nil, nil, err
+		return res, err
 	}
 	defer rows.Close()
 	var resweep []int64
@@ -400,22 +437,22 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) (reaped []Reaped, 
 		var attempt *int32
 		var secs *float64
 		var again bool
-		if err := rows.Scan(&id, &fsm, &queue, &step, &attempt, &status, &secs, &again); err != nil {
-			return nil, nil, err
+		if err := rows.Scan(&id, &fsm, &queue, &step, &attempt, &status, &secs, &res.Floor, &again); err != nil {
+			return ReapResult{}, err
 		}
 		if again {
 			resweep = append(resweep, *id)
 		}
 		if secs != nil {
 			d := time.Duration(*secs * float64(time.Second))
-			next = &d
+			res.Next = &d
 		}
 		if id != nil { // nil: the one row of a statement that reaped nothing
-			reaped = append(reaped, Reaped{ID: *id, FSM: *fsm, Queue: *queue, Step: *step, Attempt: *attempt, Status: *status})
+			res.Reaped = append(res.Reaped, Reaped{ID: *id, FSM: *fsm, Queue: *queue, Step: *step, Attempt: *attempt, Status: *status})
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, err
+		return ReapResult{}, err
 	}
 	// The failed rows whose sweep missed a signal (resweep: it committed
 	// after the statement's snapshot was taken, before the row was locked),
@@ -426,7 +463,7 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int) (reaped []Reaped, 
 	if len(resweep) > 0 {
 		_ = q.SweepInboxes(ctx, db, resweep)
 	}
-	return reaped, next, nil
+	return res, nil
 }
 
 // ---------------------------------------------------------------------------

@@ -255,6 +255,12 @@ func TestPickVisitsEachKeyOnce(t *testing.T) {
 // 15: counters are flushed at most once a second otherwise).
 func pickIndexReads(t *testing.T, c *pgx.Conn, schema string) (tuples, blocks int64) {
 	t.Helper()
+	return indexReads(t, c, schema, "gendurable_instances_pick_plain")
+}
+
+// indexReads is pickIndexReads of any index of the schema's.
+func indexReads(t *testing.T, c *pgx.Conn, schema, index string) (tuples, blocks int64) {
+	t.Helper()
 	ctx := context.Background()
 	var version int
 	require.NoError(t, c.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version))
@@ -268,8 +274,95 @@ func pickIndexReads(t *testing.T, c *pgx.Conn, schema string) (tuples, blocks in
 	require.NoError(t, c.QueryRow(ctx, `
 		SELECT i.idx_tup_read, s.idx_blks_hit + s.idx_blks_read
 		FROM pg_stat_user_indexes AS i JOIN pg_statio_user_indexes AS s USING (indexrelid)
-		WHERE i.schemaname = $1 AND i.indexrelname = 'gendurable_instances_pick_plain'`, schema).Scan(&tuples, &blocks))
+		WHERE i.schemaname = $1 AND i.indexrelname = $2`, schema, index).Scan(&tuples, &blocks))
 	return tuples, blocks
+}
+
+// TestReapFloorSkipsFinishedLeasesUnderAHeldXmin (docs/design.md §4, "The
+// reaper's floor"): while another session holds an xid, the lease index keeps
+// the entry of every row that was executing since, and a sweep from its head
+// reads each of them with its heap tuple. A sweep from the floor the last one
+// returned reads what expired since. Rows it could see and left — one locked
+// by another transaction, one past the LIMIT — keep the floor at or below
+// their leases, and a later sweep from it recovers them.
+func TestReapFloorSkipsFinishedLeasesUnderAHeldXmin(t *testing.T) {
+	t.Parallel()
+	q, c, schema := heldXmin(t)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	const finished = 3000
+	// Rows claimed a minute ago and finished since: their executing
+	// versions' entries stay in the lease index while the xid is held.
+	_, err := c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, claim_token, lease_expires_at)
+		SELECT 'm', 'a', 'executing', 1, now() - interval '1 minute' + g * interval '1 millisecond' FROM generate_series(1, $1::int) g`, finished)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, `UPDATE `+s+`.gendurable_instances SET status = 'done', finished_at = now(), lease_expires_at = NULL, claim_token = NULL`)
+	require.NoError(t, err)
+	// expire inserts n executing rows whose leases ran out at from + 1 ms, + 2 ms, ….
+	expire := func(n int, from time.Time) []int64 {
+		t.Helper()
+		rows, err := c.Query(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, claim_token, lease_expires_at)
+			SELECT 'm', 'a', 'executing', 1, $2::timestamptz + g * interval '1 millisecond' FROM generate_series(1, $1::int) g
+			RETURNING id`, n, from)
+		require.NoError(t, err)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		require.NoError(t, err)
+		return ids
+	}
+	reap := func(name string, limit int, floor *time.Time) (sqlq.ReapResult, int64) {
+		t.Helper()
+		t0, _ := indexReads(t, c, schema, "gendurable_instances_lease")
+		res, err := q.Reap(ctx, c, limit, floor)
+		require.NoError(t, err)
+		t1, _ := indexReads(t, c, schema, "gendurable_instances_lease")
+		t.Logf("%s: reaped %d, %d index entries, floor %v", name, len(res.Reaped), t1-t0, res.Floor)
+		return res, t1 - t0
+	}
+	reapedIDs := func(res sqlq.ReapResult) []int64 {
+		ids := []int64{}
+		for _, r := range res.Reaped {
+			ids = append(ids, r.ID)
+		}
+		return ids
+	}
+
+	var now time.Time
+	require.NoError(t, c.QueryRow(ctx, `SELECT now()`).Scan(&now))
+	first := expire(1, now.Add(-time.Second))
+	res, read := reap("full", 10, nil)
+	require.Equal(t, first, reapedIDs(res))
+	require.GreaterOrEqual(t, read, int64(finished), "a full sweep reads every finished row's entry")
+	floor := res.Floor
+	require.True(t, floor.After(now.Add(-sqlq.ReapFloorSlack-time.Second)), "nothing left: the floor is now() - the slack")
+
+	// Once the floor is two seconds behind now() - the slack: one lease that
+	// ran out just above it, locked by another transaction, three more just
+	// above that, past a LIMIT of 1. The floor stays below the locked one.
+	time.Sleep(2 * time.Second)
+	locked := expire(1, floor.Add(500*time.Millisecond))
+	rest := expire(3, floor.Add(600*time.Millisecond))
+	lc, err := pgx.Connect(ctx, dbtest.URL())
+	require.NoError(t, err)
+	defer func() { _ = lc.Close(ctx) }()
+	ltx, err := lc.Begin(ctx)
+	require.NoError(t, err)
+	_, err = ltx.Exec(ctx, `SELECT 1 FROM `+s+`.gendurable_instances WHERE id = $1 FOR UPDATE`, locked[0])
+	require.NoError(t, err)
+	res, read = reap("from the floor", 1, &floor)
+	require.Equal(t, rest[:1], reapedIDs(res), "the locked row is skipped, the LIMIT stops after one")
+	require.LessOrEqual(t, read, int64(40), "a sweep from the floor reads what expired since")
+	var lockedLease time.Time
+	require.NoError(t, c.QueryRow(ctx, `SELECT lease_expires_at FROM `+s+`.gendurable_instances WHERE id = $1`, locked[0]).Scan(&lockedLease))
+	require.True(t, res.Floor.Equal(lockedLease), "the floor is the locked row's lease: %v, want %v", res.Floor, lockedLease)
+	floor = res.Floor
+	res, _ = reap("past the LIMIT", 10, &floor)
+	require.Equal(t, rest[1:], reapedIDs(res), "the rows past the LIMIT, the locked one still skipped")
+	floor = res.Floor
+	require.True(t, floor.Equal(lockedLease), "the floor is the locked row's lease: %v, want %v", floor, lockedLease)
+	require.NoError(t, ltx.Rollback(ctx))
+	res, read = reap("after the lock", 10, &floor)
+	require.Equal(t, locked, reapedIDs(res), "the row locked before is recovered from the floor")
+	require.LessOrEqual(t, read, int64(40))
 }
 
 // TestPickFloorSkipsClaimedRowsUnderAHeldXmin (docs/design.md §4): while

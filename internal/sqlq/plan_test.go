@@ -747,13 +747,13 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NotNil(t, queue)
 				}},
 				{"reap", 4*fxExpired + 100, func(t *testing.T, tx pgx.Tx) {
-					got, next, err := f.q.Reap(ctx, tx, 1000)
+					res, err := f.q.Reap(ctx, tx, 1000, nil)
 					require.NoError(t, err)
-					require.Len(t, got, fxExpired)
+					require.Len(t, res.Reaped, fxExpired)
 					// The next expiry: the first entry of the lease index
 					// past the fixture's expired ones.
-					require.NotNil(t, next)
-					require.Positive(t, *next)
+					require.NotNil(t, res.Next)
+					require.Positive(t, *res.Next)
 				}},
 				{"signal", 100, func(t *testing.T, tx pgx.Tx) {
 					r, err := f.q.Signal(ctx, tx, sigTarget, "go", nil, nil)
