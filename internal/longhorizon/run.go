@@ -200,15 +200,15 @@ func (r *runner) clockLoop(ctx context.Context) {
 const depthPollDuty = 10
 
 // depthPollGap is the time from one depth poll's start to the next's: every
-// 200 ms when the producer steers by the depth, else once a sample period
-// (the depth is reported once a sample), and at least depthPollDuty times
-// the last poll's duration.
+// 200 ms when the producer steers by the depth (it refills the queue from
+// the last poll, so a slow count is not spaced out), else once a sample
+// period (the depth is reported once a sample, as of its last poll) and at
+// least depthPollDuty times the last poll's duration.
 func depthPollGap(mode string, sampleEvery, took time.Duration) time.Duration {
-	every := sampleEvery
 	if mode == ModeDepthTarget {
-		every = 200 * time.Millisecond
+		return 200 * time.Millisecond
 	}
-	return max(every, depthPollDuty*took)
+	return max(sampleEvery, depthPollDuty*took)
 }
 
 // depthLoop polls the queue depth (depthPollGap): in every instance when

@@ -65,12 +65,13 @@ const (
 )
 
 // fullSweepEvery: between sweeps from the floor the last one returned
-// (sqlq.Reap), a full sweep — from the lease index's head — runs at Start
-// and then once this many Intervals have passed since the last one started,
-// and no sooner than fullSweepDuty times its duration (it grows with a
-// snapshot held elsewhere, as a floor check does). A lease below the floor
-// (written by a transaction that committed more than sqlq.ReapFloorSlack
-// after it ran out) is recovered by the next full sweep.
+// (sqlq.Reap), a full sweep — from the lease index's head — runs at Start,
+// after a failed sweep, and then at the first sweep once this many Intervals
+// have passed since the last one started, and no sooner than fullSweepDuty
+// times the duration of its last statement (it grows with a snapshot held
+// elsewhere, as a floor check does). A lease below the floor (written by a
+// transaction that committed more than sqlq.ReapFloorSlack after it ran out)
+// is recovered by the next full sweep.
 const (
 	fullSweepEvery = 10
 	fullSweepDuty  = 10
@@ -103,9 +104,9 @@ func (r *Reaper) Start(ctx context.Context) error {
 			if fullSweepDue(start, lastFull, fullTook, r.Interval) {
 				from = nil
 			}
-			_, next, to, err := r.sweep(ctx, from)
+			_, next, to, took, err := r.sweep(ctx, from)
 			if from == nil && err == nil {
-				lastFull, fullTook = start, time.Since(start)
+				lastFull, fullTook = start, took
 			}
 			floor = to // nil after an error: the next sweep is full
 			switch {
@@ -124,14 +125,16 @@ func (r *Reaper) Start(ctx context.Context) error {
 // RunOnce runs one full sweep now, batch after batch until no expired lease
 // is left, and returns the number of rows recovered.
 func (r *Reaper) RunOnce(ctx context.Context) (int, error) {
-	n, _, _, err := r.sweep(ctx, nil)
+	n, _, _, _, err := r.sweep(ctx, nil)
 	return n, err
 }
 
 // sweep is RunOnce from floor (nil: a full sweep), also returning its last
-// statement's next expiry and the floor the next sweep may start at (nil
-// after an error).
-func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (int, *time.Duration, *time.Time, error) {
+// statement's next expiry, the floor the next sweep may start at (nil after
+// an error), and how long its last statement took — the one that found its
+// batch's worth no more: what a sweep costs to read the index, without the
+// recovery of a crowd of expired rows before it.
+func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (int, *time.Duration, *time.Time, time.Duration, error) {
 	batch := orDefault(r.Batch, DefaultBatch)
 	total := 0
 	for {
@@ -146,7 +149,7 @@ func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (int, *time.Durati
 			if r.OnReap != nil && ctx.Err() == nil {
 				r.OnReap(ctx, &Reaped{Duration: time.Since(start), Err: err})
 			}
-			return total, nil, nil, err
+			return total, nil, nil, 0, err
 		}
 		rows := res.Reaped
 		floor = &res.Floor
@@ -165,7 +168,7 @@ func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (int, *time.Durati
 		}
 		total += len(rows)
 		if len(rows) < batch {
-			return total, res.Next, floor, nil
+			return total, res.Next, floor, time.Since(start), nil
 		}
 	}
 }

@@ -128,19 +128,29 @@ func TestReaperIsNotBlindedByALockedRow(t *testing.T) {
 // reaper sweeps from the floor its last sweep returned (about
 // sqlq.ReapFloorSlack before its now()). A lease that ran out an hour
 // before it became visible — a transaction that wrote it and committed long
-// after — is below that floor, and the next full sweep recovers it:
-// fullSweepEvery Intervals after the last one.
+// after — is below that floor: the sweeps of the next seconds leave it, and
+// the next full sweep, fullSweepEvery Intervals after the one at Start,
+// recovers it.
 func TestReaperFindsALeaseBelowItsFloor(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
-	r := &Reaper{Queries: d.q, DB: d.pool, Interval: 100 * time.Millisecond, Log: quiet}
+	first := d.id(insertExecuting, -1000, 5)
+	r := &Reaper{Queries: d.q, DB: d.pool, Interval: time.Second, Log: quiet}
+	started := time.Now()
 	if err := r.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer r.Stop()
-	time.Sleep(300 * time.Millisecond) // the full sweep at Start, then sweeps from its floor
+	eventually(t, 5*time.Second, func() bool { return d.status(first) == "runnable" }, "the full sweep at Start did not run")
 	late := d.id(insertExecuting, -3600*1000, 5)
-	eventually(t, 10*time.Second, func() bool { return d.status(late) == "runnable" }, "the lease below the floor not reaped")
+	// Sweeps from the floor, one a second; the next full one is due
+	// fullSweepEvery seconds after Start (later, never sooner, on a slow
+	// machine).
+	time.Sleep(3 * time.Second)
+	if got, since := d.status(late), time.Since(started); got != "executing" && since < fullSweepEvery*time.Second {
+		t.Fatalf("the lease below the floor is %s %v after Start, before a full sweep was due: the sweeps do not start at their floor", got, since)
+	}
+	eventually(t, 20*time.Second, func() bool { return d.status(late) == "runnable" }, "the lease below the floor not reaped by a full sweep")
 }
 
 // TestFullSweepsAreSpaced: a full sweep runs first, then once

@@ -309,8 +309,10 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 // a finished child whose parent is still live, or failed (a retry runs the
 // parent again at the step it failed in, which may read its children), is
 // kept, whatever its age: the parent's next step reads it (Run.Children,
-// with its result); it goes once the parent is done, or pruned itself (the
-// next batch: the parent gone). A row cancelled mid-step whose lease is
+// with its result); it goes once the parent is done, or pruned itself (a
+// later batch or sweep, the parent gone: a child that finished before its
+// parent is behind the sweep's cursor, pruneLockSQL, and waits for the next
+// sweep). A row cancelled mid-step whose lease is
 // still live is kept until the lease ends (cancelSet): it stands for a step
 // that may still run, its key's slot and its place in its queue's
 // GlobalConcurrency. A finished parent with a live child (one cancelled

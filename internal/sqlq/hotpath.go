@@ -324,11 +324,11 @@ func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lea
 // entry of every row claimed since a snapshot held elsewhere began, with its
 // heap tuple: the entries of rows that finished cannot be marked dead while
 // it is held (docs/design.md §4, "The reaper's floor"). The floor it returns
-// is the earliest of now() − reapFloorSlack and the earliest expired lease
+// is the earliest of now() − ReapFloorSlack and the earliest expired lease
 // of a row still executing that it did not reap (locked by another
 // transaction, or past the LIMIT), read without locks on its snapshot: every
 // row it could see and left is at or above it. What it cannot see is a lease
-// that a transaction wrote and committed more than reapFloorSlack after it
+// that a transaction wrote and committed more than ReapFloorSlack after it
 // had run out; the full sweeps find those.
 
 var reapSQL = `
