@@ -79,8 +79,11 @@ type Config struct {
 	// reads that expiry from the lease index in its own statement), so a
 	// crashed worker's rows run again about LeaseDuration after its last
 	// heartbeat rather than up to ReaperInterval later, once a sweep has run
-	// since the crash. Set it negative to run no reaper in this process
-	// (another process must).
+	// since the crash. A lease written by a transaction that committed more
+	// than LeaseDuration + 10s after it began (a WithTx step's outcome that
+	// keeps its row running) is found by the full sweep every ten intervals
+	// (docs/design.md §4, "The reaper's floor"). Set it negative to run no
+	// reaper in this process (another process must).
 	ReaperInterval time.Duration
 	// AwaitTimeoutInterval is the longest the await-timeout sweep sleeps:
 	// it wakes at the next deadline it knows of (an await with a timeout
