@@ -69,9 +69,9 @@ func TestPrunerRunOnceBatches(t *testing.T) {
 // TestPrunerRunOnceStartsEachBatchWhereTheLastEnded: while another session
 // holds an xid, the finished index keeps the entries of every row a sweep
 // deleted, unmarked. A sweep whose every batch started at the index's head
-// read them all again each batch (about 40,000 entries for these 40
-// batches of 50); each batch now starts at the last one's finished_at, so
-// the sweep reads each entry about once. A group of rows finished at the
+// read them all again each batch (47,270 entries for these 43 batches of 50,
+// in one run); each batch now starts at the last one's finished_at, so the
+// sweep reads each entry about once (2,310). A group of rows finished at the
 // same instant, larger than a batch, is deleted whole.
 func TestPrunerRunOnceStartsEachBatchWhereTheLastEnded(t *testing.T) {
 	t.Parallel()
