@@ -496,12 +496,14 @@ func (e *Engine) RemoveQueue(ctx context.Context, queue string) error {
 const PruneBatch = 1000
 
 // Prune deletes finished (done or failed) instances that finished more
-// than retention ago, with their signals, in batches of PruneBatch until
-// none is left (a finished child whose parent is still live is kept, for
-// the parent's next step reads it, and a finished parent while a child of it
-// is live, for [Engine.CancelTree] of it to reach them — a child retried
-// while the prune runs included: a batch looks at each row again once it
-// holds the row's lock); progress, if not nil, is called after each batch
+// than retention ago, with their signals, in batches of PruneBatch, oldest
+// first, each starting where the last ended, until a batch comes back short
+// (a finished child whose parent is still live is kept, for the parent's
+// next step reads it, and a finished parent while a child of it is live, for
+// [Engine.CancelTree] of it to reach them — a child retried while the prune
+// runs included: a batch looks at each row again once it holds the row's
+// lock). What a call passes by — a child whose parent it prunes after it, a
+// row locked by another transaction — goes in a later call; progress, if not nil, is called after each batch
 // with the running total. It returns the number deleted; on error, the number
 // deleted before it (each batch commits on its own). The prune is logged at
 // Info on the engine's Logger with that number, also when it stopped part

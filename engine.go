@@ -81,9 +81,11 @@ type Config struct {
 	// heartbeat rather than up to ReaperInterval later, once a sweep has run
 	// since the crash. A lease written by a transaction that committed more
 	// than LeaseDuration + 10s after it began (a WithTx step's outcome that
-	// keeps its row running) is found by the full sweep every ten intervals
-	// (docs/design.md §4, "The reaper's floor"). Set it negative to run no
-	// reaper in this process (another process must).
+	// keeps its row running; a GlobalConcurrency pick that waited that long
+	// for its queue's lock) is found by the next full sweep: every ten
+	// intervals, or later when a full sweep takes long (docs/design.md §4,
+	// "The reaper's floor"). Set it negative to run no reaper in this
+	// process (another process must).
 	ReaperInterval time.Duration
 	// AwaitTimeoutInterval is the longest the await-timeout sweep sleeps:
 	// it wakes at the next deadline it knows of (an await with a timeout

@@ -27,7 +27,8 @@ type System interface {
 }
 
 // DepthCap bounds the count of queue_depth: a larger backlog reads as
-// DepthCap, so the poll stays cheap however far the system falls behind.
+// DepthCap, so a poll's cost stays bounded however far the system falls
+// behind.
 const DepthCap = 1_000_000
 
 // MaxBatch is the most jobs one Insert carries; the producer inserts every
@@ -194,9 +195,10 @@ func (r *runner) clockLoop(ctx context.Context) {
 
 // depthPollDuty spaces the depth polls by their duration: the next starts
 // no sooner than this many times the last one's duration after it started.
-// A count over a backlog of a million rows, under a snapshot held elsewhere,
-// takes seconds; polled back to back it kept a server process busy beside
-// the system measured.
+// A count over a large backlog, under a snapshot held elsewhere, takes a
+// third of a second or more; polled once a second it took over a third of a
+// server process beside the system measured (BENCHMARKS.md, "Where a 2,000
+// jobs/s hold's statement time goes").
 const depthPollDuty = 10
 
 // depthPollGap is the time from one depth poll's start to the next's: every

@@ -64,7 +64,8 @@ func (p *Pruner) Start(ctx context.Context) error {
 }
 
 // RunOnce deletes the instances that finished more than retention ago, in
-// batches until none is left; progress, if not nil, is called after each
+// batches, each from where the last ended, until one comes back short (what
+// it passes by is the next sweep's: sqlq.Prune); progress, if not nil, is called after each
 // batch that deleted rows with the running total. It returns the number
 // deleted.
 func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {

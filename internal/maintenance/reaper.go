@@ -131,8 +131,8 @@ func (r *Reaper) RunOnce(ctx context.Context) (int, error) {
 
 // sweep is RunOnce from floor (nil: a full sweep), also returning its last
 // statement's next expiry, the floor the next sweep may start at (nil after
-// an error), and how long its last statement took — the one that found its
-// batch's worth no more: what a sweep costs to read the index, without the
+// an error), and how long its last statement took — the one that reaped
+// fewer than a batch: what a sweep costs to read the index, without the
 // recovery of a crowd of expired rows before it.
 func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (int, *time.Duration, *time.Time, time.Duration, error) {
 	batch := orDefault(r.Batch, DefaultBatch)

@@ -402,8 +402,8 @@ type Reaped struct {
 	Status  string // "runnable" or "failed"
 }
 
-// ReapFloorSlack is how far before its statement's now() a reap's returned
-// floor lies at the latest: a lease written by a transaction that commits
+// ReapFloorSlack: a reap's returned floor lies at least this far before its
+// statement's now(): a lease written by a transaction that commits
 // up to this long after it ran out is still above the next sweep's floor.
 const ReapFloorSlack = 10 * time.Second
 
