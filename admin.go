@@ -503,12 +503,13 @@ const PruneBatch = 1000
 // [Engine.CancelTree] of it to reach them — a child retried while the prune
 // runs included: a batch looks at each row again once it holds the row's
 // lock). What a call passes by — a child whose parent it prunes after it, a
-// row locked by another transaction — goes in a later call; progress, if not nil, is called after each batch
-// with the running total. It returns the number deleted; on error, the number
-// deleted before it (each batch commits on its own). The prune is logged at
-// Info on the engine's Logger with that number, also when it stopped part
-// way (unless it deleted nothing). Each batch runs under 10 ×
-// Config.MaintenanceTimeout as well as ctx: one past it is rolled back.
+// row locked by another transaction — goes in a later call; progress, if
+// not nil, is called after each batch with the running total. It returns
+// the number deleted; on error, the number deleted before it (each batch
+// commits on its own). The prune is logged at Info on the engine's Logger
+// with that number, also when it stopped part way (unless it deleted
+// nothing). Each batch runs under 10 × Config.MaintenanceTimeout as well as
+// ctx: one past it is rolled back.
 func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	if retention < 0 {
 		return 0, errorf(ErrInvalidConfig, "negative retention")

@@ -20,6 +20,16 @@ func Delay(base, ceiling time.Duration, n int) time.Duration {
 	return d/2 + rand.N(d/2+1)
 }
 
+// Spaced is the least time from the start of a recurring read to the next's
+// when its cost grows with something it cannot bound (under a snapshot held
+// elsewhere, the dead index entries it passes): every, or duty times the
+// last one's duration if that is longer, so the reads take at most 1/duty
+// of a server process. The floor checks, the reaper's full sweeps and the
+// long-horizon adapter's depth polls are spaced so.
+func Spaced(every time.Duration, duty int, took time.Duration) time.Duration {
+	return max(every, time.Duration(duty)*took)
+}
+
 // Exp is Delay without the jitter: base·2^(n-1), at most ceiling, for a
 // wait that only one caller keeps (nothing to spread).
 func Exp(base, ceiling time.Duration, n int) time.Duration {

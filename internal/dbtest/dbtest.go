@@ -174,3 +174,30 @@ func (c *Counter) Count() int64 { return c.n.Load() }
 
 // Reset zeroes the count.
 func (c *Counter) Reset() { c.n.Store(0) }
+
+// IndexReads is what index (of schema's) has served: index entries returned
+// (idx_tup_read) and blocks read, as c's backend sees them. The reading
+// backend's pending counters are flushed first (pg_stat_force_next_flush:
+// otherwise at most once a second), so c must be the connection that read.
+// It skips the test before PostgreSQL 15, which has no such flush.
+func IndexReads(t testing.TB, c *pgx.Conn, schema, index string) (tuples, blocks int64) {
+	t.Helper()
+	ctx := context.Background()
+	var version int
+	if err := c.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 150000 {
+		t.Skipf("PostgreSQL %d: reading index counters needs pg_stat_force_next_flush (15 and later)", version)
+	}
+	if _, err := c.Exec(ctx, `SELECT pg_stat_force_next_flush(), pg_stat_clear_snapshot()`); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.QueryRow(ctx, `
+		SELECT i.idx_tup_read, s.idx_blks_hit + s.idx_blks_read
+		FROM pg_stat_user_indexes AS i JOIN pg_statio_user_indexes AS s USING (indexrelid)
+		WHERE i.schemaname = $1 AND i.indexrelname = $2`, schema, index).Scan(&tuples, &blocks); err != nil {
+		t.Fatal(err)
+	}
+	return tuples, blocks
+}

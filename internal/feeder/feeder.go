@@ -62,7 +62,7 @@ const floorCheckDuty = 10
 // floorCheckDue reports whether a floor check may start at now, the last
 // one having started at ticked and taken took.
 func floorCheckDue(now, ticked time.Time, took, every time.Duration) bool {
-	return now.Sub(ticked) >= max(every, floorCheckDuty*took)
+	return now.Sub(ticked) >= backoff.Spaced(every, floorCheckDuty, took)
 }
 
 // maxFloorPrios bounds the priorities the pick seeks to the floor within;

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gendurable/gendurable/internal/backoff"
 )
 
 // System is what an adapter provides for one queue system.
@@ -210,7 +212,7 @@ func depthPollGap(mode string, sampleEvery, took time.Duration) time.Duration {
 	if mode == ModeDepthTarget {
 		return 200 * time.Millisecond
 	}
-	return max(sampleEvery, depthPollDuty*took)
+	return backoff.Spaced(sampleEvery, depthPollDuty, took)
 }
 
 // depthLoop polls the queue depth (depthPollGap): in every instance when

@@ -96,24 +96,10 @@ func TestPrunerRunOnceStartsEachBatchWhereTheLastEnded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = conn.Close(ctx) }()
-	// The sweep's own backend reports what it read (pg_stat_force_next_flush, 15 and later).
+	// The sweep's own backend reports what it read.
 	reads := func() int64 {
 		t.Helper()
-		var version int
-		if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
-			t.Fatal(err)
-		}
-		if version < 150000 {
-			t.Skipf("PostgreSQL %d: reading a sweep's index counters needs pg_stat_force_next_flush (15 and later)", version)
-		}
-		var n int64
-		if err := conn.QueryRow(ctx, `SELECT pg_stat_force_next_flush(), pg_stat_clear_snapshot()`).Scan(nil, nil); err != nil {
-			t.Fatal(err)
-		}
-		if err := conn.QueryRow(ctx, `SELECT idx_tup_read FROM pg_stat_user_indexes
-			WHERE schemaname = $1 AND indexrelname = 'gendurable_instances_finished'`, d.q.Schema).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
+		n, _ := dbtest.IndexReads(t, conn, d.q.Schema, "gendurable_instances_finished")
 		return n
 	}
 	before := reads()

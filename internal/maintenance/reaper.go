@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
@@ -80,7 +81,7 @@ const (
 // fullSweepDue reports whether a sweep starting at now, the last full one
 // having started at last and taken took, is a full one.
 func fullSweepDue(now, last time.Time, took, interval time.Duration) bool {
-	return last.IsZero() || now.Sub(last) >= max(fullSweepEvery*interval, fullSweepDuty*took)
+	return last.IsZero() || now.Sub(last) >= backoff.Spaced(fullSweepEvery*interval, fullSweepDuty, took)
 }
 
 // Start runs sweeps until Stop or until ctx is done: one at once, then
@@ -104,16 +105,16 @@ func (r *Reaper) Start(ctx context.Context) error {
 			if fullSweepDue(start, lastFull, fullTook, r.Interval) {
 				from = nil
 			}
-			_, next, to, took, err := r.sweep(ctx, from)
+			sw, err := r.sweep(ctx, from)
 			if from == nil && err == nil {
-				lastFull, fullTook = start, took
+				lastFull, fullTook = start, sw.took
 			}
-			floor = to // nil after an error: the next sweep is full
+			floor = sw.floor // nil after an error: the next sweep is full
 			switch {
 			case err != nil && ctx.Err() == nil:
 				logger(r.Log).Warn("gendurable: reaper sweep failed", "err", err)
-			case next != nil:
-				wait = min(wait, max(*next+expiryMargin, minSweepGap))
+			case sw.next != nil:
+				wait = min(wait, max(*sw.next+expiryMargin, minSweepGap))
 			}
 			if !pause(ctx, wait, nil) {
 				return
@@ -125,16 +126,23 @@ func (r *Reaper) Start(ctx context.Context) error {
 // RunOnce runs one full sweep now, batch after batch until no expired lease
 // is left, and returns the number of rows recovered.
 func (r *Reaper) RunOnce(ctx context.Context) (int, error) {
-	n, _, _, _, err := r.sweep(ctx, nil)
-	return n, err
+	sw, err := r.sweep(ctx, nil)
+	return sw.n, err
 }
 
-// sweep is RunOnce from floor (nil: a full sweep), also returning its last
-// statement's next expiry, the floor the next sweep may start at (nil after
-// an error), and how long its last statement took — the one that reaped
-// fewer than a batch: what a sweep costs to read the index, without the
-// recovery of a crowd of expired rows before it.
-func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (int, *time.Duration, *time.Time, time.Duration, error) {
+// swept is what one sweep did and saw.
+type swept struct {
+	n     int            // rows recovered
+	next  *time.Duration // the last statement's next expiry
+	floor *time.Time     // where the next sweep may start; nil after an error
+	// took is how long the last statement took — the one that reaped fewer
+	// than a batch: what a sweep costs to read the index, without the
+	// recovery of a crowd of expired rows before it.
+	took time.Duration
+}
+
+// sweep is RunOnce from floor (nil: a full sweep).
+func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (swept, error) {
 	batch := orDefault(r.Batch, DefaultBatch)
 	total := 0
 	for {
@@ -149,7 +157,7 @@ func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (int, *time.Durati
 			if r.OnReap != nil && ctx.Err() == nil {
 				r.OnReap(ctx, &Reaped{Duration: time.Since(start), Err: err})
 			}
-			return total, nil, nil, 0, err
+			return swept{n: total}, err
 		}
 		rows := res.Reaped
 		floor = &res.Floor
@@ -168,7 +176,7 @@ func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (int, *time.Durati
 		}
 		total += len(rows)
 		if len(rows) < batch {
-			return total, res.Next, floor, time.Since(start), nil
+			return swept{n: total, next: res.Next, floor: floor, took: time.Since(start)}, nil
 		}
 	}
 }

@@ -249,33 +249,11 @@ func TestPickVisitsEachKeyOnce(t *testing.T) {
 	}
 }
 
-// pickIndexReads is what the plain pick index of schema s has served: index
-// entries returned (idx_tup_read) and blocks read. Each reading backend's
-// pending counters are flushed first (pg_stat_force_next_flush, PostgreSQL
-// 15: counters are flushed at most once a second otherwise).
+// pickIndexReads is what the plain pick index of schema s has served
+// (dbtest.IndexReads).
 func pickIndexReads(t *testing.T, c *pgx.Conn, schema string) (tuples, blocks int64) {
 	t.Helper()
-	return indexReads(t, c, schema, "gendurable_instances_pick_plain")
-}
-
-// indexReads is pickIndexReads of any index of the schema's.
-func indexReads(t *testing.T, c *pgx.Conn, schema, index string) (tuples, blocks int64) {
-	t.Helper()
-	ctx := context.Background()
-	var version int
-	require.NoError(t, c.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version))
-	if version < 150000 {
-		t.Skipf("PostgreSQL %d: reading a pick's index counters needs pg_stat_force_next_flush (15 and later)", version)
-	}
-	_, err := c.Exec(ctx, `SELECT pg_stat_force_next_flush()`)
-	require.NoError(t, err)
-	_, err = c.Exec(ctx, `SELECT pg_stat_clear_snapshot()`)
-	require.NoError(t, err)
-	require.NoError(t, c.QueryRow(ctx, `
-		SELECT i.idx_tup_read, s.idx_blks_hit + s.idx_blks_read
-		FROM pg_stat_user_indexes AS i JOIN pg_statio_user_indexes AS s USING (indexrelid)
-		WHERE i.schemaname = $1 AND i.indexrelname = $2`, schema, index).Scan(&tuples, &blocks))
-	return tuples, blocks
+	return dbtest.IndexReads(t, c, schema, "gendurable_instances_pick_plain")
 }
 
 // TestReapFloorSkipsFinishedLeasesUnderAHeldXmin (docs/design.md §4, "The
@@ -311,10 +289,10 @@ func TestReapFloorSkipsFinishedLeasesUnderAHeldXmin(t *testing.T) {
 	}
 	reap := func(name string, limit int, floor *time.Time) (sqlq.ReapResult, int64) {
 		t.Helper()
-		t0, _ := indexReads(t, c, schema, "gendurable_instances_lease")
+		t0, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_lease")
 		res, err := q.Reap(ctx, c, limit, floor)
 		require.NoError(t, err)
-		t1, _ := indexReads(t, c, schema, "gendurable_instances_lease")
+		t1, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_lease")
 		t.Logf("%s: reaped %d, %d index entries, floor %v", name, len(res.Reaped), t1-t0, res.Floor)
 		return res, t1 - t0
 	}
