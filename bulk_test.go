@@ -312,7 +312,20 @@ func (c *cancelAfter) Err() error {
 // outcomes decrement the same parents without losing or doubling one.
 func TestBulkCancelWhileWorkersRun(t *testing.T) {
 	t.Parallel()
+	// The first two children to start wait (for the gate, or for their
+	// context) so that the first cancel finds running children on a slow
+	// machine too: without them, every child could finish before a cancel
+	// statement reached it, and the test would prove nothing.
+	gate := make(chan struct{})
+	var held atomic.Int32
 	leaf := &gendurable.Job[leafArgs]{Name: "bleaf", MaxAttempts: 1, Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		if held.Add(1) <= 2 {
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		time.Sleep(time.Duration(2+j.State.N%5) * time.Millisecond)
 		return nil
 	}}
@@ -349,6 +362,13 @@ func TestBulkCancelWhileWorkersRun(t *testing.T) {
 		res, err := b.eng.CancelMatching(ctx, gendurable.ListFilter{Machine: "bleaf", Status: gendurable.StatusExecuting}, "bulk while running")
 		require.NoError(t, err)
 		cancelled += res.Changed
+		if cancelled > 0 {
+			select {
+			case <-gate:
+			default:
+				close(gate)
+			}
+		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	require.Positive(t, cancelled)
