@@ -137,12 +137,16 @@
 // A crash is different: no outcome is written, the lease expires, and the
 // reaper returns the row to runnable with attempt + 1 without calling Handle,
 // in its old place in the backlog (its eligible_at is kept). After
-// MaxAttempts expired leases the reaper fails the instance. The reaper
-// cannot tell a running step from a row the crashed worker had only
-// claimed ahead (QueueConfig.Prefetch): each of those is charged an attempt
-// too, although its step never started — with MaxAttempts 1, a kill -9
-// fails them all. Run such machines or jobs in a queue with a negative
-// Prefetch, or give them more than one attempt.
+// MaxAttempts expired leases the reaper fails the instance. A row the
+// crashed worker had only claimed ahead (QueueConfig.Prefetch) costs no
+// attempt if a heartbeat of the worker marked it not started: it goes back
+// to runnable as it was, and its error entry says so (StepError.Uncharged).
+// A marked claim starts only after the worker has cleared its mark. Where
+// it ends: a claim the worker took less than a HeartbeatInterval before it
+// died may not have been marked, and is charged as a running step is; and
+// an attempt goes free at most once — a second lease lost on the same step
+// and attempt is charged whatever the mark says (docs/design.md §4,
+// "Prefetched claims").
 //
 // Every claim gets a fresh fencing token. Outcomes and heartbeats apply only
 // while the token still matches, so a worker whose lease was reaped (a zombie

@@ -203,10 +203,11 @@ type QueueConfig struct {
 	// Prefetch is how many rows are claimed beyond the running slots so that
 	// a finishing step finds the next one at hand. Buffered rows are
 	// heartbeated like running ones and handed back on Stop; if the process
-	// dies instead, the reaper charges each an attempt as it does a running
-	// step (it cannot tell them apart), so a row with one attempt left fails
-	// without having run. 0 means the default (equal to Concurrency);
-	// negative means none.
+	// dies instead, the reaper returns a buffered row to runnable without
+	// charging an attempt once a heartbeat has marked it not started (a row
+	// claimed less than a HeartbeatInterval before the death is charged as a
+	// running step is: see the package doc, "Failures"). 0 means the
+	// default (equal to Concurrency); negative means none.
 	Prefetch int
 	// MinDemand: don't pick for fewer free places than this, unless the
 	// queue is idle (fewer, fatter picks). Default 1.
@@ -951,7 +952,9 @@ func (e *Engine) kickQueue(queue string) {
 }
 
 // Reap runs one reaper sweep now: every expired lease goes back to runnable
-// with attempt + 1, or fails once its attempts are spent. It returns the
+// with attempt + 1, or fails once its attempts are spent (a prefetched claim
+// whose step never started goes back without the attempt: see
+// [QueueConfig].Prefetch). It returns the
 // number of rows recovered. Engines run it every ReaperInterval; it is
 // exported for tools and tests. Each statement runs under
 // Config.MaintenanceTimeout as well as ctx.

@@ -1470,18 +1470,44 @@ func crashyMachine(hang bool) *gendurable.Machine[orderArgs] {
 	}
 }
 
+// startHelperWorker starts TestHelperWorkerProcess on schema (env: more
+// variables for it) and returns a func that kills it with SIGKILL and
+// waits for it; the process is killed when the test ends in any case.
+func startHelperWorker(t *testing.T, schema string, env ...string) (kill func()) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWorkerProcess$")
+	cmd.Env = append(append(os.Environ(), "GENDURABLE_HELPER_SCHEMA="+schema), env...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, cmd.Start())
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			_, _ = cmd.Process.Wait()
+		})
+	}
+	t.Cleanup(kill)
+	return kill
+}
+
 // TestHelperWorkerProcess is not a test: it is the worker process that
-// TestReapKilledWorkerProcess starts and kills.
+// TestReapKilledWorkerProcess and TestKilledWorkersPrefetchedClaimsCostNoAttempt
+// start and kill. With GENDURABLE_HELPER_PREFETCH set, one step runs (and
+// hangs) while eight more claims wait in its buffer.
 func TestHelperWorkerProcess(t *testing.T) {
 	schema := os.Getenv("GENDURABLE_HELPER_SCHEMA")
 	if schema == "" {
 		t.Skip("helper process only")
 	}
+	qc := gendurable.QueueConfig{PollInterval: 20 * time.Millisecond}
+	if os.Getenv("GENDURABLE_HELPER_PREFETCH") != "" {
+		qc.Concurrency, qc.Prefetch = 1, 8
+	}
 	serveHelper(func(*pgxpool.Pool) *gendurable.Config {
 		return &gendurable.Config{
 			Schema:   schema,
 			Machines: []gendurable.Definition{crashyMachine(true)},
-			Queues:   map[string]gendurable.QueueConfig{"default": {PollInterval: 20 * time.Millisecond}},
+			Queues:   map[string]gendurable.QueueConfig{"default": qc},
 			// A short lease kept alive by heartbeats while this process lives.
 			LeaseDuration: time.Second, HeartbeatInterval: 200 * time.Millisecond, ReaperInterval: -1,
 		}
@@ -1511,17 +1537,7 @@ func TestReapKilledWorkerProcess(t *testing.T) {
 	b := setup(t, nil, m)
 	id := b.insert(m.New(orderArgs{}))
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWorkerProcess$")
-	cmd.Env = append(os.Environ(), "GENDURABLE_HELPER_SCHEMA="+b.schema)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	require.NoError(t, cmd.Start())
-	killed := false
-	t.Cleanup(func() {
-		if !killed {
-			_ = cmd.Process.Kill()
-			_, _ = cmd.Process.Wait()
-		}
-	})
+	kill := startHelperWorker(t, b.schema)
 	eventually(t, 20*time.Second, func() bool { return b.row(id).Status == "executing" }, "worker never claimed the row")
 
 	// Alive, the worker's heartbeats hold the lease well past its length.
@@ -1531,9 +1547,7 @@ func TestReapKilledWorkerProcess(t *testing.T) {
 	require.True(t, r.LeaseExp.After(r.Now), "lease was extended by heartbeats")
 	token := *r.Token
 
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	_, _ = cmd.Process.Wait()
-	killed = true
+	kill()
 
 	// This process reaps the expired lease and runs the step again.
 	b.start()
@@ -1545,6 +1559,115 @@ func TestReapKilledWorkerProcess(t *testing.T) {
 	require.Zero(t, crashyHandleCalls.Load(), "a crash is not a handled error")
 	require.Nil(t, r.Token)
 	require.NotEqual(t, int64(0), token)
+}
+
+// TestKilledWorkersPrefetchedClaimsCostNoAttempt (docs/design.md §4,
+// "Prefetched claims"): a worker process holding nine claims of
+// MaxAttempts 1 — one step running, eight prefetched and never started —
+// is killed with SIGKILL. The running step's lost run is charged its one
+// attempt (the instance fails, attempts exhausted); the eight prefetched
+// rows go back to runnable uncharged and run to done in this process on
+// their first attempt. Before schema version 17 all nine failed.
+func TestKilledWorkersPrefetchedClaimsCostNoAttempt(t *testing.T) {
+	t.Parallel()
+	m := crashyMachine(false)
+	b := setup(t, nil, m)
+	ctx := context.Background()
+	ps := make([]gendurable.InsertParams, 9)
+	for i := range ps {
+		ps[i] = m.New(orderArgs{I: i}).With(gendurable.InsertOpts{MaxAttempts: 1})
+	}
+	_, err := b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+
+	kill := startHelperWorker(t, b.schema, "GENDURABLE_HELPER_PREFETCH=1")
+	// Every row claimed, and a heartbeat since has marked the eight
+	// buffered claims as not started.
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 9 &&
+			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing' AND unstarted_token = claim_token`) == 8
+	}, "the worker never held nine claims with eight of them marked unstarted")
+	kill()
+
+	// This process reaps the expired leases and runs what is left.
+	b.start()
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status IN ('done', 'failed')`) == 9
+	}, "not every instance finished")
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE status = 'failed' AND attempt = 1 AND jsonb_array_length(errors) = 1
+		  AND errors -> 0 @> '{"kind": "lease_expired"}' AND NOT errors -> 0 ? 'uncharged'
+		  AND errors -> 0 ->> 'error' LIKE '%attempts exhausted'`), "the running step's lost run is charged")
+	require.Equal(t, 8, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE status = 'done' AND attempt = 0 AND result = '{"attempt": 0}' AND jsonb_array_length(errors) = 1
+		  AND errors -> 0 @> '{"kind": "lease_expired", "uncharged": true}'`), "the prefetched rows ran on their first attempt")
+}
+
+// TestAStepNeverRunsUnderANotStartedMark (docs/design.md §4, "Prefetched
+// claims"): with one running slot, steps of 300 ms and heartbeats every
+// 100 ms, every claim waits in the buffer across heartbeats that mark it
+// not started. Each step reads its own row as it starts: the mark must be
+// gone (cleared before dispatch), or a crash now would return a run that
+// did start to runnable without charging it. Some claims must have been
+// marked, or the test proves nothing.
+func TestAStepNeverRunsUnderANotStartedMark(t *testing.T) {
+	t.Parallel()
+	var pool atomic.Pointer[pgxpool.Pool]
+	var schema string
+	var marked, seen atomic.Int32
+	job := &gendurable.Job[orderArgs]{Name: "markcheck", Perform: func(ctx context.Context, r *gendurable.Run[orderArgs]) error {
+		var mark *int64
+		if err := pool.Load().QueryRow(ctx, `SELECT unstarted_token FROM `+pgx.Identifier{schema}.Sanitize()+`.gendurable_instances WHERE id = $1`, r.ID).Scan(&mark); err != nil {
+			return err
+		}
+		if mark != nil && *mark == r.Token {
+			marked.Add(1)
+		}
+		seen.Add(1)
+		time.Sleep(300 * time.Millisecond)
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 6, PollInterval: 20 * time.Millisecond}}
+	cfg.HeartbeatInterval = 100 * time.Millisecond
+	b := setup(t, cfg)
+	pool.Store(b.pool)
+	schema = b.schema
+	ctx := context.Background()
+	ps := make([]gendurable.InsertParams, 7)
+	for i := range ps {
+		ps[i] = job.New(orderArgs{I: i})
+	}
+	_, err := b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+	// Watch the marks the heartbeats leave while the claims wait.
+	var sawMarks atomic.Bool
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			var n int
+			if err := b.pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema}.Sanitize()+`.gendurable_instances
+				WHERE status = 'executing' AND unstarted_token = claim_token`).Scan(&n); err == nil && n > 0 {
+				sawMarks.Store(true)
+			}
+		}
+	}()
+	b.start()
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) == len(ps)
+	}, "not every job finished")
+	close(stop)
+	<-watched
+	require.True(t, sawMarks.Load(), "no claim was ever marked not started: the test proves nothing")
+	require.EqualValues(t, len(ps), seen.Load())
+	require.Zero(t, marked.Load(), "a step started while its claim was marked not started")
 }
 
 func TestReaperFailsAfterMaxAttemptsOfExpiredLeases(t *testing.T) {

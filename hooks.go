@@ -87,11 +87,16 @@ type SaturationEvent struct {
 // [Config].MaintenanceTimeout — with Err set and the counts zero, so a
 // reaper that cannot reach the database is seen, not only logged.
 type ReapEvent struct {
-	Count    int     // rows recovered
-	Failed   int     // of which failed for good (attempts exhausted)
-	IDs      []int64 // the instances recovered
-	Duration time.Duration
-	Err      error // the statement failed; nothing was recovered by it
+	Count  int // rows recovered
+	Failed int // of which failed for good (attempts exhausted)
+	// Unstarted: of which went back to runnable without an attempt
+	// charged: claims whose last heartbeat found their step not yet
+	// started (prefetched rows of a worker that died or stalled; see
+	// [QueueConfig].Prefetch).
+	Unstarted int
+	IDs       []int64 // the instances recovered
+	Duration  time.Duration
+	Err       error // the statement failed; nothing was recovered by it
 }
 
 // DrainEvent: a queue's feeder stopped.

@@ -64,6 +64,10 @@ type StepError struct {
 	// "outcome_rejected", "interrupted" or "infrastructure".
 	Kind  string `json:"kind"`
 	Error string `json:"error"`
+	// Uncharged: a "lease_expired" entry whose lost claim cost no attempt:
+	// a heartbeat had found its step not started (a prefetched claim; see
+	// [QueueConfig].Prefetch). False for every other entry.
+	Uncharged bool `json:"uncharged,omitempty"`
 	// Stack is a panic's stack trace (Kind "panic"), from the panicking
 	// frame down, at most 8 KiB; empty for other errors (and for panics
 	// recorded by versions that did not keep it).
@@ -83,7 +87,9 @@ type Instance struct {
 	Result   json.RawMessage `json:"result,omitempty"` // set once done
 	Priority int             `json:"priority"`
 	// Attempt counts from 0: 0 while the step runs (or waits to run) for
-	// the first time, +1 per failed attempt (a replay or an expired lease).
+	// the first time, +1 per failed attempt (a replay or an expired lease;
+	// not the expired lease of a prefetched claim whose step never started,
+	// see [StepError].Uncharged).
 	// Attempt+1 is the run's number ("attempt 1 of 3"), as the CLI shows it.
 	Attempt     int       `json:"attempt"`
 	MaxAttempts int       `json:"max_attempts"`

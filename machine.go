@@ -69,7 +69,8 @@ type Machine[S any] struct {
 	// exponential backoff and jitter (see Backoff) until MaxAttempts, then stop.
 	Handle HandleFunc[S]
 	// MaxAttempts is the default attempt budget of new instances: handled
-	// failures and expired leases both count, and so do the step's own
+	// failures and expired leases both count (not the lease of a prefetched
+	// claim whose step never started: see [QueueConfig].Prefetch), and so do the step's own
 	// Replays, which the budget does not stop (see [Run.Replay]). Default 20.
 	MaxAttempts int
 	// Backoff gives the delay before retry number attempt+1 for the default
@@ -122,7 +123,7 @@ type Run[S any] struct {
 	Version      int       // machine version the row runs on
 	Queue        string    // queue it was claimed from
 	Step         string    // the step being run
-	Attempt      int       // 0 on the first run of this step; +1 per replay or expired lease
+	Attempt      int       // 0 on the first run of this step; +1 per replay or expired lease (see Instance.Attempt)
 	MaxAttempts  int       // attempt budget of the instance
 	Priority     int       // lower runs first
 	PartitionKey string    // "" when the instance has none

@@ -245,7 +245,7 @@ func TestOtherEvents(t *testing.T) {
 	h.OnEvent(ctx, &gendurable.PickEvent{Queue: "kq", Demand: 5, Duration: time.Millisecond, Throttled: []gendurable.KeyThrottle{
 		{Default: true, Full: 2}, {Prefix: "acct:", Full: 1, RateLimited: 4}}})
 	h.OnEvent(ctx, &gendurable.SaturationEvent{Queue: "q", InFlight: 7, Buffered: 2, Concurrency: 10, Prefetch: 10})
-	h.OnEvent(ctx, &gendurable.ReapEvent{Count: 3, Failed: 1, IDs: []int64{11, 12, 13}, Duration: time.Millisecond})
+	h.OnEvent(ctx, &gendurable.ReapEvent{Count: 4, Failed: 1, Unstarted: 1, IDs: []int64{11, 12, 13, 16}, Duration: time.Millisecond})
 	h.OnEvent(ctx, &gendurable.LeaseLostEvent{Queue: "q", InstanceID: 11})
 	h.OnEvent(ctx, &gendurable.StepAbandonedEvent{Queue: "q", Machine: "m", InstanceID: 15, Step: "s", Outcome: "replay", AbandonedSlots: 1})
 	h.OnEvent(ctx, &gendurable.UnknownVersionEvent{Queue: "q", Machine: "m", Version: 9, InstanceID: 14})
@@ -277,8 +277,11 @@ func TestOtherEvents(t *testing.T) {
 		t.Errorf("buffered = %d", n)
 	}
 	reaped := mustMetric(t, rm, gdotel.MetricReaped)
-	if n, _ := intSum(t, reaped, gdotel.AttrFailed.Bool(false)); n != 2 {
+	if n, _ := intSum(t, reaped, gdotel.AttrFailed.Bool(false)); n != 3 {
 		t.Errorf("reaped{failed=false} = %d", n)
+	}
+	if n, _ := intSum(t, reaped, gdotel.AttrUncharged.Bool(true)); n != 1 {
+		t.Errorf("reaped{uncharged=true} = %d", n)
 	}
 	if n, _ := intSum(t, reaped, gdotel.AttrFailed.Bool(true)); n != 1 {
 		t.Errorf("reaped{failed=true} = %d", n)
@@ -316,7 +319,7 @@ func TestOtherEvents(t *testing.T) {
 			t.Errorf("%s span of %d outside the instance's trace", s.Name(), v.AsInt64())
 		}
 	}
-	if len(names["gendurable.reaped"]) != 3 || len(names["gendurable.lease_lost"]) != 1 ||
+	if len(names["gendurable.reaped"]) != 4 || len(names["gendurable.lease_lost"]) != 1 ||
 		len(names["gendurable.step_abandoned"]) != 1 || len(names) != 3 {
 		t.Errorf("marker spans: %v", names)
 	}

@@ -82,6 +82,9 @@ const (
 	AttrAttempt        = attribute.Key("gendurable.attempt")
 	AttrStatus         = attribute.Key("gendurable.status")
 	AttrFailed         = attribute.Key("gendurable.failed") // bool: reaped rows that failed for good
+	// AttrUncharged (bool): reaped rows returned without an attempt
+	// charged (prefetched claims whose steps never started).
+	AttrUncharged = attribute.Key("gendurable.uncharged")
 	// AttrKeyPolicy is the prefix of the KeyPolicy a partition key fell
 	// under, or "(default)" for keys no policy matches.
 	AttrKeyPolicy = attribute.Key("gendurable.key_policy")
@@ -233,7 +236,7 @@ func New(opts Options) (*Hook, error) {
 		metric.WithDescription("Rows claimed by pick statements."))
 	check(err)
 	h.reaped, err = m.Int64Counter(MetricReaped, metric.WithUnit("{instance}"),
-		metric.WithDescription("Instances whose expired lease the reaper recovered; failed=true: attempts exhausted."))
+		metric.WithDescription("Instances whose expired lease the reaper recovered; failed=true: attempts exhausted; uncharged=true: a prefetched claim whose step never started, returned without an attempt charged."))
 	check(err)
 	h.contended, err = m.Int64Counter(MetricPartitionContended, metric.WithUnit("{key}"),
 		metric.WithDescription("Partition keys with runnable rows a pick passed over because every slot of the key was held, by key policy."))
@@ -310,11 +313,14 @@ func (h *Hook) OnEvent(ctx context.Context, ev gendurable.Event) {
 		h.inFlight.Record(ctx, int64(e.InFlight), o)
 		h.buffered.Record(ctx, int64(e.Buffered), o)
 	case *gendurable.ReapEvent:
-		if ok := e.Count - e.Failed; ok > 0 {
-			h.reaped.Add(ctx, int64(ok), metric.WithAttributes(AttrFailed.Bool(false)))
+		if ok := e.Count - e.Failed - e.Unstarted; ok > 0 {
+			h.reaped.Add(ctx, int64(ok), metric.WithAttributes(AttrFailed.Bool(false), AttrUncharged.Bool(false)))
+		}
+		if e.Unstarted > 0 {
+			h.reaped.Add(ctx, int64(e.Unstarted), metric.WithAttributes(AttrFailed.Bool(false), AttrUncharged.Bool(true)))
 		}
 		if e.Failed > 0 {
-			h.reaped.Add(ctx, int64(e.Failed), metric.WithAttributes(AttrFailed.Bool(true)))
+			h.reaped.Add(ctx, int64(e.Failed), metric.WithAttributes(AttrFailed.Bool(true), AttrUncharged.Bool(false)))
 		}
 		for _, id := range e.IDs {
 			h.instantSpan(ctx, id, "gendurable.reaped", "the reaper recovered this instance's expired lease")

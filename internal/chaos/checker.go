@@ -249,7 +249,7 @@ const spansCTE = `WITH spans AS (
                        AND (e.ended IS NULL OR f.at < e.ended)
                        AND (e.cause = 'lease_lost' OR EXISTS (
                          SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
-                         WHERE i.id = e.instance AND x->>'kind' = 'lease_expired' AND (x->>'attempt')::int = e.attempt))) st ON true
+                         WHERE i.id = e.instance AND x->>'kind' = 'lease_expired' AND (x->>'token')::bigint = e.token))) st ON true
   CROSS JOIN LATERAL (SELECT ` + keyLimit + ` AS lim) l
   WHERE e.pkey IS NOT NULL AND e.honours
 ) `

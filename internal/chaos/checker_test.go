@@ -88,12 +88,12 @@ func TestCheckerFindsViolations(t *testing.T) {
 		(-32, 'leaf', 'work', 0, 0, 's2', 8, 'w8', 's2', now() + interval '19 seconds', now() + interval '25 seconds', NULL),
 		(-33, 'leaf', 'work', 0, 0, 's2b', 9, 'w9', 's2', now() + interval '21 seconds', now() + interval '22 seconds', NULL)`)
 	// A run of pid 8 that went on with its work after the stop, but whose
-	// attempt was reaped meanwhile (it lost its claim while stopped): it ends
-	// at the stop too.
-	reaped := ins("done", `, errors) VALUES ('plain', 'work', $1::text::{{s}}.gendurable_status, '[{"kind": "lease_expired", "attempt": 0}]'`)
-	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended) VALUES
-		($1, 'plain', 'work', 0, 0, 's3', 8, 'w8', 's3', now() + interval '19 seconds', now() + interval '25 seconds'),
-		(-35, 'leaf', 'work', 0, 0, 's3b', 9, 'w9', 's3', now() + interval '21 seconds', now() + interval '22 seconds')`, reaped)
+	// claim (token 77) was reaped meanwhile (it lost its claim while
+	// stopped): it ends at the stop too.
+	reaped := ins("done", `, errors) VALUES ('plain', 'work', $1::text::{{s}}.gendurable_status, '[{"kind": "lease_expired", "attempt": 0, "token": 77}]'`)
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended, token) VALUES
+		($1, 'plain', 'work', 0, 0, 's3', 8, 'w8', 's3', now() + interval '19 seconds', now() + interval '25 seconds', 77),
+		(-35, 'leaf', 'work', 0, 0, 's3b', 9, 'w9', 's3', now() + interval '21 seconds', now() + interval '22 seconds', NULL)`, reaped)
 	// A run of a step that ignores its context promises nothing: left out.
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended, honours) VALUES
 		(-34, 'leaf', 'work', 0, 0, 'i1', 9, 'w9', 's1', now() + interval '21 seconds', now() + interval '22 seconds', false)`)

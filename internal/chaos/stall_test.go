@@ -78,7 +78,7 @@ func TestChaos02Stall(t *testing.T) {
 
 	// The zombie runs: steps of the stalled worker in flight when it stopped
 	// (a run still open at one stall may show up at the next: counted once).
-	// A run's claim was reaped if a lease_expired entry names its attempt.
+	// A run's claim was reaped if a lease_expired entry names its token.
 	type zombie struct {
 		committed, reaped, staleStart, handled bool
 		runs                                   int
@@ -91,9 +91,9 @@ func TestChaos02Stall(t *testing.T) {
 			SELECT z.run_id, z.work_end,
 			       EXISTS (SELECT 1 FROM {{s}}.chaos_oracle o WHERE o.run_id = z.run_id),
 			       EXISTS (SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) e
-			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND (e->>'attempt')::int = z.attempt),
+			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND (e->>'token')::bigint = z.token),
 			       EXISTS (SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) e
-			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND (e->>'attempt')::int = z.attempt
+			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND (e->>'token')::bigint = z.token
 			                 AND (e->>'at')::timestamptz < z.started),
 			       EXISTS (SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) e
 			               WHERE i.id = z.instance AND e->>'kind' <> 'lease_expired' AND (e->>'attempt')::int = z.attempt),

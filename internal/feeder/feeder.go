@@ -178,6 +178,13 @@ type held struct {
 	// lease was sent). Past it the claim is given up (see expire).
 	deadline     time.Time
 	committingAt time.Time // when the outcome statement was about to be sent
+	// marked: a heartbeat sent this claim as not started, so the database
+	// may hold its mark (unstarted_token): an expiry would cost no
+	// attempt. The step must not start until the mark is cleared
+	// (clearMarks), or a run that did start could go uncharged.
+	// unmarking: its clear is due or in flight; heartbeats send it as
+	// started from then on.
+	marked, unmarking bool
 }
 
 // Feeder feeds one queue.
@@ -190,6 +197,11 @@ type Feeder struct {
 	log  *slog.Logger
 
 	kick chan struct{} // wake the loop: a completion or a local insert
+	// unmark asks the heartbeat goroutine to clear the marks of the
+	// buffered claims dispatch wants to start (see held.marked): it runs
+	// there so that no heartbeat sending them as not started is in flight
+	// at the same time.
+	unmark chan struct{}
 	// work feeds the step workers: Concurrency long-lived goroutines, so a
 	// step does not pay for a new goroutine and its stack growth.
 	work chan stepJob
@@ -260,9 +272,10 @@ type Feeder struct {
 func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log *slog.Logger) *Feeder {
 	s := &Feeder{
 		cfg: cfg, q: q, db: db, exec: exec, ev: ev, log: log,
-		kick: make(chan struct{}, 1),
-		work: make(chan stepJob, cfg.Concurrency),
-		held: make(map[int64]*held),
+		kick:   make(chan struct{}, 1),
+		unmark: make(chan struct{}, 1),
+		work:   make(chan stepJob, cfg.Concurrency),
+		held:   make(map[int64]*held),
 		// Not zero: dispatch waits while the leases look unconfirmed.
 		lastBeat: time.Now(),
 	}
@@ -747,27 +760,53 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 		s.heldBack = true
 		return
 	}
-	for s.inFlight < s.cfg.Concurrency && len(s.buffer) > 0 {
-		c := s.buffer[0]
-		s.buffer = s.buffer[1:]
+	free := s.cfg.Concurrency - s.inFlight
+	now := time.Now()
+	kept := s.buffer[:0] // filtered in place: kept never passes the read index
+	unmark := false
+	for i, c := range s.buffer {
+		if free <= 0 {
+			kept = append(kept, s.buffer[i:]...)
+			break
+		}
 		h := s.held[c.Token]
 		if h == nil {
 			continue // its lease was lost while buffered
 		}
-		if !h.deadline.After(time.Now()) {
+		if !h.deadline.After(now) {
 			// Its lease may have run out (the process was stopped while
 			// its pick was in flight): the timer gives it up; never start it.
+			continue
+		}
+		if h.marked {
+			// A heartbeat marked it not started: the mark is cleared
+			// first (clearMarks), and its slot waits for it meanwhile, so
+			// the buffer keeps its order.
+			free--
+			kept = append(kept, c)
+			if !h.unmarking {
+				h.unmarking, unmark = true, true
+			}
 			continue
 		}
 		ctx, cancel := context.WithCancelCause(workCtx)
 		h.running, h.cancel = true, cancel
 		s.inFlight++
+		free--
 		s.steps.Add(1)
 		s.pending.Add(1)
 		s.work <- stepJob{ctx: ctx, cancel: cancel, c: c} // never blocks: one place per slot
 	}
+	clear(s.buffer[len(kept):])
+	s.buffer = kept
 	if len(s.buffer) == 0 {
 		s.buffer = nil // let a drained buffer's backing array go
+	}
+	if unmark {
+		select {
+		case s.unmark <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -903,6 +942,9 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-s.unmark:
+			s.clearMarks(ctx)
+			continue
 		case <-t.C:
 		}
 		// A process that was stopped past its leases gives them up before
@@ -910,7 +952,60 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 		// have run yet).
 		s.expire()
 		s.heartbeatOnce(ctx)
+		s.clearMarks(ctx) // those a failed clear left
 	}
+}
+
+// clearMarks clears, in the database, the marks of the buffered claims
+// dispatch wants to start (held.unmarking), then lets dispatch start them.
+// A claim the statement finds no longer ours is given up; after a failure
+// they wait for the next heartbeat tick's try.
+func (s *Feeder) clearMarks(ctx context.Context) {
+	s.mu.Lock()
+	var ids, tokens []int64
+	for token, h := range s.held {
+		if h.unmarking && h.marked {
+			ids, tokens = append(ids, h.id), append(tokens, token)
+		}
+	}
+	s.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval)
+	cleared, err := s.q.ClearUnstarted(cctx, s.db, ids, tokens)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			s.ev.HeartbeatFailed(s.cfg.Queue, err)
+		}
+		return
+	}
+	ok := make(map[int64]bool, len(cleared))
+	for _, id := range cleared {
+		ok[id] = true
+	}
+	s.mu.Lock()
+	var lost []int64
+	for i, token := range tokens {
+		h := s.held[token]
+		if h == nil || !h.unmarking {
+			continue
+		}
+		if !ok[ids[i]] {
+			// Not executing under this token any more: reaped, or
+			// finished by an operator.
+			lost = append(lost, s.loseLocked(token, h))
+			continue
+		}
+		h.marked, h.unmarking = false, false
+	}
+	s.rearmLocked()
+	s.mu.Unlock()
+	for _, id := range lost {
+		s.ev.LeaseLost(s.cfg.Queue, id)
+	}
+	s.wake()
 }
 
 func (s *Feeder) heartbeatOnce(ctx context.Context) {
@@ -922,9 +1017,21 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	}
 	ids := make([]int64, 0, len(s.held))
 	tokens := make([]int64, 0, len(s.held))
+	// Whether each claim's step has started: a claim sent as not started
+	// is marked so in the database, and if this process dies before it
+	// starts the reaper charges it no attempt (docs/design.md §4,
+	// "Prefetched claims"). Such a claim starts only once its mark is
+	// cleared again (clearMarks, run by this goroutine: never beside this
+	// statement). One dispatch wants to start counts as started.
+	started := make([]bool, 0, len(s.held))
 	for token, h := range s.held {
 		ids = append(ids, h.id)
 		tokens = append(tokens, token)
+		st := h.running || h.committing || h.unmarking
+		if !st {
+			h.marked = true
+		}
+		started = append(started, st)
 	}
 	// A slow heartbeat (a busy database, a pool queue) still counts if it
 	// lands before the leases it extends lapse: give it half the time left
@@ -936,7 +1043,7 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 
 	start := time.Now()
 	hctx, cancel := context.WithTimeout(ctx, timeout)
-	kept, err := s.q.Heartbeat(hctx, s.db, ids, tokens, s.cfg.Lease, s.cfg.Global > 0)
+	kept, err := s.q.Heartbeat(hctx, s.db, ids, tokens, started, s.cfg.Lease, s.cfg.Global > 0)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {

@@ -16,17 +16,21 @@ const DefaultBatch = 1000
 
 // Reaped is what one reap statement recovered.
 type Reaped struct {
-	Count    int     // rows recovered
-	Failed   int     // of which failed for good (attempts exhausted)
-	IDs      []int64 // the instances recovered
-	Duration time.Duration
+	Count  int // rows recovered
+	Failed int // of which failed for good (attempts exhausted)
+	// Unstarted: of which returned without an attempt charged (claims
+	// whose last heartbeat found their step not started).
+	Unstarted int
+	IDs       []int64 // the instances recovered
+	Duration  time.Duration
 	// Err: the statement failed (no reply by its deadline, a lost
 	// connection, …); the counts are then zero.
 	Err error
 }
 
 // Reaper recovers expired leases: an expired row goes back to runnable with
-// attempt + 1, or fails once its attempts are spent. It sweeps at Start,
+// attempt + 1, or fails once its attempts are spent (a prefetched claim whose
+// step never started goes back without the attempt: sqlq's reapSQL). It sweeps at Start,
 // then every Interval, and sooner when the next lease of any process runs
 // out before that: each sweep's last statement reports that lease's expiry
 // (as the await-timeout sweep's reports its next deadline), so a crashed
@@ -168,8 +172,11 @@ func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (swept, error) {
 				if row.Status == "failed" {
 					rep.Failed++
 				}
+				if !row.Charged {
+					rep.Unstarted++
+				}
 			}
-			logger(r.Log).Warn("gendurable: reaped expired leases", "count", rep.Count, "failed", rep.Failed)
+			logger(r.Log).Warn("gendurable: reaped expired leases", "count", rep.Count, "failed", rep.Failed, "unstarted", rep.Unstarted)
 			if r.OnReap != nil {
 				r.OnReap(ctx, rep)
 			}

@@ -250,9 +250,9 @@ func nullJSON(m json.RawMessage) []byte {
 
 const heartbeatSQL = `
 WITH h AS MATERIALIZED (
-  SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
+  SELECT * FROM unnest($1::bigint[], $2::bigint[], $5::bool[]) AS h(id, token, started)
 ), lockable AS MATERIALIZED (
-  SELECT h.id FROM h CROSS JOIN LATERAL (
+  SELECT h.id, h.token, h.started FROM h CROSS JOIN LATERAL (
     SELECT i.claim_token, i.status, i.partition_key, i.lease_expires_at FROM {{schema}}.gendurable_instances AS i
     WHERE i.id = h.id
     OFFSET 0 -- a fence: the outer conditions must not reach the scan
@@ -262,7 +262,8 @@ WITH h AS MATERIALIZED (
     AND ((l.partition_key IS NULL AND NOT $4::bool) OR l.lease_expires_at > clock_timestamp())
 ), extended AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET lease_expires_at = now() + $3::bigint * interval '1 microsecond'
+  SET lease_expires_at = now() + $3::bigint * interval '1 microsecond',
+      unstarted_token = CASE WHEN l.started THEN NULL ELSE l.token END
   FROM lockable AS l
   WHERE i.id = l.id
   RETURNING i.id, i.lease_expires_at
@@ -294,10 +295,17 @@ type Kept struct {
 }
 
 // Heartbeat extends the leases of the (id, token) pairs and returns those
-// still held. bounded: the rows are of a queue with a GlobalConcurrency,
-// whose leases are kept as keyed rows' are (see heartbeatSQL).
-func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, lease time.Duration, bounded bool) ([]Kept, error) {
-	rows, err := db.Query(ctx, q.heartbeat, ids, tokens, micros(lease), bounded)
+// still held. started[i] says whether the step of claim i has started: a
+// claim extended while not started is marked so (unstarted_token), and the
+// reaper charges it no attempt if its lease runs out before a later
+// heartbeat or outcome clears the mark (reapSQL). bounded: the rows are of
+// a queue with a GlobalConcurrency, whose leases are kept as keyed rows'
+// are (see heartbeatSQL).
+func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, started []bool, lease time.Duration, bounded bool) ([]Kept, error) {
+	if len(started) != len(ids) {
+		return nil, fmt.Errorf("heartbeat: %d started flags for %d claims", len(started), len(ids))
+	}
+	rows, err := db.Query(ctx, q.heartbeat, ids, tokens, micros(lease), bounded, started)
 	if err != nil {
 		return nil, err
 	}
@@ -335,32 +343,48 @@ var reapSQL = `
 WITH expired AS MATERIALIZED (
   -- inbox as locked: a row another transaction changed since this
   -- statement's snapshot was taken is locked and read as it left it.
-  SELECT id, inbox FROM {{schema}}.gendurable_instances
-  WHERE status = 'executing' AND lease_expires_at < now()
-    AND lease_expires_at >= coalesce($3::timestamptz, '-infinity')
-  ORDER BY lease_expires_at
-  LIMIT $1
-  FOR UPDATE SKIP LOCKED
+  -- free: the claim's last heartbeat found its step not started (a
+  -- prefetched row; docs/design.md §4, "Prefetched claims"), and no
+  -- earlier expiry of this step and attempt went free (its error history
+  -- says so): it costs no attempt. Once per attempt: should a step ever
+  -- start under a mark (a worker clears it first; docs/design.md §4 says
+  -- where that ends), one that kills its process as it starts is still
+  -- charged on its second crash.
+  SELECT id, inbox, free, NOT free AND attempt + 1 >= max_attempts AS fails
+  FROM (SELECT id, inbox, attempt, max_attempts,
+               coalesce(unstarted_token = claim_token
+                        AND NOT errors @> jsonb_build_array(jsonb_build_object(
+                              'kind', 'lease_expired', 'uncharged', true, 'step', step, 'attempt', attempt)),
+                        false) AS free
+        FROM {{schema}}.gendurable_instances
+        WHERE status = 'executing' AND lease_expires_at < now()
+          AND lease_expires_at >= coalesce($3::timestamptz, '-infinity')
+        ORDER BY lease_expires_at
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED) AS x
 ), changed AS (
 UPDATE {{schema}}.gendurable_instances AS i
-SET status = CASE WHEN i.attempt + 1 >= i.max_attempts
-                  THEN 'failed' ELSE 'runnable' END::{{schema}}.gendurable_status,
-    attempt = i.attempt + 1,
+SET status = CASE WHEN e.fails THEN 'failed' ELSE 'runnable' END::{{schema}}.gendurable_status,
+    attempt = i.attempt + CASE WHEN e.free THEN 0 ELSE 1 END,
     lease_expires_at = NULL,
     claim_token = NULL,
-    finished_at = CASE WHEN i.attempt + 1 >= i.max_attempts THEN now() END,
+    finished_at = CASE WHEN e.fails THEN now() END,
     -- A failure consumes the inbox, as Stop and a cancel do (swept below).
-    inbox = CASE WHEN i.attempt + 1 >= i.max_attempts THEN '{}'::jsonb ELSE i.inbox END,
+    inbox = CASE WHEN e.fails THEN '{}'::jsonb ELSE i.inbox END,
     updated_at = now(),
     errors = (CASE WHEN jsonb_array_length(i.errors) >= $2 THEN i.errors - 0 ELSE i.errors END)
              || jsonb_build_array(jsonb_build_object(
                   'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'lease_expired',
-                  'error', CASE WHEN i.attempt + 1 >= i.max_attempts
+                  'token', i.claim_token,
+                  'error', CASE WHEN e.free
+                                THEN 'lease expired before the step started (a prefetched claim; worker crashed or stalled); no attempt charged'
+                                WHEN e.fails
                                 THEN 'lease expired with no outcome (worker crashed or stalled); attempts exhausted'
-                                ELSE 'lease expired with no outcome (worker crashed or stalled)' END))
+                                ELSE 'lease expired with no outcome (worker crashed or stalled)' END)
+                || CASE WHEN e.free THEN '{"uncharged": true}'::jsonb ELSE '{}'::jsonb END)
 FROM expired AS e
 WHERE i.id = e.id
-RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.parent_fanout, e.inbox AS held_inbox
+RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.parent_fanout, e.inbox AS held_inbox, e.free
 ), swept AS (
   -- The failed rows' signals on this statement's snapshot; one that
   -- committed after it was taken is in the locked counts, not here:
@@ -377,7 +401,8 @@ RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.pare
 SELECT c.id, c.fsm, c.queue, c.step, c.attempt, c.status::text, n.next, n.floor,
        coalesce(c.status = 'failed' AND c.held_inbox <> '{}'::jsonb
                 AND ` + heldSignals(`c.held_inbox`) + ` > (SELECT count(*) FROM swept AS w WHERE w.target_id = c.id),
-                false)
+                false),
+       coalesce(NOT c.free, false)
 FROM (SELECT (SELECT extract(epoch FROM x.lease_expires_at - now())::float8
               FROM {{schema}}.gendurable_instances AS x
               WHERE x.status = 'executing' AND x.lease_expires_at > now()
@@ -400,6 +425,9 @@ type Reaped struct {
 	Step    string
 	Attempt int32
 	Status  string // "runnable" or "failed"
+	// Charged: the lost run cost an attempt. False for a claim whose last
+	// heartbeat found its step not started (reapSQL), the first time.
+	Charged bool
 }
 
 // ReapFloorSlack: a reap's returned floor lies at least this far before its
@@ -436,8 +464,8 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time) 
 		var fsm, queue, step, status *string
 		var attempt *int32
 		var secs *float64
-		var again bool
-		if err := rows.Scan(&id, &fsm, &queue, &step, &attempt, &status, &secs, &res.Floor, &again); err != nil {
+		var again, charged bool
+		if err := rows.Scan(&id, &fsm, &queue, &step, &attempt, &status, &secs, &res.Floor, &again, &charged); err != nil {
 			return ReapResult{}, err
 		}
 		if again {
@@ -448,7 +476,7 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time) 
 			res.Next = &d
 		}
 		if id != nil { // nil: the one row of a statement that reaped nothing
-			res.Reaped = append(res.Reaped, Reaped{ID: *id, FSM: *fsm, Queue: *queue, Step: *step, Attempt: *attempt, Status: *status})
+			res.Reaped = append(res.Reaped, Reaped{ID: *id, FSM: *fsm, Queue: *queue, Step: *step, Attempt: *attempt, Status: *status, Charged: charged})
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -464,6 +492,26 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time) 
 		_ = q.SweepInboxes(ctx, db, resweep)
 	}
 	return res, nil
+}
+
+// clearUnstartedSQL clears the marks a heartbeat left on claims it found not
+// started (heartbeatSQL's unstarted_token), before their steps start:
+// fenced by the token; it waits for a row another transaction holds.
+const clearUnstartedSQL = `
+UPDATE {{schema}}.gendurable_instances AS i SET unstarted_token = NULL
+FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
+WHERE i.id = h.id AND i.claim_token = h.token AND i.status = 'executing'
+RETURNING i.id`
+
+// ClearUnstarted clears the not-started marks of the (id, token) claims and
+// returns the ids of those still held under their tokens (docs/design.md
+// §4, "Prefetched claims"): a claim's step may start once this returned it.
+func (q *Queries) ClearUnstarted(ctx context.Context, db DB, ids, tokens []int64) ([]int64, error) {
+	rows, err := db.Query(ctx, q.clearUnstarted, ids, tokens)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
 // ---------------------------------------------------------------------------

@@ -72,7 +72,7 @@ func TestHeartbeatCommittingAfterExpiryHoldsTheSlot(t *testing.T) {
 	done := make(chan []sqlq.Kept)
 	go func() {
 		time.Sleep(800 * time.Millisecond) // the lease has 200ms left
-		kept, err := q.Heartbeat(ctx, hb, []int64{1}, []int64{1}, time.Minute, false)
+		kept, err := q.Heartbeat(ctx, hb, []int64{1}, []int64{1}, []bool{true}, time.Minute, false)
 		if err != nil {
 			t.Error(err)
 		}
@@ -710,4 +710,85 @@ func TestNoHandOff(t *testing.T) {
 	require.NotEqual(t, int64(1005), got[1005].Successor.ID)
 	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing' AND partition_key <> 'chain'`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`))
+}
+
+// TestReapChargesNoAttemptToAnUnstartedClaim (docs/design.md §4,
+// "Prefetched claims"): four claims of MaxAttempts 1 whose leases run out.
+// The one whose last heartbeat found its step not started goes back to
+// runnable with its attempt uncharged; one never heartbeated, one
+// heartbeated as started, and one marked unstarted and then started are
+// charged and fail. Claimed again and marked unstarted again, the first
+// row is charged this time: once per attempt, whatever came between.
+func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	c := conn()
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, max_attempts)
+	      OVERRIDING SYSTEM VALUE SELECT g, 'm', 'a', 1 FROM generate_series(1, 4) g`)
+	claim := func(want int) map[int64]int64 {
+		t.Helper()
+		res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, res.Claimed, want)
+		tokens := map[int64]int64{}
+		for _, cl := range res.Claimed {
+			tokens[cl.ID] = cl.Token
+		}
+		return tokens
+	}
+	beat := func(tokens map[int64]int64, started map[int64]bool) {
+		t.Helper()
+		var ids, toks []int64
+		var st []bool
+		for id, tok := range tokens {
+			if _, ok := started[id]; ok {
+				ids, toks, st = append(ids, id), append(toks, tok), append(st, started[id])
+			}
+		}
+		kept, err := q.Heartbeat(ctx, c, ids, toks, st, time.Minute, false)
+		require.NoError(t, err)
+		require.Len(t, kept, len(ids))
+	}
+	reap := func(want int) []sqlq.Reaped {
+		t.Helper()
+		exec(`UPDATE {{s}}.gendurable_instances SET lease_expires_at = now() - interval '1 second' WHERE status = 'executing'`)
+		res, err := q.Reap(ctx, c, 100, nil)
+		require.NoError(t, err)
+		require.Len(t, res.Reaped, want)
+		return res.Reaped
+	}
+
+	tokens := claim(4)
+	// 1: not started. 2: never heartbeated. 3: started. 4: not started, then started.
+	beat(tokens, map[int64]bool{1: false, 3: true, 4: false})
+	beat(tokens, map[int64]bool{4: true})
+	byID := map[int64]sqlq.Reaped{}
+	for _, r := range reap(4) {
+		byID[r.ID] = r
+	}
+	require.False(t, byID[1].Charged)
+	require.Equal(t, "runnable", byID[1].Status)
+	for _, id := range []int64{2, 3, 4} {
+		require.True(t, byID[id].Charged, "row %d", id)
+		require.Equal(t, "failed", byID[id].Status, "row %d", id)
+	}
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE id = 1 AND status = 'runnable' AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true}'`))
+	require.Equal(t, 3, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE status = 'failed' AND attempt = 1 AND errors -> -1 @> '{"kind": "lease_expired"}'
+		  AND NOT errors -> -1 ? 'uncharged' AND errors -> -1 ->> 'error' LIKE '%attempts exhausted'`))
+
+	// The same attempt lost again before its step started: charged now,
+	// though another entry of that attempt came in between (a worker that
+	// does not know the row's version handed it back).
+	tokens = claim(1)
+	require.NoError(t, q.ReleaseUnknown(ctx, c, 1, tokens[1], 0, "unknown version"))
+	tokens = claim(1)
+	beat(tokens, map[int64]bool{1: false})
+	r := reap(1)[0]
+	require.True(t, r.Charged, "a second free expiry of one attempt")
+	require.Equal(t, "failed", r.Status)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE id = 1 AND attempt = 1 AND jsonb_array_length(errors) = 3`))
 }

@@ -55,6 +55,7 @@ type Queries struct {
 	pick            string
 	pickFloorCheck  string
 	heartbeat       string
+	clearUnstarted  string
 	reap            string
 	applyOutcomes   [shapeCount]namedStmt
 	release         string
@@ -106,6 +107,7 @@ func New(schema string) (*Queries, error) {
 		pick:            render(pickSQL, qs),
 		pickFloorCheck:  render(pickFloorCheckSQL, qs),
 		heartbeat:       render(heartbeatSQL, qs),
+		clearUnstarted:  render(clearUnstartedSQL, qs),
 		reap:            render(reapSQL, qs),
 		release:         render(releaseSQL, qs),
 		releaseUnknown:  render(releaseUnknownSQL, qs),
