@@ -803,10 +803,7 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 		s.buffer = nil // let a drained buffer's backing array go
 	}
 	if unmark {
-		select {
-		case s.unmark <- struct{}{}:
-		default:
-		}
+		s.requestClear()
 	}
 }
 
@@ -938,12 +935,40 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 	}()
 	t := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer t.Stop()
+	var retry *time.Timer // a clear that left claims marked tries again
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
+	backoff := time.Duration(0)
+	clear := func() {
+		if s.clearMarks(ctx) {
+			backoff = 0
+			return
+		}
+		// Failed, or rows locked by someone else: again soon, backing off
+		// up to a heartbeat interval.
+		backoff = min(max(2*backoff, 20*time.Millisecond), s.cfg.HeartbeatInterval)
+		if retry == nil {
+			retry = time.AfterFunc(backoff, s.requestClear)
+		} else {
+			retry.Reset(backoff)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.unmark:
-			s.clearMarks(ctx)
+			// A heartbeat that is due goes first: clears never delay one.
+			select {
+			case <-t.C:
+				s.expire()
+				s.heartbeatOnce(ctx)
+			default:
+			}
+			clear()
 			continue
 		case <-t.C:
 		}
@@ -952,15 +977,23 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 		// have run yet).
 		s.expire()
 		s.heartbeatOnce(ctx)
-		s.clearMarks(ctx) // those a failed clear left
+	}
+}
+
+// requestClear asks the heartbeat goroutine to run clearMarks.
+func (s *Feeder) requestClear() {
+	select {
+	case s.unmark <- struct{}{}:
+	default:
 	}
 }
 
 // clearMarks clears, in the database, the marks of the buffered claims
 // dispatch wants to start (held.unmarking), then lets dispatch start them.
-// A claim the statement finds no longer ours is given up; after a failure
-// they wait for the next heartbeat tick's try.
-func (s *Feeder) clearMarks(ctx context.Context) {
+// A claim the statement finds no longer ours is given up. It reports false
+// if claims are left marked (the statement failed, or another transaction
+// held their rows): the caller tries again.
+func (s *Feeder) clearMarks(ctx context.Context) bool {
 	s.mu.Lock()
 	var ids, tokens []int64
 	for token, h := range s.held {
@@ -970,35 +1003,39 @@ func (s *Feeder) clearMarks(ctx context.Context) {
 	}
 	s.mu.Unlock()
 	if len(ids) == 0 {
-		return
+		return true
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval)
-	cleared, err := s.q.ClearUnstarted(cctx, s.db, ids, tokens)
+	// It cannot wait on a lock (see sqlq.ClearUnstarted): a slow answer is
+	// a slow database, and a heartbeat may be due behind it.
+	cctx, cancel := context.WithTimeout(ctx, max(s.cfg.HeartbeatInterval/2, time.Second))
+	held, err := s.q.ClearUnstarted(cctx, s.db, ids, tokens)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
-			s.ev.HeartbeatFailed(s.cfg.Queue, err)
+			s.log.Warn("gendurable: clearing the not-started marks of prefetched claims failed; they start once it succeeds",
+				"queue", s.cfg.Queue, "claims", len(ids), "err", err)
 		}
-		return
+		return ctx.Err() != nil
 	}
-	ok := make(map[int64]bool, len(cleared))
-	for _, id := range cleared {
-		ok[id] = true
-	}
+	done := true
 	s.mu.Lock()
 	var lost []int64
-	for i, token := range tokens {
+	for _, token := range tokens {
 		h := s.held[token]
 		if h == nil || !h.unmarking {
 			continue
 		}
-		if !ok[ids[i]] {
+		cleared, ok := held[token]
+		switch {
+		case !ok:
 			// Not executing under this token any more: reaped, or
 			// finished by an operator.
 			lost = append(lost, s.loseLocked(token, h))
-			continue
+		case cleared:
+			h.marked, h.unmarking = false, false
+		default:
+			done = false // locked by someone else: again soon
 		}
-		h.marked, h.unmarking = false, false
 	}
 	s.rearmLocked()
 	s.mu.Unlock()
@@ -1006,6 +1043,7 @@ func (s *Feeder) clearMarks(ctx context.Context) {
 		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
 	s.wake()
+	return done
 }
 
 func (s *Feeder) heartbeatOnce(ctx context.Context) {
@@ -1055,9 +1093,12 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	// What is left of each kept lease, on the database clock when the
 	// statement looked, counts from start, which is no later.
 	left := make(map[int64]time.Duration, len(kept))
+	extended := make(map[int64]bool, len(kept))
 	for _, k := range kept {
 		left[k.ID] = k.Left
+		extended[k.ID] = k.Extended
 	}
+	cleared := false
 	// The statement reports ids, but this feeder may hold one instance under
 	// two tokens: a zombie whose lease was reaped, and the claim it picked
 	// again since. A row has one token, and tokens only grow: only the
@@ -1077,6 +1118,12 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 			// Extended, or held but locked by someone else and not
 			// extended (d says how long it still is ours).
 			h.deadline = start.Add(d)
+			if started[i] && h.unmarking && extended[ids[i]] {
+				// Sent as started (dispatch was waiting to start it when
+				// the statement was built): the statement cleared its mark.
+				h.marked, h.unmarking = false, false
+				cleared = true
+			}
 			continue
 		}
 		if h == nil || h.committing {
@@ -1092,7 +1139,7 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
-	if resume {
+	if resume || cleared {
 		s.wake() // dispatch the buffered claims that are still ours
 	}
 }

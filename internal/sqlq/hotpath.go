@@ -282,8 +282,9 @@ WITH h AS MATERIALIZED (
   WHERE s.claim_token = h.token AND s.status = 'executing'
     AND ((s.partition_key IS NULL AND NOT $4::bool) OR s.lease_expires_at > clock_timestamp())
 )
-SELECT id, (extract(epoch FROM max(lease_expires_at) - clock_timestamp()) * 1000000)::bigint
-FROM (SELECT id, lease_expires_at FROM extended UNION ALL SELECT id, lease_expires_at FROM snap) AS k
+SELECT id, (extract(epoch FROM max(lease_expires_at) - clock_timestamp()) * 1000000)::bigint, bool_or(ext)
+FROM (SELECT id, lease_expires_at, true AS ext FROM extended
+      UNION ALL SELECT id, lease_expires_at, false FROM snap) AS k
 GROUP BY id`
 
 // Kept is a lease the heartbeat found still held: extended now, or (locked
@@ -292,6 +293,10 @@ GROUP BY id`
 type Kept struct {
 	ID   int64
 	Left time.Duration
+	// Extended: this statement wrote the row (its lease, and its
+	// not-started mark as the claim was sent); false when another
+	// transaction held it locked.
+	Extended bool
 }
 
 // Heartbeat extends the leases of the (id, token) pairs and returns those
@@ -312,7 +317,7 @@ func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, sta
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Kept, error) {
 		var k Kept
 		var us int64
-		err := row.Scan(&k.ID, &us)
+		err := row.Scan(&k.ID, &us, &k.Extended)
 		k.Left = time.Duration(us) * time.Microsecond
 		return k, err
 	})
@@ -495,23 +500,56 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time) 
 }
 
 // clearUnstartedSQL clears the marks a heartbeat left on claims it found not
-// started (heartbeatSQL's unstarted_token), before their steps start:
-// fenced by the token; it waits for a row another transaction holds.
+// started (heartbeatSQL's unstarted_token), before their steps start,
+// fenced by the token. Like the heartbeat it skips a row another
+// transaction holds locked (a caller's open SignalTx must not stall it),
+// and reports it as held if its token is still the row's.
 const clearUnstartedSQL = `
-UPDATE {{schema}}.gendurable_instances AS i SET unstarted_token = NULL
-FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
-WHERE i.id = h.id AND i.claim_token = h.token AND i.status = 'executing'
-RETURNING i.id`
+WITH h AS MATERIALIZED (
+  SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
+), lockable AS MATERIALIZED (
+  SELECT h.id FROM h CROSS JOIN LATERAL (
+    SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = h.id
+    OFFSET 0 -- a fence: the outer conditions must not reach the scan
+    FOR NO KEY UPDATE SKIP LOCKED
+  ) AS l
+  WHERE l.claim_token = h.token AND l.status = 'executing'
+), cleared AS (
+  UPDATE {{schema}}.gendurable_instances AS i SET unstarted_token = NULL
+  FROM lockable AS l
+  WHERE i.id = l.id
+  RETURNING i.id
+)
+SELECT h.token, EXISTS (SELECT 1 FROM cleared AS c WHERE c.id = h.id)
+FROM h CROSS JOIN LATERAL (
+  SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+  WHERE i.id = h.id
+  OFFSET 0
+) AS s
+WHERE s.claim_token = h.token AND s.status = 'executing'`
 
-// ClearUnstarted clears the not-started marks of the (id, token) claims and
-// returns the ids of those still held under their tokens (docs/design.md
-// §4, "Prefetched claims"): a claim's step may start once this returned it.
-func (q *Queries) ClearUnstarted(ctx context.Context, db DB, ids, tokens []int64) ([]int64, error) {
+// ClearUnstarted clears the not-started marks of the (id, token) claims
+// (docs/design.md §4, "Prefetched claims"). It returns, by token, the claims
+// still held: true if the mark is cleared (the step may start), false if
+// another transaction held the row locked (try again). A claim it does not
+// return is no longer held.
+func (q *Queries) ClearUnstarted(ctx context.Context, db DB, ids, tokens []int64) (map[int64]bool, error) {
 	rows, err := db.Query(ctx, q.clearUnstarted, ids, tokens)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[int64])
+	defer rows.Close()
+	held := make(map[int64]bool, len(ids))
+	for rows.Next() {
+		var token int64
+		var cleared bool
+		if err := rows.Scan(&token, &cleared); err != nil {
+			return nil, err
+		}
+		held[token] = cleared
+	}
+	return held, rows.Err()
 }
 
 // ---------------------------------------------------------------------------

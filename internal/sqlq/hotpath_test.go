@@ -792,3 +792,35 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
 		WHERE id = 1 AND attempt = 1 AND jsonb_array_length(errors) = 3`))
 }
+
+// TestClearUnstartedSkipsALockedRow: clearing the not-started marks of three
+// claims while another transaction holds the second's row locked clears the
+// first and third at once, reports the second held but not cleared (to be
+// tried again) rather than waiting for the lock, and leaves out a claim
+// whose token is no longer the row's.
+func TestClearUnstartedSkipsALockedRow(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, status, claim_token, lease_expires_at, unstarted_token)
+	      OVERRIDING SYSTEM VALUE SELECT g, 'm', 'a', 'executing', 10 + g, now() + interval '1 minute', 10 + g
+	      FROM generate_series(1, 3) g`)
+	locker := conn()
+	tx, err := locker.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM gendurable_instances WHERE id = 2 FOR UPDATE`)
+	require.NoError(t, err)
+
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	held, err := q.ClearUnstarted(cctx, conn(), []int64{1, 2, 3, 3}, []int64{11, 12, 13, 9})
+	require.NoError(t, err, "the clear waited on the locked row")
+	require.Equal(t, map[int64]bool{11: true, 12: false, 13: true}, held)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unstarted_token IS NOT NULL`))
+	require.NoError(t, tx.Rollback(ctx))
+	held, err = q.ClearUnstarted(ctx, conn(), []int64{2}, []int64{12})
+	require.NoError(t, err)
+	require.Equal(t, map[int64]bool{12: true}, held)
+	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unstarted_token IS NOT NULL`))
+}
