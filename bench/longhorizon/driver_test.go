@@ -31,7 +31,9 @@ func TestRunSmoke(t *testing.T) {
 		switch phases[i].Name {
 		case PhaseIdleInTx: // a sample sees the held xmin
 			phases[i].Duration = 2 * time.Second
-		case PhaseHighLoad, PhaseKillWorker, PhaseStartWorker: // a sample in each
+		case PhaseHighLoad: // two samples or more: the replicas read the new rate within one
+			phases[i].Duration = 2500 * time.Millisecond
+		case PhaseKillWorker, PhaseStartWorker: // a sample in each
 			phases[i].Duration = time.Second
 		default:
 			phases[i].Duration = 500 * time.Millisecond
