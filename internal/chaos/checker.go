@@ -52,6 +52,11 @@ type Report struct {
 	// limit of other rows held a slot (executing, lease not run out on the
 	// database clock): the key lease itself let one too many in.
 	SlotExcess int
+	// Uncharged counts the reaps that charged no attempt (claims a
+	// heartbeat had marked not started; docs/design.md §4, "Prefetched
+	// claims"); UnchargedStarted those of them whose step had started (a
+	// run recorded under the reaped claim's token): the gate broken.
+	Uncharged, UnchargedStarted int
 	// KeyPeaks: by key limit, the most runs of one key with that limit
 	// that were active at once.
 	KeyPeaks map[int]int
@@ -162,6 +167,10 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 		{&r.OverlapsCountingStops, rawSpansCTE + excessCTE + `SELECT count(*) FROM excess`, nil},
 		{&r.StaleStarts, `SELECT count(*) FROM {{s}}.chaos_effects WHERE NOT claim_current`, nil},
 		{&r.SlotExcess, `SELECT count(*) FROM {{s}}.chaos_effects e WHERE ` + slotExcess, nil},
+		{&r.Uncharged, `SELECT count(*) FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
+			WHERE x @> '{"kind": "lease_expired", "uncharged": true}'`, nil},
+		{&r.UnchargedStarted, `SELECT count(*) FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
+			WHERE ` + unchargedStarted, nil},
 		{&r.FencedWrites, `SELECT count(*) FROM {{s}}.chaos_fenced_log`, nil},
 		{&r.FencedRefused, `SELECT count(*) FROM {{s}}.chaos_fenced_log WHERE NOT accepted`, nil},
 		{&r.StaleAccepted, `SELECT count(*) FROM {{s}}.chaos_fenced_log l WHERE accepted AND NOT current` + staleAfterNewer, nil},
@@ -249,7 +258,8 @@ const spansCTE = `WITH spans AS (
                        AND (e.ended IS NULL OR f.at < e.ended)
                        AND (e.cause = 'lease_lost' OR EXISTS (
                          SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
-                         WHERE i.id = e.instance AND x->>'kind' = 'lease_expired' AND (x->>'token')::bigint = e.token))) st ON true
+                         WHERE i.id = e.instance AND x->>'kind' = 'lease_expired'
+                           AND ((x->>'token')::bigint = e.token OR (x->>'token' IS NULL AND (x->>'attempt')::int = e.attempt))))) st ON true
   CROSS JOIN LATERAL (SELECT ` + keyLimit + ` AS lim) l
   WHERE e.pkey IS NOT NULL AND e.honours
 ) `
@@ -302,6 +312,15 @@ const (
 	// slotExcess: keyed run e started while its key's limit of other rows
 	// held a slot.
 	slotExcess = `e.pkey IS NOT NULL AND e.holders >= ` + keyLimit + ``
+	// ReapedClaim: error entry e (a lease_expired one) is the reap of run
+	// z's claim (z a chaos_effects row): it names z's token, or — the claim
+	// revoked by a pick of its key before the reaper came (docs/design.md
+	// §6), which clears the token — z's attempt.
+	ReapedClaim = `((e->>'token')::bigint = z.token OR (e->>'token' IS NULL AND (e->>'attempt')::int = z.attempt))`
+	// unchargedStarted: error entry x of instance i is a reap that charged
+	// no attempt, of a claim under which a step started.
+	unchargedStarted = `x @> '{"kind": "lease_expired", "uncharged": true}' AND EXISTS (
+	  SELECT 1 FROM {{s}}.chaos_effects e WHERE e.instance = i.id AND e.token = (x->>'token')::bigint)`
 	// lostWakeUp: instance i is parked on a name it holds an unconsumed signal of.
 	lostWakeUp = `i.status = 'awaiting_signal' AND EXISTS (
 	  SELECT 1 FROM {{s}}.gendurable_signals s
@@ -359,6 +378,10 @@ func (r *Report) sample(ctx context.Context, pool *pgxpool.Pool, schema string) 
 		add("stale write accepted", `SELECT format('key %s: %s write #%s of run %s (instance %s, token %s, pid %s) at %s', key, phase, n, run_id, instance, token, pid, at)
 			FROM {{s}}.chaos_fenced_log l WHERE accepted AND NOT current`+r.staleFilter+` ORDER BY id LIMIT 5`)
 	}
+	if r.UnchargedStarted > 0 {
+		add("uncharged started", `SELECT format('%s #%s: %s', i.fsm, i.id, x::text)
+			FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x WHERE `+unchargedStarted+` LIMIT 5`)
+	}
 	if r.LostWakeUps > 0 {
 		add("lost wake-up", `SELECT format('#%s awaits %s', i.id, i.awaits) FROM {{s}}.gendurable_instances i
 			WHERE `+lostWakeUp+` LIMIT 5`)
@@ -394,6 +417,7 @@ func (r *Report) Violations(allowFailed bool) []string {
 	chk(r.StaleStarts, "steps started with a claim that was no longer current")
 	chk(r.SlotExcess, "keyed runs started while their key's limit of other rows held live slots")
 	chk(r.StaleAccepted, "stale writes accepted at the fenced resource")
+	chk(r.UnchargedStarted, "reaps that charged no attempt for a claim whose step had started")
 	chk(r.LostWakeUps, "parked instances with a matching unconsumed signal (lost wake-ups)")
 	chk(r.FaninEarly, "parents resumed before their last child finished")
 	chk(r.FaninMulti, "parents resumed more than once")
@@ -422,8 +446,9 @@ func (r *Report) Line(scenario string, tail ...string) string {
 
 // Invariants is a compact list of the invariant counts, for the summary.
 func (r *Report) Invariants() string {
-	s := fmt.Sprintf("%d failed, %d double commits, %d stale starts, %d partition overlaps, %d key slot excesses, %d lost wake-ups, %d early/double fan-ins, %d past lease",
-		r.Failed, r.MultiCommit+r.TokenReuse+r.NullToken, r.StaleStarts, r.Overlaps, r.SlotExcess, r.LostWakeUps, r.FaninEarly+r.FaninMulti+r.FaninWrong, r.PastLease)
+	s := fmt.Sprintf("%d failed, %d double commits, %d stale starts, %d partition overlaps, %d key slot excesses, %d lost wake-ups, %d early/double fan-ins, %d past lease, %d uncharged reaps (%d of a started step)",
+		r.Failed, r.MultiCommit+r.TokenReuse+r.NullToken, r.StaleStarts, r.Overlaps, r.SlotExcess, r.LostWakeUps, r.FaninEarly+r.FaninMulti+r.FaninWrong, r.PastLease,
+		r.Uncharged, r.UnchargedStarted)
 	if r.FencedWrites > 0 {
 		s += fmt.Sprintf(", %d stale writes accepted", r.StaleAccepted)
 	}

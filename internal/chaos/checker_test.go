@@ -94,6 +94,13 @@ func TestCheckerFindsViolations(t *testing.T) {
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended, token) VALUES
 		($1, 'plain', 'work', 0, 0, 's3', 8, 'w8', 's3', now() + interval '19 seconds', now() + interval '25 seconds', 77),
 		(-35, 'leaf', 'work', 0, 0, 's3b', 9, 'w9', 's3', now() + interval '21 seconds', now() + interval '22 seconds', NULL)`, reaped)
+	// Two reaps that charged no attempt: of claim 91, under which no step
+	// started, and of claim 92, under which one did (the gate broken).
+	uncharged := ins("done", `, errors) VALUES ('plain', 'work', $1::text::{{s}}.gendurable_status,
+		'[{"kind": "lease_expired", "attempt": 0, "token": 91, "uncharged": true},
+		  {"kind": "lease_expired", "attempt": 0, "token": 92, "uncharged": true}]'`)
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, token) VALUES
+		($1, 'plain', 'work', 0, 0, 'u1', 1, 'w', 92)`, uncharged)
 	// A run of a step that ignores its context promises nothing: left out.
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended, honours) VALUES
 		(-34, 'leaf', 'work', 0, 0, 'i1', 9, 'w9', 's1', now() + interval '21 seconds', now() + interval '22 seconds', false)`)
@@ -133,7 +140,9 @@ func TestCheckerFindsViolations(t *testing.T) {
 		{"Duplicates", r.Duplicates, 2}, {"Overlaps", r.Overlaps, 3}, {"OpenSpans", r.OpenSpans, 3},
 		{"CutAtStop", r.CutAtStop, 2}, {"OverlapsCountingStops", r.OverlapsCountingStops, 5},
 		{"KeyPeaks[1]", r.KeyPeaks[1], 2}, {"KeyPeaks[2]", r.KeyPeaks[2], 2}, {"KeyPeaks[3]", r.KeyPeaks[3], 4},
-		{"SlotExcess", r.SlotExcess, 1}, {"StaleStarts", r.StaleStarts, 1}, {"FencedWrites", r.FencedWrites, 3}, {"FencedRefused", r.FencedRefused, 1},
+		{"SlotExcess", r.SlotExcess, 1}, {"StaleStarts", r.StaleStarts, 1},
+		{"Uncharged", r.Uncharged, 2}, {"UnchargedStarted", r.UnchargedStarted, 1},
+		{"FencedWrites", r.FencedWrites, 3}, {"FencedRefused", r.FencedRefused, 1},
 		{"StaleAccepted", r.StaleAccepted, 1}, {"StaleRefused", r.StaleRefused, 1},
 		{"LostWakeUps", r.LostWakeUps, 1}, {"FaninEarly", r.FaninEarly, 1}, {"PastLease", r.PastLease, 1},
 		{"Stuck", r.Stuck, 2},

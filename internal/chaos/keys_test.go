@@ -154,7 +154,7 @@ func TestChaos12KeyStallTerminated(t *testing.T) {
 			SELECT z.pkey, z.honours, z.cause, z.work_end,
 			       EXISTS (SELECT 1 FROM {{s}}.chaos_oracle o WHERE o.run_id = z.run_id),
 			       EXISTS (SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) e
-			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND (e->>'token')::bigint = z.token),
+			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND `+chaos.ReapedClaim+`),
 			       (SELECT count(*) FROM {{s}}.chaos_fenced_log f WHERE f.run_id = z.run_id AND f.at > $2),
 			       (SELECT count(*) FROM {{s}}.chaos_fenced_log f WHERE f.run_id = z.run_id AND f.at > $2 AND f.accepted),
 			       (SELECT count(*) FROM {{s}}.chaos_effects x WHERE x.pkey = z.pkey AND x.pid <> z.pid
@@ -242,7 +242,7 @@ func TestChaos12KeyStallTerminated(t *testing.T) {
 	}
 	reapedRuns, err := env.Count(ctx, `SELECT count(*) FROM {{s}}.chaos_effects z WHERE z.pid = ANY($1) AND EXISTS (
 		SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) e
-		WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND (e->>'token')::bigint = z.token)`, pids)
+		WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND `+chaos.ReapedClaim+`)`, pids)
 	must(t, err)
 	c.check(r.Duplicates <= reapedRuns, "%d duplicate step runs for %d reaped runs of the stopped worker", r.Duplicates, reapedRuns)
 	c.check(stopErr == nil, "graceful stop: %v", stopErr)

@@ -91,9 +91,9 @@ func TestChaos02Stall(t *testing.T) {
 			SELECT z.run_id, z.work_end,
 			       EXISTS (SELECT 1 FROM {{s}}.chaos_oracle o WHERE o.run_id = z.run_id),
 			       EXISTS (SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) e
-			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND (e->>'token')::bigint = z.token),
+			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND `+chaos.ReapedClaim+`),
 			       EXISTS (SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) e
-			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND (e->>'token')::bigint = z.token
+			               WHERE i.id = z.instance AND e->>'kind' = 'lease_expired' AND `+chaos.ReapedClaim+`
 			                 AND (e->>'at')::timestamptz < z.started),
 			       EXISTS (SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) e
 			               WHERE i.id = z.instance AND e->>'kind' <> 'lease_expired' AND (e->>'attempt')::int = z.attempt),
