@@ -143,9 +143,7 @@
 // to runnable as it was, and its error entry says so (StepError.Uncharged).
 // A marked claim starts only after the worker has cleared its mark. Where
 // it ends: a claim the worker took less than a HeartbeatInterval before it
-// died may not have been marked, and is charged as a running step is, as is
-// a keyed claim whose slot a pick of its key took back before the reaper
-// came; and
+// died may not have been marked, and is charged as a running step is; and
 // an attempt goes free at most once — a second lease lost on the same step
 // and attempt is charged whatever the mark says (docs/design.md §4,
 // "Prefetched claims").

@@ -349,7 +349,8 @@ WITH expired AS MATERIALIZED (
   -- inbox as locked: a row another transaction changed since this
   -- statement's snapshot was taken is locked and read as it left it.
   -- free: the claim's last heartbeat found its step not started (a
-  -- prefetched row; docs/design.md §4, "Prefetched claims"), and no
+  -- prefetched row; docs/design.md §4, "Prefetched claims"; 0 for a keyed
+  -- claim a pick revoked, clearing its token, after that), and no
   -- earlier expiry of this step and attempt went free (its error history
   -- says so): it costs no attempt. Once per attempt: should a step ever
   -- start under a mark (a worker clears it first; docs/design.md §4 says
@@ -357,7 +358,7 @@ WITH expired AS MATERIALIZED (
   -- charged on its second crash.
   SELECT id, inbox, free, NOT free AND attempt + 1 >= max_attempts AS fails
   FROM (SELECT id, inbox, attempt, max_attempts,
-               coalesce(unstarted_token = claim_token
+               coalesce((unstarted_token = claim_token OR (claim_token IS NULL AND unstarted_token = 0))
                         AND NOT errors @> jsonb_build_array(jsonb_build_object(
                               'kind', 'lease_expired', 'uncharged', true, 'step', step, 'attempt', attempt)),
                         false) AS free

@@ -824,3 +824,40 @@ func TestClearUnstartedSkipsALockedRow(t *testing.T) {
 	require.Equal(t, map[int64]bool{12: true}, held)
 	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unstarted_token IS NOT NULL`))
 }
+
+// TestReapChargesNoAttemptToARevokedUnstartedKeyHolder: the holder of key
+// k (limit 1), a prefetched claim a heartbeat marked not started, outlives
+// its lease; a pick of the key revokes it (clearing its token) and claims
+// the key's next row before the reaper comes. The reaper still returns the
+// holder uncharged. A revoked holder that was not marked is charged.
+func TestReapChargesNoAttemptToARevokedUnstartedKeyHolder(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	c := conn()
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key, max_attempts, status, claim_token, lease_expires_at, unstarted_token)
+	      OVERRIDING SYSTEM VALUE VALUES
+	        (1, 'm', 'a', 'k', 1, 'executing', 11, now() - interval '1 second', 11),
+	        (3, 'm', 'a', 'j', 1, 'executing', 13, now() - interval '1 second', NULL)`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key) OVERRIDING SYSTEM VALUE
+	      VALUES (2, 'm', 'a', 'k'), (4, 'm', 'a', 'j')`)
+	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, res.Claimed, 2, "the keys' next rows, their holders revoked")
+	require.Equal(t, 2, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id IN (1, 3) AND claim_token IS NULL AND status = 'executing'`))
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND unstarted_token = 0`), "the revoke kept the mark")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 3 AND unstarted_token IS NULL`))
+	rr, err := q.Reap(ctx, c, 100, nil)
+	require.NoError(t, err)
+	byID := map[int64]sqlq.Reaped{}
+	for _, r := range rr.Reaped {
+		byID[r.ID] = r
+	}
+	require.Len(t, byID, 2)
+	require.False(t, byID[1].Charged, "the revoked holder was marked not started")
+	require.Equal(t, "runnable", byID[1].Status)
+	require.True(t, byID[3].Charged)
+	require.Equal(t, "failed", byID[3].Status)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE id = 1 AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true, "token": null}'`))
+}
