@@ -9,7 +9,8 @@
 //	committed to the database before execution of that instance proceeds.
 //	A crash at any point loses at most the step that was running, which then
 //	runs again (at-least-once) while the instance has attempts left: the
-//	reaper charges the lost run one, and fails the instance once none is left.
+//	reaper charges the lost run one, and fails the instance once none is left
+//	(rows claimed ahead and not started go back uncharged: see Failures).
 //
 // # Machines
 //
@@ -140,9 +141,9 @@
 // MaxAttempts expired leases the reaper fails the instance. A row the
 // crashed worker had only claimed ahead (QueueConfig.Prefetch) costs no
 // attempt if a heartbeat of the worker marked it not started: it goes back
-// to runnable as it was, and its error entry says so (StepError.Uncharged).
-// A marked claim starts only after the worker has cleared its mark. Where
-// it ends: a claim the worker took less than a HeartbeatInterval before it
+// to runnable with its attempt unchanged, and its error entry says so
+// (StepError.Uncharged).
+// A marked claim starts only after the worker has cleared its mark. Limits: a claim the worker took less than a HeartbeatInterval before it
 // died may not have been marked, and is charged as a running step is; and
 // an attempt goes free at most once — a second lease lost on the same step
 // and attempt is charged whatever the mark says (docs/design.md §4,

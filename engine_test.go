@@ -1605,11 +1605,11 @@ func TestKilledWorkersPrefetchedClaimsCostNoAttempt(t *testing.T) {
 
 // TestAStepNeverRunsUnderANotStartedMark (docs/design.md §4, "Prefetched
 // claims"): with one running slot, steps of 300 ms and heartbeats every
-// 100 ms, every claim waits in the buffer across heartbeats that mark it
-// not started. Each step reads its own row as it starts: the mark must be
-// gone (cleared before dispatch), or a crash now would return a run that
-// did start to runnable without charging it. Some claims must have been
-// marked, or the test proves nothing.
+// 100 ms, claims wait in the buffer across heartbeats that mark them not
+// started (all but the first). Each step reads its own row as it starts:
+// the mark must be gone (cleared before dispatch), or a crash now would
+// return a run that did start to runnable without charging it. The test
+// requires that some claim was seen marked, or it proves nothing.
 func TestAStepNeverRunsUnderANotStartedMark(t *testing.T) {
 	t.Parallel()
 	var pool atomic.Pointer[pgxpool.Pool]

@@ -89,11 +89,11 @@ type SaturationEvent struct {
 type ReapEvent struct {
 	Count  int // rows recovered
 	Failed int // of which failed for good (attempts exhausted)
-	// Unstarted: of which went back to runnable without an attempt
+	// Uncharged: of which went back to runnable without an attempt
 	// charged: claims whose last heartbeat found their step not yet
 	// started (prefetched rows of a worker that died or stalled; see
 	// [QueueConfig].Prefetch).
-	Unstarted int
+	Uncharged int
 	IDs       []int64 // the instances recovered
 	Duration  time.Duration
 	Err       error // the statement failed; nothing was recovered by it

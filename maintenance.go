@@ -81,7 +81,7 @@ func (e *Engine) maintenanceServices() (services []maintenance.Service, sweeper 
 func (e *Engine) reaper() *maintenance.Reaper {
 	return &maintenance.Reaper{Queries: e.q, DB: e.pool, Log: e.log, StatementTimeout: e.cfg.MaintenanceTimeout,
 		OnReap: func(ctx context.Context, r *maintenance.Reaped) {
-			e.emit(e.ownCall(ctx), &ReapEvent{Count: r.Count, Failed: r.Failed, Unstarted: r.Unstarted, IDs: r.IDs, Duration: r.Duration, Err: r.Err})
+			e.emit(e.ownCall(ctx), &ReapEvent{Count: r.Count, Failed: r.Failed, Uncharged: r.Uncharged, IDs: r.IDs, Duration: r.Duration, Err: r.Err})
 		}}
 }
 

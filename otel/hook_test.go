@@ -245,7 +245,7 @@ func TestOtherEvents(t *testing.T) {
 	h.OnEvent(ctx, &gendurable.PickEvent{Queue: "kq", Demand: 5, Duration: time.Millisecond, Throttled: []gendurable.KeyThrottle{
 		{Default: true, Full: 2}, {Prefix: "acct:", Full: 1, RateLimited: 4}}})
 	h.OnEvent(ctx, &gendurable.SaturationEvent{Queue: "q", InFlight: 7, Buffered: 2, Concurrency: 10, Prefetch: 10})
-	h.OnEvent(ctx, &gendurable.ReapEvent{Count: 4, Failed: 1, Unstarted: 1, IDs: []int64{11, 12, 13, 16}, Duration: time.Millisecond})
+	h.OnEvent(ctx, &gendurable.ReapEvent{Count: 4, Failed: 1, Uncharged: 1, IDs: []int64{11, 12, 13, 16}, Duration: time.Millisecond})
 	h.OnEvent(ctx, &gendurable.LeaseLostEvent{Queue: "q", InstanceID: 11})
 	h.OnEvent(ctx, &gendurable.StepAbandonedEvent{Queue: "q", Machine: "m", InstanceID: 15, Step: "s", Outcome: "replay", AbandonedSlots: 1})
 	h.OnEvent(ctx, &gendurable.UnknownVersionEvent{Queue: "q", Machine: "m", Version: 9, InstanceID: 14})

@@ -313,11 +313,11 @@ func (h *Hook) OnEvent(ctx context.Context, ev gendurable.Event) {
 		h.inFlight.Record(ctx, int64(e.InFlight), o)
 		h.buffered.Record(ctx, int64(e.Buffered), o)
 	case *gendurable.ReapEvent:
-		if ok := e.Count - e.Failed - e.Unstarted; ok > 0 {
+		if ok := e.Count - e.Failed - e.Uncharged; ok > 0 {
 			h.reaped.Add(ctx, int64(ok), metric.WithAttributes(AttrFailed.Bool(false), AttrUncharged.Bool(false)))
 		}
-		if e.Unstarted > 0 {
-			h.reaped.Add(ctx, int64(e.Unstarted), metric.WithAttributes(AttrFailed.Bool(false), AttrUncharged.Bool(true)))
+		if e.Uncharged > 0 {
+			h.reaped.Add(ctx, int64(e.Uncharged), metric.WithAttributes(AttrFailed.Bool(false), AttrUncharged.Bool(true)))
 		}
 		if e.Failed > 0 {
 			h.reaped.Add(ctx, int64(e.Failed), metric.WithAttributes(AttrFailed.Bool(true), AttrUncharged.Bool(false)))

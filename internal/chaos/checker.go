@@ -56,6 +56,8 @@ type Report struct {
 	// heartbeat had marked not started; docs/design.md §4, "Prefetched
 	// claims"); UnchargedStarted those of them whose step had started (a
 	// run recorded under the reaped claim's token): the gate broken.
+	// Entries without a token (keyed claims a pick revoked) are not
+	// checked.
 	Uncharged, UnchargedStarted int
 	// KeyPeaks: by key limit, the most runs of one key with that limit
 	// that were active at once.
@@ -259,7 +261,7 @@ const spansCTE = `WITH spans AS (
                        AND (e.cause = 'lease_lost' OR EXISTS (
                          SELECT 1 FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
                          WHERE i.id = e.instance AND x->>'kind' = 'lease_expired'
-                           AND ((x->>'token')::bigint = e.token OR (x->>'token' IS NULL AND (x->>'attempt')::int = e.attempt))))) st ON true
+                           AND ((x->>'token')::bigint = e.token OR (x->>'token' IS NULL AND NOT x ? 'uncharged' AND (x->>'attempt')::int = e.attempt))))) st ON true
   CROSS JOIN LATERAL (SELECT ` + keyLimit + ` AS lim) l
   WHERE e.pkey IS NOT NULL AND e.honours
 ) `
@@ -316,7 +318,9 @@ const (
 	// z's claim (z a chaos_effects row): it names z's token, or — the claim
 	// revoked by a pick of its key before the reaper came (docs/design.md
 	// §6), which clears the token — z's attempt.
-	ReapedClaim = `((e->>'token')::bigint = z.token OR (e->>'token' IS NULL AND (e->>'attempt')::int = z.attempt))`
+	// An uncharged entry leaves the attempt as it was, so only a charged
+	// one stands for its attempt.
+	ReapedClaim = `((e->>'token')::bigint = z.token OR (e->>'token' IS NULL AND NOT e ? 'uncharged' AND (e->>'attempt')::int = z.attempt))`
 	// unchargedStarted: error entry x of instance i is a reap that charged
 	// no attempt, of a claim under which a step started.
 	unchargedStarted = `x @> '{"kind": "lease_expired", "uncharged": true}' AND EXISTS (

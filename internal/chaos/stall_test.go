@@ -78,7 +78,8 @@ func TestChaos02Stall(t *testing.T) {
 
 	// The zombie runs: steps of the stalled worker in flight when it stopped
 	// (a run still open at one stall may show up at the next: counted once).
-	// A run's claim was reaped if a lease_expired entry names its token.
+	// A run's claim was reaped if a lease_expired entry names its token
+	// (or, an entry with no token — a claim a pick revoked — its attempt).
 	type zombie struct {
 		committed, reaped, staleStart, handled bool
 		runs                                   int

@@ -961,7 +961,9 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-s.unmark:
-			// A heartbeat that is due goes first: clears never delay one.
+			// A heartbeat already due runs before this clear; a clear in
+			// flight (at most half a heartbeat interval) can still delay
+			// the next one by that much.
 			select {
 			case <-t.C:
 				s.expire()
@@ -1007,7 +1009,7 @@ func (s *Feeder) clearMarks(ctx context.Context) bool {
 	}
 	// It cannot wait on a lock (see sqlq.ClearUnstarted): a slow answer is
 	// a slow database, and a heartbeat may be due behind it.
-	cctx, cancel := context.WithTimeout(ctx, max(s.cfg.HeartbeatInterval/2, time.Second))
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval/2)
 	held, err := s.q.ClearUnstarted(cctx, s.db, ids, tokens)
 	cancel()
 	if err != nil {

@@ -18,9 +18,9 @@ const DefaultBatch = 1000
 type Reaped struct {
 	Count  int // rows recovered
 	Failed int // of which failed for good (attempts exhausted)
-	// Unstarted: of which returned without an attempt charged (claims
+	// Uncharged: of which returned without an attempt charged (claims
 	// whose last heartbeat found their step not started).
-	Unstarted int
+	Uncharged int
 	IDs       []int64 // the instances recovered
 	Duration  time.Duration
 	// Err: the statement failed (no reply by its deadline, a lost
@@ -173,10 +173,10 @@ func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (swept, error) {
 					rep.Failed++
 				}
 				if !row.Charged {
-					rep.Unstarted++
+					rep.Uncharged++
 				}
 			}
-			logger(r.Log).Warn("gendurable: reaped expired leases", "count", rep.Count, "failed", rep.Failed, "unstarted", rep.Unstarted)
+			logger(r.Log).Warn("gendurable: reaped expired leases", "count", rep.Count, "failed", rep.Failed, "uncharged", rep.Uncharged)
 			if r.OnReap != nil {
 				r.OnReap(ctx, rep)
 			}

@@ -303,7 +303,8 @@ type Kept struct {
 // still held. started[i] says whether the step of claim i has started: a
 // claim extended while not started is marked so (unstarted_token), and the
 // reaper charges it no attempt if its lease runs out before a later
-// heartbeat or outcome clears the mark (reapSQL). bounded: the rows are of
+// heartbeat sending it as started, or ClearUnstarted, clears the mark
+// (reapSQL). bounded: the rows are of
 // a queue with a GlobalConcurrency, whose leases are kept as keyed rows'
 // are (see heartbeatSQL).
 func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, started []bool, lease time.Duration, bounded bool) ([]Kept, error) {
@@ -349,8 +350,9 @@ WITH expired AS MATERIALIZED (
   -- inbox as locked: a row another transaction changed since this
   -- statement's snapshot was taken is locked and read as it left it.
   -- free: the claim's last heartbeat found its step not started (a
-  -- prefetched row; docs/design.md §4, "Prefetched claims"; 0 for a keyed
-  -- claim a pick revoked, clearing its token, after that), and no
+  -- prefetched row; docs/design.md §4, "Prefetched claims":
+  -- unstarted_token = claim_token, or 0 on a row a pick left without a
+  -- token when it revoked a marked key holder), and no
   -- earlier expiry of this step and attempt went free (its error history
   -- says so): it costs no attempt. Once per attempt: should a step ever
   -- start under a mark (a worker clears it first; docs/design.md §4 says

@@ -778,6 +778,10 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	require.Equal(t, 3, count(`SELECT count(*) FROM {{s}}.gendurable_instances
 		WHERE status = 'failed' AND attempt = 1 AND errors -> -1 @> '{"kind": "lease_expired"}'
 		  AND NOT errors -> -1 ? 'uncharged' AND errors -> -1 ->> 'error' LIKE '%attempts exhausted'`))
+	for id, tok := range tokens {
+		require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+			WHERE id = $1 AND (errors -> -1 ->> 'token')::bigint = $2`, id, tok), "row %d's entry names its lost claim", id)
+	}
 
 	// The same attempt lost again before its step started: charged now,
 	// though another entry of that attempt came in between (a worker that
