@@ -442,6 +442,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&o.Engines, "engines", 1, fmt.Sprintf("engines (workers) in this process (at most %d)", benchrun.MaxEngines))
 	fs.IntVar(&o.Commits, "commits", 0, "outcome statements in flight per engine (default: the engine's)")
 	fs.IntVar(&o.MinDemand, "min-demand", 0, "don't pick for fewer free places than this (default: the engine's)")
+	fs.DurationVar(&o.StepSleep, "step-sleep", 0, "job: each step sleeps this long")
+	fs.DurationVar(&o.Heartbeat, "heartbeat", 0, "the engines' heartbeat interval (default: the engine's, 20s; not keys)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	backlog := fs.Bool("backlog", false, "measure one pick's latency at 10k and 1M runnable rows instead")
 	heldPick := fs.Bool("held-pick", false, "measure one pick of 16 after 10k, 50k and 180k rows were claimed, with and without an xid held open meanwhile, with and without the pick's floor, instead")

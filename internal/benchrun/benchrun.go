@@ -51,8 +51,16 @@ type Options struct {
 	Engines     int    // engines in this process; default 1
 	MinDemand   int    // per queue; default: the engine's default
 	Commits     int    // outcome statements in flight per engine; default: the engine's
-	MaxConns    int    // the run's pool size; default min(90, Engines × (Queues × 4 + 8) + 4)
-	Progress    io.Writer
+	// StepSleep: each step of workload job sleeps this long (default 0).
+	// Heartbeat is the engines' HeartbeatInterval (default the engine's,
+	// 20s; workload keys keeps its own). With steps long enough for claims
+	// to wait in the buffer across heartbeats, they measure what clearing
+	// the claims' not-started marks costs (docs/design.md §4, "Prefetched
+	// claims").
+	StepSleep time.Duration
+	Heartbeat time.Duration
+	MaxConns  int // the run's pool size; default min(90, Engines × (Queues × 4 + 8) + 4)
+	Progress  io.Writer
 	// Keys, KeySleep, FairBacklog, FairRows and FairRounds shape workload
 	// keys (see KeysReport): Keys partition keys of limit 4 (default 8),
 	// each step sleeping KeySleep (default 5ms); tenant A's backlog
@@ -116,6 +124,12 @@ func (o *Options) defaults() error {
 	}
 	if o.N <= 0 {
 		o.N = 10000
+	}
+	if o.StepSleep < 0 || o.Heartbeat < 0 {
+		return errors.New("bench: --step-sleep and --heartbeat must not be negative")
+	}
+	if o.StepSleep > 0 && o.Workload != "job" {
+		return errors.New("bench: --step-sleep is for workload job")
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 100
@@ -278,8 +292,13 @@ type fsmState struct {
 }
 
 // machines builds the workload's definitions (fresh values per engine).
-func machines() (job *gendurable.Job[args], fsm3, await, fan *gendurable.Machine[fsmState]) {
-	job = &gendurable.Job[args]{Name: "bench_job", Perform: func(context.Context, *gendurable.Run[args]) error { return nil }}
+func machines(stepSleep time.Duration) (job *gendurable.Job[args], fsm3, await, fan *gendurable.Machine[fsmState]) {
+	job = &gendurable.Job[args]{Name: "bench_job", Perform: func(context.Context, *gendurable.Run[args]) error {
+		if stepSleep > 0 {
+			time.Sleep(stepSleep)
+		}
+		return nil
+	}}
 	next := func(step string) gendurable.StepFunc[fsmState] {
 		return func(_ context.Context, r *gendurable.Run[fsmState]) (gendurable.Outcome, error) {
 			return r.Next(step, fsmState{N: r.State.N + 1}), nil
@@ -376,13 +395,14 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	var job *gendurable.Job[args]
 	var fsm3, await, fan *gendurable.Machine[fsmState]
 	for i := 0; i < o.Engines; i++ {
-		j, f3, aw, fn := machines()
+		j, f3, aw, fn := machines(o.StepSleep)
 		if i == 0 {
 			job, fsm3, await, fan = j, f3, aw, fn
 		}
 		eng, err := gendurable.New(pool, &gendurable.Config{
 			Schema: o.Schema, Machines: []gendurable.Definition{j, f3, aw, fn},
 			Queues: queues, Hooks: []gendurable.Hook{steps}, Logger: quiet, CommitConcurrency: o.Commits,
+			HeartbeatInterval: o.Heartbeat,
 		})
 		if err != nil {
 			return nil, err

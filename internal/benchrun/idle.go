@@ -43,7 +43,7 @@ func Idle(ctx context.Context, o Options, warmup, d time.Duration) (*IdleResult,
 		return nil, err
 	}
 	defer func() { _ = scratch.Drop(context.Background(), pool, schema) }()
-	job, _, _, _ := machines()
+	job, _, _, _ := machines(0)
 	eng, err := gendurable.New(pool, &gendurable.Config{
 		Schema: schema, Machines: []gendurable.Definition{job},
 		Queues: map[string]gendurable.QueueConfig{"default": {}},
