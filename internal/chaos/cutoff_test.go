@@ -148,7 +148,11 @@ func TestChaos16CutOff(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
-	bound := lease + lease + time.Duration(env.Worker("x").ReaperMs)*time.Millisecond + 60*time.Second
+	// 60 s of work after the cut at CI size (96 rows: done in about 21 s), in
+	// proportion at full size: the keys run their rows one at a time, and
+	// two workers of four slots serve twelve keys, so the run's length
+	// grows with its rows (480 rows took some 3 minutes).
+	bound := lease + lease + time.Duration(env.Worker("x").ReaperMs)*time.Millisecond + 60*time.Second*time.Duration(n)/96
 	_, live, err := env.WaitTerminal(ctx, cutAt.Add(bound))
 	must(t, err)
 	afterCut := time.Since(cutAt)
