@@ -941,19 +941,20 @@ func (s *Feeder) Heartbeat(ctx context.Context) {
 			retry.Stop()
 		}
 	}()
-	backoff := time.Duration(0)
+	failures := 0
 	clear := func() {
 		if s.clearMarks(ctx) {
-			backoff = 0
+			failures = 0
 			return
 		}
 		// Failed, or rows locked by someone else: again soon, backing off
 		// up to a heartbeat interval.
-		backoff = min(max(2*backoff, 20*time.Millisecond), s.cfg.HeartbeatInterval)
+		failures++
+		d := backoff.Exp(20*time.Millisecond, s.cfg.HeartbeatInterval, failures)
 		if retry == nil {
-			retry = time.AfterFunc(backoff, s.requestClear)
+			retry = time.AfterFunc(d, s.requestClear)
 		} else {
-			retry.Reset(backoff)
+			retry.Reset(d)
 		}
 	}
 	for {
@@ -1094,11 +1095,9 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	}
 	// What is left of each kept lease, on the database clock when the
 	// statement looked, counts from start, which is no later.
-	left := make(map[int64]time.Duration, len(kept))
-	extended := make(map[int64]bool, len(kept))
+	byID := make(map[int64]sqlq.Kept, len(kept))
 	for _, k := range kept {
-		left[k.ID] = k.Left
-		extended[k.ID] = k.Extended
+		byID[k.ID] = k
 	}
 	cleared := false
 	// The statement reports ids, but this feeder may hold one instance under
@@ -1116,11 +1115,11 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	var lost []int64
 	for i, token := range tokens {
 		h := s.held[token]
-		if d, ok := left[ids[i]]; ok && newest[ids[i]] == token && h != nil {
+		if k, ok := byID[ids[i]]; ok && newest[ids[i]] == token && h != nil {
 			// Extended, or held but locked by someone else and not
-			// extended (d says how long it still is ours).
-			h.deadline = start.Add(d)
-			if started[i] && h.unmarking && extended[ids[i]] {
+			// extended (k.Left says how long it still is ours).
+			h.deadline = start.Add(k.Left)
+			if started[i] && h.unmarking && k.Extended {
 				// Sent as started (dispatch was waiting to start it when
 				// the statement was built): the statement cleared its mark.
 				h.marked, h.unmarking = false, false
