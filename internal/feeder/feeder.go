@@ -821,6 +821,18 @@ func (s *Feeder) worker() {
 }
 
 func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c sqlq.Claimed) {
+	if !s.startable(c.Token) {
+		// The process was stopped (or starved) between dispatch and here:
+		// the claim's lease may have run out on the database clock, and the
+		// row been reaped and run elsewhere. Its step must not start.
+		cancel(ErrLeaseLost)
+		s.mu.Lock()
+		s.inFlight--
+		s.mu.Unlock()
+		s.stepDone()
+		s.wake()
+		return
+	}
 	h := &holder{s: s, token: c.Token}
 	res := s.exec(ctx, &c, h)
 	cancel(nil)
@@ -847,6 +859,28 @@ func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c
 	s.mu.Unlock()
 	s.stepDone()
 	s.wake()
+}
+
+// startable reports whether a dispatched claim may start its step: it is
+// still held and its deadline has not passed. A claim past its deadline is
+// given up here, as expire would (reported as a lost lease); one no longer
+// held was given up by expire already.
+func (s *Feeder) startable(token int64) bool {
+	s.mu.Lock()
+	h := s.held[token]
+	if h == nil {
+		s.mu.Unlock()
+		return false
+	}
+	if h.deadline.After(time.Now()) {
+		s.mu.Unlock()
+		return true
+	}
+	id := s.loseLocked(token, h)
+	s.rearmLocked()
+	s.mu.Unlock()
+	s.ev.LeaseLost(s.cfg.Queue, id)
+	return false
 }
 
 // releaseBuffer hands the claimed-but-unstarted rows back to runnable.

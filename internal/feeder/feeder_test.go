@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -505,6 +506,64 @@ func TestLatePickStartsNothing(t *testing.T) {
 	defer ev.mu.Unlock()
 	if len(ev.lost) != 1 || ev.lost[0] != 1 {
 		t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
+	}
+}
+
+// TestADispatchedStepDoesNotStartPastItsDeadline: a claim handed to a
+// worker goroutine whose step has not started yet when its deadline passes
+// — the process was stopped (SIGSTOP, a suspended VM) between the hand-off
+// and the start, or the goroutine was starved — never starts: its lease
+// may have run out on the database clock and the row run elsewhere. Both
+// orders of waking are covered: the deadline timer gave the claim up
+// first, or the worker came first with the claim still held.
+func TestADispatchedStepDoesNotStartPastItsDeadline(t *testing.T) {
+	t.Parallel()
+	for _, timerFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("timerFirst=%v", timerFirst), func(t *testing.T) {
+			t.Parallel()
+			const lease = 200 * time.Millisecond
+			ev := &lostLog{}
+			s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+				Lease: lease, HeartbeatInterval: 50 * time.Millisecond},
+				&sqlq.Queries{}, heartbeatDB{}, nil, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			var started atomic.Int32
+			s.exec = func(context.Context, *sqlq.Claimed, Holder) Result { started.Add(1); return Result{} }
+			if !timerFirst {
+				s.mu.Lock()
+				s.timerOff = true // the timer has not run yet when the worker wakes
+				s.mu.Unlock()
+			}
+			s.mu.Lock()
+			s.confirmed(time.Now())
+			s.mu.Unlock()
+			s.add([]sqlq.Claimed{{ID: 1, Token: 7}}, time.Now())
+			s.dispatch(context.Background()) // handed on: no worker reads it yet
+			if n := s.InFlight(); n != 1 {
+				t.Fatalf("%d steps dispatched, want 1", n)
+			}
+			time.Sleep(lease + 50*time.Millisecond) // the "stop"
+			go s.worker()
+			defer close(s.work)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if !s.Wait(ctx) {
+				t.Fatal("the dispatched step was never settled")
+			}
+			if n := started.Load(); n != 0 {
+				t.Fatalf("%d steps started %s after their claim's deadline", n, 50*time.Millisecond)
+			}
+			s.mu.Lock()
+			held, inFlight := len(s.held), s.inFlight
+			s.mu.Unlock()
+			if held != 0 || inFlight != 0 {
+				t.Fatalf("held %d, in flight %d after the claim was given up, want 0 and 0", held, inFlight)
+			}
+			ev.mu.Lock()
+			defer ev.mu.Unlock()
+			if len(ev.lost) != 1 || ev.lost[0] != 1 {
+				t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
+			}
+		})
 	}
 }
 
