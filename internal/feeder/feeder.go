@@ -751,15 +751,16 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 // dispatch starts buffered rows into free running slots.
 func (s *Feeder) dispatch(workCtx context.Context) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if len(s.buffer) > 0 && time.Since(s.lastBeat) > s.cfg.Lease-s.cfg.HeartbeatInterval {
 		// No heartbeat has confirmed the claims for most of a lease (the
 		// process was paused — SIGSTOP, a suspended VM — or the database
 		// is slow): buffered rows may have been reaped and run elsewhere
 		// meanwhile. Start none until a heartbeat has sorted them out.
 		s.heldBack = true
+		s.mu.Unlock()
 		return
 	}
+	var lost []int64
 	free := s.cfg.Concurrency - s.inFlight
 	now := time.Now()
 	kept := s.buffer[:0] // filtered in place: kept never passes the read index
@@ -775,7 +776,12 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 		}
 		if !h.deadline.After(now) {
 			// Its lease may have run out (the process was stopped while
-			// its pick was in flight): the timer gives it up; never start it.
+			// its pick was in flight): give it up here, as the timer would
+			// — not left held, where a heartbeat that ran before the timer
+			// would extend it, out of the buffer, for as long as the
+			// process lives.
+			delete(s.held, c.Token)
+			lost = append(lost, h.id)
 			continue
 		}
 		if h.marked {
@@ -801,6 +807,13 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 	s.buffer = kept
 	if len(s.buffer) == 0 {
 		s.buffer = nil // let a drained buffer's backing array go
+	}
+	if len(lost) > 0 {
+		s.rearmLocked()
+	}
+	s.mu.Unlock()
+	for _, id := range lost {
+		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
 	if unmark {
 		s.requestClear()

@@ -509,6 +509,43 @@ func TestLatePickStartsNothing(t *testing.T) {
 	}
 }
 
+// TestDispatchGivesUpAClaimPastItsDeadline: a buffered claim whose
+// deadline has passed when dispatch reaches it, before the deadline timer
+// has run, is given up by dispatch itself. Left held, a heartbeat that ran
+// before the timer would extend its lease — a claim in no buffer and no
+// worker, its row executing under a live lease for as long as the process
+// lives.
+func TestDispatchGivesUpAClaimPastItsDeadline(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	ev := &lostLog{}
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+		Lease: lease, HeartbeatInterval: 100 * time.Millisecond},
+		&sqlq.Queries{}, heartbeatDB{mode: "kept"}, nil, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s.exec = func(context.Context, *sqlq.Claimed, Holder) Result {
+		t.Error("a claim past its deadline started")
+		return Result{}
+	}
+	s.mu.Lock()
+	s.timerOff = true // the timer has not run yet
+	s.confirmed(time.Now())
+	s.mu.Unlock()
+	s.add([]sqlq.Claimed{{ID: 1, Token: 7}}, time.Now().Add(-time.Second))
+	s.dispatch(context.Background())
+	s.heartbeatOnce(context.Background()) // answers "kept" for whatever it sends
+	s.mu.Lock()
+	held, buffered, inFlight := len(s.held), len(s.buffer), s.inFlight
+	s.mu.Unlock()
+	if held != 0 || buffered != 0 || inFlight != 0 {
+		t.Fatalf("after dispatch and a heartbeat: held %d, buffered %d, in flight %d; want 0, 0, 0", held, buffered, inFlight)
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.lost) != 1 || ev.lost[0] != 1 {
+		t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
+	}
+}
+
 // TestADispatchedStepDoesNotStartPastItsDeadline: a claim handed to a
 // worker goroutine whose step has not started yet when its deadline passes
 // — the process was stopped (SIGSTOP, a suspended VM) between the hand-off
