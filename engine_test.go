@@ -22,6 +22,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/gendurabletest"
+	"github.com/gendurable/gendurable/internal/childproc"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5"
@@ -1475,7 +1476,15 @@ func crashyMachine(hang bool) *gendurable.Machine[orderArgs] {
 // waits for it; the process is killed when the test ends in any case.
 func startHelperWorker(t *testing.T, schema string, env ...string) (kill func()) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperWorkerProcess$")
+	_, kill = startHelperWorkerCmd(t, schema, env...)
+	return kill
+}
+
+// startHelperWorkerCmd is startHelperWorker, with the process too (to stop
+// and continue it).
+func startHelperWorkerCmd(t *testing.T, schema string, env ...string) (cmd *exec.Cmd, kill func()) {
+	t.Helper()
+	cmd = exec.Command(os.Args[0], "-test.run=^TestHelperWorkerProcess$")
 	cmd.Env = append(append(os.Environ(), "GENDURABLE_HELPER_SCHEMA="+schema), env...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, cmd.Start())
@@ -1487,7 +1496,7 @@ func startHelperWorker(t *testing.T, schema string, env ...string) (kill func())
 		})
 	}
 	t.Cleanup(kill)
-	return kill
+	return cmd, kill
 }
 
 // TestHelperWorkerProcess is not a test: it is the worker process that
@@ -1601,6 +1610,64 @@ func TestKilledWorkersPrefetchedClaimsCostNoAttempt(t *testing.T) {
 	require.Equal(t, 8, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
 		WHERE status = 'done' AND attempt = 0 AND result = '{"attempt": 0}' AND jsonb_array_length(errors) = 1
 		  AND errors -> 0 @> '{"kind": "lease_expired", "uncharged": true}'`), "the prefetched rows ran on their first attempt")
+}
+
+// TestStoppedWorkerHandsBackItsPrefetchedClaims (docs/design.md §4,
+// "Prefetched claims"): a worker process holding one hung step and eight
+// prefetched claims of MaxAttempts 1 is stopped (SIGSTOP) for 2.5 leases,
+// then continued. On waking it gives the eight claims up — their leases may
+// have run out on the database clock — and hands them straight back to
+// runnable under their own tokens, no attempt counted, no error recorded:
+// no reaper runs anywhere in this test. Before, it only dropped them, and
+// they stayed executing under claims nobody held until a reaper charged
+// them (or, unmarked, failed them).
+func TestStoppedWorkerHandsBackItsPrefetchedClaims(t *testing.T) {
+	t.Parallel()
+	m := crashyMachine(false)
+	b := setup(t, nil, m)
+	ctx := context.Background()
+	ps := make([]gendurable.InsertParams, 9)
+	for i := range ps {
+		ps[i] = m.New(orderArgs{I: i}).With(gendurable.InsertOpts{MaxAttempts: 1})
+	}
+	_, err := b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+
+	cmd, _ := startHelperWorkerCmd(t, b.schema, "GENDURABLE_HELPER_PREFETCH=1")
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 9 &&
+			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing' AND unstarted_token = claim_token`) == 8
+	}, "the worker never held nine claims with eight of them marked unstarted")
+	rows, err := b.pool.Query(ctx, replaceSchema(`SELECT id, claim_token FROM {{s}}.gendurable_instances
+		WHERE status = 'executing' AND unstarted_token = claim_token`, b.schema))
+	require.NoError(t, err)
+	type claim struct{ id, token int64 }
+	buffered, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (claim, error) {
+		var c claim
+		return c, r.Scan(&c.id, &c.token)
+	})
+	require.NoError(t, err)
+	require.Len(t, buffered, 8)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	eventually(t, 5*time.Second, func() bool { return childproc.Stopped(cmd.Process.Pid) }, "the worker did not stop")
+	time.Sleep(2500 * time.Millisecond) // the helper's lease is 1 s
+	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
+
+	// Every buffered claim is handed back: its row is no longer executing
+	// under that token (it may have been claimed again since), with no
+	// attempt counted and nothing in its error history.
+	ids := make([]int64, len(buffered))
+	tokens := make([]int64, len(buffered))
+	for i, c := range buffered {
+		ids[i], tokens[i] = c.id, c.token
+	}
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances AS i
+			JOIN unnest($1::bigint[], $2::bigint[]) AS c(id, token) ON c.id = i.id
+			WHERE i.claim_token IS DISTINCT FROM c.token AND i.attempt = 0 AND i.errors = '[]'::jsonb
+			  AND i.status IN ('runnable', 'executing')`, ids, tokens) == 8
+	}, "the stopped worker's prefetched claims were not handed back on waking")
 }
 
 // TestAStepNeverRunsUnderANotStartedMark (docs/design.md §4, "Prefetched

@@ -329,9 +329,13 @@ func (s *Feeder) expire() {
 	s.mu.Lock()
 	now := time.Now()
 	var lost []int64
+	var back unstarted
 	for token, h := range s.held {
 		if h.deadline.After(now) {
 			continue
+		}
+		if !h.running {
+			back.add(h.id, token)
 		}
 		lost = append(lost, s.loseLocked(token, h))
 	}
@@ -339,6 +343,44 @@ func (s *Feeder) expire() {
 	s.mu.Unlock()
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)
+	}
+	if len(back.ids) > 0 && !s.stopping.Load() {
+		// Not on the caller's goroutine: a heartbeat that failed calls
+		// expire, and must not wait on the database once more. Not once
+		// stopping: the engine's Stop does not wait for it (the reaper
+		// takes them).
+		go s.giveBack(back)
+	}
+}
+
+// unstarted lists claims given up before their step started.
+type unstarted struct{ ids, tokens []int64 }
+
+func (u *unstarted) add(id, token int64) {
+	u.ids, u.tokens = append(u.ids, id), append(u.tokens, token)
+}
+
+// giveBack hands claims this process gave up before their steps started
+// (their deadline passed while buffered, or before a worker began them)
+// back to runnable at once, with no attempt counted — fenced by their
+// tokens, so a claim the reaper took meanwhile, or whose row moved on,
+// changes nothing. Without it such a claim waits for the reaper, which
+// charges it an attempt unless a heartbeat had marked it not started.
+// A failure leaves the claims to the reaper, as before.
+func (s *Feeder) giveBack(u unstarted) {
+	ctx, cancel := context.WithTimeout(s.abortCtx, min(s.cfg.Lease, 5*time.Second))
+	defer cancel()
+	released, err := s.q.Release(ctx, s.db, u.ids, u.tokens, 0)
+	if err != nil {
+		s.log.Debug("gendurable: handing back claims given up before their steps started failed; the reaper will recover them",
+			"queue", s.cfg.Queue, "rows", len(u.ids), "err", err)
+		return
+	}
+	if len(released) > 0 {
+		s.mu.Lock()
+		s.more = true // runnable again: maybe for this feeder's next pick
+		s.mu.Unlock()
+		s.wake()
 	}
 }
 
@@ -761,6 +803,7 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 		return
 	}
 	var lost []int64
+	var back unstarted
 	free := s.cfg.Concurrency - s.inFlight
 	now := time.Now()
 	kept := s.buffer[:0] // filtered in place: kept never passes the read index
@@ -782,6 +825,7 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 			// process lives.
 			delete(s.held, c.Token)
 			lost = append(lost, h.id)
+			back.add(h.id, c.Token)
 			continue
 		}
 		if h.marked {
@@ -815,6 +859,9 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
+	if len(back.ids) > 0 && !s.stopping.Load() {
+		go s.giveBack(back) // as in expire
+	}
 	if unmark {
 		s.requestClear()
 	}
@@ -837,8 +884,10 @@ func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c
 	if !s.startable(c.Token) {
 		// The process was stopped (or starved) between dispatch and here:
 		// the claim's lease may have run out on the database clock, and the
-		// row been reaped and run elsewhere. Its step must not start.
+		// row been reaped and run elsewhere. Its step must not start; if
+		// the claim is still the row's, the row goes back unstarted.
 		cancel(ErrLeaseLost)
+		s.giveBack(unstarted{ids: []int64{c.ID}, tokens: []int64{c.Token}})
 		s.mu.Lock()
 		s.inFlight--
 		s.mu.Unlock()

@@ -241,7 +241,9 @@ func (r *idRows) Conn() *pgx.Conn        { return nil }
 func (r *idRows) TypeMap() *pgtype.Map   { return nil }
 func (r *idRows) Scan(dest ...any) error {
 	*dest[0].(*int64) = r.ids[r.i-1]
-	*dest[1].(*int64) = r.leftUs
+	if len(dest) > 1 { // a heartbeat's row; a release's is the id alone
+		*dest[1].(*int64) = r.leftUs
+	}
 	return nil
 }
 
