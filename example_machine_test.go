@@ -8,6 +8,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -26,11 +27,17 @@ func Example() {
 		panic(err)
 	}
 	defer pool.Close()
-	const schema = "example_machine"
+	// A schema of this run's own (two runs on one database do not meet),
+	// removed at the end: Down drops the tables, then the empty schema goes.
+	schema := fmt.Sprintf("example_machine_%d", os.Getpid())
 	if _, err := migrate.Up(ctx, pool, schema); err != nil {
 		panic(err)
 	}
-	defer func() { _, _ = migrate.Down(ctx, pool, schema) }()
+	defer func() {
+		if _, err := migrate.Down(ctx, pool, schema); err == nil {
+			_, _ = pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize())
+		}
+	}()
 
 	signup := &gendurable.Machine[Signup]{
 		Name:  "signup",

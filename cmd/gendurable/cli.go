@@ -276,7 +276,35 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	case errors.Is(err, flag.ErrHelp):
 		return helpRequest{fs}
 	}
-	return usageError{msg: fs.Name() + ": " + err.Error(), help: true}
+	return usageError{msg: fs.Name() + ": " + err.Error() + wantedForm(fs, err), help: true}
+}
+
+// wantedForm says what form a flag's value takes when the flag package
+// could only say "parse error".
+func wantedForm(fs *flag.FlagSet, err error) string {
+	_, rest, ok := strings.Cut(err.Error(), " for flag -")
+	if !ok || !strings.HasSuffix(rest, ": parse error") {
+		return ""
+	}
+	f := fs.Lookup(strings.TrimPrefix(strings.TrimSuffix(rest, ": parse error"), "-"))
+	if f == nil {
+		return ""
+	}
+	g, ok := f.Value.(flag.Getter)
+	if !ok {
+		return ""
+	}
+	switch g.Get().(type) {
+	case time.Duration:
+		return " (want a duration such as 30s, 5m or 2h)"
+	case int, int64, uint, uint64:
+		return " (want a whole number)"
+	case float64:
+		return " (want a number)"
+	case bool:
+		return " (want true or false)"
+	}
+	return ""
 }
 
 // helpRequest: -h or --help was given; run prints the command's help.

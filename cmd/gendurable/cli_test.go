@@ -834,6 +834,24 @@ func TestBadFlagValuesExitTwoWithOneMessage(t *testing.T) {
 	}
 }
 
+// TestBadFlagValueSaysTheFormItWants: where the flag package can only say
+// "parse error", the message says what form the value takes.
+func TestBadFlagValueSaysTheFormItWants(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"list", "--since", "2x"}, "want a duration such as 30s, 5m or 2h"},
+		{[]string{"prune", "--retention", "abc"}, "want a duration such as 30s, 5m or 2h"},
+		{[]string{"list", "--limit", "ten"}, "want a whole number"},
+	} {
+		_, errOut, code := cli(t, c.args...)
+		require.Equal(t, exitUsage, code, "%q: %s", c.args, errOut)
+		require.Contains(t, errOut, c.want, "%q", c.args)
+	}
+}
+
 // TestHelpOnEveryCommand: `gendurable CMD --help` (and -h, and `help CMD`)
 // prints the command's synopsis, with its positional arguments, and its
 // flags to stdout and exits 0.
