@@ -168,7 +168,7 @@ func TestHeartbeatTellsZombieFromNewClaim(t *testing.T) {
 	if _, err := pool.Exec(ctx, "UPDATE "+schema+".gendurable_instances SET lease_expires_at = now() - interval '1 second'"); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := q.Reap(ctx, pool, 10, nil); err != nil || len(res.Reaped) != 1 {
+	if res, err := q.Reap(ctx, pool, 10, nil, 0); err != nil || len(res.Reaped) != 1 {
 		t.Fatalf("reap: %v, %v", res.Reaped, err)
 	}
 	claim := pick()

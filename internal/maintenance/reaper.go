@@ -153,7 +153,8 @@ func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (swept, error) {
 		start := time.Now()
 		var res sqlq.ReapResult
 		err := bounded(ctx, orDefault(r.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
-			res, err = r.Queries.Reap(ctx, r.DB, batch, floor)
+			// Next within the Interval: the loop sleeps no longer anyway.
+			res, err = r.Queries.Reap(ctx, r.DB, batch, floor, r.Interval)
 			return err
 		})
 		if err != nil {

@@ -140,7 +140,7 @@ func TestReapSweepsAgainOnlyWhatItMissed(t *testing.T) {
 	require.NoError(t, err)
 
 	before := counter.Count()
-	res, err := q.Reap(ctx, pool, 10, nil)
+	res, err := q.Reap(ctx, pool, 10, nil, 0)
 	require.NoError(t, err)
 	reaped := res.Reaped
 	require.Len(t, reaped, 1)
@@ -190,7 +190,7 @@ func TestCancelAndReapSweepWhateverTheCounts(t *testing.T) {
 
 	expired := seed(`status, attempt, max_attempts, claim_token, lease_expires_at`,
 		`'executing', 0, 1, 9, now() - interval '1 second'`)
-	res, err := q.Reap(ctx, pool, 10, nil)
+	res, err := q.Reap(ctx, pool, 10, nil, 0)
 	require.NoError(t, err)
 	reaped := res.Reaped
 	require.Len(t, reaped, 1)

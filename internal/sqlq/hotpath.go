@@ -414,6 +414,11 @@ SELECT c.id, c.fsm, c.queue, c.step, c.attempt, c.status::text, n.next, n.floor,
 FROM (SELECT (SELECT extract(epoch FROM x.lease_expires_at - now())::float8
               FROM {{schema}}.gendurable_instances AS x
               WHERE x.status = 'executing' AND x.lease_expires_at > now()
+                -- Within the horizon ($5 > 0): under a snapshot held elsewhere
+                -- the range after now() holds the entry of every lease written
+                -- within the last lease period and superseded since.
+                AND x.lease_expires_at <= CASE WHEN $5::bigint > 0 THEN now() + $5::bigint * interval '1 microsecond'
+                                               ELSE 'infinity'::timestamptz END
               ORDER BY x.lease_expires_at
               LIMIT 1) AS next,
              least(now() - $4::bigint * interval '1 microsecond',
@@ -448,9 +453,9 @@ type ReapResult struct {
 	Reaped []Reaped
 	// Next is how long until the next lease still ahead of the statement's
 	// now() runs out, on the database clock (the first entry of the lease
-	// index past it; nil if none): leases that ran out before now() and
-	// were left are rows another transaction has locked, and are not
-	// counted.
+	// index past it; nil if none, or none within the horizon Reap was
+	// given): leases that ran out before now() and were left are rows
+	// another transaction has locked, and are not counted.
 	Next *time.Duration
 	// Floor is where the next sweep may start (reapSQL), on the database
 	// clock.
@@ -458,10 +463,13 @@ type ReapResult struct {
 }
 
 // Reap recovers up to limit expired leases at or above floor (nil: from the
-// oldest; else a Floor an earlier Reap returned).
-func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time) (ReapResult, error) {
+// oldest; else a Floor an earlier Reap returned). Its Next looks no further
+// than horizon past the statement's now() (0: no bound): a reaper that
+// sleeps at most that long needs nothing further, and the probe's read is
+// bounded under a snapshot held elsewhere.
+func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time, horizon time.Duration) (ReapResult, error) {
 	var res ReapResult
-	rows, err := db.Query(ctx, q.reap, limit, MaxErrorHistory, floor, micros(ReapFloorSlack))
+	rows, err := db.Query(ctx, q.reap, limit, MaxErrorHistory, floor, micros(ReapFloorSlack), micros(horizon))
 	if err != nil {
 		return res, err
 	}

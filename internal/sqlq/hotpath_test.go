@@ -290,7 +290,7 @@ func TestReapFloorSkipsFinishedLeasesUnderAHeldXmin(t *testing.T) {
 	reap := func(name string, limit int, floor *time.Time) (sqlq.ReapResult, int64) {
 		t.Helper()
 		t0, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_lease")
-		res, err := q.Reap(ctx, c, limit, floor)
+		res, err := q.Reap(ctx, c, limit, floor, 0)
 		require.NoError(t, err)
 		t1, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_lease")
 		t.Logf("%s: reaped %d, %d index entries, floor %v", name, len(res.Reaped), t1-t0, res.Floor)
@@ -340,6 +340,58 @@ func TestReapFloorSkipsFinishedLeasesUnderAHeldXmin(t *testing.T) {
 	require.NoError(t, ltx.Rollback(ctx))
 	res, read = reap("after the lock", 10, &floor)
 	require.Equal(t, locked, reapedIDs(res), "the row locked before is recovered from the floor")
+	require.LessOrEqual(t, read, int64(40))
+}
+
+// TestReapNextExpiryLooksOnlyWithinTheHorizon (docs/design.md §4, "The
+// reaper's floor"): while another session holds an xid, the lease index
+// keeps an entry for every lease written since and superseded (here 3,000
+// rows whose leases run out in 30 s, finished since). A reap's probe for
+// the next expiry without a horizon reads them all to reach the live lease
+// after them; within a horizon of a second it reads a handful of entries
+// and reports none (the reaper sleeps its Interval, the horizon, anyway) —
+// and still finds a live lease that runs out within it.
+func TestReapNextExpiryLooksOnlyWithinTheHorizon(t *testing.T) {
+	t.Parallel()
+	q, c, schema := heldXmin(t)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	const superseded = 3000
+	_, err := c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, claim_token, lease_expires_at)
+		SELECT 'm', 'a', 'executing', 1, now() + interval '30 seconds' + g * interval '1 millisecond' FROM generate_series(1, $1::int) g`, superseded)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, `UPDATE `+s+`.gendurable_instances SET status = 'done', finished_at = now(), lease_expires_at = NULL, claim_token = NULL`)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, claim_token, lease_expires_at)
+		VALUES ('m', 'a', 'executing', 2, now() + interval '1 minute')`)
+	require.NoError(t, err)
+	var now time.Time
+	require.NoError(t, c.QueryRow(ctx, `SELECT now()`).Scan(&now))
+	floor := now.Add(-time.Second) // nothing expired above it: the sweep reads no range before now()
+	reap := func(name string, horizon time.Duration) (*time.Duration, int64) {
+		t.Helper()
+		t0, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_lease")
+		res, err := q.Reap(ctx, c, 10, &floor, horizon)
+		require.NoError(t, err)
+		t1, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_lease")
+		require.Empty(t, res.Reaped)
+		t.Logf("%s: next %v, %d index entries", name, res.Next, t1-t0)
+		return res.Next, t1 - t0
+	}
+	next, read := reap("no horizon", 0)
+	require.NotNil(t, next)
+	require.InDelta(t, time.Minute.Seconds(), next.Seconds(), 5, "the live lease, a minute ahead")
+	require.GreaterOrEqual(t, read, int64(superseded), "past every superseded entry before it")
+	next, read = reap("a second's horizon", time.Second)
+	require.Nil(t, next, "nothing runs out within a second")
+	require.LessOrEqual(t, read, int64(40))
+	// A live lease within the horizon is still found.
+	_, err = c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, claim_token, lease_expires_at)
+		VALUES ('m', 'a', 'executing', 3, now() + interval '500 milliseconds')`)
+	require.NoError(t, err)
+	next, read = reap("a second's horizon, a lease within it", time.Second)
+	require.NotNil(t, next)
+	require.Less(t, *next, time.Second)
 	require.LessOrEqual(t, read, int64(40))
 }
 
@@ -753,7 +805,7 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	reap := func(want int) []sqlq.Reaped {
 		t.Helper()
 		exec(`UPDATE {{s}}.gendurable_instances SET lease_expires_at = now() - interval '1 second' WHERE status = 'executing'`)
-		res, err := q.Reap(ctx, c, 100, nil)
+		res, err := q.Reap(ctx, c, 100, nil, 0)
 		require.NoError(t, err)
 		require.Len(t, res.Reaped, want)
 		return res.Reaped
@@ -851,7 +903,7 @@ func TestReapChargesNoAttemptToARevokedUnstartedKeyHolder(t *testing.T) {
 	require.Equal(t, 2, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id IN (1, 3) AND claim_token IS NULL AND status = 'executing'`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND unstarted_token = 0`), "the revoke kept the mark")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 3 AND unstarted_token IS NULL`))
-	rr, err := q.Reap(ctx, c, 100, nil)
+	rr, err := q.Reap(ctx, c, 100, nil, 0)
 	require.NoError(t, err)
 	byID := map[int64]sqlq.Reaped{}
 	for _, r := range rr.Reaped {

@@ -747,7 +747,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NotNil(t, queue)
 				}},
 				{"reap", 4*fxExpired + 100, func(t *testing.T, tx pgx.Tx) {
-					res, err := f.q.Reap(ctx, tx, 1000, nil)
+					res, err := f.q.Reap(ctx, tx, 1000, nil, time.Hour) // bounded, as the reaper calls it
 					require.NoError(t, err)
 					require.Len(t, res.Reaped, fxExpired)
 					// The next expiry: the first entry of the lease index
