@@ -109,7 +109,7 @@ func (e *Engine) CancelMany(ctx context.Context, ids []int64, reason string) (Bu
 		return BulkResult{}, err
 	}
 	res, err := e.byIDs(ctx, ids, "cancel", e.cancelBatch(reason))
-	e.logBulk("gendurable: instances cancelled", res, err)
+	e.logBulk("gendurable: instances cancelled", res, err, "reason", cancelReason(reason))
 	return res, err
 }
 
@@ -165,7 +165,7 @@ func (e *Engine) RetryMatching(ctx context.Context, f ListFilter) (BulkResult, e
 // matches are counted in Skipped.
 func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string) (BulkResult, error) {
 	res, err := e.matching(ctx, f, "cancel", e.cancelBatch(reason))
-	e.logBulk("gendurable: instances cancelled", res, err, "filter", f.String())
+	e.logBulk("gendurable: instances cancelled", res, err, "filter", f.String(), "reason", cancelReason(reason))
 	return res, err
 }
 
@@ -219,7 +219,7 @@ func (e *Engine) CancelTree(ctx context.Context, id int64, reason string) (BulkR
 	}
 	res, err := e.cancelTree(ctx, id, e.cancelBatch(reason))
 	if res.Matched > 0 {
-		e.logBulk("gendurable: instance tree cancelled", res, err, "root", id)
+		e.logBulk("gendurable: instance tree cancelled", res, err, "root", id, "reason", cancelReason(reason))
 	}
 	return res, err
 }
@@ -427,11 +427,17 @@ func isUniqueViolation(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
-func (e *Engine) cancelBatch(reason string) bulkBatch {
+// cancelReason is the reason a cancel records: reason, or the default,
+// truncated as the error history stores it.
+func cancelReason(reason string) string {
 	if reason == "" {
 		reason = "cancelled by an operator"
 	}
-	reason = truncate(reason)
+	return truncate(reason)
+}
+
+func (e *Engine) cancelBatch(reason string) bulkBatch {
+	reason = cancelReason(reason)
 	return func(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
 		sctx, cancel := statementContext(ctx)
 		defer cancel()
@@ -506,7 +512,13 @@ func (e *Engine) logBulk(msg string, res BulkResult, err error, kv ...any) {
 	if res.Changed == 0 && err != nil {
 		return
 	}
-	args := append([]any{"matched", res.Matched, "changed", res.Changed, "skipped", res.Skipped, "not_found", res.NotFound}, kv...)
+	// Which instances, not only how many: an audit trail answers "who
+	// cancelled instance 9?" (the first MaxBulkIDs, as BulkResult holds).
+	args := append([]any{"matched", res.Matched, "changed", res.Changed, "skipped", res.Skipped, "not_found", res.NotFound,
+		"changed_ids", res.ChangedIDs}, kv...)
+	if res.Truncated {
+		args = append(args, "changed_ids_truncated", true)
+	}
 	if err != nil {
 		args = append(args, "err", err)
 	}

@@ -50,7 +50,8 @@ const (
 // engine on schema "public"); every field documents its default.
 type Config struct {
 	// Schema holding gendurable's tables (see package migrate). A plain
-	// identifier; default "public".
+	// identifier, not a system schema's (information_schema, pg_…);
+	// default "public".
 	Schema string
 
 	// Machines and jobs this engine can insert and run: *Machine[S] and

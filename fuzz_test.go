@@ -231,12 +231,13 @@ func FuzzSignalInput(f *testing.F) {
 var fzIdent = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // FuzzSchemaName: hostile schema names. A name is accepted iff it is a
-// plain identifier of 1-63 bytes (or, for Config, empty: the default);
+// plain identifier of 1-63 bytes and not a system schema's
+// (information_schema, pg_…) (or, for Config, empty: the default);
 // anything else is ErrInvalidConfig from New and ErrInvalidSchema from
 // migrate, before any SQL runs (no schema appears).
 func FuzzSchemaName(f *testing.F) {
 	for _, s := range []string{"public", "", "a", `x"; DROP TABLE y; --`, "sch ema", "Ünïcode", "\x00", "1abc",
-		strings.Repeat("s", 63), strings.Repeat("s", 64), "a.b", "pg_catalog", `"quoted"`, "a;b", "a\nb", "_x9"} {
+		strings.Repeat("s", 63), strings.Repeat("s", 64), "a.b", "pg_catalog", "pg_temp", "pg_toast", "information_schema", "pg", "Pg_x", `"quoted"`, "a;b", "a\nb", "_x9"} {
 		f.Add(s)
 	}
 	pool, _ := dbtest.NewSchema(f, &dbtest.Options{NoMigrate: true})
@@ -249,7 +250,7 @@ func FuzzSchemaName(f *testing.F) {
 		return n
 	}
 	f.Fuzz(func(t *testing.T, name string) {
-		valid := len(name) <= 63 && fzIdent.MatchString(name)
+		valid := len(name) <= 63 && fzIdent.MatchString(name) && name != "information_schema" && !strings.HasPrefix(name, "pg_")
 		_, err := gendurable.New(pool, &gendurable.Config{Schema: name})
 		switch {
 		case name == "": // Config's zero value: the default schema

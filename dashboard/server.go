@@ -3,6 +3,7 @@ package dashboard
 import (
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 )
@@ -91,8 +92,9 @@ const evictGrace = 100 * time.Millisecond
 // Served by a server from [NewServer], a full listener makes room: it
 // closes a connection without a request under way — one lingering after
 // its last answer before it closes, else the one waiting longest, idle
-// after an answer or open without a whole request header (for 100 ms at
-// least) — so that a client holding many connections open and silent, or
+// after an answer or open without a request (for 100 ms at least, and with
+// no request bytes waiting unread in its socket) — so that a client holding
+// many connections open and silent, or
 // idling many keep-alives, cannot starve the others. Connections with a
 // request being read or answered are never closed; only when every one
 // has a request under way does Accept wait. (Under a server of your own,
@@ -175,28 +177,48 @@ func (l *limitListener) accept() (net.Conn, error) {
 // evict closes the open connection that has waited longest without a
 // request under way, if one has for evictGrace; otherwise it says how long
 // until one may have (0: none may, until a connection changes state).
+//
+// A connection whose request has arrived but not been read yet (bytes wait
+// in its socket: the server's goroutine for it has not run since, as on a
+// busy CPU) has a request under way and is passed over: closing it lost a
+// whole request the client had sent (an empty reply).
 func (l *limitListener) evict(now time.Time) (retry time.Duration, evicted bool) {
 	l.mu.Lock()
-	var oldest *limitConn
+	var cands []*limitConn
 	for c := range l.conns {
-		if (c.state == http.StateNew || c.state == http.StateIdle || c.state == stateLingering) &&
-			(oldest == nil || c.since.Before(oldest.since)) {
-			oldest = c
+		if c.state == http.StateNew || c.state == http.StateIdle || c.state == stateLingering {
+			cands = append(cands, c)
 		}
 	}
-	if oldest == nil {
-		l.mu.Unlock()
-		return 0, false
+	slices.SortFunc(cands, func(a, b *limitConn) int { return a.since.Compare(b.since) })
+	var victim *limitConn
+	for _, c := range cands {
+		if wait := c.since.Add(evictGrace).Sub(now); wait > 0 { // a lingering connection's since is zero: never waited for
+			if retry == 0 || wait < retry {
+				retry = wait
+			}
+			break
+		}
+		if c.state != stateLingering && inputWaiting(c.Conn) {
+			retry = pendingRecheck // its reader will take it up: look again soon
+			continue
+		}
+		victim = c
+		break
 	}
-	if wait := oldest.since.Add(evictGrace).Sub(now); wait > 0 { // a lingering connection's since is zero: never waited for
+	if victim == nil {
 		l.mu.Unlock()
-		return wait, false
+		return retry, false
 	}
-	delete(l.conns, oldest) // no longer a candidate, whatever it reports now
+	delete(l.conns, victim) // no longer a candidate, whatever it reports now
 	l.mu.Unlock()
-	_ = oldest.Close() // frees its slot; the server's reader sees it closed
+	_ = victim.Close() // frees its slot; the server's reader sees it closed
 	return 0, true
 }
+
+// pendingRecheck is how soon a full listener looks again when its only
+// candidates have a request waiting to be read.
+const pendingRecheck = 10 * time.Millisecond
 
 // connState records a connection's state (http.Server.ConnState).
 func connState(c net.Conn, s http.ConnState) {

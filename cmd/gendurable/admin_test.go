@@ -82,20 +82,27 @@ func TestBulkRetryAndCancelByFilter(t *testing.T) {
 	require.NotEmpty(t, lines[0]["user"])
 	require.EqualValues(t, n, lines[0]["changed"])
 	require.Equal(t, `queue="q"`, lines[0]["filter"])
+	require.Len(t, lines[0]["changed_ids"], gendurable.MaxBulkIDs, "which instances, the first MaxBulkIDs")
+	require.Equal(t, true, lines[0]["changed_ids_truncated"])
 
 	out, errOut, code = cli(t, append([]string{"cancel", "--queue", "q", "--status", "runnable", "--yes", "--reason", "drain"}, s...)...)
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, fmt.Sprintf("cancelled %d of %d matching instances; 0 skipped (already finished)\n", n+4, n+4), out)
 	require.Contains(t, errOut, `msg="gendurable: instances cancelled" via=cli user=`)
+	require.Contains(t, errOut, `reason=drain`, "the audit line says why")
 	require.Equal(t, n+4, countRows(t, pool, schema, `queue = 'q' AND errors -> -1 ->> 'error' = 'drain'`))
 
 	// By ids: several ids act in bulk, missing ones are counted.
 	out, _, code = cli(t, append([]string{"retry", "1", "2", "999999", "--json"}, s...)...)
 	require.Equal(t, 0, code)
 	require.JSONEq(t, `{"matched": 2, "changed": 2, "skipped": 0, "not_found": 1, "changed_ids": [1, 2]}`, out)
-	out, _, code = cli(t, append([]string{"cancel", "1", "2", "3"}, s...)...)
+	out, errOut, code = cli(t, append([]string{"cancel", "1", "2", "3", "--json"}, s...)...)
 	require.Equal(t, 0, code)
-	require.Equal(t, "cancelled 2 of 3 matching instances; 1 skipped (already finished)\n", out)
+	require.JSONEq(t, `{"matched": 3, "changed": 2, "skipped": 1, "not_found": 0, "changed_ids": [1, 2]}`, out)
+	lines = auditLines(t, errOut)
+	require.Len(t, lines, 1)
+	require.Equal(t, []any{1.0, 2.0}, lines[0]["changed_ids"], "the audit line names the instances cancelled")
+	require.Equal(t, "cancelled from the CLI", lines[0]["reason"], "the CLI's default reason")
 
 	// --all: every instance; the finished ones are skipped.
 	out, _, code = cli(t, append([]string{"retry", "--all", "--yes", "--json"}, s...)...)

@@ -503,6 +503,12 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if o.RateWindow <= 0 || *idle < 0 {
 		return usageError{msg: "bench: --rate-window must be positive and --idle not negative", help: true}
 	}
+	if o.StepSleep < 0 || o.Heartbeat < 0 {
+		return usageError{msg: "bench: --step-sleep and --heartbeat must not be negative", help: true}
+	}
+	if o.StepSleep > 0 && o.Workload != "job" {
+		return usageError{msg: "bench: --step-sleep is for workload job", help: true}
+	}
 	if *longHorizon {
 		if fs.NFlag() > 1 {
 			return usageError{msg: "bench: --long-horizon is configured by the environment only: it takes no other flag"}

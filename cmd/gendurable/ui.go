@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -61,7 +62,11 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var lh slog.Handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})
+	if c.json { // JSON lines on stderr, as every --json command's log and audit lines
+		lh = slog.NewJSONHandler(inertWriter{stderr}, &slog.HandlerOptions{Level: slog.LevelWarn})
+	}
+	logger := slog.New(lh)
 	opts := dashboard.Options{ReadOnly: *readOnly, BearerToken: strings.TrimSpace(tok), AllowedHosts: allowed,
 		Logger: logger, AuditLogger: logger} // the audit trail is at dashboard.LevelAudit (Warn): always on
 	if basicAuth != "" {
@@ -122,8 +127,20 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "dashboard on http://%s/ (Ctrl-C to stop)\n", ln.Addr())
-	return serveUntil(ctx, srv, dashboard.LimitListener(ln, *maxConns), stderr)
+	url := fmt.Sprintf("http://%s/", ln.Addr())
+	note := func(msg string) { fmt.Fprintf(stderr, "gendurable: ui: %s\n", msg) }
+	if c.json {
+		if err := printJSON(stdout, map[string]string{"dashboard": url}); err != nil {
+			return err
+		}
+		note = func(msg string) { // one line, as the log's
+			b, _ := json.Marshal(map[string]string{"msg": "gendurable: ui: " + msg})
+			_, _ = inertWriter{stderr}.Write(append(b, '\n'))
+		}
+	} else {
+		fmt.Fprintf(stdout, "dashboard on %s (Ctrl-C to stop)\n", url)
+	}
+	return serveUntil(ctx, srv, dashboard.LimitListener(ln, *maxConns), note)
 }
 
 // uiShutdownTimeout bounds how long an interrupted `gendurable ui` waits
@@ -138,7 +155,7 @@ const uiShutdownTimeout = dashboard.DefaultRequestTimeout + 5*time.Second
 // then let the process exit under a request still running — a retry or
 // cancel by filter stopped between its batches, its answer and its audit
 // line lost.
-func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener, stderr io.Writer) error {
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener, note func(msg string)) error {
 	stopped := make(chan struct{}) // Serve returned on its own
 	drained := make(chan error, 1)
 	go func() {
@@ -148,7 +165,7 @@ func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener, stderr i
 			drained <- nil
 			return
 		}
-		fmt.Fprintf(stderr, "gendurable: ui: stopping; answering the requests under way first (at most %s)\n", uiShutdownTimeout)
+		note(fmt.Sprintf("stopping; answering the requests under way first (at most %s)", uiShutdownTimeout))
 		shutdown, cancel := context.WithTimeout(context.Background(), uiShutdownTimeout)
 		defer cancel()
 		err := srv.Shutdown(shutdown)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -10,8 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -117,4 +120,43 @@ func newCountingProxy(t *testing.T, upstream string) *countingProxy {
 		}
 	})
 	return p
+}
+
+// TestUIWithJSONWritesJSONLines: `ui --json` prints its address as a JSON
+// object and writes every stderr line — the dashboard's audit lines, the
+// shutdown note — as JSON. Before, the audit logger was always text, so a
+// JSON log pipeline broke on (or dropped) the dashboard's audit trail.
+func TestUIWithJSONWritesJSONLines(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, nil)
+	cmd := exec.Command(binary, "ui", "--json", "--schema", schema, "--addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var first struct{ Dashboard string }
+	require.NoError(t, json.NewDecoder(stdout).Decode(&first))
+	require.True(t, strings.HasPrefix(first.Dashboard, "http://127.0.0.1:"), "%+v", first)
+
+	// A cross-origin mutation: refused, and audit-logged.
+	req, _ := http.NewRequest("POST", first.Dashboard+"queues/q/pause", nil)
+	req.Header.Set("Origin", "http://evil.example")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusForbidden, resp.StatusCode)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	require.NoError(t, cmd.Wait())
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	require.GreaterOrEqual(t, len(lines), 2, "an audit line and the shutdown note: %s", stderr.String())
+	for _, l := range lines {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m), "a stderr line that is not JSON: %q", l)
+		require.NotEmpty(t, m["msg"], "%q", l)
+	}
+	require.Contains(t, stderr.String(), "stopping; answering the requests under way first")
 }

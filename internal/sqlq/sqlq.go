@@ -32,10 +32,16 @@ var schemaRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // ValidateSchema accepts a plain SQL identifier of at most 63 bytes: a letter
 // or underscore followed by letters, digits and underscores. Anything else is
-// rejected rather than escaped, so a schema name can never carry SQL.
+// rejected rather than escaped, so a schema name can never carry SQL. The
+// system's schemas are refused too: information_schema (tables created there
+// are left out of a default pg_dump, so out of backups) and every name
+// PostgreSQL reserves (pg_…: pg_catalog, pg_toast, pg_temp).
 func ValidateSchema(name string) error {
 	if name == "" || len(name) > 63 || !schemaRE.MatchString(name) {
 		return fmt.Errorf("%w: %q (want 1-63 characters of [A-Za-z0-9_], not starting with a digit)", ErrInvalidSchema, name)
+	}
+	if name == "information_schema" || strings.HasPrefix(name, "pg_") {
+		return fmt.Errorf("%w: %q is a system schema (information_schema, pg_…): use a schema of your own", ErrInvalidSchema, name)
 	}
 	return nil
 }
