@@ -1570,6 +1570,29 @@ func TestReapKilledWorkerProcess(t *testing.T) {
 	require.NotEqual(t, int64(0), token)
 }
 
+// prefetchingHelper inserts nine instances of crashyMachine with
+// MaxAttempts 1 and starts TestHelperWorkerProcess with one running slot
+// and eight of prefetch (its step hangs); it returns once every row is
+// claimed and a heartbeat since has marked the eight buffered claims as
+// not started.
+func prefetchingHelper(t *testing.T) (b *testBundle, cmd *exec.Cmd, kill func()) {
+	t.Helper()
+	m := crashyMachine(false)
+	b = setup(t, nil, m)
+	ps := make([]gendurable.InsertParams, 9)
+	for i := range ps {
+		ps[i] = m.New(orderArgs{I: i}).With(gendurable.InsertOpts{MaxAttempts: 1})
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	cmd, kill = startHelperWorkerCmd(t, b.schema, "GENDURABLE_HELPER_PREFETCH=1")
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 9 &&
+			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing' AND unstarted_token = claim_token`) == 8
+	}, "the worker never held nine claims with eight of them marked unstarted")
+	return b, cmd, kill
+}
+
 // TestKilledWorkersPrefetchedClaimsCostNoAttempt (docs/design.md §4,
 // "Prefetched claims"): a worker process holding nine claims of
 // MaxAttempts 1 — one step running, eight prefetched and never started —
@@ -1579,23 +1602,7 @@ func TestReapKilledWorkerProcess(t *testing.T) {
 // their first attempt. Before schema version 17 all nine failed.
 func TestKilledWorkersPrefetchedClaimsCostNoAttempt(t *testing.T) {
 	t.Parallel()
-	m := crashyMachine(false)
-	b := setup(t, nil, m)
-	ctx := context.Background()
-	ps := make([]gendurable.InsertParams, 9)
-	for i := range ps {
-		ps[i] = m.New(orderArgs{I: i}).With(gendurable.InsertOpts{MaxAttempts: 1})
-	}
-	_, err := b.eng.InsertMany(ctx, ps)
-	require.NoError(t, err)
-
-	kill := startHelperWorker(t, b.schema, "GENDURABLE_HELPER_PREFETCH=1")
-	// Every row claimed, and a heartbeat since has marked the eight
-	// buffered claims as not started.
-	eventually(t, 20*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 9 &&
-			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing' AND unstarted_token = claim_token`) == 8
-	}, "the worker never held nine claims with eight of them marked unstarted")
+	b, _, kill := prefetchingHelper(t)
 	kill()
 
 	// This process reaps the expired leases and runs what is left.
@@ -1623,21 +1630,8 @@ func TestKilledWorkersPrefetchedClaimsCostNoAttempt(t *testing.T) {
 // them (or, unmarked, failed them).
 func TestStoppedWorkerHandsBackItsPrefetchedClaims(t *testing.T) {
 	t.Parallel()
-	m := crashyMachine(false)
-	b := setup(t, nil, m)
+	b, cmd, _ := prefetchingHelper(t)
 	ctx := context.Background()
-	ps := make([]gendurable.InsertParams, 9)
-	for i := range ps {
-		ps[i] = m.New(orderArgs{I: i}).With(gendurable.InsertOpts{MaxAttempts: 1})
-	}
-	_, err := b.eng.InsertMany(ctx, ps)
-	require.NoError(t, err)
-
-	cmd, _ := startHelperWorkerCmd(t, b.schema, "GENDURABLE_HELPER_PREFETCH=1")
-	eventually(t, 20*time.Second, func() bool {
-		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 9 &&
-			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing' AND unstarted_token = claim_token`) == 8
-	}, "the worker never held nine claims with eight of them marked unstarted")
 	rows, err := b.pool.Query(ctx, replaceSchema(`SELECT id, claim_token FROM {{s}}.gendurable_instances
 		WHERE status = 'executing' AND unstarted_token = claim_token`, b.schema))
 	require.NoError(t, err)

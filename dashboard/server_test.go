@@ -340,27 +340,7 @@ func TestLingeringConnectionEndsWithItsAnswer(t *testing.T) {
 	// A full listener of one slot, held by a connection with a request
 	// under way: Accept waits. Once that connection's answer was its last
 	// and it lingers (CloseWrite), its slot is taken back.
-	tcp2, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ln := dashboard.LimitListener(tcp2, 1)
-	defer ln.Close()
-	c1, err := net.Dial("tcp", tcp2.Addr().String())
-	require.NoError(t, err)
-	defer c1.Close()
-	s1, err := ln.Accept()
-	require.NoError(t, err)
-	defer s1.Close()
-	srv.ConnState(s1, http.StateNew)
-	srv.ConnState(s1, http.StateActive)
-	c2, err := net.Dial("tcp", tcp2.Addr().String())
-	require.NoError(t, err)
-	defer c2.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		if s2, err := ln.Accept(); err == nil {
-			accepted <- s2
-		}
-	}()
+	_, s1, accepted := fullOneSlotListener(t, srv, nil, http.StateNew, http.StateActive)
 	select {
 	case s2 := <-accepted:
 		s2.Close()
@@ -417,30 +397,14 @@ func TestFullListenerKeepsARequestNotYetRead(t *testing.T) {
 	t.Parallel()
 	srv := dashboard.NewServer(http.NotFoundHandler(), dashboard.ServerOptions{})
 	for _, sent := range []bool{true, false} {
-		tcp, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		ln := dashboard.LimitListener(tcp, 1)
-		defer ln.Close()
-		c1, err := net.Dial("tcp", tcp.Addr().String())
-		require.NoError(t, err)
-		defer c1.Close()
-		s1, err := ln.Accept()
-		require.NoError(t, err)
-		defer s1.Close()
-		srv.ConnState(s1, http.StateNew)
+		var request func(c1 net.Conn)
 		if sent {
-			_, err = io.WriteString(c1, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-			require.NoError(t, err)
-		}
-		c2, err := net.Dial("tcp", tcp.Addr().String())
-		require.NoError(t, err)
-		defer c2.Close()
-		accepted := make(chan net.Conn, 1)
-		go func() {
-			if s2, err := ln.Accept(); err == nil {
-				accepted <- s2
+			request = func(c1 net.Conn) {
+				_, err := io.WriteString(c1, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+				require.NoError(t, err)
 			}
-		}()
+		}
+		c1, _, accepted := fullOneSlotListener(t, srv, request, http.StateNew)
 		select {
 		case s2 := <-accepted:
 			s2.Close()
@@ -452,4 +416,38 @@ func TestFullListenerKeepsARequestNotYetRead(t *testing.T) {
 			require.True(t, sent, "a connection silent for 1 s was not closed to make room")
 		}
 	}
+}
+
+// fullOneSlotListener serves LimitListener of one slot: a client c1 whose
+// server side s1 has reported states to srv's ConnState (after request, if
+// not nil, wrote on c1), then a second client dialled; accepted gets the
+// connection of the Accept that waits for a slot, if it returns.
+func fullOneSlotListener(t *testing.T, srv *http.Server, request func(c1 net.Conn), states ...http.ConnState) (c1, s1 net.Conn, accepted <-chan net.Conn) {
+	t.Helper()
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ln := dashboard.LimitListener(tcp, 1)
+	t.Cleanup(func() { _ = ln.Close() })
+	c1, err = net.Dial("tcp", tcp.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c1.Close() })
+	s1, err = ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s1.Close() })
+	for _, st := range states {
+		srv.ConnState(s1, st)
+	}
+	if request != nil {
+		request(c1)
+	}
+	c2, err := net.Dial("tcp", tcp.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c2.Close() })
+	ch := make(chan net.Conn, 1)
+	go func() {
+		if s2, err := ln.Accept(); err == nil {
+			ch <- s2
+		}
+	}()
+	return c1, s1, ch
 }
