@@ -88,9 +88,10 @@ func (s *TimeoutSweeper) sweep(ctx context.Context) (time.Duration, bool) {
 	batch := orDefault(s.Batch, DefaultBatch)
 	var queues []string
 	var n int
-	var next *time.Time
+	var next *time.Duration
 	err := bounded(ctx, orDefault(s.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
-		queues, n, next, err = s.Queries.WakeTimedOut(ctx, s.DB, batch)
+		// The next deadline within the Interval: the loop sleeps no longer.
+		queues, n, next, err = s.Queries.WakeTimedOut(ctx, s.DB, batch, s.Interval)
 		return err
 	})
 	wait := s.Interval
@@ -103,7 +104,10 @@ func (s *TimeoutSweeper) sweep(ctx context.Context) (time.Duration, bool) {
 	case n == batch:
 		wait = 0 // more are due
 	case next != nil:
-		wait = min(wait, max(time.Until(*next), minSweepWait))
+		// On the database clock: time.Until of the deadline slept an hour
+		// too long, or spun every minSweepWait, with this process's clock an
+		// hour off the database's.
+		wait = min(wait, max(*next, minSweepWait))
 	}
 	if s.Kick != nil {
 		for _, q := range queues {

@@ -106,8 +106,11 @@ type ChildRow struct {
 // Await timeouts: parked instances whose deadline passed become runnable at
 // the step they parked for, awaiting nothing (the step then sees an empty
 // Awaited view: it timed out; its inbox still holds everything unconsumed). Driven by the await-deadline partial
-// index; the answer includes the next deadline so the caller can sleep until
-// it instead of polling.
+// index; the answer includes how long until the next deadline, on the
+// database clock, so the caller can sleep until it instead of polling —
+// looking no further than the horizon the caller passes (it sleeps no
+// longer anyway): under a snapshot held elsewhere the index keeps the entry
+// of every await that ended since, deadline and all.
 
 const wakeTimedOutSQL = `
 WITH due AS MATERIALIZED (
@@ -124,14 +127,24 @@ WITH due AS MATERIALIZED (
   RETURNING i.queue
 )
 SELECT coalesce(array_agg(DISTINCT queue), '{}') AS queues, count(*)::int AS n,
-       (SELECT min(await_deadline) FROM {{schema}}.gendurable_instances
-        WHERE status = 'awaiting_signal' AND await_deadline > now()) AS next
+       (SELECT extract(epoch FROM min(await_deadline) - now())::float8 FROM {{schema}}.gendurable_instances
+        WHERE status = 'awaiting_signal' AND await_deadline > now()
+          AND await_deadline <= CASE WHEN $2::bigint > 0 THEN now() + $2::bigint * interval '1 microsecond'
+                                     ELSE 'infinity'::timestamptz END) AS next
 FROM woke`
 
 // WakeTimedOut wakes up to limit timed-out awaits; it returns the queues
-// that received work, how many woke, and the next pending deadline.
-func (q *Queries) WakeTimedOut(ctx context.Context, db DB, limit int) (queues []string, n int, next *time.Time, err error) {
-	err = db.QueryRow(ctx, q.wakeTimedOut, limit).Scan(&queues, &n, &next)
+// that received work, how many woke, and how long until the next pending
+// deadline on the database clock (nil: none within horizon past the
+// statement's now(); horizon 0: no bound). A duration, not an instant: a
+// process whose clock is off the database's still sleeps the right time.
+func (q *Queries) WakeTimedOut(ctx context.Context, db DB, limit int, horizon time.Duration) (queues []string, n int, next *time.Duration, err error) {
+	var secs *float64
+	err = db.QueryRow(ctx, q.wakeTimedOut, limit, micros(horizon)).Scan(&queues, &n, &secs)
+	if secs != nil {
+		d := time.Duration(*secs * float64(time.Second))
+		next = &d
+	}
 	return queues, n, next, err
 }
 

@@ -395,6 +395,56 @@ func TestReapNextExpiryLooksOnlyWithinTheHorizon(t *testing.T) {
 	require.LessOrEqual(t, read, int64(40))
 }
 
+// TestWakeTimedOutNextIsADurationWithinTheHorizon: the await-timeout
+// sweep's next deadline is how long until it on the database clock (the
+// sweeper used to take time.Until of the deadline on its own clock: an hour
+// off the database's, it slept the whole Interval or swept every 10 ms), and
+// looks no further than the horizon. While another session holds an xid the
+// await-deadline index keeps the entry of every await that ended since
+// (here 3,000 signalled before their deadlines, 30 s ahead): without a
+// horizon the probe reads them all to reach the live deadline after them.
+func TestWakeTimedOutNextIsADurationWithinTheHorizon(t *testing.T) {
+	t.Parallel()
+	q, c, schema := heldXmin(t)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	const ended = 3000
+	_, err := c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, awaits, await_deadline)
+		SELECT 'm', 'w', 'awaiting_signal', '{go}', now() + interval '30 seconds' + g * interval '1 millisecond'
+		FROM generate_series(1, $1::int) g`, ended)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, `UPDATE `+s+`.gendurable_instances SET status = 'runnable', await_deadline = NULL, awaits = '{}'`)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, awaits, await_deadline)
+		VALUES ('m', 'w', 'awaiting_signal', '{go}', now() + interval '1 minute')`)
+	require.NoError(t, err)
+	wake := func(name string, horizon time.Duration) (*time.Duration, int64) {
+		t.Helper()
+		t0, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_await_deadline")
+		_, n, next, err := q.WakeTimedOut(ctx, c, 10, horizon)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		t1, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_await_deadline")
+		t.Logf("%s: next %v, %d index entries", name, next, t1-t0)
+		return next, t1 - t0
+	}
+	next, read := wake("no horizon", 0)
+	require.NotNil(t, next)
+	require.InDelta(t, time.Minute.Seconds(), next.Seconds(), 5, "a minute ahead, on the database clock")
+	require.GreaterOrEqual(t, read, int64(ended), "past every ended await's entry")
+	next, read = wake("a second's horizon", time.Second)
+	require.Nil(t, next, "no deadline within a second")
+	require.LessOrEqual(t, read, int64(40))
+	_, err = c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, awaits, await_deadline)
+		VALUES ('m', 'w', 'awaiting_signal', '{go}', now() + interval '500 milliseconds')`)
+	require.NoError(t, err)
+	next, read = wake("a second's horizon, a deadline within it", time.Second)
+	require.NotNil(t, next)
+	require.Greater(t, *next, time.Duration(0))
+	require.Less(t, *next, time.Second)
+	require.LessOrEqual(t, read, int64(40))
+}
+
 // TestPickFloorSkipsClaimedRowsUnderAHeldXmin (docs/design.md §4): while
 // another session holds an xid, the pick index keeps the entries of every
 // row claimed since, and a pick without a floor reads each of them (and its

@@ -761,7 +761,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.True(t, r.Woke)
 				}},
 				{"wake-timed-out", 4*fxDue + 100, func(t *testing.T, tx pgx.Tx) {
-					_, n, next, err := f.q.WakeTimedOut(ctx, tx, 1000)
+					_, n, next, err := f.q.WakeTimedOut(ctx, tx, 1000, time.Hour) // bounded, as the sweeper calls it
 					require.NoError(t, err)
 					require.Equal(t, fxDue, n)
 					require.NotNil(t, next)
