@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/benchrun"
@@ -142,6 +144,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = usageError{msg: fmt.Sprintf("%s before the command: flags go after it (gendurable %s %s …; gendurable help lists the commands)", flag, cmdName, flag)}
 	case !ok:
 		err = usageError{msg: fmt.Sprintf("unknown command %q (gendurable help lists them)", args[0])}
+	case waitsNoted[args[0]]:
+		// An operator command that waits on the database — a row locked by
+		// another transaction, a slow server — says so after a while
+		// rather than hang without a word.
+		sw := &syncWriter{w: stderr}
+		stop := noteStillWaiting(sw, args[0], asJSON, stillWaitingAfter)
+		err = cmd.run(ctx, args[1:], stdout, sw)
+		stop()
 	default:
 		err = cmd.run(ctx, args[1:], stdout, stderr)
 	}
@@ -158,6 +168,73 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		reportError(stderr, args[0], err, asJSON)
 	}
 	return exitCode(err)
+}
+
+// waitsNoted are the commands that say so when they wait on the database
+// for longer than stillWaitingAfter (not ui, demo and bench, which run on
+// by design, nor prune, which reports its progress).
+var waitsNoted = map[string]bool{"status": true, "list": true, "show": true, "machines": true, "retry": true,
+	"cancel": true, "run-now": true, "signal": true, "pause": true, "resume": true, "queue": true, "migrate": true}
+
+// stillWaitingAfter is how long a command of waitsNoted runs before it
+// says it is still waiting.
+const stillWaitingAfter = 5 * time.Second
+
+// noteStillWaiting writes one line to w after d unless the returned stop
+// is called first; once stop returns, nothing more is written.
+func noteStillWaiting(w *syncWriter, cmd string, asJSON bool, d time.Duration) (stop func()) {
+	msg := fmt.Sprintf("gendurable: %s: still waiting on the database after %s (a row it needs may be locked by another transaction, "+
+		"or the server is slow); Ctrl-C stops it, and what was already committed stays", cmd, d)
+	var t *time.Timer
+	t = time.AfterFunc(d, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.closed {
+			return
+		}
+		if w.prompting || time.Since(w.answered) < d {
+			t.Reset(d) // it was waiting on the operator, not the database
+			return
+		}
+		if asJSON {
+			b, _ := json.Marshal(map[string]string{"msg": msg})
+			_, _ = w.w.Write(append(b, '\n'))
+			return
+		}
+		_, _ = io.WriteString(w.w, msg+"\n")
+	})
+	return func() {
+		t.Stop()
+		w.mu.Lock()
+		w.closed = true
+		w.mu.Unlock()
+	}
+}
+
+// syncWriter serializes the writes of a command and of its still-waiting
+// note.
+type syncWriter struct {
+	mu        sync.Mutex
+	w         io.Writer
+	closed    bool      // the note may no longer be written
+	prompting bool      // a y/N question waits for the operator
+	answered  time.Time // when the last one was answered
+}
+
+// asking marks a question to the operator under way (true) or answered.
+func (s *syncWriter) asking(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.prompting = on
+	if !on {
+		s.answered = time.Now()
+	}
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
 
 // wantsJSON reports whether the command line asks for --json, so that even

@@ -54,6 +54,10 @@ func printJSON(w io.Writer, v any) error {
 // prompt asks question on out and reads one line from in: true for y or
 // yes (any case), false for anything else, an empty line or end of input.
 func prompt(in io.Reader, out io.Writer, question string) (bool, error) {
+	if sw, ok := out.(*syncWriter); ok { // the operator is being asked: no note that the database is slow
+		sw.asking(true)
+		defer sw.asking(false)
+	}
 	if _, err := fmt.Fprintf(out, "%s [y/N] ", display.Terminal(question)); err != nil {
 		return false, err
 	}
