@@ -92,9 +92,10 @@ const evictGrace = 100 * time.Millisecond
 // Served by a server from [NewServer], a full listener makes room: it
 // closes a connection without a request under way — one lingering after
 // its last answer before it closes, else the one waiting longest, idle
-// after an answer or open without a request (for 100 ms at least, and with
-// no request bytes waiting unread in its socket) — so that a client holding
-// many connections open and silent, or
+// after an answer or open without a whole request header (for 100 ms at
+// least; on Unix, not while request bytes wait unread in its socket: its
+// reader has not run yet) — so that a client holding many connections open
+// and silent, or
 // idling many keep-alives, cannot starve the others. Connections with a
 // request being read or answered are never closed; only when every one
 // has a request under way does Accept wait. (Under a server of your own,

@@ -123,6 +123,9 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("ui: %w", err)
 	}
 	srv := dashboard.NewServer(h, dashboard.ServerOptions{MaxConns: *maxConns})
+	if c.json { // net/http's own messages (accept errors, a recovered panic) as JSON lines too
+		srv.ErrorLog = slog.NewLogLogger(lh, slog.LevelWarn)
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err

@@ -250,8 +250,9 @@ type Feeder struct {
 	checking   bool
 	checkTook  time.Duration
 	checks     sync.WaitGroup
-	heldBack   bool        // dispatch waits for a heartbeat (see dispatch)
-	stopping   atomic.Bool // Run is returning: no more chained steps
+	givingBack sync.WaitGroup // goGiveBack's goroutines
+	heldBack   bool           // dispatch waits for a heartbeat (see dispatch)
+	stopping   atomic.Bool    // Run is returning: no more chained steps
 	// short: the last pick came back with fewer rows than it asked for
 	// (and did not fail), and no local insert or wake has made work
 	// runnable since, so keyed steps may hand their slots on.
@@ -344,13 +345,27 @@ func (s *Feeder) expire() {
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
-	if len(back.ids) > 0 && !s.stopping.Load() {
+	if len(back.ids) > 0 {
 		// Not on the caller's goroutine: a heartbeat that failed calls
-		// expire, and must not wait on the database once more. Not once
-		// stopping: the engine's Stop does not wait for it (the reaper
-		// takes them).
-		go s.giveBack(back)
+		// expire, and must not wait on the database once more.
+		s.goGiveBack(back)
 	}
+}
+
+// goGiveBack runs giveBack on a goroutine of its own, which Run waits for
+// before it returns; none is started once the feeder is stopping (Run's
+// releaseBuffer, or the reaper, takes such claims).
+func (s *Feeder) goGiveBack(u unstarted) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopping.Load() {
+		return
+	}
+	s.givingBack.Add(1)
+	go func() {
+		defer s.givingBack.Done()
+		s.giveBack(u)
+	}()
 }
 
 // unstarted lists claims given up before their step started.
@@ -372,7 +387,7 @@ func (s *Feeder) giveBack(u unstarted) {
 	defer cancel()
 	released, err := s.q.Release(ctx, s.db, u.ids, u.tokens, 0)
 	if err != nil {
-		s.log.Debug("gendurable: handing back claims given up before their steps started failed; the reaper will recover them",
+		s.log.Info("gendurable: handing back claims given up before their steps started failed; the reaper will recover them",
 			"queue", s.cfg.Queue, "rows", len(u.ids), "err", err)
 		return
 	}
@@ -596,9 +611,12 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		}
 		break
 	}
+	s.mu.Lock() // goGiveBack starts no goroutine from here on
 	s.stopping.Store(true)
+	s.mu.Unlock()
 	s.releaseBuffer()
 	s.checks.Wait()
+	s.givingBack.Wait()
 }
 
 // demandLocked is how many rows a pick may claim now: the running and
@@ -859,8 +877,8 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
-	if len(back.ids) > 0 && !s.stopping.Load() {
-		go s.giveBack(back) // as in expire
+	if len(back.ids) > 0 {
+		s.goGiveBack(back) // as in expire
 	}
 	if unmark {
 		s.requestClear()
@@ -887,7 +905,9 @@ func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c
 		// row been reaped and run elsewhere. Its step must not start; if
 		// the claim is still the row's, the row goes back unstarted.
 		cancel(ErrLeaseLost)
-		s.giveBack(unstarted{ids: []int64{c.ID}, tokens: []int64{c.Token}})
+		if !s.stopping.Load() { // Stop does not wait for a statement of a step that never started
+			s.giveBack(unstarted{ids: []int64{c.ID}, tokens: []int64{c.Token}})
+		}
 		s.mu.Lock()
 		s.inFlight--
 		s.mu.Unlock()

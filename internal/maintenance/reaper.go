@@ -153,8 +153,9 @@ func (r *Reaper) sweep(ctx context.Context, floor *time.Time) (swept, error) {
 		start := time.Now()
 		var res sqlq.ReapResult
 		err := bounded(ctx, orDefault(r.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
-			// Next within the Interval: the loop sleeps no longer anyway.
-			res, err = r.Queries.Reap(ctx, r.DB, batch, floor, r.Interval)
+			// Next within the Interval: the loop sleeps no longer anyway
+			// (RunOnce, without an Interval, reads none).
+			res, err = r.Queries.Reap(ctx, r.DB, batch, floor, max(r.Interval, time.Microsecond))
 			return err
 		})
 		if err != nil {
