@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable"
 )
@@ -122,6 +123,11 @@ func cancelReason(r *http.Request) (string, error) {
 	}
 	if len(reason) > maxFilterLen {
 		return "", inputError(fmt.Sprintf("The reason is longer than %d bytes.", maxFilterLen))
+	}
+	if strings.ContainsRune(reason, 0) || !utf8.ValidString(reason) {
+		// The error history stores text: it would be stored without them,
+		// not as the audit line says.
+		return "", inputError("The reason holds a NUL byte or invalid UTF-8.")
 	}
 	return reason, nil
 }

@@ -116,6 +116,9 @@ func TestBulkInputIsValidated(t *testing.T) {
 		// The single cancel and the tree cancel read their reason alike.
 		"long reason, one":  {fmt.Sprintf("/instances/%d/cancel", live), url.Values{"reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
 		"long reason, tree": {fmt.Sprintf("/instances/%d/cancel-tree", live), url.Values{"reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
+		"NUL in reason":     {"/bulk/cancel", url.Values{"id": {"1"}, "reason": {"a\x00b"}}, "The reason holds a NUL byte or invalid UTF-8."},
+		"NUL reason, one":   {fmt.Sprintf("/instances/%d/cancel", live), url.Values{"reason": {"\x00"}}, "The reason holds a NUL byte or invalid UTF-8."},
+		"bad UTF-8 reason":  {fmt.Sprintf("/instances/%d/cancel-tree", live), url.Values{"reason": {"\xff"}}, "The reason holds a NUL byte or invalid UTF-8."},
 	} {
 		r := post(t, h, c.path, c.form)
 		require.Equal(t, http.StatusBadRequest, r.code, name)

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/benchrun"
@@ -531,6 +532,10 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 	cancelReason := ""
 	if reason != nil {
 		cancelReason = *reason
+		if strings.ContainsRune(cancelReason, 0) || !utf8.ValidString(cancelReason) {
+			// The error history stores text: it would be stored without them.
+			return usageError{msg: "cancel: --reason holds a NUL byte or invalid UTF-8", help: true}
+		}
 	}
 	switch {
 	case *tree:

@@ -806,6 +806,7 @@ func TestBadFlagValuesExitTwoWithOneMessage(t *testing.T) {
 		{"cancel", "--tree", "1", "--scan", "50", "--yes"}, // --scan bounds a filter, not a tree
 		{"cancel", "1", "2", "--scan", "50"},
 		{"retry", "1", "--scan", "50"},
+		{"cancel", "1", "--reason", "\xff"},
 		{"run-now"},
 		{"run-now", "0"},
 		{"pause"},
