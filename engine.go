@@ -910,12 +910,12 @@ func (g *oversizedGuard) limitBytes() int64 {
 	return g.limit
 }
 
-func (e *Engine) pokeTimeouts() {
+func (e *Engine) pokeTimeouts(timeout time.Duration) {
 	e.mu.Lock()
 	sweeper := e.sweeper
 	e.mu.Unlock()
 	if sweeper != nil {
-		sweeper.Poke()
+		sweeper.PokeIn(timeout)
 	}
 }
 

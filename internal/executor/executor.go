@@ -117,9 +117,11 @@ type Config struct {
 	// t, a time that may be below their picks' floors (docs/design.md §4): a
 	// WithTx outcome's rows are eligible from its transaction's start.
 	KickBelow func(t time.Time)
-	// AwaitParked: an outcome parked an instance with an await timeout;
-	// the await-timeout sweep should look at its next deadline.
-	AwaitParked func()
+	// AwaitParked: an outcome parked an instance with an await timeout
+	// (its deadline is the outcome's commit plus timeout): the
+	// await-timeout sweep should wake for it if that is sooner than it
+	// planned.
+	AwaitParked func(timeout time.Duration)
 	// RatedKey reports a partition key whose policy limits its starts per
 	// interval: its rows never chain (a chained step would start without
 	// drawing from the key's bucket; the pick draws for it instead).
@@ -307,7 +309,7 @@ func (x *Executor) settled(ctx context.Context, queue string, c *sqlq.Claimed, r
 			x.cfg.Kick(applied.Queue)
 		}
 		if applied.AwaitingSignal() && res.Out.Timeout != nil {
-			x.cfg.AwaitParked()
+			x.cfg.AwaitParked(*res.Out.Timeout)
 		}
 	}
 	x.cfg.Events.Step(ctx, queue, c, res, applied != nil, commitErr, took)

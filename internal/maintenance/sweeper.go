@@ -42,6 +42,8 @@ type TimeoutSweeper struct {
 
 	pokeOnce sync.Once
 	poke     chan struct{}
+	mu       sync.Mutex
+	wakeAt   time.Time // the earliest wake a poke asked for since the loop last looked
 }
 
 func (s *TimeoutSweeper) pokes() chan struct{} {
@@ -49,14 +51,37 @@ func (s *TimeoutSweeper) pokes() chan struct{} {
 	return s.poke
 }
 
-// Poke has the loop sweep now rather than at its next planned time: an
-// await with a deadline was just written. It never blocks; pokes that
-// arrive while one is pending are one poke.
-func (s *TimeoutSweeper) Poke() {
+// Poke has the loop sweep now rather than at its next planned time. It
+// never blocks; pokes that arrive while one is pending are one poke.
+func (s *TimeoutSweeper) Poke() { s.PokeIn(0) }
+
+// PokeIn has the loop sweep d from now if that is sooner than it planned:
+// an await whose deadline is d after its commit was just written (d counted
+// from after the commit, so the sweep never comes before the deadline on
+// the database clock). A deadline after the planned sweep costs nothing: the
+// loop used to sweep at once for every parked await, to learn the earliest
+// deadline, which under a steady flow of awaits with timeouts was a sweep
+// statement back to back with the last. It never blocks.
+func (s *TimeoutSweeper) PokeIn(d time.Duration) {
+	at := time.Now().Add(max(d, 0))
+	s.mu.Lock()
+	if s.wakeAt.IsZero() || at.Before(s.wakeAt) {
+		s.wakeAt = at
+	}
+	s.mu.Unlock()
 	select {
 	case s.pokes() <- struct{}{}:
 	default:
 	}
+}
+
+// takeWake returns, and forgets, the earliest wake asked for (zero: none).
+func (s *TimeoutSweeper) takeWake() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at := s.wakeAt
+	s.wakeAt = time.Time{}
+	return at
 }
 
 // Start sweeps at once, then again after each sleep, until Stop or until
@@ -69,15 +94,35 @@ func (s *TimeoutSweeper) Start(ctx context.Context) error {
 }
 
 func (s *TimeoutSweeper) loop(ctx context.Context) {
-	poke := s.pokes()
 	select { // a poke from before this start: the first sweep covers it
-	case <-poke:
+	case <-s.pokes():
 	default:
 	}
+	s.takeWake()
 	for {
 		wait, ok := s.sweep(ctx)
-		if !ok || !pause(ctx, wait, poke) {
+		if !ok || !s.sleep(ctx, time.Now().Add(wait)) {
 			return
+		}
+	}
+}
+
+// sleep waits until planned, or until the earliest wake a poke asks for
+// meanwhile if that is sooner; false once ctx is done.
+func (s *TimeoutSweeper) sleep(ctx context.Context, planned time.Time) bool {
+	t := time.NewTimer(time.Until(planned))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-s.pokes():
+			if at := s.takeWake(); !at.IsZero() && at.Before(planned) {
+				planned = at
+				t.Reset(time.Until(planned)) // Go 1.23 timers: no stale value to drain
+			}
 		}
 	}
 }

@@ -105,6 +105,46 @@ func TestTimeoutSweeperPoke(t *testing.T) {
 	}
 }
 
+// TestTimeoutSweeperPokeInSweepsAtTheDeadline: a poke for an await whose
+// deadline is 400 ms away has the sweeper sweep then, once — not at once,
+// and not once per poke: 50 parked awaits poking for that deadline, and 50
+// for deadlines past the sweeper's plan, add one statement. Before, every
+// poke swept at once (a statement per parked await with a timeout).
+func TestTimeoutSweeperPokeInSweepsAtTheDeadline(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	db := &countingDB{DB: d.pool}
+	k := &kicks{}
+	s := &TimeoutSweeper{Queries: d.q, DB: db, Interval: time.Minute, Log: quiet, Kick: k.kick}
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	eventually(t, 3*time.Second, func() bool { return db.done.Load() == 1 }, "first sweep did not run")
+	const timeout = 400 * time.Millisecond
+	id := d.id(insertAwaiting, "later", timeout.Milliseconds())
+	parked := time.Now()
+	for range 50 {
+		s.PokeIn(timeout)
+		s.PokeIn(10 * time.Minute)
+	}
+	time.Sleep(timeout / 2)
+	if n := db.done.Load(); n != 1 {
+		t.Fatalf("%d sweeps before the deadline, want the first only", n)
+	}
+	eventually(t, 3*time.Second, func() bool { return k.has("later") }, "the sweep at the deadline did not come")
+	if took := time.Since(parked); took < timeout {
+		t.Fatalf("woken %s after the park, before its %s deadline", took, timeout)
+	}
+	if got := d.status(id); got != "runnable" {
+		t.Fatalf("after the deadline: %s", got)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := db.done.Load(); n != 2 {
+		t.Fatalf("%d sweeps, want 2: the first and the one at the deadline", n)
+	}
+}
+
 // TestTimeoutSweeperFullBatchSweepsAgain: a sweep that filled its batch is
 // followed by another at once, not after the interval.
 func TestTimeoutSweeperFullBatchSweepsAgain(t *testing.T) {
