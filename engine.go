@@ -90,7 +90,7 @@ type Config struct {
 	ReaperInterval time.Duration
 	// AwaitTimeoutInterval is the longest the await-timeout sweep sleeps:
 	// it wakes at the next deadline it knows of (an await with a timeout
-	// written by this process wakes it at once), and at least this often to
+	// written by this process wakes it at that deadline), and at least this often to
 	// find deadlines that other processes wrote. Set it negative to run no
 	// sweep in this process (another process must). Default: zero, which
 	// follows ReaperInterval — 30s by default, and no sweep when

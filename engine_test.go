@@ -2178,7 +2178,23 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 			return gendurable.Done(nil), nil
 		},
 	}}
-	cfg := fastConfig("", retry, sleeper, later, replayer, awaiter)
+	// An await with a timeout written by a WithTx outcome: its deadline
+	// counts from the transaction's start, and passes while the
+	// transaction (400 ms) is still open.
+	awaiterTx := &gendurable.Machine[orderArgs]{Name: "ontime-await-tx", Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{
+		"a": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			mark(ctx, "await-tx")
+			return r.Await("b", r.State, "never").Timeout(150 * time.Millisecond).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `SELECT pg_sleep(0.4)`)
+				return err
+			}), nil
+		},
+		"b": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			mark(ctx, "await-tx")
+			return gendurable.Done(nil), nil
+		},
+	}}
+	cfg := fastConfig("", retry, sleeper, later, replayer, awaiter, awaiterTx)
 	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4,
 		BusyPollInterval: 2 * time.Second, PollInterval: 2 * time.Second, MaxPollInterval: 5 * time.Second}}
 	// The sweep finds other processes' deadlines every 5 s: a local await's
@@ -2187,7 +2203,7 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 	b = setup(t, cfg)
 	b.start()
 	ids := []int64{b.insert(retry.New(orderArgs{})), b.insert(sleeper.New(orderArgs{})),
-		b.insert(replayer.New(orderArgs{})), b.insert(awaiter.New(orderArgs{}))}
+		b.insert(replayer.New(orderArgs{})), b.insert(awaiter.New(orderArgs{})), b.insert(awaiterTx.New(orderArgs{}))}
 	var insertedAt time.Time
 	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&insertedAt))
 	ids = append(ids, b.insert(later.New(orderArgs{}).With(gendurable.InsertOpts{RunIn: 150 * time.Millisecond})))
@@ -2219,6 +2235,14 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 	check("runs around Replay(state, 100ms)", gaps(starts["replay"]), 100*time.Millisecond)
 	require.Len(t, starts["await"], 2)
 	check("steps around Await(...).Timeout(150ms)", gaps(starts["await"]), 150*time.Millisecond)
+	// Its deadline passed inside the 400 ms transaction: the next step
+	// comes once it commits, not a timeout after the commit (a sweep woken
+	// at the commit plus the timeout started it ~560 ms after the first).
+	require.Len(t, starts["await-tx"], 2)
+	gap := gaps(starts["await-tx"])[0]
+	t.Logf("steps around a WithTx Await(...).Timeout(150ms) whose transaction took 400ms: %v apart", gap)
+	require.GreaterOrEqual(t, gap, 400*time.Millisecond)
+	require.Less(t, gap, 520*time.Millisecond, "woken a timeout after the commit, not at the deadline")
 }
 
 // TestRowsVisibleBelowThePickFloorRun (docs/design.md §4): while a queue is

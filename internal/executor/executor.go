@@ -117,11 +117,13 @@ type Config struct {
 	// t, a time that may be below their picks' floors (docs/design.md §4): a
 	// WithTx outcome's rows are eligible from its transaction's start.
 	KickBelow func(t time.Time)
-	// AwaitParked: an outcome parked an instance with an await timeout
-	// (its deadline is the outcome's commit plus timeout): the
-	// await-timeout sweep should wake for it if that is sooner than it
-	// planned.
-	AwaitParked func(timeout time.Duration)
+	// AwaitParked: an outcome parked an instance with an await timeout;
+	// the await-timeout sweep should wake in (no later than) d, if that is
+	// sooner than it planned: the deadline is the now() of the outcome's
+	// statement (a group-committed outcome: after the step, so d is the
+	// timeout) or of its transaction's start (WithTx: d is the timeout less
+	// the time since the step began, which is before that start).
+	AwaitParked func(d time.Duration)
 	// RatedKey reports a partition key whose policy limits its starts per
 	// interval: its rows never chain (a chained step would start without
 	// drawing from the key's bucket; the pick draws for it instead).
@@ -309,7 +311,14 @@ func (x *Executor) settled(ctx context.Context, queue string, c *sqlq.Claimed, r
 			x.cfg.Kick(applied.Queue)
 		}
 		if applied.AwaitingSignal() && res.Out.Timeout != nil {
-			x.cfg.AwaitParked(*res.Out.Timeout)
+			d := *res.Out.Timeout
+			if res.TxFn != nil {
+				// The deadline counts from the transaction's start, some
+				// time before this: wake no later than it (a sweep a
+				// little early costs a statement, and it says when).
+				d -= took
+			}
+			x.cfg.AwaitParked(d)
 		}
 	}
 	x.cfg.Events.Step(ctx, queue, c, res, applied != nil, commitErr, took)

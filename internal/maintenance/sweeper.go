@@ -19,7 +19,7 @@ const minSweepWait = 10 * time.Millisecond
 // and Kick is called for each queue that so received work. After each sweep
 // it sleeps until the next known deadline, at most Interval (so deadlines
 // set by other processes are found too); a local await outcome with an
-// earlier deadline calls Poke to have it sweep at once.
+// earlier deadline calls PokeIn to have it sweep at that deadline.
 //
 // Each statement runs under StatementTimeout: one stuck on a dead
 // connection is abandoned at that deadline, logged, and the next sweep
@@ -56,9 +56,7 @@ func (s *TimeoutSweeper) pokes() chan struct{} {
 func (s *TimeoutSweeper) Poke() { s.PokeIn(0) }
 
 // PokeIn has the loop sweep d from now if that is sooner than it planned:
-// an await whose deadline is d after its commit was just written (d counted
-// from after the commit, so the sweep never comes before the deadline on
-// the database clock). A deadline after the planned sweep costs nothing: the
+// an await whose deadline is no later than d from now was just written. A deadline after the planned sweep costs nothing: the
 // loop used to sweep at once for every parked await, to learn the earliest
 // deadline, which under a steady flow of awaits with timeouts was a sweep
 // statement back to back with the last. It never blocks.

@@ -45,7 +45,11 @@ func main() {
 		os.Exit(2)
 	}
 	schema := os.Args[1]
-	cfg, _ := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+	cfg, err := pgxpool.ParseConfig(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "park-sweeps: DATABASE_URL:", err)
+		os.Exit(2)
+	}
 	cfg.ConnConfig.Tracer = tracer{}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -90,13 +94,18 @@ func main() {
 	if err := eng.Start(ctx); err != nil {
 		panic(err)
 	}
-	for {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		var k int
 		_ = pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{schema}.Sanitize()+`.gendurable_instances WHERE status = 'awaiting_signal'`).Scan(&k)
 		if k == n {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		if time.Now().After(deadline) {
+			_ = eng.Stop(ctx)
+			_, _ = pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+			fmt.Fprintf(os.Stderr, "park-sweeps: %d of %d parked after a minute\n", k, n)
+			os.Exit(1)
+		}
 	}
 	took := time.Since(start)
 	_ = eng.Stop(ctx)
