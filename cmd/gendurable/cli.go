@@ -580,11 +580,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if o.RateWindow <= 0 || *idle < 0 {
 		return usageError{msg: "bench: --rate-window must be positive and --idle not negative", help: true}
 	}
-	if o.StepSleep < 0 || o.Heartbeat < 0 {
-		return usageError{msg: "bench: --step-sleep and --heartbeat must not be negative", help: true}
-	}
-	if o.StepSleep > 0 && o.Workload != "job" {
-		return usageError{msg: "bench: --step-sleep is for workload job", help: true}
+	if err := o.CheckStepOptions(); err != nil {
+		return usageError{msg: err.Error(), help: true}
 	}
 	if *longHorizon {
 		if fs.NFlag() > 1 {

@@ -112,6 +112,18 @@ type Report struct {
 	Keys *KeysReport `json:"keys,omitempty"`
 }
 
+// CheckStepOptions checks StepSleep and Heartbeat (the workload set
+// first): the CLI calls it before anything else runs, Run again.
+func (o *Options) CheckStepOptions() error {
+	if o.StepSleep < 0 || o.Heartbeat < 0 {
+		return errors.New("bench: --step-sleep and --heartbeat must not be negative")
+	}
+	if o.StepSleep > 0 && o.Workload != "job" {
+		return errors.New("bench: --step-sleep is for workload job")
+	}
+	return nil
+}
+
 func (o *Options) defaults() error {
 	if o.Schema == "" {
 		o.Schema = "gendurable_bench"
@@ -125,11 +137,8 @@ func (o *Options) defaults() error {
 	if o.N <= 0 {
 		o.N = 10000
 	}
-	if o.StepSleep < 0 || o.Heartbeat < 0 {
-		return errors.New("bench: --step-sleep and --heartbeat must not be negative")
-	}
-	if o.StepSleep > 0 && o.Workload != "job" {
-		return errors.New("bench: --step-sleep is for workload job")
+	if err := o.CheckStepOptions(); err != nil {
+		return err
 	}
 	if o.Concurrency <= 0 {
 		o.Concurrency = 100

@@ -342,6 +342,12 @@ func (s *Feeder) expire() {
 	}
 	s.rearmLocked()
 	s.mu.Unlock()
+	s.gaveUp(lost, back)
+}
+
+// gaveUp reports the claims given up (their instance ids) as lost leases
+// and hands back those whose steps never started. Called without s.mu.
+func (s *Feeder) gaveUp(lost []int64, back unstarted) {
 	for _, id := range lost {
 		s.ev.LeaseLost(s.cfg.Queue, id)
 	}
@@ -870,16 +876,10 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 	if len(s.buffer) == 0 {
 		s.buffer = nil // let a drained buffer's backing array go
 	}
-	if len(lost) > 0 {
-		s.rearmLocked()
-	}
+	// No re-arm for the claims given up here: the timer is armed no later
+	// than their deadlines, already passed, and expire re-arms it.
 	s.mu.Unlock()
-	for _, id := range lost {
-		s.ev.LeaseLost(s.cfg.Queue, id)
-	}
-	if len(back.ids) > 0 {
-		s.goGiveBack(back) // as in expire
-	}
+	s.gaveUp(lost, back)
 	if unmark {
 		s.requestClear()
 	}
@@ -958,8 +958,7 @@ func (s *Feeder) startable(token int64) bool {
 		s.mu.Unlock()
 		return true
 	}
-	id := s.loseLocked(token, h)
-	s.rearmLocked()
+	id := s.loseLocked(token, h) // the timer re-arms when it fires, as in dispatch
 	s.mu.Unlock()
 	s.ev.LeaseLost(s.cfg.Queue, id)
 	return false

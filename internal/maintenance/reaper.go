@@ -120,7 +120,7 @@ func (r *Reaper) Start(ctx context.Context) error {
 			case sw.next != nil:
 				wait = min(wait, max(*sw.next+expiryMargin, minSweepGap))
 			}
-			if !pause(ctx, wait, nil) {
+			if !pause(ctx, wait) {
 				return
 			}
 		}
@@ -204,14 +204,13 @@ func every(ctx context.Context, interval time.Duration, fn func()) {
 	}
 }
 
-// pause waits d, or until poke (nil: never) fires; false once ctx is done.
-func pause(ctx context.Context, d time.Duration, poke <-chan struct{}) bool {
+// pause waits d; false once ctx is done.
+func pause(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false
-	case <-poke:
 	case <-t.C:
 	}
 	return true

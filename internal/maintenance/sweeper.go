@@ -51,15 +51,13 @@ func (s *TimeoutSweeper) pokes() chan struct{} {
 	return s.poke
 }
 
-// Poke has the loop sweep now rather than at its next planned time. It
-// never blocks; pokes that arrive while one is pending are one poke.
-func (s *TimeoutSweeper) Poke() { s.PokeIn(0) }
-
-// PokeIn has the loop sweep d from now if that is sooner than it planned:
-// an await whose deadline is no later than d from now was just written. A deadline after the planned sweep costs nothing: the
-// loop used to sweep at once for every parked await, to learn the earliest
-// deadline, which under a steady flow of awaits with timeouts was a sweep
-// statement back to back with the last. It never blocks.
+// PokeIn has the loop sweep d from now (0: now) if that is sooner than it
+// planned: an await whose deadline is no later than d from now was just
+// written. A deadline after the planned sweep costs nothing: the loop used
+// to sweep at once for every parked await, to learn the earliest deadline,
+// which under a steady flow of awaits with timeouts was a sweep statement
+// back to back with the last. It never blocks; pokes that arrive while one
+// is pending are one poke.
 func (s *TimeoutSweeper) PokeIn(d time.Duration) {
 	at := time.Now().Add(max(d, 0))
 	s.mu.Lock()

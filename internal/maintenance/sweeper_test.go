@@ -87,7 +87,7 @@ func TestTimeoutSweeperPoke(t *testing.T) {
 	db := &countingDB{DB: d.pool}
 	k := &kicks{}
 	s := &TimeoutSweeper{Queries: d.q, DB: db, Interval: time.Minute, Log: quiet, Kick: k.kick}
-	s.Poke() // before Start: covered by the first sweep, not a second one
+	s.PokeIn(0) // before Start: covered by the first sweep, not a second one
 	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func TestTimeoutSweeperPoke(t *testing.T) {
 	if got := d.status(id); got != "awaiting_signal" || db.done.Load() != 1 {
 		t.Fatalf("before the poke: status %s after %d sweeps; the sweeper should sleep its interval", got, db.done.Load())
 	}
-	s.Poke()
+	s.PokeIn(0)
 	eventually(t, 3*time.Second, func() bool { return k.has("poked") }, "poke did not wake the sweeper")
 	if got := d.status(id); got != "runnable" {
 		t.Fatalf("after the poke: %s", got)
