@@ -331,13 +331,17 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 // heartbeat, so the instance keeps that step's lease until it ends — its
 // key's slot, its place in its queue's GlobalConcurrency; a prune keeps it
 // until then, and a retry before then waits for it ([Engine.Retry]).
-// [ErrNotFound], or [ErrNotCancellable] for a finished instance.
+// [ErrNotFound], or [ErrNotCancellable] for a finished instance; a reason
+// with a NUL byte or invalid UTF-8 is [ErrInvalidInput], nothing changed.
 // The cancel is logged at Info on the engine's Logger. A parent's children
 // are left as they are, running; [Engine.CancelTree] cancels them too. A
 // cancel that PostgreSQL ends in a deadlock with another transaction (a
 // retry locking the instance's parent first) runs again, up to 5 times.
 func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 	if err := checkID("cancel", id); err != nil {
+		return err
+	}
+	if err := checkReason("cancel", reason); err != nil {
 		return err
 	}
 	if reason == "" {

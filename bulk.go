@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -100,10 +102,14 @@ func (e *Engine) RetryMany(ctx context.Context, ids []int64) (BulkResult, error)
 // duplicates count once) as [Engine.Cancel] would each, recording reason
 // (default "cancelled by an operator"): finished instances are skipped, ids
 // without an instance counted in NotFound. Empty, oversized or non-positive
-// ids are [ErrInvalidInput]. On error, the result holds what was changed
+// ids, and a reason with a NUL byte or invalid UTF-8, are [ErrInvalidInput]
+// (nothing changed; as for every cancel call). On error, the result holds what was changed
 // before it (see [BulkResult]). The change is logged at Info on the engine's
 // Logger.
 func (e *Engine) CancelMany(ctx context.Context, ids []int64, reason string) (BulkResult, error) {
+	if err := checkReason("cancel", reason); err != nil {
+		return BulkResult{ChangedIDs: []int64{}}, err
+	}
 	ids, err := bulkIDs("cancel", ids)
 	if err != nil {
 		return BulkResult{}, err
@@ -164,6 +170,9 @@ func (e *Engine) RetryMatching(ctx context.Context, f ListFilter) (BulkResult, e
 // with its rule for filters without criteria. Finished instances the filter
 // matches are counted in Skipped.
 func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string) (BulkResult, error) {
+	if err := checkReason("cancel", reason); err != nil {
+		return BulkResult{ChangedIDs: []int64{}}, err
+	}
 	res, err := e.matching(ctx, f, "cancel", e.cancelBatch(reason))
 	e.logBulk("gendurable: instances cancelled", res, err, "filter", f.String(), "reason", cancelReason(reason))
 	return res, err
@@ -216,6 +225,9 @@ func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string
 func (e *Engine) CancelTree(ctx context.Context, id int64, reason string) (BulkResult, error) {
 	if id <= 0 {
 		return BulkResult{ChangedIDs: []int64{}}, errorf(ErrInvalidInput, "cancel tree: id %d is not an instance id", id)
+	}
+	if err := checkReason("cancel tree", reason); err != nil {
+		return BulkResult{ChangedIDs: []int64{}}, err
 	}
 	res, err := e.cancelTree(ctx, id, e.cancelBatch(reason))
 	if res.Matched > 0 {
@@ -429,6 +441,16 @@ func isUniqueViolation(err error) bool {
 
 // cancelReason is the reason a cancel records: reason, or the default,
 // truncated as the error history stores it.
+// checkReason refuses a cancel reason PostgreSQL's text cannot hold as
+// given (a NUL byte) or that is not UTF-8, rather than storing an altered
+// copy of it.
+func checkReason(op, reason string) error {
+	if strings.ContainsRune(reason, 0) || !utf8.ValidString(reason) {
+		return errorf(ErrInvalidInput, "%s: the reason holds a NUL byte or invalid UTF-8", op)
+	}
+	return nil
+}
+
 func cancelReason(reason string) string {
 	if reason == "" {
 		reason = "cancelled by an operator"

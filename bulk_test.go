@@ -842,6 +842,31 @@ func TestCancelTreeOfAFinishedParentAndBadInput(t *testing.T) {
 	require.Equal(t, gendurable.BulkResult{Matched: 5, Skipped: 5, ChangedIDs: []int64{}}, res, "nothing live is left")
 }
 
+// TestCancelRefusesAReasonTextCannotHold: every cancel call refuses a
+// reason with a NUL byte or invalid UTF-8 with ErrInvalidInput before
+// changing anything, rather than storing an altered copy.
+func TestCancelRefusesAReasonTextCannotHold(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	id := b.seedRow(`status`, `'runnable'`)
+	for _, reason := range []string{"stop\x00now", "bad \xff byte"} {
+		require.ErrorIs(t, b.eng.Cancel(ctx, id, reason), gendurable.ErrInvalidInput, "%q", reason)
+		res, err := b.eng.CancelMany(ctx, []int64{id}, reason)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%q", reason)
+		require.Zero(t, res.Changed)
+		res, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{All: true}, reason)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%q", reason)
+		require.Zero(t, res.Changed)
+		res, err = b.eng.CancelTree(ctx, id, reason)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%q", reason)
+		require.Zero(t, res.Changed)
+	}
+	r := b.row(id)
+	require.Equal(t, "runnable", r.Status)
+	require.Empty(t, r.Errors)
+}
+
 // stmtTracer records how long each statement of a pool took and how many
 // rows it returned.
 type stmtTracer struct {
