@@ -369,8 +369,9 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tMACHINE\tQUEUE\tSTEP\tSTATUS\tATTEMPT\tINSERTED\tLAST ERROR")
+	now := time.Now()
 	for _, in := range page.Instances {
-		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, display.Terminal(in.Machine), in.Version, display.Terminal(in.Queue), display.Terminal(in.Step), display.Terminal(string(in.Status)),
+		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, display.Terminal(in.Machine), in.Version, display.Terminal(in.Queue), display.Terminal(in.Step), listStatus(in, now),
 			display.Run(in.Attempt, in.MaxAttempts, in.Status), in.MaxAttempts, in.InsertedAt.Local().Format(time.DateTime), oneLine(in.LastError, 60))
 	}
 	if err := tw.Flush(); err != nil {
@@ -383,6 +384,23 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Fprintf(stdout, "more: --before %d\n", page.NextBefore)
 	}
 	return nil
+}
+
+// listStatus is list's STATUS column: the status, and for a runnable
+// instance not eligible yet (scheduled, or backing off before its next
+// attempt) when it becomes eligible, by this machine's clock — "runnable,
+// due 14:03:07", with the date when it is not today.
+func listStatus(in gendurable.InstanceSummary, now time.Time) string {
+	s := display.Terminal(string(in.Status))
+	if in.Status != gendurable.StatusRunnable || !in.EligibleAt.After(now) {
+		return s
+	}
+	due := in.EligibleAt.Local()
+	layout := time.TimeOnly
+	if y, m, d := due.Date(); y != now.Local().Year() || m != now.Local().Month() || d != now.Local().Day() {
+		layout = time.DateTime
+	}
+	return s + ", due " + due.Format(layout)
 }
 
 func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -134,7 +134,8 @@ func TestRunNowCLI(t *testing.T) {
 }
 
 // TestAttemptsShownFromOne: show and list count attempts from 1, the JSON
-// from 0; an instance the reaper failed after its last lease (attempt =
+// from 0 (and list shows when a runnable instance scheduled later is due);
+// an instance the reaper failed after its last lease (attempt =
 // max attempts in the row) shows "3 of 3", as the dashboard does; one whose
 // step replayed past its budget shows the run it is on ("6 of 3"), where it
 // showed "3 of 3" before.
@@ -153,7 +154,15 @@ func TestAttemptsShownFromOne(t *testing.T) {
 	require.Contains(t, out, " step a attempt 1 [error] first\n")
 	out, _, _ = cli(t, append([]string{"show", "2"}, s...)...)
 	require.Contains(t, out, "status   failed at step a (attempt 3 of 3)\n")
+	seed(t, pool, schema, 1, "eligible_at", "now() + interval '1 hour'")
+	seed(t, pool, schema, 1, "eligible_at", "now() + interval '3 days'")
 	out, _, _ = cli(t, append([]string{"list"}, s...)...)
+	require.Regexp(t, `(?m)^1 .* runnable  +2/3 `, out, "eligible now: no due time")
+	due := time.Now().Add(time.Hour).Local()
+	if due.Day() == time.Now().Local().Day() {
+		require.Regexp(t, `(?m)^4 .* runnable, due \d\d:\d\d:\d\d  +\d+/\d+ `, out, "scheduled later today")
+	}
+	require.Regexp(t, `(?m)^5 .* runnable, due \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  +\d+/\d+ `, out, "scheduled another day")
 	require.Regexp(t, `(?m)^1 .* 2/3 `, out)
 	require.Regexp(t, `(?m)^2 .* 3/3 `, out)
 	require.Regexp(t, `(?m)^3 .* 6/3 `, out)
