@@ -332,7 +332,8 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 // key's slot, its place in its queue's GlobalConcurrency; a prune keeps it
 // until then, and a retry before then waits for it ([Engine.Retry]).
 // [ErrNotFound], or [ErrNotCancellable] for a finished instance; a reason
-// with a NUL byte or invalid UTF-8 is [ErrInvalidInput], nothing changed.
+// over [MaxReasonBytes] or with a NUL byte or invalid UTF-8 is
+// [ErrInvalidInput], nothing changed.
 // The cancel is logged at Info on the engine's Logger. A parent's children
 // are left as they are, running; [Engine.CancelTree] cancels them too. A
 // cancel that PostgreSQL ends in a deadlock with another transaction (a

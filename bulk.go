@@ -102,8 +102,8 @@ func (e *Engine) RetryMany(ctx context.Context, ids []int64) (BulkResult, error)
 // duplicates count once) as [Engine.Cancel] would each, recording reason
 // (default "cancelled by an operator"): finished instances are skipped, ids
 // without an instance counted in NotFound. Empty, oversized or non-positive
-// ids, and a reason with a NUL byte or invalid UTF-8, are [ErrInvalidInput]
-// (nothing changed; as for every cancel call). On error, the result holds what was changed
+// ids, and a reason over [MaxReasonBytes] or with a NUL byte or invalid
+// UTF-8, are [ErrInvalidInput] (nothing changed; as for every cancel call). On error, the result holds what was changed
 // before it (see [BulkResult]). The change is logged at Info on the engine's
 // Logger.
 func (e *Engine) CancelMany(ctx context.Context, ids []int64, reason string) (BulkResult, error) {
@@ -441,11 +441,17 @@ func isUniqueViolation(err error) bool {
 
 // cancelReason is the reason a cancel records: reason, or the default,
 // truncated as the error history stores it.
-// checkReason refuses a cancel reason PostgreSQL's text cannot hold as
-// given (a NUL byte) or that is not UTF-8, rather than storing an altered
-// copy of it.
+// MaxReasonBytes bounds a cancel's reason, as the error history stores it.
+const MaxReasonBytes = 4000
+
+// checkReason refuses a cancel reason the error history cannot hold as
+// given — longer than MaxReasonBytes, holding a NUL byte (PostgreSQL's text
+// cannot) or not UTF-8 — rather than storing an altered copy of it.
 func checkReason(op, reason string) error {
-	if strings.ContainsRune(reason, 0) || !utf8.ValidString(reason) {
+	switch {
+	case len(reason) > MaxReasonBytes:
+		return errorf(ErrInvalidInput, "%s: the reason is %d bytes, at most %d", op, len(reason), MaxReasonBytes)
+	case strings.ContainsRune(reason, 0) || !utf8.ValidString(reason):
 		return errorf(ErrInvalidInput, "%s: the reason holds a NUL byte or invalid UTF-8", op)
 	}
 	return nil

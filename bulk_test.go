@@ -843,14 +843,15 @@ func TestCancelTreeOfAFinishedParentAndBadInput(t *testing.T) {
 }
 
 // TestCancelRefusesAReasonTextCannotHold: every cancel call refuses a
-// reason with a NUL byte or invalid UTF-8 with ErrInvalidInput before
+// reason over MaxReasonBytes or with a NUL byte or invalid UTF-8 with
+// ErrInvalidInput before
 // changing anything, rather than storing an altered copy.
 func TestCancelRefusesAReasonTextCannotHold(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	ctx := context.Background()
 	id := b.seedRow(`status`, `'runnable'`)
-	for _, reason := range []string{"stop\x00now", "bad \xff byte"} {
+	for _, reason := range []string{"stop\x00now", "bad \xff byte", strings.Repeat("r", gendurable.MaxReasonBytes+1)} {
 		require.ErrorIs(t, b.eng.Cancel(ctx, id, reason), gendurable.ErrInvalidInput, "%q", reason)
 		res, err := b.eng.CancelMany(ctx, []int64{id}, reason)
 		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%q", reason)
@@ -865,6 +866,9 @@ func TestCancelRefusesAReasonTextCannotHold(t *testing.T) {
 	r := b.row(id)
 	require.Equal(t, "runnable", r.Status)
 	require.Empty(t, r.Errors)
+	long := strings.Repeat("é", gendurable.MaxReasonBytes/2)
+	require.NoError(t, b.eng.Cancel(ctx, id, long))
+	require.Equal(t, long, b.row(id).Errors[0]["error"], "a reason of MaxReasonBytes is stored whole")
 }
 
 // stmtTracer records how long each statement of a pool took and how many

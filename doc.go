@@ -166,8 +166,13 @@
 // outcome writes retry for up to a lease, and work resumes once the database
 // answers again. Bad input — an oversized or too deeply nested state or
 // payload ([Config.MaxStateBytes], [Config.MaxSignalBytes],
-// [Config.MaxJSONDepth]), NUL bytes, invalid options — is a typed error before
-// any SQL runs, and a rejected insert or signal writes nothing.
+// [Config.MaxJSONDepth]), invalid options, and in an insert or a signal
+// NUL characters, lone UTF-16 surrogate escapes or invalid UTF-8 (from a
+// json.RawMessage or a MarshalJSON) — is a typed error before any SQL runs,
+// and a rejected insert or signal writes nothing. (An outcome whose state
+// or result the database refuses — a NUL in a string — fails its instance
+// at once, error kind "outcome_rejected". encoding/json itself writes
+// invalid UTF-8 in a Go string as U+FFFD, as it does everywhere.)
 // RELIABILITY.md in the repository lists the fault scenarios this is tested
 // against.
 //

@@ -317,7 +317,8 @@ func TestUniqueKeyIsValidatedLikeAPartitionKey(t *testing.T) {
 
 // TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL: a state PostgreSQL's
 // jsonb cannot hold (a NUL in a string, which encoding/json writes as
-// \u0000, or a lone surrogate escape) and a RunAt outside its timestamps
+// \u0000, a lone surrogate escape, or invalid UTF-8 in a json.RawMessage,
+// which encoding/json passes through) and a RunAt outside its timestamps
 // are ErrInvalidInsert before any SQL runs. Before, the database refused
 // them, which aborted the InsertTx caller's transaction: its own writes
 // were rolled back at commit.
@@ -336,6 +337,7 @@ func TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 		"escaped NUL":             job.New(raw{R: json.RawMessage(`{"k\u0000": 1}`)}),
 		"lone high surrogate":     job.New(raw{R: json.RawMessage(`"\ud800"`)}),
 		"lone low surrogate":      job.New(raw{R: json.RawMessage(`["\udc00"]`)}),
+		"invalid UTF-8, raw":      job.New(raw{R: json.RawMessage("{\"k\":\"\xc3\x28\"}")}),
 		"RunAt past PostgreSQL":   job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}),
 		"RunAt before PostgreSQL": job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}),
 	} {
@@ -351,7 +353,7 @@ func TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 		require.NoError(t, err, "%s: the caller's transaction goes on", name)
 		require.NoError(t, tx.Commit(ctx), name)
 	}
-	require.Equal(t, 12, b.count(`SELECT count(*) FROM {{s}}.callers`), "every caller's writes committed")
+	require.Equal(t, 14, b.count(`SELECT count(*) FROM {{s}}.callers`), "every caller's writes committed")
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
 
 	// What PostgreSQL does hold goes in: a surrogate pair, an escaped

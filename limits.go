@@ -110,8 +110,9 @@ func checkJSON[T string | []byte](l jsonLimits, what string, b T) error {
 }
 
 // checkInputJSON is checkJSON for a document an insert or a signal sends,
-// followed by jsonbProblem's check, from the same pass over b: the errors
-// wrap sentinel (ErrInvalidInsert, ErrInvalidSignal). Both come before any
+// followed by jsonbProblem's check, from the same pass over b, and a check
+// that b is UTF-8: the errors wrap sentinel (ErrInvalidInsert,
+// ErrInvalidSignal). Both come before any
 // SQL: the database's refusal would abort the caller's transaction under
 // InsertTx or SignalTx.
 func checkInputJSON[T string | []byte](l jsonLimits, what string, b T, sentinel error) error {
@@ -121,8 +122,23 @@ func checkInputJSON[T string | []byte](l jsonLimits, what string, b T, sentinel 
 		return fmt.Errorf("%w: %w", sentinel, err)
 	case s.jsonb != "":
 		return errorf(sentinel, "%s %s", what, s.jsonb)
+	case !validUTF8(b):
+		// encoding/json replaces invalid UTF-8 in Go strings, but passes
+		// a json.RawMessage's or a MarshalJSON's bytes through as they are.
+		return errorf(sentinel, "%s is not valid UTF-8 (a json.RawMessage or a MarshalJSON result), which PostgreSQL refuses", what)
 	}
 	return nil
+}
+
+// validUTF8 is utf8.Valid for either form of an encoding, without copying.
+func validUTF8[T string | []byte](b T) bool {
+	switch v := any(b).(type) {
+	case string:
+		return utf8.ValidString(v)
+	case []byte:
+		return utf8.Valid(v)
+	}
+	return false
 }
 
 // scanChecked scans b (scanJSON) and turns what it found into checkJSON's

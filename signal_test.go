@@ -448,7 +448,7 @@ func TestSignalNamesAndDedupKeysRefuseControlCharacters(t *testing.T) {
 }
 
 // TestSignalTxRefusesWhatPostgreSQLWouldBeforeSQL: a payload jsonb cannot
-// hold (\u0000, a lone surrogate escape) is ErrInvalidSignal before any
+// hold (\u0000, a lone surrogate escape, invalid UTF-8 in a raw payload) is ErrInvalidSignal before any
 // SQL, so a SignalTx caller's transaction goes on; before, the database's
 // refusal aborted it.
 func TestSignalTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
@@ -457,7 +457,7 @@ func TestSignalTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 	b := setup(t, nil, m)
 	ctx := context.Background()
 	id := b.insert(m.New(waitState{}))
-	for _, payload := range []any{"nul\x00inside", json.RawMessage(`{"a":"\u0000"}`), json.RawMessage(`"\udbff"`), json.RawMessage(`["\udfff"]`)} {
+	for _, payload := range []any{"nul\x00inside", json.RawMessage(`{"a":"\u0000"}`), json.RawMessage(`"\udbff"`), json.RawMessage(`["\udfff"]`), json.RawMessage("\"x\xffy\"")} {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }() // on a failure: the schema's drop would wait for it
@@ -468,7 +468,7 @@ func TestSignalTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 		require.NoError(t, err, "the caller's transaction goes on after %s", payload)
 		require.NoError(t, tx.Commit(ctx))
 	}
-	require.Equal(t, 4, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
+	require.Equal(t, 5, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
 }
 
 // TestSignalCommittedWhileAFinishWaitsIsSwept: a signal whose transaction
