@@ -514,10 +514,11 @@ const PruneBatch = 1000
 // commits on its own). The prune is logged at Info on the engine's Logger
 // with that number, also when it stopped part way (unless it deleted
 // nothing). Each batch runs under 10 × Config.MaintenanceTimeout as well as
-// ctx: one past it is rolled back.
+// ctx: one past it is rolled back. A negative retention is
+// [ErrInvalidInput], nothing deleted.
 func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	if retention < 0 {
-		return 0, errorf(ErrInvalidConfig, "negative retention")
+		return 0, errorf(ErrInvalidInput, "prune: negative retention %s", retention)
 	}
 	n, err := e.pruner().RunOnce(ctx, retention, progress)
 	if err != nil && notMigrated(err) {

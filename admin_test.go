@@ -453,8 +453,11 @@ func TestPruneDeletesOldFinishedRowsInBatches(t *testing.T) {
 	require.NoError(t, err)
 	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'done', finished_at = now() - interval '10 days' WHERE fsm = 'pruned' AND id % 2 = 0`)
 	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'failed', finished_at = now() - interval '1 hour' WHERE fsm = 'pruned' AND id % 2 = 1`)
+	n, err := b.eng.Prune(ctx, -time.Hour, nil)
+	require.ErrorIs(t, err, gendurable.ErrInvalidInput, "a negative retention")
+	require.Zero(t, n)
 	var calls int
-	n, err := b.eng.Prune(ctx, 24*time.Hour, func(int64) { calls++ })
+	n, err = b.eng.Prune(ctx, 24*time.Hour, func(int64) { calls++ })
 	require.NoError(t, err)
 	require.Equal(t, int64(1250), n)
 	require.Equal(t, 2, calls, "1000 + 250")

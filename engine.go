@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -47,7 +48,14 @@ const (
 )
 
 // Config configures an [Engine]. The zero value is usable (an insert-only
-// engine on schema "public"); every field documents its default.
+// engine on schema "public"); every field documents its default. A
+// time.Duration counts nanoseconds, so a forgotten unit (ReaperInterval:
+// 30) would run a sweep thousands of times a second: a positive interval,
+// delay or timeout under 1ms — HeartbeatInterval, ReaperInterval,
+// AwaitTimeoutInterval, PruneInterval, UnknownVersionDelay, TxIdleTimeout,
+// a queue's poll intervals, a machine's StepTimeout — or a Retention under
+// 1s is [ErrInvalidConfig] (and LeaseDuration under 1ms, MaintenanceTimeout
+// under 1s).
 type Config struct {
 	// Schema holding gendurable's tables (see package migrate). A plain
 	// identifier, not a system schema's (information_schema, pg_…);
@@ -414,6 +422,21 @@ func (c *Config) withDefaults() error {
 	case c.MaxStateBytes < 0 || c.MaxSignalBytes < 0 || c.PartitionRetryDelay < 0:
 		return errorf(ErrInvalidConfig, "negative MaxStateBytes, MaxSignalBytes or PartitionRetryDelay")
 	}
+	for i, h := range c.Hooks {
+		if f, ok := h.(HookFunc); h == nil || ok && f == nil {
+			return errorf(ErrInvalidConfig, "Hooks[%d] is nil", i)
+		}
+	}
+	if err := belowFloor("", time.Millisecond, map[string]time.Duration{
+		"HeartbeatInterval": c.HeartbeatInterval, "ReaperInterval": c.ReaperInterval,
+		"AwaitTimeoutInterval": c.AwaitTimeoutInterval, "PruneInterval": c.PruneInterval,
+		"UnknownVersionDelay": c.UnknownVersionDelay, "TxIdleTimeout": c.TxIdleTimeout,
+	}); err != nil {
+		return err
+	}
+	if err := belowFloor("", time.Second, map[string]time.Duration{"Retention": c.Retention}); err != nil {
+		return err
+	}
 	var err error
 	if c.KeyPolicies, err = validKeyPolicies(c.KeyPolicies); err != nil {
 		return err
@@ -443,6 +466,21 @@ func (c *Config) withDefaults() error {
 	return nil
 }
 
+// belowFloor refuses a positive duration under floor, naming the first
+// such field in name order: a Duration of 30 is 30 ns, its unit forgotten,
+// and an interval that short runs its sweep thousands of times a second
+// (ReaperInterval 30: 5,784 statements/s on an idle engine), a Retention
+// that short deletes every finished instance at once.
+// The message starts with where (`queue "q": `), if any.
+func belowFloor(where string, floor time.Duration, fields map[string]time.Duration) error {
+	for _, name := range slices.Sorted(maps.Keys(fields)) {
+		if d := fields[name]; d > 0 && d < floor {
+			return errorf(ErrInvalidConfig, "%s%s %s is below %s (a time.Duration counts nanoseconds: write 30 * time.Second, not 30)", where, name, d, floor)
+		}
+	}
+	return nil
+}
+
 func (qc *QueueConfig) withDefaults(name string) error {
 	setDefault(&qc.Concurrency, DefaultConcurrency)
 	switch {
@@ -467,13 +505,18 @@ func (qc *QueueConfig) withDefaults(name string) error {
 	case qc.GlobalConcurrency > math.MaxInt32:
 		// The pick takes it as an int4: a larger one failed every pick.
 		return errorf(ErrInvalidConfig, "queue %q: GlobalConcurrency %d above %d", name, qc.GlobalConcurrency, math.MaxInt32)
-	case qc.Concurrency+qc.Prefetch > maxQueueWindow:
+	case qc.Concurrency > maxQueueWindow || qc.Prefetch > maxQueueWindow || qc.Concurrency+qc.Prefetch > maxQueueWindow:
 		// A pick's batch (and 4 × it, its bound of keys) is an int4.
-		return errorf(ErrInvalidConfig, "queue %q: Concurrency + Prefetch %d above %d", name, qc.Concurrency+qc.Prefetch, maxQueueWindow)
+		return errorf(ErrInvalidConfig, "queue %q: Concurrency + Prefetch (%d + %d) above %d", name, qc.Concurrency, qc.Prefetch, maxQueueWindow)
 	case qc.MinDemand < 0 || qc.MinDemand > qc.Concurrency+qc.Prefetch:
 		return errorf(ErrInvalidConfig, "queue %q: MinDemand %d outside 1..Concurrency+Prefetch (%d)", name, qc.MinDemand, qc.Concurrency+qc.Prefetch)
 	case qc.BusyPollInterval < 0 || qc.PollInterval < qc.BusyPollInterval || qc.MaxPollInterval < qc.PollInterval:
 		return errorf(ErrInvalidConfig, "queue %q: need 0 < BusyPollInterval <= PollInterval <= MaxPollInterval", name)
+	}
+	if err := belowFloor(fmt.Sprintf("queue %q: ", name), time.Millisecond, map[string]time.Duration{
+		"BusyPollInterval": qc.BusyPollInterval, "PollInterval": qc.PollInterval, "MaxPollInterval": qc.MaxPollInterval,
+	}); err != nil {
+		return err
 	}
 	return nil
 }

@@ -59,7 +59,22 @@ func TestInvalidConfig(t *testing.T) {
 		{"job without perform", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j"}}}, "no Perform"},
 		{"negative concurrency", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: -1}}}, "negative Concurrency"},
 		{"global concurrency beyond int4", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {GlobalConcurrency: math.MaxInt32 + 1}}}, "GlobalConcurrency 2147483648 above"},
-		{"pick window beyond bound", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 1 << 30}}}, "Concurrency + Prefetch 2147483648 above"},
+		{"pick window beyond bound", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 1 << 30}}}, "Concurrency + Prefetch (1073741824 + 1073741824) above"},
+		{"pick window overflowing int", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: math.MaxInt, Prefetch: 1}}}, "Concurrency + Prefetch (9223372036854775807 + 1) above"},
+		{"typed nil machine", gendurable.Config{Machines: []gendurable.Definition{(*gendurable.Machine[orderArgs])(nil)}}, "nil *Machine[gendurable_test.orderArgs]"},
+		{"typed nil job", gendurable.Config{Machines: []gendurable.Definition{(*gendurable.Job[orderArgs])(nil)}}, "nil *Job[gendurable_test.orderArgs]"},
+		{"nil hook", gendurable.Config{Hooks: []gendurable.Hook{nil}}, "Hooks[0] is nil"},
+		{"nil hook func", gendurable.Config{Hooks: []gendurable.Hook{gendurable.HookFunc(nil)}}, "Hooks[0] is nil"},
+		{"reaper interval in nanoseconds", gendurable.Config{ReaperInterval: 30}, "ReaperInterval 30ns is below 1ms"},
+		{"heartbeat in nanoseconds", gendurable.Config{HeartbeatInterval: 5}, "HeartbeatInterval 5ns is below 1ms"},
+		{"await sweep in nanoseconds", gendurable.Config{AwaitTimeoutInterval: 30}, "AwaitTimeoutInterval 30ns"},
+		{"prune interval in nanoseconds", gendurable.Config{PruneInterval: 30}, "PruneInterval 30ns"},
+		{"unknown version delay in nanoseconds", gendurable.Config{UnknownVersionDelay: 5}, "UnknownVersionDelay 5ns"},
+		{"tx idle timeout in nanoseconds", gendurable.Config{TxIdleTimeout: 5}, "TxIdleTimeout 5ns"},
+		{"retention in nanoseconds", gendurable.Config{Retention: 1}, "Retention 1ns is below 1s"},
+		{"poll interval in nanoseconds", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {PollInterval: 30, BusyPollInterval: 30}}}, `queue "q": BusyPollInterval 30ns is below 1ms`},
+		{"step timeout in nanoseconds", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j", Timeout: 30,
+			Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}}}, `machine "j": StepTimeout 30ns is below 1ms`},
 		{"min demand too big", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 2, Prefetch: -1, MinDemand: 3}}}, "MinDemand 3"},
 		{"poll above max", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {PollInterval: time.Minute, MaxPollInterval: time.Second}}}, "PollInterval"},
 		{"empty queue name", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"": {}}}, "queue name"},
@@ -76,6 +91,11 @@ func TestInvalidConfig(t *testing.T) {
 	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
 	_, err = gendurable.New(pool, nil)
 	require.NoError(t, err, "a nil config is an insert-only engine with defaults")
+	_, err = gendurable.New(pool, &gendurable.Config{ReaperInterval: time.Millisecond, Retention: time.Second,
+		Queues: map[string]gendurable.QueueConfig{"q": {BusyPollInterval: time.Millisecond}}})
+	require.NoError(t, err, "the floors themselves are accepted")
+	var nilMachine *gendurable.Machine[orderArgs]
+	require.ErrorIs(t, nilMachine.ValidateOutcome("a", gendurable.Done(nil)), gendurable.ErrInvalidConfig)
 }
 
 func TestStartRefusesUnmigratedSchema(t *testing.T) {
@@ -623,7 +643,12 @@ func TestUnknownMachineRowSaysSo(t *testing.T) {
 	b.exec(`UPDATE {{s}}.gendurable_instances SET fsm = 'probe', eligible_at = now() + interval '1 hour' WHERE id = $1`, id)
 	w, err = b.eng.WaitReason(context.Background(), id)
 	require.NoError(t, err)
-	require.Contains(t, w.Summary, "sleeping until")
+	require.Regexp(t, `^sleeping until \S+ \(in (59m59s|1h0m0s)\)$`, w.Summary)
+	// A RunAt past what a Duration holds (about 292 years) is no saturated figure.
+	b.exec(`UPDATE {{s}}.gendurable_instances SET eligible_at = '294275-12-31 00:00:00+00' WHERE id = $1`, id)
+	w, err = b.eng.WaitReason(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, "sleeping until 294275-12-31T00:00:00Z (in over 100 years)", w.Summary)
 }
 
 func TestOutcomeTheDatabaseRejectsStopsTheInstance(t *testing.T) {

@@ -139,6 +139,9 @@ func (e *Engine) InsertMany(ctx context.Context, ps []InsertParams) ([]InsertRes
 // timestamps — is [ErrInvalidInsert] before any SQL runs, so the
 // transaction is left usable.
 func (e *Engine) InsertTx(ctx context.Context, tx pgx.Tx, p InsertParams) (InsertResult, error) {
+	if tx == nil {
+		return InsertResult{}, errorf(ErrInvalidInsert, "InsertTx: nil transaction")
+	}
 	res, err := e.insert(ctx, tx, []InsertParams{p})
 	if err != nil {
 		return InsertResult{}, err
@@ -148,6 +151,9 @@ func (e *Engine) InsertTx(ctx context.Context, tx pgx.Tx, p InsertParams) (Inser
 
 // InsertManyTx inserts all instances in one statement inside the caller's transaction.
 func (e *Engine) InsertManyTx(ctx context.Context, tx pgx.Tx, ps []InsertParams) ([]InsertResult, error) {
+	if tx == nil {
+		return nil, errorf(ErrInvalidInsert, "InsertManyTx: nil transaction")
+	}
 	return e.insert(ctx, tx, ps)
 }
 

@@ -94,6 +94,8 @@ func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
 		{"unencodable state", job.New(weirdState{Any: map[string]any{"f": func() {}}}), gendurable.ErrStateEncode},
 		{"NUL in state", job.New(weirdState{Name: "a\x00b"}), gendurable.ErrInvalidInsert},
 		{"oversized partition key", job.New(weirdState{}).With(gendurable.InsertOpts{PartitionKey: strings.Repeat("k", 5000)}), gendurable.ErrInvalidInsert},
+		{"nil job", (*gendurable.Job[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
+		{"nil machine", (*gendurable.Machine[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
 	}
 	for _, tc := range cases {
 		_, err := eng.Insert(ctx, tc.p)
@@ -103,6 +105,10 @@ func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
 		require.ErrorIs(t, err, tc.is, tc.name)
 	}
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "nothing was written")
+	_, err = eng.InsertTx(ctx, nil, job.New(weirdState{}))
+	require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "a nil transaction")
+	_, err = eng.InsertManyTx(ctx, nil, []gendurable.InsertParams{job.New(weirdState{})})
+	require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "a nil transaction")
 
 	// Invalid UTF-8 is replaced by encoding/json, not rejected: it round-trips as U+FFFD.
 	res, err := eng.Insert(ctx, job.New(weirdState{Name: "bad\xffutf8"}))

@@ -43,6 +43,10 @@ type Job[T any] struct {
 }
 
 func (j *Job[T]) definition() (*machineCore, error) {
+	if j == nil {
+		var zero T
+		return nil, errorf(ErrInvalidConfig, "nil *Job[%T]", zero)
+	}
 	j.once.Do(func() {
 		perform := j.Perform
 		j.m = &Machine[T]{

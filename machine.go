@@ -93,10 +93,12 @@ type Machine[S any] struct {
 	// whatever it returns later, and reports it with a
 	// [StepAbandonedEvent] and an error log. Go cannot stop a goroutine, so
 	// it keeps one of the queue's Concurrency slots until it returns (a
-	// feeder started anew after Stop does not count it), and a partitioned
-	// one keeps its key locked and its pool connection — pgxpool's Close
-	// waits for it. Default 0: no timeout (a step runs as long as its
-	// worker heartbeats).
+	// feeder started anew after Stop does not count it). Its key's slot
+	// goes with the outcome the engine writes, so a successor of its key
+	// may start while it still runs: fence its writes with [Run.Token]
+	// (docs/design.md §6). Default 0: no timeout (a step runs as long as
+	// its worker heartbeats); a positive value under 1ms is
+	// [ErrInvalidConfig] (a Duration counts nanoseconds).
 	StepTimeout time.Duration
 	// Flow, when not empty, declares the machine's transitions: for each
 	// step listed, the steps its outcomes may name and the kinds it may
@@ -229,6 +231,10 @@ func (core *machineCore) executorDefinition(limits jsonLimits, newChild func(Ins
 }
 
 func (m *Machine[S]) definition() (*machineCore, error) {
+	if m == nil {
+		var zero S
+		return nil, errorf(ErrInvalidConfig, "nil *Machine[%T]", zero)
+	}
 	m.once.Do(func() { m.core, m.coreErr = m.build() })
 	return m.core, m.coreErr
 }
@@ -249,6 +255,9 @@ func (m *Machine[S]) build() (*machineCore, error) {
 	}
 	if m.MaxAttempts < 0 || m.StepTimeout < 0 {
 		return nil, fmt.Errorf("%w: machine %q: negative MaxAttempts or StepTimeout", ErrInvalidConfig, m.Name)
+	}
+	if err := belowFloor(fmt.Sprintf("machine %q: ", m.Name), time.Millisecond, map[string]time.Duration{"StepTimeout": m.StepTimeout}); err != nil {
+		return nil, err
 	}
 	if len(m.Steps) == 0 {
 		return nil, fmt.Errorf("%w: machine %q declares no Steps", ErrInvalidConfig, m.Name)

@@ -59,6 +59,9 @@ func (e *Engine) Signal(ctx context.Context, id int64, name string, payload any,
 // surrogate escape) is [ErrInvalidSignal] before any SQL runs, so the
 // transaction is left usable.
 func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
+	if tx == nil {
+		return SignalResult{}, errorf(ErrInvalidSignal, "SignalTx: nil transaction")
+	}
 	return e.signal(ctx, tx, id, name, payload, opts)
 }
 
@@ -195,7 +198,7 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 		r.Signals, r.Deadline = w.Awaits, w.AwaitDeadline
 		r.Summary = "awaiting signal " + strings.Join(w.Awaits, " or ")
 		if w.AwaitDeadline != nil {
-			r.Summary += fmt.Sprintf(" (times out in %s)", w.AwaitDeadline.Sub(w.Now).Round(time.Second))
+			r.Summary += fmt.Sprintf(" (times out %s)", fromNow(*w.AwaitDeadline, w.Now, time.Second))
 		}
 	case StatusAwaitingChildren:
 		r.ChildrenTotal = int(w.ChildrenTotal)
@@ -205,8 +208,8 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 		switch {
 		case w.LeaseExpiresAt != nil && w.LeaseExpiresAt.After(w.Now):
 			r.LeaseExpiresAt = w.LeaseExpiresAt
-			r.Summary = fmt.Sprintf("waiting for the lease of its cancelled step to end at %s (in %s): that step may still be running",
-				w.LeaseExpiresAt.UTC().Format(time.RFC3339), w.LeaseExpiresAt.Sub(w.Now).Round(time.Second))
+			r.Summary = fmt.Sprintf("waiting for the lease of its cancelled step to end at %s (%s): that step may still be running",
+				w.LeaseExpiresAt.UTC().Format(time.RFC3339), fromNow(*w.LeaseExpiresAt, w.Now, time.Second))
 		case w.PartitionKey != nil && len(w.KeyHolders) >= e.keyLimit(*w.PartitionKey, w.KeyLimit):
 			r.KeyHolders, r.KeyLimit = w.KeyHolders, e.keyLimit(*w.PartitionKey, w.KeyLimit)
 			r.PartitionHeldBy = w.KeyHolders[0]
@@ -214,13 +217,13 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 				r.PartitionKey, len(w.KeyHolders), r.KeyLimit, instanceList(w.KeyHolders))
 		case w.PartitionKey != nil && w.BucketTokens != nil && e.rateLimitedUntil(*w.PartitionKey, *w.BucketTokens, *w.BucketRefilled, w.Now) != nil:
 			r.RateLimitedUntil = e.rateLimitedUntil(*w.PartitionKey, *w.BucketTokens, *w.BucketRefilled, w.Now)
-			r.Summary = fmt.Sprintf("partition key %q rate limited until %s (in %s)", r.PartitionKey,
-				r.RateLimitedUntil.UTC().Format(time.RFC3339Nano), r.RateLimitedUntil.Sub(w.Now).Round(time.Millisecond))
+			r.Summary = fmt.Sprintf("partition key %q rate limited until %s (%s)", r.PartitionKey,
+				r.RateLimitedUntil.UTC().Format(time.RFC3339Nano), fromNow(*r.RateLimitedUntil, w.Now, time.Millisecond))
 		case w.UnknownVersion != nil:
-			r.Summary = fmt.Sprintf("released unrun until %s (in %s): %s", w.EligibleAt.UTC().Format(time.RFC3339),
-				w.EligibleAt.Sub(w.Now).Round(time.Second), *w.UnknownVersion)
+			r.Summary = fmt.Sprintf("released unrun until %s (%s): %s", w.EligibleAt.UTC().Format(time.RFC3339),
+				fromNow(w.EligibleAt, w.Now, time.Second), *w.UnknownVersion)
 		case w.EligibleAt.After(w.Now):
-			r.Summary = fmt.Sprintf("sleeping until %s (in %s)", w.EligibleAt.UTC().Format(time.RFC3339), w.EligibleAt.Sub(w.Now).Round(time.Second))
+			r.Summary = fmt.Sprintf("sleeping until %s (%s)", w.EligibleAt.UTC().Format(time.RFC3339), fromNow(w.EligibleAt, w.Now, time.Second))
 		default:
 			r.Summary = "runnable, waiting for a worker"
 		}
@@ -231,4 +234,15 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 		r.Summary = "finished (" + string(r.Status) + ")"
 	}
 	return r, nil
+}
+
+// fromNow says how long from now t is, rounded to round: "in 1h2m3s"; past
+// what a Duration holds (about 292 years: a RunAt in the year 294275 is
+// valid), "in over 100 years" rather than a saturated, unrounded figure.
+func fromNow(t, now time.Time, round time.Duration) string {
+	const far = 100 * 365 * 24 * time.Hour
+	if t.After(now.Add(far)) {
+		return "in over 100 years"
+	}
+	return "in " + t.Sub(now).Round(round).String()
 }

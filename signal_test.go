@@ -469,6 +469,8 @@ func TestSignalTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 		require.NoError(t, tx.Commit(ctx))
 	}
 	require.Equal(t, 5, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
+	_, err := b.eng.SignalTx(ctx, nil, id, "note", nil, nil)
+	require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "a nil transaction")
 }
 
 // TestSignalCommittedWhileAFinishWaitsIsSwept: a signal whose transaction
