@@ -91,8 +91,9 @@ func (o Outcome) WithTx(fn func(ctx context.Context, tx pgx.Tx) error) Outcome {
 // or nil) is stored in the instance's result column.
 func Done(result any) Outcome { return Outcome{kind: sqlq.KindDone, result: result} }
 
-// Stop fails the instance for good, recording reason in its error history.
-// It is not retried.
+// Stop fails the instance for good, recording reason in its error history
+// as a step's error text is stored: NUL bytes left out, invalid UTF-8 as
+// U+FFFD, cut at 4,000 bytes. It is not retried.
 func Stop(reason string) Outcome { return Outcome{kind: sqlq.KindStop, reason: reason} }
 
 // Next moves the instance to step with a new state, committed before the
