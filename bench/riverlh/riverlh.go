@@ -40,8 +40,10 @@ func (Args) Kind() string { return "long_horizon_job" }
 // longhorizon.FromEnv, and RIVER_SCHEMA for River's schema, default the
 // connection's search path — public): it migrates, writes the descriptor,
 // starts the client, and produces and samples until ctx ends (SIGTERM); then
-// it stops the client (1 s for running jobs, then StopAndCancel) and returns
-// nil, within 5 s. Its job sleeps JOB_WORK_MS; a completion counts when River
+// it stops the client (1 s for running jobs, then StopAndCancel, for at most
+// 2 s), closes its pool (for at most 1 s) and returns nil, within 5 s.
+// Migrations run under an advisory lock, so replicas started at once on a
+// fresh database do not both apply them. Its job sleeps JOB_WORK_MS; a completion counts when River
 // reports the job completed (EventKindJobCompleted, sent once its completer
 // has written it).
 //
@@ -73,19 +75,16 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	// Closing waits for every connection to come back, and one River still
+	// holds (a fetch blocked on a lock) would hold the exit past its 5 s.
+	defer closeWithin(pool, time.Second, log)
 
-	if schema != "" {
-		if _, err := pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
-			return fmt.Errorf("create schema %s: %w", schema, err)
-		}
-	}
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema})
 	if err != nil {
 		return fmt.Errorf("river migrator: %w", err)
 	}
-	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
-		return fmt.Errorf("river migrate: %w", err)
+	if err := migrateLocked(ctx, pool, schema, migrator); err != nil {
+		return err
 	}
 	versions, err := migrator.ExistingVersions(ctx)
 	if err != nil {
@@ -140,7 +139,9 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	}); err != nil {
 		return err
 	}
-	if err := client.Start(ctx); err != nil {
+	// Not ctx: River stops hard (running jobs cancelled) when the context
+	// given to Start ends. SIGTERM ends ctx, and the client is stopped below.
+	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("river start: %w", err)
 	}
 	sys := &system{client: client, pool: pool, table: "river_job"}
@@ -188,4 +189,54 @@ func (s *system) Depth(ctx context.Context) (int64, error) {
 
 func (s *system) DBNow(ctx context.Context) (time.Time, error) {
 	return sqlq.DBNow(ctx, s.pool)
+}
+
+// migrateLockKey is the advisory lock the River adapter's migrations run
+// under: rivermigrate takes none, and two replicas started at once on a fresh
+// database failed on each other's CREATE TYPE (SQLSTATE 23505, 42710).
+const migrateLockKey = "gendurable bench: river-long-horizon migrations"
+
+// migrateLocked creates schema if it is set and missing, and applies River's
+// migrations, while holding migrateLockKey on a connection of its own
+// (released, with the lock, when it returns): CREATE SCHEMA IF NOT EXISTS
+// races too (SQLSTATE 23505).
+func migrateLocked(ctx context.Context, pool *pgxpool.Pool, schema string, migrator *rivermigrate.Migrator[pgx.Tx]) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, migrateLockKey); err != nil {
+		return fmt.Errorf("river migrate: lock: %w", err)
+	}
+	defer func() {
+		// A cancelled ctx (SIGTERM meanwhile) must not keep the lock on a
+		// connection going back to the pool.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock(hashtext($1))`, migrateLockKey); err != nil {
+			_ = conn.Conn().Close(uctx) // the lock goes with the session
+		}
+	}()
+	if schema != "" {
+		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return fmt.Errorf("create schema %s: %w", schema, err)
+		}
+	}
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("river migrate: %w", err)
+	}
+	return nil
+}
+
+// closeWithin closes pool, waiting at most d for its connections to come
+// back; past that the close goes on in the background (the process exits).
+func closeWithin(pool *pgxpool.Pool, d time.Duration, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() { pool.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		log.Warn("long horizon: connections still in use after stopping; exiting without them")
+	}
 }

@@ -322,17 +322,26 @@ func tidyConnectError(name, msg string, err error) string {
 	if len(details) > 1 {
 		details = slices.DeleteFunc(details, func(d string) bool { return strings.HasSuffix(d, "tls error: server refused TLS connection") })
 	}
-	fallback := defaultDatabaseURL
+	source := "--database-url, else DATABASE_URL, else " + defaultDatabaseURL
 	if name == "demo" {
-		fallback = "a throwaway PostgreSQL"
+		source = "--database-url, else DATABASE_URL, else a throwaway PostgreSQL"
 	}
-	tidy := fmt.Sprintf("cannot connect to the database as user %s, database %s: %s (the database is --database-url, else DATABASE_URL, else %s)",
-		ce.Config.User, ce.Config.Database, strings.Join(details, "; "), fallback)
+	if errors.As(err, new(fromEnvDatabase)) {
+		source = "DATABASE_URL"
+	}
+	tidy := fmt.Sprintf("cannot connect to the database as user %s, database %s: %s (the database is %s)",
+		ce.Config.User, ce.Config.Database, strings.Join(details, "; "), source)
 	if full := ce.Error(); strings.Contains(msg, full) {
 		return strings.Replace(msg, full, tidy, 1)
 	}
 	return msg
 }
+
+// fromEnvDatabase marks an error of a command whose database is DATABASE_URL
+// alone (bench --long-horizon), for tidyConnectError's hint.
+type fromEnvDatabase struct{ error }
+
+func (e fromEnvDatabase) Unwrap() error { return e.error }
 
 // newFlags is a command's flag set: parse errors are returned, never
 // printed (run prints one message), and -h/--help ask for printHelp.
@@ -588,10 +597,13 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageError{msg: "bench: --long-horizon is configured by the environment only: it takes no other flag"}
 		}
 		err := benchrun.LongHorizon(ctx, os.Getenv, stdout, stderr)
-		if errors.Is(err, longhorizon.ErrInvalidEnv) {
+		switch {
+		case errors.Is(err, longhorizon.ErrInvalidEnv):
 			return usageError{msg: err.Error()}
+		case err != nil:
+			return fromEnvDatabase{err}
 		}
-		return err
+		return nil
 	}
 	o.DatabaseURL = databaseURL(*dbURL)
 	if _, err := parseDatabaseURL(o.DatabaseURL); err != nil {

@@ -1193,6 +1193,22 @@ func TestBenchLongHorizonRejectsBadEnvironment(t *testing.T) {
 	_, errOut, code := cli(t, "bench", "--long-horizon", "-n", "5")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "configured by the environment only")
+
+	// A database that does not answer: exit 1, and the hint names the one
+	// place its database comes from.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	closed := l.Addr().String()
+	require.NoError(t, l.Close())
+	cmd := exec.Command(binary, "bench", "--long-horizon")
+	cmd.Env = lhEnv("gdtest_never_created", "WORKER_COUNT=8", "PRODUCER_RATE=1", "DATABASE_URL=postgres://postgres@"+closed+"/postgres")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	var ee *exec.ExitError
+	require.ErrorAs(t, cmd.Run(), &ee)
+	require.Equal(t, 1, ee.ExitCode(), errb.String())
+	require.Contains(t, errb.String(), "connection refused (the database is DATABASE_URL)\n")
+	require.Empty(t, out.String())
 }
 
 // TestSilentServerIsAConnectionErrorInBoundedTime: a database URL whose

@@ -203,45 +203,68 @@ func (r *runner) clockLoop(ctx context.Context) {
 // jobs/s hold's statement time goes").
 const depthPollDuty = 10
 
-// depthPollGap is the time from one depth poll's start to the next's: every
-// 200 ms when the producer steers by the depth (it refills the queue from
-// the last poll, so a slow count is not spaced out), else once a sample
-// period (the depth is reported once a sample, as of its last poll) and at
-// least depthPollDuty times the last poll's duration.
-func depthPollGap(mode string, sampleEvery, took time.Duration) time.Duration {
-	if mode == ModeDepthTarget {
-		return 200 * time.Millisecond
-	}
+// depthTargetPollGap is the time from one depth poll's start to the next's
+// when the producer steers by the depth (it refills the queue only from a
+// poll): depthPollDuty times the last poll's duration, within 20–200 ms. A
+// fast system drains a small TARGET_DEPTH in far less than 200 ms, which
+// left the queue empty between polls.
+func depthTargetPollGap(took time.Duration) time.Duration {
+	return min(200*time.Millisecond, max(20*time.Millisecond, depthPollDuty*took))
+}
+
+// fixedPollGap is the least time from one depth poll's start to the next's
+// in fixed mode, where the depth is read at the sample ticks: a sample
+// period, and at least depthPollDuty times the last poll's duration (a
+// tick in between reports the last poll's depth).
+func fixedPollGap(sampleEvery, took time.Duration) time.Duration {
 	return backoff.Spaced(sampleEvery, depthPollDuty, took)
 }
 
-// depthLoop polls the queue depth (depthPollGap): in every instance when
-// the producer steers by it, else only in instance 0 (the one that reports
-// it).
+// depthLoop polls the queue depth every depthTargetPollGap when the
+// producer steers by it (in every instance); in fixed mode the sample loop
+// reads it at its ticks instead (pollDepthAtTick).
 func (r *runner) depthLoop(ctx context.Context) {
-	if r.cfg.ProducerMode != ModeDepthTarget && r.cfg.InstanceID != 0 {
+	if r.cfg.ProducerMode != ModeDepthTarget {
 		return
 	}
 	for {
 		start := time.Now()
-		before := r.sincePoll.Load()
-		n, err := r.sys.Depth(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			r.log.Warn("long horizon: queue depth", "err", err)
-		} else {
-			r.depth.Store(n)
-			r.depthSeen.Store(true)
-			r.sincePoll.Add(-before)
-		}
+		r.pollDepth(ctx)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Until(start.Add(depthPollGap(r.cfg.ProducerMode, r.cfg.SampleEvery, time.Since(start))))):
+		case <-time.After(time.Until(start.Add(depthTargetPollGap(time.Since(start))))):
 		}
 	}
+}
+
+// pollDepth reads the queue depth once and records it.
+func (r *runner) pollDepth(ctx context.Context) {
+	before := r.sincePoll.Load()
+	n, err := r.sys.Depth(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("long horizon: queue depth", "err", err)
+		}
+		return
+	}
+	r.depth.Store(n)
+	r.depthSeen.Store(true)
+	r.sincePoll.Add(-before)
+}
+
+// pollDepthAtTick reads the depth at a sample tick in fixed mode (instance
+// 0 only: the one that reports it), unless the last poll was too slow for
+// another so soon (fixedPollGap); next is when the next poll may start.
+func (r *runner) pollDepthAtTick(ctx context.Context, next *time.Time) {
+	if r.cfg.ProducerMode == ModeDepthTarget || r.cfg.InstanceID != 0 || time.Now().Before(*next) {
+		return
+	}
+	start := time.Now()
+	r.pollDepth(ctx)
+	// Less half a period: ticks come a little after their boundary, later
+	// or sooner from one to the next.
+	*next = start.Add(fixedPollGap(r.cfg.SampleEvery, time.Since(start)) - r.cfg.SampleEvery/2)
 }
 
 func (r *runner) readRateFile() {
@@ -325,13 +348,23 @@ func nextBoundary(now time.Time, every time.Duration) time.Time {
 	return now.Truncate(every).Add(every)
 }
 
-// sample emits the metrics at every wall-clock multiple of SampleEvery.
-// Rates are over the time since the previous tick (the first: since Run
-// started); a tick missed (the process was stopped) is skipped, not
-// caught up.
+// sample emits the metrics at every wall-clock multiple of SampleEvery but
+// the first after Run started, where it starts counting: every rate is
+// over a whole window, the time since the previous tick (a tick missed,
+// the process stopped, is skipped, not caught up). In fixed mode it reads
+// the queue depth at each tick (pollDepthAtTick), after taking the rates.
 func (r *runner) sample(ctx context.Context) {
+	var nextPoll time.Time
+	t := time.NewTimer(time.Until(nextBoundary(time.Now(), r.cfg.SampleEvery)))
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return
+	case <-t.C:
+	}
 	lastTick := time.Now()
 	lastEnq, lastDone := r.tel.enqueued.Load(), r.tel.completed.Load()
+	r.pollDepthAtTick(ctx, &nextPoll)
 	for {
 		at := nextBoundary(time.Now(), r.cfg.SampleEvery)
 		t := time.NewTimer(time.Until(at))
@@ -345,6 +378,7 @@ func (r *runner) sample(ctx context.Context) {
 		dt := now.Sub(lastTick).Seconds()
 		enq, done := r.tel.enqueued.Load(), r.tel.completed.Load()
 		q := r.tel.claims.Window(now).Quantiles(0.50, 0.95, 0.99)
+		r.pollDepthAtTick(ctx, &nextPoll)
 		mode := r.cfg.ProducerMode
 		target := math.Float64frombits(r.rate.Load())
 		if mode == ModeDepthTarget {

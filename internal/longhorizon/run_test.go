@@ -1,27 +1,123 @@
 package longhorizon
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
 
-// TestDepthPollsAreSpacedByTheirDuration: in fixed mode the depth is polled
-// once a sample period, and no sooner than depthPollDuty times the last
-// poll's duration after it started; every 200 ms (or back to back) when the
-// producer steers by it.
+// TestDepthPollsAreSpacedByTheirDuration: in fixed mode the depth is read
+// at the sample ticks, no sooner than depthPollDuty times the last poll's
+// duration after it started; when the producer steers by it, every 20–200
+// ms, spaced likewise.
 func TestDepthPollsAreSpacedByTheirDuration(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
-		mode       string
 		took, want time.Duration
 	}{
-		{ModeFixed, 20 * time.Millisecond, 5 * time.Second},
-		{ModeFixed, 2 * time.Second, 20 * time.Second},
-		{ModeDepthTarget, 5 * time.Millisecond, 200 * time.Millisecond},
-		{ModeDepthTarget, 100 * time.Millisecond, 200 * time.Millisecond},
+		{20 * time.Millisecond, 5 * time.Second},
+		{2 * time.Second, 20 * time.Second},
 	} {
-		if got := depthPollGap(c.mode, 5*time.Second, c.took); got != c.want {
-			t.Errorf("%s, a poll of %v: next after %v, want %v", c.mode, c.took, got, c.want)
+		if got := fixedPollGap(5*time.Second, c.took); got != c.want {
+			t.Errorf("fixed, a poll of %v: next after %v, want %v", c.took, got, c.want)
 		}
 	}
+	for _, c := range []struct {
+		took, want time.Duration
+	}{
+		{500 * time.Microsecond, 20 * time.Millisecond},
+		{5 * time.Millisecond, 50 * time.Millisecond},
+		{100 * time.Millisecond, 200 * time.Millisecond},
+	} {
+		if got := depthTargetPollGap(c.took); got != c.want {
+			t.Errorf("depth-target, a poll of %v: next after %v, want %v", c.took, got, c.want)
+		}
+	}
+}
+
+// depthSystem is a System whose depth the test sets; it inserts nothing.
+type depthSystem struct{ depth atomic.Int64 }
+
+func (s *depthSystem) Insert(context.Context, int64, int, string) error { return nil }
+func (s *depthSystem) Depth(context.Context) (int64, error)              { return s.depth.Load(), nil }
+func (s *depthSystem) DBNow(context.Context) (time.Time, error)          { return time.Now(), nil }
+
+// TestSamplesReportTheDepthAtTheirTickAndWholeWindows: in fixed mode each
+// sample's queue_depth is the depth at its tick (it was the last poll's,
+// up to a sample period old), and no sample covers less than a whole
+// window (the first tick after the start only starts the count).
+func TestSamplesReportTheDepthAtTheirTickAndWholeWindows(t *testing.T) {
+	t.Parallel()
+	sys := &depthSystem{}
+	var buf syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := Config{ProducerMode: ModeFixed, ProducerRate: 100, WorkerCount: 1, SampleEvery: time.Second}
+	started := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, cfg, "test", sys, &Telemetry{}, NewEmitter(&buf), slog.New(slog.DiscardHandler))
+	}()
+	// The depth moves every 100 ms: a sample shows the value of its tick.
+	for time.Since(started) < 3500*time.Millisecond {
+		sys.depth.Store(time.Now().UnixMilli() / 100)
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var depths, rates int
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var s Sample
+		if err := json.Unmarshal([]byte(line), &s); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		at, err := time.Parse(time.RFC3339Nano, s.T)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at.Before(nextBoundary(started, time.Second).Add(time.Second)) {
+			t.Errorf("a sample at %s, the first tick after the start (%s): its window is not whole", s.T, started.Format(TimeFormat))
+		}
+		switch s.Metric {
+		case "queue_depth":
+			depths++
+			if tick := at.UnixMilli() / 100; s.Value < float64(tick-1) || s.Value > float64(tick+1) {
+				t.Errorf("queue_depth %v at %s: the depth at its tick was %d", s.Value, s.T, tick)
+			}
+		case "enqueue_rate":
+			rates++
+			if s.Value < 80 || s.Value > 120 {
+				t.Errorf("enqueue_rate %v at %s over a whole second at 100/s", s.Value, s.T)
+			}
+		}
+	}
+	if depths < 2 || rates < 2 {
+		t.Fatalf("%d depth and %d rate samples in 3.5 s:\n%s", depths, rates, buf.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the emitter and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

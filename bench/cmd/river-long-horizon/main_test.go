@@ -167,3 +167,111 @@ func TestProtocol(t *testing.T) {
 		t.Fatalf("bad environment: %v\n%s", err, out)
 	}
 }
+
+// TestReplicasStartedAtOnceAndAStopUnderALock: two replicas started at
+// once on a fresh schema both migrate and run (rivermigrate takes no lock:
+// one of them failed on the other's CREATE TYPE), and SIGTERM ends each
+// within 5 s even while another session holds river_job locked, so that a
+// fetch of River's waits on it (the pool's close waited for that fetch: 7 s).
+func TestReplicasStartedAtOnceAndAStopUnderALock(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "river-long-horizon")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	ctx := context.Background()
+	schema := fmt.Sprintf("river_lh_%08x", rand.Uint32())
+	admin, err := pgx.Connect(ctx, databaseURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE"); err != nil {
+			t.Logf("cleanup: %v", err)
+		}
+		admin.Close(ctx)
+	})
+	url := databaseURL()
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	type replica struct {
+		cmd    *exec.Cmd
+		stderr *bytes.Buffer
+		lines  chan string
+	}
+	var rs []replica
+	for i := 0; i < 2; i++ {
+		cmd := exec.Command(bin)
+		cmd.Env = adapterEnv("DATABASE_URL="+url+sep+"pool_max_conns=4", "RIVER_SCHEMA="+schema, fmt.Sprintf("BENCH_INSTANCE_ID=%d", i),
+			"PRODUCER_RATE=50", "WORKER_COUNT=2", "SAMPLE_EVERY_S=1")
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := replica{cmd: cmd, stderr: &bytes.Buffer{}, lines: make(chan string, 1024)}
+		cmd.Stderr = r.stderr
+		rs = append(rs, r)
+		go func() {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				r.lines <- sc.Text()
+			}
+			close(r.lines)
+		}()
+	}
+	for _, r := range rs {
+		if err := r.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = r.cmd.Process.Kill() }()
+	}
+	for i, r := range rs {
+		// The descriptor and a first sample line.
+		for n := 0; n < 2; n++ {
+			select {
+			case _, ok := <-r.lines:
+				if !ok {
+					_ = r.cmd.Wait()
+					t.Fatalf("replica %d ended early; stderr:\n%s", i, r.stderr.String())
+				}
+			case <-time.After(60 * time.Second):
+				t.Fatalf("replica %d: no line in 60s", i)
+			}
+		}
+	}
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+schema+".river_job IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // River's fetches, every 50 ms, now wait on the lock
+	start := time.Now()
+	for _, r := range rs {
+		if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, r := range rs {
+		go func() {
+			for range r.lines {
+			}
+		}()
+		exited := make(chan error, 1)
+		go func() { exited <- r.cmd.Wait() }()
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Fatalf("replica %d: exit after SIGTERM: %v; stderr:\n%s", i, err, r.stderr.String())
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("replica %d still running 10 s after SIGTERM; stderr:\n%s", i, r.stderr.String())
+		}
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the replicas took %v to exit after SIGTERM under a lock", d)
+	}
+}
