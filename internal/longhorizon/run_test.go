@@ -45,8 +45,8 @@ func TestDepthPollsAreSpacedByTheirDuration(t *testing.T) {
 type depthSystem struct{ depth atomic.Int64 }
 
 func (s *depthSystem) Insert(context.Context, int64, int, string) error { return nil }
-func (s *depthSystem) Depth(context.Context) (int64, error)              { return s.depth.Load(), nil }
-func (s *depthSystem) DBNow(context.Context) (time.Time, error)          { return time.Now(), nil }
+func (s *depthSystem) Depth(context.Context) (int64, error)             { return s.depth.Load(), nil }
+func (s *depthSystem) DBNow(context.Context) (time.Time, error)         { return time.Now(), nil }
 
 // TestSamplesReportTheDepthAtTheirTickAndWholeWindows: in fixed mode each
 // sample's queue_depth is the depth at its tick (it was the last poll's,
