@@ -24,6 +24,7 @@ import (
 	"github.com/gendurable/gendurable/gendurabletest"
 	"github.com/gendurable/gendurable/internal/childproc"
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -153,7 +154,7 @@ func TestStartWarnsWhenConcurrencyReachesThePoolSize(t *testing.T) {
 		{map[string]gendurable.QueueConfig{"a": {Concurrency: 2}, "b": {Concurrency: 2}}, true}, // the total counts
 		{map[string]gendurable.QueueConfig{"a": {}}, true},                                      // the default 10
 	} {
-		logs := &syncBuffer{}
+		logs := &syncbuf.Buffer{}
 		eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{job}, Queues: c.queues,
 			Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		require.NoError(t, err)
@@ -2209,7 +2210,7 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 	awaiterTx := &gendurable.Machine[orderArgs]{Name: "ontime-await-tx", Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{
 		"a": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
 			mark(ctx, "await-tx")
-			return r.Await("b", r.State, "never").Timeout(150 * time.Millisecond).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+			return r.Await("b", r.State, "never").Timeout(300 * time.Millisecond).WithTx(func(ctx context.Context, tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, `SELECT pg_sleep(0.4)`)
 				return err
 			}), nil
@@ -2260,14 +2261,16 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 	check("runs around Replay(state, 100ms)", gaps(starts["replay"]), 100*time.Millisecond)
 	require.Len(t, starts["await"], 2)
 	check("steps around Await(...).Timeout(150ms)", gaps(starts["await"]), 150*time.Millisecond)
-	// Its deadline passed inside the 400 ms transaction: the next step
-	// comes once it commits, not a timeout after the commit (a sweep woken
-	// at the commit plus the timeout started it ~560 ms after the first).
+	// Its deadline (300 ms) passed inside the 400 ms transaction: the next
+	// step comes once it commits, not a timeout after the commit (a sweep
+	// woken at the commit plus the timeout: about 700 ms after the first;
+	// with a 150 ms timeout that was ~560 ms, too near a loaded machine's
+	// right answer, 540 ms once, to tell apart).
 	require.Len(t, starts["await-tx"], 2)
 	gap := gaps(starts["await-tx"])[0]
-	t.Logf("steps around a WithTx Await(...).Timeout(150ms) whose transaction took 400ms: %v apart", gap)
+	t.Logf("steps around a WithTx Await(...).Timeout(300ms) whose transaction took 400ms: %v apart", gap)
 	require.GreaterOrEqual(t, gap, 400*time.Millisecond)
-	require.Less(t, gap, 520*time.Millisecond, "woken a timeout after the commit, not at the deadline")
+	require.Less(t, gap, 620*time.Millisecond, "woken a timeout after the commit, not at the deadline")
 }
 
 // TestRowsVisibleBelowThePickFloorRun (docs/design.md §4): while a queue is

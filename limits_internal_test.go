@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 // nestsDeeper and storedNumbers read scanJSON's findings as the functions
@@ -156,6 +157,9 @@ func oldCheckInputJSON[T string | []byte](l jsonLimits, what string, b T, sentin
 	}
 	if p := oldJSONBProblem(b); p != "" {
 		return errorf(sentinel, "%s %s", what, p)
+	}
+	if !utf8.Valid([]byte(b)) {
+		return errorf(sentinel, "%s is not valid UTF-8 (a json.RawMessage or a MarshalJSON result), which PostgreSQL refuses", what)
 	}
 	return nil
 }

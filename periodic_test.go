@@ -1,16 +1,15 @@
 package gendurable_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -148,7 +147,7 @@ func TestPeriodicSlotWhoseInsertIsInvalidIsGivenUpAtOnce(t *testing.T) {
 			return job.New(tick{Slot: slot}).With(gendurable.InsertOpts{Priority: 1 << 20})
 		},
 	}}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	b := setup(t, cfg)
 	require.NoError(t, b.eng.Start(context.Background()))
@@ -189,7 +188,7 @@ func TestPeriodicNewThatPanicsGivesItsSlotUp(t *testing.T) {
 		Name: "encoding panics", Schedule: "@daily",
 		New: func(time.Time) gendurable.InsertParams { calls.Add(1); return bad.New(panickyTick{}) },
 	}}
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	b := setup(t, cfg)
 	require.NoError(t, b.eng.Start(context.Background()))
@@ -202,22 +201,4 @@ func TestPeriodicNewThatPanicsGivesItsSlotUp(t *testing.T) {
 	require.Equal(t, 2, strings.Count(out, "level=ERROR"), "want one error per slot given up; logs:\n%s", out)
 	require.Contains(t, out, "New is broken", "logs:\n%s", out)
 	require.Contains(t, out, "no encoding today", "logs:\n%s", out)
-}
-
-// syncBuffer is a bytes.Buffer that goroutines may write while a test reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

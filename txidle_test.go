@@ -103,13 +103,14 @@ func TestIdleLimitDoesNotEndACopyCutOff(t *testing.T) {
 
 // TestTxIdleTimeoutDefaultAndNone: Engine.Config reports TxIdleTimeout,
 // the lease by default; with a negative one a WithTx transaction has the
-// server's own setting (0 here: none); with a positive one, that, in ms.
+// server's own setting (0 here: none); with a positive one, that, in whole
+// ms.
 func TestTxIdleTimeoutDefaultAndNone(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		set  time.Duration
 		want string
-	}{{0, "3s"}, {-1, "0"}, {time.Microsecond, "1ms"}} {
+	}{{0, "3s"}, {-1, "0"}, {1500 * time.Microsecond, "1ms"}} {
 		got := make(chan string, 1)
 		m := &gendurable.Machine[orderArgs]{
 			Name: "limitof", Start: "pay",

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -178,7 +179,7 @@ func TestCrossOriginRefusalIsAudited(t *testing.T) {
 func TestLogLinesCarryNoRawC1OrBidiControls(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h, err := dashboard.New(e.eng, dashboard.Options{Logger: logger, AllowedHosts: []string{"example.com"},
 		BasicAuth: &dashboard.BasicAuth{User: "ops", Password: "pw-0123456789abcdef"}})

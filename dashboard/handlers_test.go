@@ -13,6 +13,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -150,7 +151,7 @@ func TestCancelTreeFromTheInstancePage(t *testing.T) {
 func TestSignalNameIsTakenAsTyped(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	audit := &syncBuffer{}
+	audit := &syncbuf.Buffer{}
 	h, _ := e.handler(dashboard.Options{AuditLogger: slog.New(slog.NewTextHandler(audit, nil))})
 	id := e.insertOrder(Order{Item: "x"})
 	for _, name := range []string{" go", "go ", "go\u00a0", "\u2003go"} {

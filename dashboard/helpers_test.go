@@ -1,7 +1,6 @@
 package dashboard_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,13 +10,13 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -72,7 +71,7 @@ type env struct {
 	pool   *pgxpool.Pool
 	schema string
 	eng    *gendurable.Engine
-	logs   *syncBuffer
+	logs   *syncbuf.Buffer
 	order  *gendurable.Machine[Order]
 	flaky  *gendurable.Job[flakyArgs]
 	batch  *gendurable.Machine[Batch]
@@ -102,30 +101,13 @@ func batchMachine(order *gendurable.Machine[Order]) *gendurable.Machine[Batch] {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // newEnv creates a migrated schema and its pool (internal/dbtest: dropped
 // and closed at cleanup, within the package's connection budget) and an
 // engine (not started) that knows the order machine and the flaky job.
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 6})
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	order, flaky := orderMachine(), flakyJob()
 	batch := batchMachine(order)
 	eng, err := gendurable.New(pool, &gendurable.Config{
@@ -156,9 +138,9 @@ func (e *env) start() {
 }
 
 // handler builds a dashboard on the env's engine; its logs go to buf.
-func (e *env) handler(opts dashboard.Options) (http.Handler, *syncBuffer) {
+func (e *env) handler(opts dashboard.Options) (http.Handler, *syncbuf.Buffer) {
 	e.t.Helper()
-	buf := &syncBuffer{}
+	buf := &syncbuf.Buffer{}
 	if opts.AllowedHosts == nil {
 		opts.AllowedHosts = []string{"example.com"} // the Host of every in-memory request
 	}

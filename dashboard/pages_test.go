@@ -16,6 +16,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -352,7 +353,7 @@ func TestErrorsAreMappedAndNotLeaked(t *testing.T) {
 	pool, missing := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, NoMigrate: true})
 	broken, err := gendurable.New(pool, &gendurable.Config{Schema: missing, Machines: []gendurable.Definition{orderMachine()}})
 	require.NoError(t, err)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	bh, err := dashboard.New(broken, dashboard.Options{AllowedHosts: []string{"example.com"}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)
 	for _, p := range []string{"/", "/instances", "/instances/1", "/machines/order"} {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/stretchr/testify/require"
 )
@@ -310,7 +311,7 @@ func TestUIAnswersRequestsUnderWayWhenInterrupted(t *testing.T) {
 
 	cmd := exec.Command(binary, "ui", "--schema", schema, "--addr", "127.0.0.1:0")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
-	stderr := &lockedBuffer{}
+	stderr := &syncbuf.Buffer{}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -555,31 +556,13 @@ func TestCLIRejectsBadInput(t *testing.T) {
 	}
 }
 
-// lockedBuffer collects a process's output while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // startUI runs `gendurable ui` with extra environment and returns its base
 // URL and its stderr; the process is killed at cleanup.
-func startUI(t *testing.T, env []string, args ...string) (string, *lockedBuffer) {
+func startUI(t *testing.T, env []string, args ...string) (string, *syncbuf.Buffer) {
 	t.Helper()
 	cmd := exec.Command(binary, append([]string{"ui", "--addr", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbtest.URL()), env...)
-	stderr := &lockedBuffer{}
+	stderr := &syncbuf.Buffer{}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -1061,7 +1044,7 @@ func TestBenchLongHorizonProtocol(t *testing.T) {
 	cmd.Env = lhEnv(schema, "SCENARIO=long_horizon", "PRODUCER_MODE=fixed", "PRODUCER_RATE=200", "WORKER_COUNT=8", "SAMPLE_EVERY_S=1")
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	stderr := &lockedBuffer{}
+	stderr := &syncbuf.Buffer{}
 	cmd.Stderr = stderr
 	require.NoError(t, cmd.Start())
 	defer func() { _ = cmd.Process.Kill() }()

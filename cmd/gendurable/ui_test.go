@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -131,7 +132,7 @@ func TestUIWithJSONWritesJSONLines(t *testing.T) {
 	_, schema := dbtest.NewSchema(t, nil)
 	cmd := exec.Command(binary, "ui", "--json", "--schema", schema, "--addr", "127.0.0.1:0")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
-	stderr := &lockedBuffer{}
+	stderr := &syncbuf.Buffer{}
 	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)

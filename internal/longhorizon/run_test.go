@@ -1,15 +1,15 @@
 package longhorizon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gendurable/gendurable/internal/syncbuf"
 )
 
 // TestDepthPollsAreSpacedByTheirDuration: in fixed mode the depth is read
@@ -55,7 +55,7 @@ func (s *depthSystem) DBNow(context.Context) (time.Time, error)         { return
 func TestSamplesReportTheDepthAtTheirTickAndWholeWindows(t *testing.T) {
 	t.Parallel()
 	sys := &depthSystem{}
-	var buf syncBuffer
+	var buf syncbuf.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cfg := Config{ProducerMode: ModeFixed, ProducerRate: 100, WorkerCount: 1, SampleEvery: time.Second}
@@ -102,22 +102,4 @@ func TestSamplesReportTheDepthAtTheirTickAndWholeWindows(t *testing.T) {
 	if depths < 2 || rates < 2 {
 		t.Fatalf("%d depth and %d rate samples in 3.5 s:\n%s", depths, rates, buf.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the emitter and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

@@ -1,18 +1,17 @@
 package maintenance
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -158,22 +157,5 @@ func recoveredAfterDeadline(t *testing.T, took time.Duration) {
 	}
 }
 
-// logBuffer collects a logger's lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func (l *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+// bufLogger is a logger writing its lines to l.
+func bufLogger(l *syncbuf.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/gendurable/gendurable/internal/syncbuf"
 )
 
 // insertSlotOnce inserts the row of slot $2 of schedule $1, unless it was
@@ -190,10 +192,10 @@ func TestPeriodicNextSlotTakesAFailedSlotsPlace(t *testing.T) {
 	now := time.Now()
 	first, second := now.Add(-time.Minute), now.Add(400*time.Millisecond)
 	healthy := now.Add(200 * time.Millisecond)
-	logs := &logBuffer{}
+	logs := &syncbuf.Buffer{}
 	var mu sync.Mutex
 	var calls []string
-	p := &Periodic{Log: logs.logger(), RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 50 * time.Millisecond,
+	p := &Periodic{Log: bufLogger(logs), RetryDelay: 10 * time.Millisecond, MaxRetryDelay: 50 * time.Millisecond,
 		Schedules: []Schedule{{Name: "hourly", Next: slots(first, second)}, {Name: "healthy", Next: slots(healthy)}},
 		Insert: func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
 			name := []string{"hourly", "healthy"}[i]
@@ -252,7 +254,7 @@ func TestPeriodicSlotOnceWhenAnAbandonedInsertCommitted(t *testing.T) {
 	d := newDB(t)
 	ctx := context.Background()
 	pool, proxy := d.proxied()
-	logs := &logBuffer{}
+	logs := &syncbuf.Buffer{}
 	type result struct {
 		dup bool
 		err error
@@ -269,7 +271,7 @@ func TestPeriodicSlotOnceWhenAnAbandonedInsertCommitted(t *testing.T) {
 	}
 
 	missed := time.Now().Add(-time.Minute)
-	p := &Periodic{Log: logs.logger(), RetryDelay: 50 * time.Millisecond, StatementTimeout: 2 * time.Second,
+	p := &Periodic{Log: bufLogger(logs), RetryDelay: 50 * time.Millisecond, StatementTimeout: 2 * time.Second,
 		Schedules: []Schedule{{Name: "stranded", Next: slots(missed)}},
 		Insert: func(ctx context.Context, _ int, slot time.Time) (int64, bool, error) {
 			var id int64
@@ -404,9 +406,9 @@ func TestPeriodicSlotSupersededBeforeItsFirstAttemptIsNoError(t *testing.T) {
 	d := newDB(t)
 	now := time.Now()
 	missed, soon := now.Add(-time.Minute), now.Add(20*time.Millisecond)
-	logs := &logBuffer{}
+	logs := &syncbuf.Buffer{}
 	var slowOnce atomic.Bool
-	p := &Periodic{Log: logs.logger(),
+	p := &Periodic{Log: bufLogger(logs),
 		Schedules: []Schedule{
 			{Name: "soon", Next: slots(missed, soon)},
 			{Name: "slow", Next: func(t time.Time) time.Time {

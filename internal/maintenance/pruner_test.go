@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -127,10 +128,10 @@ func TestPrunerAbandonsABatchOnADeadConnection(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
 	pool, proxy := d.proxied()
-	logs := &logBuffer{}
+	logs := &syncbuf.Buffer{}
 	d.id(insertFinished, "done", 7200)
 	p := &Pruner{Queries: d.q, DB: pool, Interval: strandedSweepInterval, Retention: time.Hour,
-		BatchTimeout: strandedSweepTimeout, Log: logs.logger()}
+		BatchTimeout: strandedSweepTimeout, Log: bufLogger(logs)}
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

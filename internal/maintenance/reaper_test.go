@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gendurable/gendurable/internal/syncbuf"
 )
 
 const insertExecuting = `INSERT INTO {{s}}.gendurable_instances (fsm, step, status, lease_expires_at, claim_token, max_attempts)
@@ -214,9 +216,9 @@ func TestReaperAbandonsAStatementOnADeadConnection(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
 	pool, proxy := d.proxied()
-	logs := &logBuffer{}
+	logs := &syncbuf.Buffer{}
 	before := d.id(insertExecuting, -1000, 5)
-	r := &Reaper{Queries: d.q, DB: pool, Interval: strandedSweepInterval, StatementTimeout: strandedSweepTimeout, Log: logs.logger()}
+	r := &Reaper{Queries: d.q, DB: pool, Interval: strandedSweepInterval, StatementTimeout: strandedSweepTimeout, Log: bufLogger(logs)}
 	if err := r.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

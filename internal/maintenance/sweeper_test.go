@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gendurable/gendurable/internal/syncbuf"
 )
 
 const insertAwaiting = `INSERT INTO {{s}}.gendurable_instances (fsm, step, queue, status, awaits, await_deadline)
@@ -174,11 +176,11 @@ func TestTimeoutSweeperAbandonsAStatementOnADeadConnection(t *testing.T) {
 	t.Parallel()
 	d := newDB(t)
 	pool, proxy := d.proxied()
-	logs := &logBuffer{}
+	logs := &syncbuf.Buffer{}
 	k := &kicks{}
 	d.id(insertAwaiting, "before", -1000)
 	s := &TimeoutSweeper{Queries: d.q, DB: pool, Interval: strandedSweepInterval, StatementTimeout: strandedSweepTimeout,
-		Log: logs.logger(), Kick: k.kick}
+		Log: bufLogger(logs), Kick: k.kick}
 	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
