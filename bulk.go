@@ -108,7 +108,7 @@ func (e *Engine) RetryMany(ctx context.Context, ids []int64) (BulkResult, error)
 // Logger.
 func (e *Engine) CancelMany(ctx context.Context, ids []int64, reason string) (BulkResult, error) {
 	if err := checkReason("cancel", reason); err != nil {
-		return BulkResult{ChangedIDs: []int64{}}, err
+		return BulkResult{}, err
 	}
 	ids, err := bulkIDs("cancel", ids)
 	if err != nil {
@@ -439,10 +439,9 @@ func isUniqueViolation(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
-// cancelReason is the reason a cancel records: reason, or the default,
-// truncated as the error history stores it.
-// MaxReasonBytes bounds a cancel's reason, as the error history stores it.
-const MaxReasonBytes = 4000
+// MaxReasonBytes bounds a cancel's reason: the longest error text the
+// error history stores whole.
+const MaxReasonBytes = sqlq.MaxErrorText
 
 // checkReason refuses a cancel reason the error history cannot hold as
 // given — longer than MaxReasonBytes, holding a NUL byte (PostgreSQL's text
@@ -457,6 +456,8 @@ func checkReason(op, reason string) error {
 	return nil
 }
 
+// cancelReason is the reason a cancel records: reason, or the default,
+// as the error history stores it.
 func cancelReason(reason string) string {
 	if reason == "" {
 		reason = "cancelled by an operator"

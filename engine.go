@@ -384,6 +384,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 }
 
 func (c *Config) withDefaults() error {
+	heartbeatSet := c.HeartbeatInterval // the floor is for a value set, not LeaseDuration/3
 	setDefault(&c.Schema, DefaultSchema)
 	setDefault(&c.LeaseDuration, DefaultLeaseDuration)
 	setDefault(&c.HeartbeatInterval, min(DefaultHeartbeatInterval, c.LeaseDuration/3))
@@ -428,7 +429,7 @@ func (c *Config) withDefaults() error {
 		}
 	}
 	if err := belowFloor("", time.Millisecond, map[string]time.Duration{
-		"HeartbeatInterval": c.HeartbeatInterval, "ReaperInterval": c.ReaperInterval,
+		"HeartbeatInterval": heartbeatSet, "ReaperInterval": c.ReaperInterval,
 		"AwaitTimeoutInterval": c.AwaitTimeoutInterval, "PruneInterval": c.PruneInterval,
 		"UnknownVersionDelay": c.UnknownVersionDelay, "TxIdleTimeout": c.TxIdleTimeout,
 	}); err != nil {

@@ -95,6 +95,8 @@ func TestInvalidConfig(t *testing.T) {
 	_, err = gendurable.New(pool, &gendurable.Config{ReaperInterval: time.Millisecond, Retention: time.Second,
 		Queues: map[string]gendurable.QueueConfig{"q": {BusyPollInterval: time.Millisecond}}})
 	require.NoError(t, err, "the floors themselves are accepted")
+	_, err = gendurable.New(pool, &gendurable.Config{LeaseDuration: 2 * time.Millisecond})
+	require.NoError(t, err, "a heartbeat derived from a short lease (LeaseDuration/3) is not a forgotten unit")
 	var nilMachine *gendurable.Machine[orderArgs]
 	require.ErrorIs(t, nilMachine.ValidateOutcome("a", gendurable.Done(nil)), gendurable.ErrInvalidConfig)
 }

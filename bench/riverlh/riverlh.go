@@ -83,7 +83,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	if err != nil {
 		return fmt.Errorf("river migrator: %w", err)
 	}
-	if err := migrateLocked(ctx, pool, schema, migrator); err != nil {
+	if err := migrateLocked(ctx, pcfg.ConnConfig.Copy(), pool, schema, migrator); err != nil {
 		return err
 	}
 	versions, err := migrator.ExistingVersions(ctx)
@@ -109,6 +109,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 		FetchPollInterval:    50 * time.Millisecond,
 		JobTimeout:           30 * time.Second,
 		RescueStuckJobsAfter: 30 * time.Second,
+		SoftStopTimeout:      time.Second,
 		Logger:               slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
@@ -139,9 +140,10 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	}); err != nil {
 		return err
 	}
-	// Not ctx: River stops hard (running jobs cancelled) when the context
-	// given to Start ends. SIGTERM ends ctx, and the client is stopped below.
-	if err := client.Start(context.WithoutCancel(ctx)); err != nil {
+	// SIGTERM ends ctx: River then stops softly, running jobs cancelled
+	// after SoftStopTimeout (without it, an ended Start context stopped the
+	// client hard); the explicit stop below bounds the rest.
+	if err := client.Start(ctx); err != nil {
 		return fmt.Errorf("river start: %w", err)
 	}
 	sys := &system{client: client, pool: pool, table: "river_job"}
@@ -196,28 +198,26 @@ func (s *system) DBNow(ctx context.Context) (time.Time, error) {
 // database failed on each other's CREATE TYPE (SQLSTATE 23505, 42710).
 const migrateLockKey = "gendurable bench: river-long-horizon migrations"
 
-// migrateLocked creates schema if it is set and missing, and applies River's
-// migrations, while holding migrateLockKey on a connection of its own
-// (released, with the lock, when it returns): CREATE SCHEMA IF NOT EXISTS
-// races too (SQLSTATE 23505).
-func migrateLocked(ctx context.Context, pool *pgxpool.Pool, schema string, migrator *rivermigrate.Migrator[pgx.Tx]) error {
-	conn, err := pool.Acquire(ctx)
+// migrateLocked creates schema if it is set and missing (CREATE SCHEMA IF
+// NOT EXISTS races as well, SQLSTATE 23505) and applies River's migrations,
+// holding migrateLockKey on a connection of its own, outside the pool (a
+// pool of one connection works too). Not one transaction: River's
+// migrations use an enum value in the transaction after the one that adds
+// it (SQLSTATE 55P04 otherwise).
+func migrateLocked(ctx context.Context, cfg *pgx.ConnConfig, pool *pgxpool.Pool, schema string, migrator *rivermigrate.Migrator[pgx.Tx]) error {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return err
+		return fmt.Errorf("river migrate: %w", err)
 	}
-	defer conn.Release()
+	// Closing the session releases the lock, whatever happened.
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, migrateLockKey); err != nil {
 		return fmt.Errorf("river migrate: lock: %w", err)
 	}
-	defer func() {
-		// A cancelled ctx (SIGTERM meanwhile) must not keep the lock on a
-		// connection going back to the pool.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock(hashtext($1))`, migrateLockKey); err != nil {
-			_ = conn.Conn().Close(uctx) // the lock goes with the session
-		}
-	}()
 	if schema != "" {
 		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
 			return fmt.Errorf("create schema %s: %w", schema, err)

@@ -554,6 +554,10 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 			// The error history stores text: it would be stored without them.
 			return usageError{msg: "cancel: --reason holds a NUL byte or invalid UTF-8", help: true}
 		}
+		if len(cancelReason) > gendurable.MaxReasonBytes {
+			// Refused before a filter or a tree asks to confirm.
+			return usageError{msg: fmt.Sprintf("cancel: --reason is %d bytes, at most %d", len(cancelReason), gendurable.MaxReasonBytes), help: true}
+		}
 	}
 	switch {
 	case *tree:

@@ -790,6 +790,7 @@ func TestBadFlagValuesExitTwoWithOneMessage(t *testing.T) {
 		{"cancel", "1", "2", "--scan", "50"},
 		{"retry", "1", "--scan", "50"},
 		{"cancel", "1", "--reason", "\xff"},
+		{"cancel", "--all", "--reason", strings.Repeat("r", gendurable.MaxReasonBytes+1)}, // before asking to confirm
 		{"run-now"},
 		{"run-now", "0"},
 		{"pause"},

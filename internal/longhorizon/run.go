@@ -238,7 +238,8 @@ func (r *runner) depthLoop(ctx context.Context) {
 	}
 }
 
-// pollDepth reads the queue depth once and records it.
+// pollDepth reads the queue depth once and records it (on an error, the
+// last reading stays).
 func (r *runner) pollDepth(ctx context.Context) {
 	before := r.sincePoll.Load()
 	n, err := r.sys.Depth(ctx)
@@ -253,6 +254,12 @@ func (r *runner) pollDepth(ctx context.Context) {
 	r.sincePoll.Add(-before)
 }
 
+// depthAtTickTimeout bounds a depth read at a sample tick: a quarter of the
+// sample period, at most a second.
+func depthAtTickTimeout(sampleEvery time.Duration) time.Duration {
+	return min(sampleEvery/4, time.Second)
+}
+
 // pollDepthAtTick reads the depth at a sample tick in fixed mode (instance
 // 0 only: the one that reports it), unless the last poll was too slow for
 // another so soon (fixedPollGap); next is when the next poll may start.
@@ -261,7 +268,12 @@ func (r *runner) pollDepthAtTick(ctx context.Context, next *time.Time) {
 		return
 	}
 	start := time.Now()
-	r.pollDepth(ctx)
+	// Bounded: the tick's lines wait for it, and a count stuck on a lock
+	// or a stalled database would hold every metric back (the last reading
+	// is reported instead, and the next tries after ten times the bound).
+	pctx, cancel := context.WithTimeout(ctx, depthAtTickTimeout(r.cfg.SampleEvery))
+	r.pollDepth(pctx)
+	cancel()
 	// Less half a period: ticks come a little after their boundary, later
 	// or sooner from one to the next.
 	*next = start.Add(fixedPollGap(r.cfg.SampleEvery, time.Since(start)) - r.cfg.SampleEvery/2)

@@ -42,11 +42,20 @@ func TestDepthPollsAreSpacedByTheirDuration(t *testing.T) {
 }
 
 // depthSystem is a System whose depth the test sets; it inserts nothing.
-type depthSystem struct{ depth atomic.Int64 }
+type depthSystem struct {
+	depth atomic.Int64
+	stuck atomic.Bool // Depth waits for its context's end
+}
 
 func (s *depthSystem) Insert(context.Context, int64, int, string) error { return nil }
-func (s *depthSystem) Depth(context.Context) (int64, error)             { return s.depth.Load(), nil }
-func (s *depthSystem) DBNow(context.Context) (time.Time, error)         { return time.Now(), nil }
+func (s *depthSystem) Depth(ctx context.Context) (int64, error) {
+	if s.stuck.Load() {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
+	return s.depth.Load(), nil
+}
+func (s *depthSystem) DBNow(context.Context) (time.Time, error) { return time.Now(), nil }
 
 // TestSamplesReportTheDepthAtTheirTickAndWholeWindows: in fixed mode each
 // sample's queue_depth is the depth at its tick (it was the last poll's,
@@ -89,7 +98,7 @@ func TestSamplesReportTheDepthAtTheirTickAndWholeWindows(t *testing.T) {
 		switch s.Metric {
 		case "queue_depth":
 			depths++
-			if tick := at.UnixMilli() / 100; s.Value < float64(tick-1) || s.Value > float64(tick+1) {
+			if tick := at.UnixMilli() / 100; s.Value < float64(tick-3) || s.Value > float64(tick+3) {
 				t.Errorf("queue_depth %v at %s: the depth at its tick was %d", s.Value, s.T, tick)
 			}
 		case "enqueue_rate":
@@ -101,5 +110,49 @@ func TestSamplesReportTheDepthAtTheirTickAndWholeWindows(t *testing.T) {
 	}
 	if depths < 2 || rates < 2 {
 		t.Fatalf("%d depth and %d rate samples in 3.5 s:\n%s", depths, rates, buf.String())
+	}
+}
+
+// TestAStuckDepthReadDoesNotHoldTheSamples: a depth read that never returns
+// (a count waiting on a lock) is given up at its bound: every tick's lines
+// still come, with the last depth read.
+func TestAStuckDepthReadDoesNotHoldTheSamples(t *testing.T) {
+	t.Parallel()
+	sys := &depthSystem{}
+	sys.depth.Store(42)
+	var buf syncbuf.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := Config{ProducerMode: ModeFixed, ProducerRate: 10, WorkerCount: 1, SampleEvery: time.Second}
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, cfg, "test", sys, &Telemetry{}, NewEmitter(&buf), slog.New(slog.DiscardHandler))
+	}()
+	for !strings.Contains(buf.String(), "queue_depth") {
+		time.Sleep(10 * time.Millisecond)
+	}
+	sys.stuck.Store(true)
+	stuckAt := time.Now()
+	time.Sleep(3200 * time.Millisecond)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var after []string
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var s Sample
+		if err := json.Unmarshal([]byte(line), &s); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		at, _ := time.Parse(time.RFC3339Nano, s.T)
+		if s.Metric == "queue_depth" && at.After(stuckAt) {
+			after = append(after, s.T)
+			if s.Value != 42 {
+				t.Errorf("queue_depth %v at %s: want the last read, 42", s.Value, s.T)
+			}
+		}
+	}
+	if len(after) < 3 {
+		t.Fatalf("%d ticks in the 3.2 s after the depth read got stuck (%v), want 3", len(after), after)
 	}
 }

@@ -69,8 +69,8 @@ var kindSQL = strings.NewReplacer(
 // MaxErrorHistory bounds the error entries kept on a row; older ones fall off.
 const MaxErrorHistory = 20
 
-// maxErrorText bounds one error text in the history, in bytes.
-const maxErrorText = 4000
+// MaxErrorText bounds one error text in the history, in bytes.
+const MaxErrorText = 4000
 
 // MaxStackText bounds the stack trace a panic's entry in the error history
 // keeps beside its text, in bytes: with MaxErrorHistory entries a row's
@@ -79,13 +79,13 @@ const MaxStackText = 8 << 10
 
 // ErrorText makes an error text storable in the error history: valid
 // UTF-8, no NUL bytes (PostgreSQL text cannot hold them), and at most
-// maxErrorText bytes, cut at a character boundary.
+// MaxErrorText bytes, cut at a character boundary.
 func ErrorText(s string) string {
 	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
-	if len(s) <= maxErrorText {
+	if len(s) <= MaxErrorText {
 		return s
 	}
-	cut := maxErrorText
+	cut := MaxErrorText
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}

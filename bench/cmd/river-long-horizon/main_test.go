@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -197,7 +198,7 @@ func TestReplicasStartedAtOnceAndAStopUnderALock(t *testing.T) {
 	}
 	type replica struct {
 		cmd    *exec.Cmd
-		stderr *bytes.Buffer
+		stderr *syncbuf.Buffer
 		lines  chan string
 	}
 	var rs []replica
@@ -209,7 +210,7 @@ func TestReplicasStartedAtOnceAndAStopUnderALock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := replica{cmd: cmd, stderr: &bytes.Buffer{}, lines: make(chan string, 1024)}
+		r := replica{cmd: cmd, stderr: &syncbuf.Buffer{}, lines: make(chan string, 1024)}
 		cmd.Stderr = r.stderr
 		rs = append(rs, r)
 		go func() {
