@@ -294,7 +294,7 @@ func (r *runner) readRateFile() {
 
 // produce inserts jobs: in fixed mode, every 10 ms what the rate has accrued
 // since (an open loop: credit a slow insert leaves behind is inserted
-// after it, MaxBatch at a time); in depth-target mode, up to MaxBatch
+// after it, MaxBatch at a time, and so are the jobs of a failed insert); in depth-target mode, up to MaxBatch
 // whenever the last polled depth plus what was inserted since is below
 // TARGET_DEPTH.
 func (r *runner) produce(ctx context.Context) {
@@ -335,6 +335,9 @@ func (r *runner) produce(ctx context.Context) {
 		if err := r.sys.Insert(ctx, seq, n, pad); err != nil {
 			if ctx.Err() != nil {
 				return
+			}
+			if r.cfg.ProducerMode != ModeDepthTarget {
+				credit += float64(n) // offered still: inserted with the next batch
 			}
 			r.log.Warn("long horizon: insert", "jobs", n, "err", err)
 			sleepCtx(ctx, 100*time.Millisecond)
