@@ -3,6 +3,8 @@ package longhorizon
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -154,5 +156,45 @@ func TestAStuckDepthReadDoesNotHoldTheSamples(t *testing.T) {
 	}
 	if len(after) < 3 {
 		t.Fatalf("%d ticks in the 3.2 s after the depth read got stuck (%v), want 3", len(after), after)
+	}
+}
+
+// failingSystem fails every insert until failUntil, and counts the jobs of
+// those that succeed.
+type failingSystem struct {
+	depthSystem
+	failUntil time.Time
+	inserted  atomic.Int64
+}
+
+func (s *failingSystem) Insert(_ context.Context, _ int64, n int, _ string) error {
+	if time.Now().Before(s.failUntil) {
+		return errors.New("connection refused")
+	}
+	s.inserted.Add(int64(n))
+	return nil
+}
+
+// TestFailedInsertsAreOfferedAgain: in fixed mode the jobs of a failed
+// insert are inserted later (they were dropped: half a second of failures
+// at 200/s lost 100 jobs).
+func TestFailedInsertsAreOfferedAgain(t *testing.T) {
+	t.Parallel()
+	sys := &failingSystem{failUntil: time.Now().Add(500 * time.Millisecond)}
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := Config{ProducerMode: ModeFixed, ProducerRate: 200, WorkerCount: 1, SampleEvery: time.Second}
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		done <- Run(ctx, cfg, "test", sys, &Telemetry{}, NewEmitter(io.Discard), slog.New(slog.DiscardHandler))
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	offered := 200 * time.Since(start).Seconds()
+	if got := float64(sys.inserted.Load()); got < offered-60 {
+		t.Fatalf("%v jobs inserted of %.0f offered in %v, the first 500 ms failing", got, offered, time.Since(start).Round(time.Millisecond))
 	}
 }
