@@ -3,6 +3,7 @@ package longhorizon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -273,6 +274,9 @@ func (r *runner) pollDepthAtTick(ctx context.Context, next *time.Time) {
 	// is reported instead, and the next tries after ten times the bound).
 	pctx, cancel := context.WithTimeout(ctx, depthAtTickTimeout(r.cfg.SampleEvery))
 	r.pollDepth(pctx)
+	if errors.Is(pctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		r.log.Warn("long horizon: queue depth read past its bound; the sample reports the last one", "bound", depthAtTickTimeout(r.cfg.SampleEvery))
+	}
 	cancel()
 	// Less half a period: ticks come a little after their boundary, later
 	// or sooner from one to the next.
