@@ -19,7 +19,11 @@ const minSweepWait = 10 * time.Millisecond
 // and Kick is called for each queue that so received work. After each sweep
 // it sleeps until the next known deadline, at most Interval (so deadlines
 // set by other processes are found too); a local await outcome with an
-// earlier deadline calls PokeIn to have it sweep at that deadline.
+// earlier deadline calls PokeIn to have it sweep at that deadline. Between
+// full sweeps (at Start, after a failed one, and as the reaper's:
+// fullSweepDue) a sweep starts at the floor the last one returned, so a
+// snapshot held elsewhere does not make every sweep read the entry of every
+// await signalled since it began (sqlq.WakeTimedOut).
 //
 // Each statement runs under StatementTimeout: one stuck on a dead
 // connection is abandoned at that deadline, logged, and the next sweep
@@ -95,9 +99,24 @@ func (s *TimeoutSweeper) loop(ctx context.Context) {
 	default:
 	}
 	s.takeWake()
+	var floor *time.Time // nil: a full sweep
+	var lastFull time.Time
+	var fullTook time.Duration
 	for {
-		wait, ok := s.sweep(ctx)
-		if !ok || !s.sleep(ctx, time.Now().Add(wait)) {
+		from := floor
+		start := time.Now()
+		if fullSweepDue(start, lastFull, fullTook, s.Interval) {
+			from = nil
+		}
+		wait, next, took, ok := s.sweep(ctx, from)
+		if !ok {
+			return
+		}
+		if from == nil && next != nil {
+			lastFull, fullTook = start, took
+		}
+		floor = next // nil after an error: the next sweep is full
+		if !s.sleep(ctx, time.Now().Add(wait)) {
 			return
 		}
 	}
@@ -123,37 +142,41 @@ func (s *TimeoutSweeper) sleep(ctx context.Context, planned time.Time) bool {
 	}
 }
 
-// sweep runs one statement and returns how long to sleep before the next;
-// false once ctx is done.
-func (s *TimeoutSweeper) sweep(ctx context.Context) (time.Duration, bool) {
+// sweep runs one statement from floor (nil: a full sweep) and returns how
+// long to sleep before the next, the floor the next may start at (nil after
+// an error) and how long the statement took; false once ctx is done.
+func (s *TimeoutSweeper) sweep(ctx context.Context, floor *time.Time) (time.Duration, *time.Time, time.Duration, bool) {
 	batch := orDefault(s.Batch, DefaultBatch)
-	var queues []string
-	var n int
-	var next *time.Duration
+	var res sqlq.WakeResult
+	start := time.Now()
 	err := bounded(ctx, orDefault(s.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
 		// The next deadline within the Interval: the loop sleeps no longer.
-		queues, n, next, err = s.Queries.WakeTimedOut(ctx, s.DB, batch, s.Interval)
+		res, err = s.Queries.WakeTimedOut(ctx, s.DB, batch, floor, s.Interval)
 		return err
 	})
+	took := time.Since(start)
 	wait := s.Interval
+	var next *time.Time
 	switch {
 	case err != nil:
 		if ctx.Err() != nil {
-			return 0, false
+			return 0, nil, took, false
 		}
 		logger(s.Log).Warn("gendurable: await-timeout sweep failed", "err", err)
-	case n == batch:
-		wait = 0 // more are due
-	case next != nil:
+	case res.N == batch:
+		wait, next = 0, &res.Floor // more are due
+	case res.Next != nil:
 		// On the database clock: time.Until of the deadline slept an hour
 		// too long, or spun every minSweepWait, with this process's clock an
 		// hour off the database's.
-		wait = min(wait, max(*next, minSweepWait))
+		wait, next = min(wait, max(*res.Next, minSweepWait)), &res.Floor
+	default:
+		next = &res.Floor
 	}
 	if s.Kick != nil {
-		for _, q := range queues {
+		for _, q := range res.Queues {
 			s.Kick(q)
 		}
 	}
-	return wait, true
+	return wait, next, took, true
 }

@@ -199,3 +199,29 @@ func TestTimeoutSweeperAbandonsAStatementOnADeadConnection(t *testing.T) {
 		t.Fatalf("no warning of the abandoned statement; logs:\n%s", logs.String())
 	}
 }
+
+// TestTimeoutSweeperFindsADeadlineBelowItsFloor: between full sweeps the
+// sweeper starts at the floor its last sweep returned (about
+// sqlq.WakeFloorSlack before its now()). A deadline that passed an hour
+// before it became visible — an await written by a transaction that
+// committed long after its now() — is below that floor: the sweeps of the
+// next seconds leave it, and the next full sweep, fullSweepEvery Intervals
+// after the one at Start, wakes it.
+func TestTimeoutSweeperFindsADeadlineBelowItsFloor(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	first := d.id(insertAwaiting, "q", -1000)
+	s := &TimeoutSweeper{Queries: d.q, DB: d.pool, Interval: time.Second, Log: quiet}
+	started := time.Now()
+	if err := s.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	eventually(t, 5*time.Second, func() bool { return d.status(first) == "runnable" }, "the full sweep at Start did not run")
+	late := d.id(insertAwaiting, "q", -3600*1000)
+	time.Sleep(3 * time.Second)
+	if got, since := d.status(late), time.Since(started); got != "awaiting_signal" && since < fullSweepEvery*time.Second {
+		t.Fatalf("the await below the floor is %s %v after Start, before a full sweep was due: the sweeps do not start at their floor", got, since)
+	}
+	eventually(t, 20*time.Second, func() bool { return d.status(late) == "runnable" }, "the await below the floor not woken by a full sweep")
+}

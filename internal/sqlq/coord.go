@@ -111,11 +111,29 @@ type ChildRow struct {
 // looking no further than the horizon the caller passes (it sleeps no
 // longer anyway): under a snapshot held elsewhere the index keeps the entry
 // of every await that ended since, deadline and all.
+//
+// For the same reason the due part starts at a floor, as the reap does
+// (docs/design.md §4, "The reaper's floor"): from the index's head it read
+// the entry of every await signalled since such a snapshot began whose
+// deadline has passed — a million of them took 260–395 ms, and a sweeper
+// woken at each of a flow of deadlines ran back to back. The floor it
+// returns is the earliest of now() − WakeFloorSlack and the earliest due
+// deadline of a row still awaiting that it did not wake (locked by another
+// transaction, or past the LIMIT), read without locks on its snapshot. What
+// it cannot see is a deadline that a transaction wrote and committed more
+// than WakeFloorSlack after it passed (a WithTx outcome's transaction that
+// ran longer than its await's timeout plus the slack); the full sweeps find
+// those.
+
+// WakeFloorSlack: a wake's returned floor lies at least this far before its
+// statement's now().
+const WakeFloorSlack = ReapFloorSlack
 
 const wakeTimedOutSQL = `
 WITH due AS MATERIALIZED (
   SELECT id FROM {{schema}}.gendurable_instances
   WHERE status = 'awaiting_signal' AND await_deadline <= now()
+    AND await_deadline >= coalesce($3::timestamptz, '-infinity')
   ORDER BY await_deadline
   LIMIT $1
   FOR UPDATE SKIP LOCKED
@@ -130,22 +148,40 @@ SELECT coalesce(array_agg(DISTINCT queue), '{}') AS queues, count(*)::int AS n,
        (SELECT extract(epoch FROM min(await_deadline) - now())::float8 FROM {{schema}}.gendurable_instances
         WHERE status = 'awaiting_signal' AND await_deadline > now()
           AND await_deadline <= CASE WHEN $2::bigint > 0 THEN now() + $2::bigint * interval '1 microsecond'
-                                     ELSE 'infinity'::timestamptz END) AS next
+                                     ELSE 'infinity'::timestamptz END) AS next,
+       least(now() - $4::bigint * interval '1 microsecond',
+             (SELECT x.await_deadline FROM {{schema}}.gendurable_instances AS x
+              WHERE x.status = 'awaiting_signal' AND x.await_deadline <= now()
+                AND x.await_deadline >= coalesce($3::timestamptz, '-infinity')
+                AND x.id NOT IN (SELECT d.id FROM due AS d)
+              ORDER BY x.await_deadline
+              LIMIT 1)) AS floor
 FROM woke`
 
-// WakeTimedOut wakes up to limit timed-out awaits; it returns the queues
-// that received work, how many woke, and how long until the next pending
-// deadline on the database clock (nil: none within horizon past the
-// statement's now(); horizon 0: no bound). A duration, not an instant: a
-// process whose clock is off the database's still sleeps the right time.
-func (q *Queries) WakeTimedOut(ctx context.Context, db DB, limit int, horizon time.Duration) (queues []string, n int, next *time.Duration, err error) {
+// WakeResult is what one await-timeout sweep statement did and saw.
+type WakeResult struct {
+	Queues []string // the queues that received work
+	N      int      // awaits woken
+	// Next is how long until the next pending deadline on the database
+	// clock (nil: none within the horizon past the statement's now();
+	// horizon 0: no bound). A duration, not an instant: a process whose
+	// clock is off the database's still sleeps the right time.
+	Next *time.Duration
+	// Floor is where the next sweep's due part may start (see above).
+	Floor time.Time
+}
+
+// WakeTimedOut wakes up to limit timed-out awaits at or above floor (nil:
+// from the index's head, a full sweep).
+func (q *Queries) WakeTimedOut(ctx context.Context, db DB, limit int, floor *time.Time, horizon time.Duration) (WakeResult, error) {
+	var res WakeResult
 	var secs *float64
-	err = db.QueryRow(ctx, q.wakeTimedOut, limit, micros(horizon)).Scan(&queues, &n, &secs)
+	err := db.QueryRow(ctx, q.wakeTimedOut, limit, micros(horizon), floor, micros(WakeFloorSlack)).Scan(&res.Queues, &res.N, &secs, &res.Floor)
 	if secs != nil {
 		d := time.Duration(*secs * float64(time.Second))
-		next = &d
+		res.Next = &d
 	}
-	return queues, n, next, err
+	return res, err
 }
 
 // ---------------------------------------------------------------------------

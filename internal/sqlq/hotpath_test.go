@@ -421,12 +421,13 @@ func TestWakeTimedOutNextIsADurationWithinTheHorizon(t *testing.T) {
 	wake := func(name string, horizon time.Duration) (*time.Duration, int64) {
 		t.Helper()
 		t0, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_await_deadline")
-		_, n, next, err := q.WakeTimedOut(ctx, c, 10, horizon)
+		floor := time.Now().Add(-time.Hour) // no due part to speak of: the probe alone
+		res, err := q.WakeTimedOut(ctx, c, 10, &floor, horizon)
 		require.NoError(t, err)
-		require.Zero(t, n)
+		require.Zero(t, res.N)
 		t1, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_await_deadline")
-		t.Logf("%s: next %v, %d index entries", name, next, t1-t0)
-		return next, t1 - t0
+		t.Logf("%s: next %v, %d index entries", name, res.Next, t1-t0)
+		return res.Next, t1 - t0
 	}
 	next, read := wake("no horizon", 0)
 	require.NotNil(t, next)
@@ -442,6 +443,75 @@ func TestWakeTimedOutNextIsADurationWithinTheHorizon(t *testing.T) {
 	require.NotNil(t, next)
 	require.Greater(t, *next, time.Duration(0))
 	require.Less(t, *next, time.Second)
+	require.LessOrEqual(t, read, int64(40))
+}
+
+// TestWakeTimedOutStartsAtItsFloor: while another session holds an xid the
+// await-deadline index keeps the entry of every await signalled since, and
+// once their deadlines pass a sweep from the index's head reads them all
+// (here 3,000) before the due awaits after them; from the floor the last
+// sweep returned it reads a handful. The floor stays at a due await it
+// could not wake (locked by another transaction), so the next sweep wakes
+// it, and it lies WakeFloorSlack before the statement's now() at most.
+func TestWakeTimedOutStartsAtItsFloor(t *testing.T) {
+	t.Parallel()
+	q, c, schema := heldXmin(t)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	const signalled = 3000
+	_, err := c.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, awaits, await_deadline)
+		SELECT 'm', 'w', 'awaiting_signal', '{go}', now() - interval '10 minutes' + g * interval '1 millisecond'
+		FROM generate_series(1, $1::int) g`, signalled)
+	require.NoError(t, err)
+	_, err = c.Exec(ctx, `UPDATE `+s+`.gendurable_instances SET status = 'runnable', await_deadline = NULL, awaits = '{}'`)
+	require.NoError(t, err)
+	due := func(ago string) int64 {
+		t.Helper()
+		var id int64
+		require.NoError(t, c.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, awaits, await_deadline)
+			VALUES ('m', 'w', 'awaiting_signal', '{go}', now() - $1::interval) RETURNING id`, ago).Scan(&id))
+		return id
+	}
+	wake := func(name string, floor *time.Time) (sqlq.WakeResult, int64) {
+		t.Helper()
+		t0, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_await_deadline")
+		res, err := q.WakeTimedOut(ctx, c, 10, floor, time.Second)
+		require.NoError(t, err)
+		t1, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_await_deadline")
+		t.Logf("%s: woke %d, floor %s, %d index entries", name, res.N, res.Floor.Format(time.RFC3339Nano), t1-t0)
+		return res, t1 - t0
+	}
+	var now time.Time
+	require.NoError(t, c.QueryRow(ctx, `SELECT now()`).Scan(&now))
+
+	due("1 second")
+	res, read := wake("full", nil)
+	require.Equal(t, 1, res.N)
+	require.GreaterOrEqual(t, read, int64(signalled), "past every signalled await's entry")
+	require.WithinDuration(t, now.Add(-sqlq.WakeFloorSlack), res.Floor, 2*time.Second, "nothing left: now() − the slack")
+
+	// A due await locked by another transaction is passed over and holds
+	// the floor at its deadline (here one older than the slack, after a
+	// floor a minute back).
+	locked := due("30 seconds")
+	other, err := pgx.Connect(ctx, dbtest.URL())
+	require.NoError(t, err)
+	defer other.Close(ctx)
+	lock, err := other.Begin(ctx)
+	require.NoError(t, err)
+	_, err = lock.Exec(ctx, `SELECT 1 FROM `+s+`.gendurable_instances WHERE id = $1 FOR UPDATE`, locked)
+	require.NoError(t, err)
+	floor := now.Add(-time.Minute)
+	res, read = wake("from a floor a minute back, one due await locked", &floor)
+	require.Zero(t, res.N)
+	require.LessOrEqual(t, read, int64(40), "a handful of entries from the floor")
+	var lockedAt time.Time
+	require.NoError(t, c.QueryRow(ctx, `SELECT await_deadline FROM `+s+`.gendurable_instances WHERE id = $1`, locked).Scan(&lockedAt))
+	require.True(t, res.Floor.Equal(lockedAt), "the floor stays at the locked await's deadline: %s, %s", res.Floor, lockedAt)
+	require.NoError(t, lock.Rollback(ctx))
+	floor = res.Floor
+	res, read = wake("from the floor, the lock gone", &floor)
+	require.Equal(t, 1, res.N, "the await once locked")
 	require.LessOrEqual(t, read, int64(40))
 }
 

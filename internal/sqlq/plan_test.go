@@ -761,10 +761,10 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.True(t, r.Woke)
 				}},
 				{"wake-timed-out", 4*fxDue + 100, func(t *testing.T, tx pgx.Tx) {
-					_, n, next, err := f.q.WakeTimedOut(ctx, tx, 1000, time.Hour) // bounded, as the sweeper calls it
+					res, err := f.q.WakeTimedOut(ctx, tx, 1000, nil, time.Hour) // bounded, as the sweeper calls it; a full sweep
 					require.NoError(t, err)
-					require.Equal(t, fxDue, n)
-					require.NotNil(t, next)
+					require.Equal(t, fxDue, res.N)
+					require.NotNil(t, res.Next)
 				}},
 				{"prune", 4*1000 + 100, func(t *testing.T, tx pgx.Tx) {
 					// Two batches of a sweep: from the oldest, then from where the first ended.
