@@ -329,6 +329,8 @@ func TestCancelFencesARunningStepAndJoinsTheParent(t *testing.T) {
 	require.ErrorIs(t, b.eng.Cancel(ctx, 99999, ""), gendurable.ErrNotFound)
 }
 
+// TestPausedQueueIsNotPickedByAnyProcess: no engine picks a paused queue,
+// Queues and WaitReason say it is paused, and Resume lets it run.
 func TestPausedQueueIsNotPickedByAnyProcess(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
@@ -349,6 +351,10 @@ func TestPausedQueueIsNotPickedByAnyProcess(t *testing.T) {
 	require.Len(t, qs, 1)
 	require.True(t, qs[0].Paused)
 	require.Equal(t, int64(1), qs[0].ByStatus[gendurable.StatusRunnable])
+	w, err := b.eng.WaitReason(ctx, id)
+	require.NoError(t, err)
+	require.True(t, w.QueuePaused)
+	require.Equal(t, "runnable, waiting for a worker; its queue is paused: no process picks it until the queue is resumed", w.Summary)
 	require.NoError(t, b.eng.Resume(ctx, "default"))
 	b.waitStatus(id, "done", 10*time.Second)
 	qs, err = b.eng.Queues(ctx)

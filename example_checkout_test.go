@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/gendurable/gendurable"
@@ -51,11 +52,16 @@ func Example_checkout() {
 			},
 			// Woken by the payment, or by the timeout (nothing awaited).
 			"ship": func(ctx context.Context, r *gendurable.Run[Checkout]) (gendurable.Outcome, error) {
-				if len(r.Awaited) == 0 {
+				payments := r.Awaited
+				if len(payments) == 0 {
+					// The timeout woke it; a payment sent since is in Inbox.
+					payments = slices.DeleteFunc(slices.Clone(r.Inbox), func(s gendurable.Signal) bool { return s.Name != "payment" })
+				}
+				if len(payments) == 0 {
 					return gendurable.Stop("payment timed out"), nil
 				}
 				var p Payment
-				if err := r.Awaited[0].Decode(&p); err != nil {
+				if err := payments[0].Decode(&p); err != nil {
 					return gendurable.Outcome{}, err
 				}
 				s := r.State

@@ -120,7 +120,12 @@ func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 // Nothing is consumed: awaiting again from the woken step parks until a new
 // matching signal arrives, and the next wake sees the old and the new ones
 // together — signals accumulate until a Next (or ScheduleChildren) consumes
-// the ones the step received. Add a deadline with [Outcome.Timeout]. Each
+// the ones the step received. Add a deadline with [Outcome.Timeout]. A step
+// woken by its timeout has received its whole [Run.Inbox] (Awaited is
+// empty): awaiting again from it parks until a matching signal not in that
+// Inbox arrives, or its own timeout — and a matching signal sent after the
+// timeout woke the instance, before the step ran, is in that Inbox, not in
+// Awaited: look there before treating the timeout as final. Each
 // name is checked as [Engine.Signal] checks it (1 to 200 bytes of valid
 // UTF-8 without control characters or bidirectional controls, not starting
 // or ending with white space); an invalid one makes the outcome

@@ -163,6 +163,9 @@ type WaitReason struct {
 	// one retried while the lease of its cancelled step lived, that lease:
 	// it becomes eligible when the lease ends (the step may run until then).
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
+	// QueuePaused: a runnable instance whose queue is paused
+	// ([Engine.Pause]): no process picks it until the queue is resumed.
+	QueuePaused bool `json:"queue_paused,omitempty"`
 	// Summary is one human sentence, e.g. "awaiting signal payment (times
 	// out in 14m)".
 	Summary string `json:"summary"`
@@ -227,6 +230,10 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 		default:
 			r.Summary = "runnable, waiting for a worker"
 		}
+		if w.QueuePaused {
+			r.QueuePaused = true
+			r.Summary += "; its queue is paused: no process picks it until the queue is resumed"
+		}
 	case StatusExecuting:
 		r.LeaseExpiresAt = w.LeaseExpiresAt
 		r.Summary = "running step " + w.Step
@@ -236,7 +243,8 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 	return r, nil
 }
 
-// fromNow says how long from now t is, rounded to round: "in 1h2m3s"; past
+// fromNow says how long from now t is, rounded to round (to the
+// millisecond under 10 s): "in 1h2m3s"; past
 // what a Duration holds (about 292 years: a RunAt in the year 294275 is
 // valid), "in over 100 years" rather than a saturated, unrounded figure.
 func fromNow(t, now time.Time, round time.Duration) string {
@@ -244,5 +252,9 @@ func fromNow(t, now time.Time, round time.Duration) string {
 	if t.After(now.Add(far)) {
 		return "in over 100 years"
 	}
-	return "in " + t.Sub(now).Round(round).String()
+	d := t.Sub(now)
+	if d > 0 && d < 10*time.Second {
+		round = min(round, time.Millisecond) // not "in 0s" with 450 ms to go
+	}
+	return "in " + d.Round(round).String()
 }

@@ -183,6 +183,69 @@ func TestTimeoutAfterAWakeShowsEmptyAwaited(t *testing.T) {
 	require.JSONEq(t, `{"timed_out":true,"rounds":2,"need":1}`, string(r.Result), "timed out; the earlier signal is still in the inbox")
 }
 
+// TestReawaitAfterATimeoutWaitsForANewSignal: a step woken by a signal
+// re-awaits with a timeout and times out; awaiting again from the timed-out
+// step parks until a new matching signal or its own timeout. It used to run
+// on at once, the signal of the first wake delivered again in Awaited as if
+// new (a "remind until approved" loop saw one approval twice). A signal
+// that does arrive later wakes it with the old and the new in Awaited.
+func TestReawaitAfterATimeoutWaitsForANewSignal(t *testing.T) {
+	t.Parallel()
+	type round struct {
+		Awaited  int  `json:"awaited"`
+		Inbox    int  `json:"inbox"`
+		TimedOut bool `json:"timed_out"`
+	}
+	type st struct {
+		Rounds []round `json:"rounds"`
+	}
+	m := &gendurable.Machine[st]{
+		Name: "remind", Start: "a",
+		Steps: map[string]gendurable.StepFunc[st]{
+			"a": func(ctx context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
+				return r.Await("b", r.State, "pay"), nil
+			},
+			"b": func(ctx context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
+				s := r.State
+				s.Rounds = append(s.Rounds, round{Awaited: len(r.Awaited), Inbox: len(r.Inbox), TimedOut: len(r.Awaited) == 0})
+				if len(s.Rounds) == 4 {
+					return gendurable.Done(s), nil
+				}
+				timeout := 300 * time.Millisecond
+				if len(s.Rounds) == 3 {
+					timeout = time.Minute // for the test's signal
+				}
+				return r.Await("b", s, "pay").Timeout(timeout), nil
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	ctx := context.Background()
+	id := b.insert(m.New(st{}))
+	b.waitStatus(id, "awaiting_signal", 10*time.Second)
+	_, err := b.eng.Signal(ctx, id, "pay", nil, nil)
+	require.NoError(t, err)
+	// Round 1: the signal. Round 2: a timeout. Round 3: another timeout, not
+	// the first signal again. Then a new signal: round 4 sees both.
+	eventually(t, 10*time.Second, func() bool {
+		var n int
+		return b.pool.QueryRow(ctx, replaceSchema(`SELECT coalesce(jsonb_array_length(state->'rounds'), 0) FROM {{s}}.gendurable_instances WHERE id = $1`, b.schema), id).Scan(&n) == nil && n == 3
+	}, "three rounds")
+	b.waitStatus(id, "awaiting_signal", 10*time.Second)
+	_, err = b.eng.Signal(ctx, id, "pay", nil, nil)
+	require.NoError(t, err)
+	r := b.waitStatus(id, "done", 10*time.Second)
+	var got st
+	require.NoError(t, json.Unmarshal(r.Result, &got))
+	require.Equal(t, []round{
+		{Awaited: 1, Inbox: 1},
+		{Awaited: 0, Inbox: 1, TimedOut: true},
+		{Awaited: 0, Inbox: 1, TimedOut: true},
+		{Awaited: 2, Inbox: 2},
+	}, got.Rounds)
+}
+
 func TestReawaitAccumulatesAndConsumesOnlyWhatItReceived(t *testing.T) {
 	t.Parallel()
 	m := awaiter(0)

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -94,12 +95,17 @@ func machines() (*gendurable.Machine[Order], *gendurable.Job[Shipment], *gendura
 			},
 			"ship": func(ctx context.Context, r *gendurable.Run[Order]) (gendurable.Outcome, error) {
 				s := r.State
-				if len(r.Awaited) == 0 {
+				payments := r.Awaited
+				if len(payments) == 0 {
+					// The timeout woke it; a payment sent since is in Inbox.
+					payments = slices.DeleteFunc(slices.Clone(r.Inbox), func(s gendurable.Signal) bool { return s.Name != "payment" })
+				}
+				if len(payments) == 0 {
 					s.Note = "payment timed out"
 					return r.Next("close", s), nil
 				}
 				var p struct{ Cents int }
-				if err := r.Awaited[0].Decode(&p); err != nil {
+				if err := payments[0].Decode(&p); err != nil {
 					return gendurable.Outcome{}, err
 				}
 				s.Cents = p.Cents

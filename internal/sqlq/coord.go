@@ -261,7 +261,8 @@ SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
        -- version), and not run since: the release's history entry
        CASE WHEN i.status = 'runnable' AND i.errors -> -1 ->> 'kind' = '` + KindUnknownVersion + `'
                  AND (i.errors -> -1 ->> 'retry_at')::timestamptz = i.eligible_at
-            THEN i.errors -> -1 ->> 'error' END
+            THEN i.errors -> -1 ->> 'error' END,
+       coalesce((SELECT qp.paused FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = i.queue), false)
 FROM {{schema}}.gendurable_instances AS i
 LEFT JOIN {{schema}}.gendurable_key_buckets AS b ON b.key = i.partition_key AND i.status = 'runnable'
 WHERE i.id = $1`
@@ -284,6 +285,7 @@ type WaitRow struct {
 	LeaseExpiresAt  *time.Time
 	Now             time.Time
 	UnknownVersion  *string // the entry of its release by a process that did not know its machine version
+	QueuePaused     bool    // its queue is paused (Engine.PauseQueue)
 }
 
 // WaitInfo reads what instance id waits for; pgx.ErrNoRows if it does not exist.
@@ -291,7 +293,7 @@ func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64) (WaitRow, error
 	var w WaitRow
 	err := db.QueryRow(ctx, q.waitInfo, id).Scan(&w.Status, &w.Step, &w.EligibleAt, &w.Awaits,
 		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.KeyHolders,
-		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled, &w.UnknownVersion)
+		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled, &w.UnknownVersion, &w.QueuePaused)
 	return w, err
 }
 
