@@ -652,6 +652,11 @@ func TestUnknownMachineRowSaysSo(t *testing.T) {
 	w, err = b.eng.WaitReason(context.Background(), id)
 	require.NoError(t, err)
 	require.Equal(t, "sleeping until 294275-12-31T00:00:00Z (in over 100 years)", w.Summary)
+	// A retry's backoff is not a sleep.
+	b.exec(`UPDATE {{s}}.gendurable_instances SET eligible_at = now() + interval '1 hour', attempt = 2 WHERE id = $1`, id)
+	w, err = b.eng.WaitReason(context.Background(), id)
+	require.NoError(t, err)
+	require.Regexp(t, `^backing off until \S+ \(in (59m59s|1h0m0s)\) before attempt 3$`, w.Summary)
 }
 
 func TestOutcomeTheDatabaseRejectsStopsTheInstance(t *testing.T) {

@@ -225,6 +225,9 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 		case w.UnknownVersion != nil:
 			r.Summary = fmt.Sprintf("released unrun until %s (%s): %s", w.EligibleAt.UTC().Format(time.RFC3339),
 				fromNow(w.EligibleAt, w.Now, time.Second), *w.UnknownVersion)
+		case w.EligibleAt.After(w.Now) && w.Attempt > 0:
+			r.Summary = fmt.Sprintf("backing off until %s (%s) before attempt %d", w.EligibleAt.UTC().Format(time.RFC3339),
+				fromNow(w.EligibleAt, w.Now, time.Second), w.Attempt+1) // attempts shown from 1
 		case w.EligibleAt.After(w.Now):
 			r.Summary = fmt.Sprintf("sleeping until %s (%s)", w.EligibleAt.UTC().Format(time.RFC3339), fromNow(w.EligibleAt, w.Now, time.Second))
 		default:

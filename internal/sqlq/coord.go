@@ -262,7 +262,8 @@ SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
        CASE WHEN i.status = 'runnable' AND i.errors -> -1 ->> 'kind' = '` + KindUnknownVersion + `'
                  AND (i.errors -> -1 ->> 'retry_at')::timestamptz = i.eligible_at
             THEN i.errors -> -1 ->> 'error' END,
-       coalesce((SELECT qp.paused FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = i.queue), false)
+       coalesce((SELECT qp.paused FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = i.queue), false),
+       i.attempt
 FROM {{schema}}.gendurable_instances AS i
 LEFT JOIN {{schema}}.gendurable_key_buckets AS b ON b.key = i.partition_key AND i.status = 'runnable'
 WHERE i.id = $1`
@@ -285,7 +286,8 @@ type WaitRow struct {
 	LeaseExpiresAt  *time.Time
 	Now             time.Time
 	UnknownVersion  *string // the entry of its release by a process that did not know its machine version
-	QueuePaused     bool    // its queue is paused (Engine.PauseQueue)
+	QueuePaused     bool    // its queue is paused (Engine.Pause)
+	Attempt         int32   // > 0 on a runnable row: a retry (backing off while not yet eligible)
 }
 
 // WaitInfo reads what instance id waits for; pgx.ErrNoRows if it does not exist.
@@ -293,7 +295,7 @@ func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64) (WaitRow, error
 	var w WaitRow
 	err := db.QueryRow(ctx, q.waitInfo, id).Scan(&w.Status, &w.Step, &w.EligibleAt, &w.Awaits,
 		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.KeyHolders,
-		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled, &w.UnknownVersion, &w.QueuePaused)
+		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled, &w.UnknownVersion, &w.QueuePaused, &w.Attempt)
 	return w, err
 }
 
