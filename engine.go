@@ -100,9 +100,10 @@ type Config struct {
 	// it wakes at the next deadline it knows of (an await with a timeout
 	// written by this process wakes it at that deadline), and at least this often to
 	// find deadlines that other processes wrote. A deadline that became
-	// visible more than 10s after it passed (a WithTx transaction that
-	// outlasted its await's timeout by that much) waits for the sweep's
-	// next full pass, every ten intervals (docs/design.md §4). Set it negative to run no
+	// visible more than LeaseDuration + 10s after it passed (a WithTx
+	// transaction that outlasted its await's timeout by that much) waits
+	// for the sweep's next full pass, every ten intervals (docs/design.md
+	// §4). Set it negative to run no
 	// sweep in this process (another process must). Default: zero, which
 	// follows ReaperInterval — 30s by default, and no sweep when
 	// ReaperInterval is negative. It stays zero in [Engine.Config], so a

@@ -152,10 +152,6 @@ type Run[S any] struct {
 	// Children holds, for a step that follows ScheduleChildren, the
 	// instance's children with their final statuses and results.
 	Children []Child
-
-	// timedOut: the step follows an Await whose deadline passed (the
-	// claim's awaits are empty, not absent).
-	timedOut bool
 }
 
 // Signal is a durable message delivered to an instance.
@@ -329,7 +325,6 @@ func (m *Machine[S]) newRun(in *execInput) (*Run[S], error) {
 	if err := safely(func() error { return json.Unmarshal(c.State, &r.State) }); err != nil {
 		return nil, fmt.Errorf("%w into %T: %v", ErrStateDecode, r.State, err)
 	}
-	r.timedOut = c.Awaits != nil && len(c.Awaits) == 0
 	for _, sr := range in.Inbox {
 		sig := Signal{ID: sr.ID, Name: sr.Name, Payload: sr.Payload, At: sr.InsertedAt}
 		r.Inbox = append(r.Inbox, sig)
@@ -464,19 +459,9 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 		}
 		// Signals the step already received do not wake it again at once:
 		// re-awaiting after a wake parks until a new matching one arrives.
-		// After a timeout Awaited is empty, and what the step received is
-		// its Inbox: matching signals a wake before the timeout delivered
-		// (and a re-await passed over) are there, and so is one that came
-		// after the timeout woke the row. Both are in the step's view;
-		// neither wakes the re-await at once (the first used to, delivered
-		// again in Awaited as if new).
-		seenFrom := r.Awaited
-		if r.timedOut {
-			seenFrom = r.Inbox
-		}
-		if len(seenFrom) > 0 {
+		if len(r.Awaited) > 0 {
 			seen := map[string]int{}
-			for _, sig := range seenFrom {
+			for _, sig := range r.Awaited {
 				seen[sig.Name]++
 			}
 			b, _ := json.Marshal(seen)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/maintenance"
+	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
 // This file wires the maintenance services of internal/maintenance to the
@@ -48,7 +49,8 @@ func (e *Engine) maintenanceServices() (services []maintenance.Service, sweeper 
 	}
 	if interval := orDefault(e.cfg.AwaitTimeoutInterval, e.cfg.ReaperInterval); interval > 0 {
 		sweeper = &maintenance.TimeoutSweeper{Queries: e.q, DB: e.pool, Interval: interval,
-			StatementTimeout: e.cfg.MaintenanceTimeout, Log: e.log, Kick: e.kickQueue}
+			StatementTimeout: e.cfg.MaintenanceTimeout, Log: e.log, Kick: e.kickQueue,
+			FloorSlack: e.cfg.LeaseDuration + sqlq.WakeFloorSlack}
 		services = append(services, sweeper)
 	}
 	if e.cfg.Retention > 0 && e.cfg.PruneInterval > 0 && len(e.cfg.Queues) > 0 {

@@ -120,12 +120,17 @@ func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 // Nothing is consumed: awaiting again from the woken step parks until a new
 // matching signal arrives, and the next wake sees the old and the new ones
 // together — signals accumulate until a Next (or ScheduleChildren) consumes
-// the ones the step received. Add a deadline with [Outcome.Timeout]. A step
-// woken by its timeout has received its whole [Run.Inbox] (Awaited is
-// empty): awaiting again from it parks until a matching signal not in that
-// Inbox arrives, or its own timeout — and a matching signal sent after the
-// timeout woke the instance, before the step ran, is in that Inbox, not in
-// Awaited: look there before treating the timeout as final. Each
+// the ones the step received. Add a deadline with [Outcome.Timeout].
+//
+// A step woken by its timeout sees Awaited empty and its whole [Run.Inbox];
+// a matching signal sent after the timeout woke the instance, before the
+// step ran, is there, not in Awaited: look there before treating the
+// timeout as final. Awaiting again from that step runs on at once if any
+// matching signal is unconsumed — one sent meanwhile, and also one an
+// earlier wake delivered that the step re-awaited past, which Awaited then
+// holds again: the row does not record which signals a wake before the
+// timeout delivered. A loop that re-awaits after handling a signal should
+// consume it (a Next before awaiting again) or record it in its state. Each
 // name is checked as [Engine.Signal] checks it (1 to 200 bytes of valid
 // UTF-8 without control characters or bidirectional controls, not starting
 // or ending with white space); an invalid one makes the outcome

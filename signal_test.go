@@ -183,18 +183,18 @@ func TestTimeoutAfterAWakeShowsEmptyAwaited(t *testing.T) {
 	require.JSONEq(t, `{"timed_out":true,"rounds":2,"need":1}`, string(r.Result), "timed out; the earlier signal is still in the inbox")
 }
 
-// TestReawaitAfterATimeoutWaitsForANewSignal: a step woken by a signal
-// re-awaits with a timeout and times out; awaiting again from the timed-out
-// step parks until a new matching signal or its own timeout. It used to run
-// on at once, the signal of the first wake delivered again in Awaited as if
-// new (a "remind until approved" loop saw one approval twice). A signal
-// that does arrive later wakes it with the old and the new in Awaited.
-func TestReawaitAfterATimeoutWaitsForANewSignal(t *testing.T) {
+// TestReawaitAfterATimeoutRunsOnWithAnUnconsumedSignal: what Run.Await's
+// godoc says of a step woken by its timeout. A step woken by a signal
+// re-awaits with a timeout and times out (Awaited empty, the signal in
+// Inbox); awaiting again from it runs on at once, the unconsumed signal in
+// Awaited again (the row does not record that an earlier wake delivered
+// it). A loop that consumes what it handled with a Next does not see it
+// again: after the Next, the re-await parks until its timeout.
+func TestReawaitAfterATimeoutRunsOnWithAnUnconsumedSignal(t *testing.T) {
 	t.Parallel()
 	type round struct {
-		Awaited  int  `json:"awaited"`
-		Inbox    int  `json:"inbox"`
-		TimedOut bool `json:"timed_out"`
+		Awaited int `json:"awaited"`
+		Inbox   int `json:"inbox"`
 	}
 	type st struct {
 		Rounds []round `json:"rounds"`
@@ -207,15 +207,20 @@ func TestReawaitAfterATimeoutWaitsForANewSignal(t *testing.T) {
 			},
 			"b": func(ctx context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
 				s := r.State
-				s.Rounds = append(s.Rounds, round{Awaited: len(r.Awaited), Inbox: len(r.Inbox), TimedOut: len(r.Awaited) == 0})
-				if len(s.Rounds) == 4 {
-					return gendurable.Done(s), nil
+				s.Rounds = append(s.Rounds, round{Awaited: len(r.Awaited), Inbox: len(r.Inbox)})
+				switch len(s.Rounds) {
+				case 3:
+					return r.Next("consumed", s), nil // consumes the signal of round 3's Awaited
 				}
-				timeout := 300 * time.Millisecond
-				if len(s.Rounds) == 3 {
-					timeout = time.Minute // for the test's signal
-				}
-				return r.Await("b", s, "pay").Timeout(timeout), nil
+				return r.Await("b", s, "pay").Timeout(300 * time.Millisecond), nil
+			},
+			"consumed": func(ctx context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
+				return r.Await("end", r.State, "pay").Timeout(300 * time.Millisecond), nil
+			},
+			"end": func(ctx context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
+				s := r.State
+				s.Rounds = append(s.Rounds, round{Awaited: len(r.Awaited), Inbox: len(r.Inbox)})
+				return gendurable.Done(s), nil
 			},
 		},
 	}
@@ -226,23 +231,14 @@ func TestReawaitAfterATimeoutWaitsForANewSignal(t *testing.T) {
 	b.waitStatus(id, "awaiting_signal", 10*time.Second)
 	_, err := b.eng.Signal(ctx, id, "pay", nil, nil)
 	require.NoError(t, err)
-	// Round 1: the signal. Round 2: a timeout. Round 3: another timeout, not
-	// the first signal again. Then a new signal: round 4 sees both.
-	eventually(t, 10*time.Second, func() bool {
-		var n int
-		return b.pool.QueryRow(ctx, replaceSchema(`SELECT coalesce(jsonb_array_length(state->'rounds'), 0) FROM {{s}}.gendurable_instances WHERE id = $1`, b.schema), id).Scan(&n) == nil && n == 3
-	}, "three rounds")
-	b.waitStatus(id, "awaiting_signal", 10*time.Second)
-	_, err = b.eng.Signal(ctx, id, "pay", nil, nil)
-	require.NoError(t, err)
 	r := b.waitStatus(id, "done", 10*time.Second)
 	var got st
 	require.NoError(t, json.Unmarshal(r.Result, &got))
 	require.Equal(t, []round{
-		{Awaited: 1, Inbox: 1},
-		{Awaited: 0, Inbox: 1, TimedOut: true},
-		{Awaited: 0, Inbox: 1, TimedOut: true},
-		{Awaited: 2, Inbox: 2},
+		{Awaited: 1, Inbox: 1}, // the signal
+		{Awaited: 0, Inbox: 1}, // the timeout
+		{Awaited: 1, Inbox: 1}, // at once: the same signal, unconsumed, in Awaited again
+		{Awaited: 0, Inbox: 0}, // after a Next consumed it: the timeout
 	}, got.Rounds)
 }
 
@@ -825,4 +821,53 @@ func TestSignalsRacingCancelsLeaveNoneUnconsumed(t *testing.T) {
 			require.NotZero(t, sweeps.n.Load()-before, "no cancel waited for a signal: the race was not run")
 		})
 	}
+}
+
+// TestAGroupCommittedAwaitBehindALockIsSweptOnTime: an Await outcome
+// (group-committed, not WithTx) whose statement waits for the row lock of
+// an open SignalTx longer than its timeout plus 10 s commits a deadline
+// that passed long before. The sweep's floor lies a lease plus 10 s before
+// its now(), longer than a group-committed statement may run, so the poke
+// of the outcome (or the next sweep) wakes it at once. With a floor 10 s
+// back it was below the floor, and only the next full sweep — ten intervals
+// later — woke it (8.1 s in a reviewer's run).
+func TestAGroupCommittedAwaitBehindALockIsSweptOnTime(t *testing.T) {
+	t.Parallel()
+	gate, started := make(chan struct{}), make(chan struct{}, 1)
+	m := &gendurable.Machine[struct{}]{
+		Name: "lockwait", Start: "a",
+		Steps: map[string]gendurable.StepFunc[struct{}]{
+			"a": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
+				started <- struct{}{}
+				<-gate
+				return r.Await("b", r.State, "pay").Timeout(100 * time.Millisecond), nil
+			},
+			"b": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
+				return gendurable.Done(len(r.Awaited)), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.AwaitTimeoutInterval = 30*time.Second, 0, time.Second
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	id := b.insert(m.New(struct{}{}))
+	<-started
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = b.eng.SignalTx(ctx, tx, id, "note", nil, nil) // a name the await does not wait for
+	require.NoError(t, err)
+	close(gate) // the outcome statement now waits for the row lock
+	time.Sleep(11 * time.Second)
+	require.NoError(t, tx.Commit(ctx))
+	committed := time.Now()
+	for st := b.row(id).Status; st == "executing" || st == "awaiting_signal"; st = b.row(id).Status {
+		require.Less(t, time.Since(committed), 30*time.Second)
+		time.Sleep(20 * time.Millisecond)
+	}
+	late := time.Since(committed)
+	t.Logf("woken %v after its outcome committed (its deadline passed ~11 s before)", late)
+	require.Less(t, late, 2*time.Second, "swept at its poke or within an AwaitTimeoutInterval, not at the next full sweep")
 }

@@ -43,6 +43,11 @@ type TimeoutSweeper struct {
 	// Kick, if set, is called with each queue a sweep made work runnable
 	// in (the engine wakes its local feeder).
 	Kick func(queue string)
+	// FloorSlack: how far before its statement's now() a sweep's floor
+	// lies at least (sqlq.WakeTimedOut); at least sqlq.WakeFloorSlack. The
+	// engine sets its lease plus that: longer than an outcome statement
+	// that writes an await may run.
+	FloorSlack time.Duration
 
 	pokeOnce sync.Once
 	poke     chan struct{}
@@ -151,7 +156,7 @@ func (s *TimeoutSweeper) sweep(ctx context.Context, floor *time.Time) (time.Dura
 	start := time.Now()
 	err := bounded(ctx, orDefault(s.StatementTimeout, DefaultStatementTimeout), func(ctx context.Context) (err error) {
 		// The next deadline within the Interval: the loop sleeps no longer.
-		res, err = s.Queries.WakeTimedOut(ctx, s.DB, batch, floor, s.Interval)
+		res, err = s.Queries.WakeTimedOut(ctx, s.DB, batch, floor, s.FloorSlack, s.Interval)
 		return err
 	})
 	took := time.Since(start)

@@ -117,15 +117,19 @@ type ChildRow struct {
 // the entry of every await signalled since such a snapshot began whose
 // deadline has passed — a million of them took 260–395 ms, and a sweeper
 // woken at each of a flow of deadlines ran back to back. The floor it
-// returns is the earliest of now() − WakeFloorSlack and the earliest due
-// deadline of a row still awaiting that it did not wake (locked by another
-// transaction, or past the LIMIT), read without locks on its snapshot. What
-// it cannot see is a deadline that a transaction wrote and committed more
-// than WakeFloorSlack after it passed (a WithTx outcome's transaction that
-// ran longer than its await's timeout plus the slack); the full sweeps find
-// those.
+// returns is the earliest of now() − slack and the earliest due deadline of
+// a row still awaiting that it did not wake (locked by another transaction,
+// or past the LIMIT), read without locks on its snapshot. What it cannot see
+// is a deadline that a transaction wrote and committed more than slack after
+// it passed: the engine's slack is its lease plus WakeFloorSlack, longer
+// than a group-committed outcome statement may run (the committer gives up
+// on one after a lease) — a deadline is its statement's now() plus the
+// timeout, and a statement waiting on a row another transaction holds
+// locked (a caller's SignalTx) commits late. A WithTx outcome's
+// transaction that ran longer than its await's timeout plus the slack can
+// still; the full sweeps find those.
 
-// WakeFloorSlack: a wake's returned floor lies at least this far before its
+// WakeFloorSlack is the least slack of a wake's returned floor before its
 // statement's now().
 const WakeFloorSlack = ReapFloorSlack
 
@@ -172,11 +176,12 @@ type WakeResult struct {
 }
 
 // WakeTimedOut wakes up to limit timed-out awaits at or above floor (nil:
-// from the index's head, a full sweep).
-func (q *Queries) WakeTimedOut(ctx context.Context, db DB, limit int, floor *time.Time, horizon time.Duration) (WakeResult, error) {
+// from the index's head, a full sweep); the floor it returns lies at least
+// slack (at least WakeFloorSlack) before its now().
+func (q *Queries) WakeTimedOut(ctx context.Context, db DB, limit int, floor *time.Time, slack, horizon time.Duration) (WakeResult, error) {
 	var res WakeResult
 	var secs *float64
-	err := db.QueryRow(ctx, q.wakeTimedOut, limit, micros(horizon), floor, micros(WakeFloorSlack)).Scan(&res.Queues, &res.N, &secs, &res.Floor)
+	err := db.QueryRow(ctx, q.wakeTimedOut, limit, micros(horizon), floor, micros(max(slack, WakeFloorSlack))).Scan(&res.Queues, &res.N, &secs, &res.Floor)
 	if secs != nil {
 		d := time.Duration(*secs * float64(time.Second))
 		res.Next = &d

@@ -422,7 +422,7 @@ func TestWakeTimedOutNextIsADurationWithinTheHorizon(t *testing.T) {
 		t.Helper()
 		t0, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_await_deadline")
 		floor := time.Now().Add(-time.Hour) // no due part to speak of: the probe alone
-		res, err := q.WakeTimedOut(ctx, c, 10, &floor, horizon)
+		res, err := q.WakeTimedOut(ctx, c, 10, &floor, 0, horizon)
 		require.NoError(t, err)
 		require.Zero(t, res.N)
 		t1, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_await_deadline")
@@ -475,7 +475,7 @@ func TestWakeTimedOutStartsAtItsFloor(t *testing.T) {
 	wake := func(name string, floor *time.Time) (sqlq.WakeResult, int64) {
 		t.Helper()
 		t0, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_await_deadline")
-		res, err := q.WakeTimedOut(ctx, c, 10, floor, time.Second)
+		res, err := q.WakeTimedOut(ctx, c, 10, floor, 0, time.Second)
 		require.NoError(t, err)
 		t1, _ := dbtest.IndexReads(t, c, schema, "gendurable_instances_await_deadline")
 		t.Logf("%s: woke %d, floor %s, %d index entries", name, res.N, res.Floor.Format(time.RFC3339Nano), t1-t0)

@@ -761,7 +761,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.True(t, r.Woke)
 				}},
 				{"wake-timed-out", 4*fxDue + 100, func(t *testing.T, tx pgx.Tx) {
-					res, err := f.q.WakeTimedOut(ctx, tx, 1000, nil, time.Hour) // bounded, as the sweeper calls it; a full sweep
+					res, err := f.q.WakeTimedOut(ctx, tx, 1000, nil, 0, time.Hour) // bounded, as the sweeper calls it; a full sweep
 					require.NoError(t, err)
 					require.Equal(t, fxDue, res.N)
 					require.NotNil(t, res.Next)
