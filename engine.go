@@ -473,9 +473,8 @@ func (c *Config) withDefaults() error {
 
 // belowFloor refuses a positive duration under floor, naming the first
 // such field in name order: a Duration of 30 is 30 ns, its unit forgotten,
-// and an interval that short runs its sweep thousands of times a second
-// (ReaperInterval 30: 5,784 statements/s on an idle engine), a Retention
-// that short deletes every finished instance at once.
+// and an interval that short runs its sweep back to back, a Retention that
+// short deletes every finished instance at once.
 // The message starts with where (`queue "q": `), if any.
 func belowFloor(where string, floor time.Duration, fields map[string]time.Duration) error {
 	for _, name := range slices.Sorted(maps.Keys(fields)) {

@@ -268,18 +268,7 @@ func TestUIServesTheDashboardOnLoopback(t *testing.T) {
 	require.Equal(t, exitUsage, code, "beyond loopback without auth is refused: %s", errOut)
 	require.Contains(t, errOut, "needs a bearer token or basic auth: --token-file F, --basic-auth-file F, or GENDURABLE_UI_TOKEN", "it names the ways that keep the secret out of ps")
 
-	cmd := exec.Command(binary, "ui", "--schema", schema, "--addr", "127.0.0.1:0", "--token", "s3cret")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	buf := make([]byte, 256)
-	n, err := stdout.Read(buf)
-	require.NoError(t, err)
-	line := string(buf[:n])
-	require.Contains(t, line, "dashboard on http://127.0.0.1:")
-	url := strings.TrimSpace(strings.TrimSuffix(strings.Fields(line)[2], "/"))
+	url, _ := startUI(t, nil, "--schema", schema, "--token", "s3cret")
 	req, _ := http.NewRequest("GET", url+"/", nil)
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -309,13 +298,7 @@ func TestUIAnswersRequestsUnderWayWhenInterrupted(t *testing.T) {
 	var id int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT id FROM "`+schema+`".gendurable_instances`).Scan(&id))
 
-	cmd := exec.Command(binary, "ui", "--schema", schema, "--addr", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
-	stderr := &syncbuf.Buffer{}
-	cmd.Stderr = stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	cmd, stdout, stderr := launchUI(t, nil, "--schema", schema)
 	exited := make(chan error, 1)
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
 	line, err := bufio.NewReader(stdout).ReadString('\n')
@@ -560,6 +543,19 @@ func TestCLIRejectsBadInput(t *testing.T) {
 // URL and its stderr; the process is killed at cleanup.
 func startUI(t *testing.T, env []string, args ...string) (string, *syncbuf.Buffer) {
 	t.Helper()
+	_, stdout, stderr := launchUI(t, env, args...)
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err, "stderr: %s", stderr)
+	require.Contains(t, line, "dashboard on http://127.0.0.1:")
+	return strings.TrimSuffix(strings.Fields(line)[2], "/"), stderr
+}
+
+// launchUI starts `gendurable ui --addr 127.0.0.1:0` with args, env added
+// to the test's environment and the test database's URL, and returns it
+// with its stdout and a buffer of its stderr; it is killed at the test's
+// end if still running.
+func launchUI(t *testing.T, env []string, args ...string) (*exec.Cmd, io.ReadCloser, *syncbuf.Buffer) {
+	t.Helper()
 	cmd := exec.Command(binary, append([]string{"ui", "--addr", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbtest.URL()), env...)
 	stderr := &syncbuf.Buffer{}
@@ -568,10 +564,7 @@ func startUI(t *testing.T, env []string, args ...string) (string, *syncbuf.Buffe
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	require.NoError(t, err, "stderr: %s", stderr)
-	require.Contains(t, line, "dashboard on http://127.0.0.1:")
-	return strings.TrimSuffix(strings.Fields(line)[2], "/"), stderr
+	return cmd, stdout, stderr
 }
 
 // call sends one request to a running ui and returns its status.

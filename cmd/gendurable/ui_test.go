@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/dbtest"
-	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -130,14 +129,7 @@ func newCountingProxy(t *testing.T, upstream string) *countingProxy {
 func TestUIWithJSONWritesJSONLines(t *testing.T) {
 	t.Parallel()
 	_, schema := dbtest.NewSchema(t, nil)
-	cmd := exec.Command(binary, "ui", "--json", "--schema", schema, "--addr", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
-	stderr := &syncbuf.Buffer{}
-	cmd.Stderr = stderr
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	cmd, stdout, stderr := launchUI(t, nil, "--json", "--schema", schema)
 	var first struct{ Dashboard string }
 	require.NoError(t, json.NewDecoder(stdout).Decode(&first))
 	require.True(t, strings.HasPrefix(first.Dashboard, "http://127.0.0.1:"), "%+v", first)

@@ -133,7 +133,7 @@ type ChildRow struct {
 // statement's now().
 const WakeFloorSlack = ReapFloorSlack
 
-const wakeTimedOutSQL = `
+var wakeTimedOutSQL = `
 WITH due AS MATERIALIZED (
   SELECT id FROM {{schema}}.gendurable_instances
   WHERE status = 'awaiting_signal' AND await_deadline <= now()
@@ -149,17 +149,8 @@ WITH due AS MATERIALIZED (
   RETURNING i.queue
 )
 SELECT coalesce(array_agg(DISTINCT queue), '{}') AS queues, count(*)::int AS n,
-       (SELECT extract(epoch FROM min(await_deadline) - now())::float8 FROM {{schema}}.gendurable_instances
-        WHERE status = 'awaiting_signal' AND await_deadline > now()
-          AND await_deadline <= CASE WHEN $2::bigint > 0 THEN now() + $2::bigint * interval '1 microsecond'
-                                     ELSE 'infinity'::timestamptz END) AS next,
-       least(now() - $4::bigint * interval '1 microsecond',
-             (SELECT x.await_deadline FROM {{schema}}.gendurable_instances AS x
-              WHERE x.status = 'awaiting_signal' AND x.await_deadline <= now()
-                AND x.await_deadline >= coalesce($3::timestamptz, '-infinity')
-                AND x.id NOT IN (SELECT d.id FROM due AS d)
-              ORDER BY x.await_deadline
-              LIMIT 1)) AS floor
+       ` + nextWithin("awaiting_signal", "await_deadline", "$2") + ` AS next,
+       ` + sweepFloor("awaiting_signal", "await_deadline", "<=", "$3", "$4", "due") + ` AS floor
 FROM woke`
 
 // WakeResult is what one await-timeout sweep statement did and saw.

@@ -411,24 +411,43 @@ SELECT c.id, c.fsm, c.queue, c.step, c.attempt, c.status::text, n.next, n.floor,
                 AND ` + heldSignals(`c.held_inbox`) + ` > (SELECT count(*) FROM swept AS w WHERE w.target_id = c.id),
                 false),
        coalesce(NOT c.free, false)
-FROM (SELECT (SELECT extract(epoch FROM x.lease_expires_at - now())::float8
-              FROM {{schema}}.gendurable_instances AS x
-              WHERE x.status = 'executing' AND x.lease_expires_at > now()
-                -- Within the horizon ($5 > 0): under a snapshot held elsewhere
-                -- the range after now() holds the entry of every lease written
-                -- within the last lease period and superseded since.
-                AND x.lease_expires_at <= CASE WHEN $5::bigint > 0 THEN now() + $5::bigint * interval '1 microsecond'
-                                               ELSE 'infinity'::timestamptz END
-              ORDER BY x.lease_expires_at
-              LIMIT 1) AS next,
-             least(now() - $4::bigint * interval '1 microsecond',
-                   (SELECT x.lease_expires_at FROM {{schema}}.gendurable_instances AS x
-                    WHERE x.status = 'executing' AND x.lease_expires_at < now()
-                      AND x.lease_expires_at >= coalesce($3::timestamptz, '-infinity')
-                      AND x.id NOT IN (SELECT e.id FROM expired AS e)
-                    ORDER BY x.lease_expires_at
-                    LIMIT 1)) AS floor) AS n
+FROM (SELECT ` + nextWithin("executing", "lease_expires_at", "$5") + ` AS next,
+             ` + sweepFloor("executing", "lease_expires_at", "<", "$3", "$4", "expired") + ` AS floor) AS n
 LEFT JOIN changed AS c ON true`
+
+// nextWithin is the SQL of a sweep's sleep hint: seconds from now() to the
+// earliest col of a row in status that lies after now(), looked for no
+// further than horizon microseconds past it (the parameter; 0: no bound) —
+// under a snapshot held elsewhere the range after now() holds the entry of
+// every row that passed through status since it began (a lease superseded
+// by a heartbeat, an await signalled before its deadline), and a sweeper
+// sleeps no longer than its interval anyway. NULL if none.
+func nextWithin(status, col, horizon string) string {
+	return `(SELECT extract(epoch FROM x.` + col + ` - now())::float8
+              FROM {{schema}}.gendurable_instances AS x
+              WHERE x.status = '` + status + `' AND x.` + col + ` > now()
+                AND x.` + col + ` <= CASE WHEN ` + horizon + `::bigint > 0 THEN now() + ` + horizon + `::bigint * interval '1 microsecond'
+                                          ELSE 'infinity'::timestamptz END
+              ORDER BY x.` + col + `
+              LIMIT 1)`
+}
+
+// sweepFloor is the SQL of the floor a sweep's next statement may start at
+// (docs/design.md §4, "The reaper's floor"): the earliest of now() less
+// slack microseconds (the parameter) and the earliest col, due (col due
+// now(): "<" or "<="), at or above floor (the parameter; NULL: no bound),
+// of a row still in status that the sweep's CTE left did not take — one
+// another transaction holds locked, or one past its LIMIT — read without
+// locks on the statement's snapshot.
+func sweepFloor(status, col, due, floor, slack, left string) string {
+	return `least(now() - ` + slack + `::bigint * interval '1 microsecond',
+             (SELECT x.` + col + ` FROM {{schema}}.gendurable_instances AS x
+              WHERE x.status = '` + status + `' AND x.` + col + ` ` + due + ` now()
+                AND x.` + col + ` >= coalesce(` + floor + `::timestamptz, '-infinity')
+                AND x.id NOT IN (SELECT l.id FROM ` + left + ` AS l)
+              ORDER BY x.` + col + `
+              LIMIT 1))`
+}
 
 // Reaped is one row the reaper recovered.
 type Reaped struct {
