@@ -152,6 +152,11 @@ type Run[S any] struct {
 	// Children holds, for a step that follows ScheduleChildren, the
 	// instance's children with their final statuses and results.
 	Children []Child
+
+	// seen is, for a step woken by its await's timeout, the ids of the
+	// signals the step that parked had received: an Await from this step
+	// does not count those still in Inbox as new.
+	seen []int64
 }
 
 // Signal is a durable message delivered to an instance.
@@ -332,6 +337,9 @@ func (m *Machine[S]) newRun(in *execInput) (*Run[S], error) {
 			r.Awaited = append(r.Awaited, sig)
 		}
 	}
+	if c.Awaits != nil && len(c.Awaits) == 0 {
+		r.seen = c.Seen // woken by its timeout
+	}
 	for _, cr := range in.Children {
 		r.Children = append(r.Children, Child{ID: cr.ID, Machine: cr.FSM, Version: int(cr.Version),
 			Step: cr.Step, Status: Status(cr.Status), Result: cr.Result, FinishedAt: cr.FinishedAt})
@@ -459,13 +467,32 @@ func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Ou
 		}
 		// Signals the step already received do not wake it again at once:
 		// re-awaiting after a wake parks until a new matching one arrives.
-		if len(r.Awaited) > 0 {
-			seen := map[string]int{}
-			for _, sig := range r.Awaited {
-				seen[sig.Name]++
+		// A step its timeout woke received none, but the one that parked
+		// had received r.seen (the row kept their ids, migration 018):
+		// those still unconsumed are no newer for it. The row keeps the ids
+		// for the step a timeout of this await wakes.
+		seen := r.Awaited
+		if len(seen) == 0 && len(r.seen) > 0 {
+			was := make(map[int64]bool, len(r.seen))
+			for _, id := range r.seen {
+				was[id] = true
 			}
-			b, _ := json.Marshal(seen)
+			for _, sig := range r.Inbox {
+				if was[sig.ID] {
+					seen = append(seen, sig)
+				}
+			}
+		}
+		if len(seen) > 0 {
+			counts, ids := map[string]int{}, make([]int64, 0, len(seen))
+			for _, sig := range seen {
+				counts[sig.Name]++
+				ids = append(ids, sig.ID)
+			}
+			b, _ := json.Marshal(counts)
 			enc.InboxDec = strPtr(string(b))
+			b, _ = json.Marshal(ids)
+			enc.Seen = strPtr(string(b))
 		}
 	case sqlq.KindChildren:
 		enc.Kind, enc.Step = sqlq.KindChildren, strPtr(o.step)

@@ -125,12 +125,11 @@ func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 // A step woken by its timeout sees Awaited empty and its whole [Run.Inbox];
 // a matching signal sent after the timeout woke the instance, before the
 // step ran, is there, not in Awaited: look there before treating the
-// timeout as final. Awaiting again from that step runs on at once if any
-// matching signal is unconsumed — one sent meanwhile, and also one an
-// earlier wake delivered that the step re-awaited past, which Awaited then
-// holds again: the row does not record which signals a wake before the
-// timeout delivered. A loop that re-awaits after handling a signal should
-// consume it (a Next before awaiting again) or record it in its state. Each
+// timeout as final. Awaiting again from that step counts as received what
+// the step that parked had received (the row keeps their ids): it parks
+// unless a matching signal arrived that that step had not received — one
+// sent after the timeout's wake, say — and then the wake sees it with the
+// older ones, which are still unconsumed. Each
 // name is checked as [Engine.Signal] checks it (1 to 200 bytes of valid
 // UTF-8 without control characters or bidirectional controls, not starting
 // or ending with white space); an invalid one makes the outcome

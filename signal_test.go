@@ -183,14 +183,16 @@ func TestTimeoutAfterAWakeShowsEmptyAwaited(t *testing.T) {
 	require.JSONEq(t, `{"timed_out":true,"rounds":2,"need":1}`, string(r.Result), "timed out; the earlier signal is still in the inbox")
 }
 
-// TestReawaitAfterATimeoutRunsOnWithAnUnconsumedSignal: what Run.Await's
-// godoc says of a step woken by its timeout. A step woken by a signal
-// re-awaits with a timeout and times out (Awaited empty, the signal in
-// Inbox); awaiting again from it runs on at once, the unconsumed signal in
-// Awaited again (the row does not record that an earlier wake delivered
-// it). A loop that consumes what it handled with a Next does not see it
-// again: after the Next, the re-await parks until its timeout.
-func TestReawaitAfterATimeoutRunsOnWithAnUnconsumedSignal(t *testing.T) {
+// TestReawaitAfterATimeoutParksOnWhatTheParkingStepSaw: a step woken by a
+// signal re-awaits with a timeout and times out (Awaited empty, the signal
+// in Inbox). Awaiting again from it parks: the step that parked had
+// received that signal (schema version 18; before, it ran on at once with
+// the same signal in Awaited again — a "remind until approved" loop saw
+// one approval twice). A second timeout keeps it so. A signal sent after
+// that wake, before the step re-awaits, is new: the re-await runs on at
+// once and sees both. After a Next consumed them, a re-await parks until
+// its timeout.
+func TestReawaitAfterATimeoutParksOnWhatTheParkingStepSaw(t *testing.T) {
 	t.Parallel()
 	type round struct {
 		Awaited int `json:"awaited"`
@@ -199,6 +201,7 @@ func TestReawaitAfterATimeoutRunsOnWithAnUnconsumedSignal(t *testing.T) {
 	type st struct {
 		Rounds []round `json:"rounds"`
 	}
+	reached, sent := make(chan struct{}, 1), make(chan struct{})
 	m := &gendurable.Machine[st]{
 		Name: "remind", Start: "a",
 		Steps: map[string]gendurable.StepFunc[st]{
@@ -210,7 +213,17 @@ func TestReawaitAfterATimeoutRunsOnWithAnUnconsumedSignal(t *testing.T) {
 				s.Rounds = append(s.Rounds, round{Awaited: len(r.Awaited), Inbox: len(r.Inbox)})
 				switch len(s.Rounds) {
 				case 3:
-					return r.Next("consumed", s), nil // consumes the signal of round 3's Awaited
+					// The second timeout: the test sends another pay now,
+					// after the wake, before this step re-awaits.
+					reached <- struct{}{}
+					select {
+					case <-sent:
+					case <-ctx.Done():
+						return gendurable.Outcome{}, ctx.Err()
+					}
+					return r.Await("b", s, "pay").Timeout(time.Minute), nil
+				case 4:
+					return r.Next("consumed", s), nil // consumes both
 				}
 				return r.Await("b", s, "pay").Timeout(300 * time.Millisecond), nil
 			},
@@ -231,14 +244,23 @@ func TestReawaitAfterATimeoutRunsOnWithAnUnconsumedSignal(t *testing.T) {
 	b.waitStatus(id, "awaiting_signal", 10*time.Second)
 	_, err := b.eng.Signal(ctx, id, "pay", nil, nil)
 	require.NoError(t, err)
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the step never reached its third round")
+	}
+	_, err = b.eng.Signal(ctx, id, "pay", nil, nil)
+	require.NoError(t, err)
+	close(sent)
 	r := b.waitStatus(id, "done", 10*time.Second)
 	var got st
 	require.NoError(t, json.Unmarshal(r.Result, &got))
 	require.Equal(t, []round{
 		{Awaited: 1, Inbox: 1}, // the signal
 		{Awaited: 0, Inbox: 1}, // the timeout
-		{Awaited: 1, Inbox: 1}, // at once: the same signal, unconsumed, in Awaited again
-		{Awaited: 0, Inbox: 0}, // after a Next consumed it: the timeout
+		{Awaited: 0, Inbox: 1}, // the timeout again: the re-await parked
+		{Awaited: 2, Inbox: 2}, // at once: the pay sent after the wake, and the first
+		{Awaited: 0, Inbox: 0}, // after a Next consumed them: the timeout
 	}, got.Rounds)
 }
 

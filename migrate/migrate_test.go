@@ -383,6 +383,45 @@ func TestUpgradeTo11KeepsThePreviousPick(t *testing.T) {
 	require.Equal(t, 1, overloads)
 }
 
+// TestUpgradeTo18PicksOnASessionThatPickedBefore: version 18 adds a column
+// to the instances table and replaces gendurable_pick's body in place: on a
+// connection that ran version 17's pick before the migration (its compiled
+// function cached there), the new pick returns the whole row with the new
+// column after it, and a row parked by version 17 (no inbox_seen) is
+// claimed as before. Down to 17 drops the column, and the pick still runs
+// on that connection.
+func TestUpgradeTo18PicksOnASessionThatPickedBefore(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	_, err := migrate.To(ctx, pool, schema, 17)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, awaits) SELECT 'm', 'a', '{}' FROM generate_series(1, 3)`)
+	require.NoError(t, err)
+	conn, err := pgx.Connect(ctx, dbtest.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	pick := `SELECT count(p.c) FROM ` + s + `.gendurable_pick('default', 1, 60000000, '',
+		'{}', '{}', '{}', '{}', 20, 0, NULL, '{}') AS p`
+	var n int
+	require.NoError(t, conn.QueryRow(ctx, pick).Scan(&n))
+	require.Equal(t, 1, n)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	res, err := q.Pick(ctx, conn, "default", sqlq.PickOpts{Limit: 1, Lease: time.Minute})
+	require.NoError(t, err, "the new pick on the session that picked before")
+	require.Len(t, res.Claimed, 1)
+	require.Equal(t, []string{}, res.Claimed[0].Awaits)
+	require.Nil(t, res.Claimed[0].Seen, "a row parked before the upgrade has no ids")
+	_, err = migrate.To(ctx, pool, schema, 17)
+	require.NoError(t, err)
+	require.NoError(t, conn.QueryRow(ctx, pick).Scan(&n), "version 17's pick after the column went")
+	require.Equal(t, 1, n)
+}
+
 // TestInstancesAutovacuumByDeadRows: version 8 sets the instances table's
 // autovacuum to start at 10,000 dead rows whatever its size (BENCHMARKS.md,
 // "Long horizon — storage experiments"); going below it restores the

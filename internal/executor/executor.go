@@ -253,7 +253,7 @@ func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.C
 	// Still ours: the next step, with the state just committed.
 	next := *c
 	next.Token, next.Step, next.State = *applied.Token, *res.Out.Step, []byte(*res.Out.State)
-	next.Attempt, next.Awaits, next.Children = 0, nil, 0
+	next.Attempt, next.Awaits, next.Children, next.Seen = 0, nil, 0, nil
 	next.Inbox, next.ChildRows = applied.Inbox, nil
 	return &next, feeder.Result{}
 }

@@ -40,7 +40,7 @@ WITH cand AS MATERIALIZED (
   FROM cand AS p
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}',
+  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}', inbox_seen = NULL,
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   FROM k WHERE i.id = k.id -- locked by retryLockSQL, still failed

@@ -499,7 +499,7 @@ WITH k AS (
   FROM {{schema}}.gendurable_instances AS p WHERE p.id = $1 AND p.id = ANY ($2::bigint[])
 ), r AS (
   UPDATE {{schema}}.gendurable_instances AS i
-  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}',
+  SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}', inbox_seen = NULL,
 ` + retryStatusSet + `,
       eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
   FROM k WHERE i.id = k.id AND i.status = 'failed'

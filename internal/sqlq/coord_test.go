@@ -2,6 +2,7 @@ package sqlq_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -110,4 +111,65 @@ func TestRetryRacingACancelKeepsTheJoinCount(t *testing.T) {
 	require.Equal(t, "awaiting_children", status)
 	require.Equal(t, live, pending, "a parent awaiting its children counts the live ones")
 	require.Equal(t, 1, live)
+}
+
+// TestInboxSeenLivesFromAnAwaitToTheNextOutcome: the counts an Await
+// outcome passes as already seen stay on the row (migration 018) through
+// its timeout's wake, the claim that follows it and a Replay, so the step
+// the timeout woke can pass them on; any other outcome, a retry and a
+// cancel drop them.
+func TestInboxSeenLivesFromAnAwaitToTheNextOutcome(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	c := conn()
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, status, claim_token, lease_expires_at, inbox)
+	      OVERRIDING SYSTEM VALUE VALUES (1, 'm', 'a', 'executing', 1, now() + interval '1 minute', '{"pay": 1}')`)
+	var sid int64
+	require.NoError(t, c.QueryRow(ctx, `INSERT INTO gendurable_signals (target_id, name) VALUES (1, 'pay') RETURNING id`).Scan(&sid))
+	str := func(s string) *string { return &s }
+	timeout := time.Millisecond
+	got := applyOne(t, q, c, sqlq.Outcome{ID: 1, Token: 1, Kind: sqlq.KindAwait, Step: str("b"),
+		Awaits: str(`["pay"]`), Timeout: &timeout, InboxDec: str(`{"pay": 1}`), Seen: str(fmt.Sprintf("[%d]", sid))})
+	require.Equal(t, "awaiting_signal", got[1].Status, "the one pay was seen: the await parks")
+	seen := fmt.Sprintf(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND inbox_seen = '[%d]'`, sid)
+	require.Equal(t, 1, count(seen))
+
+	time.Sleep(10 * time.Millisecond)
+	woke, err := q.WakeTimedOut(ctx, c, 10, nil, time.Minute, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, 1, woke.N)
+	require.Equal(t, 1, count(seen), "the timeout's wake keeps them")
+
+	pick := func() sqlq.Claimed {
+		t.Helper()
+		res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, res.Claimed, 1)
+		return res.Claimed[0]
+	}
+	cl := pick()
+	require.Equal(t, []string{}, cl.Awaits, "follows a timed-out await")
+	require.Equal(t, []int64{sid}, cl.Seen, "the claim carries them")
+
+	got = applyOne(t, q, c, sqlq.Outcome{ID: 1, Token: cl.Token, Kind: sqlq.KindReplay, AttemptInc: 1})
+	require.Equal(t, "runnable", got[1].Status)
+	require.Equal(t, 1, count(seen), "a Replay keeps them")
+	cl = pick()
+	require.Equal(t, []int64{sid}, cl.Seen)
+
+	got = applyOne(t, q, c, sqlq.Outcome{ID: 1, Token: cl.Token, Kind: sqlq.KindNext, Step: str("c")})
+	require.Equal(t, "runnable", got[1].Status)
+	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE inbox_seen IS NOT NULL`), "a Next drops them")
+
+	// A retry and a cancel drop them with the inbox.
+	exec(`UPDATE {{s}}.gendurable_instances SET status = 'failed', finished_at = now(), inbox_seen = '[1]' WHERE id = 1`)
+	_, _, _, err = q.Retry(ctx, c, 1)
+	require.NoError(t, err)
+	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE inbox_seen IS NOT NULL`), "a retry drops them")
+	exec(`UPDATE {{s}}.gendurable_instances SET inbox_seen = '[1]' WHERE id = 1`)
+	_, cancelled, err := q.Cancel(ctx, c, 1, "test")
+	require.NoError(t, err)
+	require.True(t, cancelled)
+	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE inbox_seen IS NOT NULL`), "a cancel drops them")
 }

@@ -28,7 +28,7 @@ import (
 const pickSQL = `
 SELECT p.next_cursor, p.keys_full, p.keys_rated, p.next_floor, i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state, i.attempt,
        i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
-       p.inbox_rows, p.child_rows
+       p.inbox_rows, p.child_rows, i.inbox_seen
 FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7::float8[], $8::int[], $9, $10,
                                  $11::timestamptz, $12::smallint[]) AS p
 CROSS JOIN LATERAL (SELECT (p.c).*) AS i`
@@ -59,6 +59,10 @@ type Claimed struct {
 	InsertedAt   time.Time
 	Inbox        []SignalRow // the unconsumed signals when claimed, oldest first
 	ChildRows    []ChildRow  // Children > 0: the children of the latest fan-out
+	// Seen is, for a step its await's timeout woke, the ids of the signals
+	// the step which parked had received (some may be consumed since): a
+	// re-await does not count them as new (migration 018).
+	Seen []int64
 }
 
 // KeyPolicy is the limit and rate of the keys that start with Prefix (the
@@ -140,13 +144,16 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (Pi
 			continue
 		}
 		var c Claimed
-		var inbox, children []byte
+		var inbox, children, seen []byte
 		if err := rows.Scan(nil, nil, nil, nil, &c.ID, &c.Token, &c.FSM, &c.Version, &c.Step, &c.State, &c.Attempt,
 			&c.MaxAttempts, &c.Priority, &c.PartitionKey, &c.Awaits, &c.Children, &c.InsertedAt,
-			&inbox, &children); err != nil {
+			&inbox, &children, &seen); err != nil {
 			return PickResult{}, err
 		}
 		var err error
+		if c.Seen, err = decodeSeen(seen); err != nil {
+			return PickResult{}, err
+		}
 		if c.Inbox, err = decodeInbox(inbox); err != nil {
 			return PickResult{}, err
 		}
@@ -176,6 +183,18 @@ func (q *Queries) PickFloorCheck(ctx context.Context, db DB, queue string, floor
 	var at *time.Time
 	err := db.QueryRow(ctx, q.pickFloorCheck, queue, floor).Scan(&at)
 	return at, err
+}
+
+// decodeSeen decodes a row's inbox_seen ids (NULL: nil).
+func decodeSeen(b []byte) ([]int64, error) {
+	if b == nil {
+		return nil, nil
+	}
+	var seen []int64
+	if err := json.Unmarshal(b, &seen); err != nil {
+		return nil, fmt.Errorf("decode inbox_seen: %w", err)
+	}
+	return seen, nil
 }
 
 func decodeInbox(b []byte) ([]SignalRow, error) {
@@ -379,6 +398,7 @@ SET status = CASE WHEN e.fails THEN 'failed' ELSE 'runnable' END::{{schema}}.gen
     finished_at = CASE WHEN e.fails THEN now() END,
     -- A failure consumes the inbox, as Stop and a cancel do (swept below).
     inbox = CASE WHEN e.fails THEN '{}'::jsonb ELSE i.inbox END,
+    inbox_seen = CASE WHEN e.fails THEN NULL ELSE i.inbox_seen END,
     updated_at = now(),
     errors = (CASE WHEN jsonb_array_length(i.errors) >= $2 THEN i.errors - 0 ELSE i.errors END)
              || jsonb_build_array(jsonb_build_object(

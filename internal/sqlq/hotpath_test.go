@@ -771,6 +771,9 @@ func TestOutcomeHandsOffTheKeysNextRow(t *testing.T) {
 	        (4, 'm', 'd', 'k', 0, now() + interval '1 hour', '{}'),
 	        (5, 'm', 'e', 'k', 0, now() - interval '1 minute', '{}')`)
 	exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name) VALUES (3, 'go')`)
+	// Row 3 follows an await that timed out after its parking step had
+	// seen a signal "go" (migration 018): the hand-off carries that too.
+	exec(`UPDATE {{s}}.gendurable_instances SET awaits = '{}', inbox_seen = '[7]' WHERE id = 3`)
 	got := applyOne(t, q, conn(), handoffDone(1, 1, 1))
 	require.Equal(t, "done", got[1].Status)
 	s := got[1].Successor
@@ -779,6 +782,8 @@ func TestOutcomeHandsOffTheKeysNextRow(t *testing.T) {
 	require.Equal(t, "c", s.Step)
 	require.Len(t, s.Inbox, 1)
 	require.Equal(t, "go", s.Inbox[0].Name)
+	require.Equal(t, []string{}, s.Awaits)
+	require.Equal(t, []int64{7}, s.Seen)
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances AS i, {{s}}.gendurable_instances AS p
 		WHERE i.id = 3 AND p.id = 1 AND i.status = 'executing' AND i.claim_token = $1
 		  AND i.lease_expires_at > now() + interval '50 seconds' AND i.updated_at = p.finished_at`, s.Token))

@@ -198,10 +198,11 @@ WITH locked AS MATERIALIZED (
          c.partition_key AS pkey, c.queue AS pqueue, c.parent_id AS pparent`) + `
   FROM unnest(@ids::bigint[], @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
               @delays::bigint[], @attempt_inc::int[], @results::text[], @err_kinds::text[], @errs::text[],
-              @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[], @err_stacks::text[]` +
+              @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[], @err_stacks::text[],
+              @seen::text[]` +
 		iff(shape&shapeHandoff != 0, `, @handoff::int[]`) + `)
          AS o(id, token, kind, step, state, delay_us, attempt_inc, result, err_kind, err, awaits, timeout_us,
-              inbox_dec, cont_asked, err_stack` + iff(shape&shapeHandoff != 0, `, handoff`) + `)
+              inbox_dec, cont_asked, err_stack, seen` + iff(shape&shapeHandoff != 0, `, handoff`) + `)
   CROSS JOIN LATERAL (
     SELECT i.claim_token, i.status, i.fanout, i.inbox, i.partition_key, i.lease_expires_at` +
 		iff(shape&shapeHandoff != 0, `, i.queue, i.parent_id`) + `
@@ -299,6 +300,9 @@ WITH locked AS MATERIALIZED (
                            WHEN {{await}} THEN ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb)) END,
       await_deadline = CASE WHEN o.kind = {{await}} AND o.timeout_us IS NOT NULL
                             THEN now() + o.timeout_us * interval '1 microsecond' END,
+      -- What the parking step had received, for the step its timeout wakes
+      -- (migration 018): kept through a Replay, gone with any other outcome.
+      inbox_seen = CASE o.kind WHEN {{await}} THEN o.seen::jsonb WHEN {{replay}} THEN i.inbox_seen END,
       inbox = CASE WHEN o.kind IN ({{done}}, {{stop}}) THEN '{}'::jsonb
                    WHEN o.kind IN ({{next}}, {{children}}) AND o.inbox_dec IS NOT NULL
                      THEN {{schema}}.gendurable_inbox_sub(i.inbox, o.inbox_dec::jsonb)
@@ -355,13 +359,13 @@ SELECT id, status::text, queue, claim_token, inbox_rows, resweep FROM changed`)
 SELECT false AS succ, id, status::text, queue, claim_token, inbox_rows, partition_key,
        NULL::text AS fsm, NULL::int AS fsm_version, NULL::text AS step, NULL::jsonb AS state, NULL::int AS attempt,
        NULL::int AS max_attempts, NULL::smallint AS priority, NULL::text[] AS awaits, NULL::int AS children_total,
-       NULL::timestamptz AS inserted_at, NULL::jsonb AS child_rows, resweep
+       NULL::timestamptz AS inserted_at, NULL::jsonb AS child_rows, resweep, NULL::jsonb AS inbox_seen
 FROM changed
 UNION ALL
 SELECT true, (h.c).id, 'executing', (h.c).queue, (h.c).claim_token, h.inbox_rows, (h.c).partition_key,
        (h.c).fsm, (h.c).fsm_version, (h.c).step, (h.c).state, (h.c).attempt,
        (h.c).max_attempts, (h.c).priority, (h.c).awaits, (h.c).children_total,
-       (h.c).inserted_at, h.child_rows, false
+       (h.c).inserted_at, h.child_rows, false, (h.c).inbox_seen
 FROM handoff AS h`)
 	return b.String()
 }
@@ -428,6 +432,7 @@ type Outcome struct {
 	Awaits     *string        // await: JSON array of names
 	Timeout    *time.Duration // await: deadline after now
 	InboxDec   *string        // JSON name → count: consumed (next, children) or already seen (await)
+	Seen       *string        // await: JSON array of the ids of the signals counted in InboxDec
 	Consume    []int64        // ids of signals consumed (next, children)
 	Children   []NewInstance  // children: rows to insert under this parent
 	// Continue (next only, no delay): the instance stays claimed by this
@@ -451,7 +456,7 @@ type OutcomeBatch struct {
 	attemptInc              []int32
 	results, errKind, err   []*string
 	errStack                []*string
-	awaits, inboxDec        []*string
+	awaits, inboxDec, seen  []*string
 	timeouts                []*int64
 	consumeOwner, consumeID []int64
 	children                newRows
@@ -468,7 +473,7 @@ func (b *OutcomeBatch) Reset() {
 	b.steps, b.states, b.delays = b.steps[:0], b.states[:0], b.delays[:0]
 	b.attemptInc, b.results, b.errKind, b.err = b.attemptInc[:0], b.results[:0], b.errKind[:0], b.err[:0]
 	b.errStack = b.errStack[:0]
-	b.awaits, b.inboxDec, b.timeouts = b.awaits[:0], b.inboxDec[:0], b.timeouts[:0]
+	b.awaits, b.inboxDec, b.seen, b.timeouts = b.awaits[:0], b.inboxDec[:0], b.seen[:0], b.timeouts[:0]
 	b.consumeOwner, b.consumeID, b.childParent = b.consumeOwner[:0], b.consumeID[:0], b.childParent[:0]
 	b.cont, b.handoff = b.cont[:0], b.handoff[:0]
 	b.children.reset()
@@ -492,6 +497,7 @@ func (b *OutcomeBatch) Add(o *Outcome) {
 	b.errStack = append(b.errStack, o.ErrStack)
 	b.awaits = append(b.awaits, o.Awaits)
 	b.inboxDec = append(b.inboxDec, o.InboxDec)
+	b.seen = append(b.seen, o.Seen)
 	b.cont = append(b.cont, o.Continue && o.Kind == KindNext && o.Delay <= 0)
 	b.handoff = append(b.handoff, max(o.Handoff, 0))
 	var timeout *int64
@@ -566,6 +572,8 @@ func (b *OutcomeBatch) arg(name string) any {
 		return b.timeouts
 	case "inbox_dec":
 		return b.inboxDec
+	case "seen":
+		return b.seen
 	case "cont":
 		return b.cont
 	case "handoff":
@@ -734,7 +742,7 @@ func (q *Queries) applyOutcomes1(ctx context.Context, db DB, b *OutcomeBatch) (o
 		var succ bool
 		var a Applied
 		var c Claimed
-		var inbox, children []byte
+		var inbox, children, seen []byte
 		// NULL in the outcome rows.
 		var fsm, step *string
 		var version, attempt, maxAttempts, kids *int32
@@ -743,7 +751,7 @@ func (q *Queries) applyOutcomes1(ctx context.Context, db DB, b *OutcomeBatch) (o
 		var again bool
 		if err := rows.Scan(&succ, &a.ID, &a.Status, &a.Queue, &a.Token, &inbox, &c.PartitionKey,
 			&fsm, &version, &step, &c.State, &attempt, &maxAttempts, &priority, &c.Awaits,
-			&kids, &inserted, &children, &again); err != nil {
+			&kids, &inserted, &children, &again, &seen); err != nil {
 			return nil, nil, err
 		}
 		if !succ {
@@ -764,6 +772,9 @@ func (q *Queries) applyOutcomes1(ctx context.Context, db DB, b *OutcomeBatch) (o
 		c.ID, c.Token, c.FSM, c.Version, c.Step = a.ID, *a.Token, *fsm, *version, *step
 		c.Attempt, c.MaxAttempts, c.Priority, c.Children, c.InsertedAt = *attempt, *maxAttempts, *priority, *kids, *inserted
 		var err error
+		if c.Seen, err = decodeSeen(seen); err != nil {
+			return nil, nil, err
+		}
 		if c.Inbox, err = decodeInbox(inbox); err != nil {
 			return nil, nil, err
 		}
