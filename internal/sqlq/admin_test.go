@@ -71,6 +71,14 @@ func TestOwnTransactionsEndWhenLeftIdle(t *testing.T) {
 			require.Equal(t, c.want, limit)
 		})
 	}
+	t.Run("retry", func(t *testing.T) {
+		tx, err := pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlq.BeginRetry})
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		var limit string
+		require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&limit))
+		require.Equal(t, "1min", limit)
+	})
 	for name, first := range sqlq.IdleLimitSettings {
 		t.Run(name, func(t *testing.T) {
 			tx, err := pool.Begin(ctx)
@@ -196,4 +204,57 @@ func TestCancelAndReapSweepWhateverTheCounts(t *testing.T) {
 	require.Len(t, reaped, 1)
 	require.Equal(t, "failed", reaped[0].Status)
 	require.Zero(t, unconsumed(expired), "a reap left a signal its counts did not show")
+}
+
+// TestReapPassesOverAChildWhoseParentIsLocked: a reap that fails a child
+// updates its parent (the fan-in). With the parent held locked by another
+// transaction (a Retry or a caller's SignalTx whose client was cut off:
+// a probe saw it last 49 s), the reap statement waited for it, and so did
+// every expired lease behind it, of every instance. Now the child is left
+// for a later sweep, below the floor the reap returns, and the rest is
+// reaped at once; once the lock goes, the child fails and its parent wakes.
+func TestReapPassesOverAChildWhoseParentIsLocked(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 3})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	var parent, child, other int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, children_total, children_pending, fanout)
+		VALUES ('m', 'join', 'awaiting_children', 1, 1, 1) RETURNING id`).Scan(&parent))
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances
+		(fsm, step, status, attempt, max_attempts, claim_token, lease_expires_at, parent_id, parent_fanout)
+		VALUES ('m', 'a', 'executing', 0, 1, 7, now() - interval '2 seconds', $1, 1) RETURNING id`, parent).Scan(&child))
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances
+		(fsm, step, status, attempt, max_attempts, claim_token, lease_expires_at)
+		VALUES ('m', 'a', 'executing', 0, 3, 8, now() - interval '1 second') RETURNING id`).Scan(&other))
+
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT 1 FROM `+s+`.gendurable_instances WHERE id = $1 FOR UPDATE`, parent)
+	require.NoError(t, err)
+
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	res, err := q.Reap(sctx, pool, 10, nil, 0)
+	require.NoError(t, err, "the reap waited for the locked parent")
+	require.Len(t, res.Reaped, 1)
+	require.Equal(t, other, res.Reaped[0].ID, "the unrelated expired lease is reaped")
+	var childLease time.Time
+	require.NoError(t, pool.QueryRow(ctx, `SELECT lease_expires_at FROM `+s+`.gendurable_instances WHERE id = $1 AND status = 'executing'`, child).Scan(&childLease))
+	require.False(t, res.Floor.After(childLease), "the child stays at or above the floor the next sweep starts at")
+
+	require.NoError(t, holder.Rollback(ctx))
+	res, err = q.Reap(ctx, pool, 10, &res.Floor, 0)
+	require.NoError(t, err)
+	require.Len(t, res.Reaped, 1)
+	require.Equal(t, child, res.Reaped[0].ID)
+	require.Equal(t, "failed", res.Reaped[0].Status)
+	var status string
+	var pending int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status::text, children_pending FROM `+s+`.gendurable_instances WHERE id = $1`, parent).Scan(&status, &pending))
+	require.Equal(t, "runnable", status, "the parent's fan-in counted the failed child")
+	require.Zero(t, pending)
 }

@@ -169,7 +169,7 @@ type BulkChanged struct {
 // the retry statement, run on the ids it locked, counts their children on a
 // snapshot taken once no child of theirs can finish any more.
 func (q *Queries) RetryMany(ctx context.Context, db TxDB, ids []int64) (changed []BulkChanged, err error) {
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err = beginIdleLimitedFunc(ctx, db, func(tx pgx.Tx) error {
 		locked, err := q.lockForRetry(ctx, tx, ids)
 		if err != nil || len(locked) == 0 {
 			return err

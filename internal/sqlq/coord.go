@@ -457,6 +457,25 @@ SELECT c.id FROM t CROSS JOIN LATERAL unnest(t.ids) WITH ORDINALITY AS u(id, ord
 WHERE c.status = 'failed' AND c.id = ANY ($1::bigint[])
 ORDER BY u.ord`
 
+// beginIdleLimitedFunc runs fn in a transaction of the library's own that
+// spans round trips (Retry, RetryMany: a lock statement, then the retry),
+// begun with idleLimitSetting in the BEGIN's round trip, so a client cut
+// off between the two does not leave the rows and their parents locked
+// until the server's TCP keepalive gives up: a locked parent holds back
+// its children's outcomes and every reap (docs/design.md §2). In a
+// transaction of the caller's (a savepoint) the caller owns its idle time.
+func beginIdleLimitedFunc(ctx context.Context, db TxDB, fn func(pgx.Tx) error) error {
+	if b, ok := db.(interface {
+		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+	}); ok {
+		return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{BeginQuery: beginIdleLimited}, fn)
+	}
+	return pgx.BeginFunc(ctx, db, fn)
+}
+
+// beginIdleLimited begins a transaction with idleLimitSetting.
+var beginIdleLimited = "begin; select " + idleLimitSetting
+
 // TxDB is a DB that begins a transaction (a savepoint, in a transaction).
 type TxDB interface {
 	DB
@@ -540,7 +559,7 @@ const retryWait = `CASE WHEN i.status = 'runnable' AND i.eligible_at > clock_tim
 // again is safe.
 func (q *Queries) Retry(ctx context.Context, db TxDB, id int64) (status *string, queue *string, wait time.Duration, err error) {
 	var us int64
-	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err = beginIdleLimitedFunc(ctx, db, func(tx pgx.Tx) error {
 		for try := 1; ; try++ {
 			locked, err := q.lockForRetry(ctx, tx, []int64{id})
 			if err != nil {

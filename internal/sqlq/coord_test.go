@@ -173,3 +173,52 @@ func TestInboxSeenLivesFromAnAwaitToTheNextOutcome(t *testing.T) {
 	require.True(t, cancelled)
 	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE inbox_seen IS NOT NULL`), "a cancel drops them")
 }
+
+// statementLog records the statements a pool sends, in order.
+type statementLog struct {
+	mu  sync.Mutex
+	sql []string
+}
+
+func (l *statementLog) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	l.mu.Lock()
+	l.sql = append(l.sql, d.SQL)
+	l.mu.Unlock()
+	return ctx
+}
+
+func (l *statementLog) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestRetryTransactionsLimitTheirIdle: Retry and RetryMany lock the rows
+// (and their parents) in one statement and retry them in the next; a
+// client cut off between the two left them locked until the server's TCP
+// keepalive gave up, and a locked parent held back its children's outcomes
+// and every reap meanwhile (a probe: 49 s and counting). Both begin with
+// the library's idle limit (a minute), in the BEGIN's own round trip.
+func TestRetryTransactionsLimitTheirIdle(t *testing.T) {
+	t.Parallel()
+	log := &statementLog{}
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, Tracer: log})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	var a, b int64
+	require.NoError(t, pool.QueryRow(ctx, `WITH n AS (INSERT INTO "`+schema+`".gendurable_instances (fsm, step, status, finished_at)
+		VALUES ('m', 'a', 'failed', now()), ('m', 'a', 'failed', now()) RETURNING id) SELECT min(id), max(id) FROM n`).Scan(&a, &b))
+	for name, retry := range map[string]func() error{
+		"Retry":     func() error { _, _, _, err := q.Retry(ctx, pool, a); return err },
+		"RetryMany": func() error { _, err := q.RetryMany(ctx, pool, []int64{b}); return err },
+	} {
+		log.mu.Lock()
+		log.sql = nil
+		log.mu.Unlock()
+		require.NoError(t, retry(), name)
+		log.mu.Lock()
+		require.NotEmpty(t, log.sql, name)
+		require.Equal(t, sqlq.BeginRetry, log.sql[0], "%s begins with the idle limit", name)
+		log.mu.Unlock()
+	}
+	var failed int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances WHERE status = 'failed'`).Scan(&failed))
+	require.Zero(t, failed, "both retried")
+}

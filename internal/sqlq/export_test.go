@@ -14,3 +14,6 @@ func (q *Queries) OutcomeStatement(b *OutcomeBatch) (string, []any) { return q.o
 // transactions that set their idle limit, for admin_test.go.
 var IdleLimitSettings = map[string]string{"prune": pruneSettings, "throughput": throughputSettings,
 	"migrate": migrateLock}
+
+// BeginRetry is the BEGIN of Retry's and RetryMany's transactions.
+var BeginRetry = beginIdleLimited

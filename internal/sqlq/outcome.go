@@ -338,7 +338,7 @@ SELECT id, status::text, queue, claim_token, inbox_rows, resweep FROM changed`)
 	}
 	// The key hand-off (docs/design.md §6): the freed keyed rows whose
 	// outcome allows it (handoff: the key's policy limit as the engine sees
-	// it) pass their keys to gendurable_handoff (migration 010), which claims
+	// it) pass their keys to gendurable_handoff (migrations 010, 018), which claims
 	// each key's next rows, one for one, under the pick's per-key lock. It
 	// leaves out of its holders the rows this statement frees, and out of its
 	// candidates every row this statement writes (its outcome rows, their
