@@ -27,6 +27,7 @@ import (
 	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -2827,4 +2828,100 @@ func TestInstanceTooLargeToClaimFailsAlone(t *testing.T) {
 	r = b.waitStatus(full, "failed", 90*time.Second)
 	require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "its unconsumed signals to 300")
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, full), "the failure consumed them")
+}
+
+// TestWithTxFailingAfterTheCallbackGoesToHandle: a WithTx transaction that
+// the server refuses to commit (a deferred foreign key the callback broke),
+// one the callback left aborted (it ignored a failed statement and returned
+// nil), and a callback that committed the transaction itself. Each was
+// taken for a lost connection and tried again for a whole lease, Handle
+// never asked: the callback ran 27–28 times for 3 attempts, the instance
+// failed with "lease expired with no outcome (worker crashed or stalled)"
+// and the server's error only in the log — and the callback that committed
+// by itself had its writes committed on every try (27 rows for one
+// instance; a probe's figures). Now Handle gets the server's error once per
+// attempt, nothing of the callback is committed, and Commit/Rollback on the
+// engine's transaction return ErrTxOwned.
+func TestWithTxFailingAfterTheCallbackGoesToHandle(t *testing.T) {
+	t.Parallel()
+	type st struct {
+		Case string `json:"case"`
+	}
+	var mu sync.Mutex
+	var schema string // set once setup made it
+	calls := map[string]int{}
+	handled := map[string][]error{}
+	m := &gendurable.Machine[st]{
+		Name: "txfail", Start: "pay", MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+		Steps: map[string]gendurable.StepFunc[st]{
+			"pay": func(_ context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
+				c := r.State.Case
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					mu.Lock()
+					calls[c]++
+					mu.Unlock()
+					switch c {
+					case "deferred":
+						_, err := tx.Exec(ctx, `INSERT INTO "`+schema+`".txfail_child (parent) VALUES (-1)`)
+						return err
+					case "swallowed":
+						_, _ = tx.Exec(ctx, `SELECT 1/0`)
+						return nil
+					case "committed":
+						if _, err := tx.Exec(ctx, `INSERT INTO "`+schema+`".txfail_effect (id) VALUES ($1)`, r.ID); err != nil {
+							return err
+						}
+						if err := tx.Commit(ctx); !errors.Is(err, gendurable.ErrTxOwned) {
+							return fmt.Errorf("Commit on the engine's transaction: %v", err)
+						}
+						if err := tx.Rollback(ctx); !errors.Is(err, gendurable.ErrTxOwned) {
+							return fmt.Errorf("Rollback on the engine's transaction: %v", err)
+						}
+						return nil
+					}
+					return nil
+				}), nil
+			},
+		},
+		Handle: func(_ context.Context, r *gendurable.Run[st], err error) (gendurable.Outcome, error) {
+			mu.Lock()
+			handled[r.State.Case] = append(handled[r.State.Case], err)
+			mu.Unlock()
+			if r.Attempt+1 >= r.MaxAttempts {
+				return gendurable.Stop(err.Error()), nil
+			}
+			return r.Replay(r.State, 10*time.Millisecond), nil
+		},
+	}
+	b := setup(t, nil, m)
+	schema = b.schema
+	b.exec(`CREATE TABLE {{s}}.txfail_parent (id bigint PRIMARY KEY)`)
+	b.exec(`CREATE TABLE {{s}}.txfail_child (parent bigint REFERENCES {{s}}.txfail_parent DEFERRABLE INITIALLY DEFERRED)`)
+	b.exec(`CREATE TABLE {{s}}.txfail_effect (id bigint)`)
+	b.start()
+	ids := map[string]int64{}
+	for _, c := range []string{"deferred", "swallowed", "committed"} {
+		ids[c] = b.insert(m.New(st{Case: c}))
+	}
+	for c, want := range map[string]string{"deferred": "failed at COMMIT", "swallowed": "25P02"} {
+		r := b.waitStatus(ids[c], "failed", 20*time.Second)
+		require.NotEmpty(t, r.Errors)
+		for _, e := range r.Errors {
+			require.Contains(t, e["error"], want, c)
+			require.NotEqual(t, "lease_expired", e["kind"], c)
+		}
+	}
+	b.waitStatus(ids["committed"], "done", 20*time.Second)
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.txfail_effect`), "the callback's write, committed once, with the outcome")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, map[string]int{"deferred": 2, "swallowed": 2, "committed": 1}, calls, "one callback run per attempt")
+	for _, c := range []string{"deferred", "swallowed"} {
+		require.Len(t, handled[c], 2, c)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, handled[c][0], &pgErr, "Handle sees the server's error (%s)", c)
+	}
+	require.Equal(t, "23503", func() string { var e *pgconn.PgError; errors.As(handled["deferred"][0], &e); return e.Code }())
 }

@@ -69,6 +69,12 @@ var (
 	// the StepEvent's Err wraps this error.
 	ErrInfrastructure = executor.ErrInfrastructure
 
+	// ErrTxOwned: a WithTx callback called Commit or Rollback on the
+	// transaction it was given. The engine commits that transaction itself,
+	// with the outcome, so the call does nothing but return this error (a
+	// savepoint the callback began with tx.Begin it ends itself).
+	ErrTxOwned = executor.ErrTxOwned
+
 	// ErrSchemaVersion: the schema is not migrated to the version this
 	// library needs (see package migrate). [Engine.Start] checks the version
 	// and returns it; an operator call, insert or signal of an engine that

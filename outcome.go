@@ -67,7 +67,15 @@ func (o Outcome) Timeout(d time.Duration) Outcome {
 // returns an error, nothing is committed and the error goes to Handle —
 // unless fn failed on its connection (it was lost or terminated, or the
 // server had none to give: [ErrInfrastructure]); then the step runs again
-// shortly without counting an attempt. A transaction that waits on a lock
+// shortly without counting an attempt. Handle also gets the error of a
+// transaction that fails after fn returned nil: the server refused the COMMIT (a
+// deferred constraint or trigger; not a serialization failure or deadlock,
+// which retry the whole transaction, fn included), or a statement of fn's
+// failed and fn returned nil anyway (the outcome then finds the
+// transaction aborted) — nothing is committed, and Handle gets an error
+// wrapping the server's (a *pgconn.PgError). fn must not call Commit or
+// Rollback on tx (they return [ErrTxOwned]); a savepoint it begins with
+// tx.Begin it ends itself. A transaction that waits on a lock
 // keeps its claim (heartbeated) for as long as it waits; it is given up
 // only once the lease is lost, or its server session is gone. fn must not
 // leave the transaction idle — doing work of its own between statements, or

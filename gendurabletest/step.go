@@ -51,7 +51,9 @@ type StepOpts struct {
 	// invalid outcome. Nil accepts any valid definition.
 	Registered []gendurable.Definition
 	// Tx, when set, is the transaction a WithTx callback runs in; an error
-	// of the callback goes to Handle, as in the engine. Without it the
+	// of the callback goes to Handle, as in the engine, and the callback's
+	// Commit or Rollback of it returns [gendurable.ErrTxOwned] and does
+	// nothing, as in the engine (the test ends Tx itself). Without it the
 	// callback does not run (StepResult.WithTx says there is one).
 	Tx pgx.Tx
 	// AllowInvalidOutcome lets a step return an outcome the engine would
@@ -250,7 +252,7 @@ func RunStep[S any](ctx context.Context, tb testing.TB, def Typed[S], step strin
 	}
 	res := &StepResult[S]{WithTx: out.TxFn != nil}
 	if out.TxFn != nil && opts.Tx != nil {
-		if txErr := out.TxFn(ctx, opts.Tx); txErr != nil {
+		if txErr := out.TxFn(ctx, ownedTx{opts.Tx}); txErr != nil {
 			out = out.Handle(ctx, txErr)
 		}
 	}
@@ -318,3 +320,10 @@ func orDefault[T comparable](v, d T) T {
 	}
 	return v
 }
+
+// ownedTx is the transaction a WithTx callback gets in RunStep: as the
+// engine's, it refuses to be committed or rolled back by the callback.
+type ownedTx struct{ pgx.Tx }
+
+func (ownedTx) Commit(context.Context) error   { return gendurable.ErrTxOwned }
+func (ownedTx) Rollback(context.Context) error { return gendurable.ErrTxOwned }

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -58,8 +59,15 @@ func (c *idleClock) longestIdle() time.Duration {
 // large-object API) is not timed.
 type clockedTx struct {
 	pgx.Tx
-	c *idleClock
+	c   *idleClock
+	top bool // the engine's transaction itself, not a savepoint fn began
 }
+
+// ErrTxOwned is what a WithTx callback gets when it commits or rolls back
+// the transaction it was given: the engine commits it, with the outcome. A
+// savepoint the callback began (tx.Begin) it commits and rolls back itself.
+var ErrTxOwned = errors.New("gendurable: a WithTx callback must not commit or roll back its transaction: " +
+	"the engine commits it with the outcome (for a part that may fail alone, use a savepoint: tx.Begin)")
 
 func (t *clockedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	t.c.start()
@@ -72,12 +80,18 @@ func (t *clockedTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (t *clockedTx) Commit(ctx context.Context) error {
+	if t.top {
+		return ErrTxOwned
+	}
 	t.c.start()
 	defer t.c.end()
 	return t.Tx.Commit(ctx)
 }
 
 func (t *clockedTx) Rollback(ctx context.Context) error {
+	if t.top {
+		return ErrTxOwned
+	}
 	t.c.start()
 	defer t.c.end()
 	return t.Tx.Rollback(ctx)

@@ -139,7 +139,7 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	defer x.watchTx(pid, func() { gone(errTxGone); fnGone(errTxGone) })()
 	defer func() { _ = tx.Rollback(ctx) }()
 	clock := newIdleClock()
-	if fnErr := res.TxFn(fnCtx, &clockedTx{Tx: tx, c: clock}); fnErr != nil {
+	if fnErr := res.TxFn(fnCtx, &clockedTx{Tx: tx, c: clock, top: true}); fnErr != nil {
 		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
 			fnErr = x.sessionLost(fnErr, clock.longestIdle())
 		}
@@ -149,6 +149,10 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	b.Add(&res.Out)
 	rows, err := x.cfg.Queries.ApplyOutcomes(ctx, tx, &b)
 	if err != nil {
+		if aborted(err) {
+			return nil, fmt.Errorf("gendurable: a statement of the step's transaction failed and the WithTx callback "+
+				"returned nil; the transaction was aborted: %w", err), nil
+		}
 		return nil, nil, err
 	}
 	if len(rows) == 0 {
@@ -157,7 +161,43 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	// The callback has run; from the commit on, the row may be finished
 	// before this worker lets go of its claim.
 	h.Committing()
-	return &rows[0], nil, tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		if refusedAtCommit(err) {
+			return nil, fmt.Errorf("gendurable: the step's transaction failed at COMMIT: %w", err), nil
+		}
+		return &rows[0], nil, err
+	}
+	return &rows[0], nil, nil
+}
+
+// aborted reports whether err says the transaction was already aborted
+// when the statement came (25P02): a statement of the callback's failed,
+// and it did not return that error. Running the step again would most
+// likely fail the same way: it is the step's failure (docs/design.md §2,
+// "Transactions that span round trips").
+func aborted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25P02"
+}
+
+// refusedAtCommit reports whether the server refused to commit a WithTx
+// transaction for what it holds — a deferred constraint (class 23), a
+// deferred trigger's exception, any error but a lost connection (whose
+// commit may or may not have happened: the transaction is tried again, and
+// the claim's fence keeps a second commit out), a serialization failure or
+// a deadlock (40001, 40P01: the whole transaction is tried again), or the
+// connection's transaction already closed (fn ended it by hand). The
+// step's writes did not commit, and running them again would most likely
+// fail the same way: it is the step's failure, and goes to Handle.
+func refusedAtCommit(err error) bool {
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || connectionFailure(err) {
+		return false
+	}
+	return pgErr.Code != "40001" && pgErr.Code != "40P01"
 }
 
 // directPID marks, in a connection's CustomData, a connection whose
