@@ -135,7 +135,7 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 			}
 		}
 	}
-	if p := keyProblem(f.Search); p != "" {
+	if p := searchProblem(f.Search); p != "" {
 		return nil, errorf(ErrInvalidInput, "list: search text %s", p)
 	}
 	if p := stateFilterProblem(f.State); p != "" {

@@ -56,8 +56,9 @@ type InsertOpts struct {
 	// returns the existing instance's id with Duplicate set. Enforced by a
 	// unique index, so it holds across processes and within one InsertMany.
 	// At most 1000 bytes of valid UTF-8 without control characters or
-	// bidirectional controls, like PartitionKey (so that an operator can
-	// search for it, and it shows as it is stored).
+	// bidirectional controls, neither starting nor ending with white space,
+	// like PartitionKey (so that an operator can search for it, and it
+	// shows as it is stored).
 	UniqueKey string
 	// UniqueScope lists the statuses in which the key is held. It must
 	// include every live status (runnable, executing, awaiting_signal,

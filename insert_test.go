@@ -94,6 +94,11 @@ func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
 		{"unencodable state", job.New(weirdState{Any: map[string]any{"f": func() {}}}), gendurable.ErrStateEncode},
 		{"NUL in state", job.New(weirdState{Name: "a\x00b"}), gendurable.ErrInvalidInsert},
 		{"oversized partition key", job.New(weirdState{}).With(gendurable.InsertOpts{PartitionKey: strings.Repeat("k", 5000)}), gendurable.ErrInvalidInsert},
+		// A key "order-7 " looked like "order-7" everywhere while being
+		// another unique key; the dashboard's search (trimmed) missed it.
+		{"partition key starting with a space", job.New(weirdState{}).With(gendurable.InsertOpts{PartitionKey: " tenant-1"}), gendurable.ErrInvalidInsert},
+		{"unique key ending with a space", job.New(weirdState{}).With(gendurable.InsertOpts{UniqueKey: "order-7 "}), gendurable.ErrInvalidInsert},
+		{"unique key ending with a no-break space", job.New(weirdState{}).With(gendurable.InsertOpts{UniqueKey: "order-7\u00a0"}), gendurable.ErrInvalidInsert},
 		{"nil job", (*gendurable.Job[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
 		{"nil machine", (*gendurable.Machine[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
 	}

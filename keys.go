@@ -62,8 +62,8 @@ func validKeyPolicies(policies []KeyPolicy) ([]KeyPolicy, error) {
 			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Per %s below 1ms", p.Prefix, p.Per)
 		case p.Burst > maxKeyLimit:
 			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Burst %d above %d", p.Prefix, p.Burst, maxKeyLimit)
-		case keyProblem(p.Prefix) != "":
-			return nil, errorf(ErrInvalidConfig, "KeyPolicy prefix %q %s", p.Prefix, keyProblem(p.Prefix))
+		case prefixProblem(p.Prefix) != "":
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy prefix %q %s", p.Prefix, prefixProblem(p.Prefix))
 		case prefixes[p.Prefix]:
 			return nil, errorf(ErrInvalidConfig, "two KeyPolicies with prefix %q", p.Prefix)
 		}

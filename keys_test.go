@@ -234,6 +234,7 @@ func TestKeyInputIsValidated(t *testing.T) {
 		{PartitionKey: "k\x00"},
 		{PartitionKey: "k\xff"},
 		{PartitionKey: strings.Repeat("k", 1001)},
+		{PartitionKey: "k "},
 	} {
 		_, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(o))
 		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "%+v", o)
@@ -244,6 +245,7 @@ func TestKeyInputIsValidated(t *testing.T) {
 		{{Prefix: "a", Limit: 1}, {Prefix: "a", Limit: 2}},
 		{{Prefix: "a\x00", Limit: 1}},
 		{{Prefix: "\xfe", Limit: 1}},
+		{{Prefix: " t-", Limit: 1}}, // no key starts with white space
 		{{Prefix: "r", Limit: 1, Rate: -1}},
 		{{Prefix: "r", Limit: 1, Per: time.Second}},
 		{{Prefix: "r", Limit: 1, Burst: 3}},

@@ -46,6 +46,11 @@ func nameProblem(s string) string {
 	if p := textProblem(s, maxNameLen); p != "" {
 		return p
 	}
+	return edgeSpaceProblem(s)
+}
+
+// edgeSpaceProblem says whether s starts or ends with white space.
+func edgeSpaceProblem(s string) string {
 	if first, _ := utf8.DecodeRuneInString(s); unicode.IsSpace(first) {
 		return "starts with white space"
 	}
@@ -55,10 +60,34 @@ func nameProblem(s string) string {
 	return ""
 }
 
-// keyProblem says what is wrong with a partition, unique or dedup key or a
-// search text, or "" if nothing is: at most maxKeyLen bytes of text
-// (textProblem).
-func keyProblem(s string) string { return textProblem(s, maxKeyLen) }
+// keyProblem says what is wrong with a partition, unique or dedup key, or
+// "" if nothing is: at most maxKeyLen bytes of text (textProblem) that
+// neither starts nor ends with white space — "order-7 " and "order-7"
+// would be two unique keys that look alike on every page, and the
+// dashboard's search, which trims what is typed, could not find the one.
+func keyProblem(s string) string {
+	if p := textProblem(s, maxKeyLen); p != "" {
+		return p
+	}
+	return edgeSpaceProblem(s)
+}
+
+// prefixProblem says what is wrong with a KeyPolicy prefix: a key's text
+// (textProblem) that does not start with white space, which no key does. It
+// may end with one ("acme " for the keys "acme corp-1", "acme corp-2").
+func prefixProblem(s string) string {
+	if p := textProblem(s, maxKeyLen); p != "" {
+		return p
+	}
+	if first, _ := utf8.DecodeRuneInString(s); unicode.IsSpace(first) {
+		return "starts with white space"
+	}
+	return ""
+}
+
+// searchProblem says what is wrong with a search text (ListFilter.Search):
+// at most maxKeyLen bytes of text; white space around it is the caller's.
+func searchProblem(s string) string { return textProblem(s, maxKeyLen) }
 
 // textProblem: valid UTF-8 (PostgreSQL text must be), without NUL (it
 // cannot hold it) or any other control character (names and keys are

@@ -43,8 +43,8 @@ type SignalResult struct {
 // [ErrInstanceFinished] (unless its dedup key was already delivered to it:
 // Duplicate, as for a live one); neither writes anything. name is 1 to 200
 // bytes and a DedupKey at most 1000, both valid UTF-8 without NUL, another
-// control character or a bidirectional control, and the name neither starts
-// nor ends with white space (the rule of queue names and keys: what a sender
+// control character or a bidirectional control, neither starting nor ending
+// with white space (the rule of queue names and keys: what a sender
 // can use, an operator can type and see as it is): anything else is
 // [ErrInvalidSignal], before any SQL runs. The name is taken as given: the
 // CLI and the dashboard pass it on untrimmed.

@@ -305,6 +305,10 @@ func TestSignalDedupAndErrors(t *testing.T) {
 		_, err = b.eng.Signal(ctx, id, bad, nil, nil)
 		require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
 	}
+	for _, bad := range []string{" evt-1", "evt-1 ", "evt\x00"} {
+		_, err = b.eng.Signal(ctx, id, "note", nil, &gendurable.SignalOpts{DedupKey: bad})
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "dedup key %q", bad)
+	}
 	_, err = b.eng.Signal(ctx, id, "pay", func() {}, nil)
 	require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
 	_, err = b.eng.Signal(ctx, id, "pay", "nul\x00inside", nil)
