@@ -156,7 +156,11 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // Retry moves a failed instance back to runnable at the step it failed in,
 // with a fresh attempt budget; its error history is kept. A child whose
 // parent still waits is waited for again; a parent cancelled while it
-// awaited its children, some of which still run, awaits them again. [ErrNotFound], [ErrNotRetryable]
+// awaited its children, some of which still run, awaits them again; an
+// instance cancelled while it was parked in an Await awaits the same names
+// again, with the same deadline (one that passed meanwhile wakes it as a
+// timeout at the timeout sweeper's next look) — the cancel consumed its
+// signals, so it waits for new ones. [ErrNotFound], [ErrNotRetryable]
 // (not failed), or [ErrUniqueConflict] (another live instance now holds its
 // unique key) leave everything unchanged. An instance cancelled while its
 // step ran keeps that step's lease — its key's slot, its place in its

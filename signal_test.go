@@ -897,3 +897,55 @@ func TestAGroupCommittedAwaitBehindALockIsSweptOnTime(t *testing.T) {
 	t.Logf("woken %v after its outcome committed (its deadline passed ~11 s before)", late)
 	require.Less(t, late, 2*time.Second, "swept at its poke or within an AwaitTimeoutInterval, not at the next full sweep")
 }
+
+// TestRetryOfACancelledAwaitParksItAgain: an instance cancelled while
+// parked in an Await, then retried, awaits again what it awaited (its
+// signals were consumed by the cancel: it waits for new ones), with the
+// same deadline — one that passed meanwhile wakes it as a timeout. Before,
+// the retry made it runnable: the step after the await ran at once with an
+// empty Awaited, though the await had no timeout (a probe's "shipped with
+// 0 payments"). A parent parked on its children is covered by
+// TestRetryOfAParentCancelledMidFanOutWaitsForItsChildren.
+func TestRetryOfACancelledAwaitParksItAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("no timeout", func(t *testing.T) {
+		t.Parallel()
+		m := awaiter(0)
+		b := setup(t, nil, m)
+		b.start()
+		id := b.insert(m.New(waitState{Need: 1}))
+		b.waitStatus(id, "awaiting_signal", 10*time.Second)
+		_, err := b.eng.Signal(ctx, id, "note", nil, nil) // not awaited: consumed by the cancel
+		require.NoError(t, err)
+		require.NoError(t, b.eng.Cancel(ctx, id, "operator"))
+		require.NoError(t, b.eng.Retry(ctx, id))
+		w, err := b.eng.Wait(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.StatusAwaitingSignal, w.Status, "parked again: %s", w.Summary)
+		require.Equal(t, []string{"pay", "cancel"}, w.Signals)
+		require.Nil(t, w.Deadline)
+		time.Sleep(300 * time.Millisecond)
+		require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND status = 'awaiting_signal'`, id),
+			"the step after the await did not run")
+		_, err = b.eng.Signal(ctx, id, "pay", nil, nil)
+		require.NoError(t, err)
+		r := b.waitStatus(id, "done", 10*time.Second)
+		require.JSONEq(t, `{"got":["pay"],"rounds":1,"need":1}`, string(r.Result), "woken by the new signal")
+	})
+	t.Run("a deadline that passed", func(t *testing.T) {
+		t.Parallel()
+		m := awaiter(400 * time.Millisecond)
+		cfg := fastConfig("", m)
+		cfg.AwaitTimeoutInterval = 100 * time.Millisecond
+		b := setup(t, cfg)
+		b.start()
+		id := b.insert(m.New(waitState{Need: 1}))
+		b.waitStatus(id, "awaiting_signal", 10*time.Second)
+		require.NoError(t, b.eng.Cancel(ctx, id, "operator"))
+		time.Sleep(600 * time.Millisecond) // past the deadline
+		require.NoError(t, b.eng.Retry(ctx, id))
+		r := b.waitStatus(id, "done", 10*time.Second)
+		require.JSONEq(t, `{"timed_out":true,"rounds":1,"need":1}`, string(r.Result), "woken by its timeout")
+	})
+}

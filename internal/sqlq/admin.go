@@ -250,7 +250,11 @@ func cancelSet(reason string) string {
 	return `
   SET status = 'failed', finished_at = now(), updated_at = now(),
       lease_expires_at = CASE WHEN i.status = 'executing' OR i.lease_expires_at > now() THEN i.lease_expires_at END,
-      claim_token = NULL, awaits = NULL, await_deadline = NULL, inbox = '{}', inbox_seen = NULL,
+      claim_token = NULL, inbox = '{}', inbox_seen = NULL,
+      -- What a parked instance awaited stays, for a retry to park it again
+      -- (retryStatusSet); any other row awaits nothing now.
+      awaits = CASE WHEN i.status = 'awaiting_signal' THEN i.awaits END,
+      await_deadline = CASE WHEN i.status = 'awaiting_signal' THEN i.await_deadline END,
       errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
                || jsonb_build_array(jsonb_build_object(
                     'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'cancelled', 'error', ` + reason + `))`

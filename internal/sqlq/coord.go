@@ -429,8 +429,11 @@ const (
 // one's change. (A prune deletes a finished parent only under its lock,
 // after looking at its children in a snapshot taken then: pruneSQL.)
 const retryStatusSet = `      status = CASE WHEN k.kids > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
+                    WHEN cardinality(i.awaits) > 0 THEN 'awaiting_signal'::{{schema}}.gendurable_status
                     ELSE 'runnable' END,
-      children_pending = CASE WHEN k.kids > 0 THEN k.kids ELSE i.children_pending END`
+      children_pending = CASE WHEN k.kids > 0 THEN k.kids ELSE i.children_pending END,
+      await_deadline = CASE WHEN k.kids = 0 AND cardinality(i.awaits) > 0 AND i.await_deadline IS NOT NULL
+                            THEN greatest(i.await_deadline, clock_timestamp()) END`
 
 // retryLockSQL locks the failed rows among $1 (the caller's ids, sorted)
 // and their parents, every one in id order so that two retries lock shared

@@ -410,6 +410,9 @@ SET status = CASE WHEN e.fails THEN 'failed' ELSE 'runnable' END::{{schema}}.gen
     -- A failure consumes the inbox, as Stop and a cancel do (swept below).
     inbox = CASE WHEN e.fails THEN '{}'::jsonb ELSE i.inbox END,
     inbox_seen = CASE WHEN e.fails THEN NULL ELSE i.inbox_seen END,
+    -- A failed row awaits nothing: a retry runs its step (only a cancel of
+    -- a parked row keeps what it awaited, to park it again: cancelSet).
+    awaits = CASE WHEN e.fails THEN NULL ELSE i.awaits END,
     updated_at = now(),
     errors = (CASE WHEN jsonb_array_length(i.errors) >= $2 THEN i.errors - 0 ELSE i.errors END)
              || jsonb_build_array(jsonb_build_object(
