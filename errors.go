@@ -30,8 +30,10 @@ var (
 	// invalid outcome from Handle stops the instance.
 	ErrInvalidOutcome = errors.New("gendurable: invalid outcome")
 
-	// ErrUnknownMachine: an insert names a machine (name, version) that is not
-	// registered in the engine's Config.Machines.
+	// ErrUnknownMachine: an insert's *Machine or *Job is not the value
+	// registered in the engine's Config.Machines under its (name, version):
+	// none is, or another value of that name and version is (registration is
+	// by value: build the definition once and share it).
 	ErrUnknownMachine = errors.New("gendurable: machine not registered")
 
 	// ErrInvalidInsert: insert options are out of range (negative max

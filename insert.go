@@ -204,6 +204,13 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 		return sqlq.NewInstance{}, err
 	}
 	if reg := registry[machineKey{core.name, core.version}]; registry != nil && reg != core {
+		if reg != nil {
+			// Registration is by value: the engine runs the steps of the
+			// *Machine it was given, and this one may differ from it.
+			return sqlq.NewInstance{}, errorf(ErrUnknownMachine, "%q version %d: Config.Machines holds another *Machine "+
+				"(or *Job) value of that name and version; insert with the one registered (build it once and share it)",
+				core.name, core.version)
+		}
 		return sqlq.NewInstance{}, errorf(ErrUnknownMachine, "%q version %d (add it to Config.Machines)", core.name, core.version)
 	}
 	o := p.opts

@@ -102,6 +102,12 @@ func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
 		{"nil job", (*gendurable.Job[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
 		{"nil machine", (*gendurable.Machine[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
 	}
+	// A second value of the registered name and version is not the
+	// registered one; the error says so rather than "add it to Config.Machines".
+	twin := &gendurable.Job[weirdState]{Name: "w", Perform: job.Perform}
+	_, err = eng.Insert(ctx, twin.New(weirdState{}))
+	require.ErrorIs(t, err, gendurable.ErrUnknownMachine)
+	require.ErrorContains(t, err, "another *Machine (or *Job) value")
 	for _, tc := range cases {
 		_, err := eng.Insert(ctx, tc.p)
 		require.ErrorIs(t, err, tc.is, tc.name)

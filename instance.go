@@ -187,7 +187,7 @@ func (e *Engine) Retry(ctx context.Context, id int64) error {
 	status, queue, wait := a.status, a.queue, a.wait
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return fmt.Errorf("%w: instance %d: %s", ErrUniqueConflict, id, pgErr.Detail)
+		return e.uniqueConflict(ctx, id, pgErr)
 	}
 	if err != nil {
 		return e.dbErr(ctx, err, fmt.Sprintf("retry %d", id))
@@ -248,4 +248,15 @@ func (e *Engine) RunNow(ctx context.Context, id int64) error {
 		return fmt.Errorf("%w: instance %d is %s", ErrNotDelayed, id, *status)
 	}
 	return nil
+}
+
+// uniqueConflict is the error of a retry of id refused because another
+// instance holds its unique key: it names that instance and the key, as
+// text (the server's detail shows the key's bytes in hex and the column).
+func (e *Engine) uniqueConflict(ctx context.Context, id int64, pgErr *pgconn.PgError) error {
+	holder, key, ok, err := e.q.UniqueHolder(ctx, e.pool, id)
+	if err != nil || !ok {
+		return fmt.Errorf("%w: instance %d: %s", ErrUniqueConflict, id, pgErr.Detail)
+	}
+	return fmt.Errorf("%w: instance %d's unique key %q is held by instance %d", ErrUniqueConflict, id, key, holder)
 }

@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -62,6 +63,9 @@ func TestRetryFailedInstanceAndUniqueCollision(t *testing.T) {
 	holder := b.insert(job.New(orderArgs{I: 3}).With(gendurable.InsertOpts{UniqueKey: "invoice-9", RunIn: time.Hour}))
 	err := b.eng.Retry(ctx, first)
 	require.ErrorIs(t, err, gendurable.ErrUniqueConflict, "retrying would put two live instances on one key")
+	// The error names the holder and the key as text (it named the retried
+	// instance and the key's bytes in hex: "Key (unique_guard)=(\x696e…)").
+	require.ErrorContains(t, err, fmt.Sprintf(`unique key "invoice-9" is held by instance %d`, holder))
 	require.Equal(t, "failed", b.row(first).Status, "unchanged")
 	require.ErrorIs(t, b.eng.Retry(ctx, holder), gendurable.ErrNotRetryable)
 	require.ErrorIs(t, b.eng.Retry(ctx, 987654), gendurable.ErrNotFound)

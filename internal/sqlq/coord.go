@@ -583,3 +583,22 @@ func (q *Queries) Retry(ctx context.Context, db TxDB, id int64) (status *string,
 	}
 	return status, queue, time.Duration(us) * time.Microsecond, nil
 }
+
+// uniqueHolderSQL finds the instance holding instance $1's unique key (one
+// probe of the unique index), and that key as text.
+const uniqueHolderSQL = `
+SELECT h.id, convert_from(i.unique_key, 'UTF8')
+FROM {{schema}}.gendurable_instances AS i
+JOIN {{schema}}.gendurable_instances AS h ON h.unique_guard = i.unique_key AND h.id <> i.id
+WHERE i.id = $1
+LIMIT 1`
+
+// UniqueHolder returns the instance that holds id's unique key, and the
+// key; ok is false if none does (any more).
+func (q *Queries) UniqueHolder(ctx context.Context, db DB, id int64) (holder int64, key string, ok bool, err error) {
+	err = db.QueryRow(ctx, q.uniqueHolder, id).Scan(&holder, &key)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, "", false, nil
+	}
+	return holder, key, err == nil, err
+}

@@ -100,6 +100,7 @@ type Queries struct {
 	upsertMachines  string
 	mergeObserved   string
 	storedMachines  string
+	uniqueHolder    string
 }
 
 // New validates the schema name and renders every statement for it.
@@ -151,6 +152,7 @@ func New(schema string) (*Queries, error) {
 		upsertMachines:  render(upsertMachinesSQL, qs),
 		mergeObserved:   render(mergeObservedSQL, qs),
 		storedMachines:  render(storedMachinesSQL, qs),
+		uniqueHolder:    render(uniqueHolderSQL, qs),
 	}
 	for sh := range outcomeShape(shapeCount) {
 		q.applyOutcomes[sh] = bindNamed(render(outcomeSQL(sh), qs))
