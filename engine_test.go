@@ -2925,3 +2925,53 @@ func TestWithTxFailingAfterTheCallbackGoesToHandle(t *testing.T) {
 	}
 	require.Equal(t, "23503", func() string { var e *pgconn.PgError; errors.As(handled["deferred"][0], &e); return e.Code }())
 }
+
+// TestStopWithAWithTxOutcomeCutOff: the network is cut while a WithTx
+// callback runs; the callback returns, and the engine's outcome statement
+// in its transaction waits on the cut. Stop, out of time, gives up the
+// outcomes still waiting on the database — the WithTx transaction's too:
+// it no longer waits a lease after Stop (a probe: Stop said "steps ignoring
+// cancellation are still running" though the callback had returned, and
+// the process's pool.Close waited 75 s more).
+func TestStopWithAWithTxOutcomeCutOff(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	m := &gendurable.Machine[orderArgs]{
+		Name: "stopwithtx", Start: "pay",
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					<-release
+					return nil
+				}), nil
+			},
+		},
+	}
+	b := setup(t, fastConfig("", m))
+	pool, proxy := cutOffPool(t, 3)
+	cfg := fastConfig(b.schema, m)
+	cfg.Logger = testLogger(t)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 20*time.Second, 5*time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: -1, PollInterval: time.Minute, MaxPollInterval: time.Minute}}
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, eng.Start(context.Background()))
+	res, err := eng.Insert(context.Background(), m.New(orderArgs{}))
+	require.NoError(t, err)
+	b.waitStatus(res.ID, "executing", 10*time.Second)
+	time.Sleep(300 * time.Millisecond) // the transaction has begun and asked for its backend
+	proxy.Cut()
+	close(release) // the callback returns: the outcome statement waits on the cut
+	time.Sleep(300 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start := time.Now()
+	err = eng.Stop(ctx)
+	took := time.Since(start)
+	t.Logf("Stop took %s with a WithTx outcome cut off: %v", took.Round(time.Millisecond), err)
+	require.Less(t, took, 3*time.Second)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "outcomes still waiting on the database were abandoned")
+	require.NotContains(t, err.Error(), "ignoring cancellation", "the WithTx outcome was given up with the others")
+	proxy.Heal()
+}

@@ -110,6 +110,11 @@ func (c *Committer) Resume() {
 	}
 }
 
+// Aborted is a context cancelled by Abort (the current one: Resume makes
+// another). A WithTx outcome's transaction, which does not go through the
+// committer, ends with it too.
+func (c *Committer) Aborted() context.Context { return c.runContext() }
+
 func (c *Committer) runContext() context.Context {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -196,7 +201,15 @@ func (c *Committer) apply(batch []*request) {
 		for _, r := range batch {
 			b.Add(r.out)
 		}
-		applied, err := c.q.ApplyOutcomes(ctx, c.db, b)
+		// One attempt may take half the lease: a connection that swallowed
+		// the statement without an answer (a proxy or a network that drops
+		// traffic without closing anything) is given up, and pgx closes it,
+		// while there is time left to write the outcome on a fresh one — the
+		// heartbeat keeps its other half for the same reason. A statement
+		// that waits on a row lock is abandoned and sent again as well.
+		actx, acancel := context.WithTimeout(ctx, c.cfg.Lease/2)
+		applied, err := c.q.ApplyOutcomes(actx, c.db, b)
+		acancel()
 		if err == nil {
 			byID := make(map[int64]*sqlq.Applied, len(applied))
 			for i := range applied {

@@ -453,3 +453,60 @@ func TestAbortGivesUpOutcomesUntilResume(t *testing.T) {
 	require.NotNil(t, res.Applied)
 	require.Equal(t, "done", f.row(f.claims[1].ID).Status)
 }
+
+// swallowFirst is a DB whose first statement is swallowed by a connection
+// that never answers (a network that drops traffic without closing
+// anything): it returns only when its context ends. Later statements go
+// through.
+type swallowFirst struct {
+	sqlq.DB
+	once sync.Once
+}
+
+func (s *swallowFirst) swallowed(ctx context.Context) bool {
+	first := false
+	s.once.Do(func() { first = true })
+	if first {
+		<-ctx.Done()
+	}
+	return first
+}
+
+func (s *swallowFirst) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if s.swallowed(ctx) {
+		return nil, ctx.Err()
+	}
+	return s.DB.Query(ctx, sql, args...)
+}
+
+func (s *swallowFirst) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if s.swallowed(ctx) {
+		return errRow{ctx.Err()}
+	}
+	return s.DB.QueryRow(ctx, sql, args...)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// TestASwallowedStatementIsSentAgainWithinTheLease: an outcome statement
+// whose connection never answers is given up after half the lease and
+// sent again, so the outcome is written within the lease. Before, the one
+// attempt had the whole lease: the committer gave up when it ended, and
+// the step ran again (with MaxAttempts 1 the instance failed though its
+// step had finished; a probe's stranded connection).
+func TestASwallowedStatementIsSentAgainWithinTheLease(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	const lease = 2 * time.Second
+	c := committer.New(committer.Config{Lease: lease}, f.q, &swallowFirst{DB: f.pool})
+	start := time.Now()
+	res := c.Commit(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{}`)})
+	took := time.Since(start)
+	t.Logf("written %v after the commit began (lease %v)", took.Round(time.Millisecond), lease)
+	require.NoError(t, res.Err)
+	require.NotNil(t, res.Applied, "written, not fenced out")
+	require.Equal(t, "done", f.row(f.claims[0].ID).Status)
+	require.Less(t, took, lease, "within the lease")
+}

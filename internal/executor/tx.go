@@ -81,10 +81,14 @@ func (r *run) commitTx(stepCtx context.Context, in *Input, res *Result) (*sqlq.A
 // keeps its claim: the feeder heartbeats it all along. So the context has
 // no deadline; it is cancelled when the lease is lost (the heartbeat found
 // the row taken, or could not confirm it for a whole lease: the step
-// context's cause is ErrLeaseLost), or a lease after the step context was
-// cancelled for another reason (a stop), as before.
+// context's cause is ErrLeaseLost), a lease after the step context was
+// cancelled for another reason (a stop), or when the engine's Stop gives
+// up on the outcomes still waiting on the database (Committer.Abort): a
+// transaction cut off from the server then no longer outlives Stop by a
+// lease, holding its pool connection.
 func (x *Executor) txContext(stepCtx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(stepCtx))
+	stopAborted := context.AfterFunc(x.cfg.Committer.Aborted(), cancel)
 	stop := context.AfterFunc(stepCtx, func() {
 		if errors.Is(context.Cause(stepCtx), feeder.ErrLeaseLost) {
 			cancel()
@@ -100,7 +104,7 @@ func (x *Executor) txContext(stepCtx context.Context) (context.Context, context.
 			}
 		}()
 	})
-	return ctx, func() { stop(); cancel() }
+	return ctx, func() { stop(); stopAborted(); cancel() }
 }
 
 // tryCommitTx runs one transaction of a WithTx outcome. fnErr is the
