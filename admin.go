@@ -283,7 +283,17 @@ type InstanceDetail struct {
 	Signals  []SignalInfo     `json:"signals"`  // newest first, the last 100
 	Children []Child          `json:"children"` // of every fan-out, the first 500
 	Parent   *InstanceSummary `json:"parent,omitempty"`
+	// MoreSignals and MoreChildren say that Signals or Children were cut
+	// at their bound: the instance has more.
+	MoreSignals  bool `json:"more_signals,omitempty"`
+	MoreChildren bool `json:"more_children,omitempty"`
 }
+
+// Bounds of InstanceDetail's lists.
+const (
+	describeSignals  = 100
+	describeChildren = 500
+)
 
 // Describe reads an instance with its signals, children, parent and wait
 // reason; [ErrNotFound] if it does not exist.
@@ -296,9 +306,12 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 	if d.Wait, err = e.WaitReason(ctx, id); err != nil {
 		return nil, err
 	}
-	sigs, err := e.q.ListSignals(ctx, e.pool, id, 100)
+	sigs, err := e.q.ListSignals(ctx, e.pool, id, describeSignals+1)
 	if err != nil {
 		return nil, e.dbErr(ctx, err, fmt.Sprintf("describe %d", id))
+	}
+	if len(sigs) > describeSignals {
+		sigs, d.MoreSignals = sigs[:describeSignals], true
 	}
 	for _, s := range sigs {
 		si := SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, SentAt: s.InsertedAt, ConsumedAt: s.ConsumedAt}
@@ -307,9 +320,12 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 		}
 		d.Signals = append(d.Signals, si)
 	}
-	kids, err := e.q.ListAllChildren(ctx, e.pool, id, 500)
+	kids, err := e.q.ListAllChildren(ctx, e.pool, id, describeChildren+1)
 	if err != nil {
 		return nil, e.dbErr(ctx, err, fmt.Sprintf("describe %d", id))
+	}
+	if len(kids) > describeChildren {
+		kids, d.MoreChildren = kids[:describeChildren], true
 	}
 	for _, c := range kids {
 		d.Children = append(d.Children, Child{ID: c.ID, Machine: c.FSM, Version: int(c.Version), Step: c.Step,

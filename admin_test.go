@@ -1159,3 +1159,28 @@ func TestOperatorCallsRoundTrips(t *testing.T) {
 	}), "RunNow of an executing instance")
 	require.Equal(t, 1, count(func() { require.NoError(t, b.eng.RunNow(ctx, delayed)) }), "RunNow of an eligible instance")
 }
+
+// TestDescribeSaysItsListsWereCut: Describe lists the first 500 children
+// and the newest 100 signals, and says when the instance has more; show
+// prints that it has (it printed 500 child lines of 600 with no word).
+func TestDescribeSaysItsListsWereCut(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "cut", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	parent := b.insert(job.New(orderArgs{}))
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, parent_id, parent_fanout) SELECT 'cut', 'perform', $1, 0 FROM generate_series(1, 501)`, parent)
+	b.exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name) SELECT $1, 'n' FROM generate_series(1, 101)`, parent)
+	d, err := b.eng.Describe(ctx, parent)
+	require.NoError(t, err)
+	require.Len(t, d.Children, 500)
+	require.Len(t, d.Signals, 100)
+	require.True(t, d.MoreChildren)
+	require.True(t, d.MoreSignals)
+
+	other := b.insert(job.New(orderArgs{I: 1}))
+	d, err = b.eng.Describe(ctx, other)
+	require.NoError(t, err)
+	require.False(t, d.MoreChildren)
+	require.False(t, d.MoreSignals)
+}

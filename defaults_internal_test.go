@@ -95,6 +95,7 @@ func TestDocumentedDerivedDefaults(t *testing.T) {
 			"slowpoll": {PollInterval: 10 * time.Second},
 			"none":     {Concurrency: 4, Prefetch: -1, ChainSteps: -1},
 			"set":      {Concurrency: 4, Prefetch: 2},
+			"maxonly":  {MaxPollInterval: 200 * time.Millisecond},
 		},
 	})
 	if err != nil {
@@ -113,6 +114,7 @@ func TestDocumentedDerivedDefaults(t *testing.T) {
 		{"Prefetch (negative: none)", c.Queues["none"].Prefetch, 0},
 		{"ChainSteps (negative: disabled)", c.Queues["none"].ChainSteps, 0},
 		{"Prefetch (set)", c.Queues["set"].Prefetch, 2},
+		{"PollInterval (MaxPollInterval, if set and shorter than 1s)", c.Queues["maxonly"].PollInterval, 200 * time.Millisecond},
 	})
 }
 

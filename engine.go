@@ -234,7 +234,8 @@ type QueueConfig struct {
 	// is idle. Default 25ms (or PollInterval, if shorter).
 	BusyPollInterval time.Duration
 	// PollInterval is the interval between picks while steps of this queue
-	// run and its last picks found nothing. Default 1s.
+	// run and its last picks found nothing. Default 1s (or MaxPollInterval,
+	// if set and shorter).
 	PollInterval time.Duration
 	// MaxPollInterval caps the idle backoff: each empty pick on an idle queue
 	// doubles the interval up to this, so an idle queue costs at most one
@@ -413,7 +414,8 @@ func (c *Config) withDefaults() error {
 	}
 	switch {
 	case c.LeaseDuration < 0 || c.HeartbeatInterval < 0 || c.DrainTimeout < 0 || c.UnknownVersionDelay < 0 || c.MaintenanceTimeout < 0:
-		return errorf(ErrInvalidConfig, "durations must not be negative")
+		return errorf(ErrInvalidConfig, "durations must not be negative (LeaseDuration %s, HeartbeatInterval %s, DrainTimeout %s, UnknownVersionDelay %s, MaintenanceTimeout %s)",
+			c.LeaseDuration, c.HeartbeatInterval, c.DrainTimeout, c.UnknownVersionDelay, c.MaintenanceTimeout)
 	case c.MaintenanceTimeout < time.Second:
 		// A deadline that short abandons healthy statements too, sweep after
 		// sweep (a Duration of 30 is 30 ns, its unit forgotten): no lease
@@ -500,6 +502,11 @@ func (qc *QueueConfig) withDefaults(name string) error {
 	case qc.ChainSteps < 0:
 		qc.ChainSteps = 0
 	}
+	// An unset interval defaults within the ones set: MaxPollInterval 200ms
+	// alone polls every 200ms at most, not a refusal of the default 1s.
+	if qc.MaxPollInterval > 0 {
+		setDefault(&qc.PollInterval, min(DefaultPollInterval, qc.MaxPollInterval))
+	}
 	setDefault(&qc.PollInterval, DefaultPollInterval)
 	setDefault(&qc.MaxPollInterval, max(DefaultMaxPollInterval, qc.PollInterval))
 	setDefault(&qc.BusyPollInterval, min(DefaultBusyPollInterval, qc.PollInterval))
@@ -515,7 +522,8 @@ func (qc *QueueConfig) withDefaults(name string) error {
 	case qc.MinDemand < 0 || qc.MinDemand > qc.Concurrency+qc.Prefetch:
 		return errorf(ErrInvalidConfig, "queue %q: MinDemand %d outside 1..Concurrency+Prefetch (%d)", name, qc.MinDemand, qc.Concurrency+qc.Prefetch)
 	case qc.BusyPollInterval < 0 || qc.PollInterval < qc.BusyPollInterval || qc.MaxPollInterval < qc.PollInterval:
-		return errorf(ErrInvalidConfig, "queue %q: need 0 < BusyPollInterval <= PollInterval <= MaxPollInterval", name)
+		return errorf(ErrInvalidConfig, "queue %q: need 0 < BusyPollInterval <= PollInterval <= MaxPollInterval (%s, %s, %s, unset ones at their defaults)",
+			name, qc.BusyPollInterval, qc.PollInterval, qc.MaxPollInterval)
 	}
 	if err := belowFloor(fmt.Sprintf("queue %q: ", name), time.Millisecond, map[string]time.Duration{
 		"BusyPollInterval": qc.BusyPollInterval, "PollInterval": qc.PollInterval, "MaxPollInterval": qc.MaxPollInterval,

@@ -447,8 +447,14 @@ func printInstance(stdout io.Writer, d *gendurable.InstanceDetail) {
 		}
 		fmt.Fprintf(stdout, "signal   %d %s %s %s\n", s.ID, p(s.Name), consumed, oneLine(string(s.Payload), 80))
 	}
+	if d.MoreSignals {
+		fmt.Fprintf(stdout, "signal   … older ones not shown (the newest %d are)\n", len(d.Signals))
+	}
 	for _, k := range d.Children {
 		fmt.Fprintf(stdout, "child    %d %s %s\n", k.ID, p(k.Machine), p(string(k.Status)))
+	}
+	if d.MoreChildren {
+		fmt.Fprintf(stdout, "child    … more not shown (the first %d are)\n", len(d.Children))
 	}
 }
 
@@ -707,6 +713,8 @@ func retriedMessage(ctx context.Context, eng *gendurable.Engine, id int64, plain
 			plain, w.LeaseExpiresAt.UTC().Format(time.RFC3339))
 	case w.Status == gendurable.StatusAwaitingChildren:
 		return fmt.Sprintf("instance %d awaits its live children again (%d of %d done)", id, w.ChildrenDone, w.ChildrenTotal)
+	case w.Status == gendurable.StatusAwaitingSignal:
+		return fmt.Sprintf("instance %d is parked again: %s", id, w.Summary)
 	}
 	return plain
 }

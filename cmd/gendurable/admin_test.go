@@ -500,3 +500,23 @@ func TestACommandWaitingOnALockSaysSo(t *testing.T) {
 	require.Equal(t, 1, strings.Count(r.errOut, "still waiting"), "said once: %s", r.errOut)
 	require.Equal(t, 1, countRows(t, pool, schema, "id = 2 AND status = 'failed'"), "cancelled once the lock went")
 }
+
+// TestShowSaysItsListsWereCut: show prints the first 500 children and the
+// newest 100 signals, and a line saying there are more (it printed 500
+// child lines of 600 with no word).
+func TestShowSaysItsListsWereCut(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	seed(t, pool, schema, 1, "status", "'awaiting_children'")
+	seed(t, pool, schema, 501, "parent_id, parent_fanout", "1, 0")
+	_, err := pool.Exec(context.Background(), `INSERT INTO "`+schema+`".gendurable_signals (target_id, name) SELECT 1, 'n' FROM generate_series(1, 101)`)
+	require.NoError(t, err)
+	out, errOut, code := cli(t, append([]string{"show", "1"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, 500, strings.Count(out, "\nchild    ")-1, "500 children and the line saying there are more")
+	require.Contains(t, out, "child    … more not shown (the first 500 are)\n")
+	require.Contains(t, out, "signal   … older ones not shown (the newest 100 are)\n")
+	out, _, _ = cli(t, append([]string{"show", "2"}, s...)...)
+	require.NotContains(t, out, "not shown")
+}
