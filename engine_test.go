@@ -2923,7 +2923,9 @@ func TestWithTxFailingAfterTheCallbackGoesToHandle(t *testing.T) {
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, handled[c][0], &pgErr, "Handle sees the server's error (%s)", c)
 	}
-	require.Equal(t, "23503", func() string { var e *pgconn.PgError; errors.As(handled["deferred"][0], &e); return e.Code }())
+	code := func(err error) string { var e *pgconn.PgError; errors.As(err, &e); return e.Code }
+	require.Equal(t, "23503", code(handled["deferred"][0]), "the deferred foreign key")
+	require.Equal(t, "22012", code(handled["swallowed"][0]), "the statement that failed first, not the abort it left")
 }
 
 // TestStopWithAWithTxOutcomeCutOff: the network is cut while a WithTx

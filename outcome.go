@@ -69,11 +69,12 @@ func (o Outcome) Timeout(d time.Duration) Outcome {
 // server had none to give: [ErrInfrastructure]); then the step runs again
 // shortly without counting an attempt. Handle also gets the error of a
 // transaction that fails after fn returned nil: the server refused the COMMIT (a
-// deferred constraint or trigger; not a serialization failure or deadlock,
-// which retry the whole transaction, fn included), or a statement of fn's
-// failed and fn returned nil anyway (the outcome then finds the
-// transaction aborted) — nothing is committed, and Handle gets an error
-// wrapping the server's (a *pgconn.PgError). fn must not call Commit or
+// deferred constraint or trigger; not a serialization failure, a deadlock
+// or a lock or statement timeout, which retry the whole transaction, fn
+// included), or a statement of fn's failed and fn returned nil anyway (the
+// outcome then finds the transaction aborted) — nothing is committed, and
+// Handle gets an error wrapping the server's (a *pgconn.PgError: for an
+// aborted transaction, the first statement's that failed). fn must not call Commit or
 // Rollback on tx (they return [ErrTxOwned]); a savepoint it begins with
 // tx.Begin it ends itself. A transaction that waits on a lock
 // keeps its claim (heartbeated) for as long as it waits; it is given up

@@ -441,6 +441,8 @@ func (d *dashboard) retryAction(w http.ResponseWriter, r *http.Request) {
 			flash = "retried-lease"
 		case wr.Status == gendurable.StatusAwaitingChildren:
 			flash = "retried-children"
+		case wr.Status == gendurable.StatusAwaitingSignal:
+			flash = "retried-await"
 		}
 	}
 	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), flash)

@@ -62,6 +62,17 @@ func TestRetryAndRunNowOfARowWaitingForItsCancelledStepsLease(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, r.code, r.body)
 	r = get(t, h, r.header.Get("Location"))
 	require.Contains(t, r.body, "Retried: the instance awaits its live children again")
+
+	// Cancelled while it awaited a signal: parked again.
+	parked := e.insertOrder(Order{Item: "parked"}, gendurable.InsertOpts{})
+	_, err = e.pool.Exec(context.Background(), fmt.Sprintf(`UPDATE %s.gendurable_instances SET status = 'awaiting_signal', awaits = '{payment}'
+		WHERE id = $1`, e.schema), parked)
+	require.NoError(t, err)
+	require.NoError(t, e.eng.Cancel(context.Background(), parked, "operator"))
+	r = post(t, h, fmt.Sprintf("/instances/%d/retry", parked), nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	r = get(t, h, r.header.Get("Location"))
+	require.Contains(t, r.body, "Retried: the instance was cancelled while it awaited signals, and awaits them again")
 }
 
 // TestCancelTreeFromTheInstancePage: an instance with children, live or

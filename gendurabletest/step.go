@@ -14,6 +14,7 @@ import (
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/internal/testlink"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // StepOpts describe the instance a step runs for in [RunStep]. The zero
@@ -51,9 +52,11 @@ type StepOpts struct {
 	// invalid outcome. Nil accepts any valid definition.
 	Registered []gendurable.Definition
 	// Tx, when set, is the transaction a WithTx callback runs in; an error
-	// of the callback goes to Handle, as in the engine, and the callback's
-	// Commit or Rollback of it returns [gendurable.ErrTxOwned] and does
-	// nothing, as in the engine (the test ends Tx itself). Without it the
+	// of the callback goes to Handle, as in the engine, and so does a
+	// transaction the callback left aborted (RunStep sends SELECT 1 on Tx
+	// after it to see); the callback's Commit or Rollback of it returns
+	// [gendurable.ErrTxOwned] and does nothing, as in the engine (the test
+	// ends Tx itself). Without it the
 	// callback does not run (StepResult.WithTx says there is one).
 	Tx pgx.Tx
 	// AllowInvalidOutcome lets a step return an outcome the engine would
@@ -254,6 +257,10 @@ func RunStep[S any](ctx context.Context, tb testing.TB, def Typed[S], step strin
 	if out.TxFn != nil && opts.Tx != nil {
 		if txErr := out.TxFn(ctx, ownedTx{opts.Tx}); txErr != nil {
 			out = out.Handle(ctx, txErr)
+		} else if _, err := opts.Tx.Exec(ctx, "SELECT 1"); err != nil && aborted(err) {
+			// What the engine's outcome statement would find: a statement
+			// of the callback's failed and it returned nil.
+			out = out.Handle(ctx, fmt.Errorf("gendurable: a statement of the step's transaction failed and the WithTx callback returned nil; the transaction was aborted: %w", err))
 		}
 	}
 	if errors.Is(out.StepErr, gendurable.ErrInvalidOutcome) && !opts.AllowInvalidOutcome {
@@ -327,3 +334,9 @@ type ownedTx struct{ pgx.Tx }
 
 func (ownedTx) Commit(context.Context) error   { return gendurable.ErrTxOwned }
 func (ownedTx) Rollback(context.Context) error { return gendurable.ErrTxOwned }
+
+// aborted reports whether err says the transaction was aborted (25P02).
+func aborted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25P02"
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -337,6 +338,26 @@ func TestRunStepWithTx(t *testing.T) {
 	res = gendurabletest.RunStep(ctx, t, m, "a", order{Item: "fail"}, &gendurabletest.StepOpts{Tx: tx})
 	require.Equal(t, "replay", res.Kind, res.String())
 	require.EqualError(t, res.Err, "the ledger refused")
+
+	// As in the engine: the callback may not end the transaction, and one
+	// that swallows a failed statement goes to Handle.
+	m2 := &gendurable.Machine[order]{Name: "tx2", Start: "b", Steps: map[string]gendurable.StepFunc[order]{
+		"b": func(ctx context.Context, r *gendurable.Run[order]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+				if err := tx.Commit(ctx); !errors.Is(err, gendurable.ErrTxOwned) {
+					return fmt.Errorf("Commit: %v", err)
+				}
+				_, _ = tx.Exec(ctx, `SELECT 1/0`)
+				return nil
+			}), nil
+		},
+	}}
+	sp, err := tx.Begin(ctx) // a savepoint, so the test's transaction survives the abort
+	require.NoError(t, err)
+	res = gendurabletest.RunStep(ctx, t, m2, "b", order{}, &gendurabletest.StepOpts{Tx: sp})
+	require.Equal(t, "replay", res.Kind, res.String())
+	require.ErrorContains(t, res.Err, "25P02")
+	require.NoError(t, sp.Rollback(ctx))
 }
 
 // A Next that breaks the machine's declared Flow (to a step that exists but

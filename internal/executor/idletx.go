@@ -22,6 +22,30 @@ type idleClock struct {
 	busy    int       // statements (or open result sets) in progress
 	lastEnd time.Time // when busy last went to 0
 	longest time.Duration
+	// firstErr is the first error the server returned to a statement of
+	// the callback's: the one that aborted the transaction, should the
+	// callback not return it.
+	firstErr *pgconn.PgError
+}
+
+// note keeps err if it is the first server error of the transaction.
+func (c *idleClock) note(err error) {
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) {
+		return
+	}
+	c.mu.Lock()
+	if c.firstErr == nil {
+		c.firstErr = pgErr
+	}
+	c.mu.Unlock()
+}
+
+// first is the first server error noted, or nil.
+func (c *idleClock) first() *pgconn.PgError {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.firstErr
 }
 
 func newIdleClock() *idleClock { return &idleClock{lastEnd: time.Now()} }
@@ -112,7 +136,9 @@ func (t *clockedTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Stat
 func (t *clockedTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	t.c.start()
 	defer t.c.end()
-	return t.Tx.Exec(ctx, sql, args...)
+	tag, err := t.Tx.Exec(ctx, sql, args...)
+	t.c.note(err)
+	return tag, err
 }
 
 func (t *clockedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -120,6 +146,7 @@ func (t *clockedTx) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 	defer t.c.end()
 	rows, err := t.Tx.Query(ctx, sql, args...)
 	if err != nil {
+		t.c.note(err)
 		return rows, err
 	}
 	return &clockedRows{Rows: rows, c: t.c}, nil
@@ -159,6 +186,13 @@ func (r *clockedRows) Close() {
 	r.c.start()
 	defer r.c.end()
 	r.Rows.Close()
+	r.c.note(r.Rows.Err())
+}
+
+func (r *clockedRows) Err() error {
+	err := r.Rows.Err()
+	r.c.note(err)
+	return err
 }
 
 type clockedRow struct {
@@ -169,7 +203,9 @@ type clockedRow struct {
 func (r *clockedRow) Scan(dest ...any) error {
 	r.c.start()
 	defer r.c.end()
-	return r.row.Scan(dest...)
+	err := r.row.Scan(dest...)
+	r.c.note(err)
+	return err
 }
 
 // clockedBatch times the calls that read the batch's results, as

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/backoff"
+	"github.com/gendurable/gendurable/internal/committer"
 	"github.com/gendurable/gendurable/internal/feeder"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
@@ -71,6 +72,10 @@ func (r *run) commitTx(stepCtx context.Context, in *Input, res *Result) (*sqlq.A
 			return nil, err
 		}
 		if !retry.Wait(ctx) {
+			if x.cfg.Committer.Aborted().Err() != nil {
+				// Given up by a Stop out of time, as the committer's are.
+				err = fmt.Errorf("%w: %w", committer.ErrAborted, err)
+			}
 			return nil, err
 		}
 	}
@@ -154,6 +159,10 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	rows, err := x.cfg.Queries.ApplyOutcomes(ctx, tx, &b)
 	if err != nil {
 		if aborted(err) {
+			if first := clock.first(); first != nil {
+				return nil, fmt.Errorf("gendurable: a statement of the step's transaction failed and the WithTx callback "+
+					"returned nil: %w (the transaction was aborted: %w)", first, err), nil
+			}
 			return nil, fmt.Errorf("gendurable: a statement of the step's transaction failed and the WithTx callback "+
 				"returned nil; the transaction was aborted: %w", err), nil
 		}
@@ -186,13 +195,14 @@ func aborted(err error) bool {
 
 // refusedAtCommit reports whether the server refused to commit a WithTx
 // transaction for what it holds — a deferred constraint (class 23), a
-// deferred trigger's exception, any error but a lost connection (whose
-// commit may or may not have happened: the transaction is tried again, and
-// the claim's fence keeps a second commit out), a serialization failure or
-// a deadlock (40001, 40P01: the whole transaction is tried again), or the
-// connection's transaction already closed (fn ended it by hand). The
-// step's writes did not commit, and running them again would most likely
-// fail the same way: it is the step's failure, and goes to Handle.
+// deferred trigger's exception: any server error but a lost connection
+// (whose commit may or may not have happened: the transaction is tried
+// again, and the claim's fence keeps a second commit out), a serialization
+// failure or a deadlock (40001, 40P01), or a lock or statement timeout
+// (55P03, 57014), for which the whole transaction is tried again — or the
+// connection's transaction already closed (fn ended it through tx.Conn()).
+// The step's writes did not commit, and running them again would most
+// likely fail the same way: it is the step's failure, and goes to Handle.
 func refusedAtCommit(err error) bool {
 	if errors.Is(err, pgx.ErrTxClosed) {
 		return true
@@ -201,7 +211,7 @@ func refusedAtCommit(err error) bool {
 	if !errors.As(err, &pgErr) || connectionFailure(err) {
 		return false
 	}
-	return pgErr.Code != "40001" && pgErr.Code != "40P01"
+	return !slices.Contains([]string{"40001", "40P01", "55P03", "57014"}, pgErr.Code)
 }
 
 // directPID marks, in a connection's CustomData, a connection whose

@@ -220,15 +220,25 @@ func TestReapPassesOverAChildWhoseParentIsLocked(t *testing.T) {
 	require.NoError(t, err)
 	ctx := context.Background()
 	s := `"` + schema + `"`
-	var parent, child, other int64
+	var parent int64
 	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, status, children_total, children_pending, fanout)
-		VALUES ('m', 'join', 'awaiting_children', 1, 1, 1) RETURNING id`).Scan(&parent))
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances
+		VALUES ('m', 'join', 'awaiting_children', 3, 3, 1) RETURNING id`).Scan(&parent))
+	// Three children with their attempts spent, their leases the oldest,
+	// as many as the reap's batch, and three unrelated expired leases.
+	var children, others []int64
+	rows, err := pool.Query(ctx, `INSERT INTO `+s+`.gendurable_instances
 		(fsm, step, status, attempt, max_attempts, claim_token, lease_expires_at, parent_id, parent_fanout)
-		VALUES ('m', 'a', 'executing', 0, 1, 7, now() - interval '2 seconds', $1, 1) RETURNING id`, parent).Scan(&child))
-	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances
+		SELECT 'm', 'a', 'executing', 0, 1, g, now() - interval '20 seconds' + g * interval '1 second', $1, 1
+		FROM generate_series(1, 3) g RETURNING id`, parent)
+	require.NoError(t, err)
+	children, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	rows, err = pool.Query(ctx, `INSERT INTO `+s+`.gendurable_instances
 		(fsm, step, status, attempt, max_attempts, claim_token, lease_expires_at)
-		VALUES ('m', 'a', 'executing', 0, 3, 8, now() - interval '1 second') RETURNING id`).Scan(&other))
+		SELECT 'm', 'a', 'executing', 0, 3, 10 + g, now() - interval '1 second' FROM generate_series(1, 3) g RETURNING id`)
+	require.NoError(t, err)
+	others, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
 
 	holder, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -238,20 +248,27 @@ func TestReapPassesOverAChildWhoseParentIsLocked(t *testing.T) {
 
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	res, err := q.Reap(sctx, pool, 10, nil, 0)
+	res, err := q.Reap(sctx, pool, 3, nil, 0)
 	require.NoError(t, err, "the reap waited for the locked parent")
-	require.Len(t, res.Reaped, 1)
-	require.Equal(t, other, res.Reaped[0].ID, "the unrelated expired lease is reaped")
+	var reaped []int64
+	for _, r := range res.Reaped {
+		reaped = append(reaped, r.ID)
+	}
+	require.ElementsMatch(t, others, reaped, "a batch of the unrelated expired leases, the children passed over")
 	var childLease time.Time
-	require.NoError(t, pool.QueryRow(ctx, `SELECT lease_expires_at FROM `+s+`.gendurable_instances WHERE id = $1 AND status = 'executing'`, child).Scan(&childLease))
-	require.False(t, res.Floor.After(childLease), "the child stays at or above the floor the next sweep starts at")
+	require.NoError(t, pool.QueryRow(ctx, `SELECT min(lease_expires_at) FROM `+s+`.gendurable_instances
+		WHERE id = ANY ($1) AND status = 'executing'`, children).Scan(&childLease))
+	require.False(t, res.Floor.After(childLease), "the children stay at or above the floor the next sweep starts at")
 
 	require.NoError(t, holder.Rollback(ctx))
 	res, err = q.Reap(ctx, pool, 10, &res.Floor, 0)
 	require.NoError(t, err)
-	require.Len(t, res.Reaped, 1)
-	require.Equal(t, child, res.Reaped[0].ID)
-	require.Equal(t, "failed", res.Reaped[0].Status)
+	reaped = reaped[:0]
+	for _, r := range res.Reaped {
+		reaped = append(reaped, r.ID)
+		require.Equal(t, "failed", r.Status)
+	}
+	require.ElementsMatch(t, children, reaped)
 	var status string
 	var pending int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT status::text, children_pending FROM `+s+`.gendurable_instances WHERE id = $1`, parent).Scan(&status, &pending))

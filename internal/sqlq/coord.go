@@ -428,12 +428,22 @@ const (
 // two retries take turns, and the second one's snapshot holds the first
 // one's change. (A prune deletes a finished parent only under its lock,
 // after looking at its children in a snapshot taken then: pruneSQL.)
-const retryStatusSet = `      status = CASE WHEN k.kids > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
-                    WHEN cardinality(i.awaits) > 0 THEN 'awaiting_signal'::{{schema}}.gendurable_status
+const retryStatusSet = `      status = CASE WHEN ` + reparkAwait + ` THEN 'awaiting_signal'::{{schema}}.gendurable_status
+                    WHEN k.kids > 0 THEN 'awaiting_children'::{{schema}}.gendurable_status
                     ELSE 'runnable' END,
-      children_pending = CASE WHEN k.kids > 0 THEN k.kids ELSE i.children_pending END,
-      await_deadline = CASE WHEN k.kids = 0 AND cardinality(i.awaits) > 0 AND i.await_deadline IS NOT NULL
-                            THEN greatest(i.await_deadline, clock_timestamp()) END`
+      children_pending = CASE WHEN NOT ` + reparkAwait + ` AND k.kids > 0 THEN k.kids ELSE i.children_pending END,
+      await_deadline = CASE WHEN ` + reparkAwait + ` AND i.await_deadline IS NOT NULL
+                            THEN greatest(i.await_deadline, clock_timestamp()) END,
+      awaits = CASE WHEN ` + reparkAwait + ` THEN i.awaits END`
+
+// reparkAwait says a failed row i was cancelled while parked in an Await:
+// cancelSet kept what it awaited, and its last error is the cancel's. A
+// retry parks it again, before anything else — a parent past its fan-out
+// that awaits a signal awaits the signal, not a child of that fan-out
+// retried on its own. Rows that a reaper or an engine of schema version 17
+// failed after a signal woke them keep awaits too, but their last error is
+// not a cancel: they run their step, as before.
+const reparkAwait = `(cardinality(i.awaits) > 0 AND i.errors -> -1 ->> 'kind' = 'cancelled')`
 
 // retryLockSQL locks the failed rows among $1 (the caller's ids, sorted)
 // and their parents, every one in id order so that two retries lock shared

@@ -222,3 +222,33 @@ func TestRetryTransactionsLimitTheirIdle(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances WHERE status = 'failed'`).Scan(&failed))
 	require.Zero(t, failed, "both retried")
 }
+
+// TestRetryParksAgainOnlyACancelledAwait: Retry parks a row again only if
+// it was cancelled while parked (awaits kept by the cancel, its last error
+// the cancel's) — also a parent past its fan-out with a child of that
+// fan-out live again, which awaits its signal, not the child. A row a
+// reaper of an earlier version failed after a signal woke it (awaits kept,
+// its last error lease_expired) runs its step, as before.
+func TestRetryParksAgainOnlyACancelledAwait(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	c := conn()
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, status, finished_at, awaits, await_deadline, errors, fanout)
+	      OVERRIDING SYSTEM VALUE VALUES
+	        (1, 'm', 'ship', 'failed', now(), '{pay}', NULL, '[{"kind": "cancelled", "error": "op"}]', 0),
+	        (2, 'm', 'ship', 'failed', now(), '{pay}', NULL, '[{"kind": "lease_expired", "error": "crashed"}]', 0),
+	        (3, 'm', 'approve', 'failed', now(), '{approve}', now() + interval '1 hour', '[{"kind": "cancelled", "error": "op"}]', 1)`)
+	// Row 3's child of its fan-out 1, live again (retried on its own).
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, parent_id, parent_fanout) OVERRIDING SYSTEM VALUE VALUES (10, 'm', 'a', 3, 1)`)
+	for _, id := range []int64{1, 2, 3} {
+		_, _, _, err := q.Retry(ctx, c, id)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND status = 'awaiting_signal'
+		AND awaits = '{pay}' AND await_deadline IS NULL`), "cancelled while parked: parked again")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 2 AND status = 'runnable' AND awaits IS NULL`),
+		"failed by a reaper after a wake: runs its step")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 3 AND status = 'awaiting_signal'
+		AND awaits = '{approve}' AND await_deadline > now() + interval '59 minutes'`), "its signal, with its deadline, not the child")
+}

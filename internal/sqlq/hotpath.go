@@ -378,28 +378,29 @@ WITH expired AS MATERIALIZED (
   -- where that ends), one that kills its process as it starts is still
   -- charged on its second crash.
   --
-  -- A row the reap fails joins its parent's fan-in (parents, below), which
-  -- updates the parent: the parent is locked here, skipped if another
-  -- transaction holds it (a Retry or a caller's SignalTx left open by a
-  -- client cut off), and the child with it, for a later sweep — waiting
-  -- for it held back every expired lease behind it, of every instance.
-  SELECT id, inbox, free, fails
-  FROM (SELECT id, inbox, free, parent_id, NOT free AND attempt + 1 >= max_attempts AS fails
-  FROM (SELECT id, inbox, attempt, max_attempts, parent_id,
+  -- A row the reap may fail (its attempts spent) joins its parent's fan-in
+  -- (parents, below), which updates the parent: the parent is locked here,
+  -- before the LIMIT, skipped if another transaction holds it (a Retry or
+  -- a caller's SignalTx left open by a client cut off), and the child with
+  -- it, for a later sweep — waiting for it held back every expired lease
+  -- behind it, of every instance, and a child skipped after the LIMIT
+  -- would still take a place of the batch.
+  SELECT id, inbox, free, NOT free AND attempt + 1 >= max_attempts AS fails
+  FROM (SELECT id, inbox, attempt, max_attempts,
                coalesce((unstarted_token = claim_token OR (claim_token IS NULL AND unstarted_token = 0))
                         AND NOT errors @> jsonb_build_array(jsonb_build_object(
                               'kind', 'lease_expired', 'uncharged', true, 'step', step, 'attempt', attempt)),
                         false) AS free
-        FROM {{schema}}.gendurable_instances
+        FROM {{schema}}.gendurable_instances AS c
         WHERE status = 'executing' AND lease_expires_at < now()
           AND lease_expires_at >= coalesce($3::timestamptz, '-infinity')
+          AND (c.parent_id IS NULL OR c.attempt + 1 < c.max_attempts
+               OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS p WHERE p.id = c.parent_id
+                          FOR NO KEY UPDATE SKIP LOCKED)
+               OR NOT EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS p WHERE p.id = c.parent_id))
         ORDER BY lease_expires_at
         LIMIT $1
-        FOR UPDATE SKIP LOCKED) AS x) AS x
-  WHERE NOT x.fails OR x.parent_id IS NULL
-     OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS p WHERE p.id = x.parent_id
-                FOR NO KEY UPDATE SKIP LOCKED)
-     OR NOT EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS p WHERE p.id = x.parent_id)
+        FOR UPDATE OF c SKIP LOCKED) AS x
 ), changed AS (
 UPDATE {{schema}}.gendurable_instances AS i
 SET status = CASE WHEN e.fails THEN 'failed' ELSE 'runnable' END::{{schema}}.gendurable_status,
