@@ -510,3 +510,56 @@ func TestASwallowedStatementIsSentAgainWithinTheLease(t *testing.T) {
 	require.Equal(t, "done", f.row(f.claims[0].ID).Status)
 	require.Less(t, took, lease, "within the lease")
 }
+
+// TestABatchWaitingOnALockedRowIsAppliedApart: a batch whose statement waits
+// on one row held locked elsewhere (a caller's transaction left open on an
+// instance or its parent) kept every outcome of the batch waiting: at the
+// lease's end all of them failed, and their steps ran again (a probe: 10 of
+// 12 unrelated jobs with MaxAttempts 1 failed though their steps had
+// finished). After half the lease the batch is applied an outcome per
+// statement: the others commit then, and only the held row's waits on.
+func TestABatchWaitingOnALockedRowIsAppliedApart(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 7)
+	const lease = 2 * time.Second
+	c := committer.New(committer.Config{Lease: lease, MaxInFlight: 1}, f.q, f.pool)
+	first, held, rest := f.claims[0], f.claims[1], f.claims[2:]
+	releaseFirst := f.hold(first.ID) // keeps the one statement in flight while the others queue
+	f.hold(held.ID)                  // never released while the batch runs
+	done := func(cl sqlq.Claimed) *sqlq.Outcome {
+		return &sqlq.Outcome{ID: cl.ID, Token: cl.Token, Kind: sqlq.KindDone, Result: str(`{}`)}
+	}
+	type answer struct {
+		id   int64
+		res  committer.Result
+		took time.Duration
+	}
+	answers := make(chan answer, len(f.claims))
+	start := time.Now()
+	commit := func(cl sqlq.Claimed) {
+		c.CommitAsync(done(cl), func(r committer.Result) { answers <- answer{cl.ID, r, time.Since(start)} })
+	}
+	commit(first)
+	f.waitStatements(1)
+	commit(held)
+	for _, cl := range rest {
+		commit(cl)
+	}
+	time.Sleep(100 * time.Millisecond)
+	releaseFirst()
+	got := map[int64]answer{}
+	for range f.claims {
+		a := <-answers
+		got[a.id] = a
+	}
+	for _, cl := range rest {
+		a := got[cl.ID]
+		require.NoError(t, a.res.Err, "row %d", cl.ID)
+		require.NotNil(t, a.res.Applied, "row %d written", cl.ID)
+		require.Less(t, a.took, lease, "row %d written before the lease ended", cl.ID)
+		require.Equal(t, "done", f.row(cl.ID).Status)
+	}
+	require.Error(t, got[held.ID].res.Err, "the held row's outcome could not be written within its lease")
+	require.Equal(t, "executing", f.row(held.ID).Status)
+	t.Logf("statements: %v; rest written %v–%v after the start", f.tracer.batches(), got[rest[0].ID].took, got[rest[len(rest)-1].ID].took)
+}
