@@ -171,28 +171,21 @@ func (c *Committer) flushLoop() {
 
 // apply writes one batch, retrying transient failures (lost connection,
 // deadlock with another process's batch) until the lease runs out. A
-// rejected batch is split so only the offending outcome is stopped, and so
-// is one whose attempt took half the lease (applyApart).
+// rejected batch is split so only the offending outcome is stopped.
 func (c *Committer) apply(batch []*request) {
-	run := c.runContext()
-	ctx, cancel := context.WithTimeout(run, c.cfg.Lease)
-	defer cancel()
-	c.applyIn(ctx, run, batch)
-}
-
-// applyIn is apply within ctx (the batch's lease), run the committer's
-// context at its start.
-func (c *Committer) applyIn(ctx, run context.Context, batch []*request) {
 	if len(batch) > 1 && sharesAnID(batch) {
 		// Two claims of one instance (a step fenced out whose context still
 		// runs, and the claim that replaced it): results are delivered by
 		// instance id, so each goes in a statement of its own, where only
 		// the one whose token still matches is written.
 		for _, r := range batch {
-			c.applyIn(ctx, run, []*request{r})
+			c.apply([]*request{r})
 		}
 		return
 	}
+	run := c.runContext()
+	ctx, cancel := context.WithTimeout(run, c.cfg.Lease)
+	defer cancel()
 	if run.Err() != nil {
 		for _, r := range batch {
 			r.deliver(Result{Err: ErrAborted})
@@ -216,7 +209,6 @@ func (c *Committer) applyIn(ctx, run context.Context, batch []*request) {
 		// that waits on a row lock is abandoned and sent again as well.
 		actx, acancel := context.WithTimeout(ctx, c.cfg.Lease/2)
 		applied, err := c.q.ApplyOutcomes(actx, c.db, b)
-		timedOut := errors.Is(actx.Err(), context.DeadlineExceeded) && ctx.Err() == nil
 		acancel()
 		if err == nil {
 			byID := make(map[int64]*sqlq.Applied, len(applied))
@@ -228,14 +220,10 @@ func (c *Committer) applyIn(ctx, run context.Context, batch []*request) {
 			}
 			return
 		}
-		if timedOut && len(batch) > 1 {
-			c.applyApart(ctx, run, batch)
-			return
-		}
 		if sqlq.Rejected(err) {
 			if len(batch) > 1 {
 				for _, r := range batch {
-					c.applyIn(ctx, run, []*request{r})
+					c.apply([]*request{r})
 				}
 				return
 			}
@@ -265,33 +253,6 @@ func (c *Committer) applyIn(ctx, run context.Context, batch []*request) {
 			r.out.Handoff = 0
 		}
 	}
-}
-
-// apartInFlight bounds the statements applyApart runs at once.
-const apartInFlight = 8
-
-// applyApart writes each outcome of a batch whose attempt took half the
-// lease in a statement of its own, apartInFlight at a time, within what is
-// left of the lease. Such a batch most likely waits on a row one other
-// transaction holds locked — an instance's row or its parent's, held by a
-// caller's SignalTx left open, say: the statement waits for it, and the
-// whole batch with it. Apart, the other outcomes commit at once and only
-// the ones that wait on the lock go on waiting (docs/design.md §7). As on
-// any retry, nothing is handed on: the first attempt may have committed.
-func (c *Committer) applyApart(ctx, run context.Context, batch []*request) {
-	sem := make(chan struct{}, apartInFlight)
-	var wg sync.WaitGroup
-	for _, r := range batch {
-		r.out.Handoff = 0
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			c.applyIn(ctx, run, []*request{r})
-		}()
-	}
-	wg.Wait()
 }
 
 // sharesAnID reports whether two requests of batch are outcomes of the same
