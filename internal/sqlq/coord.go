@@ -442,8 +442,10 @@ const retryStatusSet = `      status = CASE WHEN ` + reparkAwait + ` THEN 'await
 // that awaits a signal awaits the signal, not a child of that fan-out
 // retried on its own. Rows that a reaper or an engine of schema version 17
 // failed after a signal woke them keep awaits too, but their last error is
-// not a cancel: they run their step, as before.
-const reparkAwait = `(cardinality(i.awaits) > 0 AND i.errors -> -1 ->> 'kind' = 'cancelled')`
+// not a cancel: they run their step, as before. Never NULL (awaits NULL
+// makes the comparison NULL, and NOT NULL is NULL: a parent's children
+// count was left as it was).
+const reparkAwait = `coalesce(cardinality(i.awaits) > 0 AND i.errors -> -1 ->> 'kind' = 'cancelled', false)`
 
 // retryLockSQL locks the failed rows among $1 (the caller's ids, sorted)
 // and their parents, every one in id order so that two retries lock shared

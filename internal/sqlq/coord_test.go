@@ -238,10 +238,13 @@ func TestRetryParksAgainOnlyACancelledAwait(t *testing.T) {
 	      OVERRIDING SYSTEM VALUE VALUES
 	        (1, 'm', 'ship', 'failed', now(), '{pay}', NULL, '[{"kind": "cancelled", "error": "op"}]', 0),
 	        (2, 'm', 'ship', 'failed', now(), '{pay}', NULL, '[{"kind": "lease_expired", "error": "crashed"}]', 0),
-	        (3, 'm', 'approve', 'failed', now(), '{approve}', now() + interval '1 hour', '[{"kind": "cancelled", "error": "op"}]', 1)`)
+	        (3, 'm', 'approve', 'failed', now(), '{approve}', now() + interval '1 hour', '[{"kind": "cancelled", "error": "op"}]', 1),
+	        (4, 'm', 'join', 'failed', now(), NULL, NULL, '[{"kind": "cancelled", "error": "op"}]', 1)`)
+	// Row 4 was cancelled while it awaited its fan-out: awaits NULL.
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, parent_id, parent_fanout) OVERRIDING SYSTEM VALUE VALUES (11, 'm', 'a', 4, 1)`)
 	// Row 3's child of its fan-out 1, live again (retried on its own).
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, parent_id, parent_fanout) OVERRIDING SYSTEM VALUE VALUES (10, 'm', 'a', 3, 1)`)
-	for _, id := range []int64{1, 2, 3} {
+	for _, id := range []int64{1, 2, 3, 4} {
 		_, _, _, err := q.Retry(ctx, c, id)
 		require.NoError(t, err)
 	}
@@ -251,4 +254,6 @@ func TestRetryParksAgainOnlyACancelledAwait(t *testing.T) {
 		"failed by a reaper after a wake: runs its step")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 3 AND status = 'awaiting_signal'
 		AND awaits = '{approve}' AND await_deadline > now() + interval '59 minutes'`), "its signal, with its deadline, not the child")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 4 AND status = 'awaiting_children'
+		AND children_pending = 1`), "a parent cancelled on its fan-out awaits its live child, counted (awaits NULL must not leave the count)")
 }
