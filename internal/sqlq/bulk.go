@@ -33,7 +33,9 @@ WITH cand AS MATERIALIZED (
     OFFSET 0 -- a fence: one primary-key probe per id
   ) AS c
   WHERE NOT (c.unique_key IS NOT NULL AND 'runnable' = ANY (c.unique_scope) AND EXISTS (
-      SELECT 1 FROM {{schema}}.gendurable_instances AS h WHERE h.unique_guard = c.unique_key))
+      -- Another holder: a failed row whose scope holds failed (UniqueForever)
+      -- holds its own key, and was skipped by every RetryMany.
+      SELECT 1 FROM {{schema}}.gendurable_instances AS h WHERE h.unique_guard = c.unique_key AND h.id <> c.id))
   ORDER BY u.ord
 ), k AS (
   SELECT p.id, ` + liveChildren(`SELECT cand.id FROM cand`) + ` AS kids

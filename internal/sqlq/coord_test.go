@@ -257,3 +257,20 @@ func TestRetryParksAgainOnlyACancelledAwait(t *testing.T) {
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 4 AND status = 'awaiting_children'
 		AND children_pending = 1`), "a parent cancelled on its fan-out awaits its live child, counted (awaits NULL must not leave the count)")
 }
+
+// TestRetryManyRetriesARowHoldingItsOwnKey: a failed row whose unique scope
+// holds failed (UniqueForever) holds its own key; RetryMany's check for
+// another holder found the row itself and skipped it, every time, while a
+// single Retry retried it.
+func TestRetryManyRetriesARowHoldingItsOwnKey(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, status, finished_at, unique_key, unique_scope)
+	      OVERRIDING SYSTEM VALUE VALUES (1, 'm', 'a', 'failed', now(), 'k1'::bytea,
+	        '{runnable,executing,awaiting_signal,awaiting_children,done,failed}')`)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND unique_guard IS NOT NULL`), "it holds its key")
+	changed, err := q.RetryMany(context.Background(), conn(), []int64{1})
+	require.NoError(t, err)
+	require.Len(t, changed, 1)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND status = 'runnable'`))
+}

@@ -394,10 +394,12 @@ WITH expired AS MATERIALIZED (
         FROM {{schema}}.gendurable_instances AS c
         WHERE status = 'executing' AND lease_expires_at < now()
           AND lease_expires_at >= coalesce($3::timestamptz, '-infinity')
+          -- (A missing parent is counted, not tested with NOT EXISTS: the
+          -- planner hashed that over a sequential scan of the table.)
           AND (c.parent_id IS NULL OR c.attempt + 1 < c.max_attempts
                OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS p WHERE p.id = c.parent_id
                           FOR NO KEY UPDATE SKIP LOCKED)
-               OR NOT EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS p WHERE p.id = c.parent_id))
+               OR (SELECT count(*) FROM {{schema}}.gendurable_instances AS p WHERE p.id = c.parent_id) = 0)
         ORDER BY lease_expires_at
         LIMIT $1
         FOR UPDATE OF c SKIP LOCKED) AS x
