@@ -51,11 +51,19 @@ func nameProblem(s string) string {
 
 // edgeSpaceProblem says whether s starts or ends with white space.
 func edgeSpaceProblem(s string) string {
-	if first, _ := utf8.DecodeRuneInString(s); unicode.IsSpace(first) {
-		return "starts with white space"
+	if p := startSpaceProblem(s); p != "" {
+		return p
 	}
 	if last, _ := utf8.DecodeLastRuneInString(s); unicode.IsSpace(last) {
 		return "ends with white space"
+	}
+	return ""
+}
+
+// startSpaceProblem says whether s starts with white space.
+func startSpaceProblem(s string) string {
+	if first, _ := utf8.DecodeRuneInString(s); unicode.IsSpace(first) {
+		return "starts with white space"
 	}
 	return ""
 }
@@ -79,10 +87,7 @@ func prefixProblem(s string) string {
 	if p := textProblem(s, maxKeyLen); p != "" {
 		return p
 	}
-	if first, _ := utf8.DecodeRuneInString(s); unicode.IsSpace(first) {
-		return "starts with white space"
-	}
-	return ""
+	return startSpaceProblem(s)
 }
 
 // searchProblem says what is wrong with a search text (ListFilter.Search):

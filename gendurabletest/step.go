@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/internal/testlink"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // StepOpts describe the instance a step runs for in [RunStep]. The zero
@@ -257,10 +257,12 @@ func RunStep[S any](ctx context.Context, tb testing.TB, def Typed[S], step strin
 	if out.TxFn != nil && opts.Tx != nil {
 		if txErr := out.TxFn(ctx, ownedTx{opts.Tx}); txErr != nil {
 			out = out.Handle(ctx, txErr)
-		} else if _, err := opts.Tx.Exec(ctx, "SELECT 1"); err != nil && aborted(err) {
+		} else if _, err := opts.Tx.Exec(ctx, "SELECT 1"); err != nil {
 			// What the engine's outcome statement would find: a statement
 			// of the callback's failed and it returned nil.
-			out = out.Handle(ctx, fmt.Errorf("gendurable: a statement of the step's transaction failed and the WithTx callback returned nil; the transaction was aborted: %w", err))
+			if stepErr := executor.AbortedByCallback(err, nil); stepErr != nil {
+				out = out.Handle(ctx, stepErr)
+			}
 		}
 	}
 	if errors.Is(out.StepErr, gendurable.ErrInvalidOutcome) && !opts.AllowInvalidOutcome {
@@ -334,9 +336,3 @@ type ownedTx struct{ pgx.Tx }
 
 func (ownedTx) Commit(context.Context) error   { return gendurable.ErrTxOwned }
 func (ownedTx) Rollback(context.Context) error { return gendurable.ErrTxOwned }
-
-// aborted reports whether err says the transaction was aborted (25P02).
-func aborted(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "25P02"
-}

@@ -158,13 +158,12 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	b.Add(&res.Out)
 	rows, err := x.cfg.Queries.ApplyOutcomes(ctx, tx, &b)
 	if err != nil {
-		if aborted(err) {
-			if first := clock.first(); first != nil {
-				return nil, fmt.Errorf("gendurable: a statement of the step's transaction failed and the WithTx callback "+
-					"returned nil: %w (the transaction was aborted: %w)", first, err), nil
-			}
-			return nil, fmt.Errorf("gendurable: a statement of the step's transaction failed and the WithTx callback "+
-				"returned nil; the transaction was aborted: %w", err), nil
+		var first error
+		if pgErr := clock.first(); pgErr != nil {
+			first = pgErr
+		}
+		if stepErr := AbortedByCallback(err, first); stepErr != nil {
+			return nil, stepErr, nil
 		}
 		return nil, nil, err
 	}
@@ -183,14 +182,23 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	return &rows[0], nil, nil
 }
 
-// aborted reports whether err says the transaction was already aborted
-// when the statement came (25P02): a statement of the callback's failed,
-// and it did not return that error. Running the step again would most
-// likely fail the same way: it is the step's failure (docs/design.md §2,
-// "Transactions that span round trips").
-func aborted(err error) bool {
+// AbortedByCallback is the step's error when err, the error of a statement
+// sent after a WithTx callback returned nil, says the transaction was
+// already aborted (25P02): a statement of the callback's failed, and it did
+// not return that error — first, if the engine saw it. Running the step
+// again would most likely fail the same way: it is the step's failure,
+// for Handle (docs/design.md §2). nil for any other err.
+// gendurabletest.RunStep uses it too.
+func AbortedByCallback(err, first error) error {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "25P02"
+	if !errors.As(err, &pgErr) || pgErr.Code != "25P02" {
+		return nil
+	}
+	const msg = "gendurable: a statement of the step's transaction failed and the WithTx callback returned nil"
+	if first != nil {
+		return fmt.Errorf(msg+": %w (the transaction was aborted: %w)", first, err)
+	}
+	return fmt.Errorf(msg+"; the transaction was aborted: %w", err)
 }
 
 // refusedAtCommit reports whether the server refused to commit a WithTx
@@ -199,14 +207,10 @@ func aborted(err error) bool {
 // (whose commit may or may not have happened: the transaction is tried
 // again, and the claim's fence keeps a second commit out), a serialization
 // failure or a deadlock (40001, 40P01), or a lock or statement timeout
-// (55P03, 57014), for which the whole transaction is tried again — or the
-// connection's transaction already closed (fn ended it through tx.Conn()).
-// The step's writes did not commit, and running them again would most
-// likely fail the same way: it is the step's failure, and goes to Handle.
+// (55P03, 57014), for which the whole transaction is tried again. The
+// step's writes did not commit, and running them again would most likely
+// fail the same way: it is the step's failure, and goes to Handle.
 func refusedAtCommit(err error) bool {
-	if errors.Is(err, pgx.ErrTxClosed) {
-		return true
-	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || connectionFailure(err) {
 		return false

@@ -388,7 +388,11 @@ DELETE FROM {{schema}}.gendurable_instances AS i USING doomed AS d WHERE i.id = 
 // keepalive's hours (docs/design.md §2). Such a transaction sends its
 // statements back to back; a minute is never a wait of its own. A
 // stricter limit the session already has is kept.
-var idleLimitSetting = idleLimitAtMost(60000)
+var idleLimitSetting = idleLimitAtMost(ownTxIdle.Milliseconds())
+
+// ownTxIdle is how long the server lets a transaction of the library's own
+// that is not a WithTx outcome's wait on its client.
+const ownTxIdle = time.Minute
 
 // pruneSettings rule out, for the prune transaction only, the plans whose
 // cost grows with the finished rows rather than the batch: a bitmap scan of

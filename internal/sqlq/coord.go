@@ -483,13 +483,10 @@ func beginIdleLimitedFunc(ctx context.Context, db TxDB, fn func(pgx.Tx) error) e
 	if b, ok := db.(interface {
 		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
 	}); ok {
-		return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{BeginQuery: beginIdleLimited}, fn)
+		return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{BeginQuery: BeginIdleLimited(ownTxIdle)}, fn)
 	}
 	return pgx.BeginFunc(ctx, db, fn)
 }
-
-// beginIdleLimited begins a transaction with idleLimitSetting.
-var beginIdleLimited = "begin; select " + idleLimitSetting
 
 // TxDB is a DB that begins a transaction (a savepoint, in a transaction).
 type TxDB interface {

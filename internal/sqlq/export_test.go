@@ -16,4 +16,4 @@ var IdleLimitSettings = map[string]string{"prune": pruneSettings, "throughput": 
 	"migrate": migrateLock}
 
 // BeginRetry is the BEGIN of Retry's and RetryMany's transactions.
-var BeginRetry = beginIdleLimited
+var BeginRetry = BeginIdleLimited(ownTxIdle)
