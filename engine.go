@@ -198,7 +198,10 @@ type Config struct {
 	// CommitConcurrency is how many outcome statements this engine keeps in
 	// flight at once. Outcomes of steps that finish while those run are
 	// group-committed in the next statement. Default 2 (for 0 or a negative
-	// value).
+	// value). One more statement runs while outcomes wait on a row lock
+	// another transaction holds (a caller's open SignalTx on a parent):
+	// they are taken out of their batch and written on their own, so the
+	// rest of the batch does not wait with them (docs/design.md §4).
 	CommitConcurrency int
 
 	// Logger for the engine's own logs. Default slog.Default().

@@ -469,3 +469,74 @@ func TestAwaitTimeoutOfARemainingTime(t *testing.T) {
 	require.Equal(t, gendurable.StatusAwaitingSignal, w.Status)
 	require.Nil(t, w.Deadline, "Timeout(0) is no deadline")
 }
+
+// TestAParentLockedByASignalTxHoldsUpOnlyItsChild: a caller's SignalTx
+// left open on a parent holds the parent's row lock; its child's Done
+// waits for it. Steps of other instances that finished at the same moment,
+// whose outcomes were group-committed with the child's, are written at once
+// (the batch is split when its statement runs out of the committer's lock
+// wait), and the child's once the caller commits. Before, the whole batch
+// waited on the lock; it outlasted the lease, and every step of the batch
+// failed with MaxAttempts 1 though it had returned (a probe: 10 of 12).
+func TestAParentLockedByASignalTxHoldsUpOnlyItsChild(t *testing.T) {
+	t.Parallel()
+	const others, lease, held = 11, 2 * time.Second, 3 * time.Second
+	barrier := make(chan struct{})
+	var inStep atomic.Int32
+	wait := func(ctx context.Context) error {
+		inStep.Add(1)
+		select {
+		case <-barrier:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	kid := &gendurable.Job[leafArgs]{Name: "lockkid", MaxAttempts: 1, Perform: func(ctx context.Context, _ *gendurable.Run[leafArgs]) error {
+		return wait(ctx)
+	}}
+	other := &gendurable.Job[leafArgs]{Name: "lockother", MaxAttempts: 1, Perform: func(ctx context.Context, _ *gendurable.Run[leafArgs]) error {
+		return wait(ctx)
+	}}
+	parent := &gendurable.Machine[struct{}]{Name: "lockparent", Start: "fan", Steps: map[string]gendurable.StepFunc[struct{}]{
+		"fan": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
+			return r.ScheduleChildren("join", r.State, kid.New(leafArgs{})), nil
+		},
+		"join": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil), nil
+		},
+	}}
+	cfg := fastConfig("", parent, kid, other)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 16, PollInterval: 10 * time.Millisecond}}
+	cfg.LeaseDuration, cfg.HeartbeatInterval = lease, 500*time.Millisecond
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	pid := b.insert(parent.New(struct{}{}))
+	eventually(t, 10*time.Second, func() bool { return inStep.Load() == 1 }, "the child never started")
+	ids := make([]int64, others)
+	for i := range ids {
+		ids[i] = b.insert(other.New(leafArgs{}))
+	}
+	eventually(t, 10*time.Second, func() bool { return inStep.Load() == 1+others }, "the other jobs never started")
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = b.eng.SignalTx(ctx, tx, pid, "note", nil, nil)
+	require.NoError(t, err)
+	close(barrier) // every step returns at once
+	returned := time.Now()
+	for _, id := range ids {
+		for b.row(id).Status != "done" {
+			require.Less(t, time.Since(returned), lease, "job %d (%s) is held up by the child's parent", id, b.row(id).Status)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	time.Sleep(held - time.Since(returned))
+	require.NoError(t, tx.Commit(ctx))
+	r := b.waitStatus(pid, "done", 10*time.Second)
+	require.Empty(t, r.Errors)
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE parent_id = $1 AND status = 'done'`, pid),
+		"the child's Done was written once the parent's lock went")
+}

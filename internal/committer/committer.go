@@ -30,6 +30,12 @@ type Config struct {
 	MaxBatch    int           // outcomes per statement; default DefaultMaxBatch
 	MaxInFlight int           // statements in flight at once; default DefaultMaxInFlight
 	Lease       time.Duration // lease of continued outcomes, and how long a write is retried
+	// LockWait bounds how long a batch's statement waits for a row lock
+	// another transaction holds (a caller's open SignalTx on a parent whose
+	// child finished, an operator's statement cut off mid-transaction)
+	// before the batch is split so its other outcomes go on (see apply).
+	// Default: an eighth of Lease, at least 100 ms and at most 1 s.
+	LockWait time.Duration
 }
 
 // Result is one outcome's fate: Applied set when its fence held, nil with a
@@ -62,6 +68,11 @@ type Committer struct {
 	mu       sync.Mutex
 	pending  []*request
 	inFlight int
+	// blocked holds outcomes whose statement, alone, ran out of LockWait;
+	// one goroutine (waiting) writes them, waiting on their locks, while
+	// the flush loops go on with the rest.
+	blocked []*request
+	waiting bool
 	batches  sync.Pool
 	// run bounds every statement besides its lease: Abort cancels it, and
 	// it stays cancelled until Resume.
@@ -80,6 +91,9 @@ func New(cfg Config, q *sqlq.Queries, db sqlq.DB) *Committer {
 	}
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.LockWait <= 0 {
+		cfg.LockWait = min(max(cfg.Lease/8, 100*time.Millisecond), time.Second)
 	}
 	c := &Committer{cfg: cfg, q: q, db: db}
 	c.batches.New = func() any { return &sqlq.OutcomeBatch{} }
@@ -165,21 +179,66 @@ func (c *Committer) flushLoop() {
 		copy(batch, c.pending)
 		c.pending = append(c.pending[:0], c.pending[n:]...)
 		c.mu.Unlock()
-		c.apply(batch)
+		c.apply(batch, c.cfg.LockWait)
+	}
+}
+
+// park hands an outcome whose statement ran out of LockWait, alone, to the
+// waiting goroutine, starting it if it is not running.
+func (c *Committer) park(r *request) {
+	c.mu.Lock()
+	c.blocked = append(c.blocked, r)
+	start := !c.waiting
+	c.waiting = true
+	c.mu.Unlock()
+	if start {
+		go c.waitLoop()
+	}
+}
+
+// waitLoop writes the parked outcomes, all of them together, as the
+// committer wrote every outcome before LockWait: each statement waits on its
+// locks for up to half a lease, and is retried for up to a lease. It holds
+// at most one connection, whatever the number of parked outcomes.
+func (c *Committer) waitLoop() {
+	for {
+		c.mu.Lock()
+		batch := c.blocked
+		c.blocked = nil
+		if len(batch) == 0 {
+			c.waiting = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		for len(batch) > 0 {
+			n := min(len(batch), c.cfg.MaxBatch)
+			c.apply(batch[:n], 0)
+			batch = batch[n:]
+		}
 	}
 }
 
 // apply writes one batch, retrying transient failures (lost connection,
 // deadlock with another process's batch) until the lease runs out. A
 // rejected batch is split so only the offending outcome is stopped.
-func (c *Committer) apply(batch []*request) {
+//
+// lockWait (0: none) bounds each lock wait of the statement. A batch whose
+// statement runs out of it waits on a row another transaction holds — a
+// child's Done on a parent a caller's open SignalTx locked, an outcome of
+// a row locked itself: it is halved, and each half written the same way,
+// so the outcomes that do not wait are written after a few lockWaits
+// (about log2 of the batch at most) rather than failing with the waiting
+// one at the lease's end; an outcome that still waits alone is parked for
+// waitLoop. Nothing of a statement that ran out of its wait was written.
+func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 	if len(batch) > 1 && sharesAnID(batch) {
 		// Two claims of one instance (a step fenced out whose context still
 		// runs, and the claim that replaced it): results are delivered by
 		// instance id, so each goes in a statement of its own, where only
 		// the one whose token still matches is written.
 		for _, r := range batch {
-			c.apply([]*request{r})
+			c.apply([]*request{r}, lockWait)
 		}
 		return
 	}
@@ -197,7 +256,7 @@ func (c *Committer) apply(batch []*request) {
 	var retry backoff.Write
 	for {
 		b.Reset()
-		b.Lease = c.cfg.Lease
+		b.Lease, b.LockWait = c.cfg.Lease, lockWait
 		for _, r := range batch {
 			b.Add(r.out)
 		}
@@ -220,10 +279,20 @@ func (c *Committer) apply(batch []*request) {
 			}
 			return
 		}
+		if lockWait > 0 && sqlq.LockTimedOut(err) && run.Err() == nil {
+			if len(batch) == 1 {
+				c.park(batch[0])
+				return
+			}
+			h := len(batch) / 2
+			c.apply(batch[:h], lockWait)
+			c.apply(batch[h:], lockWait)
+			return
+		}
 		if sqlq.Rejected(err) {
 			if len(batch) > 1 {
 				for _, r := range batch {
-					c.apply([]*request{r})
+					c.apply([]*request{r}, lockWait)
 				}
 				return
 			}

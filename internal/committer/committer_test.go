@@ -510,3 +510,76 @@ func TestASwallowedStatementIsSentAgainWithinTheLease(t *testing.T) {
 	require.Equal(t, "done", f.row(f.claims[0].ID).Status)
 	require.Less(t, took, lease, "within the lease")
 }
+
+// gateFirst is a DB whose first statement, once it arrived, waits for open
+// to be closed before it is sent: the outcomes committed meanwhile queue up
+// behind it.
+type gateFirst struct {
+	sqlq.DB
+	once          sync.Once
+	arrived, open chan struct{}
+}
+
+func (g *gateFirst) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	g.once.Do(func() {
+		close(g.arrived)
+		<-g.open
+	})
+	return g.DB.Query(ctx, sql, args...)
+}
+
+// TestABatchDoesNotWaitForARowLockedElsewhere: a batch holding the outcome
+// of a row another transaction keeps locked (a caller's open SignalTx, an
+// operator cut off mid-transaction) is split when its statement runs out of
+// LockWait: the other outcomes are written at once, and the waiting one on
+// its own once the lock goes. Before, the whole batch waited on the lock,
+// and when it outlasted the lease every outcome of the batch failed (a
+// probe: 10 of 12 unrelated jobs with MaxAttempts 1 failed).
+func TestABatchDoesNotWaitForARowLockedElsewhere(t *testing.T) {
+	t.Parallel()
+	const n, lease, held = 12, 2 * time.Second, 3 * time.Second
+	f := newFixture(t, n)
+	gate := &gateFirst{DB: f.pool, arrived: make(chan struct{}), open: make(chan struct{})}
+	c := committer.New(committer.Config{Lease: lease, MaxInFlight: 1}, f.q, gate)
+	release := f.hold(f.claims[1].ID)
+	results := make([]chan committer.Result, n)
+	took := make([]time.Duration, n)
+	start := time.Now()
+	for i := range results {
+		results[i] = make(chan committer.Result, 1)
+		c.CommitAsync(&sqlq.Outcome{ID: f.claims[i].ID, Token: f.claims[i].Token, Kind: sqlq.KindDone, Result: str(`{}`)},
+			func(r committer.Result) { took[i] = time.Since(start); results[i] <- r })
+		if i == 0 {
+			<-gate.arrived
+		}
+	}
+	close(gate.open) // the other 11, one held, go in one batch
+	released := make(chan time.Time, 1)
+	go func() {
+		time.Sleep(held)
+		released <- time.Now()
+		release()
+	}()
+	for i := range results {
+		var res committer.Result
+		select {
+		case res = <-results[i]:
+		case <-time.After(15 * time.Second):
+			t.Fatalf("outcome %d: no result", i)
+		}
+		require.NoError(t, res.Err, "outcome %d (after %v)", i, took[i])
+		require.NotNil(t, res.Applied, "outcome %d", i)
+		require.Equal(t, "done", f.row(f.claims[i].ID).Status, "outcome %d", i)
+	}
+	rel := <-released
+	for i := range n {
+		if i == 1 {
+			require.Greater(t, took[i], rel.Sub(start), "the held row's outcome waits for the lock")
+			continue
+		}
+		require.Less(t, took[i], lease, "outcome %d is not held up by the locked row", i)
+	}
+	batches := f.tracer.batches()
+	t.Logf("outcome statements: %v; took %v", batches, took)
+	require.Equal(t, []int{1, n - 1}, batches[:2], "the outcomes queued behind the first went in one statement")
+}

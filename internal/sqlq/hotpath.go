@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -722,10 +723,18 @@ func BeginIdleLimited(idle time.Duration) string {
 // idle_in_transaction_session_timeout to ms milliseconds, keeping a
 // stricter one the session has (0 is none).
 func idleLimitAtMost(ms int64) string {
-	return fmt.Sprintf(`set_config('idle_in_transaction_session_timeout', CASE
-  WHEN current_setting('idle_in_transaction_session_timeout')::interval > interval '0'
-   AND current_setting('idle_in_transaction_session_timeout')::interval <= interval '%[1]d milliseconds'
-  THEN current_setting('idle_in_transaction_session_timeout') ELSE '%[1]d' END, true)`, ms)
+	return settingAtMost("idle_in_transaction_session_timeout", strconv.FormatInt(ms, 10))
+}
+
+// settingAtMost is a set_config call that limits the transaction's timeout
+// setting name to the milliseconds of the SQL expression ms (a literal or
+// a bigint parameter), keeping a stricter one the session has (0 is none):
+// one an administrator set for the role or database still applies.
+func settingAtMost(name, ms string) string {
+	return fmt.Sprintf(`set_config('%[1]s', CASE
+  WHEN current_setting('%[1]s')::interval > interval '0'
+   AND current_setting('%[1]s')::interval <= (%[2]s) * interval '1 millisecond'
+  THEN current_setting('%[1]s') ELSE (%[2]s)::text END, true)`, name, ms)
 }
 
 // BackendPID returns the process id of the server session db runs on: in a

@@ -3,6 +3,7 @@ package sqlq
 import (
 	"context"
 	"fmt"
+	"math"
 	"regexp"
 	"strconv"
 	"strings"
@@ -148,6 +149,20 @@ const parentJoinCTE = `parents AS (
   RETURNING p.id
 )`
 
+// lockWaitIDs is the outcome statement's array of ids, read first: with
+// @lock_wait set (milliseconds), it limits the statement's every lock wait
+// (lock_timeout, for its own implicit transaction) before any row is locked
+// — the function scan of unnest evaluates its arguments before the lateral
+// probes that lock run, and every other lock the statement takes hangs off
+// those rows. A wait that runs out fails the statement with SQLSTATE 55P03
+// (LockTimedOut) and nothing of it is written. NULL (a WithTx outcome, in
+// the caller's transaction) leaves the session's setting alone. The group
+// committer sets it so one row locked elsewhere cannot hold up a batch of
+// unrelated outcomes (committer.Config.LockWait, docs/design.md §4).
+var lockWaitIDs = `CASE WHEN @lock_wait::bigint IS NULL THEN @ids::bigint[]
+                   WHEN ` + settingAtMost("lock_timeout", "@lock_wait::bigint") + ` IS NOT NULL
+                   THEN @ids::bigint[] END`
+
 // newRowColumns and newRowSelect are shared by inserts and children: the
 // columns of a new instance and how each is computed from the unnest alias n.
 const newRowColumns = `fsm, fsm_version, queue, step, state, priority, max_attempts, eligible_at,
@@ -196,7 +211,7 @@ WITH locked AS MATERIALIZED (
          c.inbox AS held_inbox`) +
 		iff(shape&shapeHandoff != 0, `,
          c.partition_key AS pkey, c.queue AS pqueue, c.parent_id AS pparent`) + `
-  FROM unnest(@ids::bigint[], @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
+  FROM unnest(` + lockWaitIDs + `, @tokens::bigint[], @kinds::smallint[], @steps::text[], @states::text[],
               @delays::bigint[], @attempt_inc::int[], @results::text[], @err_kinds::text[], @errs::text[],
               @awaits::text[], @timeouts::bigint[], @inbox_dec::text[], @cont::bool[], @err_stacks::text[],
               @seen::text[]` +
@@ -465,6 +480,9 @@ type OutcomeBatch struct {
 	handoff                 []int32
 	// Lease is the lease given to continued outcomes.
 	Lease time.Duration
+	// LockWait, if above 0, limits each lock wait of the statement (see
+	// lockWaitIDs); rounded up to whole milliseconds.
+	LockWait time.Duration
 }
 
 // Reset empties the batch, keeping its capacity.
@@ -580,6 +598,11 @@ func (b *OutcomeBatch) arg(name string) any {
 		return b.handoff
 	case "lease":
 		return micros(b.Lease)
+	case "lock_wait":
+		if b.LockWait <= 0 {
+			return nil
+		}
+		return min((b.LockWait+time.Millisecond-1).Milliseconds(), math.MaxInt32)
 	case "max_errors":
 		return MaxErrorHistory
 	case "kid_parent":

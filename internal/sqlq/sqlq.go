@@ -172,3 +172,11 @@ func Rejected(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "54"))
 }
+
+// LockTimedOut reports a statement that gave up waiting for a lock
+// (SQLSTATE 55P03: its lock_timeout ran out, see OutcomeBatch.LockWait):
+// nothing of it was written.
+func LockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
