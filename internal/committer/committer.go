@@ -73,7 +73,7 @@ type Committer struct {
 	// the flush loops go on with the rest.
 	blocked []*request
 	waiting bool
-	batches  sync.Pool
+	batches sync.Pool
 	// run bounds every statement besides its lease: Abort cancels it, and
 	// it stays cancelled until Resume.
 	run       context.Context

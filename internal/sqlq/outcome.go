@@ -602,7 +602,7 @@ func (b *OutcomeBatch) arg(name string) any {
 		if b.LockWait <= 0 {
 			return nil
 		}
-		return min((b.LockWait+time.Millisecond-1).Milliseconds(), math.MaxInt32)
+		return min((b.LockWait + time.Millisecond - 1).Milliseconds(), math.MaxInt32)
 	case "max_errors":
 		return MaxErrorHistory
 	case "kid_parent":
