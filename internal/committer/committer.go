@@ -69,8 +69,8 @@ type Committer struct {
 	pending  []*request
 	inFlight int
 	// blocked holds outcomes whose statement, alone, ran out of LockWait;
-	// one goroutine (waiting) writes them, waiting on their locks, while
-	// the flush loops go on with the rest.
+	// one goroutine (waitLoop, running while waiting is set) writes them,
+	// waiting on their locks, while the flush loops go on with the rest.
 	blocked []*request
 	waiting bool
 	batches sync.Pool
@@ -196,10 +196,19 @@ func (c *Committer) park(r *request) {
 	}
 }
 
-// waitLoop writes the parked outcomes, all of them together, as the
-// committer wrote every outcome before LockWait: each statement waits on its
-// locks for up to half a lease, and is retried for up to a lease. It holds
-// at most one connection, whatever the number of parked outcomes.
+// waitLoop writes the parked outcomes until none is left, on one
+// connection whatever their number: each alone, in turn, each statement
+// waiting on its locks for a share of LockWait (so a round of them takes
+// about LockWait while they all wait; at least 10 ms each). One whose wait
+// runs out again is parked again, for the next round, with no limit on the
+// rounds: its claim is heartbeated meanwhile, and a step run again would
+// meet the same lock. A parked outcome thus waits for as long as another
+// transaction holds its row or its parent — or until Abort, or until its
+// row is taken from it (the heartbeat cannot extend the lease of a row
+// locked itself, and once the lock goes the reaper may take it first:
+// fenced out). Parked outcomes
+// do not wait for each other's locks. Other failures are retried for a
+// lease from each round, as in any batch.
 func (c *Committer) waitLoop() {
 	for {
 		c.mu.Lock()
@@ -211,10 +220,18 @@ func (c *Committer) waitLoop() {
 			return
 		}
 		c.mu.Unlock()
-		for len(batch) > 0 {
-			n := min(len(batch), c.cfg.MaxBatch)
-			c.apply(batch[:n], 0)
-			batch = batch[n:]
+		began := time.Now()
+		wait := max(c.cfg.LockWait/time.Duration(len(batch)), 10*time.Millisecond)
+		for _, r := range batch {
+			c.apply([]*request{r}, wait)
+		}
+		// A round is not sent again at once even when its waits ran out
+		// early (a stricter lock_timeout of the session's own).
+		if rest := c.cfg.LockWait/4 - time.Since(began); rest > 0 {
+			select {
+			case <-time.After(rest):
+			case <-c.runContext().Done():
+			}
 		}
 	}
 }
@@ -230,7 +247,8 @@ func (c *Committer) waitLoop() {
 // so the outcomes that do not wait are written after a few lockWaits
 // (about log2 of the batch at most) rather than failing with the waiting
 // one at the lease's end; an outcome that still waits alone is parked for
-// waitLoop. Nothing of a statement that ran out of its wait was written.
+// waitLoop (which calls apply again). Nothing of a statement that ran out
+// of its wait was written.
 func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 	if len(batch) > 1 && sharesAnID(batch) {
 		// Two claims of one instance (a step fenced out whose context still

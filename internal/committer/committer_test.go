@@ -532,12 +532,13 @@ func (g *gateFirst) Query(ctx context.Context, sql string, args ...any) (pgx.Row
 // of a row another transaction keeps locked (a caller's open SignalTx, an
 // operator cut off mid-transaction) is split when its statement runs out of
 // LockWait: the other outcomes are written at once, and the waiting one on
-// its own once the lock goes. Before, the whole batch waited on the lock,
+// its own once the lock goes, though that is more than a lease later (its
+// claim is heartbeated meanwhile). Before, the whole batch waited on the lock,
 // and when it outlasted the lease every outcome of the batch failed (a
 // probe: 10 of 12 unrelated jobs with MaxAttempts 1 failed).
 func TestABatchDoesNotWaitForARowLockedElsewhere(t *testing.T) {
 	t.Parallel()
-	const n, lease, held = 12, 2 * time.Second, 3 * time.Second
+	const n, lease, held = 12, 2 * time.Second, 4500 * time.Millisecond
 	f := newFixture(t, n)
 	gate := &gateFirst{DB: f.pool, arrived: make(chan struct{}), open: make(chan struct{})}
 	c := committer.New(committer.Config{Lease: lease, MaxInFlight: 1}, f.q, gate)
