@@ -200,8 +200,9 @@ type Config struct {
 	// group-committed in the next statement. Default 2 (for 0 or a negative
 	// value). One more statement runs while outcomes wait on a row lock
 	// another transaction holds (a caller's open SignalTx on a parent):
-	// they are taken out of their batch and written on their own, so the
-	// rest of the batch does not wait with them (docs/design.md §4).
+	// after a short wait they are taken out of their batch, which is
+	// written without them, and written one at a time on one connection
+	// once their locks go (docs/design.md §4).
 	CommitConcurrency int
 
 	// Logger for the engine's own logs. Default slog.Default().

@@ -240,15 +240,14 @@ func (c *Committer) waitLoop() {
 // deadlock with another process's batch) until the lease runs out. A
 // rejected batch is split so only the offending outcome is stopped.
 //
-// lockWait (0: none) bounds each lock wait of the statement. A batch whose
-// statement runs out of it waits on a row another transaction holds — a
-// child's Done on a parent a caller's open SignalTx locked, an outcome of
-// a row locked itself: it is halved, and each half written the same way,
-// so the outcomes that do not wait are written after a few lockWaits
-// (about log2 of the batch at most) rather than failing with the waiting
-// one at the lease's end; an outcome that still waits alone is parked for
-// waitLoop (which calls apply again). Nothing of a statement that ran out
-// of its wait was written.
+// lockWait (0: none) bounds each row lock wait of the statement. A batch
+// whose statement runs out of it waits on a row another transaction holds
+// — a child's Done on a parent a caller's open SignalTx locked, an outcome
+// of a row locked itself: split takes the waiting outcomes out, so the
+// others are written after one lockWait rather than failing with the
+// waiting one at the lease's end; an outcome that waits alone is parked
+// for waitLoop (which calls apply again). Nothing of a statement that ran
+// out of its wait was written.
 func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 	if len(batch) > 1 && sharesAnID(batch) {
 		// Two claims of one instance (a step fenced out whose context still
@@ -298,13 +297,7 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 			return
 		}
 		if lockWait > 0 && sqlq.LockTimedOut(err) && run.Err() == nil {
-			if len(batch) == 1 {
-				c.park(batch[0])
-				return
-			}
-			h := len(batch) / 2
-			c.apply(batch[:h], lockWait)
-			c.apply(batch[h:], lockWait)
+			c.split(ctx, batch, lockWait)
 			return
 		}
 		if sqlq.Rejected(err) {
@@ -340,6 +333,47 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 			r.out.Handoff = 0
 		}
 	}
+}
+
+// split writes a batch whose statement ran out of lockWait: it parks the
+// outcomes whose row, or whose parent (a finishing child's), another
+// transaction holds locked now (sqlq.LockedOutcomes) and writes the rest
+// again; when that finds none of them or all (the wait was on something
+// else: a unique key another transaction is inserting, a signal row), the
+// batch is halved instead, and each half written the same way.
+func (c *Committer) split(ctx context.Context, batch []*request, lockWait time.Duration) {
+	if len(batch) == 1 {
+		c.park(batch[0])
+		return
+	}
+	ids := make([]int64, len(batch))
+	terminal := make([]bool, len(batch))
+	for i, r := range batch {
+		ids[i] = r.out.ID
+		terminal[i] = r.out.Kind == sqlq.KindDone || r.out.Kind == sqlq.KindStop
+	}
+	qctx, cancel := context.WithTimeout(ctx, c.cfg.Lease/2)
+	held, err := c.q.LockedOutcomes(qctx, c.db, ids, terminal)
+	cancel()
+	if err == nil && len(held) > 0 && len(held) < len(batch) {
+		locked := make(map[int64]bool, len(held))
+		for _, id := range held {
+			locked[id] = true
+		}
+		rest := make([]*request, 0, len(batch)-len(held))
+		for _, r := range batch {
+			if locked[r.out.ID] {
+				c.park(r)
+			} else {
+				rest = append(rest, r)
+			}
+		}
+		c.apply(rest, lockWait)
+		return
+	}
+	h := len(batch) / 2
+	c.apply(batch[:h], lockWait)
+	c.apply(batch[h:], lockWait)
 }
 
 // sharesAnID reports whether two requests of batch are outcomes of the same

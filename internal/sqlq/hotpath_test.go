@@ -1042,3 +1042,90 @@ func TestReapChargesNoAttemptToARevokedUnstartedKeyHolder(t *testing.T) {
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
 		WHERE id = 1 AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true, "token": null}'`))
 }
+
+// TestLockedOutcomesNamesRowsAndParentsHeldElsewhere: the committer's look
+// after a lock wait ran out names an outcome whose row another transaction
+// holds, and a finishing one whose parent it holds; not a non-finishing
+// outcome under a held parent, nor a free row. It waits on nothing.
+func TestLockedOutcomesNamesRowsAndParentsHeldElsewhere(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, fsm_version, queue, step, status)
+		OVERRIDING SYSTEM VALUE VALUES (1, 'm', 1, 'q', 'a', 'awaiting_children')`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, fsm_version, queue, step, status, parent_id, parent_fanout)
+		OVERRIDING SYSTEM VALUE VALUES (2, 'm', 1, 'q', 'a', 'executing', 1, 1), (3, 'm', 1, 'q', 'a', 'executing', 1, 1),
+		(4, 'm', 1, 'q', 'a', 'executing', NULL, NULL), (5, 'm', 1, 'q', 'a', 'executing', NULL, NULL)`)
+	require.Equal(t, 5, count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+	holder := conn()
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE gendurable_instances SET updated_at = now() WHERE id IN (1, 4)`) // a SignalTx's lock
+	require.NoError(t, err)
+
+	lc, err := conn().Begin(ctx) // a lock wait would fail this at once
+	require.NoError(t, err)
+	_, err = lc.Exec(ctx, `SET LOCAL lock_timeout = '1ms'`)
+	require.NoError(t, err)
+	got, err := q.LockedOutcomes(ctx, lc, []int64{2, 3, 4, 5, 99}, []bool{true, false, false, true, true})
+	require.NoError(t, err)
+	require.ElementsMatch(t, []int64{2, 4}, got,
+		"2 finishes under held parent 1; 3 does not finish; 4 is held itself; 5 is free; 99 does not exist")
+	require.NoError(t, lc.Rollback(ctx))
+}
+
+// TestOutcomeLockWaitIsTheStatementsOwn: an outcome statement with a lock
+// wait gives up on a held row after about that wait (55P03, nothing
+// written), leaves the session's lock_timeout as it was, and keeps a
+// stricter one of the session's; without one it leaves the setting alone.
+func TestOutcomeLockWaitIsTheStatementsOwn(t *testing.T) {
+	t.Parallel()
+	q, exec, _, conn := keySetup(t)
+	ctx := context.Background()
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, fsm_version, queue, step, status, claim_token, lease_expires_at)
+		OVERRIDING SYSTEM VALUE VALUES (1, 'm', 1, 'q', 'a', 'executing', 7, now() + interval '1 hour')`)
+	holder := conn()
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM gendurable_instances WHERE id = 1 FOR UPDATE`)
+	require.NoError(t, err)
+
+	c := conn()
+	res := `{}`
+	apply := func(wait time.Duration) (time.Duration, error) {
+		b := &sqlq.OutcomeBatch{Lease: time.Minute, LockWait: wait}
+		b.Add(&sqlq.Outcome{ID: 1, Token: 7, Kind: sqlq.KindDone, Result: &res})
+		start := time.Now()
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := q.ApplyOutcomes(actx, c, b)
+		return time.Since(start), err
+	}
+	setting := func() string {
+		var s string
+		require.NoError(t, c.QueryRow(ctx, `SHOW lock_timeout`).Scan(&s))
+		return s
+	}
+	took, err := apply(200 * time.Millisecond)
+	require.True(t, sqlq.LockTimedOut(err), "got %v", err)
+	require.GreaterOrEqual(t, took, 200*time.Millisecond)
+	require.Equal(t, "0", setting(), "the wait was the statement's own")
+
+	_, err = c.Exec(ctx, `SET lock_timeout = '50ms'`)
+	require.NoError(t, err)
+	took, err = apply(3 * time.Second)
+	require.True(t, sqlq.LockTimedOut(err), "got %v", err)
+	require.Less(t, took, 2*time.Second, "the session's stricter setting holds")
+	require.Equal(t, "50ms", setting())
+
+	_, err = c.Exec(ctx, `SET lock_timeout = '300ms'`)
+	require.NoError(t, err)
+	_, err = apply(0)
+	require.True(t, sqlq.LockTimedOut(err), "no wait of its own: the session's applies; got %v", err)
+	require.Equal(t, "300ms", setting())
+	require.NoError(t, tx.Rollback(ctx))
+	_, err = apply(100 * time.Millisecond)
+	require.NoError(t, err, "written once the row is free")
+}

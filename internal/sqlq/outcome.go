@@ -150,7 +150,8 @@ const parentJoinCTE = `parents AS (
 )`
 
 // lockWaitIDs is the outcome statement's array of ids, read first: with
-// @lock_wait set (milliseconds), it limits the statement's every lock wait
+// @lock_wait set (milliseconds), it limits the statement's every row lock
+// wait (not a table lock's, taken before the statement runs)
 // (lock_timeout, for its own implicit transaction) before any row is locked
 // — the function scan of unnest evaluates its arguments before the lateral
 // probes that lock run, and every other lock the statement takes hangs off
@@ -712,6 +713,43 @@ func (q *Queries) SweepInboxes(ctx context.Context, db DB, ids []int64) error {
 	_, err := db.Exec(ctx, q.sweepInboxes, ids)
 	return err
 }
+
+// LockedOutcomes returns the ids, among the outcomes' ids, whose row
+// another transaction holds locked at this moment, or whose parent it
+// does where the outcome finishes its row (terminal, in step with ids:
+// a Done or Stop joins its parent's fan-in). It waits on no lock: the
+// group committer asks after an outcome statement ran out of its lock wait
+// (OutcomeBatch.LockWait), to take those outcomes out of the batch and
+// write the rest at once. The answer may be stale by the time it is used
+// (a lock taken or let go since); the committer treats it as a hint.
+func (q *Queries) LockedOutcomes(ctx context.Context, db DB, ids []int64, terminal []bool) ([]int64, error) {
+	rows, err := db.Query(ctx, q.lockedOutcomes, ids, terminal)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// lockedOutcomesSQL locks, without waiting (SKIP LOCKED), each outcome's
+// row as the outcome statement does (FOR UPDATE) and the parent of each
+// terminal one as its fan-in update does (FOR NO KEY UPDATE), and returns
+// the ids that could not have one of them: one primary-key probe per id
+// and per parent, behind OFFSET 0 fences. The locks go with the
+// statement's own implicit transaction.
+const lockedOutcomesSQL = `
+WITH o AS MATERIALIZED (
+  SELECT u.id, u.terminal, x.parent_id, x.mine
+  FROM unnest($1::bigint[], $2::bool[]) AS u(id, terminal) CROSS JOIN LATERAL (
+    SELECT i.parent_id, EXISTS (
+      SELECT 1 FROM {{schema}}.gendurable_instances AS l WHERE l.id = i.id OFFSET 0 FOR UPDATE SKIP LOCKED) AS mine
+    FROM {{schema}}.gendurable_instances AS i WHERE i.id = u.id OFFSET 0) AS x
+), p AS MATERIALIZED (
+  SELECT d.id FROM (SELECT DISTINCT parent_id AS id FROM o WHERE terminal AND parent_id IS NOT NULL) AS d
+  CROSS JOIN LATERAL (
+    SELECT l.id FROM {{schema}}.gendurable_instances AS l WHERE l.id = d.id OFFSET 0 FOR NO KEY UPDATE SKIP LOCKED) AS l
+)
+SELECT o.id FROM o
+WHERE NOT o.mine OR (o.terminal AND o.parent_id IS NOT NULL AND o.parent_id NOT IN (SELECT id FROM p))`
 
 // sweepInboxesSQL marks the unconsumed signals of the instances $1 that
 // are still finished consumed: one primary-key probe and one probe of the

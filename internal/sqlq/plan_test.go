@@ -733,6 +733,17 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NoError(t, err)
 					require.Len(t, got, batch)
 				}},
+				// The committer's look for rows locked elsewhere: a
+				// primary-key probe per outcome and per parent.
+				{"locked-outcomes", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
+					terminal := make([]bool, len(ids))
+					for i := range terminal {
+						terminal[i] = true
+					}
+					got, err := f.q.LockedOutcomes(ctx, tx, ids, terminal)
+					require.NoError(t, err)
+					require.Empty(t, got)
+				}},
 				{"existing", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
 					got, err := f.q.Existing(ctx, tx, ids)
 					require.NoError(t, err)

@@ -92,6 +92,7 @@ type Queries struct {
 	retryMany       string
 	cancelMany      string
 	sweepInboxes    string
+	lockedOutcomes  string
 	retryLock       string
 	existing        string
 	parentsAmong    string
@@ -144,6 +145,7 @@ func New(schema string) (*Queries, error) {
 		retryMany:       render(retryManySQL, qs),
 		cancelMany:      render(cancelManySQL, qs),
 		sweepInboxes:    render(sweepInboxesSQL, qs),
+		lockedOutcomes:  render(lockedOutcomesSQL, qs),
 		retryLock:       render(retryLockSQL, qs),
 		existing:        render(existingSQL, qs),
 		parentsAmong:    render(parentsAmongSQL, qs),
