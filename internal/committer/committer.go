@@ -197,18 +197,17 @@ func (c *Committer) park(r *request) {
 }
 
 // waitLoop writes the parked outcomes until none is left, on one
-// connection whatever their number: each alone, in turn, each statement
-// waiting on its locks for a share of LockWait (so a round of them takes
-// about LockWait while they all wait; at least 10 ms each). One whose wait
-// runs out again is parked again, for the next round, with no limit on the
-// rounds: its claim is heartbeated meanwhile, and a step run again would
-// meet the same lock. A parked outcome thus waits for as long as another
-// transaction holds its row or its parent — or until Abort, or until its
-// row is taken from it (the heartbeat cannot extend the lease of a row
-// locked itself, and once the lock goes the reaper may take it first:
-// fenced out). Parked outcomes
-// do not wait for each other's locks. Other failures are retried for a
-// lease from each round, as in any batch.
+// connection whatever their number. Each round it asks, without waiting,
+// which of them another transaction still holds (sqlq.LockedOutcomes),
+// writes the others together (as any batch: split again if one still
+// waits), keeps the rest for the next round, and pauses (a quarter of
+// LockWait, at most 100 ms). So a parked outcome's statement does not sit
+// on its own row's lock while it waits — the heartbeat, which passes over
+// a locked row, keeps extending its lease — and parked outcomes do not wait
+// for each other's locks. There is no limit on the rounds: a parked outcome
+// waits for as long as the lock is held (its claim is heartbeated, and its
+// step run again would meet the same lock), until Abort, or until its row
+// is taken from it (fenced out).
 func (c *Committer) waitLoop() {
 	for {
 		c.mu.Lock()
@@ -221,19 +220,51 @@ func (c *Committer) waitLoop() {
 		}
 		c.mu.Unlock()
 		began := time.Now()
-		wait := max(c.cfg.LockWait/time.Duration(len(batch)), 10*time.Millisecond)
-		for _, r := range batch {
-			c.apply([]*request{r}, wait)
+		run := c.runContext()
+		held := map[int64]bool{}
+		if run.Err() == nil { // else apply gives each up at once
+			ids, terminal := outcomeIDs(batch)
+			qctx, cancel := context.WithTimeout(run, c.cfg.Lease/2)
+			locked, err := c.q.LockedOutcomes(qctx, c.db, ids, terminal)
+			cancel()
+			if err == nil { // else write them all: apply retries and splits
+				for _, id := range locked {
+					held[id] = true
+				}
+			}
 		}
-		// A round is not sent again at once even when its waits ran out
-		// early (a stricter lock_timeout of the session's own).
-		if rest := c.cfg.LockWait/4 - time.Since(began); rest > 0 {
+		free := make([]*request, 0, len(batch))
+		for _, r := range batch {
+			if held[r.out.ID] {
+				c.park(r)
+			} else {
+				free = append(free, r)
+			}
+		}
+		for len(free) > 0 {
+			n := min(len(free), c.cfg.MaxBatch)
+			c.apply(free[:n], c.cfg.LockWait)
+			free = free[n:]
+		}
+		if rest := min(c.cfg.LockWait/4, 100*time.Millisecond) - time.Since(began); rest > 0 {
 			select {
 			case <-time.After(rest):
-			case <-c.runContext().Done():
+			case <-run.Done():
 			}
 		}
 	}
+}
+
+// outcomeIDs is what sqlq.LockedOutcomes asks of a batch: its ids, and
+// which of its outcomes finish their rows.
+func outcomeIDs(batch []*request) (ids []int64, terminal []bool) {
+	ids = make([]int64, len(batch))
+	terminal = make([]bool, len(batch))
+	for i, r := range batch {
+		ids[i] = r.out.ID
+		terminal[i] = r.out.Kind == sqlq.KindDone || r.out.Kind == sqlq.KindStop
+	}
+	return ids, terminal
 }
 
 // apply writes one batch, retrying transient failures (lost connection,
@@ -346,12 +377,7 @@ func (c *Committer) split(ctx context.Context, batch []*request, lockWait time.D
 		c.park(batch[0])
 		return
 	}
-	ids := make([]int64, len(batch))
-	terminal := make([]bool, len(batch))
-	for i, r := range batch {
-		ids[i] = r.out.ID
-		terminal[i] = r.out.Kind == sqlq.KindDone || r.out.Kind == sqlq.KindStop
-	}
+	ids, terminal := outcomeIDs(batch)
 	qctx, cancel := context.WithTimeout(ctx, c.cfg.Lease/2)
 	held, err := c.q.LockedOutcomes(qctx, c.db, ids, terminal)
 	cancel()

@@ -138,6 +138,30 @@ func (f *fixture) hold(id int64) (release func()) {
 	return release
 }
 
+// holdPID is hold, with the server process id of the holding transaction.
+func (f *fixture) holdPID(id int64) (release func(), pid uint32) {
+	f.t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	require.NoError(f.t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM `+f.schema+`.gendurable_instances WHERE id = $1 FOR UPDATE`, id)
+	require.NoError(f.t, err)
+	var once sync.Once
+	release = func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
+	f.t.Cleanup(release)
+	return release, tx.Conn().PgConn().PID()
+}
+
+// waitingOn counts the sessions waiting for a lock the server process pid
+// holds.
+func (f *fixture) waitingOn(pid uint32) int {
+	f.t.Helper()
+	var n int
+	require.NoError(f.t, f.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid))`, int(pid)).Scan(&n))
+	return n
+}
+
 // waitStatements waits until n outcome statements have started.
 func (f *fixture) waitStatements(n int) {
 	f.t.Helper()
@@ -584,4 +608,66 @@ func TestABatchDoesNotWaitForARowLockedElsewhere(t *testing.T) {
 	t.Logf("outcome statements: %v; took %v", batches, took)
 	require.Equal(t, []int{1, n - 1, n - 2}, batches[:3],
 		"the outcomes queued behind the first went in one statement, and all but the held one in the next")
+}
+
+// TestParkedOutcomesDoNotWaitForEachOther: two parked outcomes, each
+// waiting on a row another transaction holds: the one whose lock goes
+// first is written then, while the other still waits — past its lease,
+// and is written once its own lock goes. Neither statement sits on its row
+// between rounds (a heartbeat passes over a locked row: the lease would not
+// be extended).
+func TestParkedOutcomesDoNotWaitForEachOther(t *testing.T) {
+	t.Parallel()
+	const lease = 2 * time.Second
+	f := newFixture(t, 2)
+	c := committer.New(committer.Config{Lease: lease}, f.q, f.pool)
+	releaseLong, holderLong := f.holdPID(f.claims[0].ID)
+	releaseShort := f.hold(f.claims[1].ID)
+	results := make([]chan time.Duration, 2)
+	start := time.Now()
+	for i := range results {
+		results[i] = make(chan time.Duration, 1)
+		c.CommitAsync(&sqlq.Outcome{ID: f.claims[i].ID, Token: f.claims[i].Token, Kind: sqlq.KindDone, Result: str(`{}`)},
+			func(r committer.Result) {
+				if r.Err != nil || r.Applied == nil {
+					t.Errorf("outcome %d: %+v", i, r)
+				}
+				results[i] <- time.Since(start)
+			})
+	}
+	time.Sleep(time.Second)
+	releaseShort()
+	shortAt := time.Since(start)
+	var short time.Duration
+	select {
+	case short = <-results[1]:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the outcome whose lock went was not written")
+	}
+	require.Greater(t, short, shortAt)
+	require.Less(t, short, shortAt+lease/2, "written within a round or two of its lock going")
+	// Parked, the other's statements do not sit waiting on its lock: the
+	// committer looks (without waiting) and writes once it is gone.
+	waits := 0
+	for range 20 {
+		waits += f.waitingOn(holderLong)
+		time.Sleep(25 * time.Millisecond)
+	}
+	require.LessOrEqual(t, waits, 2, "statements waiting on the held row, in 20 looks")
+	time.Sleep(lease + 500*time.Millisecond - time.Since(start))
+	select {
+	case d := <-results[0]:
+		t.Fatalf("the outcome still held was delivered after %v", d)
+	default:
+	}
+	releaseLong()
+	longAt := time.Since(start)
+	select {
+	case d := <-results[0]:
+		require.Greater(t, d, longAt)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the outcome held past its lease was not written once its lock went")
+	}
+	require.Equal(t, "done", f.row(f.claims[0].ID).Status)
+	require.Equal(t, "done", f.row(f.claims[1].ID).Status)
 }
