@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
@@ -17,6 +18,9 @@ type InsertParams struct {
 	def   Definition
 	state any
 	opts  InsertOpts
+	// slot: a Periodic's slot, whose UniqueKey is in the namespace
+	// reserved for slots (slotKeyPrefix).
+	slot bool
 }
 
 // With returns a copy of p with the given options.
@@ -233,6 +237,11 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "PartitionKey %s", keyProblem(o.PartitionKey))
 	case keyProblem(o.UniqueKey) != "":
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey %s", keyProblem(o.UniqueKey))
+	case !p.slot && strings.HasPrefix(o.UniqueKey, slotKeyPrefix):
+		// Such a key, held by another instance, would make a Periodic take
+		// its slot for run and insert nothing.
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey %q: keys starting with %q are reserved for Periodic slots",
+			o.UniqueKey, slotKeyPrefix)
 	case o.KeyLimit < 0 || o.KeyLimit > maxKeyLimit:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "KeyLimit %d outside 1..%d (0: the key's policy)", o.KeyLimit, maxKeyLimit)
 	case o.KeyLimit > 0 && o.PartitionKey == "":

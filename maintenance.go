@@ -63,7 +63,8 @@ func (e *Engine) maintenanceServices() (services []maintenance.Service, sweeper 
 			Schedules: make([]maintenance.Schedule, len(e.cfg.Periodic))}
 		for i := range e.cfg.Periodic {
 			pp := &e.cfg.Periodic[i]
-			p.Schedules[i] = maintenance.Schedule{Name: pp.Name, Next: pp.sched.Next, SkipMissed: pp.SkipMissed}
+			p.Schedules[i] = maintenance.Schedule{Name: pp.Name, Next: pp.sched.Next, SkipMissed: pp.SkipMissed,
+				CatchUpWithin: max(e.cfg.Retention, 0)}
 		}
 		p.Insert = func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
 			return e.insertSlot(ctx, &e.cfg.Periodic[i], slot)

@@ -20,8 +20,17 @@ import (
 // an engine starting later inserts the most recent missed slot once — late,
 // with RunAt set to the slot — and skips the earlier ones, so an outage
 // costs one late run, not a burst. Set SkipMissed to skip it too. A slot
-// counts as run while its row exists: keep the retention of finished rows
-// longer than the schedule's period.
+// counts as run while its row exists, so the most recent slot is inserted
+// on start only while it is younger than the engine's [Config].Retention
+// (any age if Retention is negative): an older one's row may have been
+// pruned, and inserting it again would run a slot twice — a @monthly
+// schedule under the default 7 days would run each month's slot again at
+// every restart after the 8th. Keep Retention longer than the schedule's
+// period for a missed slot to run late. On start the engine looks back at
+// most a year for the most recent slot. Adding a schedule, or changing its
+// Schedule, is a start like any other: its most recent slot (of the new
+// spec) runs late unless SkipMissed, even if a slot of the old spec ran
+// since.
 //
 // Clocks: a process inserts a slot when its own clock reaches it, and the
 // instance is eligible at the slot on the database clock (RunAt is the
@@ -70,13 +79,22 @@ func (p *Periodic) validate() error {
 	if err != nil {
 		return fmt.Errorf("%w: Periodic %q: %w", ErrInvalidConfig, p.Name, err)
 	}
+	if s.Next(time.Now()).IsZero() {
+		// "0 0 29 2 */7" (a 29 February that is a Sunday): a schedule that
+		// would never insert anything, and say nothing about it.
+		return errorf(ErrInvalidConfig, "Periodic %q: schedule %q has no slot within the next five years", p.Name, p.Schedule)
+	}
 	p.sched = s
 	return nil
 }
 
+// slotKeyPrefix starts every slot's unique key; an insert of anything else
+// with such a key is refused (ErrInvalidInsert).
+const slotKeyPrefix = "gendurable:periodic:"
+
 // slotKey is the unique key of one slot of a schedule.
 func slotKey(name string, slot time.Time) string {
-	return fmt.Sprintf("gendurable:periodic:%s:%s", name, slot.UTC().Format(time.RFC3339))
+	return slotKeyPrefix + name + ":" + slot.UTC().Format(time.RFC3339)
 }
 
 // insertSlot inserts the instance of one slot of schedule p, once across all
@@ -92,6 +110,7 @@ func (e *Engine) insertSlot(ctx context.Context, p *Periodic, slot time.Time) (i
 	if err := safely(func() error { params = p.New(slot); return nil }); err != nil {
 		return 0, false, fmt.Errorf("%w: Periodic %q: New: %w", ErrInvalidInsert, p.Name, err)
 	}
+	params.slot = true
 	params.opts.UniqueKey = slotKey(p.Name, slot)
 	params.opts.UniqueScope = UniqueForever
 	params.opts.RunAt, params.opts.RunIn = slot, 0

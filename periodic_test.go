@@ -127,6 +127,11 @@ func TestPeriodicValidation(t *testing.T) {
 		{Name: "bad\xff", Schedule: "@hourly", New: newFn},
 		{Name: "nul\x00", Schedule: "@hourly", New: newFn},
 		{Name: strings.Repeat("n", 201), Schedule: "@hourly", New: newFn},
+		// Accepted by the parser, but no slot within five years: a 29
+		// February that is a Sunday (day of month AND day of week, as
+		// "*/7" counts as "*"). It used to start and never insert anything,
+		// saying nothing.
+		{Name: "x", Schedule: "0 0 29 2 */7", New: newFn},
 	} {
 		cfg := fastConfig(b.schema, job)
 		cfg.Periodic = []gendurable.Periodic{p}
@@ -207,4 +212,19 @@ func TestPeriodicNewThatPanicsGivesItsSlotUp(t *testing.T) {
 	require.Equal(t, 2, strings.Count(out, "level=ERROR"), "want one error per slot given up; logs:\n%s", out)
 	require.Contains(t, out, "New is broken", "logs:\n%s", out)
 	require.Contains(t, out, "no encoding today", "logs:\n%s", out)
+}
+
+// TestPeriodicSlotKeysAreReserved: an instance inserted with a UniqueKey
+// in the slots' namespace is refused (ErrInvalidInsert, nothing written):
+// held by another instance, such a key made a schedule take its slot for
+// run and insert nothing.
+func TestPeriodicSlotKeysAreReserved(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[tick]{Name: "squat", Perform: func(context.Context, *gendurable.Run[tick]) error { return nil }}
+	b := setup(t, nil, job)
+	_, err := b.eng.Insert(context.Background(), job.New(tick{}).With(gendurable.InsertOpts{
+		UniqueKey: "gendurable:periodic:billing:2026-11-29T01:00:00Z", UniqueScope: gendurable.UniqueForever}))
+	require.ErrorIs(t, err, gendurable.ErrInvalidInsert)
+	require.Contains(t, err.Error(), "reserved for Periodic slots")
+	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
 }

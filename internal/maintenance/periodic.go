@@ -17,6 +17,11 @@ type Schedule struct {
 	// SkipMissed: on start, do not insert the most recent slot that passed
 	// while no process ran.
 	SkipMissed bool
+	// CatchUpWithin, if above 0: on start, the most recent slot that
+	// passed is inserted only if it is younger than this (the retention of
+	// finished rows: an older slot's row may have been pruned, and
+	// inserting it again would run it twice).
+	CatchUpWithin time.Duration
 }
 
 // Periodic inserts each schedule's slots as they come due: on start the
@@ -118,9 +123,15 @@ func (p *Periodic) loop(ctx context.Context) {
 	for i := range p.Schedules {
 		s := &p.Schedules[i]
 		if last, ok := latestSlot(s.Next, now); ok && !s.SkipMissed {
-			due[i] = &dueSlot{at: last, retryAt: now}
+			if s.CatchUpWithin > 0 && now.Sub(last) >= s.CatchUpWithin {
+				logger(p.Log).Info("gendurable: periodic slot not run late: it is older than the retention of finished rows, "+
+					"whose pruning may have removed its row", "periodic", s.Name, "slot", last, "retention", s.CatchUpWithin)
+			} else {
+				due[i] = &dueSlot{at: last, retryAt: now}
+			}
 		}
 		next[i] = s.Next(now)
+		p.noMoreSlots(i, next[i], now)
 	}
 	for ctx.Err() == nil {
 		now := p.clock()
@@ -139,6 +150,7 @@ func (p *Periodic) loop(ctx context.Context) {
 				}
 				due[i] = &dueSlot{at: t, retryAt: now}
 				next[i] = p.Schedules[i].Next(now)
+				p.noMoreSlots(i, next[i], now)
 			}
 		}
 		for i, d := range due {
@@ -163,6 +175,16 @@ func (p *Periodic) loop(ctx context.Context) {
 			timer.Stop()
 		case <-timer.C:
 		}
+	}
+}
+
+// noMoreSlots logs that schedule i has no slot after now within the
+// horizon of its Next (next is zero): it inserts nothing more in this
+// process.
+func (p *Periodic) noMoreSlots(i int, next, now time.Time) {
+	if next.IsZero() {
+		logger(p.Log).Warn("gendurable: periodic schedule has no slot within the next five years; it inserts nothing more",
+			"periodic", p.Schedules[i].Name, "after", now)
 	}
 }
 

@@ -471,3 +471,48 @@ func TestPeriodicSlotDueAfterTheClockJumpedForwardIsInsertedThen(t *testing.T) {
 		t.Fatalf("%d rows, want 1", n)
 	}
 }
+
+// TestPeriodicRunsLateOnlyASlotYoungerThanCatchUpWithin: on start the most
+// recent slot that passed is inserted only while it is younger than
+// CatchUpWithin (the retention of finished rows): an older one's row may
+// have been pruned, and inserting it again ran the slot twice (a @monthly
+// schedule under 7 days' retention ran the month's slot again at every
+// restart after the 8th). The skip is logged; a schedule with no slot left
+// is logged too.
+func TestPeriodicRunsLateOnlyASlotYoungerThanCatchUpWithin(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	now := time.Now()
+	later := now.Add(time.Hour)
+	names := []string{"young", "old", "unlimited", "over"}
+	logs := &syncbuf.Buffer{}
+	p := &Periodic{Log: bufLogger(logs),
+		Schedules: []Schedule{
+			{Name: "young", Next: slots(now.Add(-10*time.Minute), later), CatchUpWithin: time.Hour},
+			{Name: "old", Next: slots(now.Add(-2*time.Hour), later), CatchUpWithin: time.Hour},
+			{Name: "unlimited", Next: slots(now.Add(-2*time.Hour), later)},
+			{Name: "over", Next: slots(now.Add(-time.Minute))},
+		},
+		Insert: func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
+			return d.insertSlot(ctx, names[i], slot)
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	eventually(t, 5*time.Second, func() bool {
+		return d.count(`SELECT count(*) FROM {{s}}.gendurable_instances`) == 3
+	}, "the missed slots were not inserted")
+	time.Sleep(100 * time.Millisecond)
+	p.Stop()
+	got := d.texts(`SELECT fsm FROM {{s}}.gendurable_instances ORDER BY 1`)
+	if !slices.Equal(got, []string{"over", "unlimited", "young"}) {
+		t.Fatalf("slots run late: %q, want over, unlimited and young (not old, older than its CatchUpWithin)", got)
+	}
+	for _, want := range []string{"periodic slot not run late", "periodic=old",
+		"periodic schedule has no slot within the next five years", "periodic=over"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Fatalf("%q is not in the log:\n%s", want, logs.String())
+		}
+	}
+}
