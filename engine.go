@@ -198,11 +198,11 @@ type Config struct {
 	// CommitConcurrency is how many outcome statements this engine keeps in
 	// flight at once. Outcomes of steps that finish while those run are
 	// group-committed in the next statement. Default 2 (for 0 or a negative
-	// value). One more statement runs while outcomes wait on a row lock
-	// another transaction holds (a caller's open SignalTx on a parent):
-	// after a short wait they are taken out of their batch, which is
-	// written without them, and written one at a time on one connection
-	// once their locks go (docs/design.md §4).
+	// value). One more connection is used while outcomes wait on a row
+	// lock another transaction holds (a caller's open SignalTx on a
+	// parent): after a short wait they are taken out of their batch, which
+	// is written without them, and written on that connection once their
+	// locks go (docs/design.md §4).
 	CommitConcurrency int
 
 	// Logger for the engine's own logs. Default slog.Default().
@@ -711,6 +711,10 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // up too, within 100 ms more, and so is the outcome of any step that
 // returns later, until the next Start: their rows keep their leases and
 // are reaped, and Stop's error says so (TestStopWithAnOutcomeCutOff).
+// An outcome waiting on a row lock another transaction holds (a caller's
+// open SignalTx on a child's parent: docs/design.md §4) is waited for until
+// it has waited a lease, then given up (its row is reaped after its lease),
+// also when ctx has no deadline (TestStopIsNotHeldUpByAParkedOutcome).
 // Steps already abandoned for ignoring their context past StepTimeout
 // (the engine wrote their outcomes) are not waited for; if any still run,
 // Stop says so with an error wrapping [ErrStepTimeout].
@@ -783,6 +787,10 @@ func (e *Engine) Stop(ctx context.Context) error {
 	late, lateDone := afterGrace(ctx, stopGrace)
 	defer lateDone()
 	rs.pickCancel()
+	// An outcome parked on a row lock another transaction holds (a caller's
+	// open SignalTx) is given up once it has waited a lease, so the drain
+	// below is not held up by it for longer (docs/design.md §4).
+	e.commits.Drain()
 	// The feeders stop picking and release their buffers. A pick in flight
 	// is let finish (its answer may hold claims), unless ctx ends first and
 	// stopGrace passes — the network cut off, the server stuck: then it is

@@ -543,3 +543,53 @@ func TestAParentLockedByASignalTxHoldsUpOnlyItsChild(t *testing.T) {
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE parent_id = $1 AND status = 'done'`, pid),
 		"the child's Done was written once the parent's lock went")
 }
+
+// TestStopIsNotHeldUpByAParkedOutcome: a child's Done parked on its parent,
+// which a caller's open SignalTx holds, does not hold up a Stop without a
+// deadline for longer than about a lease: once the steps are drained the
+// committer gives it up (its row is reaped after its lease). Without that
+// bound Stop waited for as long as the caller kept its lock.
+func TestStopIsNotHeldUpByAParkedOutcome(t *testing.T) {
+	t.Parallel()
+	const lease = 2 * time.Second
+	barrier := make(chan struct{})
+	var inStep atomic.Int32
+	kid := &gendurable.Job[leafArgs]{Name: "stopkid", Perform: func(ctx context.Context, _ *gendurable.Run[leafArgs]) error {
+		inStep.Add(1)
+		select {
+		case <-barrier:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	parent := &gendurable.Machine[struct{}]{Name: "stopparent", Start: "fan", Steps: map[string]gendurable.StepFunc[struct{}]{
+		"fan": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
+			return r.ScheduleChildren("join", r.State, kid.New(leafArgs{})), nil
+		},
+		"join": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil), nil
+		},
+	}}
+	cfg := fastConfig("", parent, kid)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = lease, 500*time.Millisecond
+	b := setup(t, cfg)
+	require.NoError(t, b.eng.Start(context.Background()))
+	ctx := context.Background()
+	pid := b.insert(parent.New(struct{}{}))
+	eventually(t, 10*time.Second, func() bool { return inStep.Load() == 1 }, "the child never started")
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = b.eng.SignalTx(ctx, tx, pid, "note", nil, nil)
+	require.NoError(t, err)
+	close(barrier)
+	time.Sleep(time.Second) // the child's Done ran out of its lock wait and was parked
+	start := time.Now()
+	require.NoError(t, b.eng.Stop(context.Background()))
+	took := time.Since(start)
+	t.Logf("Stop took %v with the parent held", took.Round(time.Millisecond))
+	require.Less(t, took, 2*lease+time.Second, "Stop waited for the caller's lock")
+	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE parent_id = $1 AND status = 'done'`, pid),
+		"the parked Done was given up, not written")
+}

@@ -49,6 +49,12 @@ type request struct {
 	out  *sqlq.Outcome
 	done chan Result  // Commit waits here, or
 	then func(Result) // CommitAsync's callback runs on the flushing goroutine
+
+	// Set while parked (only waitLoop and the park that hands it over
+	// touch them, one after the other).
+	parkedAt  time.Time // first parked
+	timeouts  int       // statements that ran out of their lock wait
+	notBefore time.Time // its next attempt, not before (a wait the look cannot see)
 }
 
 func (r *request) deliver(res Result) {
@@ -68,12 +74,15 @@ type Committer struct {
 	mu       sync.Mutex
 	pending  []*request
 	inFlight int
-	// blocked holds outcomes whose statement, alone, ran out of LockWait;
-	// one goroutine (waitLoop, running while waiting is set) writes them,
-	// waiting on their locks, while the flush loops go on with the rest.
+	// blocked holds the parked outcomes (see split): one goroutine
+	// (waitLoop, running while waiting is set) writes them as their locks
+	// go, while the flush loops go on with the rest.
 	blocked []*request
 	waiting bool
-	batches sync.Pool
+	// draining: the engine is stopping (Drain); a parked outcome is given
+	// up once it has waited a lease.
+	draining bool
+	batches  sync.Pool
 	// run bounds every statement besides its lease: Abort cancels it, and
 	// it stays cancelled until Resume.
 	run       context.Context
@@ -114,11 +123,28 @@ func (c *Committer) Abort() {
 	c.runCancel()
 }
 
-// Resume undoes Abort: outcomes are written again (an engine started
-// again).
+// Drain bounds the wait of parked outcomes (an engine's Stop calls it as it
+// begins): one parked for a lease is given up, delivered
+// with an error wrapping ErrLockHeld, so a Stop without a deadline does not
+// wait for a lock another transaction holds for longer than that — as
+// long as an outcome waited before parking existed. Its row is reaped
+// after its lease.
+func (c *Committer) Drain() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.draining = true
+}
+
+// ErrLockHeld is the error of a parked outcome given up after Drain: its
+// row, or its parent, was still locked by another transaction.
+var ErrLockHeld = errors.New("outcome not written: its row or its parent was locked by another transaction for a lease while the engine stopped")
+
+// Resume undoes Abort and Drain: outcomes are written again, and parked
+// ones wait for their locks (an engine started again).
 func (c *Committer) Resume() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.draining = false
 	if c.run.Err() != nil {
 		c.run, c.runCancel = context.WithCancel(context.Background())
 	}
@@ -183,9 +209,18 @@ func (c *Committer) flushLoop() {
 	}
 }
 
-// park hands an outcome whose statement ran out of LockWait, alone, to the
-// waiting goroutine, starting it if it is not running.
+// park hands an outcome whose statement ran out of its lock wait (split)
+// to waitLoop, starting it if it is not running.
 func (c *Committer) park(r *request) {
+	r.timeouts++
+	if r.parkedAt.IsZero() {
+		r.parkedAt = time.Now()
+	}
+	c.keep(r)
+}
+
+// keep puts r (back) among the parked outcomes.
+func (c *Committer) keep(r *request) {
 	c.mu.Lock()
 	c.blocked = append(c.blocked, r)
 	start := !c.waiting
@@ -198,21 +233,28 @@ func (c *Committer) park(r *request) {
 
 // waitLoop writes the parked outcomes until none is left, on one
 // connection whatever their number. Each round it asks, without waiting,
-// which of them another transaction still holds (sqlq.LockedOutcomes),
-// writes the others together (as any batch: split again if one still
-// waits), keeps the rest for the next round, and pauses (a quarter of
-// LockWait, at most 100 ms). So a parked outcome's statement does not sit
-// on its own row's lock while it waits — the heartbeat, which passes over
-// a locked row, keeps extending its lease — and parked outcomes do not wait
-// for each other's locks. There is no limit on the rounds: a parked outcome
-// waits for as long as the lock is held (its claim is heartbeated, and its
-// step run again would meet the same lock), until Abort, or until its row
-// is taken from it (fenced out).
+// which of them another transaction still holds (sqlq.LockedOutcomes: the
+// parents first, then the rows of the others), writes the others together
+// (as any batch: split again if one still waits), keeps the rest for the
+// next round, and pauses (a quarter of LockWait, at most 100 ms, and at
+// least four times the look). So a parked outcome's statement does not sit
+// on its own row while it waits — the heartbeat, which passes over a
+// locked row, keeps extending its lease — and parked outcomes do not wait
+// for each other's locks. One that the look found free and whose statement
+// still ran out of its wait waits on something the look cannot see (a
+// unique key another transaction is inserting, a signal row): it is tried
+// alone, with a quarter of the wait, at growing intervals (LockWait, twice
+// that, … up to 8 LockWaits), so its statement sits on its row a small
+// share of the time. There is no limit on the rounds: a parked outcome
+// waits for as long as the lock is held (its step run again would meet the
+// same lock) — until Abort, until Drain and a lease, or until its row is
+// taken from it (fenced out).
 func (c *Committer) waitLoop() {
 	for {
 		c.mu.Lock()
 		batch := c.blocked
 		c.blocked = nil
+		draining := c.draining
 		if len(batch) == 0 {
 			c.waiting = false
 			c.mu.Unlock()
@@ -223,9 +265,9 @@ func (c *Committer) waitLoop() {
 		run := c.runContext()
 		held := map[int64]bool{}
 		if run.Err() == nil { // else apply gives each up at once
-			ids, terminal := outcomeIDs(batch)
+			ids, tokens, terminal := outcomeIDs(batch)
 			qctx, cancel := context.WithTimeout(run, c.cfg.Lease/2)
-			locked, err := c.q.LockedOutcomes(qctx, c.db, ids, terminal)
+			locked, err := c.q.LockedOutcomes(qctx, c.db, ids, tokens, terminal)
 			cancel()
 			if err == nil { // else write them all: apply retries and splits
 				for _, id := range locked {
@@ -233,11 +275,22 @@ func (c *Committer) waitLoop() {
 				}
 			}
 		}
-		free := make([]*request, 0, len(batch))
+		looked := time.Since(began)
+		var free, unseen []*request
 		for _, r := range batch {
-			if held[r.out.ID] {
-				c.park(r)
-			} else {
+			switch {
+			case run.Err() != nil:
+				free = append(free, r)
+			case draining && time.Since(r.parkedAt) >= c.cfg.Lease:
+				r.deliver(Result{Err: ErrLockHeld})
+			case held[r.out.ID]:
+				c.keep(r)
+			case r.timeouts > 1 && began.Before(r.notBefore):
+				c.keep(r)
+			case r.timeouts > 1:
+				r.notBefore = began.Add(min(c.cfg.LockWait<<min(r.timeouts-2, 3), 8*c.cfg.LockWait))
+				unseen = append(unseen, r)
+			default:
 				free = append(free, r)
 			}
 		}
@@ -246,7 +299,11 @@ func (c *Committer) waitLoop() {
 			c.apply(free[:n], c.cfg.LockWait)
 			free = free[n:]
 		}
-		if rest := min(c.cfg.LockWait/4, 100*time.Millisecond) - time.Since(began); rest > 0 {
+		for _, r := range unseen {
+			c.apply([]*request{r}, max(c.cfg.LockWait/4, 10*time.Millisecond))
+		}
+		pause := max(min(c.cfg.LockWait/4, 100*time.Millisecond), 4*looked)
+		if rest := pause - time.Since(began); rest > 0 {
 			select {
 			case <-time.After(rest):
 			case <-run.Done():
@@ -255,16 +312,17 @@ func (c *Committer) waitLoop() {
 	}
 }
 
-// outcomeIDs is what sqlq.LockedOutcomes asks of a batch: its ids, and
-// which of its outcomes finish their rows.
-func outcomeIDs(batch []*request) (ids []int64, terminal []bool) {
+// outcomeIDs is what sqlq.LockedOutcomes asks of a batch: its ids and
+// claim tokens, and which of its outcomes finish their rows.
+func outcomeIDs(batch []*request) (ids, tokens []int64, terminal []bool) {
 	ids = make([]int64, len(batch))
+	tokens = make([]int64, len(batch))
 	terminal = make([]bool, len(batch))
 	for i, r := range batch {
-		ids[i] = r.out.ID
+		ids[i], tokens[i] = r.out.ID, r.out.Token
 		terminal[i] = r.out.Kind == sqlq.KindDone || r.out.Kind == sqlq.KindStop
 	}
-	return ids, terminal
+	return ids, tokens, terminal
 }
 
 // apply writes one batch, retrying transient failures (lost connection,
@@ -369,24 +427,25 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 // split writes a batch whose statement ran out of lockWait: it parks the
 // outcomes whose row, or whose parent (a finishing child's), another
 // transaction holds locked now (sqlq.LockedOutcomes) and writes the rest
-// again; when that finds none of them or all (the wait was on something
-// else: a unique key another transaction is inserting, a signal row), the
-// batch is halved instead, and each half written the same way.
+// again at once. When that finds none of them (the wait was on something
+// the look cannot see — a unique key another transaction is inserting, a
+// signal row — or the lock went meanwhile) the batch is halved instead,
+// and each half written the same way; an outcome alone is parked.
 func (c *Committer) split(ctx context.Context, batch []*request, lockWait time.Duration) {
 	if len(batch) == 1 {
 		c.park(batch[0])
 		return
 	}
-	ids, terminal := outcomeIDs(batch)
+	ids, tokens, terminal := outcomeIDs(batch)
 	qctx, cancel := context.WithTimeout(ctx, c.cfg.Lease/2)
-	held, err := c.q.LockedOutcomes(qctx, c.db, ids, terminal)
+	held, err := c.q.LockedOutcomes(qctx, c.db, ids, tokens, terminal)
 	cancel()
-	if err == nil && len(held) > 0 && len(held) < len(batch) {
+	if err == nil && len(held) > 0 {
 		locked := make(map[int64]bool, len(held))
 		for _, id := range held {
 			locked[id] = true
 		}
-		rest := make([]*request, 0, len(batch)-len(held))
+		rest := make([]*request, 0, len(batch))
 		for _, r := range batch {
 			if locked[r.out.ID] {
 				c.park(r)
@@ -394,7 +453,9 @@ func (c *Committer) split(ctx context.Context, batch []*request, lockWait time.D
 				rest = append(rest, r)
 			}
 		}
-		c.apply(rest, lockWait)
+		if len(rest) > 0 {
+			c.apply(rest, lockWait)
+		}
 		return
 	}
 	h := len(batch) / 2

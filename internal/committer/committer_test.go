@@ -671,3 +671,106 @@ func TestParkedOutcomesDoNotWaitForEachOther(t *testing.T) {
 	require.Equal(t, "done", f.row(f.claims[0].ID).Status)
 	require.Equal(t, "done", f.row(f.claims[1].ID).Status)
 }
+
+// TestHeldChildrenAreParkedTogether: a batch made only of outcomes waiting
+// on one held parent (children finishing while a caller's SignalTx holds
+// it) is parked whole after one lock wait — not halved down to single
+// outcomes, each waiting a lock wait and sitting on its row meanwhile — an
+// unrelated outcome committed while they wait is written at once, and the
+// children are written together once the parent's lock goes.
+func TestHeldChildrenAreParkedTogether(t *testing.T) {
+	t.Parallel()
+	const kids, lease = 8, 2 * time.Second
+	f := newFixture(t, kids+2)
+	ctx := context.Background()
+	parent := f.claims[0]
+	var fanout int
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT fanout FROM `+f.schema+`.gendurable_instances WHERE id = $1`, parent.ID).Scan(&fanout))
+	ids := make([]int64, kids)
+	for i := range ids {
+		ids[i] = f.claims[1+i].ID
+	}
+	_, err := f.pool.Exec(ctx, `UPDATE `+f.schema+`.gendurable_instances SET parent_id = $1, parent_fanout = $2 WHERE id = ANY ($3)`,
+		parent.ID, fanout, ids)
+	require.NoError(t, err)
+	gate := &gateFirst{DB: f.pool, arrived: make(chan struct{}), open: make(chan struct{})}
+	c := committer.New(committer.Config{Lease: lease, MaxInFlight: 1}, f.q, gate)
+	release := f.hold(parent.ID)
+	done := func(cl sqlq.Claimed) *sqlq.Outcome {
+		return &sqlq.Outcome{ID: cl.ID, Token: cl.Token, Kind: sqlq.KindDone, Result: str(`{}`)}
+	}
+	results := make(chan committer.Result, kids)
+	// A first outcome holds the gate while the children queue up behind it.
+	first := make(chan committer.Result, 1)
+	c.CommitAsync(done(f.claims[kids+1]), func(r committer.Result) { first <- r })
+	<-gate.arrived
+	for i := 1; i <= kids; i++ {
+		c.CommitAsync(done(f.claims[i]), func(r committer.Result) { results <- r })
+	}
+	close(gate.open)
+	require.NoError(t, (<-first).Err)
+	f.waitStatements(2)
+	time.Sleep(500 * time.Millisecond) // the children's batch ran out of its wait and was parked
+	// An unrelated outcome (a fresh row) is written at once.
+	var extra sqlq.Claimed
+	{
+		_, err := f.q.InsertMany(ctx, f.pool, []sqlq.NewInstance{{FSM: "m", Version: 1, Queue: "default", Step: "a", State: `{}`, MaxAttempts: 5}})
+		require.NoError(t, err)
+		picked, err := f.q.Pick(ctx, f.pool, "default", sqlq.PickOpts{Limit: 1, Lease: time.Minute})
+		require.NoError(t, err)
+		require.Len(t, picked.Claimed, 1)
+		extra = picked.Claimed[0]
+	}
+	start := time.Now()
+	res := c.Commit(done(extra))
+	require.NoError(t, res.Err)
+	require.NotNil(t, res.Applied)
+	require.Less(t, time.Since(start), lease/2, "the unrelated outcome waited for the parked ones")
+	time.Sleep(300 * time.Millisecond)
+	release()
+	for range kids {
+		select {
+		case r := <-results:
+			require.NoError(t, r.Err)
+			require.NotNil(t, r.Applied)
+		case <-time.After(5 * time.Second):
+			t.Fatal("a child's outcome was not written once the parent's lock went")
+		}
+	}
+	var pending int
+	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.schema+`.gendurable_instances WHERE id = ANY ($1) AND status = 'done'`, ids).Scan(&pending))
+	require.Equal(t, kids, pending)
+	batches := f.tracer.batches()
+	require.Equal(t, []int{1, kids, 1, kids}, batches,
+		"the children's batch was parked whole (not halved), the unrelated outcome went alone, the children together")
+}
+
+// TestDrainGivesUpAParkedOutcomeAfterALease: once the engine drains
+// (Stop), an outcome parked on a lock another transaction still holds is
+// given up after a lease of waiting (ErrLockHeld): a Stop without a
+// deadline is not held up for as long as the caller keeps its lock.
+func TestDrainGivesUpAParkedOutcomeAfterALease(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	f := newFixture(t, 1)
+	c := committer.New(committer.Config{Lease: lease}, f.q, f.pool)
+	f.hold(f.claims[0].ID)
+	got := make(chan committer.Result, 1)
+	start := time.Now()
+	c.CommitAsync(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{}`)},
+		func(r committer.Result) { got <- r })
+	select {
+	case r := <-got:
+		t.Fatalf("delivered before Drain: %+v", r)
+	case <-time.After(2 * lease):
+	}
+	c.Drain()
+	select {
+	case r := <-got:
+		require.ErrorIs(t, r.Err, committer.ErrLockHeld)
+		t.Logf("given up %v after the commit began", time.Since(start).Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the parked outcome was not given up after Drain")
+	}
+	require.Equal(t, "executing", f.row(f.claims[0].ID).Status, "nothing written: the row is reaped after its lease")
+}

@@ -714,42 +714,48 @@ func (q *Queries) SweepInboxes(ctx context.Context, db DB, ids []int64) error {
 	return err
 }
 
-// LockedOutcomes returns the ids, among the outcomes' ids, whose row
-// another transaction holds locked at this moment, or whose parent it
-// does where the outcome finishes its row (terminal, in step with ids:
-// a Done or Stop joins its parent's fan-in). It waits on no lock: the
-// group committer asks after an outcome statement ran out of its lock wait
-// (OutcomeBatch.LockWait), to take those outcomes out of the batch and
-// write the rest at once. The answer may be stale by the time it is used
-// (a lock taken or let go since); the committer treats it as a hint.
-func (q *Queries) LockedOutcomes(ctx context.Context, db DB, ids []int64, terminal []bool) ([]int64, error) {
-	rows, err := db.Query(ctx, q.lockedOutcomes, ids, terminal)
+// LockedOutcomes returns the ids, among the outcomes' ids (with their
+// claim tokens), whose row another transaction holds locked at this moment,
+// or whose parent it does where the outcome finishes its row (terminal, in
+// step with ids: a Done or Stop whose fence holds joins its parent's
+// fan-in). It waits on no lock: the group committer asks after an outcome
+// statement ran out of its lock wait (OutcomeBatch.LockWait), to take those
+// outcomes out of the batch and write the rest at once, and again as it
+// waits for them. The answer may be stale by the time it is used (a lock
+// taken or let go since); the committer treats it as a hint.
+func (q *Queries) LockedOutcomes(ctx context.Context, db DB, ids, tokens []int64, terminal []bool) ([]int64, error) {
+	rows, err := db.Query(ctx, q.lockedOutcomes, ids, tokens, terminal)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
-// lockedOutcomesSQL locks, without waiting (SKIP LOCKED), each outcome's
-// row as the outcome statement does (FOR UPDATE) and the parent of each
-// terminal one as its fan-in update does (FOR NO KEY UPDATE), and returns
-// the ids that could not have one of them: one primary-key probe per id
-// and per parent, behind OFFSET 0 fences. The locks go with the
-// statement's own implicit transaction.
+// lockedOutcomesSQL tries, without waiting (SKIP LOCKED), the locks the
+// outcome statement would take: first the parent of each finishing outcome
+// whose fence holds (FOR NO KEY UPDATE, as its fan-in update does), a few
+// rows; then, for the outcomes not already named by a held parent, the
+// outcome's own row (FOR UPDATE, as the statement does) — so the rows of
+// children waiting on one held parent are not locked each round, which
+// would make a heartbeat pass over them. It returns the ids that could
+// not have one of them: one primary-key probe per id and per parent,
+// behind OFFSET 0 fences. The locks go with the statement's own implicit
+// transaction.
 const lockedOutcomesSQL = `
 WITH o AS MATERIALIZED (
-  SELECT u.id, u.terminal, x.parent_id, x.mine
-  FROM unnest($1::bigint[], $2::bool[]) AS u(id, terminal) CROSS JOIN LATERAL (
-    SELECT i.parent_id, EXISTS (
-      SELECT 1 FROM {{schema}}.gendurable_instances AS l WHERE l.id = i.id OFFSET 0 FOR UPDATE SKIP LOCKED) AS mine
+  SELECT u.id, x.parent_id
+  FROM unnest($1::bigint[], $2::bigint[], $3::bool[]) AS u(id, token, terminal) CROSS JOIN LATERAL (
+    SELECT CASE WHEN u.terminal AND i.claim_token = u.token AND i.status = 'executing' THEN i.parent_id END AS parent_id
     FROM {{schema}}.gendurable_instances AS i WHERE i.id = u.id OFFSET 0) AS x
 ), p AS MATERIALIZED (
-  SELECT d.id FROM (SELECT DISTINCT parent_id AS id FROM o WHERE terminal AND parent_id IS NOT NULL) AS d
+  SELECT d.id FROM (SELECT DISTINCT parent_id AS id FROM o WHERE parent_id IS NOT NULL) AS d
   CROSS JOIN LATERAL (
     SELECT l.id FROM {{schema}}.gendurable_instances AS l WHERE l.id = d.id OFFSET 0 FOR NO KEY UPDATE SKIP LOCKED) AS l
 )
 SELECT o.id FROM o
-WHERE NOT o.mine OR (o.terminal AND o.parent_id IS NOT NULL AND o.parent_id NOT IN (SELECT id FROM p))`
+WHERE CASE WHEN o.parent_id IS NOT NULL AND o.parent_id NOT IN (SELECT id FROM p) THEN true
+           ELSE NOT EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS l WHERE l.id = o.id OFFSET 0
+                            FOR UPDATE SKIP LOCKED) END`
 
 // sweepInboxesSQL marks the unconsumed signals of the instances $1 that
 // are still finished consumed: one primary-key probe and one probe of the

@@ -740,7 +740,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					for i := range terminal {
 						terminal[i] = true
 					}
-					got, err := f.q.LockedOutcomes(ctx, tx, ids, terminal)
+					got, err := f.q.LockedOutcomes(ctx, tx, ids, tokens, terminal)
 					require.NoError(t, err)
 					require.Empty(t, got)
 				}},
