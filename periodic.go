@@ -21,8 +21,10 @@ import (
 // with RunAt set to the slot — and skips the earlier ones, so an outage
 // costs one late run, not a burst. Set SkipMissed to skip it too. A slot
 // counts as run while its row exists, so the most recent slot is inserted
-// on start only while it is younger than the engine's [Config].Retention
-// (any age if Retention is negative): an older one's row may have been
+// on start (or after the engine was held up past it: a suspended machine,
+// the clock set forward) only while it is younger than the engine's
+// [Config].Retention (any age if Retention is negative; give every process
+// the Retention of those that prune, also one that works no queues): an older one's row may have been
 // pruned, and inserting it again would run a slot twice — a @monthly
 // schedule under the default 7 days would run each month's slot again at
 // every restart after the 8th. Keep Retention longer than the schedule's

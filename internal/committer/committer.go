@@ -53,6 +53,7 @@ type request struct {
 	// Set while parked (only waitLoop and the park that hands it over
 	// touch them, one after the other).
 	parkedAt  time.Time // first parked
+	tried     time.Time // its last statement ran out of its lock wait
 	timeouts  int       // statements that ran out of their lock wait
 	notBefore time.Time // its next attempt, not before (a wait the look cannot see)
 }
@@ -213,8 +214,9 @@ func (c *Committer) flushLoop() {
 // to waitLoop, starting it if it is not running.
 func (c *Committer) park(r *request) {
 	r.timeouts++
+	r.tried = time.Now()
 	if r.parkedAt.IsZero() {
-		r.parkedAt = time.Now()
+		r.parkedAt = r.tried
 	}
 	c.keep(r)
 }
@@ -245,10 +247,13 @@ func (c *Committer) keep(r *request) {
 // unique key another transaction is inserting, a signal row): it is tried
 // alone, with a quarter of the wait, at growing intervals (LockWait, twice
 // that, … up to 8 LockWaits), so its statement sits on its row a small
-// share of the time. There is no limit on the rounds: a parked outcome
-// waits for as long as the lock is held (its step run again would meet the
-// same lock) — until Abort, until Drain and a lease, or until its row is
-// taken from it (fenced out).
+// share of the time; so is one the look has found held for two leases since
+// its statement last tried, in case the look is wrong. There is no limit on
+// the rounds: a parked outcome waits for as long as the lock is held (its
+// step run again would meet the same lock) — until Abort, until Drain and
+// a lease (Drain gives up only outcomes still held or backing off: one
+// whose lock went is written), or until its row is taken from it (fenced
+// out).
 func (c *Committer) waitLoop() {
 	for {
 		c.mu.Lock()
@@ -278,17 +283,21 @@ func (c *Committer) waitLoop() {
 		looked := time.Since(began)
 		var free, unseen []*request
 		for _, r := range batch {
+			heldNow := held[r.out.ID]
+			backingOff := r.timeouts > 1 && began.Before(r.notBefore)
 			switch {
 			case run.Err() != nil:
 				free = append(free, r)
-			case draining && time.Since(r.parkedAt) >= c.cfg.Lease:
+			case (heldNow || backingOff) && draining && began.Sub(r.parkedAt) >= c.cfg.Lease:
 				r.deliver(Result{Err: ErrLockHeld})
-			case held[r.out.ID]:
+			case heldNow && began.Sub(r.tried) < 2*c.cfg.Lease, backingOff:
 				c.keep(r)
-			case r.timeouts > 1 && began.Before(r.notBefore):
-				c.keep(r)
-			case r.timeouts > 1:
-				r.notBefore = began.Add(min(c.cfg.LockWait<<min(r.timeouts-2, 3), 8*c.cfg.LockWait))
+			case heldNow || r.timeouts > 1:
+				// A wait the look cannot see; or held, by the look's
+				// account, for two leases since its statement last tried:
+				// tried again, alone, in case the look is wrong (a case
+				// it does not know).
+				r.notBefore = began.Add(min(c.cfg.LockWait<<min(max(r.timeouts-2, 0), 3), 8*c.cfg.LockWait))
 				unseen = append(unseen, r)
 			default:
 				free = append(free, r)

@@ -774,3 +774,28 @@ func TestDrainGivesUpAParkedOutcomeAfterALease(t *testing.T) {
 	}
 	require.Equal(t, "executing", f.row(f.claims[0].ID).Status, "nothing written: the row is reaped after its lease")
 }
+
+// TestDrainWritesAParkedOutcomeWhoseLockWent: Drain gives up only parked
+// outcomes still held; one whose lock went since the last round is written
+// (it was given up, and its finished step would have run again).
+func TestDrainWritesAParkedOutcomeWhoseLockWent(t *testing.T) {
+	t.Parallel()
+	const lease = time.Second
+	f := newFixture(t, 1)
+	c := committer.New(committer.Config{Lease: lease}, f.q, f.pool)
+	release := f.hold(f.claims[0].ID)
+	got := make(chan committer.Result, 1)
+	c.CommitAsync(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{}`)},
+		func(r committer.Result) { got <- r })
+	time.Sleep(2 * lease)
+	release()
+	c.Drain()
+	select {
+	case r := <-got:
+		require.NoError(t, r.Err)
+		require.NotNil(t, r.Applied)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the parked outcome was not delivered")
+	}
+	require.Equal(t, "done", f.row(f.claims[0].ID).Status)
+}

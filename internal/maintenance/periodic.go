@@ -17,10 +17,10 @@ type Schedule struct {
 	// SkipMissed: on start, do not insert the most recent slot that passed
 	// while no process ran.
 	SkipMissed bool
-	// CatchUpWithin, if above 0: on start, the most recent slot that
-	// passed is inserted only if it is younger than this (the retention of
-	// finished rows: an older slot's row may have been pruned, and
-	// inserting it again would run it twice).
+	// CatchUpWithin, if above 0: a slot that passed — on start, or while
+	// the loop was held up past it — is inserted only if it is younger than
+	// this (the retention of finished rows: an older slot's row may have
+	// been pruned, and inserting it again would run it twice).
 	CatchUpWithin time.Duration
 }
 
@@ -138,6 +138,17 @@ func (p *Periodic) loop(ctx context.Context) {
 		for i := range p.Schedules {
 			if t := next[i]; !t.IsZero() && !t.After(now) {
 				t = latestSince(p.Schedules[i].Next, t, now)
+				if w := p.Schedules[i].CatchUpWithin; w > 0 && now.Sub(t) >= w {
+					// Held up past it (a suspended machine, the clock set
+					// forward): as on start, a slot older than the retention
+					// may have run and been pruned.
+					logger(p.Log).Info("gendurable: periodic slot not run late: it is older than the retention of finished rows, "+
+						"whose pruning may have removed its row", "periodic", p.Schedules[i].Name, "slot", t, "retention", w)
+					due[i] = nil
+					next[i] = p.Schedules[i].Next(now)
+					p.noMoreSlots(i, next[i], now)
+					continue
+				}
 				if old := due[i]; old != nil && old.tries > 0 {
 					logger(p.Log).Error("gendurable: periodic slot not inserted: the next slot came due first",
 						"periodic", p.Schedules[i].Name, "slot", old.at, "next", t, "attempts", old.tries)

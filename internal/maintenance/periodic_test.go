@@ -516,3 +516,33 @@ func TestPeriodicRunsLateOnlyASlotYoungerThanCatchUpWithin(t *testing.T) {
 		}
 	}
 }
+
+// TestPeriodicHeldUpPastASlotOlderThanCatchUpWithinSkipsIt: the loop held
+// up past a slot by more than CatchUpWithin (here the clock set three hours
+// forward, as a machine suspended that long) skips it, logged, as a start
+// would: its row may have run and been pruned meanwhile.
+func TestPeriodicHeldUpPastASlotOlderThanCatchUpWithinSkipsIt(t *testing.T) {
+	t.Parallel()
+	d := newDB(t)
+	var skew atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	slot := now().Add(time.Hour).Truncate(time.Millisecond)
+	logs := &syncbuf.Buffer{}
+	p := &Periodic{Log: bufLogger(logs), now: now, maxSleep: 50 * time.Millisecond,
+		Schedules: []Schedule{{Name: "hourly", Next: slots(slot, slot.Add(10*time.Hour)), CatchUpWithin: time.Hour}},
+		Insert: func(ctx context.Context, i int, s time.Time) (int64, bool, error) {
+			return d.insertSlot(ctx, "hourly", s)
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	time.Sleep(200 * time.Millisecond) // the loop waits for the slot
+	skew.Store(int64(3*time.Hour + time.Second))
+	eventually(t, 3*time.Second, func() bool { return strings.Contains(logs.String(), "periodic slot not run late") },
+		"the skip is not in the log")
+	p.Stop()
+	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_instances`); n != 0 {
+		t.Fatalf("%d rows, want 0: the slot was two hours old, older than CatchUpWithin", n)
+	}
+}

@@ -1046,8 +1046,9 @@ func TestReapChargesNoAttemptToARevokedUnstartedKeyHolder(t *testing.T) {
 // TestLockedOutcomesNamesRowsAndParentsHeldElsewhere: the committer's look
 // after a lock wait ran out names an outcome whose row another transaction
 // holds, and a finishing one whose parent it holds; not a non-finishing or
-// fenced-out outcome under a held parent, nor a free row. It waits on
-// nothing.
+// fenced-out outcome under a held parent, nor a child of an earlier fan-out
+// or of a parent gone (pruned: a retried child runs without one), nor a
+// free row. It waits on nothing.
 func TestLockedOutcomesNamesRowsAndParentsHeldElsewhere(t *testing.T) {
 	t.Parallel()
 	q, exec, count, conn := keySetup(t)
@@ -1057,8 +1058,10 @@ func TestLockedOutcomesNamesRowsAndParentsHeldElsewhere(t *testing.T) {
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, fsm_version, queue, step, status, parent_id, parent_fanout, claim_token)
 		OVERRIDING SYSTEM VALUE VALUES (2, 'm', 1, 'q', 'a', 'executing', 1, 1, 20), (3, 'm', 1, 'q', 'a', 'executing', 1, 1, 30),
 		(4, 'm', 1, 'q', 'a', 'executing', NULL, NULL, 40), (5, 'm', 1, 'q', 'a', 'executing', NULL, NULL, 50),
-		(6, 'm', 1, 'q', 'a', 'executing', 1, 1, 60)`)
-	require.Equal(t, 6, count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+		(6, 'm', 1, 'q', 'a', 'executing', 1, 1, 60), (7, 'm', 1, 'q', 'a', 'executing', 1, 0, 70),
+		(8, 'm', 1, 'q', 'a', 'executing', 100, 1, 80)`)
+	exec(`UPDATE {{s}}.gendurable_instances SET fanout = 1 WHERE id = 1`)
+	require.Equal(t, 8, count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
 	holder := conn()
 	tx, err := holder.Begin(ctx)
 	require.NoError(t, err)
@@ -1070,11 +1073,12 @@ func TestLockedOutcomesNamesRowsAndParentsHeldElsewhere(t *testing.T) {
 	require.NoError(t, err)
 	_, err = lc.Exec(ctx, `SET LOCAL lock_timeout = '1ms'`)
 	require.NoError(t, err)
-	got, err := q.LockedOutcomes(ctx, lc, []int64{2, 3, 4, 5, 6, 99}, []int64{20, 30, 40, 50, 61, 990},
-		[]bool{true, false, false, true, true, true})
+	got, err := q.LockedOutcomes(ctx, lc, []int64{2, 3, 4, 5, 6, 7, 8, 99}, []int64{20, 30, 40, 50, 61, 70, 80, 990},
+		[]bool{true, false, false, true, true, true, true, true})
 	require.NoError(t, err)
 	require.ElementsMatch(t, []int64{2, 4}, got, "2 finishes under held parent 1; 3 does not finish; 4 is held itself; "+
-		"5 is free; 6 is fenced out (its statement would not touch the parent); 99 does not exist")
+		"5 is free; 6 is fenced out, 7 of an earlier fan-out, 8's parent is gone (their statements would not touch "+
+		"a parent); 99 does not exist")
 	require.NoError(t, lc.Rollback(ctx))
 }
 

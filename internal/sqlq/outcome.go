@@ -733,27 +733,33 @@ func (q *Queries) LockedOutcomes(ctx context.Context, db DB, ids, tokens []int64
 
 // lockedOutcomesSQL tries, without waiting (SKIP LOCKED), the locks the
 // outcome statement would take: first the parent of each finishing outcome
-// whose fence holds (FOR NO KEY UPDATE, as its fan-in update does), a few
-// rows; then, for the outcomes not already named by a held parent, the
-// outcome's own row (FOR UPDATE, as the statement does) — so the rows of
-// children waiting on one held parent are not locked each round, which
-// would make a heartbeat pass over them. It returns the ids that could
-// not have one of them: one primary-key probe per id and per parent,
-// behind OFFSET 0 fences. The locks go with the statement's own implicit
+// whose fence holds and whose parent is there with the child's fan-out
+// (FOR NO KEY UPDATE, as its fan-in update does; a parent gone, or of
+// another fan-out, is not waited for by the statement and is not tried),
+// a few rows; then, for the outcomes not already named by a held parent,
+// the outcome's own row (FOR UPDATE, as the statement does) — so the rows
+// of children waiting on one held parent are not locked each round, which
+// would make a heartbeat pass over them. It returns the ids that could not
+// have one of them: one primary-key probe per id and per parent, behind
+// OFFSET 0 fences. The locks go with the statement's own implicit
 // transaction.
 const lockedOutcomesSQL = `
 WITH o AS MATERIALIZED (
-  SELECT u.id, x.parent_id
+  SELECT u.id, x.parent_id, x.parent_fanout
   FROM unnest($1::bigint[], $2::bigint[], $3::bool[]) AS u(id, token, terminal) CROSS JOIN LATERAL (
-    SELECT CASE WHEN u.terminal AND i.claim_token = u.token AND i.status = 'executing' THEN i.parent_id END AS parent_id
+    SELECT CASE WHEN u.terminal AND i.claim_token = u.token AND i.status = 'executing' THEN i.parent_id END AS parent_id,
+           i.parent_fanout
     FROM {{schema}}.gendurable_instances AS i WHERE i.id = u.id OFFSET 0) AS x
 ), p AS MATERIALIZED (
-  SELECT d.id FROM (SELECT DISTINCT parent_id AS id FROM o WHERE parent_id IS NOT NULL) AS d
+  SELECT d.id, d.fanout
+  FROM (SELECT DISTINCT parent_id AS id, parent_fanout AS fanout FROM o WHERE parent_id IS NOT NULL) AS d
   CROSS JOIN LATERAL (
-    SELECT l.id FROM {{schema}}.gendurable_instances AS l WHERE l.id = d.id OFFSET 0 FOR NO KEY UPDATE SKIP LOCKED) AS l
+    SELECT e.fanout FROM {{schema}}.gendurable_instances AS e WHERE e.id = d.id OFFSET 0) AS e
+  WHERE e.fanout = d.fanout AND NOT EXISTS (
+    SELECT 1 FROM {{schema}}.gendurable_instances AS l WHERE l.id = d.id OFFSET 0 FOR NO KEY UPDATE SKIP LOCKED)
 )
 SELECT o.id FROM o
-WHERE CASE WHEN o.parent_id IS NOT NULL AND o.parent_id NOT IN (SELECT id FROM p) THEN true
+WHERE CASE WHEN (o.parent_id, o.parent_fanout) IN (SELECT id, fanout FROM p) THEN true
            ELSE NOT EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances AS l WHERE l.id = o.id OFFSET 0
                             FOR UPDATE SKIP LOCKED) END`
 

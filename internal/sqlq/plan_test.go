@@ -407,7 +407,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 			parent := f.seedShapes(t, ids)
 			res := `{"ok":true}`
 			outcomes := func(kind sqlq.Kind) *sqlq.OutcomeBatch {
-				b := &sqlq.OutcomeBatch{Lease: time.Minute}
+				b := &sqlq.OutcomeBatch{Lease: time.Minute, LockWait: time.Second}
 				for i := range ids {
 					b.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: kind, Result: &res, Step: ptr("b")})
 				}
@@ -424,8 +424,8 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 			}
 			require.NoError(t, rows.Err())
 			require.Len(t, signalOf, batch)
-			consuming := &sqlq.OutcomeBatch{Lease: time.Minute}
-			fanning := &sqlq.OutcomeBatch{Lease: time.Minute}
+			consuming := &sqlq.OutcomeBatch{Lease: time.Minute, LockWait: time.Second}
+			fanning := &sqlq.OutcomeBatch{Lease: time.Minute, LockWait: time.Second}
 			for i := range ids {
 				consuming.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: sqlq.KindNext, Step: ptr("b"),
 					Consume: []int64{signalOf[ids[i]]}, InboxDec: ptr(`{"go":1}`)})
@@ -435,7 +435,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 			}
 			// A batch of one shape per outcome, cycling through shapes.
 			mixed := func(shapes ...func(i int) sqlq.Outcome) *sqlq.OutcomeBatch {
-				b := &sqlq.OutcomeBatch{Lease: time.Minute}
+				b := &sqlq.OutcomeBatch{Lease: time.Minute, LockWait: time.Second}
 				for i := range ids {
 					o := shapes[i%len(shapes)](i)
 					o.ID, o.Token = ids[i], tokens[i]
@@ -646,7 +646,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NoError(t, err)
 					_, err = tx.Exec(ctx, `SET LOCAL enable_bitmapscan = on`)
 					require.NoError(t, err)
-					b := &sqlq.OutcomeBatch{Lease: time.Minute}
+					b := &sqlq.OutcomeBatch{Lease: time.Minute, LockWait: time.Second}
 					for i := range ids {
 						b.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: sqlq.KindDone, Result: &res, Handoff: 10})
 					}
@@ -1018,7 +1018,7 @@ func TestHandOffIsBoundedByTheBatch(t *testing.T) {
 				tx, err := conn.Begin(ctx)
 				require.NoError(t, err)
 				rec.reset()
-				b := &sqlq.OutcomeBatch{Lease: time.Minute}
+				b := &sqlq.OutcomeBatch{Lease: time.Minute, LockWait: time.Second}
 				for i := range ids {
 					b.Add(&sqlq.Outcome{ID: ids[i], Token: tokens[i], Kind: sqlq.KindDone, Result: &res, Handoff: 1})
 				}
