@@ -82,8 +82,10 @@ var (
 	// and returns it; an operator call, insert or signal of an engine that
 	// was not started returns it too when a statement misses a table, column
 	// or function because the schema is at an older (or newer) version —
-	// the error text names both versions and the command to run.
-	ErrSchemaVersion = errors.New("gendurable: schema version mismatch")
+	// the error text names both versions and the command to run. Package
+	// migrate returns it too (wrapped) for a schema newer than it knows or
+	// whose version comment it cannot read.
+	ErrSchemaVersion = sqlq.ErrSchemaVersion
 
 	// ErrInvalidInput: an operator call ([Engine.List], [Engine.Pause],
 	// [Engine.Resume], [Engine.Graph]) got a filter, name or search text it

@@ -27,6 +27,12 @@ type DB interface {
 // ErrInvalidSchema is returned (wrapped) for a schema name that is not a plain identifier.
 var ErrInvalidSchema = sqlq.ErrInvalidSchema
 
+// ErrSchemaVersion is returned (wrapped) for a schema at a version newer
+// than this library knows (a newer process migrated it: upgrade this one),
+// or whose version comment is missing or unreadable (a dump restored with
+// --no-comments). It is gendurable.ErrSchemaVersion.
+var ErrSchemaVersion = sqlq.ErrSchemaVersion
+
 // Latest is the newest schema version this library ships.
 func Latest() int { return sqlq.LatestVersion() }
 
@@ -51,7 +57,17 @@ func Down(ctx context.Context, db DB, schema string) (Result, error) {
 	return To(ctx, db, schema, 0)
 }
 
-// To migrates schema up or down to target, in one transaction.
+// To migrates schema up or down to target, in one transaction. Each
+// statement waits at most a couple of seconds for a lock another
+// transaction holds on the tables (so the workers' statements that queue
+// behind the migration's lock request are not held up for longer); the
+// migration is then tried again, after a pause, until ctx ends.
+//
+// Down migrations drop what the versions they remove added: the data in
+// those columns and tables is lost, and migrating up again does not bring
+// it back (down past version 2, for one, loses every inbox, fan-out and
+// join count: parked and joining instances never wake). Move down only to
+// undo an upgrade that nothing has run on yet, or with nothing in flight.
 func To(ctx context.Context, db DB, schema string, target int) (Result, error) {
 	from, applied, err := sqlq.Migrate(ctx, db, schema, target)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
@@ -557,4 +558,107 @@ func schemaOwnerWithoutCreate(t *testing.T) (*pgx.Conn, string) {
 	require.NoError(t, conn.QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE')`).Scan(&mayCreate))
 	require.False(t, mayCreate, "the role may not create schemas")
 	return conn, schema
+}
+
+// TestMigrationBehindABlockerDoesNotStallTheWorkers: a migration whose
+// ALTER TABLE waits for another transaction's lock on the instances table
+// (a long report, a caller's open InsertTx) waits at most
+// sqlq.MigrateLockWait at a time, then lets the statements queued behind
+// its lock request through and tries again, and is applied once the
+// blocker ends. Before, it waited for as long as the blocker, and every
+// worker's statement on the table queued behind it (a probe: 24 s without
+// a step, every running step's lease lost).
+func TestMigrationBehindABlockerDoesNotStallTheWorkers(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4})
+	ctx := context.Background()
+	_, err := migrate.To(ctx, pool, schema, migrate.Latest()-1)
+	require.NoError(t, err)
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`)
+	require.NoError(t, err)
+
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := migrate.Up(ctx, pool, schema)
+		migrated <- err
+	}()
+	time.Sleep(500 * time.Millisecond) // the migration waits for its lock
+	// A worker's statement, queued behind the migration's lock request,
+	// goes through within a lock wait.
+	start := time.Now()
+	var n int
+	qctx, cancel := context.WithTimeout(ctx, sqlq.MigrateLockWait+2*time.Second)
+	defer cancel()
+	require.NoError(t, pool.QueryRow(qctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`).Scan(&n),
+		"the statement waited for the blocker")
+	waited := time.Since(start)
+	t.Logf("a statement behind the waiting migration took %v", waited.Round(time.Millisecond))
+	require.Less(t, waited, sqlq.MigrateLockWait+time.Second, "the statement waited for the blocker")
+	select {
+	case err := <-migrated:
+		t.Fatalf("the migration ended while the blocker held its lock: %v", err)
+	default:
+	}
+	require.NoError(t, blocker.Rollback(ctx))
+	select {
+	case err := <-migrated:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the migration was not applied once the blocker ended")
+	}
+	v, err := migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, migrate.Latest(), v)
+}
+
+// TestMigrationGivesUpWithItsContext: a migration that keeps meeting a
+// lock another transaction holds stops trying when its context ends, and
+// has applied nothing.
+func TestMigrationGivesUpWithItsContext(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4})
+	ctx := context.Background()
+	_, err := migrate.To(ctx, pool, schema, migrate.Latest()-1)
+	require.NoError(t, err)
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(ctx) }()
+	_, err = blocker.Exec(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`)
+	require.NoError(t, err)
+	mctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	_, err = migrate.Up(mctx, pool, schema)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	v, err := migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, migrate.Latest()-1, v)
+}
+
+// TestASchemaItCannotReadIsErrSchemaVersion: a schema at a version newer
+// than the library's, or whose version comment was lost (a dump restored
+// with --no-comments), is gendurable.ErrSchemaVersion (migrate's too), with
+// the fix in the text; before, an untyped error a process could not tell
+// apart from a connection failure.
+func TestASchemaItCannotReadIsErrSchemaVersion(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	q := `"` + schema + `".gendurable_instances`
+	_, err := pool.Exec(ctx, fmt.Sprintf(`COMMENT ON TABLE %s IS 'gendurable schema version %d'`, q, migrate.Latest()+1))
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.ErrorIs(t, err, migrate.ErrSchemaVersion)
+	require.ErrorIs(t, err, gendurable.ErrSchemaVersion)
+	require.ErrorContains(t, err, "upgrade this process's gendurable")
+
+	_, err = pool.Exec(ctx, `COMMENT ON TABLE `+q+` IS NULL`)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.ErrorIs(t, err, gendurable.ErrSchemaVersion)
+	require.ErrorContains(t, err, "COMMENT ON TABLE")
+	_, err = migrate.Installed(ctx, pool, schema)
+	require.ErrorIs(t, err, gendurable.ErrSchemaVersion)
 }

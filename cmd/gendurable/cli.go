@@ -44,7 +44,7 @@ var commands map[string]command
 
 func init() {
 	commands = map[string]command{
-		"migrate": {"migrate up|down|status|print [flags]", "Install (up), remove (down: asks first, or --yes), inspect (status) or print (print: the SQL of every version) gendurable's tables in --schema.", migrateCmd},
+		"migrate": {"migrate up|down|status|print [flags]", "Install or upgrade (up), remove (down: asks first, or --yes), inspect (status) or print (print: the SQL, from --from to --to) gendurable's tables in --schema; --to moves up or down to a version of your choice.", migrateCmd},
 		"status":  {"status [flags]", "Instance counts by queue and status, with each queue's pause flag.", statusCmd},
 		"list":    {"list [filter flags] [flags]", "List instances, newest first, one page at a time. A page looks at no more than --scan instances; follow next_before (--before) for more.", listCmd},
 		"show":    {"show ID [flags]", "One instance: state, result, error history (a panic's stack trace, its first 40 lines; --json has it whole), signals, children, parent and what it waits for.", showCmd},
@@ -457,6 +457,8 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Var(schemaFlag{schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	yes := fs.Bool("yes", false, "down: do not ask for confirmation (needed when stdin is not a terminal)")
+	to := fs.Int("to", -1, "up, down, print: the `version` to migrate to (default: up and print the latest, down 0)")
+	from := fs.Int("from", 0, "print: the `version` the script starts from (0: a fresh install)")
 	if len(args) == 0 {
 		return usageError{msg: "migrate needs up, down, status or print", help: true}
 	}
@@ -483,8 +485,25 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if fs.NArg() > 0 {
 		return usageError{msg: fmt.Sprintf("migrate %s: unexpected arguments %q", action, fs.Args()), help: true}
 	}
+	target := *to
+	if target == -1 {
+		target = migrate.Latest()
+		if action == "down" {
+			target = 0
+		}
+	}
+	switch {
+	case target < 0 || target > migrate.Latest():
+		return usageError{msg: fmt.Sprintf("migrate %s: --to %d outside 0..%d (the versions this gendurable knows)", action, *to, migrate.Latest()), help: true}
+	case *from < 0 || *from > migrate.Latest():
+		return usageError{msg: fmt.Sprintf("migrate %s: --from %d outside 0..%d", action, *from, migrate.Latest()), help: true}
+	case *from != 0 && action != "print":
+		return usageError{msg: fmt.Sprintf("migrate %s: --from is print's (up and down start from the installed version)", action), help: true}
+	case *to != -1 && action == "status":
+		return usageError{msg: "migrate status: --to is up's, down's and print's", help: true}
+	}
 	if action == "print" {
-		sql, err := migrate.SQL(*schema, 0, migrate.Latest())
+		sql, err := migrate.SQL(*schema, *from, target)
 		if err != nil {
 			return err
 		}
@@ -502,13 +521,27 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer pool.Close()
 	var res migrate.Result
 	switch action {
-	case "up":
-		res, err = migrate.Up(ctx, pool, *schema)
-	case "down":
-		if err := confirmDown(ctx, pool, *schema, *yes, stderr); err != nil {
+	case "up", "down":
+		installed, err := migrate.Installed(ctx, pool, *schema)
+		if err != nil {
 			return err
 		}
-		res, err = migrate.Down(ctx, pool, *schema)
+		newer := installed > migrate.Latest() // migrate.To says so, typed
+		if action == "up" && target < installed && !newer {
+			return usageError{msg: fmt.Sprintf("migrate up: --to %d is below the installed version %d (migrate down --to %d moves down)", target, installed, target)}
+		}
+		if action == "down" && target > installed && !newer {
+			return usageError{msg: fmt.Sprintf("migrate down: --to %d is above the installed version %d (migrate up --to %d moves up)", target, installed, target)}
+		}
+		if action == "down" {
+			if err := confirmDown(ctx, pool, *schema, target, *yes, stderr); err != nil {
+				return err
+			}
+		}
+		res, err = migrate.To(ctx, pool, *schema, target)
+		if err != nil {
+			return err
+		}
 	case "status":
 		var v int
 		if v, err = migrate.Installed(ctx, pool, *schema); err == nil {
@@ -704,14 +737,18 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // confirmDown asks before `migrate down` drops every gendurable table of
 // schema: on a terminal it prompts; elsewhere it needs --yes (exit 2).
-func confirmDown(ctx context.Context, pool *pgxpool.Pool, schema string, yes bool, stderr io.Writer) error {
+func confirmDown(ctx context.Context, pool *pgxpool.Pool, schema string, target int, yes bool, stderr io.Writer) error {
 	if yes {
 		return nil
 	}
-	if v, err := migrate.Installed(ctx, pool, schema); err == nil && v == 0 {
+	if v, err := migrate.Installed(ctx, pool, schema); err == nil && v <= target {
 		return nil // nothing to drop
 	}
 	q := fmt.Sprintf("migrate down drops every gendurable table in schema %q, with all its instances and signals", schema)
+	if target > 0 {
+		q = fmt.Sprintf("migrate down --to %d drops what the later versions added to schema %q: the data in those "+
+			"columns and tables is lost, and migrating up again does not bring it back", target, schema)
+	}
 	if !benchrun.IsTerminal(os.Stdin) {
 		return usageError{msg: q + "; pass --yes to confirm (stdin is not a terminal to ask on)"}
 	}

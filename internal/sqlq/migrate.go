@@ -9,7 +9,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -105,6 +107,12 @@ func LatestVersion() int {
 
 const versionCommentPrefix = "gendurable schema version "
 
+// ErrSchemaVersion is the root package's ErrSchemaVersion (and package
+// migrate's): a schema at a version this library cannot work with or
+// migrate from — newer than it knows, or with a version comment it cannot
+// read.
+var ErrSchemaVersion = errors.New("gendurable: schema version mismatch")
+
 // RowQuerier runs a single-row query.
 type RowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -132,13 +140,17 @@ func InstalledVersion(ctx context.Context, db RowQuerier, schema string) (int, e
 			return 0, err
 		}
 		if exists {
-			return 0, errors.New("table gendurable_instances exists but carries no gendurable version comment")
+			return 0, fmt.Errorf("%w: table %s.gendurable_instances exists but carries no gendurable version comment "+
+				"(a dump restored with --no-comments loses it): if it is gendurable's, at the version this schema was "+
+				"migrated to, restore it with COMMENT ON TABLE %s.gendurable_instances IS '%sN'",
+				ErrSchemaVersion, quoteIdent(schema), quoteIdent(schema), versionCommentPrefix)
 		}
 		return 0, nil
 	}
 	v, err := strconv.Atoi(strings.TrimPrefix(*comment, versionCommentPrefix))
 	if err != nil || !strings.HasPrefix(*comment, versionCommentPrefix) {
-		return 0, fmt.Errorf("unrecognised version comment on gendurable_instances: %q", *comment)
+		return 0, fmt.Errorf("%w: unrecognised version comment on %s.gendurable_instances: %q (gendurable writes %q)",
+			ErrSchemaVersion, quoteIdent(schema), *comment, versionCommentPrefix+"N")
 	}
 	return v, nil
 }
@@ -153,10 +165,30 @@ type Beginner interface {
 // must not hold the schema's locks for hours.
 var migrateLock = `SELECT ` + idleLimitSetting + `, pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1))`
 
+// MigrateLockWait bounds each lock wait of a migration's statements. A
+// migration's ALTER TABLE needs the table's exclusive lock, and a lock
+// request that waits queues every later statement on the table behind it:
+// a migration waiting behind another transaction (a long report, a
+// caller's open InsertTx, pg_dump) would stop every worker's picks,
+// heartbeats and outcomes for as long (a probe: 24 s of no step, and the
+// leases of every running step lost). So a migration waits at most this
+// long for each lock, then rolls back, lets the queued statements through,
+// and tries again (Migrate).
+const MigrateLockWait = 2 * time.Second
+
+// migrateLockWait is the set_config of MigrateLockWait, keeping a stricter
+// lock_timeout of the session's.
+var migrateLockWait = `SELECT ` + settingAtMost("lock_timeout", strconv.FormatInt(MigrateLockWait.Milliseconds(), 10))
+
 // Migrate moves the schema from its installed version to target, up or down,
 // in one transaction serialized by an advisory lock, so concurrent migrators
 // (several processes starting at once) apply each step exactly once. It
-// returns the versions applied, in order.
+// returns the versions applied, in order. Each of its statements waits at
+// most MigrateLockWait for a lock another transaction holds; the
+// transaction is then rolled back and tried again, after a pause (100 ms,
+// doubling up to 5 s), until ctx ends — so the workers' statements that
+// queue behind the migration's lock request wait at most that long at a
+// time (TestMigrationBehindABlockerDoesNotStallTheWorkers).
 func Migrate(ctx context.Context, db Beginner, schema string, target int) (from int, applied []int, err error) {
 	if err := ValidateSchema(schema); err != nil {
 		return 0, nil, err
@@ -165,12 +197,36 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 	if target < 0 || target > latest {
 		return 0, nil, fmt.Errorf("target version %d out of range 0..%d", target, latest)
 	}
+	for tries := 1; ; tries++ {
+		from, applied, err = migrate1(ctx, db, schema, target)
+		if err == nil || !LockTimedOut(err) {
+			return from, applied, err
+		}
+		wait := backoff.Delay(100*time.Millisecond, 5*time.Second, tries)
+		select {
+		case <-ctx.Done():
+			return from, nil, fmt.Errorf("another transaction held a lock on the schema's tables through %d tries "+
+				"(each waited at most %s for it, so the workers' statements were not held up for longer): %w: %w",
+				tries, MigrateLockWait, ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// migrate1 is one try of Migrate: one transaction.
+func migrate1(ctx context.Context, db Beginner, schema string, target int) (from int, applied []int, err error) {
+	latest := LatestVersion()
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return 0, nil, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	if _, err := tx.Exec(ctx, migrateLock, schema); err != nil {
+		return 0, nil, err
+	}
+	// After the advisory lock: another migrator of the schema is waited
+	// for as long as it takes (it holds up no worker while it waits).
+	if _, err := tx.Exec(ctx, migrateLockWait); err != nil {
 		return 0, nil, err
 	}
 	if target > 0 {
@@ -194,7 +250,8 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 		return 0, nil, err
 	}
 	if from > latest {
-		return from, nil, fmt.Errorf("schema %q is at version %d, newer than this library's %d", schema, from, latest)
+		return from, nil, fmt.Errorf("%w: schema %q is at version %d, newer than this library's %d: "+
+			"upgrade this process's gendurable (a newer process migrated it)", ErrSchemaVersion, schema, from, latest)
 	}
 	ms := Migrations()
 	if target >= from {
