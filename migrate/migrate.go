@@ -30,8 +30,15 @@ var ErrInvalidSchema = sqlq.ErrInvalidSchema
 // ErrSchemaVersion is returned (wrapped) for a schema at a version newer
 // than this library knows (a newer process migrated it: upgrade this one),
 // or whose version comment is missing or unreadable (a dump restored with
-// --no-comments). It is gendurable.ErrSchemaVersion.
+// --no-comments). It is gendurable.ErrSchemaVersion. Such errors wrap
+// ErrSchemaUnknown too, which a schema merely older than the library's
+// (migrate up mends it) does not.
 var ErrSchemaVersion = sqlq.ErrSchemaVersion
+
+// ErrSchemaUnknown is wrapped, beside ErrSchemaVersion, by the errors of a
+// schema whose version this library cannot migrate from: newer than it
+// knows, or a version comment missing or unreadable.
+var ErrSchemaUnknown = sqlq.ErrSchemaUnknown
 
 // Latest is the newest schema version this library ships.
 func Latest() int { return sqlq.LatestVersion() }
@@ -58,10 +65,11 @@ func Down(ctx context.Context, db DB, schema string) (Result, error) {
 }
 
 // To migrates schema up or down to target, in one transaction. Each
-// statement waits at most a couple of seconds for a lock another
-// transaction holds on the tables (so the workers' statements that queue
-// behind the migration's lock request are not held up for longer); the
-// migration is then tried again, after a pause, until ctx ends.
+// statement waits at most half a second for a lock another transaction
+// holds on the tables (so the workers' statements that queue behind the
+// migration's lock request are not held up for longer); the migration is
+// then tried again, after a pause (1 s, doubling up to 30 s), until ctx
+// ends. A deadlock is tried again the same way.
 //
 // Down migrations drop what the versions they remove added: the data in
 // those columns and tables is lost, and migrating up again does not bring

@@ -22,6 +22,7 @@ import (
 	"github.com/gendurable/gendurable/internal/demo"
 	"github.com/gendurable/gendurable/internal/display"
 	"github.com/gendurable/gendurable/internal/scratch"
+	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -916,7 +917,7 @@ func exitCode(err error) int {
 
 // errorCode is the "code" of an error in --json output: usage (the
 // command line is wrong), invalid_input (a value the library refused),
-// not_found, conflict, not_migrated, aborted (a confirmation answered no),
+// not_found, conflict, not_migrated, schema_version, aborted (a confirmation answered no),
 // or error (anything else: the database is unreachable, ...).
 func errorCode(err error) string {
 	var ue usageError
@@ -940,6 +941,8 @@ func errorCode(err error) string {
 	case is(gendurable.ErrNotRetryable, gendurable.ErrNotCancellable, gendurable.ErrQueueNotEmpty, gendurable.ErrUniqueConflict,
 		gendurable.ErrInstanceFinished, gendurable.ErrNotDelayed):
 		return "conflict"
+	case is(migrate.ErrSchemaUnknown):
+		return "schema_version"
 	case is(gendurable.ErrNotMigrated, gendurable.ErrSchemaVersion):
 		return "not_migrated"
 	case is(errAborted):

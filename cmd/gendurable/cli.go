@@ -96,7 +96,8 @@ bench default to their own schemas) and --json (all but demo).
 
 With --json, output is JSON with snake_case names, and an error is {"error": {"code": ...,
 "message": ..., "exit_code": ...}} on stderr. Exit codes: 0 ok; 1 failure (code "error";
-"not_migrated": run gendurable migrate up; "aborted": a confirmation answered no); 2 bad usage
+"not_migrated": run gendurable migrate up; "schema_version": the schema is newer than this
+binary, or its version comment is gone — see the message; "aborted": a confirmation answered no); 2 bad usage
 or input ("usage", "invalid_input"); 3 not found ("not_found": instance, queue); 4 conflict
 ("conflict": e.g. retry of a live instance, run-now of one not waiting to run, removing a queue
 that has instances).
@@ -457,7 +458,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Var(schemaFlag{schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	yes := fs.Bool("yes", false, "down: do not ask for confirmation (needed when stdin is not a terminal)")
-	to := fs.Int("to", -1, "up, down, print: the `version` to migrate to (default: up and print the latest, down 0)")
+	to := fs.Int("to", 0, "up, down, print: the `version` to migrate to (default: up and print the latest, down 0)")
 	from := fs.Int("from", 0, "print: the `version` the script starts from (0: a fresh install)")
 	if len(args) == 0 {
 		return usageError{msg: "migrate needs up, down, status or print", help: true}
@@ -485,8 +486,10 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if fs.NArg() > 0 {
 		return usageError{msg: fmt.Sprintf("migrate %s: unexpected arguments %q", action, fs.Args()), help: true}
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	target := *to
-	if target == -1 {
+	if !set["to"] {
 		target = migrate.Latest()
 		if action == "down" {
 			target = 0
@@ -499,7 +502,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return usageError{msg: fmt.Sprintf("migrate %s: --from %d outside 0..%d", action, *from, migrate.Latest()), help: true}
 	case *from != 0 && action != "print":
 		return usageError{msg: fmt.Sprintf("migrate %s: --from is print's (up and down start from the installed version)", action), help: true}
-	case *to != -1 && action == "status":
+	case set["to"] && action == "status":
 		return usageError{msg: "migrate status: --to is up's, down's and print's", help: true}
 	}
 	if action == "print" {

@@ -1250,7 +1250,7 @@ func TestSilentServerIsAConnectionErrorInBoundedTime(t *testing.T) {
 // which fails on an existing schema, and up/down went only to the ends).
 func TestCLIMigrateToAVersion(t *testing.T) {
 	t.Parallel()
-	_, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
 	s := []string{"--schema", schema}
 	last := migrate.Latest()
 	out, _, code := cli(t, append([]string{"migrate", "up", "--to", strconv.Itoa(last - 1)}, s...)...)
@@ -1272,7 +1272,9 @@ func TestCLIMigrateToAVersion(t *testing.T) {
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, fmt.Sprintf("version %d → %d", last, last-1))
 	for _, bad := range [][]string{{"up", "--to", strconv.Itoa(last + 1)}, {"down", "--to", "-2"}, {"up", "--from", "3"},
-		{"status", "--to", "3"}, {"print", "--from", strconv.Itoa(last + 1)}} {
+		{"status", "--to", "3"}, {"print", "--from", strconv.Itoa(last + 1)},
+		// Not the default: a review's `down --to -1 --yes` dropped every table.
+		{"down", "--to", "-1", "--yes"}, {"up", "--to", "-1"}, {"status", "--to", "-1"}} {
 		_, errOut, code = cli(t, append(append([]string{"migrate"}, bad...), s...)...)
 		require.Equal(t, 2, code, "%v: %s", bad, errOut)
 	}
@@ -1280,4 +1282,17 @@ func TestCLIMigrateToAVersion(t *testing.T) {
 	require.Equal(t, 0, code)
 	require.NotContains(t, out, "CREATE TABLE", "only the step's SQL")
 	require.Contains(t, out, fmt.Sprintf("gendurable schema version %d", last))
+	require.Contains(t, out, "lock_timeout", "the script says how to run it on a database in use")
+	v, err := migrate.Installed(context.Background(), pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, last-1, v, "the refused commands changed nothing")
+
+	// A schema newer than this binary: its own code, not "run migrate up".
+	_, err = pool.Exec(context.Background(), fmt.Sprintf(`COMMENT ON TABLE "%s".gendurable_instances IS 'gendurable schema version %d'`,
+		schema, last+1))
+	require.NoError(t, err)
+	args := append([]string{"migrate", "up", "--json"}, s...)
+	_, errOut, code = cli(t, args...)
+	require.Equal(t, exitError, code)
+	require.Contains(t, jsonError(t, args, errOut, "schema_version", exitError), "newer than this library")
 }

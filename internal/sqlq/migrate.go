@@ -13,6 +13,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed migrations/*.sql
@@ -113,6 +114,11 @@ const versionCommentPrefix = "gendurable schema version "
 // read.
 var ErrSchemaVersion = errors.New("gendurable: schema version mismatch")
 
+// ErrSchemaUnknown marks the ErrSchemaVersion errors that migrating up
+// cannot mend: a schema newer than this library, or whose version comment is
+// missing or unreadable.
+var ErrSchemaUnknown = errors.New("the schema's version is not one this library can migrate from")
+
 // RowQuerier runs a single-row query.
 type RowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -140,17 +146,17 @@ func InstalledVersion(ctx context.Context, db RowQuerier, schema string) (int, e
 			return 0, err
 		}
 		if exists {
-			return 0, fmt.Errorf("%w: table %s.gendurable_instances exists but carries no gendurable version comment "+
+			return 0, fmt.Errorf("%w (%w): table %s.gendurable_instances exists but carries no gendurable version comment "+
 				"(a dump restored with --no-comments loses it): if it is gendurable's, at the version this schema was "+
 				"migrated to, restore it with COMMENT ON TABLE %s.gendurable_instances IS '%sN'",
-				ErrSchemaVersion, quoteIdent(schema), quoteIdent(schema), versionCommentPrefix)
+				ErrSchemaVersion, ErrSchemaUnknown, quoteIdent(schema), quoteIdent(schema), versionCommentPrefix)
 		}
 		return 0, nil
 	}
 	v, err := strconv.Atoi(strings.TrimPrefix(*comment, versionCommentPrefix))
 	if err != nil || !strings.HasPrefix(*comment, versionCommentPrefix) {
-		return 0, fmt.Errorf("%w: unrecognised version comment on %s.gendurable_instances: %q (gendurable writes %q)",
-			ErrSchemaVersion, quoteIdent(schema), *comment, versionCommentPrefix+"N")
+		return 0, fmt.Errorf("%w (%w): unrecognised version comment on %s.gendurable_instances: %q (gendurable writes %q)",
+			ErrSchemaVersion, ErrSchemaUnknown, quoteIdent(schema), *comment, versionCommentPrefix+"N")
 	}
 	return v, nil
 }
@@ -173,8 +179,9 @@ var migrateLock = `SELECT ` + idleLimitSetting + `, pg_advisory_xact_lock(hashte
 // heartbeats and outcomes for as long (a probe: 24 s of no step, and the
 // leases of every running step lost). So a migration waits at most this
 // long for each lock, then rolls back, lets the queued statements through,
-// and tries again (Migrate).
-const MigrateLockWait = 2 * time.Second
+// and tries again (Migrate): unblocked, a migration takes its locks within
+// milliseconds, as the workers' statements are short.
+const MigrateLockWait = 500 * time.Millisecond
 
 // migrateLockWait is the set_config of MigrateLockWait, keeping a stricter
 // lock_timeout of the session's.
@@ -185,10 +192,13 @@ var migrateLockWait = `SELECT ` + settingAtMost("lock_timeout", strconv.FormatIn
 // (several processes starting at once) apply each step exactly once. It
 // returns the versions applied, in order. Each of its statements waits at
 // most MigrateLockWait for a lock another transaction holds; the
-// transaction is then rolled back and tried again, after a pause (100 ms,
-// doubling up to 5 s), until ctx ends — so the workers' statements that
-// queue behind the migration's lock request wait at most that long at a
-// time (TestMigrationBehindABlockerDoesNotStallTheWorkers).
+// transaction is then rolled back and tried again, after a pause (1 s,
+// doubling up to 30 s, jittered), until ctx ends — so the workers'
+// statements that queue behind the migration's lock request wait at most
+// MigrateLockWait at a time, and a small share of the time while the
+// blocker lasts (TestMigrationBehindABlockerDoesNotStallTheWorkers). A
+// deadlock with another transaction (SQLSTATE 40P01) is tried again the
+// same way.
 func Migrate(ctx context.Context, db Beginner, schema string, target int) (from int, applied []int, err error) {
 	if err := ValidateSchema(schema); err != nil {
 		return 0, nil, err
@@ -199,13 +209,14 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 	}
 	for tries := 1; ; tries++ {
 		from, applied, err = migrate1(ctx, db, schema, target)
-		if err == nil || !LockTimedOut(err) {
+		var pgErr *pgconn.PgError
+		if err == nil || !LockTimedOut(err) && !(errors.As(err, &pgErr) && pgErr.Code == "40P01") {
 			return from, applied, err
 		}
-		wait := backoff.Delay(100*time.Millisecond, 5*time.Second, tries)
+		wait := backoff.Delay(time.Second, 30*time.Second, tries)
 		select {
 		case <-ctx.Done():
-			return from, nil, fmt.Errorf("another transaction held a lock on the schema's tables through %d tries "+
+			return from, nil, fmt.Errorf("another transaction held a lock on the schema's tables (or deadlocked with it) through %d tries "+
 				"(each waited at most %s for it, so the workers' statements were not held up for longer): %w: %w",
 				tries, MigrateLockWait, ctx.Err(), err)
 		case <-time.After(wait):
@@ -250,8 +261,8 @@ func migrate1(ctx context.Context, db Beginner, schema string, target int) (from
 		return 0, nil, err
 	}
 	if from > latest {
-		return from, nil, fmt.Errorf("%w: schema %q is at version %d, newer than this library's %d: "+
-			"upgrade this process's gendurable (a newer process migrated it)", ErrSchemaVersion, schema, from, latest)
+		return from, nil, fmt.Errorf("%w (%w): schema %q is at version %d, newer than this library's %d: "+
+			"upgrade this process's gendurable (a newer process migrated it)", ErrSchemaVersion, ErrSchemaUnknown, schema, from, latest)
 	}
 	ms := Migrations()
 	if target >= from {
@@ -314,6 +325,12 @@ func MigrationScript(schema string, from, to int) (string, error) {
 	var b strings.Builder
 	q := quoteIdent(schema)
 	ms := Migrations()
+	if to != from {
+		fmt.Fprintf(&b, "-- gendurable schema %d -> %d. Run it in one transaction. On a database in use, set a\n"+
+			"-- lock_timeout first (SET LOCAL lock_timeout = '500ms') and run it again if it fails with\n"+
+			"-- SQLSTATE 55P03: a statement waiting for a table lock queues every worker's statement behind it.\n",
+			from, to)
+	}
 	switch {
 	case to > from:
 		if from == 0 {
