@@ -481,31 +481,10 @@ func TestAwaitTimeoutOfARemainingTime(t *testing.T) {
 func TestAParentLockedByASignalTxHoldsUpOnlyItsChild(t *testing.T) {
 	t.Parallel()
 	const others, lease, held = 11, 2 * time.Second, 4 * time.Second
-	barrier := make(chan struct{})
-	var inStep atomic.Int32
-	wait := func(ctx context.Context) error {
-		inStep.Add(1)
-		select {
-		case <-barrier:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	kid := &gendurable.Job[leafArgs]{Name: "lockkid", MaxAttempts: 1, Perform: func(ctx context.Context, _ *gendurable.Run[leafArgs]) error {
-		return wait(ctx)
-	}}
-	other := &gendurable.Job[leafArgs]{Name: "lockother", MaxAttempts: 1, Perform: func(ctx context.Context, _ *gendurable.Run[leafArgs]) error {
-		return wait(ctx)
-	}}
-	parent := &gendurable.Machine[struct{}]{Name: "lockparent", Start: "fan", Steps: map[string]gendurable.StepFunc[struct{}]{
-		"fan": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
-			return r.ScheduleChildren("join", r.State, kid.New(leafArgs{})), nil
-		},
-		"join": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
-			return gendurable.Done(nil), nil
-		},
-	}}
+	g := newLockedParentGate()
+	kid := g.job("lockkid")
+	other := g.job("lockother")
+	parent := g.parent("lockparent", kid)
 	cfg := fastConfig("", parent, kid, other)
 	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 16, PollInterval: 10 * time.Millisecond}}
 	cfg.LeaseDuration, cfg.HeartbeatInterval = lease, 500*time.Millisecond
@@ -513,19 +492,19 @@ func TestAParentLockedByASignalTxHoldsUpOnlyItsChild(t *testing.T) {
 	b.start()
 	ctx := context.Background()
 	pid := b.insert(parent.New(struct{}{}))
-	eventually(t, 10*time.Second, func() bool { return inStep.Load() == 1 }, "the child never started")
+	eventually(t, 10*time.Second, func() bool { return g.inStep.Load() == 1 }, "the child never started")
 	ids := make([]int64, others)
 	for i := range ids {
 		ids[i] = b.insert(other.New(leafArgs{}))
 	}
-	eventually(t, 10*time.Second, func() bool { return inStep.Load() == 1+others }, "the other jobs never started")
+	eventually(t, 10*time.Second, func() bool { return g.inStep.Load() == 1+others }, "the other jobs never started")
 
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = b.eng.SignalTx(ctx, tx, pid, "note", nil, nil)
 	require.NoError(t, err)
-	close(barrier) // every step returns at once
+	close(g.barrier) // every step returns at once
 	returned := time.Now()
 	for _, id := range ids {
 		for b.row(id).Status != "done" {
@@ -552,38 +531,22 @@ func TestAParentLockedByASignalTxHoldsUpOnlyItsChild(t *testing.T) {
 func TestStopIsNotHeldUpByAParkedOutcome(t *testing.T) {
 	t.Parallel()
 	const lease = 2 * time.Second
-	barrier := make(chan struct{})
-	var inStep atomic.Int32
-	kid := &gendurable.Job[leafArgs]{Name: "stopkid", Perform: func(ctx context.Context, _ *gendurable.Run[leafArgs]) error {
-		inStep.Add(1)
-		select {
-		case <-barrier:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}}
-	parent := &gendurable.Machine[struct{}]{Name: "stopparent", Start: "fan", Steps: map[string]gendurable.StepFunc[struct{}]{
-		"fan": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
-			return r.ScheduleChildren("join", r.State, kid.New(leafArgs{})), nil
-		},
-		"join": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
-			return gendurable.Done(nil), nil
-		},
-	}}
+	g := newLockedParentGate()
+	kid := g.job("stopkid")
+	parent := g.parent("stopparent", kid)
 	cfg := fastConfig("", parent, kid)
 	cfg.LeaseDuration, cfg.HeartbeatInterval = lease, 500*time.Millisecond
 	b := setup(t, cfg)
 	require.NoError(t, b.eng.Start(context.Background()))
 	ctx := context.Background()
 	pid := b.insert(parent.New(struct{}{}))
-	eventually(t, 10*time.Second, func() bool { return inStep.Load() == 1 }, "the child never started")
+	eventually(t, 10*time.Second, func() bool { return g.inStep.Load() == 1 }, "the child never started")
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = b.eng.SignalTx(ctx, tx, pid, "note", nil, nil)
 	require.NoError(t, err)
-	close(barrier)
+	close(g.barrier)
 	time.Sleep(time.Second) // the child's Done ran out of its lock wait and was parked
 	start := time.Now()
 	require.NoError(t, b.eng.Stop(context.Background()))
@@ -592,4 +555,41 @@ func TestStopIsNotHeldUpByAParkedOutcome(t *testing.T) {
 	require.Less(t, took, 2*lease+time.Second, "Stop waited for the caller's lock")
 	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE parent_id = $1 AND status = 'done'`, pid),
 		"the parked Done was given up, not written")
+}
+
+// lockedParentGate holds the steps of jobs until barrier is closed,
+// counting those that started (the tests of a parent a caller holds
+// locked while its child finishes).
+type lockedParentGate struct {
+	barrier chan struct{}
+	inStep  atomic.Int32
+}
+
+func newLockedParentGate() *lockedParentGate {
+	return &lockedParentGate{barrier: make(chan struct{})}
+}
+
+// job is a job with MaxAttempts 1 whose step waits for the barrier.
+func (g *lockedParentGate) job(name string) *gendurable.Job[leafArgs] {
+	return &gendurable.Job[leafArgs]{Name: name, MaxAttempts: 1, Perform: func(ctx context.Context, _ *gendurable.Run[leafArgs]) error {
+		g.inStep.Add(1)
+		select {
+		case <-g.barrier:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+}
+
+// parent is a machine that schedules one child of kid, then finishes.
+func (g *lockedParentGate) parent(name string, kid *gendurable.Job[leafArgs]) *gendurable.Machine[struct{}] {
+	return &gendurable.Machine[struct{}]{Name: name, Start: "fan", Steps: map[string]gendurable.StepFunc[struct{}]{
+		"fan": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
+			return r.ScheduleChildren("join", r.State, kid.New(leafArgs{})), nil
+		},
+		"join": func(ctx context.Context, r *gendurable.Run[struct{}]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil), nil
+		},
+	}}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -570,15 +571,8 @@ func schemaOwnerWithoutCreate(t *testing.T) (*pgx.Conn, string) {
 // a step, every running step's lease lost).
 func TestMigrationBehindABlockerDoesNotStallTheWorkers(t *testing.T) {
 	t.Parallel()
-	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4})
+	pool, schema, blocker := behindABlocker(t)
 	ctx := context.Background()
-	_, err := migrate.To(ctx, pool, schema, migrate.Latest()-1)
-	require.NoError(t, err)
-	blocker, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = blocker.Rollback(ctx) }()
-	_, err = blocker.Exec(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`)
-	require.NoError(t, err)
 
 	migrated := make(chan error, 1)
 	go func() {
@@ -619,18 +613,11 @@ func TestMigrationBehindABlockerDoesNotStallTheWorkers(t *testing.T) {
 // has applied nothing.
 func TestMigrationGivesUpWithItsContext(t *testing.T) {
 	t.Parallel()
-	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4})
+	pool, schema, _ := behindABlocker(t)
 	ctx := context.Background()
-	_, err := migrate.To(ctx, pool, schema, migrate.Latest()-1)
-	require.NoError(t, err)
-	blocker, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = blocker.Rollback(ctx) }()
-	_, err = blocker.Exec(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`)
-	require.NoError(t, err)
 	mctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	_, err = migrate.Up(mctx, pool, schema)
+	_, err := migrate.Up(mctx, pool, schema)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	v, err := migrate.Installed(ctx, pool, schema)
 	require.NoError(t, err)
@@ -661,4 +648,21 @@ func TestASchemaItCannotReadIsErrSchemaVersion(t *testing.T) {
 	require.ErrorContains(t, err, "COMMENT ON TABLE")
 	_, err = migrate.Installed(ctx, pool, schema)
 	require.ErrorIs(t, err, gendurable.ErrSchemaVersion)
+}
+
+// behindABlocker is a schema one version behind, and a transaction that
+// holds a lock on its instances table (as a long report would), rolled
+// back when the test ends if the test has not ended it.
+func behindABlocker(t *testing.T) (*pgxpool.Pool, string, pgx.Tx) {
+	t.Helper()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4})
+	ctx := context.Background()
+	_, err := migrate.To(ctx, pool, schema, migrate.Latest()-1)
+	require.NoError(t, err)
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = blocker.Rollback(context.Background()) })
+	_, err = blocker.Exec(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`)
+	require.NoError(t, err)
+	return pool, schema, blocker
 }

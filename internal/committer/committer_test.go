@@ -126,15 +126,7 @@ func (f *fixture) row(id int64) instance {
 // hold locks the row of id in a transaction of its own, so an outcome
 // statement that includes it waits; the returned function lets it go.
 func (f *fixture) hold(id int64) (release func()) {
-	f.t.Helper()
-	ctx := context.Background()
-	tx, err := f.pool.Begin(ctx)
-	require.NoError(f.t, err)
-	_, err = tx.Exec(ctx, `SELECT 1 FROM `+f.schema+`.gendurable_instances WHERE id = $1 FOR UPDATE`, id)
-	require.NoError(f.t, err)
-	var once sync.Once
-	release = func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
-	f.t.Cleanup(release)
+	release, _ = f.holdPID(id)
 	return release
 }
 
