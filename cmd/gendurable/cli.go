@@ -68,7 +68,7 @@ func init() {
 const usage = `usage: gendurable <command> [flags]
 
 commands:
-  migrate up|down|status|print   install, remove or inspect the schema (print: the SQL)
+  migrate up|down|status|print   install, upgrade, remove or inspect the schema (--to N: a version; print: the SQL)
   status                         instance counts by queue and status
   list                           list instances (filters: --queue --status --machine --step --search --since)
   show ID                        one instance: state, errors, signals, children, what it waits for
@@ -549,6 +549,10 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		var v int
 		if v, err = migrate.Installed(ctx, pool, *schema); err == nil {
 			res = migrate.Result{From: v, To: v}
+			if v > migrate.Latest() {
+				err = fmt.Errorf("%w (%w): schema %q is at version %d, newer than this binary's %d: upgrade this gendurable",
+					migrate.ErrSchemaVersion, migrate.ErrSchemaUnknown, *schema, v, migrate.Latest())
+			}
 		}
 	default:
 		return usageError{msg: fmt.Sprintf("unknown migrate action %q", action)}

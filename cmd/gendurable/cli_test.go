@@ -1295,4 +1295,8 @@ func TestCLIMigrateToAVersion(t *testing.T) {
 	_, errOut, code = cli(t, args...)
 	require.Equal(t, exitError, code)
 	require.Contains(t, jsonError(t, args, errOut, "schema_version", exitError), "newer than this library")
+	args = append([]string{"migrate", "status", "--json"}, s...)
+	_, errOut, code = cli(t, args...)
+	require.Equal(t, exitError, code, "status of a schema newer than the binary says so")
+	require.Contains(t, jsonError(t, args, errOut, "schema_version", exitError), "newer than this binary")
 }
