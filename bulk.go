@@ -507,8 +507,7 @@ func bulkStatement(ctx context.Context, run func() ([]sqlq.BulkChanged, error)) 
 func againOnDeadlock[T any](ctx context.Context, run func() (T, error)) (T, error) {
 	for try := 1; ; try++ {
 		v, err := run()
-		var pgErr *pgconn.PgError
-		if try == 5 || !errors.As(err, &pgErr) || (pgErr.Code != "40P01" && pgErr.Code != "40001") {
+		if try == 5 || !sqlq.Deadlocked(err) {
 			return v, err
 		}
 		select {

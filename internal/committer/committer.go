@@ -125,10 +125,10 @@ func (c *Committer) Abort() {
 }
 
 // Drain bounds the wait of parked outcomes (an engine's Stop calls it as it
-// begins): one parked for a lease is given up, delivered
-// with an error wrapping ErrLockHeld, so a Stop without a deadline does not
-// wait for a lock another transaction holds for longer than that — as
-// long as an outcome waited before parking existed. Its row is reaped
+// begins): one parked for a lease and still held is given up, delivered
+// with ErrLockHeld, so a Stop without a deadline waits for a lock another
+// transaction holds no longer than it did before outcomes were parked (the
+// committer gave an outcome up after a lease then). Its row is reaped
 // after its lease.
 func (c *Committer) Drain() {
 	c.mu.Lock()
@@ -268,17 +268,9 @@ func (c *Committer) waitLoop() {
 		c.mu.Unlock()
 		began := time.Now()
 		run := c.runContext()
-		held := map[int64]bool{}
+		var held map[int64]bool
 		if run.Err() == nil { // else apply gives each up at once
-			ids, tokens, terminal := outcomeIDs(batch)
-			qctx, cancel := context.WithTimeout(run, c.cfg.Lease/2)
-			locked, err := c.q.LockedOutcomes(qctx, c.db, ids, tokens, terminal)
-			cancel()
-			if err == nil { // else write them all: apply retries and splits
-				for _, id := range locked {
-					held[id] = true
-				}
-			}
+			held, _ = c.heldAmong(run, batch) // on error none: apply retries and splits
 		}
 		looked := time.Since(began)
 		var free, unseen []*request
@@ -321,17 +313,27 @@ func (c *Committer) waitLoop() {
 	}
 }
 
-// outcomeIDs is what sqlq.LockedOutcomes asks of a batch: its ids and
-// claim tokens, and which of its outcomes finish their rows.
-func outcomeIDs(batch []*request) (ids, tokens []int64, terminal []bool) {
-	ids = make([]int64, len(batch))
-	tokens = make([]int64, len(batch))
-	terminal = make([]bool, len(batch))
+// heldAmong asks, without waiting, which outcomes of batch another
+// transaction holds up (sqlq.LockedOutcomes): their ids.
+func (c *Committer) heldAmong(ctx context.Context, batch []*request) (map[int64]bool, error) {
+	ids := make([]int64, len(batch))
+	tokens := make([]int64, len(batch))
+	terminal := make([]bool, len(batch))
 	for i, r := range batch {
 		ids[i], tokens[i] = r.out.ID, r.out.Token
 		terminal[i] = r.out.Kind == sqlq.KindDone || r.out.Kind == sqlq.KindStop
 	}
-	return ids, tokens, terminal
+	qctx, cancel := context.WithTimeout(ctx, c.cfg.Lease/2)
+	defer cancel()
+	locked, err := c.q.LockedOutcomes(qctx, c.db, ids, tokens, terminal)
+	if err != nil {
+		return nil, err
+	}
+	held := make(map[int64]bool, len(locked))
+	for _, id := range locked {
+		held[id] = true
+	}
+	return held, nil
 }
 
 // apply writes one batch, retrying transient failures (lost connection,
@@ -445,18 +447,10 @@ func (c *Committer) split(ctx context.Context, batch []*request, lockWait time.D
 		c.park(batch[0])
 		return
 	}
-	ids, tokens, terminal := outcomeIDs(batch)
-	qctx, cancel := context.WithTimeout(ctx, c.cfg.Lease/2)
-	held, err := c.q.LockedOutcomes(qctx, c.db, ids, tokens, terminal)
-	cancel()
-	if err == nil && len(held) > 0 {
-		locked := make(map[int64]bool, len(held))
-		for _, id := range held {
-			locked[id] = true
-		}
+	if held, err := c.heldAmong(ctx, batch); err == nil && len(held) > 0 {
 		rest := make([]*request, 0, len(batch))
 		for _, r := range batch {
-			if locked[r.out.ID] {
+			if held[r.out.ID] {
 				c.park(r)
 			} else {
 				rest = append(rest, r)

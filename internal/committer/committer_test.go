@@ -168,6 +168,23 @@ func (f *fixture) waitStatements(n int) {
 
 func str(s string) *string { return &s }
 
+// done is an outcome finishing claim c.
+func done(c sqlq.Claimed) *sqlq.Outcome {
+	return &sqlq.Outcome{ID: c.ID, Token: c.Token, Kind: sqlq.KindDone, Result: str(`{}`)}
+}
+
+// receive is the next value of ch, failing the test if none comes within d.
+func receive[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(d):
+		t.Fatalf("%s: nothing within %v", what, d)
+	}
+	panic("unreachable")
+}
+
 // next is an outcome moving claim c to step b with state {"i": i}.
 func next(c sqlq.Claimed, i int) *sqlq.Outcome {
 	return &sqlq.Outcome{ID: c.ID, Token: c.Token, Kind: sqlq.KindNext, Step: str("b"), State: str(fmt.Sprintf(`{"i": %d}`, i))}
@@ -283,12 +300,7 @@ func TestRejectedOutcomeStopsOnlyItself(t *testing.T) {
 	release()
 
 	for i := range results {
-		var res committer.Result
-		select {
-		case res = <-results[i]:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("outcome %d: no result", i)
-		}
+		res := receive(t, results[i], 10*time.Second, fmt.Sprintf("outcome %d", i))
 		require.NoError(t, res.Err, "outcome %d", i)
 		require.NotNil(t, res.Applied, "outcome %d", i)
 		require.Equal(t, f.claims[i].ID, res.Applied.ID)
@@ -428,7 +440,7 @@ func TestClosedPoolGivesUpAtOnce(t *testing.T) {
 	closed.Close()
 	c := committer.New(committer.Config{Lease: time.Minute}, f.q, closed)
 	t0 := time.Now()
-	res := c.Commit(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{}`)})
+	res := c.Commit(done(f.claims[0]))
 	require.ErrorIs(t, res.Err, puddle.ErrClosedPool)
 	require.Less(t, time.Since(t0), 10*time.Second, "retried a closed pool")
 	require.Equal(t, "executing", f.row(f.claims[0].ID).Status)
@@ -446,7 +458,7 @@ func TestAbortGivesUpOutcomesUntilResume(t *testing.T) {
 	release := f.hold(f.claims[0].ID)
 	got := make(chan committer.Result, 1)
 	go func() {
-		got <- c.Commit(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{}`)})
+		got <- c.Commit(done(f.claims[0]))
 	}()
 	f.waitStatements(1)
 	t0 := time.Now()
@@ -461,10 +473,10 @@ func TestAbortGivesUpOutcomesUntilResume(t *testing.T) {
 	}
 	release()
 	require.Equal(t, "executing", f.row(f.claims[0].ID).Status, "the row keeps its claim, for the reaper")
-	res := c.Commit(&sqlq.Outcome{ID: f.claims[1].ID, Token: f.claims[1].Token, Kind: sqlq.KindDone, Result: str(`{}`)})
+	res := c.Commit(done(f.claims[1]))
 	require.ErrorIs(t, res.Err, committer.ErrAborted, "aborted until Resume")
 	c.Resume()
-	res = c.Commit(&sqlq.Outcome{ID: f.claims[1].ID, Token: f.claims[1].Token, Kind: sqlq.KindDone, Result: str(`{}`)})
+	res = c.Commit(done(f.claims[1]))
 	require.NoError(t, res.Err)
 	require.NotNil(t, res.Applied)
 	require.Equal(t, "done", f.row(f.claims[1].ID).Status)
@@ -518,7 +530,7 @@ func TestASwallowedStatementIsSentAgainWithinTheLease(t *testing.T) {
 	const lease = 2 * time.Second
 	c := committer.New(committer.Config{Lease: lease}, f.q, &swallowFirst{DB: f.pool})
 	start := time.Now()
-	res := c.Commit(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{}`)})
+	res := c.Commit(done(f.claims[0]))
 	took := time.Since(start)
 	t.Logf("written %v after the commit began (lease %v)", took.Round(time.Millisecond), lease)
 	require.NoError(t, res.Err)
@@ -564,7 +576,7 @@ func TestABatchDoesNotWaitForARowLockedElsewhere(t *testing.T) {
 	start := time.Now()
 	for i := range results {
 		results[i] = make(chan committer.Result, 1)
-		c.CommitAsync(&sqlq.Outcome{ID: f.claims[i].ID, Token: f.claims[i].Token, Kind: sqlq.KindDone, Result: str(`{}`)},
+		c.CommitAsync(done(f.claims[i]),
 			func(r committer.Result) { took[i] = time.Since(start); results[i] <- r })
 		if i == 0 {
 			<-gate.arrived
@@ -578,12 +590,7 @@ func TestABatchDoesNotWaitForARowLockedElsewhere(t *testing.T) {
 		release()
 	}()
 	for i := range results {
-		var res committer.Result
-		select {
-		case res = <-results[i]:
-		case <-time.After(15 * time.Second):
-			t.Fatalf("outcome %d: no result", i)
-		}
+		res := receive(t, results[i], 15*time.Second, fmt.Sprintf("outcome %d", i))
 		require.NoError(t, res.Err, "outcome %d (after %v)", i, took[i])
 		require.NotNil(t, res.Applied, "outcome %d", i)
 		require.Equal(t, "done", f.row(f.claims[i].ID).Status, "outcome %d", i)
@@ -619,7 +626,7 @@ func TestParkedOutcomesDoNotWaitForEachOther(t *testing.T) {
 	start := time.Now()
 	for i := range results {
 		results[i] = make(chan time.Duration, 1)
-		c.CommitAsync(&sqlq.Outcome{ID: f.claims[i].ID, Token: f.claims[i].Token, Kind: sqlq.KindDone, Result: str(`{}`)},
+		c.CommitAsync(done(f.claims[i]),
 			func(r committer.Result) {
 				if r.Err != nil || r.Applied == nil {
 					t.Errorf("outcome %d: %+v", i, r)
@@ -630,12 +637,7 @@ func TestParkedOutcomesDoNotWaitForEachOther(t *testing.T) {
 	time.Sleep(time.Second)
 	releaseShort()
 	shortAt := time.Since(start)
-	var short time.Duration
-	select {
-	case short = <-results[1]:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the outcome whose lock went was not written")
-	}
+	short := receive(t, results[1], 5*time.Second, "the outcome whose lock went")
 	require.Greater(t, short, shortAt)
 	require.Less(t, short, shortAt+lease/2, "written within a round or two of its lock going")
 	// Parked, the other's statements do not sit waiting on its lock: the
@@ -654,12 +656,7 @@ func TestParkedOutcomesDoNotWaitForEachOther(t *testing.T) {
 	}
 	releaseLong()
 	longAt := time.Since(start)
-	select {
-	case d := <-results[0]:
-		require.Greater(t, d, longAt)
-	case <-time.After(5 * time.Second):
-		t.Fatal("the outcome held past its lease was not written once its lock went")
-	}
+	require.Greater(t, receive(t, results[0], 5*time.Second, "the outcome held past its lease, once its lock went"), longAt)
 	require.Equal(t, "done", f.row(f.claims[0].ID).Status)
 	require.Equal(t, "done", f.row(f.claims[1].ID).Status)
 }
@@ -688,9 +685,6 @@ func TestHeldChildrenAreParkedTogether(t *testing.T) {
 	gate := &gateFirst{DB: f.pool, arrived: make(chan struct{}), open: make(chan struct{})}
 	c := committer.New(committer.Config{Lease: lease, MaxInFlight: 1}, f.q, gate)
 	release := f.hold(parent.ID)
-	done := func(cl sqlq.Claimed) *sqlq.Outcome {
-		return &sqlq.Outcome{ID: cl.ID, Token: cl.Token, Kind: sqlq.KindDone, Result: str(`{}`)}
-	}
 	results := make(chan committer.Result, kids)
 	// A first outcome holds the gate while the children queue up behind it.
 	first := make(chan committer.Result, 1)
@@ -721,13 +715,9 @@ func TestHeldChildrenAreParkedTogether(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	release()
 	for range kids {
-		select {
-		case r := <-results:
-			require.NoError(t, r.Err)
-			require.NotNil(t, r.Applied)
-		case <-time.After(5 * time.Second):
-			t.Fatal("a child's outcome was not written once the parent's lock went")
-		}
+		r := receive(t, results, 5*time.Second, "a child's outcome, once the parent's lock went")
+		require.NoError(t, r.Err)
+		require.NotNil(t, r.Applied)
 	}
 	var pending int
 	require.NoError(t, f.pool.QueryRow(ctx, `SELECT count(*) FROM `+f.schema+`.gendurable_instances WHERE id = ANY ($1) AND status = 'done'`, ids).Scan(&pending))
@@ -749,7 +739,7 @@ func TestDrainGivesUpAParkedOutcomeAfterALease(t *testing.T) {
 	f.hold(f.claims[0].ID)
 	got := make(chan committer.Result, 1)
 	start := time.Now()
-	c.CommitAsync(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{}`)},
+	c.CommitAsync(done(f.claims[0]),
 		func(r committer.Result) { got <- r })
 	select {
 	case r := <-got:
@@ -757,13 +747,8 @@ func TestDrainGivesUpAParkedOutcomeAfterALease(t *testing.T) {
 	case <-time.After(2 * lease):
 	}
 	c.Drain()
-	select {
-	case r := <-got:
-		require.ErrorIs(t, r.Err, committer.ErrLockHeld)
-		t.Logf("given up %v after the commit began", time.Since(start).Round(time.Millisecond))
-	case <-time.After(5 * time.Second):
-		t.Fatal("the parked outcome was not given up after Drain")
-	}
+	require.ErrorIs(t, receive(t, got, 5*time.Second, "the parked outcome, given up after Drain").Err, committer.ErrLockHeld)
+	t.Logf("given up %v after the commit began", time.Since(start).Round(time.Millisecond))
 	require.Equal(t, "executing", f.row(f.claims[0].ID).Status, "nothing written: the row is reaped after its lease")
 }
 
@@ -777,17 +762,13 @@ func TestDrainWritesAParkedOutcomeWhoseLockWent(t *testing.T) {
 	c := committer.New(committer.Config{Lease: lease}, f.q, f.pool)
 	release := f.hold(f.claims[0].ID)
 	got := make(chan committer.Result, 1)
-	c.CommitAsync(&sqlq.Outcome{ID: f.claims[0].ID, Token: f.claims[0].Token, Kind: sqlq.KindDone, Result: str(`{}`)},
+	c.CommitAsync(done(f.claims[0]),
 		func(r committer.Result) { got <- r })
 	time.Sleep(2 * lease)
 	release()
 	c.Drain()
-	select {
-	case r := <-got:
-		require.NoError(t, r.Err)
-		require.NotNil(t, r.Applied)
-	case <-time.After(5 * time.Second):
-		t.Fatal("the parked outcome was not delivered")
-	}
+	r := receive(t, got, 5*time.Second, "the parked outcome")
+	require.NoError(t, r.Err)
+	require.NotNil(t, r.Applied)
 	require.Equal(t, "done", f.row(f.claims[0].ID).Status)
 }

@@ -122,13 +122,8 @@ func (p *Periodic) loop(ctx context.Context) {
 	due := make([]*dueSlot, len(p.Schedules))
 	for i := range p.Schedules {
 		s := &p.Schedules[i]
-		if last, ok := latestSlot(s.Next, now); ok && !s.SkipMissed {
-			if s.CatchUpWithin > 0 && now.Sub(last) >= s.CatchUpWithin {
-				logger(p.Log).Info("gendurable: periodic slot not run late: it is older than the retention of finished rows, "+
-					"whose pruning may have removed its row", "periodic", s.Name, "slot", last, "retention", s.CatchUpWithin)
-			} else {
-				due[i] = &dueSlot{at: last, retryAt: now}
-			}
+		if last, ok := latestSlot(s.Next, now); ok && !s.SkipMissed && !p.tooOld(i, last, now) {
+			due[i] = &dueSlot{at: last, retryAt: now}
 		}
 		next[i] = s.Next(now)
 		p.noMoreSlots(i, next[i], now)
@@ -138,12 +133,9 @@ func (p *Periodic) loop(ctx context.Context) {
 		for i := range p.Schedules {
 			if t := next[i]; !t.IsZero() && !t.After(now) {
 				t = latestSince(p.Schedules[i].Next, t, now)
-				if w := p.Schedules[i].CatchUpWithin; w > 0 && now.Sub(t) >= w {
+				if p.tooOld(i, t, now) {
 					// Held up past it (a suspended machine, the clock set
-					// forward): as on start, a slot older than the retention
-					// may have run and been pruned.
-					logger(p.Log).Info("gendurable: periodic slot not run late: it is older than the retention of finished rows, "+
-						"whose pruning may have removed its row", "periodic", p.Schedules[i].Name, "slot", t, "retention", w)
+					// forward): as on start.
 					due[i] = nil
 					next[i] = p.Schedules[i].Next(now)
 					p.noMoreSlots(i, next[i], now)
@@ -187,6 +179,19 @@ func (p *Periodic) loop(ctx context.Context) {
 		case <-timer.C:
 		}
 	}
+}
+
+// tooOld reports, and logs, that slot of schedule i is older than its
+// CatchUpWithin at now: it may have run and its row been pruned, so it is
+// not inserted late.
+func (p *Periodic) tooOld(i int, slot, now time.Time) bool {
+	w := p.Schedules[i].CatchUpWithin
+	if w <= 0 || now.Sub(slot) < w {
+		return false
+	}
+	logger(p.Log).Info("gendurable: periodic slot not run late: it is older than the retention of finished rows, "+
+		"whose pruning may have removed its row", "periodic", p.Schedules[i].Name, "slot", slot, "retention", w)
+	return true
 }
 
 // noMoreSlots logs that schedule i has no slot after now within the

@@ -986,12 +986,7 @@ func TestClearUnstartedSkipsALockedRow(t *testing.T) {
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, status, claim_token, lease_expires_at, unstarted_token)
 	      OVERRIDING SYSTEM VALUE SELECT g, 'm', 'a', 'executing', 10 + g, now() + interval '1 minute', 10 + g
 	      FROM generate_series(1, 3) g`)
-	locker := conn()
-	tx, err := locker.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT 1 FROM gendurable_instances WHERE id = 2 FOR UPDATE`)
-	require.NoError(t, err)
+	tx := holdIn(t, conn(), `SELECT 1 FROM gendurable_instances WHERE id = 2 FOR UPDATE`)
 
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -1062,12 +1057,7 @@ func TestLockedOutcomesNamesRowsAndParentsHeldElsewhere(t *testing.T) {
 		(8, 'm', 1, 'q', 'a', 'executing', 100, 1, 80)`)
 	exec(`UPDATE {{s}}.gendurable_instances SET fanout = 1 WHERE id = 1`)
 	require.Equal(t, 8, count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
-	holder := conn()
-	tx, err := holder.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `UPDATE gendurable_instances SET updated_at = now() WHERE id IN (1, 4)`) // a SignalTx's lock
-	require.NoError(t, err)
+	holdIn(t, conn(), `UPDATE gendurable_instances SET updated_at = now() WHERE id IN (1, 4)`) // a SignalTx's lock
 
 	lc, err := conn().Begin(ctx) // a lock wait would fail this at once
 	require.NoError(t, err)
@@ -1092,12 +1082,7 @@ func TestOutcomeLockWaitIsTheStatementsOwn(t *testing.T) {
 	ctx := context.Background()
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, fsm_version, queue, step, status, claim_token, lease_expires_at)
 		OVERRIDING SYSTEM VALUE VALUES (1, 'm', 1, 'q', 'a', 'executing', 7, now() + interval '1 hour')`)
-	holder := conn()
-	tx, err := holder.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT 1 FROM gendurable_instances WHERE id = 1 FOR UPDATE`)
-	require.NoError(t, err)
+	tx := holdIn(t, conn(), `SELECT 1 FROM gendurable_instances WHERE id = 1 FOR UPDATE`)
 
 	c := conn()
 	res := `{}`
@@ -1135,4 +1120,18 @@ func TestOutcomeLockWaitIsTheStatementsOwn(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	_, err = apply(100 * time.Millisecond)
 	require.NoError(t, err, "written once the row is free")
+}
+
+// holdIn runs sql (a statement that locks rows) in a transaction of its own
+// on c, and keeps the transaction open until the test ends (or the caller
+// rolls it back).
+func holdIn(t *testing.T, c *pgx.Conn, sql string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := c.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, sql)
+	require.NoError(t, err)
+	return tx
 }

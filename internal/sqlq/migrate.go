@@ -13,7 +13,6 @@ import (
 
 	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed migrations/*.sql
@@ -176,7 +175,7 @@ var migrateLock = `SELECT ` + idleLimitSetting + `, pg_advisory_xact_lock(hashte
 // request that waits queues every later statement on the table behind it:
 // a migration waiting behind another transaction (a long report, a
 // caller's open InsertTx, pg_dump) would stop every worker's picks,
-// heartbeats and outcomes for as long (a probe: 24 s of no step, and the
+// heartbeats and outcomes for as long (a probe's own program: 24 s of no step, and the
 // leases of every running step lost). So a migration waits at most this
 // long for each lock, then rolls back, lets the queued statements through,
 // and tries again (Migrate): unblocked, a migration takes its locks within
@@ -209,8 +208,7 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 	}
 	for tries := 1; ; tries++ {
 		from, applied, err = migrate1(ctx, db, schema, target)
-		var pgErr *pgconn.PgError
-		if err == nil || !LockTimedOut(err) && !(errors.As(err, &pgErr) && pgErr.Code == "40P01") {
+		if err == nil || !LockTimedOut(err) && !Deadlocked(err) {
 			return from, applied, err
 		}
 		wait := backoff.Delay(time.Second, 30*time.Second, tries)

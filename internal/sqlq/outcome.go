@@ -153,9 +153,9 @@ const parentJoinCTE = `parents AS (
 // @lock_wait set (milliseconds), it limits each of the statement's row lock
 // waits (lock_timeout, for its own implicit transaction; a table lock is
 // taken before the statement runs and waited for as before). It is set
-// before any row is locked — the function scan of unnest evaluates its arguments before the lateral
-// probes that lock run, and every other lock the statement takes hangs off
-// those rows. A wait that runs out fails the statement with SQLSTATE 55P03
+// before any row is locked — the function scan of unnest evaluates its
+// arguments before the lateral probes that lock run, and every other lock
+// the statement takes hangs off those rows. A wait that runs out fails the statement with SQLSTATE 55P03
 // (LockTimedOut) and nothing of it is written. NULL (a WithTx outcome, in
 // the caller's transaction) leaves the session's setting alone. The group
 // committer sets it so one row locked elsewhere cannot hold up a batch of

@@ -182,3 +182,11 @@ func LockTimedOut(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
+
+// Deadlocked reports a transaction PostgreSQL ended with nothing changed
+// because it deadlocked with another (SQLSTATE 40P01) or could not be
+// serialized beside it (40001): the same work, tried again, may succeed.
+func Deadlocked(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
+}
