@@ -2528,9 +2528,11 @@ func TestReaperFailingAWokenInstanceConsumesItsInbox(t *testing.T) {
 	// Woken and claimed by a worker that then vanished: its lease ran out.
 	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'executing', claim_token = 99,
 	        lease_expires_at = now() - interval '1 second' WHERE id = $1 AND status = 'runnable'`, id)
+	// The engine's own reaper may take it first (a sweep due meanwhile, on a
+	// loaded machine): the same statement, so either way is the case tested.
 	n, err := b.eng.Reap(ctx)
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.LessOrEqual(t, n, 1)
 	b.waitStatus(id, "failed", time.Second)
 	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, id),
 		"the failed instance keeps an unconsumed signal")

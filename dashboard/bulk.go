@@ -178,6 +178,7 @@ func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 		err = d.checkStateFilter(r.Context(), b.filter)
 	}
 	if err != nil {
+		noteSent(r)
 		d.fail(w, r, err)
 		return
 	}
@@ -202,6 +203,36 @@ func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 	}
 	http.Redirect(w, r, d.link(b.back)+sep+v.Encode(), http.StatusSeeOther)
 }
+
+// noteSent notes on the audit line of a refused bulk request what it
+// asked for, as sent: its scope, its filter fields and its ticked ids (the
+// first maxNotedIDs, and how many), each value cut to maxFilterLen bytes.
+func noteSent(r *http.Request) {
+	f := r.PostForm
+	note(r, "scope", f.Get("scope"))
+	for _, k := range []string{"queue", "status", "machine", "step", "from", "to", "q", "state"} {
+		if v, ok := f[k]; ok && len(v) > 0 {
+			s := v[0]
+			if len(s) > maxFilterLen {
+				s = s[:maxFilterLen]
+			}
+			note(r, "sent_"+k, s)
+		}
+	}
+	if ids := f["id"]; len(ids) > 0 {
+		shown := append([]string(nil), ids[:min(len(ids), maxNotedIDs)]...)
+		for i, s := range shown {
+			if len(s) > 20 {
+				shown[i] = s[:20]
+			}
+		}
+		note(r, "sent_ids", strings.Join(shown, ","), "sent_id_count", len(ids))
+	}
+}
+
+// maxNotedIDs is how many ticked ids a refused bulk request's audit line
+// repeats.
+const maxNotedIDs = 20
 
 // bulkFlash is the message after a bulk action: a fixed text with counts
 // (numbers only, so a crafted link can make it say nothing else).

@@ -177,3 +177,81 @@ func TestBulkAuditLineSaysItsIDListIsCut(t *testing.T) {
 	require.Equal(t, []int64{id}, line[1]["changed_ids"])
 	require.NotContains(t, line[1], "changed_ids_truncated")
 }
+
+// TestAMutationActsOnTheFormAsSent (a hostile-input probe): the dashboard
+// trimmed white space off a filter's names and then acted on the trimmed
+// filter (a bulk cancel of queue " q1 " cancelled q1's instances, while the
+// CLI and the API refuse such a name); it read a JSON or multipart body as
+// an empty form (a cancel went ahead, its reason dropped); and it took the
+// first of a field given twice. Each is refused now, and changes nothing;
+// a refused request's audit line says what it asked for.
+func TestAMutationActsOnTheFormAsSent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	log := &captured{}
+	h, _ := e.handler(dashboard.Options{Logger: slog.New(log)})
+	id := e.insertOrder(Order{Item: "a"}, gendurable.InsertOpts{Queue: "q1"})
+	other := e.insertOrder(Order{Item: "b"}, gendurable.InsertOpts{Queue: "q2"})
+	live := func() {
+		t.Helper()
+		require.NotEqual(t, gendurable.StatusFailed, e.instance(id).Status, "instance %d was cancelled", id)
+		require.NotEqual(t, gendurable.StatusFailed, e.instance(other).Status, "instance %d was cancelled", other)
+	}
+
+	for _, q := range []string{" q1 ", "q1\t", " q1"} {
+		r := post(t, h, "/bulk/cancel", url.Values{"queue": {q}, "scope": {"match"}, "reason": {"trim"}})
+		require.Equal(t, http.StatusBadRequest, r.code, "queue %q: %s", q, r.body)
+		live()
+	}
+	r := get(t, h, "/instances?queue=%20q1%09")
+	require.Equal(t, http.StatusBadRequest, r.code, "a list filter's name is not trimmed either")
+	r = get(t, h, "/instances?q=%20"+strconv.FormatInt(id, 10))
+	require.Equal(t, http.StatusBadRequest, r.code, "nor the search text")
+	require.Contains(t, r.body, "white space")
+
+	path := fmt.Sprintf("/instances/%d/cancel", id)
+	same := map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://example.com"}
+	for ct, body := range map[string]string{
+		"application/json":                 `{"reason":"only if stuck"}`,
+		"multipart/form-data; boundary=XX": "--XX\r\nContent-Disposition: form-data; name=\"reason\"\r\n\r\nmultipart\r\n--XX--\r\n",
+		"text/plain":                       "reason=plain",
+	} {
+		hdr := map[string]string{"Content-Type": ct}
+		for k, v := range same {
+			hdr[k] = v
+		}
+		r := do(t, h, req{method: http.MethodPost, path: path, raw: body, header: hdr})
+		require.Equal(t, http.StatusUnsupportedMediaType, r.code, "%s: %s", ct, r.body)
+		live()
+	}
+
+	r = post(t, h, "/queues/pause?queue=q1&queue=nosuch", nil)
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	require.False(t, e.queuePaused("q1"), "neither queue is paused")
+	r = post(t, h, "/bulk/cancel", url.Values{"queue": {"q1", "q2"}, "scope": {"match"}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	live()
+
+	// Refused requests' audit lines say what was asked.
+	r = post(t, h, path, url.Values{"reason": {strings.Repeat("x", 2000)}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	line := log.with("dashboard audit: cancel")
+	require.NotEmpty(t, line)
+	last := line[len(line)-1]
+	require.Equal(t, "refused", last["outcome"])
+	require.EqualValues(t, id, last["id"])
+	require.EqualValues(t, 2000, last["reason_bytes"])
+	r = post(t, h, "/bulk/cancel", url.Values{"id": {"7", "x"}, "scope": {"selected"}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	line = log.with("dashboard audit: bulk-cancel")
+	require.NotEmpty(t, line)
+	last = line[len(line)-1]
+	require.Equal(t, "refused", last["outcome"])
+	require.Equal(t, "7,x", last["sent_ids"])
+	live()
+
+	// The dashboard's own form still works.
+	r = post(t, h, path, url.Values{"reason": {"meant"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	require.Equal(t, gendurable.StatusFailed, e.instance(id).Status)
+}

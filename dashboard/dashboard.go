@@ -125,6 +125,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
@@ -562,11 +563,41 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 			d.errorPage(w, r, http.StatusBadRequest, "The form could not be read.")
 			return
 		}
+		if code, msg := formShape(r); code != 0 {
+			d.errorPage(w, r, code, msg)
+			return
+		}
 		h(w, r)
 		if sw.code == http.StatusSeeOther {
 			d.resetShared() // counts and pause flags changed: the next page shows it
 		}
 	})
+}
+
+// formShape refuses a mutation's form that the handler would read other
+// than as sent: a body that is not application/x-www-form-urlencoded (the
+// form parser skips a JSON or multipart body, so its fields would be
+// dropped unread, a cancel's reason among them), or a field given more
+// than once (only the first would be read) — ticked ids excepted. It
+// returns 0 for a form of the shape the dashboard's own pages send.
+func formShape(r *http.Request) (int, string) {
+	if r.ContentLength != 0 {
+		ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		if err != nil || ct != "application/x-www-form-urlencoded" {
+			return http.StatusUnsupportedMediaType, "Send the form as application/x-www-form-urlencoded."
+		}
+	}
+	for _, vs := range []url.Values{r.PostForm, r.URL.Query()} {
+		for k, v := range vs {
+			if len(v) > 1 && k != "id" {
+				if len(k) > 40 {
+					k = k[:40]
+				}
+				return http.StatusBadRequest, fmt.Sprintf("The field %q is given more than once.", k)
+			}
+		}
+	}
+	return 0, ""
 }
 
 // stripBase removes the base path from u (as http.StripPrefix would), if u

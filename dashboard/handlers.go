@@ -197,16 +197,23 @@ func parseTime(field, s string) (time.Time, error) {
 // parseList reads the list filters from the query string.
 func (d *dashboard) parseList(q url.Values) (gendurable.ListFilter, listForm, error) {
 	var f gendurable.ListFilter
+	// Names and the search text are taken as sent (white space around a
+	// name is the engine's ErrInvalidInput: a 400), so a bulk action acts
+	// on the filter its audit line records, as the CLI and the API do; a
+	// status, a time and a JSON document mean the same with it trimmed.
 	form := listForm{
-		Queue: strings.TrimSpace(q.Get("queue")), Status: strings.TrimSpace(q.Get("status")),
-		Machine: strings.TrimSpace(q.Get("machine")), Step: strings.TrimSpace(q.Get("step")),
-		From: strings.TrimSpace(q.Get("from")), To: strings.TrimSpace(q.Get("to")), Q: strings.TrimSpace(q.Get("q")),
+		Queue: q.Get("queue"), Status: strings.TrimSpace(q.Get("status")),
+		Machine: q.Get("machine"), Step: q.Get("step"),
+		From: strings.TrimSpace(q.Get("from")), To: strings.TrimSpace(q.Get("to")), Q: q.Get("q"),
 		State: strings.TrimSpace(q.Get("state")), Limit: d.opts.PageSize,
 	}
 	for _, v := range []string{form.Queue, form.Machine, form.Step, form.Q} {
 		if len(v) > maxFilterLen {
 			return f, form, inputError(fmt.Sprintf("A filter is longer than %d bytes.", maxFilterLen))
 		}
+	}
+	if form.Q != strings.TrimSpace(form.Q) {
+		return f, form, inputError("The search text starts or ends with white space (no id or key does).")
 	}
 	f.Queue, f.Machine, f.Step, f.Search = form.Queue, form.Machine, form.Step, form.Q
 	if form.State != "" {
@@ -477,12 +484,16 @@ func (d *dashboard) cancelForm(w http.ResponseWriter, r *http.Request) (id int64
 		d.fail(w, r, gendurable.ErrNotFound)
 		return 0, "", false
 	}
+	note(r, "id", id)
 	reason, err := cancelReason(r)
 	if err != nil {
+		// Refused: the line says which instance, and how long a reason was
+		// sent (not the text itself, which may be what was wrong with it).
+		note(r, "reason_bytes", len(r.PostForm.Get("reason")))
 		d.fail(w, r, err)
 		return 0, "", false
 	}
-	note(r, "id", id, "reason", reason)
+	note(r, "reason", reason)
 	return id, reason, true
 }
 
@@ -529,7 +540,10 @@ func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {
 	// As typed, as the CLI and the API take it: a name with white space
 	// around it is refused (ErrInvalidSignal), not changed into another.
 	name := r.PostForm.Get("name")
-	note(r, "id", id, "name", name)
+	note(r, "id", id, "name", name, "payload_bytes", len(r.PostForm.Get("payload")))
+	if k := r.PostForm.Get("dedup_key"); k != "" {
+		note(r, "dedup_key", k)
+	}
 	payload := strings.TrimSpace(r.PostForm.Get("payload"))
 	if payload == "" {
 		payload = "null"

@@ -217,6 +217,7 @@ type req struct {
 	method string
 	path   string
 	form   url.Values
+	raw    string // the body when form is nil (its Content-Type in header)
 	header map[string]string
 	host   string   // default example.com
 	remote string   // default httptest's 192.0.2.1:1234
@@ -236,6 +237,8 @@ func do(t *testing.T, h http.Handler, r req) resp {
 	var body io.Reader
 	if r.form != nil {
 		body = strings.NewReader(r.form.Encode())
+	} else if r.raw != "" {
+		body = strings.NewReader(r.raw)
 	}
 	hr := httptest.NewRequest(r.method, "http://example.com"+r.path, body)
 	if r.form != nil {

@@ -267,13 +267,78 @@ type filterFlags struct {
 }
 
 func (ff *filterFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&ff.f.Queue, "queue", "", "only this queue")
-	fs.StringVar(&ff.status, "status", "", "only this status (runnable, executing, awaiting_signal, awaiting_children, done, failed)")
-	fs.StringVar(&ff.f.Machine, "machine", "", "only this machine")
-	fs.StringVar(&ff.f.Step, "step", "", "only instances at this step")
-	fs.StringVar(&ff.f.Search, "search", "", "an exact instance id, partition key or unique key (index lookups)")
-	fs.DurationVar(&ff.since, "since", 0, "only instances inserted within this long (e.g. 30m, 2h)")
+	fs.Var(&filterText{s: &ff.f.Queue}, "queue", "only this `queue`")
+	fs.Var(&filterText{s: &ff.status}, "status", "only this `status` (runnable, executing, awaiting_signal, awaiting_children, done, failed)")
+	fs.Var(&filterText{s: &ff.f.Machine}, "machine", "only this `machine`")
+	fs.Var(&filterText{s: &ff.f.Step}, "step", "only instances at this `step`")
+	fs.Var(&filterText{s: &ff.f.Search}, "search", "only the instance whose id, partition key or unique key is this exact `text` (index lookups)")
+	fs.Var(&sinceFlag{d: &ff.since}, "since", "only instances inserted within this `duration` (e.g. 30m, 2h)")
 	fs.IntVar(&ff.f.MaxScan, "scan", gendurable.DefaultListScan, fmt.Sprintf("look at no more than this many instances per statement (at most %d)", gendurable.MaxListScan))
+}
+
+// errEmptyFilter: a filter flag was given an empty value. Read as "not
+// given", an unset shell variable (--queue "$QUEUE") would widen a bulk
+// cancel or retry to every queue.
+var errEmptyFilter = errors.New("empty: give a value, or leave the flag out")
+
+// errFilterTwice: a filter flag was given twice; neither value is taken
+// over the other.
+var errFilterTwice = errors.New("given twice: give each filter once")
+
+// filterText is a text filter flag (--queue, --status, --machine, --step,
+// --search): an empty value, or one given twice, is a usage error when the
+// command line is parsed, before any connection. (White space around a
+// name is the library's ErrInvalidInput, also before one.)
+type filterText struct {
+	s   *string
+	set bool
+}
+
+func (f *filterText) String() string {
+	if f == nil || f.s == nil {
+		return ""
+	}
+	return *f.s
+}
+
+func (f *filterText) Set(v string) error {
+	switch {
+	case f.set:
+		return errFilterTwice
+	case v == "":
+		return errEmptyFilter
+	}
+	*f.s, f.set = v, true
+	return nil
+}
+
+// sinceFlag is --since: a duration above zero, given once (zero, read as
+// "not given", would widen a bulk action as an empty filter would).
+type sinceFlag struct {
+	d   *time.Duration
+	set bool
+}
+
+func (f *sinceFlag) String() string {
+	if f == nil || f.d == nil || *f.d == 0 {
+		return "0s"
+	}
+	return f.d.String()
+}
+
+func (f *sinceFlag) Set(v string) error {
+	if f.set {
+		return errFilterTwice
+	}
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		return errors.New("not a duration (e.g. 30m, 2h)")
+	case d <= 0:
+		return fmt.Errorf("%s is not above zero", v)
+	}
+	*f.d, f.set = d, true
+	return nil
 }
 
 // filter checks the flags and returns the filter they describe.
@@ -283,8 +348,6 @@ func (ff *filterFlags) filter(cmd string) (gendurable.ListFilter, error) {
 	switch {
 	case ff.status != "" && !slices.Contains(statuses, f.Status):
 		return f, usageError{msg: fmt.Sprintf("%s: --status %q is not a status (want one of %s)", cmd, ff.status, statusList()), help: true}
-	case ff.since < 0:
-		return f, usageError{msg: fmt.Sprintf("%s: --since %s is negative", cmd, ff.since), help: true}
 	case f.MaxScan < 1 || f.MaxScan > gendurable.MaxListScan:
 		return f, usageError{msg: fmt.Sprintf("%s: --scan must be within 1..%d", cmd, gendurable.MaxListScan), help: true}
 	}

@@ -111,6 +111,42 @@ func TestBulkRetryAndCancelByFilter(t *testing.T) {
 	require.Equal(t, int64(n+9), res.Changed)
 }
 
+// TestAnEmptyOrRepeatedFilterIsRefused (a hostile-input probe): an empty
+// filter flag (an unset shell variable, --queue "$QUEUE") was read as "not
+// given", so a bulk cancel meant for one queue failed every queue's
+// instances; a filter given twice kept the last. Both are usage errors now,
+// before any connection, and nothing changes.
+func TestAnEmptyOrRepeatedFilterIsRefused(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	seed(t, pool, schema, 3, "queue, status", "'q1', 'awaiting_signal'")
+	seed(t, pool, schema, 2, "queue, status", "'payments', 'awaiting_signal'")
+	for _, args := range [][]string{
+		{"cancel", "--queue", "", "--status", "awaiting_signal", "--yes"},
+		{"cancel", "--queue=", "--status", "awaiting_signal", "--yes"},
+		{"cancel", "--status", "awaiting_signal", "--machine", "", "--yes"},
+		{"cancel", "--status", "awaiting_signal", "--step", "", "--yes"},
+		{"cancel", "--status", "awaiting_signal", "--search", "", "--yes"},
+		{"cancel", "--status", "", "--queue", "q1", "--yes"},
+		{"cancel", "--status", "awaiting_signal", "--since", "0", "--yes"},
+		{"cancel", "--queue", "q1", "--queue", "payments", "--yes"},
+		{"retry", "--queue", "", "--yes"},
+		{"list", "--queue", ""},
+	} {
+		_, errOut, code := cli(t, append(args, s...)...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.Regexp(t, `empty: give a value|given twice|not above zero`, errOut, "%q", args)
+	}
+	require.Equal(t, 5, countRows(t, pool, schema, "status = 'awaiting_signal'"), "nothing was cancelled")
+
+	// The filter as meant still works.
+	out, errOut, code := cli(t, append([]string{"cancel", "--queue", "q1", "--status", "awaiting_signal", "--yes"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "cancelled 3 of 3")
+	require.Equal(t, 2, countRows(t, pool, schema, "status = 'awaiting_signal' AND queue = 'payments'"))
+}
+
 // TestRunNowCLI: run-now makes a scheduled instance eligible now (exit 0),
 // refuses a failed one (exit 4) and reports a missing one (exit 3).
 func TestRunNowCLI(t *testing.T) {
