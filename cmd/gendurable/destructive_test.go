@@ -81,8 +81,16 @@ func TestDemoAndBenchNeverDropASchemaTheyDidNotCreate(t *testing.T) {
 	require.Equal(t, 0, code, "%s%s", out, errOut)
 	require.False(t, schemaExists(t, pool, mine))
 
-	// --reset-schema (stdin is not a terminal: no prompt) drops the schema.
-	out, errOut, code = cli(t, "bench", "-n", "20", "--schema", users, "--reset-schema")
+	// --reset-schema off a terminal needs --yes too (a hostile-input probe:
+	// it dropped someone's schema with no confirmation); without it
+	// nothing changes.
+	for _, cmd := range []string{"demo", "bench"} {
+		_, errOut, code = cli(t, cmd, "--schema", users, "--reset-schema")
+		require.Equal(t, exitUsage, code, "%s: %s", cmd, errOut)
+		require.Contains(t, errOut, "pass --yes")
+		require.Equal(t, 1, rows(`"`+users+`".accounts`), "%s --reset-schema without --yes dropped the schema", cmd)
+	}
+	out, errOut, code = cli(t, "bench", "-n", "20", "--schema", users, "--reset-schema", "--yes")
 	require.Equal(t, 0, code, "%s%s", out, errOut)
 	require.False(t, schemaExists(t, pool, users), "reset on request, then dropped as bench's own")
 }

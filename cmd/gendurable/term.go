@@ -72,12 +72,18 @@ func prompt(in io.Reader, out io.Writer, question string) (bool, error) {
 	return false, nil
 }
 
-// confirmer is the Confirm of demo and bench: --reset-schema already said
-// yes, so it asks again only on a terminal, and not with --yes.
+// confirmer is the Confirm of demo and bench, asked before --reset-schema
+// drops a schema they did not create: --yes confirms it, a terminal asks,
+// and anywhere else (a script, a pipe) it is a usage error that changes
+// nothing — as for the other commands that drop or change what they did
+// not create (migrate down, a bulk filter, cancel --tree).
 func confirmer(stderr io.Writer, yes bool) func(string) (bool, error) {
 	return func(question string) (bool, error) {
-		if yes || !benchrun.IsTerminal(os.Stdin) {
+		switch {
+		case yes:
 			return true, nil
+		case !benchrun.IsTerminal(os.Stdin):
+			return false, usageError{msg: display.Terminal(question) + " stdin is not a terminal: pass --yes to confirm"}
 		}
 		return prompt(os.Stdin, stderr, question)
 	}
