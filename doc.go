@@ -147,7 +147,12 @@
 // died may not have been marked, and is charged as a running step is; and
 // an attempt goes free at most once — a second lease lost on the same step
 // and attempt is charged whatever the mark says (docs/design.md §4,
-// "Prefetched claims").
+// "Prefetched claims"). A claim whose statement committed while the
+// worker's connection lost the answer is charged the same way if nobody
+// runs it: a pick's claims, and the successor of a key hand-off. A chained
+// Next's next step is not: the group committer sends the statement again,
+// finds what the lost attempt wrote, and the worker runs that step
+// (docs/design.md §4, "A lost answer").
 //
 // Every claim gets a fresh fencing token. Outcomes and heartbeats apply only
 // while the token still matches, so a worker whose lease was reaped (a zombie

@@ -337,7 +337,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	}
 	c := Config{}
 	if cfg != nil {
-		c = *cfg
+		c = cfg.clone() // withDefaults fills in the queues' defaults: not in the caller's map
 	}
 	if err := c.withDefaults(); err != nil {
 		return nil, err
@@ -537,8 +537,22 @@ func (qc *QueueConfig) withDefaults(name string) error {
 	return nil
 }
 
-// Config returns the engine's configuration with defaults filled in.
-func (e *Engine) Config() Config { return e.cfg }
+// Config returns a copy of the engine's configuration with defaults filled
+// in. Its map and slices are copies too: changing them (to derive another
+// engine's configuration) changes nothing in this engine.
+func (e *Engine) Config() Config { return e.cfg.clone() }
+
+// clone is c with its map and slices copied, so that neither the caller's
+// Config given to New nor the copy Engine.Config returns shares them with
+// the engine's own.
+func (c Config) clone() Config {
+	c.Machines = slices.Clone(c.Machines)
+	c.Queues = maps.Clone(c.Queues)
+	c.Periodic = slices.Clone(c.Periodic)
+	c.KeyPolicies = slices.Clone(c.KeyPolicies)
+	c.Hooks = slices.Clone(c.Hooks)
+	return c
+}
 
 // Start checks that the schema is migrated (else [ErrSchemaVersion]) and,
 // for an engine with queues, that the pool's transactions default to read

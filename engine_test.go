@@ -2979,3 +2979,37 @@ func TestStopWithAWithTxOutcomeCutOff(t *testing.T) {
 	require.NotContains(t, err.Error(), "ignoring cancellation", "the WithTx outcome was given up with the others")
 	proxy.Heal()
 }
+
+// TestConfigIsACopy (an API probe): Engine.Config returned the engine's own
+// Queues map and KeyPolicies slice, so editing a copy to derive another
+// engine's configuration changed the running engine — unvalidated (a
+// policy Limit 0 that New refuses; a queue left without its defaults, whose
+// feeder then picked thousands of times a second). New also filled the
+// queues' defaults into the caller's map. Both are copies now.
+func TestConfigIsACopy(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "cfgcopy", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "k-", Limit: 2}}
+	b := setup(t, cfg)
+	require.Equal(t, gendurable.QueueConfig{Concurrency: 2}, cfg.Queues["default"], "New wrote into the caller's map")
+	want := b.eng.Config()
+	require.Positive(t, want.Queues["default"].PollInterval, "the engine's own copy has the defaults")
+
+	c := b.eng.Config()
+	c.Queues["default"] = gendurable.QueueConfig{Concurrency: 7}
+	c.Queues["other"] = gendurable.QueueConfig{Concurrency: 1}
+	c.KeyPolicies[0].Limit = 0
+	c.Machines[0] = nil
+	cfg.Queues["default"] = gendurable.QueueConfig{Concurrency: 9}
+	cfg.KeyPolicies[0].Limit = 5
+	require.Equal(t, want, b.eng.Config(), "editing a copy changed the engine")
+
+	b.start()
+	id := b.insert(job.New(orderArgs{}).With(gendurable.InsertOpts{PartitionKey: "k-1"}))
+	b.waitStatus(id, "done", 10*time.Second)
+	w, err := b.eng.WaitReason(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusDone, w.Status)
+}

@@ -33,10 +33,11 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 	e.emit(ctx, ev)
 	switch {
 	case commitErr != nil:
-		e.log.Error("gendurable: outcome not written; the step will run again after its lease expires",
+		e.log.Error("gendurable: outcome not confirmed (the database did not answer; it may have been written): "+
+			"if it was not, the step runs again after its lease expires",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
 	case ev.Fenced:
-		e.log.Warn("gendurable: outcome fenced out: the lease was lost, another run owns the instance",
+		e.log.Warn("gendurable: outcome fenced out: the claim no longer holds the instance (its lease was lost, or an operator moved it)",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
 	case errors.Is(res.StepErr, ErrInfrastructure):
 		e.log.Warn("gendurable: step's transaction failed on its connection; it runs again without counting an attempt",

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -592,4 +594,81 @@ func (g *lockedParentGate) parent(name string, kid *gendurable.Job[leafArgs]) *g
 			return gendurable.Done(nil), nil
 		},
 	}}
+}
+
+// TestAChainedStepWhoseAnswerIsLostRunsUncharged (a crash probe): a
+// chained Next whose statement committed while the worker's connection lost
+// the answer. The committer's retry found the outcome fenced out by its own
+// write; the next step, claimed by the lost attempt, sat executing with
+// nobody running it until its lease ran out, and the reaper charged it an
+// attempt it never had: with MaxAttempts 1 the instance failed at a step
+// that never ran. The retry now recognises what the lost attempt wrote
+// (schema version 19) and the worker runs the chained step, uncharged.
+func TestAChainedStepWhoseAnswerIsLostRunsUncharged(t *testing.T) {
+	t.Parallel()
+	// A lease of 8 s: each outcome statement may wait 1 s for a row lock
+	// (an eighth of it), time to strand the connection while it waits.
+	const lease = 8 * time.Second
+	gate := make(chan struct{})
+	var aRuns, bRuns atomic.Int64
+	m := &gendurable.Machine[int]{Name: "lostchain", Start: "a", Steps: map[string]gendurable.StepFunc[int]{
+		"a": func(ctx context.Context, r *gendurable.Run[int]) (gendurable.Outcome, error) {
+			aRuns.Add(1)
+			select {
+			case <-gate:
+			case <-ctx.Done():
+				return gendurable.Outcome{}, context.Cause(ctx)
+			}
+			return r.Next("b", r.State+1), nil
+		},
+		"b": func(ctx context.Context, r *gendurable.Run[int]) (gendurable.Outcome, error) {
+			bRuns.Add(1)
+			return gendurable.Done(r.State), nil
+		},
+	}}
+	short := func(cfg *gendurable.Config) *gendurable.Config {
+		cfg.LeaseDuration, cfg.HeartbeatInterval = lease, 2*time.Second
+		return cfg
+	}
+	b := setup(t, short(fastConfig("", m)), m)
+	ctx := context.Background()
+	res, err := b.eng.Insert(ctx, m.New(0).With(gendurable.InsertOpts{MaxAttempts: 1}))
+	require.NoError(t, err)
+	id := res.ID
+
+	// The worker reaches the server through a proxy that can strand its connections.
+	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
+	pcfg := proxy.PoolConfig(t, dbtest.URL())
+	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
+	pcfg.MaxConns = 6
+	poolA, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(t, err)
+	engA, err := gendurable.New(poolA, short(fastConfig(b.schema, m)))
+	require.NoError(t, err)
+	require.NoError(t, engA.Start(ctx))
+	t.Cleanup(func() {
+		proxy.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = engA.Stop(ctx)
+		poolA.Close()
+	})
+	b.waitStatus(id, "executing", 10*time.Second)
+
+	// Step a's outcome waits on its row lock; the connections are stranded;
+	// then the outcome commits, chaining b, and its answer is lost.
+	tx, pid := b.lockRows(id)
+	close(gate)
+	eventually(t, 5*time.Second, func() bool { return b.blockedBy(pid, "cont_asked") > 0 },
+		"step a's outcome does not wait on its row's lock")
+	proxy.Strand()
+	require.NoError(t, tx.Rollback(ctx))
+	eventually(t, 5*time.Second, func() bool { return b.row(id).Step == "b" }, "step a's outcome did not commit")
+
+	r := b.waitStatus(id, "done", 30*time.Second)
+	require.Equal(t, int64(1), aRuns.Load())
+	require.Equal(t, int64(1), bRuns.Load(), "step b ran more than once, or never")
+	require.Equal(t, 0, r.Attempt, "step b was charged an attempt")
+	require.Empty(t, r.Errors, "step b's claim was reaped")
+	require.JSONEq(t, "1", string(r.Result))
 }

@@ -213,7 +213,7 @@ func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) 
 			r.LeaseExpiresAt = w.LeaseExpiresAt
 			r.Summary = fmt.Sprintf("waiting for the lease of its cancelled step to end at %s (%s): that step may still be running",
 				w.LeaseExpiresAt.UTC().Format(time.RFC3339), fromNow(*w.LeaseExpiresAt, w.Now, time.Second))
-		case w.PartitionKey != nil && len(w.KeyHolders) >= e.keyLimit(*w.PartitionKey, w.KeyLimit):
+		case w.PartitionKey != nil && len(w.KeyHolders) > 0 && len(w.KeyHolders) >= e.keyLimit(*w.PartitionKey, w.KeyLimit):
 			r.KeyHolders, r.KeyLimit = w.KeyHolders, e.keyLimit(*w.PartitionKey, w.KeyLimit)
 			r.PartitionHeldBy = w.KeyHolders[0]
 			r.Summary = fmt.Sprintf("waiting for partition key %q (%d of %d slots held by %s)",

@@ -91,11 +91,36 @@ func (c *common) engineAndPool(ctx context.Context, stderr io.Writer) (*gendurab
 		return nil, nil, err
 	}
 	eng, err := gendurable.New(pool, &gendurable.Config{Schema: c.schema, Logger: c.logger(stderr)})
+	if err == nil {
+		err = sameVersion(ctx, pool, c.schema)
+	}
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
 	return eng, pool, nil
+}
+
+// sameVersion refuses a schema migrated to another version than this
+// binary's, before a command reads or changes it: an older binary's cancel,
+// retry or prune against a newer schema would write rows by rules the
+// newer version may have changed, and its counts and lists may misread it
+// (code schema_version if newer, not_migrated if older). A schema with no
+// gendurable tables is left to the command (ErrNotMigrated, naming the
+// fix).
+func sameVersion(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	v, err := migrate.Installed(ctx, pool, schema)
+	switch {
+	case err != nil && errors.Is(err, gendurable.ErrSchemaVersion):
+		return err
+	case err != nil, v == 0, v == migrate.Latest():
+		return nil // the command's own statements report a database error, or a missing schema
+	case v > migrate.Latest():
+		return fmt.Errorf("%w (%w): schema %q is at version %d, newer than this binary's %d: upgrade this gendurable",
+			gendurable.ErrSchemaVersion, migrate.ErrSchemaUnknown, schema, v, migrate.Latest())
+	}
+	return fmt.Errorf("%w: schema %q is at version %d, this library needs %d; run `gendurable migrate up --schema %s`",
+		gendurable.ErrSchemaVersion, schema, v, migrate.Latest(), schema)
 }
 
 // checkConnection pings the database through pool, so that a command that
@@ -333,7 +358,7 @@ func (f *sinceFlag) Set(v string) error {
 	d, err := time.ParseDuration(v)
 	switch {
 	case err != nil:
-		return errors.New("not a duration (e.g. 30m, 2h)")
+		return errors.New("want a duration such as 30s, 5m or 2h")
 	case d <= 0:
 		return fmt.Errorf("%s is not above zero", v)
 	}

@@ -1286,6 +1286,15 @@ func TestCLIMigrateToAVersion(t *testing.T) {
 	v, err := migrate.Installed(context.Background(), pool, schema)
 	require.NoError(t, err)
 	require.Equal(t, last-1, v, "the refused commands changed nothing")
+	// Another command against a schema a version behind: refused before it
+	// reads or changes anything, saying what to run (a hostile-input probe:
+	// prune, pause, signal and run-now ran against it).
+	for _, cmd := range [][]string{{"status"}, {"list"}, {"prune", "--yes"}, {"pause", "q"}, {"signal", "1", "go"}} {
+		args := append(append(cmd, "--json"), s...)
+		_, errOut, code := cli(t, args...)
+		require.Equal(t, exitError, code, "%v: %s", cmd, errOut)
+		require.Contains(t, jsonError(t, args, errOut, "not_migrated", exitError), "migrate up")
+	}
 
 	// A schema newer than this binary: its own code, not "run migrate up".
 	_, err = pool.Exec(context.Background(), fmt.Sprintf(`COMMENT ON TABLE "%s".gendurable_instances IS 'gendurable schema version %d'`,
@@ -1299,4 +1308,10 @@ func TestCLIMigrateToAVersion(t *testing.T) {
 	_, errOut, code = cli(t, args...)
 	require.Equal(t, exitError, code, "status of a schema newer than the binary says so")
 	require.Contains(t, jsonError(t, args, errOut, "schema_version", exitError), "newer than this binary")
+	for _, cmd := range [][]string{{"status"}, {"cancel", "1"}, {"retry", "1"}, {"prune", "--yes"}, {"pause", "q"}, {"run-now", "1"}} {
+		args := append(append(cmd, "--json"), s...)
+		_, errOut, code := cli(t, args...)
+		require.Equal(t, exitError, code, "%v: %s", cmd, errOut)
+		require.Contains(t, jsonError(t, args, errOut, "schema_version", exitError), "upgrade this gendurable")
+	}
 }

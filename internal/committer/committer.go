@@ -371,6 +371,7 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 	b := c.batches.Get().(*sqlq.OutcomeBatch)
 	defer c.batches.Put(b)
 	var retry backoff.Write
+	unknown := false // an attempt failed in a way that may have committed
 	for {
 		b.Reset()
 		b.Lease, b.LockWait = c.cfg.Lease, lockWait
@@ -390,6 +391,9 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 			byID := make(map[int64]*sqlq.Applied, len(applied))
 			for i := range applied {
 				byID[applied[i].ID] = &applied[i]
+			}
+			if unknown && len(applied) < len(batch) {
+				c.recover(ctx, batch, byID)
 			}
 			for _, r := range batch {
 				r.deliver(Result{Applied: byID[r.out.ID]})
@@ -425,14 +429,60 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 			return
 		}
 		// The failed attempt may have committed (a connection lost after
-		// the commit): its outcomes are then fenced out on the retry, and a
-		// successor it claimed stays executing without a heartbeat until
-		// its lease runs out (docs/design.md §6). The retry hands nothing
-		// on, so it cannot strand a second one.
+		// the commit): its outcomes are then fenced out on the retry, which
+		// recovers them (recover). A successor it claimed stays executing
+		// without a heartbeat until its lease runs out (docs/design.md §6).
+		// The retry hands nothing on, so it cannot strand a second one.
+		unknown = true
 		for _, r := range batch {
 			r.out.Handoff = 0
 		}
 	}
+}
+
+// recover completes byID, the answer of a retried statement, with the
+// outcomes of the batch that an earlier attempt whose answer was lost had
+// written (sqlq.RecoverOutcomes, docs/design.md §6 "A lost answer"): they
+// are fenced out on the retry by their own write. A chained step comes
+// back with the claim the lost attempt drew for it, while that claim is
+// still the row's, so the worker runs it rather than leaving it to the
+// reaper (which charged it an attempt it never had). recover asks only
+// while a quarter of the lease is left: a claim the attempt drew lives a
+// lease from its statement's start, so the row cannot have been claimed
+// by another since (the look also checks the claim token). If the look
+// fails, the outcomes stay fenced out, as before.
+func (c *Committer) recover(ctx context.Context, batch []*request, byID map[int64]*sqlq.Applied) {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < c.cfg.Lease/4 {
+		return
+	}
+	var ids, tokens []int64
+	for _, r := range batch {
+		if byID[r.out.ID] == nil {
+			ids, tokens = append(ids, r.out.ID), append(tokens, r.out.Token)
+		}
+	}
+	found, err := c.q.RecoverOutcomes(ctx, c.db, ids, tokens)
+	if err != nil {
+		return
+	}
+	for i := range found {
+		a := &found[i]
+		if a.Token != nil && !c.asked(batch, a.ID) {
+			a.Token, a.Inbox = nil, nil // not a chained outcome: never the worker's claim
+		}
+		byID[a.ID] = a
+	}
+}
+
+// asked reports whether the batch's outcome of instance id asked to chain
+// its next step in the same worker (Outcome.Continue).
+func (c *Committer) asked(batch []*request, id int64) bool {
+	for _, r := range batch {
+		if r.out.ID == id {
+			return r.out.Continue && r.out.Kind == sqlq.KindNext && r.out.Delay <= 0
+		}
+	}
+	return false
 }
 
 // split writes a batch whose statement ran out of lockWait: it parks the

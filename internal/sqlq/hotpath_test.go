@@ -1135,3 +1135,63 @@ func holdIn(t *testing.T, c *pgx.Conn, sql string) pgx.Tx {
 	require.NoError(t, err)
 	return tx
 }
+
+// TestRecoverOutcomesFindsWhatALostAttemptWrote (schema version 19): every
+// outcome writes its claim token (outcome_token), and a chained Next the
+// token it drew for the next step (chain_token, the row's claim_token).
+// RecoverOutcomes finds, by those, the outcomes a statement whose answer
+// was lost wrote: a chained step's claim while it is still the row's and
+// its lease lives; an outcome without chaining with no claim; nothing for a
+// token that wrote nothing, nor a claim once the row was claimed again.
+func TestRecoverOutcomesFindsWhatALostAttemptWrote(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	c := conn()
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step) SELECT 'm', 'a' FROM generate_series(1, 3)`)
+	exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name) VALUES (1, 'go')`)
+	exec(`UPDATE {{s}}.gendurable_instances SET inbox = '{"go": 1}' WHERE id = 1`)
+	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 3, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, res.Claimed, 3)
+	tok := map[int64]int64{}
+	for _, r := range res.Claimed {
+		tok[r.ID] = r.Token
+	}
+	step, state, result := "b", `{}`, `{}`
+	got := applyOne(t, q, c,
+		sqlq.Outcome{ID: 1, Token: tok[1], Kind: sqlq.KindNext, Step: &step, State: &state, Continue: true},
+		sqlq.Outcome{ID: 2, Token: tok[2], Kind: sqlq.KindDone, Result: &result},
+		sqlq.Outcome{ID: 3, Token: tok[3], Kind: sqlq.KindNext, Step: &step, State: &state, Continue: true})
+	require.Len(t, got, 3)
+	require.NotNil(t, got[1].Token)
+	require.Equal(t, 3, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE outcome_token IS NOT NULL`))
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE id = 1 AND claim_token = chain_token AND claim_token = $1 AND outcome_token = $2`, *got[1].Token, tok[1]),
+		"the chained claim's token is the one drawn, in both columns")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 2 AND chain_token IS NULL`))
+
+	// Row 3 claimed again meanwhile (as a reaper and a pick would, after its lease).
+	exec(`UPDATE {{s}}.gendurable_instances SET claim_token = nextval('{{s}}.gendurable_claim_token_seq') WHERE id = 3`)
+	found, err := q.RecoverOutcomes(ctx, c, []int64{1, 2, 3, 1}, []int64{tok[1], tok[2], tok[3], tok[1] + 1000})
+	require.NoError(t, err)
+	byID := map[int64][]sqlq.Applied{}
+	for _, a := range found {
+		byID[a.ID] = append(byID[a.ID], a)
+	}
+	require.Len(t, byID[1], 1, "a token that wrote nothing finds nothing")
+	require.Equal(t, *got[1].Token, *byID[1][0].Token, "the chained step's claim")
+	require.Equal(t, "executing", byID[1][0].Status)
+	require.Len(t, byID[1][0].Inbox, 1, "with its inbox, as the statement returned it")
+	require.Len(t, byID[2], 1)
+	require.Equal(t, "done", byID[2][0].Status)
+	require.Nil(t, byID[2][0].Token)
+	require.Len(t, byID[3], 1, "row 3's outcome was written")
+	require.Nil(t, byID[3][0].Token, "but its claim is another's now")
+
+	// A later outcome of the chained claim writes its own token.
+	applyOne(t, q, c, sqlq.Outcome{ID: 1, Token: *got[1].Token, Kind: sqlq.KindDone, Result: &result})
+	found, err = q.RecoverOutcomes(ctx, c, []int64{1}, []int64{tok[1]})
+	require.NoError(t, err)
+	require.Empty(t, found)
+}

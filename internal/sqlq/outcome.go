@@ -328,7 +328,11 @@ WITH locked AS MATERIALIZED (
       children_pending = CASE o.kind WHEN {{children}} THEN o.kids ELSE i.children_pending END,
       fanout = CASE o.kind WHEN {{children}} THEN i.fanout + 1 ELSE i.fanout END,
       lease_expires_at = CASE WHEN o.cont THEN now() + @lease::bigint * interval '1 microsecond' END,
-      claim_token = CASE WHEN o.cont THEN nextval('{{schema}}.gendurable_claim_token_seq') END,
+      claim_token = o.new_token,
+      -- What a statement sent again after its answer was lost looks for
+      -- (migration 019; RecoverOutcomes).
+      outcome_token = o.token,
+      chain_token = o.new_token,
       finished_at = CASE WHEN o.kind IN ({{done}}, {{stop}}) THEN now() END,
       updated_at = now(),
       errors = CASE WHEN o.err IS NULL THEN i.errors
@@ -338,7 +342,11 @@ WITH locked AS MATERIALIZED (
                          'kind', o.err_kind, 'error', o.err)
                        || CASE WHEN o.err_stack IS NULL THEN '{}'::jsonb
                                ELSE jsonb_build_object('stack', o.err_stack) END) END
-  FROM (SELECT l.*, ` + kids + ` AS kids FROM locked AS l) AS o
+  -- A chained step's claim token is drawn once, for its claim_token and
+  -- its chain_token.
+  FROM (SELECT l.*, ` + kids + ` AS kids,
+               CASE WHEN l.cont THEN nextval('{{schema}}.gendurable_claim_token_seq') END AS new_token
+        FROM locked AS l) AS o
   WHERE i.id = o.id
   RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token, i.partition_key,
             CASE WHEN o.cont AND i.inbox <> '{}'::jsonb THEN ` + continuedInbox + ` END AS inbox_rows,
@@ -713,6 +721,51 @@ func (q *Queries) SweepInboxes(ctx context.Context, db DB, ids []int64) error {
 	_, err := db.Exec(ctx, q.sweepInboxes, ids)
 	return err
 }
+
+// RecoverOutcomes finds, among outcomes (ids with their claim tokens) that
+// a statement found fenced out, those an earlier attempt of the same
+// statement wrote: its connection lost the answer after the server had
+// committed (migration 019). Each comes back as ApplyOutcomes would have
+// returned it then, with the row's status and queue as they are now; a
+// chained step's new claim token and inbox only while that claim is still
+// the row's claim (its claim_token is the chain_token the attempt drew) and
+// its lease lives, and never for an outcome the attempt wrote without
+// chaining. The group committer asks after a retry that followed an
+// attempt whose fate it could not know; only then may an outcome be
+// fenced out by its own write. One primary-key probe per outcome, no lock.
+func (q *Queries) RecoverOutcomes(ctx context.Context, db DB, ids, tokens []int64) ([]Applied, error) {
+	rows, err := db.Query(ctx, q.recoverOutcomes, ids, tokens)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Applied, error) {
+		var a Applied
+		var inbox []byte
+		err := row.Scan(&a.ID, &a.Status, &a.Queue, &a.Token, &inbox)
+		if err == nil {
+			a.Inbox, err = decodeInbox(inbox)
+		}
+		return a, err
+	})
+}
+
+// recoverOutcomesSQL is RecoverOutcomes' statement: outcome_token names the
+// outcome a row's last outcome statement wrote, chain_token the claim it
+// drew for a chained step (019_outcome_tokens.up.sql).
+const recoverOutcomesSQL = `
+SELECT i.id, i.status::text, i.queue,
+       CASE WHEN i.chained THEN i.claim_token END,
+       CASE WHEN i.chained AND i.inbox <> '{}'::jsonb THEN ` + inboxRowsSQL + ` END
+FROM unnest($1::bigint[], $2::bigint[]) AS u(id, token)
+CROSS JOIN LATERAL (
+  SELECT i.id, i.status, i.queue, i.claim_token, i.inbox, i.outcome_token,
+         i.chain_token IS NOT NULL AND i.claim_token = i.chain_token AND i.status = 'executing'
+           AND i.lease_expires_at > now() AS chained
+  FROM {{schema}}.gendurable_instances AS i
+  WHERE i.id = u.id
+  OFFSET 0
+) AS i
+WHERE i.outcome_token = u.token`
 
 // LockedOutcomes returns the ids, among the outcomes' ids (with their
 // claim tokens), whose row another transaction holds locked at this moment,

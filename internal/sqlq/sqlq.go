@@ -93,6 +93,7 @@ type Queries struct {
 	cancelMany      string
 	sweepInboxes    string
 	lockedOutcomes  string
+	recoverOutcomes string
 	retryLock       string
 	existing        string
 	parentsAmong    string
@@ -146,6 +147,7 @@ func New(schema string) (*Queries, error) {
 		cancelMany:      render(cancelManySQL, qs),
 		sweepInboxes:    render(sweepInboxesSQL, qs),
 		lockedOutcomes:  render(lockedOutcomesSQL, qs),
+		recoverOutcomes: render(recoverOutcomesSQL, qs),
 		retryLock:       render(retryLockSQL, qs),
 		existing:        render(existingSQL, qs),
 		parentsAmong:    render(parentsAmongSQL, qs),
