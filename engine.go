@@ -151,9 +151,11 @@ type Config struct {
 	// already inserted. See docs/design.md §6.
 	KeyPolicies []KeyPolicy
 	// MaxStateBytes bounds the encoded JSON state of an insert or outcome,
-	// and the encoded result of a Done, as PostgreSQL stores and returns it:
-	// numbers with an exponent count written out in full (1e6 as 1000000).
-	// Default 1 MiB.
+	// and the encoded result of a Done, with numbers counted as PostgreSQL
+	// writes them back: numbers with an exponent count written out in full
+	// (1e6 as 1000000). It is not the exact size jsonb returns (its text adds
+	// a space after each ':' and ',', and stores an escape such as \u003c
+	// as one character). Default 1 MiB.
 	MaxStateBytes int
 	// MaxSignalBytes bounds the encoded JSON payload of a signal, measured
 	// likewise. Default 256 KiB.

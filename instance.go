@@ -61,7 +61,12 @@ type StepError struct {
 	Attempt int       `json:"attempt"` // from 0, as Instance.Attempt
 	At      time.Time `json:"at"`
 	// Kind is "error", "panic", "stop", "lease_expired", "state_decode",
-	// "outcome_rejected", "interrupted" or "infrastructure".
+	// "outcome_rejected", "interrupted", "infrastructure", "timeout" (a
+	// step abandoned past its StepTimeout), "cancelled" (an operator's
+	// cancel), "transition" (an outcome its machine's Flow does not
+	// declare) or "unknown_version" (released unrun by an engine without
+	// the instance's machine version). Code that switches on it should
+	// have a default case: kinds may be added.
 	Kind  string `json:"kind"`
 	Error string `json:"error"`
 	// Uncharged: a "lease_expired" entry whose lost claim cost no attempt:

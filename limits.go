@@ -177,7 +177,7 @@ func validUTF8[T string | []byte](b T) bool {
 
 // scanChecked scans b (scanJSON) and turns what it found into checkJSON's
 // error, in this order: the encoded size, the nesting, a number numeric
-// cannot hold, the size as PostgreSQL stores it.
+// cannot hold, the size with numbers as PostgreSQL writes them back.
 func scanChecked[T string | []byte](l jsonLimits, what string, b T) (jsonScan, error) {
 	if l.maxBytes > 0 && len(b) > l.maxBytes {
 		return jsonScan{}, fmt.Errorf("%s is %d bytes encoded, over Config.%s %d", what, len(b), l.bytesName, l.maxBytes)
@@ -189,7 +189,7 @@ func scanChecked[T string | []byte](l jsonLimits, what string, b T) (jsonScan, e
 	case s.number != "":
 		return s, fmt.Errorf("%s holds %s", what, s.number)
 	case l.maxBytes > 0 && len(b)+s.grown > l.maxBytes:
-		return s, fmt.Errorf("%s is %d bytes as PostgreSQL stores and returns it (numbers with an exponent written out in full: 1e6 as 1000000), over Config.%s %d",
+		return s, fmt.Errorf("%s is %d bytes with its numbers as PostgreSQL writes them back (an exponent written out in full: 1e6 as 1000000), over Config.%s %d",
 			what, len(b)+s.grown, l.bytesName, l.maxBytes)
 	}
 	return s, nil
@@ -310,10 +310,11 @@ func scanJSON[T string | []byte](b T, limit int) (s jsonScan) {
 			for i < len(b) && (b[i] >= '0' && b[i] <= '9' || b[i] == '.') {
 				i++
 			}
-			if i >= len(b) || (b[i] != 'e' && b[i] != 'E') {
+			if (i >= len(b) || (b[i] != 'e' && b[i] != 'E')) && i-start <= numericMaxFracDigits {
 				i-- // the number's last byte
 				continue
 			}
+			// An exponent, or digits enough to be more than numeric holds.
 			var grown int
 			var problem string
 			i, grown, problem = storedNumber(b, start)
@@ -363,7 +364,13 @@ func storedNumber[T string | []byte](b T, start int) (last, grown int, problem s
 		fracDigits = i - fracStart
 	}
 	if i >= len(b) || (b[i] != 'e' && b[i] != 'E') {
-		return i - 1, 0, "" // no exponent: written back as it came
+		// No exponent: written back as it came, if numeric holds it (JSON
+		// has no leading zeros but a lone "0").
+		if intDigits > numericMaxIntDigits || fracDigits > numericMaxFracDigits {
+			return i - 1, 0, fmt.Sprintf("a number PostgreSQL cannot store (%s: numeric holds %d digits before the decimal point and %d after)",
+				clip(string(b[start:i]), 40), numericMaxIntDigits, numericMaxFracDigits)
+		}
+		return i - 1, 0, ""
 	}
 	i++
 	expNeg := false

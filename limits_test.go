@@ -143,7 +143,7 @@ func TestNumberBombsAreRefusedBeforeSQL(t *testing.T) {
 	good := b.insert(m.New(bombState{}))
 	r := b.waitStatus(bad, "failed", 10*time.Second)
 	require.Contains(t, r.Errors[0]["error"], "invalid outcome")
-	require.Contains(t, r.Errors[0]["error"], "as PostgreSQL stores")
+	require.Contains(t, r.Errors[0]["error"], "as PostgreSQL writes them back")
 	b.waitStatus(good, "done", 10*time.Second)
 }
 

@@ -565,8 +565,13 @@ func consumeAwaited(enc *sqlq.Outcome, awaited []Signal) {
 // encodeTyped encodes a state that must be of type S.
 func encodeTyped[S any](state any) (string, error) {
 	s, ok := state.(S)
+	var zero S
+	if !ok && state == nil && any(zero) == nil {
+		// S is an interface type (Machine[any]): a nil state is its zero
+		// value, which the assertion cannot tell from a missing one.
+		s, ok = zero, true
+	}
 	if !ok {
-		var zero S
 		return "", fmt.Errorf("%w: state is %T, the machine's state type is %T", ErrStateEncode, state, zero)
 	}
 	b, err := json.Marshal(s)

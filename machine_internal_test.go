@@ -52,3 +52,25 @@ func BenchmarkStepExec(b *testing.B) {
 		}
 	}
 }
+
+// TestEncodeTypedTakesANilInterfaceState (an API probe): a machine whose
+// state type is an interface (Machine[any]) refused New(nil) — "state is
+// <nil>, the machine's state type is <nil>" — though nil is its zero value
+// and encodes to null. A nil state of a concrete type is still refused.
+func TestEncodeTypedTakesANilInterfaceState(t *testing.T) {
+	t.Parallel()
+	s, err := encodeTyped[any](nil)
+	if err != nil || s != "null" {
+		t.Fatalf("encodeTyped[any](nil) = %q, %v; want null", s, err)
+	}
+	s, err = encodeTyped[error](nil)
+	if err != nil || s != "null" {
+		t.Fatalf("encodeTyped[error](nil) = %q, %v; want null", s, err)
+	}
+	if _, err := encodeTyped[benchState](nil); err == nil {
+		t.Fatal("encodeTyped[benchState](nil): no error")
+	}
+	if s, err := encodeTyped[*benchState]((*benchState)(nil)); err != nil || s != "null" {
+		t.Fatalf("encodeTyped[*benchState](nil pointer) = %q, %v", s, err)
+	}
+}

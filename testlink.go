@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/sqlq"
@@ -75,7 +76,7 @@ func runStepForTest(ctx context.Context, def any, in testlink.StepInput) (testli
 			defer cancel()
 		}
 		res := fn(ctx)
-		return testlink.StepOutput{Out: res.Out, StepErr: res.StepErr, TxFn: res.TxFn}
+		return testlink.StepOutput{Out: res.Out, StepErr: res.StepErr, TxFn: res.TxFn, Rejected: outcomeRejected(&res.Out)}
 	}
 	out := run(func(ctx context.Context) executor.Result { return core.exec(ctx, x) })
 	out.Handle = func(ctx context.Context, err error) testlink.StepOutput {
@@ -110,4 +111,25 @@ func instancesForTest(ctx context.Context, eng any, db sqlq.DB, def any, limit i
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].(*Instance).ID < out[j].(*Instance).ID })
 	return out, nil
+}
+
+// outcomeRejected says why PostgreSQL would refuse the encoded outcome o,
+// or "": a state or Done result that jsonb cannot store (a NUL, a lone
+// surrogate, invalid UTF-8). The engine checks an outcome's size, depth
+// and numbers before it writes it (checkJSON), not these: its statement's
+// refusal fails the instance (sqlq.RejectedStop), and RunStep says so.
+func outcomeRejected(o *sqlq.Outcome) string {
+	for _, d := range []struct {
+		what string
+		doc  *string
+	}{{"state", o.State}, {"Done result", o.Result}} {
+		switch {
+		case d.doc == nil:
+		case jsonbProblem(*d.doc) != "":
+			return d.what + " " + jsonbProblem(*d.doc)
+		case !utf8.ValidString(*d.doc):
+			return d.what + " is not valid UTF-8"
+		}
+	}
+	return ""
 }

@@ -62,7 +62,10 @@ type StepOpts struct {
 	// AllowInvalidOutcome lets a step return an outcome the engine would
 	// reject ([gendurable.ErrInvalidOutcome]: the zero Outcome, a Next to
 	// an undeclared step, a state that does not encode …) without failing
-	// the test: the result then shows what Handle made of it.
+	// the test: the result then shows what Handle made of it. So does an
+	// outcome PostgreSQL refuses (a state or result holding a NUL, "\u0000",
+	// which the engine fails at once, error kind outcome_rejected): the
+	// result then shows the outcome as returned.
 	AllowInvalidOutcome bool
 }
 
@@ -187,8 +190,8 @@ func NewSignal(tb testing.TB, name string, payload any) gendurable.Signal {
 //
 // RunStep fails the test if step is not one of the machine's steps, or if
 // the step returns an outcome the engine would reject (an
-// ErrInvalidOutcome, such as a Next to an undeclared step), unless
-// opts.AllowInvalidOutcome. A step that errors or panics does not fail
+// ErrInvalidOutcome, such as a Next to an undeclared step) or PostgreSQL
+// would (a state holding a NUL), unless opts.AllowInvalidOutcome. A step that errors or panics does not fail
 // the test: the result says so (Err, Panic) and shows what Handle decided.
 // ctx is the step's context (with the machine's StepTimeout, if any).
 //
@@ -267,6 +270,10 @@ func RunStep[S any](ctx context.Context, tb testing.TB, def Typed[S], step strin
 	}
 	if errors.Is(out.StepErr, gendurable.ErrInvalidOutcome) && !opts.AllowInvalidOutcome {
 		tb.Fatalf("gendurabletest: step %q of machine %q returned an outcome the engine rejects: %v", step, d.Name, out.StepErr)
+	}
+	if out.Rejected != "" && !opts.AllowInvalidOutcome {
+		tb.Fatalf("gendurabletest: step %q of machine %q returned an outcome PostgreSQL refuses (the engine fails the instance, error kind outcome_rejected): its %s",
+			step, d.Name, out.Rejected)
 	}
 	if err := fill(res, &out.Out, step, opts.Attempt, stateJSON); err != nil {
 		tb.Fatalf("gendurabletest: RunStep: %v", err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -416,4 +417,43 @@ func TestRunStepPanicValueFmtCannotPrint(t *testing.T) {
 	res := gendurabletest.RunStep(t.Context(), t, m, "a", order{}, nil)
 	require.NotNil(t, res.Panic)
 	require.Equal(t, "replay in 1s after a panic: a gendurabletest_test.nestedPanic value (formatting it panicked)", res.String())
+}
+
+// TestRunStepFailsAnOutcomeThePostgreSQLRefuses (an API probe): a Next
+// whose state holds a NUL came back as a plain "next", while the engine's
+// statement is refused (22P05) and the instance fails at once; a number
+// numeric cannot hold written without an exponent, as a "done". The first
+// fails the test now; the second goes to Handle, as in the engine.
+func TestRunStepFailsAnOutcomeThePostgreSQLRefuses(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[order]{
+		Name: "nul", Start: "a",
+		Steps: map[string]gendurable.StepFunc[order]{
+			"a": func(ctx context.Context, r *gendurable.Run[order]) (gendurable.Outcome, error) {
+				switch r.State.Do {
+				case "nul":
+					return r.Next("b", order{Item: "x\x00y"}), nil
+				case "digits":
+					return gendurable.Done(json.RawMessage(strings.Repeat("9", 131073))), nil
+				}
+				return r.Next("b", r.State), nil
+			},
+			"b": func(ctx context.Context, r *gendurable.Run[order]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	require.Equal(t, "next", gendurabletest.RunStep(t.Context(), t, m, "a", order{}, nil).Kind)
+	f := newFakeTB(t)
+	require.True(t, f.run(func(tb testing.TB) {
+		gendurabletest.RunStep(t.Context(), tb, m, "a", order{Do: "nul"}, nil)
+	}))
+	require.Contains(t, f.message(), "PostgreSQL refuses")
+	require.Contains(t, f.message(), "NUL")
+	res := gendurabletest.RunStep(t.Context(), t, m, "a", order{Do: "nul"}, &gendurabletest.StepOpts{AllowInvalidOutcome: true})
+	require.Equal(t, "next", res.Kind)
+
+	res = gendurabletest.RunStep(t.Context(), t, m, "a", order{Do: "digits"}, &gendurabletest.StepOpts{AllowInvalidOutcome: true})
+	require.Equal(t, "replay", res.Kind, "the engine's Handle retries it")
+	require.ErrorContains(t, res.Err, "cannot store")
 }

@@ -84,3 +84,36 @@ func TestWorkUntilFinishedTimeout(t *testing.T) {
 	require.True(t, f.run(func(tb testing.TB) { gendurabletest.WorkUntilFinished(t.Context(), tb, eng, 1<<40) }))
 	require.Contains(t, f.message(), "instance not found")
 }
+
+// TestWorkUntilFinishedWithAnAbandonedStep (an API probe): a job whose step
+// ignores its context past its Timeout finishes as documented (the engine
+// writes its outcome and abandons the goroutine), but Stop then says such
+// a step still runs, and WorkUntilFinished failed the test with it. It
+// logs that now; the instances are returned as they finished.
+func TestWorkUntilFinishedWithAnAbandonedStep(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	stuck := &gendurable.Job[order]{Name: "stuck", Timeout: 300 * time.Millisecond, MaxAttempts: 1,
+		Perform: func(ctx context.Context, r *gendurable.Run[order]) error {
+			<-release // ignores ctx
+			return nil
+		}}
+	db := gendurabletest.NewDB(t, &gendurabletest.DBOpts{MaxConns: 4})
+	eng := db.NewEngine(t, &gendurable.Config{
+		Machines:       []gendurable.Definition{stuck},
+		Queues:         map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond}},
+		ReaperInterval: -1, PruneInterval: -1,
+	})
+	res, err := eng.Insert(t.Context(), stuck.New(order{}))
+	require.NoError(t, err)
+	f := newFakeTB(t)
+	var ins []*gendurable.Instance
+	failed := f.run(func(tb testing.TB) {
+		ins = gendurabletest.WorkUntilFinished(t.Context(), tb, eng, res.ID)
+	})
+	require.False(t, failed, "WorkUntilFinished failed the test: %s", f.message())
+	require.Len(t, ins, 1)
+	require.Equal(t, gendurable.StatusFailed, ins[0].Status)
+	require.Equal(t, "timeout", ins[0].Errors[len(ins[0].Errors)-1].Kind)
+}

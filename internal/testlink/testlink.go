@@ -55,6 +55,10 @@ type StepOutput struct {
 	// Handle runs the failure path for an error of TxFn (as the engine does
 	// when a WithTx callback fails) and returns what it would write instead.
 	Handle func(ctx context.Context, err error) StepOutput
+	// Rejected says why PostgreSQL would refuse Out ("" if it would not):
+	// a state or result jsonb cannot store. The engine then fails the
+	// instance at once (error kind outcome_rejected).
+	Rejected string
 }
 
 // Set by the root package at init.
