@@ -48,8 +48,14 @@ var (
 	// ErrStateEncode: a state or result value does not encode to JSON.
 	ErrStateEncode = errors.New("gendurable: state does not encode")
 
-	// ErrLeaseLost: the step's lease was reaped or taken over; its context is
-	// cancelled with this cause and its outcome will not be written.
+	// ErrLeaseLost: the step's lease can no longer be confirmed — the
+	// heartbeat found it reaped or taken over, or no heartbeat confirmed it
+	// before its local deadline (a stalled process, a cut-off network). Its
+	// context is cancelled with this cause. What the step returns then (by
+	// default, through Handle, a retry or a stop) is written only if the
+	// claim still holds when its statement runs: once the row was reaped or
+	// claimed again, the fence rejects it; a lease that only ran late
+	// locally may still be the step's, and its outcome then commits.
 	ErrLeaseLost = feeder.ErrLeaseLost
 
 	// ErrEngineStopped: the engine is shutting down; in-flight step contexts

@@ -1195,3 +1195,32 @@ func TestRecoverOutcomesFindsWhatALostAttemptWrote(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, found)
 }
+
+// TestAChildCountsDownOnlyAParentThatAwaitsIt (a crash probe): a parent
+// retried after its children had failed went on to its next step; the
+// children, retried on their own after it, then counted it down as they
+// finished, to -3. A finishing child counts down only a parent that awaits
+// its fan-out.
+func TestAChildCountsDownOnlyAParentThatAwaitsIt(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	c := conn()
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, fanout, children_total, children_pending)
+	      VALUES ('p', 'join', 'done', 1, 2, 0), ('p', 'join', 'awaiting_children', 1, 2, 2)`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, parent_id, parent_fanout)
+	      VALUES ('c', 'a', 1, 1), ('c', 'a', 2, 1)`)
+	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 2, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, res.Claimed, 2)
+	result := `{}`
+	var outs []sqlq.Outcome
+	for _, r := range res.Claimed {
+		outs = append(outs, sqlq.Outcome{ID: r.ID, Token: r.Token, Kind: sqlq.KindDone, Result: &result})
+	}
+	require.Len(t, applyOne(t, q, c, outs...), 2)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND children_pending = 0 AND status = 'done'`),
+		"a parent that went on is not counted down")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 2 AND children_pending = 1`),
+		"a parent that awaits is")
+}

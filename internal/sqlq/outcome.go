@@ -145,7 +145,10 @@ const parentJoinCTE = `parents AS (
       updated_at = now()
   FROM (SELECT parent_id, parent_fanout, count(*)::int AS n FROM changed
         WHERE status IN ('done', 'failed') AND parent_id IS NOT NULL GROUP BY parent_id, parent_fanout) AS x
-  WHERE p.id = x.parent_id AND p.fanout = x.parent_fanout
+  -- Only a parent that awaits them counts its children down: one that went
+  -- on (retried before the children it had seen fail, which were then
+  -- retried on their own) was counted below zero by their finish.
+  WHERE p.id = x.parent_id AND p.fanout = x.parent_fanout AND p.status = 'awaiting_children'
   RETURNING p.id
 )`
 
