@@ -682,6 +682,10 @@ func TestHeldChildrenAreParkedTogether(t *testing.T) {
 	_, err := f.pool.Exec(ctx, `UPDATE `+f.schema+`.gendurable_instances SET parent_id = $1, parent_fanout = $2 WHERE id = ANY ($3)`,
 		parent.ID, fanout, ids)
 	require.NoError(t, err)
+	// The parent awaits them (a finishing child counts down only such a parent).
+	_, err = f.pool.Exec(ctx, `UPDATE `+f.schema+`.gendurable_instances SET status = 'awaiting_children', children_pending = $2,
+		claim_token = NULL, lease_expires_at = NULL WHERE id = $1`, parent.ID, kids)
+	require.NoError(t, err)
 	gate := &gateFirst{DB: f.pool, arrived: make(chan struct{}), open: make(chan struct{})}
 	c := committer.New(committer.Config{Lease: lease, MaxInFlight: 1}, f.q, gate)
 	release := f.hold(parent.ID)

@@ -1200,7 +1200,7 @@ func TestRecoverOutcomesFindsWhatALostAttemptWrote(t *testing.T) {
 // retried after its children had failed went on to its next step; the
 // children, retried on their own after it, then counted it down as they
 // finished, to -3. A finishing child counts down only a parent that awaits
-// its fan-out.
+// its fan-out, or was failed while it did.
 func TestAChildCountsDownOnlyAParentThatAwaitsIt(t *testing.T) {
 	t.Parallel()
 	q, exec, count, conn := keySetup(t)

@@ -145,10 +145,11 @@ const parentJoinCTE = `parents AS (
       updated_at = now()
   FROM (SELECT parent_id, parent_fanout, count(*)::int AS n FROM changed
         WHERE status IN ('done', 'failed') AND parent_id IS NOT NULL GROUP BY parent_id, parent_fanout) AS x
-  -- Only a parent that awaits them counts its children down: one that went
-  -- on (retried before the children it had seen fail, which were then
-  -- retried on their own) was counted below zero by their finish.
-  WHERE p.id = x.parent_id AND p.fanout = x.parent_fanout AND p.status = 'awaiting_children'
+  -- Only a parent that awaits them, or was failed while it did (a retry
+  -- reads the fall of its count: RetryMany), counts its children down: one
+  -- that went on (retried before the children it had seen fail, which were
+  -- then retried on their own) was counted below zero by their finish.
+  WHERE p.id = x.parent_id AND p.fanout = x.parent_fanout AND p.status IN ('awaiting_children', 'failed')
   RETURNING p.id
 )`
 
@@ -789,9 +790,10 @@ func (q *Queries) LockedOutcomes(ctx context.Context, db DB, ids, tokens []int64
 
 // lockedOutcomesSQL tries, without waiting (SKIP LOCKED), the locks the
 // outcome statement would take: first the parent of each finishing outcome
-// whose fence holds and whose parent is there with the child's fan-out
-// (FOR NO KEY UPDATE, as its fan-in update does; a parent gone, or of
-// another fan-out, is not waited for by the statement and is not tried),
+// whose fence holds and whose parent is there with the child's fan-out,
+// awaiting it or failed (FOR NO KEY UPDATE, as its fan-in update does; a
+// parent gone, of another fan-out, or gone on past it, is not waited for
+// by the statement and is not tried),
 // a few rows; then, for the outcomes not already named by a held parent,
 // the outcome's own row (FOR UPDATE, as the statement does) — so the rows
 // of children waiting on one held parent are not locked each round, which
@@ -810,8 +812,8 @@ WITH o AS MATERIALIZED (
   SELECT d.id, d.fanout
   FROM (SELECT DISTINCT parent_id AS id, parent_fanout AS fanout FROM o WHERE parent_id IS NOT NULL) AS d
   CROSS JOIN LATERAL (
-    SELECT e.fanout FROM {{schema}}.gendurable_instances AS e WHERE e.id = d.id OFFSET 0) AS e
-  WHERE e.fanout = d.fanout AND NOT EXISTS (
+    SELECT e.fanout, e.status FROM {{schema}}.gendurable_instances AS e WHERE e.id = d.id OFFSET 0) AS e
+  WHERE e.fanout = d.fanout AND e.status IN ('awaiting_children', 'failed') AND NOT EXISTS (
     SELECT 1 FROM {{schema}}.gendurable_instances AS l WHERE l.id = d.id OFFSET 0 FOR NO KEY UPDATE SKIP LOCKED)
 )
 SELECT o.id FROM o
