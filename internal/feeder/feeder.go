@@ -1124,8 +1124,12 @@ func (s *Feeder) clearMarks(ctx context.Context) bool {
 		return true
 	}
 	// It cannot wait on a lock (see sqlq.ClearUnstarted): a slow answer is
-	// a slow database, and a heartbeat may be due behind it.
-	cctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatInterval/2)
+	// a slow database, and a heartbeat may be due behind it. Half a
+	// heartbeat interval, but not under an eighth of the lease (at most
+	// 200 ms): with a heartbeat of a few milliseconds, a loaded database
+	// answered none in time, and the claims never started
+	// (TestNoFalseLeaseLossWhileOutcomesCommit under the full suite).
+	cctx, cancel := context.WithTimeout(ctx, clearTimeout(s.cfg.HeartbeatInterval, s.cfg.Lease))
 	held, err := s.q.ClearUnstarted(cctx, s.db, ids, tokens)
 	cancel()
 	if err != nil {
@@ -1162,6 +1166,11 @@ func (s *Feeder) clearMarks(ctx context.Context) bool {
 	}
 	s.wake()
 	return done
+}
+
+// clearTimeout bounds one statement clearing not-started marks (clearMarks).
+func clearTimeout(heartbeat, lease time.Duration) time.Duration {
+	return max(heartbeat/2, min(lease/8, 200*time.Millisecond))
 }
 
 func (s *Feeder) heartbeatOnce(ctx context.Context) {
