@@ -71,8 +71,7 @@ func startSpaceProblem(s string) string {
 // keyProblem says what is wrong with a partition, unique or dedup key, or
 // "" if nothing is: at most maxKeyLen bytes of text (textProblem) that
 // neither starts nor ends with white space — "order-7 " and "order-7"
-// would be two unique keys that look alike on every page, and the
-// dashboard's search, which trims what is typed, could not find the one.
+// would be two unique keys that look alike on every page.
 func keyProblem(s string) string {
 	if p := textProblem(s, maxKeyLen); p != "" {
 		return p
@@ -91,8 +90,19 @@ func prefixProblem(s string) string {
 }
 
 // searchProblem says what is wrong with a search text (ListFilter.Search):
-// at most maxKeyLen bytes of text; white space around it is the caller's.
-func searchProblem(s string) string { return textProblem(s, maxKeyLen) }
+// at most maxKeyLen bytes of text, neither starting nor ending with white
+// space — no instance id or key does, so such a search could only find
+// nothing (a bulk action by it would act on nothing, while the same text
+// trimmed would not).
+func searchProblem(s string) string {
+	if p := textProblem(s, maxKeyLen); p != "" {
+		return p
+	}
+	if p := edgeSpaceProblem(s); p != "" {
+		return p + " (no id or key does)"
+	}
+	return ""
+}
 
 // textProblem: valid UTF-8 (PostgreSQL text must be), without NUL (it
 // cannot hold it) or any other control character (names and keys are

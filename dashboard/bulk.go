@@ -158,6 +158,7 @@ func (d *dashboard) bulkDone(w http.ResponseWriter, r *http.Request, res gendura
 func (d *dashboard) bulkCancelAction(w http.ResponseWriter, r *http.Request) {
 	reason, err := cancelReason(r)
 	if err != nil {
+		noteSent(r)
 		d.fail(w, r, err)
 		return
 	}
@@ -212,12 +213,11 @@ func noteSent(r *http.Request) {
 	note(r, "scope", f.Get("scope"))
 	for _, k := range []string{"queue", "status", "machine", "step", "from", "to", "q", "state"} {
 		if v, ok := f[k]; ok && len(v) > 0 {
-			s := v[0]
-			if len(s) > maxFilterLen {
-				s = s[:maxFilterLen]
-			}
-			note(r, "sent_"+k, s)
+			note(r, "sent_"+k, cut(v[0]))
 		}
+	}
+	if v, ok := f["reason"]; ok && len(v) > 0 {
+		note(r, "reason_bytes", len(v[0]))
 	}
 	if ids := f["id"]; len(ids) > 0 {
 		shown := append([]string(nil), ids[:min(len(ids), maxNotedIDs)]...)
@@ -228,6 +228,15 @@ func noteSent(r *http.Request) {
 		}
 		note(r, "sent_ids", strings.Join(shown, ","), "sent_id_count", len(ids))
 	}
+}
+
+// cut is s as an audit line repeats what a client sent: at most
+// maxFilterLen bytes of it.
+func cut(s string) string {
+	if len(s) > maxFilterLen {
+		return s[:maxFilterLen]
+	}
+	return s
 }
 
 // maxNotedIDs is how many ticked ids a refused bulk request's audit line

@@ -248,6 +248,16 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	last = line[len(line)-1]
 	require.Equal(t, "refused", last["outcome"])
 	require.Equal(t, "7,x", last["sent_ids"])
+	r = post(t, h, "/bulk/cancel", url.Values{"queue": {"q1"}, "scope": {"match"}, "reason": {strings.Repeat("x", 2000)}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	line = log.with("dashboard audit: bulk-cancel")
+	last = line[len(line)-1]
+	require.Equal(t, "q1", last["sent_queue"])
+	require.EqualValues(t, 2000, last["reason_bytes"])
+	r = post(t, h, fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {"go"}, "dedup_key": {strings.Repeat("k", 1<<20)}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	line = log.with("dashboard audit: signal")
+	require.LessOrEqual(t, len(line[len(line)-1]["dedup_key"].(string)), 1000, "what was sent, cut")
 	live()
 
 	// The dashboard's own form still works.

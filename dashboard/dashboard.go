@@ -564,6 +564,7 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 			return
 		}
 		if code, msg := formShape(r); code != 0 {
+			note(r, "refused_form", msg, "content_type", cut(r.Header.Get("Content-Type")))
 			d.errorPage(w, r, code, msg)
 			return
 		}

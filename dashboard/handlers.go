@@ -540,9 +540,9 @@ func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {
 	// As typed, as the CLI and the API take it: a name with white space
 	// around it is refused (ErrInvalidSignal), not changed into another.
 	name := r.PostForm.Get("name")
-	note(r, "id", id, "name", name, "payload_bytes", len(r.PostForm.Get("payload")))
+	note(r, "id", id, "name", cut(name), "payload_bytes", len(r.PostForm.Get("payload")))
 	if k := r.PostForm.Get("dedup_key"); k != "" {
-		note(r, "dedup_key", k)
+		note(r, "dedup_key", cut(k))
 	}
 	payload := strings.TrimSpace(r.PostForm.Get("payload"))
 	if payload == "" {

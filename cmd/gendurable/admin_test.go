@@ -139,6 +139,11 @@ func TestAnEmptyOrRepeatedFilterIsRefused(t *testing.T) {
 		require.Regexp(t, `empty: give a value|given twice|not above zero`, errOut, "%q", args)
 	}
 	require.Equal(t, 5, countRows(t, pool, schema, "status = 'awaiting_signal'"), "nothing was cancelled")
+	// Search text with white space around it could find nothing (no id or
+	// key has any): refused, as in the dashboard.
+	_, errOut, code := cli(t, append([]string{"cancel", "--search", " 1", "--yes"}, s...)...)
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "white space")
 
 	// The filter as meant still works.
 	out, errOut, code := cli(t, append([]string{"cancel", "--queue", "q1", "--status", "awaiting_signal", "--yes"}, s...)...)

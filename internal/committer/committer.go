@@ -56,6 +56,12 @@ type request struct {
 	tried     time.Time // its last statement ran out of its lock wait
 	timeouts  int       // statements that ran out of their lock wait
 	notBefore time.Time // its next attempt, not before (a wait the look cannot see)
+
+	// written: a statement holding this outcome failed in a way that may
+	// have committed it (its answer lost). Set by apply, it stays with the
+	// request through split, park and waitLoop, so that whichever
+	// statement writes it next looks up what it finds fenced out (recover).
+	written bool
 }
 
 func (r *request) deliver(res Result) {
@@ -371,7 +377,6 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 	b := c.batches.Get().(*sqlq.OutcomeBatch)
 	defer c.batches.Put(b)
 	var retry backoff.Write
-	unknown := false // an attempt failed in a way that may have committed
 	for {
 		b.Reset()
 		b.Lease, b.LockWait = c.cfg.Lease, lockWait
@@ -392,11 +397,20 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 			for i := range applied {
 				byID[applied[i].ID] = &applied[i]
 			}
-			if unknown && len(applied) < len(batch) {
-				c.recover(ctx, batch, byID)
-			}
+			var fenced []*request
 			for _, r := range batch {
-				r.deliver(Result{Applied: byID[r.out.ID]})
+				switch a := byID[r.out.ID]; {
+				case a == nil && r.written:
+					fenced = append(fenced, r) // perhaps by its own lost write: looked up below
+				default:
+					r.deliver(Result{Applied: a})
+				}
+			}
+			if len(fenced) > 0 {
+				c.recover(ctx, fenced, byID)
+				for _, r := range fenced {
+					r.deliver(Result{Applied: byID[r.out.ID]})
+				}
 			}
 			return
 		}
@@ -433,9 +447,9 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 		// recovers them (recover). A successor it claimed stays executing
 		// without a heartbeat until its lease runs out (docs/design.md §6).
 		// The retry hands nothing on, so it cannot strand a second one.
-		unknown = true
 		for _, r := range batch {
 			r.out.Handoff = 0
+			r.written = true
 		}
 	}
 }
@@ -452,7 +466,7 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 // by another since (the look also checks the claim token). If the look
 // fails, the outcomes stay fenced out, as before.
 func (c *Committer) recover(ctx context.Context, batch []*request, byID map[int64]*sqlq.Applied) {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < c.cfg.Lease/4 {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < c.cfg.Lease/2 {
 		return
 	}
 	var ids, tokens []int64
@@ -461,7 +475,12 @@ func (c *Committer) recover(ctx context.Context, batch []*request, byID map[int6
 			ids, tokens = append(ids, r.out.ID), append(tokens, r.out.Token)
 		}
 	}
-	found, err := c.q.RecoverOutcomes(ctx, c.db, ids, tokens)
+	// A quarter of the lease at most (the network that lost the answer may
+	// swallow this one too): a claim found is then handed on with at least
+	// a quarter of its lease left.
+	lctx, cancel := context.WithTimeout(ctx, c.cfg.Lease/4)
+	found, err := c.q.RecoverOutcomes(lctx, c.db, ids, tokens)
+	cancel()
 	if err != nil {
 		return
 	}

@@ -776,3 +776,128 @@ func TestDrainWritesAParkedOutcomeWhoseLockWent(t *testing.T) {
 	require.NotNil(t, r.Applied)
 	require.Equal(t, "done", f.row(f.claims[0].ID).Status)
 }
+
+// answerLost lets the first outcome statement run to its commit, then
+// reports the connection lost, as a network cut between the commit and its
+// answer does; then it calls after, if set. Other statements pass.
+type answerLost struct {
+	sqlq.DB
+	once  sync.Once
+	after func()
+}
+
+func (a *answerLost) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	first := false
+	if strings.Contains(sql, "WITH locked AS MATERIALIZED") {
+		a.once.Do(func() { first = true })
+	}
+	if !first {
+		return a.DB.Query(ctx, sql, args...)
+	}
+	rows, err := a.DB.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if a.after != nil {
+		a.after()
+	}
+	return nil, fmt.Errorf("unexpected EOF (the answer was lost after the commit)")
+}
+
+// chainNext is a Next that chains its next step in the same worker.
+func chainNext(c sqlq.Claimed) *sqlq.Outcome {
+	o := next(c, 1)
+	o.Continue = true
+	return o
+}
+
+// TestALostAnswerIsRecoveredThroughAParkedRetry (schema version 19; a
+// review): a chained Next whose statement committed and lost its answer is
+// looked up when its retry finds it fenced out — also when the retry first
+// ran out of its lock wait (a caller's transaction on the row) and was
+// parked, and the statement that finally wrote it was another apply's. The
+// chained claim comes back to the worker; it was stranded (reaped later,
+// charged an attempt) when only the apply that lost the answer knew.
+func TestALostAnswerIsRecoveredThroughAParkedRetry(t *testing.T) {
+	t.Parallel()
+	for _, parked := range []bool{false, true} {
+		t.Run(map[bool]string{false: "retried", true: "parked"}[parked], func(t *testing.T) {
+			f := newFixture(t, 1)
+			db := &answerLost{DB: f.pool}
+			if parked {
+				db.after = func() {
+					release := f.hold(f.claims[0].ID)
+					time.AfterFunc(1500*time.Millisecond, release)
+				}
+			}
+			c := committer.New(committer.Config{Lease: 4 * time.Second}, f.q, db)
+			res := c.Commit(chainNext(f.claims[0]))
+			require.NoError(t, res.Err)
+			require.NotNil(t, res.Applied, "written by the lost attempt, reported fenced out")
+			require.NotNil(t, res.Applied.Token, "the chained claim is not handed back")
+			r := f.row(f.claims[0].ID)
+			require.Equal(t, "executing", r.Status)
+			require.Equal(t, *res.Applied.Token, *r.Token)
+		})
+	}
+}
+
+// lookNeverAnswers fails the first outcome statement before it is sent
+// (its fate unknown to the committer, as for a reset connection) and
+// swallows RecoverOutcomes' look, as a connection that never answers does.
+type lookNeverAnswers struct {
+	sqlq.DB
+	once sync.Once
+}
+
+func (l *lookNeverAnswers) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if strings.Contains(sql, "WITH locked AS MATERIALIZED") {
+		first := false
+		l.once.Do(func() { first = true })
+		if first {
+			return nil, fmt.Errorf("write: connection reset by peer")
+		}
+	}
+	if strings.Contains(sql, "outcome_token = u.token") {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return l.DB.Query(ctx, sql, args...)
+}
+
+// TestALookThatDoesNotAnswerHoldsBackNothingWritten (a review): after a
+// retry, the outcomes it wrote are delivered before the look for fenced
+// ones, and the look is bounded (a quarter of the lease): an outcome the
+// retry wrote waited the whole lease for a look that never answered, its
+// chained claim then too late for its worker.
+func TestALookThatDoesNotAnswerHoldsBackNothingWritten(t *testing.T) {
+	t.Parallel()
+	const lease = 4 * time.Second
+	f := newFixture(t, 2)
+	// The second claim's row was taken meanwhile: fenced out for good.
+	_, err := f.pool.Exec(context.Background(), `UPDATE `+f.schema+`.gendurable_instances SET claim_token = claim_token + 1000 WHERE id = $1`, f.claims[1].ID)
+	require.NoError(t, err)
+	c := committer.New(committer.Config{Lease: lease, MaxInFlight: 1}, f.q, &lookNeverAnswers{DB: f.pool})
+	start := time.Now()
+	type got struct {
+		r    committer.Result
+		took time.Duration
+	}
+	results := make([]chan got, 2)
+	for i := range 2 {
+		results[i] = make(chan got, 1)
+		c.CommitAsync(chainNext(f.claims[i]), func(r committer.Result) { results[i] <- got{r, time.Since(start)} })
+	}
+	written := <-results[0]
+	require.NotNil(t, written.r.Applied)
+	require.Less(t, written.took, lease/2, "the written outcome waited for the look")
+	fenced := <-results[1]
+	require.Nil(t, fenced.r.Applied)
+	require.Less(t, fenced.took, lease*3/4, "the look was not bounded")
+}

@@ -51,7 +51,7 @@ type Options struct {
 	Remedy string
 }
 
-const defaultRemedy = "choose another --schema, or pass --reset-schema to drop it and everything in it"
+const defaultRemedy = "choose another --schema, or pass --reset-schema to drop it and everything in it (with --yes when stdin is not a terminal)"
 
 func (o Options) remedy() string {
 	if o.Remedy != "" {

@@ -1206,21 +1206,30 @@ func TestAChildCountsDownOnlyAParentThatAwaitsIt(t *testing.T) {
 	q, exec, count, conn := keySetup(t)
 	ctx := context.Background()
 	c := conn()
+	// 1 went on and finished; 2 awaits; 3 went on and failed at its next
+	// step (a review: "failed" alone let it be counted below zero); 4 was
+	// cancelled while it awaited (its retry recounts its live children
+	// under its row lock, which the child's finish must wait for).
 	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, fanout, children_total, children_pending)
-	      VALUES ('p', 'join', 'done', 1, 2, 0), ('p', 'join', 'awaiting_children', 1, 2, 2)`)
+	      VALUES ('p', 'join', 'done', 1, 2, 0), ('p', 'join', 'awaiting_children', 1, 2, 2),
+	             ('p', 'join', 'failed', 1, 2, 0), ('p', 'join', 'failed', 1, 2, 2)`)
 	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, parent_id, parent_fanout)
-	      VALUES ('c', 'a', 1, 1), ('c', 'a', 2, 1)`)
-	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 2, Lease: time.Minute})
+	      VALUES ('c', 'a', 1, 1), ('c', 'a', 2, 1), ('c', 'a', 3, 1), ('c', 'a', 4, 1)`)
+	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 4, Lease: time.Minute})
 	require.NoError(t, err)
-	require.Len(t, res.Claimed, 2)
+	require.Len(t, res.Claimed, 4)
 	result := `{}`
 	var outs []sqlq.Outcome
 	for _, r := range res.Claimed {
 		outs = append(outs, sqlq.Outcome{ID: r.ID, Token: r.Token, Kind: sqlq.KindDone, Result: &result})
 	}
-	require.Len(t, applyOne(t, q, c, outs...), 2)
+	require.Len(t, applyOne(t, q, c, outs...), 4)
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND children_pending = 0 AND status = 'done'`),
 		"a parent that went on is not counted down")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 2 AND children_pending = 1`),
 		"a parent that awaits is")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 3 AND children_pending = 0`),
+		"a parent that went on and failed is not")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 4 AND children_pending = 1`),
+		"a parent cancelled while it awaited is")
 }

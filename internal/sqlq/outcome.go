@@ -145,11 +145,15 @@ const parentJoinCTE = `parents AS (
       updated_at = now()
   FROM (SELECT parent_id, parent_fanout, count(*)::int AS n FROM changed
         WHERE status IN ('done', 'failed') AND parent_id IS NOT NULL GROUP BY parent_id, parent_fanout) AS x
-  -- Only a parent that awaits them, or was failed while it did (a retry
-  -- reads the fall of its count: RetryMany), counts its children down: one
-  -- that went on (retried before the children it had seen fail, which were
-  -- then retried on their own) was counted below zero by their finish.
-  WHERE p.id = x.parent_id AND p.fanout = x.parent_fanout AND p.status IN ('awaiting_children', 'failed')
+  -- Only a parent that awaits them, or was cancelled while it did (failed
+  -- with children still pending), counts its children down — and waits
+  -- for its row lock, so that a retry of it (which recounts its live
+  -- children under that lock) and a child's finish take turns. One that
+  -- went on past the fan-out (retried before the children it had seen
+  -- fail, which were then retried on their own; or failed at its next
+  -- step) was counted below zero by their finish.
+  WHERE p.id = x.parent_id AND p.fanout = x.parent_fanout
+    AND (p.status = 'awaiting_children' OR (p.status = 'failed' AND p.children_pending > 0))
   RETURNING p.id
 )`
 
@@ -791,7 +795,7 @@ func (q *Queries) LockedOutcomes(ctx context.Context, db DB, ids, tokens []int64
 // lockedOutcomesSQL tries, without waiting (SKIP LOCKED), the locks the
 // outcome statement would take: first the parent of each finishing outcome
 // whose fence holds and whose parent is there with the child's fan-out,
-// awaiting it or failed (FOR NO KEY UPDATE, as its fan-in update does; a
+// awaiting it or cancelled while it did (FOR NO KEY UPDATE, as its fan-in update does; a
 // parent gone, of another fan-out, or gone on past it, is not waited for
 // by the statement and is not tried),
 // a few rows; then, for the outcomes not already named by a held parent,
@@ -812,8 +816,9 @@ WITH o AS MATERIALIZED (
   SELECT d.id, d.fanout
   FROM (SELECT DISTINCT parent_id AS id, parent_fanout AS fanout FROM o WHERE parent_id IS NOT NULL) AS d
   CROSS JOIN LATERAL (
-    SELECT e.fanout, e.status FROM {{schema}}.gendurable_instances AS e WHERE e.id = d.id OFFSET 0) AS e
-  WHERE e.fanout = d.fanout AND e.status IN ('awaiting_children', 'failed') AND NOT EXISTS (
+    SELECT e.fanout, e.status, e.children_pending FROM {{schema}}.gendurable_instances AS e WHERE e.id = d.id OFFSET 0) AS e
+  WHERE e.fanout = d.fanout AND (e.status = 'awaiting_children' OR (e.status = 'failed' AND e.children_pending > 0))
+    AND NOT EXISTS (
     SELECT 1 FROM {{schema}}.gendurable_instances AS l WHERE l.id = d.id OFFSET 0 FOR NO KEY UPDATE SKIP LOCKED)
 )
 SELECT o.id FROM o
