@@ -606,9 +606,11 @@ func (g *lockedParentGate) parent(name string, kid *gendurable.Job[leafArgs]) *g
 // (schema version 19) and the worker runs the chained step, uncharged.
 func TestAChainedStepWhoseAnswerIsLostRunsUncharged(t *testing.T) {
 	t.Parallel()
-	// A lease of 8 s: each outcome statement may wait 1 s for a row lock
-	// (an eighth of it), time to strand the connection while it waits.
-	const lease = 8 * time.Second
+	// A lease of 12 s: each outcome statement may wait 1 s for a row lock,
+	// time to strand the connection while it waits; the retry follows the
+	// stranded attempt's timeout (half the lease), and the look needs a
+	// quarter of it left: 3 s to spare under a loaded suite.
+	const lease = 12 * time.Second
 	gate := make(chan struct{})
 	var aRuns, bRuns atomic.Int64
 	m := &gendurable.Machine[int]{Name: "lostchain", Start: "a", Steps: map[string]gendurable.StepFunc[int]{

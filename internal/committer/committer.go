@@ -461,12 +461,13 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 // back with the claim the lost attempt drew for it, while that claim is
 // still the row's, so the worker runs it rather than leaving it to the
 // reaper (which charged it an attempt it never had). recover asks only
-// while a quarter of the lease is left: a claim the attempt drew lives a
-// lease from its statement's start, so the row cannot have been claimed
-// by another since (the look also checks the claim token). If the look
-// fails, the outcomes stay fenced out, as before.
+// while a quarter of the lease is left, for at most an eighth of it: a
+// claim the attempt drew lives a lease from its statement's start, after
+// this apply began (the look checks the claim token too, so a row claimed
+// by another since is never taken for it). If the look fails, the
+// outcomes stay fenced out, as before.
 func (c *Committer) recover(ctx context.Context, batch []*request, byID map[int64]*sqlq.Applied) {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < c.cfg.Lease/2 {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < c.cfg.Lease/4 {
 		return
 	}
 	var ids, tokens []int64
@@ -475,10 +476,11 @@ func (c *Committer) recover(ctx context.Context, batch []*request, byID map[int6
 			ids, tokens = append(ids, r.out.ID), append(tokens, r.out.Token)
 		}
 	}
-	// A quarter of the lease at most (the network that lost the answer may
+	// An eighth of the lease at most (the network that lost the answer may
 	// swallow this one too): a claim found is then handed on with at least
-	// a quarter of its lease left.
-	lctx, cancel := context.WithTimeout(ctx, c.cfg.Lease/4)
+	// an eighth of its lease left (it was drawn after this apply began, and
+	// lives a lease from then).
+	lctx, cancel := context.WithTimeout(ctx, c.cfg.Lease/8)
 	found, err := c.q.RecoverOutcomes(lctx, c.db, ids, tokens)
 	cancel()
 	if err != nil {

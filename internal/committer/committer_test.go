@@ -873,7 +873,7 @@ func (l *lookNeverAnswers) Query(ctx context.Context, sql string, args ...any) (
 
 // TestALookThatDoesNotAnswerHoldsBackNothingWritten (a review): after a
 // retry, the outcomes it wrote are delivered before the look for fenced
-// ones, and the look is bounded (a quarter of the lease): an outcome the
+// ones, and the look is bounded (an eighth of the lease): an outcome the
 // retry wrote waited the whole lease for a look that never answered, its
 // chained claim then too late for its worker.
 func TestALookThatDoesNotAnswerHoldsBackNothingWritten(t *testing.T) {
