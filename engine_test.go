@@ -2255,8 +2255,8 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 	// Late by up to 750 ms passes (a loaded machine made a 150 ms RunIn
 	// 388 ms late, where 250 ms was allowed): polls come at a random phase
 	// of their 2 s interval, so a delay that waited for one is later than
-	// that in each gap with a chance of 62 %, and one of the run's nine gaps
-	// shows it but for a chance of 2 in 10,000.
+	// that in each gap with a chance of 62 %, and one of the run's eight
+	// gaps shows it but for a chance of 4 in 10,000.
 	check := func(what string, got []time.Duration, want time.Duration) {
 		t.Logf("%s: %v apart (want %s)", what, got, want)
 		for _, g := range got {
