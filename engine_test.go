@@ -938,22 +938,7 @@ func TestWorkerCutOffAndBackResumesWork(t *testing.T) {
 	jobB := job("B")
 	b := setup(t, short(fastConfig("", jobB)))
 
-	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
-	pcfg := proxy.PoolConfig(t, dbtest.URL())
-	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
-	pcfg.MaxConns = 6
-	poolA, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	require.NoError(t, err)
-	engA, err := gendurable.New(poolA, short(fastConfig(b.schema, job("A"))))
-	require.NoError(t, err)
-	require.NoError(t, engA.Start(context.Background()))
-	t.Cleanup(func() {
-		proxy.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = engA.Stop(ctx)
-		poolA.Close()
-	})
+	_, proxy := b.proxiedEngine(short(fastConfig(b.schema, job("A"))))
 
 	var first []int64
 	for i := range 12 {

@@ -172,6 +172,32 @@ func (b *testBundle) blockedBy(pid int, like string) int {
 		AND strpos(query, $2) > 0`, pid, like)
 }
 
+// proxiedEngine starts a second engine of cfg (its Schema set to b's)
+// whose connections reach the server through a dbtest.CutProxy, so a test
+// can cut or strand them; at cleanup the proxy closes and the engine stops.
+func (b *testBundle) proxiedEngine(cfg *gendurable.Config) (*gendurable.Engine, *dbtest.CutProxy) {
+	b.t.Helper()
+	ctx := context.Background()
+	proxy := dbtest.NewCutProxyFor(b.t, dbtest.URL())
+	pcfg := proxy.PoolConfig(b.t, dbtest.URL())
+	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
+	pcfg.MaxConns = 6
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	require.NoError(b.t, err)
+	cfg.Schema = b.schema
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(b.t, err)
+	require.NoError(b.t, eng.Start(ctx))
+	b.t.Cleanup(func() {
+		proxy.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = eng.Stop(ctx)
+		pool.Close()
+	})
+	return eng, proxy
+}
+
 func replaceSchema(sql, schema string) string { return strings.ReplaceAll(sql, "{{s}}", schema) }
 
 // eventually polls cond until it holds or timeout passes.

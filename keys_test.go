@@ -1516,22 +1516,7 @@ func TestHandOffWhoseAnswerIsLostRunsTheSuccessorOnce(t *testing.T) {
 	}
 
 	// Worker A reaches the server through a proxy that can strand its connections.
-	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
-	pcfg := proxy.PoolConfig(t, dbtest.URL())
-	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
-	pcfg.MaxConns = 6
-	poolA, err := pgxpool.NewWithConfig(ctx, pcfg)
-	require.NoError(t, err)
-	engA, err := gendurable.New(poolA, short(fastConfig(b.schema, job)))
-	require.NoError(t, err)
-	require.NoError(t, engA.Start(ctx))
-	t.Cleanup(func() {
-		proxy.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = engA.Stop(ctx)
-		poolA.Close()
-	})
+	_, proxy := b.proxiedEngine(short(fastConfig(b.schema, job)))
 	require.Equal(t, ids[0], <-entered)
 
 	// The first row's outcome waits on its row lock; the connections are

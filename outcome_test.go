@@ -9,9 +9,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -639,22 +637,7 @@ func TestAChainedStepWhoseAnswerIsLostRunsUncharged(t *testing.T) {
 	id := res.ID
 
 	// The worker reaches the server through a proxy that can strand its connections.
-	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
-	pcfg := proxy.PoolConfig(t, dbtest.URL())
-	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
-	pcfg.MaxConns = 6
-	poolA, err := pgxpool.NewWithConfig(ctx, pcfg)
-	require.NoError(t, err)
-	engA, err := gendurable.New(poolA, short(fastConfig(b.schema, m)))
-	require.NoError(t, err)
-	require.NoError(t, engA.Start(ctx))
-	t.Cleanup(func() {
-		proxy.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = engA.Stop(ctx)
-		poolA.Close()
-	})
+	_, proxy := b.proxiedEngine(short(fastConfig(b.schema, m)))
 	b.waitStatus(id, "executing", 10*time.Second)
 
 	// Step a's outcome waits on its row lock; the connections are stranded;

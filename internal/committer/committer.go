@@ -456,7 +456,7 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 
 // recover completes byID, the answer of a retried statement, with the
 // outcomes of the batch that an earlier attempt whose answer was lost had
-// written (sqlq.RecoverOutcomes, docs/design.md §6 "A lost answer"): they
+// written (sqlq.RecoverOutcomes, docs/design.md §4 "A lost answer"): they
 // are fenced out on the retry by their own write. A chained step comes
 // back with the claim the lost attempt drew for it, while that claim is
 // still the row's, so the worker runs it rather than leaving it to the
@@ -477,9 +477,11 @@ func (c *Committer) recover(ctx context.Context, batch []*request, byID map[int6
 		}
 	}
 	// An eighth of the lease at most (the network that lost the answer may
-	// swallow this one too): a claim found is then handed on with at least
-	// an eighth of its lease left (it was drawn after this apply began, and
-	// lives a lease from then).
+	// swallow this one too): a claim found in the apply that lost the answer
+	// is then handed on with at least an eighth of its lease left (it was
+	// drawn after this apply began, and lives a lease from then). One found
+	// for an outcome parked since may have less: the worker gives back a
+	// claim too late for it (executor, Holder.Continue).
 	lctx, cancel := context.WithTimeout(ctx, c.cfg.Lease/8)
 	found, err := c.q.RecoverOutcomes(lctx, c.db, ids, tokens)
 	cancel()
