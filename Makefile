@@ -25,13 +25,15 @@ test-only:
 ## server; database restarts use private servers), one summary line each; non-zero exit if any
 ## pass criterion fails. CI size by default (a few minutes; all of `bash .ci/run` took 8.5 min on
 ## 2026-11-25); CHAOS_FULL=1 for full size (longer).
-## CHAOS_PARALLEL light scenarios run at once (default 4; at 8 the long-tx timing criterion failed
-## in 2 of 2 runs on a loaded 2-core box). The heavy ones run alone; worker-kill, the largest,
+## CHAOS_PARALLEL light scenarios run at once (default 2; at 8 the long-tx timing criterion failed
+## in 2 of 2 runs on a loaded 2-core box, and at 4 a CI run on 2026-11-29 failed two timing
+## criteria — a worker resumed 10.004 s after a fault, limit 10 s; 2.9 s without a commit on a
+## pool of 2 — that the same scenarios, run alone, met with gaps of 55–196 ms). The heavy ones run alone; worker-kill, the largest,
 ## holds 4 workers × 8 + 6 connections (key-limit-kill 3 × 8 + 6, key-stall 3 × 6 + 6, cutoff
 ## 3 × 6 + 4 + 6: the cut worker's harness pool). Peak 38 of
 ## the shared server's connections, measured with
 ## PEAK_CONNS_ALSO='chaos:%' bash .ci/peak-conns make chaos
-CHAOS_PARALLEL ?= 4
+CHAOS_PARALLEL ?= 2
 CHAOS_FLAGS = $(if $(CHAOS_FULL),-chaos.full -test.parallel 1 -test.timeout 60m,-test.parallel $(CHAOS_PARALLEL) -test.timeout 20m)
 chaos:
 	$(GO) vet -tags chaos ./internal/chaos/
