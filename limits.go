@@ -377,8 +377,7 @@ func storedNumber[T string | []byte](b T, start int) (last, grown int, problem s
 		// No exponent: written back as it came, if numeric holds it (JSON
 		// has no leading zeros but a lone "0").
 		if intDigits > numericMaxIntDigits || fracDigits > numericMaxFracDigits {
-			return i - 1, 0, fmt.Sprintf("a number PostgreSQL cannot store (%s: numeric holds %d digits before the decimal point and %d after)",
-				clip(string(b[start:i]), 40), numericMaxIntDigits, numericMaxFracDigits)
+			return i - 1, 0, unstorable(string(b[start:i]))
 		}
 		return i - 1, 0, ""
 	}
@@ -417,8 +416,7 @@ func storedNumber[T string | []byte](b T, start int) (last, grown int, problem s
 	}
 	after := max(0, fracDigits-exp)
 	if (zeros < all && intDigits+exp-zeros > numericMaxIntDigits) || after > numericMaxFracDigits {
-		return i - 1, 0, fmt.Sprintf("a number PostgreSQL cannot store (%s: numeric holds %d digits before the decimal point and %d after)",
-			clip(string(b[start:i]), 40), numericMaxIntDigits, numericMaxFracDigits)
+		return i - 1, 0, unstorable(string(b[start:i]))
 	}
 	stored := before
 	if after > 0 {
@@ -428,6 +426,13 @@ func storedNumber[T string | []byte](b T, start int) (last, grown int, problem s
 		stored++
 	}
 	return i - 1, max(0, stored-encoded), ""
+}
+
+// unstorable is storedNumber's problem for a number num that numeric
+// cannot hold.
+func unstorable(num string) string {
+	return fmt.Sprintf("a number PostgreSQL cannot store (%s: numeric holds %d digits before the decimal point and %d after)",
+		clip(num, 40), numericMaxIntDigits, numericMaxFracDigits)
 }
 
 // jsonbProblem says why PostgreSQL would refuse the valid JSON document b

@@ -101,6 +101,13 @@ func (c *common) engineAndPool(ctx context.Context, stderr io.Writer) (*gendurab
 	return eng, pool, nil
 }
 
+// newerSchema is the error for a schema at version v, newer than this
+// binary's (JSON code schema_version).
+func newerSchema(schema string, v int) error {
+	return fmt.Errorf("%w (%w): schema %q is at version %d, newer than this binary's %d: upgrade this gendurable",
+		migrate.ErrSchemaVersion, migrate.ErrSchemaUnknown, schema, v, migrate.Latest())
+}
+
 // sameVersion refuses a schema migrated to another version than this
 // binary's, before a command reads or changes it: an older binary's cancel,
 // retry or prune against a newer schema would write rows by rules the
@@ -116,8 +123,7 @@ func sameVersion(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	case err != nil, v == 0, v == migrate.Latest():
 		return nil // the command's own statements report a database error, or a missing schema
 	case v > migrate.Latest():
-		return fmt.Errorf("%w (%w): schema %q is at version %d, newer than this binary's %d: upgrade this gendurable",
-			gendurable.ErrSchemaVersion, migrate.ErrSchemaUnknown, schema, v, migrate.Latest())
+		return newerSchema(schema, v)
 	}
 	return fmt.Errorf("%w: schema %q is at version %d, this library needs %d; run `gendurable migrate up --schema %s`",
 		gendurable.ErrSchemaVersion, schema, v, migrate.Latest(), schema)

@@ -550,8 +550,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if v, err = migrate.Installed(ctx, pool, *schema); err == nil {
 			res = migrate.Result{From: v, To: v}
 			if v > migrate.Latest() {
-				err = fmt.Errorf("%w (%w): schema %q is at version %d, newer than this binary's %d: upgrade this gendurable",
-					migrate.ErrSchemaVersion, migrate.ErrSchemaUnknown, *schema, v, migrate.Latest())
+				err = newerSchema(*schema, v)
 			}
 		}
 	default:

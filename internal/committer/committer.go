@@ -454,8 +454,8 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 	}
 }
 
-// recover completes byID, the answer of a retried statement, with the
-// outcomes of the batch that an earlier attempt whose answer was lost had
+// recover completes byID, the answer of a retried statement, with those of
+// the fenced-out outcomes batch that an earlier attempt whose answer was lost had
 // written (sqlq.RecoverOutcomes, docs/design.md §4 "A lost answer"): they
 // are fenced out on the retry by their own write. A chained step comes
 // back with the claim the lost attempt drew for it, while that claim is
@@ -470,11 +470,9 @@ func (c *Committer) recover(ctx context.Context, batch []*request, byID map[int6
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < c.cfg.Lease/4 {
 		return
 	}
-	var ids, tokens []int64
-	for _, r := range batch {
-		if byID[r.out.ID] == nil {
-			ids, tokens = append(ids, r.out.ID), append(tokens, r.out.Token)
-		}
+	ids, tokens := make([]int64, len(batch)), make([]int64, len(batch))
+	for i, r := range batch {
+		ids[i], tokens[i] = r.out.ID, r.out.Token
 	}
 	// An eighth of the lease at most (the network that lost the answer may
 	// swallow this one too): a claim found in the apply that lost the answer
@@ -488,24 +486,11 @@ func (c *Committer) recover(ctx context.Context, batch []*request, byID map[int6
 	if err != nil {
 		return
 	}
+	// A claim comes back only for an outcome that chained: chain_token is
+	// written by the same outcome as outcome_token, and only then.
 	for i := range found {
-		a := &found[i]
-		if a.Token != nil && !c.asked(batch, a.ID) {
-			a.Token, a.Inbox = nil, nil // not a chained outcome: never the worker's claim
-		}
-		byID[a.ID] = a
+		byID[found[i].ID] = &found[i]
 	}
-}
-
-// asked reports whether the batch's outcome of instance id asked to chain
-// its next step in the same worker (Outcome.Continue).
-func (c *Committer) asked(batch []*request, id int64) bool {
-	for _, r := range batch {
-		if r.out.ID == id {
-			return r.out.Continue && r.out.Kind == sqlq.KindNext && r.out.Delay <= 0
-		}
-	}
-	return false
 }
 
 // split writes a batch whose statement ran out of lockWait: it parks the

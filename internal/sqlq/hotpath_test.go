@@ -1229,7 +1229,7 @@ func TestAChildCountsDownOnlyAParentThatAwaitsIt(t *testing.T) {
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 2 AND children_pending = 1`),
 		"a parent that awaits is")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 3 AND children_pending = 0`),
-		"a parent that went on and failed is not")
+		"a parent that went on and failed is not counted below zero")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 4 AND children_pending = 1`),
 		"a parent cancelled while it awaited is")
 }
