@@ -20,7 +20,7 @@ import (
 // None of it is on the hot path, and every read is bounded.
 
 // ErrNotCancellable: only a live (not done, not failed) instance can be cancelled.
-var ErrNotCancellable = errors.New("gendurable: instance already finished")
+var ErrNotCancellable = errors.New("gendurable: instance not cancellable, already finished")
 
 // MaxListLimit bounds one page of [Engine.List].
 const MaxListLimit = 500

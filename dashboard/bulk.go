@@ -41,6 +41,15 @@ type bulkForm struct {
 // parseBulk reads and validates a bulk form.
 func (d *dashboard) parseBulk(r *http.Request) (bulkForm, error) {
 	var b bulkForm
+	// The list's page fields bound a page, not a match: a bulk action
+	// that read them as a filter would act beyond them, and one that
+	// ignored them on more than was sent. The dashboard's forms never send
+	// them.
+	for _, k := range []string{"before", "limit"} {
+		if _, ok := r.PostForm[k]; ok {
+			return b, inputError(fmt.Sprintf("%q bounds a page of the list, not a bulk action: filter the list, or tick rows.", k))
+		}
+	}
 	f, form, err := d.parseList(r.PostForm)
 	if err != nil {
 		return b, err

@@ -113,6 +113,14 @@ func TestBulkInputIsValidated(t *testing.T) {
 		"state not UTF-8":      {"/bulk/cancel", url.Values{"scope": {"match"}, "state": {"{\"k\": \"\xff\"}"}}, "Invalid input"},
 		"state lone surrogate": {"/bulk/cancel", url.Values{"scope": {"match"}, "state": {`{"k": "\udc00"}`}}, "Invalid input"},
 		"long reason":          {"/bulk/cancel", url.Values{"id": {"1"}, "reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
+		// The zero time is the engine's "no bound": a filter of instances
+		// inserted before year 1 acted on every match.
+		"zero time":          {"/bulk/cancel", url.Values{"scope": {"match"}, "status": {"runnable"}, "to": {"0001-01-01"}}, "is not a bound the list can use"},
+		"zero time, RFC3339": {"/bulk/cancel", url.Values{"scope": {"match"}, "status": {"runnable"}, "from": {"0001-01-01T01:00:00+01:00"}}, "is not a bound the list can use"},
+		// A page's bounds are not a filter: they were read and ignored.
+		"page bound":   {"/bulk/retry", url.Values{"scope": {"match"}, "status": {"runnable"}, "before": {"6"}}, "bounds a page of the list"},
+		"page size":    {"/bulk/cancel", url.Values{"scope": {"match"}, "status": {"runnable"}, "limit": {"1"}}, "bounds a page of the list"},
+		"page, ticked": {"/bulk/cancel", url.Values{"id": {"1"}, "limit": {"1"}}, "bounds a page of the list"},
 		// The single cancel and the tree cancel read their reason alike.
 		"long reason, one":  {fmt.Sprintf("/instances/%d/cancel", live), url.Values{"reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
 		"long reason, tree": {fmt.Sprintf("/instances/%d/cancel-tree", live), url.Values{"reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},

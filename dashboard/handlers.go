@@ -188,6 +188,11 @@ var timeLayouts = []string{time.RFC3339, "2006-01-02T15:04:05", "2006-01-02T15:0
 func parseTime(field, s string) (time.Time, error) {
 	for _, l := range timeLayouts {
 		if t, err := time.ParseInLocation(l, s, time.UTC); err == nil {
+			if t.IsZero() {
+				// The zero time is what the engine reads as "no bound": a
+				// bulk action would act on every match instead of none.
+				return t, inputError(fmt.Sprintf("%q: 0001-01-01T00:00Z is not a bound the list can use; leave the field empty for none.", field))
+			}
 			return t, nil
 		}
 	}

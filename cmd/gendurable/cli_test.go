@@ -800,6 +800,8 @@ func TestBadFlagValuesExitTwoWithOneMessage(t *testing.T) {
 		{"bench", "--workload", "partition", "--step-sleep", "1ms"},
 		{"demo", "--orders", "0"},
 		{"ui", "--max-conns", "0"},
+		{"ui", "--max-conns", "99999999999"},
+		{"show", "+4"},
 		{"frobnicate"},
 	} {
 		out, errOut, code := cli(t, args...)

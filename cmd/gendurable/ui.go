@@ -35,6 +35,9 @@ const credentialFlags = "--token-file F, --basic-auth-file F, or " + envUIToken 
 // uiCmd serves the dashboard until interrupted. It binds to loopback unless
 // told otherwise; a non-loopback address needs --token (of 16 bytes or
 // more) or --basic-auth.
+// maxUIConns bounds --max-conns: a file descriptor each.
+const maxUIConns = 65536
+
 func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("ui")
 	var c common
@@ -106,8 +109,8 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageError{msg: "--allowed-host '*' needs a bearer token or basic auth (" + credentialFlags + "): without them, the Host check is what keeps " +
 			"any web page (through a DNS name rebound to this address) from using the dashboard"}
 	}
-	if *maxConns <= 0 {
-		return usageError{msg: "--max-conns must be positive"}
+	if *maxConns <= 0 || *maxConns > maxUIConns {
+		return usageError{msg: fmt.Sprintf("--max-conns must be 1 to %d (each connection takes a file descriptor)", maxUIConns)}
 	}
 	c.ui = true
 	eng, pool, err := c.engineAndPool(ctx, stderr)

@@ -146,7 +146,8 @@ func withPool(ctx context.Context, fn func(*pgxpool.Pool) error) error {
 // scratchOptions mark the quickstart's schema as its own; the remedy for one
 // it did not create names what this program offers (no flags).
 var scratchOptions = scratch.Options{
-	Owner: "quickstart",
+	Owner:    "quickstart",
+	Machines: []string{OrderMachine.Name, ReceiptJob.Name},
 	Remedy: "nothing was changed: drop it yourself if it is a leftover (DROP SCHEMA " + schema +
 		" CASCADE), or unset DATABASE_URL to run the demo against a throwaway PostgreSQL",
 }

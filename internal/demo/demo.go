@@ -158,7 +158,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger}); err != nil {
+	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Machines: machineNames(), Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger}); err != nil {
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -270,4 +270,11 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	fmt.Fprintf(o.Out, "done in %s: %d checkouts paid and shipped (%d shipments, %d receipts, %d carrier retries), %d timed out waiting for payment\n",
 		s.Took.Round(100*time.Millisecond), s.Paid, s.Shipments, s.Receipts, s.Retries, s.TimedOut)
 	return s, nil
+}
+
+// machineNames names the demo's machines: a demo schema holding instances
+// of any other is not the demo's to drop (scratch.Options.Machines).
+func machineNames() []string {
+	checkout, ship, receipt := machines()
+	return []string{checkout.Name, ship.Name, receipt.Name}
 }

@@ -852,6 +852,19 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 			back.add(h.id, c.Token)
 			continue
 		}
+		if h.deadline.Sub(now) < s.cfg.Lease/2 {
+			// Less than half its lease is left: heartbeats have not
+			// confirmed it for a while (the database is slow or was
+			// unreachable, or another session held its row when the last
+			// one ran). Its step would start only to be cancelled soon —
+			// or, on a database that is just coming back, send its first
+			// statement in time and have it run after the lease ran out.
+			// It waits for a heartbeat to extend it (or give it up); the
+			// rows behind it may start meanwhile.
+			s.heldBack = true
+			kept = append(kept, c)
+			continue
+		}
 		if h.marked {
 			// A heartbeat marked it not started: the mark is cleared
 			// first (clearMarks), and its slot waits for it meanwhile, so

@@ -834,3 +834,55 @@ func TestFloorChecksAreSpacedByTheirDuration(t *testing.T) {
 		t.Fatalf("a check started 5 s after one that took 1.2 s: ticked %v (was %v), checking %v", s.floorTicked, ticked, s.checking)
 	}
 }
+
+// TestABufferedRowWithLittleLeaseLeftWaitsForAHeartbeat: a buffered row
+// with less than half its lease left (heartbeats failed while the database
+// was down) does not start; the rows behind it do; once a heartbeat has
+// extended it, it starts.
+func TestABufferedRowWithLittleLeaseLeftWaitsForAHeartbeat(t *testing.T) {
+	t.Parallel()
+	const lease = 2 * time.Second
+	s := New(Config{Queue: "q", Concurrency: 2, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+		Lease: lease, HeartbeatInterval: 500 * time.Millisecond},
+		&sqlq.Queries{}, heartbeatDB{mode: "kept"}, nil, &lostLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	started := make(chan int64, 2)
+	s.exec = func(_ context.Context, c *sqlq.Claimed, _ Holder) Result { started <- c.ID; return Result{} }
+	go s.worker()
+	go s.worker()
+	defer close(s.work)
+	s.mu.Lock()
+	s.confirmed(time.Now())
+	s.mu.Unlock()
+	s.add([]sqlq.Claimed{{ID: 1, Token: 7}}, time.Now().Add(-lease*6/10)) // 0.4 of its lease left
+	s.add([]sqlq.Claimed{{ID: 2, Token: 8}}, time.Now())
+	s.dispatch(context.Background())
+	select {
+	case id := <-started:
+		if id != 2 {
+			t.Fatalf("row %d started first, want 2 (row 1 has less than half its lease left)", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the row with its whole lease left did not start")
+	}
+	s.mu.Lock()
+	buffered, heldBack := len(s.buffer), s.heldBack
+	s.held[7].deadline = time.Now().Add(lease) // what a heartbeat that extended it sets
+	s.mu.Unlock()
+	if buffered != 1 || !heldBack {
+		t.Fatalf("buffered %d, held back %v; want row 1 buffered and dispatch waiting for a heartbeat", buffered, heldBack)
+	}
+	select {
+	case id := <-started:
+		t.Fatalf("row %d started with less than half its lease left", id)
+	case <-time.After(100 * time.Millisecond):
+	}
+	s.dispatch(context.Background())
+	select {
+	case id := <-started:
+		if id != 1 {
+			t.Fatalf("row %d started, want 1", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("row 1 did not start once its lease was extended")
+	}
+}

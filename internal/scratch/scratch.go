@@ -6,7 +6,9 @@
 // included — unless the operator asks for a reset, and confirms it when a
 // prompt is possible. A marked schema is dropped without CASCADE, so one
 // that someone added an object to, or that an object elsewhere depends on,
-// is refused the same way. The quickstart example (examples/quickstart)
+// is refused the same way; so is one holding rows the command did not put
+// there (instances or definitions of machines it does not run, an
+// operator's paused queue). The quickstart example (examples/quickstart)
 // uses it too: Prepare for its demo, Ensure for the insert, work and status
 // commands that keep what an earlier run left.
 package scratch
@@ -34,6 +36,11 @@ var ErrAborted = errors.New("aborted: schema left as it was")
 type Options struct {
 	// Owner names the command in the schema's mark: "demo", "bench".
 	Owner string
+	// Machines names every machine the command runs: a marked schema that
+	// holds instances or definitions of any other machine (or a queue row,
+	// which only an operator's pause writes) holds someone else's data and
+	// is refused like an unmarked one.
+	Machines []string
 	// Reset drops an existing schema that is not marked (the operator's
 	// explicit --reset-schema). Default false: such a schema is refused.
 	Reset bool
@@ -71,7 +78,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	if info.Exists && info.Scratch() {
 		// An earlier run's: dropped if it holds only what gendurable put
 		// there and nothing elsewhere depends on it.
-		err := dropOwn(ctx, db, schema)
+		err := dropOwn(ctx, db, schema, o.Machines)
 		switch {
 		case err == nil:
 			info.Exists = false
@@ -152,14 +159,15 @@ func Ensure(ctx context.Context, db *pgxpool.Pool, schema string, o Options) err
 }
 
 // Drop drops schema if it carries the scratch mark and holds only what
-// gendurable put there, and leaves it alone otherwise (ErrNotScratch when
+// gendurable put there — of rows, only instances and definitions of the
+// named machines — and leaves it alone otherwise (ErrNotScratch when
 // something else is in it or depends on it).
-func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
+func Drop(ctx context.Context, db *pgxpool.Pool, schema string, machines []string) error {
 	info, err := sqlq.InspectSchema(ctx, db, schema)
 	if err != nil || !info.Exists || !info.Scratch() {
 		return err
 	}
-	return dropOwn(ctx, db, schema)
+	return dropOwn(ctx, db, schema, machines)
 }
 
 // dropOwn drops a marked schema, in one transaction, without CASCADE:
@@ -167,14 +175,24 @@ func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
 // them), then the schema itself. An object someone added to the schema, or
 // one elsewhere that depends on gendurable's tables (a view, a foreign
 // key), stops it (SQLSTATE 2BP01): then nothing is dropped and the error
-// wraps ErrNotScratch. The mark says the schema was created by demo or
-// bench, not that all it holds is theirs.
-func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
+// wraps ErrNotScratch; so do rows of machines not in machines, and queue
+// rows (sqlq.ForeignRows, which locks the tables first: nothing is added
+// between the look and the drop). The mark says the schema was created by
+// demo or bench, not that all it holds is theirs.
+func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string, machines []string) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
+	foreign, err := sqlq.ForeignRows(ctx, tx, schema, machines)
+	if err != nil {
+		return err
+	}
+	if foreign != "" {
+		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but holds rows they did not write: %s",
+			ErrNotScratch, schema, foreign)
+	}
 	if _, err = migrate.Down(ctx, tx, schema); err == nil {
 		err = sqlq.DropEmptySchema(ctx, tx, schema)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"strings"
 	"sync"
 	"testing"
 
@@ -70,4 +71,55 @@ func TestEnsureKeepsItsOwnSchemaAndRefusesOthers(t *testing.T) {
 	err = Prepare(ctx, pool, other, Options{Owner: "demo"})
 	require.ErrorIs(t, err, ErrNotScratch)
 	require.ErrorContains(t, err, "choose another --schema, or pass --reset-schema", "the default remedy")
+}
+
+// TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped: a schema demo or bench
+// created is dropped on their next run only while it holds nothing but
+// rows of their own machines. Instances of another machine, another
+// machine's definition or an operator's queue row make it someone else's
+// data: Prepare refuses it (ErrNotScratch, nothing changed) unless Reset,
+// and Drop leaves it alone.
+func TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	o := Options{Owner: "demo", Machines: []string{"checkout", "ship_item"}}
+	count := func(schema, table string) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".`+table).Scan(&n))
+		return n
+	}
+	for _, tc := range []struct{ name, insert, table string }{
+		{"another machine's instances", `INSERT INTO {{s}}.gendurable_instances (fsm, step) VALUES ('billing', 'a'), ('checkout', 'a')`, "gendurable_instances"},
+		{"another machine's definition", `INSERT INTO {{s}}.gendurable_machines (name, version, start_step, steps) VALUES ('billing', 1, 'a', '["a"]')`, "gendurable_machines"},
+		{"an operator's paused queue", `INSERT INTO {{s}}.gendurable_queues (name, paused) VALUES ('orders', true)`, "gendurable_queues"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			schema := freshName(t, pool)
+			require.NoError(t, Prepare(ctx, pool, schema, o))
+			_, err := pool.Exec(ctx, strings.ReplaceAll(tc.insert, "{{s}}", `"`+schema+`"`))
+			require.NoError(t, err)
+			before := count(schema, tc.table)
+
+			err = Prepare(ctx, pool, schema, o)
+			require.ErrorIs(t, err, ErrNotScratch)
+			require.Contains(t, err.Error(), "holds rows they did not write")
+			require.Equal(t, before, count(schema, tc.table), "a refused schema keeps its rows")
+			require.ErrorIs(t, Drop(ctx, pool, schema, o.Machines), ErrNotScratch)
+			require.Equal(t, before, count(schema, tc.table))
+
+			reset := o
+			reset.Reset = true
+			require.NoError(t, Prepare(ctx, pool, schema, reset), "the operator's explicit reset drops it")
+			require.Zero(t, count(schema, tc.table))
+		})
+	}
+
+	// Its own machines' rows, in every status, are the command's to drop.
+	schema := freshName(t, pool)
+	require.NoError(t, Prepare(ctx, pool, schema, o))
+	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('checkout', 'a'), ('ship_item', 'b')`)
+	require.NoError(t, err)
+	require.NoError(t, Prepare(ctx, pool, schema, o))
+	require.Zero(t, count(schema, "gendurable_instances"), "a rerun starts from an empty schema")
 }
