@@ -701,6 +701,10 @@ func (e *Engine) startChecks(ctx context.Context) error {
 // abandons them, and for cancelled steps to return.
 const stopGrace = 500 * time.Millisecond
 
+// stopFromInsideGrace is what a Stop called from a step or a hook is
+// allowed beyond DrainTimeout (see Stop).
+const stopFromInsideGrace = 5 * time.Second
+
 // commitSettle is how long Stop, once out of time, waits for the outcomes
 // it abandoned (Committer.Abort) to be settled: their statements end at
 // once.
@@ -751,7 +755,12 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // if its own ctx ends first, an error wrapping ctx's) — unless it is called
 // from a step or a hook with the context the engine gave it: then it
 // returns nil at once, since the Stop in progress may be waiting for that
-// step or hook. A Start called meanwhile waits for the Stop, then starts.
+// step or hook. Called so on a running engine with no Stop in progress, it
+// begins one on a goroutine of its own (allowed DrainTimeout and 5 s; an
+// error it ends with is logged) and returns nil at once: the calling step
+// returns and its outcome is written as the Stop drains
+// (TestStopFromAStepStopsTheEngineAndKeepsItsOutcome). A Start called
+// meanwhile waits for the Stop, then starts.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
@@ -785,6 +794,25 @@ func (e *Engine) Stop(ctx context.Context) error {
 		case <-ctx.Done():
 			return fmt.Errorf("gendurable: stop: waiting for the Stop in progress: %w", ctx.Err())
 		}
+	}
+	if e.insideEngine(ctx) {
+		// Called from a step or a hook with the context the engine gave
+		// it: the Stop waits for that step (or for the step whose event
+		// the hook reports) to return, so it cannot run on this
+		// goroutine. It runs on its own, with a context of its own (not
+		// the caller's: a Stop that inherits its marks would see itself
+		// inside the engine again), allowed DrainTimeout and 5 s; this call
+		// returns at once. The step's outcome is written as usual while
+		// the Stop drains.
+		e.mu.Unlock()
+		go func() {
+			sctx, cancel := context.WithTimeout(context.Background(), e.cfg.DrainTimeout+stopFromInsideGrace)
+			defer cancel()
+			if err := e.Stop(sctx); err != nil {
+				e.log.Error("gendurable: stop called from a step or a hook", "err", err)
+			}
+		}()
+		return nil
 	}
 	e.running, e.scheds, e.sweeper = nil, nil, nil
 	e.stopping = rs

@@ -3003,3 +3003,50 @@ func TestConfigIsACopy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, gendurable.StatusDone, w.Status)
 }
+
+// TestStopFromAStepStopsTheEngineAndKeepsItsOutcome: a step that calls
+// Stop with its own context, on a running engine with no Stop in progress,
+// gets nil at once; the engine stops, and the step's outcome is written.
+// Stop used to wait for the very step that called it: DrainTimeout and
+// 500 ms, then it reported the step as ignoring cancellation and dropped
+// its outcome, leaving the row executing until another process's reaper
+// charged it an attempt.
+func TestStopFromAStepStopsTheEngineAndKeepsItsOutcome(t *testing.T) {
+	t.Parallel()
+	var eng *gendurable.Engine
+	type call struct {
+		err  error
+		took time.Duration
+	}
+	calls := make(chan call, 4)
+	job := &gendurable.Job[orderArgs]{Name: "stopper", Perform: func(ctx context.Context, _ *gendurable.Run[orderArgs]) error {
+		start := time.Now()
+		err := eng.Stop(ctx)
+		calls <- call{err, time.Since(start)}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.DrainTimeout = 5 * time.Second
+	b := setup(t, cfg)
+	eng = b.eng
+	id := b.insert(job.New(orderArgs{}))
+	require.NoError(t, eng.Start(context.Background()))
+	select {
+	case c := <-calls:
+		require.NoError(t, c.err)
+		require.Less(t, c.took, time.Second, "a Stop from a step returns at once")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the step did not run")
+	}
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.Equal(t, 0, r.Attempt, "the step's outcome was written, no attempt charged")
+	require.Empty(t, r.Errors)
+	// The engine stops: a Stop from outside waits for the one in progress
+	// (or finds the engine stopped), and a Start then starts again.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, eng.Stop(ctx))
+	require.NoError(t, eng.Start(ctx))
+	require.NoError(t, eng.Stop(ctx))
+	require.Len(t, calls, 0, "the step ran once")
+}

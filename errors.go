@@ -162,7 +162,9 @@ type SnoozeError struct{ Delay time.Duration }
 func (e *SnoozeError) Error() string { return fmt.Sprintf("job snoozed for %s", e.Delay) }
 
 // JobSnooze, returned from a job's Perform, runs the job again after d
-// without counting an attempt.
+// without counting an attempt. d must not be negative (0: at once): a
+// negative d is an invalid outcome ([ErrInvalidOutcome]), retried like an
+// error, which counts an attempt.
 func JobSnooze(d time.Duration) error { return &SnoozeError{Delay: d} }
 
 // notMigrated reports an undefined-table error (SQLSTATE 42P01) on one of

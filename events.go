@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/committer"
 	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
@@ -32,6 +33,10 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 	}
 	e.emit(ctx, ev)
 	switch {
+	case errors.Is(commitErr, committer.ErrAborted):
+		e.log.Error("gendurable: outcome given up by a Stop out of time (it may have been written): "+
+			"if it was not, the step runs again after its lease expires",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
 	case commitErr != nil:
 		e.log.Error("gendurable: outcome not confirmed (the database did not answer; it may have been written): "+
 			"if it was not, the step runs again after its lease expires",

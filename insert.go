@@ -59,6 +59,10 @@ type InsertOpts struct {
 	// statuses, inserting another with the same key inserts nothing and
 	// returns the existing instance's id with Duplicate set. Enforced by a
 	// unique index, so it holds across processes and within one InsertMany.
+	// One namespace for the whole schema: the key is not scoped by machine
+	// or queue (unlike River's per-kind uniqueness) — an insert of another
+	// machine with the same key is a duplicate of the holder; put the
+	// machine's name in the key (say "invoice:42") to scope it.
 	// At most 1000 bytes of valid UTF-8 without control characters or
 	// bidirectional controls, neither starting nor ending with white space,
 	// like PartitionKey (so that an operator can search for it, and it
@@ -111,7 +115,7 @@ func scopeMask(scope []Status) (int32, error) {
 // key is free again, so inserting once more creates a new instance.
 type InsertResult struct {
 	ID        int64 // the new instance's id, or for a duplicate the existing one's (0: see above)
-	Duplicate bool  // the unique key was held by a live instance: nothing was inserted
+	Duplicate bool  // the unique key was held (by an instance in a status of its UniqueScope, of any machine): nothing was inserted
 }
 
 // Insert inserts one instance and, when this engine works its queue, wakes

@@ -167,6 +167,9 @@ func (o Outcome) validate(steps map[string]bool) error {
 			return fmt.Errorf("%w: negative delay %s", ErrInvalidOutcome, o.delay)
 		}
 	case sqlq.KindReplay:
+		if o.delay < 0 && o.snooze {
+			return fmt.Errorf("%w: JobSnooze with a negative delay %s", ErrInvalidOutcome, o.delay)
+		}
 		if o.delay < 0 {
 			return fmt.Errorf("%w: negative replay delay %s", ErrInvalidOutcome, o.delay)
 		}

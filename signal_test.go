@@ -97,9 +97,23 @@ func TestSignalBeforeAwaitDoesNotPark(t *testing.T) {
 	b := setup(t, nil, m)
 	ctx := context.Background()
 	id := b.insert(m.New(waitState{}))
-	// The signal arrives while the instance has not even run its first step.
-	_, err := b.eng.Signal(ctx, id, "cancel", nil, nil)
+	// The signal arrives while the instance has not even run its first step:
+	// it woke nothing.
+	res, err := b.eng.Signal(ctx, id, "cancel", nil, nil)
 	require.NoError(t, err)
+	require.False(t, res.Woke)
+	// Nor does a signal sent in the transaction that inserts its target:
+	// the row is runnable and eligible at the transaction's now(), which
+	// the statement used to read as just woken.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }() // a failed check must not leave it open
+	ins, err := b.eng.InsertTx(ctx, tx, m.New(waitState{}))
+	require.NoError(t, err)
+	res, err = b.eng.SignalTx(ctx, tx, ins.ID, "pay", payment{Amount: 1}, nil)
+	require.NoError(t, err)
+	require.False(t, res.Woke, "a signal to a runnable instance wakes nothing")
+	require.NoError(t, tx.Commit(ctx))
 	b.start()
 	r := b.waitStatus(id, "done", 10*time.Second)
 	require.JSONEq(t, `{"got":["cancel"],"rounds":1}`, string(r.Result))

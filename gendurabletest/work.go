@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/display"
 )
 
 // deadlineMargin is how long before the test binary's deadline
@@ -104,7 +105,8 @@ func WorkUntilFinished(ctx context.Context, tb testing.TB, eng *gendurable.Engin
 
 // describePending says where an unfinished instance stands and why.
 func describePending(ctx context.Context, eng *gendurable.Engine, in *gendurable.Instance) string {
-	s := fmt.Sprintf("    id %d (%s): %s at step %q, attempt %d of %d", in.ID, in.Machine, in.Status, in.Step, in.Attempt, in.MaxAttempts)
+	s := fmt.Sprintf("    id %d (%s): %s at step %q, attempt %d of %d", in.ID, in.Machine, in.Status, in.Step,
+		display.Run(in.Attempt, in.MaxAttempts, in.Status), in.MaxAttempts) // counted from 1, as the CLI and the dashboard show it
 	if w, err := eng.WaitReason(ctx, in.ID); err == nil && w.Summary != "" {
 		s += "; " + w.Summary
 	}

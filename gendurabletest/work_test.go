@@ -76,7 +76,7 @@ func TestWorkUntilFinishedTimeout(t *testing.T) {
 	require.True(t, f.run(func(tb testing.TB) { gendurabletest.WorkUntilFinished(ctx, tb, eng, parked.ID, elsewhere.ID) }))
 	msg := f.message()
 	require.Contains(t, msg, "WorkUntilFinished: 2 of 2 instances did not finish (context deadline exceeded)")
-	require.Contains(t, msg, "id "+itoa(parked.ID)+` (order): awaiting_signal at step "ship", attempt 0 of 3; awaiting signal payment or cancel`)
+	require.Contains(t, msg, "id "+itoa(parked.ID)+` (order): awaiting_signal at step "ship", attempt 1 of 3; awaiting signal payment or cancel`)
 	require.Contains(t, msg, "id "+itoa(elsewhere.ID)+` (ship): runnable at step "perform"`)
 	require.Contains(t, msg, `queue "nowhere" is not one this engine works`)
 

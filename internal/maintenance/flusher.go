@@ -37,7 +37,15 @@ func (f *Flusher) loop(ctx context.Context) {
 				timeout = 5 * time.Second
 			}
 			final, cancel := FinalContext(ctx, timeout)
-			f.flush(final)
+			if err := f.Flush(final); err != nil && f.Log != nil {
+				// Not tried again: the engine is stopping. Cut short by
+				// the Stop's own deadline is what the caller asked for.
+				level := slog.LevelWarn
+				if final.Err() != nil {
+					level = slog.LevelInfo
+				}
+				f.Log.Log(context.Background(), level, "gendurable: "+f.Name+" at stop did not finish; what was observed since the last one is not kept", "err", err)
+			}
 			cancel()
 			return
 		case <-t.C:

@@ -18,7 +18,7 @@ import (
 
 const signalSQL = `
 WITH target AS MATERIALIZED (
-  SELECT id, status FROM {{schema}}.gendurable_instances WHERE id = $1 FOR UPDATE
+  SELECT id, status, awaits FROM {{schema}}.gendurable_instances WHERE id = $1 FOR UPDATE
 ), ins AS (
   INSERT INTO {{schema}}.gendurable_signals (target_id, name, payload, dedup_key)
   SELECT t.id, $2, $3::jsonb, $4 FROM target AS t WHERE t.status NOT IN ('done', 'failed')
@@ -34,9 +34,11 @@ WITH target AS MATERIALIZED (
       await_deadline = CASE WHEN i.status = 'awaiting_signal' AND $2::text = ANY (i.awaits)
                             THEN NULL ELSE i.await_deadline END,
       updated_at = now()
-  FROM ins
-  WHERE i.id = $1
-  RETURNING i.status = 'runnable' AND i.eligible_at = now() AS woke, i.queue
+  FROM ins, target AS t
+  WHERE i.id = $1 AND t.id = i.id
+  -- Woken: what the row was (as locked), not what it is now — a row
+  -- inserted in this transaction is runnable and eligible at now() too.
+  RETURNING t.status = 'awaiting_signal' AND $2::text = ANY (t.awaits) AS woke, i.queue
 )
 SELECT (SELECT status::text FROM target),
        (SELECT id FROM ins),
