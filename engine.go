@@ -756,11 +756,11 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // from a step or a hook with the context the engine gave it: then it
 // returns nil at once, since the Stop in progress may be waiting for that
 // step or hook. Called so on a running engine with no Stop in progress, it
-// begins one on a goroutine of its own (allowed DrainTimeout and 5 s; an
-// error it ends with is logged) and returns nil at once: the calling step
-// returns and its outcome is written as the Stop drains
-// (TestStopFromAStepStopsTheEngineAndKeepsItsOutcome). A Start called
-// meanwhile waits for the Stop, then starts.
+// takes the run at once and stops it on a goroutine of its own (allowed
+// DrainTimeout and 5 s; an error it ends with is logged), returning nil at
+// once: the calling step returns and its outcome is written as the Stop
+// drains (TestStopFromAStepStopsTheEngineAndKeepsItsOutcome). A Start
+// called meanwhile waits for the Stop, then starts.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
 	rs := e.running
@@ -795,31 +795,40 @@ func (e *Engine) Stop(ctx context.Context) error {
 			return fmt.Errorf("gendurable: stop: waiting for the Stop in progress: %w", ctx.Err())
 		}
 	}
-	if e.insideEngine(ctx) {
-		// Called from a step or a hook with the context the engine gave
-		// it: the Stop waits for that step (or for the step whose event
-		// the hook reports) to return, so it cannot run on this
-		// goroutine. It runs on its own, with a context of its own (not
-		// the caller's: a Stop that inherits its marks would see itself
-		// inside the engine again), allowed DrainTimeout and 5 s; this call
-		// returns at once. The step's outcome is written as usual while
-		// the Stop drains.
-		e.mu.Unlock()
-		go func() {
-			sctx, cancel := context.WithTimeout(context.Background(), e.cfg.DrainTimeout+stopFromInsideGrace)
-			defer cancel()
-			if err := e.Stop(sctx); err != nil {
-				e.log.Error("gendurable: stop called from a step or a hook", "err", err)
-			}
-		}()
-		return nil
-	}
 	e.running, e.scheds, e.sweeper = nil, nil, nil
 	e.stopping = rs
 	e.mu.Unlock()
+	if e.insideEngine(ctx) {
+		// Called from a step or a hook with the context the engine gave
+		// it: this Stop waits for that step (or for the step whose event
+		// the hook reports) to return, so it cannot wait on this
+		// goroutine. The run is this Stop's already (a Start meanwhile
+		// waits for it; a later run is never stopped by it); it goes on
+		// on a goroutine of its own, with a context of its own (one that
+		// inherited the caller's mark would be inside the engine too),
+		// allowed DrainTimeout and 5 s, and this call returns at once.
+		// The step's outcome is written as usual while the Stop drains.
+		go func() {
+			sctx, cancel := context.WithTimeout(context.Background(), e.cfg.DrainTimeout+stopFromInsideGrace)
+			defer cancel()
+			e.stopRun(sctx, rs, func(err error) {
+				e.log.Error("gendurable: stop called from a step or a hook", "err", err)
+			})
+		}()
+		return nil
+	}
+	return e.stopRun(ctx, rs, nil)
+}
+
+// stopRun stops rs, a run Stop has taken (e.stopping), and reports what it
+// returns to report too (if set), before a Stop waiting for it can return.
+func (e *Engine) stopRun(ctx context.Context, rs *runState, report func(error)) error {
 	var err error
 	defer func() {
 		rs.stopErr = err
+		if err != nil && report != nil {
+			report(err)
+		}
 		e.mu.Lock()
 		e.stopping = nil
 		e.mu.Unlock()

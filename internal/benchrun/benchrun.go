@@ -195,6 +195,8 @@ func (o *Options) defaults() error {
 // data, never dropped without --reset-schema.
 var benchMachines = []string{"bench_job", "bench_fsm3", "bench_await", "bench_fanout", "bench_pickup", "bench_keys", "long_horizon_job"}
 
+func init() { scratch.Share(benchMachines...) } // the demo may reuse bench's schema
+
 // prepare gives the run a fresh schema of its own (see Options.Schema).
 func (o *Options) prepare(ctx context.Context, pool *pgxpool.Pool) error {
 	return scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Machines: benchMachines,

@@ -272,6 +272,8 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	return s, nil
 }
 
+func init() { scratch.Share(machineNames()...) } // bench may reuse the demo's schema
+
 // machineNames names the demo's machines: a demo schema holding instances
 // of any other is not the demo's to drop (scratch.Options.Machines).
 func machineNames() []string {

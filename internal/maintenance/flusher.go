@@ -39,9 +39,10 @@ func (f *Flusher) loop(ctx context.Context) {
 			final, cancel := FinalContext(ctx, timeout)
 			if err := f.Flush(final); err != nil && f.Log != nil {
 				// Not tried again: the engine is stopping. Cut short by
-				// the Stop's own deadline is what the caller asked for.
+				// the Stop's own deadline is what the caller asked for;
+				// anything else (its own FinalTimeout, an error) is not.
 				level := slog.LevelWarn
-				if final.Err() != nil {
+				if stopOutOfTime(ctx) {
 					level = slog.LevelInfo
 				}
 				f.Log.Log(context.Background(), level, "gendurable: "+f.Name+" at stop did not finish; what was observed since the last one is not kept", "err", err)

@@ -145,6 +145,13 @@ func FinalContext(ctx context.Context, d time.Duration) (context.Context, contex
 	return final, cancel
 }
 
+// stopOutOfTime reports whether ctx, a service loop's context, was ended
+// by a stop whose own context has ended too (see FinalContext).
+func stopOutOfTime(ctx context.Context) bool {
+	var st *stopped
+	return errors.As(context.Cause(ctx), &st) && st.ctx.Err() != nil
+}
+
 // StartAll starts services in order. If one fails to start, those already
 // started are stopped in reverse order and its error is returned.
 func StartAll(ctx context.Context, services []Service) error {

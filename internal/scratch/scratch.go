@@ -18,6 +18,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
@@ -37,9 +39,9 @@ type Options struct {
 	// Owner names the command in the schema's mark: "demo", "bench".
 	Owner string
 	// Machines names every machine the command runs: a marked schema that
-	// holds instances or definitions of any other machine (or a queue row,
-	// which only an operator's pause writes) holds someone else's data and
-	// is refused like an unmarked one.
+	// holds instances or definitions of any other machine (beside those of
+	// Share) or a queue row (which only an operator's pause writes) holds
+	// someone else's data and is refused like an unmarked one.
 	Machines []string
 	// Reset drops an existing schema that is not marked (the operator's
 	// explicit --reset-schema). Default false: such a schema is refused.
@@ -56,6 +58,30 @@ type Options struct {
 	// (default: choose another --schema, or pass --reset-schema), for a
 	// caller that has no such flags.
 	Remedy string
+}
+
+// shared names the machines of every scratch command linked into this
+// program (Share): bench may reuse the demo's schema and the demo bench's,
+// so the rows of either are the other's to drop too.
+var shared struct {
+	sync.Mutex
+	names []string
+}
+
+// Share records machines a scratch command of this program runs (called
+// from its package's init): Prepare and Drop take their rows as the
+// caller's own, beside Options.Machines.
+func Share(names ...string) {
+	shared.Lock()
+	defer shared.Unlock()
+	shared.names = append(shared.names, names...)
+}
+
+// own is machines and every shared name.
+func own(machines []string) []string {
+	shared.Lock()
+	defer shared.Unlock()
+	return append(slices.Clone(machines), shared.names...)
 }
 
 const defaultRemedy = "choose another --schema, or pass --reset-schema to drop it and everything in it (with --yes when stdin is not a terminal)"
@@ -78,7 +104,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	if info.Exists && info.Scratch() {
 		// An earlier run's: dropped if it holds only what gendurable put
 		// there and nothing elsewhere depends on it.
-		err := dropOwn(ctx, db, schema, o.Machines)
+		err := dropOwn(ctx, db, schema, own(o.Machines))
 		switch {
 		case err == nil:
 			info.Exists = false
@@ -167,7 +193,7 @@ func Drop(ctx context.Context, db *pgxpool.Pool, schema string, machines []strin
 	if err != nil || !info.Exists || !info.Scratch() {
 		return err
 	}
-	return dropOwn(ctx, db, schema, machines)
+	return dropOwn(ctx, db, schema, own(machines))
 }
 
 // dropOwn drops a marked schema, in one transaction, without CASCADE:

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/migrate"
@@ -115,10 +116,30 @@ func TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped(t *testing.T) {
 		})
 	}
 
-	// Its own machines' rows, in every status, are the command's to drop.
+	// A schema someone else's workers are writing is refused without
+	// waiting for their transactions (and so without holding them up
+	// behind a lock request of its own).
+	busy := freshName(t, pool)
+	require.NoError(t, Prepare(ctx, pool, busy, o))
+	_, err := pool.Exec(ctx, `INSERT INTO "`+busy+`".gendurable_instances (fsm, step) VALUES ('billing', 'a')`)
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE "`+busy+`".gendurable_instances SET priority = 1`)
+	require.NoError(t, err)
+	start := time.Now()
+	require.ErrorIs(t, Prepare(ctx, pool, busy, o), ErrNotScratch)
+	require.Less(t, time.Since(start), 3*time.Second, "refused without waiting on the writer's lock")
+	require.NoError(t, tx.Rollback(ctx))
+
+	// Its own machines' rows, in every status, are the command's to drop,
+	// and so are those of a machine another scratch command of the program
+	// shares (bench reuses the demo's schema).
+	Share("bench_job")
 	schema := freshName(t, pool)
 	require.NoError(t, Prepare(ctx, pool, schema, o))
-	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('checkout', 'a'), ('ship_item', 'b')`)
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('checkout', 'a'), ('ship_item', 'b'), ('bench_job', 'perform')`)
 	require.NoError(t, err)
 	require.NoError(t, Prepare(ctx, pool, schema, o))
 	require.Zero(t, count(schema, "gendurable_instances"), "a rerun starts from an empty schema")

@@ -88,10 +88,13 @@ func DropEmptySchema(ctx context.Context, db DB, schema string) error {
 // ForeignRows reports, inside tx, what a scratch schema holds that its
 // command did not put there: instances (or registered definitions) of a
 // machine not in machines, and queue rows (a queue row is written only by
-// an operator's pause). It first locks each table against writes until tx
-// ends, so that nothing is added between the look and a drop in the same
-// transaction. "" means nothing foreign. Tables an older schema version
-// does not have are skipped.
+// an operator's pause or resume). "" means nothing foreign. It looks twice:
+// first without a lock, so that a schema someone else's workers use is
+// refused without holding them up; then, if nothing was found, with each
+// table locked against writes until tx ends (waiting at most 5 s for a
+// lock: SQLSTATE 55P03 then), so that nothing is added between the look
+// and a drop in the same transaction. Tables an older schema version does
+// not have are skipped.
 func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (string, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return "", err
@@ -105,33 +108,45 @@ func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (
 		{"gendurable_machines", "name", "name <> ALL($1::text[])", "definitions of machines it does not run"},
 		{"gendurable_queues", "name", "$1::text[] IS NOT NULL", "queue rows (written by an operator's pause)"},
 	}
-	var parts []string
-	for _, t := range tables {
-		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s+"."+t.table).Scan(&exists); err != nil {
-			return "", err
-		}
-		if !exists {
-			continue
-		}
-		if _, err := tx.Exec(ctx, "LOCK TABLE "+s+"."+t.table+" IN SHARE ROW EXCLUSIVE MODE"); err != nil {
-			return "", err
-		}
-		var n int64
-		var first string
-		// Counted up to 1,000: enough to say what is there.
-		err := tx.QueryRow(ctx, `SELECT count(*), coalesce(min(x), '') FROM (SELECT `+t.col+`::text AS x FROM `+
-			s+"."+t.table+` WHERE `+t.foreign+` LIMIT 1000) AS f`, machines).Scan(&n, &first)
-		if err != nil {
-			return "", err
-		}
-		if n > 0 {
-			more := ""
-			if n == 1000 {
-				more = " or more"
+	for _, lock := range []bool{false, true} {
+		if lock {
+			if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '5s'"); err != nil {
+				return "", err
 			}
-			parts = append(parts, fmt.Sprintf("%d%s %s (%q among them)", n, more, t.what, first))
+		}
+		var parts []string
+		for _, t := range tables {
+			var exists bool
+			if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s+"."+t.table).Scan(&exists); err != nil {
+				return "", err
+			}
+			if !exists {
+				continue
+			}
+			if lock {
+				if _, err := tx.Exec(ctx, "LOCK TABLE "+s+"."+t.table+" IN SHARE ROW EXCLUSIVE MODE"); err != nil {
+					return "", err
+				}
+			}
+			var n int64
+			var first string
+			// Counted up to 1,000: enough to say what is there.
+			err := tx.QueryRow(ctx, `SELECT count(*), coalesce(min(x), '') FROM (SELECT `+t.col+`::text AS x FROM `+
+				s+"."+t.table+` WHERE `+t.foreign+` LIMIT 1000) AS f`, machines).Scan(&n, &first)
+			if err != nil {
+				return "", err
+			}
+			if n > 0 {
+				more := ""
+				if n == 1000 {
+					more = " or more"
+				}
+				parts = append(parts, fmt.Sprintf("%d%s %s (%q among them)", n, more, t.what, first))
+			}
+		}
+		if len(parts) > 0 {
+			return strings.Join(parts, ", "), nil
 		}
 	}
-	return strings.Join(parts, ", "), nil
+	return "", nil
 }
