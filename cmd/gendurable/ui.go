@@ -32,12 +32,12 @@ const minRemoteToken = 16
 // out of ps first (--token and --basic-auth work too, with a warning).
 const credentialFlags = "--token-file F, --basic-auth-file F, or " + envUIToken + " / " + envUIBasicAuth + " in the environment"
 
-// uiCmd serves the dashboard until interrupted. It binds to loopback unless
-// told otherwise; a non-loopback address needs --token (of 16 bytes or
-// more) or --basic-auth.
 // maxUIConns bounds --max-conns: a file descriptor each.
 const maxUIConns = 65536
 
+// uiCmd serves the dashboard until interrupted. It binds to loopback unless
+// told otherwise; a non-loopback address needs --token (of 16 bytes or
+// more) or --basic-auth.
 func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("ui")
 	var c common
