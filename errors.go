@@ -51,11 +51,13 @@ var (
 	// ErrLeaseLost: the step's lease can no longer be confirmed — the
 	// heartbeat found it reaped or taken over, or no heartbeat confirmed it
 	// before its local deadline (a stalled process, a cut-off network). Its
-	// context is cancelled with this cause. What the step returns then (by
-	// default, through Handle, a retry or a stop) is written only if the
-	// claim still holds when its statement runs: once the row was reaped or
-	// claimed again, the fence rejects it; a lease that only ran late
-	// locally may still be the step's, and its outcome then commits.
+	// context is cancelled with this cause. What the step returns then is
+	// written only if the claim still holds when its statement runs: once
+	// the row was reaped or claimed again, the fence rejects it; a lease
+	// that only ran late locally may still be the step's, and its outcome
+	// then commits — an outcome it returned as usual, or, for an error, a
+	// run again that counts no attempt and does not ask Handle (error kind
+	// "interrupted"), as for a step the engine's shutdown cancelled.
 	ErrLeaseLost = feeder.ErrLeaseLost
 
 	// ErrEngineStopped: the engine is shutting down; in-flight step contexts

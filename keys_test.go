@@ -1587,3 +1587,46 @@ func TestKeyPoliciesThatDifferBetweenEngines(t *testing.T) {
 	}
 	require.Equal(t, 3, g.max("t-1"), "most steps of the key at once")
 }
+
+// TestAStepCancelledForItsLeaseRunsAgainUncharged: a keyed step whose row
+// another session holds locked cannot be heartbeated; its context is
+// cancelled with ErrLeaseLost at its local deadline, while its claim still
+// holds (no reaper runs). The error it returns then is not the step's
+// fault: once the lock is gone its outcome commits as a run again that
+// counts no attempt (kind "interrupted") — with MaxAttempts 1 the instance
+// used to fail at once, charged for the engine's own cancel.
+func TestAStepCancelledForItsLeaseRunsAgainUncharged(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	cancelled := make(chan error, 1)
+	job := &gendurable.Job[orderArgs]{Name: "leaselost", MaxAttempts: 1,
+		Perform: func(ctx context.Context, _ *gendurable.Run[orderArgs]) error {
+			if runs.Add(1) > 1 {
+				return nil
+			}
+			<-ctx.Done()
+			cancelled <- context.Cause(ctx)
+			return ctx.Err()
+		}}
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = 2*time.Second, 200*time.Millisecond, -1
+	b := setup(t, cfg)
+	id := b.insert(job.New(orderArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	b.start()
+	eventually(t, 10*time.Second, func() bool { return runs.Load() == 1 }, "the step did not start")
+	tx, _ := b.lockRows(id) // from here on no heartbeat extends the lease
+	select {
+	case cause := <-cancelled:
+		require.ErrorIs(t, cause, gendurable.ErrLeaseLost)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the step was not cancelled at its lease's local deadline")
+	}
+	time.Sleep(200 * time.Millisecond) // its outcome waits on the lock
+	require.NoError(t, tx.Rollback(context.Background()))
+	r := b.waitStatus(id, "done", 15*time.Second)
+	require.Equal(t, 0, r.Attempt, "the engine's cancel counted no attempt")
+	require.Len(t, r.Errors, 1)
+	require.Equal(t, "interrupted", r.Errors[0]["kind"])
+	require.Contains(t, r.Errors[0]["error"], "lease could not be confirmed")
+	require.Equal(t, int32(2), runs.Load())
+}

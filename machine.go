@@ -393,12 +393,19 @@ func (m *Machine[S]) handleErr(ctx context.Context, in *execInput, stepErr error
 
 // handle asks Handle what to do after stepErr and encodes its answer.
 func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepErr error) executor.Result {
-	if errors.Is(context.Cause(ctx), ErrEngineStopped) {
-		// The engine cancelled the step at shutdown: not the step's fault, so
-		// no attempt is counted and Handle is not asked. It runs again as is.
+	if cause := context.Cause(ctx); errors.Is(cause, ErrEngineStopped) || errors.Is(cause, ErrLeaseLost) {
+		// The engine cancelled the step — at shutdown, or because no
+		// heartbeat confirmed its lease in time (a slow or unreachable
+		// database, a row another session held locked): not the step's
+		// fault, so no attempt is counted and Handle is not asked. It runs
+		// again as is. (If the claim no longer holds, the fence drops this.)
+		why := "interrupted by engine shutdown: "
+		if errors.Is(cause, ErrLeaseLost) {
+			why = "interrupted: its lease could not be confirmed in time: "
+		}
 		return executor.Result{
 			Out: sqlq.Outcome{Kind: sqlq.KindReplay, AttemptInc: 0,
-				ErrKind: strPtr("interrupted"), Err: strPtr(truncate("interrupted by engine shutdown: " + stepErr.Error()))},
+				ErrKind: strPtr("interrupted"), Err: strPtr(truncate(why + stepErr.Error()))},
 			StepErr: stepErr,
 		}
 	}
