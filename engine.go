@@ -671,6 +671,9 @@ func (e *Engine) Start(ctx context.Context) error {
 // schema's version, the pool's isolation level, the stored definitions.
 func (e *Engine) startChecks(ctx context.Context) error {
 	v, err := sqlq.InstalledVersion(ctx, e.pool, e.cfg.Schema)
+	if err != nil && sqlq.PreparedStatementClash(err) {
+		return fmt.Errorf("gendurable: start: reading schema version (%s): %w", sqlq.PoolerHint, err)
+	}
 	if err != nil {
 		return fmt.Errorf("gendurable: start: reading schema version: %w", err)
 	}
@@ -682,6 +685,9 @@ func (e *Engine) startChecks(ctx context.Context) error {
 		// default to repeatable read or serializable would start, log a
 		// failed pick every poll and never run a step.
 		level, err := sqlq.DefaultIsolation(ctx, e.pool)
+		if err != nil && sqlq.PreparedStatementClash(err) {
+			return fmt.Errorf("gendurable: start: reading the transaction isolation level (%s): %w", sqlq.PoolerHint, err)
+		}
 		if err != nil {
 			return fmt.Errorf("gendurable: start: reading the transaction isolation level: %w", err)
 		}

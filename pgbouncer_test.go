@@ -555,6 +555,9 @@ func TestPgBouncerExecModes(t *testing.T) {
 				var pgErr *pgconn.PgError
 				require.ErrorAs(t, err, &pgErr)
 				require.Equal(t, "42P05", pgErr.Code, "prepared statement already exists: %v", err)
+				// Start and the CLI add the advice to such an error.
+				require.True(t, sqlq.PreparedStatementClash(err))
+				require.False(t, sqlq.PreparedStatementClash(&pgconn.PgError{Code: "42P05", Message: `cursor "c" already exists`}))
 				return
 			}
 			require.NoError(t, err)

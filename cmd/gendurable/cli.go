@@ -19,6 +19,7 @@ import (
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/internal/display"
 	"github.com/gendurable/gendurable/internal/longhorizon"
+	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -282,6 +283,9 @@ func reportError(w io.Writer, name string, err error, asJSON bool) {
 	msg := tidyConnectError(name, err.Error(), err)
 	if !strings.HasPrefix(msg, "gendurable: ") {
 		msg = "gendurable: " + msg
+	}
+	if sqlq.PreparedStatementClash(err) && !strings.Contains(msg, sqlq.PoolerHint) {
+		msg += " (" + sqlq.PoolerHint + ")"
 	}
 	var ue usageError
 	if errors.As(err, &ue) && ue.help && commands[name].run != nil {

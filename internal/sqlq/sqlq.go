@@ -192,3 +192,17 @@ func Deadlocked(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
+
+// PreparedStatementClash reports an error a connection pooler in
+// transaction mode gives pgx's default named prepared statements: a name
+// unknown (26000) or already taken (42P05) on the server session the
+// pooler handed this transaction.
+func PreparedStatementClash(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05") &&
+		strings.Contains(pgErr.Message, "prepared statement")
+}
+
+// PoolerHint is the advice for a PreparedStatementClash.
+const PoolerHint = "behind PgBouncer in transaction pooling? use default_query_exec_mode=cache_describe " +
+	"(pgx.QueryExecModeCacheDescribe): README, \"Behind PgBouncer\""
