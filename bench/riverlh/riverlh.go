@@ -77,7 +77,7 @@ func run(ctx context.Context, getenv func(string) string, stdout, stderr io.Writ
 	}
 	// Closing waits for every connection to come back, and one River still
 	// holds (a fetch blocked on a lock) would hold the exit past its 5 s.
-	defer closeWithin(pool, time.Second, log)
+	defer longhorizon.CloseWithin(pool, time.Second, log)
 
 	migrator, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Schema: schema})
 	if err != nil {
@@ -227,16 +227,4 @@ func migrateLocked(ctx context.Context, cfg *pgx.ConnConfig, pool *pgxpool.Pool,
 		return fmt.Errorf("river migrate: %w", err)
 	}
 	return nil
-}
-
-// closeWithin closes pool, waiting at most d for its connections to come
-// back; past that the close goes on in the background (the process exits).
-func closeWithin(pool *pgxpool.Pool, d time.Duration, log *slog.Logger) {
-	done := make(chan struct{})
-	go func() { pool.Close(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(d):
-		log.Warn("long horizon: connections still in use after stopping; exiting without them")
-	}
 }

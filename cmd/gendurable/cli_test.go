@@ -1077,6 +1077,9 @@ func TestBenchLongHorizonProtocol(t *testing.T) {
 	for _, k := range []string{"version", "db_name", "started_at"} {
 		require.NotEmpty(t, d[k], k)
 	}
+	var db string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT current_database()`).Scan(&db))
+	require.Equal(t, db, d["db_name"], "the database connected to (a URL naming none reads as empty in the config)")
 
 	want := []string{"claim_p50_ms", "claim_p95_ms", "claim_p99_ms", "enqueue_rate", "completion_rate", "queue_depth", "producer_target_rate"}
 	windows := map[string]float64{"claim_p50_ms": 30, "claim_p95_ms": 30, "claim_p99_ms": 30, "enqueue_rate": 1, "completion_rate": 1, "queue_depth": 0, "producer_target_rate": 0}

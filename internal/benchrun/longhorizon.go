@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"regexp"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/gendurable/gendurable/internal/longhorizon"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -44,6 +46,9 @@ func LongHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 	return longhorizon.Exit(ctx, longHorizon(ctx, getenv, stdout, stderr))
 }
 
+// plainIdent is an identifier PostgreSQL takes as it is, unquoted.
+var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
 func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg, err := longhorizon.FromEnv(getenv)
 	if err != nil {
@@ -71,7 +76,7 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer longhorizon.CloseWithin(pool, time.Second, log)
 	res, err := migrate.Up(ctx, pool, schema)
 	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
@@ -98,15 +103,26 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 		return err
 	}
 
+	// The names as a driver passes them to to_regclass: a schema that is
+	// not a plain lower-case identifier is quoted.
+	qs := schema
+	if !plainIdent.MatchString(schema) {
+		qs = pgx.Identifier{schema}.Sanitize()
+	}
+	// The database connected to (a URL naming none connects to the user's).
+	dbName := pcfg.ConnConfig.Database
+	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName); err != nil {
+		return err
+	}
 	out := longhorizon.NewEmitter(stdout)
 	if err := out.Emit(longhorizon.Descriptor{
 		Kind: "descriptor", System: "gendurable",
-		EventTables: []string{schema + ".gendurable_instances"},
-		EventIndexes: []string{schema + ".gendurable_instances_pkey", schema + ".gendurable_instances_pick_plain",
-			schema + ".gendurable_instances_pick_keyed", schema + ".gendurable_instances_lease",
-			schema + ".gendurable_instances_finished"},
+		EventTables: []string{qs + ".gendurable_instances"},
+		EventIndexes: []string{qs + ".gendurable_instances_pkey", qs + ".gendurable_instances_pick_plain",
+			qs + ".gendurable_instances_pick_keyed", qs + ".gendurable_instances_lease",
+			qs + ".gendurable_instances_finished"},
 		Extensions: []string{}, Version: moduleVersion(), SchemaVersion: strconv.Itoa(res.To),
-		DBName: pcfg.ConnConfig.Database, StartedAt: time.Now().UTC().Format(longhorizon.TimeFormat),
+		DBName: dbName, StartedAt: time.Now().UTC().Format(longhorizon.TimeFormat),
 		InstanceID: cfg.InstanceID,
 	}); err != nil {
 		return err

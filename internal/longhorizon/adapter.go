@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -65,7 +66,30 @@ func PoolConfig(cfg Config, maxConns int32) (*pgxpool.Config, error) {
 	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
 		pcfg.MaxConns = maxConns
 	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		// As the CLI's commands: a server that accepts the connection and
+		// never answers is an error after this long, not a silent hang.
+		pcfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
+	}
 	return pcfg, nil
+}
+
+// defaultConnectTimeout bounds each connection attempt unless DATABASE_URL
+// sets connect_timeout.
+const defaultConnectTimeout = 10 * time.Second
+
+// CloseWithin closes pool, waiting at most d for its connections to come
+// back: a connection a stop abandoned on a database that does not answer
+// (frozen, cut off) would hold pool.Close, and the adapter's exit, for as
+// long. Past d the close goes on in the background (the process exits).
+func CloseWithin(pool *pgxpool.Pool, d time.Duration, log *slog.Logger) {
+	done := make(chan struct{})
+	go func() { pool.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		log.Warn("long horizon: connections still in use after stopping; exiting without them")
+	}
 }
 
 // Exit is what an adapter returns for its run's err: nil when ctx ended

@@ -39,6 +39,10 @@ func TestPoolConfig(t *testing.T) {
 	p, err = PoolConfig(Config{DatabaseURL: "postgres://u@h/db?pool_max_conns=3"}, 12)
 	require.NoError(t, err)
 	require.Equal(t, int32(3), p.MaxConns, "the URL's setting wins")
+	require.Equal(t, 10*time.Second, p.ConnConfig.ConnectTimeout, "a server that never answers is an error, not a hang")
+	p, err = PoolConfig(Config{DatabaseURL: "postgres://u@h/db?connect_timeout=2"}, 12)
+	require.NoError(t, err)
+	require.Equal(t, 2*time.Second, p.ConnConfig.ConnectTimeout, "the URL's setting wins")
 	_, err = PoolConfig(Config{DatabaseURL: "postgres://u@h/db?pool_max_conns=x"}, 12)
 	require.ErrorIs(t, err, ErrInvalidEnv)
 }
