@@ -128,7 +128,10 @@ func (e *Emitter) Emit(v any) error {
 // (before returning from its first step and every 30 s), produces, polls the
 // queue depth and emits the samples, aligned to wall-clock multiples of
 // SampleEvery. The descriptor must have been emitted already. It returns nil
-// when ctx ends, once its goroutines have stopped.
+// when ctx ends, once its goroutines have stopped — or a second later, if
+// one has not (a write to a stdout nobody reads blocks for as long, and the
+// adapter must still exit within 5 s of SIGTERM; the process exits with
+// the write unfinished, which a reader that stopped reading never sees).
 func Run(ctx context.Context, cfg Config, name string, sys System, tel *Telemetry, out *Emitter, log *slog.Logger) error {
 	if err := syncClock(ctx, sys, tel); err != nil {
 		return fmt.Errorf("database clock: %w", err)
@@ -143,9 +146,19 @@ func Run(ctx context.Context, cfg Config, name string, sys System, tel *Telemetr
 		wg.Add(1)
 		go func() { defer wg.Done(); loop(ctx) }()
 	}
-	wg.Wait()
+	stopped := make(chan struct{})
+	go func() { wg.Wait(); close(stopped) }()
+	<-ctx.Done()
+	select {
+	case <-stopped:
+	case <-time.After(stopWait):
+		log.Warn("long horizon: a loop did not stop (a write to stdout that nobody reads?); exiting without it")
+	}
 	return nil
 }
+
+// stopWait is how long Run waits for its loops once ctx has ended.
+const stopWait = time.Second
 
 type runner struct {
 	cfg  Config
@@ -369,8 +382,9 @@ func nextBoundary(now time.Time, every time.Duration) time.Time {
 
 // sample emits the metrics at every wall-clock multiple of SampleEvery but
 // the first after Run started, where it starts counting: every rate is
-// over a whole window, the time since the previous tick (a tick missed,
-// the process stopped, is skipped, not caught up). In fixed mode it reads
+// over a whole window, the time since the previous tick (a tick missed or
+// fired late, the process stopped, is skipped with the one after it, not
+// caught up). In fixed mode it reads
 // the queue depth at each tick (pollDepthAtTick), after taking the rates.
 func (r *runner) sample(ctx context.Context) {
 	var nextPoll time.Time
@@ -383,6 +397,7 @@ func (r *runner) sample(ctx context.Context) {
 	}
 	lastTick := time.Now()
 	lastEnq, lastDone := r.tel.enqueued.Load(), r.tel.completed.Load()
+	rebase := false
 	r.pollDepthAtTick(ctx, &nextPoll)
 	for {
 		at := nextBoundary(time.Now(), r.cfg.SampleEvery)
@@ -394,8 +409,19 @@ func (r *runner) sample(ctx context.Context) {
 		case <-t.C:
 		}
 		now := time.Now()
-		dt := now.Sub(lastTick).Seconds()
 		enq, done := r.tel.enqueued.Load(), r.tel.completed.Load()
+		// A tick that fires late (the process was stopped, or starved) or
+		// after ticks were missed (a write held the loop) would label a
+		// count of more than its window with its own t and window_s: it is
+		// skipped, and so is the next one, which only starts a whole window
+		// again.
+		if late := now.Sub(at) > r.cfg.SampleEvery/2 || now.Sub(lastTick) > r.cfg.SampleEvery*3/2; late || rebase {
+			rebase = late
+			lastTick, lastEnq, lastDone = now, enq, done
+			r.pollDepthAtTick(ctx, &nextPoll)
+			continue
+		}
+		dt := now.Sub(lastTick).Seconds()
 		q := r.tel.claims.Window(now).Quantiles(0.50, 0.95, 0.99)
 		r.pollDepthAtTick(ctx, &nextPoll)
 		mode := r.cfg.ProducerMode

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -196,5 +197,117 @@ func TestFailedInsertsAreOfferedAgain(t *testing.T) {
 	offered := 200 * time.Since(start).Seconds()
 	if got := float64(sys.inserted.Load()); got < offered-60 {
 		t.Fatalf("%v jobs inserted of %.0f offered in %v, the first 500 ms failing", got, offered, time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// blockingWriter blocks the write it is told to (the n-th, from 1) until
+// release is closed, or for hold if hold > 0; the rest go to buf.
+type blockingWriter struct {
+	mu      sync.Mutex
+	buf     syncbuf.Buffer
+	writes  int
+	n       int
+	hold    time.Duration
+	release chan struct{}
+	blocked chan struct{} // closed when the blocking write begins
+}
+
+func (w *blockingWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	w.writes++
+	block := w.writes == w.n
+	w.mu.Unlock()
+	if block {
+		close(w.blocked)
+		if w.hold > 0 {
+			time.Sleep(w.hold)
+		} else {
+			<-w.release
+		}
+	}
+	return w.buf.Write(p)
+}
+
+// TestRunReturnsWhenStdoutIsNotRead: a write to a stdout nobody reads
+// blocks its loop for good; once ctx ends Run still returns (within its
+// second), so the adapter exits within 5 s of SIGTERM. It used to wait for
+// the write.
+func TestRunReturnsWhenStdoutIsNotRead(t *testing.T) {
+	t.Parallel()
+	w := &blockingWriter{n: 1, release: make(chan struct{}), blocked: make(chan struct{})}
+	t.Cleanup(func() { close(w.release) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := Config{ProducerMode: ModeFixed, ProducerRate: 10, WorkerCount: 1, SampleEvery: time.Second}
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, cfg, "test", &depthSystem{}, &Telemetry{}, NewEmitter(w), slog.New(slog.DiscardHandler))
+	}()
+	select {
+	case <-w.blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no sample was written")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(stopWait + 2*time.Second):
+		t.Fatal("Run waited for a write nobody reads")
+	}
+}
+
+// TestATickAfterAHeldLoopIsSkipped: a sample loop held past its next tick
+// (here by a slow write; a stopped process is the same for it) emits no
+// sample whose count covers more than one window: the tick that comes late
+// is skipped, and so is the next, which starts a whole window again. It
+// used to emit the late tick with window_s 1 and a count of two or three.
+func TestATickAfterAHeldLoopIsSkipped(t *testing.T) {
+	t.Parallel()
+	w := &blockingWriter{n: 1, hold: 2300 * time.Millisecond, blocked: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cfg := Config{ProducerMode: ModeFixed, ProducerRate: 100, WorkerCount: 1, SampleEvery: time.Second}
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, cfg, "test", &depthSystem{}, &Telemetry{}, NewEmitter(w), slog.New(slog.DiscardHandler))
+	}()
+	<-w.blocked
+	held := time.Now()
+	time.Sleep(2300*time.Millisecond + 3500*time.Millisecond) // the hold, then three ticks
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var ticks []time.Time
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(w.buf.String()), "\n") {
+		var s Sample
+		if err := json.Unmarshal([]byte(line), &s); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		if !seen[s.T] {
+			seen[s.T] = true
+			at, err := time.Parse(time.RFC3339Nano, s.T)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ticks = append(ticks, at)
+		}
+	}
+	if len(ticks) < 2 {
+		t.Fatalf("ticks %v: want the held one and one after", ticks)
+	}
+	// The held tick is the first (its first line was the held write); the
+	// next emitted one comes at least three periods later: the tick that
+	// fired once the write returned and the one after it were skipped.
+	first := ticks[0]
+	if first.After(held) {
+		t.Fatalf("first tick %s after the hold began at %s", first, held)
+	}
+	if gap := ticks[1].Sub(first); gap < 4*time.Second {
+		t.Errorf("ticks %v: the tick %s after the held one covers more than a whole window", ticks, ticks[1].Format(TimeFormat))
 	}
 }
