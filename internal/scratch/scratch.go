@@ -202,8 +202,8 @@ func Drop(ctx context.Context, db *pgxpool.Pool, schema string, machines []strin
 // one elsewhere that depends on gendurable's tables (a view, a foreign
 // key), stops it (SQLSTATE 2BP01): then nothing is dropped and the error
 // wraps ErrNotScratch; so do rows of machines not in machines, and queue
-// rows (sqlq.ForeignRows, which locks the tables first: nothing is added
-// between the look and the drop). The mark says the schema was created by
+// rows (sqlq.ForeignRows: it looks once without a lock, then again with the
+// tables locked, so nothing is added between the look and the drop). The mark says the schema was created by
 // demo or bench, not that all it holds is theirs.
 func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string, machines []string) error {
 	tx, err := db.Begin(ctx)
