@@ -667,15 +667,21 @@ func (e *Engine) Start(ctx context.Context) error {
 	return nil
 }
 
+// startError is Start's error for a check that failed doing what; one a
+// connection pooler gives pgx's named prepared statements says what to set.
+func startError(what string, err error) error {
+	if sqlq.PreparedStatementClash(err) {
+		what += " (" + sqlq.PoolerHint + ")"
+	}
+	return fmt.Errorf("gendurable: start: %s: %w", what, err)
+}
+
 // startChecks are Start's round trips to the database, under ctx: the
 // schema's version, the pool's isolation level, the stored definitions.
 func (e *Engine) startChecks(ctx context.Context) error {
 	v, err := sqlq.InstalledVersion(ctx, e.pool, e.cfg.Schema)
-	if err != nil && sqlq.PreparedStatementClash(err) {
-		return fmt.Errorf("gendurable: start: reading schema version (%s): %w", sqlq.PoolerHint, err)
-	}
 	if err != nil {
-		return fmt.Errorf("gendurable: start: reading schema version: %w", err)
+		return startError("reading schema version", err)
 	}
 	if want := sqlq.LatestVersion(); v != want {
 		return &schemaVersionError{what: "start", schema: e.cfg.Schema, have: v, want: want}
@@ -685,11 +691,8 @@ func (e *Engine) startChecks(ctx context.Context) error {
 		// default to repeatable read or serializable would start, log a
 		// failed pick every poll and never run a step.
 		level, err := sqlq.DefaultIsolation(ctx, e.pool)
-		if err != nil && sqlq.PreparedStatementClash(err) {
-			return fmt.Errorf("gendurable: start: reading the transaction isolation level (%s): %w", sqlq.PoolerHint, err)
-		}
 		if err != nil {
-			return fmt.Errorf("gendurable: start: reading the transaction isolation level: %w", err)
+			return startError("reading the transaction isolation level", err)
 		}
 		if level != "read committed" {
 			return errorf(ErrInvalidConfig, "the pool's transactions run at %s, the pick needs read committed "+

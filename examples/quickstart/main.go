@@ -143,11 +143,14 @@ func withPool(ctx context.Context, fn func(*pgxpool.Pool) error) error {
 	return fn(pool)
 }
 
+// The quickstart's machines: a schema of its own holding instances of any
+// other is not its to drop (scratch.Share).
+func init() { scratch.Share(OrderMachine.Name, ReceiptJob.Name) }
+
 // scratchOptions mark the quickstart's schema as its own; the remedy for one
 // it did not create names what this program offers (no flags).
 var scratchOptions = scratch.Options{
-	Owner:    "quickstart",
-	Machines: []string{OrderMachine.Name, ReceiptJob.Name},
+	Owner: "quickstart",
 	Remedy: "nothing was changed: drop it yourself if it is a leftover (DROP SCHEMA " + schema +
 		" CASCADE), or unset DATABASE_URL to run the demo against a throwaway PostgreSQL",
 }

@@ -85,6 +85,6 @@ func Backlog(ctx context.Context, o Options, sizes []int, batch, repeats int, pr
 		sort.Float64s(ds)
 		out = append(out, BacklogResult{Runnable: n, Batch: batch, MedianMs: ds[len(ds)/2], P90Ms: ds[len(ds)*9/10]})
 	}
-	_ = scratch.Drop(ctx, pool, schema, benchMachines)
+	_ = scratch.Drop(ctx, pool, schema)
 	return out, nil
 }

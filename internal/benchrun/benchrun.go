@@ -190,17 +190,16 @@ func (o *Options) defaults() error {
 	return nil
 }
 
-// benchMachines names every machine a bench workload runs or seeds rows
-// of: a bench schema holding instances of any other is someone else's
-// data, never dropped without --reset-schema.
-var benchMachines = []string{"bench_job", "bench_fsm3", "bench_await", "bench_fanout", "bench_pickup", "bench_keys", "long_horizon_job"}
-
-func init() { scratch.Share(benchMachines...) } // the demo may reuse bench's schema
+// The machines a bench workload runs or seeds rows of: a bench schema
+// holding instances of any other is someone else's data, never dropped
+// without --reset-schema (scratch.Share).
+func init() {
+	scratch.Share("bench_job", "bench_fsm3", "bench_await", "bench_fanout", "bench_pickup", "bench_keys", "long_horizon_job")
+}
 
 // prepare gives the run a fresh schema of its own (see Options.Schema).
 func (o *Options) prepare(ctx context.Context, pool *pgxpool.Pool) error {
-	return scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Machines: benchMachines,
-		Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger})
+	return scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger})
 }
 
 // queueConfig is the configuration of each of the run's queues.
@@ -385,7 +384,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := o.prepare(ctx, pool); err != nil {
 		return nil, err
 	}
-	defer func() { _ = scratch.Drop(context.Background(), pool, o.Schema, benchMachines) }()
+	defer func() { _ = scratch.Drop(context.Background(), pool, o.Schema) }()
 	if !o.FreshStats {
 		q, err := sqlq.New(o.Schema)
 		if err != nil {

@@ -51,7 +51,7 @@ func Floor(ctx context.Context, o Options, conns int, d time.Duration) (*FloorRe
 	if err := o.prepare(ctx, pool); err != nil {
 		return nil, err
 	}
-	defer func() { _ = scratch.Drop(context.Background(), pool, o.Schema, benchMachines) }()
+	defer func() { _ = scratch.Drop(context.Background(), pool, o.Schema) }()
 	q, err := sqlq.New(o.Schema)
 	if err != nil {
 		return nil, err

@@ -69,7 +69,7 @@ func HeldPick(ctx context.Context, o Options, sizes []int, batch, repeats int, p
 			out = append(out, res...)
 		}
 	}
-	_ = scratch.Drop(ctx, pool, o.Schema, benchMachines)
+	_ = scratch.Drop(ctx, pool, o.Schema)
 	return out, nil
 }
 

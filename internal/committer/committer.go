@@ -454,9 +454,10 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 	}
 }
 
-// recover completes byID, the answer of a retried statement, with those of
-// the fenced-out outcomes batch that an earlier attempt whose answer was lost had
-// written (sqlq.RecoverOutcomes, docs/design.md §4 "A lost answer"): they
+// recover completes byID, the answer of a retried statement, with the
+// outcomes of batch (those the retry found fenced out) that an earlier
+// attempt whose answer was lost had written (sqlq.RecoverOutcomes,
+// docs/design.md §4 "A lost answer"): they
 // are fenced out on the retry by their own write. A chained step comes
 // back with the claim the lost attempt drew for it, while that claim is
 // still the row's, so the worker runs it rather than leaving it to the

@@ -158,7 +158,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Machines: machineNames(), Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger}); err != nil {
+	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger}); err != nil {
 		return nil, err
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -272,11 +272,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	return s, nil
 }
 
-func init() { scratch.Share(machineNames()...) } // bench may reuse the demo's schema
-
-// machineNames names the demo's machines: a demo schema holding instances
-// of any other is not the demo's to drop (scratch.Options.Machines).
-func machineNames() []string {
+// The demo's machines: a demo schema holding instances of any other is not
+// the demo's to drop (scratch.Share).
+func init() {
 	checkout, ship, receipt := machines()
-	return []string{checkout.Name, ship.Name, receipt.Name}
+	scratch.Share(checkout.Name, ship.Name, receipt.Name)
 }

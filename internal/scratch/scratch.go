@@ -38,11 +38,6 @@ var ErrAborted = errors.New("aborted: schema left as it was")
 type Options struct {
 	// Owner names the command in the schema's mark: "demo", "bench".
 	Owner string
-	// Machines names every machine the command runs: a marked schema that
-	// holds instances or definitions of any other machine (beside those of
-	// Share) or a queue row (which only an operator's pause writes) holds
-	// someone else's data and is refused like an unmarked one.
-	Machines []string
 	// Reset drops an existing schema that is not marked (the operator's
 	// explicit --reset-schema). Default false: such a schema is refused.
 	Reset bool
@@ -61,27 +56,30 @@ type Options struct {
 }
 
 // shared names the machines of every scratch command linked into this
-// program (Share): bench may reuse the demo's schema and the demo bench's,
-// so the rows of either are the other's to drop too.
+// program (Share): a marked schema that holds instances or definitions of
+// any other machine, or a queue row (which only an operator's pause
+// writes), holds someone else's data and is refused like an unmarked one.
+// Bench may reuse the demo's schema and the demo bench's, so the rows of
+// either are the other's to drop too.
 var shared struct {
 	sync.Mutex
 	names []string
 }
 
 // Share records machines a scratch command of this program runs (called
-// from its package's init): Prepare and Drop take their rows as the
-// caller's own, beside Options.Machines.
+// from its package's init): Prepare and Drop drop a marked schema only
+// while every row in it is of a machine shared so.
 func Share(names ...string) {
 	shared.Lock()
 	defer shared.Unlock()
 	shared.names = append(shared.names, names...)
 }
 
-// own is machines and every shared name.
-func own(machines []string) []string {
+// own is every shared machine name.
+func own() []string {
 	shared.Lock()
 	defer shared.Unlock()
-	return append(slices.Clone(machines), shared.names...)
+	return slices.Clone(shared.names)
 }
 
 const defaultRemedy = "choose another --schema, or pass --reset-schema to drop it and everything in it (with --yes when stdin is not a terminal)"
@@ -104,7 +102,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	if info.Exists && info.Scratch() {
 		// An earlier run's: dropped if it holds only what gendurable put
 		// there and nothing elsewhere depends on it.
-		err := dropOwn(ctx, db, schema, own(o.Machines))
+		err := dropOwn(ctx, db, schema)
 		switch {
 		case err == nil:
 			info.Exists = false
@@ -186,14 +184,14 @@ func Ensure(ctx context.Context, db *pgxpool.Pool, schema string, o Options) err
 
 // Drop drops schema if it carries the scratch mark and holds only what
 // gendurable put there — of rows, only instances and definitions of the
-// named machines — and leaves it alone otherwise (ErrNotScratch when
+// machines of Share — and leaves it alone otherwise (ErrNotScratch when
 // something else is in it or depends on it).
-func Drop(ctx context.Context, db *pgxpool.Pool, schema string, machines []string) error {
+func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
 	info, err := sqlq.InspectSchema(ctx, db, schema)
 	if err != nil || !info.Exists || !info.Scratch() {
 		return err
 	}
-	return dropOwn(ctx, db, schema, own(machines))
+	return dropOwn(ctx, db, schema)
 }
 
 // dropOwn drops a marked schema, in one transaction, without CASCADE:
@@ -201,17 +199,17 @@ func Drop(ctx context.Context, db *pgxpool.Pool, schema string, machines []strin
 // them), then the schema itself. An object someone added to the schema, or
 // one elsewhere that depends on gendurable's tables (a view, a foreign
 // key), stops it (SQLSTATE 2BP01): then nothing is dropped and the error
-// wraps ErrNotScratch; so do rows of machines not in machines, and queue
+// wraps ErrNotScratch; so do rows of machines not shared (Share), and queue
 // rows (sqlq.ForeignRows: it looks once without a lock, then again with the
 // tables locked, so nothing is added between the look and the drop). The mark says the schema was created by
 // demo or bench, not that all it holds is theirs.
-func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string, machines []string) error {
+func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	foreign, err := sqlq.ForeignRows(ctx, tx, schema, machines)
+	foreign, err := sqlq.ForeignRows(ctx, tx, schema, own())
 	if err != nil {
 		return err
 	}

@@ -84,7 +84,8 @@ func TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
-	o := Options{Owner: "demo", Machines: []string{"checkout", "ship_item"}}
+	Share("checkout", "ship_item") // what the demo's package does in its init
+	o := Options{Owner: "demo"}
 	count := func(schema, table string) int {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".`+table).Scan(&n))
@@ -106,7 +107,7 @@ func TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped(t *testing.T) {
 			require.ErrorIs(t, err, ErrNotScratch)
 			require.Contains(t, err.Error(), "holds rows they did not write")
 			require.Equal(t, before, count(schema, tc.table), "a refused schema keeps its rows")
-			require.ErrorIs(t, Drop(ctx, pool, schema, o.Machines), ErrNotScratch)
+			require.ErrorIs(t, Drop(ctx, pool, schema), ErrNotScratch)
 			require.Equal(t, before, count(schema, tc.table))
 
 			reset := o
@@ -136,7 +137,7 @@ func TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped(t *testing.T) {
 	// Its own machines' rows, in every status, are the command's to drop,
 	// and so are those of a machine another scratch command of the program
 	// shares (bench reuses the demo's schema).
-	Share("bench_job")
+	Share("bench_job") // what bench's package does in its init
 	schema := freshName(t, pool)
 	require.NoError(t, Prepare(ctx, pool, schema, o))
 	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('checkout', 'a'), ('ship_item', 'b'), ('bench_job', 'perform')`)

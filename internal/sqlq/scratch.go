@@ -103,10 +103,20 @@ func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (
 		machines = []string{} // NULL would make every comparison unknown
 	}
 	s := quoteIdent(schema)
-	tables := []struct{ table, col, foreign, what string }{
+	all := []struct{ table, col, foreign, what string }{
 		{"gendurable_instances", "fsm", "fsm <> ALL($1::text[])", "instances of machines it does not run"},
 		{"gendurable_machines", "name", "name <> ALL($1::text[])", "definitions of machines it does not run"},
 		{"gendurable_queues", "name", "$1::text[] IS NOT NULL", "queue rows (written by an operator's pause)"},
+	}
+	tables := all[:0]
+	for _, t := range all {
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s+"."+t.table).Scan(&exists); err != nil {
+			return "", err
+		}
+		if exists {
+			tables = append(tables, t)
+		}
 	}
 	for _, lock := range []bool{false, true} {
 		if lock {
@@ -116,13 +126,6 @@ func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (
 		}
 		var parts []string
 		for _, t := range tables {
-			var exists bool
-			if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s+"."+t.table).Scan(&exists); err != nil {
-				return "", err
-			}
-			if !exists {
-				continue
-			}
 			if lock {
 				if _, err := tx.Exec(ctx, "LOCK TABLE "+s+"."+t.table+" IN SHARE ROW EXCLUSIVE MODE"); err != nil {
 					return "", err
