@@ -49,6 +49,20 @@ func LongHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 // plainIdent is an identifier PostgreSQL takes as it is, unquoted.
 var plainIdent = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
+// eventRelations names the schema's relations as a harness passes them to
+// to_regclass: a schema that is not a plain lower-case identifier is quoted.
+func eventRelations(schema string, names ...string) []string {
+	qs := schema
+	if !plainIdent.MatchString(schema) {
+		qs = pgx.Identifier{schema}.Sanitize()
+	}
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = qs + "." + n
+	}
+	return out
+}
+
 func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg, err := longhorizon.FromEnv(getenv)
 	if err != nil {
@@ -103,12 +117,6 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 		return err
 	}
 
-	// The names as a driver passes them to to_regclass: a schema that is
-	// not a plain lower-case identifier is quoted.
-	qs := schema
-	if !plainIdent.MatchString(schema) {
-		qs = pgx.Identifier{schema}.Sanitize()
-	}
 	// The database connected to (a URL naming none connects to the user's).
 	dbName := pcfg.ConnConfig.Database
 	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName); err != nil {
@@ -117,10 +125,9 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 	out := longhorizon.NewEmitter(stdout)
 	if err := out.Emit(longhorizon.Descriptor{
 		Kind: "descriptor", System: "gendurable",
-		EventTables: []string{qs + ".gendurable_instances"},
-		EventIndexes: []string{qs + ".gendurable_instances_pkey", qs + ".gendurable_instances_pick_plain",
-			qs + ".gendurable_instances_pick_keyed", qs + ".gendurable_instances_lease",
-			qs + ".gendurable_instances_finished"},
+		EventTables: eventRelations(schema, "gendurable_instances"),
+		EventIndexes: eventRelations(schema, "gendurable_instances_pkey", "gendurable_instances_pick_plain",
+			"gendurable_instances_pick_keyed", "gendurable_instances_lease", "gendurable_instances_finished"),
 		Extensions: []string{}, Version: moduleVersion(), SchemaVersion: strconv.Itoa(res.To),
 		DBName: dbName, StartedAt: time.Now().UTC().Format(longhorizon.TimeFormat),
 		InstanceID: cfg.InstanceID,

@@ -10,6 +10,8 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/longhorizon"
+	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -61,4 +63,33 @@ func TestLongHorizonRetentionFromEnv(t *testing.T) {
 	require.Equal(t, time.Second, pruneIntervalFor(time.Second))
 	require.Equal(t, 15*time.Second, pruneIntervalFor(time.Minute))
 	require.Equal(t, gendurable.DefaultPruneInterval, pruneIntervalFor(30*24*time.Hour))
+}
+
+// TestEventRelationsResolve: the descriptor's table and index names are
+// what a harness passes to to_regclass; for a schema that is not a plain
+// lower-case identifier (upper case) they must still resolve to
+// the schema's relations, and a plain one is left unquoted.
+func TestEventRelationsResolve(t *testing.T) {
+	t.Parallel()
+	pool, plain := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	mixed := "LH_Mixed_" + plain
+	_, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{mixed}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS `+pgx.Identifier{mixed}.Sanitize()+` CASCADE`)
+	})
+	_, err = migrate.Up(ctx, pool, mixed)
+	require.NoError(t, err)
+	names := []string{"gendurable_instances", "gendurable_instances_pkey", "gendurable_instances_pick_plain",
+		"gendurable_instances_pick_keyed", "gendurable_instances_lease", "gendurable_instances_finished"}
+	require.Equal(t, plain+".gendurable_instances", eventRelations(plain, names[0])[0])
+	for _, schema := range []string{plain, mixed} {
+		for _, rel := range eventRelations(schema, names...) {
+			var ns string
+			require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce((SELECT n.nspname FROM pg_class c
+				JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)), '')`, rel).Scan(&ns))
+			require.Equal(t, schema, ns, "to_regclass(%q)", rel)
+		}
+	}
 }
