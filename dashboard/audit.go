@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -17,10 +18,12 @@ import (
 // does for everything else, still records every action and failed login.
 const LevelAudit = slog.LevelWarn
 
-// Failed logins and refused hosts are logged at most failureLogBurst times
-// per failureLogWindow per remote IP; the next line logged for that IP says
-// how many were left out. At most failureLogIPs addresses are tracked; past
-// that, the rest share one allowance.
+// Failed logins and refused actions (the audit trail), and refused hosts
+// and cross-origin requests (warnings), are logged at most failureLogBurst
+// times per failureLogWindow per client, each kind with its own allowance
+// (logLimiter); a window that left lines out ends with a line saying how
+// many. At most failureLogIPs clients are tracked; past that, the rest
+// share one allowance.
 const (
 	failureLogBurst  = 5
 	failureLogWindow = time.Minute
@@ -95,8 +98,7 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 // failedLogin records credentials that were presented and did not match,
 // rate-limited per remote IP.
 func (d *dashboard) failedLogin(r *http.Request) {
-	ok, dropped := d.limiter.allow(remoteIP(r), time.Now())
-	if !ok {
+	if !d.auditLimit.allow(clientOf(r), time.Now()) {
 		return
 	}
 	attrs := []any{"action", "login", "outcome", "failed", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path}
@@ -108,9 +110,6 @@ func (d *dashboard) failedLogin(r *http.Request) {
 	} else {
 		attrs = append(attrs, "scheme", "bearer")
 	}
-	if dropped > 0 {
-		attrs = append(attrs, "suppressed_before", dropped)
-	}
 	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: failed login", attrs...)
 }
 
@@ -121,25 +120,35 @@ func remoteIP(r *http.Request) string {
 	return r.RemoteAddr
 }
 
-// logLimiter allows a few log lines per remote IP per window.
+// logLimiter allows a few log lines per client per window (a remote IPv4
+// address, or an IPv6 /64: one host has a whole /64 to send from). A
+// window in which lines were left out ends with one line saying how many
+// (report, called once the window has passed, from a timer or from the
+// client's next line, whichever comes first), on the logger the lines
+// left out would have gone to.
 type logLimiter struct {
-	mu sync.Mutex
-	m  map[string]*logBucket
+	mu     sync.Mutex
+	m      map[string]*logBucket
+	after  func(time.Duration, func())                      // time.AfterFunc; a test's clock
+	report func(client string, dropped int, since time.Time) // a window's lines left out
 }
 
 type logBucket struct {
 	start      time.Time
 	n, dropped int
+	window     int // counts windows: a timer set in an earlier one does nothing
 }
 
-func newLogLimiter() *logLimiter { return &logLimiter{m: map[string]*logBucket{}} }
+func newLogLimiter(report func(client string, dropped int, since time.Time)) *logLimiter {
+	return &logLimiter{m: map[string]*logBucket{}, report: report,
+		after: func(d time.Duration, f func()) { time.AfterFunc(d, f) }}
+}
 
-// allow reports whether a line for ip may be logged at now, and how many
-// lines for it were left out in its previous window.
-func (l *logLimiter) allow(ip string, now time.Time) (ok bool, dropped int) {
+// allow reports whether a line for client may be logged at now. A count
+// of the client's previous window's lines left out is reported first.
+func (l *logLimiter) allow(client string, now time.Time) bool {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	b := l.m[ip]
+	b := l.m[client]
 	if b == nil {
 		if len(l.m) >= failureLogIPs {
 			for k, v := range l.m {
@@ -148,24 +157,64 @@ func (l *logLimiter) allow(ip string, now time.Time) (ok bool, dropped int) {
 				}
 			}
 			if len(l.m) >= failureLogIPs {
-				ip = "(other addresses)"
+				client = otherClients
 			}
 		}
-		if b = l.m[ip]; b == nil {
+		if b = l.m[client]; b == nil {
 			b = &logBucket{start: now}
-			l.m[ip] = b
+			l.m[client] = b
 		}
 	}
+	dropped, since := 0, b.start
 	if now.Sub(b.start) >= failureLogWindow {
 		dropped = b.dropped
 		b.start, b.n, b.dropped = now, 0, 0
+		b.window++
 	}
-	if b.n >= failureLogBurst {
-		b.dropped++
-		return false, 0
+	ok := b.n < failureLogBurst
+	if ok {
+		b.n++
+	} else if b.dropped++; b.dropped == 1 {
+		window := b.window
+		l.after(b.start.Add(failureLogWindow).Sub(now), func() { l.expire(client, b, window) })
 	}
-	b.n++
-	return true, dropped
+	l.mu.Unlock()
+	if dropped > 0 {
+		l.report(client, dropped, since)
+	}
+	return ok
+}
+
+// expire reports b's lines left out once its window has passed, unless a
+// line of the client's reported them already.
+func (l *logLimiter) expire(client string, b *logBucket, window int) {
+	l.mu.Lock()
+	dropped, since := 0, b.start
+	if b.window == window {
+		dropped, b.dropped = b.dropped, 0
+	}
+	l.mu.Unlock()
+	if dropped > 0 {
+		l.report(client, dropped, since)
+	}
+}
+
+// otherClients is the one allowance of clients past failureLogIPs.
+const otherClients = "(other addresses)"
+
+// clientOf is the limiters' name for r's client: its remote IP, an IPv6
+// address's /64.
+func clientOf(r *http.Request) string {
+	h := remoteIP(r)
+	ip, err := netip.ParseAddr(h)
+	if err != nil || !ip.Is6() || ip.Is4In6() {
+		return h
+	}
+	p, err := ip.WithZone("").Prefix(64)
+	if err != nil {
+		return h
+	}
+	return p.String()
 }
 
 // inertHandler passes records on to h with DEL, C1 controls (U+0080–U+009F)

@@ -117,7 +117,15 @@ func TestAuditTrail(t *testing.T) {
 	require.Equal(t, gendurable.StatusFailed, e.instance(live).Status)
 
 	// Failed logins: logged, at most 5 a minute from one address; a request
-	// without credentials is a challenge, not a failed login.
+	// without credentials is a challenge, not a failed login. Requests for
+	// a host not served, which need no credentials, come first: their
+	// warnings have an allowance of their own and leave the audit trail's
+	// whole.
+	for range 10 {
+		r := do(t, h, req{method: http.MethodGet, path: "/", remote: "10.9.9.9:1000", host: "evil.example"})
+		require.Equal(t, http.StatusMisdirectedRequest, r.code)
+	}
+	require.Len(t, log.with("dashboard: request for a host not served (DNS rebinding?); add it to AllowedHosts if it is yours"), 5)
 	for range 12 {
 		r := do(t, h, req{method: http.MethodGet, path: "/", remote: "10.9.9.9:1000",
 			header: map[string]string{"Authorization": basicHeader("ops", "guess")}})

@@ -85,12 +85,16 @@
 //     request header, is closed to make room), as
 //     `gendurable ui` does, or give your own server the same bounds.
 //   - Audit trail: one line per action (refused ones too, cross-origin
-//     POSTs included, at most a few a minute per remote IP; a bulk action's
+//     POSTs included, at most five a minute per client; a bulk action's
 //     line names its ids or filter, its counts and the ids it changed, the
 //     first [gendurable.MaxBulkIDs], with changed_ids_truncated past
 //     them) and per failed
-//     login (at most a few a minute per remote IP) on Options.AuditLogger at
-//     [LevelAudit], with who, what, which ids, from where and the outcome.
+//     login (those two together at most five a minute per client — a
+//     remote IPv4 address or IPv6 /64 — and a line at the minute's end
+//     counting the rest) on Options.AuditLogger at [LevelAudit], with who,
+//     what, which ids, from where and the outcome. Warnings a client can
+//     cause without credentials (a host name not served) have an allowance
+//     of their own and cannot use up the audit trail's.
 //   - Every request runs under a timeout (Options.RequestTimeout).
 //   - Lists are bounded (at most [MaxPageSize] rows a page); request bodies
 //     are bounded too.
@@ -221,8 +225,9 @@ type Options struct {
 	// mutation (pause, resume, retry, cancel, cancel with descendants, run
 	// now, signal, bulk retry and cancel — refused ones too) with who, what,
 	// which ids (or filter), from where and the outcome, and one per failed
-	// login (credentials presented and wrong; at most a few a minute per
-	// remote IP, the rest counted).
+	// login (credentials presented and wrong). Failed logins and refused
+	// actions are at most five a minute per client (remote IPv4 address or
+	// IPv6 /64); a line at the minute's end counts the rest.
 	// Default Logger.
 	AuditLogger *slog.Logger
 
@@ -253,7 +258,9 @@ type dashboard struct {
 
 	anyHost bool            // AllowedHosts holds "*"
 	allowed map[string]bool // AllowedHosts, lower case
-	limiter *logLimiter     // failed logins and refused hosts, per remote IP
+	// Per client (logLimiter): failed logins and refused actions (the audit
+	// trail); refused hosts and cross-origin requests (warnings).
+	auditLimit, warnLimit *logLimiter
 }
 
 // New returns the dashboard for eng as an http.Handler.
@@ -323,7 +330,15 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		opts.Title = "gendurable"
 	}
 	d := &dashboard{eng: eng, opts: opts, base: base, log: opts.Logger, auditor: opts.AuditLogger,
-		anyHost: anyHost, allowed: allowed, limiter: newLogLimiter()}
+		anyHost: anyHost, allowed: allowed}
+	d.auditLimit = newLogLimiter(func(client string, dropped int, since time.Time) {
+		d.auditor.Log(context.Background(), LevelAudit, "dashboard audit: lines left out",
+			"left_out", dropped, "client", client, "since", since.UTC(), "what", "failed logins and refused actions, over the allowance")
+	})
+	d.warnLimit = newLogLimiter(func(client string, dropped int, since time.Time) {
+		d.log.Warn("dashboard: warnings left out", "left_out", dropped, "client", client, "since", since.UTC(),
+			"what", "refused host names and cross-origin requests, over the allowance")
+	})
 	if a := opts.BasicAuth; a != nil {
 		d.basicUser, d.basicPass = sha256.Sum256([]byte(a.User)), sha256.Sum256([]byte(a.Password))
 	}
@@ -374,19 +389,16 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		if _, pattern := mux.Handler(r); actions[pattern] != "" {
 			// A refused action: on the audit trail (a few a minute per
 			// remote IP, as failed logins), with who was signed in.
-			if ok, dropped := d.limiter.allow(remoteIP(r), time.Now()); ok {
+			if d.auditLimit.allow(clientOf(r), time.Now()) {
 				user := userOf(r)
 				if user == "" {
 					user = "(no authentication configured)"
 				}
 				attrs = append([]any{"action", actions[pattern], "outcome", "refused", "status", http.StatusForbidden,
 					"reason", "cross-origin", "user", user}, attrs...)
-				if dropped > 0 {
-					attrs = append(attrs, "suppressed_before", dropped)
-				}
 				d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+actions[pattern], attrs...)
 			}
-		} else {
+		} else if d.warnLimit.allow(clientOf(r), time.Now()) {
 			d.log.Warn("dashboard: cross-origin request rejected", attrs...)
 		}
 		d.errorPage(w, r, http.StatusForbidden, "Cross-origin request refused. Use the dashboard's own buttons.")
@@ -411,9 +423,9 @@ func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !d.hostAllowed(r) {
 		// Before authentication, without reading the body, and the
 		// connection closes after the answer.
-		if ok, dropped := d.limiter.allow(remoteIP(r), time.Now()); ok {
+		if d.warnLimit.allow(clientOf(r), time.Now()) {
 			d.log.Warn("dashboard: request for a host not served (DNS rebinding?); add it to AllowedHosts if it is yours",
-				"host", r.Host, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "suppressed_before", dropped)
+				"host", r.Host, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
 		}
 		refuse(w, r, http.StatusMisdirectedRequest, "421 misdirected request: this dashboard does not serve that host name\n")
 		return

@@ -38,7 +38,7 @@ func friendly(err error) (int, string, bool) {
 	case errors.Is(err, gendurable.ErrInstanceFinished):
 		return http.StatusConflict, "The instance has already finished; it accepts no more signals.", true
 	case errors.Is(err, gendurable.ErrInvalidSignal):
-		return http.StatusBadRequest, "Invalid signal: the name must be 1 to 200 bytes, not starting or ending with white space, and the dedup key at most 1000, both valid UTF-8 without control characters or bidirectional controls (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C), and the payload JSON within the engine's size limit.", true
+		return http.StatusBadRequest, "Invalid signal: the name must be 1 to 200 bytes, not starting or ending with white space, and the dedup key at most 1000, both valid UTF-8 without control characters or bidirectional controls (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C), and the payload JSON that PostgreSQL's jsonb can store (numbers within numeric's range, no lone UTF-16 surrogate escapes such as \\ud800) within the engine's size limit.", true
 	case errors.Is(err, gendurable.ErrInvalidInput):
 		return http.StatusBadRequest, "Invalid input: names, filters and search text must be valid UTF-8 without control characters or bidirectional controls, names must not start or end with white space, none may be too long, and a number in a state filter must fit PostgreSQL's numeric type.", true
 	case errors.Is(err, gendurable.ErrUnknownQueue):

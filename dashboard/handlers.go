@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -252,6 +253,9 @@ func (d *dashboard) parseList(q url.Values) (gendurable.ListFilter, listForm, er
 	}
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
+		if errors.Is(err, strconv.ErrRange) && v[0] != '-' {
+			n, err = MaxPageSize, nil // a positive number past int: bounded as any other
+		}
 		if err != nil || n < 1 {
 			return f, form, inputError("The page size must be a positive number.")
 		}

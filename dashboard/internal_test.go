@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -203,44 +204,91 @@ func TestFriendlyNeverEchoesEngineText(t *testing.T) {
 	require.Equal(t, "short", truncate(10, "short"))
 }
 
-// TestLogLimiter: a few lines per IP per window, the count of the ones
-// left out reported with the next line, and a bounded number of addresses
-// tracked.
+// TestLogLimiter: a few lines per client per window; a window that left
+// lines out is reported once, by its timer or by the client's next line,
+// whichever comes first; a bounded number of clients tracked.
 func TestLogLimiter(t *testing.T) {
 	t.Parallel()
-	l := newLogLimiter()
+	type report struct {
+		client  string
+		dropped int
+		since   time.Time
+	}
+	var reports []report
+	var timers []func()
+	l := newLogLimiter(func(c string, n int, since time.Time) { reports = append(reports, report{c, n, since}) })
+	l.after = func(_ time.Duration, f func()) { timers = append(timers, f) }
 	t0 := time.Unix(1_000_000, 0)
 	for i := range failureLogBurst {
-		ok, dropped := l.allow("a", t0.Add(time.Duration(i)*time.Second))
-		require.True(t, ok)
-		require.Zero(t, dropped)
+		require.True(t, l.allow("a", t0.Add(time.Duration(i)*time.Second)))
 	}
 	for range 7 {
-		ok, _ := l.allow("a", t0.Add(10*time.Second))
-		require.False(t, ok)
+		require.False(t, l.allow("a", t0.Add(10*time.Second)))
 	}
-	ok, _ := l.allow("b", t0.Add(10*time.Second))
-	require.True(t, ok, "another address has its own allowance")
-	ok, dropped := l.allow("a", t0.Add(failureLogWindow))
-	require.True(t, ok)
-	require.Equal(t, 7, dropped, "the next line says how many were left out")
+	require.Len(t, timers, 1, "one timer for the window's lines left out")
+	require.True(t, l.allow("b", t0.Add(10*time.Second)), "another client has its own allowance")
+	require.Empty(t, reports)
+	// The window ends with nothing more from a: its timer reports the count.
+	timers[0]()
+	require.Equal(t, []report{{"a", 7, t0}}, reports)
+	timers[0]() // once
+	require.Len(t, reports, 1)
 
-	// Past failureLogIPs addresses, new ones share one allowance.
-	for i := range failureLogIPs - 2 { // with a and b: full
+	// The client's next line, after the window, reports first when it
+	// comes before the timer; the timer then reports nothing.
+	t1 := t0.Add(failureLogWindow)
+	for i := range failureLogBurst + 3 {
+		l.allow("a", t1.Add(time.Duration(i)*time.Millisecond))
+	}
+	require.Len(t, timers, 2)
+	t2 := t1.Add(failureLogWindow)
+	require.True(t, l.allow("a", t2))
+	require.Equal(t, report{"a", 3, t1}, reports[1])
+	l.allow("a", t2) // drops into the new window must not be taken by the old timer
+	for range failureLogBurst {
+		l.allow("a", t2)
+	}
+	timers[1]()
+	require.Len(t, reports, 2, "the old window's timer reported nothing")
+	require.Len(t, timers, 3)
+	timers[2]()
+	require.Equal(t, report{"a", 2, t2}, reports[2]) // 7 lines in the window, 5 allowed
 
-		l.allow(fmt.Sprint("ip", i), t0.Add(failureLogWindow))
+	// Past failureLogIPs clients, new ones share one allowance.
+	l.allow("b", t2) // b's window starts again: not stale
+	for i := 0; len(l.m) < failureLogIPs; i++ {
+		l.allow(fmt.Sprint("ip", i), t2)
 	}
 	require.LessOrEqual(t, len(l.m), failureLogIPs+1)
 	n := 0
 	for i := range 20 {
-		if ok, _ := l.allow(fmt.Sprint("new", i), t0.Add(failureLogWindow)); ok {
+		if l.allow(fmt.Sprint("new", i), t2) {
 			n++
 		}
 	}
 	require.Equal(t, failureLogBurst, n)
 	require.LessOrEqual(t, len(l.m), failureLogIPs+1)
-	// Once the window has passed, stale addresses make room again.
-	ok, _ = l.allow("late", t0.Add(3*failureLogWindow))
-	require.True(t, ok)
+	timers[len(timers)-1]()
+	require.Equal(t, report{otherClients, 20 - failureLogBurst, t2}, reports[len(reports)-1])
+	// Once the window has passed, stale clients make room again.
+	require.True(t, l.allow("late", t2.Add(3*failureLogWindow)))
 	require.Less(t, len(l.m), 10)
+}
+
+// TestClientOf: an IPv6 client is its /64; IPv4 (and IPv4 in IPv6) its
+// address.
+func TestClientOf(t *testing.T) {
+	t.Parallel()
+	for remote, want := range map[string]string{
+		"192.0.2.7:5000":             "192.0.2.7",
+		"[2001:db8:1:2:3:4:5:6]:443": "2001:db8:1:2::/64",
+		"[2001:db8:1:2:ffff::1]:1":   "2001:db8:1:2::/64",
+		"[fe80::1%eth0]:80":          "fe80::/64",
+		"[::ffff:192.0.2.7]:80":      "::ffff:192.0.2.7",
+		"not an address":             "not an address",
+	} {
+		r := httptest.NewRequest("GET", "/", nil)
+		r.RemoteAddr = remote
+		require.Equal(t, want, clientOf(r), remote)
+	}
 }

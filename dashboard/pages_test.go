@@ -73,6 +73,10 @@ func TestListFiltersAndPaging(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.code)
 	require.Len(t, rowIDs(r.body), dashboard.MaxPageSize)
 	require.NotEmpty(t, nextLink(r.body))
+	// As is one past what an int holds.
+	r = get(t, h, "/instances?limit=99999999999999999999")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Len(t, rowIDs(r.body), dashboard.MaxPageSize)
 
 	// Default page size, then keyset paging through everything.
 	seen := map[string]bool{}
@@ -140,7 +144,7 @@ func TestListFiltersAndPaging(t *testing.T) {
 	require.Contains(t, r.body, `name="state" value="{&#34;item&#34;: &#34;&lt;b&gt;&#34;}"`)
 
 	// Bad input is a 400 with our message.
-	for _, q := range []string{"status=bogus", "from=yesterday", "to=13/13/2020", "limit=-1", "limit=x", "before=-5", "before=abc",
+	for _, q := range []string{"status=bogus", "from=yesterday", "to=13/13/2020", "limit=-1", "limit=x", "limit=-99999999999999999999", "limit=0", "before=-5", "before=abc",
 		"q=" + strings.Repeat("x", 1001), "state=7", "state=" + url.QueryEscape(`{"a":`), "state=null",
 		"state=" + url.QueryEscape(`{"a": "`+strings.Repeat("x", 1000)+`"}`)} {
 		r := get(t, h, "/instances?"+q)

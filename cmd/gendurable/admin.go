@@ -467,7 +467,7 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	now := time.Now()
 	for _, in := range page.Instances {
 		fmt.Fprintf(tw, "%d\t%s@%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", in.ID, display.Terminal(in.Machine), in.Version, display.Terminal(in.Queue), display.Terminal(in.Step), listStatus(in, now),
-			display.Run(in.Attempt, in.MaxAttempts, in.Status), in.MaxAttempts, in.InsertedAt.Local().Format(time.DateTime), oneLine(in.LastError, 60))
+			display.Run(in.Attempt, in.MaxAttempts, in.Status), in.MaxAttempts, in.InsertedAt.Local().Format(localStamp), oneLine(in.LastError, 60))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -481,19 +481,26 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return nil
 }
 
+// localStamp and localTime are how text output writes a time of this
+// machine's zone: named, as messages in UTC end in Z (RFC 3339).
+const (
+	localStamp = time.DateTime + " MST"
+	localTime  = time.TimeOnly + " MST"
+)
+
 // listStatus is list's STATUS column: the status, and for a runnable
 // instance not eligible yet (scheduled, or backing off before its next
 // attempt) when it becomes eligible, by this machine's clock — "runnable,
-// due 14:03:07", with the date when it is not today.
+// due 14:03:07 CET", with the date when it is not today.
 func listStatus(in gendurable.InstanceSummary, now time.Time) string {
 	s := display.Terminal(string(in.Status))
 	if in.Status != gendurable.StatusRunnable || !in.EligibleAt.After(now) {
 		return s
 	}
 	due := in.EligibleAt.Local()
-	layout := time.TimeOnly
+	layout := localTime
 	if y, m, d := due.Date(); y != now.Local().Year() || m != now.Local().Month() || d != now.Local().Day() {
-		layout = time.DateTime
+		layout = localStamp
 	}
 	return s + ", due " + due.Format(layout)
 }
@@ -532,7 +539,7 @@ func printInstance(stdout io.Writer, d *gendurable.InstanceDetail) {
 		fmt.Fprintf(stdout, "result   %s\n", p(string(d.Result)))
 	}
 	for _, e := range d.Errors {
-		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(time.DateTime), p(e.Step), display.Attempt(e.Attempt), p(e.Kind), oneLine(e.Error, 200))
+		fmt.Fprintf(stdout, "error    %s step %s attempt %d [%s] %s\n", e.At.Local().Format(localStamp), p(e.Step), display.Attempt(e.Attempt), p(e.Kind), oneLine(e.Error, 200))
 		printStack(stdout, e.Stack)
 	}
 	for _, s := range d.Signals {

@@ -201,9 +201,9 @@ func TestAttemptsShownFromOne(t *testing.T) {
 	require.Regexp(t, `(?m)^1 .* runnable  +2/3 `, out, "eligible now: no due time")
 	due := time.Now().Add(time.Hour).Local()
 	if due.Day() == time.Now().Local().Day() {
-		require.Regexp(t, `(?m)^4 .* runnable, due \d\d:\d\d:\d\d  +\d+/\d+ `, out, "scheduled later today")
+		require.Regexp(t, `(?m)^4 .* runnable, due \d\d:\d\d:\d\d \S+  +\d+/\d+ `, out, "scheduled later today")
 	}
-	require.Regexp(t, `(?m)^5 .* runnable, due \d{4}-\d\d-\d\d \d\d:\d\d:\d\d  +\d+/\d+ `, out, "scheduled another day")
+	require.Regexp(t, `(?m)^5 .* runnable, due \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+  +\d+/\d+ `, out, "scheduled another day")
 	require.Regexp(t, `(?m)^1 .* 2/3 `, out)
 	require.Regexp(t, `(?m)^2 .* 3/3 `, out)
 	require.Regexp(t, `(?m)^3 .* 6/3 `, out)

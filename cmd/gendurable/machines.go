@@ -6,7 +6,6 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/display"
@@ -57,7 +56,7 @@ func machinesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			flow = "declared"
 		}
 		if m.SeenAt != nil {
-			seen = m.SeenAt.Local().Format(time.DateTime)
+			seen = m.SeenAt.Local().Format(localStamp)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\n", display.Terminal(m.Name), m.Version, display.Terminal(m.Start), len(m.Steps), flow, seen)
 	}
