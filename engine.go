@@ -10,6 +10,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/backoff"
@@ -19,6 +20,7 @@ import (
 	"github.com/gendurable/gendurable/internal/maintenance"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
 )
 
 // Defaults of Config and QueueConfig.
@@ -304,6 +306,11 @@ type Engine struct {
 	ownCtx   context.Context      // Background, marked as the engine's own (insideEngine): steps' and feeder hooks' base
 
 	oversized oversizedGuard // failOversized's backoff
+
+	// Outcomes the database did not confirm (events.go), since New: Stop
+	// reports those of the Stop's own drain, and those a closed pool
+	// refused during the run (runState keeps the counts at its start).
+	unconfirmed, closedPool atomic.Int64
 }
 
 // startState is a Start in progress (see Engine.starting).
@@ -330,6 +337,8 @@ type runState struct {
 	// result: a second Stop (or a Start) called meanwhile waits for it.
 	stopped chan struct{}
 	stopErr error
+	// closedPoolAtStart is Engine.closedPool when the run started.
+	closedPoolAtStart int64
 }
 
 // New validates cfg and returns an engine. It does not touch the database.
@@ -621,7 +630,7 @@ func (e *Engine) Start(ctx context.Context) error {
 		return c
 	}
 	e.commits.Resume() // a Stop out of time may have aborted it
-	rs := &runState{scheds: map[string]*feeder.Feeder{}, stopped: make(chan struct{})}
+	rs := &runState{scheds: map[string]*feeder.Feeder{}, stopped: make(chan struct{}), closedPoolAtStart: e.closedPool.Load()}
 	// The maintenance services start first and stop last, after the
 	// feeders have drained. They run until Stop, not under ctx, which
 	// bounds start-up only.
@@ -747,6 +756,13 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // Steps already abandoned for ignoring their context past StepTimeout
 // (the engine wrote their outcomes) are not waited for; if any still run,
 // Stop says so with an error wrapping [ErrStepTimeout].
+// Stop's error also says when prefetched rows could not be handed back
+// (they are reaped after their lease), when outcomes of its drain were not
+// confirmed by the database, and when the pool was closed while the engine
+// ran (wrapping puddle.ErrClosedPool: close the pool after Stop returns),
+// with how many outcomes that cost — each was logged when it happened, and
+// its step runs again once its lease expires
+// (TestStopAfterThePoolWasClosedSaysSo).
 // The maintenance services stop last, in the reverse of their start order:
 // a statement they have in flight is cancelled, and the last merge of
 // observed transitions (graph.go) runs for at most 5 s and not past ctx —
@@ -844,6 +860,7 @@ func (e *Engine) stopRun(ctx context.Context, rs *runState, report func(error)) 
 		close(rs.stopped)
 	}()
 	start := time.Now()
+	unconfirmedBefore := e.unconfirmed.Load()
 	// late ends stopGrace after ctx: what Stop still waits for past ctx's
 	// end (the release of prefetched rows, steps returning on cancel).
 	late, lateDone := afterGrace(ctx, stopGrace)
@@ -916,13 +933,28 @@ func (e *Engine) stopRun(ctx context.Context, rs *runState, report func(error)) 
 		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d steps abandoned for ignoring their context past StepTimeout are still running (the engine wrote their outcomes): %w",
 			abandoned, ErrStepTimeout))
 	}
+	for name, s := range rs.scheds {
+		if n, rerr := s.ReleaseFailed(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("gendurable: stop: queue %q: handing back %d prefetched rows failed (they are reaped after their lease): %w", name, n, rerr))
+		}
+	}
+	if n := e.closedPool.Load() - rs.closedPoolAtStart; n > 0 {
+		err = errors.Join(err, fmt.Errorf("gendurable: stop: the pool was closed while the engine ran: %d outcomes could not be written, and their steps run again once their leases expire (close the pool only after Stop returns): %w",
+			n, puddle.ErrClosedPool))
+	} else if n := e.unconfirmed.Load() - unconfirmedBefore; n > 0 {
+		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d outcomes were not confirmed while the engine stopped (the database did not answer; each may have been written — if not, its step runs again once its lease expires)", n))
+	}
 	for name := range rs.scheds {
 		e.emit(e.ownCall(ctx), &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})
 	}
 	rs.beatCancel()
 	maintenance.StopAll(ctx, rs.services) // in reverse start order, each waited for; a final flush ends with ctx
 	rs.heartbeats.Wait()
-	e.log.Info("gendurable: engine stopped", "drained", completed, "took", time.Since(start))
+	if err != nil {
+		e.log.Warn("gendurable: engine stopped", "drained", completed, "took", time.Since(start), "err", err)
+	} else {
+		e.log.Info("gendurable: engine stopped", "drained", completed, "took", time.Since(start))
+	}
 	return err
 }
 

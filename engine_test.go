@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
 	"github.com/stretchr/testify/require"
 )
 
@@ -3056,4 +3057,53 @@ func TestStopFromAStepStopsTheEngineAndKeepsItsOutcome(t *testing.T) {
 	b.waitStatus(id2, "done", 10*time.Second)
 	require.NoError(t, eng.Stop(ctx))
 	require.Len(t, calls, 0, "each step ran once")
+}
+
+// TestStopAfterThePoolWasClosedSaysSo: the pool closed while steps run
+// (a defer in the wrong order) — their outcomes cannot be written, nor
+// the prefetched rows handed back. Stop used to return nil and log
+// "drained"; its error now says how many outcomes the closed pool refused
+// and that prefetched rows were not handed back, wrapping
+// puddle.ErrClosedPool. The rows run again elsewhere once their leases
+// expire.
+func TestStopAfterThePoolWasClosedSaysSo(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	job := &gendurable.Job[orderArgs]{Name: "closedpool", Perform: func(context.Context, *gendurable.Run[orderArgs]) error {
+		<-release
+		return nil
+	}}
+	b := setup(t, fastConfig("", job))
+	pool, _ := cutOffPool(t, 3)
+	cfg := fastConfig(b.schema, job)
+	cfg.Logger = testLogger(t)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 2*time.Second, 500*time.Millisecond
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, Prefetch: 2}}
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	var ids []int64
+	for i := range 4 {
+		res, err := b.eng.Insert(context.Background(), job.New(orderArgs{I: i}))
+		require.NoError(t, err)
+		ids = append(ids, res.ID)
+	}
+	require.NoError(t, eng.Start(context.Background()))
+	require.Eventually(t, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 4
+	}, 10*time.Second, 10*time.Millisecond, "two running, two prefetched")
+	pool.Close()
+	close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = eng.Stop(ctx)
+	t.Logf("Stop: %v", err)
+	require.ErrorIs(t, err, puddle.ErrClosedPool)
+	require.ErrorContains(t, err, "2 outcomes could not be written")
+	require.ErrorContains(t, err, "handing back 2 prefetched rows failed")
+
+	// Nothing was lost: another engine runs all four once the leases expire.
+	b.start()
+	for _, id := range ids {
+		b.waitStatus(id, "done", 15*time.Second)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/gendurable/gendurable/internal/committer"
 	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/puddle/v2"
 )
 
 // execEvents turns what the executor observes into hook events, logs and
@@ -38,6 +39,10 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 			"if it was not, the step runs again after its lease expires",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
 	case commitErr != nil:
+		e.unconfirmed.Add(1)
+		if errors.Is(commitErr, puddle.ErrClosedPool) {
+			e.closedPool.Add(1)
+		}
 		e.log.Error("gendurable: outcome not confirmed (the database did not answer; it may have been written): "+
 			"if it was not, the step runs again after its lease expires",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)

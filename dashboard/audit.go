@@ -129,7 +129,7 @@ func remoteIP(r *http.Request) string {
 type logLimiter struct {
 	mu     sync.Mutex
 	m      map[string]*logBucket
-	after  func(time.Duration, func())                      // time.AfterFunc; a test's clock
+	after  func(time.Duration, func())                       // time.AfterFunc; a test's clock
 	report func(client string, dropped int, since time.Time) // a window's lines left out
 }
 

@@ -3,9 +3,9 @@ package dashboard
 import (
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"net/url"
 	"strings"
-	"net/http/httptest"
 	"testing"
 	"time"
 

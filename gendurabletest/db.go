@@ -24,8 +24,9 @@ const (
 )
 
 // DefaultMaxConns is the size of a test's pool unless DBOpts.MaxConns says
-// otherwise.
-const DefaultMaxConns = 8
+// otherwise: more than a queue's default Concurrency (10), as the engine
+// asks (picks, heartbeats and outcomes need connections beside the steps).
+const DefaultMaxConns = 12
 
 // DB is one test's database: a migrated schema of its own and a pool to
 // reach it. Pass Schema in [gendurable.Config], or build the engine with
@@ -40,7 +41,7 @@ type DBOpts struct {
 	// URL of the PostgreSQL server. Default: $GENDURABLE_TEST_DATABASE_URL,
 	// else $DATABASE_URL; with neither, the test is skipped.
 	URL string
-	// MaxConns is the pool's size. Default DefaultMaxConns (8). An engine
+	// MaxConns is the pool's size. Default DefaultMaxConns (12). An engine
 	// whose queues' Concurrency adds up to it or more logs a warning: give
 	// it more.
 	MaxConns int32

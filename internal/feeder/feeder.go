@@ -216,6 +216,10 @@ type Feeder struct {
 	abandoned int
 	more      bool // the last pick was full, or an outcome made work runnable or freed a key's slot
 	released  int  // rows handed back when Run stopped
+	// releaseFailed rows were not handed back when Run stopped: the
+	// statement failed with releaseErr.
+	releaseFailed int
+	releaseErr    error
 	// lastBeat is when the held leases were last confirmed (or nothing was
 	// held): dispatch holds buffered rows back when it is old.
 	lastBeat time.Time
@@ -999,12 +1003,23 @@ func (s *Feeder) releaseBuffer() {
 	released, err := s.q.Release(ctx, s.db, ids, tokens, 0)
 	s.mu.Lock()
 	s.released = len(released)
+	if err != nil {
+		s.releaseFailed, s.releaseErr = len(ids), err
+	}
 	s.mu.Unlock()
 	s.ev.Released(s.cfg.Queue, len(released), err)
 	if err != nil {
 		s.log.Warn("gendurable: releasing prefetched rows failed; the reaper will recover them",
 			"queue", s.cfg.Queue, "rows", len(ids), "err", err)
 	}
+}
+
+// ReleaseFailed reports the prefetched rows Run could not hand back when it
+// stopped, and why (nil: none).
+func (s *Feeder) ReleaseFailed() (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.releaseFailed, s.releaseErr
 }
 
 // ReleasedOnStop is the number of prefetched rows Run handed back when it stopped.
