@@ -103,6 +103,8 @@ func TestInvalidConfig(t *testing.T) {
 	require.ErrorIs(t, nilMachine.ValidateOutcome("a", gendurable.Done(nil)), gendurable.ErrInvalidConfig)
 }
 
+// TestStartRefusesUnmigratedSchema: Start on a schema never migrated is
+// ErrSchemaVersion (version 0) and ErrNotMigrated, naming what to run.
 func TestStartRefusesUnmigratedSchema(t *testing.T) {
 	t.Parallel()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
@@ -110,6 +112,7 @@ func TestStartRefusesUnmigratedSchema(t *testing.T) {
 	require.NoError(t, err)
 	err = eng.Start(context.Background())
 	require.ErrorIs(t, err, gendurable.ErrSchemaVersion)
+	require.ErrorIs(t, err, gendurable.ErrNotMigrated, "never migrated: as an insert on it says")
 	require.EqualError(t, err, fmt.Sprintf("%v: start: schema %q is at version 0, this library needs %d; run `gendurable migrate up --schema %s` (or migrate.Up)",
 		gendurable.ErrSchemaVersion, schema, migrate.Latest(), schema))
 }

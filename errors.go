@@ -115,7 +115,8 @@ var (
 	// github.com/gendurable/gendurable/migrate) for the schema.
 	// Operator calls, inserts and signals return it; the CLI exits 1 with
 	// that hint and the dashboard shows it. ([Engine.Start] checks the
-	// version itself and returns [ErrSchemaVersion].)
+	// version itself and returns [ErrSchemaVersion]; on a schema never
+	// migrated, its error is ErrNotMigrated too.)
 	ErrNotMigrated = errors.New("gendurable: schema not migrated")
 
 	// ErrAlreadyStarted: Start was called on a running engine.
@@ -237,10 +238,14 @@ func (s *schemaVersionError) Error() string {
 }
 
 func (s *schemaVersionError) Unwrap() []error {
-	if s.err == nil { // Start's check: no statement failed
-		return []error{ErrSchemaVersion}
+	errs := []error{ErrSchemaVersion}
+	if s.have == 0 { // Start's check, on a schema never migrated
+		errs = append(errs, ErrNotMigrated)
 	}
-	return []error{ErrSchemaVersion, s.err}
+	if s.err != nil { // nil: Start's check, no statement failed
+		errs = append(errs, s.err)
+	}
+	return errs
 }
 
 // versionReadTimeout bounds dbErr's read of the schema version.
