@@ -89,6 +89,8 @@ func (o Outcome) Timeout(d time.Duration) Outcome {
 // around it (tx.Conn(), tx.LargeObjects()) are not timed. tx is a wrapper,
 // not the pool's own transaction type.
 //
+// WithTx(nil) is the outcome as it was, without a transaction.
+//
 // Cost: a transaction of its own (BEGIN, fn's statements, the outcome,
 // COMMIT) instead of one statement that can share a batched commit.
 func (o Outcome) WithTx(fn func(ctx context.Context, tx pgx.Tx) error) Outcome {

@@ -121,6 +121,9 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "quickstart:", err)
+		if errors.Is(err, scratch.ErrNotScratch) {
+			os.Exit(2) // as `gendurable demo` does: a schema it will not touch
+		}
 		os.Exit(1)
 	}
 }
@@ -152,7 +155,7 @@ func init() { scratch.Share(OrderMachine.Name, ReceiptJob.Name) }
 var scratchOptions = scratch.Options{
 	Owner: "quickstart",
 	Remedy: "nothing was changed: drop it yourself if it is a leftover (DROP SCHEMA " + schema +
-		" CASCADE), or unset DATABASE_URL to run the demo against a throwaway PostgreSQL",
+		" CASCADE), or unset DATABASE_URL to run the quickstart against a throwaway PostgreSQL",
 }
 
 func newEngine(pool *pgxpool.Pool, logger *slog.Logger) (*gendurable.Engine, error) {

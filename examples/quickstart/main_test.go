@@ -99,8 +99,11 @@ func TestByHandCommandsShareTheDemosSchema(t *testing.T) {
 	}
 	for _, args := range [][]string{{"insert", "-n", "1"}, {"status"}, {"work"}, {"demo", "-n", "1"}} {
 		out2, err = quickstart(args...)
-		require.Error(t, err, "%q: %s", args, out2)
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, "%q: %s", args, out2)
+		require.Equal(t, 2, exit.ExitCode(), "%q: exit 2, as gendurable demo's refusal", args)
 		require.Contains(t, out2, `"quickstart" holds 1 objects`, "%q", args)
+		require.Contains(t, out2, "unset DATABASE_URL to run the quickstart", "%q", args)
 		require.Contains(t, out2, "DROP SCHEMA quickstart CASCADE", "%q", args)
 		require.NotContains(t, out2, "--reset-schema", "%q: a flag quickstart does not have", args)
 		require.Equal(t, 1, strings.Count(strings.TrimSpace(out2), "\n")+1, "%q: one line: %s", args, out2)

@@ -224,7 +224,7 @@ func (p *Periodic) insertSlot(ctx context.Context, i int, d *dueSlot) bool {
 	})
 	if err == nil {
 		if !dup {
-			logger(p.Log).Info("gendurable: periodic slot inserted", "periodic", name, "slot", d.at, "id", id)
+			logger(p.Log).Debug("gendurable: periodic slot inserted", "periodic", name, "slot", d.at, "id", id)
 		}
 		return true
 	}
