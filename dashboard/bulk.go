@@ -3,6 +3,9 @@ package dashboard
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -211,7 +214,7 @@ func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 	if strings.Contains(b.back, "?") {
 		sep = "&"
 	}
-	http.Redirect(w, r, d.link(b.back)+sep+v.Encode(), http.StatusSeeOther)
+	http.Redirect(w, r, d.link(b.back)+sep+d.signFlash(v).Encode(), http.StatusSeeOther)
 }
 
 // noteSent notes on the audit line of a refused bulk request what it
@@ -248,16 +251,42 @@ func cut(s string) string {
 	return s
 }
 
+// signFlash adds to a bulk action's flash parameters v their signature
+// (sig): an HMAC, under a key this dashboard drew at New, of the flash
+// parameters and their values.
+func (d *dashboard) signFlash(v url.Values) url.Values {
+	v.Set("sig", d.flashMAC(v))
+	return v
+}
+
+// flashSigned reports whether q's flash parameters carry their signature.
+func (d *dashboard) flashSigned(q url.Values) bool {
+	return hmac.Equal([]byte(q.Get("sig")), []byte(d.flashMAC(q)))
+}
+
+func (d *dashboard) flashMAC(v url.Values) string {
+	m := hmac.New(sha256.New, d.flashKey[:])
+	for _, k := range flashParams {
+		if k == "sig" {
+			continue
+		}
+		fmt.Fprintf(m, "%s=%q;", k, v[k])
+	}
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
 // maxNotedIDs is how many ticked ids a refused bulk request's audit line
 // repeats.
 const maxNotedIDs = 20
 
 // bulkFlash is the message after a bulk action: a fixed text with counts
-// (numbers only, so a crafted link can make it say nothing else).
-func bulkFlash(q url.Values) string {
+// (numbers only), shown only when the redirect's signature (signFlash)
+// holds — a crafted link cannot claim counts, or that an action stopped
+// part way and should be submitted again.
+func (d *dashboard) bulkFlash(q url.Values) string {
 	flash := q.Get("flash")
 	verb := map[string]string{"bulk-retried": "Retried", "bulk-cancelled": "Cancelled", "tree-cancelled": "Cancelled"}[flash]
-	if verb == "" {
+	if verb == "" || !d.flashSigned(q) {
 		return ""
 	}
 	num := func(k string) int64 {

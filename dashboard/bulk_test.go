@@ -134,10 +134,21 @@ func TestBulkInputIsValidated(t *testing.T) {
 	}
 	require.Equal(t, gendurable.StatusRunnable, e.instance(live).Status, "nothing changed")
 
-	// A crafted flash link shows numbers only.
+	// A crafted flash link shows nothing: not its counts, nor that an
+	// action stopped part way and should be submitted again — only the
+	// dashboard's own redirect, signed, does.
 	r := get(t, h, "/instances?flash=bulk-retried&changed=%3Cscript%3E&skipped=2")
-	require.Contains(t, r.body, "Retried 0 instance(s); 2 skipped")
+	require.NotContains(t, r.body, `class="flash"`)
 	require.NotContains(t, r.body, "<script>")
+	require.NotContains(t, get(t, h, "/instances/1?flash=tree-cancelled&changed=3&partial=1").body, "submit again")
+	signed := post(t, h, "/bulk/cancel", url.Values{"id": {"999999"}, "reason": {"x"}})
+	require.Equal(t, http.StatusSeeOther, signed.code, signed.body)
+	loc, err := url.Parse(signed.header.Get("Location"))
+	require.NoError(t, err)
+	require.Contains(t, get(t, h, loc.String()).body, "Cancelled 0 instance(s); 1 not found.")
+	forged := loc.Query()
+	forged.Set("changed", "3")
+	require.NotContains(t, get(t, h, loc.Path+"?"+forged.Encode()).body, `class="flash"`, "counts changed, signature kept")
 
 	// The list offers the bulk form, the "all matching" buttons only when
 	// filtered; read-only, neither form nor boxes.

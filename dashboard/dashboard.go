@@ -117,12 +117,14 @@
 //     into another name.
 //   - After a POST the handler redirects (303) to a page whose query string
 //     names a flash message from a fixed list (a bulk action's adds counts,
-//     read as numbers), so a crafted link cannot make the page display
-//     arbitrary text.
+//     read as numbers, shown only under a signature the dashboard made),
+//     so a crafted link cannot make the page display arbitrary text, nor
+//     claim counts or an action stopped part way.
 package dashboard
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -261,6 +263,7 @@ type dashboard struct {
 	// Per client (logLimiter): failed logins and refused actions (the audit
 	// trail); refused hosts and cross-origin requests (warnings).
 	auditLimit, warnLimit *logLimiter
+	flashKey              [32]byte // signs bulk actions' flash counts (signFlash)
 }
 
 // New returns the dashboard for eng as an http.Handler.
@@ -331,6 +334,9 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	}
 	d := &dashboard{eng: eng, opts: opts, base: base, log: opts.Logger, auditor: opts.AuditLogger,
 		anyHost: anyHost, allowed: allowed}
+	if _, err := rand.Read(d.flashKey[:]); err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
 	d.auditLimit = newLogLimiter(func(client string, dropped int, since time.Time) {
 		d.auditor.Log(context.Background(), LevelAudit, "dashboard audit: lines left out",
 			"left_out", dropped, "client", client, "since", since.UTC(), "what", "failed logins and refused actions, over the allowance")

@@ -121,7 +121,7 @@ type view struct {
 func (d *dashboard) render(w http.ResponseWriter, r *http.Request, code int, page, title, nav string, data any) {
 	v := view{Title: title, AppTitle: d.opts.Title, Nav: nav, ReadOnly: d.opts.ReadOnly, User: userOf(r), Now: time.Now(), Data: data}
 	if code < 300 {
-		v.Flash = flashOf(r)
+		v.Flash = d.flashOf(r)
 		v.Refresh = d.refreshLinks(r)
 	}
 	var buf bytes.Buffer
