@@ -77,7 +77,31 @@ func Down(ctx context.Context, db DB, schema string) (Result, error) {
 // join count: parked and joining instances never wake). Move down only to
 // undo an upgrade that nothing has run on yet, or with nothing in flight.
 func To(ctx context.Context, db DB, schema string, target int) (Result, error) {
-	from, applied, err := sqlq.Migrate(ctx, db, schema, target)
+	return to(ctx, db, schema, target, 0)
+}
+
+// ErrDirection is returned (wrapped) by UpTo when the installed version is
+// above its target, and by DownTo when it is below: read under the
+// migration's lock, so another migrator that moved the schema after the
+// caller looked is caught. Nothing was applied.
+var ErrDirection = sqlq.ErrMigrateDirection
+
+// UpTo migrates schema up to target, as To does, but never down: a schema
+// installed above target is left as it is, with an error wrapping
+// ErrDirection.
+func UpTo(ctx context.Context, db DB, schema string, target int) (Result, error) {
+	return to(ctx, db, schema, target, 1)
+}
+
+// DownTo migrates schema down to target, as To does, but never up: a schema
+// installed below target is left as it is, with an error wrapping
+// ErrDirection. What a down migration loses is said at To.
+func DownTo(ctx context.Context, db DB, schema string, target int) (Result, error) {
+	return to(ctx, db, schema, target, -1)
+}
+
+func to(ctx context.Context, db DB, schema string, target, dir int) (Result, error) {
+	from, applied, err := sqlq.MigrateDir(ctx, db, schema, target, dir)
 	if err != nil {
 		return Result{From: from, To: from}, fmt.Errorf("gendurable: migrate %q to %d: %w", schema, target, err)
 	}

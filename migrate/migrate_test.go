@@ -666,3 +666,32 @@ func behindABlocker(t *testing.T) (*pgxpool.Pool, string, pgx.Tx) {
 	require.NoError(t, err)
 	return pool, schema, blocker
 }
+
+// TestUpToAndDownToMoveOneWayOnly: UpTo never moves a schema down, DownTo
+// never up (ErrDirection, nothing applied); each moves its own way as To.
+func TestUpToAndDownToMoveOneWayOnly(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	last := migrate.Latest()
+	res, err := migrate.UpTo(ctx, pool, schema, last-1)
+	require.NoError(t, err)
+	require.Equal(t, last-1, res.To)
+	_, err = migrate.DownTo(ctx, pool, schema, last)
+	require.ErrorIs(t, err, migrate.ErrDirection)
+	res, err = migrate.UpTo(ctx, pool, schema, last)
+	require.NoError(t, err)
+	require.Equal(t, []int{last}, res.Applied)
+	res, err = migrate.UpTo(ctx, pool, schema, last-1)
+	require.ErrorIs(t, err, migrate.ErrDirection)
+	require.Equal(t, migrate.Result{From: last, To: last}, res)
+	v, err := migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, last, v, "nothing applied")
+	res, err = migrate.DownTo(ctx, pool, schema, last-1)
+	require.NoError(t, err)
+	require.Equal(t, []int{last}, res.Applied)
+	res, err = migrate.UpTo(ctx, pool, schema, last-1)
+	require.NoError(t, err, "already there")
+	require.Empty(t, res.Applied)
+}

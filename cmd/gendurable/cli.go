@@ -545,7 +545,14 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 				return err
 			}
 		}
-		res, err = migrate.To(ctx, pool, *schema, target)
+		// The direction is checked again under the migration's lock: a
+		// concurrent migrator may have moved the schema since it was read
+		// above (and since a down was confirmed).
+		if action == "up" {
+			res, err = migrate.UpTo(ctx, pool, *schema, target)
+		} else {
+			res, err = migrate.DownTo(ctx, pool, *schema, target)
+		}
 		if err != nil {
 			return err
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -1319,4 +1320,70 @@ func TestCLIMigrateToAVersion(t *testing.T) {
 		require.Equal(t, exitError, code, "%v: %s", cmd, errOut)
 		require.Contains(t, jsonError(t, args, errOut, "schema_version", exitError), "upgrade this gendurable")
 	}
+}
+
+// TestMigrateDirectionIsCheckedUnderTheLock: `migrate up --to N` reads the
+// installed version, finds it below N, then waits for the migration lock
+// another migrator holds; that one moves the schema past N meanwhile. Up
+// used to go on and move the schema down to N — dropping columns without
+// the confirmation a down asks for (a probe: 19 → 17 in two of three
+// rounds); it refuses now (exit 1, code conflict) and changes nothing.
+// The same for `down --to N` overtaken below N: it moved up.
+func TestMigrateDirectionIsCheckedUnderTheLock(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 3})
+	ctx := context.Background()
+	last := migrate.Latest()
+	_, err := migrate.To(ctx, pool, schema, last-2)
+	require.NoError(t, err)
+	// overtake runs args while a transaction holding the schema's migration
+	// lock sets the installed version to v (the version comment), once the
+	// command waits for that lock; it returns the command's output and code.
+	overtake := func(v int, args ...string) (string, int) {
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1))`, schema)
+		require.NoError(t, err)
+		cmd := exec.Command(binary, append(append([]string{"migrate", "--json"}, args...), "--schema", schema)...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		require.NoError(t, cmd.Start())
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n))
+			return n > 0
+		}, 15*time.Second, 10*time.Millisecond, "the command waits for the lock")
+		_, err = tx.Exec(ctx, fmt.Sprintf(`COMMENT ON TABLE %s.gendurable_instances IS 'gendurable schema version %d'`,
+			pgx.Identifier{schema}.Sanitize(), v))
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+		err = cmd.Wait()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return out.String(), ee.ExitCode()
+		}
+		require.NoError(t, err)
+		return out.String(), 0
+	}
+	comment := func() string {
+		var c string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT obj_description($1::regclass, 'pg_class')`,
+			pgx.Identifier{schema, "gendurable_instances"}.Sanitize()).Scan(&c))
+		return c
+	}
+
+	// At last-2; up --to last-1 is overtaken to last.
+	out, code := overtake(last, "up", "--to", strconv.Itoa(last-1))
+	require.Equal(t, exitConflict, code, out)
+	require.Contains(t, out, `"conflict"`)
+	require.Contains(t, out, fmt.Sprintf("at version %d; moving only up to %d, nothing was applied", last, last-1))
+	require.Equal(t, fmt.Sprintf("gendurable schema version %d", last), comment(), "nothing moved down")
+
+	// At "last" (by its comment); down --to last-1 --yes is overtaken to last-2.
+	out, code = overtake(last-2, "down", "--yes", "--to", strconv.Itoa(last-1))
+	require.Equal(t, exitConflict, code, out)
+	require.Contains(t, out, fmt.Sprintf("at version %d; moving only down to %d, nothing was applied", last-2, last-1))
+	require.Equal(t, fmt.Sprintf("gendurable schema version %d", last-2), comment(), "nothing moved up")
 }

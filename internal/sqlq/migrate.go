@@ -199,6 +199,21 @@ var migrateLockWait = `SELECT ` + settingAtMost("lock_timeout", strconv.FormatIn
 // deadlock with another transaction (SQLSTATE 40P01) is tried again the
 // same way.
 func Migrate(ctx context.Context, db Beginner, schema string, target int) (from int, applied []int, err error) {
+	return MigrateDir(ctx, db, schema, target, 0)
+}
+
+// ErrMigrateDirection: a migration asked to move only up (or only down)
+// found the installed version past its target, read under the migration's
+// lock — another migrator moved the schema meanwhile. Nothing was applied.
+var ErrMigrateDirection = errors.New("the installed version is on the other side of the target")
+
+// MigrateDir is Migrate moving only up (dir > 0: refused, with
+// ErrMigrateDirection, when the installed version is above target) or only
+// down (dir < 0: refused when below target); dir 0 moves either way. The
+// direction is checked against the version read under the migration's
+// advisory lock, so a check made before it (a confirmation asked of an
+// operator) cannot be overtaken by a concurrent migrator.
+func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int) (from int, applied []int, err error) {
 	if err := ValidateSchema(schema); err != nil {
 		return 0, nil, err
 	}
@@ -207,7 +222,7 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 		return 0, nil, fmt.Errorf("target version %d out of range 0..%d", target, latest)
 	}
 	for tries := 1; ; tries++ {
-		from, applied, err = migrate1(ctx, db, schema, target)
+		from, applied, err = migrate1(ctx, db, schema, target, dir)
 		if err == nil || !LockTimedOut(err) && !Deadlocked(err) {
 			return from, applied, err
 		}
@@ -223,7 +238,7 @@ func Migrate(ctx context.Context, db Beginner, schema string, target int) (from 
 }
 
 // migrate1 is one try of Migrate: one transaction.
-func migrate1(ctx context.Context, db Beginner, schema string, target int) (from int, applied []int, err error) {
+func migrate1(ctx context.Context, db Beginner, schema string, target, dir int) (from int, applied []int, err error) {
 	latest := LatestVersion()
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -261,6 +276,10 @@ func migrate1(ctx context.Context, db Beginner, schema string, target int) (from
 	if from > latest {
 		return from, nil, fmt.Errorf("%w (%w): schema %q is at version %d, newer than this library's %d: "+
 			"upgrade this process's gendurable (a newer process migrated it)", ErrSchemaVersion, ErrSchemaUnknown, schema, from, latest)
+	}
+	if dir > 0 && from > target || dir < 0 && from < target {
+		return from, nil, fmt.Errorf("%w: schema %q is at version %d; moving only %s to %d, nothing was applied",
+			ErrMigrateDirection, schema, from, map[bool]string{true: "up", false: "down"}[dir > 0], target)
 	}
 	ms := Migrations()
 	if target >= from {
