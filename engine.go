@@ -679,8 +679,11 @@ func (e *Engine) Start(ctx context.Context) error {
 // startError is Start's error for a check that failed doing what; one a
 // connection pooler gives pgx's named prepared statements says what to set.
 func startError(what string, err error) error {
-	if sqlq.PreparedStatementClash(err) {
+	switch {
+	case sqlq.PreparedStatementClash(err):
 		what += " (" + sqlq.PoolerHint + ")"
+	case sqlq.StatementPooling(err):
+		what += " (" + sqlq.StatementPoolingHint + ")"
 	}
 	return fmt.Errorf("gendurable: start: %s: %w", what, err)
 }
@@ -942,7 +945,7 @@ func (e *Engine) stopRun(ctx context.Context, rs *runState, report func(error)) 
 		err = errors.Join(err, fmt.Errorf("gendurable: stop: the pool was closed while the engine ran: %d outcomes could not be written, and their steps run again once their leases expire (close the pool only after Stop returns): %w",
 			n, puddle.ErrClosedPool))
 	} else if n := e.unconfirmed.Load() - unconfirmedBefore; n > 0 {
-		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d outcomes were not confirmed while the engine stopped (the database did not answer; each may have been written — if not, its step runs again once its lease expires)", n))
+		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d outcomes were not written or not confirmed while the engine stopped (the database refused them, or did not answer and each may have been written; a step whose outcome was not written runs again once its lease expires)", n))
 	}
 	for name := range rs.scheds {
 		e.emit(e.ownCall(ctx), &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})

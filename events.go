@@ -9,6 +9,7 @@ import (
 	"github.com/gendurable/gendurable/internal/committer"
 	"github.com/gendurable/gendurable/internal/executor"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/puddle/v2"
 )
 
@@ -43,9 +44,21 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 		if errors.Is(commitErr, puddle.ErrClosedPool) {
 			e.closedPool.Add(1)
 		}
-		e.log.Error("gendurable: outcome not confirmed (the database did not answer; it may have been written): "+
-			"if it was not, the step runs again after its lease expires",
-			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
+		var pgErr *pgconn.PgError
+		switch {
+		case errors.As(commitErr, &pgErr):
+			// The server answered with an error: the statement (and its
+			// transaction) was rolled back.
+			attrs := []any{"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr}
+			if sqlq.StatementPooling(commitErr) {
+				attrs = append(attrs, "hint", sqlq.StatementPoolingHint)
+			}
+			e.log.Error("gendurable: outcome not written (the database refused it): the step runs again after its lease expires", attrs...)
+		default:
+			e.log.Error("gendurable: outcome not confirmed (the database did not answer; it may have been written): "+
+				"if it was not, the step runs again after its lease expires",
+				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
+		}
 	case ev.Fenced:
 		e.log.Warn("gendurable: outcome fenced out: the claim no longer holds the instance (its lease was lost, or an operator moved it)",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)

@@ -641,3 +641,24 @@ func TestPgBouncerWithTxAsksForTheBackendPID(t *testing.T) {
 		})
 	}
 }
+
+// TestStartRefusesStatementPooling: behind PgBouncer in statement pooling
+// mode, which runs no transaction blocks, an engine with queues used to
+// start, run plain steps, and lose every WithTx outcome (each waited out
+// a lease and was charged an attempt) with no word of the pool mode.
+// Start now fails, naming the mode and the fix.
+func TestStartRefusesStatementPooling(t *testing.T) {
+	t.Parallel()
+	url := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolSize: 2, PoolMode: "statement"}).URL
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, Extra: 2})
+	pool := bouncerPool(t, url, bouncerExecMode, 2)
+	job := &gendurable.Job[orderArgs]{Name: "stmtpool", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{job}, Logger: testLogger(t),
+		Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: 1}}})
+	require.NoError(t, err)
+	err = eng.Start(context.Background())
+	require.Error(t, err)
+	require.ErrorContains(t, err, "use pool_mode = transaction")
+	t.Logf("Start: %v", err)
+	_ = eng.Stop(context.Background())
+}

@@ -287,6 +287,9 @@ func reportError(w io.Writer, name string, err error, asJSON bool) {
 	if sqlq.PreparedStatementClash(err) && !strings.Contains(msg, sqlq.PoolerHint) {
 		msg += " (" + sqlq.PoolerHint + ")"
 	}
+	if sqlq.StatementPooling(err) && !strings.Contains(msg, sqlq.StatementPoolingHint) {
+		msg += " (" + sqlq.StatementPoolingHint + ")"
+	}
 	var ue usageError
 	if errors.As(err, &ue) && ue.help && commands[name].run != nil {
 		msg += fmt.Sprintf(" (gendurable %s --help shows its usage)", name)

@@ -317,11 +317,22 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir int) 
 
 // DefaultIsolation reads the isolation level a statement of db runs at
 // outside an explicit transaction: the level of the pick's own implicit
-// transaction, which the pick refuses unless it is read committed.
-func DefaultIsolation(ctx context.Context, db RowQuerier) (string, error) {
+// transaction, which the pick refuses unless it is read committed. It reads
+// it in a transaction of its own, begun without a level (so at that same
+// default): a pooler that cannot run transaction blocks (PgBouncer in
+// statement pooling) fails it, as it would fail WithTx outcomes
+// (StatementPooling).
+func DefaultIsolation(ctx context.Context, db Beginner) (string, error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
 	var level string
-	err := db.QueryRow(ctx, `SELECT current_setting('transaction_isolation')`).Scan(&level)
-	return level, err
+	if err := tx.QueryRow(ctx, `SELECT current_setting('transaction_isolation')`).Scan(&level); err != nil {
+		return "", err
+	}
+	return level, tx.Commit(ctx)
 }
 
 // MigrationScript is the SQL that migrates schema from version from to

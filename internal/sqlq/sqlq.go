@@ -203,6 +203,19 @@ func PreparedStatementClash(err error) bool {
 		strings.Contains(pgErr.Message, "prepared statement")
 }
 
+// StatementPooling reports the error PgBouncer in statement pooling mode
+// ends a session with once it is in a transaction block: FATAL, protocol
+// violation (08P01), "transaction blocks not allowed in statement pooling
+// mode".
+func StatementPooling(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "statement pooling")
+}
+
+// StatementPoolingHint is the advice for StatementPooling.
+const StatementPoolingHint = "PgBouncer in statement pooling runs no transaction blocks, which outcomes need: " +
+	"use pool_mode = transaction (README, \"Behind PgBouncer\")"
+
 // PoolerHint is the advice for a PreparedStatementClash.
 const PoolerHint = "behind PgBouncer in transaction pooling? use default_query_exec_mode=cache_describe " +
 	"(pgx.QueryExecModeCacheDescribe): README, \"Behind PgBouncer\""
