@@ -754,8 +754,9 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // are reaped, and Stop's error says so (TestStopWithAnOutcomeCutOff).
 // An outcome waiting on a row lock another transaction holds (a caller's
 // open SignalTx on a child's parent: docs/design.md §4) is waited for until
-// it has waited a lease, then given up (its row is reaped after its lease),
-// also when ctx has no deadline (TestStopIsNotHeldUpByAParkedOutcome).
+// it has waited a lease, then given up (its row is reaped after its lease;
+// Stop's error counts it), also when ctx has no deadline
+// (TestStopIsNotHeldUpByAParkedOutcome).
 // Steps already abandoned for ignoring their context past StepTimeout
 // (the engine wrote their outcomes) are not waited for; if any still run,
 // Stop says so with an error wrapping [ErrStepTimeout].

@@ -46,6 +46,10 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 		}
 		var pgErr *pgconn.PgError
 		switch {
+		case errors.Is(commitErr, committer.ErrLockHeld):
+			e.log.Error("gendurable: outcome given up by a Stop, not written: its row or its parent was locked by another transaction "+
+				"(a caller's open SignalTx?) for a lease; the step runs again after its lease expires",
+				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
 		case errors.As(commitErr, &pgErr):
 			// The server answered with an error: the statement (and its
 			// transaction) was rolled back.
