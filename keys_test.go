@@ -320,6 +320,70 @@ func TestKeyRateLimitsStarts(t *testing.T) {
 	require.GreaterOrEqual(t, len(claims), 20, "the key kept starting at about its rate")
 }
 
+// TestRatedRowsPrefetchedBehindBusySlotsDoNotStartTogether: every slot busy
+// with long steps, the pick fills the prefetch buffer with a rated key's
+// rows, each drawing a token as it is claimed. When the slots freed, the
+// whole buffer started at once (a probe: 6 starts of a key rated 5/s,
+// burst 2, within 41 ms). A buffered row of a rated key that waited past
+// its slack (100 ms at 5/s) goes back now, its token with it, and is
+// claimed again: the key's starts stay within its bucket, widened by the
+// slack and a pick's round trip.
+func TestRatedRowsPrefetchedBehindBusySlotsDoNotStartTogether(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var starts []time.Time
+	slow := &gendurable.Job[spanArgs]{Name: "hog", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		select {
+		case <-time.After(1500 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	rated := &gendurable.Job[spanArgs]{Name: "ratedquick", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		return nil
+	}}
+	cfg := fastConfig("", slow, rated)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, Prefetch: 8, PollInterval: 20 * time.Millisecond}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "r-", Limit: 8, Rate: 5, Per: time.Second, Burst: 2}}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for range 2 {
+		ps = append(ps, slow.New(spanArgs{}).With(gendurable.InsertOpts{Priority: -5}))
+	}
+	for range 14 {
+		ps = append(ps, rated.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "r-hot"}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	eventually(t, 20*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) == len(ps)
+	}, "every row finished")
+	mu.Lock()
+	defer mu.Unlock()
+	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+	// Burst 2 + 5/s × (the 100 ms window + its 100 ms slack + up to 300 ms
+	// of a pick's round trip on a loaded machine) = 4.5, and one for a
+	// refill at both ends: 5. The buffer of 8 started 8 within it.
+	const window, most = 100 * time.Millisecond, 5
+	for i, from := range starts {
+		n := 0
+		for _, at := range starts[i:] {
+			if at.Sub(from) < window {
+				n++
+			}
+		}
+		require.LessOrEqual(t, n, most, "%d starts of the rated key within %s of %s (rate 5/s, burst 2)", n, window, from.Format("15:04:05.000"))
+	}
+	// The tokens of the rows sent back were returned: the key went on at
+	// about its rate (14 rows: 2 at once, then one each 200 ms).
+	require.Less(t, starts[len(starts)-1].Sub(starts[0]), 5*time.Second, "the key kept its rate")
+}
+
 // TestWaitSaysARatedKeyIsLimited: Wait names the time a rated key's next
 // start comes.
 func TestWaitSaysARatedKeyIsLimited(t *testing.T) {

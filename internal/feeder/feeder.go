@@ -13,6 +13,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -185,6 +186,10 @@ type held struct {
 	// unmarking: its clear is due or in flight; heartbeats send it as
 	// started from then on.
 	marked, unmarking bool
+	// picked is when the pick that claimed it returned (local clock): a
+	// buffered row of a rated key older than its rateSlack is not started
+	// (see dispatch).
+	picked time.Time
 }
 
 // Feeder feeds one queue.
@@ -800,6 +805,28 @@ func (s *Feeder) picked(res sqlq.PickResult) {
 	}
 }
 
+// rateSlack is how long a buffered row of key may wait for a running slot
+// and still start: half the interval between two of the key's starts at
+// its policy's Rate (the longest matching prefix), within 50 ms and 1 s; 0
+// if the key has no rate. A row of a rated key therefore starts at most
+// rateSlack after the pick that claimed it returned, and the starts of a
+// key in any window of length w are at most its bucket's claims in a
+// window of w + rateSlack + a pick's round trip: Burst + Rate × that
+// (docs/design.md §6).
+func (s *Feeder) rateSlack(key string) time.Duration {
+	var best *sqlq.KeyPolicy
+	for i := range s.cfg.KeyPolicies {
+		p := &s.cfg.KeyPolicies[i]
+		if strings.HasPrefix(key, p.Prefix) && (best == nil || len(p.Prefix) > len(best.Prefix)) {
+			best = p
+		}
+	}
+	if best == nil || best.Rate <= 0 {
+		return 0
+	}
+	return min(max(time.Duration(float64(time.Second)/(2*best.Rate)), 50*time.Millisecond), time.Second)
+}
+
 // add buffers rows claimed by a pick that was sent at start: their leases
 // began after it, so their deadlines count from it. A pick that comes back
 // late (the process was stopped while it was in flight) brings claims whose
@@ -811,8 +838,9 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
 	for _, c := range rows {
-		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease)}
+		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease), picked: now}
 	}
 	s.buffer = append(s.buffer, rows...)
 	s.armLocked(start.Add(s.cfg.Lease))
@@ -855,6 +883,19 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 			lost = append(lost, h.id)
 			back.add(h.id, c.Token)
 			continue
+		}
+		if c.PartitionKey != nil {
+			if slack := s.rateSlack(*c.PartitionKey); slack > 0 && now.Sub(h.picked) > slack {
+				// A row of a rated key waited in the buffer past its slack
+				// (every slot was busy): its token was drawn when it was
+				// claimed, and starting it now would start it closer to
+				// the key's later claims than the bucket allows — a
+				// buffer of them would start at once. It goes back, its
+				// token with it (Release), and a pick claims it again.
+				delete(s.held, c.Token)
+				back.add(h.id, c.Token)
+				continue
+			}
 		}
 		if h.deadline.Sub(now) < s.cfg.Lease/2 {
 			// Less than half its lease is left: heartbeats have not
