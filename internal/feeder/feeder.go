@@ -186,10 +186,6 @@ type held struct {
 	// unmarking: its clear is due or in flight; heartbeats send it as
 	// started from then on.
 	marked, unmarking bool
-	// picked is when the pick that claimed it returned (local clock): a
-	// buffered row of a rated key older than its rateSlack is not started
-	// (see dispatch).
-	picked time.Time
 }
 
 // Feeder feeds one queue.
@@ -212,8 +208,10 @@ type Feeder struct {
 	work chan stepJob
 
 	mu       sync.Mutex
-	held     map[int64]*held // by claim token
-	buffer   []sqlq.Claimed  // claimed, not yet started, in pick order
+	held     map[int64]*held  // by claim token
+	buffer   []sqlq.Claimed   // claimed, not yet started, in pick order
+	paced    map[string]*pace // rated keys' buckets of this process's starts (paceLocked)
+	paceWake time.Time        // the wake pushed for the earliest paced start
 	inFlight int
 	// committing counts detached steps whose outcome is not committed yet.
 	committing int
@@ -805,26 +803,59 @@ func (s *Feeder) picked(res sqlq.PickResult) {
 	}
 }
 
-// rateSlack is how long a buffered row of key may wait for a running slot
-// and still start: half the interval between two of the key's starts at
-// its policy's Rate (the longest matching prefix), within 50 ms and 1 s; 0
-// if the key has no rate. A row of a rated key therefore starts at most
-// rateSlack after the pick that claimed it returned, and the starts of a
-// key in any window of length w are at most its bucket's claims in a
-// window of w + rateSlack + a pick's round trip: Burst + Rate × that
-// (docs/design.md §6).
-func (s *Feeder) rateSlack(key string) time.Duration {
-	var best *sqlq.KeyPolicy
+// pace is this process's own token bucket of a rated key (see paceLocked).
+type pace struct {
+	tokens float64
+	at     time.Time
+}
+
+// maxPaced bounds the rated keys paceLocked tracks; past it, keys whose
+// bucket has refilled (as good as untracked) are dropped.
+const maxPaced = 1024
+
+// paceLocked takes a start of key from this process's bucket of it, as the
+// key's policy (the longest matching prefix) sets it: Rate, up to Burst.
+// It returns 0 if the start may go ahead (always, for a key with no rate),
+// or how long until it may. The pick draws the same bucket in the database
+// for each row it claims, so claims stay within it across processes; a
+// row waits for its start behind busy slots, and rows claimed over a while
+// would otherwise start at once when the slots free (a probe: six starts
+// of a key rated 5/s, burst 2, within 41 ms) — starts in this process stay
+// within it too (docs/design.md §6). The caller holds s.mu.
+func (s *Feeder) paceLocked(key string, now time.Time) time.Duration {
+	var pol *sqlq.KeyPolicy
 	for i := range s.cfg.KeyPolicies {
 		p := &s.cfg.KeyPolicies[i]
-		if strings.HasPrefix(key, p.Prefix) && (best == nil || len(p.Prefix) > len(best.Prefix)) {
-			best = p
+		if strings.HasPrefix(key, p.Prefix) && (pol == nil || len(p.Prefix) > len(pol.Prefix)) {
+			pol = p
 		}
 	}
-	if best == nil || best.Rate <= 0 {
+	if pol == nil || pol.Rate <= 0 {
 		return 0
 	}
-	return min(max(time.Duration(float64(time.Second)/(2*best.Rate)), 50*time.Millisecond), time.Second)
+	burst := float64(max(pol.Burst, 1))
+	if s.paced == nil {
+		s.paced = map[string]*pace{}
+	}
+	p := s.paced[key]
+	if p == nil {
+		if len(s.paced) >= maxPaced {
+			for k, q := range s.paced {
+				if q.tokens+now.Sub(q.at).Seconds()*pol.Rate >= burst {
+					delete(s.paced, k)
+				}
+			}
+		}
+		p = &pace{tokens: burst, at: now}
+		s.paced[key] = p
+	}
+	p.tokens = min(burst, p.tokens+max(now.Sub(p.at).Seconds(), 0)*pol.Rate)
+	p.at = now
+	if p.tokens >= 1 {
+		p.tokens--
+		return 0
+	}
+	return time.Duration((1 - p.tokens) / pol.Rate * float64(time.Second))
 }
 
 // add buffers rows claimed by a pick that was sent at start: their leases
@@ -838,9 +869,8 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := time.Now()
 	for _, c := range rows {
-		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease), picked: now}
+		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease)}
 	}
 	s.buffer = append(s.buffer, rows...)
 	s.armLocked(start.Add(s.cfg.Lease))
@@ -884,19 +914,6 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 			back.add(h.id, c.Token)
 			continue
 		}
-		if c.PartitionKey != nil {
-			if slack := s.rateSlack(*c.PartitionKey); slack > 0 && now.Sub(h.picked) > slack {
-				// A row of a rated key waited in the buffer past its slack
-				// (every slot was busy): its token was drawn when it was
-				// claimed, and starting it now would start it closer to
-				// the key's later claims than the bucket allows — a
-				// buffer of them would start at once. It goes back, its
-				// token with it (Release), and a pick claims it again.
-				delete(s.held, c.Token)
-				back.add(h.id, c.Token)
-				continue
-			}
-		}
 		if h.deadline.Sub(now) < s.cfg.Lease/2 {
 			// Less than half its lease is left: heartbeats have not
 			// confirmed it for a while (the database is slow or was
@@ -920,6 +937,20 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 				h.unmarking, unmark = true, true
 			}
 			continue
+		}
+		if c.PartitionKey != nil {
+			if wait := s.paceLocked(*c.PartitionKey, now); wait > 0 {
+				// A rated key whose starts in this process would outrun
+				// its bucket (rows claimed a token at a time while every
+				// slot was busy): it waits for the next start the rate
+				// allows; the rows behind it may start meanwhile.
+				kept = append(kept, c)
+				if at := now.Add(wait); s.paceWake.Before(now) || at.Before(s.paceWake) {
+					s.paceWake = at
+					heap.Push(&s.wakes, at)
+				}
+				continue
+			}
 		}
 		ctx, cancel := context.WithCancelCause(workCtx)
 		h.running, h.cancel = true, cancel
