@@ -758,13 +758,14 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // Stop's error counts it), also when ctx has no deadline
 // (TestStopIsNotHeldUpByAParkedOutcome).
 // Steps already abandoned for ignoring their context past StepTimeout
-// (the engine wrote their outcomes) are not waited for; if any still run,
+// (the engine sent their outcomes) are not waited for; if any still run,
 // Stop says so with an error wrapping [ErrStepTimeout].
 // Stop's error also says when prefetched rows could not be handed back
 // (they are reaped after their lease), when outcomes of its drain were not
-// confirmed by the database, and when the pool was closed while the engine
-// ran (wrapping puddle.ErrClosedPool: close the pool after Stop returns),
-// with how many outcomes that cost — each was logged when it happened, and
+// written or not confirmed by the database, and when outcomes were refused
+// because the pool was closed while the engine ran (wrapping
+// puddle.ErrClosedPool: close the pool after Stop returns; a closed pool
+// that cost no outcome is not noticed), with how many outcomes that cost — each was logged when it happened, and
 // its step runs again once its lease expires
 // (TestStopAfterThePoolWasClosedSaysSo).
 // The maintenance services stop last, in the reverse of their start order:
@@ -934,7 +935,7 @@ func (e *Engine) stopRun(ctx context.Context, rs *runState, report func(error)) 
 	}
 	err = errors.Join(abandonedPick, err)
 	if abandoned > 0 {
-		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d steps abandoned for ignoring their context past StepTimeout are still running (the engine wrote their outcomes): %w",
+		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d steps abandoned for ignoring their context past StepTimeout are still running (the engine sent their outcomes; the log says if one was not written): %w",
 			abandoned, ErrStepTimeout))
 	}
 	for name, s := range rs.scheds {
@@ -946,7 +947,7 @@ func (e *Engine) stopRun(ctx context.Context, rs *runState, report func(error)) 
 		err = errors.Join(err, fmt.Errorf("gendurable: stop: the pool was closed while the engine ran: %d outcomes could not be written, and their steps run again once their leases expire (close the pool only after Stop returns): %w",
 			n, puddle.ErrClosedPool))
 	} else if n := e.unconfirmed.Load() - unconfirmedBefore; n > 0 {
-		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d outcomes were not written or not confirmed while the engine stopped (the database refused them, or did not answer and each may have been written; a step whose outcome was not written runs again once its lease expires)", n))
+		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d outcomes were not written while the engine stopped, or not confirmed (refused by the database, given up on a row another transaction held locked, or unanswered — those may have been written; see the log); a step whose outcome was not written runs again once its lease expires", n))
 	}
 	for name := range rs.scheds {
 		e.emit(e.ownCall(ctx), &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})

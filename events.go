@@ -50,7 +50,11 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 			e.log.Error("gendurable: outcome given up by a Stop, not written: its row or its parent was locked by another transaction "+
 				"(a caller's open SignalTx?) for a lease; the step runs again after its lease expires",
 				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
-		case errors.As(commitErr, &pgErr):
+		case errors.Is(commitErr, puddle.ErrClosedPool):
+			e.log.Error("gendurable: outcome not written: the pool was closed while the engine ran (close it after Engine.Stop returns); "+
+				"the step runs again after its lease expires",
+				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
+		case errors.As(commitErr, &pgErr) && !errors.Is(commitErr, committer.ErrMaybeWritten):
 			// The server answered with an error: the statement (and its
 			// transaction) was rolled back.
 			attrs := []any{"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr}

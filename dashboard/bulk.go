@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/gendurable/gendurable"
@@ -214,7 +215,8 @@ func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 	if strings.Contains(b.back, "?") {
 		sep = "&"
 	}
-	http.Redirect(w, r, d.link(b.back)+sep+d.signFlash(v).Encode(), http.StatusSeeOther)
+	path, _, _ := strings.Cut(b.back, "?")
+	http.Redirect(w, r, d.link(b.back)+sep+d.signFlash(path, v).Encode(), http.StatusSeeOther)
 }
 
 // noteSent notes on the audit line of a refused bulk request what it
@@ -251,21 +253,34 @@ func cut(s string) string {
 	return s
 }
 
-// signFlash adds to a bulk action's flash parameters v their signature
-// (sig): an HMAC, under a key this dashboard drew at New, of the flash
-// parameters and their values.
-func (d *dashboard) signFlash(v url.Values) url.Values {
-	v.Set("sig", d.flashMAC(v))
+// signFlash adds to a bulk action's flash parameters v, for a redirect to
+// path (relative to the base, no query), the time (at) and their signature
+// (sig): an HMAC, under a key this dashboard drew at New, of the path, the
+// flash parameters and their values.
+func (d *dashboard) signFlash(path string, v url.Values) url.Values {
+	v.Set("at", strconv.FormatInt(time.Now().Unix(), 10))
+	v.Set("sig", d.flashMAC(path, v))
 	return v
 }
 
-// flashSigned reports whether q's flash parameters carry their signature.
-func (d *dashboard) flashSigned(q url.Values) bool {
-	return hmac.Equal([]byte(q.Get("sig")), []byte(d.flashMAC(q)))
+// flashTTL is how long a signed flash is shown: a reload soon after the
+// redirect shows it again; a link kept for later, or sent to someone, does
+// not.
+const flashTTL = 10 * time.Minute
+
+// flashSigned reports whether q's flash parameters carry the signature
+// signFlash made for path, less than flashTTL ago.
+func (d *dashboard) flashSigned(path string, q url.Values) bool {
+	at, err := strconv.ParseInt(q.Get("at"), 10, 64)
+	if err != nil || time.Since(time.Unix(at, 0)) > flashTTL || time.Until(time.Unix(at, 0)) > time.Minute {
+		return false
+	}
+	return hmac.Equal([]byte(q.Get("sig")), []byte(d.flashMAC(path, q)))
 }
 
-func (d *dashboard) flashMAC(v url.Values) string {
+func (d *dashboard) flashMAC(path string, v url.Values) string {
 	m := hmac.New(sha256.New, d.flashKey[:])
+	fmt.Fprintf(m, "%q;", path)
 	for _, k := range flashParams {
 		if k == "sig" {
 			continue
@@ -281,12 +296,13 @@ const maxNotedIDs = 20
 
 // bulkFlash is the message after a bulk action: a fixed text with counts
 // (numbers only), shown only when the redirect's signature (signFlash)
-// holds — a crafted link cannot claim counts, or that an action stopped
-// part way and should be submitted again.
-func (d *dashboard) bulkFlash(q url.Values) string {
+// holds, on the page it was made for, within flashTTL — a crafted link
+// cannot claim counts, or that an action stopped part way and should be
+// submitted again, nor carry a real one to another page or to later.
+func (d *dashboard) bulkFlash(path string, q url.Values) string {
 	flash := q.Get("flash")
 	verb := map[string]string{"bulk-retried": "Retried", "bulk-cancelled": "Cancelled", "tree-cancelled": "Cancelled"}[flash]
-	if verb == "" || !d.flashSigned(q) {
+	if verb == "" || !d.flashSigned(path, q) {
 		return ""
 	}
 	num := func(k string) int64 {

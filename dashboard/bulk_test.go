@@ -149,6 +149,7 @@ func TestBulkInputIsValidated(t *testing.T) {
 	forged := loc.Query()
 	forged.Set("changed", "3")
 	require.NotContains(t, get(t, h, loc.Path+"?"+forged.Encode()).body, `class="flash"`, "counts changed, signature kept")
+	require.NotContains(t, get(t, h, "/instances/1?"+loc.RawQuery).body, `class="flash"`, "a real flash carried to another page")
 
 	// The list offers the bulk form, the "all matching" buttons only when
 	// filtered; read-only, neither form nor boxes.

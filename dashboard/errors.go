@@ -141,11 +141,11 @@ var flashes = map[string]string{
 
 // flashParams are the query parameters of a flash message: a reload or a
 // link made from the page drops them.
-var flashParams = []string{"flash", "changed", "skipped", "not_found", "partial", "sig"}
+var flashParams = []string{"flash", "changed", "skipped", "not_found", "partial", "at", "sig"}
 
 func (d *dashboard) flashOf(r *http.Request) string {
 	q := r.URL.Query()
-	if m := d.bulkFlash(q); m != "" {
+	if m := d.bulkFlash(r.URL.Path, q); m != "" {
 		return m
 	}
 	return flashes[q.Get("flash")]

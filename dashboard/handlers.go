@@ -537,7 +537,8 @@ func (d *dashboard) cancelTreeAction(w http.ResponseWriter, r *http.Request) {
 	if partial {
 		v.Set("partial", "1")
 	}
-	http.Redirect(w, r, d.link("/instances/"+strconv.FormatInt(id, 10))+"?"+d.signFlash(v).Encode(), http.StatusSeeOther)
+	path := "/instances/" + strconv.FormatInt(id, 10)
+	http.Redirect(w, r, d.link(path)+"?"+d.signFlash(path, v).Encode(), http.StatusSeeOther)
 }
 
 func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {

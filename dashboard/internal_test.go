@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -291,4 +292,30 @@ func TestClientOf(t *testing.T) {
 		r.RemoteAddr = remote
 		require.Equal(t, want, clientOf(r), remote)
 	}
+}
+
+// TestFlashSignature: a bulk flash's signature holds for its own page,
+// values and time only: not on another page, not with a value changed, not
+// once flashTTL has passed (or from the future).
+func TestFlashSignature(t *testing.T) {
+	t.Parallel()
+	d := &dashboard{}
+	d.flashKey[0] = 7
+	v := d.signFlash("/instances/5", url.Values{"flash": {"tree-cancelled"}, "changed": {"2"}, "partial": {"1"}})
+	require.True(t, d.flashSigned("/instances/5", v))
+	require.False(t, d.flashSigned("/instances/6", v))
+	w := url.Values{}
+	for k, vs := range v {
+		w[k] = vs
+	}
+	w.Set("partial", "0")
+	require.False(t, d.flashSigned("/instances/5", w))
+	for _, at := range []time.Time{time.Now().Add(-flashTTL - time.Second), time.Now().Add(2 * time.Minute)} {
+		w.Set("partial", "1")
+		w.Set("at", strconv.FormatInt(at.Unix(), 10))
+		w.Set("sig", d.flashMAC("/instances/5", w))
+		require.False(t, d.flashSigned("/instances/5", w), at)
+	}
+	other := &dashboard{}
+	require.False(t, other.flashSigned("/instances/5", v), "another dashboard's key")
 }

@@ -24,9 +24,12 @@ const (
 )
 
 // DefaultMaxConns is the size of a test's pool unless DBOpts.MaxConns says
-// otherwise: more than a queue's default Concurrency (10), as the engine
-// asks (picks, heartbeats and outcomes need connections beside the steps).
-const DefaultMaxConns = 12
+// otherwise. It is below a queue's default Concurrency (10), so an engine
+// with a default queue logs the warning that its concurrency reaches the
+// pool size: harmless for steps that do not hold connections (no WithTx);
+// give MaxConns more, or the queue less Concurrency, for those that do.
+// Kept small so that several tests fit the budget (ConnsEnv) at once.
+const DefaultMaxConns = 8
 
 // DB is one test's database: a migrated schema of its own and a pool to
 // reach it. Pass Schema in [gendurable.Config], or build the engine with
@@ -41,7 +44,7 @@ type DBOpts struct {
 	// URL of the PostgreSQL server. Default: $GENDURABLE_TEST_DATABASE_URL,
 	// else $DATABASE_URL; with neither, the test is skipped.
 	URL string
-	// MaxConns is the pool's size. Default DefaultMaxConns (12). An engine
+	// MaxConns is the pool's size. Default DefaultMaxConns (8). An engine
 	// whose queues' Concurrency adds up to it or more logs a warning: give
 	// it more.
 	MaxConns int32
@@ -75,7 +78,11 @@ func NewDB(tb testing.TB, opts *DBOpts) *DB {
 	if url == "" {
 		tb.Skipf("gendurabletest: no database to test against: set %s or DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test)", DatabaseURLEnv)
 	}
-	pool, schema := dbtest.NewSchema(tb, &dbtest.Options{URL: url, MaxConns: opts.MaxConns})
+	maxConns := opts.MaxConns
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConns
+	}
+	pool, schema := dbtest.NewSchema(tb, &dbtest.Options{URL: url, MaxConns: maxConns})
 	return &DB{Pool: pool, Schema: schema}
 }
 

@@ -22,6 +22,10 @@ func TestNewDBParallel(t *testing.T) {
 				t.Parallel()
 				db := gendurabletest.NewDB(t, &gendurabletest.DBOpts{MaxConns: 2})
 				require.EqualValues(t, 2, db.Pool.Config().MaxConns)
+				if name == "a" {
+					// And the default is the documented one.
+					require.EqualValues(t, gendurabletest.DefaultMaxConns, gendurabletest.NewDB(t, nil).Pool.Config().MaxConns)
+				}
 				eng := db.NewEngine(t, &gendurable.Config{Machines: []gendurable.Definition{orderMachine}})
 				_, err := eng.Insert(t.Context(), orderMachine.New(order{Item: name}))
 				require.NoError(t, err)

@@ -1352,7 +1352,11 @@ func TestMigrateDirectionIsCheckedUnderTheLock(t *testing.T) {
 		require.NoError(t, cmd.Start())
 		require.Eventually(t, func() bool {
 			var n int
-			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n))
+			// This schema's migration lock (a bigint key: its high half in
+			// classid, its low half in objid), not another test's.
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+				WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+				  AND ((classid::bigint << 32) | objid::bigint) = hashtext('gendurable.migrate.' || $1)::bigint`, schema).Scan(&n))
 			return n > 0
 		}, 15*time.Second, 10*time.Millisecond, "the command waits for the lock")
 		_, err = tx.Exec(ctx, fmt.Sprintf(`COMMENT ON TABLE %s.gendurable_instances IS 'gendurable schema version %d'`,

@@ -142,6 +142,11 @@ func (c *Committer) Drain() {
 	c.draining = true
 }
 
+// ErrMaybeWritten is wrapped by the error of an outcome given up after a
+// statement holding it lost its answer: that statement may have committed
+// it, whatever the last attempt's error says.
+var ErrMaybeWritten = errors.New("an earlier attempt's answer was lost: it may have been written")
+
 // ErrLockHeld is the error of a parked outcome given up after Drain: its
 // row, or its parent, was still locked by another transaction.
 var ErrLockHeld = errors.New("outcome not written: its row or its parent was locked by another transaction for a lease while the engine stopped")
@@ -438,7 +443,11 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 				err = fmt.Errorf("%w: %w", ErrAborted, err)
 			}
 			for _, r := range batch {
-				r.deliver(Result{Err: err})
+				e := err
+				if r.written {
+					e = fmt.Errorf("%w (%w)", err, ErrMaybeWritten)
+				}
+				r.deliver(Result{Err: e})
 			}
 			return
 		}
