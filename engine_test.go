@@ -3110,3 +3110,55 @@ func TestStopAfterThePoolWasClosedSaysSo(t *testing.T) {
 		b.waitStatus(id, "done", 15*time.Second)
 	}
 }
+
+// TestStopHandsBackPrefetchedRowsAfterItsSessionsWereTerminated: the
+// engine's server sessions are terminated (a failover, an operator's
+// pg_terminate_backend), then it is stopped at once. Handing the
+// prefetched rows back used to be tried once, on a dead connection: it
+// failed, Stop said so, and the rows waited out their lease. It is tried
+// again on a fresh connection now: Stop returns nil and every row is
+// runnable at once, no attempt counted.
+func TestStopHandsBackPrefetchedRowsAfterItsSessionsWereTerminated(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	job := &gendurable.Job[orderArgs]{Name: "termstop", Perform: func(ctx context.Context, _ *gendurable.Run[orderArgs]) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	b := setup(t, fastConfig("", job))
+	app := "gd_termstop_" + b.schema
+	pcfg, err := pgxpool.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	pcfg.MaxConns = 4
+	pcfg.MinConns = 3 // idle sessions too, to be terminated with the rest
+	pcfg.ConnConfig.RuntimeParams["application_name"] = app
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cfg := fastConfig(b.schema, job)
+	cfg.Logger = testLogger(t)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 30*time.Second, 10*time.Second
+	cfg.DrainTimeout = 100 * time.Millisecond // the running step returns on its cancel
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4}}
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	for i := range 5 {
+		b.insert(job.New(orderArgs{I: i}))
+	}
+	require.NoError(t, eng.Start(context.Background()))
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 5
+	}, "one running, four prefetched")
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app) >= 3
+	}, "the pool's sessions")
+	require.Positive(t, b.count(`SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) AS x`, app))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, eng.Stop(ctx))
+	require.Equal(t, 4, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'runnable' AND attempt = 0`),
+		"the prefetched rows are runnable at once (lease 30 s)")
+}

@@ -54,6 +54,10 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 			e.log.Error("gendurable: outcome not written: the pool was closed while the engine ran (close it after Engine.Stop returns); "+
 				"the step runs again after its lease expires",
 				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
+		case errors.As(commitErr, new(*pgconn.ConnectError)) && !errors.Is(commitErr, committer.ErrMaybeWritten):
+			e.log.Error("gendurable: outcome not written: no connection to the database could be made; "+
+				"the step runs again after its lease expires",
+				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
 		case errors.As(commitErr, &pgErr) && !errors.Is(commitErr, committer.ErrMaybeWritten):
 			// The server answered with an error: the statement (and its
 			// transaction) was rolled back.

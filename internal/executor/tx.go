@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"slices"
 	"strings"
 	"time"
@@ -327,22 +325,5 @@ func endedOtherwise(err error) bool {
 // on another connection, may succeed.
 func ConnectionFailure(err error) bool { return connectionFailure(err) }
 
-// connectionFailure reports an error that says the connection or the
-// server failed rather than the statement: the connection was lost or could
-// not be made (SQLSTATE class 08, a network error, EOF), the server is
-// shutting down or starting up (57P01, 57P02, 57P03), or it has no
-// connection to give (53300). A context's deadline or cancellation is not
-// one: it is the caller's.
-func connectionFailure(err error) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03", "53300"}, pgErr.Code)
-	}
-	var connectErr *pgconn.ConnectError
-	var netErr net.Error
-	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
-}
+// connectionFailure is sqlq.ConnectionFailure.
+func connectionFailure(err error) bool { return sqlq.ConnectionFailure(err) }

@@ -398,7 +398,7 @@ func (u *unstarted) add(id, token int64) {
 func (s *Feeder) giveBack(u unstarted) {
 	ctx, cancel := context.WithTimeout(s.abortCtx, min(s.cfg.Lease, 5*time.Second))
 	defer cancel()
-	released, err := s.q.Release(ctx, s.db, u.ids, u.tokens, 0)
+	released, err := s.release(ctx, u.ids, u.tokens)
 	if err != nil {
 		s.log.Info("gendurable: handing back claims given up before their steps started failed; the reaper will recover them",
 			"queue", s.cfg.Queue, "rows", len(u.ids), "err", err)
@@ -1072,7 +1072,7 @@ func (s *Feeder) releaseBuffer() {
 	}
 	ctx, cancel := context.WithTimeout(s.abortCtx, 10*time.Second)
 	defer cancel()
-	released, err := s.q.Release(ctx, s.db, ids, tokens, 0)
+	released, err := s.release(ctx, ids, tokens)
 	s.mu.Lock()
 	s.released = len(released)
 	if err != nil {
@@ -1083,6 +1083,26 @@ func (s *Feeder) releaseBuffer() {
 	if err != nil {
 		s.log.Warn("gendurable: releasing prefetched rows failed; the reaper will recover them",
 			"queue", s.cfg.Queue, "rows", len(ids), "err", err)
+	}
+}
+
+// release hands claims back (Release), trying again, up to eight times in
+// all, 50 ms apart, when the statement failed on its connection (the pool's
+// sessions terminated, the server restarting): each failure takes a dead
+// connection out of the pool, which dials a fresh one in the end, and the
+// rows need not wait out their lease (a probe: a Stop right after its
+// sessions were terminated failed to hand 8 prefetched rows back).
+func (s *Feeder) release(ctx context.Context, ids, tokens []int64) ([]int64, error) {
+	for try := 1; ; try++ {
+		released, err := s.q.Release(ctx, s.db, ids, tokens, 0)
+		if err == nil || try == 8 || !sqlq.ConnectionFailure(err) {
+			return released, err
+		}
+		select {
+		case <-ctx.Done():
+			return released, err
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 

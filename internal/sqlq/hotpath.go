@@ -625,12 +625,10 @@ func (q *Queries) ClearUnstarted(ctx context.Context, db DB, ids, tokens []int64
 // attempt — prefetched rows at shutdown, claims given up before their steps
 // started, rows of a version this process does not know (with a delay).
 //
-// A released row of a rated key (one with a token bucket) gives its key the
-// token its claim drew back: its step did not start. The bucket's row is
-// updated under its row lock; a pick that read the bucket before and writes
-// it after (under the key's advisory lock, not the row's) overwrites the
-// refund — a token lost, never one made up — and every read caps the tokens
-// at the burst (docs/design.md §6).
+// A released row of a rated key does not give its claim's token back: the
+// bucket may have refilled to its burst since the claim drew it, and a
+// token returned on top would be one made up (a probe: four claims within
+// 55 ms of a key with burst 2, after a refund). The token is spent.
 
 const releaseSQL = `
 WITH cur AS MATERIALIZED (
@@ -641,7 +639,7 @@ WITH cur AS MATERIALIZED (
     FOR NO KEY UPDATE
   ) AS c
   WHERE c.claim_token = r.token AND c.status = 'executing'
-), released AS (
+)
 UPDATE {{schema}}.gendurable_instances AS i
 SET status = 'runnable',
     eligible_at = now() + $3::bigint * interval '1 microsecond',
@@ -650,27 +648,7 @@ SET status = 'runnable',
     updated_at = now()
 FROM cur AS c
 WHERE i.id = c.id
-RETURNING i.id, i.partition_key
-), rated AS MATERIALIZED (
-  -- The released rows' keys that have a bucket, each locked as the pick
-  -- locks a key (its advisory lock, which the pick only tries: it skips
-  -- the key meanwhile), in one order, so two releases cannot deadlock.
-  SELECT r.k, r.n FROM (
-    SELECT x.partition_key AS k, count(*) AS n FROM released AS x
-    WHERE x.partition_key IS NOT NULL
-      AND EXISTS (SELECT 1 FROM {{schema}}.gendurable_key_buckets AS b WHERE b.key = x.partition_key)
-    GROUP BY x.partition_key
-    ORDER BY hashtext(x.partition_key), x.partition_key
-    OFFSET 0) AS r
-  CROSS JOIN LATERAL (SELECT pg_advisory_xact_lock(hashtext('gendurable:' || trim(both '"' from '{{schema}}')),
-                                                   hashtext(r.k))) AS l
-), refund AS (
-UPDATE {{schema}}.gendurable_key_buckets AS b
-SET tokens = b.tokens + r.n
-FROM rated AS r
-WHERE b.key = r.k
-)
-SELECT id FROM released`
+RETURNING i.id`
 
 // Release returns claimed rows to runnable, eligible after delay.
 func (q *Queries) Release(ctx context.Context, db DB, ids, tokens []int64, delay time.Duration) ([]int64, error) {

@@ -11,7 +11,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -219,3 +222,23 @@ const StatementPoolingHint = "PgBouncer in statement pooling runs no transaction
 // PoolerHint is the advice for a PreparedStatementClash.
 const PoolerHint = "behind PgBouncer in transaction pooling? use default_query_exec_mode=cache_describe " +
 	"(pgx.QueryExecModeCacheDescribe): README, \"Behind PgBouncer\""
+
+// ConnectionFailure reports an error that says the connection or the
+// server failed rather than the statement: the connection was lost or could
+// not be made (SQLSTATE class 08, a network error, EOF), the server is
+// shutting down or starting up (57P01, 57P02, 57P03), or it has no
+// connection to give (53300). A context's deadline or cancellation is not
+// one: it is the caller's.
+func ConnectionFailure(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03", "53300"}, pgErr.Code)
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+}
