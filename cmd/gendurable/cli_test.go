@@ -1327,7 +1327,7 @@ func TestCLIMigrateToAVersion(t *testing.T) {
 // another migrator holds; that one moves the schema past N meanwhile. Up
 // used to go on and move the schema down to N — dropping columns without
 // the confirmation a down asks for (a probe: 19 → 17 in two of three
-// rounds); it refuses now (exit 1, code conflict) and changes nothing.
+// rounds); it refuses now (exit 4, code conflict) and changes nothing.
 // The same for `down --to N` overtaken below N: it moved up.
 func TestMigrateDirectionIsCheckedUnderTheLock(t *testing.T) {
 	t.Parallel()
