@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -296,17 +297,27 @@ const (
 )
 
 // Describe reads an instance with its signals, children, parent and wait
-// reason; [ErrNotFound] if it does not exist.
+// reason, all as of one moment (one read-only repeatable-read transaction:
+// its status, its wait and its children's statuses agree); [ErrNotFound]
+// if it does not exist.
 func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error) {
-	in, err := e.Instance(ctx, id)
+	if err := checkID("describe", id); err != nil {
+		return nil, err
+	}
+	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, e.dbErr(ctx, err, fmt.Sprintf("describe %d", id))
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	in, err := e.instanceOn(ctx, tx, id)
 	if err != nil {
 		return nil, err
 	}
 	d := &InstanceDetail{Instance: *in, Signals: []SignalInfo{}, Children: []Child{}}
-	if d.Wait, err = e.WaitReason(ctx, id); err != nil {
+	if d.Wait, err = e.waitReasonOn(ctx, tx, id); err != nil {
 		return nil, err
 	}
-	sigs, err := e.q.ListSignals(ctx, e.pool, id, describeSignals+1)
+	sigs, err := e.q.ListSignals(ctx, tx, id, describeSignals+1)
 	if err != nil {
 		return nil, e.dbErr(ctx, err, fmt.Sprintf("describe %d", id))
 	}
@@ -320,7 +331,7 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 		}
 		d.Signals = append(d.Signals, si)
 	}
-	kids, err := e.q.ListAllChildren(ctx, e.pool, id, describeChildren+1)
+	kids, err := e.q.ListAllChildren(ctx, tx, id, describeChildren+1)
 	if err != nil {
 		return nil, e.dbErr(ctx, err, fmt.Sprintf("describe %d", id))
 	}
@@ -332,7 +343,7 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 			Status: Status(c.Status), Result: c.Result, FinishedAt: c.FinishedAt, InsertedAt: c.InsertedAt})
 	}
 	if in.ParentID != nil {
-		if p, err := e.Instance(ctx, *in.ParentID); err == nil {
+		if p, err := e.instanceOn(ctx, tx, *in.ParentID); err == nil {
 			d.Parent = &InstanceSummary{ID: p.ID, Machine: p.Machine, Version: p.Version, Queue: p.Queue, Step: p.Step,
 				Status: p.Status, Attempt: p.Attempt, MaxAttempts: p.MaxAttempts, InsertedAt: p.InsertedAt, UpdatedAt: p.UpdatedAt}
 		}

@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -1183,4 +1186,60 @@ func TestDescribeSaysItsListsWereCut(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, d.MoreChildren)
 	require.False(t, d.MoreSignals)
+}
+
+// afterStatement runs then, once, after the first statement whose SQL
+// holds marker ends: a change committed between two statements of a call.
+type afterStatement struct {
+	marker string
+	then   func()
+	armed  atomic.Bool
+}
+
+func (a *afterStatement) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, a.marker) {
+		return context.WithValue(ctx, a, true)
+	}
+	return ctx
+}
+
+func (a *afterStatement) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(a) != nil && a.armed.CompareAndSwap(true, false) {
+		a.then()
+	}
+}
+
+// TestDescribeReadsOneMoment: an instance that finishes between Describe's
+// statements (here, right after its row was read) is described as it was
+// when the row was read — its wait agrees with its status. Describe read
+// each part on its own statement: a newcomer's `show` printed "status
+// executing at step ship" with "waiting: awaiting children: 0 of 1 done".
+func TestDescribeReadsOneMoment(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "describemoment", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	b := setup(t, fastConfig("", job))
+	id := b.insert(job.New(orderArgs{}))
+	tracer := &afterStatement{marker: "unique_guard IS NOT NULL", then: func() {
+		_, err := b.pool.Exec(context.Background(), replaceSchema(`UPDATE {{s}}.gendurable_instances
+			SET status = 'failed', finished_at = now() WHERE id = $1`, b.schema), id)
+		require.NoError(t, err)
+	}}
+	pcfg, err := pgxpool.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	pcfg.MaxConns = 2
+	pcfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{job}, Logger: testLogger(t)})
+	require.NoError(t, err)
+	tracer.armed.Store(true)
+	d, err := eng.Describe(context.Background(), id)
+	require.NoError(t, err)
+	require.False(t, tracer.armed.Load(), "the change ran between the statements")
+	require.Equal(t, gendurable.StatusRunnable, d.Status)
+	require.Equal(t, gendurable.StatusRunnable, d.Wait.Status, "the wait as of the same moment: %+v", d.Wait)
+	d, err = eng.Describe(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusFailed, d.Status, "the change is seen by the next call")
 }

@@ -77,6 +77,11 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 	case errors.Is(res.StepErr, ErrInfrastructure):
 		e.log.Warn("gendurable: step's transaction failed on its connection; it runs again without counting an attempt",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt, "err", res.StepErr)
+	case errors.Is(res.StepErr, ErrEngineStopped) && res.Out.Kind == sqlq.KindReplay:
+		// A Stop's cancel, as documented: no failure (kind interrupted, no
+		// attempt counted).
+		e.log.Info("gendurable: step interrupted by Stop; it runs again, no attempt counted",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt)
 	case res.StepErr != nil:
 		e.log.Warn("gendurable: step failed", "queue", queue, "fsm", c.FSM, "id", c.ID,
 			"step", c.Step, "attempt", c.Attempt, "outcome", ev.Outcome, "err", res.StepErr)

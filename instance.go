@@ -119,10 +119,15 @@ type Instance struct {
 
 // Instance reads one instance by id; [ErrNotFound] if there is none.
 func (e *Engine) Instance(ctx context.Context, id int64) (*Instance, error) {
+	return e.instanceOn(ctx, e.pool, id)
+}
+
+// instanceOn is Instance, read on db.
+func (e *Engine) instanceOn(ctx context.Context, db sqlq.DB, id int64) (*Instance, error) {
 	if err := checkID("read instance", id); err != nil {
 		return nil, err
 	}
-	r, err := e.q.GetInstance(ctx, e.pool, id)
+	r, err := e.q.GetInstance(ctx, db, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}

@@ -182,10 +182,15 @@ func (e *Engine) Wait(ctx context.Context, id int64) (*WaitReason, error) {
 // WaitReason reports what instance id is waiting for; [ErrNotFound] if it does
 // not exist. The CLI and the dashboard show it.
 func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) {
+	return e.waitReasonOn(ctx, e.pool, id)
+}
+
+// waitReasonOn is WaitReason, read on db.
+func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitReason, error) {
 	if err := checkID("wait reason", id); err != nil {
 		return nil, err
 	}
-	w, err := e.q.WaitInfo(ctx, e.pool, id)
+	w, err := e.q.WaitInfo(ctx, db, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}

@@ -61,7 +61,7 @@ func init() {
 		"prune":    {"prune [--retention D] [flags]", "Delete finished (done or failed) instances that finished more than D ago, with their signals.", pruneCmd},
 		"ui":       {"ui [--addr A] [flags]", "Serve the dashboard. Beyond loopback it needs a bearer token or basic auth (--token-file, --basic-auth-file, or GENDURABLE_UI_TOKEN / GENDURABLE_UI_BASIC_AUTH).", uiCmd},
 		"demo":     {"demo [flags]", "Run the checkout demo in its own schema (on a private throwaway PostgreSQL if no database is given).", demoCmd},
-		"machines": {"machines [NAME] [flags]", "Every machine an engine stored when it started (name, versions, steps); with NAME, its graph: steps in declared order with instance counts, declared and taken transitions.", machinesCmd},
+		"machines": {"machines [NAME] [flags]", "Every machine an engine stored when it started (name, versions, steps); with NAME, its graph: steps (a Flow's in declared order, otherwise by name) with instance counts, declared and taken transitions.", machinesCmd},
 		"bench":    {"bench [flags]", "Run a benchmark workload in bench's own schema (see BENCHMARKS.md).", benchCmd},
 	}
 }
