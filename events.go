@@ -41,11 +41,18 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
 	case commitErr != nil:
 		e.unconfirmed.Add(1)
-		if errors.Is(commitErr, puddle.ErrClosedPool) {
+		// An earlier attempt whose answer was lost may have written it,
+		// whatever the last attempt's error says.
+		maybe := errors.Is(commitErr, committer.ErrMaybeWritten)
+		if errors.Is(commitErr, puddle.ErrClosedPool) && !maybe {
 			e.closedPool.Add(1)
 		}
 		var pgErr *pgconn.PgError
 		switch {
+		case maybe:
+			e.log.Error("gendurable: outcome not confirmed (an attempt's answer was lost; it may have been written): "+
+				"if it was not, the step runs again after its lease expires",
+				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
 		case errors.Is(commitErr, committer.ErrLockHeld):
 			e.log.Error("gendurable: outcome given up by a Stop, not written: its row or its parent was locked by another transaction "+
 				"(a caller's open SignalTx?) for a lease; the step runs again after its lease expires",
@@ -54,11 +61,11 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 			e.log.Error("gendurable: outcome not written: the pool was closed while the engine ran (close it after Engine.Stop returns); "+
 				"the step runs again after its lease expires",
 				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
-		case errors.As(commitErr, new(*pgconn.ConnectError)) && !errors.Is(commitErr, committer.ErrMaybeWritten):
+		case errors.As(commitErr, new(*pgconn.ConnectError)):
 			e.log.Error("gendurable: outcome not written: no connection to the database could be made; "+
 				"the step runs again after its lease expires",
 				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
-		case errors.As(commitErr, &pgErr) && !errors.Is(commitErr, committer.ErrMaybeWritten):
+		case errors.As(commitErr, &pgErr):
 			// The server answered with an error: the statement (and its
 			// transaction) was rolled back.
 			attrs := []any{"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr}

@@ -1690,3 +1690,60 @@ func TestAStepCancelledForItsLeaseRunsAgainUncharged(t *testing.T) {
 	require.Contains(t, r.Errors[0]["error"], "lease could not be confirmed")
 	require.Equal(t, int32(2), runs.Load())
 }
+
+// countingTracer counts the statements whose SQL holds marker.
+type countingTracer struct {
+	marker string
+	n      atomic.Int64
+}
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, c.marker) {
+		c.n.Add(1)
+	}
+	return ctx
+}
+
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestPacedRowsKeepTheirNotStartedMark: rows of a rated key claimed (2/s)
+// behind the one slot a 2 s step holds, then waiting in the buffer for
+// their start (paced) while heartbeats mark them not started, keep the
+// mark until they may start. Pacing came after the mark's check:
+// each dispatch cleared one paced row's mark (a statement, and a slot held
+// meanwhile), and a heartbeat marked it again — a review counted 44 clears
+// in 3 s — leaving rows unmarked though not started, which a crash then
+// charged an attempt.
+func TestPacedRowsKeepTheirNotStartedMark(t *testing.T) {
+	t.Parallel()
+	hog := &gendurable.Job[spanArgs]{Name: "pacedhog", Perform: func(ctx context.Context, _ *gendurable.Run[spanArgs]) error {
+		select {
+		case <-time.After(2 * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	quick := &gendurable.Job[spanArgs]{Name: "pacedquick", Perform: func(context.Context, *gendurable.Run[spanArgs]) error { return nil }}
+	clears := &countingTracer{marker: "SET unstarted_token = NULL"}
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 6, Tracer: clears})
+	cfg := fastConfig(schema, hog, quick)
+	cfg.Logger = testLogger(t)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 2*time.Second, 200*time.Millisecond
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 8, PollInterval: 50 * time.Millisecond}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "p-", Limit: 8, Rate: 2, Per: time.Second, Burst: 1}}
+	b := bundleOn(t, pool, schema, cfg)
+	ps := []gendurable.InsertParams{hog.New(spanArgs{}).With(gendurable.InsertOpts{Priority: -5})}
+	for range 6 {
+		ps = append(ps, quick.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "p-1"}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	time.Sleep(3500 * time.Millisecond)
+	started := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key = 'p-1' AND status = 'done'`)
+	t.Logf("%d clears of not-started marks in 3.5 s, %d rated rows done", clears.n.Load(), started)
+	// A row needs at most one clear to start (its mark is cleared as its
+	// start comes); a little slack for a heartbeat racing a dispatch.
+	require.LessOrEqual(t, clears.n.Load(), int64(started+3), "paced rows had their marks cleared while they waited")
+	require.Positive(t, started)
+}

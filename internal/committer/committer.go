@@ -292,7 +292,11 @@ func (c *Committer) waitLoop() {
 			case run.Err() != nil:
 				free = append(free, r)
 			case (heldNow || backingOff) && draining && began.Sub(r.parkedAt) >= c.cfg.Lease:
-				r.deliver(Result{Err: ErrLockHeld})
+				if r.written {
+					r.deliver(Result{Err: fmt.Errorf("%w (%w)", ErrLockHeld, ErrMaybeWritten)})
+				} else {
+					r.deliver(Result{Err: ErrLockHeld})
+				}
 			case heldNow && began.Sub(r.tried) < 2*c.cfg.Lease, backingOff:
 				c.keep(r)
 			case heldNow || r.timeouts > 1:

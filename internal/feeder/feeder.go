@@ -186,6 +186,8 @@ type held struct {
 	// unmarking: its clear is due or in flight; heartbeats send it as
 	// started from then on.
 	marked, unmarking bool
+	// paced: a start of its rated key was taken for it (paceLocked).
+	paced bool
 }
 
 // Feeder feeds one queue.
@@ -211,7 +213,7 @@ type Feeder struct {
 	held     map[int64]*held  // by claim token
 	buffer   []sqlq.Claimed   // claimed, not yet started, in pick order
 	paced    map[string]*pace // rated keys' buckets of this process's starts (paceLocked)
-	paceWake time.Time        // the wake pushed for the earliest paced start
+	paceWake time.Time        // when the earliest paced row may start (zero: none waits); Run dispatches then
 	inFlight int
 	// committing counts detached steps whose outcome is not committed yet.
 	committing int
@@ -595,31 +597,43 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		}
 
 		s.mu.Lock()
-		due, nextWake := s.nextWakeLocked(time.Now())
+		now := time.Now()
+		due, nextWake := s.nextWakeLocked(now)
 		if due {
 			s.more = true // a row of ours became eligible
 			s.short.Store(false)
 		}
+		// A paced row (dispatch) may start now: dispatch, no pick.
+		paceDue, paceAt := false, s.paceWake
+		if !paceAt.IsZero() && !now.Before(paceAt) {
+			s.paceWake, paceDue = time.Time{}, true
+		}
 		s.mu.Unlock()
-		if due {
+		if due || paceDue {
 			continue
 		}
 		wait := time.Until(pollAt)
 		if !nextWake.IsZero() {
 			wait = min(wait, time.Until(nextWake))
 		}
-		resetTimer(timer, max(wait, time.Until(retryAt), 0))
+		wait = max(wait, time.Until(retryAt))
+		if !paceAt.IsZero() {
+			wait = min(wait, time.Until(paceAt)) // dispatch needs no database
+		}
+		resetTimer(timer, max(wait, 0))
 		select {
 		case <-pickCtx.Done():
 		case <-s.kick:
 			continue
 		case <-timer.C:
+			// The poll tick: look again. A wake of a row of ours, or of a
+			// paced row, is seen at the top of the loop.
 			if !time.Now().Before(pollAt) {
 				pollAt = time.Now().Add(interval)
+				s.mu.Lock()
+				s.more = true
+				s.mu.Unlock()
 			}
-			s.mu.Lock()
-			s.more = true // the poll tick, or a wake: look again
-			s.mu.Unlock()
 			continue
 		}
 		break
@@ -803,14 +817,21 @@ func (s *Feeder) picked(res sqlq.PickResult) {
 	}
 }
 
-// pace is this process's own token bucket of a rated key (see paceLocked).
+// pace is this process's own token bucket of a rated key (see paceLocked),
+// with the rate and burst of the key's policy.
 type pace struct {
-	tokens float64
-	at     time.Time
+	tokens, rate, burst float64
+	at                  time.Time
+}
+
+// level is p's tokens at now, refilled.
+func (p *pace) level(now time.Time) float64 {
+	return min(p.burst, p.tokens+max(now.Sub(p.at).Seconds(), 0)*p.rate)
 }
 
 // maxPaced bounds the rated keys paceLocked tracks; past it, keys whose
-// bucket has refilled (as good as untracked) are dropped.
+// bucket has refilled (as good as untracked) are dropped, and if none has,
+// the fullest one.
 const maxPaced = 1024
 
 // paceLocked takes a start of key from this process's bucket of it, as the
@@ -833,29 +854,35 @@ func (s *Feeder) paceLocked(key string, now time.Time) time.Duration {
 	if pol == nil || pol.Rate <= 0 {
 		return 0
 	}
-	burst := float64(max(pol.Burst, 1))
 	if s.paced == nil {
 		s.paced = map[string]*pace{}
 	}
 	p := s.paced[key]
 	if p == nil {
 		if len(s.paced) >= maxPaced {
+			fullest, most := "", -1.0
 			for k, q := range s.paced {
-				if q.tokens+now.Sub(q.at).Seconds()*pol.Rate >= burst {
+				switch l := q.level(now); {
+				case l >= q.burst:
 					delete(s.paced, k)
+				case l/q.burst > most:
+					fullest, most = k, l/q.burst
 				}
 			}
+			if len(s.paced) >= maxPaced {
+				delete(s.paced, fullest)
+			}
 		}
-		p = &pace{tokens: burst, at: now}
+		burst := float64(max(pol.Burst, 1))
+		p = &pace{tokens: burst, rate: pol.Rate, burst: burst, at: now}
 		s.paced[key] = p
 	}
-	p.tokens = min(burst, p.tokens+max(now.Sub(p.at).Seconds(), 0)*pol.Rate)
-	p.at = now
+	p.tokens, p.at = p.level(now), now
 	if p.tokens >= 1 {
 		p.tokens--
 		return 0
 	}
-	return time.Duration((1 - p.tokens) / pol.Rate * float64(time.Second))
+	return max(time.Duration((1-p.tokens)/p.rate*float64(time.Second)), time.Nanosecond)
 }
 
 // add buffers rows claimed by a pick that was sent at start: their leases
@@ -927,6 +954,22 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 			kept = append(kept, c)
 			continue
 		}
+		if c.PartitionKey != nil && !h.paced {
+			if wait := s.paceLocked(*c.PartitionKey, now); wait > 0 {
+				// A rated key whose starts in this process would outrun
+				// its bucket (rows claimed a token at a time while every
+				// slot was busy): it waits for the next start the rate
+				// allows, keeping its not-started mark and taking no slot;
+				// the rows behind it may start meanwhile. The wake only
+				// dispatches (Run): it is no reason to pick.
+				kept = append(kept, c)
+				if at := now.Add(wait); s.paceWake.IsZero() || at.Before(s.paceWake) {
+					s.paceWake = at
+				}
+				continue
+			}
+			h.paced = true // its start is taken: an unmark below does not take another
+		}
 		if h.marked {
 			// A heartbeat marked it not started: the mark is cleared
 			// first (clearMarks), and its slot waits for it meanwhile, so
@@ -937,20 +980,6 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 				h.unmarking, unmark = true, true
 			}
 			continue
-		}
-		if c.PartitionKey != nil {
-			if wait := s.paceLocked(*c.PartitionKey, now); wait > 0 {
-				// A rated key whose starts in this process would outrun
-				// its bucket (rows claimed a token at a time while every
-				// slot was busy): it waits for the next start the rate
-				// allows; the rows behind it may start meanwhile.
-				kept = append(kept, c)
-				if at := now.Add(wait); s.paceWake.Before(now) || at.Before(s.paceWake) {
-					s.paceWake = at
-					heap.Push(&s.wakes, at)
-				}
-				continue
-			}
 		}
 		ctx, cancel := context.WithCancelCause(workCtx)
 		h.running, h.cancel = true, cancel

@@ -25,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
 )
 
 // pickLog records when picks ran and whether they failed.
@@ -885,4 +886,46 @@ func TestABufferedRowWithLittleLeaseLeftWaitsForAHeartbeat(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("row 1 did not start once its lease was extended")
 	}
+}
+
+// TestPaceLocked: a rated key's starts in this process come from a bucket
+// of its own policy (the longest matching prefix): Burst at once, then one
+// each 1/Rate; an unrated key is never held. Past maxPaced keys, a key is
+// forgotten only by its own policy's refill (a slow key is not dropped by
+// a fast key's), else the fullest goes. A wait never rounds to 0 (0 means
+// go).
+func TestPaceLocked(t *testing.T) {
+	t.Parallel()
+	s := &Feeder{cfg: Config{KeyPolicies: []sqlq.KeyPolicy{
+		{Prefix: "slow-", Rate: 1.0 / 3600, Burst: 1},
+		{Prefix: "fast-", Rate: 1000, Burst: 1000},
+		{Prefix: "r", Rate: 5, Burst: 2},
+		{Prefix: "rx", Limit: 3}, // longer, no rate: rx… keys are not paced
+	}}}
+	t0 := time.Unix(1_000_000, 0)
+	require.Zero(t, s.paceLocked("plain", t0))
+	for range 5 {
+		require.Zero(t, s.paceLocked("rx-1", t0), "the longest prefix has no rate")
+	}
+	require.Zero(t, s.paceLocked("r1", t0))
+	require.Zero(t, s.paceLocked("r1", t0))
+	require.Equal(t, 200*time.Millisecond, s.paceLocked("r1", t0), "burst 2 spent: the next in 1/5 s")
+	require.Equal(t, 100*time.Millisecond, s.paceLocked("r1", t0.Add(100*time.Millisecond)))
+	require.Zero(t, s.paceLocked("r1", t0.Add(200*time.Millisecond)))
+	// A hair before the token: still a wait, not 0.
+	require.Positive(t, s.paceLocked("r1", t0.Add(400*time.Millisecond-time.Nanosecond)))
+
+	// maxPaced slow keys, each started once: none has refilled after a second.
+	for i := range maxPaced {
+		require.Zero(t, s.paceLocked(fmt.Sprint("slow-", i), t0))
+	}
+	require.Zero(t, s.paceLocked("fast-1", t0.Add(time.Second)))
+	require.LessOrEqual(t, len(s.paced), maxPaced)
+	n := 0
+	for i := range maxPaced {
+		if s.paceLocked(fmt.Sprint("slow-", i), t0.Add(2*time.Second)) > 0 {
+			n++
+		}
+	}
+	require.GreaterOrEqual(t, n, maxPaced-2, "slow keys kept their spent buckets (at most the one evicted, and r1's room, start again)")
 }
