@@ -1691,21 +1691,6 @@ func TestAStepCancelledForItsLeaseRunsAgainUncharged(t *testing.T) {
 	require.Equal(t, int32(2), runs.Load())
 }
 
-// countingTracer counts the statements whose SQL holds marker.
-type countingTracer struct {
-	marker string
-	n      atomic.Int64
-}
-
-func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, c.marker) {
-		c.n.Add(1)
-	}
-	return ctx
-}
-
-func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // TestPacedRowsKeepTheirNotStartedMark: rows of a rated key claimed (2/s)
 // behind the one slot a 2 s step holds, then waiting in the buffer for
 // their start (paced) while heartbeats mark them not started, keep the
@@ -1724,7 +1709,7 @@ func TestPacedRowsKeepTheirNotStartedMark(t *testing.T) {
 		return nil
 	}}
 	quick := &gendurable.Job[spanArgs]{Name: "pacedquick", Perform: func(context.Context, *gendurable.Run[spanArgs]) error { return nil }}
-	clears := &countingTracer{marker: "SET unstarted_token = NULL"}
+	clears := &dbtest.CountTracer{Marker: "SET unstarted_token = NULL"}
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 6, Tracer: clears})
 	cfg := fastConfig(schema, hog, quick)
 	cfg.Logger = testLogger(t)
@@ -1741,9 +1726,9 @@ func TestPacedRowsKeepTheirNotStartedMark(t *testing.T) {
 	b.start()
 	time.Sleep(3500 * time.Millisecond)
 	started := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key = 'p-1' AND status = 'done'`)
-	t.Logf("%d clears of not-started marks in 3.5 s, %d rated rows done", clears.n.Load(), started)
+	t.Logf("%d clears of not-started marks in 3.5 s, %d rated rows done", clears.N.Load(), started)
 	// A row needs at most one clear to start (its mark is cleared as its
 	// start comes); a little slack for a heartbeat racing a dispatch.
-	require.LessOrEqual(t, clears.n.Load(), int64(started+3), "paced rows had their marks cleared while they waited")
+	require.LessOrEqual(t, clears.N.Load(), int64(started+3), "paced rows had their marks cleared while they waited")
 	require.Positive(t, started)
 }

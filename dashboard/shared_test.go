@@ -18,21 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// countTracer counts the statements whose text holds a marker.
-type countTracer struct {
-	marker string
-	n      atomic.Int64
-}
-
-func (c *countTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, c.marker) {
-		c.n.Add(1)
-	}
-	return ctx
-}
-
-func (c *countTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // TestQueuesPageSharesItsCounts: the queues page counts every instance by
 // queue and status — an aggregate over the whole table (130 ms at 200,000
 // rows on two cores; linear in the table), which every request ran anew,
@@ -43,7 +28,7 @@ func (c *countTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 // shows at once.
 func TestQueuesPageSharesItsCounts(t *testing.T) {
 	t.Parallel()
-	tr := &countTracer{marker: "FULL JOIN"} // the queue counts' statement, and no other the page runs
+	tr := &dbtest.CountTracer{Marker: "FULL JOIN"} // the queue counts' statement, and no other the page runs
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 6, Tracer: tr})
 	order := orderMachine()
 	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{order},
@@ -62,7 +47,7 @@ func TestQueuesPageSharesItsCounts(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	require.LessOrEqual(t, tr.n.Load(), int64(2), "30 loads of the queues page at once share their counts")
+	require.LessOrEqual(t, tr.N.Load(), int64(2), "30 loads of the queues page at once share their counts")
 
 	r := post(t, h, "/queues/default/pause", nil)
 	require.Equal(t, http.StatusSeeOther, r.code, r.body)
@@ -77,7 +62,7 @@ func TestQueuesPageSharesItsCounts(t *testing.T) {
 // machine's graph is now shared for 2 s.
 func TestGraphPagesShareTheirCounts(t *testing.T) {
 	t.Parallel()
-	tr := &countTracer{marker: "count(*) FILTER"} // the graph's step counts
+	tr := &dbtest.CountTracer{Marker: "count(*) FILTER"} // the graph's step counts
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 6, Tracer: tr})
 	order := orderMachine()
 	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{order},
@@ -95,7 +80,7 @@ func TestGraphPagesShareTheirCounts(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	require.LessOrEqual(t, tr.n.Load(), int64(2), "20 loads of a graph at once share its counts")
+	require.LessOrEqual(t, tr.N.Load(), int64(2), "20 loads of a graph at once share its counts")
 }
 
 // machineListTracer counts the statements that list the stored machines
