@@ -653,7 +653,7 @@ func (e *Engine) Start(ctx context.Context) error {
 			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.Prefetch, MinDemand: qc.MinDemand,
 			BusyPollInterval: qc.BusyPollInterval, PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
 			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval, KeyPolicies: keyPolicies,
-			Global: qc.GlobalConcurrency, FloorCheck: feeder.DefaultFloorCheck,
+			Global: qc.GlobalConcurrency, FloorCheck: feeder.DefaultFloorCheck, KeyRate: e.keyRate,
 		}, e.q, e.pool, e.exec.ForQueue(name, qc.ChainSteps, qc.GlobalConcurrency == 0), ev, e.log)
 		rs.scheds[name] = s
 		rs.loops.Add(1)
@@ -677,13 +677,10 @@ func (e *Engine) Start(ctx context.Context) error {
 }
 
 // startError is Start's error for a check that failed doing what; one a
-// connection pooler gives pgx's named prepared statements says what to set.
+// connection pooler caused says what to change (sqlq.PoolerAdvice).
 func startError(what string, err error) error {
-	switch {
-	case sqlq.PreparedStatementClash(err):
-		what += " (" + sqlq.PoolerHint + ")"
-	case sqlq.StatementPooling(err):
-		what += " (" + sqlq.StatementPoolingHint + ")"
+	if advice := sqlq.PoolerAdvice(err); advice != "" {
+		what += " (" + advice + ")"
 	}
 	return fmt.Errorf("gendurable: start: %s: %w", what, err)
 }
@@ -765,9 +762,9 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // written or not confirmed by the database, and when outcomes were refused
 // because the pool was closed while the engine ran (wrapping
 // puddle.ErrClosedPool: close the pool after Stop returns; a closed pool
-// that cost no outcome is not noticed), with how many outcomes that cost — each was logged when it happened, and
-// its step runs again once its lease expires
-// (TestStopAfterThePoolWasClosedSaysSo).
+// that cost no outcome is not noticed), with how many outcomes that cost.
+// Each was logged when it happened, and its step runs again once its lease
+// expires (TestStopAfterThePoolWasClosedSaysSo).
 // The maintenance services stop last, in the reverse of their start order:
 // a statement they have in flight is cancelled, and the last merge of
 // observed transitions (graph.go) runs for at most 5 s and not past ctx —

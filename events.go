@@ -47,37 +47,27 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 		if errors.Is(commitErr, puddle.ErrClosedPool) && !maybe {
 			e.closedPool.Add(1)
 		}
-		var pgErr *pgconn.PgError
+		// What became of the outcome, as far as this process can tell.
+		msg := "outcome not confirmed (the database did not answer; it may have been written)"
+		attrs := []any{"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr}
 		switch {
 		case maybe:
-			e.log.Error("gendurable: outcome not confirmed (an attempt's answer was lost; it may have been written): "+
-				"if it was not, the step runs again after its lease expires",
-				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
+			msg = "outcome not confirmed (an attempt's answer was lost; it may have been written)"
 		case errors.Is(commitErr, committer.ErrLockHeld):
-			e.log.Error("gendurable: outcome given up by a Stop, not written: its row or its parent was locked by another transaction "+
-				"(a caller's open SignalTx?) for a lease; the step runs again after its lease expires",
-				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
+			msg = "outcome given up by a Stop, not written: its row or its parent was locked by another transaction (a caller's open SignalTx?) for a lease"
 		case errors.Is(commitErr, puddle.ErrClosedPool):
-			e.log.Error("gendurable: outcome not written: the pool was closed while the engine ran (close it after Engine.Stop returns); "+
-				"the step runs again after its lease expires",
-				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
+			msg = "outcome not written: the pool was closed while the engine ran (close it after Engine.Stop returns)"
 		case errors.As(commitErr, new(*pgconn.ConnectError)):
-			e.log.Error("gendurable: outcome not written: no connection to the database could be made; "+
-				"the step runs again after its lease expires",
-				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
-		case errors.As(commitErr, &pgErr):
+			msg = "outcome not written: no connection to the database could be made"
+		case errors.As(commitErr, new(*pgconn.PgError)):
 			// The server answered with an error: the statement (and its
 			// transaction) was rolled back.
-			attrs := []any{"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr}
+			msg = "outcome not written (the database refused it)"
 			if sqlq.StatementPooling(commitErr) {
 				attrs = append(attrs, "hint", sqlq.StatementPoolingHint)
 			}
-			e.log.Error("gendurable: outcome not written (the database refused it): the step runs again after its lease expires", attrs...)
-		default:
-			e.log.Error("gendurable: outcome not confirmed (the database did not answer; it may have been written): "+
-				"if it was not, the step runs again after its lease expires",
-				"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "err", commitErr)
 		}
+		e.log.Error("gendurable: "+msg+": if it was not written, the step runs again after its lease expires", attrs...)
 	case ev.Fenced:
 		e.log.Warn("gendurable: outcome fenced out: the claim no longer holds the instance (its lease was lost, or an operator moved it)",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)

@@ -109,6 +109,16 @@ func (e *Engine) policy(key string) *KeyPolicy {
 	return best
 }
 
+// keyRate is the start rate (per second) and burst of key's policy, as
+// the pick's bucket counts them (pickPolicies); 0 if it has no rate.
+func (e *Engine) keyRate(key string) (float64, int) {
+	p := e.policy(key)
+	if p == nil || p.Rate == 0 {
+		return 0, 0
+	}
+	return float64(p.Rate) / p.Per.Seconds(), p.Burst
+}
+
 // rateLimitedUntil is when key's bucket (tokens as of refilled) has a
 // start again, if that is after now and the key has a rate here.
 func (e *Engine) rateLimitedUntil(key string, tokens float64, refilled, now time.Time) *time.Time {

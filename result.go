@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gendurable/gendurable/internal/executor"
+	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
 // ErrInstanceFailed: [WaitResult] waited for an instance that failed (it
@@ -61,7 +61,7 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 		// Listen before looking, so a finish between the two is not missed.
 		woken, stop := e.finished.listen(id)
 		in, err := e.pollInstance(ctx, id)
-		if err != nil && (ctx.Err() != nil || !executor.ConnectionFailure(err) && !errors.Is(err, errPollStalled)) {
+		if err != nil && (ctx.Err() != nil || !sqlq.ConnectionFailure(err) && !errors.Is(err, errPollStalled)) {
 			stop()
 			if ctx.Err() != nil && lost != nil {
 				return zero, waitEnded(ctx, lost)

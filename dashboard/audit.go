@@ -96,7 +96,7 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 }
 
 // failedLogin records credentials that were presented and did not match,
-// rate-limited per remote IP.
+// within the audit trail's allowance per client (auditLimit).
 func (d *dashboard) failedLogin(r *http.Request) {
 	if !d.auditLimit.allow(clientOf(r), time.Now()) {
 		return

@@ -393,8 +393,8 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		attrs := []any{"method", r.Method, "path", r.URL.Path, "origin", r.Header.Get("Origin"),
 			"sec_fetch_site", r.Header.Get("Sec-Fetch-Site"), "remote", r.RemoteAddr}
 		if _, pattern := mux.Handler(r); actions[pattern] != "" {
-			// A refused action: on the audit trail (a few a minute per
-			// remote IP, as failed logins), with who was signed in.
+			// A refused action: on the audit trail (its allowance is
+			// failed logins', per client), with who was signed in.
 			if d.auditLimit.allow(clientOf(r), time.Now()) {
 				user := userOf(r)
 				if user == "" {

@@ -284,11 +284,8 @@ func reportError(w io.Writer, name string, err error, asJSON bool) {
 	if !strings.HasPrefix(msg, "gendurable: ") {
 		msg = "gendurable: " + msg
 	}
-	if sqlq.PreparedStatementClash(err) && !strings.Contains(msg, sqlq.PoolerHint) {
-		msg += " (" + sqlq.PoolerHint + ")"
-	}
-	if sqlq.StatementPooling(err) && !strings.Contains(msg, sqlq.StatementPoolingHint) {
-		msg += " (" + sqlq.StatementPoolingHint + ")"
+	if advice := sqlq.PoolerAdvice(err); advice != "" && !strings.Contains(msg, advice) {
+		msg += " (" + advice + ")"
 	}
 	var ue usageError
 	if errors.As(err, &ue) && ue.help && commands[name].run != nil {

@@ -320,10 +320,6 @@ func endedOtherwise(err error) bool {
 	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "57P")
 }
 
-// ConnectionFailure reports whether err says the connection or the server
-// failed rather than the statement (see connectionFailure): trying again,
-// on another connection, may succeed.
-func ConnectionFailure(err error) bool { return connectionFailure(err) }
-
-// connectionFailure is sqlq.ConnectionFailure.
-func connectionFailure(err error) bool { return sqlq.ConnectionFailure(err) }
+// connectionFailure is sqlq.ConnectionFailure: the connection or the
+// server failed rather than the statement.
+var connectionFailure = sqlq.ConnectionFailure

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,6 +35,10 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	KeyPolicies       []sqlq.KeyPolicy // limits of partition keys by prefix
 	Global            int              // the queue's running steps across every process at most (0: no bound)
+	// KeyRate is the start rate (per second) and burst of a partition
+	// key's policy, as the engine sees it (0: no rate); dispatch paces a
+	// rated key's starts by it (paceLocked). Nil: no key is rated.
+	KeyRate func(key string) (perSecond float64, burst int)
 	// FloorCheck is how often, at most, the feeder looks for runnable plain
 	// rows below its pick's floor while the queue is busy (see floorTick);
 	// 0: DefaultFloorCheck; negative: no floor (every pick looks at every
@@ -835,23 +838,20 @@ func (p *pace) level(now time.Time) float64 {
 const maxPaced = 1024
 
 // paceLocked takes a start of key from this process's bucket of it, as the
-// key's policy (the longest matching prefix) sets it: Rate, up to Burst.
+// key's policy sets it (Config.KeyRate): Rate, up to Burst.
 // It returns 0 if the start may go ahead (always, for a key with no rate),
 // or how long until it may. The pick draws the same bucket in the database
 // for each row it claims, so claims stay within it across processes; a
 // row waits for its start behind busy slots, and rows claimed over a while
-// would otherwise start at once when the slots free (a probe: six starts
-// of a key rated 5/s, burst 2, within 41 ms) — starts in this process stay
-// within it too (docs/design.md §6). The caller holds s.mu.
+// would otherwise start at once when the slots free — starts in this
+// process stay within it too (docs/design.md §6,
+// TestRatedRowsPrefetchedBehindBusySlotsDoNotStartTogether). The caller holds s.mu.
 func (s *Feeder) paceLocked(key string, now time.Time) time.Duration {
-	var pol *sqlq.KeyPolicy
-	for i := range s.cfg.KeyPolicies {
-		p := &s.cfg.KeyPolicies[i]
-		if strings.HasPrefix(key, p.Prefix) && (pol == nil || len(p.Prefix) > len(pol.Prefix)) {
-			pol = p
-		}
+	if s.cfg.KeyRate == nil {
+		return 0
 	}
-	if pol == nil || pol.Rate <= 0 {
+	rate, burst := s.cfg.KeyRate(key)
+	if rate <= 0 {
 		return 0
 	}
 	if s.paced == nil {
@@ -873,8 +873,8 @@ func (s *Feeder) paceLocked(key string, now time.Time) time.Duration {
 				delete(s.paced, fullest)
 			}
 		}
-		burst := float64(max(pol.Burst, 1))
-		p = &pace{tokens: burst, rate: pol.Rate, burst: burst, at: now}
+		b := float64(max(burst, 1))
+		p = &pace{tokens: b, rate: rate, burst: b, at: now}
 		s.paced[key] = p
 	}
 	p.tokens, p.at = p.level(now), now
@@ -1119,8 +1119,8 @@ func (s *Feeder) releaseBuffer() {
 // all, 50 ms apart, when the statement failed on its connection (the pool's
 // sessions terminated, the server restarting): each failure takes a dead
 // connection out of the pool, which dials a fresh one in the end, and the
-// rows need not wait out their lease (a probe: a Stop right after its
-// sessions were terminated failed to hand 8 prefetched rows back).
+// rows need not wait out their lease
+// (TestStopHandsBackPrefetchedRowsAfterItsSessionsWereTerminated).
 func (s *Feeder) release(ctx context.Context, ids, tokens []int64) ([]int64, error) {
 	for try := 1; ; try++ {
 		released, err := s.q.Release(ctx, s.db, ids, tokens, 0)

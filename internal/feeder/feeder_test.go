@@ -889,23 +889,29 @@ func TestABufferedRowWithLittleLeaseLeftWaitsForAHeartbeat(t *testing.T) {
 }
 
 // TestPaceLocked: a rated key's starts in this process come from a bucket
-// of its own policy (the longest matching prefix): Burst at once, then one
-// each 1/Rate; an unrated key is never held. Past maxPaced keys, a key is
-// forgotten only by its own policy's refill (a slow key is not dropped by
-// a fast key's), else the fullest goes. A wait never rounds to 0 (0 means
-// go).
+// of its own policy (Config.KeyRate): Burst at once, then one each 1/Rate;
+// an unrated key is never held. Past maxPaced keys, a key is forgotten only
+// by its own policy's refill (a slow key is not dropped by a fast key's),
+// else the fullest goes. A wait never rounds to 0 (0 means go).
 func TestPaceLocked(t *testing.T) {
 	t.Parallel()
-	s := &Feeder{cfg: Config{KeyPolicies: []sqlq.KeyPolicy{
-		{Prefix: "slow-", Rate: 1.0 / 3600, Burst: 1},
-		{Prefix: "fast-", Rate: 1000, Burst: 1000},
-		{Prefix: "r", Rate: 5, Burst: 2},
-		{Prefix: "rx", Limit: 3}, // longer, no rate: rx… keys are not paced
+	s := &Feeder{cfg: Config{KeyRate: func(key string) (float64, int) {
+		switch {
+		case strings.HasPrefix(key, "slow-"):
+			return 1.0 / 3600, 1
+		case strings.HasPrefix(key, "fast-"):
+			return 1000, 1000
+		case strings.HasPrefix(key, "rx"): // a policy with no rate: not paced
+			return 0, 0
+		case strings.HasPrefix(key, "r"):
+			return 5, 2
+		}
+		return 0, 0
 	}}}
 	t0 := time.Unix(1_000_000, 0)
 	require.Zero(t, s.paceLocked("plain", t0))
 	for range 5 {
-		require.Zero(t, s.paceLocked("rx-1", t0), "the longest prefix has no rate")
+		require.Zero(t, s.paceLocked("rx-1", t0), "its policy has no rate")
 	}
 	require.Zero(t, s.paceLocked("r1", t0))
 	require.Zero(t, s.paceLocked("r1", t0))

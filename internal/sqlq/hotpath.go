@@ -627,8 +627,8 @@ func (q *Queries) ClearUnstarted(ctx context.Context, db DB, ids, tokens []int64
 //
 // A released row of a rated key does not give its claim's token back: the
 // bucket may have refilled to its burst since the claim drew it, and a
-// token returned on top would be one made up (a probe: four claims within
-// 55 ms of a key with burst 2, after a refund). The token is spent.
+// token returned on top would be one made up (TestReleaseMakesNoTokenUp).
+// The token is spent.
 
 const releaseSQL = `
 WITH cur AS MATERIALIZED (

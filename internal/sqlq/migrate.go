@@ -277,9 +277,13 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir int) 
 		return from, nil, fmt.Errorf("%w (%w): schema %q is at version %d, newer than this library's %d: "+
 			"upgrade this process's gendurable (a newer process migrated it)", ErrSchemaVersion, ErrSchemaUnknown, schema, from, latest)
 	}
-	if dir > 0 && from > target || dir < 0 && from < target {
-		return from, nil, fmt.Errorf("%w: schema %q is at version %d; moving only %s to %d, nothing was applied",
-			ErrMigrateDirection, schema, from, map[bool]string{true: "up", false: "down"}[dir > 0], target)
+	if dir > 0 && from > target {
+		return from, nil, fmt.Errorf("%w: schema %q is at version %d; moving only up to %d, nothing was applied",
+			ErrMigrateDirection, schema, from, target)
+	}
+	if dir < 0 && from < target {
+		return from, nil, fmt.Errorf("%w: schema %q is at version %d; moving only down to %d, nothing was applied",
+			ErrMigrateDirection, schema, from, target)
 	}
 	ms := Migrations()
 	if target >= from {

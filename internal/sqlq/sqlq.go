@@ -223,6 +223,18 @@ const StatementPoolingHint = "PgBouncer in statement pooling runs no transaction
 const PoolerHint = "behind PgBouncer in transaction pooling? use default_query_exec_mode=cache_describe " +
 	"(pgx.QueryExecModeCacheDescribe): README, \"Behind PgBouncer\""
 
+// PoolerAdvice is the advice for an error a connection pooler caused
+// (PreparedStatementClash, StatementPooling), or "".
+func PoolerAdvice(err error) string {
+	switch {
+	case PreparedStatementClash(err):
+		return PoolerHint
+	case StatementPooling(err):
+		return StatementPoolingHint
+	}
+	return ""
+}
+
 // ConnectionFailure reports an error that says the connection or the
 // server failed rather than the statement: the connection was lost or could
 // not be made (SQLSTATE class 08, a network error, EOF), the server is
