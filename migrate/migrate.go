@@ -46,8 +46,8 @@ func Latest() int { return sqlq.LatestVersion() }
 // Result says what a migration did.
 type Result struct {
 	From    int   // version installed before
-	To      int   // version installed after
-	Applied []int // versions applied, in order (empty when there was nothing to do)
+	To      int   // version installed after (with an error: the version reached)
+	Applied []int // versions applied, in order (empty when there was nothing to do); with an error, those committed
 }
 
 // Up migrates schema to the latest version, creating the schema if needed.
@@ -64,12 +64,16 @@ func Down(ctx context.Context, db DB, schema string) (Result, error) {
 	return To(ctx, db, schema, 0)
 }
 
-// To migrates schema up or down to target, in one transaction. Each
-// statement waits at most half a second for a lock another transaction
-// holds on the tables (so the workers' statements that queue behind the
-// migration's lock request are not held up for longer); the migration is
-// then tried again, after a pause (1 s, doubling up to 30 s), until ctx
-// ends. A deadlock is tried again the same way.
+// To migrates schema up or down to target, one version per transaction:
+// an upgrade over several versions holds each version's table locks only
+// while that version runs, and one that fails or is interrupted keeps the
+// versions it committed (Result.To and Result.Applied say which; the
+// schema is then at that version, a consistent one, and migrating again
+// goes on from it). Each statement waits at most half a second for a lock
+// another transaction holds on the tables (so the workers' statements that
+// queue behind the migration's lock request are not held up for longer);
+// the version is then tried again, after a pause (1 s, doubling up to
+// 30 s), until ctx ends. A deadlock is tried again the same way.
 //
 // Down migrations drop what the versions they remove added: the data in
 // those columns and tables is lost, and migrating up again does not bring
@@ -102,10 +106,22 @@ func DownTo(ctx context.Context, db DB, schema string, target int) (Result, erro
 
 func to(ctx context.Context, db DB, schema string, target, dir int) (Result, error) {
 	from, applied, err := sqlq.MigrateDir(ctx, db, schema, target, dir)
-	if err != nil {
-		return Result{From: from, To: from}, fmt.Errorf("gendurable: migrate %q to %d: %w", schema, target, err)
+	r := Result{From: from, To: from, Applied: applied}
+	for _, v := range applied { // each version applied up, or taken down
+		if v > r.To {
+			r.To = v
+		} else {
+			r.To = v - 1
+		}
 	}
-	return Result{From: from, To: target, Applied: applied}, nil
+	if err != nil {
+		if len(applied) > 0 {
+			return r, fmt.Errorf("gendurable: migrate %q to %d: stopped at version %d (versions %v committed): %w",
+				schema, target, r.To, applied, err)
+		}
+		return r, fmt.Errorf("gendurable: migrate %q to %d: %w", schema, target, err)
+	}
+	return r, nil
 }
 
 // Installed reports the schema version installed in schema (0 if none).

@@ -695,3 +695,82 @@ func TestUpToAndDownToMoveOneWayOnly(t *testing.T) {
 	require.NoError(t, err, "already there")
 	require.Empty(t, res.Applied)
 }
+
+// TestAnUpgradeOverSeveralVersionsKeepsThoseItCommitted: Up applies one
+// version per transaction, so one that cannot get a later version's lock
+// keeps the versions it applied before it (and held no lock of theirs
+// while it waited). Version 14 builds an index, whose lock a writer's open
+// transaction holds off; versions 8–13 take no lock a writer conflicts with.
+func TestAnUpgradeOverSeveralVersionsKeepsThoseItCommitted(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	ctx := context.Background()
+	_, err := migrate.To(ctx, pool, schema, 7)
+	require.NoError(t, err)
+	writer, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = writer.Rollback(context.Background()) })
+	_, err = writer.Exec(ctx, `LOCK TABLE "`+schema+`".gendurable_instances IN ROW EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	mctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	res, err := migrate.Up(mctx, pool, schema)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "stopped at version 13")
+	require.Equal(t, migrate.Result{From: 7, To: 13, Applied: []int{8, 9, 10, 11, 12, 13}}, res)
+	v, err := migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, 13, v, "the versions applied before the blocked one were kept")
+
+	require.NoError(t, writer.Rollback(ctx))
+	res, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, 13, res.From)
+	require.Equal(t, migrate.Latest(), res.To)
+	require.Equal(t, 14, res.Applied[0])
+
+	// Down goes one version at a time too, each leaving its comment.
+	res, err = migrate.To(ctx, pool, schema, 12)
+	require.NoError(t, err)
+	require.Equal(t, 12, res.To)
+	require.Equal(t, reversed(allVersions())[:migrate.Latest()-12], res.Applied)
+	v, err = migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, 12, v)
+}
+
+// TestAnInvalidPrebuiltIndexStopsItsVersion: the migrations that build an
+// index "IF NOT EXISTS" (so an operator may build it CONCURRENTLY first)
+// refuse one of that name left invalid by a failed concurrent build — kept,
+// it would never be used — and apply once it is dropped.
+func TestAnInvalidPrebuiltIndexStopsItsVersion(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	_, err := migrate.To(ctx, pool, schema, 13)
+	require.NoError(t, err)
+	q := `"` + schema + `".gendurable_instances`
+	_, err = pool.Exec(ctx, `INSERT INTO `+q+` (fsm, step) VALUES ('m', 's'), ('m', 's')`)
+	require.NoError(t, err)
+	// Unique over two equal values: the concurrent build fails and leaves
+	// its index invalid, under the name version 14 builds.
+	_, err = pool.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY gendurable_instances_lingering_leases ON `+q+` (queue)`)
+	require.Error(t, err)
+
+	_, err = migrate.Up(ctx, pool, schema)
+	require.ErrorContains(t, err, "gendurable_instances_lingering_leases")
+	require.ErrorContains(t, err, "not valid")
+	v, err := migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, 13, v)
+
+	_, err = pool.Exec(ctx, `DROP INDEX "`+schema+`".gendurable_instances_lingering_leases`)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	var valid bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)`,
+		`"`+schema+`".gendurable_instances_lingering_leases`).Scan(&valid))
+	require.True(t, valid)
+}

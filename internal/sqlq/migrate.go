@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -187,12 +188,17 @@ const MigrateLockWait = 500 * time.Millisecond
 var migrateLockWait = `SELECT ` + settingAtMost("lock_timeout", strconv.FormatInt(MigrateLockWait.Milliseconds(), 10))
 
 // Migrate moves the schema from its installed version to target, up or down,
-// in one transaction serialized by an advisory lock, so concurrent migrators
-// (several processes starting at once) apply each step exactly once. It
-// returns the versions applied, in order. Each of its statements waits at
-// most MigrateLockWait for a lock another transaction holds; the
-// transaction is then rolled back and tried again, after a pause (1 s,
-// doubling up to 30 s, jittered), until ctx ends — so the workers'
+// one version per transaction, each serialized by an advisory lock, so
+// concurrent migrators (several processes starting at once) apply each
+// version exactly once. A version's transaction commits its SQL with the
+// version comment: an upgrade over several versions holds each version's
+// table locks only while that version runs (not an ALTER's exclusive lock
+// through every later version's index builds), and one interrupted keeps
+// the versions it committed. It returns the versions applied, in order —
+// with an error too, those committed before it. Each of its statements
+// waits at most MigrateLockWait for a lock another transaction holds; the
+// version's transaction is then rolled back and tried again, after a pause
+// (1 s, doubling up to 30 s, jittered), until ctx ends — so the workers'
 // statements that queue behind the migration's lock request wait at most
 // MigrateLockWait at a time, and a small share of the time while the
 // blocker lasts (TestMigrationBehindABlockerDoesNotStallTheWorkers). A
@@ -212,7 +218,10 @@ var ErrMigrateDirection = errors.New("the installed version is on the other side
 // down (dir < 0: refused when below target); dir 0 moves either way. The
 // direction is checked against the version read under the migration's
 // advisory lock, so a check made before it (a confirmation asked of an
-// operator) cannot be overtaken by a concurrent migrator.
+// operator) cannot be overtaken by a concurrent migrator. Once a version
+// is applied the migration keeps its direction: should another migrator
+// move the schema past the target that way meanwhile, it stops there
+// without error.
 func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int) (from int, applied []int, err error) {
 	if err := ValidateSchema(schema); err != nil {
 		return 0, nil, err
@@ -221,15 +230,40 @@ func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int
 	if target < 0 || target > latest {
 		return 0, nil, fmt.Errorf("target version %d out of range 0..%d", target, latest)
 	}
-	for tries := 1; ; tries++ {
-		from, applied, err = migrate1(ctx, db, schema, target, dir)
-		if err == nil || !LockTimedOut(err) && !Deadlocked(err) {
+	for first := true; ; first = false {
+		at, step, err := migrateStep(ctx, db, schema, target, dir, first)
+		if first {
+			from = at
+			if dir == 0 && at != target {
+				dir = 1
+				if at > target {
+					dir = -1
+				}
+			}
+		}
+		if err != nil {
 			return from, applied, err
+		}
+		if step == 0 {
+			return from, applied, nil
+		}
+		applied = append(applied, step)
+	}
+}
+
+// migrateStep applies the next version from the installed one toward
+// target (MigrateDir), trying again after a lock wait or a deadlock. It
+// returns the version it read and the one it applied (0: none was left).
+func migrateStep(ctx context.Context, db Beginner, schema string, target, dir int, first bool) (at, applied int, err error) {
+	for tries := 1; ; tries++ {
+		at, applied, err = migrate1(ctx, db, schema, target, dir, first)
+		if err == nil || !LockTimedOut(err) && !Deadlocked(err) {
+			return at, applied, err
 		}
 		wait := backoff.Delay(time.Second, 30*time.Second, tries)
 		select {
 		case <-ctx.Done():
-			return from, nil, fmt.Errorf("another transaction held a lock on the schema's tables (or deadlocked with it) through %d tries "+
+			return at, 0, fmt.Errorf("another transaction held a lock on the schema's tables (or deadlocked with it) through %d tries "+
 				"(each waited at most %s for it, so the workers' statements were not held up for longer): %w: %w",
 				tries, MigrateLockWait, ctx.Err(), err)
 		case <-time.After(wait):
@@ -237,21 +271,21 @@ func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int
 	}
 }
 
-// migrate1 is one try of Migrate: one transaction.
-func migrate1(ctx context.Context, db Beginner, schema string, target, dir int) (from int, applied []int, err error) {
+// migrate1 is one try of one version of Migrate: one transaction.
+func migrate1(ctx context.Context, db Beginner, schema string, target, dir int, first bool) (from, applied int, err error) {
 	latest := LatestVersion()
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return 0, nil, err
+		return 0, 0, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	if _, err := tx.Exec(ctx, migrateLock, schema); err != nil {
-		return 0, nil, err
+		return 0, 0, err
 	}
 	// After the advisory lock: another migrator of the schema is waited
 	// for as long as it takes (it holds up no worker while it waits).
 	if _, err := tx.Exec(ctx, migrateLockWait); err != nil {
-		return 0, nil, err
+		return 0, 0, err
 	}
 	if target > 0 {
 		// Down (target 0) creates nothing: a missing schema has no tables
@@ -261,62 +295,114 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir int) 
 		// owns its schema but may not create schemas could never migrate.
 		var exists bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists); err != nil {
-			return 0, nil, err
+			return 0, 0, err
 		}
 		if !exists {
 			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteIdent(schema)); err != nil {
-				return 0, nil, err
+				return 0, 0, err
 			}
 		}
 	}
 	from, err = InstalledVersion(ctx, tx, schema)
 	if err != nil {
-		return 0, nil, err
+		return 0, 0, err
 	}
 	if from > latest {
-		return from, nil, fmt.Errorf("%w (%w): schema %q is at version %d, newer than this library's %d: "+
+		return from, 0, fmt.Errorf("%w (%w): schema %q is at version %d, newer than this library's %d: "+
 			"upgrade this process's gendurable (a newer process migrated it)", ErrSchemaVersion, ErrSchemaUnknown, schema, from, latest)
 	}
-	if dir > 0 && from > target {
-		return from, nil, fmt.Errorf("%w: schema %q is at version %d; moving only up to %d, nothing was applied",
-			ErrMigrateDirection, schema, from, target)
+	if dir > 0 && from > target || dir < 0 && from < target {
+		if !first {
+			// Another migrator moved the schema on past the target, the
+			// way this migration was going.
+			return from, 0, nil
+		}
+		way := "up"
+		if dir < 0 {
+			way = "down"
+		}
+		return from, 0, fmt.Errorf("%w: schema %q is at version %d; moving only %s to %d, nothing was applied",
+			ErrMigrateDirection, schema, from, way, target)
 	}
-	if dir < 0 && from < target {
-		return from, nil, fmt.Errorf("%w: schema %q is at version %d; moving only down to %d, nothing was applied",
-			ErrMigrateDirection, schema, from, target)
+	if from == target {
+		return from, 0, nil
 	}
 	ms := Migrations()
-	if target >= from {
-		for _, m := range ms {
-			if m.Version > from && m.Version <= target {
-				if _, err := tx.Exec(ctx, m.Up(schema)); err != nil {
-					return from, nil, fmt.Errorf("migration %d up: %w", m.Version, err)
-				}
-				applied = append(applied, m.Version)
+	var m Migration
+	var sql string
+	now := 0 // the version installed once m is applied
+	if target > from {
+		for _, c := range ms {
+			if c.Version > from {
+				m, sql, now = c, c.Up(schema), c.Version
+				break
 			}
 		}
 	} else {
 		for i := len(ms) - 1; i >= 0; i-- {
-			m := ms[i]
-			if m.Version <= from && m.Version > target {
-				if _, err := tx.Exec(ctx, m.Down(schema)); err != nil {
-					return from, nil, fmt.Errorf("migration %d down: %w", m.Version, err)
+			if ms[i].Version <= from {
+				m, sql = ms[i], ms[i].Down(schema)
+				if i > 0 {
+					now = ms[i-1].Version
 				}
-				applied = append(applied, m.Version)
+				break
 			}
 		}
 	}
-	if target > 0 && len(applied) > 0 {
+	if _, err := tx.Exec(ctx, sql); err != nil {
+		way := "up"
+		if target < from {
+			way = "down"
+		}
+		return from, 0, fmt.Errorf("migration %d %s: %w", m.Version, way, err)
+	}
+	if target > from {
+		if err := checkPrebuiltIndexes(ctx, tx, schema, m); err != nil {
+			return from, 0, err
+		}
+	}
+	if now > 0 {
 		// The comment is a literal: the version is an integer we produced.
 		if _, err := tx.Exec(ctx, "COMMENT ON TABLE "+quoteIdent(schema)+".gendurable_instances IS '"+
-			versionCommentPrefix+strconv.Itoa(target)+"'"); err != nil {
-			return from, nil, err
+			versionCommentPrefix+strconv.Itoa(now)+"'"); err != nil {
+			return from, 0, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return from, nil, err
+		return from, 0, err
 	}
-	return from, applied, nil
+	return from, m.Version, nil
+}
+
+// ifNotExistsIndex finds the indexes a migration builds only if missing
+// (an operator may build them CONCURRENTLY by hand first).
+var ifNotExistsIndex = regexp.MustCompile(`(?i)CREATE\s+(?:UNIQUE\s+)?INDEX\s+IF\s+NOT\s+EXISTS\s+(\w+)`)
+
+// checkPrebuiltIndexes fails a version whose indexes built "IF NOT EXISTS"
+// found one of that name that is not valid: what a CREATE INDEX
+// CONCURRENTLY by hand leaves when it fails or is cancelled (or while it
+// still runs). IF NOT EXISTS would keep it, and no statement would ever
+// use it.
+func checkPrebuiltIndexes(ctx context.Context, tx pgx.Tx, schema string, m Migration) error {
+	var names []string
+	for _, g := range ifNotExistsIndex.FindAllStringSubmatch(m.up, -1) {
+		names = append(names, g[1])
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	var bad *string
+	if err := tx.QueryRow(ctx, `SELECT string_agg(c.relname, ', ' ORDER BY c.relname)
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = ANY($2) AND NOT (i.indisvalid AND i.indisready)`, schema, names).Scan(&bad); err != nil {
+		return err
+	}
+	if bad != nil {
+		return fmt.Errorf("migration %d up: index %s in schema %q is not valid (a CREATE INDEX CONCURRENTLY that failed "+
+			"or was cancelled leaves it so, and one still building is too): DROP INDEX it (or let the build finish), "+
+			"then migrate again; nothing of version %d was applied", m.Version, *bad, schema, m.Version)
+	}
+	return nil
 }
 
 // DefaultIsolation reads the isolation level a statement of db runs at
@@ -358,10 +444,20 @@ func MigrationScript(schema string, from, to int) (string, error) {
 	q := quoteIdent(schema)
 	ms := Migrations()
 	if to != from {
-		fmt.Fprintf(&b, "-- gendurable schema %d -> %d. Run it in one transaction. On a database in use, set a\n"+
+		fmt.Fprintf(&b, "-- gendurable schema %d -> %d. Each version ends with its version comment: run each in a\n"+
+			"-- transaction of its own, as migrate up does (one transaction for several versions holds the first\n"+
+			"-- ALTER TABLE's exclusive lock through every later version). On a database in use, set a\n"+
 			"-- lock_timeout first (SET LOCAL lock_timeout = '500ms') and run it again if it fails with\n"+
 			"-- SQLSTATE 55P03: a statement waiting for a table lock queues every worker's statement behind it.\n",
 			from, to)
+	}
+	comment := func(v int) {
+		if !strings.HasSuffix(b.String(), "\n") {
+			b.WriteString("\n")
+		}
+		if v > 0 {
+			fmt.Fprintf(&b, "COMMENT ON TABLE %s.gendurable_instances IS '%s%d';\n", q, versionCommentPrefix, v)
+		}
 	}
 	switch {
 	case to > from:
@@ -372,17 +468,18 @@ func MigrationScript(schema string, from, to int) (string, error) {
 		for _, m := range ms {
 			if m.Version > from && m.Version <= to {
 				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) up\n%s", m.Version, m.Name, m.Up(schema))
+				comment(m.Version)
 			}
 		}
 	case to < from:
 		for i := len(ms) - 1; i >= 0; i-- {
 			if m := ms[i]; m.Version <= from && m.Version > to {
 				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) down\n%s", m.Version, m.Name, m.Down(schema))
+				if i > 0 {
+					comment(ms[i-1].Version)
+				}
 			}
 		}
-	}
-	if to > 0 && to != from {
-		fmt.Fprintf(&b, "\nCOMMENT ON TABLE %s.gendurable_instances IS '%s%d';\n", q, versionCommentPrefix, to)
 	}
 	return b.String(), nil
 }

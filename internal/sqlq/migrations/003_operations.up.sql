@@ -7,7 +7,8 @@ CREATE TABLE {{schema}}.gendurable_queues (
   updated_at timestamptz NOT NULL DEFAULT now()
 );
 
--- prune: terminal rows by finish time.
-CREATE INDEX gendurable_instances_finished
+-- prune: terminal rows by finish time. It blocks writes while it builds: on a large
+-- table, create it CONCURRENTLY by hand first, with this name and definition.
+CREATE INDEX IF NOT EXISTS gendurable_instances_finished
   ON {{schema}}.gendurable_instances (finished_at)
   WHERE status IN ('done', 'failed');

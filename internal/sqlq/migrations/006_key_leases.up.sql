@@ -18,11 +18,6 @@
 -- CONCURRENTLY by hand first, with these names and definitions, and this migration
 -- only drops the two it replaces.
 
--- key_limit: the most rows of this row's key that may run at once (per-insert
--- InsertOpts.KeyLimit); NULL: the engine's KeyPolicy for the key, else 1.
-ALTER TABLE {{schema}}.gendurable_instances
-  ADD COLUMN key_limit int CONSTRAINT gendurable_instances_key_limit_positive CHECK (key_limit > 0);
-
 -- Plain rows and keyed rows are picked by different index paths, so a hot key's
 -- backlog never lies in the way of the plain pick's LIMIT, nor of another key's.
 CREATE INDEX IF NOT EXISTS gendurable_instances_pick_plain
@@ -37,6 +32,15 @@ CREATE INDEX IF NOT EXISTS gendurable_instances_pick_keyed
 CREATE INDEX IF NOT EXISTS gendurable_instances_key_holders
   ON {{schema}}.gendurable_instances (partition_key, lease_expires_at) INCLUDE (claim_token)
   WHERE partition_key IS NOT NULL AND lease_expires_at IS NOT NULL;
+
+-- key_limit: the most rows of this row's key that may run at once (per-insert
+-- InsertOpts.KeyLimit); NULL: the engine's KeyPolicy for the key, else 1. After the
+-- index builds, so they block only writes, not reads; the check NOT VALID (every
+-- row's value is NULL here, and new rows are checked), so adding it reads no row
+-- under the table's exclusive lock.
+ALTER TABLE {{schema}}.gendurable_instances
+  ADD COLUMN key_limit int,
+  ADD CONSTRAINT gendurable_instances_key_limit_positive CHECK (key_limit > 0) NOT VALID;
 
 DROP INDEX IF EXISTS {{schema}}.gendurable_instances_pick;
 DROP INDEX IF EXISTS {{schema}}.gendurable_instances_partition_active;
