@@ -173,7 +173,10 @@ type Config struct {
 	// finished child whose parent is still live is kept until the parent
 	// finishes, and a finished parent while a child of it is live, for
 	// [Engine.CancelTree] of it to reach them). Default 7 days; negative
-	// keeps everything.
+	// keeps everything. The pruner of any engine that works a queue deletes
+	// the schema's finished rows of every queue, not only its own, and
+	// periodic slots count as run while their rows exist (Periodic): give
+	// every process of a schema the same Retention.
 	Retention time.Duration
 	// PruneInterval between prune sweeps, which run in engines that work
 	// queues. Default 1h; negative runs no pruner in this process.

@@ -157,6 +157,13 @@ func (p *Periodic) loop(ctx context.Context) {
 			}
 		}
 		for i, d := range due {
+			if d != nil && d.tries > 0 && p.tooOld(i, d.at, now) {
+				// Failing for longer than its catch-up window (cut off
+				// from the database): another process may have run it
+				// meanwhile and its row been pruned.
+				due[i] = nil
+				continue
+			}
 			if d != nil && !d.retryAt.After(now) && ctx.Err() == nil && p.insertSlot(ctx, i, d) {
 				due[i] = nil // inserted, or given up
 			}

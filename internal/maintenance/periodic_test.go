@@ -546,3 +546,36 @@ func TestPeriodicHeldUpPastASlotOlderThanCatchUpWithinSkipsIt(t *testing.T) {
 		t.Fatalf("%d rows, want 0: the slot was two hours old, older than CatchUpWithin", n)
 	}
 }
+
+// TestPeriodicRetriesStopAtCatchUpWithin: a slot whose inserts keep failing
+// (the process cut off from the database) is not retried once it is older
+// than CatchUpWithin: another process may have run it meanwhile and its
+// row been pruned, as for a slot missed while no process ran.
+func TestPeriodicRetriesStopAtCatchUpWithin(t *testing.T) {
+	t.Parallel()
+	var skew atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	slot := now().Add(-time.Second)
+	var tries atomic.Int64
+	logs := &syncbuf.Buffer{}
+	p := &Periodic{Log: bufLogger(logs), now: now, maxSleep: 20 * time.Millisecond,
+		RetryDelay: 5 * time.Millisecond, MaxRetryDelay: 10 * time.Millisecond,
+		Schedules: []Schedule{{Name: "daily", Next: slots(slot, slot.Add(24*time.Hour)), CatchUpWithin: time.Hour}},
+		Insert: func(context.Context, int, time.Time) (int64, bool, error) {
+			tries.Add(1)
+			return 0, false, errors.New("database unavailable")
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	eventually(t, 3*time.Second, func() bool { return tries.Load() >= 3 }, "the slot was not tried")
+	skew.Store(int64(2 * time.Hour)) // the outage outlasts the catch-up window
+	eventually(t, 3*time.Second, func() bool { return strings.Contains(logs.String(), "periodic slot not run late") },
+		"the slot was not given up")
+	n := tries.Load()
+	time.Sleep(200 * time.Millisecond)
+	if got := tries.Load(); got > n+1 {
+		t.Fatalf("tried %d more times after the slot was older than CatchUpWithin", got-n)
+	}
+}
