@@ -29,6 +29,7 @@ const (
 	DefaultQueue               = "default"
 	DefaultMaxAttempts         = 20
 	DefaultLeaseDuration       = 60 * time.Second
+	MinLeaseDuration           = 100 * time.Millisecond // Config.LeaseDuration's floor
 	DefaultHeartbeatInterval   = 20 * time.Second
 	DefaultReaperInterval      = 30 * time.Second
 	DefaultDrainTimeout        = 10 * time.Second
@@ -56,7 +57,7 @@ const (
 // delay or timeout under 1ms — HeartbeatInterval, ReaperInterval,
 // AwaitTimeoutInterval, PruneInterval, UnknownVersionDelay, TxIdleTimeout,
 // a queue's poll intervals, a machine's StepTimeout — or a Retention under
-// 1s is [ErrInvalidConfig] (and LeaseDuration under 1ms, MaintenanceTimeout
+// 1s is [ErrInvalidConfig] (and LeaseDuration under 100ms, MaintenanceTimeout
 // under 1s).
 type Config struct {
 	// Schema holding gendurable's tables (see package migrate). A plain
@@ -79,7 +80,9 @@ type Config struct {
 
 	// LeaseDuration is how long a claimed row stays ours without a heartbeat.
 	// A crashed worker's steps run again this long after its last heartbeat.
-	// Default 60s.
+	// Default 60s; under 100ms is [ErrInvalidConfig] (a lease must outlast
+	// a pick's and a heartbeat's round trips on a loaded database, or no
+	// step ever holds its claim).
 	LeaseDuration time.Duration
 	// HeartbeatInterval between lease extensions; HeartbeatInterval × 3 must
 	// not exceed LeaseDuration. Default 20s, or LeaseDuration/3 if shorter.
@@ -442,8 +445,8 @@ func (c *Config) withDefaults() error {
 	case c.HeartbeatInterval*3 > c.LeaseDuration:
 		return errorf(ErrInvalidConfig, "HeartbeatInterval × 3 (%s) exceeds LeaseDuration (%s): a live step could be reaped",
 			c.HeartbeatInterval*3, c.LeaseDuration)
-	case c.LeaseDuration < time.Millisecond:
-		return errorf(ErrInvalidConfig, "LeaseDuration %s below 1ms", c.LeaseDuration)
+	case c.LeaseDuration < MinLeaseDuration:
+		return errorf(ErrInvalidConfig, "LeaseDuration %s below %s: a claim would expire within a pick's or a heartbeat's round trip", c.LeaseDuration, MinLeaseDuration)
 	case c.MaxStateBytes < 0 || c.MaxSignalBytes < 0 || c.PartitionRetryDelay < 0:
 		return errorf(ErrInvalidConfig, "negative MaxStateBytes, MaxSignalBytes or PartitionRetryDelay")
 	}

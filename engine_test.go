@@ -59,6 +59,8 @@ func TestInvalidConfig(t *testing.T) {
 		}}}, `Start step "zzz" is not one of its Steps [a]`},
 		{"version beyond int", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j", Version: math.MaxInt32 + 1,
 			Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}}}, "Version 2147483648 is more than 2147483647"},
+		{"max attempts beyond int", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j", MaxAttempts: math.MaxInt32 + 1,
+			Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}}}, "MaxAttempts 2147483648 is more than 2147483647"},
 		{"job without perform", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j"}}}, "no Perform"},
 		{"negative concurrency", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: -1}}}, "negative Concurrency"},
 		{"global concurrency beyond int4", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {GlobalConcurrency: math.MaxInt32 + 1}}}, "GlobalConcurrency 2147483648 above"},
@@ -97,8 +99,13 @@ func TestInvalidConfig(t *testing.T) {
 	_, err = gendurable.New(pool, &gendurable.Config{ReaperInterval: time.Millisecond, Retention: time.Second,
 		Queues: map[string]gendurable.QueueConfig{"q": {BusyPollInterval: time.Millisecond}}})
 	require.NoError(t, err, "the floors themselves are accepted")
-	_, err = gendurable.New(pool, &gendurable.Config{LeaseDuration: 2 * time.Millisecond})
+	_, err = gendurable.New(pool, &gendurable.Config{LeaseDuration: gendurable.MinLeaseDuration})
 	require.NoError(t, err, "a heartbeat derived from a short lease (LeaseDuration/3) is not a forgotten unit")
+	// A lease of a few milliseconds expired within every pick's round
+	// trip: the engine ran nothing, and said so only in warnings.
+	_, err = gendurable.New(pool, &gendurable.Config{LeaseDuration: 5 * time.Millisecond})
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+	require.ErrorContains(t, err, "LeaseDuration 5ms below 100ms")
 	var nilMachine *gendurable.Machine[orderArgs]
 	require.ErrorIs(t, nilMachine.ValidateOutcome("a", gendurable.Done(nil)), gendurable.ErrInvalidConfig)
 }

@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -108,4 +109,32 @@ func TestJobWhoseArgsTypeChangedFailsAtOnceAndRetries(t *testing.T) {
 	fixed, _ := startEngine(t, b, v1)
 	require.NoError(t, fixed.Retry(context.Background(), res.ID))
 	b.waitStatus(res.ID, "done", 10*time.Second)
+}
+
+// TestABackoffThatPanicsOrGoesNegativeRetriesByTheDefault: a user Backoff
+// that returns a negative delay, or panics, does not fail the job at its
+// first error (Replay refused the negative delay, and the panic failed
+// Handle): the retry waits DefaultBackoff's delay instead.
+func TestABackoffThatPanicsOrGoesNegativeRetriesByTheDefault(t *testing.T) {
+	t.Parallel()
+	for name, backoff := range map[string]func(int) time.Duration{
+		"negative": func(int) time.Duration { return -time.Second },
+		"panics":   func(int) time.Duration { panic("oops") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			job := &gendurable.Job[orderArgs]{Name: "bad_backoff_" + name, MaxAttempts: 3, Backoff: backoff,
+				Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return context.DeadlineExceeded }}
+			b := setup(t, nil, job)
+			id := b.insert(job.New(orderArgs{I: 1}))
+			b.start()
+			eventually(t, 10*time.Second, func() bool {
+				return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = `+strconv.FormatInt(id, 10)+
+					` AND attempt = 1 AND status = 'runnable'`) == 1
+			}, "the job was not set to retry")
+			in := b.row(id)
+			require.Equal(t, "runnable", in.Status, "failed at its first error")
+			require.Greater(t, in.EligibleAt.Sub(in.Now), 100*time.Millisecond, "DefaultBackoff's delay (at least 1 s, jittered)")
+		})
+	}
 }

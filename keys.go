@@ -119,6 +119,9 @@ func (e *Engine) keyRate(key string) (float64, int) {
 	return float64(p.Rate) / p.Per.Seconds(), p.Burst
 }
 
+// maxWait bounds a rate limit's reported wait: a century, past any Per.
+const maxWait = 100 * 365 * 24 * time.Hour
+
 // rateLimitedUntil is when key's bucket (tokens as of refilled) has a
 // start again, if that is after now and the key has a rate here.
 func (e *Engine) rateLimitedUntil(key string, tokens float64, refilled, now time.Time) *time.Time {
@@ -126,8 +129,10 @@ func (e *Engine) rateLimitedUntil(key string, tokens float64, refilled, now time
 	if p == nil || p.Rate == 0 {
 		return nil
 	}
-	perToken := time.Duration(float64(p.Per) / float64(p.Rate))
-	at := refilled.Add(time.Duration((1 - tokens) * float64(perToken)))
+	// In float: Per near math.MaxInt64 overflowed a Duration (negative: a
+	// wait in the past, so the limit went unreported).
+	wait := (1 - tokens) * float64(p.Per) / float64(p.Rate)
+	at := refilled.Add(time.Duration(min(wait, float64(maxWait))))
 	if tokens >= 1 || !at.After(now) {
 		return nil
 	}

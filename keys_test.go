@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"slices"
@@ -381,12 +382,19 @@ func TestRatedRowsPrefetchedBehindBusySlotsDoNotStartTogether(t *testing.T) {
 }
 
 // TestWaitSaysARatedKeyIsLimited: Wait names the time a rated key's next
-// start comes.
+// start comes — for a Per near math.MaxInt64 too, whose wait overflowed a
+// Duration and went unreported.
 func TestWaitSaysARatedKeyIsLimited(t *testing.T) {
 	t.Parallel()
+	for _, per := range []time.Duration{time.Hour, math.MaxInt64} {
+		t.Run(per.String(), func(t *testing.T) { t.Parallel(); waitSaysARatedKeyIsLimited(t, per) })
+	}
+}
+
+func waitSaysARatedKeyIsLimited(t *testing.T, per time.Duration) {
 	job := &gendurable.Job[spanArgs]{Name: "slowrate", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error { return nil }}
 	cfg := fastConfig("", job)
-	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "slow", Limit: 5, Rate: 1, Per: time.Hour, Burst: 1}}
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "slow", Limit: 5, Rate: 1, Per: per, Burst: 1}}
 	b := setup(t, cfg)
 	first := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "slow"}))
 	second := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "slow"}))
@@ -395,7 +403,11 @@ func TestWaitSaysARatedKeyIsLimited(t *testing.T) {
 	w, err := b.eng.WaitReason(context.Background(), second)
 	require.NoError(t, err)
 	require.NotNil(t, w.RateLimitedUntil)
-	require.WithinDuration(t, time.Now().Add(time.Hour), *w.RateLimitedUntil, 10*time.Second)
+	if per == time.Hour {
+		require.WithinDuration(t, time.Now().Add(time.Hour), *w.RateLimitedUntil, 10*time.Second)
+	} else {
+		require.True(t, w.RateLimitedUntil.After(time.Now().AddDate(50, 0, 0)), "limited until %v", *w.RateLimitedUntil)
+	}
 	require.Contains(t, w.Summary, `partition key "slow" rate limited until`)
 	require.Equal(t, "runnable", b.row(second).Status)
 }

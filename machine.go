@@ -74,7 +74,8 @@ type Machine[S any] struct {
 	// Replays, which the budget does not stop (see [Run.Replay]). Default 20.
 	MaxAttempts int
 	// Backoff gives the delay before retry number attempt+1 for the default
-	// Handle. Default: 1s·2^attempt with jitter, capped at one hour.
+	// Handle. Default: 1s·2^attempt with jitter, capped at one hour. Where
+	// it panics or returns a negative delay, the default's delay is used.
 	Backoff func(attempt int) time.Duration
 	// Inbox, when true, hands every step the instance's whole inbox
 	// ([Run.Inbox]); without it only a step that follows an Await gets it.
@@ -223,11 +224,7 @@ func (core *machineCore) executorDefinition(limits jsonLimits, newChild func(Ins
 	return &executor.Definition{
 		StepTimeout: core.stepTimeout,
 		ReadsInbox:  core.readsInbox,
-		Backoff: func(attempt int) time.Duration {
-			d := DefaultBackoff(attempt) // if the user's Backoff panics
-			_ = safely(func() error { d = core.backoff(attempt); return nil })
-			return d
-		},
+		Backoff:     core.retryDelay,
 		Run: func(ctx context.Context, x *executor.Input) executor.Result { return core.exec(ctx, in(x)) },
 		Handle: func(ctx context.Context, x *executor.Input, err error) executor.Result {
 			return core.handleErr(ctx, in(x), err)
@@ -260,6 +257,11 @@ func (m *Machine[S]) build() (*machineCore, error) {
 	}
 	if m.MaxAttempts < 0 || m.StepTimeout < 0 {
 		return nil, fmt.Errorf("%w: machine %q: negative MaxAttempts or StepTimeout", ErrInvalidConfig, m.Name)
+	}
+	if m.MaxAttempts > math.MaxInt32 {
+		// Stored as a PostgreSQL int: larger ones were cut to their low
+		// 32 bits on insert (2³²+1 stored as 1).
+		return nil, fmt.Errorf("%w: machine %q: MaxAttempts %d is more than %d", ErrInvalidConfig, m.Name, m.MaxAttempts, math.MaxInt32)
 	}
 	if err := belowFloor(fmt.Sprintf("machine %q: ", m.Name), time.Millisecond, map[string]time.Duration{"StepTimeout": m.StepTimeout}); err != nil {
 		return nil, err
@@ -451,7 +453,21 @@ func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Out
 	if r.Attempt+1 >= r.MaxAttempts {
 		return Stop(fmt.Sprintf("attempts exhausted (%d of %d)", r.Attempt+1, r.MaxAttempts)), nil
 	}
-	return r.Replay(r.State, m.core.backoff(r.Attempt)), nil
+	return r.Replay(r.State, m.core.retryDelay(r.Attempt)), nil
+}
+
+// retryDelay is the machine's Backoff for attempt, or DefaultBackoff's
+// where the user's panics or returns a negative delay (which Replay
+// refuses: the instance would fail at its first error, attempts left).
+func (core *machineCore) retryDelay(attempt int) time.Duration {
+	d := DefaultBackoff(attempt)
+	_ = safely(func() error {
+		if u := core.backoff(attempt); u >= 0 {
+			d = u
+		}
+		return nil
+	})
+	return d
 }
 
 // encodeOutcome validates o for this machine and encodes it for the database.
