@@ -225,7 +225,7 @@ func (core *machineCore) executorDefinition(limits jsonLimits, newChild func(Ins
 		StepTimeout: core.stepTimeout,
 		ReadsInbox:  core.readsInbox,
 		Backoff:     core.retryDelay,
-		Run: func(ctx context.Context, x *executor.Input) executor.Result { return core.exec(ctx, in(x)) },
+		Run:         func(ctx context.Context, x *executor.Input) executor.Result { return core.exec(ctx, in(x)) },
 		Handle: func(ctx context.Context, x *executor.Input, err error) executor.Result {
 			return core.handleErr(ctx, in(x), err)
 		},
