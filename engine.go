@@ -286,11 +286,15 @@ type machineKey struct {
 // a process that only inserts, or a tool, need not start it. An Engine is
 // safe for concurrent use.
 type Engine struct {
-	pool     *pgxpool.Pool
-	cfg      Config
-	q        *sqlq.Queries
-	log      *slog.Logger
-	registry map[machineKey]*machineCore
+	pool *pgxpool.Pool
+	cfg  Config
+	// newCalls are the periodic schedules' New calls not yet returned
+	// (periodicNew), by schedule name.
+	newCallsMu sync.Mutex
+	newCalls   map[string]*newCall
+	q          *sqlq.Queries
+	log        *slog.Logger
+	registry   map[machineKey]*machineCore
 
 	stateLimits, signalLimits jsonLimits
 

@@ -59,7 +59,11 @@ type Periodic struct {
 	// ErrStateEncode) gives its slot up at once, logged as an error, as
 	// does a New that panics or a state whose encoding panics; a slot
 	// whose insert fails otherwise (the database down) is tried again until
-	// the schedule's next slot comes due.
+	// the schedule's next slot comes due. New runs on a goroutine of its
+	// own: one that has not returned within [Config].MaintenanceTimeout
+	// fails its slot's attempt (tried again once it has returned), so it
+	// holds up neither Stop nor the other schedules for longer; it is not
+	// called again for the schedule while it runs.
 	New func(slot time.Time) InsertParams
 	// SkipMissed: on start, do not insert a slot that passed while no
 	// process ran.
@@ -103,14 +107,14 @@ func slotKey(name string, slot time.Time) string {
 // processes. The periodic service (internal/maintenance) calls it as slots
 // come due, and retries it if it fails.
 //
-// New and the encoding of the state it builds are the user's code on the
-// engine's own goroutine: a panic in either gives the slot up (it is an
+// New (on a goroutine of its own: periodicNew) and the encoding of the
+// state it builds are the user's code: a panic in either gives the slot up (it is an
 // ErrInvalidInsert or ErrStateEncode, which the service does not retry)
 // instead of taking the process down.
 func (e *Engine) insertSlot(ctx context.Context, p *Periodic, slot time.Time) (id int64, duplicate bool, err error) {
-	var params InsertParams
-	if err := safely(func() error { params = p.New(slot); return nil }); err != nil {
-		return 0, false, fmt.Errorf("%w: Periodic %q: New: %w", ErrInvalidInsert, p.Name, err)
+	params, err := e.periodicNew(ctx, p, slot)
+	if err != nil {
+		return 0, false, err
 	}
 	params.slot = true
 	params.opts.UniqueKey = slotKey(p.Name, slot)
@@ -123,4 +127,77 @@ func (e *Engine) insertSlot(ctx context.Context, p *Periodic, slot time.Time) (i
 		return 0, false, fmt.Errorf("%w: Periodic %q: encoding the state: %w", ErrStateEncode, p.Name, err)
 	}
 	return res.ID, res.Duplicate, err
+}
+
+// newCall is a call of a schedule's New, on a goroutine of its own.
+type newCall struct {
+	slot   time.Time
+	done   chan struct{}
+	params InsertParams
+	err    error // a panic
+}
+
+// periodicNew calls p.New(slot) on a goroutine of its own and waits for it
+// until ctx ends (Stop) or MaintenanceTimeout passes: a New that blocks (a
+// lookup without a deadline) holds up neither Stop nor, past that wait, the
+// other schedules. The slot's insert then fails and is tried again (as
+// after a database error) without calling New again while the earlier call
+// has not returned: a second attempt finds it still running and fails at
+// once; one that finds it returned uses its result, if for the same slot.
+func (e *Engine) periodicNew(ctx context.Context, p *Periodic, slot time.Time) (InsertParams, error) {
+	e.newCallsMu.Lock()
+	c, waited := e.newCalls[p.Name], true
+	if c != nil {
+		select {
+		case <-c.done:
+			if !c.slot.Equal(slot) {
+				c = nil
+			}
+		default:
+			if !c.slot.Equal(slot) {
+				e.newCallsMu.Unlock()
+				return InsertParams{}, fmt.Errorf("gendurable: Periodic %q: New for the slot %s has not returned yet",
+					p.Name, c.slot.UTC().Format(time.RFC3339))
+			}
+		}
+	}
+	if c == nil {
+		if e.newCalls == nil {
+			e.newCalls = map[string]*newCall{}
+		}
+		c, waited = &newCall{slot: slot, done: make(chan struct{})}, false
+		e.newCalls[p.Name] = c
+		go func() {
+			defer close(c.done)
+			c.err = safely(func() error { c.params = p.New(slot); return nil })
+		}()
+	}
+	e.newCallsMu.Unlock()
+	wait := e.cfg.MaintenanceTimeout
+	if waited {
+		wait = 0 // an earlier attempt waited for this call already
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		return InsertParams{}, fmt.Errorf("gendurable: Periodic %q: New has not returned: %w", p.Name, context.Cause(ctx))
+	case <-timer.C:
+		select {
+		case <-c.done:
+		default:
+			return InsertParams{}, fmt.Errorf("gendurable: Periodic %q: New(%s) has not returned after %s; the slot is tried again once it has",
+				p.Name, slot.UTC().Format(time.RFC3339), e.cfg.MaintenanceTimeout)
+		}
+	}
+	e.newCallsMu.Lock()
+	if e.newCalls[p.Name] == c {
+		delete(e.newCalls, p.Name)
+	}
+	e.newCallsMu.Unlock()
+	if c.err != nil {
+		return InsertParams{}, fmt.Errorf("%w: Periodic %q: New: %w", ErrInvalidInsert, p.Name, c.err)
+	}
+	return c.params, nil
 }

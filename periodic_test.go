@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"strings"
 	"sync/atomic"
@@ -227,4 +228,37 @@ func TestPeriodicSlotKeysAreReserved(t *testing.T) {
 	require.ErrorIs(t, err, gendurable.ErrInvalidInsert)
 	require.Contains(t, err.Error(), "reserved for Periodic slots")
 	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+}
+
+// TestPeriodicNewThatBlocksHoldsUpNeitherStopNorOtherSchedules: a New that
+// does not return (a lookup without a deadline) held the periodic loop:
+// the other schedules inserted nothing and Stop waited for it past its
+// deadline (35 s for a 2 s one), then returned nil.
+func TestPeriodicNewThatBlocksHoldsUpNeitherStopNorOtherSchedules(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[tick]{Name: "blocked_new", Perform: func(context.Context, *gendurable.Run[tick]) error { return nil }}
+	release := make(chan struct{})
+	defer close(release)
+	var hung atomic.Int32
+	cfg := fastConfig("", job)
+	cfg.MaintenanceTimeout = time.Second
+	cfg.Periodic = []gendurable.Periodic{{
+		Name: "hangs", Schedule: "@every 1s", SkipMissed: true,
+		New: func(time.Time) gendurable.InsertParams { hung.Add(1); <-release; return job.New(tick{}) },
+	}, {
+		Name: "ok", Schedule: "@every 1s", SkipMissed: true,
+		New: func(time.Time) gendurable.InsertParams { return job.New(tick{}) },
+	}}
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	b := setup(t, cfg)
+	require.NoError(t, b.eng.Start(context.Background()))
+	time.Sleep(4500 * time.Millisecond)
+	ok := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances `) // only "ok" inserts: "hangs" never returns
+	require.GreaterOrEqual(t, ok, 2, "the other schedule's slots were held up by the blocked New")
+	require.EqualValues(t, 1, hung.Load(), "New called again while its first call had not returned")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	_ = b.eng.Stop(ctx)
+	require.Less(t, time.Since(start), 3*time.Second, "Stop waited for the blocked New past its deadline")
 }
