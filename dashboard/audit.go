@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -81,16 +83,33 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 			outcome = "failed"
 		}
 	}
+	rec.mu.Lock()
+	noted := slices.Clone(rec.attrs)
+	rec.mu.Unlock()
+	for i := 0; i+1 < len(noted); i += 2 {
+		if noted[i] == "partial" && noted[i+1] == true && outcome == "failed" {
+			outcome = "partial" // cut short (the client hung up) after changing some
+		}
+		if v, ok := noted[i+1].(string); ok {
+			noted[i+1] = cut(v) // a refused request's names are any length
+		}
+	}
+	// A refused request changed nothing, and anyone who can reach the
+	// dashboard can send them: within the trail's allowance per client,
+	// as failed logins (a line at the window's end counts the rest).
+	if outcome == "refused" && !d.auditLimit.allow(clientOf(r), time.Now()) {
+		return
+	}
 	user := userOf(r)
 	if user == "" {
 		user = "(no authentication configured)"
 	}
-	rec.mu.Lock()
 	attrs := append([]any{"action", action, "outcome", outcome, "status", code, "user", user,
-		"remote", r.RemoteAddr, "path", r.URL.Path}, rec.attrs...)
-	rec.mu.Unlock()
-	if f := r.Header.Get("X-Forwarded-For"); f != "" {
-		attrs = append(attrs, "forwarded_for", f) // as the client sent it: not verified
+		"remote", r.RemoteAddr, "path", cut(r.URL.Path)}, noted...)
+	if fs := r.Header.Values("X-Forwarded-For"); len(fs) > 0 {
+		// As the client (and the proxies on its way) sent it, every
+		// header line: not verified.
+		attrs = append(attrs, "forwarded_for", cut(strings.Join(fs, ", ")))
 	}
 	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, attrs...)
 }

@@ -147,6 +147,49 @@ func TestAuditTrail(t *testing.T) {
 	require.Equal(t, "bearer", logins[len(logins)-1]["scheme"])
 }
 
+// TestRefusedActionsKeepToTheAllowance: refused actions (anyone who can
+// reach the dashboard can send them) wrote a line each, uncut — 50 refused
+// pauses of a 15,000-byte queue name in a second wrote 1.5 MB — though the
+// docs give them the failed logins' allowance, five a minute per client.
+// Only the first X-Forwarded-For header line was logged: a proxy's, after
+// the client's own, was dropped.
+func TestRefusedActionsKeepToTheAllowance(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	log := &captured{}
+	h, _ := e.handler(dashboard.Options{Logger: slog.New(log)})
+	long := strings.Repeat("q", 15000)
+	for range 20 {
+		r := do(t, h, req{method: http.MethodPost, path: "/queues/" + long + "/pause", form: url.Values{}, remote: "10.5.0.1:1",
+			header: map[string]string{"Sec-Fetch-Site": "same-origin"}})
+		require.Equal(t, http.StatusBadRequest, r.code)
+	}
+	lines := log.with("dashboard audit: pause")
+	require.Len(t, lines, 5, "refused, from one client")
+	for _, l := range lines {
+		require.LessOrEqual(t, len(l["path"].(string)), 1000)
+		require.LessOrEqual(t, len(l["queue"].(string)), 1000)
+	}
+	// A change is never left out: it is not a refusal.
+	hr := req{method: http.MethodPost, path: "/queues/default/pause", form: url.Values{}, remote: "10.5.0.1:1",
+		header: map[string]string{"Sec-Fetch-Site": "same-origin"}}
+	require.Equal(t, http.StatusSeeOther, do(t, h, hr).code)
+	ok := log.with("dashboard audit: pause")
+	require.Len(t, ok, 6)
+	require.Equal(t, "ok", ok[5]["outcome"])
+
+	// Every X-Forwarded-For line, in order.
+	hreq := httptest.NewRequest(http.MethodPost, "http://example.com/queues/default/resume", strings.NewReader(""))
+	hreq.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	hreq.Header.Set("Sec-Fetch-Site", "same-origin")
+	hreq.Header.Add("X-Forwarded-For", "10.9.9.9")
+	hreq.Header.Add("X-Forwarded-For", "203.0.113.7")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, hreq)
+	require.Equal(t, http.StatusSeeOther, rec.Code)
+	require.Equal(t, "10.9.9.9, 203.0.113.7", log.with("dashboard audit: resume")[0]["forwarded_for"])
+}
+
 // TestCrossOriginRefusalIsAudited: a cross-origin POST to an action (a
 // forged form on another site, riding the operator's session) is refused
 // with 403 before any handler runs — and, as a refused action, leaves its

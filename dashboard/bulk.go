@@ -161,6 +161,11 @@ func (d *dashboard) bulkDone(w http.ResponseWriter, r *http.Request, res gendura
 		return false, false
 	}
 	if !errors.Is(err, context.DeadlineExceeded) || res.Matched == 0 {
+		if res.Changed > 0 {
+			// Cut short otherwise (the client hung up: context.Canceled)
+			// after changing some: the audit line says they changed.
+			note(r, "partial", true)
+		}
 		d.fail(w, r, err)
 		return false, true
 	}

@@ -245,6 +245,20 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 		live()
 	}
 
+	// A field in the URL's query was dropped unread: a bulk cancel's
+	// queue and limit there cancelled every match in every queue; a
+	// cancel's reason there gave way to the default one.
+	r = post(t, h, "/bulk/cancel?queue=q1&limit=1", url.Values{"scope": {"match"}, "status": {"runnable"}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	require.Contains(t, r.body, "in the URL")
+	live()
+	r = post(t, h, path+"?reason=INC-4711", nil)
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	live()
+	r = post(t, h, "/queues/q1/pause?queue=q2", nil)
+	require.Equal(t, http.StatusBadRequest, r.code, "a queue in the path and another in the query: %s", r.body)
+	require.False(t, e.queuePaused("q1"))
+
 	r = post(t, h, "/queues/pause?queue=q1&queue=nosuch", nil)
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	require.False(t, e.queuePaused("q1"), "neither queue is paused")
@@ -252,8 +266,15 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	live()
 
-	// Refused requests' audit lines say what was asked.
-	r = post(t, h, path, url.Values{"reason": {strings.Repeat("x", 2000)}})
+	// Refused requests' audit lines say what was asked (each from a client
+	// of its own: refused ones are at most five a minute per client).
+	clients := 0
+	fresh := func(path string, form url.Values) resp {
+		clients++
+		return do(t, h, req{method: http.MethodPost, path: path, form: form, remote: fmt.Sprintf("10.4.%d.1:1", clients),
+			header: map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://example.com"}})
+	}
+	r = fresh(path, url.Values{"reason": {strings.Repeat("x", 2000)}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	line := log.with("dashboard audit: cancel")
 	require.NotEmpty(t, line)
@@ -261,20 +282,20 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	require.Equal(t, "refused", last["outcome"])
 	require.EqualValues(t, id, last["id"])
 	require.EqualValues(t, 2000, last["reason_bytes"])
-	r = post(t, h, "/bulk/cancel", url.Values{"id": {"7", "x"}, "scope": {"selected"}})
+	r = fresh("/bulk/cancel", url.Values{"id": {"7", "x"}, "scope": {"selected"}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	line = log.with("dashboard audit: bulk-cancel")
 	require.NotEmpty(t, line)
 	last = line[len(line)-1]
 	require.Equal(t, "refused", last["outcome"])
 	require.Equal(t, "7,x", last["sent_ids"])
-	r = post(t, h, "/bulk/cancel", url.Values{"queue": {"q1"}, "scope": {"match"}, "reason": {strings.Repeat("x", 2000)}})
+	r = fresh("/bulk/cancel", url.Values{"queue": {"q1"}, "scope": {"match"}, "reason": {strings.Repeat("x", 2000)}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	line = log.with("dashboard audit: bulk-cancel")
 	last = line[len(line)-1]
 	require.Equal(t, "q1", last["sent_queue"])
 	require.EqualValues(t, 2000, last["reason_bytes"])
-	r = post(t, h, fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {"go"}, "dedup_key": {strings.Repeat("k", 1<<20)}})
+	r = fresh(fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {"go"}, "dedup_key": {strings.Repeat("k", 1<<20)}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	line = log.with("dashboard audit: signal")
 	require.LessOrEqual(t, len(line[len(line)-1]["dedup_key"].(string)), 1000, "what was sent, cut")

@@ -209,10 +209,12 @@ type Options struct {
 	// signal payload before display; machine is the instance's machine
 	// name. Return the JSON to show (e.g. with secrets replaced).
 	// A "State contains" filter that Redact would change (given the
-	// filter as a document of the filter's machine, or of any machine
-	// the dashboard knows) names hidden data and is refused with 400, in
-	// the list and in bulk actions: listing an instance by it would tell
-	// whether a guess of the hidden value is right.
+	// filter as a document of the filter's machine) names hidden data and
+	// is refused with 400, in the list and in bulk actions: listing an
+	// instance by it would tell whether a guess of the hidden value is
+	// right. With Redact set, a "State contains" filter without a machine
+	// is refused too (Redact could not be asked about the machines of
+	// instances no engine started with).
 	Redact func(machine string, data json.RawMessage) json.RawMessage
 
 	// Logger receives internal errors and refusals. Default slog.Default().
@@ -596,14 +598,28 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 // formShape refuses a mutation's form that the handler would read other
 // than as sent: a body that is not application/x-www-form-urlencoded (the
 // form parser skips a JSON or multipart body, so its fields would be
-// dropped unread, a cancel's reason among them), or a field given more
-// than once (only the first would be read) — ticked ids excepted. It
+// dropped unread, a cancel's reason among them), a field in the URL's
+// query (read by no handler but a pause's or resume's queue), or a field
+// given more than once (only the first would be read) — ticked ids
+// excepted. It
 // returns 0 for a form of the shape the dashboard's own pages send.
 func formShape(r *http.Request) (int, string) {
 	if r.ContentLength != 0 {
 		ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		if err != nil || ct != "application/x-www-form-urlencoded" {
 			return http.StatusUnsupportedMediaType, "Send the form as application/x-www-form-urlencoded."
+		}
+	}
+	for k := range r.URL.Query() {
+		// The handlers read the body's fields: one in the URL's query would
+		// be dropped unread (a bulk action's queue or limit, acting wider
+		// than asked; a cancel's reason). A queue named "." or ".." is the
+		// one field that travels there (queueURL).
+		if k != "queue" || r.PathValue("queue") != "" {
+			if len(k) > 40 {
+				k = k[:40]
+			}
+			return http.StatusBadRequest, fmt.Sprintf("The field %q is in the URL's query: send it in the form's body.", k)
 		}
 	}
 	for _, vs := range []url.Values{r.PostForm, r.URL.Query()} {

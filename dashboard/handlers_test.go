@@ -111,11 +111,16 @@ func TestCancelTreeFromTheInstancePage(t *testing.T) {
 		header: map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}})
 	require.Equal(t, http.StatusForbidden, r.code)
 	require.Equal(t, "refused", audit.with("dashboard audit: cancel-tree")[0]["outcome"])
-	for _, bad := range []string{"abc", "0", "-1", "1e3", "99999999999999999999", "987654321"} {
-		r := post(t, h, "/instances/"+bad+"/cancel-tree", nil)
+	// Each refused post from a client of its own: refused ones are at
+	// most five a minute per client on the trail.
+	same := map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://example.com"}
+	for i, bad := range []string{"abc", "0", "-1", "1e3", "99999999999999999999", "987654321"} {
+		r := do(t, h, req{method: http.MethodPost, path: "/instances/" + bad + "/cancel-tree", form: url.Values{},
+			remote: fmt.Sprintf("10.2.%d.1:1", i), header: same})
 		require.Equal(t, http.StatusNotFound, r.code, "id %q", bad)
 	}
-	require.Equal(t, http.StatusBadRequest, post(t, h, path, url.Values{"reason": {strings.Repeat("x", 10000)}}).code, "an oversized reason")
+	require.Equal(t, http.StatusBadRequest, do(t, h, req{method: http.MethodPost, path: path, remote: "10.3.0.1:1", header: same,
+		form: url.Values{"reason": {strings.Repeat("x", 10000)}}}).code, "an oversized reason")
 	require.Equal(t, http.StatusMethodNotAllowed, do(t, h, req{method: http.MethodGet, path: path}).code)
 	require.Len(t, audit.with("dashboard audit: cancel-tree"), 8, "every refused post is audited: the cross-origin one, the bad ids, the oversized reason")
 	require.Equal(t, gendurable.StatusAwaitingChildren, e.instance(parent.ID).Status, "the refused posts changed nothing")
@@ -206,8 +211,17 @@ func TestStateFilterCannotProbeRedactedData(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	require.Equal(t, gendurable.StatusRunnable, e.instance(id).Status, "nothing was cancelled")
 
-	// Fields Redact leaves alone can still be searched.
-	r = get(t, h, "/instances?state="+url.QueryEscape(`{"item":"book"}`))
+	// Fields Redact leaves alone can still be searched, within a machine.
+	r = get(t, h, "/instances?machine=order&state="+url.QueryEscape(`{"item":"book"}`))
 	require.Equal(t, http.StatusOK, r.code, r.body)
 	require.Contains(t, r.body, fmt.Sprintf(`data-instance-id="%d"`, id))
+	// Without a machine Redact cannot be asked about every instance's
+	// machine: one no engine started with (a producer that only inserts)
+	// was never checked, and its hidden field could be guessed.
+	r = get(t, h, fmt.Sprintf("/instances?q=%d&state=%s", id, url.QueryEscape(`{"item":"book"}`)))
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	require.Contains(t, r.body, "needs a machine")
+	r = post(t, h, "/bulk/cancel", url.Values{"scope": {"match"}, "state": {`{"item":"book"}`}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	require.Equal(t, gendurable.StatusRunnable, e.instance(id).Status, "nothing was cancelled")
 }

@@ -122,7 +122,7 @@ func TestMachineNamesAreReadOncePerRequestAndShared(t *testing.T) {
 		return h
 	}
 
-	r := get(t, newHandler(), "/instances?state="+url.QueryEscape(`{"item":"x"}`))
+	r := get(t, newHandler(), "/instances?machine=order&state="+url.QueryEscape(`{"item":"x"}`))
 	require.Equal(t, http.StatusOK, r.code, r.body)
 	require.Len(t, rowIDs(r.body), 1)
 	require.Equal(t, int64(1), tr.n.Load(), "a list filtered on state reads the machine names once")
