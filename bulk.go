@@ -252,6 +252,13 @@ func (e *Engine) cancelTree(ctx context.Context, id int64, batch bulkBatch) (Bul
 	if err != nil {
 		return res, err
 	}
+	// Each instance is visited once: a parent_id cycle (written by hand, or
+	// by a restore; the API makes none) would otherwise be walked until
+	// ctx ends.
+	seen := map[int64]bool{}
+	for _, f := range found {
+		seen[f] = true
+	}
 	for level := found; len(level) > 0; {
 		var next []int64
 		for len(level) > 0 {
@@ -265,13 +272,20 @@ func (e *Engine) cancelTree(ctx context.Context, id int64, batch bulkBatch) (Bul
 				return res, e.dbErr(ctx, err, "cancel tree")
 			}
 			var live []int64
+			finished := 0
 			for _, k := range kids {
+				if seen[k.ID] {
+					continue
+				}
+				seen[k.ID] = true
 				next = append(next, k.ID)
 				if k.Live {
 					live = append(live, k.ID)
+				} else {
+					finished++
 				}
 			}
-			res.add(nil, int64(len(kids)-len(live))) // finished: skipped
+			res.add(nil, int64(finished)) // skipped
 			slices.Sort(live)
 			for len(live) > 0 {
 				ids := live[:min(BulkBatch, len(live))]

@@ -908,6 +908,24 @@ func (s *stmtTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.Trace
 // TestCancelTreeOfALargeTreeIsBatched: a tree of 100,050 descendants over
 // three levels (50 parents of 40 parents of 49 leaves, one leaf in ten
 // done) is cancelled in statements of at most BulkBatch rows, none of them
+// TestCancelTreeEndsOnACycle: a parent_id cycle (written by hand or by a
+// restore; the API makes none) was walked until the context ended — the
+// CLI still running after 15 s on a two-instance cycle, blaming a locked
+// row. Each instance is visited once now.
+func TestCancelTreeEndsOnACycle(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	a := b.seedRow(`status, fanout, children_total, children_pending`, `'runnable', 1, 1, 1`)
+	c := b.seedRow(`status, parent_id, parent_fanout, fanout, children_total, children_pending`, `'runnable', $1, 1, 1, 1, 1`, a)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET parent_id = $1, parent_fanout = 1 WHERE id = $2`, c, a)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res, err := b.eng.CancelTree(ctx, a, "cycle")
+	require.NoError(t, err)
+	require.Equal(t, int64(2), res.Matched)
+	require.ElementsMatch(t, []int64{a, c}, res.ChangedIDs)
+}
+
 // long; every live member ends failed. It logs what it measured.
 func TestCancelTreeOfALargeTreeIsBatched(t *testing.T) {
 	if testing.Short() {
