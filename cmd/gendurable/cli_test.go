@@ -282,6 +282,24 @@ func TestUIServesTheDashboardOnLoopback(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 }
 
+// TestUIOnASchemaNeverMigratedExits: `ui --schema` naming a schema with no
+// gendurable tables (never migrated, or misspelt) served on, every page a
+// 503; it exits 1 at once now, naming the schema, as for one at another
+// version.
+func TestUIOnASchemaNeverMigratedExits(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "ui", "--schema", schema, "--addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err)
+	require.NoError(t, ctx.Err(), "ui kept serving: %s", out)
+	require.Equal(t, 1, cmd.ProcessState.ExitCode(), "%s", out)
+	require.Contains(t, string(out), "has no gendurable tables")
+}
+
 // TestUIAnswersRequestsUnderWayWhenInterrupted: a SIGTERM (or Ctrl-C) stops
 // `gendurable ui` taking connections, but a request under way is still
 // answered, its action done and audit-logged, before the process exits.
