@@ -60,7 +60,7 @@ func TestDemoAndBenchNeverDropASchemaTheyDidNotCreate(t *testing.T) {
 		for _, schema := range []string{victim, users} {
 			_, errOut, code := cli(t, append(cmd, "--schema", schema)...)
 			require.Equal(t, exitUsage, code, "%s --schema %s: %s", cmd[0], schema, errOut)
-			require.Contains(t, errOut, "was not created by gendurable demo or bench")
+			require.Contains(t, errOut, "was not created by gendurable "+cmd[0])
 			require.Contains(t, errOut, "--reset-schema")
 		}
 		require.Equal(t, 1, rows(`"`+victim+`".gendurable_instances`), "%s left the victim's live row alone", cmd[0])
@@ -203,7 +203,7 @@ func TestSchemaChangesAreAuditLogged(t *testing.T) {
 	_, errOut, code = cli(t, "demo", "--orders", "1", "--schema", schema, "--reset-schema", "--yes")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, errOut, `msg="gendurable: schema dropped (--reset-schema): it was not created by gendurable demo" via=cli user=`)
-	require.Contains(t, errOut, "schema="+schema+` held="holds 1 objects"`)
+	require.Contains(t, errOut, "schema="+schema+` held="holds 1 object"`)
 	// The demo's own schema, dropped and recreated by the next run: quiet.
 	_, errOut, code = cli(t, "demo", "--orders", "1", "--schema", schema)
 	require.Equal(t, 0, code, errOut)

@@ -194,7 +194,15 @@ func (o *Options) defaults() error {
 // holding instances of any other is someone else's data, never dropped
 // without --reset-schema (scratch.Share).
 func init() {
-	scratch.Share("bench_job", "bench_fsm3", "bench_await", "bench_fanout", "bench_pickup", "bench_keys", "long_horizon_job")
+	scratch.Share("bench_job", "bench_fsm3", "bench_await", "bench_fanout", "bench_pickup", "bench_keys", "bench_floor", "long_horizon_job")
+}
+
+// drop drops the run's schema, saying on Progress when it cannot: a schema
+// left behind made every later bench refuse to run.
+func (o *Options) drop(pool *pgxpool.Pool, schema string) {
+	if err := scratch.Drop(context.Background(), pool, schema); err != nil && o.Progress != nil {
+		fmt.Fprintf(o.Progress, "bench: its schema %q was not dropped: %v\n", schema, err)
+	}
 }
 
 // prepare gives the run a fresh schema of its own (see Options.Schema).
@@ -384,7 +392,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err := o.prepare(ctx, pool); err != nil {
 		return nil, err
 	}
-	defer func() { _ = scratch.Drop(context.Background(), pool, o.Schema) }()
+	defer o.drop(pool, o.Schema)
 	if !o.FreshStats {
 		q, err := sqlq.New(o.Schema)
 		if err != nil {

@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -51,7 +50,7 @@ func Floor(ctx context.Context, o Options, conns int, d time.Duration) (*FloorRe
 	if err := o.prepare(ctx, pool); err != nil {
 		return nil, err
 	}
-	defer func() { _ = scratch.Drop(context.Background(), pool, o.Schema) }()
+	defer o.drop(pool, o.Schema)
 	q, err := sqlq.New(o.Schema)
 	if err != nil {
 		return nil, err

@@ -27,9 +27,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// ErrNotScratch: the schema exists and was not created by demo or bench;
-// nothing was changed. Pass Reset (--reset-schema) to drop it anyway.
-var ErrNotScratch = errors.New("schema exists and was not created by gendurable demo or bench")
+// ErrNotScratch: the schema exists and is not demo's or bench's to drop
+// (they did not create it, or it holds what they did not write); nothing
+// was changed. Pass Reset (--reset-schema) to drop it anyway.
+var ErrNotScratch = errors.New("schema is not one gendurable's demo, bench or quickstart may drop")
 
 // ErrAborted: the operator declined the reset; nothing was changed.
 var ErrAborted = errors.New("aborted: schema left as it was")
@@ -99,7 +100,8 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	if err != nil {
 		return fmt.Errorf("inspect schema %q: %w", schema, err)
 	}
-	if info.Exists && info.Scratch() {
+	created := info.Exists && info.Scratch() // by demo or bench, whatever it holds now
+	if created {
 		// An earlier run's: dropped if it holds only what gendurable put
 		// there and nothing elsewhere depends on it.
 		err := dropOwn(ctx, db, schema)
@@ -117,10 +119,15 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	if info.Exists && !info.Scratch() {
 		what := describe(info)
 		if !o.Reset {
-			return fmt.Errorf("%w: %q %s; %s", ErrNotScratch, schema, what, o.remedy())
+			return fmt.Errorf("%w: %q %s and was not created by gendurable %s; %s", ErrNotScratch, schema, what, o.Owner, o.remedy())
+		}
+		if created {
+			what += ", some of it not written by gendurable demo or bench"
+		} else {
+			what += " and was not created by gendurable " + o.Owner
 		}
 		if o.Confirm != nil {
-			ok, err := o.Confirm(fmt.Sprintf("schema %q %s and was not created by gendurable %s. Drop it and everything in it?", schema, what, o.Owner))
+			ok, err := o.Confirm(fmt.Sprintf("schema %q %s. Drop it and everything in it?", schema, what))
 			if err != nil {
 				return err
 			}
@@ -134,8 +141,11 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 			return fmt.Errorf("drop schema %q: %w", schema, err)
 		}
 		if o.Logger != nil && !info.Scratch() {
-			o.Logger.Warn("gendurable: schema dropped (--reset-schema): it was not created by gendurable "+o.Owner,
-				"schema", schema, "held", describe(info))
+			why := "it was not created by gendurable " + o.Owner
+			if created {
+				why = "it held what gendurable demo or bench did not write"
+			}
+			o.Logger.Warn("gendurable: schema dropped (--reset-schema): "+why, "schema", schema, "held", describe(info))
 		}
 	}
 	if err := sqlq.CreateScratchSchema(ctx, db, schema, o.Owner); err != nil {
@@ -161,7 +171,7 @@ func Ensure(ctx context.Context, db *pgxpool.Pool, schema string, o Options) err
 			return fmt.Errorf("inspect schema %q: %w", schema, err)
 		}
 		if info.Exists && !info.Scratch() {
-			return fmt.Errorf("%w: %q %s; %s", ErrNotScratch, schema, describe(info), o.remedy())
+			return fmt.Errorf("%w: %q %s and was not created by gendurable %s; %s", ErrNotScratch, schema, describe(info), o.Owner, o.remedy())
 		}
 		if !info.Exists {
 			err = sqlq.CreateScratchSchema(ctx, db, schema, o.Owner)
@@ -235,6 +245,8 @@ func describe(info sqlq.SchemaInfo) string {
 	switch {
 	case info.Gendurable:
 		return fmt.Sprintf("holds gendurable's tables (%d objects in all)", info.Objects)
+	case info.Objects == 1:
+		return "holds 1 object"
 	case info.Objects > 0:
 		return fmt.Sprintf("holds %d objects", info.Objects)
 	}

@@ -63,7 +63,7 @@ func TestEnsureKeepsItsOwnSchemaAndRefusesOthers(t *testing.T) {
 	require.NoError(t, err)
 	err = Ensure(ctx, pool, other, o)
 	require.ErrorIs(t, err, ErrNotScratch)
-	require.ErrorContains(t, err, "holds 1 objects; drop it yourself")
+	require.ErrorContains(t, err, "holds 1 object and was not created by gendurable quickstart; drop it yourself")
 	require.NotContains(t, err.Error(), "--reset-schema")
 	var objects int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace`, other).Scan(&objects))

@@ -15,7 +15,7 @@ import (
 
 const floorSeedSQL = `
 INSERT INTO {{schema}}.gendurable_instances (fsm, step, status)
-SELECT 'floor', 'a', 'done' FROM generate_series(1, $1::int)
+SELECT 'bench_floor', 'a', 'done' FROM generate_series(1, $1::int)
 RETURNING id`
 
 const floorFlipSQL = `
