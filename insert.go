@@ -32,7 +32,9 @@ func (p InsertParams) With(opts InsertOpts) InsertParams {
 // InsertOpts are per-instance insert options. The zero value uses the
 // machine's defaults.
 type InsertOpts struct {
-	// Queue overrides the machine's queue.
+	// Queue overrides the machine's queue. It is not checked against the
+	// queues any engine works: an instance of a queue no engine serves
+	// stays runnable ("waiting for a worker") until one does.
 	Queue string
 	// Priority orders runnable instances of a queue: lower runs first.
 	// Range -32768..32767; default 0.
