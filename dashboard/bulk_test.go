@@ -295,6 +295,14 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	last = line[len(line)-1]
 	require.Equal(t, "q1", last["sent_queue"])
 	require.EqualValues(t, 2000, last["reason_bytes"])
+	// Refused before its handler ran (a field given twice): the line
+	// still says what the bulk request asked for.
+	r = fresh("/bulk/cancel", url.Values{"queue": {"q2"}, "scope": {"match"}, "status": {"runnable", "failed"}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	line = log.with("dashboard audit: bulk-cancel")
+	last = line[len(line)-1]
+	require.Equal(t, "q2", last["sent_queue"])
+	require.Equal(t, "match", last["scope"])
 	r = fresh(fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {"go"}, "dedup_key": {strings.Repeat("k", 1<<20)}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	line = log.with("dashboard audit: signal")

@@ -569,14 +569,23 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 		defer func() { d.logAudit(r, action, rec, sw.code) }()
 		orig := w // MaxBytesReader tells the server's own writer to close the connection
 		w = sw
+		r.Body = http.MaxBytesReader(orig, r.Body, MaxFormBytes)
+		parseErr := r.ParseForm()
+		// A refused bulk request's line says what it asked for, where the
+		// form could be read.
+		sent := func() {
+			if parseErr == nil && strings.HasPrefix(action, "bulk-") {
+				noteSent(r)
+			}
+		}
 		if d.opts.ReadOnly {
+			sent()
 			d.errorPage(w, r, http.StatusForbidden, "The dashboard is read-only.")
 			return
 		}
-		r.Body = http.MaxBytesReader(orig, r.Body, MaxFormBytes)
-		if err := r.ParseForm(); err != nil {
+		if parseErr != nil {
 			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
+			if errors.As(parseErr, &tooBig) {
 				d.errorPage(w, r, http.StatusRequestEntityTooLarge, "The request is too large.")
 				return
 			}
@@ -584,6 +593,7 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 			return
 		}
 		if code, msg := formShape(r); code != 0 {
+			sent()
 			note(r, "refused_form", msg, "content_type", cut(r.Header.Get("Content-Type")))
 			d.errorPage(w, r, code, msg)
 			return
