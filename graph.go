@@ -3,6 +3,7 @@ package gendurable
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -349,7 +350,13 @@ func (e *Engine) flushObserved(ctx context.Context) error {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Version, b.Version))
 	})
 	if err := e.q.MergeObserved(ctx, e.pool, deltas); err != nil {
-		e.trans.putBack(pending)
+		// Cut short by its context, the statement may have committed:
+		// putting the counts back would count them twice (a Stop landing
+		// on a flush did). They are dropped then — the counts are a
+		// picture, which may miss some, not an audit.
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			e.trans.putBack(pending)
+		}
 		return fmt.Errorf("merging observed transitions: %w", err)
 	}
 	return nil

@@ -710,7 +710,7 @@ func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
 	s.ev.Pick(PickReport{Queue: s.cfg.Queue, Count: len(rows), Demand: demand, Duration: time.Since(start), Err: err,
 		KeysFull: res.KeysFull, KeysRated: res.KeysRated})
 	if err != nil {
-		s.log.Warn("gendurable: pick failed", "queue", s.cfg.Queue, "err", err)
+		s.log.Warn("gendurable: pick failed", append([]any{"queue", s.cfg.Queue}, sqlq.ErrAttrs(err)...)...)
 		return 0, err
 	}
 	s.add(rows, start)

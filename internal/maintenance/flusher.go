@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
 // Flusher calls Flush every Interval, and once more when it is stopped, so
@@ -50,7 +52,10 @@ func (f *Flusher) loop(ctx context.Context) {
 			cancel()
 			return
 		case <-t.C:
-			bctx, cancel := context.WithTimeout(ctx, orDefault(f.StatementTimeout, DefaultStatementTimeout))
+			// Not cut short by a Stop that lands on it (only by the Stop's
+			// own deadline): the final flush follows it. Cancelled, it
+			// logged a failure "tried again later" of an engine stopping.
+			bctx, cancel := FinalContext(ctx, orDefault(f.StatementTimeout, DefaultStatementTimeout))
 			f.flush(bctx)
 			cancel()
 		}
@@ -59,6 +64,6 @@ func (f *Flusher) loop(ctx context.Context) {
 
 func (f *Flusher) flush(ctx context.Context) {
 	if err := f.Flush(ctx); err != nil && f.Log != nil {
-		f.Log.Warn("gendurable: "+f.Name+" failed; it is tried again later", "err", err)
+		f.Log.Warn("gendurable: "+f.Name+" failed; it is tried again later", sqlq.ErrAttrs(err)...)
 	}
 }

@@ -81,3 +81,40 @@ func TestFlusherFinalFlushEndsWithStopContext(t *testing.T) {
 		t.Fatalf("after a plain Stop the last flush lasted %s, want FinalTimeout 200ms", d)
 	}
 }
+
+// TestFlusherStopLandingOnAFlushDoesNotCancelIt: a Stop that came while a
+// periodic flush was in flight cancelled it — logged as a failure "tried
+// again later" of an engine that was stopping, and, when the statement had
+// committed before the cancel reached it, its counts were put back and the
+// final flush wrote them a second time. The flush under way now runs to its
+// end (bounded by the Stop's own deadline), then the final one runs.
+func TestFlusherStopLandingOnAFlushDoesNotCancelIt(t *testing.T) {
+	inFlight := make(chan struct{})
+	var cancelled, finals atomic.Int64
+	var first atomic.Bool
+	f := &Flusher{Name: "test flush", Interval: 10 * time.Millisecond, Flush: func(ctx context.Context) error {
+		if first.CompareAndSwap(false, true) {
+			close(inFlight)
+			select {
+			case <-ctx.Done():
+				cancelled.Add(1)
+				return ctx.Err()
+			case <-time.After(300 * time.Millisecond):
+				return nil
+			}
+		}
+		finals.Add(1)
+		return nil
+	}}
+	if err := f.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-inFlight
+	f.Stop()
+	if cancelled.Load() != 0 {
+		t.Fatal("the Stop cancelled the flush under way")
+	}
+	if finals.Load() != 1 {
+		t.Fatalf("%d flushes after the one under way, want the final one", finals.Load())
+	}
+}

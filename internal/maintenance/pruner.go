@@ -55,7 +55,7 @@ func (p *Pruner) Start(ctx context.Context) error {
 			n, err := p.RunOnce(ctx, p.Retention, nil)
 			switch {
 			case err != nil && ctx.Err() == nil:
-				logger(p.Log).Warn("gendurable: prune failed", "err", err)
+				logger(p.Log).Warn("gendurable: prune failed", sqlq.ErrAttrs(err)...)
 			case n > 0:
 				logger(p.Log).Info("gendurable: pruned finished instances", "deleted", n, "retention", p.Retention)
 			}

@@ -116,7 +116,7 @@ func (r *Reaper) Start(ctx context.Context) error {
 			floor = sw.floor // nil after an error: the next sweep is full
 			switch {
 			case err != nil && ctx.Err() == nil:
-				logger(r.Log).Warn("gendurable: reaper sweep failed", "err", err)
+				logger(r.Log).Warn("gendurable: reaper sweep failed", sqlq.ErrAttrs(err)...)
 			case sw.next != nil:
 				wait = min(wait, max(*sw.next+expiryMargin, minSweepGap))
 			}

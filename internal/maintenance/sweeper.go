@@ -167,7 +167,7 @@ func (s *TimeoutSweeper) sweep(ctx context.Context, floor *time.Time) (time.Dura
 		if ctx.Err() != nil {
 			return 0, nil, took, false
 		}
-		logger(s.Log).Warn("gendurable: await-timeout sweep failed", "err", err)
+		logger(s.Log).Warn("gendurable: await-timeout sweep failed", sqlq.ErrAttrs(err)...)
 	case res.N == batch:
 		wait, next = 0, &res.Floor // more are due
 	case res.Next != nil:

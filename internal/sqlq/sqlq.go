@@ -223,6 +223,16 @@ const StatementPoolingHint = "PgBouncer in statement pooling runs no transaction
 const PoolerHint = "behind PgBouncer in transaction pooling? use default_query_exec_mode=cache_describe " +
 	"(pgx.QueryExecModeCacheDescribe): README, \"Behind PgBouncer\""
 
+// ErrAttrs are the log attributes of a failed statement's error: "err",
+// and "advice" when a connection pooler caused it (PoolerAdvice) — an
+// engine started behind a pooler that later clashes says why in every line.
+func ErrAttrs(err error) []any {
+	if advice := PoolerAdvice(err); advice != "" {
+		return []any{"err", err, "advice", advice}
+	}
+	return []any{"err", err}
+}
+
 // PoolerAdvice is the advice for an error a connection pooler caused
 // (PreparedStatementClash, StatementPooling), or "".
 func PoolerAdvice(err error) string {
