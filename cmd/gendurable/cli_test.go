@@ -680,7 +680,7 @@ func TestUISecretsHostsAndAudit(t *testing.T) {
 // so without --token or --basic-auth it is refused (exit 2), not served.
 func TestUIRefusesAnyHostWithoutCredentials(t *testing.T) {
 	t.Parallel()
-	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, NoMigrate: true})
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, "ui", "--addr", "127.0.0.1:0", "--schema", schema, "--allowed-host", "*")

@@ -52,6 +52,9 @@ func (f *Flusher) loop(ctx context.Context) {
 			cancel()
 			return
 		case <-t.C:
+			if ctx.Err() != nil {
+				continue // stopping: the final flush comes next
+			}
 			// Not cut short by a Stop that lands on it (only by the Stop's
 			// own deadline): the final flush follows it. Cancelled, it
 			// logged a failure "tried again later" of an engine stopping.
