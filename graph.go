@@ -12,6 +12,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/maintenance"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // This file gives every process the whole picture of every machine
@@ -350,11 +351,14 @@ func (e *Engine) flushObserved(ctx context.Context) error {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Version, b.Version))
 	})
 	if err := e.q.MergeObserved(ctx, e.pool, deltas); err != nil {
-		// Cut short by its context, the statement may have committed:
-		// putting the counts back would count them twice (a Stop landing
-		// on a flush did). They are dropped then — the counts are a
-		// picture, which may miss some, not an audit.
-		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		// Put back only when the statement surely did not commit: the
+		// server refused it, or it was never sent. Cut short by its context
+		// or its connection, it may have committed, and putting the counts
+		// back would count them twice (a Stop landing on a flush did); they
+		// are dropped then — the counts are a picture, which may miss some,
+		// not an audit.
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
 			e.trans.putBack(pending)
 		}
 		return fmt.Errorf("merging observed transitions: %w", err)

@@ -97,7 +97,7 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 	// A refused request changed nothing, and anyone who can reach the
 	// dashboard can send them: within the trail's allowance per client,
 	// as failed logins (a line at the window's end counts the rest).
-	if outcome == "refused" && !d.auditLimit.allow(clientOf(r), time.Now()) {
+	if outcome == "refused" && !d.refuseLimit.allow(refuser(r), time.Now()) {
 		return
 	}
 	user := userOf(r)
@@ -112,6 +112,15 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 		attrs = append(attrs, "forwarded_for", cut(strings.Join(fs, ", ")))
 	}
 	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, attrs...)
+}
+
+// refuser is whom a refused action's allowance is kept for: the client
+// (clientOf) and the user signed in, if any.
+func refuser(r *http.Request) string {
+	if u := userOf(r); u != "" {
+		return clientOf(r) + " user " + u
+	}
+	return clientOf(r)
 }
 
 // failedLogin records credentials that were presented and did not match,

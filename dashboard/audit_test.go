@@ -178,6 +178,22 @@ func TestRefusedActionsKeepToTheAllowance(t *testing.T) {
 	require.Len(t, ok, 6)
 	require.Equal(t, "ok", ok[5]["outcome"])
 
+	// Failed logins from an address the operators share (a proxy's) do
+	// not use up the allowance of their refused actions: each kind has its
+	// own, and refusals are counted per user too.
+	authLog := &captured{}
+	ha, _ := e.handler(dashboard.Options{BasicAuth: &dashboard.BasicAuth{User: "ops", Password: "pw"}, Logger: slog.New(authLog)})
+	for range 6 {
+		r := do(t, ha, req{method: http.MethodGet, path: "/", remote: "10.6.0.1:1",
+			header: map[string]string{"Authorization": basicHeader("ops", "guess")}})
+		require.Equal(t, http.StatusUnauthorized, r.code)
+	}
+	r := do(t, ha, req{method: http.MethodPost, path: "/queues/a%00b/pause", form: url.Values{}, remote: "10.6.0.1:1",
+		header: map[string]string{"Authorization": basicHeader("ops", "pw"), "Sec-Fetch-Site": "same-origin"}})
+	require.Equal(t, http.StatusBadRequest, r.code)
+	require.Len(t, authLog.with("dashboard audit: failed login"), 5)
+	require.Len(t, authLog.with("dashboard audit: pause"), 1, "the operator's refusal was silenced by others' failed logins")
+
 	// Every X-Forwarded-For line, in order.
 	hreq := httptest.NewRequest(http.MethodPost, "http://example.com/queues/default/resume", strings.NewReader(""))
 	hreq.Header.Set("Content-Type", "application/x-www-form-urlencoded")

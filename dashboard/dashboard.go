@@ -85,13 +85,14 @@
 //     request header, is closed to make room), as
 //     `gendurable ui` does, or give your own server the same bounds.
 //   - Audit trail: one line per action (refused ones too, cross-origin
-//     POSTs included, at most five a minute per client; a bulk action's
+//     POSTs included, at most five a minute per client and user, their
+//     names cut to 1000 bytes; a bulk action's
 //     line names its ids or filter, its counts and the ids it changed, the
 //     first [gendurable.MaxBulkIDs], with changed_ids_truncated past
 //     them) and per failed
-//     login (those two together at most five a minute per client — a
-//     remote IPv4 address or IPv6 /64 — and a line at the minute's end
-//     counting the rest) on Options.AuditLogger at [LevelAudit], with who,
+//     login (at most five a minute per client — a
+//     remote IPv4 address or IPv6 /64; each allowance's minute ends with a
+//     line counting the rest) on Options.AuditLogger at [LevelAudit], with who,
 //     what, which ids, from where and the outcome. Warnings a client can
 //     cause without credentials (a host name not served) have an allowance
 //     of their own and cannot use up the audit trail's.
@@ -229,9 +230,11 @@ type Options struct {
 	// mutation (pause, resume, retry, cancel, cancel with descendants, run
 	// now, signal, bulk retry and cancel — refused ones too) with who, what,
 	// which ids (or filter), from where and the outcome, and one per failed
-	// login (credentials presented and wrong). Failed logins and refused
-	// actions are at most five a minute per client (remote IPv4 address or
-	// IPv6 /64); a line at the minute's end counts the rest.
+	// login (credentials presented and wrong). Failed logins are at most
+	// five a minute per client (remote IPv4 address or IPv6 /64), refused
+	// actions five a minute per client and user, each with an allowance of
+	// its own; a line at the minute's end counts the rest. An action done
+	// (ok, failed or partial) is always logged.
 	// Default Logger.
 	AuditLogger *slog.Logger
 
@@ -264,8 +267,12 @@ type dashboard struct {
 	allowed map[string]bool // AllowedHosts, lower case
 	// Per client (logLimiter): failed logins and refused actions (the audit
 	// trail); refused hosts and cross-origin requests (warnings).
-	auditLimit, warnLimit *logLimiter
-	flashKey              [32]byte // signs bulk actions' flash counts (signFlash)
+	// auditLimit: failed logins, per client; refuseLimit: refused actions,
+	// per client and user (so that failed logins from an address shared
+	// with the operators, a proxy's, cannot silence their refusals);
+	// warnLimit: warnings a client causes without credentials.
+	auditLimit, refuseLimit, warnLimit *logLimiter
+	flashKey                           [32]byte // signs bulk actions' flash counts (signFlash)
 }
 
 // New returns the dashboard for eng as an http.Handler.
@@ -341,7 +348,11 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	}
 	d.auditLimit = newLogLimiter(func(client string, dropped int, since time.Time) {
 		d.auditor.Log(context.Background(), LevelAudit, "dashboard audit: lines left out",
-			"left_out", dropped, "client", client, "since", since.UTC(), "what", "failed logins and refused actions, over the allowance")
+			"left_out", dropped, "client", client, "since", since.UTC(), "what", "failed logins, over the allowance")
+	})
+	d.refuseLimit = newLogLimiter(func(client string, dropped int, since time.Time) {
+		d.auditor.Log(context.Background(), LevelAudit, "dashboard audit: lines left out",
+			"left_out", dropped, "client", client, "since", since.UTC(), "what", "refused actions, over the allowance")
 	})
 	d.warnLimit = newLogLimiter(func(client string, dropped int, since time.Time) {
 		d.log.Warn("dashboard: warnings left out", "left_out", dropped, "client", client, "since", since.UTC(),
@@ -397,7 +408,7 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		if _, pattern := mux.Handler(r); actions[pattern] != "" {
 			// A refused action: on the audit trail (its allowance is
 			// failed logins', per client), with who was signed in.
-			if d.auditLimit.allow(clientOf(r), time.Now()) {
+			if d.refuseLimit.allow(refuser(r), time.Now()) {
 				user := userOf(r)
 				if user == "" {
 					user = "(no authentication configured)"
@@ -592,7 +603,7 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 			d.errorPage(w, r, http.StatusBadRequest, "The form could not be read.")
 			return
 		}
-		if code, msg := formShape(r); code != 0 {
+		if code, msg := formShape(r, action); code != 0 {
 			sent()
 			note(r, "refused_form", msg, "content_type", cut(r.Header.Get("Content-Type")))
 			d.errorPage(w, r, code, msg)
@@ -613,7 +624,7 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 // given more than once (only the first would be read) — ticked ids
 // excepted. It
 // returns 0 for a form of the shape the dashboard's own pages send.
-func formShape(r *http.Request) (int, string) {
+func formShape(r *http.Request, action string) (int, string) {
 	if r.ContentLength != 0 {
 		ct, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		if err != nil || ct != "application/x-www-form-urlencoded" {
@@ -625,7 +636,7 @@ func formShape(r *http.Request) (int, string) {
 		// be dropped unread (a bulk action's queue or limit, acting wider
 		// than asked; a cancel's reason). A queue named "." or ".." is the
 		// one field that travels there (queueURL).
-		if k != "queue" || r.PathValue("queue") != "" {
+		if k != "queue" || action != "pause" && action != "resume" || r.PathValue("queue") != "" {
 			if len(k) > 40 {
 				k = k[:40]
 			}

@@ -105,15 +105,8 @@ func DownTo(ctx context.Context, db DB, schema string, target int) (Result, erro
 }
 
 func to(ctx context.Context, db DB, schema string, target, dir int) (Result, error) {
-	from, applied, err := sqlq.MigrateDir(ctx, db, schema, target, dir)
-	r := Result{From: from, To: from, Applied: applied}
-	for _, v := range applied { // each version applied up, or taken down
-		if v > r.To {
-			r.To = v
-		} else {
-			r.To = v - 1
-		}
-	}
+	from, now, applied, err := sqlq.MigrateDir(ctx, db, schema, target, dir)
+	r := Result{From: from, To: now, Applied: applied}
 	if err != nil {
 		if len(applied) > 0 {
 			return r, fmt.Errorf("gendurable: migrate %q to %d: stopped at version %d (versions %v committed): %w",

@@ -58,7 +58,7 @@ func (f *Flusher) loop(ctx context.Context) {
 			// Not cut short by a Stop that lands on it (only by the Stop's
 			// own deadline): the final flush follows it. Cancelled, it
 			// logged a failure "tried again later" of an engine stopping.
-			bctx, cancel := FinalContext(ctx, orDefault(f.StatementTimeout, DefaultStatementTimeout))
+			bctx, cancel := StopBoundContext(ctx, orDefault(f.StatementTimeout, DefaultStatementTimeout))
 			f.flush(bctx)
 			cancel()
 		}

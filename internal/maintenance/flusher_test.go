@@ -120,3 +120,31 @@ func TestFlusherStopLandingOnAFlushDoesNotCancelIt(t *testing.T) {
 		t.Fatalf("%d flushes after the one under way, want the final one", finals.Load())
 	}
 }
+
+// TestFlusherStopDeadlineBoundsAFlushInFlight: a flush under way when a
+// Stop comes is not cut short by the Stop, but it is by the Stop's own
+// deadline: a flush stuck on a dead connection held StopContext (and so
+// Engine.Stop) for its whole StatementTimeout past that deadline.
+func TestFlusherStopDeadlineBoundsAFlushInFlight(t *testing.T) {
+	inFlight := make(chan struct{})
+	var once atomic.Bool
+	f := &Flusher{Name: "test flush", Interval: 10 * time.Millisecond, StatementTimeout: 5 * time.Second,
+		FinalTimeout: 5 * time.Second, Flush: func(ctx context.Context) error {
+			if once.CompareAndSwap(false, true) {
+				close(inFlight)
+			}
+			<-ctx.Done()
+			return ctx.Err()
+		}}
+	if err := f.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	<-inFlight
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	f.StopContext(ctx)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("StopContext with a 200ms deadline took %s", d)
+	}
+}

@@ -145,6 +145,37 @@ func FinalContext(ctx context.Context, d time.Duration) (context.Context, contex
 	return final, cancel
 }
 
+// StopBoundContext is the context of a loop's work begun while ctx, the
+// loop's context, is live, that a Stop landing on it must not cut short
+// (a merge whose statement may commit as the cancel arrives): it ends
+// after d, or, once ctx is cancelled, when the context of the StopContext
+// that cancelled it ends (at once if that has ended; at once for any other
+// cancel of ctx).
+func StopBoundContext(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	work, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	var mu sync.Mutex
+	var releaseStop func() bool
+	release := context.AfterFunc(ctx, func() {
+		var st *stopped
+		if !errors.As(context.Cause(ctx), &st) {
+			cancel()
+			return
+		}
+		mu.Lock()
+		releaseStop = context.AfterFunc(st.ctx, cancel)
+		mu.Unlock()
+	})
+	return work, func() {
+		release()
+		mu.Lock()
+		if releaseStop != nil {
+			releaseStop()
+		}
+		mu.Unlock()
+		cancel()
+	}
+}
+
 // stopOutOfTime reports whether ctx, a service loop's context, was ended
 // by a stop whose own context has ended too (see FinalContext).
 func stopOutOfTime(ctx context.Context) bool {

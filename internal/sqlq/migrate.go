@@ -205,12 +205,15 @@ var migrateLockWait = `SELECT ` + settingAtMost("lock_timeout", strconv.FormatIn
 // deadlock with another transaction (SQLSTATE 40P01) is tried again the
 // same way.
 func Migrate(ctx context.Context, db Beginner, schema string, target int) (from int, applied []int, err error) {
-	return MigrateDir(ctx, db, schema, target, 0)
+	from, _, applied, err = MigrateDir(ctx, db, schema, target, 0)
+	return from, applied, err
 }
 
 // ErrMigrateDirection: a migration asked to move only up (or only down)
 // found the installed version past its target, read under the migration's
 // lock — another migrator moved the schema meanwhile. Nothing was applied.
+// Or, after it applied some versions, another migrator moved the schema
+// back the other way: it stopped there.
 var ErrMigrateDirection = errors.New("the installed version is on the other side of the target")
 
 // MigrateDir is Migrate moving only up (dir > 0: refused, with
@@ -219,21 +222,26 @@ var ErrMigrateDirection = errors.New("the installed version is on the other side
 // direction is checked against the version read under the migration's
 // advisory lock, so a check made before it (a confirmation asked of an
 // operator) cannot be overtaken by a concurrent migrator. Once a version
-// is applied the migration keeps its direction: should another migrator
-// move the schema past the target that way meanwhile, it stops there
-// without error.
-func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int) (from int, applied []int, err error) {
+// is applied the migration keeps its direction: another migrator going
+// the same way may apply versions between its own (it goes on from theirs,
+// and stops without error should they pass its target), but one that
+// moved the schema back stops it with ErrMigrateDirection — an up and a
+// down at once would otherwise undo each other's versions, over and over.
+// It returns the version read first, the version installed at its end
+// (the last one it read or committed), and the versions it applied.
+func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int) (from, to int, applied []int, err error) {
 	if err := ValidateSchema(schema); err != nil {
-		return 0, nil, err
+		return 0, 0, nil, err
 	}
 	latest := LatestVersion()
 	if target < 0 || target > latest {
-		return 0, nil, fmt.Errorf("target version %d out of range 0..%d", target, latest)
+		return 0, 0, nil, fmt.Errorf("target version %d out of range 0..%d", target, latest)
 	}
-	for first := true; ; first = false {
-		at, step, err := migrateStep(ctx, db, schema, target, dir, first)
-		if first {
-			from = at
+	expect := -1 // the version this migrator left: none yet
+	for {
+		at, step, now, err := migrateStep(ctx, db, schema, target, dir, expect)
+		if expect < 0 {
+			from, to = at, at
 			if dir == 0 && at != target {
 				dir = 1
 				if at > target {
@@ -242,28 +250,30 @@ func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int
 			}
 		}
 		if err != nil {
-			return from, applied, err
+			return from, to, applied, err
 		}
+		to = at
 		if step == 0 {
-			return from, applied, nil
+			return from, to, applied, nil
 		}
-		applied = append(applied, step)
+		applied, to, expect = append(applied, step), now, now
 	}
 }
 
 // migrateStep applies the next version from the installed one toward
 // target (MigrateDir), trying again after a lock wait or a deadlock. It
-// returns the version it read and the one it applied (0: none was left).
-func migrateStep(ctx context.Context, db Beginner, schema string, target, dir int, first bool) (at, applied int, err error) {
+// returns the version it read, the one it applied (0: none was left) and
+// the version installed once it was.
+func migrateStep(ctx context.Context, db Beginner, schema string, target, dir, expect int) (at, applied, now int, err error) {
 	for tries := 1; ; tries++ {
-		at, applied, err = migrate1(ctx, db, schema, target, dir, first)
+		at, applied, now, err = migrate1(ctx, db, schema, target, dir, expect)
 		if err == nil || !LockTimedOut(err) && !Deadlocked(err) {
-			return at, applied, err
+			return at, applied, now, err
 		}
 		wait := backoff.Delay(time.Second, 30*time.Second, tries)
 		select {
 		case <-ctx.Done():
-			return at, 0, fmt.Errorf("another transaction held a lock on the schema's tables (or deadlocked with it) through %d tries "+
+			return at, 0, at, fmt.Errorf("another transaction held a lock on the schema's tables (or deadlocked with it) through %d tries "+
 				"(each waited at most %s for it, so the workers' statements were not held up for longer): %w: %w",
 				tries, MigrateLockWait, ctx.Err(), err)
 		case <-time.After(wait):
@@ -271,21 +281,22 @@ func migrateStep(ctx context.Context, db Beginner, schema string, target, dir in
 	}
 }
 
-// migrate1 is one try of one version of Migrate: one transaction.
-func migrate1(ctx context.Context, db Beginner, schema string, target, dir int, first bool) (from, applied int, err error) {
+// migrate1 is one try of one version of Migrate: one transaction. expect
+// is the version this migrator's last step left (-1 before its first).
+func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expect int) (from, applied, now int, err error) {
 	latest := LatestVersion()
 	tx, err := db.Begin(ctx)
 	if err != nil {
-		return 0, 0, err
+		return expect, 0, expect, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	if _, err := tx.Exec(ctx, migrateLock, schema); err != nil {
-		return 0, 0, err
+		return expect, 0, expect, err
 	}
 	// After the advisory lock: another migrator of the schema is waited
 	// for as long as it takes (it holds up no worker while it waits).
 	if _, err := tx.Exec(ctx, migrateLockWait); err != nil {
-		return 0, 0, err
+		return expect, 0, expect, err
 	}
 	if target > 0 {
 		// Down (target 0) creates nothing: a missing schema has no tables
@@ -295,42 +306,46 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir int, 
 		// owns its schema but may not create schemas could never migrate.
 		var exists bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&exists); err != nil {
-			return 0, 0, err
+			return expect, 0, expect, err
 		}
 		if !exists {
 			if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteIdent(schema)); err != nil {
-				return 0, 0, err
+				return expect, 0, expect, err
 			}
 		}
 	}
 	from, err = InstalledVersion(ctx, tx, schema)
 	if err != nil {
-		return 0, 0, err
+		return expect, 0, expect, err
 	}
 	if from > latest {
-		return from, 0, fmt.Errorf("%w (%w): schema %q is at version %d, newer than this library's %d: "+
+		return from, 0, from, fmt.Errorf("%w (%w): schema %q is at version %d, newer than this library's %d: "+
 			"upgrade this process's gendurable (a newer process migrated it)", ErrSchemaVersion, ErrSchemaUnknown, schema, from, latest)
 	}
+	way := "up"
+	if dir < 0 {
+		way = "down"
+	}
+	if expect >= 0 && from != expect && (dir > 0) != (from > expect) {
+		// Moved back the other way since this migrator's last version.
+		return from, 0, from, fmt.Errorf("%w: schema %q was moved to version %d by another migrator after this one left it at %d; "+
+			"moving only %s to %d, it stopped there", ErrMigrateDirection, schema, from, expect, way, target)
+	}
 	if dir > 0 && from > target || dir < 0 && from < target {
-		if !first {
+		if expect >= 0 {
 			// Another migrator moved the schema on past the target, the
 			// way this migration was going.
-			return from, 0, nil
+			return from, 0, from, nil
 		}
-		way := "up"
-		if dir < 0 {
-			way = "down"
-		}
-		return from, 0, fmt.Errorf("%w: schema %q is at version %d; moving only %s to %d, nothing was applied",
+		return from, 0, from, fmt.Errorf("%w: schema %q is at version %d; moving only %s to %d, nothing was applied",
 			ErrMigrateDirection, schema, from, way, target)
 	}
 	if from == target {
-		return from, 0, nil
+		return from, 0, from, nil
 	}
 	ms := Migrations()
 	var m Migration
 	var sql string
-	now := 0 // the version installed once m is applied
 	if target > from {
 		for _, c := range ms {
 			if c.Version > from {
@@ -341,7 +356,7 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir int, 
 	} else {
 		for i := len(ms) - 1; i >= 0; i-- {
 			if ms[i].Version <= from {
-				m, sql = ms[i], ms[i].Down(schema)
+				m, sql, now = ms[i], ms[i].Down(schema), 0
 				if i > 0 {
 					now = ms[i-1].Version
 				}
@@ -350,28 +365,28 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir int, 
 		}
 	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
-		way := "up"
+		dirWord := "up"
 		if target < from {
-			way = "down"
+			dirWord = "down"
 		}
-		return from, 0, fmt.Errorf("migration %d %s: %w", m.Version, way, err)
+		return from, 0, from, fmt.Errorf("migration %d %s: %w", m.Version, dirWord, err)
 	}
 	if target > from {
 		if err := checkPrebuiltIndexes(ctx, tx, schema, m); err != nil {
-			return from, 0, err
+			return from, 0, from, err
 		}
 	}
 	if now > 0 {
 		// The comment is a literal: the version is an integer we produced.
 		if _, err := tx.Exec(ctx, "COMMENT ON TABLE "+quoteIdent(schema)+".gendurable_instances IS '"+
 			versionCommentPrefix+strconv.Itoa(now)+"'"); err != nil {
-			return from, 0, err
+			return from, 0, from, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return from, 0, err
+		return from, 0, from, err
 	}
-	return from, m.Version, nil
+	return from, m.Version, now, nil
 }
 
 // ifNotExistsIndex finds the indexes a migration builds only if missing
