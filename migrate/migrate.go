@@ -87,7 +87,11 @@ func To(ctx context.Context, db DB, schema string, target int) (Result, error) {
 // ErrDirection is returned (wrapped) by UpTo when the installed version is
 // above its target, and by DownTo when it is below: read under the
 // migration's lock, so another migrator that moved the schema after the
-// caller looked is caught. Nothing was applied.
+// caller looked is caught. Nothing was applied. Any migration (To, Up,
+// Down too) also returns it when, after applying some versions, it finds
+// the schema moved back the other way by another migrator (an up and a
+// down at once): it stops there, Result.Applied and Result.To saying what
+// it did and where the schema is.
 var ErrDirection = sqlq.ErrMigrateDirection
 
 // UpTo migrates schema up to target, as To does, but never down: a schema
