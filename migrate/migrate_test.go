@@ -822,3 +822,17 @@ func TestAnInvalidPrebuiltIndexStopsItsVersion(t *testing.T) {
 		`"`+schema+`".gendurable_instances_lingering_leases`).Scan(&valid))
 	require.True(t, valid)
 }
+
+// TestAMigrationThatCannotConnectReportsVersionZero: a migration whose
+// first transaction cannot begin read no version: its Result is the zero
+// one, as before migrations went a version per transaction (whose "no
+// version left yet" is -1 inside).
+func TestAMigrationThatCannotConnectReportsVersionZero(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
+	require.NoError(t, err)
+	defer pool.Close()
+	res, err := migrate.Up(context.Background(), pool, "nowhere")
+	require.Error(t, err)
+	require.Equal(t, migrate.Result{}, res)
+}

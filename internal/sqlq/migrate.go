@@ -240,6 +240,7 @@ func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int
 	expect := -1 // the version this migrator left: none yet
 	for {
 		at, step, now, err := migrateStep(ctx, db, schema, target, dir, expect)
+		at = max(at, 0) // -1: the first step failed before it read the version
 		if expect < 0 {
 			from, to = at, at
 			if dir == 0 && at != target {
