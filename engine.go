@@ -286,15 +286,11 @@ type machineKey struct {
 // a process that only inserts, or a tool, need not start it. An Engine is
 // safe for concurrent use.
 type Engine struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	// newCalls are the periodic schedules' New calls not yet returned
-	// (periodicNew), by schedule name.
-	newCallsMu sync.Mutex
-	newCalls   map[string]*newCall
-	q          *sqlq.Queries
-	log        *slog.Logger
-	registry   map[machineKey]*machineCore
+	pool     *pgxpool.Pool
+	cfg      Config
+	q        *sqlq.Queries
+	log      *slog.Logger
+	registry map[machineKey]*machineCore
 
 	stateLimits, signalLimits jsonLimits
 
@@ -321,6 +317,11 @@ type Engine struct {
 	// reports those of the Stop's own drain, and those a closed pool
 	// refused during the run (runState keeps the counts at its start).
 	unconfirmed, closedPool atomic.Int64
+
+	// newCalls are the periodic schedules' New calls not yet returned
+	// (periodicNew), by schedule name.
+	newCallsMu sync.Mutex
+	newCalls   map[string]*newCall
 }
 
 // startState is a Start in progress (see Engine.starting).

@@ -3,7 +3,6 @@ package gendurable
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/gendurable/gendurable/internal/maintenance"
 	"github.com/gendurable/gendurable/internal/sqlq"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // This file gives every process the whole picture of every machine
@@ -357,8 +355,7 @@ func (e *Engine) flushObserved(ctx context.Context) error {
 		// back would count them twice (a Stop landing on a flush did); they
 		// are dropped then — the counts are a picture, which may miss some,
 		// not an audit.
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
+		if sqlq.NotCommitted(err) {
 			e.trans.putBack(pending)
 		}
 		return fmt.Errorf("merging observed transitions: %w", err)

@@ -95,16 +95,12 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 		}
 	}
 	// A refused request changed nothing, and anyone who can reach the
-	// dashboard can send them: within the trail's allowance per client,
-	// as failed logins (a line at the window's end counts the rest).
+	// dashboard can send them: within the refused actions' allowance, per
+	// client and user (a line at the window's end counts the rest).
 	if outcome == "refused" && !d.refuseLimit.allow(refuser(r), time.Now()) {
 		return
 	}
-	user := userOf(r)
-	if user == "" {
-		user = "(no authentication configured)"
-	}
-	attrs := append([]any{"action", action, "outcome", outcome, "status", code, "user", user,
+	attrs := append([]any{"action", action, "outcome", outcome, "status", code, "user", auditUser(r),
 		"remote", r.RemoteAddr, "path", cut(r.URL.Path)}, noted...)
 	if fs := r.Header.Values("X-Forwarded-For"); len(fs) > 0 {
 		// As the client (and the proxies on its way) sent it, every
@@ -112,6 +108,14 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 		attrs = append(attrs, "forwarded_for", cut(strings.Join(fs, ", ")))
 	}
 	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, attrs...)
+}
+
+// auditUser is the user an audit line names.
+func auditUser(r *http.Request) string {
+	if u := userOf(r); u != "" {
+		return u
+	}
+	return "(no authentication configured)"
 }
 
 // refuser is whom a refused action's allowance is kept for: the client

@@ -406,15 +406,12 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		attrs := []any{"method", r.Method, "path", r.URL.Path, "origin", r.Header.Get("Origin"),
 			"sec_fetch_site", r.Header.Get("Sec-Fetch-Site"), "remote", r.RemoteAddr}
 		if _, pattern := mux.Handler(r); actions[pattern] != "" {
-			// A refused action: on the audit trail (its allowance is
-			// failed logins', per client), with who was signed in.
+			// A refused action: on the audit trail (within the refused
+			// actions' allowance, per client and user), with who was
+			// signed in.
 			if d.refuseLimit.allow(refuser(r), time.Now()) {
-				user := userOf(r)
-				if user == "" {
-					user = "(no authentication configured)"
-				}
 				attrs = append([]any{"action", actions[pattern], "outcome", "refused", "status", http.StatusForbidden,
-					"reason", "cross-origin", "user", user}, attrs...)
+					"reason", "cross-origin", "user", auditUser(r)}, attrs...)
 				d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+actions[pattern], attrs...)
 			}
 		} else if d.warnLimit.allow(clientOf(r), time.Now()) {

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io/fs"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/backoff"
@@ -60,8 +62,15 @@ func expandIncludes(body string) string {
 	return strings.Join(lines, "")
 }
 
-// Migrations lists every embedded migration in version order.
-func Migrations() []Migration {
+// Migrations lists every embedded migration in version order (a copy:
+// they are read and expanded once).
+func Migrations() []Migration { return slices.Clone(migrations()) }
+
+// migrations reads the embedded files once: a migration over several
+// versions asks for them at every version.
+var migrations = sync.OnceValue(readMigrations)
+
+func readMigrations() []Migration {
 	byVersion := map[int]*Migration{}
 	entries, err := fs.ReadDir(migrationFS, "migrations")
 	if err != nil {
@@ -102,11 +111,17 @@ func Migrations() []Migration {
 
 // LatestVersion is the highest embedded schema version.
 func LatestVersion() int {
-	ms := Migrations()
+	ms := migrations()
 	return ms[len(ms)-1].Version
 }
 
 const versionCommentPrefix = "gendurable schema version "
+
+// versionComment is the statement that records version v on schema's
+// instances table. The comment is a literal: v is an integer we produced.
+func versionComment(schema string, v int) string {
+	return "COMMENT ON TABLE " + quoteIdent(schema) + ".gendurable_instances IS '" + versionCommentPrefix + strconv.Itoa(v) + "'"
+}
 
 // ErrSchemaVersion is the root package's ErrSchemaVersion (and package
 // migrate's): a schema at a version this library cannot work with or
@@ -323,10 +338,7 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 		return from, 0, from, fmt.Errorf("%w (%w): schema %q is at version %d, newer than this library's %d: "+
 			"upgrade this process's gendurable (a newer process migrated it)", ErrSchemaVersion, ErrSchemaUnknown, schema, from, latest)
 	}
-	way := "up"
-	if dir < 0 {
-		way = "down"
-	}
+	way := wayOf(dir)
 	if expect >= 0 && from != expect && (dir > 0) != (from > expect) {
 		// Moved back the other way since this migrator's last version.
 		return from, 0, from, fmt.Errorf("%w: schema %q was moved to version %d by another migrator after this one left it at %d; "+
@@ -344,7 +356,7 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 	if from == target {
 		return from, 0, from, nil
 	}
-	ms := Migrations()
+	ms := migrations()
 	var m Migration
 	var sql string
 	if target > from {
@@ -366,11 +378,7 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 		}
 	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
-		dirWord := "up"
-		if target < from {
-			dirWord = "down"
-		}
-		return from, 0, from, fmt.Errorf("migration %d %s: %w", m.Version, dirWord, err)
+		return from, 0, from, fmt.Errorf("migration %d %s: %w", m.Version, wayOf(target-from), err)
 	}
 	if target > from {
 		if err := checkPrebuiltIndexes(ctx, tx, schema, m); err != nil {
@@ -378,9 +386,7 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 		}
 	}
 	if now > 0 {
-		// The comment is a literal: the version is an integer we produced.
-		if _, err := tx.Exec(ctx, "COMMENT ON TABLE "+quoteIdent(schema)+".gendurable_instances IS '"+
-			versionCommentPrefix+strconv.Itoa(now)+"'"); err != nil {
+		if _, err := tx.Exec(ctx, versionComment(schema, now)); err != nil {
 			return from, 0, from, err
 		}
 	}
@@ -388,6 +394,14 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 		return from, 0, from, err
 	}
 	return from, m.Version, now, nil
+}
+
+// wayOf names the direction d (its sign) moves the schema.
+func wayOf(d int) string {
+	if d < 0 {
+		return "down"
+	}
+	return "up"
 }
 
 // ifNotExistsIndex finds the indexes a migration builds only if missing
@@ -458,7 +472,7 @@ func MigrationScript(schema string, from, to int) (string, error) {
 	}
 	var b strings.Builder
 	q := quoteIdent(schema)
-	ms := Migrations()
+	ms := migrations()
 	if to != from {
 		fmt.Fprintf(&b, "-- gendurable schema %d -> %d. Each version ends with its version comment: run each in a\n"+
 			"-- transaction of its own, as migrate up does (one transaction for several versions holds the first\n"+
@@ -472,7 +486,7 @@ func MigrationScript(schema string, from, to int) (string, error) {
 			b.WriteString("\n")
 		}
 		if v > 0 {
-			fmt.Fprintf(&b, "COMMENT ON TABLE %s.gendurable_instances IS '%s%d';\n", q, versionCommentPrefix, v)
+			b.WriteString(versionComment(schema, v) + ";\n")
 		}
 	}
 	switch {

@@ -245,6 +245,14 @@ func PoolerAdvice(err error) string {
 	return ""
 }
 
+// NotCommitted reports an error after which an autocommit statement surely
+// did not commit: the server refused it, or it was never sent. Any other
+// (a context's end, a connection lost mid-statement) leaves it unknown.
+func NotCommitted(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) || pgconn.SafeToRetry(err)
+}
+
 // ConnectionFailure reports an error that says the connection or the
 // server failed rather than the statement: the connection was lost or could
 // not be made (SQLSTATE class 08, a network error, EOF), the server is
