@@ -152,6 +152,39 @@ func TestStartRefusesAPoolThatIsNotReadCommitted(t *testing.T) {
 	require.NoError(t, insertOnly.Stop(context.Background()))
 }
 
+// The same isolation set for the database (as for a role: a setting applied
+// at login, nothing in the URL) is refused alike.
+func TestStartRefusesADatabaseThatIsNotReadCommitted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dbtest.URL())
+	require.NoError(t, err)
+	defer admin.Close(ctx)
+	name := fmt.Sprintf("gdtest_iso_%d_%d", os.Getpid(), time.Now().UnixNano()%1e9)
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), dbtest.URL())
+		if err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			_ = c.Close(context.Background())
+		}
+	})
+	_, err = admin.Exec(ctx, "ALTER DATABASE "+name+" SET default_transaction_isolation = 'serializable'")
+	require.NoError(t, err)
+	cfg, err := pgx.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	url := strings.Replace(dbtest.URL(), "/"+cfg.Database, "/"+name, 1)
+	require.NotEqual(t, dbtest.URL(), url, "the URL names its database")
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{URL: url, MaxConns: 2})
+	job := &gendurable.Job[orderArgs]{Name: "j", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	eng, err := gendurable.New(pool, fastConfig(schema, job))
+	require.NoError(t, err)
+	err = eng.Start(ctx)
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+	require.ErrorContains(t, err, "serializable")
+}
+
 // README "Pool size": Start warns when the queues' total Concurrency is at
 // least the pool's MaxConns, naming both, and not below that.
 func TestStartWarnsWhenConcurrencyReachesThePoolSize(t *testing.T) {

@@ -28,6 +28,15 @@ type StepFunc[S any] func(ctx context.Context, r *Run[S]) (Outcome, error)
 // HandleFunc decides what happens after a step returned an error or
 // panicked (err is then a *PanicError). If Handle itself errors, panics or
 // returns an invalid outcome, the instance is stopped.
+//
+// Handle runs in the worker that ran the step, before its outcome is
+// written, so it can run for a step whose claim was taken away without the
+// worker knowing yet: an operator's Cancel, or a lease the reaper took
+// back, is learned at the worker's next heartbeat. Its outcome is then
+// fenced out like the step's, but what Handle does itself (an alert, a
+// refund) is done; fence such effects with [Run.Token] as a step would. A
+// step whose context the engine already cancelled for a lost lease or a
+// shutdown does not reach Handle.
 type HandleFunc[S any] func(ctx context.Context, r *Run[S], err error) (Outcome, error)
 
 // Machine defines a durable finite-state machine whose state is a value of

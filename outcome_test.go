@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/gendurabletest"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -27,6 +28,49 @@ func TestOutcomeNextCommitsStateBeforeNextStep(t *testing.T) {
 	require.Nil(t, r.Token)
 	require.NotNil(t, r.FinishedAt)
 	require.Empty(t, r.Errors)
+}
+
+// TestOutcomeNextIsCommittedWhenTheNextStepStarts: the state step a
+// returned is in the database, not only in the worker's memory, by the time
+// step b starts (a Next chains to the same worker, which hands b the state
+// itself: the row is what a crash would leave).
+func TestOutcomeNextIsCommittedWhenTheNextStepStarts(t *testing.T) {
+	t.Parallel()
+	db := gendurabletest.NewDB(t, nil)
+	type seen struct {
+		step, status string
+		state        []byte
+	}
+	got := make(chan seen, 1)
+	m := &gendurable.Machine[probeState]{
+		Name: "committed", Start: "a",
+		Steps: map[string]gendurable.StepFunc[probeState]{
+			"a": func(_ context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				return r.Next("b", probeState{Do: "next", N: r.State.N + 1}), nil
+			},
+			"b": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				var s seen
+				err := db.Pool.QueryRow(ctx, "SELECT step, status, state::text FROM "+
+					pgx.Identifier{db.Schema, "gendurable_instances"}.Sanitize()+" WHERE id = $1", r.ID).Scan(&s.step, &s.status, &s.state)
+				if err != nil {
+					return gendurable.Outcome{}, err
+				}
+				select {
+				case got <- s:
+				default:
+				}
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	b := bundleOn(t, db.Pool, db.Schema, nil, m)
+	b.start()
+	id := b.insert(m.New(probeState{Do: "next"}))
+	b.waitStatus(id, "done", 10*time.Second)
+	s := <-got
+	require.Equal(t, "b", s.step, "the row's step when b started")
+	require.Equal(t, "executing", s.status)
+	require.JSONEq(t, `{"do":"next","n":1}`, string(s.state), "the row's state when b started")
 }
 
 func TestOutcomeNextAfterIsDurableSleep(t *testing.T) {

@@ -343,6 +343,48 @@ func TestSignalDedupAndErrors(t *testing.T) {
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "rejected signals write nothing")
 }
 
+// TestSignalDedupHoldsAfterARealFinish: a signal that woke its instance
+// and was consumed by a step that finished it is still found by its dedup
+// key (the Duplicate answer a sender's retry needs), as is one sent before
+// an operator's cancel; a new key is ErrInstanceFinished and writes nothing.
+func TestSignalDedupHoldsAfterARealFinish(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	b.start()
+	ctx := context.Background()
+
+	done := b.insert(m.New(waitState{Need: 1}))
+	b.waitStatus(done, "awaiting_signal", 10*time.Second)
+	first, err := b.eng.Signal(ctx, done, "pay", 1, &gendurable.SignalOpts{DedupKey: "evt-1"})
+	require.NoError(t, err)
+	r := b.waitStatus(done, "done", 10*time.Second)
+	var res waitState
+	require.NoError(t, json.Unmarshal(r.Result, &res))
+	require.Equal(t, []string{"pay"}, res.Got, "the signal was consumed by the step that finished")
+
+	cancelled := b.insert(m.New(waitState{Need: 2}))
+	b.waitStatus(cancelled, "awaiting_signal", 10*time.Second)
+	early, err := b.eng.Signal(ctx, cancelled, "pay", 1, &gendurable.SignalOpts{DedupKey: "evt-1"})
+	require.NoError(t, err)
+	require.NoError(t, b.eng.Cancel(ctx, cancelled, "test"))
+	b.waitStatus(cancelled, "failed", 10*time.Second)
+
+	signals := b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`)
+	for _, c := range []struct {
+		id    int64
+		first gendurable.SignalResult
+	}{{done, first}, {cancelled, early}} {
+		again, err := b.eng.Signal(ctx, c.id, "pay", 2, &gendurable.SignalOpts{DedupKey: "evt-1"})
+		require.NoError(t, err)
+		require.True(t, again.Duplicate, "instance %d: a retry of a delivered signal", c.id)
+		require.Equal(t, c.first.ID, again.ID)
+		_, err = b.eng.Signal(ctx, c.id, "pay", 3, &gendurable.SignalOpts{DedupKey: "evt-2"})
+		require.ErrorIs(t, err, gendurable.ErrInstanceFinished)
+	}
+	require.Equal(t, signals, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "nothing written after the finish")
+}
+
 func TestSignalTxCommitsWithTheCaller(t *testing.T) {
 	t.Parallel()
 	m := awaiter(0)
