@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/gendurabletest"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -383,6 +384,82 @@ func TestSignalDedupHoldsAfterARealFinish(t *testing.T) {
 		require.ErrorIs(t, err, gendurable.ErrInstanceFinished)
 	}
 	require.Equal(t, signals, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`), "nothing written after the finish")
+}
+
+// TestAChainedStepSeesASignalThatCommittedWhileItsClaimWaited: a step
+// chained by its predecessor's outcome gets every signal committed before
+// its claim, one whose transaction held the row while the outcome statement
+// waited for it included (that statement's snapshot is older than the
+// signal; the row's counts, read under the lock, are not). Before schema
+// version 20 the step saw an empty Inbox, and its outcome consumed the
+// signal unseen.
+func TestAChainedStepSeesASignalThatCommittedWhileItsClaimWaited(t *testing.T) {
+	t.Parallel()
+	t.Run("next", func(t *testing.T) { t.Parallel(); chainRacingASignal(t, false) })
+	// s1 follows an Await of "pay", and its Next consumes that signal in the
+	// statement that chains s2: s2 sees the racing signal, not the one its
+	// predecessor consumed.
+	t.Run("next consuming the awaited signal", func(t *testing.T) { t.Parallel(); chainRacingASignal(t, true) })
+}
+
+func chainRacingASignal(t *testing.T, await bool) {
+	running, proceed := make(chan struct{}, 1), make(chan struct{})
+	type st struct {
+		Seen []string `json:"seen"`
+	}
+	m := &gendurable.Machine[st]{
+		Name: "chained", Start: map[bool]string{false: "s1", true: "park"}[await], Inbox: true,
+		Steps: map[string]gendurable.StepFunc[st]{
+			"park": func(_ context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
+				return r.Await("s1", r.State, "pay"), nil
+			},
+			"s1": func(_ context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
+				running <- struct{}{}
+				<-proceed
+				return r.Next("s2", r.State), nil
+			},
+			"s2": func(_ context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
+				s := st{Seen: []string{}}
+				for _, sig := range r.Inbox {
+					s.Seen = append(s.Seen, sig.Name)
+				}
+				return gendurable.Done(s), nil
+			},
+		},
+	}
+	db := gendurabletest.NewDB(t, nil)
+	cfg := fastConfig(db.Schema, m)
+	// A lease of 8 s gives the outcome statement a lock wait of 1 s (the
+	// committer's default, lease/8 up to 1 s), longer than the hold below:
+	// the statement waits for the signal rather than being sent again.
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 8*time.Second, 2*time.Second
+	b := bundleOn(t, db.Pool, db.Schema, cfg, m)
+	ctx := context.Background()
+	id := b.insert(m.New(st{}))
+	if await {
+		_, err := b.eng.Signal(ctx, id, "pay", 1, nil)
+		require.NoError(t, err)
+	}
+	// The signal's transaction takes the row while s1 runs and keeps it
+	// past s1's return, so the outcome statement that chains s2 waits for it.
+	b.start()
+	select {
+	case <-running:
+	case <-time.After(10 * time.Second):
+		t.Fatal("s1 never ran")
+	}
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = b.eng.SignalTx(ctx, tx, id, "note", 1, nil)
+	require.NoError(t, err)
+	close(proceed)
+	time.Sleep(400 * time.Millisecond) // the outcome statement waits on the row meanwhile
+	require.NoError(t, tx.Commit(ctx))
+	r := b.waitStatus(id, "done", 10*time.Second)
+	var got st
+	require.NoError(t, json.Unmarshal(r.Result, &got))
+	require.Equal(t, []string{"note"}, got.Seen, "s2's Inbox")
 }
 
 func TestSignalTxCommitsWithTheCaller(t *testing.T) {

@@ -26,13 +26,27 @@ import (
 // them (this statement's own snapshot is older than the function's claims,
 // and would miss a signal that woke a row just before it was claimed).
 
-const pickSQL = `
+var pickSQL = `
 SELECT p.next_cursor, p.keys_full, p.keys_rated, p.next_floor, i.id, i.claim_token, i.fsm, i.fsm_version, i.step, i.state, i.attempt,
        i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
-       p.inbox_rows, p.child_rows, i.inbox_seen
+       ` + freshInbox(`p.inbox_rows`, `i`, `'{}'`) + `, p.child_rows, i.inbox_seen
 FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7::float8[], $8::int[], $9, $10,
                                  $11::timestamptz, $12::smallint[]) AS p
 CROSS JOIN LATERAL (SELECT (p.c).*) AS i`
+
+// freshInbox is list — the inbox rows of the claimed row named row, read
+// in the claiming statement's snapshot — or, where the row's inbox counts,
+// read under its lock, say it holds more unconsumed signals than the list,
+// the list read again in a fresh snapshot (gendurable_inbox_fresh,
+// migration 020): a signal that committed after the snapshot was taken,
+// while the claim waited for the row or just before it locked it, is
+// counted in the row but missing from the list (docs/design.md §2). skip
+// is a bigint[] of signals the statement itself consumes.
+func freshInbox(list, row, skip string) string {
+	return `(SELECT CASE WHEN coalesce(jsonb_array_length(l.r), 0) >= ` + heldSignals(row+`.inbox`) + ` THEN l.r
+                 ELSE {{schema}}.gendurable_inbox_fresh(` + row + `.id, ` + skip + `) END
+        FROM (SELECT ` + list + ` AS r) AS l)`
+}
 
 // inboxRowsSQL is the unconsumed signals of row i, oldest first, as one JSON
 // array, so the statement that claims a row hands its step the inbox (docs/

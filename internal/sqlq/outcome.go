@@ -249,8 +249,9 @@ WITH locked AS MATERIALIZED (
 	// A continued row's next step gets its inbox from here (docs/design.md
 	// §4). Signals this statement consumes still look unconsumed to it (one
 	// snapshot): leave them out by id.
-	continuedInbox := inboxRowsSQL
+	continuedInbox, continuedSkip := inboxRowsSQL, `'{}'`
 	if shape&shapeConsume != 0 {
+		continuedSkip = `@consume_id::bigint[]`
 		continuedInbox = strings.Replace(inboxRowsSQL, "s.consumed_at IS NULL",
 			"s.consumed_at IS NULL AND s.id <> ALL (@consume_id::bigint[])", 1)
 	}
@@ -366,7 +367,7 @@ WITH locked AS MATERIALIZED (
         FROM locked AS l) AS o
   WHERE i.id = o.id
   RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token, i.partition_key,
-            CASE WHEN o.cont AND i.inbox <> '{}'::jsonb THEN ` + continuedInbox + ` END AS inbox_rows,
+            CASE WHEN o.cont AND i.inbox <> '{}'::jsonb THEN ` + freshInbox(continuedInbox, `i`, continuedSkip) + ` END AS inbox_rows,
             ` + resweep + ` AS resweep
 )`)
 	if shape&shapeTerminal != 0 {
@@ -403,7 +404,7 @@ SELECT false AS succ, id, status::text, queue, claim_token, inbox_rows, partitio
        NULL::timestamptz AS inserted_at, NULL::jsonb AS child_rows, resweep, NULL::jsonb AS inbox_seen
 FROM changed
 UNION ALL
-SELECT true, (h.c).id, 'executing', (h.c).queue, (h.c).claim_token, h.inbox_rows, (h.c).partition_key,
+SELECT true, (h.c).id, 'executing', (h.c).queue, (h.c).claim_token, ` + freshInbox(`h.inbox_rows`, `(h.c)`, `'{}'`) + `, (h.c).partition_key,
        (h.c).fsm, (h.c).fsm_version, (h.c).step, (h.c).state, (h.c).attempt,
        (h.c).max_attempts, (h.c).priority, (h.c).awaits, (h.c).children_total,
        (h.c).inserted_at, h.child_rows, false, (h.c).inbox_seen
