@@ -237,8 +237,11 @@
 // where they are (docs/design.md §9): a row at a step the machine no longer
 // declares goes to Handle as an [ErrInvalidOutcome] (Run.Step is the old
 // name, so a Handle can move it on) and is by default retried with backoff
-// until its attempts are spent; a state that no longer decodes into S (a
-// job's args, likewise) fails the instance at once, kind "state_decode".
+// until its attempts are spent (the default retry keeps the state as
+// stored, fields this binary's S lacks included); a state that no longer
+// decodes into S (a job's args, likewise) fails the instance at once, kind
+// "state_decode" — also while another version that could decode it runs
+// beside this one: change a state's types with a new Version.
 // Either is in its error history; [Engine.Retry] runs it again after the
 // definition is fixed. A failure consumes the instance's inbox like any
 // finish: a retried step that had been woken by a signal sees an empty

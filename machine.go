@@ -75,7 +75,10 @@ type Machine[S any] struct {
 	// and by default retried with Backoff until its attempts are spent.
 	Steps map[string]StepFunc[S]
 	// Handle decides the outcome after a failed step. Default: replay with
-	// exponential backoff and jitter (see Backoff) until MaxAttempts, then stop.
+	// exponential backoff and jitter (see Backoff) until MaxAttempts, then
+	// stop. The default's replay keeps the state as stored, byte for byte
+	// (a Replay of r.State would store it re-encoded through this
+	// binary's S, without the fields it does not know).
 	Handle HandleFunc[S]
 	// MaxAttempts is the default attempt budget of new instances: handled
 	// failures and expired leases both count (not the lease of a prefetched
@@ -367,7 +370,8 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) executor.Result {
 		return stopResult("state_decode", err.Error(), err)
 	}
 	var out Outcome
-	if fn := m.Steps[in.Claim.Step]; fn == nil {
+	fn := m.Steps[in.Claim.Step]
+	if fn == nil {
 		err = fmt.Errorf("%w: step %q is not declared by machine %q version %d", ErrInvalidOutcome, in.Claim.Step, m.Name, m.core.version)
 	} else {
 		out, err = callStep(ctx, func() (Outcome, error) { return fn(ctx, r) })
@@ -389,7 +393,12 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) executor.Result {
 	if err == nil {
 		return executor.Result{Out: enc, TxFn: safeTx(out.txFn)}
 	}
-	return m.handle(ctx, r, in, err)
+	res := m.handle(ctx, r, in, err)
+	// A step this process does not declare is likely declared by another
+	// version of the code, running beside it in a rolling deploy: its retry
+	// is left to the poll of every process rather than woken here first.
+	res.NoLocalWake = fn == nil
+	return res
 }
 
 // handleErr runs the failure path for an error found after the step
@@ -462,7 +471,11 @@ func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Out
 	if r.Attempt+1 >= r.MaxAttempts {
 		return Stop(fmt.Sprintf("attempts exhausted (%d of %d)", r.Attempt+1, r.MaxAttempts)), nil
 	}
-	return r.Replay(r.State, m.core.retryDelay(r.Attempt)), nil
+	// A retry that carries no state keeps the stored bytes: re-encoding
+	// r.State would drop what this binary's S does not know — fields a
+	// newer deploy added, while this worker fails at a step only the newer
+	// one declares (TestTheDefaultRetryKeepsTheStoredState).
+	return Outcome{kind: sqlq.KindReplay, delay: m.core.retryDelay(r.Attempt)}, nil
 }
 
 // retryDelay is the machine's Backoff for attempt, or DefaultBackoff's

@@ -75,6 +75,10 @@ type Result struct {
 	// TxFn (WithTx) runs in the outcome's transaction. The root package
 	// wraps the user's func so that a panic comes back as its error.
 	TxFn func(ctx context.Context, tx pgx.Tx) error
+	// NoLocalWake: a row the outcome leaves runnable is not woken in this
+	// process (its step is not declared here: another process's poll
+	// should have an even chance at it).
+	NoLocalWake bool
 }
 
 // Events receives what the executor observes; the root package turns the
@@ -305,6 +309,7 @@ func (r *run) commitDetached(ctx context.Context, c *sqlq.Claimed, res *Result, 
 func (x *Executor) settled(ctx context.Context, queue string, c *sqlq.Claimed, res *Result, applied *sqlq.Applied, commitErr error, took time.Duration) {
 	if applied != nil {
 		switch {
+		case res.NoLocalWake:
 		case applied.Runnable() && res.Out.Delay > 0:
 			x.cfg.KickAt(applied.Queue, time.Now().Add(res.Out.Delay))
 		case applied.Runnable():
@@ -334,7 +339,7 @@ func (r *run) result(c *sqlq.Claimed, applied *sqlq.Applied, res *Result) feeder
 // runnableNow: the outcome left its row runnable at once, so there is work
 // to pick even if the last pick came back short.
 func runnableNow(applied *sqlq.Applied, res *Result) bool {
-	return applied != nil && applied.Runnable() && res.Out.Delay <= 0
+	return applied != nil && applied.Runnable() && res.Out.Delay <= 0 && !res.NoLocalWake
 }
 
 // releaseUnknown hands back a row of a machine version this process does
