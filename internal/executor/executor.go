@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/committer"
@@ -146,10 +147,34 @@ type Config struct {
 }
 
 // Executor runs claimed rows; one serves every queue of an engine.
-type Executor struct{ cfg Config }
+type Executor struct {
+	cfg Config
+
+	mu      sync.Mutex
+	unknown map[unknownKey]*unknownLog // releaseUnknown's warnings, per machine version
+}
+
+// unknownKey is a machine version this process does not know.
+type unknownKey struct {
+	fsm     string
+	version int32
+}
+
+// unknownLog is when releaseUnknown last logged a machine version, and
+// how many releases of it went unlogged since.
+type unknownLog struct {
+	at    time.Time
+	quiet int
+}
+
+// unknownLogEvery spaces releaseUnknown's warnings of one machine version:
+// a process that meets thousands of rows of a machine it does not know
+// (one removed from its Config, a newer deploy's) logged one line per row
+// at every retry, hundreds a second.
+const unknownLogEvery = time.Minute
 
 // New returns an executor.
-func New(cfg Config) *Executor { return &Executor{cfg: cfg} }
+func New(cfg Config) *Executor { return &Executor{cfg: cfg, unknown: map[unknownKey]*unknownLog{}} }
 
 // ForQueue returns the feeder.Executor of queue: it runs a claimed row to a
 // committed outcome and, after a Next without delay, goes straight on with
@@ -355,9 +380,37 @@ func (x *Executor) releaseUnknown(ctx context.Context, queue string, c *sqlq.Cla
 	if err != nil {
 		x.cfg.Log.Warn("gendurable: release failed; the reaper will recover the row", "id", c.ID, "err", err)
 	}
-	x.cfg.Log.Warn("gendurable: claimed a row of a machine version this process does not know; released it",
-		"queue", queue, "fsm", c.FSM, "version", c.Version, "id", c.ID, "retry_in", x.cfg.UnknownVersionDelay)
+	if quiet, ok := x.unknownDue(c); ok {
+		x.cfg.Log.Warn("gendurable: claimed a row of a machine version this process does not know; released it",
+			"queue", queue, "fsm", c.FSM, "version", c.Version, "id", c.ID, "retry_in", x.cfg.UnknownVersionDelay,
+			"released_unlogged", quiet)
+	}
 	x.cfg.Events.UnknownVersion(context.WithoutCancel(ctx), queue, c, x.cfg.UnknownVersionDelay)
+}
+
+// unknownDue reports whether releaseUnknown logs c's release: the first of
+// its machine version, then one every unknownLogEvery, with the number of
+// releases left unlogged since the last line (each is in its row's
+// history, and in the UnknownVersion hook).
+func (x *Executor) unknownDue(c *sqlq.Claimed) (quiet int, due bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	k := unknownKey{c.FSM, c.Version}
+	l := x.unknown[k]
+	now := time.Now()
+	if l != nil && now.Sub(l.at) < unknownLogEvery {
+		l.quiet++
+		return 0, false
+	}
+	if l == nil {
+		if len(x.unknown) >= 1024 { // bounded: forget the versions met before
+			clear(x.unknown)
+		}
+		l = &unknownLog{}
+		x.unknown[k] = l
+	}
+	quiet, l.at, l.quiet = l.quiet, now, 0
+	return quiet, true
 }
 
 // processName names this process in a row's history: host and pid.
