@@ -2190,6 +2190,8 @@ func TestDrainTimeoutCancelsStepsWithoutCountingAnAttempt(t *testing.T) {
 	b := setup(t, nil, job)
 	cfg := b.eng.Config()
 	cfg.DrainTimeout = 100 * time.Millisecond
+	logs := &syncbuf.Buffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	eng, err := gendurable.New(b.pool, &cfg)
 	require.NoError(t, err)
 	id := b.insert(job.New(orderArgs{})) // inserted through b.eng: same registration
@@ -2201,6 +2203,11 @@ func TestDrainTimeoutCancelsStepsWithoutCountingAnAttempt(t *testing.T) {
 	require.Equal(t, "runnable", r.Status, "interrupted work runs again")
 	require.Equal(t, 0, r.Attempt, "shutdown is not the step's failure")
 	require.Equal(t, "interrupted", r.Errors[0]["kind"])
+	// The step returned ctx.Err() (context.Canceled), not the cause: the log
+	// says it was interrupted, not that it failed (a probe found the
+	// warning "step failed … context canceled" for such steps).
+	require.Contains(t, logs.String(), "step interrupted by Stop")
+	require.NotContains(t, logs.String(), "step failed")
 }
 
 // TestDelayedRowsOfThisProcessRunOnTime: a retry's backoff, a Replay's

@@ -2,6 +2,7 @@ package gendurable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -114,7 +115,11 @@ func scopeMask(scope []Status) (int32, error) {
 // A duplicate's ID is read by a second statement after the insert: if the
 // instance holding the key left the key's scope in between (it finished,
 // under the default UniqueLive), ID is 0 — nothing was inserted, and the
-// key is free again, so inserting once more creates a new instance.
+// key is free again, so inserting once more creates a new instance. That
+// read is not cancelled with the caller's context (the insert has
+// returned: outside a transaction its rows are committed); if it fails all
+// the same (a lost connection), the call still succeeds, logs a warning,
+// and the duplicates' IDs are 0 with the key possibly still held.
 type InsertResult struct {
 	ID        int64 // the new instance's id, or for a duplicate the existing one's (0: see above)
 	Duplicate bool  // the unique key was held (by an instance in a status of its UniqueScope, of any machine): nothing was inserted
@@ -122,6 +127,15 @@ type InsertResult struct {
 
 // Insert inserts one instance and, when this engine works its queue, wakes
 // the local feeder at once.
+//
+// An error is not always proof that nothing was written: if the context
+// ends or the connection is lost while the statement is in flight, the
+// server may have committed it before the answer came back (the error then
+// is the context's or the connection's, never ErrInvalidInsert). To retry
+// such an insert safely, give it a [InsertOpts].UniqueKey: a retry that
+// finds it committed reports Duplicate with its id. The same holds for
+// [Engine.InsertMany] (all or none of its rows) and [Engine.Signal] (give
+// it a DedupKey).
 func (e *Engine) Insert(ctx context.Context, p InsertParams) (InsertResult, error) {
 	res, err := e.insert(ctx, e.pool, []InsertParams{p})
 	if err != nil {
@@ -184,6 +198,13 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 		rows[i] = r
 	}
 	got, err := e.q.InsertMany(ctx, db, rows)
+	if lerr := (*sqlq.LookupError)(nil); errors.As(err, &lerr) {
+		// The rows were inserted (committed, outside a transaction): the
+		// call succeeded; only the duplicates' holders are unknown (ID 0).
+		e.log.Warn("gendurable: inserted; the ids of the instances holding duplicate unique keys could not be read (their results have ID 0)",
+			"err", lerr.Err)
+		err = nil
+	}
 	if err != nil {
 		if sqlq.Rejected(err) {
 			// E.g. a JSON string holding \u0000, which jsonb cannot store.

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/gendurabletest"
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -383,4 +385,59 @@ func TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 		_, err := b.eng.Insert(ctx, p)
 		require.NoError(t, err)
 	}
+}
+
+// cancelAfterInsert cancels a context as soon as an insert statement into
+// the instances table has returned, while armed.
+type cancelAfterInsert struct {
+	armed  atomic.Bool
+	cancel atomic.Pointer[context.CancelFunc]
+}
+
+type insertSQLKey struct{}
+
+func (c *cancelAfterInsert) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, insertSQLKey{}, strings.Contains(d.SQL, "INSERT INTO") && strings.Contains(d.SQL, "gendurable_instances"))
+}
+
+func (c *cancelAfterInsert) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if isInsert, _ := ctx.Value(insertSQLKey{}).(bool); isInsert && c.armed.Load() {
+		if f := c.cancel.Load(); f != nil {
+			(*f)()
+		}
+	}
+}
+
+// TestAnInsertWhoseContextEndsAfterItCommittedSucceeds: the context of an
+// InsertMany ending after its insert statement returned — its rows
+// committed — does not turn the call into a failure: the read of the
+// duplicates' holders is not cancelled with it. Before, the call returned
+// only the cancellation, and a caller that retried inserted the new rows
+// again (a probe: 24 of 147 calls whose rows had committed failed so).
+func TestAnInsertWhoseContextEndsAfterItCommittedSucceeds(t *testing.T) {
+	t.Parallel()
+	tracer := &cancelAfterInsert{}
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, Tracer: tracer})
+	rec := &recorder{}
+	job := rec.job("uniq")
+	b := bundleOn(t, pool, schema, nil, job)
+	held, err := b.eng.Insert(context.Background(), job.New(orderArgs{I: 1}).With(gendurable.InsertOpts{UniqueKey: "held"}))
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tracer.cancel.Store(&cancel)
+	tracer.armed.Store(true)
+	res, err := b.eng.InsertMany(ctx, []gendurable.InsertParams{
+		job.New(orderArgs{I: 2}).With(gendurable.InsertOpts{UniqueKey: "new"}),
+		job.New(orderArgs{I: 3}).With(gendurable.InsertOpts{UniqueKey: "held"}),
+	})
+	tracer.armed.Store(false)
+	require.Error(t, ctx.Err(), "the context ended after the insert")
+	require.NoError(t, err)
+	require.False(t, res[0].Duplicate)
+	require.NotZero(t, res[0].ID)
+	require.True(t, res[1].Duplicate)
+	require.Equal(t, held.ID, res[1].ID)
+	require.Equal(t, 2, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
 }

@@ -423,6 +423,11 @@ func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepE
 		if errors.Is(cause, ErrLeaseLost) {
 			why = "interrupted: its lease could not be confirmed in time: "
 		}
+		if !errors.Is(stepErr, cause) {
+			// A step (or pgx within it) returns ctx.Err(), context.Canceled:
+			// say why, for the log and the hooks (StepEvent.Err).
+			stepErr = fmt.Errorf("%w (%w)", stepErr, cause)
+		}
 		return executor.Result{
 			Out: sqlq.Outcome{Kind: sqlq.KindReplay, AttemptInc: 0,
 				ErrKind: strPtr("interrupted"), Err: strPtr(truncate(why + stepErr.Error()))},

@@ -48,6 +48,11 @@ type SignalResult struct {
 // can use, an operator can type and see as it is): anything else is
 // [ErrInvalidSignal], before any SQL runs. The name is taken as given: the
 // CLI and the dashboard pass it on untrimmed.
+//
+// A context that ends, or a connection lost, while the statement is in
+// flight may leave the signal delivered though an error comes back: send
+// signals that must arrive exactly once with a DedupKey, and retry — a
+// retry of a delivered one reports Duplicate.
 func (e *Engine) Signal(ctx context.Context, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
 	return e.signal(ctx, e.pool, id, name, payload, opts)
 }

@@ -150,28 +150,52 @@ func (q *Queries) InsertMany(ctx context.Context, db DB, in []NewInstance) ([]In
 		return out, nil
 	}
 	// A new statement, so a new snapshot: it sees holders committed meanwhile.
-	rows, err = db.Query(ctx, q.lookupUnique, missing)
-	if err != nil {
-		return nil, err
-	}
-	holders := map[string]int64{}
-	for rows.Next() {
-		var key []byte
-		var id int64
-		if err := rows.Scan(&key, &id); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		holders[string(key)] = id
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
+	// The insert has returned: outside a transaction its rows are committed,
+	// so a caller whose context ends now must still learn their ids — the
+	// lookup is not cancelled with it, and if it fails the duplicates keep
+	// ID 0 and the error comes back as a LookupError beside the results.
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), lookupTimeout)
+	defer cancel()
+	holders, err := q.lookupHolders(lctx, db, missing)
 	for i := range in {
 		if out[i].Duplicate {
 			out[i].ID = holders[string(in[i].UniqueKey)] // 0 if the holder left its scope meanwhile
 		}
 	}
+	if err != nil {
+		return out, &LookupError{Err: err}
+	}
 	return out, nil
+}
+
+// lookupTimeout bounds InsertMany's read of its duplicates' holders.
+const lookupTimeout = 5 * time.Second
+
+// LookupError is InsertMany's failure to read the ids of the instances
+// holding its duplicates' unique keys, after the insert statement returned:
+// the results come with it, the duplicates' IDs 0.
+type LookupError struct{ Err error }
+
+func (e *LookupError) Error() string {
+	return "reading the holders of duplicate unique keys: " + e.Err.Error()
+}
+func (e *LookupError) Unwrap() error { return e.Err }
+
+// lookupHolders maps unique keys to the ids of the instances holding them.
+func (q *Queries) lookupHolders(ctx context.Context, db DB, keys [][]byte) (map[string]int64, error) {
+	rows, err := db.Query(ctx, q.lookupUnique, keys)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	holders := map[string]int64{}
+	for rows.Next() {
+		var key []byte
+		var id int64
+		if err := rows.Scan(&key, &id); err != nil {
+			return nil, err
+		}
+		holders[string(key)] = id
+	}
+	return holders, rows.Err()
 }
