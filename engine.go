@@ -302,8 +302,11 @@ type Engine struct {
 	// round trips (a cut network would hold every caller that takes it —
 	// an Insert's kick, Stop — until Start's ctx ends). nil otherwise.
 	starting *startState
-	scheds   map[string]*feeder.Feeder
-	sweeper  *maintenance.TimeoutSweeper // the running await-timeout sweep, poked by local awaits
+	// stops counts Stop calls: a Start that waited for a Stop or another
+	// Start in progress goes on only if no Stop was called since it began.
+	stops   uint64
+	scheds  map[string]*feeder.Feeder
+	sweeper *maintenance.TimeoutSweeper // the running await-timeout sweep, poked by local awaits
 
 	exec     *executor.Executor   // runs claimed rows of every queue
 	commits  *committer.Committer // the executor's group committer: Stop aborts it when out of time
@@ -587,9 +590,13 @@ func (c Config) clone() Config {
 // the checks' round trips: an Insert, a Signal or a Stop called meanwhile
 // does not wait for them (a network cut off would hold it until ctx ends);
 // a Stop called meanwhile ends them, and Start returns an error wrapping
-// [ErrEngineStopped] (TestStopDuringAStartCutOff).
+// [ErrEngineStopped] (TestStopDuringAStartCutOff). So does a Stop called
+// while this Start waited for another Start or Stop: once Stop returned, no
+// Start begun before it starts the engine
+// (TestAStopEndsAStartWaitingItsTurn).
 func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
+	stops := e.stops
 	for e.stopping != nil || e.starting != nil {
 		// A Stop is in progress (its steps still drain), or another Start:
 		// go on once it returned.
@@ -611,6 +618,13 @@ func (e *Engine) Start(ctx context.Context) error {
 			return fmt.Errorf("gendurable: start: waiting for %s: %w", what, ctx.Err())
 		}
 		e.mu.Lock()
+	}
+	if e.stops != stops {
+		// A Stop came after this Start and while it waited: the caller
+		// that stopped the engine (before closing its pool, say) must not
+		// find it running once Stop returned.
+		e.mu.Unlock()
+		return errStoppedWhileStarting
 	}
 	if e.running != nil {
 		e.mu.Unlock()
@@ -801,6 +815,7 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // called meanwhile waits for the Stop, then starts.
 func (e *Engine) Stop(ctx context.Context) error {
 	e.mu.Lock()
+	e.stops++
 	rs := e.running
 	if rs == nil && e.starting != nil {
 		// A Start in progress, waiting on the database: end it. The

@@ -2149,6 +2149,9 @@ func TestConcurrentStopsBothWaitForTheEngine(t *testing.T) {
 	time.Sleep(100 * time.Millisecond) // the first Stop is draining
 	second := make(chan error, 1)
 	go func() { second <- b.eng.Stop(context.Background()) }()
+	// The Start comes after the second Stop (one begun before a Stop is
+	// ended by it: TestAStopEndsAStartWaitingItsTurn).
+	time.Sleep(50 * time.Millisecond)
 	restarted := make(chan error, 1)
 	go func() { restarted <- b.eng.Start(context.Background()) }()
 	select {
@@ -3234,4 +3237,49 @@ func TestStopHandsBackPrefetchedRowsAfterItsSessionsWereTerminated(t *testing.T)
 	require.NoError(t, eng.Stop(ctx))
 	require.Equal(t, 4, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'runnable' AND attempt = 0`),
 		"the prefetched rows are runnable at once (lease 30 s)")
+}
+
+// TestAStopEndsAStartWaitingItsTurn: a Start that waits for a Stop in
+// progress, and a second Stop called meanwhile: once that Stop returned,
+// the waiting Start does not start the engine (it returns an error wrapping
+// ErrEngineStopped). Before, it started right after — a shutdown that went
+// on to close its pool left a running engine on a closed pool (a probe: 50
+// of 50 rounds with two racing Starts and a Stop).
+func TestAStopEndsAStartWaitingItsTurn(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	started := make(chan struct{}, 1)
+	job := &gendurable.Job[orderArgs]{Name: "stubborn", Perform: func(context.Context, *gendurable.Run[orderArgs]) error {
+		started <- struct{}{}
+		<-release // ignores its context: the first Stop drains until it returns
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.DrainTimeout = 10 * time.Second
+	b := setup(t, cfg)
+	b.insert(job.New(orderArgs{}))
+	require.NoError(t, b.eng.Start(context.Background()))
+	<-started
+	ctx := context.Background()
+	firstStop := make(chan error, 1)
+	go func() { firstStop <- b.eng.Stop(ctx) }()
+	eventually(t, 5*time.Second, func() bool {
+		// The Stop is in progress once a Start has to wait for it.
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		return errors.Is(b.eng.Start(sctx), context.DeadlineExceeded)
+	}, "the first Stop never began")
+	waiting := make(chan error, 1)
+	go func() { waiting <- b.eng.Start(ctx) }()
+	time.Sleep(100 * time.Millisecond) // the Start waits for the first Stop
+	secondStop := make(chan error, 1)
+	go func() { secondStop <- b.eng.Stop(ctx) }()
+	time.Sleep(100 * time.Millisecond)
+	close(release)
+	require.NoError(t, <-firstStop)
+	require.NoError(t, <-secondStop)
+	require.ErrorIs(t, <-waiting, gendurable.ErrEngineStopped, "the Start begun before the second Stop")
+	// Nothing is running: a new Start starts it.
+	require.NoError(t, b.eng.Start(ctx))
+	require.NoError(t, b.eng.Stop(ctx))
 }
