@@ -2151,7 +2151,7 @@ func TestConcurrentStopsBothWaitForTheEngine(t *testing.T) {
 	go func() { second <- b.eng.Stop(context.Background()) }()
 	// The Start comes after the second Stop (one begun before a Stop is
 	// ended by it: TestAStopEndsAStartWaitingItsTurn).
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
 	restarted := make(chan error, 1)
 	go func() { restarted <- b.eng.Start(context.Background()) }()
 	select {

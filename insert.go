@@ -118,8 +118,10 @@ func scopeMask(scope []Status) (int32, error) {
 // key is free again, so inserting once more creates a new instance. That
 // read is not cancelled with the caller's context (the insert has
 // returned: outside a transaction its rows are committed); if it fails all
-// the same (a lost connection), the call still succeeds, logs a warning,
-// and the duplicates' IDs are 0 with the key possibly still held.
+// the same (a lost connection), Insert and InsertMany still succeed, log a
+// warning, and the duplicates' IDs are 0 with the key possibly still held.
+// InsertTx and InsertManyTx return that failure: the caller's transaction
+// cannot commit after it.
 type InsertResult struct {
 	ID        int64 // the new instance's id, or for a duplicate the existing one's (0: see above)
 	Duplicate bool  // the unique key was held (by an instance in a status of its UniqueScope, of any machine): nothing was inserted
@@ -198,9 +200,11 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 		rows[i] = r
 	}
 	got, err := e.q.InsertMany(ctx, db, rows)
-	if lerr := (*sqlq.LookupError)(nil); errors.As(err, &lerr) {
+	if lerr := (*sqlq.LookupError)(nil); errors.As(err, &lerr) && db == sqlq.DB(e.pool) {
 		// The rows were inserted (committed, outside a transaction): the
 		// call succeeded; only the duplicates' holders are unknown (ID 0).
+		// In the caller's transaction the failed lookup has doomed it: the
+		// error is returned (InsertTx, InsertManyTx).
 		e.log.Warn("gendurable: inserted; the ids of the instances holding duplicate unique keys could not be read (their results have ID 0)",
 			"err", lerr.Err)
 		err = nil

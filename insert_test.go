@@ -441,3 +441,46 @@ func TestAnInsertWhoseContextEndsAfterItCommittedSucceeds(t *testing.T) {
 	require.Equal(t, held.ID, res[1].ID)
 	require.Equal(t, 2, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
 }
+
+// lookupFailTx is a caller's transaction whose connection is terminated by
+// the server as the duplicate-holder lookup is sent.
+type lookupFailTx struct {
+	pgx.Tx
+	kill func(pid uint32)
+}
+
+func (t lookupFailTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if strings.Contains(sql, "unique_guard = ANY") {
+		t.kill(t.Tx.Conn().PgConn().PID())
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+// TestAnInsertTxWhoseLookupFailsReportsIt: in the caller's transaction a
+// failed read of the duplicates' holders dooms the transaction, so
+// InsertManyTx returns the failure (unlike InsertMany, whose rows have
+// committed by then): a review found the first version of that rule
+// reporting a new ID for a row that never existed.
+func TestAnInsertTxWhoseLookupFailsReportsIt(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("uniq")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	_, err := b.eng.Insert(ctx, job.New(orderArgs{I: 1}).With(gendurable.InsertOpts{UniqueKey: "held"}))
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	ftx := lookupFailTx{Tx: tx, kill: func(pid uint32) {
+		_, err := b.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+		require.NoError(t, err)
+	}}
+	_, err = b.eng.InsertManyTx(ctx, ftx, []gendurable.InsertParams{
+		job.New(orderArgs{I: 2}).With(gendurable.InsertOpts{UniqueKey: "new"}),
+		job.New(orderArgs{I: 3}).With(gendurable.InsertOpts{UniqueKey: "held"}),
+	})
+	require.Error(t, err)
+	require.Error(t, tx.Commit(ctx))
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
 // JobStep is the name of a job's single step.
@@ -63,9 +65,9 @@ func (j *Job[T]) definition() (*machineCore, error) {
 				case err == nil:
 					return Done(nil), nil
 				case errors.As(err, &snooze):
-					o := r.Replay(r.State, snooze.Delay)
-					o.snooze = true
-					return o, nil
+					// No state: the args stay as stored (a newer deploy's
+					// fields this T lacks included), as the default retry's.
+					return Outcome{kind: sqlq.KindReplay, delay: snooze.Delay, snooze: true}, nil
 				}
 				return Outcome{}, err
 			}},

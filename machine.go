@@ -397,7 +397,9 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) executor.Result {
 	// A step this process does not declare is likely declared by another
 	// version of the code, running beside it in a rolling deploy: its retry
 	// is left to the poll of every process rather than woken here first.
-	res.NoLocalWake = fn == nil
+	// A Handle that moves the row on to a step declared here (design §9)
+	// is woken as usual.
+	res.NoLocalWake = fn == nil && (res.Out.Step == nil || m.Steps[*res.Out.Step] == nil)
 	return res
 }
 

@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -559,4 +560,59 @@ func TestARetryOfAnUndeclaredStepIsNotWokenLocally(t *testing.T) {
 		require.Contains(t, errs[i]["error"], `step "gone" is not declared`)
 	}
 	require.Greater(t, at[1].Sub(at[0]), time.Second, "the retry was claimed %v after the failure, before the poll", at[1].Sub(at[0]))
+}
+
+// TestAHandleMovingAnUndeclaredStepOnIsWokenLocally: the undeclared step's
+// retry is left to the poll, but a Handle that moves the row on to a step
+// this process declares (design §9's migration) is woken as any Next: a
+// review found the first version of that rule making a Next(After 50 ms)
+// wait for the 2 s poll.
+func TestAHandleMovingAnUndeclaredStepOnIsWokenLocally(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[probeState]{Name: "migrating", Start: "a",
+		Steps: map[string]gendurable.StepFunc[probeState]{
+			"a": func(context.Context, *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil), nil
+			},
+		},
+		Handle: func(_ context.Context, r *gendurable.Run[probeState], err error) (gendurable.Outcome, error) {
+			if errors.Is(err, gendurable.ErrInvalidOutcome) && r.Step == "gone" {
+				return r.Next("a", r.State).After(50 * time.Millisecond), nil
+			}
+			return gendurable.Stop(err.Error()), nil
+		},
+	}
+	db := gendurabletest.NewDB(t, nil)
+	cfg := fastConfig(db.Schema, m)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2,
+		PollInterval: 2 * time.Second, BusyPollInterval: 2 * time.Second, MaxPollInterval: 2 * time.Second}}
+	b := bundleOn(t, db.Pool, db.Schema, cfg, m)
+	id := b.insert(m.New(probeState{}))
+	b.exec(`UPDATE {{s}}.gendurable_instances SET step = 'gone' WHERE id = $1`, id)
+	b.start()
+	b.waitStatus(id, "done", 15*time.Second)
+	took := b.count(`SELECT (extract(epoch FROM finished_at - (errors->0->>'at')::timestamptz) * 1000)::int
+		FROM {{s}}.gendurable_instances WHERE id = $1`, id)
+	require.Less(t, took, 1000, "ms from the Handle's Next(After 50 ms) to the step")
+}
+
+// TestASnoozeKeepsTheStoredArgs: a job's snooze keeps its args as stored,
+// as the default retry does (a newer deploy's fields this T lacks
+// included); it re-encoded them through T.
+func TestASnoozeKeepsTheStoredArgs(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "snoozer", Perform: func(context.Context, *gendurable.Run[orderArgs]) error {
+		return gendurable.JobSnooze(time.Hour)
+	}}
+	b := setup(t, nil, job)
+	id := b.insert(job.New(orderArgs{I: 1}))
+	b.exec(`UPDATE {{s}}.gendurable_instances SET state = state || '{"tracking": "T1"}' WHERE id = $1`, id)
+	b.start()
+	eventually(t, 10*time.Second, func() bool {
+		r := b.row(id)
+		return r.Status == "runnable" && r.EligibleAt.After(r.Now.Add(time.Minute))
+	}, "the job never snoozed")
+	var got map[string]any
+	require.NoError(t, json.Unmarshal(b.row(id).State, &got))
+	require.Equal(t, "T1", got["tracking"])
 }
