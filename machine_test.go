@@ -528,11 +528,14 @@ func TestTheDefaultRetryKeepsTheStoredState(t *testing.T) {
 // in a rolling deploy the process that declares the step should have an
 // even chance at it, by the poll. Before, the retry's wake made the failing
 // process the first to claim it again (a probe: 392 of 433 retries taken
-// by the old worker). Here the retry (backoff 50 ms) waits for the 2 s poll.
+// by the old worker). Here the retry (backoff 500 ms) waits for the 3 s
+// poll. (The pick a feeder makes as it goes idle, right after the failure,
+// comes before the backoff ends, even on a loaded machine; with a 50 ms
+// backoff it sometimes did not.)
 func TestARetryOfAnUndeclaredStepIsNotWokenLocally(t *testing.T) {
 	t.Parallel()
 	m := &gendurable.Machine[probeState]{Name: "undeclared", Start: "a", MaxAttempts: 3,
-		Backoff: func(int) time.Duration { return 50 * time.Millisecond },
+		Backoff: func(int) time.Duration { return 500 * time.Millisecond },
 		Steps: map[string]gendurable.StepFunc[probeState]{
 			"a": func(_ context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
 				return r.Next("b", r.State), nil
@@ -545,12 +548,12 @@ func TestARetryOfAnUndeclaredStepIsNotWokenLocally(t *testing.T) {
 	db := gendurabletest.NewDB(t, nil)
 	cfg := fastConfig(db.Schema, m)
 	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2,
-		PollInterval: 2 * time.Second, BusyPollInterval: 2 * time.Second, MaxPollInterval: 2 * time.Second}}
+		PollInterval: 3 * time.Second, BusyPollInterval: 3 * time.Second, MaxPollInterval: 3 * time.Second}}
 	b := bundleOn(t, db.Pool, db.Schema, cfg, m)
 	id := b.insert(m.New(probeState{}))
 	b.exec(`UPDATE {{s}}.gendurable_instances SET step = 'gone' WHERE id = $1`, id)
 	b.start()
-	eventually(t, 15*time.Second, func() bool { return len(b.row(id).Errors) >= 2 }, "the undeclared step was not retried")
+	eventually(t, 20*time.Second, func() bool { return len(b.row(id).Errors) >= 2 }, "the undeclared step was not retried")
 	errs := b.row(id).Errors
 	var at [2]time.Time
 	for i := range at {
@@ -559,7 +562,7 @@ func TestARetryOfAnUndeclaredStepIsNotWokenLocally(t *testing.T) {
 		require.NoError(t, err)
 		require.Contains(t, errs[i]["error"], `step "gone" is not declared`)
 	}
-	require.Greater(t, at[1].Sub(at[0]), time.Second, "the retry was claimed %v after the failure, before the poll", at[1].Sub(at[0]))
+	require.Greater(t, at[1].Sub(at[0]), 1500*time.Millisecond, "the retry was claimed %v after the failure, before the poll", at[1].Sub(at[0]))
 }
 
 // TestAHandleMovingAnUndeclaredStepOnIsWokenLocally: the undeclared step's
