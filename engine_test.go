@@ -2090,23 +2090,9 @@ func TestStopWithAContextAlreadyDoneReleasesPrefetchedRows(t *testing.T) {
 // with an error wrapping the context's, and Stop does not wait for it.
 func TestStopWithAContextAlreadyDoneReportsAStepIgnoringIt(t *testing.T) {
 	t.Parallel()
-	started := make(chan struct{}, 1)
 	release := make(chan struct{})
 	defer close(release)
-	job := &gendurable.Job[orderArgs]{
-		Name: "deaf",
-		Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
-			started <- struct{}{}
-			<-release // ignores ctx
-			return nil
-		},
-	}
-	cfg := fastConfig("", job)
-	cfg.DrainTimeout = 10 * time.Second
-	b := setup(t, cfg)
-	b.insert(job.New(orderArgs{}))
-	require.NoError(t, b.eng.Start(context.Background()))
-	<-started
+	b := startedOnADeafStep(t, release)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	t0 := time.Now()
@@ -3248,18 +3234,7 @@ func TestStopHandsBackPrefetchedRowsAfterItsSessionsWereTerminated(t *testing.T)
 func TestAStopEndsAStartWaitingItsTurn(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
-	started := make(chan struct{}, 1)
-	job := &gendurable.Job[orderArgs]{Name: "stubborn", Perform: func(context.Context, *gendurable.Run[orderArgs]) error {
-		started <- struct{}{}
-		<-release // ignores its context: the first Stop drains until it returns
-		return nil
-	}}
-	cfg := fastConfig("", job)
-	cfg.DrainTimeout = 10 * time.Second
-	b := setup(t, cfg)
-	b.insert(job.New(orderArgs{}))
-	require.NoError(t, b.eng.Start(context.Background()))
-	<-started
+	b := startedOnADeafStep(t, release) // the first Stop drains until release
 	ctx := context.Background()
 	firstStop := make(chan error, 1)
 	go func() { firstStop <- b.eng.Stop(ctx) }()
@@ -3282,4 +3257,23 @@ func TestAStopEndsAStartWaitingItsTurn(t *testing.T) {
 	// Nothing is running: a new Start starts it.
 	require.NoError(t, b.eng.Start(ctx))
 	require.NoError(t, b.eng.Stop(ctx))
+}
+
+// startedOnADeafStep is a started engine (DrainTimeout 10 s) running one
+// job step that ignores its context until release is closed.
+func startedOnADeafStep(t *testing.T, release <-chan struct{}) *testBundle {
+	t.Helper()
+	started := make(chan struct{}, 1)
+	job := &gendurable.Job[orderArgs]{Name: "deaf", Perform: func(context.Context, *gendurable.Run[orderArgs]) error {
+		started <- struct{}{}
+		<-release // ignores its context
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.DrainTimeout = 10 * time.Second
+	b := setup(t, cfg)
+	b.insert(job.New(orderArgs{}))
+	require.NoError(t, b.eng.Start(context.Background()))
+	<-started
+	return b
 }

@@ -545,14 +545,7 @@ func TestARetryOfAnUndeclaredStepIsNotWokenLocally(t *testing.T) {
 			},
 		},
 	}
-	db := gendurabletest.NewDB(t, nil)
-	cfg := fastConfig(db.Schema, m)
-	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2,
-		PollInterval: 3 * time.Second, BusyPollInterval: 3 * time.Second, MaxPollInterval: 3 * time.Second}}
-	b := bundleOn(t, db.Pool, db.Schema, cfg, m)
-	id := b.insert(m.New(probeState{}))
-	b.exec(`UPDATE {{s}}.gendurable_instances SET step = 'gone' WHERE id = $1`, id)
-	b.start()
+	b, id := startedAtAnUndeclaredStep(t, m, 3*time.Second)
 	eventually(t, 20*time.Second, func() bool { return len(b.row(id).Errors) >= 2 }, "the undeclared step was not retried")
 	errs := b.row(id).Errors
 	var at [2]time.Time
@@ -585,14 +578,7 @@ func TestAHandleMovingAnUndeclaredStepOnIsWokenLocally(t *testing.T) {
 			return gendurable.Stop(err.Error()), nil
 		},
 	}
-	db := gendurabletest.NewDB(t, nil)
-	cfg := fastConfig(db.Schema, m)
-	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2,
-		PollInterval: 2 * time.Second, BusyPollInterval: 2 * time.Second, MaxPollInterval: 2 * time.Second}}
-	b := bundleOn(t, db.Pool, db.Schema, cfg, m)
-	id := b.insert(m.New(probeState{}))
-	b.exec(`UPDATE {{s}}.gendurable_instances SET step = 'gone' WHERE id = $1`, id)
-	b.start()
+	b, id := startedAtAnUndeclaredStep(t, m, 2*time.Second)
 	b.waitStatus(id, "done", 15*time.Second)
 	took := b.count(`SELECT (extract(epoch FROM finished_at - (errors->0->>'at')::timestamptz) * 1000)::int
 		FROM {{s}}.gendurable_instances WHERE id = $1`, id)
@@ -618,4 +604,19 @@ func TestASnoozeKeepsTheStoredArgs(t *testing.T) {
 	var got map[string]any
 	require.NoError(t, json.Unmarshal(b.row(id).State, &got))
 	require.Equal(t, "T1", got["tracking"])
+}
+
+// startedAtAnUndeclaredStep starts an engine of m whose polls are every
+// poll, busy or idle, on one row of m at a step m does not declare ("gone").
+func startedAtAnUndeclaredStep(t *testing.T, m *gendurable.Machine[probeState], poll time.Duration) (*testBundle, int64) {
+	t.Helper()
+	db := gendurabletest.NewDB(t, nil)
+	cfg := fastConfig(db.Schema, m)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2,
+		PollInterval: poll, BusyPollInterval: poll, MaxPollInterval: poll}}
+	b := bundleOn(t, db.Pool, db.Schema, cfg, m)
+	id := b.insert(m.New(probeState{}))
+	b.exec(`UPDATE {{s}}.gendurable_instances SET step = 'gone' WHERE id = $1`, id)
+	b.start()
+	return b, id
 }
