@@ -2265,12 +2265,12 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 	}}
 	// An await with a timeout written by a WithTx outcome: its deadline
 	// counts from the transaction's start, and passes while the
-	// transaction (400 ms) is still open.
+	// transaction (800 ms) is still open.
 	awaiterTx := &gendurable.Machine[orderArgs]{Name: "ontime-await-tx", Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{
 		"a": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
 			mark(ctx, "await-tx")
-			return r.Await("b", r.State, "never").Timeout(300 * time.Millisecond).WithTx(func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `SELECT pg_sleep(0.4)`)
+			return r.Await("b", r.State, "never").Timeout(600 * time.Millisecond).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `SELECT pg_sleep(0.8)`)
 				return err
 			}), nil
 		},
@@ -2325,16 +2325,17 @@ func TestDelayedRowsOfThisProcessRunOnTime(t *testing.T) {
 	check("runs around Replay(state, 100ms)", gaps(starts["replay"]), 100*time.Millisecond)
 	require.Len(t, starts["await"], 2)
 	check("steps around Await(...).Timeout(150ms)", gaps(starts["await"]), 150*time.Millisecond)
-	// Its deadline (300 ms) passed inside the 400 ms transaction: the next
+	// Its deadline (600 ms) passed inside the 800 ms transaction: the next
 	// step comes once it commits, not a timeout after the commit (a sweep
-	// woken at the commit plus the timeout: about 700 ms after the first;
-	// with a 150 ms timeout that was ~560 ms, too near a loaded machine's
-	// right answer, 540 ms once, to tell apart).
+	// woken at the commit plus the timeout: about 1,400 ms after the first).
+	// The right answer took up to 632 ms for a 400 ms transaction on a
+	// loaded machine; with a 300 ms timeout the wrong one was ~700 ms, too
+	// near to tell apart (and with 150 ms, ~560 ms).
 	require.Len(t, starts["await-tx"], 2)
 	gap := gaps(starts["await-tx"])[0]
-	t.Logf("steps around a WithTx Await(...).Timeout(300ms) whose transaction took 400ms: %v apart", gap)
-	require.GreaterOrEqual(t, gap, 400*time.Millisecond)
-	require.Less(t, gap, 620*time.Millisecond, "woken a timeout after the commit, not at the deadline")
+	t.Logf("steps around a WithTx Await(...).Timeout(600ms) whose transaction took 800ms: %v apart", gap)
+	require.GreaterOrEqual(t, gap, 800*time.Millisecond)
+	require.Less(t, gap, 1200*time.Millisecond, "woken a timeout after the commit, not at the deadline")
 }
 
 // TestRowsVisibleBelowThePickFloorRun (docs/design.md §4): while a queue is

@@ -155,6 +155,7 @@ func StopBoundContext(ctx context.Context, d time.Duration) (context.Context, co
 	work, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
 	var mu sync.Mutex
 	var releaseStop func() bool
+	ended := false // the returned cancel ran: register nothing on the stop's context
 	release := context.AfterFunc(ctx, func() {
 		var st *stopped
 		if !errors.As(context.Cause(ctx), &st) {
@@ -162,12 +163,15 @@ func StopBoundContext(ctx context.Context, d time.Duration) (context.Context, co
 			return
 		}
 		mu.Lock()
-		releaseStop = context.AfterFunc(st.ctx, cancel)
+		if !ended {
+			releaseStop = context.AfterFunc(st.ctx, cancel)
+		}
 		mu.Unlock()
 	})
 	return work, func() {
 		release()
 		mu.Lock()
+		ended = true
 		if releaseStop != nil {
 			releaseStop()
 		}

@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -163,5 +164,47 @@ func TestServicesNeedAnInterval(t *testing.T) {
 			s.Stop()
 			t.Errorf("%s started without an interval", name)
 		}
+	}
+}
+
+// chanCtx is a context of its own type: context.AfterFunc on it starts a
+// goroutine, which a registration never released leaves running.
+type chanCtx struct {
+	context.Context
+	done chan struct{}
+}
+
+func (c chanCtx) Done() <-chan struct{} { return c.done }
+func (c chanCtx) Err() error {
+	select {
+	case <-c.done:
+		return context.Canceled
+	default:
+		return nil
+	}
+}
+
+// TestStopBoundContextReleasedRightAfterAStopLeavesNothing: a loop context
+// ended by a Stop just before the returned cancel runs registers nothing
+// on the Stop's context that the cancel would not release. Before, the
+// callback registered after the cancel had looked: a goroutine (or, for a
+// timeout context, an entry) per call until the Stop's context ended (a
+// review: 200 of 200).
+func TestStopBoundContextReleasedRightAfterAStopLeavesNothing(t *testing.T) {
+	stop := chanCtx{context.Background(), make(chan struct{})}
+	defer close(stop.done)
+	before := runtime.NumGoroutine()
+	for range 200 {
+		loop, cancel := context.WithCancelCause(context.Background())
+		_, done := StopBoundContext(loop, time.Minute)
+		cancel(&stopped{stop})
+		done()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > before+5 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > before+5 {
+		t.Fatalf("%d goroutines left waiting on the Stop's context (%d before)", n-before, before)
 	}
 }
