@@ -77,8 +77,8 @@ type Result struct {
 	// wraps the user's func so that a panic comes back as its error.
 	TxFn func(ctx context.Context, tx pgx.Tx) error
 	// NoLocalWake: a row the outcome leaves runnable is not woken in this
-	// process (its step is not declared here: another process's poll
-	// should have an even chance at it).
+	// process (its step is not declared here: a process that declares it
+	// gets a chance at it by its poll).
 	NoLocalWake bool
 }
 
