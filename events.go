@@ -79,6 +79,11 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 		// attempt counted).
 		e.log.Info("gendurable: step interrupted by Stop; it runs again, no attempt counted",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt)
+	case errors.Is(res.StepErr, ErrLeaseLost) && res.Out.Kind == sqlq.KindReplay && res.Out.AttemptInc == 0:
+		// The engine cancelled it: no heartbeat confirmed its lease in time.
+		// Not the step's failure (kind interrupted, no attempt counted).
+		e.log.Warn("gendurable: step interrupted: its lease could not be confirmed in time; it runs again, no attempt counted",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt)
 	case res.StepErr != nil:
 		e.log.Warn("gendurable: step failed", "queue", queue, "fsm", c.FSM, "id", c.ID,
 			"step", c.Step, "attempt", c.Attempt, "outcome", ev.Outcome, "err", res.StepErr)

@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/childproc"
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -1682,6 +1684,8 @@ func TestAStepCancelledForItsLeaseRunsAgainUncharged(t *testing.T) {
 		}}
 	cfg := fastConfig("", job)
 	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = 2*time.Second, 200*time.Millisecond, -1
+	logs := &syncbuf.Buffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	b := setup(t, cfg)
 	id := b.insert(job.New(orderArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
 	b.start()
@@ -1701,6 +1705,9 @@ func TestAStepCancelledForItsLeaseRunsAgainUncharged(t *testing.T) {
 	require.Equal(t, "interrupted", r.Errors[0]["kind"])
 	require.Contains(t, r.Errors[0]["error"], "lease could not be confirmed")
 	require.Equal(t, int32(2), runs.Load())
+	// Logged as the interruption it is, not as "step failed" (a probe).
+	require.Contains(t, logs.String(), "step interrupted: its lease could not be confirmed in time")
+	require.NotContains(t, logs.String(), "step failed")
 }
 
 // TestPacedRowsKeepTheirNotStartedMark: rows of a rated key claimed (2/s)

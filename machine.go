@@ -459,8 +459,9 @@ func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepE
 		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, r, in); return err })
 	}
 	if err != nil {
-		msg := fmt.Sprintf("%s; Handle failed: %s", stepErr, err)
-		res := stopResult(errKind(stepErr), msg, stepErr)
+		// The event and the log carry Handle's failure too, as the row does.
+		cause := fmt.Errorf("%w; Handle failed: %w", stepErr, err)
+		res := stopResult(errKind(stepErr), cause.Error(), cause)
 		if res.Out.ErrStack = errStack(stepErr); res.Out.ErrStack == nil {
 			res.Out.ErrStack = errStack(err) // Handle itself panicked
 		}

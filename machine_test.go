@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/gendurabletest"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/stretchr/testify/require"
 )
 
@@ -100,13 +102,20 @@ func TestPanicInHandleStops(t *testing.T) {
 			panic("handle exploded")
 		},
 	}
-	b := setup(t, nil, m)
+	logs := &syncbuf.Buffer{}
+	cfg := fastConfig("", m)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	b := setup(t, cfg)
 	b.start()
 	id := b.insert(m.New(probeState{}))
 	r := b.waitStatus(id, "failed", 10*time.Second)
 	require.Equal(t, 0, r.Attempt)
 	require.Len(t, r.Errors, 1)
 	require.Equal(t, "step failed; Handle failed: panic: handle exploded", r.Errors[0]["error"])
+	// The log says why the instance stopped, as the row does (it said only
+	// "step failed" before).
+	eventually(t, 5*time.Second, func() bool { return strings.Contains(logs.String(), "Handle failed: panic: handle exploded") },
+		"the log line of the stop: %s", logs.String())
 	in, err := b.eng.Instance(context.Background(), id)
 	require.NoError(t, err)
 	require.Contains(t, in.Errors[0].Stack, "TestPanicInHandleStops", "the stack of Handle's own panic")

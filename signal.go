@@ -210,8 +210,13 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 	case StatusAwaitingSignal:
 		r.Signals, r.Deadline = w.Awaits, w.AwaitDeadline
 		r.Summary = "awaiting signal " + strings.Join(w.Awaits, " or ")
-		if w.AwaitDeadline != nil {
+		switch {
+		case w.AwaitDeadline == nil:
+		case w.AwaitDeadline.After(w.Now):
 			r.Summary += fmt.Sprintf(" (times out %s)", fromNow(*w.AwaitDeadline, w.Now, time.Second))
+		default:
+			r.Summary += fmt.Sprintf(" (timed out %s ago; the await-timeout sweep wakes it)",
+				w.Now.Sub(*w.AwaitDeadline).Round(time.Millisecond))
 		}
 	case StatusAwaitingChildren:
 		r.ChildrenTotal = int(w.ChildrenTotal)

@@ -1082,3 +1082,18 @@ func TestRetryOfACancelledAwaitParksItAgain(t *testing.T) {
 		require.JSONEq(t, `{"timed_out":true,"rounds":1,"need":1}`, string(r.Result), "woken by its timeout")
 	})
 }
+
+// TestWaitReasonOfAnAwaitPastItsDeadline: an await whose deadline has
+// passed and that the timeout sweep has not woken yet says so ("in -1s"
+// before).
+func TestWaitReasonOfAnAwaitPastItsDeadline(t *testing.T) {
+	t.Parallel()
+	m := awaiter(time.Hour)
+	b := setup(t, nil, m)
+	id := b.insert(m.New(waitState{}))
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'awaiting_signal', awaits = '{pay}',
+		await_deadline = now() - interval '2 seconds' WHERE id = $1`, id)
+	w, err := b.eng.WaitReason(context.Background(), id)
+	require.NoError(t, err)
+	require.Regexp(t, `^awaiting signal pay \(timed out 2\.\d+s ago; the await-timeout sweep wakes it\)$`, w.Summary)
+}
