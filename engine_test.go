@@ -2181,6 +2181,8 @@ func TestDrainTimeoutCancelsStepsWithoutCountingAnAttempt(t *testing.T) {
 	cfg.DrainTimeout = 100 * time.Millisecond
 	logs := &syncbuf.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	evs := &eventLog{}
+	cfg.Hooks = []gendurable.Hook{evs}
 	eng, err := gendurable.New(b.pool, &cfg)
 	require.NoError(t, err)
 	id := b.insert(job.New(orderArgs{})) // inserted through b.eng: same registration
@@ -2197,6 +2199,10 @@ func TestDrainTimeoutCancelsStepsWithoutCountingAnAttempt(t *testing.T) {
 	// warning "step failed … context canceled" for such steps).
 	require.Contains(t, logs.String(), "step interrupted by Stop")
 	require.NotContains(t, logs.String(), "step failed")
+	ev, ok := findEvent(evs, func(e *gendurable.StepEvent) bool { return e.InstanceID == id })
+	require.True(t, ok, "no step event")
+	require.True(t, ev.Interrupted, "the hook is told it was no failure")
+	require.ErrorIs(t, ev.Err, gendurable.ErrEngineStopped)
 }
 
 // TestDelayedRowsOfThisProcessRunOnTime: a retry's backoff, a Replay's

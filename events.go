@@ -32,6 +32,8 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 		Queue: queue, Machine: c.FSM, Version: int(c.Version), InstanceID: c.ID, Step: c.Step,
 		Attempt: int(c.Attempt), Outcome: res.Out.Kind.String(), Err: res.StepErr,
 		Duration: took, Fenced: commitErr == nil && !applied, CommitErr: commitErr,
+		Interrupted: res.Out.Kind == sqlq.KindReplay && res.Out.AttemptInc == 0 && res.Out.ErrKind != nil &&
+			(*res.Out.ErrKind == "interrupted" || *res.Out.ErrKind == "infrastructure"),
 	}
 	e.emit(ctx, ev)
 	switch {

@@ -48,6 +48,11 @@ type StepEvent struct {
 	Duration   time.Duration // user code plus outcome commit
 	Fenced     bool          // the claim token no longer matched: nothing was written
 	CommitErr  error         // the outcome could not be written at all (the lease will expire)
+	// Interrupted: not the step's failure — the engine cancelled it (a
+	// Stop, a lease it could not confirm in time) or its transaction failed
+	// on its connection. It runs again, no attempt counted, Handle not
+	// asked; Err says why (error kind "interrupted" or "infrastructure").
+	Interrupted bool
 }
 
 // PickEvent: the feeder ran one pick statement.

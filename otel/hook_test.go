@@ -35,14 +35,20 @@ func TestStepMetrics(t *testing.T) {
 	r.hook.OnEvent(ctx, step(2, "charge", "replay", 50*time.Millisecond, errors.New("card declined")))
 	r.hook.OnEvent(ctx, &gendurable.StepEvent{Queue: "q", Machine: "order", Step: "ship", InstanceID: 2, Outcome: "done", Fenced: true})
 	r.hook.OnEvent(ctx, &gendurable.StepEvent{Queue: "q", Machine: "order", Step: "ship", InstanceID: 2, Outcome: "done", CommitErr: errors.New("conn reset")})
+	// A step a Stop interrupted: it runs again, no failure.
+	r.hook.OnEvent(ctx, &gendurable.StepEvent{Queue: "q", Machine: "order", Step: "pack", InstanceID: 3, Outcome: "replay",
+		Err: gendurable.ErrEngineStopped, Interrupted: true})
 
 	rm := r.collect(t)
 	steps := mustMetric(t, rm, gdotel.MetricSteps)
 	if steps.Unit != "{step}" {
 		t.Errorf("steps unit = %q", steps.Unit)
 	}
-	if n, _ := intSum(t, steps); n != 5 {
-		t.Errorf("steps total = %d, want 5", n)
+	if n, _ := intSum(t, steps); n != 6 {
+		t.Errorf("steps total = %d, want 6", n)
+	}
+	if got, _ := intSum(t, steps, gdotel.AttrStep.String("pack"), gdotel.AttrError.Bool(false)); got != 1 {
+		t.Errorf("steps{pack, error=false} = %d, want 1 (an interrupted step is no error)", got)
 	}
 	q, m := gdotel.AttrQueue.String("q"), gdotel.AttrMachine.String("order")
 	for _, c := range []struct {
@@ -55,7 +61,7 @@ func TestStepMetrics(t *testing.T) {
 		{1, []attribute.KeyValue{gdotel.AttrOutcome.String("done"), gdotel.AttrFenced.Bool(true)}},
 		{1, []attribute.KeyValue{gdotel.AttrOutcome.String("done"), gdotel.AttrCommitError.Bool(true)}},
 		{3, []attribute.KeyValue{gdotel.AttrOutcome.String("done")}},
-		{4, []attribute.KeyValue{gdotel.AttrError.Bool(false)}},
+		{5, []attribute.KeyValue{gdotel.AttrError.Bool(false)}},
 	} {
 		if got, _ := intSum(t, steps, c.attrs...); got != c.want {
 			t.Errorf("steps%v = %d, want %d", c.attrs, got, c.want)
@@ -67,8 +73,8 @@ func TestStepMetrics(t *testing.T) {
 		t.Errorf("step.duration unit = %q", dur.Unit)
 	}
 	count, sum := histCount(t, dur)
-	if count != 5 || math.Abs(sum-0.35) > 1e-9 {
-		t.Errorf("step.duration count=%d sum=%v, want 5, 0.35", count, sum)
+	if count != 6 || math.Abs(sum-0.35) > 1e-9 {
+		t.Errorf("step.duration count=%d sum=%v, want 6, 0.35", count, sum)
 	}
 	if c, s := histCount(t, dur, gdotel.AttrStep.String("ship"), gdotel.AttrFenced.Bool(false), gdotel.AttrCommitError.Bool(false)); c != 1 || math.Abs(s-0.2) > 1e-9 {
 		t.Errorf("step.duration{ship} count=%d sum=%v, want 1, 0.2", c, s)

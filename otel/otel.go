@@ -75,7 +75,7 @@ const (
 	AttrMachineVersion = attribute.Key("gendurable.machine.version")
 	AttrStep           = attribute.Key("gendurable.step")
 	AttrOutcome        = attribute.Key("gendurable.outcome")
-	AttrError          = attribute.Key("gendurable.error")        // bool: the step (or pick) returned an error
+	AttrError          = attribute.Key("gendurable.error")        // bool: the step (or pick) returned an error (not for a step the engine interrupted: StepEvent.Interrupted)
 	AttrFenced         = attribute.Key("gendurable.fenced")       // bool: the outcome was fenced out (lease lost)
 	AttrCommitError    = attribute.Key("gendurable.commit_error") // bool: the outcome could not be written
 	AttrInstanceID     = attribute.Key("gendurable.instance.id")
@@ -370,7 +370,7 @@ func (h *Hook) onStep(ctx context.Context, e *gendurable.StepEvent) {
 			span.RecordError(fmt.Errorf("outcome not committed: %w", e.CommitErr))
 		}
 		switch {
-		case e.Err != nil:
+		case e.Err != nil && !e.Interrupted: // an interruption is no failure: it runs again
 			span.SetStatus(codes.Error, e.Err.Error())
 		case e.CommitErr != nil:
 			span.SetStatus(codes.Error, "outcome not committed: "+e.CommitErr.Error())
@@ -513,7 +513,7 @@ func (c *attrCache[K]) get(k K, build func() attribute.Set) metric.MeasurementOp
 }
 
 func (h *Hook) stepOpt(e *gendurable.StepEvent) metric.MeasurementOption {
-	k := stepKey{e.Queue, e.Machine, e.Step, e.Outcome, e.Err != nil, e.Fenced, e.CommitErr != nil}
+	k := stepKey{e.Queue, e.Machine, e.Step, e.Outcome, e.Err != nil && !e.Interrupted, e.Fenced, e.CommitErr != nil}
 	return h.stepAttrs.get(k, func() attribute.Set {
 		return attribute.NewSet(
 			AttrQueue.String(k.queue),
