@@ -5,8 +5,6 @@ import (
 	"errors"
 	"sync"
 	"time"
-
-	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
 // JobStep is the name of a job's single step.
@@ -65,9 +63,9 @@ func (j *Job[T]) definition() (*machineCore, error) {
 				case err == nil:
 					return Done(nil), nil
 				case errors.As(err, &snooze):
-					// No state: the args stay as stored (a newer deploy's
-					// fields this T lacks included), as the default retry's.
-					return Outcome{kind: sqlq.KindReplay, delay: snooze.Delay, snooze: true}, nil
+					o := replayAsStored(snooze.Delay) // the args as stored, as the default retry's
+					o.snooze = true
+					return o, nil
 				}
 				return Outcome{}, err
 			}},

@@ -479,11 +479,10 @@ func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Out
 	if r.Attempt+1 >= r.MaxAttempts {
 		return Stop(fmt.Sprintf("attempts exhausted (%d of %d)", r.Attempt+1, r.MaxAttempts)), nil
 	}
-	// A retry that carries no state keeps the stored bytes: re-encoding
-	// r.State would drop what this binary's S does not know — fields a
-	// newer deploy added, while this worker fails at a step only the newer
-	// one declares (TestTheDefaultRetryKeepsTheStoredState).
-	return Outcome{kind: sqlq.KindReplay, delay: m.core.retryDelay(r.Attempt)}, nil
+	// The stored state, not r.State re-encoded: this worker may be failing
+	// at a step only a newer deploy declares, whose state has fields this
+	// S lacks (TestTheDefaultRetryKeepsTheStoredState).
+	return replayAsStored(m.core.retryDelay(r.Attempt)), nil
 }
 
 // retryDelay is the machine's Backoff for attempt, or DefaultBackoff's

@@ -124,6 +124,14 @@ func (r *Run[S]) Replay(state S, delay time.Duration) Outcome {
 	return Outcome{kind: sqlq.KindReplay, state: state, hasState: true, delay: delay}
 }
 
+// replayAsStored is a Replay that carries no state: the row keeps its state
+// as stored, byte for byte — fields this binary's type lacks (a newer
+// deploy's) included, which re-encoding r.State would drop. The default
+// Handle's retry and a job's snooze use it.
+func replayAsStored(delay time.Duration) Outcome {
+	return Outcome{kind: sqlq.KindReplay, delay: delay}
+}
+
 // Await parks the instance until a signal with one of names arrives (see
 // [Engine.Signal]); it then runs nextStep with state, and the step sees the
 // matching signals in [Run.Awaited]. If a matching signal is already in the

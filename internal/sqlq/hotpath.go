@@ -41,11 +41,14 @@ CROSS JOIN LATERAL (SELECT (p.c).*) AS i`
 // migration 020): a signal that committed after the snapshot was taken,
 // while the claim waited for the row or just before it locked it, is
 // counted in the row but missing from the list (docs/design.md §2). skip
-// is a bigint[] of signals the statement itself consumes.
+// is a bigint[] of signals the statement itself consumes. A row whose
+// counts are empty has no signal (list is NULL then): nothing is counted
+// for it, the common case on the hot path.
 func freshInbox(list, row, skip string) string {
-	return `(SELECT CASE WHEN coalesce(jsonb_array_length(l.r), 0) >= ` + heldSignals(row+`.inbox`) + ` THEN l.r
-                 ELSE {{schema}}.gendurable_inbox_fresh(` + row + `.id, ` + skip + `) END
-        FROM (SELECT ` + list + ` AS r) AS l)`
+	return `CASE WHEN ` + row + `.inbox <> '{}'::jsonb THEN
+        (SELECT CASE WHEN coalesce(jsonb_array_length(l.r), 0) >= ` + heldSignals(row+`.inbox`) + ` THEN l.r
+                     ELSE {{schema}}.gendurable_inbox_fresh(` + row + `.id, ` + skip + `) END
+         FROM (SELECT ` + list + ` AS r) AS l) END`
 }
 
 // inboxRowsSQL is the unconsumed signals of row i, oldest first, as one JSON

@@ -367,7 +367,7 @@ WITH locked AS MATERIALIZED (
         FROM locked AS l) AS o
   WHERE i.id = o.id
   RETURNING i.id, i.status, i.parent_id, i.parent_fanout, i.queue, i.claim_token, i.partition_key,
-            CASE WHEN o.cont AND i.inbox <> '{}'::jsonb THEN ` + freshInbox(continuedInbox, `i`, continuedSkip) + ` END AS inbox_rows,
+            CASE WHEN o.cont THEN ` + freshInbox(continuedInbox, `i`, continuedSkip) + ` END AS inbox_rows,
             ` + resweep + ` AS resweep
 )`)
 	if shape&shapeTerminal != 0 {
