@@ -76,14 +76,14 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 	case errors.Is(res.StepErr, ErrInfrastructure):
 		e.log.Warn("gendurable: step's transaction failed on its connection; it runs again without counting an attempt",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt, "err", res.StepErr)
-	case errors.Is(res.StepErr, ErrEngineStopped) && res.Out.Kind == sqlq.KindReplay:
+	case ev.Interrupted && errors.Is(res.StepErr, ErrEngineStopped):
 		// A Stop's cancel, as documented: no failure (kind interrupted, no
 		// attempt counted).
 		e.log.Info("gendurable: step interrupted by Stop; it runs again, no attempt counted",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt)
-	case errors.Is(res.StepErr, ErrLeaseLost) && res.Out.Kind == sqlq.KindReplay && res.Out.AttemptInc == 0:
-		// The engine cancelled it: no heartbeat confirmed its lease in time.
-		// Not the step's failure (kind interrupted, no attempt counted).
+	case ev.Interrupted:
+		// The engine cancelled it: no heartbeat confirmed its lease in time
+		// (ErrLeaseLost). Not the step's failure either.
 		e.log.Warn("gendurable: step interrupted: its lease could not be confirmed in time; it runs again, no attempt counted",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt)
 	case res.StepErr != nil:
