@@ -231,8 +231,10 @@ func TestPickRefusesRepeatableRead(t *testing.T) {
 
 // TestPickVisitsEachKeyOnce: a pick whose walk goes round every key —
 // from an empty cursor, or from the last key, where such a walk leaves the
-// cursor — visits each key once: three full keys are counted full three
-// times, not six (version 6 walked them all again in its second phase).
+// cursor (the lowest: the walk goes down the keys since version 21), or
+// from the top key — visits each key once: three full keys are counted
+// full three times, not six (version 6 walked them all again in its second
+// phase).
 func TestPickVisitsEachKeyOnce(t *testing.T) {
 	t.Parallel()
 	q, exec, _, conn := keySetup(t)
@@ -241,7 +243,7 @@ func TestPickVisitsEachKeyOnce(t *testing.T) {
 	      SELECT 'm', 'a', 'k' || g, 'executing', g, now() + interval '1 hour' FROM generate_series(1, 3) g`)
 	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key) SELECT 'm', 'a', 'k' || g FROM generate_series(1, 3) g`)
 	c := conn()
-	for _, cursor := range []string{"", "k3"} {
+	for _, cursor := range []string{"", "k1", "k3"} {
 		res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute, Cursor: cursor})
 		require.NoError(t, err)
 		require.Empty(t, res.Claimed)

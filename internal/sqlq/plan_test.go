@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -35,6 +36,7 @@ type planNode struct {
 	RemovedByFilter float64    `json:"Rows Removed by Filter"`
 	RemovedByJoin   float64    `json:"Rows Removed by Join Filter"`
 	RemovedByCheck  float64    `json:"Rows Removed by Index Recheck"`
+	HeapFetches     float64    `json:"Heap Fetches"`
 	Plans           []planNode `json:"Plans"`
 }
 
@@ -827,8 +829,10 @@ func ptr(s string) *string { return &s }
 // row each, a pick claims a batch of other keys' rows without reading the
 // hot key's backlog — every plan of the pick, the statements inside its
 // function included, touches O(batch) rows — and the next pick, from the
-// returned cursor, goes on with the keys after them (round robin). A key's
-// policy limit lets that many of its rows run, counting the live holder.
+// returned cursor, goes on with the keys below them (round robin, down the
+// keys since version 21). A key's policy limit lets that many of its rows
+// run, counting the live holder. The hot key is "zhot": above the others,
+// the first walk begins at its tail.
 func TestKeyedPickIsBoundedByTheBatch(t *testing.T) {
 	if testing.Short() {
 		t.Skip("seeds 210k rows")
@@ -841,11 +845,11 @@ func TestKeyedPickIsBoundedByTheBatch(t *testing.T) {
 	s := `"` + schema + `"`
 	for _, sql := range []string{
 		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, partition_key, eligible_at)
-		 SELECT 'm', 'a', 'hot', now() - interval '1 hour' + g * interval '1 millisecond' FROM generate_series(1, 200000) g`,
+		 SELECT 'm', 'a', 'zhot', now() - interval '1 hour' + g * interval '1 millisecond' FROM generate_series(1, 200000) g`,
 		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, partition_key)
 		 SELECT 'm', 'a', 'key-' || lpad(g::text, 5, '0') FROM generate_series(1, 10000) g`,
 		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, partition_key, status, claim_token, lease_expires_at)
-		 VALUES ('m', 'a', 'hot', 'executing', 1, now() + interval '1 hour')`,
+		 VALUES ('m', 'a', 'zhot', 'executing', 1, now() + interval '1 hour')`,
 		`ANALYZE ` + s + `.gendurable_instances`,
 	} {
 		_, err := pool.Exec(ctx, sql)
@@ -867,44 +871,117 @@ func TestKeyedPickIsBoundedByTheBatch(t *testing.T) {
 		last = res
 		return res.Claimed, res.Cursor
 	}
-	got, cursor := pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute})
-	require.Len(t, got, batch)
-	for i, c := range got {
-		require.Equal(t, fmt.Sprintf("key-%05d", i+1), *c.PartitionKey, "keys in order, one row each, none of the full hot key")
+	keys := func(got []sqlq.Claimed) []string {
+		var ks []string
+		for _, c := range got {
+			ks = append(ks, *c.PartitionKey)
+		}
+		sort.Strings(ks)
+		return ks
 	}
-	require.Equal(t, "key-00050", cursor)
+	walked := func(from, to int) []string { // key-<from> … key-<to>, ascending
+		var ks []string
+		for i := from; i <= to; i++ {
+			ks = append(ks, fmt.Sprintf("key-%05d", i))
+		}
+		return ks
+	}
+	// The walk goes down the keys from the top (version 21).
+	got, cursor := pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute})
+	require.Equal(t, walked(10000-batch+1, 10000), keys(got), "the top keys, one row each, none of the full hot key")
+	require.Equal(t, "key-09951", cursor)
 	got, cursor = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: cursor})
-	require.Len(t, got, batch)
-	require.Equal(t, "key-00051", *got[0].PartitionKey, "the next pick goes on after the cursor")
-	require.Equal(t, "key-00100", cursor)
+	require.Equal(t, walked(10000-2*batch+1, 10000-batch), keys(got), "the next pick goes on below the cursor")
+	require.Equal(t, "key-09901", cursor)
 
-	// A policy of 3 for "hot": two more of its rows may run beside the
+	// A policy of 3 for "zhot": two more of its rows may run beside the
 	// holder — but by fair share, not while the keys walked with it hold
 	// nothing: they get the batch. Hot, holding more than any of them, has
 	// had its turn: the cursor moves past it (version 12 kept it before
-	// hot, so the same keys after hot got every batch).
-	policies := []sqlq.KeyPolicy{{Prefix: "h", Limit: 2}, {Prefix: "ho", Limit: 3}}
-	got, cursor = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "hos", Policies: policies})
+	// hot, so the same keys after hot got every batch). The walk from "zhou"
+	// meets zhot first, then the keys below it.
+	policies := []sqlq.KeyPolicy{{Prefix: "z", Limit: 2}, {Prefix: "zh", Limit: 3}}
+	got, cursor = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "zhou", Policies: policies})
 	require.Len(t, got, batch)
 	for _, c := range got {
-		require.NotEqual(t, "hot", *c.PartitionKey, "hot holds a slot, the keys after it none")
+		require.NotEqual(t, "zhot", *c.PartitionKey, "hot holds a slot, the keys after it none")
 	}
-	require.Greater(t, cursor, "hot", "hot, holding more than the keys served, does not hold the cursor")
+	require.True(t, strings.HasPrefix(cursor, "key-"),
+		"hot, holding more than the keys served, does not hold the cursor: %q", cursor)
 	// Walked alone, hot gets its room.
-	got, _ = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "hos", MaxKeys: 1, Policies: policies})
+	got, _ = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "zhou", MaxKeys: 1, Policies: policies})
 	hot := 0
 	for _, c := range got {
-		if *c.PartitionKey == "hot" {
+		if *c.PartitionKey == "zhot" {
 			hot++
 		}
 	}
 	require.Equal(t, 2, hot, "the longest prefix's limit, minus the live holder")
-	// hot is full now: a pick counts its visit under its policy, "ho".
-	_, _ = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "hos", Policies: policies})
+	// hot is full now: a pick counts its visit under its policy, "zh".
+	_, _ = pick(sqlq.PickOpts{Limit: batch, Lease: time.Minute, Cursor: "zhou", Policies: policies})
 	require.Len(t, last.KeysFull, 3)
 	require.Zero(t, last.KeysFull[0]+last.KeysFull[1], "no full key under the other policies")
-	require.Positive(t, last.KeysFull[2], "hot counted full under \"ho\"")
+	require.Positive(t, last.KeysFull[2], "hot counted full under \"zh\"")
 	require.Equal(t, []int32{0, 0, 0}, last.KeysRated)
+}
+
+// TestTheKeyWalkSeeksEachKeysTail (docs/design.md §6, "Taking slots"): the
+// pick's walk over the keys lands on each key's tail, its latest runnable
+// rows, not on its head, where the entries of the rows claimed since the
+// last vacuum lie. 40 keys of 60 rows, each key's rows inserted by one
+// statement (one now(): their entries share a posting list, which is marked
+// dead only when every row in it is), the first 40 of each finished, every
+// key full: version 20's walk, seeking each key's head, fetched the heap
+// tuples of those 40 for every key it visited (1,640 for this walk); version
+// 21's fetches one per key.
+func TestTheKeyWalkSeeksEachKeysTail(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	s := `"` + schema + `"`
+	const keys, rows, claimed = 40, 60, 40
+	stmts := []string{`ALTER TABLE ` + s + `.gendurable_instances SET (autovacuum_enabled = off)`}
+	for k := 1; k <= keys; k++ {
+		stmts = append(stmts, fmt.Sprintf(`INSERT INTO %s.gendurable_instances (fsm, step, partition_key)
+			SELECT 'm', 'a', 'k%02d' FROM generate_series(1, %d)`, s, k, rows))
+	}
+	stmts = append(stmts,
+		fmt.Sprintf(`UPDATE %s.gendurable_instances SET status = 'done', finished_at = now()
+		 WHERE id IN (SELECT x.id FROM (SELECT id, row_number() OVER (PARTITION BY partition_key ORDER BY id) AS rn
+		                                FROM %s.gendurable_instances) AS x WHERE x.rn <= %d)`, s, s, claimed),
+		fmt.Sprintf(`INSERT INTO %s.gendurable_instances (fsm, step, partition_key, status, claim_token, lease_expires_at)
+		 SELECT 'm', 'a', 'k' || lpad(g::text, 2, '0'), 'executing', g, now() + interval '1 hour' FROM generate_series(1, %d) g`, s, keys))
+	for _, sql := range stmts {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	conn, rec := explainConn(t)
+	_, err = conn.Exec(ctx, "SET search_path = "+s)
+	require.NoError(t, err)
+	rec.reset()
+	res, err := q.Pick(ctx, conn, "default", sqlq.PickOpts{Limit: keys, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Empty(t, res.Claimed)
+	require.Equal(t, []int32{keys}, res.KeysFull, "the walk visited every key, each full")
+	walks, fetches := 0, 0.0
+	for _, plan := range rec.all(t) {
+		walk := false
+		plan.walk(func(n planNode) { walk = walk || n.NodeType == "Recursive Union" })
+		if !walk {
+			continue
+		}
+		walks++
+		plan.walk(func(n planNode) {
+			if n.Index == "gendurable_instances_pick_keyed" {
+				fetches += n.HeapFetches
+			}
+		})
+	}
+	require.Positive(t, walks)
+	t.Logf("%d walk statements fetched %v heap tuples for %d keys", walks, fetches, keys)
+	require.LessOrEqual(t, fetches, float64(2*keys), "the walk read the entries of claimed rows")
 }
 
 // TestKeyedPickClaimsByPrimaryKey (docs/design.md §5, §6): on a small,
