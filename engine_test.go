@@ -1843,8 +1843,12 @@ func TestReaperFailsAfterMaxAttemptsOfExpiredLeases(t *testing.T) {
 	}
 	r := b.row(id)
 	require.Equal(t, "failed", r.Status, "no poison loop: failed after max attempts")
-	require.Equal(t, 2, r.Attempt)
+	// It failed on its second attempt, and says so as a step that returned
+	// an error on it would (Attempt+1 = MaxAttempts; it said 3 of 2).
+	require.Equal(t, 1, r.Attempt)
 	require.Len(t, r.Errors, 2)
+	require.EqualValues(t, 0, r.Errors[0]["attempt"])
+	require.EqualValues(t, 1, r.Errors[1]["attempt"])
 	require.Contains(t, r.Errors[1]["error"], "attempts exhausted")
 	require.NotNil(t, r.FinishedAt)
 }

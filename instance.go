@@ -96,6 +96,9 @@ type Instance struct {
 	// not the expired lease of a prefetched claim whose step never started,
 	// see [StepError].Uncharged).
 	// Attempt+1 is the run's number ("attempt 1 of 3"), as the CLI shows it.
+	// A failed instance keeps the attempt it failed on: Attempt+1 is
+	// MaxAttempts when its attempts ran out, whether the last one returned
+	// an error or its lease expired.
 	Attempt     int       `json:"attempt"`
 	MaxAttempts int       `json:"max_attempts"`
 	EligibleAt  time.Time `json:"eligible_at"`

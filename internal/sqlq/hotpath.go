@@ -424,7 +424,9 @@ WITH expired AS MATERIALIZED (
 ), changed AS (
 UPDATE {{schema}}.gendurable_instances AS i
 SET status = CASE WHEN e.fails THEN 'failed' ELSE 'runnable' END::{{schema}}.gendurable_status,
-    attempt = i.attempt + CASE WHEN e.free THEN 0 ELSE 1 END,
+    -- A row whose attempts ran out keeps the attempt it failed on, as one
+    -- whose last attempt returned an error does (Attempt+1 = MaxAttempts).
+    attempt = i.attempt + CASE WHEN e.free OR e.fails THEN 0 ELSE 1 END,
     lease_expires_at = NULL,
     claim_token = NULL,
     finished_at = CASE WHEN e.fails THEN now() END,

@@ -954,8 +954,10 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	}
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
 		WHERE id = 1 AND status = 'runnable' AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true}'`))
+	// Failed on their one attempt (max_attempts 1), which they keep: a row
+	// failed by its lease said attempt 2 of 1.
 	require.Equal(t, 3, count(`SELECT count(*) FROM {{s}}.gendurable_instances
-		WHERE status = 'failed' AND attempt = 1 AND errors -> -1 @> '{"kind": "lease_expired"}'
+		WHERE status = 'failed' AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired"}'
 		  AND NOT errors -> -1 ? 'uncharged' AND errors -> -1 ->> 'error' LIKE '%attempts exhausted'`))
 	for id, tok := range tokens {
 		require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
@@ -973,7 +975,7 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	require.True(t, r.Charged, "a second free expiry of one attempt")
 	require.Equal(t, "failed", r.Status)
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
-		WHERE id = 1 AND attempt = 1 AND jsonb_array_length(errors) = 3`))
+		WHERE id = 1 AND attempt = 0 AND jsonb_array_length(errors) = 3`), "failed on its one attempt, which it keeps")
 }
 
 // TestClearUnstartedSkipsALockedRow: clearing the not-started marks of three
