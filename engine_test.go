@@ -1706,7 +1706,7 @@ func TestKilledWorkersPrefetchedClaimsCostNoAttempt(t *testing.T) {
 		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status IN ('done', 'failed')`) == 9
 	}, "not every instance finished")
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
-		WHERE status = 'failed' AND attempt = 1 AND jsonb_array_length(errors) = 1
+		WHERE status = 'failed' AND attempt = 0 AND jsonb_array_length(errors) = 1
 		  AND errors -> 0 @> '{"kind": "lease_expired"}' AND NOT errors -> 0 ? 'uncharged'
 		  AND errors -> 0 ->> 'error' LIKE '%attempts exhausted'`), "the running step's lost run is charged")
 	require.Equal(t, 8, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances

@@ -175,12 +175,13 @@ func firstEscaped[T string | []byte](s T, set set, decode func(T) (rune, int)) i
 func Attempt(attempt int) int { return attempt + 1 }
 
 // Run is the run an instance is on, shown beside its max attempts ("run of
-// max"): [Attempt], except for an instance the reaper failed after its last
-// lease expired, whose attempt count it raised to max attempts (the reaper
-// counts the expired run, docs/design.md §4): its last run shows as "3 of
-// 3", not "4 of 3". Only that case: a step that replayed past its budget
-// ([gendurable.Run.Replay] is not stopped by it) is on its 6th run at
-// attempt 5 and shows "6 of 3", not "3 of 3".
+// max"): [Attempt], except for an instance the reaper of an engine before
+// schema version 21 failed after its last lease expired, whose attempt
+// count it raised to max attempts: its last run shows as "3 of 3", not "4
+// of 3" (the reaper has kept the attempt it fails a row on since). Only
+// that case: a step that replayed past its budget ([gendurable.Run.Replay]
+// is not stopped by it) is on its 6th run at attempt 5 and shows "6 of 3",
+// not "3 of 3".
 func Run(attempt, maxAttempts int, status gendurable.Status) int {
 	if status == gendurable.StatusFailed && maxAttempts > 0 && attempt == maxAttempts {
 		return maxAttempts

@@ -965,7 +965,16 @@ func TestTheKeyWalkSeeksEachKeysTail(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, res.Claimed)
 	require.Equal(t, []int32{keys}, res.KeysFull, "the walk visited every key, each full")
-	walks, fetches := 0, 0.0
+	walks, fetches := walkFetches(t, rec)
+	t.Logf("%d walk statements fetched %v heap tuples for %d keys", walks, fetches, keys)
+	require.LessOrEqual(t, fetches, float64(2*keys), "the walk read the entries of claimed rows")
+}
+
+// walkFetches is how many walk statements of the pick (its loose scan over
+// the keys: the statement with a recursive union) rec saw, and the heap
+// tuples their probes of the keyed pick index fetched.
+func walkFetches(t *testing.T, rec *planRecorder) (walks int, fetches float64) {
+	t.Helper()
 	for _, plan := range rec.all(t) {
 		walk := false
 		plan.walk(func(n planNode) { walk = walk || n.NodeType == "Recursive Union" })
@@ -980,8 +989,49 @@ func TestTheKeyWalkSeeksEachKeysTail(t *testing.T) {
 		})
 	}
 	require.Positive(t, walks)
+	return walks, fetches
+}
+
+// TestTheKeyWalkStopsAtItsQueue (docs/design.md §6, "The walk lands on a
+// key's tail"): a walk that reaches the lowest key of its queue does not
+// read on into the queues whose names sort below it. Queue "bulk" has 2,000
+// keyed rows that have just finished (their entries not vacuumed yet);
+// queue "default" has 20 full keys. A pick of "default" walks its 20 keys:
+// the first form of version 21, whose probe was bounded by the row
+// comparison alone, went on below "default" through every one of bulk's
+// entries (2,000 heap fetches).
+func TestTheKeyWalkStopsAtItsQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	s := `"` + schema + `"`
+	const keys = 20
+	for _, sql := range []string{
+		`ALTER TABLE ` + s + `.gendurable_instances SET (autovacuum_enabled = off)`,
+		`INSERT INTO ` + s + `.gendurable_instances (fsm, step, queue, partition_key)
+		 SELECT 'm', 'a', 'bulk', 'b' || lpad(k::text, 3, '0') FROM generate_series(1, 200) k, generate_series(1, 10)`,
+		`UPDATE ` + s + `.gendurable_instances SET status = 'done', finished_at = now() WHERE queue = 'bulk'`,
+		fmt.Sprintf(`INSERT INTO %s.gendurable_instances (fsm, step, partition_key)
+		 SELECT 'm', 'a', 'd' || lpad(g::text, 2, '0') FROM generate_series(1, %d) g`, s, keys),
+		fmt.Sprintf(`INSERT INTO %s.gendurable_instances (fsm, step, partition_key, status, claim_token, lease_expires_at)
+		 SELECT 'm', 'a', 'd' || lpad(g::text, 2, '0'), 'executing', g, now() + interval '1 hour' FROM generate_series(1, %d) g`, s, keys),
+	} {
+		_, err := pool.Exec(ctx, sql)
+		require.NoError(t, err, sql)
+	}
+	conn, rec := explainConn(t)
+	_, err = conn.Exec(ctx, "SET search_path = "+s)
+	require.NoError(t, err)
+	rec.reset()
+	res, err := q.Pick(ctx, conn, "default", sqlq.PickOpts{Limit: keys, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Empty(t, res.Claimed)
+	require.Equal(t, []int32{keys}, res.KeysFull, "the walk visited every key of its queue, each full")
+	walks, fetches := walkFetches(t, rec)
 	t.Logf("%d walk statements fetched %v heap tuples for %d keys", walks, fetches, keys)
-	require.LessOrEqual(t, fetches, float64(2*keys), "the walk read the entries of claimed rows")
+	require.LessOrEqual(t, fetches, float64(2*keys), "the walk read another queue's entries")
 }
 
 // TestKeyedPickClaimsByPrimaryKey (docs/design.md §5, §6): on a small,

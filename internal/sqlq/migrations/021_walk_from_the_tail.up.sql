@@ -8,11 +8,11 @@
 -- bench's partition workload, where 40 would do. The walk now goes down the keys, each probe
 -- seeking to the last entry before the key it stands on: the key's tail, its most recently
 -- inserted rows, which are runnable. A round robin as before, in descending key order; the
--- cursor is the last key walked, and the next walk goes on below it. The seek is a row
--- comparison on (queue, partition_key) with the queue checked outside the probe: with an
--- equality on the queue beside it, PostgreSQL 15 starts a backward scan at the end of the
--- queue's range and reads every key above the cursor. Otherwise version 18's pick, replaced in
--- place (same arguments and result).
+-- cursor is the last key walked, and the next walk goes on below it. The seek starts at a row
+-- comparison on (queue, partition_key) and ends at queue >= the queue, which is checked again
+-- on the entry found: with an equality on the queue instead, PostgreSQL 15 starts a backward
+-- scan at the end of the queue's range and reads every key above the cursor. Otherwise version
+-- 18's pick, replaced in place (same arguments and result).
 --
 -- The keyed pick index stops deduplicating: a backward scan returns a posting list's rows in
 -- ascending order too, so a key whose rows were inserted together (one now(): equal entries, one
@@ -206,9 +206,12 @@ BEGIN
       -- per key, each a backward seek that lands on the key's tail — its
       -- latest rows, runnable — not on its head, behind the entries of the
       -- rows claimed since the last vacuum (see the top). The row comparison
-      -- is the seek's only bound: with the queue's equality beside it the
-      -- scan would start at the end of the queue's keys; the queue is checked
-      -- on the one entry found. Only the keyed pick index serves that order
+      -- is where the seek starts (with the queue's equality beside it the
+      -- scan would start at the end of the queue's keys), queue >= p_queue
+      -- where it ends: below the queue's lowest key a probe would read on
+      -- through the other queues' entries until one visible to it, however
+      -- many (a review: 100k heap fetches past a finished queue). The queue
+      -- is checked on the one entry found. Only the keyed pick index serves that order
       -- (the index of migration 004 holds every row of a key, done ones
       -- too). Past the wrap, only keys down to the cursor the walk started
       -- from.
@@ -221,7 +224,7 @@ BEGIN
                  (SELECT z.k FROM (
                     SELECT x.queue AS q, x.partition_key AS k FROM {{schema}}.gendurable_instances AS x
                     WHERE x.status = 'runnable' AND x.partition_key IS NOT NULL
-                      AND (x.queue, x.partition_key) < (p_queue, cur)
+                      AND (x.queue, x.partition_key) < (p_queue, cur) AND x.queue >= p_queue
                     ORDER BY x.queue DESC, x.partition_key DESC LIMIT 1) AS z
                   WHERE z.q = p_queue)
                END, 1
@@ -229,7 +232,7 @@ BEGIN
         SELECT (SELECT z.k FROM (
                   SELECT x.queue AS q, x.partition_key AS k FROM {{schema}}.gendurable_instances AS x
                   WHERE x.status = 'runnable' AND x.partition_key IS NOT NULL
-                    AND (x.queue, x.partition_key) < (p_queue, w.k)
+                    AND (x.queue, x.partition_key) < (p_queue, w.k) AND x.queue >= p_queue
                   ORDER BY x.queue DESC, x.partition_key DESC LIMIT 1) AS z
                 WHERE z.q = p_queue), w.i + 1
         FROM w WHERE w.k IS NOT NULL AND w.i < chunk)
