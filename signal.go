@@ -171,6 +171,11 @@ type WaitReason struct {
 	// QueuePaused: a runnable instance whose queue is paused
 	// ([Engine.Pause]): no process picks it until the queue is resumed.
 	QueuePaused bool `json:"queue_paused,omitempty"`
+	// Unstarted: an executing instance claimed ahead of a free slot
+	// ([QueueConfig.Prefetch]) whose step had not started at its worker's
+	// last heartbeat: it waits in that worker's buffer. A claim newer than
+	// the worker's last heartbeat is not marked yet, and reads as running.
+	Unstarted bool `json:"unstarted,omitempty"`
 	// Summary is one human sentence, e.g. "awaiting signal payment (times
 	// out in 14m)".
 	Summary string `json:"summary"`
@@ -255,6 +260,11 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 	case StatusExecuting:
 		r.LeaseExpiresAt = w.LeaseExpiresAt
 		r.Summary = "running step " + w.Step
+		if w.Unstarted {
+			r.Unstarted = true
+			r.Summary = "claimed by a worker ahead of a free slot (prefetched), step " + w.Step +
+				" not started as of its last heartbeat"
+		}
 	default:
 		r.Summary = "finished (" + string(r.Status) + ")"
 	}

@@ -1097,3 +1097,53 @@ func TestWaitReasonOfAnAwaitPastItsDeadline(t *testing.T) {
 	require.NoError(t, err)
 	require.Regexp(t, `^awaiting signal pay \(timed out 2(\.\d+)?s ago; the await-timeout sweep wakes it\)$`, w.Summary)
 }
+
+// TestWaitReasonOfAPrefetchedClaim: with one running slot, a second claim
+// waits in the worker's prefetch buffer; once a heartbeat has marked it not
+// started, its wait reason says so, not "running step" (an operator looking
+// at an executing row that never starts). The running one says running.
+func TestWaitReasonOfAPrefetchedClaim(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	job := &gendurable.Job[orderArgs]{Name: "prefetched", Perform: func(ctx context.Context, r *gendurable.Run[orderArgs]) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 1, PollInterval: 20 * time.Millisecond}}
+	cfg.HeartbeatInterval = 100 * time.Millisecond
+	b := setup(t, cfg)
+	ctx := context.Background()
+	first := b.insert(job.New(orderArgs{I: 1}))
+	second := b.insert(job.New(orderArgs{I: 2}))
+	b.start()
+	defer close(release)
+	var running, waiting int64
+	eventually(t, 5*time.Second, func() bool {
+		w1, err := b.eng.WaitReason(ctx, first)
+		require.NoError(t, err)
+		w2, err := b.eng.WaitReason(ctx, second)
+		require.NoError(t, err)
+		switch {
+		case w1.Unstarted && w2.Status == gendurable.StatusExecuting && !w2.Unstarted:
+			running, waiting = second, first
+		case w2.Unstarted && w1.Status == gendurable.StatusExecuting && !w1.Unstarted:
+			running, waiting = first, second
+		default:
+			return false
+		}
+		return true
+	}, "no claim was marked not started while the other ran")
+	w, err := b.eng.WaitReason(ctx, waiting)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusExecuting, w.Status)
+	require.Contains(t, w.Summary, "(prefetched), step perform not started as of its last heartbeat")
+	require.NotNil(t, w.LeaseExpiresAt)
+	w, err = b.eng.WaitReason(ctx, running)
+	require.NoError(t, err)
+	require.Equal(t, "running step perform", w.Summary)
+	require.False(t, w.Unstarted)
+}
