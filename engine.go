@@ -1221,9 +1221,13 @@ func (s *schedEvents) Saturation(queue string, inFlight, buffered, concurrency, 
 	s.e.emit(s.e.ownCtx, &SaturationEvent{Queue: queue, InFlight: inFlight, Buffered: buffered, Concurrency: concurrency, Prefetch: prefetch})
 }
 
-func (s *schedEvents) LeaseLost(queue string, id int64) {
-	s.e.log.Warn("gendurable: lease lost; cancelling the step", "queue", queue, "id", id)
-	s.e.emit(s.e.ownCtx, &LeaseLostEvent{Queue: queue, InstanceID: id})
+func (s *schedEvents) LeaseLost(queue string, id int64, running bool) {
+	if running {
+		s.e.log.Warn("gendurable: lease lost; cancelling the step", "queue", queue, "id", id)
+	} else {
+		s.e.log.Warn("gendurable: lease lost before the step started; the claim is dropped, no step ran", "queue", queue, "id", id)
+	}
+	s.e.emit(s.e.ownCtx, &LeaseLostEvent{Queue: queue, InstanceID: id, Unstarted: !running})
 }
 
 func (s *schedEvents) HeartbeatFailed(queue string, err error) {

@@ -123,10 +123,14 @@ type UnknownVersionEvent struct {
 }
 
 // LeaseLostEvent: a held row's lease was found gone (reaped after a stall,
-// or the row was changed by an operator). Its step context is cancelled.
+// or the row was changed by an operator), or could no longer be confirmed
+// in time (no heartbeat extended it before its local deadline). Its step
+// context is cancelled; or, with Unstarted, the claim was waiting in the
+// prefetch buffer: no step ran, and none is cancelled.
 type LeaseLostEvent struct {
 	Queue      string
 	InstanceID int64
+	Unstarted  bool
 }
 
 // PartitionContendedEvent was emitted when a claimed row's partition key

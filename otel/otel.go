@@ -85,6 +85,9 @@ const (
 	// AttrUncharged (bool): reaped rows returned without an attempt
 	// charged (prefetched claims whose steps never started).
 	AttrUncharged = attribute.Key("gendurable.uncharged")
+	// AttrUnstarted (bool): lost leases of claims that waited in the
+	// prefetch buffer (no step ran, none was cancelled).
+	AttrUnstarted = attribute.Key("gendurable.unstarted")
 	// AttrKeyPolicy is the prefix of the KeyPolicy a partition key fell
 	// under, or "(default)" for keys no policy matches.
 	AttrKeyPolicy = attribute.Key("gendurable.key_policy")
@@ -245,7 +248,7 @@ func New(opts Options) (*Hook, error) {
 		metric.WithDescription("Partition keys with runnable rows a pick passed over because their rate left no start, by key policy."))
 	check(err)
 	h.leaseLost, err = m.Int64Counter(MetricLeaseLost, metric.WithUnit("{lease}"),
-		metric.WithDescription("Held leases found lost; the step's context was cancelled."))
+		metric.WithDescription("Held leases found lost or no longer confirmed in time; the step's context was cancelled (unstarted=true: a claim waiting in the prefetch buffer, no step ran)."))
 	check(err)
 	h.abandoned, err = m.Int64Counter(MetricStepsAbandoned, metric.WithUnit("{step}"),
 		metric.WithDescription("Steps that ignored their context past StepTimeout and were abandoned (each still holds a slot until it returns)."))
@@ -326,9 +329,12 @@ func (h *Hook) OnEvent(ctx context.Context, ev gendurable.Event) {
 			h.instantSpan(ctx, id, "gendurable.reaped", "the reaper recovered this instance's expired lease")
 		}
 	case *gendurable.LeaseLostEvent:
-		h.leaseLost.Add(ctx, 1, h.queueOpt(e.Queue))
-		h.instantSpan(ctx, e.InstanceID, "gendurable.lease_lost", "the step's lease was lost; its context was cancelled",
-			AttrQueue.String(e.Queue))
+		h.leaseLost.Add(ctx, 1, metric.WithAttributes(AttrQueue.String(e.Queue), AttrUnstarted.Bool(e.Unstarted)))
+		what := "the step's lease was lost; its context was cancelled"
+		if e.Unstarted {
+			what = "the lease of a claim waiting in the prefetch buffer was lost; no step ran"
+		}
+		h.instantSpan(ctx, e.InstanceID, "gendurable.lease_lost", what, AttrQueue.String(e.Queue))
 	case *gendurable.StepAbandonedEvent:
 		h.abandoned.Add(ctx, 1, metric.WithAttributes(AttrQueue.String(e.Queue), AttrMachine.String(e.Machine)))
 		h.instantSpan(ctx, e.InstanceID, "gendurable.step_abandoned", "the step ignored its context past its StepTimeout and was abandoned",

@@ -143,7 +143,9 @@ type Holder interface {
 type Events interface {
 	Pick(r PickReport)
 	Saturation(queue string, inFlight, buffered, concurrency, prefetch int)
-	LeaseLost(queue string, id int64)
+	// LeaseLost reports a claim given up: running, its step was
+	// cancelled; else it waited in the buffer and no step ran.
+	LeaseLost(queue string, id int64, running bool)
 	HeartbeatFailed(queue string, err error)
 	Released(queue string, count int, err error)
 }
@@ -341,7 +343,7 @@ func (s *Feeder) rearmLocked() {
 func (s *Feeder) expire() {
 	s.mu.Lock()
 	now := time.Now()
-	var lost []int64
+	var lost []lostClaim
 	var back unstarted
 	for token, h := range s.held {
 		if h.deadline.After(now) {
@@ -359,9 +361,9 @@ func (s *Feeder) expire() {
 
 // gaveUp reports the claims given up (their instance ids) as lost leases
 // and hands back those whose steps never started. Called without s.mu.
-func (s *Feeder) gaveUp(lost []int64, back unstarted) {
-	for _, id := range lost {
-		s.ev.LeaseLost(s.cfg.Queue, id)
+func (s *Feeder) gaveUp(lost []lostClaim, back unstarted) {
+	for _, l := range lost {
+		s.ev.LeaseLost(s.cfg.Queue, l.id, l.running)
 	}
 	if len(back.ids) > 0 {
 		// Not on the caller's goroutine: a heartbeat that failed calls
@@ -417,15 +419,22 @@ func (s *Feeder) giveBack(u unstarted) {
 	}
 }
 
+// lostClaim is a claim given up: its instance, and whether its step was
+// running (and is cancelled) or it waited in the buffer.
+type lostClaim struct {
+	id      int64
+	running bool
+}
+
 // loseLocked gives up a held claim whose lease is gone: it is no longer
 // heartbeated, its step is cancelled with ErrLeaseLost or, if it was only
 // buffered, it is dropped. It returns the instance id to report. The caller
 // holds s.mu.
-func (s *Feeder) loseLocked(token int64, h *held) int64 {
+func (s *Feeder) loseLocked(token int64, h *held) lostClaim {
 	delete(s.held, token)
 	if h.running {
 		h.cancel(ErrLeaseLost)
-		return h.id
+		return lostClaim{h.id, true}
 	}
 	for j := range s.buffer {
 		if s.buffer[j].Token == token {
@@ -433,7 +442,7 @@ func (s *Feeder) loseLocked(token int64, h *held) int64 {
 			break
 		}
 	}
-	return h.id
+	return lostClaim{h.id, false}
 }
 
 // Kick wakes the loop at once (a local insert made work runnable). Until
@@ -915,7 +924,7 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 		s.mu.Unlock()
 		return
 	}
-	var lost []int64
+	var lost []lostClaim
 	var back unstarted
 	free := s.cfg.Concurrency - s.inFlight
 	now := time.Now()
@@ -937,7 +946,7 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 			// would extend it, out of the buffer, for as long as the
 			// process lives.
 			delete(s.held, c.Token)
-			lost = append(lost, h.id)
+			lost = append(lost, lostClaim{h.id, false})
 			back.add(h.id, c.Token)
 			continue
 		}
@@ -1076,9 +1085,9 @@ func (s *Feeder) startable(token int64) bool {
 		s.mu.Unlock()
 		return true
 	}
-	id := s.loseLocked(token, h) // the timer re-arms when it fires, as in dispatch
+	l := s.loseLocked(token, h) // the timer re-arms when it fires, as in dispatch
 	s.mu.Unlock()
-	s.ev.LeaseLost(s.cfg.Queue, id)
+	s.ev.LeaseLost(s.cfg.Queue, l.id, l.running)
 	return false
 }
 
@@ -1290,7 +1299,7 @@ func (s *Feeder) clearMarks(ctx context.Context) bool {
 	}
 	done := true
 	s.mu.Lock()
-	var lost []int64
+	var lost []lostClaim
 	for _, token := range tokens {
 		h := s.held[token]
 		if h == nil || !h.unmarking {
@@ -1310,8 +1319,8 @@ func (s *Feeder) clearMarks(ctx context.Context) bool {
 	}
 	s.rearmLocked()
 	s.mu.Unlock()
-	for _, id := range lost {
-		s.ev.LeaseLost(s.cfg.Queue, id)
+	for _, l := range lost {
+		s.ev.LeaseLost(s.cfg.Queue, l.id, l.running)
 	}
 	s.wake()
 	return done
@@ -1385,7 +1394,7 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	s.confirmed(start)
 	resume := s.heldBack
 	s.heldBack = false
-	var lost []int64
+	var lost []lostClaim
 	for i, token := range tokens {
 		h := s.held[token]
 		if k, ok := byID[ids[i]]; ok && newest[ids[i]] == token && h != nil {
@@ -1410,8 +1419,8 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	}
 	s.rearmLocked()
 	s.mu.Unlock()
-	for _, id := range lost {
-		s.ev.LeaseLost(s.cfg.Queue, id)
+	for _, l := range lost {
+		s.ev.LeaseLost(s.cfg.Queue, l.id, l.running)
 	}
 	if resume || cleared {
 		s.wake() // dispatch the buffered claims that are still ours

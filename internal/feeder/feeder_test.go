@@ -42,7 +42,7 @@ func (p *pickLog) Pick(r PickReport) {
 	}
 }
 func (*pickLog) Saturation(string, int, int, int, int) {}
-func (*pickLog) LeaseLost(string, int64)               {}
+func (*pickLog) LeaseLost(string, int64, bool)         {}
 func (*pickLog) HeartbeatFailed(string, error)         {}
 func (*pickLog) Released(string, int, error)           {}
 
@@ -125,16 +125,19 @@ func TestAbandonAfterReturnChangesNothing(t *testing.T) {
 	s.steps.Done()
 }
 
-// lostLog records the instances reported as lost.
+// lostLog records the instances reported as lost, and whether each one's
+// step was running.
 type lostLog struct {
 	pickLog
-	mu   sync.Mutex
-	lost []int64
+	mu      sync.Mutex
+	lost    []int64
+	running []bool
 }
 
-func (l *lostLog) LeaseLost(_ string, id int64) {
+func (l *lostLog) LeaseLost(_ string, id int64, running bool) {
 	l.mu.Lock()
 	l.lost = append(l.lost, id)
+	l.running = append(l.running, running)
 	l.mu.Unlock()
 }
 
@@ -192,8 +195,8 @@ func TestHeartbeatTellsZombieFromNewClaim(t *testing.T) {
 	if cause := context.Cause(zctx); cause != ErrLeaseLost {
 		t.Fatalf("zombie's context: cause %v, want ErrLeaseLost", cause)
 	}
-	if len(ev.lost) != 1 || ev.lost[0] != zombie.ID {
-		t.Fatalf("lease-lost reports %v, want [%d]", ev.lost, zombie.ID)
+	if len(ev.lost) != 1 || ev.lost[0] != zombie.ID || !ev.running[0] {
+		t.Fatalf("lease-lost reports %v (running %v), want [%d] (running)", ev.lost, ev.running, zombie.ID)
 	}
 }
 
@@ -510,6 +513,9 @@ func TestLatePickStartsNothing(t *testing.T) {
 	if len(ev.lost) != 1 || ev.lost[0] != 1 {
 		t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
 	}
+	if ev.running[0] {
+		t.Fatal("the lost claim never started, but was reported as a running step")
+	}
 }
 
 // TestDispatchGivesUpAClaimPastItsDeadline: a buffered claim whose
@@ -546,6 +552,9 @@ func TestDispatchGivesUpAClaimPastItsDeadline(t *testing.T) {
 	defer ev.mu.Unlock()
 	if len(ev.lost) != 1 || ev.lost[0] != 1 {
 		t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
+	}
+	if ev.running[0] {
+		t.Fatal("the lost claim never started, but was reported as a running step")
 	}
 }
 
