@@ -291,7 +291,9 @@ func TestDescribeAndGraph(t *testing.T) {
 func TestCancelFencesARunningStepAndJoinsTheParent(t *testing.T) {
 	t.Parallel()
 	started, release := make(chan struct{}), make(chan struct{})
+	var token atomic.Int64
 	leaf := &gendurable.Job[leafArgs]{Name: "cleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		token.Store(j.Token)
 		close(started)
 		<-release
 		return nil
@@ -323,6 +325,7 @@ func TestCancelFencesARunningStepAndJoinsTheParent(t *testing.T) {
 	require.Equal(t, "failed", c.Status)
 	require.Equal(t, "cancelled", c.Errors[len(c.Errors)-1]["kind"])
 	require.Equal(t, "customer withdrew", c.Errors[len(c.Errors)-1]["error"])
+	require.EqualValues(t, token.Load(), c.Errors[len(c.Errors)-1]["token"], "the entry names the claim it fenced out")
 	eventually(t, 5*time.Second, func() bool {
 		ev, ok := findEvent(log, func(e *gendurable.StepEvent) bool { return e.InstanceID == child })
 		return ok && ev.Fenced

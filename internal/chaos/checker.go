@@ -46,7 +46,11 @@ type Report struct {
 	OverlapsCountingStops int
 	// StaleStarts counts the runs that started with a claim that was no
 	// longer current (its row carried another token, or was not executing,
-	// or its lease had run out on the database clock).
+	// or its lease had run out on the database clock) — but not a claim an
+	// operator's cancel fenced out while it waited to start, the row keeping
+	// its lease (cancelled_before): such a run may start and run until its
+	// worker's next heartbeat, as a running step cancelled does (its slot
+	// stays taken, its outcome is fenced out).
 	StaleStarts int
 	// SlotExcess counts the keyed runs that started while their key's
 	// limit of other rows held a slot (executing, lease not run out on the
@@ -167,7 +171,7 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 		{&r.CutAtStop, spansCTE + `SELECT count(*) FROM spans WHERE cut`, nil},
 		{&r.Overlaps, spansCTE + excessCTE + `SELECT count(*) FROM excess`, nil},
 		{&r.OverlapsCountingStops, rawSpansCTE + excessCTE + `SELECT count(*) FROM excess`, nil},
-		{&r.StaleStarts, `SELECT count(*) FROM {{s}}.chaos_effects WHERE NOT claim_current`, nil},
+		{&r.StaleStarts, `SELECT count(*) FROM {{s}}.chaos_effects WHERE NOT claim_current AND NOT coalesce(cancelled_before, false)`, nil},
 		{&r.SlotExcess, `SELECT count(*) FROM {{s}}.chaos_effects e WHERE ` + slotExcess, nil},
 		{&r.Uncharged, `SELECT count(*) FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
 			WHERE x @> '{"kind": "lease_expired", "uncharged": true}'`, nil},
@@ -372,7 +376,7 @@ func (r *Report) sample(ctx context.Context, pool *pgxpool.Pool, schema string) 
 	}
 	if r.StaleStarts > 0 {
 		add("stale start", `SELECT format('%s #%s %s (token %s, attempt %s) started at %s by pid %s', fsm, instance, step, token, attempt, started, pid)
-			FROM {{s}}.chaos_effects WHERE NOT claim_current ORDER BY started LIMIT 5`)
+			FROM {{s}}.chaos_effects WHERE NOT claim_current AND NOT coalesce(cancelled_before, false) ORDER BY started LIMIT 5`)
 	}
 	if r.SlotExcess > 0 {
 		add("slot excess", `SELECT format('key %s: run %s (instance %s, token %s) started at %s with %s other rows holding a slot', e.pkey, e.id, e.instance, e.token, e.started, e.holders)

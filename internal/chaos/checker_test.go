@@ -111,6 +111,10 @@ func TestCheckerFindsViolations(t *testing.T) {
 		(-40, 'leaf', 'work', 0, 0, 'h1', 1, 'w', 'k3-a', 3), (-41, 'leaf', 'work', 0, 0, 'h2', 1, 'w', 's1', 0)`)
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, claim_current) VALUES
 		(-42, 'leaf', 'work', 0, 0, 'st', 1, 'w', false), (-43, 'leaf', 'work', 0, 0, 'st2', 1, 'w', true)`)
+	// One that started after an operator's cancel fenced its claim out (its
+	// lease kept): no stale start.
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, claim_current, cancelled_before) VALUES
+		(-44, 'leaf', 'work', 0, 0, 'st3', 1, 'w', false, true)`)
 	// The fenced resource: a current write, a stale write refused, and a
 	// stale write accepted.
 	exec(`INSERT INTO {{s}}.chaos_fenced_log (key, n, token, instance, run_id, pid, phase, accepted, current) VALUES

@@ -536,16 +536,17 @@ func TestChaos15GlobalConcurrencyCancelStorm(t *testing.T) {
 		  SELECT t, d, sum(d) OVER (ORDER BY t, d, id ROWS UNBOUNDED PRECEDING) AS n FROM events
 		)
 		SELECT coalesce(max(n), 0), (SELECT t FROM running ORDER BY n DESC, t LIMIT 1) FROM running`)).Scan(&peak, &at))
-	var notDone int
+	var notDone, startedCancelled int
 	must(t, env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT count(*) FROM {{s}}.gendurable_instances
 		WHERE id = ANY ($1) AND status <> 'done'`), cancelled).Scan(&notDone))
+	must(t, env.Admin.QueryRow(ctx, chaos.SQL(env.Schema, `SELECT count(*) FROM {{s}}.chaos_effects WHERE cancelled_before`)).Scan(&startedCancelled))
 	c.check(len(cancelled) > 0, "the operator cancelled no running step: the scenario did not exercise it")
 	c.check(notDone == 0, "%d of %d cancelled and retried instances did not end done", notDone, len(cancelled))
 	c.check(peak <= global, "%d runs of the queue at once (at %v) > GlobalConcurrency %d", peak, at, global)
 	c.check(peak >= global, "the queue ran at most %d at once: the scenario did not reach its GlobalConcurrency %d", peak, global)
 	summary(t, r.Line("global-cancel", fmt.Sprintf("%d kills, %d cancels", ks.kills, len(cancelled)))+
-		fmt.Sprintf(" (%d leaves, half keyed over 4 keys of limit 3, half of them plain, %d processes × %d steps, GlobalConcurrency %d; most at once in the queue: %d; per key: %d; %s; %s)",
-			ks.inserted, keyStormWorkers, keyStormConc, global, peak, r.KeyPeaks[3], terminal, r.Invariants()))
+		fmt.Sprintf(" (%d leaves, half keyed over 4 keys of limit 3, half of them plain, %d processes × %d steps, GlobalConcurrency %d; most at once in the queue: %d; per key: %d; %d runs started after a cancel fenced their prefetched claim out, their lease kept; %s; %s)",
+			ks.inserted, keyStormWorkers, keyStormConc, global, peak, r.KeyPeaks[3], startedCancelled, terminal, r.Invariants()))
 	c.done()
 }
 

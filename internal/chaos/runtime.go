@@ -38,6 +38,11 @@ CREATE TABLE {{s}}.chaos_effects (
   -- whether the run's claim was still current when it started: the row
   -- carried its token, executing, with a lease not run out
   claim_current boolean,
+  -- whether an operator's cancel had fenced this run's claim out before it
+  -- started (the row's last history entry is that cancel, naming the token,
+  -- and the row keeps the claim's lease): a claim prefetched into a worker's
+  -- buffer runs until the worker's next heartbeat, as a running step does
+  cancelled_before boolean,
   -- the instance row's updated_at when this run started: for a run whose
   -- claim was current, the now() of the pick that claimed it (the clock a
   -- rated key's token bucket runs on; heartbeats leave updated_at alone)
@@ -143,13 +148,16 @@ type Runtime struct {
 func NewRuntime(pool *pgxpool.Pool, schema string, pid int, worker string) *Runtime {
 	return &Runtime{
 		Pool: pool, Schema: schema, PID: pid, Worker: worker,
-		insEffect: SQL(schema, `INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, token, honours, holders, claim_current, claimed)
+		insEffect: SQL(schema, `INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, token, honours, holders, claim_current, claimed, cancelled_before)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
 			        CASE WHEN $9::text IS NOT NULL THEN (SELECT count(*) FROM {{s}}.gendurable_instances h
 			          WHERE h.partition_key = $9 AND h.status = 'executing' AND h.lease_expires_at > clock_timestamp() AND h.id <> $1) END,
 			        coalesce((SELECT i.claim_token = $10 AND i.status = 'executing' AND i.lease_expires_at > clock_timestamp()
 			                  FROM {{s}}.gendurable_instances i WHERE i.id = $1), false),
-			        (SELECT i.updated_at FROM {{s}}.gendurable_instances i WHERE i.id = $1))
+			        (SELECT i.updated_at FROM {{s}}.gendurable_instances i WHERE i.id = $1),
+			        coalesce((SELECT i.claim_token IS NULL AND i.lease_expires_at > clock_timestamp()
+			                         AND i.errors -> -1 ->> 'kind' = 'cancelled' AND (i.errors -> -1 ->> 'token')::bigint = $10
+			                  FROM {{s}}.gendurable_instances i WHERE i.id = $1), false))
 			RETURNING id, started`),
 		endEffect: SQL(schema, `UPDATE {{s}}.chaos_effects SET ended = clock_timestamp(), cause = $2, work_end = $3 WHERE id = $1`),
 		// The claim token is read from the instance row inside the outcome's

@@ -257,7 +257,9 @@ func cancelSet(reason string) string {
       await_deadline = CASE WHEN i.status = 'awaiting_signal' THEN i.await_deadline END,
       errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
                || jsonb_build_array(jsonb_build_object(
-                    'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'cancelled', 'error', ` + reason + `))`
+                    'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'cancelled', 'error', ` + reason + `,
+                    -- the claim it fenced out, if any (as a lease_expired entry names its lost claim)
+                    'token', i.claim_token))`
 }
 
 // cancelSQL fails a live instance at once with a reason, as a Stop would:
