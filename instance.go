@@ -98,7 +98,8 @@ type Instance struct {
 	// Attempt+1 is the run's number ("attempt 1 of 3"), as the CLI shows it.
 	// A failed instance keeps the attempt it failed on: Attempt+1 is
 	// MaxAttempts when its attempts ran out, whether the last one returned
-	// an error or its lease expired.
+	// an error or its lease expired (a reaper of an engine built before
+	// schema version 21 still counts the expired run: MaxAttempts+1).
 	Attempt     int       `json:"attempt"`
 	MaxAttempts int       `json:"max_attempts"`
 	EligibleAt  time.Time `json:"eligible_at"`

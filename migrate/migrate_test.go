@@ -841,3 +841,71 @@ func TestAMigrationThatCannotConnectReportsVersionZero(t *testing.T) {
 	require.Error(t, err)
 	require.Equal(t, migrate.Result{}, res)
 }
+
+// TestAVersionStampWaitsPastTheDeadlockTimeout (docs/design.md §6,
+// "Migrations wait briefly for locks"): a version's stamp needs SHARE
+// UPDATE EXCLUSIVE on the instances table — which an autovacuum of the
+// table holds, and no worker statement waits behind — and waits for it past
+// the server's deadlock_timeout, when PostgreSQL cancels an autovacuum that
+// blocks a lock request. Waiting MigrateLockWait (0.5 s) at a time, it never
+// got the autovacuum cancelled and waited for it to end (a probe: 45 s). An
+// autovacuum cannot be made to run on cue here, so the blocker is a session
+// holding that lock for deadlock_timeout + 200 ms: version 21, whose stamp
+// is its only contended lock, waits for it in one lock request, not in
+// requests of 0.5 s that each give up.
+func TestAVersionStampWaitsPastTheDeadlockTimeout(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	ctx := context.Background()
+	_, err := migrate.To(ctx, pool, schema, 20)
+	require.NoError(t, err)
+	var deadlock time.Duration
+	var ms float64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000`).Scan(&ms))
+	deadlock = time.Duration(ms) * time.Millisecond
+	if deadlock < 2*sqlq.MigrateLockWait {
+		t.Skipf("deadlock_timeout %v: too close to MigrateLockWait to tell the waits apart", deadlock)
+	}
+	table := `"` + schema + `".gendurable_instances`
+	blocker, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = blocker.Rollback(context.Background()) }()
+	_, err = blocker.Exec(ctx, `LOCK TABLE `+table+` IN SHARE UPDATE EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := migrate.To(ctx, pool, schema, 21)
+		done <- err
+	}()
+	// The longest any one transaction waited, without a break, for a lock
+	// on the table.
+	var cur string
+	var since time.Time
+	var longest time.Duration
+	start := time.Now()
+	for time.Since(start) < deadlock+200*time.Millisecond {
+		var vxid string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(max(virtualtransaction), '') FROM pg_locks
+			WHERE relation = $1::regclass AND NOT granted`, table).Scan(&vxid))
+		now := time.Now()
+		if vxid != cur {
+			cur, since = vxid, now
+		}
+		if vxid != "" {
+			longest = max(longest, now.Sub(since))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NoError(t, blocker.Commit(ctx))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the migration was not applied once the blocker ended")
+	}
+	t.Logf("the longest wait of one request: %v (deadlock_timeout %v)", longest.Round(time.Millisecond), deadlock)
+	require.Greater(t, longest, deadlock-100*time.Millisecond, "the stamp gave up before the deadlock timeout")
+	v, err := migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, 21, v)
+}

@@ -175,10 +175,12 @@ func firstEscaped[T string | []byte](s T, set set, decode func(T) (rune, int)) i
 func Attempt(attempt int) int { return attempt + 1 }
 
 // Run is the run an instance is on, shown beside its max attempts ("run of
-// max"): [Attempt], except for an instance the reaper of an engine before
-// schema version 21 failed after its last lease expired, whose attempt
-// count it raised to max attempts: its last run shows as "3 of 3", not "4
-// of 3" (the reaper has kept the attempt it fails a row on since). Only
+// max"): [Attempt], except for an instance the reaper of an engine built
+// before schema version 21 failed after its last lease expired, whose
+// attempt count it raised to max attempts (such engines may still run
+// beside newer ones through an upgrade): its last run shows as "3 of 3",
+// not "4 of 3" (the reaper has kept the attempt it fails a row on since).
+// Only
 // that case: a step that replayed past its budget ([gendurable.Run.Replay]
 // is not stopped by it) is on its 6th run at attempt 5 and shows "6 of 3",
 // not "3 of 3".

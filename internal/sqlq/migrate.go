@@ -199,8 +199,23 @@ var migrateLock = `SELECT ` + idleLimitSetting + `, pg_advisory_xact_lock(hashte
 const MigrateLockWait = 500 * time.Millisecond
 
 // migrateLockWait is the set_config of MigrateLockWait, keeping a stricter
-// lock_timeout of the session's.
-var migrateLockWait = `SELECT ` + settingAtMost("lock_timeout", strconv.FormatInt(MigrateLockWait.Milliseconds(), 10))
+// lock_timeout of the session's. It returns the session's setting before it.
+var migrateLockWait = `SELECT current_setting('lock_timeout'), ` + settingAtMost("lock_timeout", strconv.FormatInt(MigrateLockWait.Milliseconds(), 10))
+
+// stampLockWait sets the lock wait of a version's stamp (its COMMENT ON
+// TABLE) to the server's deadlock_timeout plus MigrateLockWait, keeping a
+// stricter lock_timeout the session had ($1, read before migrateLockWait).
+// The stamp needs SHARE UPDATE EXCLUSIVE on the instances table, which no
+// worker statement conflicts with (a request that waits for it holds none
+// of them up), but an autovacuum of the table holds; and PostgreSQL
+// cancels an autovacuum that blocks a lock request only once the request
+// has waited deadlock_timeout. Waiting MigrateLockWait, a version whose
+// stamp is its only contended lock never got the autovacuum cancelled, and
+// waited for it to end (a probe: 45 s on a table whose vacuum ran slowly).
+var stampLockWait = `SELECT set_config('lock_timeout', CASE
+  WHEN $1::text::interval > interval '0' AND $1::text::interval <= x.w THEN $1::text
+  ELSE (extract(epoch FROM x.w) * 1000)::bigint::text END, true)
+FROM (SELECT current_setting('deadlock_timeout')::interval + ` + "interval '" + strconv.FormatInt(MigrateLockWait.Milliseconds(), 10) + ` milliseconds' AS w) AS x`
 
 // Migrate moves the schema from its installed version to target, up or down,
 // one version per transaction, each serialized by an advisory lock, so
@@ -211,7 +226,8 @@ var migrateLockWait = `SELECT ` + settingAtMost("lock_timeout", strconv.FormatIn
 // through every later version's index builds), and one interrupted keeps
 // the versions it committed. It returns the versions applied, in order —
 // with an error too, those committed before it. Each of its statements
-// waits at most MigrateLockWait for a lock another transaction holds; the
+// waits at most MigrateLockWait for a lock another transaction holds (but
+// a version's stamp: stampLockWait); the
 // version's transaction is then rolled back and tried again, after a pause
 // (1 s, doubling up to 30 s, jittered), until ctx ends — so the workers'
 // statements that queue behind the migration's lock request wait at most
@@ -311,7 +327,8 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 	}
 	// After the advisory lock: another migrator of the schema is waited
 	// for as long as it takes (it holds up no worker while it waits).
-	if _, err := tx.Exec(ctx, migrateLockWait); err != nil {
+	var sessionLockWait string
+	if err := tx.QueryRow(ctx, migrateLockWait).Scan(&sessionLockWait, nil); err != nil {
 		return expect, 0, expect, err
 	}
 	if target > 0 {
@@ -386,6 +403,9 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 		}
 	}
 	if now > 0 {
+		if _, err := tx.Exec(ctx, stampLockWait, sessionLockWait); err != nil {
+			return from, 0, from, err
+		}
 		if _, err := tx.Exec(ctx, versionComment(schema, now)); err != nil {
 			return from, 0, from, err
 		}
