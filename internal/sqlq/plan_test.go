@@ -957,24 +957,26 @@ func TestTheKeyWalkSeeksEachKeysTail(t *testing.T) {
 		_, err := pool.Exec(ctx, sql)
 		require.NoError(t, err, sql)
 	}
+	fetches := walkOverFullKeys(t, q, s, keys)
+	require.LessOrEqual(t, fetches, float64(2*keys), "the walk read the entries of claimed rows")
+}
+
+// walkOverFullKeys runs one pick of the default queue of schema s (quoted),
+// whose keys — keys of them — are all full, on a plan-reporting connection,
+// and returns the heap tuples its walk (the loose scan over the keys: the
+// statements with a recursive union) fetched from the keyed pick index.
+func walkOverFullKeys(t *testing.T, q *sqlq.Queries, s string, keys int) (fetches float64) {
+	t.Helper()
+	ctx := context.Background()
 	conn, rec := explainConn(t)
-	_, err = conn.Exec(ctx, "SET search_path = "+s)
+	_, err := conn.Exec(ctx, "SET search_path = "+s)
 	require.NoError(t, err)
 	rec.reset()
 	res, err := q.Pick(ctx, conn, "default", sqlq.PickOpts{Limit: keys, Lease: time.Minute})
 	require.NoError(t, err)
 	require.Empty(t, res.Claimed)
-	require.Equal(t, []int32{keys}, res.KeysFull, "the walk visited every key, each full")
-	walks, fetches := walkFetches(t, rec)
-	t.Logf("%d walk statements fetched %v heap tuples for %d keys", walks, fetches, keys)
-	require.LessOrEqual(t, fetches, float64(2*keys), "the walk read the entries of claimed rows")
-}
-
-// walkFetches is how many walk statements of the pick (its loose scan over
-// the keys: the statement with a recursive union) rec saw, and the heap
-// tuples their probes of the keyed pick index fetched.
-func walkFetches(t *testing.T, rec *planRecorder) (walks int, fetches float64) {
-	t.Helper()
+	require.Equal(t, []int32{int32(keys)}, res.KeysFull, "the walk visited every key of its queue, each full")
+	walks := 0
 	for _, plan := range rec.all(t) {
 		walk := false
 		plan.walk(func(n planNode) { walk = walk || n.NodeType == "Recursive Union" })
@@ -989,7 +991,8 @@ func walkFetches(t *testing.T, rec *planRecorder) (walks int, fetches float64) {
 		})
 	}
 	require.Positive(t, walks)
-	return walks, fetches
+	t.Logf("%d walk statements fetched %v heap tuples for %d keys", walks, fetches, keys)
+	return fetches
 }
 
 // TestTheKeyWalkStopsAtItsQueue (docs/design.md §6, "The walk lands on a
@@ -1021,16 +1024,7 @@ func TestTheKeyWalkStopsAtItsQueue(t *testing.T) {
 		_, err := pool.Exec(ctx, sql)
 		require.NoError(t, err, sql)
 	}
-	conn, rec := explainConn(t)
-	_, err = conn.Exec(ctx, "SET search_path = "+s)
-	require.NoError(t, err)
-	rec.reset()
-	res, err := q.Pick(ctx, conn, "default", sqlq.PickOpts{Limit: keys, Lease: time.Minute})
-	require.NoError(t, err)
-	require.Empty(t, res.Claimed)
-	require.Equal(t, []int32{keys}, res.KeysFull, "the walk visited every key of its queue, each full")
-	walks, fetches := walkFetches(t, rec)
-	t.Logf("%d walk statements fetched %v heap tuples for %d keys", walks, fetches, keys)
+	fetches := walkOverFullKeys(t, q, s, keys)
 	require.LessOrEqual(t, fetches, float64(2*keys), "the walk read another queue's entries")
 }
 
