@@ -847,25 +847,34 @@ func TestAMigrationThatCannotConnectReportsVersionZero(t *testing.T) {
 // UPDATE EXCLUSIVE on the instances table — which an autovacuum of the
 // table holds, and no worker statement waits behind — and waits for it past
 // the server's deadlock_timeout, when PostgreSQL cancels an autovacuum that
-// blocks a lock request. Waiting MigrateLockWait (0.5 s) at a time, it never
-// got the autovacuum cancelled and waited for it to end (a probe: 45 s). An
-// autovacuum cannot be made to run on cue here, so the blocker is a session
-// holding that lock for deadlock_timeout + 200 ms: version 21, whose stamp
-// is its only contended lock, waits for it in one lock request, not in
-// requests of 0.5 s that each give up.
+// blocks a lock request, whatever the session's lock_timeout (here 1 s, the
+// default deadlock_timeout, as a role might set it). Waiting MigrateLockWait
+// (0.5 s) at a time, or the session's 1 s, it never got the autovacuum
+// cancelled and waited for it to end (a probe: 45 s). An autovacuum cannot
+// be made to run on cue here, so the blocker is a session holding that
+// lock until the stamp has waited deadlock_timeout + 300 ms: version 21,
+// whose stamp is its only contended lock, waits that long in one request.
 func TestAVersionStampWaitsPastTheDeadlockTimeout(t *testing.T) {
 	t.Parallel()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
 	ctx := context.Background()
 	_, err := migrate.To(ctx, pool, schema, 20)
 	require.NoError(t, err)
-	var deadlock time.Duration
 	var ms float64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000`).Scan(&ms))
-	deadlock = time.Duration(ms) * time.Millisecond
+	deadlock := time.Duration(ms) * time.Millisecond
 	if deadlock < 2*sqlq.MigrateLockWait {
 		t.Skipf("deadlock_timeout %v: too close to MigrateLockWait to tell the waits apart", deadlock)
 	}
+	// The migrator's own pool, with a session lock_timeout of 1 s.
+	cfg, err := pgxpool.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "1s"
+	migrator, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer migrator.Close()
+
 	table := `"` + schema + `".gendurable_instances`
 	blocker, err := pool.Begin(ctx)
 	require.NoError(t, err)
@@ -874,25 +883,31 @@ func TestAVersionStampWaitsPastTheDeadlockTimeout(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() {
-		_, err := migrate.To(ctx, pool, schema, 21)
+		_, err := migrate.To(ctx, migrator, schema, 21)
 		done <- err
 	}()
-	// The longest any one transaction waited, without a break, for a lock
-	// on the table.
-	var cur string
+	// Watch the requests waiting for a lock on the table: the first one
+	// seen, and how long it waits without a break.
+	var first string
 	var since time.Time
-	var longest time.Duration
-	start := time.Now()
-	for time.Since(start) < deadlock+200*time.Millisecond {
+	var waited time.Duration
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
 		var vxid string
 		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(max(virtualtransaction), '') FROM pg_locks
 			WHERE relation = $1::regclass AND NOT granted`, table).Scan(&vxid))
 		now := time.Now()
-		if vxid != cur {
-			cur, since = vxid, now
+		if first == "" && vxid != "" {
+			first, since = vxid, now
 		}
-		if vxid != "" {
-			longest = max(longest, now.Sub(since))
+		if first != "" {
+			if vxid != first {
+				break // it gave up (or was granted: the blocker still holds the lock)
+			}
+			waited = now.Sub(since)
+			if waited >= deadlock+300*time.Millisecond {
+				break
+			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -903,8 +918,8 @@ func TestAVersionStampWaitsPastTheDeadlockTimeout(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the migration was not applied once the blocker ended")
 	}
-	t.Logf("the longest wait of one request: %v (deadlock_timeout %v)", longest.Round(time.Millisecond), deadlock)
-	require.Greater(t, longest, deadlock-100*time.Millisecond, "the stamp gave up before the deadlock timeout")
+	t.Logf("one request waited %v without a break (deadlock_timeout %v)", waited.Round(time.Millisecond), deadlock)
+	require.GreaterOrEqual(t, waited, deadlock+300*time.Millisecond, "the stamp gave up before the deadlock timeout had passed")
 	v, err := migrate.Installed(ctx, pool, schema)
 	require.NoError(t, err)
 	require.Equal(t, 21, v)

@@ -253,6 +253,7 @@ func TestOtherEvents(t *testing.T) {
 	h.OnEvent(ctx, &gendurable.SaturationEvent{Queue: "q", InFlight: 7, Buffered: 2, Concurrency: 10, Prefetch: 10})
 	h.OnEvent(ctx, &gendurable.ReapEvent{Count: 4, Failed: 1, Uncharged: 1, IDs: []int64{11, 12, 13, 16}, Duration: time.Millisecond})
 	h.OnEvent(ctx, &gendurable.LeaseLostEvent{Queue: "q", InstanceID: 11})
+	h.OnEvent(ctx, &gendurable.LeaseLostEvent{Queue: "q", InstanceID: 17, Unstarted: true})
 	h.OnEvent(ctx, &gendurable.StepAbandonedEvent{Queue: "q", Machine: "m", InstanceID: 15, Step: "s", Outcome: "replay", AbandonedSlots: 1})
 	h.OnEvent(ctx, &gendurable.UnknownVersionEvent{Queue: "q", Machine: "m", Version: 9, InstanceID: 14})
 	h.OnEvent(ctx, &gendurable.DrainEvent{Queue: "q"}) // no metric; must not panic
@@ -292,8 +293,12 @@ func TestOtherEvents(t *testing.T) {
 	if n, _ := intSum(t, reaped, gdotel.AttrFailed.Bool(true)); n != 1 {
 		t.Errorf("reaped{failed=true} = %d", n)
 	}
-	if n, _ := intSum(t, mustMetric(t, rm, gdotel.MetricLeaseLost), q); n != 1 {
-		t.Errorf("lease.lost = %d", n)
+	lost := mustMetric(t, rm, gdotel.MetricLeaseLost)
+	if n, _ := intSum(t, lost, q, gdotel.AttrUnstarted.Bool(false)); n != 1 {
+		t.Errorf("lease.lost{unstarted=false} = %d", n)
+	}
+	if n, _ := intSum(t, lost, q, gdotel.AttrUnstarted.Bool(true)); n != 1 {
+		t.Errorf("lease.lost{unstarted=true} = %d", n)
 	}
 	if n, _ := intSum(t, mustMetric(t, rm, gdotel.MetricStepsAbandoned), q, gdotel.AttrMachine.String("m")); n != 1 {
 		t.Errorf("steps.abandoned = %d", n)
@@ -321,11 +326,16 @@ func TestOtherEvents(t *testing.T) {
 	for _, s := range r.spans.Ended() {
 		v, _ := spanAttr(s, gdotel.AttrInstanceID)
 		names[s.Name()] = append(names[s.Name()], v.AsInt64())
+		if s.Name() == "gendurable.lease_lost" {
+			if u, ok := spanAttr(s, gdotel.AttrUnstarted); !ok || u.AsBool() != (v.AsInt64() == 17) {
+				t.Errorf("lease_lost span of %d: unstarted %v (set: %v)", v.AsInt64(), u.AsBool(), ok)
+			}
+		}
 		if s.SpanContext().TraceID() != h.InstanceSpanContext(v.AsInt64()).TraceID() {
 			t.Errorf("%s span of %d outside the instance's trace", s.Name(), v.AsInt64())
 		}
 	}
-	if len(names["gendurable.reaped"]) != 4 || len(names["gendurable.lease_lost"]) != 1 ||
+	if len(names["gendurable.reaped"]) != 4 || len(names["gendurable.lease_lost"]) != 2 ||
 		len(names["gendurable.step_abandoned"]) != 1 || len(names) != 3 {
 		t.Errorf("marker spans: %v", names)
 	}

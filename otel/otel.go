@@ -334,7 +334,7 @@ func (h *Hook) OnEvent(ctx context.Context, ev gendurable.Event) {
 		if e.Unstarted {
 			what = "the lease of a claim waiting in the prefetch buffer was lost; no step ran"
 		}
-		h.instantSpan(ctx, e.InstanceID, "gendurable.lease_lost", what, AttrQueue.String(e.Queue))
+		h.instantSpan(ctx, e.InstanceID, "gendurable.lease_lost", what, AttrQueue.String(e.Queue), AttrUnstarted.Bool(e.Unstarted))
 	case *gendurable.StepAbandonedEvent:
 		h.abandoned.Add(ctx, 1, metric.WithAttributes(AttrQueue.String(e.Queue), AttrMachine.String(e.Machine)))
 		h.instantSpan(ctx, e.InstanceID, "gendurable.step_abandoned", "the step ignored its context past its StepTimeout and was abandoned",

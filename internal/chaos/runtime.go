@@ -38,10 +38,11 @@ CREATE TABLE {{s}}.chaos_effects (
   -- whether the run's claim was still current when it started: the row
   -- carried its token, executing, with a lease not run out
   claim_current boolean,
-  -- whether an operator's cancel had fenced this run's claim out before it
-  -- started (the row's last history entry is that cancel, naming the token,
-  -- and the row keeps the claim's lease): a claim prefetched into a worker's
-  -- buffer runs until the worker's next heartbeat, as a running step does
+  -- whether an operator's cancel had fenced this run's claim out shortly
+  -- before it started (the row's last history entry is that cancel, naming
+  -- the token, at most two heartbeat intervals and 500 ms earlier; the row
+  -- keeps the claim's lease): a claim prefetched into a worker's buffer may
+  -- start until the worker's next heartbeat, as a running step runs on
   cancelled_before boolean,
   -- the instance row's updated_at when this run started: for a run whose
   -- claim was current, the now() of the pick that claimed it (the clock a
@@ -137,6 +138,11 @@ type Runtime struct {
 	Schema string
 	PID    int
 	Worker string
+	// Heartbeat is the worker's heartbeat interval: a run whose claim an
+	// operator's cancel fenced out before it started is no stale start if
+	// it started within two of them (and 500 ms) of the cancel (see
+	// cancelled_before). Zero: never.
+	Heartbeat time.Duration
 
 	// Options of the process (scenario knobs for the poison machines).
 	EffectErrors atomic.Int64 // side-effect writes that failed
@@ -157,6 +163,7 @@ func NewRuntime(pool *pgxpool.Pool, schema string, pid int, worker string) *Runt
 			        (SELECT i.updated_at FROM {{s}}.gendurable_instances i WHERE i.id = $1),
 			        coalesce((SELECT i.claim_token IS NULL AND i.lease_expires_at > clock_timestamp()
 			                         AND i.errors -> -1 ->> 'kind' = 'cancelled' AND (i.errors -> -1 ->> 'token')::bigint = $10
+			                         AND (i.errors -> -1 ->> 'at')::timestamptz > clock_timestamp() - $12::bigint * interval '1 millisecond'
 			                  FROM {{s}}.gendurable_instances i WHERE i.id = $1), false))
 			RETURNING id, started`),
 		endEffect: SQL(schema, `UPDATE {{s}}.chaos_effects SET ended = clock_timestamp(), cause = $2, work_end = $3 WHERE id = $1`),
@@ -224,7 +231,11 @@ func beginRun[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq
 	if ignore {
 		ctx = context.WithoutCancel(ctx)
 	}
-	err := rt.Pool.QueryRow(ctx, rt.insEffect, s.id, s.fsm, s.step, s.seq, s.attempt, s.runID, rt.PID, rt.Worker, s.pkey, s.token, !ignore).
+	grace := int64(0) // how long after a cancel of its claim a run may still start (see Heartbeat)
+	if rt.Heartbeat > 0 {
+		grace = (2*rt.Heartbeat + 500*time.Millisecond).Milliseconds()
+	}
+	err := rt.Pool.QueryRow(ctx, rt.insEffect, s.id, s.fsm, s.step, s.seq, s.attempt, s.runID, rt.PID, rt.Worker, s.pkey, s.token, !ignore, grace).
 		Scan(&s.effectID, &s.started)
 	if err != nil {
 		rt.EffectErrors.Add(1)

@@ -202,6 +202,7 @@ func runWorker(cfg WorkerConfig, out *emitter, logger *slog.Logger) (int, error)
 		defer rtPool.Close()
 	}
 	rt := NewRuntime(rtPool, cfg.Schema, os.Getpid(), cfg.Name)
+	rt.Heartbeat = ms(cfg.HeartbeatMs)
 	defs := NewMachines(rt, cfg.Knobs)
 	hooks := []gendurable.Hook{gendurable.HookFunc(func(_ context.Context, ev gendurable.Event) {
 		switch e := ev.(type) {

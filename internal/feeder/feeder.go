@@ -175,7 +175,8 @@ var ErrLeaseLost = errors.New("gendurable: lease lost")
 // run of it is still returning, and the two must never be confused.
 type held struct {
 	id         int64
-	running    bool
+	running    bool                    // dispatched to a worker goroutine
+	started    bool                    // and past startable: its step runs (or ran)
 	committing bool                    // the step returned; its outcome is being written
 	cancel     context.CancelCauseFunc // set once running
 	// deadline is when this claim's lease may run out on the database
@@ -420,7 +421,8 @@ func (s *Feeder) giveBack(u unstarted) {
 }
 
 // lostClaim is a claim given up: its instance, and whether its step was
-// running (and is cancelled) or it waited in the buffer.
+// running (and is cancelled) or had not started (it waited in the buffer,
+// or was dispatched but had not begun).
 type lostClaim struct {
 	id      int64
 	running bool
@@ -434,7 +436,9 @@ func (s *Feeder) loseLocked(token int64, h *held) lostClaim {
 	delete(s.held, token)
 	if h.running {
 		h.cancel(ErrLeaseLost)
-		return lostClaim{h.id, true}
+		// A claim dispatched whose step has not started yet (the process
+		// was stopped or starved before startable) ran nothing.
+		return lostClaim{h.id, h.started}
 	}
 	for j := range s.buffer {
 		if s.buffer[j].Token == token {
@@ -1082,6 +1086,7 @@ func (s *Feeder) startable(token int64) bool {
 		return false
 	}
 	if h.deadline.After(time.Now()) {
+		h.started = true
 		s.mu.Unlock()
 		return true
 	}

@@ -182,7 +182,7 @@ func TestHeartbeatTellsZombieFromNewClaim(t *testing.T) {
 	// The zombie runs on, ignoring its context; the new claim waits in the buffer.
 	zctx, zcancel := context.WithCancelCause(ctx)
 	defer zcancel(nil)
-	s.held[zombie.Token].running, s.held[zombie.Token].cancel = true, zcancel
+	s.held[zombie.Token].running, s.held[zombie.Token].started, s.held[zombie.Token].cancel = true, true, zcancel
 	s.buffer = s.buffer[1:]
 
 	s.heartbeatOnce(ctx)
@@ -609,8 +609,8 @@ func TestADispatchedStepDoesNotStartPastItsDeadline(t *testing.T) {
 			}
 			ev.mu.Lock()
 			defer ev.mu.Unlock()
-			if len(ev.lost) != 1 || ev.lost[0] != 1 {
-				t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
+			if len(ev.lost) != 1 || ev.lost[0] != 1 || ev.running[0] {
+				t.Fatalf("lease-lost reports %v (running %v), want [1], not running: its step never started", ev.lost, ev.running)
 			}
 		})
 	}

@@ -199,23 +199,24 @@ var migrateLock = `SELECT ` + idleLimitSetting + `, pg_advisory_xact_lock(hashte
 const MigrateLockWait = 500 * time.Millisecond
 
 // migrateLockWait is the set_config of MigrateLockWait, keeping a stricter
-// lock_timeout of the session's. It returns the session's setting before it.
-var migrateLockWait = `SELECT current_setting('lock_timeout'), ` + settingAtMost("lock_timeout", strconv.FormatInt(MigrateLockWait.Milliseconds(), 10))
+// lock_timeout of the session's.
+var migrateLockWait = `SELECT ` + settingAtMost("lock_timeout", strconv.FormatInt(MigrateLockWait.Milliseconds(), 10))
 
 // stampLockWait sets the lock wait of a version's stamp (its COMMENT ON
-// TABLE) to the server's deadlock_timeout plus MigrateLockWait, keeping a
-// stricter lock_timeout the session had ($1, read before migrateLockWait).
-// The stamp needs SHARE UPDATE EXCLUSIVE on the instances table, which no
-// worker statement conflicts with (a request that waits for it holds none
-// of them up), but an autovacuum of the table holds; and PostgreSQL
-// cancels an autovacuum that blocks a lock request only once the request
-// has waited deadlock_timeout. Waiting MigrateLockWait, a version whose
-// stamp is its only contended lock never got the autovacuum cancelled, and
-// waited for it to end (a probe: 45 s on a table whose vacuum ran slowly).
-var stampLockWait = `SELECT set_config('lock_timeout', CASE
-  WHEN $1::text::interval > interval '0' AND $1::text::interval <= x.w THEN $1::text
-  ELSE (extract(epoch FROM x.w) * 1000)::bigint::text END, true)
-FROM (SELECT current_setting('deadlock_timeout')::interval + ` + "interval '" + strconv.FormatInt(MigrateLockWait.Milliseconds(), 10) + ` milliseconds' AS w) AS x`
+// TABLE) to the server's deadlock_timeout plus MigrateLockWait, whatever
+// the session's lock_timeout. The stamp needs SHARE UPDATE EXCLUSIVE on the
+// instances table, which no worker statement conflicts with (a request
+// that waits for it holds none of them up), but an autovacuum of the table
+// holds; and PostgreSQL cancels an autovacuum that blocks a lock request
+// only once the request has waited deadlock_timeout — a lock_timeout no
+// longer than that ends the wait first. Waiting MigrateLockWait, a version
+// whose stamp is its only contended lock never got the autovacuum
+// cancelled, and waited for it to end (a probe: 45 s on a table whose
+// vacuum ran slowly; a review: the same with a role's lock_timeout of 1 s,
+// kept as "stricter").
+var stampLockWait = `SELECT set_config('lock_timeout',
+  ((extract(epoch FROM current_setting('deadlock_timeout')::interval) * 1000)::bigint + ` +
+	strconv.FormatInt(MigrateLockWait.Milliseconds(), 10) + `)::text, true)`
 
 // Migrate moves the schema from its installed version to target, up or down,
 // one version per transaction, each serialized by an advisory lock, so
@@ -306,8 +307,9 @@ func migrateStep(ctx context.Context, db Beginner, schema string, target, dir, e
 		select {
 		case <-ctx.Done():
 			return at, 0, at, fmt.Errorf("another transaction held a lock on the schema's tables (or deadlocked with it) through %d tries "+
-				"(each waited at most %s for it, so the workers' statements were not held up for longer): %w: %w",
-				tries, MigrateLockWait, ctx.Err(), err)
+				"(each waited at most %s for it, so the workers' statements were not held up for longer; a version's stamp, "+
+				"which holds no worker up, deadlock_timeout + %s): %w: %w",
+				tries, MigrateLockWait, MigrateLockWait, ctx.Err(), err)
 		case <-time.After(wait):
 		}
 	}
@@ -327,8 +329,7 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 	}
 	// After the advisory lock: another migrator of the schema is waited
 	// for as long as it takes (it holds up no worker while it waits).
-	var sessionLockWait string
-	if err := tx.QueryRow(ctx, migrateLockWait).Scan(&sessionLockWait, nil); err != nil {
+	if _, err := tx.Exec(ctx, migrateLockWait); err != nil {
 		return expect, 0, expect, err
 	}
 	if target > 0 {
@@ -403,7 +404,7 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 		}
 	}
 	if now > 0 {
-		if _, err := tx.Exec(ctx, stampLockWait, sessionLockWait); err != nil {
+		if _, err := tx.Exec(ctx, stampLockWait); err != nil {
 			return from, 0, from, err
 		}
 		if _, err := tx.Exec(ctx, versionComment(schema, now)); err != nil {
