@@ -430,7 +430,7 @@ type lostClaim struct {
 
 // loseLocked gives up a held claim whose lease is gone: it is no longer
 // heartbeated, its step is cancelled with ErrLeaseLost or, if it was only
-// buffered, it is dropped. It returns the instance id to report. The caller
+// buffered, it is dropped. It returns what to report of it. The caller
 // holds s.mu.
 func (s *Feeder) loseLocked(token int64, h *held) lostClaim {
 	delete(s.held, token)
