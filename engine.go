@@ -1221,13 +1221,13 @@ func (s *schedEvents) Saturation(queue string, inFlight, buffered, concurrency, 
 	s.e.emit(s.e.ownCtx, &SaturationEvent{Queue: queue, InFlight: inFlight, Buffered: buffered, Concurrency: concurrency, Prefetch: prefetch})
 }
 
-func (s *schedEvents) LeaseLost(queue string, id int64, running bool) {
-	if running {
+func (s *schedEvents) LeaseLost(queue string, id int64, started bool) {
+	if started {
 		s.e.log.Warn("gendurable: lease lost; cancelling the step", "queue", queue, "id", id)
 	} else {
 		s.e.log.Warn("gendurable: lease lost before the step started; the claim is dropped, no step ran", "queue", queue, "id", id)
 	}
-	s.e.emit(s.e.ownCtx, &LeaseLostEvent{Queue: queue, InstanceID: id, Unstarted: !running})
+	s.e.emit(s.e.ownCtx, &LeaseLostEvent{Queue: queue, InstanceID: id, Unstarted: !started})
 }
 
 func (s *schedEvents) HeartbeatFailed(queue string, err error) {

@@ -143,9 +143,10 @@ type Holder interface {
 type Events interface {
 	Pick(r PickReport)
 	Saturation(queue string, inFlight, buffered, concurrency, prefetch int)
-	// LeaseLost reports a claim given up: running, its step was
-	// cancelled; else it waited in the buffer and no step ran.
-	LeaseLost(queue string, id int64, running bool)
+	// LeaseLost reports a claim given up: started, its step was
+	// cancelled; else no step ran (it waited in the buffer, or was
+	// dispatched but had not begun).
+	LeaseLost(queue string, id int64, started bool)
 	HeartbeatFailed(queue string, err error)
 	Released(queue string, count int, err error)
 }
@@ -364,7 +365,7 @@ func (s *Feeder) expire() {
 // and hands back those whose steps never started. Called without s.mu.
 func (s *Feeder) gaveUp(lost []lostClaim, back unstarted) {
 	for _, l := range lost {
-		s.ev.LeaseLost(s.cfg.Queue, l.id, l.running)
+		s.ev.LeaseLost(s.cfg.Queue, l.id, l.started)
 	}
 	if len(back.ids) > 0 {
 		// Not on the caller's goroutine: a heartbeat that failed calls
@@ -420,12 +421,12 @@ func (s *Feeder) giveBack(u unstarted) {
 	}
 }
 
-// lostClaim is a claim given up: its instance, and whether its step was
-// running (and is cancelled) or had not started (it waited in the buffer,
-// or was dispatched but had not begun).
+// lostClaim is a claim given up: its instance, and whether its step had
+// started (and is cancelled) or not (it waited in the buffer, or was
+// dispatched but had not begun).
 type lostClaim struct {
 	id      int64
-	running bool
+	started bool
 }
 
 // loseLocked gives up a held claim whose lease is gone: it is no longer
@@ -1092,7 +1093,7 @@ func (s *Feeder) startable(token int64) bool {
 	}
 	l := s.loseLocked(token, h) // the timer re-arms when it fires, as in dispatch
 	s.mu.Unlock()
-	s.ev.LeaseLost(s.cfg.Queue, l.id, l.running)
+	s.ev.LeaseLost(s.cfg.Queue, l.id, l.started)
 	return false
 }
 
@@ -1325,7 +1326,7 @@ func (s *Feeder) clearMarks(ctx context.Context) bool {
 	s.rearmLocked()
 	s.mu.Unlock()
 	for _, l := range lost {
-		s.ev.LeaseLost(s.cfg.Queue, l.id, l.running)
+		s.ev.LeaseLost(s.cfg.Queue, l.id, l.started)
 	}
 	s.wake()
 	return done
@@ -1425,7 +1426,7 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	s.rearmLocked()
 	s.mu.Unlock()
 	for _, l := range lost {
-		s.ev.LeaseLost(s.cfg.Queue, l.id, l.running)
+		s.ev.LeaseLost(s.cfg.Queue, l.id, l.started)
 	}
 	if resume || cleared {
 		s.wake() // dispatch the buffered claims that are still ours

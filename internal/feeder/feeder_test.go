@@ -126,18 +126,18 @@ func TestAbandonAfterReturnChangesNothing(t *testing.T) {
 }
 
 // lostLog records the instances reported as lost, and whether each one's
-// step was running.
+// step had started.
 type lostLog struct {
 	pickLog
 	mu      sync.Mutex
 	lost    []int64
-	running []bool
+	started []bool
 }
 
-func (l *lostLog) LeaseLost(_ string, id int64, running bool) {
+func (l *lostLog) LeaseLost(_ string, id int64, started bool) {
 	l.mu.Lock()
 	l.lost = append(l.lost, id)
-	l.running = append(l.running, running)
+	l.started = append(l.started, started)
 	l.mu.Unlock()
 }
 
@@ -195,8 +195,8 @@ func TestHeartbeatTellsZombieFromNewClaim(t *testing.T) {
 	if cause := context.Cause(zctx); cause != ErrLeaseLost {
 		t.Fatalf("zombie's context: cause %v, want ErrLeaseLost", cause)
 	}
-	if len(ev.lost) != 1 || ev.lost[0] != zombie.ID || !ev.running[0] {
-		t.Fatalf("lease-lost reports %v (running %v), want [%d] (running)", ev.lost, ev.running, zombie.ID)
+	if len(ev.lost) != 1 || ev.lost[0] != zombie.ID || !ev.started[0] {
+		t.Fatalf("lease-lost reports %v (started %v), want [%d] (started)", ev.lost, ev.started, zombie.ID)
 	}
 }
 
@@ -513,7 +513,7 @@ func TestLatePickStartsNothing(t *testing.T) {
 	if len(ev.lost) != 1 || ev.lost[0] != 1 {
 		t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
 	}
-	if ev.running[0] {
+	if ev.started[0] {
 		t.Fatal("the lost claim never started, but was reported as a running step")
 	}
 }
@@ -553,7 +553,7 @@ func TestDispatchGivesUpAClaimPastItsDeadline(t *testing.T) {
 	if len(ev.lost) != 1 || ev.lost[0] != 1 {
 		t.Fatalf("lease-lost reports %v, want [1]", ev.lost)
 	}
-	if ev.running[0] {
+	if ev.started[0] {
 		t.Fatal("the lost claim never started, but was reported as a running step")
 	}
 }
@@ -609,8 +609,8 @@ func TestADispatchedStepDoesNotStartPastItsDeadline(t *testing.T) {
 			}
 			ev.mu.Lock()
 			defer ev.mu.Unlock()
-			if len(ev.lost) != 1 || ev.lost[0] != 1 || ev.running[0] {
-				t.Fatalf("lease-lost reports %v (running %v), want [1], not running: its step never started", ev.lost, ev.running)
+			if len(ev.lost) != 1 || ev.lost[0] != 1 || ev.started[0] {
+				t.Fatalf("lease-lost reports %v (started %v), want [1], not started: its step never began", ev.lost, ev.started)
 			}
 		})
 	}
