@@ -382,7 +382,7 @@ func (f ListFilter) String() string {
 // others in the batch after them: childrenFirst), each collision skipped. On error, the instances retried before it are returned with it
 // (their statements committed), and their queues woken all the same.
 func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
-	sctx, cancel := statementContext(ctx)
+	sctx, cancel := e.statementContext(ctx)
 	defer cancel()
 	changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(sctx, e.pool, ids) })
 	if isUniqueViolation(err) {
@@ -397,7 +397,7 @@ func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChange
 				return changed, i, err
 			}
 			one, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) {
-				sctx, cancel := statementContext(ctx)
+				sctx, cancel := e.statementContext(ctx)
 				defer cancel()
 				return e.q.RetryMany(sctx, e.pool, []int64{id})
 			})
@@ -482,7 +482,7 @@ func cancelReason(reason string) string {
 func (e *Engine) cancelBatch(reason string) bulkBatch {
 	reason = cancelReason(reason)
 	return func(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
-		sctx, cancel := statementContext(ctx)
+		sctx, cancel := e.statementContext(ctx)
 		defer cancel()
 		changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.CancelMany(sctx, e.pool, ids, reason) })
 		if err != nil {
@@ -496,13 +496,32 @@ func (e *Engine) cancelBatch(reason string) bulkBatch {
 // its end even if the call's context ends meanwhile (statementContext).
 const bulkStatementTimeout = 30 * time.Second
 
+// BulkStatementGrace is how long a statement of a bulk call (RetryMany,
+// CancelMany, RetryMatching, CancelMatching, CancelTree) that is under way
+// when the call's context reaches its deadline may run past that deadline:
+// it is let finish, so that what it changed is counted in the result, and
+// cancelled only after the grace (its changes then go uncounted if it
+// committed all the same). A server that bounds a request by a context
+// deadline should let its response be written this much later (the
+// dashboard's DefaultWriteTimeout does). A context cancelled without a
+// deadline gives the statement up to 30 s.
+const BulkStatementGrace = 15 * time.Second
+
 // statementContext is the context of one bulk statement: ctx's values but
-// not its end, bounded by bulkStatementTimeout. A statement cancelled in
-// flight may have committed on the server all the same, and its changes
-// would then go uncounted (and unlisted in the audit line); so a bulk call
-// checks its context between statements and lets a started one finish.
-func statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), bulkStatementTimeout)
+// not its end, bounded by bulkStatementTimeout and by ctx's deadline plus
+// the grace (BulkStatementGrace). A statement cancelled in flight may have
+// committed on the server all the same, and its changes would then go
+// uncounted (and unlisted in the audit line); so a bulk call checks its
+// context between statements and lets a started one finish. Without the
+// bound by the deadline, a dashboard request whose last statement waited on
+// a row lock ran 40 s, past the server's 30 s write timeout: the client got
+// an empty reply for changes that were made (a hostile-operator probe).
+func (e *Engine) statementContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := bulkStatementTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, max(time.Until(dl), 0)+e.bulkGrace)
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), d)
 }
 
 // bulkStatement runs a bulk statement, again after a deadlock or

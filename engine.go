@@ -315,6 +315,9 @@ type Engine struct {
 	ownCtx   context.Context      // Background, marked as the engine's own (insideEngine): steps' and feeder hooks' base
 
 	oversized oversizedGuard // failOversized's backoff
+	// bulkGrace is BulkStatementGrace (a test shortens it): how long a
+	// bulk statement under way at its call's deadline may run past it.
+	bulkGrace time.Duration
 
 	// Outcomes the database did not confirm (events.go), since New: Stop
 	// reports those of the Stop's own drain, and those a closed pool
@@ -373,7 +376,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	}
 	e := &Engine{pool: pool, cfg: c, q: q, log: c.Logger, registry: map[machineKey]*machineCore{},
 		stateLimits:  jsonLimits{maxBytes: c.MaxStateBytes, bytesName: "MaxStateBytes", maxDepth: c.MaxJSONDepth},
-		signalLimits: jsonLimits{maxBytes: c.MaxSignalBytes, bytesName: "MaxSignalBytes", maxDepth: c.MaxJSONDepth}}
+		signalLimits: jsonLimits{maxBytes: c.MaxSignalBytes, bytesName: "MaxSignalBytes", maxDepth: c.MaxJSONDepth},
+		bulkGrace:    BulkStatementGrace}
 	e.ownCtx = e.ownCall(context.Background())
 	for _, d := range c.Machines {
 		if d == nil {

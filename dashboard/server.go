@@ -6,16 +6,21 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/gendurable/gendurable"
 )
 
 // Defaults of ServerOptions: what `gendurable ui` serves with.
 const (
 	DefaultReadHeaderTimeout = 5 * time.Second
 	DefaultReadTimeout       = 30 * time.Second
-	DefaultWriteTimeout      = DefaultRequestTimeout + 20*time.Second
-	DefaultIdleTimeout       = 60 * time.Second
-	DefaultMaxHeaderBytes    = 16 << 10
-	DefaultMaxConns          = 128
+	// DefaultWriteTimeout covers a request's work (DefaultRequestTimeout),
+	// the grace a bulk statement under way at its deadline has to finish
+	// (gendurable.BulkStatementGrace), and 5 s to render and send.
+	DefaultWriteTimeout   = DefaultRequestTimeout + gendurable.BulkStatementGrace + 5*time.Second
+	DefaultIdleTimeout    = 60 * time.Second
+	DefaultMaxHeaderBytes = 16 << 10
+	DefaultMaxConns       = 128
 )
 
 // ServerOptions bound what one client can hold of a server: time to send
@@ -25,7 +30,7 @@ const (
 type ServerOptions struct {
 	ReadHeaderTimeout time.Duration // default 5s
 	ReadTimeout       time.Duration // the whole request, body included; default 30s
-	WriteTimeout      time.Duration // default 30s; keep it above Options.RequestTimeout
+	WriteTimeout      time.Duration // default 30s; keep it above Options.RequestTimeout + gendurable.BulkStatementGrace
 	IdleTimeout       time.Duration // between requests on a kept-alive connection; default 60s
 	MaxHeaderBytes    int           // default 16 KiB
 	MaxConns          int           // open connections, for LimitListener; default 128

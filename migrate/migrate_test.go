@@ -924,3 +924,55 @@ func TestAVersionStampWaitsPastTheDeadlockTimeout(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 21, v)
 }
+
+// TestAnIndexNameOnAUsersTableStopsItsVersion: an index of the user's, on
+// a table of theirs in the schema, under a name a version builds "if not
+// exists" (gendurable_instances_unique_key, version 4) stops that version
+// going up — gendurable's index would have been skipped, silently — and
+// going down: the down would have dropped the user's index (a
+// hostile-operator probe did both). Nothing of the version is applied, and
+// the user's index stays.
+func TestAnIndexNameOnAUsersTableStopsItsVersion(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	userIndexOn := func(table string) bool {
+		var on *string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT t.relname::text FROM pg_index i JOIN pg_class t ON t.oid = i.indrelid
+			WHERE i.indexrelid = to_regclass($1)`, s+`.gendurable_instances_unique_key`).Scan(&on))
+		return on != nil && *on == table
+	}
+	_, err := migrate.To(ctx, pool, schema, 3)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE TABLE `+s+`.user_things (id int, k text)`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE INDEX gendurable_instances_unique_key ON `+s+`.user_things (k)`)
+	require.NoError(t, err)
+
+	_, err = migrate.Up(ctx, pool, schema)
+	require.ErrorContains(t, err, "gendurable_instances_unique_key (on user_things)")
+	require.ErrorContains(t, err, "migration 4 up")
+	v, err := migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, 3, v, "version 4 was not applied")
+	require.True(t, userIndexOn("user_things"))
+
+	// The same name taken after gendurable's index was dropped by hand (or
+	// skipped by an older binary): the down of version 4 leaves it alone.
+	_, err = pool.Exec(ctx, `DROP INDEX `+s+`.gendurable_instances_unique_key`)
+	require.NoError(t, err)
+	_, err = migrate.To(ctx, pool, schema, 4)
+	require.NoError(t, err)
+	require.True(t, userIndexOn("gendurable_instances"))
+	_, err = pool.Exec(ctx, `DROP INDEX `+s+`.gendurable_instances_unique_key`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE INDEX gendurable_instances_unique_key ON `+s+`.user_things (k)`)
+	require.NoError(t, err)
+	_, err = migrate.To(ctx, pool, schema, 3)
+	require.ErrorContains(t, err, "migration 4 down")
+	v, err = migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, 4, v, "version 4 was not removed")
+	require.True(t, userIndexOn("user_things"), "the user's index was kept")
+}

@@ -23,6 +23,7 @@ import (
 	"github.com/gendurable/gendurable/internal/display"
 	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -82,6 +83,21 @@ func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engi
 
 // engineAndPool is engine, with the pool it opened (the caller closes it).
 func (c *common) engineAndPool(ctx context.Context, stderr io.Writer) (*gendurable.Engine, *pgxpool.Pool, error) {
+	eng, pool, err := c.uncheckedEngine(ctx, stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := sameVersion(ctx, pool, c.schema); err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return eng, pool, nil
+}
+
+// uncheckedEngine is engineAndPool without the schema's version check, and
+// so without a connection yet: for ui, which checks the rest of its input
+// first.
+func (c *common) uncheckedEngine(ctx context.Context, stderr io.Writer) (*gendurable.Engine, *pgxpool.Pool, error) {
 	cfg, err := parseDatabaseURL(databaseURL(c.dbURL))
 	if err != nil {
 		return nil, nil, err
@@ -91,9 +107,6 @@ func (c *common) engineAndPool(ctx context.Context, stderr io.Writer) (*gendurab
 		return nil, nil, err
 	}
 	eng, err := gendurable.New(pool, &gendurable.Config{Schema: c.schema, Logger: c.logger(stderr)})
-	if err == nil {
-		err = sameVersion(ctx, pool, c.schema)
-	}
 	if err != nil {
 		pool.Close()
 		return nil, nil, err
@@ -119,6 +132,11 @@ func sameVersion(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	v, err := migrate.Installed(ctx, pool, schema)
 	switch {
 	case err != nil && errors.Is(err, gendurable.ErrSchemaVersion):
+		return err
+	case err != nil && (errors.As(err, new(*pgconn.ConnectError)) || ctx.Err() != nil):
+		// No connection: the command's own statements would only connect
+		// again, and time out again (a newcomer probe waited two connect
+		// timeouts for one unanswering server).
 		return err
 	case err != nil, v == 0, v == migrate.Latest():
 		return nil // the command's own statements report a database error, or a missing schema

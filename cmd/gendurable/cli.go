@@ -185,8 +185,8 @@ const stillWaitingAfter = 5 * time.Second
 // noteStillWaiting writes one line to w after d unless the returned stop
 // is called first; once stop returns, nothing more is written.
 func noteStillWaiting(w *syncWriter, cmd string, asJSON bool, d time.Duration) (stop func()) {
-	msg := fmt.Sprintf("gendurable: %s: still waiting on the database after %s (a row it needs may be locked by another transaction, "+
-		"or the server is slow); Ctrl-C stops it, and what was already committed stays", cmd, d)
+	msg := fmt.Sprintf("gendurable: %s: still waiting on the database after %s (the server may be slow or not answering, "+
+		"or a row it needs locked by another transaction); Ctrl-C stops it, and what was already committed stays", cmd, d)
 	var t *time.Timer
 	t = time.AfterFunc(d, func() {
 		w.mu.Lock()
@@ -513,6 +513,16 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		sql, err := migrate.SQL(*schema, *from, target)
 		if err != nil {
 			return err
+		}
+		if *asJSON {
+			// One object, as every other command's --json: the script in
+			// "sql", with what it migrates.
+			return json.NewEncoder(stdout).Encode(struct {
+				Schema string `json:"schema"`
+				From   int    `json:"from"`
+				To     int    `json:"to"`
+				SQL    string `json:"sql"`
+			}{*schema, *from, target, sql})
 		}
 		_, err = io.WriteString(stdout, sql)
 		return err

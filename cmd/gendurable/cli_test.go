@@ -1264,6 +1264,12 @@ func TestSilentServerIsAConnectionErrorInBoundedTime(t *testing.T) {
 	require.Contains(t, lines[0], "gendurable: status: still waiting on the database after 5s")
 	require.Contains(t, lines[1], "cannot connect to the database as user postgres, database postgres")
 	require.Less(t, took, 25*time.Second)
+	// One connect, one timeout: the schema-version check that comes first
+	// used to swallow its connect error, and the command connected again
+	// (20 s, two connections, in a newcomer probe).
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, held, 1, "connections the command opened")
 }
 
 // TestCLIMigrateToAVersion: `migrate up --to N` and `migrate down --to N`
@@ -1307,6 +1313,19 @@ func TestCLIMigrateToAVersion(t *testing.T) {
 	require.NotContains(t, out, "CREATE TABLE", "only the step's SQL")
 	require.Contains(t, out, fmt.Sprintf("gendurable schema version %d", last))
 	require.Contains(t, out, "lock_timeout", "the script says how to run it on a database in use")
+	// --json: one object, the script in it (a newcomer probe piped the
+	// plain SQL into a JSON parser).
+	out, _, code = cli(t, "migrate", "print", "--json", "--schema", "elsewhere", "--from", strconv.Itoa(last-1), "--to", strconv.Itoa(last))
+	require.Equal(t, 0, code)
+	var printed struct {
+		Schema   string
+		From, To int
+		SQL      string
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &printed), out)
+	require.Equal(t, "elsewhere", printed.Schema)
+	require.Equal(t, []int{last - 1, last}, []int{printed.From, printed.To})
+	require.Contains(t, printed.SQL, fmt.Sprintf("gendurable schema version %d", last))
 	v, err := migrate.Installed(context.Background(), pool, schema)
 	require.NoError(t, err)
 	require.Equal(t, last-1, v, "the refused commands changed nothing")

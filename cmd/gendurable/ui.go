@@ -12,7 +12,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
@@ -115,7 +114,7 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageError{msg: fmt.Sprintf("--max-conns must be 1 to %d (each connection takes a file descriptor)", maxUIConns)}
 	}
 	c.ui = true
-	eng, pool, err := c.engineAndPool(ctx, stderr)
+	eng, pool, err := c.uncheckedEngine(ctx, stderr)
 	if err != nil {
 		return err
 	}
@@ -127,10 +126,13 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := checkConnection(ctx, pool); err != nil {
 		return fmt.Errorf("ui: %w", err)
 	}
+	if err := sameVersion(ctx, pool, c.schema); err != nil {
+		return err
+	}
 	// A schema never migrated (or misspelt): every page would fail with
 	// 503 while the server ran on; say so and exit, as for another version.
 	if v, err := migrate.Installed(ctx, pool, c.schema); err == nil && v == 0 {
-		return fmt.Errorf("ui: %w: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` first (or check --schema)",
+		return fmt.Errorf("%w: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` first (or check --schema)",
 			gendurable.ErrNotMigrated, c.schema, c.schema)
 	}
 	srv := dashboard.NewServer(h, dashboard.ServerOptions{MaxConns: *maxConns})
@@ -159,8 +161,9 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // uiShutdownTimeout bounds how long an interrupted `gendurable ui` waits
 // for the requests under way: the dashboard bounds each by its
-// RequestTimeout, so they end within it.
-const uiShutdownTimeout = dashboard.DefaultRequestTimeout + 5*time.Second
+// RequestTimeout, and a bulk statement under way then by
+// gendurable.BulkStatementGrace more, so they end within the write timeout.
+const uiShutdownTimeout = dashboard.DefaultWriteTimeout
 
 // serveUntil serves ln until ctx ends, then stops taking connections and
 // returns once the requests under way have been answered (at most

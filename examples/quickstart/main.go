@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -92,14 +93,31 @@ func work(ctx context.Context) {
 
 const schema = "quickstart"
 
+const usage = `quickstart shows gendurable's guarantee end to end: orders and jobs worked by
+two worker processes, one of them killed with SIGKILL in the middle.
+
+  go run ./examples/quickstart                 the whole demo (-n N: orders, and as many jobs; default 400)
+  go run ./examples/quickstart work            one worker, until Ctrl-C
+  go run ./examples/quickstart insert -n 500   insert orders and jobs
+  go run ./examples/quickstart status          counts by status
+
+The database is DATABASE_URL (schema quickstart, created and marked by it). Without it,
+the demo starts a private throwaway PostgreSQL; work, insert and status need DATABASE_URL.
+`
+
 func main() {
-	cmd := "demo"
-	if len(os.Args) > 1 {
-		cmd = os.Args[1]
+	cmd, args := "demo", os.Args[1:]
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:] // else flags of the demo (-n 100, --help)
 	}
-	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+	if cmd == "help" {
+		fmt.Print(usage)
+		return
+	}
+	fs := flag.NewFlagSet(cmd, flag.ExitOnError) // -h, --help: usage, exit 0
+	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
 	n := fs.Int("n", 400, "orders (and as many jobs) to insert")
-	_ = fs.Parse(os.Args[min(2, len(os.Args)):])
+	_ = fs.Parse(args)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -114,7 +132,7 @@ func main() {
 	case "status":
 		err = withPool(ctx, func(pool *pgxpool.Pool) error { _, err := printStatus(ctx, pool); return err })
 	default:
-		err = fmt.Errorf("unknown command %q (demo, work, insert, status)", cmd)
+		err = fmt.Errorf("unknown command %q (demo, work, insert, status; --help shows the usage)", cmd)
 	}
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = fmt.Errorf("stopped: %v", context.Cause(ctx)) // Ctrl-C, SIGTERM

@@ -395,11 +395,21 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 			}
 		}
 	}
+	if target < from {
+		// Drop only gendurable's own indexes: an index of the name on a
+		// table of the user's is theirs (see checkIndexTables).
+		if err := checkIndexTables(ctx, tx, schema, m.Version, "down", dropIndexIfExists, sql); err != nil {
+			return from, 0, from, err
+		}
+	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
 		return from, 0, from, fmt.Errorf("migration %d %s: %w", m.Version, wayOf(target-from), err)
 	}
 	if target > from {
 		if err := checkPrebuiltIndexes(ctx, tx, schema, m); err != nil {
+			return from, 0, from, err
+		}
+		if err := checkIndexTables(ctx, tx, schema, m.Version, "up", ifNotExistsIndex, m.up); err != nil {
 			return from, 0, from, err
 		}
 	}
@@ -428,6 +438,40 @@ func wayOf(d int) string {
 // ifNotExistsIndex finds the indexes a migration builds only if missing
 // (an operator may build them CONCURRENTLY by hand first).
 var ifNotExistsIndex = regexp.MustCompile(`(?i)CREATE\s+(?:UNIQUE\s+)?INDEX\s+IF\s+NOT\s+EXISTS\s+(\w+)`)
+
+// dropIndexIfExists finds the indexes a down migration drops.
+var dropIndexIfExists = regexp.MustCompile(`(?i)DROP\s+INDEX\s+IF\s+EXISTS\s+(?:\S+?\.)?(\w+)`)
+
+// checkIndexTables fails a version (up: after its statements, down:
+// before them) when an index that sql builds only if missing, or drops if
+// it exists, has that name in the schema but belongs to a table that is not
+// gendurable's (index names share one namespace per schema). IF NOT EXISTS
+// would skip building gendurable's index — the picks would then scan the
+// table — and a down would drop the user's index. A hostile-operator probe
+// did both with an index named gendurable_instances_unique_key on a table
+// of its own.
+func checkIndexTables(ctx context.Context, tx pgx.Tx, schema string, version int, way string, re *regexp.Regexp, sql string) error {
+	var names []string
+	for _, g := range re.FindAllStringSubmatch(sql, -1) {
+		names = append(names, g[1])
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	var bad *string
+	if err := tx.QueryRow(ctx, `SELECT string_agg(format('%s (on %s)', c.relname, t.relname), ', ' ORDER BY c.relname)
+		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
+		JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = ANY($2) AND t.relname NOT LIKE 'gendurable\_%'`, schema, names).Scan(&bad); err != nil {
+		return err
+	}
+	if bad != nil {
+		return fmt.Errorf("migration %d %s: index %s in schema %q belongs to a table that is not gendurable's: "+
+			"gendurable needs that name for an index of its own (ALTER INDEX … RENAME TO another name, then migrate again); "+
+			"nothing of version %d was applied", version, way, *bad, schema, version)
+	}
+	return nil
+}
 
 // checkPrebuiltIndexes fails a version whose indexes built "IF NOT EXISTS"
 // found one of that name that is not valid: what a CREATE INDEX
