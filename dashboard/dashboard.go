@@ -118,9 +118,10 @@
 //     into another name.
 //   - After a POST the handler redirects (303) to a page whose query string
 //     names a flash message from a fixed list (a bulk action's adds counts,
-//     read as numbers, shown only under a signature the dashboard made),
-//     so a crafted link cannot make the page display arbitrary text, nor
-//     claim counts or an action stopped part way.
+//     read as numbers), shown only under a signature the dashboard made
+//     for that page within the last ten minutes, so a crafted link cannot
+//     make the page display arbitrary text, nor claim that an action was
+//     taken, with what counts, or that it stopped part way.
 package dashboard
 
 import (

@@ -143,16 +143,26 @@ var flashes = map[string]string{
 // link made from the page drops them.
 var flashParams = []string{"flash", "changed", "skipped", "not_found", "partial", "at", "sig"}
 
+// flashOf is the flash message of a page: a bulk action's, or a single
+// action's fixed text — either shown only under the signature of the
+// redirect that named it (signFlash), so a crafted link cannot make a page
+// say that an action was taken ("Cancelled: the instance is failed." on a
+// done instance, before a hostile-operator probe).
 func (d *dashboard) flashOf(r *http.Request) string {
 	q := r.URL.Query()
 	if m := d.bulkFlash(r.URL.Path, q); m != "" {
 		return m
 	}
-	return flashes[q.Get("flash")]
+	m := flashes[q.Get("flash")]
+	if m == "" || !d.flashSigned(r.URL.Path, q) {
+		return ""
+	}
+	return m
 }
 
 // redirect answers a POST with 303 to path (relative to the base) with a
-// flash key.
+// flash key, signed (signFlash).
 func (d *dashboard) redirect(w http.ResponseWriter, r *http.Request, path, flash string) {
-	http.Redirect(w, r, d.link(path)+"?"+url.Values{"flash": {flash}}.Encode(), http.StatusSeeOther)
+	v := d.signFlash(path, url.Values{"flash": {flash}})
+	http.Redirect(w, r, d.link(path)+"?"+v.Encode(), http.StatusSeeOther)
 }

@@ -294,3 +294,16 @@ func nextLink(body string) string {
 	href, _, _ := strings.Cut(rest, `"`)
 	return strings.ReplaceAll(href, "&amp;", "&")
 }
+
+// flashLocation checks that r redirects to path with the flash key flash,
+// signed (the page shows it only so), and returns the Location to get.
+func flashLocation(t *testing.T, r resp, path, flash string) string {
+	t.Helper()
+	loc := r.header.Get("Location")
+	u, err := url.Parse(loc)
+	require.NoError(t, err)
+	require.Equal(t, path, u.Path, loc)
+	require.Equal(t, flash, u.Query().Get("flash"), loc)
+	require.NotEmpty(t, u.Query().Get("sig"), "%s: unsigned", loc)
+	return loc
+}

@@ -28,7 +28,7 @@ function bulkCount() {
 (function () {
   var u = new URL(window.location.href);
   if (u.searchParams.has("flash")) { // a reload must not repeat the message
-    ["flash", "changed", "skipped", "not_found", "partial"].forEach(function (k) { u.searchParams.delete(k); });
+    ["flash", "changed", "skipped", "not_found", "partial", "at", "sig"].forEach(function (k) { u.searchParams.delete(k); });
     window.history.replaceState(null, "", u.pathname + u.search + u.hash);
   }
   bulkCount();
