@@ -3288,3 +3288,68 @@ func startedOnADeafStep(t *testing.T, release <-chan struct{}) *testBundle {
 	<-started
 	return b
 }
+
+// TestAPrefetchedStepStartsOnALiveLease: a prefetched plain claim whose row
+// another transaction holds locked past its lease (the heartbeat skips a
+// locked row, and counts a plain one as extended) starts on a lease live on
+// the database clock, not on the one that ran out meanwhile. A probe
+// stopped the server process of the claim's own heartbeat inside its UPDATE
+// for 6 s: the step started 4.7 s past its lease. Here a transaction of the
+// test's holds the row (lease 1.2 s) until just after the running step ends,
+// so the clear that gates the prefetched step comes before the next
+// heartbeat (400 ms).
+func TestAPrefetchedStepStartsOnALiveLease(t *testing.T) {
+	t.Parallel()
+	finishA, aDone := make(chan struct{}), make(chan struct{})
+	var b *testBundle
+	var bLive atomic.Int32 // 1: the prefetched step saw its lease live; 2: run out
+	job := &gendurable.Job[orderArgs]{Name: "prefetched", Perform: func(ctx context.Context, r *gendurable.Run[orderArgs]) error {
+		if r.State.I == 0 {
+			<-finishA
+			close(aDone)
+			return nil
+		}
+		var live bool
+		if err := b.pool.QueryRow(context.Background(), replaceSchema(`SELECT lease_expires_at > clock_timestamp()
+			FROM {{s}}.gendurable_instances WHERE id = $1 AND claim_token = $2`, b.schema), r.ID, r.Token).Scan(&live); err != nil {
+			return err
+		}
+		if live {
+			bLive.Store(1)
+		} else {
+			bLive.Store(2)
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.ReaperInterval = 1200*time.Millisecond, 400*time.Millisecond, -1
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 1,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}}
+	b = setup(t, cfg)
+	a := b.insert(job.New(orderArgs{I: 0}))
+	pre := b.insert(job.New(orderArgs{I: 1}))
+	b.start()
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(finishA) }) })
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND unstarted_token IS NOT NULL`, pre) == 1
+	}, "the prefetched claim marked not started by a heartbeat")
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, replaceSchema(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), pre)
+	require.NoError(t, err)
+	time.Sleep(1400 * time.Millisecond) // past the prefetched claim's lease on the database clock
+	var expired bool
+	require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT lease_expires_at < clock_timestamp()
+		FROM {{s}}.gendurable_instances WHERE id = $1`, b.schema), pre).Scan(&expired))
+	require.True(t, expired, "the locked row's lease ran out")
+	once.Do(func() { close(finishA) })
+	<-aDone
+	time.Sleep(50 * time.Millisecond) // the clear that gates its start is being tried again
+	require.NoError(t, tx.Commit(ctx))
+	b.waitStatus(a, "done", 10*time.Second)
+	b.waitStatus(pre, "done", 10*time.Second)
+	require.Equal(t, int32(1), bLive.Load(), "the prefetched step started on a lease that had run out")
+}

@@ -1294,7 +1294,8 @@ func (s *Feeder) clearMarks(ctx context.Context) bool {
 	// answered none in time, and the claims never started
 	// (TestNoFalseLeaseLossWhileOutcomesCommit under the full suite).
 	cctx, cancel := context.WithTimeout(ctx, clearTimeout(s.cfg.HeartbeatInterval, s.cfg.Lease))
-	held, err := s.q.ClearUnstarted(cctx, s.db, ids, tokens)
+	sent := time.Now()
+	held, err := s.q.ClearUnstarted(cctx, s.db, ids, tokens, s.cfg.Lease)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -1319,8 +1320,13 @@ func (s *Feeder) clearMarks(ctx context.Context) bool {
 			lost = append(lost, s.loseLocked(token, h))
 		case cleared:
 			h.marked, h.unmarking = false, false
+			// The clear extended the lease by a whole one from when it
+			// wrote the row, which is after it was sent.
+			if d := sent.Add(s.cfg.Lease); d.After(h.deadline) {
+				h.deadline = d
+			}
 		default:
-			done = false // locked by someone else: again soon
+			done = false // locked by someone else, or its lease ran out: again soon
 		}
 	}
 	s.rearmLocked()

@@ -591,19 +591,33 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time, 
 // fenced by the token. Like the heartbeat it skips a row another
 // transaction holds locked (a caller's open SignalTx must not stall it),
 // and reports it as held if its token is still the row's.
+//
+// A step starts on a lease live on the database clock: the clear skips a
+// claim whose lease has run out (reported held, not cleared: the next
+// heartbeat extends it, or finds it lost), and extends the lease of a claim
+// it clears by a whole lease from the moment it writes the row
+// (clock_timestamp, not the statement's start: a statement held up, by a
+// lock or a stopped server process, would write a lease already past). A
+// heartbeat counts a plain row locked by someone else as extended (its
+// outcome's fence settles a running step's fate), so a buffered claim
+// whose row a stalled heartbeat of its own held locked for longer than the
+// lease started, after the stall, seconds past its lease (a probe:
+// SIGSTOP of that heartbeat's server process inside its UPDATE).
 const clearUnstartedSQL = `
 WITH h AS MATERIALIZED (
   SELECT * FROM unnest($1::bigint[], $2::bigint[]) AS h(id, token)
 ), lockable AS MATERIALIZED (
   SELECT h.id FROM h CROSS JOIN LATERAL (
-    SELECT i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    SELECT i.claim_token, i.status, i.lease_expires_at FROM {{schema}}.gendurable_instances AS i
     WHERE i.id = h.id
     OFFSET 0 -- a fence: the outer conditions must not reach the scan
     FOR NO KEY UPDATE SKIP LOCKED
   ) AS l
-  WHERE l.claim_token = h.token AND l.status = 'executing'
+  WHERE l.claim_token = h.token AND l.status = 'executing' AND l.lease_expires_at > clock_timestamp()
 ), cleared AS (
-  UPDATE {{schema}}.gendurable_instances AS i SET unstarted_token = NULL
+  UPDATE {{schema}}.gendurable_instances AS i
+  SET unstarted_token = NULL,
+      lease_expires_at = greatest(i.lease_expires_at, clock_timestamp() + $3::bigint * interval '1 microsecond')
   FROM lockable AS l
   WHERE i.id = l.id
   RETURNING i.id
@@ -617,12 +631,14 @@ FROM h CROSS JOIN LATERAL (
 WHERE s.claim_token = h.token AND s.status = 'executing'`
 
 // ClearUnstarted clears the not-started marks of the (id, token) claims
-// (docs/design.md §4, "Prefetched claims"). It returns, by token, the claims
-// still held: true if the mark is cleared (the step may start), false if
-// another transaction held the row locked (try again). A claim it does not
-// return is no longer held.
-func (q *Queries) ClearUnstarted(ctx context.Context, db DB, ids, tokens []int64) (map[int64]bool, error) {
-	rows, err := db.Query(ctx, q.clearUnstarted, ids, tokens)
+// (docs/design.md §4, "Prefetched claims") and extends their leases by
+// lease. It returns, by token, the claims still held: true if the mark is
+// cleared (the step may start, its lease live for lease from no earlier
+// than the statement was sent), false if another transaction held the row
+// locked or its lease had run out on the database clock (try again once a
+// heartbeat has run). A claim it does not return is no longer held.
+func (q *Queries) ClearUnstarted(ctx context.Context, db DB, ids, tokens []int64, lease time.Duration) (map[int64]bool, error) {
+	rows, err := db.Query(ctx, q.clearUnstarted, ids, tokens, micros(lease))
 	if err != nil {
 		return nil, err
 	}

@@ -994,15 +994,35 @@ func TestClearUnstartedSkipsALockedRow(t *testing.T) {
 
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	held, err := q.ClearUnstarted(cctx, conn(), []int64{1, 2, 3, 3}, []int64{11, 12, 13, 9})
+	held, err := q.ClearUnstarted(cctx, conn(), []int64{1, 2, 3, 3}, []int64{11, 12, 13, 9}, time.Minute)
 	require.NoError(t, err, "the clear waited on the locked row")
 	require.Equal(t, map[int64]bool{11: true, 12: false, 13: true}, held)
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unstarted_token IS NOT NULL`))
 	require.NoError(t, tx.Rollback(ctx))
-	held, err = q.ClearUnstarted(ctx, conn(), []int64{2}, []int64{12})
+	held, err = q.ClearUnstarted(ctx, conn(), []int64{2}, []int64{12}, time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, map[int64]bool{12: true}, held)
 	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unstarted_token IS NOT NULL`))
+}
+
+// TestClearUnstartedNeedsALiveLease: a claim whose lease has run out on the
+// database clock is not cleared (held, to be tried again once a heartbeat
+// has run), its mark kept; one cleared gets a whole lease from the moment
+// the statement wrote it.
+func TestClearUnstartedNeedsALiveLease(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, status, claim_token, lease_expires_at, unstarted_token)
+	      OVERRIDING SYSTEM VALUE VALUES (1, 'm', 'a', 'executing', 11, now() - interval '1 second', 11),
+	                                     (2, 'm', 'a', 'executing', 12, now() + interval '1 second', 12)`)
+	held, err := q.ClearUnstarted(ctx, conn(), []int64{1, 2}, []int64{11, 12}, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, map[int64]bool{11: false, 12: true}, held)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND unstarted_token = 11
+		AND lease_expires_at < now()`), "the run-out claim kept its mark and its lease")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 2 AND unstarted_token IS NULL
+		AND lease_expires_at > clock_timestamp() + interval '50 seconds'`), "the cleared claim's lease extended")
 }
 
 // TestReapChargesNoAttemptToARevokedUnstartedKeyHolder: the holder of key
