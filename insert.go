@@ -54,9 +54,14 @@ type InsertOpts struct {
 	// Instances without a key pay nothing.
 	PartitionKey string
 	// KeyLimit overrides the key's limit from [Config.KeyPolicies] for this
-	// instance: while it waits to run, its key runs at most KeyLimit steps
-	// at once. 0: the policy's (default 1); at most 1<<20. Needs a
-	// PartitionKey.
+	// instance: it is claimed only while its key holds fewer than KeyLimit
+	// slots (it then takes one). The limit is checked when the instance is
+	// claimed, not for as long as it runs: a Next that goes straight on keeps
+	// its slot, so when instances of one key carry different limits, a
+	// KeyLimit 1 instance's later steps may run beside instances with a
+	// larger limit claimed after it. Give every instance of a key the same
+	// limit (a KeyPolicy does) to hold the key to it. 0: the policy's
+	// (default 1); at most 1<<20. Needs a PartitionKey.
 	KeyLimit int
 	// UniqueKey: while an instance with this key is in one of UniqueScope's
 	// statuses, inserting another with the same key inserts nothing and
