@@ -121,7 +121,9 @@
 //     read as numbers), shown only under a signature the dashboard made
 //     for that page within the last ten minutes, so a crafted link cannot
 //     make the page display arbitrary text, nor claim that an action was
-//     taken, with what counts, or that it stopped part way.
+//     taken, with what counts, or that it stopped part way. The signing
+//     key is drawn per process: behind several replicas, a flash shows
+//     only where the redirected request reaches the one that made it.
 package dashboard
 
 import (

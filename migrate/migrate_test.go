@@ -951,7 +951,7 @@ func TestAnIndexNameOnAUsersTableStopsItsVersion(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = migrate.Up(ctx, pool, schema)
-	require.ErrorContains(t, err, "gendurable_instances_unique_key (on user_things)")
+	require.ErrorContains(t, err, "gendurable_instances_unique_key (an index on user_things)")
 	require.ErrorContains(t, err, "migration 4 up")
 	v, err := migrate.Installed(ctx, pool, schema)
 	require.NoError(t, err)
@@ -975,4 +975,59 @@ func TestAnIndexNameOnAUsersTableStopsItsVersion(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 4, v, "version 4 was not removed")
 	require.True(t, userIndexOn("user_things"), "the user's index was kept")
+}
+
+// TestANameVersionsFreeIsTheUsersOnceFreed (a review of the test above):
+// version 5 drops gendurable_instances_parent going up and builds it again
+// going down. Once freed, the name may be taken by an index of the user's:
+// the down must not skip gendurable's index, and the next up must not drop
+// the user's. A view of a name a version builds "if not exists" must not
+// make it skip the build either.
+func TestANameVersionsFreeIsTheUsersOnceFreed(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	_, err := migrate.To(ctx, pool, schema, 5)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE TABLE `+s+`.user_things (id int, k text)`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE INDEX gendurable_instances_parent ON `+s+`.user_things (k)`)
+	require.NoError(t, err)
+	_, err = migrate.To(ctx, pool, schema, 4)
+	require.ErrorContains(t, err, "gendurable_instances_parent (an index on user_things)")
+	require.ErrorContains(t, err, "migration 5 down")
+	installed := func() int {
+		v, err := migrate.Installed(ctx, pool, schema)
+		require.NoError(t, err)
+		return v
+	}
+	require.Equal(t, 5, installed())
+	// An older binary's down skipped the build: the name is the user's at
+	// version 4; version 5's up must not drop it.
+	_, err = pool.Exec(ctx, `DROP INDEX `+s+`.gendurable_instances_parent`)
+	require.NoError(t, err)
+	_, err = migrate.To(ctx, pool, schema, 4)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `DROP INDEX `+s+`.gendurable_instances_parent`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE INDEX gendurable_instances_parent ON `+s+`.user_things (k)`)
+	require.NoError(t, err)
+	_, err = migrate.To(ctx, pool, schema, 5)
+	require.ErrorContains(t, err, "migration 5 up")
+	require.Equal(t, 4, installed())
+	var kept bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s+`.gendurable_instances_parent`).Scan(&kept))
+	require.True(t, kept, "the user's index was kept")
+
+	// A view under a name version 14 builds "if not exists".
+	_, err = pool.Exec(ctx, `DROP INDEX `+s+`.gendurable_instances_parent`)
+	require.NoError(t, err)
+	_, err = migrate.To(ctx, pool, schema, 13)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE VIEW `+s+`.gendurable_instances_lingering_leases AS SELECT 1 AS x`)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.ErrorContains(t, err, "gendurable_instances_lingering_leases (not an index)")
+	require.Equal(t, 13, installed())
 }

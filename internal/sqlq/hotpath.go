@@ -593,8 +593,9 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time, 
 // and reports it as held if its token is still the row's.
 //
 // A step starts on a lease live on the database clock: the clear skips a
-// claim whose lease has run out (reported held, not cleared: the next
-// heartbeat extends it, or finds it lost), and extends the lease of a claim
+// claim whose lease has run out (reported held, not cleared: the feeder
+// tries again as for a locked row, and succeeds once a heartbeat has
+// extended the lease — or the heartbeat finds the claim lost), and extends the lease of a claim
 // it clears by a whole lease from the moment it writes the row
 // (clock_timestamp, not the statement's start: a statement held up, by a
 // lock or a stopped server process, would write a lease already past). A

@@ -395,21 +395,21 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 			}
 		}
 	}
-	if target < from {
-		// Drop only gendurable's own indexes: an index of the name on a
-		// table of the user's is theirs (see checkIndexTables).
-		if err := checkIndexTables(ctx, tx, schema, m.Version, "down", dropIndexIfExists, sql); err != nil {
-			return from, 0, from, err
-		}
+	step := wayOf(target - from) // dir may be 0: either way
+	// Drop only gendurable's own indexes: an index of the name on a table of
+	// the user's is theirs (see checkIndexNames).
+	if err := checkIndexNames(ctx, tx, schema, m.Version, step, indexNames(dropIndex, sql)); err != nil {
+		return from, 0, from, err
 	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
-		return from, 0, from, fmt.Errorf("migration %d %s: %w", m.Version, wayOf(target-from), err)
+		return from, 0, from, fmt.Errorf("migration %d %s: %w", m.Version, step, err)
+	}
+	// What a build "if not exists" skipped must be gendurable's own index.
+	if err := checkIndexNames(ctx, tx, schema, m.Version, step, indexNames(ifNotExistsIndex, sql)); err != nil {
+		return from, 0, from, err
 	}
 	if target > from {
 		if err := checkPrebuiltIndexes(ctx, tx, schema, m); err != nil {
-			return from, 0, from, err
-		}
-		if err := checkIndexTables(ctx, tx, schema, m.Version, "up", ifNotExistsIndex, m.up); err != nil {
 			return from, 0, from, err
 		}
 	}
@@ -439,36 +439,52 @@ func wayOf(d int) string {
 // (an operator may build them CONCURRENTLY by hand first).
 var ifNotExistsIndex = regexp.MustCompile(`(?i)CREATE\s+(?:UNIQUE\s+)?INDEX\s+IF\s+NOT\s+EXISTS\s+(\w+)`)
 
-// dropIndexIfExists finds the indexes a down migration drops.
-var dropIndexIfExists = regexp.MustCompile(`(?i)DROP\s+INDEX\s+IF\s+EXISTS\s+(?:\S+?\.)?(\w+)`)
+// dropIndex finds the indexes a migration drops.
+var dropIndex = regexp.MustCompile(`(?i)DROP\s+INDEX\s+(?:IF\s+EXISTS\s+)?(?:\S+?\.)?(\w+)`)
 
-// checkIndexTables fails a version (up: after its statements, down:
-// before them) when an index that sql builds only if missing, or drops if
-// it exists, has that name in the schema but belongs to a table that is not
-// gendurable's (index names share one namespace per schema). IF NOT EXISTS
-// would skip building gendurable's index — the picks would then scan the
-// table — and a down would drop the user's index. A hostile-operator probe
-// did both with an index named gendurable_instances_unique_key on a table
-// of its own.
-func checkIndexTables(ctx context.Context, tx pgx.Tx, schema string, version int, way string, re *regexp.Regexp, sql string) error {
+// sqlComment is a line comment of a migration's SQL (its prose may name
+// statements).
+var sqlComment = regexp.MustCompile(`--[^\n]*`)
+
+// indexNames are the index names re (dropIndex, ifNotExistsIndex) finds
+// in sql, comments left out.
+func indexNames(re *regexp.Regexp, sql string) []string {
 	var names []string
-	for _, g := range re.FindAllStringSubmatch(sql, -1) {
+	for _, g := range re.FindAllStringSubmatch(sqlComment.ReplaceAllString(sql, ""), -1) {
 		names = append(names, g[1])
 	}
+	return names
+}
+
+// checkIndexNames fails a version when one of the index names it builds
+// only if missing (checked after its statements) or drops (checked before
+// them) is taken in the schema by something that is not an index of
+// gendurable's tables: an index on a table of the user's, or another kind
+// of relation (relation names share one namespace per schema). A build "if
+// not exists" would skip gendurable's index without a word — the picks
+// would then scan the table — and a drop would drop the user's index. A
+// hostile-operator probe did both with an index named
+// gendurable_instances_unique_key on a table of its own; a review found
+// the names versions 5 and 6 free going up, and build again going down,
+// open to the same, and a view of such a name skipping a build.
+func checkIndexNames(ctx context.Context, tx pgx.Tx, schema string, version int, way string, names []string) error {
 	if len(names) == 0 {
 		return nil
 	}
 	var bad *string
-	if err := tx.QueryRow(ctx, `SELECT string_agg(format('%s (on %s)', c.relname, t.relname), ', ' ORDER BY c.relname)
-		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
-		JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = ANY($2) AND t.relname NOT LIKE 'gendurable\_%'`, schema, names).Scan(&bad); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT string_agg(format('%s (%s)', c.relname,
+		         CASE WHEN c.relkind IN ('i', 'I') THEN 'an index on ' || coalesce(t.relname, '?') ELSE 'not an index' END),
+		       ', ' ORDER BY c.relname)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		LEFT JOIN pg_index i ON i.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = i.indrelid
+		WHERE n.nspname = $1 AND c.relname = ANY($2)
+		  AND (c.relkind NOT IN ('i', 'I') OR t.relname IS NULL OR t.relname NOT LIKE 'gendurable\_%')`, schema, names).Scan(&bad); err != nil {
 		return err
 	}
 	if bad != nil {
-		return fmt.Errorf("migration %d %s: index %s in schema %q belongs to a table that is not gendurable's: "+
-			"gendurable needs that name for an index of its own (ALTER INDEX … RENAME TO another name, then migrate again); "+
-			"nothing of version %d was applied", version, way, *bad, schema, version)
+		return fmt.Errorf("migration %d %s: %s in schema %q: gendurable needs that name for an index of its own "+
+			"(rename yours, e.g. ALTER INDEX … RENAME TO, then migrate again); nothing of version %d was applied",
+			version, way, *bad, schema, version)
 	}
 	return nil
 }
