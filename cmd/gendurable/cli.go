@@ -167,7 +167,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	if err != nil {
-		reportError(stderr, args[0], err, asJSON)
+		reportError(stderr, args[0], err, asJSON, databaseSource(args[1:]))
 	}
 	return exitCode(err)
 }
@@ -279,8 +279,27 @@ func printHelp(w io.Writer, name string, fs *flag.FlagSet) {
 // reportError writes err once: "gendurable: message" (the library's own
 // errors already start with "gendurable: "), or as {"error": {...}} with
 // --json.
-func reportError(w io.Writer, name string, err error, asJSON bool) {
-	msg := tidyConnectError(name, err.Error(), err)
+// databaseSource is where a command run with args took its database URL
+// from, for a connection error's hint: "--database-url" if args set it,
+// "DATABASE_URL" if the environment did, else "" (the default chain).
+func databaseSource(args []string) string {
+	for _, a := range args {
+		if a == "--" {
+			break
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name == "database-url" {
+			return "--database-url"
+		}
+	}
+	if os.Getenv("DATABASE_URL") != "" {
+		return "DATABASE_URL"
+	}
+	return ""
+}
+
+func reportError(w io.Writer, name string, err error, asJSON bool, dbSource string) {
+	msg := tidyConnectError(name, err.Error(), err, dbSource)
 	if !strings.HasPrefix(msg, "gendurable: ") {
 		msg = "gendurable: " + msg
 	}
@@ -304,7 +323,7 @@ func reportError(w io.Writer, name string, err error, asJSON bool) {
 // would print as \x0a\x09 — as one line: each distinct failure once (the
 // TLS attempt's "server refused TLS connection" left out when another line
 // says more), then where command name's database URL comes from.
-func tidyConnectError(name, msg string, err error) string {
+func tidyConnectError(name, msg string, err error, dbSource string) string {
 	var ce *pgconn.ConnectError
 	if !errors.As(err, &ce) || ce.Config == nil {
 		return msg
@@ -330,6 +349,9 @@ func tidyConnectError(name, msg string, err error) string {
 	source := "--database-url, else DATABASE_URL, else " + defaultDatabaseURL
 	if name == "demo" {
 		source = "--database-url, else DATABASE_URL, else a throwaway PostgreSQL"
+	}
+	if dbSource != "" {
+		source = dbSource // what this run set (a newcomer read the whole chain after giving --database-url)
 	}
 	if errors.As(err, new(fromEnvDatabase)) {
 		source = "DATABASE_URL"

@@ -1014,11 +1014,9 @@ func TestConnectionFailuresAreOneReadableLine(t *testing.T) {
 		require.Equal(t, 1, strings.Count(errOut, c.want), "%q: said once: %s", c.args, errOut)
 		require.NotContains(t, errOut, `\x0a`, "%q", c.args)
 		require.NotContains(t, errOut, "tls error", "%q", c.args)
-		fallback := "else postgres://postgres@127.0.0.1:5432/postgres)"
-		if c.args[0] == "demo" {
-			fallback = "else a throwaway PostgreSQL)"
-		}
-		require.Contains(t, errOut, "(the database is --database-url, else DATABASE_URL, "+fallback, "%q", c.args)
+		// Where this run's URL came from: the flag it gave (a newcomer read
+		// the whole chain of defaults after giving --database-url).
+		require.Contains(t, errOut, "(the database is --database-url)", "%q", c.args)
 		if c.args[0] == "demo" {
 			continue // no --json
 		}
@@ -1427,4 +1425,24 @@ func TestMigrateDirectionIsCheckedUnderTheLock(t *testing.T) {
 	require.Equal(t, exitConflict, code, out)
 	require.Contains(t, out, fmt.Sprintf("at version %d; moving only down to %d, nothing was applied", last-2, last-1))
 	require.Equal(t, fmt.Sprintf("gendurable schema version %d", last-2), comment(), "nothing moved up")
+}
+
+// TestDatabaseSource: a connection error names where this run's URL came
+// from: the flag if given (either spelling, with or without =), else
+// DATABASE_URL if set, else the whole default chain; a "--database-url"
+// after "--" is an argument, not the flag.
+func TestDatabaseSource(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	for args, want := range map[string]string{
+		"status --database-url postgres://x":      "--database-url",
+		"status -database-url=postgres://x":       "--database-url",
+		"list --queue q":                          "",
+		"signal 1 go -- --database-url":           "",
+		"cancel --reason x --database-url=u -- y": "--database-url",
+	} {
+		require.Equal(t, want, databaseSource(strings.Fields(args)[1:]), args)
+	}
+	t.Setenv("DATABASE_URL", "postgres://y")
+	require.Equal(t, "DATABASE_URL", databaseSource([]string{"--queue", "q"}))
+	require.Equal(t, "--database-url", databaseSource([]string{"--database-url", "u"}))
 }
