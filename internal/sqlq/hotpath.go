@@ -595,10 +595,11 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time, 
 // A step starts on a lease live on the database clock: the clear skips a
 // claim whose lease has run out (reported held, not cleared: the feeder
 // tries again as for a locked row, and succeeds once a heartbeat has
-// extended the lease — or the heartbeat finds the claim lost), and extends the lease of a claim
-// it clears by a whole lease from the moment it writes the row
-// (clock_timestamp, not the statement's start: a statement held up, by a
-// lock or a stopped server process, would write a lease already past). A
+// extended the lease — or the heartbeat finds the claim lost), and extends
+// the lease of a claim it clears by a whole lease from the moment it
+// writes the row (clock_timestamp, not the statement's start: a statement
+// held up, by a lock or a stopped server process, would write a lease
+// already past). A
 // heartbeat counts a plain row locked by someone else as extended (its
 // outcome's fence settles a running step's fate), so a buffered claim
 // whose row a stalled heartbeat of its own held locked for longer than the
