@@ -3167,6 +3167,14 @@ func TestStopAfterThePoolWasClosedSaysSo(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 4
 	}, 10*time.Second, 10*time.Millisecond, "two running, two prefetched")
+	// Marked not started by a heartbeat: a prefetched claim then starts
+	// only once a statement has cleared its mark, which the closed pool
+	// refuses. Unmarked (the pool closed within a heartbeat of the claims,
+	// as a loaded CI run did), the two started when the running steps
+	// ended, and four outcomes failed instead of two.
+	require.Eventually(t, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unstarted_token IS NOT NULL`) == 2
+	}, 10*time.Second, 10*time.Millisecond, "the prefetched claims marked not started")
 	pool.Close()
 	close(release)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
