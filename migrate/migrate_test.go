@@ -925,6 +925,14 @@ func TestAVersionStampWaitsPastTheDeadlockTimeout(t *testing.T) {
 	require.Equal(t, 21, v)
 }
 
+// requireVersion checks that schema is installed at version want.
+func requireVersion(t *testing.T, pool *pgxpool.Pool, schema string, want int, msg string) {
+	t.Helper()
+	v, err := migrate.Installed(context.Background(), pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, want, v, msg)
+}
+
 // TestAnIndexNameOnAUsersTableStopsItsVersion: an index of the user's, on
 // a table of theirs in the schema, under a name a version builds "if not
 // exists" (gendurable_instances_unique_key, version 4) stops that version
@@ -953,9 +961,7 @@ func TestAnIndexNameOnAUsersTableStopsItsVersion(t *testing.T) {
 	_, err = migrate.Up(ctx, pool, schema)
 	require.ErrorContains(t, err, "gendurable_instances_unique_key (an index on user_things)")
 	require.ErrorContains(t, err, "migration 4 up")
-	v, err := migrate.Installed(ctx, pool, schema)
-	require.NoError(t, err)
-	require.Equal(t, 3, v, "version 4 was not applied")
+	requireVersion(t, pool, schema, 3, "version 4 was not applied")
 	require.True(t, userIndexOn("user_things"))
 
 	// The same name taken after gendurable's index was dropped by hand (or
@@ -971,9 +977,7 @@ func TestAnIndexNameOnAUsersTableStopsItsVersion(t *testing.T) {
 	require.NoError(t, err)
 	_, err = migrate.To(ctx, pool, schema, 3)
 	require.ErrorContains(t, err, "migration 4 down")
-	v, err = migrate.Installed(ctx, pool, schema)
-	require.NoError(t, err)
-	require.Equal(t, 4, v, "version 4 was not removed")
+	requireVersion(t, pool, schema, 4, "version 4 was not removed")
 	require.True(t, userIndexOn("user_things"), "the user's index was kept")
 }
 
@@ -997,12 +1001,7 @@ func TestANameVersionsFreeIsTheUsersOnceFreed(t *testing.T) {
 	_, err = migrate.To(ctx, pool, schema, 4)
 	require.ErrorContains(t, err, "gendurable_instances_parent (an index on user_things)")
 	require.ErrorContains(t, err, "migration 5 down")
-	installed := func() int {
-		v, err := migrate.Installed(ctx, pool, schema)
-		require.NoError(t, err)
-		return v
-	}
-	require.Equal(t, 5, installed())
+	requireVersion(t, pool, schema, 5, "version 5 was not removed")
 	// An older binary's down skipped the build: the name is the user's at
 	// version 4; version 5's up must not drop it.
 	_, err = pool.Exec(ctx, `DROP INDEX `+s+`.gendurable_instances_parent`)
@@ -1015,7 +1014,7 @@ func TestANameVersionsFreeIsTheUsersOnceFreed(t *testing.T) {
 	require.NoError(t, err)
 	_, err = migrate.To(ctx, pool, schema, 5)
 	require.ErrorContains(t, err, "migration 5 up")
-	require.Equal(t, 4, installed())
+	requireVersion(t, pool, schema, 4, "version 5 was not applied")
 	var kept bool
 	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, s+`.gendurable_instances_parent`).Scan(&kept))
 	require.True(t, kept, "the user's index was kept")
@@ -1029,5 +1028,5 @@ func TestANameVersionsFreeIsTheUsersOnceFreed(t *testing.T) {
 	require.NoError(t, err)
 	_, err = migrate.Up(ctx, pool, schema)
 	require.ErrorContains(t, err, "gendurable_instances_lingering_leases (not an index)")
-	require.Equal(t, 13, installed())
+	requireVersion(t, pool, schema, 13, "version 14 was not applied")
 }

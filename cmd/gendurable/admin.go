@@ -87,7 +87,7 @@ func (c *common) engineAndPool(ctx context.Context, stderr io.Writer) (*gendurab
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := sameVersion(ctx, pool, c.schema); err != nil {
+	if _, err := sameVersion(ctx, pool, c.schema); err != nil {
 		pool.Close()
 		return nil, nil, err
 	}
@@ -127,23 +127,26 @@ func newerSchema(schema string, v int) error {
 // newer version may have changed, and its counts and lists may misread it
 // (code schema_version if newer, not_migrated if older). A schema with no
 // gendurable tables is left to the command (ErrNotMigrated, naming the
-// fix).
-func sameVersion(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+// fix). It returns the version it read: 0 for such a schema, -1 when the
+// read failed with an error it leaves to the command's own statements.
+func sameVersion(ctx context.Context, pool *pgxpool.Pool, schema string) (int, error) {
 	v, err := migrate.Installed(ctx, pool, schema)
 	switch {
 	case err != nil && errors.Is(err, gendurable.ErrSchemaVersion):
-		return err
+		return -1, err
 	case err != nil && (errors.As(err, new(*pgconn.ConnectError)) || ctx.Err() != nil):
 		// No connection: the command's own statements would only connect
 		// again, and time out again (a newcomer probe waited two connect
 		// timeouts for one unanswering server).
-		return err
-	case err != nil, v == 0, v == migrate.Latest():
-		return nil // the command's own statements report a database error, or a missing schema
+		return -1, err
+	case err != nil:
+		return -1, nil // the command's own statements report a database error
+	case v == 0, v == migrate.Latest():
+		return v, nil // a missing schema is the command's to report
 	case v > migrate.Latest():
-		return newerSchema(schema, v)
+		return v, newerSchema(schema, v)
 	}
-	return fmt.Errorf("%w: schema %q is at version %d, this library needs %d; run `gendurable migrate up --schema %s`",
+	return v, fmt.Errorf("%w: schema %q is at version %d, this library needs %d; run `gendurable migrate up --schema %s`",
 		gendurable.ErrSchemaVersion, schema, v, migrate.Latest(), schema)
 }
 

@@ -276,9 +276,6 @@ func printHelp(w io.Writer, name string, fs *flag.FlagSet) {
 	}
 }
 
-// reportError writes err once: "gendurable: message" (the library's own
-// errors already start with "gendurable: "), or as {"error": {...}} with
-// --json.
 // databaseSource is where a command run with args took its database URL
 // from, for a connection error's hint: "--database-url" if args set it,
 // "DATABASE_URL" if the environment did, else "" (the default chain).
@@ -298,6 +295,10 @@ func databaseSource(args []string) string {
 	return ""
 }
 
+// reportError writes err once: "gendurable: message" (the library's own
+// errors already start with "gendurable: "), or as {"error": {...}} with
+// --json. dbSource is where the command's database URL came from
+// (databaseSource), for a connection error's hint.
 func reportError(w io.Writer, name string, err error, asJSON bool, dbSource string) {
 	msg := tidyConnectError(name, err.Error(), err, dbSource)
 	if !strings.HasPrefix(msg, "gendurable: ") {

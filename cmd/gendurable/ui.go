@@ -15,7 +15,6 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
-	"github.com/gendurable/gendurable/migrate"
 )
 
 // Environment variables the ui command reads its credentials from, so they
@@ -126,12 +125,13 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := checkConnection(ctx, pool); err != nil {
 		return fmt.Errorf("ui: %w", err)
 	}
-	if err := sameVersion(ctx, pool, c.schema); err != nil {
+	v, err := sameVersion(ctx, pool, c.schema)
+	if err != nil {
 		return err
 	}
 	// A schema never migrated (or misspelt): every page would fail with
 	// 503 while the server ran on; say so and exit, as for another version.
-	if v, err := migrate.Installed(ctx, pool, c.schema); err == nil && v == 0 {
+	if v == 0 {
 		return fmt.Errorf("%w: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` first (or check --schema)",
 			gendurable.ErrNotMigrated, c.schema, c.schema)
 	}

@@ -256,10 +256,11 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 			fmt.Fprintln(o.Out, line) // not a terminal: a line now and then
 			printedAt = time.Now()
 		}
-		if n := c[gendurable.StatusDone] + c[gendurable.StatusFailed]; n > finished {
+		n := c[gendurable.StatusDone] + c[gendurable.StatusFailed]
+		if n > finished {
 			finished, progressAt = n, time.Now()
 		}
-		if c[gendurable.StatusDone]+c[gendurable.StatusFailed] == total && total >= int64(o.Orders) {
+		if n == total && total >= int64(o.Orders) {
 			if o.Live {
 				fmt.Fprintln(o.Out)
 			} else {

@@ -398,20 +398,16 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 	step := wayOf(target - from) // dir may be 0: either way
 	// Drop only gendurable's own indexes: an index of the name on a table of
 	// the user's is theirs (see checkIndexNames).
-	if err := checkIndexNames(ctx, tx, schema, m.Version, step, indexNames(dropIndex, sql)); err != nil {
+	if err := checkIndexNames(ctx, tx, schema, m.Version, step, indexNames(dropIndex, sql), false); err != nil {
 		return from, 0, from, err
 	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
 		return from, 0, from, fmt.Errorf("migration %d %s: %w", m.Version, step, err)
 	}
-	// What a build "if not exists" skipped must be gendurable's own index.
-	if err := checkIndexNames(ctx, tx, schema, m.Version, step, indexNames(ifNotExistsIndex, sql)); err != nil {
+	// What a build "if not exists" skipped must be gendurable's own index,
+	// and going up, a valid one.
+	if err := checkIndexNames(ctx, tx, schema, m.Version, step, indexNames(ifNotExistsIndex, sql), target > from); err != nil {
 		return from, 0, from, err
-	}
-	if target > from {
-		if err := checkPrebuiltIndexes(ctx, tx, schema, m); err != nil {
-			return from, 0, from, err
-		}
 	}
 	if now > 0 {
 		if _, err := tx.Exec(ctx, stampLockWait); err != nil {
@@ -467,51 +463,37 @@ func indexNames(re *regexp.Regexp, sql string) []string {
 // gendurable_instances_unique_key on a table of its own; a review found
 // the names versions 5 and 6 free going up, and build again going down,
 // open to the same, and a view of such a name skipping a build.
-func checkIndexNames(ctx context.Context, tx pgx.Tx, schema string, version int, way string, names []string) error {
+//
+// With valid, it also fails a version whose index of such a name is not
+// valid: what a CREATE INDEX CONCURRENTLY by hand leaves when it fails or
+// is cancelled (or while it still runs). IF NOT EXISTS would keep it, and
+// no statement would ever use it. One statement reads both.
+func checkIndexNames(ctx context.Context, tx pgx.Tx, schema string, version int, way string, names []string, valid bool) error {
 	if len(names) == 0 {
 		return nil
 	}
-	var bad *string
-	if err := tx.QueryRow(ctx, `SELECT string_agg(format('%s (%s)', c.relname,
-		         CASE WHEN c.relkind IN ('i', 'I') THEN 'an index on ' || coalesce(t.relname, '?') ELSE 'not an index' END),
-		       ', ' ORDER BY c.relname)
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-		LEFT JOIN pg_index i ON i.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = i.indrelid
-		WHERE n.nspname = $1 AND c.relname = ANY($2)
-		  AND (c.relkind NOT IN ('i', 'I') OR t.relname IS NULL OR t.relname NOT LIKE 'gendurable\_%')`, schema, names).Scan(&bad); err != nil {
+	var foreign, invalid *string
+	if err := tx.QueryRow(ctx, `SELECT
+		  string_agg(format('%s (%s)', x.relname, CASE WHEN x.is_index THEN 'an index on ' || coalesce(x.tab, '?') ELSE 'not an index' END),
+		             ', ' ORDER BY x.relname) FILTER (WHERE x.not_ours),
+		  string_agg(x.relname, ', ' ORDER BY x.relname) FILTER (WHERE $3 AND NOT x.not_ours AND NOT x.ready)
+		FROM (SELECT c.relname, c.relkind IN ('i', 'I') AS is_index, t.relname AS tab,
+		             c.relkind NOT IN ('i', 'I') OR t.relname IS NULL OR t.relname NOT LIKE 'gendurable\_%' AS not_ours,
+		             coalesce(i.indisvalid AND i.indisready, false) AS ready
+		      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		      LEFT JOIN pg_index i ON i.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = i.indrelid
+		      WHERE n.nspname = $1 AND c.relname = ANY($2)) AS x`, schema, names, valid).Scan(&foreign, &invalid); err != nil {
 		return err
 	}
-	if bad != nil {
+	switch {
+	case foreign != nil:
 		return fmt.Errorf("migration %d %s: %s in schema %q: gendurable needs that name for an index of its own "+
 			"(rename yours, e.g. ALTER INDEX … RENAME TO, then migrate again); nothing of version %d was applied",
-			version, way, *bad, schema, version)
-	}
-	return nil
-}
-
-// checkPrebuiltIndexes fails a version whose indexes built "IF NOT EXISTS"
-// found one of that name that is not valid: what a CREATE INDEX
-// CONCURRENTLY by hand leaves when it fails or is cancelled (or while it
-// still runs). IF NOT EXISTS would keep it, and no statement would ever
-// use it.
-func checkPrebuiltIndexes(ctx context.Context, tx pgx.Tx, schema string, m Migration) error {
-	var names []string
-	for _, g := range ifNotExistsIndex.FindAllStringSubmatch(m.up, -1) {
-		names = append(names, g[1])
-	}
-	if len(names) == 0 {
-		return nil
-	}
-	var bad *string
-	if err := tx.QueryRow(ctx, `SELECT string_agg(c.relname, ', ' ORDER BY c.relname)
-		FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = $1 AND c.relname = ANY($2) AND NOT (i.indisvalid AND i.indisready)`, schema, names).Scan(&bad); err != nil {
-		return err
-	}
-	if bad != nil {
-		return fmt.Errorf("migration %d up: index %s in schema %q is not valid (a CREATE INDEX CONCURRENTLY that failed "+
+			version, way, *foreign, schema, version)
+	case invalid != nil:
+		return fmt.Errorf("migration %d %s: index %s in schema %q is not valid (a CREATE INDEX CONCURRENTLY that failed "+
 			"or was cancelled leaves it so, and one still building is too): DROP INDEX it (or let the build finish), "+
-			"then migrate again; nothing of version %d was applied", m.Version, *bad, schema, m.Version)
+			"then migrate again; nothing of version %d was applied", version, way, *invalid, schema, version)
 	}
 	return nil
 }
