@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,15 @@ func bundleOn(t *testing.T, pool *pgxpool.Pool, schema string, cfg *gendurable.C
 	}
 	eng, err := gendurable.New(pool, cfg)
 	require.NoError(t, err)
+	// A test that starts the engine itself and fails before its own Stop
+	// must not leave it running past the test: it would log to a finished
+	// test (a panic that fails the whole package) and use a dropped schema.
+	// Registered after the database's cleanup, so it runs before it.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		_ = eng.Stop(ctx)
+	})
 	return &testBundle{t: t, pool: pool, schema: schema, eng: eng}
 }
 
@@ -219,13 +229,32 @@ func near(t *testing.T, want, got time.Time, tol time.Duration) {
 
 // testLogger sends engine logs to the test log (shown with -v or on failure).
 func testLogger(t *testing.T) *slog.Logger {
-	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	w := &tWriter{t: t}
+	t.Cleanup(func() {
+		w.mu.Lock()
+		w.ended = true
+		w.mu.Unlock()
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-type tWriter struct{ t *testing.T }
+// tWriter logs to its test while the test runs, and to stderr after it:
+// t.Log from a goroutine that outlives its test panics and fails the whole
+// package, hiding which test left it running.
+type tWriter struct {
+	t     *testing.T
+	mu    sync.Mutex
+	ended bool
+}
 
-func (w tWriter) Write(p []byte) (int, error) {
+func (w *tWriter) Write(p []byte) (int, error) {
 	w.t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		fmt.Fprintf(os.Stderr, "%s (logged after the test ended): %s\n", w.t.Name(), strings.TrimSpace(string(p)))
+		return len(p), nil
+	}
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
 }

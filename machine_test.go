@@ -303,6 +303,13 @@ func TestStepIgnoringItsContextIsAbandoned(t *testing.T) {
 	}, "the other steps finished on the slot left")
 	require.LessOrEqual(t, maxRunning.Load(), int32(3), "never more steps running than the queue's Concurrency")
 	require.EqualValues(t, 2, running.Load(), "both abandoned runs still hold their slots")
+	// The hook hears of an abandonment after its outcome is written: the
+	// row can read failed before the second event is delivered.
+	eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(abandoned) >= 2
+	}, "both abandonments reported")
 	mu.Lock()
 	require.Len(t, abandoned, 2)
 	require.Equal(t, []string{"replay", "stop"}, []string{abandoned[0].Outcome, abandoned[1].Outcome})
