@@ -494,6 +494,7 @@ func TestNotMigratedSaysWhatToRun(t *testing.T) {
 	for name, call := range calls {
 		err := call()
 		require.ErrorIs(t, err, gendurable.ErrNotMigrated, name)
+		require.ErrorIs(t, err, gendurable.ErrSchemaVersion, name) // as Start's check says it
 		require.Contains(t, err.Error(), "run `gendurable migrate up --schema "+b.schema+"_none`", name)
 		require.NotContains(t, err.Error(), "does not exist", name)
 		var pgErr *pgconn.PgError

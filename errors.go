@@ -114,9 +114,9 @@ var (
 	// says to run `gendurable migrate up` (or migrate.Up, package
 	// github.com/gendurable/gendurable/migrate) for the schema.
 	// Operator calls, inserts and signals return it; the CLI exits 1 with
-	// that hint and the dashboard shows it. ([Engine.Start] checks the
-	// version itself and returns [ErrSchemaVersion]; on a schema never
-	// migrated, its error is ErrNotMigrated too.)
+	// that hint and the dashboard shows it. It is [ErrSchemaVersion] too,
+	// from every call ([Engine.Start] checks the version itself), so code
+	// that branches on ErrSchemaVersion catches a schema never migrated.
 	ErrNotMigrated = errors.New("gendurable: schema not migrated")
 
 	// ErrAlreadyStarted: Start was called on a running engine.
@@ -267,7 +267,10 @@ func (n *notMigratedError) Error() string {
 		ErrNotMigrated, n.what, n.schema, n.schema)
 }
 
-func (n *notMigratedError) Unwrap() []error { return []error{ErrNotMigrated, n.err} }
+// Unwrap: a schema with no gendurable tables is at another version than
+// the library's (none), so it is ErrSchemaVersion too, whichever call met it
+// — as Start's check says it.
+func (n *notMigratedError) Unwrap() []error { return []error{ErrNotMigrated, ErrSchemaVersion, n.err} }
 
 // errorf wraps a sentinel with a formatted explanation.
 func errorf(sentinel error, format string, args ...any) error {

@@ -51,7 +51,11 @@ type InsertOpts struct {
 	// PartitionKey: at most the key's limit of instances sharing the key run
 	// a step at the same time, across every process — one at a time unless
 	// KeyLimit or a [Config.KeyPolicies] entry says more (docs/design.md §6).
-	// Instances without a key pay nothing.
+	// Instances without a key pay nothing. A key's instances run in
+	// (Priority, eligible time) order; inserted one after the other (one
+	// InsertMany in the order given, or several inserts) they run in their
+	// insert order: the nth instance of a key in one InsertMany is eligible
+	// n-1 microseconds after its time.
 	PartitionKey string
 	// KeyLimit overrides the key's limit from [Config.KeyPolicies] for this
 	// instance: it is claimed only while its key holds fewer than KeyLimit

@@ -173,6 +173,83 @@ func TestKeysArePickedRoundRobin(t *testing.T) {
 	require.Less(t, last, int32(150), "tenant-b finished after %d of tenant-a's 300 rows", last)
 }
 
+// TestRowsOfAKeyRunInTheOrderGiven: rows of one key inserted together
+// share their transaction's now() — one InsertMany, or two in one
+// transaction — and would tie on (priority, eligible_at); they still run in
+// the order given, though the table stores them out of that order. The
+// index orders tied entries by their place in the heap, and here the batch
+// first fills the page its connection inserted into last (the table's end),
+// then the free space vacuum left in earlier pages.
+func TestRowsOfAKeyRunInTheOrderGiven(t *testing.T) {
+	t.Parallel()
+	type padded struct {
+		I   int    `json:"i"`
+		Pad string `json:"pad"`
+	}
+	var mu sync.Mutex
+	var ran []int
+	job := &gendurable.Job[padded]{Name: "ordered", Perform: func(_ context.Context, r *gendurable.Run[padded]) error {
+		mu.Lock()
+		ran = append(ran, r.State.I)
+		mu.Unlock()
+		return nil
+	}}
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	pad := strings.Repeat("x", 400)
+	conn, err := b.pool.Acquire(ctx) // one connection: it remembers the page it last filled
+	require.NoError(t, err)
+	defer conn.Release()
+	insert := func(ps []gendurable.InsertParams) {
+		t.Helper()
+		require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			_, err := b.eng.InsertManyTx(ctx, tx, ps)
+			return err
+		}))
+	}
+	// Free space in every page but the last, which the connection filled
+	// last: rows of a queue no engine works, each too large for the space
+	// the ones before it left in their page (and not so large that they
+	// would be compressed or moved out of line).
+	var filler []gendurable.InsertParams
+	for i := range 600 {
+		filler = append(filler, job.New(padded{I: -i, Pad: fmt.Sprintf("%01500x", i*7919)}).With(gendurable.InsertOpts{Queue: "filler"}))
+	}
+	insert(filler)
+
+	const n = 300
+	var first, second []gendurable.InsertParams
+	for i := range n {
+		p := job.New(padded{I: i, Pad: pad}).With(gendurable.InsertOpts{PartitionKey: "customer-1"})
+		if i < n/2 {
+			first = append(first, p)
+		} else {
+			second = append(second, p)
+		}
+	}
+	require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := b.eng.InsertManyTx(ctx, tx, first); err != nil {
+			return err
+		}
+		_, err := b.eng.InsertManyTx(ctx, tx, second)
+		return err
+	}))
+	require.Less(t, 0, b.count(`SELECT count(*) FROM (SELECT ctid, lag(ctid) OVER (ORDER BY id) AS prev
+		FROM {{s}}.gendurable_instances WHERE partition_key = 'customer-1') AS x WHERE ctid < prev`),
+		"the rows are stored in their order: the test shows nothing")
+	b.start()
+	eventually(t, 30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(ran) == n
+	}, "every row ran")
+	mu.Lock()
+	defer mu.Unlock()
+	for i, got := range ran {
+		require.Equal(t, i, got, "the %dth row to run", i)
+	}
+}
+
 // TestKeySlotOutlivesItsHoldersProcess: an executing keyed row with a live
 // lease — claimed by another process, or by an engine of the previous
 // version before the upgrade — holds its key's slot: no other row of the key
@@ -1258,6 +1335,8 @@ func TestStopReleasesAHandedOffSuccessor(t *testing.T) {
 		b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})),
 		b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})),
 	}
+	var thirdEligible time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT eligible_at FROM {{s}}.gendurable_instances WHERE id = $1`, b.schema), ids[2]).Scan(&thirdEligible))
 	b.start()
 	require.Equal(t, ids[0], <-entered)
 	// The first row's outcome will wait on its row lock while the engine stops.
@@ -1286,7 +1365,7 @@ func TestStopReleasesAHandedOffSuccessor(t *testing.T) {
 	// third's is still its insert's.
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances AS i, {{s}}.gendurable_instances AS p
 		WHERE i.id = $1 AND p.id = $2 AND i.eligible_at > p.finished_at`, ids[1], ids[0]), "the successor was not handed off and released")
-	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND eligible_at = inserted_at`, ids[2]))
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND eligible_at = $2`, ids[2], thirdEligible))
 	// The next engine runs them.
 	cfg := b.eng.Config()
 	cfg.Logger = testLogger(t)

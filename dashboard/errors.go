@@ -45,10 +45,10 @@ func friendly(err error) (int, string, bool) {
 		return http.StatusNotFound, "No such queue: it has no instances and was never paused.", true
 	case errors.Is(err, gendurable.ErrInvalidConfig):
 		return http.StatusBadRequest, "Invalid queue name.", true
+	case errors.Is(err, gendurable.ErrNotMigrated): // before ErrSchemaVersion, which it is too
+		return http.StatusServiceUnavailable, "The schema has no gendurable tables: run gendurable migrate up (with its --schema) first.", false
 	case errors.Is(err, gendurable.ErrSchemaVersion):
 		return http.StatusServiceUnavailable, "The schema is at another gendurable version than this dashboard's: run gendurable migrate up (with its --schema), or upgrade the dashboard.", false
-	case errors.Is(err, gendurable.ErrNotMigrated):
-		return http.StatusServiceUnavailable, "The schema has no gendurable tables: run gendurable migrate up (with its --schema) first.", false
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable, "The request timed out. Try again, or narrow the filters.", false
 	case errors.Is(err, context.Canceled):

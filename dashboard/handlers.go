@@ -200,9 +200,19 @@ func parseTime(field, s string) (time.Time, error) {
 	return time.Time{}, inputError(fmt.Sprintf("%q is not a time: use YYYY-MM-DDTHH:MM (UTC) or RFC 3339.", field))
 }
 
+// listFields are the fields parseList reads.
+var listFields = []string{"queue", "status", "machine", "step", "from", "to", "q", "state", "before", "limit"}
+
 // parseList reads the list filters from the query string.
 func (d *dashboard) parseList(q url.Values) (gendurable.ListFilter, listForm, error) {
 	var f gendurable.ListFilter
+	for _, k := range listFields {
+		if len(q[k]) > 1 {
+			// Only the first would be read: a list narrower or wider than
+			// asked. The CLI refuses a filter flag given twice too.
+			return f, listForm{Limit: d.opts.PageSize}, inputError(fmt.Sprintf("The filter %q is given more than once: give each filter once.", k))
+		}
+	}
 	// Names and the search text are taken as sent (white space around a
 	// name is the engine's ErrInvalidInput: a 400), so a bulk action acts
 	// on the filter its audit line records, as the CLI and the API do; a

@@ -151,6 +151,13 @@ func TestListFiltersAndPaging(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, r.code, q)
 		require.NotContains(t, r.body, "gendurable:", q)
 	}
+	// A filter given twice is refused, as the CLI refuses a flag given
+	// twice: before, the first was read and the second dropped.
+	for _, q := range []string{"q=4800&q=4799", "queue=vip&queue=default", "status=done&status=failed", "limit=1&limit=2"} {
+		r := get(t, h, "/instances?"+q)
+		require.Equal(t, http.StatusBadRequest, r.code, q)
+		require.Contains(t, r.body, "given more than once", q)
+	}
 }
 
 // TestDetailRedactionAndSignalWake: the detail page shows state, signals

@@ -125,7 +125,7 @@ func to(ctx context.Context, db DB, schema string, target, dir int) (Result, err
 func Installed(ctx context.Context, db DB, schema string) (int, error) {
 	v, err := sqlq.InstalledVersion(ctx, db, schema)
 	if err != nil {
-		return 0, fmt.Errorf("gendurable: migrate: read installed version of %q: %w", schema, err)
+		return 0, fmt.Errorf("gendurable: read the schema version installed in %q: %w", schema, err)
 	}
 	return v, nil
 }

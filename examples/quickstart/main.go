@@ -105,6 +105,9 @@ The database is DATABASE_URL (schema quickstart, created and marked by it). With
 the demo starts a private throwaway PostgreSQL; work, insert and status need DATABASE_URL.
 `
 
+// maxOrders bounds -n.
+const maxOrders = 100000
+
 func main() {
 	cmd, args := "demo", os.Args[1:]
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -116,8 +119,14 @@ func main() {
 	}
 	fs := flag.NewFlagSet(cmd, flag.ExitOnError) // -h, --help: usage, exit 0
 	fs.Usage = func() { fmt.Fprint(fs.Output(), usage) }
-	n := fs.Int("n", 400, "orders (and as many jobs) to insert")
+	n := fs.Int("n", 400, "orders (and as many jobs) to insert, 1..100000")
 	_ = fs.Parse(args)
+	if (cmd == "demo" || cmd == "insert") && (*n < 1 || *n > maxOrders) {
+		// As `gendurable demo --orders` does: a bound the machine can hold
+		// (each order is two rows of one InsertMany).
+		fmt.Fprintf(os.Stderr, "quickstart: -n must be within 1..%d, not %d\n", maxOrders, *n)
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -119,3 +119,22 @@ func TestByHandCommandsShareTheDemosSchema(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"mine"}, tables, "someone else's schema is left as it was")
 }
+
+// TestOrdersOutOfRangeAreRefused: -n outside 1..100000 is refused before
+// anything runs (exit 2). Before, a negative -n panicked, 0 printed a kill
+// and a recovery that had not happened, and 10 million ran the machine out
+// of memory building one InsertMany.
+func TestOrdersOutOfRangeAreRefused(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "quickstart")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, args := range [][]string{{"-n", "-1"}, {"-n", "0"}, {"insert", "-n", "0"}, {"insert", "-n", "100001"}, {"demo", "-n", "10000000"}} {
+		cmd := exec.CommandContext(t.Context(), bin, args...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL=postgres://127.0.0.1:1/none") // never reached
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, "%v: %s", args, out)
+		require.Equal(t, 2, exit.ExitCode(), "%v: %s", args, out)
+		require.Contains(t, string(out), "-n must be within 1..100000", "%v", args)
+	}
+}

@@ -70,9 +70,17 @@ type newRows struct {
 	uniqueKey               [][]byte
 	scopeMask               []int32
 	keyLimit                []*int32
+	// ofKey counts the rows of each partition key added so far: the nth
+	// row of a key is made eligible n-1 microseconds after its time, so
+	// rows of one key that would tie on (priority, eligible_at) — one
+	// statement's rows share its transaction's now() — run in the order
+	// they were given, not in the order the table happens to store them
+	// (docs/design.md §6).
+	ofKey map[string]int64
 }
 
 func (c *newRows) reset() {
+	clear(c.ofKey)
 	c.fsm, c.queue, c.step, c.state = c.fsm[:0], c.queue[:0], c.step[:0], c.state[:0]
 	c.version, c.maxAttempts, c.priority = c.version[:0], c.maxAttempts[:0], c.priority[:0]
 	c.runAt, c.runIn, c.partition = c.runAt[:0], c.runIn[:0], c.partition[:0]
@@ -87,8 +95,22 @@ func (c *newRows) add(r *NewInstance) {
 	c.state = append(c.state, r.State)
 	c.priority = append(c.priority, r.Priority)
 	c.maxAttempts = append(c.maxAttempts, r.MaxAttempts)
-	c.runAt = append(c.runAt, r.RunAt)
-	c.runIn = append(c.runIn, micros(r.RunIn))
+	runAt, runIn := r.RunAt, micros(r.RunIn)
+	if r.PartitionKey != nil {
+		if c.ofKey == nil {
+			c.ofKey = make(map[string]int64)
+		}
+		n := c.ofKey[*r.PartitionKey]
+		c.ofKey[*r.PartitionKey] = n + 1
+		if n > 0 && runAt != nil {
+			t := runAt.Add(time.Duration(n) * time.Microsecond)
+			runAt = &t
+		} else if n > 0 {
+			runIn += n
+		}
+	}
+	c.runAt = append(c.runAt, runAt)
+	c.runIn = append(c.runIn, runIn)
 	c.partition = append(c.partition, r.PartitionKey)
 	c.uniqueKey = append(c.uniqueKey, r.UniqueKey)
 	c.scopeMask = append(c.scopeMask, r.ScopeMask)

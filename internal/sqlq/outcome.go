@@ -183,11 +183,20 @@ var lockWaitIDs = `CASE WHEN @lock_wait::bigint IS NULL THEN @ids::bigint[]
 
 // newRowColumns and newRowSelect are shared by inserts and children: the
 // columns of a new instance and how each is computed from the unnest alias n.
+//
+// A keyed row's time is the statement's clock, read once (an InitPlan), not
+// its transaction's now(): rows of one key run in (priority, eligible_at)
+// order, and two statements of one transaction would otherwise tie (within
+// one statement the rows of a key are spaced a microsecond apart, newRows.add).
+// A plain row keeps now(): the pick's floor reckons with a row committed
+// a little after its transaction's now() (docs/design.md §4), and plain rows
+// have no order to keep.
 const newRowColumns = `fsm, fsm_version, queue, step, state, priority, max_attempts, eligible_at,
    partition_key, unique_key, unique_scope, key_limit`
 
 const newRowSelect = `n.fsm, n.fsm_version, n.queue, n.step, n.state::jsonb, n.priority, n.max_attempts,
-       coalesce(n.run_at, now() + n.run_in_us * interval '1 microsecond'), n.partition_key,
+       coalesce(n.run_at, CASE WHEN n.partition_key IS NULL THEN now() ELSE (SELECT clock_timestamp()) END
+                          + n.run_in_us * interval '1 microsecond'), n.partition_key,
        n.unique_key,
        CASE WHEN n.unique_key IS NOT NULL THEN ARRAY(
          SELECT e.s FROM unnest(enum_range(NULL::{{schema}}.gendurable_status)) WITH ORDINALITY AS e(s, k)
