@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -269,12 +270,15 @@ func validStatus(s Status) bool {
 
 // SignalInfo is one signal as an operator sees it.
 type SignalInfo struct {
-	ID         int64           `json:"id"`
-	Name       string          `json:"name"`
-	Payload    json.RawMessage `json:"payload,omitempty"`
-	DedupKey   string          `json:"dedup_key,omitempty"`
-	SentAt     time.Time       `json:"sent_at"`
-	ConsumedAt *time.Time      `json:"consumed_at,omitempty"`
+	ID      int64           `json:"id"`
+	Name    string          `json:"name"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// PayloadLeftOut, above 0, is the length in bytes (as JSON text) of a
+	// payload [DescribeOptions].ValueBytes left out: Payload is then nil.
+	PayloadLeftOut int        `json:"payload_left_out,omitempty"`
+	DedupKey       string     `json:"dedup_key,omitempty"`
+	SentAt         time.Time  `json:"sent_at"`
+	ConsumedAt     *time.Time `json:"consumed_at,omitempty"`
 }
 
 // InstanceDetail is everything known about one instance.
@@ -299,10 +303,34 @@ const (
 // Describe reads an instance with its signals, children, parent and wait
 // reason, all as of one moment (one read-only repeatable-read transaction:
 // its status, its wait and its children's statuses agree); [ErrNotFound]
-// if it does not exist.
+// if it does not exist. Signal payloads and children's results are whole:
+// up to 100 of the one and 500 of the other, each up to
+// [Config.MaxSignalBytes] or [Config.MaxStateBytes] — hundreds of
+// megabytes at worst. [Engine.DescribeWith] bounds them.
 func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error) {
+	return e.DescribeWith(ctx, id, DescribeOptions{})
+}
+
+// DescribeOptions bound what [Engine.DescribeWith] reads.
+type DescribeOptions struct {
+	// ValueBytes, above 0, leaves out each signal payload and child result
+	// longer than this many bytes as JSON text: it is not read from the
+	// database, its Payload (Result) is nil and its PayloadLeftOut
+	// (ResultLeftOut) is its length. 0: all of them whole, as Describe.
+	// The instance's own state and result are read whole either way
+	// (bounded by MaxStateBytes when written). Negative is ErrInvalidInput.
+	ValueBytes int
+}
+
+// DescribeWith is [Engine.Describe] with options: the dashboard reads an
+// instance's page with ValueBytes 4,096, so that the page is bounded in
+// bytes as well as in rows.
+func (e *Engine) DescribeWith(ctx context.Context, id int64, o DescribeOptions) (*InstanceDetail, error) {
 	if err := checkID("describe", id); err != nil {
 		return nil, err
+	}
+	if o.ValueBytes < 0 || o.ValueBytes > math.MaxInt32 {
+		return nil, errorf(ErrInvalidInput, "describe: DescribeOptions.ValueBytes %d outside 0..%d", o.ValueBytes, math.MaxInt32)
 	}
 	tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
@@ -317,7 +345,7 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 	if d.Wait, err = e.waitReasonOn(ctx, tx, id); err != nil {
 		return nil, err
 	}
-	sigs, err := e.q.ListSignals(ctx, tx, id, describeSignals+1)
+	sigs, err := e.q.ListSignals(ctx, tx, id, describeSignals+1, o.ValueBytes)
 	if err != nil {
 		return nil, e.dbErr(ctx, err, fmt.Sprintf("describe %d", id))
 	}
@@ -325,13 +353,13 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 		sigs, d.MoreSignals = sigs[:describeSignals], true
 	}
 	for _, s := range sigs {
-		si := SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, SentAt: s.InsertedAt, ConsumedAt: s.ConsumedAt}
+		si := SignalInfo{ID: s.ID, Name: s.Name, Payload: s.Payload, PayloadLeftOut: int(s.LeftOut), SentAt: s.InsertedAt, ConsumedAt: s.ConsumedAt}
 		if s.DedupKey != nil {
 			si.DedupKey = *s.DedupKey
 		}
 		d.Signals = append(d.Signals, si)
 	}
-	kids, err := e.q.ListAllChildren(ctx, tx, id, describeChildren+1)
+	kids, err := e.q.ListAllChildren(ctx, tx, id, describeChildren+1, o.ValueBytes)
 	if err != nil {
 		return nil, e.dbErr(ctx, err, fmt.Sprintf("describe %d", id))
 	}
@@ -340,7 +368,7 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 	}
 	for _, c := range kids {
 		d.Children = append(d.Children, Child{ID: c.ID, Machine: c.FSM, Version: int(c.Version), Step: c.Step,
-			Status: Status(c.Status), Result: c.Result, FinishedAt: c.FinishedAt, InsertedAt: c.InsertedAt})
+			Status: Status(c.Status), Result: c.Result, ResultLeftOut: int(c.LeftOut), FinishedAt: c.FinishedAt, InsertedAt: c.InsertedAt})
 	}
 	if in.ParentID != nil {
 		if p, err := e.instanceOn(ctx, tx, *in.ParentID); err == nil {

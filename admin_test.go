@@ -1191,6 +1191,58 @@ func TestDescribeSaysItsListsWereCut(t *testing.T) {
 	require.False(t, d.MoreSignals)
 }
 
+// TestDescribeWithLeavesOutLongValues: DescribeWith's ValueBytes leaves
+// out each signal payload and child result longer than it (not read: nil,
+// with its length) and keeps shorter ones; Describe reads them whole. A
+// hostile probe's 100 signals of 256 KB and children's 1 MB results made
+// the dashboard's page of one instance 26–150 MB, built in memory per
+// request (1–5 GB for a few concurrent ones).
+func TestDescribeWithLeavesOutLongValues(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "long", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	parent := b.insert(job.New(orderArgs{}))
+	long := `{"x": "` + strings.Repeat("a", 10000) + `"}`
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, parent_id, parent_fanout, result)
+		VALUES ('long', 'perform', $1, 0, $2::jsonb), ('long', 'perform', $1, 0, '{"short": 1}')`, parent, long)
+	b.exec(`INSERT INTO {{s}}.gendurable_signals (target_id, name, payload) VALUES ($1, 'big', $2::jsonb), ($1, 'small', '[1]'), ($1, 'none', NULL)`, parent, long)
+
+	d, err := b.eng.DescribeWith(ctx, parent, gendurable.DescribeOptions{ValueBytes: 4096})
+	require.NoError(t, err)
+	require.Len(t, d.Signals, 3)
+	for _, s := range d.Signals {
+		switch s.Name {
+		case "big":
+			require.Nil(t, s.Payload)
+			require.Equal(t, len(`{"x": "`)+10000+len(`"}`), s.PayloadLeftOut)
+		case "small":
+			require.JSONEq(t, `[1]`, string(s.Payload))
+			require.Zero(t, s.PayloadLeftOut)
+		case "none":
+			require.Nil(t, s.Payload)
+			require.Zero(t, s.PayloadLeftOut)
+		}
+	}
+	require.Len(t, d.Children, 2)
+	require.Nil(t, d.Children[0].Result)
+	require.Greater(t, d.Children[0].ResultLeftOut, 10000)
+	require.JSONEq(t, `{"short": 1}`, string(d.Children[1].Result))
+	require.Zero(t, d.Children[1].ResultLeftOut)
+
+	whole, err := b.eng.Describe(ctx, parent)
+	require.NoError(t, err)
+	require.Greater(t, len(whole.Children[0].Result), 10000)
+	for _, s := range whole.Signals {
+		require.Zero(t, s.PayloadLeftOut)
+		if s.Name == "big" {
+			require.Greater(t, len(s.Payload), 10000)
+		}
+	}
+	_, err = b.eng.DescribeWith(ctx, parent, gendurable.DescribeOptions{ValueBytes: -1})
+	require.ErrorIs(t, err, gendurable.ErrInvalidInput)
+}
+
 // afterStatement runs then, once, after the first statement whose SQL
 // holds marker ends: a change committed between two statements of a call.
 type afterStatement struct {

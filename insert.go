@@ -51,11 +51,12 @@ type InsertOpts struct {
 	// PartitionKey: at most the key's limit of instances sharing the key run
 	// a step at the same time, across every process — one at a time unless
 	// KeyLimit or a [Config.KeyPolicies] entry says more (docs/design.md §6).
-	// Instances without a key pay nothing. A key's instances run in
-	// (Priority, eligible time) order; inserted one after the other (one
-	// InsertMany in the order given, or several inserts) they run in their
-	// insert order: the nth instance of a key in one InsertMany is eligible
-	// n-1 microseconds after its time.
+	// Instances without a key pay nothing. A key's instances are claimed
+	// in (Priority, eligible time) order; inserted one after the other (one
+	// InsertMany in the order given, or several inserts) they do not tie —
+	// the nth instance of a key in one InsertMany is eligible n-1
+	// microseconds after its time (RunAt included) — so at a limit of 1
+	// they run in their insert order (README, "Keys and limits").
 	PartitionKey string
 	// KeyLimit overrides the key's limit from [Config.KeyPolicies] for this
 	// instance: it is claimed only while its key holds fewer than KeyLimit
@@ -333,14 +334,26 @@ func (e *Engine) wake(ps []InsertParams) {
 		return
 	}
 	seen := map[string]bool{}
+	ofKey := map[string]int{} // the nth row of a key is eligible n-1 µs after its time (sqlq's newRows)
 	for _, p := range ps {
 		core, _ := p.def.definition()
 		q := orDefault(p.opts.Queue, core.queue)
+		var spaced time.Duration
+		if k := p.opts.PartitionKey; k != "" {
+			spaced = time.Duration(ofKey[k]) * time.Microsecond
+			ofKey[k]++
+		}
 		if at := p.opts.RunAt; !at.IsZero() || p.opts.RunIn > 0 {
 			// Eligible later: wake the feeder then (RunAt is on the
-			// database clock; this process's clock stands in for it).
+			// database clock; this process's clock stands in for it). A
+			// RunIn counts from now, after the insert's statement read its
+			// clock, so it needs no spacing; a RunAt does: a wake at the
+			// bare RunAt ran a pick before the row was eligible, and nothing
+			// looked again until the idle poll (5 s).
 			if at.IsZero() {
 				at = time.Now().Add(p.opts.RunIn)
+			} else {
+				at = at.Add(spaced)
 			}
 			if s := scheds[q]; s != nil {
 				switch {

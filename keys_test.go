@@ -174,12 +174,16 @@ func TestKeysArePickedRoundRobin(t *testing.T) {
 }
 
 // TestRowsOfAKeyRunInTheOrderGiven: rows of one key inserted together
-// share their transaction's now() — one InsertMany, or two in one
-// transaction — and would tie on (priority, eligible_at); they still run in
-// the order given, though the table stores them out of that order. The
-// index orders tied entries by their place in the heap, and here the batch
-// first fills the page its connection inserted into last (the table's end),
-// then the free space vacuum left in earlier pages.
+// shared their transaction's now() — one InsertMany, or two in one
+// transaction — and tied on (priority, eligible_at); they run in the order
+// given, though the table stores them out of that order. The index orders
+// tied entries by their place in the heap, and here the batch first fills
+// the page its connection inserted into last (the table's end), then the
+// free space the large filler rows left in earlier pages. Without the
+// statement's clock (each insert's rows from now()+0 µs) the two inserts'
+// rows interleave; without the spacing, the heap order shows. (A VACUUM of
+// the table between the filler and the keyed rows would spoil the heap
+// order the test needs; it then fails its precondition, not silently.)
 func TestRowsOfAKeyRunInTheOrderGiven(t *testing.T) {
 	t.Parallel()
 	type padded struct {
@@ -247,6 +251,44 @@ func TestRowsOfAKeyRunInTheOrderGiven(t *testing.T) {
 	defer mu.Unlock()
 	for i, got := range ran {
 		require.Equal(t, i, got, "the %dth row to run", i)
+	}
+}
+
+// TestAKeyedRowRunsAtItsRunAt: the nth row of a key in one InsertMany is
+// eligible n-1 µs after its RunAt, and the insert's wake of the local
+// feeder is at that instant too. A review found the wake at the bare RunAt:
+// the pick it ran came before the row was eligible, and on an idle queue
+// nothing looked again until the idle poll (5 s late). With 3,999 rows of
+// the key ahead of it in the batch (an hour ahead), the last row is 4 ms
+// after its RunAt.
+func TestAKeyedRowRunsAtItsRunAt(t *testing.T) {
+	t.Parallel()
+	started := make(chan time.Time, 1)
+	job := &gendurable.Job[orderArgs]{Name: "runat", Perform: func(_ context.Context, r *gendurable.Run[orderArgs]) error {
+		if r.State.I == 1 {
+			started <- time.Now()
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, MaxPollInterval: 10 * time.Second, PollInterval: 10 * time.Second}}
+	b := setup(t, cfg)
+	b.start()
+	time.Sleep(500 * time.Millisecond) // the queue goes idle: its polls are 10 s apart
+	later := time.Now().Add(time.Hour)
+	var ps []gendurable.InsertParams
+	for range 3999 {
+		ps = append(ps, job.New(orderArgs{}).With(gendurable.InsertOpts{PartitionKey: "k", RunAt: later}))
+	}
+	runAt := time.Now().Add(2 * time.Second)
+	ps = append(ps, job.New(orderArgs{I: 1}).With(gendurable.InsertOpts{PartitionKey: "k", RunAt: runAt}))
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	select {
+	case at := <-started:
+		require.Less(t, at.Sub(runAt), 2*time.Second, "started %v after its RunAt", at.Sub(runAt))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the row due in 2 s did not start within 10 s")
 	}
 }
 

@@ -185,13 +185,17 @@ func (s Signal) Decode(v any) error { return json.Unmarshal(s.Payload, v) }
 
 // Child is one child instance as its parent sees it.
 type Child struct {
-	ID         int64           `json:"id"`
-	Machine    string          `json:"machine"`
-	Version    int             `json:"version"`
-	Step       string          `json:"step"`
-	Status     Status          `json:"status"`
-	Result     json.RawMessage `json:"result,omitempty"` // the child's Done result
-	FinishedAt *time.Time      `json:"finished_at,omitempty"`
+	ID      int64           `json:"id"`
+	Machine string          `json:"machine"`
+	Version int             `json:"version"`
+	Step    string          `json:"step"`
+	Status  Status          `json:"status"`
+	Result  json.RawMessage `json:"result,omitempty"` // the child's Done result
+	// ResultLeftOut, above 0, is the length in bytes (as JSON text) of a
+	// result [DescribeOptions].ValueBytes left out: Result is then nil.
+	// Run.Children leaves it 0.
+	ResultLeftOut int        `json:"result_left_out,omitempty"`
+	FinishedAt    *time.Time `json:"finished_at,omitempty"`
 	// InsertedAt is when the child was scheduled. Set by [Engine.Describe]
 	// (InstanceDetail.Children); Run.Children leaves it zero.
 	InsertedAt time.Time `json:"inserted_at,omitzero"`

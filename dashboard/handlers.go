@@ -25,6 +25,7 @@ const maxFilterLen = 1000
 
 type queuesData struct {
 	Queues     []queueRow
+	MoreQueues int // queues not shown (maxQueueRows); counted in the totals
 	Totals     map[gendurable.Status]int64
 	Total      int64
 	Machines   int
@@ -42,6 +43,12 @@ type queueRow struct {
 // table: 130 ms at 200,000 rows on two cores, seconds at millions), and a
 // page may refresh itself every 2 s in any number of tabs.
 const queueStatsTTL = 2 * time.Second
+
+// maxQueueRows bounds the queues page's rows (the first, by name): a
+// queue per tenant makes tens of thousands (a probe's 50,000 made a page of
+// 47 MB). The others are counted in the totals; the instance list filters
+// by queue.
+const maxQueueRows = 500
 
 func (d *dashboard) queuesPage(w http.ResponseWriter, r *http.Request) {
 	cached, err := d.queueStats.get(r.Context(), queueStatsTTL, d.eng.Queues)
@@ -74,8 +81,12 @@ func (d *dashboard) queuesPage(w http.ResponseWriter, r *http.Request) {
 	}
 	data := queuesData{Totals: map[gendurable.Status]int64{}, Machines: len(machines),
 		Chart: layoutChart(tp.Buckets), Throughput: tp}
-	for _, q := range stats {
-		data.Queues = append(data.Queues, queueRow{QueueStats: q, Rate: rateOf(tp.ByQueue[q.Queue])})
+	for i, q := range stats {
+		if i < maxQueueRows {
+			data.Queues = append(data.Queues, queueRow{QueueStats: q, Rate: rateOf(tp.ByQueue[q.Queue])})
+		} else {
+			data.MoreQueues++
+		}
 		for s, n := range q.ByStatus {
 			data.Totals[s] += n
 		}
@@ -388,6 +399,10 @@ type errorRow struct {
 	StackID string // the id of its collapsed stack trace, stable across refreshes
 }
 
+// pageValueBytes bounds each signal payload and child result an instance's
+// page shows (as JSON text); longer ones are left out, their length shown.
+const pageValueBytes = 4096
+
 type signalRow struct {
 	gendurable.SignalInfo
 	PayloadJSON string
@@ -413,7 +428,9 @@ func (d *dashboard) instancePage(w http.ResponseWriter, r *http.Request) {
 		d.fail(w, r, gendurable.ErrNotFound)
 		return
 	}
-	det, err := d.eng.Describe(r.Context(), id)
+	// Bounded in bytes as in rows: 100 signals and 500 children whose
+	// payloads and results were whole made pages of hundreds of megabytes.
+	det, err := d.eng.DescribeWith(r.Context(), id, gendurable.DescribeOptions{ValueBytes: pageValueBytes})
 	if err != nil {
 		d.fail(w, r, err)
 		return

@@ -160,6 +160,29 @@ func TestListFiltersAndPaging(t *testing.T) {
 	}
 }
 
+// TestDetailPageLeavesOutLongPayloads: an instance's page shows a signal
+// payload of more than 4 KiB as its length, not whole, so a page is
+// bounded in bytes as in rows. A hostile probe's 100 signals of 256 KB made
+// one page 26 MB, built in memory for each request, HEAD ones too.
+func TestDetailPageLeavesOutLongPayloads(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	id := e.insertOrder(Order{Item: "book"}) // not started: it stays runnable
+	long := json.RawMessage(`{"x": "` + strings.Repeat("a", 100_000) + `"}`)
+	for range 5 {
+		_, err := e.eng.Signal(context.Background(), id, "note", long, nil)
+		require.NoError(t, err)
+	}
+	_, err := e.eng.Signal(context.Background(), id, "note", json.RawMessage(`{"small": "visible"}`), nil)
+	require.NoError(t, err)
+	r := get(t, h, fmt.Sprintf("/instances/%d", id))
+	require.Equal(t, http.StatusOK, r.code)
+	require.Less(t, len(r.body), 64<<10, "five 100 KB payloads were left out")
+	require.Equal(t, 5, strings.Count(r.body, "100009 bytes, not shown"))
+	require.Contains(t, html.UnescapeString(r.body), `"small": "visible"`)
+}
+
 // TestDetailRedactionAndSignalWake: the detail page shows state, signals
 // (consumed ones marked), result and errors, all state-like JSON through
 // Redact; a signal sent from the page wakes an awaiting instance.

@@ -108,3 +108,22 @@ func TestQueuesNamedDotsCanBePaused(t *testing.T) {
 		}
 	}
 }
+
+// TestQueuesPageIsBounded: the queues page lists the first 500 queues by
+// name and says how many it left out; its totals count them all. A queue
+// per tenant made a probe's page of 50,000 rows (47 MB).
+func TestQueuesPageIsBounded(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	_, err := e.pool.Exec(context.Background(), `INSERT INTO "`+e.schema+`".gendurable_instances (fsm, step, queue)
+		SELECT 'order', 'pack', 'tenant-' || lpad(g::text, 4, '0') FROM generate_series(1, 700) AS g`)
+	require.NoError(t, err)
+	r := get(t, h, "/")
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `data-queue="tenant-0001"`)
+	require.Contains(t, r.body, `data-queue="tenant-0499"`)
+	require.NotContains(t, r.body, `data-queue="tenant-0600"`)
+	require.Regexp(t, `id="more-queues">\d+ more queue\(s\) not shown`, r.body)
+	require.Contains(t, r.body, `<th class="num">700</th>`, "the totals count every queue")
+}

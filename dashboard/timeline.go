@@ -96,7 +96,11 @@ func buildTimeline(det *gendurable.InstanceDetail, now time.Time) (*svgTimeline,
 		add(*det.FinishedAt, "instance", string(det.Status), fmt.Sprintf("%s at step %s", det.Status, det.Step), 0)
 	} else {
 		add(det.UpdatedAt, "instance", "updated", fmt.Sprintf("last update: %s at step %s, attempt %d of %d", det.Status, det.Step, display.Run(det.Attempt, det.MaxAttempts, det.Status), det.MaxAttempts), 0)
-		if det.EligibleAt.After(det.UpdatedAt) && det.Status == gendurable.StatusRunnable {
+		// Not for the instants a fresh keyed row's eligible time lies past
+		// its update (its insert statement's clock, a microsecond apart
+		// per row of a key in one insert: docs/design.md §6): a second
+		// or more is a backoff or a delay.
+		if det.EligibleAt.Sub(det.UpdatedAt) >= time.Second && det.Status == gendurable.StatusRunnable {
 			add(det.EligibleAt, "instance", "eligible", "eligible to run again (backoff or delay)", 0)
 		}
 		if w := det.Wait; w != nil && w.Deadline != nil {

@@ -100,3 +100,28 @@ func TestDetailShowsPanicStackEscaped(t *testing.T) {
 	require.Contains(t, r.body, `data-kind="panic"`, "on the timeline too")
 	require.Equal(t, 2, strings.Count(r.body, `class="lane-label"`), "instance and errors")
 }
+
+// TestFreshKeyedRowHasNoEligibleEvent: a keyed row's eligible time is its
+// insert statement's clock, past its updated_at (its transaction's now()) —
+// by a microsecond per row of its key in one insert: no "eligible to run
+// again (backoff or delay)" event for that (a review found one on every
+// fresh keyed row), and one for a real delay.
+func TestFreshKeyedRowHasNoEligibleEvent(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t) // not started: the rows stay runnable
+	h, _ := e.handler(dashboard.Options{})
+	ctx := context.Background()
+	ps := []gendurable.InsertParams{}
+	for range 3 {
+		ps = append(ps, e.order.New(Order{Item: "k"}).With(gendurable.InsertOpts{PartitionKey: "tenant-1"}))
+	}
+	ps = append(ps, e.order.New(Order{Item: "later"}).With(gendurable.InsertOpts{PartitionKey: "tenant-1", RunIn: time.Hour}))
+	res, err := e.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+	for _, r := range res[:3] {
+		body := get(t, h, fmt.Sprintf("/instances/%d", r.ID)).body
+		require.Contains(t, body, `data-kind="inserted"`)
+		require.NotContains(t, body, `data-kind="eligible"`, "instance %d", r.ID)
+	}
+	require.Contains(t, get(t, h, fmt.Sprintf("/instances/%d", res[3].ID)).body, `data-kind="eligible"`, "a delay is shown")
+}

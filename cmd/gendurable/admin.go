@@ -364,6 +364,33 @@ func (f *filterText) Set(v string) error {
 	return nil
 }
 
+// onceText is a flag whose value is text given at most once and never
+// empty (signal's --payload and --dedup-key): empty, read as "not given",
+// would turn a script's unset variable into another request; given twice,
+// the second value would silently win.
+type onceText struct {
+	s   *string
+	set bool
+}
+
+func (f *onceText) String() string {
+	if f == nil || f.s == nil {
+		return ""
+	}
+	return *f.s
+}
+
+func (f *onceText) Set(v string) error {
+	switch {
+	case f.set:
+		return errors.New("given twice: give it once")
+	case v == "":
+		return errEmptyFilter
+	}
+	*f.s, f.set = v, true
+	return nil
+}
+
 // sinceFlag is --since: a duration above zero, given once (zero, read as
 // "not given", would widen a bulk action as an empty filter would).
 type sinceFlag struct {
@@ -531,7 +558,13 @@ func showCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	var c common
 	c.register(fs)
 	return c.withInstance(ctx, fs, args, stderr, nil, nil, func(eng *gendurable.Engine, id int64, _ []string) error {
-		d, err := eng.Describe(ctx, id)
+		// The text shows 80 bytes of a payload and no child's result: it
+		// reads at most 4 KiB of each; --json reads and prints them whole.
+		o := gendurable.DescribeOptions{ValueBytes: 4096}
+		if c.json {
+			o = gendurable.DescribeOptions{}
+		}
+		d, err := eng.DescribeWith(ctx, id, o)
 		if err != nil {
 			return err
 		}
@@ -568,7 +601,11 @@ func printInstance(stdout io.Writer, d *gendurable.InstanceDetail) {
 		if s.ConsumedAt != nil {
 			consumed = "consumed"
 		}
-		fmt.Fprintf(stdout, "signal   %d %s %s %s\n", s.ID, p(s.Name), consumed, oneLine(string(s.Payload), 80))
+		payload := oneLine(string(s.Payload), 80)
+		if s.PayloadLeftOut > 0 {
+			payload = fmt.Sprintf("(%d bytes; show --json prints it)", s.PayloadLeftOut)
+		}
+		fmt.Fprintf(stdout, "signal   %d %s %s %s\n", s.ID, p(s.Name), consumed, payload)
 	}
 	if d.MoreSignals {
 		fmt.Fprintf(stdout, "signal   … older ones not shown (the newest %d are)\n", len(d.Signals))
@@ -846,21 +883,25 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := newFlags("signal")
 	var c common
 	c.register(fs)
-	payload := fs.String("payload", "", "JSON payload")
-	dedup := fs.String("dedup-key", "", "dedup key: sending the same key twice is a no-op")
+	// Given empty or twice, a usage error (as a filter is): an unset
+	// variable in a script's --payload "$BODY" --dedup-key "$EVENT_ID"
+	// sent a null payload without a dedup key, again on every rerun.
+	var payload, dedup string
+	fs.Var(&onceText{s: &payload}, "payload", "JSON `payload` (default null)")
+	fs.Var(&onceText{s: &dedup}, "dedup-key", "dedup `key`: sending the same key twice is a no-op")
 	var p any
 	check := func() error {
-		if *payload != "" {
-			if !json.Valid([]byte(*payload)) {
+		if payload != "" {
+			if !json.Valid([]byte(payload)) {
 				return usageError{msg: "--payload is not valid JSON"}
 			}
-			p = json.RawMessage(*payload)
+			p = json.RawMessage(payload)
 		}
 		return nil
 	}
 	return c.withInstance(ctx, fs, args, stderr, []string{"NAME"}, check, func(eng *gendurable.Engine, id int64, rest []string) error {
 		name := rest[0]
-		res, err := eng.Signal(ctx, id, name, p, &gendurable.SignalOpts{DedupKey: *dedup})
+		res, err := eng.Signal(ctx, id, name, p, &gendurable.SignalOpts{DedupKey: dedup})
 		if err != nil {
 			return err
 		}

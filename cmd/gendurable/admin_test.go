@@ -133,6 +133,12 @@ func TestAnEmptyOrRepeatedFilterIsRefused(t *testing.T) {
 		{"cancel", "--queue", "q1", "--queue", "payments", "--yes"},
 		{"retry", "--queue", "", "--yes"},
 		{"list", "--queue", ""},
+		// A signal's payload and dedup key too (a hostile probe: unset
+		// variables sent a null payload with no dedup key, on every rerun).
+		{"signal", "1", "go", "--payload", ""},
+		{"signal", "1", "go", "--payload", "{}", "--dedup-key", ""},
+		{"signal", "1", "go", "--payload", "1", "--payload", "2"},
+		{"signal", "1", "go", "--dedup-key", "a", "--dedup-key", "b"},
 	} {
 		_, errOut, code := cli(t, append(args, s...)...)
 		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)

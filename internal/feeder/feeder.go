@@ -484,9 +484,7 @@ const maxWakes = 4096
 func (s *Feeder) KickAt(t time.Time) {
 	s.mu.Lock()
 	earliest := len(s.wakes) == 0 || t.Before(s.wakes[0])
-	if len(s.wakes) < maxWakes {
-		heap.Push(&s.wakes, t)
-	}
+	s.wakes.pushBounded(t, maxWakes)
 	s.mu.Unlock()
 	if earliest {
 		s.wake() // the loop's timer may need to fire sooner
@@ -508,6 +506,32 @@ func (s *Feeder) nextWakeLocked(now time.Time) (due bool, next time.Time) {
 
 // wakeHeap is a min-heap of instants.
 type wakeHeap []time.Time
+
+// pushBounded adds t, keeping at most max instants: the earliest. Full, it
+// drops the latest of them and t (one InsertMany of 4,000 rows an hour
+// ahead filled it; a row due in a second, inserted after them, was
+// dropped, and waited for the idle poll).
+func (h *wakeHeap) pushBounded(t time.Time, max int) {
+	if len(*h) < max {
+		heap.Push(h, t)
+		return
+	}
+	if max <= 0 {
+		return
+	}
+	// The latest is a leaf: the second half of the array.
+	latest := len(*h) / 2
+	for i := latest + 1; i < len(*h); i++ {
+		if (*h)[i].After((*h)[latest]) {
+			latest = i
+		}
+	}
+	if !t.Before((*h)[latest]) {
+		return // t is the latest
+	}
+	(*h)[latest] = t
+	heap.Fix(h, latest)
+}
 
 func (h wakeHeap) Len() int           { return len(h) }
 func (h wakeHeap) Less(i, j int) bool { return h[i].Before(h[j]) }

@@ -6,7 +6,9 @@
 // included — unless the operator asks for a reset, and confirms it when a
 // prompt is possible. A marked schema is dropped without CASCADE, so one
 // that someone added an object to, or that an object elsewhere depends on,
-// is refused the same way; so is one holding rows the command did not put
+// is refused the same way, and so is one whose tables someone added to (a
+// column, an index, a trigger, a policy…: what a schema migrated to the same
+// version does not have); so is one holding rows the command did not put
 // there (instances or definitions of machines it does not run, an
 // operator's paused queue). The quickstart example (examples/quickstart)
 // uses it too: Prepare for its demo, Ensure for the insert, work and status
@@ -15,14 +17,17 @@ package scratch
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -209,7 +214,9 @@ func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
 // them), then the schema itself. An object someone added to the schema, or
 // one elsewhere that depends on gendurable's tables (a view, a foreign
 // key), stops it (SQLSTATE 2BP01): then nothing is dropped and the error
-// wraps ErrNotScratch; so do rows of machines not shared (Share), and queue
+// wraps ErrNotScratch; so does anything added to gendurable's tables
+// themselves, which a drop would take with them without a word (a column
+// and what it holds, an index, a trigger: additions); so do rows of machines not shared (Share), and queue
 // rows (sqlq.ForeignRows: it looks once without a lock, then again with the
 // tables locked, so nothing is added between the look and the drop). The mark says the schema was created by
 // demo or bench, not that all it holds is theirs.
@@ -227,6 +234,19 @@ func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but holds rows they did not write: %s",
 			ErrNotScratch, schema, foreign)
 	}
+	added, err := additions(ctx, tx, schema)
+	if err != nil {
+		return err
+	}
+	if len(added) > 0 {
+		more := ""
+		if len(added) > 5 {
+			more = fmt.Sprintf(" and %d more", len(added)-5)
+			added = added[:5]
+		}
+		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but someone added to its tables: %s%s",
+			ErrNotScratch, schema, strings.Join(added, ", "), more)
+	}
 	if _, err = migrate.Down(ctx, tx, schema); err == nil {
 		err = sqlq.DropEmptySchema(ctx, tx, schema)
 	}
@@ -239,6 +259,53 @@ func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+// additions lists what someone added to the relations of schema (a
+// column, an index, a constraint, a trigger, a policy, a rule, row-level
+// security, extended statistics, a publication's membership): what they
+// hold beyond a schema migrated to the same version, built for the
+// comparison inside tx and rolled back. DROP … RESTRICT drops all of those
+// with the tables without a word, so dropOwn must refuse them itself.
+func additions(ctx context.Context, tx pgx.Tx, schema string) ([]string, error) {
+	v, err := sqlq.InstalledVersion(ctx, tx, schema)
+	if err != nil {
+		return nil, err
+	}
+	have, err := sqlq.SchemaShape(ctx, tx, schema)
+	if err != nil {
+		return nil, err
+	}
+	sp, err := tx.Begin(ctx) // a savepoint: the reference is rolled back
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sp.Rollback(ctx) }()
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, err
+	}
+	ref := fmt.Sprintf("gendurable_shape_%x", b)
+	if err := sqlq.CreateScratchSchema(ctx, sp, ref, "shape"); err != nil {
+		return nil, fmt.Errorf("reference schema: %w", err)
+	}
+	if v > 0 {
+		if _, err := migrate.To(ctx, sp, ref, v); err != nil {
+			return nil, fmt.Errorf("reference schema at version %d: %w", v, err)
+		}
+	}
+	want, err := sqlq.SchemaShape(ctx, sp, ref)
+	if err != nil {
+		return nil, err
+	}
+	slices.Sort(want) // the database's collation may order them otherwise
+	var added []string
+	for _, line := range have {
+		if _, found := slices.BinarySearch(want, line); !found {
+			added = append(added, line)
+		}
+	}
+	return added, nil
 }
 
 func describe(info sqlq.SchemaInfo) string {

@@ -145,3 +145,75 @@ func TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped(t *testing.T) {
 	require.NoError(t, Prepare(ctx, pool, schema, o))
 	require.Zero(t, count(schema, "gendurable_instances"), "a rerun starts from an empty schema")
 }
+
+// TestAMarkedSchemaWhoseTablesSomeoneAddedToIsNotDropped: DROP … RESTRICT
+// takes a table's column, index, trigger, policy, rule, check constraint,
+// extended statistics (even in another schema) and publication membership
+// with it without a word, so a marked schema whose tables hold any of them
+// is refused (nothing changed) and kept by Drop. Before, a hostile-operator
+// probe's column and its data, trigger, index, policy, statistics and
+// publication membership went with the demo's next run, exit 0. The same
+// schema without the addition is dropped, at an older version too.
+func TestAMarkedSchemaWhoseTablesSomeoneAddedToIsNotDropped(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	Share("checkout") // the machine of the row below: the demo's own
+	o := Options{Owner: "demo"}
+	exists := func(schema string) bool {
+		var ok bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, schema).Scan(&ok))
+		return ok
+	}
+	for _, tc := range []struct{ name, add, undo, says string }{
+		{"a column", `ALTER TABLE {{s}}.gendurable_instances ADD COLUMN my_note text; UPDATE {{s}}.gendurable_instances SET my_note = 'mine'`,
+			`ALTER TABLE {{s}}.gendurable_instances DROP COLUMN my_note`, "column gendurable_instances.my_note text"},
+		{"an index", `CREATE INDEX my_idx ON {{s}}.gendurable_instances (queue)`, `DROP INDEX {{s}}.my_idx`, "relation my_idx (i)"},
+		{"a trigger", `CREATE FUNCTION {{s}}_trg() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END';
+			CREATE TRIGGER my_trg AFTER INSERT ON {{s}}.gendurable_instances FOR EACH STATEMENT EXECUTE FUNCTION {{s}}_trg()`,
+			`DROP TRIGGER my_trg ON {{s}}.gendurable_instances; DROP FUNCTION {{s}}_trg()`, "trigger gendurable_instances.my_trg"},
+		{"a policy and row-level security", `ALTER TABLE {{s}}.gendurable_instances ENABLE ROW LEVEL SECURITY;
+			CREATE POLICY my_pol ON {{s}}.gendurable_instances USING (true)`,
+			`DROP POLICY my_pol ON {{s}}.gendurable_instances; ALTER TABLE {{s}}.gendurable_instances DISABLE ROW LEVEL SECURITY`, "policy gendurable_instances.my_pol"},
+		{"a check constraint", `ALTER TABLE {{s}}.gendurable_queues ADD CONSTRAINT my_check CHECK (name <> 'x')`,
+			`ALTER TABLE {{s}}.gendurable_queues DROP CONSTRAINT my_check`, "constraint gendurable_queues.my_check (c)"},
+		{"a publication's membership", `CREATE PUBLICATION {{s}}_pub FOR TABLE {{s}}.gendurable_instances`,
+			`DROP PUBLICATION {{s}}_pub`, "publication gdscratch_"},
+		{"statistics in another schema", `CREATE STATISTICS public.{{s}}_st ON status, queue FROM {{s}}.gendurable_instances`,
+			`DROP STATISTICS public.{{s}}_st`, "_st on gendurable_instances"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			schema := freshName(t, pool)
+			sub := func(sql string) string { return strings.ReplaceAll(sql, "{{s}}", schema) }
+			require.NoError(t, Prepare(ctx, pool, schema, o))
+			_, err := pool.Exec(ctx, sub(`INSERT INTO {{s}}.gendurable_instances (fsm, step) VALUES ('checkout', 'a')`))
+			require.NoError(t, err)
+			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), sub(tc.undo)) })
+			_, err = pool.Exec(ctx, sub(tc.add))
+			require.NoError(t, err)
+
+			err = Prepare(ctx, pool, schema, o)
+			require.ErrorIs(t, err, ErrNotScratch)
+			require.ErrorContains(t, err, "someone added to its tables: ")
+			require.ErrorContains(t, err, tc.says)
+			require.ErrorIs(t, Drop(ctx, pool, schema), ErrNotScratch)
+			require.True(t, exists(schema), "kept")
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, sub(`SELECT count(*) FROM {{s}}.gendurable_instances`)).Scan(&n))
+			require.Equal(t, 1, n, "its rows kept")
+
+			_, err = pool.Exec(ctx, sub(tc.undo))
+			require.NoError(t, err)
+			require.NoError(t, Drop(ctx, pool, schema), "without the addition it is the command's own again")
+			require.False(t, exists(schema))
+		})
+	}
+
+	// A marked schema at an older version is compared with that version.
+	old := freshName(t, pool)
+	require.NoError(t, Prepare(ctx, pool, old, o))
+	_, err := migrate.To(ctx, pool, old, 9)
+	require.NoError(t, err)
+	require.NoError(t, Drop(ctx, pool, old))
+	require.False(t, exists(old))
+}

@@ -445,48 +445,60 @@ func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duratio
 	return deleted, next, nil
 }
 
+// listSignalsSQL: $3 above 0 leaves out a payload longer than that many
+// bytes as JSON text (NULL, and its length), so that a page of signals is
+// bounded in bytes as well as in rows; the length is read on the server.
 const listSignalsSQL = `
-SELECT id, name, payload, dedup_key, inserted_at, consumed_at
-FROM {{schema}}.gendurable_signals WHERE target_id = $1
-ORDER BY id DESC LIMIT $2`
+SELECT s.id, s.name, CASE WHEN $3::int > 0 AND l.n > $3::int THEN NULL ELSE s.payload END,
+       CASE WHEN $3::int > 0 AND l.n > $3::int THEN l.n ELSE 0 END, s.dedup_key, s.inserted_at, s.consumed_at
+FROM {{schema}}.gendurable_signals AS s
+CROSS JOIN LATERAL (SELECT CASE WHEN $3::int > 0 THEN coalesce(octet_length(s.payload::text), 0) ELSE 0 END AS n) AS l
+WHERE s.target_id = $1
+ORDER BY s.id DESC LIMIT $2`
 
 // SignalListRow is one signal of an instance, consumed or not.
 type SignalListRow struct {
 	ID         int64
 	Name       string
 	Payload    []byte
+	LeftOut    int32 // above 0: the payload's length, left out (Payload nil)
 	DedupKey   *string
 	InsertedAt time.Time
 	ConsumedAt *time.Time
 }
 
 // ListSignals returns an instance's signals, newest first.
-func (q *Queries) ListSignals(ctx context.Context, db DB, id int64, limit int) ([]SignalListRow, error) {
-	rows, err := db.Query(ctx, q.listSignals, id, limit)
+func (q *Queries) ListSignals(ctx context.Context, db DB, id int64, limit, valueBytes int) ([]SignalListRow, error) {
+	rows, err := db.Query(ctx, q.listSignals, id, limit, valueBytes)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (SignalListRow, error) {
 		var s SignalListRow
-		err := row.Scan(&s.ID, &s.Name, &s.Payload, &s.DedupKey, &s.InsertedAt, &s.ConsumedAt)
+		err := row.Scan(&s.ID, &s.Name, &s.Payload, &s.LeftOut, &s.DedupKey, &s.InsertedAt, &s.ConsumedAt)
 		return s, err
 	})
 }
 
+// listAllChildrenSQL: $3 as in listSignalsSQL, for the children's results.
 const listAllChildrenSQL = `
-SELECT id, fsm, fsm_version, step, status::text, result, finished_at, inserted_at
-FROM {{schema}}.gendurable_instances WHERE parent_id = $1
-ORDER BY id LIMIT $2`
+SELECT i.id, i.fsm, i.fsm_version, i.step, i.status::text, CASE WHEN $3::int > 0 AND l.n > $3::int THEN NULL ELSE i.result END,
+       CASE WHEN $3::int > 0 AND l.n > $3::int THEN l.n ELSE 0 END, i.finished_at, i.inserted_at
+FROM {{schema}}.gendurable_instances AS i
+CROSS JOIN LATERAL (SELECT CASE WHEN $3::int > 0 THEN coalesce(octet_length(i.result::text), 0) ELSE 0 END AS n) AS l
+WHERE i.parent_id = $1
+ORDER BY i.id LIMIT $2`
 
-// ListAllChildren returns an instance's children of every fan-out.
-func (q *Queries) ListAllChildren(ctx context.Context, db DB, id int64, limit int) ([]ChildRow, error) {
-	rows, err := db.Query(ctx, q.listAllChildren, id, limit)
+// ListAllChildren returns an instance's children of every fan-out; a
+// result longer than valueBytes (above 0) is left out (ChildRow.LeftOut).
+func (q *Queries) ListAllChildren(ctx context.Context, db DB, id int64, limit, valueBytes int) ([]ChildRow, error) {
+	rows, err := db.Query(ctx, q.listAllChildren, id, limit, valueBytes)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ChildRow, error) {
 		var c ChildRow
-		err := row.Scan(&c.ID, &c.FSM, &c.Version, &c.Step, &c.Status, &c.Result, &c.FinishedAt, &c.InsertedAt)
+		err := row.Scan(&c.ID, &c.FSM, &c.Version, &c.Step, &c.Status, &c.Result, &c.LeftOut, &c.FinishedAt, &c.InsertedAt)
 		return c, err
 	})
 }

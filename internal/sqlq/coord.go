@@ -100,6 +100,7 @@ type ChildRow struct {
 	Step       string
 	Status     string
 	Result     []byte
+	LeftOut    int32 // ListAllChildren only; above 0: the result's length, left out (Result nil)
 	FinishedAt *time.Time
 	InsertedAt time.Time // ListAllChildren only
 }

@@ -71,11 +71,12 @@ type newRows struct {
 	scopeMask               []int32
 	keyLimit                []*int32
 	// ofKey counts the rows of each partition key added so far: the nth
-	// row of a key is made eligible n-1 microseconds after its time, so
+	// row of a key is made eligible n-1 microseconds after its time (its
+	// RunAt, or the statement's clock plus its RunIn: newRowSelect), so
 	// rows of one key that would tie on (priority, eligible_at) — one
-	// statement's rows share its transaction's now() — run in the order
-	// they were given, not in the order the table happens to store them
-	// (docs/design.md §6).
+	// statement reads its clock once — run in the order they were given,
+	// not in the order the table happens to store them (docs/design.md §6;
+	// Engine.wake kicks a RunAt at the same spacing).
 	ofKey map[string]int64
 }
 

@@ -696,7 +696,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 				// Describe lists the children of every fan-out, by id, up to
 				// its limit: a parent_id-only lookup of the parent index.
 				{"describe-children", 4 * 500, func(t *testing.T, tx pgx.Tx) {
-					got, err := f.q.ListAllChildren(ctx, tx, parent, 500)
+					got, err := f.q.ListAllChildren(ctx, tx, parent, 500, 4096)
 					require.NoError(t, err)
 					require.Len(t, got, 500)
 				}},

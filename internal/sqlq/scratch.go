@@ -153,3 +153,54 @@ func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (
 	}
 	return "", nil
 }
+
+// schemaShapeSQL lists what a schema's relations are made of, one line
+// each, with nothing that names the schema itself (its own types by their
+// bare name), so that two schemas migrated to the same version list the
+// same lines: the relations, their columns (and types), constraints,
+// triggers, policies, rules and row-level security, and the extended
+// statistics and publications on them. Dropping a table drops all of these
+// with it without a word (DROP … RESTRICT refuses only for objects that
+// depend on it in their own right: a view, a foreign key elsewhere).
+const schemaShapeSQL = `
+WITH n AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
+rels AS (SELECT c.oid, c.relname, c.relkind, c.relrowsecurity, c.relforcerowsecurity
+         FROM pg_class AS c, n WHERE c.relnamespace = n.oid)
+SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM (
+  SELECT 'relation ' || r.relname || ' (' || r.relkind::text || ')' FROM rels AS r
+  UNION ALL
+  SELECT 'column ' || r.relname || '.' || a.attname || ' ' ||
+         CASE WHEN ty.typnamespace = (SELECT oid FROM n) THEN ty.typname::text ELSE format_type(a.atttypid, a.atttypmod) END
+  FROM rels AS r JOIN pg_attribute AS a ON a.attrelid = r.oid JOIN pg_type AS ty ON ty.oid = a.atttypid
+  WHERE a.attnum > 0 AND NOT a.attisdropped AND r.relkind IN ('r', 'p', 'v', 'm', 'f')
+  UNION ALL
+  SELECT 'constraint ' || r.relname || '.' || co.conname || ' (' || co.contype::text || ')'
+  FROM rels AS r JOIN pg_constraint AS co ON co.conrelid = r.oid
+  UNION ALL
+  SELECT 'trigger ' || r.relname || '.' || t.tgname FROM rels AS r JOIN pg_trigger AS t ON t.tgrelid = r.oid WHERE NOT t.tgisinternal
+  UNION ALL
+  SELECT 'policy ' || r.relname || '.' || p.polname FROM rels AS r JOIN pg_policy AS p ON p.polrelid = r.oid
+  UNION ALL
+  SELECT 'rule ' || r.relname || '.' || w.rulename FROM rels AS r JOIN pg_rewrite AS w ON w.ev_class = r.oid WHERE w.rulename <> '_RETURN'
+  UNION ALL
+  SELECT 'row-level security on ' || r.relname FROM rels AS r WHERE r.relrowsecurity OR r.relforcerowsecurity
+  UNION ALL
+  SELECT 'statistics ' || CASE WHEN s.stxnamespace = (SELECT oid FROM n) THEN '' ELSE s.stxnamespace::regnamespace::text || '.' END
+         || s.stxname || ' on ' || r.relname
+  FROM rels AS r JOIN pg_statistic_ext AS s ON s.stxrelid = r.oid
+  UNION ALL
+  SELECT 'publication ' || p.pubname || ' of ' || r.relname
+  FROM rels AS r JOIN pg_publication_rel AS pr ON pr.prrelid = r.oid JOIN pg_publication AS p ON p.oid = pr.prpubid
+) AS s(x)`
+
+// SchemaShape lists what schema's relations are made of (schemaShapeSQL),
+// sorted: what a schema migrated to the same version lists too, and what
+// someone added to them besides.
+func SchemaShape(ctx context.Context, db RowQuerier, schema string) ([]string, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	var shape []string
+	err := db.QueryRow(ctx, schemaShapeSQL, schema).Scan(&shape)
+	return shape, err
+}
