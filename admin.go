@@ -234,8 +234,14 @@ func stateFilterProblem(doc json.RawMessage) string {
 	case !utf8.Valid(doc):
 		return "is not valid UTF-8"
 	}
-	// A NUL (\u0000) or a lone surrogate escape: no stored state holds one.
-	return jsonbProblem([]byte(doc))
+	// A NUL (\u0000) or a lone surrogate escape: no stored state holds one;
+	// nor a number beyond numeric's range, which the database would refuse
+	// only once the statement ran.
+	sc := scanJSON([]byte(doc), -1)
+	if sc.number != "" {
+		return "holds " + sc.number
+	}
+	return sc.jsonb
 }
 
 // stateMatchesAll reports whether doc, a valid state filter, is an empty

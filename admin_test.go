@@ -945,6 +945,11 @@ func TestListTimesOutsidePostgreSQLAreInvalidInput(t *testing.T) {
 	_, err := b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(`["\ud800"]`)})
 	require.ErrorIs(t, err, gendurable.ErrInvalidInput)
 	require.ErrorContains(t, err, "surrogate")
+	// And one with a number numeric cannot hold (a hostile probe: the
+	// database refused it once the statement ran).
+	_, err = b.eng.List(ctx, gendurable.ListFilter{State: json.RawMessage(`{"a": 1e999999}`)})
+	require.ErrorIs(t, err, gendurable.ErrInvalidInput)
+	require.ErrorContains(t, err, "a number PostgreSQL cannot store (1e999999", "refused before SQL")
 	// The widest years PostgreSQL holds still list.
 	page, err := b.eng.List(ctx, gendurable.ListFilter{From: time.Date(-4712, 1, 1, 0, 0, 0, 0, time.UTC), To: time.Date(294275, 1, 1, 0, 0, 0, 0, time.UTC)})
 	require.NoError(t, err)
