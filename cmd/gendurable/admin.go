@@ -338,12 +338,16 @@ var errEmptyFilter = errors.New("empty: give a value, or leave the flag out")
 var errFilterTwice = errors.New("given twice: give each filter once")
 
 // filterText is a text filter flag (--queue, --status, --machine, --step,
-// --search): an empty value, or one given twice, is a usage error when the
+// --search), or another flag held to the same rule (signal's --payload and
+// --dedup-key: an unset variable in a script would send another signal):
+// an empty value, or one given twice, is a usage error when the
 // command line is parsed, before any connection. (White space around a
 // name is the library's ErrInvalidInput, also before one.)
 type filterText struct {
 	s   *string
 	set bool
+	// twice, if set, replaces errFilterTwice (a flag that is no filter).
+	twice error
 }
 
 func (f *filterText) String() string {
@@ -355,6 +359,8 @@ func (f *filterText) String() string {
 
 func (f *filterText) Set(v string) error {
 	switch {
+	case f.set && f.twice != nil:
+		return f.twice
 	case f.set:
 		return errFilterTwice
 	case v == "":
@@ -364,32 +370,9 @@ func (f *filterText) Set(v string) error {
 	return nil
 }
 
-// onceText is a flag whose value is text given at most once and never
-// empty (signal's --payload and --dedup-key): empty, read as "not given",
-// would turn a script's unset variable into another request; given twice,
-// the second value would silently win.
-type onceText struct {
-	s   *string
-	set bool
-}
-
-func (f *onceText) String() string {
-	if f == nil || f.s == nil {
-		return ""
-	}
-	return *f.s
-}
-
-func (f *onceText) Set(v string) error {
-	switch {
-	case f.set:
-		return errors.New("given twice: give it once")
-	case v == "":
-		return errEmptyFilter
-	}
-	*f.s, f.set = v, true
-	return nil
-}
+// errGivenTwice: a flag that is no filter (signal's --payload,
+// --dedup-key) was given twice; the second would have won.
+var errGivenTwice = errors.New("given twice: give it once")
 
 // sinceFlag is --since: a duration above zero, given once (zero, read as
 // "not given", would widen a bulk action as an empty filter would).
@@ -887,8 +870,8 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// variable in a script's --payload "$BODY" --dedup-key "$EVENT_ID"
 	// sent a null payload without a dedup key, again on every rerun.
 	var payload, dedup string
-	fs.Var(&onceText{s: &payload}, "payload", "JSON `payload` (default null)")
-	fs.Var(&onceText{s: &dedup}, "dedup-key", "dedup `key`: sending the same key twice is a no-op")
+	fs.Var(&filterText{s: &payload, twice: errGivenTwice}, "payload", "JSON `payload` (default null)")
+	fs.Var(&filterText{s: &dedup, twice: errGivenTwice}, "dedup-key", "dedup `key`: sending the same key twice is a no-op")
 	var p any
 	check := func() error {
 		if payload != "" {
