@@ -320,9 +320,10 @@ func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error
 // DescribeOptions bound what [Engine.DescribeWith] reads.
 type DescribeOptions struct {
 	// ValueBytes, above 0, leaves out each signal payload and child result
-	// longer than this many bytes as JSON text: it is not read from the
-	// database, its Payload (Result) is nil and its PayloadLeftOut
-	// (ResultLeftOut) is its length. 0: all of them whole, as Describe.
+	// longer than this many bytes as JSON text: the server measures it
+	// but does not send it, its Payload (Result) is nil and its
+	// PayloadLeftOut (ResultLeftOut) is its length. 0: all of them whole,
+	// as Describe.
 	// The instance's own state and result are read whole either way
 	// (bounded by MaxStateBytes when written). Negative is ErrInvalidInput.
 	ValueBytes int

@@ -44,10 +44,10 @@ type queueRow struct {
 // page may refresh itself every 2 s in any number of tabs.
 const queueStatsTTL = 2 * time.Second
 
-// maxQueueRows bounds the queues page's rows (the first, by name): a
-// queue per tenant makes tens of thousands (a probe's 50,000 made a page of
-// 47 MB). The others are counted in the totals; the instance list filters
-// by queue.
+// maxQueueRows bounds the queues page's rows (the first, by name, and
+// past them the paused ones and the ones this engine works): a queue per
+// tenant makes tens of thousands (a probe's 50,000 made a page of 47 MB).
+// The others are counted in the totals; the instance list filters by queue.
 const maxQueueRows = 500
 
 func (d *dashboard) queuesPage(w http.ResponseWriter, r *http.Request) {
@@ -81,8 +81,11 @@ func (d *dashboard) queuesPage(w http.ResponseWriter, r *http.Request) {
 	}
 	data := queuesData{Totals: map[gendurable.Status]int64{}, Machines: len(machines),
 		Chart: layoutChart(tp.Buckets), Throughput: tp}
+	configured := d.eng.Config().Queues
 	for i, q := range stats {
-		if i < maxQueueRows {
+		// Past the bound, a paused queue or one this engine works is still
+		// shown: its pause state and its form are only here.
+		if _, works := configured[q.Queue]; i < maxQueueRows || q.Paused || works {
 			data.Queues = append(data.Queues, queueRow{QueueStats: q, Rate: rateOf(tp.ByQueue[q.Queue])})
 		} else {
 			data.MoreQueues++

@@ -119,8 +119,10 @@ func TestQueuesPageIsBounded(t *testing.T) {
 	_, err := e.pool.Exec(context.Background(), `INSERT INTO "`+e.schema+`".gendurable_instances (fsm, step, queue)
 		SELECT 'order', 'pack', 'tenant-' || lpad(g::text, 4, '0') FROM generate_series(1, 700) AS g`)
 	require.NoError(t, err)
+	require.NoError(t, e.eng.Pause(context.Background(), "tenant-0650")) // past the bound: still shown, with its state
 	r := get(t, h, "/")
 	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, `data-queue="tenant-0650"`)
 	require.Contains(t, r.body, `data-queue="tenant-0001"`)
 	require.Contains(t, r.body, `data-queue="tenant-0499"`)
 	require.NotContains(t, r.body, `data-queue="tenant-0600"`)

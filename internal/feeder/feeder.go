@@ -507,30 +507,21 @@ func (s *Feeder) nextWakeLocked(now time.Time) (due bool, next time.Time) {
 // wakeHeap is a min-heap of instants.
 type wakeHeap []time.Time
 
-// pushBounded adds t, keeping at most max instants: the earliest. Full, it
-// drops the latest of them and t (one InsertMany of 4,000 rows an hour
-// ahead filled it; a row due in a second, inserted after them, was
-// dropped, and waited for the idle poll).
+// pushBounded adds t, keeping at most max instants. Full, it first drops
+// the later half of what it holds (sorted, the earlier half is a valid
+// heap): an instant is only ever dropped for earlier ones, at O(log n) a
+// push amortized. Before, a full heap dropped whatever came: one InsertMany
+// of 4,000 rows an hour ahead filled it, and a row due in a second,
+// inserted after them, lost its wake and waited for the idle poll.
 func (h *wakeHeap) pushBounded(t time.Time, max int) {
-	if len(*h) < max {
-		heap.Push(h, t)
-		return
-	}
 	if max <= 0 {
 		return
 	}
-	// The latest is a leaf: the second half of the array.
-	latest := len(*h) / 2
-	for i := latest + 1; i < len(*h); i++ {
-		if (*h)[i].After((*h)[latest]) {
-			latest = i
-		}
+	if len(*h) >= max {
+		slices.SortFunc(*h, func(a, b time.Time) int { return a.Compare(b) })
+		*h = (*h)[:max/2]
 	}
-	if !t.Before((*h)[latest]) {
-		return // t is the latest
-	}
-	(*h)[latest] = t
-	heap.Fix(h, latest)
+	heap.Push(h, t)
 }
 
 func (h wakeHeap) Len() int           { return len(h) }

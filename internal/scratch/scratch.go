@@ -244,8 +244,9 @@ func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 			more = fmt.Sprintf(" and %d more", len(added)-5)
 			added = added[:5]
 		}
-		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but someone added to its tables: %s%s",
-			ErrNotScratch, schema, strings.Join(added, ", "), more)
+		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but holds what a schema migrated to the same version "+
+			"does not (someone added or changed it, or an older gendurable built it otherwise): %s%s",
+			ErrNotScratch, schema, strings.Join(added, "; "), more)
 	}
 	if _, err = migrate.Down(ctx, tx, schema); err == nil {
 		err = sqlq.DropEmptySchema(ctx, tx, schema)
@@ -261,15 +262,25 @@ func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 	return tx.Commit(ctx)
 }
 
-// additions lists what someone added to the relations of schema (a
-// column, an index, a constraint, a trigger, a policy, a rule, row-level
-// security, extended statistics, a publication's membership): what they
-// hold beyond a schema migrated to the same version, built for the
-// comparison inside tx and rolled back. DROP … RESTRICT drops all of those
-// with the tables without a word, so dropOwn must refuse them itself.
+// additions lists what schema holds beyond a schema migrated to the same
+// version, built for the comparison inside tx and rolled back
+// (sqlq.SchemaShape: a column, an index, a constraint, a trigger, a policy,
+// a grant, a comment, a default, an enum label, statistics, a publication,
+// a function's source…), with every table of schema locked first so that
+// nothing changes until the drop. DROP … RESTRICT drops all of those with
+// gendurable's objects without a word, so dropOwn must refuse them itself.
+// A schema of a newer gendurable is left to migrate.Down, which refuses it.
 func additions(ctx context.Context, tx pgx.Tx, schema string) ([]string, error) {
 	v, err := sqlq.InstalledVersion(ctx, tx, schema)
 	if err != nil {
+		return nil, err
+	}
+	if v > migrate.Latest() {
+		return nil, nil // a newer gendurable's: migrate.Down refuses it, saying so
+	}
+	// Nothing may change what the tables are made of between this look
+	// and the drop (an ALTER TABLE committed meanwhile was dropped).
+	if err := sqlq.LockSchemaTables(ctx, tx, schema); err != nil {
 		return nil, err
 	}
 	have, err := sqlq.SchemaShape(ctx, tx, schema)

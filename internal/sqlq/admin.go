@@ -447,14 +447,18 @@ func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duratio
 
 // listSignalsSQL: $3 above 0 leaves out a payload longer than that many
 // bytes as JSON text (NULL, and its length), so that a page of signals is
-// bounded in bytes as well as in rows; the length is read on the server.
+// bounded in bytes as well as in rows. The length is measured on the server
+// (jsonb written out as text) for the rows the LIMIT keeps only: measured
+// in the scan, it was for every signal of the instance before the sort.
 const listSignalsSQL = `
-SELECT s.id, s.name, CASE WHEN $3::int > 0 AND l.n > $3::int THEN NULL ELSE s.payload END,
-       CASE WHEN $3::int > 0 AND l.n > $3::int THEN l.n ELSE 0 END, s.dedup_key, s.inserted_at, s.consumed_at
-FROM {{schema}}.gendurable_signals AS s
-CROSS JOIN LATERAL (SELECT CASE WHEN $3::int > 0 THEN coalesce(octet_length(s.payload::text), 0) ELSE 0 END AS n) AS l
-WHERE s.target_id = $1
-ORDER BY s.id DESC LIMIT $2`
+SELECT s.id, s.name, CASE WHEN l.n > $3::int THEN NULL ELSE s.payload END,
+       CASE WHEN l.n > $3::int THEN l.n ELSE 0 END, s.dedup_key, s.inserted_at, s.consumed_at
+FROM (SELECT id, name, payload, dedup_key, inserted_at, consumed_at
+      FROM {{schema}}.gendurable_signals WHERE target_id = $1
+      ORDER BY id DESC LIMIT $2) AS s
+CROSS JOIN LATERAL (SELECT CASE WHEN $3::int > 0 THEN coalesce(octet_length(s.payload::text), 0) ELSE 0 END AS n
+                    OFFSET 0) AS l
+ORDER BY s.id DESC`
 
 // SignalListRow is one signal of an instance, consumed or not.
 type SignalListRow struct {
@@ -480,14 +484,19 @@ func (q *Queries) ListSignals(ctx context.Context, db DB, id int64, limit, value
 	})
 }
 
-// listAllChildrenSQL: $3 as in listSignalsSQL, for the children's results.
+// listAllChildrenSQL: $3 as in listSignalsSQL, for the children's results,
+// measured for the rows the LIMIT keeps only (a review's EXPLAIN ANALYZE,
+// generic plan, a parent of 20,000 children with 8 KB results: 604 ms
+// measured in the scan, against 19.8 ms for the statement unmeasured).
 const listAllChildrenSQL = `
-SELECT i.id, i.fsm, i.fsm_version, i.step, i.status::text, CASE WHEN $3::int > 0 AND l.n > $3::int THEN NULL ELSE i.result END,
-       CASE WHEN $3::int > 0 AND l.n > $3::int THEN l.n ELSE 0 END, i.finished_at, i.inserted_at
-FROM {{schema}}.gendurable_instances AS i
-CROSS JOIN LATERAL (SELECT CASE WHEN $3::int > 0 THEN coalesce(octet_length(i.result::text), 0) ELSE 0 END AS n) AS l
-WHERE i.parent_id = $1
-ORDER BY i.id LIMIT $2`
+SELECT c.id, c.fsm, c.fsm_version, c.step, c.status::text, CASE WHEN l.n > $3::int THEN NULL ELSE c.result END,
+       CASE WHEN l.n > $3::int THEN l.n ELSE 0 END, c.finished_at, c.inserted_at
+FROM (SELECT id, fsm, fsm_version, step, status, result, finished_at, inserted_at
+      FROM {{schema}}.gendurable_instances WHERE parent_id = $1
+      ORDER BY id LIMIT $2) AS c
+CROSS JOIN LATERAL (SELECT CASE WHEN $3::int > 0 THEN coalesce(octet_length(c.result::text), 0) ELSE 0 END AS n
+                    OFFSET 0) AS l
+ORDER BY c.id`
 
 // ListAllChildren returns an instance's children of every fan-out; a
 // result longer than valueBytes (above 0) is left out (ChildRow.LeftOut).

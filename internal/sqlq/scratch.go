@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // ---------------------------------------------------------------------------
@@ -154,28 +156,44 @@ func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (
 	return "", nil
 }
 
-// schemaShapeSQL lists what a schema's relations are made of, one line
-// each, with nothing that names the schema itself (its own types by their
-// bare name), so that two schemas migrated to the same version list the
-// same lines: the relations, their columns (and types), constraints,
-// triggers, policies, rules and row-level security, and the extended
-// statistics and publications on them. Dropping a table drops all of these
-// with it without a word (DROP … RESTRICT refuses only for objects that
-// depend on it in their own right: a view, a foreign key elsewhere).
+// schemaShapeSQL lists what a schema's objects are made of, one line each,
+// with the schema's name taken out of every definition (a quoted and a
+// bare form: $2, $3), so that two schemas migrated to the same version list
+// the same lines: the relations (their options, grants and comments), their
+// columns (types, defaults, grants, comments), constraints, index
+// definitions, triggers, policies, rules and row-level security, the
+// extended statistics and publications on them, the schema's types (an
+// enum's labels) and functions (their source and settings), and the
+// schema's default privileges. Dropping them drops all of these without a
+// word (DROP … RESTRICT refuses only for objects that depend on them in
+// their own right: a view, a foreign key elsewhere).
 const schemaShapeSQL = `
 WITH n AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
-rels AS (SELECT c.oid, c.relname, c.relkind, c.relrowsecurity, c.relforcerowsecurity
+rels AS (SELECT c.oid, c.relname, c.relkind, c.relrowsecurity, c.relforcerowsecurity, c.reloptions,
+                -- the owner's default privileges written out (a grant revoked) are none
+                CASE WHEN c.relacl = acldefault(CASE WHEN c.relkind = 'S' THEN 's' ELSE 'r' END::"char", c.relowner)
+                     THEN NULL ELSE c.relacl END AS relacl
          FROM pg_class AS c, n WHERE c.relnamespace = n.oid)
-SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM (
-  SELECT 'relation ' || r.relname || ' (' || r.relkind::text || ')' FROM rels AS r
+SELECT coalesce(array_agg(replace(replace(x, $2, ''), $3, '') ORDER BY x), '{}') FROM (
+  SELECT 'relation ' || r.relname || ' (' || r.relkind::text || ')'
+         || coalesce(' with ' || array_to_string(r.reloptions, ','), '')
+         || coalesce(' granted ' || r.relacl::text, '')
+         || coalesce(' comment ' || obj_description(r.oid, 'pg_class'), '')
+  FROM rels AS r
   UNION ALL
-  SELECT 'column ' || r.relname || '.' || a.attname || ' ' ||
-         CASE WHEN ty.typnamespace = (SELECT oid FROM n) THEN ty.typname::text ELSE format_type(a.atttypid, a.atttypmod) END
-  FROM rels AS r JOIN pg_attribute AS a ON a.attrelid = r.oid JOIN pg_type AS ty ON ty.oid = a.atttypid
+  SELECT 'column ' || r.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+         || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END
+         || coalesce(' default ' || pg_get_expr(d.adbin, d.adrelid), '')
+         || coalesce(' granted ' || nullif(a.attacl, '{}')::text, '')
+         || coalesce(' comment ' || col_description(r.oid, a.attnum), '')
+  FROM rels AS r JOIN pg_attribute AS a ON a.attrelid = r.oid
+  LEFT JOIN pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
   WHERE a.attnum > 0 AND NOT a.attisdropped AND r.relkind IN ('r', 'p', 'v', 'm', 'f')
   UNION ALL
-  SELECT 'constraint ' || r.relname || '.' || co.conname || ' (' || co.contype::text || ')'
+  SELECT 'constraint ' || r.relname || '.' || co.conname || ' ' || pg_get_constraintdef(co.oid)
   FROM rels AS r JOIN pg_constraint AS co ON co.conrelid = r.oid
+  UNION ALL
+  SELECT 'index ' || pg_get_indexdef(r.oid) FROM rels AS r WHERE r.relkind IN ('i', 'I')
   UNION ALL
   SELECT 'trigger ' || r.relname || '.' || t.tgname FROM rels AS r JOIN pg_trigger AS t ON t.tgrelid = r.oid WHERE NOT t.tgisinternal
   UNION ALL
@@ -191,9 +209,28 @@ SELECT coalesce(array_agg(x ORDER BY x), '{}') FROM (
   UNION ALL
   SELECT 'publication ' || p.pubname || ' of ' || r.relname
   FROM rels AS r JOIN pg_publication_rel AS pr ON pr.prrelid = r.oid JOIN pg_publication AS p ON p.oid = pr.prpubid
+  UNION ALL
+  SELECT 'type ' || t.typname || ' (' || t.typtype::text || ')'
+         || coalesce(' labels ' || (SELECT string_agg(e.enumlabel, ',' ORDER BY e.enumsortorder) FROM pg_enum AS e WHERE e.enumtypid = t.oid), '')
+  FROM pg_type AS t, n WHERE t.typnamespace = n.oid AND t.typtype IN ('e', 'd', 'b', 'r', 'm') AND t.typelem = 0
+  UNION ALL
+  SELECT 'function ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') '
+         || md5(replace(p.prosrc, $1, '{{schema}}'))
+         || coalesce(' set ' || array_to_string(p.proconfig, ','), '')
+  FROM pg_proc AS p, n WHERE p.pronamespace = n.oid
+  UNION ALL
+  SELECT 'default privileges ' || da.defaclobjtype::text || ' ' || da.defaclacl::text
+  FROM pg_default_acl AS da, n WHERE da.defaclnamespace = n.oid
 ) AS s(x)`
 
-// SchemaShape lists what schema's relations are made of (schemaShapeSQL),
+// schemaPublishedSQL: publications of every table in the schema (FOR
+// TABLES IN SCHEMA, PostgreSQL 15 on: pg_publication_namespace).
+const schemaPublishedSQL = `
+SELECT coalesce(array_agg('publication ' || p.pubname || ' of the schema' ORDER BY p.pubname), '{}')
+FROM pg_publication_namespace AS pn JOIN pg_publication AS p ON p.oid = pn.pnpubid
+JOIN pg_namespace AS n ON n.oid = pn.pnnspid WHERE n.nspname = $1`
+
+// SchemaShape lists what schema's objects are made of (schemaShapeSQL),
 // sorted: what a schema migrated to the same version lists too, and what
 // someone added to them besides.
 func SchemaShape(ctx context.Context, db RowQuerier, schema string) ([]string, error) {
@@ -201,6 +238,45 @@ func SchemaShape(ctx context.Context, db RowQuerier, schema string) ([]string, e
 		return nil, err
 	}
 	var shape []string
-	err := db.QueryRow(ctx, schemaShapeSQL, schema).Scan(&shape)
-	return shape, err
+	if err := db.QueryRow(ctx, schemaShapeSQL, schema, quoteIdent(schema)+".", schema+".").Scan(&shape); err != nil {
+		return nil, err
+	}
+	var has bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass('pg_catalog.pg_publication_namespace') IS NOT NULL`).Scan(&has); err != nil || !has {
+		return shape, err
+	}
+	var published []string
+	if err := db.QueryRow(ctx, schemaPublishedSQL, schema).Scan(&published); err != nil {
+		return nil, err
+	}
+	return append(shape, published...), nil
+}
+
+// LockSchemaTables locks every table of schema against writes and changes
+// of its definition (SHARE ROW EXCLUSIVE) until tx ends, waiting at most
+// 5 s for each lock (SQLSTATE 55P03 then): what the tables are made of
+// cannot change between a look at it and a drop in the same transaction.
+func LockSchemaTables(ctx context.Context, tx DB, schema string) error {
+	if err := ValidateSchema(schema); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '5s'"); err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, `SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') ORDER BY c.relname`, schema)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		// A name someone else chose: quoted with its quotes doubled.
+		if _, err := tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, name}.Sanitize()+" IN SHARE ROW EXCLUSIVE MODE"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
