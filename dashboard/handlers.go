@@ -44,10 +44,11 @@ type queueRow struct {
 // page may refresh itself every 2 s in any number of tabs.
 const queueStatsTTL = 2 * time.Second
 
-// maxQueueRows bounds the queues page's rows (the first, by name, and
-// past them the paused ones and the ones this engine works): a queue per
-// tenant makes tens of thousands (a probe's 50,000 made a page of 47 MB).
-// The others are counted in the totals; the instance list filters by queue.
+// maxQueueRows bounds the queues page's rows: the first, by name, and past
+// them the ones this engine works and up to as many paused ones. A queue
+// per tenant makes tens of thousands (a probe's 50,000 made a page of 47
+// MB). The others are counted in the totals; the instance list filters by
+// queue.
 const maxQueueRows = 500
 
 func (d *dashboard) queuesPage(w http.ResponseWriter, r *http.Request) {
@@ -82,18 +83,25 @@ func (d *dashboard) queuesPage(w http.ResponseWriter, r *http.Request) {
 	data := queuesData{Totals: map[gendurable.Status]int64{}, Machines: len(machines),
 		Chart: layoutChart(tp.Buckets), Throughput: tp}
 	configured := d.eng.Config().Queues
+	past := 0 // rows shown past the bound
 	for i, q := range stats {
-		// Past the bound, a paused queue or one this engine works is still
-		// shown: its pause state and its form are only here.
-		if _, works := configured[q.Queue]; i < maxQueueRows || q.Paused || works {
-			data.Queues = append(data.Queues, queueRow{QueueStats: q, Rate: rateOf(tp.ByQueue[q.Queue])})
-		} else {
-			data.MoreQueues++
-		}
-		for s, n := range q.ByStatus {
+		for s, n := range q.ByStatus { // every queue, shown or not
 			data.Totals[s] += n
 		}
 		data.Total += q.Total
+		// Past the bound, a queue this engine works is still shown, and so
+		// are paused ones, up to the bound again: their pause state and
+		// their forms are only here.
+		_, works := configured[q.Queue]
+		switch {
+		case i < maxQueueRows:
+		case works || q.Paused && past < maxQueueRows:
+			past++
+		default:
+			data.MoreQueues++
+			continue
+		}
+		data.Queues = append(data.Queues, queueRow{QueueStats: q, Rate: rateOf(tp.ByQueue[q.Queue])})
 	}
 	d.render(w, r, http.StatusOK, "queues", "Queues", "queues", data)
 }
