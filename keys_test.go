@@ -261,9 +261,10 @@ func TestRowsOfAKeyRunInTheOrderGiven(t *testing.T) {
 // eligible n-1 µs after its RunAt, and the insert's wake of the local
 // feeder is at that instant too. A review found the wake at the bare RunAt:
 // the pick it ran came before the row was eligible, and on an idle queue
-// nothing looked again until the idle poll (5 s late). With 3,999 rows of
-// the key ahead of it in the batch (an hour ahead), the last row is 4 ms
-// after its RunAt.
+// nothing looked again until the idle poll (5 s late). With 19,999 rows of
+// the key ahead of it in the batch (an hour ahead), the last row is 20 ms
+// after its RunAt: well past a wake's pick at the bare RunAt (with 3,999
+// ahead, 4 ms, the test passed without the fix in 1 run of 3).
 func TestAKeyedRowRunsAtItsRunAt(t *testing.T) {
 	t.Parallel()
 	started := make(chan time.Time, 1)
@@ -280,10 +281,10 @@ func TestAKeyedRowRunsAtItsRunAt(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // the queue goes idle: its polls are 10 s apart
 	later := time.Now().Add(time.Hour)
 	var ps []gendurable.InsertParams
-	for range 3999 {
+	for range 19999 {
 		ps = append(ps, job.New(orderArgs{}).With(gendurable.InsertOpts{PartitionKey: "k", RunAt: later}))
 	}
-	runAt := time.Now().Add(2 * time.Second)
+	runAt := time.Now().Add(3 * time.Second) // after the insert of 20,000 rows
 	ps = append(ps, job.New(orderArgs{I: 1}).With(gendurable.InsertOpts{PartitionKey: "k", RunAt: runAt}))
 	_, err := b.eng.InsertMany(context.Background(), ps)
 	require.NoError(t, err)

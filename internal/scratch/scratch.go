@@ -266,8 +266,8 @@ func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 // version, built for the comparison inside tx and rolled back
 // (sqlq.SchemaShape: a column, an index, a constraint, a trigger, a policy,
 // a grant, a comment, a default, an enum label, statistics, a publication,
-// a function's source…), with every table of schema locked first so that
-// nothing changes until the drop. DROP … RESTRICT drops all of those with
+// a function's source…); the caller has locked every table of schema
+// (sqlq.ForeignRows) so that nothing changes until the drop. DROP … RESTRICT drops all of those with
 // gendurable's objects without a word, so dropOwn must refuse them itself.
 // A schema of a newer gendurable is left to migrate.Down, which refuses it.
 func additions(ctx context.Context, tx pgx.Tx, schema string) ([]string, error) {
@@ -278,11 +278,9 @@ func additions(ctx context.Context, tx pgx.Tx, schema string) ([]string, error) 
 	if v > migrate.Latest() {
 		return nil, nil // a newer gendurable's: migrate.Down refuses it, saying so
 	}
-	// Nothing may change what the tables are made of between this look
-	// and the drop (an ALTER TABLE committed meanwhile was dropped).
-	if err := sqlq.LockSchemaTables(ctx, tx, schema); err != nil {
-		return nil, err
-	}
+	// dropOwn's ForeignRows has locked every table of the schema: nothing
+	// changes what they are made of between this look and the drop (an
+	// ALTER TABLE committed meanwhile was dropped before).
 	have, err := sqlq.SchemaShape(ctx, tx, schema)
 	if err != nil {
 		return nil, err
