@@ -115,6 +115,9 @@ type ListPage struct {
 
 // List returns instances matching f, newest first, one page at a time.
 func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
+	if err := e.made(); err != nil {
+		return nil, err
+	}
 	if f.Before < 0 || f.Limit < 0 || f.MaxScan < 0 {
 		// A cursor is a previous page's NextBefore, never negative; taken
 		// as none, a bad one would restart the walk from the newest.
@@ -314,6 +317,9 @@ const (
 // [Config.MaxSignalBytes] or [Config.MaxStateBytes] — hundreds of
 // megabytes at worst. [Engine.DescribeWith] bounds them.
 func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error) {
+	if err := e.made(); err != nil {
+		return nil, err
+	}
 	return e.DescribeWith(ctx, id, DescribeOptions{})
 }
 
@@ -333,6 +339,9 @@ type DescribeOptions struct {
 // instance's page with ValueBytes 4,096, so that the page is bounded in
 // bytes as well as in rows.
 func (e *Engine) DescribeWith(ctx context.Context, id int64, o DescribeOptions) (*InstanceDetail, error) {
+	if err := e.made(); err != nil {
+		return nil, err
+	}
 	if err := checkID("describe", id); err != nil {
 		return nil, err
 	}
@@ -401,6 +410,9 @@ func (e *Engine) DescribeWith(ctx context.Context, id int64, o DescribeOptions) 
 // cancel that PostgreSQL ends in a deadlock with another transaction (a
 // retry locking the instance's parent first) runs again, up to 5 times.
 func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	if err := checkID("cancel", id); err != nil {
 		return err
 	}
@@ -443,6 +455,9 @@ type QueueStats struct {
 // Queues counts instances by queue and status (a full count: cheap on a
 // pruned table, slower on a huge one), with each queue's pause flag.
 func (e *Engine) Queues(ctx context.Context) ([]QueueStats, error) {
+	if err := e.made(); err != nil {
+		return nil, err
+	}
 	rows, err := e.q.QueueCounts(ctx, e.pool)
 	if err != nil {
 		return nil, e.dbErr(ctx, err, "queue counts")
@@ -501,12 +516,18 @@ type QueueOpts struct {
 // it has a row, an instance, or is in this engine's Config.Queues; else
 // [ErrUnknownQueue] (see [Engine.SetPaused] to create one).
 func (e *Engine) Pause(ctx context.Context, queue string) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	return e.SetPaused(ctx, queue, true, nil)
 }
 
 // Resume lets processes pick queue again; an unknown queue is refused as
 // by [Engine.Pause].
 func (e *Engine) Resume(ctx context.Context, queue string) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	return e.SetPaused(ctx, queue, false, nil)
 }
 
@@ -516,6 +537,9 @@ func (e *Engine) Resume(ctx context.Context, queue string) error {
 // with [ErrUnknownQueue] and nothing is written, unless opts.Create. Each
 // change is logged at Info on the engine's Logger.
 func (e *Engine) SetPaused(ctx context.Context, queue string, paused bool, opts *QueueOpts) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	if err := checkName("queue name", queue); err != nil {
 		return err
 	}
@@ -543,6 +567,9 @@ func (e *Engine) SetPaused(ctx context.Context, queue string, paused bool, opts 
 // Removing a paused queue's row resumes it. The removal is logged at Info
 // on the engine's Logger.
 func (e *Engine) RemoveQueue(ctx context.Context, queue string) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	if err := checkName("queue name", queue); err != nil {
 		return err
 	}
@@ -579,6 +606,9 @@ const PruneBatch = 1000
 // ctx: one past it is rolled back. A negative retention is
 // [ErrInvalidInput], nothing deleted.
 func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
+	if err := e.made(); err != nil {
+		return 0, err
+	}
 	if retention < 0 {
 		return 0, errorf(ErrInvalidInput, "prune: negative retention %s", retention)
 	}
@@ -599,6 +629,9 @@ func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress fu
 // [Engine.ListMachines] lists those stored in the database too.
 func (e *Engine) Machines() map[string][]int {
 	out := map[string][]int{}
+	if e == nil {
+		return out
+	}
 	for k := range e.registry {
 		out[k.name] = append(out[k.name], k.version)
 	}

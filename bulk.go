@@ -89,6 +89,9 @@ func bulkIDs(op string, ids []int64) ([]int64, error) {
 // On error, the result holds what was changed before it (see [BulkResult]).
 // The change is logged at Info on the engine's Logger.
 func (e *Engine) RetryMany(ctx context.Context, ids []int64) (BulkResult, error) {
+	if err := e.made(); err != nil {
+		return BulkResult{}, err
+	}
 	ids, err := bulkIDs("retry", ids)
 	if err != nil {
 		return BulkResult{}, err
@@ -107,6 +110,9 @@ func (e *Engine) RetryMany(ctx context.Context, ids []int64) (BulkResult, error)
 // before it (see [BulkResult]). The change is logged at Info on the engine's
 // Logger.
 func (e *Engine) CancelMany(ctx context.Context, ids []int64, reason string) (BulkResult, error) {
+	if err := e.made(); err != nil {
+		return BulkResult{}, err
+	}
 	if err := checkReason("cancel", reason); err != nil {
 		return BulkResult{}, err
 	}
@@ -160,6 +166,9 @@ func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch bulkBa
 // changed before it (see [BulkResult]). The change is logged at Info on the
 // engine's Logger.
 func (e *Engine) RetryMatching(ctx context.Context, f ListFilter) (BulkResult, error) {
+	if err := e.made(); err != nil {
+		return BulkResult{}, err
+	}
 	res, err := e.matching(ctx, f, "retry", e.retryBatch)
 	e.logBulk("gendurable: instances retried", res, err, "filter", f.String())
 	return res, err
@@ -170,6 +179,9 @@ func (e *Engine) RetryMatching(ctx context.Context, f ListFilter) (BulkResult, e
 // with its rule for filters without criteria. Finished instances the filter
 // matches are counted in Skipped.
 func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string) (BulkResult, error) {
+	if err := e.made(); err != nil {
+		return BulkResult{}, err
+	}
 	if err := checkReason("cancel", reason); err != nil {
 		return BulkResult{ChangedIDs: []int64{}}, err
 	}
@@ -223,6 +235,9 @@ func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string
 // does not keep the tree cancelled. The change is logged at Info on the
 // engine's Logger.
 func (e *Engine) CancelTree(ctx context.Context, id int64, reason string) (BulkResult, error) {
+	if err := e.made(); err != nil {
+		return BulkResult{}, err
+	}
 	if id <= 0 {
 		return BulkResult{ChangedIDs: []int64{}}, errorf(ErrInvalidInput, "cancel tree: id %d is not an instance id", id)
 	}

@@ -284,7 +284,8 @@ type machineKey struct {
 // services, and [Engine.Stop] to drain. Inserts, signals and the operator
 // calls (List, Describe, Retry, Cancel, …) work on a stopped engine too, so
 // a process that only inserts, or a tool, need not start it. An Engine is
-// safe for concurrent use.
+// safe for concurrent use. Its zero value is not usable: the methods of one
+// New did not make (or of a nil *Engine) return [ErrNotMade].
 type Engine struct {
 	pool     *pgxpool.Pool
 	cfg      Config
@@ -356,6 +357,16 @@ type runState struct {
 	stopErr error
 	// closedPoolAtStart is Engine.closedPool when the run started.
 	closedPoolAtStart int64
+}
+
+// made is ErrNotMade for a nil Engine or one New did not make: each
+// method checks it first, so such an engine fails with a typed error, not
+// with a nil dereference or a misleading one ("invalid schema name: """).
+func (e *Engine) made() error {
+	if e == nil || e.q == nil || e.pool == nil {
+		return ErrNotMade
+	}
+	return nil
 }
 
 // New validates cfg and returns an engine. It does not touch the database.
@@ -569,7 +580,12 @@ func (qc *QueueConfig) withDefaults(name string) error {
 // Config returns a copy of the engine's configuration with defaults filled
 // in. Its map and slices are copies too: changing them (to derive another
 // engine's configuration) changes nothing in this engine.
-func (e *Engine) Config() Config { return e.cfg.clone() }
+func (e *Engine) Config() Config {
+	if e == nil {
+		return Config{}
+	}
+	return e.cfg.clone()
+}
 
 // clone is c with its map and slices copied, so that neither the caller's
 // Config given to New nor the copy Engine.Config returns shares them with
@@ -599,6 +615,9 @@ func (c Config) clone() Config {
 // Start begun before it starts the engine
 // (TestAStopEndsAStartWaitingItsTurn).
 func (e *Engine) Start(ctx context.Context) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	e.mu.Lock()
 	stops := e.stops
 	for e.stopping != nil || e.starting != nil {
@@ -818,6 +837,9 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // drains (TestStopFromAStepStopsTheEngineAndKeepsItsOutcome). A Start
 // called meanwhile waits for the Stop, then starts.
 func (e *Engine) Stop(ctx context.Context) error {
+	if err := e.made(); err != nil {
+		return err
+	}
 	e.mu.Lock()
 	e.stops++
 	rs := e.running
@@ -1153,6 +1175,9 @@ func (e *Engine) kickQueue(queue string) {
 // exported for tools and tests. Each statement runs under
 // Config.MaintenanceTimeout as well as ctx.
 func (e *Engine) Reap(ctx context.Context) (int, error) {
+	if err := e.made(); err != nil {
+		return 0, err
+	}
 	return e.reaper().RunOnce(ctx)
 }
 

@@ -13,6 +13,7 @@ import (
 	neturl "net/url"
 	"os"
 	"os/exec"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -3360,4 +3361,38 @@ func TestAPrefetchedStepStartsOnALiveLease(t *testing.T) {
 	b.waitStatus(a, "done", 10*time.Second)
 	b.waitStatus(pre, "done", 10*time.Second)
 	require.Equal(t, int32(1), bLive.Load(), "the prefetched step started on a lease that had run out")
+}
+
+// TestAnEngineNotMadeByNewFailsTyped: every method of a nil *Engine and of
+// a zero Engine{} returns ErrNotMade (and so ErrInvalidConfig) instead of
+// panicking on a nil field or blaming the schema name ("invalid schema
+// name: """). It calls the methods by reflection, so a method added later
+// is checked too.
+func TestAnEngineNotMadeByNewFailsTyped(t *testing.T) {
+	t.Parallel()
+	errType := reflect.TypeFor[error]()
+	for name, e := range map[string]*gendurable.Engine{"nil": nil, "zero": {}} {
+		v := reflect.ValueOf(e)
+		for i := range v.NumMethod() {
+			m, mt := v.Method(i), v.Type().Method(i)
+			args := make([]reflect.Value, m.Type().NumIn())
+			for j := range args {
+				in := m.Type().In(j)
+				if in == reflect.TypeFor[context.Context]() {
+					args[j] = reflect.ValueOf(context.Background())
+				} else {
+					args[j] = reflect.Zero(in)
+				}
+			}
+			var out []reflect.Value
+			require.NotPanics(t, func() { out = m.Call(args) }, "%s Engine: %s", name, mt.Name)
+			if n := len(out); n > 0 && out[n-1].Type() == errType {
+				err, _ := out[n-1].Interface().(error)
+				require.ErrorIs(t, err, gendurable.ErrNotMade, "%s Engine: %s", name, mt.Name)
+				require.ErrorIs(t, err, gendurable.ErrInvalidConfig, "%s Engine: %s", name, mt.Name)
+			}
+		}
+	}
+	_, err := gendurable.WaitResult[int](context.Background(), nil, 1)
+	require.ErrorIs(t, err, gendurable.ErrNotMade)
 }

@@ -20,6 +20,11 @@ var (
 	// The error text says which field and why.
 	ErrInvalidConfig = errors.New("gendurable: invalid config")
 
+	// ErrNotMade: a method was called on a nil *Engine or on an Engine
+	// that New did not make (its zero value): every Engine comes from New.
+	// It matches ErrInvalidConfig too.
+	ErrNotMade = fmt.Errorf("%w: the Engine was not made by gendurable.New (it is nil or a zero value)", ErrInvalidConfig)
+
 	// ErrInvalidSchema: the schema name is not a plain SQL identifier.
 	ErrInvalidSchema = sqlq.ErrInvalidSchema
 

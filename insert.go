@@ -149,6 +149,9 @@ type InsertResult struct {
 // [Engine.InsertMany] (all or none of its rows) and [Engine.Signal] (give
 // it a DedupKey).
 func (e *Engine) Insert(ctx context.Context, p InsertParams) (InsertResult, error) {
+	if err := e.made(); err != nil {
+		return InsertResult{}, err
+	}
 	res, err := e.insert(ctx, e.pool, []InsertParams{p})
 	if err != nil {
 		return InsertResult{}, err
@@ -160,6 +163,9 @@ func (e *Engine) Insert(ctx context.Context, p InsertParams) (InsertResult, erro
 // InsertMany inserts all instances in one statement: all or none are inserted.
 // Results are in the order of ps.
 func (e *Engine) InsertMany(ctx context.Context, ps []InsertParams) ([]InsertResult, error) {
+	if err := e.made(); err != nil {
+		return nil, err
+	}
 	res, err := e.insert(ctx, e.pool, ps)
 	if err != nil {
 		return nil, err
@@ -176,6 +182,9 @@ func (e *Engine) InsertMany(ctx context.Context, ps []InsertParams) ([]InsertRes
 // timestamps — is [ErrInvalidInsert] before any SQL runs, so the
 // transaction is left usable.
 func (e *Engine) InsertTx(ctx context.Context, tx pgx.Tx, p InsertParams) (InsertResult, error) {
+	if err := e.made(); err != nil {
+		return InsertResult{}, err
+	}
 	if tx == nil {
 		return InsertResult{}, errorf(ErrInvalidInsert, "InsertTx: nil transaction")
 	}
@@ -188,6 +197,9 @@ func (e *Engine) InsertTx(ctx context.Context, tx pgx.Tx, p InsertParams) (Inser
 
 // InsertManyTx inserts all instances in one statement inside the caller's transaction.
 func (e *Engine) InsertManyTx(ctx context.Context, tx pgx.Tx, ps []InsertParams) ([]InsertResult, error) {
+	if err := e.made(); err != nil {
+		return nil, err
+	}
 	if tx == nil {
 		return nil, errorf(ErrInvalidInsert, "InsertManyTx: nil transaction")
 	}

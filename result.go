@@ -55,6 +55,9 @@ const (
 //	total, err := gendurable.WaitResult[Receipt](ctx, eng, id)
 func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 	var zero T
+	if err := e.made(); err != nil {
+		return zero, err
+	}
 	poll := resultPollFirst
 	var lost error // the last poll's connection failure
 	for {
