@@ -55,7 +55,8 @@ type Config struct {
 	// RateControlFile is PRODUCER_RATE_CONTROL_FILE: if set, the producer
 	// re-reads its rate from this file (a number of jobs/s) every second,
 	// so a driver can change the offered load without a restart (its
-	// high-load phase). Unreadable contents keep the last rate.
+	// high-load phase). Unreadable contents keep the last rate, and so does
+	// anything but a regular file of at most 64 bytes (readRateFile).
 	RateControlFile string
 }
 

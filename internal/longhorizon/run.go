@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/backoff"
@@ -300,13 +301,38 @@ func (r *runner) readRateFile() {
 	if r.cfg.RateControlFile == "" {
 		return
 	}
-	b, err := os.ReadFile(r.cfg.RateControlFile)
+	b, err := readRateFile(r.cfg.RateControlFile)
 	if err != nil {
 		return
 	}
 	if v, err := parseRate(strings.TrimSpace(string(b))); err == nil {
 		r.rate.Store(math.Float64bits(v))
 	}
+}
+
+// maxRateFile bounds what readRateFile reads: the file holds one number.
+const maxRateFile = 64
+
+// readRateFile reads a rate control file: a regular file of at most
+// maxRateFile bytes. Anything else is an error: /dev/zero would be read
+// until memory ran out, and opening a FIFO would block the producer until
+// something wrote to it.
+func readRateFile(name string) ([]byte, error) {
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil {
+		return nil, err
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", name)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxRateFile+1))
+	if err == nil && len(b) > maxRateFile {
+		err = fmt.Errorf("%s: longer than %d bytes: not a rate", name, maxRateFile)
+	}
+	return b, err
 }
 
 // produce inserts jobs: in fixed mode, every 10 ms what the rate has accrued

@@ -1,18 +1,23 @@
 package longhorizon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/syncbuf"
+	"github.com/stretchr/testify/require"
 )
 
 // TestDepthPollsAreSpacedByTheirDuration: in fixed mode the depth is read
@@ -310,4 +315,36 @@ func TestATickAfterAHeldLoopIsSkipped(t *testing.T) {
 	if gap := ticks[1].Sub(first); gap < 4*time.Second {
 		t.Errorf("ticks %v: the tick %s after the held one covers more than a whole window", ticks, ticks[1].Format(TimeFormat))
 	}
+}
+
+// TestRateFileIsAShortRegularFile: the rate control file is read only if it
+// is a regular file of at most maxRateFile bytes. /dev/zero used to be read
+// until memory ran out (1.1 GB within a second), and a FIFO would block the
+// producer until something wrote to it.
+func TestRateFileIsAShortRegularFile(t *testing.T) {
+	dir := t.TempDir()
+	ok := filepath.Join(dir, "rate")
+	require.NoError(t, os.WriteFile(ok, []byte(" 250\n"), 0o600))
+	b, err := readRateFile(ok)
+	require.NoError(t, err)
+	require.Equal(t, " 250\n", string(b))
+
+	long := filepath.Join(dir, "long")
+	require.NoError(t, os.WriteFile(long, bytes.Repeat([]byte("1"), maxRateFile+1), 0o600))
+	_, err = readRateFile(long)
+	require.ErrorContains(t, err, "longer than")
+
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	done := make(chan error, 1)
+	go func() { _, err := readRateFile(fifo); done <- err }()
+	select {
+	case err := <-done:
+		require.ErrorContains(t, err, "not a regular file")
+	case <-time.After(5 * time.Second):
+		t.Fatal("reading a FIFO blocked")
+	}
+
+	_, err = readRateFile("/dev/zero")
+	require.ErrorContains(t, err, "not a regular file")
 }
