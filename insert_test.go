@@ -359,6 +359,10 @@ func TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 		"invalid UTF-8, raw":      job.New(raw{R: json.RawMessage("{\"k\":\"\xc3\x28\"}")}),
 		"RunAt past PostgreSQL":   job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC)}),
 		"RunAt before PostgreSQL": job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}),
+		// PostgreSQL holds these, RFC 3339 does not: one such row made every
+		// list --json page holding it fail.
+		"RunAt past year 9999": job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}),
+		"RunAt before year 1":  job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(0, 12, 31, 23, 59, 59, 0, time.UTC)}),
 	} {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
@@ -372,19 +376,24 @@ func TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 		require.NoError(t, err, "%s: the caller's transaction goes on", name)
 		require.NoError(t, tx.Commit(ctx), name)
 	}
-	require.Equal(t, 14, b.count(`SELECT count(*) FROM {{s}}.callers`), "every caller's writes committed")
+	require.Equal(t, 18, b.count(`SELECT count(*) FROM {{s}}.callers`), "every caller's writes committed")
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
 
 	// What PostgreSQL does hold goes in: a surrogate pair, an escaped
 	// backslash before "u0000", control characters, RunAt at the bounds.
 	for _, p := range []gendurable.InsertParams{
 		job.New(raw{R: json.RawMessage(`["\ud83d\ude00", "\\u0000", "\u0001"]`)}),
-		job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(294275, 12, 31, 0, 0, 0, 0, time.UTC)}),
-		job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(-4712, 1, 1, 0, 0, 0, 0, time.UTC)}),
+		job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)}),
+		job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)}),
 	} {
 		_, err := b.eng.Insert(ctx, p)
 		require.NoError(t, err)
 	}
+	page, err := b.eng.List(ctx, gendurable.ListFilter{})
+	require.NoError(t, err)
+	require.Len(t, page.Instances, 3)
+	_, err = json.Marshal(page)
+	require.NoError(t, err, "the rows' times are written out as JSON")
 }
 
 // cancelAfterInsert cancels a context as soon as an insert statement into

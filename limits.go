@@ -25,6 +25,13 @@ const (
 	// BC to 294276 AD).
 	minTimestampYear = -4712
 	maxTimestampYear = 294275
+	// minRunAtYear, maxRunAtYear: the years (UTC) of an InsertOpts.RunAt.
+	// Narrower than the database's: a row's times are written out as
+	// RFC 3339 (list --json, show --json, encoding/json of InstanceSummary
+	// and InstanceDetail), which has four-digit years, and one row of the
+	// year 294275 made every list --json page holding it fail.
+	minRunAtYear = 1
+	maxRunAtYear = 9999
 )
 
 // timestampYear reports whether t's year is one PostgreSQL's timestamptz holds.
