@@ -1030,3 +1030,53 @@ func TestANameVersionsFreeIsTheUsersOnceFreed(t *testing.T) {
 	require.ErrorContains(t, err, "gendurable_instances_lingering_leases (not an index)")
 	requireVersion(t, pool, schema, 13, "version 14 was not applied")
 }
+
+// TestAColumnNameOfTheUsersStopsItsVersion: a column of the user's on
+// gendurable's table, under a name a version adds "if not exists"
+// (inbox_seen, version 18), stops that version going up: ADD COLUMN IF NOT
+// EXISTS took it over as gendurable's (a hostile-operator probe: a text
+// inbox_seen, and the upgrade said version 22 while every pick failed on
+// its type), and a later down dropped it with its data. The versions before
+// it are applied; the user's column and its data stay, through a down too.
+func TestAColumnNameOfTheUsersStopsItsVersion(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	_, err := migrate.To(ctx, pool, schema, 16)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ALTER TABLE `+s+`.gendurable_instances ADD COLUMN inbox_seen text DEFAULT 'mine'`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step) VALUES ('m', 'a')`)
+	require.NoError(t, err)
+	userColumn := func() string {
+		var typ string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a
+			WHERE a.attrelid = to_regclass($1) AND a.attname = 'inbox_seen' AND NOT a.attisdropped`,
+			s+`.gendurable_instances`).Scan(&typ))
+		var mine int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.gendurable_instances WHERE inbox_seen = 'mine'`).Scan(&mine))
+		require.Equal(t, 1, mine, "the user's data is kept")
+		return typ
+	}
+
+	_, err = migrate.Up(ctx, pool, schema)
+	require.ErrorContains(t, err, "migration 18 up: column gendurable_instances.inbox_seen")
+	require.ErrorContains(t, err, "nothing of version 18 was applied")
+	requireVersion(t, pool, schema, 17, "version 17 was applied, 18 was not")
+	require.Equal(t, "text", userColumn())
+
+	_, err = migrate.To(ctx, pool, schema, 16)
+	require.NoError(t, err)
+	require.Equal(t, "text", userColumn(), "17's down leaves the user's column alone")
+
+	// Renamed, the upgrade goes through, and a down and up again are gendurable's own.
+	_, err = pool.Exec(ctx, `ALTER TABLE `+s+`.gendurable_instances RENAME COLUMN inbox_seen TO my_seen`)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	_, err = migrate.To(ctx, pool, schema, 20)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err, "021's down runs 018's up again on gendurable's own column")
+}

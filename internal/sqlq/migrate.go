@@ -401,6 +401,13 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 	if err := checkIndexNames(ctx, tx, schema, m.Version, step, indexNames(dropIndex, sql), false); err != nil {
 		return from, 0, from, err
 	}
+	// Going up, a column a version adds "if not exists" must not be there
+	// yet (see checkColumnNames).
+	if target > from {
+		if err := checkColumnNames(ctx, tx, schema, m.Version, sql); err != nil {
+			return from, 0, from, err
+		}
+	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
 		return from, 0, from, fmt.Errorf("migration %d %s: %w", m.Version, step, err)
 	}
@@ -494,6 +501,43 @@ func checkIndexNames(ctx context.Context, tx pgx.Tx, schema string, version int,
 		return fmt.Errorf("migration %d %s: index %s in schema %q is not valid (a CREATE INDEX CONCURRENTLY that failed "+
 			"or was cancelled leaves it so, and one still building is too): DROP INDEX it (or let the build finish), "+
 			"then migrate again; nothing of version %d was applied", version, way, *invalid, schema, version)
+	}
+	return nil
+}
+
+// addColumnIfNotExists finds the columns a migration adds only if missing,
+// with their table (a version's down runs an older up again, on a table
+// that has them: 021's down runs 018's up).
+var addColumnIfNotExists = regexp.MustCompile(`(?i)ALTER\s+TABLE\s+(?:\S+?\.)?(\w+)\s+ADD\s+COLUMN\s+IF\s+NOT\s+EXISTS\s+(\w+)`)
+
+// checkColumnNames fails a version going up when a column it adds "if not
+// exists" is already there: going up, no earlier version made it, so it is
+// a column of the user's (or of something else's). ADD COLUMN IF NOT EXISTS
+// would have taken it over as gendurable's own — a hostile-operator probe
+// added inbox_seen as text and unstarted_token with a default at version
+// 16: the upgrade said version 22 while every pick failed on the column's
+// type, and a later down to 16 dropped both columns with their data.
+func checkColumnNames(ctx context.Context, tx pgx.Tx, schema string, version int, sql string) error {
+	var tables, columns []string
+	for _, g := range addColumnIfNotExists.FindAllStringSubmatch(sqlComment.ReplaceAllString(sql, ""), -1) {
+		tables, columns = append(tables, g[1]), append(columns, g[2])
+	}
+	if len(columns) == 0 {
+		return nil
+	}
+	var taken *string
+	if err := tx.QueryRow(ctx, `SELECT string_agg(format('%s.%s', c.relname, a.attname), ', ' ORDER BY c.relname, a.attname)
+		FROM unnest($2::text[], $3::text[]) AS x(tab, col)
+		JOIN pg_namespace n ON n.nspname = $1
+		JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = x.tab
+		JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = x.col AND NOT a.attisdropped`,
+		schema, tables, columns).Scan(&taken); err != nil {
+		return err
+	}
+	if taken != nil {
+		return fmt.Errorf("migration %d up: column %s in schema %q exists already, and not from gendurable "+
+			"(version %d adds it): rename yours (ALTER TABLE … RENAME COLUMN), then migrate again; nothing of version %d was applied",
+			version, *taken, schema, version, version)
 	}
 	return nil
 }
