@@ -1080,3 +1080,38 @@ func TestAColumnNameOfTheUsersStopsItsVersion(t *testing.T) {
 	_, err = migrate.Up(ctx, pool, schema)
 	require.NoError(t, err, "021's down runs 018's up again on gendurable's own column")
 }
+
+// TestADownThatWouldDropSomethingElsewhereIsRefused: a constraint trigger
+// on a table of the user's declared FROM gendurable_instances depends on it
+// automatically, and DROP TABLE … RESTRICT drops such an object without a
+// word (a hostile-operator probe: migrate down to 0 removed the trigger).
+// The down is refused before its first version, nothing applied, the
+// trigger kept; a down that drops no table goes through.
+func TestADownThatWouldDropSomethingElsewhereIsRefused(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, nil)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	ledger := `public."` + schema + `_ledger"`
+	fn := `public."` + schema + `_chk"`
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+ledger+`; DROP FUNCTION IF EXISTS `+fn+`()`)
+	})
+	_, err := pool.Exec(ctx, `CREATE TABLE `+ledger+` (id int);
+		CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END';
+		CREATE CONSTRAINT TRIGGER guard AFTER INSERT ON `+ledger+` FROM `+s+`.gendurable_instances
+		  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+fn+`()`)
+	require.NoError(t, err)
+	latest := migrate.Latest()
+
+	_, err = migrate.Down(ctx, pool, schema)
+	require.ErrorContains(t, err, fmt.Sprintf("migration %d down: objects outside the schema depend on its tables: trigger guard on public.%s_ledger (on gendurable_instances)", latest, schema))
+	requireVersion(t, pool, schema, latest, "nothing of the down was applied")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgname = 'guard'
+		AND tgrelid = to_regclass($1)`, ledger).Scan(&n))
+	require.Equal(t, 1, n, "the trigger is kept")
+
+	_, err = migrate.To(ctx, pool, schema, latest-1)
+	require.NoError(t, err, "a version that drops no table goes down")
+}

@@ -213,7 +213,8 @@ func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
 // gendurable's own objects one by one (migrate.Down, which names each of
 // them), then the schema itself. An object someone added to the schema, or
 // one elsewhere that depends on gendurable's tables (a view, a foreign
-// key), stops it (SQLSTATE 2BP01): then nothing is dropped and the error
+// key: SQLSTATE 2BP01; a constraint trigger, whose dependency is automatic:
+// sqlq.ErrDependents), stops it: then nothing is dropped and the error
 // wraps ErrNotScratch; so does anything added to gendurable's tables
 // themselves, which a drop would take with them without a word (a column
 // and what it holds, an index, a trigger: additions); so do rows of machines not shared (Share), and queue
@@ -255,6 +256,10 @@ func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 	if errors.As(err, &pgErr) && pgErr.Code == "2BP01" {
 		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but holds objects they did not create, "+
 			"or objects elsewhere depend on it (%s)", ErrNotScratch, schema, pgErr.Message)
+	}
+	if errors.Is(err, sqlq.ErrDependents) {
+		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but objects elsewhere depend on it (%v)",
+			ErrNotScratch, schema, err)
 	}
 	if err != nil {
 		return err

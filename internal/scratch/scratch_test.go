@@ -265,3 +265,50 @@ func TestAMarkedSchemaWhoseTablesSomeoneAddedToIsNotDropped(t *testing.T) {
 	require.NoError(t, Drop(ctx, pool, old))
 	require.False(t, exists(old))
 }
+
+// TestAMarkedSchemaThatSomethingElsewhereHangsOnIsNotDropped: an object
+// outside the schema that depends on one of its tables automatically — a
+// constraint trigger on a table of the user's declared FROM
+// gendurable_instances — is dropped with the table by DROP TABLE … RESTRICT without a word (a
+// hostile-operator probe: the demo's next run took the trigger, exit 0). The
+// schema is refused and kept, and so is the object; without it the schema
+// is the command's own again.
+func TestAMarkedSchemaThatSomethingElsewhereHangsOnIsNotDropped(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	Share("checkout")
+	o := Options{Owner: "demo"}
+	for _, tc := range []struct{ name, add, check, undo, says string }{
+		{"a constraint trigger", `CREATE TABLE public.{{s}}_ledger (id int);
+			CREATE FUNCTION public.{{s}}_chk() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END';
+			CREATE CONSTRAINT TRIGGER guard AFTER INSERT ON public.{{s}}_ledger FROM {{s}}.gendurable_instances
+			  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.{{s}}_chk()`,
+			`SELECT count(*) FROM pg_trigger WHERE tgname = 'guard' AND tgrelid = 'public.{{s}}_ledger'::regclass`,
+			`DROP TABLE public.{{s}}_ledger; DROP FUNCTION public.{{s}}_chk()`, "trigger guard on public.{{s}}_ledger"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			schema := freshName(t, pool)
+			sub := func(sql string) string { return strings.ReplaceAll(sql, "{{s}}", schema) }
+			require.NoError(t, Prepare(ctx, pool, schema, o))
+			t.Cleanup(func() { _, _ = pool.Exec(context.Background(), sub(tc.undo)) })
+			_, err := pool.Exec(ctx, sub(tc.add))
+			require.NoError(t, err)
+
+			err = Prepare(ctx, pool, schema, o)
+			require.ErrorIs(t, err, ErrNotScratch)
+			require.ErrorContains(t, err, "objects elsewhere depend on it")
+			require.ErrorContains(t, err, sub(tc.says))
+			require.ErrorIs(t, Drop(ctx, pool, schema), ErrNotScratch)
+			var n int
+			require.NoError(t, pool.QueryRow(ctx, sub(tc.check)).Scan(&n))
+			require.Equal(t, 1, n, "the object elsewhere is kept")
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, schema).Scan(&n))
+			require.Equal(t, 1, n, "the schema is kept")
+
+			_, err = pool.Exec(ctx, sub(tc.undo))
+			require.NoError(t, err)
+			require.NoError(t, Drop(ctx, pool, schema), "without it the schema is the command's own again")
+		})
+	}
+}

@@ -402,9 +402,23 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 		return from, 0, from, err
 	}
 	// Going up, a column a version adds "if not exists" must not be there
-	// yet (see checkColumnNames).
+	// yet (see checkColumnNames); going down, nothing elsewhere may hang on
+	// a table it drops (checkDependents).
 	if target > from {
 		if err := checkColumnNames(ctx, tx, schema, m.Version, sql); err != nil {
+			return from, 0, from, err
+		}
+	} else {
+		// Every table the versions down to target drop, checked at each
+		// version: a down to 0 is refused before its first version, not
+		// at version 1 with the others committed.
+		var rest strings.Builder
+		for _, c := range ms {
+			if c.Version > target && c.Version <= from {
+				rest.WriteString(c.Down(schema) + "\n")
+			}
+		}
+		if err := checkDependents(ctx, tx, schema, m.Version, rest.String()); err != nil {
 			return from, 0, from, err
 		}
 	}
@@ -538,6 +552,48 @@ func checkColumnNames(ctx context.Context, tx pgx.Tx, schema string, version int
 		return fmt.Errorf("migration %d up: column %s in schema %q exists already, and not from gendurable "+
 			"(version %d adds it): rename yours (ALTER TABLE … RENAME COLUMN), then migrate again; nothing of version %d was applied",
 			version, *taken, schema, version, version)
+	}
+	return nil
+}
+
+// ErrDependents: a version going down would drop a table that an object
+// outside the schema depends on (checkDependents).
+var ErrDependents = errors.New("objects outside the schema depend on its tables")
+
+// dropTable finds the tables a migration drops.
+var dropTable = regexp.MustCompile(`(?i)DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:\S+?\.)?(\w+)`)
+
+// checkDependents fails a version going down when an object outside the
+// schema depends automatically on a table sql drops (the caller passes the
+// downs of every version left to go): DROP TABLE … RESTRICT
+// refuses what depends on a table normally (a view, a foreign key), but
+// drops what depends on it automatically without a word — a constraint
+// trigger on a table of the user's declared FROM gendurable_instances (a
+// hostile-operator probe: demo and migrate down to 0 dropped it),
+// statistics elsewhere on it, the table's membership of a publication.
+func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int, sql string) error {
+	var tables []string
+	for _, g := range dropTable.FindAllStringSubmatch(sqlComment.ReplaceAllString(sql, ""), -1) {
+		tables = append(tables, g[1])
+	}
+	if len(tables) == 0 {
+		return nil
+	}
+	var deps *string
+	if err := tx.QueryRow(ctx, `SELECT string_agg(x.what, ', ' ORDER BY x.what) FROM (
+		  SELECT DISTINCT format('%s %s (on %s)', o.type, o.identity, c.relname) AS what
+		  FROM pg_namespace n
+		  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = ANY($2)
+		  JOIN pg_depend d ON d.refclassid = 'pg_class'::regclass AND d.refobjid = c.oid AND d.deptype = 'a'
+		  CROSS JOIN LATERAL pg_identify_object(d.classid, d.objid, d.objsubid) AS o
+		  -- A column's default hangs on its own column only.
+		  WHERE n.nspname = $1 AND o.schema IS DISTINCT FROM $1 AND d.classid <> 'pg_attrdef'::regclass) AS x`, schema, tables).Scan(&deps); err != nil {
+		return err
+	}
+	if deps != nil {
+		return fmt.Errorf("migration %d down: %w: %s; dropping the tables would drop these with them: "+
+			"remove them yourself (or move them off gendurable's tables), then migrate again; nothing of version %d was applied",
+			version, ErrDependents, *deps, version)
 	}
 	return nil
 }
