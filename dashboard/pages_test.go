@@ -183,6 +183,31 @@ func TestDetailPageLeavesOutLongPayloads(t *testing.T) {
 	require.Contains(t, html.UnescapeString(r.body), `"small": "visible"`)
 }
 
+// TestDetailPageDoesNotIndentDeepValues: a payload nested 1,000 levels deep
+// (2 KB, within the depth limit and the page's 4 KiB bound) is shown
+// compact: indented it is 2 MB, and 100 of them made a 200 MB page that took
+// the dashboard to 982 MB (a hostile probe). A shallow one is still
+// indented.
+func TestDetailPageDoesNotIndentDeepValues(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	id := e.insertOrder(Order{Item: "book"})
+	deep := strings.Repeat("[", 1000) + strings.Repeat("]", 1000)
+	for range 20 {
+		_, err := e.eng.Signal(context.Background(), id, "note", json.RawMessage(deep), nil)
+		require.NoError(t, err)
+	}
+	_, err := e.eng.Signal(context.Background(), id, "note", json.RawMessage(`{"small": ["visible"]}`), nil)
+	require.NoError(t, err)
+	r := get(t, h, fmt.Sprintf("/instances/%d", id))
+	require.Equal(t, http.StatusOK, r.code)
+	require.Less(t, len(r.body), 256<<10, "20 deep payloads, compact")
+	body := html.UnescapeString(r.body)
+	require.Equal(t, 20, strings.Count(body, deep))
+	require.Contains(t, body, "{\n  \"small\": [\n    \"visible\"\n  ]\n}")
+}
+
 // TestDetailRedactionAndSignalWake: the detail page shows state, signals
 // (consumed ones marked), result and errors, all state-like JSON through
 // Redact; a signal sent from the page wakes an awaiting instance.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,14 +39,17 @@ func oneLine(s string, n int) string {
 // encoding/json escapes C0 controls in strings but writes DEL, C1 controls
 // (U+0080–U+009F) and bidirectional controls (U+202E, ...) as they are,
 // also inside json.RawMessage values read from jsonb.
+//
+// It is indented unless indenting would multiply it (display.Indent): a
+// state nested 1,000 levels deep made `show --json` print 200 MB for a
+// 200 KB state; such output is compact.
 func printJSON(w io.Writer, v any) error {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
+	b, err := json.Marshal(v)
+	if err != nil {
 		return err
 	}
-	_, err := w.Write(display.InertJSON(buf.Bytes()))
+	b, _ = display.Indent(b)
+	_, err = w.Write(append(display.InertJSON(b), '\n'))
 	return err
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -149,4 +150,19 @@ func TestBidiControlsAreEscaped(t *testing.T) {
 	requireNoBidi(t, errOut)
 	require.Contains(t, errOut, `refund \u009b2J acct-1\u202e7-tnuocca \u007f`)
 	requireInert(t, out)
+}
+
+// TestPrintJSONDoesNotIndentDeepValues: JSON output holding a value nested
+// 1,000 levels deep is written compact (indented, a 200 KB state made
+// `show --json` print 200 MB and take 700 MB); ordinary output is indented.
+func TestPrintJSONDoesNotIndentDeepValues(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	require.NoError(t, printJSON(&out, map[string]any{"state": json.RawMessage(`{"a": [1]}`)}))
+	require.Equal(t, "{\n  \"state\": {\n    \"a\": [\n      1\n    ]\n  }\n}\n", out.String())
+
+	out.Reset()
+	deep := strings.Repeat("[", 999) + strings.Repeat("0,", 2000) + "0" + strings.Repeat("]", 999)
+	require.NoError(t, printJSON(&out, map[string]any{"state": json.RawMessage(deep)}))
+	require.Equal(t, `{"state":`+deep+"}\n", out.String())
 }
