@@ -993,7 +993,7 @@ func TestPruneRacingTheRetryOfAChild(t *testing.T) {
 				}()
 			}
 			if held {
-				heldc, release := tr.pauseAt(t, "children_pending = p.children_pending +", child)
+				heldc, release := tr.pauseAt(t, "THEN p.children_pending +", child)
 				retried := make(chan error, 1)
 				go func() { retried <- b.eng.Retry(ctx, child) }()
 				<-heldc

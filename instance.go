@@ -172,7 +172,11 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 
 // Retry moves a failed instance back to runnable at the step it failed in,
 // with a fresh attempt budget; its error history is kept. A child whose
-// parent still waits is waited for again; a parent cancelled while it
+// parent still waits is waited for again — a parent that awaits its
+// children, or one their finish (or cancel) woke whose next step has not
+// run yet, which goes back to awaiting them; a parent whose next step is
+// running has read its children, and the child runs on its own. A parent
+// cancelled while it
 // awaited its children, some of which still run, awaits them again; an
 // instance cancelled while it was parked in an Await awaits the same names
 // again, with the same deadline (one that passed meanwhile wakes it as a

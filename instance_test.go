@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -324,7 +325,7 @@ func TestRetryOfAChildRacingTheRetryOfItsParent(t *testing.T) {
 			if !tc.parentFirst {
 				first, second = failed, parent
 			}
-			held, release := tr.pauseAt(t, "children_pending = p.children_pending +", first)
+			held, release := tr.pauseAt(t, "THEN p.children_pending +", first)
 			firstDone := make(chan error, 1)
 			go func() { firstDone <- retry(first) }()
 			pid := <-held // the first retry's statement ran; its COMMIT waits
@@ -415,4 +416,57 @@ func TestRetryAndRunNowThatWaitedForTheRowRunAtOnce(t *testing.T) {
 	measure("RunNow", func() int64 {
 		return b.insert(job.New(orderArgs{I: 2}).With(gendurable.InsertOpts{RunIn: time.Hour}))
 	}, func(id int64) error { return b.eng.RunNow(ctx, id) })
+}
+
+// TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt: the cancel of a
+// parent's last live child wakes the parent (runnable at its join step); a
+// retry of that child before the join step has run must make the parent
+// await it again, by Retry and by RetryMany. Before, only a parent still
+// awaiting its children counted a retried child: this one ran its join
+// beside the retried child, which Run.Children showed runnable, and
+// finished before it (a fault probe: 3 of 3 runs). The queue is paused to
+// hold the woken parent between its wake and its join.
+func TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"Retry", "RetryMany"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			var runs atomic.Int32
+			started := make(chan int64, 4)
+			leaf := &gendurable.Job[leafArgs]{Name: "wleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+				if j.State.N == 2 && runs.Add(1) == 1 { // the first run of child 2 waits for its cancel
+					started <- j.ID
+					<-ctx.Done()
+					return ctx.Err()
+				}
+				return nil
+			}}
+			m := statusParent("wparent", func() []gendurable.InsertParams {
+				return []gendurable.InsertParams{leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})}
+			})
+			b := setup(t, nil, m, leaf)
+			b.start()
+			ctx := context.Background()
+			parent := b.insert(m.New(fanState{}))
+			child := <-started
+			eventually(t, 10*time.Second, func() bool {
+				return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE parent_id = $1 AND status = 'done'`, parent) == 1
+			}, "child 1 not done")
+			require.NoError(t, b.eng.Pause(ctx, "default"))
+			require.NoError(t, b.eng.Cancel(ctx, child, "operator"))
+			require.Equal(t, "runnable", b.row(parent).Status, "the cancel of its last live child woke the parent")
+			if how == "Retry" {
+				require.NoError(t, b.eng.Retry(ctx, child))
+			} else {
+				res, err := b.eng.RetryMany(ctx, []int64{child})
+				require.NoError(t, err)
+				require.Equal(t, int64(1), res.Changed)
+			}
+			require.Equal(t, "awaiting_children", b.row(parent).Status, "the woken parent awaits its retried child again")
+			require.NoError(t, b.eng.Resume(ctx, "default"))
+			r := b.waitStatus(parent, "done", 15*time.Second)
+			require.JSONEq(t, `["done", "done"]`, string(r.Result), "the join ran after its retried child finished")
+			require.Equal(t, "done", b.row(child).Status)
+		})
+	}
 }

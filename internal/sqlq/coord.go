@@ -525,6 +525,23 @@ func liveChildren(retried string) string {
          WHERE c.parent_id = p.id AND c.parent_fanout = p.fanout AND ` + live + `)`
 }
 
+// waitsForItsChildren says parent row p, locked, still waits for the
+// children of its current fan-out: it awaits them, or it is runnable with
+// its join step not run yet — its last child finished (or was cancelled)
+// and woke it, and its next outcome has not cleared children_total. A
+// retried child counts again in either: the second is put back to awaiting
+// it. Before, only the first did; a parent woken by the cancel of its last
+// child and not yet run when the child was retried ran its join step beside
+// the retried child, which its Run.Children showed runnable (a fault probe:
+// 3 of 3 runs with the queue paused in the window, once in a kill storm).
+// A parent whose join step is running (executing) has read its children:
+// the retried child runs on its own. A runnable parent's children_pending
+// may be stale (a retry that found no live child keeps it): put back, it
+// awaits its live children counted afresh, the retried ones with them.
+func waitsForItsChildren(p string) string {
+	return `(` + p + `.status = 'awaiting_children' OR ` + p + `.status = 'runnable' AND ` + p + `.children_total > 0)`
+}
+
 // retrySQL retries row $1 if retryLockSQL locked it ($2, its result): a row
 // that snapshot saw live and that a cancel failed just after is not locked,
 // nor is its parent, so it is not retried here (its live children would be
@@ -543,8 +560,10 @@ WITH k AS (
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
-  SET children_pending = p.children_pending + 1, updated_at = now()
-  FROM r WHERE p.id = r.parent_id AND p.status = 'awaiting_children' AND p.fanout = r.parent_fanout
+  SET children_pending = CASE WHEN p.status = 'awaiting_children' THEN p.children_pending + 1
+                              ELSE ` + liveChildren(`SELECT r.id FROM r`) + ` END,
+      status = 'awaiting_children', updated_at = now()
+  FROM r WHERE p.id = r.parent_id AND p.fanout = r.parent_fanout AND ` + waitsForItsChildren("p") + `
   RETURNING p.id
 ), leftovers AS (
   -- A signal that raced the terminal outcome, if the finisher's second sweep
