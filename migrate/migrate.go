@@ -73,7 +73,12 @@ func Down(ctx context.Context, db DB, schema string) (Result, error) {
 // another transaction holds on the tables (so the workers' statements that
 // queue behind the migration's lock request are not held up for longer);
 // the version is then tried again, after a pause (1 s, doubling up to
-// 30 s), until ctx ends. A deadlock is tried again the same way.
+// 30 s), until ctx ends. A deadlock is tried again the same way. In a
+// transaction of the caller's (db a pgx.Tx) neither is tried again but
+// returned: rolled back to its savepoint, the version would keep the locks
+// the transaction took before it, which what it waits for may be waiting
+// for; nothing is committed there, whatever Result says, until the caller
+// commits.
 //
 // Down migrations drop what the versions they remove added: the data in
 // those columns and tables is lost, and migrating up again does not bring
@@ -112,6 +117,12 @@ func to(ctx context.Context, db DB, schema string, target, dir int) (Result, err
 	from, now, applied, err := sqlq.MigrateDir(ctx, db, schema, target, dir)
 	r := Result{From: from, To: now, Applied: applied}
 	if err != nil {
+		if _, callersTx := db.(pgx.Tx); callersTx && len(applied) > 0 {
+			// Nothing is committed in a caller's transaction: its rollback
+			// undoes the versions applied too.
+			return r, fmt.Errorf("gendurable: migrate %q to %d: stopped at version %d (versions %v applied in the caller's transaction, "+
+				"which commits or rolls them back): %w", schema, target, r.To, applied, err)
+		}
 		if len(applied) > 0 {
 			return r, fmt.Errorf("gendurable: migrate %q to %d: stopped at version %d (versions %v committed): %w",
 				schema, target, r.To, applied, err)

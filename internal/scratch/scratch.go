@@ -37,6 +37,11 @@ import (
 // was changed. Pass Reset (--reset-schema) to drop it anyway.
 var ErrNotScratch = errors.New("schema is not one gendurable's demo, bench or quickstart may drop")
 
+// ErrBusy: the schema's tables are in use — another transaction held a
+// lock the drop needed past its wait (another demo or bench running in the
+// schema, a long query) — and nothing was changed.
+var ErrBusy = errors.New("schema is in use")
+
 // ErrAborted: the operator declined the reset; nothing was changed.
 var ErrAborted = errors.New("aborted: schema left as it was")
 
@@ -227,6 +232,21 @@ func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
+	err = dropOwnTx(ctx, tx, schema)
+	if sqlq.LockTimedOut(err) || sqlq.Deadlocked(err) {
+		// The rollback frees the locks taken: whatever waited on them (the
+		// workers of another run in the schema) goes on.
+		return fmt.Errorf("%w: %q: another transaction holds its tables (another demo or bench running in it?), "+
+			"and nothing was dropped: wait for it to end, or choose another --schema (%v)", ErrBusy, schema, err)
+	}
+	if err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// dropOwnTx is dropOwn's work in its transaction tx.
+func dropOwnTx(ctx context.Context, tx pgx.Tx, schema string) error {
 	foreign, err := sqlq.ForeignRows(ctx, tx, schema, own())
 	if err != nil {
 		return err
@@ -261,10 +281,7 @@ func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but objects elsewhere depend on it (%v)",
 			ErrNotScratch, schema, err)
 	}
-	if err != nil {
-		return err
-	}
-	return tx.Commit(ctx)
+	return err
 }
 
 // additions lists what schema holds beyond a schema migrated to the same

@@ -312,3 +312,39 @@ func TestAMarkedSchemaThatSomethingElsewhereHangsOnIsNotDropped(t *testing.T) {
 		})
 	}
 }
+
+// TestADropThatCannotHaveItsLocksGivesUp: a drop whose lock waits run out
+// (another transaction reads the schema's tables: another demo running in
+// it) fails with ErrBusy in seconds, its locks freed and nothing dropped.
+// Before, the migration inside the drop's transaction tried its version
+// again and again — rolling back to a savepoint, which kept the locks the
+// transaction had taken — until its context ended: two demos started
+// together waited for each other for as long as a newcomer let them.
+func TestADropThatCannotHaveItsLocksGivesUp(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	Share("checkout")
+	o := Options{Owner: "demo"}
+	schema := freshName(t, pool)
+	ctx := t.Context()
+	require.NoError(t, Prepare(ctx, pool, schema, o))
+	reader, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = reader.Rollback(context.Background()) }()
+	_, err = reader.Exec(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_signals`)
+	require.NoError(t, err)
+
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	err = Prepare(dctx, pool, schema, o)
+	require.ErrorIs(t, err, ErrBusy)
+	require.Less(t, time.Since(start), 30*time.Second, "gave up at its first lock wait that ran out")
+	_, err = reader.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('checkout', 'a')`)
+	require.NoError(t, err, "the drop's locks were freed")
+	require.NoError(t, reader.Commit(ctx))
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`).Scan(&n))
+	require.Equal(t, 1, n, "nothing was dropped")
+	require.NoError(t, Prepare(ctx, pool, schema, o), "with the reader gone the drop goes through")
+}

@@ -297,11 +297,25 @@ func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int
 // target (MigrateDir), trying again after a lock wait or a deadlock. It
 // returns the version it read, the one it applied (0: none was left) and
 // the version installed once it was.
+//
+// In a caller's transaction (db a pgx.Tx: each version a savepoint) it
+// does not try again: rolling back to the savepoint keeps the locks the
+// caller's transaction took before, so whatever waits on them waits on,
+// and what this version waited for may be waiting for them — two demos
+// started together (each locks its schema's tables, then drops them inside
+// one transaction) each waited for the other, one tried again every
+// second, and neither ended. The error goes back to the caller, whose
+// rollback frees its locks.
 func migrateStep(ctx context.Context, db Beginner, schema string, target, dir, expect int) (at, applied, now int, err error) {
+	_, callersTx := db.(pgx.Tx)
 	for tries := 1; ; tries++ {
 		at, applied, now, err = migrate1(ctx, db, schema, target, dir, expect)
 		if err == nil || !LockTimedOut(err) && !Deadlocked(err) {
 			return at, applied, now, err
+		}
+		if callersTx {
+			return at, 0, at, fmt.Errorf("another transaction held a lock on the schema's tables (or deadlocked with this one), "+
+				"and in the caller's transaction the version is not tried again: %w", err)
 		}
 		wait := backoff.Delay(time.Second, 30*time.Second, tries)
 		select {
