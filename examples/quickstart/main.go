@@ -281,7 +281,11 @@ func demo(ctx context.Context, n int) error {
 	}
 	var workers []*exec.Cmd
 	for i := range 2 {
-		w := exec.CommandContext(ctx, self, "work")
+		// Not exec.CommandContext: its cancel (Ctrl-C, SIGTERM) is a
+		// SIGKILL, and the workers are to stop cleanly (SIGTERM, below),
+		// as the README says a worker does; only the demonstration's
+		// victim is killed.
+		w := exec.Command(self, "work")
 		w.Env = append(os.Environ(), "DATABASE_URL="+url)
 		w.Stdout, w.Stderr = os.Stdout, os.Stderr
 		if err := w.Start(); err != nil {

@@ -138,3 +138,42 @@ func TestOrdersOutOfRangeAreRefused(t *testing.T) {
 		require.Contains(t, string(out), "-n must be within 1..100000", "%v", args)
 	}
 }
+
+// TestAStoppedDemoStopsItsWorkersCleanly: the demo stopped (SIGTERM, or
+// Ctrl-C) before its kill stops its worker processes with SIGTERM, so they
+// finish or give back what they hold: no instance is left executing. The
+// workers were started with exec.CommandContext, whose cancel is a SIGKILL:
+// a newcomer's Ctrl-C left 40 rows executing until their leases ran out.
+func TestAStoppedDemoStopsItsWorkersCleanly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL")
+	}
+	ctx := t.Context()
+	srv, err := pgtemp.Start(ctx, pgtemp.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Stop() })
+	pool, err := pgxpool.New(ctx, srv.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	bin := filepath.Join(t.TempDir(), "quickstart")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	cmd := exec.CommandContext(ctx, bin, "-n", "2000")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.URL())
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() && !strings.HasPrefix(lines.Text(), "started worker 2") {
+	}
+	var executing int
+	require.Eventually(t, func() bool {
+		return pool.QueryRow(ctx, `SELECT count(*) FROM quickstart.gendurable_instances WHERE status = 'executing'`).Scan(&executing) == nil && executing > 0
+	}, 10*time.Second, 5*time.Millisecond, "the workers claim rows")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	_ = cmd.Wait()
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM quickstart.gendurable_instances WHERE status = 'executing'`).Scan(&executing))
+	require.Zero(t, executing, "the workers stopped cleanly: nothing left executing")
+}
