@@ -350,6 +350,8 @@ type filterText struct {
 	twice error
 }
 
+func (*filterText) refusesTwice() {}
+
 func (f *filterText) String() string {
 	if f == nil || f.s == nil {
 		return ""
@@ -380,6 +382,8 @@ type sinceFlag struct {
 	d   *time.Duration
 	set bool
 }
+
+func (*sinceFlag) refusesTwice() {}
 
 func (f *sinceFlag) String() string {
 	if f == nil || f.d == nil || *f.d == 0 {

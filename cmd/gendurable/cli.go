@@ -382,7 +382,25 @@ func newFlags(name string) *flag.FlagSet {
 
 // parseFlags parses args with fs, turning -h into a helpRequest and any
 // other parse error into a usage error.
+//
+// Every flag may be given once (onceValue): the flag package keeps the last
+// of several, so `migrate down --to 20 --to 0 --yes` removed every table and
+// `--schema a --schema b` worked in b, without a word.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.VisitAll(func(f *flag.Flag) {
+		switch v := f.Value.(type) {
+		case *onceValue, *onceBool, refusesTwice:
+			// wrapped at an earlier parse of fs (parseAll), or refuses itself
+		case interface{ IsBoolFlag() bool }:
+			if v.IsBoolFlag() {
+				f.Value = &onceBool{onceValue{Value: f.Value}}
+			} else {
+				f.Value = &onceValue{Value: f.Value}
+			}
+		default:
+			f.Value = &onceValue{Value: f.Value}
+		}
+	})
 	err := fs.Parse(args)
 	switch {
 	case err == nil:
@@ -392,6 +410,38 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	}
 	return usageError{msg: fs.Name() + ": " + err.Error() + wantedForm(fs, err), help: true}
 }
+
+// onceValue is a flag's Value that refuses a second value (parseFlags).
+type onceValue struct {
+	flag.Value
+	set bool
+}
+
+func (v *onceValue) Set(s string) error {
+	if v.set {
+		return errGivenTwice
+	}
+	v.set = true
+	return v.Value.Set(s)
+}
+
+// Get is the wrapped value's, for wantedForm.
+func (v *onceValue) Get() any {
+	if g, ok := v.Value.(flag.Getter); ok {
+		return g.Get()
+	}
+	return v.Value.String()
+}
+
+// onceBool is onceValue for a boolean flag (--yes, --json), which the flag
+// package must still see as one: it takes no value.
+type onceBool struct{ onceValue }
+
+func (*onceBool) IsBoolFlag() bool { return true }
+
+// refusesTwice marks a flag Value that refuses a second value itself, with
+// its own message (filterText, sinceFlag).
+type refusesTwice interface{ refusesTwice() }
 
 // wantedForm says what form a flag's value takes when the flag package
 // could only say "parse error".

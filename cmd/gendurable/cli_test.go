@@ -1446,3 +1446,34 @@ func TestDatabaseSource(t *testing.T) {
 	require.Equal(t, "DATABASE_URL", databaseSource([]string{"--queue", "q"}))
 	require.Equal(t, "--database-url", databaseSource([]string{"--database-url", "u"}))
 }
+
+// TestEveryFlagGivenTwiceIsAUsageError (a newcomer): the flag package keeps
+// the last of a flag given twice, so `migrate down --to 20 --to 0 --yes`
+// removed every table, and `--schema a --schema b` worked in b. Every flag
+// of every command is a usage error given twice (exit 2, before any
+// connection: nothing changes), a boolean one too.
+func TestEveryFlagGivenTwiceIsAUsageError(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	for _, args := range [][]string{
+		{"migrate", "down", "--to", "20", "--to", "0", "--yes"},
+		{"migrate", "--to", "20", "down", "--to", "0", "--yes"},
+		{"migrate", "up", "--schema", "other"},
+		{"status", "--database-url", "postgres://nobody@127.0.0.1:1/x", "--database-url", dbtest.URL()},
+		{"prune", "--retention", "1m", "--retention", "2m", "--yes"},
+		{"list", "--limit", "5", "--limit", "6"},
+		{"list", "--json", "--json"},
+		{"cancel", "1", "--reason", "a", "--reason", "b"},
+		{"show", "1", "--json", "--json"},
+		{"ui", "--addr", "127.0.0.1:0", "--addr", "127.0.0.1:1"},
+		{"demo", "--orders", "5", "--orders", "6"},
+	} {
+		_, errOut, code := cli(t, append(args, s...)...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.Contains(t, errOut, "given twice", "%q", args)
+	}
+	v, err := migrate.Installed(context.Background(), pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, migrate.Latest(), v, "nothing was migrated")
+}
