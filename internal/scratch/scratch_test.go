@@ -134,6 +134,16 @@ func TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped(t *testing.T) {
 	require.Less(t, time.Since(start), 3*time.Second, "refused without waiting on the writer's lock")
 	require.NoError(t, tx.Rollback(ctx))
 
+	// A queue paused and resumed since leaves a row that holds nothing: the
+	// schema is the command's own (a newcomer paused the demo's queue from
+	// the dashboard, resumed it, and the demo refused to run again).
+	resumed := freshName(t, pool)
+	require.NoError(t, Prepare(ctx, pool, resumed, o))
+	_, err = pool.Exec(ctx, `INSERT INTO "`+resumed+`".gendurable_queues (name, paused) VALUES ('default', false)`)
+	require.NoError(t, err)
+	require.NoError(t, Prepare(ctx, pool, resumed, o))
+	require.Zero(t, count(resumed, "gendurable_queues"))
+
 	// Its own machines' rows, in every status, are the command's to drop,
 	// and so are those of a machine another scratch command of the program
 	// shares (bench reuses the demo's schema).

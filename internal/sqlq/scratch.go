@@ -89,8 +89,8 @@ func DropEmptySchema(ctx context.Context, db DB, schema string) error {
 
 // ForeignRows reports, inside tx, what a scratch schema holds that its
 // command did not put there: instances (or registered definitions) of a
-// machine not in machines, and queue rows (a queue row is written only by
-// an operator's pause or resume). "" means nothing foreign. It looks twice:
+// machine not in machines, and paused queues (a queue row is written only
+// by an operator's pause or resume; a resumed one holds nothing). "" means nothing foreign. It looks twice:
 // first without a lock, so that a schema someone else's workers use is
 // refused without holding them up; then, if nothing was found, with every
 // table of the schema locked until tx ends (LockSchemaTables), so that
@@ -108,7 +108,10 @@ func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (
 	all := []struct{ table, col, foreign, what string }{
 		{"gendurable_instances", "fsm", "fsm <> ALL($1::text[])", "instances of machines it does not run"},
 		{"gendurable_machines", "name", "name <> ALL($1::text[])", "definitions of machines it does not run"},
-		{"gendurable_queues", "name", "$1::text[] IS NOT NULL", "queue rows (written by an operator's pause)"},
+		// A resumed queue's row (paused false) holds nothing but its name
+		// and the time of the resume: a newcomer who paused and resumed the
+		// demo's queue could run the demo again only with --reset-schema.
+		{"gendurable_queues", "name", "paused AND $1::text[] IS NOT NULL", "paused queues (an operator's pause)"},
 	}
 	tables := all[:0]
 	for _, t := range all {
