@@ -424,7 +424,7 @@ func TestRetryAndRunNowThatWaitedForTheRowRunAtOnce(t *testing.T) {
 // await it again, by Retry and by RetryMany. Before, only a parent still
 // awaiting its children counted a retried child: this one ran its join
 // beside the retried child, which Run.Children showed runnable, and
-// finished before it (a fault probe: 3 of 3 runs). The queue is paused to
+// finished before it (a fault probe found it). The queue is paused to
 // hold the woken parent between its wake and its join.
 func TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt(t *testing.T) {
 	t.Parallel()

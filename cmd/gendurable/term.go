@@ -40,9 +40,9 @@ func oneLine(s string, n int) string {
 // (U+0080–U+009F) and bidirectional controls (U+202E, ...) as they are,
 // also inside json.RawMessage values read from jsonb.
 //
-// It is indented unless indenting would multiply it (display.Indent): a
-// state nested 1,000 levels deep made `show --json` print 200 MB for a
-// 200 KB state; such output is compact.
+// It is indented unless indenting would multiply it (display.Indent): each
+// line carries its depth, so a state nested 1,000 levels deep printed about
+// a thousand times its size; such output is compact.
 func printJSON(w io.Writer, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {

@@ -153,8 +153,8 @@ func TestBidiControlsAreEscaped(t *testing.T) {
 }
 
 // TestPrintJSONDoesNotIndentDeepValues: JSON output holding a value nested
-// 1,000 levels deep is written compact (indented, a 200 KB state made
-// `show --json` print 200 MB and take 700 MB); ordinary output is indented.
+// 1,000 levels deep is written compact (indented, it grows about a
+// thousandfold: each line carries its depth); ordinary output is indented.
 func TestPrintJSONDoesNotIndentDeepValues(t *testing.T) {
 	t.Parallel()
 	var out bytes.Buffer

@@ -319,7 +319,7 @@ func TestATickAfterAHeldLoopIsSkipped(t *testing.T) {
 
 // TestRateFileIsAShortRegularFile: the rate control file is read only if it
 // is a regular file of at most maxRateFile bytes. /dev/zero used to be read
-// until memory ran out (1.1 GB within a second), and a FIFO would block the
+// until memory ran out, and a FIFO would block the
 // producer until something wrote to it.
 func TestRateFileIsAShortRegularFile(t *testing.T) {
 	dir := t.TempDir()

@@ -532,8 +532,9 @@ func liveChildren(retried string) string {
 // retried child counts again in either: the second is put back to awaiting
 // it. Before, only the first did; a parent woken by the cancel of its last
 // child and not yet run when the child was retried ran its join step beside
-// the retried child, which its Run.Children showed runnable (a fault probe:
-// 3 of 3 runs with the queue paused in the window, once in a kill storm).
+// the retried child, which its Run.Children showed runnable (a fault probe
+// found it in a kill storm; TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt
+// holds the parent in the window by pausing its queue).
 // A parent whose join step is running (executing) has read its children:
 // the retried child runs on its own. A runnable parent's children_pending
 // may be stale (a retry that found no live child keeps it): put back, it
