@@ -387,18 +387,26 @@ func newFlags(name string) *flag.FlagSet {
 // of several, so `migrate down --to 20 --to 0 --yes` removed every table and
 // `--schema a --schema b` worked in b, without a word.
 func parseFlags(fs *flag.FlagSet, args []string) error {
+	// Wrapped for the parse only: the flag package prints a flag's type
+	// and default (--help) from its own Value types.
+	seenAny, _ := flagsSeen.LoadOrStore(fs, map[string]bool{})
+	seen := seenAny.(map[string]bool)
+	orig := map[string]flag.Value{}
 	fs.VisitAll(func(f *flag.Flag) {
-		switch v := f.Value.(type) {
-		case *onceValue, *onceBool, refusesTwice:
-			// wrapped at an earlier parse of fs (parseAll), or refuses itself
-		case interface{ IsBoolFlag() bool }:
-			if v.IsBoolFlag() {
-				f.Value = &onceBool{onceValue{Value: f.Value}}
-			} else {
-				f.Value = &onceValue{Value: f.Value}
-			}
-		default:
-			f.Value = &onceValue{Value: f.Value}
+		if _, ok := f.Value.(refusesTwice); ok || repeatable[f.Name] {
+			return // refuses a second value itself, or takes several
+		}
+		orig[f.Name] = f.Value
+		w := onceValue{Value: f.Value, name: f.Name, seen: seen}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			f.Value = &onceBool{w}
+		} else {
+			f.Value = &w
+		}
+	})
+	defer fs.VisitAll(func(f *flag.Flag) {
+		if v, ok := orig[f.Name]; ok {
+			f.Value = v
 		}
 	})
 	err := fs.Parse(args)
@@ -411,21 +419,39 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return usageError{msg: fs.Name() + ": " + err.Error() + wantedForm(fs, err), help: true}
 }
 
-// onceValue is a flag's Value that refuses a second value (parseFlags).
+// flagsSeen holds, per flag set, the flags given so far: parseAll parses
+// one set several times (flags before and after the arguments).
+var flagsSeen sync.Map // *flag.FlagSet → map[string]bool
+
+// repeatable are the flags that may be given more than once: each value
+// adds to the others.
+var repeatable = map[string]bool{"allowed-host": true}
+
+// onceValue is a flag's Value, during a parse, that refuses a second value
+// (parseFlags).
 type onceValue struct {
 	flag.Value
-	set bool
+	name string
+	seen map[string]bool
 }
 
 func (v *onceValue) Set(s string) error {
-	if v.set {
+	if v.seen[v.name] {
 		return errGivenTwice
 	}
-	v.set = true
+	v.seen[v.name] = true
 	return v.Value.Set(s)
 }
 
-// Get is the wrapped value's, for wantedForm.
+func (v *onceValue) String() string {
+	if v == nil || v.Value == nil {
+		return ""
+	}
+	return v.Value.String()
+}
+
+// Get is the wrapped value's, for wantedForm (which reads it before the
+// parse's wrappers are taken off).
 func (v *onceValue) Get() any {
 	if g, ok := v.Value.(flag.Getter); ok {
 		return g.Get()

@@ -1476,4 +1476,21 @@ func TestEveryFlagGivenTwiceIsAUsageError(t *testing.T) {
 	v, err := migrate.Installed(context.Background(), pool, schema)
 	require.NoError(t, err)
 	require.Equal(t, migrate.Latest(), v, "nothing was migrated")
+
+	// ui's --allowed-host is repeatable (a review: the first form refused
+	// its second value), and --help still shows each flag's type and default
+	// (the first form wrapped the values for good: every help printed
+	// "panic calling String method" and lost its defaults).
+	_, errOut, code := cli(t, "ui", "--allowed-host", "a.example", "--allowed-host", "b.example", "--addr", "127.0.0.1:0",
+		"--database-url", "postgres://nobody@127.0.0.1:1/x")
+	require.NotEqual(t, exitUsage, code, errOut)
+	require.NotContains(t, errOut, "given twice")
+	for _, c := range []string{"list", "status", "migrate", "prune", "ui", "demo", "bench", "cancel", "signal"} {
+		out, errOut, code := cli(t, c, "--help")
+		require.Zero(t, code, "%s --help: %s", c, errOut)
+		require.NotContains(t, out+errOut, "panic calling", c)
+	}
+	out, _, _ := cli(t, "list", "--help")
+	require.Contains(t, out, "(default 50)")
+	require.Contains(t, out, "-limit int")
 }
