@@ -161,7 +161,7 @@ func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch bulkBa
 // must be asked for explicitly. An instance the filter matches that is not
 // failed is counted in Skipped (set Status to "failed" to visit only those).
 // The call stops at ctx's end between batches — a batch statement under way
-// runs to its end (at most [BulkStatementGrace], 15 s), so what it changed is counted — returning
+// runs to its end (past a deadline, for at most [BulkStatementGrace], 15 s; at most 30 s in all), so what it changed is counted — returning
 // what it did so far with ctx's error; on any other error too, the result holds what was
 // changed before it (see [BulkResult]). The change is logged at Info on the
 // engine's Logger.

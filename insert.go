@@ -41,8 +41,8 @@ type InsertOpts struct {
 	// Range -32768..32767; default 0.
 	Priority int
 	// RunAt makes the instance eligible at this time (compared with the
-	// database clock), in the years 1 to 9999 (UTC). Mutually exclusive with
-	// RunIn.
+	// database clock), from 0001-01-02 to 9999-12-31 00:00 UTC (so that its
+	// year has four digits in every time zone). Mutually exclusive with RunIn.
 	RunAt time.Time
 	// RunIn makes the instance eligible this long after the insert, measured
 	// on the database clock. Mutually exclusive with RunAt.
@@ -281,12 +281,12 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "negative RunIn %s", o.RunIn)
 	case !o.RunAt.IsZero() && o.RunIn != 0:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt and RunIn are mutually exclusive")
-	case !o.RunAt.IsZero() && (o.RunAt.UTC().Year() < minRunAtYear || o.RunAt.UTC().Year() > maxRunAtYear):
+	case !o.RunAt.IsZero() && (o.RunAt.Before(minRunAt) || o.RunAt.After(maxRunAt)):
 		// Refused before SQL: PostgreSQL's refusal of a year it cannot
 		// hold would abort an InsertTx caller's transaction, and a year it
 		// holds past 9999 could not be written out as RFC 3339.
-		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt %s outside the years %d..%d (a row's times are written out as RFC 3339, with four-digit years)",
-			o.RunAt.UTC().Format(time.RFC3339), minRunAtYear, maxRunAtYear)
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt %s outside %s..%s (a row's times are written out as RFC 3339, with four-digit years, in any time zone)",
+			o.RunAt.UTC().Format(time.RFC3339), minRunAt.Format(time.DateOnly), maxRunAt.Format(time.DateOnly))
 	case o.Queue != "" && nameProblem(o.Queue) != "":
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name %q %s", o.Queue, nameProblem(o.Queue))
 	case keyProblem(o.PartitionKey) != "":

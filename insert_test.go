@@ -361,8 +361,9 @@ func TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 		"RunAt before PostgreSQL": job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)}),
 		// PostgreSQL holds these, RFC 3339 does not: one such row made every
 		// list --json page holding it fail.
-		"RunAt past year 9999": job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}),
-		"RunAt before year 1":  job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(0, 12, 31, 23, 59, 59, 0, time.UTC)}),
+		// (a review: 9999-12-31 23:59 UTC is the year 10000 in Berlin).
+		"RunAt past year 9999": job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(9999, 12, 31, 0, 0, 1, 0, time.UTC)}),
+		"RunAt before year 1":  job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(1, 1, 1, 23, 59, 59, 0, time.UTC)}),
 	} {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
@@ -383,8 +384,8 @@ func TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 	// backslash before "u0000", control characters, RunAt at the bounds.
 	for _, p := range []gendurable.InsertParams{
 		job.New(raw{R: json.RawMessage(`["\ud83d\ude00", "\\u0000", "\u0001"]`)}),
-		job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)}),
-		job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)}),
+		job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)}),
+		job.New(raw{}).With(gendurable.InsertOpts{RunAt: time.Date(1, 1, 2, 0, 0, 0, 0, time.UTC)}),
 	} {
 		_, err := b.eng.Insert(ctx, p)
 		require.NoError(t, err)
@@ -394,6 +395,14 @@ func TestInsertTxRefusesWhatPostgreSQLWouldBeforeSQL(t *testing.T) {
 	require.Len(t, page.Instances, 3)
 	_, err = json.Marshal(page)
 	require.NoError(t, err, "the rows' times are written out as JSON")
+	for _, zone := range []string{"Pacific/Kiritimati", "Etc/GMT+12"} { // UTC+14, UTC-12
+		loc, err := time.LoadLocation(zone)
+		require.NoError(t, err)
+		for _, in := range page.Instances {
+			_, err = json.Marshal(in.EligibleAt.In(loc))
+			require.NoError(t, err, "%s in %s", in.EligibleAt, zone)
+		}
+	}
 }
 
 // cancelAfterInsert cancels a context as soon as an insert statement into

@@ -25,13 +25,18 @@ const (
 	// BC to 294276 AD).
 	minTimestampYear = -4712
 	maxTimestampYear = 294275
-	// minRunAtYear, maxRunAtYear: the years (UTC) of an InsertOpts.RunAt.
-	// Narrower than the database's: a row's times are written out as
-	// RFC 3339 (list --json, show --json, encoding/json of InstanceSummary
-	// and InstanceDetail), which has four-digit years, and one row of the
-	// year 294275 made every list --json page holding it fail.
-	minRunAtYear = 1
-	maxRunAtYear = 9999
+)
+
+// minRunAt, maxRunAt bound an InsertOpts.RunAt, narrower than the
+// database's times: a row's times are written out as RFC 3339 (list
+// --json, show --json, encoding/json of InstanceSummary and
+// InstanceDetail), which has four-digit years, in the reader's time zone
+// (pgx reads timestamptz in local time) — one row of the year 294275 made
+// every list --json page holding it fail. A day inside the years 1..9999 at
+// each end keeps every zone's year (UTC-12 to UTC+14) among them.
+var (
+	minRunAt = time.Date(1, 1, 2, 0, 0, 0, 0, time.UTC)
+	maxRunAt = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 )
 
 // timestampYear reports whether t's year is one PostgreSQL's timestamptz holds.
