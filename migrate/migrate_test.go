@@ -1086,7 +1086,9 @@ func TestAColumnNameOfTheUsersStopsItsVersion(t *testing.T) {
 // automatically, and DROP TABLE … RESTRICT drops such an object without a
 // word (a hostile-operator probe: migrate down to 0 removed the trigger).
 // The down is refused before its first version, nothing applied, the
-// trigger kept; a down that drops no table goes through.
+// trigger kept; a down that drops no table goes through; statistics
+// elsewhere on a column a version drops are refused too; a trigger or a
+// policy on gendurable's own table does not hold a down up.
 func TestADownThatWouldDropSomethingElsewhereIsRefused(t *testing.T) {
 	t.Parallel()
 	pool, schema := dbtest.NewSchema(t, nil)
@@ -1114,4 +1116,22 @@ func TestADownThatWouldDropSomethingElsewhereIsRefused(t *testing.T) {
 
 	_, err = migrate.To(ctx, pool, schema, latest-1)
 	require.NoError(t, err, "a version that drops no table goes down")
+
+	// Statistics elsewhere on a column a version drops (inbox_seen, 18) are
+	// refused the same way (a review); a trigger and a policy on
+	// gendurable's own table are inside the schema, and go with it.
+	stats := `public."` + schema + `_st"`
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP STATISTICS IF EXISTS `+stats) })
+	_, err = pool.Exec(ctx, `CREATE STATISTICS `+stats+` ON inbox_seen, queue FROM `+s+`.gendurable_instances`)
+	require.NoError(t, err)
+	_, err = migrate.To(ctx, pool, schema, 17)
+	require.ErrorContains(t, err, "statistics object public."+schema+"_st (on gendurable_instances.inbox_seen)")
+	requireVersion(t, pool, schema, latest-1, "nothing of the down was applied")
+	_, err = pool.Exec(ctx, `DROP STATISTICS `+stats+`; DROP TABLE `+ledger+`;
+		CREATE TRIGGER audit AFTER INSERT ON `+s+`.gendurable_instances FOR EACH STATEMENT EXECUTE FUNCTION `+fn+`();
+		CREATE POLICY mine ON `+s+`.gendurable_instances USING (true)`)
+	require.NoError(t, err)
+	_, err = migrate.Down(ctx, pool, schema)
+	require.NoError(t, err, "what is on gendurable's own tables goes with them")
+	requireVersion(t, pool, schema, 0, "down to 0")
 }

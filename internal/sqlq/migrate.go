@@ -570,42 +570,70 @@ func checkColumnNames(ctx context.Context, tx pgx.Tx, schema string, version int
 	return nil
 }
 
-// ErrDependents: a version going down would drop a table that an object
-// outside the schema depends on (checkDependents).
+// ErrDependents: a version going down would drop a table or a column that
+// an object outside the schema depends on (checkDependents).
 var ErrDependents = errors.New("objects outside the schema depend on its tables")
 
-// dropTable finds the tables a migration drops.
-var dropTable = regexp.MustCompile(`(?i)DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:\S+?\.)?(\w+)`)
+// dropTable finds the tables a migration drops; alterTable and dropColumn
+// the columns it drops, statement by statement.
+var (
+	dropTable  = regexp.MustCompile(`(?i)DROP\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:\S+?\.)?(\w+)`)
+	alterTable = regexp.MustCompile(`(?i)ALTER\s+TABLE\s+(?:\S+?\.)?(\w+)`)
+	dropColumn = regexp.MustCompile(`(?i)DROP\s+COLUMN\s+(?:IF\s+EXISTS\s+)?(\w+)`)
+)
 
 // checkDependents fails a version going down when an object outside the
-// schema depends automatically on a table sql drops (the caller passes the
-// downs of every version left to go): DROP TABLE … RESTRICT
+// schema depends automatically on a table or a column sql drops (the caller
+// passes the downs of every version left to go): DROP TABLE … RESTRICT
 // refuses what depends on a table normally (a view, a foreign key), but
 // drops what depends on it automatically without a word — a constraint
 // trigger on a table of the user's declared FROM gendurable_instances (a
 // hostile-operator probe: demo and migrate down to 0 dropped it),
-// statistics elsewhere on it, the table's membership of a publication.
+// statistics elsewhere on it or on a column a version drops (a review), the
+// table's membership of a publication. What hangs on gendurable's own
+// tables — a trigger, a policy or a rule on them, which have no schema of
+// their own but their table's — is inside, and goes with them.
 func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int, sql string) error {
-	var tables []string
-	for _, g := range dropTable.FindAllStringSubmatch(sqlComment.ReplaceAllString(sql, ""), -1) {
-		tables = append(tables, g[1])
+	var tables, columns []string
+	sql = sqlComment.ReplaceAllString(sql, "")
+	for _, g := range dropTable.FindAllStringSubmatch(sql, -1) {
+		tables, columns = append(tables, g[1]), append(columns, "")
+	}
+	for _, stmt := range strings.Split(sql, ";") {
+		t := alterTable.FindStringSubmatch(stmt)
+		if t == nil {
+			continue
+		}
+		for _, g := range dropColumn.FindAllStringSubmatch(stmt, -1) {
+			tables, columns = append(tables, t[1]), append(columns, g[1])
+		}
 	}
 	if len(tables) == 0 {
 		return nil
 	}
 	var deps *string
 	if err := tx.QueryRow(ctx, `SELECT string_agg(x.what, ', ' ORDER BY x.what) FROM (
-		  SELECT DISTINCT format('%s %s (on %s)', o.type, o.identity, c.relname) AS what
-		  FROM pg_namespace n
-		  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = ANY($2)
+		  SELECT DISTINCT format('%s %s (on %s)', o.type, o.identity, c.relname || CASE WHEN u.col <> '' THEN '.' || u.col ELSE '' END) AS what
+		  FROM unnest($2::text[], $3::text[]) AS u(tab, col)
+		  JOIN pg_namespace n ON n.nspname = $1
+		  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = u.tab
+		  LEFT JOIN pg_attribute a ON u.col <> '' AND a.attrelid = c.oid AND a.attname = u.col AND NOT a.attisdropped
 		  JOIN pg_depend d ON d.refclassid = 'pg_class'::regclass AND d.refobjid = c.oid AND d.deptype = 'a'
+		    AND (u.col = '' OR d.refobjsubid = a.attnum)
 		  CROSS JOIN LATERAL pg_identify_object(d.classid, d.objid, d.objsubid) AS o
-		  -- A column's default hangs on its own column only.
-		  WHERE n.nspname = $1 AND o.schema IS DISTINCT FROM $1 AND d.classid <> 'pg_attrdef'::regclass) AS x`, schema, tables).Scan(&deps); err != nil {
+		  -- The schema of the table an object without one of its own is on.
+		  CROSS JOIN LATERAL (SELECT CASE d.classid
+		      WHEN 'pg_trigger'::regclass THEN (SELECT r.relnamespace FROM pg_trigger AS t JOIN pg_class AS r ON r.oid = t.tgrelid WHERE t.oid = d.objid)
+		      WHEN 'pg_policy'::regclass THEN (SELECT r.relnamespace FROM pg_policy AS p JOIN pg_class AS r ON r.oid = p.polrelid WHERE p.oid = d.objid)
+		      WHEN 'pg_rewrite'::regclass THEN (SELECT r.relnamespace FROM pg_rewrite AS w JOIN pg_class AS r ON r.oid = w.ev_class WHERE w.oid = d.objid)
+		      WHEN 'pg_attrdef'::regclass THEN (SELECT r.relnamespace FROM pg_attrdef AS ad JOIN pg_class AS r ON r.oid = ad.adrelid WHERE ad.oid = d.objid)
+		    END AS ns) AS own
+		  WHERE NOT CASE WHEN own.ns IS NOT NULL THEN own.ns = n.oid ELSE o.schema IS NOT DISTINCT FROM n.nspname END) AS x`,
+		schema, tables, columns).Scan(&deps); err != nil {
 		return err
 	}
 	if deps != nil {
-		return fmt.Errorf("migration %d down: %w: %s; dropping the tables would drop these with them: "+
+		return fmt.Errorf("migration %d down: %w: %s; dropping them would drop these with them: "+
 			"remove them yourself (or move them off gendurable's tables), then migrate again; nothing of version %d was applied",
 			version, ErrDependents, *deps, version)
 	}
