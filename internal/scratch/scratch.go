@@ -24,6 +24,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
@@ -226,7 +227,27 @@ func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
 // rows (sqlq.ForeignRows: it looks once without a lock, then again with the
 // tables locked, so nothing is added between the look and the drop). The mark says the schema was created by
 // demo or bench, not that all it holds is theirs.
+//
+// A drop whose lock wait ran out is tried again twice, a second apart, each
+// time in a new transaction (its locks freed between: what it waited for —
+// an autovacuum, which PostgreSQL cancels for a lock request only after
+// deadlock_timeout — may be waiting for them), then is ErrBusy.
 func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
+	for try := 1; ; try++ {
+		err := dropOwnOnce(ctx, db, schema)
+		if !errors.Is(err, ErrBusy) || try == 3 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// dropOwnOnce is one try of dropOwn, in one transaction.
+func dropOwnOnce(ctx context.Context, db *pgxpool.Pool, schema string) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err

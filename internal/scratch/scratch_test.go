@@ -325,7 +325,7 @@ func TestAMarkedSchemaThatSomethingElsewhereHangsOnIsNotDropped(t *testing.T) {
 
 // TestADropThatCannotHaveItsLocksGivesUp: a drop whose lock waits run out
 // (another transaction reads the schema's tables: another demo running in
-// it) fails with ErrBusy in seconds, its locks freed and nothing dropped.
+// it) fails with ErrBusy in seconds (three tries, each in a transaction of its own), its locks freed and nothing dropped.
 // Before, the migration inside the drop's transaction tried its version
 // again and again — rolling back to a savepoint, which kept the locks the
 // transaction had taken — until its context ended: two demos started
