@@ -12,16 +12,24 @@ import (
 
 // BenchmarkApplyOutcomes measures one batch of 500 outcomes through the
 // engine's path (pgx statement cache: the plan PostgreSQL settles on), with
-// the claim in the loop but outside the timer. "floor" is the physical floor
+// the claim in the loop but outside the timer; "done-1" and "done-50" are
+// "done" with batches of 1 and 50 (a statement's fixed cost shows in the
+// first, the keyed workload's batch size is near the second). "floor" is the physical floor
 // measured in the same run: a bare UPDATE … FROM unnest by primary key that
 // moves the same rows to done, no fence, no history, nothing returned.
 func BenchmarkApplyOutcomes(b *testing.B) {
-	for _, mode := range []string{"floor", "done", "next", "next-continue", "done-generic"} {
+	for _, mode := range []string{"floor", "done", "done-1", "done-50", "next", "next-continue", "done-generic"} {
 		b.Run(mode, func(b *testing.B) {
 			pool, schema := dbtest.NewSchema(b, &dbtest.Options{MaxConns: 2})
 			ctx := context.Background()
 			q, _ := sqlq.New(schema)
-			const n = 500
+			n := 500
+			switch mode {
+			case "done-1":
+				n = 1
+			case "done-50":
+				n = 50
+			}
 			if _, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step)
 				SELECT 'm', 'a' FROM generate_series(1, $1::int)`, (b.N+2)*n+200); err != nil {
 				b.Fatal(err)
