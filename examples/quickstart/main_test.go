@@ -18,6 +18,23 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// serverAndBinary starts a private PostgreSQL (the schema name is fixed:
+// each test needs its own server), connects to it, and builds the
+// quickstart.
+func serverAndBinary(t *testing.T) (*pgtemp.Server, *pgxpool.Pool, string) {
+	t.Helper()
+	srv, err := pgtemp.Start(t.Context(), pgtemp.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = srv.Stop() })
+	pool, err := pgxpool.New(t.Context(), srv.URL())
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	bin := filepath.Join(t.TempDir(), "quickstart")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return srv, pool, bin
+}
+
 // TestByHandCommandsShareTheDemosSchema follows the README's "see a crash
 // recovered, by hand" and then its "crash recovery, shown": insert (and
 // work, status) create the quickstart schema marked as the demo's own, so
@@ -31,16 +48,7 @@ func TestByHandCommandsShareTheDemosSchema(t *testing.T) {
 		t.Skip("starts a PostgreSQL")
 	}
 	ctx := t.Context()
-	srv, err := pgtemp.Start(ctx, pgtemp.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = srv.Stop() })
-	pool, err := pgxpool.New(ctx, srv.URL())
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-
-	bin := filepath.Join(t.TempDir(), "quickstart")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	srv, pool, bin := serverAndBinary(t)
 	quickstart := func(args ...string) (string, error) {
 		cmd := exec.CommandContext(ctx, bin, args...)
 		cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.URL())
@@ -149,15 +157,7 @@ func TestAStoppedDemoStopsItsWorkersCleanly(t *testing.T) {
 		t.Skip("starts a PostgreSQL")
 	}
 	ctx := t.Context()
-	srv, err := pgtemp.Start(ctx, pgtemp.Options{})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = srv.Stop() })
-	pool, err := pgxpool.New(ctx, srv.URL())
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	bin := filepath.Join(t.TempDir(), "quickstart")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	srv, pool, bin := serverAndBinary(t)
 
 	// The demo kills worker 1 a second in: a run whose stop came after
 	// that (a slow machine) shows nothing, and is run again.
