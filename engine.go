@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -84,8 +85,8 @@ type Config struct {
 	// a pick's and a heartbeat's round trips on a loaded database, or no
 	// step ever holds its claim).
 	LeaseDuration time.Duration
-	// HeartbeatInterval between lease extensions; HeartbeatInterval × 3 must
-	// not exceed LeaseDuration. Default 20s, or LeaseDuration/3 if shorter.
+	// HeartbeatInterval between lease extensions; it must not exceed
+	// LeaseDuration / 3. Default 20s, or LeaseDuration/3 if shorter.
 	HeartbeatInterval time.Duration
 	// ReaperInterval is the longest wait between sweeps for expired leases
 	// (the first runs at Start). Default 30s. The reaper also sweeps as the
@@ -224,8 +225,9 @@ type Config struct {
 // QueueConfig tunes one queue's feeder. The zero value is usable.
 type QueueConfig struct {
 	// Concurrency is the number of steps of this queue that run at once in
-	// this process. Default 10. Concurrency + Prefetch (a pick's batch at
-	// most) is at most 1<<20.
+	// this process. Default 10, at most 65,536 (each place is a goroutine
+	// from Start on). Concurrency + Prefetch (a pick's batch at most) is at
+	// most 1<<20.
 	Concurrency int
 	// Prefetch is how many rows are claimed beyond the running slots so that
 	// a finishing step finds the next one at hand. Buffered rows are
@@ -359,6 +361,14 @@ type runState struct {
 	closedPoolAtStart int64
 }
 
+// nilPointer reports whether v holds a nil pointer (a typed nil: a
+// constructor's nil result passed on without its error), which an == nil
+// check of the interface misses.
+func nilPointer(v any) bool {
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
+}
+
 // made is ErrNotMade for a nil Engine or one New did not make: each
 // method checks it first, so such an engine fails with a typed error, not
 // with a nil dereference or a misleading one ("invalid schema name: """).
@@ -465,16 +475,19 @@ func (c *Config) withDefaults() error {
 		// sweep (a Duration of 30 is 30 ns, its unit forgotten): no lease
 		// would ever be reaped (TestMaintenanceTimeoutUnderASecondRefused).
 		return errorf(ErrInvalidConfig, "MaintenanceTimeout %s below 1s: every maintenance statement would be abandoned at its deadline", c.MaintenanceTimeout)
-	case c.HeartbeatInterval*3 > c.LeaseDuration:
-		return errorf(ErrInvalidConfig, "HeartbeatInterval × 3 (%s) exceeds LeaseDuration (%s): a live step could be reaped",
-			c.HeartbeatInterval*3, c.LeaseDuration)
+	case c.HeartbeatInterval > c.LeaseDuration/3:
+		// Not HeartbeatInterval*3 > LeaseDuration: the product overflows
+		// for an interval above a third of a Duration's range, and a
+		// heartbeat of 1<<62 passed (its claims were lost before every step).
+		return errorf(ErrInvalidConfig, "HeartbeatInterval %s exceeds LeaseDuration / 3 (%s): a live step could be reaped",
+			c.HeartbeatInterval, c.LeaseDuration/3)
 	case c.LeaseDuration < MinLeaseDuration:
 		return errorf(ErrInvalidConfig, "LeaseDuration %s below %s: a claim would expire within a pick's or a heartbeat's round trip", c.LeaseDuration, MinLeaseDuration)
 	case c.MaxStateBytes < 0 || c.MaxSignalBytes < 0 || c.PartitionRetryDelay < 0:
 		return errorf(ErrInvalidConfig, "negative MaxStateBytes, MaxSignalBytes or PartitionRetryDelay")
 	}
 	for i, h := range c.Hooks {
-		if f, ok := h.(HookFunc); h == nil || ok && f == nil {
+		if f, ok := h.(HookFunc); h == nil || ok && f == nil || nilPointer(h) {
 			return errorf(ErrInvalidConfig, "Hooks[%d] is nil", i)
 		}
 	}
@@ -560,6 +573,10 @@ func (qc *QueueConfig) withDefaults(name string) error {
 	case qc.GlobalConcurrency > math.MaxInt32:
 		// The pick takes it as an int4: a larger one failed every pick.
 		return errorf(ErrInvalidConfig, "queue %q: GlobalConcurrency %d above %d", name, qc.GlobalConcurrency, math.MaxInt32)
+	case qc.Concurrency > maxConcurrency:
+		// A worker goroutine per place, started with the feeder: at 1<<20
+		// an idle engine held 5 GB.
+		return errorf(ErrInvalidConfig, "queue %q: Concurrency %d above %d", name, qc.Concurrency, maxConcurrency)
 	case qc.Concurrency > maxQueueWindow || qc.Prefetch > maxQueueWindow || qc.Concurrency+qc.Prefetch > maxQueueWindow:
 		// A pick's batch (and 4 × it, its bound of keys) is an int4.
 		return errorf(ErrInvalidConfig, "queue %q: Concurrency + Prefetch (%d + %d) above %d", name, qc.Concurrency, qc.Prefetch, maxQueueWindow)

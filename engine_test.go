@@ -34,6 +34,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// nilHook is a Hook whose nil pointer a constructor might return with its
+// error.
+type nilHook struct{}
+
+func (*nilHook) OnEvent(context.Context, gendurable.Event) {}
+
 func TestInvalidConfig(t *testing.T) {
 	t.Parallel()
 	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
@@ -44,7 +50,12 @@ func TestInvalidConfig(t *testing.T) {
 		cfg  gendurable.Config
 		want string
 	}{
-		{"heartbeat too slow for lease", gendurable.Config{LeaseDuration: time.Second, HeartbeatInterval: time.Second}, "HeartbeatInterval × 3"},
+		{"heartbeat too slow for lease", gendurable.Config{LeaseDuration: time.Second, HeartbeatInterval: time.Second}, "exceeds LeaseDuration / 3"},
+		// × 3 overflowed past the check (a hostile probe: its claims were
+		// lost before every step).
+		{"heartbeat past a third of a Duration", gendurable.Config{LeaseDuration: 2 * time.Second, HeartbeatInterval: 1 << 62}, "exceeds LeaseDuration / 3"},
+		{"typed nil hook", gendurable.Config{Hooks: []gendurable.Hook{(*nilHook)(nil)}}, "Hooks[0] is nil"},
+		{"a goroutine per place", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 1<<16 + 1, Prefetch: -1}}}, "Concurrency 65537 above 65536"},
 		{"negative lease", gendurable.Config{LeaseDuration: -time.Second}, "negative"},
 		{"bad schema", gendurable.Config{Schema: `x"; DROP TABLE y; --`}, "invalid schema name"},
 		{"schema too long", gendurable.Config{Schema: strings.Repeat("s", 64)}, "invalid schema name"},
@@ -65,8 +76,8 @@ func TestInvalidConfig(t *testing.T) {
 		{"job without perform", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j"}}}, "no Perform"},
 		{"negative concurrency", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: -1}}}, "negative Concurrency"},
 		{"global concurrency beyond int4", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {GlobalConcurrency: math.MaxInt32 + 1}}}, "GlobalConcurrency 2147483648 above"},
-		{"pick window beyond bound", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 1 << 30}}}, "Concurrency + Prefetch (1073741824 + 1073741824) above"},
-		{"pick window overflowing int", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: math.MaxInt, Prefetch: 1}}}, "Concurrency + Prefetch (9223372036854775807 + 1) above"},
+		{"pick window beyond bound", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 10, Prefetch: 1 << 20}}}, "Concurrency + Prefetch (10 + 1048576) above"},
+		{"pick window overflowing int", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 1, Prefetch: math.MaxInt}}}, "Concurrency + Prefetch (1 + 9223372036854775807) above"},
 		{"typed nil machine", gendurable.Config{Machines: []gendurable.Definition{(*gendurable.Machine[orderArgs])(nil)}}, "nil *Machine[gendurable_test.orderArgs]"},
 		{"typed nil job", gendurable.Config{Machines: []gendurable.Definition{(*gendurable.Job[orderArgs])(nil)}}, "nil *Job[gendurable_test.orderArgs]"},
 		{"nil hook", gendurable.Config{Hooks: []gendurable.Hook{nil}}, "Hooks[0] is nil"},

@@ -19,6 +19,9 @@ const (
 	// maxQueueWindow bounds a queue's Concurrency + Prefetch: a pick's
 	// batch, which the pick takes as an int4 (and its bound of keys, 4 × it).
 	maxQueueWindow = 1 << 20
+	// maxConcurrency bounds a queue's Concurrency: its feeder starts a
+	// worker goroutine per place.
+	maxConcurrency = 1 << 16
 	// minTimestampYear, maxTimestampYear: the years (UTC, 0 being 1 BC) of
 	// the times an insert or a filter may give (InsertOpts.RunAt,
 	// ListFilter.From and To), within PostgreSQL's timestamptz range (4713
