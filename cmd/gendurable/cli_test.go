@@ -385,11 +385,18 @@ func TestUISecretFilesAreBoundedAndOneLine(t *testing.T) {
 	twoLines := write("two", "first-line-of-token\nsecond-line\n")
 	basicTwoLines := write("basic", "ops:pass\nword\n")
 	fine := write("fine", strings.Repeat("t", 4<<10-1)+"\n") // 4 KiB with its line break: one token
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
+		// Only a regular file (a hostile probe: opening a FIFO blocked the
+		// command, deaf to Ctrl-C, until kill -9).
+		{[]string{"--token-file", fifo}, "not a regular file"},
+		{[]string{"--basic-auth-file", "/dev/zero"}, "not a regular file"},
 		{[]string{"--token-file", big}, "longer than 4096 bytes"},
+
 		{[]string{"--basic-auth-file", big}, "longer than 4096 bytes"},
 		{[]string{"--token-file", twoLines}, "control character"},
 		{[]string{"--basic-auth-file", basicTwoLines}, "control character"},
