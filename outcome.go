@@ -132,6 +132,12 @@ func replayAsStored(delay time.Duration) Outcome {
 	return Outcome{kind: sqlq.KindReplay, delay: delay}
 }
 
+// MaxAwaitNames is how many signal names one Await may wait for. The names
+// are stored with the row and shown whole by Describe, the dashboard and
+// show: a hostile probe's Await of 100,000 names (11 MB, each name valid)
+// made a 35 MB instance page.
+const MaxAwaitNames = 100
+
 // Await parks the instance until a signal with one of names arrives (see
 // [Engine.Signal]); it then runs nextStep with state, and the step sees the
 // matching signals in [Run.Awaited]. If a matching signal is already in the
@@ -151,8 +157,8 @@ func replayAsStored(delay time.Duration) Outcome {
 // older ones, which are still unconsumed. Each
 // name is checked as [Engine.Signal] checks it (1 to 200 bytes of valid
 // UTF-8 without control characters or bidirectional controls, not starting
-// or ending with white space); an invalid one makes the outcome
-// [ErrInvalidOutcome].
+// or ending with white space); an invalid one, or more than
+// [MaxAwaitNames] of them, makes the outcome [ErrInvalidOutcome].
 func (r *Run[S]) Await(nextStep string, state S, names ...string) Outcome {
 	return Outcome{kind: sqlq.KindAwait, step: nextStep, state: state, hasState: true, awaits: names}
 }
@@ -189,6 +195,9 @@ func (o Outcome) validate(steps map[string]bool) error {
 		}
 		if len(o.awaits) == 0 {
 			return fmt.Errorf("%w: Await needs at least one signal name", ErrInvalidOutcome)
+		}
+		if len(o.awaits) > MaxAwaitNames {
+			return fmt.Errorf("%w: Await of %d signal names, more than %d", ErrInvalidOutcome, len(o.awaits), MaxAwaitNames)
 		}
 		for _, n := range o.awaits {
 			if err := validateSignalName(n); err != nil {

@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -702,4 +703,25 @@ func TestAChainedStepWhoseAnswerIsLostRunsUncharged(t *testing.T) {
 	require.Equal(t, 0, r.Attempt, "step b was charged an attempt")
 	require.Empty(t, r.Errors, "step b's claim was reaped")
 	require.JSONEq(t, "1", string(r.Result))
+}
+
+// TestAwaitOfTooManyNamesIsInvalid: an Await may wait for at most
+// MaxAwaitNames names. The names are stored with the row and shown whole:
+// a hostile probe's Await of 100,000 valid names made a 35 MB instance page.
+func TestAwaitOfTooManyNamesIsInvalid(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[orderArgs]{Name: "aw", Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{
+		"a": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil), nil
+		},
+	}}
+	names := make([]string, gendurable.MaxAwaitNames+1)
+	for i := range names {
+		names[i] = fmt.Sprintf("signal-%d", i)
+	}
+	r := &gendurable.Run[orderArgs]{}
+	require.NoError(t, m.ValidateOutcome("a", r.Await("a", orderArgs{}, names[:gendurable.MaxAwaitNames]...)))
+	err := m.ValidateOutcome("a", r.Await("a", orderArgs{}, names...))
+	require.ErrorIs(t, err, gendurable.ErrInvalidOutcome)
+	require.ErrorContains(t, err, "more than 100")
 }
