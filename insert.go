@@ -175,6 +175,18 @@ func (e *Engine) InsertMany(ctx context.Context, ps []InsertParams) ([]InsertRes
 	return res, nil
 }
 
+// encodeForInsert encodes an insert's state, a panic of its MarshalJSON
+// included: that is ErrStateEncode here, as a step's is its kind "panic"
+// (a hostile probe's panicking MarshalJSON reached the inserting caller).
+func encodeForInsert(core *machineCore, state any) (s string, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			s, err = "", fmt.Errorf("%w: its MarshalJSON panicked: %v", ErrStateEncode, v)
+		}
+	}()
+	return core.encode(state)
+}
+
 // InsertTx inserts one instance inside the caller's transaction, so it
 // commits or rolls back with the caller's own writes. Workers find it by
 // polling once the transaction commits. Invalid input — options out of
@@ -303,7 +315,7 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 	case o.KeyLimit > 0 && o.PartitionKey == "":
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "KeyLimit without a PartitionKey")
 	}
-	state, err := core.encode(p.state)
+	state, err := encodeForInsert(core, p.state)
 	if err != nil {
 		return sqlq.NewInstance{}, err
 	}

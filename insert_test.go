@@ -94,6 +94,8 @@ func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
 		{"negative run in", job.New(weirdState{}).With(gendurable.InsertOpts{RunIn: -time.Second}), gendurable.ErrInvalidInsert},
 		{"oversized state", job.New(weirdState{Name: strings.Repeat("x", 2000)}), gendurable.ErrInvalidInsert},
 		{"unencodable state", job.New(weirdState{Any: map[string]any{"f": func() {}}}), gendurable.ErrStateEncode},
+		// A panic of the state's MarshalJSON reached the caller (a hostile probe).
+		{"state whose MarshalJSON panics", job.New(weirdState{Any: map[string]any{"p": panicMarshaler{}}}), gendurable.ErrStateEncode},
 		{"NUL in state", job.New(weirdState{Name: "a\x00b"}), gendurable.ErrInvalidInsert},
 		{"oversized partition key", job.New(weirdState{}).With(gendurable.InsertOpts{PartitionKey: strings.Repeat("k", 5000)}), gendurable.ErrInvalidInsert},
 		// A key "order-7 " looked like "order-7" everywhere while being
@@ -502,3 +504,8 @@ func TestAnInsertTxWhoseLookupFailsReportsIt(t *testing.T) {
 	require.Error(t, tx.Commit(ctx))
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`))
 }
+
+// panicMarshaler panics when encoded.
+type panicMarshaler struct{}
+
+func (panicMarshaler) MarshalJSON() ([]byte, error) { panic("marshal boom") }
