@@ -739,6 +739,10 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		"min-demand": o.MinDemand, "floor": *floor, "pickup": *pickup}); err != nil {
 		return err
 	}
+	if o.N == 0 {
+		// 0 is no "default" here: the flag's is 20000, the library's 10000.
+		return usageError{msg: "bench: -n must be at least 1 (default 20000)", help: true}
+	}
 	if *floor > benchrun.MaxFloorConns {
 		return usageError{msg: fmt.Sprintf("bench: --floor must be at most %d connections", benchrun.MaxFloorConns), help: true}
 	}
