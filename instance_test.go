@@ -470,3 +470,53 @@ func TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt(t *testing.T) {
 		})
 	}
 }
+
+// TestAReArmedParentKeepsTheBackoffOfItsJoin (a review): a parent whose
+// join step failed and waits out its backoff (a Replay) is put back to
+// awaiting a child retried meanwhile; the child's finish must wake it at
+// the end of that backoff, not at once. The join's wake set it eligible
+// now, so the retry of a failed join ran as soon as the child finished.
+func TestAReArmedParentKeepsTheBackoffOfItsJoin(t *testing.T) {
+	t.Parallel()
+	const backoff = 8 * time.Second
+	var runs, joins atomic.Int32
+	started := make(chan int64, 4)
+	var failedAt, rejoinedAt atomic.Int64
+	leaf := &gendurable.Job[leafArgs]{Name: "bleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		if j.State.N == 2 && runs.Add(1) == 1 { // the first run of child 2 waits for its cancel
+			started <- j.ID
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}}
+	m := &gendurable.Machine[fanState]{Name: "bparent", Start: "spawn", MaxAttempts: 5,
+		Backoff: func(int) time.Duration { return backoff },
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				if joins.Add(1) == 1 {
+					failedAt.Store(time.Now().UnixNano())
+					return gendurable.Outcome{}, errors.New("the join fails once")
+				}
+				rejoinedAt.Store(time.Now().UnixNano())
+				return gendurable.Done(nil), nil
+			},
+		}}
+	b := setup(t, nil, m, leaf)
+	b.start()
+	ctx := context.Background()
+	parent := b.insert(m.New(fanState{}))
+	child := <-started
+	require.NoError(t, b.eng.Cancel(ctx, child, "operator")) // wakes the parent: its join fails
+	eventually(t, 10*time.Second, func() bool { return failedAt.Load() != 0 && b.row(parent).Status == "runnable" },
+		"the join did not fail and back off")
+	require.NoError(t, b.eng.Retry(ctx, child))
+	require.Equal(t, "awaiting_children", b.row(parent).Status, "re-armed")
+	b.waitStatus(parent, "done", 30*time.Second)
+	require.Equal(t, "done", b.row(child).Status)
+	waited := time.Duration(rejoinedAt.Load() - failedAt.Load())
+	require.GreaterOrEqual(t, waited, backoff-500*time.Millisecond, "the join ran again %s after it failed", waited)
+}

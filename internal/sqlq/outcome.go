@@ -133,14 +133,19 @@ func RejectedStop(o *Outcome, err error) Outcome {
 // lease of a cancelled step (retried while that lease lived and a child of
 // its fan-out ran: retrySQL) wakes eligible when the lease ends, as the
 // retry made it, not at once: its next step must not run beside the
-// cancelled one (retryEligible).
+// cancelled one (retryEligible). Nor before its own eligible time: a
+// parent whose join failed and backs off (a Replay), put back to awaiting
+// a child retried meanwhile (waitsForItsChildren), waits out the backoff
+// (TestAReArmedParentKeepsTheBackoffOfItsJoin); any other awaiting parent's
+// eligible time is its fan-out's or its retry's, not past now().
 var parentJoinCTE = `parents AS (
   UPDATE {{schema}}.gendurable_instances AS p
   SET children_pending = greatest(0, p.children_pending - x.n),
       status = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - x.n <= 0
                     THEN 'runnable' ELSE p.status END,
       eligible_at = CASE WHEN p.status = 'awaiting_children' AND p.children_pending - x.n <= 0
-                         THEN CASE WHEN p.lease_expires_at > now() THEN p.lease_expires_at ELSE now() END
+                         THEN greatest(p.eligible_at,
+                                       CASE WHEN p.lease_expires_at > now() THEN p.lease_expires_at ELSE now() END)
                          ELSE p.eligible_at END,
       updated_at = now()
   FROM (SELECT parent_id, parent_fanout, count(*)::int AS n FROM changed
