@@ -12,10 +12,10 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
+	"github.com/gendurable/gendurable/internal/smallfile"
 )
 
 // Environment variables the ui command reads its credentials from, so they
@@ -233,28 +233,13 @@ const maxSecretFile = 4 << 10
 // errSecretTooLarge: a secret file is over maxSecretFile.
 var errSecretTooLarge = fmt.Errorf("longer than %d bytes: not a file holding one credential", maxSecretFile)
 
-// readSecretFile reads a credential file of at most maxSecretFile bytes.
-//
-// Only a regular file: opening a FIFO blocks until something writes to it
-// (a hostile probe's --token-file FIFO held the command, deaf to Ctrl-C and
-// SIGTERM, until kill -9), and a device is not a credential file.
+// readSecretFile reads a credential file of at most maxSecretFile bytes,
+// only a regular one (smallfile.Read: a hostile probe's --token-file FIFO
+// held the command in open, deaf to Ctrl-C and SIGTERM, until kill -9).
 func readSecretFile(name string) ([]byte, error) {
-	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err != nil {
-		return nil, err
-	} else if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file", name)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
-	switch {
-	case err != nil:
-		return nil, err
-	case len(b) > maxSecretFile:
+	b, err := smallfile.Read(name, maxSecretFile)
+	if errors.Is(err, smallfile.ErrTooLarge) {
 		return nil, fmt.Errorf("%s: %w", name, errSecretTooLarge)
 	}
-	return b, nil
+	return b, err
 }

@@ -8,14 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/backoff"
+	"github.com/gendurable/gendurable/internal/smallfile"
 )
 
 // System is what an adapter provides for one queue system.
@@ -314,25 +313,11 @@ func (r *runner) readRateFile() {
 const maxRateFile = 64
 
 // readRateFile reads a rate control file: a regular file of at most
-// maxRateFile bytes. Anything else is an error: /dev/zero would be read
-// until memory ran out, and opening a FIFO would block the producer until
-// something wrote to it.
+// maxRateFile bytes (smallfile.Read). Anything else is an error: /dev/zero
+// would be read until memory ran out, and opening a FIFO would block the
+// producer until something wrote to it.
 func readRateFile(name string) ([]byte, error) {
-	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err != nil {
-		return nil, err
-	} else if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s: not a regular file", name)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxRateFile+1))
-	if err == nil && len(b) > maxRateFile {
-		err = fmt.Errorf("%s: longer than %d bytes: not a rate", name, maxRateFile)
-	}
-	return b, err
+	return smallfile.Read(name, maxRateFile)
 }
 
 // produce inserts jobs: in fixed mode, every 10 ms what the rate has accrued
