@@ -1199,9 +1199,9 @@ func TestDescribeSaysItsListsWereCut(t *testing.T) {
 // TestDescribeWithLeavesOutLongValues: DescribeWith's ValueBytes leaves
 // out each signal payload and child result longer than it (not read: nil,
 // with its length) and keeps shorter ones; Describe reads them whole. A
-// hostile probe's 100 signals of 256 KB and children's 1 MB results made
-// the dashboard's page of one instance 26–150 MB, built in memory per
-// request (1–5 GB for a few concurrent ones).
+// hostile probe's signals of 256 KB and children's 1 MB results made the
+// dashboard's page of one instance as large as all of them together, built
+// in memory per request.
 func TestDescribeWithLeavesOutLongValues(t *testing.T) {
 	t.Parallel()
 	job := &gendurable.Job[orderArgs]{Name: "long", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}

@@ -575,7 +575,7 @@ func (qc *QueueConfig) withDefaults(name string) error {
 		return errorf(ErrInvalidConfig, "queue %q: GlobalConcurrency %d above %d", name, qc.GlobalConcurrency, math.MaxInt32)
 	case qc.Concurrency > maxConcurrency:
 		// A worker goroutine per place, started with the feeder: at 1<<20
-		// an idle engine held 5 GB.
+		// an idle engine held that many goroutines' stacks.
 		return errorf(ErrInvalidConfig, "queue %q: Concurrency %d above %d", name, qc.Concurrency, maxConcurrency)
 	case qc.Concurrency > maxQueueWindow || qc.Prefetch > maxQueueWindow || qc.Concurrency+qc.Prefetch > maxQueueWindow:
 		// A pick's batch (and 4 × it, its bound of keys) is an int4.

@@ -418,6 +418,21 @@ func TestRetryAndRunNowThatWaitedForTheRowRunAtOnce(t *testing.T) {
 	}, func(id int64) error { return b.eng.RunNow(ctx, id) })
 }
 
+// leafCancelledOnce is a leaf job whose first run of child N 2 sends its
+// id on started and waits for its cancel; every other run succeeds.
+func leafCancelledOnce(name string) (*gendurable.Job[leafArgs], chan int64) {
+	var runs atomic.Int32
+	started := make(chan int64, 4)
+	return &gendurable.Job[leafArgs]{Name: name, Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		if j.State.N == 2 && runs.Add(1) == 1 {
+			started <- j.ID
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		return nil
+	}}, started
+}
+
 // TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt: the cancel of a
 // parent's last live child wakes the parent (runnable at its join step); a
 // retry of that child before the join step has run must make the parent
@@ -431,16 +446,7 @@ func TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt(t *testing.T) {
 	for _, how := range []string{"Retry", "RetryMany"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
-			var runs atomic.Int32
-			started := make(chan int64, 4)
-			leaf := &gendurable.Job[leafArgs]{Name: "wleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
-				if j.State.N == 2 && runs.Add(1) == 1 { // the first run of child 2 waits for its cancel
-					started <- j.ID
-					<-ctx.Done()
-					return ctx.Err()
-				}
-				return nil
-			}}
+			leaf, started := leafCancelledOnce("wleaf")
 			m := statusParent("wparent", func() []gendurable.InsertParams {
 				return []gendurable.InsertParams{leaf.New(leafArgs{N: 1}), leaf.New(leafArgs{N: 2})}
 			})
@@ -479,17 +485,9 @@ func TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt(t *testing.T) {
 func TestAReArmedParentKeepsTheBackoffOfItsJoin(t *testing.T) {
 	t.Parallel()
 	const backoff = 8 * time.Second
-	var runs, joins atomic.Int32
-	started := make(chan int64, 4)
+	var joins atomic.Int32
 	var failedAt, rejoinedAt atomic.Int64
-	leaf := &gendurable.Job[leafArgs]{Name: "bleaf", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
-		if j.State.N == 2 && runs.Add(1) == 1 { // the first run of child 2 waits for its cancel
-			started <- j.ID
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		return nil
-	}}
+	leaf, started := leafCancelledOnce("bleaf")
 	m := &gendurable.Machine[fanState]{Name: "bparent", Start: "spawn", MaxAttempts: 5,
 		Backoff: func(int) time.Duration { return backoff },
 		Steps: map[string]gendurable.StepFunc[fanState]{

@@ -134,8 +134,8 @@ func replayAsStored(delay time.Duration) Outcome {
 
 // MaxAwaitNames is how many signal names one Await may wait for. The names
 // are stored with the row and shown whole by Describe, the dashboard and
-// show: a hostile probe's Await of 100,000 names (11 MB, each name valid)
-// made a 35 MB instance page.
+// show, three times on the instance page: a hostile probe's Await of
+// 100,000 valid names made that page grow with them, without bound.
 const MaxAwaitNames = 100
 
 // Await parks the instance until a signal with one of names arrives (see

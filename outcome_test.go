@@ -707,7 +707,7 @@ func TestAChainedStepWhoseAnswerIsLostRunsUncharged(t *testing.T) {
 
 // TestAwaitOfTooManyNamesIsInvalid: an Await may wait for at most
 // MaxAwaitNames names. The names are stored with the row and shown whole:
-// a hostile probe's Await of 100,000 valid names made a 35 MB instance page.
+// a hostile probe's Await of 100,000 valid names made the page grow with them.
 func TestAwaitOfTooManyNamesIsInvalid(t *testing.T) {
 	t.Parallel()
 	m := &gendurable.Machine[orderArgs]{Name: "aw", Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{

@@ -186,8 +186,7 @@ func TestDetailPageLeavesOutLongPayloads(t *testing.T) {
 // TestDetailPageDoesNotIndentDeepValues: a payload nested 1,000 levels deep
 // (2 KB, within the depth limit and the page's 4 KiB bound) is shown
 // compact: indented it is 2 MB, and the 20 here made a 40 MB page without
-// the fix (a hostile probe's 100 took the dashboard's memory near a GB). A
-// shallow one is still indented.
+// the fix, built in memory per request. A shallow one is still indented.
 func TestDetailPageDoesNotIndentDeepValues(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)

@@ -49,9 +49,7 @@ WITH cand AS MATERIALIZED (
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
-  SET children_pending = CASE WHEN p.status = 'awaiting_children' THEN p.children_pending + x.n
-                              ELSE ` + liveChildren(`SELECT r.id FROM r`) + ` END,
-      status = 'awaiting_children', updated_at = now()
+  SET ` + reawaitSet("x.n") + `
   FROM (SELECT parent_id, parent_fanout, count(*)::int AS n FROM r
         WHERE parent_id IS NOT NULL GROUP BY parent_id, parent_fanout) AS x
   WHERE p.id = x.parent_id AND p.fanout = x.parent_fanout AND ` + waitsForItsChildren("p") + `

@@ -543,6 +543,15 @@ func waitsForItsChildren(p string) string {
 	return `(` + p + `.status = 'awaiting_children' OR ` + p + `.status = 'runnable' AND ` + p + `.children_total > 0)`
 }
 
+// reawaitSet is the SET of a retry's parent p that waitsForItsChildren: it
+// awaits n more children (the retried ones, CTE r), or, runnable, its live
+// children counted afresh with them.
+func reawaitSet(n string) string {
+	return `children_pending = CASE WHEN p.status = 'awaiting_children' THEN p.children_pending + ` + n + `
+                              ELSE ` + liveChildren(`SELECT r.id FROM r`) + ` END,
+      status = 'awaiting_children', updated_at = now()`
+}
+
 // retrySQL retries row $1 if retryLockSQL locked it ($2, its result): a row
 // that snapshot saw live and that a cancel failed just after is not locked,
 // nor is its parent, so it is not retried here (its live children would be
@@ -561,9 +570,7 @@ WITH k AS (
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (
   UPDATE {{schema}}.gendurable_instances AS p
-  SET children_pending = CASE WHEN p.status = 'awaiting_children' THEN p.children_pending + 1
-                              ELSE ` + liveChildren(`SELECT r.id FROM r`) + ` END,
-      status = 'awaiting_children', updated_at = now()
+  SET ` + reawaitSet("1") + `
   FROM r WHERE p.id = r.parent_id AND p.fanout = r.parent_fanout AND ` + waitsForItsChildren("p") + `
   RETURNING p.id
 ), leftovers AS (

@@ -173,7 +173,7 @@ var parentJoinCTE = `parents AS (
 // passed the parent by, unlocked, was counted live after it had failed
 // (the storm test, once in ten runs).
 func countsDown(alias string) string {
-	return `(` + alias + `.status IN ('awaiting_children', 'failed') OR ` + alias + `.status = 'runnable' AND ` + alias + `.children_total > 0)`
+	return `(` + alias + `.status = 'failed' OR ` + waitsForItsChildren(alias) + `)`
 }
 
 // lockWaitIDs is the outcome statement's array of ids, read first: with
