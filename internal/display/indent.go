@@ -18,17 +18,17 @@ const indentWidth = 2
 // size is counted before anything is built. src that is not valid JSON is
 // returned as it is, with false.
 func Indent(src []byte) ([]byte, bool) {
-	if !json.Valid(src) {
+	var buf bytes.Buffer
+	buf.Grow(len(src))
+	var err error
+	if indentedSize(src) <= 8*len(src)+16<<10 { // counted as if valid: Indent and Compact check
+		err = json.Indent(&buf, src, "", "  ")
+	} else {
+		err = json.Compact(&buf, src)
+	}
+	if err != nil {
 		return src, false
 	}
-	var buf bytes.Buffer
-	if indentedSize(src) <= 8*len(src)+16<<10 {
-		buf.Grow(len(src))
-		_ = json.Indent(&buf, src, "", "  ") // valid: cannot fail
-		return buf.Bytes(), true
-	}
-	buf.Grow(len(src))
-	_ = json.Compact(&buf, src)
 	return buf.Bytes(), true
 }
 
