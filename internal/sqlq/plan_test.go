@@ -1249,3 +1249,48 @@ func TestThePickAndTheHandOffPlanGenerically(t *testing.T) {
 		'{}'::bigint[], '{}'::bigint[], 60000000)`).Scan(&n))
 	check("the hand-off")
 }
+
+// TestASmallOutcomeBatchKeepsAGenericPlan (docs/design.md §5): the outcome
+// statement of a batch of one outcome settles on a generic plan after the
+// plan cache's five custom ones, with or without a lock wait. Its arrays were
+// constants to a custom plan, estimated at their length (1), and parameters
+// to the generic plan, estimated at 10 rows: every custom plan looked
+// cheaper, and the statement was planned again on every run (1.1 ms of
+// planning beside 0.2 ms of execution; BenchmarkApplyOutcomes/done-1).
+func TestASmallOutcomeBatchKeepsAGenericPlan(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	const runs = 12
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step)
+		SELECT 'm', 'a' FROM generate_series(1, $1::int)`, 10000)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE "`+schema+`".gendurable_instances`)
+	require.NoError(t, err)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "SET plan_cache_mode = auto")
+	require.NoError(t, err)
+	res := `{"ok":true}`
+	for _, wait := range []time.Duration{0, time.Second} {
+		for range runs {
+			picked, err := q.Pick(ctx, conn, "default", sqlq.PickOpts{Limit: 1, Lease: time.Minute})
+			require.NoError(t, err)
+			require.Len(t, picked.Claimed, 1)
+			batch := sqlq.OutcomeBatch{Lease: time.Minute, LockWait: wait}
+			batch.Add(&sqlq.Outcome{ID: picked.Claimed[0].ID, Token: picked.Claimed[0].Token, Kind: sqlq.KindDone, Result: &res})
+			applied, err := q.ApplyOutcomes(ctx, conn, &batch)
+			require.NoError(t, err)
+			require.Len(t, applied, 1)
+		}
+		// One statement for both: the lock wait is one of its parameters.
+		var custom, generic int64
+		require.NoError(t, conn.QueryRow(ctx, `SELECT custom_plans, generic_plans FROM pg_prepared_statements
+			WHERE statement LIKE '%WITH locked AS MATERIALIZED%'`).Scan(&custom, &generic))
+		require.LessOrEqual(t, custom, int64(5), "lock wait %v: the statement was planned for its values on every run", wait)
+		require.Positive(t, generic, "lock wait %v", wait)
+	}
+}
