@@ -158,7 +158,10 @@ func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch bulkBa
 // A filter without criteria (no Queue, Status, Machine, Step, From, To,
 // Search or State; a State of {} or [] is contained in every object or array
 // state, so it is none) is [ErrInvalidInput] unless f.All is set: "every failed instance"
-// must be asked for explicitly. An instance the filter matches that is not
+// must be asked for explicitly. So is a filter whose only criterion is a
+// time range that leaves out no instance: a To not before the database's
+// clock and a From (if set) not after the insert of the instance with the
+// lowest id (one primary-key probe). An instance the filter matches that is not
 // failed is counted in Skipped (set Status to "failed" to visit only those).
 // The call stops at ctx's end between batches — a batch statement under way
 // runs to its end (past a deadline, for at most [BulkStatementGrace], 15 s; at most 30 s in all), so what it changed is counted — returning
@@ -325,6 +328,11 @@ func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch bu
 	if !f.hasCriteria() && !f.All {
 		return res, errorf(ErrInvalidInput, "%s: the filter has no criteria (queue, status, machine, step, time range, search or state); set All to act on every instance", op)
 	}
+	if !f.All && f.onlyTimeRange() {
+		if err := e.checkTimeRangeExcludes(ctx, f, op); err != nil {
+			return res, err
+		}
+	}
 	f.Limit = BulkBatch
 	for {
 		if err := ctx.Err(); err != nil {
@@ -351,6 +359,44 @@ func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch bu
 		}
 		f.Before = page.NextBefore
 	}
+}
+
+// onlyTimeRange reports whether From and To are f's only criteria.
+func (f ListFilter) onlyTimeRange() bool {
+	return (!f.From.IsZero() || !f.To.IsZero()) && f.Queue == "" && f.Status == "" && f.Machine == "" &&
+		f.Step == "" && f.Search == "" && (len(f.State) == 0 || stateMatchesAll(f.State))
+}
+
+// checkTimeRangeExcludes refuses a time range that is a filter's only
+// criterion and leaves out no instance — a To not before the database's
+// clock, a From not after the insert of the instance with the lowest id —
+// as a filter without criteria is refused: "from 1970" or "to 9999" acts
+// on every instance as surely as no filter does. One primary-key probe.
+func (e *Engine) checkTimeRangeExcludes(ctx context.Context, f ListFilter, op string) error {
+	oldest, now, err := e.q.OldestInsert(ctx, e.pool)
+	if err != nil {
+		return fmt.Errorf("gendurable: %s: %w", op, err)
+	}
+	toExcludes := !f.To.IsZero() && f.To.Before(now)
+	fromExcludes := !f.From.IsZero() && oldest != nil && f.From.After(*oldest)
+	if toExcludes || fromExcludes {
+		return nil
+	}
+	what := "its time range leaves out no instance ("
+	if !f.To.IsZero() {
+		what += "To is not before now"
+	}
+	if !f.From.IsZero() {
+		if !f.To.IsZero() {
+			what += ", "
+		}
+		if oldest == nil {
+			what += "there is no instance"
+		} else {
+			what += "From is not after the oldest instance's insert, " + oldest.UTC().Format(time.RFC3339Nano)
+		}
+	}
+	return errorf(ErrInvalidInput, "%s: the filter's only criterion is a time range, and %s; narrow it, or set All to act on every instance", op, what+")")
 }
 
 // hasCriteria reports whether f selects by anything but position.

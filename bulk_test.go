@@ -109,6 +109,54 @@ func TestRetryManyAndCancelManyByID(t *testing.T) {
 	require.Equal(t, gendurable.BulkResult{NotFound: 1, ChangedIDs: []int64{}}, res)
 }
 
+// TestATimeRangeThatLeavesOutNothingIsNoCriterion: a filter whose only
+// criterion is a time range acts on every instance when the range leaves
+// none out ("to 9999", "from 1970"), as surely as an empty filter does, and
+// is refused like one (a hostile probe cancelled every live instance through
+// the dashboard with to=9999-12-30); a range that leaves one out is a
+// criterion, and All still acts on everything.
+func TestATimeRangeThatLeavesOutNothingIsNoCriterion(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, inserted_at) VALUES ('m', 'a', now() - interval '2 hours')`)
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step) SELECT 'm', 'a' FROM generate_series(1, 3)`)
+	live := func() int {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'runnable'`)
+	}
+	future := time.Now().Add(24 * time.Hour)
+	for _, f := range []gendurable.ListFilter{
+		{To: time.Date(9999, 12, 30, 0, 0, 0, 0, time.UTC)},
+		{To: future},
+		{From: time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{From: time.Now().Add(-3 * time.Hour), To: future},
+		{From: time.Now().Add(-3 * time.Hour), State: json.RawMessage(`{}`)},
+	} {
+		_, err := b.eng.CancelMatching(ctx, f, "")
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%v", f)
+		require.ErrorContains(t, err, "leaves out no instance")
+		_, err = b.eng.RetryMatching(ctx, f)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%v", f)
+		require.Equal(t, 4, live(), "nothing was cancelled")
+	}
+	// From an hour ago leaves the oldest out: a criterion.
+	res, err := b.eng.CancelMatching(ctx, gendurable.ListFilter{From: time.Now().Add(-time.Hour)}, "")
+	require.NoError(t, err)
+	require.Equal(t, int64(3), res.Changed)
+	require.Equal(t, 1, live())
+	// So does a To before the newest's insert, with a vacuous From beside it.
+	res, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{From: time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC),
+		To: time.Now().Add(-time.Hour)}, "")
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Changed)
+	require.Zero(t, live())
+	// Another criterion beside a vacuous range is a criterion; All acts on every instance.
+	_, err = b.eng.RetryMatching(ctx, gendurable.ListFilter{Status: "failed", To: future})
+	require.NoError(t, err)
+	_, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{All: true, To: future}, "")
+	require.NoError(t, err)
+}
+
 func TestBulkByFilterWorksInBatches(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)

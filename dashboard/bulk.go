@@ -25,7 +25,9 @@ import (
 //   - the list's filter (scope=match): every instance the filter matches,
 //     not only the page shown, walked by Engine.RetryMatching /
 //     CancelMatching in bounded batches. A filter without criteria is
-//     refused: the dashboard never acts on every instance at once.
+//     refused, and so is one whose only criterion is a time range that
+//     leaves out no instance (the engine's check): the dashboard never acts
+//     on every instance at once.
 //
 // A retry changes failed instances only and a cancel live ones; the others
 // are counted as skipped. The work stops at the request's timeout

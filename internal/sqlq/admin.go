@@ -484,6 +484,21 @@ func (q *Queries) ListSignals(ctx context.Context, db DB, id int64, limit, value
 	})
 }
 
+// oldestInsertSQL is the insert time of the instance with the lowest id
+// (NULL: there is none) and the database clock: one primary-key probe.
+const oldestInsertSQL = `
+SELECT (SELECT i.inserted_at FROM {{schema}}.gendurable_instances AS i ORDER BY i.id LIMIT 1), now()`
+
+// OldestInsert returns the insert time of the instance with the lowest id
+// (nil if there is no instance) and the database's clock. Ids are drawn as
+// rows are inserted and inserted_at is the inserting transaction's start,
+// so no instance was inserted much before it: at most as long before as an
+// inserting transaction ran.
+func (q *Queries) OldestInsert(ctx context.Context, db DB) (oldest *time.Time, now time.Time, err error) {
+	err = db.QueryRow(ctx, q.oldestInsert).Scan(&oldest, &now)
+	return oldest, now, err
+}
+
 // listAllChildrenSQL: $3 as in listSignalsSQL, for the children's results,
 // measured for the rows the LIMIT keeps only (measured in the scan, every
 // child of the parent was written out as text before the sort).

@@ -89,6 +89,7 @@ type Queries struct {
 	prune           string
 	pruneLock       string
 	listSignals     string
+	oldestInsert    string
 	listAllChildren string
 	stepCounts      string
 	throughput      string
@@ -143,6 +144,7 @@ func New(schema string) (*Queries, error) {
 		prune:           render(pruneSQL, qs),
 		pruneLock:       render(pruneLockSQL, qs),
 		listSignals:     render(listSignalsSQL, qs),
+		oldestInsert:    render(oldestInsertSQL, qs),
 		listAllChildren: render(listAllChildrenSQL, qs),
 		stepCounts:      render(stepCountsSQL, qs),
 		throughput:      render(throughputSQL, qs),
