@@ -637,8 +637,16 @@ func encodeTyped[S any](state any) (string, error) {
 	return string(b), nil
 }
 
-// callStep runs fn, turning a panic into a *PanicError.
+// callStep runs fn — a step, or Handle — turning a panic, or a call of
+// runtime.Goexit, into a *PanicError.
 func callStep(_ context.Context, fn func() (Outcome, error)) (out Outcome, err error) {
+	if stack, exited := contained(func() { out, err = callRecovered(fn) }); exited {
+		return Outcome{}, &PanicError{Value: goexitValue, Stack: stack}
+	}
+	return out, err
+}
+
+func callRecovered(fn func() (Outcome, error)) (out Outcome, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			out, err = Outcome{}, &PanicError{Value: v, Stack: string(debug.Stack())}
@@ -647,13 +655,49 @@ func callStep(_ context.Context, fn func() (Outcome, error)) (out Outcome, err e
 	return fn()
 }
 
-// safeTx wraps a WithTx callback so that a panic in it comes back as a
-// *PanicError, handed to Handle like any step error.
+// goexitValue is the Value of the [PanicError] of a step, Handle or WithTx
+// callback that called runtime.Goexit — as t.FailNow, t.Fatal, t.SkipNow
+// and testify's require functions do, in a test that runs a real engine.
+// It is handled like any panic: Handle gets the error, and by default the
+// step runs again after its backoff, until its attempts are spent.
+const goexitValue = "runtime.Goexit called (t.FailNow, t.Fatal, t.SkipNow or a require assertion inside a step?)"
+
+// contained runs fn on a goroutine of its own and waits for it. A call of
+// runtime.Goexit in fn ends that goroutine only: exited is true, and stack
+// is the goroutine's stack as it exited. Run on the worker's goroutine, the
+// Goexit ended the worker: the step's outcome was never written (the row
+// stayed executing, its lease heartbeated) and its place in the queue was
+// lost for the process's life. A panic must be recovered inside fn.
+func contained(fn func()) (stack string, exited bool) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		returned := false
+		defer func() {
+			if !returned {
+				stack, exited = string(debug.Stack()), true
+			}
+		}()
+		fn()
+		returned = true
+	}()
+	<-done
+	return stack, exited
+}
+
+// safeTx wraps a WithTx callback so that a panic in it, or a call of
+// runtime.Goexit, comes back as a *PanicError, handed to Handle like any
+// step error.
 func safeTx(fn func(ctx context.Context, tx pgx.Tx) error) func(ctx context.Context, tx pgx.Tx) error {
 	if fn == nil {
 		return nil
 	}
-	return func(ctx context.Context, tx pgx.Tx) error { return safely(func() error { return fn(ctx, tx) }) }
+	return func(ctx context.Context, tx pgx.Tx) (err error) {
+		if stack, exited := contained(func() { err = safely(func() error { return fn(ctx, tx) }) }); exited {
+			return &PanicError{Value: goexitValue, Stack: stack}
+		}
+		return err
+	}
 }
 
 // safely runs fn, turning a panic (e.g. in a user's MarshalJSON) into a *PanicError.

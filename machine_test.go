@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/gendurabletest"
 	"github.com/gendurable/gendurable/internal/syncbuf"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -86,6 +88,56 @@ func TestPanicIsHandledAndRecorded(t *testing.T) {
 		require.NotContains(t, e.Stack, "runtime/debug.Stack")
 		require.NotContains(t, e.Stack, "panic(")
 		require.LessOrEqual(t, len(e.Stack), 8<<10)
+	}
+}
+
+// TestAStepThatCallsGoexitFailsLikeAPanic: runtime.Goexit in a step, in
+// Handle or in a WithTx callback — what t.FailNow, t.Fatal and testify's
+// require do in a test that runs a real engine — is a panic of the step. It
+// ended the worker's goroutine: the row stayed executing, its lease
+// heartbeated, and the queue's only place was gone, so the next instance
+// never ran (a probe). One place here, so the instance after each must run.
+func TestAStepThatCallsGoexitFailsLikeAPanic(t *testing.T) {
+	t.Parallel()
+	step := func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+		switch r.State.Do {
+		case "step":
+			runtime.Goexit()
+		case "tx":
+			return gendurable.Done(nil).WithTx(func(context.Context, pgx.Tx) error {
+				runtime.Goexit()
+				return nil
+			}), nil
+		case "handle":
+			return gendurable.Outcome{}, errors.New("step failed")
+		}
+		return gendurable.Done(nil), nil
+	}
+	m := &gendurable.Machine[probeState]{Name: "goexit", Start: "a", MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+		Steps:   map[string]gendurable.StepFunc[probeState]{"a": step}}
+	h := &gendurable.Machine[probeState]{Name: "goexit-handle", Start: "a",
+		Steps: map[string]gendurable.StepFunc[probeState]{"a": step},
+		Handle: func(ctx context.Context, r *gendurable.Run[probeState], err error) (gendurable.Outcome, error) {
+			runtime.Goexit()
+			return gendurable.Outcome{}, err
+		}}
+	cfg := fastConfig("", m, h)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: -1,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.start()
+	for _, c := range []struct {
+		def  *gendurable.Machine[probeState]
+		do   string
+		runs int
+	}{{m, "step", 2}, {m, "tx", 2}, {h, "handle", 1}} {
+		bad := b.insert(c.def.New(probeState{Do: c.do}))
+		good := b.insert(m.New(probeState{}))
+		r := b.waitStatus(bad, "failed", 10*time.Second)
+		require.Len(t, r.Errors, c.runs, c.do)
+		require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "runtime.Goexit called", c.do)
+		b.waitStatus(good, "done", 10*time.Second)
 	}
 }
 
