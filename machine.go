@@ -350,6 +350,9 @@ func (m *Machine[S]) newRun(in *execInput) (*Run[S], error) {
 	}
 	for _, sr := range in.Inbox {
 		sig := Signal{ID: sr.ID, Name: sr.Name, Payload: sr.Payload, At: sr.InsertedAt}
+		if sig.Payload == nil {
+			sig.Payload = json.RawMessage("null") // sent without one (stored as NULL)
+		}
 		r.Inbox = append(r.Inbox, sig)
 		if slices.Contains(c.Awaits, sr.Name) {
 			r.Awaited = append(r.Awaited, sig)

@@ -92,6 +92,51 @@ func TestAwaitThenSignalWakes(t *testing.T) {
 	require.Equal(t, 2, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1`, id), "consumed signals are kept, marked")
 }
 
+// TestASignalSentWithoutAPayloadReachesTheStepAsNull: Signal.Payload is
+// "null" for a signal sent without one (nil, a nil RawMessage, JSON null,
+// a nil pointer), as documented and as Describe shows it; the step got an
+// empty Payload, and Decode failed ("unexpected end of JSON input"), so the
+// step failed on every attempt (a probe; the CLI's signal without
+// --payload sends none).
+func TestASignalSentWithoutAPayloadReachesTheStepAsNull(t *testing.T) {
+	t.Parallel()
+	type got struct {
+		Payloads []string `json:"payloads"`
+		Decoded  int      `json:"decoded"`
+	}
+	m := &gendurable.Machine[got]{
+		Name: "nullpayload", Start: "park",
+		Steps: map[string]gendurable.StepFunc[got]{
+			"park": func(ctx context.Context, r *gendurable.Run[got]) (gendurable.Outcome, error) {
+				return r.Await("woken", r.State, "x"), nil
+			},
+			"woken": func(ctx context.Context, r *gendurable.Run[got]) (gendurable.Outcome, error) {
+				s := r.State
+				for _, sig := range r.Inbox {
+					s.Payloads = append(s.Payloads, string(sig.Payload))
+					var v *int
+					if err := sig.Decode(&v); err != nil {
+						return gendurable.Outcome{}, gendurable.JobCancel(err)
+					}
+					s.Decoded++
+				}
+				return gendurable.Done(s), nil
+			},
+		},
+	}
+	b := setup(t, nil, m)
+	b.start()
+	ctx := context.Background()
+	for _, payload := range []any{nil, json.RawMessage(nil), json.RawMessage("null"), (*int)(nil)} {
+		id := b.insert(m.New(got{}))
+		b.waitStatus(id, "awaiting_signal", 10*time.Second)
+		_, err := b.eng.Signal(ctx, id, "x", payload, nil)
+		require.NoError(t, err)
+		r := b.waitStatus(id, "done", 10*time.Second)
+		require.JSONEq(t, `{"payloads":["null"],"decoded":1}`, string(r.Result), "%#v", payload)
+	}
+}
+
 func TestSignalBeforeAwaitDoesNotPark(t *testing.T) {
 	t.Parallel()
 	m := awaiter(0)
