@@ -373,6 +373,10 @@ func TestSignalDedupAndErrors(t *testing.T) {
 	require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
 	_, err = b.eng.Signal(ctx, id, "pay", "nul\x00inside", nil)
 	require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
+	// A payload whose MarshalJSON panics is an error, not a panic in the caller.
+	_, err = b.eng.Signal(ctx, id, "pay", panicMarshaler{}, nil)
+	require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
+	require.ErrorContains(t, err, "marshal boom")
 
 	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'done' WHERE id = $1`, id)
 	_, err = b.eng.Signal(ctx, id, "pay", nil, nil)
