@@ -353,7 +353,8 @@ func (c *Committer) heldAmong(ctx context.Context, batch []*request) (map[int64]
 
 // apply writes one batch, retrying transient failures (lost connection,
 // deadlock with another process's batch) until the lease runs out. A
-// rejected batch is split so only the offending outcome is stopped.
+// rejected batch is halved, and each half written the same way, so only
+// the offending outcomes are stopped.
 //
 // lockWait (0: none) bounds each row lock wait of the statement. A batch
 // whose statement runs out of it waits on a row another transaction holds
@@ -429,9 +430,14 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 		}
 		if sqlq.Rejected(err) {
 			if len(batch) > 1 {
-				for _, r := range batch {
-					c.apply([]*request{r}, lockWait)
-				}
+				// Halves, each written the same way, down to the offending
+				// outcomes: one in a batch of n costs about 2·log2(n)
+				// statements. Each outcome alone, as before, cost n: a
+				// probe's run with 2 % of its outcomes rejected took four
+				// times as long to drain.
+				h := len(batch) / 2
+				c.apply(batch[:h], lockWait)
+				c.apply(batch[h:], lockWait)
 				return
 			}
 			if o := batch[0].out; o.Kind != sqlq.KindStop {
