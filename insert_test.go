@@ -103,6 +103,9 @@ func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
 		{"partition key starting with a space", job.New(weirdState{}).With(gendurable.InsertOpts{PartitionKey: " tenant-1"}), gendurable.ErrInvalidInsert},
 		{"unique key ending with a space", job.New(weirdState{}).With(gendurable.InsertOpts{UniqueKey: "order-7 "}), gendurable.ErrInvalidInsert},
 		{"unique key ending with a no-break space", job.New(weirdState{}).With(gendurable.InsertOpts{UniqueKey: "order-7\u00a0"}), gendurable.ErrInvalidInsert},
+		// "q\u200b" looks like "q" on every page (a probe).
+		{"queue name with a zero-width space", job.New(weirdState{}).With(gendurable.InsertOpts{Queue: "q\u200b"}), gendurable.ErrInvalidInsert},
+		{"queue name with a byte order mark", job.New(weirdState{}).With(gendurable.InsertOpts{Queue: "\ufeffq"}), gendurable.ErrInvalidInsert},
 		{"nil job", (*gendurable.Job[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
 		{"nil machine", (*gendurable.Machine[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
 	}

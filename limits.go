@@ -53,7 +53,10 @@ func timestampYear(t time.Time) bool {
 // that neither starts nor ends with white space. The dashboard's forms
 // pass a name on as typed, as the CLI and the API do; a name " pay" would
 // look like "pay" on every page and in every table while a signal "pay"
-// never woke its awaiter.
+// never woke its awaiter. For the same reason a name holds no invisible
+// format character (Unicode category Cf: U+00AD, U+200B–U+200D, U+2060,
+// U+FEFF, …): "pay\u200b" looks like "pay" everywhere. Keys may (a key is
+// the user's data, and emoji sequences join with U+200D).
 func nameProblem(s string) string {
 	if s == "" {
 		return "is empty"
@@ -61,8 +64,15 @@ func nameProblem(s string) string {
 	if p := textProblem(s, maxNameLen); p != "" {
 		return p
 	}
+	if i := strings.IndexFunc(s, isFormat); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(s[i:])
+		return fmt.Sprintf("holds the invisible format character U+%04X (Unicode category Cf), which makes it look like another name", r)
+	}
 	return edgeSpaceProblem(s)
 }
+
+// isFormat reports whether r is a Unicode format character (category Cf).
+func isFormat(r rune) bool { return unicode.Is(unicode.Cf, r) }
 
 // edgeSpaceProblem says whether s starts or ends with white space.
 func edgeSpaceProblem(s string) string {

@@ -361,9 +361,9 @@ func TestSignalDedupAndErrors(t *testing.T) {
 
 	_, err = b.eng.Signal(ctx, 99999999, "pay", nil, nil)
 	require.ErrorIs(t, err, gendurable.ErrNotFound)
-	for _, bad := range []string{"", string(make([]byte, 300)), "a\x00b", "bad\xff"} {
+	for _, bad := range []string{"", string(make([]byte, 300)), "a\x00b", "bad\xff", "pay\u200b", "\ufeffpay", "pa\u00ady"} {
 		_, err = b.eng.Signal(ctx, id, bad, nil, nil)
-		require.ErrorIs(t, err, gendurable.ErrInvalidSignal)
+		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "%q", bad)
 	}
 	for _, bad := range []string{" evt-1", "evt-1 ", "evt\x00"} {
 		_, err = b.eng.Signal(ctx, id, "note", nil, &gendurable.SignalOpts{DedupKey: bad})
