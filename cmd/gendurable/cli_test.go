@@ -262,6 +262,49 @@ func TestDemoInterruptedSaysSo(t *testing.T) {
 	}
 }
 
+// TestTheDemoEndsWithTheGoCommandThatRanIt: `go run ./cmd/gendurable demo`
+// stopped with SIGTERM (timeout(1), kill, a supervisor) exits without
+// passing the signal on; the demo it ran went on, with its throwaway
+// PostgreSQL (a newcomer's probe: both still there a minute later). The
+// parent here is a shell named "go" that is killed: the demo must end too,
+// saying why.
+func TestTheDemoEndsWithTheGoCommandThatRanIt(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, NoMigrate: true, Extra: 4})
+	goCmd := filepath.Join(t.TempDir(), "go")
+	sh, err := os.ReadFile("/bin/sh")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(goCmd, sh, 0o755))
+	errFile := filepath.Join(t.TempDir(), "stderr")
+	parent := exec.Command(goCmd, "-c", `"$0" demo --orders 3000 --schema "$1" 2>"$2" & echo $!; wait`,
+		binary, scratchName(t, pool, "gddemo_"), errFile)
+	parent.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	stdout, err := parent.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, parent.Start())
+	sc := bufio.NewScanner(stdout)
+	require.True(t, sc.Scan())
+	pid, err := strconv.Atoi(sc.Text())
+	require.NoError(t, err)
+	for sc.Scan() && !strings.HasPrefix(sc.Text(), "inserted ") {
+	}
+	require.NoError(t, parent.Process.Kill())
+	// The demo holds the pipe until it exits: its end is EOF (Wait, which
+	// closes the pipe, comes after).
+	ended := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, stdout); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(15 * time.Second):
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		t.Fatal("the demo went on running after the go command that ran it ended")
+	}
+	_ = parent.Wait()
+	out, err := os.ReadFile(errFile)
+	require.NoError(t, err)
+	require.Contains(t, string(out), "demo stopped: the go command that ran it ended")
+}
+
 func TestUIServesTheDashboardOnLoopback(t *testing.T) {
 	t.Parallel()
 	_, schema := dbtest.NewSchema(t, nil)

@@ -26,11 +26,19 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/gendurable/gendurable/internal/gorun"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// Run by `go run ./cmd/gendurable …` (the README's demo command), it
+	// stops with the go command: stopped with SIGTERM, go run exits without
+	// passing the signal on, and the demo, its throwaway PostgreSQL or a
+	// dashboard would go on running.
+	ctx, unwatch := gorun.Watch(ctx)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	unwatch()
 	stop()
 	os.Exit(code)
 }

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/gorun"
 	"github.com/gendurable/gendurable/internal/pgtemp"
 	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -130,6 +131,11 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// `go run ./examples/quickstart` stopped with SIGTERM exits without
+	// passing it on: the quickstart stops (its workers with it) when the go
+	// command is gone.
+	ctx, unwatch := gorun.Watch(ctx)
+	defer unwatch()
 	var err error
 	switch cmd {
 	case "demo":
