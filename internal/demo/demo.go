@@ -154,6 +154,11 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	if url == "" {
 		fmt.Fprintln(o.Out, "no database given: starting a private throwaway PostgreSQL…")
 		srv, err := pgtemp.Start(ctx, pgtemp.Options{})
+		if err != nil && ctx.Err() != nil {
+			// Stopped while it started (Ctrl-C): nothing to install, and
+			// initdb's last words are not the reason.
+			return nil, fmt.Errorf("the throwaway PostgreSQL was stopped while it started: %w", context.Cause(ctx))
+		}
 		if err != nil {
 			return nil, fmt.Errorf("start a throwaway PostgreSQL (install the postgresql package, or pass --database-url): %w", err)
 		}
