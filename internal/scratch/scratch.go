@@ -119,6 +119,12 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		switch {
 		case err == nil:
 			info.Exists = false
+		case ctx.Err() != nil:
+			// Stopped (Ctrl-C) while it dropped: the drop is one
+			// transaction, rolled back unless it had committed, never half
+			// done (migrate's message about versions applied in the
+			// caller's transaction read as damage).
+			return fmt.Errorf("drop schema %q: stopped while dropping it (one transaction: the schema is as it was, unless the stop came as it committed): %w", schema, context.Cause(ctx))
 		case !errors.Is(err, ErrNotScratch):
 			return fmt.Errorf("drop schema %q: %w", schema, err)
 		case !o.Reset:
