@@ -66,10 +66,20 @@ func TestPgBouncerWithTxIdleForALeaseCountsAnAttempt(t *testing.T) {
 				"neither finished nor rerun")
 			r := b.row(idler)
 			require.Equal(t, "failed", r.Status, "runs %d, errors: %v", runs.Load(), r.Errors)
-			require.Equal(t, int32(2), runs.Load(), "%v", r.Errors)
+			// Two attempts counted, each for the idle transaction. A run
+			// interrupted besides (a heartbeat late on a loaded machine: the
+			// lease is 1 s) counts none and says so (a newcomer's run of
+			// the suite met one).
+			counted := 0
 			for _, e := range r.Errors {
+				if e["kind"] == "interrupted" {
+					continue
+				}
+				counted++
 				require.Contains(t, e["error"], "left idle", "%v", r.Errors)
 			}
+			require.Equal(t, 2, counted, "%v", r.Errors)
+			require.GreaterOrEqual(t, runs.Load(), int32(2), "%v", r.Errors)
 		})
 	}
 }
