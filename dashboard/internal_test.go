@@ -319,3 +319,42 @@ func TestFlashSignature(t *testing.T) {
 	other := &dashboard{}
 	require.False(t, other.flashSigned("/instances/5", v), "another dashboard's key")
 }
+
+// TestTheTimelineOfAFarFutureInstance: an instance due in 9999 (RunAt
+// allows it) spans about 8,000 years: its ticks lie left to right across
+// the plot, each with its year. The span was a time.Duration, which holds
+// 292 years: the ticks' offsets overflowed and ran backwards (x = 90, 305,
+// 520, 735, −769 for a row due in 2100; a hostile probe).
+func TestTheTimelineOfAFarFutureInstance(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for _, due := range []time.Time{
+		time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(9999, 12, 30, 0, 0, 0, 0, time.UTC),
+	} {
+		det := &gendurable.InstanceDetail{Instance: gendurable.Instance{ID: 1, Status: gendurable.StatusRunnable,
+			Step: "a", MaxAttempts: 3, InsertedAt: now.Add(-time.Minute), UpdatedAt: now.Add(-time.Minute), EligibleAt: due}}
+		tl, _ := buildTimeline(det, now)
+		require.Len(t, tl.Ticks, 5)
+		for i, tk := range tl.Ticks {
+			require.GreaterOrEqual(t, tk.Pos, tl.PlotX, "%v: tick %d", due, i)
+			require.LessOrEqual(t, tk.Pos, tl.PlotX+tl.PlotW, "%v: tick %d", due, i)
+			if i > 0 {
+				require.Greater(t, tk.Pos, tl.Ticks[i-1].Pos, "%v: tick %d", due, i)
+				require.Greater(t, tk.Label, tl.Ticks[i-1].Label, "%v: the labels go forward (years)", due)
+			}
+		}
+		require.Equal(t, "2026-11-30", tl.Ticks[0].Label)
+		require.Equal(t, due.Format("2006-01-02"), tl.Ticks[4].Label)
+	}
+}
+
+func TestAgoOfFarTimes(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	require.Equal(t, "3d ago", ago(now.Add(-73*time.Hour)))
+	require.Equal(t, "500d from now", ago(now.Add(500*24*time.Hour+time.Hour)))
+	require.Equal(t, strconv.Itoa(9999-now.Year())+"y from now", ago(time.Date(9999, 12, 30, 0, 0, 0, 0, time.UTC)))
+	require.Equal(t, strconv.Itoa(now.Year()-1)+"y ago", ago(time.Date(1, 6, 1, 0, 0, 0, 0, time.UTC)))
+}

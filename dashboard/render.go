@@ -185,7 +185,17 @@ func ago(t time.Time) string {
 	if t.IsZero() {
 		return ""
 	}
-	d := time.Since(t)
+	now := time.Now()
+	if y := t.Year() - now.Year(); y >= 3 || y <= -3 {
+		// Years, from the calendar: time.Since saturates at 292 years (a
+		// row due in 9999 showed "just now", its negated duration
+		// overflowing).
+		if y < 0 {
+			return strconv.Itoa(-y) + "y ago"
+		}
+		return strconv.Itoa(y) + "y from now"
+	}
+	d := now.Sub(t)
 	suffix := " ago"
 	if d < 0 {
 		d, suffix = -d, " from now"

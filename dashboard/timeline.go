@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -120,12 +121,15 @@ func buildTimeline(det *gendurable.InstanceDetail, now time.Time) (*svgTimeline,
 	if live && now.After(end) {
 		end = now
 	}
-	span := end.Sub(start)
+	// In seconds as floats: a time.Duration holds 292 years, and an
+	// instance due in 9999 (RunAt allows it) spans more — its ticks
+	// overflowed and ran backwards (a hostile probe).
+	span := unixSeconds(end) - unixSeconds(start)
 	if span <= 0 {
-		span = time.Second
+		span = 1
 	}
 	x := func(t time.Time) int {
-		return tlLabelW + int(float64(t.Sub(start))/float64(span)*float64(tlPlotW)+0.5)
+		return tlLabelW + int((unixSeconds(t)-unixSeconds(start))/span*float64(tlPlotW)+0.5)
 	}
 
 	lanes := []string{"instance"}
@@ -179,23 +183,31 @@ func buildTimeline(det *gendurable.InstanceDetail, now time.Time) (*svgTimeline,
 		tl.Marks = append(tl.Marks, tlMark{X: x(e.At), Y: laneY[e.Lane], Kind: e.Kind, Title: fmtTime(e.At) + " " + e.Text})
 	}
 	for i := 0; i <= 4; i++ {
-		t := start.Add(span * time.Duration(i) / 4)
-		tl.Ticks = append(tl.Ticks, chartTick{Pos: x(t), Label: tickLabel(t, start, span)})
+		off := span * float64(i) / 4
+		sec := math.Floor(off)
+		t := time.Unix(start.Unix()+int64(sec), int64(start.Nanosecond())+int64((off-sec)*1e9))
+		tl.Ticks = append(tl.Ticks, chartTick{Pos: x(t), Label: tickLabel(t, off, span)})
 	}
 	return tl, evs
 }
 
-// tickLabel names an axis tick: the clock time, with seconds (or
-// milliseconds) when the axis is short.
-func tickLabel(t, start time.Time, span time.Duration) string {
+// unixSeconds is t in seconds since 1970, as a float.
+func unixSeconds(t time.Time) float64 { return float64(t.Unix()) + float64(t.Nanosecond())/1e9 }
+
+// tickLabel names an axis tick off seconds after the axis's start: the
+// clock time, with seconds (or milliseconds) when the axis is short, the
+// date when it is long, the year when it spans years.
+func tickLabel(t time.Time, off, span float64) string {
 	t = t.UTC()
 	switch {
-	case span < 10*time.Second:
-		return "+" + strconv.FormatFloat(t.Sub(start).Seconds(), 'f', 2, 64) + "s"
-	case span < 10*time.Minute:
+	case span < 10:
+		return "+" + strconv.FormatFloat(off, 'f', 2, 64) + "s"
+	case span < 10*60:
 		return t.Format("15:04:05")
-	case span < 48*time.Hour:
+	case span < 48*3600:
 		return t.Format("15:04")
+	case span < 300*24*3600:
+		return t.Format("01-02 15:04")
 	}
-	return t.Format("01-02 15:04")
+	return t.Format("2006-01-02")
 }
