@@ -87,8 +87,11 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 	noted := slices.Clone(rec.attrs)
 	rec.mu.Unlock()
 	for i := 0; i+1 < len(noted); i += 2 {
-		if noted[i] == "partial" && noted[i+1] == true && outcome == "failed" {
-			outcome = "partial" // cut short (the client hung up) after changing some
+		if noted[i] == "partial" && noted[i+1] == true && (outcome == "failed" || outcome == "ok") {
+			// Cut short after changing some: the client hung up (failed),
+			// or the request's timeout ended the run (ok: the redirect
+			// says partial=1). A run of the timeout's read "ok" before.
+			outcome = "partial"
 		}
 		if v, ok := noted[i+1].(string); ok {
 			noted[i+1] = cut(v) // a refused request's names are any length
@@ -140,7 +143,17 @@ func (d *dashboard) failedLogin(r *http.Request) {
 		}
 		attrs = append(attrs, "scheme", "basic", "user", u)
 	} else {
-		attrs = append(attrs, "scheme", "bearer")
+		// As sent: "Basic !!!" (not base64) is a basic login that did not
+		// decode, not a bearer token; another word is another scheme.
+		scheme, _, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+		switch scheme = strings.ToLower(scheme); scheme {
+		case "bearer":
+		case "basic":
+			scheme = "basic (not decodable)"
+		default:
+			scheme = "other"
+		}
+		attrs = append(attrs, "scheme", scheme)
 	}
 	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: failed login", attrs...)
 }

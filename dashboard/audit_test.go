@@ -135,7 +135,17 @@ func TestAuditTrail(t *testing.T) {
 		header: map[string]string{"Authorization": "Bearer nope"}})
 	require.Equal(t, http.StatusUnauthorized, r.code)
 	require.Equal(t, http.StatusUnauthorized, do(t, h, req{method: http.MethodGet, path: "/", remote: "10.9.9.7:1000"}).code)
+	// The scheme as sent: a Basic header that does not decode, and another
+	// word, were both logged as bearer (a hostile probe).
+	for i, a := range []string{"Basic !!!", "Token abc"} {
+		r := do(t, h, req{method: http.MethodGet, path: "/", remote: fmt.Sprintf("10.9.8.%d:1000", i),
+			header: map[string]string{"Authorization": a}})
+		require.Equal(t, http.StatusUnauthorized, r.code)
+	}
 	logins := log.with("dashboard audit: failed login")
+	require.Equal(t, "basic (not decodable)", logins[len(logins)-2]["scheme"])
+	require.Equal(t, "other", logins[len(logins)-1]["scheme"])
+	logins = logins[:len(logins)-2]
 	byIP := map[string]int{}
 	for _, l := range logins {
 		require.Equal(t, dashboard.LevelAudit, l["level"])

@@ -237,7 +237,9 @@ type Options struct {
 	// five a minute per client (remote IPv4 address or IPv6 /64), refused
 	// actions five a minute per client and user, each with an allowance of
 	// its own; a line at the minute's end counts the rest. An action done
-	// (ok, failed or partial) is always logged.
+	// (ok, failed or partial: a bulk action or a cancel with descendants
+	// cut short, by the client hanging up or by RequestTimeout, after
+	// changing some) is always logged.
 	// Default Logger.
 	AuditLogger *slog.Logger
 

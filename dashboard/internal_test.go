@@ -3,6 +3,7 @@ package dashboard
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
@@ -357,4 +358,28 @@ func TestAgoOfFarTimes(t *testing.T) {
 	require.Equal(t, "500d from now", ago(now.Add(500*24*time.Hour+time.Hour)))
 	require.Equal(t, strconv.Itoa(9999-now.Year())+"y from now", ago(time.Date(9999, 12, 30, 0, 0, 0, 0, time.UTC)))
 	require.Equal(t, strconv.Itoa(now.Year()-1)+"y ago", ago(time.Date(1, 6, 1, 0, 0, 0, 0, time.UTC)))
+}
+
+// TestABulkRunCutShortByItsTimeoutIsAuditedAsPartial: a bulk action that
+// the request's timeout stopped after changing some redirects (303, the
+// page says partial=1); its audit line said outcome=ok, so a search of the
+// trail for outcome=partial missed every such run (a hostile probe).
+func TestABulkRunCutShortByItsTimeoutIsAuditedAsPartial(t *testing.T) {
+	t.Parallel()
+	var buf strings.Builder
+	d := &dashboard{auditor: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: LevelAudit}))}
+	r := httptest.NewRequest("POST", "/bulk/cancel", nil)
+	for _, c := range []struct {
+		code    int
+		partial bool
+		want    string
+	}{{303, true, "outcome=partial"}, {303, false, "outcome=ok"}, {0, true, "outcome=partial"}, {500, false, "outcome=failed"}} {
+		buf.Reset()
+		rec := &auditRecord{attrs: []any{"changed", 3}}
+		if c.partial {
+			rec.attrs = append(rec.attrs, "partial", true)
+		}
+		d.logAudit(r, "bulk-cancel", rec, c.code)
+		require.Contains(t, buf.String(), " "+c.want+" ", "%+v", c)
+	}
 }
