@@ -127,6 +127,7 @@
 package dashboard
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -424,7 +425,28 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		}
 		d.errorPage(w, r, http.StatusForbidden, "Cross-origin request refused. Use the dashboard's own buttons.")
 	}))
-	d.handler = cop.Handler(mux)
+	d.handler = cop.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, pattern := mux.Handler(r)
+		if pattern != "" {
+			mux.ServeHTTP(w, r)
+			return
+		}
+		// Not routed: a path to clean (a redirect), a method a route does
+		// not take (405), or no such page. The last gets the dashboard's
+		// own 404 (no-store, a way back), not the mux's plain text; the
+		// others are the mux's, answered as it answers them.
+		rec := &recorded{header: http.Header{}, code: http.StatusOK}
+		h.ServeHTTP(rec, r)
+		if rec.code == http.StatusNotFound {
+			d.errorPage(w, r, http.StatusNotFound, "No such page.")
+			return
+		}
+		for k, v := range rec.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.code)
+		_, _ = w.Write(rec.body.Bytes())
+	}))
 	return d, nil
 }
 
@@ -472,9 +494,45 @@ func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r2 := r.WithContext(ctx)
 	if d.base != "" {
 		r2.URL = stripBase(r.URL, d.base)
+		w = &baseRedirect{ResponseWriter: w, base: d.base}
 	}
 	d.handler.ServeHTTP(w, r2)
 }
+
+// recorded is a response kept to be looked at before it is sent: the mux's
+// answer to a request no route took (a few bytes: a redirect, a 405, a 404).
+type recorded struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func (r *recorded) Header() http.Header         { return r.header }
+func (r *recorded) WriteHeader(code int)        { r.code = code }
+func (r *recorded) Write(b []byte) (int, error) { return r.body.Write(b) }
+
+// baseRedirect puts the base path in front of a redirect that lacks it: the
+// mux's, which cleans a path ("/instances/./10" → "/instances/10") on the
+// path without the base — a client sent there left the dashboard (a 307
+// replays a POST to it). The dashboard's own redirects carry the base.
+type baseRedirect struct {
+	http.ResponseWriter
+	base string
+}
+
+func (w *baseRedirect) WriteHeader(code int) {
+	if code >= 300 && code < 400 {
+		h := w.Header()
+		if loc := h.Get("Location"); strings.HasPrefix(loc, "/") && !strings.HasPrefix(loc, "//") {
+			if _, ok := cutBase(loc, w.base); !ok {
+				h.Set("Location", w.base+loc)
+			}
+		}
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *baseRedirect) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // refuseDrain is how long the server may spend, after refusing a request,
 // draining a body the client already sent (so a small form still gets the

@@ -479,6 +479,30 @@ func TestBasePath(t *testing.T) {
 	r = get(t, mux, "/admin/gd/static/app.js")
 	require.Equal(t, http.StatusOK, r.code)
 	require.Contains(t, r.header.Get("Content-Type"), "javascript")
+
+	// A path the mux cleans is redirected under the base: the handler
+	// served as the server's root handler (no outer mux to clean it first)
+	// sent "/admin/gd/instances/./10" to "/instances/10", off the dashboard
+	// (a hostile probe).
+	for p, want := range map[string]string{
+		fmt.Sprintf("/admin/gd/instances/./%d", id):    fmt.Sprintf("/admin/gd/instances/%d", id),
+		"/admin/gd//instances":                         "/admin/gd/instances",
+		fmt.Sprintf("/admin/gd/instances/1/../%d", id): fmt.Sprintf("/admin/gd/instances/%d", id),
+	} {
+		r := get(t, h, p)
+		require.True(t, r.code >= 300 && r.code < 400, "%s: %d", p, r.code)
+		require.Equal(t, want, r.header.Get("Location"), p)
+	}
+	// No such page: the dashboard's own 404, not the mux's plain text; a
+	// wrong method on an action's path is still 405.
+	for _, p := range []string{"/admin/gd/foo", "/admin/gd/instances/", "/admin/gd/static/"} {
+		r := get(t, mux, p)
+		require.Equal(t, http.StatusNotFound, r.code, p)
+		require.Contains(t, r.header.Get("Content-Type"), "text/html", p)
+		require.Equal(t, "no-store", r.header.Get("Cache-Control"), p)
+		require.Contains(t, r.body, "No such page.", p)
+	}
+	require.Equal(t, http.StatusMethodNotAllowed, get(t, mux, fmt.Sprintf("/admin/gd/instances/%d/cancel", id)).code)
 }
 
 // TestMachinesAndGraph: the machine list and the graph with counts and
