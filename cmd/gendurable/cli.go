@@ -63,6 +63,7 @@ func init() {
 		"demo":     {"demo [flags]", "Run the checkout demo in its own schema (on a private throwaway PostgreSQL if no database is given).", demoCmd},
 		"machines": {"machines [NAME] [flags]", "Every machine an engine stored when it started (name, versions, steps); with NAME, its graph: steps (a Flow's in declared order, otherwise by name) with instance counts, declared and taken transitions.", machinesCmd},
 		"bench":    {"bench [flags]", "Run a benchmark workload in bench's own schema (see BENCHMARKS.md).", benchCmd},
+		"version":  {"version [--json]", "This binary's version, the VCS revision it was built from, and the schema version it needs.", versionCmd},
 	}
 }
 
@@ -89,6 +90,7 @@ commands:
   demo                           run the checkout demo (a throwaway PostgreSQL if no database is given)
   bench                          run a benchmark workload (see gendurable bench -h; --long-horizon:
                                  the long-horizon benchmark's adapter, configured by the environment)
+  version                        this binary's version and the schema version it needs (also --version)
 
 "gendurable <command> --help" shows a command's arguments and flags.
 "--" ends the flags: every argument after it is an argument, however it looks.
@@ -119,6 +121,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return exitUsage
+	}
+	if args[0] == "--version" || args[0] == "-version" {
+		args = append([]string{"version"}, args[1:]...)
 	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		if len(args) > 1 {

@@ -929,6 +929,10 @@ func TestHelpOnEveryCommand(t *testing.T) {
 				line, _, _ := strings.Cut(out[i+len("-database-url string\n"):], "\n")
 				require.Contains(t, line, "default DATABASE_URL", "%q", args)
 			}
+			if name == "version" { // not a database command
+				require.NotContains(t, out, "-database-url", "%q", args)
+				continue
+			}
 			// As `gendurable --help` says: every database command takes
 			// --database-url, --schema and --json, but demo has no --json.
 			require.Contains(t, out, "-database-url", "%q", args)
@@ -1543,4 +1547,26 @@ func TestEveryFlagGivenTwiceIsAUsageError(t *testing.T) {
 	out, _, _ := cli(t, "list", "--help")
 	require.Contains(t, out, "(default 50)")
 	require.Contains(t, out, "-limit int")
+}
+
+// TestVersion: `gendurable --version` answered "--version before the
+// command: flags go after it (gendurable <command> --version …)", and no
+// command took it (a newcomer's probe). It prints the version and the
+// schema version the binary needs.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		out, errOut, code := cli(t, args...)
+		require.Equal(t, exitOK, code, "%v: %s", args, errOut)
+		require.Contains(t, out, fmt.Sprintf("schema version %d", migrate.Latest()), "%v", args)
+	}
+	out, _, code := cli(t, "version", "--json")
+	require.Equal(t, exitOK, code)
+	var v struct {
+		SchemaVersion int `json:"schema_version"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &v))
+	require.Equal(t, migrate.Latest(), v.SchemaVersion)
+	_, _, code = cli(t, "version", "extra")
+	require.Equal(t, exitUsage, code)
 }
