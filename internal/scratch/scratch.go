@@ -36,7 +36,7 @@ import (
 // ErrNotScratch: the schema exists and is not demo's or bench's to drop
 // (they did not create it, or it holds what they did not write); nothing
 // was changed. Pass Reset (--reset-schema) to drop it anyway.
-var ErrNotScratch = errors.New("schema is not one gendurable's demo, bench or quickstart may drop")
+var ErrNotScratch = errors.New("schema is not one that gendurable's demo, bench or quickstart may drop")
 
 // ErrBusy: the schema's tables are in use — another transaction held a
 // lock the drop needed past its wait (another demo or bench running in the
