@@ -61,6 +61,11 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 			msg = "outcome not written: the pool was closed while the engine ran (close it after Engine.Stop returns)"
 		case errors.As(commitErr, new(*pgconn.ConnectError)):
 			msg = "outcome not written: no connection to the database could be made"
+		case sqlq.ConnectionFailure(commitErr):
+			// An error from the server or a proxy about the connection
+			// (SQLSTATE class 08: PgBouncer's login refused, …; a server
+			// shutting down), not a refusal of the statement.
+			msg = "outcome not written: the database or a proxy on the way failed the connection"
 		case errors.As(commitErr, new(*pgconn.PgError)):
 			// The server answered with an error: the statement (and its
 			// transaction) was rolled back.

@@ -1,0 +1,35 @@
+package gendurable
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/gendurable/gendurable/internal/executor"
+	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// TestAnOutcomeLostToTheConnectionIsNotLoggedAsRefused: PgBouncer's login
+// refused (SQLSTATE 08P01) or a server shutting down (57P01) failed the
+// connection, not the statement; the log said "the database refused it" (a
+// fault probe behind PgBouncer).
+func TestAnOutcomeLostToTheConnectionIsNotLoggedAsRefused(t *testing.T) {
+	for code, want := range map[string]string{
+		"08P01": "failed the connection",
+		"57P01": "failed the connection",
+		"22P05": "the database refused it",
+	} {
+		var logs strings.Builder
+		e := &Engine{log: slog.New(slog.NewTextHandler(&logs, nil))}
+		c := &sqlq.Claimed{ID: 1, FSM: "m", Step: "a"}
+		res := &executor.Result{Out: sqlq.Outcome{Kind: sqlq.KindDone}}
+		err := errors.Join(errors.New("commit"), &pgconn.PgError{Code: code, Message: "x"})
+		execEvents{e}.Step(context.Background(), "q", c, res, false, err, 0)
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("%s: %q does not say %q", code, logs.String(), want)
+		}
+	}
+}
