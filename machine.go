@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/executor"
@@ -640,14 +641,26 @@ func encodeTyped[S any](state any) (string, error) {
 	return string(b), nil
 }
 
-// callStep runs fn — a step, or Handle — turning a panic, or a call of
-// runtime.Goexit, into a *PanicError.
+// callStep runs fn — a step, or Handle — turning a panic, or (in a test
+// binary) a call of runtime.Goexit, into a *PanicError.
 func callStep(_ context.Context, fn func() (Outcome, error)) (out Outcome, err error) {
+	if !inTest {
+		return callRecovered(fn)
+	}
 	if stack, exited := contained(func() { out, err = callRecovered(fn) }); exited {
 		return Outcome{}, &PanicError{Value: goexitValue, Stack: stack}
 	}
 	return out, err
 }
+
+// inTest is whether this is a test binary (testing.Testing). There, and
+// only there, user code runs contained: runtime.Goexit is what t.FailNow,
+// t.Fatal, t.SkipNow and testify's require call, and a test that runs a
+// real engine meets it in its steps. Containing it costs a goroutine per
+// call (2.5–3 µs against 40 ns on the 2-core machine of BENCHMARKS.md:
+// `go test . -run X -bench CallStep`), which a production step does not
+// pay for a call it does not make.
+var inTest = testing.Testing()
 
 func callRecovered(fn func() (Outcome, error)) (out Outcome, err error) {
 	defer func() {
@@ -659,10 +672,13 @@ func callRecovered(fn func() (Outcome, error)) (out Outcome, err error) {
 }
 
 // goexitValue is the Value of the [PanicError] of a step, Handle or WithTx
-// callback that called runtime.Goexit — as t.FailNow, t.Fatal, t.SkipNow
-// and testify's require functions do, in a test that runs a real engine.
-// It is handled like any panic: Handle gets the error, and by default the
-// step runs again after its backoff, until its attempts are spent.
+// callback that called runtime.Goexit in a test binary — as t.FailNow,
+// t.Fatal, t.SkipNow and testify's require functions do, in a test that
+// runs a real engine. It is handled like any panic: Handle gets the error,
+// and by default the step runs again after its backoff, until its
+// attempts are spent. Outside a test binary a Goexit ends the worker's
+// goroutine: the row stays executing under a heartbeated lease and the
+// queue has one place less until the process restarts.
 const goexitValue = "runtime.Goexit called (t.FailNow, t.Fatal, t.SkipNow or a require assertion inside a step?)"
 
 // contained runs fn on a goroutine of its own and waits for it. A call of
@@ -688,14 +704,17 @@ func contained(fn func()) (stack string, exited bool) {
 	return stack, exited
 }
 
-// safeTx wraps a WithTx callback so that a panic in it, or a call of
-// runtime.Goexit, comes back as a *PanicError, handed to Handle like any
-// step error.
+// safeTx wraps a WithTx callback so that a panic in it, or (in a test
+// binary) a call of runtime.Goexit, comes back as a *PanicError, handed to
+// Handle like any step error.
 func safeTx(fn func(ctx context.Context, tx pgx.Tx) error) func(ctx context.Context, tx pgx.Tx) error {
 	if fn == nil {
 		return nil
 	}
 	return func(ctx context.Context, tx pgx.Tx) (err error) {
+		if !inTest {
+			return safely(func() error { return fn(ctx, tx) })
+		}
 		if stack, exited := contained(func() { err = safely(func() error { return fn(ctx, tx) }) }); exited {
 			return &PanicError{Value: goexitValue, Stack: stack}
 		}

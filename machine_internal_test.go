@@ -74,3 +74,22 @@ func TestEncodeTypedTakesANilInterfaceState(t *testing.T) {
 		t.Fatalf("encodeTyped[*benchState](nil pointer) = %q, %v", s, err)
 	}
 }
+
+// BenchmarkCallStep is what running a step contained costs (a goroutine
+// per call, so that runtime.Goexit ends only that goroutine), which only a
+// test binary pays (inTest), against the plain recovered call:
+//
+//	go test . -run X -bench CallStep
+func BenchmarkCallStep(b *testing.B) {
+	fn := func() (Outcome, error) { return Outcome{}, nil }
+	b.Run("contained", func(b *testing.B) {
+		for b.Loop() {
+			_, _ = callStep(context.Background(), fn)
+		}
+	})
+	b.Run("recovered", func(b *testing.B) {
+		for b.Loop() {
+			_, _ = callRecovered(fn)
+		}
+	})
+}
