@@ -159,9 +159,11 @@ func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch bulkBa
 // Search or State; a State of {} or [] is contained in every object or array
 // state, so it is none) is [ErrInvalidInput] unless f.All is set: "every failed instance"
 // must be asked for explicitly. So is a filter whose only criterion is a
-// time range that leaves out no instance: a To not before the database's
-// clock and a From (if set) not after the insert of the instance with the
-// lowest id (one primary-key probe). An instance the filter matches that is not
+// time range that leaves out no instance: a To (if set) after the insert
+// of the instance with the highest id and a From (if set) not after the
+// insert of the one with the lowest id (two primary-key probes; a bound
+// within an inserting transaction's length of those may be refused
+// though it leaves a row out). An instance the filter matches that is not
 // failed is counted in Skipped (set Status to "failed" to visit only those).
 // The call stops at ctx's end between batches — a batch statement under way
 // runs to its end (past a deadline, for at most [BulkStatementGrace], 15 s; at most 30 s in all), so what it changed is counted — returning
@@ -368,35 +370,37 @@ func (f ListFilter) onlyTimeRange() bool {
 }
 
 // checkTimeRangeExcludes refuses a time range that is a filter's only
-// criterion and leaves out no instance — a To not before the database's
-// clock, a From not after the insert of the instance with the lowest id —
-// as a filter without criteria is refused: "from 1970" or "to 9999" acts
-// on every instance as surely as no filter does. One primary-key probe.
+// criterion and leaves out no instance — a To after the insert of the
+// instance with the highest id, a From not after the insert of the one
+// with the lowest id — as a filter without criteria is refused: "from
+// 1970" or "to 9999" acts on every instance as surely as no filter does.
+// Two primary-key probes. Ids and insert times run nearly together (a row's
+// insert time is its transaction's start), so a bound within an inserting
+// transaction's length of the ends may be refused though it leaves a row
+// out: the error says so.
 func (e *Engine) checkTimeRangeExcludes(ctx context.Context, f ListFilter, op string) error {
-	oldest, now, err := e.q.OldestInsert(ctx, e.pool)
+	first, last, err := e.q.InsertSpan(ctx, e.pool)
 	if err != nil {
-		return fmt.Errorf("gendurable: %s: %w", op, err)
+		return e.dbErr(ctx, err, op)
 	}
-	toExcludes := !f.To.IsZero() && f.To.Before(now)
-	fromExcludes := !f.From.IsZero() && oldest != nil && f.From.After(*oldest)
+	toExcludes := !f.To.IsZero() && last != nil && !f.To.After(*last)
+	fromExcludes := !f.From.IsZero() && first != nil && f.From.After(*first)
 	if toExcludes || fromExcludes {
 		return nil
 	}
-	what := "its time range leaves out no instance ("
-	if !f.To.IsZero() {
-		what += "To is not before now"
-	}
-	if !f.From.IsZero() {
+	var why []string
+	if first == nil {
+		why = append(why, "there is no instance")
+	} else {
+		if !f.From.IsZero() {
+			why = append(why, "From is not after the first instance's insert, "+first.UTC().Format(time.RFC3339Nano))
+		}
 		if !f.To.IsZero() {
-			what += ", "
-		}
-		if oldest == nil {
-			what += "there is no instance"
-		} else {
-			what += "From is not after the oldest instance's insert, " + oldest.UTC().Format(time.RFC3339Nano)
+			why = append(why, "To is after the last instance's insert, "+last.UTC().Format(time.RFC3339Nano))
 		}
 	}
-	return errorf(ErrInvalidInput, "%s: the filter's only criterion is a time range, and %s; narrow it, or set All to act on every instance", op, what+")")
+	return errorf(ErrInvalidInput, "%s: the filter's only criterion is a time range, and it leaves out no instance (%s); narrow it, or set All to act on every instance",
+		op, strings.Join(why, "; "))
 }
 
 // hasCriteria reports whether f selects by anything but position.

@@ -119,18 +119,20 @@ func TestATimeRangeThatLeavesOutNothingIsNoCriterion(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	ctx := context.Background()
-	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, inserted_at) VALUES ('m', 'a', now() - interval '2 hours')`)
-	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step) SELECT 'm', 'a' FROM generate_series(1, 3)`)
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, inserted_at) VALUES ('m', 'a', now() - interval '3 hours')`)
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, inserted_at) SELECT 'm', 'a', now() - interval '2 hours' FROM generate_series(1, 3)`)
 	live := func() int {
 		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'runnable'`)
 	}
-	future := time.Now().Add(24 * time.Hour)
+	now := time.Now()
+	longAgo := time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, f := range []gendurable.ListFilter{
 		{To: time.Date(9999, 12, 30, 0, 0, 0, 0, time.UTC)},
-		{To: future},
-		{From: time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)},
-		{From: time.Now().Add(-3 * time.Hour), To: future},
-		{From: time.Now().Add(-3 * time.Hour), State: json.RawMessage(`{}`)},
+		{To: now.Add(24 * time.Hour)},
+		{To: now.Add(-time.Hour)}, // after the last insert: in the past, and still everything
+		{From: longAgo},
+		{From: now.Add(-4 * time.Hour), To: now},
+		{From: now.Add(-4 * time.Hour), State: json.RawMessage(`{}`)},
 	} {
 		_, err := b.eng.CancelMatching(ctx, f, "")
 		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%v", f)
@@ -139,21 +141,20 @@ func TestATimeRangeThatLeavesOutNothingIsNoCriterion(t *testing.T) {
 		require.ErrorIs(t, err, gendurable.ErrInvalidInput, "%v", f)
 		require.Equal(t, 4, live(), "nothing was cancelled")
 	}
-	// From an hour ago leaves the oldest out: a criterion.
-	res, err := b.eng.CancelMatching(ctx, gendurable.ListFilter{From: time.Now().Add(-time.Hour)}, "")
+	// From 150 minutes ago leaves the first out: a criterion.
+	res, err := b.eng.CancelMatching(ctx, gendurable.ListFilter{From: now.Add(-150 * time.Minute)}, "")
 	require.NoError(t, err)
 	require.Equal(t, int64(3), res.Changed)
 	require.Equal(t, 1, live())
-	// So does a To before the newest's insert, with a vacuous From beside it.
-	res, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{From: time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC),
-		To: time.Now().Add(-time.Hour)}, "")
+	// So does a To before the last insert, with a vacuous From beside it.
+	res, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{From: longAgo, To: now.Add(-150 * time.Minute)}, "")
 	require.NoError(t, err)
 	require.Equal(t, int64(1), res.Changed)
 	require.Zero(t, live())
 	// Another criterion beside a vacuous range is a criterion; All acts on every instance.
-	_, err = b.eng.RetryMatching(ctx, gendurable.ListFilter{Status: "failed", To: future})
+	_, err = b.eng.RetryMatching(ctx, gendurable.ListFilter{Status: "failed", To: now.Add(time.Hour)})
 	require.NoError(t, err)
-	_, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{All: true, To: future}, "")
+	_, err = b.eng.CancelMatching(ctx, gendurable.ListFilter{All: true, To: now.Add(time.Hour)}, "")
 	require.NoError(t, err)
 }
 

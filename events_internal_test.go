@@ -3,6 +3,7 @@ package gendurable
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -21,12 +22,16 @@ func TestAnOutcomeLostToTheConnectionIsNotLoggedAsRefused(t *testing.T) {
 		"08P01": "failed the connection",
 		"57P01": "failed the connection",
 		"22P05": "the database refused it",
+		"":      "it may have been written", // a network error: the answer was lost
 	} {
 		var logs strings.Builder
 		e := &Engine{log: slog.New(slog.NewTextHandler(&logs, nil))}
 		c := &sqlq.Claimed{ID: 1, FSM: "m", Step: "a"}
 		res := &executor.Result{Out: sqlq.Outcome{Kind: sqlq.KindDone}}
 		err := errors.Join(errors.New("commit"), &pgconn.PgError{Code: code, Message: "x"})
+		if code == "" {
+			err = errors.Join(errors.New("commit"), io.ErrUnexpectedEOF)
+		}
 		execEvents{e}.Step(context.Background(), "q", c, res, false, err, 0)
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("%s: %q does not say %q", code, logs.String(), want)

@@ -232,6 +232,10 @@ type execInput struct {
 	*executor.Input
 	limits   jsonLimits // of the outcome's state and result
 	newChild func(InsertParams) (sqlq.NewInstance, error)
+	// direct: user code runs on the caller's goroutine, uncontained
+	// (gendurabletest.RunStep: a t.Fatal in the step is the test's own, and
+	// must stop the test there).
+	direct bool
 }
 
 // executorDefinition is core as the executor runs it, with this engine's
@@ -382,7 +386,7 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) executor.Result {
 	if fn == nil {
 		err = fmt.Errorf("%w: step %q is not declared by machine %q version %d", ErrInvalidOutcome, in.Claim.Step, m.Name, m.core.version)
 	} else {
-		out, err = callStep(ctx, func() (Outcome, error) { return fn(ctx, r) })
+		out, err = callStep(in.direct, func() (Outcome, error) { return fn(ctx, r) })
 	}
 	if err != nil && errors.Is(context.Cause(ctx), ErrStepTimeout) && !errors.Is(err, ErrStepTimeout) {
 		err = fmt.Errorf("%w (%s): %w", ErrStepTimeout, m.core.stepTimeout, err)
@@ -399,7 +403,7 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) executor.Result {
 		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, r, in); return err })
 	}
 	if err == nil {
-		return executor.Result{Out: enc, TxFn: safeTx(out.txFn)}
+		return executor.Result{Out: enc, TxFn: safeTx(out.txFn, in.direct)}
 	}
 	res := m.handle(ctx, r, in, err)
 	// A step this process does not declare is likely declared by another
@@ -448,7 +452,7 @@ func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepE
 	if handle == nil {
 		handle = m.defaultHandle
 	}
-	out, err := callStep(ctx, func() (Outcome, error) { return handle(ctx, r, stepErr) })
+	out, err := callStep(in.direct, func() (Outcome, error) { return handle(ctx, r, stepErr) })
 	var enc sqlq.Outcome
 	if err == nil && out.txFn != nil {
 		err = fmt.Errorf("%w: Handle may not return a WithTx outcome", ErrInvalidOutcome)
@@ -642,9 +646,9 @@ func encodeTyped[S any](state any) (string, error) {
 }
 
 // callStep runs fn — a step, or Handle — turning a panic, or (in a test
-// binary) a call of runtime.Goexit, into a *PanicError.
-func callStep(_ context.Context, fn func() (Outcome, error)) (out Outcome, err error) {
-	if !inTest {
+// binary, unless direct) a call of runtime.Goexit, into a *PanicError.
+func callStep(direct bool, fn func() (Outcome, error)) (out Outcome, err error) {
+	if !inTest || direct {
 		return callRecovered(fn)
 	}
 	if stack, exited := contained(func() { out, err = callRecovered(fn) }); exited {
@@ -707,12 +711,12 @@ func contained(fn func()) (stack string, exited bool) {
 // safeTx wraps a WithTx callback so that a panic in it, or (in a test
 // binary) a call of runtime.Goexit, comes back as a *PanicError, handed to
 // Handle like any step error.
-func safeTx(fn func(ctx context.Context, tx pgx.Tx) error) func(ctx context.Context, tx pgx.Tx) error {
+func safeTx(fn func(ctx context.Context, tx pgx.Tx) error, direct bool) func(ctx context.Context, tx pgx.Tx) error {
 	if fn == nil {
 		return nil
 	}
 	return func(ctx context.Context, tx pgx.Tx) (err error) {
-		if !inTest {
+		if !inTest || direct {
 			return safely(func() error { return fn(ctx, tx) })
 		}
 		if stack, exited := contained(func() { err = safely(func() error { return fn(ctx, tx) }) }); exited {

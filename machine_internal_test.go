@@ -84,7 +84,7 @@ func BenchmarkCallStep(b *testing.B) {
 	fn := func() (Outcome, error) { return Outcome{}, nil }
 	b.Run("contained", func(b *testing.B) {
 		for b.Loop() {
-			_, _ = callStep(context.Background(), fn)
+			_, _ = callStep(false, fn)
 		}
 	})
 	b.Run("recovered", func(b *testing.B) {

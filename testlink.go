@@ -62,6 +62,7 @@ func runStepForTest(ctx context.Context, def any, in testlink.StepInput) (testli
 		Input:    &executor.Input{Claim: &in.Claim, Queue: in.Queue},
 		limits:   limits,
 		newChild: func(p InsertParams) (sqlq.NewInstance, error) { return newInstance(registry, limits, p) },
+		direct:   true,
 	}
 	if in.Claim.Awaits != nil || core.readsInbox {
 		x.Inbox = in.Claim.Inbox

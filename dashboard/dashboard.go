@@ -239,8 +239,8 @@ type Options struct {
 	// actions five a minute per client and user, each with an allowance of
 	// its own; a line at the minute's end counts the rest. An action done
 	// (ok, failed or partial: a bulk action or a cancel with descendants
-	// cut short, by the client hanging up or by RequestTimeout, after
-	// changing some) is always logged.
+	// cut short by RequestTimeout, or by the client hanging up after
+	// changing some; its counts say what it changed) is always logged.
 	// Default Logger.
 	AuditLogger *slog.Logger
 

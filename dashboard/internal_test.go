@@ -357,7 +357,9 @@ func TestAgoOfFarTimes(t *testing.T) {
 	require.Equal(t, "3d ago", ago(now.Add(-73*time.Hour)))
 	require.Equal(t, "500d from now", ago(now.Add(500*24*time.Hour+time.Hour)))
 	require.Equal(t, strconv.Itoa(9999-now.Year())+"y from now", ago(time.Date(9999, 12, 30, 0, 0, 0, 0, time.UTC)))
-	require.Equal(t, strconv.Itoa(now.Year()-1)+"y ago", ago(time.Date(1, 6, 1, 0, 0, 0, 0, time.UTC)))
+	require.Equal(t, strconv.Itoa(now.Year()-2)+"y ago", ago(time.Date(1, 12, 31, 23, 59, 0, 0, time.UTC)), "whole years")
+	require.Equal(t, "2y ago", ago(now.AddDate(-2, 0, -1)))
+	require.True(t, strings.HasSuffix(ago(now.AddDate(-1, -11, 0)), "d ago"), "a year and eleven months: days, not 2 years")
 }
 
 // TestABulkRunCutShortByItsTimeoutIsAuditedAsPartial: a bulk action that

@@ -186,14 +186,15 @@ func ago(t time.Time) string {
 		return ""
 	}
 	now := time.Now()
-	if y := t.Year() - now.Year(); y >= 3 || y <= -3 {
-		// Years, from the calendar: time.Since saturates at 292 years (a
-		// row due in 9999 showed "just now", its negated duration
-		// overflowing).
-		if y < 0 {
-			return strconv.Itoa(-y) + "y ago"
+	// Whole years, from the calendar: durations saturate at 292 years (a
+	// row due in 9999 showed "just now", its negated duration
+	// overflowing).
+	if t.After(now) {
+		if y := wholeYears(now, t); y >= 2 {
+			return strconv.Itoa(y) + "y from now"
 		}
-		return strconv.Itoa(y) + "y from now"
+	} else if y := wholeYears(t, now); y >= 2 {
+		return strconv.Itoa(y) + "y ago"
 	}
 	d := now.Sub(t)
 	suffix := " ago"
@@ -211,6 +212,15 @@ func ago(t time.Time) string {
 		return strconv.Itoa(int(d.Hours())) + "h" + suffix
 	}
 	return strconv.Itoa(int(d.Hours()/24)) + "d" + suffix
+}
+
+// wholeYears is how many whole years from a to b (a not after b).
+func wholeYears(a, b time.Time) int {
+	y := b.Year() - a.Year()
+	if a.AddDate(y, 0, 0).After(b) {
+		y--
+	}
+	return y
 }
 
 func agoPtr(t *time.Time) string {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -456,4 +457,28 @@ func TestRunStepFailsAnOutcomeThePostgreSQLRefuses(t *testing.T) {
 	res = gendurabletest.RunStep(t.Context(), t, m, "a", order{Do: "digits"}, &gendurabletest.StepOpts{AllowInvalidOutcome: true})
 	require.Equal(t, "replay", res.Kind, "the engine's Handle retries it")
 	require.ErrorContains(t, res.Err, "cannot store")
+}
+
+// TestRunStepLeavesAGoexitToTheTest: RunStep runs the step on the test's
+// own goroutine, so t.Fatal, t.Skip or a require assertion inside the step
+// stops the test there, as anywhere in it. (An engine's workers contain a
+// Goexit in a test binary; RunStep must not, or the test went on after its
+// t.Fatal with a "panic: runtime.Goexit called" outcome: a review.)
+func TestRunStepLeavesAGoexitToTheTest(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[order]{Name: "goexits", Start: "a",
+		Steps: map[string]gendurable.StepFunc[order]{
+			"a": func(context.Context, *gendurable.Run[order]) (gendurable.Outcome, error) {
+				runtime.Goexit() // what t.FailNow does
+				return gendurable.Done(nil), nil
+			},
+		}}
+	returned := make(chan bool)
+	go func() {
+		ok := false
+		defer func() { returned <- ok }()
+		gendurabletest.RunStep(context.Background(), t, m, "a", order{}, nil)
+		ok = true
+	}()
+	require.False(t, <-returned, "the Goexit ended the caller's goroutine")
 }

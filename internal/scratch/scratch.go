@@ -119,7 +119,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		switch {
 		case err == nil:
 			info.Exists = false
-		case ctx.Err() != nil:
+		case ctx.Err() != nil && !errors.Is(err, ErrNotScratch):
 			// Stopped (Ctrl-C) while it dropped: the drop is one
 			// transaction, rolled back unless it had committed, never half
 			// done (migrate's message about versions applied in the

@@ -484,19 +484,20 @@ func (q *Queries) ListSignals(ctx context.Context, db DB, id int64, limit, value
 	})
 }
 
-// oldestInsertSQL is the insert time of the instance with the lowest id
-// (NULL: there is none) and the database clock: one primary-key probe.
-const oldestInsertSQL = `
-SELECT (SELECT i.inserted_at FROM {{schema}}.gendurable_instances AS i ORDER BY i.id LIMIT 1), now()`
+// insertSpanSQL is the insert times of the instances with the lowest and
+// the highest id (NULL: there is none): two primary-key probes.
+const insertSpanSQL = `
+SELECT (SELECT i.inserted_at FROM {{schema}}.gendurable_instances AS i ORDER BY i.id LIMIT 1),
+       (SELECT i.inserted_at FROM {{schema}}.gendurable_instances AS i ORDER BY i.id DESC LIMIT 1)`
 
-// OldestInsert returns the insert time of the instance with the lowest id
-// (nil if there is no instance) and the database's clock. Ids are drawn as
-// rows are inserted and inserted_at is the inserting transaction's start,
-// so no instance was inserted much before it: at most as long before as an
-// inserting transaction ran.
-func (q *Queries) OldestInsert(ctx context.Context, db DB) (oldest *time.Time, now time.Time, err error) {
-	err = db.QueryRow(ctx, q.oldestInsert).Scan(&oldest, &now)
-	return oldest, now, err
+// InsertSpan returns the insert times of the instances with the lowest and
+// the highest id (nil if there is no instance). Ids are drawn as rows are
+// inserted and inserted_at is the inserting transaction's start, so no
+// instance was inserted much before the first or after the last: at most
+// as long as an inserting transaction ran.
+func (q *Queries) InsertSpan(ctx context.Context, db DB) (first, last *time.Time, err error) {
+	err = db.QueryRow(ctx, q.insertSpan).Scan(&first, &last)
+	return first, last, err
 }
 
 // listAllChildrenSQL: $3 as in listSignalsSQL, for the children's results,

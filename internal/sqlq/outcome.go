@@ -200,9 +200,9 @@ var lockWaitIDs = `CASE WHEN @lock_wait::bigint IS NULL THEN @ids::bigint[]
 // its length, the generic plan one given as a parameter at 10 rows, and an
 // unnest of several arrays at the longest. Without this, every custom plan
 // of a batch of fewer than 10 outcomes looked cheaper than the generic
-// plan, and the statement was planned again on every run: 1.1 ms of
-// planning beside 0.2 ms of execution for one outcome
-// (BenchmarkApplyOutcomes/done-1). A scalar subquery's value is unknown to
+// plan, and the statement was planned again on every run: 2.1 ms for one
+// outcome against 0.7 ms on the generic plan (BenchmarkApplyOutcomes/done-1
+// and BENCHMARKS.md). A scalar subquery's value is unknown to
 // both plans (10 rows), so the two cost the same and the generic plan is
 // kept; it is empty, so unnest pads its column with NULLs and the batch's
 // length decides the rows.

@@ -89,7 +89,7 @@ type Queries struct {
 	prune           string
 	pruneLock       string
 	listSignals     string
-	oldestInsert    string
+	insertSpan      string
 	listAllChildren string
 	stepCounts      string
 	throughput      string
@@ -144,7 +144,7 @@ func New(schema string) (*Queries, error) {
 		prune:           render(pruneSQL, qs),
 		pruneLock:       render(pruneLockSQL, qs),
 		listSignals:     render(listSignalsSQL, qs),
-		oldestInsert:    render(oldestInsertSQL, qs),
+		insertSpan:      render(insertSpanSQL, qs),
 		listAllChildren: render(listAllChildrenSQL, qs),
 		stepCounts:      render(stepCountsSQL, qs),
 		throughput:      render(throughputSQL, qs),
