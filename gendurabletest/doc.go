@@ -48,4 +48,12 @@
 // or failed and returns them; if they do not finish before the context or
 // the test's deadline, it fails the test, saying for each what it waits
 // for.
+//
+// A t.Fatal (t.FailNow, t.Skip, a testify require assertion) inside a step
+// ends the test at once under [RunStep], which runs the step on the test's
+// goroutine. Under a real engine's workers it cannot: in a test binary the
+// engine runs each step on a goroutine of its own, and such a call fails
+// that step like a panic (its error says runtime.Goexit was called) —
+// record the failure with t.Error instead, or assert after the instance
+// finished.
 package gendurabletest
