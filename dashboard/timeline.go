@@ -124,12 +124,12 @@ func buildTimeline(det *gendurable.InstanceDetail, now time.Time) (*svgTimeline,
 	// In seconds as floats: a time.Duration holds 292 years, and an
 	// instance due in 9999 (RunAt allows it) spans more — its ticks
 	// overflowed and ran backwards (a hostile probe).
-	span := unixSeconds(end) - unixSeconds(start)
+	span := secondsBetween(start, end)
 	if span <= 0 {
 		span = 1
 	}
 	x := func(t time.Time) int {
-		return tlLabelW + int((unixSeconds(t)-unixSeconds(start))/span*float64(tlPlotW)+0.5)
+		return tlLabelW + int(secondsBetween(start, t)/span*float64(tlPlotW)+0.5)
 	}
 
 	lanes := []string{"instance"}
@@ -191,8 +191,12 @@ func buildTimeline(det *gendurable.InstanceDetail, now time.Time) (*svgTimeline,
 	return tl, evs
 }
 
-// unixSeconds is t in seconds since 1970, as a float.
-func unixSeconds(t time.Time) float64 { return float64(t.Unix()) + float64(t.Nanosecond())/1e9 }
+// secondsBetween is b − a in seconds, as a float: whole seconds and
+// nanoseconds subtracted apart, so a span of microseconds keeps its
+// precision and one of millennia does not overflow.
+func secondsBetween(a, b time.Time) float64 {
+	return float64(b.Unix()-a.Unix()) + float64(b.Nanosecond()-a.Nanosecond())/1e9
+}
 
 // tickLabel names an axis tick off seconds after the axis's start: the
 // clock time, with seconds (or milliseconds) when the axis is short, the
