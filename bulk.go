@@ -365,8 +365,9 @@ func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch bu
 
 // onlyTimeRange reports whether From and To are f's only criteria.
 func (f ListFilter) onlyTimeRange() bool {
-	return (!f.From.IsZero() || !f.To.IsZero()) && f.Queue == "" && f.Status == "" && f.Machine == "" &&
-		f.Step == "" && f.Search == "" && (len(f.State) == 0 || stateMatchesAll(f.State))
+	rest := f
+	rest.From, rest.To = time.Time{}, time.Time{}
+	return f.hasCriteria() && !rest.hasCriteria()
 }
 
 // checkTimeRangeExcludes refuses a time range that is a filter's only

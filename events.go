@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable/internal/committer"
@@ -63,7 +61,7 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 			msg = "outcome not written: the pool was closed while the engine ran (close it after Engine.Stop returns)"
 		case errors.As(commitErr, new(*pgconn.ConnectError)):
 			msg = "outcome not written: no connection to the database could be made"
-		case connectionRefusal(commitErr):
+		case sqlq.ConnectionRefusal(commitErr):
 			// An error from the server or a proxy about the connection
 			// (SQLSTATE class 08: PgBouncer's login refused, …; a server
 			// shutting down), not a refusal of the statement. A network
@@ -127,12 +125,4 @@ func transitionTarget(from string, o *sqlq.Outcome) string {
 		return *o.Step
 	}
 	return from
-}
-
-// connectionRefusal reports a server's (or a proxy's) error answer about
-// the connection rather than the statement: SQLSTATE class 08, or the
-// server shutting down or starting up (57P01–57P03).
-func connectionRefusal(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03"}, pgErr.Code))
 }

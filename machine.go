@@ -648,13 +648,24 @@ func encodeTyped[S any](state any) (string, error) {
 // callStep runs fn — a step, or Handle — turning a panic, or (in a test
 // binary, unless direct) a call of runtime.Goexit, into a *PanicError.
 func callStep(direct bool, fn func() (Outcome, error)) (out Outcome, err error) {
-	if !inTest || direct {
-		return callRecovered(fn)
-	}
-	if stack, exited := contained(func() { out, err = callRecovered(fn) }); exited {
-		return Outcome{}, &PanicError{Value: goexitValue, Stack: stack}
+	if p := userCode(direct, func() { out, err = callRecovered(fn) }); p != nil {
+		return Outcome{}, p
 	}
 	return out, err
+}
+
+// userCode runs fn, which recovers its own panics: on the caller's
+// goroutine, or contained in a test binary unless direct, a Goexit in it
+// then coming back as a *PanicError (nil if fn returned).
+func userCode(direct bool, fn func()) *PanicError {
+	if !inTest || direct {
+		fn()
+		return nil
+	}
+	if stack, exited := contained(fn); exited {
+		return &PanicError{Value: goexitValue, Stack: stack}
+	}
+	return nil
 }
 
 // inTest is whether this is a test binary (testing.Testing). There, and
@@ -716,11 +727,8 @@ func safeTx(fn func(ctx context.Context, tx pgx.Tx) error, direct bool) func(ctx
 		return nil
 	}
 	return func(ctx context.Context, tx pgx.Tx) (err error) {
-		if !inTest || direct {
-			return safely(func() error { return fn(ctx, tx) })
-		}
-		if stack, exited := contained(func() { err = safely(func() error { return fn(ctx, tx) }) }); exited {
-			return &PanicError{Value: goexitValue, Stack: stack}
+		if p := userCode(direct, func() { err = safely(func() error { return fn(ctx, tx) }) }); p != nil {
+			return p
 		}
 		return err
 	}

@@ -265,7 +265,7 @@ func TestDemoInterruptedSaysSo(t *testing.T) {
 // TestTheDemoEndsWithTheGoCommandThatRanIt: `go run ./cmd/gendurable demo`
 // stopped with SIGTERM (timeout(1), kill, a supervisor) exits without
 // passing the signal on; the demo it ran went on, with its throwaway
-// PostgreSQL (a newcomer's probe: both still there a minute later). The
+// PostgreSQL (a newcomer's probe). The
 // parent here is a shell named "go" that is killed: the demo must end too,
 // saying why.
 func TestTheDemoEndsWithTheGoCommandThatRanIt(t *testing.T) {

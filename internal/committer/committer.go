@@ -432,10 +432,10 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 			if len(batch) > 1 {
 				// Halves, each written the same way, down to the offending
 				// outcomes: one in a batch of n costs about 2·log2(n)
-				// statements. Each outcome alone, as before, cost n: a
-				// probe's run with 2 % of its outcomes rejected took four
-				// times as long to drain. When most of a batch is
-				// rejected, halving costs up to 2n − 1.
+				// statements, where each outcome alone, as before, cost n
+				// (TestRejectedOutcomeStopsOnlyItself: 12 against 34 for a
+				// batch of 32). When most of a batch is rejected, halving
+				// costs up to 2n − 1.
 				h := len(batch) / 2
 				c.apply(batch[:h], lockWait)
 				c.apply(batch[h:], lockWait)

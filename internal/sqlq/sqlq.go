@@ -255,6 +255,17 @@ func NotCommitted(err error) bool {
 	return errors.As(err, &pgErr) || pgconn.SafeToRetry(err)
 }
 
+// ConnectionRefusal reports an error answer of the server (or a proxy on
+// the way) about the connection rather than the statement: SQLSTATE class
+// 08 (PgBouncer's refused login, …), or the server shutting down or
+// starting up (57P01, 57P02, 57P03). Unlike ConnectionFailure, not a
+// network error: there the answer was lost, and a statement may have
+// committed.
+func ConnectionRefusal(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03"}, pgErr.Code))
+}
+
 // ConnectionFailure reports an error that says the connection or the
 // server failed rather than the statement: the connection was lost or could
 // not be made (SQLSTATE class 08, a network error, EOF), the server is
@@ -267,7 +278,7 @@ func ConnectionFailure(err error) bool {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03", "53300"}, pgErr.Code)
+		return ConnectionRefusal(err) || pgErr.Code == "53300"
 	}
 	var connectErr *pgconn.ConnectError
 	var netErr net.Error
