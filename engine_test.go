@@ -1550,7 +1550,7 @@ func TestNoFalseLeaseLossWhileOutcomesCommit(t *testing.T) {
 	_, err := b.eng.InsertMany(context.Background(), ps)
 	require.NoError(t, err)
 	b.start()
-	eventually(t, 60*time.Second, func() bool {
+	eventually(t, 2*time.Minute, func() bool {
 		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) == len(ps)
 	}, "all jobs done")
 	require.Zero(t, lost.Load(), "lease-lost events with no reaper and no other process")
