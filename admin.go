@@ -56,8 +56,9 @@ type ListFilter struct {
 	Step    string
 	From    time.Time // inserted at or after
 	To      time.Time // inserted before
-	// Search matches an exact instance id, partition key or unique key, each
-	// through an index.
+	// Search matches an exact instance id (written in decimal without sign
+	// or leading zeros: "0009" is a key, not id 9), partition key or unique
+	// key, each through an index.
 	Search string
 	// State keeps instances whose state contains this JSON document, in
 	// the sense of PostgreSQL's jsonb containment (@>): {"customer": "c-7"}
@@ -182,7 +183,9 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 	if len(f.State) > 0 {
 		q.State = opt(string(f.State))
 	}
-	if id, err := strconv.ParseInt(f.Search, 10, 64); err == nil && id > 0 {
+	// An id only as an id is written: "0009" or "+9" is a key (zero-padded
+	// account numbers are common keys), not also instance 9.
+	if id, err := strconv.ParseInt(f.Search, 10, 64); err == nil && id > 0 && strconv.FormatInt(id, 10) == f.Search {
 		q.SearchID = &id
 	}
 	rows, win, err := e.q.ListInstances(ctx, e.pool, q)

@@ -83,6 +83,38 @@ func TestListFiltersAndPages(t *testing.T) {
 	require.Len(t, p.Instances, 30, "the limit is capped, not rejected")
 }
 
+// TestASearchIsAnIDOnlyWrittenAsOne: a search of "0009" or "+9" is a key,
+// not also the instance whose id is 9 — a bulk cancel of the instances of
+// account "0009" (zero-padded keys are common) had cancelled instance 9 too.
+func TestASearchIsAnIDOnlyWrittenAsOne(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("padded")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	other, err := b.eng.Insert(ctx, job.New(orderArgs{}).With(gendurable.InsertOpts{Queue: "idle"}))
+	require.NoError(t, err)
+	padded := fmt.Sprintf("%05d", other.ID)
+	signed := fmt.Sprintf("+%d", other.ID)
+	keyed, err := b.eng.InsertMany(ctx, []gendurable.InsertParams{
+		job.New(orderArgs{}).With(gendurable.InsertOpts{Queue: "idle", PartitionKey: padded}),
+		job.New(orderArgs{}).With(gendurable.InsertOpts{Queue: "idle", UniqueKey: signed}),
+	})
+	require.NoError(t, err)
+	for search, want := range map[string]int64{padded: keyed[0].ID, signed: keyed[1].ID, fmt.Sprint(other.ID): other.ID} {
+		page, err := b.eng.List(ctx, gendurable.ListFilter{Search: search})
+		require.NoError(t, err)
+		require.Len(t, page.Instances, 1, "search %q", search)
+		require.Equal(t, want, page.Instances[0].ID, "search %q", search)
+	}
+	res, err := b.eng.CancelMatching(ctx, gendurable.ListFilter{Search: padded}, "account closed")
+	require.NoError(t, err)
+	require.Equal(t, []int64{keyed[0].ID}, res.ChangedIDs)
+	in, err := b.eng.Instance(ctx, other.ID)
+	require.NoError(t, err)
+	require.Equal(t, gendurable.StatusRunnable, in.Status, "the instance whose id the key spells is not the key's")
+}
+
 // TestListLooksAtABoundedWindow: a filter that matches only old rows gets
 // short, partial pages that say where they stopped, and paging on finds
 // every match once; a search by key finds its rows in any status.

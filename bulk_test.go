@@ -322,17 +322,30 @@ func TestBulkFinishesTheBatchItStartedWhenTheContextEnds(t *testing.T) {
 		_ = tx.Rollback(ctx)
 		t.Fatal(err)
 	}
-	// The newest row, in the first batch of the walk, is locked until 600 ms.
+	// The newest row, in the first batch of the walk, is locked: the
+	// call's context ends once the batch statement waits for that lock
+	// (seen in pg_stat_activity: a fixed deadline of 200 ms could pass
+	// before the batch began on a loaded machine), and the lock goes 400 ms
+	// later.
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	released := make(chan error, 1)
 	go func() {
-		time.Sleep(600 * time.Millisecond)
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			var waiting bool
+			if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND strpos(query, $1) > 0)`,
+				b.schema).Scan(&waiting); err != nil || waiting {
+				break
+			}
+		}
+		cancel()
+		time.Sleep(400 * time.Millisecond)
 		released <- tx.Commit(ctx)
 	}()
 	defer func() { require.NoError(t, <-released) }()
-	dctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
 	res, err := b.eng.RetryMatching(dctx, gendurable.ListFilter{Queue: "slow"})
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, context.Canceled)
 	retried := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'runnable'`)
 	require.Equal(t, int64(retried), res.Changed, "the result says what the table holds")
 	require.Equal(t, int64(gendurable.BulkBatch), res.Changed, "the batch under way when the deadline passed was finished")

@@ -105,6 +105,11 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 	}
 	attrs := append([]any{"action", action, "outcome", outcome, "status", code, "user", auditUser(r),
 		"remote", r.RemoteAddr, "path", cut(r.URL.Path)}, noted...)
+	if r.URL.RawQuery != "" {
+		// A pause's or resume's queue travels in the query (queueURL): a
+		// refused one (read-only, a form refused) did not say which.
+		attrs = append(attrs, "query", cut(r.URL.RawQuery))
+	}
 	if fs := r.Header.Values("X-Forwarded-For"); len(fs) > 0 {
 		// As the client (and the proxies on its way) sent it, every
 		// header line: not verified.

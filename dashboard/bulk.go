@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -130,14 +131,15 @@ func (d *dashboard) bulkRetryAction(w http.ResponseWriter, r *http.Request) {
 }
 
 // cancelReason is a cancel form's reason: trimmed, a default when empty,
-// refused over maxFilterLen bytes.
+// refused over gendurable.MaxReasonBytes, the library's and the CLI's
+// bound too (a reason of 1,001 to 4,000 bytes was refused here alone).
 func cancelReason(r *http.Request) (string, error) {
 	reason := strings.TrimSpace(r.PostForm.Get("reason"))
 	if reason == "" {
 		reason = "cancelled from the dashboard"
 	}
-	if len(reason) > maxFilterLen {
-		return "", inputError(fmt.Sprintf("The reason is longer than %d bytes.", maxFilterLen))
+	if len(reason) > gendurable.MaxReasonBytes {
+		return "", inputError(fmt.Sprintf("The reason is longer than %d bytes.", gendurable.MaxReasonBytes))
 	}
 	if strings.ContainsRune(reason, 0) || !utf8.ValidString(reason) {
 		// The error history stores text: it would be stored without them,
@@ -222,8 +224,7 @@ func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 	if strings.Contains(b.back, "?") {
 		sep = "&"
 	}
-	path, _, _ := strings.Cut(b.back, "?")
-	http.Redirect(w, r, d.link(b.back)+sep+d.signFlash(path, v).Encode(), http.StatusSeeOther)
+	http.Redirect(w, r, d.link(b.back)+sep+d.signFlash(b.back, v).Encode(), http.StatusSeeOther)
 }
 
 // noteSent notes on the audit line of a refused bulk request what it
@@ -261,13 +262,31 @@ func cut(s string) string {
 }
 
 // signFlash adds to a bulk action's flash parameters v, for a redirect to
-// path (relative to the base, no query), the time (at) and their signature
-// (sig): an HMAC, under a key this dashboard drew at New, of the path, the
-// flash parameters and their values.
-func (d *dashboard) signFlash(path string, v url.Values) url.Values {
+// target (a path relative to the base, with the page's own query if it
+// has one: a list's filter), the time (at) and their signature (sig): an
+// HMAC, under a key this dashboard drew at New, of the page (flashPage) and
+// the flash parameters and their values.
+func (d *dashboard) signFlash(target string, v url.Values) url.Values {
+	path, raw, _ := strings.Cut(target, "?")
+	q, _ := url.ParseQuery(raw)
 	v.Set("at", strconv.FormatInt(time.Now().Unix(), 10))
-	v.Set("sig", d.flashMAC(path, v))
+	v.Set("sig", d.flashMAC(flashPage(path, q), v))
 	return v
+}
+
+// flashPage is the page a flash is signed for: its path and its query
+// without the flash parameters, in a canonical order. A list's filter is
+// part of it: the counts of a bulk action on one filter are not shown
+// under another (a hostile-operator probe carried a signed "Retried 0
+// instance(s)" from one list to another).
+func flashPage(path string, q url.Values) string {
+	rest := url.Values{}
+	for k, vs := range q {
+		if !slices.Contains(flashParams, k) {
+			rest[k] = vs
+		}
+	}
+	return path + "?" + rest.Encode()
 }
 
 // flashTTL is how long a signed flash is shown: a reload soon after the
@@ -276,18 +295,18 @@ func (d *dashboard) signFlash(path string, v url.Values) url.Values {
 const flashTTL = 10 * time.Minute
 
 // flashSigned reports whether q's flash parameters carry the signature
-// signFlash made for path, less than flashTTL ago.
+// signFlash made for the page of path and q, less than flashTTL ago.
 func (d *dashboard) flashSigned(path string, q url.Values) bool {
 	at, err := strconv.ParseInt(q.Get("at"), 10, 64)
 	if err != nil || time.Since(time.Unix(at, 0)) > flashTTL || time.Until(time.Unix(at, 0)) > time.Minute {
 		return false
 	}
-	return hmac.Equal([]byte(q.Get("sig")), []byte(d.flashMAC(path, q)))
+	return hmac.Equal([]byte(q.Get("sig")), []byte(d.flashMAC(flashPage(path, q), q)))
 }
 
-func (d *dashboard) flashMAC(path string, v url.Values) string {
+func (d *dashboard) flashMAC(page string, v url.Values) string {
 	m := hmac.New(sha256.New, d.flashKey[:])
-	fmt.Fprintf(m, "%q;", path)
+	fmt.Fprintf(m, "%q;", page)
 	for _, k := range flashParams {
 		if k == "sig" {
 			continue

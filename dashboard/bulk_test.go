@@ -112,7 +112,7 @@ func TestBulkInputIsValidated(t *testing.T) {
 		"empty state array":    {"/bulk/retry", url.Values{"scope": {"match"}, "state": {"[]"}}, "Filter the list first"},
 		"state not UTF-8":      {"/bulk/cancel", url.Values{"scope": {"match"}, "state": {"{\"k\": \"\xff\"}"}}, "Invalid input"},
 		"state lone surrogate": {"/bulk/cancel", url.Values{"scope": {"match"}, "state": {`{"k": "\udc00"}`}}, "Invalid input"},
-		"long reason":          {"/bulk/cancel", url.Values{"id": {"1"}, "reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
+		"long reason":          {"/bulk/cancel", url.Values{"id": {"1"}, "reason": {strings.Repeat("r", gendurable.MaxReasonBytes+1)}}, "The reason is longer than 4000 bytes."},
 		// The zero time is the engine's "no bound": a filter of instances
 		// inserted before year 1 acted on every match.
 		"zero time":          {"/bulk/cancel", url.Values{"scope": {"match"}, "status": {"runnable"}, "to": {"0001-01-01"}}, "is not a bound the list can use"},
@@ -122,8 +122,8 @@ func TestBulkInputIsValidated(t *testing.T) {
 		"page size":    {"/bulk/cancel", url.Values{"scope": {"match"}, "status": {"runnable"}, "limit": {"1"}}, "bounds a page of the list"},
 		"page, ticked": {"/bulk/cancel", url.Values{"id": {"1"}, "limit": {"1"}}, "bounds a page of the list"},
 		// The single cancel and the tree cancel read their reason alike.
-		"long reason, one":  {fmt.Sprintf("/instances/%d/cancel", live), url.Values{"reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
-		"long reason, tree": {fmt.Sprintf("/instances/%d/cancel-tree", live), url.Values{"reason": {strings.Repeat("r", 1001)}}, "The reason is longer than 1000 bytes."},
+		"long reason, one":  {fmt.Sprintf("/instances/%d/cancel", live), url.Values{"reason": {strings.Repeat("r", gendurable.MaxReasonBytes+1)}}, "The reason is longer than 4000 bytes."},
+		"long reason, tree": {fmt.Sprintf("/instances/%d/cancel-tree", live), url.Values{"reason": {strings.Repeat("r", gendurable.MaxReasonBytes+1)}}, "The reason is longer than 4000 bytes."},
 		"NUL in reason":     {"/bulk/cancel", url.Values{"id": {"1"}, "reason": {"a\x00b"}}, "The reason holds a NUL byte or invalid UTF-8."},
 		"NUL reason, one":   {fmt.Sprintf("/instances/%d/cancel", live), url.Values{"reason": {"\x00"}}, "The reason holds a NUL byte or invalid UTF-8."},
 		"bad UTF-8 reason":  {fmt.Sprintf("/instances/%d/cancel-tree", live), url.Values{"reason": {"\xff"}}, "The reason holds a NUL byte or invalid UTF-8."},
@@ -133,11 +133,20 @@ func TestBulkInputIsValidated(t *testing.T) {
 		require.Contains(t, r.body, c.msg, name)
 	}
 	require.Equal(t, gendurable.StatusRunnable, e.instance(live).Status, "nothing changed")
+	// The longest reason the library and the CLI take is taken here too.
+	long := strings.Repeat("r", gendurable.MaxReasonBytes)
+	other := e.insertOrder(Order{Item: "y"})
+	r := post(t, h, fmt.Sprintf("/instances/%d/cancel", other), url.Values{"reason": {"  " + long + "\n"}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	cancelled := e.instance(other)
+	require.Equal(t, gendurable.StatusFailed, cancelled.Status)
+	require.NotEmpty(t, cancelled.Errors)
+	require.Equal(t, long, cancelled.Errors[len(cancelled.Errors)-1].Error)
 
 	// A crafted flash link shows nothing: not its counts, nor that an
 	// action stopped part way and should be submitted again — only the
 	// dashboard's own redirect, signed, does.
-	r := get(t, h, "/instances?flash=bulk-retried&changed=%3Cscript%3E&skipped=2")
+	r = get(t, h, "/instances?flash=bulk-retried&changed=%3Cscript%3E&skipped=2")
 	require.NotContains(t, r.body, `class="flash"`)
 	require.NotContains(t, r.body, "<script>")
 	require.NotContains(t, get(t, h, "/instances/1?flash=tree-cancelled&changed=3&partial=1").body, "submit again")
@@ -261,6 +270,20 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, r.code, "a queue in the path and another in the query: %s", r.body)
 	require.False(t, e.queuePaused("q1"))
 
+	// The queue in the query and another in the body: the body's was
+	// read by nobody, and q1 was paused.
+	r = post(t, h, "/queues/pause?queue=q1", url.Values{"queue": {"q2"}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	require.Contains(t, r.body, "given more than once")
+	require.False(t, e.queuePaused("q1"))
+	require.False(t, e.queuePaused("q2"))
+	// A list's query that does not parse (a pair holding a ';') was read
+	// without that pair: every failed instance listed, and "Cancel all"
+	// offered on that wider filter.
+	r = get(t, h, "/instances?status=failed&queue=a;b")
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	require.Contains(t, r.body, "query could not be read")
+
 	r = post(t, h, "/queues/pause?queue=q1&queue=nosuch", nil)
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	require.False(t, e.queuePaused("q1"), "neither queue is paused")
@@ -276,14 +299,14 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 		return do(t, h, req{method: http.MethodPost, path: path, form: form, remote: fmt.Sprintf("10.4.%d.1:1", clients),
 			header: map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://example.com"}})
 	}
-	r = fresh(path, url.Values{"reason": {strings.Repeat("x", 2000)}})
+	r = fresh(path, url.Values{"reason": {strings.Repeat("x", 5000)}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	line := log.with("dashboard audit: cancel")
 	require.NotEmpty(t, line)
 	last := line[len(line)-1]
 	require.Equal(t, "refused", last["outcome"])
 	require.EqualValues(t, id, last["id"])
-	require.EqualValues(t, 2000, last["reason_bytes"])
+	require.EqualValues(t, 5000, last["reason_bytes"])
 	r = fresh("/bulk/cancel", url.Values{"id": {"7", "x"}, "scope": {"selected"}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	line = log.with("dashboard audit: bulk-cancel")
@@ -291,12 +314,12 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	last = line[len(line)-1]
 	require.Equal(t, "refused", last["outcome"])
 	require.Equal(t, "7,x", last["sent_ids"])
-	r = fresh("/bulk/cancel", url.Values{"queue": {"q1"}, "scope": {"match"}, "reason": {strings.Repeat("x", 2000)}})
+	r = fresh("/bulk/cancel", url.Values{"queue": {"q1"}, "scope": {"match"}, "reason": {strings.Repeat("x", 5000)}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	line = log.with("dashboard audit: bulk-cancel")
 	last = line[len(line)-1]
 	require.Equal(t, "q1", last["sent_queue"])
-	require.EqualValues(t, 2000, last["reason_bytes"])
+	require.EqualValues(t, 5000, last["reason_bytes"])
 	// Refused before its handler ran (a field given twice): the line
 	// still says what the bulk request asked for.
 	r = fresh("/bulk/cancel", url.Values{"queue": {"q2"}, "scope": {"match"}, "status": {"runnable", "failed"}})
@@ -305,6 +328,14 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	last = line[len(line)-1]
 	require.Equal(t, "q2", last["sent_queue"])
 	require.Equal(t, "match", last["scope"])
+	// A refused pause's line says which queue: it travels in the query.
+	ro, _ := e.handler(dashboard.Options{Logger: slog.New(log), ReadOnly: true})
+	r = do(t, ro, req{method: http.MethodPost, path: "/queues/pause?queue=q1", remote: "10.5.0.1:1",
+		header: map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://example.com"}})
+	require.Equal(t, http.StatusForbidden, r.code, r.body)
+	line = log.with("dashboard audit: pause")
+	require.NotEmpty(t, line)
+	require.Equal(t, "queue=q1", line[len(line)-1]["query"])
 	r = fresh(fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {"go"}, "dedup_key": {strings.Repeat("k", 1<<20)}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	line = log.with("dashboard audit: signal")

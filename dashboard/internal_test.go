@@ -314,11 +314,28 @@ func TestFlashSignature(t *testing.T) {
 	for _, at := range []time.Time{time.Now().Add(-flashTTL - time.Second), time.Now().Add(2 * time.Minute)} {
 		w.Set("partial", "1")
 		w.Set("at", strconv.FormatInt(at.Unix(), 10))
-		w.Set("sig", d.flashMAC("/instances/5", w))
+		w.Set("sig", d.flashMAC(flashPage("/instances/5", w), w))
 		require.False(t, d.flashSigned("/instances/5", w), at)
 	}
 	other := &dashboard{}
 	require.False(t, other.flashSigned("/instances/5", v), "another dashboard's key")
+
+	// A list's filter is part of the page: counts signed for one filter
+	// are not shown under another, nor with no filter; the flash
+	// parameters themselves and their order are not part of it.
+	v = d.signFlash("/instances?queue=slow&status=failed", url.Values{"flash": {"bulk-retried"}, "changed": {"0"}})
+	page := func(filter string) url.Values {
+		q, err := url.ParseQuery(filter)
+		require.NoError(t, err)
+		for k, vs := range v {
+			q[k] = vs
+		}
+		return q
+	}
+	require.True(t, d.flashSigned("/instances", page("status=failed&queue=slow")))
+	require.False(t, d.flashSigned("/instances", page("queue=default&status=failed")))
+	require.False(t, d.flashSigned("/instances", page("")))
+	require.False(t, d.flashSigned("/instances", page("queue=slow&status=failed&step=x")))
 }
 
 // TestTheTimelineOfAFarFutureInstance: an instance due in 9999 (RunAt

@@ -95,6 +95,17 @@ type world struct {
 
 	mu       sync.Mutex
 	problems []string // console errors, CSP violations, exceptions
+	dialogs  []string // the messages of the page's confirm()s, in order
+}
+
+// lastDialog is the message of the page's last confirm().
+func (w *world) lastDialog() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.dialogs) == 0 {
+		return ""
+	}
+	return w.dialogs[len(w.dialogs)-1]
 }
 
 func setup(t *testing.T) *world {
@@ -243,7 +254,10 @@ func setup(t *testing.T) *world {
 			if err != nil {
 				return
 			}
-			_ = ev // a confirm() of the page's script: accept it
+			// A confirm() of the page's script: note it, accept it.
+			w.mu.Lock()
+			w.dialogs = append(w.dialogs, ev.Message)
+			w.mu.Unlock()
 			_, _ = chromedp.Call(tctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
 		}
 	}()
@@ -574,6 +588,7 @@ func TestDashboardDepthInBrowser(t *testing.T) {
 		require.Equal(t, "2", w.text("[data-bulk-count]"))
 		w.screenshot("14-instances-ticked")
 		w.submit(chromedp.Click(chromedp.CSS("#bulk-retry")))
+		require.Equal(t, "Retry the 2 ticked instance(s)? Only failed ones change.", w.lastDialog())
 		require.Contains(t, w.text(".flash"), "Retried 2 instance(s).")
 		require.Contains(t, w.location(), "machine=charge")
 		require.NotContains(t, w.location(), "flash=")
@@ -581,6 +596,16 @@ func TestDashboardDepthInBrowser(t *testing.T) {
 			w.waitStatus(id, gendurable.StatusDone)
 		}
 		require.Equal(t, gendurable.StatusFailed, w.instance(charges[2]).Status, "not ticked")
+	})
+
+	t.Run("a filter's own text in its prompt", func(t *testing.T) {
+		w.t = t
+		// "{n}" in a filter stays as typed: only a ticked-rows prompt
+		// counts (the count replaced the filter's text before).
+		w.navigate("/instances?machine=order&q="+url.QueryEscape("{n}-none"), 200)
+		w.submit(chromedp.Click(chromedp.CSS("#bulk-retry-match")))
+		require.Contains(t, w.lastDialog(), "{n}-none")
+		require.Contains(t, w.text(".flash"), "Retried 0 instance(s).")
 	})
 
 	t.Run("bulk cancel by filter", func(t *testing.T) {

@@ -892,7 +892,11 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if err != nil {
 			return err
 		}
-		c.logger(stderr).Info("gendurable: signal sent", "id", id, "name", name, "signal_id", res.ID, "duplicate", res.Duplicate, "woke", res.Woke)
+		msg := "gendurable: signal sent"
+		if res.Duplicate {
+			msg = "gendurable: signal not sent (a duplicate)" // nothing changed
+		}
+		c.logger(stderr).Info(msg, "id", id, "name", name, "signal_id", res.ID, "duplicate", res.Duplicate, "woke", res.Woke)
 		if c.json {
 			return printJSON(stdout, res)
 		}

@@ -167,6 +167,14 @@ func TestCLIEndToEnd(t *testing.T) {
 	// lease live, and prune keeps such a row until the lease ends (60 s), so
 	// the prune below found 2 instances, not 3, on a loaded machine.
 	waitFor(another.ID, gendurable.StatusAwaitingSignal)
+	// A signal sent twice with one dedup key: the second sends nothing,
+	// and its log line does not say it was sent.
+	for i, want := range []string{"gendurable: signal sent", "gendurable: signal not sent (a duplicate)"} {
+		out, errOut, code := cli(t, append([]string{"signal", fmt.Sprint(another.ID), "note", "--dedup-key", "n-1"}, s...)...)
+		require.Equal(t, 0, code, errOut)
+		require.Contains(t, errOut, `msg="`+want+`"`, i)
+		require.Equal(t, i == 1, strings.Contains(out, "nothing sent"), out)
+	}
 	out, _, code = cli(t, append([]string{"cancel", fmt.Sprint(another.ID), "--reason", "operator said so"}, s...)...)
 	require.Equal(t, 0, code, out)
 	in, err := eng.Instance(ctx, another.ID)

@@ -6,8 +6,12 @@ document.addEventListener("submit", function (e) {
   var sub = e.submitter;
   if (sub && sub.getAttribute("data-confirm")) msg = sub.getAttribute("data-confirm");
   if (msg) {
-    var n = document.querySelectorAll("input[data-bulk]:checked").length;
-    msg = msg.replace("{n}", String(n));
+    // Only a ticked-rows prompt counts: another carries the filter's own
+    // text, which may hold "{n}" itself.
+    if (sub && sub.value === "selected") {
+      var n = document.querySelectorAll("input[data-bulk]:checked").length;
+      msg = msg.replace("{n}", String(n));
+    }
     if (!window.confirm(msg)) e.preventDefault();
   }
 });

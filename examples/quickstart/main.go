@@ -173,9 +173,13 @@ func withPool(ctx context.Context, fn func(*pgxpool.Pool) error) error {
 	defer pool.Close()
 	// The schema the demo uses too: created and marked if missing, kept
 	// (with the instances in it) if marked, refused if someone else's.
-	if err := scratch.Ensure(ctx, pool, schema, scratchOptions); err != nil {
+	// Held while the command runs: a demo run started meanwhile refuses to
+	// drop the schema under this one (scratch.Use).
+	hold, err := scratch.Ensure(ctx, pool, schema, scratchOptions)
+	if err != nil {
 		return err
 	}
+	defer hold.Release()
 	return fn(pool)
 }
 

@@ -174,6 +174,13 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger}); err != nil {
 		return nil, err
 	}
+	// In use while the demo runs: another demo (or bench) started meanwhile
+	// refuses to drop the schema, without touching its tables.
+	hold, err := scratch.Use(ctx, pool, o.Schema)
+	if err != nil {
+		return nil, err
+	}
+	defer hold.Release()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	checkout, ship, receipt := machines() // shared by every engine
 	var engines []*gendurable.Engine

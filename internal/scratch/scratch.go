@@ -43,6 +43,10 @@ var ErrNotScratch = errors.New("schema is not one that gendurable's demo, bench 
 // schema, a long query) — and nothing was changed.
 var ErrBusy = errors.New("schema is in use")
 
+// errInUse: another run holds the schema's use (Use); wraps ErrBusy, and
+// is not tried again.
+var errInUse = fmt.Errorf("%w by another run", ErrBusy)
+
 // ErrAborted: the operator declined the reset; nothing was changed.
 var ErrAborted = errors.New("aborted: schema left as it was")
 
@@ -180,8 +184,23 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 // refused with ErrNotScratch (nothing changed; o.Reset and o.Confirm do not
 // apply). It is for commands that work in their schema across several runs
 // (the quickstart example's insert, work and status), where Prepare would
-// drop the instances an earlier run inserted.
-func Ensure(ctx context.Context, db *pgxpool.Pool, schema string, o Options) error {
+// drop the instances an earlier run inserted. It returns the run's Hold
+// (Use), taken first: release it when the command ends.
+func Ensure(ctx context.Context, db *pgxpool.Pool, schema string, o Options) (*Hold, error) {
+	// In use from the start (before the schema exists, even): no other
+	// run's Prepare drops it under this one.
+	h, err := Use(ctx, db, schema)
+	if err != nil {
+		return nil, err
+	}
+	if err := ensure(ctx, db, schema, o); err != nil {
+		h.Release()
+		return nil, err
+	}
+	return h, nil
+}
+
+func ensure(ctx context.Context, db *pgxpool.Pool, schema string, o Options) error {
 	for range 2 { // a second time if another process created the schema meanwhile
 		info, err := sqlq.InspectSchema(ctx, db, schema)
 		if err != nil {
@@ -241,7 +260,7 @@ func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
 func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 	for try := 1; ; try++ {
 		err := dropOwnOnce(ctx, db, schema)
-		if !errors.Is(err, ErrBusy) || try == 3 {
+		if !errors.Is(err, ErrBusy) || errors.Is(err, errInUse) || try == 3 {
 			return err
 		}
 		select {
@@ -264,7 +283,7 @@ func dropOwnOnce(ctx context.Context, db *pgxpool.Pool, schema string) error {
 		// The rollback frees the locks taken: whatever waited on them (the
 		// workers of another run in the schema) goes on.
 		return fmt.Errorf("%w: %q: another transaction holds its tables (another demo or bench running in it?), "+
-			"and nothing was dropped: wait for it to end, or choose another --schema (%v)", ErrBusy, schema, err)
+			"and nothing was dropped: wait for it to end, or use another schema (%v)", ErrBusy, schema, err)
 	}
 	if err != nil {
 		return err
@@ -274,6 +293,19 @@ func dropOwnOnce(ctx context.Context, db *pgxpool.Pool, schema string) error {
 
 // dropOwnTx is dropOwn's work in its transaction tx.
 func dropOwnTx(ctx context.Context, tx pgx.Tx, schema string) error {
+	// First, before any table lock: a run using the schema (Use) makes
+	// this drop give up at once. Its locks taken while the run's workers
+	// wrote, a second demo had deadlocked with the first, which died
+	// (a newcomer's probe, 3 of 3), or held a quickstart worker's outcome
+	// up past its deadline.
+	held, err := sqlq.ScratchHeld(ctx, tx, schema)
+	if err != nil {
+		return err
+	}
+	if held {
+		return fmt.Errorf("%w: %q: a gendurable demo or quickstart worker is running in it, and nothing was dropped: "+
+			"wait for it to end, or use another schema", errInUse, schema)
+	}
 	foreign, err := sqlq.ForeignRows(ctx, tx, schema, own())
 	if err != nil {
 		return err
@@ -309,6 +341,46 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema string) error {
 			ErrNotScratch, schema, err)
 	}
 	return err
+}
+
+// Hold is a run's use of its schema (Use): while it is held, Prepare and
+// Drop in any other process refuse to drop the schema (ErrBusy), without
+// taking a lock on its tables. The lock lives in a connection of its own
+// (not one of the pool's): it ends with Release, with the process, or with
+// that connection. It does not hold behind a pooler in transaction mode,
+// which the scratch commands do not use.
+type Hold struct {
+	conn *pgx.Conn
+}
+
+// Use takes schema's use for this process until Release: ErrBusy if
+// another run's drop of it is under way.
+func Use(ctx context.Context, db *pgxpool.Pool, schema string) (*Hold, error) {
+	conn, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, err
+	}
+	ok, err := sqlq.HoldScratch(ctx, conn, schema)
+	if err == nil && !ok {
+		err = fmt.Errorf("%w: %q: another run is dropping it to start afresh; try again", ErrBusy, schema)
+	}
+	if err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return &Hold{conn: conn}, nil
+}
+
+// Release ends the use (closing its connection). A nil Hold, or one
+// released already, is a no-op.
+func (h *Hold) Release() {
+	if h == nil || h.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = h.conn.Close(ctx)
+	h.conn = nil
 }
 
 // additions lists what schema holds beyond a schema migrated to the same

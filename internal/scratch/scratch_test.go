@@ -38,7 +38,11 @@ func TestEnsureKeepsItsOwnSchemaAndRefusesOthers(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
 	for i := range errs { // four processes starting at once: one creates it
-		wg.Go(func() { errs[i] = Ensure(ctx, pool, own, o) })
+		wg.Go(func() {
+			h, err := Ensure(ctx, pool, own, o)
+			h.Release()
+			errs[i] = err
+		})
 	}
 	wg.Wait()
 	for _, err := range errs {
@@ -53,7 +57,9 @@ func TestEnsureKeepsItsOwnSchemaAndRefusesOthers(t *testing.T) {
 
 	_, err = pool.Exec(ctx, `INSERT INTO "`+own+`".gendurable_queues (name) VALUES ('kept')`)
 	require.NoError(t, err)
-	require.NoError(t, Ensure(ctx, pool, own, o))
+	h, err := Ensure(ctx, pool, own, o)
+	require.NoError(t, err)
+	h.Release()
 	var kept int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+own+`".gendurable_queues WHERE name = 'kept'`).Scan(&kept))
 	require.Equal(t, 1, kept, "a marked schema keeps what is in it")
@@ -61,7 +67,8 @@ func TestEnsureKeepsItsOwnSchemaAndRefusesOthers(t *testing.T) {
 	other := freshName(t, pool)
 	_, err = pool.Exec(ctx, `CREATE SCHEMA "`+other+`"; CREATE TABLE "`+other+`".mine (x int)`)
 	require.NoError(t, err)
-	err = Ensure(ctx, pool, other, o)
+	h, err = Ensure(ctx, pool, other, o)
+	require.Nil(t, h)
 	require.ErrorIs(t, err, ErrNotScratch)
 	require.ErrorContains(t, err, "holds 1 object and was not created by gendurable quickstart; drop it yourself")
 	require.NotContains(t, err.Error(), "--reset-schema")
@@ -357,4 +364,67 @@ func TestADropThatCannotHaveItsLocksGivesUp(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`).Scan(&n))
 	require.Equal(t, 1, n, "nothing was dropped")
 	require.NoError(t, Prepare(ctx, pool, schema, o), "with the reader gone the drop goes through")
+}
+
+// TestASchemaInUseIsNotDroppedUnderItsRun: a schema a run holds (Use: the
+// demo while it runs, a quickstart worker) is refused by another run's
+// Prepare at once, before any lock on its tables — the holder's
+// transactions, under way meanwhile, are neither held up nor chosen as a
+// deadlock's victim. Before, the second demo's drop locked the tables one
+// by one while the first demo's workers wrote, and the first died of a
+// deadlock (a newcomer's probe, 3 of 3). Once released, the drop goes
+// through.
+func TestASchemaInUseIsNotDroppedUnderItsRun(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	Share("checkout")
+	o := Options{Owner: "demo"}
+	schema := freshName(t, pool)
+	ctx := t.Context()
+	require.NoError(t, Prepare(ctx, pool, schema, o))
+	hold, err := Use(ctx, pool, schema)
+	require.NoError(t, err)
+	defer hold.Release()
+
+	// The run's transaction holds a row lock of instances and a write lock
+	// of signals, as a demo's signal send does, while the second run
+	// starts.
+	run, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = run.Rollback(context.Background()) }()
+	_, err = run.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('checkout', 'a')`)
+	require.NoError(t, err)
+
+	start := time.Now()
+	err = Prepare(ctx, pool, schema, o)
+	require.ErrorIs(t, err, ErrBusy)
+	require.ErrorContains(t, err, "running in it")
+	require.Less(t, time.Since(start), 2*time.Second, "refused at once, not after lock waits")
+	var locks int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks AS l JOIN pg_class AS c ON c.oid = l.relation
+		WHERE c.relnamespace = $1::regnamespace AND l.mode IN ('ShareRowExclusiveLock', 'AccessExclusiveLock')`, schema).Scan(&locks))
+	require.Zero(t, locks, "no table lock left behind")
+	// The run goes on: its next statement takes a lock of another table.
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = run.Exec(lctx, `INSERT INTO "`+schema+`".gendurable_signals (target_id, name, payload)
+		SELECT id, 'go', 'null' FROM "`+schema+`".gendurable_instances`)
+	require.NoError(t, err)
+	require.NoError(t, run.Commit(ctx))
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`).Scan(&n))
+	require.Equal(t, 1, n, "nothing was dropped")
+
+	// A run starting while another's drop is under way is refused too.
+	hold.Release()
+	drop, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	var free bool
+	require.NoError(t, drop.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(hashtext('gendurable:scratch'), hashtext($1))`, schema).Scan(&free))
+	require.True(t, free)
+	_, err = Use(ctx, pool, schema)
+	require.ErrorIs(t, err, ErrBusy)
+	require.NoError(t, drop.Rollback(ctx))
+
+	require.NoError(t, Prepare(ctx, pool, schema, o), "released, the drop goes through")
 }

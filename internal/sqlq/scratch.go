@@ -263,6 +263,35 @@ func SchemaShape(ctx context.Context, db RowQuerier, schema string) ([]string, e
 	return append(shape, published...), nil
 }
 
+// A scratch schema in use: every process of a scratch command that works
+// in it (the demo, the quickstart's workers) holds a shared session-level
+// advisory lock of the schema (HoldScratch) on a connection of its own; a
+// drop takes the same lock exclusively in its transaction, without
+// waiting (ScratchHeld), and gives up at once if anyone holds it — before
+// it locks a table, so a running demo is neither held up nor chosen as a
+// deadlock's victim. The key is the schema's name, hashed in a namespace
+// of its own.
+const scratchKey = `hashtext('gendurable:scratch'), hashtext($1)`
+
+// HoldScratch takes the shared advisory lock of schema's use on conn, for
+// the session: false if a drop holds it (the schema is being dropped and
+// created again by another run).
+func HoldScratch(ctx context.Context, conn RowQuerier, schema string) (bool, error) {
+	var ok bool
+	err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared(`+scratchKey+`)`, schema).Scan(&ok)
+	return ok, err
+}
+
+// ScratchHeld reports, inside the drop's transaction tx, whether another
+// session holds schema's use (HoldScratch); when it does not, tx now holds
+// the lock exclusively until it ends, and no run can start using the
+// schema before the drop commits.
+func ScratchHeld(ctx context.Context, tx RowQuerier, schema string) (bool, error) {
+	var ok bool
+	err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock(`+scratchKey+`)`, schema).Scan(&ok)
+	return !ok, err
+}
+
 // LockSchemaTables locks every table of schema against writes and changes
 // of its definition (SHARE ROW EXCLUSIVE) until tx ends, waiting at most
 // 5 s for each lock (SQLSTATE 55P03 then): what the tables are made of
