@@ -635,6 +635,12 @@ func (e *Engine) Start(ctx context.Context) error {
 	if err := e.made(); err != nil {
 		return err
 	}
+	if ctx == nil {
+		// Refused before any state is touched: it panicked inside
+		// context.WithCancelCause with e.mu held, and every later Start
+		// and Stop waited for ever (a library-misuse probe).
+		return errorf(ErrInvalidInput, "start: nil context")
+	}
 	e.mu.Lock()
 	stops := e.stops
 	for e.stopping != nil || e.starting != nil {
@@ -856,6 +862,11 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 func (e *Engine) Stop(ctx context.Context) error {
 	if err := e.made(); err != nil {
 		return err
+	}
+	if ctx == nil {
+		// Refused before any state is touched: it panicked after marking
+		// the engine stopping, and a later Stop waited for ever.
+		return errorf(ErrInvalidInput, "stop: nil context")
 	}
 	e.mu.Lock()
 	e.stops++

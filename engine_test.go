@@ -243,9 +243,13 @@ func TestStartStopRepeatedly(t *testing.T) {
 	job := rec.job("cycle")
 	b := setup(t, nil, job)
 	ctx := context.Background()
+	//lint:ignore SA1012 a nil context is the misuse under test
+	require.ErrorIs(t, b.eng.Start(nil), gendurable.ErrInvalidInput)
 	for i := 0; i < 10; i++ {
 		require.NoError(t, b.eng.Start(ctx))
 		require.ErrorIs(t, b.eng.Start(ctx), gendurable.ErrAlreadyStarted)
+		//lint:ignore SA1012 a nil context is the misuse under test
+		require.ErrorIs(t, b.eng.Stop(nil), gendurable.ErrInvalidInput, "refused, the engine left running")
 		id := b.insert(job.New(orderArgs{I: i}))
 		b.waitStatus(id, "done", 10*time.Second)
 		require.NoError(t, b.eng.Stop(ctx))

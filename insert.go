@@ -288,7 +288,7 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 	case o.Priority < math.MinInt16 || o.Priority > math.MaxInt16:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Priority %d outside %d..%d", o.Priority, math.MinInt16, math.MaxInt16)
 	case o.MaxAttempts < 0 || o.MaxAttempts > math.MaxInt32:
-		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "MaxAttempts %d must be positive (0 = machine default)", o.MaxAttempts)
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "MaxAttempts %d outside 1..%d (0 = machine default)", o.MaxAttempts, math.MaxInt32)
 	case o.RunIn < 0:
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "negative RunIn %s", o.RunIn)
 	case !o.RunAt.IsZero() && o.RunIn != 0:

@@ -21,6 +21,9 @@ const JobStep = "perform"
 //
 // A job is an instance with one step: it shares every table, index and code
 // path with machines. Register it in [Config.Machines]; insert with [Job.New].
+// A Job must not be modified once used (by [New] or an insert): its fields,
+// Perform included, are read once, at its first use with a Perform set; a
+// test that needs another Perform declares another Job.
 type Job[T any] struct {
 	// Name identifies the job kind in the database. Required.
 	Name string
@@ -46,6 +49,12 @@ func (j *Job[T]) definition() (*machineCore, error) {
 	if j == nil {
 		var zero T
 		return nil, errorf(ErrInvalidConfig, "nil *Job[%T]", zero)
+	}
+	if j.Perform == nil {
+		// Before the job's machine is built once for good: a Perform set
+		// after this refusal is the one that runs (it was built without
+		// one, and every run failed "job has no Perform func").
+		return nil, errorf(ErrInvalidConfig, "job %q has no Perform func", j.Name)
 	}
 	j.once.Do(func() {
 		perform := j.Perform
@@ -78,9 +87,6 @@ func (j *Job[T]) definition() (*machineCore, error) {
 			},
 		}
 	})
-	if j.Perform == nil {
-		return nil, errorf(ErrInvalidConfig, "job %q has no Perform func", j.Name)
-	}
 	return j.m.definition()
 }
 

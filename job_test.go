@@ -138,3 +138,22 @@ func TestABackoffThatPanicsOrGoesNegativeRetriesByTheDefault(t *testing.T) {
 		})
 	}
 }
+
+// TestAJobRefusedForItsMissingPerformRunsThePerformSetAfter: a Job without
+// Perform is refused, and the Perform set afterwards is the one its
+// instances run. The job's machine was built, without Perform, at the
+// refusal: every run then failed "job has no Perform func" (a
+// library-misuse probe).
+func TestAJobRefusedForItsMissingPerformRunsThePerformSetAfter(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[orderArgs]{Name: "late"}
+	db := gendurabletest.NewDB(t, nil)
+	_, err := gendurable.New(db.Pool, &gendurable.Config{Schema: db.Schema, Machines: []gendurable.Definition{job}})
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+	var ran atomic.Int32
+	job.Perform = func(context.Context, *gendurable.Run[orderArgs]) error { ran.Add(1); return nil }
+	b := bundleOn(t, db.Pool, db.Schema, nil, job)
+	b.start()
+	b.waitStatus(b.insert(job.New(orderArgs{})), "done", 10*time.Second)
+	require.EqualValues(t, 1, ran.Load())
+}

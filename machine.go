@@ -683,8 +683,40 @@ func callRecovered(fn func() (Outcome, error)) (out Outcome, err error) {
 			out, err = Outcome{}, &PanicError{Value: v, Stack: string(debug.Stack())}
 		}
 	}()
-	return fn()
+	out, err = fn()
+	return out, saneError(err)
 }
+
+// saneError is err, unless its Error method panics — a typed nil pointer
+// returned as an error, whose method reads its receiver, is the usual
+// case: then an error that says so. The engine formats a step's error for
+// the row, the log and the hooks outside any recover; such an error took
+// the worker's process down, and the next process's after the reaper gave
+// the row back (a library-misuse probe). It is not unwrapped: its other
+// methods may panic alike.
+func saneError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var broken error
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				broken = &brokenError{msg: fmt.Sprintf("an error of type %T whose Error method panicked: %v", err, v)}
+			}
+		}()
+		_ = err.Error()
+	}()
+	if broken != nil {
+		return broken
+	}
+	return err
+}
+
+// brokenError stands for an error whose Error method panicked (saneError).
+type brokenError struct{ msg string }
+
+func (e *brokenError) Error() string { return e.msg }
 
 // goexitValue is the Value of the [PanicError] of a step, Handle or WithTx
 // callback that called runtime.Goexit in a test binary — as t.FailNow,
@@ -730,7 +762,7 @@ func safeTx(fn func(ctx context.Context, tx pgx.Tx) error, direct bool) func(ctx
 		if p := userCode(direct, func() { err = safely(func() error { return fn(ctx, tx) }) }); p != nil {
 			return p
 		}
-		return err
+		return saneError(err)
 	}
 }
 

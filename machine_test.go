@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"strings"
@@ -137,6 +138,65 @@ func TestAStepThatCallsGoexitFailsLikeAPanic(t *testing.T) {
 		r := b.waitStatus(bad, "failed", 10*time.Second)
 		require.Len(t, r.Errors, c.runs, c.do)
 		require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "runtime.Goexit called", c.do)
+		b.waitStatus(good, "done", 10*time.Second)
+	}
+}
+
+// nilReadingErr is an error type whose Error method reads its receiver: a
+// nil *nilReadingErr returned as an error (the typed-nil mistake) panics
+// when formatted.
+type nilReadingErr struct{ code int }
+
+func (e *nilReadingErr) Error() string { return fmt.Sprintf("code %d", e.code) }
+
+func noErr() *nilReadingErr { return nil }
+
+// TestAStepErrorWhoseErrorMethodPanicsFailsTheStep: a step, a WithTx
+// callback, a Job's Perform or a Handle that returns a typed nil pointer as
+// its error (its Error method panics) fails like any error, saying so. The
+// engine formatted it outside any recover: the worker's process died, and
+// the next process's after the reaper handed the row on (a library-misuse
+// probe).
+func TestAStepErrorWhoseErrorMethodPanicsFailsTheStep(t *testing.T) {
+	t.Parallel()
+	step := func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+		var err error = noErr()
+		switch r.State.Do {
+		case "step":
+			return gendurable.Outcome{}, err
+		case "tx":
+			return gendurable.Done(nil).WithTx(func(context.Context, pgx.Tx) error { return err }), nil
+		case "handle":
+			return gendurable.Outcome{}, errors.New("step failed")
+		}
+		return gendurable.Done(nil), nil
+	}
+	m := &gendurable.Machine[probeState]{Name: "typed-nil", Start: "a", MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+		Steps:   map[string]gendurable.StepFunc[probeState]{"a": step}}
+	h := &gendurable.Machine[probeState]{Name: "typed-nil-handle", Start: "a",
+		Steps: map[string]gendurable.StepFunc[probeState]{"a": step},
+		Handle: func(ctx context.Context, r *gendurable.Run[probeState], err error) (gendurable.Outcome, error) {
+			var herr error = noErr()
+			return gendurable.Outcome{}, herr
+		}}
+	job := &gendurable.Job[probeState]{Name: "typed-nil-job", MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+		Perform: func(context.Context, *gendurable.Run[probeState]) error {
+			var err error = noErr()
+			return err
+		}}
+	b := setup(t, fastConfig("", m, h, job))
+	b.start()
+	for _, c := range []struct {
+		p    gendurable.InsertParams
+		runs int
+	}{{m.New(probeState{Do: "step"}), 2}, {m.New(probeState{Do: "tx"}), 2}, {h.New(probeState{Do: "handle"}), 1}, {job.New(probeState{}), 2}} {
+		bad := b.insert(c.p)
+		good := b.insert(m.New(probeState{}))
+		r := b.waitStatus(bad, "failed", 10*time.Second)
+		require.Len(t, r.Errors, c.runs, "%d", bad)
+		require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "*gendurable_test.nilReadingErr whose Error method panicked", "%d", bad)
 		b.waitStatus(good, "done", 10*time.Second)
 	}
 }

@@ -274,6 +274,40 @@ func TestTransactionalOutcome(t *testing.T) {
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM ledger_tx WHERE instance = $1`, flaky.ID), "the failed try's write was rolled back")
 }
 
+// TestAWithTxCallbackThatEndsItsTransactionFailsTheStep: a callback that
+// sends ROLLBACK (or COMMIT) as a statement ends the engine's transaction
+// itself: the step fails, saying so, and the outcome is not written apart
+// from the step's writes. Before, after a ROLLBACK the instance was done
+// with the step's writes gone (a library-misuse probe).
+func TestAWithTxCallbackThatEndsItsTransactionFailsTheStep(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[probeState]{
+		Name: "ender", Start: "post", MaxAttempts: 1,
+		Steps: map[string]gendurable.StepFunc[probeState]{
+			"post": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, `INSERT INTO ledger_end (instance) VALUES ($1)`, r.ID); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, r.State.Do)
+					return err
+				}), nil
+			},
+		},
+	}
+	b := setup(t, fastConfig("", m))
+	b.exec(`CREATE TABLE ledger_end (instance bigint)`)
+	t.Cleanup(func() { _, _ = b.pool.Exec(context.Background(), `DROP TABLE IF EXISTS ledger_end`) })
+	b.start()
+	for _, end := range []string{"ROLLBACK", "COMMIT"} {
+		id := b.insert(m.New(probeState{Do: end}))
+		r := b.waitStatus(id, "failed", 10*time.Second)
+		require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "ended the step's transaction itself", end)
+		want := map[string]int{"ROLLBACK": 0, "COMMIT": 1}[end]
+		require.Equal(t, want, b.count(`SELECT count(*) FROM ledger_end WHERE instance = $1`, id), end)
+	}
+}
+
 // TestFencedTransactionalOutcomeRollsBack: a zombie's WithTx writes vanish
 // with its fenced-out outcome.
 func TestFencedTransactionalOutcomeRollsBack(t *testing.T) {

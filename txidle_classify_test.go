@@ -2,6 +2,10 @@ package gendurable_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -137,5 +141,49 @@ func TestWithTxIdleWhileReadingRowsCountsAnAttempt(t *testing.T) {
 	require.Equal(t, int32(2), runs.Load(), "%v", r.Errors)
 	for _, e := range r.Errors {
 		require.Contains(t, e["error"], "left idle", "%v", r.Errors)
+	}
+}
+
+// TestAWithTxCallbackFailingOffItsConnectionCountsAnAttempt: a callback
+// whose error only looks like a connection's — io.EOF from decoding an
+// empty body, a net.Error from an HTTP call to a service that is down —
+// while its transaction's connection is fine is the step's failure: an
+// attempt counted, Handle asked, the instance failed at MaxAttempts. It
+// was taken for the session's loss by its type: run again without an
+// attempt counted, without end (a library-misuse probe: 9-11 runs in 6-8 s
+// at MaxAttempts 2-3, the row runnable at attempt 0).
+func TestAWithTxCallbackFailingOffItsConnectionCountsAnAttempt(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+	m := &gendurable.Machine[orderArgs]{
+		Name: "offconn", Start: "pay", MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"pay": func(_ context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				runs.Add(1)
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+						return err
+					}
+					if r.State.I == 1 {
+						return fmt.Errorf("call the payment service: %w", refused)
+					}
+					return fmt.Errorf("decode the request: %w", io.EOF)
+				}), nil
+			},
+		},
+	}
+	b := setup(t, fastConfig("", m))
+	b.start()
+	for i := range 2 {
+		runs.Store(0)
+		id := b.insert(m.New(orderArgs{I: i}))
+		r := b.waitStatus(id, "failed", 20*time.Second)
+		require.Len(t, r.Errors, 2, "two attempts, each counted")
+		for _, e := range r.Errors {
+			require.Equal(t, "error", e["kind"], "%v", e)
+		}
+		require.EqualValues(t, 2, runs.Load())
 	}
 }

@@ -49,6 +49,27 @@ func TestUpDownUp(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// TestUpDownOfASchemaWithCapitals: a schema whose name needs quoting
+// ("Billing_…") goes up and all the way down like any other. Down refused
+// it, listing gendurable's own indexes as objects "outside the schema"
+// (pg_identify_object quotes the schema's name; a library-misuse probe).
+func TestUpDownOfASchemaWithCapitals(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	mixed := "Billing_" + schema
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+mixed+`" CASCADE`) })
+	_, err := migrate.Up(ctx, pool, mixed)
+	require.NoError(t, err)
+	res, err := migrate.Down(ctx, pool, mixed)
+	require.NoError(t, err)
+	require.Equal(t, reversed(allVersions()), res.Applied)
+	var left int
+	require.NoError(t, pool.QueryRow(ctx,
+		`SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1`, mixed).Scan(&left))
+	require.Zero(t, left, "down leaves nothing behind")
+}
+
 // TestDownOfAMissingSchemaCreatesNothing: `migrate down` (Down, or To(0))
 // of a schema that does not exist has nothing to remove, and must not leave
 // an empty schema behind that it created itself.

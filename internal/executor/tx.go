@@ -147,10 +147,27 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	defer func() { _ = tx.Rollback(ctx) }()
 	clock := newIdleClock()
 	if fnErr := res.TxFn(fnCtx, &clockedTx{Tx: tx, c: clock, top: true}); fnErr != nil {
-		if stepCtx.Err() == nil && (connectionFailure(fnErr) || tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
+		// The session's failure only if this transaction's connection is
+		// gone (a statement of it failed on the network, or the server
+		// ended the session: pgx closes the connection either way), not by
+		// the callback's error's type: an io.EOF of a request body, or a
+		// net.Error of an HTTP call, had the step run again without an
+		// attempt counted, past MaxAttempts, without end (a
+		// library-misuse probe).
+		if stepCtx.Err() == nil && (tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
 			fnErr = x.sessionLost(fnErr, clock.longestIdle())
 		}
 		return nil, fnErr, nil
+	}
+	if tx.Conn().PgConn().TxStatus() == 'I' {
+		// The callback ended the transaction itself, with a COMMIT or a
+		// ROLLBACK sent as a statement (Commit and Rollback on tx are
+		// refused: ErrTxOwned): its writes are committed, or gone, apart
+		// from the outcome. The outcome is not written; the step's
+		// failure, for Handle. Before, the outcome went on in a
+		// transaction of its own: the instance was done with the step's
+		// writes rolled back (a library-misuse probe).
+		return nil, errTxEndedByCallback, nil
 	}
 	var b sqlq.OutcomeBatch
 	b.Add(&res.Out)
@@ -179,6 +196,12 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	}
 	return &rows[0], nil, nil
 }
+
+// errTxEndedByCallback is the step's error when its WithTx callback ended
+// the engine's transaction itself.
+var errTxEndedByCallback = errors.New("gendurable: the WithTx callback ended the step's transaction itself " +
+	"(a COMMIT or ROLLBACK sent as a statement): its writes were committed or rolled back apart from the outcome, " +
+	"which was not written; let the engine commit (return nil) or roll back (return an error)")
 
 // AbortedByCallback is the step's error when err, the error of a statement
 // sent after a WithTx callback returned nil, says the transaction was

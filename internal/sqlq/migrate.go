@@ -628,7 +628,10 @@ func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int,
 		      WHEN 'pg_rewrite'::regclass THEN (SELECT r.relnamespace FROM pg_rewrite AS w JOIN pg_class AS r ON r.oid = w.ev_class WHERE w.oid = d.objid)
 		      WHEN 'pg_attrdef'::regclass THEN (SELECT r.relnamespace FROM pg_attrdef AS ad JOIN pg_class AS r ON r.oid = ad.adrelid WHERE ad.oid = d.objid)
 		    END AS ns) AS own
-		  WHERE NOT CASE WHEN own.ns IS NOT NULL THEN own.ns = n.oid ELSE o.schema IS NOT DISTINCT FROM n.nspname END) AS x`,
+		  -- pg_identify_object quotes the schema's name as an identifier
+		  -- ("MyApp"): a schema of capitals listed gendurable's own indexes.
+		  WHERE NOT CASE WHEN own.ns IS NOT NULL THEN own.ns = n.oid
+		                 ELSE coalesce(o.schema IN (n.nspname, quote_ident(n.nspname)), false) END) AS x`,
 		schema, tables, columns).Scan(&deps); err != nil {
 		return err
 	}
