@@ -155,7 +155,7 @@ func sameVersion(ctx context.Context, pool *pgxpool.Pool, schema string) (int, e
 // why, when the URL is wrong or the server is down, rather than serving
 // pages that all fail. The connection it opens stays in the pool for the
 // command's work. The connect timeout bounds it (parseDatabaseURL's
-// defaultConnectTimeout, or the URL's connect_timeout), not a deadline of
+// pgurl.DefaultConnectTimeout, or the URL's connect_timeout), not a deadline of
 // its own: at a deadline the pool's Acquire returns only "context deadline
 // exceeded", where a connect that times out says which server and database
 // it could not reach.

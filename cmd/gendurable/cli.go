@@ -19,6 +19,7 @@ import (
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/internal/display"
 	"github.com/gendurable/gendurable/internal/longhorizon"
+	"github.com/gendurable/gendurable/internal/pgurl"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -305,7 +306,7 @@ func databaseSource(args []string) string {
 // --json. dbSource is where the command's database URL came from
 // (databaseSource), for a connection error's hint.
 func reportError(w io.Writer, name string, err error, asJSON bool, dbSource string) {
-	msg := tidyConnectError(name, err.Error(), err, dbSource)
+	msg := migrateHint(tidyConnectError(name, err.Error(), err, dbSource), dbSource)
 	if !strings.HasPrefix(msg, "gendurable: ") {
 		msg = "gendurable: " + msg
 	}
@@ -321,6 +322,19 @@ func reportError(w io.Writer, name string, err error, asJSON bool, dbSource stri
 		return
 	}
 	fmt.Fprintln(w, display.Terminal(msg))
+}
+
+// migrateHint rewrites the library's advice to migrate for a command line:
+// without the Go API's name, and naming --database-url when the command
+// was given one — pasted as it was, the advice migrated DATABASE_URL's
+// database, or the local server's (a newcomer's probe). The URL itself is
+// not repeated: it may hold a password.
+func migrateHint(msg, dbSource string) string {
+	msg = strings.ReplaceAll(msg, "` (or migrate.Up)", "`")
+	if dbSource == "--database-url" {
+		msg = strings.ReplaceAll(msg, "`gendurable migrate up --schema ", "`gendurable migrate up --database-url <the same URL> --schema ")
+	}
+	return msg
 }
 
 // tidyConnectError rewrites, within msg (err's message), pgx's report of a
@@ -521,28 +535,16 @@ func (e usageError) Error() string { return e.msg }
 
 // parseDatabaseURL parses a database URL (or key=value string); one that
 // does not parse is a usage error (exit 2), for every command alike. pgx
-// masks a password in its message.
-//
-// A URL that sets no connect_timeout (nor PGCONNECT_TIMEOUT) gets
-// defaultConnectTimeout: pgx's default is none, so a server that accepts
-// the connection and never answers (a network cut off behind a proxy or a
-// load balancer, a stopped process) held every command until Ctrl-C, and
-// one whose packets are dropped until the OS gave up (about two minutes on
-// Linux) (TestSilentServerIsAConnectionErrorInBoundedTime).
+// masks a password in its message. A URL that sets no connect_timeout (nor
+// PGCONNECT_TIMEOUT) gets pgurl.DefaultConnectTimeout
+// (TestSilentServerIsAConnectionErrorInBoundedTime).
 func parseDatabaseURL(url string) (*pgxpool.Config, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := pgurl.ParseConfig(url)
 	if err != nil {
 		return nil, usageError{msg: fmt.Sprintf("database URL: %v", err)}
 	}
-	if cfg.ConnConfig.ConnectTimeout == 0 && !strings.Contains(url, "connect_timeout") && os.Getenv("PGCONNECT_TIMEOUT") == "" {
-		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
-	}
 	return cfg, nil
 }
-
-// defaultConnectTimeout bounds each connection attempt of a command whose
-// database URL sets no connect_timeout (see parseDatabaseURL).
-const defaultConnectTimeout = 10 * time.Second
 
 func databaseURL(flagValue string) string {
 	if flagValue != "" {

@@ -988,11 +988,18 @@ func TestErrorsNotFoundAndNotMigrated(t *testing.T) {
 			oneErrorLine(t, args, errOut)
 			require.Contains(t, errOut, "run `gendurable migrate up --schema "+schema+"`", "%q", args)
 			require.NotContains(t, errOut, "does not exist", "%q", args)
+			require.NotContains(t, errOut, "migrate.Up", "%q: the Go API's name in a command's advice", args)
 			_, errOut, code = cli(t, append(args, "--json")...)
 			require.Equal(t, exitError, code)
 			require.Contains(t, jsonError(t, args, errOut, "not_migrated", exitError), "gendurable migrate up")
 		}
 	}
+
+	// Given --database-url, the advice names it: pasted without it, it
+	// migrated DATABASE_URL's database.
+	_, errOut, code = cli(t, "status", "--schema", bare, "--database-url", dbtest.URL())
+	require.Equal(t, exitError, code, errOut)
+	require.Contains(t, errOut, "run `gendurable migrate up --database-url <the same URL> --schema "+bare+"`")
 
 	// A schema at an older version: the versions and the command to run,
 	// not "column ... does not exist".
@@ -1328,8 +1335,26 @@ func TestSilentServerIsAConnectionErrorInBoundedTime(t *testing.T) {
 	// used to swallow its connect error, and the command connected again
 	// (20 s, two connections, in a newcomer probe).
 	mu.Lock()
-	defer mu.Unlock()
 	require.Len(t, held, 1, "connections the command opened")
+	mu.Unlock()
+
+	// The demo too: it connected without a timeout, and said nothing for
+	// two minutes (a newcomer's probe).
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd = exec.CommandContext(ctx, binary, "demo", "--database-url", "postgres://postgres@"+ln.Addr().String()+"/postgres")
+	cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=")
+	errb.Reset()
+	cmd.Stderr = &errb
+	start = time.Now()
+	err = cmd.Run()
+	took = time.Since(start)
+	t.Logf("demo took %s: %v: %s", took.Round(time.Millisecond), err, errb.String())
+	require.NoError(t, ctx.Err(), "still waiting after 30 s")
+	require.ErrorAs(t, err, &ee)
+	require.NotEqual(t, 0, ee.ExitCode())
+	require.Contains(t, errb.String(), "cannot connect to the database")
+	require.Less(t, took, 25*time.Second)
 }
 
 // TestCLIMigrateToAVersion: `migrate up --to N` and `migrate down --to N`

@@ -30,6 +30,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/gorun"
 	"github.com/gendurable/gendurable/internal/pgtemp"
+	"github.com/gendurable/gendurable/internal/pgurl"
 	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -161,12 +162,22 @@ func main() {
 	}
 }
 
+// newPool connects to url, each connection attempt bounded (10 s unless
+// the URL sets connect_timeout), as the gendurable command's.
+func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgurl.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
 func withPool(ctx context.Context, fn func(*pgxpool.Pool) error) error {
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
 		return errors.New("set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres)")
 	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := newPool(ctx, url)
 	if err != nil {
 		return err
 	}
@@ -270,7 +281,7 @@ func demo(ctx context.Context, n int) error {
 		defer func() { _ = srv.Stop() }()
 		url = srv.URL()
 	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, err := newPool(ctx, url)
 	if err != nil {
 		return err
 	}

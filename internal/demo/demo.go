@@ -18,6 +18,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/pgtemp"
+	"github.com/gendurable/gendurable/internal/pgurl"
 	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -166,7 +167,13 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		url = srv.URL()
 		fmt.Fprintf(o.Out, "PostgreSQL is up at %s (removed on exit)\n", url)
 	}
-	pool, err := pgxpool.New(ctx, url)
+	// Each connection attempt bounded, as the CLI's (a server that accepts
+	// and never answers held the demo, silent, for minutes).
+	pcfg, err := pgurl.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, err
 	}

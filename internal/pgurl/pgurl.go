@@ -1,0 +1,33 @@
+// Package pgurl parses the database URL of gendurable's commands (the CLI,
+// its demo, the quickstart example) with one rule for the time a
+// connection attempt may take.
+package pgurl
+
+import (
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultConnectTimeout bounds each connection attempt of a command whose
+// database URL sets no connect_timeout (and PGCONNECT_TIMEOUT is unset).
+// pgx's default is none: a server that accepts the connection and never
+// answers (a network cut off behind a proxy or a load balancer, a stopped
+// process) held the command until Ctrl-C, and one whose packets are
+// dropped until the OS gave up (about two minutes on Linux).
+const DefaultConnectTimeout = 10 * time.Second
+
+// ParseConfig is pgxpool.ParseConfig, with DefaultConnectTimeout where url
+// sets no connect timeout of its own.
+func ParseConfig(url string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 && !strings.Contains(url, "connect_timeout") && os.Getenv("PGCONNECT_TIMEOUT") == "" {
+		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
+	}
+	return cfg, nil
+}
