@@ -5,10 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/syncbuf"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -208,4 +212,38 @@ func TestSchemaChangesAreAuditLogged(t *testing.T) {
 	_, errOut, code = cli(t, "demo", "--orders", "1", "--schema", schema)
 	require.Equal(t, 0, code, errOut)
 	require.NotContains(t, errOut, "schema dropped")
+}
+
+// TestASecondDemoLeavesTheRunningOneAlone: a demo started while another
+// runs in the same schema is refused at once (exit 4, "running in it"),
+// and the first runs to its end. The second's drop had locked the tables
+// one by one while the first's workers wrote, and the first died of a
+// deadlock (a newcomer's probe, 3 of 3).
+func TestASecondDemoLeavesTheRunningOneAlone(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, NoMigrate: true})
+	schema := scratchName(t, pool, "gddemo_")
+	first := exec.Command(binary, "demo", "--orders", "300", "--schema", schema)
+	first.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	var out, errb syncbuf.Buffer
+	first.Stdout, first.Stderr = &out, &errb
+	require.NoError(t, first.Start())
+	done := make(chan error, 1)
+	go func() { done <- first.Wait() }()
+	t.Cleanup(func() { _ = first.Process.Kill() })
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "inserted 300 checkouts") },
+		60*time.Second, 20*time.Millisecond, "the first demo started: %s%s", out.String(), errb.String())
+
+	start := time.Now()
+	_, errOut, code := cli(t, "demo", "--orders", "5", "--schema", schema)
+	require.Equal(t, exitConflict, code, errOut)
+	require.Contains(t, errOut, "running in it")
+	require.Less(t, time.Since(start), 10*time.Second)
+	select {
+	case err := <-done:
+		require.NoError(t, err, "the first demo: %s%s", out.String(), errb.String())
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the first demo did not end: %s%s", out.String(), errb.String())
+	}
+	require.Contains(t, out.String(), "done in")
 }

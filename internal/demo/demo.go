@@ -20,6 +20,7 @@ import (
 	"github.com/gendurable/gendurable/internal/pgtemp"
 	"github.com/gendurable/gendurable/internal/pgurl"
 	"github.com/gendurable/gendurable/internal/scratch"
+	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -188,6 +189,14 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	defer hold.Release()
+	if o.DatabaseURL != "" {
+		// Where it writes, and that it stays: with DATABASE_URL exported on
+		// a developer's machine, "the one command" wrote into that
+		// database without a word (a newcomer's probe).
+		cc := pool.Config().ConnConfig
+		fmt.Fprintf(o.Out, "working in schema %q of database %q on %s:%d (kept afterwards: gendurable list --schema %s)\n",
+			o.Schema, cc.Database, cc.Host, cc.Port, o.Schema)
+	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	checkout, ship, receipt := machines() // shared by every engine
 	var engines []*gendurable.Engine
@@ -234,7 +243,17 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 			defer wg.Done()
 			time.Sleep(time.Duration(rand.IntN(1500)) * time.Millisecond)
 			for range 1 + i%2 {
-				_, err := eng.Signal(ctx, id, "payment", map[string]int{"Cents": 1000 + i}, &gendurable.SignalOpts{DedupKey: fmt.Sprintf("psp-%d", i)})
+				// Sent again while the database is away (a restart): the
+				// dedup key keeps a send whose answer was lost from
+				// counting twice.
+				var err error
+				for try := 0; try < signalTries; try++ {
+					_, err = eng.Signal(ctx, id, "payment", map[string]int{"Cents": 1000 + i}, &gendurable.SignalOpts{DedupKey: fmt.Sprintf("psp-%d", i)})
+					if err == nil || errors.Is(err, gendurable.ErrInstanceFinished) || ctx.Err() != nil || !transient(err) {
+						break
+					}
+					time.Sleep(500 * time.Millisecond)
+				}
 				if err != nil && !errors.Is(err, gendurable.ErrInstanceFinished) {
 					mu.Lock()
 					payErr = err
@@ -250,6 +269,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	// run takes grows with --orders (each warehouse ships one item at a
 	// time), and a fixed deadline failed runs that were working.
 	var finished int64
+	var printed string
 	progressAt, printedAt := time.Now(), time.Now()
 	for {
 		select {
@@ -258,6 +278,11 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		case <-tick.C:
 		}
 		qs, err := eng.Queues(ctx)
+		if err != nil && ctx.Err() == nil && transient(err) && time.Since(progressAt) <= stallLimit {
+			// The database away for a moment (a restart, a failover): the
+			// workers ride it out, and so does the progress line.
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -273,7 +298,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 			fmt.Fprintf(o.Out, "\r%s", line)
 		} else if time.Since(printedAt) >= progressEvery {
 			fmt.Fprintln(o.Out, line) // not a terminal: a line now and then
-			printedAt = time.Now()
+			printed, printedAt = line, time.Now()
 		}
 		n := c[gendurable.StatusDone] + c[gendurable.StatusFailed]
 		if n > finished {
@@ -282,8 +307,8 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		if n == total && total >= int64(o.Orders) {
 			if o.Live {
 				fmt.Fprintln(o.Out)
-			} else {
-				fmt.Fprintln(o.Out, line)
+			} else if line != printed {
+				fmt.Fprintln(o.Out, line) // the last state, unless just printed
 			}
 			break
 		}
@@ -313,6 +338,17 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	fmt.Fprintf(o.Out, "done in %s: %d checkouts paid and shipped (%d shipments, %d receipts, %d carrier retries), %d timed out waiting for payment\n",
 		s.Took.Round(100*time.Millisecond), s.Paid, s.Shipments, s.Receipts, s.Retries, s.TimedOut)
 	return s, nil
+}
+
+// signalTries bounds the payment provider's sends of one signal while the
+// database is away (half a second apart).
+const signalTries = 20
+
+// transient reports whether err is the database being away for a moment
+// (a connection refused or lost, the server shutting down or starting):
+// worth trying again.
+func transient(err error) bool {
+	return sqlq.ConnectionFailure(err)
 }
 
 // The demo's machines: a demo schema holding instances of any other is not
