@@ -765,6 +765,9 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 	default:
 		res, err = eng.CancelMatching(ctx, f, cancelReason)
 	}
+	if errors.Is(err, gendurable.ErrInvalidInput) {
+		err = cliWords(err)
+	}
 	verb := map[string]string{"retry": "retried", "cancel": "cancelled"}[name]
 	why := map[string]string{"retry": "not failed, or their unique key is held by a live instance", "cancel": "already finished"}[name]
 	msg := fmt.Sprintf("%s %d of %d matching instances; %d skipped (%s)", verb, res.Changed, res.Matched, res.Skipped, why)
@@ -1104,3 +1107,25 @@ func errorCode(err error) string {
 	}
 	return "error"
 }
+
+// cliWords is err (an API's refusal of a filter) in the command line's
+// words: its flags where the message names the API's fields ("set All"
+// read, to an operator, as a field they had no way to set).
+func cliWords(err error) error {
+	msg := strings.NewReplacer("set All to act", "pass --all to act", "From is not after", "--since is not after",
+		"To is after", "the range's end is after").Replace(err.Error())
+	if msg == err.Error() {
+		return err
+	}
+	return reworded{msg: msg, err: err}
+}
+
+// reworded is an error with its message rewritten (cliWords), still
+// wrapping it for errors.Is and the exit code.
+type reworded struct {
+	msg string
+	err error
+}
+
+func (r reworded) Error() string { return r.msg }
+func (r reworded) Unwrap() error { return r.err }

@@ -151,6 +151,14 @@ func TestAnEmptyOrRepeatedFilterIsRefused(t *testing.T) {
 	require.Equal(t, exitUsage, code, errOut)
 	require.Contains(t, errOut, "white space")
 
+	// A time range that leaves out nothing is refused in the command's
+	// words: its flags, not the API's fields (From, All).
+	_, errOut, code = cli(t, append([]string{"cancel", "--since", "100000h", "--yes"}, s...)...)
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "--since is not after")
+	require.Contains(t, errOut, "pass --all to act")
+	require.NotContains(t, errOut, "set All")
+
 	// The filter as meant still works.
 	out, errOut, code := cli(t, append([]string{"cancel", "--queue", "q1", "--status", "awaiting_signal", "--yes"}, s...)...)
 	require.Equal(t, 0, code, errOut)

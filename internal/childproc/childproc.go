@@ -121,9 +121,15 @@ func UnprivilegedCredential(name string, defaults ...string) (*syscall.Credentia
 // MakeDir creates a directory with os.MkdirTemp (pattern as there), owned
 // by cred's user if cred is not nil. That user must be able to reach it, so
 // with a cred it goes under os.TempDir only if that user may traverse it
-// (e.g. not TMPDIR=/root/tmp), else under /tmp.
+// (e.g. not TMPDIR=/root/tmp), else under /tmp. It goes under /tmp too when
+// os.TempDir's path is too long for a Unix socket in it (a server's
+// ".s.PGSQL.5432"): the kernel takes at most 107 bytes, and postgres
+// failed to start under a long TMPDIR (a newcomer's probe).
 func MakeDir(pattern string, cred *syscall.Credential) (string, error) {
 	parent := os.TempDir()
+	if len(parent)+len(pattern)+len("/0123456789/.s.PGSQL.65535") > maxSocketPath {
+		parent = "/tmp"
+	}
 	if cred != nil && !traversable(parent, cred) {
 		if !traversable("/tmp", cred) {
 			return "", fmt.Errorf("neither %s nor /tmp is accessible to uid %d", parent, cred.Uid)
@@ -142,6 +148,10 @@ func MakeDir(pattern string, cred *syscall.Credential) (string, error) {
 	}
 	return dir, nil
 }
+
+// maxSocketPath is the longest path a Unix socket may have on Linux
+// (sun_path holds 108 bytes, its last a NUL).
+const maxSocketPath = 107
 
 // traversable reports whether the user in cred may search dir and all its
 // ancestors (ignoring ACLs).

@@ -5,6 +5,7 @@ package childproc
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -94,5 +95,27 @@ func TestMakeDir(t *testing.T) {
 	defer os.RemoveAll(dir2)
 	if fi, err := os.Stat(dir2); err != nil || !traversable(dir2, cred) {
 		t.Errorf("%s not reachable by uid %d (%v, %v)", dir2, cred.Uid, fi, err)
+	}
+}
+
+// TestMakeDirKeepsASocketPathShort: under a TMPDIR too long for a Unix
+// socket in the new directory (".s.PGSQL.5432" there), MakeDir goes
+// under /tmp: postgres failed to start under such a TMPDIR.
+func TestMakeDirKeepsASocketPathShort(t *testing.T) {
+	long := filepath.Join(t.TempDir(), strings.Repeat("d", 100))
+	if err := os.MkdirAll(long, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TMPDIR", long)
+	dir, err := MakeDir("pgtemp-", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if socket := filepath.Join(dir, ".s.PGSQL.65535"); len(socket) > maxSocketPath {
+		t.Errorf("a socket in %s would have a path of %d bytes", dir, len(socket))
+	}
+	if !strings.HasPrefix(dir, "/tmp/") {
+		t.Errorf("MakeDir made %s, not under /tmp", dir)
 	}
 }

@@ -162,7 +162,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 			return nil, fmt.Errorf("the throwaway PostgreSQL was stopped while it started: %w", context.Cause(ctx))
 		}
 		if err != nil {
-			return nil, fmt.Errorf("start a throwaway PostgreSQL (install the postgresql package, or pass --database-url): %w", err)
+			// pgtemp's error says what to install when the server is
+			// missing; any other failure (postgres quoted) is not that.
+			return nil, fmt.Errorf("start a throwaway PostgreSQL (or pass --database-url): %w", err)
 		}
 		defer func() { _ = srv.Stop() }()
 		url = srv.URL()
