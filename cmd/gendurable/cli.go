@@ -321,7 +321,14 @@ func reportError(w io.Writer, name string, err error, asJSON bool, dbSource stri
 		_ = printJSON(w, map[string]any{"error": map[string]any{"code": errorCode(err), "message": msg, "exit_code": exitCode(err)}})
 		return
 	}
-	fmt.Fprintln(w, display.Terminal(msg))
+	// Line by line: a message that quotes a program's output (a throwaway
+	// server's failed start quotes postgres's log) keeps its lines, each
+	// made safe for the terminal, rather than one line of \x0a.
+	lines := strings.Split(strings.TrimRight(msg, "\n"), "\n")
+	for i, l := range lines {
+		lines[i] = display.Terminal(l)
+	}
+	fmt.Fprintln(w, strings.Join(lines, "\n"))
 }
 
 // migrateHint rewrites the library's advice to migrate for a command line:
