@@ -147,14 +147,17 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	defer func() { _ = tx.Rollback(ctx) }()
 	clock := newIdleClock()
 	if fnErr := res.TxFn(fnCtx, &clockedTx{Tx: tx, c: clock, top: true}); fnErr != nil {
-		// The session's failure only if this transaction's connection is
-		// gone (a statement of it failed on the network, or the server
-		// ended the session: pgx closes the connection either way), not by
-		// the callback's error's type: an io.EOF of a request body, or a
-		// net.Error of an HTTP call, had the step run again without an
+		// The session's failure if this transaction's connection is gone
+		// (a statement of it failed on the network, or the server ended
+		// the session: pgx closes the connection), or a server (this one,
+		// or a pooler on the way) answered with a connection-class SQLSTATE
+		// — not by a Go error's type alone: an io.EOF of a request body, or
+		// a net.Error of an HTTP call, had the step run again without an
 		// attempt counted, past MaxAttempts, without end (a
 		// library-misuse probe).
-		if stepCtx.Err() == nil && (tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
+		var pgErr *pgconn.PgError
+		if stepCtx.Err() == nil && (tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone ||
+			errors.As(fnErr, &pgErr) && connectionFailure(fnErr)) {
 			fnErr = x.sessionLost(fnErr, clock.longestIdle())
 		}
 		return nil, fnErr, nil
