@@ -78,9 +78,11 @@ var (
 	// connection, not by itself — the connection was lost or terminated
 	// (SQLSTATE class 08, 57P01 admin shutdown, 57P02, 57P03, or a network
 	// error), or the server had no connection to give (53300 too many
-	// clients). A callback's Go error counts as such only when the
-	// transaction's own connection is gone: one that only looks like it
-	// (an io.EOF, a net.Error of another service) goes to Handle. Handle is not
+	// clients). A callback's error counts as such only when the
+	// transaction's own connection is gone, not by its type or SQLSTATE:
+	// one that only looks like it (an io.EOF, a net.Error of another
+	// service, a 08001 of postgres_fdw) or the callback's own statement
+	// timeout goes to Handle. Handle is not
 	// asked and no attempt is counted: the step runs again after about a
 	// second. The error history records it with kind "infrastructure", and
 	// the StepEvent's Err wraps this error.

@@ -151,7 +151,10 @@ func TestWithTxIdleWhileReadingRowsCountsAnAttempt(t *testing.T) {
 // attempt counted, Handle asked, the instance failed at MaxAttempts. It
 // was taken for the session's loss by its type: run again without an
 // attempt counted, without end (a library-misuse probe: 9-11 runs in 6-8 s
-// at MaxAttempts 2-3, the row runnable at attempt 0).
+// at MaxAttempts 2-3, the row runnable at attempt 0). Nor is a
+// connection-class SQLSTATE the session's own server sent about another
+// (postgres_fdw), nor the callback's own statement timeout, at which pgx
+// closes the connection (the review of the fix).
 func TestAWithTxCallbackFailingOffItsConnectionCountsAnAttempt(t *testing.T) {
 	t.Parallel()
 	var runs atomic.Int32
@@ -166,8 +169,21 @@ func TestAWithTxCallbackFailingOffItsConnectionCountsAnAttempt(t *testing.T) {
 					if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
 						return err
 					}
-					if r.State.I == 1 {
+					switch r.State.I {
+					case 1:
 						return fmt.Errorf("call the payment service: %w", refused)
+					case 2:
+						// A connection-class SQLSTATE on a healthy session (as
+						// postgres_fdw reports a remote server down).
+						_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'remote down' USING ERRCODE = '08001'; END $$`)
+						return err
+					case 3:
+						// The callback's own statement timeout: pgx closes the
+						// connection at the deadline.
+						sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+						defer cancel()
+						_, err := tx.Exec(sctx, `SELECT pg_sleep(5)`)
+						return err
 					}
 					return fmt.Errorf("decode the request: %w", io.EOF)
 				}), nil
@@ -176,7 +192,7 @@ func TestAWithTxCallbackFailingOffItsConnectionCountsAnAttempt(t *testing.T) {
 	}
 	b := setup(t, fastConfig("", m))
 	b.start()
-	for i := range 2 {
+	for i := range 4 {
 		runs.Store(0)
 		id := b.insert(m.New(orderArgs{I: i}))
 		r := b.waitStatus(id, "failed", 20*time.Second)

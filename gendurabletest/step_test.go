@@ -360,6 +360,20 @@ func TestRunStepWithTx(t *testing.T) {
 	require.Equal(t, "replay", res.Kind, res.String())
 	require.ErrorContains(t, res.Err, "25P02")
 	require.NoError(t, sp.Rollback(ctx))
+
+	// A ROLLBACK sent as a statement ends the transaction: the step fails,
+	// as the engine fails it.
+	m3 := &gendurable.Machine[order]{Name: "tx3", Start: "c", Steps: map[string]gendurable.StepFunc[order]{
+		"c": func(ctx context.Context, r *gendurable.Run[order]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `ROLLBACK`)
+				return err
+			}), nil
+		},
+	}}
+	res = gendurabletest.RunStep(ctx, t, m3, "c", order{}, &gendurabletest.StepOpts{Tx: tx})
+	require.Equal(t, "replay", res.Kind, res.String())
+	require.ErrorContains(t, res.Err, "ended the step's transaction itself")
 }
 
 // A Next that breaks the machine's declared Flow (to a step that exists but

@@ -323,12 +323,15 @@ func reportError(w io.Writer, name string, err error, asJSON bool, dbSource stri
 	}
 	// Line by line: a message that quotes a program's output (a throwaway
 	// server's failed start quotes postgres's log) keeps its lines, each
-	// made safe for the terminal, rather than one line of \x0a.
+	// made safe for the terminal, rather than one line of \x0a; a line
+	// after the first is indented under "  | ", so no text inside an error
+	// (a database's message, a value echoed) reads as a line of the
+	// command's own (the review).
 	lines := strings.Split(strings.TrimRight(msg, "\n"), "\n")
 	for i, l := range lines {
 		lines[i] = display.Terminal(l)
 	}
-	fmt.Fprintln(w, strings.Join(lines, "\n"))
+	fmt.Fprintln(w, strings.Join(lines, "\n  | "))
 }
 
 // migrateHint rewrites the library's advice to migrate for a command line:

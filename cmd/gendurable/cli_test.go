@@ -1603,3 +1603,13 @@ func TestVersion(t *testing.T) {
 	_, _, code = cli(t, "version", "extra")
 	require.Equal(t, exitUsage, code)
 }
+
+// TestAnErrorOfSeveralLinesKeepsThemIndented: a message that quotes a
+// program's output keeps its lines (it printed as one line of \x0a), each
+// after the first indented, so that no text inside it — a database's
+// message, a value echoed — reads as a line of the command's own.
+func TestAnErrorOfSeveralLinesKeepsThemIndented(t *testing.T) {
+	var b strings.Builder
+	reportError(&b, "status", errors.New("start failed:\npostgres: FATAL: could not bind\ngendurable: retried 1 of 1\x1b[2J"), false, "")
+	require.Equal(t, "gendurable: start failed:\n  | postgres: FATAL: could not bind\n  | gendurable: retried 1 of 1\\x1b[2J\n", b.String())
+}

@@ -288,8 +288,16 @@ func demo(ctx context.Context, n int) error {
 	defer pool.Close()
 	// A clean slate each run, in a schema of the demo's own: it is marked
 	// when created, and one the demo did not create (it may hold someone's
-	// data) is left alone.
-	if err := scratch.Prepare(ctx, pool, schema, scratchOptions); err != nil {
+	// data) is left alone; one a worker or another demo is running in is
+	// refused (held from before the drop until this demo ends).
+	hold, err := scratch.Use(ctx, pool, schema)
+	if err != nil {
+		return err
+	}
+	defer hold.Release()
+	opts := scratchOptions
+	opts.Hold = hold
+	if err := scratch.Prepare(ctx, pool, schema, opts); err != nil {
 		return err
 	}
 	if err := insert(ctx, pool, n); err != nil {

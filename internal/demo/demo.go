@@ -181,16 +181,18 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger}); err != nil {
-		return nil, err
-	}
-	// In use while the demo runs: another demo (or bench) started meanwhile
-	// refuses to drop the schema, without touching its tables.
+	// In use while the demo runs, from before its own drop: another demo
+	// (or bench) started meanwhile refuses to drop the schema, without
+	// touching its tables.
 	hold, err := scratch.Use(ctx, pool, o.Schema)
 	if err != nil {
 		return nil, err
 	}
 	defer hold.Release()
+	if err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "demo", Reset: o.ResetSchema, Confirm: o.Confirm,
+		Logger: o.AuditLogger, Hold: hold}); err != nil {
+		return nil, err
+	}
 	if o.DatabaseURL != "" {
 		// Where it writes, and that it stays: with DATABASE_URL exported on
 		// a developer's machine, "the one command" wrote into that

@@ -147,17 +147,18 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	defer func() { _ = tx.Rollback(ctx) }()
 	clock := newIdleClock()
 	if fnErr := res.TxFn(fnCtx, &clockedTx{Tx: tx, c: clock, top: true}); fnErr != nil {
-		// The session's failure if this transaction's connection is gone
-		// (a statement of it failed on the network, or the server ended
-		// the session: pgx closes the connection), or a server (this one,
-		// or a pooler on the way) answered with a connection-class SQLSTATE
-		// — not by a Go error's type alone: an io.EOF of a request body, or
-		// a net.Error of an HTTP call, had the step run again without an
-		// attempt counted, past MaxAttempts, without end (a
-		// library-misuse probe).
-		var pgErr *pgconn.PgError
-		if stepCtx.Err() == nil && (tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone ||
-			errors.As(fnErr, &pgErr) && connectionFailure(fnErr)) {
+		// The session's failure only if this transaction's connection is
+		// gone — a statement of it failed on the network, or the server
+		// ended the session (PostgreSQL and PgBouncer send that as FATAL,
+		// and pgx closes the connection) — and not because the callback's
+		// own context ran out (pgx closes the connection at a statement's
+		// deadline too). Not by the error's type or SQLSTATE: an io.EOF of
+		// a request body, a net.Error of an HTTP call, a 08001 from
+		// postgres_fdw or another pool had the step run again without an
+		// attempt counted, past MaxAttempts, without end (a library-misuse
+		// probe, and the review of its fix).
+		ownDeadline := fnCtx.Err() == nil && (errors.Is(fnErr, context.DeadlineExceeded) || errors.Is(fnErr, context.Canceled))
+		if stepCtx.Err() == nil && !ownDeadline && (tx.Conn().IsClosed() || context.Cause(fnCtx) == errTxGone) {
 			fnErr = x.sessionLost(fnErr, clock.longestIdle())
 		}
 		return nil, fnErr, nil
@@ -170,7 +171,7 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 		// failure, for Handle. Before, the outcome went on in a
 		// transaction of its own: the instance was done with the step's
 		// writes rolled back (a library-misuse probe).
-		return nil, errTxEndedByCallback, nil
+		return nil, ErrTxEndedByCallback, nil
 	}
 	var b sqlq.OutcomeBatch
 	b.Add(&res.Out)
@@ -200,9 +201,9 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	return &rows[0], nil, nil
 }
 
-// errTxEndedByCallback is the step's error when its WithTx callback ended
-// the engine's transaction itself.
-var errTxEndedByCallback = errors.New("gendurable: the WithTx callback ended the step's transaction itself " +
+// ErrTxEndedByCallback is the step's error when its WithTx callback ended
+// the engine's transaction itself (gendurabletest.RunStep's too).
+var ErrTxEndedByCallback = errors.New("gendurable: the WithTx callback ended the step's transaction itself " +
 	"(a COMMIT or ROLLBACK sent as a statement): its writes were committed or rolled back apart from the outcome, " +
 	"which was not written; let the engine commit (return nil) or roll back (return an error)")
 

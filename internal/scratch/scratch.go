@@ -65,6 +65,11 @@ type Options struct {
 	// not create. A marked schema's drop is not logged: it is the
 	// command's own.
 	Logger *slog.Logger
+	// Hold, if set, is the run's use of the schema (Use), taken before
+	// Prepare: the drop runs on its connection (a session's own shared
+	// lock does not stop its drop), so that no other run can drop the
+	// schema between this one's drop and its hold.
+	Hold *Hold
 	// Remedy, if set, replaces the advice that ends ErrNotScratch's message
 	// (default: choose another --schema, or pass --reset-schema), for a
 	// caller that has no such flags.
@@ -119,7 +124,11 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	if created {
 		// An earlier run's: dropped if it holds only what gendurable put
 		// there and nothing elsewhere depends on it.
-		err := dropOwn(ctx, db, schema)
+		var on beginner = db
+		if o.Hold != nil && o.Hold.conn != nil {
+			on = o.Hold.conn
+		}
+		err := dropOwn(ctx, on, schema)
 		switch {
 		case err == nil:
 			info.Exists = false
@@ -257,7 +266,7 @@ func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
 // time in a new transaction (its locks freed between: what it waited for —
 // an autovacuum, which PostgreSQL cancels for a lock request only after
 // deadlock_timeout — may be waiting for them), then is ErrBusy.
-func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
+func dropOwn(ctx context.Context, db beginner, schema string) error {
 	for try := 1; ; try++ {
 		err := dropOwnOnce(ctx, db, schema)
 		if !errors.Is(err, ErrBusy) || errors.Is(err, errInUse) || try == 3 {
@@ -272,7 +281,7 @@ func dropOwn(ctx context.Context, db *pgxpool.Pool, schema string) error {
 }
 
 // dropOwnOnce is one try of dropOwn, in one transaction.
-func dropOwnOnce(ctx context.Context, db *pgxpool.Pool, schema string) error {
+func dropOwnOnce(ctx context.Context, db beginner, schema string) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err
@@ -343,14 +352,24 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema string) error {
 	return err
 }
 
+// beginner begins a transaction: the pool, or a Hold's connection.
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
 // Hold is a run's use of its schema (Use): while it is held, Prepare and
 // Drop in any other process refuse to drop the schema (ErrBusy), without
 // taking a lock on its tables. The lock lives in a connection of its own
 // (not one of the pool's): it ends with Release, with the process, or with
-// that connection. It does not hold behind a pooler in transaction mode,
-// which the scratch commands do not use.
+// that connection — a server restart or an idle_session_timeout ends it
+// without a word, and from then on a drop is not stopped by it. Behind a
+// pooler in transaction mode it holds nothing reliably (each statement may
+// reach another server session), and a session lock the pooler keeps on a
+// server connection after Release can refuse drops until that connection
+// ends: point the demo at PostgreSQL itself.
 type Hold struct {
-	conn *pgx.Conn
+	conn   *pgx.Conn
+	schema string
 }
 
 // Use takes schema's use for this process until Release: ErrBusy if
@@ -368,7 +387,7 @@ func Use(ctx context.Context, db *pgxpool.Pool, schema string) (*Hold, error) {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	return &Hold{conn: conn}, nil
+	return &Hold{conn: conn, schema: schema}, nil
 }
 
 // Release ends the use (closing its connection). A nil Hold, or one
@@ -379,6 +398,9 @@ func (h *Hold) Release() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	// Let go first: closing the connection ends the session and its lock,
+	// unless a pooler keeps the server session.
+	_ = sqlq.UnholdScratch(ctx, h.conn, h.schema)
 	_ = h.conn.Close(ctx)
 	h.conn = nil
 }

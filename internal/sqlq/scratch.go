@@ -270,8 +270,9 @@ func SchemaShape(ctx context.Context, db RowQuerier, schema string) ([]string, e
 // waiting (ScratchHeld), and gives up at once if anyone holds it — before
 // it locks a table, so a running demo is neither held up nor chosen as a
 // deadlock's victim. The key is the schema's name, hashed in a namespace
-// of its own.
-const scratchKey = `hashtext('gendurable:scratch'), hashtext($1)`
+// of its own ("gendurable/scratch": no schema's pick lock, keyed by
+// 'gendurable:' || its name, can have it).
+const scratchKey = `hashtext('gendurable/scratch'), hashtext($1)`
 
 // HoldScratch takes the shared advisory lock of schema's use on conn, for
 // the session: false if a drop holds it (the schema is being dropped and
@@ -280,6 +281,12 @@ func HoldScratch(ctx context.Context, conn RowQuerier, schema string) (bool, err
 	var ok bool
 	err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared(`+scratchKey+`)`, schema).Scan(&ok)
 	return ok, err
+}
+
+// UnholdScratch lets go of schema's use taken by HoldScratch on conn.
+func UnholdScratch(ctx context.Context, conn RowQuerier, schema string) error {
+	var ok bool
+	return conn.QueryRow(ctx, `SELECT pg_advisory_unlock_shared(`+scratchKey+`)`, schema).Scan(&ok)
 }
 
 // ScratchHeld reports, inside the drop's transaction tx, whether another
