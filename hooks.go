@@ -43,7 +43,7 @@ type StepEvent struct {
 	InstanceID int64
 	Step       string        // the step that ran
 	Attempt    int           // its attempt, from 0 (Run.Attempt)
-	Outcome    string        // "next", "replay", "done" or "stop"
+	Outcome    string        // "next", "replay", "done", "stop", "await" (Await) or "children" (ScheduleChildren)
 	Err        error         // the step's handled error (or panic), if any
 	Duration   time.Duration // user code plus outcome commit
 	Fenced     bool          // the claim token no longer matched: nothing was written

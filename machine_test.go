@@ -748,3 +748,34 @@ func startedAtAnUndeclaredStep(t *testing.T, m *gendurable.Machine[probeState], 
 	b.start()
 	return b, id
 }
+
+// TestStepEventNamesEveryOutcome: a StepEvent's Outcome is one of the
+// values its godoc lists, "await" and "children" among them (the godoc
+// listed four; a hook switching on them missed every Await and fan-out).
+func TestStepEventNamesEveryOutcome(t *testing.T) {
+	t.Parallel()
+	leaf := &gendurable.Job[leafArgs]{Name: "evleaf", Perform: func(context.Context, *gendurable.Run[leafArgs]) error { return nil }}
+	m := &gendurable.Machine[probeState]{Name: "evout", Start: "fan", Steps: map[string]gendurable.StepFunc[probeState]{
+		"fan": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+			return r.ScheduleChildren("wait", r.State, leaf.New(leafArgs{})), nil
+		},
+		"wait": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+			return r.Await("end", r.State, "go").Timeout(10 * time.Millisecond), nil
+		},
+		"end": func(ctx context.Context, r *gendurable.Run[probeState]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil), nil
+		},
+	}}
+	events := &eventLog{}
+	cfg := fastConfig("", m, leaf)
+	cfg.Hooks = []gendurable.Hook{events}
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(probeState{}))
+	b.waitStatus(id, "done", 20*time.Second)
+	for step, want := range map[string]string{"fan": "children", "wait": "await", "end": "done"} {
+		ev, ok := findEvent(events, func(e *gendurable.StepEvent) bool { return e.InstanceID == id && e.Step == step })
+		require.True(t, ok, step)
+		require.Equal(t, want, ev.Outcome, step)
+	}
+}
