@@ -438,3 +438,20 @@ func TestASchemaInUseIsNotDroppedUnderItsRun(t *testing.T) {
 	require.NoError(t, Prepare(ctx, pool, schema, withHold))
 	require.ErrorIs(t, Prepare(ctx, pool, schema, o), ErrBusy)
 }
+
+// TestAMarkedSchemaNamedLikeAWordInsideItIsItsOwn: a demo schema whose
+// name also occurs inside gendurable's own definitions ("cursor" is in the
+// pick's "p_cursor", "rs" in "errors") is dropped by the next run like any
+// other. The shape comparison replaced every occurrence of the name, in
+// words too, and found the schema's own functions changed: the second
+// demo refused its own schema (a hostile operator's probe).
+func TestAMarkedSchemaNamedLikeAWordInsideItIsItsOwn(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	ctx := t.Context()
+	for _, schema := range []string{"cursor", "rs"} {
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`) })
+		require.NoError(t, Prepare(ctx, pool, schema, Options{Owner: "demo"}), schema)
+		require.NoError(t, Prepare(ctx, pool, schema, Options{Owner: "demo"}), "%s: the second run drops its own schema", schema)
+	}
+}

@@ -158,8 +158,12 @@ func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (
 }
 
 // schemaShapeSQL lists what a schema's objects are made of, one line each,
-// with the schema's name taken out of every definition (a quoted and a
-// bare form: $2, $3), so that two schemas migrated to the same version list
+// with the schema's name taken out of every definition (a quoted form, $2,
+// and a bare one, $3 as a regular expression, only where no letter, digit
+// or underscore comes before it; in a function's source, the quoted form
+// alone: a second demo in a schema named "rs" found its own functions
+// changed, "p_cursor" read as "p_cu{{schema}}or" — a hostile operator's
+// probe), so that two schemas migrated to the same version list
 // the same lines: the relations (their options, grants and comments), their
 // columns (types, defaults, grants, comments), constraints, index
 // definitions, triggers, policies, rules and row-level security, the
@@ -175,7 +179,7 @@ rels AS (SELECT c.oid, c.relname, c.relkind, c.relrowsecurity, c.relforcerowsecu
                 CASE WHEN c.relacl = acldefault(CASE WHEN c.relkind = 'S' THEN 's' ELSE 'r' END::"char", c.relowner)
                      THEN NULL ELSE c.relacl END AS relacl
          FROM pg_class AS c, n WHERE c.relnamespace = n.oid)
-SELECT coalesce(array_agg(replace(replace(x, $2, ''), $3, '') ORDER BY x), '{}') FROM (
+SELECT coalesce(array_agg(regexp_replace(replace(x, $2, ''), '(^|[^A-Za-z0-9_])' || $3, '\1', 'g') ORDER BY x), '{}') FROM (
   SELECT 'relation ' || r.relname || ' (' || r.relkind::text || ')'
          || coalesce(' with ' || array_to_string(r.reloptions, ','), '')
          || coalesce(' granted ' || r.relacl::text, '')
@@ -216,7 +220,7 @@ SELECT coalesce(array_agg(replace(replace(x, $2, ''), $3, '') ORDER BY x), '{}')
   FROM pg_type AS t, n WHERE t.typnamespace = n.oid AND t.typtype IN ('e', 'd', 'b', 'r', 'm') AND t.typelem = 0
   UNION ALL
   SELECT 'function ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ') '
-         || md5(replace(p.prosrc, $1, '{{schema}}'))
+         || md5(replace(p.prosrc, '"' || $1 || '"', '{{schema}}'))
          || coalesce(' set ' || array_to_string(p.proconfig, ','), '')
   FROM pg_proc AS p, n WHERE p.pronamespace = n.oid
   UNION ALL
@@ -249,7 +253,7 @@ func SchemaShape(ctx context.Context, db RowQuerier, schema string) ([]string, e
 		return nil, err
 	}
 	var shape []string
-	if err := db.QueryRow(ctx, schemaShapeSQL, schema, quoteIdent(schema)+".", schema+".").Scan(&shape); err != nil {
+	if err := db.QueryRow(ctx, schemaShapeSQL, schema, quoteIdent(schema)+".", schema+`\.`).Scan(&shape); err != nil {
 		return nil, err
 	}
 	var has bool
