@@ -121,13 +121,13 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		return fmt.Errorf("inspect schema %q: %w", schema, err)
 	}
 	created := info.Exists && info.Scratch() // by demo or bench, whatever it holds now
+	var on beginner = db
+	if o.Hold != nil && o.Hold.conn != nil {
+		on = o.Hold.conn
+	}
 	if created {
 		// An earlier run's: dropped if it holds only what gendurable put
 		// there and nothing elsewhere depends on it.
-		var on beginner = db
-		if o.Hold != nil && o.Hold.conn != nil {
-			on = o.Hold.conn
-		}
 		err := dropOwn(ctx, on, schema)
 		switch {
 		case err == nil:
@@ -167,7 +167,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		}
 	}
 	if info.Exists {
-		if err := sqlq.DropSchema(ctx, db, schema); err != nil {
+		if err := dropReset(ctx, on, schema); err != nil {
 			return fmt.Errorf("drop schema %q: %w", schema, err)
 		}
 		if o.Logger != nil && !info.Scratch() {
@@ -350,6 +350,31 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema string) error {
 			ErrNotScratch, schema, err)
 	}
 	return err
+}
+
+// dropReset drops schema and everything in it (the operator's confirmed
+// --reset-schema), unless a run holds its use (Use): checked in the drop's
+// own transaction, after the prompt. Checked before it only, a reset that
+// waited on its y/N prompt dropped the schema a quickstart worker had
+// started in meanwhile (a hostile operator's probe).
+func dropReset(ctx context.Context, on beginner, schema string) error {
+	tx, err := on.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	held, err := sqlq.ScratchHeld(ctx, tx, schema)
+	if err != nil {
+		return err
+	}
+	if held {
+		return fmt.Errorf("%w: %q: a gendurable demo or quickstart worker is running in it, and nothing was dropped: "+
+			"wait for it to end, or use another schema", errInUse, schema)
+	}
+	if err := sqlq.DropSchema(ctx, tx, schema); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
 }
 
 // beginner begins a transaction: the pool, or a Hold's connection.

@@ -455,3 +455,31 @@ func TestAMarkedSchemaNamedLikeAWordInsideItIsItsOwn(t *testing.T) {
 		require.NoError(t, Prepare(ctx, pool, schema, Options{Owner: "demo"}), "%s: the second run drops its own schema", schema)
 	}
 }
+
+// TestAResetDoesNotDropASchemaInUse: the operator's --reset-schema (Reset,
+// confirmed) of a schema a run holds (a quickstart worker started in it
+// while the prompt waited) is refused, nothing dropped. The hold was
+// checked only on the way to the prompt, not by the drop after it (a
+// hostile operator's probe).
+func TestAResetDoesNotDropASchemaInUse(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	ctx := t.Context()
+	schema := freshName(t, pool)
+	_, err := pool.Exec(ctx, `CREATE SCHEMA "`+schema+`"; CREATE TABLE "`+schema+`".mine (x int)`)
+	require.NoError(t, err)
+	var hold *Hold
+	confirm := func(string) (bool, error) {
+		var err error
+		hold, err = Use(ctx, pool, schema) // a worker starts while the prompt waits
+		return err == nil, err
+	}
+	err = Prepare(ctx, pool, schema, Options{Owner: "demo", Reset: true, Confirm: confirm})
+	defer hold.Release()
+	require.ErrorIs(t, err, ErrBusy)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace`, schema).Scan(&n))
+	require.Equal(t, 1, n, "nothing dropped")
+	hold.Release()
+	require.NoError(t, Prepare(ctx, pool, schema, Options{Owner: "demo", Reset: true, Confirm: func(string) (bool, error) { return true, nil }}))
+}
