@@ -7,7 +7,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -85,6 +84,6 @@ func Backlog(ctx context.Context, o Options, sizes []int, batch, repeats int, pr
 		sort.Float64s(ds)
 		out = append(out, BacklogResult{Runnable: n, Batch: batch, MedianMs: ds[len(ds)/2], P90Ms: ds[len(ds)*9/10]})
 	}
-	_ = scratch.Drop(ctx, pool, schema)
+	o.drop(pool, schema)
 	return out, nil
 }

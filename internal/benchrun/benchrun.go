@@ -38,6 +38,8 @@ const (
 
 // Options configure one run.
 type Options struct {
+	hold *scratch.Hold // the schema's use, from prepare to drop
+
 	DatabaseURL string
 	// Schema is the benchmark's own schema, default "gendurable_bench":
 	// created and marked by it, dropped at the end. An existing schema it did
@@ -197,17 +199,38 @@ func init() {
 	scratch.Share("bench_job", "bench_fsm3", "bench_await", "bench_fanout", "bench_pickup", "bench_keys", "bench_floor", "long_horizon_job")
 }
 
-// drop drops the run's schema, saying on Progress when it cannot: a schema
-// left behind made every later bench refuse to run.
+// drop drops the run's schema and lets go of its use, saying on Progress
+// when it cannot: a schema left behind made every later bench refuse to
+// run.
 func (o *Options) drop(pool *pgxpool.Pool, schema string) {
-	if err := scratch.Drop(context.Background(), pool, schema); err != nil && o.Progress != nil {
+	err := scratch.DropHeld(context.Background(), pool, schema, o.hold)
+	o.hold.Release()
+	o.hold = nil
+	if err != nil && o.Progress != nil {
 		fmt.Fprintf(o.Progress, "bench: its schema %q was not dropped: %v\n", schema, err)
 	}
 }
 
-// prepare gives the run a fresh schema of its own (see Options.Schema).
+// prepare gives the run a fresh schema of its own (see Options.Schema),
+// held (scratch.Use) from before its drop until drop: a demo started
+// meanwhile refuses to drop it, where it had dropped the schema under a
+// running bench, whose own drop then took the demo's (a hostile operator's
+// probe). A bench that prepares again (a size at a time) keeps its hold.
 func (o *Options) prepare(ctx context.Context, pool *pgxpool.Pool) error {
-	return scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Reset: o.ResetSchema, Confirm: o.Confirm, Logger: o.AuditLogger})
+	if o.hold == nil {
+		h, err := scratch.Use(ctx, pool, o.Schema)
+		if err != nil {
+			return err
+		}
+		o.hold = h
+	}
+	err := scratch.Prepare(ctx, pool, o.Schema, scratch.Options{Owner: "bench", Reset: o.ResetSchema, Confirm: o.Confirm,
+		Logger: o.AuditLogger, Hold: o.hold})
+	if err != nil {
+		o.hold.Release()
+		o.hold = nil
+	}
+	return err
 }
 
 // queueConfig is the configuration of each of the run's queues.

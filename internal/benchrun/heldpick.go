@@ -7,7 +7,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -69,7 +68,7 @@ func HeldPick(ctx context.Context, o Options, sizes []int, batch, repeats int, p
 			out = append(out, res...)
 		}
 	}
-	_ = scratch.Drop(ctx, pool, o.Schema)
+	o.drop(pool, o.Schema)
 	return out, nil
 }
 

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -42,7 +41,7 @@ func Idle(ctx context.Context, o Options, warmup, d time.Duration) (*IdleResult,
 	if err := o.prepare(ctx, pool); err != nil {
 		return nil, err
 	}
-	defer func() { _ = scratch.Drop(context.Background(), pool, schema) }()
+	defer o.drop(pool, schema)
 	job, _, _, _ := machines(0)
 	eng, err := gendurable.New(pool, &gendurable.Config{
 		Schema: schema, Machines: []gendurable.Definition{job},
@@ -88,7 +87,7 @@ func Pickup(ctx context.Context, o Options, samples int) (*PickupResult, error) 
 	if err := o.prepare(ctx, pool); err != nil {
 		return nil, err
 	}
-	defer func() { _ = scratch.Drop(context.Background(), pool, schema) }()
+	defer o.drop(pool, schema)
 	started := make(chan time.Time, 1)
 	job := &gendurable.Job[args]{Name: "bench_pickup", Perform: func(context.Context, *gendurable.Run[args]) error {
 		started <- time.Now()

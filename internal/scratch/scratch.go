@@ -249,6 +249,20 @@ func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
 	return dropOwn(ctx, db, schema)
 }
 
+// DropHeld is Drop for a run that holds the schema's use (h, from Use; nil
+// is Drop): the drop runs on the hold's connection, whose own lock does
+// not stop it, where another run's does.
+func DropHeld(ctx context.Context, db *pgxpool.Pool, schema string, h *Hold) error {
+	if h == nil || h.conn == nil {
+		return Drop(ctx, db, schema)
+	}
+	info, err := sqlq.InspectSchema(ctx, db, schema)
+	if err != nil || !info.Exists || !info.Scratch() {
+		return err
+	}
+	return dropOwn(ctx, h.conn, schema)
+}
+
 // dropOwn drops a marked schema, in one transaction, without CASCADE:
 // gendurable's own objects one by one (migrate.Down, which names each of
 // them), then the schema itself. An object someone added to the schema, or
