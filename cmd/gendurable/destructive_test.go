@@ -247,3 +247,34 @@ func TestASecondDemoLeavesTheRunningOneAlone(t *testing.T) {
 	}
 	require.Contains(t, out.String(), "done in")
 }
+
+// TestADemoWhoseTablesAreDroppedUnderItEnds: `migrate down` of the schema
+// a demo runs in (the operator's confirmed command, not refused) ends the
+// demo with an error in bounded time. Its engines' Stop had no deadline:
+// every outcome's write to the vanished tables was retried for a lease,
+// batch after batch, and the demo ran on for minutes, deaf to SIGTERM (a
+// hostile operator's probe).
+func TestADemoWhoseTablesAreDroppedUnderItEnds(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, NoMigrate: true})
+	schema := scratchName(t, pool, "gddemo_")
+	demo := exec.Command(binary, "demo", "--orders", "3000", "--schema", schema)
+	demo.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	var out, errb syncbuf.Buffer
+	demo.Stdout, demo.Stderr = &out, &errb
+	require.NoError(t, demo.Start())
+	done := make(chan error, 1)
+	go func() { done <- demo.Wait() }()
+	t.Cleanup(func() { _ = demo.Process.Kill() })
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "inserted 3000 checkouts") },
+		60*time.Second, 20*time.Millisecond, "the demo started: %s%s", out.String(), errb.String())
+
+	_, errOut, code := cli(t, "migrate", "down", "--yes", "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	select {
+	case err := <-done:
+		require.Error(t, err, "the demo's tables are gone: %s", out.String())
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the demo did not end: %s%s", out.String(), errb.String())
+	}
+}

@@ -216,7 +216,15 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		if err := eng.Start(ctx); err != nil {
 			return nil, err
 		}
-		defer func() { _ = eng.Stop(context.Background()) }()
+		defer func() {
+			// Bounded: with its tables dropped under it (`migrate down`
+			// meanwhile), each outcome's write was retried for a lease,
+			// batch after batch, and an unbounded Stop kept the demo alive,
+			// deaf to SIGTERM, for minutes (a hostile operator's probe).
+			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+			defer cancel()
+			_ = eng.Stop(sctx)
+		}()
 		engines = append(engines, eng)
 	}
 	eng := engines[0]
@@ -343,6 +351,10 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		s.Took.Round(100*time.Millisecond), s.Paid, s.Shipments, s.Receipts, s.Retries, s.TimedOut)
 	return s, nil
 }
+
+// stopTimeout bounds each engine's Stop when the demo ends: its steps are
+// milliseconds long, and what is still unwritten after it is reaped.
+const stopTimeout = 10 * time.Second
 
 // signalTries bounds the payment provider's sends of one signal while the
 // database is away (half a second apart).
