@@ -38,7 +38,9 @@ import (
 // Terminal returns s with every character a terminal could act on made
 // visible: C0 controls (tab and newline included, so a value cannot break
 // a table row or forge a line) and DEL as \xHH, C1 controls as \u00HH,
-// bidirectional controls as \uHHHH and each byte of invalid UTF-8 as \xHH.
+// bidirectional controls and the line and paragraph separators (U+2028,
+// U+2029: a line break to some terminals and editors) as \uHHHH and each
+// byte of invalid UTF-8 as \xHH.
 // The gendurable command prints every stored value through it: a name like
 // "\x1b[2J\x1b]0;pwned\a" shows as that text rather than clear the screen.
 func Terminal(s string) string { return escapeString(s, terminal) }
@@ -69,6 +71,7 @@ const (
 	c1                   // U+0080–U+009F
 	bidi                 // Bidi_Control
 	invalid              // a byte that is not (part of) valid UTF-8
+	lineSep              // U+2028 LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR
 )
 
 // classify classifies r, decoded from size bytes (utf8.RuneError of size 1
@@ -85,6 +88,8 @@ func classify(r rune, size int) class {
 		return c1
 	case unicode.Is(unicode.Bidi_Control, r):
 		return bidi
+	case r == 0x2028 || r == 0x2029:
+		return lineSep
 	}
 	return plain
 }
@@ -93,7 +98,7 @@ func classify(r rune, size int) class {
 type set uint8
 
 const (
-	terminal set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid
+	terminal set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid | 1<<lineSep
 	inert    set = 1<<del | 1<<c1 | 1<<bidi
 	bidiOnly set = 1 << bidi
 )

@@ -38,6 +38,8 @@ func TestEscapingRule(t *testing.T) {
 			terminal: `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a`,
 			inert:    `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a`,
 			bidi:     `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a`},
+		{name: "line and paragraph separators", in: "q\u2028FAKE\u2029x",
+			terminal: `q\u2028FAKE\u2029x`, inert: "q\u2028FAKE\u2029x", bidi: "q\u2028FAKE\u2029x"},
 		{name: "invalid UTF-8", in: "bad \xff\xfe utf8 \xc2",
 			terminal: `bad \xff\xfe utf8 \xc2`, inert: "bad \xff\xfe utf8 \xc2", bidi: "bad \xff\xfe utf8 \xc2"},
 		{name: "a bidi control after invalid UTF-8", in: "\xe2\x80\u202e",
