@@ -321,13 +321,8 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema string) error {
 	// wrote, a second demo had deadlocked with the first, which died
 	// (a newcomer's probe, 3 of 3), or held a quickstart worker's outcome
 	// up past its deadline.
-	held, err := sqlq.ScratchHeld(ctx, tx, schema)
-	if err != nil {
+	if err := refuseHeld(ctx, tx, schema); err != nil {
 		return err
-	}
-	if held {
-		return fmt.Errorf("%w: %q: a gendurable demo or quickstart worker is running in it, and nothing was dropped: "+
-			"wait for it to end, or use another schema", errInUse, schema)
 	}
 	foreign, err := sqlq.ForeignRows(ctx, tx, schema, own())
 	if err != nil {
@@ -377,18 +372,27 @@ func dropReset(ctx context.Context, on beginner, schema string) error {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	held, err := sqlq.ScratchHeld(ctx, tx, schema)
-	if err != nil {
+	if err := refuseHeld(ctx, tx, schema); err != nil {
 		return err
-	}
-	if held {
-		return fmt.Errorf("%w: %q: a gendurable demo or quickstart worker is running in it, and nothing was dropped: "+
-			"wait for it to end, or use another schema", errInUse, schema)
 	}
 	if err := sqlq.DropSchema(ctx, tx, schema); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+// refuseHeld is errInUse if a run holds schema's use (Use), else takes
+// that lock exclusively for tx, until it ends (sqlq.ScratchHeld).
+func refuseHeld(ctx context.Context, tx pgx.Tx, schema string) error {
+	held, err := sqlq.ScratchHeld(ctx, tx, schema)
+	if err != nil {
+		return err
+	}
+	if held {
+		return fmt.Errorf("%w: %q: a gendurable demo, bench or quickstart worker is running in it, and nothing was dropped: "+
+			"wait for it to end, or use another schema", errInUse, schema)
+	}
+	return nil
 }
 
 // beginner begins a transaction: the pool, or a Hold's connection.
