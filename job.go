@@ -63,9 +63,6 @@ func (j *Job[T]) definition() (*machineCore, error) {
 			MaxAttempts: j.MaxAttempts, Backoff: j.Backoff, StepTimeout: j.Timeout,
 			Flow: []FlowStep{{Step: JobStep, Kinds: OutcomeDone}}, // finishes, snoozes (Replay) or fails
 			Steps: map[string]StepFunc[T]{JobStep: func(ctx context.Context, r *Run[T]) (Outcome, error) {
-				if perform == nil {
-					return Outcome{}, errors.New("job has no Perform func")
-				}
 				err := perform(ctx, r)
 				var snooze *SnoozeError
 				switch {

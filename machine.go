@@ -698,17 +698,8 @@ func saneError(err error) error {
 	if err == nil {
 		return nil
 	}
-	var broken error
-	func() {
-		defer func() {
-			if v := recover(); v != nil {
-				broken = &brokenError{msg: fmt.Sprintf("an error of type %T whose Error method panicked: %v", err, v)}
-			}
-		}()
-		_ = err.Error()
-	}()
-	if broken != nil {
-		return broken
+	if p := safely(func() error { _ = err.Error(); return nil }); p != nil {
+		return &brokenError{msg: fmt.Sprintf("an error of type %T whose Error method panicked: %v", err, p.(*PanicError).Value)}
 	}
 	return err
 }

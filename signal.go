@@ -91,7 +91,10 @@ func (e *Engine) signal(ctx context.Context, db sqlq.DB, id int64, name string, 
 		k := opts.DedupKey
 		dedup = &k
 	}
-	b, err := marshalPayload(payload)
+	var b []byte
+	// A panic in the payload's MarshalJSON comes back as an error (as an
+	// insert's state does), not in the caller of Signal.
+	err := safely(func() (err error) { b, err = json.Marshal(payload); return err })
 	if err != nil {
 		return SignalResult{}, errorf(ErrInvalidSignal, "payload does not encode to JSON: %v", err)
 	}
@@ -297,16 +300,4 @@ func fromNow(t, now time.Time, round time.Duration) string {
 		round = min(round, time.Millisecond) // not "in 0s" with 450 ms to go
 	}
 	return "in " + d.Round(round).String()
-}
-
-// marshalPayload encodes a signal's payload, a panic in its MarshalJSON
-// coming back as an error (as Insert's state does) rather than in the
-// caller of Signal.
-func marshalPayload(payload any) (b []byte, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			b, err = nil, fmt.Errorf("its MarshalJSON panicked: %v", v)
-		}
-	}()
-	return json.Marshal(payload)
 }

@@ -260,10 +260,8 @@ func RunStep[S any](ctx context.Context, tb testing.TB, def Typed[S], step strin
 	if out.TxFn != nil && opts.Tx != nil {
 		if txErr := out.TxFn(ctx, ownedTx{opts.Tx}); txErr != nil {
 			out = out.Handle(ctx, txErr)
-		} else if opts.Tx.Conn().PgConn().TxStatus() == 'I' {
-			// The callback ended the transaction with a COMMIT or ROLLBACK
-			// sent as a statement: the engine fails the step, as here.
-			out = out.Handle(ctx, executor.ErrTxEndedByCallback)
+		} else if endErr := executor.EndedByCallback(opts.Tx); endErr != nil {
+			out = out.Handle(ctx, endErr) // as the engine fails the step
 		} else if _, err := opts.Tx.Exec(ctx, "SELECT 1"); err != nil {
 			// What the engine's outcome statement would find: a statement
 			// of the callback's failed and it returned nil.

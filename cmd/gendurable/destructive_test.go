@@ -5,8 +5,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -223,16 +225,7 @@ func TestASecondDemoLeavesTheRunningOneAlone(t *testing.T) {
 	t.Parallel()
 	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, NoMigrate: true})
 	schema := scratchName(t, pool, "gddemo_")
-	first := exec.Command(binary, "demo", "--orders", "300", "--schema", schema)
-	first.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
-	var out, errb syncbuf.Buffer
-	first.Stdout, first.Stderr = &out, &errb
-	require.NoError(t, first.Start())
-	done := make(chan error, 1)
-	go func() { done <- first.Wait() }()
-	t.Cleanup(func() { _ = first.Process.Kill() })
-	require.Eventually(t, func() bool { return strings.Contains(out.String(), "inserted 300 checkouts") },
-		60*time.Second, 20*time.Millisecond, "the first demo started: %s%s", out.String(), errb.String())
+	out, errb, done := startDemo(t, schema, 300)
 
 	start := time.Now()
 	_, errOut, code := cli(t, "demo", "--orders", "5", "--schema", schema)
@@ -258,16 +251,7 @@ func TestADemoWhoseTablesAreDroppedUnderItEnds(t *testing.T) {
 	t.Parallel()
 	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, NoMigrate: true})
 	schema := scratchName(t, pool, "gddemo_")
-	demo := exec.Command(binary, "demo", "--orders", "3000", "--schema", schema)
-	demo.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
-	var out, errb syncbuf.Buffer
-	demo.Stdout, demo.Stderr = &out, &errb
-	require.NoError(t, demo.Start())
-	done := make(chan error, 1)
-	go func() { done <- demo.Wait() }()
-	t.Cleanup(func() { _ = demo.Process.Kill() })
-	require.Eventually(t, func() bool { return strings.Contains(out.String(), "inserted 3000 checkouts") },
-		60*time.Second, 20*time.Millisecond, "the demo started: %s%s", out.String(), errb.String())
+	out, errb, done := startDemo(t, schema, 3000)
 
 	_, errOut, code := cli(t, "migrate", "down", "--yes", "--schema", schema)
 	require.Equal(t, 0, code, errOut)
@@ -277,4 +261,23 @@ func TestADemoWhoseTablesAreDroppedUnderItEnds(t *testing.T) {
 	case <-time.After(90 * time.Second):
 		t.Fatalf("the demo did not end: %s%s", out.String(), errb.String())
 	}
+}
+
+// startDemo starts `gendurable demo` of orders checkouts in schema, in the
+// background (killed when the test ends), and waits until it has inserted
+// them: its output, and its exit on done.
+func startDemo(t *testing.T, schema string, orders int) (out, errb *syncbuf.Buffer, done <-chan error) {
+	t.Helper()
+	demo := exec.Command(binary, "demo", "--orders", strconv.Itoa(orders), "--schema", schema)
+	demo.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL())
+	out, errb = &syncbuf.Buffer{}, &syncbuf.Buffer{}
+	demo.Stdout, demo.Stderr = out, errb
+	require.NoError(t, demo.Start())
+	exited := make(chan error, 1)
+	go func() { exited <- demo.Wait() }()
+	t.Cleanup(func() { _ = demo.Process.Kill() })
+	inserted := fmt.Sprintf("inserted %d checkouts", orders)
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), inserted) },
+		60*time.Second, 20*time.Millisecond, "the demo started: %s%s", out.String(), errb.String())
+	return out, errb, exited
 }

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"io"
 	"runtime"
-	"runtime/debug"
 
+	"github.com/gendurable/gendurable/internal/buildinfo"
 	"github.com/gendurable/gendurable/migrate"
 )
 
@@ -21,16 +21,8 @@ type versionInfo struct {
 
 func buildVersion() versionInfo {
 	v := versionInfo{Version: "(unknown)", SchemaVersion: migrate.Latest(), Go: runtime.Version()}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		v.Version = bi.Main.Version
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				v.Revision = s.Value
-			case "vcs.modified":
-				v.Modified = s.Value == "true"
-			}
-		}
+	if in := buildinfo.Read(); in.Known {
+		v.Version, v.Revision, v.Modified = in.Version, in.Revision, in.Modified
 	}
 	return v
 }

@@ -162,22 +162,12 @@ func main() {
 	}
 }
 
-// newPool connects to url, each connection attempt bounded (10 s unless
-// the URL sets connect_timeout), as the gendurable command's.
-func newPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	cfg, err := pgurl.ParseConfig(url)
-	if err != nil {
-		return nil, err
-	}
-	return pgxpool.NewWithConfig(ctx, cfg)
-}
-
 func withPool(ctx context.Context, fn func(*pgxpool.Pool) error) error {
 	url := os.Getenv("DATABASE_URL")
 	if url == "" {
 		return errors.New("set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/postgres)")
 	}
-	pool, err := newPool(ctx, url)
+	pool, err := pgurl.NewPool(ctx, url)
 	if err != nil {
 		return err
 	}
@@ -281,7 +271,7 @@ func demo(ctx context.Context, n int) error {
 		defer func() { _ = srv.Stop() }()
 		url = srv.URL()
 	}
-	pool, err := newPool(ctx, url)
+	pool, err := pgurl.NewPool(ctx, url)
 	if err != nil {
 		return err
 	}

@@ -6,12 +6,12 @@ import (
 	"io"
 	"log/slog"
 	"regexp"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/buildinfo"
 	"github.com/gendurable/gendurable/internal/longhorizon"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
@@ -128,7 +128,7 @@ func longHorizon(ctx context.Context, getenv func(string) string, stdout, stderr
 		EventTables: eventRelations(schema, "gendurable_instances"),
 		EventIndexes: eventRelations(schema, "gendurable_instances_pkey", "gendurable_instances_pick_plain",
 			"gendurable_instances_pick_keyed", "gendurable_instances_lease", "gendurable_instances_finished"),
-		Extensions: []string{}, Version: moduleVersion(), SchemaVersion: strconv.Itoa(res.To),
+		Extensions: []string{}, Version: buildinfo.Read().Short(), SchemaVersion: strconv.Itoa(res.To),
 		DBName: dbName, StartedAt: time.Now().UTC().Format(longhorizon.TimeFormat),
 		InstanceID: cfg.InstanceID,
 	}); err != nil {
@@ -225,31 +225,4 @@ func (s *gendurableSystem) Depth(ctx context.Context) (int64, error) {
 
 func (s *gendurableSystem) DBNow(ctx context.Context) (time.Time, error) {
 	return sqlq.DBNow(ctx, s.pool)
-}
-
-// moduleVersion is the binary's module version, else its VCS revision.
-func moduleVersion() string {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "unknown"
-	}
-	if v := bi.Main.Version; v != "" && v != "(devel)" {
-		return v
-	}
-	rev, dirty := "", false
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			dirty = s.Value == "true"
-		}
-	}
-	if rev == "" {
-		return "devel"
-	}
-	if dirty {
-		rev += "-dirty"
-	}
-	return rev
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/gendurable/gendurable/internal/pgurl"
 	"github.com/gendurable/gendurable/internal/scratch"
 	"github.com/gendurable/gendurable/internal/sqlq"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Bounds of Options.Orders and Options.Workers: a demo, not a load test
@@ -172,11 +171,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 	}
 	// Each connection attempt bounded, as the CLI's (a server that accepts
 	// and never answers held the demo, silent, for minutes).
-	pcfg, err := pgurl.ParseConfig(url)
-	if err != nil {
-		return nil, err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	pool, err := pgurl.NewPool(ctx, url)
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +256,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 				var err error
 				for try := 0; try < signalTries; try++ {
 					_, err = eng.Signal(ctx, id, "payment", map[string]int{"Cents": 1000 + i}, &gendurable.SignalOpts{DedupKey: fmt.Sprintf("psp-%d", i)})
-					if err == nil || errors.Is(err, gendurable.ErrInstanceFinished) || ctx.Err() != nil || !transient(err) {
+					if err == nil || errors.Is(err, gendurable.ErrInstanceFinished) || ctx.Err() != nil || !sqlq.ConnectionFailure(err) {
 						break
 					}
 					time.Sleep(500 * time.Millisecond)
@@ -290,7 +285,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		case <-tick.C:
 		}
 		qs, err := eng.Queues(ctx)
-		if err != nil && ctx.Err() == nil && transient(err) && time.Since(progressAt) <= stallLimit {
+		if err != nil && ctx.Err() == nil && sqlq.ConnectionFailure(err) && time.Since(progressAt) <= stallLimit {
 			// The database away for a moment (a restart, a failover): the
 			// workers ride it out, and so does the progress line.
 			continue
@@ -359,13 +354,6 @@ const stopTimeout = 10 * time.Second
 // signalTries bounds the payment provider's sends of one signal while the
 // database is away (half a second apart).
 const signalTries = 20
-
-// transient reports whether err is the database being away for a moment
-// (a connection refused or lost, the server shutting down or starting):
-// worth trying again.
-func transient(err error) bool {
-	return sqlq.ConnectionFailure(err)
-}
 
 // The demo's machines: a demo schema holding instances of any other is not
 // the demo's to drop (scratch.Share).

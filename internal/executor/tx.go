@@ -163,15 +163,8 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 		}
 		return nil, fnErr, nil
 	}
-	if tx.Conn().PgConn().TxStatus() == 'I' {
-		// The callback ended the transaction itself, with a COMMIT or a
-		// ROLLBACK sent as a statement (Commit and Rollback on tx are
-		// refused: ErrTxOwned): its writes are committed, or gone, apart
-		// from the outcome. The outcome is not written; the step's
-		// failure, for Handle. Before, the outcome went on in a
-		// transaction of its own: the instance was done with the step's
-		// writes rolled back (a library-misuse probe).
-		return nil, ErrTxEndedByCallback, nil
+	if err := EndedByCallback(tx); err != nil {
+		return nil, err, nil
 	}
 	var b sqlq.OutcomeBatch
 	b.Add(&res.Out)
@@ -201,8 +194,23 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	return &rows[0], nil, nil
 }
 
-// ErrTxEndedByCallback is the step's error when its WithTx callback ended
-// the engine's transaction itself (gendurabletest.RunStep's too).
+// EndedByCallback is the step's error (ErrTxEndedByCallback) when tx is
+// no longer in a transaction after its WithTx callback returned nil: the
+// callback ended it itself, with a COMMIT or a ROLLBACK sent as a
+// statement (Commit and Rollback on tx are refused: ErrTxOwned), its writes
+// committed or gone apart from the outcome. The outcome is then not
+// written; the step's failure, for Handle. Before, the outcome went on in
+// a transaction of its own: the instance was done with the step's writes
+// rolled back (a library-misuse probe). nil otherwise.
+// gendurabletest.RunStep uses it too.
+func EndedByCallback(tx pgx.Tx) error {
+	if tx.Conn().PgConn().TxStatus() == 'I' {
+		return ErrTxEndedByCallback
+	}
+	return nil
+}
+
+// ErrTxEndedByCallback is EndedByCallback's error.
 var ErrTxEndedByCallback = errors.New("gendurable: the WithTx callback ended the step's transaction itself " +
 	"(a COMMIT or ROLLBACK sent as a statement): its writes were committed or rolled back apart from the outcome, " +
 	"which was not written; let the engine commit (return nil) or roll back (return an error)")

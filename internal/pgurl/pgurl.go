@@ -4,6 +4,7 @@
 package pgurl
 
 import (
+	"context"
 	"os"
 	"strings"
 	"time"
@@ -30,4 +31,13 @@ func ParseConfig(url string) (*pgxpool.Config, error) {
 		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
 	}
 	return cfg, nil
+}
+
+// NewPool connects a pool to url, configured by ParseConfig.
+func NewPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
