@@ -150,8 +150,8 @@ func TestWithTxIdleWhileReadingRowsCountsAnAttempt(t *testing.T) {
 // while its transaction's connection is fine is the step's failure: an
 // attempt counted, Handle asked, the instance failed at MaxAttempts. It
 // was taken for the session's loss by its type: run again without an
-// attempt counted, without end (a library-misuse probe: 9-11 runs in 6-8 s
-// at MaxAttempts 2-3, the row runnable at attempt 0). Nor is a
+// attempt counted, without end (a library-misuse probe; without the fix
+// this test times out with the row runnable at attempt 0). Nor is a
 // connection-class SQLSTATE the session's own server sent about another
 // (postgres_fdw), nor the callback's own statement timeout, at which pgx
 // closes the connection (the review of the fix).

@@ -220,7 +220,7 @@ func TestSchemaChangesAreAuditLogged(t *testing.T) {
 // runs in the same schema is refused at once (exit 4, "running in it"),
 // and the first runs to its end. The second's drop had locked the tables
 // one by one while the first's workers wrote, and the first died of a
-// deadlock (a newcomer's probe, 3 of 3).
+// deadlock (a newcomer's probe).
 func TestASecondDemoLeavesTheRunningOneAlone(t *testing.T) {
 	t.Parallel()
 	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, NoMigrate: true})

@@ -121,10 +121,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		return fmt.Errorf("inspect schema %q: %w", schema, err)
 	}
 	created := info.Exists && info.Scratch() // by demo or bench, whatever it holds now
-	var on beginner = db
-	if o.Hold != nil && o.Hold.conn != nil {
-		on = o.Hold.conn
-	}
+	on := o.Hold.or(db)
 	if created {
 		// An earlier run's: dropped if it holds only what gendurable put
 		// there and nothing elsewhere depends on it.
@@ -242,25 +239,18 @@ func ensure(ctx context.Context, db *pgxpool.Pool, schema string, o Options) err
 // machines of Share — and leaves it alone otherwise (ErrNotScratch when
 // something else is in it or depends on it).
 func Drop(ctx context.Context, db *pgxpool.Pool, schema string) error {
-	info, err := sqlq.InspectSchema(ctx, db, schema)
-	if err != nil || !info.Exists || !info.Scratch() {
-		return err
-	}
-	return dropOwn(ctx, db, schema)
+	return DropHeld(ctx, db, schema, nil)
 }
 
 // DropHeld is Drop for a run that holds the schema's use (h, from Use; nil
 // is Drop): the drop runs on the hold's connection, whose own lock does
 // not stop it, where another run's does.
 func DropHeld(ctx context.Context, db *pgxpool.Pool, schema string, h *Hold) error {
-	if h == nil || h.conn == nil {
-		return Drop(ctx, db, schema)
-	}
 	info, err := sqlq.InspectSchema(ctx, db, schema)
 	if err != nil || !info.Exists || !info.Scratch() {
 		return err
 	}
-	return dropOwn(ctx, h.conn, schema)
+	return dropOwn(ctx, h.or(db), schema)
 }
 
 // dropOwn drops a marked schema, in one transaction, without CASCADE:
@@ -319,7 +309,7 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema string) error {
 	// First, before any table lock: a run using the schema (Use) makes
 	// this drop give up at once. Its locks taken while the run's workers
 	// wrote, a second demo had deadlocked with the first, which died
-	// (a newcomer's probe, 3 of 3), or held a quickstart worker's outcome
+	// (a newcomer's probe), or held a quickstart worker's outcome
 	// up past its deadline.
 	if err := refuseHeld(ctx, tx, schema); err != nil {
 		return err
@@ -431,6 +421,15 @@ func Use(ctx context.Context, db *pgxpool.Pool, schema string) (*Hold, error) {
 		return nil, err
 	}
 	return &Hold{conn: conn, schema: schema}, nil
+}
+
+// or is where a drop under h runs: h's connection, whose own lock does not
+// stop the drop, or db without a Hold.
+func (h *Hold) or(db *pgxpool.Pool) beginner {
+	if h == nil || h.conn == nil {
+		return db
+	}
+	return h.conn
 }
 
 // Release ends the use (closing its connection). A nil Hold, or one

@@ -372,7 +372,7 @@ func TestADropThatCannotHaveItsLocksGivesUp(t *testing.T) {
 // transactions, under way meanwhile, are neither held up nor chosen as a
 // deadlock's victim. Before, the second demo's drop locked the tables one
 // by one while the first demo's workers wrote, and the first died of a
-// deadlock (a newcomer's probe, 3 of 3). Once released, the drop goes
+// deadlock (a newcomer's probe). Once released, the drop goes
 // through.
 func TestASchemaInUseIsNotDroppedUnderItsRun(t *testing.T) {
 	t.Parallel()
