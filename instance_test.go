@@ -477,6 +477,80 @@ func TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt(t *testing.T) {
 	}
 }
 
+// TestAJoinWhoseChildWasRetriedUnderItsClaimAwaitsTheChild (a probe): a
+// child retried while its parent's join is claimed is left to run on its
+// own (the claim read the children), but when that claim ends without the
+// join's outcome — here the join fails and backs off — the next claim reads
+// the retried child live. Its join must not run then: the parent awaits
+// the child again and joins once it has finished. Before, the second run
+// of the join saw the child executing and the parent ended done while the
+// child still ran (also after a Stop released a prefetched parent, a reap,
+// a Replay or an abandoned join).
+func TestAJoinWhoseChildWasRetriedUnderItsClaimAwaitsTheChild(t *testing.T) {
+	t.Parallel()
+	var leafRuns atomic.Int32
+	rerun, release := make(chan int64, 1), make(chan struct{})
+	leaf := &gendurable.Job[leafArgs]{Name: "rrleaf", MaxAttempts: 1,
+		Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+			if leafRuns.Add(1) == 1 {
+				return gendurable.JobCancel(errors.New("the child fails once"))
+			}
+			rerun <- j.ID
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}}
+	var b *testBundle
+	var joins atomic.Int32
+	m := &gendurable.Machine[fanState]{Name: "rrparent", Start: "spawn", MaxAttempts: 5,
+		Backoff: func(int) time.Duration { return 200 * time.Millisecond },
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				var st []string
+				for _, c := range r.Children {
+					st = append(st, string(c.Status))
+				}
+				if joins.Add(1) == 1 {
+					// The child failed and woke the parent; an operator
+					// retries it while this join runs, and the join fails.
+					if err := b.eng.Retry(ctx, r.Children[0].ID); err != nil {
+						return gendurable.Outcome{}, fmt.Errorf("retry: %w", err)
+					}
+					return gendurable.Outcome{}, errors.New("the join fails once")
+				}
+				return gendurable.Done(st), nil
+			},
+		}}
+	b = setup(t, nil, m, leaf)
+	b.start()
+	parent := b.insert(m.New(fanState{}))
+	var child int64
+	select {
+	case child = <-rerun:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the retried child did not run again")
+	}
+	for deadline := time.Now().Add(10 * time.Second); b.row(parent).Status != "awaiting_children"; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the parent, its join failed, does not await its retried child: status %s, %d joins, result %s",
+				b.row(parent).Status, joins.Load(), b.row(parent).Result)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Equal(t, int32(1), joins.Load(), "the join ran again while the child ran")
+	close(release)
+	r := b.waitStatus(parent, "done", 15*time.Second)
+	require.JSONEq(t, `["done"]`, string(r.Result), "the join ran after its retried child finished")
+	require.Equal(t, int32(2), joins.Load())
+	require.Equal(t, "done", b.row(child).Status)
+}
+
 // TestAReArmedParentKeepsTheBackoffOfItsJoin (a review): a parent whose
 // join step failed and waits out its backoff (a Replay) is put back to
 // awaiting a child retried meanwhile; the child's finish must wake it at

@@ -195,6 +195,9 @@ func (x *Executor) ForQueue(queue string, chain int, handoff bool) feeder.Execut
 					return feeder.Result{KeyFreed: handed}
 				}
 			}
+			if liveChild(c) {
+				return x.reawait(queue, c)
+			}
 			next, res := r.step(ctx, c, n < chain)
 			if next == nil {
 				return res
@@ -417,6 +420,45 @@ func (x *Executor) unknownDue(c *sqlq.Claimed) (quiet int, due bool) {
 func processName() string {
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s pid %d", host, os.Getpid())
+}
+
+// liveChild reports whether claim c follows a fan-out of which a child is
+// not finished: retried by an operator after its finish woke the parent,
+// while the parent's claim was taken (a claim reads the children once, and
+// the retry leaves a parent whose join is claimed to it), and that claim
+// then let go without the join's outcome — released, reaped, its join
+// failed or replayed. The join must not run beside the child.
+func liveChild(c *sqlq.Claimed) bool {
+	if c.Children <= 0 {
+		return false
+	}
+	for _, ch := range c.ChildRows {
+		if ch.Status != "done" && ch.Status != "failed" {
+			return true
+		}
+	}
+	return false
+}
+
+// reawait gives up claim c of a parent whose child is live (liveChild),
+// without running its step or counting an attempt: the parent awaits its
+// live children again (sqlq.Reawait), or is runnable at once if they
+// finished meanwhile. If the write fails, the reaper recovers the row
+// after its lease, and its next claim looks again.
+func (x *Executor) reawait(queue string, c *sqlq.Claimed) feeder.Result {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	status, err := x.cfg.Queries.Reawait(ctx, x.cfg.Pool, c.ID, c.Token)
+	if err != nil {
+		x.cfg.Log.Warn("gendurable: a claimed parent found a child of its fan-out unfinished, and could not be put back to await it; the reaper will recover the row",
+			"queue", queue, "id", c.ID, "err", err)
+		return feeder.Result{}
+	}
+	if status != "" {
+		x.cfg.Log.Info("gendurable: a claimed parent found a child of its fan-out unfinished (retried since it woke the parent); it awaits it again, its next step not run",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "status", status)
+	}
+	return feeder.Result{RunnableNow: status == "runnable", KeyFreed: status != "" && c.PartitionKey != nil}
 }
 
 // releaseTimeout bounds handing a claimed row back; if it does not make it,

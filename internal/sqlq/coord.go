@@ -535,8 +535,10 @@ func liveChildren(retried string) string {
 // the retried child, which its Run.Children showed runnable (a fault probe
 // found it in a kill storm; TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt
 // holds the parent in the window by pausing its queue).
-// A parent whose join step is running (executing) has read its children:
-// the retried child runs on its own. A runnable parent's children_pending
+// A parent whose join step is claimed (executing) has read its children:
+// the retried child runs on its own if the join commits, and if the claim
+// ends without its outcome, the next claim finds the child live and gives
+// itself up (Reawait). A runnable parent's children_pending
 // may be stale (a retry that found no live child keeps it): put back, it
 // awaits its live children counted afresh, the retried ones with them.
 func waitsForItsChildren(p string) string {
@@ -624,6 +626,57 @@ func (q *Queries) Retry(ctx context.Context, db TxDB, id int64) (status *string,
 		return nil, nil, 0, err
 	}
 	return status, queue, time.Duration(us) * time.Microsecond, nil
+}
+
+// reawaitLockSQL locks a claimed row, fenced by its claim token: the first
+// statement of Reawait.
+const reawaitLockSQL = `
+SELECT i.id FROM {{schema}}.gendurable_instances AS i
+WHERE i.id = $1 AND i.claim_token = $2 AND i.status = 'executing'
+FOR NO KEY UPDATE`
+
+// reawaitSQL gives up claim $2 of parent $1 without running its step: the
+// parent awaits the live children of its current fan-out, counted on this
+// statement's snapshot, or, with none left, is runnable now. Like a
+// release, it counts no attempt.
+var reawaitSQL = `
+UPDATE {{schema}}.gendurable_instances AS p
+SET children_pending = k.kids,
+    status = (CASE WHEN k.kids > 0 THEN 'awaiting_children' ELSE 'runnable' END)::{{schema}}.gendurable_status,
+    eligible_at = now(), lease_expires_at = NULL, claim_token = NULL, updated_at = now()
+FROM (SELECT ` + liveChildren("") + ` AS kids
+      FROM {{schema}}.gendurable_instances AS p WHERE p.id = $1) AS k
+WHERE p.id = $1 AND p.claim_token = $2 AND p.status = 'executing'
+RETURNING p.status::text`
+
+// Reawait hands back the claim (id, token) of a parent whose claim found a
+// child of its current fan-out still live — retried by an operator after
+// it woke the parent, then the parent's claim was let go without its join
+// (a release, a reap, a failed or replayed join): the join must not run
+// beside that child. The parent goes back to awaiting its live children,
+// counted afresh, or to runnable if none is left by then. The row is
+// locked first, in a statement of its own (reawaitLockSQL), so the count's
+// snapshot holds every child that finished before: a child finishing
+// after it counts down the parent it now awaits (countsDown takes in a
+// parent whose join is claimed for that turn). It returns the new status,
+// or "" if the claim was no longer the row's (nothing written).
+func (q *Queries) Reawait(ctx context.Context, db TxDB, id, token int64) (status string, err error) {
+	err = beginIdleLimitedFunc(ctx, db, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, q.reawaitLock, id, token)
+		if err != nil {
+			return err
+		}
+		locked, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil || len(locked) == 0 {
+			return err
+		}
+		err = tx.QueryRow(ctx, q.reawait, id, token).Scan(&status)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		return err
+	})
+	return status, err
 }
 
 // uniqueHolderSQL finds the instance holding instance $1's unique key (one

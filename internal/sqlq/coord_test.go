@@ -274,3 +274,78 @@ func TestRetryManyRetriesARowHoldingItsOwnKey(t *testing.T) {
 	require.Len(t, changed, 1)
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND status = 'runnable'`))
 }
+
+// TestReawaitTakesItsTurnWithAFinishingChild: a claimed parent found a
+// child live and gives its claim up (Reawait) while that child's finishing
+// outcome is written, uncommitted. The finish must count down the parent
+// it now awaits: before, it passed the parent by as executing on its
+// snapshot (only an awaiting, woken or failed parent counted down), the
+// reawait counted the child live on its own, and the parent awaited a
+// child that had finished — for ever.
+func TestReawaitTakesItsTurnWithAFinishingChild(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	var parent, child int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances
+		(fsm, step, status, claim_token, lease_expires_at, fanout, children_total, children_pending)
+		VALUES ('m', 'join', 'executing', 100, now() + interval '1 minute', 1, 1, 0) RETURNING id`).Scan(&parent))
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+s+`.gendurable_instances
+		(fsm, step, status, claim_token, lease_expires_at, parent_id, parent_fanout)
+		VALUES ('m', 'a', 'executing', 200, now() + interval '1 minute', $1, 1) RETURNING id`, parent).Scan(&child))
+
+	// The child's outcome, written and not committed yet.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	res := `{}`
+	batch := sqlq.OutcomeBatch{Lease: time.Minute}
+	batch.Add(&sqlq.Outcome{ID: child, Token: 200, Kind: sqlq.KindDone, Result: &res})
+	applied, err := q.ApplyOutcomes(ctx, tx, &batch)
+	require.NoError(t, err)
+	require.Len(t, applied, 1)
+
+	type answer struct {
+		status string
+		err    error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		st, err := q.Reawait(ctx, pool, parent, 100)
+		got <- answer{st, err}
+	}()
+	// Commit the child's finish once the reawait waits for the parent's
+	// lock, or has answered without waiting.
+	var a *answer
+	for deadline := time.Now().Add(5 * time.Second); a == nil && time.Now().Before(deadline); {
+		var waiting int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND datname = current_database()`).Scan(&waiting))
+		if waiting > 0 {
+			break
+		}
+		select {
+		case x := <-got:
+			a = &x
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	require.NoError(t, tx.Commit(ctx))
+	if a == nil {
+		x := <-got
+		a = &x
+	}
+	require.NoError(t, a.err)
+
+	var status string
+	var pending, live int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT p.status::text, p.children_pending,
+		(SELECT count(*) FROM `+s+`.gendurable_instances AS c WHERE c.parent_id = p.id AND c.status NOT IN ('done', 'failed'))
+		FROM `+s+`.gendurable_instances AS p WHERE p.id = $1`, parent).Scan(&status, &pending, &live))
+	require.Equal(t, 0, live)
+	require.Equal(t, "runnable", status, "the parent awaits %d children, none of them live", pending)
+	require.Equal(t, "runnable", a.status)
+}

@@ -99,6 +99,8 @@ type Queries struct {
 	lockedOutcomes  string
 	recoverOutcomes string
 	retryLock       string
+	reawaitLock     string
+	reawait         string
 	existing        string
 	parentsAmong    string
 	treeChildren    string
@@ -154,6 +156,8 @@ func New(schema string) (*Queries, error) {
 		lockedOutcomes:  render(lockedOutcomesSQL, qs),
 		recoverOutcomes: render(recoverOutcomesSQL, qs),
 		retryLock:       render(retryLockSQL, qs),
+		reawaitLock:     render(reawaitLockSQL, qs),
+		reawait:         render(reawaitSQL, qs),
 		existing:        render(existingSQL, qs),
 		parentsAmong:    render(parentsAmongSQL, qs),
 		treeChildren:    render(treeChildrenSQL, qs),
