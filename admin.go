@@ -599,7 +599,9 @@ const PruneBatch = 1000
 // next step reads it, and a finished parent while a child of it is live, for
 // [Engine.CancelTree] of it to reach them — a child retried while the prune
 // runs included: a batch looks at each row again once it holds the row's
-// lock). What a call passes by — a child whose parent it prunes after it, a
+// lock — and the newest slot of each periodic schedule, so that an engine
+// started again does not run that slot a second time: one row per schedule,
+// a schedule since removed included). What a call passes by — a child whose parent it prunes after it, a
 // row locked by another transaction — goes in a later call; progress, if
 // not nil, is called after each batch with the running total. It returns
 // the number deleted; on error, the number deleted before it (each batch

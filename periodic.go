@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/cron"
+	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
 // Periodic inserts one instance per slot of a schedule, exactly once across
@@ -96,7 +97,7 @@ func (p *Periodic) validate() error {
 
 // slotKeyPrefix starts every slot's unique key; an insert of anything else
 // with such a key is refused (ErrInvalidInsert).
-const slotKeyPrefix = "gendurable:periodic:"
+const slotKeyPrefix = sqlq.SlotKeyPrefix
 
 // slotKey is the unique key of one slot of a schedule.
 func slotKey(name string, slot time.Time) string {

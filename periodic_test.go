@@ -11,6 +11,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/syncbuf"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -261,4 +262,52 @@ func TestPeriodicNewThatBlocksHoldsUpNeitherStopNorOtherSchedules(t *testing.T) 
 	start := time.Now()
 	_ = b.eng.Stop(ctx)
 	require.Less(t, time.Since(start), 3*time.Second, "Stop waited for the blocked New past its deadline")
+}
+
+// TestAPruneKeepsEachSchedulesNewestSlot (a probe): a prune deletes a
+// schedule's finished slots but its newest, whatever the retention it runs
+// with. An engine started again runs the most recent slot that passed
+// unless its row is there; an operator's prune with a retention shorter
+// than the engine's deleted that row, and the slot ran a second time.
+func TestAPruneKeepsEachSchedulesNewestSlot(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[tick]{Name: "slotted", Perform: func(context.Context, *gendurable.Run[tick]) error { return nil }}
+	cfg := fastConfig("", job)
+	cfg.Periodic = []gendurable.Periodic{
+		{Name: "hourly", Schedule: "@hourly",
+			New: func(slot time.Time) gendurable.InsertParams { return job.New(tick{Slot: slot}) }},
+		{Name: "every", Schedule: "@every 1s",
+			New: func(slot time.Time) gendurable.InsertParams { return job.New(tick{Slot: slot}) }},
+	}
+	b := setup(t, cfg)
+	ctx := context.Background()
+	keys := func(name string) []string {
+		rows, err := b.pool.Query(ctx, replaceSchema(`SELECT convert_from(unique_key, 'UTF8') FROM {{s}}.gendurable_instances
+			WHERE unique_key >= convert_to($1, 'UTF8') AND unique_key < convert_to($1 || '~', 'UTF8') ORDER BY 1`, b.schema),
+			"gendurable:periodic:"+name+":")
+		require.NoError(t, err)
+		ks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return ks
+	}
+	require.NoError(t, b.eng.Start(ctx))
+	eventually(t, 10*time.Second, func() bool {
+		return len(keys("every")) >= 3 && len(keys("hourly")) == 1 &&
+			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status <> 'done'`) == 0
+	}, "the slots did not run")
+	require.NoError(t, b.eng.Stop(ctx))
+	hourly, every := keys("hourly"), keys("every")
+
+	_, err := b.eng.Prune(ctx, 0, nil)
+	require.NoError(t, err)
+	require.Equal(t, hourly, keys("hourly"), "the hourly schedule's one slot is its newest: kept")
+	require.Equal(t, every[len(every)-1:], keys("every"), "only the newest slot of the other is kept")
+
+	// Started again within the hour: the slot that passed is not run again.
+	require.NoError(t, b.eng.Start(ctx))
+	time.Sleep(500 * time.Millisecond)
+	require.NoError(t, b.eng.Stop(ctx))
+	require.Equal(t, hourly, keys("hourly"))
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unique_key = convert_to($1, 'UTF8')`, hourly[0]),
+		"the hourly slot ran once")
 }

@@ -311,6 +311,36 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 	return status, cancelled, nil
 }
 
+// SlotKeyPrefix starts the unique key of every periodic slot's instance:
+// the prefix, the schedule's name, ":", and the slot in UTC as RFC 3339
+// (SlotKeyTimeLen bytes), so a schedule's keys sort by slot.
+const (
+	SlotKeyPrefix  = "gendurable:periodic:"
+	SlotKeyTimeLen = 20 // len("2006-01-02T15:04:05Z")
+	slotTimeLen    = "20"
+)
+
+// newestSlotSQL says finished row i is the newest slot of its periodic
+// schedule: no row holds a later slot's key of the same schedule (a range
+// of the unique-key index from i's key to the end of the schedule's). A
+// prune keeps it, so that the schedule's service, started again, finds the
+// slot it would run late inserted already, whatever ran the prune and with
+// which retention: its catch-up runs the most recent slot that passed if
+// that slot is younger than the engine's Retention (internal/maintenance),
+// and a prune by an operator (Engine.Prune, the CLI) with a shorter one
+// deleted that slot's row, so the slot ran again (a probe: a manual prune,
+// then a restart). One row per schedule ever run, a removed schedule's too.
+const newestSlotSQL = `(
+      i.unique_key IS NOT NULL AND i.unique_key >= '` + SlotKeyPrefix + `'::bytea AND i.unique_key < '` + SlotKeyPrefix + `'::bytea || '\xff'::bytea
+      AND length(i.unique_key) > ` + slotTimeLen + `
+      AND NOT EXISTS (
+        SELECT 1 FROM {{schema}}.gendurable_instances AS n
+        WHERE n.unique_key IS NOT NULL AND n.unique_key > i.unique_key
+          AND n.unique_key < substring(i.unique_key FROM 1 FOR length(i.unique_key) - ` + slotTimeLen + `) || '\xff'::bytea
+          AND length(n.unique_key) = length(i.unique_key)
+          AND substring(n.unique_key FROM 1 FOR length(n.unique_key) - ` + slotTimeLen + `)
+            = substring(i.unique_key FROM 1 FOR length(i.unique_key) - ` + slotTimeLen + `)))`
+
 // prunableSQL is what makes a finished instance i prunable besides its age:
 // a finished child whose parent is still live, or failed (a retry runs the
 // parent again at the step it failed in, which may read its children), is
@@ -324,9 +354,11 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 // GlobalConcurrency. A finished parent with a live child (one cancelled
 // alone: Cancel leaves its children running; or a child retried since) is
 // kept until they have finished: Engine.CancelTree of it walks down to them
-// through it.
+// through it. The newest slot of each periodic schedule is kept too
+// (newestSlotSQL), whatever its age.
 const prunableSQL = `
     NOT (i.lease_expires_at IS NOT NULL AND i.lease_expires_at > now())
+    AND NOT ` + newestSlotSQL + `
     AND (i.parent_id IS NULL OR NOT EXISTS (
       SELECT 1 FROM {{schema}}.gendurable_instances AS p
       WHERE p.id = i.parent_id AND p.status <> 'done'))
@@ -371,7 +403,7 @@ FOR UPDATE OF i SKIP LOCKED`
 const pruneSQL = `
 WITH doomed AS MATERIALIZED (
   SELECT i.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
-    SELECT i.id, i.lease_expires_at, i.parent_id, i.fanout FROM {{schema}}.gendurable_instances AS i
+    SELECT i.id, i.lease_expires_at, i.parent_id, i.fanout, i.unique_key FROM {{schema}}.gendurable_instances AS i
     WHERE i.id = u.id
     OFFSET 0 -- a fence: one primary-key probe per id
   ) AS i
