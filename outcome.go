@@ -149,8 +149,11 @@ const MaxAwaitNames = 100
 //
 // A step woken by its timeout sees Awaited empty and its whole [Run.Inbox];
 // a matching signal sent after the timeout woke the instance, before the
-// step ran, is there, not in Awaited: look there before treating the
-// timeout as final. Awaiting again from that step counts as received what
+// step started, is there, not in Awaited: look there before treating the
+// timeout as final. (A claim that waited for a free slot reads the inbox
+// again as its step starts; a signal sent in the milliseconds between that
+// read and the step's start, or while the step runs, is not in it, and a
+// Done or Stop of the step consumes it unseen.) Awaiting again from that step counts as received what
 // the step that parked had received (the row keeps their ids): it parks
 // unless a matching signal arrived that that step had not received — one
 // sent after the timeout's wake, say — and then the wake sees it with the

@@ -1196,3 +1196,67 @@ func TestWaitReasonOfAPrefetchedClaim(t *testing.T) {
 	require.Equal(t, "running step perform", w.Summary)
 	require.False(t, w.Unstarted)
 }
+
+// TestASignalSentWhileAWokenClaimWaitsForASlotIsInItsInbox (a probe): a
+// row its await's timeout woke is claimed ahead of a free slot (the
+// prefetch buffer) while a long step holds the only one; a matching signal
+// sent then, before the woken step starts, must be in its Inbox. The
+// claim read the inbox, and the step saw it as of then: empty, and its
+// Done consumed the signal no step had seen (a payment lost as a timeout).
+func TestASignalSentWhileAWokenClaimWaitsForASlotIsInItsInbox(t *testing.T) {
+	t.Parallel()
+	type seen struct {
+		Awaited, Inbox []string
+	}
+	got := make(chan seen, 1)
+	m := &gendurable.Machine[waitState]{Name: "bufwait", Start: "park",
+		Steps: map[string]gendurable.StepFunc[waitState]{
+			"park": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				return r.Await("woken", r.State, "pay").Timeout(200 * time.Millisecond), nil
+			},
+			"woken": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+				var s seen
+				for _, sig := range r.Awaited {
+					s.Awaited = append(s.Awaited, sig.Name)
+				}
+				for _, sig := range r.Inbox {
+					s.Inbox = append(s.Inbox, sig.Name)
+				}
+				got <- s
+				return gendurable.Done(nil), nil
+			},
+		}}
+	release := make(chan struct{})
+	blocker := &gendurable.Job[leafArgs]{Name: "slothog", Perform: func(ctx context.Context, r *gendurable.Run[leafArgs]) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	cfg := fastConfig("", m, blocker)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	id := b.insert(m.New(waitState{}))
+	eventually(t, 10*time.Second, func() bool { return b.row(id).Status == "awaiting_signal" }, "the instance did not park")
+	b.insert(blocker.New(leafArgs{}))
+	// The timeout wakes it, and the feeder claims it ahead of the busy slot.
+	eventually(t, 10*time.Second, func() bool {
+		r := b.row(id)
+		return r.Status == "executing" && r.Step == "woken"
+	}, "the woken instance was not claimed ahead")
+	res, err := b.eng.Signal(ctx, id, "pay", payment{Amount: 1}, nil)
+	require.NoError(t, err)
+	require.False(t, res.Duplicate)
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	select {
+	case s := <-got:
+		require.Empty(t, s.Awaited, "woken by its timeout")
+		require.Equal(t, []string{"pay"}, s.Inbox, "the signal sent while its claim waited for a slot")
+	case <-time.After(15 * time.Second):
+		t.Fatal("the woken step did not run")
+	}
+}

@@ -198,6 +198,24 @@ func (x *Executor) ForQueue(queue string, chain int, handoff bool) feeder.Execut
 			if liveChild(c) {
 				return x.reawait(queue, c)
 			}
+			if n == 0 && !c.Buffered.IsZero() && time.Since(c.Buffered) >= inboxStaleAfter &&
+				(c.Awaits != nil || r.def.ReadsInbox) {
+				// The claim waited for a free slot: signals may have come
+				// since it read the inbox, and a finish would consume them
+				// unseen. Read it again.
+				inbox, held, err := x.cfg.Queries.ClaimInbox(ctx, x.cfg.Pool, c.ID, c.Token)
+				if err != nil || !held {
+					// Not read: the claim goes back unstarted, and runs
+					// later on a fresh one (if it is still the row's).
+					if err != nil && ctx.Err() == nil {
+						x.cfg.Log.Warn("gendurable: reading the inbox of a claim that waited for a slot failed; released, it runs later",
+							"queue", queue, "id", c.ID, "err", err)
+					}
+					x.releaseClaim(c, 0)
+					return feeder.Result{RunnableNow: true, KeyFreed: c.PartitionKey != nil}
+				}
+				c.Inbox = inbox
+			}
 			next, res := r.step(ctx, c, n < chain)
 			if next == nil {
 				return res
@@ -285,7 +303,7 @@ func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.C
 	// Still ours: the next step, with the state just committed.
 	next := *c
 	next.Token, next.Step, next.State = *applied.Token, *res.Out.Step, []byte(*res.Out.State)
-	next.Attempt, next.Awaits, next.Children, next.Seen = 0, nil, 0, nil
+	next.Attempt, next.Awaits, next.Children, next.Seen, next.Buffered = 0, nil, 0, nil, time.Time{}
 	next.Inbox, next.ChildRows = applied.Inbox, nil
 	return &next, feeder.Result{}
 }
@@ -421,6 +439,11 @@ func processName() string {
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s pid %d", host, os.Getpid())
 }
+
+// inboxStaleAfter is how long a claim waits in its feeder's buffer before
+// its step reads the inbox again as it starts (ForQueue): a claim
+// dispatched at once starts within it.
+const inboxStaleAfter = 5 * time.Millisecond
 
 // liveChild reports whether claim c follows a fan-out of which a child is
 // not finished: retried by an operator after its finish woke the parent,

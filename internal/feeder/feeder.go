@@ -925,7 +925,10 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, c := range rows {
+	now := time.Now()
+	for i := range rows {
+		c := &rows[i]
+		c.Buffered = now
 		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease)}
 	}
 	s.buffer = append(s.buffer, rows...)

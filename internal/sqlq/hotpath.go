@@ -3,6 +3,7 @@ package sqlq
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -81,6 +82,35 @@ type Claimed struct {
 	// the step which parked had received (some may be consumed since): a
 	// re-await does not count them as new (migration 018).
 	Seen []int64
+	// Buffered is when the claim reached its feeder's buffer (local
+	// clock), by a pick; zero for a claim an outcome statement made (a
+	// chained step, a key's successor), which runs at once.
+	Buffered time.Time
+}
+
+// claimInboxSQL reads the unconsumed signals of claimed row $1 while claim
+// $2 holds it (no row otherwise): one primary-key probe, one range of the
+// signals' inbox index.
+const claimInboxSQL = `
+SELECT ` + inboxRowsSQL + `
+FROM {{schema}}.gendurable_instances AS i
+WHERE i.id = $1 AND i.claim_token = $2 AND i.status = 'executing'`
+
+// ClaimInbox reads again the inbox of claimed row id, for a claim (token)
+// that waited in its feeder's buffer before its step starts: signals
+// committed since the claim read it are in it. held is false if the claim
+// is no longer the row's.
+func (q *Queries) ClaimInbox(ctx context.Context, db DB, id, token int64) (inbox []SignalRow, held bool, err error) {
+	var raw []byte
+	err = db.QueryRow(ctx, q.claimInbox, id, token).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	inbox, err = decodeInbox(raw)
+	return inbox, err == nil, err
 }
 
 // KeyPolicy is the limit and rate of the keys that start with Prefix (the

@@ -65,6 +65,7 @@ type Queries struct {
 	pickFloorCheck  string
 	heartbeat       string
 	clearUnstarted  string
+	claimInbox      string
 	reap            string
 	applyOutcomes   [shapeCount]namedStmt
 	release         string
@@ -123,6 +124,7 @@ func New(schema string) (*Queries, error) {
 		pickFloorCheck:  render(pickFloorCheckSQL, qs),
 		heartbeat:       render(heartbeatSQL, qs),
 		clearUnstarted:  render(clearUnstartedSQL, qs),
+		claimInbox:      render(claimInboxSQL, qs),
 		reap:            render(reapSQL, qs),
 		release:         render(releaseSQL, qs),
 		releaseUnknown:  render(releaseUnknownSQL, qs),
