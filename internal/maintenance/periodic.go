@@ -39,7 +39,9 @@ type Schedule struct {
 // MaxRetryDelay, jittered — until it succeeds or the schedule's next slot
 // comes due: a slot that came due during a database outage is inserted,
 // late, once the database answers again. When the next slot comes due
-// first, it takes the failed slot's place (logged as an error): as on
+// first, the failed slot is tried once more then (its backoff may have put
+// its next attempt past the next slot) and, failing again, the next slot
+// takes its place (logged as an error): as on
 // start, an outage leaves at most its most recent slot to run late. An
 // error that Permanent reports as such gives the slot up at once. The
 // schedules do not wait for each other's retries, but they share the loop:
@@ -140,6 +142,14 @@ func (p *Periodic) loop(ctx context.Context) {
 					next[i] = p.Schedules[i].Next(now)
 					p.noMoreSlots(i, next[i], now)
 					continue
+				}
+				if old := due[i]; old != nil && old.tries > 0 && old.retryAt.After(now) && ctx.Err() == nil &&
+					p.insertSlot(ctx, i, old) {
+					// Its backoff had put its next attempt past this slot:
+					// one more, before this slot takes its place. The
+					// database may be back (an outage that ended within
+					// MaxRetryDelay of the next slot lost its slot).
+					due[i] = nil
 				}
 				if old := due[i]; old != nil && old.tries > 0 {
 					logger(p.Log).Error("gendurable: periodic slot not inserted: the next slot came due first",

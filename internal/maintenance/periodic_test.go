@@ -241,6 +241,47 @@ func TestPeriodicNextSlotTakesAFailedSlotsPlace(t *testing.T) {
 	}
 }
 
+// TestPeriodicFailedSlotIsTriedOnceMoreWhenTheNextComesDue (a probe): a
+// slot's insert failed (the database down) and its backoff put the next
+// attempt past the schedule's next slot; the database came back before
+// that slot. The failed slot is tried once more when the next one comes
+// due, and both are inserted. Before, the next slot took its place
+// untried: an outage that ended within MaxRetryDelay of the next slot
+// lost its slot, though the database answered before the next one.
+func TestPeriodicFailedSlotIsTriedOnceMoreWhenTheNextComesDue(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	first, second := now.Add(100*time.Millisecond), now.Add(900*time.Millisecond)
+	up := first.Add(300 * time.Millisecond)
+	var mu sync.Mutex
+	var inserted []time.Time
+	p := &Periodic{Log: quiet, RetryDelay: 3 * time.Second, MaxRetryDelay: 3 * time.Second,
+		Schedules: []Schedule{{Name: "s", Next: slots(first, second), SkipMissed: true}},
+		Insert: func(ctx context.Context, _ int, slot time.Time) (int64, bool, error) {
+			if time.Now().Before(up) {
+				return 0, false, errors.New("connection refused")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			inserted = append(inserted, slot)
+			return int64(len(inserted)), false, nil
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	eventually(t, 5*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(inserted) == 2
+	}, "the failed slot and the next were not both inserted")
+	mu.Lock()
+	defer mu.Unlock()
+	if !inserted[0].Equal(first) || !inserted[1].Equal(second) {
+		t.Fatalf("inserted %v, want %v then %v", inserted, first, second)
+	}
+}
+
 // TestPeriodicSlotOnceWhenAnAbandonedInsertCommitted: a slot's insert is
 // sent, and waits on a lock of the table; its connection is stranded
 // (nothing crosses it, nothing is closed), then the lock goes and the
