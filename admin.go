@@ -511,7 +511,9 @@ type QueueOpts struct {
 }
 
 // Pause stops every process from picking queue and from handing a key's
-// slot on to the key's next row (steps already running finish). It does not
+// slot on to the key's next row (steps already running finish). Rows a
+// process claimed ahead of its free slots before the pause (up to the
+// queue's Prefetch per process) still start, as slots free. It does not
 // stop a chain: an instance whose step returns a Next without delay goes on
 // with its next step in the same worker, up to QueueConfig.ChainSteps steps
 // in a row, before it goes back to the (paused) queue. The state is stored
@@ -568,7 +570,9 @@ func (e *Engine) SetPaused(ctx context.Context, queue string, paused bool, opts 
 // refuses a queue that has instances, finished ones included, with
 // [ErrQueueNotEmpty], and a queue without a row with [ErrUnknownQueue].
 // Removing a paused queue's row resumes it. The removal is logged at Info
-// on the engine's Logger.
+// on the engine's Logger. An insert into the queue that has not committed
+// when the removal looks is not seen: the queue then has an instance and
+// no row (unpaused), as if the insert had come after the removal.
 func (e *Engine) RemoveQueue(ctx context.Context, queue string) error {
 	if err := e.made(); err != nil {
 		return err
