@@ -977,7 +977,8 @@ func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 // pruneAskBelow: a prune with a retention shorter than this asks first
 // (or needs --yes): it deletes results that callers of Wait, and operators,
-// may still be reading — "0s" deletes every finished instance.
+// may still be reading — "0s" deletes every finished instance but each
+// periodic schedule's newest slot.
 const pruneAskBelow = time.Hour
 
 func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -143,12 +143,13 @@ func (p *Periodic) loop(ctx context.Context) {
 					p.noMoreSlots(i, next[i], now)
 					continue
 				}
-				if old := due[i]; old != nil && old.tries > 0 && old.retryAt.After(now) && ctx.Err() == nil &&
+				if old := due[i]; old != nil && old.tries > 0 && !p.tooOld(i, old.at, now) && ctx.Err() == nil &&
 					p.insertSlot(ctx, i, old) {
-					// Its backoff had put its next attempt past this slot:
-					// one more, before this slot takes its place. The
-					// database may be back (an outage that ended within
-					// MaxRetryDelay of the next slot lost its slot).
+					// One more try before this slot takes its place: its
+					// backoff may have put it past this slot, or the loop
+					// was held up past both, and the database may be back
+					// (an outage that ended within MaxRetryDelay of the
+					// next slot lost its slot).
 					due[i] = nil
 				}
 				if old := due[i]; old != nil && old.tries > 0 {

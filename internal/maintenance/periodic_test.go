@@ -282,6 +282,90 @@ func TestPeriodicFailedSlotIsTriedOnceMoreWhenTheNextComesDue(t *testing.T) {
 	}
 }
 
+// TestPeriodicFailedSlotIsTriedOnceMoreAfterTheLoopWasHeldUp (a review):
+// the failed slot's retry and the next slot both came due while another
+// schedule's insert held the loop up; the failed slot is still tried once
+// more before the next takes its place (the first form of the extra try
+// required its retry not yet due, and the next slot took its place untried).
+func TestPeriodicFailedSlotIsTriedOnceMoreAfterTheLoopWasHeldUp(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	first, second := now.Add(100*time.Millisecond), now.Add(900*time.Millisecond)
+	other := now.Add(110 * time.Millisecond)
+	up := first.Add(200 * time.Millisecond)
+	var mu sync.Mutex
+	var inserted []time.Time
+	p := &Periodic{Log: quiet, RetryDelay: 500 * time.Millisecond, MaxRetryDelay: 500 * time.Millisecond,
+		Schedules: []Schedule{
+			{Name: "a", Next: slots(first, second), SkipMissed: true},
+			{Name: "b", Next: slots(other), SkipMissed: true},
+		},
+		Insert: func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
+			if i == 1 {
+				time.Sleep(time.Second) // a statement that hangs, up to its timeout
+				return 1, false, nil
+			}
+			if time.Now().Before(up) {
+				return 0, false, errors.New("connection refused")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			inserted = append(inserted, slot)
+			return int64(len(inserted)), false, nil
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	eventually(t, 5*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(inserted) == 2
+	}, "the failed slot and the next were not both inserted")
+	mu.Lock()
+	defer mu.Unlock()
+	if !inserted[0].Equal(first) || !inserted[1].Equal(second) {
+		t.Fatalf("inserted %v, want %v then %v", inserted, first, second)
+	}
+}
+
+// TestPeriodicExtraTryKeepsCatchUpWithin (a review): the extra try of a
+// failed slot when the next comes due does not insert a slot older than
+// CatchUpWithin, which the retries give up (its row may have been pruned).
+func TestPeriodicExtraTryKeepsCatchUpWithin(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	first, second := now.Add(100*time.Millisecond), now.Add(900*time.Millisecond)
+	up := first.Add(100 * time.Millisecond)
+	var mu sync.Mutex
+	var inserted []time.Time
+	p := &Periodic{Log: quiet, RetryDelay: 3 * time.Second, MaxRetryDelay: 3 * time.Second,
+		Schedules: []Schedule{{Name: "a", Next: slots(first, second), SkipMissed: true, CatchUpWithin: 500 * time.Millisecond}},
+		Insert: func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
+			if time.Now().Before(up) {
+				return 0, false, errors.New("connection refused")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			inserted = append(inserted, slot)
+			return int64(len(inserted)), false, nil
+		}}
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	eventually(t, 5*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(inserted) == 1
+	}, "the next slot was not inserted")
+	mu.Lock()
+	defer mu.Unlock()
+	if !inserted[0].Equal(second) {
+		t.Fatalf("inserted %v: want only %v (the first, %v old then, is past CatchUpWithin 500ms)", inserted, second, second.Sub(first))
+	}
+}
+
 // TestPeriodicSlotOnceWhenAnAbandonedInsertCommitted: a slot's insert is
 // sent, and waits on a lock of the table; its connection is stranded
 // (nothing crosses it, nothing is closed), then the lock goes and the

@@ -431,8 +431,13 @@ const ownTxIdle = time.Minute
 // pruneSettings rule out, for the prune transaction only, the plans whose
 // cost grows with the finished rows rather than the batch: a bitmap scan of
 // every expired row followed by a sort, or a hash join that reads a whole
-// table (a sequential or full index scan) to delete a batch.
-var pruneSettings = `SELECT set_config('enable_seqscan', 'off', true),
+// table (a sequential or full index scan) to delete a batch. And no JIT:
+// with those plans ruled out the planner's cost of a batch ran past
+// jit_above_cost (a subplan under a NOT is priced for every row, the
+// newest-slot check's among them), and the JIT compiled each batch for
+// 0.7–0.8 s of a 1 ms statement (a review) until the generic plan took
+// over, on every connection.
+var pruneSettings = `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true),
        set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),
        set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
        ` + idleLimitSetting

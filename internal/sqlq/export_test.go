@@ -3,6 +3,10 @@ package sqlq
 // PickSQL exposes the rendered pick statement to the plan tests.
 func (q *Queries) PickSQL() string { return q.pick }
 
+// PruneLockSQL exposes the rendered first statement of a prune batch to the
+// plan tests.
+func (q *Queries) PruneLockSQL() string { return q.pruneLock }
+
 // ReapSQL exposes the rendered reap statement to the plan tests.
 func (q *Queries) ReapSQL() string { return q.reap }
 

@@ -178,7 +178,7 @@ var parentJoinCTE = `parents AS (
 // must take its turn on the parent's lock and count down what it awaits;
 // passing the parent by as executing on its snapshot, it left it awaiting
 // a child that had finished. Counted down while its join runs, the parent
-// is only touched: its count is zero then, and stays so.
+// only has its count lowered (not below zero; a Reawait counts afresh).
 func countsDown(alias string) string {
 	return `(` + alias + `.status = 'failed' OR ` + waitsForItsChildren(alias) +
 		` OR ` + alias + `.status = 'executing' AND ` + alias + `.children_total > 0)`
