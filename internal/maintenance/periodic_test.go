@@ -241,6 +241,34 @@ func TestPeriodicNextSlotTakesAFailedSlotsPlace(t *testing.T) {
 	}
 }
 
+// outageInserts is an Insert that fails ("connection refused") until up,
+// then records the slots it inserts; inserted returns them so far.
+type outageInserts struct {
+	up       time.Time
+	mu       sync.Mutex
+	slots    []time.Time
+	override func(i int) bool // true: schedule i's insert is someone else's (it succeeds)
+}
+
+func (o *outageInserts) insert(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
+	if o.override != nil && o.override(i) {
+		return 1, false, nil
+	}
+	if time.Now().Before(o.up) {
+		return 0, false, errors.New("connection refused")
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.slots = append(o.slots, slot)
+	return int64(len(o.slots)), false, nil
+}
+
+func (o *outageInserts) inserted() []time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.slots)
+}
+
 // TestPeriodicFailedSlotIsTriedOnceMoreWhenTheNextComesDue (a probe): a
 // slot's insert failed (the database down) and its backoff put the next
 // attempt past the schedule's next slot; the database came back before
@@ -252,33 +280,16 @@ func TestPeriodicFailedSlotIsTriedOnceMoreWhenTheNextComesDue(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	first, second := now.Add(100*time.Millisecond), now.Add(900*time.Millisecond)
-	up := first.Add(300 * time.Millisecond)
-	var mu sync.Mutex
-	var inserted []time.Time
+	o := &outageInserts{up: first.Add(300 * time.Millisecond)}
 	p := &Periodic{Log: quiet, RetryDelay: 3 * time.Second, MaxRetryDelay: 3 * time.Second,
-		Schedules: []Schedule{{Name: "s", Next: slots(first, second), SkipMissed: true}},
-		Insert: func(ctx context.Context, _ int, slot time.Time) (int64, bool, error) {
-			if time.Now().Before(up) {
-				return 0, false, errors.New("connection refused")
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			inserted = append(inserted, slot)
-			return int64(len(inserted)), false, nil
-		}}
+		Schedules: []Schedule{{Name: "s", Next: slots(first, second), SkipMissed: true}}, Insert: o.insert}
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer p.Stop()
-	eventually(t, 5*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(inserted) == 2
-	}, "the failed slot and the next were not both inserted")
-	mu.Lock()
-	defer mu.Unlock()
-	if !inserted[0].Equal(first) || !inserted[1].Equal(second) {
-		t.Fatalf("inserted %v, want %v then %v", inserted, first, second)
+	eventually(t, 5*time.Second, func() bool { return len(o.inserted()) == 2 }, "the failed slot and the next were not both inserted")
+	if got := o.inserted(); !got[0].Equal(first) || !got[1].Equal(second) {
+		t.Fatalf("inserted %v, want %v then %v", got, first, second)
 	}
 }
 
@@ -291,41 +302,24 @@ func TestPeriodicFailedSlotIsTriedOnceMoreAfterTheLoopWasHeldUp(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	first, second := now.Add(100*time.Millisecond), now.Add(900*time.Millisecond)
-	other := now.Add(110 * time.Millisecond)
-	up := first.Add(200 * time.Millisecond)
-	var mu sync.Mutex
-	var inserted []time.Time
+	o := &outageInserts{up: first.Add(200 * time.Millisecond), override: func(i int) bool {
+		if i == 1 {
+			time.Sleep(time.Second) // a statement that hangs, up to its timeout
+		}
+		return i == 1
+	}}
 	p := &Periodic{Log: quiet, RetryDelay: 500 * time.Millisecond, MaxRetryDelay: 500 * time.Millisecond,
 		Schedules: []Schedule{
 			{Name: "a", Next: slots(first, second), SkipMissed: true},
-			{Name: "b", Next: slots(other), SkipMissed: true},
-		},
-		Insert: func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
-			if i == 1 {
-				time.Sleep(time.Second) // a statement that hangs, up to its timeout
-				return 1, false, nil
-			}
-			if time.Now().Before(up) {
-				return 0, false, errors.New("connection refused")
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			inserted = append(inserted, slot)
-			return int64(len(inserted)), false, nil
-		}}
+			{Name: "b", Next: slots(now.Add(110 * time.Millisecond)), SkipMissed: true},
+		}, Insert: o.insert}
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer p.Stop()
-	eventually(t, 5*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(inserted) == 2
-	}, "the failed slot and the next were not both inserted")
-	mu.Lock()
-	defer mu.Unlock()
-	if !inserted[0].Equal(first) || !inserted[1].Equal(second) {
-		t.Fatalf("inserted %v, want %v then %v", inserted, first, second)
+	eventually(t, 5*time.Second, func() bool { return len(o.inserted()) == 2 }, "the failed slot and the next were not both inserted")
+	if got := o.inserted(); !got[0].Equal(first) || !got[1].Equal(second) {
+		t.Fatalf("inserted %v, want %v then %v", got, first, second)
 	}
 }
 
@@ -336,33 +330,17 @@ func TestPeriodicExtraTryKeepsCatchUpWithin(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	first, second := now.Add(100*time.Millisecond), now.Add(900*time.Millisecond)
-	up := first.Add(100 * time.Millisecond)
-	var mu sync.Mutex
-	var inserted []time.Time
+	o := &outageInserts{up: first.Add(100 * time.Millisecond)}
 	p := &Periodic{Log: quiet, RetryDelay: 3 * time.Second, MaxRetryDelay: 3 * time.Second,
 		Schedules: []Schedule{{Name: "a", Next: slots(first, second), SkipMissed: true, CatchUpWithin: 500 * time.Millisecond}},
-		Insert: func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
-			if time.Now().Before(up) {
-				return 0, false, errors.New("connection refused")
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			inserted = append(inserted, slot)
-			return int64(len(inserted)), false, nil
-		}}
+		Insert:    o.insert}
 	if err := p.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	defer p.Stop()
-	eventually(t, 5*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(inserted) == 1
-	}, "the next slot was not inserted")
-	mu.Lock()
-	defer mu.Unlock()
-	if !inserted[0].Equal(second) {
-		t.Fatalf("inserted %v: want only %v (the first, %v old then, is past CatchUpWithin 500ms)", inserted, second, second.Sub(first))
+	eventually(t, 5*time.Second, func() bool { return len(o.inserted()) == 1 }, "the next slot was not inserted")
+	if got := o.inserted(); !got[0].Equal(second) {
+		t.Fatalf("inserted %v: want only %v (the first, %v old then, is past CatchUpWithin 500ms)", got, second, second.Sub(first))
 	}
 }
 
