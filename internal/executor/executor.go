@@ -215,6 +215,13 @@ func (x *Executor) ForQueue(queue string, chain int, handoff bool) feeder.Execut
 					return feeder.Result{RunnableNow: true, KeyFreed: c.PartitionKey != nil}
 				}
 				c.Inbox = inbox
+				if ctx.Err() != nil {
+					// The claim was given up (its lease looked lost: the
+					// process stopped during the read) or the engine is
+					// stopping past its drain: the step does not start.
+					x.releaseClaim(c, 0)
+					return feeder.Result{}
+				}
 			}
 			next, res := r.step(ctx, c, n < chain)
 			if next == nil {
