@@ -995,9 +995,11 @@ func TestListTimesOutsidePostgreSQLAreInvalidInput(t *testing.T) {
 // through it, and its next step, once retried, reads it). The prune looked
 // at the children on its statement's snapshot and took the parent's lock
 // later in the same statement: a retry that committed in between was not
-// seen, and the prune deleted the parent of a live child. 100,000 kept rows
+// seen, and the prune deleted the parent of a live child. 400,000 kept rows
 // before the parent in the prune's order (finished children of a live
-// parent) leave the retry time to commit while the prune walks past them;
+// parent) leave the retry time to commit while the prune walks past them
+// (100,000 took the walk 0.2 s once the prune ran without JIT, and a
+// loaded CI machine's retry came after it);
 // the second case holds the retry between its statement and its COMMIT
 // while the prune runs.
 func TestPruneRacingTheRetryOfAChild(t *testing.T) {
@@ -1007,7 +1009,7 @@ func TestPruneRacingTheRetryOfAChild(t *testing.T) {
 	ctx := context.Background()
 	keeper := b.seedRow(`status, eligible_at, fanout`, `'runnable', now() + interval '1 hour', 1`)
 	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, finished_at, parent_id, parent_fanout)
-		SELECT 'm', 'a', 'done', now() - interval '20 days', $1, 1 FROM generate_series(1, 100000)`, keeper)
+		SELECT 'm', 'a', 'done', now() - interval '20 days', $1, 1 FROM generate_series(1, 400000)`, keeper)
 	b.exec(`ANALYZE {{s}}.gendurable_instances`)
 	pruneActive := func() bool {
 		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE state = 'active'
