@@ -998,8 +998,8 @@ func TestListTimesOutsidePostgreSQLAreInvalidInput(t *testing.T) {
 // seen, and the prune deleted the parent of a live child. 400,000 kept rows
 // before the parent in the prune's order (finished children of a live
 // parent) leave the retry time to commit while the prune walks past them
-// (100,000 took the walk 0.2 s once the prune ran without JIT, and a
-// loaded CI machine's retry came after it);
+// (with 100,000 and the prune without JIT, a loaded CI machine's retry
+// once came after the walk);
 // the second case holds the retry between its statement and its COMMIT
 // while the prune runs.
 func TestPruneRacingTheRetryOfAChild(t *testing.T) {

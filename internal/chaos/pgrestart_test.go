@@ -180,8 +180,8 @@ func TestChaos03PostgresRestart(t *testing.T) {
 	// counted in the time the database was up. A worker that had not
 	// resumed when the next fault began waited through that fault too,
 	// which is not its own slowness: a later fault's downtime before the
-	// step is taken out (CI once failed a terminate's 10 s here, measured
-	// across the 3 s outage and restart that followed it).
+	// step is taken out (CI once failed a terminate's 10 s here with 10.5
+	// s, where the outage that follows a terminate begins 1.5–2.5 s after it).
 	c := &criteria{t: t}
 	var resumes []time.Duration
 	for i, f := range faults {

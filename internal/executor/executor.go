@@ -198,30 +198,8 @@ func (x *Executor) ForQueue(queue string, chain int, handoff bool) feeder.Execut
 			if liveChild(c) {
 				return x.reawait(queue, c)
 			}
-			if n == 0 && !c.Buffered.IsZero() && time.Since(c.Buffered) >= inboxStaleAfter &&
-				(c.Awaits != nil || r.def.ReadsInbox) {
-				// The claim waited for a free slot: signals may have come
-				// since it read the inbox, and a finish would consume them
-				// unseen. Read it again.
-				inbox, held, err := x.cfg.Queries.ClaimInbox(ctx, x.cfg.Pool, c.ID, c.Token)
-				if err != nil || !held {
-					// Not read: the claim goes back unstarted, and runs
-					// later on a fresh one (if it is still the row's).
-					if err != nil && ctx.Err() == nil {
-						x.cfg.Log.Warn("gendurable: reading the inbox of a claim that waited for a slot failed; released, it runs later",
-							"queue", queue, "id", c.ID, "err", err)
-					}
-					x.releaseClaim(c, 0)
-					return feeder.Result{RunnableNow: true, KeyFreed: c.PartitionKey != nil}
-				}
-				c.Inbox = inbox
-				if ctx.Err() != nil {
-					// The claim was given up (its lease looked lost: the
-					// process stopped during the read) or the engine is
-					// stopping past its drain: the step does not start.
-					x.releaseClaim(c, 0)
-					return feeder.Result{}
-				}
+			if inboxStale(r.def, c) && !x.readInboxAgain(ctx, queue, c) {
+				return feeder.Result{RunnableNow: ctx.Err() == nil, KeyFreed: c.PartitionKey != nil}
 			}
 			next, res := r.step(ctx, c, n < chain)
 			if next == nil {
@@ -448,9 +426,37 @@ func processName() string {
 }
 
 // inboxStaleAfter is how long a claim waits in its feeder's buffer before
-// its step reads the inbox again as it starts (ForQueue): a claim
+// its step reads the inbox again as it starts (inboxStale): a claim
 // dispatched at once starts within it.
 const inboxStaleAfter = 5 * time.Millisecond
+
+// inboxStale reports whether claim c's inbox may have grown since its claim
+// read it, for a step that reads it (after an Await, or of a machine that
+// reads its inbox): the claim waited in its feeder's buffer for a free
+// slot. A claim an outcome statement made (Buffered zero) runs at once.
+func inboxStale(def *Definition, c *sqlq.Claimed) bool {
+	return !c.Buffered.IsZero() && time.Since(c.Buffered) >= inboxStaleAfter && (c.Awaits != nil || def.ReadsInbox)
+}
+
+// readInboxAgain reads claim c's inbox again before its step starts, so that
+// a signal committed while the claim waited is not consumed unseen by the
+// step's finish. If the read fails, the claim is no longer the row's, or
+// ctx ended meanwhile (the lease looked lost while the process was stopped
+// during the read, or a stop past its drain), it hands the claim back
+// unstarted and reports false: the row runs later on a fresh claim.
+func (x *Executor) readInboxAgain(ctx context.Context, queue string, c *sqlq.Claimed) bool {
+	inbox, held, err := x.cfg.Queries.ClaimInbox(ctx, x.cfg.Pool, c.ID, c.Token)
+	if err == nil && held && ctx.Err() == nil {
+		c.Inbox = inbox
+		return true
+	}
+	if err != nil && ctx.Err() == nil {
+		x.cfg.Log.Warn("gendurable: reading the inbox of a claim that waited for a slot failed; released, it runs later",
+			"queue", queue, "id", c.ID, "err", err)
+	}
+	x.releaseClaim(c, 0)
+	return false
+}
 
 // liveChild reports whether claim c follows a fan-out of which a child is
 // not finished: retried by an operator after its finish woke the parent,

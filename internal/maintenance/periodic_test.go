@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -269,6 +270,21 @@ func (o *outageInserts) inserted() []time.Time {
 	return slices.Clone(o.slots)
 }
 
+// run starts p (its Insert o.insert) and waits until it has inserted as
+// many slots as want, which must be those, in that order.
+func (o *outageInserts) run(t *testing.T, p *Periodic, want ...time.Time) {
+	t.Helper()
+	p.Insert = o.insert
+	if err := p.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	eventually(t, 5*time.Second, func() bool { return len(o.inserted()) >= len(want) }, fmt.Sprintf("%d slots were not inserted", len(want)))
+	if got := o.inserted(); !slices.EqualFunc(got[:len(want)], want, time.Time.Equal) {
+		t.Fatalf("inserted %v, want %v", got, want)
+	}
+}
+
 // TestPeriodicFailedSlotIsTriedOnceMoreWhenTheNextComesDue (a probe): a
 // slot's insert failed (the database down) and its backoff put the next
 // attempt past the schedule's next slot; the database came back before
@@ -281,16 +297,8 @@ func TestPeriodicFailedSlotIsTriedOnceMoreWhenTheNextComesDue(t *testing.T) {
 	now := time.Now()
 	first, second := now.Add(100*time.Millisecond), now.Add(900*time.Millisecond)
 	o := &outageInserts{up: first.Add(300 * time.Millisecond)}
-	p := &Periodic{Log: quiet, RetryDelay: 3 * time.Second, MaxRetryDelay: 3 * time.Second,
-		Schedules: []Schedule{{Name: "s", Next: slots(first, second), SkipMissed: true}}, Insert: o.insert}
-	if err := p.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	eventually(t, 5*time.Second, func() bool { return len(o.inserted()) == 2 }, "the failed slot and the next were not both inserted")
-	if got := o.inserted(); !got[0].Equal(first) || !got[1].Equal(second) {
-		t.Fatalf("inserted %v, want %v then %v", got, first, second)
-	}
+	o.run(t, &Periodic{Log: quiet, RetryDelay: 3 * time.Second, MaxRetryDelay: 3 * time.Second,
+		Schedules: []Schedule{{Name: "s", Next: slots(first, second), SkipMissed: true}}}, first, second)
 }
 
 // TestPeriodicFailedSlotIsTriedOnceMoreAfterTheLoopWasHeldUp (a review):
@@ -308,19 +316,11 @@ func TestPeriodicFailedSlotIsTriedOnceMoreAfterTheLoopWasHeldUp(t *testing.T) {
 		}
 		return i == 1
 	}}
-	p := &Periodic{Log: quiet, RetryDelay: 500 * time.Millisecond, MaxRetryDelay: 500 * time.Millisecond,
+	o.run(t, &Periodic{Log: quiet, RetryDelay: 500 * time.Millisecond, MaxRetryDelay: 500 * time.Millisecond,
 		Schedules: []Schedule{
 			{Name: "a", Next: slots(first, second), SkipMissed: true},
 			{Name: "b", Next: slots(now.Add(110 * time.Millisecond)), SkipMissed: true},
-		}, Insert: o.insert}
-	if err := p.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	eventually(t, 5*time.Second, func() bool { return len(o.inserted()) == 2 }, "the failed slot and the next were not both inserted")
-	if got := o.inserted(); !got[0].Equal(first) || !got[1].Equal(second) {
-		t.Fatalf("inserted %v, want %v then %v", got, first, second)
-	}
+		}}, first, second)
 }
 
 // TestPeriodicExtraTryKeepsCatchUpWithin (a review): the extra try of a
@@ -331,17 +331,11 @@ func TestPeriodicExtraTryKeepsCatchUpWithin(t *testing.T) {
 	now := time.Now()
 	first, second := now.Add(100*time.Millisecond), now.Add(900*time.Millisecond)
 	o := &outageInserts{up: first.Add(100 * time.Millisecond)}
-	p := &Periodic{Log: quiet, RetryDelay: 3 * time.Second, MaxRetryDelay: 3 * time.Second,
-		Schedules: []Schedule{{Name: "a", Next: slots(first, second), SkipMissed: true, CatchUpWithin: 500 * time.Millisecond}},
-		Insert:    o.insert}
-	if err := p.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	defer p.Stop()
-	eventually(t, 5*time.Second, func() bool { return len(o.inserted()) == 1 }, "the next slot was not inserted")
-	if got := o.inserted(); !got[0].Equal(second) {
-		t.Fatalf("inserted %v: want only %v (the first, %v old then, is past CatchUpWithin 500ms)", got, second, second.Sub(first))
-	}
+	// The first slot is 800 ms old when the second comes due: past
+	// CatchUpWithin, it is not inserted.
+	o.run(t, &Periodic{Log: quiet, RetryDelay: 3 * time.Second, MaxRetryDelay: 3 * time.Second,
+		Schedules: []Schedule{{Name: "a", Next: slots(first, second), SkipMissed: true, CatchUpWithin: 500 * time.Millisecond}}},
+		second)
 }
 
 // TestPeriodicSlotOnceWhenAnAbandonedInsertCommitted: a slot's insert is

@@ -316,8 +316,8 @@ func (q *Queries) Cancel(ctx context.Context, db DB, id int64, reason string) (s
 // (SlotKeyTimeLen bytes), so a schedule's keys sort by slot.
 const (
 	SlotKeyPrefix  = "gendurable:periodic:"
-	SlotKeyTimeLen = 20 // len("2006-01-02T15:04:05Z")
-	slotTimeLen    = "20"
+	SlotKeyTimeLen = len("2006-01-02T15:04:05Z")
+	slotTimeLen    = "20" // SlotKeyTimeLen, for the SQL (TestSlotTimeLenIsSlotKeyTimeLen)
 )
 
 // newestSlotSQL says finished row i is the newest slot of its periodic
@@ -434,9 +434,9 @@ const ownTxIdle = time.Minute
 // table (a sequential or full index scan) to delete a batch. And no JIT:
 // with those plans ruled out the planner's cost of a batch ran past
 // jit_above_cost (a subplan under a NOT is priced for every row, the
-// newest-slot check's among them), and the JIT compiled each batch for
-// 0.7–0.8 s of a 1 ms statement (a review) until the generic plan took
-// over, on every connection.
+// newest-slot check's among them), and PostgreSQL compiled each batch,
+// on every connection until the generic plan took over, for far longer
+// than the batch ran (TestAPruneBatchIsNotJITCompiled).
 var pruneSettings = `SELECT set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true),
        set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),
        set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
