@@ -38,7 +38,7 @@ type common struct {
 }
 
 func (c *common) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.dbURL, "database-url", "", "PostgreSQL URL (default DATABASE_URL, else the local server)")
+	databaseURLFlag(fs, &c.dbURL, "PostgreSQL `URL` (default DATABASE_URL, else the local server)")
 	c.schema = "public"
 	fs.Var(schemaFlag{&c.schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
@@ -67,6 +67,35 @@ func (f schemaFlag) Set(v string) error {
 	}
 	*f.s = v
 	return nil
+}
+
+// errEmptyDatabaseURL: --database-url was given an empty value. Read as
+// unset it would fall through to DATABASE_URL or the local server: a
+// `--database-url "$TARGET"` with TARGET unset would act on another
+// database than the one meant.
+var errEmptyDatabaseURL = errors.New(`empty: give the database's URL (omit --database-url for DATABASE_URL, else the default)`)
+
+// urlFlag is --database-url: any value but an empty one.
+type urlFlag struct{ s *string }
+
+func (f urlFlag) String() string {
+	if f.s == nil {
+		return ""
+	}
+	return *f.s
+}
+
+func (f urlFlag) Set(v string) error {
+	if strings.TrimSpace(v) == "" {
+		return errEmptyDatabaseURL
+	}
+	*f.s = v
+	return nil
+}
+
+// databaseURLFlag defines --database-url on fs (see urlFlag).
+func databaseURLFlag(fs *flag.FlagSet, p *string, usage string) {
+	fs.Var(urlFlag{p}, "database-url", usage)
 }
 
 // engine opens a pool and an insert-only engine for admin calls. Its
@@ -1027,7 +1056,8 @@ func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("demo")
-	dbURL := fs.String("database-url", "", "PostgreSQL URL (default DATABASE_URL; unset: a private throwaway PostgreSQL)")
+	dbURL := new(string)
+	databaseURLFlag(fs, dbURL, "PostgreSQL `URL` (default DATABASE_URL; unset: a private throwaway PostgreSQL)")
 	o := demo.Options{Out: stdout}
 	fs.StringVar(&o.Schema, "schema", "gendurable_demo", "the demo's own schema: created, marked, recreated on every run; an existing schema the demo did not create is refused")
 	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that the demo did not create, and everything in it (asks on a terminal; elsewhere needs --yes)")

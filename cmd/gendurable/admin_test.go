@@ -477,6 +477,34 @@ func TestEmptySchemaIsRefusedBeforeAnyConnection(t *testing.T) {
 	}
 }
 
+// An empty --database-url (--database-url "$TARGET" with TARGET unset) is a
+// usage error of every command that takes it, before any connection. It
+// was read as unset: DATABASE_URL, else the local server (the demo: a
+// throwaway server), so `migrate down --yes --database-url "$TARGET"` acted
+// on a database the operator did not name.
+func TestEmptyDatabaseURLIsRefusedBeforeAnyConnection(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range [][]string{
+		{"status"}, {"list"}, {"show", "1"}, {"retry", "--all", "--yes"}, {"cancel", "--all", "--yes"},
+		{"run-now", "1"}, {"signal", "1", "go"}, {"pause", "q", "--create"}, {"queue", "remove", "q"},
+		{"prune", "--retention", "2h"}, {"machines"}, {"ui", "--addr", "127.0.0.1:0"},
+		{"migrate", "up"}, {"migrate", "down", "--yes"}, {"migrate", "status"}, {"demo"}, {"bench"},
+	} {
+		for _, url := range []string{"--database-url=", "--database-url= ", "--database-url=\t"} {
+			args := append(append([]string{}, cmd...), url, "--json")
+			if cmd[0] == "demo" {
+				args = args[:len(args)-1] // demo has no --json
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			var stdout, stderr strings.Builder
+			code := run(ctx, args, &stdout, &stderr)
+			cancel()
+			require.Equal(t, exitUsage, code, "%q: %s", args, stderr.String())
+			require.Contains(t, stderr.String(), "flag -database-url: empty", "%q", args)
+		}
+	}
+}
+
 // TestDoubleDashEndsTheFlags: after "--" every argument is positional,
 // however it looks. The CLI parsed flags again after the first positional
 // argument that followed "--", so `cancel -- ID --tree --yes` — ids from a

@@ -95,8 +95,8 @@ commands:
 
 "gendurable <command> --help" shows a command's arguments and flags.
 "--" ends the flags: every argument after it is an argument, however it looks.
-Every database command takes --database-url, --schema (not empty; default public, but demo and
-bench default to their own schemas) and --json (all but demo).
+Every database command takes --database-url (not empty), --schema (not empty; default public, but
+demo and bench default to their own schemas) and --json (all but demo).
 
 With --json, output is JSON with snake_case names, and an error is {"error": {"code": ...,
 "message": ..., "exit_code": ...}} on stderr. Exit codes: 0 ok; 1 failure (code "error";
@@ -572,7 +572,8 @@ const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres"
 
 func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("migrate")
-	dbURL := fs.String("database-url", "", "PostgreSQL URL (default DATABASE_URL, else the local server)")
+	dbURL := new(string)
+	databaseURLFlag(fs, dbURL, "PostgreSQL `URL` (default DATABASE_URL, else the local server)")
 	schema := new(string)
 	*schema = "public"
 	fs.Var(schemaFlag{schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
@@ -717,7 +718,8 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("bench")
 	var o benchrun.Options
-	dbURL := fs.String("database-url", "", "PostgreSQL URL (default DATABASE_URL, else the local server)")
+	dbURL := new(string)
+	databaseURLFlag(fs, dbURL, "PostgreSQL `URL` (default DATABASE_URL, else the local server)")
 	fs.StringVar(&o.Schema, "schema", "gendurable_bench", "bench's own schema: created, marked, dropped at the end; an existing schema bench did not create is refused")
 	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that bench did not create, and everything in it (asks on a terminal; elsewhere needs --yes)")
 	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
