@@ -283,6 +283,10 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	r = get(t, h, "/instances?status=failed&queue=a;b")
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	require.Contains(t, r.body, "query could not be read")
+	require.Contains(t, r.body, "no separator")
+	r = get(t, h, "/instances?status=failed&queue=a%ZZ") // the message names what it is
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	require.Contains(t, r.body, "bad %-escape")
 
 	r = post(t, h, "/queues/pause?queue=q1&queue=nosuch", nil)
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)

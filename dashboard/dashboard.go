@@ -52,10 +52,11 @@
 //     transitions the engine's process has observed (a known machine's
 //     graph is shared between requests for 2 s, as the queues' counts
 //     are, and so are the names of the machines the dashboard knows,
-//     which the queues, list and graph pages read). A machine named "." or
-//     ".." (which a browser would resolve out of a path) is
-//     /machines?name=.., and such a queue's pause and resume are
-//     /queues/pause?queue=.. and /queues/resume?queue=...
+//     which the queues, list and graph pages read). A machine whose name a
+//     path cannot carry — "." or ".." (which a browser would resolve out of
+//     a path), "/" or any other that makes the path unclean (which the
+//     router redirects) — is /machines?name=.., and such a queue's pause
+//     and resume are /queues/pause?queue=.. and /queues/resume?queue=...
 //
 // # Security
 //
@@ -389,7 +390,7 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	mux.HandleFunc("GET /static/{file}", serveStatic)
 	mutation("POST /queues/{queue}/pause", "pause", d.pauseAction)
 	mutation("POST /queues/{queue}/resume", "resume", d.resumeAction)
-	// The queues "." and "..", whose names a path cannot carry past a browser.
+	// Queues whose names a path cannot carry ("." and "..", "/": pathCarries).
 	mutation("POST /queues/pause", "pause", d.pauseAction)
 	mutation("POST /queues/resume", "resume", d.resumeAction)
 	mutation("POST /bulk/retry", "bulk-retry", d.bulkRetryAction)
@@ -437,7 +438,11 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 				// a list of "status=failed&queue=a;b" showed every failed
 				// instance, and its "Cancel all" confirmed the wider
 				// filter. (A mutation's form parser refuses it, audited.)
-				d.errorPage(w, r, http.StatusBadRequest, "The address's query could not be read (a ';' is no separator: use '&').")
+				msg := "The address's query could not be read (a bad %-escape)."
+				if strings.Contains(r.URL.RawQuery, ";") {
+					msg = "The address's query could not be read (a ';' is no separator: use '&')."
+				}
+				d.errorPage(w, r, http.StatusBadRequest, msg)
 				return
 			}
 			mux.ServeHTTP(w, r)
@@ -706,8 +711,8 @@ func formShape(r *http.Request, action string) (int, string) {
 	for k := range r.URL.Query() {
 		// The handlers read the body's fields: one in the URL's query would
 		// be dropped unread (a bulk action's queue or limit, acting wider
-		// than asked; a cancel's reason). A queue named "." or ".." is the
-		// one field that travels there (queueURL).
+		// than asked; a cancel's reason). A queue whose name a path cannot
+		// carry ("." or "..", "/") is the one field that travels there (queueURL).
 		if k != "queue" || action != "pause" && action != "resume" || r.PathValue("queue") != "" {
 			if len(k) > 40 {
 				k = k[:40]

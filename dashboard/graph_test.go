@@ -69,18 +69,21 @@ func TestStandaloneGraph(t *testing.T) {
 
 // TestMachinesNamedDotsHaveAGraphPage: a machine named "." or ".." is
 // linked from the lists like any other, and the link reaches its graph as
-// a browser resolves it (a dot segment in a path would be resolved away).
+// a browser resolves it (a dot segment in a path would be resolved away);
+// so does one named "/" (an empty segment, which the router redirects).
 func TestMachinesNamedDotsHaveAGraphPage(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	h, _ := e.handler(dashboard.Options{})
-	_, err := e.pool.Exec(context.Background(), `INSERT INTO "`+e.schema+`".gendurable_instances (fsm, step) VALUES ('.', 'a'), ('..', 'a')`)
+	names := []string{".", "..", "/", "//", "a/", "a/../b", "%2F"}
+	_, err := e.pool.Exec(context.Background(), `INSERT INTO "`+e.schema+`".gendurable_instances (fsm, step)
+		SELECT n, 'a' FROM unnest($1::text[]) AS n`, names)
 	require.NoError(t, err)
 	base, err := url.Parse("http://example.com/")
 	require.NoError(t, err)
 	list := get(t, h, "/instances")
 	require.Equal(t, http.StatusOK, list.code)
-	for _, name := range []string{".", ".."} {
+	for _, name := range names {
 		m := regexp.MustCompile(`<a href="([^"]*)">` + regexp.QuoteMeta(name) + `</a>`).FindStringSubmatch(list.body)
 		require.NotNil(t, m, "no link to machine %q", name)
 		u, err := url.Parse(html.UnescapeString(m[1]))

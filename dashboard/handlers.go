@@ -147,8 +147,8 @@ func (d *dashboard) readMachineNames(ctx context.Context) ([]string, error) {
 	return names, nil
 }
 
-// queueOf is the queue a pause or resume names: in the path, or, for "."
-// and "..", in the query (queueURL).
+// queueOf is the queue a pause or resume names: in the path, or, for a
+// name a path cannot carry ("." and "..", "/"), in the query (queueURL).
 func queueOf(r *http.Request) string {
 	if q := r.PathValue("queue"); q != "" {
 		return q
@@ -634,7 +634,7 @@ type machineRow struct {
 }
 
 func (d *dashboard) machinesPage(w http.ResponseWriter, r *http.Request) {
-	if q := r.URL.Query(); q.Has("name") { // the graph of "." or ".." (machineURL)
+	if q := r.URL.Query(); q.Has("name") { // the graph of "." or "..", "/" (machineURL)
 		d.graph(w, r, q.Get("name"))
 		return
 	}

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -32,15 +33,14 @@ func parsePages(d *dashboard) (pages, error) {
 		"link":        d.link,
 		"instanceURL": func(id int64) string { return d.link("/instances/" + strconv.FormatInt(id, 10)) },
 		"machineURL": func(name string) string {
-			if name == "." || name == ".." { // as queueURL: a path cannot carry them
+			if !pathCarries("/machines/" + name) { // as queueURL
 				return d.link("/machines") + "?" + url.Values{"name": {name}}.Encode()
 			}
 			return d.link("/machines/" + url.PathEscape(name))
 		},
 		"queueURL": func(queue, action string) string {
-			if queue == "." || queue == ".." {
-				// A browser resolves a dot segment away, escaped or not:
-				// these names travel in the query instead.
+			if !pathCarries("/queues/" + queue + "/" + action) {
+				// A name a path cannot carry travels in the query instead.
 				return d.link("/queues/"+action) + "?" + url.Values{"queue": {queue}}.Encode()
 			}
 			return d.link("/queues/" + url.PathEscape(queue) + "/" + action)
@@ -282,4 +282,14 @@ func serveStatic(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "private, max-age=3600")
 	w.Header().Set("ETag", `"`+assetVersion+`"`)
 	http.ServeContent(w, r, name, time.Time{}, bytes.NewReader(b))
+}
+
+// pathCarries reports whether a page's path p, a name unescaped in it, reaches
+// its handler as it is. A browser resolves a dot segment away, escaped or not
+// ("." and ".."), and the server's router answers a path that is not clean
+// (an empty segment: a queue named "/" is "/queues///pause" unescaped) with a
+// redirect to the cleaned one, which a form's POST does not follow: such
+// names travel in the query (/queues/pause?queue=…, /machines?name=…).
+func pathCarries(p string) bool {
+	return path.Clean(p) == p
 }
