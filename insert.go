@@ -325,7 +325,7 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 	r := sqlq.NewInstance{
 		FSM: core.name, Version: int32(core.version), Queue: orDefault(o.Queue, core.queue),
 		Step: core.start, State: state, Priority: int16(o.Priority),
-		MaxAttempts: int32(orDefault(o.MaxAttempts, core.maxAttempts)), RunIn: o.RunIn,
+		MaxAttempts: int32(orDefault(o.MaxAttempts, core.maxAttempts)), RunIn: o.RunIn, Slot: p.slot,
 	}
 	if !o.RunAt.IsZero() {
 		t := o.RunAt

@@ -42,6 +42,14 @@ import (
 // whose clock is behind finds the slot taken, or inserts it late by its
 // skew (eligible at once). A clock set forward, or a machine that was
 // suspended, makes a slot due within a minute.
+//
+// Order: a slot is not inserted once a row of a later slot of its schedule
+// is in the table (the insert does nothing, as for a slot taken). A prune
+// keeps each schedule's newest slot's row, so whenever a slot's own row may
+// have been pruned a later one's is there: an insert that reaches the
+// database late — sent on a connection that was then cut off, given up by
+// its engine, and run by the server when the connection healed — cannot run
+// the slot a second time, and a schedule's slots never run out of order.
 type Periodic struct {
 	// Name identifies the schedule; it is part of every slot's unique key,
 	// so renaming a schedule starts its slots afresh. Required: 1 to 200

@@ -73,6 +73,7 @@ type Queries struct {
 	oversizedClaims string
 	insertMany      string
 	insertPlain     string
+	insertSlot      string
 	lookupUnique    string
 	getInstance     string
 	instancesOf     string
@@ -131,6 +132,7 @@ func New(schema string) (*Queries, error) {
 		oversizedClaims: render(oversizedClaimsSQL, qs),
 		insertMany:      render(insertManySQL, qs),
 		insertPlain:     render(insertPlainSQL, qs),
+		insertSlot:      render(insertSlotSQL, qs),
 		getInstance:     render(getInstanceSQL, qs),
 		instancesOf:     render(instancesOfSQL, qs),
 		lookupUnique:    render(lookupUniqueSQL, qs),
