@@ -33,7 +33,7 @@ import (
 // most a year for the most recent slot. Adding a schedule, or changing its
 // Schedule, is a start like any other: its most recent slot (of the new
 // spec) runs late unless SkipMissed, even if a slot of the old spec ran
-// since.
+// since — unless that slot is later (see Order).
 //
 // Clocks: a process inserts a slot when its own clock reaches it, and the
 // instance is eligible at the slot on the database clock (RunAt is the
@@ -44,12 +44,18 @@ import (
 // suspended, makes a slot due within a minute.
 //
 // Order: a slot is not inserted once a row of a later slot of its schedule
-// is in the table (the insert does nothing, as for a slot taken). A prune
-// keeps each schedule's newest slot's row, so whenever a slot's own row may
-// have been pruned a later one's is there: an insert that reaches the
-// database late — sent on a connection that was then cut off, given up by
-// its engine, and run by the server when the connection healed — cannot run
-// the slot a second time, and a schedule's slots never run out of order.
+// whose time has come (on the database clock) is in the table: the insert
+// does nothing, as for a slot taken, and logs a warning. A prune keeps each
+// schedule's newest such row, so whenever a slot's own row may have been
+// pruned a later one's is there: an insert that reaches the database late
+// — sent on a connection that was then cut off, given up by its engine,
+// and run by the server when the connection healed — cannot run the slot a
+// second time. So the slots of a schedule are inserted in their order, and
+// a catch-up slot older than the schedule's latest slot row is not
+// inserted (a schedule changed to an earlier time of day, its new spec's
+// most recent slot before the old spec's last). A slot's row inserted
+// before its time (by a process whose clock is ahead) does not count until
+// its time: the slots before it still go in.
 type Periodic struct {
 	// Name identifies the schedule; it is part of every slot's unique key,
 	// so renaming a schedule starts its slots afresh. Required: 1 to 200
@@ -134,6 +140,12 @@ func (e *Engine) insertSlot(ctx context.Context, p *Periodic, slot time.Time) (i
 	err = safely(func() (err error) { res, err = e.Insert(ctx, params); return err })
 	if errors.As(err, &pe) {
 		return 0, false, fmt.Errorf("%w: Periodic %q: encoding the state: %w", ErrStateEncode, p.Name, err)
+	}
+	if err == nil && res.Duplicate && res.ID == 0 {
+		// No row holds the slot's key: the insert found a later slot of
+		// the schedule in the table (see Periodic, "Order").
+		e.log.Warn("gendurable: periodic slot not inserted: a later slot of its schedule is in the table",
+			"periodic", p.Name, "slot", slot)
 	}
 	return res.ID, res.Duplicate, err
 }

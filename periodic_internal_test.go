@@ -30,15 +30,19 @@ func TestSlotKeysEndInTheirSlotOfAFixedLength(t *testing.T) {
 	}
 }
 
-// TestASlotIsNotInsertedOnceALaterSlotHasARow (a fault probe): a slot's
-// insert sent on a connection that was then cut off was given up by its
-// engine, the slot inserted and run by another process and its row pruned
-// (not its schedule's newest any more); the connection healed, the server
-// ran the insert still in flight, found the slot's key free and ran the
-// slot a second time. A slot's row is inserted only while no row of a later
-// slot of its schedule is in the table — which the prune, keeping each
-// schedule's newest slot, leaves there once it may have deleted the slot's
-// own — and other schedules' slots, whatever their names, do not count.
+// TestASlotIsNotInsertedOnceALaterSlotHasARow: a fault probe saw a slot
+// run twice — its insert, sent on a connection that was then cut off, was
+// given up by its engine, the slot inserted and run by another process and
+// its row pruned (not its schedule's newest any more); the connection
+// healed, the server ran the insert still in flight and found the slot's
+// key free. This test stands in for that late insert by calling the slot's
+// insert after the later slot's row went in and the slot's own was deleted:
+// a slot's row is inserted only while no row of a later slot of its
+// schedule whose time has come is in the table (which the prune, keeping
+// each schedule's newest such row, leaves there once it may have deleted
+// the slot's own). Other schedules' slots, whatever their names, do not
+// count, nor does a slot's row inserted before its time (a process whose
+// clock is ahead: a review's row a day ahead silenced the schedule).
 func TestASlotIsNotInsertedOnceALaterSlotHasARow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -95,4 +99,26 @@ func TestASlotIsNotInsertedOnceALaterSlotHasARow(t *testing.T) {
 	_, dup = insert("every", at(3))
 	require.True(t, dup)
 	require.Equal(t, 1, rows("every", at(3)))
+
+	// A row of a slot whose time has not come (inserted early by a process
+	// whose clock is ahead) does not keep the slots before it out.
+	ahead := time.Now().Add(24 * time.Hour).Truncate(time.Second)
+	_, dup = insert("every", ahead)
+	require.False(t, dup)
+	_, dup = insert("every", at(4))
+	require.False(t, dup, "a slot's row before its time does not count")
+	require.Equal(t, 1, rows("every", at(4)))
+
+	// Nor does it for a prune: the newest slot whose time has come is
+	// kept, and it keeps the late insert of the one before it out.
+	_, err = pool.Exec(ctx, `UPDATE "`+schema+`".gendurable_instances SET status = 'done', finished_at = now() - interval '1 hour'
+		WHERE unique_key <> $1`, []byte(slotKey("every", ahead)))
+	require.NoError(t, err)
+	_, err = e.Prune(ctx, time.Minute, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, rows("every", at(4)), "the newest slot whose time has come is kept")
+	require.Zero(t, rows("every", at(3)))
+	_, dup = insert("every", at(3))
+	require.True(t, dup)
+	require.Zero(t, rows("every", at(3)))
 }

@@ -273,7 +273,10 @@ func DropHeld(ctx context.Context, db *pgxpool.Pool, schema string, h *Hold) err
 func dropOwn(ctx context.Context, db beginner, schema string) error {
 	for try := 1; ; try++ {
 		err := dropOwnOnce(ctx, db, schema)
-		if !errors.Is(err, ErrBusy) || errors.Is(err, errInUse) || try == 3 {
+		// A catalog entry dropped under the drop's catalog reads by another
+		// transaction (another schema's drop: sqlq.CatalogRace) is tried
+		// again too; in the drop's own transaction the migration does not.
+		if !errors.Is(err, ErrBusy) && !sqlq.CatalogRace(err) || errors.Is(err, errInUse) || try == 3 {
 			return err
 		}
 		select {

@@ -320,26 +320,50 @@ const (
 	slotTimeLen    = "20" // SlotKeyTimeLen, for the SQL (TestSlotTimeLenIsSlotKeyTimeLen)
 )
 
+// slotKeySQL says key (an SQL expression) is a periodic slot's unique key.
+func slotKeySQL(key string) string {
+	return key + ` IS NOT NULL AND ` + key + ` >= '` + SlotKeyPrefix + `'::bytea AND ` + key + ` < '` + SlotKeyPrefix +
+		`'::bytea || '\xff'::bytea AND length(` + key + `) > ` + slotTimeLen
+}
+
+// slotNowSQL is now() written as a slot key's time (RFC 3339 in UTC, as
+// slotKey writes it): keys of one schedule compare with it as slots do.
+const slotNowSQL = `convert_to(to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), 'UTF8')`
+
+// laterDueSlotSQL says a row holds the key of a later slot of slot key
+// key's schedule (key an SQL expression; slotKeySQL holds for it) whose
+// time has come on the database clock: a range of the unique-key index from
+// key to the schedule's key of now(), the rows of exactly the schedule's
+// key length. A slot's row a process whose clock ran ahead inserted early
+// does not count before its time: counted, it kept every process from
+// inserting the slots before it (a review: one row a day ahead silenced its
+// schedule for the day), and a prune kept it as the newest while deleting
+// the slot it would stand for. The range also leaves out the keys of the
+// schedules named "<name>:…", which sort after the digits of a time.
+func laterDueSlotSQL(key string) string {
+	prefix := `substring(` + key + ` FROM 1 FOR length(` + key + `) - ` + slotTimeLen + `)`
+	return `EXISTS (
+        SELECT 1 FROM {{schema}}.gendurable_instances AS l
+        WHERE l.unique_key IS NOT NULL AND l.unique_key > ` + key + `
+          AND l.unique_key <= ` + prefix + ` || ` + slotNowSQL + `
+          AND length(l.unique_key) = length(` + key + `)
+          AND substring(l.unique_key FROM 1 FOR length(l.unique_key) - ` + slotTimeLen + `) = ` + prefix + `)`
+}
+
 // newestSlotSQL says finished row i is the newest slot of its periodic
-// schedule: no row holds a later slot's key of the same schedule (a range
-// of the unique-key index from i's key to the end of the schedule's). A
-// prune keeps it, so that the schedule's service, started again, finds the
-// slot it would run late inserted already, whatever ran the prune and with
-// which retention: its catch-up runs the most recent slot that passed if
-// that slot is younger than the engine's Retention (internal/maintenance),
-// and a prune by an operator (Engine.Prune, the CLI) with a shorter one
-// deleted that slot's row, so the slot ran again (a probe: a manual prune,
-// then a restart). One row per schedule ever run, a removed schedule's too.
-const newestSlotSQL = `(
-      i.unique_key IS NOT NULL AND i.unique_key >= '` + SlotKeyPrefix + `'::bytea AND i.unique_key < '` + SlotKeyPrefix + `'::bytea || '\xff'::bytea
-      AND length(i.unique_key) > ` + slotTimeLen + `
-      AND NOT EXISTS (
-        SELECT 1 FROM {{schema}}.gendurable_instances AS n
-        WHERE n.unique_key IS NOT NULL AND n.unique_key > i.unique_key
-          AND n.unique_key < substring(i.unique_key FROM 1 FOR length(i.unique_key) - ` + slotTimeLen + `) || '\xff'::bytea
-          AND length(n.unique_key) = length(i.unique_key)
-          AND substring(n.unique_key FROM 1 FOR length(n.unique_key) - ` + slotTimeLen + `)
-            = substring(i.unique_key FROM 1 FOR length(i.unique_key) - ` + slotTimeLen + `)))`
+// schedule: no row holds a later slot's key of the same schedule whose time
+// has come (laterDueSlotSQL). A prune keeps it, so that the schedule's
+// service, started again, finds the slot it would run late inserted
+// already, whatever ran the prune and with which retention: its catch-up
+// runs the most recent slot that passed if that slot is younger than the
+// engine's Retention (internal/maintenance), and a prune by an operator
+// (Engine.Prune, the CLI) with a shorter one deleted that slot's row, so the
+// slot ran again (a probe: a manual prune, then a restart). And so that a
+// slot's own row, once pruned, leaves a later due slot's row behind, which
+// keeps an insert of the slot that reaches the database late from running
+// it again (insertSlotSQL). One row per schedule ever run, a removed
+// schedule's too.
+var newestSlotSQL = `(` + slotKeySQL("i.unique_key") + ` AND NOT ` + laterDueSlotSQL("i.unique_key") + `)`
 
 // prunableSQL is what makes a finished instance i prunable besides its age:
 // a finished child whose parent is still live, or failed (a retry runs the
@@ -356,7 +380,7 @@ const newestSlotSQL = `(
 // kept until they have finished: Engine.CancelTree of it walks down to them
 // through it. The newest slot of each periodic schedule is kept too
 // (newestSlotSQL), whatever its age.
-const prunableSQL = `
+var prunableSQL = `
     NOT (i.lease_expires_at IS NOT NULL AND i.lease_expires_at > now())
     AND NOT ` + newestSlotSQL + `
     AND (i.parent_id IS NULL OR NOT EXISTS (
@@ -388,7 +412,7 @@ const prunableSQL = `
 // locks: a retry that committed before it is seen, and one that had not
 // yet taken the parent's lock waits for the prune's commit and then finds
 // the parent gone (a retry of a child whose parent was pruned before it).
-const pruneLockSQL = `
+var pruneLockSQL = `
 SELECT i.id, i.finished_at FROM {{schema}}.gendurable_instances AS i
 WHERE i.status IN ('done', 'failed') AND i.finished_at < now() - $1::bigint * interval '1 microsecond'
   AND i.finished_at >= coalesce($3::timestamptz, '-infinity')
@@ -400,7 +424,7 @@ FOR UPDATE OF i SKIP LOCKED`
 // pruneSQL deletes those of the instances $1, locked by pruneLockSQL in the
 // same transaction (so still finished), that are still prunable, with their
 // signals: one primary-key probe per id behind an OFFSET 0 fence.
-const pruneSQL = `
+var pruneSQL = `
 WITH doomed AS MATERIALIZED (
   SELECT i.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
     SELECT i.id, i.lease_expires_at, i.parent_id, i.fanout, i.unique_key FROM {{schema}}.gendurable_instances AS i

@@ -27,40 +27,27 @@ RETURNING id, unique_key`
 
 // insertSlotSQL is insertManySQL for a batch holding a periodic slot's row
 // (NewInstance.Slot): a slot's row is inserted only while no row of a
-// later slot of its schedule is in the table (laterSlotSQL). The prune
-// keeps each schedule's newest slot (newestSlotSQL), so once a slot's own
-// row may have been pruned a later slot's row is there: an insert of the
-// slot that reaches the database that late — sent on a connection that was
-// cut off, given up by its engine and retried elsewhere, then healed, the
-// server running the bytes still in flight — does nothing, where it ran the
-// slot a second time. Slots of a schedule run in their order: an older one
-// is not run after a later one has been.
-const insertSlotSQL = `
+// later slot of its schedule whose time has come is in the table
+// (laterDueSlotSQL). A prune keeps each schedule's newest such row
+// (newestSlotSQL), so once a slot's own row may have been pruned a later
+// one is there: an insert of the slot that reaches the database that late
+// — sent on a connection that was cut off, given up by its engine and
+// retried elsewhere, then healed, the server running the bytes still in
+// flight — does nothing, where it ran the slot a second time. A schedule's
+// slots are inserted in their order: an older one is not inserted once a
+// later one's is, unless that one is early (inserted by a process whose
+// clock is ahead, before its time).
+var insertSlotSQL = `
 INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `)
 SELECT ` + newRowSelect + `
 FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::smallint[], $7::int[],
             $8::timestamptz[], $9::bigint[], $10::text[], $11::bytea[], $12::int[], $13::int[])
      WITH ORDINALITY AS n(fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
                           run_in_us, partition_key, unique_key, scope_mask, key_limit, ord)
-WHERE NOT ` + laterSlotSQL + `
+WHERE NOT (` + slotKeySQL("n.unique_key") + ` AND ` + laterDueSlotSQL("n.unique_key") + `)
 ORDER BY n.ord
 ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
 RETURNING id, unique_key`
-
-// laterSlotSQL says a row holds a later slot's key of n's periodic schedule
-// (n.unique_key a slot's key; false for any other key): a range of the
-// unique-key index from n's key to the end of its schedule's keys, as
-// newestSlotSQL reads it.
-const laterSlotSQL = `(
-      n.unique_key IS NOT NULL AND n.unique_key >= '` + SlotKeyPrefix + `'::bytea AND n.unique_key < '` + SlotKeyPrefix + `'::bytea || '\xff'::bytea
-      AND length(n.unique_key) > ` + slotTimeLen + `
-      AND EXISTS (
-        SELECT 1 FROM {{schema}}.gendurable_instances AS l
-        WHERE l.unique_key IS NOT NULL AND l.unique_key > n.unique_key
-          AND l.unique_key < substring(n.unique_key FROM 1 FOR length(n.unique_key) - ` + slotTimeLen + `) || '\xff'::bytea
-          AND length(l.unique_key) = length(n.unique_key)
-          AND substring(l.unique_key FROM 1 FOR length(l.unique_key) - ` + slotTimeLen + `)
-            = substring(n.unique_key FROM 1 FOR length(n.unique_key) - ` + slotTimeLen + `)))`
 
 // insertPlainSQL is insertManySQL for a batch without unique keys: no
 // conflict arbitration (speculative insertion costs per row) and no key to

@@ -294,7 +294,8 @@ func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int
 }
 
 // migrateStep applies the next version from the installed one toward
-// target (MigrateDir), trying again after a lock wait or a deadlock. It
+// target (MigrateDir), trying again after a lock wait, a deadlock or a
+// catalog entry dropped under it by another transaction (CatalogRace). It
 // returns the version it read, the one it applied (0: none was left) and
 // the version installed once it was.
 //
@@ -310,8 +311,11 @@ func migrateStep(ctx context.Context, db Beginner, schema string, target, dir, e
 	_, callersTx := db.(pgx.Tx)
 	for tries := 1; ; tries++ {
 		at, applied, now, err = migrate1(ctx, db, schema, target, dir, expect)
-		if err == nil || !LockTimedOut(err) && !Deadlocked(err) {
+		if err == nil || !LockTimedOut(err) && !Deadlocked(err) && !CatalogRace(err) {
 			return at, applied, now, err
+		}
+		if callersTx && CatalogRace(err) {
+			return at, 0, at, err // the caller's own retry decides (scratch's drop tries again)
 		}
 		if callersTx {
 			return at, 0, at, fmt.Errorf("another transaction held a lock on the schema's tables (or deadlocked with this one), "+

@@ -206,6 +206,17 @@ func Deadlocked(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40P01" || pgErr.Code == "40001")
 }
 
+// CatalogRace reports PostgreSQL's internal error for a catalog entry that
+// a statement's snapshot still lists but that a concurrent transaction has
+// just dropped (XX000 "cache lookup failed for …"): a function that reads
+// the catalog's cache (pg_identify_object, a DDL statement's lookups) met
+// it gone. Nothing the statement's transaction did caused it, and the same
+// work, tried again, sees the catalog as it is.
+func CatalogRace(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "XX000" && strings.HasPrefix(pgErr.Message, "cache lookup failed")
+}
+
 // PreparedStatementClash reports an error a connection pooler in
 // transaction mode gives pgx's default named prepared statements: a name
 // unknown (26000) or already taken (42P05) on the server session the

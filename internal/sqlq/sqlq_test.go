@@ -22,3 +22,17 @@ func TestErrAttrsCarryThePoolerAdvice(t *testing.T) {
 	plain := errors.New("connection refused")
 	require.Equal(t, []any{"err", plain}, ErrAttrs(plain))
 }
+
+// TestCatalogRaceIsOnlyACacheLookupThatFailed: a migration (and a scratch
+// schema's drop) tries again on PostgreSQL's internal error for a catalog
+// entry another transaction dropped under its reads — it failed a full
+// test run's drop of one schema while others' were dropped beside it — and
+// on no other internal error.
+func TestCatalogRaceIsOnlyACacheLookupThatFailed(t *testing.T) {
+	race := fmt.Errorf("migrate: %w", &pgconn.PgError{Code: "XX000", Message: "cache lookup failed for relation 100387"})
+	require.True(t, CatalogRace(race))
+	require.False(t, CatalogRace(&pgconn.PgError{Code: "XX000", Message: "could not read block 0 in file"}))
+	require.False(t, CatalogRace(&pgconn.PgError{Code: "42P01", Message: "cache lookup failed"}))
+	require.False(t, CatalogRace(errors.New("cache lookup failed for relation 1")))
+	require.False(t, CatalogRace(nil))
+}
