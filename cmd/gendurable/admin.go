@@ -40,7 +40,7 @@ type common struct {
 func (c *common) register(fs *flag.FlagSet) {
 	databaseURLFlag(fs, &c.dbURL, "PostgreSQL `URL` (default DATABASE_URL, else the local server)")
 	c.schema = "public"
-	fs.Var(schemaFlag{&c.schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
+	fs.Var(schemaFlag(&c.schema), "schema", "the `name` of the schema holding gendurable's tables (not empty)")
 	fs.BoolVar(&c.json, "json", false, "print JSON")
 }
 
@@ -49,53 +49,42 @@ func (c *common) register(fs *flag.FlagSet) {
 // variable (--schema "$SCHEMA") would act on the public schema.
 var errEmptySchema = errors.New(`empty: give the schema's name (omit --schema for "public")`)
 
-// schemaFlag is --schema: a value that is empty or only white space is a
-// usage error when the command line is parsed, before any connection.
-// (Any other bad name is the library's ErrInvalidSchema, also before one.)
-type schemaFlag struct{ s *string }
-
-func (f schemaFlag) String() string {
-	if f.s == nil {
-		return ""
-	}
-	return *f.s
-}
-
-func (f schemaFlag) Set(v string) error {
-	if strings.TrimSpace(v) == "" {
-		return errEmptySchema
-	}
-	*f.s = v
-	return nil
-}
-
 // errEmptyDatabaseURL: --database-url was given an empty value. Read as
 // unset it would fall through to DATABASE_URL or the local server: a
 // `--database-url "$TARGET"` with TARGET unset would act on another
 // database than the one meant.
 var errEmptyDatabaseURL = errors.New(`empty: give the database's URL (omit --database-url for DATABASE_URL, else the default)`)
 
-// urlFlag is --database-url: any value but an empty one.
-type urlFlag struct{ s *string }
+// nonEmptyFlag is a string flag whose value, empty or only white space, is
+// the usage error empty when the command line is parsed, before any
+// connection: --schema (any other bad name is the library's
+// ErrInvalidSchema, also before one) and --database-url.
+type nonEmptyFlag struct {
+	s     *string
+	empty error
+}
 
-func (f urlFlag) String() string {
+func (f nonEmptyFlag) String() string {
 	if f.s == nil {
 		return ""
 	}
 	return *f.s
 }
 
-func (f urlFlag) Set(v string) error {
+func (f nonEmptyFlag) Set(v string) error {
 	if strings.TrimSpace(v) == "" {
-		return errEmptyDatabaseURL
+		return f.empty
 	}
 	*f.s = v
 	return nil
 }
 
-// databaseURLFlag defines --database-url on fs (see urlFlag).
+// schemaFlag is --schema (see nonEmptyFlag).
+func schemaFlag(p *string) flag.Value { return nonEmptyFlag{p, errEmptySchema} }
+
+// databaseURLFlag defines --database-url on fs (see nonEmptyFlag).
 func databaseURLFlag(fs *flag.FlagSet, p *string, usage string) {
-	fs.Var(urlFlag{p}, "database-url", usage)
+	fs.Var(nonEmptyFlag{p, errEmptyDatabaseURL}, "database-url", usage)
 }
 
 // engine opens a pool and an insert-only engine for admin calls. Its

@@ -576,7 +576,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	databaseURLFlag(fs, dbURL, "PostgreSQL `URL` (default DATABASE_URL, else the local server)")
 	schema := new(string)
 	*schema = "public"
-	fs.Var(schemaFlag{schema}, "schema", "the `name` of the schema holding gendurable's tables (not empty)")
+	fs.Var(schemaFlag(schema), "schema", "the `name` of the schema holding gendurable's tables (not empty)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	yes := fs.Bool("yes", false, "down: do not ask for confirmation (needed when stdin is not a terminal)")
 	to := fs.Int("to", 0, "up, down, print: the `version` to migrate to (default: up and print the latest, down 0)")

@@ -14,13 +14,19 @@ import (
 // the same batch) is skipped by ON CONFLICT, which must repeat the unique
 // index's predicate exactly to infer it.
 
-const insertManySQL = `
+const insertManySQL = insertRowsSQL + insertKeyedTailSQL
+
+// insertRowsSQL inserts the rows of the column arrays $1–$13, numbered in
+// their order (n.ord); insertKeyedTailSQL ends it for rows with unique keys.
+const insertRowsSQL = `
 INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `)
 SELECT ` + newRowSelect + `
 FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::smallint[], $7::int[],
             $8::timestamptz[], $9::bigint[], $10::text[], $11::bytea[], $12::int[], $13::int[])
      WITH ORDINALITY AS n(fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
-                          run_in_us, partition_key, unique_key, scope_mask, key_limit, ord)
+                          run_in_us, partition_key, unique_key, scope_mask, key_limit, ord)`
+
+const insertKeyedTailSQL = `
 ORDER BY n.ord
 ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
 RETURNING id, unique_key`
@@ -37,17 +43,8 @@ RETURNING id, unique_key`
 // slots are inserted in their order: an older one is not inserted once a
 // later one's is, unless that one is early (inserted by a process whose
 // clock is ahead, before its time).
-var insertSlotSQL = `
-INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `)
-SELECT ` + newRowSelect + `
-FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::smallint[], $7::int[],
-            $8::timestamptz[], $9::bigint[], $10::text[], $11::bytea[], $12::int[], $13::int[])
-     WITH ORDINALITY AS n(fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
-                          run_in_us, partition_key, unique_key, scope_mask, key_limit, ord)
-WHERE NOT (` + slotKeySQL("n.unique_key") + ` AND ` + laterDueSlotSQL("n.unique_key") + `)
-ORDER BY n.ord
-ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
-RETURNING id, unique_key`
+var insertSlotSQL = insertRowsSQL + `
+WHERE NOT (` + slotKeySQL("n.unique_key") + ` AND ` + laterDueSlotSQL("n.unique_key") + `)` + insertKeyedTailSQL
 
 // insertPlainSQL is insertManySQL for a batch without unique keys: no
 // conflict arbitration (speculative insertion costs per row) and no key to
