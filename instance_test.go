@@ -551,6 +551,94 @@ func TestAJoinWhoseChildWasRetriedUnderItsClaimAwaitsTheChild(t *testing.T) {
 	require.Equal(t, "done", b.row(child).Status)
 }
 
+// TestAJoinClaimedAheadSeesAChildRetriedBeforeItStarts (a fault probe): a
+// parent woken by its child's failure is claimed ahead of a free slot (the
+// prefetch buffer) while a long step holds the only one; an operator
+// retries the child then, before the join starts. The retry leaves a
+// parent whose join is claimed to that claim, which read the children as
+// they were — the join ran beside the live child and the parent ended
+// done with the child's "failed". A claim that waited in the buffer reads
+// its children again as it starts, and awaits a live one.
+func TestAJoinClaimedAheadSeesAChildRetriedBeforeItStarts(t *testing.T) {
+	t.Parallel()
+	failNow, rerun, finish := make(chan struct{}), make(chan struct{}, 1), make(chan struct{})
+	var leafRuns atomic.Int32
+	leaf := &gendurable.Job[leafArgs]{Name: "bfleaf", MaxAttempts: 1, Queue: "kids",
+		Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+			if leafRuns.Add(1) == 1 {
+				<-failNow
+				return gendurable.JobCancel(errors.New("the child fails once"))
+			}
+			rerun <- struct{}{}
+			select {
+			case <-finish:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}}
+	var joins atomic.Int32
+	m := &gendurable.Machine[fanState]{Name: "bfparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				joins.Add(1)
+				var st []string
+				for _, c := range r.Children {
+					st = append(st, string(c.Status))
+				}
+				return gendurable.Done(st), nil
+			},
+		}}
+	release := make(chan struct{})
+	blocker := &gendurable.Job[leafArgs]{Name: "bfhog", Perform: func(ctx context.Context, r *gendurable.Run[leafArgs]) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	cfg := fastConfig("", m, leaf, blocker)
+	cfg.Queues = map[string]gendurable.QueueConfig{
+		"default": {Concurrency: 1, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond},
+		"kids":    {Concurrency: 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond},
+	}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	parent := b.insert(m.New(fanState{}))
+	eventually(t, 10*time.Second, func() bool { return b.row(parent).Status == "awaiting_children" }, "the parent did not fan out")
+	b.insert(blocker.New(leafArgs{}))
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'bfhog' AND status = 'executing'`) == 1
+	}, "the blocker did not start")
+	close(failNow)
+	// The child's failure wakes the parent; the feeder claims its join
+	// ahead of the busy slot.
+	eventually(t, 10*time.Second, func() bool {
+		r := b.row(parent)
+		return r.Status == "executing" && r.Step == "join"
+	}, "the woken parent was not claimed ahead")
+	var child int64
+	require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances WHERE parent_id = $1`, b.schema), parent).Scan(&child))
+	require.NoError(t, b.eng.Retry(ctx, child))
+	select {
+	case <-rerun:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the retried child did not run again")
+	}
+	close(release)
+	eventually(t, 10*time.Second, func() bool { return b.row(parent).Status == "awaiting_children" },
+		"the parent, its join claimed before the retry, does not await its retried child")
+	require.Zero(t, joins.Load(), "the join ran beside the live child")
+	close(finish)
+	r := b.waitStatus(parent, "done", 15*time.Second)
+	require.JSONEq(t, `["done"]`, string(r.Result), "the join ran after its retried child finished")
+	require.Equal(t, int32(1), joins.Load())
+}
+
 // TestAReArmedParentKeepsTheBackoffOfItsJoin (a review): a parent whose
 // join step failed and waits out its backoff (a Replay) is put back to
 // awaiting a child retried meanwhile; the child's finish must wake it at

@@ -195,11 +195,11 @@ func (x *Executor) ForQueue(queue string, chain int, handoff bool) feeder.Execut
 					return feeder.Result{KeyFreed: handed}
 				}
 			}
+			if inbox, kids := inputStale(r.def, c); (inbox || kids) && !x.readInputAgain(ctx, queue, c, inbox, kids) {
+				return feeder.Result{RunnableNow: ctx.Err() == nil, KeyFreed: c.PartitionKey != nil}
+			}
 			if liveChild(c) {
 				return x.reawait(queue, c)
-			}
-			if inboxStale(r.def, c) && !x.readInboxAgain(ctx, queue, c) {
-				return feeder.Result{RunnableNow: ctx.Err() == nil, KeyFreed: c.PartitionKey != nil}
 			}
 			next, res := r.step(ctx, c, n < chain)
 			if next == nil {
@@ -425,33 +425,47 @@ func processName() string {
 	return fmt.Sprintf("%s pid %d", host, os.Getpid())
 }
 
-// inboxStaleAfter is how long a claim waits in its feeder's buffer before
-// its step reads the inbox again as it starts (inboxStale): a claim
-// dispatched at once starts within it.
-const inboxStaleAfter = 5 * time.Millisecond
+// inputStaleAfter is how long a claim waits in its feeder's buffer before
+// its step reads its inbox and children again as it starts (inputStale): a
+// claim dispatched at once starts within it.
+const inputStaleAfter = 5 * time.Millisecond
 
-// inboxStale reports whether claim c's inbox may have grown since its claim
-// read it, for a step that reads it (after an Await, or of a machine that
-// reads its inbox): the claim waited in its feeder's buffer for a free
-// slot. A claim an outcome statement made (Buffered zero) runs at once.
-func inboxStale(def *Definition, c *sqlq.Claimed) bool {
-	return !c.Buffered.IsZero() && time.Since(c.Buffered) >= inboxStaleAfter && (c.Awaits != nil || def.ReadsInbox)
+// inputStale reports whether what claim c's step reads besides its row may
+// have changed since its claim read it: the claim waited in its feeder's
+// buffer for a free slot. inbox: a step that reads its inbox (after an
+// Await, or of a machine that reads its inbox), to which a signal may have
+// come; children: a step after a fan-out, one of whose children an
+// operator may have retried (Engine.Retry leaves a parent whose next step
+// is claimed to that claim, which must then not join beside the child). A
+// claim an outcome statement made (Buffered zero) runs at once.
+func inputStale(def *Definition, c *sqlq.Claimed) (inbox, children bool) {
+	if c.Buffered.IsZero() || time.Since(c.Buffered) < inputStaleAfter {
+		return false, false
+	}
+	return c.Awaits != nil || def.ReadsInbox, c.Children > 0
 }
 
-// readInboxAgain reads claim c's inbox again before its step starts, so that
-// a signal committed while the claim waited is not consumed unseen by the
-// step's finish. If the read fails, the claim is no longer the row's, or
-// ctx ended meanwhile (the lease looked lost while the process was stopped
-// during the read, or a stop past its drain), it hands the claim back
-// unstarted and reports false: the row runs later on a fresh claim.
-func (x *Executor) readInboxAgain(ctx context.Context, queue string, c *sqlq.Claimed) bool {
-	inbox, held, err := x.cfg.Queries.ClaimInbox(ctx, x.cfg.Pool, c.ID, c.Token)
+// readInputAgain reads claim c's inbox (inbox) and children (children)
+// again before its step starts, so that a signal committed while the claim
+// waited is not consumed unseen by the step's finish, and a child retried
+// meanwhile is seen live (liveChild). If the read fails, the claim is no
+// longer the row's, or ctx ended meanwhile (the lease looked lost while the
+// process was stopped during the read, or a stop past its drain), it hands
+// the claim back unstarted and reports false: the row runs later on a fresh
+// claim.
+func (x *Executor) readInputAgain(ctx context.Context, queue string, c *sqlq.Claimed, inbox, children bool) bool {
+	in, kids, held, err := x.cfg.Queries.ClaimInput(ctx, x.cfg.Pool, c.ID, c.Token, inbox, children)
 	if err == nil && held && ctx.Err() == nil {
-		c.Inbox = inbox
+		if inbox {
+			c.Inbox = in
+		}
+		if children {
+			c.ChildRows = kids
+		}
 		return true
 	}
 	if err != nil && ctx.Err() == nil {
-		x.cfg.Log.Warn("gendurable: reading the inbox of a claim that waited for a slot failed; released, it runs later",
+		x.cfg.Log.Warn("gendurable: reading what a claim that waited for a slot reads (its inbox, its children) failed; released, it runs later",
 			"queue", queue, "id", c.ID, "err", err)
 	}
 	x.releaseClaim(c, 0)

@@ -536,9 +536,10 @@ func liveChildren(retried string) string {
 // found it in a kill storm; TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt
 // holds the parent in the window by pausing its queue).
 // A parent whose join step is claimed (executing) has read its children:
-// the retried child runs on its own if the join commits, and if the claim
-// ends without its outcome, the next claim finds the child live and gives
-// itself up (Reawait). A runnable parent's children_pending
+// the retried child runs on its own if the join commits (a claim that
+// waited in its feeder's buffer reads them again as it starts: ClaimInput),
+// and if the claim ends without its outcome, the next claim finds the
+// child live and gives itself up (Reawait). A runnable parent's children_pending
 // may be stale (a retry that found no live child keeps it): put back, it
 // awaits its live children counted afresh, the retried ones with them.
 func waitsForItsChildren(p string) string {

@@ -88,29 +88,43 @@ type Claimed struct {
 	Buffered time.Time
 }
 
-// claimInboxSQL reads the unconsumed signals of claimed row $1 while claim
-// $2 holds it (no row otherwise): one primary-key probe, one range of the
-// signals' inbox index.
-const claimInboxSQL = `
-SELECT ` + inboxRowsSQL + `
+// claimInputSQL reads again what a claimed row's step reads besides the
+// row, while claim $2 holds row $1 (no row otherwise): its unconsumed
+// signals if $3, and if $4 the children of its latest fan-out, as the
+// claim read them (the pick's child_rows). One primary-key probe, a range
+// of the signals' inbox index, a range of the parent-fanout index.
+const claimInputSQL = `
+SELECT CASE WHEN $3::bool THEN ` + inboxRowsSQL + ` END,
+       CASE WHEN $4::bool AND i.children_total > 0 THEN
+         (SELECT jsonb_agg(jsonb_build_object('id', ch.id, 'fsm', ch.fsm, 'version', ch.fsm_version,
+                                              'step', ch.step, 'status', ch.status, 'result', ch.result,
+                                              'finished_at', ch.finished_at) ORDER BY ch.id)
+          FROM {{schema}}.gendurable_instances AS ch
+          WHERE ch.parent_id = i.id AND ch.parent_fanout = i.fanout) END
 FROM {{schema}}.gendurable_instances AS i
 WHERE i.id = $1 AND i.claim_token = $2 AND i.status = 'executing'`
 
-// ClaimInbox reads again the inbox of claimed row id, for a claim (token)
-// that waited in its feeder's buffer before its step starts: signals
-// committed since the claim read it are in it. held is false if the claim
-// is no longer the row's.
-func (q *Queries) ClaimInbox(ctx context.Context, db DB, id, token int64) (inbox []SignalRow, held bool, err error) {
-	var raw []byte
-	err = db.QueryRow(ctx, q.claimInbox, id, token).Scan(&raw)
+// ClaimInput reads again the inbox (if inbox) and the children (if
+// children) of claimed row id, for a claim (token) that waited in its
+// feeder's buffer before its step starts: signals committed since the
+// claim read them are in the inbox, and a child an operator retried since
+// shows as live. held is false if the claim is no longer the row's.
+func (q *Queries) ClaimInput(ctx context.Context, db DB, id, token int64, inbox, children bool) (in []SignalRow, kids []ChildRow, held bool, err error) {
+	var rawInbox, rawKids []byte
+	err = db.QueryRow(ctx, q.claimInput, id, token, inbox, children).Scan(&rawInbox, &rawKids)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, nil
+		return nil, nil, false, nil
 	}
 	if err != nil {
-		return nil, false, err
+		return nil, nil, false, err
 	}
-	inbox, err = decodeInbox(raw)
-	return inbox, err == nil, err
+	if in, err = decodeInbox(rawInbox); err != nil {
+		return nil, nil, false, err
+	}
+	if kids, err = decodeChildren(rawKids); err != nil {
+		return nil, nil, false, err
+	}
+	return in, kids, true, nil
 }
 
 // KeyPolicy is the limit and rate of the keys that start with Prefix (the

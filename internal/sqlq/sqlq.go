@@ -65,7 +65,7 @@ type Queries struct {
 	pickFloorCheck  string
 	heartbeat       string
 	clearUnstarted  string
-	claimInbox      string
+	claimInput      string
 	reap            string
 	applyOutcomes   [shapeCount]namedStmt
 	release         string
@@ -125,7 +125,7 @@ func New(schema string) (*Queries, error) {
 		pickFloorCheck:  render(pickFloorCheckSQL, qs),
 		heartbeat:       render(heartbeatSQL, qs),
 		clearUnstarted:  render(clearUnstartedSQL, qs),
-		claimInbox:      render(claimInboxSQL, qs),
+		claimInput:      render(claimInputSQL, qs),
 		reap:            render(reapSQL, qs),
 		release:         render(releaseSQL, qs),
 		releaseUnknown:  render(releaseUnknownSQL, qs),
