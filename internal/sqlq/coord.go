@@ -630,24 +630,24 @@ func (q *Queries) Retry(ctx context.Context, db TxDB, id int64) (status *string,
 }
 
 // reawaitLockSQL locks a claimed row, fenced by its claim token: the first
-// statement of Reawait.
-const reawaitLockSQL = `
-SELECT i.id FROM {{schema}}.gendurable_instances AS i
-WHERE i.id = $1 AND i.claim_token = $2 AND i.status = 'executing'
-FOR NO KEY UPDATE`
+// statement of Reawait (by primary key: claimedRowLockedSQL). A row the
+// claim no longer holds is locked too, until Reawait's transaction ends
+// having written nothing.
+var reawaitLockSQL = claimedRowLockedSQL("FOR NO KEY UPDATE")
 
 // reawaitSQL gives up claim $2 of parent $1 without running its step: the
 // parent awaits the live children of its current fan-out, counted on this
 // statement's snapshot, or, with none left, is runnable now. Like a
 // release, it counts no attempt.
 var reawaitSQL = `
+WITH cur AS MATERIALIZED (` + claimedRowSQL + `)
 UPDATE {{schema}}.gendurable_instances AS p
 SET children_pending = k.kids,
     status = (CASE WHEN k.kids > 0 THEN 'awaiting_children' ELSE 'runnable' END)::{{schema}}.gendurable_status,
     eligible_at = now(), lease_expires_at = NULL, claim_token = NULL, updated_at = now()
-FROM (SELECT ` + liveChildren("") + ` AS kids
+FROM cur, (SELECT ` + liveChildren("") + ` AS kids
       FROM {{schema}}.gendurable_instances AS p WHERE p.id = $1) AS k
-WHERE p.id = $1 AND p.claim_token = $2 AND p.status = 'executing'
+WHERE p.id = cur.id
 RETURNING p.status::text`
 
 // Reawait hands back the claim (id, token) of a parent whose claim found a

@@ -88,11 +88,36 @@ type Claimed struct {
 	Buffered time.Time
 }
 
+// claimedRowSQL is the id of row $1 while claim $2 holds it (no row
+// otherwise), read by primary key behind an OFFSET 0 fence: with the
+// token and the status in the scan's own WHERE, a table whose statistics
+// show few executing rows (analyzed in a quiet hour) had the planner read
+// the partial lease index — every executing row's entry — for the one id,
+// custom plans as well as generic (TestHotPathPlansUnderAdversarialStatistics:
+// "claim-input-after-fanouts", "reawait", "release-unknown"). lock is a
+// locking clause for the row (FOR NO KEY UPDATE), or empty.
+func claimedRowLockedSQL(lock string) string {
+	return `SELECT c.id FROM (
+    SELECT i.id, i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
+    WHERE i.id = $1
+    OFFSET 0 -- a fence: the outer conditions must not reach the scan
+    ` + lock + `
+  ) AS c
+  WHERE c.claim_token = $2 AND c.status = 'executing'`
+}
+
+// claimedRowSQL is claimedRowLockedSQL without a lock.
+var claimedRowSQL = claimedRowLockedSQL("")
+
 // claimInputSQL reads again what a claimed row's step reads besides the
 // row, while claim $2 holds row $1 (no row otherwise): its unconsumed
 // signals if $3, and if $4 the children of its latest fan-out, as the
 // claim read them (the pick's child_rows). One primary-key probe, a range
-// of the signals' inbox index, a range of the parent-fanout index.
+// of the signals' inbox index, a range of the parent-fanout index. With the
+// claim's token and status beside the id in one WHERE, the generic plan on
+// a table whose statistics show few executing rows read the partial lease
+// index — every executing row's entry — for the one id
+// (TestHotPathPlansUnderAdversarialStatistics, "claim-input-after-fanouts").
 const claimInputSQL = `
 SELECT CASE WHEN $3::bool THEN ` + inboxRowsSQL + ` END,
        CASE WHEN $4::bool AND i.children_total > 0 THEN
@@ -101,8 +126,12 @@ SELECT CASE WHEN $3::bool THEN ` + inboxRowsSQL + ` END,
                                               'finished_at', ch.finished_at) ORDER BY ch.id)
           FROM {{schema}}.gendurable_instances AS ch
           WHERE ch.parent_id = i.id AND ch.parent_fanout = i.fanout) END
-FROM {{schema}}.gendurable_instances AS i
-WHERE i.id = $1 AND i.claim_token = $2 AND i.status = 'executing'`
+FROM (SELECT i.id, i.claim_token, i.status, i.children_total, i.fanout
+      FROM {{schema}}.gendurable_instances AS i
+      WHERE i.id = $1
+      OFFSET 0 -- a fence: the primary key, not the lease index of every executing row
+     ) AS i
+WHERE i.claim_token = $2 AND i.status = 'executing'`
 
 // ClaimInput reads again the inbox (if inbox) and the children (if
 // children) of claimed row id, for a claim (token) that waited in its
@@ -746,8 +775,11 @@ func (q *Queries) Release(ctx context.Context, db DB, ids, tokens []int64, delay
 // the previous one if that was one too, so that a row released every
 // UnknownVersionDelay for days does not push its real errors out — so that
 // Describe, WaitReason and the dashboard tell it from a durable sleep. No
-// attempt is counted. One row, by primary key, fenced by its token.
-const releaseUnknownSQL = `
+// attempt is counted. One row, by primary key, fenced by its token: the
+// claim is read behind a fence (claimedRowSQL), so the token and status do
+// not reach the scan.
+var releaseUnknownSQL = `
+WITH cur AS MATERIALIZED (` + claimedRowSQL + `)
 UPDATE {{schema}}.gendurable_instances AS i
 SET status = 'runnable',
     eligible_at = now() + $3::bigint * interval '1 microsecond',
@@ -760,7 +792,8 @@ SET status = 'runnable',
              || jsonb_build_array(jsonb_build_object('step', i.step, 'attempt', i.attempt, 'at', now(),
                                                      'kind', '` + KindUnknownVersion + `', 'error', $4::text,
                                                      'retry_at', now() + $3::bigint * interval '1 microsecond'))
-WHERE i.id = $1 AND i.claim_token = $2 AND i.status = 'executing'`
+FROM cur
+WHERE i.id = cur.id`
 
 // KindUnknownVersion is the error kind of the history entry a release of
 // a row of an unknown (machine, version) writes.

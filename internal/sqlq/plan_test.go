@@ -602,6 +602,37 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 						require.Len(t, c.ChildRows, shKidsLatest)
 					}
 				}},
+				// A claim that waited for a slot reads its inbox and its
+				// latest fan-out's children again (ClaimInput), by its id.
+				{"claim-input-after-fanouts", 2 * 4 * shParents * (1 + shKidsLatest), func(t *testing.T, tx pgx.Tx) {
+					picked, err := f.q.Pick(ctx, tx, "fanin", sqlq.PickOpts{Limit: shParents, Lease: time.Minute})
+					require.NoError(t, err)
+					require.Len(t, picked.Claimed, shParents)
+					for _, c := range picked.Claimed {
+						_, kids, held, err := f.q.ClaimInput(ctx, tx, c.ID, c.Token, true, true)
+						require.NoError(t, err)
+						require.True(t, held)
+						require.Len(t, kids, shKidsLatest)
+					}
+				}},
+				// A claimed parent that finds a child live gives its claim up
+				// (Reawait); a claim of an unknown machine version goes back
+				// (ReleaseUnknown): each by the row's id.
+				{"reawait", 2 * 4 * shParents * (1 + shKidsLatest), func(t *testing.T, tx pgx.Tx) {
+					picked, err := f.q.Pick(ctx, tx, "fanin", sqlq.PickOpts{Limit: shParents, Lease: time.Minute})
+					require.NoError(t, err)
+					require.Len(t, picked.Claimed, shParents)
+					for _, c := range picked.Claimed {
+						status, err := f.q.Reawait(ctx, tx, c.ID, c.Token)
+						require.NoError(t, err)
+						require.NotEmpty(t, status)
+					}
+				}},
+				{"release-unknown", 4 * 50, func(t *testing.T, tx pgx.Tx) {
+					for i := range 20 {
+						require.NoError(t, f.q.ReleaseUnknown(ctx, tx, ids[i], tokens[i], time.Second, "unknown"))
+					}
+				}},
 				{"outcome-chain", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
 					got, err := f.q.ApplyOutcomes(ctx, tx, mixed(chain))
 					require.NoError(t, err)
