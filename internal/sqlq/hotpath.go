@@ -95,7 +95,10 @@ type Claimed struct {
 // the partial lease index — every executing row's entry — for the one id,
 // custom plans as well as generic (TestHotPathPlansUnderAdversarialStatistics:
 // "claim-input-after-fanouts", "reawait", "release-unknown"). lock is a
-// locking clause for the row (FOR NO KEY UPDATE), or empty.
+// locking clause for the row (FOR NO KEY UPDATE), or empty: a statement
+// that writes the row on what this reads must lock it here (or in an
+// earlier statement of its transaction), for the token and status to be
+// checked on its newest version.
 func claimedRowLockedSQL(lock string) string {
 	return `SELECT c.id FROM (
     SELECT i.id, i.claim_token, i.status FROM {{schema}}.gendurable_instances AS i
@@ -776,10 +779,14 @@ func (q *Queries) Release(ctx context.Context, db DB, ids, tokens []int64, delay
 // UnknownVersionDelay for days does not push its real errors out — so that
 // Describe, WaitReason and the dashboard tell it from a durable sleep. No
 // attempt is counted. One row, by primary key, fenced by its token: the
-// claim is read behind a fence (claimedRowSQL), so the token and status do
-// not reach the scan.
+// claim is read and locked behind a fence (claimedRowLockedSQL), so the
+// token and status do not reach the scan and are checked on the newest
+// version of the locked row — the UPDATE's own WHERE holds only the id, and
+// without the lock a release that waited for another transaction's lock on
+// the row (a cancel, a new claim) wrote the row on the snapshot's claim (a
+// review: a finished row back to runnable).
 var releaseUnknownSQL = `
-WITH cur AS MATERIALIZED (` + claimedRowSQL + `)
+WITH cur AS MATERIALIZED (` + claimedRowLockedSQL("FOR NO KEY UPDATE") + `)
 UPDATE {{schema}}.gendurable_instances AS i
 SET status = 'runnable',
     eligible_at = now() + $3::bigint * interval '1 microsecond',

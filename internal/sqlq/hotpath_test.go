@@ -1287,3 +1287,64 @@ func TestReleaseMakesNoTokenUp(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, picked.Claimed, "the released claims' tokens stay spent")
 }
+
+// TestStatementsOnOneClaimedRowAreFencedAfterALockWait (a review): the
+// release of an unknown version and Reawait read their row by primary key
+// behind a fence, and check the claim's token and status there; one that
+// waited for another transaction's lock on the row — a cancel, a new claim
+// — must check them on the row as that transaction left it. The first form
+// of the release read them without the lock, and its UPDATE, which
+// re-checks only the id after a wait, turned a row cancelled meanwhile
+// back to runnable and cleared a new claim.
+func TestStatementsOnOneClaimedRowAreFencedAfterALockWait(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, status, claim_token, lease_expires_at, children_total)
+		OVERRIDING SYSTEM VALUE VALUES (1, 'm', 'a', 'executing', 11, now() + interval '1 minute', 0),
+		       (2, 'm', 'a', 'executing', 21, now() + interval '1 minute', 0),
+		       (3, 'm', 'join', 'executing', 31, now() + interval '1 minute', 1)`)
+	for _, c := range []struct {
+		name   string
+		change string // what the other transaction does to the row, holding its lock
+		write  func(db *pgx.Conn) error
+		after  string // the row as the other transaction left it
+	}{
+		{"release-unknown after a new claim", `UPDATE gendurable_instances SET claim_token = 12 WHERE id = 1`,
+			func(db *pgx.Conn) error { return q.ReleaseUnknown(ctx, db, 1, 11, 0, "unknown version") },
+			`id = 1 AND status = 'executing' AND claim_token = 12`},
+		{"release-unknown after a cancel", `UPDATE gendurable_instances SET status = 'failed', claim_token = NULL WHERE id = 2`,
+			func(db *pgx.Conn) error { return q.ReleaseUnknown(ctx, db, 2, 21, 0, "unknown version") },
+			`id = 2 AND status = 'failed' AND claim_token IS NULL`},
+		{"reawait after a new claim", `UPDATE gendurable_instances SET claim_token = 32 WHERE id = 3`,
+			func(db *pgx.Conn) error {
+				status, err := q.Reawait(ctx, db, 3, 31)
+				if err == nil && status != "" {
+					return errors.New("reawait wrote " + status)
+				}
+				return err
+			},
+			`id = 3 AND status = 'executing' AND claim_token = 32`},
+	} {
+		other, err := conn().Begin(ctx)
+		require.NoError(t, err)
+		_, err = other.Exec(ctx, c.change)
+		require.NoError(t, err, c.name)
+		done := make(chan error, 1)
+		w := conn()
+		go func() { done <- c.write(w) }()
+		select {
+		case err := <-done:
+			t.Fatalf("%s: the write did not wait for the row's lock: %v", c.name, err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		require.NoError(t, other.Commit(ctx), c.name)
+		select {
+		case err := <-done:
+			require.NoError(t, err, c.name)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the write did not end after the lock was freed", c.name)
+		}
+		require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE `+c.after), c.name)
+	}
+}
