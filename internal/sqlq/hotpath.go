@@ -116,11 +116,8 @@ var claimedRowSQL = claimedRowLockedSQL("")
 // row, while claim $2 holds row $1 (no row otherwise): its unconsumed
 // signals if $3, and if $4 the children of its latest fan-out, as the
 // claim read them (the pick's child_rows). One primary-key probe, a range
-// of the signals' inbox index, a range of the parent-fanout index. With the
-// claim's token and status beside the id in one WHERE, the generic plan on
-// a table whose statistics show few executing rows read the partial lease
-// index — every executing row's entry — for the one id
-// (TestHotPathPlansUnderAdversarialStatistics, "claim-input-after-fanouts").
+// of the signals' inbox index, a range of the parent-fanout index; the row
+// is read behind a fence, as claimedRowSQL's (it only reads: no lock).
 const claimInputSQL = `
 SELECT CASE WHEN $3::bool THEN ` + inboxRowsSQL + ` END,
        CASE WHEN $4::bool AND i.children_total > 0 THEN
