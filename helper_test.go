@@ -369,6 +369,18 @@ type leafArgs struct {
 	Fail bool `json:"fail,omitempty"`
 }
 
+// slotHog is a job whose step holds its slot until release is closed (or
+// its context ends): rows claimed behind it wait in the prefetch buffer.
+func slotHog(name string, release <-chan struct{}) *gendurable.Job[leafArgs] {
+	return &gendurable.Job[leafArgs]{Name: name, Perform: func(ctx context.Context, _ *gendurable.Run[leafArgs]) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+}
+
 // unreachablePool is a pool of a server that is not there (nothing listens
 // on port 1): a call that reaches for a connection fails with a connection
 // error, so a call that returns another error checked before any SQL.

@@ -593,13 +593,7 @@ func TestAJoinClaimedAheadSeesAChildRetriedBeforeItStarts(t *testing.T) {
 			},
 		}}
 	release := make(chan struct{})
-	blocker := &gendurable.Job[leafArgs]{Name: "bfhog", Perform: func(ctx context.Context, r *gendurable.Run[leafArgs]) error {
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
-	}}
+	blocker := slotHog("bfhog", release)
 	cfg := fastConfig("", m, leaf, blocker)
 	cfg.Queues = map[string]gendurable.QueueConfig{
 		"default": {Concurrency: 1, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond},

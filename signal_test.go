@@ -1227,13 +1227,7 @@ func TestASignalSentWhileAWokenClaimWaitsForASlotIsInItsInbox(t *testing.T) {
 			},
 		}}
 	release := make(chan struct{})
-	blocker := &gendurable.Job[leafArgs]{Name: "slothog", Perform: func(ctx context.Context, r *gendurable.Run[leafArgs]) error {
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
-	}}
+	blocker := slotHog("slothog", release)
 	cfg := fastConfig("", m, blocker)
 	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}}
 	b := setup(t, cfg)
