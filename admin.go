@@ -613,7 +613,10 @@ const PruneBatch = 1000
 // with that number, also when it stopped part way (unless it deleted
 // nothing). Each batch runs under 10 × Config.MaintenanceTimeout as well as
 // ctx: one past it is rolled back. A negative retention is
-// [ErrInvalidInput], nothing deleted.
+// [ErrInvalidInput], nothing deleted. Then, whatever the retention, it
+// deletes the rate buckets of keys whose [KeyPolicy] in this engine has a
+// Rate and that are full by now (the pick counts a missing bucket as a
+// full one, so no start changes); their number is logged, not returned.
 func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	if err := e.made(); err != nil {
 		return 0, err
@@ -621,7 +624,12 @@ func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress fu
 	if retention < 0 {
 		return 0, errorf(ErrInvalidInput, "prune: negative retention %s", retention)
 	}
-	n, err := e.pruner().RunOnce(ctx, retention, progress)
+	p := e.pruner()
+	n, err := p.RunOnce(ctx, retention, progress)
+	if err == nil {
+		nb, errb := p.RunBuckets(ctx)
+		p.LogBuckets(ctx, nb, errb)
+	}
 	if err != nil && notMigrated(err) {
 		err = e.dbErr(ctx, err, "prune")
 	}

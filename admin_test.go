@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1338,4 +1339,42 @@ func TestDescribeReadsOneMoment(t *testing.T) {
 	d, err = eng.Describe(context.Background(), id)
 	require.NoError(t, err)
 	require.Equal(t, gendurable.StatusFailed, d.Status, "the change is seen by the next call")
+}
+
+// TestPruneDeletesFullRateBuckets: the pruner deletes a rated key's token
+// bucket once it is full again (the pick reads a missing bucket as a full
+// one), keeps one still refilling and those no rated policy of the engine
+// covers — through Engine.Prune and through the pruner's loop.
+func TestPruneDeletesFullRateBuckets(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[spanArgs]{Name: "rated-pruned", Perform: func(context.Context, *gendurable.Run[spanArgs]) error { return nil }}
+	cfg := fastConfig("", job)
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "paced:", Limit: 1, Rate: 1, Per: 3 * time.Second, Burst: 1},
+		{Prefix: "plain:", Limit: 2}}
+	cfg.Retention, cfg.PruneInterval = time.Hour, 100*time.Millisecond
+	b := setup(t, cfg)
+	ctx := context.Background()
+	b.exec(`INSERT INTO {{s}}.gendurable_key_buckets (key, tokens, refilled_at) VALUES
+		('paced:full', 1, now() - interval '1 minute'), ('paced:spent', 0, now()),
+		('plain:a', 0, now() - interval '1 day'), ('other', 0, now() - interval '1 day')`)
+	_, err := b.eng.Prune(ctx, time.Hour, nil)
+	require.NoError(t, err)
+	left := func() []string {
+		rows, err := b.pool.Query(ctx, strings.ReplaceAll(`SELECT key FROM {{s}}.gendurable_key_buckets ORDER BY key`, "{{s}}", `"`+b.schema+`"`))
+		require.NoError(t, err)
+		keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return keys
+	}
+	require.Equal(t, []string{"other", "paced:spent", "plain:a"}, left())
+
+	// The loop: a step of a rated key spends its bucket's token, which is
+	// back 3 s later; the next sweep after that deletes the bucket.
+	b.start()
+	id := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "paced:b"}))
+	b.waitStatus(id, "done", 10*time.Second)
+	require.Contains(t, left(), "paced:b", "the step spent the bucket's token")
+	require.Eventually(t, func() bool { return !slices.Contains(left(), "paced:b") && !slices.Contains(left(), "paced:spent") },
+		15*time.Second, 50*time.Millisecond, "full buckets are pruned by the loop")
+	require.Equal(t, []string{"other", "plain:a"}, left())
 }

@@ -183,7 +183,10 @@ type Config struct {
 	// every process of a schema the same Retention.
 	Retention time.Duration
 	// PruneInterval between prune sweeps, which run in engines that work
-	// queues. Default 1h; negative runs no pruner in this process.
+	// queues. Default 1h; negative runs no pruner in this process. A sweep
+	// also deletes the rate buckets of this engine's rated KeyPolicies that
+	// are full by then (a missing bucket counts as a full one), so a table
+	// of one row per rated key does not keep every key ever rated.
 	PruneInterval time.Duration
 	// MaintenanceTimeout bounds each statement of the maintenance services
 	// (reap, await-timeout sweep, periodic insert, the merge of observed

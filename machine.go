@@ -107,7 +107,10 @@ type Machine[S any] struct {
 	// whatever it returns later, and reports it with a
 	// [StepAbandonedEvent] and an error log. Go cannot stop a goroutine, so
 	// it keeps one of the queue's Concurrency slots until it returns (a
-	// feeder started anew after Stop does not count it). Its key's slot
+	// feeder started anew after Stop does not count it); while abandoned
+	// steps hold every slot, the process claims nothing of that queue and
+	// hands back what it had claimed ahead, so other processes run it (its
+	// own retry included). Its key's slot
 	// goes with the outcome the engine writes, so a successor of its key
 	// may start while it still runs: fence its writes with [Run.Token]
 	// (docs/design.md §6). Default 0: no timeout (a step runs as long as

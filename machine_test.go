@@ -345,6 +345,54 @@ func TestStepTimeoutCancelsTheStepAndHandleSeesIt(t *testing.T) {
 	b.waitStatus(ok, "done", 10*time.Second)
 }
 
+// TestAbandonedSlotsHoldNoClaims: a process whose every slot is held by an
+// abandoned step claims nothing more and hands back what it had claimed
+// ahead: no slot of its may free (the step ignores its context), while
+// another process can run the abandoned step's own retry at once. Before,
+// the stuck process claimed that retry into its prefetch buffer and kept it
+// there, heartbeated, for as long as the step stayed stuck.
+func TestAbandonedSlotsHoldNoClaims(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	defer close(release)
+	var stuckOn atomic.Value // the process the first run stuck on
+	machine := func(who string) *gendurable.Machine[weirdState] {
+		return &gendurable.Machine[weirdState]{
+			Name: "held-hostage", Start: "a", StepTimeout: 200 * time.Millisecond, MaxAttempts: 3,
+			Backoff: func(int) time.Duration { return 0 },
+			Steps: map[string]gendurable.StepFunc[weirdState]{
+				"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
+					if stuckOn.CompareAndSwap(nil, who) {
+						<-release // the first run ignores its ctx
+					}
+					return gendurable.Done(who), nil
+				},
+			},
+		}
+	}
+	mA := machine("A")
+	cfgA := fastConfig("", mA)
+	cfgA.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond}}
+	a := setup(t, cfgA)
+	// Two at once: A runs one (it sticks) and claims the other ahead of
+	// its slot.
+	id := a.insert(mA.New(weirdState{}))
+	other := a.insert(mA.New(weirdState{}))
+	a.start()
+	eventually(t, 10*time.Second, func() bool {
+		return a.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE attempt >= 1`) == 1
+	}, "the stuck step was abandoned and its retry written")
+	cfgB := fastConfig("", machine("B"))
+	cfgB.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond}}
+	b := bundleOn(t, a.pool, a.schema, cfgB)
+	b.start()
+	for _, i := range []int64{id, other} {
+		r := b.waitStatus(i, "done", 10*time.Second)
+		require.JSONEq(t, `"B"`, string(r.Result), "instance %d ran on the process with a free slot", i)
+	}
+	require.Equal(t, "A", stuckOn.Load(), "the first run stuck on A")
+}
+
 // TestStepIgnoringItsContextIsAbandoned: a step that ignores its context
 // past its StepTimeout gets its outcome written by the engine (retry, then
 // failed with the reason), is reported, keeps its slot (the queue never

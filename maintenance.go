@@ -22,7 +22,8 @@ import (
 //  1. the reaper (ReaperInterval);
 //  2. the await-timeout sweep (AwaitTimeoutInterval);
 //  3. the pruner (PruneInterval and Retention; only if this engine works
-//     queues);
+//     queues): finished instances, then the full rate buckets of its
+//     KeyPolicies;
 //  4. the periodic schedules (Config.Periodic).
 //
 // The services that recover or wake existing rows come first; periodic,
@@ -92,5 +93,6 @@ func (e *Engine) reaper() *maintenance.Reaper {
 // PruneInterval and Retention set), its RunOnce is [Engine.Prune].
 func (e *Engine) pruner() *maintenance.Pruner {
 	return &maintenance.Pruner{Queries: e.q, DB: e.pool, Batch: PruneBatch, Log: e.log,
-		BatchTimeout: maintenance.PruneBatchTimeout(e.cfg.MaintenanceTimeout)}
+		BatchTimeout: maintenance.PruneBatchTimeout(e.cfg.MaintenanceTimeout),
+		Policies:     pickPolicies(e.cfg.KeyPolicies)}
 }

@@ -679,11 +679,15 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 }
 
 // demandLocked is how many rows a pick may claim now: the running and
-// prefetch window less the claims held. Outcomes waiting for their group
+// prefetch window less the claims held; none while abandoned steps hold
+// every slot. Outcomes waiting for their group
 // commit hold claims too, but need no worker: they get a window of their
 // own (as large as the running+prefetch one) before they hold back
 // picking. The caller holds s.mu.
 func (s *Feeder) demandLocked() int {
+	if s.abandoned >= s.cfg.Concurrency {
+		return 0 // no slot to start a claim in (strandedLocked)
+	}
 	window := s.cfg.Concurrency + s.cfg.Prefetch
 	return window - (s.inFlight + len(s.buffer) + max(0, s.committing-window))
 }
@@ -1073,6 +1077,7 @@ func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c
 	h.returned = true // from here on, Abandon is a no-op
 	if h.abandoned {  // Abandon settled the claim and the WaitGroup
 		s.abandoned--
+		s.more = true // a slot again, if every one was abandoned (demandLocked)
 		delete(s.held, h.token)
 		s.mu.Unlock()
 		s.wake()
@@ -1554,9 +1559,34 @@ func (h *holder) Abandon() (int, bool) {
 	s.abandoned++
 	delete(s.held, h.token)
 	n := s.abandoned
+	back := s.strandedLocked()
 	s.mu.Unlock()
 	s.stepDone()
+	if len(back.ids) > 0 {
+		s.goGiveBack(back)
+	}
 	return n, true
+}
+
+// strandedLocked takes the buffered claims out of the buffer, to be handed
+// back, when abandoned steps hold every slot: no slot may free for them
+// (an abandoned step keeps its slot until it returns, which a step that
+// ignores its context may never do), while another process could run them
+// now — the abandoned step's own retry among them (demandLocked claims no
+// more until a slot is free again). The caller holds s.mu.
+func (s *Feeder) strandedLocked() unstarted {
+	var back unstarted
+	if s.abandoned < s.cfg.Concurrency {
+		return back
+	}
+	for _, c := range s.buffer {
+		if s.held[c.Token] != nil {
+			back.add(c.ID, c.Token)
+			delete(s.held, c.Token)
+		}
+	}
+	s.buffer = nil
+	return back
 }
 
 func (h *holder) Detach() func(Result) {

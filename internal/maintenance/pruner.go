@@ -11,7 +11,8 @@ import (
 )
 
 // Pruner deletes instances that finished (done or failed) longer than
-// Retention ago, with their signals, every Interval.
+// Retention ago, with their signals, every Interval, and then the rate
+// buckets of Policies that are full by now (RunBuckets).
 //
 // Each batch — one transaction — runs under BatchTimeout, a generous bound
 // (by default PruneTimeoutFactor statement timeouts, 5 minutes; the engine's
@@ -23,8 +24,13 @@ import (
 type Pruner struct {
 	BaseService
 
-	Queries   *sqlq.Queries
-	DB        sqlq.Beginner // each batch runs in a transaction of its own
+	Queries *sqlq.Queries
+	// DB: each batch of instances runs in a transaction of its own, a batch
+	// of buckets in one statement.
+	DB interface {
+		sqlq.DB
+		sqlq.Beginner
+	}
 	Interval  time.Duration // between sweeps; must be positive to Start
 	Retention time.Duration // of the sweeps Start runs; must be positive to Start
 	Batch     int           // rows per statement; default DefaultBatch
@@ -32,6 +38,9 @@ type Pruner struct {
 	// BatchTimeout bounds each batch's transaction; default
 	// PruneBatchTimeout(DefaultStatementTimeout).
 	BatchTimeout time.Duration
+	// Policies are the key policies whose rate buckets RunBuckets deletes
+	// once full; without a rated one it deletes none.
+	Policies []sqlq.KeyPolicy
 }
 
 // PruneBatchTimeout is the deadline of a prune batch for a statement
@@ -59,6 +68,8 @@ func (p *Pruner) Start(ctx context.Context) error {
 			case n > 0:
 				logger(p.Log).Info("gendurable: pruned finished instances", "deleted", n, "retention", p.Retention)
 			}
+			n, err = p.RunBuckets(ctx)
+			p.LogBuckets(ctx, n, err)
 		})
 	})
 }
@@ -88,5 +99,54 @@ func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress 
 		if from == nil {
 			return total, nil
 		}
+	}
+}
+
+// rated reports whether any of policies has a rate.
+func rated(policies []sqlq.KeyPolicy) bool {
+	for _, k := range policies {
+		if k.Rate > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// RunBuckets deletes the rate buckets that are full by now under Policies
+// (a missing bucket is a full one to the pick: sqlq.PruneBuckets), Batch
+// keys looked at per statement, each under BatchTimeout, until one looks
+// at fewer. It returns the number deleted; on error, the number deleted
+// before it. Without a rated policy it sends nothing.
+func (p *Pruner) RunBuckets(ctx context.Context) (int64, error) {
+	if !rated(p.Policies) {
+		return 0, nil
+	}
+	batch := orDefault(p.Batch, DefaultBatch)
+	var total int64
+	var from *string
+	for {
+		var n int64
+		err := bounded(ctx, orDefault(p.BatchTimeout, PruneBatchTimeout(DefaultStatementTimeout)), func(ctx context.Context) (err error) {
+			n, from, err = p.Queries.PruneBuckets(ctx, p.DB, p.Policies, batch, from)
+			return err
+		})
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("gendurable: prune rate buckets: %w", err)
+		}
+		if from == nil {
+			return total, nil
+		}
+	}
+}
+
+// LogBuckets logs what RunBuckets(ctx) returned: a failure at Warn (unless
+// ctx ended it), deleted buckets at Info.
+func (p *Pruner) LogBuckets(ctx context.Context, n int64, err error) {
+	switch {
+	case err != nil && ctx.Err() == nil:
+		logger(p.Log).Warn("gendurable: prune of rate buckets failed", append(sqlq.ErrAttrs(err), "deleted", n)...)
+	case n > 0:
+		logger(p.Log).Info("gendurable: pruned full rate buckets", "deleted", n)
 	}
 }

@@ -275,3 +275,82 @@ func TestReapPassesOverAChildWhoseParentIsLocked(t *testing.T) {
 	require.Equal(t, "runnable", status, "the parent's fan-in counted the failed child")
 	require.Zero(t, pending)
 }
+
+// TestPruneBucketsDeletesOnlyFullBucketsOfRatedKeys: a rate bucket is
+// deleted once it is full by now under the longest policy its key starts
+// with (the pick reads a missing bucket as a full one); a bucket still
+// refilling, one whose longest policy has no rate and one no policy
+// covers are kept. Batches walk the keys in order until one comes back short.
+func TestPruneBucketsDeletesOnlyFullBucketsOfRatedKeys(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 3})
+	ctx := context.Background()
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	s := `"` + schema + `"`
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_key_buckets (key, tokens, refilled_at) VALUES
+		('r:full', 10, now() - interval '1 minute'),      -- full already
+		('r:refilled', 0, now() - interval '20 seconds'), -- 0 + 20 s × 1/s: full again
+		('r:spent', 0, now()),                            -- refilling
+		('r:slow:a', 0, now() - interval '1 hour'),       -- 3.6 of 5 under its own, longer prefix
+		('r:limit:a', 0, now() - interval '1 day'),       -- its longest prefix has no rate
+		('other', 0, now() - interval '1 day')`) // no policy
+	require.NoError(t, err)
+	policies := []sqlq.KeyPolicy{
+		{Prefix: "r:", Limit: 1, Rate: 1, Burst: 10},
+		{Prefix: "r:slow:", Limit: 1, Rate: 0.001, Burst: 5},
+		{Prefix: "r:limit:", Limit: 3},
+	}
+	var total int64
+	var from *string
+	calls := 0
+	for {
+		n, next, err := q.PruneBuckets(ctx, pool, policies, 2, from)
+		require.NoError(t, err)
+		total += n
+		calls++
+		if next == nil {
+			break
+		}
+		from = next
+	}
+	require.Equal(t, int64(2), total)
+	require.Equal(t, 4, calls, "6 keys 2 at a time, the last batch empty")
+	var left []string
+	rows, err := pool.Query(ctx, `SELECT key FROM `+s+`.gendurable_key_buckets ORDER BY key`)
+	require.NoError(t, err)
+	left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"other", "r:limit:a", "r:slow:a", "r:spent"}, left)
+
+	// A pick that spends a full bucket while the delete waits for its row
+	// lock: the delete looks at the row again and keeps it. (The wait is
+	// watched from a connection of its own: a transaction's view of
+	// pg_stat_activity is its first read's.)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_key_buckets VALUES ('r:racy', 10, now() - interval '1 minute')`)
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `UPDATE `+s+`.gendurable_key_buckets SET tokens = 0, refilled_at = now() WHERE key = 'r:racy'`)
+	require.NoError(t, err)
+	done := make(chan int64, 1)
+	go func() {
+		n, _, err := q.PruneBuckets(ctx, pool, policies, 100, nil)
+		if err != nil {
+			n = -1
+		}
+		done <- n
+	}()
+	require.Eventually(t, func() bool {
+		var waiting int
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND query LIKE '%doomed%' AND strpos(query, $1) > 0`, s).Scan(&waiting)
+		return waiting > 0
+	}, 10*time.Second, 10*time.Millisecond, "the delete waits for the pick's lock")
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, int64(0), <-done, "the spent bucket is kept")
+	var tokens float64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT tokens FROM `+s+`.gendurable_key_buckets WHERE key = 'r:racy'`).Scan(&tokens))
+	require.Zero(t, tokens)
+}

@@ -1362,3 +1362,37 @@ func TestAPruneBatchIsNotJITCompiled(t *testing.T) {
 		require.NotContains(t, l, "JIT", "the prune batch was JIT-compiled:\n%s", strings.Join(lines, "\n"))
 	}
 }
+
+// TestABucketPruneBatchIsBoundedByTheBatch: a batch of the rate buckets'
+// prune reads one range of the primary key, whatever the table holds —
+// here 100k buckets, half of them full, and statistics that say so.
+func TestABucketPruneBatchIsBoundedByTheBatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seeds 100k buckets")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	s := `"` + schema + `"`
+	for _, stmt := range []string{
+		`INSERT INTO ` + s + `.gendurable_key_buckets (key, tokens, refilled_at)
+		 SELECT 'k:' || lpad(g::text, 6, '0'), 0, CASE WHEN g % 2 = 0 THEN now() - interval '1 hour' ELSE now() END
+		 FROM generate_series(1, 100000) AS g`,
+		`ANALYZE ` + s + `.gendurable_key_buckets`,
+	} {
+		_, err := pool.Exec(ctx, stmt)
+		require.NoError(t, err)
+	}
+	policies := []sqlq.KeyPolicy{{Prefix: "k:", Limit: 1, Rate: 1, Burst: 10}}
+	runPlanCases(t, []planCase{{"prune-buckets", 4*500 + 100, func(t *testing.T, tx pgx.Tx) {
+		n, next, err := q.PruneBuckets(ctx, tx, policies, 500, nil)
+		require.NoError(t, err)
+		require.Equal(t, int64(250), n)
+		require.NotNil(t, next)
+		n, _, err = q.PruneBuckets(ctx, tx, policies, 500, next)
+		require.NoError(t, err)
+		require.Equal(t, int64(250), n)
+	}}})
+}

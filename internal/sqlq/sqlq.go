@@ -90,6 +90,7 @@ type Queries struct {
 	cancel          string
 	prune           string
 	pruneLock       string
+	pruneBuckets    string
 	listSignals     string
 	insertSpan      string
 	listAllChildren string
@@ -149,6 +150,7 @@ func New(schema string) (*Queries, error) {
 		cancel:          render(cancelSQL, qs),
 		prune:           render(pruneSQL, qs),
 		pruneLock:       render(pruneLockSQL, qs),
+		pruneBuckets:    render(pruneBucketsSQL, qs),
 		listSignals:     render(listSignalsSQL, qs),
 		insertSpan:      render(insertSpanSQL, qs),
 		listAllChildren: render(listAllChildrenSQL, qs),
