@@ -656,8 +656,8 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var res migrate.Result
 	switch action {
 	case "up", "down":
-		installed, err := migrate.Installed(ctx, pool, *schema)
-		if err != nil {
+		var installed int
+		if installed, err = migrate.Installed(ctx, pool, *schema); err != nil {
 			return err
 		}
 		newer := installed > migrate.Latest() // migrate.To says so, typed
@@ -680,9 +680,6 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		} else {
 			res, err = migrate.DownTo(ctx, pool, *schema, target)
 		}
-		if err != nil {
-			return err
-		}
 	case "status":
 		var v int
 		if v, err = migrate.Installed(ctx, pool, *schema); err == nil {
@@ -694,11 +691,18 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	default:
 		return usageError{msg: fmt.Sprintf("unknown migrate action %q", action)}
 	}
+	if len(res.Applied) > 0 { // a change to the schema: on the audit trail, as every mutation
+		if err != nil {
+			// Stopped part way: the versions committed before the error
+			// changed the schema all the same (migrate.Result).
+			cliLogger(stderr, *asJSON).Warn("gendurable: schema migrated part way", "schema", *schema, "from", res.From, "to", res.To,
+				"applied", res.Applied, "err", err)
+		} else {
+			cliLogger(stderr, *asJSON).Info("gendurable: schema migrated", "schema", *schema, "from", res.From, "to", res.To, "applied", res.Applied)
+		}
+	}
 	if err != nil {
 		return err
-	}
-	if len(res.Applied) > 0 { // a change to the schema: on the audit trail, as every mutation
-		cliLogger(stderr, *asJSON).Info("gendurable: schema migrated", "schema", *schema, "from", res.From, "to", res.To, "applied", res.Applied)
 	}
 	if *asJSON {
 		applied := res.Applied

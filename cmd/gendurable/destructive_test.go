@@ -162,6 +162,27 @@ func TestMigrateDownAsksFirst(t *testing.T) {
 	require.Contains(t, out, "version 0 → 0")
 }
 
+// TestAMigrateStoppedPartWayIsAuditLogged: the versions a migrate committed
+// before an error changed the schema all the same, so they are on the audit
+// trail (a warning with the error) — before, only the error was printed.
+// An index of the user's named as one of version 14's stops the upgrade
+// from 9 after it committed 10 to 13.
+func TestAMigrateStoppedPartWayIsAuditLogged(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	schema := scratchName(t, pool, "gdpartial_")
+	_, errOut, code := cli(t, "migrate", "up", "--to", "9", "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	_, err := pool.Exec(ctx, `CREATE TABLE "`+schema+`".mine (x int);
+		CREATE INDEX gendurable_instances_lingering_leases ON "`+schema+`".mine (x)`)
+	require.NoError(t, err)
+	_, errOut, code = cli(t, "migrate", "up", "--schema", schema)
+	require.NotEqual(t, 0, code, errOut)
+	require.Contains(t, errOut, `msg="gendurable: schema migrated part way" via=cli user=`)
+	require.Contains(t, errOut, "schema="+schema+" from=9 to=13 applied=\"[10 11 12 13]\" err=")
+}
+
 func TestPrompt(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]bool{"y\n": true, "YES\n": true, " yes ": true, "\n": false, "": false, "n\n": false, "yep\n": false} {
