@@ -211,6 +211,11 @@ func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 		note(r, "scope", "selected", "ids", b.ids)
 	}
 	res, err := run(r.Context(), b)
+	if err != nil && b.match && onlyTimeRange(b.filter) && errors.Is(err, gendurable.ErrInvalidInput) {
+		// The engine's check of a range that takes in every instance (the
+		// form's values were checked above): its text is not shown, ours is.
+		err = inputError("The filter's only criterion is a time range, and it leaves out no instance: narrow the range, or add another criterion (queue, status, machine, step, search, state).")
+	}
 	partial, failed := d.bulkDone(w, r, res, err)
 	if failed {
 		return
@@ -358,4 +363,10 @@ func (d *dashboard) bulkFlash(path string, q url.Values) string {
 		msg += " Stopped at the request's time limit before the end of the filter: submit again to go on."
 	}
 	return msg
+}
+
+// onlyTimeRange reports whether f selects by its insert-time range alone.
+func onlyTimeRange(f gendurable.ListFilter) bool {
+	return (!f.From.IsZero() || !f.To.IsZero()) && f.Queue == "" && f.Status == "" && f.Machine == "" &&
+		f.Step == "" && f.Search == "" && len(f.State) == 0
 }

@@ -183,6 +183,24 @@ func TestDetailPageLeavesOutLongPayloads(t *testing.T) {
 	require.Contains(t, html.UnescapeString(r.body), `"small": "visible"`)
 }
 
+// TestDetailPageSaysItsPendingCountIsOfTheSignalsShown: with more signals
+// than the page shows, the count of pending ones is of those shown, and the
+// heading says so — it read "100 pending" for an instance with 101
+// (20,000 in a hostile probe's run).
+func TestDetailPageSaysItsPendingCountIsOfTheSignalsShown(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	id := e.insertOrder(Order{Item: "book"})
+	for range 101 {
+		_, err := e.eng.Signal(context.Background(), id, "note", nil, nil)
+		require.NoError(t, err)
+	}
+	r := get(t, h, fmt.Sprintf("/instances/%d", id))
+	require.Equal(t, http.StatusOK, r.code)
+	require.Contains(t, r.body, "(100 shown, newest first, 100 of them pending; older ones, pending or not, not shown)")
+}
+
 // TestDetailPageDoesNotIndentDeepValues: a payload nested 1,000 levels deep
 // (2 KB, within the depth limit and the page's 4 KiB bound) is shown
 // compact: indented it is 2 MB, and the 20 here made a 40 MB page without
