@@ -811,7 +811,9 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 	return late, func() { stop(); cancel() }
 }
 
-// Stop shuts the engine down gracefully: it stops picking, hands prefetched
+// Stop shuts the engine down gracefully (give ctx a deadline: with none,
+// a step that ignores its cancel holds Stop for as long as it runs): it
+// stops picking, hands prefetched
 // rows straight back to runnable, waits up to DrainTimeout for in-flight
 // steps to commit their outcomes, then cancels their contexts (cause
 // ErrEngineStopped) and waits for them to return. Steps still running 500

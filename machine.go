@@ -22,8 +22,11 @@ import (
 
 // StepFunc runs one step of an instance. It returns exactly one outcome, or an
 // error, which is handed to the machine's Handle. It runs outside any
-// database transaction; ctx is cancelled when the engine stops (after the
-// drain timeout) or when the step's lease is lost.
+// database transaction; ctx is cancelled (context.Cause says why) when the
+// engine stops, after its drain timeout ([ErrEngineStopped]); when the
+// machine's StepTimeout passes ([ErrStepTimeout]); or when the step's lease
+// is lost or cannot be confirmed in time ([ErrLeaseLost]) — an operator's
+// [Engine.Cancel] among the reasons, seen at the worker's next heartbeat.
 type StepFunc[S any] func(ctx context.Context, r *Run[S]) (Outcome, error)
 
 // HandleFunc decides what happens after a step returned an error or
