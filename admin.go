@@ -613,10 +613,11 @@ const PruneBatch = 1000
 // with that number, also when it stopped part way (unless it deleted
 // nothing). Each batch runs under 10 × Config.MaintenanceTimeout as well as
 // ctx: one past it is rolled back. A negative retention is
-// [ErrInvalidInput], nothing deleted. Then, whatever the retention, it
-// deletes the rate buckets of keys whose [KeyPolicy] in this engine has a
-// Rate and that are full by now (the pick counts a missing bucket as a
-// full one, so no start changes); their number is logged, not returned.
+// [ErrInvalidInput], nothing deleted. Then, if that prune succeeded,
+// whatever the retention, it deletes the rate buckets of keys whose
+// [KeyPolicy] in this engine has a Rate and that have been full for a
+// minute (the pick counts a missing bucket as a full one, so no start
+// changes); their number is logged, not returned.
 func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	if err := e.made(); err != nil {
 		return 0, err

@@ -1342,9 +1342,10 @@ func TestDescribeReadsOneMoment(t *testing.T) {
 }
 
 // TestPruneDeletesFullRateBuckets: the pruner deletes a rated key's token
-// bucket once it is full again (the pick reads a missing bucket as a full
-// one), keeps one still refilling and those no rated policy of the engine
-// covers — through Engine.Prune and through the pruner's loop.
+// bucket once it has been full for a minute (the pick reads a missing
+// bucket as a full one), keeps one still refilling and those no rated
+// policy of the engine covers — through Engine.Prune and through the
+// pruner's loop.
 func TestPruneDeletesFullRateBuckets(t *testing.T) {
 	t.Parallel()
 	job := &gendurable.Job[spanArgs]{Name: "rated-pruned", Perform: func(context.Context, *gendurable.Run[spanArgs]) error { return nil }}
@@ -1355,7 +1356,7 @@ func TestPruneDeletesFullRateBuckets(t *testing.T) {
 	b := setup(t, cfg)
 	ctx := context.Background()
 	b.exec(`INSERT INTO {{s}}.gendurable_key_buckets (key, tokens, refilled_at) VALUES
-		('paced:full', 1, now() - interval '1 minute'), ('paced:spent', 0, now()),
+		('paced:full', 1, now() - interval '2 minutes'), ('paced:spent', 0, now()),
 		('plain:a', 0, now() - interval '1 day'), ('other', 0, now() - interval '1 day')`)
 	_, err := b.eng.Prune(ctx, time.Hour, nil)
 	require.NoError(t, err)
@@ -1368,13 +1369,15 @@ func TestPruneDeletesFullRateBuckets(t *testing.T) {
 	}
 	require.Equal(t, []string{"other", "paced:spent", "plain:a"}, left())
 
-	// The loop: a step of a rated key spends its bucket's token, which is
-	// back 3 s later; the next sweep after that deletes the bucket.
+	// The loop: a step of a rated key spends its bucket's token; the bucket
+	// stays while it refills, and goes once it has been full for a minute
+	// (its time set back here rather than waited for).
 	b.start()
 	id := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "paced:b"}))
 	b.waitStatus(id, "done", 10*time.Second)
-	require.Contains(t, left(), "paced:b", "the step spent the bucket's token")
-	require.Eventually(t, func() bool { return !slices.Contains(left(), "paced:b") && !slices.Contains(left(), "paced:spent") },
+	time.Sleep(500 * time.Millisecond) // a few sweeps
+	require.Equal(t, []string{"other", "paced:b", "paced:spent", "plain:a"}, left(), "refilling buckets stay")
+	b.exec(`UPDATE {{s}}.gendurable_key_buckets SET refilled_at = refilled_at - interval '64 seconds' WHERE key LIKE 'paced:%'`)
+	require.Eventually(t, func() bool { return slices.Equal(left(), []string{"other", "plain:a"}) },
 		15*time.Second, 50*time.Millisecond, "full buckets are pruned by the loop")
-	require.Equal(t, []string{"other", "plain:a"}, left())
 }

@@ -393,6 +393,69 @@ func TestAbandonedSlotsHoldNoClaims(t *testing.T) {
 	require.Equal(t, "A", stuckOn.Load(), "the first run stuck on A")
 }
 
+// slowNextPick holds up the next pick statement sent once armed.
+type slowNextPick struct {
+	armed   atomic.Bool
+	delayed atomic.Int32
+}
+
+func (s *slowNextPick) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "gendurable_pick(") && s.armed.CompareAndSwap(true, false) {
+		s.delayed.Add(1)
+		time.Sleep(1500 * time.Millisecond)
+	}
+	return ctx
+}
+
+func (s *slowNextPick) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestAbandonedSlotsHoldNoClaimsOfAPickInFlight: a pick sent before the last
+// slot was abandoned adds its rows to the buffer after the buffer was
+// handed back; they are handed back too (a review found them left there,
+// heartbeated, for as long as the step stayed stuck).
+func TestAbandonedSlotsHoldNoClaimsOfAPickInFlight(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	defer close(release)
+	tr := &slowNextPick{}
+	var stuckOn atomic.Value
+	machine := func(who string) *gendurable.Machine[weirdState] {
+		return &gendurable.Machine[weirdState]{
+			Name: "held-in-flight", Start: "a", StepTimeout: 200 * time.Millisecond, MaxAttempts: 3,
+			Backoff: func(int) time.Duration { return 0 },
+			Steps: map[string]gendurable.StepFunc[weirdState]{
+				"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
+					if stuckOn.CompareAndSwap(nil, who) {
+						tr.armed.Store(true) // the next pick (a poll's) is under way as the step is abandoned
+						<-release
+					}
+					return gendurable.Done(who), nil
+				},
+			},
+		}
+	}
+	mA := machine("A")
+	cfgA := fastConfig("", mA)
+	cfgA.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond}}
+	a := setupTraced(t, tr, cfgA)
+	id := a.insert(mA.New(weirdState{}))
+	a.start()
+	eventually(t, 10*time.Second, func() bool {
+		return a.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE attempt >= 1`) == 1
+	}, "the stuck step was abandoned and its retry written")
+	other := a.insert(mA.New(weirdState{}))
+	eventually(t, 10*time.Second, func() bool { return tr.delayed.Load() == 1 }, "a pick was held up")
+	time.Sleep(2 * time.Second) // the held-up pick lands
+	cfgB := fastConfig("", machine("B"))
+	cfgB.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond}}
+	b := bundleOn(t, a.pool, a.schema, cfgB)
+	b.start()
+	for _, i := range []int64{id, other} {
+		r := b.waitStatus(i, "done", 10*time.Second)
+		require.JSONEq(t, `"B"`, string(r.Result), "instance %d ran on the process with a free slot", i)
+	}
+}
+
 // TestStepIgnoringItsContextIsAbandoned: a step that ignores its context
 // past its StepTimeout gets its outcome written by the engine (retry, then
 // failed with the reason), is reported, keeps its slot (the queue never

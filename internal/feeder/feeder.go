@@ -380,6 +380,11 @@ func (s *Feeder) gaveUp(lost []lostClaim, back unstarted) {
 func (s *Feeder) goGiveBack(u unstarted) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.goGiveBackLocked(u)
+}
+
+// goGiveBackLocked is goGiveBack for a caller holding s.mu.
+func (s *Feeder) goGiveBackLocked(u unstarted) {
 	if s.stopping.Load() {
 		return
 	}
@@ -686,7 +691,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 // picking. The caller holds s.mu.
 func (s *Feeder) demandLocked() int {
 	if s.abandoned >= s.cfg.Concurrency {
-		return 0 // no slot to start a claim in (strandedLocked)
+		return 0 // no slot to start a claim in (handBackStrandedLocked)
 	}
 	window := s.cfg.Concurrency + s.cfg.Prefetch
 	return window - (s.inFlight + len(s.buffer) + max(0, s.committing-window))
@@ -942,6 +947,7 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 // dispatch starts buffered rows into free running slots.
 func (s *Feeder) dispatch(workCtx context.Context) {
 	s.mu.Lock()
+	s.handBackStrandedLocked() // rows a pick in flight added after the last slot was abandoned
 	if len(s.buffer) > 0 && time.Since(s.lastBeat) > s.cfg.Lease-s.cfg.HeartbeatInterval {
 		// No heartbeat has confirmed the claims for most of a lease (the
 		// process was paused — SIGSTOP, a suspended VM — or the database
@@ -1559,26 +1565,27 @@ func (h *holder) Abandon() (int, bool) {
 	s.abandoned++
 	delete(s.held, h.token)
 	n := s.abandoned
-	back := s.strandedLocked()
+	s.handBackStrandedLocked()
 	s.mu.Unlock()
 	s.stepDone()
-	if len(back.ids) > 0 {
-		s.goGiveBack(back)
-	}
 	return n, true
 }
 
-// strandedLocked takes the buffered claims out of the buffer, to be handed
-// back, when abandoned steps hold every slot: no slot may free for them
-// (an abandoned step keeps its slot until it returns, which a step that
-// ignores its context may never do), while another process could run them
-// now — the abandoned step's own retry among them (demandLocked claims no
-// more until a slot is free again). The caller holds s.mu.
-func (s *Feeder) strandedLocked() unstarted {
-	var back unstarted
-	if s.abandoned < s.cfg.Concurrency {
-		return back
+// handBackStrandedLocked hands the buffered claims back when abandoned
+// steps hold every slot: no slot may free for them (an abandoned step keeps
+// its slot until it returns, which a step that ignores its context may
+// never do), while another process could run them now — the abandoned
+// step's own retry among them. demandLocked claims no more meanwhile; a
+// pick already in flight when the last slot was abandoned adds its rows
+// after, and dispatch hands those back. Once the feeder is stopping the
+// buffer is left to Run's releaseBuffer (the hand-back is registered under
+// s.mu, which Run takes to set stopping, so one of the two has the rows).
+// The caller holds s.mu.
+func (s *Feeder) handBackStrandedLocked() {
+	if s.abandoned < s.cfg.Concurrency || len(s.buffer) == 0 || s.stopping.Load() {
+		return
 	}
+	var back unstarted
 	for _, c := range s.buffer {
 		if s.held[c.Token] != nil {
 			back.add(c.ID, c.Token)
@@ -1586,7 +1593,9 @@ func (s *Feeder) strandedLocked() unstarted {
 		}
 	}
 	s.buffer = nil
-	return back
+	if len(back.ids) > 0 {
+		s.goGiveBackLocked(back)
+	}
 }
 
 func (h *holder) Detach() func(Result) {

@@ -12,7 +12,7 @@ import (
 
 // Pruner deletes instances that finished (done or failed) longer than
 // Retention ago, with their signals, every Interval, and then the rate
-// buckets of Policies that are full by now (RunBuckets).
+// buckets of Policies that have been full for a minute (RunBuckets).
 //
 // Each batch — one transaction — runs under BatchTimeout, a generous bound
 // (by default PruneTimeoutFactor statement timeouts, 5 minutes; the engine's
@@ -112,7 +112,7 @@ func rated(policies []sqlq.KeyPolicy) bool {
 	return false
 }
 
-// RunBuckets deletes the rate buckets that are full by now under Policies
+// RunBuckets deletes the rate buckets full for a minute under Policies
 // (a missing bucket is a full one to the pick: sqlq.PruneBuckets), Batch
 // keys looked at per statement, each under BatchTimeout, until one looks
 // at fewer. It returns the number deleted; on error, the number deleted

@@ -507,18 +507,25 @@ func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duratio
 }
 
 // pruneBucketsSQL deletes, of up to $4 rate buckets after key $5 in key
-// order (NULL: from the first), those full by now: the bucket of a key
-// whose policy — the longest of the prefixes $1 it starts with, as the pick
-// takes it — has a rate ($2, starts per second) and would hold its burst
-// ($3) again by now. The pick reads a missing bucket as a full one (Burst
-// tokens), so deleting a full bucket changes no start; a key the prefixes
-// give no rate keeps its bucket. The condition reads only the deleted row's
-// own columns, so a pick that spent the bucket's tokens while the delete
-// waited for its lock is seen (the row is looked at again once the lock is
-// granted) and the bucket kept. It returns how many it deleted, the last key
-// it looked at and how many keys it looked at: one range of the primary
-// key and a probe per key, O($4) whatever the table holds and whatever
-// its statistics (as one join, the generic plan read the whole table).
+// order (NULL: from the first), those that have been full for a minute:
+// the bucket of a key whose policy — the longest of the prefixes $1 it
+// starts with, as the pick takes it — has a rate ($2, starts per second)
+// and held its burst ($3) again a minute ago. The pick reads a missing
+// bucket as a full one (Burst tokens), refilled as of its statement's
+// start: a pick that began less than a minute before the delete and reads
+// the bucket after it would have found it full all the same. A key the
+// prefixes give no rate keeps its bucket. The rows are locked SKIP LOCKED
+// first: a bucket a pick is writing is left to the next sweep, and the
+// delete never waits for a pick, which holds its buckets' locks to its end
+// in the order of its walk (it wraps around: ascending from its cursor,
+// then from the first key) — waiting on one, the prune could close a
+// deadlock with it. The condition reads only the deleted row's own
+// columns, so a pick that committed after the statement's snapshot and
+// before its lock is seen (the row is looked at again on its newest
+// version). It returns how many it deleted, the last key it looked at and
+// how many keys it looked at: one range of the primary key and a probe
+// per key, O($4) whatever the table holds and whatever its statistics (as
+// one join, the generic plan read the whole table).
 var pruneBucketsSQL = `
 WITH scan AS MATERIALIZED (
   SELECT b.key FROM {{schema}}.gendurable_key_buckets AS b
@@ -527,16 +534,20 @@ WITH scan AS MATERIALIZED (
   LIMIT $4
 ), doomed AS (
   DELETE FROM {{schema}}.gendurable_key_buckets AS b
-  WHERE b.key = ANY (ARRAY(SELECT s.key FROM scan AS s)) -- a primary-key probe per key
-    AND (SELECT p.rate > 0 AND b.tokens + extract(epoch FROM now() - b.refilled_at) * p.rate >= p.burst
+  WHERE b.key = ANY (ARRAY(
+      SELECT l.key FROM {{schema}}.gendurable_key_buckets AS l
+      WHERE l.key = ANY (ARRAY(SELECT s.key FROM scan AS s)) -- a primary-key probe per key
+      FOR UPDATE SKIP LOCKED))
+    AND (SELECT p.rate > 0
+                AND b.tokens + extract(epoch FROM now() - interval '1 minute' - b.refilled_at) * p.rate >= p.burst
          FROM unnest($1::text[], $2::double precision[], $3::int[]) AS p(prefix, rate, burst)
          WHERE starts_with(b.key, p.prefix) ORDER BY length(p.prefix) DESC LIMIT 1)
   RETURNING 1
 )
 SELECT (SELECT count(*) FROM doomed), (SELECT max(s.key) FROM scan AS s), (SELECT count(*) FROM scan)`
 
-// PruneBuckets deletes one batch of the rate buckets that are full by now
-// under policies (pruneBucketsSQL), looking at up to batch keys after from
+// PruneBuckets deletes one batch of the rate buckets that have been full
+// for a minute under policies (pruneBucketsSQL), looking at up to batch keys after from
 // (nil: from the first), and returns how many it deleted and where the next
 // batch starts: nil once a batch looked at fewer than batch keys.
 func (q *Queries) PruneBuckets(ctx context.Context, db DB, policies []KeyPolicy, batch int, from *string) (deleted int64, next *string, err error) {
