@@ -345,54 +345,6 @@ func TestStepTimeoutCancelsTheStepAndHandleSeesIt(t *testing.T) {
 	b.waitStatus(ok, "done", 10*time.Second)
 }
 
-// TestAbandonedSlotsHoldNoClaims: a process whose every slot is held by an
-// abandoned step claims nothing more and hands back what it had claimed
-// ahead: no slot of its may free (the step ignores its context), while
-// another process can run the abandoned step's own retry at once. Before,
-// the stuck process claimed that retry into its prefetch buffer and kept it
-// there, heartbeated, for as long as the step stayed stuck.
-func TestAbandonedSlotsHoldNoClaims(t *testing.T) {
-	t.Parallel()
-	release := make(chan struct{})
-	defer close(release)
-	var stuckOn atomic.Value // the process the first run stuck on
-	machine := func(who string) *gendurable.Machine[weirdState] {
-		return &gendurable.Machine[weirdState]{
-			Name: "held-hostage", Start: "a", StepTimeout: 200 * time.Millisecond, MaxAttempts: 3,
-			Backoff: func(int) time.Duration { return 0 },
-			Steps: map[string]gendurable.StepFunc[weirdState]{
-				"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
-					if stuckOn.CompareAndSwap(nil, who) {
-						<-release // the first run ignores its ctx
-					}
-					return gendurable.Done(who), nil
-				},
-			},
-		}
-	}
-	mA := machine("A")
-	cfgA := fastConfig("", mA)
-	cfgA.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond}}
-	a := setup(t, cfgA)
-	// Two at once: A runs one (it sticks) and claims the other ahead of
-	// its slot.
-	id := a.insert(mA.New(weirdState{}))
-	other := a.insert(mA.New(weirdState{}))
-	a.start()
-	eventually(t, 10*time.Second, func() bool {
-		return a.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE attempt >= 1`) == 1
-	}, "the stuck step was abandoned and its retry written")
-	cfgB := fastConfig("", machine("B"))
-	cfgB.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond}}
-	b := bundleOn(t, a.pool, a.schema, cfgB)
-	b.start()
-	for _, i := range []int64{id, other} {
-		r := b.waitStatus(i, "done", 10*time.Second)
-		require.JSONEq(t, `"B"`, string(r.Result), "instance %d ran on the process with a free slot", i)
-	}
-	require.Equal(t, "A", stuckOn.Load(), "the first run stuck on A")
-}
-
 // slowNextPick holds up the next pick statement sent once armed.
 type slowNextPick struct {
 	armed   atomic.Bool
@@ -409,50 +361,70 @@ func (s *slowNextPick) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.T
 
 func (s *slowNextPick) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// TestAbandonedSlotsHoldNoClaimsOfAPickInFlight: a pick sent before the last
-// slot was abandoned adds its rows to the buffer after the buffer was
-// handed back; they are handed back too (a review found them left there,
-// heartbeated, for as long as the step stayed stuck).
-func TestAbandonedSlotsHoldNoClaimsOfAPickInFlight(t *testing.T) {
+// TestAbandonedSlotsHoldNoClaims: a process whose every slot is held by an
+// abandoned step claims nothing more and hands back what it had claimed
+// ahead: no slot of its may free (the step ignores its context), while
+// another process can run the abandoned step's own retry at once. Before,
+// the stuck process claimed that retry into its prefetch buffer and kept it
+// there, heartbeated, for as long as the step stayed stuck. "pick in
+// flight": a pick sent before the last slot was abandoned adds its rows to
+// the buffer after the buffer was handed back; they are handed back too (a
+// review found them left there).
+func TestAbandonedSlotsHoldNoClaims(t *testing.T) {
 	t.Parallel()
-	release := make(chan struct{})
-	defer close(release)
-	tr := &slowNextPick{}
-	var stuckOn atomic.Value
-	machine := func(who string) *gendurable.Machine[weirdState] {
-		return &gendurable.Machine[weirdState]{
-			Name: "held-in-flight", Start: "a", StepTimeout: 200 * time.Millisecond, MaxAttempts: 3,
-			Backoff: func(int) time.Duration { return 0 },
-			Steps: map[string]gendurable.StepFunc[weirdState]{
-				"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
-					if stuckOn.CompareAndSwap(nil, who) {
-						tr.armed.Store(true) // the next pick (a poll's) is under way as the step is abandoned
-						<-release
-					}
-					return gendurable.Done(who), nil
-				},
-			},
-		}
-	}
-	mA := machine("A")
-	cfgA := fastConfig("", mA)
-	cfgA.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond}}
-	a := setupTraced(t, tr, cfgA)
-	id := a.insert(mA.New(weirdState{}))
-	a.start()
-	eventually(t, 10*time.Second, func() bool {
-		return a.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE attempt >= 1`) == 1
-	}, "the stuck step was abandoned and its retry written")
-	other := a.insert(mA.New(weirdState{}))
-	eventually(t, 10*time.Second, func() bool { return tr.delayed.Load() == 1 }, "a pick was held up")
-	time.Sleep(2 * time.Second) // the held-up pick lands
-	cfgB := fastConfig("", machine("B"))
-	cfgB.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond}}
-	b := bundleOn(t, a.pool, a.schema, cfgB)
-	b.start()
-	for _, i := range []int64{id, other} {
-		r := b.waitStatus(i, "done", 10*time.Second)
-		require.JSONEq(t, `"B"`, string(r.Result), "instance %d ran on the process with a free slot", i)
+	for _, inFlight := range []bool{false, true} {
+		t.Run(map[bool]string{false: "claimed ahead", true: "pick in flight"}[inFlight], func(t *testing.T) {
+			t.Parallel()
+			release := make(chan struct{})
+			defer close(release)
+			tr := &slowNextPick{}
+			var stuckOn atomic.Value // the process the first run stuck on
+			machine := func(who string) *gendurable.Machine[weirdState] {
+				return &gendurable.Machine[weirdState]{
+					Name: "held-hostage", Start: "a", StepTimeout: 200 * time.Millisecond, MaxAttempts: 3,
+					Backoff: func(int) time.Duration { return 0 },
+					Steps: map[string]gendurable.StepFunc[weirdState]{
+						"a": func(ctx context.Context, r *gendurable.Run[weirdState]) (gendurable.Outcome, error) {
+							if stuckOn.CompareAndSwap(nil, who) {
+								// The next pick (a poll's) is under way as
+								// the step is abandoned.
+								tr.armed.Store(inFlight)
+								<-release // the first run ignores its ctx
+							}
+							return gendurable.Done(who), nil
+						},
+					},
+				}
+			}
+			mA := machine("A")
+			cfgA := fastConfig("", mA)
+			cfgA.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond}}
+			a := setupTraced(t, tr, cfgA)
+			ids := []int64{a.insert(mA.New(weirdState{}))}
+			if !inFlight {
+				// Two at once: A runs one (it sticks) and claims the
+				// other ahead of its slot.
+				ids = append(ids, a.insert(mA.New(weirdState{})))
+			}
+			a.start()
+			eventually(t, 10*time.Second, func() bool {
+				return a.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE attempt >= 1`) == 1
+			}, "the stuck step was abandoned and its retry written")
+			if inFlight {
+				ids = append(ids, a.insert(mA.New(weirdState{})))
+				eventually(t, 10*time.Second, func() bool { return tr.delayed.Load() == 1 }, "a pick was held up")
+				time.Sleep(2 * time.Second) // the held-up pick lands
+			}
+			cfgB := fastConfig("", machine("B"))
+			cfgB.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond}}
+			b := bundleOn(t, a.pool, a.schema, cfgB)
+			b.start()
+			for _, i := range ids {
+				r := b.waitStatus(i, "done", 10*time.Second)
+				require.JSONEq(t, `"B"`, string(r.Result), "instance %d ran on the process with a free slot", i)
+			}
+			require.Equal(t, "A", stuckOn.Load(), "the first run stuck on A")
+		})
 	}
 }
 
