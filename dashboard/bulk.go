@@ -365,8 +365,12 @@ func (d *dashboard) bulkFlash(path string, q url.Values) string {
 	return msg
 }
 
-// onlyTimeRange reports whether f selects by its insert-time range alone.
+// onlyTimeRange reports whether f selects by its insert-time range alone
+// (a state filter of {} or [] matches every instance: no criterion, as
+// the engine counts it).
 func onlyTimeRange(f gendurable.ListFilter) bool {
+	var state bytes.Buffer
+	noState := len(f.State) == 0 || (json.Compact(&state, f.State) == nil && (state.String() == "{}" || state.String() == "[]"))
 	return (!f.From.IsZero() || !f.To.IsZero()) && f.Queue == "" && f.Status == "" && f.Machine == "" &&
-		f.Step == "" && f.Search == "" && len(f.State) == 0
+		f.Step == "" && f.Search == "" && noState
 }

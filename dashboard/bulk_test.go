@@ -122,6 +122,7 @@ func TestBulkInputIsValidated(t *testing.T) {
 		// catch-all text about names and filters.
 		"range of everything": {"/bulk/cancel", url.Values{"scope": {"match"}, "from": {"0001-01-02"}}, "leaves out no instance"},
 		"range to the end":    {"/bulk/retry", url.Values{"scope": {"match"}, "to": {"9999-12-31"}}, "leaves out no instance"},
+		"range, state {}":     {"/bulk/cancel", url.Values{"scope": {"match"}, "from": {"0001-01-02"}, "state": {" { } "}}, "leaves out no instance"},
 		// A page's bounds are not a filter: they were read and ignored.
 		"page bound":   {"/bulk/retry", url.Values{"scope": {"match"}, "status": {"runnable"}, "before": {"6"}}, "bounds a page of the list"},
 		"page size":    {"/bulk/cancel", url.Values{"scope": {"match"}, "status": {"runnable"}, "limit": {"1"}}, "bounds a page of the list"},
