@@ -616,8 +616,9 @@ const PruneBatch = 1000
 // [ErrInvalidInput], nothing deleted. Then, if that prune succeeded,
 // whatever the retention, it deletes the rate buckets of keys whose
 // [KeyPolicy] in this engine has a Rate and that have been full for a
-// minute (the pick counts a missing bucket as a full one, so no start
-// changes); their number is logged, not returned.
+// minute, or for LeaseDuration if longer (the pick counts a missing bucket
+// as a full one, so no start changes); their number is logged, not
+// returned.
 func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	if err := e.made(); err != nil {
 		return 0, err

@@ -1342,10 +1342,11 @@ func TestDescribeReadsOneMoment(t *testing.T) {
 }
 
 // TestPruneDeletesFullRateBuckets: the pruner deletes a rated key's token
-// bucket once it has been full for a minute (the pick reads a missing
-// bucket as a full one), keeps one still refilling and those no rated
-// policy of the engine covers — through Engine.Prune and through the
-// pruner's loop.
+// bucket once it has been full for a minute, or for the engine's lease if
+// longer (the pick reads a missing bucket as a full one, as of its
+// statement's start), keeps one still refilling and those no rated policy
+// of the engine covers — through Engine.Prune and through the pruner's
+// loop.
 func TestPruneDeletesFullRateBuckets(t *testing.T) {
 	t.Parallel()
 	job := &gendurable.Job[spanArgs]{Name: "rated-pruned", Perform: func(context.Context, *gendurable.Run[spanArgs]) error { return nil }}
@@ -1356,10 +1357,8 @@ func TestPruneDeletesFullRateBuckets(t *testing.T) {
 	b := setup(t, cfg)
 	ctx := context.Background()
 	b.exec(`INSERT INTO {{s}}.gendurable_key_buckets (key, tokens, refilled_at) VALUES
-		('paced:full', 1, now() - interval '2 minutes'), ('paced:spent', 0, now()),
-		('plain:a', 0, now() - interval '1 day'), ('other', 0, now() - interval '1 day')`)
-	_, err := b.eng.Prune(ctx, time.Hour, nil)
-	require.NoError(t, err)
+		('paced:full', 1, now() - interval '3 minutes'), ('paced:ninety', 1, now() - interval '90 seconds'),
+		('paced:spent', 0, now()), ('plain:a', 0, now() - interval '1 day'), ('other', 0, now() - interval '1 day')`)
 	left := func() []string {
 		rows, err := b.pool.Query(ctx, strings.ReplaceAll(`SELECT key FROM {{s}}.gendurable_key_buckets ORDER BY key`, "{{s}}", `"`+b.schema+`"`))
 		require.NoError(t, err)
@@ -1367,6 +1366,15 @@ func TestPruneDeletesFullRateBuckets(t *testing.T) {
 		require.NoError(t, err)
 		return keys
 	}
+	// An engine whose picks may run two minutes (its lease) keeps a bucket
+	// full for only 90 s: a pick begun before it was full may still read it.
+	long := fastConfig("", job)
+	long.KeyPolicies, long.LeaseDuration = cfg.KeyPolicies, 2*time.Minute
+	_, err := bundleOn(t, b.pool, b.schema, long).eng.Prune(ctx, time.Hour, nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{"other", "paced:ninety", "paced:spent", "plain:a"}, left())
+	_, err = b.eng.Prune(ctx, time.Hour, nil)
+	require.NoError(t, err)
 	require.Equal(t, []string{"other", "paced:spent", "plain:a"}, left())
 
 	// The loop: a step of a rated key spends its bucket's token; the bucket

@@ -185,7 +185,8 @@ type Config struct {
 	// PruneInterval between prune sweeps, which run in engines that work
 	// queues. Default 1h; negative runs no pruner in this process. A sweep
 	// also deletes the rate buckets of this engine's rated KeyPolicies that
-	// have been full for a minute (a missing bucket counts as a full one),
+	// have been full for a minute or LeaseDuration, the longer (a missing
+	// bucket counts as a full one),
 	// so a table of one row per rated key does not keep every key ever
 	// rated.
 	PruneInterval time.Duration

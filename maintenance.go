@@ -94,5 +94,5 @@ func (e *Engine) reaper() *maintenance.Reaper {
 func (e *Engine) pruner() *maintenance.Pruner {
 	return &maintenance.Pruner{Queries: e.q, DB: e.pool, Batch: PruneBatch, Log: e.log,
 		BatchTimeout: maintenance.PruneBatchTimeout(e.cfg.MaintenanceTimeout),
-		Policies:     pickPolicies(e.cfg.KeyPolicies)}
+		Policies:     pickPolicies(e.cfg.KeyPolicies), BucketsFull: e.cfg.LeaseDuration}
 }

@@ -12,7 +12,7 @@ import (
 
 // Pruner deletes instances that finished (done or failed) longer than
 // Retention ago, with their signals, every Interval, and then the rate
-// buckets of Policies that have been full for a minute (RunBuckets).
+// buckets of Policies that have been full for BucketsFull (RunBuckets).
 //
 // Each batch — one transaction — runs under BatchTimeout, a generous bound
 // (by default PruneTimeoutFactor statement timeouts, 5 minutes; the engine's
@@ -39,8 +39,12 @@ type Pruner struct {
 	// PruneBatchTimeout(DefaultStatementTimeout).
 	BatchTimeout time.Duration
 	// Policies are the key policies whose rate buckets RunBuckets deletes
-	// once full; without a rated one it deletes none.
+	// once full for BucketsFull; without a rated one it deletes none.
 	Policies []sqlq.KeyPolicy
+	// BucketsFull is how long a bucket must have been full to be deleted:
+	// at least as long as a pick may run (its lease). Default, and at
+	// least, a minute.
+	BucketsFull time.Duration
 }
 
 // PruneBatchTimeout is the deadline of a prune batch for a statement
@@ -112,7 +116,7 @@ func rated(policies []sqlq.KeyPolicy) bool {
 	return false
 }
 
-// RunBuckets deletes the rate buckets full for a minute under Policies
+// RunBuckets deletes the rate buckets full for BucketsFull under Policies
 // (a missing bucket is a full one to the pick: sqlq.PruneBuckets), Batch
 // keys looked at per statement, each under BatchTimeout, until one looks
 // at fewer. It returns the number deleted; on error, the number deleted
@@ -127,7 +131,7 @@ func (p *Pruner) RunBuckets(ctx context.Context) (int64, error) {
 	for {
 		var n int64
 		err := bounded(ctx, orDefault(p.BatchTimeout, PruneBatchTimeout(DefaultStatementTimeout)), func(ctx context.Context) (err error) {
-			n, from, err = p.Queries.PruneBuckets(ctx, p.DB, p.Policies, batch, from)
+			n, from, err = p.Queries.PruneBuckets(ctx, p.DB, p.Policies, max(p.BucketsFull, time.Minute), batch, from)
 			return err
 		})
 		total += n

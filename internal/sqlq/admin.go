@@ -507,13 +507,14 @@ func (q *Queries) Prune(ctx context.Context, db Beginner, retention time.Duratio
 }
 
 // pruneBucketsSQL deletes, of up to $4 rate buckets after key $5 in key
-// order (NULL: from the first), those that have been full for a minute:
-// the bucket of a key whose policy — the longest of the prefixes $1 it
-// starts with, as the pick takes it — has a rate ($2, starts per second)
-// and held its burst ($3) again a minute ago. The pick reads a missing
-// bucket as a full one (Burst tokens), refilled as of its statement's
-// start: a pick that began less than a minute before the delete and reads
-// the bucket after it would have found it full all the same. A key the
+// order (NULL: from the first), those that have been full for $6
+// microseconds: the bucket of a key whose policy — the longest of the
+// prefixes $1 it starts with, as the pick takes it — has a rate ($2,
+// starts per second) and held its burst ($3) again that long ago. The pick
+// reads a missing bucket as a full one (Burst tokens), refilled as of its
+// statement's start: a pick that began less than $6 before the delete and
+// reads the bucket after it would have found it full all the same (the
+// engine passes at least its lease, which bounds a pick's statement). A key the
 // prefixes give no rate keeps its bucket. The rows are locked SKIP LOCKED
 // first: a bucket a pick is writing is left to the next sweep, and the
 // delete never waits for a pick, which holds its buckets' locks to its end
@@ -539,7 +540,7 @@ WITH scan AS MATERIALIZED (
       WHERE l.key = ANY (ARRAY(SELECT s.key FROM scan AS s)) -- a primary-key probe per key
       FOR UPDATE SKIP LOCKED))
     AND (SELECT p.rate > 0
-                AND b.tokens + extract(epoch FROM now() - interval '1 minute' - b.refilled_at) * p.rate >= p.burst
+                AND b.tokens + extract(epoch FROM now() - $6::bigint * interval '1 microsecond' - b.refilled_at) * p.rate >= p.burst
          FROM unnest($1::text[], $2::double precision[], $3::int[]) AS p(prefix, rate, burst)
          WHERE starts_with(b.key, p.prefix) ORDER BY length(p.prefix) DESC LIMIT 1)
   RETURNING 1
@@ -547,10 +548,11 @@ WITH scan AS MATERIALIZED (
 SELECT (SELECT count(*) FROM doomed), (SELECT max(s.key) FROM scan AS s), (SELECT count(*) FROM scan)`
 
 // PruneBuckets deletes one batch of the rate buckets that have been full
-// for a minute under policies (pruneBucketsSQL), looking at up to batch keys after from
-// (nil: from the first), and returns how many it deleted and where the next
-// batch starts: nil once a batch looked at fewer than batch keys.
-func (q *Queries) PruneBuckets(ctx context.Context, db DB, policies []KeyPolicy, batch int, from *string) (deleted int64, next *string, err error) {
+// for at least full under policies (pruneBucketsSQL), looking at up to
+// batch keys after from (nil: from the first), and returns how many it
+// deleted and where the next batch starts: nil once a batch looked at
+// fewer than batch keys.
+func (q *Queries) PruneBuckets(ctx context.Context, db DB, policies []KeyPolicy, full time.Duration, batch int, from *string) (deleted int64, next *string, err error) {
 	prefixes := make([]string, len(policies))
 	rates := make([]float64, len(policies))
 	bursts := make([]int32, len(policies))
@@ -559,7 +561,7 @@ func (q *Queries) PruneBuckets(ctx context.Context, db DB, policies []KeyPolicy,
 	}
 	var last *string
 	var seen int64
-	if err := db.QueryRow(ctx, q.pruneBuckets, prefixes, rates, bursts, batch, from).Scan(&deleted, &last, &seen); err != nil {
+	if err := db.QueryRow(ctx, q.pruneBuckets, prefixes, rates, bursts, batch, from, micros(full)).Scan(&deleted, &last, &seen); err != nil {
 		return 0, nil, err
 	}
 	if seen >= int64(batch) {

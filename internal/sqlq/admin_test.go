@@ -308,7 +308,7 @@ func TestPruneBucketsDeletesOnlyFullBucketsOfRatedKeys(t *testing.T) {
 	var from *string
 	calls := 0
 	for {
-		n, next, err := q.PruneBuckets(ctx, pool, policies, 2, from)
+		n, next, err := q.PruneBuckets(ctx, pool, policies, time.Minute, 2, from)
 		require.NoError(t, err)
 		total += n
 		calls++
@@ -339,7 +339,7 @@ func TestPruneBucketsDeletesOnlyFullBucketsOfRatedKeys(t *testing.T) {
 	require.NoError(t, err)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	n, _, err := q.PruneBuckets(pctx, pool, policies, 100, nil)
+	n, _, err := q.PruneBuckets(pctx, pool, policies, time.Minute, 100, nil)
 	require.NoError(t, err, "the prune does not wait for the pick's lock")
 	require.Zero(t, n)
 	require.NoError(t, tx.Commit(ctx))
@@ -347,7 +347,7 @@ func TestPruneBucketsDeletesOnlyFullBucketsOfRatedKeys(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, `SELECT tokens FROM `+s+`.gendurable_key_buckets WHERE key = 'r:racy'`).Scan(&tokens))
 	require.Zero(t, tokens)
 	// Committed, the spent bucket is kept by the next sweep too.
-	n, _, err = q.PruneBuckets(ctx, pool, policies, 100, nil)
+	n, _, err = q.PruneBuckets(ctx, pool, policies, time.Minute, 100, nil)
 	require.NoError(t, err)
 	require.Zero(t, n)
 	require.Contains(t, keys(), "r:racy")

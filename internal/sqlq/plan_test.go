@@ -1387,11 +1387,11 @@ func TestABucketPruneBatchIsBoundedByTheBatch(t *testing.T) {
 	}
 	policies := []sqlq.KeyPolicy{{Prefix: "k:", Limit: 1, Rate: 1, Burst: 10}}
 	runPlanCases(t, []planCase{{"prune-buckets", 4*500 + 100, func(t *testing.T, tx pgx.Tx) {
-		n, next, err := q.PruneBuckets(ctx, tx, policies, 500, nil)
+		n, next, err := q.PruneBuckets(ctx, tx, policies, time.Minute, 500, nil)
 		require.NoError(t, err)
 		require.Equal(t, int64(250), n)
 		require.NotNil(t, next)
-		n, _, err = q.PruneBuckets(ctx, tx, policies, 500, next)
+		n, _, err = q.PruneBuckets(ctx, tx, policies, time.Minute, 500, next)
 		require.NoError(t, err)
 		require.Equal(t, int64(250), n)
 	}}})
