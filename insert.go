@@ -145,7 +145,7 @@ type InsertResult struct {
 // ends or the connection is lost while the statement is in flight, the
 // server may have committed it before the answer came back (the error then
 // is the context's or the connection's, never ErrInvalidInsert). To retry
-// such an insert safely, give it a [InsertOpts].UniqueKey: a retry that
+// such an insert safely, give it an [InsertOpts].UniqueKey: a retry that
 // finds it committed reports Duplicate with its id. The same holds for
 // [Engine.InsertMany] (all or none of its rows) and [Engine.Signal] (give
 // it a DedupKey).
@@ -162,7 +162,13 @@ func (e *Engine) Insert(ctx context.Context, p InsertParams) (InsertResult, erro
 }
 
 // InsertMany inserts all instances in one statement: all or none are inserted.
-// Results are in the order of ps.
+// Results are in the order of ps; an invalid one is [ErrInvalidInsert] (or
+// [ErrUnknownMachine]) naming its index in ps ("insert #3: …"), before any
+// SQL. Batches whose unique keys overlap may run at once from any number of
+// processes, each in its own order: the rows with unique keys go in in key
+// order, so no two such statements wait for each other (ids follow that
+// order, not ps's). One statement holds its new rows' unique keys until it
+// commits: a batch of 100,000 is a few seconds of a single statement.
 func (e *Engine) InsertMany(ctx context.Context, ps []InsertParams) ([]InsertResult, error) {
 	if err := e.made(); err != nil {
 		return nil, err
@@ -208,7 +214,10 @@ func (e *Engine) InsertTx(ctx context.Context, tx pgx.Tx, p InsertParams) (Inser
 	return res[0], nil
 }
 
-// InsertManyTx inserts all instances in one statement inside the caller's transaction.
+// InsertManyTx inserts all instances in one statement inside the caller's
+// transaction, as [Engine.InsertMany] does; invalid input is
+// [ErrInvalidInsert] before any SQL, so the transaction is left usable, as
+// with [Engine.InsertTx].
 func (e *Engine) InsertManyTx(ctx context.Context, tx pgx.Tx, ps []InsertParams) ([]InsertResult, error) {
 	if err := e.made(); err != nil {
 		return nil, err
