@@ -352,11 +352,14 @@ func TestADropThatCannotHaveItsLocksGivesUp(t *testing.T) {
 	require.NoError(t, err)
 
 	start := time.Now()
-	dctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	dctx, cancel := context.WithTimeout(ctx, 120*time.Second)
 	defer cancel()
 	err = Prepare(dctx, pool, schema, o)
 	require.ErrorIs(t, err, ErrBusy)
-	require.Less(t, time.Since(start), 30*time.Second, "gave up at its first lock wait that ran out")
+	// Three 5 s lock waits and two 1 s pauses, about 17 s; a loaded
+	// machine (a full test run beside others) took 32 s once. Half the
+	// context's time: it gave up, its context did not end it.
+	require.Less(t, time.Since(start), 60*time.Second, "gave up after its third lock wait that ran out")
 	_, err = reader.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('checkout', 'a')`)
 	require.NoError(t, err, "the drop's locks were freed")
 	require.NoError(t, reader.Commit(ctx))
