@@ -26,7 +26,6 @@ FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::text[], $6::small
      WITH ORDINALITY AS n(fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
                           run_in_us, partition_key, unique_key, scope_mask, key_limit, ord)`
 
-//
 // Rows with unique keys go in in the order of their keys (then the input's,
 // so the first of two rows of one key is the one inserted), rows without
 // after them in the input's: a row whose key another statement has just
