@@ -167,7 +167,9 @@ func (e *Engine) Insert(ctx context.Context, p InsertParams) (InsertResult, erro
 // SQL. Batches whose unique keys overlap may run at once from any number of
 // processes, each in its own order: the rows with unique keys go in in key
 // order, so no two such statements wait for each other (ids follow that
-// order, not ps's). One statement holds its new rows' unique keys until it
+// order, not ps's; rows of one partition key still run in ps's order,
+// their eligible times spaced a microsecond apart, and other rows that tie
+// on priority and eligible time run in no promised order). One statement holds its new rows' unique keys until it
 // commits: a batch of 100,000 is a few seconds of a single statement.
 func (e *Engine) InsertMany(ctx context.Context, ps []InsertParams) ([]InsertResult, error) {
 	if err := e.made(); err != nil {
