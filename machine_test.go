@@ -857,8 +857,14 @@ func TestStepEventNamesEveryOutcome(t *testing.T) {
 	id := b.insert(m.New(probeState{}))
 	b.waitStatus(id, "done", 20*time.Second)
 	for step, want := range map[string]string{"fan": "children", "wait": "await", "end": "done"} {
-		ev, ok := findEvent(events, func(e *gendurable.StepEvent) bool { return e.InstanceID == id && e.Step == step })
-		require.True(t, ok, step)
+		// A step's event follows its outcome's commit: the row can read
+		// done before the hook hears of its last step (a CI run under load).
+		var ev *gendurable.StepEvent
+		eventually(t, 10*time.Second, func() bool {
+			var ok bool
+			ev, ok = findEvent(events, func(e *gendurable.StepEvent) bool { return e.InstanceID == id && e.Step == step })
+			return ok
+		}, step)
 		require.Equal(t, want, ev.Outcome, step)
 	}
 }
