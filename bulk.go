@@ -327,10 +327,10 @@ func (e *Engine) cancelTree(ctx context.Context, id int64, batch bulkBatch) (Bul
 
 func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch bulkBatch) (BulkResult, error) {
 	res := BulkResult{ChangedIDs: []int64{}}
-	if !f.hasCriteria() && !f.All {
+	if !f.HasCriteria() && !f.All {
 		return res, errorf(ErrInvalidInput, "%s: the filter has no criteria (queue, status, machine, step, time range, search or state); set All to act on every instance", op)
 	}
-	if !f.All && f.onlyTimeRange() {
+	if !f.All && f.OnlyTimeRange() {
 		if err := e.checkTimeRangeExcludes(ctx, f, op); err != nil {
 			return res, err
 		}
@@ -363,11 +363,14 @@ func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch bu
 	}
 }
 
-// onlyTimeRange reports whether From and To are f's only criteria.
-func (f ListFilter) onlyTimeRange() bool {
+// OnlyTimeRange reports whether From and To are f's only criteria: a bulk
+// action by such a filter, without All, is refused with ErrInvalidInput
+// when the range leaves out no instance (an empty State document, {} or
+// [], is no criterion).
+func (f ListFilter) OnlyTimeRange() bool {
 	rest := f
 	rest.From, rest.To = time.Time{}, time.Time{}
-	return f.hasCriteria() && !rest.hasCriteria()
+	return f.HasCriteria() && !rest.HasCriteria()
 }
 
 // checkTimeRangeExcludes refuses a time range that is a filter's only
@@ -404,8 +407,11 @@ func (e *Engine) checkTimeRangeExcludes(ctx context.Context, f ListFilter, op st
 		op, strings.Join(why, "; "))
 }
 
-// hasCriteria reports whether f selects by anything but position.
-func (f ListFilter) hasCriteria() bool {
+// HasCriteria reports whether f selects by anything but position (Before,
+// Limit): a bulk action by a filter without criteria, and without All, is
+// refused with ErrInvalidInput. An empty State document, {} or [], is no
+// criterion: every object or array state contains it.
+func (f ListFilter) HasCriteria() bool {
 	return f.Queue != "" || f.Status != "" || f.Machine != "" || f.Step != "" || !f.From.IsZero() ||
 		!f.To.IsZero() || f.Search != "" || (len(f.State) > 0 && !stateMatchesAll(f.State))
 }

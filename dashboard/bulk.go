@@ -1,12 +1,10 @@
 package dashboard
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -66,8 +64,7 @@ func (d *dashboard) parseBulk(r *http.Request) (bulkForm, error) {
 	b.back = listPath(form)
 	switch scope := r.PostForm.Get("scope"); scope {
 	case "match":
-		if b.filter.Queue == "" && b.filter.Status == "" && b.filter.Machine == "" && b.filter.Step == "" &&
-			b.filter.From.IsZero() && b.filter.To.IsZero() && b.filter.Search == "" && matchesEveryState(b.filter.State) {
+		if !b.filter.HasCriteria() {
 			return b, inputError("Filter the list first: acting on every instance at once is not offered here.")
 		}
 		if len(r.PostForm["id"]) > 0 {
@@ -93,17 +90,6 @@ func (d *dashboard) parseBulk(r *http.Request) (bulkForm, error) {
 		return b, inputError("Unknown scope.")
 	}
 	return b, nil
-}
-
-// matchesEveryState reports whether a state filter selects nothing out:
-// none, or an empty object or array, which every object or array state
-// contains (the engine refuses it as a bulk criterion too).
-func matchesEveryState(doc json.RawMessage) bool {
-	var b bytes.Buffer
-	if len(doc) == 0 || json.Compact(&b, doc) != nil {
-		return len(doc) == 0
-	}
-	return b.String() == "{}" || b.String() == "[]"
 }
 
 // listPath is the list page with form's filters, relative to the base.
@@ -211,7 +197,7 @@ func (d *dashboard) bulk(w http.ResponseWriter, r *http.Request, done string,
 		note(r, "scope", "selected", "ids", b.ids)
 	}
 	res, err := run(r.Context(), b)
-	if err != nil && b.match && onlyTimeRange(b.filter) && errors.Is(err, gendurable.ErrInvalidInput) {
+	if err != nil && b.match && b.filter.OnlyTimeRange() && errors.Is(err, gendurable.ErrInvalidInput) {
 		// The engine's check of a range that takes in every instance (the
 		// form's values were checked above): its text is not shown, ours is.
 		err = inputError("The filter's only criterion is a time range, and it leaves out no instance: narrow the range, or add another criterion (queue, status, machine, step, search, state).")
@@ -363,14 +349,4 @@ func (d *dashboard) bulkFlash(path string, q url.Values) string {
 		msg += " Stopped at the request's time limit before the end of the filter: submit again to go on."
 	}
 	return msg
-}
-
-// onlyTimeRange reports whether f selects by its insert-time range alone
-// (a state filter of {} or [] matches every instance: no criterion, as
-// the engine counts it).
-func onlyTimeRange(f gendurable.ListFilter) bool {
-	var state bytes.Buffer
-	noState := len(f.State) == 0 || (json.Compact(&state, f.State) == nil && (state.String() == "{}" || state.String() == "[]"))
-	return (!f.From.IsZero() || !f.To.IsZero()) && f.Queue == "" && f.Status == "" && f.Machine == "" &&
-		f.Step == "" && f.Search == "" && noState
 }

@@ -85,17 +85,30 @@ func (p *Pruner) Start(ctx context.Context) error {
 // deleted.
 func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	batch := orDefault(p.Batch, DefaultBatch)
+	return inBatches(ctx, p.BatchTimeout, "prune", progress, func(ctx context.Context, from *time.Time) (int64, *time.Time, error) {
+		return p.Queries.Prune(ctx, p.DB, retention, batch, from)
+	})
+}
+
+// inBatches runs one batch statement after another, each under
+// batchTimeout (0: PruneBatchTimeout of the default statement timeout) and
+// from where the last one said the next starts, until one says none does;
+// progress, if not nil, is called after each batch that deleted rows with
+// the running total. It returns the number deleted; on error, the number
+// deleted before it.
+func inBatches[C any](ctx context.Context, batchTimeout time.Duration, what string, progress func(int64),
+	batch func(ctx context.Context, from *C) (int64, *C, error)) (int64, error) {
 	var total int64
-	var from *time.Time // where the next batch starts (sqlq.Prune)
+	var from *C
 	for {
 		var n int64
-		err := bounded(ctx, orDefault(p.BatchTimeout, PruneBatchTimeout(DefaultStatementTimeout)), func(ctx context.Context) (err error) {
-			n, from, err = p.Queries.Prune(ctx, p.DB, retention, batch, from)
+		err := bounded(ctx, orDefault(batchTimeout, PruneBatchTimeout(DefaultStatementTimeout)), func(ctx context.Context) (err error) {
+			n, from, err = batch(ctx, from)
 			return err
 		})
 		total += n
 		if err != nil {
-			return total, fmt.Errorf("gendurable: prune: %w", err)
+			return total, fmt.Errorf("gendurable: %s: %w", what, err)
 		}
 		if progress != nil && n > 0 {
 			progress(total)
@@ -126,22 +139,9 @@ func (p *Pruner) RunBuckets(ctx context.Context) (int64, error) {
 		return 0, nil
 	}
 	batch := orDefault(p.Batch, DefaultBatch)
-	var total int64
-	var from *string
-	for {
-		var n int64
-		err := bounded(ctx, orDefault(p.BatchTimeout, PruneBatchTimeout(DefaultStatementTimeout)), func(ctx context.Context) (err error) {
-			n, from, err = p.Queries.PruneBuckets(ctx, p.DB, p.Policies, max(p.BucketsFull, time.Minute), batch, from)
-			return err
-		})
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("gendurable: prune rate buckets: %w", err)
-		}
-		if from == nil {
-			return total, nil
-		}
-	}
+	return inBatches(ctx, p.BatchTimeout, "prune rate buckets", nil, func(ctx context.Context, from *string) (int64, *string, error) {
+		return p.Queries.PruneBuckets(ctx, p.DB, p.Policies, max(p.BucketsFull, time.Minute), batch, from)
+	})
 }
 
 // LogBuckets logs what RunBuckets(ctx) returned: a failure at Warn (unless

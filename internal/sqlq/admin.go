@@ -553,15 +553,10 @@ SELECT (SELECT count(*) FROM doomed), (SELECT max(s.key) FROM scan AS s), (SELEC
 // deleted and where the next batch starts: nil once a batch looked at
 // fewer than batch keys.
 func (q *Queries) PruneBuckets(ctx context.Context, db DB, policies []KeyPolicy, full time.Duration, batch int, from *string) (deleted int64, next *string, err error) {
-	prefixes := make([]string, len(policies))
-	rates := make([]float64, len(policies))
-	bursts := make([]int32, len(policies))
-	for i, p := range policies {
-		prefixes[i], rates[i], bursts[i] = p.Prefix, p.Rate, int32(p.Burst)
-	}
+	pa := policyArraysOf(policies)
 	var last *string
 	var seen int64
-	if err := db.QueryRow(ctx, q.pruneBuckets, prefixes, rates, bursts, batch, from, micros(full)).Scan(&deleted, &last, &seen); err != nil {
+	if err := db.QueryRow(ctx, q.pruneBuckets, pa.prefixes, pa.rates, pa.bursts, batch, from, micros(full)).Scan(&deleted, &last, &seen); err != nil {
 		return 0, nil, err
 	}
 	if seen >= int64(batch) {

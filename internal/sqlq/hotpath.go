@@ -165,6 +165,28 @@ type KeyPolicy struct {
 	Burst  int     // the token bucket's size (with Rate)
 }
 
+// policyArrays are key policies as the column arrays the pick and the
+// bucket prune take them in.
+type policyArrays struct {
+	prefixes []string
+	limits   []int32
+	rates    []float64
+	bursts   []int32
+}
+
+func policyArraysOf(policies []KeyPolicy) policyArrays {
+	pa := policyArrays{
+		prefixes: make([]string, len(policies)),
+		limits:   make([]int32, len(policies)),
+		rates:    make([]float64, len(policies)),
+		bursts:   make([]int32, len(policies)),
+	}
+	for i, p := range policies {
+		pa.prefixes[i], pa.limits[i], pa.rates[i], pa.bursts[i] = p.Prefix, int32(p.Limit), p.Rate, int32(p.Burst)
+	}
+	return pa
+}
+
 // PickOpts are the knobs of one pick besides the queue.
 type PickOpts struct {
 	Limit    int           // rows at most
@@ -200,18 +222,12 @@ type PickResult struct {
 
 // Pick claims up to o.Limit runnable rows of queue.
 func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (PickResult, error) {
-	prefixes := make([]string, len(o.Policies))
-	limits := make([]int32, len(o.Policies))
-	rates := make([]float64, len(o.Policies))
-	bursts := make([]int32, len(o.Policies))
-	for i, p := range o.Policies {
-		prefixes[i], limits[i], rates[i], bursts[i] = p.Prefix, int32(p.Limit), p.Rate, int32(p.Burst)
-	}
+	pa := policyArraysOf(o.Policies)
 	maxKeys := o.MaxKeys
 	if maxKeys <= 0 {
 		maxKeys = 4*o.Limit + 16
 	}
-	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, prefixes, limits, rates, bursts, maxKeys, o.Global,
+	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, pa.prefixes, pa.limits, pa.rates, pa.bursts, maxKeys, o.Global,
 		o.Floor, o.Prios)
 	if err != nil {
 		return PickResult{}, err
