@@ -239,8 +239,8 @@ type schemaVersionError struct {
 
 func (s *schemaVersionError) Error() string {
 	if s.have == 0 { // Start's check, on a schema never migrated: as an insert says it
-		return fmt.Sprintf("%v (%s): %s: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` (or migrate.Up) first",
-			ErrNotMigrated, strings.TrimPrefix(ErrSchemaVersion.Error(), "gendurable: "), s.what, s.schema, s.schema)
+		return fmt.Sprintf("%v: %s: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` (or migrate.Up) first",
+			ErrNotMigrated, s.what, s.schema, s.schema)
 	}
 	fix := fmt.Sprintf("run `gendurable migrate up --schema %s` (or migrate.Up)", s.schema)
 	if s.have > s.want {

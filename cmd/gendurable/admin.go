@@ -1124,6 +1124,8 @@ func errorCode(err error) string {
 		return "not_migrated"
 	case is(errAborted):
 		return "aborted"
+	case errors.As(err, new(*pgconn.ConnectError)):
+		return "cannot_connect"
 	}
 	return "error"
 }

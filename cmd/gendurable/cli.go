@@ -335,16 +335,31 @@ func reportError(w io.Writer, name string, err error, asJSON bool, dbSource stri
 }
 
 // migrateHint rewrites the library's advice to migrate for a command line:
-// without the Go API's name, and naming --database-url when the command
-// was given one — pasted as it was, the advice migrated DATABASE_URL's
-// database, or the local server's (a newcomer's probe). The URL itself is
-// not repeated: it may hold a password.
+// without the Go API's name, and saying which database it is about — given
+// --database-url, the advice says to pass the same one (pasted without it,
+// it migrated DATABASE_URL's database, or the local server's: a newcomer's
+// probe); else it names DATABASE_URL or the default URL the command used (a
+// newcomer read "not migrated" of the local server as of their own
+// database). The URL given is not repeated: it may hold a password.
 func migrateHint(msg, dbSource string) string {
+	const advice = "`gendurable migrate up --schema "
+	if !strings.Contains(msg, advice) {
+		return msg
+	}
 	msg = strings.ReplaceAll(msg, "` (or migrate.Up)", "`")
 	if dbSource == "--database-url" {
-		msg = strings.ReplaceAll(msg, "`gendurable migrate up --schema ", "`gendurable migrate up --database-url <the same URL> --schema ")
+		// "migrate up --schema S` with the same --database-url first"
+		i := strings.Index(msg, advice) + len(advice)
+		if j := strings.Index(msg[i:], "`"); j >= 0 {
+			msg = msg[:i+j+1] + " with the same --database-url" + msg[i+j+1:]
+		}
+		return msg
 	}
-	return msg
+	source := "DATABASE_URL's"
+	if dbSource == "" {
+		source = "the default, " + defaultDatabaseURL + ", as neither --database-url nor DATABASE_URL was set"
+	}
+	return msg + " (the database is " + source + ")"
 }
 
 // tidyConnectError rewrites, within msg (err's message), pgx's report of a
@@ -711,11 +726,17 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 		return printJSON(stdout, map[string]any{"schema": *schema, "from": res.From, "to": res.To, "applied": applied, "latest": migrate.Latest()})
 	}
+	// Version 0 before and after: nothing of gendurable's is there (a
+	// newcomer's misspelled --schema read "version 0" as an answer).
+	none := ""
+	if res.From == 0 && res.To == 0 {
+		none = fmt.Sprintf(": no gendurable tables in schema %s (is --schema right?)", *schema)
+	}
 	if action == "status" {
-		_, err = fmt.Fprintf(stdout, "schema %s: version %d (latest %d)\n", *schema, res.To, migrate.Latest())
+		_, err = fmt.Fprintf(stdout, "schema %s: version %d (latest %d)%s\n", *schema, res.To, migrate.Latest(), none)
 		return err
 	}
-	_, err = fmt.Fprintf(stdout, "schema %s: version %d → %d (applied %v)\n", *schema, res.From, res.To, res.Applied)
+	_, err = fmt.Fprintf(stdout, "schema %s: version %d → %d (applied %v)%s\n", *schema, res.From, res.To, res.Applied, none)
 	return err
 }
 

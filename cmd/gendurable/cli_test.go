@@ -960,6 +960,20 @@ func TestHelpOnEveryCommand(t *testing.T) {
 	require.Contains(t, out, "queue remove QUEUE")
 }
 
+// TestMigrateHintNamesTheDatabase: the advice to migrate says which
+// database it is about — a newcomer took the default server's "not
+// migrated" for their own database's — and never repeats a URL given.
+func TestMigrateHintNamesTheDatabase(t *testing.T) {
+	msg := "gendurable: schema not migrated: list: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` (or migrate.Up) first"
+	require.Equal(t, "gendurable: schema not migrated: list: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` first (the database is the default, "+
+		defaultDatabaseURL+", as neither --database-url nor DATABASE_URL was set)", migrateHint(msg, ""))
+	require.Equal(t, "gendurable: schema not migrated: list: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` first (the database is DATABASE_URL's)",
+		migrateHint(msg, "DATABASE_URL"))
+	require.Equal(t, "gendurable: schema not migrated: list: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` with the same --database-url first",
+		migrateHint(msg, "--database-url"))
+	require.Equal(t, "gendurable: instance not found: id 1", migrateHint("gendurable: instance not found: id 1", ""))
+}
+
 // TestErrorsNotFoundAndNotMigrated: a missing instance is one line with one
 // prefix (exit 3); a schema that was never migrated says to run
 // `gendurable migrate up` instead of the database's "relation ... does not
@@ -987,6 +1001,7 @@ func TestErrorsNotFoundAndNotMigrated(t *testing.T) {
 			require.Empty(t, out, "%q", args)
 			oneErrorLine(t, args, errOut)
 			require.Contains(t, errOut, "run `gendurable migrate up --schema "+schema+"`", "%q", args)
+			require.Contains(t, errOut, "(the database is DATABASE_URL's)", "%q: which database is not migrated", args)
 			require.NotContains(t, errOut, "does not exist", "%q", args)
 			require.NotContains(t, errOut, "migrate.Up", "%q: the Go API's name in a command's advice", args)
 			_, errOut, code = cli(t, append(args, "--json")...)
@@ -999,7 +1014,8 @@ func TestErrorsNotFoundAndNotMigrated(t *testing.T) {
 	// migrated DATABASE_URL's database.
 	_, errOut, code = cli(t, "status", "--schema", bare, "--database-url", dbtest.URL())
 	require.Equal(t, exitError, code, errOut)
-	require.Contains(t, errOut, "run `gendurable migrate up --database-url <the same URL> --schema "+bare+"`")
+	require.Contains(t, errOut, "run `gendurable migrate up --schema "+bare+"` with the same --database-url first")
+	require.NotContains(t, errOut, "<", "a placeholder the shell reads as a redirect")
 
 	// A schema at an older version: the versions and the command to run,
 	// not "column ... does not exist".
@@ -1092,7 +1108,7 @@ func TestConnectionFailuresAreOneReadableLine(t *testing.T) {
 
 		_, errOut, code = cli(t, append(c.args, "--json")...)
 		require.Equal(t, exitError, code)
-		msg := jsonError(t, c.args, errOut, "error", exitError)
+		msg := jsonError(t, c.args, errOut, "cannot_connect", exitError)
 		require.NotContains(t, msg, "\n", "%q", c.args)
 		require.Equal(t, 1, strings.Count(msg, c.want), "%q: %s", c.args, msg)
 	}

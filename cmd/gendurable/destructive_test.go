@@ -15,6 +15,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/syncbuf"
+	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -160,6 +161,11 @@ func TestMigrateDownAsksFirst(t *testing.T) {
 	out, _, code = cli(t, "migrate", "down", "--schema", schema)
 	require.Equal(t, 0, code, "nothing left to drop: no confirmation needed")
 	require.Contains(t, out, "version 0 → 0")
+	require.Contains(t, out, "no gendurable tables in schema "+schema+" (is --schema right?)", "a no-op says why")
+	out, _, code = cli(t, "migrate", "status", "--schema", schema+"_misspelt")
+	require.Equal(t, 0, code)
+	require.Equal(t, fmt.Sprintf("schema %s_misspelt: version 0 (latest %d): no gendurable tables in schema %s_misspelt (is --schema right?)\n",
+		schema, migrate.Latest(), schema), out)
 }
 
 // TestAMigrateStoppedPartWayIsAuditLogged: the versions a migrate committed

@@ -76,7 +76,13 @@ func machineGraph(ctx context.Context, eng *gendurable.Engine, name string, asJS
 	for i, v := range g.Versions {
 		versions[i] = fmt.Sprint(v)
 	}
-	fmt.Fprintf(stdout, "machine %s  versions %s  start %s\n\n", p(g.Machine), strings.Join(versions, ", "), p(g.Start))
+	if len(versions) == 0 {
+		// Known from the instance table only (a newcomer read the empty
+		// header as a fault).
+		fmt.Fprintf(stdout, "machine %s  (no definition stored: no engine that registers it has started; steps from its instances)\n\n", p(g.Machine))
+	} else {
+		fmt.Fprintf(stdout, "machine %s  versions %s  start %s\n\n", p(g.Machine), strings.Join(versions, ", "), p(g.Start))
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "step\trunnable\t(backing off\tdelayed)\texecuting\tawaiting_signal\tawaiting_children\tdone\tfailed\t")
 	for _, s := range g.Steps {

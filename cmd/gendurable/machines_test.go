@@ -68,6 +68,15 @@ func TestCLIMachines(t *testing.T) {
 	require.Len(t, ms, 1)
 	require.True(t, ms[0].Stored)
 
+	// A machine known only from its instances (inserted, no engine that
+	// registers it ever started): says so, not an empty header.
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('waiter', 'wait')`)
+	require.NoError(t, err)
+	out, _, code = cli(t, append([]string{"machines", "waiter"}, s...)...)
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "machine waiter  (no definition stored: no engine that registers it has started; steps from its instances)")
+	require.Regexp(t, `wait\s+1`, out)
+
 	_, errOut, code := cli(t, append([]string{"machines", "nope"}, s...)...)
 	require.Equal(t, exitNotFound, code, errOut)
 	require.Equal(t, "gendurable: machine not found: no machine \"nope\" is stored, registered here or in the table\n", errOut,
