@@ -166,7 +166,8 @@ func (e *Engine) Insert(ctx context.Context, p InsertParams) (InsertResult, erro
 // [ErrUnknownMachine]) naming its index in ps ("insert #3: …"), before any
 // SQL. Batches whose unique keys overlap may run at once from any number of
 // processes, each in its own order: the rows with unique keys go in in key
-// order, so no two such statements wait for each other (ids follow that
+// order, so no two such statements — nor such a statement and a fan-out's
+// children ([Run.ScheduleChildren]) — wait for each other in a cycle (ids follow that
 // order, not ps's; rows of one partition key still run in ps's order,
 // their eligible times spaced a microsecond apart, and other rows that tie
 // on priority and eligible time run in no promised order). One statement holds its new rows' unique keys until it

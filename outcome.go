@@ -169,8 +169,12 @@ func (r *Run[S]) Await(nextStep string, state S, names ...string) Outcome {
 // ScheduleChildren inserts children (instances of any registered machine,
 // each with its own insert options) with this instance as their parent, in
 // the same statement that parks it; once every child is done or failed, the
-// instance runs nextStep with state and sees them in [Run.Children]. With no
-// children (or only unique-key duplicates) it runs on at once.
+// instance runs nextStep with state and sees them in [Run.Children], in
+// the order given here (their ids follow it; a unique-key duplicate is left
+// out). With no children (or only unique-key duplicates) it runs on at
+// once. Children with unique keys go in in the order of their keys, as
+// [Engine.InsertMany]'s rows do, so fan-outs and batches of overlapping
+// keys, each in its own order, do not deadlock.
 func (r *Run[S]) ScheduleChildren(nextStep string, state S, children ...InsertParams) Outcome {
 	return Outcome{kind: sqlq.KindChildren, step: nextStep, state: state, hasState: true, children: children}
 }

@@ -309,17 +309,30 @@ WITH locked AS MATERIALIZED (
 	}
 	if shape&shapeChildren != 0 {
 		kids = "coalesce(((SELECT m FROM kid_counts) ->> l.id::text)::int, 0)"
+		// Children take their ids in the order the steps listed them (the
+		// order Run.Children shows them in), drawn before the insert, and go
+		// in in the order of their unique keys, as InsertMany's rows do
+		// (insertKeyedTailSQL): two fan-outs, or a fan-out and an InsertMany,
+		// of overlapping keys in other orders each waited for the other (a
+		// probe: lock timeouts and fenced-out fan-outs, InsertMany calls
+		// failing with a deadlock).
 		b.WriteString(`, kids AS (
-  INSERT INTO {{schema}}.gendurable_instances (` + newRowColumns + `, parent_id, parent_fanout)
-  SELECT ` + newRowSelect + `, n.parent, ((SELECT m FROM held) ->> n.parent::text)::int + 1
-  FROM unnest(@kid_parent::bigint[], @kid_fsm::text[], @kid_version::int[], @kid_queue::text[], @kid_step::text[],
-              @kid_state::text[], @kid_priority::smallint[], @kid_max_attempts::int[], @kid_run_at::timestamptz[],
-              @kid_run_in::bigint[], @kid_partition::text[], @kid_unique::bytea[], @kid_scope::int[],
-              @kid_key_limit::int[])
-       WITH ORDINALITY AS n(parent, fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
-                            run_in_us, partition_key, unique_key, scope_mask, key_limit, ord)
-  WHERE (SELECT m FROM held) ? n.parent::text
-  ORDER BY n.ord
+  INSERT INTO {{schema}}.gendurable_instances (id, ` + newRowColumns + `, parent_id, parent_fanout)
+  OVERRIDING SYSTEM VALUE
+  SELECT n.id, ` + newRowSelect + `, n.parent, ((SELECT m FROM held) ->> n.parent::text)::int + 1
+  FROM (
+    SELECT u.*, nextval((SELECT pg_get_serial_sequence('{{schema}}.gendurable_instances', 'id')::regclass)) AS id
+    FROM unnest(@kid_parent::bigint[], @kid_fsm::text[], @kid_version::int[], @kid_queue::text[], @kid_step::text[],
+                @kid_state::text[], @kid_priority::smallint[], @kid_max_attempts::int[], @kid_run_at::timestamptz[],
+                @kid_run_in::bigint[], @kid_partition::text[], @kid_unique::bytea[], @kid_scope::int[],
+                @kid_key_limit::int[])
+         WITH ORDINALITY AS u(parent, fsm, fsm_version, queue, step, state, priority, max_attempts, run_at,
+                              run_in_us, partition_key, unique_key, scope_mask, key_limit, ord)
+    WHERE (SELECT m FROM held) ? u.parent::text
+    ORDER BY u.ord
+    OFFSET 0 -- ids drawn here, in the steps' order
+  ) AS n
+  ORDER BY n.unique_key, n.ord
   ON CONFLICT (unique_guard) WHERE unique_guard IS NOT NULL DO NOTHING
   RETURNING parent_id
 ), kid_counts AS (
