@@ -194,8 +194,10 @@
 // works the configured queues, [Engine.Stop] drains gracefully. Insert with
 // [Engine.Insert], [Engine.InsertMany] (one statement) or their Tx variants,
 // which enqueue inside the caller's pgx.Tx. An insert through an engine that
-// works the queue wakes its feeder at once; other processes find new work
-// by polling with idle backoff (no LISTEN/NOTIFY).
+// works the queue wakes its feeder at once (a Tx variant, whose rows are
+// seen only once the caller commits, sets its polls back to the busy
+// interval instead); other processes find new work by polling with idle
+// backoff (no LISTEN/NOTIFY).
 //
 // Per queue, a feeder claims runnable rows with one batched statement
 // (`FOR UPDATE SKIP LOCKED`, O(batch) whatever the backlog), keeps up to

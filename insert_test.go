@@ -600,3 +600,50 @@ func TestAnInsertTxWhoseLookupFailsReportsIt(t *testing.T) {
 type panicMarshaler struct{}
 
 func (panicMarshaler) MarshalJSON() ([]byte, error) { panic("marshal boom") }
+
+// TestAnInsertTxIsPickedSoonAfterItsCommit: the engine cannot see the
+// caller's commit, so an InsertTx (or InsertManyTx) sets the feeder's polls
+// back to the busy interval, doubling from there while they find nothing;
+// a transaction committed 300 ms after its insert has its row started
+// within about 2 × 300 ms + 25 ms. Before, the pick the insert kicked ran
+// before the commit, found nothing, and the row waited for the idle poll
+// (a River user's probe: 0.4 to 4 s at the defaults; 20 s here).
+func TestAnInsertTxIsPickedSoonAfterItsCommit(t *testing.T) {
+	t.Parallel()
+	started := make(chan time.Time, 4)
+	job := &gendurable.Job[orderArgs]{Name: "txwake", Perform: func(context.Context, *gendurable.Run[orderArgs]) error {
+		started <- time.Now()
+		return nil
+	}}
+	idle := gendurable.QueueConfig{Concurrency: 2, BusyPollInterval: 25 * time.Millisecond, PollInterval: 20 * time.Second, MaxPollInterval: 20 * time.Second}
+	b := setup(t, &gendurable.Config{Machines: []gendurable.Definition{job}, Queues: map[string]gendurable.QueueConfig{"a": idle, "b": idle}})
+	b.start()
+	ctx := context.Background()
+	time.Sleep(300 * time.Millisecond) // both queues' first picks found nothing: idle, next poll in 20 s
+
+	for _, q := range []string{"a", "b"} {
+		tx, err := b.pool.Begin(ctx)
+		require.NoError(t, err)
+		p := job.New(orderArgs{}).With(gendurable.InsertOpts{Queue: q})
+		if q == "a" {
+			_, err = b.eng.InsertTx(ctx, tx, p)
+		} else {
+			_, err = b.eng.InsertManyTx(ctx, tx, []gendurable.InsertParams{p, p})
+		}
+		require.NoError(t, err)
+		time.Sleep(300 * time.Millisecond)
+		require.NoError(t, tx.Commit(ctx))
+		committed := time.Now()
+		select {
+		case at := <-started:
+			// About 625 ms; 5 s leaves room for a loaded machine, and
+			// the idle poll is 20 s.
+			require.Less(t, at.Sub(committed), 5*time.Second, "queue %s", q)
+		case <-time.After(15 * time.Second):
+			t.Fatalf("queue %s: the row committed 15 s ago has not started: it waits for the idle poll", q)
+		}
+		if q == "b" {
+			<-started
+		}
+	}
+}

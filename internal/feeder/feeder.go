@@ -227,6 +227,7 @@ type Feeder struct {
 	// abandoned counts running steps given up on (see Holder.Abandon).
 	abandoned int
 	more      bool // the last pick was full, or an outcome made work runnable or freed a key's slot
+	hurry     bool // Hurry: poll from BusyPollInterval again, doubling while the picks find nothing
 	released  int  // rows handed back when Run stopped
 	// releaseFailed rows were not handed back when Run stopped: the
 	// statement failed with releaseErr.
@@ -466,6 +467,20 @@ func (s *Feeder) Kick() {
 	s.wake()
 }
 
+// Hurry wakes the loop and sets its poll interval back to the busy one,
+// from which it doubles again while picks find nothing: rows were written
+// in a transaction this process does not see commit (InsertTx), so a pick
+// at once may not see them, and the idle backoff (up to MaxPollInterval)
+// would leave them waiting. A transaction that commits d after the insert
+// has its rows picked about 2d plus BusyPollInterval after it, at most.
+func (s *Feeder) Hurry() {
+	s.mu.Lock()
+	s.more, s.hurry = true, true
+	s.short.Store(false)
+	s.mu.Unlock()
+	s.wake()
+}
+
 // KickBelow wakes the loop for a row this process made eligible since t, a
 // time that may be below the pick's floor (an insert's RunAt in the past):
 // the next pick looks from t on (docs/design.md §4).
@@ -580,6 +595,11 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		s.dispatch(workCtx)
 
 		s.mu.Lock()
+		if s.hurry {
+			s.hurry = false
+			interval = s.busyPoll()
+			pollAt = time.Now().Add(interval)
+		}
 		demand := s.demandLocked()
 		idle := s.inFlight+len(s.buffer) == 0 && s.committing == 0
 		// Pick when there is room (at least MinDemand, or anything when
