@@ -444,7 +444,31 @@ func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
 		return fmt.Errorf("%w: instance %d is %s", ErrNotCancellable, id, *status)
 	}
 	e.log.Info("gendurable: instance cancelled", "id", id, "reason", reason)
+	e.cancelSteps([]int64{id})
 	return nil
+}
+
+// cancelSteps cancels this engine's running steps of instances just
+// cancelled (ErrInstanceCancelled, an ErrLeaseLost), and drops their claims
+// waiting for a slot: without it such a step ran on until the next heartbeat found its
+// lease gone — 20 s at the defaults (a River user's probe).
+func (e *Engine) cancelSteps(ids []int64) {
+	if len(ids) == 0 {
+		return
+	}
+	e.mu.Lock()
+	scheds := e.scheds
+	e.mu.Unlock()
+	if scheds == nil {
+		return
+	}
+	set := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		set[id] = true
+	}
+	for _, s := range scheds {
+		s.CancelSteps(set, ErrInstanceCancelled)
+	}
 }
 
 // QueueStats are one queue's instance counts.

@@ -368,6 +368,77 @@ func TestCancelFencesARunningStepAndJoinsTheParent(t *testing.T) {
 	require.ErrorIs(t, b.eng.Cancel(ctx, 99999, ""), gendurable.ErrNotFound)
 }
 
+// TestACancelThroughThisEngineEndsItsRunningStepAtOnce: a cancel through
+// the engine that runs the step cancels the step's context as it commits,
+// with cause ErrInstanceCancelled, and drops a claim of a cancelled
+// instance waiting in the buffer (its step never runs). Before, the step
+// ran on until the next heartbeat found its lease gone (a River user's
+// probe: 20 s at the defaults, with cause ErrLeaseLost), and a buffered
+// claim ran its step, to be fenced out.
+func TestACancelThroughThisEngineEndsItsRunningStepAtOnce(t *testing.T) {
+	t.Parallel()
+	type ended struct {
+		n     int
+		cause error
+	}
+	ends := make(chan ended, 4)
+	var runs [4]atomic.Int32
+	job := &gendurable.Job[leafArgs]{Name: "ccancel", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		runs[j.State.N].Add(1)
+		<-ctx.Done()
+		ends <- ended{j.State.N, context.Cause(ctx)}
+		return ctx.Err()
+	}}
+	cfg := fastConfig("", job)
+	// Heartbeats far apart: only the cancel can end the steps in time.
+	cfg.LeaseDuration, cfg.HeartbeatInterval = time.Minute, 20*time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, Prefetch: 2, PollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.start()
+	ctx := context.Background()
+	var ids [4]int64
+	for n := range ids {
+		ids[n] = b.insert(job.New(leafArgs{N: n}))
+	}
+	// Two run, two wait in the buffer.
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 4
+	},
+		"four claimed")
+	eventually(t, 10*time.Second, func() bool { return runs[0].Load()+runs[1].Load()+runs[2].Load()+runs[3].Load() == 2 }, "two running")
+	var running, buffered []int64
+	for n, id := range ids {
+		if runs[n].Load() == 1 {
+			running = append(running, id)
+		} else {
+			buffered = append(buffered, id)
+		}
+	}
+	// The buffered ones first: their steps must never start.
+	res, err := b.eng.CancelMany(ctx, buffered, "")
+	require.NoError(t, err)
+	require.EqualValues(t, 2, res.Changed)
+	require.NoError(t, b.eng.Cancel(ctx, running[0], "one"))
+	_, err = b.eng.CancelMany(ctx, running[1:], "many")
+	require.NoError(t, err)
+	for range 2 {
+		select {
+		case e := <-ends:
+			require.ErrorIs(t, e.cause, gendurable.ErrInstanceCancelled, "step %d", e.n)
+			require.ErrorIs(t, e.cause, gendurable.ErrLeaseLost, "step %d: handled as a lost claim", e.n)
+		case <-time.After(10 * time.Second):
+			t.Fatal("a cancelled step is still running 10 s after its cancel")
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // slots free: a buffered claim would start now
+	for n, id := range ids {
+		if slices.Contains(buffered, id) {
+			require.Zero(t, runs[n].Load(), "instance %d, cancelled while its claim waited in the buffer, ran its step", id)
+		}
+		require.Equal(t, "failed", b.row(id).Status)
+	}
+}
+
 // TestPausedQueueIsNotPickedByAnyProcess: no engine picks a paused queue,
 // Queues and WaitReason say it is paused, and Resume lets it run.
 func TestPausedQueueIsNotPickedByAnyProcess(t *testing.T) {

@@ -560,6 +560,11 @@ func (e *Engine) cancelBatch(reason string) bulkBatch {
 		if err != nil {
 			return nil, 0, e.dbErr(ctx, err, "cancel") // one statement: nothing changed
 		}
+		cancelled := make([]int64, len(changed))
+		for i, c := range changed {
+			cancelled[i] = c.ID
+		}
+		e.cancelSteps(cancelled)
 		return changed, len(ids), nil
 	}
 }

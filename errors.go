@@ -65,6 +65,16 @@ var (
 	// "interrupted"), as for a step the engine's shutdown cancelled.
 	ErrLeaseLost = feeder.ErrLeaseLost
 
+	// ErrInstanceCancelled: the step's instance was cancelled through this
+	// engine ([Engine.Cancel], CancelMany, CancelMatching, CancelTree) while
+	// the step ran here; its context is cancelled with this cause as the
+	// cancel commits, and what it returns is fenced out. Its claim is gone,
+	// so it is an [ErrLeaseLost] too (errors.Is holds for both) and handled
+	// as one: Handle is not asked. A cancel through another engine reaches
+	// the step as a plain ErrLeaseLost, at this engine's next heartbeat
+	// (HeartbeatInterval).
+	ErrInstanceCancelled = feeder.ErrInstanceCancelled
+
 	// ErrEngineStopped: the engine is shutting down; in-flight step contexts
 	// are cancelled with this cause once the drain timeout passes.
 	ErrEngineStopped = executor.ErrEngineStopped

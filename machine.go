@@ -26,7 +26,9 @@ import (
 // engine stops, after its drain timeout ([ErrEngineStopped]); when the
 // machine's StepTimeout passes ([ErrStepTimeout]); or when the step's lease
 // is lost or cannot be confirmed in time ([ErrLeaseLost]) — an operator's
-// [Engine.Cancel] among the reasons, seen at the worker's next heartbeat.
+// [Engine.Cancel] among the reasons: through the engine running the step,
+// at once ([ErrInstanceCancelled], an ErrLeaseLost too); through another,
+// seen at the worker's next heartbeat.
 type StepFunc[S any] func(ctx context.Context, r *Run[S]) (Outcome, error)
 
 // HandleFunc decides what happens after a step returned an error or
@@ -35,8 +37,8 @@ type StepFunc[S any] func(ctx context.Context, r *Run[S]) (Outcome, error)
 //
 // Handle runs in the worker that ran the step, before its outcome is
 // written, so it can run for a step whose claim was taken away without the
-// worker knowing yet: an operator's Cancel, or a lease the reaper took
-// back, is learned at the worker's next heartbeat. Its outcome is then
+// worker knowing yet: an operator's Cancel through another engine, or a
+// lease the reaper took back, is learned at the worker's next heartbeat. Its outcome is then
 // fenced out like the step's, but what Handle does itself (an alert, a
 // refund) is done; fence such effects with [Run.Token] as a step would. A
 // step whose context the engine already cancelled for a lost lease or a
@@ -440,7 +442,10 @@ func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepE
 		// fault, so no attempt is counted and Handle is not asked. It runs
 		// again as is. (If the claim no longer holds, the fence drops this.)
 		why := "interrupted by engine shutdown: "
-		if errors.Is(cause, ErrLeaseLost) {
+		switch {
+		case errors.Is(cause, ErrInstanceCancelled):
+			why = "interrupted: its instance was cancelled: "
+		case errors.Is(cause, ErrLeaseLost):
 			why = "interrupted: its lease could not be confirmed in time: "
 		}
 		if !errors.Is(stepErr, cause) {

@@ -11,6 +11,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -170,6 +171,11 @@ const maxErrorBackoff = 2 * time.Second
 
 // ErrLeaseLost is the cancellation cause of a step whose lease is gone.
 var ErrLeaseLost = errors.New("gendurable: lease lost")
+
+// ErrInstanceCancelled is the cause of a step whose instance was cancelled
+// through this process (CancelSteps): its claim is gone, so it is an
+// ErrLeaseLost too, and handled as one.
+var ErrInstanceCancelled = fmt.Errorf("%w: its instance was cancelled", ErrLeaseLost)
 
 // held is one claim this feeder holds, keyed by its claim token: the same
 // instance may be claimed again (after its lease was reaped) while a zombie
@@ -425,6 +431,37 @@ func (s *Feeder) giveBack(u unstarted) {
 		s.mu.Unlock()
 		s.wake()
 	}
+}
+
+// CancelSteps cancels, with cause, the running steps of the instances in
+// ids (which an operator just cancelled: their claims are fenced out) and
+// drops their claims waiting in the buffer, which would only run a step
+// whose outcome is fenced out. A running step's claim stays held, and
+// heartbeated, until the step ends: its lease keeps its key's slot as long
+// as the step may still act (the heartbeat then finds it gone). It returns
+// how many steps it cancelled and claims it dropped.
+func (s *Feeder) CancelSteps(ids map[int64]bool, cause error) int {
+	s.mu.Lock()
+	n := 0
+	for token, h := range s.held {
+		if !ids[h.id] {
+			continue
+		}
+		n++
+		if h.running {
+			h.cancel(cause)
+			continue
+		}
+		s.loseLocked(token, h) // the row is finished: nothing to hand back
+	}
+	if n > 0 {
+		s.rearmLocked()
+	}
+	s.mu.Unlock()
+	if n > 0 {
+		s.wake() // a dropped claim frees a place
+	}
+	return n
 }
 
 // lostClaim is a claim given up: its instance, and whether its step had
