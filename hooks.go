@@ -47,7 +47,11 @@ type StepEvent struct {
 	Err        error         // the step's handled error (or panic), if any
 	Duration   time.Duration // user code plus outcome commit
 	Fenced     bool          // the claim token no longer matched: nothing was written
-	CommitErr  error         // the outcome could not be written at all (the lease will expire)
+	// CommitErr: the outcome was not confirmed — not written (the lease
+	// will expire), or its statement's (or a WithTx outcome's COMMIT's)
+	// answer was lost, and it may have been written; the message says
+	// which ("may have been written").
+	CommitErr error
 	// Interrupted: not the step's failure — the engine cancelled it (a
 	// Stop, a lease it could not confirm in time) or its transaction failed
 	// on its connection. It runs again, no attempt counted, Handle not

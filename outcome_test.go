@@ -880,3 +880,53 @@ func mustChildID(t *testing.T, b *testBundle, parent int64, i int) int64 {
 		parent, i).Scan(&id))
 	return id
 }
+
+// TestAWithTxCommitWhoseAnswerIsLostIsNotReportedFenced: a WithTx
+// outcome's COMMIT reaches the server and commits, its answer is lost, and
+// the lease is gone before the worker learns more: the step's event says
+// the outcome is not confirmed (CommitErr: it may have been written), not
+// Fenced ("nothing was written"). A cut-off probe: the committed WithTx
+// writes, and the outcome, were reported as fenced out in 5 of 5 runs. The
+// COMMIT is held on the server by a deferred trigger's sleep while the
+// worker's connections are stranded.
+func TestAWithTxCommitWhoseAnswerIsLostIsNotReportedFenced(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	var schema string // the test's, once known
+	m := &gendurable.Machine[int]{Name: "lostcommit", Start: "a", Steps: map[string]gendurable.StepFunc[int]{
+		"a": func(ctx context.Context, r *gendurable.Run[int]) (gendurable.Outcome, error) {
+			runs.Add(1)
+			return gendurable.Done(r.State).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, replaceSchema(`INSERT INTO {{s}}.side VALUES ($1)`, schema), r.ID)
+				return err
+			}), nil
+		},
+	}}
+	b := setup(t, nil, m)
+	schema = b.schema
+	b.exec(`CREATE TABLE {{s}}.side (id bigint)`)
+	b.exec(`CREATE FUNCTION {{s}}.slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$`)
+	b.exec(`CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON {{s}}.side DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {{s}}.slow()`)
+	log := &eventLog{}
+	cfg := fastConfig("", m)
+	cfg.Hooks = []gendurable.Hook{log}
+	_, proxy := b.proxiedEngine(cfg)
+	id := b.insert(m.New(7))
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query ILIKE 'commit%'`) > 0
+	}, "the WithTx transaction's COMMIT does not run the deferred trigger")
+	proxy.Strand()
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.JSONEq(t, "7", string(r.Result))
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.side WHERE id = $1`, id), "the WithTx write committed once")
+	var ev *gendurable.StepEvent
+	eventually(t, 20*time.Second, func() bool {
+		e, ok := findEvent(log, func(e *gendurable.StepEvent) bool { return e.InstanceID == id })
+		ev = e
+		return ok
+	}, "no event for the step whose commit answer was lost")
+	require.False(t, ev.Fenced, "reported fenced out (nothing written), yet its COMMIT committed")
+	require.Error(t, ev.CommitErr)
+	require.Contains(t, ev.CommitErr.Error(), "may have been written")
+	require.Equal(t, int32(1), runs.Load())
+}

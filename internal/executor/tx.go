@@ -39,8 +39,28 @@ func (r *run) commitTx(stepCtx context.Context, in *Input, res *Result) (*sqlq.A
 	defer cancel()
 	var retry backoff.Write
 	var retryUntil time.Time
+	// lostCommit: an attempt's COMMIT was sent and its answer lost, so it
+	// may have committed — and a later attempt then finds the claim gone
+	// because of it. Neither is "fenced, nothing written" (a cut-off
+	// probe: StepEvent.Fenced for WithTx writes that had committed).
+	var lostCommit error
+	maybe := func(err error) error {
+		if lostCommit == nil {
+			return err
+		}
+		switch {
+		case err == nil:
+			err = errors.New("a later attempt found the claim gone")
+		case err == lostCommit:
+			return fmt.Errorf("%w: %w", committer.ErrMaybeWritten, err)
+		}
+		return fmt.Errorf("%w (%w): %w", committer.ErrMaybeWritten, lostCommit, err)
+	}
 	for {
 		applied, fnErr, err := x.tryCommitTx(ctx, stepCtx, db, res, h)
+		if applied != nil && err != nil {
+			applied, lostCommit = nil, err
+		}
 		switch {
 		case errors.Is(fnErr, ErrInfrastructure):
 			*res = Result{StepErr: fnErr, Out: sqlq.Outcome{
@@ -51,30 +71,37 @@ func (r *run) commitTx(stepCtx context.Context, in *Input, res *Result) (*sqlq.A
 		case fnErr != nil:
 			*res = r.def.Handle(stepCtx, in, fnErr)
 			res.Out.ID, res.Out.Token = in.Claim.ID, in.Claim.Token
+		case err == nil && applied == nil && lostCommit != nil:
+			return nil, maybe(nil) // fenced now, perhaps by that commit
 		case err == nil:
 			return applied, nil
 		case sqlq.Rejected(err):
 			res.Out, res.TxFn = sqlq.RejectedStop(&res.Out, err), nil
 		case errors.Is(context.Cause(stepCtx), feeder.ErrLeaseLost):
-			return nil, nil
+			// Not confirmed, not fenced: the lease is gone, so no attempt
+			// more, and what this one (or an earlier one) did is unknown.
+			return nil, maybe(err)
 		}
 		if fnErr != nil || res.TxFn == nil {
 			// What to write instead is decided: an ordinary outcome.
 			h.Committing()
 			cr := x.cfg.Committer.Commit(&res.Out)
+			if cr.Applied == nil && (cr.Err != nil || lostCommit != nil) {
+				return nil, maybe(cr.Err)
+			}
 			return cr.Applied, cr.Err
 		}
 		if retryUntil.IsZero() {
 			retryUntil = time.Now().Add(x.cfg.Lease)
 		} else if time.Now().After(retryUntil) {
-			return nil, err
+			return nil, maybe(err)
 		}
 		if !retry.Wait(ctx) {
 			if x.cfg.Committer.Aborted().Err() != nil {
 				// Given up by a Stop out of time, as the committer's are.
 				err = fmt.Errorf("%w: %w", committer.ErrAborted, err)
 			}
-			return nil, err
+			return nil, maybe(err)
 		}
 	}
 }
