@@ -162,7 +162,9 @@ func (e *PanicError) Error() (msg string) {
 }
 
 // CancelError marks a job error as final: the job fails at once, without
-// further attempts. Create it with [JobCancel].
+// further attempts. Create it with [JobCancel]. A machine's step may return
+// it too: its default Handle stops the instance at once (a Handle of your
+// own decides for itself).
 type CancelError struct{ Err error }
 
 func (e *CancelError) Error() string {
@@ -178,7 +180,9 @@ func (e *CancelError) Unwrap() error { return e.Err }
 func JobCancel(err error) error { return &CancelError{Err: err} }
 
 // SnoozeError asks for a job to run again after a delay without counting an
-// attempt. Create it with [JobSnooze].
+// attempt. Create it with [JobSnooze]. A machine's step may return it too:
+// its default Handle replays the step after the delay without counting an
+// attempt (the error is in the history).
 type SnoozeError struct{ Delay time.Duration }
 
 func (e *SnoozeError) Error() string { return fmt.Sprintf("job snoozed for %s", e.Delay) }

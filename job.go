@@ -75,13 +75,7 @@ func (j *Job[T]) definition() (*machineCore, error) {
 				}
 				return Outcome{}, err
 			}},
-			Handle: func(ctx context.Context, r *Run[T], err error) (Outcome, error) {
-				var cancel *CancelError
-				if errors.As(err, &cancel) {
-					return Stop("cancelled"), nil
-				}
-				return j.m.defaultHandle(ctx, r, err)
-			},
+			// The default Handle: a JobCancel stops at once.
 		}
 	})
 	return j.m.definition()

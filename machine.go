@@ -82,7 +82,9 @@ type Machine[S any] struct {
 	Steps map[string]StepFunc[S]
 	// Handle decides the outcome after a failed step. Default: replay with
 	// exponential backoff and jitter (see Backoff) until MaxAttempts, then
-	// stop. The default's replay keeps the state as stored, byte for byte
+	// stop; an error wrapped with [JobCancel] stops at once ("cancelled"),
+	// and a [JobSnooze] replays after its delay without counting an attempt,
+	// as for a job. The default's replay keeps the state as stored, byte for byte
 	// (a Replay of r.State would store it re-encoded through this
 	// binary's S, without the fields it does not know).
 	Handle HandleFunc[S]
@@ -499,6 +501,19 @@ func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepE
 }
 
 func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Outcome, error) {
+	// JobCancel and JobSnooze from a machine's step mean what they mean
+	// from a job's Perform (a River user's probe: they were retried as
+	// plain errors, each counting an attempt).
+	var cancel *CancelError
+	if errors.As(err, &cancel) {
+		return Stop("cancelled"), nil
+	}
+	var snooze *SnoozeError
+	if errors.As(err, &snooze) && snooze.Delay >= 0 {
+		o := replayAsStored(snooze.Delay)
+		o.snooze = true
+		return o, nil
+	}
 	if r.Attempt+1 >= r.MaxAttempts {
 		return Stop(fmt.Sprintf("attempts exhausted (%d of %d)", r.Attempt+1, r.MaxAttempts)), nil
 	}

@@ -868,3 +868,36 @@ func TestStepEventNamesEveryOutcome(t *testing.T) {
 		require.Equal(t, want, ev.Outcome, step)
 	}
 }
+
+// TestAMachineStepsJobCancelAndJobSnoozeMeanWhatTheyDoForAJob: under the
+// default Handle, a machine's step returning an error wrapped with
+// JobCancel fails at once, and one returning JobSnooze runs again after the
+// delay without counting an attempt. Before, both were retried as plain
+// errors, each counting an attempt (a River user's probe: three runs and
+// "job cancelled: permanent" in the history).
+func TestAMachineStepsJobCancelAndJobSnoozeMeanWhatTheyDoForAJob(t *testing.T) {
+	t.Parallel()
+	var cancelRuns, snoozeRuns atomic.Int32
+	m := &gendurable.Machine[orderArgs]{Name: "jobish", Start: "a", MaxAttempts: 3, Steps: map[string]gendurable.StepFunc[orderArgs]{
+		"a": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			if r.State.I == 0 {
+				cancelRuns.Add(1)
+				return gendurable.Outcome{}, gendurable.JobCancel(errors.New("permanent"))
+			}
+			if snoozeRuns.Add(1) <= 4 { // more snoozes than MaxAttempts
+				return gendurable.Outcome{}, gendurable.JobSnooze(20 * time.Millisecond)
+			}
+			return gendurable.Done(nil), nil
+		},
+	}}
+	b := setup(t, nil, m)
+	b.start()
+	cancelled := b.insert(m.New(orderArgs{I: 0}))
+	snoozed := b.insert(m.New(orderArgs{I: 1}))
+	r := b.waitStatus(cancelled, "failed", 10*time.Second)
+	require.Equal(t, int32(1), cancelRuns.Load(), "a JobCancel is not retried")
+	require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "stopped: cancelled")
+	r = b.waitStatus(snoozed, "done", 10*time.Second)
+	require.Equal(t, int32(5), snoozeRuns.Load())
+	require.Equal(t, 0, r.Attempt, "a snooze counts no attempt")
+}
