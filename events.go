@@ -77,6 +77,10 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 			}
 		}
 		e.log.Error("gendurable: "+msg+": if it was not written, the step runs again after its lease expires", attrs...)
+	case ev.Fenced && errors.Is(res.StepErr, ErrInstanceCancelled):
+		// This engine's own cancel ended the step (logged as it was made).
+		e.log.Info("gendurable: outcome of a cancelled instance's step fenced out, as the cancel meant",
+			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
 	case ev.Fenced:
 		e.log.Warn("gendurable: outcome fenced out: the claim no longer holds the instance (its lease was lost, or an operator moved it)",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step)
