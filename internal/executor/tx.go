@@ -78,9 +78,13 @@ func (r *run) commitTx(stepCtx context.Context, in *Input, res *Result) (*sqlq.A
 		case sqlq.Rejected(err):
 			res.Out, res.TxFn = sqlq.RejectedStop(&res.Out, err), nil
 		case errors.Is(context.Cause(stepCtx), feeder.ErrLeaseLost):
-			// Not confirmed, not fenced: the lease is gone, so no attempt
-			// more, and what this one (or an earlier one) did is unknown.
-			return nil, maybe(err)
+			// The lease is gone (or this engine cancelled the instance): no
+			// attempt more. Without a COMMIT sent, nothing was written;
+			// after one whose answer was lost, it may have been.
+			if lostCommit != nil {
+				return nil, maybe(err)
+			}
+			return nil, nil
 		}
 		if fnErr != nil || res.TxFn == nil {
 			// What to write instead is decided: an ordinary outcome.
