@@ -401,8 +401,12 @@ func (e *Engine) DescribeWith(ctx context.Context, id int64, o DescribeOptions) 
 // Cancel fails a live instance at once, recording reason in its error
 // history: its inbox is consumed, a parent counts it as finished, and a
 // worker still running one of its steps is fenced out (its outcome changes
-// nothing). The fenced step may still run until its worker's next
-// heartbeat, so the instance keeps that step's lease until it ends — its
+// nothing). A step this engine runs has its context cancelled as the
+// cancel commits ([ErrInstanceCancelled]; so does one whose claim a pick or
+// a key hand-off in flight brings in afterwards, and a claim of it waiting
+// for a slot is dropped, its step never started); one running in another
+// process may run until its worker's next heartbeat. Either way the
+// instance keeps that step's lease until it ends — its
 // key's slot, its place in its queue's GlobalConcurrency; a prune keeps it
 // until then, and a retry before then waits for it ([Engine.Retry]).
 // [ErrNotFound], or [ErrNotCancellable] for a finished instance; a reason

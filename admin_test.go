@@ -439,6 +439,60 @@ func TestACancelThroughThisEngineEndsItsRunningStepAtOnce(t *testing.T) {
 	}
 }
 
+// TestACancelWhileThePicksAnswerIsInFlightKeepsTheStepFromStarting: the
+// cancel commits after a pick claimed the row and before the feeder took
+// the pick's answer in, so it finds no claim to cancel; the claim, when it
+// arrives, is handed back (fenced: the row stays failed), and the step
+// never starts. A review held the answer so and saw the step start and run
+// until the next heartbeat, 20 s later.
+func TestACancelWhileThePicksAnswerIsInFlightKeepsTheStepFromStarting(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	job := &gendurable.Job[leafArgs]{Name: "ccancelpick", Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+		runs.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	}}
+	tr := &holdPickAnswer{held: make(chan struct{}), release: make(chan struct{})}
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = time.Minute, 20*time.Second
+	b := setupTraced(t, tr, cfg, job)
+	b.start()
+	ctx := context.Background()
+	tr.armed.Store(true)
+	id := b.insert(job.New(leafArgs{}))
+	select {
+	case <-tr.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no pick claimed the row")
+	}
+	require.NoError(t, b.eng.Cancel(ctx, id, "while the pick's answer was on its way"))
+	close(tr.release)
+	time.Sleep(time.Second)
+	require.Zero(t, runs.Load(), "the cancelled instance's step started")
+	require.Equal(t, "failed", b.row(id).Status)
+}
+
+// holdPickAnswer, once armed, holds the first pick that claimed rows after
+// its answer arrived, before the feeder takes it in, until release.
+type holdPickAnswer struct {
+	armed         atomic.Bool
+	held, release chan struct{}
+}
+
+func (h *holdPickAnswer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, holdPickKey{}, strings.Contains(d.SQL, "gendurable_pick("))
+}
+
+func (h *holdPickAnswer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if pick, _ := ctx.Value(holdPickKey{}).(bool); pick && d.Err == nil && d.CommandTag.RowsAffected() > 0 && h.armed.CompareAndSwap(true, false) {
+		close(h.held)
+		<-h.release
+	}
+}
+
+type holdPickKey struct{}
+
 // TestPausedQueueIsNotPickedByAnyProcess: no engine picks a paused queue,
 // Queues and WaitReason say it is paused, and Resume lets it run.
 func TestPausedQueueIsNotPickedByAnyProcess(t *testing.T) {

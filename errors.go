@@ -68,7 +68,9 @@ var (
 	// ErrInstanceCancelled: the step's instance was cancelled through this
 	// engine ([Engine.Cancel], CancelMany, CancelMatching, CancelTree) while
 	// the step ran here; its context is cancelled with this cause as the
-	// cancel commits, and what it returns is fenced out. Its claim is gone,
+	// cancel commits (or as a claim of it that a pick or a key hand-off had
+	// in flight arrives: such a claim is handed back, its step not
+	// started), and what it returns is fenced out. Its claim is gone,
 	// so it is an [ErrLeaseLost] too (errors.Is holds for both) and handled
 	// as one: Handle is not asked. A cancel through another engine reaches
 	// the step as a plain ErrLeaseLost, at this engine's next heartbeat

@@ -415,13 +415,15 @@ func (e *Engine) wake(ps []InsertParams, inTx bool) {
 					s.KickAt(at)
 				case p.opts.PartitionKey == "":
 					s.KickBelow(at) // eligible already, maybe below the pick's floor
-					if inTx {
-						s.Hurry()
-					}
-				case inTx:
-					s.Hurry()
-				default:
+				case !inTx:
 					s.Kick() // keyed rows have no floor
+				}
+				if inTx {
+					// The commit may come after the row's time: the wake
+					// at it would find nothing, so the polls are hurried
+					// too (a review: a RunIn of 50 ms committed 300 ms
+					// later waited for the idle poll).
+					s.Hurry()
 				}
 			}
 			continue

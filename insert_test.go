@@ -605,30 +605,38 @@ func (panicMarshaler) MarshalJSON() ([]byte, error) { panic("marshal boom") }
 // caller's commit, so an InsertTx (or InsertManyTx) sets the feeder's polls
 // back to the busy interval, doubling from there while they find nothing;
 // a transaction committed 300 ms after its insert has its row started
-// within about 2 × 300 ms + 25 ms. Before, the pick the insert kicked ran
-// before the commit, found nothing, and the row waited for the idle poll
-// (a River user's probe: 0.4 to 4 s at the defaults; 20 s here).
+// within about 2 × 300 ms + 25 ms — a row due before the commit (RunIn
+// 50 ms) too. Before, the pick the insert kicked ran before the commit,
+// found nothing, and the row waited for the idle poll (a River user's
+// probe: 0.4 to 4 s at the defaults; 20 s here). The hurry asks for no
+// pick of its own: 200 InsertTx calls in one transaction send a handful
+// of picks, not one each (a review counted 1,067 for 2,000).
 func TestAnInsertTxIsPickedSoonAfterItsCommit(t *testing.T) {
 	t.Parallel()
-	started := make(chan time.Time, 4)
+	started := make(chan time.Time, 512)
 	job := &gendurable.Job[orderArgs]{Name: "txwake", Perform: func(context.Context, *gendurable.Run[orderArgs]) error {
 		started <- time.Now()
 		return nil
 	}}
 	idle := gendurable.QueueConfig{Concurrency: 2, BusyPollInterval: 25 * time.Millisecond, PollInterval: 20 * time.Second, MaxPollInterval: 20 * time.Second}
-	b := setup(t, &gendurable.Config{Machines: []gendurable.Definition{job}, Queues: map[string]gendurable.QueueConfig{"a": idle, "b": idle}})
+	picks := &queuePicks{queue: "d"}
+	b := setupTraced(t, picks, &gendurable.Config{Machines: []gendurable.Definition{job},
+		Queues: map[string]gendurable.QueueConfig{"a": idle, "b": idle, "c": idle, "d": idle}})
 	b.start()
 	ctx := context.Background()
-	time.Sleep(300 * time.Millisecond) // both queues' first picks found nothing: idle, next poll in 20 s
+	time.Sleep(300 * time.Millisecond) // every queue's first pick found nothing: idle, next poll in 20 s
 
-	for _, q := range []string{"a", "b"} {
+	for _, q := range []string{"a", "b", "c"} {
 		tx, err := b.pool.Begin(ctx)
 		require.NoError(t, err)
 		p := job.New(orderArgs{}).With(gendurable.InsertOpts{Queue: q})
-		if q == "a" {
+		switch q {
+		case "a":
 			_, err = b.eng.InsertTx(ctx, tx, p)
-		} else {
+		case "b":
 			_, err = b.eng.InsertManyTx(ctx, tx, []gendurable.InsertParams{p, p})
+		case "c": // due before the commit
+			_, err = b.eng.InsertTx(ctx, tx, p.With(gendurable.InsertOpts{Queue: q, RunIn: 50 * time.Millisecond}))
 		}
 		require.NoError(t, err)
 		time.Sleep(300 * time.Millisecond)
@@ -646,4 +654,36 @@ func TestAnInsertTxIsPickedSoonAfterItsCommit(t *testing.T) {
 			<-started
 		}
 	}
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	before := picks.n.Load()
+	began := time.Now()
+	for range 200 {
+		_, err = b.eng.InsertTx(ctx, tx, job.New(orderArgs{}).With(gendurable.InsertOpts{Queue: "d"}))
+		require.NoError(t, err)
+	}
+	took := time.Since(began)
+	sent := picks.n.Load() - before
+	require.NoError(t, tx.Commit(ctx))
+	// One poll per 25 ms at most while the calls go on, and a few more.
+	require.LessOrEqual(t, sent, int64(took/(25*time.Millisecond))+5, "picks of queue d during 200 InsertTx calls over %s", took)
+	for range 200 {
+		<-started
+	}
 }
+
+// queuePicks counts the picks of one queue.
+type queuePicks struct {
+	queue string
+	n     atomic.Int64
+}
+
+func (q *queuePicks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "gendurable_pick(") && len(d.Args) > 0 && d.Args[0] == q.queue {
+		q.n.Add(1)
+	}
+	return ctx
+}
+
+func (q *queuePicks) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

@@ -222,12 +222,16 @@ type Feeder struct {
 	// step does not pay for a new goroutine and its stack growth.
 	work chan stepJob
 
-	mu       sync.Mutex
-	held     map[int64]*held  // by claim token
-	buffer   []sqlq.Claimed   // claimed, not yet started, in pick order
-	paced    map[string]*pace // rated keys' buckets of this process's starts (paceLocked)
-	paceWake time.Time        // when the earliest paced row may start (zero: none waits); Run dispatches then
-	inFlight int
+	mu   sync.Mutex
+	held map[int64]*held // by claim token
+	// cancelled: instances cancelled through this process (CancelSteps),
+	// when; kept for two leases, for claims of them a statement in flight
+	// at the cancel brings back afterwards (cancelledSinceLocked).
+	cancelled map[int64]time.Time
+	buffer    []sqlq.Claimed   // claimed, not yet started, in pick order
+	paced     map[string]*pace // rated keys' buckets of this process's starts (paceLocked)
+	paceWake  time.Time        // when the earliest paced row may start (zero: none waits); Run dispatches then
+	inFlight  int
 	// committing counts detached steps whose outcome is not committed yet.
 	committing int
 	// abandoned counts running steps given up on (see Holder.Abandon).
@@ -296,10 +300,11 @@ type Feeder struct {
 func New(cfg Config, q *sqlq.Queries, db sqlq.DB, exec Executor, ev Events, log *slog.Logger) *Feeder {
 	s := &Feeder{
 		cfg: cfg, q: q, db: db, exec: exec, ev: ev, log: log,
-		kick:   make(chan struct{}, 1),
-		unmark: make(chan struct{}, 1),
-		work:   make(chan stepJob, cfg.Concurrency),
-		held:   make(map[int64]*held),
+		kick:      make(chan struct{}, 1),
+		unmark:    make(chan struct{}, 1),
+		work:      make(chan stepJob, cfg.Concurrency),
+		held:      make(map[int64]*held),
+		cancelled: map[int64]time.Time{},
 		// Not zero: dispatch waits while the leases look unconfirmed.
 		lastBeat: time.Now(),
 	}
@@ -442,6 +447,15 @@ func (s *Feeder) giveBack(u unstarted) {
 // how many steps it cancelled and claims it dropped.
 func (s *Feeder) CancelSteps(ids map[int64]bool, cause error) int {
 	s.mu.Lock()
+	now := time.Now()
+	for id, at := range s.cancelled {
+		if now.Sub(at) > 2*s.cfg.Lease {
+			delete(s.cancelled, id)
+		}
+	}
+	for id := range ids {
+		s.cancelled[id] = now
+	}
 	n := 0
 	for token, h := range s.held {
 		if !ids[h.id] {
@@ -462,6 +476,16 @@ func (s *Feeder) CancelSteps(ids map[int64]bool, cause error) int {
 		s.wake() // a dropped claim frees a place
 	}
 	return n
+}
+
+// cancelledSinceLocked reports whether instance id was cancelled through
+// this process (CancelSteps) at or after t: a claim of it that a statement
+// sent at t brings back may predate the cancel, and its step must not run
+// (the cancel found no claim of it to cancel: it was in flight). The
+// caller holds s.mu.
+func (s *Feeder) cancelledSinceLocked(id int64, t time.Time) bool {
+	at, ok := s.cancelled[id]
+	return ok && !at.Before(t)
 }
 
 // lostClaim is a claim given up: its instance, and whether its step had
@@ -510,10 +534,12 @@ func (s *Feeder) Kick() {
 // at once may not see them, and the idle backoff (up to MaxPollInterval)
 // would leave them waiting. A transaction that commits d after the insert
 // has its rows picked about 2d plus BusyPollInterval after it, at most.
+//
+// It asks for no pick itself (a loop of InsertTx calls would send one each,
+// for rows not committed yet): the next poll, a busy interval away, looks.
 func (s *Feeder) Hurry() {
 	s.mu.Lock()
-	s.more, s.hurry = true, true
-	s.short.Store(false)
+	s.hurry = true
 	s.mu.Unlock()
 	s.wake()
 }
@@ -632,7 +658,8 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		s.dispatch(workCtx)
 
 		s.mu.Lock()
-		if s.hurry {
+		hurried := s.hurry
+		if hurried {
 			s.hurry = false
 			interval = s.busyPoll()
 			pollAt = time.Now().Add(interval)
@@ -641,8 +668,9 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		idle := s.inFlight+len(s.buffer) == 0 && s.committing == 0
 		// Pick when there is room (at least MinDemand, or anything when
 		// idle) and a reason to look: a full last pick, a kick, a poll tick,
-		// or an idle queue.
-		shouldPick := demand > 0 && (demand >= s.cfg.MinDemand || idle) && (s.more || idle) && !time.Now().Before(retryAt)
+		// or an idle queue — not a Hurry's wake alone, which only moved
+		// the poll.
+		shouldPick := demand > 0 && (demand >= s.cfg.MinDemand || idle) && (s.more || (idle && !hurried)) && !time.Now().Before(retryAt)
 		if shouldPick {
 			s.more = false // cleared first: a kick during the pick is not lost
 		}
@@ -992,12 +1020,22 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
+	var back unstarted
 	for i := range rows {
 		c := &rows[i]
+		if s.cancelledSinceLocked(c.ID, start) {
+			// Cancelled while the pick was in flight: handed back, fenced
+			// by its token (a claim the cancel overtook changes nothing).
+			back.add(c.ID, c.Token)
+			continue
+		}
 		c.Buffered = now
 		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease)}
+		s.buffer = append(s.buffer, *c)
 	}
-	s.buffer = append(s.buffer, rows...)
+	if len(back.ids) > 0 {
+		s.goGiveBackLocked(back)
+	}
 	s.armLocked(start.Add(s.cfg.Lease))
 }
 
@@ -1552,7 +1590,7 @@ func (h *holder) Continue(oldToken, newToken int64) bool {
 	// its place could be another step's. The timer gives the claim up.
 	now := time.Now()
 	deadline := e.committingAt.Add(h.s.cfg.Lease)
-	if !deadline.After(now) || !e.deadline.After(now) {
+	if !deadline.After(now) || !e.deadline.After(now) || h.s.cancelledSinceLocked(e.id, e.committingAt) {
 		return false
 	}
 	delete(h.s.held, oldToken)
@@ -1600,7 +1638,7 @@ func (h *holder) HandOff(oldToken int64, next *sqlq.Claimed) bool {
 	// The outcome statement gave next its lease; it was sent after
 	// committingAt.
 	deadline := e.committingAt.Add(s.cfg.Lease)
-	if !deadline.After(time.Now()) {
+	if !deadline.After(time.Now()) || s.cancelledSinceLocked(next.ID, e.committingAt) {
 		return false
 	}
 	delete(s.held, oldToken)
