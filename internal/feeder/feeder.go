@@ -238,7 +238,9 @@ type Feeder struct {
 	abandoned int
 	more      bool // the last pick was full, or an outcome made work runnable or freed a key's slot
 	hurry     bool // Hurry: poll from BusyPollInterval again, doubling while the picks find nothing
-	released  int  // rows handed back when Run stopped
+	// pollAt is Run's next poll (UnixNano), for Hurry.
+	pollAt   atomic.Int64
+	released int // rows handed back when Run stopped
 	// releaseFailed rows were not handed back when Run stopped: the
 	// statement failed with releaseErr.
 	releaseFailed int
@@ -448,11 +450,7 @@ func (s *Feeder) giveBack(u unstarted) {
 func (s *Feeder) CancelSteps(ids map[int64]bool, cause error) int {
 	s.mu.Lock()
 	now := time.Now()
-	for id, at := range s.cancelled {
-		if now.Sub(at) > 2*s.cfg.Lease {
-			delete(s.cancelled, id)
-		}
-	}
+	s.pruneCancelledLocked(now)
 	for id := range ids {
 		s.cancelled[id] = now
 	}
@@ -476,6 +474,24 @@ func (s *Feeder) CancelSteps(ids map[int64]bool, cause error) int {
 		s.wake() // a dropped claim frees a place
 	}
 	return n
+}
+
+// pruneCancelledLocked forgets the cancels older than two leases: no
+// statement sent before one is still in flight (a pick's, and an outcome's
+// try, run within a lease). Run by CancelSteps and every heartbeat, so a
+// large bulk cancel's ids are not kept past that. The caller holds s.mu.
+func (s *Feeder) pruneCancelledLocked(now time.Time) {
+	if len(s.cancelled) == 0 {
+		return
+	}
+	for id, at := range s.cancelled {
+		if now.Sub(at) > 2*s.cfg.Lease {
+			delete(s.cancelled, id)
+		}
+	}
+	if len(s.cancelled) == 0 {
+		s.cancelled = map[int64]time.Time{} // a map does not shrink
+	}
 }
 
 // cancelledSinceLocked reports whether instance id was cancelled through
@@ -537,11 +553,17 @@ func (s *Feeder) Kick() {
 //
 // It asks for no pick itself (a loop of InsertTx calls would send one each,
 // for rows not committed yet): the next poll, a busy interval away, looks.
+//
+// The loop is woken only when its next poll is further off than the busy
+// interval: a stream of calls wakes it about once per interval, not once
+// each (a wake of an idle loop picks).
 func (s *Feeder) Hurry() {
 	s.mu.Lock()
 	s.hurry = true
 	s.mu.Unlock()
-	s.wake()
+	if time.Until(time.Unix(0, s.pollAt.Load())) > s.busyPoll() {
+		s.wake()
+	}
 }
 
 // KickBelow wakes the loop for a row this process made eligible since t, a
@@ -644,6 +666,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 	// restart it, or a busy feeder would never look for other processes'
 	// inserts.
 	pollAt := time.Now().Add(interval)
+	s.pollAt.Store(pollAt.UnixNano())
 	// busyUntil: a queue whose picks found rows within the last PollInterval
 	// is busy. Its empty picks (a finished step wakes the feeder, the queue
 	// has just drained) keep the busy interval instead of backing off, so
@@ -660,9 +683,15 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		s.mu.Lock()
 		hurried := s.hurry
 		if hurried {
+			// The poll only ever moves earlier: hurries closer together
+			// than the busy interval must not keep pushing it off (a
+			// review: a stream of InsertTx calls stopped the polls).
 			s.hurry = false
 			interval = s.busyPoll()
-			pollAt = time.Now().Add(interval)
+			if at := time.Now().Add(interval); at.Before(pollAt) {
+				pollAt = at
+				s.pollAt.Store(pollAt.UnixNano())
+			}
 		}
 		demand := s.demandLocked()
 		idle := s.inFlight+len(s.buffer) == 0 && s.committing == 0
@@ -703,6 +732,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 				failures = 0
 			}
 			pollAt = time.Now().Add(interval)
+			s.pollAt.Store(pollAt.UnixNano())
 			if full {
 				s.mu.Lock()
 				s.more = true
@@ -752,6 +782,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 			// paced row, is seen at the top of the loop.
 			if !time.Now().Before(pollAt) {
 				pollAt = time.Now().Add(interval)
+				s.pollAt.Store(pollAt.UnixNano())
 				s.mu.Lock()
 				s.more = true
 				s.mu.Unlock()
@@ -1469,6 +1500,7 @@ func clearTimeout(heartbeat, lease time.Duration) time.Duration {
 
 func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	s.mu.Lock()
+	s.pruneCancelledLocked(time.Now())
 	if len(s.held) == 0 {
 		s.confirmed(time.Now())
 		s.mu.Unlock()
