@@ -442,8 +442,9 @@ func (s *Feeder) giveBack(u unstarted) {
 
 // CancelSteps cancels, with cause, the running steps of the instances in
 // ids (which an operator just cancelled: their claims are fenced out) and
-// drops their claims waiting in the buffer, which would only run a step
-// whose outcome is fenced out. A running step's claim stays held, and
+// drops their claims whose steps have not started — buffered, or
+// dispatched to a worker that has not begun them — which would only run a
+// step whose outcome is fenced out. A running step's claim stays held, and
 // heartbeated, until the step ends: its lease keeps its key's slot as long
 // as the step may still act (the heartbeat then finds it gone). It returns
 // how many steps it cancelled and claims it dropped.
@@ -460,11 +461,14 @@ func (s *Feeder) CancelSteps(ids map[int64]bool, cause error) int {
 			continue
 		}
 		n++
-		if h.running {
+		if h.running && h.started {
 			h.cancel(cause)
 			continue
 		}
-		s.loseLocked(token, h) // the row is finished: nothing to hand back
+		// Buffered, or handed to a worker goroutine that has not begun it
+		// (startable then finds it gone): its step never starts. The row
+		// is finished: nothing to hand back.
+		s.loseLocked(token, h)
 	}
 	if n > 0 {
 		s.rearmLocked()
