@@ -232,6 +232,13 @@ type run struct {
 // nil and what to tell the feeder.
 func (r *run) step(ctx context.Context, c *sqlq.Claimed, mayChain bool) (*sqlq.Claimed, feeder.Result) {
 	x, h := r.x, r.h
+	if !h.Begin(ctx) {
+		// Cancelled through this engine after the claim was taken (a
+		// chained or handed-off claim, or one a worker had not begun):
+		// the cancel took its token, so there is nothing to write, and
+		// the step must not start after the cancel returned (a probe).
+		return nil, feeder.Result{}
+	}
 	start := time.Now()
 	in := r.input(c)
 	res, ok := r.runStep(ctx, in)

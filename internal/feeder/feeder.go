@@ -137,6 +137,12 @@ type Holder interface {
 	// (changing nothing) if the executor has returned already. Call it
 	// from any goroutine, at most once per step.
 	Abandon() (slots int, ok bool)
+	// Begin reports whether the step of the claim held now may start: false
+	// once its instance was cancelled through this process (CancelSteps),
+	// which then has nothing more to do with it — the claim is dead, its
+	// step must not run. Decided under the feeder's lock: a cancel after a
+	// true answer cancels a step that has begun.
+	Begin(ctx context.Context) bool
 }
 
 // Events receives what the feeder observes. Methods are called from the
@@ -1683,6 +1689,12 @@ func (h *holder) HandOff(oldToken int64, next *sqlq.Claimed) bool {
 	h.token = next.Token
 	s.armLocked(deadline) // as in Continue
 	return true
+}
+
+func (h *holder) Begin(ctx context.Context) bool {
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	return !errors.Is(context.Cause(ctx), ErrInstanceCancelled)
 }
 
 func (h *holder) Abandon() (int, bool) {
