@@ -452,9 +452,8 @@ func (s *Feeder) giveBack(u unstarted) {
 // dispatched to a worker that has not begun them — which would only run a
 // step whose outcome is fenced out. A running step's claim stays held, and
 // heartbeated, until the step ends: its lease keeps its key's slot as long
-// as the step may still act (the heartbeat then finds it gone). It returns
-// how many steps it cancelled and claims it dropped.
-func (s *Feeder) CancelSteps(ids map[int64]bool, cause error) int {
+// as the step may still act (the heartbeat then finds it gone).
+func (s *Feeder) CancelSteps(ids map[int64]bool, cause error) {
 	s.mu.Lock()
 	now := time.Now()
 	s.pruneCancelledLocked(now)
@@ -483,7 +482,6 @@ func (s *Feeder) CancelSteps(ids map[int64]bool, cause error) int {
 	if n > 0 {
 		s.wake() // a dropped claim frees a place
 	}
-	return n
 }
 
 // pruneCancelledLocked forgets the cancels older than two leases: no
@@ -675,8 +673,9 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 	// or a tick happens: kicks (every finished step sends one) must not
 	// restart it, or a busy feeder would never look for other processes'
 	// inserts.
-	pollAt := time.Now().Add(interval)
-	s.pollAt.Store(pollAt.UnixNano())
+	var pollAt time.Time
+	setPoll := func(t time.Time) { pollAt = t; s.pollAt.Store(t.UnixNano()) } // Hurry reads it
+	setPoll(time.Now().Add(interval))
 	// busyUntil: a queue whose picks found rows within the last PollInterval
 	// is busy. Its empty picks (a finished step wakes the feeder, the queue
 	// has just drained) keep the busy interval instead of backing off, so
@@ -699,8 +698,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 			s.hurry = false
 			interval = s.busyPoll()
 			if at := time.Now().Add(interval); at.Before(pollAt) {
-				pollAt = at
-				s.pollAt.Store(pollAt.UnixNano())
+				setPoll(at)
 			}
 		}
 		demand := s.demandLocked()
@@ -741,8 +739,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 			default:
 				failures = 0
 			}
-			pollAt = time.Now().Add(interval)
-			s.pollAt.Store(pollAt.UnixNano())
+			setPoll(time.Now().Add(interval))
 			if full {
 				s.mu.Lock()
 				s.more = true
@@ -791,8 +788,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 			// The poll tick: look again. A wake of a row of ours, or of a
 			// paced row, is seen at the top of the loop.
 			if !time.Now().Before(pollAt) {
-				pollAt = time.Now().Add(interval)
-				s.pollAt.Store(pollAt.UnixNano())
+				setPoll(time.Now().Add(interval))
 				s.mu.Lock()
 				s.more = true
 				s.mu.Unlock()
