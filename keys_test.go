@@ -95,6 +95,157 @@ func TestKeyLimitsHoldAcrossEngines(t *testing.T) {
 	}
 }
 
+// TestABusyWorkerLeavesKeyedRowsToAnIdleOne: a worker whose running slots
+// are all busy claims no keyed row into its prefetch buffer, where the claim
+// would hold its key's slot: another engine with workers free runs the keys'
+// rows while the first one's step goes on. Before, the first engine claimed
+// them behind its busy slot and held them, heartbeated, until its own step
+// ended (a probe: another process idle for 11–27 s).
+func TestABusyWorkerLeavesKeyedRowsToAnIdleOne(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var enterOnce sync.Once
+	hog := &gendurable.Job[spanArgs]{Name: "hog", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		enterOnce.Do(func() { close(entered) })
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	keyed := &gendurable.Job[spanArgs]{Name: "keyed", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		return nil
+	}}
+	cfg := fastConfig("", hog, keyed)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	defer close(release)
+	b.insert(hog.New(spanArgs{}))
+	b.start()
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the hog's step did not start")
+	}
+	var ids []int64
+	for i := range 4 {
+		ids = append(ids, b.insert(keyed.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("k", i)})))
+	}
+	// The busy engine polls every 20 ms, with room for 4 in its buffer.
+	time.Sleep(400 * time.Millisecond)
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NOT NULL AND status <> 'runnable'`),
+		"keyed rows claimed by an engine with no running slot free")
+
+	cfg2 := b.eng.Config()
+	cfg2.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, PollInterval: 20 * time.Millisecond}}
+	cfg2.Logger = testLogger(t)
+	eng2, err := gendurable.New(b.pool, &cfg2)
+	require.NoError(t, err)
+	require.NoError(t, eng2.Start(context.Background()))
+	t.Cleanup(func() { _ = eng2.Stop(context.Background()) })
+	for _, id := range ids {
+		b.waitStatus(id, "done", 10*time.Second) // while the hog's step still runs
+	}
+}
+
+// TestAKeyedClaimThatWaitsTooLongGoesBack: a worker whose steps were
+// ending quickly claims keyed rows ahead of its free slots; when its one
+// slot then sticks in a long step, the claims it holds go back (no attempt
+// counted) once they have waited twice the horizon they were claimed for,
+// it claims them no more, and another engine runs them while the long
+// step goes on.
+func TestAKeyedClaimThatWaitsTooLongGoesBack(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var enterOnce sync.Once
+	hog := &gendurable.Job[spanArgs]{Name: "hog", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		enterOnce.Do(func() { close(entered) })
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	quick := &gendurable.Job[spanArgs]{Name: "quick", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		return nil
+	}}
+	cfg := fastConfig("", hog, quick)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	defer close(release)
+	var ps []gendurable.InsertParams
+	for range 30 {
+		ps = append(ps, quick.New(spanArgs{}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.insert(hog.New(spanArgs{}).With(gendurable.InsertOpts{RunAt: time.Now().Add(time.Second)}))
+	b.start()
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the hog's step did not start")
+	}
+	var ids []int64
+	for i := range 4 {
+		ids = append(ids, b.insert(quick.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("k", i)})))
+	}
+	claimed := `SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NOT NULL AND status = 'executing'`
+	eventually(t, 5*time.Second, func() bool { return b.count(claimed) > 0 },
+		"the busy engine, its slot turning over a moment ago, claims keyed rows ahead of it")
+	// Handed back two horizons (2 s) after they were claimed, and not claimed again.
+	eventually(t, 10*time.Second, func() bool { return b.count(claimed) == 0 }, "the keyed claims went back")
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, b.count(claimed), "keyed rows claimed again by the engine whose slot is stuck")
+
+	cfg2 := b.eng.Config()
+	cfg2.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, PollInterval: 20 * time.Millisecond}}
+	cfg2.Logger = testLogger(t)
+	eng2, err := gendurable.New(b.pool, &cfg2)
+	require.NoError(t, err)
+	require.NoError(t, eng2.Start(context.Background()))
+	t.Cleanup(func() { _ = eng2.Stop(context.Background()) })
+	for _, id := range ids {
+		r := b.waitStatus(id, "done", 10*time.Second) // while the hog's step still runs
+		require.Zero(t, r.Attempt, "instance %d: a claim handed back unstarted costs no attempt", id)
+	}
+}
+
+// TestKeyedRowsAreNotStarvedByAPlainBacklog: a worker whose buffer is kept
+// full by a plain backlog still claims keyed rows — its slots turn over —
+// and starts them ahead of the plain rows buffered before them.
+func TestKeyedRowsAreNotStarvedByAPlainBacklog(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[spanArgs]{Name: "step", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		time.Sleep(20 * time.Millisecond)
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, Prefetch: 4, PollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for range 200 {
+		ps = append(ps, job.New(spanArgs{}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) >= 20
+	}, "the plain backlog is being worked")
+	var ids []int64
+	for i := range 4 {
+		ids = append(ids, b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("k", i)})))
+	}
+	for _, id := range ids {
+		b.waitStatus(id, "done", 20*time.Second)
+	}
+	require.Greater(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NULL AND status <> 'done'`), 50,
+		"plain rows left when the keyed ones were done")
+}
+
 // TestKeyedStepsHoldNoConnection: a running keyed step pins no pool
 // connection (its slot is its row), so eight keyed steps run at once on a
 // pool of three connections.
@@ -463,7 +614,10 @@ func TestKeyRateLimitsStarts(t *testing.T) {
 // rows, each drawing a token as it is claimed. When the slots freed, the
 // whole buffer started at once (a probe: 6 starts of a key rated 5/s,
 // burst 2, within 41 ms). The process now paces its own starts of a rated
-// key by the same bucket: its starts stay within it.
+// key by the same bucket: its starts stay within it. Since schema version
+// 23 a worker whose slots are busy claims no keyed row at all
+// (TestABusyWorkerLeavesKeyedRowsToAnIdleOne): the rows wait unclaimed, and
+// the bound on starts holds the same.
 func TestRatedRowsPrefetchedBehindBusySlotsDoNotStartTogether(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
@@ -1393,7 +1547,8 @@ func TestStopReleasesAHandedOffSuccessor(t *testing.T) {
 		b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})),
 		b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})),
 	}
-	var thirdEligible time.Time
+	var secondEligible, thirdEligible time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT eligible_at FROM {{s}}.gendurable_instances WHERE id = $1`, b.schema), ids[1]).Scan(&secondEligible))
 	require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT eligible_at FROM {{s}}.gendurable_instances WHERE id = $1`, b.schema), ids[2]).Scan(&thirdEligible))
 	b.start()
 	require.Equal(t, ids[0], <-entered)
@@ -1419,11 +1574,14 @@ func TestStopReleasesAHandedOffSuccessor(t *testing.T) {
 		require.Nil(t, r.Token)
 	}
 	// The second row was claimed (by the first's outcome: the feeder picked
-	// no more) and released: its eligible_at moved to the release; the
-	// third's is still its insert's.
+	// no more) and released after it — keeping its eligible_at, its place
+	// at the head of the key (schema version 23); the third is untouched
+	// since its insert.
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances AS i, {{s}}.gendurable_instances AS p
-		WHERE i.id = $1 AND p.id = $2 AND i.eligible_at > p.finished_at`, ids[1], ids[0]), "the successor was not handed off and released")
-	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND eligible_at = $2`, ids[2], thirdEligible))
+		WHERE i.id = $1 AND p.id = $2 AND i.updated_at > p.finished_at AND i.eligible_at = $3`, ids[1], ids[0], secondEligible),
+		"the successor was not handed off and released in its place")
+	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND eligible_at = $2 AND updated_at = inserted_at`,
+		ids[2], thirdEligible))
 	// The next engine runs them.
 	cfg := b.eng.Config()
 	cfg.Logger = testLogger(t)

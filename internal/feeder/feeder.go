@@ -234,9 +234,9 @@ type Feeder struct {
 	// when; kept for two leases, for claims of them a statement in flight
 	// at the cancel brings back afterwards (cancelledSinceLocked).
 	cancelled map[int64]time.Time
-	buffer    []sqlq.Claimed   // claimed, not yet started, in pick order
+	buffer    []sqlq.Claimed   // claimed, not yet started: the keyed ones first, each kind in pick order
 	paced     map[string]*pace // rated keys' buckets of this process's starts (paceLocked)
-	paceWake  time.Time        // when the earliest paced row may start (zero: none waits); Run dispatches then
+	paceWake  time.Time        // when the earliest paced row may start, or a keyed claim falls overdue (zero: none waits); Run dispatches then
 	inFlight  int
 	// committing counts detached steps whose outcome is not committed yet.
 	committing int
@@ -244,6 +244,13 @@ type Feeder struct {
 	abandoned int
 	more      bool // the last pick was full, or an outcome made work runnable or freed a key's slot
 	hurry     bool // Hurry: poll from BusyPollInterval again, doubling while the picks find nothing
+	// keyedShut: the last pick may have left keyed rows behind for want of
+	// room (keyedRoomLocked): a step that returns makes some.
+	keyedShut bool
+	// The running slots freed (steps returned) per keyedHorizon:
+	// freedNow in the window from freedAt, freedLast in the one before.
+	freedAt             time.Time
+	freedNow, freedLast int
 	// pollAt is Run's next poll (UnixNano), for Hurry.
 	pollAt   atomic.Int64
 	released int // rows handed back when Run stopped
@@ -702,6 +709,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 			}
 		}
 		demand := s.demandLocked()
+		keyed := s.keyedRoomLocked()
 		idle := s.inFlight+len(s.buffer) == 0 && s.committing == 0
 		// Pick when there is room (at least MinDemand, or anything when
 		// idle) and a reason to look: a full last pick, a kick, a poll tick,
@@ -714,9 +722,14 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		s.mu.Unlock()
 
 		if shouldPick {
-			n, err := s.pick(pickCtx, demand)
+			n, err := s.pick(pickCtx, demand, keyed)
 			full := err == nil && n == demand
-			s.short.Store(err == nil && n < demand)
+			s.mu.Lock()
+			// Short of keyed rows by its own bound is not out of work: the
+			// keyed steps it leaves do not hand their slots on (MayHandOff).
+			shut := s.keyedShut
+			s.mu.Unlock()
+			s.short.Store(err == nil && n < demand && !shut)
 			switch {
 			case err != nil:
 				// Database trouble: back off, with jitter, until a pick works.
@@ -819,6 +832,79 @@ func (s *Feeder) demandLocked() int {
 	return window - (s.inFlight + len(s.buffer) + max(0, s.committing-window))
 }
 
+// keyedHorizon is how soon a worker must expect to start a keyed row to
+// claim it: a keyed claim takes a slot of its key for as long as it is
+// held, so one left waiting in a prefetch buffer behind busy slots keeps
+// the key from workers of other processes that have slots free
+// (docs/design.md §6, "Keyed claims wait little"). One still waiting for a
+// slot after twice this is handed back.
+const keyedHorizon = time.Second
+
+// keyedRoomLocked is how many keyed rows a pick may claim now: the running
+// slots free, plus as many as freed over the last keyedHorizon (the slots
+// expected to free within the next one), less the keyed claims buffered
+// (which start before the plain ones: see add). A worker whose steps are
+// stuck claims keyed rows only into slots free now; the rest of its
+// prefetch window is for plain rows. The caller holds s.mu.
+func (s *Feeder) keyedRoomLocked() int {
+	s.rollFreedLocked(time.Now())
+	room := s.cfg.Concurrency - s.inFlight + max(s.freedLast, s.freedNow)
+	for _, c := range s.buffer {
+		if c.PartitionKey == nil {
+			break // the keyed claims come first
+		}
+		room--
+	}
+	return max(0, room)
+}
+
+// keyedOverdueLocked reports whether c is a keyed claim that has waited in
+// the buffer for a running slot for twice keyedHorizon — steps expected to
+// end went on — and is free to go back: not waiting for its clear
+// (unmarking) or for its rate (paced). If one is not yet overdue, Run is
+// woken to dispatch when it will be (paceWake). The caller holds s.mu.
+func (s *Feeder) keyedOverdueLocked(c sqlq.Claimed, now time.Time) bool {
+	if c.PartitionKey == nil {
+		return false
+	}
+	h := s.held[c.Token]
+	if h == nil || h.unmarking || h.paced {
+		return false
+	}
+	due := c.Buffered.Add(2 * keyedHorizon)
+	if now.Before(due) {
+		if s.paceWake.IsZero() || due.Before(s.paceWake) {
+			s.paceWake = due
+		}
+		return false
+	}
+	return true
+}
+
+// rollFreedLocked moves the freed-slot windows on to now. The caller holds
+// s.mu.
+func (s *Feeder) rollFreedLocked(now time.Time) {
+	switch d := now.Sub(s.freedAt); {
+	case d < keyedHorizon:
+	case d < 2*keyedHorizon:
+		s.freedLast, s.freedNow = s.freedNow, 0
+		s.freedAt = s.freedAt.Add(keyedHorizon)
+	default:
+		s.freedLast, s.freedNow = 0, 0
+		s.freedAt = now
+	}
+}
+
+// slotFreedLocked counts a running slot freed: a step returned, or a
+// dispatched claim did not start. The caller holds s.mu.
+func (s *Feeder) slotFreedLocked() {
+	s.rollFreedLocked(time.Now())
+	s.freedNow++
+	if s.keyedShut {
+		s.more = true // room for a keyed row the last pick left
+	}
+}
+
 // busyPoll is the poll interval after a pick that found rows.
 func (s *Feeder) busyPoll() time.Duration {
 	if s.cfg.BusyPollInterval > 0 {
@@ -854,18 +940,33 @@ func (s *Feeder) bufferedNow() int {
 // leave rows executing under tokens nobody holds, until the reaper takes
 // them back. Rows claimed as the feeder stops are released by Run. Only
 // Abort (a Stop out of time) cancels it.
-func (s *Feeder) pick(stopCtx context.Context, demand int) (int, error) {
+func (s *Feeder) pick(stopCtx context.Context, demand, keyed int) (int, error) {
 	ctx, cancel := context.WithTimeout(s.abortCtx, s.cfg.Lease)
 	defer cancel()
 	s.floorTick(stopCtx)
 	start := time.Now()
-	res, err := s.q.Pick(ctx, s.db, s.cfg.Queue, sqlq.PickOpts{
-		Limit: demand, Lease: s.cfg.Lease, Cursor: s.keyCursor, Policies: s.cfg.KeyPolicies, Global: s.cfg.Global,
-		Floor: s.floor, Prios: s.prios})
+	opts := sqlq.PickOpts{Limit: demand, Lease: s.cfg.Lease, Cursor: s.keyCursor, Policies: s.cfg.KeyPolicies, Global: s.cfg.Global,
+		Floor: s.floor, Prios: s.prios}
+	if keyed < demand {
+		opts.Keyed = keyed
+		if keyed == 0 {
+			opts.Keyed = -1 // none
+		}
+	}
+	res, err := s.q.Pick(ctx, s.db, s.cfg.Queue, opts)
 	rows := res.Claimed
 	if err == nil {
 		s.keyCursor = res.Cursor
 		s.picked(res)
+		got := 0
+		for _, c := range rows {
+			if c.PartitionKey != nil {
+				got++
+			}
+		}
+		s.mu.Lock()
+		s.keyedShut = keyed < demand && got >= keyed
+		s.mu.Unlock()
 	}
 	s.ev.Pick(PickReport{Queue: s.cfg.Queue, Count: len(rows), Demand: demand, Duration: time.Since(start), Err: err,
 		KeysFull: res.KeysFull, KeysRated: res.KeysRated})
@@ -1058,6 +1159,13 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 	defer s.mu.Unlock()
 	now := time.Now()
 	var back unstarted
+	// Keyed claims go ahead of the plain ones: each holds its key's slot
+	// while it waits (keyedRoomLocked claimed only as many as should start
+	// soon).
+	nk := 0
+	for nk < len(s.buffer) && s.buffer[nk].PartitionKey != nil {
+		nk++
+	}
 	for i := range rows {
 		c := &rows[i]
 		if s.cancelledSinceLocked(c.ID, start) {
@@ -1068,7 +1176,14 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 		}
 		c.Buffered = now
 		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease)}
-		s.buffer = append(s.buffer, *c)
+		if c.PartitionKey != nil && nk < len(s.buffer) {
+			s.buffer = slices.Insert(s.buffer, nk, *c)
+		} else {
+			s.buffer = append(s.buffer, *c)
+		}
+		if c.PartitionKey != nil {
+			nk++
+		}
 	}
 	if len(back.ids) > 0 {
 		s.goGiveBackLocked(back)
@@ -1097,7 +1212,16 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 	unmark := false
 	for i, c := range s.buffer {
 		if free <= 0 {
-			kept = append(kept, s.buffer[i:]...)
+			for _, c := range s.buffer[i:] {
+				if s.keyedOverdueLocked(c, now) {
+					// Waited for a slot past the horizon it was claimed
+					// for: its key goes back to the other workers.
+					delete(s.held, c.Token)
+					back.add(c.ID, c.Token)
+					continue
+				}
+				kept = append(kept, c)
+			}
 			break
 		}
 		h := s.held[c.Token]
@@ -1202,6 +1326,7 @@ func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c
 		}
 		s.mu.Lock()
 		s.inFlight--
+		s.slotFreedLocked()
 		s.mu.Unlock()
 		s.stepDone()
 		s.wake()
@@ -1212,6 +1337,7 @@ func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c
 	cancel(nil)
 	s.mu.Lock()
 	s.inFlight--
+	s.slotFreedLocked()
 	h.returned = true // from here on, Abandon is a no-op
 	if h.abandoned {  // Abandon settled the claim and the WaitGroup
 		s.abandoned--

@@ -164,7 +164,7 @@ func TestHeartbeatTellsZombieFromNewClaim(t *testing.T) {
 		q, pool, func(context.Context, *sqlq.Claimed, Holder) Result { return Result{} }, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	pick := func() sqlq.Claimed {
 		t.Helper()
-		if n, err := s.pick(ctx, 1); err != nil || n != 1 {
+		if n, err := s.pick(ctx, 1, 1); err != nil || n != 1 {
 			t.Fatalf("pick: %d rows, %v", n, err)
 		}
 		return s.buffer[len(s.buffer)-1]

@@ -32,7 +32,7 @@ SELECT p.next_cursor, p.keys_full, p.keys_rated, p.next_floor, i.id, i.claim_tok
        i.max_attempts, i.priority, i.partition_key, i.awaits, i.children_total, i.inserted_at,
        ` + freshInbox(`p.inbox_rows`, `i`, `'{}'`) + `, p.child_rows, i.inbox_seen
 FROM {{schema}}.gendurable_pick($1, $2, $3::bigint, $4, $5::text[], $6::int[], $7::float8[], $8::int[], $9, $10,
-                                 $11::timestamptz, $12::smallint[]) AS p
+                                 $11::timestamptz, $12::smallint[], $13::int) AS p
 CROSS JOIN LATERAL (SELECT (p.c).*) AS i`
 
 // freshInbox is list — the inbox rows of the claimed row named row, read
@@ -195,6 +195,11 @@ type PickOpts struct {
 	Policies []KeyPolicy   // key limits by prefix
 	MaxKeys  int           // keys visited at most (default 4 × Limit + 16)
 	Global   int           // the queue's running steps across every process at most (0: no bound)
+	// Keyed bounds the keyed rows among the claimed: a keyed claim takes a
+	// slot of its key while it waits, so a worker claims only as many as it
+	// expects to start soon (docs/design.md §6, "Keyed claims wait
+	// little"). 0: up to Limit; negative: none.
+	Keyed int
 	// Floor is the previous pick's PickResult.Floor: plain rows eligible
 	// before it are not looked at (nil: no floor). Below it the pick reads
 	// no index entry of the priorities in Prios, and no heap tuple of any
@@ -227,8 +232,13 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (Pi
 	if maxKeys <= 0 {
 		maxKeys = 4*o.Limit + 16
 	}
+	var keyed *int // NULL: no bound beyond the limit
+	if o.Keyed != 0 {
+		k := max(o.Keyed, 0)
+		keyed = &k
+	}
 	rows, err := db.Query(ctx, q.pick, queue, o.Limit, micros(o.Lease), o.Cursor, pa.prefixes, pa.limits, pa.rates, pa.bursts, maxKeys, o.Global,
-		o.Floor, o.Prios)
+		o.Floor, o.Prios, keyed)
 	if err != nil {
 		return PickResult{}, err
 	}
@@ -768,7 +778,11 @@ WITH cur AS MATERIALIZED (
 )
 UPDATE {{schema}}.gendurable_instances AS i
 SET status = 'runnable',
-    eligible_at = now() + $3::bigint * interval '1 microsecond',
+    -- A keyed row handed back at once keeps its place among its key's rows,
+    -- as a reaped row does: at now() it would go behind the rows inserted
+    -- after it (docs/design.md §6, "Order within a key").
+    eligible_at = CASE WHEN $3::bigint = 0 AND i.partition_key IS NOT NULL THEN i.eligible_at
+                       ELSE now() + $3::bigint * interval '1 microsecond' END,
     lease_expires_at = NULL,
     claim_token = NULL,
     updated_at = now()
@@ -776,7 +790,8 @@ FROM cur AS c
 WHERE i.id = c.id
 RETURNING i.id`
 
-// Release returns claimed rows to runnable, eligible after delay.
+// Release returns claimed rows to runnable, eligible after delay; with no
+// delay a keyed row keeps its eligible_at, so its place in its key's order.
 func (q *Queries) Release(ctx context.Context, db DB, ids, tokens []int64, delay time.Duration) ([]int64, error) {
 	rows, err := db.Query(ctx, q.release, ids, tokens, micros(delay))
 	if err != nil {

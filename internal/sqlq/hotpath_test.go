@@ -171,6 +171,40 @@ func TestFairShareDoesNotStallTheWalk(t *testing.T) {
 	require.Equal(t, 24, served, "keys of limit 1 that ran in 30 picks of 4 (120 places for 24 keys)")
 }
 
+// TestPickClaimsKeyedRowsOnlyUpToKeyed (version 23): a pick bounded to 3
+// keyed rows claims 3 of 20 keys of room (phase 1 and phase 2 together) and
+// fills the rest of its batch with plain rows; bounded to none, it claims
+// plain rows only and leaves the cursor where it was.
+func TestPickClaimsKeyedRowsOnlyUpToKeyed(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step) SELECT 'm', 'plain' FROM generate_series(1, 30)`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (fsm, step, partition_key)
+	      SELECT 'm', 'keyed', 'k' || lpad(g::text, 2, '0') FROM generate_series(1, 20) g`)
+	c := conn()
+	keyed := func(res sqlq.PickResult) (n int) {
+		for _, r := range res.Claimed {
+			if r.PartitionKey != nil {
+				n++
+			}
+		}
+		return n
+	}
+	for range 4 { // phase 1's share is half the batch at random: the bound holds either way
+		res, err := q.Pick(context.Background(), c, "default", sqlq.PickOpts{Limit: 8, Lease: time.Minute, Keyed: 3})
+		require.NoError(t, err)
+		require.Len(t, res.Claimed, 8)
+		require.Equal(t, 3, keyed(res), "keyed rows of a pick bounded to 3")
+		exec(`UPDATE {{s}}.gendurable_instances SET status = 'done', lease_expires_at = NULL, claim_token = NULL WHERE status = 'executing'`)
+	}
+	res, err := q.Pick(context.Background(), c, "default", sqlq.PickOpts{Limit: 2, Lease: time.Minute, Keyed: -1, Cursor: "k05"})
+	require.NoError(t, err)
+	require.Len(t, res.Claimed, 2)
+	require.Zero(t, keyed(res), "keyed rows of a pick bounded to none")
+	require.Equal(t, "k05", res.Cursor)
+	require.Equal(t, 12, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done' AND partition_key IS NOT NULL`))
+}
+
 // TestPicksOfOneRowServePlainRowsToo: picks of one row (a busy feeder's
 // usual demand) do not always go to keyed rows.
 func TestPicksOfOneRowServePlainRowsToo(t *testing.T) {
@@ -1256,6 +1290,40 @@ func TestAChildCountsDownOnlyAParentThatAwaitsIt(t *testing.T) {
 		"a parent that went on and failed is not counted below zero")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 4 AND children_pending = 1`),
 		"a parent cancelled while it awaited is")
+}
+
+// TestAReleasedKeyedRowKeepsItsPlace: a keyed row handed back at once
+// (a claim given up before its step started, a worker's buffer on Stop) is
+// the key's head again, as a reaped one is; before, its eligible_at became
+// the release's now(), and at limit 1 the rows inserted after it ran first.
+// One released with a delay (an unknown version's) waits for it; a plain
+// row handed back is eligible from the release (the pick's floor reckons
+// with that: docs/design.md §4).
+func TestAReleasedKeyedRowKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	q, exec, count, conn := keySetup(t)
+	ctx := context.Background()
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key, eligible_at) OVERRIDING SYSTEM VALUE
+	      SELECT g, 'm', 'a', 'k', now() - interval '1 hour' + g * interval '1 second' FROM generate_series(1, 3) g`)
+	db := conn()
+	picked, err := q.Pick(ctx, db, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, picked.Claimed, 1)
+	require.EqualValues(t, 1, picked.Claimed[0].ID)
+	_, err = q.Release(ctx, db, []int64{1}, []int64{picked.Claimed[0].Token}, 0)
+	require.NoError(t, err)
+	picked, err = q.Pick(ctx, db, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
+	require.NoError(t, err)
+	require.Len(t, picked.Claimed, 1)
+	require.EqualValues(t, 1, picked.Claimed[0].ID, "the key's first row, released, is its head again")
+	_, err = q.Release(ctx, db, []int64{1}, []int64{picked.Claimed[0].Token}, time.Hour)
+	require.NoError(t, err)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND eligible_at > now() + interval '59 minutes'`))
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, eligible_at) OVERRIDING SYSTEM VALUE VALUES (9, 'm', 'a', now() - interval '1 hour')`)
+	exec(`UPDATE {{s}}.gendurable_instances SET status = 'executing', claim_token = 99, lease_expires_at = now() + interval '1 minute' WHERE id = 9`)
+	_, err = q.Release(ctx, db, []int64{9}, []int64{99}, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 9 AND status = 'runnable' AND eligible_at > now() - interval '1 minute'`))
 }
 
 // TestReleaseMakesNoTokenUp: a pick draws a rated key's tokens for the rows
