@@ -493,6 +493,50 @@ func TestUpgradeTo18PicksOnASessionThatPickedBefore(t *testing.T) {
 	require.Equal(t, 1, n)
 }
 
+// TestUpgradeTo23KeepsThePreviousPick: version 23 adds the bound on keyed
+// rows as a new overload of gendurable_pick; the twelve-argument function
+// engines of version 22 call stays, and claims keyed rows as before. Down
+// to 22 drops the overload only.
+func TestUpgradeTo23KeepsThePreviousPick(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	_, err := migrate.To(ctx, pool, schema, 22)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step, partition_key) SELECT 'm', 'a', 'k' || g FROM generate_series(1, 6) g`)
+	require.NoError(t, err)
+	oldPick := func() int {
+		t.Helper()
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(p.c) FROM `+s+`.gendurable_pick('default', 2, 60000000, '',
+			'{}', '{}', '{}', '{}', 20, 0, NULL, '{}') AS p`).Scan(&n))
+		return n
+	}
+	overloads := func() int {
+		t.Helper()
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_proc WHERE proname = 'gendurable_pick'
+			AND pronamespace = $1::regnamespace`, s).Scan(&n))
+		return n
+	}
+	before := overloads()
+	require.Equal(t, 2, oldPick())
+	_, err = migrate.To(ctx, pool, schema, 23)
+	require.NoError(t, err)
+	require.Equal(t, 2, oldPick(), "version 22's pick still claims keyed rows at version 23")
+	require.Equal(t, before+1, overloads())
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	res, err := q.Pick(ctx, pool, "default", sqlq.PickOpts{Limit: 2, Lease: time.Minute, Keyed: 1})
+	require.NoError(t, err)
+	require.Len(t, res.Claimed, 1, "the new pick's bound")
+	_, err = migrate.To(ctx, pool, schema, 22)
+	require.NoError(t, err)
+	require.Equal(t, before, overloads())
+	require.Equal(t, 1, oldPick(), "version 22's pick after the way down")
+}
+
 // TestInstancesAutovacuumByDeadRows: version 8 sets the instances table's
 // autovacuum to start at 10,000 dead rows whatever its size (BENCHMARKS.md,
 // "Long horizon — storage experiments"); going below it restores the
