@@ -246,6 +246,77 @@ func TestKeyedRowsAreNotStarvedByAPlainBacklog(t *testing.T) {
 		"plain rows left when the keyed ones were done")
 }
 
+// TestAPlainRowIsNotHeldBackByAStreamOfKeyedClaims: keyed claims start
+// ahead of the plain claims taken less than a second before them, and of
+// no older one: a plain row claimed into a one-slot worker's buffer while
+// keyed rows of quick steps keep coming is not passed by the rest of the
+// keyed backlog (a review: 200 of 200 went first, 3.8 s, where 27 did
+// before the keyed claims went ahead).
+func TestAPlainRowIsNotHeldBackByAStreamOfKeyedClaims(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[spanArgs]{Name: "step", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		time.Sleep(20 * time.Millisecond)
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for i := range 200 {
+		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprintf("k%03d", i)}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) >= 20
+	}, "the keyed rows are being worked")
+	plain := b.insert(job.New(spanArgs{}))
+	r := b.waitStatus(plain, "done", 60*time.Second)
+	left := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NOT NULL AND (status <> 'done' OR finished_at > $1)`,
+		*r.FinishedAt)
+	// At most a second's keyed steps (50 of 20 ms) and a buffer's go first.
+	require.Greater(t, left, 100, "keyed rows still to run when the plain row was done")
+}
+
+// TestSlowStepsMakeNoKeyedClaimTheyCannotStart: a worker of one slot whose
+// steps take 2.5 s claims, as each ends, one keyed row — the slot just freed,
+// not that slot again as one freed over the last second (a review: each
+// end claimed two, the second handed back 2 s later and claimed again).
+func TestSlowStepsMakeNoKeyedClaimTheyCannotStart(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[spanArgs]{Name: "slow", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		select {
+		case <-time.After(2500 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration = 10 * time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.exec(`CREATE TABLE {{s}}.handed_back (id bigint)`)
+	b.exec(`CREATE FUNCTION {{s}}.note_hand_back() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+	  INSERT INTO {{s}}.handed_back VALUES (NEW.id);
+	  RETURN NEW;
+	END $$`)
+	b.exec(`CREATE TRIGGER note_hand_back AFTER UPDATE ON {{s}}.gendurable_instances FOR EACH ROW
+	        WHEN (OLD.status = 'executing' AND NEW.status = 'runnable') EXECUTE FUNCTION {{s}}.note_hand_back()`)
+	var ps []gendurable.InsertParams
+	for i := range 4 {
+		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("k", i)}))
+	}
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	b.waitStatus(res[2].ID, "done", 30*time.Second) // three steps' ends, in insert order
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.handed_back`), "keyed claims handed back")
+}
+
 // TestKeyedStepsHoldNoConnection: a running keyed step pins no pool
 // connection (its slot is its row), so eight keyed steps run at once on a
 // pool of three connections.

@@ -234,7 +234,7 @@ type Feeder struct {
 	// when; kept for two leases, for claims of them a statement in flight
 	// at the cancel brings back afterwards (cancelledSinceLocked).
 	cancelled map[int64]time.Time
-	buffer    []sqlq.Claimed   // claimed, not yet started: the keyed ones first, each kind in pick order
+	buffer    []sqlq.Claimed   // claimed, not yet started, in dispatchOrder
 	paced     map[string]*pace // rated keys' buckets of this process's starts (paceLocked)
 	paceWake  time.Time        // when the earliest paced row may start, or a keyed claim falls overdue (zero: none waits); Run dispatches then
 	inFlight  int
@@ -245,12 +245,15 @@ type Feeder struct {
 	more      bool // the last pick was full, or an outcome made work runnable or freed a key's slot
 	hurry     bool // Hurry: poll from BusyPollInterval again, doubling while the picks find nothing
 	// keyedShut: the last pick may have left keyed rows behind for want of
-	// room (keyedRoomLocked): a step that returns makes some.
-	keyedShut bool
-	// The running slots freed (steps returned) per keyedHorizon:
-	// freedNow in the window from freedAt, freedLast in the one before.
-	freedAt             time.Time
-	freedNow, freedLast int
+	// room (keyedRoomLocked): a step that returns makes some. keyedFull: it
+	// did leave some (it claimed as many as its bound, above none).
+	keyedShut, keyedFull bool
+	// The running slots freed (steps returned) per keyedHorizon, over the
+	// last len(freed) of them: freed[freedIdx] counts the current one,
+	// begun at freedAt.
+	freed    [4]int
+	freedIdx int
+	freedAt  time.Time
 	// pollAt is Run's next poll (UnixNano), for Hurry.
 	pollAt   atomic.Int64
 	released int // rows handed back when Run stopped
@@ -725,11 +728,12 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 			n, err := s.pick(pickCtx, demand, keyed)
 			full := err == nil && n == demand
 			s.mu.Lock()
-			// Short of keyed rows by its own bound is not out of work: the
-			// keyed steps it leaves do not hand their slots on (MayHandOff).
-			shut := s.keyedShut
+			// A pick that claimed as many keyed rows as its bound allowed
+			// is not out of work: the keyed steps it leaves do not hand
+			// their slots on (MayHandOff). One allowed none did not look.
+			keyedFull := s.keyedFull
 			s.mu.Unlock()
-			s.short.Store(err == nil && n < demand && !shut)
+			s.short.Store(err == nil && n < demand && !keyedFull)
 			switch {
 			case err != nil:
 				// Database trouble: back off, with jitter, until a pick works.
@@ -840,36 +844,63 @@ func (s *Feeder) demandLocked() int {
 // slot after twice this is handed back.
 const keyedHorizon = time.Second
 
-// keyedRoomLocked is how many keyed rows a pick may claim now: the running
-// slots free, plus as many as freed over the last keyedHorizon (the slots
-// expected to free within the next one), less the keyed claims buffered
-// (which start before the plain ones: see add). A worker whose steps are
-// stuck claims keyed rows only into slots free now; the rest of its
-// prefetch window is for plain rows. The caller holds s.mu.
+// keyedRoomLocked is how many keyed rows a pick may claim now: the slots
+// expected to free within the next keyedHorizon — the running slots free
+// now, or as many as freed per horizon over the last four if that is more
+// (a mean: a slot that freed a moment ago and was taken again does not
+// count as one about to free) — less the buffered claims a keyed claim
+// taken now would start behind (dispatchOrder). A worker whose steps are
+// stuck, or take more than a horizon each, claims keyed rows only into
+// slots free now; the rest of its prefetch window is for plain rows. The
+// caller holds s.mu.
 func (s *Feeder) keyedRoomLocked() int {
-	s.rollFreedLocked(time.Now())
-	room := s.cfg.Concurrency - s.inFlight + max(s.freedLast, s.freedNow)
-	for _, c := range s.buffer {
-		if c.PartitionKey == nil {
-			break // the keyed claims come first
+	now := time.Now()
+	s.rollFreedLocked(now)
+	freed := 0
+	for _, n := range s.freed {
+		freed += n
+	}
+	room := max(s.cfg.Concurrency-s.inFlight, freed/len(s.freed))
+	for i := range s.buffer {
+		if dispatchOrder(&s.buffer[i]).After(now) {
+			break
 		}
 		room--
 	}
 	return max(0, room)
 }
 
+// dispatchOrder is where a buffered claim stands in the order dispatch
+// starts them (add keeps the buffer sorted by it): a keyed claim at the
+// moment it was claimed, a plain one a keyedHorizon later. A keyed claim
+// holds its key's slot while it waits, so it goes ahead of the plain
+// claims taken less than a horizon before it — and of no older one: a
+// stream of keyed claims cannot hold a plain claim back for longer.
+func dispatchOrder(c *sqlq.Claimed) time.Time {
+	if c.PartitionKey != nil {
+		return c.Buffered
+	}
+	return c.Buffered.Add(keyedHorizon)
+}
+
 // keyedOverdueLocked reports whether c is a keyed claim that has waited in
 // the buffer for a running slot for twice keyedHorizon — steps expected to
-// end went on — and is free to go back: not waiting for its clear
-// (unmarking) or for its rate (paced). If one is not yet overdue, Run is
+// end went on — and may go back: its clear is not in flight (unmarking),
+// and its key has no rate (its claim spent a start of the key's bucket,
+// which a release does not give back). If one is not yet overdue, Run is
 // woken to dispatch when it will be (paceWake). The caller holds s.mu.
 func (s *Feeder) keyedOverdueLocked(c sqlq.Claimed, now time.Time) bool {
 	if c.PartitionKey == nil {
 		return false
 	}
 	h := s.held[c.Token]
-	if h == nil || h.unmarking || h.paced {
+	if h == nil || h.unmarking {
 		return false
+	}
+	if s.cfg.KeyRate != nil {
+		if rate, _ := s.cfg.KeyRate(*c.PartitionKey); rate > 0 {
+			return false
+		}
 	}
 	due := c.Buffered.Add(2 * keyedHorizon)
 	if now.Before(due) {
@@ -884,22 +915,22 @@ func (s *Feeder) keyedOverdueLocked(c sqlq.Claimed, now time.Time) bool {
 // rollFreedLocked moves the freed-slot windows on to now. The caller holds
 // s.mu.
 func (s *Feeder) rollFreedLocked(now time.Time) {
-	switch d := now.Sub(s.freedAt); {
-	case d < keyedHorizon:
-	case d < 2*keyedHorizon:
-		s.freedLast, s.freedNow = s.freedNow, 0
+	for n := 0; now.Sub(s.freedAt) >= keyedHorizon; n++ {
+		if n == len(s.freed) { // no window is recent: start afresh
+			s.freed, s.freedAt = [len(s.freed)]int{}, now
+			return
+		}
+		s.freedIdx = (s.freedIdx + 1) % len(s.freed)
+		s.freed[s.freedIdx] = 0
 		s.freedAt = s.freedAt.Add(keyedHorizon)
-	default:
-		s.freedLast, s.freedNow = 0, 0
-		s.freedAt = now
 	}
 }
 
-// slotFreedLocked counts a running slot freed: a step returned, or a
-// dispatched claim did not start. The caller holds s.mu.
+// slotFreedLocked counts a running slot freed by a step that returned.
+// The caller holds s.mu.
 func (s *Feeder) slotFreedLocked() {
 	s.rollFreedLocked(time.Now())
-	s.freedNow++
+	s.freed[s.freedIdx]++
 	if s.keyedShut {
 		s.more = true // room for a keyed row the last pick left
 	}
@@ -966,6 +997,7 @@ func (s *Feeder) pick(stopCtx context.Context, demand, keyed int) (int, error) {
 		}
 		s.mu.Lock()
 		s.keyedShut = keyed < demand && got >= keyed
+		s.keyedFull = s.keyedShut && keyed > 0
 		s.mu.Unlock()
 	}
 	s.ev.Pick(PickReport{Queue: s.cfg.Queue, Count: len(rows), Demand: demand, Duration: time.Since(start), Err: err,
@@ -1159,13 +1191,6 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 	defer s.mu.Unlock()
 	now := time.Now()
 	var back unstarted
-	// Keyed claims go ahead of the plain ones: each holds its key's slot
-	// while it waits (keyedRoomLocked claimed only as many as should start
-	// soon).
-	nk := 0
-	for nk < len(s.buffer) && s.buffer[nk].PartitionKey != nil {
-		nk++
-	}
 	for i := range rows {
 		c := &rows[i]
 		if s.cancelledSinceLocked(c.ID, start) {
@@ -1176,14 +1201,13 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 		}
 		c.Buffered = now
 		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease)}
-		if c.PartitionKey != nil && nk < len(s.buffer) {
-			s.buffer = slices.Insert(s.buffer, nk, *c)
-		} else {
-			s.buffer = append(s.buffer, *c)
+		// In dispatchOrder: a plain claim goes last, a keyed one ahead of
+		// the plain claims taken within the last keyedHorizon.
+		at := len(s.buffer)
+		for at > 0 && dispatchOrder(&s.buffer[at-1]).After(dispatchOrder(c)) {
+			at--
 		}
-		if c.PartitionKey != nil {
-			nk++
-		}
+		s.buffer = slices.Insert(s.buffer, at, *c)
 	}
 	if len(back.ids) > 0 {
 		s.goGiveBackLocked(back)
@@ -1326,7 +1350,6 @@ func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c
 		}
 		s.mu.Lock()
 		s.inFlight--
-		s.slotFreedLocked()
 		s.mu.Unlock()
 		s.stepDone()
 		s.wake()
