@@ -438,11 +438,25 @@ func (u *unstarted) add(id, token int64) {
 // tokens, so a claim the reaper took meanwhile, or whose row moved on,
 // changes nothing. Without it such a claim waits for the reaper, which
 // charges it an attempt unless a heartbeat had marked it not started.
-// A failure leaves the claims to the reaper, as before.
+// A failed statement is tried again (a fresh connection from the pool:
+// the session may have been ended under it), 20 ms after the first failure,
+// doubling, for up to 5 s or a lease; after that the claims are left to
+// the reaper, which charges an attempt to a claim no heartbeat marked
+// not started — and the key of a keyed one waits for its lease (a fault
+// probe: 60 s and an attempt, the sessions cut once as the release went).
 func (s *Feeder) giveBack(u unstarted) {
 	ctx, cancel := context.WithTimeout(s.abortCtx, min(s.cfg.Lease, 5*time.Second))
 	defer cancel()
 	released, err := s.release(ctx, u.ids, u.tokens)
+	for wait := 20 * time.Millisecond; err != nil && ctx.Err() == nil; wait *= 2 {
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+			released, err = s.release(ctx, u.ids, u.tokens)
+		}
+		t.Stop()
+	}
 	if err != nil {
 		s.log.Info("gendurable: handing back claims given up before their steps started failed; the reaper will recover them",
 			"queue", s.cfg.Queue, "rows", len(u.ids), "err", err)

@@ -978,3 +978,50 @@ func TestWakeHeapKeepsTheEarliest(t *testing.T) {
 	}
 	require.True(t, h[0].Equal(base.Add(time.Second)))
 }
+
+// TestAHandBackOutlastsAFewFailedTries: claims given back while the
+// worker's sessions keep being ended (pg_terminate_backend back to back for
+// a second, as a proxy or an operator's storm would) go back once a session
+// lives; before, the hand-back gave up after eight tries in 400 ms, and the
+// claims waited for the reaper — a keyed one's key for the whole lease,
+// and an attempt charged (a fault probe: 60 s and attempt 1).
+func TestAHandBackOutlastsAFewFailedTries(t *testing.T) {
+	t.Parallel()
+	app := fmt.Sprintf("gd_giveback_%d", time.Now().UnixNano())
+	sep := "?"
+	if strings.Contains(dbtest.URL(), "?") {
+		sep = "&"
+	}
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, Extra: 1, URL: dbtest.URL() + sep + "application_name=" + app})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	ctx := context.Background()
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+schema+`.gendurable_instances (fsm, step, partition_key, status, claim_token, lease_expires_at)
+		VALUES ('m', 's', 'k', 'executing', 42, now() + interval '1 minute') RETURNING id`).Scan(&id))
+	s := New(Config{Queue: "default", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
+		Lease: time.Minute, HeartbeatInterval: time.Second},
+		q, pool, func(context.Context, *sqlq.Claimed, Holder) Result { return Result{} }, &lostLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+	killer, err := pgx.Connect(ctx, dbtest.URL())
+	require.NoError(t, err)
+	defer killer.Close(ctx)
+	stop := time.Now().Add(time.Second)
+	storm := make(chan int)
+	go func() {
+		n := 0
+		for time.Now().Before(stop) {
+			var k int
+			if err := killer.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&k); err == nil {
+				n += k
+			}
+		}
+		storm <- n
+	}()
+	time.Sleep(50 * time.Millisecond) // the storm is under way
+	s.giveBack(unstarted{ids: []int64{id}, tokens: []int64{42}})
+	t.Logf("sessions ended: %d", <-storm)
+	var status string
+	require.NoError(t, killer.QueryRow(ctx, "SELECT status FROM "+schema+".gendurable_instances WHERE id = $1", id).Scan(&status))
+	require.Equal(t, "runnable", status, "the claim went back")
+}

@@ -1059,12 +1059,17 @@ func TestClearUnstartedNeedsALiveLease(t *testing.T) {
 		AND lease_expires_at > clock_timestamp() + interval '50 seconds'`), "the cleared claim's lease extended")
 }
 
-// TestReapChargesNoAttemptToARevokedUnstartedKeyHolder: the holder of key
-// k (limit 1), a prefetched claim a heartbeat marked not started, outlives
-// its lease; a pick of the key revokes it (clearing its token) and claims
-// the key's next row before the reaper comes. The reaper still returns the
-// holder uncharged. A revoked holder that was not marked is charged.
-func TestReapChargesNoAttemptToARevokedUnstartedKeyHolder(t *testing.T) {
+// TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst (version 23): the
+// holder of key k (limit 1), a prefetched claim a heartbeat marked not
+// started, outlives its lease; the pick that finds it puts it back as the
+// reaper would — runnable, no attempt, an uncharged lease_expired entry
+// naming its token — and claims it ahead of the key's next row (before,
+// it claimed the next row, and the holder ran after it: a fault probe, a
+// worker killed with claims buffered). A holder that was not marked, and
+// one whose step and attempt went free once already, are revoked for the
+// reaper, which charges them; a holder an engine of version 22 revoked
+// (no token, its mark kept as 0) is still returned uncharged.
+func TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst(t *testing.T) {
 	t.Parallel()
 	q, exec, count, conn := keySetup(t)
 	ctx := context.Background()
@@ -1072,14 +1077,24 @@ func TestReapChargesNoAttemptToARevokedUnstartedKeyHolder(t *testing.T) {
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key, max_attempts, status, claim_token, lease_expires_at, unstarted_token)
 	      OVERRIDING SYSTEM VALUE VALUES
 	        (1, 'm', 'a', 'k', 1, 'executing', 11, now() - interval '1 second', 11),
-	        (3, 'm', 'a', 'j', 1, 'executing', 13, now() - interval '1 second', NULL)`)
+	        (3, 'm', 'a', 'j', 1, 'executing', 13, now() - interval '1 second', NULL),
+	        (5, 'm', 'a', 'm', 1, 'executing', 15, now() - interval '1 second', 15),
+	        (7, 'm', 'a', 'o', 1, 'executing', NULL, now() - interval '1 second', 0)`)
+	exec(`UPDATE {{s}}.gendurable_instances SET errors = '[{"kind": "lease_expired", "uncharged": true, "step": "a", "attempt": 0}]' WHERE id = 5`)
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key) OVERRIDING SYSTEM VALUE
-	      VALUES (2, 'm', 'a', 'k'), (4, 'm', 'a', 'j')`)
+	      VALUES (2, 'm', 'a', 'k'), (4, 'm', 'a', 'j'), (6, 'm', 'a', 'm')`)
 	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
 	require.NoError(t, err)
-	require.Len(t, res.Claimed, 2, "the keys' next rows, their holders revoked")
-	require.Equal(t, 2, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id IN (1, 3) AND claim_token IS NULL AND status = 'executing'`))
-	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND unstarted_token = 0`), "the revoke kept the mark")
+	var ids []int64
+	for _, r := range res.Claimed {
+		ids = append(ids, r.ID)
+	}
+	require.ElementsMatch(t, []int64{1, 4, 6}, ids, "k's holder taken back and claimed first; j's and m's next rows")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE id = 1 AND attempt = 0 AND status = 'executing' AND claim_token <> 11
+		  AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true, "token": 11}' AND jsonb_array_length(errors) = 1`))
+	require.Equal(t, 2, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id IN (3, 5) AND claim_token IS NULL AND status = 'executing'`))
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 5 AND unstarted_token = 0`), "the revoke kept the mark")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 3 AND unstarted_token IS NULL`))
 	rr, err := q.Reap(ctx, c, 100, nil, 0)
 	require.NoError(t, err)
@@ -1087,13 +1102,16 @@ func TestReapChargesNoAttemptToARevokedUnstartedKeyHolder(t *testing.T) {
 	for _, r := range rr.Reaped {
 		byID[r.ID] = r
 	}
-	require.Len(t, byID, 2)
-	require.False(t, byID[1].Charged, "the revoked holder was marked not started")
-	require.Equal(t, "runnable", byID[1].Status)
-	require.True(t, byID[3].Charged)
+	require.Len(t, byID, 3)
+	require.True(t, byID[3].Charged, "not marked")
 	require.Equal(t, "failed", byID[3].Status)
+	require.True(t, byID[5].Charged, "went free once on this step and attempt")
+	require.Equal(t, "failed", byID[5].Status)
+	require.False(t, byID[7].Charged, "revoked by an engine of version 22, marked")
+	require.Equal(t, "runnable", byID[7].Status)
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
-		WHERE id = 1 AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true, "token": null}'`))
+		WHERE id = 7 AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true, "token": null}'`))
+	require.Equal(t, 20, sqlq.MaxErrorHistory, "migration 023's revoke keeps 20 entries, as the reaper")
 }
 
 // TestLockedOutcomesNamesRowsAndParentsHeldElsewhere: the committer's look

@@ -7,7 +7,11 @@
 -- claims may be keyed (as many as the worker expects to start soon); the rest of the batch is
 -- plain rows, which take no slot of anything. NULL: no bound beyond p_limit. Otherwise version
 -- 21's pick, as a new overload: engines of version 22 still running during the upgrade call the
--- twelve-argument one, which stays as it was.
+-- twelve-argument one, which stays as it was. One more change in the new one: a key holder
+-- whose lease ran out before its step started (a heartbeat marked it so) goes back to runnable
+-- in the pick that finds it, as the reaper would put it, so that the pick claims it ahead of the
+-- rows of its key behind it, rather than the next one (docs/design.md §6, "Keyed claims wait
+-- little").
 CREATE FUNCTION {{schema}}.gendurable_pick(
   p_queue text, p_limit int, p_lease_us bigint, p_cursor text,
   p_prefixes text[], p_limits int[], p_rates double precision[], p_bursts int[], p_max_keys int,
@@ -275,13 +279,35 @@ BEGIN
       -- Revoke the holders whose lease ran out: a cleared claim token fences
       -- their heartbeat, outcome and chained step. A row locked right now
       -- (its heartbeat or outcome is being written) is left, and holds.
-      -- A holder a heartbeat had marked not started keeps that, as 0, for
+      -- A holder a heartbeat had marked not started, and whose step and
+      -- attempt have not gone free before (free: the reaper's rule), goes
+      -- back to runnable here as the reaper would put it — no attempt, an
+      -- uncharged lease_expired entry, its eligible_at kept — so that the
+      -- claims below take it first, ahead of the rows of its key behind it
+      -- (version 23; before, they claimed the next row, and it ran after
+      -- that one). Another holder marked not started keeps that, as 0, for
       -- the reaper (version 17; docs/design.md §4, "Prefetched claims").
       UPDATE {{schema}}.gendurable_instances AS i
-      SET claim_token = NULL,
-          unstarted_token = CASE WHEN i.unstarted_token = i.claim_token THEN 0 END
-      FROM (SELECT h.id FROM unnest(locked) AS u(k) CROSS JOIN LATERAL (
-              SELECT h.id FROM {{schema}}.gendurable_instances AS h
+      SET status = CASE WHEN r.free THEN 'runnable'::{{schema}}.gendurable_status ELSE i.status END,
+          lease_expires_at = CASE WHEN r.free THEN NULL ELSE i.lease_expires_at END,
+          claim_token = NULL,
+          unstarted_token = CASE WHEN r.free THEN i.unstarted_token
+                                 WHEN i.unstarted_token = i.claim_token THEN 0 END,
+          updated_at = CASE WHEN r.free THEN now() ELSE i.updated_at END,
+          -- 20: sqlq.MaxErrorHistory, as the reaper keeps it.
+          errors = CASE WHEN NOT r.free THEN i.errors
+                   ELSE (CASE WHEN jsonb_array_length(i.errors) >= 20 THEN i.errors - 0 ELSE i.errors END)
+                        || jsonb_build_array(jsonb_build_object(
+                             'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'lease_expired',
+                             'token', i.claim_token, 'uncharged', true,
+                             'error', 'lease expired before the step started (a prefetched claim; worker crashed or stalled); no attempt charged'))
+                   END
+      FROM (SELECT h.id, coalesce(h.status = 'executing' AND h.unstarted_token = h.claim_token
+                   AND NOT h.errors @> jsonb_build_array(jsonb_build_object(
+                         'kind', 'lease_expired', 'uncharged', true, 'step', h.step, 'attempt', h.attempt)), false) AS free
+            FROM unnest(locked) AS u(k) CROSS JOIN LATERAL (
+              SELECT h.id, h.status, h.unstarted_token, h.claim_token, h.errors, h.step, h.attempt
+              FROM {{schema}}.gendurable_instances AS h
               WHERE h.partition_key = u.k AND h.lease_expires_at IS NOT NULL
                 AND h.lease_expires_at <= now() AND h.claim_token IS NOT NULL
               FOR NO KEY UPDATE SKIP LOCKED) AS h) AS r
