@@ -238,7 +238,8 @@ type QueueConfig struct {
 	// a finishing step finds the next one at hand. A keyed row's claim holds
 	// a slot of its key, so only as many keyed rows are prefetched as are
 	// expected to start within a second, and one still waiting after two
-	// goes back (docs/design.md §6, "Keyed claims wait little"). Buffered rows are
+	// seconds in which no step returned goes back (docs/design.md §6,
+	// "Keyed claims wait little"). Buffered rows are
 	// heartbeated like running ones and handed back on Stop; if the process
 	// dies instead, the reaper returns a buffered row to runnable without
 	// charging an attempt once a heartbeat has marked it not started (a row

@@ -95,6 +95,50 @@ func TestKeyLimitsHoldAcrossEngines(t *testing.T) {
 	}
 }
 
+// hog is a job whose step runs until release is closed (or its context
+// ends); entered is closed when the first one starts.
+type hog struct {
+	*gendurable.Job[spanArgs]
+	entered, release chan struct{}
+}
+
+func newHog() *hog {
+	h := &hog{entered: make(chan struct{}), release: make(chan struct{})}
+	var once sync.Once
+	h.Job = &gendurable.Job[spanArgs]{Name: "hog", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		once.Do(func() { close(h.entered) })
+		select {
+		case <-h.release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	return h
+}
+
+// wait waits for the hog's first step to start.
+func (h *hog) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the hog's step did not start")
+	}
+}
+
+// startIdleEngine starts a second engine like b's, on its queue "default"
+// with concurrency slots and nothing else to run, stopped at cleanup.
+func (b *testBundle) startIdleEngine(concurrency int) {
+	b.t.Helper()
+	cfg := b.eng.Config()
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: concurrency, PollInterval: 20 * time.Millisecond}}
+	cfg.Logger = testLogger(b.t)
+	eng, err := gendurable.New(b.pool, &cfg)
+	require.NoError(b.t, err)
+	require.NoError(b.t, eng.Start(context.Background()))
+	b.t.Cleanup(func() { _ = eng.Stop(context.Background()) })
+}
+
 // TestABusyWorkerLeavesKeyedRowsToAnIdleOne: a worker whose running slots
 // are all busy claims no keyed row into its prefetch buffer, where the claim
 // would hold its key's slot: another engine with workers free runs the keys'
@@ -103,31 +147,18 @@ func TestKeyLimitsHoldAcrossEngines(t *testing.T) {
 // ended (a probe: another process idle for 11–27 s).
 func TestABusyWorkerLeavesKeyedRowsToAnIdleOne(t *testing.T) {
 	t.Parallel()
-	entered, release := make(chan struct{}), make(chan struct{})
-	var enterOnce sync.Once
-	hog := &gendurable.Job[spanArgs]{Name: "hog", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
-		enterOnce.Do(func() { close(entered) })
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
-	}}
+	hog := newHog()
 	keyed := &gendurable.Job[spanArgs]{Name: "keyed", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
 		return nil
 	}}
-	cfg := fastConfig("", hog, keyed)
+	cfg := fastConfig("", hog.Job, keyed)
 	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond,
 		MaxPollInterval: 20 * time.Millisecond}}
 	b := setup(t, cfg)
-	defer close(release)
+	defer close(hog.release)
 	b.insert(hog.New(spanArgs{}))
 	b.start()
-	select {
-	case <-entered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the hog's step did not start")
-	}
+	hog.wait(t)
 	var ids []int64
 	for i := range 4 {
 		ids = append(ids, b.insert(keyed.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("k", i)})))
@@ -137,13 +168,7 @@ func TestABusyWorkerLeavesKeyedRowsToAnIdleOne(t *testing.T) {
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NOT NULL AND status <> 'runnable'`),
 		"keyed rows claimed by an engine with no running slot free")
 
-	cfg2 := b.eng.Config()
-	cfg2.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, PollInterval: 20 * time.Millisecond}}
-	cfg2.Logger = testLogger(t)
-	eng2, err := gendurable.New(b.pool, &cfg2)
-	require.NoError(t, err)
-	require.NoError(t, eng2.Start(context.Background()))
-	t.Cleanup(func() { _ = eng2.Stop(context.Background()) })
+	b.startIdleEngine(4)
 	for _, id := range ids {
 		b.waitStatus(id, "done", 10*time.Second) // while the hog's step still runs
 	}
@@ -157,24 +182,15 @@ func TestABusyWorkerLeavesKeyedRowsToAnIdleOne(t *testing.T) {
 // step goes on.
 func TestAKeyedClaimThatWaitsTooLongGoesBack(t *testing.T) {
 	t.Parallel()
-	entered, release := make(chan struct{}), make(chan struct{})
-	var enterOnce sync.Once
-	hog := &gendurable.Job[spanArgs]{Name: "hog", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
-		enterOnce.Do(func() { close(entered) })
-		select {
-		case <-release:
-		case <-ctx.Done():
-		}
-		return nil
-	}}
+	hog := newHog()
 	quick := &gendurable.Job[spanArgs]{Name: "quick", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
 		return nil
 	}}
-	cfg := fastConfig("", hog, quick)
+	cfg := fastConfig("", hog.Job, quick)
 	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond,
 		MaxPollInterval: 20 * time.Millisecond}}
 	b := setup(t, cfg)
-	defer close(release)
+	defer close(hog.release)
 	var ps []gendurable.InsertParams
 	for range 30 {
 		ps = append(ps, quick.New(spanArgs{}))
@@ -183,11 +199,7 @@ func TestAKeyedClaimThatWaitsTooLongGoesBack(t *testing.T) {
 	require.NoError(t, err)
 	b.insert(hog.New(spanArgs{}).With(gendurable.InsertOpts{RunAt: time.Now().Add(time.Second)}))
 	b.start()
-	select {
-	case <-entered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the hog's step did not start")
-	}
+	hog.wait(t)
 	var ids []int64
 	for i := range 4 {
 		ids = append(ids, b.insert(quick.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("k", i)})))
@@ -200,13 +212,7 @@ func TestAKeyedClaimThatWaitsTooLongGoesBack(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	require.Zero(t, b.count(claimed), "keyed rows claimed again by the engine whose slot is stuck")
 
-	cfg2 := b.eng.Config()
-	cfg2.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, PollInterval: 20 * time.Millisecond}}
-	cfg2.Logger = testLogger(t)
-	eng2, err := gendurable.New(b.pool, &cfg2)
-	require.NoError(t, err)
-	require.NoError(t, eng2.Start(context.Background()))
-	t.Cleanup(func() { _ = eng2.Stop(context.Background()) })
+	b.startIdleEngine(4)
 	for _, id := range ids {
 		r := b.waitStatus(id, "done", 10*time.Second) // while the hog's step still runs
 		require.Zero(t, r.Attempt, "instance %d: a claim handed back unstarted costs no attempt", id)
@@ -315,6 +321,88 @@ func TestSlowStepsMakeNoKeyedClaimTheyCannotStart(t *testing.T) {
 	b.start()
 	b.waitStatus(res[2].ID, "done", 30*time.Second) // three steps' ends, in insert order
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.handed_back`), "keyed claims handed back")
+}
+
+// TestAKeyedRowIsNotShutOutByASlowPlainBacklog: a worker whose slots are
+// refilled from its buffer of plain claims as they free, with steps too
+// slow for its turnover to count, still claims a keyed row — one, while
+// none is buffered — and runs it in turn (a review: the keyed row ran
+// after all 16 plain ones of 1.5 s, where 4 went first before).
+func TestAKeyedRowIsNotShutOutByASlowPlainBacklog(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[spanArgs]{Name: "slowish", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		if r.PartitionKey != "" {
+			return nil
+		}
+		select {
+		case <-time.After(1500 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration = 10 * time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for range 16 {
+		ps = append(ps, job.New(spanArgs{}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	time.Sleep(500 * time.Millisecond)
+	r := b.waitStatus(b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})), "done", 30*time.Second)
+	require.GreaterOrEqual(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NULL AND (status <> 'done' OR finished_at > $1)`,
+		*r.FinishedAt), 10, "plain rows still to run when the keyed row was done")
+}
+
+// TestAWorkerThatHandedAKeyedClaimBackClaimsNoneUntilAStepReturns: four
+// slots in lockstep steps of 3 s, all keyed. When the slots free together
+// the worker's turnover says one more will free within a second, so it
+// claims one ahead; none frees, and the claim goes back after 2 s — and
+// no keyed row is claimed again until a step returns (a review: the next
+// pick, 66 ms later, claimed another, so one key or another was held for
+// 3 s of every 3).
+func TestAWorkerThatHandedAKeyedClaimBackClaimsNoneUntilAStepReturns(t *testing.T) {
+	t.Parallel()
+	var b *testBundle
+	slow := &gendurable.Job[spanArgs]{Name: "lockstep", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		select {
+		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
+		}
+		_, err := b.pool.Exec(ctx, replaceSchema(`INSERT INTO {{s}}.trail VALUES ('end', clock_timestamp())`, b.schema))
+		return err
+	}}
+	cfg := fastConfig("", slow)
+	cfg.LeaseDuration = 10 * time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, Prefetch: 4, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 50 * time.Millisecond}}
+	b = setup(t, cfg)
+	b.exec(`CREATE TABLE {{s}}.trail (what text, at timestamptz)`)
+	b.exec(`CREATE FUNCTION {{s}}.note_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+	  INSERT INTO {{s}}.trail VALUES (CASE WHEN NEW.status = 'executing' THEN 'claim' ELSE 'back' END, clock_timestamp());
+	  RETURN NEW;
+	END $$`)
+	b.exec(`CREATE TRIGGER note_claim AFTER UPDATE ON {{s}}.gendurable_instances FOR EACH ROW
+	        WHEN ((OLD.status, NEW.status) IN (('runnable', 'executing'), ('executing', 'runnable'))) EXECUTE FUNCTION {{s}}.note_claim()`)
+	var ps []gendurable.InsertParams
+	for i := range 16 {
+		ps = append(ps, slow.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("k", i)}))
+	}
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	b.waitStatus(res[4].ID, "done", 30*time.Second) // the second wave is done: two lockstep ends
+	require.Positive(t, b.count(`SELECT count(*) FROM {{s}}.trail WHERE what = 'back'`), "no claim went back: the test did not reach its case")
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.trail AS back
+		WHERE back.what = 'back'
+		  AND (SELECT min(c.at) FROM {{s}}.trail AS c WHERE c.what = 'claim' AND c.at > back.at)
+		    < coalesce((SELECT min(e.at) FROM {{s}}.trail AS e WHERE e.what = 'end' AND e.at > back.at), 'infinity')`),
+		"a keyed row claimed after a hand-back before any step returned")
 }
 
 // TestKeyedStepsHoldNoConnection: a running keyed step pins no pool

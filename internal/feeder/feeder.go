@@ -254,6 +254,11 @@ type Feeder struct {
 	freed    [4]int
 	freedIdx int
 	freedAt  time.Time
+	// lastFreed is when a step last returned. keyedStuck: a keyed claim
+	// went back overdue since (keyedOverdueLocked), so picks claim keyed
+	// rows only into slots free now until a step returns.
+	lastFreed  time.Time
+	keyedStuck bool
 	// pollAt is Run's next poll (UnixNano), for Hurry.
 	pollAt   atomic.Int64
 	released int // rows handed back when Run stopped
@@ -865,21 +870,36 @@ const keyedHorizon = time.Second
 // count as one about to free) — less the buffered claims a keyed claim
 // taken now would start behind (dispatchOrder). A worker whose steps are
 // stuck, or take more than a horizon each, claims keyed rows only into
-// slots free now; the rest of its prefetch window is for plain rows. The
-// caller holds s.mu.
+// slots free now; the rest of its prefetch window is for plain rows. But a
+// worker busy with plain claims, none keyed buffered, may claim one keyed
+// row: else a backlog of slow plain steps, whose claims fill every slot
+// as it frees, would leave no keyed row a place for as long as it lasts (a
+// review: one keyed row behind 16 plain ones of 1.5 s ran after all of
+// them). After a keyed claim went back overdue, only slots free now count
+// until a step returns (keyedStuck). The caller holds s.mu.
 func (s *Feeder) keyedRoomLocked() int {
 	now := time.Now()
+	free := s.cfg.Concurrency - s.inFlight
+	ahead, keyed := 0, false
+	for i := range s.buffer {
+		if s.buffer[i].PartitionKey != nil {
+			keyed = true
+		}
+		if !dispatchOrder(&s.buffer[i]).After(now) {
+			ahead++
+		}
+	}
+	if s.keyedStuck {
+		return max(0, free-ahead)
+	}
 	s.rollFreedLocked(now)
 	freed := 0
 	for _, n := range s.freed {
 		freed += n
 	}
-	room := max(s.cfg.Concurrency-s.inFlight, freed/len(s.freed))
-	for i := range s.buffer {
-		if dispatchOrder(&s.buffer[i]).After(now) {
-			break
-		}
-		room--
+	room := max(free, freed/len(s.freed)) - ahead
+	if room <= 0 && !keyed && len(s.buffer) > 0 {
+		room = 1 // the buffer holds plain claims only
 	}
 	return max(0, room)
 }
@@ -898,11 +918,13 @@ func dispatchOrder(c *sqlq.Claimed) time.Time {
 }
 
 // keyedOverdueLocked reports whether c is a keyed claim that has waited in
-// the buffer for a running slot for twice keyedHorizon — steps expected to
-// end went on — and may go back: its clear is not in flight (unmarking),
-// and its key has no rate (its claim spent a start of the key's bucket,
-// which a release does not give back). If one is not yet overdue, Run is
-// woken to dispatch when it will be (paceWake). The caller holds s.mu.
+// the buffer for a running slot for twice keyedHorizon with no step of
+// this worker returning meanwhile — its slots are stuck — and may go back:
+// its clear is not in flight (unmarking), and its key has no rate (its
+// claim spent a start of the key's bucket, which a release does not give
+// back). A claim behind others while steps keep returning waits its turn.
+// If one is not yet overdue, Run is woken to dispatch when it will be
+// (paceWake). The caller holds s.mu.
 func (s *Feeder) keyedOverdueLocked(c sqlq.Claimed, now time.Time) bool {
 	if c.PartitionKey == nil {
 		return false
@@ -916,7 +938,11 @@ func (s *Feeder) keyedOverdueLocked(c sqlq.Claimed, now time.Time) bool {
 			return false
 		}
 	}
-	due := c.Buffered.Add(2 * keyedHorizon)
+	due := c.Buffered
+	if s.lastFreed.After(due) {
+		due = s.lastFreed
+	}
+	due = due.Add(2 * keyedHorizon)
 	if now.Before(due) {
 		if s.paceWake.IsZero() || due.Before(s.paceWake) {
 			s.paceWake = due
@@ -943,11 +969,14 @@ func (s *Feeder) rollFreedLocked(now time.Time) {
 // slotFreedLocked counts a running slot freed by a step that returned.
 // The caller holds s.mu.
 func (s *Feeder) slotFreedLocked() {
-	s.rollFreedLocked(time.Now())
+	now := time.Now()
+	s.rollFreedLocked(now)
 	s.freed[s.freedIdx]++
-	if s.keyedShut {
+	s.lastFreed = now
+	if s.keyedShut || s.keyedStuck {
 		s.more = true // room for a keyed row the last pick left
 	}
+	s.keyedStuck = false
 }
 
 // busyPoll is the poll interval after a pick that found rows.
@@ -1252,10 +1281,12 @@ func (s *Feeder) dispatch(workCtx context.Context) {
 		if free <= 0 {
 			for _, c := range s.buffer[i:] {
 				if s.keyedOverdueLocked(c, now) {
-					// Waited for a slot past the horizon it was claimed
-					// for: its key goes back to the other workers.
+					// Its worker's slots are stuck: its key goes back to
+					// the other workers, and no keyed row is claimed
+					// ahead of a free slot until a step returns.
 					delete(s.held, c.Token)
 					back.add(c.ID, c.Token)
+					s.keyedStuck = true
 					continue
 				}
 				kept = append(kept, c)
