@@ -304,14 +304,7 @@ func TestSlowStepsMakeNoKeyedClaimTheyCannotStart(t *testing.T) {
 	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond,
 		MaxPollInterval: 50 * time.Millisecond}}
 	b := setup(t, cfg)
-	b.exec(`CREATE TABLE {{s}}.handed_back (id bigint)`)
-	b.exec(`CREATE FUNCTION {{s}}.note_hand_back() RETURNS trigger LANGUAGE plpgsql AS $$
-	BEGIN
-	  INSERT INTO {{s}}.handed_back VALUES (NEW.id);
-	  RETURN NEW;
-	END $$`)
-	b.exec(`CREATE TRIGGER note_hand_back AFTER UPDATE ON {{s}}.gendurable_instances FOR EACH ROW
-	        WHEN (OLD.status = 'executing' AND NEW.status = 'runnable') EXECUTE FUNCTION {{s}}.note_hand_back()`)
+	b.noteHandBacks()
 	var ps []gendurable.InsertParams
 	for i := range 4 {
 		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("k", i)}))
@@ -403,6 +396,130 @@ func TestAWorkerThatHandedAKeyedClaimBackClaimsNoneUntilAStepReturns(t *testing.
 		  AND (SELECT min(c.at) FROM {{s}}.trail AS c WHERE c.what = 'claim' AND c.at > back.at)
 		    < coalesce((SELECT min(e.at) FROM {{s}}.trail AS e WHERE e.what = 'end' AND e.at > back.at), 'infinity')`),
 		"a keyed row claimed after a hand-back before any step returned")
+}
+
+// noteHandBacks makes the schema note in table handed_back each row that
+// goes from executing back to runnable (a claim handed back or reaped).
+func (b *testBundle) noteHandBacks() {
+	b.exec(`CREATE TABLE {{s}}.handed_back (id bigint, at timestamptz)`)
+	b.exec(`CREATE FUNCTION {{s}}.note_hand_back() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+	  INSERT INTO {{s}}.handed_back VALUES (NEW.id, clock_timestamp());
+	  RETURN NEW;
+	END $$`)
+	b.exec(`CREATE TRIGGER note_hand_back AFTER UPDATE ON {{s}}.gendurable_instances FOR EACH ROW
+	        WHEN (OLD.status = 'executing' AND NEW.status = 'runnable') EXECUTE FUNCTION {{s}}.note_hand_back()`)
+}
+
+// TestAKeyedRowBehindStepsThatReturnSlowlyIsNotHandedBack: the floor's
+// keyed claim of a worker whose plain steps return 2.2 s apart goes to the
+// head of its buffer and takes the next slot that frees (a review: behind
+// the plain claims more than a second old, it went back at every gap, 4
+// and 5 times, and ran after 8 of 9 plain rows).
+func TestAKeyedRowBehindStepsThatReturnSlowlyIsNotHandedBack(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int32
+	job := &gendurable.Job[spanArgs]{Name: "staggered", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		if r.PartitionKey != "" {
+			return nil
+		}
+		d := 4400 * time.Millisecond
+		if n.Add(1) == 1 {
+			d = 2200 * time.Millisecond
+		}
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration = 20 * time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	b.noteHandBacks()
+	var ps []gendurable.InsertParams
+	for range 9 {
+		ps = append(ps, job.New(spanArgs{}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	time.Sleep(500 * time.Millisecond)
+	id := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
+	r := b.waitStatus(id, "done", 60*time.Second)
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.handed_back WHERE id = $1`, id), "the keyed claim went back")
+	require.GreaterOrEqual(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NULL AND (status <> 'done' OR finished_at > $1)`,
+		*r.FinishedAt), 5, "plain rows still to run when the keyed row was done")
+}
+
+// TestTheFloorsKeyedClaimTakesTheNextFreeSlot: a worker with a deep buffer
+// of plain claims (Prefetch 16, two slots, steps of 1.2 s) claims a keyed
+// row by the floor at the head of its buffer, so it starts when the next
+// slot frees; another engine idles meanwhile (a review: behind every plain
+// claim more than a second old, it took 9.3 s).
+func TestTheFloorsKeyedClaimTakesTheNextFreeSlot(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[spanArgs]{Name: "slowish", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		if r.PartitionKey != "" {
+			return nil
+		}
+		select {
+		case <-time.After(1200 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration = 20 * time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, Prefetch: 16, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for range 18 {
+		ps = append(ps, job.New(spanArgs{}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	time.Sleep(1500 * time.Millisecond)
+	r := b.waitStatus(b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})), "done", 40*time.Second)
+	require.GreaterOrEqual(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NULL AND (status <> 'done' OR finished_at > $1)`,
+		*r.FinishedAt), 12, "plain rows still to run when the keyed row was done")
+}
+
+// TestAStuckWorkerHoldsNoRatedKeyByTheFloor: a worker of one slot stuck in
+// a long step, with plain claims buffered, claims no keyed row by the
+// floor (none of its steps returned lately), rated or not, and another
+// engine runs it (a review: a rated key's row was claimed and, exempt from
+// the hand-back then, held for as long as the step ran).
+func TestAStuckWorkerHoldsNoRatedKeyByTheFloor(t *testing.T) {
+	t.Parallel()
+	hog := newHog()
+	quick := &gendurable.Job[spanArgs]{Name: "quick", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error { return nil }}
+	cfg := fastConfig("", hog.Job, quick)
+	cfg.LeaseDuration = 10 * time.Second
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "r-", Limit: 1, Rate: 100}}
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	defer close(hog.release)
+	b.insert(hog.New(spanArgs{}))
+	b.start()
+	hog.wait(t)
+	b.insert(hog.New(spanArgs{}))
+	b.insert(hog.New(spanArgs{}))
+	eventually(t, 5*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 3
+	}, "plain claims buffered behind the stuck slot")
+	time.Sleep(2200 * time.Millisecond) // past two horizons since anything returned
+	b.noteHandBacks()
+	b.startIdleEngine(4)
+	id := b.insert(quick.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "r-1"}))
+	r := b.waitStatus(id, "done", 10*time.Second)
+	require.Zero(t, r.Attempt)
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.handed_back WHERE id = $1`, id), "the stuck worker claimed the keyed row")
 }
 
 // TestKeyedStepsHoldNoConnection: a running keyed step pins no pool

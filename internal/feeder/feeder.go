@@ -259,6 +259,9 @@ type Feeder struct {
 	// rows only into slots free now until a step returns.
 	lastFreed  time.Time
 	keyedStuck bool
+	// keyedFirst: the pick in flight may claim one keyed row by the floor
+	// (keyedRoomLocked), which add puts at the head of the buffer.
+	keyedFirst bool
 	// pollAt is Run's next poll (UnixNano), for Hurry.
 	pollAt   atomic.Int64
 	released int // rows handed back when Run stopped
@@ -731,7 +734,8 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 			}
 		}
 		demand := s.demandLocked()
-		keyed := s.keyedRoomLocked()
+		keyed, first := s.keyedRoomLocked()
+		s.keyedFirst = first
 		idle := s.inFlight+len(s.buffer) == 0 && s.committing == 0
 		// Pick when there is room (at least MinDemand, or anything when
 		// idle) and a reason to look: a full last pick, a kick, a poll tick,
@@ -871,13 +875,15 @@ const keyedHorizon = time.Second
 // taken now would start behind (dispatchOrder). A worker whose steps are
 // stuck, or take more than a horizon each, claims keyed rows only into
 // slots free now; the rest of its prefetch window is for plain rows. But a
-// worker busy with plain claims, none keyed buffered, may claim one keyed
-// row: else a backlog of slow plain steps, whose claims fill every slot
+// worker whose buffer holds plain claims and no keyed one, and one of whose
+// steps returned within the last two horizons, may claim one keyed row
+// (first: it goes to the head of the buffer and takes the next slot that
+// frees): else a backlog of slow plain steps, whose claims fill every slot
 // as it frees, would leave no keyed row a place for as long as it lasts (a
 // review: one keyed row behind 16 plain ones of 1.5 s ran after all of
 // them). After a keyed claim went back overdue, only slots free now count
 // until a step returns (keyedStuck). The caller holds s.mu.
-func (s *Feeder) keyedRoomLocked() int {
+func (s *Feeder) keyedRoomLocked() (room int, first bool) {
 	now := time.Now()
 	free := s.cfg.Concurrency - s.inFlight
 	ahead, keyed := 0, false
@@ -890,18 +896,24 @@ func (s *Feeder) keyedRoomLocked() int {
 		}
 	}
 	if s.keyedStuck {
-		return max(0, free-ahead)
+		return max(0, free-ahead), false
 	}
+	room = max(free, s.freedLocked(now)/len(s.freed)) - ahead
+	if room <= 0 && !keyed && len(s.buffer) > 0 && now.Sub(s.lastFreed) < 2*keyedHorizon {
+		return 1, true // the buffer holds plain claims only, and they are starting
+	}
+	return max(0, room), false
+}
+
+// freedLocked is how many running slots freed over the last len(s.freed)
+// horizons. The caller holds s.mu.
+func (s *Feeder) freedLocked(now time.Time) int {
 	s.rollFreedLocked(now)
-	freed := 0
-	for _, n := range s.freed {
-		freed += n
+	n := 0
+	for _, f := range s.freed {
+		n += f
 	}
-	room := max(free, freed/len(s.freed)) - ahead
-	if room <= 0 && !keyed && len(s.buffer) > 0 {
-		room = 1 // the buffer holds plain claims only
-	}
-	return max(0, room)
+	return n
 }
 
 // dispatchOrder is where a buffered claim stands in the order dispatch
@@ -920,11 +932,11 @@ func dispatchOrder(c *sqlq.Claimed) time.Time {
 // keyedOverdueLocked reports whether c is a keyed claim that has waited in
 // the buffer for a running slot for twice keyedHorizon with no step of
 // this worker returning meanwhile — its slots are stuck — and may go back:
-// its clear is not in flight (unmarking), and its key has no rate (its
-// claim spent a start of the key's bucket, which a release does not give
-// back). A claim behind others while steps keep returning waits its turn.
-// If one is not yet overdue, Run is woken to dispatch when it will be
-// (paceWake). The caller holds s.mu.
+// its clear is not in flight (unmarking). A claim behind others while steps keep returning waits its
+// turn. (A rated key's claim goes back too: its start is spent, so the key
+// runs one start below its rate, never above.) If one is not yet overdue,
+// Run is woken to dispatch when it will be (paceWake). The caller holds
+// s.mu.
 func (s *Feeder) keyedOverdueLocked(c sqlq.Claimed, now time.Time) bool {
 	if c.PartitionKey == nil {
 		return false
@@ -932,11 +944,6 @@ func (s *Feeder) keyedOverdueLocked(c sqlq.Claimed, now time.Time) bool {
 	h := s.held[c.Token]
 	if h == nil || h.unmarking {
 		return false
-	}
-	if s.cfg.KeyRate != nil {
-		if rate, _ := s.cfg.KeyRate(*c.PartitionKey); rate > 0 {
-			return false
-		}
 	}
 	due := c.Buffered
 	if s.lastFreed.After(due) {
@@ -1245,10 +1252,14 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 		c.Buffered = now
 		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease)}
 		// In dispatchOrder: a plain claim goes last, a keyed one ahead of
-		// the plain claims taken within the last keyedHorizon.
+		// the plain claims taken within the last keyedHorizon — or first,
+		// claimed by the floor (keyedRoomLocked).
 		at := len(s.buffer)
 		for at > 0 && dispatchOrder(&s.buffer[at-1]).After(dispatchOrder(c)) {
 			at--
+		}
+		if c.PartitionKey != nil && s.keyedFirst {
+			at, s.keyedFirst = 0, false
 		}
 		s.buffer = slices.Insert(s.buffer, at, *c)
 	}
