@@ -522,6 +522,58 @@ func TestAStuckWorkerHoldsNoRatedKeyByTheFloor(t *testing.T) {
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.handed_back WHERE id = $1`, id), "the stuck worker claimed the keyed row")
 }
 
+// TestBufferedPlainClaimsArePassedByOneKeyedClaimAtMost: a worker of one
+// slot with plain claims buffered runs keyed rows as they come — by the
+// plain-backlog exception's claims, each at the head of its buffer, or, for
+// one hot key, by hand-offs — but each plain claim waits behind one such
+// claim at most, and no hand-off passes a claim that has waited a second,
+// so the plain rows are done long before the keyed backlog (a review: the
+// keyed claims, and a hot key's hand-offs, went ahead of the same three
+// plain claims, which started 5–15 s after they were claimed, after all 8
+// keyed rows, while another engine idled).
+func TestBufferedPlainClaimsArePassedByOneKeyedClaimAtMost(t *testing.T) {
+	t.Parallel()
+	for name, key := range map[string]func(i int) string{
+		"one hot key":   func(int) string { return "k" },
+		"distinct keys": func(i int) string { return fmt.Sprint("k", i) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			job := &gendurable.Job[spanArgs]{Name: "even", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+				select {
+				case <-time.After(1200 * time.Millisecond):
+				case <-ctx.Done():
+				}
+				return nil
+			}}
+			cfg := fastConfig("", job)
+			cfg.LeaseDuration = 20 * time.Second
+			cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 4, PollInterval: 20 * time.Millisecond,
+				MaxPollInterval: 50 * time.Millisecond}}
+			b := setup(t, cfg)
+			var ps []gendurable.InsertParams
+			for range 5 {
+				ps = append(ps, job.New(spanArgs{}))
+			}
+			_, err := b.eng.InsertMany(context.Background(), ps)
+			require.NoError(t, err)
+			b.start()
+			time.Sleep(1500 * time.Millisecond)
+			ps = nil
+			for i := range 8 {
+				ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: key(i)}))
+			}
+			_, err = b.eng.InsertMany(context.Background(), ps)
+			require.NoError(t, err)
+			eventually(t, 60*time.Second, func() bool {
+				return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NULL AND status = 'done'`) == 5
+			}, "the plain rows finished")
+			require.LessOrEqual(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NOT NULL AND status = 'done'`), 4,
+				"keyed rows done by the time the plain rows were")
+		})
+	}
+}
+
 // TestKeyedStepsHoldNoConnection: a running keyed step pins no pool
 // connection (its slot is its row), so eight keyed steps run at once on a
 // pool of three connections.
