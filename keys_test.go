@@ -574,6 +574,41 @@ func TestBufferedPlainClaimsArePassedByOneKeyedClaimAtMost(t *testing.T) {
 	}
 }
 
+// TestAHandOffChainDoesNotShutANewKeyOut: two slots each run a chain of
+// hand-offs through a hot key's rows; a row of a new key inserted meanwhile
+// starts long before the chains run out. A hand-off counts as a slot that
+// turned over, so the worker claims the new key's row, and once it has
+// waited a second the chains stop for it (a review: uncounted, the worker
+// saw no turnover, claimed no keyed row, and the new key waited 4–6 s,
+// until the 1,200 hot rows were nearly done).
+func TestAHandOffChainDoesNotShutANewKeyOut(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[spanArgs]{Name: "chain", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		if r.PartitionKey != "cold" {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration = 10 * time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for i := range 1600 {
+		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("hot", i%2)}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	// Long enough for the turnover of the chains' first steps, which
+	// returned, to leave the last four seconds' count.
+	time.Sleep(4500 * time.Millisecond)
+	r := b.waitStatus(b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "cold"})), "done", 60*time.Second)
+	require.GreaterOrEqual(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key LIKE 'hot%' AND (status <> 'done' OR finished_at > $1)`,
+		*r.FinishedAt), 300, "hot rows still to run when the new key's row was done")
+}
+
 // TestKeyedStepsHoldNoConnection: a running keyed step pins no pool
 // connection (its slot is its row), so eight keyed steps run at once on a
 // pool of three connections.
