@@ -926,7 +926,9 @@ func (s *Feeder) freedLocked(now time.Time) int {
 // moment it was claimed, a plain one a keyedHorizon later. A keyed claim
 // holds its key's slot while it waits, so it goes ahead of the plain
 // claims taken less than a horizon before it — and of no older one: a
-// stream of keyed claims cannot hold a plain claim back for longer.
+// stream of keyed claims cannot hold a plain claim back for longer. (The
+// one keyed claim keyedRoomLocked allows a worker busy with plain claims
+// goes first instead; add lets each plain claim be passed so once.)
 func dispatchOrder(c *sqlq.Claimed) time.Time {
 	if c.PartitionKey != nil {
 		return c.Buffered
@@ -937,11 +939,11 @@ func dispatchOrder(c *sqlq.Claimed) time.Time {
 // keyedOverdueLocked reports whether c is a keyed claim that has waited in
 // the buffer for a running slot for twice keyedHorizon with no step of
 // this worker returning meanwhile — its slots are stuck — and may go back:
-// its clear is not in flight (unmarking). A claim behind others while steps keep returning waits its
-// turn. (A rated key's claim goes back too: its start is spent, so the key
-// runs one start below its rate, never above.) If one is not yet overdue,
-// Run is woken to dispatch when it will be (paceWake). The caller holds
-// s.mu.
+// its clear is not in flight (unmarking). A claim behind others while
+// steps keep returning waits its turn. (A rated key's claim goes back too:
+// its start is spent, so the key runs one start below its rate, never
+// above.) If one is not yet overdue, Run is woken to dispatch when it will
+// be (paceWake). The caller holds s.mu.
 func (s *Feeder) keyedOverdueLocked(c sqlq.Claimed, now time.Time) bool {
 	if c.PartitionKey == nil {
 		return false
