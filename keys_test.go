@@ -323,32 +323,42 @@ func TestSlowStepsMakeNoKeyedClaimTheyCannotStart(t *testing.T) {
 // after all 16 plain ones of 1.5 s, where 4 went first before).
 func TestAKeyedRowIsNotShutOutByASlowPlainBacklog(t *testing.T) {
 	t.Parallel()
+	left := keyedRowBehindAPlainBacklog(t, gendurable.QueueConfig{Concurrency: 2}, 16, 1500*time.Millisecond, 500*time.Millisecond)
+	require.GreaterOrEqual(t, left, 10, "plain rows still to run when the keyed row was done")
+}
+
+// keyedRowBehindAPlainBacklog starts an engine of queue q (its poll
+// intervals 20–50 ms) on n plain rows whose steps take step, inserts a
+// keyed row (whose step returns at once) after, and returns how many
+// plain rows were still to run when the keyed row was done.
+func keyedRowBehindAPlainBacklog(t *testing.T, q gendurable.QueueConfig, n int, step, after time.Duration) int {
+	t.Helper()
 	job := &gendurable.Job[spanArgs]{Name: "slowish", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
 		if r.PartitionKey != "" {
 			return nil
 		}
 		select {
-		case <-time.After(1500 * time.Millisecond):
+		case <-time.After(step):
 		case <-ctx.Done():
 		}
 		return nil
 	}}
 	cfg := fastConfig("", job)
-	cfg.LeaseDuration = 10 * time.Second
-	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond,
-		MaxPollInterval: 50 * time.Millisecond}}
+	cfg.LeaseDuration = 20 * time.Second
+	q.PollInterval, q.MaxPollInterval = 20*time.Millisecond, 50*time.Millisecond
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": q}
 	b := setup(t, cfg)
 	var ps []gendurable.InsertParams
-	for range 16 {
+	for range n {
 		ps = append(ps, job.New(spanArgs{}))
 	}
 	_, err := b.eng.InsertMany(context.Background(), ps)
 	require.NoError(t, err)
 	b.start()
-	time.Sleep(500 * time.Millisecond)
-	r := b.waitStatus(b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})), "done", 30*time.Second)
-	require.GreaterOrEqual(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NULL AND (status <> 'done' OR finished_at > $1)`,
-		*r.FinishedAt), 10, "plain rows still to run when the keyed row was done")
+	time.Sleep(after)
+	r := b.waitStatus(b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})), "done", 40*time.Second)
+	return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NULL AND (status <> 'done' OR finished_at > $1)`,
+		*r.FinishedAt)
 }
 
 // TestAWorkerThatHandedAKeyedClaimBackClaimsNoneUntilAStepReturns: four
@@ -461,32 +471,8 @@ func TestAKeyedRowBehindStepsThatReturnSlowlyIsNotHandedBack(t *testing.T) {
 // claim more than a second old, it took 9.3 s).
 func TestTheFloorsKeyedClaimTakesTheNextFreeSlot(t *testing.T) {
 	t.Parallel()
-	job := &gendurable.Job[spanArgs]{Name: "slowish", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
-		if r.PartitionKey != "" {
-			return nil
-		}
-		select {
-		case <-time.After(1200 * time.Millisecond):
-		case <-ctx.Done():
-		}
-		return nil
-	}}
-	cfg := fastConfig("", job)
-	cfg.LeaseDuration = 20 * time.Second
-	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, Prefetch: 16, PollInterval: 20 * time.Millisecond,
-		MaxPollInterval: 50 * time.Millisecond}}
-	b := setup(t, cfg)
-	var ps []gendurable.InsertParams
-	for range 18 {
-		ps = append(ps, job.New(spanArgs{}))
-	}
-	_, err := b.eng.InsertMany(context.Background(), ps)
-	require.NoError(t, err)
-	b.start()
-	time.Sleep(1500 * time.Millisecond)
-	r := b.waitStatus(b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"})), "done", 40*time.Second)
-	require.GreaterOrEqual(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NULL AND (status <> 'done' OR finished_at > $1)`,
-		*r.FinishedAt), 12, "plain rows still to run when the keyed row was done")
+	left := keyedRowBehindAPlainBacklog(t, gendurable.QueueConfig{Concurrency: 2, Prefetch: 16}, 18, 1200*time.Millisecond, 1500*time.Millisecond)
+	require.GreaterOrEqual(t, left, 12, "plain rows still to run when the keyed row was done")
 }
 
 // TestAStuckWorkerHoldsNoRatedKeyByTheFloor: a worker of one slot stuck in
