@@ -460,8 +460,9 @@ func TestAKeyedRowBehindStepsThatReturnSlowlyIsNotHandedBack(t *testing.T) {
 	id := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "k"}))
 	r := b.waitStatus(id, "done", 60*time.Second)
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.handed_back WHERE id = $1`, id), "the keyed claim went back")
+	// Before, 1 of 9 was left; a loaded machine (CI) left 4 with the fix.
 	require.GreaterOrEqual(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key IS NULL AND (status <> 'done' OR finished_at > $1)`,
-		*r.FinishedAt), 5, "plain rows still to run when the keyed row was done")
+		*r.FinishedAt), 2, "plain rows still to run when the keyed row was done")
 }
 
 // TestTheFloorsKeyedClaimTakesTheNextFreeSlot: a worker with a deep buffer
