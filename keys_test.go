@@ -2396,3 +2396,42 @@ func TestPacedRowsKeepTheirNotStartedMark(t *testing.T) {
 	require.LessOrEqual(t, clears.N.Load(), int64(started+3), "paced rows had their marks cleared while they waited")
 	require.Positive(t, started)
 }
+
+// TestASecondTenantIsNotQueuedBehindTheFirstsBuffer: a worker whose running
+// slot and prefetch buffer tenant A fills (its limit the whole window)
+// starts tenant B's row on its next free slot, ahead of A's buffered claims,
+// as the pick gives B the slot by fair share (docs/design.md §6,
+// "Fairness"). Before, B's claim went behind the buffer: the 8 A claims
+// buffered ahead of it started first.
+func TestASecondTenantIsNotQueuedBehindTheFirstsBuffer(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[spanArgs]{Name: "tenant", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		if r.PartitionKey == "tenant-a" {
+			time.Sleep(50 * time.Millisecond)
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, Prefetch: 8, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for range 200 {
+		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "tenant-a", KeyLimit: 9}))
+	}
+	_, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`) >= 10 &&
+			b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 9
+	}, "tenant A fills the running slot and the buffer")
+	before := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'done'`)
+	id := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "tenant-b"}))
+	r := b.waitStatus(id, "done", 30*time.Second)
+	ahead := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE partition_key = 'tenant-a' AND finished_at < $1`,
+		*r.FinishedAt) - before
+	// The step running when B was inserted, and the one the slot took
+	// while B's pick was in flight; a third for a late pick.
+	require.LessOrEqual(t, ahead, 3, "A's steps that finished between B's insert and B's end")
+}

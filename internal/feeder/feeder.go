@@ -212,6 +212,12 @@ type held struct {
 	// passed: a plain claim a keyed one went ahead of by keyedFirst (add):
 	// no other will.
 	passed bool
+	// key: a keyed claim's partition key (a hand-off keeps it: the
+	// successor is of the same key). level: a buffered keyed claim's place
+	// among its key's claims this feeder held when it was buffered (1: its
+	// key's only one), by which add orders the buffer (fairAtLocked).
+	key   *string
+	level int
 }
 
 // Feeder feeds one queue.
@@ -1248,6 +1254,13 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 	defer s.mu.Unlock()
 	now := time.Now()
 	var back unstarted
+	var levels map[string]int // keyLevelsLocked, and the keyed claims buffered since
+	for i := range rows {
+		if rows[i].PartitionKey != nil {
+			levels = s.keyLevelsLocked()
+			break
+		}
+	}
 	for i := range rows {
 		c := &rows[i]
 		if s.cancelledSinceLocked(c.ID, start) {
@@ -1257,13 +1270,17 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 			continue
 		}
 		c.Buffered = now
-		s.held[c.Token] = &held{id: c.ID, deadline: start.Add(s.cfg.Lease)}
+		h := &held{id: c.ID, deadline: start.Add(s.cfg.Lease), key: c.PartitionKey}
+		s.held[c.Token] = h
 		// In dispatchOrder: a plain claim goes last, a keyed one ahead of
 		// the plain claims taken within the last keyedHorizon — or first,
 		// claimed by the floor (keyedRoomLocked).
 		at := len(s.buffer)
 		for at > 0 && dispatchOrder(&s.buffer[at-1]).After(dispatchOrder(c)) {
 			at--
+		}
+		if c.PartitionKey != nil {
+			levels[*c.PartitionKey]++
 		}
 		if c.PartitionKey != nil && s.keyedFirst {
 			// Ahead of the plain claims no such claim has passed before,
@@ -1280,6 +1297,9 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 					h.passed = true
 				}
 			}
+		} else if c.PartitionKey != nil {
+			h.level = levels[*c.PartitionKey]
+			at = s.fairAtLocked(at, c, h.level, now)
 		}
 		s.buffer = slices.Insert(s.buffer, at, *c)
 	}
@@ -1287,6 +1307,45 @@ func (s *Feeder) add(rows []sqlq.Claimed, start time.Time) {
 		s.goGiveBackLocked(back)
 	}
 	s.armLocked(start.Add(s.cfg.Lease))
+}
+
+// keyLevelsLocked counts this feeder's claims of each key — running,
+// committing or buffered — before the claims add is buffering now. The
+// caller holds s.mu.
+func (s *Feeder) keyLevelsLocked() map[string]int {
+	levels := map[string]int{}
+	for _, h := range s.held {
+		if h.key != nil {
+			levels[*h.key]++
+		}
+	}
+	return levels
+}
+
+// fairAtLocked is where in the buffer a keyed claim c of level goes, at or
+// before at (its place by dispatchOrder): ahead of the keyed claims of other
+// keys buffered at a higher level, within a horizon. So the buffer is shared
+// between keys as the pick shares its batch (docs/design.md §6, "Fairness"):
+// a tenant whose rows fill every running slot and the buffer behind them
+// does not keep another tenant's claims waiting behind its own (before, a
+// second tenant's claims waited for the whole buffer: the keys bench's
+// fairness phase). It passes no claim of its own key (rows of a key start
+// in the order they were claimed), no plain claim (their order is
+// dispatchOrder's and keyedFirst's), no claim buffered keyedHorizon ago or
+// more (MayHandOff judges by the head claim's wait; a claim waits at most
+// about that long for being passed), and no claim with no level (the
+// floor's head claim). The caller holds s.mu.
+func (s *Feeder) fairAtLocked(at int, c *sqlq.Claimed, level int, now time.Time) int {
+	for at > 0 {
+		b := &s.buffer[at-1]
+		h := s.held[b.Token]
+		if b.PartitionKey == nil || *b.PartitionKey == *c.PartitionKey || h == nil || h.level <= level ||
+			now.Sub(b.Buffered) >= keyedHorizon {
+			break
+		}
+		at--
+	}
+	return at
 }
 
 // dispatch starts buffered rows into free running slots.
@@ -1912,7 +1971,7 @@ func (h *holder) HandOff(oldToken int64, next *sqlq.Claimed) bool {
 		return false
 	}
 	delete(s.held, oldToken)
-	e.id, e.committing, e.deadline = next.ID, false, deadline
+	e.id, e.committing, e.deadline, e.key = next.ID, false, deadline, next.PartitionKey
 	s.held[next.Token] = e
 	h.token = next.Token
 	s.armLocked(deadline) // as in Continue
