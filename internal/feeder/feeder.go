@@ -1329,8 +1329,8 @@ func (s *Feeder) keyLevelsLocked() map[string]int {
 // a tenant whose rows fill every running slot and the buffer behind them
 // does not keep another tenant's claims waiting behind its own (before, a
 // second tenant's claims waited for the whole buffer: the keys bench's
-// fairness phase). It passes no claim of its own key (rows of a key start
-// in the order they were claimed), no plain claim (their order is
+// fairness phase). It passes no claim of its own key (a key's buffered
+// claims keep the order they were claimed in), no plain claim (their order is
 // dispatchOrder's and keyedFirst's), no claim buffered keyedHorizon ago or
 // more (MayHandOff judges by the head claim's wait; a claim waits at most
 // about that long for being passed), and no claim with no level (the
