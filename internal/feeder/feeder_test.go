@@ -360,6 +360,12 @@ func TestLeaseDeadlineCancelsTheStep(t *testing.T) {
 // TestStoppedProcessCancelsItsStepOnResume stops and continues.
 const envStoppedHelper = "GENDURABLE_FEEDER_STOPPED_HELPER"
 
+// stoppedLease is the helper's lease: long beside its heartbeat interval
+// (a fifth of it), so that a helper starved of CPU by a loaded parallel
+// run still confirms its lease in time (at 500 ms with 100 ms beats, the
+// test failed once so: its step was cancelled before the stop).
+const stoppedLease = 2 * time.Second
+
 // TestHelperStoppedFeeder is not a test: it is the process that
 // TestStoppedProcessCancelsItsStepOnResume stops. It runs a feeder whose
 // heartbeats confirm every lease at once, with one running step that
@@ -370,7 +376,7 @@ func TestHelperStoppedFeeder(t *testing.T) {
 		t.Skip("helper process only")
 	}
 	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, PollInterval: time.Second, MaxPollInterval: time.Second,
-		Lease: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond},
+		Lease: stoppedLease, HeartbeatInterval: stoppedLease / 5},
 		&sqlq.Queries{}, heartbeatDB{mode: "kept"}, nil, &lostLog{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	go s.Heartbeat(context.Background())
 	ended := runHeld(s)
@@ -392,7 +398,7 @@ func TestStoppedProcessCancelsItsStepOnResume(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("reads /proc to see the process stopped")
 	}
-	const lease = 500 * time.Millisecond
+	const lease = stoppedLease
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperStoppedFeeder$")
 	cmd.Env = append(os.Environ(), envStoppedHelper+"=1")
 	out, err := cmd.StdoutPipe()
@@ -434,7 +440,7 @@ func TestStoppedProcessCancelsItsStepOnResume(t *testing.T) {
 		t.Fatalf("helper: %q, want started", l)
 	}
 	// Heartbeats keep the step running for as long as the process runs.
-	if l := next(3 * lease); l != "" {
+	if l := next(2 * lease); l != "" {
 		t.Fatalf("the step ended while its heartbeats confirmed its lease: %s", l)
 	}
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
