@@ -91,11 +91,13 @@ func TestDocumentedDerivedDefaults(t *testing.T) {
 		LeaseDuration:     3 * time.Second,
 		CommitConcurrency: -1,
 		Queues: map[string]QueueConfig{
-			"fastpoll": {PollInterval: 10 * time.Millisecond},
-			"slowpoll": {PollInterval: 10 * time.Second},
-			"none":     {Concurrency: 4, Prefetch: -1, ChainSteps: -1},
-			"set":      {Concurrency: 4, Prefetch: 2},
-			"maxonly":  {MaxPollInterval: 200 * time.Millisecond},
+			"fastpoll":  {PollInterval: 10 * time.Millisecond},
+			"slowpoll":  {PollInterval: 10 * time.Second},
+			"none":      {Concurrency: 4, Prefetch: -1, ChainSteps: -1},
+			"set":       {Concurrency: 4, Prefetch: 2},
+			"global":    {Concurrency: 4, GlobalConcurrency: 8},
+			"globalset": {Concurrency: 4, GlobalConcurrency: 8, Prefetch: 3},
+			"maxonly":   {MaxPollInterval: 200 * time.Millisecond},
 		},
 	})
 	if err != nil {
@@ -111,10 +113,25 @@ func TestDocumentedDerivedDefaults(t *testing.T) {
 		{"MaxPollInterval (5s with a short PollInterval)", c.Queues["fastpoll"].MaxPollInterval, 5 * time.Second},
 		{"MaxPollInterval (PollInterval, if longer than 5s)", c.Queues["slowpoll"].MaxPollInterval, 10 * time.Second},
 		{"BusyPollInterval (25ms with a long PollInterval)", c.Queues["slowpoll"].BusyPollInterval, 25 * time.Millisecond},
-		{"Prefetch (negative: none)", c.Queues["none"].Prefetch, 0},
-		{"ChainSteps (negative: disabled)", c.Queues["none"].ChainSteps, 0},
+		{"Prefetch (negative: none, kept negative)", c.Queues["none"].Prefetch, -1},
+		{"ChainSteps (negative: disabled, kept negative)", c.Queues["none"].ChainSteps, -1},
+		{"Prefetch (none with a GlobalConcurrency)", c.Queues["global"].Prefetch, -1},
+		{"Prefetch (set, with a GlobalConcurrency)", c.Queues["globalset"].Prefetch, 3},
 		{"Prefetch (set)", c.Queues["set"].Prefetch, 2},
 		{"PollInterval (MaxPollInterval, if set and shorter than 1s)", c.Queues["maxonly"].PollInterval, 200 * time.Millisecond},
+	})
+	// A configuration derived from Engine.Config keeps what it says: none
+	// stayed 0 there before, which a New read as the default.
+	e2, err := New(defaultsPool(t), &c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := e2.Config()
+	checkDefaults(t, []defaultCase{
+		{"Prefetch (none, derived)", c2.Queues["none"].Prefetch, -1},
+		{"ChainSteps (disabled, derived)", c2.Queues["none"].ChainSteps, -1},
+		{"Prefetch (none with a GlobalConcurrency, derived)", c2.Queues["global"].Prefetch, -1},
+		{"Prefetch (set, derived)", c2.Queues["set"].Prefetch, 2},
 	})
 }
 

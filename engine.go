@@ -245,7 +245,11 @@ type QueueConfig struct {
 	// charging an attempt once a heartbeat has marked it not started (a row
 	// claimed less than a HeartbeatInterval before the death is charged as a
 	// running step is: see the package doc, "Failures"). 0 means the
-	// default (equal to Concurrency); negative means none.
+	// default: equal to Concurrency, or none in a queue with a
+	// GlobalConcurrency — a buffered claim takes a place of that bound with
+	// no step running, so an engine that prefetched kept the bound's
+	// places from the other processes' free slots (docs/design.md §6,
+	// "Queue-wide"). Negative means none (-1 in [Engine.Config]).
 	Prefetch int
 	// MinDemand: don't pick for fewer free places than this, unless the
 	// queue is idle (fewer, fatter picks). Default 1.
@@ -275,12 +279,14 @@ type QueueConfig struct {
 	// heartbeat; under a lock of the queue taken by each pick). Every process
 	// working the queue should set the same value. It costs each pick of
 	// the queue a read of the live leases of all queues. Default 0: only
-	// Concurrency, per process. At most 2147483647 (the pick's int4).
+	// Concurrency, per process. At most 2147483647 (the pick's int4). Such
+	// a queue prefetches nothing unless Prefetch says otherwise.
 	GlobalConcurrency int
 	// ChainSteps: after a Next without delay commits, the same worker runs
 	// the instance's next step at once (the outcome statement keeps it
 	// claimed), up to this many steps in a row before the instance goes
-	// back to the queue like any other. Default 16; negative disables.
+	// back to the queue like any other. Default 16; negative disables (-1
+	// in [Engine.Config]).
 	ChainSteps int
 }
 
@@ -553,20 +559,28 @@ func belowFloor(where string, floor time.Duration, fields map[string]time.Durati
 	return nil
 }
 
+// prefetch is the rows claimed beyond the running slots: Prefetch once
+// defaulted, none as 0.
+func (qc *QueueConfig) prefetch() int { return max(qc.Prefetch, 0) }
+
 func (qc *QueueConfig) withDefaults(name string) error {
 	setDefault(&qc.Concurrency, DefaultConcurrency)
+	// None is kept as -1, not 0: a configuration derived from
+	// Engine.Config must not come back with the default.
 	switch {
+	case qc.Prefetch == 0 && qc.GlobalConcurrency > 0:
+		qc.Prefetch = -1 // a buffered claim takes a place of the bound (see Prefetch)
 	case qc.Prefetch == 0:
 		qc.Prefetch = qc.Concurrency
 	case qc.Prefetch < 0:
-		qc.Prefetch = 0
+		qc.Prefetch = -1
 	}
 	setDefault(&qc.MinDemand, 1)
 	switch {
 	case qc.ChainSteps == 0:
 		qc.ChainSteps = DefaultChainSteps
 	case qc.ChainSteps < 0:
-		qc.ChainSteps = 0
+		qc.ChainSteps = -1
 	}
 	// An unset interval defaults within the ones set: MaxPollInterval 200ms
 	// alone polls every 200ms at most, not a refusal of the default 1s.
@@ -586,11 +600,11 @@ func (qc *QueueConfig) withDefaults(name string) error {
 		// A worker goroutine per place, started with the feeder: at 1<<20
 		// an idle engine held that many goroutines' stacks.
 		return errorf(ErrInvalidConfig, "queue %q: Concurrency %d above %d", name, qc.Concurrency, maxConcurrency)
-	case qc.Concurrency > maxQueueWindow || qc.Prefetch > maxQueueWindow || qc.Concurrency+qc.Prefetch > maxQueueWindow:
+	case qc.Concurrency > maxQueueWindow || qc.prefetch() > maxQueueWindow || qc.Concurrency+qc.prefetch() > maxQueueWindow:
 		// A pick's batch (and 4 × it, its bound of keys) is an int4.
-		return errorf(ErrInvalidConfig, "queue %q: Concurrency + Prefetch (%d + %d) above %d", name, qc.Concurrency, qc.Prefetch, maxQueueWindow)
-	case qc.MinDemand < 0 || qc.MinDemand > qc.Concurrency+qc.Prefetch:
-		return errorf(ErrInvalidConfig, "queue %q: MinDemand %d outside 1..Concurrency+Prefetch (%d)", name, qc.MinDemand, qc.Concurrency+qc.Prefetch)
+		return errorf(ErrInvalidConfig, "queue %q: Concurrency + Prefetch (%d + %d) above %d", name, qc.Concurrency, qc.prefetch(), maxQueueWindow)
+	case qc.MinDemand < 0 || qc.MinDemand > qc.Concurrency+qc.prefetch():
+		return errorf(ErrInvalidConfig, "queue %q: MinDemand %d outside 1..Concurrency+Prefetch (%d)", name, qc.MinDemand, qc.Concurrency+qc.prefetch())
 	case qc.BusyPollInterval < 0 || qc.PollInterval < qc.BusyPollInterval || qc.MaxPollInterval < qc.PollInterval:
 		return errorf(ErrInvalidConfig, "queue %q: need 0 < BusyPollInterval <= PollInterval <= MaxPollInterval (%s, %s, %s, unset ones at their defaults)",
 			name, qc.BusyPollInterval, qc.PollInterval, qc.MaxPollInterval)
@@ -730,11 +744,11 @@ func (e *Engine) Start(ctx context.Context) error {
 	for name, qc := range e.cfg.Queues {
 		ev := &schedEvents{e: e}
 		s := feeder.New(feeder.Config{
-			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.Prefetch, MinDemand: qc.MinDemand,
+			Queue: name, Concurrency: qc.Concurrency, Prefetch: qc.prefetch(), MinDemand: qc.MinDemand,
 			BusyPollInterval: qc.BusyPollInterval, PollInterval: qc.PollInterval, MaxPollInterval: qc.MaxPollInterval,
 			Lease: e.cfg.LeaseDuration, HeartbeatInterval: e.cfg.HeartbeatInterval, KeyPolicies: keyPolicies,
 			Global: qc.GlobalConcurrency, FloorCheck: feeder.DefaultFloorCheck, KeyRate: e.keyRate,
-		}, e.q, e.pool, e.exec.ForQueue(name, qc.ChainSteps, qc.GlobalConcurrency == 0), ev, e.log)
+		}, e.q, e.pool, e.exec.ForQueue(name, max(qc.ChainSteps, 0), qc.GlobalConcurrency == 0), ev, e.log)
 		rs.scheds[name] = s
 		rs.loops.Add(1)
 		go func() { defer rs.loops.Done(); s.Run(pickCtx, workCtx) }()
