@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,10 +69,11 @@ func setupBouncer(t *testing.T, mode pgx.QueryExecMode, poolSize int, cfg *gendu
 // definitions and queues it needs, what to prepare before the engine
 // starts, and what to run and check once it has.
 type bouncerWorkload struct {
-	name   string
-	defs   []gendurable.Definition
-	queues map[string]gendurable.QueueConfig
-	prep   func(b *testBundle)
+	name     string
+	defs     []gendurable.Definition
+	queues   map[string]gendurable.QueueConfig
+	policies []gendurable.KeyPolicy
+	prep     func(b *testBundle)
 	// run gets the test's bundle (b.pool is the direct pool) and the
 	// engine's pool, which goes through the pooler.
 	run func(b *testBundle, through *pgxpool.Pool)
@@ -89,8 +91,87 @@ func bouncerWorkloads(lease time.Duration) []bouncerWorkload {
 	return []bouncerWorkload{
 		bouncerJobs(), bouncerMachine(), bouncerSignals(), bouncerChildren(),
 		bouncerUnique(), bouncerWithTx(lease, 2), bouncerInsertMany(), bouncerAdmin(),
-		bouncerKeyed(),
+		bouncerKeyed(), bouncerRated(), bouncerGlobal(),
 	}
+}
+
+// bouncerRated: a key rated 20/s with a burst of 3 (its bucket is a table
+// row the pick reads and writes under the key's transaction-level lock):
+// its claims, on the database clock, stay within the bucket in any window.
+func bouncerRated() bouncerWorkload {
+	var mu sync.Mutex
+	var claims []time.Time
+	var direct *pgxpool.Pool
+	var schema string
+	job := &gendurable.Job[spanArgs]{Name: "brated", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		var at time.Time
+		if err := direct.QueryRow(ctx, replaceSchema(`SELECT updated_at FROM {{s}}.gendurable_instances WHERE id = $1 AND claim_token = $2`, schema),
+			r.ID, r.Token).Scan(&at); err != nil {
+			return err
+		}
+		mu.Lock()
+		claims = append(claims, at)
+		mu.Unlock()
+		return nil
+	}}
+	return bouncerWorkload{name: "rated", defs: []gendurable.Definition{job},
+		policies: []gendurable.KeyPolicy{{Prefix: "brate:", Limit: 4, Rate: 20, Per: time.Second, Burst: 3}},
+		prep:     func(b *testBundle) { direct, schema = b.pool, b.schema },
+		run: func(b *testBundle, _ *pgxpool.Pool) {
+			var ps []gendurable.InsertParams
+			for range 30 {
+				ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "brate:acme"}))
+			}
+			res, err := b.eng.InsertMany(context.Background(), ps)
+			require.NoError(b.t, err)
+			for _, r := range res {
+				b.waitStatus(r.ID, "done", bouncerWait)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(b.t, claims, 30)
+			slices.SortFunc(claims, func(a, b time.Time) int { return a.Compare(b) })
+			for _, window := range []time.Duration{250 * time.Millisecond, time.Second} {
+				for i, from := range claims {
+					n := 0
+					for _, c := range claims[i:] {
+						if c.Sub(from) < window {
+							n++
+						}
+					}
+					most := 3 + int(20*window.Seconds()) + 1 // as TestKeyRateLimitsStarts
+					require.LessOrEqual(b.t, n, most, "%d claims in the %s from %s (rate 20/s, burst 3)", n, window, from.Format(time.RFC3339Nano))
+				}
+			}
+		}}
+}
+
+// bouncerGlobal: a queue bounded to 2 running steps (the pick counts its
+// live leases under the queue's transaction-level lock), with 4 slots:
+// never more than 2 at once, and 2 reached.
+func bouncerGlobal() bouncerWorkload {
+	g := newKeyGauge()
+	job := &gendurable.Job[spanArgs]{Name: "bglobal", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		g.enter("all")
+		defer g.leave("all")
+		time.Sleep(40 * time.Millisecond)
+		return nil
+	}}
+	return bouncerWorkload{name: "global", defs: []gendurable.Definition{job},
+		queues: map[string]gendurable.QueueConfig{"bglobal": {Concurrency: 4, GlobalConcurrency: 2,
+			PollInterval: 20 * time.Millisecond, MaxPollInterval: 100 * time.Millisecond}},
+		run: func(b *testBundle, _ *pgxpool.Pool) {
+			var ps []gendurable.InsertParams
+			for range 20 {
+				ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{Queue: "bglobal"}))
+			}
+			res, err := b.eng.InsertMany(context.Background(), ps)
+			require.NoError(b.t, err)
+			for _, r := range res {
+				b.waitStatus(r.ID, "done", bouncerWait)
+			}
+			require.Equal(b.t, 2, g.max("all"), "most steps of the queue at once")
+		}}
 }
 
 // bouncerKeyed: keyed instances of a few hot keys, limit 1 and limit 2, with
@@ -122,8 +203,9 @@ func bouncerKeyed() bouncerWorkload {
 }
 
 // TestPgBouncerTransactionPooling runs jobs, machines, signals, children,
-// unique inserts, WithTx outcomes longer than a lease, InsertMany and the
-// admin API through a PgBouncer in transaction pooling mode, in each pgx
+// unique inserts, WithTx outcomes longer than a lease, InsertMany, the
+// admin API, keyed, rated and GlobalConcurrency-bounded work through a
+// PgBouncer in transaction pooling mode, in each pgx
 // exec mode that PgBouncer 1.18 supports (the README's first): all finish.
 //
 // Not parallel with other tests: its workloads are parallel subtests, which
@@ -155,6 +237,7 @@ func runBouncerWorkloads(t *testing.T, mode pgx.QueryExecMode) {
 	}
 	for _, w := range workloads {
 		cfg.Machines = append(cfg.Machines, w.defs...)
+		cfg.KeyPolicies = append(cfg.KeyPolicies, w.policies...)
 		for q, qc := range w.queues {
 			cfg.Queues[q] = qc
 		}
