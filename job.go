@@ -13,7 +13,7 @@ const JobStep = "perform"
 // Job defines the one-step special case of a machine: Perform runs once per
 // attempt with typed arguments T (stored as the instance's JSON state).
 //
-//   - nil: the job is done.
+//   - nil: the job is done (with PerformResult, its result stored).
 //   - an error: retried with exponential backoff and jitter until MaxAttempts,
 //     then failed. A panic counts as an error.
 //   - an error wrapped with [JobCancel]: failed at once, no more attempts.
@@ -22,8 +22,8 @@ const JobStep = "perform"
 // A job is an instance with one step: it shares every table, index and code
 // path with machines. Register it in [Config.Machines]; insert with [Job.New].
 // A Job must not be modified once used (by [New] or an insert): its fields,
-// Perform included, are read once, at its first use with a Perform set; a
-// test that needs another Perform declares another Job.
+// Perform included, are read once, at its first use with a Perform (or
+// PerformResult) set; a test that needs another Perform declares another Job.
 type Job[T any] struct {
 	// Name identifies the job kind in the database. Required.
 	Name string
@@ -38,8 +38,16 @@ type Job[T any] struct {
 	// Timeout bounds one run of Perform, as [Machine.StepTimeout] does a
 	// step's. Default 0: no timeout.
 	Timeout time.Duration
-	// Perform does the work. Required. job.State holds the arguments.
+	// Perform does the work. job.State holds the arguments. Required,
+	// unless PerformResult is set instead.
 	Perform func(ctx context.Context, job *Run[T]) error
+	// PerformResult is Perform for a job that has a result: when it returns
+	// a nil error, result (any JSON-encodable value, or nil) is stored as
+	// the instance's result, as a machine's [Done] stores it — read it with
+	// [WaitResult] or [Engine.Instance] (its Result). Its errors mean what
+	// Perform's do (a retry, [JobCancel], [JobSnooze]); the result that comes
+	// with an error is not stored. Set Perform or PerformResult, not both.
+	PerformResult func(ctx context.Context, job *Run[T]) (result any, err error)
 
 	once sync.Once
 	m    *Machine[T]
@@ -50,24 +58,33 @@ func (j *Job[T]) definition() (*machineCore, error) {
 		var zero T
 		return nil, errorf(ErrInvalidConfig, "nil *Job[%T]", zero)
 	}
-	if j.Perform == nil {
+	switch {
+	case j.Perform == nil && j.PerformResult == nil:
 		// Before the job's machine is built once for good: a Perform set
 		// after this refusal is the one that runs (it was built without
 		// one, and every run failed "job has no Perform func").
 		return nil, errorf(ErrInvalidConfig, "job %q has no Perform func", j.Name)
+	case j.Perform != nil && j.PerformResult != nil:
+		return nil, errorf(ErrInvalidConfig, "job %q has both Perform and PerformResult: set one", j.Name)
 	}
 	j.once.Do(func() {
-		perform := j.Perform
+		perform, performResult := j.Perform, j.PerformResult
 		j.m = &Machine[T]{
 			Name: j.Name, Version: j.Version, Queue: j.Queue, Start: JobStep,
 			MaxAttempts: j.MaxAttempts, Backoff: j.Backoff, StepTimeout: j.Timeout,
 			Flow: []FlowStep{{Step: JobStep, Kinds: OutcomeDone}}, // finishes, snoozes (Replay) or fails
 			Steps: map[string]StepFunc[T]{JobStep: func(ctx context.Context, r *Run[T]) (Outcome, error) {
-				err := perform(ctx, r)
+				var result any
+				var err error
+				if performResult != nil {
+					result, err = performResult(ctx, r)
+				} else {
+					err = perform(ctx, r)
+				}
 				var snooze *SnoozeError
 				switch {
 				case err == nil:
-					return Done(nil), nil
+					return Done(result), nil
 				case errors.As(err, &snooze):
 					o := replayAsStored(snooze.Delay) // the args as stored, as the default retry's
 					o.snooze = true

@@ -157,3 +157,49 @@ func TestAJobRefusedForItsMissingPerformRunsThePerformSetAfter(t *testing.T) {
 	b.waitStatus(b.insert(job.New(orderArgs{})), "done", 10*time.Second)
 	require.EqualValues(t, 1, ran.Load())
 }
+
+// TestJobPerformResult: a job's PerformResult stores what it returns as the
+// instance's result, as a machine's Done does (WaitResult reads it); a
+// snooze and a retry store nothing until the run that succeeds; a job with
+// both Perform and PerformResult, or neither, is refused.
+func TestJobPerformResult(t *testing.T) {
+	t.Parallel()
+	type receipt struct {
+		ID    string `json:"id"`
+		Tries int    `json:"tries"`
+	}
+	var tries atomic.Int32
+	job := &gendurable.Job[orderArgs]{
+		Name: "with_result", MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 },
+		PerformResult: func(ctx context.Context, j *gendurable.Run[orderArgs]) (any, error) {
+			switch n := tries.Add(1); n {
+			case 1:
+				return receipt{ID: "snoozed"}, gendurable.JobSnooze(10 * time.Millisecond)
+			case 2:
+				return receipt{ID: "failed"}, context.DeadlineExceeded
+			default:
+				return receipt{ID: "r-" + strconv.Itoa(j.State.I), Tries: int(n)}, nil
+			}
+		},
+	}
+	b := setup(t, nil, job)
+	id := b.insert(job.New(orderArgs{I: 7}))
+	b.start()
+	got, err := gendurable.WaitResult[receipt](t.Context(), b.eng, id)
+	require.NoError(t, err)
+	require.Equal(t, receipt{ID: "r-7", Tries: 3}, got)
+	in, err := b.eng.Instance(t.Context(), id)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"id":"r-7","tries":3}`, string(in.Result))
+	require.Equal(t, 1, in.Attempt, "the snooze counted no attempt, the failure one")
+
+	both := &gendurable.Job[orderArgs]{Name: "both",
+		Perform:       func(context.Context, *gendurable.Run[orderArgs]) error { return nil },
+		PerformResult: func(context.Context, *gendurable.Run[orderArgs]) (any, error) { return nil, nil }}
+	_, err = gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{both}})
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+	require.ErrorContains(t, err, "both Perform and PerformResult")
+	neither := &gendurable.Job[orderArgs]{Name: "neither"}
+	_, err = gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{neither}})
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+}
