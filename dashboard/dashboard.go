@@ -201,7 +201,8 @@ type Options struct {
 	// any other host gets 421, so a page whose DNS name was rebound to the
 	// dashboard's address cannot read or act through it. Mounted behind a
 	// proxy, list the public name; "*" turns the check off (for a server
-	// that checks Host itself).
+	// that checks Host itself). There are no wildcards within a name
+	// ("*.example.com" is refused, as is a port outside 1–65535).
 	AllowedHosts []string
 
 	// RequestTimeout bounds the work of one request. Default 10s.
@@ -321,6 +322,12 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 			anyHost = true
 		case h == "" || strings.ContainsAny(h, "/?#@ \t\r\n"):
 			return nil, fmt.Errorf("dashboard: AllowedHosts: %q is not a host name or host:port", h)
+		case strings.Contains(h, "*"):
+			// It would match only a Host header that says "*.example.com"
+			// itself: the check fails closed, but silently (a probe).
+			return nil, fmt.Errorf("dashboard: AllowedHosts: %q: no wildcards within a name; list each name, or \"*\" alone for any", h)
+		case hostPortProblem(h) != "":
+			return nil, fmt.Errorf("dashboard: AllowedHosts: %q %s", h, hostPortProblem(h))
 		}
 		allowed[strings.ToLower(strings.TrimSuffix(h, "."))] = true
 	}
@@ -767,4 +774,34 @@ func cutBase(p, base string) (string, bool) {
 		return p[len(base):], true
 	}
 	return p, false
+}
+
+// hostPortProblem says what is wrong with the port of an AllowedHosts
+// entry written host:port ("" if it has none, or a port 1..65535): one
+// outside that range could never match a Host header.
+func hostPortProblem(h string) string {
+	host, port, err := net.SplitHostPort(h)
+	if err != nil {
+		switch {
+		case strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") && strings.Count(h, "[") == 1:
+			return "" // an IPv6 address in brackets, no port
+		case strings.HasPrefix(h, "[") || strings.Count(h, ":") == 1:
+			return "is not a host name or host:port"
+		}
+		return "" // a name, or an IPv6 address without brackets or port
+	}
+	if host == "" {
+		return "has no host name"
+	}
+	n := 0
+	for _, c := range port {
+		if c < '0' || c > '9' || n > 65535 {
+			return "has a port that is not a number from 1 to 65535"
+		}
+		n = n*10 + int(c-'0')
+	}
+	if port == "" || n < 1 || n > 65535 {
+		return "has a port that is not a number from 1 to 65535"
+	}
+	return ""
 }

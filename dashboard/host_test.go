@@ -72,4 +72,15 @@ func TestHostHeaderIsChecked(t *testing.T) {
 	require.Equal(t, http.StatusOK, do(t, open, req{method: http.MethodGet, path: "/", host: "anything.example"}).code)
 	_, err = dashboard.New(e.eng, dashboard.Options{AllowedHosts: []string{"http://x/"}})
 	require.Error(t, err)
+	// Entries no Host header could match were taken and failed closed,
+	// silently (a probe): a wildcard within a name, a port out of range.
+	for _, bad := range []string{"*.example.com", "ops.*.com", "ops.example.com:99999", "ops.example.com:0",
+		"ops.example.com:", "ops.example.com:12x", ":8443", "[::1"} {
+		_, err = dashboard.New(e.eng, dashboard.Options{AllowedHosts: []string{bad}})
+		require.Error(t, err, "%q", bad)
+	}
+	for _, good := range []string{"ops.example.com:8443", "[2001:db8::1]", "[2001:db8::1]:8443", "2001:db8::1", "10.0.0.7:80"} {
+		_, err = dashboard.New(e.eng, dashboard.Options{AllowedHosts: []string{good}})
+		require.NoError(t, err, "%q", good)
+	}
 }

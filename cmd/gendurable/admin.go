@@ -721,6 +721,11 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 	cancelReason := ""
 	if reason != nil {
 		cancelReason = *reason
+		if strings.TrimSpace(cancelReason) == "" {
+			// The library records its own default for an empty reason, not
+			// the CLI's: refused, as the other flags refuse an empty value.
+			return usageError{msg: "cancel: --reason is empty (leave the flag out for the default, \"cancelled from the CLI\")", help: true}
+		}
 		if strings.ContainsRune(cancelReason, 0) || !utf8.ValidString(cancelReason) {
 			// The error history stores text: it would be stored without them.
 			return usageError{msg: "cancel: --reason holds a NUL byte or invalid UTF-8", help: true}
@@ -733,12 +738,12 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 	switch {
 	case *tree:
 		// A tree may hold any number of instances: asked first, as a filter is.
-		if err := confirm(fmt.Sprintf("cancel instance %d and every live descendant", ids[0]), *yes, stderr); err != nil {
+		if err := confirm(ctx, fmt.Sprintf("cancel instance %d and every live descendant", ids[0]), *yes, stderr); err != nil {
 			return err
 		}
 	case len(ids) == 0:
 		f.All = *all
-		if err := confirmBulk(name, f, *yes, stderr); err != nil {
+		if err := confirmBulk(ctx, name, f, *yes, stderr); err != nil {
 			return err
 		}
 	}
@@ -813,21 +818,21 @@ func printBulk(stdout io.Writer, asJSON bool, res gendurable.BulkResult, err err
 
 // confirmBulk asks before a retry or cancel by filter: on a terminal it
 // prompts; elsewhere it needs --yes (exit 2).
-func confirmBulk(name string, f gendurable.ListFilter, yes bool, stderr io.Writer) error {
+func confirmBulk(ctx context.Context, name string, f gendurable.ListFilter, yes bool, stderr io.Writer) error {
 	what := map[string]string{"retry": "retry every failed instance", "cancel": "cancel every live instance"}[name]
-	return confirm(fmt.Sprintf("%s matching %s", what, f), yes, stderr)
+	return confirm(ctx, fmt.Sprintf("%s matching %s", what, f), yes, stderr)
 }
 
 // confirm asks q (a mutation of an unbounded number of instances) on a
 // terminal; elsewhere it needs --yes (exit 2).
-func confirm(q string, yes bool, stderr io.Writer) error {
+func confirm(ctx context.Context, q string, yes bool, stderr io.Writer) error {
 	if yes {
 		return nil
 	}
 	if !benchrun.IsTerminal(os.Stdin) {
 		return usageError{msg: q + ": pass --yes to confirm (stdin is not a terminal to ask on)"}
 	}
-	ok, err := prompt(os.Stdin, stderr, q+"?")
+	ok, err := prompt(ctx, os.Stdin, stderr, q+"?")
 	if err != nil {
 		return err
 	}
@@ -1013,7 +1018,7 @@ func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if *retention < pruneAskBelow {
 		q := fmt.Sprintf("prune: delete every instance finished more than %s ago, with its result", *retention)
-		if err := confirm(q, *yes, stderr); err != nil {
+		if err := confirm(ctx, q, *yes, stderr); err != nil {
 			return err
 		}
 	}
@@ -1059,7 +1064,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if o.Orders < 1 || o.Orders > demo.MaxOrders || o.Workers < 1 || o.Workers > demo.MaxWorkers {
 		return usageError{msg: fmt.Sprintf("demo: --orders must be within 1..%d and --workers within 1..%d", demo.MaxOrders, demo.MaxWorkers), help: true}
 	}
-	o.Confirm = confirmer(stderr, *yes)
+	o.Confirm = confirmer(ctx, stderr, *yes)
 	o.AuditLogger = cliLogger(stderr, false)
 	o.DatabaseURL = *dbURL
 	if o.DatabaseURL == "" {

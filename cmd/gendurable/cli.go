@@ -816,7 +816,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if _, err := parseDatabaseURL(o.DatabaseURL); err != nil {
 		return err
 	}
-	o.Confirm = confirmer(stderr, *yes)
+	o.Confirm = confirmer(ctx, stderr, *yes)
 	o.AuditLogger = cliLogger(stderr, *asJSON)
 	if benchrun.IsTerminal(os.Stderr) {
 		o.Progress = stderr
@@ -926,7 +926,7 @@ func confirmDown(ctx context.Context, pool *pgxpool.Pool, schema string, target 
 	if !benchrun.IsTerminal(os.Stdin) {
 		return usageError{msg: q + "; pass --yes to confirm (stdin is not a terminal to ask on)"}
 	}
-	ok, err := prompt(os.Stdin, stderr, q+". Continue?")
+	ok, err := prompt(ctx, os.Stdin, stderr, q+". Continue?")
 	if err != nil {
 		return err
 	}

@@ -860,6 +860,8 @@ func TestBadFlagValuesExitTwoWithOneMessage(t *testing.T) {
 		{"cancel", "1", "2", "--scan", "50"},
 		{"retry", "1", "--scan", "50"},
 		{"cancel", "1", "--reason", "\xff"},
+		{"cancel", "1", "--reason", ""},                                                   // the library would record its own default, not the CLI's
+		{"cancel", "1", "--reason", " "},                                                  // nothing to read either
 		{"cancel", "--all", "--reason", strings.Repeat("r", gendurable.MaxReasonBytes+1)}, // before asking to confirm
 		{"run-now"},
 		{"run-now", "0"},

@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -193,11 +195,31 @@ func TestPrompt(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]bool{"y\n": true, "YES\n": true, " yes ": true, "\n": false, "": false, "n\n": false, "yep\n": false} {
 		var out strings.Builder
-		ok, err := prompt(strings.NewReader(in), &out, "drop \x1b[2J?")
+		ok, err := prompt(context.Background(), strings.NewReader(in), &out, "drop \x1b[2J?")
 		require.NoError(t, err)
 		require.Equal(t, want, ok, "%q", in)
 		require.Equal(t, `drop \x1b[2J? [y/N] `, out.String())
 	}
+}
+
+// TestAnInterruptEndsAPrompt: Ctrl-C or SIGTERM (the context main cancels
+// on either) ends a confirmation prompt that no line has answered, answered
+// no. Before, the read ignored them: the command sat at the prompt, under
+// a supervisor or `timeout` too, until a line came (a probe: only kill -9
+// ended it).
+func TestAnInterruptEndsAPrompt(t *testing.T) {
+	t.Parallel()
+	in, typing := io.Pipe() // a terminal no one types on
+	t.Cleanup(func() { _ = typing.Close() })
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(50*time.Millisecond, func() { cancel(errors.New("interrupt signal received")) })
+	var out syncbuf.Buffer
+	start := time.Now()
+	ok, err := prompt(ctx, in, &out, "cancel every live instance?")
+	require.False(t, ok)
+	require.ErrorContains(t, err, "interrupt signal received")
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.Equal(t, "cancel every live instance? [y/N] \n", out.String())
 }
 
 // TestSchemaChangesAreAuditLogged: every mutation leaves a line on stderr

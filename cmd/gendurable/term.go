@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,7 +56,11 @@ func printJSON(w io.Writer, v any) error {
 
 // prompt asks question on out and reads one line from in: true for y or
 // yes (any case), false for anything else, an empty line or end of input.
-func prompt(in io.Reader, out io.Writer, question string) (bool, error) {
+// An interrupt (Ctrl-C, SIGTERM: ctx ends) ends the wait, answered no,
+// with ctx's error: before, the command sat at the prompt until a line
+// came, deaf to both (a probe: only kill -9 ended it). The read goes on
+// in the background until the process exits.
+func prompt(ctx context.Context, in io.Reader, out io.Writer, question string) (bool, error) {
 	if sw, ok := out.(*syncWriter); ok { // the operator is being asked: no note that the database is slow
 		sw.asking(true)
 		defer sw.asking(false)
@@ -63,7 +68,23 @@ func prompt(in io.Reader, out io.Writer, question string) (bool, error) {
 	if _, err := fmt.Fprintf(out, "%s [y/N] ", display.Terminal(question)); err != nil {
 		return false, err
 	}
-	line, err := bufio.NewReader(in).ReadString('\n')
+	type answer struct {
+		line string
+		err  error
+	}
+	read := make(chan answer, 1)
+	go func() {
+		line, err := bufio.NewReader(in).ReadString('\n')
+		read <- answer{line, err}
+	}()
+	var a answer
+	select {
+	case a = <-read:
+	case <-ctx.Done():
+		fmt.Fprintln(out) // the prompt's line ends
+		return false, fmt.Errorf("not confirmed: %w", context.Cause(ctx))
+	}
+	line, err := a.line, a.err
 	if err != nil && !errors.Is(err, io.EOF) {
 		return false, err
 	}
@@ -79,7 +100,7 @@ func prompt(in io.Reader, out io.Writer, question string) (bool, error) {
 // and anywhere else (a script, a pipe) it is a usage error that changes
 // nothing — as for the other commands that drop or change what they did
 // not create (migrate down, a bulk filter, cancel --tree).
-func confirmer(stderr io.Writer, yes bool) func(string) (bool, error) {
+func confirmer(ctx context.Context, stderr io.Writer, yes bool) func(string) (bool, error) {
 	return func(question string) (bool, error) {
 		switch {
 		case yes:
@@ -87,6 +108,6 @@ func confirmer(stderr io.Writer, yes bool) func(string) (bool, error) {
 		case !benchrun.IsTerminal(os.Stdin):
 			return false, usageError{msg: display.Terminal(question) + " stdin is not a terminal: pass --yes to confirm"}
 		}
-		return prompt(os.Stdin, stderr, question)
+		return prompt(ctx, os.Stdin, stderr, question)
 	}
 }
