@@ -1100,7 +1100,8 @@ func exitCode(err error) int {
 // errorCode is the "code" of an error in --json output: usage (the
 // command line is wrong), invalid_input (a value the library refused),
 // not_found, conflict, not_migrated, schema_version, aborted (a confirmation answered no),
-// or error (anything else: the database is unreachable, ...).
+// cannot_connect (the server refused or could not be reached), or error
+// (anything else).
 func errorCode(err error) string {
 	var ue usageError
 	is := func(targets ...error) bool {

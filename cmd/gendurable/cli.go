@@ -101,7 +101,9 @@ demo and bench default to their own schemas) and --json (all but demo).
 With --json, output is JSON with snake_case names, and an error is {"error": {"code": ...,
 "message": ..., "exit_code": ...}} on stderr. Exit codes: 0 ok; 1 failure (code "error";
 "not_migrated": run gendurable migrate up; "schema_version": the schema is newer than this
-binary, or its version comment is gone — see the message; "aborted": a confirmation answered no); 2 bad usage
+binary, or its version comment is gone — see the message; "aborted": a confirmation answered no;
+"cannot_connect": the server refused or could not be reached, or refused the user, password or
+database); 2 bad usage
 or input ("usage", "invalid_input"); 3 not found ("not_found": instance, queue); 4 conflict
 ("conflict": e.g. retry of a live instance, run-now of one not waiting to run, removing a queue
 that has instances).
