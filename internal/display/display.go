@@ -21,6 +21,12 @@
 //     RIGHT-TO-LEFT OVERRIDE and its kin) as \uHHHH: all of them, [Bidi]
 //     included; html/template escapes markup, not these, and
 //     "acct-1<U+202E>7-tnuocca" reads "acct-1account-7".
+//   - Invisible format characters with no use inside a word (the ones a
+//     name may not hold: the zero width space U+200B, the byte order mark
+//     U+FEFF, the soft hyphen U+00AD, U+180E, U+2060–U+2064 and the tag
+//     characters U+E0000–U+E007F) as \uHHHH or \UHHHHHHHH: [Terminal] only,
+//     so that a key "k<U+200B>0" does not print as "k0" (a probe). Not the
+//     zero width joiner and non-joiner, which words and emoji need.
 //
 // Everything else, backslashes and right-to-left text included, is left as
 // it is. Text that holds nothing to escape is returned as it was given,
@@ -40,7 +46,8 @@ import (
 // a table row or forge a line) and DEL as \xHH, C1 controls as \u00HH,
 // bidirectional controls and the line and paragraph separators (U+2028,
 // U+2029: a line break to some terminals and editors) as \uHHHH and each
-// byte of invalid UTF-8 as \xHH.
+// byte of invalid UTF-8 as \xHH, and invisible format characters with no
+// use inside a word (U+200B, U+FEFF, …) as \uHHHH.
 // The gendurable command prints every stored value through it: a name like
 // "\x1b[2J\x1b]0;pwned\a" shows as that text rather than clear the screen.
 func Terminal(s string) string { return escapeString(s, terminal) }
@@ -65,13 +72,14 @@ func Bidi(page []byte) []byte { return escapeBytes(page, bidiOnly) }
 type class uint8
 
 const (
-	plain   class = iota // left as it is
-	c0                   // U+0000–U+001F
-	del                  // U+007F
-	c1                   // U+0080–U+009F
-	bidi                 // Bidi_Control
-	invalid              // a byte that is not (part of) valid UTF-8
-	lineSep              // U+2028 LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR
+	plain     class = iota // left as it is
+	c0                     // U+0000–U+001F
+	del                    // U+007F
+	c1                     // U+0080–U+009F
+	bidi                   // Bidi_Control
+	invalid                // a byte that is not (part of) valid UTF-8
+	lineSep                // U+2028 LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR
+	invisible              // an invisible format character with no use inside a word
 )
 
 // classify classifies r, decoded from size bytes (utf8.RuneError of size 1
@@ -90,6 +98,8 @@ func classify(r rune, size int) class {
 		return bidi
 	case r == 0x2028 || r == 0x2029:
 		return lineSep
+	case r == 0x00AD, r == 0x180E, r == 0x200B, r >= 0x2060 && r <= 0x2064, r == 0xFEFF, r >= 0xE0000 && r <= 0xE007F:
+		return invisible
 	}
 	return plain
 }
@@ -98,7 +108,7 @@ func classify(r rune, size int) class {
 type set uint8
 
 const (
-	terminal set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid | 1<<lineSep
+	terminal set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid | 1<<lineSep | 1<<invisible
 	inert    set = 1<<del | 1<<c1 | 1<<bidi
 	bidiOnly set = 1 << bidi
 )
@@ -115,6 +125,8 @@ func (s set) appendEscape(b []byte, c class, r rune, first byte) []byte {
 		return fmt.Appendf(b, `\x%02x`, first)
 	case r < utf8.RuneSelf && s.has(c0):
 		return fmt.Appendf(b, `\x%02x`, r)
+	case r > 0xffff:
+		return fmt.Appendf(b, `\U%08x`, r)
 	}
 	return fmt.Appendf(b, `\u%04x`, r)
 }
