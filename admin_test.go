@@ -518,7 +518,7 @@ func TestPausedQueueIsNotPickedByAnyProcess(t *testing.T) {
 	w, err := b.eng.WaitReason(ctx, id)
 	require.NoError(t, err)
 	require.True(t, w.QueuePaused)
-	require.Equal(t, "runnable, waiting for a worker; its queue is paused: no process picks it until the queue is resumed", w.Summary)
+	require.Equal(t, `runnable, waiting for a worker of queue "default"; its queue is paused: no process picks it until the queue is resumed`, w.Summary)
 	require.NoError(t, b.eng.Resume(ctx, "default"))
 	b.waitStatus(id, "done", 10*time.Second)
 	qs, err = b.eng.Queues(ctx)

@@ -763,6 +763,24 @@ func (e *Engine) Start(ctx context.Context) error {
 		e.log.Warn("gendurable: total queue concurrency reaches the pool size; steps with WithTx outcomes hold a connection for their transaction, and picks, heartbeats and outcomes need one too",
 			"concurrency", conc, "pool_max_conns", poolMax)
 	}
+	if len(e.cfg.Queues) > 0 {
+		// A definition whose default queue no queue of this engine is: its
+		// instances wait for another process that works that queue, and
+		// with none they wait for good, saying nothing (a probe: a
+		// newcomer's Job{Queue: "emails"} beside Queues{"default"}).
+		var unworked []string
+		for k, core := range e.registry {
+			if _, ok := e.cfg.Queues[core.queue]; !ok {
+				unworked = append(unworked, fmt.Sprintf("%s (queue %q)", k.name, core.queue))
+			}
+		}
+		if len(unworked) > 0 {
+			slices.Sort(unworked)
+			unworked = slices.Compact(unworked)
+			e.log.Info("gendurable: machines whose default queue this engine does not work; their instances run only where an engine works that queue (Config.Queues)",
+				"machines", unworked)
+		}
+	}
 	e.running = rs
 	e.scheds = rs.scheds
 	e.sweeper = sweeper

@@ -239,6 +239,33 @@ func TestStartWarnsWhenConcurrencyReachesThePoolSize(t *testing.T) {
 	}
 }
 
+// TestAMachineOfAQueueTheEngineDoesNotWorkIsNamed: a job whose Queue is not
+// among the engine's queues waits for an engine that works it; Start says
+// which definitions those are, and WaitReason names the queue and that this
+// engine does not work it. Before, a newcomer's Job{Queue: "emails"} beside
+// Queues{"default"} waited for good with "runnable, waiting for a worker"
+// and no log line.
+func TestAMachineOfAQueueTheEngineDoesNotWorkIsNamed(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4})
+	perform := func(context.Context, *gendurable.Run[orderArgs]) error { return nil }
+	mail := &gendurable.Job[orderArgs]{Name: "send_mail", Queue: "emails", Perform: perform}
+	work := &gendurable.Job[orderArgs]{Name: "work", Perform: perform}
+	logs := &syncbuf.Buffer{}
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{mail, work},
+		Queues: map[string]gendurable.QueueConfig{"default": {}}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err)
+	require.NoError(t, eng.Start(context.Background()))
+	t.Cleanup(func() { _ = eng.Stop(context.Background()) })
+	require.Contains(t, logs.String(), `machines="[send_mail (queue \"emails\")]"`)
+	res, err := eng.Insert(context.Background(), mail.New(orderArgs{}))
+	require.NoError(t, err)
+	w, err := eng.WaitReason(context.Background(), res.ID)
+	require.NoError(t, err)
+	require.Equal(t, "emails", w.Queue)
+	require.Equal(t, `runnable, waiting for a worker of queue "emails" (not a queue this engine works)`, w.Summary)
+}
+
 func TestStartStopRepeatedly(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}

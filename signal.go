@@ -146,7 +146,8 @@ func validateSignalName(name string) error {
 // apply to its status are set.
 type WaitReason struct {
 	Status Status `json:"status"`
-	Step   string `json:"step"` // the step it will run next (or is running)
+	Step   string `json:"step"`  // the step it will run next (or is running)
+	Queue  string `json:"queue"` // the queue it is (or will be) claimed from
 	// Signals it awaits (awaiting_signal), with the deadline if the await
 	// has a timeout, and the unconsumed signals it holds by name.
 	Signals     []string       `json:"signals,omitempty"`
@@ -222,7 +223,7 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 	if err != nil {
 		return nil, e.dbErr(ctx, err, fmt.Sprintf("wait reason of %d", id))
 	}
-	r := &WaitReason{Status: Status(w.Status), Step: w.Step, EligibleAt: w.EligibleAt, InboxByName: w.Inbox}
+	r := &WaitReason{Status: Status(w.Status), Step: w.Step, Queue: w.Queue, EligibleAt: w.EligibleAt, InboxByName: w.Inbox}
 	if w.PartitionKey != nil {
 		r.PartitionKey = *w.PartitionKey
 	}
@@ -266,7 +267,12 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 		case w.EligibleAt.After(w.Now):
 			r.Summary = fmt.Sprintf("sleeping until %s (%s)", w.EligibleAt.UTC().Format(time.RFC3339), fromNow(w.EligibleAt, w.Now, time.Second))
 		default:
-			r.Summary = "runnable, waiting for a worker"
+			r.Summary = fmt.Sprintf("runnable, waiting for a worker of queue %q", w.Queue)
+			if _, ok := e.cfg.Queues[w.Queue]; !ok && len(e.cfg.Queues) > 0 {
+				// A newcomer's Job{Queue: "emails"} in an engine that
+				// works "default" only waited, saying nothing (a probe).
+				r.Summary += " (not a queue this engine works)"
+			}
 		}
 		if w.QueuePaused {
 			r.QueuePaused = true

@@ -264,7 +264,8 @@ SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
        coalesce((SELECT qp.paused FROM {{schema}}.gendurable_queues AS qp WHERE qp.name = i.queue), false),
        i.attempt,
        -- a prefetched claim its worker's last heartbeat marked not started
-       coalesce(i.status = 'executing' AND i.unstarted_token = i.claim_token, false)
+       coalesce(i.status = 'executing' AND i.unstarted_token = i.claim_token, false),
+       i.queue
 FROM {{schema}}.gendurable_instances AS i
 LEFT JOIN {{schema}}.gendurable_key_buckets AS b ON b.key = i.partition_key AND i.status = 'runnable'
 WHERE i.id = $1`
@@ -290,6 +291,7 @@ type WaitRow struct {
 	QueuePaused     bool    // its queue is paused (Engine.Pause)
 	Attempt         int32   // > 0 on a runnable row: a retry (backing off while not yet eligible)
 	Unstarted       bool    // an executing row whose claim its worker's last heartbeat marked not started
+	Queue           string
 }
 
 // WaitInfo reads what instance id waits for; pgx.ErrNoRows if it does not exist.
@@ -297,7 +299,7 @@ func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64) (WaitRow, error
 	var w WaitRow
 	err := db.QueryRow(ctx, q.waitInfo, id).Scan(&w.Status, &w.Step, &w.EligibleAt, &w.Awaits,
 		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.KeyHolders,
-		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled, &w.UnknownVersion, &w.QueuePaused, &w.Attempt, &w.Unstarted)
+		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled, &w.UnknownVersion, &w.QueuePaused, &w.Attempt, &w.Unstarted, &w.Queue)
 	return w, err
 }
 
