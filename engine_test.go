@@ -264,6 +264,7 @@ func TestAMachineOfAQueueTheEngineDoesNotWorkIsNamed(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "emails", w.Queue)
 	require.Equal(t, `runnable, waiting for a worker of queue "emails" (not a queue this engine works)`, w.Summary)
+	require.Equal(t, w.Summary, fmt.Sprint(w), "a WaitReason prints as its summary")
 }
 
 func TestStartStopRepeatedly(t *testing.T) {

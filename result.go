@@ -19,9 +19,15 @@ var ErrInstanceFailed = errors.New("gendurable: instance failed")
 // FailedError is how [WaitResult] reports a failed instance: its last
 // recorded error. errors.Is(err, ErrInstanceFailed) holds.
 type FailedError struct {
-	ID     int64
-	Step   string // the step it failed at
-	Kind   string // the last error's kind ("stop", "error", "panic", "cancelled", …)
+	ID   int64
+	Step string // the step it failed at
+	// Kind is the last error's kind: "stop", "error", "panic", "cancelled"
+	// (an operator's or a program's Cancel), …. A job that gave up with
+	// [JobCancel] has kind "error" (its error's), its Reason ending
+	// "stopped: cancelled" — not "cancelled", which only a Cancel of the
+	// instance gives.
+	Kind string
+
 	Reason string // the last error's text
 }
 

@@ -191,6 +191,14 @@ type WaitReason struct {
 	Summary string `json:"summary"`
 }
 
+// String is w's Summary.
+func (w *WaitReason) String() string {
+	if w == nil {
+		return "<nil>"
+	}
+	return w.Summary
+}
+
 // Wait is [Engine.WaitReason].
 //
 // Deprecated: it says what an instance waits for, not the instance's
