@@ -144,7 +144,8 @@
 // to runnable with its attempt unchanged, and its error entry says so
 // (StepError.Uncharged).
 // A marked claim starts only after the worker has cleared its mark. Limits: a claim the worker took less than a HeartbeatInterval before it
-// died may not have been marked, and is charged as a running step is; and
+// died — or before a database outage that outlasted the lease — may not
+// have been marked, and is charged as a running step is; and
 // an attempt goes free at most once — a second lease lost on the same step
 // and attempt is charged whatever the mark says (docs/design.md §4,
 // "Prefetched claims"). A claim whose statement committed while the

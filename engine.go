@@ -243,8 +243,9 @@ type QueueConfig struct {
 	// heartbeated like running ones and handed back on Stop; if the process
 	// dies instead, the reaper returns a buffered row to runnable without
 	// charging an attempt once a heartbeat has marked it not started (a row
-	// claimed less than a HeartbeatInterval before the death is charged as a
-	// running step is: see the package doc, "Failures"). 0 means the
+	// claimed less than a HeartbeatInterval before the death, or before a
+	// database outage longer than the lease, is charged as a running step
+	// is: see the package doc, "Failures"). 0 means the
 	// default: equal to Concurrency, or none in a queue with a
 	// GlobalConcurrency — a buffered claim takes a place of that bound with
 	// no step running, so an engine that prefetched kept the bound's
