@@ -40,6 +40,15 @@ var ErrSchemaVersion = sqlq.ErrSchemaVersion
 // knows, or a version comment missing or unreadable.
 var ErrSchemaUnknown = sqlq.ErrSchemaUnknown
 
+// ErrDependents: a down (Down, To or DownTo to a lower version) was
+// refused before its first version, nothing applied, because something
+// that is not gendurable's depends on a table or a column it would drop —
+// a view, another table's foreign key, a constraint trigger or statistics
+// elsewhere: the drop would take it along, or fail on it part way. The
+// message names them; remove them (or move them off gendurable's tables),
+// then migrate again.
+var ErrDependents = sqlq.ErrDependents
+
 // Latest is the newest schema version this library ships.
 func Latest() int { return sqlq.LatestVersion() }
 

@@ -1172,7 +1172,7 @@ func TestADownThatWouldDropSomethingElsewhereIsRefused(t *testing.T) {
 	latest := migrate.Latest()
 
 	_, err = migrate.Down(ctx, pool, schema)
-	require.ErrorContains(t, err, fmt.Sprintf("migration %d down: objects outside the schema depend on its tables: trigger guard on public.%s_ledger (on gendurable_instances)", latest, schema))
+	require.ErrorContains(t, err, fmt.Sprintf("migration %d down: objects that are not gendurable's depend on its tables: trigger guard on public.%s_ledger (on gendurable_instances)", latest, schema))
 	requireVersion(t, pool, schema, latest, "nothing of the down was applied")
 	var n int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgname = 'guard'
@@ -1198,5 +1198,57 @@ func TestADownThatWouldDropSomethingElsewhereIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	_, err = migrate.Down(ctx, pool, schema)
 	require.NoError(t, err, "what is on gendurable's own tables goes with them")
+	requireVersion(t, pool, schema, 0, "down to 0")
+}
+
+// TestADownThatAViewOrAForeignKeyWouldStopIsRefusedFirst: a view on
+// gendurable's tables, or a foreign key of another table to one, makes a
+// DROP TABLE (or DROP COLUMN) … RESTRICT of a down fail. Before, a down to
+// 0 reverted every version above 1 and failed there, leaving the schema at
+// version 1 (a hostile-operator probe); now it is refused before its first
+// version, naming them, nothing applied — a view in gendurable's own
+// schema, one elsewhere, one on a column a version drops, and a foreign
+// key alike.
+func TestADownThatAViewOrAForeignKeyWouldStopIsRefusedFirst(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, nil)
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	outside := `public."` + schema + `_v"`
+	refs := `public."` + schema + `_refs"`
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP VIEW IF EXISTS `+outside+`; DROP TABLE IF EXISTS `+refs)
+	})
+	latest := migrate.Latest()
+	for _, c := range []struct{ create, drop, want string }{
+		{`CREATE VIEW ` + outside + ` AS SELECT id, status FROM ` + s + `.gendurable_instances`, `DROP VIEW ` + outside,
+			"view public." + schema + "_v (on gendurable_instances)"},
+		{`CREATE VIEW ` + s + `.my_view AS SELECT count(*) FROM ` + s + `.gendurable_signals`, `DROP VIEW ` + s + `.my_view`,
+			"view " + schema + ".my_view (on gendurable_signals)"},
+		{`CREATE TABLE ` + refs + ` (instance bigint REFERENCES ` + s + `.gendurable_instances (id))`, `DROP TABLE ` + refs,
+			"on public." + schema + "_refs (on gendurable_instances)"},
+	} {
+		_, err := pool.Exec(ctx, c.create)
+		require.NoError(t, err)
+		_, err = migrate.Down(ctx, pool, schema)
+		require.ErrorIs(t, err, migrate.ErrDependents, c.create)
+		require.ErrorContains(t, err, c.want)
+		requireVersion(t, pool, schema, latest, "nothing of the down was applied")
+		_, err = pool.Exec(ctx, c.drop)
+		require.NoError(t, err)
+	}
+	// A view on a column a version drops (inbox_seen, added by 18) stops
+	// a down past 18, not one to 18.
+	_, err := pool.Exec(ctx, `CREATE VIEW `+outside+` AS SELECT inbox_seen FROM `+s+`.gendurable_instances`)
+	require.NoError(t, err)
+	_, err = migrate.To(ctx, pool, schema, 17)
+	require.ErrorContains(t, err, "view public."+schema+"_v (on gendurable_instances.inbox_seen)")
+	requireVersion(t, pool, schema, latest, "nothing of the down was applied")
+	_, err = migrate.To(ctx, pool, schema, 18)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `DROP VIEW `+outside)
+	require.NoError(t, err)
+	_, err = migrate.Down(ctx, pool, schema)
+	require.NoError(t, err)
 	requireVersion(t, pool, schema, 0, "down to 0")
 }

@@ -1122,7 +1122,7 @@ func errorCode(err error) string {
 	case is(gendurable.ErrNotFound, gendurable.ErrUnknownQueue):
 		return "not_found"
 	case is(gendurable.ErrNotRetryable, gendurable.ErrNotCancellable, gendurable.ErrQueueNotEmpty, gendurable.ErrUniqueConflict,
-		gendurable.ErrInstanceFinished, gendurable.ErrNotDelayed, migrate.ErrDirection, scratch.ErrBusy):
+		gendurable.ErrInstanceFinished, gendurable.ErrNotDelayed, migrate.ErrDirection, migrate.ErrDependents, scratch.ErrBusy):
 		return "conflict"
 	case is(migrate.ErrSchemaUnknown):
 		return "schema_version"

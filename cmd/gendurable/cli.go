@@ -106,7 +106,7 @@ binary, or its version comment is gone — see the message; "aborted": a confirm
 database); 2 bad usage
 or input ("usage", "invalid_input"); 3 not found ("not_found": instance, queue); 4 conflict
 ("conflict": e.g. retry of a live instance, run-now of one not waiting to run, removing a queue
-that has instances).
+that has instances, a migrate down that a view or another table's foreign key would stop).
 
 Attempts are shown counted from 1 ("attempt 1 of 3" is the first run; one failed after its
 last lease expired shows "3 of 3"); the JSON "attempt" fields count from 0, as the Go API does.

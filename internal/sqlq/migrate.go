@@ -576,7 +576,7 @@ func checkColumnNames(ctx context.Context, tx pgx.Tx, schema string, version int
 
 // ErrDependents: a version going down would drop a table or a column that
 // an object outside the schema depends on (checkDependents).
-var ErrDependents = errors.New("objects outside the schema depend on its tables")
+var ErrDependents = errors.New("objects that are not gendurable's depend on its tables")
 
 // dropTable finds the tables a migration drops; alterTable and dropColumn
 // the columns it drops, statement by statement.
@@ -635,12 +635,37 @@ func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int,
 		  -- pg_identify_object quotes the schema's name as an identifier
 		  -- ("MyApp"): a schema of capitals listed gendurable's own indexes.
 		  WHERE NOT CASE WHEN own.ns IS NOT NULL THEN own.ns = n.oid
-		                 ELSE coalesce(o.schema IN (n.nspname, quote_ident(n.nspname)), false) END) AS x`,
+		                 ELSE coalesce(o.schema IN (n.nspname, quote_ident(n.nspname)), false) END
+		  UNION
+		  -- What depends on them normally and is not on one of gendurable's
+		  -- tables — a view, a foreign key of another table — makes DROP
+		  -- TABLE or DROP COLUMN … RESTRICT fail: at version 1 of a down to
+		  -- 0, the versions above it committed (a hostile-operator probe; a
+		  -- view on the instances table left the schema at version 1).
+		  SELECT DISTINCT format('%s %s (on %s)', o.type, o.identity, c.relname || CASE WHEN u.col <> '' THEN '.' || u.col ELSE '' END)
+		  FROM unnest($2::text[], $3::text[]) AS u(tab, col)
+		  JOIN pg_namespace n ON n.nspname = $1
+		  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = u.tab
+		  LEFT JOIN pg_attribute a ON u.col <> '' AND a.attrelid = c.oid AND a.attname = u.col AND NOT a.attisdropped
+		  JOIN pg_depend d ON d.refclassid = 'pg_class'::regclass AND d.refobjid = c.oid AND d.deptype = 'n'
+		    AND d.classid IN ('pg_rewrite'::regclass, 'pg_constraint'::regclass)
+		    AND (u.col = '' OR d.refobjsubid = a.attnum)
+		  -- A view's rule is named as the view.
+		  CROSS JOIN LATERAL pg_identify_object(
+		      CASE WHEN d.classid = 'pg_rewrite'::regclass THEN 'pg_class'::regclass ELSE d.classid END,
+		      CASE WHEN d.classid = 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite AS w WHERE w.oid = d.objid) ELSE d.objid END,
+		      0) AS o
+		  CROSS JOIN LATERAL (SELECT CASE d.classid
+		      WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite AS w WHERE w.oid = d.objid)
+		      WHEN 'pg_constraint'::regclass THEN (SELECT k.conrelid FROM pg_constraint AS k WHERE k.oid = d.objid)
+		    END AS rel) AS on_rel
+		  WHERE NOT EXISTS (SELECT 1 FROM pg_class AS r
+		                    WHERE r.oid = on_rel.rel AND r.relnamespace = n.oid AND r.relname LIKE 'gendurable\_%')) AS x`,
 		schema, tables, columns).Scan(&deps); err != nil {
 		return err
 	}
 	if deps != nil {
-		return fmt.Errorf("migration %d down: %w: %s; dropping them would drop these with them: "+
+		return fmt.Errorf("migration %d down: %w: %s; the down would drop these with its tables or columns, or fail on them part way: "+
 			"remove them yourself (or move them off gendurable's tables), then migrate again; nothing of version %d was applied",
 			version, ErrDependents, *deps, version)
 	}
