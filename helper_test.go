@@ -128,6 +128,17 @@ func (b *testBundle) row(id int64) row {
 	return r
 }
 
+// insertAllDone inserts ps in one InsertMany and waits until every one of
+// them is done, each within timeout.
+func (b *testBundle) insertAllDone(ps []gendurable.InsertParams, timeout time.Duration) {
+	b.t.Helper()
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(b.t, err)
+	for _, r := range res {
+		b.waitStatus(r.ID, "done", timeout)
+	}
+}
+
 // waitStatus polls until the instance has the status, failing after timeout.
 func (b *testBundle) waitStatus(id int64, status string, timeout time.Duration) row {
 	b.t.Helper()

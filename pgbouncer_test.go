@@ -122,11 +122,7 @@ func bouncerRated() bouncerWorkload {
 			for range 30 {
 				ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "brate:acme"}))
 			}
-			res, err := b.eng.InsertMany(context.Background(), ps)
-			require.NoError(b.t, err)
-			for _, r := range res {
-				b.waitStatus(r.ID, "done", bouncerWait)
-			}
+			b.insertAllDone(ps, bouncerWait)
 			mu.Lock()
 			defer mu.Unlock()
 			require.Len(b.t, claims, 30)
@@ -165,11 +161,7 @@ func bouncerGlobal() bouncerWorkload {
 			for range 20 {
 				ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{Queue: "bglobal"}))
 			}
-			res, err := b.eng.InsertMany(context.Background(), ps)
-			require.NoError(b.t, err)
-			for _, r := range res {
-				b.waitStatus(r.ID, "done", bouncerWait)
-			}
+			b.insertAllDone(ps, bouncerWait)
 			require.Equal(b.t, 2, g.max("all"), "most steps of the queue at once")
 		}}
 }
@@ -190,11 +182,7 @@ func bouncerKeyed() bouncerWorkload {
 			ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: fmt.Sprint("bk-one-", i%2)}))
 			ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "bk-two", KeyLimit: 2}))
 		}
-		res, err := b.eng.InsertMany(context.Background(), ps)
-		require.NoError(b.t, err)
-		for _, r := range res {
-			b.waitStatus(r.ID, "done", bouncerWait)
-		}
+		b.insertAllDone(ps, bouncerWait)
 		for key, limit := range map[string]int{"bk-one-0": 1, "bk-one-1": 1, "bk-two": 2} {
 			require.LessOrEqual(b.t, g.max(key), limit, "key %s: most steps at once", key)
 			require.GreaterOrEqual(b.t, g.max(key), 1, "key %s ran", key)
