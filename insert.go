@@ -2,6 +2,8 @@ package gendurable
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -87,6 +89,22 @@ type InsertOpts struct {
 	// awaiting_children); add StatusDone and/or StatusFailed to keep the key
 	// after the instance finishes. Default: the live statuses.
 	UniqueScope []Status
+	// UniqueByArgs derives the unique key from the machine's name and the
+	// instance's state as stored (its JSON; a struct's fields in their
+	// order, a map's keys sorted): "args:" + name + ":" + the SHA-256 of
+	// the JSON, in hex. So a second insert of the same job with the same
+	// arguments, while the first is in UniqueScope, is a Duplicate —
+	// River's UniqueOpts.ByArgs. Not with a UniqueKey.
+	UniqueByArgs bool
+	// UniquePeriod makes the unique key hold within one period: the start
+	// of the period the instance is to run in (RunAt, else now plus RunIn,
+	// on this process's clock, in UTC, with time.Time's Truncate: periods
+	// counted from the zero time, so an hour or a day starts on the hour or
+	// at midnight UTC) is added to the key — to UniqueKey, to the
+	// one UniqueByArgs derives, or, with neither, to "period:" + the
+	// machine's name: one instance of the machine per period (River's
+	// UniqueOpts.ByPeriod). At least a second.
+	UniquePeriod time.Duration
 }
 
 // UniqueLive is the default unique scope: the key is free again once the
@@ -336,6 +354,12 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "KeyLimit %d outside 1..%d (0: the key's policy)", o.KeyLimit, maxKeyLimit)
 	case o.KeyLimit > 0 && o.PartitionKey == "":
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "KeyLimit without a PartitionKey")
+	case p.slot && (o.UniqueByArgs || o.UniquePeriod != 0):
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "a Periodic's slot has its own unique key: no UniqueByArgs or UniquePeriod")
+	case o.UniqueByArgs && o.UniqueKey != "":
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueByArgs and a UniqueKey: set one (UniqueByArgs derives the key)")
+	case o.UniquePeriod < 0 || o.UniquePeriod > 0 && o.UniquePeriod < time.Second:
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniquePeriod %s below a second (0: none)", o.UniquePeriod)
 	}
 	state, err := encodeForInsert(core, p.state)
 	if err != nil {
@@ -343,6 +367,23 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 	}
 	if err := checkInputJSON(limits, "state", state, ErrInvalidInsert); err != nil {
 		return sqlq.NewInstance{}, err
+	}
+	switch {
+	case o.UniqueByArgs:
+		sum := sha256.Sum256([]byte(state))
+		o.UniqueKey = "args:" + core.name + ":" + hex.EncodeToString(sum[:])
+	case o.UniquePeriod > 0 && o.UniqueKey == "":
+		o.UniqueKey = "period:" + core.name
+	}
+	if o.UniquePeriod > 0 {
+		at := o.RunAt
+		if at.IsZero() {
+			at = time.Now().Add(o.RunIn)
+		}
+		o.UniqueKey += "@" + at.UTC().Truncate(o.UniquePeriod).Format(time.RFC3339)
+		if p := keyProblem(o.UniqueKey); p != "" {
+			return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey with its period %s", p)
+		}
 	}
 	r := sqlq.NewInstance{
 		FSM: core.name, Version: int32(core.version), Queue: orDefault(o.Queue, core.queue),

@@ -219,6 +219,72 @@ func TestUniqueKeyDedupsAgainstLiveRowsAndWithinABatch(t *testing.T) {
 	require.NotEqual(t, first.ID, again.ID)
 }
 
+// TestUniqueByArgsAndPeriod: UniqueByArgs makes a second insert of the same
+// job with the same arguments a duplicate (the key derived from the
+// machine's name and the stored state), of other arguments or another job
+// not; UniquePeriod holds a key within one period of the instance's run
+// time — given keys, derived ones, and the machine's name alone; bad
+// combinations are refused before SQL, nothing written.
+func TestUniqueByArgsAndPeriod(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job, other := rec.job("by_args"), rec.job("by_args_other")
+	b := setup(t, nil, job, other)
+	ctx := context.Background()
+	byArgs := gendurable.InsertOpts{UniqueByArgs: true}
+
+	res, err := b.eng.InsertMany(ctx, []gendurable.InsertParams{
+		job.New(orderArgs{I: 1}).With(byArgs),
+		job.New(orderArgs{I: 1}).With(byArgs),   // same job, same arguments
+		job.New(orderArgs{I: 2}).With(byArgs),   // other arguments
+		other.New(orderArgs{I: 1}).With(byArgs), // another job
+		job.New(orderArgs{I: 1}),                // no uniqueness asked
+	})
+	require.NoError(t, err)
+	require.Equal(t, []bool{false, true, false, false, false},
+		[]bool{res[0].Duplicate, res[1].Duplicate, res[2].Duplicate, res[3].Duplicate, res[4].Duplicate})
+	require.Equal(t, res[0].ID, res[1].ID)
+	in, err := b.eng.Instance(ctx, res[0].ID)
+	require.NoError(t, err)
+	require.Regexp(t, `^args:by_args:[0-9a-f]{64}$`, in.UniqueKey)
+
+	// A period: one per hour of the run time, whatever the key.
+	hour := time.Date(2031, 5, 6, 7, 0, 0, 0, time.UTC)
+	at := func(d time.Duration, o gendurable.InsertOpts) gendurable.InsertOpts {
+		o.RunAt, o.UniquePeriod = hour.Add(d), time.Hour
+		return o
+	}
+	res, err = b.eng.InsertMany(ctx, []gendurable.InsertParams{
+		job.New(orderArgs{I: 3}).With(at(5*time.Minute, gendurable.InsertOpts{})),
+		job.New(orderArgs{I: 4}).With(at(50*time.Minute, gendurable.InsertOpts{})),          // same hour: the machine's one
+		job.New(orderArgs{I: 5}).With(at(65*time.Minute, gendurable.InsertOpts{})),          // the next hour
+		job.New(orderArgs{I: 6}).With(at(10*time.Minute, gendurable.InsertOpts{UniqueKey: "k"})),
+		job.New(orderArgs{I: 7}).With(at(20*time.Minute, gendurable.InsertOpts{UniqueKey: "k"})), // same key, same hour
+		job.New(orderArgs{I: 8}).With(at(10*time.Minute, byArgs)),
+		job.New(orderArgs{I: 8}).With(at(70*time.Minute, byArgs)), // same arguments, next hour
+	})
+	require.NoError(t, err)
+	require.Equal(t, []bool{false, true, false, false, true, false, false},
+		[]bool{res[0].Duplicate, res[1].Duplicate, res[2].Duplicate, res[3].Duplicate, res[4].Duplicate, res[5].Duplicate, res[6].Duplicate})
+	in, err = b.eng.Instance(ctx, res[3].ID)
+	require.NoError(t, err)
+	require.Equal(t, "k@2031-05-06T07:00:00Z", in.UniqueKey)
+	in, err = b.eng.Instance(ctx, res[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, "period:by_args@2031-05-06T07:00:00Z", in.UniqueKey)
+
+	before := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`)
+	for _, o := range []gendurable.InsertOpts{
+		{UniqueByArgs: true, UniqueKey: "k"},
+		{UniquePeriod: time.Millisecond},
+		{UniquePeriod: -time.Hour},
+	} {
+		_, err := b.eng.Insert(ctx, job.New(orderArgs{I: 9}).With(o))
+		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "%+v", o)
+	}
+	require.Equal(t, before, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "nothing written")
+}
+
 func TestUniqueForeverKeepsTheKeyAfterDone(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
