@@ -256,8 +256,8 @@ func TestUniqueByArgsAndPeriod(t *testing.T) {
 	}
 	res, err = b.eng.InsertMany(ctx, []gendurable.InsertParams{
 		job.New(orderArgs{I: 3}).With(at(5*time.Minute, gendurable.InsertOpts{})),
-		job.New(orderArgs{I: 4}).With(at(50*time.Minute, gendurable.InsertOpts{})),          // same hour: the machine's one
-		job.New(orderArgs{I: 5}).With(at(65*time.Minute, gendurable.InsertOpts{})),          // the next hour
+		job.New(orderArgs{I: 4}).With(at(50*time.Minute, gendurable.InsertOpts{})), // same hour: the machine's one
+		job.New(orderArgs{I: 5}).With(at(65*time.Minute, gendurable.InsertOpts{})), // the next hour
 		job.New(orderArgs{I: 6}).With(at(10*time.Minute, gendurable.InsertOpts{UniqueKey: "k"})),
 		job.New(orderArgs{I: 7}).With(at(20*time.Minute, gendurable.InsertOpts{UniqueKey: "k"})), // same key, same hour
 		job.New(orderArgs{I: 8}).With(at(10*time.Minute, byArgs)),
