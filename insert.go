@@ -89,21 +89,27 @@ type InsertOpts struct {
 	// awaiting_children); add StatusDone and/or StatusFailed to keep the key
 	// after the instance finishes. Default: the live statuses.
 	UniqueScope []Status
-	// UniqueByArgs derives the unique key from the machine's name and the
-	// instance's state as stored (its JSON; a struct's fields in their
-	// order, a map's keys sorted): "args:" + name + ":" + the SHA-256 of
-	// the JSON, in hex. So a second insert of the same job with the same
-	// arguments, while the first is in UniqueScope, is a Duplicate —
-	// River's UniqueOpts.ByArgs. Not with a UniqueKey.
+	// UniqueByArgs derives the unique key from the machine's name (not its
+	// version) and the instance's state as encoding/json writes it (a
+	// struct's fields in their order, a map's keys sorted, a RawMessage
+	// compacted but its keys in its own order): "args:" + name + ":" + the
+	// SHA-256 of the JSON, in hex. So a second insert of the same job with
+	// the same arguments, while the first is in UniqueScope, is a
+	// Duplicate — River's UniqueOpts.ByArgs. States equal as jsonb but
+	// written otherwise (keys of a RawMessage in another order, -0 and 0)
+	// are different keys. Not with a UniqueKey; a UniqueKey of your own
+	// starting "args:" or "period:" shares their namespace.
 	UniqueByArgs bool
 	// UniquePeriod makes the unique key hold within one period: the start
 	// of the period the instance is to run in (RunAt, else now plus RunIn,
 	// on this process's clock, in UTC, with time.Time's Truncate: periods
 	// counted from the zero time, so an hour or a day starts on the hour or
-	// at midnight UTC) is added to the key — to UniqueKey, to the
-	// one UniqueByArgs derives, or, with neither, to "period:" + the
-	// machine's name: one instance of the machine per period (River's
-	// UniqueOpts.ByPeriod). At least a second.
+	// at midnight UTC), and the period's length, are added to the key — to
+	// UniqueKey, to the one UniqueByArgs derives, or, with neither, to
+	// "period:" + the machine's name: one instance of the machine per
+	// period (River's UniqueOpts.ByPeriod). With it, UniqueScope defaults
+	// to UniqueForever (a finished instance holds its period too, as
+	// River's does), not UniqueLive. At least a second.
 	UniquePeriod time.Duration
 }
 
@@ -380,7 +386,10 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 		if at.IsZero() {
 			at = time.Now().Add(o.RunIn)
 		}
-		o.UniqueKey += "@" + at.UTC().Truncate(o.UniquePeriod).Format(time.RFC3339)
+		o.UniqueKey += "@" + at.UTC().Truncate(o.UniquePeriod).Format(time.RFC3339) + "/" + o.UniquePeriod.String()
+		if len(o.UniqueScope) == 0 {
+			o.UniqueScope = UniqueForever
+		}
 		if p := keyProblem(o.UniqueKey); p != "" {
 			return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "UniqueKey with its period %s", p)
 		}

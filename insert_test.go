@@ -268,10 +268,21 @@ func TestUniqueByArgsAndPeriod(t *testing.T) {
 		[]bool{res[0].Duplicate, res[1].Duplicate, res[2].Duplicate, res[3].Duplicate, res[4].Duplicate, res[5].Duplicate, res[6].Duplicate})
 	in, err = b.eng.Instance(ctx, res[3].ID)
 	require.NoError(t, err)
-	require.Equal(t, "k@2031-05-06T07:00:00Z", in.UniqueKey)
+	require.Equal(t, "k@2031-05-06T07:00:00Z/1h0m0s", in.UniqueKey)
 	in, err = b.eng.Instance(ctx, res[0].ID)
 	require.NoError(t, err)
-	require.Equal(t, "period:by_args@2031-05-06T07:00:00Z", in.UniqueKey)
+	require.Equal(t, "period:by_args@2031-05-06T07:00:00Z/1h0m0s", in.UniqueKey)
+	// A day's period of the same start is another key; a finished instance
+	// holds its period (the scope defaults to UniqueForever).
+	day, err := b.eng.Insert(ctx, job.New(orderArgs{I: 10}).With(gendurable.InsertOpts{RunAt: hour, UniquePeriod: 24 * time.Hour}))
+	require.NoError(t, err)
+	require.False(t, day.Duplicate, "a day's period is not an hour's")
+	_, err = b.pool.Exec(ctx, replaceSchema(`UPDATE {{s}}.gendurable_instances SET status = 'done', finished_at = now() WHERE id = $1`, b.schema), res[0].ID)
+	require.NoError(t, err)
+	again, err := b.eng.Insert(ctx, job.New(orderArgs{I: 11}).With(at(30*time.Minute, gendurable.InsertOpts{})))
+	require.NoError(t, err)
+	require.True(t, again.Duplicate, "the hour's finished instance still holds it")
+	require.Equal(t, res[0].ID, again.ID)
 
 	before := b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`)
 	for _, o := range []gendurable.InsertOpts{

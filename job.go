@@ -2,7 +2,9 @@ package gendurable
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -46,7 +48,9 @@ type Job[T any] struct {
 	// the instance's result, as a machine's [Done] stores it — read it with
 	// [WaitResult] or [Engine.Instance] (its Result). Its errors mean what
 	// Perform's do (a retry, [JobCancel], [JobSnooze]); the result that comes
-	// with an error is not stored. Set Perform or PerformResult, not both.
+	// with an error is not stored. A result encoding/json cannot encode
+	// fails the job at once (Stop), without another attempt: its work is
+	// done and would only run again. Set Perform or PerformResult, not both.
 	PerformResult func(ctx context.Context, job *Run[T]) (result any, err error)
 
 	once sync.Once
@@ -83,6 +87,14 @@ func (j *Job[T]) definition() (*machineCore, error) {
 				}
 				var snooze *SnoozeError
 				switch {
+				case err == nil && result != nil:
+					// A result that cannot be stored would make the outcome
+					// invalid, retried like an error: the job's work would
+					// run again for each attempt (a review). It fails at once.
+					if _, encErr := json.Marshal(result); encErr != nil {
+						return Stop(fmt.Sprintf("PerformResult's result cannot be stored as JSON: %v", encErr)), nil
+					}
+					return Done(result), nil
 				case err == nil:
 					return Done(result), nil
 				case errors.As(err, &snooze):

@@ -193,6 +193,24 @@ func TestJobPerformResult(t *testing.T) {
 	require.JSONEq(t, `{"id":"r-7","tries":3}`, string(in.Result))
 	require.Equal(t, 1, in.Attempt, "the snooze counted no attempt, the failure one")
 
+	// A result that cannot be stored fails the job at once: another
+	// attempt would only run its work again (a review: it ran 3 times).
+	var runs atomic.Int32
+	bad := &gendurable.Job[orderArgs]{Name: "bad_result", MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 },
+		PerformResult: func(context.Context, *gendurable.Run[orderArgs]) (any, error) {
+			runs.Add(1)
+			return func() {}, nil
+		}}
+	b2 := setup(t, nil, bad)
+	badID := b2.insert(bad.New(orderArgs{}))
+	b2.start()
+	_, err = gendurable.WaitResult[any](t.Context(), b2.eng, badID)
+	var failed *gendurable.FailedError
+	require.ErrorAs(t, err, &failed)
+	require.Equal(t, "stop", failed.Kind)
+	require.Contains(t, failed.Reason, "cannot be stored as JSON")
+	require.Equal(t, int32(1), runs.Load(), "the work ran once")
+
 	both := &gendurable.Job[orderArgs]{Name: "both",
 		Perform:       func(context.Context, *gendurable.Run[orderArgs]) error { return nil },
 		PerformResult: func(context.Context, *gendurable.Run[orderArgs]) (any, error) { return nil, nil }}

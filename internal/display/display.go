@@ -23,10 +23,11 @@
 //     "acct-1<U+202E>7-tnuocca" reads "acct-1account-7".
 //   - Invisible format characters with no use inside a word (the ones a
 //     name may not hold: the zero width space U+200B, the byte order mark
-//     U+FEFF, the soft hyphen U+00AD, U+180E, U+2060–U+2064 and the tag
-//     characters U+E0000–U+E007F) as \uHHHH or \UHHHHHHHH: [Terminal] only,
-//     so that a key "k<U+200B>0" does not print as "k0" (a probe). Not the
-//     zero width joiner and non-joiner, which words and emoji need.
+//     U+FEFF, the soft hyphen U+00AD, U+180E, U+2060–U+2064) as \uHHHH:
+//     [Terminal] only, so that a key "k<U+200B>0" does not print as "k0"
+//     (a probe). Not the zero width joiner and non-joiner, which words and
+//     emoji need, nor the tag characters, which subdivision flags are made
+//     of.
 //
 // Everything else, backslashes and right-to-left text included, is left as
 // it is. Text that holds nothing to escape is returned as it was given,
@@ -98,7 +99,7 @@ func classify(r rune, size int) class {
 		return bidi
 	case r == 0x2028 || r == 0x2029:
 		return lineSep
-	case r == 0x00AD, r == 0x180E, r == 0x200B, r >= 0x2060 && r <= 0x2064, r == 0xFEFF, r >= 0xE0000 && r <= 0xE007F:
+	case r == 0x00AD, r == 0x180E, r == 0x200B, r >= 0x2060 && r <= 0x2064, r == 0xFEFF:
 		return invisible
 	}
 	return plain
@@ -125,8 +126,6 @@ func (s set) appendEscape(b []byte, c class, r rune, first byte) []byte {
 		return fmt.Appendf(b, `\x%02x`, first)
 	case r < utf8.RuneSelf && s.has(c0):
 		return fmt.Appendf(b, `\x%02x`, r)
-	case r > 0xffff:
-		return fmt.Appendf(b, `\U%08x`, r)
 	}
 	return fmt.Appendf(b, `\u%04x`, r)
 }

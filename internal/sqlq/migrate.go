@@ -16,6 +16,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 //go:embed migrations/*.sql
@@ -430,13 +431,21 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 		// Every table the versions down to target drop, checked at each
 		// version: a down to 0 is refused before its first version, not
 		// at version 1 with the others committed.
-		var rest strings.Builder
+		var rest, trial strings.Builder
 		for _, c := range ms {
 			if c.Version > target && c.Version <= from {
 				rest.WriteString(c.Down(schema) + "\n")
 			}
 		}
+		for i := len(ms) - 1; i >= 0; i-- { // newest first, as they run
+			if ms[i].Version > target && ms[i].Version <= from {
+				trial.WriteString(ms[i].Down(schema) + ";\n")
+			}
+		}
 		if err := checkDependents(ctx, tx, schema, m.Version, rest.String()); err != nil {
+			return from, 0, from, err
+		}
+		if err := trialDown(ctx, tx, m.Version, trial.String()); err != nil {
 			return from, 0, from, err
 		}
 	}
@@ -670,6 +679,36 @@ func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int,
 			version, ErrDependents, *deps, version)
 	}
 	return nil
+}
+
+// trialDown runs every down left to go (sql, newest first) in a savepoint
+// and rolls it back: what the server would refuse part way — a DROP TABLE
+// or DROP COLUMN … RESTRICT that something depends on (SQLSTATE 2BP01) —
+// is refused before the first version, nothing applied, whatever the
+// dependent object is (checkDependents names the usual ones; a review
+// found a function with a SQL-standard body, a column of a table's row
+// type, a policy on another table, a view named like gendurable's own,
+// each leaving a down to 0 at version 1, the versions above it committed).
+// The trial takes the locks the downs take, a little earlier; they are
+// the transaction's until it ends.
+func trialDown(ctx context.Context, tx pgx.Tx, version int, sql string) error {
+	if _, err := tx.Exec(ctx, "SAVEPOINT gendurable_down_trial"); err != nil {
+		return err
+	}
+	_, trialErr := tx.Exec(ctx, sql)
+	if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT gendurable_down_trial"); err != nil {
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(trialErr, &pgErr) && pgErr.Code == "2BP01" {
+		what := pgErr.Message
+		if pgErr.Detail != "" {
+			what += " (" + strings.ReplaceAll(pgErr.Detail, "\n", "; ") + ")"
+		}
+		return fmt.Errorf("migration %d down: %w: %s; remove them yourself (or move them off gendurable's tables), "+
+			"then migrate again; nothing of version %d was applied", version, ErrDependents, what, version)
+	}
+	return trialErr
 }
 
 // DefaultIsolation reads the isolation level a statement of db runs at
