@@ -91,10 +91,11 @@ func (j *Job[T]) definition() (*machineCore, error) {
 					// A result that cannot be stored would make the outcome
 					// invalid, retried like an error: the job's work would
 					// run again for each attempt (a review). It fails at once.
-					if _, encErr := json.Marshal(result); encErr != nil {
+					enc, encErr := json.Marshal(result)
+					if encErr != nil {
 						return Stop(fmt.Sprintf("PerformResult's result cannot be stored as JSON: %v", encErr)), nil
 					}
-					return Done(result), nil
+					return Done(json.RawMessage(enc)), nil // encoded once
 				case err == nil:
 					return Done(result), nil
 				case errors.As(err, &snooze):

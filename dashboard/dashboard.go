@@ -142,6 +142,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -793,14 +794,9 @@ func hostPortProblem(h string) string {
 	if host == "" {
 		return "has no host name"
 	}
-	n := 0
-	for _, c := range port {
-		if c < '0' || c > '9' || n > 65535 {
-			return "has a port that is not a number from 1 to 65535"
-		}
-		n = n*10 + int(c-'0')
-	}
-	if port == "" || n < 1 || n > 65535 {
+	// Written as a Host header writes it: no sign, no leading zero (the
+	// match compares text, so "08443" would never match).
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || port != strconv.Itoa(n) {
 		return "has a port that is not a number from 1 to 65535"
 	}
 	return ""
