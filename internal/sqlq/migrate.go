@@ -625,14 +625,20 @@ func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int,
 		return nil
 	}
 	var deps *string
-	if err := tx.QueryRow(ctx, `SELECT string_agg(x.what, ', ' ORDER BY x.what) FROM (
-		  SELECT DISTINCT format('%s %s (on %s)', o.type, o.identity, c.relname || CASE WHEN u.col <> '' THEN '.' || u.col ELSE '' END) AS what
+	if err := tx.QueryRow(ctx, `WITH gone AS (
+		  -- The tables and columns the downs drop, with the name to give each.
+		  SELECT n.oid AS ns, n.nspname, c.oid AS rel, u.col, a.attnum,
+		         c.relname || CASE WHEN u.col <> '' THEN '.' || u.col ELSE '' END AS label
 		  FROM unnest($2::text[], $3::text[]) AS u(tab, col)
 		  JOIN pg_namespace n ON n.nspname = $1
 		  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = u.tab
 		  LEFT JOIN pg_attribute a ON u.col <> '' AND a.attrelid = c.oid AND a.attname = u.col AND NOT a.attisdropped
-		  JOIN pg_depend d ON d.refclassid = 'pg_class'::regclass AND d.refobjid = c.oid AND d.deptype = 'a'
-		    AND (u.col = '' OR d.refobjsubid = a.attnum)
+		)
+		SELECT string_agg(DISTINCT format('%s %s (on %s)', x.type, x.identity, x.label), ', ') FROM (
+		  SELECT o.type, o.identity, g.label
+		  FROM gone AS g
+		  JOIN pg_depend d ON d.refclassid = 'pg_class'::regclass AND d.refobjid = g.rel AND d.deptype = 'a'
+		    AND (g.col = '' OR d.refobjsubid = g.attnum)
 		  CROSS JOIN LATERAL pg_identify_object(d.classid, d.objid, d.objsubid) AS o
 		  -- The schema of the table an object without one of its own is on.
 		  CROSS JOIN LATERAL (SELECT CASE d.classid
@@ -643,33 +649,31 @@ func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int,
 		    END AS ns) AS own
 		  -- pg_identify_object quotes the schema's name as an identifier
 		  -- ("MyApp"): a schema of capitals listed gendurable's own indexes.
-		  WHERE NOT CASE WHEN own.ns IS NOT NULL THEN own.ns = n.oid
-		                 ELSE coalesce(o.schema IN (n.nspname, quote_ident(n.nspname)), false) END
-		  UNION
+		  WHERE NOT CASE WHEN own.ns IS NOT NULL THEN own.ns = g.ns
+		                 ELSE coalesce(o.schema IN (g.nspname, quote_ident(g.nspname)), false) END
+		  UNION ALL
 		  -- What depends on them normally and is not on one of gendurable's
 		  -- tables — a view, a foreign key of another table — makes DROP
 		  -- TABLE or DROP COLUMN … RESTRICT fail: at version 1 of a down to
 		  -- 0, the versions above it committed (a hostile-operator probe; a
 		  -- view on the instances table left the schema at version 1).
-		  SELECT DISTINCT format('%s %s (on %s)', o.type, o.identity, c.relname || CASE WHEN u.col <> '' THEN '.' || u.col ELSE '' END)
-		  FROM unnest($2::text[], $3::text[]) AS u(tab, col)
-		  JOIN pg_namespace n ON n.nspname = $1
-		  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = u.tab
-		  LEFT JOIN pg_attribute a ON u.col <> '' AND a.attrelid = c.oid AND a.attname = u.col AND NOT a.attisdropped
-		  JOIN pg_depend d ON d.refclassid = 'pg_class'::regclass AND d.refobjid = c.oid AND d.deptype = 'n'
+		  SELECT o.type, o.identity, g.label
+		  FROM gone AS g
+		  JOIN pg_depend d ON d.refclassid = 'pg_class'::regclass AND d.refobjid = g.rel AND d.deptype = 'n'
 		    AND d.classid IN ('pg_rewrite'::regclass, 'pg_constraint'::regclass)
-		    AND (u.col = '' OR d.refobjsubid = a.attnum)
-		  -- A view's rule is named as the view.
-		  CROSS JOIN LATERAL pg_identify_object(
-		      CASE WHEN d.classid = 'pg_rewrite'::regclass THEN 'pg_class'::regclass ELSE d.classid END,
-		      CASE WHEN d.classid = 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite AS w WHERE w.oid = d.objid) ELSE d.objid END,
-		      0) AS o
+		    AND (g.col = '' OR d.refobjsubid = g.attnum)
+		  -- A view's rule is named as the view; on_rel is the table the
+		  -- view or the constraint belongs to.
 		  CROSS JOIN LATERAL (SELECT CASE d.classid
 		      WHEN 'pg_rewrite'::regclass THEN (SELECT w.ev_class FROM pg_rewrite AS w WHERE w.oid = d.objid)
 		      WHEN 'pg_constraint'::regclass THEN (SELECT k.conrelid FROM pg_constraint AS k WHERE k.oid = d.objid)
 		    END AS rel) AS on_rel
+		  CROSS JOIN LATERAL pg_identify_object(
+		      CASE WHEN d.classid = 'pg_rewrite'::regclass THEN 'pg_class'::regclass ELSE d.classid END,
+		      CASE WHEN d.classid = 'pg_rewrite'::regclass THEN on_rel.rel ELSE d.objid END,
+		      0) AS o
 		  WHERE NOT EXISTS (SELECT 1 FROM pg_class AS r
-		                    WHERE r.oid = on_rel.rel AND r.relnamespace = n.oid AND r.relname LIKE 'gendurable\_%')) AS x`,
+		                    WHERE r.oid = on_rel.rel AND r.relnamespace = g.ns AND r.relname LIKE 'gendurable\_%')) AS x`,
 		schema, tables, columns).Scan(&deps); err != nil {
 		return err
 	}
