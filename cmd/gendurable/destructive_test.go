@@ -204,7 +204,7 @@ func TestPrompt(t *testing.T) {
 
 // TestAnInterruptEndsAPrompt: Ctrl-C or SIGTERM (the context main cancels
 // on either) ends a confirmation prompt that no line has answered, answered
-// no. Before, the read ignored them: the command sat at the prompt, under
+// no: the error is errAborted (code "aborted"), its cause named. Before, the read ignored them: the command sat at the prompt, under
 // a supervisor or `timeout` too, until a line came (a probe: only kill -9
 // ended it).
 func TestAnInterruptEndsAPrompt(t *testing.T) {
@@ -218,6 +218,8 @@ func TestAnInterruptEndsAPrompt(t *testing.T) {
 	ok, err := prompt(ctx, in, &out, "cancel every live instance?")
 	require.False(t, ok)
 	require.ErrorContains(t, err, "interrupt signal received")
+	require.ErrorIs(t, err, errAborted)
+	require.Equal(t, "aborted", errorCode(err))
 	require.Less(t, time.Since(start), 5*time.Second)
 	require.Equal(t, "cancel every live instance? [y/N] \n", out.String())
 }

@@ -82,7 +82,8 @@ func prompt(ctx context.Context, in io.Reader, out io.Writer, question string) (
 	case a = <-read:
 	case <-ctx.Done():
 		fmt.Fprintln(out) // the prompt's line ends
-		return false, fmt.Errorf("not confirmed: %w", context.Cause(ctx))
+		// Interrupted: aborted as a "no" is (code "aborted"), with the cause.
+		return false, fmt.Errorf("%w (%w)", errAborted, context.Cause(ctx))
 	}
 	line, err := a.line, a.err
 	if err != nil && !errors.Is(err, io.EOF) {
