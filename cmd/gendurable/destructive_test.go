@@ -203,10 +203,10 @@ func TestPrompt(t *testing.T) {
 }
 
 // TestAnInterruptEndsAPrompt: Ctrl-C or SIGTERM (the context main cancels
-// on either) ends a confirmation prompt that no line has answered, answered
-// no: the error is errAborted (code "aborted"), its cause named. Before, the read ignored them: the command sat at the prompt, under
-// a supervisor or `timeout` too, until a line came (a probe: only kill -9
-// ended it).
+// on either) ends a confirmation prompt that no line has answered, as a no
+// does: errAborted (code "aborted"), its cause named. Before, the read
+// ignored them: the command sat at the prompt, under a supervisor or
+// `timeout` too, until a line came (a probe: only kill -9 ended it).
 func TestAnInterruptEndsAPrompt(t *testing.T) {
 	t.Parallel()
 	in, typing := io.Pipe() // a terminal no one types on
