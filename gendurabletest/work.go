@@ -113,7 +113,9 @@ func describePending(ctx context.Context, eng *gendurable.Engine, in *gendurable
 	if n := len(in.Errors); n > 0 {
 		s += fmt.Sprintf("; last error (%s): %s", in.Errors[n-1].Kind, clip(in.Errors[n-1].Error, 300))
 	}
-	if _, ok := eng.Config().Queues[in.Queue]; !ok {
+	// A runnable instance's wait reason names a queue this engine does not
+	// work already; any other's does not.
+	if _, ok := eng.Config().Queues[in.Queue]; !ok && !strings.Contains(s, "(not a queue this engine works)") {
 		s += fmt.Sprintf("; queue %q is not one this engine works", in.Queue)
 	}
 	return s
