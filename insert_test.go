@@ -109,6 +109,13 @@ func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
 		// "q\u200b" looks like "q" on every page (a probe).
 		{"queue name with a zero-width space", job.New(weirdState{}).With(gendurable.InsertOpts{Queue: "q\u200b"}), gendurable.ErrInvalidInsert},
 		{"queue name with a byte order mark", job.New(weirdState{}).With(gendurable.InsertOpts{Queue: "\ufeffq"}), gendurable.ErrInvalidInsert},
+		// Passed the first list (a hostile-operator probe): other format
+		// characters, a Hangul filler, a variation selector, a blank.
+		{"queue name with an inhibit-digit-shapes control", job.New(weirdState{}).With(gendurable.InsertOpts{Queue: "pay\u206f"}), gendurable.ErrInvalidInsert},
+		{"queue name with a Hangul filler", job.New(weirdState{}).With(gendurable.InsertOpts{Queue: "default\u3164"}), gendurable.ErrInvalidInsert},
+		{"queue name with a variation selector", job.New(weirdState{}).With(gendurable.InsertOpts{Queue: "default\ufe0f"}), gendurable.ErrInvalidInsert},
+		{"queue name with a musical format control", job.New(weirdState{}).With(gendurable.InsertOpts{Queue: "default\U0001d173"}), gendurable.ErrInvalidInsert},
+		{"queue name with a braille blank", job.New(weirdState{}).With(gendurable.InsertOpts{Queue: "default\u2800"}), gendurable.ErrInvalidInsert},
 		{"nil job", (*gendurable.Job[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
 		{"nil machine", (*gendurable.Machine[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
 	}

@@ -6,6 +6,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/gendurable/gendurable/internal/invisible"
 )
 
 // Names and keys are checked by one rule wherever they come in — config,
@@ -54,8 +56,9 @@ func timestampYear(t time.Time) bool {
 // pass a name on as typed, as the CLI and the API do; a name " pay" would
 // look like "pay" on every page and in every table while a signal "pay"
 // never woke its awaiter. For the same reason a name holds none of the
-// invisible characters that have no use inside a word (invisibleInName):
-// "pay\u200b" looks like "pay" everywhere. Keys may (a key is the user's
+// invisible characters that have no use inside a word (invisible.InName:
+// format characters, fillers, variation selectors; not the joiners
+// U+200C and U+200D): "pay\u200b" looks like "pay" everywhere. Keys may (a key is the user's
 // data).
 func nameProblem(s string) string {
 	if s == "" {
@@ -64,25 +67,11 @@ func nameProblem(s string) string {
 	if p := textProblem(s, maxNameLen); p != "" {
 		return p
 	}
-	if i := strings.IndexFunc(s, invisibleInName); i >= 0 {
+	if i := strings.IndexFunc(s, invisible.InName); i >= 0 {
 		r, _ := utf8.DecodeRuneInString(s[i:])
 		return fmt.Sprintf("holds the invisible character U+%04X, which makes it look like another name", r)
 	}
 	return edgeSpaceProblem(s)
-}
-
-// invisibleInName reports whether r is an invisible format character
-// with no use inside a name: the soft hyphen U+00AD, U+180E, the zero
-// width space U+200B, the word joiner and invisible operators
-// U+2060–U+2064, the byte order mark U+FEFF and the tag characters
-// U+E0000–U+E007F. Not the zero width joiner and non-joiner (U+200C,
-// U+200D): Persian and Indic words and emoji sequences need them.
-func invisibleInName(r rune) bool {
-	switch {
-	case r == 0x00AD, r == 0x180E, r == 0x200B, r >= 0x2060 && r <= 0x2064, r == 0xFEFF:
-		return true
-	}
-	return r >= 0xE0000 && r <= 0xE007F
 }
 
 // edgeSpaceProblem says whether s starts or ends with white space.

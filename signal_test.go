@@ -361,7 +361,7 @@ func TestSignalDedupAndErrors(t *testing.T) {
 
 	_, err = b.eng.Signal(ctx, 99999999, "pay", nil, nil)
 	require.ErrorIs(t, err, gendurable.ErrNotFound)
-	for _, bad := range []string{"", string(make([]byte, 300)), "a\x00b", "bad\xff", "pay\u200b", "\ufeffpay", "pa\u00ady"} {
+	for _, bad := range []string{"", string(make([]byte, 300)), "a\x00b", "bad\xff", "pay\u200b", "\ufeffpay", "pa\u00ady", "sig\u206f", "pay\u3164", "pay\ufe0f"} {
 		_, err = b.eng.Signal(ctx, id, bad, nil, nil)
 		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "%q", bad)
 	}

@@ -21,13 +21,15 @@
 //     RIGHT-TO-LEFT OVERRIDE and its kin) as \uHHHH: all of them, [Bidi]
 //     included; html/template escapes markup, not these, and
 //     "acct-1<U+202E>7-tnuocca" reads "acct-1account-7".
-//   - Invisible format characters with no use inside a word (the ones a
-//     name may not hold: the zero width space U+200B, the byte order mark
-//     U+FEFF, the soft hyphen U+00AD, U+180E, U+2060–U+2064) as \uHHHH:
-//     [Terminal] only, so that a key "k<U+200B>0" does not print as "k0"
-//     (a probe). Not the zero width joiner and non-joiner, which words and
-//     emoji need, nor the tag characters, which subdivision flags are made
-//     of.
+//   - Invisible characters with no use inside a word (the ones a name may
+//     not hold, internal/invisible: format characters such as the zero
+//     width space U+200B, the byte order mark U+FEFF and the soft hyphen
+//     U+00AD, fillers such as U+3164, variation selectors, the braille
+//     blank U+2800) as \uHHHH, or \UHHHHHHHH beyond U+FFFF: [Terminal]
+//     only, so that a key "k<U+200B>0" does not print as "k0" (a probe).
+//     Not the zero width joiner and non-joiner, which words and emoji
+//     need, nor the tag characters, which subdivision flags are made of,
+//     nor the emoji presentation selectors U+FE0E and U+FE0F.
 //
 // Everything else, backslashes and right-to-left text included, is left as
 // it is. Text that holds nothing to escape is returned as it was given,
@@ -40,6 +42,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/invisible"
 )
 
 // Terminal returns s with every character a terminal could act on made
@@ -73,14 +76,14 @@ func Bidi(page []byte) []byte { return escapeBytes(page, bidiOnly) }
 type class uint8
 
 const (
-	plain     class = iota // left as it is
-	c0                     // U+0000–U+001F
-	del                    // U+007F
-	c1                     // U+0080–U+009F
-	bidi                   // Bidi_Control
-	invalid                // a byte that is not (part of) valid UTF-8
-	lineSep                // U+2028 LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR
-	invisible              // an invisible format character with no use inside a word
+	plain         class = iota // left as it is
+	c0                         // U+0000–U+001F
+	del                        // U+007F
+	c1                         // U+0080–U+009F
+	bidi                       // Bidi_Control
+	invalid                    // a byte that is not (part of) valid UTF-8
+	lineSep                    // U+2028 LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR
+	invisibleChar              // an invisible character with no use inside a word
 )
 
 // classify classifies r, decoded from size bytes (utf8.RuneError of size 1
@@ -99,8 +102,8 @@ func classify(r rune, size int) class {
 		return bidi
 	case r == 0x2028 || r == 0x2029:
 		return lineSep
-	case r == 0x00AD, r == 0x180E, r == 0x200B, r >= 0x2060 && r <= 0x2064, r == 0xFEFF:
-		return invisible
+	case invisible.Escaped(r):
+		return invisibleChar
 	}
 	return plain
 }
@@ -109,7 +112,7 @@ func classify(r rune, size int) class {
 type set uint8
 
 const (
-	terminal set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid | 1<<lineSep | 1<<invisible
+	terminal set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid | 1<<lineSep | 1<<invisibleChar
 	inert    set = 1<<del | 1<<c1 | 1<<bidi
 	bidiOnly set = 1 << bidi
 )
@@ -126,6 +129,9 @@ func (s set) appendEscape(b []byte, c class, r rune, first byte) []byte {
 		return fmt.Appendf(b, `\x%02x`, first)
 	case r < utf8.RuneSelf && s.has(c0):
 		return fmt.Appendf(b, `\x%02x`, r)
+	case r > 0xFFFF:
+		// Beyond four hex digits: Go's \UHHHHHHHH, not an ambiguous \u1d173.
+		return fmt.Appendf(b, `\U%08x`, r)
 	}
 	return fmt.Appendf(b, `\u%04x`, r)
 }

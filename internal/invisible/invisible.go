@@ -1,0 +1,46 @@
+// Package invisible says which characters show as nothing where a name or a
+// key is printed: the one list behind the names the library refuses and the
+// characters the gendurable command writes out as escapes.
+package invisible
+
+import "unicode"
+
+// InName reports whether r shows as nothing, or as a blank that is not white
+// space, and has no use inside a name: "pay" followed by one looks like
+// "pay" on every page. They are the format characters (general category
+// Cf: the zero width space U+200B, the byte order mark U+FEFF, the soft
+// hyphen U+00AD, the invisible operators U+2060–U+2064 and U+206A–U+206F,
+// the interlinear annotation marks, the tag characters, …), the other
+// default ignorable code points (the Hangul fillers U+115F, U+1160, U+3164
+// and U+FFA0, the combining grapheme joiner U+034F, …), the variation
+// selectors and the braille pattern blank U+2800. Not the zero width
+// non-joiner and joiner (U+200C, U+200D), which Persian and Indic words and
+// emoji sequences need, nor the prepended concatenation marks (U+0600–U+0605,
+// …), which show.
+func InName(r rune) bool {
+	switch {
+	case r < 0xAD:
+		return false // ASCII and C1 controls: neither, the callers see to those
+	case r == 0x200C, r == 0x200D:
+		return false
+	case r == 0x2800:
+		return true
+	case unicode.Is(unicode.Prepended_Concatenation_Mark, r):
+		return false
+	}
+	return unicode.In(r, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector)
+}
+
+// Escaped reports whether text printed for a terminal writes r as an escape
+// (internal/display): the characters of [InName] but the tag characters
+// (U+E0000–U+E007F: subdivision flags are made of them) and the emoji
+// presentation selectors U+FE0E and U+FE0F, which text and emoji use after
+// a visible character. A key may hold any of them (a key is the user's
+// data); printed, it shows which.
+func Escaped(r rune) bool {
+	switch {
+	case r >= 0xE0000 && r <= 0xE007F, r == 0xFE0E, r == 0xFE0F:
+		return false
+	}
+	return InName(r)
+}
