@@ -2,9 +2,7 @@ package gendurable
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 )
@@ -48,9 +46,11 @@ type Job[T any] struct {
 	// the instance's result, as a machine's [Done] stores it — read it with
 	// [WaitResult] or [Engine.Instance] (its Result). Its errors mean what
 	// Perform's do (a retry, [JobCancel], [JobSnooze]); the result that comes
-	// with an error is not stored. A result encoding/json cannot encode
-	// fails the job at once (Stop), without another attempt: its work is
-	// done and would only run again. Set Perform or PerformResult, not both.
+	// with an error is not stored. A result the engine cannot store — one
+	// encoding/json cannot encode, or one over [Config].MaxStateBytes or
+	// MaxJSONDepth, or a number beyond PostgreSQL's numeric — fails the job
+	// at once (kind "stop"), without another attempt: its work is done and
+	// would only run again. Set Perform or PerformResult, not both.
 	PerformResult func(ctx context.Context, job *Run[T]) (result any, err error)
 
 	once sync.Once
@@ -87,17 +87,15 @@ func (j *Job[T]) definition() (*machineCore, error) {
 				}
 				var snooze *SnoozeError
 				switch {
-				case err == nil && result != nil:
-					// A result that cannot be stored would make the outcome
-					// invalid, retried like an error: the job's work would
-					// run again for each attempt (a review). It fails at once.
-					enc, encErr := json.Marshal(result)
-					if encErr != nil {
-						return Stop(fmt.Sprintf("PerformResult's result cannot be stored as JSON: %v", encErr)), nil
-					}
-					return Done(json.RawMessage(enc)), nil // encoded once
 				case err == nil:
-					return Done(result), nil
+					// A result that cannot be stored (encoding/json refuses
+					// it, or it is over the engine's size or depth limits)
+					// would make the outcome invalid, retried like an error:
+					// the job's work would run again for each attempt (two
+					// reviews). final: it fails at once instead.
+					o := Done(result)
+					o.final = true
+					return o, nil
 				case errors.As(err, &snooze):
 					o := replayAsStored(snooze.Delay) // the args as stored, as the default retry's
 					o.snooze = true

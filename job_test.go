@@ -2,7 +2,9 @@ package gendurable_test
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -194,22 +196,37 @@ func TestJobPerformResult(t *testing.T) {
 	require.Equal(t, 1, in.Attempt, "the snooze counted no attempt, the failure one")
 
 	// A result that cannot be stored fails the job at once: another
-	// attempt would only run its work again (a review: it ran 3 times).
-	var runs atomic.Int32
-	bad := &gendurable.Job[orderArgs]{Name: "bad_result", MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 },
-		PerformResult: func(context.Context, *gendurable.Run[orderArgs]) (any, error) {
-			runs.Add(1)
-			return func() {}, nil
+	// attempt would only run its work again (a review: it ran 3 times; a
+	// probe: 3 times too for a result over the engine's limits).
+	var runs [4]atomic.Int32
+	results := [4]any{
+		func() {},                  // encoding/json refuses it
+		strings.Repeat("x", 2<<10), // over MaxStateBytes (1 KiB below)
+		json.RawMessage(strings.Repeat("[", 40) + strings.Repeat("]", 40)), // deeper than MaxJSONDepth (32)
+		json.Number("1e200000"), // beyond numeric
+	}
+	bad := &gendurable.Job[int]{Name: "bad_result", MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 },
+		PerformResult: func(_ context.Context, r *gendurable.Run[int]) (any, error) {
+			runs[r.State].Add(1)
+			return results[r.State], nil
 		}}
-	b2 := setup(t, nil, bad)
-	badID := b2.insert(bad.New(orderArgs{}))
+	db2 := gendurabletest.NewDB(t, nil)
+	cfg2 := fastConfig(db2.Schema, bad)
+	cfg2.MaxStateBytes, cfg2.MaxJSONDepth = 1<<10, 32
+	b2 := bundleOn(t, db2.Pool, db2.Schema, cfg2, bad)
+	var badIDs [4]int64
+	for i := range badIDs {
+		badIDs[i] = b2.insert(bad.New(i))
+	}
 	b2.start()
-	_, err = gendurable.WaitResult[any](t.Context(), b2.eng, badID)
-	var failed *gendurable.FailedError
-	require.ErrorAs(t, err, &failed)
-	require.Equal(t, "stop", failed.Kind)
-	require.Contains(t, failed.Reason, "cannot be stored as JSON")
-	require.Equal(t, int32(1), runs.Load(), "the work ran once")
+	for i, badID := range badIDs {
+		_, err = gendurable.WaitResult[any](t.Context(), b2.eng, badID)
+		var failed *gendurable.FailedError
+		require.ErrorAs(t, err, &failed, i)
+		require.Equal(t, "stop", failed.Kind, i)
+		require.Contains(t, failed.Reason, "PerformResult's result cannot be stored", i)
+		require.Equal(t, int32(1), runs[i].Load(), "the work ran once: %d", i)
+	}
 
 	both := &gendurable.Job[orderArgs]{Name: "both",
 		Perform:       func(context.Context, *gendurable.Run[orderArgs]) error { return nil },

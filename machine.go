@@ -411,6 +411,11 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) executor.Result {
 	var enc sqlq.Outcome
 	if err == nil {
 		err = safely(func() (err error) { enc, err = m.encodeOutcome(out, r, in); return err })
+		if err != nil && out.final {
+			// A job's result that cannot be stored: its work is done, and
+			// another attempt would only run it again (Job.PerformResult).
+			return stopResult("stop", "PerformResult's result cannot be stored: "+err.Error(), err)
+		}
 	}
 	if err == nil {
 		return executor.Result{Out: enc, TxFn: safeTx(out.txFn, in.direct)}

@@ -22,6 +22,7 @@ type Outcome struct {
 	result   any
 	reason   string
 	snooze   bool // replay without counting an attempt (jobs)
+	final    bool // a job's Done: a result the engine cannot store stops the instance (Job.PerformResult)
 	awaits   []string
 	timeout  time.Duration
 	children []InsertParams
