@@ -109,7 +109,10 @@ type InsertOpts struct {
 	// "period:" + the machine's name: one instance of the machine per
 	// period (River's UniqueOpts.ByPeriod). With it, UniqueScope defaults
 	// to UniqueForever (a finished instance holds its period too, as
-	// River's does), not UniqueLive. At least a second.
+	// River's does), not UniqueLive — until the prune deletes it: keep
+	// [Config].Retention longer than the period, or a finished instance's
+	// period is free again after the retention (a probe: a month's period,
+	// the default retention of 7 days). At least a second.
 	UniquePeriod time.Duration
 }
 
@@ -344,7 +347,7 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 		// hold would abort an InsertTx caller's transaction, and a year it
 		// holds past 9999 could not be written out as RFC 3339.
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt %s outside %s..%s (a row's times are written out as RFC 3339, with four-digit years, in any time zone)",
-			o.RunAt.UTC().Format(time.RFC3339), minRunAt.Format(time.DateOnly), maxRunAt.Format(time.DateOnly))
+			o.RunAt.UTC().Format(time.RFC3339), minRunAt.Format(time.RFC3339), maxRunAt.Format(time.RFC3339))
 	case o.Queue != "" && nameProblem(o.Queue) != "":
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name %q %s", o.Queue, nameProblem(o.Queue))
 	case keyProblem(o.PartitionKey) != "":
