@@ -141,7 +141,7 @@ func (d *dashboard) failedLogin(r *http.Request) {
 	if !d.auditLimit.allow(clientOf(r), time.Now()) {
 		return
 	}
-	attrs := []any{"action", "login", "outcome", "failed", "remote", r.RemoteAddr, "method", r.Method, "path", r.URL.Path}
+	attrs := []any{"action", "login", "outcome", "failed", "remote", r.RemoteAddr, "method", r.Method, "path", cut(r.URL.Path)}
 	if u, _, isBasic := r.BasicAuth(); isBasic {
 		if len(u) > 64 {
 			u = u[:64]

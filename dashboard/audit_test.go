@@ -203,6 +203,19 @@ func TestRefusedActionsKeepToTheAllowance(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, r.code)
 	require.Len(t, authLog.with("dashboard audit: failed login"), 5)
 	require.Len(t, authLog.with("dashboard audit: pause"), 1, "the operator's refusal was silenced by others' failed logins")
+	// A failed login's path and a refused host's are cut as every other
+	// line's (a probe: 15 KB lines).
+	r = do(t, ha, req{method: http.MethodGet, path: "/" + long, remote: "10.6.0.2:1",
+		header: map[string]string{"Authorization": basicHeader("ops", "guess")}})
+	require.Equal(t, http.StatusUnauthorized, r.code)
+	r = do(t, ha, req{method: http.MethodGet, path: "/" + long, host: "evil.example", remote: "10.6.0.3:1"})
+	require.Equal(t, http.StatusMisdirectedRequest, r.code)
+	failed := authLog.with("dashboard audit: failed login")
+	require.Len(t, failed, 6)
+	require.LessOrEqual(t, len(failed[5]["path"].(string)), 1000)
+	misdirected := authLog.with("dashboard: request for a host not served (DNS rebinding?); add it to AllowedHosts if it is yours")
+	require.Len(t, misdirected, 1)
+	require.LessOrEqual(t, len(misdirected[0]["path"].(string)), 1000)
 
 	// Every X-Forwarded-For line, in order.
 	hreq := httptest.NewRequest(http.MethodPost, "http://example.com/queues/default/resume", strings.NewReader(""))
@@ -214,6 +227,24 @@ func TestRefusedActionsKeepToTheAllowance(t *testing.T) {
 	h.ServeHTTP(rec, hreq)
 	require.Equal(t, http.StatusSeeOther, rec.Code)
 	require.Equal(t, "10.9.9.9, 203.0.113.7", log.with("dashboard audit: resume")[0]["forwarded_for"])
+}
+
+// TestAClientThatHangsUpIsNoWarning: a request whose client went away
+// (its context cancelled) ends without a warning: one line per hang-up let
+// any client that could reach the dashboard flood the log (a probe: 40
+// aborted requests, 23 warnings).
+func TestAClientThatHangsUpIsNoWarning(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	log := &captured{}
+	h, _ := e.handler(dashboard.Options{Logger: slog.New(log)})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for _, path := range []string{"/", "/instances?status=runnable", "/queues"} {
+		hreq := httptest.NewRequestWithContext(ctx, http.MethodGet, "http://example.com"+path, nil)
+		h.ServeHTTP(httptest.NewRecorder(), hreq)
+	}
+	require.Empty(t, log.with("dashboard: request failed"))
 }
 
 // TestCrossOriginRefusalIsAudited: a cross-origin POST to an action (a

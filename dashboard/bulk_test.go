@@ -283,6 +283,12 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	require.Contains(t, r.body, "given more than once")
 	require.False(t, e.queuePaused("q1"))
 	require.False(t, e.queuePaused("q2"))
+	// The queue in the body only: named where the name goes (a probe got
+	// the generic "Invalid input" page).
+	r = post(t, h, "/queues/pause", url.Values{"queue": {"q1"}})
+	require.Equal(t, http.StatusBadRequest, r.code, r.body)
+	require.Contains(t, r.body, "No queue named")
+	require.False(t, e.queuePaused("q1"))
 	// A list's query that does not parse (a pair holding a ';') was read
 	// without that pair: every failed instance listed, and "Cancel all"
 	// offered on that wider filter.

@@ -493,7 +493,7 @@ func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// connection closes after the answer.
 		if d.warnLimit.allow(clientOf(r), time.Now()) {
 			d.log.Warn("dashboard: request for a host not served (DNS rebinding?); add it to AllowedHosts if it is yours",
-				"host", r.Host, "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+				"host", cut(r.Host), "method", r.Method, "path", cut(r.URL.Path), "remote", r.RemoteAddr)
 		}
 		refuse(w, r, http.StatusMisdirectedRequest, "421 misdirected request: this dashboard does not serve that host name\n")
 		return

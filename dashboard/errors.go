@@ -67,7 +67,12 @@ func (d *dashboard) fail(w http.ResponseWriter, r *http.Request, err error) {
 		d.errorPage(w, r, code, "Internal error (reference "+ref+"). The details are in the server log.")
 		return
 	}
-	if !expected {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		// The client went away (or the server is stopping): nothing to
+		// warn of, and one line per hang-up would let any client flood the
+		// log (a probe).
+		d.log.Debug("dashboard: request ended with its client gone", "method", r.Method, "path", cut(r.URL.Path), "err", err)
+	} else if !expected {
 		d.log.Warn("dashboard: request failed", "method", r.Method, "path", r.URL.Path, "status", code, "err", err)
 	} else {
 		d.log.Debug("dashboard: request refused", "method", r.Method, "path", r.URL.Path, "status", code, "err", err)

@@ -156,9 +156,20 @@ func queueOf(r *http.Request) string {
 	return r.URL.Query().Get("queue")
 }
 
+// noQueue answers a pause or resume that names no queue: a form field
+// "queue" in the body is not where the name goes (a probe got the generic
+// "Invalid input" page for it).
+func (d *dashboard) noQueue(w http.ResponseWriter, r *http.Request) {
+	d.errorPage(w, r, http.StatusBadRequest, "No queue named: a pause or resume names its queue in the URL (/queues/pause?queue=NAME or /queues/NAME/pause), not in the form.")
+}
+
 func (d *dashboard) pauseAction(w http.ResponseWriter, r *http.Request) {
 	q := queueOf(r)
 	note(r, "queue", q)
+	if q == "" {
+		d.noQueue(w, r)
+		return
+	}
 	if err := d.eng.Pause(r.Context(), q); err != nil {
 		d.fail(w, r, err)
 		return
@@ -169,6 +180,10 @@ func (d *dashboard) pauseAction(w http.ResponseWriter, r *http.Request) {
 func (d *dashboard) resumeAction(w http.ResponseWriter, r *http.Request) {
 	q := queueOf(r)
 	note(r, "queue", q)
+	if q == "" {
+		d.noQueue(w, r)
+		return
+	}
 	if err := d.eng.Resume(r.Context(), q); err != nil {
 		d.fail(w, r, err)
 		return
