@@ -435,6 +435,10 @@ func TestUISecretFilesAreBoundedAndOneLine(t *testing.T) {
 	big := write("big", strings.Repeat("a", 64<<10))
 	twoLines := write("two", "first-line-of-token\nsecond-line\n")
 	basicTwoLines := write("basic", "ops:pass\nword\n")
+	// A blank line after is a second line too (a probe: every trailing
+	// line break was dropped, though one is documented).
+	basicBlankLine := write("basic-blank", "ops:password\n\n")
+	crlf := write("crlf", "ops:password with space \r\n")
 	fine := write("fine", strings.Repeat("t", 4<<10-1)+"\n") // 4 KiB with its line break: one token
 	fifo := filepath.Join(dir, "fifo")
 	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
@@ -451,6 +455,7 @@ func TestUISecretFilesAreBoundedAndOneLine(t *testing.T) {
 		{[]string{"--basic-auth-file", big}, "longer than 4096 bytes"},
 		{[]string{"--token-file", twoLines}, "control character"},
 		{[]string{"--basic-auth-file", basicTwoLines}, "control character"},
+		{[]string{"--basic-auth-file", basicBlankLine}, "control character"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var stdout, stderr strings.Builder
@@ -463,6 +468,9 @@ func TestUISecretFilesAreBoundedAndOneLine(t *testing.T) {
 	tok, err := secret("token", "", fine, envUIToken, io.Discard)
 	require.NoError(t, err)
 	require.Len(t, tok, 4<<10-1)
+	basic, err := secret("basic-auth", "", crlf, envUIBasicAuth, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "ops:password with space ", basic, "one CRLF dropped, the password as written")
 }
 
 // TestErrorsAreJSONWhateverTheSpellingOfJSON: with --json every error is

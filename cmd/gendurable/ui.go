@@ -203,7 +203,7 @@ func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener, note fun
 
 // secret is a credential from its flag, its file, or its environment
 // variable; giving both the flag and the file is a usage error. A file's
-// trailing line break is not part of the secret.
+// trailing line break ("\n" or "\r\n", one) is not part of the secret.
 func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 	switch {
 	case value != "" && file != "":
@@ -216,7 +216,12 @@ func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 		if err != nil {
 			return "", usageError{msg: fmt.Sprintf("--%s-file: %v", name, err)}
 		}
-		s := strings.TrimRight(string(b), "\r\n")
+		// One line break, as an editor or echo leaves it; a second (a
+		// blank line after) is a control character the dashboard refuses.
+		s, ok := strings.CutSuffix(string(b), "\n")
+		if ok {
+			s = strings.TrimSuffix(s, "\r")
+		}
 		if s == "" {
 			return "", usageError{msg: fmt.Sprintf("--%s-file %s is empty", name, file)}
 		}
