@@ -274,6 +274,26 @@ func TestCrossOriginRefusalIsAudited(t *testing.T) {
 	}
 	require.False(t, e.instance(live).Status.Terminal(), "the forged cancel changed nothing")
 	require.False(t, e.queuePaused("default"))
+
+	// A hostile page's forged actions (sent from the operator's browser,
+	// as the operator's client) have an allowance of their own: the
+	// operator's own refused action is still on the trail after them (a
+	// probe: it had been left out, counted only).
+	for range 8 {
+		r := do(t, h, req{method: http.MethodPost, path: "/queues/default/pause", form: url.Values{},
+			remote: "10.1.2.4:5555", header: map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}})
+		require.Equal(t, http.StatusForbidden, r.code)
+	}
+	r := do(t, h, req{method: http.MethodPost, path: "/queues/a%00b/pause", form: url.Values{},
+		remote: "10.1.2.4:5555", header: map[string]string{"Sec-Fetch-Site": "same-origin"}})
+	require.Equal(t, http.StatusBadRequest, r.code)
+	var own int
+	for _, rec := range audit.with("dashboard audit: pause") {
+		if rec["remote"] == "10.1.2.4:5555" && rec["origin"] == nil {
+			own++
+		}
+	}
+	require.Equal(t, 1, own, "%v", audit.recs)
 }
 
 // TestLogLinesCarryNoRawC1OrBidiControls: a log line carries what a

@@ -418,16 +418,19 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		}
 	}
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		attrs := []any{"method", r.Method, "path", r.URL.Path, "origin", r.Header.Get("Origin"),
-			"sec_fetch_site", r.Header.Get("Sec-Fetch-Site"), "remote", r.RemoteAddr}
+		attrs := []any{"method", r.Method, "path", cut(r.URL.Path), "origin", cut(r.Header.Get("Origin")),
+			"sec_fetch_site", cut(r.Header.Get("Sec-Fetch-Site")), "remote", r.RemoteAddr}
 		if r.URL.RawQuery != "" {
 			attrs = append(attrs, "query", cut(r.URL.RawQuery)) // a pause's queue travels there
 		}
 		if _, pattern := mux.Handler(r); actions[pattern] != "" {
 			// A refused action: on the audit trail (within the refused
-			// actions' allowance, per client and user), with who was
+			// actions' allowance, per client and user, an allowance of its
+			// own: a hostile page the operator opens sends these with the
+			// operator's credentials, and used up the one of the
+			// operator's own refused actions — a probe), with who was
 			// signed in.
-			if d.refuseLimit.allow(refuser(r), time.Now()) {
+			if d.refuseLimit.allow(refuser(r)+" cross-origin", time.Now()) {
 				attrs = append([]any{"action", actions[pattern], "outcome", "refused", "status", http.StatusForbidden,
 					"reason", "cross-origin", "user", auditUser(r)}, attrs...)
 				d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+actions[pattern], attrs...)
