@@ -704,6 +704,7 @@ func TestUISecretsHostsAndAudit(t *testing.T) {
 		{nil, []string{"--token-file", empty}, "empty"},
 		{nil, []string{"--basic-auth-file", empty}, "empty"},
 		{nil, []string{"--token", "   "}, "white space"},
+		{nil, []string{"--trusted-origin", "ops.example"}, "TrustedOrigins"},
 	} {
 		cmd := exec.Command(binary, append([]string{"ui", "--schema", schema}, c.args...)...)
 		cmd.Env = append(append(os.Environ(), "DATABASE_URL="+dbtest.URL()), c.env...)
@@ -737,6 +738,25 @@ func TestUISecretsHostsAndAudit(t *testing.T) {
 	require.Equal(t, http.StatusOK, call(t, "GET", base+"/", "", "Basic "+base64.StdEncoding.EncodeToString([]byte("ops:pw-from-a-file"))))
 	require.Equal(t, http.StatusUnauthorized, call(t, "GET", base+"/", "", "Basic "+base64.StdEncoding.EncodeToString([]byte("ops:pw-from-a-file\n"))))
 	require.NotContains(t, stderr.String(), "visible to every user", "no warning without secrets on the command line")
+
+	// Behind a proxy that rewrites Host, an action's Origin is the public
+	// one: refused unless --trusted-origin names it (a probe found no flag
+	// for it, only the library's option).
+	crossOrigin := func(base string) int {
+		req, err := http.NewRequest("POST", base+"/queues/default/resume", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer file-token-0123456789")
+		req.Header.Set("Origin", "https://ops.example")
+		req.Header.Set("Sec-Fetch-Site", "cross-site")
+		client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusForbidden, crossOrigin(base))
+	base, _ = startUI(t, nil, "--schema", schema, "--token-file", tokenFile, "--trusted-origin", "https://ops.example")
+	require.Equal(t, http.StatusSeeOther, crossOrigin(base))
 }
 
 // TestUIRefusesAnyHostWithoutCredentials: on loopback without credentials

@@ -54,6 +54,11 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		allowed = append(allowed, v)
 		return nil
 	})
+	var trusted []string
+	fs.Func("trusted-origin", "accept actions from this origin (scheme://host[:port]), for a proxy that rewrites the Host header (repeatable)", func(v string) error {
+		trusted = append(trusted, v)
+		return nil
+	})
 	maxConns := fs.Int("max-conns", dashboard.DefaultMaxConns, "connections served at once; more wait")
 	if _, err := parse(fs, args); err != nil {
 		return err
@@ -71,7 +76,7 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		lh = slog.NewJSONHandler(inertWriter{stderr}, &slog.HandlerOptions{Level: slog.LevelWarn})
 	}
 	logger := slog.New(lh)
-	opts := dashboard.Options{ReadOnly: *readOnly, BearerToken: strings.TrimSpace(tok), AllowedHosts: allowed,
+	opts := dashboard.Options{ReadOnly: *readOnly, BearerToken: strings.TrimSpace(tok), AllowedHosts: allowed, TrustedOrigins: trusted,
 		Logger: logger, AuditLogger: logger} // the audit trail is at dashboard.LevelAudit (Warn): always on
 	if basicAuth != "" {
 		user, pass, ok := strings.Cut(basicAuth, ":")
