@@ -266,7 +266,7 @@ func stateMatchesAll(doc json.RawMessage) bool {
 // typed error here instead of a database error (SQLSTATE 22021) later.
 func checkName(field, s string) error {
 	if p := nameProblem(s); p != "" {
-		return errorf(ErrInvalidInput, "%s %q %s", field, s, p)
+		return errorf(ErrInvalidInput, "%s %s %s", field, quoted(s), p)
 	}
 	return nil
 }

@@ -535,7 +535,7 @@ func (c *Config) withDefaults() error {
 	queues := make(map[string]QueueConfig, len(c.Queues))
 	for name, qc := range c.Queues {
 		if p := nameProblem(name); p != "" {
-			return errorf(ErrInvalidConfig, "queue name %q %s", name, p)
+			return errorf(ErrInvalidConfig, "queue name %s %s", quoted(name), p)
 		}
 		if err := qc.withDefaults(name); err != nil {
 			return err

@@ -349,7 +349,7 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "RunAt %s outside %s..%s (a row's times are written out as RFC 3339, with four-digit years, in any time zone)",
 			o.RunAt.UTC().Format(time.RFC3339), minRunAt.Format(time.RFC3339), maxRunAt.Format(time.RFC3339))
 	case o.Queue != "" && nameProblem(o.Queue) != "":
-		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name %q %s", o.Queue, nameProblem(o.Queue))
+		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "Queue name %s %s", quoted(o.Queue), nameProblem(o.Queue))
 	case keyProblem(o.PartitionKey) != "":
 		return sqlq.NewInstance{}, errorf(ErrInvalidInsert, "PartitionKey %s", keyProblem(o.PartitionKey))
 	case keyProblem(o.UniqueKey) != "":

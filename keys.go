@@ -63,7 +63,7 @@ func validKeyPolicies(policies []KeyPolicy) ([]KeyPolicy, error) {
 		case p.Burst > maxKeyLimit:
 			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Burst %d above %d", p.Prefix, p.Burst, maxKeyLimit)
 		case prefixProblem(p.Prefix) != "":
-			return nil, errorf(ErrInvalidConfig, "KeyPolicy prefix %q %s", p.Prefix, prefixProblem(p.Prefix))
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy prefix %s %s", quoted(p.Prefix), prefixProblem(p.Prefix))
 		case prefixes[p.Prefix]:
 			return nil, errorf(ErrInvalidConfig, "two KeyPolicies with prefix %q", p.Prefix)
 		}

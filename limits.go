@@ -2,6 +2,7 @@ package gendurable
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -72,6 +73,22 @@ func nameProblem(s string) string {
 		return fmt.Sprintf("holds the invisible character U+%04X, which makes it look like another name", r)
 	}
 	return edgeSpaceProblem(s)
+}
+
+// quoted is s as an error message names a name, a key or a prefix it
+// refuses: quoted (%q), and when s is longer than a name may be, only its
+// first 64 bytes (to a character's start) and its length — a 100 KB name
+// refused for its length was echoed whole on the operator's terminal (a
+// probe).
+func quoted(s string) string {
+	if len(s) <= maxNameLen {
+		return strconv.Quote(s)
+	}
+	n := 64
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%q… (%d bytes)", s[:n], len(s))
 }
 
 // edgeSpaceProblem says whether s starts or ends with white space.

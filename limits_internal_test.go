@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
 )
 
 // nestsDeeper and storedNumbers read scanJSON's findings as the functions
@@ -674,4 +676,19 @@ func BenchmarkCheckJSON(b *testing.B) {
 			})
 		}
 	}
+}
+
+// TestQuoted: a refused name is quoted whole up to a name's length, and
+// beyond it cut to 64 bytes on a character's start, with its length (a
+// probe: pause, resume and list --machine echoed a 100 KB name whole).
+func TestQuoted(t *testing.T) {
+	require.Equal(t, `"pay"`, quoted("pay"))
+	long := strings.Repeat("é", 60_000) // 2 bytes each: byte 64 starts a character
+	require.Equal(t, `"`+strings.Repeat("é", 32)+`"… (120000 bytes)`, quoted(long))
+	odd := "x" + long // byte 64 is inside a character: cut before it
+	require.Equal(t, `"x`+strings.Repeat("é", 31)+`"… (120001 bytes)`, quoted(odd))
+	err := checkName("queue", strings.Repeat("q", 100_000))
+	require.ErrorIs(t, err, ErrInvalidInput)
+	require.Less(t, len(err.Error()), 200, err.Error())
+	require.Contains(t, err.Error(), "(100000 bytes) is longer than 200 bytes")
 }

@@ -274,10 +274,10 @@ func (m *Machine[S]) definition() (*machineCore, error) {
 
 func (m *Machine[S]) build() (*machineCore, error) {
 	if p := nameProblem(m.Name); p != "" {
-		return nil, fmt.Errorf("%w: machine Name %q %s", ErrInvalidConfig, m.Name, p)
+		return nil, fmt.Errorf("%w: machine Name %s %s", ErrInvalidConfig, quoted(m.Name), p)
 	}
 	if p := nameProblem(orDefault(m.Queue, DefaultQueue)); p != "" {
-		return nil, fmt.Errorf("%w: machine %q: Queue %q %s", ErrInvalidConfig, m.Name, m.Queue, p)
+		return nil, fmt.Errorf("%w: machine %q: Queue %s %s", ErrInvalidConfig, m.Name, quoted(m.Queue), p)
 	}
 	if m.Version < 0 {
 		return nil, fmt.Errorf("%w: machine %q: negative Version", ErrInvalidConfig, m.Name)
@@ -309,7 +309,7 @@ func (m *Machine[S]) build() (*machineCore, error) {
 			return nil, fmt.Errorf("%w: machine %q: step %q has a nil func", ErrInvalidConfig, m.Name, name)
 		}
 		if p := nameProblem(name); p != "" {
-			return nil, fmt.Errorf("%w: machine %q: step name %q %s", ErrInvalidConfig, m.Name, name, p)
+			return nil, fmt.Errorf("%w: machine %q: step name %s %s", ErrInvalidConfig, m.Name, quoted(name), p)
 		}
 		steps[name] = true
 	}

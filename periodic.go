@@ -93,7 +93,7 @@ func (p *Periodic) validate() error {
 	if problem := nameProblem(p.Name); problem != "" {
 		// The name is in every slot's unique key, which an insert checks as
 		// it checks a name (it would refuse every slot).
-		return errorf(ErrInvalidConfig, "Periodic needs a Name of 1-%d bytes: %q %s", maxNameLen, p.Name, problem)
+		return errorf(ErrInvalidConfig, "Periodic needs a Name of 1-%d bytes: %s %s", maxNameLen, quoted(p.Name), problem)
 	}
 	if p.New == nil {
 		return errorf(ErrInvalidConfig, "Periodic %q has no New func", p.Name)
