@@ -323,6 +323,10 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 			anyHost = true
 		case h == "" || strings.ContainsAny(h, "/?#@ \t\r\n"):
 			return nil, fmt.Errorf("dashboard: AllowedHosts: %q is not a host name or host:port", h)
+		case strings.IndexFunc(h, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0:
+			// No Host header carries one (net/http refuses it): the entry
+			// would fail closed, silently (a probe: ESC, U+202E).
+			return nil, fmt.Errorf("dashboard: AllowedHosts: %q holds a control or non-ASCII character, which no Host header carries (write an international name as its xn-- form)", h)
 		case strings.Contains(h, "*"):
 			// It would match only a Host header that says "*.example.com"
 			// itself: the check fails closed, but silently (a probe).

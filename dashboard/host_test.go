@@ -75,7 +75,8 @@ func TestHostHeaderIsChecked(t *testing.T) {
 	// Entries no Host header could match were taken and failed closed,
 	// silently (a probe): a wildcard within a name, a port out of range.
 	for _, bad := range []string{"*.example.com", "ops.*.com", "ops.example.com:99999", "ops.example.com:0",
-		"ops.example.com:", "ops.example.com:12x", "ops.example.com:08443", "ops.example.com:+80", ":8443", "[::1"} {
+		"ops.example.com:", "ops.example.com:12x", "ops.example.com:08443", "ops.example.com:+80", ":8443", "[::1",
+		"ops\x1b.example.com", "ops\u202e.example.com", "bücher.example", "ops\x7f.example.com"} {
 		_, err = dashboard.New(e.eng, dashboard.Options{AllowedHosts: []string{bad}})
 		require.Error(t, err, "%q", bad)
 	}
