@@ -501,6 +501,10 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return usageError{msg: fmt.Sprintf("list: --limit must be within 1..%d", gendurable.MaxListLimit), help: true}
 	case *before < 0:
 		return usageError{msg: "list: --before must not be negative", help: true}
+	case *before == 0 && flagGiven(fs, "before"):
+		// Read as no cursor, it listed the first page again: a script
+		// paging with an unset variable would loop on it (a probe).
+		return usageError{msg: "list: --before must be an id above 0 (the previous page's next_before); leave it out for the first page", help: true}
 	}
 	f.Limit, f.Before = *limit, *before
 	eng, done, err := c.engine(ctx, stderr)
@@ -695,8 +699,7 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 		return err
 	}
 	filtered := f.Queue != "" || f.Status != "" || f.Machine != "" || f.Step != "" || f.Search != "" || ff.since > 0
-	scanSet := false
-	fs.Visit(func(fl *flag.Flag) { scanSet = scanSet || fl.Name == "scan" })
+	scanSet := flagGiven(fs, "scan")
 	switch {
 	case scanSet && !filtered && !*all:
 		// --scan bounds a filter's statements; ids and trees never scan.
@@ -1053,7 +1056,8 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	dbURL := new(string)
 	databaseURLFlag(fs, dbURL, "PostgreSQL `URL` (default DATABASE_URL; unset: a private throwaway PostgreSQL)")
 	o := demo.Options{Out: stdout}
-	fs.StringVar(&o.Schema, "schema", "gendurable_demo", "the demo's own schema: created, marked, recreated on every run; an existing schema the demo did not create is refused")
+	o.Schema = "gendurable_demo" // the default; given empty, refused like every command's (schemaFlag)
+	fs.Var(schemaFlag(&o.Schema), "schema", "the `name` of the demo's own schema: created, marked, recreated on every run; an existing schema the demo did not create is refused")
 	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that the demo did not create, and everything in it (asks on a terminal; elsewhere needs --yes)")
 	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
 	fs.IntVar(&o.Orders, "orders", 200, fmt.Sprintf("checkouts to run (at most %d)", demo.MaxOrders))

@@ -458,6 +458,9 @@ func TestEmptySchemaIsRefusedBeforeAnyConnection(t *testing.T) {
 		{"run-now", "1"}, {"signal", "1", "go"}, {"pause", "q", "--create"}, {"resume", "q", "--create"},
 		{"queue", "remove", "q"}, {"prune", "--retention", "2h"}, {"machines"}, {"ui", "--addr", "127.0.0.1:0"},
 		{"migrate", "up"}, {"migrate", "down", "--yes"}, {"migrate", "status"},
+		// Their own schema by default, but not when given empty (a probe:
+		// `demo --reset-schema --yes --schema "$UNSET"` ran on the default).
+		{"demo", "--orders", "1"}, {"bench", "-n", "1"},
 	} {
 		for _, schema := range []string{"--schema=", "--schema= ", "--schema=\t"} {
 			args := append(append([]string{}, cmd...), schema, "--database-url", nowhere, "--json")

@@ -555,6 +555,14 @@ type usageError struct {
 	help bool
 }
 
+// flagGiven reports whether the command line set the flag name (to any
+// value, its default included).
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
 // errAborted: the operator answered no to a confirmation.
 var errAborted = errors.New("aborted: nothing changed")
 
@@ -747,7 +755,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var o benchrun.Options
 	dbURL := new(string)
 	databaseURLFlag(fs, dbURL, "PostgreSQL `URL` (default DATABASE_URL, else the local server)")
-	fs.StringVar(&o.Schema, "schema", "gendurable_bench", "bench's own schema: created, marked, dropped at the end; an existing schema bench did not create is refused")
+	o.Schema = "gendurable_bench" // the default; given empty, refused like every command's (schemaFlag)
+	fs.Var(schemaFlag(&o.Schema), "schema", "the `name` of bench's own schema: created, marked, dropped at the end; an existing schema bench did not create is refused")
 	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that bench did not create, and everything in it (asks on a terminal; elsewhere needs --yes)")
 	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
 	fs.StringVar(&o.Workload, "workload", "job", "job, fsm3, signal, fanout, partition or keys (key parallelism and tenant fairness; see BENCHMARKS.md)")

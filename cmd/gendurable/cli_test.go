@@ -854,6 +854,7 @@ func TestBadFlagValuesExitTwoWithOneMessage(t *testing.T) {
 		{"list", "--limit", "501"},
 		{"list", "--scan", "0"},
 		{"list", "--before", "-1"},
+		{"list", "--before", "0"}, // read as no cursor, it listed the first page again
 		{"list", "--nosuchflag"},
 		{"list", "extra"},
 		{"status", "extra"},

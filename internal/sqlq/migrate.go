@@ -755,7 +755,7 @@ func MigrationScript(schema string, from, to int) (string, error) {
 	ms := migrations()
 	if to != from {
 		fmt.Fprintf(&b, "-- gendurable schema %d -> %d. Each version ends with its version comment: run each in a\n"+
-			"-- transaction of its own, as migrate up does (one transaction for several versions holds the first\n"+
+			"-- transaction of its own, as migrate up and down do (one transaction for several versions holds the first\n"+
 			"-- ALTER TABLE's exclusive lock through every later version). On a database in use, set a\n"+
 			"-- lock_timeout first (SET LOCAL lock_timeout = '500ms') and run it again if it fails with\n"+
 			"-- SQLSTATE 55P03: a statement waiting for a table lock queues every worker's statement behind it.\n",
