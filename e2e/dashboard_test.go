@@ -442,6 +442,30 @@ func TestDashboardInBrowser(t *testing.T) {
 		require.Equal(t, 0, w.count("#run-now"))
 	})
 
+	t.Run("a reason over the byte limit is refused in the page", func(t *testing.T) {
+		// maxlength counts characters (UTF-16 units), the server bytes:
+		// 1,500 CJK characters (4,500 bytes) passed the browser and got a
+		// 400 (a probe). The page refuses them, before its prompt.
+		w.t = t
+		w.navigate(fmt.Sprintf("/instances/%d", apple), 200)
+		w.mu.Lock()
+		prompts := len(w.dialogs)
+		w.mu.Unlock()
+		msg, err := chromedp.Run(w.ctx, chromedp.Evaluate[string](`(() => {
+			const f = document.getElementById("cancel").form;
+			f.querySelector('input[name="reason"]').value = "中".repeat(1500);
+			f.requestSubmit(document.getElementById("cancel"));
+			return f.querySelector('input[name="reason"]').validationMessage;
+		})()`))
+		require.NoError(t, err)
+		require.Contains(t, msg, "At most 4000 bytes of UTF-8: this is 4500.")
+		require.True(t, strings.HasSuffix(w.location(), fmt.Sprintf("/instances/%d", apple)), w.location())
+		w.mu.Lock()
+		require.Equal(t, prompts, len(w.dialogs), "no prompt")
+		w.mu.Unlock()
+		require.False(t, w.instance(apple).Status.Terminal(), "not cancelled")
+	})
+
 	t.Run("send a signal and see it wake", func(t *testing.T) {
 		w.t = t
 		w.navigate(fmt.Sprintf("/instances/%d", banana), 200)

@@ -2,6 +2,20 @@
 // auto-refresh without a page flash. Every page works without it.
 "use strict";
 document.addEventListener("submit", function (e) {
+  // maxlength counts UTF-16 units, the server's limits count UTF-8 bytes:
+  // 1,500 CJK characters pass the first and not the second. Refuse here,
+  // saying so, before any prompt (the server refuses it anyway).
+  var inputs = e.target.querySelectorAll("input[maxlength]");
+  for (var i = 0; i < inputs.length; i++) {
+    var inp = inputs[i], max = parseInt(inp.getAttribute("maxlength"), 10);
+    var bytes = new TextEncoder().encode(inp.value).length;
+    if (bytes > max) {
+      e.preventDefault();
+      inp.setCustomValidity("At most " + max + " bytes of UTF-8: this is " + bytes + ".");
+      inp.reportValidity();
+      return;
+    }
+  }
   var msg = e.target.getAttribute("data-confirm");
   var sub = e.submitter;
   if (sub && sub.getAttribute("data-confirm")) msg = sub.getAttribute("data-confirm");
@@ -14,6 +28,10 @@ document.addEventListener("submit", function (e) {
     }
     if (!window.confirm(msg)) e.preventDefault();
   }
+});
+
+document.addEventListener("input", function (e) {
+  if (e.target.matches && e.target.matches("input[maxlength]")) e.target.setCustomValidity("");
 });
 
 // Bulk selection: the header box ticks every row; the bar shows the count.
