@@ -116,7 +116,7 @@ type ListPage struct {
 
 // List returns instances matching f, newest first, one page at a time.
 func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "List"); err != nil {
 		return nil, err
 	}
 	if f.Before < 0 || f.Limit < 0 || f.MaxScan < 0 {
@@ -320,7 +320,7 @@ const (
 // [Config.MaxSignalBytes] or [Config.MaxStateBytes] — hundreds of
 // megabytes at worst. [Engine.DescribeWith] bounds them.
 func (e *Engine) Describe(ctx context.Context, id int64) (*InstanceDetail, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Describe"); err != nil {
 		return nil, err
 	}
 	return e.DescribeWith(ctx, id, DescribeOptions{})
@@ -342,7 +342,7 @@ type DescribeOptions struct {
 // instance's page with ValueBytes 4,096, so that the page is bounded in
 // bytes as well as in rows.
 func (e *Engine) DescribeWith(ctx context.Context, id int64, o DescribeOptions) (*InstanceDetail, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "DescribeWith"); err != nil {
 		return nil, err
 	}
 	if err := checkID("describe", id); err != nil {
@@ -417,7 +417,7 @@ func (e *Engine) DescribeWith(ctx context.Context, id int64, o DescribeOptions) 
 // cancel that PostgreSQL ends in a deadlock with another transaction (a
 // retry locking the instance's parent first) runs again, up to 5 times.
 func (e *Engine) Cancel(ctx context.Context, id int64, reason string) error {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Cancel"); err != nil {
 		return err
 	}
 	if err := checkID("cancel", id); err != nil {
@@ -486,7 +486,7 @@ type QueueStats struct {
 // Queues counts instances by queue and status (a full count: cheap on a
 // pruned table, slower on a huge one), with each queue's pause flag.
 func (e *Engine) Queues(ctx context.Context) ([]QueueStats, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Queues"); err != nil {
 		return nil, err
 	}
 	rows, err := e.q.QueueCounts(ctx, e.pool)
@@ -549,7 +549,7 @@ type QueueOpts struct {
 // it has a row, an instance, or is in this engine's Config.Queues; else
 // [ErrUnknownQueue] (see [Engine.SetPaused] to create one).
 func (e *Engine) Pause(ctx context.Context, queue string) error {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Pause"); err != nil {
 		return err
 	}
 	return e.SetPaused(ctx, queue, true, nil)
@@ -558,7 +558,7 @@ func (e *Engine) Pause(ctx context.Context, queue string) error {
 // Resume lets processes pick queue again; an unknown queue is refused as
 // by [Engine.Pause].
 func (e *Engine) Resume(ctx context.Context, queue string) error {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Resume"); err != nil {
 		return err
 	}
 	return e.SetPaused(ctx, queue, false, nil)
@@ -570,7 +570,7 @@ func (e *Engine) Resume(ctx context.Context, queue string) error {
 // with [ErrUnknownQueue] and nothing is written, unless opts.Create. Each
 // change is logged at Info on the engine's Logger.
 func (e *Engine) SetPaused(ctx context.Context, queue string, paused bool, opts *QueueOpts) error {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "SetPaused"); err != nil {
 		return err
 	}
 	if err := checkName("queue name", queue); err != nil {
@@ -602,7 +602,7 @@ func (e *Engine) SetPaused(ctx context.Context, queue string, paused bool, opts 
 // when the removal looks is not seen: the queue then has an instance and
 // no row (unpaused), as if the insert had come after the removal.
 func (e *Engine) RemoveQueue(ctx context.Context, queue string) error {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "RemoveQueue"); err != nil {
 		return err
 	}
 	if err := checkName("queue name", queue); err != nil {
@@ -648,7 +648,7 @@ const PruneBatch = 1000
 // as a full one, so no start changes); their number is logged, not
 // returned.
 func (e *Engine) Prune(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Prune"); err != nil {
 		return 0, err
 	}
 	if retention < 0 {

@@ -89,7 +89,7 @@ func bulkIDs(op string, ids []int64) ([]int64, error) {
 // On error, the result holds what was changed before it (see [BulkResult]).
 // The change is logged at Info on the engine's Logger.
 func (e *Engine) RetryMany(ctx context.Context, ids []int64) (BulkResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "RetryMany"); err != nil {
 		return BulkResult{}, err
 	}
 	ids, err := bulkIDs("retry", ids)
@@ -110,7 +110,7 @@ func (e *Engine) RetryMany(ctx context.Context, ids []int64) (BulkResult, error)
 // before it (see [BulkResult]). The change is logged at Info on the engine's
 // Logger.
 func (e *Engine) CancelMany(ctx context.Context, ids []int64, reason string) (BulkResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "CancelMany"); err != nil {
 		return BulkResult{}, err
 	}
 	if err := checkReason("cancel", reason); err != nil {
@@ -171,7 +171,7 @@ func (e *Engine) byIDs(ctx context.Context, ids []int64, op string, batch bulkBa
 // changed before it (see [BulkResult]). The change is logged at Info on the
 // engine's Logger.
 func (e *Engine) RetryMatching(ctx context.Context, f ListFilter) (BulkResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "RetryMatching"); err != nil {
 		return BulkResult{}, err
 	}
 	res, err := e.matching(ctx, f, "retry", e.retryBatch)
@@ -184,7 +184,7 @@ func (e *Engine) RetryMatching(ctx context.Context, f ListFilter) (BulkResult, e
 // with its rule for filters without criteria. Finished instances the filter
 // matches are counted in Skipped.
 func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string) (BulkResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "CancelMatching"); err != nil {
 		return BulkResult{}, err
 	}
 	if err := checkReason("cancel", reason); err != nil {
@@ -240,7 +240,7 @@ func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string
 // does not keep the tree cancelled. The change is logged at Info on the
 // engine's Logger.
 func (e *Engine) CancelTree(ctx context.Context, id int64, reason string) (BulkResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "CancelTree"); err != nil {
 		return BulkResult{}, err
 	}
 	if id <= 0 {

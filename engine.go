@@ -395,6 +395,21 @@ func (e *Engine) made() error {
 	return nil
 }
 
+// usable is made, then ErrInvalidInput for a nil ctx: every method that
+// takes a context checks it first, so a nil one is a typed error rather
+// than a nil dereference somewhere inside (an API probe: eight methods
+// panicked on it, two more inside context.WithTimeout, while Start and
+// Stop returned this error). op names the method.
+func (e *Engine) usable(ctx context.Context, op string) error {
+	if err := e.made(); err != nil {
+		return err
+	}
+	if ctx == nil {
+		return errorf(ErrInvalidInput, "%s: nil context", op)
+	}
+	return nil
+}
+
 // New validates cfg and returns an engine. It does not touch the database.
 func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	if pool == nil {
@@ -1247,7 +1262,7 @@ func (e *Engine) kickQueue(queue string) {
 // exported for tools and tests. Each statement runs under
 // Config.MaintenanceTimeout as well as ctx.
 func (e *Engine) Reap(ctx context.Context) (int, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Reap"); err != nil {
 		return 0, err
 	}
 	return e.reaper().RunOnce(ctx)

@@ -288,6 +288,59 @@ func TestStartStopRepeatedly(t *testing.T) {
 	require.Len(t, rec.order(), 10)
 }
 
+// TestANilContextIsATypedError: every method that takes a context refuses a
+// nil one with ErrInvalidInput, as Start and Stop do; an API probe saw
+// eight of them panic on a nil dereference and two inside
+// context.WithTimeout.
+func TestANilContextIsATypedError(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("nilctx")
+	b := setup(t, nil, job)
+	e := b.eng
+	var nilCtx context.Context
+	calls := map[string]func() error{
+		"List":           func() error { _, err := e.List(nilCtx, gendurable.ListFilter{}); return err },
+		"Describe":       func() error { _, err := e.Describe(nilCtx, 1); return err },
+		"DescribeWith":   func() error { _, err := e.DescribeWith(nilCtx, 1, gendurable.DescribeOptions{}); return err },
+		"Cancel":         func() error { return e.Cancel(nilCtx, 1, "") },
+		"Queues":         func() error { _, err := e.Queues(nilCtx); return err },
+		"Pause":          func() error { return e.Pause(nilCtx, "default") },
+		"Resume":         func() error { return e.Resume(nilCtx, "default") },
+		"SetPaused":      func() error { return e.SetPaused(nilCtx, "default", true, nil) },
+		"RemoveQueue":    func() error { return e.RemoveQueue(nilCtx, "default") },
+		"Prune":          func() error { _, err := e.Prune(nilCtx, time.Hour, nil); return err },
+		"RetryMany":      func() error { _, err := e.RetryMany(nilCtx, []int64{1}); return err },
+		"CancelMany":     func() error { _, err := e.CancelMany(nilCtx, []int64{1}, ""); return err },
+		"RetryMatching":  func() error { _, err := e.RetryMatching(nilCtx, gendurable.ListFilter{All: true}); return err },
+		"CancelMatching": func() error { _, err := e.CancelMatching(nilCtx, gendurable.ListFilter{All: true}, ""); return err },
+		"CancelTree":     func() error { _, err := e.CancelTree(nilCtx, 1, ""); return err },
+		"Reap":           func() error { _, err := e.Reap(nilCtx); return err },
+		"ListMachines":   func() error { _, err := e.ListMachines(nilCtx); return err },
+		"Graph":          func() error { _, err := e.Graph(nilCtx, "nilctx"); return err },
+		"Insert":         func() error { _, err := e.Insert(nilCtx, job.New(orderArgs{})); return err },
+		"InsertMany":     func() error { _, err := e.InsertMany(nilCtx, []gendurable.InsertParams{job.New(orderArgs{})}); return err },
+		"InsertTx":       func() error { _, err := e.InsertTx(nilCtx, nil, job.New(orderArgs{})); return err },
+		"InsertManyTx":   func() error { _, err := e.InsertManyTx(nilCtx, nil, []gendurable.InsertParams{job.New(orderArgs{})}); return err },
+		"Instance":       func() error { _, err := e.Instance(nilCtx, 1); return err },
+		"Retry":          func() error { return e.Retry(nilCtx, 1) },
+		"RunNow":         func() error { return e.RunNow(nilCtx, 1) },
+		"Signal":         func() error { _, err := e.Signal(nilCtx, 1, "go", nil, nil); return err },
+		"SignalTx":       func() error { _, err := e.SignalTx(nilCtx, nil, 1, "go", nil, nil); return err },
+		"Wait":           func() error { _, err := e.Wait(nilCtx, 1); return err },
+		"WaitReason":     func() error { _, err := e.WaitReason(nilCtx, 1); return err },
+		"Throughput":     func() error { _, err := e.Throughput(nilCtx); return err },
+		"WaitResult":     func() error { _, err := gendurable.WaitResult[any](nilCtx, e, 1); return err },
+	}
+	for name, call := range calls {
+		var err error
+		require.NotPanics(t, func() { err = call() }, name)
+		require.ErrorIs(t, err, gendurable.ErrInvalidInput, name)
+		require.ErrorContains(t, err, name+": nil context")
+	}
+	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances`), "nothing inserted")
+}
+
 func TestPriorityOrder(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}

@@ -106,7 +106,7 @@ type MachineInfo struct {
 // ListMachines returns every machine version stored in the database (up to
 // MaxMachines) and those registered in this engine, by name and version.
 func (e *Engine) ListMachines(ctx context.Context) ([]MachineInfo, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "ListMachines"); err != nil {
 		return nil, err
 	}
 	stored, err := e.q.StoredMachines(ctx, e.pool, nil, MaxMachines)
@@ -147,7 +147,7 @@ func (e *Engine) ListMachines(ctx context.Context) ([]MachineInfo, error) {
 // definitions (by primary key) and counts its instances by step and status
 // (a full count of the machine's rows, like [Engine.Queues]).
 func (e *Engine) Graph(ctx context.Context, machine string) (*MachineGraph, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Graph"); err != nil {
 		return nil, err
 	}
 	if err := checkName("machine name", machine); err != nil {

@@ -177,7 +177,7 @@ type InsertResult struct {
 // [Engine.InsertMany] (all or none of its rows) and [Engine.Signal] (give
 // it a DedupKey).
 func (e *Engine) Insert(ctx context.Context, p InsertParams) (InsertResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Insert"); err != nil {
 		return InsertResult{}, err
 	}
 	res, err := e.insert(ctx, e.pool, []InsertParams{p})
@@ -200,7 +200,7 @@ func (e *Engine) Insert(ctx context.Context, p InsertParams) (InsertResult, erro
 // on priority and eligible time run in no promised order). One statement holds its new rows' unique keys until it
 // commits: a batch of 100,000 is a few seconds of a single statement.
 func (e *Engine) InsertMany(ctx context.Context, ps []InsertParams) ([]InsertResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "InsertMany"); err != nil {
 		return nil, err
 	}
 	res, err := e.insert(ctx, e.pool, ps)
@@ -235,7 +235,7 @@ func encodeForInsert(core *machineCore, state any) (s string, err error) {
 // timestamps — is [ErrInvalidInsert] before any SQL runs, so the
 // transaction is left usable.
 func (e *Engine) InsertTx(ctx context.Context, tx pgx.Tx, p InsertParams) (InsertResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "InsertTx"); err != nil {
 		return InsertResult{}, err
 	}
 	if tx == nil {
@@ -254,7 +254,7 @@ func (e *Engine) InsertTx(ctx context.Context, tx pgx.Tx, p InsertParams) (Inser
 // [ErrInvalidInsert] before any SQL, so the transaction is left usable, as
 // with [Engine.InsertTx].
 func (e *Engine) InsertManyTx(ctx context.Context, tx pgx.Tx, ps []InsertParams) ([]InsertResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "InsertManyTx"); err != nil {
 		return nil, err
 	}
 	if tx == nil {

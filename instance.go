@@ -123,7 +123,7 @@ type Instance struct {
 
 // Instance reads one instance by id; [ErrNotFound] if there is none.
 func (e *Engine) Instance(ctx context.Context, id int64) (*Instance, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Instance"); err != nil {
 		return nil, err
 	}
 	return e.instanceOn(ctx, e.pool, id)
@@ -201,7 +201,7 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // same moment take turns, and the parent awaits the child whichever goes
 // first. The retry is logged at Info on the engine's Logger.
 func (e *Engine) Retry(ctx context.Context, id int64) error {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Retry"); err != nil {
 		return err
 	}
 	if err := checkID("retry", id); err != nil {
@@ -260,7 +260,7 @@ var ErrNotDelayed = errors.New("gendurable: instance is not waiting to run")
 // it is now ([ErrNotDelayed] with its new status). The change is logged
 // at Info on the engine's Logger.
 func (e *Engine) RunNow(ctx context.Context, id int64) error {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "RunNow"); err != nil {
 		return err
 	}
 	if err := checkID("run now", id); err != nil {

@@ -61,7 +61,7 @@ const (
 //	total, err := gendurable.WaitResult[Receipt](ctx, eng, id)
 func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 	var zero T
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "WaitResult"); err != nil {
 		return zero, err
 	}
 	poll := resultPollFirst

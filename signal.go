@@ -54,7 +54,7 @@ type SignalResult struct {
 // signals that must arrive exactly once with a DedupKey, and retry — a
 // retry of a delivered one reports Duplicate.
 func (e *Engine) Signal(ctx context.Context, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Signal"); err != nil {
 		return SignalResult{}, err
 	}
 	return e.signal(ctx, e.pool, id, name, payload, opts)
@@ -67,7 +67,7 @@ func (e *Engine) Signal(ctx context.Context, id int64, name string, payload any,
 // surrogate escape) is [ErrInvalidSignal] before any SQL runs, so the
 // transaction is left usable.
 func (e *Engine) SignalTx(ctx context.Context, tx pgx.Tx, id int64, name string, payload any, opts *SignalOpts) (SignalResult, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "SignalTx"); err != nil {
 		return SignalResult{}, err
 	}
 	if tx == nil {
@@ -204,7 +204,7 @@ func (w *WaitReason) String() string {
 // Deprecated: it says what an instance waits for, not the instance's
 // result; use WaitReason, or [WaitResult] to wait for an instance to finish.
 func (e *Engine) Wait(ctx context.Context, id int64) (*WaitReason, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Wait"); err != nil {
 		return nil, err
 	}
 	return e.WaitReason(ctx, id)
@@ -213,7 +213,7 @@ func (e *Engine) Wait(ctx context.Context, id int64) (*WaitReason, error) {
 // WaitReason reports what instance id is waiting for; [ErrNotFound] if it does
 // not exist. The CLI and the dashboard show it.
 func (e *Engine) WaitReason(ctx context.Context, id int64) (*WaitReason, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "WaitReason"); err != nil {
 		return nil, err
 	}
 	return e.waitReasonOn(ctx, e.pool, id)

@@ -47,7 +47,7 @@ type Throughput struct {
 // cost is bounded whatever the table holds. Pruned instances are not
 // counted: with a retention under an hour the oldest minutes fall short.
 func (e *Engine) Throughput(ctx context.Context) (*Throughput, error) {
-	if err := e.made(); err != nil {
+	if err := e.usable(ctx, "Throughput"); err != nil {
 		return nil, err
 	}
 	now, rows, err := e.q.Throughput(ctx, e.pool, ThroughputWindow, MaxThroughputRows)
