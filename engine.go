@@ -635,7 +635,10 @@ func (qc *QueueConfig) withDefaults(name string) error {
 
 // Config returns a copy of the engine's configuration with defaults filled
 // in. Its map and slices are copies too: changing them (to derive another
-// engine's configuration) changes nothing in this engine.
+// engine's configuration) changes nothing in this engine. The defaults
+// derived from LeaseDuration (HeartbeatInterval, TxIdleTimeout,
+// MaintenanceTimeout) are filled in too: a derived configuration with
+// another LeaseDuration keeps them unless they are set to zero again.
 func (e *Engine) Config() Config {
 	if e == nil {
 		return Config{}

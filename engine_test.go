@@ -319,18 +319,24 @@ func TestANilContextIsATypedError(t *testing.T) {
 		"ListMachines":   func() error { _, err := e.ListMachines(nilCtx); return err },
 		"Graph":          func() error { _, err := e.Graph(nilCtx, "nilctx"); return err },
 		"Insert":         func() error { _, err := e.Insert(nilCtx, job.New(orderArgs{})); return err },
-		"InsertMany":     func() error { _, err := e.InsertMany(nilCtx, []gendurable.InsertParams{job.New(orderArgs{})}); return err },
-		"InsertTx":       func() error { _, err := e.InsertTx(nilCtx, nil, job.New(orderArgs{})); return err },
-		"InsertManyTx":   func() error { _, err := e.InsertManyTx(nilCtx, nil, []gendurable.InsertParams{job.New(orderArgs{})}); return err },
-		"Instance":       func() error { _, err := e.Instance(nilCtx, 1); return err },
-		"Retry":          func() error { return e.Retry(nilCtx, 1) },
-		"RunNow":         func() error { return e.RunNow(nilCtx, 1) },
-		"Signal":         func() error { _, err := e.Signal(nilCtx, 1, "go", nil, nil); return err },
-		"SignalTx":       func() error { _, err := e.SignalTx(nilCtx, nil, 1, "go", nil, nil); return err },
-		"Wait":           func() error { _, err := e.Wait(nilCtx, 1); return err },
-		"WaitReason":     func() error { _, err := e.WaitReason(nilCtx, 1); return err },
-		"Throughput":     func() error { _, err := e.Throughput(nilCtx); return err },
-		"WaitResult":     func() error { _, err := gendurable.WaitResult[any](nilCtx, e, 1); return err },
+		"InsertMany": func() error {
+			_, err := e.InsertMany(nilCtx, []gendurable.InsertParams{job.New(orderArgs{})})
+			return err
+		},
+		"InsertTx": func() error { _, err := e.InsertTx(nilCtx, nil, job.New(orderArgs{})); return err },
+		"InsertManyTx": func() error {
+			_, err := e.InsertManyTx(nilCtx, nil, []gendurable.InsertParams{job.New(orderArgs{})})
+			return err
+		},
+		"Instance":   func() error { _, err := e.Instance(nilCtx, 1); return err },
+		"Retry":      func() error { return e.Retry(nilCtx, 1) },
+		"RunNow":     func() error { return e.RunNow(nilCtx, 1) },
+		"Signal":     func() error { _, err := e.Signal(nilCtx, 1, "go", nil, nil); return err },
+		"SignalTx":   func() error { _, err := e.SignalTx(nilCtx, nil, 1, "go", nil, nil); return err },
+		"Wait":       func() error { _, err := e.Wait(nilCtx, 1); return err },
+		"WaitReason": func() error { _, err := e.WaitReason(nilCtx, 1); return err },
+		"Throughput": func() error { _, err := e.Throughput(nilCtx); return err },
+		"WaitResult": func() error { _, err := gendurable.WaitResult[any](nilCtx, e, 1); return err },
 	}
 	for name, call := range calls {
 		var err error

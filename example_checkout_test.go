@@ -117,7 +117,12 @@ func Example_checkout() {
 	if err := eng.Start(ctx); err != nil {
 		panic(err)
 	}
-	defer func() { _ = eng.Stop(ctx) }()
+	defer func() {
+		// Bounded: a step that ignores its cancellation cannot hold the exit.
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = eng.Stop(sctx)
+	}()
 
 	// Check every insert's error: an unregistered machine or an invalid
 	// option is refused, and nothing is written.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/migrate"
@@ -79,7 +80,12 @@ func Example() {
 	if err := eng.Start(ctx); err != nil {
 		panic(err)
 	}
-	defer func() { _ = eng.Stop(ctx) }()
+	defer func() {
+		// Bounded: a step that ignores its cancellation cannot hold the exit.
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = eng.Stop(sctx)
+	}()
 
 	m, err := eng.Insert(ctx, signup.New(Signup{Email: "ada@example.com"}))
 	if err != nil {

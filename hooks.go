@@ -36,6 +36,9 @@ type Event interface {
 }
 
 // StepEvent: a step finished and its outcome was written (or fenced out).
+// Its EventName, "step.stop", is the end of the step's run, whatever its
+// outcome (as a span's start and stop), not the Stop outcome: Outcome says
+// which.
 type StepEvent struct {
 	Queue      string
 	Machine    string

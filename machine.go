@@ -92,6 +92,10 @@ type Machine[S any] struct {
 	// failures and expired leases both count (not the lease of a prefetched
 	// claim whose step never started: see [QueueConfig].Prefetch), and so do the step's own
 	// Replays, which the budget does not stop (see [Run.Replay]). Default 20.
+	// The default Handle stops an instance whose budget is spent; a Handle
+	// of your own owns it: one that replays whatever Run.Attempt says runs
+	// the step past MaxAttempts for as long as it fails (an expired lease
+	// past the budget still fails the instance).
 	MaxAttempts int
 	// Backoff gives the delay before retry number attempt+1 for the default
 	// Handle. Default: 1s·2^attempt with jitter, capped at one hour. Where

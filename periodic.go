@@ -69,9 +69,10 @@ type Periodic struct {
 	// zone; the default is UTC. Required.
 	Schedule string
 	// New builds the instance for a slot (the slot's time is passed in).
-	// Its UniqueKey, UniqueScope and RunAt are set by the engine (an
-	// InsertOpts with UniqueByArgs or UniquePeriod gives its slot up: a
-	// slot's key is its own). Required.
+	// Its UniqueKey, UniqueScope and RunAt are set by the engine: a
+	// UniqueKey, RunAt or RunIn of New's is replaced, the slot running at
+	// its time under a key of its own (an InsertOpts with UniqueByArgs or
+	// UniquePeriod gives its slot up instead). Required.
 	// An instance the engine refuses (ErrInvalidInsert, ErrUnknownMachine,
 	// ErrStateEncode) gives its slot up at once, logged as an error, as
 	// does a New that panics or a state whose encoding panics; a slot

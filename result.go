@@ -19,8 +19,11 @@ var ErrInstanceFailed = errors.New("gendurable: instance failed")
 // FailedError is how [WaitResult] reports a failed instance: its last
 // recorded error. errors.Is(err, ErrInstanceFailed) holds.
 type FailedError struct {
-	ID   int64
-	Step string // the step it failed at
+	ID int64
+	// Step is the row's step when it failed: the step that failed, or, for
+	// an instance cancelled while it awaited signals or children, the step
+	// it was to run next (the await's), which never ran.
+	Step string
 	// Kind is the last error's kind: "stop", "error", "panic", "cancelled"
 	// (an operator's or a program's Cancel), …. A job that gave up with
 	// [JobCancel] has kind "error" (its error's), its Reason ending
