@@ -71,11 +71,12 @@ type ListFilter struct {
 	// Before pages: only instances with a smaller id (pass the last page's
 	// NextBefore). Negative is [ErrInvalidInput].
 	Before int64
-	// Limit is the page size; default (0) 50, at most MaxListLimit;
-	// negative is [ErrInvalidInput].
+	// Limit is the page size; default (0) 50, at most MaxListLimit (a
+	// larger one is taken as MaxListLimit); negative is [ErrInvalidInput].
 	Limit int
 	// MaxScan bounds the instances one page looks at; default (0)
-	// DefaultListScan, at most MaxListScan; negative is [ErrInvalidInput].
+	// DefaultListScan, at most MaxListScan (a larger one is taken as
+	// MaxListScan); negative is [ErrInvalidInput].
 	MaxScan int
 	// All lets [Engine.RetryMatching] and [Engine.CancelMatching] act on a
 	// filter without criteria: every instance. List ignores it.
