@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
 // inputError is bad input from the request; its message is ours and safe to
@@ -53,6 +54,11 @@ func friendly(err error) (int, string, bool) {
 		return http.StatusServiceUnavailable, "The request timed out. Try again, or narrow the filters.", false
 	case errors.Is(err, context.Canceled):
 		return http.StatusServiceUnavailable, "The request was cancelled.", false
+	case sqlq.ConnectionFailure(err):
+		// Not an internal error: the database is down, restarting, out of
+		// connections or cut off (an outage probe got "500 Internal
+		// error" for it). Logged as a warning, with the error.
+		return http.StatusServiceUnavailable, "The database cannot be reached (down, restarting, out of connections or cut off). Try again shortly.", false
 	}
 	return http.StatusInternalServerError, "", false
 }

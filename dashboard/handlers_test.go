@@ -14,6 +14,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
 	"github.com/gendurable/gendurable/internal/syncbuf"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -224,4 +225,27 @@ func TestStateFilterCannotProbeRedactedData(t *testing.T) {
 	r = post(t, h, "/bulk/cancel", url.Values{"scope": {"match"}, "state": {`{"item":"book"}`}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	require.Equal(t, gendurable.StatusRunnable, e.instance(id).Status, "nothing was cancelled")
+}
+
+// TestAnUnreachableDatabaseIsA503: a page whose database cannot be reached
+// (down, restarting, out of connections) says so with a 503, logged as a
+// warning — not "500 Internal error", which an outage probe got for it.
+func TestAnUnreachableDatabaseIsA503(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?connect_timeout=2")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: "nowhere"})
+	require.NoError(t, err)
+	logs := &syncbuf.Buffer{}
+	h, err := dashboard.New(eng, dashboard.Options{AllowedHosts: []string{"example.com"},
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	require.NoError(t, err)
+	for _, path := range []string{"/", "/instances", "/instances/7"} {
+		r := do(t, h, req{method: http.MethodGet, path: path})
+		require.Equal(t, http.StatusServiceUnavailable, r.code, "%s: %s", path, r.body)
+		require.Contains(t, r.body, "The database cannot be reached", path)
+	}
+	require.NotContains(t, logs.String(), "internal error")
+	require.Contains(t, logs.String(), "dashboard: request failed")
 }
