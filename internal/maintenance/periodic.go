@@ -134,6 +134,7 @@ func (p *Periodic) loop(ctx context.Context) {
 		now := p.clock()
 		for i := range p.Schedules {
 			if t := next[i]; !t.IsZero() && !t.After(now) {
+				first := t
 				t = latestSince(p.Schedules[i].Next, t, now)
 				if p.tooOld(i, t, now) {
 					// Held up past it (a suspended machine, the clock set
@@ -142,6 +143,14 @@ func (p *Periodic) loop(ctx context.Context) {
 					next[i] = p.Schedules[i].Next(now)
 					p.noMoreSlots(i, next[i], now)
 					continue
+				}
+				if t.After(first) {
+					// The loop was held up past several slots (an insert
+					// waiting on a lock, a slow Next, a suspended process):
+					// the most recent runs in their place. Said, as a slot
+					// given up is (an outage probe saw five go unlogged).
+					logger(p.Log).Info("gendurable: periodic slots skipped: the loop was held up past them; the most recent runs in their place",
+						"periodic", p.Schedules[i].Name, "from", first, "next", t)
 				}
 				if old := due[i]; old != nil && old.tries > 0 && !p.tooOld(i, old.at, now) && ctx.Err() == nil &&
 					p.insertSlot(ctx, i, old) {

@@ -463,7 +463,8 @@ func TestPeriodicSlotDueWhileTheLoopWasHeldUpIsTheMostRecent(t *testing.T) {
 		frequent = append(frequent, now.Add(time.Duration(k)*100*time.Millisecond))
 	}
 	var slow atomic.Bool
-	p := &Periodic{Log: quiet,
+	logs := &syncbuf.Buffer{}
+	p := &Periodic{Log: bufLogger(logs),
 		Schedules: []Schedule{{Name: "slow", Next: slots(now.Add(-time.Minute))}, {Name: "frequent", Next: slots(frequent...)}},
 		Insert: func(ctx context.Context, i int, slot time.Time) (int64, bool, error) {
 			name := []string{"slow", "frequent"}[i]
@@ -490,6 +491,11 @@ func TestPeriodicSlotDueWhileTheLoopWasHeldUpIsTheMostRecent(t *testing.T) {
 	if n := d.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE fsm = 'frequent'`); n != 1 || !got.Equal(frequent[len(frequent)-1]) {
 		t.Fatalf("%d rows of the frequent schedule, slot %s after the start; want one, its last slot (%s)",
 			n, got.Sub(now), frequent[len(frequent)-1].Sub(now))
+	}
+	// The slots passed over are said (an outage probe: five went unlogged).
+	if !strings.Contains(logs.String(), "periodic slots skipped: the loop was held up past them") ||
+		!strings.Contains(logs.String(), "periodic=frequent") {
+		t.Fatalf("no line for the skipped slots: %s", logs.String())
 	}
 }
 
