@@ -672,7 +672,12 @@ func (c Config) clone() Config {
 // [ErrEngineStopped] (TestStopDuringAStartCutOff). So does a Stop called
 // while this Start waited for another Start or Stop: once Stop returned, no
 // Start begun before it starts the engine
-// (TestAStopEndsAStartWaitingItsTurn).
+// (TestAStopEndsAStartWaitingItsTurn). A database that cannot be reached
+// for the checks (down, restarting, out of connections) fails Start with
+// the driver's error (a *pgconn.ConnectError or a *pgconn.PgError of class
+// 08 or 57P03, …); Start does not retry: call it again (the engine is left
+// stopped), or let your supervisor restart the process. Once started, the
+// engine rides out outages on its own.
 func (e *Engine) Start(ctx context.Context) error {
 	if err := e.made(); err != nil {
 		return err
