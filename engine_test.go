@@ -267,6 +267,41 @@ func TestAMachineOfAQueueTheEngineDoesNotWorkIsNamed(t *testing.T) {
 	require.Equal(t, w.Summary, fmt.Sprint(w), "a WaitReason prints as its summary")
 }
 
+// TestAStartThatCannotReachTheDatabaseCanBeCalledAgain: Start fails while
+// the database cannot be reached (here: cut off, so the check waits for
+// ctx), leaves the engine stopped, and a later Start, once the database is
+// back, starts it (Start's doc: it does not retry, call it again).
+func TestAStartThatCannotReachTheDatabaseCanBeCalledAgain(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{}
+	job := rec.job("startagain")
+	b := setup(t, nil, job)
+	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
+	pcfg := proxy.PoolConfig(t, dbtest.URL())
+	pcfg.ConnConfig.ConnectTimeout = time.Second
+	pcfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	eng, err := gendurable.New(pool, fastConfig(b.schema, job))
+	require.NoError(t, err)
+
+	proxy.Cut()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	err = eng.Start(ctx)
+	cancel()
+	require.Error(t, err)
+	proxy.Heal()
+	require.NoError(t, eng.Start(context.Background()), "left stopped, so it starts")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = eng.Stop(ctx)
+	})
+	id := b.insert(job.New(orderArgs{I: 1}))
+	b.waitStatus(id, "done", 10*time.Second)
+}
+
 func TestStartStopRepeatedly(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{}
