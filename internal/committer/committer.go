@@ -16,6 +16,7 @@ import (
 
 	"github.com/gendurable/gendurable/internal/backoff"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/puddle/v2"
 )
 
@@ -467,11 +468,29 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 		// recovers them (recover). A successor it claimed stays executing
 		// without a heartbeat until its lease runs out (docs/design.md §6).
 		// The retry hands nothing on, so it cannot strand a second one.
+		// Not an attempt the server refused (an ERROR: the statement's
+		// implicit transaction rolled back) or that never left: that one
+		// wrote nothing, and an outcome given up after such attempts only
+		// is not "may have been written" (an outage probe: the read-only
+		// database's refusals were reported so).
+		maybe := !definitelyNotWritten(err)
 		for _, r := range batch {
 			r.out.Handoff = 0
-			r.written = true
+			r.written = r.written || maybe
 		}
 	}
+}
+
+// definitelyNotWritten reports whether a failed outcome statement surely
+// committed nothing: the server answered it with an ERROR (a FATAL, such as
+// an administrator's termination, can come after a commit), or nothing of
+// it was sent.
+func definitelyNotWritten(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Severity == "ERROR"
+	}
+	return pgconn.SafeToRetry(err)
 }
 
 // recover completes byID, the answer of a retried statement, with the

@@ -450,6 +450,27 @@ func TestClosedPoolGivesUpAtOnce(t *testing.T) {
 	require.Equal(t, "executing", f.row(f.claims[0].ID).Status)
 }
 
+// TestAnOutcomeRefusedEveryTimeIsNotMaybeWritten: an outcome whose every
+// attempt the server refused (here a read-only database: SQLSTATE 25006,
+// retried as a state that may pass) is given up without "it may have been
+// written" — nothing was — and its row is as it was. An outage probe saw
+// that message after definite refusals only.
+func TestAnOutcomeRefusedEveryTimeIsNotMaybeWritten(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 1)
+	cfg := f.pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+	ro, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(ro.Close)
+	c := committer.New(committer.Config{Lease: 2 * time.Second}, f.q, ro)
+	res := c.Commit(done(f.claims[0]))
+	require.Error(t, res.Err)
+	require.ErrorContains(t, res.Err, "read-only")
+	require.NotErrorIs(t, res.Err, committer.ErrMaybeWritten)
+	require.Equal(t, "executing", f.row(f.claims[0].ID).Status)
+}
+
 // TestAbortGivesUpOutcomesUntilResume: an outcome whose statement waits on
 // the database (here on a row lock; in an engine's Stop out of time, on a
 // network cut off) is given up at once by Abort, with ErrAborted, instead
