@@ -90,7 +90,9 @@ func (o Outcome) Timeout(d time.Duration) Outcome {
 // around it (tx.Conn(), tx.LargeObjects()) are not timed. tx is a wrapper,
 // not the pool's own transaction type.
 //
-// WithTx(nil) is the outcome as it was, without a transaction.
+// WithTx(nil) is the outcome as it was, without a transaction. An outcome
+// has one callback: WithTx on an outcome that has one replaces it (run
+// both from one fn).
 //
 // Cost: a transaction of its own (BEGIN, fn's statements, the outcome,
 // COMMIT) instead of one statement that can share a batched commit.
