@@ -276,12 +276,7 @@ func TestAStartThatCannotReachTheDatabaseCanBeCalledAgain(t *testing.T) {
 	rec := &recorder{}
 	job := rec.job("startagain")
 	b := setup(t, nil, job)
-	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
-	pcfg := proxy.PoolConfig(t, dbtest.URL())
-	pcfg.ConnConfig.ConnectTimeout = time.Second
-	pcfg.MaxConns = 4
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	require.NoError(t, err)
+	pool, proxy := timedCutOffPool(t, 4)
 	t.Cleanup(pool.Close)
 	eng, err := gendurable.New(pool, fastConfig(b.schema, job))
 	require.NoError(t, err)
@@ -1076,12 +1071,7 @@ func TestWithTxCutOffFromTheDatabaseLetsGoOfItsLocks(t *testing.T) {
 	b.exec(`INSERT INTO {{s}}.account VALUES (1, 0)`)
 
 	// Worker A reaches the database only through a proxy that can cut it off.
-	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
-	pcfg := proxy.PoolConfig(t, dbtest.URL())
-	pcfg.ConnConfig.ConnectTimeout = time.Second
-	pcfg.MaxConns = 4
-	poolA, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	require.NoError(t, err)
+	poolA, proxy := timedCutOffPool(t, 4)
 	engA, err := gendurable.New(poolA, short(fastConfig(b.schema, m)))
 	require.NoError(t, err)
 	require.NoError(t, engA.Start(context.Background()))

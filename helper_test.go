@@ -157,6 +157,20 @@ func (b *testBundle) waitStatus(id int64, status string, timeout time.Duration) 
 }
 
 // exec runs SQL against the test schema ({{s}} is replaced by its name).
+// timedCutOffPool is cutOffPool with a connect and ping timeout of a
+// second, and no cleanup: the caller closes the pool (and the proxy, if it
+// must end before the test does).
+func timedCutOffPool(t *testing.T, maxConns int32) (*pgxpool.Pool, *dbtest.CutProxy) {
+	t.Helper()
+	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
+	pcfg := proxy.PoolConfig(t, dbtest.URL())
+	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
+	pcfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	return pool, proxy
+}
+
 func (b *testBundle) exec(sql string, args ...any) {
 	b.t.Helper()
 	_, err := b.pool.Exec(context.Background(), replaceSchema(sql, b.schema), args...)

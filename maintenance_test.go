@@ -9,7 +9,6 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -60,12 +59,7 @@ func TestAwaitTimeoutIntervalKnob(t *testing.T) {
 // dead one's place in the pool for up to 15 s while it closes it).
 func cutOffEngine(t *testing.T, b *testBundle, cfg *gendurable.Config) (*gendurable.Engine, *dbtest.CutProxy) {
 	t.Helper()
-	proxy := dbtest.NewCutProxyFor(t, dbtest.URL())
-	pcfg := proxy.PoolConfig(t, dbtest.URL())
-	pcfg.ConnConfig.ConnectTimeout, pcfg.PingTimeout = time.Second, time.Second
-	pcfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
-	require.NoError(t, err)
+	pool, proxy := timedCutOffPool(t, 2)
 	cfg.Schema, cfg.Logger = b.schema, testLogger(t)
 	eng, err := gendurable.New(pool, cfg)
 	require.NoError(t, err)
