@@ -262,10 +262,29 @@ func stateMatchesAll(doc json.RawMessage) bool {
 	return b.String() == "{}" || b.String() == "[]"
 }
 
-// checkName validates a queue, machine or step name an operator gave the
-// way config and inserts validate theirs (nameProblem), so a bad byte is a
-// typed error here instead of a database error (SQLSTATE 22021) later.
+// checkName validates a queue, machine or step name an operator gave to
+// find what exists (a filter, a pause, a removal) the way config and
+// inserts validate theirs (nameProblem), so a bad byte is a typed error
+// here instead of a database error (SQLSTATE 22021) later — but for the
+// invisible characters: a name stored before they were refused (a queue
+// "default" with U+3164, from an older version) can still be filtered,
+// paused and removed. What creates a name checks it whole (createName).
 func checkName(field, s string) error {
+	p := ""
+	if s == "" {
+		p = "is empty"
+	} else if p = textProblem(s, maxNameLen); p == "" {
+		p = edgeSpaceProblem(s)
+	}
+	if p != "" {
+		return errorf(ErrInvalidInput, "%s %s %s", field, quoted(s), p)
+	}
+	return nil
+}
+
+// createName is checkName for a name an operator's call creates (a pause
+// with QueueOpts.Create): the rule of config and inserts, whole.
+func createName(field, s string) error {
 	if p := nameProblem(s); p != "" {
 		return errorf(ErrInvalidInput, "%s %s %s", field, quoted(s), p)
 	}
@@ -574,7 +593,11 @@ func (e *Engine) SetPaused(ctx context.Context, queue string, paused bool, opts 
 	if err := e.usable(ctx, "SetPaused"); err != nil {
 		return err
 	}
-	if err := checkName("queue name", queue); err != nil {
+	check := checkName
+	if opts != nil && opts.Create {
+		check = createName
+	}
+	if err := check("queue name", queue); err != nil {
 		return err
 	}
 	action := map[bool]string{true: "pause", false: "resume"}[paused]

@@ -1514,3 +1514,27 @@ func TestPruneDeletesFullRateBuckets(t *testing.T) {
 	require.Eventually(t, func() bool { return slices.Equal(left(), []string{"other", "plain:a"}) },
 		15*time.Second, 50*time.Millisecond, "full buckets are pruned by the loop")
 }
+
+// TestANameStoredBeforeTheInvisibleRuleCanStillBeManaged: a queue whose
+// name holds a character names have refused since (U+3164, a Hangul
+// filler), stored by an older version, can still be listed by, paused,
+// resumed and (once empty) removed by an operator — what exists stays
+// manageable (a review). A pause that would create such a queue is refused.
+func TestANameStoredBeforeTheInvisibleRuleCanStillBeManaged(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	old := "default\u3164"
+	b.exec(`INSERT INTO {{s}}.gendurable_instances (fsm, queue, step) VALUES ('legacy', $1, 'start')`, old)
+	page, err := b.eng.List(t.Context(), gendurable.ListFilter{Queue: old})
+	require.NoError(t, err)
+	require.Len(t, page.Instances, 1)
+	require.NoError(t, b.eng.Pause(t.Context(), old))
+	require.NoError(t, b.eng.Resume(t.Context(), old))
+	b.exec(`DELETE FROM {{s}}.gendurable_instances`)
+	require.NoError(t, b.eng.RemoveQueue(t.Context(), old))
+
+	err = b.eng.SetPaused(t.Context(), "pay\u3164", true, &gendurable.QueueOpts{Create: true})
+	require.ErrorIs(t, err, gendurable.ErrInvalidInput)
+	require.ErrorContains(t, err, "invisible character U+3164")
+	require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_queues WHERE name = $1`, "pay\u3164"))
+}

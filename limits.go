@@ -68,7 +68,7 @@ func nameProblem(s string) string {
 	if p := textProblem(s, maxNameLen); p != "" {
 		return p
 	}
-	if i := strings.IndexFunc(s, invisible.InName); i >= 0 {
+	if i := invisible.IndexInName(s); i >= 0 {
 		r, _ := utf8.DecodeRuneInString(s[i:])
 		return fmt.Sprintf("holds the invisible character U+%04X, which makes it look like another name", r)
 	}

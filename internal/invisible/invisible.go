@@ -3,7 +3,10 @@
 // characters the gendurable command writes out as escapes.
 package invisible
 
-import "unicode"
+import (
+	"unicode"
+	"unicode/utf8"
+)
 
 // InName reports whether r shows as nothing, or as a blank that is not white
 // space, and has no use inside a name: "pay" followed by one looks like
@@ -13,7 +16,8 @@ import "unicode"
 // the interlinear annotation marks, the tag characters, …), the other
 // default ignorable code points (the Hangul fillers U+115F, U+1160, U+3164
 // and U+FFA0, the combining grapheme joiner U+034F, …), the variation
-// selectors and the braille pattern blank U+2800. Not the zero width
+// selectors (which [IndexInName] lets stand where they select a form) and
+// the braille pattern blank U+2800. Not the zero width
 // non-joiner and joiner (U+200C, U+200D), which Persian and Indic words and
 // emoji sequences need, nor the prepended concatenation marks (U+0600–U+0605,
 // …), which show.
@@ -29,6 +33,37 @@ func InName(r rune) bool {
 		return false
 	}
 	return unicode.In(r, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector)
+}
+
+// IndexInName is the offset of the first character of name that InName
+// refuses where it stands, or -1. A variation selector picks the form of
+// the character before it, so it stands after a visible non-ASCII one (an
+// emoji, "⚠️"; a CJK ideograph; a Mongolian letter) and in a keycap (a
+// digit, # or * before it, U+20E3 after it); at the start of a name, after
+// ASCII text or after white space it changes nothing one sees, and is
+// refused there ("default" + U+FE0F looks like "default").
+func IndexInName(name string) int {
+	prev := rune(-1)
+	for i, r := range name {
+		if InName(r) && !(unicode.Is(unicode.Variation_Selector, r) && selects(prev, name[i+utf8.RuneLen(r):])) {
+			return i
+		}
+		prev = r
+	}
+	return -1
+}
+
+// selects reports whether a variation selector after prev, followed by
+// rest, selects a form of prev.
+func selects(prev rune, rest string) bool {
+	switch {
+	case prev < 0:
+		return false
+	case prev < utf8.RuneSelf:
+		next, _ := utf8.DecodeRuneInString(rest)
+		return (prev >= '0' && prev <= '9' || prev == '#' || prev == '*') && next == 0x20E3 // a keycap
+	}
+	return !InName(prev) && !unicode.IsSpace(prev) && !unicode.IsControl(prev)
 }
 
 // Escaped reports whether text printed for a terminal writes r as an escape

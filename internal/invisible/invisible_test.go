@@ -38,3 +38,28 @@ func TestEscaped(t *testing.T) {
 		}
 	}
 }
+
+// TestIndexInName: a variation selector stands where it selects a form —
+// after an emoji, a CJK ideograph, a Mongolian letter, in a keycap — and is
+// refused at the start, after ASCII text or white space (a review: the
+// first form refused every one, and with it "alerts-⚠️", "❤️", "1️⃣",
+// "🏳️‍🌈", Mongolian words and Japanese names).
+func TestIndexInName(t *testing.T) {
+	for _, ok := range []string{"alerts-\u26a0\ufe0f", "\u2764\ufe0f", "1\ufe0f\u20e3", "\U0001F3F3\ufe0f\u200d\U0001F308",
+		"\u1824\u180b\u1820", "\u845b\U000E0100\u57ce", "pay", "mi\u200cxed", "text\u2764\ufe0e"} {
+		if i := IndexInName(ok); i >= 0 {
+			t.Errorf("IndexInName(%+q) = %d, want -1", ok, i)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		at   int
+	}{
+		{"default\ufe0f", 7}, {"\ufe0fx", 0}, {"a \ufe0f", 2}, {"1\ufe0f", 1}, {"pay\u3164", 3},
+		{"\u26a0\u3164\ufe0f", 3}, {"q\u200b", 1}, {"x\U000E0100", 1},
+	} {
+		if i := IndexInName(c.name); i != c.at {
+			t.Errorf("IndexInName(%+q) = %d, want %d", c.name, i, c.at)
+		}
+	}
+}
