@@ -60,6 +60,9 @@ type Inserted[S any] struct {
 //	})
 func RequireInserted[S any](ctx context.Context, tb testing.TB, eng *gendurable.Engine, def Typed[S], opts *InsertedOpts[S]) *Inserted[S] {
 	tb.Helper()
+	if ctx == nil {
+		tb.Fatalf("gendurabletest: RequireInserted: nil context (use t.Context())")
+	}
 	return requireOne(ctx, tb, eng, nil, def, opts)
 }
 
@@ -67,6 +70,9 @@ func RequireInserted[S any](ctx context.Context, tb testing.TB, eng *gendurable.
 // what tx inserted and has not committed.
 func RequireInsertedTx[S any](ctx context.Context, tb testing.TB, eng *gendurable.Engine, tx pgx.Tx, def Typed[S], opts *InsertedOpts[S]) *Inserted[S] {
 	tb.Helper()
+	if ctx == nil {
+		tb.Fatalf("gendurabletest: RequireInsertedTx: nil context (use t.Context())")
+	}
 	if tx == nil {
 		tb.Fatalf("gendurabletest: RequireInsertedTx: nil tx")
 	}
@@ -77,6 +83,9 @@ func RequireInsertedTx[S any](ctx context.Context, tb testing.TB, eng *gendurabl
 // matches opts, listing those that do.
 func RequireNotInserted[S any](ctx context.Context, tb testing.TB, eng *gendurable.Engine, def Typed[S], opts *InsertedOpts[S]) {
 	tb.Helper()
+	if ctx == nil {
+		tb.Fatalf("gendurabletest: RequireNotInserted: nil context (use t.Context())")
+	}
 	f := find(ctx, tb, eng, nil, def, opts)
 	if len(f.matched) > 0 {
 		tb.Fatalf("gendurabletest: want no instance of %s%s, found %d:\n%s", f.what, f.opts, len(f.matched), listing(f.matched, f.truncated))

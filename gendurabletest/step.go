@@ -201,6 +201,9 @@ func NewSignal(tb testing.TB, name string, payload any) gendurable.Signal {
 //	}
 func RunStep[S any](ctx context.Context, tb testing.TB, def Typed[S], step string, state S, opts *StepOpts) *StepResult[S] {
 	tb.Helper()
+	if ctx == nil {
+		tb.Fatalf("gendurabletest: RunStep: nil context (use t.Context())")
+	}
 	if opts == nil {
 		opts = &StepOpts{}
 	}

@@ -35,6 +35,9 @@ const deadlineMargin = 2 * time.Second
 //	if ins[0].Status != gendurable.StatusDone { ... }
 func WorkUntilFinished(ctx context.Context, tb testing.TB, eng *gendurable.Engine, ids ...int64) []*gendurable.Instance {
 	tb.Helper()
+	if ctx == nil {
+		tb.Fatalf("gendurabletest: WorkUntilFinished: nil context (use t.Context())")
+	}
 	if eng == nil {
 		tb.Fatalf("gendurabletest: WorkUntilFinished: nil engine")
 	}

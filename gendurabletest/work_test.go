@@ -118,3 +118,24 @@ func TestWorkUntilFinishedWithAnAbandonedStep(t *testing.T) {
 	require.Equal(t, gendurable.StatusFailed, ins[0].Status)
 	require.Equal(t, "timeout", ins[0].Errors[len(ins[0].Errors)-1].Kind)
 }
+
+// TestANilContextFailsTheTestNotThePackage: the helpers that take a
+// context fail the test with a message on a nil one, rather than panic
+// inside (a review: RunStep with a StepTimeout would have).
+func TestANilContextFailsTheTestNotThePackage(t *testing.T) {
+	t.Parallel()
+	eng := workEngine(t)
+	var nilCtx context.Context
+	for name, fn := range map[string]func(tb testing.TB){
+		"WorkUntilFinished":  func(tb testing.TB) { gendurabletest.WorkUntilFinished(nilCtx, tb, eng, 1) },
+		"RequireInserted":    func(tb testing.TB) { gendurabletest.RequireInserted(nilCtx, tb, eng, shipJob, nil) },
+		"RequireNotInserted": func(tb testing.TB) { gendurabletest.RequireNotInserted(nilCtx, tb, eng, shipJob, nil) },
+		"RunStep": func(tb testing.TB) {
+			gendurabletest.RunStep(nilCtx, tb, shipJob, gendurable.JobStep, shipment{Item: "x"}, nil)
+		},
+	} {
+		f := newFakeTB(t)
+		require.True(t, f.run(fn), name)
+		require.Contains(t, f.message(), name+": nil context", name)
+	}
+}

@@ -11,7 +11,9 @@ package migrate
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
@@ -122,7 +124,29 @@ func DownTo(ctx context.Context, db DB, schema string, target int) (Result, erro
 	return to(ctx, db, schema, target, -1)
 }
 
+// ErrNilArgument: a nil context or database was passed (a typed error, not
+// a nil dereference inside).
+var ErrNilArgument = errors.New("gendurable: migrate: nil context or database")
+
+// nilArgument is ErrNilArgument for a nil ctx or db.
+func nilArgument(ctx context.Context, db DB) error {
+	if ctx == nil || db == nil || isNilPointer(db) {
+		return ErrNilArgument
+	}
+	return nil
+}
+
+// isNilPointer reports whether db is a typed nil pointer (a nil
+// *pgxpool.Pool passed as a DB).
+func isNilPointer(db DB) bool {
+	v := reflect.ValueOf(db)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
+
 func to(ctx context.Context, db DB, schema string, target, dir int) (Result, error) {
+	if err := nilArgument(ctx, db); err != nil {
+		return Result{}, err
+	}
 	from, now, applied, err := sqlq.MigrateDir(ctx, db, schema, target, dir)
 	r := Result{From: from, To: now, Applied: applied}
 	if err != nil {
@@ -143,6 +167,9 @@ func to(ctx context.Context, db DB, schema string, target, dir int) (Result, err
 
 // Installed reports the schema version installed in schema (0 if none).
 func Installed(ctx context.Context, db DB, schema string) (int, error) {
+	if err := nilArgument(ctx, db); err != nil {
+		return 0, err
+	}
 	v, err := sqlq.InstalledVersion(ctx, db, schema)
 	if err != nil {
 		return 0, fmt.Errorf("gendurable: read the schema version installed in %q: %w", schema, err)

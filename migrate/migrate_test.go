@@ -1264,3 +1264,27 @@ func TestADownThatAViewOrAForeignKeyWouldStopIsRefusedFirst(t *testing.T) {
 	require.NoError(t, err)
 	requireVersion(t, pool, schema, 0, "down to 0")
 }
+
+// TestANilContextOrDatabaseIsATypedError: Up, Down, To, UpTo, DownTo and
+// Installed refuse a nil context or database with ErrNilArgument; a review
+// saw them panic on a nil dereference.
+func TestANilContextOrDatabaseIsATypedError(t *testing.T) {
+	t.Parallel()
+	var nilCtx context.Context
+	var nilPool *pgxpool.Pool
+	ctx := context.Background()
+	for name, call := range map[string]func() error{
+		"Up":             func() error { _, err := migrate.Up(nilCtx, nilPool, "x"); return err },
+		"Down":           func() error { _, err := migrate.Down(nilCtx, nilPool, "x"); return err },
+		"To":             func() error { _, err := migrate.To(nilCtx, nilPool, "x", 1); return err },
+		"UpTo":           func() error { _, err := migrate.UpTo(nilCtx, nilPool, "x", 1); return err },
+		"DownTo":         func() error { _, err := migrate.DownTo(nilCtx, nilPool, "x", 0); return err },
+		"Installed":      func() error { _, err := migrate.Installed(nilCtx, nilPool, "x"); return err },
+		"Up, nil pool":   func() error { _, err := migrate.Up(ctx, nilPool, "x"); return err },
+		"Installed, nil": func() error { _, err := migrate.Installed(ctx, nil, "x"); return err },
+	} {
+		var err error
+		require.NotPanics(t, func() { err = call() }, name)
+		require.ErrorIs(t, err, migrate.ErrNilArgument, name)
+	}
+}
