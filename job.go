@@ -50,7 +50,9 @@ type Job[T any] struct {
 	// encoding/json cannot encode, or one over [Config].MaxStateBytes or
 	// MaxJSONDepth, or a number beyond PostgreSQL's numeric — fails the job
 	// at once (kind "stop"), without another attempt: its work is done and
-	// would only run again. Set Perform or PerformResult, not both.
+	// would only run again; so does one the database refuses (a NUL, a lone
+	// surrogate escape: kind "outcome_rejected"). Set Perform or
+	// PerformResult, not both.
 	PerformResult func(ctx context.Context, job *Run[T]) (result any, err error)
 
 	once sync.Once

@@ -53,19 +53,19 @@ func validKeyPolicies(policies []KeyPolicy) ([]KeyPolicy, error) {
 		}
 		switch {
 		case p.Limit <= 0 || p.Limit > maxKeyLimit:
-			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Limit %d outside 1..%d", p.Prefix, p.Limit, maxKeyLimit)
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %s: Limit %d outside 1..%d", quoted(p.Prefix), p.Limit, maxKeyLimit)
 		case p.Rate < 0 || p.Per < 0 || p.Burst < 0:
-			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: negative Rate, Per or Burst", p.Prefix)
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %s: negative Rate, Per or Burst", quoted(p.Prefix))
 		case p.Rate == 0 && (p.Per != 0 || p.Burst != 0):
-			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Per or Burst without a Rate", p.Prefix)
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %s: Per or Burst without a Rate", quoted(p.Prefix))
 		case p.Rate > 0 && p.Per < time.Millisecond:
-			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Per %s below 1ms", p.Prefix, p.Per)
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %s: Per %s below 1ms", quoted(p.Prefix), p.Per)
 		case p.Burst > maxKeyLimit:
-			return nil, errorf(ErrInvalidConfig, "KeyPolicy %q: Burst %d above %d", p.Prefix, p.Burst, maxKeyLimit)
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %s: Burst %d above %d", quoted(p.Prefix), p.Burst, maxKeyLimit)
 		case prefixProblem(p.Prefix) != "":
 			return nil, errorf(ErrInvalidConfig, "KeyPolicy prefix %s %s", quoted(p.Prefix), prefixProblem(p.Prefix))
 		case prefixes[p.Prefix]:
-			return nil, errorf(ErrInvalidConfig, "two KeyPolicies with prefix %q", p.Prefix)
+			return nil, errorf(ErrInvalidConfig, "two KeyPolicies with prefix %s", quoted(p.Prefix))
 		}
 		prefixes[p.Prefix] = true
 	}

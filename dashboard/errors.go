@@ -11,6 +11,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/sqlq"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // inputError is bad input from the request; its message is ours and safe to
@@ -39,9 +40,9 @@ func friendly(err error) (int, string, bool) {
 	case errors.Is(err, gendurable.ErrInstanceFinished):
 		return http.StatusConflict, "The instance has already finished; it accepts no more signals.", true
 	case errors.Is(err, gendurable.ErrInvalidSignal):
-		return http.StatusBadRequest, "Invalid signal: the name must be 1 to 200 bytes, not starting or ending with white space, and the dedup key at most 1000, both valid UTF-8 without control characters or bidirectional controls (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C), and the payload JSON that PostgreSQL's jsonb can store (numbers within numeric's range, no lone UTF-16 surrogate escapes such as \\ud800) within the engine's size limit.", true
+		return http.StatusBadRequest, "Invalid signal: the name must be 1 to 200 bytes, not starting or ending with white space and holding no invisible character (zero width, filler, a stray variation selector), and the dedup key at most 1000, both valid UTF-8 without control characters or bidirectional controls (U+202A–U+202E, U+2066–U+2069, U+200E, U+200F, U+061C), and the payload JSON that PostgreSQL's jsonb can store (numbers within numeric's range, no lone UTF-16 surrogate escapes such as \\ud800) within the engine's size limit.", true
 	case errors.Is(err, gendurable.ErrInvalidInput):
-		return http.StatusBadRequest, "Invalid input: names, filters and search text must be valid UTF-8 without control characters or bidirectional controls, names must not start or end with white space, none may be too long, and a number in a state filter must fit PostgreSQL's numeric type.", true
+		return http.StatusBadRequest, "Invalid input: names, filters and search text must be valid UTF-8 without control characters or bidirectional controls, names must not start or end with white space (nor, for a name a pause creates, hold an invisible character), none may be too long, and a number in a state filter must fit PostgreSQL's numeric type.", true
 	case errors.Is(err, gendurable.ErrUnknownQueue):
 		return http.StatusNotFound, "No such queue: it has no instances and was never paused.", true
 	case errors.Is(err, gendurable.ErrInvalidConfig):
@@ -54,13 +55,20 @@ func friendly(err error) (int, string, bool) {
 		return http.StatusServiceUnavailable, "The request timed out. Try again, or narrow the filters.", false
 	case errors.Is(err, context.Canceled):
 		return http.StatusServiceUnavailable, "The request was cancelled.", false
-	case sqlq.ConnectionFailure(err):
+	case sqlq.ConnectionFailure(err) && !isProtocolViolation(err):
 		// Not an internal error: the database is down, restarting, out of
 		// connections or cut off (an outage probe got "500 Internal
 		// error" for it). Logged as a warning, with the error.
 		return http.StatusServiceUnavailable, "The database cannot be reached (down, restarting, out of connections or cut off). Try again shortly.", false
 	}
 	return http.StatusInternalServerError, "", false
+}
+
+// isProtocolViolation reports SQLSTATE 08P01: a class-08 error that is a
+// bug (ours or the driver's), not an outage — an internal error.
+func isProtocolViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "08P01"
 }
 
 // fail answers a request that failed with err: a friendly page for the

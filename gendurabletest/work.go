@@ -110,15 +110,17 @@ func WorkUntilFinished(ctx context.Context, tb testing.TB, eng *gendurable.Engin
 func describePending(ctx context.Context, eng *gendurable.Engine, in *gendurable.Instance) string {
 	s := fmt.Sprintf("    id %d (%s): %s at step %q, attempt %d of %d", in.ID, in.Machine, in.Status, in.Step,
 		display.Run(in.Attempt, in.MaxAttempts, in.Status), in.MaxAttempts) // counted from 1, as the CLI and the dashboard show it
+	unworkedSaid := false // the wait reason names a queue this engine does not work
 	if w, err := eng.WaitReason(ctx, in.ID); err == nil && w.Summary != "" {
 		s += "; " + w.Summary
+		unworkedSaid = strings.Contains(w.Summary, "(not a queue this engine works)")
 	}
 	if n := len(in.Errors); n > 0 {
 		s += fmt.Sprintf("; last error (%s): %s", in.Errors[n-1].Kind, clip(in.Errors[n-1].Error, 300))
 	}
 	// A runnable instance's wait reason names a queue this engine does not
 	// work already; any other's does not.
-	if _, ok := eng.Config().Queues[in.Queue]; !ok && !strings.Contains(s, "(not a queue this engine works)") {
+	if _, ok := eng.Config().Queues[in.Queue]; !ok && !unworkedSaid {
 		s += fmt.Sprintf("; queue %q is not one this engine works", in.Queue)
 	}
 	return s

@@ -47,7 +47,7 @@ func (c *common) register(fs *flag.FlagSet) {
 // errEmptySchema: --schema was given an empty value. The library reads an
 // empty Config.Schema as "public", so without this check an unset shell
 // variable (--schema "$SCHEMA") would act on the public schema.
-var errEmptySchema = errors.New(`empty: give the schema's name (omit --schema for "public")`)
+var errEmptySchema = errors.New(`empty: give the schema's name (omit --schema for the default: "public", or demo's and bench's own)`)
 
 // errEmptyDatabaseURL: --database-url was given an empty value. Read as
 // unset it would fall through to DATABASE_URL or the local server: a

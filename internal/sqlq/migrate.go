@@ -634,7 +634,8 @@ func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int,
 		  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = u.tab
 		  LEFT JOIN pg_attribute a ON u.col <> '' AND a.attrelid = c.oid AND a.attname = u.col AND NOT a.attisdropped
 		)
-		SELECT string_agg(DISTINCT format('%s %s (on %s)', x.type, x.identity, x.label), ', ') FROM (
+		SELECT string_agg(DISTINCT format('%s %s (on %s)', x.type, x.identity, x.label), ', '
+		                  ORDER BY format('%s %s (on %s)', x.type, x.identity, x.label)) FROM (
 		  SELECT o.type, o.identity, g.label
 		  FROM gone AS g
 		  JOIN pg_depend d ON d.refclassid = 'pg_class'::regclass AND d.refobjid = g.rel AND d.deptype = 'a'
