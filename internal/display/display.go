@@ -21,11 +21,12 @@
 //     RIGHT-TO-LEFT OVERRIDE and its kin) as \uHHHH: all of them, [Bidi]
 //     included; html/template escapes markup, not these, and
 //     "acct-1<U+202E>7-tnuocca" reads "acct-1account-7".
-//   - Invisible characters with no use inside a word (the ones a name may
-//     not hold, internal/invisible: format characters such as the zero
-//     width space U+200B, the byte order mark U+FEFF and the soft hyphen
-//     U+00AD, fillers such as U+3164, variation selectors, the braille
-//     blank U+2800) as \uHHHH, or \UHHHHHHHH beyond U+FFFF: [Terminal]
+//   - Invisible characters with no use inside a word (internal/invisible's
+//     list: format characters such as the zero width space U+200B, the
+//     byte order mark U+FEFF and the soft hyphen U+00AD, fillers such as
+//     U+3164, the braille blank U+2800, and variation selectors wherever
+//     they stand, though a name may hold one after the character whose form
+//     it picks) as \uHHHH, or \UHHHHHHHH beyond U+FFFF: [Terminal]
 //     only, so that a key "k<U+200B>0" does not print as "k0" (a probe).
 //     Not the zero width joiner and non-joiner, which words and emoji
 //     need, nor the tag characters, which subdivision flags are made of,
