@@ -22,6 +22,7 @@ import (
 	"github.com/gendurable/gendurable/internal/demo"
 	"github.com/gendurable/gendurable/internal/display"
 	"github.com/gendurable/gendurable/internal/scratch"
+	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -1104,7 +1105,9 @@ func exitCode(err error) int {
 // errorCode is the "code" of an error in --json output: usage (the
 // command line is wrong), invalid_input (a value the library refused),
 // not_found, conflict, not_migrated, schema_version, aborted (a confirmation answered no),
-// cannot_connect (the server refused or could not be reached), or error
+// cannot_connect (the server refused or could not be reached),
+// connection_lost (connected, then the connection or the server went
+// mid-command: a restart, a terminated session, a network cut), or error
 // (anything else).
 func errorCode(err error) string {
 	var ue usageError
@@ -1136,6 +1139,8 @@ func errorCode(err error) string {
 		return "aborted"
 	case errors.As(err, new(*pgconn.ConnectError)):
 		return "cannot_connect"
+	case sqlq.ConnectionFailure(err):
+		return "connection_lost"
 	}
 	return "error"
 }

@@ -587,6 +587,50 @@ func TestACommandWaitingOnALockSaysSo(t *testing.T) {
 	require.Equal(t, 1, countRows(t, pool, schema, "id = 2 AND status = 'failed'"), "cancelled once the lock went")
 }
 
+// TestAConnectionLostMidCommandIsItsOwnCode: a command whose session dies
+// mid-statement (a restart, a terminated backend, a network cut) exits 1
+// with code connection_lost, and a command that changes something says
+// its change may or may not have been committed. It was code "error" with
+// the server's "terminating connection due to administrator command" and
+// nothing else: an operator could read it as "nothing happened".
+func TestAConnectionLostMidCommandIsItsOwnCode(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 3})
+	seed(t, pool, schema, 1, "queue, status", "'q', 'runnable'")
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM "`+schema+`".gendurable_instances WHERE id = 1 FOR UPDATE`)
+	require.NoError(t, err)
+	type result struct {
+		errOut string
+		code   int
+	}
+	done := make(chan result, 1)
+	go func() {
+		_, errOut, code := cli(t, "cancel", "1", "--schema", schema, "--json")
+		done <- result{errOut, code}
+	}()
+	// The command's session, waiting on the row's lock: terminated.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid() AND query LIKE '%' || $1 || '%'`, schema).Scan(&n))
+		if n > 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the cancel's statement never waited on the lock")
+		time.Sleep(20 * time.Millisecond)
+	}
+	r := <-done
+	msg := jsonError(t, []string{"cancel"}, r.errOut, "connection_lost", exitError)
+	require.Contains(t, msg, "may or may not have been committed")
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, 1, countRows(t, pool, schema, "id = 1 AND status = 'runnable'"), "the terminated statement changed nothing")
+}
+
 // TestShowSaysItsListsWereCut: show prints the first 500 children and the
 // newest 100 signals, and a line saying there are more (it printed 500
 // child lines of 600 with no word).

@@ -103,7 +103,8 @@ With --json, output is JSON with snake_case names, and an error is {"error": {"c
 "not_migrated": run gendurable migrate up; "schema_version": the schema is newer than this
 binary, or its version comment is gone — see the message; "aborted": a confirmation answered no;
 "cannot_connect": the server refused or could not be reached, or refused the user, password or
-database); 2 bad usage
+database; "connection_lost": the connection or the server went mid-command, and a change may
+or may not have been committed); 2 bad usage
 or input ("usage", "invalid_input"); 3 not found ("not_found": instance, queue); 4 conflict
 ("conflict": e.g. retry of a live instance, run-now of one not waiting to run, removing a queue
 that has instances, a migrate down that a view or another table's foreign key would stop).
@@ -185,6 +186,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // by design, nor prune, which reports its progress).
 var waitsNoted = map[string]bool{"status": true, "list": true, "show": true, "machines": true, "retry": true,
 	"cancel": true, "run-now": true, "signal": true, "pause": true, "resume": true, "queue": true, "migrate": true}
+
+// readOnlyCommands change nothing in the database: a connection lost
+// mid-command left nothing half done.
+var readOnlyCommands = map[string]bool{"status": true, "list": true, "show": true, "machines": true, "version": true}
 
 // stillWaitingAfter is how long a command of waitsNoted runs before it
 // says it is still waiting.
@@ -314,6 +319,13 @@ func reportError(w io.Writer, name string, err error, asJSON bool, dbSource stri
 	}
 	if advice := sqlq.PoolerAdvice(err); advice != "" && !strings.Contains(msg, advice) {
 		msg += " (" + advice + ")"
+	}
+	if errorCode(err) == "connection_lost" && !readOnlyCommands[name] {
+		// The statement may have committed before its answer was lost
+		// (a retry or cancel run again acts again, or is refused as
+		// a conflict): say so rather than leave "terminating connection"
+		// to be read as "nothing happened".
+		msg += " (the connection was lost mid-command: what it changed may or may not have been committed; check with show or list before running it again)"
 	}
 	var ue usageError
 	if errors.As(err, &ue) && ue.help && commands[name].run != nil {
@@ -665,6 +677,12 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 				To     int    `json:"to"`
 				SQL    string `json:"sql"`
 			}{*schema, *from, target, sql})
+		}
+		if sql == "" {
+			// Nothing on stdout (a script to pipe on), but not silence:
+			// an empty output read as a failure to a reviewer.
+			fmt.Fprintf(stderr, "gendurable: migrate print: --from %d and --to %d are the same version: no SQL to print\n", *from, target)
+			return nil
 		}
 		_, err = io.WriteString(stdout, sql)
 		return err

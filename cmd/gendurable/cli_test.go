@@ -1458,6 +1458,12 @@ func TestCLIMigrateToAVersion(t *testing.T) {
 	require.Equal(t, "elsewhere", printed.Schema)
 	require.Equal(t, []int{last - 1, last}, []int{printed.From, printed.To})
 	require.Contains(t, printed.SQL, fmt.Sprintf("gendurable schema version %d", last))
+	// From a version to itself: no SQL, and a line on stderr saying why
+	// (it printed nothing at all, exit 0: read as a failure).
+	out, errOut, code = cli(t, "migrate", "print", "--schema", "elsewhere", "--from", "5", "--to", "5")
+	require.Equal(t, 0, code, errOut)
+	require.Empty(t, out)
+	require.Equal(t, "gendurable: migrate print: --from 5 and --to 5 are the same version: no SQL to print\n", errOut)
 	v, err := migrate.Installed(context.Background(), pool, schema)
 	require.NoError(t, err)
 	require.Equal(t, last-1, v, "the refused commands changed nothing")
