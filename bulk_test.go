@@ -552,6 +552,7 @@ func TestNotMigratedSaysWhatToRun(t *testing.T) {
 		"throughput": func() error { _, err := eng.Throughput(ctx); return err },
 		"matching":   func() error { _, err := eng.RetryMatching(ctx, gendurable.ListFilter{Status: "failed"}); return err },
 		"retrymany":  func() error { _, err := eng.RetryMany(ctx, []int64{1}); return err },
+		"reap":       func() error { _, err := eng.Reap(ctx); return err },
 	}
 	for name, call := range calls {
 		err := call()

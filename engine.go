@@ -598,6 +598,14 @@ func (qc *QueueConfig) withDefaults(name string) error {
 	case qc.ChainSteps < 0:
 		qc.ChainSteps = -1
 	}
+	// The intervals set, before the unset ones default from them: a
+	// PollInterval of 999µs alone was refused as "BusyPollInterval 999µs",
+	// a field the caller never set (a promise probe).
+	if err := belowFloor(fmt.Sprintf("queue %q: ", name), time.Millisecond, map[string]time.Duration{
+		"BusyPollInterval": qc.BusyPollInterval, "PollInterval": qc.PollInterval, "MaxPollInterval": qc.MaxPollInterval,
+	}); err != nil {
+		return err
+	}
 	// An unset interval defaults within the ones set: MaxPollInterval 200ms
 	// alone polls every 200ms at most, not a refusal of the default 1s.
 	if qc.MaxPollInterval > 0 {
@@ -1273,7 +1281,16 @@ func (e *Engine) Reap(ctx context.Context) (int, error) {
 	if err := e.usable(ctx, "Reap"); err != nil {
 		return 0, err
 	}
-	return e.reaper().RunOnce(ctx)
+	n, err := e.reaper().RunOnce(ctx)
+	if err != nil && (notMigrated(err) || schemaObjectMissing(err)) {
+		// As every other call says it (ErrNotMigrated, ErrSchemaVersion,
+		// what to run), not the database's "relation does not exist".
+		if inner := errors.Unwrap(err); inner != nil {
+			err = inner // the sweep's own "gendurable: reap:" is dbErr's
+		}
+		return n, e.dbErr(ctx, err, "reap")
+	}
+	return n, err
 }
 
 func (e *Engine) emit(ctx context.Context, ev Event) {

@@ -90,6 +90,11 @@ func TestInvalidConfig(t *testing.T) {
 		{"tx idle timeout in nanoseconds", gendurable.Config{TxIdleTimeout: 5}, "TxIdleTimeout 5ns"},
 		{"retention in nanoseconds", gendurable.Config{Retention: 1}, "Retention 1ns is below 1s"},
 		{"poll interval in nanoseconds", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {PollInterval: 30, BusyPollInterval: 30}}}, `queue "q": BusyPollInterval 30ns is below 1ms`},
+		// Named as set: the unset BusyPollInterval defaults from it (a
+		// promise probe was told of "BusyPollInterval 999µs").
+		{"poll interval alone below the floor", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {PollInterval: 999 * time.Microsecond}}}, `queue "q": PollInterval 999µs is below 1ms`},
+		{"max poll interval alone below the floor", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {MaxPollInterval: 999 * time.Microsecond}}}, `queue "q": MaxPollInterval 999µs is below 1ms`},
+		{"rate above the burst bound with no burst", gendurable.Config{KeyPolicies: []gendurable.KeyPolicy{{Limit: 1, Rate: 1<<20 + 1}}}, "Rate 1048577 above 1048576 with no Burst"},
 		{"step timeout in nanoseconds", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j", Timeout: 30,
 			Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}}}, `machine "j": StepTimeout 30ns is below 1ms`},
 		{"min demand too big", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 2, Prefetch: -1, MinDemand: 3}}}, "MinDemand 3"},

@@ -47,6 +47,7 @@ func validKeyPolicies(policies []KeyPolicy) ([]KeyPolicy, error) {
 	policies = slices.Clone(policies)
 	for i := range policies {
 		p := &policies[i]
+		burstSet := p.Burst != 0
 		if p.Rate > 0 {
 			setDefault(&p.Per, time.Second)
 			setDefault(&p.Burst, p.Rate)
@@ -60,6 +61,10 @@ func validKeyPolicies(policies []KeyPolicy) ([]KeyPolicy, error) {
 			return nil, errorf(ErrInvalidConfig, "KeyPolicy %s: Per or Burst without a Rate", quoted(p.Prefix))
 		case p.Rate > 0 && p.Per < time.Millisecond:
 			return nil, errorf(ErrInvalidConfig, "KeyPolicy %s: Per %s below 1ms", quoted(p.Prefix), p.Per)
+		case p.Burst > maxKeyLimit && !burstSet:
+			// Named as the caller wrote it: Burst was never set.
+			return nil, errorf(ErrInvalidConfig, "KeyPolicy %s: Rate %d above %d with no Burst (an unset Burst is the Rate): set a Burst of at most %d",
+				quoted(p.Prefix), p.Rate, maxKeyLimit, maxKeyLimit)
 		case p.Burst > maxKeyLimit:
 			return nil, errorf(ErrInvalidConfig, "KeyPolicy %s: Burst %d above %d", quoted(p.Prefix), p.Burst, maxKeyLimit)
 		case prefixProblem(p.Prefix) != "":

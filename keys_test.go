@@ -596,6 +596,48 @@ func TestAHandOffChainDoesNotShutANewKeyOut(t *testing.T) {
 		*r.FinishedAt), 300, "hot rows still to run when the new key's row was done")
 }
 
+// TestASlowKeyChainDoesNotStarveAnotherKey: on a worker whose steps take a
+// second or more, a key with a backlog does not keep the slot from
+// another key's row: the row started after one of the hot key's steps,
+// where it started after all of them (a promise probe: a0 at 15 s, behind
+// five 3 s steps of b, on one slot) — the picks in between were allowed no
+// keyed row (no slot turns over within a second), so none looked at the
+// other key while each step handed its slot to its key's next row.
+func TestASlowKeyChainDoesNotStarveAnotherKey(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var started []string
+	job := &gendurable.Job[spanArgs]{Name: "slowchain", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		mu.Lock()
+		started = append(started, r.PartitionKey)
+		mu.Unlock()
+		if r.PartitionKey == "hot" {
+			time.Sleep(1200 * time.Millisecond)
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration = 10 * time.Second
+	cfg.HeartbeatInterval = 2 * time.Second
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 1, PollInterval: 20 * time.Millisecond,
+		MaxPollInterval: 50 * time.Millisecond}}
+	b := setup(t, cfg)
+	var ps []gendurable.InsertParams
+	for range 6 {
+		ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "hot"}))
+	}
+	// "cold" sorts below "hot": the first pick's walk, from the top,
+	// claims a hot row first.
+	ps = append(ps, job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "cold"}))
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.start()
+	b.waitStatus(res[len(res)-1].ID, "done", 30*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, slices.Index(started, "cold"), 2, "the cold key's row started after %v", started)
+}
+
 // TestKeyedStepsHoldNoConnection: a running keyed step pins no pool
 // connection (its slot is its row), so eight keyed steps run at once on a
 // pool of three connections.

@@ -107,7 +107,7 @@ func Done(result any) Outcome { return Outcome{kind: sqlq.KindDone, result: resu
 
 // Stop fails the instance for good, recording reason in its error history
 // as a step's error text is stored: NUL bytes left out, invalid UTF-8 as
-// U+FFFD, cut at 4,000 bytes. It is not retried.
+// U+FFFD, cut at 4,000 bytes with "…(truncated)" added. It is not retried.
 func Stop(reason string) Outcome { return Outcome{kind: sqlq.KindStop, reason: reason} }
 
 // Next moves the instance to step with a new state, committed before the

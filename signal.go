@@ -143,7 +143,8 @@ func validateSignalName(name string) error {
 }
 
 // WaitReason says what an instance is waiting for. Exactly the fields that
-// apply to its status are set.
+// apply to its status are set (and PartitionKey, whatever the status, for
+// a keyed instance).
 type WaitReason struct {
 	Status Status `json:"status"`
 	Step   string `json:"step"`  // the step it will run next (or is running)
@@ -160,7 +161,8 @@ type WaitReason struct {
 	// a backoff or a durable sleep); in the past means it is waiting for a
 	// free worker.
 	EligibleAt time.Time `json:"eligible_at"`
-	// PartitionKey, KeyHolders, KeyLimit: a runnable instance whose key has
+	// PartitionKey is the instance's key, in every status (empty: none).
+	// KeyHolders, KeyLimit: a runnable instance whose key has
 	// no free slot — KeyHolders are the instances whose running steps hold
 	// the key's slots (live leases), KeyLimit how many slots the key has
 	// (the instance's own KeyLimit, else this engine's KeyPolicies, else 1:

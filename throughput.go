@@ -11,8 +11,10 @@ const (
 	// ThroughputBuckets minutes.
 	ThroughputWindow  = time.Hour
 	ThroughputBuckets = 60
-	// MaxThroughputRows bounds the finished instances one call reads: past
-	// it, only the newest are counted and Throughput.Complete is false.
+	// MaxThroughputRows bounds the finished instances one call reads: at
+	// it, only the newest are counted and Throughput.Complete is false (the
+	// read stops there, so exactly MaxThroughputRows finishes read as
+	// possibly more).
 	MaxThroughputRows = 100_000
 )
 
@@ -34,9 +36,10 @@ type Throughput struct {
 	Buckets []ThroughputBucket `json:"buckets"`
 	// ByQueue are the same buckets for each queue with a finish in the hour.
 	ByQueue map[string][]ThroughputBucket `json:"by_queue"`
-	// Complete is false when more than MaxThroughputRows instances finished
-	// in the hour: only the newest of them were counted, so the minutes
-	// before Since are short.
+	// Complete is false when MaxThroughputRows or more instances finished
+	// in the hour (the read stops at MaxThroughputRows, so it cannot tell
+	// exactly that many from more): only the newest of them were counted,
+	// so the minutes before Since may be short.
 	Complete bool      `json:"complete"`
 	Since    time.Time `json:"since"` // the counts are whole from here on
 }

@@ -99,9 +99,12 @@ func layoutChart(buckets []gendurable.ThroughputBucket) *svgChart {
 	base := chartTop + chartPlotH
 	for i, b := range buckets {
 		x := chartLeft + i*chartBarW
+		// To the second: a bar is the minute up to the page's "now", not a
+		// clock minute (cut to whole minutes, a finish at 08:14:31 read as
+		// "08:13–08:14" when now was 08:14:51: a newcomer's probe).
 		bar := chartBar{X: x + 1, W: chartBarW - 2,
-			Title: fmt.Sprintf("%s–%s UTC: %d done, %d failed", b.Start.UTC().Format("15:04"),
-				b.Start.Add(time.Minute).UTC().Format("15:04"), b.Done, b.Failed)}
+			Title: fmt.Sprintf("%s–%s UTC: %d done, %d failed", b.Start.UTC().Format("15:04:05"),
+				b.Start.Add(time.Minute).UTC().Format("15:04:05"), b.Done, b.Failed)}
 		bar.DoneH = scale(b.Done)
 		bar.DoneY = base - bar.DoneH
 		bar.FailH = scale(b.Failed)

@@ -17,7 +17,7 @@ import (
 // now; the per-queue rate averages the newest five minutes.
 func TestLayoutChart(t *testing.T) {
 	t.Parallel()
-	now := time.Date(2026, 1, 2, 15, 0, 0, 0, time.UTC)
+	now := time.Date(2026, 1, 2, 15, 0, 51, 0, time.UTC)
 	bs := make([]gendurable.ThroughputBucket, 60)
 	for i := range bs {
 		bs[i].Start = now.Add(-time.Duration(60-i) * time.Minute)
@@ -35,7 +35,7 @@ func TestLayoutChart(t *testing.T) {
 	require.Equal(t, chartTop+chartPlotH-last.DoneH, last.DoneY)
 	require.Equal(t, last.DoneY-last.FailH, last.FailY, "failed sits on top of done")
 	require.Equal(t, chartTop, last.FailY, "the tallest bar reaches the top")
-	require.Equal(t, "14:59–15:00 UTC: 30 done, 10 failed", last.Title)
+	require.Equal(t, "14:59:51–15:00:51 UTC: 30 done, 10 failed", last.Title, "the bar's own minute, to the second")
 	require.Equal(t, 3, c.Bars[0].FailH)
 	require.Zero(t, c.Bars[1].DoneH+c.Bars[1].FailH)
 	require.Equal(t, []chartTick{{chartTop + chartPlotH, "0"}, {chartTop + chartPlotH/2, "20"}, {chartTop, "40"}}, c.YTicks)

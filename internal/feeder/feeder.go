@@ -121,9 +121,11 @@ type Holder interface {
 	// was waiting for the slot the key would keep) and no kick or wake has
 	// said since that rows of this process became runnable; the next
 	// buffered claim, whose slot the key would keep, has waited less than a
-	// second; and it has at least MinDemand free places (a hand-off keeps
+	// second; it has at least MinDemand free places (a hand-off keeps
 	// the claims held as they are, and below MinDemand the feeder would not
-	// pick for other keys).
+	// pick for other keys); and, if its last pick was allowed no keyed row
+	// (so looked at no other key's), its steps turn over at least one per
+	// second (slower, no pick would look while the chain ran).
 	MayHandOff() bool
 	// HandOff moves the held claim from the old token (whose outcome
 	// committed) to next, the row its outcome statement claimed in its
@@ -1951,6 +1953,16 @@ func (h *holder) MayHandOff() bool {
 		// already: a chain of hand-offs would keep it waiting for as long
 		// as the key has rows (a review: three plain claims started after
 		// a key's 8 rows, 12–15 s after they were claimed).
+		return false
+	}
+	if s.keyedShut && !s.keyedFull && s.freedLocked(time.Now())/len(s.freed) == 0 {
+		// The last pick was allowed no keyed row, so it did not look at
+		// other keys' rows — and with steps this slow (fewer than one
+		// returning per horizon) no pick ever would while the chain keeps
+		// the slot: another key's row waited for the whole backlog (a
+		// probe: behind five 3 s steps of one key, on one slot). The slot
+		// frees instead, and the pick that follows visits the keys in
+		// turn; one pick per step of a second or more is cheap.
 		return false
 	}
 	return s.demandLocked() >= s.cfg.MinDemand

@@ -120,12 +120,13 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	if err != nil {
 		return fmt.Errorf("inspect schema %q: %w", schema, err)
 	}
-	created := info.Exists && info.Scratch() // by demo or bench, whatever it holds now
+	created := info.Exists && info.Scratch() // by demo, bench or quickstart, whatever it holds now
+	creator := creatorOf(info)
 	on := o.Hold.or(db)
 	if created {
 		// An earlier run's: dropped if it holds only what gendurable put
 		// there and nothing elsewhere depends on it.
-		err := dropOwn(ctx, on, schema)
+		err := dropOwn(ctx, on, schema, creator)
 		switch {
 		case err == nil:
 			info.Exists = false
@@ -149,7 +150,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 			return fmt.Errorf("%w: %q %s and was not created by gendurable %s; %s", ErrNotScratch, schema, what, o.Owner, o.remedy())
 		}
 		if created {
-			what += ", some of it not written by gendurable demo or bench"
+			what += ", some of it not written by " + creator
 		} else {
 			what += " and was not created by gendurable " + o.Owner
 		}
@@ -170,7 +171,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		if o.Logger != nil && !info.Scratch() {
 			why := "it was not created by gendurable " + o.Owner
 			if created {
-				why = "it held what gendurable demo or bench did not write"
+				why = "it held what " + creator + " did not write"
 			}
 			o.Logger.Warn("gendurable: schema dropped (--reset-schema): "+why, "schema", schema, "held", describe(info))
 		}
@@ -250,7 +251,7 @@ func DropHeld(ctx context.Context, db *pgxpool.Pool, schema string, h *Hold) err
 	if err != nil || !info.Exists || !info.Scratch() {
 		return err
 	}
-	return dropOwn(ctx, h.or(db), schema)
+	return dropOwn(ctx, h.or(db), schema, creatorOf(info))
 }
 
 // dropOwn drops a marked schema, in one transaction, without CASCADE:
@@ -270,9 +271,9 @@ func DropHeld(ctx context.Context, db *pgxpool.Pool, schema string, h *Hold) err
 // time in a new transaction (its locks freed between: what it waited for —
 // an autovacuum, which PostgreSQL cancels for a lock request only after
 // deadlock_timeout — may be waiting for them), then is ErrBusy.
-func dropOwn(ctx context.Context, db beginner, schema string) error {
+func dropOwn(ctx context.Context, db beginner, schema, creator string) error {
 	for try := 1; ; try++ {
-		err := dropOwnOnce(ctx, db, schema)
+		err := dropOwnOnce(ctx, db, schema, creator)
 		// A catalog entry dropped under the drop's catalog reads by another
 		// transaction (another schema's drop: sqlq.CatalogRace) is tried
 		// again too; in the drop's own transaction the migration does not.
@@ -288,13 +289,13 @@ func dropOwn(ctx context.Context, db beginner, schema string) error {
 }
 
 // dropOwnOnce is one try of dropOwn, in one transaction.
-func dropOwnOnce(ctx context.Context, db beginner, schema string) error {
+func dropOwnOnce(ctx context.Context, db beginner, schema, creator string) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	err = dropOwnTx(ctx, tx, schema)
+	err = dropOwnTx(ctx, tx, schema, creator)
 	if sqlq.LockTimedOut(err) || sqlq.Deadlocked(err) {
 		// The rollback frees the locks taken: whatever waited on them (the
 		// workers of another run in the schema) goes on.
@@ -307,8 +308,19 @@ func dropOwnOnce(ctx context.Context, db beginner, schema string) error {
 	return tx.Commit(ctx)
 }
 
-// dropOwnTx is dropOwn's work in its transaction tx.
-func dropOwnTx(ctx context.Context, tx pgx.Tx, schema string) error {
+// creatorOf names, for a message, what created a marked schema: the
+// command its mark names ("gendurable quickstart": a newcomer's probe read
+// "created by gendurable demo or bench" of the quickstart's schema).
+func creatorOf(info sqlq.SchemaInfo) string {
+	if c := info.Creator(); c != "" {
+		return "gendurable " + c
+	}
+	return "gendurable demo, bench or quickstart"
+}
+
+// dropOwnTx is dropOwn's work in its transaction tx; creator names what
+// created the schema (creatorOf), for its messages.
+func dropOwnTx(ctx context.Context, tx pgx.Tx, schema, creator string) error {
 	// First, before any table lock: a run using the schema (Use) makes
 	// this drop give up at once. Its locks taken while the run's workers
 	// wrote, a second demo had deadlocked with the first, which died
@@ -322,8 +334,8 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema string) error {
 		return err
 	}
 	if foreign != "" {
-		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but holds rows they did not write: %s",
-			ErrNotScratch, schema, foreign)
+		return fmt.Errorf("%w: %q was created by %s, but holds rows it did not write: %s",
+			ErrNotScratch, schema, creator, foreign)
 	}
 	added, err := additions(ctx, tx, schema)
 	if err != nil {
@@ -335,21 +347,21 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema string) error {
 			more = fmt.Sprintf(" and %d more", len(added)-5)
 			added = added[:5]
 		}
-		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but holds what a schema migrated to the same version "+
+		return fmt.Errorf("%w: %q was created by %s, but holds what a schema migrated to the same version "+
 			"does not (someone added or changed it, or an older gendurable built it otherwise): %s%s",
-			ErrNotScratch, schema, strings.Join(added, "; "), more)
+			ErrNotScratch, schema, creator, strings.Join(added, "; "), more)
 	}
 	if _, err = migrate.Down(ctx, tx, schema); err == nil {
 		err = sqlq.DropEmptySchema(ctx, tx, schema)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "2BP01" {
-		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but holds objects they did not create, "+
-			"or objects elsewhere depend on it (%s)", ErrNotScratch, schema, pgErr.Message)
+		return fmt.Errorf("%w: %q was created by %s, but holds objects it did not create, "+
+			"or objects elsewhere depend on it (%s)", ErrNotScratch, schema, creator, pgErr.Message)
 	}
 	if errors.Is(err, sqlq.ErrDependents) {
-		return fmt.Errorf("%w: %q was created by gendurable demo or bench, but objects elsewhere depend on it (%v)",
-			ErrNotScratch, schema, err)
+		return fmt.Errorf("%w: %q was created by %s, but objects elsewhere depend on it (%v)",
+			ErrNotScratch, schema, creator, err)
 	}
 	return err
 }

@@ -81,6 +81,24 @@ func TestEnsureKeepsItsOwnSchemaAndRefusesOthers(t *testing.T) {
 	require.ErrorContains(t, err, "choose another --schema, or pass --reset-schema", "the default remedy")
 }
 
+// TestARefusalNamesTheCommandThatMarkedTheSchema: a marked schema that a
+// run refuses to drop is said to be created by the command its mark names
+// — a newcomer's `gendurable demo --schema quickstart` was told the
+// quickstart's schema "was created by gendurable demo or bench".
+func TestARefusalNamesTheCommandThatMarkedTheSchema(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	schema := freshName(t, pool)
+	require.NoError(t, Prepare(ctx, pool, schema, Options{Owner: "quickstart"}))
+	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('billing', 'a')`)
+	require.NoError(t, err)
+	err = Prepare(ctx, pool, schema, Options{Owner: "demo"})
+	require.ErrorIs(t, err, ErrNotScratch)
+	require.ErrorContains(t, err, `"`+schema+`" was created by gendurable quickstart, but holds rows it did not write: 1 instance of a machine it does not run ("billing")`)
+	require.ErrorContains(t, Drop(ctx, pool, schema), "was created by gendurable quickstart")
+}
+
 // TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped: a schema demo or bench
 // created is dropped on their next run only while it holds nothing but
 // rows of their own machines. Instances of another machine, another
@@ -112,7 +130,7 @@ func TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped(t *testing.T) {
 
 			err = Prepare(ctx, pool, schema, o)
 			require.ErrorIs(t, err, ErrNotScratch)
-			require.Contains(t, err.Error(), "holds rows they did not write")
+			require.Contains(t, err.Error(), "was created by gendurable demo, but holds rows it did not write")
 			require.Equal(t, before, count(schema, tc.table), "a refused schema keeps its rows")
 			require.ErrorIs(t, Drop(ctx, pool, schema), ErrNotScratch)
 			require.Equal(t, before, count(schema, tc.table))

@@ -31,6 +31,23 @@ type SchemaInfo struct {
 // Scratch reports whether the schema carries a scratch mark.
 func (s SchemaInfo) Scratch() bool { return strings.HasPrefix(s.Comment, scratchCommentPrefix) }
 
+// Creator is the command a scratch schema's mark names ("demo", "bench",
+// "quickstart"), or "" if the mark names none (or there is no mark).
+func (s SchemaInfo) Creator() string {
+	if !s.Scratch() {
+		return ""
+	}
+	_, rest, ok := strings.Cut(s.Comment, "(created by gendurable ")
+	if !ok {
+		return ""
+	}
+	owner, _, ok := strings.Cut(rest, ";")
+	if !ok || !scratchOwnerRE.MatchString(owner) {
+		return ""
+	}
+	return owner
+}
+
 const schemaInfoSQL = `
 SELECT n.oid IS NOT NULL,
        coalesce(obj_description(n.oid, 'pg_namespace'), ''),
@@ -105,13 +122,13 @@ func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (
 		machines = []string{} // NULL would make every comparison unknown
 	}
 	s := quoteIdent(schema)
-	all := []struct{ table, col, foreign, what string }{
-		{"gendurable_instances", "fsm", "fsm <> ALL($1::text[])", "instances of machines it does not run"},
-		{"gendurable_machines", "name", "name <> ALL($1::text[])", "definitions of machines it does not run"},
+	all := []struct{ table, col, foreign, what, one string }{
+		{"gendurable_instances", "fsm", "fsm <> ALL($1::text[])", "instances of machines it does not run", "instance of a machine it does not run"},
+		{"gendurable_machines", "name", "name <> ALL($1::text[])", "definitions of machines it does not run", "definition of a machine it does not run"},
 		// A resumed queue's row (paused false) holds nothing but its name
 		// and the time of the resume: a newcomer who paused and resumed the
 		// demo's queue could run the demo again only with --reset-schema.
-		{"gendurable_queues", "name", "paused AND $1::text[] IS NOT NULL", "paused queues (an operator's pause)"},
+		{"gendurable_queues", "name", "paused AND $1::text[] IS NOT NULL", "paused queues (an operator's pause)", "paused queue (an operator's pause)"},
 	}
 	tables := all[:0]
 	for _, t := range all {
@@ -147,7 +164,11 @@ func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (
 				if n == 1000 {
 					more = " or more"
 				}
-				parts = append(parts, fmt.Sprintf("%d%s %s (%q among them)", n, more, t.what, first))
+				if n == 1 {
+					parts = append(parts, fmt.Sprintf("1 %s (%q)", t.one, first))
+				} else {
+					parts = append(parts, fmt.Sprintf("%d%s %s (%q among them)", n, more, t.what, first))
+				}
 			}
 		}
 		if len(parts) > 0 {
