@@ -715,6 +715,20 @@ func TestUISecretsHostsAndAudit(t *testing.T) {
 		require.Contains(t, string(out), c.want, "%v %v", c.env, c.args)
 	}
 
+	// On every interface: the address printed is one to open here, and
+	// says where it listens (it printed Go's "http://[::]:PORT/" for
+	// --addr 0.0.0.0:PORT: a newcomer's probe).
+	everywhere := exec.Command(binary, "ui", "--schema", schema, "--addr", "0.0.0.0:0")
+	everywhere.Env = append(os.Environ(), "DATABASE_URL="+dbtest.URL(), "GENDURABLE_UI_TOKEN=env-token-0123456789")
+	stdout, err := everywhere.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, everywhere.Start())
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	_ = everywhere.Process.Kill()
+	_ = everywhere.Wait()
+	require.NoError(t, err)
+	require.Regexp(t, `^dashboard on http://localhost:\d+/ \(Ctrl-C to stop, listening on every interface\)\n$`, line)
+
 	// A token from the environment (padded: trimmed), an allowed host.
 	base, stderr := startUI(t, []string{"GENDURABLE_UI_TOKEN=  env-token-0123456789  "}, "--schema", schema,
 		"--allowed-host", "ops.example")

@@ -150,6 +150,13 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	url := fmt.Sprintf("http://%s/", ln.Addr())
+	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
+		// Every interface (0.0.0.0, [::], or no host): printed as Go names
+		// it, "http://[::]:8080/", it read as another address than the one
+		// asked for (a newcomer's probe); this machine reaches it as
+		// localhost.
+		url = fmt.Sprintf("http://localhost:%d/", a.Port)
+	}
 	note := func(msg string) { fmt.Fprintf(stderr, "gendurable: ui: %s\n", msg) }
 	if c.json {
 		if err := printJSON(stdout, map[string]string{"dashboard": url}); err != nil {
@@ -160,7 +167,11 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			_, _ = inertWriter{stderr}.Write(append(b, '\n'))
 		}
 	} else {
-		fmt.Fprintf(stdout, "dashboard on %s (Ctrl-C to stop)\n", url)
+		where := ""
+		if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
+			where = ", listening on every interface"
+		}
+		fmt.Fprintf(stdout, "dashboard on %s (Ctrl-C to stop%s)\n", url, where)
 	}
 	return serveUntil(ctx, srv, dashboard.LimitListener(ln, *maxConns), note)
 }
