@@ -853,7 +853,7 @@ func (e *Engine) startChecks(ctx context.Context) error {
 		}
 	}
 	if err := e.storeDefinitions(ctx); err != nil {
-		return fmt.Errorf("gendurable: start: storing machine definitions: %w", err)
+		return startError("storing machine definitions", err)
 	}
 	return nil
 }

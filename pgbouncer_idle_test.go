@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/pgbouncer"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
@@ -80,6 +81,67 @@ func TestPgBouncerWithTxIdleForALeaseCountsAnAttempt(t *testing.T) {
 			}
 			require.Equal(t, 2, counted, "%v", r.Errors)
 			require.GreaterOrEqual(t, runs.Load(), int32(2), "%v", r.Errors)
+		})
+	}
+}
+
+// TestPgBouncerTimeoutsOfAWithTxCountAttempts: PgBouncer's own limits on
+// a transaction — query_timeout (a statement of the callback too long) and
+// idle_transaction_timeout (the callback's work between statements too
+// long) — end the session with a FATAL 08P01. The step fails for them,
+// counting its attempts, as for PostgreSQL's statement or idle timeouts:
+// taken for a lost connection, it ran again without an attempt counted,
+// without end (a PgBouncer probe: 48 runs in 90 s, attempt 0 of 3).
+func TestPgBouncerTimeoutsOfAWithTxCountAttempts(t *testing.T) {
+	for _, tc := range []struct {
+		setting string
+		fn      func(ctx context.Context, tx pgx.Tx) error
+	}{
+		{"query_timeout", func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, "SELECT pg_sleep(3)")
+			return err
+		}},
+		{"idle_transaction_timeout", func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+				return err
+			}
+			select {
+			case <-time.After(3 * time.Second):
+			case <-ctx.Done():
+			}
+			_, err := tx.Exec(ctx, "SELECT 2")
+			return err
+		}},
+	} {
+		t.Run(tc.setting, func(t *testing.T) {
+			var runs atomic.Int32
+			m := &gendurable.Machine[orderArgs]{
+				Name: "pooled", Start: "pay", MaxAttempts: 2,
+				Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+				Steps: map[string]gendurable.StepFunc[orderArgs]{
+					"pay": func(_ context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+						runs.Add(1)
+						return gendurable.Done(nil).WithTx(tc.fn), nil
+					},
+				},
+			}
+			cfg := fastConfig("", m)
+			// Leases and the engine's own idle limit well above the
+			// pooler's 1 s: only the pooler ends the transaction.
+			cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.TxIdleTimeout = 20*time.Second, 2*time.Second, 20*time.Second
+			b, _ := setupBouncerWith(t, pgx.QueryExecModeCacheDescribe, pgbouncer.Options{PoolSize: 3,
+				Settings: map[string]string{tc.setting: "1"}}, cfg)
+			b.start()
+			id := b.insert(m.New(orderArgs{}))
+			eventually(t, 40*time.Second, func() bool { return gendurable.Status(b.row(id).Status).Terminal() || runs.Load() > 4 },
+				"neither finished nor rerun")
+			r := b.row(id)
+			require.Equal(t, "failed", r.Status, "runs %d, errors: %v", runs.Load(), r.Errors)
+			require.Len(t, r.Errors, 2, "%v", r.Errors)
+			for _, e := range r.Errors {
+				require.Contains(t, e["error"], "PgBouncer's "+tc.setting, "%v", r.Errors)
+			}
+			require.Equal(t, int32(2), runs.Load())
 		})
 	}
 }

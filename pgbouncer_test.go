@@ -53,7 +53,15 @@ func bouncerPool(t *testing.T, url string, mode pgx.QueryExecMode, maxConns int3
 // the engine works through the pooler with the given exec mode.
 func setupBouncer(t *testing.T, mode pgx.QueryExecMode, poolSize int, cfg *gendurable.Config) (*testBundle, *pgxpool.Pool) {
 	t.Helper()
-	url := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolSize: poolSize}).URL
+	return setupBouncerWith(t, mode, pgbouncer.Options{PoolSize: poolSize}, cfg)
+}
+
+// setupBouncerWith is setupBouncer with the pooler's options (its
+// settings); opts.PoolSize must be set.
+func setupBouncerWith(t *testing.T, mode pgx.QueryExecMode, opts pgbouncer.Options, cfg *gendurable.Config) (*testBundle, *pgxpool.Pool) {
+	t.Helper()
+	poolSize := opts.PoolSize
+	url := pgbouncer.StartWith(t, dbtest.URL(), opts).URL
 	direct, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4, Extra: int32(poolSize)})
 	pool := bouncerPool(t, url, mode, 16)
 	cfg.Schema = schema

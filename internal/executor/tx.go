@@ -358,14 +358,48 @@ func (x *Executor) watchTx(pid uint32, gone func()) (stop func()) {
 // reported its own error). Ended by the server's idle limit
 // (BeginIdleLimited), fn left the transaction waiting on fn's own work for
 // TxIdle: running it again would do the same, so it is the step's failure,
-// counted as an attempt. Otherwise it is the infrastructure's.
+// counted as an attempt; so is one a pooler between ended for the
+// transaction's own time (poolerTimedOut). Otherwise it is the
+// infrastructure's.
 func (x *Executor) sessionLost(fnErr error, idle time.Duration) error {
+	if setting := poolerTimedOut(fnErr); setting != "" {
+		// The pooler's limit on this transaction's own time: a callback
+		// that outlasted it will again (a PgBouncer probe: a callback of
+		// 2.5 s under query_timeout = 1 ran 48 times in 90 s at attempt 0).
+		return fmt.Errorf("gendurable: a connection pooler between (PgBouncer's %s) ended the step's transaction: "+
+			"the callback's work outlasted the pooler's limit: %w", setting, fnErr)
+	}
 	if idleEnded(fnErr) || (!endedOtherwise(fnErr) && x.cfg.TxIdle > 0 && idle >= x.cfg.TxIdle*9/10) {
 		return fmt.Errorf("gendurable: the step's transaction was left idle for %s between statements, "+
 			"and the server ends a WithTx transaction left idle for Config.TxIdleTimeout (%s): %w",
 			idle.Round(time.Millisecond), x.cfg.TxIdle, fnErr)
 	}
 	return fmt.Errorf("%w: the step's transaction failed on its connection: %w", ErrInfrastructure, fnErr)
+}
+
+// poolerTimedOut names the PgBouncer setting whose limit on the
+// transaction's own time ended its session — query_timeout (a statement
+// ran too long), idle_transaction_timeout (the transaction sat idle too
+// long between statements), transaction_timeout (the whole transaction) —
+// from the FATAL error PgBouncer sends then (SQLSTATE 08P01 with that
+// message); "" for any other error. Like PostgreSQL's statement_timeout
+// (57014) or idle_in_transaction_session_timeout (25P03), each is the
+// step's failure, counted as an attempt: not a lost connection, which
+// runs the step again without one.
+func poolerTimedOut(err error) string {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "08P01" {
+		return ""
+	}
+	switch pgErr.Message {
+	case "query timeout":
+		return "query_timeout"
+	case "idle transaction timeout":
+		return "idle_transaction_timeout"
+	case "transaction timeout":
+		return "transaction_timeout"
+	}
+	return ""
 }
 
 // idleEnded reports whether err is the server's notice that it ended the
