@@ -551,6 +551,83 @@ func TestAJoinWhoseChildWasRetriedUnderItsClaimAwaitsTheChild(t *testing.T) {
 	require.Equal(t, "done", b.row(child).Status)
 }
 
+// TestRetryOfAParentPastItsJoinRerunsItsStep (a semantics probe): a parent
+// that joined its children and then failed for good in a later step, while
+// a child of that fan-out, retried by an operator after the join, still
+// runs: a retry of the parent must rerun the step that failed — its join
+// is behind it, and the live child runs on its own. Retry and RetryMany
+// counted the fan-out's live children without asking whether the join had
+// run (children_total, cleared by the join's outcome), and parked the
+// parent awaiting that child ("-1 of 0 done" in show); its step ran only
+// when the child finished.
+func TestRetryOfAParentPastItsJoinRerunsItsStep(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"Retry", "RetryMany"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			var leafRuns atomic.Int32
+			rerun, release := make(chan int64, 1), make(chan struct{})
+			leaf := &gendurable.Job[leafArgs]{Name: "pjleaf", MaxAttempts: 1,
+				Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+					if leafRuns.Add(1) == 1 {
+						return gendurable.JobCancel(errors.New("the child fails once"))
+					}
+					rerun <- j.ID
+					select {
+					case <-release:
+						return nil
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+				}}
+			var laters atomic.Int32
+			m := &gendurable.Machine[fanState]{Name: "pjparent", Start: "spawn", MaxAttempts: 1,
+				Steps: map[string]gendurable.StepFunc[fanState]{
+					"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+						return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1})), nil
+					},
+					"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+						return r.Next("later", r.State), nil
+					},
+					"later": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+						if laters.Add(1) == 1 {
+							return gendurable.Outcome{}, errors.New("the step after the join fails once")
+						}
+						return gendurable.Done("again"), nil
+					},
+				}}
+			b := setup(t, nil, m, leaf)
+			b.start()
+			ctx := context.Background()
+			defer close(release)
+			parent := b.insert(m.New(fanState{}))
+			b.waitStatus(parent, "failed", 15*time.Second)
+			var child int64
+			require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances WHERE parent_id = $1`,
+				b.schema), parent).Scan(&child))
+			require.NoError(t, b.eng.Retry(ctx, child))
+			select {
+			case <-rerun:
+			case <-time.After(15 * time.Second):
+				t.Fatal("the retried child did not run again")
+			}
+			if how == "Retry" {
+				require.NoError(t, b.eng.Retry(ctx, parent))
+			} else {
+				res, err := b.eng.RetryMany(ctx, []int64{parent})
+				require.NoError(t, err)
+				require.Equal(t, int64(1), res.Changed)
+			}
+			require.NotEqual(t, "awaiting_children", b.row(parent).Status,
+				"the parent, past its join, awaits a child it has joined")
+			r := b.waitStatus(parent, "done", 15*time.Second)
+			require.JSONEq(t, `"again"`, string(r.Result))
+			require.Equal(t, int32(2), laters.Load())
+			require.Equal(t, "executing", b.row(child).Status, "the child still runs on its own")
+		})
+	}
+}
+
 // TestAJoinClaimedAheadSeesAChildRetriedBeforeItStarts (a fault probe): a
 // parent woken by its child's failure is claimed ahead of a free slot (the
 // prefetch buffer) while a long step holds the only one; an operator

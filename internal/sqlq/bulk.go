@@ -27,8 +27,8 @@ import (
 // are as it finds them, and it does not lock them again.
 var retryManySQL = `
 WITH cand AS MATERIALIZED (
-  SELECT c.id, c.fanout FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
-    SELECT c.id, c.fanout, c.unique_key, c.unique_scope FROM {{schema}}.gendurable_instances AS c
+  SELECT c.id, c.fanout, c.children_total FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, ord) CROSS JOIN LATERAL (
+    SELECT c.id, c.fanout, c.children_total, c.unique_key, c.unique_scope FROM {{schema}}.gendurable_instances AS c
     WHERE c.id = u.id AND c.status = 'failed'
     OFFSET 0 -- a fence: one primary-key probe per id
   ) AS c

@@ -512,19 +512,24 @@ func (q *Queries) lockForRetry(ctx context.Context, tx pgx.Tx, ids []int64) ([]i
 }
 
 // liveChildren counts the unfinished children of the current fan-out of
-// row p, and also those among retried, if set (a subquery of ids the same statement
+// row p while p has not joined them (its children_total, cleared by the
+// outcome of the step after the fan-out, above zero), and also those among retried, if set (a subquery of ids the same statement
 // retries: its snapshot still sees them failed, so counted by status alone
 // a parent retried with its children — a retry by filter after a cancel by
 // filter — went runnable and ran its next step beside them; its own row
 // being failed in that snapshot, the statement's count of retried children
-// for waiting parents, CTE p, passes it over).
+// for waiting parents, CTE p, passes it over). A parent past its join
+// counts none: a child of that fan-out retried after the join runs on its
+// own, and a retry of the parent failed in a later step reruns that step.
+// Counted, the retry parked it awaiting the child, its children_pending
+// above its children_total (TestRetryOfAParentPastItsJoinRerunsItsStep).
 func liveChildren(retried string) string {
 	live := `c.status NOT IN ('done', 'failed')`
 	if retried != "" {
 		live = `(` + live + ` OR c.id IN (` + retried + `))`
 	}
 	return `(SELECT count(*)::int FROM {{schema}}.gendurable_instances AS c
-         WHERE c.parent_id = p.id AND c.parent_fanout = p.fanout AND ` + live + `)`
+         WHERE p.children_total > 0 AND c.parent_id = p.id AND c.parent_fanout = p.fanout AND ` + live + `)`
 }
 
 // waitsForItsChildren says parent row p, locked, still waits for the

@@ -234,13 +234,14 @@ func TestRetryParksAgainOnlyACancelledAwait(t *testing.T) {
 	q, exec, count, conn := keySetup(t)
 	ctx := context.Background()
 	c := conn()
-	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, status, finished_at, awaits, await_deadline, errors, fanout)
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, status, finished_at, awaits, await_deadline, errors, fanout, children_total)
 	      OVERRIDING SYSTEM VALUE VALUES
-	        (1, 'm', 'ship', 'failed', now(), '{pay}', NULL, '[{"kind": "cancelled", "error": "op"}]', 0),
-	        (2, 'm', 'ship', 'failed', now(), '{pay}', NULL, '[{"kind": "lease_expired", "error": "crashed"}]', 0),
-	        (3, 'm', 'approve', 'failed', now(), '{approve}', now() + interval '1 hour', '[{"kind": "cancelled", "error": "op"}]', 1),
-	        (4, 'm', 'join', 'failed', now(), NULL, NULL, '[{"kind": "cancelled", "error": "op"}]', 1)`)
-	// Row 4 was cancelled while it awaited its fan-out: awaits NULL.
+	        (1, 'm', 'ship', 'failed', now(), '{pay}', NULL, '[{"kind": "cancelled", "error": "op"}]', 0, 0),
+	        (2, 'm', 'ship', 'failed', now(), '{pay}', NULL, '[{"kind": "lease_expired", "error": "crashed"}]', 0, 0),
+	        (3, 'm', 'approve', 'failed', now(), '{approve}', now() + interval '1 hour', '[{"kind": "cancelled", "error": "op"}]', 1, 0),
+	        (4, 'm', 'join', 'failed', now(), NULL, NULL, '[{"kind": "cancelled", "error": "op"}]', 1, 1)`)
+	// Row 4 was cancelled while it awaited its fan-out (children_total kept,
+	// 1): awaits NULL.
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, parent_id, parent_fanout) OVERRIDING SYSTEM VALUE VALUES (11, 'm', 'a', 4, 1)`)
 	// Row 3's child of its fan-out 1, live again (retried on its own).
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, parent_id, parent_fanout) OVERRIDING SYSTEM VALUE VALUES (10, 'm', 'a', 3, 1)`)
