@@ -110,12 +110,20 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 		// refused one (read-only, a form refused) did not say which.
 		attrs = append(attrs, "query", cut(r.URL.RawQuery))
 	}
-	if fs := r.Header.Values("X-Forwarded-For"); len(fs) > 0 {
-		// As the client (and the proxies on its way) sent it, every
-		// header line: not verified.
-		attrs = append(attrs, "forwarded_for", cut(strings.Join(fs, ", ")))
-	}
+	attrs = append(attrs, forwardedFor(r)...)
 	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, attrs...)
+}
+
+// forwardedFor is the attribute an audit or warning line gives a request's
+// X-Forwarded-For, if it has one: as the client (and the proxies on its
+// way) sent it, every header line, not verified. Behind a proxy every
+// remote is the proxy's address; a line without it did not say whom a
+// refused cross-origin action or a failed login came from.
+func forwardedFor(r *http.Request) []any {
+	if fs := r.Header.Values("X-Forwarded-For"); len(fs) > 0 {
+		return []any{"forwarded_for", cut(strings.Join(fs, ", "))}
+	}
+	return nil
 }
 
 // auditUser is the user an audit line names.
@@ -160,6 +168,7 @@ func (d *dashboard) failedLogin(r *http.Request) {
 		}
 		attrs = append(attrs, "scheme", scheme)
 	}
+	attrs = append(attrs, forwardedFor(r)...)
 	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: failed login", attrs...)
 }
 

@@ -132,7 +132,7 @@ func TestAuditTrail(t *testing.T) {
 		require.Equal(t, http.StatusUnauthorized, r.code)
 	}
 	r := do(t, h, req{method: http.MethodGet, path: "/", remote: "10.9.9.8:1000",
-		header: map[string]string{"Authorization": "Bearer nope"}})
+		header: map[string]string{"Authorization": "Bearer nope", "X-Forwarded-For": "198.51.100.9"}})
 	require.Equal(t, http.StatusUnauthorized, r.code)
 	require.Equal(t, http.StatusUnauthorized, do(t, h, req{method: http.MethodGet, path: "/", remote: "10.9.9.7:1000"}).code)
 	// The scheme as sent: a Basic header that does not decode, and another
@@ -155,6 +155,7 @@ func TestAuditTrail(t *testing.T) {
 	require.Equal(t, map[string]int{"10.9.9.9": 5, "10.9.9.8": 1}, byIP)
 	require.Equal(t, "ops", logins[0]["user"])
 	require.Equal(t, "bearer", logins[len(logins)-1]["scheme"])
+	require.Equal(t, "198.51.100.9", logins[len(logins)-1]["forwarded_for"], "a failed login names whom a proxy said it came from")
 }
 
 // TestRefusedActionsKeepToTheAllowance: refused actions (anyone who can
@@ -263,7 +264,8 @@ func TestCrossOriginRefusalIsAudited(t *testing.T) {
 		{"/queues/default/pause", "pause"},
 	} {
 		r := do(t, h, req{method: http.MethodPost, path: c.path, form: url.Values{"scope": {"match"}, "queue": {"default"}},
-			remote: "10.1.2.3:5555", header: map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site"}})
+			remote: "10.1.2.3:5555", header: map[string]string{"Origin": "https://evil.example", "Sec-Fetch-Site": "cross-site",
+				"X-Forwarded-For": "198.51.100.4"}})
 		require.Equal(t, http.StatusForbidden, r.code, c.path)
 		recs := audit.with("dashboard audit: " + c.action)
 		require.Len(t, recs, 1, "%s: %v", c.path, audit.recs)
@@ -271,6 +273,9 @@ func TestCrossOriginRefusalIsAudited(t *testing.T) {
 		require.Equal(t, dashboard.LevelAudit, recs[0]["level"])
 		require.Equal(t, "https://evil.example", recs[0]["origin"])
 		require.Equal(t, "10.1.2.3:5555", recs[0]["remote"])
+		// Behind a proxy the remote is the proxy's: the line says whom
+		// the proxy named, as every other audit line does.
+		require.Equal(t, "198.51.100.4", recs[0]["forwarded_for"])
 	}
 	require.False(t, e.instance(live).Status.Terminal(), "the forged cancel changed nothing")
 	require.False(t, e.queuePaused("default"))

@@ -427,6 +427,7 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		if r.URL.RawQuery != "" {
 			attrs = append(attrs, "query", cut(r.URL.RawQuery)) // a pause's queue travels there
 		}
+		attrs = append(attrs, forwardedFor(r)...)
 		if _, pattern := mux.Handler(r); actions[pattern] != "" {
 			// A refused action: on the audit trail (within the refused
 			// actions' allowance, per client and user, an allowance of its
