@@ -24,9 +24,9 @@
 //   - Invisible characters with no use inside a word (internal/invisible's
 //     list: format characters such as the zero width space U+200B, the
 //     byte order mark U+FEFF and the soft hyphen U+00AD, fillers such as
-//     U+3164, the braille blank U+2800, and variation selectors wherever
-//     they stand, though a name may hold one after the character whose form
-//     it picks) as \uHHHH, or \UHHHHHHHH beyond U+FFFF: [Terminal]
+//     U+3164, the braille blank U+2800, and variation selectors but where
+//     they pick the form of the character before them, as a name may hold
+//     them) as \uHHHH, or \UHHHHHHHH beyond U+FFFF: [Terminal]
 //     only, so that a key "k<U+200B>0" does not print as "k0" (a probe).
 //     Not the zero width joiner and non-joiner, which words and emoji
 //     need, nor the tag characters, which subdivision flags are made of,
@@ -160,33 +160,78 @@ func escape[T string | []byte](s T, set set, decode func(T) (rune, int)) ([]byte
 	}
 	b := make([]byte, 0, len(s)+16)
 	b = append(b, s[:i]...)
+	prev := rune(-1)
+	if i > 0 {
+		prev = lastRune(s[:i], decode)
+	}
 	for i < len(s) {
 		r, size := decode(s[i:])
-		if c := classify(r, size); set.has(c) {
+		if c := classifyAt(s, i, r, size, prev, decode); set.has(c) {
 			b = set.appendEscape(b, c, r, s[i])
 		} else {
 			b = append(b, s[i:i+size]...)
 		}
+		prev = after(r, size)
 		i += size
 	}
 	return b, true
 }
 
+// classifyAt classifies r, decoded from size bytes at offset i of s after
+// prev (-1 at the start): as classify, but a variation selector that
+// selects a form of the character before it (invisible.Selects: a
+// Mongolian letter's, an ideograph's, a keycap's) is plain, as a name may
+// hold it — a name the library accepts printed with \u180b in it.
+func classifyAt[T string | []byte](s T, i int, r rune, size int, prev rune, decode func(T) (rune, int)) class {
+	c := classify(r, size)
+	if c == invisibleChar && unicode.Is(unicode.Variation_Selector, r) {
+		next := rune(-1)
+		if i+size < len(s) {
+			next, _ = decode(s[i+size:])
+		}
+		if invisible.Selects(prev, next) {
+			return plain
+		}
+	}
+	return c
+}
+
+// lastRune is the last character of p (not empty).
+func lastRune[T string | []byte](p T, decode func(T) (rune, int)) rune {
+	start := len(p) - 1
+	for start > 0 && len(p)-start < utf8.UTFMax && !utf8.RuneStart(p[start]) {
+		start--
+	}
+	return after(decode(p[start:]))
+}
+
+// after is the character a variation selector next would follow: r, or
+// -1 for an invalid byte (printed as an escape, it has no form to pick).
+func after(r rune, size int) rune {
+	if r == utf8.RuneError && size == 1 {
+		return -1
+	}
+	return r
+}
+
 // firstEscaped is the offset of the first character of s that set escapes,
 // or -1. ASCII, most of any text, is judged byte by byte.
 func firstEscaped[T string | []byte](s T, set set, decode func(T) (rune, int)) int {
+	prev := rune(-1)
 	for i := 0; i < len(s); {
 		if c := s[i]; c < utf8.RuneSelf {
 			if (c < 0x20 && set.has(c0)) || (c == 0x7f && set.has(del)) {
 				return i
 			}
+			prev = rune(c)
 			i++
 			continue
 		}
 		r, size := decode(s[i:])
-		if set.has(classify(r, size)) {
+		if set.has(classifyAt(s, i, r, size, prev, decode)) {
 			return i
 		}
+		prev = after(r, size)
 		i += size
 	}
 	return -1

@@ -45,7 +45,7 @@ func InName(r rune) bool {
 func IndexInName(name string) int {
 	prev := rune(-1)
 	for i, r := range name {
-		if InName(r) && !(unicode.Is(unicode.Variation_Selector, r) && selects(prev, name[i+utf8.RuneLen(r):])) {
+		if InName(r) && !(unicode.Is(unicode.Variation_Selector, r) && Selects(prev, nextRune(name[i+utf8.RuneLen(r):]))) {
 			return i
 		}
 		prev = r
@@ -53,14 +53,23 @@ func IndexInName(name string) int {
 	return -1
 }
 
-// selects reports whether a variation selector after prev, followed by
-// rest, selects a form of prev.
-func selects(prev rune, rest string) bool {
+// nextRune is the first character of rest, or -1 if it is empty.
+func nextRune(rest string) rune {
+	if rest == "" {
+		return -1
+	}
+	r, _ := utf8.DecodeRuneInString(rest)
+	return r
+}
+
+// Selects reports whether a variation selector after prev (-1 at the start
+// of the text), followed by next (-1 at its end), selects a form of prev:
+// where [IndexInName] lets it stand.
+func Selects(prev, next rune) bool {
 	switch {
 	case prev < 0:
 		return false
 	case prev < utf8.RuneSelf:
-		next, _ := utf8.DecodeRuneInString(rest)
 		return (prev >= '0' && prev <= '9' || prev == '#' || prev == '*') && next == 0x20E3 // a keycap
 	}
 	return !InName(prev) && !unicode.IsSpace(prev) && !unicode.IsControl(prev)
@@ -71,7 +80,10 @@ func selects(prev rune, rest string) bool {
 // (U+E0000–U+E007F: subdivision flags are made of them) and the emoji
 // presentation selectors U+FE0E and U+FE0F, which text and emoji use after
 // a visible character. A key may hold any of them (a key is the user's
-// data); printed, it shows which.
+// data); printed, it shows which. The other variation selectors are
+// escaped unless they select a form of the character before them
+// ([Selects]), as a name may hold them: the caller asks that with the
+// characters around.
 func Escaped(r rune) bool {
 	switch {
 	case r >= 0xE0000 && r <= 0xE007F, r == 0xFE0E, r == 0xFE0F:
