@@ -3,8 +3,11 @@
 # time the server spent per step of one `bench --workload WORKLOAD -n N` run, from
 # pg_stat_statements (the server must load it: shared_preload_libraries = pg_stat_statements).
 # Top-level statements only, and only the run's own work: the bench's set-up (the filler rows it
-# inserts first, ANALYZE, DDL, its catalog checks) is left out. Buffers are a steadier measure
+# inserts first, ANALYZE, DDL and the migrations, its catalog checks) is left out. Buffers are a steadier measure
 # than steps/s on a shared machine: they count work, not time. Resets pg_stat_statements.
+# After the totals, the statements that cost most, one per line: buffers per step, calls, rows
+# and the start of the statement's text (nested statements too, toplevel f: a plpgsql function's
+# own statements, such as the hand-off's claim, are counted there and inside their caller).
 # Example:
 #   bench/scripts/bench-buffers.sh postgres://postgres@127.0.0.1:5461/postgres /tmp/gd partition 20000
 set -eu
@@ -18,6 +21,16 @@ SELECT round(sum(shared_blks_hit + shared_blks_read) / :n, 1) AS buffers_per_ste
 FROM pg_stat_statements
 WHERE toplevel AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND query !~ '^INSERT INTO \S+\.gendurable_instances \(fsm, step, status, finished_at\)'
-  AND query !~* '^(ANALYZE|CREATE|DROP|TRUNCATE|ALTER|COMMENT|SET|BEGIN|COMMIT|ROLLBACK)'
+  AND regexp_replace(query, '^(\s*--[^\n]*\n)+', '') !~* '^\s*(ANALYZE|CREATE|DROP|TRUNCATE|ALTER|COMMENT|SET|BEGIN|COMMIT|ROLLBACK)'
   AND query !~ '(obj_description|string_agg\(x\.what|pg_namespace|pg_catalog)';
+SELECT round((shared_blks_hit + shared_blks_read)::numeric / :n, 1) AS buffers_per_step,
+       calls, rows, CASE WHEN toplevel THEN 't' ELSE 'f' END AS toplevel,
+       left(regexp_replace(query, '\s+', ' ', 'g'), 100) AS statement
+FROM pg_stat_statements
+WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND query !~ '^INSERT INTO \S+\.gendurable_instances \(fsm, step, status, finished_at\)'
+  AND regexp_replace(query, '^(\s*--[^\n]*\n)+', '') !~* '^\s*(ANALYZE|CREATE|DROP|TRUNCATE|ALTER|COMMENT|SET|BEGIN|COMMIT|ROLLBACK)'
+  AND query !~ '(obj_description|string_agg\(x\.what|pg_namespace|pg_catalog)'
+ORDER BY shared_blks_hit + shared_blks_read DESC
+LIMIT 8;
 SQL
