@@ -188,7 +188,9 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // instance cancelled while it was parked in an Await awaits the same names
 // again, with the same deadline (one that passed meanwhile wakes it as a
 // timeout at the timeout sweeper's next look) — the cancel consumed its
-// signals, so it waits for new ones. [ErrNotFound], [ErrNotRetryable]
+// signals, so it waits for new ones. One cancelled after a signal woke it,
+// before its next step ran, is no longer parked: that step runs, with
+// Awaited and Inbox empty, as after a timeout (docs/design.md §2). [ErrNotFound], [ErrNotRetryable]
 // (not failed), or [ErrUniqueConflict] (another live instance now holds its
 // unique key) leave everything unchanged. An instance cancelled while its
 // step ran keeps that step's lease — its key's slot, its place in its

@@ -182,7 +182,12 @@ func Installed(ctx context.Context, db DB, schema string) (int, error) {
 // users who apply migrations with their own tool. Like Up, an install from
 // version 0 creates the schema only if it is missing (so a role that owns
 // its schema but may not create schemas can run it); no other script
-// creates it. from == to gives an empty script.
+// creates it. Around each version the script makes the checks Up and Down
+// make (an invalid or foreign index of a name it builds or drops, a column
+// of the user's under a name it adds, what hangs on what a down drops, the
+// downs tried first), as DO blocks that raise the same message: run each
+// version in a transaction of its own, and a refused one applies nothing.
+// from == to gives an empty script.
 func SQL(schema string, from, to int) (string, error) {
 	s, err := sqlq.MigrationScript(schema, from, to)
 	if err != nil {

@@ -1288,3 +1288,86 @@ func TestANilContextOrDatabaseIsATypedError(t *testing.T) {
 		require.ErrorIs(t, err, migrate.ErrNilArgument, name)
 	}
 }
+
+// TestPrintedScriptsRefuseWhatMigrateRefuses: the scripts of `gendurable
+// migrate print` (migrate.SQL), run by a team's own tool, refuse a version
+// where migrate up and down would, with the same message and nothing of it
+// applied: an index a version builds "if not exists" left invalid by a
+// failed concurrent build (the script skipped the build, and every
+// statement meant to use the index scanned), a column of the user's under
+// a name a version adds (taken over as gendurable's, dropped with its data
+// by a later down), statistics elsewhere on a column a down drops (dropped
+// with it without a word), and what the server would refuse the downs for
+// part way (a function with a SQL-standard body), tried first.
+func TestPrintedScriptsRefuseWhatMigrateRefuses(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	script := func(from, to int) error {
+		t.Helper()
+		sql, err := migrate.SQL(schema, from, to)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, sql) // one implicit transaction
+		return err
+	}
+
+	// An invalid pre-built index, going up.
+	_, err := migrate.To(ctx, pool, schema, 13)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+`.gendurable_instances (fsm, step) VALUES ('m', 's'), ('m', 's')`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE UNIQUE INDEX CONCURRENTLY gendurable_instances_lingering_leases ON `+s+`.gendurable_instances (queue)`)
+	require.Error(t, err)
+	err = script(13, 14)
+	require.ErrorContains(t, err, fmt.Sprintf(`migration 14 up: index gendurable_instances_lingering_leases in schema %q is not valid`, schema))
+	require.ErrorContains(t, err, "nothing of version 14 was applied")
+	requireVersion(t, pool, schema, 13, "the script's version 14 was refused")
+	_, err = pool.Exec(ctx, `DROP INDEX `+s+`.gendurable_instances_lingering_leases`)
+	require.NoError(t, err)
+	require.NoError(t, script(13, 17))
+	requireVersion(t, pool, schema, 17, "once the index is dropped, the script goes through")
+
+	// A column of the user's under a name version 18 adds.
+	_, err = pool.Exec(ctx, `ALTER TABLE `+s+`.gendurable_instances ADD COLUMN inbox_seen text DEFAULT 'mine'`)
+	require.NoError(t, err)
+	err = script(17, 18)
+	require.ErrorContains(t, err, "migration 18 up: column gendurable_instances.inbox_seen")
+	requireVersion(t, pool, schema, 17, "the script's version 18 was refused")
+	var mine int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+s+`.gendurable_instances WHERE inbox_seen = 'mine'`).Scan(&mine))
+	require.Equal(t, 2, mine, "the user's column and its data are kept")
+	_, err = pool.Exec(ctx, `ALTER TABLE `+s+`.gendurable_instances DROP COLUMN inbox_seen`)
+	require.NoError(t, err)
+	latest := migrate.Latest()
+	require.NoError(t, script(17, latest))
+
+	// Statistics elsewhere on a column a down drops (inbox_seen, 18).
+	stats := `public."` + schema + `_st"`
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP STATISTICS IF EXISTS `+stats) })
+	_, err = pool.Exec(ctx, `CREATE STATISTICS `+stats+` ON inbox_seen, queue FROM `+s+`.gendurable_instances`)
+	require.NoError(t, err)
+	err = script(latest, 17)
+	require.ErrorContains(t, err, fmt.Sprintf("migration %d down: objects that are not gendurable's depend on its tables: "+
+		"statistics object public.%s_st (on gendurable_instances.inbox_seen)", latest, schema))
+	requireVersion(t, pool, schema, latest, "nothing of the down script was applied")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_statistic_ext WHERE stxname = $1`, schema+"_st").Scan(&n))
+	require.Equal(t, 1, n, "the statistics are kept")
+	_, err = pool.Exec(ctx, `DROP STATISTICS `+stats)
+	require.NoError(t, err)
+
+	// What only a trial of the downs finds: a function with a SQL-standard body.
+	fn := `public."` + schema + `_f"`
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP FUNCTION IF EXISTS `+fn+`()`) })
+	_, err = pool.Exec(ctx, `CREATE FUNCTION `+fn+`() RETURNS bigint LANGUAGE sql BEGIN ATOMIC SELECT count(*) FROM `+s+`.gendurable_instances; END`)
+	require.NoError(t, err)
+	err = script(latest, 0)
+	require.ErrorContains(t, err, fmt.Sprintf("migration %d down: objects that are not gendurable's depend on its tables: ", latest))
+	require.ErrorContains(t, err, "function "+schema+"_f() depends on table")
+	requireVersion(t, pool, schema, latest, "nothing of the down script was applied")
+	_, err = pool.Exec(ctx, `DROP FUNCTION `+fn+`()`)
+	require.NoError(t, err)
+	require.NoError(t, script(latest, 0))
+	requireVersion(t, pool, schema, 0, "the down script goes through")
+}

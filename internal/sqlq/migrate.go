@@ -521,7 +521,22 @@ func checkIndexNames(ctx context.Context, tx pgx.Tx, schema string, version int,
 		return nil
 	}
 	var foreign, invalid *string
-	if err := tx.QueryRow(ctx, `SELECT
+	if err := tx.QueryRow(ctx, indexNamesSQL, schema, names, valid).Scan(&foreign, &invalid); err != nil {
+		return err
+	}
+	switch {
+	case foreign != nil:
+		return errors.New(foreignIndexMsg(schema, version, way, *foreign))
+	case invalid != nil:
+		return errors.New(invalidIndexMsg(schema, version, way, *invalid))
+	}
+	return nil
+}
+
+// indexNamesSQL reads, for checkIndexNames and the scripts' guards, the
+// names among $2 that schema $1 holds and that are not gendurable's
+// indexes, and (with $3) those that are but are not valid.
+const indexNamesSQL = `SELECT
 		  string_agg(format('%s (%s)', x.relname, CASE WHEN x.is_index THEN 'an index on ' || coalesce(x.tab, '?') ELSE 'not an index' END),
 		             ', ' ORDER BY x.relname) FILTER (WHERE x.not_ours),
 		  string_agg(x.relname, ', ' ORDER BY x.relname) FILTER (WHERE $3 AND NOT x.not_ours AND NOT x.ready)
@@ -530,20 +545,18 @@ func checkIndexNames(ctx context.Context, tx pgx.Tx, schema string, version int,
 		             coalesce(i.indisvalid AND i.indisready, false) AS ready
 		      FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		      LEFT JOIN pg_index i ON i.indexrelid = c.oid LEFT JOIN pg_class t ON t.oid = i.indrelid
-		      WHERE n.nspname = $1 AND c.relname = ANY($2)) AS x`, schema, names, valid).Scan(&foreign, &invalid); err != nil {
-		return err
-	}
-	switch {
-	case foreign != nil:
-		return fmt.Errorf("migration %d %s: %s in schema %q: gendurable needs that name for an index of its own "+
-			"(rename yours, e.g. ALTER INDEX … RENAME TO, then migrate again); nothing of version %d was applied",
-			version, way, *foreign, schema, version)
-	case invalid != nil:
-		return fmt.Errorf("migration %d %s: index %s in schema %q is not valid (a CREATE INDEX CONCURRENTLY that failed "+
-			"or was cancelled leaves it so, and one still building is too): DROP INDEX it (or let the build finish), "+
-			"then migrate again; nothing of version %d was applied", version, way, *invalid, schema, version)
-	}
-	return nil
+		      WHERE n.nspname = $1 AND c.relname = ANY($2)) AS x`
+
+func foreignIndexMsg(schema string, version int, way, foreign string) string {
+	return fmt.Sprintf("migration %d %s: %s in schema %q: gendurable needs that name for an index of its own "+
+		"(rename yours, e.g. ALTER INDEX … RENAME TO, then migrate again); nothing of version %d was applied",
+		version, way, foreign, schema, version)
+}
+
+func invalidIndexMsg(schema string, version int, way, invalid string) string {
+	return fmt.Sprintf("migration %d %s: index %s in schema %q is not valid (a CREATE INDEX CONCURRENTLY that failed "+
+		"or was cancelled leaves it so, and one still building is too): DROP INDEX it (or let the build finish), "+
+		"then migrate again; nothing of version %d was applied", version, way, invalid, schema, version)
 }
 
 // addColumnIfNotExists finds the columns a migration adds only if missing,
@@ -559,28 +572,40 @@ var addColumnIfNotExists = regexp.MustCompile(`(?i)ALTER\s+TABLE\s+(?:\S+?\.)?(\
 // 16: the upgrade said version 22 while every pick failed on the column's
 // type, and a later down to 16 dropped both columns with their data.
 func checkColumnNames(ctx context.Context, tx pgx.Tx, schema string, version int, sql string) error {
-	var tables, columns []string
-	for _, g := range addColumnIfNotExists.FindAllStringSubmatch(sqlComment.ReplaceAllString(sql, ""), -1) {
-		tables, columns = append(tables, g[1]), append(columns, g[2])
-	}
+	tables, columns := addedColumns(sql)
 	if len(columns) == 0 {
 		return nil
 	}
 	var taken *string
-	if err := tx.QueryRow(ctx, `SELECT string_agg(format('%s.%s', c.relname, a.attname), ', ' ORDER BY c.relname, a.attname)
-		FROM unnest($2::text[], $3::text[]) AS x(tab, col)
-		JOIN pg_namespace n ON n.nspname = $1
-		JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = x.tab
-		JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = x.col AND NOT a.attisdropped`,
-		schema, tables, columns).Scan(&taken); err != nil {
+	if err := tx.QueryRow(ctx, columnNamesSQL, schema, tables, columns).Scan(&taken); err != nil {
 		return err
 	}
 	if taken != nil {
-		return fmt.Errorf("migration %d up: column %s in schema %q exists already, and not from gendurable "+
-			"(version %d adds it): rename yours (ALTER TABLE … RENAME COLUMN), then migrate again; nothing of version %d was applied",
-			version, *taken, schema, version, version)
+		return errors.New(takenColumnMsg(schema, version, *taken))
 	}
 	return nil
+}
+
+// addedColumns are the columns sql adds "if not exists", with their tables.
+func addedColumns(sql string) (tables, columns []string) {
+	for _, g := range addColumnIfNotExists.FindAllStringSubmatch(sqlComment.ReplaceAllString(sql, ""), -1) {
+		tables, columns = append(tables, g[1]), append(columns, g[2])
+	}
+	return tables, columns
+}
+
+// columnNamesSQL reads, for checkColumnNames and the scripts' guards, the
+// columns among ($2, $3) (table, column) that tables of schema $1 have.
+const columnNamesSQL = `SELECT string_agg(format('%s.%s', c.relname, a.attname), ', ' ORDER BY c.relname, a.attname)
+		FROM unnest($2::text[], $3::text[]) AS x(tab, col)
+		JOIN pg_namespace n ON n.nspname = $1
+		JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = x.tab
+		JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = x.col AND NOT a.attisdropped`
+
+func takenColumnMsg(schema string, version int, taken string) string {
+	return fmt.Sprintf("migration %d up: column %s in schema %q exists already, and not from gendurable "+
+		"(version %d adds it): rename yours (ALTER TABLE … RENAME COLUMN), then migrate again; nothing of version %d was applied",
+		version, taken, schema, version, version)
 }
 
 // ErrDependents: a version going down would drop a table or a column that
@@ -607,7 +632,23 @@ var (
 // tables — a trigger, a policy or a rule on them, which have no schema of
 // their own but their table's — is inside, and goes with them.
 func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int, sql string) error {
-	var tables, columns []string
+	tables, columns := droppedColumns(sql)
+	if len(tables) == 0 {
+		return nil
+	}
+	var deps *string
+	if err := tx.QueryRow(ctx, dependentsSQL, schema, tables, columns).Scan(&deps); err != nil {
+		return err
+	}
+	if deps != nil {
+		return fmt.Errorf("migration %d down: %w: %s", version, ErrDependents, dependentsAdvice(version, *deps))
+	}
+	return nil
+}
+
+// droppedColumns are the tables sql drops (column "") and the columns it
+// drops, with their tables.
+func droppedColumns(sql string) (tables, columns []string) {
 	sql = sqlComment.ReplaceAllString(sql, "")
 	for _, g := range dropTable.FindAllStringSubmatch(sql, -1) {
 		tables, columns = append(tables, g[1]), append(columns, "")
@@ -621,11 +662,20 @@ func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int,
 			tables, columns = append(tables, t[1]), append(columns, g[1])
 		}
 	}
-	if len(tables) == 0 {
-		return nil
-	}
-	var deps *string
-	if err := tx.QueryRow(ctx, `WITH gone AS (
+	return tables, columns
+}
+
+// dependentsAdvice is what checkDependents says after the objects deps.
+func dependentsAdvice(version int, deps string) string {
+	return fmt.Sprintf("%s; the down would drop these with its tables or columns, or fail on them part way: "+
+		"remove them yourself (or move them off gendurable's tables), then migrate again; nothing of version %d was applied",
+		deps, version)
+}
+
+// dependentsSQL reads, for checkDependents and the scripts' guards, the
+// objects outside schema $1 that hang on the tables and columns ($2, $3;
+// column "" for a whole table) the downs drop.
+const dependentsSQL = `WITH gone AS (
 		  -- The tables and columns the downs drop, with the name to give each.
 		  SELECT n.oid AS ns, n.nspname, c.oid AS rel, u.col, a.attnum,
 		         c.relname || CASE WHEN u.col <> '' THEN '.' || u.col ELSE '' END AS label
@@ -674,17 +724,7 @@ func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int,
 		      CASE WHEN d.classid = 'pg_rewrite'::regclass THEN on_rel.rel ELSE d.objid END,
 		      0) AS o
 		  WHERE NOT EXISTS (SELECT 1 FROM pg_class AS r
-		                    WHERE r.oid = on_rel.rel AND r.relnamespace = g.ns AND r.relname LIKE 'gendurable\_%')) AS x`,
-		schema, tables, columns).Scan(&deps); err != nil {
-		return err
-	}
-	if deps != nil {
-		return fmt.Errorf("migration %d down: %w: %s; the down would drop these with its tables or columns, or fail on them part way: "+
-			"remove them yourself (or move them off gendurable's tables), then migrate again; nothing of version %d was applied",
-			version, ErrDependents, *deps, version)
-	}
-	return nil
-}
+		                    WHERE r.oid = on_rel.rel AND r.relnamespace = g.ns AND r.relname LIKE 'gendurable\_%')) AS x`
 
 // trialDown runs every down left to go (sql, newest first) in a savepoint
 // and rolls it back: what the server would refuse part way — a DROP TABLE
@@ -778,14 +818,39 @@ func MigrationScript(schema string, from, to int) (string, error) {
 		}
 		for _, m := range ms {
 			if m.Version > from && m.Version <= to {
-				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) up\n%s", m.Version, m.Name, m.Up(schema))
+				sql := m.Up(schema)
+				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) up\n", m.Version, m.Name)
+				b.WriteString(scriptGuardsBefore(schema, m.Version, "up", sql))
+				b.WriteString(sql)
+				if g := scriptGuardAfter(schema, m.Version, "up", sql); g != "" {
+					if !strings.HasSuffix(sql, "\n") {
+						b.WriteString("\n")
+					}
+					b.WriteString(g)
+				}
 				comment(m.Version)
 			}
 		}
 	case to < from:
+		first := true
 		for i := len(ms) - 1; i >= 0; i-- {
 			if m := ms[i]; m.Version <= from && m.Version > to {
-				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) down\n%s", m.Version, m.Name, m.Down(schema))
+				sql := m.Down(schema)
+				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) down\n", m.Version, m.Name)
+				if first {
+					// Before the first version, for every version to go:
+					// nothing applied (as migrate down checks it).
+					b.WriteString(scriptDownGuards(schema, m.Version, ms, to, from))
+					first = false
+				}
+				b.WriteString(scriptGuardsBefore(schema, m.Version, "down", sql))
+				b.WriteString(sql)
+				if g := scriptGuardAfter(schema, m.Version, "down", sql); g != "" {
+					if !strings.HasSuffix(sql, "\n") {
+						b.WriteString("\n")
+					}
+					b.WriteString(g)
+				}
 				if i > 0 {
 					comment(ms[i-1].Version)
 				}
@@ -793,4 +858,135 @@ func MigrationScript(schema string, from, to int) (string, error) {
 		}
 	}
 	return b.String(), nil
+}
+
+// The guards of a printed script (MigrationScript) are the checks migrate
+// up and down make around each version (checkIndexNames, checkColumnNames,
+// checkDependents, trialDown), as DO blocks that raise the same message:
+// a team that runs the script with its own tool, each version in a
+// transaction of its own as the script's head says, has a version refused
+// with nothing of it applied where migrate would refuse it. Before, the
+// script skipped the build of an index left invalid by a failed
+// CREATE INDEX CONCURRENTLY (every pick then scanned), took a column of
+// the user's over as gendurable's, and dropped what hung on a dropped
+// column without a word.
+
+// scriptGuardsBefore is the guard that runs before a version's sql: the
+// indexes it drops are gendurable's, and going up, the columns it adds
+// are not there yet.
+func scriptGuardsBefore(schema string, version int, way, sql string) string {
+	var b strings.Builder
+	if names := indexNames(dropIndex, sql); len(names) > 0 {
+		b.WriteString(scriptGuard(indexNamesSQL, []string{quoteLiteral(schema), textArray(names), "false"},
+			func(v string) string { return foreignIndexMsg(schema, version, way, v) }, nil))
+	}
+	if tables, columns := addedColumns(sql); way == "up" && len(columns) > 0 {
+		b.WriteString(scriptGuard(columnNamesSQL, []string{quoteLiteral(schema), textArray(tables), textArray(columns)},
+			func(v string) string { return takenColumnMsg(schema, version, v) }))
+	}
+	return b.String()
+}
+
+// scriptGuardAfter is the guard that runs after a version's sql: what a
+// build "if not exists" skipped is gendurable's own index, and going up,
+// a valid one.
+func scriptGuardAfter(schema string, version int, way, sql string) string {
+	names := indexNames(ifNotExistsIndex, sql)
+	if len(names) == 0 {
+		return ""
+	}
+	return scriptGuard(indexNamesSQL, []string{quoteLiteral(schema), textArray(names), strconv.FormatBool(way == "up")},
+		func(v string) string { return foreignIndexMsg(schema, version, way, v) },
+		func(v string) string { return invalidIndexMsg(schema, version, way, v) })
+}
+
+// scriptDownGuards is the guard of a down script's first version (the
+// newest): nothing outside the schema hangs on what the versions from
+// down to to drop (checkDependents), and their downs, tried in a
+// subtransaction rolled back, raise no dependent_objects_still_exist
+// (trialDown).
+func scriptDownGuards(schema string, version int, ms []Migration, to, from int) string {
+	var rest, trial strings.Builder
+	for i := len(ms) - 1; i >= 0; i-- { // newest first, as they run
+		if ms[i].Version > to && ms[i].Version <= from {
+			rest.WriteString(ms[i].Down(schema) + "\n")
+			trial.WriteString(ms[i].Down(schema) + ";\n")
+		}
+	}
+	var b strings.Builder
+	if tables, columns := droppedColumns(rest.String()); len(tables) > 0 {
+		b.WriteString(scriptGuard(dependentsSQL, []string{quoteLiteral(schema), textArray(tables), textArray(columns)},
+			func(v string) string {
+				return fmt.Sprintf("migration %d down: %s: %s", version, ErrDependents, dependentsAdvice(version, v))
+			}))
+	}
+	msg := raiseFormat(fmt.Sprintf("migration %d down: %s: %s; remove them yourself (or move them off gendurable's tables), "+
+		"then migrate again; nothing of version %d was applied", version, ErrDependents, guardValue, version))
+	fmt.Fprintf(&b, `DO $gendurable$
+DECLARE m text; d text;
+BEGIN
+  -- The downs, tried first and rolled back: what would stop them part way
+  -- (something that depends on a table or column they drop) stops them here.
+  BEGIN
+    EXECUTE $gendurable_trial$
+%s$gendurable_trial$;
+    RAISE EXCEPTION 'trial done' USING ERRCODE = 'GD000';
+  EXCEPTION
+    WHEN SQLSTATE 'GD000' THEN NULL;
+    WHEN dependent_objects_still_exist THEN
+      GET STACKED DIAGNOSTICS m = MESSAGE_TEXT, d = PG_EXCEPTION_DETAIL;
+      RAISE EXCEPTION USING MESSAGE = format(%s,
+        m || CASE WHEN d <> '' THEN ' (' || replace(d, E'\n', '; ') || ')' ELSE '' END);
+  END;
+END $gendurable$;
+`, trial.String(), msg)
+	return b.String()
+}
+
+// guardValue stands for the value a guard's message names until
+// raiseFormat makes it format's %s.
+const guardValue = "\x00"
+
+// raiseFormat is msg (holding guardValue once) as a literal for format():
+// its own % doubled, guardValue as %s.
+func raiseFormat(msg string) string {
+	return quoteLiteral(strings.ReplaceAll(strings.ReplaceAll(msg, "%", "%%"), guardValue, "%s"))
+}
+
+// scriptGuard is a DO block that runs query with args written in for $1,
+// $2, … (literals of validated names only) and raises msgs[i](value) for
+// the first of its text columns i that is not NULL.
+func scriptGuard(query string, args []string, msgs ...func(string) string) string {
+	pairs := make([]string, 0, 2*len(args))
+	for i := len(args) - 1; i >= 0; i-- { // $1 after $10, were there ten
+		pairs = append(pairs, "$"+strconv.Itoa(i+1), args[i])
+	}
+	var checks strings.Builder
+	for i, msg := range msgs {
+		if msg == nil {
+			continue
+		}
+		v := "v" + strconv.Itoa(i+1)
+		fmt.Fprintf(&checks, "  IF %s IS NOT NULL THEN\n    RAISE EXCEPTION USING MESSAGE = format(%s, %s);\n  END IF;\n",
+			v, raiseFormat(msg(guardValue)), v)
+	}
+	all := make([]string, len(msgs))
+	for i := range msgs {
+		all[i] = "v" + strconv.Itoa(i+1)
+	}
+	return fmt.Sprintf("-- A check migrate makes too: it refuses the version, nothing of it applied (see the message).\n"+
+		"DO $gendurable$\nDECLARE %s text;\nBEGIN\n  SELECT q.* INTO %s FROM (\n%s\n  ) AS q;\n%sEND $gendurable$;\n",
+		strings.Join(all, " text; "), strings.Join(all, ", "), strings.NewReplacer(pairs...).Replace(query), checks.String())
+}
+
+// quoteLiteral is s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// textArray is names as an SQL text[] literal.
+func textArray(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = quoteLiteral(n)
+	}
+	return "ARRAY[" + strings.Join(q, ", ") + "]::text[]"
 }
