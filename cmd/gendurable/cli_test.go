@@ -588,6 +588,27 @@ func TestUIAddrWithABadPortIsAUsageError(t *testing.T) {
 	}
 }
 
+// TestUIAddrInUseIsNoConnectionLost: a listen on --addr that fails (the
+// port taken by another process) is exit 1, code "error", naming the flag.
+// It was code connection_lost, with the advice that what the command
+// changed may or may not have been committed (a hostile-operator probe):
+// the listener's *net.OpError read as a connection to the database lost.
+func TestUIAddrInUseIsNoConnectionLost(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, nil)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	out, errOut, code := cli(t, "ui", "--schema", schema, "--addr", taken.Addr().String(), "--json")
+	require.Equal(t, 1, code, "%s%s", out, errOut)
+	var e struct{ Error struct{ Code, Message string } }
+	require.NoError(t, json.Unmarshal([]byte(errOut), &e), errOut)
+	require.Equal(t, "error", e.Error.Code, errOut)
+	require.Contains(t, e.Error.Message, "--addr: listen tcp "+taken.Addr().String())
+	require.Contains(t, e.Error.Message, "address already in use")
+	require.NotContains(t, e.Error.Message, "committed")
+}
+
 // TestCLIRejectsBadInput: NUL-free but invalid UTF-8 or control characters
 // in filters and queue names are a usage error (exit 2), not a database
 // error (exit 1 with SQLSTATE 22021). (A NUL cannot travel in argv.)

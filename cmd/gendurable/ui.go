@@ -147,7 +147,10 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
-		return err
+		// Not the database's: a *net.OpError read as a connection lost
+		// mid-command (code connection_lost, "what it changed may or may
+		// not have been committed") — a hostile-operator probe.
+		return listenError{err}
 	}
 	url := fmt.Sprintf("http://%s/", ln.Addr())
 	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
@@ -175,6 +178,14 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	return serveUntil(ctx, srv, dashboard.LimitListener(ln, *maxConns), note)
 }
+
+// listenError is a listen on --addr that failed (the port taken, an
+// address not this machine's): exit 1, code "error", its message naming
+// the flag. It does not unwrap: errorCode must not take it for a
+// connection to the database.
+type listenError struct{ err error }
+
+func (e listenError) Error() string { return fmt.Sprintf("--addr: %v (choose another address or port)", e.err) }
 
 // uiShutdownTimeout bounds how long an interrupted `gendurable ui` waits
 // for the requests under way: the dashboard bounds each by its
