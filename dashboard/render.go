@@ -142,7 +142,7 @@ func (d *dashboard) render(w http.ResponseWriter, r *http.Request, code int, pag
 		// state, payload, error message or cancel reason holding U+202E
 		// would show the text after it reversed. The templates hold none,
 		// so only data is changed, and only where it carries one.
-		_, _ = w.Write(display.Bidi(buf.Bytes()))
+		_, _ = w.Write(display.Page(buf.Bytes()))
 	}
 }
 

@@ -40,3 +40,29 @@ func TestBidiControlsInStoredTextAreShownAsEscapes(t *testing.T) {
 		require.Contains(t, r.body, `acct-1\u202e7-tnuocca \u2067x\u2069`, p)
 	}
 }
+
+// TestControlCharactersInStoredTextAreShownAsEscapes: a cancel reason (or
+// a state, a payload, an error) may hold C0 and C1 controls — the API and
+// the CLI keep them, shown escaped — and a browser shows them as nothing:
+// "paid\x01\x1b\u009bnot" read "paidnot" on the instance page, while the
+// CLI printed it escaped (a hostile-operator probe). Pages now write them
+// as the CLI does; tab and newline, which a stack trace's lines and the
+// page's markup hold, stay.
+func TestControlCharactersInStoredTextAreShownAsEscapes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	id := e.insertOrder(Order{Item: "ink\x1b[31mred\x7f", Secret: "s"})
+	require.NoError(t, e.eng.Cancel(context.Background(), id, "paid\x01\x1b\u009bnot"))
+	for _, p := range []string{fmt.Sprintf("/instances/%d", id), "/instances?status=failed"} {
+		r := get(t, h, p)
+		require.Equal(t, 200, r.code, r.body)
+		require.Contains(t, r.body, `paid\x01\x1b\u009bnot`, p)
+		for _, c := range r.body {
+			require.False(t, c < 0x20 && c != '\t' && c != '\n' && c != '\r' || c == 0x7f || c >= 0x80 && c < 0xa0,
+				"%s: control character %U on the page", p, c)
+		}
+	}
+	// The state is JSON: its own escape for ESC, the page's for DEL.
+	require.Contains(t, get(t, h, fmt.Sprintf("/instances/%d", id)).body, `ink\u001b[31mred\x7f`)
+}

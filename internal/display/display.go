@@ -11,14 +11,18 @@
 // below applies the part of it that the output it feeds does not already
 // cover:
 //
-//   - C0 controls (U+0000–U+001F, tab and newline included) and DEL as \xHH,
-//     and each byte of invalid UTF-8 as \xHH: [Terminal] only; JSON encoders
-//     and slog's handlers escape these themselves, and a browser acts on none.
+//   - C0 controls (U+0000–U+001F) and DEL as \xHH: [Terminal], tab, newline
+//     and carriage return included, and [Page], those three left out (a
+//     page's own markup and a stack trace's lines hold them; a browser
+//     shows the others as nothing, and a cancel reason "paid\x01not" read
+//     "paidnot" — a probe). JSON encoders and slog's handlers escape these
+//     themselves.
+//   - Each byte of invalid UTF-8 as \xHH: [Terminal] only.
 //   - DEL (in JSON text and log values) and C1 controls (U+0080–U+009F, an
-//     8-bit CSI among them) as \u00HH: [Terminal] and [Inert]; encoding/json
-//     and slog's JSON handler write them as they are.
+//     8-bit CSI among them) as \u00HH: [Terminal], [Page] and [Inert];
+//     encoding/json and slog's JSON handler write them as they are.
 //   - Bidirectional controls (the Unicode property Bidi_Control: U+202E
-//     RIGHT-TO-LEFT OVERRIDE and its kin) as \uHHHH: all of them, [Bidi]
+//     RIGHT-TO-LEFT OVERRIDE and its kin) as \uHHHH: all of them, [Page]
 //     included; html/template escapes markup, not these, and
 //     "acct-1<U+202E>7-tnuocca" reads "acct-1account-7".
 //   - Invisible characters with no use inside a word (internal/invisible's
@@ -68,17 +72,21 @@ func Inert(s string) string { return escapeString(s, inert) }
 // occur only inside strings, so the JSON value is unchanged.
 func InertJSON(text []byte) []byte { return escapeBytes(text, inert) }
 
-// Bidi returns an HTML page with its bidirectional controls as the text
-// \uHHHH and nothing else changed: a browser acts on no other control
-// character, and html/template escapes the markup.
-func Bidi(page []byte) []byte { return escapeBytes(page, bidiOnly) }
+// Page returns an HTML page with its bidirectional controls as the text
+// \uHHHH, and its C0 controls but tab, newline and carriage return, DEL
+// and C1 controls as \xHH or \u00HH, as the command's text output shows
+// them; nothing else changed. html/template escapes the markup, not these:
+// a browser reorders text around the first and shows the others as
+// nothing. The templates hold none, so only data is changed.
+func Page(page []byte) []byte { return escapeBytes(page, pageSet) }
 
 // class is what the rule makes of one character.
 type class uint8
 
 const (
 	plain         class = iota // left as it is
-	c0                         // U+0000–U+001F
+	c0                         // U+0000–U+001F but the three below
+	c0space                    // tab, newline, carriage return
 	del                        // U+007F
 	c1                         // U+0080–U+009F
 	bidi                       // Bidi_Control
@@ -93,6 +101,8 @@ func classify(r rune, size int) class {
 	switch {
 	case r == utf8.RuneError && size == 1:
 		return invalid
+	case r == '\t' || r == '\n' || r == '\r':
+		return c0space
 	case r < 0x20:
 		return c0
 	case r == 0x7f:
@@ -110,12 +120,12 @@ func classify(r rune, size int) class {
 }
 
 // set is the classes one output escapes.
-type set uint8
+type set uint16
 
 const (
-	terminal set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid | 1<<lineSep | 1<<invisibleChar
+	terminal set = 1<<c0 | 1<<c0space | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid | 1<<lineSep | 1<<invisibleChar
 	inert    set = 1<<del | 1<<c1 | 1<<bidi
-	bidiOnly set = 1 << bidi
+	pageSet  set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi
 )
 
 func (s set) has(c class) bool { return s&(1<<c) != 0 }
@@ -220,7 +230,7 @@ func firstEscaped[T string | []byte](s T, set set, decode func(T) (rune, int)) i
 	prev := rune(-1)
 	for i := 0; i < len(s); {
 		if c := s[i]; c < utf8.RuneSelf {
-			if (c < 0x20 && set.has(c0)) || (c == 0x7f && set.has(del)) {
+			if (c < 0x20 && set.has(classify(rune(c), 1))) || (c == 0x7f && set.has(del)) {
 				return i
 			}
 			prev = rune(c)

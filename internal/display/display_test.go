@@ -9,78 +9,78 @@ import (
 
 // TestEscapingRule is the rule, whole: for each input, what the terminal
 // (Terminal), slog values and JSON text (Inert, InertJSON) and HTML pages
-// (Bidi) get. Text with nothing to escape is returned as it was.
+// (Page) get. Text with nothing to escape is returned as it was.
 func TestEscapingRule(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name, in              string
-		terminal, inert, bidi string
+		terminal, inert, page string
 	}{
 		{name: "plain", in: "plain name",
-			terminal: "plain name", inert: "plain name", bidi: "plain name"},
+			terminal: "plain name", inert: "plain name", page: "plain name"},
 		{name: "letters beyond ASCII", in: "ünïcødé ✓ 日本 \U0001F600",
-			terminal: "ünïcødé ✓ 日本 \U0001F600", inert: "ünïcødé ✓ 日本 \U0001F600", bidi: "ünïcødé ✓ 日本 \U0001F600"},
+			terminal: "ünïcødé ✓ 日本 \U0001F600", inert: "ünïcødé ✓ 日本 \U0001F600", page: "ünïcødé ✓ 日本 \U0001F600"},
 		{name: "backslashes stay", in: `back\slash \u202e`,
-			terminal: `back\slash \u202e`, inert: `back\slash \u202e`, bidi: `back\slash \u202e`},
+			terminal: `back\slash \u202e`, inert: `back\slash \u202e`, page: `back\slash \u202e`},
 		{name: "right-to-left text stays", in: "שלום مرحبا",
-			terminal: "שלום مرحبا", inert: "שלום مرحبا", bidi: "שלום مرحبا"},
+			terminal: "שלום مرحبا", inert: "שלום مرحبا", page: "שלום مرحبا"},
 		{name: "no-break space and U+FFFD stay", in: "nbsp\u00a0ok \ufffd",
-			terminal: "nbsp\u00a0ok \ufffd", inert: "nbsp\u00a0ok \ufffd", bidi: "nbsp\u00a0ok \ufffd"},
+			terminal: "nbsp\u00a0ok \ufffd", inert: "nbsp\u00a0ok \ufffd", page: "nbsp\u00a0ok \ufffd"},
 		{name: "terminal escapes", in: "\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07",
-			terminal: `\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07`, inert: "\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07", bidi: "\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07"},
+			terminal: `\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07`, inert: "\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07", page: `\x1b[2J\x1b[31mFAKE\x1b]0;pwned\x07`},
 		{name: "white space controls", in: "tab\tnew\nline\r",
-			terminal: `tab\x09new\x0aline\x0d`, inert: "tab\tnew\nline\r", bidi: "tab\tnew\nline\r"},
+			terminal: `tab\x09new\x0aline\x0d`, inert: "tab\tnew\nline\r", page: "tab\tnew\nline\r"},
 		{name: "NUL and DEL", in: "nul\x00del\x7f",
-			terminal: `nul\x00del\x7f`, inert: "nul\x00del\\u007f", bidi: "nul\x00del\x7f"},
+			terminal: `nul\x00del\x7f`, inert: "nul\x00del\\u007f", page: `nul\x00del\x7f`},
 		{name: "C1 controls", in: "c1 \u009b31m \u0085 \u0080\u009f",
-			terminal: `c1 \u009b31m \u0085 \u0080\u009f`, inert: `c1 \u009b31m \u0085 \u0080\u009f`, bidi: "c1 \u009b31m \u0085 \u0080\u009f"},
+			terminal: `c1 \u009b31m \u0085 \u0080\u009f`, inert: `c1 \u009b31m \u0085 \u0080\u009f`, page: `c1 \u009b31m \u0085 \u0080\u009f`},
 		{name: "bidirectional controls", in: "acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a",
 			terminal: `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a`,
 			inert:    `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a`,
-			bidi:     `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a`},
+			page:     `acct-1\u202e7-tnuocca \u2066x\u2069 \u200f\u200e\u061c\u202a`},
 		{name: "line and paragraph separators", in: "q\u2028FAKE\u2029x",
-			terminal: `q\u2028FAKE\u2029x`, inert: "q\u2028FAKE\u2029x", bidi: "q\u2028FAKE\u2029x"},
+			terminal: `q\u2028FAKE\u2029x`, inert: "q\u2028FAKE\u2029x", page: "q\u2028FAKE\u2029x"},
 		{name: "invisible characters", in: "k\u200b0 \ufeffbom soft\u00adhyphen \u2060wj",
 			terminal: `k\u200b0 \ufeffbom soft\u00adhyphen \u2060wj`,
 			inert:    "k\u200b0 \ufeffbom soft\u00adhyphen \u2060wj",
-			bidi:     "k\u200b0 \ufeffbom soft\u00adhyphen \u2060wj"},
+			page:     "k\u200b0 \ufeffbom soft\u00adhyphen \u2060wj"},
 		{name: "fillers, blanks and other format characters", in: "pay\u206f default\u3164 q\U0001d173 x\u2800 k\ufe00",
 			terminal: `pay\u206f default\u3164 q\U0001d173 x\u2800 k\ufe00`,
 			inert:    "pay\u206f default\u3164 q\U0001d173 x\u2800 k\ufe00",
-			bidi:     "pay\u206f default\u3164 q\U0001d173 x\u2800 k\ufe00"},
+			page:     "pay\u206f default\u3164 q\U0001d173 x\u2800 k\ufe00"},
 		{name: "a variation selector that picks a form stays, as a name may hold it", in: "\u1824\u180b\u1820 \u845b\U000E0100\u57ce \x1b\u845b\U000E0100",
 			terminal: "\u1824\u180b\u1820 \u845b\U000E0100\u57ce \\x1b\u845b\U000E0100",
 			inert:    "\u1824\u180b\u1820 \u845b\U000E0100\u57ce \x1b\u845b\U000E0100",
-			bidi:     "\u1824\u180b\u1820 \u845b\U000E0100\u57ce \x1b\u845b\U000E0100"},
+			page:     "\u1824\u180b\u1820 \u845b\U000E0100\u57ce \\x1b\u845b\U000E0100"},
 		{name: "a variation selector with no form to pick is escaped", in: "\ufe00x x\U000E0100 \u200b\ufe01 \xe8\ufe02 1\ufe03",
 			terminal: `\ufe00x x\U000e0100 \u200b\ufe01 \xe8\ufe02 1\ufe03`,
 			inert:    "\ufe00x x\U000E0100 \u200b\ufe01 \xe8\ufe02 1\ufe03",
-			bidi:     "\ufe00x x\U000E0100 \u200b\ufe01 \xe8\ufe02 1\ufe03"},
+			page:     "\ufe00x x\U000E0100 \u200b\ufe01 \xe8\ufe02 1\ufe03"},
 		{name: "emoji presentation selectors stay", in: "\u2764\ufe0f \u2764\ufe0e",
-			terminal: "\u2764\ufe0f \u2764\ufe0e", inert: "\u2764\ufe0f \u2764\ufe0e", bidi: "\u2764\ufe0f \u2764\ufe0e"},
+			terminal: "\u2764\ufe0f \u2764\ufe0e", inert: "\u2764\ufe0f \u2764\ufe0e", page: "\u2764\ufe0f \u2764\ufe0e"},
 		{name: "a subdivision flag's tags stay", in: "\U0001F3F4\U000E0067\U000E0062\U000E0073\U000E0063\U000E0074\U000E007F",
 			terminal: "\U0001F3F4\U000E0067\U000E0062\U000E0073\U000E0063\U000E0074\U000E007F",
 			inert:    "\U0001F3F4\U000E0067\U000E0062\U000E0073\U000E0063\U000E0074\U000E007F",
-			bidi:     "\U0001F3F4\U000E0067\U000E0062\U000E0073\U000E0063\U000E0074\U000E007F"},
+			page:     "\U0001F3F4\U000E0067\U000E0062\U000E0073\U000E0063\U000E0074\U000E007F"},
 		{name: "joiners stay", in: "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \U0001F468\u200d\U0001F469",
 			terminal: "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \U0001F468\u200d\U0001F469",
 			inert:    "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \U0001F468\u200d\U0001F469",
-			bidi:     "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \U0001F468\u200d\U0001F469"},
+			page:     "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \U0001F468\u200d\U0001F469"},
 		{name: "invalid UTF-8", in: "bad \xff\xfe utf8 \xc2",
-			terminal: `bad \xff\xfe utf8 \xc2`, inert: "bad \xff\xfe utf8 \xc2", bidi: "bad \xff\xfe utf8 \xc2"},
+			terminal: `bad \xff\xfe utf8 \xc2`, inert: "bad \xff\xfe utf8 \xc2", page: "bad \xff\xfe utf8 \xc2"},
 		{name: "a bidi control after invalid UTF-8", in: "\xe2\x80\u202e",
-			terminal: `\xe2\x80\u202e`, inert: "\xe2\x80\\u202e", bidi: "\xe2\x80\\u202e"},
+			terminal: `\xe2\x80\u202e`, inert: "\xe2\x80\\u202e", page: "\xe2\x80\\u202e"},
 		{name: "everything at once", in: "\x1b\u009b\u202e\x7f\xff",
-			terminal: `\x1b\u009b\u202e\x7f\xff`, inert: "\x1b\\u009b\\u202e\\u007f\xff", bidi: "\x1b\u009b\\u202e\x7f\xff"},
+			terminal: `\x1b\u009b\u202e\x7f\xff`, inert: "\x1b\\u009b\\u202e\\u007f\xff", page: `\x1b\u009b\u202e\x7f` + "\xff"},
 	} {
 		require.Equal(t, tc.terminal, Terminal(tc.in), "Terminal: %s: %q", tc.name, tc.in)
 		require.Equal(t, tc.inert, Inert(tc.in), "Inert: %s: %q", tc.name, tc.in)
 		require.Equal(t, tc.inert, string(InertJSON([]byte(tc.in))), "InertJSON: %s: %q", tc.name, tc.in)
-		require.Equal(t, tc.bidi, string(Bidi([]byte(tc.in))), "Bidi: %s: %q", tc.name, tc.in)
+		require.Equal(t, tc.page, string(Page([]byte(tc.in))), "Page: %s: %q", tc.name, tc.in)
 	}
 	// Nothing to escape: the same bytes back, not a copy.
-	page := []byte("<p>nothing to escape \x1b</p>")
-	require.Same(t, &page[0], &Bidi(page)[0])
+	page := []byte("<p>nothing to escape\n\t</p>")
+	require.Same(t, &page[0], &Page(page)[0])
 	require.Same(t, &page[0], &InertJSON(page)[0])
 }
 
