@@ -601,7 +601,9 @@ func TestUIAddrInUseIsNoConnectionLost(t *testing.T) {
 	defer taken.Close()
 	out, errOut, code := cli(t, "ui", "--schema", schema, "--addr", taken.Addr().String(), "--json")
 	require.Equal(t, 1, code, "%s%s", out, errOut)
-	var e struct{ Error struct{ Code, Message string } }
+	var e struct {
+		Error struct{ Code, Message string }
+	}
 	require.NoError(t, json.Unmarshal([]byte(errOut), &e), errOut)
 	require.Equal(t, "error", e.Error.Code, errOut)
 	require.Contains(t, e.Error.Message, "--addr: listen tcp "+taken.Addr().String())

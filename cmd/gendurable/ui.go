@@ -185,7 +185,9 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // connection to the database.
 type listenError struct{ err error }
 
-func (e listenError) Error() string { return fmt.Sprintf("--addr: %v (choose another address or port)", e.err) }
+func (e listenError) Error() string {
+	return fmt.Sprintf("--addr: %v (choose another address or port)", e.err)
+}
 
 // uiShutdownTimeout bounds how long an interrupted `gendurable ui` waits
 // for the requests under way: the dashboard bounds each by its
