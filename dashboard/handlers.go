@@ -612,7 +612,7 @@ func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {
 		payload = "null"
 	}
 	if !json.Valid([]byte(payload)) {
-		d.fail(w, r, inputError("The payload is not valid JSON."))
+		d.fail(w, r, inputError("The payload is not valid JSON, or nests deeper than 10,000 levels."))
 		return
 	}
 	var opts *gendurable.SignalOpts

@@ -910,7 +910,7 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	check := func() error {
 		if payload != "" {
 			if !json.Valid([]byte(payload)) {
-				return usageError{msg: "--payload is not valid JSON"}
+				return usageError{msg: "--payload is not valid JSON, or nests deeper than 10,000 levels"}
 			}
 			p = json.RawMessage(payload)
 		}
