@@ -239,6 +239,36 @@ func TestDemoOnAThrowawayPostgres(t *testing.T) {
 	require.Regexp(t, `done in .*: \d+ checkouts paid and shipped .*, \d+ timed out waiting for payment`, string(out))
 }
 
+// TestDemoWithoutServerBinariesIsNoConnectionLost: a demo that cannot
+// start its throwaway server — its binaries not where PGTEMP_BINDIR says —
+// says so, exit 1. It was read as a connection lost, with "the connection was lost mid-command: what it
+// changed may or may not have been committed; check with show or list"
+// (a newcomer's probe): the file error's syscall.Errno is a net.Error.
+func TestDemoWithoutServerBinariesIsNoConnectionLost(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ env, want string }{
+		{"PGTEMP_BINDIR=/nonexistent", "stat /nonexistent/initdb: no such file or directory"},
+	} {
+		cmd := exec.Command(binary, "demo", "--orders", "3")
+		var env []string
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "TMPDIR=") {
+				env = append(env, kv)
+			}
+		}
+		cmd.Env = append(env, c.env)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%s: %s%s", c.env, out.String(), errOut.String())
+		require.Equal(t, 1, ee.ExitCode(), "%s: %s", c.env, errOut.String())
+		require.Contains(t, errOut.String(), c.want, c.env)
+		require.NotContains(t, errOut.String(), "connection was lost", c.env)
+		require.NotContains(t, errOut.String(), "committed", c.env)
+	}
+}
+
 // TestDemoInterruptedSaysSo: Ctrl-C (SIGINT) or SIGTERM in the middle of
 // the demo ends it with one line naming the signal, exit 1. Before, it said
 // "gendurable: context canceled" (or "queue counts: context canceled").

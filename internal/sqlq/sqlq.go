@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"regexp"
 	"slices"
@@ -292,7 +293,11 @@ func ConnectionRefusal(err error) bool {
 // not be made (SQLSTATE class 08, a network error, EOF), the server is
 // shutting down or starting up (57P01, 57P02, 57P03), or it has no
 // connection to give (53300). A context's deadline or cancellation is not
-// one: it is the caller's.
+// one: it is the caller's. Nor is a file's error (*fs.PathError: a stat or
+// a mkdir of the demo's throwaway server), though the syscall.Errno it
+// wraps is a net.Error: the demo's missing server binaries read as a
+// connection lost mid-command, with advice about what it may have
+// committed (a newcomer's probe).
 func ConnectionFailure(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
@@ -302,7 +307,11 @@ func ConnectionFailure(err error) bool {
 		return ConnectionRefusal(err) || pgErr.Code == "53300"
 	}
 	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true
+	}
+	var pathErr *fs.PathError
 	var netErr net.Error
-	return errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+	return errors.As(err, &netErr) && !errors.As(err, &pathErr) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }

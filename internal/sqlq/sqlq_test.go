@@ -3,6 +3,9 @@ package sqlq
 import (
 	"errors"
 	"fmt"
+	"net"
+	"os"
+	"syscall"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,4 +38,18 @@ func TestCatalogRaceIsOnlyACacheLookupThatFailed(t *testing.T) {
 	require.False(t, CatalogRace(&pgconn.PgError{Code: "42P01", Message: "cache lookup failed"}))
 	require.False(t, CatalogRace(errors.New("cache lookup failed for relation 1")))
 	require.False(t, CatalogRace(nil))
+}
+
+// TestAFileErrorIsNoConnectionFailure: the syscall.Errno of a file's error
+// is a net.Error; a stat of the demo's server binaries that failed was
+// read as a connection lost mid-command (a newcomer's probe). A network
+// error (one a connect or a read on a connection gave) still is one.
+func TestAFileErrorIsNoConnectionFailure(t *testing.T) {
+	_, statErr := os.Stat("/nonexistent/initdb")
+	require.False(t, ConnectionFailure(fmt.Errorf("pgtemp: %w", statErr)))
+	require.False(t, ConnectionFailure(fmt.Errorf("pgtemp: %w", os.Mkdir("/nonexistent/x", 0o700))))
+	_, dialErr := net.Dial("tcp", "127.0.0.1:1")
+	require.Error(t, dialErr)
+	require.True(t, ConnectionFailure(fmt.Errorf("read: %w", dialErr)))
+	require.True(t, ConnectionFailure(fmt.Errorf("read: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET})))
 }
