@@ -21,7 +21,7 @@ test-only:
 	cd otel && $(GO) vet ./... && $(GO) test -race -count=1 ./...
 	cd e2e && $(GO) vet ./... && $(GO) test -count=1 ./...
 
-## chaos: the reliability scenarios of RELIABILITY.md against DATABASE_URL (default: the local
+## chaos: the reliability scenarios of RELIABILITY.md against GENDURABLE_TEST_DATABASE_URL, else DATABASE_URL (default: the local
 ## server; database restarts use private servers), one summary line each; non-zero exit if any
 ## pass criterion fails. CI size by default (a few minutes; all of `bash .ci/run` took 8.5 min on
 ## 2026-11-25); CHAOS_FULL=1 for full size (longer).

@@ -42,11 +42,17 @@ func fakeCommand(name string) []string {
 	return []string{"env", "LH_FAKE_ADAPTER=1", "FAKE_SYSTEM=" + name, os.Args[0], "-test.run=^$"}
 }
 
-// maintURL is the test's maintenance connection: DATABASE_URL's server,
-// database postgres.
+// maintURL is the test's maintenance connection: the server of
+// GENDURABLE_TEST_DATABASE_URL, else DATABASE_URL's (as every test's, the
+// README's Tests section), database postgres. It read DATABASE_URL only,
+// and made and dropped its lhtest_* databases on the default server when
+// only the documented variable was set (a newcomer's probe).
 func maintURL(t *testing.T) string {
 	t.Helper()
-	base := os.Getenv("DATABASE_URL")
+	base := os.Getenv("GENDURABLE_TEST_DATABASE_URL")
+	if base == "" {
+		base = os.Getenv("DATABASE_URL")
+	}
 	if base == "" {
 		base = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
 	}
