@@ -146,7 +146,7 @@ func main() {
 	case "insert":
 		err = withPool(ctx, func(pool *pgxpool.Pool) error { return insert(ctx, pool, *n) })
 	case "status":
-		err = withPool(ctx, func(pool *pgxpool.Pool) error { _, err := printStatus(ctx, pool); return err })
+		err = withPool(ctx, func(pool *pgxpool.Pool) error { _, _, err := printStatus(ctx, pool); return err })
 	default:
 		err = fmt.Errorf("unknown command %q (demo, work, insert, status; --help shows the usage)", cmd)
 	}
@@ -243,9 +243,9 @@ func insert(ctx context.Context, pool *pgxpool.Pool, n int) error {
 
 // printStatus prints the instance counts by status and returns how many are
 // not finished.
-func printStatus(ctx context.Context, pool *pgxpool.Pool) (int, error) {
-	var runnable, executing, done, failed, retried int
-	err := pool.QueryRow(ctx, `
+func printStatus(ctx context.Context, pool *pgxpool.Pool) (left, done int, err error) {
+	var runnable, executing, failed, retried int
+	err = pool.QueryRow(ctx, `
 		SELECT count(*) FILTER (WHERE status = 'runnable'),
 		       count(*) FILTER (WHERE status = 'executing'),
 		       count(*) FILTER (WHERE status = 'done'),
@@ -253,11 +253,11 @@ func printStatus(ctx context.Context, pool *pgxpool.Pool) (int, error) {
 		       count(*) FILTER (WHERE errors @> '[{"kind":"lease_expired"}]')
 		FROM quickstart.gendurable_instances`).Scan(&runnable, &executing, &done, &failed, &retried)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	fmt.Printf("runnable %5d  executing %4d  done %5d  failed %d  recovered from the crash %d\n",
 		runnable, executing, done, failed, retried)
-	return runnable + executing, nil
+	return runnable + executing, done, nil
 }
 
 func demo(ctx context.Context, n int) error {
@@ -320,7 +320,7 @@ func demo(ctx context.Context, n int) error {
 		}
 	}()
 
-	killed := false
+	killed, done := false, 0
 	start := time.Now()
 	tick := time.NewTicker(500 * time.Millisecond)
 	defer tick.Stop()
@@ -330,7 +330,10 @@ func demo(ctx context.Context, n int) error {
 			return ctx.Err()
 		case <-tick.C:
 		}
-		if !killed && time.Since(start) > time.Second {
+		// In the middle of its steps: once some have finished (a worker
+		// process starting slowly on a loaded machine had run none at one
+		// second: the kill then interrupted nothing — a newcomer's probe).
+		if !killed && time.Since(start) > time.Second && (done > 0 || time.Since(start) > 10*time.Second) {
 			victim := workers[0]
 			fmt.Printf("kill -9 worker 1 (pid %d) in the middle of its steps\n", victim.Process.Pid)
 			_ = victim.Process.Signal(syscall.SIGKILL)
@@ -338,10 +341,11 @@ func demo(ctx context.Context, n int) error {
 			workers = workers[1:]
 			killed = true
 		}
-		left, err := printStatus(ctx, pool)
+		left, d, err := printStatus(ctx, pool)
 		if err != nil {
 			return err
 		}
+		done = d
 		if left == 0 && killed {
 			fmt.Printf("every instance finished in %s despite the kill: committed steps were kept, the interrupted ones ran again\n",
 				time.Since(start).Round(100*time.Millisecond))
