@@ -290,7 +290,7 @@ func (e *Engine) insert(ctx context.Context, db sqlq.DB, ps []InsertParams) ([]I
 		// In the caller's transaction the failed lookup has doomed it: the
 		// error is returned (InsertTx, InsertManyTx).
 		e.log.Warn("gendurable: inserted; the ids of the instances holding duplicate unique keys could not be read (their results have ID 0)",
-			"err", lerr.Err)
+			sqlq.ErrAttrs(lerr.Err)...)
 		err = nil
 	}
 	if err != nil {

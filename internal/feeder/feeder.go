@@ -1130,7 +1130,7 @@ func (s *Feeder) checkFloor(stopCtx context.Context, floor time.Time) {
 	took := time.Since(start)
 	if err != nil {
 		if stopCtx.Err() == nil {
-			s.log.Warn("gendurable: pick floor check failed", "queue", s.cfg.Queue, "err", err)
+			s.log.Warn("gendurable: pick floor check failed", append([]any{"queue", s.cfg.Queue}, sqlq.ErrAttrs(err)...)...)
 		}
 		at = &time.Time{} // unknown: the next pick looks at every row
 	}

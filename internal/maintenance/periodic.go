@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/backoff"
+	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
 // Schedule is one periodic schedule as the [Periodic] service sees it.
@@ -265,8 +266,8 @@ func (p *Periodic) insertSlot(ctx context.Context, i int, d *dueSlot) bool {
 		positiveOr(p.MaxRetryDelay, DefaultPeriodicMaxRetryDelay), d.tries)
 	d.retryAt = p.clock().Add(wait)
 	if ctx.Err() == nil {
-		logger(p.Log).Warn("gendurable: periodic slot insert failed; it is tried again", "periodic", name, "slot", d.at,
-			"attempt", d.tries, "retry_in", wait, "err", err)
+		logger(p.Log).Warn("gendurable: periodic slot insert failed; it is tried again", append([]any{"periodic", name, "slot", d.at,
+			"attempt", d.tries, "retry_in", wait}, sqlq.ErrAttrs(err)...)...)
 	}
 	return false
 }
