@@ -1137,7 +1137,11 @@ func errorCode(err error) string {
 		return "not_migrated"
 	case is(errAborted):
 		return "aborted"
-	case errors.As(err, new(*pgconn.ConnectError)):
+	case errors.As(err, new(*pgconn.ConnectError)), sqlq.PoolerNeverSent(err):
+		// A pooler that refused before any statement reached the database
+		// (statement pooling's refused BEGIN, query_wait_timeout) could not
+		// connect the command: it was connection_lost, "may or may not
+		// have been committed" (a PgBouncer probe).
 		return "cannot_connect"
 	case sqlq.ConnectionFailure(err):
 		return "connection_lost"

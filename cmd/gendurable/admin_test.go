@@ -14,6 +14,7 @@ import (
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/gendurable/gendurable/internal/pgbouncer"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -629,6 +630,24 @@ func TestAConnectionLostMidCommandIsItsOwnCode(t *testing.T) {
 	require.Contains(t, msg, "may or may not have been committed")
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, 1, countRows(t, pool, schema, "id = 1 AND status = 'runnable'"), "the terminated statement changed nothing")
+}
+
+// TestAPoolerThatRefusedBeforeSendingIsCannotConnect: behind PgBouncer in
+// statement pooling a retry's BEGIN is refused, and nothing reached the
+// database: code cannot_connect with the pooler's advice, not
+// connection_lost with "may or may not have been committed" (a PgBouncer
+// probe).
+func TestAPoolerThatRefusedBeforeSendingIsCannotConnect(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	seed(t, pool, schema, 1, "queue, status, finished_at", "'q', 'failed', now()")
+	b := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolMode: "statement"})
+	_, errOut, _ := cli(t, "retry", "1", "--schema", schema, "--json",
+		"--database-url", b.URL+"&default_query_exec_mode=cache_describe")
+	msg := jsonError(t, []string{"retry"}, errOut, "cannot_connect", exitError)
+	require.Contains(t, msg, "statement pooling")
+	require.NotContains(t, msg, "committed")
+	require.Equal(t, 1, countRows(t, pool, schema, "id = 1 AND status = 'failed'"))
 }
 
 // TestShowSaysItsListsWereCut: show prints the first 500 children and the

@@ -239,6 +239,17 @@ func StatementPooling(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "statement pooling")
 }
 
+// PoolerNeverSent reports a pooler's refusal after which no statement
+// reached the database: PgBouncer in statement pooling refuses a
+// transaction's BEGIN (StatementPooling), and its query_wait_timeout ends
+// a client whose statement waited for a server session that never came.
+// Both are SQLSTATE 08P01, a ConnectionFailure; unlike one lost mid-command
+// they committed nothing.
+func PoolerNeverSent(err error) bool {
+	var pgErr *pgconn.PgError
+	return StatementPooling(err) || errors.As(err, &pgErr) && pgErr.Code == "08P01" && pgErr.Message == "query_wait_timeout"
+}
+
 // StatementPoolingHint is the advice for StatementPooling.
 const StatementPoolingHint = "PgBouncer in statement pooling runs no transaction blocks, which outcomes need: " +
 	"use pool_mode = transaction (README, \"Behind PgBouncer\")"
