@@ -733,6 +733,11 @@ func formShape(r *http.Request, action string) (int, string) {
 			if len(k) > 40 {
 				k = k[:40]
 			}
+			if k == "queue" && (action == "pause" || action == "resume") {
+				// The queue is in the path: "send it in the body" was no
+				// way out (a hostile probe followed it to another 400).
+				return http.StatusBadRequest, "The queue is named in the path already: leave it out of the URL's query."
+			}
 			return http.StatusBadRequest, fmt.Sprintf("The field %q is in the URL's query: send it in the form's body.", k)
 		}
 	}
