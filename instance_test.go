@@ -433,6 +433,27 @@ func leafCancelledOnce(name string) (*gendurable.Job[leafArgs], chan int64) {
 	}}, started
 }
 
+// leafFailsOnceThenWaits is a leaf job whose first run fails for good
+// (MaxAttempts 1) and whose later runs send their id on rerun and wait for
+// release (or their context).
+func leafFailsOnceThenWaits(name string) (*gendurable.Job[leafArgs], chan int64, chan struct{}) {
+	var runs atomic.Int32
+	rerun, release := make(chan int64, 1), make(chan struct{})
+	return &gendurable.Job[leafArgs]{Name: name, MaxAttempts: 1,
+		Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
+			if runs.Add(1) == 1 {
+				return gendurable.JobCancel(errors.New("the child fails once"))
+			}
+			rerun <- j.ID
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}}, rerun, release
+}
+
 // TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt: the cancel of a
 // parent's last live child wakes the parent (runnable at its join step); a
 // retry of that child before the join step has run must make the parent
@@ -488,21 +509,7 @@ func TestRetryOfTheLastChildPutsAWokenParentBackToAwaitingIt(t *testing.T) {
 // a Replay or an abandoned join).
 func TestAJoinWhoseChildWasRetriedUnderItsClaimAwaitsTheChild(t *testing.T) {
 	t.Parallel()
-	var leafRuns atomic.Int32
-	rerun, release := make(chan int64, 1), make(chan struct{})
-	leaf := &gendurable.Job[leafArgs]{Name: "rrleaf", MaxAttempts: 1,
-		Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
-			if leafRuns.Add(1) == 1 {
-				return gendurable.JobCancel(errors.New("the child fails once"))
-			}
-			rerun <- j.ID
-			select {
-			case <-release:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}}
+	leaf, rerun, release := leafFailsOnceThenWaits("rrleaf")
 	var b *testBundle
 	var joins atomic.Int32
 	m := &gendurable.Machine[fanState]{Name: "rrparent", Start: "spawn", MaxAttempts: 5,
@@ -565,21 +572,7 @@ func TestRetryOfAParentPastItsJoinRerunsItsStep(t *testing.T) {
 	for _, how := range []string{"Retry", "RetryMany"} {
 		t.Run(how, func(t *testing.T) {
 			t.Parallel()
-			var leafRuns atomic.Int32
-			rerun, release := make(chan int64, 1), make(chan struct{})
-			leaf := &gendurable.Job[leafArgs]{Name: "pjleaf", MaxAttempts: 1,
-				Perform: func(ctx context.Context, j *gendurable.Run[leafArgs]) error {
-					if leafRuns.Add(1) == 1 {
-						return gendurable.JobCancel(errors.New("the child fails once"))
-					}
-					rerun <- j.ID
-					select {
-					case <-release:
-						return nil
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-				}}
+			leaf, rerun, release := leafFailsOnceThenWaits("pjleaf")
 			var laters atomic.Int32
 			m := &gendurable.Machine[fanState]{Name: "pjparent", Start: "spawn", MaxAttempts: 1,
 				Steps: map[string]gendurable.StepFunc[fanState]{
