@@ -114,6 +114,9 @@
 //     wherever stored data carries one (states, payloads, error messages,
 //     cancel reasons), so no text reads in another order than it is
 //     stored; names and keys cannot hold one (the engine refuses them).
+//     Other control characters (but tab and newline), DEL and C1 controls,
+//     which a browser shows as nothing, are shown as the CLI shows them
+//     (\x1b, \u009b).
 //   - A signal's name is sent as typed, as the CLI and the API send it: one
 //     that starts or ends with white space is refused (400), not trimmed
 //     into another name.

@@ -1370,4 +1370,14 @@ func TestPrintedScriptsRefuseWhatMigrateRefuses(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, script(latest, 0))
 	requireVersion(t, pool, schema, 0, "the down script goes through")
+
+	// A name a down drops held by a table of the user's: refused with
+	// migrate's message, before the downs' trial fails on it otherwise.
+	require.NoError(t, script(0, 14))
+	_, err = pool.Exec(ctx, `DROP INDEX `+s+`.gendurable_instances_lingering_leases;
+		CREATE TABLE `+s+`.gendurable_instances_lingering_leases (mine int)`)
+	require.NoError(t, err)
+	err = script(14, 13)
+	require.ErrorContains(t, err, fmt.Sprintf(`migration 14 down: gendurable_instances_lingering_leases (not an index) in schema %q: gendurable needs that name`, schema))
+	requireVersion(t, pool, schema, 14, "nothing of the down script was applied")
 }

@@ -1105,7 +1105,8 @@ func exitCode(err error) int {
 // errorCode is the "code" of an error in --json output: usage (the
 // command line is wrong), invalid_input (a value the library refused),
 // not_found, conflict, not_migrated, schema_version, aborted (a confirmation answered no),
-// cannot_connect (the server refused or could not be reached),
+// cannot_connect (the server refused or could not be reached, or a pooler in
+// statement pooling refused the command's transaction),
 // connection_lost (connected, then the connection or the server went
 // mid-command: a restart, a terminated session, a network cut), or error
 // (anything else).
@@ -1137,11 +1138,11 @@ func errorCode(err error) string {
 		return "not_migrated"
 	case is(errAborted):
 		return "aborted"
-	case errors.As(err, new(*pgconn.ConnectError)), sqlq.PoolerNeverSent(err):
-		// A pooler that refused before any statement reached the database
-		// (statement pooling's refused BEGIN, query_wait_timeout) could not
-		// connect the command: it was connection_lost, "may or may not
-		// have been committed" (a PgBouncer probe).
+	case errors.As(err, new(*pgconn.ConnectError)), sqlq.StatementPooling(err):
+		// PgBouncer in statement pooling refuses a command's first
+		// transaction, and every mutation that spans statements runs in
+		// one: nothing of it committed. It was connection_lost, "may or
+		// may not have been committed" (a PgBouncer probe).
 		return "cannot_connect"
 	case sqlq.ConnectionFailure(err):
 		return "connection_lost"

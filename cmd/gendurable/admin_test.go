@@ -632,12 +632,12 @@ func TestAConnectionLostMidCommandIsItsOwnCode(t *testing.T) {
 	require.Equal(t, 1, countRows(t, pool, schema, "id = 1 AND status = 'runnable'"), "the terminated statement changed nothing")
 }
 
-// TestAPoolerThatRefusedBeforeSendingIsCannotConnect: behind PgBouncer in
-// statement pooling a retry's BEGIN is refused, and nothing reached the
-// database: code cannot_connect with the pooler's advice, not
+// TestAStatementPoolingRefusalIsCannotConnect: behind PgBouncer in
+// statement pooling a retry's transaction is refused, and nothing of it
+// committed: code cannot_connect with the pooler's advice, not
 // connection_lost with "may or may not have been committed" (a PgBouncer
 // probe).
-func TestAPoolerThatRefusedBeforeSendingIsCannotConnect(t *testing.T) {
+func TestAStatementPoolingRefusalIsCannotConnect(t *testing.T) {
 	t.Parallel()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
 	seed(t, pool, schema, 1, "queue, status, finished_at", "'q', 'failed', now()")

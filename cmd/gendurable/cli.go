@@ -103,7 +103,7 @@ With --json, output is JSON with snake_case names, and an error is {"error": {"c
 "not_migrated": run gendurable migrate up; "schema_version": the schema is newer than this
 binary, or its version comment is gone — see the message; "aborted": a confirmation answered no;
 "cannot_connect": the server refused or could not be reached, or refused the user, password or
-database; "connection_lost": the connection or the server went mid-command, and a change may
+database, or PgBouncer in statement pooling refused the command's transaction; "connection_lost": the connection or the server went mid-command, and a change may
 or may not have been committed); 2 bad usage
 or input ("usage", "invalid_input"); 3 not found ("not_found": instance, queue); 4 conflict
 ("conflict": e.g. retry of a live instance, run-now of one not waiting to run, removing a queue

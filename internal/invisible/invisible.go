@@ -83,7 +83,8 @@ func Selects(prev, next rune) bool {
 // data); printed, it shows which. The other variation selectors are
 // escaped unless they select a form of the character before them
 // ([Selects]), as a name may hold them: the caller asks that with the
-// characters around.
+// characters around. Printed so, a key with such a selector and one
+// without it look alike (as they would in any text that shows the form).
 func Escaped(r rune) bool {
 	switch {
 	case r >= 0xE0000 && r <= 0xE007F, r == 0xFE0E, r == 0xFE0F:

@@ -513,7 +513,8 @@ func (q *Queries) lockForRetry(ctx context.Context, tx pgx.Tx, ids []int64) ([]i
 
 // liveChildren counts the unfinished children of the current fan-out of
 // row p while p has not joined them (its children_total, cleared by the
-// outcome of the step after the fan-out, above zero), and also those among retried, if set (a subquery of ids the same statement
+// outcome of the step after the fan-out, above zero), and also those
+// among retried, if set (a subquery of ids the same statement
 // retries: its snapshot still sees them failed, so counted by status alone
 // a parent retried with its children — a retry by filter after a cancel by
 // filter — went runnable and ran its next step beside them; its own row

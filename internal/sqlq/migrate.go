@@ -837,13 +837,15 @@ func MigrationScript(schema string, from, to int) (string, error) {
 			if m := ms[i]; m.Version <= from && m.Version > to {
 				sql := m.Down(schema)
 				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) down\n", m.Version, m.Name)
+				// The version's own index names first, then, before the
+				// first version, what every version to go would drop: in
+				// the order migrate down checks them, so the first refusal
+				// is the same one.
+				b.WriteString(scriptGuardsBefore(schema, m.Version, "down", sql))
 				if first {
-					// Before the first version, for every version to go:
-					// nothing applied (as migrate down checks it).
 					b.WriteString(scriptDownGuards(schema, m.Version, ms, to, from))
 					first = false
 				}
-				b.WriteString(scriptGuardsBefore(schema, m.Version, "down", sql))
 				b.WriteString(sql)
 				if g := scriptGuardAfter(schema, m.Version, "down", sql); g != "" {
 					if !strings.HasSuffix(sql, "\n") {

@@ -12,11 +12,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -239,17 +239,6 @@ func StatementPooling(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "statement pooling")
 }
 
-// PoolerNeverSent reports a pooler's refusal after which no statement
-// reached the database: PgBouncer in statement pooling refuses a
-// transaction's BEGIN (StatementPooling), and its query_wait_timeout ends
-// a client whose statement waited for a server session that never came.
-// Both are SQLSTATE 08P01, a ConnectionFailure; unlike one lost mid-command
-// they committed nothing.
-func PoolerNeverSent(err error) bool {
-	var pgErr *pgconn.PgError
-	return StatementPooling(err) || errors.As(err, &pgErr) && pgErr.Code == "08P01" && pgErr.Message == "query_wait_timeout"
-}
-
 // StatementPoolingHint is the advice for StatementPooling.
 const StatementPoolingHint = "PgBouncer in statement pooling runs no transaction blocks, which outcomes need: " +
 	"use pool_mode = transaction (README, \"Behind PgBouncer\")"
@@ -304,11 +293,12 @@ func ConnectionRefusal(err error) bool {
 // not be made (SQLSTATE class 08, a network error, EOF), the server is
 // shutting down or starting up (57P01, 57P02, 57P03), or it has no
 // connection to give (53300). A context's deadline or cancellation is not
-// one: it is the caller's. Nor is a file's error (*fs.PathError: a stat or
-// a mkdir of the demo's throwaway server), though the syscall.Errno it
-// wraps is a net.Error: the demo's missing server binaries read as a
-// connection lost mid-command, with advice about what it may have
-// committed (a newcomer's probe).
+// one: it is the caller's. Nor is a bare syscall.Errno outside a
+// *net.OpError — a file's (*fs.PathError: a stat or a mkdir of the demo's
+// throwaway server), a rename's, a kill's — though an Errno is a net.Error:
+// the demo's missing server binaries read as a connection lost
+// mid-command, with advice about what it may have committed (a
+// newcomer's probe).
 func ConnectionFailure(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
@@ -321,8 +311,14 @@ func ConnectionFailure(err error) bool {
 	if errors.As(err, &connectErr) {
 		return true
 	}
-	var pathErr *fs.PathError
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		return true
+	}
 	var netErr net.Error
-	return errors.As(err, &netErr) && !errors.As(err, &pathErr) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+	if errors.As(err, &netErr) {
+		_, bare := netErr.(syscall.Errno)
+		return !bare
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }

@@ -41,13 +41,15 @@ func TestCatalogRaceIsOnlyACacheLookupThatFailed(t *testing.T) {
 }
 
 // TestAFileErrorIsNoConnectionFailure: the syscall.Errno of a file's error
-// is a net.Error; a stat of the demo's server binaries that failed was
+// (or a rename's, a kill's) is a net.Error; a stat of the demo's server binaries that failed was
 // read as a connection lost mid-command (a newcomer's probe). A network
 // error (one a connect or a read on a connection gave) still is one.
 func TestAFileErrorIsNoConnectionFailure(t *testing.T) {
 	_, statErr := os.Stat("/nonexistent/initdb")
 	require.False(t, ConnectionFailure(fmt.Errorf("pgtemp: %w", statErr)))
 	require.False(t, ConnectionFailure(fmt.Errorf("pgtemp: %w", os.Mkdir("/nonexistent/x", 0o700))))
+	require.False(t, ConnectionFailure(fmt.Errorf("pgtemp: %w", os.Rename("/nonexistent/a", "/nonexistent/b"))))
+	require.False(t, ConnectionFailure(fmt.Errorf("pgtemp: stop: %w", syscall.Kill(1<<30, 0))))
 	_, dialErr := net.Dial("tcp", "127.0.0.1:1")
 	require.Error(t, dialErr)
 	require.True(t, ConnectionFailure(fmt.Errorf("read: %w", dialErr)))
