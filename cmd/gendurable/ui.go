@@ -147,10 +147,9 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
-		// Not the database's: a *net.OpError read as a connection lost
-		// mid-command (code connection_lost, "what it changed may or may
-		// not have been committed") — a hostile-operator probe.
-		return listenError{err}
+		// Code error (sqlq.ConnectionFailure leaves a listen out), naming
+		// the flag.
+		return fmt.Errorf("--addr: %w (choose another address or port)", err)
 	}
 	url := fmt.Sprintf("http://%s/", ln.Addr())
 	if a, ok := ln.Addr().(*net.TCPAddr); ok && a.IP.IsUnspecified() {
@@ -177,16 +176,6 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "dashboard on %s (Ctrl-C to stop%s)\n", url, where)
 	}
 	return serveUntil(ctx, srv, dashboard.LimitListener(ln, *maxConns), note)
-}
-
-// listenError is a listen on --addr that failed (the port taken, an
-// address not this machine's): exit 1, code "error", its message naming
-// the flag. It does not unwrap: errorCode must not take it for a
-// connection to the database.
-type listenError struct{ err error }
-
-func (e listenError) Error() string {
-	return fmt.Sprintf("--addr: %v (choose another address or port)", e.err)
 }
 
 // uiShutdownTimeout bounds how long an interrupted `gendurable ui` waits

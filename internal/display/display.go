@@ -164,16 +164,12 @@ func escapeBytes(p []byte, set set) []byte {
 // escape returns s with the characters of set escaped, and true; or nil
 // and false when s holds none.
 func escape[T string | []byte](s T, set set, decode func(T) (rune, int)) ([]byte, bool) {
-	i := firstEscaped(s, set, decode)
+	i, prev := firstEscaped(s, set, decode)
 	if i < 0 {
 		return nil, false
 	}
 	b := make([]byte, 0, len(s)+16)
 	b = append(b, s[:i]...)
-	prev := rune(-1)
-	if i > 0 {
-		prev = lastRune(s[:i], decode)
-	}
 	for i < len(s) {
 		r, size := decode(s[i:])
 		if c := classifyAt(s, i, r, size, prev, decode); set.has(c) {
@@ -206,15 +202,6 @@ func classifyAt[T string | []byte](s T, i int, r rune, size int, prev rune, deco
 	return c
 }
 
-// lastRune is the last character of p (not empty).
-func lastRune[T string | []byte](p T, decode func(T) (rune, int)) rune {
-	start := len(p) - 1
-	for start > 0 && len(p)-start < utf8.UTFMax && !utf8.RuneStart(p[start]) {
-		start--
-	}
-	return after(decode(p[start:]))
-}
-
 // after is the character a variation selector next would follow: r, or
 // -1 for an invalid byte (printed as an escape, it has no form to pick).
 func after(r rune, size int) rune {
@@ -225,13 +212,14 @@ func after(r rune, size int) rune {
 }
 
 // firstEscaped is the offset of the first character of s that set escapes,
-// or -1. ASCII, most of any text, is judged byte by byte.
-func firstEscaped[T string | []byte](s T, set set, decode func(T) (rune, int)) int {
+// or -1, and the character before it (as classifyAt takes it). ASCII, most
+// of any text, is judged byte by byte.
+func firstEscaped[T string | []byte](s T, set set, decode func(T) (rune, int)) (int, rune) {
 	prev := rune(-1)
 	for i := 0; i < len(s); {
 		if c := s[i]; c < utf8.RuneSelf {
 			if (c < 0x20 && set.has(classify(rune(c), 1))) || (c == 0x7f && set.has(del)) {
-				return i
+				return i, prev
 			}
 			prev = rune(c)
 			i++
@@ -239,12 +227,12 @@ func firstEscaped[T string | []byte](s T, set set, decode func(T) (rune, int)) i
 		}
 		r, size := decode(s[i:])
 		if set.has(classifyAt(s, i, r, size, prev, decode)) {
-			return i
+			return i, prev
 		}
 		prev = after(r, size)
 		i += size
 	}
-	return -1
+	return -1, prev
 }
 
 // Attempt is an attempt as operators read it: counted from 1 ("attempt 1

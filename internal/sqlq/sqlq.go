@@ -298,7 +298,7 @@ func ConnectionRefusal(err error) bool {
 // throwaway server), a rename's, a kill's — though an Errno is a net.Error:
 // the demo's missing server binaries read as a connection lost
 // mid-command, with advice about what it may have committed (a
-// newcomer's probe).
+// newcomer's probe). Nor is a failed listen.
 func ConnectionFailure(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
@@ -313,7 +313,10 @@ func ConnectionFailure(err error) bool {
 	}
 	var opErr *net.OpError
 	if errors.As(err, &opErr) {
-		return true
+		// A listen of this process's own (gendurable ui's --addr) is not a
+		// connection to the database (a hostile probe: a port in use read
+		// as a connection lost mid-command).
+		return opErr.Op != "listen"
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) {

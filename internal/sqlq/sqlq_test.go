@@ -54,4 +54,6 @@ func TestAFileErrorIsNoConnectionFailure(t *testing.T) {
 	require.Error(t, dialErr)
 	require.True(t, ConnectionFailure(fmt.Errorf("read: %w", dialErr)))
 	require.True(t, ConnectionFailure(fmt.Errorf("read: %w", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET})))
+	// Nor is a listen of this process's own (a port in use).
+	require.False(t, ConnectionFailure(fmt.Errorf("--addr: %w", &net.OpError{Op: "listen", Net: "tcp", Err: syscall.EADDRINUSE})))
 }
