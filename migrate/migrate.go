@@ -185,9 +185,12 @@ func Installed(ctx context.Context, db DB, schema string) (int, error) {
 // creates it. Around each version the script makes the checks Up and Down
 // make (an invalid or foreign index of a name it builds or drops, a column
 // of the user's under a name it adds, what hangs on what a down drops, the
-// downs tried first), as DO blocks that raise the same message: run each
-// version in a transaction of its own, and a refused one applies nothing.
-// from == to gives an empty script.
+// downs tried first), as DO blocks that raise the same message. Each
+// version is a transaction of its own (BEGIN … COMMIT) that first checks
+// the schema is at the version it starts from, so a refused version applies
+// nothing and neither does any after it, even run by a tool that goes on
+// after an error; run the script as it is, not inside a transaction of
+// your own. from == to gives an empty script.
 func SQL(schema string, from, to int) (string, error) {
 	s, err := sqlq.MigrationScript(schema, from, to)
 	if err != nil {

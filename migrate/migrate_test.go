@@ -3,6 +3,9 @@ package migrate_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -1380,4 +1383,94 @@ func TestPrintedScriptsRefuseWhatMigrateRefuses(t *testing.T) {
 	err = script(14, 13)
 	require.ErrorContains(t, err, fmt.Sprintf(`migration 14 down: gendurable_instances_lingering_leases (not an index) in schema %q: gendurable needs that name`, schema))
 	requireVersion(t, pool, schema, 14, "nothing of the down script was applied")
+}
+
+// TestAPrintedScriptStartsEachVersionFromItsOwn: each version of a printed
+// script is a transaction of its own that first checks the schema is at
+// the version it starts from. A script printed --from 22 run on a schema
+// at 19 recorded 23 (a probe: versions 20–22 never applied, every pick then
+// failed); now version 23 is refused, the schema left at 19. And a down
+// script run by psql at its defaults (autocommit, going on after an error)
+// stopped at nothing: its first version's check raised, and every down ran
+// after it, the user's trigger dropped with the tables; now the check's
+// version rolls back and each later one finds the schema not where it
+// starts.
+func TestAPrintedScriptStartsEachVersionFromItsOwn(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	_, err := migrate.To(ctx, pool, schema, 19)
+	require.NoError(t, err)
+	latest := migrate.Latest()
+	sql, err := migrate.SQL(schema, latest-1, latest)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, sql)
+	require.ErrorContains(t, err, fmt.Sprintf(`migration %d up: schema %q is not at version %d, where this version starts `+
+		`(its gendurable_instances table says: 'gendurable schema version 19')`, latest, schema, latest-1))
+	require.ErrorContains(t, err, fmt.Sprintf("nothing of version %d was applied", latest))
+	requireVersion(t, pool, schema, 19, "a script for another starting version is refused")
+
+	psql, err := exec.LookPath("psql")
+	require.NoError(t, err, "psql (PostgreSQL's client) runs the printed scripts as a team would")
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	s := `"` + schema + `"`
+	ledger := `public."` + schema + `_ledger"`
+	fn := `public."` + schema + `_chk"`
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS `+ledger+`; DROP FUNCTION IF EXISTS `+fn+`()`)
+	})
+	_, err = pool.Exec(ctx, `CREATE TABLE `+ledger+` (id int);
+		CREATE FUNCTION `+fn+`() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END';
+		CREATE CONSTRAINT TRIGGER guard AFTER INSERT ON `+ledger+` FROM `+s+`.gendurable_instances
+		  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+fn+`()`)
+	require.NoError(t, err)
+	down, err := migrate.SQL(schema, latest, 0)
+	require.NoError(t, err)
+	file := filepath.Join(t.TempDir(), "down.sql")
+	require.NoError(t, os.WriteFile(file, []byte(down), 0o600))
+	out, err := exec.CommandContext(ctx, psql, "-X", "-q", "-d", dbtest.URL(), "-f", file).CombinedOutput()
+	require.NoError(t, err, "psql at its defaults goes on after an error: %s", out)
+	require.Contains(t, string(out), fmt.Sprintf("migration %d down: objects that are not gendurable's depend on its tables", latest))
+	require.Contains(t, string(out), fmt.Sprintf("migration %d down: schema %q is not at version %d", latest-1, schema, latest-1))
+	requireVersion(t, pool, schema, latest, "no version of the refused down was applied")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_trigger WHERE tgname = 'guard'
+		AND tgrelid = to_regclass($1)`, ledger).Scan(&n))
+	require.Equal(t, 1, n, "the trigger is kept")
+}
+
+// TestADownKeepsAColumnSomeoneAddedToItsTables: a column someone added to a
+// table a down drops goes with the table, its data too (a probe: down to 0
+// dropped a user's tenant column without a word, where demo's reset
+// refuses it). migrate down refuses it before its first version, nothing
+// applied, and so does the printed down script; a down that drops no table
+// goes through, the column kept.
+func TestADownKeepsAColumnSomeoneAddedToItsTables(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	_, err := pool.Exec(ctx, `ALTER TABLE `+s+`.gendurable_instances ADD COLUMN tenant text;
+		INSERT INTO `+s+`.gendurable_instances (fsm, step, tenant) VALUES ('m', 's', 'acme')`)
+	require.NoError(t, err)
+	latest := migrate.Latest()
+	want := fmt.Sprintf("migration %d down: objects that are not gendurable's depend on its tables: table column %s.gendurable_instances.tenant (on gendurable_instances)", latest, schema)
+
+	_, err = migrate.Down(ctx, pool, schema)
+	require.ErrorIs(t, err, migrate.ErrDependents)
+	require.ErrorContains(t, err, want)
+	requireVersion(t, pool, schema, latest, "nothing of the down was applied")
+
+	down, err := migrate.SQL(schema, latest, 0)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, down)
+	require.ErrorContains(t, err, want)
+	requireVersion(t, pool, schema, latest, "nothing of the printed down was applied")
+
+	_, err = migrate.To(ctx, pool, schema, latest-1)
+	require.NoError(t, err, "a version that drops no table goes down")
+	var tenant string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT tenant FROM `+s+`.gendurable_instances`).Scan(&tenant))
+	require.Equal(t, "acme", tenant)
 }

@@ -630,14 +630,18 @@ var (
 // statistics elsewhere on it or on a column a version drops (a review), the
 // table's membership of a publication. What hangs on gendurable's own
 // tables — a trigger, a policy or a rule on them, which have no schema of
-// their own but their table's — is inside, and goes with them.
+// their own but their table's, an index of the schema — is inside, and
+// goes with them; but not a column someone added to a table a down drops:
+// DROP TABLE takes it with its data (a probe: down to 0 dropped a user's
+// tenant column without a word), so it is refused too.
 func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int, sql string) error {
 	tables, columns := droppedColumns(sql)
 	if len(tables) == 0 {
 		return nil
 	}
 	var deps *string
-	if err := tx.QueryRow(ctx, dependentsSQL, schema, tables, columns).Scan(&deps); err != nil {
+	ownTables, ownColumns := gendurableColumns()
+	if err := tx.QueryRow(ctx, dependentsSQL, schema, tables, columns, ownTables, ownColumns).Scan(&deps); err != nil {
 		return err
 	}
 	if deps != nil {
@@ -645,6 +649,42 @@ func checkDependents(ctx context.Context, tx pgx.Tx, schema string, version int,
 	}
 	return nil
 }
+
+// createTable and addColumn find the columns gendurable's up migrations
+// create: each line of a CREATE TABLE's body that begins with a name (not
+// a constraint), and each ADD COLUMN.
+var (
+	createTable = regexp.MustCompile(`(?is)CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(?:\S+?\.)?(\w+)\s*\((.*?)\n\);`)
+	columnLine  = regexp.MustCompile(`(?m)^\s+(\w+)\s+\S`)
+	addColumn   = regexp.MustCompile(`(?i)ADD\s+COLUMN\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)`)
+)
+
+// gendurableColumns are the columns gendurable's migrations create, as
+// pairs (tables[i], columns[i]): of every version, a superset of any one's.
+var gendurableColumns = sync.OnceValues(func() (tables, columns []string) {
+	for _, m := range migrations() {
+		sql := sqlComment.ReplaceAllString(m.up, "")
+		for _, g := range createTable.FindAllStringSubmatch(sql, -1) {
+			for _, c := range columnLine.FindAllStringSubmatch(g[2], -1) {
+				switch strings.ToUpper(c[1]) {
+				case "CONSTRAINT", "PRIMARY", "UNIQUE", "CHECK", "FOREIGN", "EXCLUDE":
+					continue
+				}
+				tables, columns = append(tables, g[1]), append(columns, c[1])
+			}
+		}
+		for _, stmt := range strings.Split(sql, ";") {
+			t := alterTable.FindStringSubmatch(stmt)
+			if t == nil {
+				continue
+			}
+			for _, g := range addColumn.FindAllStringSubmatch(stmt, -1) {
+				tables, columns = append(tables, t[1]), append(columns, g[1])
+			}
+		}
+	}
+	return tables, columns
+})
 
 // droppedColumns are the tables sql drops (column "") and the columns it
 // drops, with their tables.
@@ -674,10 +714,11 @@ func dependentsAdvice(version int, deps string) string {
 
 // dependentsSQL reads, for checkDependents and the scripts' guards, the
 // objects outside schema $1 that hang on the tables and columns ($2, $3;
-// column "" for a whole table) the downs drop.
+// column "" for a whole table) the downs drop, and the columns of those
+// tables that are not among gendurable's ($4, $5: gendurableColumns).
 const dependentsSQL = `WITH gone AS (
 		  -- The tables and columns the downs drop, with the name to give each.
-		  SELECT n.oid AS ns, n.nspname, c.oid AS rel, u.col, a.attnum,
+		  SELECT n.oid AS ns, n.nspname, c.oid AS rel, c.relname, u.col, a.attnum,
 		         c.relname || CASE WHEN u.col <> '' THEN '.' || u.col ELSE '' END AS label
 		  FROM unnest($2::text[], $3::text[]) AS u(tab, col)
 		  JOIN pg_namespace n ON n.nspname = $1
@@ -724,7 +765,16 @@ const dependentsSQL = `WITH gone AS (
 		      CASE WHEN d.classid = 'pg_rewrite'::regclass THEN on_rel.rel ELSE d.objid END,
 		      0) AS o
 		  WHERE NOT EXISTS (SELECT 1 FROM pg_class AS r
-		                    WHERE r.oid = on_rel.rel AND r.relnamespace = g.ns AND r.relname LIKE 'gendurable\_%')) AS x`
+		                    WHERE r.oid = on_rel.rel AND r.relnamespace = g.ns AND r.relname LIKE 'gendurable\_%')
+		  UNION ALL
+		  -- A column someone added to a table the downs drop: it goes with
+		  -- the table, and its data with it.
+		  SELECT o.type, o.identity, g.label
+		  FROM gone AS g
+		  JOIN pg_attribute AS a ON g.col = '' AND a.attrelid = g.rel AND a.attnum > 0 AND NOT a.attisdropped
+		  CROSS JOIN LATERAL pg_identify_object('pg_class'::regclass, g.rel, a.attnum) AS o
+		  WHERE NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::text[]) AS k(tab, col)
+		                    WHERE k.tab = g.relname AND k.col = a.attname)) AS x`
 
 // trialDown runs every down left to go (sql, newest first) in a savepoint
 // and rolls it back: what the server would refuse part way — a DROP TABLE
@@ -795,11 +845,14 @@ func MigrationScript(schema string, from, to int) (string, error) {
 	q := quoteIdent(schema)
 	ms := migrations()
 	if to != from {
-		fmt.Fprintf(&b, "-- gendurable schema %d -> %d. Each version ends with its version comment: run each in a\n"+
-			"-- transaction of its own, as migrate up and down do (one transaction for several versions holds the first\n"+
-			"-- ALTER TABLE's exclusive lock through every later version). On a database in use, set a\n"+
-			"-- lock_timeout first (SET LOCAL lock_timeout = '500ms') and run it again if it fails with\n"+
-			"-- SQLSTATE 55P03: a statement waiting for a table lock queues every worker's statement behind it.\n",
+		fmt.Fprintf(&b, "-- gendurable schema %d -> %d. Each version is a transaction of its own (BEGIN ... COMMIT), as\n"+
+			"-- migrate up and down run them, and first checks that the schema is at the version it starts from: a\n"+
+			"-- version refused (a check below raises) is rolled back whole, and so is every later one. Run it as it\n"+
+			"-- is (psql -v ON_ERROR_STOP=1 -f FILE), not inside a transaction of your own (psql -1): one\n"+
+			"-- transaction for several versions holds the first ALTER TABLE's exclusive lock through every later\n"+
+			"-- version. On a database in use, set a lock_timeout for the session first (PGOPTIONS='-c\n"+
+			"-- lock_timeout=500ms') and run it again if it fails with SQLSTATE 55P03: a statement waiting for a\n"+
+			"-- table lock queues every worker's statement behind it.\n",
 			from, to)
 	}
 	comment := func(v int) {
@@ -809,6 +862,7 @@ func MigrationScript(schema string, from, to int) (string, error) {
 		if v > 0 {
 			b.WriteString(versionComment(schema, v) + ";\n")
 		}
+		b.WriteString("COMMIT;\n")
 	}
 	switch {
 	case to > from:
@@ -816,10 +870,12 @@ func MigrationScript(schema string, from, to int) (string, error) {
 			// The name is a literal: ValidateSchema allows no quote.
 			fmt.Fprintf(&b, "DO $gendurable$ BEGIN\n  IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = '%s') THEN\n    CREATE SCHEMA %s;\n  END IF;\nEND $gendurable$;\n", schema, q)
 		}
+		prev := 0 // the version before m
 		for _, m := range ms {
 			if m.Version > from && m.Version <= to {
 				sql := m.Up(schema)
-				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) up\n", m.Version, m.Name)
+				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) up\nBEGIN;\n", m.Version, m.Name)
+				b.WriteString(scriptVersionGuard(schema, m.Version, "up", prev))
 				b.WriteString(scriptGuardsBefore(schema, m.Version, "up", sql))
 				b.WriteString(sql)
 				if g := scriptGuardAfter(schema, m.Version, "up", sql); g != "" {
@@ -830,13 +886,15 @@ func MigrationScript(schema string, from, to int) (string, error) {
 				}
 				comment(m.Version)
 			}
+			prev = m.Version
 		}
 	case to < from:
 		first := true
 		for i := len(ms) - 1; i >= 0; i-- {
 			if m := ms[i]; m.Version <= from && m.Version > to {
 				sql := m.Down(schema)
-				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) down\n", m.Version, m.Name)
+				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) down\nBEGIN;\n", m.Version, m.Name)
+				b.WriteString(scriptVersionGuard(schema, m.Version, "down", m.Version))
 				// The version's own index names first, then, before the
 				// first version, what every version to go would drop: in
 				// the order migrate down checks them, so the first refusal
@@ -855,6 +913,8 @@ func MigrationScript(schema string, from, to int) (string, error) {
 				}
 				if i > 0 {
 					comment(ms[i-1].Version)
+				} else {
+					comment(0) // version 1's down drops the table and its comment
 				}
 			}
 		}
@@ -865,13 +925,37 @@ func MigrationScript(schema string, from, to int) (string, error) {
 // The guards of a printed script (MigrationScript) are the checks migrate
 // up and down make around each version (checkIndexNames, checkColumnNames,
 // checkDependents, trialDown), as DO blocks that raise the same message:
-// a team that runs the script with its own tool, each version in a
-// transaction of its own as the script's head says, has a version refused
-// with nothing of it applied where migrate would refuse it. Before, the
+// a team that runs the script with its own tool has a version refused with
+// nothing of it applied where migrate would refuse it (each version is a
+// transaction of its own, checked first for the version it starts from:
+// scriptVersionGuard). Before, the
 // script skipped the build of an index left invalid by a failed
 // CREATE INDEX CONCURRENTLY (every pick then scanned), took a column of
 // the user's over as gendurable's, and dropped what hung on a dropped
 // column without a word.
+
+// scriptVersionGuard is the guard at the head of a version's transaction:
+// the schema is at version at, where the version starts from (the comment
+// migrate reads, InstalledVersion; no instances table is version 0).
+// migrate reads the version under its lock before each step; a script
+// printed for another starting version, or run again, or whose earlier
+// version was refused, would otherwise apply a version on a schema it was
+// not written for and record it (a probe: a script printed --from 22 run on
+// version 19 recorded 23, and every pick then failed on a function of 20).
+func scriptVersionGuard(schema string, version int, way string, at int) string {
+	table := quoteLiteral(quoteIdent(schema) + ".gendurable_instances")
+	msg := fmt.Sprintf("migration %d %s: schema %q is not at version %d, where this version starts (its "+
+		"gendurable_instances table says: %s): the script was printed for another version, or a version before this "+
+		"one was refused; print it again with --from the schema's version (gendurable migrate status shows it); "+
+		"nothing of version %d was applied", version, way, schema, at, guardValue, version)
+	return fmt.Sprintf("-- The schema is at version %d (migrate checks this too).\n"+
+		"DO $gendurable$\nDECLARE found text;\nBEGIN\n"+
+		"  SELECT CASE WHEN to_regclass(%s) IS NULL THEN '%s0'\n"+
+		"              ELSE coalesce(obj_description(to_regclass(%s), 'pg_class'), '(no version comment)') END INTO found;\n"+
+		"  IF found IS DISTINCT FROM '%s%d' THEN\n"+
+		"    RAISE EXCEPTION USING MESSAGE = format(%s, quote_literal(found));\n  END IF;\nEND $gendurable$;\n",
+		at, table, versionCommentPrefix, table, versionCommentPrefix, at, raiseFormat(msg))
+}
 
 // scriptGuardsBefore is the guard that runs before a version's sql: the
 // indexes it drops are gendurable's, and going up, the columns it adds
@@ -917,7 +1001,9 @@ func scriptDownGuards(schema string, version int, ms []Migration, to, from int) 
 	}
 	var b strings.Builder
 	if tables, columns := droppedColumns(rest.String()); len(tables) > 0 {
-		b.WriteString(scriptGuard(dependentsSQL, []string{quoteLiteral(schema), textArray(tables), textArray(columns)},
+		ownTables, ownColumns := gendurableColumns()
+		b.WriteString(scriptGuard(dependentsSQL, []string{quoteLiteral(schema), textArray(tables), textArray(columns),
+			textArray(ownTables), textArray(ownColumns)},
 			func(v string) string {
 				return fmt.Sprintf("migration %d down: %s: %s", version, ErrDependents, dependentsAdvice(version, v))
 			}))
