@@ -6,6 +6,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -147,15 +149,28 @@ func TestAnUpAndADownAtOnceDoNotUndoEachOther(t *testing.T) {
 			require.Contains(t, []int{2, migrate.Latest()}, v)
 		case upErr != nil:
 			require.ErrorIs(t, upErr, migrate.ErrDirection)
+			require.Equal(t, movedTo(t, upErr), up.To, "round %d: the stopped up's Result.To is where it found the schema", round)
 			require.NoError(t, downErr)
 			require.Equal(t, 2, v)
 			require.Equal(t, 2, down.To)
 		default:
 			require.ErrorIs(t, downErr, migrate.ErrDirection)
+			require.Equal(t, movedTo(t, downErr), down.To, "round %d: the stopped down's Result.To is where it found the schema", round)
 			require.Equal(t, migrate.Latest(), v)
 			require.Equal(t, v, up.To)
 		}
 	}
+}
+
+// movedTo is the version an ErrDirection error says another migrator moved
+// the schema to.
+func movedTo(t *testing.T, err error) int {
+	t.Helper()
+	m := regexp.MustCompile(`was moved to version (\d+)`).FindStringSubmatch(err.Error())
+	require.NotNil(t, m, "%v", err)
+	v, convErr := strconv.Atoi(m[1])
+	require.NoError(t, convErr)
+	return v
 }
 
 func TestInvalidSchemaIsRejected(t *testing.T) {

@@ -284,6 +284,13 @@ func MigrateDir(ctx context.Context, db Beginner, schema string, target, dir int
 			}
 		}
 		if err != nil {
+			if errors.Is(err, ErrMigrateDirection) {
+				// Another migrator moved the schema since this one's last
+				// step: it is at the version this step read (a probe: an
+				// up and a down at once, the loser saying "stopped at 14"
+				// and "moved to version 13" in one message).
+				to = at
+			}
 			return from, to, applied, err
 		}
 		to = at
