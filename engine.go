@@ -57,6 +57,7 @@ const (
 // 30) would run a sweep thousands of times a second: a positive interval,
 // delay or timeout under 1ms — HeartbeatInterval, ReaperInterval,
 // AwaitTimeoutInterval, PruneInterval, UnknownVersionDelay, TxIdleTimeout,
+// DrainTimeout (30 would cancel every running step the moment Stop begins),
 // a queue's poll intervals, a machine's StepTimeout — or a Retention under
 // 1s is [ErrInvalidConfig] (and LeaseDuration under 100ms, MaintenanceTimeout
 // under 1s).
@@ -261,7 +262,12 @@ type QueueConfig struct {
 	// cannot kick this one) is picked up within about this long. After that,
 	// each pick that finds nothing doubles the interval, up to PollInterval
 	// while steps of this queue run and up to MaxPollInterval once the queue
-	// is idle. Default 25ms (or PollInterval, if shorter).
+	// is idle. Default 25ms (or PollInterval, if shorter). Rows of
+	// partition keys are the exception while every key is full: after a
+	// pick that found them all so, picks look at no key for ten times its
+	// duration (at most a second, or PollInterval if longer) unless this
+	// process frees a key's slot or inserts a keyed row meanwhile — a key
+	// freed by another process waits for that look (docs/design.md §6).
 	BusyPollInterval time.Duration
 	// PollInterval is the interval between picks while steps of this queue
 	// run and its last picks found nothing. Default 1s (or MaxPollInterval,
@@ -526,6 +532,7 @@ func (c *Config) withDefaults() error {
 		"HeartbeatInterval": heartbeatSet, "ReaperInterval": c.ReaperInterval,
 		"AwaitTimeoutInterval": c.AwaitTimeoutInterval, "PruneInterval": c.PruneInterval,
 		"UnknownVersionDelay": c.UnknownVersionDelay, "TxIdleTimeout": c.TxIdleTimeout,
+		"DrainTimeout": c.DrainTimeout,
 	}); err != nil {
 		return err
 	}

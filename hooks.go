@@ -72,7 +72,9 @@ type PickEvent struct {
 	// Throttled counts, by key policy, the partition keys with runnable
 	// rows that the pick passed over: full (as many running as the key's
 	// limit) or rate limited (no start left in its bucket). Policies with
-	// nothing to count are left out.
+	// nothing to count are left out. A pick that walked no key — the last
+	// walk found every key full, and it is not due again yet
+	// (docs/design.md §6) — counts none.
 	Throttled []KeyThrottle
 }
 

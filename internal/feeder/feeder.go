@@ -275,6 +275,16 @@ type Feeder struct {
 	// keyedFirst: the pick in flight may claim one keyed row by the floor
 	// (keyedRoomLocked), which add puts at the head of the buffer.
 	keyedFirst bool
+	// keysFullAt: when the last pick that walked the keys began, if its
+	// walk went round every key and found none it could claim a row of
+	// (zero otherwise); the picks that follow walk no key until
+	// keysRecheck after it, unless keyNews (keysWalkDueLocked). keyNews:
+	// this process did something since the last walk began that may have
+	// made a keyed row claimable (an insert, a step returned, a claim
+	// given back or lost, a row of ours became eligible).
+	keysFullAt  time.Time
+	keysRecheck time.Duration
+	keyNews     bool
 	// pollAt is Run's next poll (UnixNano), for Hurry.
 	pollAt   atomic.Int64
 	released int // rows handed back when Run stopped
@@ -486,6 +496,7 @@ func (s *Feeder) giveBack(u unstarted) {
 	if len(released) > 0 {
 		s.mu.Lock()
 		s.more = true // runnable again: maybe for this feeder's next pick
+		s.keyNews = true
 		s.mu.Unlock()
 		s.wake()
 	}
@@ -571,6 +582,7 @@ type lostClaim struct {
 // holds s.mu.
 func (s *Feeder) loseLocked(token int64, h *held) lostClaim {
 	delete(s.held, token)
+	s.keyNews = true // its key's slot frees when the lease runs out
 	if h.running {
 		h.cancel(ErrLeaseLost)
 		// A claim dispatched whose step has not started yet (the process
@@ -592,6 +604,7 @@ func (s *Feeder) loseLocked(token int64, h *held) lostClaim {
 func (s *Feeder) Kick() {
 	s.mu.Lock()
 	s.more = true
+	s.keyNews = true
 	s.short.Store(false)
 	s.mu.Unlock()
 	s.wake()
@@ -749,6 +762,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		demand := s.demandLocked()
 		keyed, first := s.keyedRoomLocked()
 		s.keyedFirst = first
+		walk := keyed == 0 || s.keysWalkDueLocked(time.Now())
 		idle := s.inFlight+len(s.buffer) == 0 && s.committing == 0
 		// Pick when there is room (at least MinDemand, or anything when
 		// idle) and a reason to look: a full last pick, a kick, a poll tick,
@@ -757,11 +771,14 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		shouldPick := demand > 0 && (demand >= s.cfg.MinDemand || idle) && (s.more || (idle && !hurried)) && !time.Now().Before(retryAt)
 		if shouldPick {
 			s.more = false // cleared first: a kick during the pick is not lost
+			if walk && keyed > 0 {
+				s.keyNews = false // likewise: news during the walk is not lost
+			}
 		}
 		s.mu.Unlock()
 
 		if shouldPick {
-			n, err := s.pick(pickCtx, demand, keyed)
+			n, err := s.pick(pickCtx, demand, keyed, walk)
 			full := err == nil && n == demand
 			s.mu.Lock()
 			// A pick that claimed as many keyed rows as its bound allowed
@@ -777,6 +794,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 				retryAt = time.Now().Add(backoff.Delay(s.cfg.PollInterval, max(s.cfg.MaxPollInterval, maxErrorBackoff), failures))
 				s.mu.Lock()
 				s.more = true // the pick did not happen: look again once the backoff is over
+				s.keyNews = true
 				s.mu.Unlock()
 			case n > 0:
 				// Work is arriving: look again soon, for rows that other
@@ -813,6 +831,7 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		due, nextWake := s.nextWakeLocked(now)
 		if due {
 			s.more = true // a row of ours became eligible
+			s.keyNews = true
 			s.short.Store(false)
 		}
 		// A paced row (dispatch) may start now: dispatch, no pick.
@@ -916,6 +935,52 @@ func (s *Feeder) keyedRoomLocked() (room int, first bool) {
 		return 1, true // the buffer holds plain claims only, and they are starting
 	}
 	return max(0, room), false
+}
+
+// keysWalkDuty bounds the share of a queue's picks spent walking keys
+// that were all full: after a walk that went round every key and could
+// claim a row of none, the next walk starts no sooner than this many times
+// that pick's duration after it began, unless this process hears of a key
+// that may have room first (keyNews). A walk reads every key with runnable
+// rows — two index probes and a count each, up to PickOpts.MaxKeys keys —
+// and picks every BusyPollInterval walked them all while the key hand-off
+// kept every slot taken: a fifth of the server's time per step on the
+// bench's 100 keys (docs/design.md §6, "A walk that finds every key full").
+const keysWalkDuty = 10
+
+// keysRecheckAfter is how long after a walk that took took and found every
+// key full the next one is due without news: keysWalkDuty times took, at
+// least the busy poll interval and at most a keyedHorizon or the poll
+// interval, whichever is longer.
+func keysRecheckAfter(took, busy, poll time.Duration) time.Duration {
+	return min(max(keysWalkDuty*took, busy), max(poll, keyedHorizon))
+}
+
+// keysAllFull reports whether a pick asked with o, which claimed n rows,
+// got of them keyed, walked every key of the queue and found none it could
+// claim a row of for want of a slot: it walked (its cursor row came back),
+// claimed no keyed row and fewer rows than it could (so its walk ran on
+// until it had been round), and ended where it began (a walk cut short by
+// MaxKeys ends elsewhere). A key out of starts (rated) refills with time:
+// a pick that passed one over is not all full.
+func keysAllFull(o sqlq.PickOpts, res sqlq.PickResult, n, got int) bool {
+	if !res.Walked || got > 0 || n >= o.Limit || res.Cursor != o.Cursor {
+		return false
+	}
+	for _, r := range res.KeysRated {
+		if r > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// keysWalkDueLocked reports whether a pick at now may walk the keys: the
+// last walk did not find them all full, or it is keysRecheck old, or this
+// process has done something since it began that may have made a keyed
+// row claimable. The caller holds s.mu.
+func (s *Feeder) keysWalkDueLocked(now time.Time) bool {
+	return s.keyNews || s.keysFullAt.IsZero() || now.Sub(s.keysFullAt) >= s.keysRecheck
 }
 
 // freedLocked is how many running slots freed over the last len(s.freed)
@@ -1036,14 +1101,21 @@ func (s *Feeder) bufferedNow() int {
 // leave rows executing under tokens nobody holds, until the reaper takes
 // them back. Rows claimed as the feeder stops are released by Run. Only
 // Abort (a Stop out of time) cancels it.
-func (s *Feeder) pick(stopCtx context.Context, demand, keyed int) (int, error) {
+//
+// walk false: the pick claims no keyed row (nor looks at any key), because
+// the last walk found every key full and nothing since says one may not be
+// (keysWalkDueLocked); the keyed room and what the last walk left
+// (keyedShut, keyedFull) are kept as they were.
+func (s *Feeder) pick(stopCtx context.Context, demand, keyed int, walk bool) (int, error) {
 	ctx, cancel := context.WithTimeout(s.abortCtx, s.cfg.Lease)
 	defer cancel()
 	s.floorTick(stopCtx)
 	start := time.Now()
 	opts := sqlq.PickOpts{Limit: demand, Lease: s.cfg.Lease, Cursor: s.keyCursor, Policies: s.cfg.KeyPolicies, Global: s.cfg.Global,
 		Floor: s.floor, Prios: s.prios}
-	if keyed < demand {
+	if !walk {
+		opts.Keyed = -1 // none
+	} else if keyed < demand {
 		opts.Keyed = keyed
 		if keyed == 0 {
 			opts.Keyed = -1 // none
@@ -1060,10 +1132,24 @@ func (s *Feeder) pick(stopCtx context.Context, demand, keyed int) (int, error) {
 				got++
 			}
 		}
-		s.mu.Lock()
-		s.keyedShut = keyed < demand && got >= keyed
-		s.keyedFull = s.keyedShut && keyed > 0
-		s.mu.Unlock()
+		if walk && keyed > 0 {
+			full := keysAllFull(opts, res, len(rows), got)
+			s.mu.Lock()
+			s.keyedShut = keyed < demand && got >= keyed
+			s.keyedFull = s.keyedShut
+			if full && s.cfg.Global == 0 {
+				s.keysFullAt = start
+				s.keysRecheck = keysRecheckAfter(time.Since(start), s.busyPoll(), s.cfg.PollInterval)
+			} else {
+				s.keysFullAt = time.Time{}
+			}
+			s.mu.Unlock()
+		} else if walk {
+			s.mu.Lock()
+			s.keyedShut = keyed < demand
+			s.keyedFull = false
+			s.mu.Unlock()
+		}
 	}
 	s.ev.Pick(PickReport{Queue: s.cfg.Queue, Count: len(rows), Demand: demand, Duration: time.Since(start), Err: err,
 		KeysFull: res.KeysFull, KeysRated: res.KeysRated})
@@ -1516,6 +1602,9 @@ func (s *Feeder) runClaim(ctx context.Context, cancel context.CancelCauseFunc, c
 	delete(s.held, h.token)
 	if res.RunnableNow || res.KeyFreed {
 		s.more = true
+	}
+	if res.KeyFreed {
+		s.keyNews = true
 	}
 	s.mu.Unlock()
 	s.stepDone()
@@ -2057,6 +2146,9 @@ func (h *holder) Detach() func(Result) {
 		delete(s.held, h.token)
 		if res.RunnableNow || res.KeyFreed {
 			s.more = true
+		}
+		if res.KeyFreed {
+			s.keyNews = true
 		}
 		s.mu.Unlock()
 		s.stepDone()

@@ -164,7 +164,7 @@ func TestHeartbeatTellsZombieFromNewClaim(t *testing.T) {
 		q, pool, func(context.Context, *sqlq.Claimed, Holder) Result { return Result{} }, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	pick := func() sqlq.Claimed {
 		t.Helper()
-		if n, err := s.pick(ctx, 1, 1); err != nil || n != 1 {
+		if n, err := s.pick(ctx, 1, 1, true); err != nil || n != 1 {
 			t.Fatalf("pick: %d rows, %v", n, err)
 		}
 		return s.buffer[len(s.buffer)-1]
@@ -1030,4 +1030,177 @@ func TestAHandBackOutlastsAFewFailedTries(t *testing.T) {
 	var status string
 	require.NoError(t, killer.QueryRow(ctx, "SELECT status FROM "+schema+".gendurable_instances WHERE id = $1", id).Scan(&status))
 	require.Equal(t, "runnable", status, "the claim went back")
+}
+
+// walkLog records every pick: when it began, what it claimed, and how many
+// full keys it passed over (none: it walked no key, or found none full).
+type walkLog struct {
+	pickLog
+	mu    sync.Mutex
+	picks []walkPick
+}
+
+type walkPick struct {
+	start time.Time
+	count int
+	full  int
+}
+
+func (w *walkLog) Pick(r PickReport) {
+	full := 0
+	for _, n := range r.KeysFull {
+		full += int(n)
+	}
+	w.mu.Lock()
+	w.picks = append(w.picks, walkPick{start: time.Now().Add(-r.Duration), count: r.Count, full: full})
+	w.mu.Unlock()
+}
+
+func (w *walkLog) since(t time.Time) []walkPick {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []walkPick
+	for _, p := range w.picks {
+		if !p.start.Before(t) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// heldKeys inserts rows rows of each of keys keys (k00, k01, …) in queue q,
+// the first of each executing under a live lease of another process: every
+// key is full.
+func heldKeys(t *testing.T, pool *pgxpool.Pool, schema string, keys, rows int) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.gendurable_instances (fsm, step, queue, partition_key)
+		SELECT 'm', 's', 'q', 'k' || lpad(k::text, 2, '0') FROM generate_series(1, $1) AS k, generate_series(1, $2)`, keys, rows); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.gendurable_instances SET status = 'executing',
+		lease_expires_at = now() + interval '1 minute', claim_token = 1
+		WHERE id IN (SELECT min(id) FROM `+schema+`.gendurable_instances GROUP BY partition_key)`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestAWalkThatFindsEveryKeyFullIsNotRepeatedAtEveryPick: while every key
+// is full, picks every 5 ms walk the keys at most every other time
+// (keysWalkDuty: ten times the walk's duration, at least the busy poll);
+// a key freed elsewhere is still claimed within keysRecheckAfter's bound,
+// and after a local insert (a kick) the very next pick walks.
+func TestAWalkThatFindsEveryKeyFullIsNotRepeatedAtEveryPick(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 3})
+	q, err := sqlq.New(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	heldKeys(t, pool, schema, 10, 3)
+	ev := &walkLog{}
+	const poll = 5 * time.Millisecond
+	s := New(Config{Queue: "q", Concurrency: 4, MinDemand: 1, BusyPollInterval: poll, PollInterval: poll, MaxPollInterval: poll,
+		Lease: time.Minute, HeartbeatInterval: 20 * time.Second},
+		q, pool, func(context.Context, *sqlq.Claimed, Holder) Result { return Result{} }, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pickCtx, stop := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { defer close(ran); s.Run(pickCtx, ctx) }()
+	defer func() { stop(); <-ran }()
+
+	began := time.Now()
+	time.Sleep(time.Second)
+	picks := ev.since(began)
+	walks := 0
+	for _, p := range picks {
+		if p.count > 0 {
+			t.Fatalf("a pick claimed %d rows while every key was full", p.count)
+		}
+		if p.full > 0 {
+			walks++
+		}
+	}
+	if len(picks) < 20 || walks < 2 || 2*walks > len(picks) {
+		t.Fatalf("%d of %d picks walked the 10 full keys: want at least 2, and at most half", walks, len(picks))
+	}
+
+	// Another process's step on k03 ends without a hand-off: its key has room.
+	freed := time.Now()
+	if _, err := pool.Exec(ctx, `UPDATE `+schema+`.gendurable_instances SET status = 'done', lease_expires_at = NULL,
+		claim_token = NULL, finished_at = now() WHERE partition_key = 'k03' AND status = 'executing'`); err != nil {
+		t.Fatal(err)
+	}
+	bound := keysRecheckAfter(time.Hour, poll, poll) // the longest recheck
+	for {
+		if n := countOf(ev.since(freed)); n > 0 {
+			break
+		}
+		if time.Since(freed) > bound+time.Second {
+			t.Fatalf("k03's next row not claimed %s after its key freed (recheck at most %s)", time.Since(freed), bound)
+		}
+		time.Sleep(poll)
+	}
+
+	// A local insert of a new key's row: the first pick after the kick walks and claims it.
+	time.Sleep(200 * time.Millisecond) // k03 is full again (its row runs, unheld by any outcome)
+	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.gendurable_instances (fsm, step, queue, partition_key) VALUES ('m', 's', 'q', 'fresh')`); err != nil {
+		t.Fatal(err)
+	}
+	kicked := time.Now()
+	s.Kick()
+	for {
+		if after := ev.since(kicked); len(after) > 0 {
+			if after[0].count != 1 {
+				t.Fatalf("the first pick after the kick claimed %d rows (walked: %v), want the new key's row", after[0].count, after[0].full > 0)
+			}
+			break
+		}
+		if time.Since(kicked) > 5*time.Second {
+			t.Fatal("no pick after the kick")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func countOf(picks []walkPick) int {
+	n := 0
+	for _, p := range picks {
+		n += p.count
+	}
+	return n
+}
+
+// TestAWalkCutShortByMaxKeysIsRepeated: with more full keys than a pick
+// visits (PickOpts.MaxKeys: 20 for a pick of one row), no walk goes round
+// every key, so every pick walks on from where the last stopped.
+func TestAWalkCutShortByMaxKeysIsRepeated(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 3})
+	q, err := sqlq.New(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	heldKeys(t, pool, schema, 30, 2)
+	ev := &walkLog{}
+	const poll = 5 * time.Millisecond
+	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, BusyPollInterval: poll, PollInterval: poll, MaxPollInterval: poll,
+		Lease: time.Minute, HeartbeatInterval: 20 * time.Second},
+		q, pool, func(context.Context, *sqlq.Claimed, Holder) Result { return Result{} }, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pickCtx, stop := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { defer close(ran); s.Run(pickCtx, ctx) }()
+	time.Sleep(500 * time.Millisecond)
+	stop()
+	<-ran
+	picks := ev.since(time.Time{})
+	if len(picks) < 10 {
+		t.Fatalf("%d picks in 500 ms, polling every %s", len(picks), poll)
+	}
+	for i, p := range picks {
+		if p.full == 0 {
+			t.Fatalf("pick %d of %d walked no key, with 30 full keys and 20 visited per pick", i+1, len(picks))
+		}
+	}
 }

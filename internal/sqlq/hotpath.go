@@ -223,6 +223,10 @@ type PickResult struct {
 	// now() less a second's slack when its plain part claimed fewer rows
 	// than it asked for (every visible eligible plain row was taken).
 	Floor *time.Time
+	// Walked reports that the pick went as far as its walk over the keys
+	// (it may have visited none): false when the queue is paused, or when
+	// its GlobalConcurrency left the pick nothing to claim.
+	Walked bool
 }
 
 // Pick claims up to o.Limit runnable rows of queue.
@@ -256,7 +260,7 @@ func (q *Queries) Pick(ctx context.Context, db DB, queue string, o PickOpts) (Pi
 				return PickResult{}, err
 			}
 			if cursor != nil {
-				res.Cursor = *cursor
+				res.Cursor, res.Walked = *cursor, true
 			}
 			continue
 		}
