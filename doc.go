@@ -167,6 +167,14 @@
 // "timeout"), stops heartbeating it and reports a [StepAbandonedEvent]; its
 // goroutine keeps its slot until it returns, so Concurrency still holds.
 //
+// A step, Handle or WithTx callback that calls runtime.Goexit — as
+// t.FailNow, t.Fatal and testify's require functions do — is handled like
+// a panic inside a test binary. Outside one, Goexit ends the worker's
+// goroutine: no outcome is written, the row stays executing under a lease
+// the heartbeat keeps alive, and the queue has one running place less,
+// until the process restarts (then the lease runs out and the reaper
+// charges an attempt). Keep test helpers out of production steps.
+//
 // While the database is unreachable, workers keep running: failed picks back
 // off exponentially with jitter (up to 2s, or MaxPollInterval if longer),
 // outcome writes retry for up to a lease, and work resumes once the database

@@ -3,6 +3,7 @@ package gendurable
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -72,6 +73,13 @@ func (j *Job[T]) definition() (*machineCore, error) {
 		return nil, errorf(ErrInvalidConfig, "job %q has no Perform func", j.Name)
 	case j.Perform != nil && j.PerformResult != nil:
 		return nil, errorf(ErrInvalidConfig, "job %q has both Perform and PerformResult: set one", j.Name)
+	case j.MaxAttempts < 0 || j.Timeout < 0:
+		// In the job's own words: its machine's check names StepTimeout,
+		// a field a Job does not have.
+		return nil, errorf(ErrInvalidConfig, "job %q: negative MaxAttempts or Timeout", j.Name)
+	}
+	if err := belowFloor(fmt.Sprintf("job %q: ", j.Name), time.Millisecond, map[string]time.Duration{"Timeout": j.Timeout}); err != nil {
+		return nil, err
 	}
 	j.once.Do(func() {
 		perform, performResult := j.Perform, j.PerformResult

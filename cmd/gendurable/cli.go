@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/internal/display"
@@ -331,6 +332,7 @@ func reportError(w io.Writer, name string, err error, asJSON bool, dbSource stri
 	if errors.As(err, &ue) && ue.help && commands[name].run != nil {
 		msg += fmt.Sprintf(" (gendurable %s --help shows its usage)", name)
 	}
+	msg = clipMessage(msg)
 	if asJSON {
 		_ = printJSON(w, map[string]any{"error": map[string]any{"code": errorCode(err), "message": msg, "exit_code": exitCode(err)}})
 		return
@@ -346,6 +348,28 @@ func reportError(w io.Writer, name string, err error, asJSON bool, dbSource stri
 		lines[i] = display.Terminal(l)
 	}
 	fmt.Fprintln(w, strings.Join(lines, "\n  | "))
+}
+
+// maxErrorBytes bounds an error message the CLI prints: one that echoes a
+// huge argument (an id, a duration, a schema name of 120 KB: a probe) is
+// cut in the middle, keeping its start and its end, where the advice is.
+const maxErrorBytes = 4096
+
+// clipMessage is msg cut to about maxErrorBytes (see there), on rune
+// boundaries.
+func clipMessage(msg string) string {
+	if len(msg) <= maxErrorBytes {
+		return msg
+	}
+	head, tail := maxErrorBytes/2, maxErrorBytes/4
+	for head > 0 && !utf8.RuneStart(msg[head]) {
+		head--
+	}
+	start := len(msg) - tail
+	for start < len(msg) && !utf8.RuneStart(msg[start]) {
+		start++
+	}
+	return fmt.Sprintf("%s … (%d bytes of this message cut) … %s", msg[:head], start-head, msg[start:])
 }
 
 // migrateHint rewrites the library's advice to migrate for a command line:

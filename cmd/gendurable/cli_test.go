@@ -1733,3 +1733,20 @@ func TestAnErrorOfSeveralLinesKeepsThemIndented(t *testing.T) {
 	reportError(&b, "status", errors.New("start failed:\npostgres: FATAL: could not bind\ngendurable: retried 1 of 1\x1b[2J"), false, "")
 	require.Equal(t, "gendurable: start failed:\n  | postgres: FATAL: could not bind\n  | gendurable: retried 1 of 1\\x1b[2J\n", b.String())
 }
+
+// TestAHugeArgumentIsNotEchoedWhole: an error that echoes its argument (an
+// id, a schema, a command of 120 KB: a probe got 120 KB messages back) is
+// cut in the middle, its start and its end kept.
+func TestAHugeArgumentIsNotEchoedWhole(t *testing.T) {
+	t.Parallel()
+	big := strings.Repeat("a", 120_000)
+	for _, args := range [][]string{{"show", big}, {big}, {"status", "--schema", big}, {"migrate", "up", "--to", big}} {
+		_, stderr, code := cli(t, args...)
+		require.NotZero(t, code, args[0])
+		require.Less(t, len(stderr), maxErrorBytes+200, "%.40s: %d bytes", strings.Join(args, " "), len(stderr))
+		require.Contains(t, stderr, "bytes of this message cut", args[0])
+		require.True(t, strings.HasPrefix(stderr, "gendurable: "), stderr[:80])
+	}
+	_, stderr, _ := cli(t, "show", "x")
+	require.NotContains(t, stderr, "cut", "a short message is whole")
+}
