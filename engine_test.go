@@ -101,7 +101,9 @@ func TestInvalidConfig(t *testing.T) {
 		{"job timeout negative", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Job[orderArgs]{Name: "j", Timeout: -1,
 			Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil }}}}, `job "j": negative MaxAttempts or Timeout`},
 		{"machine step timeout in nanoseconds", gendurable.Config{Machines: []gendurable.Definition{&gendurable.Machine[orderArgs]{Name: "m", StepTimeout: 30,
-			Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{"a": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) { return gendurable.Done(nil), nil }}}}}, `machine "m": StepTimeout 30ns is below 1ms`},
+			Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{"a": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				return gendurable.Done(nil), nil
+			}}}}}, `machine "m": StepTimeout 30ns is below 1ms`},
 		{"min demand too big", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 2, Prefetch: -1, MinDemand: 3}}}, "MinDemand 3"},
 		{"poll above max", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {PollInterval: time.Minute, MaxPollInterval: time.Second}}}, "PollInterval"},
 		{"empty queue name", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"": {}}}, "queue name"},
