@@ -143,9 +143,11 @@
 // attempt if a heartbeat of the worker marked it not started: it goes back
 // to runnable with its attempt unchanged, and its error entry says so
 // (StepError.Uncharged).
-// A marked claim starts only after the worker has cleared its mark. Limits: a claim the worker took less than a HeartbeatInterval before it
-// died — or before a database outage that outlasted the lease — may not
-// have been marked, and is charged as a running step is; and
+// A marked claim starts only after the worker has cleared its mark.
+// Limits: a claim no heartbeat has marked yet — taken less than about a
+// HeartbeatInterval, plus a heartbeat's own run, before the worker died or
+// before a database outage that outlasted the lease — is charged as a
+// running step is; and
 // an attempt goes free at most once — a second lease lost on the same step
 // and attempt is charged whatever the mark says (docs/design.md §4,
 // "Prefetched claims"). A claim whose statement committed while the

@@ -171,7 +171,9 @@ var ErrNotRetryable = errors.New("gendurable: instance is not failed")
 var ErrUniqueConflict = errors.New("gendurable: unique key held by another instance")
 
 // Retry moves a failed instance back to runnable at the step it failed in,
-// with a fresh attempt budget; its error history is kept. A child whose
+// with a fresh attempt budget; its error history is kept. One cancelled
+// while it waited — a durable sleep ([Outcome.After]), a RunAt or RunIn, a
+// backoff — waits out the rest of that wait ([Engine.RunNow] ends it). A child whose
 // parent still waits is waited for again — a parent that awaits its
 // children, or one their finish (or cancel) woke whose next step has not
 // run yet, which goes back to awaiting them; a parent whose next step is

@@ -744,3 +744,65 @@ func TestAReArmedParentKeepsTheBackoffOfItsJoin(t *testing.T) {
 	waited := time.Duration(rejoinedAt.Load() - failedAt.Load())
 	require.GreaterOrEqual(t, waited, backoff-500*time.Millisecond, "the join ran again %s after it failed", waited)
 }
+
+// TestARetriedWaitKeepsItsTime: an instance cancelled while it waited — a
+// RunIn, a durable sleep (Next(…).After) — waits out the rest of that wait
+// when retried (a probe: a reminder due in an hour, cancelled by mistake
+// and retried, ran at once), by Retry and RetryMany; RunNow then runs it.
+func TestARetriedWaitKeepsItsTime(t *testing.T) {
+	t.Parallel()
+	ran := make(chan int64, 8)
+	job := &gendurable.Job[orderArgs]{Name: "later", Perform: func(_ context.Context, r *gendurable.Run[orderArgs]) error {
+		ran <- r.ID
+		return nil
+	}}
+	sleeper := &gendurable.Machine[orderArgs]{Name: "sleeper", Start: "a", Steps: map[string]gendurable.StepFunc[orderArgs]{
+		"a": func(_ context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			return r.Next("b", r.State).After(time.Hour), nil
+		},
+		"b": func(_ context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			ran <- r.ID
+			return gendurable.Done(nil), nil
+		},
+	}}
+	b := setup(t, nil, job, sleeper)
+	b.start()
+	ctx := context.Background()
+	scheduled := b.insert(job.New(orderArgs{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
+	asleep := b.insert(sleeper.New(orderArgs{}))
+	require.Eventually(t, func() bool {
+		r := b.row(asleep)
+		return r.Step == "b" && r.Status == "runnable"
+	}, 10*time.Second, 10*time.Millisecond)
+	due := map[int64]time.Time{scheduled: b.row(scheduled).EligibleAt, asleep: b.row(asleep).EligibleAt}
+	for id := range due {
+		require.NoError(t, b.eng.Cancel(ctx, id, "by mistake"))
+	}
+	require.NoError(t, b.eng.Retry(ctx, scheduled))
+	res, err := b.eng.RetryMany(ctx, []int64{asleep})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Changed, "%+v", res)
+	for id, at := range due {
+		r := b.row(id)
+		require.Equal(t, "runnable", r.Status, "instance %d", id)
+		require.WithinDuration(t, at, r.EligibleAt, time.Millisecond, "instance %d: its wait is kept", id)
+		require.Greater(t, r.EligibleAt.Sub(r.Now), 50*time.Minute, "instance %d", id)
+	}
+	select {
+	case id := <-ran:
+		t.Fatalf("instance %d ran at once after its retry", id)
+	case <-time.After(300 * time.Millisecond):
+	}
+	for id := range due {
+		require.NoError(t, b.eng.RunNow(ctx, id))
+	}
+	got := map[int64]bool{}
+	for range due {
+		select {
+		case id := <-ran:
+			got[id] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("ran %v after RunNow, want both", got)
+		}
+	}
+}

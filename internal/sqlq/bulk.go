@@ -44,7 +44,7 @@ WITH cand AS MATERIALIZED (
   UPDATE {{schema}}.gendurable_instances AS i
   SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}', inbox_seen = NULL,
 ` + retryStatusSet + `,
-      eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
+      eligible_at = ` + retryKeepsEligible + `, lease_expires_at = ` + retryLease + `
   FROM k WHERE i.id = k.id -- locked by retryLockSQL, still failed
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (

@@ -407,6 +407,15 @@ const (
 	retryEligible = `CASE WHEN i.lease_expires_at > clock_timestamp() THEN i.lease_expires_at ELSE clock_timestamp() END`
 )
 
+// retryKeepsEligible is when a retried row becomes eligible: as
+// retryEligible, but not before the row's own eligible_at, which a cancel
+// keeps. A row cancelled while it waited — a durable sleep (Outcome.After),
+// a RunAt, a backoff — waits out the rest of it when retried; a probe's
+// reminder due in an hour, cancelled and retried, ran at once. (Run-now
+// makes it eligible now: runNowSQL keeps retryEligible.) A row that failed
+// otherwise was eligible when it was claimed, in the past.
+const retryKeepsEligible = `greatest(` + retryEligible + `, i.eligible_at)`
+
 // retryStatusSet is the status a retry gives a failed row i, from k.kids,
 // the live children of its current fan-out (liveChildren, counted once per
 // row in a CTE k of the statement): runnable, or, for a parent cancelled
@@ -576,7 +585,7 @@ WITH k AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET attempt = 0, finished_at = NULL, claim_token = NULL, updated_at = now(), inbox = '{}', inbox_seen = NULL,
 ` + retryStatusSet + `,
-      eligible_at = ` + retryEligible + `, lease_expires_at = ` + retryLease + `
+      eligible_at = ` + retryKeepsEligible + `, lease_expires_at = ` + retryLease + `
   FROM k WHERE i.id = k.id AND i.status = 'failed'
   RETURNING i.id, i.parent_id, i.parent_fanout, i.queue, ` + retryWait + ` AS wait_us
 ), p AS (
