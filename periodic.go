@@ -41,7 +41,14 @@ import (
 // early by its skew, and the instance still runs at its time; a process
 // whose clock is behind finds the slot taken, or inserts it late by its
 // skew (eligible at once). A clock set forward, or a machine that was
-// suspended, makes a slot due within a minute.
+// suspended, makes a slot due within a minute. A process whose clock is
+// behind by more than the time between two slots can lose one: a process
+// with a right clock that starts after a slot, before the one behind has
+// reached it, inserts its most recent slot (the next one) on start, and the
+// one behind then finds that later slot in the table (see Order) and
+// inserts nothing, with a warning (a probe: @every 2s, one process 5 s
+// behind, a slot lost at each start of another). Keep clocks in step
+// (NTP) to well within the schedule's period.
 //
 // Order: a slot is not inserted once a row of a later slot of its schedule
 // whose time has come (on the database clock) is in the table: the insert
@@ -66,7 +73,12 @@ type Periodic struct {
 	// "0 9 * * MON-FRI"), a descriptor (@hourly, @daily, @weekly, @monthly,
 	// @yearly), or "@every <duration>" (slots aligned to the Unix epoch, at
 	// least 1s apart). An optional "TZ=Area/City " prefix sets the time
-	// zone; the default is UTC. Required.
+	// zone; the default is UTC. In a zone with daylight saving, a time in
+	// the hour skipped when the clocks go forward has no slot that day,
+	// and a time in the hour repeated when they go back has one slot, at
+	// its first occurrence: "30 2 * * *" in Europe/Berlin does not run on
+	// the last Sunday of March, and "0 * * * *" has a two-hour gap on the
+	// night the clocks go back. Required.
 	Schedule string
 	// New builds the instance for a slot (the slot's time is passed in).
 	// Its UniqueKey, UniqueScope and RunAt are set by the engine: a
