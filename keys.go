@@ -144,6 +144,26 @@ func (e *Engine) rateLimitedUntil(key string, tokens float64, refilled, now time
 	return &at
 }
 
+// knowsKeyLimit reports whether this engine knows the limit of a key whose
+// row has limit own (nil: its policy's) in queue: the row's own, or this
+// engine's KeyPolicies — it has some, or it works the queue (its picks
+// apply its policies, or 1).
+func (e *Engine) knowsKeyLimit(own *int32, queue string) bool {
+	if own != nil || len(e.cfg.KeyPolicies) > 0 {
+		return true
+	}
+	_, works := e.cfg.Queues[queue]
+	return works
+}
+
+// slots is "slot" or "slots" for n.
+func slots(n int) string {
+	if n == 1 {
+		return "slot"
+	}
+	return "slots"
+}
+
 // instanceList names a few instances for a sentence.
 func instanceList(ids []int64) string {
 	const most = 3

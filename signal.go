@@ -165,9 +165,11 @@ type WaitReason struct {
 	// KeyHolders, KeyLimit: a runnable instance whose key has
 	// no free slot — KeyHolders are the instances whose running steps hold
 	// the key's slots (live leases), KeyLimit how many slots the key has
-	// (the instance's own KeyLimit, else this engine's KeyPolicies, else 1:
-	// a process whose Config lacks the policies of the picking processes
-	// shows 1). PartitionHeldBy is the first holder.
+	// (the instance's own KeyLimit, else this engine's KeyPolicies, else 1).
+	// A process that neither works the instance's queue nor has
+	// KeyPolicies (the CLI) cannot know the limit the picking processes
+	// apply: it reports the holders with KeyLimit 0, and the Summary says
+	// so. PartitionHeldBy is the first holder.
 	PartitionKey    string  `json:"partition_key,omitempty"`
 	KeyHolders      []int64 `json:"key_holders,omitempty"`
 	KeyLimit        int     `json:"key_limit,omitempty"`
@@ -259,6 +261,16 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			r.LeaseExpiresAt = w.LeaseExpiresAt
 			r.Summary = fmt.Sprintf("waiting for the lease of its cancelled step to end at %s (%s): that step may still be running",
 				w.LeaseExpiresAt.UTC().Format(time.RFC3339), fromNow(*w.LeaseExpiresAt, w.Now, time.Second))
+		case w.PartitionKey != nil && len(w.KeyHolders) > 0 && !e.knowsKeyLimit(w.KeyLimit, w.Queue):
+			// This process neither works the queue nor has KeyPolicies
+			// (the CLI, a dashboard of its own): the key's limit is the
+			// picking processes' policy, which it cannot see. Its guess of
+			// 1 printed "3 of 1 slots" (an operator probe).
+			r.KeyHolders = w.KeyHolders
+			r.PartitionHeldBy = w.KeyHolders[0]
+			r.Summary = fmt.Sprintf("partition key %q: %d %s held by %s; it waits for one if that is the key's limit "+
+				"(1, unless a KeyPolicy of the processes that work queue %q says more: this process has none)",
+				r.PartitionKey, len(w.KeyHolders), slots(len(w.KeyHolders)), instanceList(w.KeyHolders), w.Queue)
 		case w.PartitionKey != nil && len(w.KeyHolders) > 0 && len(w.KeyHolders) >= e.keyLimit(*w.PartitionKey, w.KeyLimit):
 			r.KeyHolders, r.KeyLimit = w.KeyHolders, e.keyLimit(*w.PartitionKey, w.KeyLimit)
 			r.PartitionHeldBy = w.KeyHolders[0]

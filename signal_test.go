@@ -606,6 +606,18 @@ func TestWaitShowsThePartitionHolder(t *testing.T) {
 	require.Equal(t, fmt.Sprintf(`waiting for partition key "acct-1" (1 of 1 slots held by instance %d)`, first), w.Summary)
 	require.Equal(t, []int64{first}, w.KeyHolders)
 	require.Equal(t, 1, w.KeyLimit)
+	// A process that works no queue and has no KeyPolicies (the CLI's)
+	// cannot know the key's limit: it names the holders and says so,
+	// rather than "1 of 1" (an operator probe saw "3 of 1 slots" where the
+	// workers' policy gave the key 3).
+	admin, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema})
+	require.NoError(t, err)
+	w, err = admin.WaitReason(ctx, second)
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf(`partition key "acct-1": 1 slot held by instance %d; it waits for one if that is the key's limit `+
+		`(1, unless a KeyPolicy of the processes that work queue "default" says more: this process has none)`, first), w.Summary)
+	require.Equal(t, []int64{first}, w.KeyHolders)
+	require.Zero(t, w.KeyLimit)
 	select {
 	case id := <-started:
 		t.Fatalf("instance %d started while its key was held", id)
