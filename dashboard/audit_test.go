@@ -113,6 +113,8 @@ func TestAuditTrail(t *testing.T) {
 	sig := log.with("dashboard audit: signal")[0]
 	require.Equal(t, "go", sig["name"])
 	require.NotZero(t, sig["signal_id"])
+	require.Contains(t, e.logs.String(), fmt.Sprintf("msg=\"gendurable: signal sent\" id=%d name=go", waiting),
+		"the engine's Logger has the signal, as it has the other actions")
 	require.Equal(t, "by hand", log.with("dashboard audit: cancel")[0]["reason"])
 	require.Equal(t, gendurable.StatusFailed, e.instance(live).Status)
 

@@ -355,6 +355,13 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	line = log.with("dashboard audit: pause")
 	require.NotEmpty(t, line)
 	require.Equal(t, "queue=q1", line[len(line)-1]["query"])
+	// A refused retry's line names the instance its path does.
+	r = do(t, ro, req{method: http.MethodPost, path: fmt.Sprintf("/instances/%d/retry", id), remote: "10.5.0.1:1",
+		header: map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://example.com"}})
+	require.Equal(t, http.StatusForbidden, r.code, r.body)
+	line = log.with("dashboard audit: retry")
+	require.NotEmpty(t, line)
+	require.Equal(t, id, line[len(line)-1]["id"])
 	r = fresh(fmt.Sprintf("/instances/%d/signal", id), url.Values{"name": {"go"}, "dedup_key": {strings.Repeat("k", 1<<20)}})
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)
 	line = log.with("dashboard audit: signal")

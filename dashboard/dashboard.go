@@ -685,12 +685,30 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 				noteSent(r)
 			}
 		}
+		// A line refused before its handler ran names the instance or
+		// queue its path does, as the handler's own lines do (an operator
+		// probe: a read-only refusal of /instances/30/retry said only
+		// path=).
+		target := func() {
+			if v := r.PathValue("id"); v != "" {
+				if id, err := strconv.ParseInt(v, 10, 64); err == nil {
+					note(r, "id", id)
+				} else {
+					note(r, "id", cut(v))
+				}
+			}
+			if q := r.PathValue("queue"); q != "" {
+				note(r, "queue", cut(q))
+			}
+		}
 		if d.opts.ReadOnly {
+			target()
 			sent()
 			d.errorPage(w, r, http.StatusForbidden, "The dashboard is read-only.")
 			return
 		}
 		if parseErr != nil {
+			target()
 			var tooBig *http.MaxBytesError
 			if errors.As(parseErr, &tooBig) {
 				d.errorPage(w, r, http.StatusRequestEntityTooLarge, "The request is too large.")
@@ -700,6 +718,7 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 			return
 		}
 		if code, msg := formShape(r, action); code != 0 {
+			target()
 			sent()
 			note(r, "refused_form", msg, "content_type", cut(r.Header.Get("Content-Type")))
 			d.errorPage(w, r, code, msg)

@@ -625,6 +625,15 @@ func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	note(r, "signal_id", res.ID, "duplicate", res.Duplicate, "woke", res.Woke)
+	// On the engine's Logger too, as the CLI's signal logs it and as the
+	// engine logs the dashboard's other actions (a retry, a cancel): Signal
+	// is the application's call as well, so the engine does not log it
+	// itself (an operator probe found the dashboard's signal missing there).
+	msg := "gendurable: signal sent"
+	if res.Duplicate {
+		msg = "gendurable: signal not sent (a duplicate)"
+	}
+	d.eng.Config().Logger.Info(msg, "id", id, "name", name, "signal_id", res.ID, "duplicate", res.Duplicate, "woke", res.Woke)
 	flash := "signalled"
 	switch {
 	case res.Duplicate:
@@ -691,8 +700,15 @@ func (d *dashboard) graphPage(w http.ResponseWriter, r *http.Request) {
 const graphTTL = 2 * time.Second
 
 func (d *dashboard) graph(w http.ResponseWriter, r *http.Request, name string) {
-	if name == "" || len(name) > maxFilterLen {
+	if name == "" {
 		d.fail(w, r, gendurable.ErrNotFound)
+		return
+	}
+	if len(name) > maxFilterLen {
+		// Invalid, as the engine finds a name over 200 bytes (400): an
+		// operator probe saw 404, then 400 from 201 bytes to 1,000, then
+		// 404 again. A valid name no machine has is 404.
+		d.fail(w, r, inputError("A machine name is at most 200 bytes."))
 		return
 	}
 	// The graphs of the machines the dashboard knows (stored by an engine,

@@ -557,6 +557,13 @@ func TestMachinesAndGraph(t *testing.T) {
 	// A machine neither registered nor in the table is not found.
 	r = get(t, h, "/machines/"+url.PathEscape("gone machine"))
 	require.Equal(t, http.StatusNotFound, r.code)
+	// A name no machine can have is invalid input, whatever its length
+	// (it was 400 from 201 bytes to 1,000, 404 on either side).
+	for n, code := range map[int]int{200: http.StatusNotFound, 201: http.StatusBadRequest, 1000: http.StatusBadRequest,
+		1001: http.StatusBadRequest, 5000: http.StatusBadRequest} {
+		r = get(t, h, "/machines/"+strings.Repeat("m", n))
+		require.Equal(t, code, r.code, "a name of %d bytes", n)
+	}
 }
 
 // TestQueuesPage: counts per status, pause flag, the throughput chart and
