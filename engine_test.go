@@ -1381,7 +1381,10 @@ func TestWithTxOnASilentlyDeadConnectionRunsAgain(t *testing.T) {
 	require.Equal(t, 0, r.Attempt)
 	require.Equal(t, int32(2), runs.Load())
 	require.Len(t, r.Errors, 1)
-	require.Equal(t, "infrastructure", r.Errors[0]["kind"], "%v", r.Errors)
+	// The dead connection's error, or — on a loaded machine, where the 1 s
+	// lease's heartbeat can time out first — the lease lost meanwhile:
+	// either way the step ran again, no attempt counted.
+	require.Contains(t, []any{"infrastructure", "interrupted"}, r.Errors[0]["kind"], "%v", r.Errors)
 }
 
 // quietConn is a connection that can be silenced: from then on writes are
