@@ -1085,6 +1085,28 @@ func heldKeys(t *testing.T, pool *pgxpool.Pool, schema string, keys, rows int) {
 	}
 }
 
+// walkingFeeder runs a feeder of concurrency slots on queue q, polling every
+// poll, over keys full keys of rows rows each (heldKeys) whose steps return
+// at once; stop ends it and waits.
+func walkingFeeder(t *testing.T, keys, rows, concurrency int, poll time.Duration) (*pgxpool.Pool, string, *Feeder, *walkLog, func()) {
+	t.Helper()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 3})
+	q, err := sqlq.New(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	heldKeys(t, pool, schema, keys, rows)
+	ev := &walkLog{}
+	s := New(Config{Queue: "q", Concurrency: concurrency, MinDemand: 1, BusyPollInterval: poll, PollInterval: poll, MaxPollInterval: poll,
+		Lease: time.Minute, HeartbeatInterval: 20 * time.Second},
+		q, pool, func(context.Context, *sqlq.Claimed, Holder) Result { return Result{} }, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pickCtx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); s.Run(pickCtx, context.Background()) }()
+	var once sync.Once
+	return pool, schema, s, ev, func() { once.Do(func() { cancel(); <-ran }) }
+}
+
 // TestAWalkThatFindsEveryKeyFullIsNotRepeatedAtEveryPick: while every key
 // is full, picks every 5 ms walk the keys at most every other time
 // (keysWalkDuty: ten times the walk's duration, at least the busy poll);
@@ -1092,22 +1114,10 @@ func heldKeys(t *testing.T, pool *pgxpool.Pool, schema string, keys, rows int) {
 // and after a local insert (a kick) the very next pick walks.
 func TestAWalkThatFindsEveryKeyFullIsNotRepeatedAtEveryPick(t *testing.T) {
 	t.Parallel()
-	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 3})
-	q, err := sqlq.New(schema)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	heldKeys(t, pool, schema, 10, 3)
-	ev := &walkLog{}
 	const poll = 5 * time.Millisecond
-	s := New(Config{Queue: "q", Concurrency: 4, MinDemand: 1, BusyPollInterval: poll, PollInterval: poll, MaxPollInterval: poll,
-		Lease: time.Minute, HeartbeatInterval: 20 * time.Second},
-		q, pool, func(context.Context, *sqlq.Claimed, Holder) Result { return Result{} }, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	pickCtx, stop := context.WithCancel(ctx)
-	ran := make(chan struct{})
-	go func() { defer close(ran); s.Run(pickCtx, ctx) }()
-	defer func() { stop(); <-ran }()
+	pool, schema, s, ev, stop := walkingFeeder(t, 10, 3, 4, poll)
+	defer stop()
 
 	began := time.Now()
 	time.Sleep(time.Second)
@@ -1142,24 +1152,33 @@ func TestAWalkThatFindsEveryKeyFullIsNotRepeatedAtEveryPick(t *testing.T) {
 		time.Sleep(poll)
 	}
 
-	// A local insert of a new key's row: the first pick after the kick walks and claims it.
-	time.Sleep(200 * time.Millisecond) // k03 is full again (its row runs, unheld by any outcome)
+	// A local insert of a new key's row, the loop stopped (no pick races
+	// the state set here): with the next walk an hour off, as after a slow
+	// walk that found every key full, a pick walks no key and claims
+	// nothing; the kick makes the walk due, and the pick claims the row.
+	stop()
 	if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.gendurable_instances (fsm, step, queue, partition_key) VALUES ('m', 's', 'q', 'fresh')`); err != nil {
 		t.Fatal(err)
 	}
-	kicked := time.Now()
+	s.mu.Lock()
+	s.keysFullAt, s.keysRecheck, s.keyNews = time.Now(), time.Hour, false
+	due := s.keysWalkDueLocked(time.Now())
+	s.mu.Unlock()
+	if due {
+		t.Fatal("a walk is due within the recheck, with no news")
+	}
+	if n, err := s.pick(ctx, 4, 4, false); err != nil || n != 0 {
+		t.Fatalf("a pick that walks no key claimed %d rows (%v)", n, err)
+	}
 	s.Kick()
-	for {
-		if after := ev.since(kicked); len(after) > 0 {
-			if after[0].count != 1 {
-				t.Fatalf("the first pick after the kick claimed %d rows (walked: %v), want the new key's row", after[0].count, after[0].full > 0)
-			}
-			break
-		}
-		if time.Since(kicked) > 5*time.Second {
-			t.Fatal("no pick after the kick")
-		}
-		time.Sleep(time.Millisecond)
+	s.mu.Lock()
+	due = s.keysWalkDueLocked(time.Now())
+	s.mu.Unlock()
+	if !due {
+		t.Fatal("no walk is due after a kick")
+	}
+	if n, err := s.pick(ctx, 4, 4, true); err != nil || n != 1 || *s.buffer[len(s.buffer)-1].PartitionKey != "fresh" {
+		t.Fatalf("the pick after the kick claimed %d rows (%v), want the new key's row", n, err)
 	}
 }
 
@@ -1176,24 +1195,10 @@ func countOf(picks []walkPick) int {
 // every key, so every pick walks on from where the last stopped.
 func TestAWalkCutShortByMaxKeysIsRepeated(t *testing.T) {
 	t.Parallel()
-	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 3})
-	q, err := sqlq.New(schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	heldKeys(t, pool, schema, 30, 2)
-	ev := &walkLog{}
 	const poll = 5 * time.Millisecond
-	s := New(Config{Queue: "q", Concurrency: 1, MinDemand: 1, BusyPollInterval: poll, PollInterval: poll, MaxPollInterval: poll,
-		Lease: time.Minute, HeartbeatInterval: 20 * time.Second},
-		q, pool, func(context.Context, *sqlq.Claimed, Holder) Result { return Result{} }, ev, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	pickCtx, stop := context.WithCancel(ctx)
-	ran := make(chan struct{})
-	go func() { defer close(ran); s.Run(pickCtx, ctx) }()
+	_, _, _, ev, stop := walkingFeeder(t, 30, 2, 1, poll)
 	time.Sleep(500 * time.Millisecond)
 	stop()
-	<-ran
 	picks := ev.since(time.Time{})
 	if len(picks) < 10 {
 		t.Fatalf("%d picks in 500 ms, polling every %s", len(picks), poll)
