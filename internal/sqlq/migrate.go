@@ -680,18 +680,27 @@ var gendurableColumns = sync.OnceValues(func() (tables, columns []string) {
 				tables, columns = append(tables, g[1]), append(columns, c[1])
 			}
 		}
-		for _, stmt := range strings.Split(sql, ";") {
-			t := alterTable.FindStringSubmatch(stmt)
-			if t == nil {
-				continue
-			}
-			for _, g := range addColumn.FindAllStringSubmatch(stmt, -1) {
-				tables, columns = append(tables, t[1]), append(columns, g[1])
-			}
-		}
+		t, c := alteredColumns(sql, addColumn)
+		tables, columns = append(tables, t...), append(columns, c...)
 	}
 	return tables, columns
 })
+
+// alteredColumns are the columns that the ALTER TABLE statements of sql
+// name in clauses that column (ADD COLUMN, DROP COLUMN) matches, with their
+// tables.
+func alteredColumns(sql string, column *regexp.Regexp) (tables, columns []string) {
+	for _, stmt := range strings.Split(sql, ";") {
+		t := alterTable.FindStringSubmatch(stmt)
+		if t == nil {
+			continue
+		}
+		for _, g := range column.FindAllStringSubmatch(stmt, -1) {
+			tables, columns = append(tables, t[1]), append(columns, g[1])
+		}
+	}
+	return tables, columns
+}
 
 // droppedColumns are the tables sql drops (column "") and the columns it
 // drops, with their tables.
@@ -700,16 +709,8 @@ func droppedColumns(sql string) (tables, columns []string) {
 	for _, g := range dropTable.FindAllStringSubmatch(sql, -1) {
 		tables, columns = append(tables, g[1]), append(columns, "")
 	}
-	for _, stmt := range strings.Split(sql, ";") {
-		t := alterTable.FindStringSubmatch(stmt)
-		if t == nil {
-			continue
-		}
-		for _, g := range dropColumn.FindAllStringSubmatch(stmt, -1) {
-			tables, columns = append(tables, t[1]), append(columns, g[1])
-		}
-	}
-	return tables, columns
+	t, c := alteredColumns(sql, dropColumn)
+	return append(tables, t...), append(columns, c...)
 }
 
 // dependentsAdvice is what checkDependents says after the objects deps.
