@@ -5,6 +5,11 @@
 // (as the comment on gendurable_instances), so Up applies only what is
 // missing and several processes may call it at once. Users who run their own
 // migration tool can print the SQL with SQL and paste it into their files.
+// Each version in it is a transaction of its own (BEGIN … COMMIT): run a
+// file as it is, outside any transaction your tool opens around it — one
+// that wraps each file in a transaction (goose's default, Flyway's) has it
+// committed by the file's first COMMIT; mark the file to run without one
+// (goose: -- +goose NO TRANSACTION).
 //
 //	if _, err := migrate.Up(ctx, pool, "public"); err != nil { ... }
 package migrate

@@ -18,6 +18,7 @@ import (
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
@@ -1488,4 +1489,42 @@ func TestADownKeepsAColumnSomeoneAddedToItsTables(t *testing.T) {
 	var tenant string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT tenant FROM `+s+`.gendurable_instances`).Scan(&tenant))
 	require.Equal(t, "acme", tenant)
+}
+
+// TestAPrintedScriptWaitsForMigrate: a printed version's check takes
+// migrate's lock first, so a migrate up or down in progress cannot move the
+// schema between the check and the version's statements (a review): while
+// the lock is held the script waits (here until its lock_timeout), nothing
+// applied.
+func TestAPrintedScriptWaitsForMigrate(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 3})
+	ctx := context.Background()
+	latest := migrate.Latest()
+	_, err := migrate.To(ctx, pool, schema, latest-1)
+	require.NoError(t, err)
+	holder, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1::text))`, schema)
+	require.NoError(t, err)
+	script, err := migrate.SQL(schema, latest-1, latest)
+	require.NoError(t, err)
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SET lock_timeout = '300ms'`)
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(context.Background(), `RESET lock_timeout`) }()
+	_, err = conn.Exec(ctx, script)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "55P03", pgErr.Code, "it waited for migrate's lock: %v", err)
+	requireVersion(t, pool, schema, latest-1, "nothing applied while migrate held its lock")
+	_, err = conn.Exec(ctx, `ROLLBACK`) // the script's failed version left its transaction open
+	require.NoError(t, err)
+	require.NoError(t, holder.Rollback(ctx))
+	_, err = conn.Exec(ctx, script)
+	require.NoError(t, err)
+	requireVersion(t, pool, schema, latest, "applied once the lock was free")
 }

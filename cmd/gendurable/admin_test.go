@@ -669,3 +669,19 @@ func TestShowSaysItsListsWereCut(t *testing.T) {
 	out, _, _ = cli(t, append([]string{"show", "2"}, s...)...)
 	require.NotContains(t, out, "not shown")
 }
+
+// TestRetryOfACancelledWaitSaysItWaits: a row cancelled while it slept
+// (a RunAt, Next(…).After, a backoff) keeps the wait when retried; the CLI
+// says so, and how to end it, rather than only "runnable again" (a
+// review).
+func TestRetryOfACancelledWaitSaysItWaits(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	seed(t, pool, schema, 1, "status, finished_at, eligible_at", "'failed', now(), now() + interval '1 hour'")
+	out, errOut, code := cli(t, append([]string{"retry", "1"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "instance 1 is runnable again, but sleeping until ")
+	require.Contains(t, out, "as when it was cancelled (gendurable run-now 1 runs it now)")
+	require.Equal(t, 1, countRows(t, pool, schema, "id = 1 AND status = 'runnable' AND eligible_at > now() + interval '59 minutes'"))
+}

@@ -626,6 +626,7 @@ func (s *Feeder) Kick() {
 func (s *Feeder) Hurry() {
 	s.mu.Lock()
 	s.hurry = true
+	s.keyNews = true // the rows may be keyed: the next pick walks the keys
 	s.mu.Unlock()
 	if time.Until(time.Unix(0, s.pollAt.Load())) > s.busyPoll() {
 		s.wake()
@@ -641,6 +642,7 @@ func (s *Feeder) KickBelow(t time.Time) {
 		s.floorFound = &t
 	}
 	s.more = true
+	s.keyNews = true // keyed rows too (a WithTx outcome's inserts)
 	s.mu.Unlock()
 	s.wake()
 }

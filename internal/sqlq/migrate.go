@@ -950,19 +950,23 @@ func MigrationScript(schema string, from, to int) (string, error) {
 // version was refused, would otherwise apply a version on a schema it was
 // not written for and record it (a probe: a script printed --from 22 run on
 // version 19 recorded 23, and every pick then failed on a function of 20).
+// It takes migrate's lock first (migrateLock), held until the version's
+// transaction ends: a migrate up or down cannot move the schema between
+// the check and the version's statements.
 func scriptVersionGuard(schema string, version int, way string, at int) string {
 	table := quoteLiteral(quoteIdent(schema) + ".gendurable_instances")
 	msg := fmt.Sprintf("migration %d %s: schema %q is not at version %d, where this version starts (its "+
 		"gendurable_instances table says: %s): the script was printed for another version, or a version before this "+
 		"one was refused; print it again with --from the schema's version (gendurable migrate status shows it); "+
 		"nothing of version %d was applied", version, way, schema, at, guardValue, version)
-	return fmt.Sprintf("-- The schema is at version %d (migrate checks this too).\n"+
+	return fmt.Sprintf("-- The schema is at version %d (migrate checks this too, under the same lock).\n"+
 		"DO $gendurable$\nDECLARE found text;\nBEGIN\n"+
+		"  PERFORM pg_advisory_xact_lock(hashtext('gendurable.migrate.' || %s));\n"+
 		"  SELECT CASE WHEN to_regclass(%s) IS NULL THEN '%s0'\n"+
 		"              ELSE coalesce(obj_description(to_regclass(%s), 'pg_class'), '(no version comment)') END INTO found;\n"+
 		"  IF found IS DISTINCT FROM '%s%d' THEN\n"+
 		"    RAISE EXCEPTION USING MESSAGE = format(%s, quote_literal(found));\n  END IF;\nEND $gendurable$;\n",
-		at, table, versionCommentPrefix, table, versionCommentPrefix, at, raiseFormat(msg))
+		at, quoteLiteral(schema), table, versionCommentPrefix, table, versionCommentPrefix, at, raiseFormat(msg))
 }
 
 // scriptGuardsBefore is the guard that runs before a version's sql: the
