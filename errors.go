@@ -187,7 +187,15 @@ func JobCancel(err error) error { return &CancelError{Err: err} }
 // attempt (the error is in the history).
 type SnoozeError struct{ Delay time.Duration }
 
-func (e *SnoozeError) Error() string { return fmt.Sprintf("job snoozed for %s", e.Delay) }
+func (e *SnoozeError) Error() string {
+	if e.Delay < 0 {
+		// Retried as an error from a machine's step too (its default
+		// Handle): say why, as a job's invalid outcome does (a probe:
+		// "job snoozed for -1s" counted an attempt without a word).
+		return fmt.Sprintf("%s: JobSnooze with a negative delay %s", ErrInvalidOutcome, e.Delay)
+	}
+	return fmt.Sprintf("job snoozed for %s", e.Delay)
+}
 
 // JobSnooze, returned from a job's Perform, runs the job again after d
 // without counting an attempt. d must not be negative (0: at once): a

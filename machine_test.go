@@ -901,3 +901,20 @@ func TestAMachineStepsJobCancelAndJobSnoozeMeanWhatTheyDoForAJob(t *testing.T) {
 	require.Equal(t, int32(5), snoozeRuns.Load())
 	require.Equal(t, 0, r.Attempt, "a snooze counts no attempt")
 }
+
+// TestANegativeJobSnoozeFromAMachineStepSaysWhy: a machine's step that
+// returns JobSnooze with a negative delay is retried as an error, counting
+// an attempt, as a job's is; its history says the snooze was invalid (it
+// said "job snoozed for -1s", an attempt gone without a word: a probe).
+func TestANegativeJobSnoozeFromAMachineStepSaysWhy(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[orderArgs]{Name: "badsnooze", Start: "a", MaxAttempts: 1, Steps: map[string]gendurable.StepFunc[orderArgs]{
+		"a": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			return gendurable.Outcome{}, gendurable.JobSnooze(-time.Second)
+		},
+	}}
+	b := setup(t, nil, m)
+	b.start()
+	r := b.waitStatus(b.insert(m.New(orderArgs{})), "failed", 10*time.Second)
+	require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "gendurable: invalid outcome: JobSnooze with a negative delay -1s")
+}
