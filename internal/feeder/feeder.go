@@ -280,8 +280,9 @@ type Feeder struct {
 	// (zero otherwise); the picks that follow walk no key until
 	// keysRecheck after it, unless keyNews (keysWalkDueLocked). keyNews:
 	// this process did something since the last walk began that may have
-	// made a keyed row claimable (an insert, a step returned, a claim
-	// given back or lost, a row of ours became eligible).
+	// made a keyed row claimable (an insert, a step of its own that freed
+	// a key's slot, a claim given back or lost, a row of ours became
+	// eligible, a failed pick).
 	keysFullAt  time.Time
 	keysRecheck time.Duration
 	keyNews     bool
