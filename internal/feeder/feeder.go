@@ -1135,22 +1135,18 @@ func (s *Feeder) pick(stopCtx context.Context, demand, keyed int, walk bool) (in
 				got++
 			}
 		}
-		if walk && keyed > 0 {
-			full := keysAllFull(opts, res, len(rows), got)
+		if walk {
+			full := keyed > 0 && s.cfg.Global == 0 && keysAllFull(opts, res, len(rows), got)
 			s.mu.Lock()
 			s.keyedShut = keyed < demand && got >= keyed
-			s.keyedFull = s.keyedShut
-			if full && s.cfg.Global == 0 {
+			s.keyedFull = s.keyedShut && keyed > 0
+			switch {
+			case full:
 				s.keysFullAt = start
 				s.keysRecheck = keysRecheckAfter(time.Since(start), s.busyPoll(), s.cfg.PollInterval)
-			} else {
+			case keyed > 0: // a walk that found room, or was not round every key
 				s.keysFullAt = time.Time{}
 			}
-			s.mu.Unlock()
-		} else if walk {
-			s.mu.Lock()
-			s.keyedShut = keyed < demand
-			s.keyedFull = false
 			s.mu.Unlock()
 		}
 	}
