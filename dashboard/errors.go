@@ -150,6 +150,7 @@ var flashes = map[string]string{
 	"ran-now-lease":    "Not eligible now: it becomes eligible when the lease of its cancelled step ends (that step may still be running until then), with its attempt count kept.",
 	"retried-lease":    "Retried: the instance is runnable again at the step it failed in; it becomes eligible when the lease of its cancelled step ends (that step may still be running until then).",
 	"retried-children": "Retried: the instance awaits its live children again, then runs the step it failed in.",
+	"retried-wait":     "Retried: the instance is runnable again at the step it failed in, but keeps the wait it was cancelled in: it becomes eligible at the time shown (Run now makes it eligible at once).",
 	"retried-await":    "Retried: the instance was cancelled while it awaited signals, and awaits them again (the cancel consumed the ones it had).",
 	"signalled":        "Signal sent; it waits in the instance's inbox.",
 	"signal-woke":      "Signal sent; it woke the instance.",

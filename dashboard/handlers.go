@@ -512,6 +512,10 @@ func (d *dashboard) retryAction(w http.ResponseWriter, r *http.Request) {
 			flash = "retried-children"
 		case wr.Status == gendurable.StatusAwaitingSignal:
 			flash = "retried-await"
+		case wr.Status == gendurable.StatusRunnable && wr.EligibleAt.After(time.Now()):
+			// Cancelled while it waited (a delay, a sleep, a backoff): the
+			// retry keeps the wait, and "runnable again" read as "runs now".
+			flash = "retried-wait"
 		}
 	}
 	d.redirect(w, r, "/instances/"+strconv.FormatInt(id, 10), flash)

@@ -249,3 +249,31 @@ func TestAnUnreachableDatabaseIsA503(t *testing.T) {
 	require.NotContains(t, logs.String(), "internal error")
 	require.Contains(t, logs.String(), "dashboard: request failed")
 }
+
+// TestRetryOfACancelledWaitSaysItKeepsTheWait: an instance cancelled while
+// it waited for a time (here a delayed insert) keeps that time when
+// retried; the flash must not read as "runs now", and the page offers Run
+// now.
+func TestRetryOfACancelledWaitSaysItKeepsTheWait(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t) // not started: nothing picks the instance up
+	h, _ := e.handler(dashboard.Options{})
+	ctx := context.Background()
+	id := e.insertOrder(Order{Item: "later"}, gendurable.InsertOpts{RunIn: time.Hour})
+	require.NoError(t, e.eng.Cancel(ctx, id, "by mistake"))
+	r := post(t, h, fmt.Sprintf("/instances/%d/retry", id), nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	r = get(t, h, r.header.Get("Location"))
+	require.Contains(t, r.body, "but keeps the wait it was cancelled in")
+	require.Contains(t, r.body, "sleeping until")
+	require.Contains(t, r.body, `id="run-now"`)
+
+	// Retried after a failure with nothing to wait for: the plain flash.
+	now := e.insertOrder(Order{Item: "now"}, gendurable.InsertOpts{})
+	require.NoError(t, e.eng.Cancel(ctx, now, "by mistake"))
+	r = post(t, h, fmt.Sprintf("/instances/%d/retry", now), nil)
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	r = get(t, h, r.header.Get("Location"))
+	require.Contains(t, r.body, "Retried: the instance is runnable again at the step it failed in.")
+	require.NotContains(t, r.body, "keeps the wait")
+}
