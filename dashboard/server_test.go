@@ -419,6 +419,55 @@ func TestFullListenerKeepsARequestNotYetRead(t *testing.T) {
 	}
 }
 
+// TestFullListenerKeepsARequestWhoseHeaderWasRead: net/http reports a
+// connection active only once it has parsed the request header. A full
+// listener closed a connection whose reader had taken the whole request
+// out of its socket but not yet reported it (its goroutine descheduled
+// between the two, on a busy CPU): the handler ran — a dashboard action
+// done and audit-logged — and its answer went nowhere (a probe: 18–104 of
+// 500 requests at once, load 10–23). Driven as the test above, the server
+// side read by the test: a whole header read is kept; part of one, read
+// and then silent for longer than the grace, is closed as a silent
+// connection is (a client trickling headers holds no slot); and a kept-alive
+// connection idle after its answer is closed though its first request's
+// header was read.
+func TestFullListenerKeepsARequestWhoseHeaderWasRead(t *testing.T) {
+	t.Parallel()
+	srv := dashboard.NewServer(http.NotFoundHandler(), dashboard.ServerOptions{})
+	for _, tc := range []struct {
+		name, sent string
+		answered, kept bool
+	}{
+		{"whole header", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", false, true},
+		{"bare newlines", "GET / HTTP/1.1\nHost: x\n\n", false, true},
+		{"part of a header", "GET / HTTP/1.1\r\nHost: x\r\n", false, false},
+		{"idle after an answer", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c1, s1, accepted := fullOneSlotListener(t, srv, nil, http.StateNew)
+			_, err := io.WriteString(c1, tc.sent)
+			require.NoError(t, err)
+			buf := make([]byte, len(tc.sent))
+			_, err = io.ReadFull(s1, buf) // the server's reader takes it all
+			require.NoError(t, err)
+			if tc.answered {
+				srv.ConnState(s1, http.StateActive)
+				srv.ConnState(s1, http.StateIdle)
+			}
+			select {
+			case s2 := <-accepted:
+				s2.Close()
+				require.False(t, tc.kept, "the connection whose request header was read was closed to make room")
+				_ = c1.SetReadDeadline(time.Now().Add(5 * time.Second))
+				_, err := c1.Read(make([]byte, 1))
+				require.ErrorIs(t, err, io.EOF, "the connection was closed")
+			case <-time.After(1 * time.Second): // ten times the grace
+				require.True(t, tc.kept, "a connection without a request under way for 1 s was not closed to make room")
+			}
+		})
+	}
+}
+
 // fullOneSlotListener serves LimitListener of one slot: a client c1 whose
 // server side s1 has reported states to srv's ConnState (after request, if
 // not nil, wrote on c1), then a second client dialled; accepted gets the
