@@ -68,6 +68,12 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 			// error is not one: the answer was lost, and the outcome may
 			// have been written (the default message).
 			msg = "outcome not written: the database or a proxy on the way failed the connection"
+		case sessionEnded(commitErr):
+			// The server ended the session (FATAL): an idle-in-transaction
+			// or idle-session timeout, a terminated backend. Its transaction
+			// was rolled back; the outcome itself was not refused (a probe
+			// read "refused" after a WithTx step frozen past the timeout).
+			msg = "outcome not written: the database ended the session (" + pgMessage(commitErr) + ")"
 		case errors.As(commitErr, new(*pgconn.PgError)):
 			// The server answered with an error: the statement (and its
 			// transaction) was rolled back.
@@ -129,4 +135,20 @@ func transitionTarget(from string, o *sqlq.Outcome) string {
 		return *o.Step
 	}
 	return from
+}
+
+// sessionEnded reports an error answer of the server that ended the
+// session (severity FATAL or PANIC), whatever its SQLSTATE.
+func sessionEnded(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC")
+}
+
+// pgMessage is the server's message of err's *pgconn.PgError.
+func pgMessage(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Message
+	}
+	return err.Error()
 }

@@ -22,13 +22,20 @@ func TestAnOutcomeLostToTheConnectionIsNotLoggedAsRefused(t *testing.T) {
 		"08P01": "failed the connection",
 		"57P01": "failed the connection",
 		"22P05": "the database refused it",
+		// A WithTx step frozen past idle_in_transaction_session_timeout:
+		// the session ended, the outcome was not refused (a crash probe).
+		"25P03": "the database ended the session (terminating connection due to idle-in-transaction timeout)",
 		"":      "it may have been written", // a network error: the answer was lost
 	} {
 		var logs strings.Builder
 		e := &Engine{log: slog.New(slog.NewTextHandler(&logs, nil))}
 		c := &sqlq.Claimed{ID: 1, FSM: "m", Step: "a"}
 		res := &executor.Result{Out: sqlq.Outcome{Kind: sqlq.KindDone}}
-		err := errors.Join(errors.New("commit"), &pgconn.PgError{Code: code, Message: "x"})
+		pgErr := &pgconn.PgError{Code: code, Message: "x", Severity: "ERROR"}
+		if code == "25P03" {
+			pgErr.Severity, pgErr.Message = "FATAL", "terminating connection due to idle-in-transaction timeout"
+		}
+		err := errors.Join(errors.New("commit"), pgErr)
 		if code == "" {
 			err = errors.Join(errors.New("commit"), io.ErrUnexpectedEOF)
 		}
