@@ -435,7 +435,7 @@ func TestFullListenerKeepsARequestWhoseHeaderWasRead(t *testing.T) {
 	t.Parallel()
 	srv := dashboard.NewServer(http.NotFoundHandler(), dashboard.ServerOptions{})
 	for _, tc := range []struct {
-		name, sent string
+		name, sent     string
 		answered, kept bool
 	}{
 		{"whole header", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", false, true},
