@@ -51,7 +51,8 @@ const (
 // result decoded into T (a nil result decodes to T's zero value) — or a
 // *[FailedError] (errors.Is ErrInstanceFailed) if it failed (a cancelled
 // instance too: Kind "cancelled"), [ErrStateDecode] if the result does not
-// decode into T, [ErrNotFound] if there is no such instance, or ctx's error. An instance finished by a step
+// decode into T (T's UnmarshalJSON panicking included), [ErrNotFound] if
+// there is no such instance, or ctx's error. An instance finished by a step
 // of this engine wakes it at once; otherwise it polls, from every 10 ms
 // backing off to every second. Any engine can wait, also one that works no
 // queue. A poll that fails because the connection was lost or the server
@@ -92,7 +93,13 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 			if len(in.Result) == 0 || string(in.Result) == "null" {
 				return v, nil
 			}
-			if err := json.Unmarshal(in.Result, &v); err != nil {
+			// A panic of T's UnmarshalJSON is a decode failure too, as a
+			// state's is in a step (a misuse probe: it reached the caller).
+			if err := safely(func() error { return json.Unmarshal(in.Result, &v) }); err != nil {
+				var p *PanicError
+				if errors.As(err, &p) {
+					return zero, fmt.Errorf("%w: result of instance %d into %T: its UnmarshalJSON panicked: %v", ErrStateDecode, id, v, p.Value)
+				}
 				return zero, fmt.Errorf("%w: result of instance %d into %T: %v", ErrStateDecode, id, v, err)
 			}
 			return v, nil

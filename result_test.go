@@ -65,6 +65,11 @@ func TestWaitResultReturnsTheDecodedResultOrTheFailure(t *testing.T) {
 	_, err = gendurable.WaitResult[[]string](ctx, b.eng, ok)
 	require.ErrorIs(t, err, gendurable.ErrStateDecode)
 	require.NotErrorIs(t, err, gendurable.ErrInstanceFailed)
+	// So is one whose UnmarshalJSON panics: the caller gets the error, not
+	// the panic.
+	_, err = gendurable.WaitResult[panickyResult](ctx, b.eng, ok)
+	require.ErrorIs(t, err, gendurable.ErrStateDecode)
+	require.ErrorContains(t, err, "its UnmarshalJSON panicked: result unmarshal panic")
 	select {
 	case r := <-got:
 		require.Equal(t, receipt{Total: 42}, r, "the other engine got the result too")
@@ -277,3 +282,8 @@ func TestWaitResultOfACancelledInstance(t *testing.T) {
 	require.Equal(t, "cancelled", f.Kind)
 	require.Equal(t, "customer left", f.Reason)
 }
+
+// panickyResult's UnmarshalJSON panics.
+type panickyResult struct{}
+
+func (*panickyResult) UnmarshalJSON([]byte) error { panic("result unmarshal panic") }
