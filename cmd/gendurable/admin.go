@@ -117,7 +117,11 @@ func (c *common) engineAndPool(ctx context.Context, stderr io.Writer) (*gendurab
 // so without a connection yet: for ui, which checks the rest of its input
 // first.
 func (c *common) uncheckedEngine(ctx context.Context, stderr io.Writer) (*gendurable.Engine, *pgxpool.Pool, error) {
-	cfg, err := parseDatabaseURL(databaseURL(c.dbURL))
+	url, err := databaseURL(c.dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg, err := parseDatabaseURL(url)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -1077,6 +1081,9 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	o.AuditLogger = cliLogger(stderr, false)
 	o.DatabaseURL = *dbURL
 	if o.DatabaseURL == "" {
+		if v, set := os.LookupEnv("DATABASE_URL"); set && strings.TrimSpace(v) == "" {
+			return errEmptyEnvDatabaseURL // not a throwaway server in place of the database meant
+		}
 		o.DatabaseURL = os.Getenv("DATABASE_URL")
 	}
 	if o.DatabaseURL != "" { // "": a throwaway PostgreSQL

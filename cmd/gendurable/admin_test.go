@@ -509,6 +509,34 @@ func TestEmptyDatabaseURLIsRefusedBeforeAnyConnection(t *testing.T) {
 	}
 }
 
+// TestEmptyDatabaseURLEnvIsRefusedBeforeAnyConnection: so is a
+// DATABASE_URL set to nothing when no --database-url is given
+// (DATABASE_URL="$TARGET" with TARGET unset): it was read as unset, and
+// `status` connected to the local server, saying neither was set (a
+// newcomer's probe); the demo started a throwaway server in place of the
+// database meant. A --database-url still wins over it.
+func TestEmptyDatabaseURLEnvIsRefusedBeforeAnyConnection(t *testing.T) {
+	for _, env := range []string{"", " "} {
+		t.Setenv("DATABASE_URL", env)
+		for _, cmd := range [][]string{
+			{"status"}, {"list"}, {"show", "1"}, {"retry", "--all", "--yes"}, {"cancel", "--all", "--yes"},
+			{"run-now", "1"}, {"signal", "1", "go"}, {"pause", "q", "--create"}, {"queue", "remove", "q"},
+			{"prune", "--retention", "2h"}, {"machines"}, {"ui", "--addr", "127.0.0.1:0"},
+			{"migrate", "up"}, {"migrate", "down", "--yes"}, {"migrate", "status"}, {"demo"}, {"bench"},
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			var stdout, stderr strings.Builder
+			code := run(ctx, cmd, &stdout, &stderr)
+			cancel()
+			require.Equal(t, exitUsage, code, "%q: %s", cmd, stderr.String())
+			require.Contains(t, stderr.String(), "DATABASE_URL is set but empty", "%q", cmd)
+		}
+	}
+	var stdout, stderr strings.Builder
+	code := run(context.Background(), []string{"migrate", "status", "--database-url", dbtest.URL(), "--schema", "gd_nothing_here"}, &stdout, &stderr)
+	require.NotContains(t, stderr.String(), "DATABASE_URL is set but empty", "code %d", code)
+}
+
 // TestDoubleDashEndsTheFlags: after "--" every argument is positional,
 // however it looks. The CLI parsed flags again after the first positional
 // argument that followed "--", so `cancel -- ID --tree --yes` — ids from a

@@ -617,15 +617,29 @@ func parseDatabaseURL(url string) (*pgxpool.Config, error) {
 	return cfg, nil
 }
 
-func databaseURL(flagValue string) string {
+// databaseURL is the URL a command connects to: flagValue (--database-url,
+// never empty: refused as it is parsed), else DATABASE_URL, else
+// defaultDatabaseURL. A DATABASE_URL set to nothing (or white space) is a
+// usage error, as an empty --database-url is: `DATABASE_URL="$TARGET"
+// gendurable migrate down --yes` with TARGET unset acted on the local
+// server's database, saying neither was set (a newcomer's probe).
+func databaseURL(flagValue string) (string, error) {
 	if flagValue != "" {
-		return flagValue
+		return flagValue, nil
 	}
-	if v := os.Getenv("DATABASE_URL"); v != "" {
-		return v
+	v, set := os.LookupEnv("DATABASE_URL")
+	if set && strings.TrimSpace(v) == "" {
+		return "", errEmptyEnvDatabaseURL
 	}
-	return defaultDatabaseURL
+	if v != "" {
+		return v, nil
+	}
+	return defaultDatabaseURL, nil
 }
+
+// errEmptyEnvDatabaseURL: DATABASE_URL is set but empty.
+var errEmptyEnvDatabaseURL = usageError{msg: "DATABASE_URL is set but empty: give it the database's URL, or unset it " +
+	"(unset: " + defaultDatabaseURL + "; demo: a throwaway PostgreSQL), or pass --database-url"}
 
 // defaultDatabaseURL is the database of every command (but demo's) when
 // neither --database-url nor DATABASE_URL is given.
@@ -711,7 +725,11 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		_, err = io.WriteString(stdout, sql)
 		return err
 	}
-	cfg, err := parseDatabaseURL(databaseURL(*dbURL))
+	url, err := databaseURL(*dbURL)
+	if err != nil {
+		return err
+	}
+	cfg, err := parseDatabaseURL(url)
 	if err != nil {
 		return err
 	}
@@ -865,7 +883,10 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return nil
 	}
-	o.DatabaseURL = databaseURL(*dbURL)
+	var err error
+	if o.DatabaseURL, err = databaseURL(*dbURL); err != nil {
+		return err
+	}
 	if _, err := parseDatabaseURL(o.DatabaseURL); err != nil {
 		return err
 	}
