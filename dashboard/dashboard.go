@@ -145,6 +145,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -731,13 +732,23 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 	})
 }
 
+// actionFields are the body fields each action's handler reads (a bulk
+// action's: the list's filters, its page bounds refused by name).
+var actionFields = map[string][]string{
+	"pause": {}, "resume": {}, "retry": {}, "run-now": {},
+	"cancel": {"reason"}, "cancel-tree": {"reason"},
+	"signal":      {"name", "payload", "dedup_key"},
+	"bulk-retry":  append([]string{"scope", "id", "reason"}, listFields...),
+	"bulk-cancel": append([]string{"scope", "id", "reason"}, listFields...),
+}
+
 // formShape refuses a mutation's form that the handler would read other
 // than as sent: a body that is not application/x-www-form-urlencoded (the
 // form parser skips a JSON or multipart body, so its fields would be
 // dropped unread, a cancel's reason among them), a field in the URL's
-// query (read by no handler but a pause's or resume's queue), or a field
-// given more than once (only the first would be read) — ticked ids
-// excepted. It
+// query (read by no handler but a pause's or resume's queue), a field in
+// the body the action does not take (actionFields), or a field given more
+// than once (only the first would be read) — ticked ids excepted. It
 // returns 0 for a form of the shape the dashboard's own pages send.
 func formShape(r *http.Request, action string) (int, string) {
 	if r.ContentLength != 0 {
@@ -768,6 +779,27 @@ func formShape(r *http.Request, action string) (int, string) {
 			// In both: the handler reads one of them (a pause of
 			// ?queue=default with queue=b in the body paused default).
 			return http.StatusBadRequest, fmt.Sprintf("The field %q is given more than once.", k)
+		}
+	}
+	if fields, known := actionFields[action]; known {
+		for k := range r.PostForm {
+			if k == "queue" && (action == "pause" || action == "resume") {
+				if r.PathValue("queue") != "" {
+					return http.StatusBadRequest, "The queue is named in the path already: leave it out of the form's body."
+				}
+				continue // the handler says where the name goes (noQueue)
+			}
+			if !slices.Contains(fields, k) {
+				// No handler reads it: a pause of /queues/default/pause with
+				// queue=slow in the body paused default (a hostile probe).
+				if len(k) > 40 {
+					k = k[:40]
+				}
+				if len(fields) == 0 {
+					return http.StatusBadRequest, fmt.Sprintf("The field %q is not one this action takes: it takes no fields.", k)
+				}
+				return http.StatusBadRequest, fmt.Sprintf("The field %q is not one this action takes (%s).", k, strings.Join(fields, ", "))
+			}
 		}
 	}
 	for _, vs := range []url.Values{r.PostForm, r.URL.Query()} {

@@ -663,6 +663,12 @@ type machineRow struct {
 
 func (d *dashboard) machinesPage(w http.ResponseWriter, r *http.Request) {
 	if q := r.URL.Query(); q.Has("name") { // the graph of "." or "..", "/" (machineURL)
+		if len(q["name"]) > 1 {
+			// Only the first would be drawn (a hostile probe): as the list
+			// refuses a filter given twice.
+			d.fail(w, r, inputError("The field \"name\" is given more than once: give it once."))
+			return
+		}
 		d.graph(w, r, q.Get("name"))
 		return
 	}
