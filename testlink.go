@@ -57,6 +57,13 @@ func runStepForTest(ctx context.Context, def any, in testlink.StepInput) (testli
 			registry[machineKey{c.name, c.version}] = c
 		}
 	}
+	for _, s := range in.Claim.Inbox {
+		// A signal no engine could hold (an empty name, say) is the test's
+		// mistake: as Signal refuses it (a misuse probe's RunStep took one).
+		if err := validateSignalName(s.Name); err != nil {
+			return testlink.StepOutput{}, fmt.Errorf("%w: StepOpts.Inbox signal %d: %v", ErrInvalidSignal, s.ID, err)
+		}
+	}
 	limits := jsonLimits{maxBytes: DefaultMaxStateBytes, bytesName: "MaxStateBytes", maxDepth: DefaultMaxJSONDepth}
 	x := &execInput{
 		Input:    &executor.Input{Claim: &in.Claim, Queue: in.Queue},

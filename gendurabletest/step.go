@@ -188,7 +188,9 @@ func NewSignal(tb testing.TB, name string, payload any) gendurable.Signal {
 // is checked against the machine and the default Config limits, and
 // children are encoded as inserts. It returns what the engine would write.
 //
-// RunStep fails the test if step is not one of the machine's steps, or if
+// RunStep fails the test if step is not one of the machine's steps, if an
+// opts.Inbox signal has a name no engine would take ([gendurable.Engine.Signal]'s
+// rules: an empty one, say), or if
 // the step returns an outcome the engine would reject (an
 // ErrInvalidOutcome, such as a Next to an undeclared step) or PostgreSQL
 // would (a state holding a NUL), unless opts.AllowInvalidOutcome. A step that errors or panics does not fail

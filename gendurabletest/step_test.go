@@ -289,6 +289,15 @@ func TestRunStepInbox(t *testing.T) {
 	}
 	require.Equal(t, 0, count(false))
 	require.Equal(t, 1, count(true))
+
+	// A signal no engine could hold fails the test, as Signal refuses it.
+	f := newFakeTB(t)
+	require.True(t, f.run(func(tb testing.TB) {
+		gendurabletest.RunStep(t.Context(), tb, orderMachine, "charge", order{}, &gendurabletest.StepOpts{
+			Inbox: []gendurable.Signal{{Name: ""}},
+		})
+	}))
+	require.Contains(t, f.message(), "invalid signal: StepOpts.Inbox signal 1")
 }
 
 func TestRunStepTimeout(t *testing.T) {

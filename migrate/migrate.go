@@ -60,8 +60,15 @@ var ErrDependents = sqlq.ErrDependents
 func Latest() int { return sqlq.LatestVersion() }
 
 // Result says what a migration did.
+//
+// Migrators running at once (several processes starting together) take
+// turns version by version, each under the migration's lock: each applies
+// the versions its Applied lists and no other, From is the version its
+// first turn found, and To the version its last turn found or left — which
+// may be past an UpTo's target when another migrator's Up went on (the
+// schema is then at least at the target: no error).
 type Result struct {
-	From    int   // version installed before
+	From    int   // version installed before (its first turn's, with migrators at once)
 	To      int   // version installed after (with an error: the version reached)
 	Applied []int // versions applied, in order (empty when there was nothing to do); with an error, those committed
 }
