@@ -31,6 +31,7 @@ const (
 	DefaultMaxAttempts         = 20
 	DefaultLeaseDuration       = 60 * time.Second
 	MinLeaseDuration           = 100 * time.Millisecond // Config.LeaseDuration's floor
+	MaxLeaseDuration           = 24 * time.Hour         // Config.LeaseDuration's ceiling
 	DefaultHeartbeatInterval   = 20 * time.Second
 	DefaultReaperInterval      = 30 * time.Second
 	DefaultDrainTimeout        = 10 * time.Second
@@ -84,7 +85,9 @@ type Config struct {
 	// A crashed worker's steps run again this long after its last heartbeat.
 	// Default 60s; under 100ms is [ErrInvalidConfig] (a lease must outlast
 	// a pick's and a heartbeat's round trips on a loaded database, or no
-	// step ever holds its claim).
+	// step ever holds its claim), and so is over 24h (a crashed worker's
+	// steps would wait that long; heartbeats keep a long step's lease, so a
+	// lease need not outlast the step).
 	LeaseDuration time.Duration
 	// HeartbeatInterval between lease extensions; it must not exceed
 	// LeaseDuration / 3. Default 20s, or LeaseDuration/3 if shorter.
@@ -162,10 +165,11 @@ type Config struct {
 	// writes them back: numbers with an exponent count written out in full
 	// (1e6 as 1000000). It is not the exact size jsonb returns (its text adds
 	// a space after each ':' and ',', and stores an escape such as \u003c
-	// as one character). Default 1 MiB.
+	// as one character). Default 1 MiB; over 255 MiB (what a jsonb value
+	// can hold) is [ErrInvalidConfig].
 	MaxStateBytes int
 	// MaxSignalBytes bounds the encoded JSON payload of a signal, measured
-	// likewise. Default 256 KiB.
+	// likewise. Default 256 KiB; over 255 MiB is [ErrInvalidConfig].
 	MaxSignalBytes int
 	// MaxJSONDepth bounds how deeply arrays and objects may nest in a
 	// state, result or signal payload. PostgreSQL rejects documents nested
@@ -215,7 +219,8 @@ type Config struct {
 	// CommitConcurrency is how many outcome statements this engine keeps in
 	// flight at once. Outcomes of steps that finish while those run are
 	// group-committed in the next statement. Default 2 (for 0 or a negative
-	// value). One more connection is used while outcomes wait on a row
+	// value); over 100 is [ErrInvalidConfig] (each needs a connection:
+	// a default server's max_connections). One more connection is used while outcomes wait on a row
 	// lock another transaction holds (a caller's open SignalTx on a
 	// parent): after a short wait they are taken out of their batch, which
 	// is written without them, and written on that connection once their
@@ -479,6 +484,14 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	return e, nil
 }
 
+// maxJSONBBytes is the largest value a jsonb holds (255 MiB: PostgreSQL's
+// JENTRY_OFFLENMASK); maxCommitConcurrency Config.CommitConcurrency's
+// ceiling.
+const (
+	maxJSONBBytes        = 1<<28 - 1
+	maxCommitConcurrency = 100
+)
+
 func (c *Config) withDefaults() error {
 	heartbeatSet := c.HeartbeatInterval // the floor is for a value set, not LeaseDuration/3
 	setDefault(&c.Schema, DefaultSchema)
@@ -520,8 +533,17 @@ func (c *Config) withDefaults() error {
 			c.HeartbeatInterval, c.LeaseDuration/3)
 	case c.LeaseDuration < MinLeaseDuration:
 		return errorf(ErrInvalidConfig, "LeaseDuration %s below %s: a claim would expire within a pick's or a heartbeat's round trip", c.LeaseDuration, MinLeaseDuration)
+	case c.LeaseDuration > MaxLeaseDuration:
+		// A misuse probe's math.MaxInt64: a crashed worker's rows were
+		// never reaped, and MaintenanceTimeout (its default the lease)
+		// bounded nothing.
+		return errorf(ErrInvalidConfig, "LeaseDuration %s above %s: a crashed worker's steps would wait that long to run again (heartbeats keep a long step's lease: the lease need not outlast the step)", c.LeaseDuration, MaxLeaseDuration)
 	case c.MaxStateBytes < 0 || c.MaxSignalBytes < 0 || c.PartitionRetryDelay < 0:
 		return errorf(ErrInvalidConfig, "negative MaxStateBytes, MaxSignalBytes or PartitionRetryDelay")
+	case c.MaxStateBytes > maxJSONBBytes || c.MaxSignalBytes > maxJSONBBytes:
+		return errorf(ErrInvalidConfig, "MaxStateBytes %d or MaxSignalBytes %d above %d: PostgreSQL's jsonb holds at most 255 MiB", c.MaxStateBytes, c.MaxSignalBytes, maxJSONBBytes)
+	case c.CommitConcurrency > maxCommitConcurrency:
+		return errorf(ErrInvalidConfig, "CommitConcurrency %d above %d: each outcome statement in flight needs a connection of its own", c.CommitConcurrency, maxCommitConcurrency)
 	}
 	for i, h := range c.Hooks {
 		if f, ok := h.(HookFunc); h == nil || ok && f == nil || nilPointer(h) {

@@ -107,6 +107,12 @@ func TestInvalidConfig(t *testing.T) {
 		{"min demand too big", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {Concurrency: 2, Prefetch: -1, MinDemand: 3}}}, "MinDemand 3"},
 		{"poll above max", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"q": {PollInterval: time.Minute, MaxPollInterval: time.Second}}}, "PollInterval"},
 		{"empty queue name", gendurable.Config{Queues: map[string]gendurable.QueueConfig{"": {}}}, "queue name"},
+		// A misuse probe's ceilings: a lease of math.MaxInt64 left a
+		// crashed worker's rows unreaped for good; the others cannot be met.
+		{"lease above a day", gendurable.Config{LeaseDuration: math.MaxInt64}, "LeaseDuration 2562047h47m16.854775807s above 24h0m0s"},
+		{"state bytes past jsonb", gendurable.Config{MaxStateBytes: math.MaxInt}, "PostgreSQL's jsonb holds at most 255 MiB"},
+		{"signal bytes past jsonb", gendurable.Config{MaxSignalBytes: 1 << 28}, "PostgreSQL's jsonb holds at most 255 MiB"},
+		{"commit concurrency", gendurable.Config{CommitConcurrency: 1 << 40}, "CommitConcurrency 1099511627776 above 100"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -123,6 +129,8 @@ func TestInvalidConfig(t *testing.T) {
 	_, err = gendurable.New(pool, &gendurable.Config{ReaperInterval: time.Millisecond, Retention: time.Second,
 		Queues: map[string]gendurable.QueueConfig{"q": {BusyPollInterval: time.Millisecond}}})
 	require.NoError(t, err, "the floors themselves are accepted")
+	_, err = gendurable.New(pool, &gendurable.Config{LeaseDuration: gendurable.MaxLeaseDuration, MaxStateBytes: 1<<28 - 1, CommitConcurrency: 100})
+	require.NoError(t, err, "the ceilings themselves are accepted")
 	_, err = gendurable.New(pool, &gendurable.Config{LeaseDuration: gendurable.MinLeaseDuration})
 	require.NoError(t, err, "a heartbeat derived from a short lease (LeaseDuration/3) is not a forgotten unit")
 	// A lease of a few milliseconds expired within every pick's round

@@ -119,8 +119,7 @@ func TestMaintenanceTimeoutUnderASecondRefused(t *testing.T) {
 
 // TestPruneUnderTheLongestMaintenanceTimeout: a MaintenanceTimeout so long
 // that 10 × it (a prune batch's deadline) is past the longest Duration —
-// math.MaxInt64 set to mean "no deadline", or the default under a lease
-// that long — gives a prune batch the longest deadline. 10 × it wrapped
+// math.MaxInt64 set to mean "no deadline" — gives a prune batch the longest deadline. 10 × it wrapped
 // around to a negative deadline before, which failed every batch at once:
 // nothing was ever pruned.
 func TestPruneUnderTheLongestMaintenanceTimeout(t *testing.T) {
@@ -129,7 +128,7 @@ func TestPruneUnderTheLongestMaintenanceTimeout(t *testing.T) {
 	for _, cfg := range []*gendurable.Config{
 		{MaintenanceTimeout: math.MaxInt64},
 		{MaintenanceTimeout: 30 * 365 * 24 * time.Hour},
-		{LeaseDuration: 100 * 365 * 24 * time.Hour},
+		{LeaseDuration: gendurable.MaxLeaseDuration, MaintenanceTimeout: math.MaxInt64},
 	} {
 		cfg.Schema, cfg.Logger = b.schema, testLogger(t)
 		eng, err := gendurable.New(b.pool, cfg)
