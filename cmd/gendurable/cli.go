@@ -507,7 +507,7 @@ var flagsSeen sync.Map // *flag.FlagSet → map[string]bool
 
 // repeatable are the flags that may be given more than once: each value
 // adds to the others.
-var repeatable = map[string]bool{"allowed-host": true}
+var repeatable = map[string]bool{"allowed-host": true, "trusted-origin": true}
 
 // onceValue is a flag's Value, during a parse, that refuses a second value
 // (parseFlags).
@@ -522,7 +522,37 @@ func (v *onceValue) Set(s string) error {
 		return errGivenTwice
 	}
 	v.seen[v.name] = true
+	if g, ok := v.Value.(flag.Getter); ok {
+		switch g.Get().(type) {
+		case int, int64, uint, uint64:
+			if !plainDecimal(s) {
+				return errNotDecimal
+			}
+		}
+	}
 	return v.Value.Set(s)
+}
+
+// errNotDecimal: an integer flag's value is not written in plain decimal.
+// The flag package reads integers as Go literals: 020 as octal 16, 0x10 as
+// 16, 1_0 as 10, so `migrate down --to 020 --yes` removed versions down to
+// 16 (a hostile-operator probe). Ids given as arguments were decimal
+// already.
+var errNotDecimal = errors.New("want a whole number written in decimal, without a leading zero, sign + or _ (not 020, 0x10, +5 or 1_000)")
+
+// plainDecimal reports s as "0", or digits not starting with 0, with an
+// optional leading '-'.
+func plainDecimal(s string) bool {
+	s = strings.TrimPrefix(s, "-")
+	if s == "" || len(s) > 1 && s[0] == '0' {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func (v *onceValue) String() string {
@@ -612,7 +642,7 @@ func (e usageError) Error() string { return e.msg }
 func parseDatabaseURL(url string) (*pgxpool.Config, error) {
 	cfg, err := pgurl.ParseConfig(url)
 	if err != nil {
-		return nil, usageError{msg: fmt.Sprintf("database URL: %v", err)}
+		return nil, usageError{msg: fmt.Sprintf("database URL: %v", err)} // its connection string not repeated (pgurl.HideConnString)
 	}
 	return cfg, nil
 }

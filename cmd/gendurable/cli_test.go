@@ -1689,6 +1689,7 @@ func TestEveryFlagGivenTwiceIsAUsageError(t *testing.T) {
 	// (the first form wrapped the values for good: every help printed
 	// "panic calling String method" and lost its defaults).
 	_, errOut, code := cli(t, "ui", "--allowed-host", "a.example", "--allowed-host", "b.example", "--addr", "127.0.0.1:0",
+		"--trusted-origin", "https://a.example", "--trusted-origin", "https://b.example", // as its help says (a probe)
 		"--database-url", "postgres://nobody@127.0.0.1:1/x")
 	require.NotEqual(t, exitUsage, code, errOut)
 	require.NotContains(t, errOut, "given twice")
@@ -1749,4 +1750,72 @@ func TestAHugeArgumentIsNotEchoedWhole(t *testing.T) {
 	}
 	_, stderr, _ := cli(t, "show", "x")
 	require.NotContains(t, stderr, "cut", "a short message is whole")
+}
+
+// TestIntegerFlagsAreDecimal: the flag package reads an integer as a Go
+// literal — 020 as octal 16, 0x2 as 2, 1_0 as 10 — so `migrate down --to
+// 020 --yes` removed versions 23 down to 16 (a hostile-operator probe).
+// Every integer flag takes plain decimal now: anything else is exit 2,
+// before any connection, and nothing is migrated.
+func TestIntegerFlagsAreDecimal(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	for _, args := range [][]string{
+		{"migrate", "down", "--to", "020", "--yes"},
+		{"migrate", "down", "--to", "0x14", "--yes"},
+		{"migrate", "down", "--to", "2_0", "--yes"},
+		{"migrate", "down", "--to", "+20", "--yes"},
+		{"list", "--limit", "010"},
+		{"list", "--before", "0x10"},
+		{"ui", "--max-conns", "010", "--addr", "127.0.0.1:0"},
+		{"demo", "--orders", "010"},
+	} {
+		_, errOut, code := cli(t, append(args, "--schema", schema)...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.Contains(t, errOut, "want a whole number written in decimal", "%q", args)
+	}
+	v, err := migrate.Installed(context.Background(), pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, migrate.Latest(), v, "nothing was migrated")
+	// Plain decimal, 0 and a negative number (refused by its own check)
+	// still parse as numbers.
+	_, errOut, code := cli(t, "list", "--limit", "-1", "--schema", schema)
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "--limit must be within")
+	_, errOut, code = cli(t, "list", "--limit", "10", "--schema", schema)
+	require.Zero(t, code, errOut)
+}
+
+// TestAnEmptyCredentialIsRefused: `ui --token "$UNSET"` (and --basic-auth,
+// their -file forms, or GENDURABLE_UI_TOKEN set to nothing) served the
+// dashboard with no authentication (a hostile-operator probe): each is exit
+// 2 now, before the server starts.
+func TestAnEmptyCredentialIsRefused(t *testing.T) {
+	for _, flag := range []string{"--token=", "--basic-auth=", "--token-file=", "--basic-auth-file= "} {
+		_, errOut, code := cli(t, "ui", flag, "--addr", "127.0.0.1:0")
+		require.Equal(t, exitUsage, code, "%s: %s", flag, errOut)
+		require.Contains(t, errOut, "empty: give the credential", flag)
+	}
+	for _, env := range []string{envUIToken, envUIBasicAuth} {
+		t.Setenv(env, "")
+		var stdout, stderr strings.Builder
+		code := run(context.Background(), []string{"ui", "--addr", "127.0.0.1:0", "--database-url", "postgres://nobody@127.0.0.1:1/x"}, &stdout, &stderr)
+		require.Equal(t, exitUsage, code, "%s: %s", env, stderr.String())
+		require.Contains(t, stderr.String(), env+" is set but empty", env)
+		os.Unsetenv(env)
+	}
+}
+
+// TestAConnectionStringIsNotRepeated: a database URL that does not parse
+// is exit 2 with the reason, not the string: pgx masks the password it
+// recognizes and missed one written "password = secret" (a
+// hostile-operator probe found it in the message).
+func TestAConnectionStringIsNotRepeated(t *testing.T) {
+	t.Parallel()
+	for _, url := range []string{"host=h password = secretpw sslmode=bogus", "postgres://u:secretpw@h:99999/x"} {
+		_, errOut, code := cli(t, "status", "--database-url", url)
+		require.Equal(t, exitUsage, code, errOut)
+		require.NotContains(t, errOut, "secretpw")
+		require.Contains(t, errOut, "not shown: it may hold a password")
+	}
 }

@@ -45,10 +45,14 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c.register(fs)
 	addr := fs.String("addr", dashboard.DefaultAddr, "listen address")
 	readOnly := fs.Bool("read-only", false, "hide and refuse every action")
-	token := fs.String("token", "", "require this bearer token (visible in ps: prefer --token-file or "+envUIToken+")")
-	tokenFile := fs.String("token-file", "", "require the bearer token in this file")
-	basic := fs.String("basic-auth", "", "require HTTP basic auth, as user:password (visible in ps: prefer --basic-auth-file or "+envUIBasicAuth+")")
-	basicFile := fs.String("basic-auth-file", "", "require HTTP basic auth, user:password read from this file")
+	// Given empty (--token "$UNSET"), a credential is a usage error, not
+	// no authentication: a hostile-operator probe's dashboard served every
+	// request with none.
+	token, tokenFile, basic, basicFile := new(string), new(string), new(string), new(string)
+	fs.Var(nonEmptyFlag{token, errEmptyCredential}, "token", "require this bearer `token` (visible in ps: prefer --token-file or "+envUIToken+")")
+	fs.Var(nonEmptyFlag{tokenFile, errEmptyCredential}, "token-file", "require the bearer token in this `file`")
+	fs.Var(nonEmptyFlag{basic, errEmptyCredential}, "basic-auth", "require HTTP basic auth, as `user:password` (visible in ps: prefer --basic-auth-file or "+envUIBasicAuth+")")
+	fs.Var(nonEmptyFlag{basicFile, errEmptyCredential}, "basic-auth-file", "require HTTP basic auth, user:password read from this `file`")
 	var allowed []string
 	fs.Func("allowed-host", "serve this Host name too, besides the listen address and loopback names (repeatable; * for any)", func(v string) error {
 		allowed = append(allowed, v)
@@ -245,8 +249,14 @@ func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 		}
 		return s, nil
 	}
+	if v, set := os.LookupEnv(env); set && strings.TrimSpace(v) == "" {
+		return "", usageError{msg: fmt.Sprintf("%s is set but empty: give it the credential, or unset it (read as none, the dashboard would serve without authentication)", env)}
+	}
 	return os.Getenv(env), nil
 }
+
+// errEmptyCredential: --token, --basic-auth or their -file was given empty.
+var errEmptyCredential = errors.New("empty: give the credential (given empty, as an unset shell variable gives it, authentication would be off)")
 
 // maxSecretFile bounds what --token-file and --basic-auth-file read: a
 // credential is a line, and a file past this is not one (a log, a key

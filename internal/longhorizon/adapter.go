@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/pgurl"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -61,7 +62,7 @@ func SchemaFromEnv(getenv func(string) string, key string) (string, error) {
 func PoolConfig(cfg Config, maxConns int32) (*pgxpool.Config, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("%w: DATABASE_URL: %v", ErrInvalidEnv, err)
+		return nil, fmt.Errorf("%w: DATABASE_URL: %v", ErrInvalidEnv, pgurl.HideConnString(err))
 	}
 	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
 		pcfg.MaxConns = maxConns

@@ -5,10 +5,12 @@ package pgurl
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -25,7 +27,7 @@ const DefaultConnectTimeout = 10 * time.Second
 func ParseConfig(url string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, err
+		return nil, HideConnString(err)
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 && !strings.Contains(url, "connect_timeout") && os.Getenv("PGCONNECT_TIMEOUT") == "" {
 		cfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
@@ -41,3 +43,26 @@ func NewPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	}
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
+
+// HideConnString is err with the connection string its message repeats
+// left out (errors.As still finds the *pgconn.ParseConfigError, whose
+// ConnString holds it): pgx masks the password it recognizes, and missed
+// one written "password = secret" (spaces around = are valid there), which
+// a CI log then kept (a hostile-operator probe).
+func HideConnString(err error) error {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	hidden := *pe
+	hidden.ConnString = "(not shown: it may hold a password)"
+	return &hiddenConnString{msg: strings.ReplaceAll(err.Error(), pe.Error(), hidden.Error()), err: err}
+}
+
+type hiddenConnString struct {
+	msg string
+	err error
+}
+
+func (h *hiddenConnString) Error() string { return h.msg }
+func (h *hiddenConnString) Unwrap() error { return h.err }
