@@ -33,8 +33,9 @@
 //     them) as \uHHHH, or \UHHHHHHHH beyond U+FFFF: [Terminal]
 //     only, so that a key "k<U+200B>0" does not print as "k0" (a probe).
 //     Not the zero width joiner and non-joiner, which words and emoji
-//     need, nor the tag characters, which subdivision flags are made of,
-//     nor the emoji presentation selectors U+FE0E and U+FE0F.
+//     need, nor the tag characters of a subdivision flag (those after
+//     U+1F3F4; any other is escaped), nor the emoji presentation
+//     selectors U+FE0E and U+FE0F.
 //
 // Everything else, backslashes and right-to-left text included, is left as
 // it is. Text that holds nothing to escape is returned as it was given,
@@ -172,12 +173,13 @@ func escape[T string | []byte](s T, set set, decode func(T) (rune, int)) ([]byte
 	b = append(b, s[:i]...)
 	for i < len(s) {
 		r, size := decode(s[i:])
-		if c := classifyAt(s, i, r, size, prev, decode); set.has(c) {
+		c := classifyAt(s, i, r, size, prev, decode)
+		if set.has(c) {
 			b = set.appendEscape(b, c, r, s[i])
 		} else {
 			b = append(b, s[i:i+size]...)
 		}
-		prev = after(r, size)
+		prev = after(r, size, c)
 		i += size
 	}
 	return b, true
@@ -190,6 +192,13 @@ func escape[T string | []byte](s T, set set, decode func(T) (rune, int)) ([]byte
 // hold it — a name the library accepts printed with \u180b in it.
 func classifyAt[T string | []byte](s T, i int, r rune, size int, prev rune, decode func(T) (rune, int)) class {
 	c := classify(r, size)
+	if isTag(r) && prev != blackFlag && !isTag(prev) {
+		// A tag character outside a subdivision flag (U+1F3F4 and the
+		// tags after it): "acct-9<U+E0031>" printed as "acct-9", as
+		// another key does (an operator probe). prev is a tag only when
+		// that tag was left as it is (escape, firstEscaped).
+		return invisibleChar
+	}
 	if c == invisibleChar && unicode.Is(unicode.Variation_Selector, r) {
 		next := rune(-1)
 		if i+size < len(s) {
@@ -202,14 +211,22 @@ func classifyAt[T string | []byte](s T, i int, r rune, size int, prev rune, deco
 	return c
 }
 
-// after is the character a variation selector next would follow: r, or
-// -1 for an invalid byte (printed as an escape, it has no form to pick).
-func after(r rune, size int) rune {
-	if r == utf8.RuneError && size == 1 {
+// after is the character a variation selector or a tag next would follow:
+// r, or -1 for an invalid byte (printed as an escape, it has no form to
+// pick) and for a tag printed as an escape (it begins no flag's tags).
+func after(r rune, size int, c class) rune {
+	if r == utf8.RuneError && size == 1 || isTag(r) && c == invisibleChar {
 		return -1
 	}
 	return r
 }
+
+// blackFlag is U+1F3F4 WAVING BLACK FLAG, which a subdivision flag's tag
+// characters follow (England's: U+1F3F4 U+E0067 U+E0062 … U+E007F).
+const blackFlag = 0x1F3F4
+
+// isTag reports the tag characters U+E0020–U+E007F.
+func isTag(r rune) bool { return r >= 0xE0020 && r <= 0xE007F }
 
 // firstEscaped is the offset of the first character of s that set escapes,
 // or -1, and the character before it (as classifyAt takes it). ASCII, most
@@ -226,10 +243,11 @@ func firstEscaped[T string | []byte](s T, set set, decode func(T) (rune, int)) (
 			continue
 		}
 		r, size := decode(s[i:])
-		if set.has(classifyAt(s, i, r, size, prev, decode)) {
+		c := classifyAt(s, i, r, size, prev, decode)
+		if set.has(c) {
 			return i, prev
 		}
-		prev = after(r, size)
+		prev = after(r, size, c)
 		i += size
 	}
 	return -1, prev

@@ -62,6 +62,12 @@ func TestEscapingRule(t *testing.T) {
 			terminal: "\U0001F3F4\U000E0067\U000E0062\U000E0073\U000E0063\U000E0074\U000E007F",
 			inert:    "\U0001F3F4\U000E0067\U000E0062\U000E0073\U000E0063\U000E0074\U000E007F",
 			page:     "\U0001F3F4\U000E0067\U000E0062\U000E0073\U000E0063\U000E0074\U000E007F"},
+		// Tags anywhere else hide: "acct-9<U+E0031>" printed as "acct-9",
+		// as another key does (an operator probe).
+		{name: "tags outside a flag are escaped", in: "acct-9\U000E0031\U000E0032 x\U000E007F",
+			terminal: `acct-9\U000e0031\U000e0032 x\U000e007f`,
+			inert:    "acct-9\U000E0031\U000E0032 x\U000E007F",
+			page:     "acct-9\U000E0031\U000E0032 x\U000E007F"},
 		{name: "joiners stay", in: "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \U0001F468\u200d\U0001F469",
 			terminal: "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \U0001F468\u200d\U0001F469",
 			inert:    "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \U0001F468\u200d\U0001F469",
