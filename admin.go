@@ -115,15 +115,56 @@ type ListPage struct {
 	Partial bool `json:"partial,omitempty"`
 }
 
+// Validate reports a filter that [Engine.List] and the bulk actions by
+// filter would refuse for its values ([ErrInvalidInput]: an unknown status,
+// a name or search text they cannot hold, a negative limit, …), before any
+// SQL: a caller can check a filter before it asks someone to confirm an
+// action by it. It does not judge the filter's scope (no criteria, a time
+// range that leaves nothing out): the bulk actions refuse those themselves.
+func (f ListFilter) Validate() error { return f.check("filter") }
+
+// check is Validate, its message starting with op.
+func (f ListFilter) check(op string) error {
+	if f.Before < 0 || f.Limit < 0 || f.MaxScan < 0 {
+		// A cursor is a previous page's NextBefore, never negative; taken
+		// as none, a bad one would restart the walk from the newest.
+		return errorf(ErrInvalidInput, "%s: negative before (%d), limit (%d) or max scan (%d)", op, f.Before, f.Limit, f.MaxScan)
+	}
+	if f.Status != "" && !validStatus(f.Status) {
+		return errorf(ErrInvalidInput, "%s: unknown status %q", op, f.Status)
+	}
+	for _, c := range []struct{ field, value string }{{"queue", f.Queue}, {"machine", f.Machine}, {"step", f.Step}} {
+		if c.value != "" {
+			if err := checkName(op+": "+c.field, c.value); err != nil {
+				return err
+			}
+		}
+	}
+	if p := searchProblem(f.Search); p != "" {
+		return errorf(ErrInvalidInput, "%s: search text %s", op, p)
+	}
+	if p := stateFilterProblem(f.State); p != "" {
+		return errorf(ErrInvalidInput, "%s: state filter %s", op, p)
+	}
+	for _, c := range []struct {
+		field string
+		t     time.Time
+	}{{"from", f.From}, {"to", f.To}} {
+		if !c.t.IsZero() && !timestampYear(c.t) {
+			return errorf(ErrInvalidInput, "%s: %s %s outside the years %d..%d that PostgreSQL's timestamps hold",
+				op, c.field, c.t.UTC().Format(time.RFC3339), minTimestampYear, maxTimestampYear)
+		}
+	}
+	return nil
+}
+
 // List returns instances matching f, newest first, one page at a time.
 func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 	if err := e.usable(ctx, "List"); err != nil {
 		return nil, err
 	}
-	if f.Before < 0 || f.Limit < 0 || f.MaxScan < 0 {
-		// A cursor is a previous page's NextBefore, never negative; taken
-		// as none, a bad one would restart the walk from the newest.
-		return nil, errorf(ErrInvalidInput, "list: negative before (%d), limit (%d) or max scan (%d)", f.Before, f.Limit, f.MaxScan)
+	if err := f.check("list"); err != nil {
+		return nil, err
 	}
 	limit := f.Limit
 	switch {
@@ -131,31 +172,6 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 		limit = 50
 	case limit > MaxListLimit:
 		limit = MaxListLimit
-	}
-	if f.Status != "" && !validStatus(f.Status) {
-		return nil, errorf(ErrInvalidInput, "list: unknown status %q", f.Status)
-	}
-	for _, c := range []struct{ field, value string }{{"queue", f.Queue}, {"machine", f.Machine}, {"step", f.Step}} {
-		if c.value != "" {
-			if err := checkName("list: "+c.field, c.value); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if p := searchProblem(f.Search); p != "" {
-		return nil, errorf(ErrInvalidInput, "list: search text %s", p)
-	}
-	if p := stateFilterProblem(f.State); p != "" {
-		return nil, errorf(ErrInvalidInput, "list: state filter %s", p)
-	}
-	for _, c := range []struct {
-		field string
-		t     time.Time
-	}{{"from", f.From}, {"to", f.To}} {
-		if !c.t.IsZero() && !timestampYear(c.t) {
-			return nil, errorf(ErrInvalidInput, "list: %s %s outside the years %d..%d that PostgreSQL's timestamps hold",
-				c.field, c.t.UTC().Format(time.RFC3339), minTimestampYear, maxTimestampYear)
-		}
 	}
 	scan := f.MaxScan
 	switch {

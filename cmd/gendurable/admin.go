@@ -751,6 +751,11 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 		}
 	case len(ids) == 0:
 		f.All = *all
+		if err := f.Validate(); err != nil {
+			// Refused before it asks (a probe: --queue " default" wanted
+			// --yes first, and the refusal followed the confirmation).
+			return cliWords(err)
+		}
 		if err := confirmBulk(ctx, name, f, *yes, stderr); err != nil {
 			return err
 		}

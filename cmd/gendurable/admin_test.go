@@ -713,3 +713,25 @@ func TestRetryOfACancelledWaitSaysItWaits(t *testing.T) {
 	require.Contains(t, out, "as when it was cancelled (gendurable run-now 1 runs it now)")
 	require.Equal(t, 1, countRows(t, pool, schema, "id = 1 AND status = 'runnable' AND eligible_at > now() + interval '59 minutes'"))
 }
+
+// TestABulkFilterIsCheckedBeforeItIsConfirmed: a bulk retry or cancel by a
+// filter the library refuses (a queue name with white space around it)
+// asked for --yes (or y/N on a terminal) first, and refused only after;
+// the refusal named "list", not the action (an operator probe). The filter
+// is checked first now; the library's bulk actions name themselves.
+func TestABulkFilterIsCheckedBeforeItIsConfirmed(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	for _, cmd := range []string{"retry", "cancel"} {
+		_, errOut, code := cli(t, cmd, "--queue", " default", "--schema", schema)
+		require.Equal(t, exitUsage, code, errOut)
+		require.Contains(t, errOut, `queue " default" starts with white space`, cmd)
+		require.NotContains(t, errOut, "--yes", cmd)
+	}
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema})
+	require.NoError(t, err)
+	_, err = eng.RetryMatching(context.Background(), gendurable.ListFilter{Queue: " default"})
+	require.ErrorIs(t, err, gendurable.ErrInvalidInput)
+	require.ErrorContains(t, err, `retry: queue " default"`)
+	require.NoError(t, gendurable.ListFilter{Queue: "default"}.Validate())
+}
