@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/benchrun"
 	"github.com/gendurable/gendurable/internal/display"
 	"github.com/gendurable/gendurable/internal/longhorizon"
@@ -161,7 +162,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		// another transaction, a slow server — says so after a while
 		// rather than hang without a word.
 		sw := &syncWriter{w: stderr}
-		stop := noteStillWaiting(sw, args[0], asJSON, stillWaitingAfter)
+		stop := noteStillWaiting(sw, args[0], asJSON, stillWaitingAfter, bulkByFilter(args))
 		err = cmd.run(ctx, args[1:], stdout, sw)
 		stop()
 	default:
@@ -188,6 +189,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 var waitsNoted = map[string]bool{"status": true, "list": true, "show": true, "machines": true, "retry": true,
 	"cancel": true, "run-now": true, "signal": true, "pause": true, "resume": true, "queue": true, "migrate": true}
 
+// bulkByFilter reports a retry or cancel command line (args[0] the
+// command) that acts by filter, on --all or on a tree: flags of those
+// before any "--".
+func bulkByFilter(args []string) bool {
+	if args[0] != "retry" && args[0] != "cancel" {
+		return false
+	}
+	for _, a := range args[1:] {
+		if a == "--" {
+			break
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && slices.Contains([]string{"all", "tree", "queue", "status", "machine", "step", "search", "since", "scan"}, name) {
+			return true
+		}
+	}
+	return false
+}
+
 // readOnlyCommands change nothing in the database: a connection lost
 // mid-command left nothing half done.
 var readOnlyCommands = map[string]bool{"status": true, "list": true, "show": true, "machines": true, "version": true}
@@ -198,9 +218,19 @@ const stillWaitingAfter = 5 * time.Second
 
 // noteStillWaiting writes one line to w after d unless the returned stop
 // is called first; once stop returns, nothing more is written.
-func noteStillWaiting(w *syncWriter, cmd string, asJSON bool, d time.Duration) (stop func()) {
+//
+// A bulk retry or cancel by filter (or a tree) works through its matches in
+// batches, each committed as it goes: "still waiting" read as stuck on a
+// lock while batches committed steadily (a probe, 60,000 rows), so its note
+// says that first.
+func noteStillWaiting(w *syncWriter, cmd string, asJSON bool, d time.Duration, batches bool) (stop func()) {
 	msg := fmt.Sprintf("gendurable: %s: still waiting on the database after %s (the server may be slow or not answering, "+
 		"or a row it needs locked by another transaction); Ctrl-C stops it, and what was already committed stays", cmd, d)
+	if batches {
+		msg = fmt.Sprintf("gendurable: %s: still running after %s: it works through the matching instances in batches of %d, "+
+			"each committed as it goes (or the server is slow, or a row it needs is locked by another transaction); "+
+			"Ctrl-C stops it, and what was already committed stays", cmd, d, gendurable.BulkBatch)
+	}
 	var t *time.Timer
 	t = time.AfterFunc(d, func() {
 		w.mu.Lock()

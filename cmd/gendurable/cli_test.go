@@ -1819,3 +1819,31 @@ func TestAConnectionStringIsNotRepeated(t *testing.T) {
 		require.Contains(t, errOut, "not shown: it may hold a password")
 	}
 }
+
+// TestABulkActionByFilterSaysItWorksInBatches: a bulk retry over 60,000
+// rows committed 500-row batches steadily, and after 5 s said it might be
+// waiting on a row lock (an operator probe). A retry or cancel by filter,
+// --all or --tree says it works in committed batches; one by ids keeps
+// the plain note.
+func TestABulkActionByFilterSaysItWorksInBatches(t *testing.T) {
+	t.Parallel()
+	for args, want := range map[string]bool{
+		"retry --all --yes":            true,
+		"cancel --queue=q --yes":       true,
+		"cancel --tree 5 --yes":        true,
+		"retry 5 6":                    false,
+		"cancel 5 --reason x -- --all": false,
+		"signal 5 go --payload {}":     false,
+		"retry -status failed --yes":   true,
+	} {
+		require.Equal(t, want, bulkByFilter(strings.Fields(args)), args)
+	}
+	for _, batches := range []bool{true, false} {
+		var buf strings.Builder
+		w := &syncWriter{w: &buf}
+		stop := noteStillWaiting(w, "retry", false, 10*time.Millisecond, batches)
+		require.Eventually(t, func() bool { w.mu.Lock(); defer w.mu.Unlock(); return buf.Len() > 0 }, 5*time.Second, 5*time.Millisecond)
+		stop()
+		require.Equal(t, batches, strings.Contains(buf.String(), "in batches of 500, each committed as it goes"), buf.String())
+	}
+}
