@@ -327,7 +327,9 @@ func (e *Engine) cancelTree(ctx context.Context, id int64, batch bulkBatch) (Bul
 
 func (e *Engine) matching(ctx context.Context, f ListFilter, op string, batch bulkBatch) (BulkResult, error) {
 	res := BulkResult{ChangedIDs: []int64{}}
-	if err := f.check(op); err != nil {
+	checked := f
+	checked.Limit = 0 // ignored here (a negative one was taken before)
+	if err := checked.check(op); err != nil {
 		return res, err // named as the action, not as the list it reads
 	}
 	if !f.HasCriteria() && !f.All {

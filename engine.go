@@ -165,11 +165,11 @@ type Config struct {
 	// writes them back: numbers with an exponent count written out in full
 	// (1e6 as 1000000). It is not the exact size jsonb returns (its text adds
 	// a space after each ':' and ',', and stores an escape such as \u003c
-	// as one character). Default 1 MiB; over 255 MiB (what a jsonb value
-	// can hold) is [ErrInvalidConfig].
+	// as one character). Default 1 MiB; over 268,435,455 bytes (256 MiB
+	// less one: what a jsonb value can hold) is [ErrInvalidConfig].
 	MaxStateBytes int
 	// MaxSignalBytes bounds the encoded JSON payload of a signal, measured
-	// likewise. Default 256 KiB; over 255 MiB is [ErrInvalidConfig].
+	// likewise. Default 256 KiB; over 268,435,455 bytes is [ErrInvalidConfig].
 	MaxSignalBytes int
 	// MaxJSONDepth bounds how deeply arrays and objects may nest in a
 	// state, result or signal payload. PostgreSQL rejects documents nested
@@ -220,11 +220,11 @@ type Config struct {
 	// flight at once. Outcomes of steps that finish while those run are
 	// group-committed in the next statement. Default 2 (for 0 or a negative
 	// value); over 100 is [ErrInvalidConfig] (each needs a connection:
-	// a default server's max_connections). One more connection is used while outcomes wait on a row
-	// lock another transaction holds (a caller's open SignalTx on a
-	// parent): after a short wait they are taken out of their batch, which
-	// is written without them, and written on that connection once their
-	// locks go (docs/design.md §4).
+	// a default server's max_connections). One more connection is used
+	// while outcomes wait on a row lock another transaction holds (a
+	// caller's open SignalTx on a parent): after a short wait they are
+	// taken out of their batch, which is written without them, and written
+	// on that connection once their locks go (docs/design.md §4).
 	CommitConcurrency int
 
 	// Logger for the engine's own logs. Default slog.Default().
@@ -484,8 +484,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 	return e, nil
 }
 
-// maxJSONBBytes is the largest value a jsonb holds (255 MiB: PostgreSQL's
-// JENTRY_OFFLENMASK); maxCommitConcurrency Config.CommitConcurrency's
+// maxJSONBBytes is the largest value a jsonb holds (256 MiB less one:
+// PostgreSQL's JENTRY_OFFLENMASK); maxCommitConcurrency Config.CommitConcurrency's
 // ceiling.
 const (
 	maxJSONBBytes        = 1<<28 - 1
@@ -541,7 +541,7 @@ func (c *Config) withDefaults() error {
 	case c.MaxStateBytes < 0 || c.MaxSignalBytes < 0 || c.PartitionRetryDelay < 0:
 		return errorf(ErrInvalidConfig, "negative MaxStateBytes, MaxSignalBytes or PartitionRetryDelay")
 	case c.MaxStateBytes > maxJSONBBytes || c.MaxSignalBytes > maxJSONBBytes:
-		return errorf(ErrInvalidConfig, "MaxStateBytes %d or MaxSignalBytes %d above %d: PostgreSQL's jsonb holds at most 255 MiB", c.MaxStateBytes, c.MaxSignalBytes, maxJSONBBytes)
+		return errorf(ErrInvalidConfig, "MaxStateBytes %d or MaxSignalBytes %d above %d bytes, the most a PostgreSQL jsonb holds", c.MaxStateBytes, c.MaxSignalBytes, maxJSONBBytes)
 	case c.CommitConcurrency > maxCommitConcurrency:
 		return errorf(ErrInvalidConfig, "CommitConcurrency %d above %d: each outcome statement in flight needs a connection of its own", c.CommitConcurrency, maxCommitConcurrency)
 	}

@@ -110,8 +110,8 @@ func TestInvalidConfig(t *testing.T) {
 		// A misuse probe's ceilings: a lease of math.MaxInt64 left a
 		// crashed worker's rows unreaped for good; the others cannot be met.
 		{"lease above a day", gendurable.Config{LeaseDuration: math.MaxInt64}, "LeaseDuration 2562047h47m16.854775807s above 24h0m0s"},
-		{"state bytes past jsonb", gendurable.Config{MaxStateBytes: math.MaxInt}, "PostgreSQL's jsonb holds at most 255 MiB"},
-		{"signal bytes past jsonb", gendurable.Config{MaxSignalBytes: 1 << 28}, "PostgreSQL's jsonb holds at most 255 MiB"},
+		{"state bytes past jsonb", gendurable.Config{MaxStateBytes: math.MaxInt}, "above 268435455 bytes, the most a PostgreSQL jsonb holds"},
+		{"signal bytes past jsonb", gendurable.Config{MaxSignalBytes: 1 << 28}, "above 268435455 bytes, the most a PostgreSQL jsonb holds"},
 		{"commit concurrency", gendurable.Config{CommitConcurrency: 1 << 40}, "CommitConcurrency 1099511627776 above 100"},
 	}
 	for _, tc := range cases {

@@ -141,7 +141,14 @@ func transitionTarget(from string, o *sqlq.Outcome) string {
 // session (severity FATAL or PANIC), whatever its SQLSTATE.
 func sessionEnded(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC")
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	sev := pgErr.SeverityUnlocalized // Severity is translated under lc_messages ("PANIK")
+	if sev == "" {
+		sev = pgErr.Severity
+	}
+	return sev == "FATAL" || sev == "PANIC"
 }
 
 // pgMessage is the server's message of err's *pgconn.PgError.

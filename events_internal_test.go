@@ -25,6 +25,7 @@ func TestAnOutcomeLostToTheConnectionIsNotLoggedAsRefused(t *testing.T) {
 		// A WithTx step frozen past idle_in_transaction_session_timeout:
 		// the session ended, the outcome was not refused (a crash probe).
 		"25P03": "the database ended the session (terminating connection due to idle-in-transaction timeout)",
+		"25P04": "the database ended the session (Verbindung wird abgebrochen)",
 		"":      "it may have been written", // a network error: the answer was lost
 	} {
 		var logs strings.Builder
@@ -32,8 +33,11 @@ func TestAnOutcomeLostToTheConnectionIsNotLoggedAsRefused(t *testing.T) {
 		c := &sqlq.Claimed{ID: 1, FSM: "m", Step: "a"}
 		res := &executor.Result{Out: sqlq.Outcome{Kind: sqlq.KindDone}}
 		pgErr := &pgconn.PgError{Code: code, Message: "x", Severity: "ERROR"}
-		if code == "25P03" {
+		switch code {
+		case "25P03":
 			pgErr.Severity, pgErr.Message = "FATAL", "terminating connection due to idle-in-transaction timeout"
+		case "25P04": // a server whose lc_messages is German: Severity translated
+			pgErr.Severity, pgErr.SeverityUnlocalized, pgErr.Message = "SCHWERWIEGEND", "FATAL", "Verbindung wird abgebrochen"
 		}
 		err := errors.Join(errors.New("commit"), pgErr)
 		if code == "" {

@@ -15,9 +15,8 @@ import (
 
 // TestWithTxIdleTimeoutBeyondTheServersRange: the server takes
 // idle_in_transaction_session_timeout in milliseconds up to 2^31-1 (about
-// 24.8 days). A longer Config.TxIdleTimeout — or a LeaseDuration that long,
-// TxIdleTimeout's default — must still let WithTx steps run, not make
-// every BEGIN fail.
+// 24.8 days). A longer Config.TxIdleTimeout must still let WithTx steps
+// run, not make every BEGIN fail.
 func TestWithTxIdleTimeoutBeyondTheServersRange(t *testing.T) {
 	t.Parallel()
 	m := &gendurable.Machine[orderArgs]{

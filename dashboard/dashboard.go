@@ -140,6 +140,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"mime"
 	"net"
 	"net/http"
@@ -782,7 +783,7 @@ func formShape(r *http.Request, action string) (int, string) {
 		}
 	}
 	if fields, known := actionFields[action]; known {
-		for k := range r.PostForm {
+		for _, k := range slices.Sorted(maps.Keys(r.PostForm)) { // the first bad one, always the same
 			if k == "queue" && (action == "pause" || action == "resume") {
 				if r.PathValue("queue") != "" {
 					return http.StatusBadRequest, "The queue is named in the path already: leave it out of the form's body."
@@ -798,7 +799,10 @@ func formShape(r *http.Request, action string) (int, string) {
 				if len(fields) == 0 {
 					return http.StatusBadRequest, fmt.Sprintf("The field %q is not one this action takes: it takes no fields.", k)
 				}
-				return http.StatusBadRequest, fmt.Sprintf("The field %q is not one this action takes (%s).", k, strings.Join(fields, ", "))
+				// A bulk action's page bounds are among its fields only to be
+				// refused by name (parseBulk): not offered here.
+				takes := slices.DeleteFunc(slices.Clone(fields), func(f string) bool { return f == "before" || f == "limit" })
+				return http.StatusBadRequest, fmt.Sprintf("The field %q is not one this action takes (%s).", k, strings.Join(takes, ", "))
 			}
 		}
 	}

@@ -100,7 +100,8 @@ const evictGrace = 100 * time.Millisecond
 // after an answer or open without a whole request header (for 100 ms at
 // least; on Unix, not while request bytes wait unread in its socket: its
 // reader has not run yet; nor once its reader has read a whole request
-// header: net/http has not reported the request yet) — so that a client
+// header, unless pipelined: net/http has not reported the request yet) —
+// so that a client
 // holding many connections open and silent, or idling many keep-alives,
 // cannot starve the others. Connections with a
 // request being read or answered are never closed; only when every one
@@ -194,6 +195,9 @@ func (l *limitListener) accept() (net.Conn, error) {
 // it there let the handler run — an action done and audit-logged — while
 // its answer went nowhere (a probe: 18–104 of 500 requests at once on a
 // busy CPU). Its reader reports it active, or the server closes it, soon.
+// Only bytes read while the connection waits for a request are looked at:
+// a next request a client pipelined, read along with the one before, is
+// not seen (browsers do not pipeline).
 func (l *limitListener) evict(now time.Time) (retry time.Duration, evicted bool) {
 	l.mu.Lock()
 	var cands []*limitConn

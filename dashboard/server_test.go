@@ -398,9 +398,9 @@ func TestFullListenerKeepsARequestNotYetRead(t *testing.T) {
 	t.Parallel()
 	srv := dashboard.NewServer(http.NotFoundHandler(), dashboard.ServerOptions{})
 	for _, sent := range []bool{true, false} {
-		var request func(c1 net.Conn)
+		var request func(c1, s1 net.Conn)
 		if sent {
-			request = func(c1 net.Conn) {
+			request = func(c1, _ net.Conn) {
 				_, err := io.WriteString(c1, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 				require.NoError(t, err)
 			}
@@ -444,16 +444,19 @@ func TestFullListenerKeepsARequestWhoseHeaderWasRead(t *testing.T) {
 		{"idle after an answer", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c1, s1, accepted := fullOneSlotListener(t, srv, nil, http.StateNew)
-			_, err := io.WriteString(c1, tc.sent)
-			require.NoError(t, err)
-			buf := make([]byte, len(tc.sent))
-			_, err = io.ReadFull(s1, buf) // the server's reader takes it all
-			require.NoError(t, err)
-			if tc.answered {
-				srv.ConnState(s1, http.StateActive)
-				srv.ConnState(s1, http.StateIdle)
-			}
+			// Sent and read before the second client dials (the grace runs
+			// from then on).
+			c1, _, accepted := fullOneSlotListener(t, srv, func(c1, s1 net.Conn) {
+				_, err := io.WriteString(c1, tc.sent)
+				require.NoError(t, err)
+				buf := make([]byte, len(tc.sent))
+				_, err = io.ReadFull(s1, buf) // the server's reader takes it all
+				require.NoError(t, err)
+				if tc.answered {
+					srv.ConnState(s1, http.StateActive)
+					srv.ConnState(s1, http.StateIdle)
+				}
+			}, http.StateNew)
 			select {
 			case s2 := <-accepted:
 				s2.Close()
@@ -472,7 +475,7 @@ func TestFullListenerKeepsARequestWhoseHeaderWasRead(t *testing.T) {
 // server side s1 has reported states to srv's ConnState (after request, if
 // not nil, wrote on c1), then a second client dialled; accepted gets the
 // connection of the Accept that waits for a slot, if it returns.
-func fullOneSlotListener(t *testing.T, srv *http.Server, request func(c1 net.Conn), states ...http.ConnState) (c1, s1 net.Conn, accepted <-chan net.Conn) {
+func fullOneSlotListener(t *testing.T, srv *http.Server, request func(c1, s1 net.Conn), states ...http.ConnState) (c1, s1 net.Conn, accepted <-chan net.Conn) {
 	t.Helper()
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -488,7 +491,7 @@ func fullOneSlotListener(t *testing.T, srv *http.Server, request func(c1 net.Con
 		srv.ConnState(s1, st)
 	}
 	if request != nil {
-		request(c1)
+		request(c1, s1)
 	}
 	c2, err := net.Dial("tcp", tcp.Addr().String())
 	require.NoError(t, err)

@@ -250,7 +250,7 @@ func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 		return s, nil
 	}
 	if v, set := os.LookupEnv(env); set && strings.TrimSpace(v) == "" {
-		return "", usageError{msg: fmt.Sprintf("%s is set but empty: give it the credential, or unset it (read as none, the dashboard would serve without authentication)", env)}
+		return "", usageError{msg: fmt.Sprintf("%s is set but empty: give it the credential, or unset it (given empty, as an unset shell variable gives it, it would be read as none)", env)}
 	}
 	return os.Getenv(env), nil
 }

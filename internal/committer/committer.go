@@ -488,7 +488,11 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 func definitelyNotWritten(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		return pgErr.Severity == "ERROR"
+		sev := pgErr.SeverityUnlocalized // Severity is translated under lc_messages ("FEHLER")
+		if sev == "" {
+			sev = pgErr.Severity
+		}
+		return sev == "ERROR"
 	}
 	return pgconn.SafeToRetry(err)
 }

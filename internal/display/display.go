@@ -192,11 +192,12 @@ func escape[T string | []byte](s T, set set, decode func(T) (rune, int)) ([]byte
 // hold it — a name the library accepts printed with \u180b in it.
 func classifyAt[T string | []byte](s T, i int, r rune, size int, prev rune, decode func(T) (rune, int)) class {
 	c := classify(r, size)
-	if isTag(r) && prev != blackFlag && !isTag(prev) {
+	if r >= 0xE0000 && r <= 0xE007F && !(isTag(r) && (prev == blackFlag || isTag(prev))) {
 		// A tag character outside a subdivision flag (U+1F3F4 and the
-		// tags after it): "acct-9<U+E0031>" printed as "acct-9", as
-		// another key does (an operator probe). prev is a tag only when
-		// that tag was left as it is (escape, firstEscaped).
+		// tags after it), and the tag block's others (U+E0001 LANGUAGE
+		// TAG, unassigned ones): "acct-9<U+E0031>" printed as "acct-9",
+		// as another key does (an operator probe). prev is a tag only
+		// when that tag was left as it is (escape, firstEscaped).
 		return invisibleChar
 	}
 	if c == invisibleChar && unicode.Is(unicode.Variation_Selector, r) {
