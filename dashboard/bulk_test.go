@@ -295,18 +295,21 @@ func TestAMutationActsOnTheFormAsSent(t *testing.T) {
 	// The queue in the path and another in the body: the body's was read
 	// by nobody, and q1 was paused (a hostile probe). So is any field an
 	// action does not take.
-	r = post(t, h, "/queues/q1/pause", url.Values{"queue": {"q2"}})
-	require.Equal(t, http.StatusBadRequest, r.code, r.body)
-	require.Contains(t, r.body, "named in the path already")
-	require.False(t, e.queuePaused("q1"))
-	r = post(t, h, "/queues/q1/pause", url.Values{"confirm": {"yes"}})
-	require.Equal(t, http.StatusBadRequest, r.code, r.body)
-	require.Contains(t, r.body, "it takes no fields")
-	require.False(t, e.queuePaused("q1"))
-	r = post(t, h, path, url.Values{"reason": {"INC-4711"}, "note": {"x"}})
-	require.Equal(t, http.StatusBadRequest, r.code, r.body)
-	require.Contains(t, r.body, "not one this action takes (reason)")
-	live()
+	for _, c := range []struct {
+		path string
+		form url.Values
+		want string
+	}{
+		{"/queues/q1/pause", url.Values{"queue": {"q2"}}, "named in the path already"},
+		{"/queues/q1/pause", url.Values{"confirm": {"yes"}}, "it takes no fields"},
+		{path, url.Values{"reason": {"INC-4711"}, "note": {"x"}}, "not one this action takes (reason)"},
+	} {
+		r = post(t, h, c.path, c.form)
+		require.Equal(t, http.StatusBadRequest, r.code, r.body)
+		require.Contains(t, r.body, c.want)
+		require.False(t, e.queuePaused("q1"))
+		live()
+	}
 	// A machine's graph named twice drew the first (a hostile probe).
 	r = get(t, h, "/machines?name=a&name=b")
 	require.Equal(t, http.StatusBadRequest, r.code, r.body)

@@ -481,6 +481,15 @@ func TestEmptySchemaIsRefusedBeforeAnyConnection(t *testing.T) {
 	}
 }
 
+// databaseCommands are a command line of every command that takes a
+// database.
+var databaseCommands = [][]string{
+	{"status"}, {"list"}, {"show", "1"}, {"retry", "--all", "--yes"}, {"cancel", "--all", "--yes"},
+	{"run-now", "1"}, {"signal", "1", "go"}, {"pause", "q", "--create"}, {"queue", "remove", "q"},
+	{"prune", "--retention", "2h"}, {"machines"}, {"ui", "--addr", "127.0.0.1:0"},
+	{"migrate", "up"}, {"migrate", "down", "--yes"}, {"migrate", "status"}, {"demo"}, {"bench"},
+}
+
 // An empty --database-url (--database-url "$TARGET" with TARGET unset) is a
 // usage error of every command that takes it, before any connection. It
 // was read as unset: DATABASE_URL, else the local server (the demo: a
@@ -488,25 +497,27 @@ func TestEmptySchemaIsRefusedBeforeAnyConnection(t *testing.T) {
 // on a database the operator did not name.
 func TestEmptyDatabaseURLIsRefusedBeforeAnyConnection(t *testing.T) {
 	t.Parallel()
-	for _, cmd := range [][]string{
-		{"status"}, {"list"}, {"show", "1"}, {"retry", "--all", "--yes"}, {"cancel", "--all", "--yes"},
-		{"run-now", "1"}, {"signal", "1", "go"}, {"pause", "q", "--create"}, {"queue", "remove", "q"},
-		{"prune", "--retention", "2h"}, {"machines"}, {"ui", "--addr", "127.0.0.1:0"},
-		{"migrate", "up"}, {"migrate", "down", "--yes"}, {"migrate", "status"}, {"demo"}, {"bench"},
-	} {
+	for _, cmd := range databaseCommands {
 		for _, url := range []string{"--database-url=", "--database-url= ", "--database-url=\t"} {
 			args := append(append([]string{}, cmd...), url, "--json")
 			if cmd[0] == "demo" {
 				args = args[:len(args)-1] // demo has no --json
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			var stdout, stderr strings.Builder
-			code := run(ctx, args, &stdout, &stderr)
-			cancel()
-			require.Equal(t, exitUsage, code, "%q: %s", args, stderr.String())
-			require.Contains(t, stderr.String(), "flag -database-url: empty", "%q", args)
+			requireUsageError(t, args, "flag -database-url: empty")
 		}
 	}
+}
+
+// requireUsageError runs the command line args in this process and
+// requires exit 2 with want in its message.
+func requireUsageError(t *testing.T, args []string, want string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var stdout, stderr strings.Builder
+	code := run(ctx, args, &stdout, &stderr)
+	require.Equal(t, exitUsage, code, "%q: %s", args, stderr.String())
+	require.Contains(t, stderr.String(), want, "%q", args)
 }
 
 // TestEmptyDatabaseURLEnvIsRefusedBeforeAnyConnection: so is a
@@ -518,18 +529,8 @@ func TestEmptyDatabaseURLIsRefusedBeforeAnyConnection(t *testing.T) {
 func TestEmptyDatabaseURLEnvIsRefusedBeforeAnyConnection(t *testing.T) {
 	for _, env := range []string{"", " "} {
 		t.Setenv("DATABASE_URL", env)
-		for _, cmd := range [][]string{
-			{"status"}, {"list"}, {"show", "1"}, {"retry", "--all", "--yes"}, {"cancel", "--all", "--yes"},
-			{"run-now", "1"}, {"signal", "1", "go"}, {"pause", "q", "--create"}, {"queue", "remove", "q"},
-			{"prune", "--retention", "2h"}, {"machines"}, {"ui", "--addr", "127.0.0.1:0"},
-			{"migrate", "up"}, {"migrate", "down", "--yes"}, {"migrate", "status"}, {"demo"}, {"bench"},
-		} {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			var stdout, stderr strings.Builder
-			code := run(ctx, cmd, &stdout, &stderr)
-			cancel()
-			require.Equal(t, exitUsage, code, "%q: %s", cmd, stderr.String())
-			require.Contains(t, stderr.String(), "DATABASE_URL is set but empty", "%q", cmd)
+		for _, cmd := range databaseCommands {
+			requireUsageError(t, cmd, "DATABASE_URL is set but empty")
 		}
 	}
 	var stdout, stderr strings.Builder
