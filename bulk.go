@@ -461,7 +461,7 @@ func (f ListFilter) String() string {
 func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
 	sctx, cancel := e.statementContext(ctx)
 	defer cancel()
-	changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(sctx, e.pool, ids) })
+	changed, err := bulkStatement(sctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(sctx, e.pool, ids) })
 	if isUniqueViolation(err) {
 		changed = nil
 		var oerr error
@@ -473,11 +473,9 @@ func (e *Engine) retryBatch(ctx context.Context, ids []int64) ([]sqlq.BulkChange
 				e.kickQueues(changed)
 				return changed, i, err
 			}
-			one, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) {
-				sctx, cancel := e.statementContext(ctx)
-				defer cancel()
-				return e.q.RetryMany(sctx, e.pool, []int64{id})
-			})
+			sctx, cancel := e.statementContext(ctx)
+			one, err := bulkStatement(sctx, func() ([]sqlq.BulkChanged, error) { return e.q.RetryMany(sctx, e.pool, []int64{id}) })
+			cancel()
 			if isUniqueViolation(err) {
 				continue
 			}
@@ -561,7 +559,7 @@ func (e *Engine) cancelBatch(reason string) bulkBatch {
 	return func(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
 		sctx, cancel := e.statementContext(ctx)
 		defer cancel()
-		changed, err := bulkStatement(ctx, func() ([]sqlq.BulkChanged, error) { return e.q.CancelMany(sctx, e.pool, ids, reason) })
+		changed, err := bulkStatement(sctx, func() ([]sqlq.BulkChanged, error) { return e.q.CancelMany(sctx, e.pool, ids, reason) })
 		if err != nil {
 			return nil, 0, e.dbErr(ctx, err, "cancel") // one statement: nothing changed
 		}
@@ -607,9 +605,13 @@ func (e *Engine) statementContext(ctx context.Context) (context.Context, context
 }
 
 // bulkStatement runs a bulk statement, again after a deadlock or
-// serialization failure with another process's writes (againOnDeadlock).
-func bulkStatement(ctx context.Context, run func() ([]sqlq.BulkChanged, error)) ([]sqlq.BulkChanged, error) {
-	return againOnDeadlock(ctx, run)
+// serialization failure with another process's writes (againOnDeadlock),
+// for as long as sctx, the statement's context (statementContext), lives:
+// tried again only while the caller's, a deadline that passed while the
+// first try waited on a lock returned the server's deadlock error, nothing
+// changed, where the grace was meant to let it finish (a probe).
+func bulkStatement(sctx context.Context, run func() ([]sqlq.BulkChanged, error)) ([]sqlq.BulkChanged, error) {
+	return againOnDeadlock(sctx, run)
 }
 
 // againOnDeadlock runs an operator's statement (or transaction) again after
@@ -627,7 +629,7 @@ func againOnDeadlock[T any](ctx context.Context, run func() (T, error)) (T, erro
 		}
 		select {
 		case <-ctx.Done():
-			return v, err
+			return v, fmt.Errorf("%w, after a deadlock: %w", ctx.Err(), err)
 		case <-time.After(time.Duration(try*10) * time.Millisecond):
 		}
 	}

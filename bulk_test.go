@@ -1456,3 +1456,54 @@ func TestOperatorStormKeepsTheJoinCounts(t *testing.T) {
 			WHERE c.parent_id = p.id AND c.parent_fanout = p.fanout AND c.status NOT IN ('done', 'failed'))`),
 		"parents awaiting a count of children other than their live ones")
 }
+
+// TestABulkStatementDeadlockedAfterItsCallEndedRunsAgain: a bulk statement
+// that waited on a row lock while the call's context ended (a deadline
+// passed, as a probe of operator calls racing workers saw it; here a
+// cancel), and that PostgreSQL then ended in a deadlock, returned the
+// server's 40P01 with nothing changed: it was tried again only while the
+// caller's context lived, though the statement itself runs on (for
+// BulkStatementGrace past a deadline). It runs again in its own time now.
+func TestABulkStatementDeadlockedAfterItsCallEndedRunsAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	var a, c int64
+	require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, finished_at)
+		VALUES ('m', 'a', 'failed', now()) RETURNING id`, b.schema)).Scan(&a))
+	require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, finished_at)
+		VALUES ('m', 'a', 'failed', now()) RETURNING id`, b.schema)).Scan(&c))
+	// Another transaction holds c; the retry locks a, then waits for c;
+	// the other transaction then asks for a: a deadlock, which the retry's
+	// backend (waiting longest) detects after deadlock_timeout and loses.
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, replaceSchema(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), c)
+	require.NoError(t, err)
+	type result struct {
+		res gendurable.BulkResult
+		err error
+	}
+	done := make(chan result, 1)
+	// The call's context ends once its statement waits (a fixed deadline
+	// could pass before the statement began on a loaded machine, and the
+	// call would then start none).
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		res, err := b.eng.RetryMany(dctx, []int64{a, c})
+		done <- result{res, err}
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, b.schema) > 0
+	}, "the retry waits for c")
+	cancel()
+	_, err = tx.Exec(ctx, replaceSchema(`SELECT 1 FROM {{s}}.gendurable_instances WHERE id = $1 FOR UPDATE`, b.schema), a)
+	require.NoError(t, err, "the retry's statement lost the deadlock")
+	require.NoError(t, tx.Rollback(ctx))
+	r := <-done
+	require.NoError(t, r.err, "run again within the grace, the statement retried both")
+	require.EqualValues(t, 2, r.res.Changed, "%+v", r.res)
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'failed'`))
+}
