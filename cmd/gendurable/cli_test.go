@@ -1791,7 +1791,7 @@ func TestIntegerFlagsAreDecimal(t *testing.T) {
 // dashboard with no authentication (a hostile-operator probe): each is exit
 // 2 now, before the server starts.
 func TestAnEmptyCredentialIsRefused(t *testing.T) {
-	for _, flag := range []string{"--token=", "--basic-auth=", "--token-file=", "--basic-auth-file= "} {
+	for _, flag := range []string{"--token=", "--basic-auth=", "--token-file=", "--basic-auth-file="} {
 		_, errOut, code := cli(t, "ui", flag, "--addr", "127.0.0.1:0")
 		require.Equal(t, exitUsage, code, "%s: %s", flag, errOut)
 		require.Contains(t, errOut, "empty: give the credential", flag)

@@ -49,10 +49,10 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// no authentication: a hostile-operator probe's dashboard served every
 	// request with none.
 	token, tokenFile, basic, basicFile := new(string), new(string), new(string), new(string)
-	fs.Var(nonEmptyFlag{token, errEmptyCredential}, "token", "require this bearer `token` (visible in ps: prefer --token-file or "+envUIToken+")")
-	fs.Var(nonEmptyFlag{tokenFile, errEmptyCredential}, "token-file", "require the bearer token in this `file`")
-	fs.Var(nonEmptyFlag{basic, errEmptyCredential}, "basic-auth", "require HTTP basic auth, as `user:password` (visible in ps: prefer --basic-auth-file or "+envUIBasicAuth+")")
-	fs.Var(nonEmptyFlag{basicFile, errEmptyCredential}, "basic-auth-file", "require HTTP basic auth, user:password read from this `file`")
+	fs.Var(credentialFlag{token}, "token", "require this bearer `token` (visible in ps: prefer --token-file or "+envUIToken+")")
+	fs.Var(credentialFlag{tokenFile}, "token-file", "require the bearer token in this `file`")
+	fs.Var(credentialFlag{basic}, "basic-auth", "require HTTP basic auth, as `user:password` (visible in ps: prefer --basic-auth-file or "+envUIBasicAuth+")")
+	fs.Var(credentialFlag{basicFile}, "basic-auth-file", "require HTTP basic auth, user:password read from this `file`")
 	var allowed []string
 	fs.Func("allowed-host", "serve this Host name too, besides the listen address and loopback names (repeatable; * for any)", func(v string) error {
 		allowed = append(allowed, v)
@@ -257,6 +257,25 @@ func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 
 // errEmptyCredential: --token, --basic-auth or their -file was given empty.
 var errEmptyCredential = errors.New("empty: give the credential (given empty, as an unset shell variable gives it, authentication would be off)")
+
+// credentialFlag is a credential flag that refuses an empty value (one of
+// white space only is refused later, in its own words).
+type credentialFlag struct{ s *string }
+
+func (f credentialFlag) String() string {
+	if f.s == nil {
+		return ""
+	}
+	return *f.s
+}
+
+func (f credentialFlag) Set(v string) error {
+	if v == "" {
+		return errEmptyCredential
+	}
+	*f.s = v
+	return nil
+}
 
 // maxSecretFile bounds what --token-file and --basic-auth-file read: a
 // credential is a line, and a file past this is not one (a log, a key
