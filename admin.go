@@ -437,10 +437,11 @@ func (e *Engine) DescribeWith(ctx context.Context, id int64, o DescribeOptions) 
 // Cancel fails a live instance at once, recording reason in its error
 // history (an empty reason records "cancelled by an operator"): its
 // inbox is consumed, a parent counts it as finished, and a worker still
-// running one of its steps is fenced out (its outcome changes nothing). A step this engine runs has its context cancelled as the
-// cancel commits ([ErrInstanceCancelled]; so does one whose claim a pick or
-// a key hand-off in flight brings in afterwards, and a claim of it waiting
-// for a slot is dropped, its step never started); one running in another
+// running one of its steps is fenced out (its outcome changes nothing).
+// A step this engine runs has its context cancelled as the cancel commits
+// ([ErrInstanceCancelled]; so does one whose claim a pick or a key
+// hand-off in flight brings in afterwards, and a claim of it waiting for a
+// slot is dropped, its step never started); one running in another
 // process may run until its worker's next heartbeat. Either way the
 // instance keeps that step's lease until it ends — its
 // key's slot, its place in its queue's GlobalConcurrency; a prune keeps it

@@ -606,10 +606,11 @@ func (e *Engine) statementContext(ctx context.Context) (context.Context, context
 
 // bulkStatement runs a bulk statement, again after a deadlock or
 // serialization failure with another process's writes (againOnDeadlock),
-// for as long as sctx, the statement's context (statementContext), lives:
-// tried again only while the caller's, a deadline that passed while the
-// first try waited on a lock returned the server's deadlock error, nothing
-// changed, where the grace was meant to let it finish (a probe).
+// for as long as sctx, the statement's own context (statementContext),
+// lives. Tried again only while the caller's context lived, a statement
+// that lost a deadlock after the call's deadline passed returned the
+// server's error with nothing changed, inside the grace meant to let it
+// finish (a probe).
 func bulkStatement(sctx context.Context, run func() ([]sqlq.BulkChanged, error)) ([]sqlq.BulkChanged, error) {
 	return againOnDeadlock(sctx, run)
 }

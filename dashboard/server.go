@@ -101,10 +101,9 @@ const evictGrace = 100 * time.Millisecond
 // least; on Unix, not while request bytes wait unread in its socket: its
 // reader has not run yet; nor once its reader has read a whole request
 // header, unless pipelined: net/http has not reported the request yet) —
-// so that a client
-// holding many connections open and silent, or idling many keep-alives,
-// cannot starve the others. Connections with a
-// request being read or answered are never closed; only when every one
+// so that a client holding many connections open and silent, or idling
+// many keep-alives, cannot starve the others. Connections with a request
+// being read or answered are never closed; only when every one
 // has a request under way does Accept wait. (Under a server of your own,
 // set its ConnState to the one NewServer sets, or connections are never
 // closed to make room.)
