@@ -93,8 +93,11 @@ func TestRetryRacingACancelKeepsTheJoinCount(t *testing.T) {
 				}
 				_ = childTx.Commit(ctx)
 			}()
-		case <-time.After(500 * time.Millisecond):
-			// The cancel waits for Retry's lock.
+		case <-time.After(10 * time.Second):
+			// The cancel waits for Retry's lock. (Not here: the parent is
+			// live, so Retry's lock statement locks nothing. Half a second
+			// was too short for the cancel on a loaded machine, and the
+			// test then raced nothing, the cancel committing after the retry.)
 		}
 	}
 	_, _, _, err = q.Retry(ctx, pool, parent)
