@@ -485,12 +485,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Engine, error) {
 }
 
 // maxJSONBBytes is the largest value a jsonb holds (256 MiB less one:
-// PostgreSQL's JENTRY_OFFLENMASK); maxCommitConcurrency Config.CommitConcurrency's
-// ceiling.
-const (
-	maxJSONBBytes        = 1<<28 - 1
-	maxCommitConcurrency = 100
-)
+// PostgreSQL's JENTRY_OFFLENMASK).
+const maxJSONBBytes = 1<<28 - 1
+
+// MaxCommitConcurrency is Config.CommitConcurrency's ceiling.
+const MaxCommitConcurrency = 100
 
 func (c *Config) withDefaults() error {
 	heartbeatSet := c.HeartbeatInterval // the floor is for a value set, not LeaseDuration/3
@@ -542,8 +541,8 @@ func (c *Config) withDefaults() error {
 		return errorf(ErrInvalidConfig, "negative MaxStateBytes, MaxSignalBytes or PartitionRetryDelay")
 	case c.MaxStateBytes > maxJSONBBytes || c.MaxSignalBytes > maxJSONBBytes:
 		return errorf(ErrInvalidConfig, "MaxStateBytes %d or MaxSignalBytes %d above %d bytes, the most a PostgreSQL jsonb holds", c.MaxStateBytes, c.MaxSignalBytes, maxJSONBBytes)
-	case c.CommitConcurrency > maxCommitConcurrency:
-		return errorf(ErrInvalidConfig, "CommitConcurrency %d above %d: each outcome statement in flight needs a connection of its own", c.CommitConcurrency, maxCommitConcurrency)
+	case c.CommitConcurrency > MaxCommitConcurrency:
+		return errorf(ErrInvalidConfig, "CommitConcurrency %d above %d: each outcome statement in flight needs a connection of its own", c.CommitConcurrency, MaxCommitConcurrency)
 	}
 	for i, h := range c.Hooks {
 		if f, ok := h.(HookFunc); h == nil || ok && f == nil || nilPointer(h) {

@@ -144,10 +144,7 @@ func sessionEnded(err error) bool {
 	if !errors.As(err, &pgErr) {
 		return false
 	}
-	sev := pgErr.SeverityUnlocalized // Severity is translated under lc_messages ("PANIK")
-	if sev == "" {
-		sev = pgErr.Severity
-	}
+	sev := sqlq.Severity(pgErr)
 	return sev == "FATAL" || sev == "PANIC"
 }
 

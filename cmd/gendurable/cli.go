@@ -921,8 +921,8 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *floor > benchrun.MaxFloorConns {
 		return usageError{msg: fmt.Sprintf("bench: --floor must be at most %d connections", benchrun.MaxFloorConns), help: true}
 	}
-	if o.Commits > 100 {
-		return usageError{msg: "bench: --commits must be at most 100 (the engine's CommitConcurrency)", help: true}
+	if o.Commits > gendurable.MaxCommitConcurrency {
+		return usageError{msg: fmt.Sprintf("bench: --commits must be at most %d (the engine's CommitConcurrency)", gendurable.MaxCommitConcurrency), help: true}
 	}
 	if o.Queues > benchrun.MaxQueues || o.Engines > benchrun.MaxEngines {
 		return usageError{msg: fmt.Sprintf("bench: --queues must be at most %d and --engines at most %d", benchrun.MaxQueues, benchrun.MaxEngines), help: true}

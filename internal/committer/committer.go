@@ -488,11 +488,7 @@ func (c *Committer) apply(batch []*request, lockWait time.Duration) {
 func definitelyNotWritten(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		sev := pgErr.SeverityUnlocalized // Severity is translated under lc_messages ("FEHLER")
-		if sev == "" {
-			sev = pgErr.Severity
-		}
-		return sev == "ERROR"
+		return sqlq.Severity(pgErr) == "ERROR"
 	}
 	return pgconn.SafeToRetry(err)
 }

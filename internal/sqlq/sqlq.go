@@ -277,6 +277,16 @@ func NotCommitted(err error) bool {
 	return errors.As(err, &pgErr) || pgconn.SafeToRetry(err)
 }
 
+// Severity is pgErr's severity in English (ERROR, FATAL, PANIC, …): its
+// Severity field is translated under the server's lc_messages ("FEHLER",
+// "PANIK"), SeverityUnlocalized (PostgreSQL 9.6 on) is not.
+func Severity(pgErr *pgconn.PgError) string {
+	if pgErr.SeverityUnlocalized != "" {
+		return pgErr.SeverityUnlocalized
+	}
+	return pgErr.Severity
+}
+
 // ConnectionRefusal reports an error answer of the server (or a proxy on
 // the way) about the connection rather than the statement: SQLSTATE class
 // 08 (PgBouncer's refused login, …), or the server shutting down or
