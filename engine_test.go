@@ -879,6 +879,7 @@ func TestUnknownMachineRowSaysSo(t *testing.T) {
 	w, err = b.eng.WaitReason(context.Background(), id)
 	require.NoError(t, err)
 	require.Regexp(t, `^sleeping until \S+ \(in (59m59s|1h0m0s)\)$`, w.Summary)
+	require.True(t, w.Delayed, "a sleep is Delayed")
 	// A RunAt past what a Duration holds (about 292 years) is no saturated figure.
 	b.exec(`UPDATE {{s}}.gendurable_instances SET eligible_at = '294275-12-31 00:00:00+00' WHERE id = $1`, id)
 	w, err = b.eng.WaitReason(context.Background(), id)
@@ -889,6 +890,12 @@ func TestUnknownMachineRowSaysSo(t *testing.T) {
 	w, err = b.eng.WaitReason(context.Background(), id)
 	require.NoError(t, err)
 	require.Regexp(t, `^backing off until \S+ \(in (59m59s|1h0m0s)\) before attempt 3$`, w.Summary)
+	require.True(t, w.Delayed, "a backoff is Delayed")
+	// Eligible now: not Delayed.
+	b.exec(`UPDATE {{s}}.gendurable_instances SET eligible_at = now() - interval '1 second' WHERE id = $1`, id)
+	w, err = b.eng.WaitReason(context.Background(), id)
+	require.NoError(t, err)
+	require.False(t, w.Delayed, "an eligible row is not Delayed: %s", w.Summary)
 }
 
 func TestOutcomeTheDatabaseRejectsStopsTheInstance(t *testing.T) {

@@ -182,6 +182,12 @@ type WaitReason struct {
 	// one retried while the lease of its cancelled step lived, that lease:
 	// it becomes eligible when the lease ends (the step may run until then).
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
+	// Delayed: a runnable instance not eligible before EligibleAt — a
+	// delay, a durable sleep or a retry's backoff — read on the database's
+	// clock (the Summary says "sleeping until" or "backing off until").
+	// The other waits (a lease, a key, a rate, an unknown version) have
+	// fields of their own and leave it false.
+	Delayed bool `json:"delayed,omitempty"`
 	// QueuePaused: a runnable instance whose queue is paused
 	// ([Engine.Pause]): no process picks it until the queue is resumed.
 	QueuePaused bool `json:"queue_paused,omitempty"`
@@ -284,9 +290,11 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			r.Summary = fmt.Sprintf("released unrun until %s (%s): %s", w.EligibleAt.UTC().Format(time.RFC3339),
 				fromNow(w.EligibleAt, w.Now, time.Second), *w.UnknownVersion)
 		case w.EligibleAt.After(w.Now) && w.Attempt > 0:
+			r.Delayed = true
 			r.Summary = fmt.Sprintf("backing off until %s (%s) before attempt %d", w.EligibleAt.UTC().Format(time.RFC3339),
 				fromNow(w.EligibleAt, w.Now, time.Second), w.Attempt+1) // attempts shown from 1
 		case w.EligibleAt.After(w.Now):
+			r.Delayed = true
 			r.Summary = fmt.Sprintf("sleeping until %s (%s)", w.EligibleAt.UTC().Format(time.RFC3339), fromNow(w.EligibleAt, w.Now, time.Second))
 		default:
 			r.Summary = fmt.Sprintf("runnable, waiting for a worker of queue %q", w.Queue)

@@ -512,12 +512,12 @@ func (d *dashboard) retryAction(w http.ResponseWriter, r *http.Request) {
 			flash = "retried-children"
 		case wr.Status == gendurable.StatusAwaitingSignal:
 			flash = "retried-await"
-		case wr.Status == gendurable.StatusRunnable && (strings.HasPrefix(wr.Summary, "sleeping until") || strings.HasPrefix(wr.Summary, "backing off until")):
+		case wr.Status == gendurable.StatusRunnable && wr.Delayed:
 			// Cancelled while it waited (a delay, a sleep, a backoff): the
 			// retry keeps the wait, and "runnable again" read as "runs now".
-			// Read from the summary, which the library words by the
-			// database's clock, as the CLI reads it: this process's clock
-			// a few ms behind made every retry "keep a wait" (a review).
+			// Delayed is read on the database's clock, as the CLI reads it:
+			// this process's clock a few ms behind made every retry "keep a
+			// wait" (a review).
 			flash = "retried-wait"
 		}
 	}

@@ -901,7 +901,7 @@ func retriedMessage(ctx context.Context, eng *gendurable.Engine, id int64, plain
 		return fmt.Sprintf("instance %d awaits its live children again (%d of %d done)", id, w.ChildrenDone, w.ChildrenTotal)
 	case w.Status == gendurable.StatusAwaitingSignal:
 		return fmt.Sprintf("instance %d is parked again: %s", id, w.Summary)
-	case w.Status == gendurable.StatusRunnable && (strings.HasPrefix(w.Summary, "sleeping until") || strings.HasPrefix(w.Summary, "backing off until")):
+	case w.Status == gendurable.StatusRunnable && w.Delayed:
 		// Cancelled while it waited: the retry keeps the wait (a review:
 		// "runnable again" read as "runs now").
 		return fmt.Sprintf("%s, but %s, as when it was cancelled (gendurable run-now %d runs it now)", plain, w.Summary, id)
