@@ -6,6 +6,7 @@ import (
 	"testing"
 	"unicode"
 
+	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
 	"github.com/stretchr/testify/require"
 )
@@ -39,6 +40,30 @@ func TestBidiControlsInStoredTextAreShownAsEscapes(t *testing.T) {
 		requireNoBidi(t, p, r.body)
 		require.Contains(t, r.body, `acct-1\u202e7-tnuocca \u2067x\u2069`, p)
 	}
+}
+
+// TestInvisibleCharactersAreShownAsEscapes: keys and stored text may hold
+// invisible characters (U+200B, U+FEFF, U+2060, …), which a browser shows
+// as nothing: an instance keyed "pk-k<U+200B>0" showed as "pk-k0", another
+// instance's key, while the CLI printed it escaped (a hostile-client
+// probe). Pages now write them as the CLI does.
+func TestInvisibleCharactersAreShownAsEscapes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	plain := e.insertOrder(Order{Item: "a"}, gendurable.InsertOpts{PartitionKey: "pk-k0", UniqueKey: "uk-k0"})
+	hidden := e.insertOrder(Order{Item: "zw\u200bsp\ufeff"}, gendurable.InsertOpts{PartitionKey: "pk-k\u200b0", UniqueKey: "uk-k\u20600"})
+	require.NoError(t, e.eng.Cancel(context.Background(), hidden, "paid\u2028not\u00ad"))
+	r := get(t, h, fmt.Sprintf("/instances/%d", hidden))
+	require.Equal(t, 200, r.code, r.body)
+	for _, want := range []string{`pk-k\u200b0`, `uk-k\u20600`, `zw\u200bsp\ufeff`, `paid\u2028not\u00ad`} {
+		require.Contains(t, r.body, want)
+	}
+	require.NotContains(t, r.body, "pk-k0", "the key shows as another key")
+	for _, c := range []string{"\u200b", "\ufeff", "\u2060", "\u2028", "\u00ad"} {
+		require.NotContains(t, r.body, c, "raw %U on the page", []rune(c)[0])
+	}
+	require.Contains(t, get(t, h, fmt.Sprintf("/instances/%d", plain)).body, "pk-k0")
 }
 
 // TestControlCharactersInStoredTextAreShownAsEscapes: a cancel reason (or

@@ -328,7 +328,7 @@ func (c *common) withInstance(ctx context.Context, fs *flag.FlagSet, args []stri
 func parseID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 || s[0] < '0' || s[0] > '9' { // "+4" parses too
-		return 0, usageError{msg: fmt.Sprintf("%q is not an instance id", s), help: true}
+		return 0, usageError{msg: fmt.Sprintf("%s is not an instance id", shownArg(s)), help: true}
 	}
 	return id, nil
 }

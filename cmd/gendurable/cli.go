@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"regexp"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -136,6 +137,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if _, ok := commands[args[1]]; ok {
 				return run(ctx, []string{args[1], "--help"}, stdout, stderr)
 			}
+			// help bogus: an unknown command, not the general usage and
+			// exit 0 (an operator probe).
+			err := usageError{msg: fmt.Sprintf("unknown command %s (gendurable help lists them)", shownArg(args[1]))}
+			reportError(stderr, "help", err, wantsJSON(args[2:]), "")
+			return exitCode(err)
 		}
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -156,7 +162,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		err = usageError{msg: fmt.Sprintf("%s before the command: flags go after it (gendurable %s %s …; gendurable help lists the commands)", flag, cmdName, flag)}
 	case !ok:
-		err = usageError{msg: fmt.Sprintf("unknown command %q (gendurable help lists them)", args[0])}
+		err = usageError{msg: fmt.Sprintf("unknown command %s (gendurable help lists them)", shownArg(args[0]))}
 	case waitsNoted[args[0]]:
 		// An operator command that waits on the database — a row locked by
 		// another transaction, a slow server — says so after a while
@@ -521,6 +527,9 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 			f.Value = v
 		}
 	})
+	if err := swallowedFlag(fs, args); err != nil {
+		return err
+	}
 	err := fs.Parse(args)
 	switch {
 	case err == nil:
@@ -528,8 +537,91 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	case errors.Is(err, flag.ErrHelp):
 		return helpRequest{fs}
 	}
-	return usageError{msg: fs.Name() + ": " + err.Error() + wantedForm(fs, err), help: true}
+	return usageError{msg: fs.Name() + ": " + hideFlagValue(err.Error()) + wantedForm(fs, err), help: true}
 }
+
+// swallowedFlag refuses a flag that takes a value followed by another flag
+// of the command, as in `--dedup-key $ID --json` with ID empty: the flag
+// package takes "--json" as the dedup key, and the command ran with it (a
+// signal deduplicated against "--json" forever after, and no JSON printed).
+// A value that is meant to look like a flag is written --flag=value.
+func swallowedFlag(fs *flag.FlagSet, args []string) error {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
+			return nil // the flags end here: the flag package stops too
+		}
+		name, _, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		f := fs.Lookup(name)
+		if hasValue || f == nil {
+			continue
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if i+1 < len(args) {
+			next := args[i+1]
+			nextName, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(next, "-"), "-"), "=")
+			if strings.HasPrefix(next, "-") && nextName != "" && (fs.Lookup(nextName) != nil || nextName == "h" || nextName == "help") {
+				flagAsGiven := a[:len(a)-len(strings.TrimLeft(a, "-"))] + name
+				return usageError{msg: fmt.Sprintf("%s: %s has no value: the word after it, %s, is a flag (is a variable empty? "+
+					"a value that starts with a dash is written %s=VALUE)", fs.Name(), flagAsGiven, shownArg(next), flagAsGiven), help: true}
+			}
+		}
+		i++ // its value
+	}
+	return nil
+}
+
+// hideFlagValue is a flag package error with the value it quotes left out
+// when the value may hold a password: any value of --database-url, or one
+// that looks like a connection string (`--database-url A --database-url B`
+// printed B whole in its "given twice" error: an operator probe).
+func hideFlagValue(msg string) string {
+	m := flagValueErrRE.FindStringSubmatch(msg)
+	if m == nil {
+		return msg
+	}
+	v, err := strconv.Unquote(m[1])
+	if err != nil {
+		return msg
+	}
+	if m[2] != "database-url" && !looksLikeConnString(v) {
+		return msg
+	}
+	return "invalid value (not shown: it may hold a password) for flag -" + m[2] + ": " + m[3]
+}
+
+// flagValueErrRE matches the flag package's error for a value its flag
+// refused: the quoted value, the flag's name, the reason.
+var flagValueErrRE = regexp.MustCompile(`^invalid value ("(?:[^"\\]|\\.)*") for flag -([^:]+): (.*)$`)
+
+// shownArg is an argument quoted for a message, unless it may hold a
+// password: a connection string typed where an argument goes (gendurable
+// postgres://u:secret@h status) is not repeated.
+func shownArg(a string) string {
+	if looksLikeConnString(a) {
+		return "(an argument that looks like a connection string, not shown: it may hold a password)"
+	}
+	return strconv.Quote(a)
+}
+
+// shownArgs is shownArg of each of args, comma-separated.
+func shownArgs(args []string) string {
+	shown := make([]string, len(args))
+	for i, a := range args {
+		shown[i] = shownArg(a)
+	}
+	return strings.Join(shown, ", ")
+}
+
+// looksLikeConnString reports whether s looks like a PostgreSQL connection
+// string: a URL, or keyword=value pairs naming a password.
+func looksLikeConnString(s string) bool {
+	return strings.Contains(s, "://") || connPasswordRE.MatchString(s)
+}
+
+var connPasswordRE = regexp.MustCompile(`(?i)(^|\s)(password|passfile|sslpassword)\s*=`)
 
 // flagsSeen holds, per flag set, the flags given so far: parseAll parses
 // one set several times (flags before and after the arguments).
@@ -734,13 +826,17 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	switch action {
 	case "up", "down", "status", "print":
 	default:
-		return usageError{msg: fmt.Sprintf("unknown migrate action %q (want up, down, status or print)", action), help: true}
+		return usageError{msg: fmt.Sprintf("unknown migrate action %s (want up, down, status or print)", shownArg(action)), help: true}
 	}
-	if err := parseFlags(fs, args[1:]); err != nil {
+	// Flags may come before or after an argument, as every command's: the
+	// one refused below is named alone, never the flags after it (a
+	// --database-url's password was printed with them: an operator probe).
+	extra, err := parseAll(fs, args[1:])
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return usageError{msg: fmt.Sprintf("migrate %s: unexpected arguments %q", action, fs.Args()), help: true}
+	if len(extra) > 0 {
+		return usageError{msg: fmt.Sprintf("migrate %s takes no arguments, got %s", action, shownArgs(extra)), help: true}
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -834,7 +930,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 		}
 	default:
-		return usageError{msg: fmt.Sprintf("unknown migrate action %q", action)}
+		return usageError{msg: fmt.Sprintf("unknown migrate action %s", shownArg(action))}
 	}
 	if len(res.Applied) > 0 { // a change to the schema: on the audit trail, as every mutation
 		if err != nil {

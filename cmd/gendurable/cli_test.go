@@ -1847,3 +1847,80 @@ func TestABulkActionByFilterSaysItWorksInBatches(t *testing.T) {
 		require.Equal(t, batches, strings.Contains(buf.String(), "in batches of 500, each committed as it goes"), buf.String())
 	}
 }
+
+// TestAPasswordTypedAsAnArgumentIsNotEchoed: migrate printed every word
+// after an unexpected argument, a --database-url and its password among
+// them; a --database-url given twice printed the second whole in its
+// "given twice" error; a URL typed where the command goes was printed as
+// the unknown command; and a password holding an '@' showed its tail as
+// the host pgx could not resolve (an operator probe). None is repeated
+// now; and migrate reads flags after an argument, as every command does.
+func TestAPasswordTypedAsAnArgumentIsNotEchoed(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	const secret = "TopSecret99"
+	url := "postgres://postgres:" + secret + "@127.0.0.1:1/postgres?sslmode=disable"
+	for _, args := range [][]string{
+		{"migrate", "up", "extra", "--database-url", url, "--schema", schema},
+		{"migrate", "status", "--schema", schema, "extra", "--database-url", url, "--json"},
+		{"migrate", "up", url},
+		{"status", "--database-url", dbtest.URL(), "--database-url", url, "--schema", schema},
+		{"status", "--database-url", url, "--database-url", url, "--json"},
+		{url, "status"},
+		{"help", url},
+		{"show", url},
+		{"list", "--database-url", "postgres://postgres:ab@cd-" + secret + "@127.0.0.1:1/postgres", "--schema", schema},
+		{"list", "--database-url", "postgres://postgres:p@ss/" + secret + "@127.0.0.1:1/postgres", "--schema", schema},
+	} {
+		out, errOut, code := cli(t, args...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.NotContains(t, out+errOut, secret, "%q", args)
+	}
+	// Flags after migrate's argument are read: this one finds the schema.
+	out, errOut, code := cli(t, "migrate", "status", "--schema", schema, "--json")
+	require.Zero(t, code, errOut)
+	require.Contains(t, out, `"schema": "`+schema+`"`)
+}
+
+// TestAFlagMissingItsValueIsRefused: a flag that takes a value followed by
+// another flag took that flag as its value — `signal 29 pay --dedup-key
+// $ID --json` with ID empty sent a signal deduplicated on "--json" (every
+// later one dropped as a duplicate) and printed text, not JSON (an
+// operator probe). It is a usage error now, nothing sent; a value that
+// starts with a dash is given as --flag=value.
+func TestAFlagMissingItsValueIsRefused(t *testing.T) {
+	t.Parallel()
+	_, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	for _, args := range [][]string{
+		{"signal", "29", "pay", "--payload", `{}`, "--dedup-key", "--json"},
+		{"cancel", "47999", "--reason", "--json"},
+		{"list", "--queue", "--json"},
+		{"list", "--queue", "-h"},
+	} {
+		out, errOut, code := cli(t, append(args, "--schema", schema)...)
+		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.Contains(t, out+errOut, "has no value: the word after it", "%q", args)
+	}
+	// The refusal of a --json command line is JSON.
+	_, errOut, _ := cli(t, "cancel", "5", "--reason", "--json", "--schema", schema)
+	require.Contains(t, errOut, `"code": "usage"`)
+	// --flag=value takes a value that starts with a dash; a negative
+	// number is a value, not a flag.
+	_, errOut, code := cli(t, "cancel", "47999", "--reason=--json", "--schema", schema)
+	require.Equal(t, exitNotFound, code, errOut)
+	_, errOut, code = cli(t, "list", "--limit", "-1", "--schema", schema)
+	require.Equal(t, exitUsage, code, errOut)
+	require.Contains(t, errOut, "--limit must be within")
+}
+
+// TestHelpOfAnUnknownCommandIsAUsageError: `gendurable help bogus` printed
+// the general usage and exited 0 (an operator probe).
+func TestHelpOfAnUnknownCommandIsAUsageError(t *testing.T) {
+	t.Parallel()
+	_, errOut, code := cli(t, "help", "bogus")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, `unknown command "bogus"`)
+	out, _, code := cli(t, "help", "list")
+	require.Zero(t, code)
+	require.Contains(t, out, "list")
+}

@@ -86,6 +86,12 @@ func prompt(ctx context.Context, in io.Reader, out io.Writer, question string) (
 		return false, fmt.Errorf("%w (%w)", errAborted, context.Cause(ctx))
 	}
 	line, err := a.line, a.err
+	if !echoesAnswer(out) {
+		// The answer's Enter shows on the terminal, not where the prompt
+		// went: end its line there, or the next line (a JSON error with
+		// --json) followed the prompt on it (an operator probe).
+		fmt.Fprintln(out)
+	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		return false, err
 	}
@@ -94,6 +100,16 @@ func prompt(ctx context.Context, in io.Reader, out io.Writer, question string) (
 		return true, nil
 	}
 	return false, nil
+}
+
+// echoesAnswer reports whether out, where a prompt was written, is a
+// terminal: the operator's answer, typed there, ends the prompt's line.
+func echoesAnswer(out io.Writer) bool {
+	if sw, ok := out.(*syncWriter); ok {
+		out = sw.w
+	}
+	f, ok := out.(*os.File)
+	return ok && benchrun.IsTerminal(f)
 }
 
 // confirmer is the Confirm of demo and bench, asked before --reset-schema

@@ -30,8 +30,10 @@
 //     byte order mark U+FEFF and the soft hyphen U+00AD, fillers such as
 //     U+3164, the braille blank U+2800, and variation selectors but where
 //     they pick the form of the character before them, as a name may hold
-//     them) as \uHHHH, or \UHHHHHHHH beyond U+FFFF: [Terminal]
-//     only, so that a key "k<U+200B>0" does not print as "k0" (a probe).
+//     them) as \uHHHH, or \UHHHHHHHH beyond U+FFFF: [Terminal] and
+//     [Page], so that a key "k<U+200B>0" does not show as "k0", another
+//     key (a probe; the dashboard showed it so after the command had
+//     stopped: a hostile-client probe).
 //     Not the zero width joiner and non-joiner, which words and emoji
 //     need, nor the tag characters of a subdivision flag (those after
 //     U+1F3F4; any other is escaped), nor the emoji presentation
@@ -73,12 +75,14 @@ func Inert(s string) string { return escapeString(s, inert) }
 // occur only inside strings, so the JSON value is unchanged.
 func InertJSON(text []byte) []byte { return escapeBytes(text, inert) }
 
-// Page returns an HTML page with its bidirectional controls as the text
-// \uHHHH, and its C0 controls but tab, newline and carriage return, DEL
-// and C1 controls as \xHH or \u00HH, as the command's text output shows
-// them; nothing else changed. html/template escapes the markup, not these:
-// a browser reorders text around the first and shows the others as
-// nothing. The templates hold none, so only data is changed.
+// Page returns an HTML page with its bidirectional controls, the line and
+// paragraph separators and the invisible characters with no use inside a
+// word as the text \uHHHH (or \UHHHHHHHH), and its C0 controls but tab,
+// newline and carriage return, DEL and C1 controls as \xHH or \u00HH, as
+// the command's text output shows them; nothing else changed.
+// html/template escapes the markup, not these: a browser reorders text
+// around the first and shows the others as nothing. The templates hold
+// none, so only data is changed.
 func Page(page []byte) []byte { return escapeBytes(page, pageSet) }
 
 // class is what the rule makes of one character.
@@ -126,7 +130,7 @@ type set uint16
 const (
 	terminal set = 1<<c0 | 1<<c0space | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid | 1<<lineSep | 1<<invisibleChar
 	inert    set = 1<<del | 1<<c1 | 1<<bidi
-	pageSet  set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi
+	pageSet  set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<lineSep | 1<<invisibleChar
 )
 
 func (s set) has(c class) bool { return s&(1<<c) != 0 }

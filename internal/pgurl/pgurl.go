@@ -24,7 +24,16 @@ const DefaultConnectTimeout = 10 * time.Second
 
 // ParseConfig is pgxpool.ParseConfig, with DefaultConnectTimeout where url
 // sets no connect timeout of its own.
+//
+// A URL whose user or password holds an '@' or a '/' not percent-encoded
+// is refused (ErrReservedInURL), before pgx reads it: pgx ended the
+// password at one of them and took the rest for the host or the database,
+// which its connection errors then printed — "lookup cd-PRIVATE@127.0.0.1:
+// no such host" for the password "ab@cd-PRIVATE" (an operator probe).
 func ParseConfig(url string) (*pgxpool.Config, error) {
+	if err := reservedInURL(url); err != nil {
+		return nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, HideConnString(err)
@@ -66,3 +75,29 @@ type hiddenConnString struct {
 
 func (h *hiddenConnString) Error() string { return h.msg }
 func (h *hiddenConnString) Unwrap() error { return h.err }
+
+// ErrReservedInURL is ParseConfig's error for a URL whose user or password
+// holds a character a URL reserves, not percent-encoded. The URL is not
+// repeated: it may hold a password.
+var ErrReservedInURL = errors.New("the URL's user or password holds an @ or a / that is not percent-encoded " +
+	"(write @ as %40, / as %2F, : as %3A; the URL is not shown: it may hold a password)")
+
+// reservedInURL is ErrReservedInURL if url is a postgres:// or
+// postgresql:// URL with more than one '@' before its path, or an '@' in
+// its path (a '/' in the password ended the authority early): a host or a
+// database name never holds an '@'.
+func reservedInURL(url string) error {
+	rest, ok := strings.CutPrefix(url, "postgres://")
+	if !ok {
+		if rest, ok = strings.CutPrefix(url, "postgresql://"); !ok {
+			return nil
+		}
+	}
+	rest, _, _ = strings.Cut(rest, "?")
+	rest, _, _ = strings.Cut(rest, "#")
+	authority, path, _ := strings.Cut(rest, "/")
+	if strings.Count(authority, "@") > 1 || strings.Contains(path, "@") {
+		return ErrReservedInURL
+	}
+	return nil
+}

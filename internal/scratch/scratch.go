@@ -380,10 +380,26 @@ func dropReset(ctx context.Context, on beginner, schema string) error {
 	if err := refuseHeld(ctx, tx, schema); err != nil {
 		return err
 	}
+	// A library worker holds no use of the schema (Use is the commands'):
+	// its running steps' live leases say it is there. --reset-schema
+	// --yes dropped a schema under such a worker (an operator probe).
+	if n, err := sqlq.LiveClaims(ctx, tx, schema); err != nil {
+		return err
+	} else if n > 0 {
+		return fmt.Errorf("%w: %q: %d %s running in it under live leases (a worker is using it), and nothing was dropped: "+
+			"stop its workers, or use another schema", errInUse, schema, n, plural(n, "instance is", "instances are"))
+	}
 	if err := sqlq.DropSchema(ctx, tx, schema); err != nil {
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // refuseHeld is errInUse if a run holds schema's use (Use), else takes

@@ -504,3 +504,34 @@ func TestAResetDoesNotDropASchemaInUse(t *testing.T) {
 	hold.Release()
 	require.NoError(t, Prepare(ctx, pool, schema, Options{Owner: "demo", Reset: true, Confirm: func(string) (bool, error) { return true, nil }}))
 }
+
+// TestAResetDoesNotDropASchemaWhereStepsRun: a library worker holds no Use
+// of its schema, so --reset-schema --yes dropped a schema whose steps were
+// running (an operator probe: the worker's leases lost, its tables gone).
+// Its live leases now refuse the drop; once they have run out (the worker
+// gone), the reset drops it.
+func TestAResetDoesNotDropASchemaWhereStepsRun(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	ctx := t.Context()
+	schema := freshName(t, pool)
+	_, err := pool.Exec(ctx, `CREATE SCHEMA "`+schema+`"`)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step, status, lease_expires_at, claim_token)
+		VALUES ('billing', 'a', 'executing', now() + interval '1 minute', 1), ('billing', 'a', 'executing', now() + interval '1 minute', 2)`)
+	require.NoError(t, err)
+	yes := func(string) (bool, error) { return true, nil }
+	err = Prepare(ctx, pool, schema, Options{Owner: "demo", Reset: true, Confirm: yes})
+	require.ErrorIs(t, err, ErrBusy)
+	require.ErrorContains(t, err, "2 instances are running in it under live leases")
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`).Scan(&n))
+	require.Equal(t, 2, n, "nothing dropped")
+	_, err = pool.Exec(ctx, `UPDATE "`+schema+`".gendurable_instances SET lease_expires_at = now() - interval '1 second'`)
+	require.NoError(t, err)
+	require.NoError(t, Prepare(ctx, pool, schema, Options{Owner: "demo", Reset: true, Confirm: yes}))
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`).Scan(&n))
+	require.Equal(t, 0, n, "dropped and made afresh")
+}

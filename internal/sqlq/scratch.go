@@ -324,6 +324,24 @@ func ScratchHeld(ctx context.Context, tx RowQuerier, schema string) (bool, error
 	return !ok, err
 }
 
+// LiveClaims is how many instances in schema's gendurable_instances (0 if
+// it has none) are executing under a lease that has not run out on the
+// database's clock: a worker is running them, or was until moments ago.
+func LiveClaims(ctx context.Context, db RowQuerier, schema string) (int64, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return 0, err
+	}
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
+		quoteIdent(schema)+".gendurable_instances").Scan(&exists); err != nil || !exists {
+		return 0, err
+	}
+	var n int64
+	err := db.QueryRow(ctx, `SELECT count(*) FROM `+quoteIdent(schema)+`.gendurable_instances
+		WHERE status::text = 'executing' AND lease_expires_at > now()`).Scan(&n)
+	return n, err
+}
+
 // LockSchemaTables locks every table of schema against writes and changes
 // of its definition (SHARE ROW EXCLUSIVE) until tx ends, waiting at most
 // 5 s for each lock (SQLSTATE 55P03 then): what the tables are made of
