@@ -125,10 +125,17 @@ func (f ListFilter) Validate() error { return f.check("filter") }
 
 // check is Validate, its message starting with op.
 func (f ListFilter) check(op string) error {
-	if f.Before < 0 || f.Limit < 0 || f.MaxScan < 0 {
-		// A cursor is a previous page's NextBefore, never negative; taken
-		// as none, a bad one would restart the walk from the newest.
-		return errorf(ErrInvalidInput, "%s: negative before (%d), limit (%d) or max scan (%d)", op, f.Before, f.Limit, f.MaxScan)
+	// A cursor is a previous page's NextBefore, never negative; taken as
+	// none, a bad one would restart the walk from the newest. Each field
+	// is named alone (a probe read "negative before (0), limit (-1) or max
+	// scan (0)").
+	for _, c := range []struct {
+		field string
+		v     int64
+	}{{"Before", f.Before}, {"Limit", int64(f.Limit)}, {"MaxScan", int64(f.MaxScan)}} {
+		if c.v < 0 {
+			return errorf(ErrInvalidInput, "%s: negative %s (%d)", op, c.field, c.v)
+		}
 	}
 	if f.Status != "" && !validStatus(f.Status) {
 		return errorf(ErrInvalidInput, "%s: unknown status %q", op, f.Status)

@@ -52,7 +52,10 @@ const (
 // *[FailedError] (errors.Is ErrInstanceFailed) if it failed (a cancelled
 // instance too: Kind "cancelled"), [ErrStateDecode] if the result does not
 // decode into T (T's UnmarshalJSON panicking included), [ErrNotFound] if
-// there is no such instance, or ctx's error. An instance finished by a step
+// there is no such instance, or ctx's error (wrapped: the message says
+// what the last poll read, e.g. "instance 7 was runnable at step "send" at
+// the last poll, in queue "emails", which this engine does not work"). An
+// instance finished by a step
 // of this engine wakes it at once; otherwise it polls, from every 10 ms
 // backing off to every second. Any engine can wait, also one that works no
 // queue. A poll that fails because the connection was lost or the server
@@ -69,7 +72,8 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 		return zero, err
 	}
 	poll := resultPollFirst
-	var lost error // the last poll's connection failure
+	var lost error     // the last poll's connection failure
+	var last *Instance // what the last poll that answered read
 	for {
 		// Listen before looking, so a finish between the two is not missed.
 		woken, stop := e.finished.listen(id)
@@ -77,11 +81,14 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 		if err != nil && (ctx.Err() != nil || !sqlq.ConnectionFailure(err) && !errors.Is(err, errPollStalled)) {
 			stop()
 			if ctx.Err() != nil && lost != nil {
-				return zero, waitEnded(ctx, lost)
+				return zero, e.waitEnded(ctx, id, lost, last)
 			}
 			return zero, err
 		}
 		lost = err // nil, or a connection failure: look again at the next poll
+		if in != nil {
+			last = in
+		}
 		var status Status
 		if in != nil {
 			status = in.Status
@@ -116,7 +123,7 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 		case <-ctx.Done():
 			t.Stop()
 			stop()
-			return zero, waitEnded(ctx, lost)
+			return zero, e.waitEnded(ctx, id, lost, last)
 		case <-woken:
 		case <-t.C:
 			poll = min(2*poll, resultPollMax)
@@ -145,12 +152,22 @@ func (e *Engine) pollInstance(ctx context.Context, id int64) (*Instance, error) 
 }
 
 // waitEnded is WaitResult's error when ctx ended: ctx's, naming lost, the
-// connection failure of the last poll, if there was one.
-func waitEnded(ctx context.Context, lost error) error {
+// connection failure of the last poll, if there was one, else what the last
+// poll read (last, if any poll answered): a newcomer's wait on a queue no
+// engine worked said "context deadline exceeded" and nothing else (a
+// probe). No statement is sent for it: the caller's time is up.
+func (e *Engine) waitEnded(ctx context.Context, id int64, lost error, last *Instance) error {
 	if lost != nil {
 		return fmt.Errorf("%w (the last poll before it failed: %v)", ctx.Err(), lost)
 	}
-	return ctx.Err()
+	if last == nil {
+		return ctx.Err()
+	}
+	note := fmt.Sprintf("instance %d was %s at step %q at the last poll", id, last.Status, last.Step)
+	if _, ok := e.cfg.Queues[last.Queue]; !ok && last.Status == StatusRunnable {
+		note += fmt.Sprintf(", in queue %q, which this engine does not work", last.Queue)
+	}
+	return fmt.Errorf("%w (%s; Engine.WaitReason says what it waits for)", ctx.Err(), note)
 }
 
 // finishWaiters wakes WaitResult callers when a step of this process

@@ -3,6 +3,7 @@ package gendurable_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -287,3 +288,19 @@ func TestWaitResultOfACancelledInstance(t *testing.T) {
 type panickyResult struct{}
 
 func (*panickyResult) UnmarshalJSON([]byte) error { panic("result unmarshal panic") }
+
+// TestWaitResultOutOfTimeSaysWhatItSaw: a wait that runs out of time says
+// what the last poll read — the instance's status and step, and that no
+// queue of this engine is its — not "context deadline exceeded" alone (a
+// newcomer's probe: a job inserted into a queue no engine worked).
+func TestWaitResultOutOfTimeSaysWhatItSaw(t *testing.T) {
+	t.Parallel()
+	m := awaiter(0)
+	b := setup(t, nil, m)
+	id := b.insert(m.New(waitState{}).With(gendurable.InsertOpts{Queue: "nobody"}))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := gendurable.WaitResult[waitState](ctx, b.eng, id)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, fmt.Sprintf(`instance %d was runnable at step "park" at the last poll, in queue "nobody", which this engine does not work`, id))
+}
