@@ -545,10 +545,10 @@ SET status = CASE WHEN e.fails THEN 'failed' ELSE 'runnable' END::{{schema}}.gen
                   'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'lease_expired',
                   'token', i.claim_token,
                   'error', CASE WHEN e.free
-                                THEN 'lease expired before the step started (a prefetched claim; worker crashed or stalled); no attempt charged'
+                                THEN 'lease expired before the step started (a prefetched claim; the worker crashed, stalled or was cut off); no attempt charged'
                                 WHEN e.fails
-                                THEN 'lease expired with no outcome (worker crashed or stalled); attempts exhausted'
-                                ELSE 'lease expired with no outcome (worker crashed or stalled)' END)
+                                THEN 'lease expired with no outcome (the worker crashed, stalled or was cut off, or its claim''s answer was lost); attempts exhausted'
+                                ELSE 'lease expired with no outcome (the worker crashed, stalled or was cut off, or its claim''s answer was lost)' END)
                 || CASE WHEN e.free THEN '{"uncharged": true}'::jsonb ELSE '{}'::jsonb END)
 FROM expired AS e
 WHERE i.id = e.id
