@@ -164,7 +164,8 @@ func (e *Engine) waitEnded(ctx context.Context, id int64, lost error, last *Inst
 		return ctx.Err()
 	}
 	note := fmt.Sprintf("instance %d was %s at step %q at the last poll", id, last.Status, last.Step)
-	if _, ok := e.cfg.Queues[last.Queue]; !ok && last.Status == StatusRunnable {
+	if _, ok := e.cfg.Queues[last.Queue]; !ok && last.Status == StatusRunnable && len(e.cfg.Queues) > 0 {
+		// (An engine that works no queue inserts for others: no note.)
 		note += fmt.Sprintf(", in queue %q, which this engine does not work", last.Queue)
 	}
 	return fmt.Errorf("%w (%s; Engine.WaitReason says what it waits for)", ctx.Err(), note)

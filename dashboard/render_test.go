@@ -64,6 +64,13 @@ func TestInvisibleCharactersAreShownAsEscapes(t *testing.T) {
 		require.NotContains(t, r.body, c, "raw %U on the page", []rune(c)[0])
 	}
 	require.Contains(t, get(t, h, fmt.Sprintf("/instances/%d", plain)).body, "pk-k0")
+	// In a form's field the character itself, as a reference the browser
+	// reads back: the filter sends what the operator searched for (a
+	// review: the escape as text went back, and matched nothing).
+	r = get(t, h, "/instances?q=pk-k%E2%80%8B0")
+	require.Equal(t, 200, r.code, r.body)
+	require.Contains(t, r.body, `value="pk-k&#x200b;0"`)
+	require.Contains(t, r.body, fmt.Sprintf(`href="/instances/%d"`, hidden), "the search finds the key")
 }
 
 // TestControlCharactersInStoredTextAreShownAsEscapes: a cancel reason (or

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	neturl "net/url"
 	"os"
 	"regexp"
 	"runtime/pprof"
@@ -137,11 +138,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			if _, ok := commands[args[1]]; ok {
 				return run(ctx, []string{args[1], "--help"}, stdout, stderr)
 			}
-			// help bogus: an unknown command, not the general usage and
-			// exit 0 (an operator probe).
-			err := usageError{msg: fmt.Sprintf("unknown command %s (gendurable help lists them)", shownArg(args[1]))}
-			reportError(stderr, "help", err, wantsJSON(args[2:]), "")
-			return exitCode(err)
+			if !strings.HasPrefix(args[1], "-") {
+				// help bogus: an unknown command, not the general usage
+				// and exit 0 (an operator probe). help --json, help -h:
+				// the usage, as before.
+				err := usageError{msg: fmt.Sprintf("unknown command %s (gendurable help lists them)", shownArg(args[1]))}
+				reportError(stderr, "help", err, wantsJSON(args[1:]), "")
+				return exitCode(err)
+			}
 		}
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -184,7 +188,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	}
 	if err != nil {
-		reportError(stderr, args[0], err, asJSON, databaseSource(args[1:]))
+		reportError(stderr, args[0], err, asJSON, databaseSource(args[1:]), secretsIn(args)...)
 	}
 	return exitCode(err)
 }
@@ -349,8 +353,9 @@ func databaseSource(args []string) string {
 // errors already start with "gendurable: "), or as {"error": {...}} with
 // --json. dbSource is where the command's database URL came from
 // (databaseSource), for a connection error's hint.
-func reportError(w io.Writer, name string, err error, asJSON bool, dbSource string) {
+func reportError(w io.Writer, name string, err error, asJSON bool, dbSource string, secrets ...string) {
 	msg := migrateHint(tidyConnectError(name, err.Error(), err, dbSource), dbSource)
+	msg = hideSecrets(msg, secrets)
 	if !strings.HasPrefix(msg, "gendurable: ") {
 		msg = "gendurable: " + msg
 	}
@@ -595,6 +600,87 @@ func hideFlagValue(msg string) string {
 // flagValueErrRE matches the flag package's error for a value its flag
 // refused: the quoted value, the flag's name, the reason.
 var flagValueErrRE = regexp.MustCompile(`^invalid value ("(?:[^"\\]|\\.)*") for flag -([^:]+): (.*)$`)
+
+// secretsIn are the words of a command line that may hold a password: an
+// argument that looks like a connection string, the value of a flag that
+// does (--x=URL), and --database-url's value in either form. Whatever path
+// an error takes — the flag package's own messages ("bad flag syntax:
+// ---database-url=…", "invalid boolean value …"), a name or value echoed
+// by a command — reportError leaves them out of the message (a review of
+// the operator probe's fixes found a dozen such paths).
+func secretsIn(args []string) []string {
+	var out []string
+	for i, a := range args {
+		if looksLikeConnString(a) {
+			// As given, and the password alone: the flag package quotes
+			// parts of a word ("flag provided but not defined:
+			// -database-url:postgres://u:pw@h/db?sslmode", cut at its =).
+			out = append(out, a)
+			out = append(out, passwordsIn(a)...)
+		}
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, v, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		switch {
+		case hasValue && v != "" && (name == "database-url" || looksLikeConnString(v)):
+			out = append(out, v)
+		case !hasValue && name == "database-url" && i+1 < len(args) && args[i+1] != "":
+			out = append(out, args[i+1])
+		}
+	}
+	return out
+}
+
+// passwordsIn are the passwords a connection string s holds, as written
+// and percent-decoded: a URL's (between the first ':' of its user
+// information and the last '@' before its query, so that one holding an
+// '@' or a '/' is found whole) and the values of password= pairs. One of
+// fewer than 3 bytes is left out: hiding it everywhere would hide the
+// message instead.
+func passwordsIn(s string) []string {
+	var out []string
+	add := func(pw string) {
+		if len(pw) < 3 {
+			return
+		}
+		out = append(out, pw)
+		if dec, err := neturl.PathUnescape(pw); err == nil && dec != pw && len(dec) >= 3 {
+			out = append(out, dec)
+		}
+	}
+	if _, rest, ok := strings.Cut(s, "://"); ok {
+		rest, _, _ = strings.Cut(rest, "?")
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
+				add(pw)
+			}
+		}
+	}
+	for _, m := range connPasswordValueRE.FindAllStringSubmatch(s, -1) {
+		add(strings.Trim(m[1], "'"))
+	}
+	return out
+}
+
+var connPasswordValueRE = regexp.MustCompile(`(?i)(?:^|[\s?&])(?:password|sslpassword)\s*=\s*('[^']*'|[^\s&]+)`)
+
+// hideSecrets is msg with each of secrets, as given or quoted, replaced by
+// a note that it is not shown; the longest first, so that no part of one
+// is left by a shorter one inside it.
+func hideSecrets(msg string, secrets []string) string {
+	secrets = slices.Clone(secrets)
+	slices.SortFunc(secrets, func(a, b string) int { return len(b) - len(a) })
+	const hidden = "(not shown: it may hold a password)"
+	for _, s := range secrets {
+		if strings.TrimSpace(s) == "" {
+			continue
+		}
+		msg = strings.ReplaceAll(msg, strconv.Quote(s), hidden)
+		msg = strings.ReplaceAll(msg, s, hidden)
+	}
+	return msg
+}
 
 // shownArg is an argument quoted for a message, unless it may hold a
 // password: a connection string typed where an argument goes (gendurable

@@ -1871,9 +1871,18 @@ func TestAPasswordTypedAsAnArgumentIsNotEchoed(t *testing.T) {
 		{"show", url},
 		{"list", "--database-url", "postgres://postgres:ab@cd-" + secret + "@127.0.0.1:1/postgres", "--schema", schema},
 		{"list", "--database-url", "postgres://postgres:p@ss/" + secret + "@127.0.0.1:1/postgres", "--schema", schema},
+		// The flag package's own messages, and values echoed by commands
+		// (a review): each leaves the secret out.
+		{"status", "---database-url=" + url},
+		{"status", "--database-url:" + url},
+		{"list", "--json=" + url},
+		{"pause", url},
+		{"list", "--status", url},
+		{"ui", "--addr", url},
+		{"migrate", "up", "--schema", url},
 	} {
 		out, errOut, code := cli(t, args...)
-		require.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+		require.NotZero(t, code, "%q: %s", args, errOut) // usage, or pause's unmigrated schema
 		require.NotContains(t, out+errOut, secret, "%q", args)
 	}
 	// Flags after migrate's argument are read: this one finds the schema.
@@ -1923,4 +1932,13 @@ func TestHelpOfAnUnknownCommandIsAUsageError(t *testing.T) {
 	out, _, code := cli(t, "help", "list")
 	require.Zero(t, code)
 	require.Contains(t, out, "list")
+	// A flag after help is no command: the usage, as before (a review).
+	for _, args := range [][]string{{"help", "--json"}, {"help", "-h"}, {"--help", "--json"}} {
+		out, errOut, code := cli(t, args...)
+		require.Zero(t, code, "%q: %s", args, errOut)
+		require.Contains(t, out, "commands:", "%q", args)
+	}
+	_, errOut, code = cli(t, "help", "bogus", "--json")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, `"code": "usage"`)
 }

@@ -86,10 +86,11 @@ func prompt(ctx context.Context, in io.Reader, out io.Writer, question string) (
 		return false, fmt.Errorf("%w (%w)", errAborted, context.Cause(ctx))
 	}
 	line, err := a.line, a.err
-	if !echoesAnswer(out) {
+	if !echoesAnswer(out) || !strings.HasSuffix(line, "\n") {
 		// The answer's Enter shows on the terminal, not where the prompt
-		// went: end its line there, or the next line (a JSON error with
-		// --json) followed the prompt on it (an operator probe).
+		// went, and an end of input (Ctrl-D) shows nothing: end its line,
+		// or the next line (a JSON error with --json) followed the prompt
+		// on it (an operator probe).
 		fmt.Fprintln(out)
 	}
 	if err != nil && !errors.Is(err, io.EOF) {

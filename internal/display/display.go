@@ -83,7 +83,49 @@ func InertJSON(text []byte) []byte { return escapeBytes(text, inert) }
 // html/template escapes the markup, not these: a browser reorders text
 // around the first and shows the others as nothing. The templates hold
 // none, so only data is changed.
-func Page(page []byte) []byte { return escapeBytes(page, pageSet) }
+//
+// Inside a tag (an attribute's value: a form field, a link, a tooltip) the
+// bidirectional controls, separators and invisible characters are written
+// as character references (&#x200b;) instead, which the browser reads back
+// as the character: a filter's field holding "pk-k\u200b0" as text sent
+// that text back, and matched nothing (a review). The controls are
+// written as text there too, as before: a reference to most of them is
+// not read back as the character.
+func Page(page []byte) []byte {
+	i, _ := firstEscaped(page, pageSet, utf8.DecodeRune)
+	if i < 0 {
+		return page
+	}
+	b := make([]byte, 0, len(page)+16)
+	inTag, prev := false, rune(-1)
+	for i := 0; i < len(page); {
+		if c := page[i]; c < utf8.RuneSelf && c >= 0x20 && c != 0x7f {
+			switch c {
+			case '<':
+				inTag = true
+			case '>':
+				inTag = false
+			}
+			b = append(b, c)
+			prev = rune(c)
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(page[i:])
+		c := classifyAt(page, i, r, size, prev, utf8.DecodeRune)
+		switch {
+		case !pageSet.has(c):
+			b = append(b, page[i:i+size]...)
+		case inTag && (c == bidi || c == lineSep || c == invisibleChar):
+			b = fmt.Appendf(b, "&#x%x;", r)
+		default:
+			b = pageSet.appendEscape(b, c, r, page[i])
+		}
+		prev = after(r, size, c)
+		i += size
+	}
+	return b
+}
 
 // class is what the rule makes of one character.
 type class uint8

@@ -84,6 +84,13 @@ func TestEscapingRule(t *testing.T) {
 		require.Equal(t, tc.inert, string(InertJSON([]byte(tc.in))), "InertJSON: %s: %q", tc.name, tc.in)
 		require.Equal(t, tc.page, string(Page([]byte(tc.in))), "Page: %s: %q", tc.name, tc.in)
 	}
+	// Inside a tag (an attribute's value), separators, bidirectional
+	// controls and invisible characters are character references, which a
+	// browser reads back as the character (a form field sends it as
+	// stored); controls stay text; outside tags, text as above.
+	require.Equal(t, `<input value="pk-k&#x200b;0 &#x202e;x &#x2028; \x01">pk-k\u200b0 \u202ex`,
+		string(Page([]byte("<input value=\"pk-k\u200b0 \u202ex \u2028 \x01\">pk-k\u200b0 \u202ex"))))
+	require.Equal(t, `<a title="&#x1d173;">\U0001d173</a>`, string(Page([]byte("<a title=\"\U0001d173\">\U0001d173</a>"))))
 	// Nothing to escape: the same bytes back, not a copy.
 	page := []byte("<p>nothing to escape\n\t</p>")
 	require.Same(t, &page[0], &Page(page)[0])

@@ -83,9 +83,14 @@ var ErrReservedInURL = errors.New("the URL's user or password holds an @ or a / 
 	"(write @ as %40, / as %2F, : as %3A; the URL is not shown: it may hold a password)")
 
 // reservedInURL is ErrReservedInURL if url is a postgres:// or
-// postgresql:// URL with more than one '@' before its path, or an '@' in
-// its path (a '/' in the password ended the authority early): a host or a
-// database name never holds an '@'.
+// postgresql:// URL that pgx would read with part of its password as the
+// host or the database. pgx ends the user information at the first '@'
+// before the first '/' (a '?' or '#' does not end it), and the host at the
+// first '/' or '?': an '@' left in the host means the password held one;
+// a path holding an '@' followed by a ':' or a '/' means a '/' in the
+// password ended the host early ("u:p/SECRET@h:5432/db" reads host "p",
+// database "SECRET@h:5432/db"). A database name may hold an '@'
+// ("postgres://u@h/my@db"), so one with neither after it is let through.
 func reservedInURL(url string) error {
 	rest, ok := strings.CutPrefix(url, "postgres://")
 	if !ok {
@@ -93,10 +98,20 @@ func reservedInURL(url string) error {
 			return nil
 		}
 	}
-	rest, _, _ = strings.Cut(rest, "?")
-	rest, _, _ = strings.Cut(rest, "#")
-	authority, path, _ := strings.Cut(rest, "/")
-	if strings.Count(authority, "@") > 1 || strings.Contains(path, "@") {
+	authority, path, hasPath := strings.Cut(rest, "/")
+	host := authority
+	if at := strings.IndexByte(authority, '@'); at >= 0 {
+		host = authority[at+1:]
+	}
+	host, query, inQuery := strings.Cut(host, "?")
+	if strings.Contains(host, "@") {
+		return ErrReservedInURL
+	}
+	if !hasPath || inQuery || strings.Contains(query, "/") {
+		return nil // the first '/' is the query's, not a path's
+	}
+	path, _, _ = strings.Cut(path, "?")
+	if _, after, ok := strings.Cut(path, "@"); ok && strings.ContainsAny(after, ":/") {
 		return ErrReservedInURL
 	}
 	return nil

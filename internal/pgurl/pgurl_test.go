@@ -16,7 +16,10 @@ func TestReservedCharactersInAURLAreRefused(t *testing.T) {
 	for _, url := range []string{
 		"postgres://postgres:ab@cd-SECRET@127.0.0.1:5432/postgres",
 		"postgresql://postgres:p@ss/SECRET@127.0.0.1:5432/postgres?sslmode=disable",
-		"postgres://u@h/db@x",
+		"postgres://u:a?b@c-SECRET@h/db",
+		"postgres://u:a#b@c-SECRET@h/db",
+		"postgres://u:p/SECRET@h:5432/db",
+		"postgres://u:p/SECRET@h/db",
 	} {
 		_, err := ParseConfig(url)
 		if !errors.Is(err, ErrReservedInURL) {
@@ -32,6 +35,10 @@ func TestReservedCharactersInAURLAreRefused(t *testing.T) {
 		"postgres:///postgres?host=/var/run/postgresql",
 		"postgres://u@h/db?application_name=a@b",
 		"host=127.0.0.1 user=postgres password=a@b/c dbname=postgres",
+		"postgres://u@h/my@db",
+		"postgres://u:pw@[::1]:5432/db",
+		"postgres://u@h?host=/tmp&application_name=a@b:c",
+		"postgres://u:pw@h1:5432,h2:5433/db?sslmode=disable",
 	} {
 		if _, err := ParseConfig(url); err != nil {
 			t.Fatalf("%s: %v", url, err)

@@ -383,6 +383,11 @@ func dropReset(ctx context.Context, on beginner, schema string) error {
 	// A library worker holds no use of the schema (Use is the commands'):
 	// its running steps' live leases say it is there. --reset-schema
 	// --yes dropped a schema under such a worker (an operator probe).
+	// The tables are locked against writes first, so no claim commits
+	// between the count and the drop.
+	if err := sqlq.LockSchemaTables(ctx, tx, schema); err != nil {
+		return err
+	}
 	if n, err := sqlq.LiveClaims(ctx, tx, schema); err != nil {
 		return err
 	} else if n > 0 {
