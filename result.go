@@ -55,15 +55,16 @@ const (
 // there is no such instance, or ctx's error (wrapped: the message says
 // what the last poll read, e.g. "instance 7 was runnable at step "send" at
 // the last poll, in queue "emails", which this engine does not work"). An
-// instance finished by a step
-// of this engine wakes it at once; otherwise it polls, from every 10 ms
-// backing off to every second. Any engine can wait, also one that works no
-// queue. A poll that fails because the connection was lost or the server
-// is restarting (SQLSTATE class 08, 57P01–57P03, 53300, a network error),
-// or that has no reply within Config.MaintenanceTimeout (its connection cut
-// off silently: it is closed), is tried again at the poll interval, so a
-// database restart or a network cut does not end the wait; if ctx ends meanwhile, the error wraps ctx's and names the last
-// failure. Any other failed read ends the wait with its error.
+// instance finished by a step of this engine wakes it at once; otherwise
+// it polls, from every 10 ms backing off to every second. Any engine can
+// wait, also one that works no queue. A poll that fails because the
+// connection was lost or the server is restarting (SQLSTATE class 08,
+// 57P01–57P03, 53300, a network error), or that has no reply within
+// Config.MaintenanceTimeout (its connection cut off silently: it is
+// closed), is tried again at the poll interval, so a database restart or a
+// network cut does not end the wait; if ctx ends meanwhile, the error
+// wraps ctx's and names the last failure. Any other failed read ends the
+// wait with its error.
 //
 //	total, err := gendurable.WaitResult[Receipt](ctx, eng, id)
 func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {

@@ -542,7 +542,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	case errors.Is(err, flag.ErrHelp):
 		return helpRequest{fs}
 	}
-	return usageError{msg: fs.Name() + ": " + hideFlagValue(err.Error()) + wantedForm(fs, err), help: true}
+	return usageError{msg: fs.Name() + ": " + err.Error() + wantedForm(fs, err), help: true}
 }
 
 // swallowedFlag refuses a flag that takes a value followed by another flag
@@ -578,36 +578,14 @@ func swallowedFlag(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// hideFlagValue is a flag package error with the value it quotes left out
-// when the value may hold a password: any value of --database-url, or one
-// that looks like a connection string (`--database-url A --database-url B`
-// printed B whole in its "given twice" error: an operator probe).
-func hideFlagValue(msg string) string {
-	m := flagValueErrRE.FindStringSubmatch(msg)
-	if m == nil {
-		return msg
-	}
-	v, err := strconv.Unquote(m[1])
-	if err != nil {
-		return msg
-	}
-	if m[2] != "database-url" && !looksLikeConnString(v) {
-		return msg
-	}
-	return "invalid value (not shown: it may hold a password) for flag -" + m[2] + ": " + m[3]
-}
-
-// flagValueErrRE matches the flag package's error for a value its flag
-// refused: the quoted value, the flag's name, the reason.
-var flagValueErrRE = regexp.MustCompile(`^invalid value ("(?:[^"\\]|\\.)*") for flag -([^:]+): (.*)$`)
-
 // secretsIn are the words of a command line that may hold a password: an
 // argument that looks like a connection string, the value of a flag that
 // does (--x=URL), and --database-url's value in either form. Whatever path
-// an error takes — the flag package's own messages ("bad flag syntax:
-// ---database-url=…", "invalid boolean value …"), a name or value echoed
-// by a command — reportError leaves them out of the message (a review of
-// the operator probe's fixes found a dozen such paths).
+// an error takes — the flag package's own messages (`--database-url A
+// --database-url B` printed B in its "given twice" error: an operator
+// probe; "bad flag syntax: ---database-url=…"), a name or value echoed by
+// a command — reportError leaves them out of the message (a review of the
+// probe's first fixes found a dozen such paths).
 func secretsIn(args []string) []string {
 	var out []string
 	for i, a := range args {
