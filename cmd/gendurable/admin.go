@@ -284,18 +284,26 @@ func endedFlags(fs *flag.FlagSet, consumed []string) bool {
 		if a == "--" {
 			return true
 		}
-		name, _, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
-		if hasValue {
-			continue
-		}
-		if f := fs.Lookup(name); f != nil {
-			if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-				continue
-			}
+		if valueNext(fs, a) != "" {
 			i++ // its value is the next argument, whatever it looks like
 		}
 	}
 	return false
+}
+
+// valueNext is the name of the flag a names if that flag takes its value
+// from the next argument (a is -name or --name, without =value, of a flag
+// of fs that is not a bool flag); else "".
+func valueNext(fs *flag.FlagSet, a string) string {
+	name, _, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+	f := fs.Lookup(name)
+	if hasValue || f == nil {
+		return ""
+	}
+	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+		return ""
+	}
+	return name
 }
 
 // withInstance is the preamble of a command on one instance: it parses args
@@ -328,7 +336,7 @@ func (c *common) withInstance(ctx context.Context, fs *flag.FlagSet, args []stri
 func parseID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id <= 0 || s[0] < '0' || s[0] > '9' { // "+4" parses too
-		return 0, usageError{msg: fmt.Sprintf("%s is not an instance id", shownArg(s)), help: true}
+		return 0, usageError{msg: fmt.Sprintf("%q is not an instance id", s), help: true}
 	}
 	return id, nil
 }

@@ -142,8 +142,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				// help bogus: an unknown command, not the general usage
 				// and exit 0 (an operator probe). help --json, help -h:
 				// the usage, as before.
-				err := usageError{msg: fmt.Sprintf("unknown command %s (gendurable help lists them)", shownArg(args[1]))}
-				reportError(stderr, "help", err, wantsJSON(args[1:]), "")
+				err := usageError{msg: fmt.Sprintf("unknown command %q (gendurable help lists them)", args[1])}
+				reportError(stderr, "help", err, wantsJSON(args[1:]), "", secretsIn(args)...)
 				return exitCode(err)
 			}
 		}
@@ -166,7 +166,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		err = usageError{msg: fmt.Sprintf("%s before the command: flags go after it (gendurable %s %s …; gendurable help lists the commands)", flag, cmdName, flag)}
 	case !ok:
-		err = usageError{msg: fmt.Sprintf("unknown command %s (gendurable help lists them)", shownArg(args[0]))}
+		err = usageError{msg: fmt.Sprintf("unknown command %q (gendurable help lists them)", args[0])}
 	case waitsNoted[args[0]]:
 		// An operator command that waits on the database — a row locked by
 		// another transaction, a slow server — says so after a while
@@ -556,12 +556,8 @@ func swallowedFlag(fs *flag.FlagSet, args []string) error {
 		if a == "--" || !strings.HasPrefix(a, "-") || a == "-" {
 			return nil // the flags end here: the flag package stops too
 		}
-		name, _, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
-		f := fs.Lookup(name)
-		if hasValue || f == nil {
-			continue
-		}
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+		name := valueNext(fs, a)
+		if name == "" {
 			continue
 		}
 		if i+1 < len(args) {
@@ -569,8 +565,8 @@ func swallowedFlag(fs *flag.FlagSet, args []string) error {
 			nextName, _, _ := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(next, "-"), "-"), "=")
 			if strings.HasPrefix(next, "-") && nextName != "" && (fs.Lookup(nextName) != nil || nextName == "h" || nextName == "help") {
 				flagAsGiven := a[:len(a)-len(strings.TrimLeft(a, "-"))] + name
-				return usageError{msg: fmt.Sprintf("%s: %s has no value: the word after it, %s, is a flag (is a variable empty? "+
-					"a value that starts with a dash is written %s=VALUE)", fs.Name(), flagAsGiven, shownArg(next), flagAsGiven), help: true}
+				return usageError{msg: fmt.Sprintf("%s: %s has no value: the word after it, %q, is a flag (is a variable empty? "+
+					"a value that starts with a dash is written %s=VALUE)", fs.Name(), flagAsGiven, next, flagAsGiven), help: true}
 			}
 		}
 		i++ // its value
@@ -658,25 +654,6 @@ func hideSecrets(msg string, secrets []string) string {
 		msg = strings.ReplaceAll(msg, s, hidden)
 	}
 	return msg
-}
-
-// shownArg is an argument quoted for a message, unless it may hold a
-// password: a connection string typed where an argument goes (gendurable
-// postgres://u:secret@h status) is not repeated.
-func shownArg(a string) string {
-	if looksLikeConnString(a) {
-		return "(an argument that looks like a connection string, not shown: it may hold a password)"
-	}
-	return strconv.Quote(a)
-}
-
-// shownArgs is shownArg of each of args, comma-separated.
-func shownArgs(args []string) string {
-	shown := make([]string, len(args))
-	for i, a := range args {
-		shown[i] = shownArg(a)
-	}
-	return strings.Join(shown, ", ")
 }
 
 // looksLikeConnString reports whether s looks like a PostgreSQL connection
@@ -890,17 +867,18 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	switch action {
 	case "up", "down", "status", "print":
 	default:
-		return usageError{msg: fmt.Sprintf("unknown migrate action %s (want up, down, status or print)", shownArg(action)), help: true}
+		return usageError{msg: fmt.Sprintf("unknown migrate action %q (want up, down, status or print)", action), help: true}
 	}
 	// Flags may come before or after an argument, as every command's: the
-	// one refused below is named alone, never the flags after it (a
-	// --database-url's password was printed with them: an operator probe).
+	// arguments refused below are named alone, never the flags after them
+	// (a --database-url's password was printed with them: an operator
+	// probe; reportError hides a connection string typed as one).
 	extra, err := parseAll(fs, args[1:])
 	if err != nil {
 		return err
 	}
 	if len(extra) > 0 {
-		return usageError{msg: fmt.Sprintf("migrate %s takes no arguments, got %s", action, shownArgs(extra)), help: true}
+		return usageError{msg: fmt.Sprintf("migrate %s takes no arguments, got %q", action, extra), help: true}
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -994,7 +972,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 		}
 	default:
-		return usageError{msg: fmt.Sprintf("unknown migrate action %s", shownArg(action))}
+		return usageError{msg: fmt.Sprintf("unknown migrate action %q", action)}
 	}
 	if len(res.Applied) > 0 { // a change to the schema: on the audit trail, as every mutation
 		if err != nil {

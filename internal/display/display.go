@@ -91,41 +91,7 @@ func InertJSON(text []byte) []byte { return escapeBytes(text, inert) }
 // that text back, and matched nothing (a review). The controls are
 // written as text there too, as before: a reference to most of them is
 // not read back as the character.
-func Page(page []byte) []byte {
-	i, _ := firstEscaped(page, pageSet, utf8.DecodeRune)
-	if i < 0 {
-		return page
-	}
-	b := make([]byte, 0, len(page)+16)
-	inTag, prev := false, rune(-1)
-	for i := 0; i < len(page); {
-		if c := page[i]; c < utf8.RuneSelf && c >= 0x20 && c != 0x7f {
-			switch c {
-			case '<':
-				inTag = true
-			case '>':
-				inTag = false
-			}
-			b = append(b, c)
-			prev = rune(c)
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRune(page[i:])
-		c := classifyAt(page, i, r, size, prev, utf8.DecodeRune)
-		switch {
-		case !pageSet.has(c):
-			b = append(b, page[i:i+size]...)
-		case inTag && (c == bidi || c == lineSep || c == invisibleChar):
-			b = fmt.Appendf(b, "&#x%x;", r)
-		default:
-			b = pageSet.appendEscape(b, c, r, page[i])
-		}
-		prev = after(r, size, c)
-		i += size
-	}
-	return b
-}
+func Page(page []byte) []byte { return escapeBytes(page, pageSet) }
 
 // class is what the rule makes of one character.
 type class uint8
@@ -140,6 +106,10 @@ const (
 	invalid                    // a byte that is not (part of) valid UTF-8
 	lineSep                    // U+2028 LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR
 	invisibleChar              // an invisible character with no use inside a word
+
+	// tagRefs is no class: in a set, it writes bidi, lineSep and
+	// invisibleChar inside a tag as character references (Page).
+	tagRefs
 )
 
 // classify classifies r, decoded from size bytes (utf8.RuneError of size 1
@@ -172,7 +142,7 @@ type set uint16
 const (
 	terminal set = 1<<c0 | 1<<c0space | 1<<del | 1<<c1 | 1<<bidi | 1<<invalid | 1<<lineSep | 1<<invisibleChar
 	inert    set = 1<<del | 1<<c1 | 1<<bidi
-	pageSet  set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<lineSep | 1<<invisibleChar
+	pageSet  set = 1<<c0 | 1<<del | 1<<c1 | 1<<bidi | 1<<lineSep | 1<<invisibleChar | 1<<tagRefs
 )
 
 func (s set) has(c class) bool { return s&(1<<c) != 0 }
@@ -217,13 +187,30 @@ func escape[T string | []byte](s T, set set, decode func(T) (rune, int)) ([]byte
 	}
 	b := make([]byte, 0, len(s)+16)
 	b = append(b, s[:i]...)
+	inTag := false // inside a tag of a page (tagRefs): after a '<', before its '>'
+	if set.has(tagRefs) {
+		for j := range i {
+			switch s[j] {
+			case '<':
+				inTag = true
+			case '>':
+				inTag = false
+			}
+		}
+	}
 	for i < len(s) {
 		r, size := decode(s[i:])
 		c := classifyAt(s, i, r, size, prev, decode)
-		if set.has(c) {
-			b = set.appendEscape(b, c, r, s[i])
-		} else {
+		switch {
+		case r == '<' || r == '>':
+			inTag = r == '<'
+			b = append(b, s[i])
+		case !set.has(c):
 			b = append(b, s[i:i+size]...)
+		case inTag && set.has(tagRefs) && (c == bidi || c == lineSep || c == invisibleChar):
+			b = fmt.Appendf(b, "&#x%x;", r)
+		default:
+			b = set.appendEscape(b, c, r, s[i])
 		}
 		prev = after(r, size, c)
 		i += size
