@@ -143,19 +143,19 @@
 // attempt if a heartbeat of the worker marked it not started: it goes back
 // to runnable with its attempt unchanged, and its error entry says so
 // (StepError.Uncharged).
-// A marked claim starts only after the worker has cleared its mark.
-// Limits: a claim no heartbeat has marked yet — taken less than about a
-// HeartbeatInterval, plus a heartbeat's own run, before the worker died or
-// before a database outage that outlasted the lease — is charged as a
-// running step is; and
-// an attempt goes free at most once — a second lease lost on the same step
+// A marked claim starts only after the worker has cleared its mark; an
+// attempt goes free at most once — a second lease lost on the same step
 // and attempt is charged whatever the mark says (docs/design.md §4,
-// "Prefetched claims"). A claim whose statement committed while the
-// worker's connection lost the answer is charged the same way if nobody
-// runs it: a pick's claims, and the successor of a key hand-off. A chained
-// Next's next step is not: the group committer sends the statement again,
-// finds what the lost attempt wrote, and the worker runs that step
-// (docs/design.md §4, "A lost answer").
+// "Prefetched claims"). A claim no heartbeat has written yet — its answer
+// lost (a pick's claims, the successor of a key hand-off, whose statement
+// committed while the worker's connection lost the reply), or taken less
+// than about a HeartbeatInterval before the worker died or was cut off —
+// also goes back uncharged, but once per step: its step may have started,
+// so a step that kills its process at once is charged from its second
+// crash on (docs/design.md §4, "Claims no heartbeat confirmed"). A chained
+// Next's next step lost that way is also recovered: the group committer
+// sends the statement again, finds what the lost attempt wrote, and the
+// worker runs that step (docs/design.md §4, "A lost answer").
 //
 // Every claim gets a fresh fencing token. Outcomes and heartbeats apply only
 // while the token still matches, so a worker whose lease was reaped (a zombie

@@ -1300,8 +1300,8 @@ func (e *Engine) kickQueue(queue string) {
 
 // Reap runs one reaper sweep now: every expired lease goes back to runnable
 // with attempt + 1, or fails once its attempts are spent (a prefetched claim
-// whose step never started goes back without the attempt: see
-// [QueueConfig].Prefetch). It returns the
+// whose step never started, and a claim no heartbeat confirmed, go back
+// without the attempt: see [StepError].Uncharged). It returns the
 // number of rows recovered. Engines run it every ReaperInterval; it is
 // exported for tools and tests. Each statement runs under
 // Config.MaintenanceTimeout as well as ctx.

@@ -1488,6 +1488,13 @@ func (c *quietConn) Close() error {
 // until the reaper has recovered the row.
 func (b *testBundle) expireAndReap(id int64) {
 	b.t.Helper()
+	// As a worker stalled with its step running: a heartbeat has confirmed
+	// the claim. One no heartbeat confirmed goes back uncharged, once per
+	// step (docs/design.md §4, "Claims no heartbeat confirmed").
+	eventually(b.t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+			WHERE id = $1 AND status = 'executing' AND unstarted_token IS DISTINCT FROM -1`, id) == 1
+	}, "instance %d: no heartbeat confirmed its claim", id)
 	eventually(b.t, 10*time.Second, func() bool {
 		b.exec(`UPDATE {{s}}.gendurable_instances SET lease_expires_at = now() - interval '1 second'
 		        WHERE id = $1 AND status = 'executing'`, id)
@@ -1763,7 +1770,9 @@ func startHelperWorkerCmd(t *testing.T, schema string, env ...string) (cmd *exec
 // TestHelperWorkerProcess is not a test: it is the worker process that
 // TestReapKilledWorkerProcess and TestKilledWorkersPrefetchedClaimsCostNoAttempt
 // start and kill. With GENDURABLE_HELPER_PREFETCH set, one step runs (and
-// hangs) while eight more claims wait in its buffer.
+// hangs) while eight more claims wait in its buffer. With
+// GENDURABLE_HELPER_SLOW_BEAT set, its lease is 6 s and its heartbeat 2 s
+// (else 1 s and 200 ms).
 func TestHelperWorkerProcess(t *testing.T) {
 	schema := os.Getenv("GENDURABLE_HELPER_SCHEMA")
 	if schema == "" {
@@ -1773,13 +1782,17 @@ func TestHelperWorkerProcess(t *testing.T) {
 	if os.Getenv("GENDURABLE_HELPER_PREFETCH") != "" {
 		qc.Concurrency, qc.Prefetch = 1, 8
 	}
+	// A short lease kept alive by heartbeats while this process lives.
+	lease, beat := time.Second, 200*time.Millisecond
+	if os.Getenv("GENDURABLE_HELPER_SLOW_BEAT") != "" {
+		lease, beat = 6*time.Second, 2*time.Second
+	}
 	serveHelper(func(*pgxpool.Pool) *gendurable.Config {
 		return &gendurable.Config{
-			Schema:   schema,
-			Machines: []gendurable.Definition{crashyMachine(true)},
-			Queues:   map[string]gendurable.QueueConfig{"default": qc},
-			// A short lease kept alive by heartbeats while this process lives.
-			LeaseDuration: time.Second, HeartbeatInterval: 200 * time.Millisecond, ReaperInterval: -1,
+			Schema:        schema,
+			Machines:      []gendurable.Definition{crashyMachine(true)},
+			Queues:        map[string]gendurable.QueueConfig{"default": qc},
+			LeaseDuration: lease, HeartbeatInterval: beat, ReaperInterval: -1,
 		}
 	})
 }
@@ -1829,6 +1842,59 @@ func TestReapKilledWorkerProcess(t *testing.T) {
 	require.Zero(t, crashyHandleCalls.Load(), "a crash is not a handled error")
 	require.Nil(t, r.Token)
 	require.NotEqual(t, int64(0), token)
+}
+
+// TestAWorkerKilledBeforeItsFirstHeartbeatCostsNoAttemptOncePerStep
+// (docs/design.md §4, "Claims no heartbeat confirmed"): a worker process
+// claims an instance of MaxAttempts 1 and starts its step (which hangs);
+// it is stopped and killed before its first heartbeat, so the claim still
+// carries the mark every claim is written with (-1). The reaper returns it
+// uncharged, its entry saying no heartbeat confirmed the step. A second
+// worker claims it again and is killed the same way: the step has gone
+// free once, so this loss is charged, and the instance fails, attempts
+// exhausted — its step having started twice (MaxAttempts + 1). Before
+// schema version 24 the first loss failed it.
+func TestAWorkerKilledBeforeItsFirstHeartbeatCostsNoAttemptOncePerStep(t *testing.T) {
+	t.Parallel()
+	m := crashyMachine(false)
+	b := setup(t, nil, m)
+	id := b.insert(m.New(orderArgs{}).With(gendurable.InsertOpts{MaxAttempts: 1}))
+	ctx := context.Background()
+	lose := func(round int) {
+		t.Helper()
+		cmd, kill := startHelperWorkerCmd(t, b.schema, "GENDURABLE_HELPER_SLOW_BEAT=1")
+		eventually(t, 20*time.Second, func() bool { return b.row(id).Status == "executing" }, "worker never claimed the row")
+		require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+		eventually(t, 5*time.Second, func() bool { return childproc.Stopped(cmd.Process.Pid) }, "the worker did not stop")
+		time.Sleep(100 * time.Millisecond) // a statement sent before the stop has ended
+		require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND unstarted_token = -1`, id),
+			"round %d: a heartbeat ran before the worker was stopped (its first comes 2 s after its start)", round)
+		kill()
+		b.exec(`UPDATE {{s}}.gendurable_instances SET lease_expires_at = now() - interval '1 second' WHERE id = $1`, id) // the 6 s lease, run out
+		n, err := b.eng.Reap(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+	}
+	lose(1)
+	r := b.row(id)
+	require.Equal(t, "runnable", r.Status)
+	require.Equal(t, 0, r.Attempt, "the first loss is not charged")
+	require.Len(t, r.Errors, 1)
+	require.Equal(t, true, r.Errors[0]["uncharged"])
+	require.Contains(t, r.Errors[0]["error"], "before any heartbeat confirmed the step started")
+	inst, err := b.eng.Instance(ctx, id)
+	require.NoError(t, err)
+	require.True(t, inst.Errors[0].Uncharged && inst.Errors[0].Unconfirmed, "StepError: %+v", inst.Errors[0])
+
+	lose(2)
+	r = b.row(id)
+	require.Equal(t, "failed", r.Status, "the second loss of the step is charged")
+	require.Equal(t, 0, r.Attempt)
+	require.Len(t, r.Errors, 2)
+	require.Nil(t, r.Errors[1]["uncharged"])
+	require.Nil(t, r.Errors[1]["unconfirmed"])
+	require.Contains(t, r.Errors[1]["error"], "attempts exhausted")
+	require.Zero(t, crashyHandleCalls.Load(), "a crash is not a handled error")
 }
 
 // prefetchingHelper inserts nine instances of crashyMachine with
@@ -2080,7 +2146,7 @@ func pausedMachine(pool *pgxpool.Pool, schema string) *gendurable.Machine[orderA
 			"work": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
 				entered := time.Now()
 				if pool != nil {
-					if _, err := pool.Exec(ctx, "INSERT INTO "+schema+".starts VALUES ($1, $2, $3)", r.ID, r.Attempt, entered); err != nil {
+					if _, err := pool.Exec(ctx, "INSERT INTO "+schema+".starts VALUES ($1, $2, $3, $4)", r.ID, r.Attempt, entered, r.Token); err != nil {
 						return gendurable.Outcome{}, err
 					}
 				}
@@ -2116,7 +2182,7 @@ func TestPausedWorkerStartsNoReapedClaim(t *testing.T) {
 	t.Parallel()
 	m := pausedMachine(nil, "") // this process only inserts and reaps
 	b := setup(t, nil, m)
-	b.exec(`CREATE TABLE {{s}}.starts (id bigint, attempt int, at timestamptz)`)
+	b.exec(`CREATE TABLE {{s}}.starts (id bigint, attempt int, at timestamptz, token bigint)`)
 	for range 10 {
 		b.insert(m.New(orderArgs{}))
 	}
@@ -2143,7 +2209,14 @@ func TestPausedWorkerStartsNoReapedClaim(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
 	time.Sleep(1500 * time.Millisecond)
 
-	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.starts WHERE attempt = 0 AND at > $1`, continued),
+	// A start under a claim the reaper took (its lease_expired entry names
+	// the claim's token). Not by attempt: a reaped claim no heartbeat had
+	// confirmed goes back uncharged (schema version 24), and the worker
+	// may claim it again, rightly, at the same attempt.
+	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.starts AS s
+		JOIN {{s}}.gendurable_instances AS i ON i.id = s.id
+		CROSS JOIN LATERAL jsonb_array_elements(i.errors) AS e
+		WHERE s.at > $1 AND e ->> 'kind' = 'lease_expired' AND (e ->> 'token')::bigint = s.token`, continued),
 		"after the pause the worker started steps of claims that had been reaped meanwhile")
 }
 
@@ -2648,6 +2721,68 @@ func TestStopWithAPickCutOff(t *testing.T) {
 	}
 }
 
+// TestRowsOfAPickWhoseAnswerIsLostCostNoAttempt (docs/design.md §4, "Claims
+// no heartbeat confirmed"): a pick reaches the server and claims ten jobs of
+// MaxAttempts 1, and its answer never comes back (the network is cut while
+// the pick waits on the queue's GlobalConcurrency lock, which the test
+// holds, and released once the cut is in place). Nobody works the ten
+// claims; once their leases run out another engine's reaper returns them
+// to runnable with no attempt charged, an uncharged lease_expired entry
+// saying no heartbeat confirmed their steps, and they run to done on their
+// first attempt. Before schema version 24 the reaper charged each its one
+// attempt and all ten failed without having run.
+func TestRowsOfAPickWhoseAnswerIsLostCostNoAttempt(t *testing.T) {
+	t.Parallel()
+	var ran atomic.Int32
+	job := &gendurable.Job[orderArgs]{Name: "lostpick", Perform: func(context.Context, *gendurable.Run[orderArgs]) error {
+		ran.Add(1)
+		return nil
+	}}
+	b := setup(t, fastConfig("", job))
+	ctx := context.Background()
+	lock, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('gendurable:' || $1), hashtext('gendurable:queue:default'))`, b.schema)
+	require.NoError(t, err)
+
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 2*time.Second, 500*time.Millisecond
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 10, GlobalConcurrency: 100,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 20 * time.Millisecond}}
+	_, proxy := cutOffEngine(t, b, cfg)
+	ps := make([]gendurable.InsertParams, 10)
+	for i := range ps {
+		ps[i] = job.New(orderArgs{I: i}).With(gendurable.InsertOpts{MaxAttempts: 1})
+	}
+	_, err = b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+	waiting := func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity
+			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%gendurable_pick%'
+			  AND datname = current_database()`) > 0
+	}
+	eventually(t, 10*time.Second, waiting, "the pick never waited on the queue's lock")
+	time.Sleep(100 * time.Millisecond) // the pick of the rows inserted is the one waiting
+	proxy.Cut()
+	require.NoError(t, lock.Commit(ctx))
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing' AND unstarted_token = -1`) == 10
+	}, "the pick cut off did not claim the ten rows")
+
+	require.NoError(t, b.eng.Start(ctx))
+	defer func() { _ = b.eng.Stop(context.Background()) }()
+	eventually(t, 30*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status IN ('done', 'failed')`) == 10
+	}, "not every job finished")
+	require.Equal(t, 10, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE status = 'done' AND attempt = 0 AND jsonb_array_length(errors) = 1
+		  AND errors -> 0 @> '{"kind": "lease_expired", "uncharged": true}'
+		  AND errors -> 0 ->> 'error' LIKE 'lease expired before any heartbeat confirmed the step started%'`),
+		"the lost pick's rows ran on their first attempt")
+	require.Equal(t, int32(10), ran.Load(), "each job ran once, in this engine")
+}
+
 // TestEngineMethodsHaveTheirDocComments: every exported method of Engine
 // has a doc comment of its own (what go doc and pkg.go.dev show). Stop's
 // lost its: a constant declared between the comment and the func took it
@@ -2758,8 +2893,10 @@ func TestReaperFailingAWokenInstanceConsumesItsInbox(t *testing.T) {
 	require.NoError(t, b.eng.Pause(ctx, gendurable.DefaultQueue))
 	_, err = b.eng.Signal(ctx, id, "go", nil, nil)
 	require.NoError(t, err)
-	// Woken and claimed by a worker that then vanished: its lease ran out.
-	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'executing', claim_token = 99,
+	// Woken and claimed by a worker that then vanished mid-step (a
+	// heartbeat had confirmed the step: unstarted_token NULL): its lease
+	// ran out.
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'executing', claim_token = 99, unstarted_token = NULL,
 	        lease_expires_at = now() - interval '1 second' WHERE id = $1 AND status = 'runnable'`, id)
 	// The engine's own reaper may take it first (a sweep due meanwhile, on a
 	// loaded machine): the same statement, so either way is the case tested.

@@ -106,7 +106,8 @@ type ReapEvent struct {
 	// Uncharged: of which went back to runnable without an attempt
 	// charged: claims whose last heartbeat found their step not yet
 	// started (prefetched rows of a worker that died or stalled; see
-	// [QueueConfig].Prefetch).
+	// [QueueConfig].Prefetch), and claims no heartbeat confirmed
+	// ([StepError].Unconfirmed).
 	Uncharged int
 	IDs       []int64 // the instances recovered
 	Duration  time.Duration

@@ -71,8 +71,16 @@ type StepError struct {
 	Error string `json:"error"`
 	// Uncharged: a "lease_expired" entry whose lost claim cost no attempt:
 	// a heartbeat had found its step not started (a prefetched claim; see
-	// [QueueConfig].Prefetch). False for every other entry.
+	// [QueueConfig].Prefetch), or no heartbeat had written the claim since
+	// it was taken (its answer was lost, or its worker died or was cut off
+	// before its first heartbeat; the step may have run — once per step,
+	// docs/design.md §4). False for every other entry.
 	Uncharged bool `json:"uncharged,omitempty"`
+	// Unconfirmed: an Uncharged entry of a claim no heartbeat had written
+	// (schema version 24): its step may have started, so a step goes free
+	// this way once only (docs/design.md §4, "Claims no heartbeat
+	// confirmed"). False for every other entry.
+	Unconfirmed bool `json:"unconfirmed,omitempty"`
 	// Stack is a panic's stack trace (Kind "panic"), from the panicking
 	// frame down, at most 8 KiB; empty for other errors (and for panics
 	// recorded by versions that did not keep it).
@@ -93,8 +101,9 @@ type Instance struct {
 	Priority int             `json:"priority"`
 	// Attempt counts from 0: 0 while the step runs (or waits to run) for
 	// the first time, +1 per failed attempt (a replay or an expired lease;
-	// not the expired lease of a prefetched claim whose step never started,
-	// see [StepError].Uncharged).
+	// not an expired lease the reaper returns uncharged: a prefetched claim
+	// whose step never started, or a claim no heartbeat confirmed, see
+	// [StepError].Uncharged).
 	// Attempt+1 is the run's number ("attempt 1 of 3"), as the CLI shows it.
 	// A failed instance keeps the attempt it failed on: Attempt+1 is
 	// MaxAttempts when its attempts ran out, whether the last one returned

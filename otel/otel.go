@@ -83,7 +83,8 @@ const (
 	AttrStatus         = attribute.Key("gendurable.status")
 	AttrFailed         = attribute.Key("gendurable.failed") // bool: reaped rows that failed for good
 	// AttrUncharged (bool): reaped rows returned without an attempt
-	// charged (prefetched claims whose steps never started).
+	// charged (prefetched claims whose steps never started, claims no
+	// heartbeat confirmed: StepError.Uncharged).
 	AttrUncharged = attribute.Key("gendurable.uncharged")
 	// AttrUnstarted (bool): lost leases of claims that waited in the
 	// prefetch buffer (no step ran, none was cancelled).
@@ -239,7 +240,7 @@ func New(opts Options) (*Hook, error) {
 		metric.WithDescription("Rows claimed by pick statements."))
 	check(err)
 	h.reaped, err = m.Int64Counter(MetricReaped, metric.WithUnit("{instance}"),
-		metric.WithDescription("Instances whose expired lease the reaper recovered; failed=true: attempts exhausted; uncharged=true: a prefetched claim whose step never started, returned without an attempt charged."))
+		metric.WithDescription("Instances whose expired lease the reaper recovered; failed=true: attempts exhausted; uncharged=true: returned without an attempt charged (a prefetched claim whose step never started, or a claim no heartbeat confirmed)."))
 	check(err)
 	h.contended, err = m.Int64Counter(MetricPartitionContended, metric.WithUnit("{key}"),
 		metric.WithDescription("Partition keys with runnable rows a pick passed over because every slot of the key was held, by key policy."))

@@ -61,8 +61,14 @@ type Report struct {
 	// claims"); UnchargedStarted those of them whose step had started (a
 	// run recorded under the reaped claim's token): the gate broken.
 	// Entries without a token (keyed claims a pick revoked) are not
-	// checked.
-	Uncharged, UnchargedStarted int
+	// checked, nor unconfirmed ones (claims no heartbeat had written,
+	// schema version 24: their step may have started).
+	// UnconfirmedTwice counts the unconfirmed uncharged reaps of a step
+	// that had gone free before (an earlier uncharged entry of the same
+	// step): such a claim goes free once per step. UnconfirmedStarted (no
+	// violation, the rule's price) counts the unconfirmed ones whose step
+	// had started.
+	Uncharged, UnchargedStarted, Unconfirmed, UnconfirmedTwice, UnconfirmedStarted int
 	// KeyPeaks: by key limit, the most runs of one key with that limit
 	// that were active at once.
 	KeyPeaks map[int]int
@@ -177,6 +183,13 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 			WHERE x @> '{"kind": "lease_expired", "uncharged": true}'`, nil},
 		{&r.UnchargedStarted, `SELECT count(*) FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
 			WHERE ` + unchargedStarted, nil},
+		{&r.Unconfirmed, `SELECT count(*) FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
+			WHERE x @> '{"kind": "lease_expired", "uncharged": true, "unconfirmed": true}'`, nil},
+		{&r.UnconfirmedTwice, `SELECT count(*) FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) WITH ORDINALITY x(x, n)
+			WHERE ` + unconfirmedTwice, nil},
+		{&r.UnconfirmedStarted, `SELECT count(*) FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
+			WHERE x @> '{"unconfirmed": true}' AND EXISTS (
+			  SELECT 1 FROM {{s}}.chaos_effects e WHERE e.instance = i.id AND e.token = (x->>'token')::bigint)`, nil},
 		{&r.FencedWrites, `SELECT count(*) FROM {{s}}.chaos_fenced_log`, nil},
 		{&r.FencedRefused, `SELECT count(*) FROM {{s}}.chaos_fenced_log WHERE NOT accepted`, nil},
 		{&r.StaleAccepted, `SELECT count(*) FROM {{s}}.chaos_fenced_log l WHERE accepted AND NOT current` + staleAfterNewer, nil},
@@ -327,8 +340,13 @@ const (
 	ReapedClaim = `((e->>'token')::bigint = z.token OR (e->>'token' IS NULL AND NOT e ? 'uncharged' AND (e->>'attempt')::int = z.attempt))`
 	// unchargedStarted: error entry x of instance i is a reap that charged
 	// no attempt, of a claim under which a step started.
-	unchargedStarted = `x @> '{"kind": "lease_expired", "uncharged": true}' AND EXISTS (
+	unchargedStarted = `x @> '{"kind": "lease_expired", "uncharged": true}' AND NOT x ? 'unconfirmed' AND EXISTS (
 	  SELECT 1 FROM {{s}}.chaos_effects e WHERE e.instance = i.id AND e.token = (x->>'token')::bigint)`
+	// unconfirmedTwice: error entry x (number n) of instance i is an
+	// unconfirmed uncharged reap after an earlier uncharged entry of its step.
+	unconfirmedTwice = `x @> '{"kind": "lease_expired", "uncharged": true, "unconfirmed": true}' AND EXISTS (
+	  SELECT 1 FROM jsonb_array_elements(i.errors) WITH ORDINALITY y(y, m)
+	  WHERE m < n AND y @> jsonb_build_object('kind', 'lease_expired', 'uncharged', true, 'step', x->'step'))`
 	// lostWakeUp: instance i is parked on a name it holds an unconsumed signal of.
 	lostWakeUp = `i.status = 'awaiting_signal' AND EXISTS (
 	  SELECT 1 FROM {{s}}.gendurable_signals s
@@ -390,6 +408,10 @@ func (r *Report) sample(ctx context.Context, pool *pgxpool.Pool, schema string) 
 		add("uncharged started", `SELECT format('%s #%s: %s', i.fsm, i.id, x::text)
 			FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x WHERE `+unchargedStarted+` LIMIT 5`)
 	}
+	if r.UnconfirmedTwice > 0 {
+		add("unconfirmed twice", `SELECT format('%s #%s: %s', i.fsm, i.id, x::text)
+			FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) WITH ORDINALITY x(x, n) WHERE `+unconfirmedTwice+` LIMIT 5`)
+	}
 	if r.LostWakeUps > 0 {
 		add("lost wake-up", `SELECT format('#%s awaits %s', i.id, i.awaits) FROM {{s}}.gendurable_instances i
 			WHERE `+lostWakeUp+` LIMIT 5`)
@@ -426,6 +448,7 @@ func (r *Report) Violations(allowFailed bool) []string {
 	chk(r.SlotExcess, "keyed runs started while their key's limit of other rows held live slots")
 	chk(r.StaleAccepted, "stale writes accepted at the fenced resource")
 	chk(r.UnchargedStarted, "reaps that charged no attempt for a claim whose step had started")
+	chk(r.UnconfirmedTwice, "unconfirmed claims that went free on a step that had gone free before")
 	chk(r.LostWakeUps, "parked instances with a matching unconsumed signal (lost wake-ups)")
 	chk(r.FaninEarly, "parents resumed before their last child finished")
 	chk(r.FaninMulti, "parents resumed more than once")
@@ -454,9 +477,9 @@ func (r *Report) Line(scenario string, tail ...string) string {
 
 // Invariants is a compact list of the invariant counts, for the summary.
 func (r *Report) Invariants() string {
-	s := fmt.Sprintf("%d failed, %d double commits, %d stale starts, %d partition overlaps, %d key slot excesses, %d lost wake-ups, %d early/double fan-ins, %d past lease, %d uncharged reaps (%d of a started step)",
+	s := fmt.Sprintf("%d failed, %d double commits, %d stale starts, %d partition overlaps, %d key slot excesses, %d lost wake-ups, %d early/double fan-ins, %d past lease, %d uncharged reaps (%d of a started step; %d unconfirmed, %d of them of a started step, %d of a step gone free before)",
 		r.Failed, r.MultiCommit+r.TokenReuse+r.NullToken, r.StaleStarts, r.Overlaps, r.SlotExcess, r.LostWakeUps, r.FaninEarly+r.FaninMulti+r.FaninWrong, r.PastLease,
-		r.Uncharged, r.UnchargedStarted)
+		r.Uncharged, r.UnchargedStarted, r.Unconfirmed, r.UnconfirmedStarted, r.UnconfirmedTwice)
 	if r.FencedWrites > 0 {
 		s += fmt.Sprintf(", %d stale writes accepted", r.StaleAccepted)
 	}

@@ -101,6 +101,16 @@ func TestCheckerFindsViolations(t *testing.T) {
 		  {"kind": "lease_expired", "attempt": 0, "token": 92, "uncharged": true}]'`)
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, token) VALUES
 		($1, 'plain', 'work', 0, 0, 'u1', 1, 'w', 92)`, uncharged)
+	// Unconfirmed reaps (claims no heartbeat wrote): claim 95's step
+	// started, which such a claim may (not UnchargedStarted); claim 96 went
+	// free after step "work" had gone free before (UnconfirmedTwice); claim
+	// 97 is of another step.
+	unconfirmed := ins("done", `, errors) VALUES ('plain', 'work', $1::text::{{s}}.gendurable_status,
+		'[{"kind": "lease_expired", "step": "work", "attempt": 0, "token": 95, "uncharged": true, "unconfirmed": true},
+		  {"kind": "lease_expired", "step": "work", "attempt": 1, "token": 96, "uncharged": true, "unconfirmed": true},
+		  {"kind": "lease_expired", "step": "join", "attempt": 1, "token": 97, "uncharged": true, "unconfirmed": true}]'`)
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, token) VALUES
+		($1, 'plain', 'work', 0, 0, 'u2', 1, 'w', 95)`, unconfirmed)
 	// A run of a step that ignores its context promises nothing: left out.
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, started, ended, honours) VALUES
 		(-34, 'leaf', 'work', 0, 0, 'i1', 9, 'w9', 's1', now() + interval '21 seconds', now() + interval '22 seconds', false)`)
@@ -145,7 +155,8 @@ func TestCheckerFindsViolations(t *testing.T) {
 		{"CutAtStop", r.CutAtStop, 2}, {"OverlapsCountingStops", r.OverlapsCountingStops, 5},
 		{"KeyPeaks[1]", r.KeyPeaks[1], 2}, {"KeyPeaks[2]", r.KeyPeaks[2], 2}, {"KeyPeaks[3]", r.KeyPeaks[3], 4},
 		{"SlotExcess", r.SlotExcess, 1}, {"StaleStarts", r.StaleStarts, 1},
-		{"Uncharged", r.Uncharged, 2}, {"UnchargedStarted", r.UnchargedStarted, 1},
+		{"Uncharged", r.Uncharged, 5}, {"UnchargedStarted", r.UnchargedStarted, 1},
+		{"Unconfirmed", r.Unconfirmed, 3}, {"UnconfirmedTwice", r.UnconfirmedTwice, 1}, {"UnconfirmedStarted", r.UnconfirmedStarted, 1},
 		{"FencedWrites", r.FencedWrites, 3}, {"FencedRefused", r.FencedRefused, 1},
 		{"StaleAccepted", r.StaleAccepted, 1}, {"StaleRefused", r.StaleRefused, 1},
 		{"LostWakeUps", r.LostWakeUps, 1}, {"FaninEarly", r.FaninEarly, 1}, {"PastLease", r.PastLease, 1},

@@ -19,7 +19,8 @@ type Reaped struct {
 	Count  int // rows recovered
 	Failed int // of which failed for good (attempts exhausted)
 	// Uncharged: of which returned without an attempt charged (claims
-	// whose last heartbeat found their step not started).
+	// whose last heartbeat found their step not started, or that no
+	// heartbeat confirmed).
 	Uncharged int
 	IDs       []int64 // the instances recovered
 	Duration  time.Duration
@@ -30,7 +31,8 @@ type Reaped struct {
 
 // Reaper recovers expired leases: an expired row goes back to runnable with
 // attempt + 1, or fails once its attempts are spent (a prefetched claim whose
-// step never started goes back without the attempt: sqlq's reapSQL). It sweeps at Start,
+// step never started, and a claim no heartbeat confirmed, go back without the
+// attempt: sqlq's reapSQL). It sweeps at Start,
 // then every Interval, and sooner when the next lease of any process runs
 // out before that: each sweep's last statement reports that lease's expiry
 // (as the await-timeout sweep's reports its next deadline), so a crashed

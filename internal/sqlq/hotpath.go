@@ -497,7 +497,12 @@ WITH expired AS MATERIALIZED (
   -- says so): it costs no attempt. Once per attempt: should a step ever
   -- start under a mark (a worker clears it first; docs/design.md §4 says
   -- where that ends), one that kills its process as it starts is still
-  -- charged on its second crash.
+  -- charged on its second crash. Also free (unconfirmed): a claim no
+  -- heartbeat has written since it was taken (-1, schema version 24:
+  -- "Claims no heartbeat confirmed") — its answer lost, or its worker
+  -- gone before its first heartbeat — once per step: its step may have
+  -- started, so a step that kills its process goes free on its first
+  -- crash only, whatever the attempt.
   --
   -- A row the reap may fail (its attempts spent) joins its parent's fan-in
   -- (parents, below), which updates the parent: the parent is locked here,
@@ -506,12 +511,16 @@ WITH expired AS MATERIALIZED (
   -- it, for a later sweep — waiting for it held back every expired lease
   -- behind it, of every instance, and a child skipped after the LIMIT
   -- would still take a place of the batch.
-  SELECT id, inbox, free, NOT free AND attempt + 1 >= max_attempts AS fails
+  SELECT id, inbox, free, unconfirmed, NOT free AND attempt + 1 >= max_attempts AS fails
   FROM (SELECT id, inbox, attempt, max_attempts,
-               coalesce((unstarted_token = claim_token OR (claim_token IS NULL AND unstarted_token = 0))
-                        AND NOT errors @> jsonb_build_array(jsonb_build_object(
-                              'kind', 'lease_expired', 'uncharged', true, 'step', step, 'attempt', attempt)),
-                        false) AS free
+               coalesce(((unstarted_token = claim_token OR (claim_token IS NULL AND unstarted_token = 0))
+                         AND NOT errors @> jsonb_build_array(jsonb_build_object(
+                               'kind', 'lease_expired', 'uncharged', true, 'step', step, 'attempt', attempt)))
+                        OR (unstarted_token = -1
+                            AND NOT errors @> jsonb_build_array(jsonb_build_object(
+                                  'kind', 'lease_expired', 'uncharged', true, 'step', step))),
+                        false) AS free,
+               coalesce(unstarted_token = -1, false) AS unconfirmed
         FROM {{schema}}.gendurable_instances AS c
         WHERE status = 'executing' AND lease_expires_at < now()
           AND lease_expires_at >= coalesce($3::timestamptz, '-infinity')
@@ -544,12 +553,15 @@ SET status = CASE WHEN e.fails THEN 'failed' ELSE 'runnable' END::{{schema}}.gen
              || jsonb_build_array(jsonb_build_object(
                   'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'lease_expired',
                   'token', i.claim_token,
-                  'error', CASE WHEN e.free
+                  'error', CASE WHEN e.free AND e.unconfirmed
+                                THEN 'lease expired before any heartbeat confirmed the step started (the worker crashed, stalled or was cut off soon after the claim, or the claim''s answer was lost); no attempt charged, once per step'
+                                WHEN e.free
                                 THEN 'lease expired before the step started (a prefetched claim; the worker crashed, stalled or was cut off); no attempt charged'
                                 WHEN e.fails
                                 THEN 'lease expired with no outcome (the worker crashed, stalled or was cut off, or its claim''s answer was lost); attempts exhausted'
                                 ELSE 'lease expired with no outcome (the worker crashed, stalled or was cut off, or its claim''s answer was lost)' END)
-                || CASE WHEN e.free THEN '{"uncharged": true}'::jsonb ELSE '{}'::jsonb END)
+                || CASE WHEN e.free AND e.unconfirmed THEN '{"uncharged": true, "unconfirmed": true}'::jsonb
+                        WHEN e.free THEN '{"uncharged": true}'::jsonb ELSE '{}'::jsonb END)
 FROM expired AS e
 WHERE i.id = e.id
 RETURNING i.id, i.fsm, i.queue, i.step, i.attempt, i.status, i.parent_id, i.parent_fanout, e.inbox AS held_inbox, e.free

@@ -917,21 +917,30 @@ func TestNoHandOff(t *testing.T) {
 	got = applyOne(t, q, conn(), sqlq.Outcome{ID: 1005, Token: 1005, Kind: sqlq.KindNext, Step: &step, Continue: true, Handoff: 1})
 	require.Equal(t, "executing", got[1005].Status)
 	require.Nil(t, got[1005].Successor, "a chained Next keeps the slot")
+	// Every claim is written unconfirmed (schema version 24): the chained
+	// step's, and the successor's below.
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1005 AND unstarted_token = -1`))
 	got = applyOne(t, q, conn(), sqlq.Outcome{ID: 1005, Token: *got[1005].Token, Kind: sqlq.KindReplay, Handoff: 1})
 	require.Equal(t, "runnable", got[1005].Status)
 	require.NotNil(t, got[1005].Successor)
 	require.NotEqual(t, int64(1005), got[1005].Successor.ID)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = $1 AND unstarted_token = -1`, got[1005].Successor.ID))
 	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing' AND partition_key <> 'chain'`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`))
 }
 
 // TestReapChargesNoAttemptToAnUnstartedClaim (docs/design.md §4,
-// "Prefetched claims"): four claims of MaxAttempts 1 whose leases run out.
-// The one whose last heartbeat found its step not started goes back to
-// runnable with its attempt uncharged; one never heartbeated, one
-// heartbeated as started, and one marked unstarted and then started are
-// charged and fail. Claimed again and marked unstarted again, the first
-// row is charged this time: once per attempt, whatever came between.
+// "Prefetched claims", "Claims no heartbeat confirmed"): four claims of
+// MaxAttempts 1 whose leases run out. The one whose last heartbeat found its
+// step not started, and the one no heartbeat wrote since its claim (-1, as
+// every claim leaves it since schema version 24), go back to runnable with
+// their attempt uncharged, each entry saying why; one heartbeated as
+// started, and one marked unstarted and then started, are charged and fail.
+// Claimed again (the first marked unstarted again, the second not
+// heartbeated again), both are charged this time: a mark once per attempt
+// whatever came between, an unconfirmed claim once per step. A row of three
+// attempts lost unconfirmed three times goes free once only: attempts 0, 0,
+// 1, and fails on the fourth loss.
 func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	t.Parallel()
 	q, exec, count, conn := keySetup(t)
@@ -980,17 +989,24 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	for _, r := range reap(4) {
 		byID[r.ID] = r
 	}
-	require.False(t, byID[1].Charged)
-	require.Equal(t, "runnable", byID[1].Status)
-	for _, id := range []int64{2, 3, 4} {
+	for _, id := range []int64{1, 2} {
+		require.False(t, byID[id].Charged, "row %d", id)
+		require.Equal(t, "runnable", byID[id].Status, "row %d", id)
+	}
+	for _, id := range []int64{3, 4} {
 		require.True(t, byID[id].Charged, "row %d", id)
 		require.Equal(t, "failed", byID[id].Status, "row %d", id)
 	}
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
-		WHERE id = 1 AND status = 'runnable' AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true}'`))
+		WHERE id = 1 AND status = 'runnable' AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true}'
+		  AND errors -> -1 ->> 'error' LIKE 'lease expired before the step started (a prefetched claim%'`))
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE id = 2 AND status = 'runnable' AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true}'
+		  AND errors -> -1 ->> 'error' LIKE 'lease expired before any heartbeat confirmed the step started%'
+		  AND errors -> -1 @> '{"unconfirmed": true}'`))
 	// Failed on their one attempt (max_attempts 1), which they keep: a row
 	// failed by its lease said attempt 2 of 1.
-	require.Equal(t, 3, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+	require.Equal(t, 2, count(`SELECT count(*) FROM {{s}}.gendurable_instances
 		WHERE status = 'failed' AND attempt = 0 AND errors -> -1 @> '{"kind": "lease_expired"}'
 		  AND NOT errors -> -1 ? 'uncharged' AND errors -> -1 ->> 'error' LIKE '%attempts exhausted'`))
 	for id, tok := range tokens {
@@ -1000,16 +1016,44 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 
 	// The same attempt lost again before its step started: charged now,
 	// though another entry of that attempt came in between (a worker that
-	// does not know the row's version handed it back).
-	tokens = claim(1)
+	// does not know the row's version handed it back). Row 2, claimed
+	// again and never heartbeated: charged, its step went free once.
+	tokens = claim(2)
 	require.NoError(t, q.ReleaseUnknown(ctx, c, 1, tokens[1], 0, "unknown version"))
-	tokens = claim(1)
-	beat(tokens, map[int64]bool{1: false})
-	r := reap(1)[0]
-	require.True(t, r.Charged, "a second free expiry of one attempt")
-	require.Equal(t, "failed", r.Status)
+	again := claim(1)
+	require.Contains(t, again, int64(1))
+	beat(again, map[int64]bool{1: false})
+	byID = map[int64]sqlq.Reaped{}
+	for _, r := range reap(2) {
+		byID[r.ID] = r
+	}
+	for _, id := range []int64{1, 2} {
+		require.True(t, byID[id].Charged, "a second free expiry of row %d", id)
+		require.Equal(t, "failed", byID[id].Status, "row %d", id)
+	}
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
 		WHERE id = 1 AND attempt = 0 AND jsonb_array_length(errors) = 3`), "failed on its one attempt, which it keeps")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE id = 2 AND attempt = 0 AND jsonb_array_length(errors) = 2`), "failed on its one attempt, which it keeps")
+
+	// Three attempts, four unconfirmed claims lost: free, then charged
+	// on every later loss, whatever the attempt.
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, max_attempts)
+	      OVERRIDING SYSTEM VALUE VALUES (5, 'm', 'a', 3)`)
+	var attempts []int
+	for range 4 {
+		claim(1)
+		r := reap(1)[0]
+		require.Equal(t, int64(5), r.ID)
+		attempts = append(attempts, count(`SELECT attempt FROM {{s}}.gendurable_instances WHERE id = 5`))
+		if r.Status == "failed" {
+			break
+		}
+	}
+	require.Equal(t, []int{0, 1, 2, 2}, attempts)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 5 AND status = 'failed'
+		AND jsonb_array_length(errors) = 4 AND errors -> 0 @> '{"uncharged": true}'
+		AND NOT (errors -> 1) ? 'uncharged' AND NOT (errors -> 3) ? 'uncharged'`))
 }
 
 // TestClearUnstartedSkipsALockedRow: clearing the not-started marks of three
@@ -1068,7 +1112,9 @@ func TestClearUnstartedNeedsALiveLease(t *testing.T) {
 // worker killed with claims buffered). A holder that was not marked, and
 // one whose step and attempt went free once already, are revoked for the
 // reaper, which charges them; a holder an engine of version 22 revoked
-// (no token, its mark kept as 0) is still returned uncharged.
+// (no token, its mark kept as 0) is still returned uncharged. Since version
+// 24 a holder no heartbeat wrote since its claim (-1) is taken back as a
+// marked one is, unless its step went free once already (at any attempt).
 func TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst(t *testing.T) {
 	t.Parallel()
 	q, exec, count, conn := keySetup(t)
@@ -1079,21 +1125,29 @@ func TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst(t *testing.T) {
 	        (1, 'm', 'a', 'k', 1, 'executing', 11, now() - interval '1 second', 11),
 	        (3, 'm', 'a', 'j', 1, 'executing', 13, now() - interval '1 second', NULL),
 	        (5, 'm', 'a', 'm', 1, 'executing', 15, now() - interval '1 second', 15),
-	        (7, 'm', 'a', 'o', 1, 'executing', NULL, now() - interval '1 second', 0)`)
+	        (7, 'm', 'a', 'o', 1, 'executing', NULL, now() - interval '1 second', 0),
+	        (9, 'm', 'a', 'p', 3, 'executing', 19, now() - interval '1 second', -1),
+	        (11, 'm', 'a', 'q', 3, 'executing', 21, now() - interval '1 second', -1)`)
 	exec(`UPDATE {{s}}.gendurable_instances SET errors = '[{"kind": "lease_expired", "uncharged": true, "step": "a", "attempt": 0}]' WHERE id = 5`)
+	exec(`UPDATE {{s}}.gendurable_instances SET attempt = 1, errors = '[{"kind": "lease_expired", "uncharged": true, "step": "a", "attempt": 0}]' WHERE id = 11`)
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key) OVERRIDING SYSTEM VALUE
-	      VALUES (2, 'm', 'a', 'k'), (4, 'm', 'a', 'j'), (6, 'm', 'a', 'm')`)
+	      VALUES (2, 'm', 'a', 'k'), (4, 'm', 'a', 'j'), (6, 'm', 'a', 'm'), (10, 'm', 'a', 'p'), (12, 'm', 'a', 'q')`)
 	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
 	require.NoError(t, err)
 	var ids []int64
 	for _, r := range res.Claimed {
 		ids = append(ids, r.ID)
 	}
-	require.ElementsMatch(t, []int64{1, 4, 6}, ids, "k's holder taken back and claimed first; j's and m's next rows")
+	require.ElementsMatch(t, []int64{1, 4, 6, 9, 12}, ids, "k's and p's holders taken back and claimed first; j's, m's and q's next rows")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
+		WHERE id = 9 AND attempt = 0 AND status = 'executing' AND claim_token <> 19 AND unstarted_token = -1
+		  AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true, "unconfirmed": true, "token": 19}' AND jsonb_array_length(errors) = 1
+		  AND errors -> -1 ->> 'error' LIKE 'lease expired before any heartbeat confirmed the step started%'`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
 		WHERE id = 1 AND attempt = 0 AND status = 'executing' AND claim_token <> 11
-		  AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true, "token": 11}' AND jsonb_array_length(errors) = 1`))
-	require.Equal(t, 2, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id IN (3, 5) AND claim_token IS NULL AND status = 'executing'`))
+		  AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true, "token": 11}' AND jsonb_array_length(errors) = 1
+		  AND NOT errors -> -1 ? 'unconfirmed'`))
+	require.Equal(t, 3, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id IN (3, 5, 11) AND claim_token IS NULL AND status = 'executing'`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 5 AND unstarted_token = 0`), "the revoke kept the mark")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 3 AND unstarted_token IS NULL`))
 	rr, err := q.Reap(ctx, c, 100, nil, 0)
@@ -1102,7 +1156,9 @@ func TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst(t *testing.T) {
 	for _, r := range rr.Reaped {
 		byID[r.ID] = r
 	}
-	require.Len(t, byID, 3)
+	require.Len(t, byID, 4)
+	require.True(t, byID[11].Charged, "no heartbeat since its claim, its step went free once at an earlier attempt")
+	require.Equal(t, "runnable", byID[11].Status)
 	require.True(t, byID[3].Charged, "not marked")
 	require.Equal(t, "failed", byID[3].Status)
 	require.True(t, byID[5].Charged, "went free once on this step and attempt")

@@ -404,6 +404,9 @@ WITH locked AS MATERIALIZED (
       fanout = CASE o.kind WHEN {{children}} THEN i.fanout + 1 ELSE i.fanout END,
       lease_expires_at = CASE WHEN o.cont THEN now() + @lease::bigint * interval '1 microsecond' END,
       claim_token = o.new_token,
+      -- A chained step's claim, as the pick's: no heartbeat has confirmed
+      -- it started (schema version 24; docs/design.md §4).
+      unstarted_token = CASE WHEN o.cont THEN -1 ELSE i.unstarted_token END,
       -- What a statement sent again after its answer was lost looks for
       -- (migration 019; RecoverOutcomes).
       outcome_token = o.token,
