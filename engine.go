@@ -250,8 +250,9 @@ type QueueConfig struct {
 	// dies instead, the reaper returns a buffered row to runnable without
 	// charging an attempt once a heartbeat has marked it not started (a row
 	// claimed less than a HeartbeatInterval before the death, or before a
-	// database outage longer than the lease, is charged as a running step
-	// is: see the package doc, "Failures"). 0 means the
+	// database outage longer than the lease, goes back uncharged too, but
+	// once per step, as a claim no heartbeat confirmed: see the package
+	// doc, "Failures"). 0 means the
 	// default: equal to Concurrency, or none in a queue with a
 	// GlobalConcurrency — a buffered claim takes a place of that bound with
 	// no step running, so an engine that prefetched kept the bound's

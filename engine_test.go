@@ -12,6 +12,7 @@ import (
 	"net"
 	neturl "net/url"
 	"os"
+	"path/filepath"
 	"os/exec"
 	"reflect"
 	"slices"
@@ -1727,6 +1728,11 @@ func crashyMachine(hang bool) *gendurable.Machine[orderArgs] {
 		Steps: map[string]gendurable.StepFunc[orderArgs]{
 			"work": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
 				if hang {
+					// GENDURABLE_HELPER_STARTED: say that the step of this
+					// claim started (a file named after the token).
+					if p := os.Getenv("GENDURABLE_HELPER_STARTED"); p != "" {
+						_ = os.WriteFile(fmt.Sprintf("%s.%d", p, r.Token), nil, 0o600)
+					}
 					select {} // killed here
 				}
 				return gendurable.Done(map[string]int{"attempt": r.Attempt}), nil
@@ -1772,7 +1778,8 @@ func startHelperWorkerCmd(t *testing.T, schema string, env ...string) (cmd *exec
 // start and kill. With GENDURABLE_HELPER_PREFETCH set, one step runs (and
 // hangs) while eight more claims wait in its buffer. With
 // GENDURABLE_HELPER_SLOW_BEAT set, its lease is 6 s and its heartbeat 2 s
-// (else 1 s and 200 ms).
+// (else 1 s and 200 ms); with GENDURABLE_HELPER_STARTED=path, each step
+// writes the file path.TOKEN as it starts.
 func TestHelperWorkerProcess(t *testing.T) {
 	schema := os.Getenv("GENDURABLE_HELPER_SCHEMA")
 	if schema == "" {
@@ -1846,8 +1853,9 @@ func TestReapKilledWorkerProcess(t *testing.T) {
 
 // TestAWorkerKilledBeforeItsFirstHeartbeatCostsNoAttemptOncePerStep
 // (docs/design.md §4, "Claims no heartbeat confirmed"): a worker process
-// claims an instance of MaxAttempts 1 and starts its step (which hangs);
-// it is stopped and killed before its first heartbeat, so the claim still
+// claims an instance of MaxAttempts 1 and starts its step (which hangs; it
+// writes a file named after its claim's token first, which the test
+// waits for); it is stopped and killed before its first heartbeat, so the claim still
 // carries the mark every claim is written with (-1). The reaper returns it
 // uncharged, its entry saying no heartbeat confirmed the step. A second
 // worker claims it again and is killed the same way: the step has gone
@@ -1860,10 +1868,18 @@ func TestAWorkerKilledBeforeItsFirstHeartbeatCostsNoAttemptOncePerStep(t *testin
 	b := setup(t, nil, m)
 	id := b.insert(m.New(orderArgs{}).With(gendurable.InsertOpts{MaxAttempts: 1}))
 	ctx := context.Background()
+	marker := filepath.Join(t.TempDir(), "started")
 	lose := func(round int) {
 		t.Helper()
-		cmd, kill := startHelperWorkerCmd(t, b.schema, "GENDURABLE_HELPER_SLOW_BEAT=1")
-		eventually(t, 20*time.Second, func() bool { return b.row(id).Status == "executing" }, "worker never claimed the row")
+		cmd, kill := startHelperWorkerCmd(t, b.schema, "GENDURABLE_HELPER_SLOW_BEAT=1", "GENDURABLE_HELPER_STARTED="+marker)
+		eventually(t, 20*time.Second, func() bool {
+			r := b.row(id)
+			if r.Status != "executing" || r.Token == nil {
+				return false
+			}
+			_, err := os.Stat(fmt.Sprintf("%s.%d", marker, *r.Token))
+			return err == nil
+		}, "the worker never started the row's step")
 		require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
 		eventually(t, 5*time.Second, func() bool { return childproc.Stopped(cmd.Process.Pid) }, "the worker did not stop")
 		time.Sleep(100 * time.Millisecond) // a statement sent before the stop has ended
@@ -2746,24 +2762,25 @@ func TestRowsOfAPickWhoseAnswerIsLostCostNoAttempt(t *testing.T) {
 	_, err = lock.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext('gendurable:' || $1), hashtext('gendurable:queue:default'))`, b.schema)
 	require.NoError(t, err)
 
-	cfg := fastConfig("", job)
-	cfg.LeaseDuration, cfg.HeartbeatInterval = 2*time.Second, 500*time.Millisecond
-	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 10, GlobalConcurrency: 100,
-		PollInterval: 20 * time.Millisecond, MaxPollInterval: 20 * time.Millisecond}}
-	_, proxy := cutOffEngine(t, b, cfg)
+	// The rows first: the pick that waits must have begun after them (a
+	// pick claims rows eligible at its transaction's start).
 	ps := make([]gendurable.InsertParams, 10)
 	for i := range ps {
 		ps[i] = job.New(orderArgs{I: i}).With(gendurable.InsertOpts{MaxAttempts: 1})
 	}
 	_, err = b.eng.InsertMany(ctx, ps)
 	require.NoError(t, err)
+	cfg := fastConfig("", job)
+	cfg.LeaseDuration, cfg.HeartbeatInterval = 2*time.Second, 500*time.Millisecond
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 10, GlobalConcurrency: 100,
+		PollInterval: 20 * time.Millisecond, MaxPollInterval: 20 * time.Millisecond}}
+	_, proxy := cutOffEngine(t, b, cfg)
 	waiting := func() bool {
 		return b.count(`SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND query LIKE '%gendurable_pick%'
-			  AND datname = current_database()`) > 0
+			  AND query LIKE '%' || $1 || '%' AND datname = current_database()`, b.schema) > 0
 	}
 	eventually(t, 10*time.Second, waiting, "the pick never waited on the queue's lock")
-	time.Sleep(100 * time.Millisecond) // the pick of the rows inserted is the one waiting
 	proxy.Cut()
 	require.NoError(t, lock.Commit(ctx))
 	eventually(t, 10*time.Second, func() bool {

@@ -64,8 +64,9 @@ type Report struct {
 	// checked, nor unconfirmed ones (claims no heartbeat had written,
 	// schema version 24: their step may have started).
 	// UnconfirmedTwice counts the unconfirmed uncharged reaps of a step
-	// that had gone free before (an earlier uncharged entry of the same
-	// step): such a claim goes free once per step. UnconfirmedStarted (no
+	// that had gone free so before (an earlier unconfirmed entry of the
+	// same step, in the 20 entries the history keeps): such a claim goes
+	// free once per step. UnconfirmedStarted (no
 	// violation, the rule's price) counts the unconfirmed ones whose step
 	// had started.
 	Uncharged, UnchargedStarted, Unconfirmed, UnconfirmedTwice, UnconfirmedStarted int
@@ -343,10 +344,10 @@ const (
 	unchargedStarted = `x @> '{"kind": "lease_expired", "uncharged": true}' AND NOT x ? 'unconfirmed' AND EXISTS (
 	  SELECT 1 FROM {{s}}.chaos_effects e WHERE e.instance = i.id AND e.token = (x->>'token')::bigint)`
 	// unconfirmedTwice: error entry x (number n) of instance i is an
-	// unconfirmed uncharged reap after an earlier uncharged entry of its step.
+	// unconfirmed uncharged reap after an earlier one of its step.
 	unconfirmedTwice = `x @> '{"kind": "lease_expired", "uncharged": true, "unconfirmed": true}' AND EXISTS (
 	  SELECT 1 FROM jsonb_array_elements(i.errors) WITH ORDINALITY y(y, m)
-	  WHERE m < n AND y @> jsonb_build_object('kind', 'lease_expired', 'uncharged', true, 'step', x->'step'))`
+	  WHERE m < n AND y @> jsonb_build_object('kind', 'lease_expired', 'uncharged', true, 'unconfirmed', true, 'step', x->'step'))`
 	// lostWakeUp: instance i is parked on a name it holds an unconsumed signal of.
 	lostWakeUp = `i.status = 'awaiting_signal' AND EXISTS (
 	  SELECT 1 FROM {{s}}.gendurable_signals s

@@ -102,11 +102,13 @@ func TestCheckerFindsViolations(t *testing.T) {
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, token) VALUES
 		($1, 'plain', 'work', 0, 0, 'u1', 1, 'w', 92)`, uncharged)
 	// Unconfirmed reaps (claims no heartbeat wrote): claim 95's step
-	// started, which such a claim may (not UnchargedStarted); claim 96 went
-	// free after step "work" had gone free before (UnconfirmedTwice); claim
+	// started, which such a claim may (not UnchargedStarted), after a
+	// marked claim of the step went free (allowed); claim 96 went free
+	// after step "work" had gone free so before (UnconfirmedTwice); claim
 	// 97 is of another step.
 	unconfirmed := ins("done", `, errors) VALUES ('plain', 'work', $1::text::{{s}}.gendurable_status,
-		'[{"kind": "lease_expired", "step": "work", "attempt": 0, "token": 95, "uncharged": true, "unconfirmed": true},
+		'[{"kind": "lease_expired", "step": "work", "attempt": 0, "token": 94, "uncharged": true},
+		  {"kind": "lease_expired", "step": "work", "attempt": 0, "token": 95, "uncharged": true, "unconfirmed": true},
 		  {"kind": "lease_expired", "step": "work", "attempt": 1, "token": 96, "uncharged": true, "unconfirmed": true},
 		  {"kind": "lease_expired", "step": "join", "attempt": 1, "token": 97, "uncharged": true, "unconfirmed": true}]'`)
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, token) VALUES
@@ -155,7 +157,7 @@ func TestCheckerFindsViolations(t *testing.T) {
 		{"CutAtStop", r.CutAtStop, 2}, {"OverlapsCountingStops", r.OverlapsCountingStops, 5},
 		{"KeyPeaks[1]", r.KeyPeaks[1], 2}, {"KeyPeaks[2]", r.KeyPeaks[2], 2}, {"KeyPeaks[3]", r.KeyPeaks[3], 4},
 		{"SlotExcess", r.SlotExcess, 1}, {"StaleStarts", r.StaleStarts, 1},
-		{"Uncharged", r.Uncharged, 5}, {"UnchargedStarted", r.UnchargedStarted, 1},
+		{"Uncharged", r.Uncharged, 6}, {"UnchargedStarted", r.UnchargedStarted, 1},
 		{"Unconfirmed", r.Unconfirmed, 3}, {"UnconfirmedTwice", r.UnconfirmedTwice, 1}, {"UnconfirmedStarted", r.UnconfirmedStarted, 1},
 		{"FencedWrites", r.FencedWrites, 3}, {"FencedRefused", r.FencedRefused, 1},
 		{"StaleAccepted", r.StaleAccepted, 1}, {"StaleRefused", r.StaleRefused, 1},

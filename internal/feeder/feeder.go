@@ -469,13 +469,14 @@ func (u *unstarted) add(id, token int64) {
 // back to runnable at once, with no attempt counted — fenced by their
 // tokens, so a claim the reaper took meanwhile, or whose row moved on,
 // changes nothing. Without it such a claim waits for the reaper, which
-// charges it an attempt unless a heartbeat had marked it not started.
+// returns it uncharged only if a heartbeat marked it not started (once per
+// attempt) or none confirmed it (once per step: docs/design.md §4).
 // A failed statement is tried again (a fresh connection from the pool:
 // the session may have been ended under it), 20 ms after the first failure,
 // doubling, for up to 5 s or a lease; after that the claims are left to
-// the reaper, which charges an attempt to a claim no heartbeat marked
-// not started — and the key of a keyed one waits for its lease (a fault
-// probe: 60 s and an attempt, the sessions cut once as the release went).
+// the reaper, as above — and the key of a keyed one waits for its lease (a
+// fault probe: 60 s and, before schema version 24, an attempt, the sessions
+// cut once as the release went).
 func (s *Feeder) giveBack(u unstarted) {
 	ctx, cancel := context.WithTimeout(s.abortCtx, min(s.cfg.Lease, 5*time.Second))
 	defer cancel()

@@ -939,8 +939,9 @@ func TestNoHandOff(t *testing.T) {
 // Claimed again (the first marked unstarted again, the second not
 // heartbeated again), both are charged this time: a mark once per attempt
 // whatever came between, an unconfirmed claim once per step. A row of three
-// attempts lost unconfirmed three times goes free once only: attempts 0, 0,
-// 1, and fails on the fourth loss.
+// attempts lost unconfirmed four times goes free once only: attempts 0, 0,
+// 1, 2, and fails on the fourth loss; a row of 30 attempts lost so 31
+// times goes free once too, though the history keeps only 20 entries.
 func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	t.Parallel()
 	q, exec, count, conn := keySetup(t)
@@ -1051,9 +1052,29 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 		}
 	}
 	require.Equal(t, []int{0, 1, 2, 2}, attempts)
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 5 AND unconfirmed_freed = '{a}'`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 5 AND status = 'failed'
 		AND jsonb_array_length(errors) = 4 AND errors -> 0 @> '{"uncharged": true}'
 		AND NOT (errors -> 1) ? 'uncharged' AND NOT (errors -> 3) ? 'uncharged'`))
+
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, max_attempts)
+	      OVERRIDING SYSTEM VALUE VALUES (6, 'm', 'a', 30)`)
+	free, losses := 0, 0
+	for {
+		claim(1)
+		r := reap(1)[0]
+		require.Equal(t, int64(6), r.ID)
+		losses++
+		if !r.Charged {
+			free++
+		}
+		if r.Status == "failed" {
+			break
+		}
+		require.Less(t, losses, 40)
+	}
+	require.Equal(t, 1, free, "one free loss in %d", losses)
+	require.Equal(t, 31, losses, "MaxAttempts + 1")
 }
 
 // TestClearUnstartedSkipsALockedRow: clearing the not-started marks of three
@@ -1114,7 +1135,8 @@ func TestClearUnstartedNeedsALiveLease(t *testing.T) {
 // reaper, which charges them; a holder an engine of version 22 revoked
 // (no token, its mark kept as 0) is still returned uncharged. Since version
 // 24 a holder no heartbeat wrote since its claim (-1) is taken back as a
-// marked one is, unless its step went free once already (at any attempt).
+// marked one is, unless its step went free so once already, at any attempt
+// (unconfirmed_freed).
 func TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst(t *testing.T) {
 	t.Parallel()
 	q, exec, count, conn := keySetup(t)
@@ -1129,7 +1151,7 @@ func TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst(t *testing.T) {
 	        (9, 'm', 'a', 'p', 3, 'executing', 19, now() - interval '1 second', -1),
 	        (11, 'm', 'a', 'q', 3, 'executing', 21, now() - interval '1 second', -1)`)
 	exec(`UPDATE {{s}}.gendurable_instances SET errors = '[{"kind": "lease_expired", "uncharged": true, "step": "a", "attempt": 0}]' WHERE id = 5`)
-	exec(`UPDATE {{s}}.gendurable_instances SET attempt = 1, errors = '[{"kind": "lease_expired", "uncharged": true, "step": "a", "attempt": 0}]' WHERE id = 11`)
+	exec(`UPDATE {{s}}.gendurable_instances SET attempt = 1, unconfirmed_freed = '{a}' WHERE id = 11`)
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key) OVERRIDING SYSTEM VALUE
 	      VALUES (2, 'm', 'a', 'k'), (4, 'm', 'a', 'j'), (6, 'm', 'a', 'm'), (10, 'm', 'a', 'p'), (12, 'm', 'a', 'q')`)
 	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
@@ -1140,7 +1162,7 @@ func TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst(t *testing.T) {
 	}
 	require.ElementsMatch(t, []int64{1, 4, 6, 9, 12}, ids, "k's and p's holders taken back and claimed first; j's, m's and q's next rows")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
-		WHERE id = 9 AND attempt = 0 AND status = 'executing' AND claim_token <> 19 AND unstarted_token = -1
+		WHERE id = 9 AND attempt = 0 AND status = 'executing' AND claim_token <> 19 AND unstarted_token = -1 AND unconfirmed_freed = '{a}'
 		  AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true, "unconfirmed": true, "token": 19}' AND jsonb_array_length(errors) = 1
 		  AND errors -> -1 ->> 'error' LIKE 'lease expired before any heartbeat confirmed the step started%'`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
@@ -1157,7 +1179,7 @@ func TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst(t *testing.T) {
 		byID[r.ID] = r
 	}
 	require.Len(t, byID, 4)
-	require.True(t, byID[11].Charged, "no heartbeat since its claim, its step went free once at an earlier attempt")
+	require.True(t, byID[11].Charged, "no heartbeat since its claim, its step went free so once, at an earlier attempt")
 	require.Equal(t, "runnable", byID[11].Status)
 	require.True(t, byID[3].Charged, "not marked")
 	require.Equal(t, "failed", byID[3].Status)

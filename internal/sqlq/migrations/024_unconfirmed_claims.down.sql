@@ -1,7 +1,8 @@
 -- Back to version 23: claims leave unstarted_token as it was, and a revoked key holder goes back
 -- to runnable uncharged only if a heartbeat marked it not started (version 23's pick and version
 -- 18's hand-off, bodies as they were; plans generic as version 22 set them). Marks of -1 left on
--- rows are read by version 23's reaper as no mark: those claims are charged, as before.
+-- rows are read by version 23's reaper as no mark: those claims are charged, as before. The
+-- steps recorded as gone free unconfirmed are dropped with their column.
 CREATE OR REPLACE FUNCTION {{schema}}.gendurable_pick(
   p_queue text, p_limit int, p_lease_us bigint, p_cursor text,
   p_prefixes text[], p_limits int[], p_rates double precision[], p_bursts int[], p_max_keys int,
@@ -582,3 +583,4 @@ ALTER FUNCTION {{schema}}.gendurable_pick(text, int, bigint, text, text[], int[]
   SET plan_cache_mode = force_generic_plan;
 ALTER FUNCTION {{schema}}.gendurable_handoff(text[], text[], int[], bigint[], bigint[], bigint)
   SET plan_cache_mode = force_generic_plan;
+ALTER TABLE {{schema}}.gendurable_instances DROP COLUMN IF EXISTS unconfirmed_freed;

@@ -5,10 +5,15 @@
 -- lost (the worker cut off, or killed, between the claim and its first heartbeat) held a lease
 -- nobody worked and the reaper charged each an attempt: with MaxAttempts 1 they failed without
 -- having run (a probe: 10 jobs behind a link delaying replies 1.5 s, with a 6 s lease). The
--- reaper (Go, sqlq.Reap) and the pick's revoke of an expired key holder read -1 as free unless an
--- uncharged expiry of the same step is in the row's history. Otherwise version 23's pick and
+-- reaper (Go, sqlq.Reap) and the pick's revoke of an expired key holder read -1 as free unless the
+-- step is in the row's unconfirmed_freed: the steps whose unconfirmed claims went free once
+-- already (a step may have started under such a claim, so a step goes free so only once; kept
+-- on the row, not read from the error history, which keeps only the last 20 entries). A
+-- nullable column without a default: no rewrite, no scan. Otherwise version 23's pick and
 -- version 18's hand-off, replaced in place (same arguments and results); CREATE OR REPLACE resets
 -- a function's settings, so the generic plans of version 22 are set again.
+ALTER TABLE {{schema}}.gendurable_instances ADD COLUMN IF NOT EXISTS unconfirmed_freed text[];
+
 CREATE OR REPLACE FUNCTION {{schema}}.gendurable_pick(
   p_queue text, p_limit int, p_lease_us bigint, p_cursor text,
   p_prefixes text[], p_limits int[], p_rates double precision[], p_bursts int[], p_max_keys int,
@@ -279,8 +284,8 @@ BEGIN
       -- (its heartbeat or outcome is being written) is left, and holds.
       -- A holder a heartbeat had marked not started, and whose step and
       -- attempt have not gone free before, or one no heartbeat has written
-      -- since its claim (-1, version 24) whose step has not gone free
-      -- before (free: the reaper's rule, docs/design.md §4), goes
+      -- since its claim (-1, version 24) whose step is not in
+      -- unconfirmed_freed (free: the reaper's rule, docs/design.md §4), goes
       -- back to runnable here as the reaper would put it — no attempt, an
       -- uncharged lease_expired entry, its eligible_at kept — so that the
       -- claims below take it first, ahead of the rows of its key behind it
@@ -294,6 +299,9 @@ BEGIN
           unstarted_token = CASE WHEN r.free THEN i.unstarted_token
                                  WHEN i.unstarted_token = i.claim_token THEN 0 END,
           updated_at = CASE WHEN r.free THEN now() ELSE i.updated_at END,
+          unconfirmed_freed = CASE WHEN r.free AND i.unstarted_token = -1
+                                   THEN array_append(coalesce(i.unconfirmed_freed, '{}'), i.step)
+                                   ELSE i.unconfirmed_freed END,
           -- 20: sqlq.MaxErrorHistory, as the reaper keeps it.
           errors = CASE WHEN NOT r.free THEN i.errors
                    ELSE (CASE WHEN jsonb_array_length(i.errors) >= 20 THEN i.errors - 0 ELSE i.errors END)
@@ -309,11 +317,9 @@ BEGIN
                      (h.unstarted_token = h.claim_token
                       AND NOT h.errors @> jsonb_build_array(jsonb_build_object(
                             'kind', 'lease_expired', 'uncharged', true, 'step', h.step, 'attempt', h.attempt)))
-                     OR (h.unstarted_token = -1
-                         AND NOT h.errors @> jsonb_build_array(jsonb_build_object(
-                               'kind', 'lease_expired', 'uncharged', true, 'step', h.step)))), false) AS free
+                     OR (h.unstarted_token = -1 AND NOT coalesce(h.step = ANY (h.unconfirmed_freed), false))), false) AS free
             FROM unnest(locked) AS u(k) CROSS JOIN LATERAL (
-              SELECT h.id, h.status, h.unstarted_token, h.claim_token, h.errors, h.step, h.attempt
+              SELECT h.id, h.status, h.unstarted_token, h.claim_token, h.errors, h.step, h.attempt, h.unconfirmed_freed
               FROM {{schema}}.gendurable_instances AS h
               WHERE h.partition_key = u.k AND h.lease_expires_at IS NOT NULL
                 AND h.lease_expires_at <= now() AND h.claim_token IS NOT NULL
