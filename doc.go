@@ -150,9 +150,10 @@
 // lost (a pick's claims, the successor of a key hand-off, whose statement
 // committed while the worker's connection lost the reply), or taken less
 // than about a HeartbeatInterval before the worker died or was cut off —
-// also goes back uncharged, but once per step: its step may have started,
-// so a step that kills its process at once is charged from its second
-// crash on (docs/design.md §4, "Claims no heartbeat confirmed"). A chained
+// also goes back uncharged, but once per visit of a step: its step may
+// have started, so a step that kills its process at once is charged from
+// its second crash on (docs/design.md §4, "Claims no heartbeat
+// confirmed"). A chained
 // Next's next step lost that way is also recovered: the group committer
 // sends the statement again, finds what the lost attempt wrote, and the
 // worker runs that step (docs/design.md §4, "A lost answer").

@@ -65,8 +65,8 @@ type Report struct {
 	// schema version 24: their step may have started).
 	// UnconfirmedTwice counts the unconfirmed uncharged reaps of a step
 	// that had gone free so before (an earlier unconfirmed entry of the
-	// same step, in the 20 entries the history keeps): such a claim goes
-	// free once per step. UnconfirmedStarted (no
+	// same step with none of another step between, in the 20 entries the
+	// history keeps): such a claim goes free once per step in a row. UnconfirmedStarted (no
 	// violation, the rule's price) counts the unconfirmed ones whose step
 	// had started.
 	Uncharged, UnchargedStarted, Unconfirmed, UnconfirmedTwice, UnconfirmedStarted int
@@ -344,10 +344,14 @@ const (
 	unchargedStarted = `x @> '{"kind": "lease_expired", "uncharged": true}' AND NOT x ? 'unconfirmed' AND EXISTS (
 	  SELECT 1 FROM {{s}}.chaos_effects e WHERE e.instance = i.id AND e.token = (x->>'token')::bigint)`
 	// unconfirmedTwice: error entry x (number n) of instance i is an
-	// unconfirmed uncharged reap after an earlier one of its step.
+	// unconfirmed uncharged reap after an earlier one of its step, with
+	// none of another step between.
 	unconfirmedTwice = `x @> '{"kind": "lease_expired", "uncharged": true, "unconfirmed": true}' AND EXISTS (
 	  SELECT 1 FROM jsonb_array_elements(i.errors) WITH ORDINALITY y(y, m)
-	  WHERE m < n AND y @> jsonb_build_object('kind', 'lease_expired', 'uncharged', true, 'unconfirmed', true, 'step', x->'step'))`
+	  WHERE m < n AND y @> jsonb_build_object('kind', 'lease_expired', 'uncharged', true, 'unconfirmed', true, 'step', x->'step')
+	    AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(i.errors) WITH ORDINALITY z(z, k)
+	                    WHERE k > m AND k < n AND z @> '{"kind": "lease_expired", "uncharged": true, "unconfirmed": true}'
+	                      AND z->'step' IS DISTINCT FROM x->'step'))`
 	// lostWakeUp: instance i is parked on a name it holds an unconsumed signal of.
 	lostWakeUp = `i.status = 'awaiting_signal' AND EXISTS (
 	  SELECT 1 FROM {{s}}.gendurable_signals s

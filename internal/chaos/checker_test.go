@@ -105,12 +105,13 @@ func TestCheckerFindsViolations(t *testing.T) {
 	// started, which such a claim may (not UnchargedStarted), after a
 	// marked claim of the step went free (allowed); claim 96 went free
 	// after step "work" had gone free so before (UnconfirmedTwice); claim
-	// 97 is of another step.
+	// 97 is of another step, and claim 98 of "work" after it (allowed).
 	unconfirmed := ins("done", `, errors) VALUES ('plain', 'work', $1::text::{{s}}.gendurable_status,
 		'[{"kind": "lease_expired", "step": "work", "attempt": 0, "token": 94, "uncharged": true},
 		  {"kind": "lease_expired", "step": "work", "attempt": 0, "token": 95, "uncharged": true, "unconfirmed": true},
 		  {"kind": "lease_expired", "step": "work", "attempt": 1, "token": 96, "uncharged": true, "unconfirmed": true},
-		  {"kind": "lease_expired", "step": "join", "attempt": 1, "token": 97, "uncharged": true, "unconfirmed": true}]'`)
+		  {"kind": "lease_expired", "step": "join", "attempt": 1, "token": 97, "uncharged": true, "unconfirmed": true},
+		  {"kind": "lease_expired", "step": "work", "attempt": 0, "token": 98, "uncharged": true, "unconfirmed": true}]'`)
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, token) VALUES
 		($1, 'plain', 'work', 0, 0, 'u2', 1, 'w', 95)`, unconfirmed)
 	// A run of a step that ignores its context promises nothing: left out.
@@ -157,8 +158,8 @@ func TestCheckerFindsViolations(t *testing.T) {
 		{"CutAtStop", r.CutAtStop, 2}, {"OverlapsCountingStops", r.OverlapsCountingStops, 5},
 		{"KeyPeaks[1]", r.KeyPeaks[1], 2}, {"KeyPeaks[2]", r.KeyPeaks[2], 2}, {"KeyPeaks[3]", r.KeyPeaks[3], 4},
 		{"SlotExcess", r.SlotExcess, 1}, {"StaleStarts", r.StaleStarts, 1},
-		{"Uncharged", r.Uncharged, 6}, {"UnchargedStarted", r.UnchargedStarted, 1},
-		{"Unconfirmed", r.Unconfirmed, 3}, {"UnconfirmedTwice", r.UnconfirmedTwice, 1}, {"UnconfirmedStarted", r.UnconfirmedStarted, 1},
+		{"Uncharged", r.Uncharged, 7}, {"UnchargedStarted", r.UnchargedStarted, 1},
+		{"Unconfirmed", r.Unconfirmed, 4}, {"UnconfirmedTwice", r.UnconfirmedTwice, 1}, {"UnconfirmedStarted", r.UnconfirmedStarted, 1},
 		{"FencedWrites", r.FencedWrites, 3}, {"FencedRefused", r.FencedRefused, 1},
 		{"StaleAccepted", r.StaleAccepted, 1}, {"StaleRefused", r.StaleRefused, 1},
 		{"LostWakeUps", r.LostWakeUps, 1}, {"FaninEarly", r.FaninEarly, 1}, {"PastLease", r.PastLease, 1},

@@ -502,9 +502,10 @@ WITH expired AS MATERIALIZED (
   -- "Claims no heartbeat confirmed") — its answer lost, or its worker
   -- gone before its first heartbeat — once per step: its step may have
   -- started, so a step that kills its process goes free on its first
-  -- crash only, whatever the attempt. The steps gone free so are kept
-  -- in unconfirmed_freed (not read from the history, which keeps 20
-  -- entries: a step with more attempts would go free again).
+  -- crash only, whatever the attempt. The step of the row's last such
+  -- free is kept, hashed, in unconfirmed_freed (not read from the
+  -- history, which keeps 20 entries: a step with more attempts went free
+  -- again); a claim of another step goes free once more.
   --
   -- A row the reap may fail (its attempts spent) joins its parent's fan-in
   -- (parents, below), which updates the parent: the parent is locked here,
@@ -518,7 +519,7 @@ WITH expired AS MATERIALIZED (
                coalesce(((unstarted_token = claim_token OR (claim_token IS NULL AND unstarted_token = 0))
                          AND NOT errors @> jsonb_build_array(jsonb_build_object(
                                'kind', 'lease_expired', 'uncharged', true, 'step', step, 'attempt', attempt)))
-                        OR (unstarted_token = -1 AND NOT coalesce(step = ANY (unconfirmed_freed), false)),
+                        OR (unstarted_token = -1 AND unconfirmed_freed IS DISTINCT FROM hashtext(step)),
                         false) AS free,
                coalesce(unstarted_token = -1, false) AS unconfirmed
         FROM {{schema}}.gendurable_instances AS c
@@ -544,8 +545,7 @@ SET status = CASE WHEN e.fails THEN 'failed' ELSE 'runnable' END::{{schema}}.gen
     finished_at = CASE WHEN e.fails THEN now() END,
     -- A failure consumes the inbox, as Stop and a cancel do (swept below).
     inbox = CASE WHEN e.fails THEN '{}'::jsonb ELSE i.inbox END,
-    unconfirmed_freed = CASE WHEN e.free AND e.unconfirmed THEN array_append(coalesce(i.unconfirmed_freed, '{}'), i.step)
-                             ELSE i.unconfirmed_freed END,
+    unconfirmed_freed = CASE WHEN e.free AND e.unconfirmed THEN hashtext(i.step) ELSE i.unconfirmed_freed END,
     inbox_seen = CASE WHEN e.fails THEN NULL ELSE i.inbox_seen END,
     -- A failed row awaits nothing: a retry runs its step (only a cancel of
     -- a parked row keeps what it awaited, to park it again: cancelSet).

@@ -941,7 +941,8 @@ func TestNoHandOff(t *testing.T) {
 // whatever came between, an unconfirmed claim once per step. A row of three
 // attempts lost unconfirmed four times goes free once only: attempts 0, 0,
 // 1, 2, and fails on the fourth loss; a row of 30 attempts lost so 31
-// times goes free once too, though the history keeps only 20 entries.
+// times goes free once too, though the history keeps only 20 entries; a
+// loss of another step in between lets the first go free once more.
 func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	t.Parallel()
 	q, exec, count, conn := keySetup(t)
@@ -1052,7 +1053,7 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 		}
 	}
 	require.Equal(t, []int{0, 1, 2, 2}, attempts)
-	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 5 AND unconfirmed_freed = '{a}'`))
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 5 AND unconfirmed_freed = hashtext('a')`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 5 AND status = 'failed'
 		AND jsonb_array_length(errors) = 4 AND errors -> 0 @> '{"uncharged": true}'
 		AND NOT (errors -> 1) ? 'uncharged' AND NOT (errors -> 3) ? 'uncharged'`))
@@ -1075,6 +1076,18 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	}
 	require.Equal(t, 1, free, "one free loss in %d", losses)
 	require.Equal(t, 31, losses, "MaxAttempts + 1")
+
+	// Once per step in a row: a loss of another step goes free, and so
+	// does one of the first step after it.
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, max_attempts)
+	      OVERRIDING SYSTEM VALUE VALUES (7, 'm', 'a', 5)`)
+	var charged []bool
+	for _, step := range []string{"a", "a", "b", "a", "a"} {
+		exec(`UPDATE {{s}}.gendurable_instances SET step = $1 WHERE id = 7`, step)
+		claim(1)
+		charged = append(charged, reap(1)[0].Charged)
+	}
+	require.Equal(t, []bool{false, true, false, false, true}, charged)
 }
 
 // TestClearUnstartedSkipsALockedRow: clearing the not-started marks of three
@@ -1151,7 +1164,7 @@ func TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst(t *testing.T) {
 	        (9, 'm', 'a', 'p', 3, 'executing', 19, now() - interval '1 second', -1),
 	        (11, 'm', 'a', 'q', 3, 'executing', 21, now() - interval '1 second', -1)`)
 	exec(`UPDATE {{s}}.gendurable_instances SET errors = '[{"kind": "lease_expired", "uncharged": true, "step": "a", "attempt": 0}]' WHERE id = 5`)
-	exec(`UPDATE {{s}}.gendurable_instances SET attempt = 1, unconfirmed_freed = '{a}' WHERE id = 11`)
+	exec(`UPDATE {{s}}.gendurable_instances SET attempt = 1, unconfirmed_freed = hashtext('a') WHERE id = 11`)
 	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, partition_key) OVERRIDING SYSTEM VALUE
 	      VALUES (2, 'm', 'a', 'k'), (4, 'm', 'a', 'j'), (6, 'm', 'a', 'm'), (10, 'm', 'a', 'p'), (12, 'm', 'a', 'q')`)
 	res, err := q.Pick(ctx, c, "default", sqlq.PickOpts{Limit: 10, Lease: time.Minute})
@@ -1162,7 +1175,7 @@ func TestAPickTakesBackAnUnstartedExpiredKeyHolderFirst(t *testing.T) {
 	}
 	require.ElementsMatch(t, []int64{1, 4, 6, 9, 12}, ids, "k's and p's holders taken back and claimed first; j's, m's and q's next rows")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances
-		WHERE id = 9 AND attempt = 0 AND status = 'executing' AND claim_token <> 19 AND unstarted_token = -1 AND unconfirmed_freed = '{a}'
+		WHERE id = 9 AND attempt = 0 AND status = 'executing' AND claim_token <> 19 AND unstarted_token = -1 AND unconfirmed_freed = hashtext('a')
 		  AND errors -> -1 @> '{"kind": "lease_expired", "uncharged": true, "unconfirmed": true, "token": 19}' AND jsonb_array_length(errors) = 1
 		  AND errors -> -1 ->> 'error' LIKE 'lease expired before any heartbeat confirmed the step started%'`))
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances

@@ -2,7 +2,7 @@
 -- to runnable uncharged only if a heartbeat marked it not started (version 23's pick and version
 -- 18's hand-off, bodies as they were; plans generic as version 22 set them). Marks of -1 left on
 -- rows are read by version 23's reaper as no mark: those claims are charged, as before. The
--- steps recorded as gone free unconfirmed are dropped with their column.
+-- step recorded as gone free unconfirmed is dropped with its column.
 CREATE OR REPLACE FUNCTION {{schema}}.gendurable_pick(
   p_queue text, p_limit int, p_lease_us bigint, p_cursor text,
   p_prefixes text[], p_limits int[], p_rates double precision[], p_bursts int[], p_max_keys int,

@@ -5,14 +5,17 @@
 -- lost (the worker cut off, or killed, between the claim and its first heartbeat) held a lease
 -- nobody worked and the reaper charged each an attempt: with MaxAttempts 1 they failed without
 -- having run (a probe: 10 jobs behind a link delaying replies 1.5 s, with a 6 s lease). The
--- reaper (Go, sqlq.Reap) and the pick's revoke of an expired key holder read -1 as free unless the
--- step is in the row's unconfirmed_freed: the steps whose unconfirmed claims went free once
--- already (a step may have started under such a claim, so a step goes free so only once; kept
--- on the row, not read from the error history, which keeps only the last 20 entries). A
--- nullable column without a default: no rewrite, no scan. Otherwise version 23's pick and
+-- reaper (Go, sqlq.Reap) and the pick's revoke of an expired key holder read -1 as free unless
+-- the row's unconfirmed_freed is the hash of its step: the step of the last unconfirmed claim of
+-- the row that went free (a step may have started under such a claim, so a step in a row goes
+-- free so only once; kept on the row, not read from the error history, which keeps only the last
+-- 20 entries). An int, not the name: the planner's guess at a never-analyzed table's row count
+-- shrinks with the width of its columns, and a text[] tipped the list statement's custom plans
+-- into sequential scans. A nullable column without a default: no rewrite, no scan. Otherwise
+-- version 23's pick and
 -- version 18's hand-off, replaced in place (same arguments and results); CREATE OR REPLACE resets
 -- a function's settings, so the generic plans of version 22 are set again.
-ALTER TABLE {{schema}}.gendurable_instances ADD COLUMN IF NOT EXISTS unconfirmed_freed text[];
+ALTER TABLE {{schema}}.gendurable_instances ADD COLUMN IF NOT EXISTS unconfirmed_freed int;
 
 CREATE OR REPLACE FUNCTION {{schema}}.gendurable_pick(
   p_queue text, p_limit int, p_lease_us bigint, p_cursor text,
@@ -284,8 +287,8 @@ BEGIN
       -- (its heartbeat or outcome is being written) is left, and holds.
       -- A holder a heartbeat had marked not started, and whose step and
       -- attempt have not gone free before, or one no heartbeat has written
-      -- since its claim (-1, version 24) whose step is not in
-      -- unconfirmed_freed (free: the reaper's rule, docs/design.md §4), goes
+      -- since its claim (-1, version 24) whose step is not the one
+      -- unconfirmed_freed names (free: the reaper's rule, docs/design.md §4), goes
       -- back to runnable here as the reaper would put it — no attempt, an
       -- uncharged lease_expired entry, its eligible_at kept — so that the
       -- claims below take it first, ahead of the rows of its key behind it
@@ -299,8 +302,7 @@ BEGIN
           unstarted_token = CASE WHEN r.free THEN i.unstarted_token
                                  WHEN i.unstarted_token = i.claim_token THEN 0 END,
           updated_at = CASE WHEN r.free THEN now() ELSE i.updated_at END,
-          unconfirmed_freed = CASE WHEN r.free AND i.unstarted_token = -1
-                                   THEN array_append(coalesce(i.unconfirmed_freed, '{}'), i.step)
+          unconfirmed_freed = CASE WHEN r.free AND i.unstarted_token = -1 THEN hashtext(i.step)
                                    ELSE i.unconfirmed_freed END,
           -- 20: sqlq.MaxErrorHistory, as the reaper keeps it.
           errors = CASE WHEN NOT r.free THEN i.errors
@@ -317,7 +319,7 @@ BEGIN
                      (h.unstarted_token = h.claim_token
                       AND NOT h.errors @> jsonb_build_array(jsonb_build_object(
                             'kind', 'lease_expired', 'uncharged', true, 'step', h.step, 'attempt', h.attempt)))
-                     OR (h.unstarted_token = -1 AND NOT coalesce(h.step = ANY (h.unconfirmed_freed), false))), false) AS free
+                     OR (h.unstarted_token = -1 AND h.unconfirmed_freed IS DISTINCT FROM hashtext(h.step))), false) AS free
             FROM unnest(locked) AS u(k) CROSS JOIN LATERAL (
               SELECT h.id, h.status, h.unstarted_token, h.claim_token, h.errors, h.step, h.attempt, h.unconfirmed_freed
               FROM {{schema}}.gendurable_instances AS h
