@@ -2424,7 +2424,7 @@ func TestPacedRowsKeepTheirNotStartedMark(t *testing.T) {
 		return nil
 	}}
 	quick := &gendurable.Job[spanArgs]{Name: "pacedquick", Perform: func(context.Context, *gendurable.Run[spanArgs]) error { return nil }}
-	clears := &dbtest.CountTracer{Marker: "SET unstarted_token = NULL"}
+	clears := &dbtest.CountTracer{Marker: "SET unstarted_token = -1"}
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 6, Tracer: clears})
 	cfg := fastConfig(schema, hog, quick)
 	cfg.Logger = testLogger(t)

@@ -1894,16 +1894,22 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 	// starts the reaper charges it no attempt (docs/design.md §4,
 	// "Prefetched claims"). Such a claim starts only once its mark is
 	// cleared again (clearMarks, run by this goroutine: never beside this
-	// statement). One dispatch wants to start counts as started.
-	started := make([]bool, 0, len(s.held))
+	// statement). One dispatch wants to start is sent as starting: its
+	// mark is cleared, and it reads as a claim no heartbeat confirmed.
+	states := make([]sqlq.ClaimState, 0, len(s.held))
 	for token, h := range s.held {
 		ids = append(ids, h.id)
 		tokens = append(tokens, token)
-		st := h.running || h.committing || h.unmarking
-		if !st {
+		st := sqlq.NotStarted
+		switch {
+		case h.running || h.committing:
+			st = sqlq.Started
+		case h.unmarking:
+			st = sqlq.Starting
+		default:
 			h.marked = true
 		}
-		started = append(started, st)
+		states = append(states, st)
 	}
 	// A slow heartbeat (a busy database, a pool queue) still counts if it
 	// lands before the leases it extends lapse: give it half the time left
@@ -1915,7 +1921,7 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 
 	start := time.Now()
 	hctx, cancel := context.WithTimeout(ctx, timeout)
-	kept, err := s.q.Heartbeat(hctx, s.db, ids, tokens, started, s.cfg.Lease, s.cfg.Global > 0)
+	kept, err := s.q.Heartbeat(hctx, s.db, ids, tokens, states, s.cfg.Lease, s.cfg.Global > 0)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -1950,7 +1956,7 @@ func (s *Feeder) heartbeatOnce(ctx context.Context) {
 			// Extended, or held but locked by someone else and not
 			// extended (k.Left says how long it still is ours).
 			h.deadline = start.Add(k.Left)
-			if started[i] && h.unmarking && k.Extended {
+			if states[i] != sqlq.NotStarted && h.unmarking && k.Extended {
 				// Sent as started (dispatch was waiting to start it when
 				// the statement was built): the statement cleared its mark.
 				h.marked, h.unmarking = false, false

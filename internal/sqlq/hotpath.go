@@ -390,9 +390,9 @@ func nullJSON(m json.RawMessage) []byte {
 
 const heartbeatSQL = `
 WITH h AS MATERIALIZED (
-  SELECT * FROM unnest($1::bigint[], $2::bigint[], $5::bool[]) AS h(id, token, started)
+  SELECT * FROM unnest($1::bigint[], $2::bigint[], $5::smallint[]) AS h(id, token, state)
 ), lockable AS MATERIALIZED (
-  SELECT h.id, h.token, h.started FROM h CROSS JOIN LATERAL (
+  SELECT h.id, h.token, h.state FROM h CROSS JOIN LATERAL (
     SELECT i.claim_token, i.status, i.partition_key, i.lease_expires_at FROM {{schema}}.gendurable_instances AS i
     WHERE i.id = h.id
     OFFSET 0 -- a fence: the outer conditions must not reach the scan
@@ -403,7 +403,8 @@ WITH h AS MATERIALIZED (
 ), extended AS (
   UPDATE {{schema}}.gendurable_instances AS i
   SET lease_expires_at = now() + $3::bigint * interval '1 microsecond',
-      unstarted_token = CASE WHEN l.started THEN NULL ELSE l.token END
+      -- ClaimState: started, starting (unconfirmed), not started (marked).
+      unstarted_token = CASE l.state WHEN 2 THEN NULL WHEN 1 THEN -1 ELSE l.token END
   FROM lockable AS l
   WHERE i.id = l.id
   RETURNING i.id, i.lease_expires_at
@@ -439,19 +440,41 @@ type Kept struct {
 	Extended bool
 }
 
+// ClaimState is what a heartbeat says of a claim's step (docs/design.md
+// §4, "Prefetched claims", "Claims no heartbeat confirmed").
+type ClaimState int8
+
+const (
+	// NotStarted: buffered. The heartbeat marks the claim
+	// (unstarted_token = its token): an expiry costs no attempt, once per
+	// step and attempt, and the step must not start until the mark is
+	// cleared.
+	NotStarted ClaimState = iota
+	// Starting: its mark is being cleared for its step to start, which
+	// may not have begun. The heartbeat writes -1, as a claim does: an
+	// expiry costs no attempt once per visit of the step. (Written NULL, a
+	// worker that died between the clear and the step's start was charged
+	// for a step that never ran.)
+	Starting
+	// Started: its step runs, or its outcome is being written. The
+	// heartbeat writes NULL: an expiry costs an attempt.
+	Started
+)
+
 // Heartbeat extends the leases of the (id, token) pairs and returns those
-// still held. started[i] says whether the step of claim i has started: a
-// claim extended while not started is marked so (unstarted_token), and the
-// reaper charges it no attempt if its lease runs out before a later
-// heartbeat sending it as started, or ClearUnstarted, clears the mark
-// (reapSQL). bounded: the rows are of
+// still held, writing with each what states[i] says of claim i's step (see
+// ClaimState; the reaper reads it, reapSQL). bounded: the rows are of
 // a queue with a GlobalConcurrency, whose leases are kept as keyed rows'
 // are (see heartbeatSQL).
-func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, started []bool, lease time.Duration, bounded bool) ([]Kept, error) {
-	if len(started) != len(ids) {
-		return nil, fmt.Errorf("heartbeat: %d started flags for %d claims", len(started), len(ids))
+func (q *Queries) Heartbeat(ctx context.Context, db DB, ids, tokens []int64, states []ClaimState, lease time.Duration, bounded bool) ([]Kept, error) {
+	if len(states) != len(ids) {
+		return nil, fmt.Errorf("heartbeat: %d claim states for %d claims", len(states), len(ids))
 	}
-	rows, err := db.Query(ctx, q.heartbeat, ids, tokens, micros(lease), bounded, started)
+	st := make([]int16, len(states))
+	for i, s := range states {
+		st[i] = int16(s)
+	}
+	rows, err := db.Query(ctx, q.heartbeat, ids, tokens, micros(lease), bounded, st)
 	if err != nil {
 		return nil, err
 	}
@@ -707,7 +730,9 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time, 
 
 // clearUnstartedSQL clears the marks a heartbeat left on claims it found not
 // started (heartbeatSQL's unstarted_token), before their steps start,
-// fenced by the token. Like the heartbeat it skips a row another
+// fenced by the token. Cleared is -1, an unconfirmed claim's mark (schema
+// version 24): the step has not begun, and an expiry before a heartbeat
+// sends it as started costs no attempt, once per visit of the step. Like the heartbeat it skips a row another
 // transaction holds locked (a caller's open SignalTx must not stall it),
 // and reports it as held if its token is still the row's.
 //
@@ -736,8 +761,9 @@ WITH h AS MATERIALIZED (
   ) AS l
   WHERE l.claim_token = h.token AND l.status = 'executing' AND l.lease_expires_at > clock_timestamp()
 ), cleared AS (
+  -- -1, not NULL: the step has not started yet (docs/design.md §4).
   UPDATE {{schema}}.gendurable_instances AS i
-  SET unstarted_token = NULL,
+  SET unstarted_token = -1,
       lease_expires_at = greatest(i.lease_expires_at, clock_timestamp() + $3::bigint * interval '1 microsecond')
   FROM lockable AS l
   WHERE i.id = l.id
@@ -752,7 +778,7 @@ FROM h CROSS JOIN LATERAL (
 WHERE s.claim_token = h.token AND s.status = 'executing'`
 
 // ClearUnstarted clears the not-started marks of the (id, token) claims
-// (docs/design.md §4, "Prefetched claims") and extends their leases by
+// (docs/design.md §4, "Prefetched claims"), to -1, and extends their leases by
 // lease. It returns, by token, the claims still held: true if the mark is
 // cleared (the step may start, its lease live for lease from no earlier
 // than the statement was sent), false if another transaction held the row

@@ -72,7 +72,7 @@ func TestHeartbeatCommittingAfterExpiryHoldsTheSlot(t *testing.T) {
 	done := make(chan []sqlq.Kept)
 	go func() {
 		time.Sleep(800 * time.Millisecond) // the lease has 200ms left
-		kept, err := q.Heartbeat(ctx, hb, []int64{1}, []int64{1}, []bool{true}, time.Minute, false)
+		kept, err := q.Heartbeat(ctx, hb, []int64{1}, []int64{1}, []sqlq.ClaimState{sqlq.Started}, time.Minute, false)
 		if err != nil {
 			t.Error(err)
 		}
@@ -964,10 +964,14 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 	beat := func(tokens map[int64]int64, started map[int64]bool) {
 		t.Helper()
 		var ids, toks []int64
-		var st []bool
+		var st []sqlq.ClaimState
 		for id, tok := range tokens {
-			if _, ok := started[id]; ok {
-				ids, toks, st = append(ids, id), append(toks, tok), append(st, started[id])
+			if s, ok := started[id]; ok {
+				state := sqlq.NotStarted
+				if s {
+					state = sqlq.Started
+				}
+				ids, toks, st = append(ids, id), append(toks, tok), append(st, state)
 			}
 		}
 		kept, err := q.Heartbeat(ctx, c, ids, toks, st, time.Minute, false)
@@ -1088,6 +1092,27 @@ func TestReapChargesNoAttemptToAnUnstartedClaim(t *testing.T) {
 		charged = append(charged, reap(1)[0].Charged)
 	}
 	require.Equal(t, []bool{false, true, false, false, true}, charged)
+
+	// A mark cleared for the step to start, and a heartbeat sending a claim
+	// as starting, leave -1: a worker that dies before the step begins
+	// costs no attempt (a kill-storm probe: rows of MaxAttempts 1 failed
+	// after one loss, never having run, while the clear wrote NULL).
+	exec(`UPDATE {{s}}.gendurable_instances SET status = 'failed', finished_at = now() WHERE id = 7`)
+	exec(`INSERT INTO {{s}}.gendurable_instances (id, fsm, step, max_attempts)
+	      OVERRIDING SYSTEM VALUE VALUES (8, 'm', 'a', 1), (9, 'm', 'a', 1)`)
+	tokens = claim(2)
+	beat(tokens, map[int64]bool{8: false, 9: false})
+	cleared, err := q.ClearUnstarted(ctx, c, []int64{8}, []int64{tokens[8]}, time.Minute)
+	require.NoError(t, err)
+	require.True(t, cleared[tokens[8]])
+	kept, err := q.Heartbeat(ctx, c, []int64{9}, []int64{tokens[9]}, []sqlq.ClaimState{sqlq.Starting}, time.Minute, false)
+	require.NoError(t, err)
+	require.Len(t, kept, 1)
+	require.Equal(t, 2, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id IN (8, 9) AND unstarted_token = -1`))
+	for _, r := range reap(2) {
+		require.False(t, r.Charged, "row %d", r.ID)
+		require.Equal(t, "runnable", r.Status, "row %d", r.ID)
+	}
 }
 
 // TestClearUnstartedSkipsALockedRow: clearing the not-started marks of three
@@ -1109,12 +1134,14 @@ func TestClearUnstartedSkipsALockedRow(t *testing.T) {
 	held, err := q.ClearUnstarted(cctx, conn(), []int64{1, 2, 3, 3}, []int64{11, 12, 13, 9}, time.Minute)
 	require.NoError(t, err, "the clear waited on the locked row")
 	require.Equal(t, map[int64]bool{11: true, 12: false, 13: true}, held)
-	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unstarted_token IS NOT NULL`))
+	// Cleared to -1, a claim no heartbeat confirmed: its step has not
+	// started yet (schema version 24).
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unstarted_token IS DISTINCT FROM -1`))
 	require.NoError(t, tx.Rollback(ctx))
 	held, err = q.ClearUnstarted(ctx, conn(), []int64{2}, []int64{12}, time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, map[int64]bool{12: true}, held)
-	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unstarted_token IS NOT NULL`))
+	require.Zero(t, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE unstarted_token IS DISTINCT FROM -1`))
 }
 
 // TestClearUnstartedNeedsALiveLease: a claim whose lease has run out on the
@@ -1133,7 +1160,7 @@ func TestClearUnstartedNeedsALiveLease(t *testing.T) {
 	require.Equal(t, map[int64]bool{11: false, 12: true}, held)
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND unstarted_token = 11
 		AND lease_expires_at < now()`), "the run-out claim kept its mark and its lease")
-	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 2 AND unstarted_token IS NULL
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 2 AND unstarted_token = -1
 		AND lease_expires_at > clock_timestamp() + interval '50 seconds'`), "the cleared claim's lease extended")
 }
 

@@ -548,7 +548,7 @@ func TestHotPathPlansUnderAdversarialStatistics(t *testing.T) {
 					require.NotNil(t, at)
 				}},
 				{"heartbeat", 4*batch + 100, func(t *testing.T, tx pgx.Tx) {
-					held, err := f.q.Heartbeat(ctx, tx, ids, tokens, make([]bool, len(ids)), time.Minute, false)
+					held, err := f.q.Heartbeat(ctx, tx, ids, tokens, make([]sqlq.ClaimState, len(ids)), time.Minute, false)
 					require.NoError(t, err)
 					require.Len(t, held, batch)
 				}},
