@@ -13,8 +13,9 @@
 -- shrinks with the width of its columns, and a text[] tipped the list statement's custom plans
 -- into sequential scans. A nullable column without a default: no rewrite, no scan. Otherwise
 -- version 23's pick and
--- version 18's hand-off, replaced in place (same arguments and results); CREATE OR REPLACE resets
--- a function's settings, so the generic plans of version 22 are set again.
+-- version 18's hand-off, replaced in place (same arguments and results; the revoke's text for a
+-- marked holder now reads as the reaper's); CREATE OR REPLACE resets a function's settings, so the
+-- generic plans of version 22 are set again.
 ALTER TABLE {{schema}}.gendurable_instances ADD COLUMN IF NOT EXISTS unconfirmed_freed int;
 
 CREATE OR REPLACE FUNCTION {{schema}}.gendurable_pick(
@@ -312,7 +313,7 @@ BEGIN
                              'token', i.claim_token, 'uncharged', true,
                              'error', CASE WHEN i.unstarted_token = -1
                                       THEN 'lease expired before any heartbeat confirmed the step started (the worker crashed, stalled or was cut off soon after the claim, or the claim''s answer was lost); no attempt charged, once per step'
-                                      ELSE 'lease expired before the step started (a prefetched claim; worker crashed or stalled); no attempt charged' END)
+                                      ELSE 'lease expired before the step started (a prefetched claim; the worker crashed, stalled or was cut off); no attempt charged' END)
                            || CASE WHEN i.unstarted_token = -1 THEN '{"unconfirmed": true}'::jsonb ELSE '{}'::jsonb END)
                    END
       FROM (SELECT h.id, coalesce(h.status = 'executing' AND (
