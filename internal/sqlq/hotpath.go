@@ -579,7 +579,7 @@ SET status = CASE WHEN e.fails THEN 'failed' ELSE 'runnable' END::{{schema}}.gen
                   'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'lease_expired',
                   'token', i.claim_token,
                   'error', CASE WHEN e.free AND e.unconfirmed
-                                THEN 'lease expired before any heartbeat confirmed the step started (the worker crashed, stalled or was cut off soon after the claim, or the claim''s answer was lost); no attempt charged, once per step'
+                                THEN 'lease expired before any heartbeat confirmed the step started (the worker crashed, stalled or was cut off soon after the claim, or the claim''s answer was lost); no attempt charged, once per visit of the step'
                                 WHEN e.free
                                 THEN 'lease expired before the step started (a prefetched claim; the worker crashed, stalled or was cut off); no attempt charged'
                                 WHEN e.fails
@@ -732,9 +732,10 @@ func (q *Queries) Reap(ctx context.Context, db DB, limit int, floor *time.Time, 
 // started (heartbeatSQL's unstarted_token), before their steps start,
 // fenced by the token. Cleared is -1, an unconfirmed claim's mark (schema
 // version 24): the step has not begun, and an expiry before a heartbeat
-// sends it as started costs no attempt, once per visit of the step. Like the heartbeat it skips a row another
-// transaction holds locked (a caller's open SignalTx must not stall it),
-// and reports it as held if its token is still the row's.
+// sends it as started costs no attempt, once per visit of the step. Like
+// the heartbeat it skips a row another transaction holds locked (a
+// caller's open SignalTx must not stall it), and reports it as held if its
+// token is still the row's.
 //
 // A step starts on a lease live on the database clock: the clear skips a
 // claim whose lease has run out (reported held, not cleared: the feeder
@@ -778,8 +779,8 @@ FROM h CROSS JOIN LATERAL (
 WHERE s.claim_token = h.token AND s.status = 'executing'`
 
 // ClearUnstarted clears the not-started marks of the (id, token) claims
-// (docs/design.md §4, "Prefetched claims"), to -1, and extends their leases by
-// lease. It returns, by token, the claims still held: true if the mark is
+// (docs/design.md §4, "Prefetched claims"), to -1, and extends their
+// leases by lease. It returns, by token, the claims still held: true if the mark is
 // cleared (the step may start, its lease live for lease from no earlier
 // than the statement was sent), false if another transaction held the row
 // locked or its lease had run out on the database clock (try again once a

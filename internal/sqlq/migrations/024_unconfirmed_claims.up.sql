@@ -312,7 +312,7 @@ BEGIN
                              'step', i.step, 'attempt', i.attempt, 'at', now(), 'kind', 'lease_expired',
                              'token', i.claim_token, 'uncharged', true,
                              'error', CASE WHEN i.unstarted_token = -1
-                                      THEN 'lease expired before any heartbeat confirmed the step started (the worker crashed, stalled or was cut off soon after the claim, or the claim''s answer was lost); no attempt charged, once per step'
+                                      THEN 'lease expired before any heartbeat confirmed the step started (the worker crashed, stalled or was cut off soon after the claim, or the claim''s answer was lost); no attempt charged, once per visit of the step'
                                       ELSE 'lease expired before the step started (a prefetched claim; the worker crashed, stalled or was cut off); no attempt charged' END)
                            || CASE WHEN i.unstarted_token = -1 THEN '{"unconfirmed": true}'::jsonb ELSE '{}'::jsonb END)
                    END
