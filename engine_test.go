@@ -684,9 +684,10 @@ func (r *sqlRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEn
 // signal), and a step after a fan-out get their signals and children from
 // the statement that claimed them: the engine runs no statement but picks,
 // outcomes, heartbeats, signals and inserts (docs/design.md §4) — and the
-// input read again of a claim that waited 5 ms or more in the buffer
-// before its step began (sqlq.ClaimInput), which a loaded machine meets
-// (a full-suite run failed here on it).
+// input read again as a step begins (sqlq.ClaimInput): the inbox of a
+// claim that waited 5 ms or more in the buffer, which a loaded machine
+// meets (a full-suite run failed here on it), and the children of every
+// join a pick claimed.
 func TestClaimBringsInboxAndChildren(t *testing.T) {
 	t.Parallel()
 	parent, leaf := fanMachines()

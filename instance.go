@@ -187,10 +187,9 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // children, or one their finish (or cancel) woke whose next step has not
 // run yet, which goes back to awaiting them; a parent whose next step is
 // running has read its children, and if that step commits its outcome the
-// child runs on its own (one claimed ahead of a free slot that waited there
-// 5 ms or more reads them again as it starts, and awaits the child instead
-// of running). If the
-// step ends without one (it fails or replays, its claim is released at a
+// child runs on its own (one claimed by a pick but not yet started reads
+// them again as it starts, and awaits the child instead of running). If
+// the step ends without one (it fails or replays, its claim is released at a
 // Stop, or its lease lapses and the row is reaped), the parent's next claim
 // finds the child live and does not run the step: the parent awaits its
 // live children again, no attempt counted. A parent

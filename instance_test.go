@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/dbtest"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -701,6 +705,124 @@ func TestAJoinClaimedAheadSeesAChildRetriedBeforeItStarts(t *testing.T) {
 	r := b.waitStatus(parent, "done", 15*time.Second)
 	require.JSONEq(t, `["done"]`, string(r.Result), "the join ran after its retried child finished")
 	require.Equal(t, int32(1), joins.Load())
+}
+
+// retryAfterPick is a statement tracer that, when a pick of queue
+// "default" ends having claimed the join of parent (executing at "join"),
+// retries the parent's child through admin before the pick returns: the
+// retry commits between the pick's snapshot and the join's start, whatever
+// the claim's wait for a slot.
+type retryAfterPick struct {
+	parent atomic.Int64
+	done   atomic.Bool
+	admin  *gendurable.Engine
+	pool   *pgxpool.Pool
+	schema string
+	err    atomic.Pointer[error]
+}
+
+type pickOfDefault struct{}
+
+func (r *retryAfterPick) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if !strings.HasPrefix(strings.TrimSpace(d.SQL), "SELECT p.next_cursor") {
+		return ctx
+	}
+	for _, a := range d.Args {
+		if q, ok := a.(string); ok && q == "default" {
+			return context.WithValue(ctx, pickOfDefault{}, true)
+		}
+	}
+	return ctx
+}
+
+func (r *retryAfterPick) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	parent := r.parent.Load()
+	if ctx.Value(pickOfDefault{}) == nil || parent == 0 || r.done.Load() {
+		return
+	}
+	var claimed bool
+	var child int64
+	err := r.pool.QueryRow(context.Background(), replaceSchema(`SELECT p.status = 'executing' AND p.step = 'join', c.id
+		FROM {{s}}.gendurable_instances p JOIN {{s}}.gendurable_instances c ON c.parent_id = p.id WHERE p.id = $1`, r.schema),
+		parent).Scan(&claimed, &child)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return // not fanned out yet
+	}
+	if err == nil && claimed {
+		r.done.Store(true)
+		err = r.admin.Retry(context.Background(), child)
+	}
+	if err != nil {
+		r.err.Store(&err)
+	}
+}
+
+// TestAJoinPickedForAFreeSlotSeesAChildRetriedBeforeItStarts (a CI
+// failure): a join claimed by a pick while a slot is free starts at once,
+// and an operator's retry of its child can commit between the pick's
+// snapshot and that start. Only a claim that waited 5 ms or more for a
+// slot read its children again, so a join started within 5 ms of its pick
+// (2.95 ms in a traced failing run of the test above) ran on the children
+// the pick read — the child "failed" — beside the live child, and the
+// parent ended done. A
+// join claimed by a pick reads its children again as it starts, and awaits
+// a live one. The retry is committed from a tracer at the end of the pick
+// that claimed the join, before the pick returns.
+func TestAJoinPickedForAFreeSlotSeesAChildRetriedBeforeItStarts(t *testing.T) {
+	t.Parallel()
+	leaf, rerun, release := leafFailsOnceThenWaits("pfleaf")
+	var joins atomic.Int32
+	m := &gendurable.Machine[fanState]{Name: "pfparent", Start: "spawn",
+		Steps: map[string]gendurable.StepFunc[fanState]{
+			"spawn": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				return r.ScheduleChildren("join", r.State, leaf.New(leafArgs{N: 1})), nil
+			},
+			"join": func(ctx context.Context, r *gendurable.Run[fanState]) (gendurable.Outcome, error) {
+				joins.Add(1)
+				var st []string
+				for _, c := range r.Children {
+					st = append(st, string(c.Status))
+				}
+				return gendurable.Done(st), nil
+			},
+		}}
+	adminPool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 3, Extra: 6})
+	admin, err := gendurable.New(adminPool, &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{m, leaf}, Logger: testLogger(t)})
+	require.NoError(t, err)
+	tr := &retryAfterPick{admin: admin, pool: adminPool, schema: schema}
+	pcfg, err := pgxpool.ParseConfig(dbtest.URL())
+	require.NoError(t, err)
+	pcfg.MaxConns = 6
+	pcfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	cfg := fastConfig(schema, m, leaf)
+	cfg.Logger = testLogger(t)
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	b := &testBundle{t: t, pool: adminPool, schema: schema, eng: eng}
+	parent := b.insert(m.New(fanState{}))
+	tr.parent.Store(parent)
+	b.start()
+	var child int64
+	select {
+	case child = <-rerun:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the child, retried after the pick that claimed its parent's join, did not run again")
+	}
+	require.True(t, tr.done.Load())
+	if p := tr.err.Load(); p != nil {
+		t.Fatalf("the tracer's retry: %v", *p)
+	}
+	eventually(t, 10*time.Second, func() bool { return b.row(parent).Status == "awaiting_children" },
+		"the parent, its join picked before the retry, does not await its retried child")
+	require.Zero(t, joins.Load(), "the join ran beside the live child")
+	close(release)
+	r := b.waitStatus(parent, "done", 15*time.Second)
+	require.JSONEq(t, `["done"]`, string(r.Result), "the join ran after its retried child finished")
+	require.Equal(t, int32(1), joins.Load())
+	require.Equal(t, "done", b.row(child).Status)
 }
 
 // TestAReArmedParentKeepsTheBackoffOfItsJoin (a review): a parent whose

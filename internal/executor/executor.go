@@ -433,23 +433,27 @@ func processName() string {
 }
 
 // inputStaleAfter is how long a claim waits in its feeder's buffer before
-// its step reads its inbox and children again as it starts (inputStale): a
-// claim dispatched at once starts within it.
+// its step reads its inbox again as it starts (inputStale): a claim
+// dispatched at once starts within it.
 const inputStaleAfter = 5 * time.Millisecond
 
 // inputStale reports whether what claim c's step reads besides its row may
-// have changed since its claim read it: the claim waited in its feeder's
-// buffer for a free slot. inbox: a step that reads its inbox (after an
-// Await, or of a machine that reads its inbox), to which a signal may have
-// come; children: a step after a fan-out, one of whose children an
-// operator may have retried (Engine.Retry leaves a parent whose next step
-// is claimed to that claim, which must then not join beside the child). A
-// claim an outcome statement made (Buffered zero) runs at once.
+// have changed since its claim read it. inbox: a step that reads its inbox
+// (after an Await, or of a machine that reads its inbox) whose claim waited
+// in its feeder's buffer for a free slot (inputStaleAfter or more): a
+// signal may have come meanwhile. children: a step after a fan-out claimed
+// by a pick, whatever its wait: an operator may have retried a child since
+// the pick read the children (Engine.Retry leaves a parent whose next step
+// is claimed to that claim, which must then not join beside the child), and
+// a retry committed in the milliseconds before a slot freed was missed when
+// only a claim that waited inputStaleAfter read them again — one round trip
+// per join, not per step. A claim an outcome statement made (Buffered zero)
+// runs at once.
 func inputStale(def *Definition, c *sqlq.Claimed) (inbox, children bool) {
-	if c.Buffered.IsZero() || time.Since(c.Buffered) < inputStaleAfter {
+	if c.Buffered.IsZero() {
 		return false, false
 	}
-	return c.Awaits != nil || def.ReadsInbox, c.Children > 0
+	return (c.Awaits != nil || def.ReadsInbox) && time.Since(c.Buffered) >= inputStaleAfter, c.Children > 0
 }
 
 // readInputAgain reads claim c's inbox (inbox) and children (children)
