@@ -1528,3 +1528,94 @@ func TestAPrintedScriptWaitsForMigrate(t *testing.T) {
 	require.NoError(t, err)
 	requireVersion(t, pool, schema, latest, "applied once the lock was free")
 }
+
+// schemaShape describes what a migration builds in schema, by object, with
+// the schema's name written as "S" so that two schemas compare: tables and
+// their storage options, columns (by name: a column dropped and added again
+// keeps no position), indexes, constraints, triggers, sequences, functions
+// (definition and settings: CREATE OR REPLACE resets a function's SET
+// clauses) and comments.
+func schemaShape(t *testing.T, pool *pgxpool.Pool, schema string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	const q = `
+SELECT 'rel ' || c.relname, c.relkind::text || ' ' || coalesce(array_to_string(c.reloptions, ','), '') || ' ' ||
+       coalesce(obj_description(c.oid, 'pg_class'), '')
+  FROM pg_class c WHERE c.relnamespace = $1::regnamespace AND c.relkind <> 'i'
+UNION ALL
+SELECT 'column ' || c.relname || '.' || a.attname,
+       format_type(a.atttypid, a.atttypmod) || ' notnull=' || a.attnotnull || ' default=' ||
+       coalesce(pg_get_expr(d.adbin, d.adrelid), '') || ' ' || coalesce(col_description(c.oid, a.attnum), '')
+  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+ WHERE c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p', 'v') AND a.attnum > 0 AND NOT a.attisdropped
+UNION ALL
+SELECT 'index ' || c.relname, pg_get_indexdef(c.oid) || ' ' || coalesce(array_to_string(c.reloptions, ','), '')
+  FROM pg_class c WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'i'
+UNION ALL
+SELECT 'constraint ' || r.relname || '.' || k.conname, pg_get_constraintdef(k.oid)
+  FROM pg_constraint k JOIN pg_class r ON r.oid = k.conrelid WHERE r.relnamespace = $1::regnamespace
+UNION ALL
+SELECT 'trigger ' || r.relname || '.' || g.tgname, pg_get_triggerdef(g.oid)
+  FROM pg_trigger g JOIN pg_class r ON r.oid = g.tgrelid WHERE r.relnamespace = $1::regnamespace AND NOT g.tgisinternal
+UNION ALL
+SELECT 'function ' || p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')',
+       pg_get_functiondef(p.oid) || ' config=' || coalesce(array_to_string(p.proconfig, ','), '') || ' ' ||
+       coalesce(obj_description(p.oid, 'pg_proc'), '')
+  FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+UNION ALL
+SELECT 'schema', coalesce(obj_description($1::regnamespace, 'pg_namespace'), '')`
+	rows, err := pool.Query(ctx, q, pgx.Identifier{schema}.Sanitize())
+	require.NoError(t, err)
+	shape := map[string]string{}
+	for rows.Next() {
+		var k, v string
+		require.NoError(t, rows.Scan(&k, &v))
+		shape[k] = strings.ReplaceAll(v, schema, "S")
+	}
+	require.NoError(t, rows.Err())
+	return shape
+}
+
+// TestEachDownRestoresThePreviousVersion: down from version N to N-1
+// leaves the schema as an install of N-1 builds it — tables, columns,
+// indexes, constraints, functions and their settings, comments — for every
+// N. A down that forgot a column, an index or a function's SET clause, or
+// that restored an older copy of a function than N-1's, differs here.
+func TestEachDownRestoresThePreviousVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	up, upSchema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	down, downSchema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	vs := allVersions()
+	built := map[int]map[string]string{}
+	for _, v := range vs {
+		_, err := migrate.UpTo(ctx, up, upSchema, v)
+		require.NoError(t, err)
+		built[v] = schemaShape(t, up, upSchema)
+	}
+	_, err := migrate.Up(ctx, down, downSchema)
+	require.NoError(t, err)
+	require.Equal(t, built[vs[len(vs)-1]], schemaShape(t, down, downSchema), "two installs of the latest version differ")
+	for i := len(vs) - 1; i > 0; i-- {
+		_, err := migrate.DownTo(ctx, down, downSchema, vs[i-1])
+		require.NoError(t, err)
+		got := schemaShape(t, down, downSchema)
+		want := built[vs[i-1]]
+		for k, w := range want {
+			if g, ok := got[k]; !ok {
+				t.Errorf("down from %d to %d: %s is missing", vs[i], vs[i-1], k)
+			} else if g != w {
+				t.Errorf("down from %d to %d: %s differs:\n--- installed %d:\n%s\n--- after the down:\n%s", vs[i], vs[i-1], k, vs[i-1], w, g)
+			}
+		}
+		for k := range got {
+			if _, ok := want[k]; !ok {
+				t.Errorf("down from %d to %d: %s is left behind", vs[i], vs[i-1], k)
+			}
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
