@@ -259,7 +259,8 @@
 // Either is in its error history; [Engine.Retry] runs it again after the
 // definition is fixed. A failure consumes the instance's inbox like any
 // finish: a retried step that had been woken by a signal sees an empty
-// Awaited, as after a timeout — a step that must not lose a signal's
+// Awaited, as after a timeout (its Inbox holds only the signals sent since
+// the retry) — a step that must not lose a signal's
 // payload copies it into the state (a Next) before work that may fail.
 //
 // # Testing

@@ -199,8 +199,10 @@ var ErrUniqueConflict = errors.New("gendurable: unique key held by another insta
 // again, with the same deadline (one that passed meanwhile wakes it as a
 // timeout at the timeout sweeper's next look) — the cancel consumed its
 // signals, so it waits for new ones. One cancelled after a signal woke it,
-// before its next step ran, is no longer parked: that step runs, with
-// Awaited and Inbox empty, as after a timeout (docs/design.md §2). [ErrNotFound], [ErrNotRetryable]
+// before its next step ran, is no longer parked: that step runs as after
+// a timeout, with Awaited empty and in its Inbox only the signals sent
+// since the retry (so does a step past an await that failed otherwise: its
+// own Stop, the reaper) (docs/design.md §2). [ErrNotFound], [ErrNotRetryable]
 // (not failed), or [ErrUniqueConflict] (another live instance now holds its
 // unique key) leave everything unchanged. An instance cancelled while its
 // step ran keeps that step's lease — its key's slot, its place in its

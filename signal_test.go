@@ -1144,6 +1144,86 @@ func TestRetryOfACancelledAwaitParksItAgain(t *testing.T) {
 	})
 }
 
+// TestARetriedStepPastAnAwaitIsShownItsInbox: a step that a signal woke,
+// failed before it finished — cancelled before it ran, stopped by its own
+// Stop, or reaped with no attempt left — runs again on a Retry as after a
+// timeout: Awaited empty, and its Inbox holds the signals sent since the
+// retry. Before, the failure cleared what the row had awaited, the retried
+// step was not shown its inbox at all, and its Done consumed a signal sent
+// after the retry unseen (a probe: Cancel and Retry of a woken instance,
+// then a signal; a timeout's wake showed it).
+func TestARetriedStepPastAnAwaitIsShownItsInbox(t *testing.T) {
+	t.Parallel()
+	type seen struct {
+		Inbox   []string `json:"inbox"`
+		Awaited []string `json:"awaited"`
+	}
+	for _, how := range []string{"cancelled before it ran", "stopped by its step", "reaped with no attempt left"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			var runs atomic.Int64
+			m := &gendurable.Machine[waitState]{
+				Name: "retrywake", Start: "park",
+				Steps: map[string]gendurable.StepFunc[waitState]{
+					"park": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+						return r.Await("woken", r.State, "x"), nil
+					},
+					"woken": func(ctx context.Context, r *gendurable.Run[waitState]) (gendurable.Outcome, error) {
+						if runs.Add(1) == 1 && how == "stopped by its step" {
+							return gendurable.Stop("the first run stops"), nil
+						}
+						s := seen{Inbox: []string{}, Awaited: []string{}}
+						for _, sig := range r.Inbox {
+							s.Inbox = append(s.Inbox, sig.Name)
+						}
+						for _, sig := range r.Awaited {
+							s.Awaited = append(s.Awaited, sig.Name)
+						}
+						return gendurable.Done(s), nil
+					},
+				},
+			}
+			b := setup(t, nil, m)
+			b.start()
+			ctx := context.Background()
+			res, err := b.eng.Insert(ctx, m.New(waitState{}).With(gendurable.InsertOpts{MaxAttempts: 1}))
+			require.NoError(t, err)
+			id := res.ID
+			b.waitStatus(id, "awaiting_signal", 10*time.Second)
+			if how != "stopped by its step" {
+				require.NoError(t, b.eng.Pause(ctx, gendurable.DefaultQueue))
+			}
+			_, err = b.eng.Signal(ctx, id, "x", nil, nil)
+			require.NoError(t, err)
+			switch how {
+			case "cancelled before it ran":
+				b.waitStatus(id, "runnable", 10*time.Second)
+				require.NoError(t, b.eng.Cancel(ctx, id, "operator"))
+			case "stopped by its step":
+				b.waitStatus(id, "failed", 10*time.Second)
+				require.NoError(t, b.eng.Pause(ctx, gendurable.DefaultQueue))
+			case "reaped with no attempt left":
+				// Claimed by a worker that vanished mid-step (a heartbeat had
+				// confirmed the step): its lease ran out.
+				b.waitStatus(id, "runnable", 10*time.Second)
+				b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'executing', claim_token = 99, unstarted_token = NULL,
+				        lease_expires_at = now() - interval '1 second' WHERE id = $1 AND status = 'runnable'`, id)
+				_, err := b.eng.Reap(ctx)
+				require.NoError(t, err)
+				b.waitStatus(id, "failed", time.Second)
+			}
+			require.NoError(t, b.eng.Retry(ctx, id))
+			_, err = b.eng.Signal(ctx, id, "y", nil, nil)
+			require.NoError(t, err)
+			require.NoError(t, b.eng.Resume(ctx, gendurable.DefaultQueue))
+			r := b.waitStatus(id, "done", 10*time.Second)
+			require.JSONEq(t, `{"inbox":["y"],"awaited":[]}`, string(r.Result),
+				"the retried step runs as after a timeout, shown the signal sent since the retry")
+			require.Equal(t, 0, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals WHERE target_id = $1 AND consumed_at IS NULL`, id))
+		})
+	}
+}
+
 // TestWaitReasonOfAnAwaitPastItsDeadline: an await whose deadline has
 // passed and that the timeout sweep has not woken yet says so ("in -1s"
 // before).

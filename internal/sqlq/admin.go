@@ -245,15 +245,18 @@ func (q *Queries) RemoveQueue(ctx context.Context, db DB, queue string) (hadRow,
 // SQL expression of its reason, $3 MaxErrorHistory): Cancel and the bulk
 // cancels share it. A row keeps its lease if it is executing, or if it is a
 // row retried while its cancelled run's lease was live (retryLease): see
-// cancelSQL.
+// cancelSQL. What a parked instance awaited stays, for a retry to park it
+// again (retryStatusSet); a row past its await (woken, its step not yet
+// finished) keeps an empty list, for a retry to run that step as after a
+// timeout, shown its inbox; any other row awaits nothing. (Keep the SQL
+// short: tests find a waiting cancel by 'cancelled' in pg_stat_activity's
+// query, which keeps the first 1024 bytes.)
 func cancelSet(reason string) string {
 	return `
   SET status = 'failed', finished_at = now(), updated_at = now(),
       lease_expires_at = CASE WHEN i.status = 'executing' OR i.lease_expires_at > now() THEN i.lease_expires_at END,
       claim_token = NULL, inbox = '{}', inbox_seen = NULL,
-      -- What a parked instance awaited stays, for a retry to park it again
-      -- (retryStatusSet); any other row awaits nothing now.
-      awaits = CASE WHEN i.status = 'awaiting_signal' THEN i.awaits END,
+      awaits = CASE WHEN i.status = 'awaiting_signal' THEN i.awaits WHEN i.awaits IS NOT NULL THEN '{}' END,
       await_deadline = CASE WHEN i.status = 'awaiting_signal' THEN i.await_deadline END,
       errors = (CASE WHEN jsonb_array_length(i.errors) >= $3 THEN i.errors - 0 ELSE i.errors END)
                || jsonb_build_array(jsonb_build_object(

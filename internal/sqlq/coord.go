@@ -451,7 +451,9 @@ const retryStatusSet = `      status = CASE WHEN ` + reparkAwait + ` THEN 'await
       children_pending = CASE WHEN NOT ` + reparkAwait + ` AND k.kids > 0 THEN k.kids ELSE i.children_pending END,
       await_deadline = CASE WHEN ` + reparkAwait + ` AND i.await_deadline IS NOT NULL
                             THEN greatest(i.await_deadline, clock_timestamp()) END,
-      awaits = CASE WHEN ` + reparkAwait + ` THEN i.awaits END`
+      -- A step past an await (an empty list: cancelSet, the reaper, a
+      -- Stop) runs as after a timeout, shown its inbox (docs/design.md §2).
+      awaits = CASE WHEN ` + reparkAwait + ` THEN i.awaits WHEN i.awaits IS NOT NULL THEN '{}'::text[] END`
 
 // reparkAwait says a failed row i was cancelled while parked in an Await:
 // cancelSet kept what it awaited, and its last error is the cancel's. A

@@ -231,7 +231,8 @@ func TestRetryTransactionsLimitTheirIdle(t *testing.T) {
 // the cancel's) — also a parent past its fan-out with a child of that
 // fan-out live again, which awaits its signal, not the child. A row a
 // reaper of an earlier version failed after a signal woke it (awaits kept,
-// its last error lease_expired) runs its step, as before.
+// its last error lease_expired) runs its step as after a timeout (awaits
+// empty, so the step is shown its inbox).
 func TestRetryParksAgainOnlyACancelledAwait(t *testing.T) {
 	t.Parallel()
 	q, exec, count, conn := keySetup(t)
@@ -254,8 +255,8 @@ func TestRetryParksAgainOnlyACancelledAwait(t *testing.T) {
 	}
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 1 AND status = 'awaiting_signal'
 		AND awaits = '{pay}' AND await_deadline IS NULL`), "cancelled while parked: parked again")
-	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 2 AND status = 'runnable' AND awaits IS NULL`),
-		"failed by a reaper after a wake: runs its step")
+	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 2 AND status = 'runnable' AND awaits = '{}'`),
+		"failed by a reaper after a wake: runs its step as after a timeout (awaits empty: shown its inbox)")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 3 AND status = 'awaiting_signal'
 		AND awaits = '{approve}' AND await_deadline > now() + interval '59 minutes'`), "its signal, with its deadline, not the child")
 	require.Equal(t, 1, count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE id = 4 AND status = 'awaiting_children'

@@ -571,8 +571,10 @@ SET status = CASE WHEN e.fails THEN 'failed' ELSE 'runnable' END::{{schema}}.gen
     unconfirmed_freed = CASE WHEN e.free AND e.unconfirmed THEN hashtext(i.step) ELSE i.unconfirmed_freed END,
     inbox_seen = CASE WHEN e.fails THEN NULL ELSE i.inbox_seen END,
     -- A failed row awaits nothing: a retry runs its step (only a cancel of
-    -- a parked row keeps what it awaited, to park it again: cancelSet).
-    awaits = CASE WHEN e.fails THEN NULL ELSE i.awaits END,
+    -- a parked row keeps what it awaited, to park it again: cancelSet). A
+    -- step past an await keeps an empty list, for the retried step to be
+    -- shown its inbox, as after a timeout (retryStatusSet).
+    awaits = CASE WHEN e.fails AND i.awaits IS NOT NULL THEN '{}' WHEN e.fails THEN NULL ELSE i.awaits END,
     updated_at = now(),
     errors = (CASE WHEN jsonb_array_length(i.errors) >= $2 THEN i.errors - 0 ELSE i.errors END)
              || jsonb_build_array(jsonb_build_object(

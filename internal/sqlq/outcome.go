@@ -387,8 +387,11 @@ WITH locked AS MATERIALIZED (
       eligible_at = CASE WHEN o.kind IN ({{next}}, {{replay}}) THEN now() + o.delay_us * interval '1 microsecond'
                          WHEN o.kind IN ({{await}}, {{children}}) THEN now() ELSE i.eligible_at END,
       result = CASE WHEN o.kind = {{done}} THEN o.result::jsonb ELSE i.result END,
+      -- A Stop of a step past an await keeps an empty list: a retry runs
+      -- it as after a timeout, shown its inbox (retryStatusSet).
       awaits = CASE o.kind WHEN {{replay}} THEN i.awaits
-                           WHEN {{await}} THEN ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb)) END,
+                           WHEN {{await}} THEN ARRAY(SELECT jsonb_array_elements_text(o.awaits::jsonb))
+                           WHEN {{stop}} THEN CASE WHEN i.awaits IS NOT NULL THEN '{}'::text[] END END,
       await_deadline = CASE WHEN o.kind = {{await}} AND o.timeout_us IS NOT NULL
                             THEN now() + o.timeout_us * interval '1 microsecond' END,
       -- What the parking step had received, for the step its timeout wakes
