@@ -1080,7 +1080,7 @@ func demoCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	o := demo.Options{Out: stdout}
 	o.Schema = "gendurable_demo" // the default; given empty, refused like every command's (schemaFlag)
 	fs.Var(schemaFlag(&o.Schema), "schema", "the `name` of the demo's own schema: created, marked, recreated on every run; an existing schema the demo did not create is refused")
-	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that the demo did not create, and everything in it (asks on a terminal; elsewhere needs --yes)")
+	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that the demo did not create if it holds only gendurable's objects, their instances with them; never public (asks on a terminal; elsewhere needs --yes)")
 	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
 	fs.IntVar(&o.Orders, "orders", 200, fmt.Sprintf("checkouts to run (at most %d)", demo.MaxOrders))
 	fs.IntVar(&o.Workers, "workers", 3, fmt.Sprintf("engines working the queue (at most %d)", demo.MaxWorkers))

@@ -1015,7 +1015,7 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	databaseURLFlag(fs, dbURL, "PostgreSQL `URL` (default DATABASE_URL, else the local server)")
 	o.Schema = "gendurable_bench" // the default; given empty, refused like every command's (schemaFlag)
 	fs.Var(schemaFlag(&o.Schema), "schema", "the `name` of bench's own schema: created, marked, dropped at the end; an existing schema bench did not create is refused")
-	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that bench did not create, and everything in it (asks on a terminal; elsewhere needs --yes)")
+	fs.BoolVar(&o.ResetSchema, "reset-schema", false, "drop an existing --schema that bench did not create if it holds only gendurable's objects, their instances with them; never public (asks on a terminal; elsewhere needs --yes)")
 	yes := fs.Bool("yes", false, "do not ask before --reset-schema drops a schema")
 	fs.StringVar(&o.Workload, "workload", "job", "job, fsm3, signal, fanout, partition or keys (key parallelism and tenant fairness; see BENCHMARKS.md)")
 	fs.IntVar(&o.N, "n", 20000, "instances to insert (fanout: parents, each with 10 children; keys: rows of the parallelism phase)")

@@ -49,7 +49,10 @@ func schemaExists(t *testing.T, pool *pgxpool.Pool, schema string) bool {
 // it. Now a schema they did not create — gendurable's tables with a live
 // row, or anyone's table — is refused (exit 2) and survives untouched; the
 // schemas they create are marked and theirs to recreate; --reset-schema is
-// the explicit way to drop one that is not.
+// the explicit way to drop one that is not and holds gendurable's objects
+// alone. A schema with anyone's table in it is refused even then (a probe:
+// --reset-schema --yes dropped public with a user's tables), its message
+// naming the table and suggesting no flag.
 func TestDemoAndBenchNeverDropASchemaTheyDidNotCreate(t *testing.T) {
 	t.Parallel()
 	pool, victim := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
@@ -66,11 +69,15 @@ func TestDemoAndBenchNeverDropASchemaTheyDidNotCreate(t *testing.T) {
 	}
 
 	for _, cmd := range [][]string{{"demo", "--orders", "5"}, {"bench", "-n", "20"}} {
-		for _, schema := range []string{victim, users} {
-			_, errOut, code := cli(t, append(cmd, "--schema", schema)...)
-			require.Equal(t, exitUsage, code, "%s --schema %s: %s", cmd[0], schema, errOut)
-			require.Contains(t, errOut, "was not created by gendurable "+cmd[0])
-			require.Contains(t, errOut, "--reset-schema")
+		_, errOut, code := cli(t, append(cmd, "--schema", victim)...)
+		require.Equal(t, exitUsage, code, "%s --schema %s: %s", cmd[0], victim, errOut)
+		require.Contains(t, errOut, "was not created by gendurable "+cmd[0])
+		require.Contains(t, errOut, "--reset-schema")
+		for _, reset := range [][]string{nil, {"--reset-schema", "--yes"}} {
+			_, errOut, code = cli(t, append(append(cmd, "--schema", users), reset...)...)
+			require.Equal(t, exitUsage, code, "%s --schema %s %v: %s", cmd[0], users, reset, errOut)
+			require.Contains(t, errOut, `holds an object that gendurable did not create (table `+users+`.accounts)`)
+			require.NotContains(t, errOut, "--reset-schema", "a flag that cannot help")
 		}
 		require.Equal(t, 1, rows(`"`+victim+`".gendurable_instances`), "%s left the victim's live row alone", cmd[0])
 		require.Equal(t, 1, rows(`"`+users+`".accounts`))
@@ -94,14 +101,15 @@ func TestDemoAndBenchNeverDropASchemaTheyDidNotCreate(t *testing.T) {
 	// it dropped someone's schema with no confirmation); without it
 	// nothing changes.
 	for _, cmd := range []string{"demo", "bench"} {
-		_, errOut, code = cli(t, cmd, "--schema", users, "--reset-schema")
+		_, errOut, code = cli(t, cmd, "--schema", victim, "--reset-schema")
 		require.Equal(t, exitUsage, code, "%s: %s", cmd, errOut)
 		require.Contains(t, errOut, "pass --yes")
-		require.Equal(t, 1, rows(`"`+users+`".accounts`), "%s --reset-schema without --yes dropped the schema", cmd)
+		require.Equal(t, 1, rows(`"`+victim+`".gendurable_instances`), "%s --reset-schema without --yes dropped the schema", cmd)
 	}
-	out, errOut, code = cli(t, "bench", "-n", "20", "--schema", users, "--reset-schema", "--yes")
+	out, errOut, code = cli(t, "bench", "-n", "20", "--schema", victim, "--reset-schema", "--yes")
 	require.Equal(t, 0, code, "%s%s", out, errOut)
-	require.False(t, schemaExists(t, pool, users), "reset on request, then dropped as bench's own")
+	require.False(t, schemaExists(t, pool, victim), "reset on request, then dropped as bench's own")
+	require.Equal(t, 1, rows(`"`+users+`".accounts`))
 }
 
 // TestDemoAndBenchKeepWhatOthersAddedToTheirSchema: a schema demo or bench
@@ -262,12 +270,14 @@ func TestSchemaChangesAreAuditLogged(t *testing.T) {
 	require.Contains(t, errOut, `"to":0`)
 
 	// The explicit reset of a schema the command did not create.
-	_, err := pool.Exec(ctx, `CREATE TABLE "`+schema+`".accounts (id int)`)
+	_, errOut, code = cli(t, "migrate", "up", "--schema", schema)
+	require.Equal(t, 0, code, errOut)
+	_, err := pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('order', 'charge')`)
 	require.NoError(t, err)
 	_, errOut, code = cli(t, "demo", "--orders", "1", "--schema", schema, "--reset-schema", "--yes")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, errOut, `msg="gendurable: schema dropped (--reset-schema): it was not created by gendurable demo" via=cli user=`)
-	require.Contains(t, errOut, "schema="+schema+` held="holds 1 object"`)
+	require.Contains(t, errOut, "schema="+schema+` held="holds gendurable's tables (`)
 	// The demo's own schema, dropped and recreated by the next run: quiet.
 	_, errOut, code = cli(t, "demo", "--orders", "1", "--schema", schema)
 	require.Equal(t, 0, code, errOut)

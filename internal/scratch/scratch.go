@@ -4,7 +4,9 @@
 // marked (a comment on the schema), and an existing schema without the mark
 // is refused — whatever it holds, gendurable tables with live instances
 // included — unless the operator asks for a reset, and confirms it when a
-// prompt is possible. A marked schema is dropped without CASCADE, so one
+// prompt is possible; even then only a schema that is empty or holds
+// gendurable's objects alone is dropped, never public (keepForeign), and
+// without CASCADE. A marked schema is dropped without CASCADE, so one
 // that someone added an object to, or that an object elsewhere depends on,
 // is refused the same way, and so is one whose tables someone added to (a
 // column, an index, a trigger, a policy…: what a schema migrated to the same
@@ -103,7 +105,7 @@ func own() []string {
 	return slices.Clone(shared.names)
 }
 
-const defaultRemedy = "choose another --schema, or pass --reset-schema to drop it and everything in it (with --yes when stdin is not a terminal)"
+const defaultRemedy = "choose another --schema, or pass --reset-schema to drop it and the instances in it (with --yes when stdin is not a terminal)"
 
 func (o Options) remedy() string {
 	if o.Remedy != "" {
@@ -139,12 +141,21 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		case !errors.Is(err, ErrNotScratch):
 			return fmt.Errorf("drop schema %q: %w", schema, err)
 		case !o.Reset:
+			// Someone's objects in it: named, and no reset suggested.
+			if ferr := keepForeign(ctx, db, schema, o); ferr != nil {
+				return ferr
+			}
 			return fmt.Errorf("%w; %s", err, o.remedy())
 		default:
 			info.Comment = "" // the explicit reset below, confirmed like any other
 		}
 	}
 	if info.Exists && !info.Scratch() {
+		// Whatever the flags say: never the public schema, never someone's
+		// objects (checked again in the drop's transaction: dropReset).
+		if err := keepForeign(ctx, db, schema, o); err != nil {
+			return err
+		}
 		what := describe(info)
 		if !o.Reset {
 			return fmt.Errorf("%w: %q %s and was not created by gendurable %s; %s", ErrNotScratch, schema, what, o.Owner, o.remedy())
@@ -165,7 +176,7 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		}
 	}
 	if info.Exists {
-		if err := dropReset(ctx, on, schema); err != nil {
+		if err := dropReset(ctx, on, schema, o.Owner); err != nil {
 			return fmt.Errorf("drop schema %q: %w", schema, err)
 		}
 		if o.Logger != nil && !info.Scratch() {
@@ -214,6 +225,9 @@ func ensure(ctx context.Context, db *pgxpool.Pool, schema string, o Options) err
 			return fmt.Errorf("inspect schema %q: %w", schema, err)
 		}
 		if info.Exists && !info.Scratch() {
+			if err := keepForeign(ctx, db, schema, o); err != nil {
+				return err // naming someone's objects in it
+			}
 			return fmt.Errorf("%w: %q %s and was not created by gendurable %s; %s", ErrNotScratch, schema, describe(info), o.Owner, o.remedy())
 		}
 		if !info.Exists {
@@ -366,12 +380,13 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema, creator string) error {
 	return err
 }
 
-// dropReset drops schema and everything in it (the operator's confirmed
-// --reset-schema), unless a run holds its use (Use): checked in the drop's
+// dropReset drops schema — gendurable's objects in it, instances and all,
+// and nothing else (keepForeign) — on the operator's confirmed
+// --reset-schema, unless a run holds its use (Use): checked in the drop's
 // own transaction, after the prompt. Checked before it only, a reset that
 // waited on its y/N prompt dropped the schema a quickstart worker had
 // started in meanwhile (a hostile operator's probe).
-func dropReset(ctx context.Context, on beginner, schema string) error {
+func dropReset(ctx context.Context, on beginner, schema, owner string) error {
 	tx, err := on.Begin(ctx)
 	if err != nil {
 		return err
@@ -394,10 +409,59 @@ func dropReset(ctx context.Context, on beginner, schema string) error {
 		return fmt.Errorf("%w: %q: %d %s running in it under live leases (a worker is using it), and nothing was dropped: "+
 			"stop its workers, or use another schema", errInUse, schema, n, plural(n, "instance is", "instances are"))
 	}
-	if err := sqlq.DropSchema(ctx, tx, schema); err != nil {
+	// What the prompt was asked about, unless something was added since:
+	// gendurable's objects go one by one (migrate's down, which refuses
+	// what depends on them from outside the schema), then the schema
+	// without CASCADE, which refuses what is left. Before, a CASCADE drop
+	// took someone's tables with it, in public too (an operator probe).
+	if err := keepForeign(ctx, tx, schema, Options{Owner: owner}); err != nil {
+		return err
+	}
+	_, err = migrate.Down(ctx, tx, schema)
+	if err == nil {
+		err = sqlq.DropEmptySchema(ctx, tx, schema)
+	}
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "2BP01":
+		return fmt.Errorf("%w: %q holds objects gendurable did not create, or objects elsewhere depend on it (%s), "+
+			"and nothing was dropped; choose another --schema", ErrNotScratch, schema, pgErr.Message)
+	case errors.Is(err, sqlq.ErrDependents):
+		return fmt.Errorf("%w: %q: %v; nothing was dropped", ErrNotScratch, schema, err)
+	case err != nil:
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+// keepForeign refuses with ErrNotScratch, whatever the flags say, a schema
+// that no reset may drop: the database's public schema (a recreated one
+// would not get back its owner and privileges), and one holding objects
+// that are not gendurable's (sqlq.ForeignObjects: someone's tables, views,
+// functions…), which it names. Its message does not suggest --reset-schema.
+func keepForeign(ctx context.Context, db sqlq.RowQuerier, schema string, o Options) error {
+	remedy, even := o.Remedy, ""
+	if remedy == "" { // demo's and bench's: they have --reset-schema
+		remedy, even = "nothing was changed: choose another --schema", ", even when asked to reset it"
+	}
+	if schema == "public" {
+		return fmt.Errorf("%w: %q is the database's default schema, which gendurable %s never drops "+
+			"(its owner and privileges would not come back)%s; %s", ErrNotScratch, schema, o.Owner, even, remedy)
+	}
+	n, names, err := sqlq.ForeignObjects(ctx, db, schema, 5)
+	if err != nil {
+		return fmt.Errorf("inspect schema %q: %w", schema, err)
+	}
+	if n == 0 {
+		return nil
+	}
+	more := ""
+	if n > int64(len(names)) {
+		more = fmt.Sprintf(" and %d more", n-int64(len(names)))
+	}
+	return fmt.Errorf("%w: %q holds %s that gendurable did not create (%s%s): gendurable %s drops "+
+		"only a schema that is empty or holds gendurable's objects alone%s; %s",
+		ErrNotScratch, schema, plural(n, "an object", "objects"), strings.Join(names, ", "), more, o.Owner, even, remedy)
 }
 
 func plural(n int64, one, many string) string {

@@ -70,13 +70,21 @@ func TestEnsureKeepsItsOwnSchemaAndRefusesOthers(t *testing.T) {
 	h, err = Ensure(ctx, pool, other, o)
 	require.Nil(t, h)
 	require.ErrorIs(t, err, ErrNotScratch)
-	require.ErrorContains(t, err, "holds 1 object and was not created by gendurable quickstart; drop it yourself")
+	require.ErrorContains(t, err, `holds an object that gendurable did not create (table `+other+`.mine): gendurable quickstart drops only a schema that is empty or holds gendurable's objects alone; drop it yourself`)
 	require.NotContains(t, err.Error(), "--reset-schema")
 	var objects int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace`, other).Scan(&objects))
 	require.Equal(t, 1, objects, "someone else's schema is left as it was")
 
 	err = Prepare(ctx, pool, other, Options{Owner: "demo"})
+	require.ErrorIs(t, err, ErrNotScratch)
+	require.ErrorContains(t, err, `holds an object that gendurable did not create (table `+other+`.mine)`)
+	require.NotContains(t, err.Error(), "--reset-schema", "no reset drops someone's table")
+
+	installed := freshName(t, pool)
+	_, err = migrate.Up(ctx, pool, installed)
+	require.NoError(t, err)
+	err = Prepare(ctx, pool, installed, Options{Owner: "demo"})
 	require.ErrorIs(t, err, ErrNotScratch)
 	require.ErrorContains(t, err, "choose another --schema, or pass --reset-schema", "the default remedy")
 }
@@ -487,7 +495,7 @@ func TestAResetDoesNotDropASchemaInUse(t *testing.T) {
 	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
 	ctx := t.Context()
 	schema := freshName(t, pool)
-	_, err := pool.Exec(ctx, `CREATE SCHEMA "`+schema+`"; CREATE TABLE "`+schema+`".mine (x int)`)
+	_, err := migrate.Up(ctx, pool, schema)
 	require.NoError(t, err)
 	var hold *Hold
 	confirm := func(string) (bool, error) {
@@ -498,9 +506,9 @@ func TestAResetDoesNotDropASchemaInUse(t *testing.T) {
 	err = Prepare(ctx, pool, schema, Options{Owner: "demo", Reset: true, Confirm: confirm})
 	defer hold.Release()
 	require.ErrorIs(t, err, ErrBusy)
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace`, schema).Scan(&n))
-	require.Equal(t, 1, n, "nothing dropped")
+	var kept bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, `"`+schema+`".gendurable_instances`).Scan(&kept))
+	require.True(t, kept, "nothing dropped")
 	hold.Release()
 	require.NoError(t, Prepare(ctx, pool, schema, Options{Owner: "demo", Reset: true, Confirm: func(string) (bool, error) { return true, nil }}))
 }
@@ -534,4 +542,94 @@ func TestAResetDoesNotDropASchemaWhereStepsRun(t *testing.T) {
 	require.NoError(t, Prepare(ctx, pool, schema, Options{Owner: "demo", Reset: true, Confirm: yes}))
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`).Scan(&n))
 	require.Equal(t, 0, n, "dropped and made afresh")
+}
+
+// TestAResetNeverDropsSomeonesObjects: the operator's reset (Reset, its
+// prompt answered yes) drops a schema that holds gendurable's objects
+// alone, instances and all, and nothing else: a table of someone's in it,
+// one created while the prompt waited, a view elsewhere of its instances,
+// and the public schema are refused (ErrNotScratch, naming the table, no
+// reset suggested), and everything stays. Before, the reset's DROP SCHEMA
+// … CASCADE took them all — `demo --schema public --reset-schema --yes`
+// dropped a user's tables and recreated public without its privileges (an
+// operator probe).
+func TestAResetNeverDropsSomeonesObjects(t *testing.T) {
+	t.Parallel()
+	pool, _ := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 4})
+	ctx := t.Context()
+	yes := func(string) (bool, error) { return true, nil }
+	reset := Options{Owner: "demo", Reset: true, Confirm: yes}
+	installed := func() string {
+		schema := freshName(t, pool)
+		_, err := migrate.Up(ctx, pool, schema)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('billing', 'a')`)
+		require.NoError(t, err)
+		return schema
+	}
+	count := func(table string) int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n))
+		return n
+	}
+
+	t.Run("a table of someone's", func(t *testing.T) {
+		schema := installed()
+		_, err := pool.Exec(ctx, `CREATE TABLE "`+schema+`".ledger (x int); INSERT INTO "`+schema+`".ledger VALUES (1)`)
+		require.NoError(t, err)
+		err = Prepare(ctx, pool, schema, reset)
+		require.ErrorIs(t, err, ErrNotScratch)
+		require.ErrorContains(t, err, `holds an object that gendurable did not create (table `+schema+`.ledger)`)
+		require.NotContains(t, err.Error(), "--reset-schema")
+		require.Equal(t, 1, count(`"`+schema+`".ledger`))
+		require.Equal(t, 1, count(`"`+schema+`".gendurable_instances`))
+	})
+	t.Run("a table created while the prompt waited", func(t *testing.T) {
+		schema := installed()
+		err := Prepare(ctx, pool, schema, Options{Owner: "demo", Reset: true, Confirm: func(string) (bool, error) {
+			_, err := pool.Exec(ctx, `CREATE TABLE "`+schema+`".late (x int); INSERT INTO "`+schema+`".late VALUES (1)`)
+			return err == nil, err
+		}})
+		require.ErrorIs(t, err, ErrNotScratch)
+		require.ErrorContains(t, err, `(table `+schema+`.late)`)
+		require.Equal(t, 1, count(`"`+schema+`".late`))
+		require.Equal(t, 1, count(`"`+schema+`".gendurable_instances`))
+	})
+	t.Run("a view elsewhere of its instances", func(t *testing.T) {
+		schema, views := installed(), freshName(t, pool)
+		_, err := pool.Exec(ctx, `CREATE SCHEMA "`+views+`"; CREATE VIEW "`+views+`".billing AS
+			SELECT id FROM "`+schema+`".gendurable_instances`)
+		require.NoError(t, err)
+		err = Prepare(ctx, pool, schema, reset)
+		require.ErrorIs(t, err, ErrNotScratch)
+		require.Equal(t, 1, count(`"`+views+`".billing`))
+	})
+	t.Run("gendurable's objects alone", func(t *testing.T) {
+		schema := installed()
+		require.NoError(t, Prepare(ctx, pool, schema, reset))
+		require.Equal(t, 0, count(`"`+schema+`".gendurable_instances`), "dropped and made afresh")
+	})
+	t.Run("public", func(t *testing.T) {
+		// In a database of its own: were the refusal to fail, the shared
+		// test database keeps its public schema.
+		db := freshName(t, pool)
+		_, err := pool.Exec(ctx, `CREATE DATABASE "`+db+`"`)
+		require.NoError(t, err)
+		t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP DATABASE IF EXISTS "`+db+`" WITH (FORCE)`) })
+		cfg, err := pgxpool.ParseConfig(dbtest.URL())
+		require.NoError(t, err)
+		cfg.ConnConfig.Database, cfg.MaxConns = db, 2
+		other, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		defer other.Close()
+		_, err = migrate.Up(ctx, other, "public")
+		require.NoError(t, err)
+		err = Prepare(ctx, other, "public", reset)
+		require.ErrorIs(t, err, ErrNotScratch)
+		require.ErrorContains(t, err, "default schema")
+		require.NotContains(t, err.Error(), "--reset-schema")
+		var kept bool
+		require.NoError(t, other.QueryRow(ctx, `SELECT to_regclass('public.gendurable_instances') IS NOT NULL`).Scan(&kept))
+		require.True(t, kept, "public left as it was")
+	})
 }

@@ -84,14 +84,51 @@ func CreateScratchSchema(ctx context.Context, db DB, schema, owner string) error
 	return err
 }
 
-// DropSchema drops schema and everything in it. Callers decide whether it
-// is theirs to drop (SchemaInfo.Scratch, or the operator's explicit reset).
-func DropSchema(ctx context.Context, db DB, schema string) error {
+// foreignObjectsSQL counts, and describes the first $2 of, the objects in
+// schema $1 whose names do not start with gendurable_ (every object
+// gendurable's migrations create does): relations, types other than row
+// and array types, functions, operators, collations, conversions, operator
+// classes and families, text search objects, extended statistics and
+// extensions. An index of one of gendurable's tables is not counted,
+// whatever its name: it goes with its table.
+const foreignObjectsSQL = `
+WITH n AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
+o AS (
+  SELECT 'pg_class'::regclass AS cls, x.oid, x.relname::text AS name FROM pg_class AS x, n WHERE x.relnamespace = n.oid
+    -- an index of gendurable's table goes with it: not counted
+    AND NOT EXISTS (SELECT 1 FROM pg_index AS i JOIN pg_class AS t ON t.oid = i.indrelid
+                    WHERE i.indexrelid = x.oid AND left(t.relname, 11) = 'gendurable_')
+  UNION ALL SELECT 'pg_type'::regclass, x.oid, x.typname::text FROM pg_type AS x, n WHERE x.typnamespace = n.oid
+    AND x.typrelid = 0 AND NOT EXISTS (SELECT 1 FROM pg_type AS e WHERE e.typarray = x.oid)
+  UNION ALL SELECT 'pg_proc'::regclass, x.oid, x.proname::text FROM pg_proc AS x, n WHERE x.pronamespace = n.oid
+  UNION ALL SELECT 'pg_operator'::regclass, x.oid, x.oprname::text FROM pg_operator AS x, n WHERE x.oprnamespace = n.oid
+  UNION ALL SELECT 'pg_collation'::regclass, x.oid, x.collname::text FROM pg_collation AS x, n WHERE x.collnamespace = n.oid
+  UNION ALL SELECT 'pg_conversion'::regclass, x.oid, x.conname::text FROM pg_conversion AS x, n WHERE x.connamespace = n.oid
+  UNION ALL SELECT 'pg_opclass'::regclass, x.oid, x.opcname::text FROM pg_opclass AS x, n WHERE x.opcnamespace = n.oid
+  UNION ALL SELECT 'pg_opfamily'::regclass, x.oid, x.opfname::text FROM pg_opfamily AS x, n WHERE x.opfnamespace = n.oid
+  UNION ALL SELECT 'pg_ts_config'::regclass, x.oid, x.cfgname::text FROM pg_ts_config AS x, n WHERE x.cfgnamespace = n.oid
+  UNION ALL SELECT 'pg_ts_dict'::regclass, x.oid, x.dictname::text FROM pg_ts_dict AS x, n WHERE x.dictnamespace = n.oid
+  UNION ALL SELECT 'pg_ts_parser'::regclass, x.oid, x.prsname::text FROM pg_ts_parser AS x, n WHERE x.prsnamespace = n.oid
+  UNION ALL SELECT 'pg_ts_template'::regclass, x.oid, x.tmplname::text FROM pg_ts_template AS x, n WHERE x.tmplnamespace = n.oid
+  UNION ALL SELECT 'pg_statistic_ext'::regclass, x.oid, x.stxname::text FROM pg_statistic_ext AS x, n WHERE x.stxnamespace = n.oid
+  UNION ALL SELECT 'pg_extension'::regclass, x.oid, x.extname::text FROM pg_extension AS x, n WHERE x.extnamespace = n.oid
+)
+SELECT count(*), coalesce((array_agg(pg_describe_object(cls, oid, 0) ORDER BY cls::oid, name))[1:$2], '{}')
+FROM o WHERE left(name, 11) <> 'gendurable_'`
+
+// ForeignObjects reports the objects in schema that are not gendurable's by
+// name (foreignObjectsSQL): how many, and the first limit of them, named
+// as PostgreSQL describes them ("table public.orders"). An object someone
+// named gendurable_… is not among them: a drop that leaves no room for it
+// (migrate's down, then DropEmptySchema) refuses it.
+func ForeignObjects(ctx context.Context, db RowQuerier, schema string, limit int) (int64, []string, error) {
 	if err := ValidateSchema(schema); err != nil {
-		return err
+		return 0, nil, err
 	}
-	_, err := db.Exec(ctx, "DROP SCHEMA IF EXISTS "+quoteIdent(schema)+" CASCADE")
-	return err
+	var n int64
+	var names []string
+	err := db.QueryRow(ctx, foreignObjectsSQL, schema, limit).Scan(&n, &names)
+	return n, names, err
 }
 
 // DropEmptySchema drops schema without CASCADE: it fails (SQLSTATE 2BP01)
