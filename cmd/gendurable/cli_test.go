@@ -468,6 +468,8 @@ func TestUISecretFilesAreBoundedAndOneLine(t *testing.T) {
 	// A blank line after is a second line too (a probe: every trailing
 	// line break was dropped, though one is documented).
 	basicBlankLine := write("basic-blank", "ops:password\n\n")
+	tokenBlankLine := write("token-blank", "tok\n\n") // the dashboard trims it: refused by the command
+	tokenTab := write("token-tab", "to\tk\n")
 	crlf := write("crlf", "ops:password with space \r\n")
 	fine := write("fine", strings.Repeat("t", 4<<10-1)+"\n") // 4 KiB with its line break: one token
 	fifo := filepath.Join(dir, "fifo")
@@ -486,6 +488,8 @@ func TestUISecretFilesAreBoundedAndOneLine(t *testing.T) {
 		{[]string{"--token-file", twoLines}, "control character"},
 		{[]string{"--basic-auth-file", basicTwoLines}, "control character"},
 		{[]string{"--basic-auth-file", basicBlankLine}, "control character"},
+		{[]string{"--token-file", tokenBlankLine}, "control character"},
+		{[]string{"--token-file", tokenTab}, "control character"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var stdout, stderr strings.Builder

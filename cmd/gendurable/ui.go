@@ -247,6 +247,11 @@ func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 		if s == "" {
 			return "", usageError{msg: fmt.Sprintf("--%s-file %s is empty", name, file)}
 		}
+		// Refused here, not left to the dashboard, which trims white space
+		// first: "tok\n\n" passed as "tok" (a probe).
+		if strings.IndexFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0 {
+			return "", usageError{msg: fmt.Sprintf("--%s-file %s holds a control character (a second line, or a blank one after the credential?): a credential is one line", name, file)}
+		}
 		return s, nil
 	}
 	if v, set := os.LookupEnv(env); set && strings.TrimSpace(v) == "" {
