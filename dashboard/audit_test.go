@@ -250,6 +250,47 @@ func TestAClientThatHangsUpIsNoWarning(t *testing.T) {
 	require.Empty(t, log.with("dashboard: request failed"))
 }
 
+// TestWrongMethodOnAnActionIsAudited: a request for an action's path with
+// another method than POST (a GET of /instances/N/retry) is 405 and leaves
+// a refused line on the audit logger, naming the action and the method (a
+// probe: it left none). A 405 of a page's path is not an action's: no line.
+func TestWrongMethodOnAnActionIsAudited(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	audit := &captured{}
+	h, _ := e.handler(dashboard.Options{AuditLogger: slog.New(audit)})
+	live := e.insertOrder(Order{Item: "live"})
+	for _, c := range []struct{ method, path, action string }{
+		{http.MethodGet, fmt.Sprintf("/instances/%d/retry", live), "retry"},
+		{http.MethodPut, fmt.Sprintf("/instances/%d/cancel", live), "cancel"},
+		{http.MethodDelete, "/queues/default/pause", "pause"},
+	} {
+		r := do(t, h, req{method: c.method, path: c.path, remote: "10.1.2.5:5555"})
+		require.Equal(t, http.StatusMethodNotAllowed, r.code, c.path)
+		recs := audit.with("dashboard audit: " + c.action)
+		require.Len(t, recs, 1, "%s %s: %v", c.method, c.path, audit.recs)
+		require.Equal(t, "refused", recs[0]["outcome"])
+		require.Equal(t, c.method, recs[0]["method"])
+		require.Equal(t, c.path, recs[0]["path"])
+		require.EqualValues(t, http.StatusMethodNotAllowed, recs[0]["status"])
+	}
+	// A body the form parser cannot read: its line says why (a probe's
+	// body that timed out said nothing).
+	r := do(t, h, req{method: http.MethodPost, path: fmt.Sprintf("/instances/%d/cancel", live), raw: "reason=%zz",
+		header: map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, remote: "10.1.2.6:5555"})
+	require.Equal(t, http.StatusBadRequest, r.code)
+	require.Contains(t, r.body, "The form could not be read.")
+	recs := audit.with("dashboard audit: cancel")
+	require.Equal(t, "the body could not be read", recs[len(recs)-1]["refused_form"], "%v", recs[len(recs)-1])
+	require.Contains(t, recs[len(recs)-1]["err"], "invalid URL escape")
+
+	before := len(audit.recs)
+	r = do(t, h, req{method: http.MethodPost, path: "/machines", remote: "10.1.2.5:5555"})
+	require.Equal(t, http.StatusMethodNotAllowed, r.code)
+	require.Len(t, audit.recs, before, "a page's path is no action")
+	require.False(t, e.instance(live).Status.Terminal())
+}
+
 // TestCrossOriginRefusalIsAudited: a cross-origin POST to an action (a
 // forged form on another site, riding the operator's session) is refused
 // with 403 before any handler runs — and, as a refused action, leaves its

@@ -404,7 +404,11 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	mux.HandleFunc("GET /instances/{id}", d.instancePage)
 	mux.HandleFunc("GET /machines", d.machinesPage)
 	mux.HandleFunc("GET /machines/{name}", d.graphPage)
-	mux.HandleFunc("GET /static/{file}", serveStatic)
+	mux.HandleFunc("GET /static/{file}", func(w http.ResponseWriter, r *http.Request) {
+		if !serveStatic(w, r) {
+			d.errorPage(w, r, http.StatusNotFound, "No such page.") // as any other path's 404
+		}
+	})
 	mutation("POST /queues/{queue}/pause", "pause", d.pauseAction)
 	mutation("POST /queues/{queue}/resume", "resume", d.resumeAction)
 	// Queues whose names a path cannot carry ("." and "..", "/": pathCarries).
@@ -475,6 +479,9 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		// others are the mux's, answered as it answers them.
 		rec := &recorded{header: http.Header{}, code: http.StatusOK}
 		h.ServeHTTP(rec, r)
+		if rec.code == http.StatusMethodNotAllowed {
+			d.auditWrongMethod(r, mux, actions)
+		}
 		if rec.code == http.StatusNotFound {
 			d.errorPage(w, r, http.StatusNotFound, "No such page.")
 			return
@@ -666,6 +673,24 @@ func (d *dashboard) authenticate(r *http.Request) (string, bool) {
 	return "", false
 }
 
+// auditWrongMethod puts a request for an action's path with another method
+// than POST (a GET of /instances/5/retry: 405) on the audit trail as a
+// refused action, within the refused actions' allowance (an operator probe:
+// it left no line). A 405 of any other path is not an action's.
+func (d *dashboard) auditWrongMethod(r *http.Request, mux *http.ServeMux, actions map[string]string) {
+	post := r.Clone(r.Context())
+	post.Method = http.MethodPost
+	_, pattern := mux.Handler(post)
+	action := actions[pattern]
+	if action == "" || !d.refuseLimit.allow(refuser(r)+" method", time.Now()) {
+		return
+	}
+	attrs := []any{"action", action, "outcome", "refused", "status", http.StatusMethodNotAllowed,
+		"reason", "not a POST", "user", auditUser(r), "method", cut(r.Method), "path", cut(r.URL.Path), "remote", r.RemoteAddr}
+	attrs = append(attrs, forwardedFor(r)...)
+	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, attrs...)
+}
+
 // mutation wraps a POST handler: read-only mode refuses it, its form is
 // parsed from a bounded body, and it leaves one audit line, whatever its
 // outcome. (Cross-origin protection and the POST-only method are enforced by
@@ -716,6 +741,8 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 				d.errorPage(w, r, http.StatusRequestEntityTooLarge, "The request is too large.")
 				return
 			}
+			// Why, on its audit line (a body that timed out said nothing).
+			note(r, "refused_form", "the body could not be read", "err", cut(parseErr.Error()))
 			d.errorPage(w, r, http.StatusBadRequest, "The form could not be read.")
 			return
 		}

@@ -619,7 +619,7 @@ func (d *dashboard) signalAction(w http.ResponseWriter, r *http.Request) {
 		payload = "null"
 	}
 	if !json.Valid([]byte(payload)) {
-		d.fail(w, r, inputError("The payload is not valid JSON, or nests deeper than 10,000 levels."))
+		d.fail(w, r, inputError("The payload is not valid JSON, or nests arrays and objects far deeper than the engine takes (Config.MaxJSONDepth, 1,000 levels by default)."))
 		return
 	}
 	var opts *gendurable.SignalOpts

@@ -123,7 +123,7 @@ func TestCancelTreeFromTheInstancePage(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, do(t, h, req{method: http.MethodPost, path: path, remote: "10.3.0.1:1", header: same,
 		form: url.Values{"reason": {strings.Repeat("x", 10000)}}}).code, "an oversized reason")
 	require.Equal(t, http.StatusMethodNotAllowed, do(t, h, req{method: http.MethodGet, path: path}).code)
-	require.Len(t, audit.with("dashboard audit: cancel-tree"), 8, "every refused post is audited: the cross-origin one, the bad ids, the oversized reason")
+	require.Len(t, audit.with("dashboard audit: cancel-tree"), 9, "every refused request is audited: the cross-origin one, the bad ids, the oversized reason, the GET")
 	require.Equal(t, gendurable.StatusAwaitingChildren, e.instance(parent.ID).Status, "the refused posts changed nothing")
 
 	// Cancelled alone, the parent leaves its children running: still offered.

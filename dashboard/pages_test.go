@@ -359,6 +359,12 @@ func TestActionsChangeDatabase(t *testing.T) {
 	r = postAuth(fmt.Sprintf("/instances/%d/signal", other), url.Values{"name": {""}, "payload": {"1"}})
 	require.Equal(t, http.StatusBadRequest, r.code)
 	require.Contains(t, r.body, "Invalid signal")
+	// Valid JSON past the engine's depth limit: the page names the limit
+	// (it said the payload was valid within 10,000 levels).
+	deep := strings.Repeat("[", 1500) + strings.Repeat("]", 1500)
+	r = postAuth(fmt.Sprintf("/instances/%d/signal", other), url.Values{"name": {"go"}, "payload": {deep}})
+	require.Equal(t, http.StatusBadRequest, r.code)
+	require.Contains(t, r.body, "Config.MaxJSONDepth, 1,000 levels of arrays and objects by default")
 	require.Zero(t, sigs())
 	r = postAuth(fmt.Sprintf("/instances/%d/signal", other), url.Values{"name": {"later"}, "dedup_key": {"d1"}})
 	require.Equal(t, http.StatusSeeOther, r.code)
@@ -513,7 +519,9 @@ func TestBasePath(t *testing.T) {
 	}
 	// No such page: the dashboard's own 404, not the mux's plain text; a
 	// wrong method on an action's path is still 405.
-	for _, p := range []string{"/admin/gd/foo", "/admin/gd/instances/", "/admin/gd/static/"} {
+	// An asset it does not have too (a probe: /static/APP.JS and
+	// /static/embed.go answered the mux's plain text).
+	for _, p := range []string{"/admin/gd/foo", "/admin/gd/instances/", "/admin/gd/static/", "/admin/gd/static/APP.JS", "/admin/gd/static/embed.go"} {
 		r := get(t, mux, p)
 		require.Equal(t, http.StatusNotFound, r.code, p)
 		require.Contains(t, r.header.Get("Content-Type"), "text/html", p)

@@ -270,18 +270,20 @@ func init() {
 
 var staticTypes = map[string]string{".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
 
-func serveStatic(w http.ResponseWriter, r *http.Request) {
+// serveStatic answers a static asset by its name and reports whether it
+// has one by that name (the caller answers the 404).
+func serveStatic(w http.ResponseWriter, r *http.Request) bool {
 	name := r.PathValue("file")
 	b, ok := staticFiles[name]
 	if !ok {
-		http.NotFound(w, r)
-		return
+		return false
 	}
 	ext := name[strings.LastIndexByte(name, '.'):]
 	w.Header().Set("Content-Type", staticTypes[ext])
 	w.Header().Set("Cache-Control", "private, max-age=3600")
 	w.Header().Set("ETag", `"`+assetVersion+`"`)
 	http.ServeContent(w, r, name, time.Time{}, bytes.NewReader(b))
+	return true
 }
 
 // pathCarries reports whether a page's path p, a name unescaped in it, reaches

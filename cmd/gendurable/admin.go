@@ -931,7 +931,7 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	check := func() error {
 		if payload != "" {
 			if !json.Valid([]byte(payload)) {
-				return usageError{msg: "--payload is not valid JSON, or nests deeper than 10,000 levels"}
+				return usageError{msg: "--payload is not valid JSON, or nests arrays and objects far deeper than the engine takes (Config.MaxJSONDepth, 1,000 levels by default)"}
 			}
 			p = json.RawMessage(payload)
 		}
