@@ -1047,14 +1047,25 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !slices.Contains(benchrun.Workloads, o.Workload) {
 		return usageError{msg: fmt.Sprintf("bench: unknown --workload %q (want one of %s)", o.Workload, strings.Join(benchrun.Workloads, ", ")), help: true}
 	}
-	if err := nonNegative("bench", map[string]int{"n": o.N, "fair-backlog": o.FairBacklog, "key-rate": o.KeyRate,
-		"concurrency": o.Concurrency, "prefetch": o.Prefetch, "queues": o.Queues, "engines": o.Engines, "commits": o.Commits,
+	// Counts whose flag has a default of its own: 0 is no "default" here
+	// (the library's would differ, or 0 ran silently on 1 or 100), and a
+	// negative one is refused in the same words (it said "0: the default").
+	for _, c := range []struct {
+		name     string
+		v, deflt int
+	}{{"n", o.N, 20000}, {"concurrency", o.Concurrency, 100}, {"queues", o.Queues, 1}, {"engines", o.Engines, 1},
+		{"fair-backlog", o.FairBacklog, 100_000}, {"key-rate", o.KeyRate, 50}} {
+		if c.v < 1 {
+			dash := "--"
+			if len(c.name) == 1 {
+				dash = "-"
+			}
+			return usageError{msg: fmt.Sprintf("bench: %s%s must be at least 1 (default %d)", dash, c.name, c.deflt), help: true}
+		}
+	}
+	if err := nonNegative("bench", map[string]int{"prefetch": o.Prefetch, "commits": o.Commits,
 		"min-demand": o.MinDemand, "floor": *floor, "pickup": *pickup}); err != nil {
 		return err
-	}
-	if o.N == 0 {
-		// 0 is no "default" here: the flag's is 20000, the library's 10000.
-		return usageError{msg: "bench: -n must be at least 1 (default 20000)", help: true}
 	}
 	if *floor > benchrun.MaxFloorConns {
 		return usageError{msg: fmt.Sprintf("bench: --floor must be at most %d connections", benchrun.MaxFloorConns), help: true}

@@ -579,6 +579,16 @@ func TestBenchBoundsQueuesAndEngines(t *testing.T) {
 		require.Contains(t, errOut, "bench: --queues must be at most 1000 and --engines at most 100", "%q", args)
 		require.False(t, schemaExists(t, pool, schema), "%q: refused before the schema was created", args)
 	}
+	// A count whose flag has a default of its own is at least 1: 0 ran
+	// silently on the library's default, and -n -5 was told "0: the
+	// default" while -n 0 was refused (a probe).
+	for _, c := range [][2]string{{"-n", "0"}, {"-n", "-5"}, {"--engines", "0"}, {"--concurrency", "0"}, {"--queues", "0"},
+		{"--queues", "-1"}, {"--fair-backlog", "0"}, {"--key-rate", "0"}} {
+		_, errOut, code := cli(t, "bench", c[0], c[1], "--schema", schema)
+		require.Equal(t, exitUsage, code, "%q: %s", c, errOut)
+		require.Contains(t, errOut, "bench: "+c[0]+" must be at least 1 (default ", "%q", c)
+		require.False(t, schemaExists(t, pool, schema))
+	}
 	// --floor N opens N connections, each seeding 5,000 rows: before, 2147483648
 	// overflowed the pool's int32 size ("MaxSize must be >= 1", exit 1), and
 	// 4294967297 wrapped to one connection over 21 trillion rows to seed.
