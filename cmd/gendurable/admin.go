@@ -816,7 +816,7 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 	why := map[string]string{"retry": "not failed, or their unique key is held by a live instance", "cancel": "already finished"}[name]
 	msg := fmt.Sprintf("%s %d of %d matching instances; %d skipped (%s)", verb, res.Changed, res.Matched, res.Skipped, why)
 	if res.NotFound > 0 {
-		msg += fmt.Sprintf("; %d ids not found", res.NotFound)
+		msg += fmt.Sprintf("; %d %s not found", res.NotFound, map[bool]string{true: "id", false: "ids"}[res.NotFound == 1])
 	}
 	return printBulk(stdout, c.json, res, err, msg)
 }
