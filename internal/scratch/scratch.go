@@ -348,7 +348,7 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema, creator string) error {
 		return err
 	}
 	if foreign != "" {
-		return fmt.Errorf("%w: %q was created by %s, but holds rows it did not write: %s",
+		return fmt.Errorf("%w: %q was created by %s, but holds rows this program did not write: %s",
 			ErrNotScratch, schema, creator, foreign)
 	}
 	added, err := additions(ctx, tx, schema)

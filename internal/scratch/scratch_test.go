@@ -103,7 +103,7 @@ func TestARefusalNamesTheCommandThatMarkedTheSchema(t *testing.T) {
 	require.NoError(t, err)
 	err = Prepare(ctx, pool, schema, Options{Owner: "demo"})
 	require.ErrorIs(t, err, ErrNotScratch)
-	require.ErrorContains(t, err, `"`+schema+`" was created by gendurable quickstart, but holds rows it did not write: 1 instance of a machine it does not run ("billing")`)
+	require.ErrorContains(t, err, `"`+schema+`" was created by gendurable quickstart, but holds rows this program did not write: 1 instance of a machine this program does not run ("billing")`)
 	require.ErrorContains(t, Drop(ctx, pool, schema), "was created by gendurable quickstart")
 }
 
@@ -138,7 +138,7 @@ func TestAMarkedSchemaWithSomeoneElsesRowsIsNotDropped(t *testing.T) {
 
 			err = Prepare(ctx, pool, schema, o)
 			require.ErrorIs(t, err, ErrNotScratch)
-			require.Contains(t, err.Error(), "was created by gendurable demo, but holds rows it did not write")
+			require.Contains(t, err.Error(), "was created by gendurable demo, but holds rows this program did not write")
 			require.Equal(t, before, count(schema, tc.table), "a refused schema keeps its rows")
 			require.ErrorIs(t, Drop(ctx, pool, schema), ErrNotScratch)
 			require.Equal(t, before, count(schema, tc.table))

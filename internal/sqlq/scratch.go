@@ -160,8 +160,8 @@ func ForeignRows(ctx context.Context, tx DB, schema string, machines []string) (
 	}
 	s := quoteIdent(schema)
 	all := []struct{ table, col, foreign, what, one string }{
-		{"gendurable_instances", "fsm", "fsm <> ALL($1::text[])", "instances of machines it does not run", "instance of a machine it does not run"},
-		{"gendurable_machines", "name", "name <> ALL($1::text[])", "definitions of machines it does not run", "definition of a machine it does not run"},
+		{"gendurable_instances", "fsm", "fsm <> ALL($1::text[])", "instances of machines this program does not run", "instance of a machine this program does not run"},
+		{"gendurable_machines", "name", "name <> ALL($1::text[])", "definitions of machines this program does not run", "definition of a machine this program does not run"},
 		// A resumed queue's row (paused false) holds nothing but its name
 		// and the time of the resume: a newcomer who paused and resumed the
 		// demo's queue could run the demo again only with --reset-schema.
