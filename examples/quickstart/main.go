@@ -194,6 +194,9 @@ var scratchOptions = scratch.Options{
 	Owner: "quickstart",
 	Remedy: "nothing was changed: drop it yourself if it is a leftover (DROP SCHEMA " + schema +
 		" CASCADE), or unset DATABASE_URL to run the quickstart against a throwaway PostgreSQL",
+	// A schema holding someone's objects: no DROP SCHEMA … CASCADE advised.
+	ForeignRemedy: "nothing was changed: move them out of schema " + schema +
+		", or unset DATABASE_URL to run the quickstart against a throwaway PostgreSQL",
 }
 
 func newEngine(pool *pgxpool.Pool, logger *slog.Logger) (*gendurable.Engine, error) {

@@ -76,6 +76,11 @@ type Options struct {
 	// (default: choose another --schema, or pass --reset-schema), for a
 	// caller that has no such flags.
 	Remedy string
+	// ForeignRemedy, if set, replaces the advice that ends the refusal of a
+	// schema holding someone's objects (default: choose another --schema),
+	// for a caller whose Remedy would not fit (a DROP SCHEMA … CASCADE
+	// right after naming someone's table).
+	ForeignRemedy string
 }
 
 // shared names the machines of every scratch command linked into this
@@ -126,6 +131,13 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	creator := creatorOf(info)
 	on := o.Hold.or(db)
 	if created {
+		// Someone's table in it: refused at once, named, before dropOwn
+		// locks every table of the schema (theirs too: their writers
+		// waited behind the lock for up to three tries, and the refusal
+		// blamed another run — a probe).
+		if err := keepForeign(ctx, db, schema, o); err != nil {
+			return err
+		}
 		// An earlier run's: dropped if it holds only what gendurable put
 		// there and nothing elsewhere depends on it.
 		err := dropOwn(ctx, on, schema, creator)
@@ -141,10 +153,6 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		case !errors.Is(err, ErrNotScratch):
 			return fmt.Errorf("drop schema %q: %w", schema, err)
 		case !o.Reset:
-			// Someone's objects in it: named, and no reset suggested.
-			if ferr := keepForeign(ctx, db, schema, o); ferr != nil {
-				return ferr
-			}
 			return fmt.Errorf("%w; %s", err, o.remedy())
 		default:
 			info.Comment = "" // the explicit reset below, confirmed like any other
@@ -164,6 +172,10 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 			what += ", some of it not written by " + creator
 		} else {
 			what += " and was not created by gendurable " + o.Owner
+		}
+		// What dropReset refuses after the prompt, refused before it.
+		if err := resetRefusal(ctx, on, schema, o.Owner); err != nil {
+			return err
 		}
 		if o.Confirm != nil {
 			ok, err := o.Confirm(fmt.Sprintf("schema %q %s. Drop it and everything in it?", schema, what))
@@ -356,14 +368,9 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema, creator string) error {
 		return err
 	}
 	if len(added) > 0 {
-		more := ""
-		if len(added) > 5 {
-			more = fmt.Sprintf(" and %d more", len(added)-5)
-			added = added[:5]
-		}
 		return fmt.Errorf("%w: %q was created by %s, but holds what a schema migrated to the same version "+
-			"does not (someone added or changed it, or an older gendurable built it otherwise): %s%s",
-			ErrNotScratch, schema, creator, strings.Join(added, "; "), more)
+			"does not (someone added or changed it, or an older gendurable built it otherwise): %s",
+			ErrNotScratch, schema, creator, listAdded(added))
 	}
 	if _, err = migrate.Down(ctx, tx, schema); err == nil {
 		err = sqlq.DropEmptySchema(ctx, tx, schema)
@@ -371,7 +378,7 @@ func dropOwnTx(ctx context.Context, tx pgx.Tx, schema, creator string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "2BP01" {
 		return fmt.Errorf("%w: %q was created by %s, but holds objects it did not create, "+
-			"or objects elsewhere depend on it (%s)", ErrNotScratch, schema, creator, pgErr.Message)
+			"or objects elsewhere depend on it (%s)", ErrNotScratch, schema, creator, pgDetail(pgErr))
 	}
 	if errors.Is(err, sqlq.ErrDependents) {
 		return fmt.Errorf("%w: %q was created by %s, but objects elsewhere depend on it (%v)",
@@ -414,7 +421,7 @@ func dropReset(ctx context.Context, on beginner, schema, owner string) error {
 	// what depends on them from outside the schema), then the schema
 	// without CASCADE, which refuses what is left. Before, a CASCADE drop
 	// took someone's tables with it, in public too (an operator probe).
-	if err := keepForeign(ctx, tx, schema, Options{Owner: owner}); err != nil {
+	if err := refuseAdded(ctx, tx, schema, owner); err != nil {
 		return err
 	}
 	_, err = migrate.Down(ctx, tx, schema)
@@ -425,7 +432,7 @@ func dropReset(ctx context.Context, on beginner, schema, owner string) error {
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "2BP01":
 		return fmt.Errorf("%w: %q holds objects gendurable did not create, or objects elsewhere depend on it (%s), "+
-			"and nothing was dropped; choose another --schema", ErrNotScratch, schema, pgErr.Message)
+			"and nothing was dropped; choose another --schema", ErrNotScratch, schema, pgDetail(pgErr))
 	case errors.Is(err, sqlq.ErrDependents):
 		return fmt.Errorf("%w: %q: %v; nothing was dropped", ErrNotScratch, schema, err)
 	case err != nil:
@@ -434,15 +441,75 @@ func dropReset(ctx context.Context, on beginner, schema, owner string) error {
 	return tx.Commit(ctx)
 }
 
+// pgDetail is a dependency error's message with its detail, which names
+// the objects (a line each), on one line.
+func pgDetail(e *pgconn.PgError) string {
+	if e.Detail == "" {
+		return e.Message
+	}
+	return e.Message + ": " + strings.ReplaceAll(e.Detail, "\n", "; ")
+}
+
+// resetRefusal is what dropReset would refuse after the prompt, looked at
+// before it (in a transaction rolled back, no table locked): someone's
+// objects in the schema (keepForeign), or what was added to gendurable's
+// own (refuseAdded).
+func resetRefusal(ctx context.Context, on beginner, schema, owner string) error {
+	tx, err := on.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	return refuseAdded(ctx, tx, schema, owner)
+}
+
+// refuseAdded refuses with ErrNotScratch a reset of a schema holding
+// someone's objects (keepForeign), or gendurable's objects with something
+// added to or changed in them — a trigger, a policy, an index, a foreign
+// key, a grant, a sequence owned by a column, statistics, the schema's
+// membership of a publication, default privileges in it (additions: what a
+// schema migrated to the same version does not have). The reset's drop
+// would take them along without a word: a probe's trigger, policy, foreign
+// key and publication went with a --reset-schema --yes. Named, up to five;
+// no flag suggested.
+func refuseAdded(ctx context.Context, tx pgx.Tx, schema, owner string) error {
+	if err := keepForeign(ctx, tx, schema, Options{Owner: owner}); err != nil {
+		return err
+	}
+	added, err := additions(ctx, tx, schema)
+	if err != nil || len(added) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: %q holds what a schema migrated to the same version does not (someone added or changed it): %s, "+
+		"and nothing was changed: gendurable %s resets only a schema holding gendurable's objects as its migrations build them, "+
+		"even when asked to reset it; choose another --schema", ErrNotScratch, schema, listAdded(added), owner)
+}
+
+// listAdded is at most five of additions' lines, and how many more.
+func listAdded(added []string) string {
+	more := ""
+	if len(added) > 5 {
+		more = fmt.Sprintf(" and %d more", len(added)-5)
+		added = added[:5]
+	}
+	return strings.Join(added, "; ") + more
+}
+
 // keepForeign refuses with ErrNotScratch, whatever the flags say, a schema
 // that no reset may drop: the database's public schema (a recreated one
 // would not get back its owner and privileges), and one holding objects
 // that are not gendurable's (sqlq.ForeignObjects: someone's tables, views,
 // functions…), which it names. Its message does not suggest --reset-schema.
 func keepForeign(ctx context.Context, db sqlq.RowQuerier, schema string, o Options) error {
-	remedy, even := o.Remedy, ""
-	if remedy == "" { // demo's and bench's: they have --reset-schema
-		remedy, even = "nothing was changed: choose another --schema", ", even when asked to reset it"
+	remedy, even := o.ForeignRemedy, ""
+	switch {
+	case o.Remedy == "": // demo's and bench's: they have --reset-schema and --schema
+		even = ", even when asked to reset it"
+		if remedy == "" {
+			remedy = "nothing was changed: choose another --schema"
+		}
+	case remedy == "":
+		remedy = "nothing was changed"
 	}
 	if schema == "public" {
 		return fmt.Errorf("%w: %q is the database's default schema, which gendurable %s never drops "+

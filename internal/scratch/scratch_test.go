@@ -70,7 +70,7 @@ func TestEnsureKeepsItsOwnSchemaAndRefusesOthers(t *testing.T) {
 	h, err = Ensure(ctx, pool, other, o)
 	require.Nil(t, h)
 	require.ErrorIs(t, err, ErrNotScratch)
-	require.ErrorContains(t, err, `holds an object that gendurable did not create (table `+other+`.mine): gendurable quickstart drops only a schema that is empty or holds gendurable's objects alone; drop it yourself`)
+	require.ErrorContains(t, err, `holds an object that gendurable did not create (table `+other+`.mine): gendurable quickstart drops only a schema that is empty or holds gendurable's objects alone; nothing was changed`)
 	require.NotContains(t, err.Error(), "--reset-schema")
 	var objects int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relnamespace = $1::regnamespace`, other).Scan(&objects))
@@ -603,6 +603,55 @@ func TestAResetNeverDropsSomeonesObjects(t *testing.T) {
 		err = Prepare(ctx, pool, schema, reset)
 		require.ErrorIs(t, err, ErrNotScratch)
 		require.Equal(t, 1, count(`"`+views+`".billing`))
+	})
+	// What someone added to gendurable's own objects, or to the schema's
+	// place elsewhere, is refused before the prompt: the drop took it
+	// along without a word (a probe: a trigger, a policy, a foreign key,
+	// an owned sequence, the schema's publication).
+	noPrompt := Options{Owner: "demo", Reset: true, Confirm: func(q string) (bool, error) {
+		t.Errorf("asked %q of a schema the reset refuses", q)
+		return false, nil
+	}}
+	for _, c := range []struct{ name, add, says string }{
+		{"a trigger on its instances", `CREATE FUNCTION {{s}}.gendurable_trg() RETURNS trigger LANGUAGE plpgsql AS 'BEGIN RETURN NULL; END';
+			CREATE TRIGGER my_trg AFTER INSERT ON {{s}}.gendurable_instances FOR EACH STATEMENT EXECUTE FUNCTION {{s}}.gendurable_trg()`,
+			"trigger gendurable_instances.my_trg"},
+		{"a policy", `CREATE POLICY my_pol ON {{s}}.gendurable_instances USING (true)`, "policy gendurable_instances.my_pol"},
+		{"a sequence named like gendurable's", `CREATE SEQUENCE {{s}}.gendurable_invoice_no OWNED BY {{s}}.gendurable_instances.id`, "gendurable_invoice_no"},
+		{"a table named like gendurable's", `CREATE TABLE {{s}}.gendurable_audit (x int)`, "gendurable_audit"},
+		{"the schema's publication", `CREATE PUBLICATION {{s}}_spub FOR TABLES IN SCHEMA {{s}}`, "of the schema"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			schema := installed()
+			sub := func(sql string) string { return strings.ReplaceAll(sql, "{{s}}", schema) }
+			if strings.Contains(c.add, "PUBLICATION") {
+				t.Cleanup(func() { _, _ = pool.Exec(context.Background(), sub(`DROP PUBLICATION IF EXISTS {{s}}_spub`)) })
+			}
+			_, err := pool.Exec(ctx, sub(c.add))
+			require.NoError(t, err)
+			err = Prepare(ctx, pool, schema, noPrompt)
+			require.ErrorIs(t, err, ErrNotScratch)
+			require.ErrorContains(t, err, c.says)
+			require.NotContains(t, err.Error(), "--reset-schema")
+			require.Equal(t, 1, count(`"`+schema+`".gendurable_instances`), "nothing dropped")
+		})
+	}
+	t.Run("a marked schema with a table of someone's in use", func(t *testing.T) {
+		// Refused at once, the table named: not after waiting for the
+		// table's lock three times, blamed on another run (a probe).
+		schema := freshName(t, pool)
+		require.NoError(t, Prepare(ctx, pool, schema, Options{Owner: "demo"}))
+		_, err := pool.Exec(ctx, `CREATE TABLE "`+schema+`".orders (id int)`)
+		require.NoError(t, err)
+		tx, err := pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, `INSERT INTO "`+schema+`".orders VALUES (1)`)
+		require.NoError(t, err)
+		err = Prepare(ctx, pool, schema, Options{Owner: "demo"})
+		require.ErrorIs(t, err, ErrNotScratch)
+		require.NotErrorIs(t, err, ErrBusy)
+		require.ErrorContains(t, err, `(table `+schema+`.orders)`)
 	})
 	t.Run("gendurable's objects alone", func(t *testing.T) {
 		schema := installed()
