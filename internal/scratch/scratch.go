@@ -110,7 +110,7 @@ func own() []string {
 	return slices.Clone(shared.names)
 }
 
-const defaultRemedy = "choose another --schema, or pass --reset-schema to drop it and the instances in it (with --yes when stdin is not a terminal)"
+const defaultRemedy = "choose another --schema, or pass --reset-schema to drop it with any gendurable instances it holds (with --yes when stdin is not a terminal)"
 
 func (o Options) remedy() string {
 	if o.Remedy != "" {

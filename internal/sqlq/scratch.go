@@ -90,7 +90,8 @@ func CreateScratchSchema(ctx context.Context, db DB, schema, owner string) error
 // and array types, functions, operators, collations, conversions, operator
 // classes and families, text search objects, extended statistics and
 // extensions. An index of one of gendurable's tables is not counted,
-// whatever its name: it goes with its table.
+// whatever its name: it goes with its table; nor are an extension's
+// members (the extension is).
 const foreignObjectsSQL = `
 WITH n AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
 o AS (
@@ -114,7 +115,9 @@ o AS (
   UNION ALL SELECT 'pg_extension'::regclass, x.oid, x.extname::text FROM pg_extension AS x, n WHERE x.extnamespace = n.oid
 )
 SELECT count(*), coalesce((array_agg(pg_describe_object(cls, oid, 0) ORDER BY cls::oid, name))[1:$2], '{}')
-FROM o WHERE left(name, 11) <> 'gendurable_'`
+FROM o WHERE left(name, 11) <> 'gendurable_'
+  -- an extension's members: the extension is named instead
+  AND NOT EXISTS (SELECT 1 FROM pg_depend AS d WHERE d.classid = o.cls AND d.objid = o.oid AND d.deptype = 'e')`
 
 // ForeignObjects reports the objects in schema that are not gendurable's by
 // name (foreignObjectsSQL): how many, and the first limit of them, named
