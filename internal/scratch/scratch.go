@@ -480,7 +480,8 @@ func refuseAdded(ctx context.Context, tx pgx.Tx, schema, owner string) error {
 	if err != nil || len(added) == 0 {
 		return err
 	}
-	return fmt.Errorf("%w: %q holds what a schema migrated to the same version does not (someone added or changed it): %s, "+
+	return fmt.Errorf("%w: %q holds what a schema migrated to the same version does not (someone added or changed it, "+
+		"or an older gendurable built it otherwise): %s, "+
 		"and nothing was changed: gendurable %s resets only a schema holding gendurable's objects as its migrations build them, "+
 		"even when asked to reset it; choose another --schema", ErrNotScratch, schema, listAdded(added), owner)
 }
