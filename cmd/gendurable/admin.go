@@ -1069,7 +1069,7 @@ func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if c.json {
 		return printJSON(stdout, map[string]any{"deleted": n, "retention": retention.String()})
 	}
-	_, err = fmt.Fprintf(stdout, "deleted %d instances finished more than %s ago\n", n, *retention)
+	_, err = fmt.Fprintf(stdout, "deleted %d %s finished more than %s ago\n", n, map[bool]string{true: "instance", false: "instances"}[n == 1], *retention)
 	return err
 }
 

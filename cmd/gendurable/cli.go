@@ -355,6 +355,11 @@ func databaseSource(args []string) string {
 // (databaseSource), for a connection error's hint.
 func reportError(w io.Writer, name string, err error, asJSON bool, dbSource string, secrets ...string) {
 	msg := migrateHint(tidyConnectError(name, err.Error(), err, dbSource), dbSource)
+	if errors.Is(err, gendurable.ErrNotMigrated) && !strings.Contains(msg, "check --schema") {
+		// After the README's demo, `list` looked in public: the advice was
+		// to install empty tables there (a newcomer's probe).
+		msg += " (or check --schema: the demo works in gendurable_demo)"
+	}
 	msg = hideSecrets(msg, secrets)
 	if !strings.HasPrefix(msg, "gendurable: ") {
 		msg = "gendurable: " + msg
