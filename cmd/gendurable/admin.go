@@ -949,7 +949,13 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		c.logger(stderr).Info(msg, "id", id, "name", name, "signal_id", res.ID, "duplicate", res.Duplicate, "woke", res.Woke)
 		if c.json {
-			return printJSON(stdout, res)
+			// "id" is the signal's (SignalResult's own field, kept); the
+			// instance is named too, as every other command's JSON names
+			// it (a newcomer's probe took "id" for the instance).
+			return printJSON(stdout, struct {
+				gendurable.SignalResult
+				Instance int64 `json:"instance"`
+			}{res, id})
 		}
 		switch {
 		case res.Duplicate:

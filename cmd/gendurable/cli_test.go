@@ -175,6 +175,17 @@ func TestCLIEndToEnd(t *testing.T) {
 		require.Contains(t, errOut, `msg="`+want+`"`, i)
 		require.Equal(t, i == 1, strings.Contains(out, "nothing sent"), out)
 	}
+	// In JSON, "id" is the signal's and "instance" the instance's.
+	jout, jerr, jcode := cli(t, append([]string{"signal", fmt.Sprint(another.ID), "note", "--dedup-key", "n-1", "--json"}, s...)...)
+	require.Equal(t, 0, jcode, jerr)
+	var sent struct {
+		ID, Instance int64
+		Duplicate    bool
+	}
+	require.NoError(t, json.Unmarshal([]byte(jout), &sent), jout)
+	require.Equal(t, another.ID, sent.Instance, jout)
+	require.True(t, sent.Duplicate, jout)
+	require.NotZero(t, sent.ID, jout)
 	out, _, code = cli(t, append([]string{"cancel", fmt.Sprint(another.ID), "--reason", "operator said so"}, s...)...)
 	require.Equal(t, 0, code, out)
 	in, err := eng.Instance(ctx, another.ID)
