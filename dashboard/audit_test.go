@@ -291,6 +291,50 @@ func TestWrongMethodOnAnActionIsAudited(t *testing.T) {
 	require.False(t, e.instance(live).Status.Terminal())
 }
 
+// TestUnauthenticatedActionIsAudited: a POST to an action's route without
+// credentials, or with ones that do not match, is 401 and leaves a refused
+// line naming the action and why (a probe: none without credentials; a
+// wrong token left only a failed login naming no action). A page's GET
+// without credentials is no action: no line. A read-only refusal's line
+// says why.
+func TestUnauthenticatedActionIsAudited(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	audit := &captured{}
+	const token = "a-token-of-at-least-16-bytes"
+	h, _ := e.handler(dashboard.Options{AuditLogger: slog.New(audit), BearerToken: token})
+	live := e.insertOrder(Order{Item: "live"})
+	path := fmt.Sprintf("/instances/%d/cancel", live)
+	for _, c := range []struct{ auth, reason string }{{"", "no credentials"}, {"Bearer not-the-token-at-all", "credentials did not match"}} {
+		hdr := map[string]string{}
+		if c.auth != "" {
+			hdr["Authorization"] = c.auth
+		}
+		r := do(t, h, req{method: http.MethodPost, path: path, form: url.Values{"reason": {"x"}}, header: hdr, remote: "10.1.2.7:5555"})
+		require.Equal(t, http.StatusUnauthorized, r.code)
+		var found bool
+		for _, rec := range audit.with("dashboard audit: cancel") {
+			found = found || rec["reason"] == c.reason
+			if rec["reason"] == c.reason {
+				require.Equal(t, "refused", rec["outcome"])
+				require.EqualValues(t, http.StatusUnauthorized, rec["status"])
+				require.Equal(t, path, rec["path"])
+			}
+		}
+		require.True(t, found, "%q: %v", c.auth, audit.recs)
+	}
+	before := len(audit.with("dashboard audit: cancel"))
+	require.Equal(t, http.StatusUnauthorized, do(t, h, req{method: http.MethodGet, path: "/instances", remote: "10.1.2.7:5555"}).code)
+	require.Len(t, audit.with("dashboard audit: cancel"), before)
+	require.False(t, e.instance(live).Status.Terminal(), "the refused cancels changed nothing")
+
+	ro, _ := e.handler(dashboard.Options{AuditLogger: slog.New(audit), ReadOnly: true})
+	require.Equal(t, http.StatusForbidden, post(t, ro, fmt.Sprintf("/instances/%d/retry", live), nil).code)
+	recs := audit.with("dashboard audit: retry")
+	require.NotEmpty(t, recs)
+	require.Equal(t, "read-only", recs[len(recs)-1]["refused"], "%v", recs[len(recs)-1])
+}
+
 // TestCrossOriginRefusalIsAudited: a cross-origin POST to an action (a
 // forged form on another site, riding the operator's session) is refused
 // with 403 before any handler runs — and, as a refused action, leaves its

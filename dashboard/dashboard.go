@@ -287,6 +287,9 @@ type dashboard struct {
 	// warnLimit: warnings a client causes without credentials.
 	auditLimit, refuseLimit, warnLimit *logLimiter
 	flashKey                           [32]byte // signs bulk actions' flash counts (signFlash)
+	// actionOf names the action whose route a POST of r's path takes, ""
+	// if none (the path without the base).
+	actionOf func(r *http.Request) string
 }
 
 // New returns the dashboard for eng as an http.Handler.
@@ -421,6 +424,12 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 	mutation("POST /instances/{id}/cancel-tree", "cancel-tree", d.cancelTreeAction)
 	mutation("POST /instances/{id}/signal", "signal", d.signalAction)
 	mutation("POST /instances/{id}/run-now", "run-now", d.runNowAction)
+	d.actionOf = func(r *http.Request) string {
+		post := r.Clone(r.Context())
+		post.Method = http.MethodPost
+		_, pattern := mux.Handler(post)
+		return actions[pattern]
+	}
 
 	// Cross-origin protection covers every route: it lets safe methods
 	// through and rejects cross-origin POSTs before any handler runs.
@@ -480,7 +489,7 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		rec := &recorded{header: http.Header{}, code: http.StatusOK}
 		h.ServeHTTP(rec, r)
 		if rec.code == http.StatusMethodNotAllowed {
-			d.auditWrongMethod(r, mux, actions)
+			d.auditWrongMethod(r)
 		}
 		if rec.code == http.StatusNotFound {
 			d.errorPage(w, r, http.StatusNotFound, "No such page.")
@@ -522,6 +531,9 @@ func (d *dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		if r.Header.Get("Authorization") != "" {
 			d.failedLogin(r)
+		}
+		if r.Method == http.MethodPost {
+			d.auditUnauthenticated(r)
 		}
 		if d.opts.BasicAuth != nil {
 			h.Add("WWW-Authenticate", `Basic realm="gendurable", charset="UTF-8"`)
@@ -677,16 +689,37 @@ func (d *dashboard) authenticate(r *http.Request) (string, bool) {
 // than POST (a GET of /instances/5/retry: 405) on the audit trail as a
 // refused action, within the refused actions' allowance (an operator probe:
 // it left no line). A 405 of any other path is not an action's.
-func (d *dashboard) auditWrongMethod(r *http.Request, mux *http.ServeMux, actions map[string]string) {
-	post := r.Clone(r.Context())
-	post.Method = http.MethodPost
-	_, pattern := mux.Handler(post)
-	action := actions[pattern]
+func (d *dashboard) auditWrongMethod(r *http.Request) {
+	action := d.actionOf(r)
 	if action == "" || !d.refuseLimit.allow(refuser(r)+" method", time.Now()) {
 		return
 	}
 	attrs := []any{"action", action, "outcome", "refused", "status", http.StatusMethodNotAllowed,
 		"reason", "not a POST", "user", auditUser(r), "method", cut(r.Method), "path", cut(r.URL.Path), "remote", r.RemoteAddr}
+	attrs = append(attrs, forwardedFor(r)...)
+	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, attrs...)
+}
+
+// auditUnauthenticated puts a POST to an action's route without valid
+// credentials (401) on the audit trail as a refused action, within an
+// allowance per client of its own (an operator probe: it left no line; a
+// wrong token left only a failed login, naming no action).
+func (d *dashboard) auditUnauthenticated(r *http.Request) {
+	r2 := r
+	if d.base != "" {
+		r2 = r.Clone(r.Context())
+		r2.URL = stripBase(r.URL, d.base)
+	}
+	action := d.actionOf(r2)
+	if action == "" || !d.refuseLimit.allow(clientOf(r)+" unauthenticated", time.Now()) {
+		return
+	}
+	reason := "no credentials"
+	if r.Header.Get("Authorization") != "" {
+		reason = "credentials did not match"
+	}
+	attrs := []any{"action", action, "outcome", "refused", "status", http.StatusUnauthorized,
+		"reason", reason, "user", "(not signed in)", "path", cut(r.URL.Path), "remote", r.RemoteAddr}
 	attrs = append(attrs, forwardedFor(r)...)
 	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, attrs...)
 }
@@ -731,6 +764,7 @@ func (d *dashboard) mutation(action string, h http.HandlerFunc) http.Handler {
 		if d.opts.ReadOnly {
 			target()
 			sent()
+			note(r, "refused", "read-only") // why, as a cross-origin refusal's line says (a probe)
 			d.errorPage(w, r, http.StatusForbidden, "The dashboard is read-only.")
 			return
 		}
