@@ -284,6 +284,15 @@ func TestWrongMethodOnAnActionIsAudited(t *testing.T) {
 	require.Equal(t, "the body could not be read", recs[len(recs)-1]["refused_form"], "%v", recs[len(recs)-1])
 	require.Contains(t, recs[len(recs)-1]["err"], "invalid URL escape")
 
+	// A refused signal's line says which rule its input broke (the page
+	// lists them all).
+	r = do(t, h, req{method: http.MethodPost, path: fmt.Sprintf("/instances/%d/signal", live), form: url.Values{"name": {" pay"}},
+		remote: "10.1.2.8:5555", header: map[string]string{"Sec-Fetch-Site": "same-origin"}})
+	require.Equal(t, http.StatusBadRequest, r.code)
+	recs = audit.with("dashboard audit: signal")
+	require.NotEmpty(t, recs)
+	require.Contains(t, recs[len(recs)-1]["error"], "starts with white space", "%v", recs[len(recs)-1])
+
 	before := len(audit.recs)
 	r = do(t, h, req{method: http.MethodPost, path: "/machines", remote: "10.1.2.5:5555"})
 	require.Equal(t, http.StatusMethodNotAllowed, r.code)

@@ -81,6 +81,12 @@ func (d *dashboard) fail(w http.ResponseWriter, r *http.Request, err error) {
 		d.errorPage(w, r, code, "Internal error (reference "+ref+"). The details are in the server log.")
 		return
 	}
+	if errors.Is(err, gendurable.ErrInvalidSignal) || errors.Is(err, gendurable.ErrInvalidInput) || errors.Is(err, gendurable.ErrInvalidConfig) {
+		// The page's message names every rule; the action's audit line
+		// says which one the input broke (a probe: a refused signal's
+		// cause was recorded nowhere, the engine's error logged at Debug).
+		note(r, "error", cut(err.Error()))
+	}
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		// The client went away (or the server is stopping): nothing to
 		// warn of, and one line per hang-up would let any client flood the
