@@ -137,6 +137,13 @@ func main() {
 	// command is gone.
 	ctx, unwatch := gorun.Watch(ctx)
 	defer unwatch()
+	switch cmd {
+	case "demo", "work", "insert", "status":
+	default:
+		// A usage error, exit 2, as the -n bound's (it was exit 1).
+		fmt.Fprintf(os.Stderr, "quickstart: unknown command %q (demo, work, insert, status; --help shows the usage)\n", cmd)
+		os.Exit(2)
+	}
 	var err error
 	switch cmd {
 	case "demo":
@@ -147,8 +154,6 @@ func main() {
 		err = withPool(ctx, func(pool *pgxpool.Pool) error { return insert(ctx, pool, *n) })
 	case "status":
 		err = withPool(ctx, func(pool *pgxpool.Pool) error { _, _, _, err := printStatus(ctx, pool); return err })
-	default:
-		err = fmt.Errorf("unknown command %q (demo, work, insert, status; --help shows the usage)", cmd)
 	}
 	if err != nil && ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = fmt.Errorf("stopped: %v", context.Cause(ctx)) // Ctrl-C, SIGTERM

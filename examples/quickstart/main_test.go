@@ -146,6 +146,14 @@ func TestOrdersOutOfRangeAreRefused(t *testing.T) {
 		require.Equal(t, 2, exit.ExitCode(), "%v: %s", args, out)
 		require.Contains(t, string(out), "-n must be within 1..100000", "%v", args)
 	}
+	// An unknown command is a usage error too (it was exit 1).
+	cmd := exec.CommandContext(t.Context(), bin, "bogus")
+	cmd.Env = append(os.Environ(), "DATABASE_URL=postgres://127.0.0.1:1/none")
+	out, err = cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	require.Equal(t, 2, exit.ExitCode(), "%s", out)
+	require.Contains(t, string(out), `unknown command "bogus"`)
 }
 
 // TestAStoppedDemoStopsItsWorkersCleanly: the demo stopped (SIGTERM, or
