@@ -122,8 +122,12 @@ FROM o WHERE left(name, 11) <> 'gendurable_'
 // ForeignObjects reports the objects in schema that are not gendurable's by
 // name (foreignObjectsSQL): how many, and the first limit of them, named
 // as PostgreSQL describes them ("table public.orders"). An object someone
-// named gendurable_… is not among them: a drop that leaves no room for it
-// (migrate's down, then DropEmptySchema) refuses it.
+// named gendurable_… is not among them: the comparison with a fresh
+// install (internal/scratch's additions) refuses it, and so would the
+// drop without CASCADE that leaves no room for it (migrate's down, then
+// DropEmptySchema) — but not an object that depends on gendurable's
+// automatically (a sequence owned by one of its columns, statistics on
+// it), which that drop takes along.
 func ForeignObjects(ctx context.Context, db RowQuerier, schema string, limit int) (int64, []string, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return 0, nil, err
