@@ -445,7 +445,6 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		if r.URL.RawQuery != "" {
 			attrs = append(attrs, "query", cut(r.URL.RawQuery)) // a pause's queue travels there
 		}
-		attrs = append(attrs, forwardedFor(r)...)
 		if _, pattern := mux.Handler(r); actions[pattern] != "" {
 			// A refused action: on the audit trail (within the refused
 			// actions' allowance, per client and user, an allowance of its
@@ -454,12 +453,10 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 			// operator's own refused actions — a probe), with who was
 			// signed in.
 			if d.refuseLimit.allow(refuser(r)+" cross-origin", time.Now()) {
-				attrs = append([]any{"action", actions[pattern], "outcome", "refused", "status", http.StatusForbidden,
-					"reason", "cross-origin", "user", auditUser(r)}, attrs...)
-				d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+actions[pattern], attrs...)
+				d.auditRefused(r, actions[pattern], http.StatusForbidden, "cross-origin", auditUser(r), attrs...)
 			}
 		} else if d.warnLimit.allow(clientOf(r), time.Now()) {
-			d.log.Warn("dashboard: cross-origin request rejected", attrs...)
+			d.log.Warn("dashboard: cross-origin request rejected", append(attrs, forwardedFor(r)...)...)
 		}
 		d.errorPage(w, r, http.StatusForbidden, "Cross-origin request refused. Use the dashboard's own buttons.")
 	}))
@@ -694,10 +691,8 @@ func (d *dashboard) auditWrongMethod(r *http.Request) {
 	if action == "" || !d.refuseLimit.allow(refuser(r)+" method", time.Now()) {
 		return
 	}
-	attrs := []any{"action", action, "outcome", "refused", "status", http.StatusMethodNotAllowed,
-		"reason", "not a POST", "user", auditUser(r), "method", cut(r.Method), "path", cut(r.URL.Path), "remote", r.RemoteAddr}
-	attrs = append(attrs, forwardedFor(r)...)
-	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, attrs...)
+	d.auditRefused(r, action, http.StatusMethodNotAllowed, "not a POST", auditUser(r),
+		"method", cut(r.Method), "path", cut(r.URL.Path), "remote", r.RemoteAddr)
 }
 
 // auditUnauthenticated puts a POST to an action's route without valid
@@ -718,10 +713,16 @@ func (d *dashboard) auditUnauthenticated(r *http.Request) {
 	if r.Header.Get("Authorization") != "" {
 		reason = "credentials did not match"
 	}
-	attrs := []any{"action", action, "outcome", "refused", "status", http.StatusUnauthorized,
-		"reason", reason, "user", "(not signed in)", "path", cut(r.URL.Path), "remote", r.RemoteAddr}
-	attrs = append(attrs, forwardedFor(r)...)
-	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, attrs...)
+	d.auditRefused(r, action, http.StatusUnauthorized, reason, "(not signed in)", "path", cut(r.URL.Path), "remote", r.RemoteAddr)
+}
+
+// auditRefused writes the audit line of an action refused before its
+// handler ran (mutation writes the others): the action, status, reason
+// and user, then attrs, then whom a proxy named.
+func (d *dashboard) auditRefused(r *http.Request, action string, status int, reason, user string, attrs ...any) {
+	line := append([]any{"action", action, "outcome", "refused", "status", status, "reason", reason, "user", user}, attrs...)
+	line = append(line, forwardedFor(r)...)
+	d.auditor.Log(r.Context(), LevelAudit, "dashboard audit: "+action, line...)
 }
 
 // mutation wraps a POST handler: read-only mode refuses it, its form is

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/display"
 )
 
 // The machine graph is drawn as an inline SVG computed here, no JavaScript.
@@ -226,9 +227,9 @@ func (d *dashboard) layoutGraph(g *gendurable.MachineGraph) *svgGraph {
 			n.Loop = fmt.Sprintf("↻ replayed %d", c)
 		}
 	}
-	done.Lines = []svgLine{{Text: plural(doneTotal, "instance"), Status: gendurable.StatusDone,
+	done.Lines = []svgLine{{Text: display.Count(doneTotal, "instance"), Status: gendurable.StatusDone,
 		Link: d.listURL("machine", g.Machine, "status", "done")}}
-	failed.Lines = []svgLine{{Text: plural(failedTotal, "instance"), Status: gendurable.StatusFailed,
+	failed.Lines = []svgLine{{Text: display.Count(failedTotal, "instance"), Status: gendurable.StatusFailed,
 		Link: d.listURL("machine", g.Machine, "status", "failed")}}
 
 	// Edges back (to the same or an earlier layer) dip under their source's
@@ -323,13 +324,6 @@ func edgeLabel(taken map[string]int64) string {
 		}
 	}
 	return strings.Join(parts, " · ")
-}
-
-func plural(n int64, what string) string {
-	if n == 1 {
-		return "1 " + what
-	}
-	return fmt.Sprintf("%d %ss", n, what)
 }
 
 // stepOrder is the machine's steps in the drawing's order: the declared

@@ -816,7 +816,7 @@ func bulkCmd(ctx context.Context, name string, args []string, stdout, stderr io.
 	why := map[string]string{"retry": "not failed, or their unique key is held by a live instance", "cancel": "already finished"}[name]
 	msg := fmt.Sprintf("%s %d of %d matching instances; %d skipped (%s)", verb, res.Changed, res.Matched, res.Skipped, why)
 	if res.NotFound > 0 {
-		msg += fmt.Sprintf("; %d %s not found", res.NotFound, map[bool]string{true: "id", false: "ids"}[res.NotFound == 1])
+		msg += fmt.Sprintf("; %s not found", display.Count(res.NotFound, "id"))
 	}
 	return printBulk(stdout, c.json, res, err, msg)
 }
@@ -1075,7 +1075,7 @@ func pruneCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if c.json {
 		return printJSON(stdout, map[string]any{"deleted": n, "retention": retention.String()})
 	}
-	_, err = fmt.Fprintf(stdout, "deleted %d %s finished more than %s ago\n", n, map[bool]string{true: "instance", false: "instances"}[n == 1], *retention)
+	_, err = fmt.Fprintf(stdout, "deleted %s finished more than %s ago\n", display.Count(n, "instance"), *retention)
 	return err
 }
 

@@ -1056,16 +1056,13 @@ func benchCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// (the library's would differ, or 0 ran silently on 1 or 100), and a
 	// negative one is refused in the same words (it said "0: the default").
 	for _, c := range []struct {
-		name     string
-		v, deflt int
-	}{{"n", o.N, 20000}, {"concurrency", o.Concurrency, 100}, {"queues", o.Queues, 1}, {"engines", o.Engines, 1},
-		{"fair-backlog", o.FairBacklog, 100_000}, {"key-rate", o.KeyRate, 50}} {
+		flag string
+		v    int
+	}{{"-n", o.N}, {"--concurrency", o.Concurrency}, {"--queues", o.Queues}, {"--engines", o.Engines},
+		{"--fair-backlog", o.FairBacklog}, {"--key-rate", o.KeyRate}} {
 		if c.v < 1 {
-			dash := "--"
-			if len(c.name) == 1 {
-				dash = "-"
-			}
-			return usageError{msg: fmt.Sprintf("bench: %s%s must be at least 1 (default %d)", dash, c.name, c.deflt), help: true}
+			return usageError{msg: fmt.Sprintf("bench: %s must be at least 1 (default %s)", c.flag,
+				fs.Lookup(strings.TrimLeft(c.flag, "-")).DefValue), help: true}
 		}
 	}
 	if err := nonNegative("bench", map[string]int{"prefetch": o.Prefetch, "commits": o.Commits,

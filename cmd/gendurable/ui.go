@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"unicode"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
@@ -249,7 +250,7 @@ func secret(name, value, file, env string, stderr io.Writer) (string, error) {
 		}
 		// Refused here, not left to the dashboard, which trims white space
 		// first: "tok\n\n" passed as "tok" (a probe).
-		if strings.IndexFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0 {
+		if strings.ContainsFunc(s, unicode.IsControl) { // the dashboard's own test (hasControl)
 			return "", usageError{msg: fmt.Sprintf("--%s-file %s holds a control character (a second line, or a blank one after the credential?): a credential is one line", name, file)}
 		}
 		return s, nil

@@ -196,13 +196,13 @@ func init() { scratch.Share(OrderMachine.Name, ReceiptJob.Name) }
 // scratchOptions mark the quickstart's schema as its own; the remedy for one
 // it did not create names what this program offers (no flags).
 var scratchOptions = scratch.Options{
-	Owner: "quickstart",
-	Remedy: "nothing was changed: drop it yourself if it is a leftover (DROP SCHEMA " + schema +
-		" CASCADE), or unset DATABASE_URL to run the quickstart against a throwaway PostgreSQL",
+	Owner:  "quickstart",
+	Remedy: "nothing was changed: drop it yourself if it is a leftover (DROP SCHEMA " + schema + " CASCADE), or " + throwaway,
 	// A schema holding someone's objects: no DROP SCHEMA … CASCADE advised.
-	ForeignRemedy: "nothing was changed: move them out of schema " + schema +
-		", or unset DATABASE_URL to run the quickstart against a throwaway PostgreSQL",
+	ForeignRemedy: "nothing was changed: move them out of schema " + schema + ", or " + throwaway,
 }
+
+const throwaway = "unset DATABASE_URL to run the quickstart against a throwaway PostgreSQL"
 
 func newEngine(pool *pgxpool.Pool, logger *slog.Logger) (*gendurable.Engine, error) {
 	return gendurable.New(pool, &gendurable.Config{

@@ -13,11 +13,11 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/display"
 	"github.com/gendurable/gendurable/internal/pgtemp"
 	"github.com/gendurable/gendurable/internal/pgurl"
 	"github.com/gendurable/gendurable/internal/scratch"
@@ -236,7 +236,7 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	fmt.Fprintf(o.Out, "inserted %s; %s; a payment provider pays 90%% of them (the rest time out after 2s)\n",
-		count(o.Orders, "checkout"), count(o.Workers, "worker"))
+		display.Count(o.Orders, "checkout"), display.Count(o.Workers, "worker"))
 
 	// The payment provider: pays most orders after a short while, sometimes
 	// twice (the dedup key makes the second a no-op).
@@ -345,21 +345,9 @@ func Run(ctx context.Context, o Options) (*Summary, error) {
 		return nil, err
 	}
 	fmt.Fprintf(o.Out, "done in %s: %s paid and shipped (%s, %s, %s), %d timed out waiting for payment\n",
-		s.Took.Round(100*time.Millisecond), count(s.Paid, "checkout"), count(s.Shipments, "shipment"), count(s.Receipts, "receipt"),
-		count(s.Retries, "carrier retry"), s.TimedOut)
+		s.Took.Round(100*time.Millisecond), display.Count(s.Paid, "checkout"), display.Count(s.Shipments, "shipment"), display.Count(s.Receipts, "receipt"),
+		display.Count(s.Retries, "carrier retry"), s.TimedOut)
 	return s, nil
-}
-
-// count is n and noun, plural unless n is 1 ("1 receipt", "3 carrier
-// retries").
-func count[N int | int64](n N, noun string) string {
-	if n == 1 {
-		return fmt.Sprintf("1 %s", noun)
-	}
-	if rest, ok := strings.CutSuffix(noun, "y"); ok {
-		return fmt.Sprintf("%d %sies", n, rest)
-	}
-	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // stopTimeout bounds each engine's Stop when the demo ends: its steps are

@@ -46,6 +46,7 @@ package display
 
 import (
 	"fmt"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
@@ -285,6 +286,18 @@ func firstEscaped[T string | []byte](s T, set set, decode func(T) (rune, int)) (
 		i += size
 	}
 	return -1, prev
+}
+
+// Count is n and noun in agreement, for operators' messages: "1 receipt",
+// "3 receipts", "2 carrier retries" (a noun ending in y takes -ies).
+func Count[N int | int64](n N, noun string) string {
+	switch {
+	case n == 1:
+		return "1 " + noun
+	case strings.HasSuffix(noun, "y"):
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(noun, "y"))
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // Attempt is an attempt as operators read it: counted from 1 ("attempt 1

@@ -121,3 +121,16 @@ func TestAttemptsAsShown(t *testing.T) {
 		require.Equal(t, tc.want, Run(tc.attempt, tc.max, tc.status), "%+v", tc)
 	}
 }
+
+// TestCount: a count agrees with its noun (the demo printed "1 checkouts",
+// the CLI "1 ids").
+func TestCount(t *testing.T) {
+	for want, got := range map[string]string{
+		"1 receipt": Count(1, "receipt"), "0 receipts": Count(0, "receipt"), "3 ids": Count(int64(3), "id"),
+		"1 carrier retry": Count(1, "carrier retry"), "2 carrier retries": Count(2, "carrier retry"),
+	} {
+		if got != want {
+			t.Errorf("got %q, want %q", got, want)
+		}
+	}
+}

@@ -130,14 +130,18 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 	created := info.Exists && info.Scratch() // by demo, bench or quickstart, whatever it holds now
 	creator := creatorOf(info)
 	on := o.Hold.or(db)
-	if created {
-		// Someone's table in it: refused at once, named, before dropOwn
-		// locks every table of the schema (theirs too: their writers
+	if info.Exists {
+		// Whatever the flags say, marked or not: never the public schema,
+		// never someone's objects, refused at once and named (checked
+		// again in a reset's transaction: dropReset) — before dropOwn
+		// locks every table of a marked schema, theirs too: their writers
 		// waited behind the lock for up to three tries, and the refusal
-		// blamed another run — a probe).
+		// blamed another run (a probe).
 		if err := keepForeign(ctx, db, schema, o); err != nil {
 			return err
 		}
+	}
+	if created {
 		// An earlier run's: dropped if it holds only what gendurable put
 		// there and nothing elsewhere depends on it.
 		err := dropOwn(ctx, on, schema, creator)
@@ -159,11 +163,6 @@ func Prepare(ctx context.Context, db *pgxpool.Pool, schema string, o Options) er
 		}
 	}
 	if info.Exists && !info.Scratch() {
-		// Whatever the flags say: never the public schema, never someone's
-		// objects (checked again in the drop's transaction: dropReset).
-		if err := keepForeign(ctx, db, schema, o); err != nil {
-			return err
-		}
 		what := describe(info)
 		if !o.Reset {
 			return fmt.Errorf("%w: %q %s and was not created by gendurable %s; %s", ErrNotScratch, schema, what, o.Owner, o.remedy())
@@ -421,6 +420,9 @@ func dropReset(ctx context.Context, on beginner, schema, owner string) error {
 	// what depends on them from outside the schema), then the schema
 	// without CASCADE, which refuses what is left. Before, a CASCADE drop
 	// took someone's tables with it, in public too (an operator probe).
+	if err := keepForeign(ctx, tx, schema, Options{Owner: owner}); err != nil {
+		return err
+	}
 	if err := refuseAdded(ctx, tx, schema, owner); err != nil {
 		return err
 	}
@@ -451,9 +453,9 @@ func pgDetail(e *pgconn.PgError) string {
 }
 
 // resetRefusal is what dropReset would refuse after the prompt, looked at
-// before it (in a transaction rolled back, no table locked): someone's
-// objects in the schema (keepForeign), or what was added to gendurable's
-// own (refuseAdded).
+// before it (in a transaction rolled back, no table locked): what was
+// added to gendurable's own objects (refuseAdded; Prepare has run
+// keepForeign already).
 func resetRefusal(ctx context.Context, on beginner, schema, owner string) error {
 	tx, err := on.Begin(ctx)
 	if err != nil {
@@ -464,18 +466,15 @@ func resetRefusal(ctx context.Context, on beginner, schema, owner string) error 
 }
 
 // refuseAdded refuses with ErrNotScratch a reset of a schema holding
-// someone's objects (keepForeign), or gendurable's objects with something
-// added to or changed in them — a trigger, a policy, an index, a foreign
-// key, a grant, a sequence owned by a column, statistics, the schema's
-// membership of a publication, default privileges in it (additions: what a
-// schema migrated to the same version does not have). The reset's drop
+// gendurable's objects with something added to or changed in them — a
+// trigger, a policy, an index, a foreign key, a grant, a sequence owned by
+// a column, statistics, the schema's membership of a publication, default
+// privileges in it (additions: what a schema migrated to the same version
+// does not have). The reset's drop
 // would take them along without a word: a probe's trigger, policy, foreign
 // key and publication went with a --reset-schema --yes. Named, up to five;
 // no flag suggested.
 func refuseAdded(ctx context.Context, tx pgx.Tx, schema, owner string) error {
-	if err := keepForeign(ctx, tx, schema, Options{Owner: owner}); err != nil {
-		return err
-	}
 	added, err := additions(ctx, tx, schema)
 	if err != nil || len(added) == 0 {
 		return err

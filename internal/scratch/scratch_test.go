@@ -658,6 +658,19 @@ func TestAResetNeverDropsSomeonesObjects(t *testing.T) {
 		require.NoError(t, Prepare(ctx, pool, schema, reset))
 		require.Equal(t, 0, count(`"`+schema+`".gendurable_instances`), "dropped and made afresh")
 	})
+	t.Run("an install upgraded from version 1", func(t *testing.T) {
+		// Compared with a fresh install of the latest version, an upgraded
+		// one is gendurable's alone too: no false refusal.
+		schema := freshName(t, pool)
+		_, err := migrate.To(ctx, pool, schema, 1)
+		require.NoError(t, err)
+		_, err = pool.Exec(ctx, `INSERT INTO "`+schema+`".gendurable_instances (fsm, step) VALUES ('billing', 'a')`)
+		require.NoError(t, err)
+		_, err = migrate.Up(ctx, pool, schema)
+		require.NoError(t, err)
+		require.NoError(t, Prepare(ctx, pool, schema, reset))
+		require.Equal(t, 0, count(`"`+schema+`".gendurable_instances`), "dropped and made afresh")
+	})
 	t.Run("public", func(t *testing.T) {
 		// In a database of its own: were the refusal to fail, the shared
 		// test database keeps its public schema.

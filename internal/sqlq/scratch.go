@@ -92,7 +92,7 @@ func CreateScratchSchema(ctx context.Context, db DB, schema, owner string) error
 // extensions. An index of one of gendurable's tables is not counted,
 // whatever its name: it goes with its table; nor are an extension's
 // members (the extension is).
-const foreignObjectsSQL = `
+var foreignObjectsSQL = `
 WITH n AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
 o AS (
   SELECT 'pg_class'::regclass AS cls, x.oid, x.relname::text AS name FROM pg_class AS x, n WHERE x.relnamespace = n.oid
@@ -101,23 +101,23 @@ o AS (
                     WHERE i.indexrelid = x.oid AND left(t.relname, 11) = 'gendurable_')
   UNION ALL SELECT 'pg_type'::regclass, x.oid, x.typname::text FROM pg_type AS x, n WHERE x.typnamespace = n.oid
     AND x.typrelid = 0 AND NOT EXISTS (SELECT 1 FROM pg_type AS e WHERE e.typarray = x.oid)
-  UNION ALL SELECT 'pg_proc'::regclass, x.oid, x.proname::text FROM pg_proc AS x, n WHERE x.pronamespace = n.oid
-  UNION ALL SELECT 'pg_operator'::regclass, x.oid, x.oprname::text FROM pg_operator AS x, n WHERE x.oprnamespace = n.oid
-  UNION ALL SELECT 'pg_collation'::regclass, x.oid, x.collname::text FROM pg_collation AS x, n WHERE x.collnamespace = n.oid
-  UNION ALL SELECT 'pg_conversion'::regclass, x.oid, x.conname::text FROM pg_conversion AS x, n WHERE x.connamespace = n.oid
-  UNION ALL SELECT 'pg_opclass'::regclass, x.oid, x.opcname::text FROM pg_opclass AS x, n WHERE x.opcnamespace = n.oid
-  UNION ALL SELECT 'pg_opfamily'::regclass, x.oid, x.opfname::text FROM pg_opfamily AS x, n WHERE x.opfnamespace = n.oid
-  UNION ALL SELECT 'pg_ts_config'::regclass, x.oid, x.cfgname::text FROM pg_ts_config AS x, n WHERE x.cfgnamespace = n.oid
-  UNION ALL SELECT 'pg_ts_dict'::regclass, x.oid, x.dictname::text FROM pg_ts_dict AS x, n WHERE x.dictnamespace = n.oid
-  UNION ALL SELECT 'pg_ts_parser'::regclass, x.oid, x.prsname::text FROM pg_ts_parser AS x, n WHERE x.prsnamespace = n.oid
-  UNION ALL SELECT 'pg_ts_template'::regclass, x.oid, x.tmplname::text FROM pg_ts_template AS x, n WHERE x.tmplnamespace = n.oid
-  UNION ALL SELECT 'pg_statistic_ext'::regclass, x.oid, x.stxname::text FROM pg_statistic_ext AS x, n WHERE x.stxnamespace = n.oid
-  UNION ALL SELECT 'pg_extension'::regclass, x.oid, x.extname::text FROM pg_extension AS x, n WHERE x.extnamespace = n.oid
-)
+` + foreignCatalogs() + `)
 SELECT count(*), coalesce((array_agg(pg_describe_object(cls, oid, 0) ORDER BY cls::oid, name))[1:$2], '{}')
 FROM o WHERE left(name, 11) <> 'gendurable_'
   -- an extension's members: the extension is named instead
   AND NOT EXISTS (SELECT 1 FROM pg_depend AS d WHERE d.classid = o.cls AND d.objid = o.oid AND d.deptype = 'e')`
+
+// foreignCatalogs is foreignObjectsSQL's branches for the catalogs whose
+// columns are named alike: prefix+"name", prefix+"namespace".
+func foreignCatalogs() string {
+	var b strings.Builder
+	for _, c := range [][2]string{{"pg_proc", "pro"}, {"pg_operator", "opr"}, {"pg_collation", "coll"}, {"pg_conversion", "con"},
+		{"pg_opclass", "opc"}, {"pg_opfamily", "opf"}, {"pg_ts_config", "cfg"}, {"pg_ts_dict", "dict"}, {"pg_ts_parser", "prs"},
+		{"pg_ts_template", "tmpl"}, {"pg_statistic_ext", "stx"}, {"pg_extension", "ext"}} {
+		fmt.Fprintf(&b, "  UNION ALL SELECT '%[1]s'::regclass, x.oid, x.%[2]sname::text FROM %[1]s AS x, n WHERE x.%[2]snamespace = n.oid\n", c[0], c[1])
+	}
+	return b.String()
+}
 
 // ForeignObjects reports the objects in schema that are not gendurable's by
 // name (foreignObjectsSQL): how many, and the first limit of them, named
