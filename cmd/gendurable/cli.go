@@ -1009,6 +1009,10 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		_, err = fmt.Fprintf(stdout, "schema %s: version %d (latest %d)%s\n", *schema, res.To, migrate.Latest(), none)
 		return err
 	}
+	if len(res.Applied) == 0 && none == "" {
+		_, err = fmt.Fprintf(stdout, "schema %s: version %d, nothing to apply\n", *schema, res.To)
+		return err
+	}
 	_, err = fmt.Fprintf(stdout, "schema %s: version %d → %d (applied %v)%s\n", *schema, res.From, res.To, res.Applied, none)
 	return err
 }
