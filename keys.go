@@ -144,6 +144,12 @@ func (e *Engine) rateLimitedUntil(key string, tokens float64, refilled, now time
 	return &at
 }
 
+// ratesKey reports whether this engine's KeyPolicies give key a rate.
+func (e *Engine) ratesKey(key string) bool {
+	p := e.policy(key)
+	return p != nil && p.Rate > 0
+}
+
 // knowsKeyLimit reports whether this engine knows the limit of a key whose
 // row has limit own (nil: its policy's) in queue: the row's own, or this
 // engine's KeyPolicies — it has some, or it works the queue (its picks

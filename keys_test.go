@@ -1099,6 +1099,17 @@ func waitSaysARatedKeyIsLimited(t *testing.T, per time.Duration) {
 	}
 	require.Contains(t, w.Summary, `partition key "slow" rate limited until`)
 	require.Equal(t, "runnable", b.row(second).Status)
+	// A process without the policy (the CLI's, an insert-only engine)
+	// cannot say until when, but says the key is rated; it said "waiting
+	// for a worker of queue" with the worker idle (a newcomer's probe).
+	admin, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema})
+	require.NoError(t, err)
+	w, err = admin.WaitReason(context.Background(), second)
+	require.NoError(t, err)
+	require.Nil(t, w.RateLimitedUntil)
+	require.Contains(t, w.Summary, `partition key "slow" is rate limited by a KeyPolicy of the processes that work queue "default" `+
+		`(this process has no rate for it, so it cannot say until when): its last start, `)
+	require.Contains(t, w.Summary, ` ago, left 0.00 of a start`)
 }
 
 // TestRatedKeyStepsDrawFromTheBucket: every step of a rated key's instance

@@ -176,7 +176,9 @@ type WaitReason struct {
 	PartitionHeldBy int64   `json:"partition_held_by,omitempty"`
 	// RateLimitedUntil: a runnable instance whose key's rate (a
 	// [KeyPolicy] of this engine with a Rate) has no start left before
-	// this time.
+	// this time. A process without that rate cannot know the time: it
+	// leaves this nil, and its Summary says the key is rate limited if its
+	// bucket was left with less than a start.
 	RateLimitedUntil *time.Time `json:"rate_limited_until,omitempty"`
 	// LeaseExpiresAt: an executing instance's lease; or, for a runnable
 	// one retried while the lease of its cancelled step lived, that lease:
@@ -286,6 +288,15 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			r.RateLimitedUntil = e.rateLimitedUntil(*w.PartitionKey, *w.BucketTokens, *w.BucketRefilled, w.Now)
 			r.Summary = fmt.Sprintf("partition key %q rate limited until %s (%s)", r.PartitionKey,
 				r.RateLimitedUntil.UTC().Format(time.RFC3339Nano), fromNow(*r.RateLimitedUntil, w.Now, time.Millisecond))
+		case w.PartitionKey != nil && w.BucketTokens != nil && *w.BucketTokens < 1 && !e.ratesKey(*w.PartitionKey):
+			// The key has a bucket — a picking process's KeyPolicy rates
+			// it — but not in this process (the CLI, a dashboard or an
+			// insert-only engine of its own): it cannot tell when the next
+			// start is due. Its silence read "waiting for a worker" with
+			// the worker idle, waiting on the rate (a newcomer's probe).
+			r.Summary = fmt.Sprintf("partition key %q is rate limited by a KeyPolicy of the processes that work queue %q "+
+				"(this process has no rate for it, so it cannot say until when): its last start, %s ago, left %.2f of a start",
+				r.PartitionKey, w.Queue, w.Now.Sub(*w.BucketRefilled).Round(time.Millisecond), max(0, *w.BucketTokens))
 		case w.UnknownVersion != nil:
 			r.Summary = fmt.Sprintf("released unrun until %s (%s): %s", w.EligibleAt.UTC().Format(time.RFC3339),
 				fromNow(w.EligibleAt, w.Now, time.Second), *w.UnknownVersion)
