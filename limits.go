@@ -252,6 +252,9 @@ func scanChecked[T string | []byte](l jsonLimits, what string, b T) (jsonScan, e
 const (
 	numericMaxIntDigits  = 131072
 	numericMaxFracDigits = 16383
+	// numericMaxExponent: numeric_in refuses an exponent this large or
+	// larger, either sign, before it looks at the digits (INT_MAX / 2).
+	numericMaxExponent = 1073741823
 )
 
 // jsonScan is what scanJSON finds in a document.
@@ -436,6 +439,13 @@ func storedNumber[T string | []byte](b T, start int) (last, grown int, problem s
 		}
 	}
 	encoded := i - start
+	if exp >= numericMaxExponent {
+		// Refused whatever the digits, zero too (0e1073741823: a probe's
+		// got past, and the database's refusal aborted an InsertTx
+		// caller's transaction).
+		return i - 1, 0, fmt.Sprintf("a number PostgreSQL cannot store (%s: numeric takes an exponent of at most %d either way)",
+			clip(string(b[start:i]), 40), numericMaxExponent-1)
+	}
 	if expNeg {
 		exp = -exp
 	}

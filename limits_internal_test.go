@@ -119,6 +119,13 @@ func TestStoredNumbers(t *testing.T) {
 		"1e-16384":              -1,
 		"1e999999999999999999":  -1,
 		"1e-999999999999999999": -1,
+		// A zero's exponent (a probe: 0e1073741823 was taken as "0").
+		"0e1073741822":     1,
+		"0.000e1073741822": 1,
+		"0e1073741823":     -1,
+		"-0e1073741823":    -1,
+		"0e99999999999":    -1,
+		"0E+1073741823":    -1,
 		// Without an exponent (an API probe: these were not counted, and
 		// the database refused them in the caller's transaction).
 		strings.Repeat("9", 131072):        131072,
@@ -255,6 +262,10 @@ func oldStoredNumbers[T string | []byte](b T) (grown int, problem string) {
 		}
 		encoded := i - start
 		i--
+		if exp >= numericMaxExponent { // added with storedNumber's check (a probe's 0e1073741823)
+			return 0, fmt.Sprintf("a number PostgreSQL cannot store (%s: numeric takes an exponent of at most %d either way)",
+				clip(string(b[start:i+1]), 40), numericMaxExponent-1)
+		}
 		if expNeg {
 			exp = -exp
 		}
@@ -459,7 +470,7 @@ func genJSON(src []byte) []byte {
 	}
 	numbers := []string{"0", "-0", "1", "-1", "12.5", "0.000", "1e6", "1E+6", "1e-6", "-2.5e-3", "0e-16383", "0e-20000",
 		"1e131071", "1e131072", "10e131070", "0.1e131072", "1e-16383", "1e-16384", "0.5e-16383", "1.7976931348623157e308",
-		"5e-324", "1e999999999999999999", "-1e-999999999999999999", "123456789e131064", "0.0001e5", "1.50", "100"}
+		"5e-324", "1e999999999999999999", "-1e-999999999999999999", "0e1073741822", "0e1073741823", "123456789e131064", "0.0001e5", "1.50", "100"}
 	pieces := []string{"a", "Z", " ", "é", "😀", `\"`, `\\`, `\/`, `\n`, `\t`, `\u0000`, `\u0041`, `\u00e9`, `\ud83d\ude00`,
 		`\uD83D\uDE00`, `\ud800`, `\udc00`, `\ude00\ud83d`, `\ud800\u0041`, `\ud800\ud800`, `\uDBFF\uDFFF`, "[", "{", "]", "}",
 		"1e999999", "-", `\\u0000`, `\\\u0000`, ","}

@@ -119,13 +119,14 @@ func TestNumberBombsAreRefusedBeforeSQL(t *testing.T) {
 		"1 MiB as stored": bomb,
 		"not storable":    json.RawMessage(`[1e131072]`),
 		"too small":       json.RawMessage(`{"x": 1e-16384}`),
+		"zero, exponent":  json.RawMessage(`[0e1073741823]`), // numeric_in refuses the exponent (a probe)
 	} {
 		_, err := b.eng.Insert(ctx, job.New(bombState{N: n}))
 		require.ErrorIs(t, err, gendurable.ErrInvalidInsert, name)
 		require.NotContains(t, err.Error(), "SQLSTATE", name)
 	}
 	live := b.insert(job.New(bombState{}).With(gendurable.InsertOpts{RunIn: time.Hour}))
-	for _, n := range []json.RawMessage{json.RawMessage("[" + strings.TrimSuffix(strings.Repeat("1e131071,", 2), ",") + "]"), json.RawMessage(`1e131072`)} {
+	for _, n := range []json.RawMessage{json.RawMessage("[" + strings.TrimSuffix(strings.Repeat("1e131071,", 2), ",") + "]"), json.RawMessage(`1e131072`), json.RawMessage(`{"a": 0e-1073741823}`)} {
 		_, err := b.eng.Signal(ctx, live, "s", n, nil)
 		require.ErrorIs(t, err, gendurable.ErrInvalidSignal, "%s", n)
 		require.NotContains(t, err.Error(), "SQLSTATE")
