@@ -179,8 +179,8 @@ type BasicAuth struct {
 type Options struct {
 	// BasePath is the URL path the handler is mounted at, e.g. "/admin"
 	// ("" or "/" for the root): clean (no "." or ".." segment, no "//"),
-	// without "?", "#", "%" or control characters. Every link and redirect
-	// starts with it.
+	// without "?", "#", "%", a backslash or control characters. Every link
+	// and redirect starts with it.
 	// Requests may reach the handler with the prefix (mux.Handle("/admin/", h))
 	// or without it (http.StripPrefix): both work.
 	BasePath string
@@ -298,12 +298,14 @@ func New(eng *gendurable.Engine, opts Options) (http.Handler, error) {
 		return nil, errors.New("dashboard: nil engine")
 	}
 	base := strings.TrimRight(opts.BasePath, "/")
-	if base != "" && (!strings.HasPrefix(base, "/") || path.Clean(base) != base || strings.ContainsAny(base, "?#%") || hasControl(base)) {
+	if base != "" && (!strings.HasPrefix(base, "/") || path.Clean(base) != base || strings.ContainsAny(base, "?#%\\") || hasControl(base)) {
 		// Not clean ("/a/../b", "/.", "//a"): a browser resolves the links'
 		// dot segments away from the base. With "%": the links carry it
 		// as written, the request's path arrives decoded and no longer
-		// starts with the base. Either way every link would miss.
-		return nil, fmt.Errorf("dashboard: BasePath %q must be a clean absolute path like /admin (no . or .. segments, //, ?, #, %% or control characters)", opts.BasePath)
+		// starts with the base. Either way every link would miss. With
+		// "\": a browser reads "/\evil.example" as "//evil.example",
+		// and every redirect would leave the site (a probe).
+		return nil, fmt.Errorf("dashboard: BasePath %q must be a clean absolute path like /admin (no . or .. segments, //, ?, #, %%, \\ or control characters)", opts.BasePath)
 	}
 	if a := opts.BasicAuth; a != nil && (a.User == "" || a.Password == "" || strings.Contains(a.User, ":")) {
 		return nil, errors.New("dashboard: BasicAuth needs a non-empty User (without ':') and Password")

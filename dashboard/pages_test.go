@@ -38,6 +38,7 @@ func TestNewValidatesOptions(t *testing.T) {
 		"base with %":         {BasePath: "/a%2Fb"},
 		"base with a space %": {BasePath: "/ops%20desk"},
 		"base with newline":   {BasePath: "/a\nb"},
+		"base with \\":        {BasePath: "/\\evil.example"}, // a browser reads /\ as //: redirects off the site (a probe)
 		"empty password":      {BasicAuth: &dashboard.BasicAuth{User: "u"}},
 		"colon in user":       {BasicAuth: &dashboard.BasicAuth{User: "a:b", Password: "p"}},
 		"neg timeout":         {RequestTimeout: -1},
