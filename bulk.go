@@ -243,8 +243,8 @@ func (e *Engine) CancelTree(ctx context.Context, id int64, reason string) (BulkR
 	if err := e.usable(ctx, "CancelTree"); err != nil {
 		return BulkResult{}, err
 	}
-	if id <= 0 {
-		return BulkResult{ChangedIDs: []int64{}}, errorf(ErrInvalidInput, "cancel tree: id %d is not an instance id", id)
+	if err := checkID("cancel tree", id); err != nil { // ErrInvalidInput and ErrNotFound, as every call on one instance
+		return BulkResult{ChangedIDs: []int64{}}, err
 	}
 	if err := checkReason("cancel tree", reason); err != nil {
 		return BulkResult{ChangedIDs: []int64{}}, err

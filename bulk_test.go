@@ -873,6 +873,8 @@ func TestCancelTreeOfAFinishedParentAndBadInput(t *testing.T) {
 	ctx := context.Background()
 	_, err := b.eng.CancelTree(ctx, 0, "")
 	require.ErrorIs(t, err, gendurable.ErrInvalidInput)
+	require.ErrorIs(t, err, gendurable.ErrNotFound, "as every call on one instance (a probe)")
+	require.Contains(t, err.Error(), "(ids are positive)")
 	res, err := b.eng.CancelTree(ctx, 987654321, "")
 	require.ErrorIs(t, err, gendurable.ErrNotFound)
 	require.Equal(t, gendurable.BulkResult{ChangedIDs: []int64{}}, res)
