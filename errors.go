@@ -47,7 +47,8 @@ var (
 
 	// ErrStateDecode: an instance's stored state does not decode into the
 	// machine's state type. Such an instance is stopped with this reason: a
-	// retry cannot fix stored data.
+	// retry cannot fix stored data. WaitResult returns it too, for a
+	// result that does not decode into its T ("result does not decode").
 	ErrStateDecode = errors.New("gendurable: state does not decode")
 
 	// ErrStateEncode: a state or result value does not encode to JSON.

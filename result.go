@@ -106,9 +106,9 @@ func WaitResult[T any](ctx context.Context, e *Engine, id int64) (T, error) {
 			if err := safely(func() error { return json.Unmarshal(in.Result, &v) }); err != nil {
 				var p *PanicError
 				if errors.As(err, &p) {
-					return zero, fmt.Errorf("%w: result of instance %d into %T: its UnmarshalJSON panicked: %v", ErrStateDecode, id, v, p.Value)
+					return zero, resultDecodeError{id: id, into: fmt.Sprintf("%T", v), why: fmt.Sprintf("its UnmarshalJSON panicked: %v", p.Value)}
 				}
-				return zero, fmt.Errorf("%w: result of instance %d into %T: %v", ErrStateDecode, id, v, err)
+				return zero, resultDecodeError{id: id, into: fmt.Sprintf("%T", v), why: err.Error(), err: err}
 			}
 			return v, nil
 		case StatusFailed:
@@ -214,3 +214,19 @@ func (w *finishWaiters) notify(id int64) {
 		close(ch)
 	}
 }
+
+// resultDecodeError: WaitResult's T does not fit the result. It is
+// ErrStateDecode, whose words blamed the state (a newcomer's probe: "state
+// does not decode: result of instance 2 into string").
+type resultDecodeError struct {
+	id        int64
+	into, why string
+	err       error // the decoder's, if not a panic
+}
+
+func (e resultDecodeError) Error() string {
+	return fmt.Sprintf("gendurable: result does not decode: the Done result of instance %d into %s: %s", e.id, e.into, e.why)
+}
+
+func (e resultDecodeError) Is(target error) bool { return target == ErrStateDecode }
+func (e resultDecodeError) Unwrap() error        { return e.err }

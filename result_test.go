@@ -2,6 +2,7 @@ package gendurable_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -66,6 +67,10 @@ func TestWaitResultReturnsTheDecodedResultOrTheFailure(t *testing.T) {
 	_, err = gendurable.WaitResult[[]string](ctx, b.eng, ok)
 	require.ErrorIs(t, err, gendurable.ErrStateDecode)
 	require.NotErrorIs(t, err, gendurable.ErrInstanceFailed)
+	// Its words name the result, not the state (a newcomer's probe).
+	require.ErrorContains(t, err, fmt.Sprintf("gendurable: result does not decode: the Done result of instance %d into []string: json: cannot unmarshal", ok))
+	var typeErr *json.UnmarshalTypeError
+	require.ErrorAs(t, err, &typeErr, "the decoder's error is wrapped")
 	// So is one whose UnmarshalJSON panics: the caller gets the error, not
 	// the panic.
 	_, err = gendurable.WaitResult[panickyResult](ctx, b.eng, ok)
