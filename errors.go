@@ -170,11 +170,14 @@ func (e *PanicError) Error() (msg string) {
 // own decides for itself).
 type CancelError struct{ Err error }
 
+// Error names the call, not "cancelled": an operator's cancel is that (a
+// newcomer's probe read "job cancelled: bad address; stopped: cancelled"
+// as one).
 func (e *CancelError) Error() string {
 	if e.Err == nil {
-		return "job cancelled"
+		return "JobCancel"
 	}
-	return "job cancelled: " + e.Err.Error()
+	return "JobCancel: " + e.Err.Error()
 }
 func (e *CancelError) Unwrap() error { return e.Err }
 

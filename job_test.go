@@ -65,7 +65,8 @@ func TestJobOutcomes(t *testing.T) {
 	require.Equal(t, gendurable.StatusFailed, cancelled.Status)
 	require.Equal(t, 0, cancelled.Attempt, "a cancelled job is not retried")
 	require.Len(t, cancelled.Errors, 1)
-	require.Contains(t, cancelled.Errors[0].Error, "job cancelled")
+	require.Contains(t, cancelled.Errors[0].Error, "JobCancel: ")
+	require.Contains(t, cancelled.Errors[0].Error, "; stopped: not retried")
 
 	require.Equal(t, gendurable.StatusDone, snoozedOnce.Status)
 	require.Equal(t, 0, snoozedOnce.Attempt, "a snooze does not count an attempt")

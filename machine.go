@@ -515,7 +515,7 @@ func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Out
 	// plain errors, each counting an attempt).
 	var cancel *CancelError
 	if errors.As(err, &cancel) {
-		return Stop("cancelled"), nil
+		return Stop("not retried"), nil
 	}
 	var snooze *SnoozeError
 	if errors.As(err, &snooze) && snooze.Delay >= 0 {

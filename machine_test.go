@@ -896,7 +896,8 @@ func TestAMachineStepsJobCancelAndJobSnoozeMeanWhatTheyDoForAJob(t *testing.T) {
 	snoozed := b.insert(m.New(orderArgs{I: 1}))
 	r := b.waitStatus(cancelled, "failed", 10*time.Second)
 	require.Equal(t, int32(1), cancelRuns.Load(), "a JobCancel is not retried")
-	require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "stopped: cancelled")
+	// Its words are not an operator's cancel's (a newcomer's probe).
+	require.Equal(t, "JobCancel: permanent; stopped: not retried", r.Errors[len(r.Errors)-1]["error"])
 	r = b.waitStatus(snoozed, "done", 10*time.Second)
 	require.Equal(t, int32(5), snoozeRuns.Load())
 	require.Equal(t, 0, r.Attempt, "a snooze counts no attempt")

@@ -26,9 +26,9 @@ type FailedError struct {
 	Step string
 	// Kind is the last error's kind: "stop", "error", "panic", "cancelled"
 	// (an operator's or a program's Cancel), …. A job that gave up with
-	// [JobCancel] has kind "error" (its error's), its Reason ending
-	// "stopped: cancelled" — not "cancelled", which only a Cancel of the
-	// instance gives.
+	// [JobCancel] has kind "error" (its error's), its Reason reading
+	// "JobCancel: …; stopped: not retried" — not "cancelled", which only a
+	// Cancel of the instance gives.
 	Kind string
 
 	Reason string // the last error's text
