@@ -251,7 +251,7 @@ func (e *Engine) dbErr(ctx context.Context, err error, what string) error {
 		}
 	}
 	if notMigrated(err) {
-		return &notMigratedError{what: what, schema: e.cfg.Schema, err: err}
+		return &notMigratedError{schema: e.cfg.Schema, err: err}
 	}
 	return fmt.Errorf("gendurable: %s: %w", what, err)
 }
@@ -267,8 +267,7 @@ type schemaVersionError struct {
 
 func (s *schemaVersionError) Error() string {
 	if s.have == 0 { // Start's check, on a schema never migrated: as an insert says it
-		return fmt.Sprintf("%v: %s: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` (or migrate.Up) first",
-			ErrNotMigrated, s.what, s.schema, s.schema)
+		return notMigratedText(s.schema)
 	}
 	fix := fmt.Sprintf("run `gendurable migrate up --schema %s` (or migrate.Up)", s.schema)
 	if s.have > s.want {
@@ -295,13 +294,18 @@ const versionReadTimeout = 5 * time.Second
 // notMigratedError says what to run instead of the database's "relation
 // ... does not exist", which it still wraps.
 type notMigratedError struct {
-	what, schema string
-	err          error
+	schema string
+	err    error
 }
 
-func (n *notMigratedError) Error() string {
-	return fmt.Sprintf("%v: %s: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` (or migrate.Up) first",
-		ErrNotMigrated, n.what, n.schema, n.schema)
+func (n *notMigratedError) Error() string { return notMigratedText(n.schema) }
+
+// notMigratedText is ErrNotMigrated's message, the same whichever call met
+// it: the call's inner name ("queue counts: ", "start: ") said nothing to
+// the reader (a newcomer's probe).
+func notMigratedText(schema string) string {
+	return fmt.Sprintf("%v: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` (or migrate.Up) first",
+		ErrNotMigrated, schema, schema)
 }
 
 // Unwrap: a schema with no gendurable tables is at another version than

@@ -404,6 +404,8 @@ func TestNotMigratedAdviceSaysToCheckTheSchema(t *testing.T) {
 		require.Equal(t, 1, code, "%q: %s", args, errOut)
 		require.Contains(t, errOut, "has no gendurable tables", "%q", args)
 		require.Contains(t, errOut, "(or check --schema: the demo works in gendurable_demo)", "%q", args)
+		require.Contains(t, errOut, fmt.Sprintf("gendurable: schema not migrated: schema %q has no", schema),
+			"%q: no inner call name (\"queue counts: \", a newcomer's probe)", args)
 	}
 }
 
@@ -1102,12 +1104,12 @@ func TestHelpOnEveryCommand(t *testing.T) {
 // database it is about — a newcomer took the default server's "not
 // migrated" for their own database's — and never repeats a URL given.
 func TestMigrateHintNamesTheDatabase(t *testing.T) {
-	msg := "gendurable: schema not migrated: list: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` (or migrate.Up) first"
-	require.Equal(t, "gendurable: schema not migrated: list: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` first (the database is the default, "+
+	msg := "gendurable: schema not migrated: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` (or migrate.Up) first"
+	require.Equal(t, "gendurable: schema not migrated: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` first (the database is the default, "+
 		defaultDatabaseURL+", as neither --database-url nor DATABASE_URL was set)", migrateHint(msg, ""))
-	require.Equal(t, "gendurable: schema not migrated: list: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` first (the database is DATABASE_URL's)",
+	require.Equal(t, "gendurable: schema not migrated: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` first (the database is DATABASE_URL's)",
 		migrateHint(msg, "DATABASE_URL"))
-	require.Equal(t, "gendurable: schema not migrated: list: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` with the same --database-url first",
+	require.Equal(t, "gendurable: schema not migrated: schema \"s\" has no gendurable tables; run `gendurable migrate up --schema s` with the same --database-url first",
 		migrateHint(msg, "--database-url"))
 	require.Equal(t, "gendurable: instance not found: id 1", migrateHint("gendurable: instance not found: id 1", ""))
 }
