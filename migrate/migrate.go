@@ -159,6 +159,9 @@ func to(ctx context.Context, db DB, schema string, target, dir int) (Result, err
 	if err := nilArgument(ctx, db); err != nil {
 		return Result{}, err
 	}
+	if err := sqlq.ValidateSchema(schema); err != nil {
+		return Result{}, fmt.Errorf("gendurable: %w", err)
+	}
 	from, now, applied, err := sqlq.MigrateDir(ctx, db, schema, target, dir)
 	r := Result{From: from, To: now, Applied: applied}
 	if err != nil {
@@ -181,6 +184,9 @@ func to(ctx context.Context, db DB, schema string, target, dir int) (Result, err
 func Installed(ctx context.Context, db DB, schema string) (int, error) {
 	if err := nilArgument(ctx, db); err != nil {
 		return 0, err
+	}
+	if err := sqlq.ValidateSchema(schema); err != nil {
+		return 0, fmt.Errorf("gendurable: %w", err) // not "read the version installed in": nothing was read (a probe)
 	}
 	v, err := sqlq.InstalledVersion(ctx, db, schema)
 	if err != nil {

@@ -180,6 +180,10 @@ func TestInvalidSchemaIsRejected(t *testing.T) {
 	for _, bad := range []string{"", "1abc", `a"b`, "a b", "a;drop", strings.Repeat("x", 64), "ünï"} {
 		_, err := migrate.Up(context.Background(), pool, bad)
 		require.ErrorIs(t, err, migrate.ErrInvalidSchema, bad)
+		require.Equal(t, fmt.Sprintf("gendurable: invalid schema name: %q (want 1-63 characters of [A-Za-z0-9_], not starting with a digit)", bad), err.Error())
+		_, err = migrate.Installed(context.Background(), pool, bad)
+		require.ErrorIs(t, err, migrate.ErrInvalidSchema, bad)
+		require.NotContains(t, err.Error(), "read the schema version", "nothing was read (a probe)")
 		_, err = migrate.SQL(bad, 0, 1)
 		require.ErrorIs(t, err, migrate.ErrInvalidSchema, bad)
 	}
