@@ -1107,8 +1107,8 @@ func waitSaysARatedKeyIsLimited(t *testing.T, per time.Duration) {
 	w, err = admin.WaitReason(context.Background(), second)
 	require.NoError(t, err)
 	require.Nil(t, w.RateLimitedUntil)
-	require.Contains(t, w.Summary, `partition key "slow" is rate limited by a KeyPolicy of the processes that work queue "default" `+
-		`(this process has no rate for it, so it cannot say until when): its last start, `)
+	require.Contains(t, w.Summary, `partition key "slow" is rated by a KeyPolicy of the processes that work queue "default" `+
+		`(this process has no rate for it, so it cannot say when the next start is due): its last start, `)
 	require.Contains(t, w.Summary, ` ago, left 0.00 of a start`)
 }
 

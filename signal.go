@@ -177,8 +177,8 @@ type WaitReason struct {
 	// RateLimitedUntil: a runnable instance whose key's rate (a
 	// [KeyPolicy] of this engine with a Rate) has no start left before
 	// this time. A process without that rate cannot know the time: it
-	// leaves this nil, and its Summary says the key is rate limited if its
-	// bucket was left with less than a start.
+	// leaves this nil, and its Summary says the key is rated if its last
+	// start left its bucket with less than a start, and how long ago.
 	RateLimitedUntil *time.Time `json:"rate_limited_until,omitempty"`
 	// LeaseExpiresAt: an executing instance's lease; or, for a runnable
 	// one retried while the lease of its cancelled step lived, that lease:
@@ -294,8 +294,10 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			// insert-only engine of its own): it cannot tell when the next
 			// start is due. Its silence read "waiting for a worker" with
 			// the worker idle, waiting on the rate (a newcomer's probe).
-			r.Summary = fmt.Sprintf("partition key %q is rate limited by a KeyPolicy of the processes that work queue %q "+
-				"(this process has no rate for it, so it cannot say until when): its last start, %s ago, left %.2f of a start",
+			// Its last start may be long past: the bucket may be full
+			// again by now, which only the rate could tell.
+			r.Summary = fmt.Sprintf("partition key %q is rated by a KeyPolicy of the processes that work queue %q "+
+				"(this process has no rate for it, so it cannot say when the next start is due): its last start, %s ago, left %.2f of a start",
 				r.PartitionKey, w.Queue, w.Now.Sub(*w.BucketRefilled).Round(time.Millisecond), max(0, *w.BucketTokens))
 		case w.UnknownVersion != nil:
 			r.Summary = fmt.Sprintf("released unrun until %s (%s): %s", w.EligibleAt.UTC().Format(time.RFC3339),
