@@ -182,7 +182,10 @@ func (e *Engine) RetryMatching(ctx context.Context, f ListFilter) (BulkResult, e
 // CancelMatching cancels every live instance f matches, as
 // [Engine.CancelMany] would, in batches as [Engine.RetryMatching] does and
 // with its rule for filters without criteria. Finished instances the filter
-// matches are counted in Skipped.
+// matches are counted in Skipped; so is one that no longer matches its
+// queue, status, step or state once the cancel holds its row (a signal
+// woke it, a worker claimed it, a step moved it on while the batch was
+// read or waited for it).
 func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string) (BulkResult, error) {
 	if err := e.usable(ctx, "CancelMatching"); err != nil {
 		return BulkResult{}, err
@@ -190,7 +193,7 @@ func (e *Engine) CancelMatching(ctx context.Context, f ListFilter, reason string
 	if err := checkReason("cancel", reason); err != nil {
 		return BulkResult{ChangedIDs: []int64{}}, err
 	}
-	res, err := e.matching(ctx, f, "cancel", e.cancelBatch(reason))
+	res, err := e.matching(ctx, f, "cancel", e.cancelBatchRecheck(reason, f.recheck()))
 	e.logBulk("gendurable: instances cancelled", res, err, "filter", f.String(), "reason", cancelReason(reason))
 	return res, err
 }
@@ -554,12 +557,27 @@ func cancelReason(reason string) string {
 	return truncate(reason)
 }
 
-func (e *Engine) cancelBatch(reason string) bulkBatch {
+func (e *Engine) cancelBatch(reason string) bulkBatch { return e.cancelBatchRecheck(reason, sqlq.Recheck{}) }
+
+// recheck is what of f a bulk cancel checks again on each row it locks.
+func (f ListFilter) recheck() sqlq.Recheck {
+	opt := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	return sqlq.Recheck{Queue: opt(f.Queue), Status: opt(string(f.Status)), Step: opt(f.Step), State: opt(string(f.State))}
+}
+
+// cancelBatchRecheck is cancelBatch for CancelMatching: a row that no
+// longer matches the filter's r once locked is skipped.
+func (e *Engine) cancelBatchRecheck(reason string, r sqlq.Recheck) bulkBatch {
 	reason = cancelReason(reason)
 	return func(ctx context.Context, ids []int64) ([]sqlq.BulkChanged, int, error) {
 		sctx, cancel := e.statementContext(ctx)
 		defer cancel()
-		changed, err := bulkStatement(sctx, func() ([]sqlq.BulkChanged, error) { return e.q.CancelMany(sctx, e.pool, ids, reason) })
+		changed, err := bulkStatement(sctx, func() ([]sqlq.BulkChanged, error) { return e.q.CancelStillMatching(sctx, e.pool, ids, reason, r) })
 		if err != nil {
 			return nil, 0, e.dbErr(ctx, err, "cancel") // one statement: nothing changed
 		}

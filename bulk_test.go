@@ -1509,3 +1509,46 @@ func TestABulkStatementDeadlockedAfterItsCallEndedRunsAgain(t *testing.T) {
 	require.EqualValues(t, 2, r.res.Changed, "%+v", r.res)
 	require.Zero(t, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'failed'`))
 }
+
+// TestCancelMatchingSkipsARowThatStoppedMatchingWhileItWaited: a bulk
+// cancel by filter leaves alone a row that no longer matches once it holds
+// its lock. Here a transaction wakes one of two parked rows (as a SignalTx
+// does) and commits while the cancel of "every row awaiting a signal" waits
+// for that row: the woken row is runnable, not awaiting, and is skipped
+// (a probe saw it cancelled, its signal swept with it, and runnable rows
+// claimed meanwhile cancelled under their workers).
+func TestCancelMatchingSkipsARowThatStoppedMatchingWhileItWaited(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	var woken, parked int64
+	for _, id := range []*int64{&woken, &parked} {
+		require.NoError(t, b.pool.QueryRow(ctx, replaceSchema(`INSERT INTO {{s}}.gendurable_instances (fsm, step, status, awaits)
+			VALUES ('m', 'a', 'awaiting_signal', '{go}') RETURNING id`, b.schema)).Scan(id))
+	}
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, replaceSchema(`UPDATE {{s}}.gendurable_instances SET status = 'runnable', awaits = '{}' WHERE id = $1`, b.schema), woken)
+	require.NoError(t, err)
+	type result struct {
+		res gendurable.BulkResult
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := b.eng.CancelMatching(ctx, gendurable.ListFilter{Status: gendurable.StatusAwaitingSignal}, "only the parked ones")
+		done <- result{res, err}
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0`, b.schema) > 0
+	}, "the cancel waits for the woken row")
+	require.NoError(t, tx.Commit(ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, []int64{parked}, r.res.ChangedIDs, "%+v", r.res)
+	require.EqualValues(t, 2, r.res.Matched, "%+v", r.res)
+	require.EqualValues(t, 1, r.res.Skipped, "%+v", r.res)
+	require.Equal(t, "runnable", b.row(woken).Status, "the woken row was not cancelled")
+	require.Equal(t, "failed", b.row(parked).Status)
+}

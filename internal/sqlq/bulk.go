@@ -74,12 +74,24 @@ SELECT id, queue, wait_us FROM r ORDER BY id`
 // of a tree at a time) and Engine.failOversized run it. resweep flags a row
 // whose sweep missed a signal that committed while the statement waited for
 // the row (heldSignals): CancelManyEach sweeps those again.
+//
+// $4-$7 (NULL: any) are a filter's queue, status, step and state, which
+// CancelMatching found the ids by: a row that no longer matches once its
+// lock is held — its status or step moved while the statement waited for
+// it (a SignalTx woke it, a worker claimed it) — is left alone, as one that
+// finished is. The conditions sit under the lock, so PostgreSQL checks them
+// again on the row version it locks (a probe cancelled a row of a filter on
+// status awaiting_signal that a signal had woken meanwhile).
 var cancelManySQL = `
 WITH cand AS MATERIALIZED (
   SELECT c.id, u.reason, c.inbox
   FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY AS u(id, reason, ord) CROSS JOIN LATERAL (
     SELECT c.id, c.inbox FROM {{schema}}.gendurable_instances AS c
     WHERE c.id = u.id AND c.status NOT IN ('done', 'failed')
+      AND ($4::text IS NULL OR c.queue = $4)
+      AND ($5::text IS NULL OR c.status = $5::{{schema}}.gendurable_status)
+      AND ($6::text IS NULL OR c.step = $6)
+      AND ($7::jsonb IS NULL OR c.state @> $7::jsonb)
     OFFSET 0 -- a fence: one primary-key probe per id
     FOR NO KEY UPDATE
   ) AS c
@@ -198,11 +210,24 @@ func (q *Queries) RetryMany(ctx context.Context, db TxDB, ids []int64) (changed 
 // CancelMany cancels the live instances among ids (sorted, no duplicates) with reason (see
 // cancelManySQL) and returns those it cancelled.
 func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason string) ([]BulkChanged, error) {
+	return q.CancelStillMatching(ctx, db, ids, reason, Recheck{})
+}
+
+// Recheck is what of a filter a bulk cancel checks again on each row it
+// locks (nil: anything): the fields a row's version can change or that
+// name it (cancelManySQL).
+type Recheck struct {
+	Queue, Status, Step, State *string
+}
+
+// CancelStillMatching is CancelMany of the rows that still match r once
+// locked.
+func (q *Queries) CancelStillMatching(ctx context.Context, db DB, ids []int64, reason string, r Recheck) ([]BulkChanged, error) {
 	reasons := make([]string, len(ids))
 	for i := range reasons {
 		reasons[i] = reason
 	}
-	return q.CancelManyEach(ctx, db, ids, reasons)
+	return q.cancelManyEach(ctx, db, ids, reasons, r)
 }
 
 // CancelManyEach is CancelMany with a reason per id (reasons[i] for ids[i]).
@@ -214,7 +239,11 @@ func (q *Queries) CancelMany(ctx context.Context, db DB, ids []int64, reason str
 // between (sweepInboxesSQL leaves a retried row alone). Best effort: the
 // cancel is committed, and a Retry sweeps what is left (retrySQL).
 func (q *Queries) CancelManyEach(ctx context.Context, db DB, ids []int64, reasons []string) ([]BulkChanged, error) {
-	rows, err := db.Query(ctx, q.cancelMany, ids, reasons, MaxErrorHistory)
+	return q.cancelManyEach(ctx, db, ids, reasons, Recheck{})
+}
+
+func (q *Queries) cancelManyEach(ctx context.Context, db DB, ids []int64, reasons []string, r Recheck) ([]BulkChanged, error) {
+	rows, err := db.Query(ctx, q.cancelMany, ids, reasons, MaxErrorHistory, r.Queue, r.Status, r.Step, r.State)
 	if err != nil {
 		return nil, err
 	}
