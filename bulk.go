@@ -557,7 +557,9 @@ func cancelReason(reason string) string {
 	return truncate(reason)
 }
 
-func (e *Engine) cancelBatch(reason string) bulkBatch { return e.cancelBatchRecheck(reason, sqlq.Recheck{}) }
+func (e *Engine) cancelBatch(reason string) bulkBatch {
+	return e.cancelBatchRecheck(reason, sqlq.Recheck{})
+}
 
 // recheck is what of f a bulk cancel checks again on each row it locks.
 func (f ListFilter) recheck() sqlq.Recheck {
