@@ -87,21 +87,21 @@ func TestPgBouncerWithTxIdleForALeaseCountsAnAttempt(t *testing.T) {
 
 // TestPgBouncerTimeoutsOfAWithTxCountAttempts: PgBouncer's own limits on
 // a transaction — query_timeout (a statement of the callback too long) and
-// idle_transaction_timeout (the callback's work between statements too
-// long) — end the session with a FATAL 08P01. The step fails for them,
+// idle_transaction_timeout (the callback's work between statements, or
+// after its last one, too long) — end the session with a FATAL 08P01. The step fails for them,
 // counting its attempts, as for PostgreSQL's statement or idle timeouts:
 // taken for a lost connection, it ran again without an attempt counted,
 // without end (a PgBouncer probe: 48 runs in 90 s, attempt 0 of 3).
 func TestPgBouncerTimeoutsOfAWithTxCountAttempts(t *testing.T) {
 	for _, tc := range []struct {
-		setting string
-		fn      func(ctx context.Context, tx pgx.Tx) error
+		name, setting string
+		fn            func(ctx context.Context, tx pgx.Tx) error
 	}{
-		{"query_timeout", func(ctx context.Context, tx pgx.Tx) error {
+		{"query_timeout", "query_timeout", func(ctx context.Context, tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, "SELECT pg_sleep(3)")
 			return err
 		}},
-		{"idle_transaction_timeout", func(ctx context.Context, tx pgx.Tx) error {
+		{"idle_transaction_timeout", "idle_transaction_timeout", func(ctx context.Context, tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
 				return err
 			}
@@ -112,8 +112,22 @@ func TestPgBouncerTimeoutsOfAWithTxCountAttempts(t *testing.T) {
 			_, err := tx.Exec(ctx, "SELECT 2")
 			return err
 		}},
+		// Idle after its last statement: the pooler ends the transaction
+		// before the engine's outcome statement, the first to hear of it
+		// (a PgBouncer probe: each attempt waited a lease for the reaper,
+		// and the last error read "lease expired with no outcome").
+		{"idle_transaction_timeout at the end", "idle_transaction_timeout", func(ctx context.Context, tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+				return err
+			}
+			select {
+			case <-time.After(3 * time.Second):
+			case <-ctx.Done():
+			}
+			return nil
+		}},
 	} {
-		t.Run(tc.setting, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			var runs atomic.Int32
 			m := &gendurable.Machine[orderArgs]{
 				Name: "pooled", Start: "pay", MaxAttempts: 2,

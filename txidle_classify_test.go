@@ -203,3 +203,52 @@ func TestAWithTxCallbackFailingOffItsConnectionCountsAnAttempt(t *testing.T) {
 		require.EqualValues(t, 2, runs.Load())
 	}
 }
+
+// TestWithTxIdleAfterItsLastStatementCountsAnAttempt: a callback that
+// returns nil after idling past TxIdleTimeout since its last statement (slow
+// work at its end, e.g. a call elsewhere) has its transaction ended by the
+// server; the engine's outcome statement is the first to hear of it. That
+// is the callback's own idling, as when a statement of it meets the limit:
+// an attempt counted at once, the error naming the limit. It was taken for
+// a lost connection: no outcome, each attempt waiting a lease for the
+// reaper, the last error "lease expired" (a PgBouncer probe, which saw the
+// same on a direct connection).
+func TestWithTxIdleAfterItsLastStatementCountsAnAttempt(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int32
+	m := &gendurable.Machine[orderArgs]{
+		Name: "idletail", Start: "pay", MaxAttempts: 2,
+		Backoff: func(int) time.Duration { return 10 * time.Millisecond },
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"pay": func(context.Context, *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				runs.Add(1)
+				return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+						return err
+					}
+					select {
+					case <-time.After(2 * time.Second):
+					case <-ctx.Done():
+					}
+					return nil
+				}), nil
+			},
+		},
+	}
+	cfg := fastConfig("", m)
+	// The lease well above the idle limit: a rerun after the lease would
+	// take 20 s per attempt.
+	cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.TxIdleTimeout = 20*time.Second, 2*time.Second, time.Second
+	b := setup(t, cfg)
+	b.start()
+	id := b.insert(m.New(orderArgs{}))
+	eventually(t, 15*time.Second, func() bool { return gendurable.Status(b.row(id).Status).Terminal() || runs.Load() > 4 },
+		"neither finished nor rerun")
+	r := b.row(id)
+	require.Equal(t, "failed", r.Status, "runs %d, errors: %v", runs.Load(), r.Errors)
+	require.Equal(t, int32(2), runs.Load(), "%v", r.Errors)
+	require.Len(t, r.Errors, 2, "%v", r.Errors)
+	for _, e := range r.Errors {
+		require.Contains(t, e["error"], "left idle", "%v", r.Errors)
+	}
+}

@@ -194,6 +194,10 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 		}
 		return nil, fnErr, nil
 	}
+	// The callback's idle tail (its work after its last statement) counts:
+	// a limit on idle time can end the transaction there, and the outcome
+	// statement is then the first to hear of it.
+	idle := clock.longestIdle()
 	if err := EndedByCallback(tx); err != nil {
 		return nil, err, nil
 	}
@@ -207,6 +211,16 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 		}
 		if stepErr := AbortedByCallback(err, first); stepErr != nil {
 			return nil, stepErr, nil
+		}
+		if stepCtx.Err() == nil && tx.Conn().IsClosed() && x.endedForItsOwnTime(err, idle) {
+			// The callback returned nil after idling past a limit on the
+			// transaction's time (PgBouncer's idle_transaction_timeout,
+			// TxIdleTimeout): the step's failure, as when a statement of
+			// the callback meets it — not a lost connection, rerun
+			// without an attempt counted only after its lease (a PgBouncer
+			// probe: each attempt waited for the reaper, and the last
+			// error read "lease expired with no outcome").
+			return nil, x.sessionLost(err, idle), nil
 		}
 		return nil, nil, err
 	}
@@ -369,12 +383,27 @@ func (x *Executor) sessionLost(fnErr error, idle time.Duration) error {
 		return fmt.Errorf("gendurable: a connection pooler between (PgBouncer's %s) ended the step's transaction: "+
 			"the callback's work outlasted the pooler's limit: %w", setting, fnErr)
 	}
-	if idleEnded(fnErr) || (!endedOtherwise(fnErr) && x.cfg.TxIdle > 0 && idle >= x.cfg.TxIdle*9/10) {
+	if x.idleEndedIt(fnErr, idle) {
 		return fmt.Errorf("gendurable: the step's transaction was left idle for %s between statements, "+
 			"and the server ends a WithTx transaction left idle for Config.TxIdleTimeout (%s): %w",
 			idle.Round(time.Millisecond), x.cfg.TxIdle, fnErr)
 	}
 	return fmt.Errorf("%w: the step's transaction failed on its connection: %w", ErrInfrastructure, fnErr)
+}
+
+// idleEndedIt reports whether the server most likely ended a transaction
+// idle for idle at its longest for that (Config.TxIdleTimeout): its own
+// word (25P03), or, with none, an idle of nine tenths of the limit unless
+// the server gave another reason.
+func (x *Executor) idleEndedIt(err error, idle time.Duration) bool {
+	return idleEnded(err) || (!endedOtherwise(err) && x.cfg.TxIdle > 0 && idle >= x.cfg.TxIdle*9/10)
+}
+
+// endedForItsOwnTime reports whether the session of a transaction idle for
+// idle at its longest was ended, with err, by a limit on the transaction's
+// own time: a pooler's (poolerTimedOut) or the server's idle limit.
+func (x *Executor) endedForItsOwnTime(err error, idle time.Duration) bool {
+	return poolerTimedOut(err) != "" || x.idleEndedIt(err, idle)
 }
 
 // poolerTimedOut names the PgBouncer setting whose limit on the
