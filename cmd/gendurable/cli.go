@@ -372,7 +372,14 @@ func reportError(w io.Writer, name string, err error, asJSON bool, dbSource stri
 		// (a retry or cancel run again acts again, or is refused as
 		// a conflict): say so rather than leave "terminating connection"
 		// to be read as "nothing happened".
-		msg += " (the connection was lost mid-command: what it changed may or may not have been committed; check with show or list before running it again)"
+		check := "check with show or list before running it again"
+		if name == "migrate" {
+			// Each version commits on its own, and running it again goes
+			// on from where the schema is (an upgrade probe: show and list
+			// say nothing of the schema's version).
+			check = "`gendurable migrate status` says which version the schema is at; running it again goes on from there"
+		}
+		msg += " (the connection was lost mid-command: what it changed may or may not have been committed; " + check + ")"
 	}
 	var ue usageError
 	if errors.As(err, &ue) && ue.help && commands[name].run != nil {

@@ -1780,6 +1780,21 @@ func TestAnErrorOfSeveralLinesKeepsThemIndented(t *testing.T) {
 	require.Equal(t, "gendurable: start failed:\n  | postgres: FATAL: could not bind\n  | gendurable: retried 1 of 1\\x1b[2J\n", b.String())
 }
 
+// TestALostConnectionSaysHowToCheck: a command whose connection went
+// mid-way says its change may or may not have committed and how to check;
+// for migrate, with `migrate status` (an upgrade probe: it said "show or
+// list", which say nothing of the schema's version).
+func TestALostConnectionSaysHowToCheck(t *testing.T) {
+	lost := fmt.Errorf("migration 4 up: %w", &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")})
+	var b strings.Builder
+	reportError(&b, "migrate", lost, false, "")
+	require.Contains(t, b.String(), "`gendurable migrate status` says which version the schema is at; running it again goes on from there")
+	require.NotContains(t, b.String(), "show or list")
+	b.Reset()
+	reportError(&b, "cancel", lost, false, "")
+	require.Contains(t, b.String(), "check with show or list before running it again")
+}
+
 // TestAHugeArgumentIsNotEchoedWhole: an error that echoes its argument (an
 // id, a schema, a command of 120 KB: a probe got 120 KB messages back) is
 // cut in the middle, its start and its end kept.
