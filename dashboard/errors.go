@@ -55,6 +55,11 @@ func friendly(err error) (int, string, bool) {
 		return http.StatusServiceUnavailable, "The request timed out. Try again, or narrow the filters.", false
 	case errors.Is(err, context.Canceled):
 		return http.StatusServiceUnavailable, "The request was cancelled.", false
+	case sqlq.PoolerAdvice(err) != "":
+		// A pooler between that the database URL does not suit: the
+		// operator's to fix, not a bug (a PgBouncer probe got bare 500s,
+		// the advice the CLI and the engine give logged nowhere).
+		return http.StatusServiceUnavailable, "A statement failed on the way to the database: " + sqlq.PoolerAdvice(err) + ".", false
 	case sqlq.ConnectionFailure(err) && !isProtocolViolation(err):
 		// Not an internal error: the database is down, restarting, out of
 		// connections or cut off (an outage probe got "500 Internal
@@ -93,7 +98,7 @@ func (d *dashboard) fail(w http.ResponseWriter, r *http.Request, err error) {
 		// log (a probe).
 		d.log.Debug("dashboard: request ended with its client gone", "method", r.Method, "path", cut(r.URL.Path), "err", err)
 	} else if !expected {
-		d.log.Warn("dashboard: request failed", "method", r.Method, "path", r.URL.Path, "status", code, "err", err)
+		d.log.Warn("dashboard: request failed", append([]any{"method", r.Method, "path", r.URL.Path, "status", code}, sqlq.ErrAttrs(err)...)...)
 	} else {
 		d.log.Debug("dashboard: request refused", "method", r.Method, "path", r.URL.Path, "status", code, "err", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
@@ -199,6 +200,11 @@ func TestFriendlyNeverEchoesEngineText(t *testing.T) {
 	require.Equal(t, 503, code)
 	require.Contains(t, msg, "another gendurable version")
 	require.Contains(t, msg, "run gendurable migrate up")
+	// A pooler the database URL does not suit: its advice, not a bare 500
+	// (a PgBouncer probe).
+	code, msg, _ = friendly(fmt.Errorf("list: %w", &pgconn.PgError{Code: "26000", Message: `prepared statement "stmtcache_1" does not exist`}))
+	require.Equal(t, 503, code)
+	require.Contains(t, msg, "default_query_exec_mode=cache_describe")
 	code, msg, _ = friendly(errors.New(`relation "x" does not exist`))
 	require.Equal(t, 500, code)
 	require.Empty(t, msg)
