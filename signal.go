@@ -262,7 +262,7 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 	case StatusAwaitingChildren:
 		r.ChildrenTotal = int(w.ChildrenTotal)
 		r.ChildrenDone = int(w.ChildrenTotal - w.ChildrenPending)
-		r.Summary = fmt.Sprintf("awaiting children: %d of %d done", r.ChildrenDone, r.ChildrenTotal)
+		r.Summary = fmt.Sprintf("awaiting children: %d of %d finished", r.ChildrenDone, r.ChildrenTotal) // failed and cancelled ones count too
 	case StatusRunnable:
 		switch {
 		case w.LeaseExpiresAt != nil && w.LeaseExpiresAt.After(w.Now):

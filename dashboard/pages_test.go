@@ -625,7 +625,7 @@ func TestChildrenAndParentLinks(t *testing.T) {
 
 	r := get(t, h, fmt.Sprintf("/instances/%d", parent.ID))
 	require.Equal(t, http.StatusOK, r.code)
-	require.Contains(t, r.body, "awaiting children: 0 of 2 done")
+	require.Contains(t, r.body, "awaiting children: 0 of 2 finished")
 	for _, c := range det.Children {
 		require.Contains(t, r.body, fmt.Sprintf(`data-child-id="%d"`, c.ID))
 		require.Contains(t, r.body, fmt.Sprintf(`href="/instances/%d"`, c.ID))

@@ -868,10 +868,18 @@ func runNowCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var c common
 	c.register(fs)
 	return c.withInstance(ctx, fs, args, stderr, nil, nil, func(eng *gendurable.Engine, id int64, _ []string) error {
+		// Whether it was eligible already: RunNow leaves such a row as it
+		// is and says nothing, and "is eligible now" read as a change (an
+		// operator probe; the engine logs a change, not a no-op).
+		before, berr := eng.WaitReason(ctx, id)
+		already := berr == nil && before.Status == gendurable.StatusRunnable && !before.Delayed && before.LeaseExpiresAt == nil
 		if err := eng.RunNow(ctx, id); err != nil {
 			return err
 		}
 		msg := fmt.Sprintf("instance %d is eligible now", id)
+		if already {
+			msg = fmt.Sprintf("instance %d was eligible already: nothing changed", id)
+		}
 		if at := leaseWait(ctx, eng, id); at != nil {
 			msg = fmt.Sprintf("instance %d becomes eligible when the lease of its cancelled step ends (at %s), not now: that step may still be running",
 				id, at.UTC().Format(time.RFC3339))
@@ -906,7 +914,9 @@ func retriedMessage(ctx context.Context, eng *gendurable.Engine, id int64, plain
 		return fmt.Sprintf("%s; it becomes eligible when the lease of its cancelled step ends (at %s): that step may still be running",
 			plain, w.LeaseExpiresAt.UTC().Format(time.RFC3339))
 	case w.Status == gendurable.StatusAwaitingChildren:
-		return fmt.Sprintf("instance %d awaits its live children again (%d of %d done)", id, w.ChildrenDone, w.ChildrenTotal)
+		// "finished", not "done": a failed or cancelled child counts too
+		// (an operator probe read "1 of 6 done" of a cancelled one).
+		return fmt.Sprintf("instance %d awaits its live children again (%d of %d finished)", id, w.ChildrenDone, w.ChildrenTotal)
 	case w.Status == gendurable.StatusAwaitingSignal:
 		return fmt.Sprintf("instance %d is parked again: %s", id, w.Summary)
 	case w.Status == gendurable.StatusRunnable && w.Delayed:

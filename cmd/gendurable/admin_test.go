@@ -181,6 +181,12 @@ func TestRunNowCLI(t *testing.T) {
 	require.Equal(t, "instance 1 is eligible now\n", out)
 	require.Contains(t, errOut, `msg="gendurable: instance made eligible now" via=cli`)
 	require.Equal(t, 1, countRows(t, pool, schema, "id = 1 AND eligible_at <= now()"))
+	// Again: it was eligible already, and says so, not "is eligible now"
+	// as of a change (an operator probe); no audit line for a no-op.
+	out, errOut, code = cli(t, append([]string{"run-now", "1"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, "instance 1 was eligible already: nothing changed\n", out)
+	require.NotContains(t, errOut, "made eligible")
 	_, errOut, code = cli(t, append([]string{"run-now", "2"}, s...)...)
 	require.Equal(t, exitConflict, code)
 	require.Equal(t, "gendurable: instance is not waiting to run: instance 2 is failed\n", errOut)
@@ -398,7 +404,7 @@ func TestRunNowAndRetryOfARowWaitingForItsCancelledStepsLease(t *testing.T) {
 	seed(t, pool, schema, 1, "status, parent_id, parent_fanout", "'executing', 3, 1")
 	out, errOut, code = cli(t, append([]string{"retry", "3"}, s...)...)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, "instance 3 awaits its live children again (0 of 1 done)\n", out)
+	require.Equal(t, "instance 3 awaits its live children again (0 of 1 finished)\n", out)
 }
 
 // TestCancelTreeCLI: cancel --tree ID cancels an instance and every live
