@@ -833,6 +833,12 @@ func printBulk(stdout io.Writer, asJSON bool, res gendurable.BulkResult, err err
 		}
 		return err
 	}
+	if err != nil {
+		// Counts of the batches before the error: the match went on past
+		// them (an operator probe read "cancelled 500 of 500 matching" as
+		// the whole of a match of 604).
+		msg = "before the error: " + msg + "; the rest was not visited"
+	}
 	fmt.Fprintln(stdout, msg)
 	return err
 }

@@ -742,3 +742,18 @@ func TestABulkFilterIsCheckedBeforeItIsConfirmed(t *testing.T) {
 	require.ErrorContains(t, err, `retry: queue " default"`)
 	require.NoError(t, gendurable.ListFilter{Queue: "default"}.Validate())
 }
+
+// TestBulkCountsBeforeAnErrorSaySo: a bulk command stopped by an error
+// prints the counts of the batches before it as such: "cancelled 500 of
+// 500 matching instances" read as the whole of a larger match (an
+// operator probe).
+func TestBulkCountsBeforeAnErrorSaySo(t *testing.T) {
+	var b strings.Builder
+	err := errors.New("connection lost")
+	got := printBulk(&b, false, gendurable.BulkResult{Matched: 500, Changed: 500}, err, "cancelled 500 of 500 matching instances; 0 skipped (already finished)")
+	require.Equal(t, err, got)
+	require.Equal(t, "before the error: cancelled 500 of 500 matching instances; 0 skipped (already finished); the rest was not visited\n", b.String())
+	b.Reset()
+	require.NoError(t, printBulk(&b, false, gendurable.BulkResult{Matched: 2, Changed: 2}, nil, "cancelled 2 of 2 matching instances"))
+	require.Equal(t, "cancelled 2 of 2 matching instances\n", b.String())
+}
