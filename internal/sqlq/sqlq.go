@@ -254,7 +254,24 @@ func ErrAttrs(err error) []any {
 	if advice := PoolerAdvice(err); advice != "" {
 		return []any{"err", err, "advice", advice}
 	}
+	if objectMissing(err) {
+		return []any{"err", err, "advice", SchemaChangedHint}
+	}
 	return []any{"err", err}
+}
+
+// SchemaChangedHint is ErrAttrs's advice for a statement that found one of
+// gendurable's tables, columns or functions missing: most likely the schema
+// was migrated under a running engine (an upgrade probe: an engine left
+// running after a `migrate down` logged the bare "column … does not
+// exist" on every pick).
+const SchemaChangedHint = "gendurable's tables may have changed under this running engine, migrated to another " +
+	"version or removed (gendurable migrate status says which version the schema is at): run engines of the schema's version"
+
+// objectMissing reports an undefined table, column or function.
+func objectMissing(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "42883")
 }
 
 // PoolerAdvice is the advice for an error a connection pooler caused

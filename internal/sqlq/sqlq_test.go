@@ -24,6 +24,9 @@ func TestErrAttrsCarryThePoolerAdvice(t *testing.T) {
 	require.Equal(t, []any{"err", gone, "advice", PoolerHint}, ErrAttrs(gone))
 	plain := errors.New("connection refused")
 	require.Equal(t, []any{"err", plain}, ErrAttrs(plain))
+	// A schema moved under a running engine (an upgrade probe).
+	missing := fmt.Errorf("pick: %w", &pgconn.PgError{Code: "42703", Message: `column h.unconfirmed_freed does not exist`})
+	require.Equal(t, []any{"err", missing, "advice", SchemaChangedHint}, ErrAttrs(missing))
 }
 
 // TestCatalogRaceIsOnlyACacheLookupThatFailed: a migration (and a scratch
