@@ -266,7 +266,7 @@ func TestRunStepJob(t *testing.T) {
 
 	res = gendurabletest.RunStep(t.Context(), t, job, gendurable.JobStep, shipment{Item: "never"}, nil)
 	require.Equal(t, "stop", res.Kind)
-	require.Contains(t, res.Reason, "cancelled")
+	require.Equal(t, "JobCancel: no such item; stopped: not retried", res.Reason)
 	require.Equal(t, 3, attempts)
 }
 
