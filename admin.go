@@ -188,13 +188,7 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 		scan = MaxListScan
 	}
 	q := sqlq.ListFilter{Limit: limit + 1, Scan: scan}
-	opt := func(s string) *string {
-		if s == "" {
-			return nil
-		}
-		return &s
-	}
-	q.Queue, q.Status, q.FSM, q.Step, q.Search = opt(f.Queue), opt(string(f.Status)), opt(f.Machine), opt(f.Step), opt(f.Search)
+	q.Queue, q.Status, q.FSM, q.Step, q.Search = nonEmpty(f.Queue), nonEmpty(string(f.Status)), nonEmpty(f.Machine), nonEmpty(f.Step), nonEmpty(f.Search)
 	if !f.From.IsZero() {
 		q.From = &f.From
 	}
@@ -205,7 +199,7 @@ func (e *Engine) List(ctx context.Context, f ListFilter) (*ListPage, error) {
 		q.Before = &f.Before
 	}
 	if len(f.State) > 0 {
-		q.State = opt(string(f.State))
+		q.State = nonEmpty(string(f.State))
 	}
 	// An id only as an id is written: "0009" or "+9" is a key (zero-padded
 	// account numbers are common keys), not also instance 9.

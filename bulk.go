@@ -563,13 +563,7 @@ func (e *Engine) cancelBatch(reason string) bulkBatch {
 
 // recheck is what of f a bulk cancel checks again on each row it locks.
 func (f ListFilter) recheck() sqlq.Recheck {
-	opt := func(s string) *string {
-		if s == "" {
-			return nil
-		}
-		return &s
-	}
-	return sqlq.Recheck{Queue: opt(f.Queue), Status: opt(string(f.Status)), Step: opt(f.Step), State: opt(string(f.State))}
+	return sqlq.Recheck{Queue: nonEmpty(f.Queue), Status: nonEmpty(string(f.Status)), Step: nonEmpty(f.Step), State: nonEmpty(string(f.State))}
 }
 
 // cancelBatchRecheck is cancelBatch for CancelMatching: a row that no

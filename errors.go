@@ -217,17 +217,7 @@ func notMigrated(err error) bool {
 // schemaObjectMissing reports an error a schema at another version than
 // the library's gives: an undefined table, column or function (SQLSTATE
 // 42P01, 42703, 42883).
-func schemaObjectMissing(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
-	case "42P01", "42703", "42883":
-		return true
-	}
-	return false
-}
+func schemaObjectMissing(err error) bool { return sqlq.ObjectMissing(err) }
 
 // dbErr wraps a database error of the operation what, called with ctx: as
 // [ErrSchemaVersion] when a table, column or function is missing and the

@@ -871,6 +871,14 @@ func truncate(s string) string { return sqlq.ErrorText(s) }
 
 func strPtr(s string) *string { return &s }
 
+// nonEmpty is a pointer to s, or nil for "": a filter's unset field.
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
 // orDefault is v, or d when v is the zero value.
 func orDefault[T comparable](v, d T) T {
 	var zero T

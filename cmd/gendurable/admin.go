@@ -886,9 +886,12 @@ func runNowCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if already {
 			msg = fmt.Sprintf("instance %d was eligible already: nothing changed", id)
 		}
-		if at := leaseWait(ctx, eng, id); at != nil {
+		// A row retried while its cancelled step's lease lived waits for
+		// that lease, before RunNow as after it: the read above says so
+		// (it was read a second time after RunNow).
+		if berr == nil && before.Status == gendurable.StatusRunnable && before.LeaseExpiresAt != nil {
 			msg = fmt.Sprintf("instance %d becomes eligible when the lease of its cancelled step ends (at %s), not now: that step may still be running",
-				id, at.UTC().Format(time.RFC3339))
+				id, before.LeaseExpiresAt.UTC().Format(time.RFC3339))
 		}
 		if c.json {
 			return printJSON(stdout, map[string]any{"id": id, "ok": true, "message": msg})
@@ -896,17 +899,6 @@ func runNowCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		_, err := fmt.Fprintln(stdout, msg)
 		return err
 	})
-}
-
-// leaseWait is the lease a runnable instance waits for, if it was retried
-// while its cancelled step's lease lived (Engine.WaitReason); nil if not, or
-// if that cannot be read (the message then stays the plain one).
-func leaseWait(ctx context.Context, eng *gendurable.Engine, id int64) *time.Time {
-	w, err := eng.WaitReason(ctx, id)
-	if err != nil || w.Status != gendurable.StatusRunnable {
-		return nil
-	}
-	return w.LeaseExpiresAt
 }
 
 // retriedMessage is what a retry of id says: plain, or what the instance

@@ -398,6 +398,11 @@ func TestRunNowAndRetryOfARowWaitingForItsCancelledStepsLease(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "instance 2 is runnable again; it becomes eligible when the lease of its cancelled step ends")
 	require.Equal(t, 1, countRows(t, pool, schema, "id = 2 AND status = 'runnable' AND eligible_at > now() + interval '59 minutes'"))
+	// run-now cannot make it eligible before that lease ends, and says so.
+	out, errOut, code = cli(t, append([]string{"run-now", "2"}, s...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "instance 2 becomes eligible when the lease of its cancelled step ends (at ")
+	require.Contains(t, out, "not now: that step may still be running")
 
 	// 3: a parent cancelled while a child of its fan-out (4) runs.
 	seed(t, pool, schema, 1, "status, finished_at, fanout, children_total, children_pending", "'failed', now(), 1, 1, 1")

@@ -254,7 +254,7 @@ func ErrAttrs(err error) []any {
 	if advice := PoolerAdvice(err); advice != "" {
 		return []any{"err", err, "advice", advice}
 	}
-	if objectMissing(err) {
+	if ObjectMissing(err) {
 		return []any{"err", err, "advice", SchemaChangedHint}
 	}
 	return []any{"err", err}
@@ -268,8 +268,9 @@ func ErrAttrs(err error) []any {
 const SchemaChangedHint = "gendurable's tables may have changed under this running engine, migrated to another " +
 	"version or removed (gendurable migrate status says which version the schema is at): run engines of the schema's version"
 
-// objectMissing reports an undefined table, column or function.
-func objectMissing(err error) bool {
+// ObjectMissing reports an undefined table, column or function (42P01,
+// 42703, 42883).
+func ObjectMissing(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42703" || pgErr.Code == "42883")
 }
