@@ -180,9 +180,12 @@ type WaitReason struct {
 	// leaves this nil, and its Summary says the key is rated if its last
 	// start left its bucket with less than a start, and how long ago.
 	RateLimitedUntil *time.Time `json:"rate_limited_until,omitempty"`
-	// LeaseExpiresAt: an executing instance's lease; or, for a runnable
-	// one retried while the lease of its cancelled step lived, that lease:
-	// it becomes eligible when the lease ends (the step may run until then).
+	// LeaseExpiresAt: an executing instance's lease (one already past on
+	// the database's clock means no heartbeat renewed it: the worker is
+	// gone, stopped or cut off, no reaper has swept the row yet, and the
+	// Summary says so); or, for a runnable one retried while the lease of
+	// its cancelled step lived, that lease: it becomes eligible when the
+	// lease ends (the step may run until then).
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 	// Delayed: a runnable instance not eligible before EligibleAt — a
 	// delay, a durable sleep or a retry's backoff — read on the database's
@@ -328,6 +331,20 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			r.Unstarted = true
 			r.Summary = "claimed by a worker ahead of a free slot (prefetched), step " + w.Step +
 				" not started as of its last heartbeat"
+		}
+		if w.LeaseExpiresAt != nil && !w.LeaseExpiresAt.After(w.Now) {
+			// No heartbeat renewed the lease: its worker is gone, stopped or
+			// cut off, and no reaper has swept the row yet — every engine
+			// of the schema down, say. "running step" read as if a worker
+			// were at it (a crash probe: 6.6 s after the only worker's
+			// SIGKILL).
+			what, then := "step "+w.Step, " (or failed, if that run was its last attempt)"
+			if w.Unstarted {
+				what, then = "prefetched step "+w.Step+" (not started as of its last heartbeat)", ""
+			}
+			r.Summary = fmt.Sprintf("lease of %s expired %s ago with no outcome (its worker crashed, stopped or was cut off): "+
+				"waiting for the reaper of a running engine of this schema to make it runnable again%s",
+				what, w.Now.Sub(*w.LeaseExpiresAt).Round(time.Millisecond), then)
 		}
 	default:
 		r.Summary = "finished (" + string(r.Status) + ")"

@@ -1289,6 +1289,46 @@ func TestWaitReasonOfAPrefetchedClaim(t *testing.T) {
 	require.False(t, w.Unstarted)
 }
 
+// TestWaitReasonOfAnExpiredLease (a crash probe): a worker process holding
+// one running step and eight prefetched claims is killed, and no engine of
+// the schema runs a reaper. Once the leases have run out on the database's
+// clock, the wait reasons say so, not "running step work" and "not started
+// as of its last heartbeat", which read as if a worker were still at them.
+func TestWaitReasonOfAnExpiredLease(t *testing.T) {
+	t.Parallel()
+	b, _, kill := prefetchingHelper(t)
+	kill()
+	ctx := context.Background()
+	rows, err := b.pool.Query(ctx, replaceSchema(`SELECT id FROM {{s}}.gendurable_instances ORDER BY id`, b.schema))
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Len(t, ids, 9)
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE lease_expires_at < now()`) == 9
+	}, "the killed worker's leases did not run out")
+	var running, prefetched int
+	for _, id := range ids {
+		w, err := b.eng.WaitReason(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, gendurable.StatusExecuting, w.Status)
+		require.NotNil(t, w.LeaseExpiresAt)
+		require.Contains(t, w.Summary, "ago with no outcome (its worker crashed, stopped or was cut off): "+
+			"waiting for the reaper of a running engine of this schema to make it runnable again")
+		require.NotContains(t, w.Summary, "running step")
+		if w.Unstarted {
+			prefetched++
+			require.Contains(t, w.Summary, "lease of prefetched step work (not started as of its last heartbeat) expired ")
+		} else {
+			running++
+			require.Contains(t, w.Summary, "lease of step work expired ")
+			require.Contains(t, w.Summary, "(or failed, if that run was its last attempt)")
+		}
+	}
+	require.Equal(t, 1, running)
+	require.Equal(t, 8, prefetched)
+}
+
 // TestASignalSentWhileAWokenClaimWaitsForASlotIsInItsInbox (a probe): a
 // row its await's timeout woke is claimed ahead of a free slot (the
 // prefetch buffer) while a long step holds the only one; a matching signal
