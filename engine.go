@@ -1020,7 +1020,10 @@ func (e *Engine) Stop(ctx context.Context) error {
 		// allowed DrainTimeout and 5 s, and this call returns at once.
 		// The step's outcome is written as usual while the Stop drains.
 		go func() {
-			sctx, cancel := context.WithTimeout(context.Background(), e.cfg.DrainTimeout+stopFromInsideGrace)
+			// Saturated: a DrainTimeout near a Duration's range ("as long
+			// as steps need") wrapped the sum negative, and the Stop
+			// cancelled every step at once (a misuse probe).
+			sctx, cancel := context.WithTimeout(context.Background(), min(e.cfg.DrainTimeout, math.MaxInt64-stopFromInsideGrace)+stopFromInsideGrace)
 			defer cancel()
 			e.stopRun(sctx, rs, func(err error) {
 				e.log.Error("gendurable: stop called from a step or a hook", "err", err)

@@ -3457,6 +3457,54 @@ func TestStopFromAStepStopsTheEngineAndKeepsItsOutcome(t *testing.T) {
 	require.Len(t, calls, 0, "each step ran once")
 }
 
+// TestAStopFromAStepWithTheLongestDrainTimeoutDrains (a misuse probe): a
+// DrainTimeout of a Duration's whole range means "as long as steps need".
+// A Stop called from a step allows DrainTimeout and 5 s: the sum wrapped
+// negative, and the Stop cancelled the other running step at once (its run
+// interrupted, the row back to runnable) where the default let it finish.
+func TestAStopFromAStepWithTheLongestDrainTimeoutDrains(t *testing.T) {
+	t.Parallel()
+	var eng *gendurable.Engine
+	slowStarted := make(chan struct{}, 1)
+	slow := &gendurable.Job[orderArgs]{Name: "slowdrain", Perform: func(ctx context.Context, _ *gendurable.Run[orderArgs]) error {
+		slowStarted <- struct{}{}
+		select {
+		case <-time.After(700 * time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}}
+	stopErr := make(chan error, 1)
+	stopper := &gendurable.Job[orderArgs]{Name: "drainstopper", Perform: func(ctx context.Context, _ *gendurable.Run[orderArgs]) error {
+		stopErr <- eng.Stop(ctx)
+		return nil
+	}}
+	cfg := fastConfig("", slow, stopper)
+	cfg.DrainTimeout = math.MaxInt64
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond}}
+	b := setup(t, cfg)
+	eng = b.eng
+	slowID := b.insert(slow.New(orderArgs{}))
+	b.start()
+	select {
+	case <-slowStarted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slow step did not start")
+	}
+	stopID := b.insert(stopper.New(orderArgs{}))
+	select {
+	case err := <-stopErr:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stopping step did not run")
+	}
+	r := b.waitStatus(slowID, "done", 10*time.Second)
+	require.Equal(t, 0, r.Attempt, "the slow step finished, not interrupted")
+	require.Empty(t, r.Errors)
+	b.waitStatus(stopID, "done", 10*time.Second)
+}
+
 // TestStopAfterThePoolWasClosedSaysSo: the pool closed while steps run
 // (a defer in the wrong order) — their outcomes cannot be written, nor
 // the prefetched rows handed back. Stop used to return nil and log
