@@ -948,7 +948,9 @@ func afterGrace(ctx context.Context, grace time.Duration) (context.Context, cont
 // answer may hold claims) unless it is still waiting 500 ms after ctx
 // ended: then it is abandoned, and rows it claimed are reaped after their
 // lease, as a crashed worker's are (TestStopWithAPickCutOff) — so a Stop
-// whose network is cut off returns within 500 ms of ctx's deadline. Stop
+// whose network is cut off returns within 500 ms of ctx's deadline, plus
+// the time of the hooks it calls (each queue's DrainEvent): a hook that
+// blocks, which Hooks must not, holds Stop as long. Stop
 // on an engine that is not running returns nil; on one whose Start is in
 // progress, it ends that start (Start returns an error wrapping
 // ErrEngineStopped) and returns nil once Start has returned, or an error

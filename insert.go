@@ -320,7 +320,11 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 	}
 	core, err := p.def.definition()
 	if err != nil {
-		return sqlq.NewInstance{}, err
+		// An invalid definition (a nil *Machine, a Job without Perform)
+		// cannot be in Config.Machines: New refuses it. It was
+		// ErrInvalidConfig alone, which code branching on an insert's
+		// documented errors missed (a misuse probe).
+		return sqlq.NewInstance{}, fmt.Errorf("%w: its definition is invalid, so no engine can have it registered: %w", ErrInvalidInsert, err)
 	}
 	if reg := registry[machineKey{core.name, core.version}]; registry != nil && reg != core {
 		if reg != nil {

@@ -118,6 +118,11 @@ func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
 		{"queue name with a braille blank", job.New(weirdState{}).With(gendurable.InsertOpts{Queue: "default\u2800"}), gendurable.ErrInvalidInsert},
 		{"nil job", (*gendurable.Job[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
 		{"nil machine", (*gendurable.Machine[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidConfig},
+		// And an insert's own error (a misuse probe: ErrInvalidConfig alone).
+		{"nil job is an invalid insert", (*gendurable.Job[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidInsert},
+		{"nil machine is an invalid insert", (*gendurable.Machine[weirdState])(nil).New(weirdState{}), gendurable.ErrInvalidInsert},
+		{"job without Perform", (&gendurable.Job[weirdState]{Name: "noperform"}).New(weirdState{}), gendurable.ErrInvalidInsert},
+		{"machine without Steps", (&gendurable.Machine[weirdState]{Name: "nosteps", Start: "a"}).New(weirdState{}), gendurable.ErrInvalidInsert},
 	}
 	// A second value of the registered name and version is not the
 	// registered one; the error says so rather than "add it to Config.Machines".

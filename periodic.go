@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable/internal/cron"
+	"github.com/gendurable/gendurable/internal/maintenance"
 	"github.com/gendurable/gendurable/internal/sqlq"
 )
 
@@ -218,13 +219,16 @@ func (e *Engine) periodicNew(ctx context.Context, p *Periodic, slot time.Time) (
 	select {
 	case <-c.done:
 	case <-ctx.Done():
-		return InsertParams{}, fmt.Errorf("gendurable: Periodic %q: New has not returned: %w", p.Name, context.Cause(ctx))
+		// The slot's attempt is bounded by MaintenanceTimeout too: its
+		// deadline and the timer below race.
+		return InsertParams{}, &maintenance.NoStatement{Err: fmt.Errorf("gendurable: Periodic %q: New(%s) has not returned; the slot is tried again once it has: %w",
+			p.Name, slot.UTC().Format(time.RFC3339), context.Cause(ctx))}
 	case <-timer.C:
 		select {
 		case <-c.done:
 		default:
-			return InsertParams{}, fmt.Errorf("gendurable: Periodic %q: New(%s) has not returned after %s; the slot is tried again once it has",
-				p.Name, slot.UTC().Format(time.RFC3339), e.cfg.MaintenanceTimeout)
+			return InsertParams{}, &maintenance.NoStatement{Err: fmt.Errorf("gendurable: Periodic %q: New(%s) has not returned after %s; the slot is tried again once it has",
+				p.Name, slot.UTC().Format(time.RFC3339), e.cfg.MaintenanceTimeout)}
 		}
 	}
 	e.newCallsMu.Lock()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -218,6 +219,13 @@ func RunStep[S any](ctx context.Context, tb testing.TB, def Typed[S], step strin
 	}
 	if opts.Attempt < 0 || opts.MaxAttempts < 0 {
 		tb.Fatalf("gendurabletest: RunStep: negative Attempt or MaxAttempts")
+	}
+	// The engine stores these as int4 and int2, and refuses an insert
+	// beyond them (ErrInvalidInsert); converted unchecked, a test of
+	// "attempts exhausted" saw Attempt 0 for 1<<32 (a misuse probe).
+	if opts.Attempt >= math.MaxInt32 || opts.MaxAttempts > math.MaxInt32 || opts.Priority < math.MinInt16 || opts.Priority > math.MaxInt16 {
+		tb.Fatalf("gendurabletest: RunStep: Attempt %d, MaxAttempts %d or Priority %d out of range (Attempt below %d, MaxAttempts at most %d, Priority %d..%d, as an insert allows)",
+			opts.Attempt, opts.MaxAttempts, opts.Priority, math.MaxInt32, math.MaxInt32, math.MinInt16, math.MaxInt16)
 	}
 	stateJSON, err := json.Marshal(state)
 	if err != nil {

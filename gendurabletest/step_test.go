@@ -239,6 +239,20 @@ func TestRunStepInvalidOutcomeFailsTheTest(t *testing.T) {
 	require.Contains(t, f.message(), `machine "order" has no step "refund" (its steps: await_payment, charge, complete, ship)`)
 }
 
+// Options outside what an instance can hold fail the test: converted
+// unchecked, Priority 40000 ran as -25536 and Attempt 1<<32 as 0 (a misuse
+// probe).
+func TestRunStepOptionsOutOfRangeFailTheTest(t *testing.T) {
+	t.Parallel()
+	for _, opts := range []gendurabletest.StepOpts{{Priority: 40000}, {Priority: -40000}, {Attempt: 1 << 32}, {MaxAttempts: 1<<32 + 5}} {
+		f := newFakeTB(t)
+		require.True(t, f.run(func(tb testing.TB) {
+			gendurabletest.RunStep(t.Context(), tb, orderMachine, "charge", order{}, &opts)
+		}), "%+v", opts)
+		require.Contains(t, f.message(), "out of range")
+	}
+}
+
 func TestRunStepJob(t *testing.T) {
 	t.Parallel()
 	attempts := 0

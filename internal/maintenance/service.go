@@ -54,15 +54,27 @@ const PruneTimeoutFactor = 10
 // from now: the deadline of one statement (or one short transaction).
 // When that deadline, not ctx, ended it, the error says so, wrapping
 // stmt's (which wraps context.DeadlineExceeded).
+// An error that is a [NoStatement] is returned as it is.
 func bounded(ctx context.Context, d time.Duration, stmt func(ctx context.Context) error) error {
 	sctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	err := stmt(sctx)
-	if err != nil && ctx.Err() == nil && errors.Is(sctx.Err(), context.DeadlineExceeded) {
+	var ns *NoStatement
+	if err != nil && ctx.Err() == nil && errors.Is(sctx.Err(), context.DeadlineExceeded) && !errors.As(err, &ns) {
 		return fmt.Errorf("no reply within %s, statement abandoned and its connection closed: %w", d, err)
 	}
 	return err
 }
+
+// NoStatement marks the error of work under a statement's deadline that
+// sent no statement — a Periodic's New that has not returned — so that
+// the deadline's error does not say a statement was abandoned and its
+// connection closed (a misuse probe saw that for a New blocked on a
+// channel).
+type NoStatement struct{ Err error }
+
+func (e *NoStatement) Error() string { return e.Err.Error() }
+func (e *NoStatement) Unwrap() error { return e.Err }
 
 // Service is the shape every maintenance service shares.
 type Service interface {

@@ -3,6 +3,7 @@ package maintenance
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -207,4 +209,26 @@ func TestStopBoundContextReleasedRightAfterAStopLeavesNothing(t *testing.T) {
 	if n := runtime.NumGoroutine(); n > before+5 {
 		t.Fatalf("%d goroutines left waiting on the Stop's context (%d before)", n-before, before)
 	}
+}
+
+// TestBoundedSaysAStatementWasAbandonedOnlyForAStatement: a deadline that
+// ends work which sent no statement (a Periodic's New blocked on a
+// channel, a misuse probe) is not reported as "statement abandoned and its
+// connection closed"; a statement's still is.
+func TestBoundedSaysAStatementWasAbandonedOnlyForAStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	err := bounded(ctx, 10*time.Millisecond, func(ctx context.Context) error {
+		<-ctx.Done()
+		return &NoStatement{Err: fmt.Errorf("New has not returned: %w", context.Cause(ctx))}
+	})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NotContains(t, err.Error(), "statement abandoned")
+	require.Equal(t, "New has not returned: context deadline exceeded", err.Error())
+
+	err = bounded(ctx, 10*time.Millisecond, func(ctx context.Context) error {
+		<-ctx.Done()
+		return fmt.Errorf("query: %w", ctx.Err())
+	})
+	require.ErrorContains(t, err, "no reply within 10ms, statement abandoned and its connection closed: query: context deadline exceeded")
 }
