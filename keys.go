@@ -170,12 +170,14 @@ func slots(n int) string {
 	return "slots"
 }
 
-// instanceList names a few instances for a sentence.
-func instanceList(ids []int64) string {
+// instanceList names a few of ids, of total instances in all, for a
+// sentence.
+func instanceList(ids []int64, total int) string {
 	const most = 3
+	total = max(total, len(ids))
 	var b strings.Builder
 	b.WriteString("instance")
-	if len(ids) > 1 {
+	if total > 1 {
 		b.WriteString("s")
 	}
 	for i, id := range ids[:min(len(ids), most)] {
@@ -184,8 +186,8 @@ func instanceList(ids []int64) string {
 		}
 		fmt.Fprintf(&b, " %d", id)
 	}
-	if len(ids) > most {
-		fmt.Fprintf(&b, " and %d more", len(ids)-most)
+	if total > min(len(ids), most) {
+		fmt.Fprintf(&b, " and %d more", total-min(len(ids), most))
 	}
 	return b.String()
 }

@@ -1108,8 +1108,8 @@ func waitSaysARatedKeyIsLimited(t *testing.T, per time.Duration) {
 	require.NoError(t, err)
 	require.Nil(t, w.RateLimitedUntil)
 	require.Contains(t, w.Summary, `partition key "slow" is rated by a KeyPolicy of the processes that work queue "default" `+
-		`(this process has no rate for it, so it cannot say when the next start is due): its last start, `)
-	require.Contains(t, w.Summary, ` ago, left 0.00 of a start`)
+		`(this process has no rate for it, so it cannot say when the next start is due): as a pick last left its bucket, `)
+	require.Contains(t, w.Summary, ` ago, it held 0.00 of a start`)
 }
 
 // TestRatedKeyStepsDrawFromTheBucket: every step of a rated key's instance
@@ -1226,6 +1226,87 @@ func TestGlobalConcurrencyHoldsAcrossEngines(t *testing.T) {
 	_, err = gendurable.New(b.pool, &gendurable.Config{Schema: b.schema,
 		Queues: map[string]gendurable.QueueConfig{"q": {GlobalConcurrency: -1}}})
 	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+}
+
+// TestWaitSaysAQueuesGlobalConcurrencyHoldsARow (a flow-control probe): a
+// row kept back by its queue's GlobalConcurrency, the bound taken by two
+// running steps while the worker has free slots, read "runnable, waiting
+// for a worker". It names the bound, in a process that applies it; one
+// that does not (the CLI's) cannot know it.
+func TestWaitSaysAQueuesGlobalConcurrencyHoldsARow(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	job := &gendurable.Job[spanArgs]{Name: "globalwait", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 4, GlobalConcurrency: 2, PollInterval: 10 * time.Millisecond}}
+	b := setup(t, cfg)
+	var ids []int64
+	for range 3 {
+		ids = append(ids, b.insert(job.New(spanArgs{})))
+	}
+	b.start()
+	defer close(release)
+	eventually(t, 10*time.Second, func() bool {
+		return b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'executing'`) == 2
+	}, "two steps did not start")
+	var waiting int64
+	for _, id := range ids {
+		if b.row(id).Status == "runnable" {
+			waiting = id
+		}
+	}
+	require.NotZero(t, waiting)
+	w, err := b.eng.WaitReason(context.Background(), waiting)
+	require.NoError(t, err)
+	require.Equal(t, `waiting for room in queue "default": 2 steps running across every process, its GlobalConcurrency 2`, w.Summary)
+	require.Equal(t, 2, w.QueueRunning)
+	require.Equal(t, 2, w.GlobalConcurrency)
+	admin, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema})
+	require.NoError(t, err)
+	w, err = admin.WaitReason(context.Background(), waiting)
+	require.NoError(t, err)
+	require.Equal(t, `runnable, waiting for a worker of queue "default"; 2 of its steps are running across every process: `+
+		`if the processes that work it give it a GlobalConcurrency (this one cannot see it), that may be what holds this row back`, w.Summary)
+	require.Zero(t, w.QueueRunning)
+}
+
+// TestWaitCountsEveryHolderOfAKey (a flow-control probe): the wait reason
+// lists at most 100 of a key's holders; it counted only those, so a key of
+// limit 120 with every slot held read "runnable, waiting for a worker",
+// and the CLI "100 slots held by … and 97 more". The holders here are
+// written by SQL (120 running steps are not needed to show a count).
+func TestWaitCountsEveryHolderOfAKey(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[spanArgs]{Name: "bigkey", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error { return nil }}
+	cfg := fastConfig("", job)
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "big", Limit: 120}}
+	b := setup(t, cfg)
+	ps := make([]gendurable.InsertParams, 121)
+	for i := range ps {
+		ps[i] = job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "big"})
+	}
+	res, err := b.eng.InsertMany(context.Background(), ps)
+	require.NoError(t, err)
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'executing', claim_token = id, lease_expires_at = now() + interval '1 hour'
+		WHERE id <> $1`, res[120].ID)
+	w, err := b.eng.WaitReason(context.Background(), res[120].ID)
+	require.NoError(t, err)
+	require.Equal(t, 120, w.KeyLimit)
+	require.Len(t, w.KeyHolders, 100, "the list stops at 100")
+	require.Contains(t, w.Summary, `waiting for partition key "big" (120 of 120 slots held by instances `)
+	require.Contains(t, w.Summary, ` and 117 more)`)
+	admin, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema})
+	require.NoError(t, err)
+	w, err = admin.WaitReason(context.Background(), res[120].ID)
+	require.NoError(t, err)
+	require.Contains(t, w.Summary, `partition key "big": 120 slots held by instances `)
+	require.Contains(t, w.Summary, ` and 117 more; it waits for one if that is the key's limit`)
 }
 
 // TestCancelledStepHoldsItsGlobalPlaceUntilItsLeaseEnds: an operator's Cancel

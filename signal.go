@@ -187,6 +187,12 @@ type WaitReason struct {
 	// its cancelled step lived, that lease: it becomes eligible when the
 	// lease ends (the step may run until then).
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
+	// QueueRunning, GlobalConcurrency: a runnable, eligible instance of a
+	// queue that this engine bounds with a [QueueConfig.GlobalConcurrency],
+	// whose running steps across every process (live leases) take it all.
+	// A process that does not bound the queue (the CLI) leaves them 0.
+	QueueRunning      int `json:"queue_running,omitempty"`
+	GlobalConcurrency int `json:"global_concurrency,omitempty"`
 	// Delayed: a runnable instance not eligible before EligibleAt — a
 	// delay, a durable sleep or a retry's backoff — read on the database's
 	// clock (the Summary says "sleeping until" or "backing off until").
@@ -239,7 +245,13 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 	if err := checkID("wait reason", id); err != nil {
 		return nil, err
 	}
-	w, err := e.q.WaitInfo(ctx, db, id)
+	unbounded := []string{} // the queues this engine works with no GlobalConcurrency: not counted
+	for name, qc := range e.cfg.Queues {
+		if qc.GlobalConcurrency == 0 {
+			unbounded = append(unbounded, name)
+		}
+	}
+	w, err := e.q.WaitInfo(ctx, db, id, unbounded)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("%w: id %d", ErrNotFound, id)
 	}
@@ -249,6 +261,10 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 	r := &WaitReason{Status: Status(w.Status), Step: w.Step, Queue: w.Queue, EligibleAt: w.EligibleAt, InboxByName: w.Inbox}
 	if w.PartitionKey != nil {
 		r.PartitionKey = *w.PartitionKey
+	}
+	held := len(w.KeyHolders) // the holders counted, not only those listed (at most 100)
+	if w.KeyHeld != nil {
+		held = int(*w.KeyHeld)
 	}
 	switch r.Status {
 	case StatusAwaitingSignal:
@@ -272,7 +288,7 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			r.LeaseExpiresAt = w.LeaseExpiresAt
 			r.Summary = fmt.Sprintf("waiting for the lease of its cancelled step to end at %s (%s): that step may still be running",
 				w.LeaseExpiresAt.UTC().Format(time.RFC3339), fromNow(*w.LeaseExpiresAt, w.Now, time.Second))
-		case w.PartitionKey != nil && len(w.KeyHolders) > 0 && !e.knowsKeyLimit(w.KeyLimit, w.Queue):
+		case w.PartitionKey != nil && held > 0 && !e.knowsKeyLimit(w.KeyLimit, w.Queue):
 			// This process neither works the queue nor has KeyPolicies
 			// (the CLI, a dashboard of its own): the key's limit is the
 			// picking processes' policy, which it cannot see. Its guess of
@@ -281,12 +297,12 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			r.PartitionHeldBy = w.KeyHolders[0]
 			r.Summary = fmt.Sprintf("partition key %q: %d %s held by %s; it waits for one if that is the key's limit "+
 				"(1, unless a KeyPolicy of the processes that work queue %q says more: this process has none)",
-				r.PartitionKey, len(w.KeyHolders), slots(len(w.KeyHolders)), instanceList(w.KeyHolders), w.Queue)
-		case w.PartitionKey != nil && len(w.KeyHolders) > 0 && len(w.KeyHolders) >= e.keyLimit(*w.PartitionKey, w.KeyLimit):
+				r.PartitionKey, held, slots(held), instanceList(w.KeyHolders, held), w.Queue)
+		case w.PartitionKey != nil && held > 0 && held >= e.keyLimit(*w.PartitionKey, w.KeyLimit):
 			r.KeyHolders, r.KeyLimit = w.KeyHolders, e.keyLimit(*w.PartitionKey, w.KeyLimit)
 			r.PartitionHeldBy = w.KeyHolders[0]
 			r.Summary = fmt.Sprintf("waiting for partition key %q (%d of %d slots held by %s)",
-				r.PartitionKey, len(w.KeyHolders), r.KeyLimit, instanceList(w.KeyHolders))
+				r.PartitionKey, held, r.KeyLimit, instanceList(w.KeyHolders, held))
 		case w.PartitionKey != nil && w.BucketTokens != nil && e.rateLimitedUntil(*w.PartitionKey, *w.BucketTokens, *w.BucketRefilled, w.Now) != nil:
 			r.RateLimitedUntil = e.rateLimitedUntil(*w.PartitionKey, *w.BucketTokens, *w.BucketRefilled, w.Now)
 			r.Summary = fmt.Sprintf("partition key %q rate limited until %s (%s)", r.PartitionKey,
@@ -299,8 +315,11 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			// the worker idle, waiting on the rate (a newcomer's probe).
 			// Its last start may be long past: the bucket may be full
 			// again by now, which only the rate could tell.
+			// refilled_at is when a pick last looked at the bucket, with a
+			// start or not: it read "its last start, 315ms ago" 1.7 s
+			// after the last start (a flow-control probe).
 			r.Summary = fmt.Sprintf("partition key %q is rated by a KeyPolicy of the processes that work queue %q "+
-				"(this process has no rate for it, so it cannot say when the next start is due): its last start, %s ago, left %.2f of a start",
+				"(this process has no rate for it, so it cannot say when the next start is due): as a pick last left its bucket, %s ago, it held %.2f of a start",
 				r.PartitionKey, w.Queue, w.Now.Sub(*w.BucketRefilled).Round(time.Millisecond), max(0, *w.BucketTokens))
 		case w.UnknownVersion != nil:
 			r.Summary = fmt.Sprintf("released unrun until %s (%s): %s", w.EligibleAt.UTC().Format(time.RFC3339),
@@ -312,12 +331,24 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 		case w.EligibleAt.After(w.Now):
 			r.Delayed = true
 			r.Summary = fmt.Sprintf("sleeping until %s (%s)", w.EligibleAt.UTC().Format(time.RFC3339), fromNow(w.EligibleAt, w.Now, time.Second))
+		case w.GlobalHeld != nil && e.cfg.Queues[w.Queue].GlobalConcurrency > 0 && int(*w.GlobalHeld) >= e.cfg.Queues[w.Queue].GlobalConcurrency:
+			// It read "waiting for a worker" with a worker idle, kept
+			// from it by the bound (a flow-control probe).
+			r.QueueRunning, r.GlobalConcurrency = int(*w.GlobalHeld), e.cfg.Queues[w.Queue].GlobalConcurrency
+			r.Summary = fmt.Sprintf("waiting for room in queue %q: %d steps running across every process, its GlobalConcurrency %d",
+				w.Queue, r.QueueRunning, r.GlobalConcurrency)
 		default:
 			r.Summary = fmt.Sprintf("runnable, waiting for a worker of queue %q", w.Queue)
 			if _, ok := e.cfg.Queues[w.Queue]; !ok && len(e.cfg.Queues) > 0 {
 				// A newcomer's Job{Queue: "emails"} in an engine that
 				// works "default" only waited, saying nothing (a probe).
 				r.Summary += " (not a queue this engine works)"
+			}
+			if _, ok := e.cfg.Queues[w.Queue]; !ok && w.GlobalHeld != nil && *w.GlobalHeld > 0 {
+				// This process cannot see the GlobalConcurrency of the
+				// processes that work the queue, if any (the CLI).
+				r.Summary += fmt.Sprintf("; %d of its steps are running across every process: if the processes that work it "+
+					"give it a GlobalConcurrency (this one cannot see it), that may be what holds this row back", *w.GlobalHeld)
 			}
 		}
 		if w.QueuePaused {

@@ -255,6 +255,18 @@ SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
                WHERE x.partition_key = i.partition_key AND x.lease_expires_at IS NOT NULL
                  AND (x.lease_expires_at > now() OR x.claim_token IS NOT NULL) AND x.id <> i.id
                ORDER BY x.lease_expires_at LIMIT 100) END,
+       -- how many there are (the list above stops at 100: a key of limit
+       -- 120 fully held read "100 slots held", and "waiting for a worker")
+       CASE WHEN i.partition_key IS NOT NULL AND i.status = 'runnable' THEN
+         (SELECT count(*) FROM {{schema}}.gendurable_instances AS x
+          WHERE x.partition_key = i.partition_key AND x.lease_expires_at IS NOT NULL
+            AND (x.lease_expires_at > now() OR x.claim_token IS NOT NULL) AND x.id <> i.id) END,
+       -- the queue's running steps as a pick with a GlobalConcurrency
+       -- counts them (live leases in the queue), unless the caller works
+       -- the row's queue with no such bound ($2: the queues it does)
+       CASE WHEN NOT i.queue = ANY ($2::text[]) AND i.status = 'runnable' THEN
+         (SELECT count(*) FROM {{schema}}.gendurable_instances AS h
+          WHERE h.lease_expires_at > now() AND h.queue = i.queue) END,
        i.inbox, i.lease_expires_at, now(), i.key_limit, b.tokens, b.refilled_at,
        -- released unrun by a process that did not know its (machine,
        -- version), and not run since: the release's history entry
@@ -281,6 +293,8 @@ type WaitRow struct {
 	ChildrenPending int32
 	PartitionKey    *string
 	KeyHolders      []int64    // the key's live slot holders (at most 100)
+	KeyHeld         *int64     // how many hold the key's slots (all of them)
+	GlobalHeld      *int64     // the queue's running steps (a runnable row of a queue not among unbounded)
 	KeyLimit        *int32     // the row's own KeyLimit
 	BucketTokens    *float64   // a rated key's tokens as of BucketRefilled
 	BucketRefilled  *time.Time // (runnable rows only)
@@ -294,11 +308,13 @@ type WaitRow struct {
 	Queue           string
 }
 
-// WaitInfo reads what instance id waits for; pgx.ErrNoRows if it does not exist.
-func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64) (WaitRow, error) {
+// WaitInfo reads what instance id waits for; pgx.ErrNoRows if it does not
+// exist. GlobalHeld is read for a runnable row of a queue not among
+// unbounded (the queues the caller works with no GlobalConcurrency).
+func (q *Queries) WaitInfo(ctx context.Context, db DB, id int64, unbounded []string) (WaitRow, error) {
 	var w WaitRow
-	err := db.QueryRow(ctx, q.waitInfo, id).Scan(&w.Status, &w.Step, &w.EligibleAt, &w.Awaits,
-		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.KeyHolders,
+	err := db.QueryRow(ctx, q.waitInfo, id, unbounded).Scan(&w.Status, &w.Step, &w.EligibleAt, &w.Awaits,
+		&w.AwaitDeadline, &w.ChildrenTotal, &w.ChildrenPending, &w.PartitionKey, &w.KeyHolders, &w.KeyHeld, &w.GlobalHeld,
 		&w.Inbox, &w.LeaseExpiresAt, &w.Now, &w.KeyLimit, &w.BucketTokens, &w.BucketRefilled, &w.UnknownVersion, &w.QueuePaused, &w.Attempt, &w.Unstarted, &w.Queue)
 	return w, err
 }
