@@ -1070,6 +1070,46 @@ func TestRatedRowsPrefetchedBehindBusySlotsDoNotStartTogether(t *testing.T) {
 	require.Less(t, starts[len(starts)-1].Sub(starts[0]), 5*time.Second, "the key kept its rate")
 }
 
+// TestARatedKeysBacklogKeepsItsRateOnAnIdleWorker (a flow-control probe):
+// a pick that passes a rated key over for want of a start is followed by
+// another once the rate gives one. The next pick came with the poll, whose
+// idle backoff doubles: at one start per 2 s the starts came 2.6 s apart
+// on an idle worker, at one per 5 s 7.4 s apart (here, at one per 2.7 s
+// and the default polls, about 3.6 s apart).
+func TestARatedKeysBacklogKeepsItsRateOnAnIdleWorker(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var starts []time.Time
+	job := &gendurable.Job[spanArgs]{Name: "ratedidle", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	const every = 2700 * time.Millisecond
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "ratedidle", Limit: 1, Rate: 1, Per: every, Burst: 1}}
+	cfg.Queues = map[string]gendurable.QueueConfig{"default": {Concurrency: 2}} // the default polls
+	b := setup(t, cfg)
+	var ids []int64
+	for range 3 {
+		ids = append(ids, b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "ratedidle-a"})))
+	}
+	b.start()
+	for _, id := range ids {
+		b.waitStatus(id, "done", 30*time.Second)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, starts, 3)
+	for i := 1; i < len(starts); i++ {
+		gap := starts[i].Sub(starts[i-1])
+		t.Logf("start %d: %s after the one before", i, gap.Round(time.Millisecond))
+		require.GreaterOrEqual(t, gap, every-100*time.Millisecond, "above the rate")
+		require.Less(t, gap, every+500*time.Millisecond, "the rate's next start was not taken when it came")
+	}
+}
+
 // TestWaitSaysARatedKeyIsLimited: Wait names the time a rated key's next
 // start comes — for a Per near math.MaxInt64 too, whose wait overflowed a
 // Duration and went unreported.

@@ -250,6 +250,7 @@ type Feeder struct {
 	buffer    []sqlq.Claimed   // claimed, not yet started, in dispatchOrder
 	paced     map[string]*pace // rated keys' buckets of this process's starts (paceLocked)
 	paceWake  time.Time        // when the earliest paced row may start, or a keyed claim falls overdue (zero: none waits); Run dispatches then
+	rateWake  time.Time        // when a rated key a pick passed over out of starts has one again, at the latest (zero: none); Run picks then
 	inFlight  int
 	// committing counts detached steps whose outcome is not committed yet.
 	committing int
@@ -843,8 +844,14 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		if !paceAt.IsZero() && !now.Before(paceAt) {
 			s.paceWake, paceDue = time.Time{}, true
 		}
+		// A rated key passed over has a start again: pick, walking.
+		rateDue, rateAt := false, s.rateWake
+		if !rateAt.IsZero() && !now.Before(rateAt) {
+			s.rateWake, rateDue = time.Time{}, true
+			s.more, s.keyNews = true, true
+		}
 		s.mu.Unlock()
-		if due || paceDue {
+		if due || paceDue || rateDue {
 			continue
 		}
 		wait := time.Until(pollAt)
@@ -854,6 +861,9 @@ func (s *Feeder) Run(pickCtx, workCtx context.Context) {
 		wait = max(wait, time.Until(retryAt))
 		if !paceAt.IsZero() {
 			wait = min(wait, time.Until(paceAt)) // dispatch needs no database
+		}
+		if !rateAt.IsZero() {
+			wait = min(wait, time.Until(rateAt))
 		}
 		resetTimer(timer, max(wait, 0))
 		select {
@@ -1071,6 +1081,38 @@ func (s *Feeder) slotFreedLocked() {
 }
 
 // busyPoll is the poll interval after a pick that found rows.
+// ratedWakeAt is when a pick begun at start that passed over rated keys
+// out of starts (rated: their counts per policy, as PickResult.KeysRated)
+// should be followed by another: once the quickest of their policies'
+// rates has given a start — a key the pick found with less than one
+// start has one by then — and no sooner than the busy poll. Zero if it
+// passed over none. Without it the next pick came with the poll, whose
+// idle backoff left a rated key's backlog 25–50 % below its rate on an
+// idle worker (a flow-control probe; docs/design.md §6).
+func (s *Feeder) ratedWakeAt(start time.Time, rated []int32) time.Time {
+	var every time.Duration
+	for i, n := range rated {
+		if n <= 0 || i == 0 || i > len(s.cfg.KeyPolicies) || s.cfg.KeyPolicies[i-1].Rate <= 0 {
+			continue
+		}
+		secs := 1 / s.cfg.KeyPolicies[i-1].Rate
+		if secs > maxRatedWake.Seconds() {
+			continue // too far off to be worth a timer: the poll comes first
+		}
+		if d := time.Duration(secs * float64(time.Second)); every == 0 || d < every {
+			every = d
+		}
+	}
+	if every == 0 {
+		return time.Time{}
+	}
+	return start.Add(max(every, s.busyPoll()))
+}
+
+// maxRatedWake: a rate slower than one start in this long is left to the
+// poll (its idle backoff tops out at MaxPollInterval, 5 s by default).
+const maxRatedWake = time.Minute
+
 func (s *Feeder) busyPoll() time.Duration {
 	if s.cfg.BusyPollInterval > 0 {
 		return s.cfg.BusyPollInterval
@@ -1135,6 +1177,13 @@ func (s *Feeder) pick(stopCtx context.Context, demand, keyed int, walk bool) (in
 			if c.PartitionKey != nil {
 				got++
 			}
+		}
+		if at := s.ratedWakeAt(start, res.KeysRated); !at.IsZero() {
+			s.mu.Lock()
+			if s.rateWake.IsZero() || at.Before(s.rateWake) {
+				s.rateWake = at
+			}
+			s.mu.Unlock()
 		}
 		if walk {
 			full := keyed > 0 && s.cfg.Global == 0 && keysAllFull(opts, res, len(rows), got)
