@@ -3,6 +3,8 @@ package dashboard_test
 import (
 	"context"
 	"fmt"
+	"net/url"
+	"regexp"
 	"testing"
 	"unicode"
 
@@ -71,6 +73,36 @@ func TestInvisibleCharactersAreShownAsEscapes(t *testing.T) {
 	require.Equal(t, 200, r.code, r.body)
 	require.Contains(t, r.body, `value="pk-k&#x200b;0"`)
 	require.Contains(t, r.body, fmt.Sprintf(`href="/instances/%d"`, hidden), "the search finds the key")
+}
+
+// TestBidiControlsInAttributesAreShownAsEscapes: a tooltip and a
+// confirmation prompt are read by the operator as text, but the page wrote
+// bidirectional controls in every attribute as character references, which
+// the browser reads back as U+202E: the list's "Last error" tooltip (title)
+// and the prompt of "Cancel all live" (data-confirm, its filter taken from
+// a link anyone can craft) read reordered (a hostile-client probe). Only a
+// form field's value keeps the character, so the filter still sends what
+// was searched for.
+func TestBidiControlsInAttributesAreShownAsEscapes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	h, _ := e.handler(dashboard.Options{})
+	id := e.insertOrder(Order{Item: "\u202eab"}, gendurable.InsertOpts{PartitionKey: "pk-k\u200b0"})
+	require.NoError(t, e.eng.Cancel(context.Background(), id, "x\u202e{{.}}\x1b[31m"))
+	r := get(t, h, "/instances?"+url.Values{"status": {"failed"}, "q": {"pk-k\u200b0"}, "state": {"{\"item\":\"\u202eab\"}"}}.Encode())
+	require.Equal(t, 200, r.code, r.body)
+	requireNoBidi(t, "list", r.body)
+	require.Contains(t, r.body, fmt.Sprintf(`href="/instances/%d"`, id), "the filter finds the instance")
+	require.Contains(t, r.body, `<td class="err" title="x\u202e{{.}}\x1b[31m">`)
+	require.Contains(t, r.body, `data-confirm="Cancel every live instance matching this filter (status=failed q=pk-k\u200b0 state={&#34;item&#34;:&#34;\u202eab&#34;}), `)
+	// The search fields, and the bulk form's copies of them, as sent.
+	require.Contains(t, r.body, `<input name="q" value="pk-k&#x200b;0"`)
+	require.Contains(t, r.body, `<input name="state" value="{&#34;item&#34;:&#34;&#x202e;ab&#34;}"`)
+	require.Contains(t, r.body, `<input type="hidden" name="state" value="{&#34;item&#34;:&#34;&#x202e;ab&#34;}">`)
+	// A reference anywhere else, in any attribute but a value, is read back.
+	for _, m := range regexp.MustCompile(`([\w-]+)="[^"]*&#x`).FindAllStringSubmatch(r.body, -1) {
+		require.Equal(t, "value", m[1], "a character reference in an attribute the operator reads: %s", m[0])
+	}
 }
 
 // TestControlCharactersInStoredTextAreShownAsEscapes: a cancel reason (or

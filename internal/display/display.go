@@ -85,13 +85,19 @@ func InertJSON(text []byte) []byte { return escapeBytes(text, inert) }
 // around the first and shows the others as nothing. The templates hold
 // none, so only data is changed.
 //
-// Inside a tag (an attribute's value: a form field, a link, a tooltip) the
-// bidirectional controls, separators and invisible characters are written
-// as character references (&#x200b;) instead, which the browser reads back
-// as the character: a filter's field holding "pk-k\u200b0" as text sent
-// that text back, and matched nothing (a review). The controls are
-// written as text there too, as before: a reference to most of them is
-// not read back as the character.
+// In a form field's value (a value attribute's: an input's, an option's)
+// the bidirectional controls, separators and invisible characters are
+// written as character references (&#x200b;) instead, which the browser
+// reads back as the character: a filter's field holding "pk-k\u200b0" as
+// text sent that text back, and matched nothing (a review). Only there:
+// every other attribute is read by the operator as text — a tooltip
+// (title), the prompt a form confirms with (data-confirm) — and a
+// reference in it was read back as U+202E too, so a last error's tooltip
+// and a bulk cancel's prompt for a crafted filter read reordered (a
+// hostile-client probe). The controls are written as text in a field too,
+// as before: a reference to most of them is not read back as the
+// character. A textarea's content is not taken for a field: no page fills
+// one.
 func Page(page []byte) []byte { return escapeBytes(page, pageSet) }
 
 // class is what the rule makes of one character.
@@ -109,7 +115,8 @@ const (
 	invisibleChar              // an invisible character with no use inside a word
 
 	// tagRefs is no class: in a set, it writes bidi, lineSep and
-	// invisibleChar inside a tag as character references (Page).
+	// invisibleChar inside a value attribute's value as character
+	// references (Page).
 	tagRefs
 )
 
@@ -188,27 +195,24 @@ func escape[T string | []byte](s T, set set, decode func(T) (rune, int)) ([]byte
 	}
 	b := make([]byte, 0, len(s)+16)
 	b = append(b, s[:i]...)
-	inTag := false // inside a tag of a page (tagRefs): after a '<', before its '>'
+	var m markup // where in a page's markup (tagRefs)
 	if set.has(tagRefs) {
 		for j := range i {
-			switch s[j] {
-			case '<':
-				inTag = true
-			case '>':
-				inTag = false
-			}
+			m.step(s[j])
 		}
 	}
 	for i < len(s) {
 		r, size := decode(s[i:])
 		c := classifyAt(s, i, r, size, prev, decode)
+		if set.has(tagRefs) {
+			for j := i; j < i+size; j++ {
+				m.step(s[j])
+			}
+		}
 		switch {
-		case r == '<' || r == '>':
-			inTag = r == '<'
-			b = append(b, s[i])
 		case !set.has(c):
 			b = append(b, s[i:i+size]...)
-		case inTag && set.has(tagRefs) && (c == bidi || c == lineSep || c == invisibleChar):
+		case m.field && (c == bidi || c == lineSep || c == invisibleChar):
 			b = fmt.Appendf(b, "&#x%x;", r)
 		default:
 			b = set.appendEscape(b, c, r, s[i])
@@ -217,6 +221,54 @@ func escape[T string | []byte](s T, set set, decode func(T) (rune, int)) ([]byte
 		i += size
 	}
 	return b, true
+}
+
+// markup follows a page's markup byte by byte, far enough to tell a form
+// field's value — a value attribute's, which the browser sends back as it
+// reads it — from the rest of a tag and from text. html/template quotes
+// every attribute value it writes and escapes the markup characters in
+// data, so a '<' or '>' in text or in a quoted value is data.
+type markup struct {
+	inTag bool // after a '<', before its '>'
+	quote byte // in a tag, the quote of the attribute value being read; ' ' for an unquoted one; 0 outside one
+	name  int  // the bytes of "value" the attribute name being read has matched; -1: another name
+	ended bool // the name being read has ended (white space): another begins at the next name byte
+	eq    bool // the name's '=' has been read; its value is next
+	field bool // in the value of a value attribute
+}
+
+func (m *markup) step(b byte) {
+	const value = "value"
+	space := b == ' ' || b == '\t' || b == '\n' || b == '\r' || b == '\f'
+	switch {
+	case !m.inTag:
+		if b == '<' {
+			*m = markup{inTag: true}
+		}
+	case m.quote != 0:
+		if b == m.quote || m.quote == ' ' && (space || b == '>') {
+			*m = markup{inTag: b != '>', ended: true}
+		}
+	case b == '>':
+		*m = markup{}
+	case b == '=':
+		m.eq = true
+	case m.eq && (b == '"' || b == '\''):
+		m.quote, m.field = b, m.name == len(value)
+	case space || b == '/':
+		m.ended = m.ended || !m.eq
+	case m.eq:
+		m.quote, m.field = ' ', m.name == len(value)
+	default:
+		if m.ended {
+			m.name, m.ended = 0, false
+		}
+		if m.name >= 0 && m.name < len(value) && b|0x20 == value[m.name] {
+			m.name++
+		} else {
+			m.name = -1
+		}
+	}
 }
 
 // classifyAt classifies r, decoded from size bytes at offset i of s after

@@ -84,13 +84,29 @@ func TestEscapingRule(t *testing.T) {
 		require.Equal(t, tc.inert, string(InertJSON([]byte(tc.in))), "InertJSON: %s: %q", tc.name, tc.in)
 		require.Equal(t, tc.page, string(Page([]byte(tc.in))), "Page: %s: %q", tc.name, tc.in)
 	}
-	// Inside a tag (an attribute's value), separators, bidirectional
-	// controls and invisible characters are character references, which a
-	// browser reads back as the character (a form field sends it as
-	// stored); controls stay text; outside tags, text as above.
+	// In a form field's value (a value attribute's), separators,
+	// bidirectional controls and invisible characters are character
+	// references, which a browser reads back as the character (the field
+	// sends it as stored); controls stay text; outside tags, text as above.
 	require.Equal(t, `<input value="pk-k&#x200b;0 &#x202e;x &#x2028; \x01">pk-k\u200b0 \u202ex`,
 		string(Page([]byte("<input value=\"pk-k\u200b0 \u202ex \u2028 \x01\">pk-k\u200b0 \u202ex"))))
-	require.Equal(t, `<a title="&#x1d173;">\U0001d173</a>`, string(Page([]byte("<a title=\"\U0001d173\">\U0001d173</a>"))))
+	// Every other attribute is text the operator reads, a tooltip or a
+	// confirmation prompt: there a reference was read back as U+202E, and
+	// the text reordered (a hostile-client probe).
+	for in, want := range map[string]string{
+		"<a title=\"\U0001d173\">\U0001d173</a>":                                                     `<a title="\U0001d173">\U0001d173</a>`,
+		"<td class=\"err\" title=\"x\u202e{{.}}\x1b[31m\">":                                          `<td class="err" title="x\u202e{{.}}\x1b[31m">`,
+		"<button value=\"match\" data-confirm=\"Cancel (state={&#34;x&#34;:&#34;\u202eab&#34;})?\">": `<button value="match" data-confirm="Cancel (state={&#34;x&#34;:&#34;\u202eab&#34;})?">`,
+		"<input data-value=\"\u202e\" values=\"\u202e\" title=\"value=\u202e\">":                     `<input data-value="\u202e" values="\u202e" title="value=\u202e">`,
+		// html/template quotes with ", a template may with '; a '>' in a
+		// quoted value ends no tag; names are read without case.
+		"<input placeholder='a>b' VALUE = '\u202e' title=\"\u202e\">":       `<input placeholder='a>b' VALUE = '&#x202e;' title="\u202e">`,
+		"<option value=\"\u200b\" selected>\u200b</option>":                 `<option value="&#x200b;" selected>\u200b</option>`,
+		"<input value=\u202e title=\u202e><input checked value=\"\u202e\">": `<input value=&#x202e; title=\u202e><input checked value="&#x202e;">`,
+		"<p>value=\"\u202e\"</p><input value=\"\" title=\"\u202e\">":        `<p>value="\u202e"</p><input value="" title="\u202e">`,
+	} {
+		require.Equal(t, want, string(Page([]byte(in))), "%q", in)
+	}
 	// Nothing to escape: the same bytes back, not a copy.
 	page := []byte("<p>nothing to escape\n\t</p>")
 	require.Same(t, &page[0], &Page(page)[0])
