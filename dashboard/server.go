@@ -99,8 +99,10 @@ const evictGrace = 100 * time.Millisecond
 // its last answer before it closes, else the one waiting longest, idle
 // after an answer or open without a whole request header (for 100 ms at
 // least; on Unix, not while request bytes wait unread in its socket: its
-// reader has not run yet; nor once its reader has read a whole request
-// header, unless pipelined: net/http has not reported the request yet) —
+// reader has not run yet; nor while its reader takes them; nor once its
+// reader has read a whole request header, unless pipelined: net/http has
+// not reported the request yet; elsewhere, a header read only once its
+// reader has noted it, just after the read) —
 // so that a client holding many connections open and silent, or idling
 // many keep-alives, cannot starve the others. Connections with a request
 // being read or answered are never closed; only when every one
@@ -194,6 +196,11 @@ func (l *limitListener) accept() (net.Conn, error) {
 // it there let the handler run — an action done and audit-logged — while
 // its answer went nowhere (a probe: 18–104 of 500 requests at once on a
 // busy CPU). Its reader reports it active, or the server closes it, soon.
+// So is one whose reader is taking bytes out of its socket (on Unix: it
+// waits for them without taking them, and marks itself taking, before it
+// reads): a reader that had taken the request and not yet noted it, waiting
+// for the lock held here, was seen with no byte waiting and no header read,
+// and closed (a probe: 1–60 of 300 requests at once, load 11).
 // Only bytes read while the connection waits for a request are looked at:
 // a next request a client pipelined, read along with the one before, is
 // not seen (browsers do not pipeline).
@@ -214,7 +221,7 @@ func (l *limitListener) evict(now time.Time) (retry time.Duration, evicted bool)
 			}
 			break
 		}
-		if c.state != stateLingering && (c.headerRead || inputWaiting(c.Conn)) {
+		if c.state != stateLingering && (c.headerRead || c.taking || inputWaiting(c.Conn)) {
 			retry = pendingRecheck // its reader will take it up: look again soon
 			continue
 		}
@@ -286,8 +293,9 @@ type limitConn struct {
 	since time.Time      // when it entered state
 	// headerRead: in state new or idle, the reader has read a whole
 	// request header (up to its empty line); lineStart: the bytes read so
-	// far end a line. Under l.mu.
-	headerRead, lineStart bool
+	// far end a line; taking: in state new or idle, a Read is taking bytes
+	// that wait in the socket, and has not yet noted them. Under l.mu.
+	headerRead, lineStart, taking bool
 }
 
 // Read notes, while the connection waits for a request (new or idle),
@@ -296,30 +304,54 @@ type limitConn struct {
 // make room. The bytes of a body (read once it is active) are not looked
 // at. A header still arriving is not noted: a client that trickles one is
 // closed as before.
+//
+// While it waits for a request, it first waits (on Unix) for bytes to
+// arrive without taking them, and marks itself taking them before it
+// does, under l.mu: a full listener sees them waiting in the socket, or
+// the mark, or the header read, and never a request taken but not yet
+// noted. One it has chosen to close takes nothing.
 func (c *limitConn) Read(p []byte) (int, error) {
+	l := c.l
+	l.mu.Lock()
+	waiting := c.state == http.StateNew || c.state == http.StateIdle
+	l.mu.Unlock()
+	if !waiting {
+		return c.Conn.Read(p)
+	}
+	seen, err := awaitInput(c.Conn)
+	if err != nil {
+		return 0, err
+	}
+	l.mu.Lock()
+	if seen {
+		if _, open := l.conns[c]; !open {
+			l.mu.Unlock()
+			return 0, &net.OpError{Op: "read", Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: net.ErrClosed}
+		}
+		c.taking = true
+	}
+	l.mu.Unlock()
 	n, err := c.Conn.Read(p)
-	if n > 0 {
-		l := c.l
-		l.mu.Lock()
-		if (c.state == http.StateNew || c.state == http.StateIdle) && !c.headerRead {
-			for _, b := range p[:n] {
-				switch b {
-				case '\n':
-					if c.lineStart {
-						c.headerRead = true
-					}
-					c.lineStart = true
-				case '\r':
-				default:
-					c.lineStart = false
+	l.mu.Lock()
+	c.taking = false
+	if n > 0 && (c.state == http.StateNew || c.state == http.StateIdle) && !c.headerRead {
+		for _, b := range p[:n] {
+			switch b {
+			case '\n':
+				if c.lineStart {
+					c.headerRead = true
 				}
-				if c.headerRead {
-					break
-				}
+				c.lineStart = true
+			case '\r':
+			default:
+				c.lineStart = false
+			}
+			if c.headerRead {
+				break
 			}
 		}
-		l.mu.Unlock()
 	}
+	l.mu.Unlock()
 	return n, err
 }
 

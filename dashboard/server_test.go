@@ -471,6 +471,96 @@ func TestFullListenerKeepsARequestWhoseHeaderWasRead(t *testing.T) {
 	}
 }
 
+// TestFullListenerKeepsARequestItsReaderIsTaking: the reader takes a
+// request out of its socket and only then notes it, and a full listener
+// looking in between saw no byte waiting and no header read: it closed the
+// connection, and the request the reader then held was answered to no one
+// (a probe: 300 connections at once, each sending a GET at once, against
+// `gendurable ui` with its 128, load 11 — 1–60 of 300 closed with no
+// answer, in several of 7 runs; the reader waited for the lock the
+// listener held while it looked). Driven by holding the reader there: its
+// connection's Read has taken the bytes and does not return until the
+// listener has looked for 1 s.
+func TestFullListenerKeepsARequestItsReaderIsTaking(t *testing.T) {
+	t.Parallel()
+	srv := dashboard.NewServer(http.NotFoundHandler(), dashboard.ServerOptions{})
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	held := &holdingListener{Listener: tcp, taken: make(chan struct{}), release: make(chan struct{})}
+	ln := dashboard.LimitListener(held, 1)
+	t.Cleanup(func() { _ = ln.Close() })
+	c1, err := net.Dial("tcp", tcp.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c1.Close() })
+	s1, err := ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s1.Close() })
+	srv.ConnState(s1, http.StateNew)
+	const request = "GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+	_, err = io.WriteString(c1, request)
+	require.NoError(t, err)
+	read := make(chan string, 1)
+	go func() {
+		buf := make([]byte, 64)
+		n, _ := s1.Read(buf)
+		read <- string(buf[:n])
+	}()
+	select {
+	case <-held.taken:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reader did not take the request")
+	}
+	c2, err := net.Dial("tcp", tcp.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c2.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if s2, err := ln.Accept(); err == nil {
+			accepted <- s2
+		}
+	}()
+	select {
+	case s2 := <-accepted:
+		s2.Close()
+		t.Error("the connection whose reader was taking its request was closed to make room")
+	case <-time.After(1 * time.Second): // ten times the grace
+	}
+	close(held.release)
+	require.Equal(t, request, <-read)
+}
+
+// holdingListener's connections hold a Read that took bytes until release
+// is closed, having closed taken.
+type holdingListener struct {
+	net.Listener
+	once           sync.Once
+	taken, release chan struct{}
+}
+
+func (l *holdingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &holdingConn{TCPConn: c.(*net.TCPConn), l: l}, nil
+}
+
+// holdingConn is a TCP connection (its SyscallConn, which LimitListener
+// looks into, included) whose Read is held.
+type holdingConn struct {
+	*net.TCPConn
+	l *holdingListener
+}
+
+func (c *holdingConn) Read(p []byte) (int, error) {
+	n, err := c.TCPConn.Read(p)
+	if n > 0 {
+		c.l.once.Do(func() { close(c.l.taken) })
+		<-c.l.release
+	}
+	return n, err
+}
+
 // fullOneSlotListener serves LimitListener of one slot: a client c1 whose
 // server side s1 has reported states to srv's ConnState (after request, if
 // not nil, wrote on c1), then a second client dialled; accepted gets the
