@@ -373,7 +373,8 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			if w.Unstarted {
 				what, then = "prefetched step "+w.Step+" (not started as of its last heartbeat)", ""
 			}
-			r.Summary = fmt.Sprintf("lease of %s expired %s ago with no outcome (its worker crashed, stopped or was cut off): "+
+			r.Summary = fmt.Sprintf("lease of %s expired %s ago with no outcome (no heartbeat renewed it: its worker crashed, stopped or was cut off, "+
+				"or another transaction holds the row locked): "+
 				"waiting for the reaper of a running engine of this schema to make it runnable again%s",
 				what, w.Now.Sub(*w.LeaseExpiresAt).Round(time.Millisecond), then)
 		}

@@ -1313,8 +1313,8 @@ func TestWaitReasonOfAnExpiredLease(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, gendurable.StatusExecuting, w.Status)
 		require.NotNil(t, w.LeaseExpiresAt)
-		require.Contains(t, w.Summary, "ago with no outcome (its worker crashed, stopped or was cut off): "+
-			"waiting for the reaper of a running engine of this schema to make it runnable again")
+		require.Contains(t, w.Summary, "ago with no outcome (no heartbeat renewed it: its worker crashed, stopped or was cut off, "+
+			"or another transaction holds the row locked): waiting for the reaper of a running engine of this schema to make it runnable again")
 		require.NotContains(t, w.Summary, "running step")
 		if w.Unstarted {
 			prefetched++

@@ -34,9 +34,21 @@ func inputWaiting(c net.Conn) bool {
 // cannot look (c is no socket). It waits as c's Read does, under its read
 // deadline; an error is a read's (net/http takes a deadline's, or that of
 // a connection closed meanwhile, for the common end of a connection).
+//
+// Only a connection of the net package's own (TCP, a Unix socket) is
+// looked at: one of another type that is a syscall.Conn all the same (a
+// wrapper embedding a *net.TCPConn) may hold bytes it read ahead, which
+// the socket no longer has, and waiting for more held its request until
+// its header timeout, unanswered (a review: a listener that sniffs the
+// first bytes at Accept and replays them).
 func awaitInput(c net.Conn) (bool, error) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
+	var sc syscall.Conn
+	switch c := c.(type) {
+	case *net.TCPConn:
+		sc = c
+	case *net.UnixConn:
+		sc = c
+	default:
 		return false, nil
 	}
 	rc, err := sc.SyscallConn()

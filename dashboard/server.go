@@ -98,11 +98,13 @@ const evictGrace = 100 * time.Millisecond
 // closes a connection without a request under way — one lingering after
 // its last answer before it closes, else the one waiting longest, idle
 // after an answer or open without a whole request header (for 100 ms at
-// least; on Unix, not while request bytes wait unread in its socket: its
-// reader has not run yet; nor while its reader takes them; nor once its
-// reader has read a whole request header, unless pipelined: net/http has
-// not reported the request yet; elsewhere, a header read only once its
-// reader has noted it, just after the read) —
+// least; on Unix, for the net package's own TCP and Unix connections, not
+// while request bytes wait unread in its socket: its reader has not run
+// yet; nor while its reader takes them; nor once its reader has read a
+// whole request header, unless pipelined: net/http has not reported the
+// request yet; elsewhere, and for a connection of another type — a
+// wrapper's, which may hold bytes it read ahead, is not looked into — a
+// header read only once its reader has noted it, just after the read) —
 // so that a client holding many connections open and silent, or idling
 // many keep-alives, cannot starve the others. Connections with a request
 // being read or answered are never closed; only when every one
@@ -126,6 +128,10 @@ type limitListener struct {
 
 	mu    sync.Mutex
 	conns map[*limitConn]struct{} // open, with their states
+
+	// afterTake, if set (tests only), runs in a waiting connection's Read
+	// between taking bytes from the socket and noting them.
+	afterTake func()
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -332,6 +338,9 @@ func (c *limitConn) Read(p []byte) (int, error) {
 	}
 	l.mu.Unlock()
 	n, err := c.Conn.Read(p)
+	if l.afterTake != nil && n > 0 {
+		l.afterTake()
+	}
 	l.mu.Lock()
 	c.taking = false
 	if n > 0 && (c.state == http.StateNew || c.state == http.StateIdle) && !c.headerRead {

@@ -479,15 +479,16 @@ func TestFullListenerKeepsARequestWhoseHeaderWasRead(t *testing.T) {
 // `gendurable ui` with its 128, load 11 — 1–60 of 300 closed with no
 // answer, in several of 7 runs; the reader waited for the lock the
 // listener held while it looked). Driven by holding the reader there: its
-// connection's Read has taken the bytes and does not return until the
-// listener has looked for 1 s.
+// Read has taken the bytes and does not note them until the listener has
+// looked for 1 s.
 func TestFullListenerKeepsARequestItsReaderIsTaking(t *testing.T) {
 	t.Parallel()
 	srv := dashboard.NewServer(http.NotFoundHandler(), dashboard.ServerOptions{})
 	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	held := &holdingListener{Listener: tcp, taken: make(chan struct{}), release: make(chan struct{})}
-	ln := dashboard.LimitListener(held, 1)
+	ln := dashboard.LimitListener(tcp, 1)
+	dashboard.HoldAfterTake(ln, held.hold)
 	t.Cleanup(func() { _ = ln.Close() })
 	c1, err := net.Dial("tcp", tcp.Addr().String())
 	require.NoError(t, err)
@@ -529,36 +530,74 @@ func TestFullListenerKeepsARequestItsReaderIsTaking(t *testing.T) {
 	require.Equal(t, request, <-read)
 }
 
-// holdingListener's connections hold a Read that took bytes until release
-// is closed, having closed taken.
+// holdingListener holds a Read that took bytes (hold, by HoldAfterTake)
+// until release is closed, having closed taken.
 type holdingListener struct {
 	net.Listener
 	once           sync.Once
 	taken, release chan struct{}
 }
 
-func (l *holdingListener) Accept() (net.Conn, error) {
+func (l *holdingListener) hold() {
+	l.once.Do(func() { close(l.taken) })
+	<-l.release
+}
+
+// TestAListenerWhoseConnectionsReadAheadIsAnswered (a review): a wrapped
+// listener whose connections hold bytes they read ahead (a sniffer that
+// reads the first bytes at Accept and replays them), a *net.TCPConn
+// embedded all the same. Waiting for bytes in the socket before a Read held
+// its request, already read, until the header timeout: closed unanswered
+// after 3 s.
+func TestAListenerWhoseConnectionsReadAheadIsAnswered(t *testing.T) {
+	t.Parallel()
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := dashboard.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }),
+		dashboard.ServerOptions{ReadHeaderTimeout: 3 * time.Second})
+	go func() { _ = srv.Serve(dashboard.LimitListener(sniffListener{tcp}, 4)) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	c, err := net.Dial("tcp", tcp.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	start := time.Now()
+	_, err = io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	require.NoError(t, err)
+	require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "HTTP/1.1 200 OK\r\n", line)
+	require.Less(t, time.Since(start), 2*time.Second, "answered at once, not at the header timeout")
+}
+
+// sniffListener reads the first bytes of each connection at Accept and
+// hands back a connection that replays them.
+type sniffListener struct{ net.Listener }
+
+type sniffConn struct {
+	*net.TCPConn
+	buf []byte
+}
+
+func (c *sniffConn) Read(p []byte) (int, error) {
+	if len(c.buf) > 0 {
+		n := copy(p, c.buf)
+		c.buf = c.buf[n:]
+		return n, nil
+	}
+	return c.TCPConn.Read(p)
+}
+
+func (l sniffListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return &holdingConn{TCPConn: c.(*net.TCPConn), l: l}, nil
-}
-
-// holdingConn is a TCP connection (its SyscallConn, which LimitListener
-// looks into, included) whose Read is held.
-type holdingConn struct {
-	*net.TCPConn
-	l *holdingListener
-}
-
-func (c *holdingConn) Read(p []byte) (int, error) {
-	n, err := c.TCPConn.Read(p)
-	if n > 0 {
-		c.l.once.Do(func() { close(c.l.taken) })
-		<-c.l.release
-	}
-	return n, err
+	b := make([]byte, 4096)
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	n, _ := c.Read(b) // the whole small request
+	_ = c.SetReadDeadline(time.Time{})
+	return &sniffConn{TCPConn: c.(*net.TCPConn), buf: b[:n]}, nil
 }
 
 // fullOneSlotListener serves LimitListener of one slot: a client c1 whose

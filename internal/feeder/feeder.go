@@ -1080,7 +1080,6 @@ func (s *Feeder) slotFreedLocked() {
 	s.keyedStuck = false
 }
 
-// busyPoll is the poll interval after a pick that found rows.
 // ratedWakeAt is when a pick begun at start that passed over rated keys
 // out of starts (rated: their counts per policy, as PickResult.KeysRated)
 // should be followed by another: once the quickest of their policies'
@@ -1113,6 +1112,7 @@ func (s *Feeder) ratedWakeAt(start time.Time, rated []int32) time.Time {
 // poll (its idle backoff tops out at MaxPollInterval, 5 s by default).
 const maxRatedWake = time.Minute
 
+// busyPoll is the poll interval after a pick that found rows.
 func (s *Feeder) busyPoll() time.Duration {
 	if s.cfg.BusyPollInterval > 0 {
 		return s.cfg.BusyPollInterval

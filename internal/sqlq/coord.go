@@ -264,9 +264,13 @@ SELECT i.status::text, i.step, i.eligible_at, i.awaits, i.await_deadline,
        -- the queue's running steps as a pick with a GlobalConcurrency
        -- counts them (live leases in the queue), unless the caller works
        -- the row's queue with no such bound ($2: the queues it does)
+       -- (two counts, as the pick's: each status's partial lease index
+       -- serves one; a count of both scanned the table)
        CASE WHEN NOT i.queue = ANY ($2::text[]) AND i.status = 'runnable' THEN
          (SELECT count(*) FROM {{schema}}.gendurable_instances AS h
-          WHERE h.lease_expires_at > now() AND h.queue = i.queue) END,
+          WHERE h.status = 'executing' AND h.lease_expires_at > now() AND h.queue = i.queue)
+         + (SELECT count(*) FROM {{schema}}.gendurable_instances AS h
+            WHERE h.status <> 'executing' AND h.lease_expires_at > now() AND h.queue = i.queue) END,
        i.inbox, i.lease_expires_at, now(), i.key_limit, b.tokens, b.refilled_at,
        -- released unrun by a process that did not know its (machine,
        -- version), and not run since: the release's history entry
