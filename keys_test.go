@@ -1110,6 +1110,39 @@ func TestARatedKeysBacklogKeepsItsRateOnAnIdleWorker(t *testing.T) {
 	}
 }
 
+// TestWaitInAProcessWithoutPoliciesSaysAHeldKeyIsRatedToo (a PgBouncer
+// probe): a rated key with a holder, its bucket empty, read in the CLI as a
+// matter of its limit alone ("2 slots held … it waits for one if that is
+// the key's limit"), never of its rate.
+func TestWaitInAProcessWithoutPoliciesSaysAHeldKeyIsRatedToo(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	job := &gendurable.Job[spanArgs]{Name: "ratedheld", Perform: func(ctx context.Context, r *gendurable.Run[spanArgs]) error {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}}
+	cfg := fastConfig("", job)
+	cfg.KeyPolicies = []gendurable.KeyPolicy{{Prefix: "ratedheld", Limit: 5, Rate: 1, Per: time.Hour, Burst: 1}}
+	b := setup(t, cfg)
+	first := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "ratedheld"}))
+	second := b.insert(job.New(spanArgs{}).With(gendurable.InsertOpts{PartitionKey: "ratedheld"}))
+	b.start()
+	defer close(release)
+	eventually(t, 10*time.Second, func() bool { return b.row(first).Status == "executing" }, "the first step did not start")
+	admin, err := gendurable.New(b.pool, &gendurable.Config{Schema: b.schema})
+	require.NoError(t, err)
+	eventually(t, 10*time.Second, func() bool {
+		w, err := admin.WaitReason(context.Background(), second)
+		require.NoError(t, err)
+		return strings.Contains(w.Summary, fmt.Sprintf(`partition key "ratedheld": 1 slot held by instance %d; it waits for one if that is the key's limit`, first)) &&
+			strings.Contains(w.Summary, `, or for its rate: the key is rated too, and as a pick last left its bucket, `) &&
+			strings.HasSuffix(w.Summary, ` ago, it held 0.00 of a start`)
+	}, "the wait reason did not name the rate")
+}
+
 // TestWaitSaysARatedKeyIsLimited: Wait names the time a rated key's next
 // start comes — for a Per near math.MaxInt64 too, whose wait overflowed a
 // Duration and went unreported.

@@ -298,6 +298,13 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			r.Summary = fmt.Sprintf("partition key %q: %d %s held by %s; it waits for one if that is the key's limit "+
 				"(1, unless a KeyPolicy of the processes that work queue %q says more: this process has none)",
 				r.PartitionKey, held, slots(held), instanceList(w.KeyHolders, held), w.Queue)
+			if w.BucketTokens != nil && *w.BucketTokens < 1 && !e.ratesKey(*w.PartitionKey) {
+				// A rated key with a holder read as a matter of its limit
+				// alone (a PgBouncer probe: 2 of 4 slots held, its bucket
+				// empty).
+				r.Summary += fmt.Sprintf(", or for its rate: the key is rated too, and as a pick last left its bucket, %s ago, it held %.2f of a start",
+					w.Now.Sub(*w.BucketRefilled).Round(time.Millisecond), max(0, *w.BucketTokens))
+			}
 		case w.PartitionKey != nil && held > 0 && held >= e.keyLimit(*w.PartitionKey, w.KeyLimit):
 			r.KeyHolders, r.KeyLimit = w.KeyHolders, e.keyLimit(*w.PartitionKey, w.KeyLimit)
 			r.PartitionHeldBy = w.KeyHolders[0]

@@ -97,8 +97,29 @@ func (c *common) engine(ctx context.Context, stderr io.Writer) (*gendurable.Engi
 	if err != nil {
 		return nil, nil, err
 	}
-	return eng, pool.Close, nil
+	return eng, func() { closePool(pool) }, nil
 }
+
+// closePool closes pool, waiting for it at most poolCloseWait. pgxpool's
+// Close waits for each connection's close, and one whose statement a
+// cancel cut short is drained first, for up to 15 s: behind a paused
+// PgBouncer, a command interrupted with Ctrl-C took 15 s more to exit,
+// and Ctrl-C again did nothing (a PgBouncer probe). Exiting closes the
+// sockets all the same.
+func closePool(pool *pgxpool.Pool) {
+	done := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(poolCloseWait):
+	}
+}
+
+// poolCloseWait bounds closePool.
+const poolCloseWait = time.Second
 
 // engineAndPool is engine, with the pool it opened (the caller closes it).
 func (c *common) engineAndPool(ctx context.Context, stderr io.Writer) (*gendurable.Engine, *pgxpool.Pool, error) {
@@ -107,7 +128,7 @@ func (c *common) engineAndPool(ctx context.Context, stderr io.Writer) (*gendurab
 		return nil, nil, err
 	}
 	if _, err := sameVersion(ctx, pool, c.schema); err != nil {
-		pool.Close()
+		closePool(pool)
 		return nil, nil, err
 	}
 	return eng, pool, nil
@@ -131,7 +152,7 @@ func (c *common) uncheckedEngine(ctx context.Context, stderr io.Writer) (*gendur
 	}
 	eng, err := gendurable.New(pool, &gendurable.Config{Schema: c.schema, Logger: c.logger(stderr)})
 	if err != nil {
-		pool.Close()
+		closePool(pool)
 		return nil, nil, err
 	}
 	return eng, pool, nil

@@ -947,7 +947,7 @@ func migrateCmd(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closePool(pool)
 	var res migrate.Result
 	switch action {
 	case "up", "down":

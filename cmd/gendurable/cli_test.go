@@ -2002,3 +2002,60 @@ func TestHelpOfAnUnknownCommandIsAUsageError(t *testing.T) {
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, `"code": "usage"`)
 }
+
+// TestACommandCutOffFromTheDatabaseEndsOnCtrlC (a PgBouncer probe): a
+// command whose statement waits on a server that stopped answering (a
+// paused PgBouncer; here, a network cut under its connection) and is
+// interrupted with Ctrl-C exits at once. Closing its pool waited for the
+// cut connection's drain, up to 15 s, and Ctrl-C again did nothing.
+func TestACommandCutOffFromTheDatabaseEndsOnCtrlC(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	seed(t, pool, schema, 1, "attempt", "0")
+	u, err := url.Parse(dbtest.URL())
+	require.NoError(t, err)
+	proxy := dbtest.NewCutProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	q := u.Query()
+	q.Set("sslmode", "disable")
+	q.Set("application_name", "gdctrlc_"+schema)
+	u.RawQuery = q.Encode()
+
+	// The show's statement waits on a lock this test holds.
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	_, err = tx.Exec(ctx, `LOCK TABLE "`+schema+`".gendurable_instances IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	cmd := exec.Command(binary, "show", "1", "--schema", schema)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+u.String())
+	var errOut bytes.Buffer
+	cmd.Stderr = &errOut
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	require.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock'`, "gdctrlc_"+schema).Scan(&n))
+		return n > 0
+	}, 20*time.Second, 20*time.Millisecond, "the command's statement did not wait on the lock")
+	proxy.Cut()
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	start := time.Now()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, "%s", errOut.String())
+		require.Equal(t, exitError, ee.ExitCode(), "%s", errOut.String())
+		require.Contains(t, errOut.String(), "gendurable: show stopped: interrupt signal received")
+		require.Less(t, time.Since(start), 5*time.Second)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the command had not exited 10 s after Ctrl-C: %s", errOut.String())
+	}
+	_ = tx.Rollback(ctx)
+	proxy.Heal()
+}

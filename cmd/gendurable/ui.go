@@ -128,7 +128,7 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	defer closePool(pool)
 	h, err := dashboard.New(eng, opts)
 	if err != nil {
 		return usageError{msg: err.Error()}
