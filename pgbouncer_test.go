@@ -741,3 +741,50 @@ func TestStartRefusesStatementPooling(t *testing.T) {
 	t.Logf("Start: %v", err)
 	_ = eng.Stop(context.Background())
 }
+
+// TestWithTxRefusedByStatementPoolingAfterStartSaysSo (a PgBouncer probe):
+// the pooler switched to statement pooling after Start (its check passed)
+// refuses every WithTx outcome's transaction. Each was taken for a lost
+// connection: an attempt waited out its lease, the error "lease expired
+// with no outcome", never naming the mode. It is the step's failure now,
+// at once, its error naming the mode and the fix.
+func TestWithTxRefusedByStatementPoolingAfterStartSaysSo(t *testing.T) {
+	t.Parallel()
+	bouncer := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolSize: 2})
+	direct, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, Extra: 2})
+	pool := bouncerPool(t, bouncer.URL, bouncerExecMode, 4)
+	job := &gendurable.Job[orderArgs]{Name: "stmtswitch", Perform: func(context.Context, *gendurable.Run[orderArgs]) error { return nil },
+		MaxAttempts: 1}
+	m := &gendurable.Machine[orderArgs]{Name: "stmtswitchtx", Start: "a", MaxAttempts: 1, Steps: map[string]gendurable.StepFunc[orderArgs]{
+		"a": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil).WithTx(func(ctx context.Context, tx pgx.Tx) error { return nil }), nil
+		}}}
+	cfg := &gendurable.Config{Schema: schema, Machines: []gendurable.Definition{job, m}, Logger: testLogger(t),
+		LeaseDuration: 20 * time.Second, HeartbeatInterval: time.Second,
+		Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: 2, PollInterval: 20 * time.Millisecond}}}
+	eng, err := gendurable.New(pool, cfg)
+	require.NoError(t, err)
+	b := &testBundle{t: t, pool: direct, schema: schema, eng: eng}
+	b.start()
+
+	admin, err := pgx.ParseConfig(bouncer.URL)
+	require.NoError(t, err)
+	admin.Database = "pgbouncer"
+	admin.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	console, err := pgx.ConnectConfig(context.Background(), admin)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = console.Close(context.Background()) })
+	_, err = console.Exec(context.Background(), "SET pool_mode = 'statement'")
+	require.NoError(t, err)
+
+	plain := b.insert(job.New(orderArgs{}))
+	b.waitStatus(plain, "done", 10*time.Second) // a plain outcome is one statement
+	start := time.Now()
+	withTx := b.insert(m.New(orderArgs{}))
+	r := b.waitStatus(withTx, "failed", 10*time.Second) // not after its 20 s lease
+	require.Less(t, time.Since(start), 10*time.Second)
+	require.Len(t, r.Errors, 1)
+	require.Equal(t, "error", r.Errors[0]["kind"])
+	require.Contains(t, r.Errors[0]["error"], "the step's transaction was refused: PgBouncer in statement pooling runs no transaction blocks")
+	require.Contains(t, r.Errors[0]["error"], "use pool_mode = transaction")
+}

@@ -161,11 +161,17 @@ func (x *Executor) tryCommitTx(ctx, stepCtx context.Context, db sqlq.DB, res *Re
 	}
 	tx, err := beginner.BeginTx(ctx, opts)
 	if err != nil {
+		if refused := statementPooling(err); refused != nil {
+			return nil, refused, nil
+		}
 		return nil, nil, err
 	}
 	pid, err := x.backendPID(ctx, tx)
 	if err != nil {
 		_ = tx.Rollback(ctx)
+		if refused := statementPooling(err); refused != nil {
+			return nil, refused, nil
+		}
 		return nil, nil, err
 	}
 	// Without a deadline, a connection that died silently (half-open after
@@ -452,3 +458,16 @@ func endedOtherwise(err error) bool {
 // connectionFailure is sqlq.ConnectionFailure: the connection or the
 // server failed rather than the statement.
 var connectionFailure = sqlq.ConnectionFailure
+
+// statementPooling is the step's failure for err, PgBouncer's refusal of a
+// transaction block in statement pooling, put in after Start (which
+// refuses it): no transaction can run, this attempt or the next, and
+// nothing was written. Named so — as a lost connection it waited out a
+// lease per attempt, its error "lease expired with no outcome" (a
+// PgBouncer probe). Nil for any other error.
+func statementPooling(err error) error {
+	if !sqlq.StatementPooling(err) {
+		return nil
+	}
+	return fmt.Errorf("gendurable: the step's transaction was refused: %s: %w", sqlq.StatementPoolingHint, err)
+}
