@@ -561,6 +561,10 @@ func TestMachinesAndGraph(t *testing.T) {
 	require.Contains(t, r.body, "awaiting_signal 1")
 	require.Contains(t, r.body, `class="edge"`)
 	require.Contains(t, r.body, "await 2") // wait → ship, observed twice
+	// Edge labels come after every step's box, so a label wider than the
+	// gap between two steps is painted over them, not under them (a
+	// newcomer's probe read "· children 1" for "20 · children 180").
+	require.Greater(t, strings.Index(r.body, `class="edge-label"`), strings.LastIndex(r.body, `<g class="node`))
 	require.Contains(t, r.body, `href="/instances?machine=order&amp;status=awaiting_signal&amp;step=ship"`)
 
 	// A machine neither registered nor in the table is not found.

@@ -146,7 +146,11 @@ func (r *StepResult[S]) String() string {
 		fmt.Fprintf(&b, " %q", r.Step)
 	}
 	if r.Delay > 0 {
-		fmt.Fprintf(&b, " in %s", r.Delay)
+		d := r.Delay
+		if d >= time.Millisecond {
+			d = d.Round(time.Millisecond) // a jittered backoff read "in 842.917526ms"
+		}
+		fmt.Fprintf(&b, " in %s", d)
 	}
 	if len(r.Awaits) > 0 {
 		fmt.Fprintf(&b, " awaiting %s", strings.Join(r.Awaits, ", "))

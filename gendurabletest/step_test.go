@@ -253,6 +253,16 @@ func TestRunStepOptionsOutOfRangeFailTheTest(t *testing.T) {
 	}
 }
 
+// A retry's delay is shown to the millisecond: the jittered backoff read
+// "replay in 842.917526ms after error: boom" (a newcomer's probe).
+func TestRunStepStringRoundsTheDelay(t *testing.T) {
+	t.Parallel()
+	job := &gendurable.Job[shipment]{Name: "boom", Perform: func(context.Context, *gendurable.Run[shipment]) error { return errors.New("boom") }}
+	res := gendurabletest.RunStep(t.Context(), t, job, gendurable.JobStep, shipment{}, nil)
+	require.Equal(t, "replay", res.Kind)
+	require.Regexp(t, `^replay in (\d+ms|\d+(\.\d{1,3})?s) after error: boom$`, res.String())
+}
+
 func TestRunStepJob(t *testing.T) {
 	t.Parallel()
 	attempts := 0

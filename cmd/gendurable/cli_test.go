@@ -390,6 +390,8 @@ func TestUIOnASchemaNeverMigratedExits(t *testing.T) {
 	require.NoError(t, ctx.Err(), "ui kept serving: %s", out)
 	require.Equal(t, 1, cmd.ProcessState.ExitCode(), "%s", out)
 	require.Contains(t, string(out), "has no gendurable tables")
+	require.Contains(t, string(out), "first (the database is DATABASE_URL's) (or check --schema: the demo works in gendurable_demo)",
+		"the words of every other command, in their order")
 }
 
 // TestNotMigratedAdviceSaysToCheckTheSchema: a command on a schema without

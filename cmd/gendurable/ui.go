@@ -143,7 +143,10 @@ func uiCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// A schema never migrated (or misspelt): every page would fail with
 	// 503 while the server ran on; say so and exit, as for another version.
 	if v == 0 {
-		return fmt.Errorf("%w: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` first (or check --schema)",
+		// The advice to check --schema is reportError's, as for every
+		// command (it read "(or check --schema) (the database is …)"
+		// here, the other way round elsewhere: a newcomer's probe).
+		return fmt.Errorf("%w: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` first",
 			gendurable.ErrNotMigrated, c.schema, c.schema)
 	}
 	srv := dashboard.NewServer(h, dashboard.ServerOptions{MaxConns: *maxConns})
