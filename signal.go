@@ -262,6 +262,16 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 	if w.PartitionKey != nil {
 		r.PartitionKey = *w.PartitionKey
 	}
+	global := e.cfg.Queues[w.Queue].GlobalConcurrency // this engine's bound on the row's queue (0: none)
+	// rated describes, for a process without the key's rate, the bucket
+	// as a pick last left it: refilled_at is when a pick last looked at
+	// it, with a start or not (its wording "its last start, 315ms ago"
+	// came 1.7 s after the last start: a flow-control probe).
+	ratedElsewhere := w.PartitionKey != nil && w.BucketTokens != nil && *w.BucketTokens < 1 && !e.ratesKey(*w.PartitionKey)
+	rated := func() string {
+		return fmt.Sprintf("as a pick last left its bucket, %s ago, it held %.2f of a start",
+			w.Now.Sub(*w.BucketRefilled).Round(time.Millisecond), max(0, *w.BucketTokens))
+	}
 	held := len(w.KeyHolders) // the holders counted, not only those listed (at most 100)
 	if w.KeyHeld != nil {
 		held = int(*w.KeyHeld)
@@ -298,12 +308,11 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			r.Summary = fmt.Sprintf("partition key %q: %d %s held by %s; it waits for one if that is the key's limit "+
 				"(1, unless a KeyPolicy of the processes that work queue %q says more: this process has none)",
 				r.PartitionKey, held, slots(held), instanceList(w.KeyHolders, held), w.Queue)
-			if w.BucketTokens != nil && *w.BucketTokens < 1 && !e.ratesKey(*w.PartitionKey) {
+			if ratedElsewhere {
 				// A rated key with a holder read as a matter of its limit
 				// alone (a PgBouncer probe: 2 of 4 slots held, its bucket
 				// empty).
-				r.Summary += fmt.Sprintf(", or for its rate: the key is rated too, and as a pick last left its bucket, %s ago, it held %.2f of a start",
-					w.Now.Sub(*w.BucketRefilled).Round(time.Millisecond), max(0, *w.BucketTokens))
+				r.Summary += ", or for its rate: the key is rated too, and " + rated()
 			}
 		case w.PartitionKey != nil && held > 0 && held >= e.keyLimit(*w.PartitionKey, w.KeyLimit):
 			r.KeyHolders, r.KeyLimit = w.KeyHolders, e.keyLimit(*w.PartitionKey, w.KeyLimit)
@@ -314,7 +323,7 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			r.RateLimitedUntil = e.rateLimitedUntil(*w.PartitionKey, *w.BucketTokens, *w.BucketRefilled, w.Now)
 			r.Summary = fmt.Sprintf("partition key %q rate limited until %s (%s)", r.PartitionKey,
 				r.RateLimitedUntil.UTC().Format(time.RFC3339Nano), fromNow(*r.RateLimitedUntil, w.Now, time.Millisecond))
-		case w.PartitionKey != nil && w.BucketTokens != nil && *w.BucketTokens < 1 && !e.ratesKey(*w.PartitionKey):
+		case ratedElsewhere:
 			// The key has a bucket — a picking process's KeyPolicy rates
 			// it — but not in this process (the CLI, a dashboard or an
 			// insert-only engine of its own): it cannot tell when the next
@@ -322,12 +331,9 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 			// the worker idle, waiting on the rate (a newcomer's probe).
 			// Its last start may be long past: the bucket may be full
 			// again by now, which only the rate could tell.
-			// refilled_at is when a pick last looked at the bucket, with a
-			// start or not: it read "its last start, 315ms ago" 1.7 s
-			// after the last start (a flow-control probe).
 			r.Summary = fmt.Sprintf("partition key %q is rated by a KeyPolicy of the processes that work queue %q "+
-				"(this process has no rate for it, so it cannot say when the next start is due): as a pick last left its bucket, %s ago, it held %.2f of a start",
-				r.PartitionKey, w.Queue, w.Now.Sub(*w.BucketRefilled).Round(time.Millisecond), max(0, *w.BucketTokens))
+				"(this process has no rate for it, so it cannot say when the next start is due): %s",
+				r.PartitionKey, w.Queue, rated())
 		case w.UnknownVersion != nil:
 			r.Summary = fmt.Sprintf("released unrun until %s (%s): %s", w.EligibleAt.UTC().Format(time.RFC3339),
 				fromNow(w.EligibleAt, w.Now, time.Second), *w.UnknownVersion)
@@ -338,10 +344,10 @@ func (e *Engine) waitReasonOn(ctx context.Context, db sqlq.DB, id int64) (*WaitR
 		case w.EligibleAt.After(w.Now):
 			r.Delayed = true
 			r.Summary = fmt.Sprintf("sleeping until %s (%s)", w.EligibleAt.UTC().Format(time.RFC3339), fromNow(w.EligibleAt, w.Now, time.Second))
-		case w.GlobalHeld != nil && e.cfg.Queues[w.Queue].GlobalConcurrency > 0 && int(*w.GlobalHeld) >= e.cfg.Queues[w.Queue].GlobalConcurrency:
+		case w.GlobalHeld != nil && global > 0 && int(*w.GlobalHeld) >= global:
 			// It read "waiting for a worker" with a worker idle, kept
 			// from it by the bound (a flow-control probe).
-			r.QueueRunning, r.GlobalConcurrency = int(*w.GlobalHeld), e.cfg.Queues[w.Queue].GlobalConcurrency
+			r.QueueRunning, r.GlobalConcurrency = int(*w.GlobalHeld), global
 			r.Summary = fmt.Sprintf("waiting for room in queue %q: %d steps running across every process, its GlobalConcurrency %d",
 				w.Queue, r.QueueRunning, r.GlobalConcurrency)
 		default:
