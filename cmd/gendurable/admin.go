@@ -332,7 +332,7 @@ func valueNext(fs *flag.FlagSet, a string) string {
 // if given (flag values, before the database is opened), opens the engine
 // and runs fn with the id and the arguments after it.
 func (c *common) withInstance(ctx context.Context, fs *flag.FlagSet, args []string, stderr io.Writer, more []string,
-	check func() error, fn func(eng *gendurable.Engine, id int64, rest []string) error) error {
+	check func(rest []string) error, fn func(eng *gendurable.Engine, id int64, rest []string) error) error {
 	pos, err := parse(fs, args, append([]string{"ID"}, more...)...)
 	if err != nil {
 		return err
@@ -342,7 +342,7 @@ func (c *common) withInstance(ctx context.Context, fs *flag.FlagSet, args []stri
 		return err
 	}
 	if check != nil {
-		if err := check(); err != nil {
+		if err := check(pos[1:]); err != nil {
 			return err
 		}
 	}
@@ -541,6 +541,13 @@ func listCmd(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return usageError{msg: "list: --before must be an id above 0 (the previous page's next_before); leave it out for the first page", help: true}
 	}
 	f.Limit, f.Before = *limit, *before
+	if err := f.Validate(); err != nil {
+		// Before any connection, as the bulk commands check it: read after
+		// the schema's version, a name with white space around it was exit 1
+		// (cannot_connect, not_migrated) while the database was down or at
+		// another version, not exit 2.
+		return cliWords(err)
+	}
 	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err
@@ -957,7 +964,16 @@ func signalCmd(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.Var(&filterText{s: &payload, twice: errGivenTwice}, "payload", "JSON `payload` (default null)")
 	fs.Var(&filterText{s: &dedup, twice: errGivenTwice}, "dedup-key", "dedup `key`: sending the same key twice is a no-op")
 	var p any
-	check := func() error {
+	check := func(rest []string) error {
+		if err := nameArg("signal name", rest[0]); err != nil {
+			return err
+		}
+		if dedup != "" {
+			// A key's rule, the library's: a search text's.
+			if err := checkedText(gendurable.ListFilter{Search: dedup}, gendurable.ErrInvalidSignal, "filter: search text", "--dedup-key"); err != nil {
+				return err
+			}
+		}
 		if payload != "" {
 			if !json.Valid([]byte(payload)) {
 				return usageError{msg: "--payload is not valid JSON, or nests arrays and objects far deeper than the engine takes (Config.MaxJSONDepth, 1,000 levels by default)"}
@@ -1009,6 +1025,9 @@ func pauseCmd(pause bool) func(context.Context, []string, io.Writer, io.Writer) 
 		if err != nil {
 			return err
 		}
+		if err := nameArg("queue", pos[0]); err != nil {
+			return err
+		}
 		eng, done, err := c.engine(ctx, stderr)
 		if err != nil {
 			return err
@@ -1041,6 +1060,9 @@ func queueCmd(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	pos, err := parse(fs, args[1:], "QUEUE")
 	if err != nil {
+		return err
+	}
+	if err := nameArg("queue", pos[0]); err != nil {
 		return err
 	}
 	eng, done, err := c.engine(ctx, stderr)
@@ -1230,3 +1252,47 @@ type reworded struct {
 
 func (r reworded) Error() string { return r.msg }
 func (r reworded) Unwrap() error { return r.err }
+
+// nameArg refuses, before any connection, a queue, machine or signal name
+// whose text the library refuses (empty, too long, a control or
+// bidirectional character, white space around it; exit 2), as README's
+// "CLI" promises ("validated … before any SQL runs"): read after the
+// schema's version, such a name was exit 1 (cannot_connect) while the
+// database could not be reached. what is "queue", "machine" or "signal
+// name"; the error wraps what the library's call would return
+// (ErrInvalidInput, ErrInvalidSignal for a signal's name), and the library
+// checks the name again, whole (a signal's name also for invisible
+// characters).
+func nameArg(what, s string) error {
+	sentinel := gendurable.ErrInvalidInput
+	if what == "signal name" {
+		sentinel = gendurable.ErrInvalidSignal
+	}
+	if s == "" {
+		// A filter leaves an empty field out; a name is required.
+		return fmt.Errorf("%w: %s %q is empty", sentinel, what, s)
+	}
+	var f gendurable.ListFilter
+	field := what
+	switch what {
+	case "queue":
+		f.Queue = s
+	case "machine":
+		f.Machine = s
+	default:
+		f.Step, field = s, "step"
+	}
+	return checkedText(f, sentinel, "filter: "+field, what)
+}
+
+// checkedText is f.Validate's refusal in the words of the flag or argument
+// it came from (field → what), wrapping sentinel, or nil.
+func checkedText(f gendurable.ListFilter, sentinel error, field, what string) error {
+	err := f.Validate()
+	if err == nil {
+		return nil
+	}
+	msg := strings.TrimPrefix(err.Error(), gendurable.ErrInvalidInput.Error()+": ")
+	msg = strings.NewReplacer(field, what, " (no id or key does)", "").Replace(msg)
+	return fmt.Errorf("%w: %s", sentinel, msg)
+}

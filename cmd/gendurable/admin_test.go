@@ -762,3 +762,40 @@ func TestBulkCountsBeforeAnErrorSaySo(t *testing.T) {
 	require.NoError(t, printBulk(&b, false, gendurable.BulkResult{Matched: 2, Changed: 2}, nil, "cancelled 2 of 2 matching instances"))
 	require.Equal(t, "cancelled 2 of 2 matching instances\n", b.String())
 }
+
+// A name or filter the library refuses for its text (white space around
+// it, a control or bidirectional character, empty) is exit 2 before any
+// connection, as README's "CLI" says ("validated … before any SQL runs").
+// list, signal, pause, resume, queue remove and machines read the schema's
+// version first: with the database down such a command was exit 1,
+// cannot_connect (not_migrated on a schema never migrated), while the bulk
+// retry and cancel, which validate their filter first, were exit 2. The
+// database URL here has nothing listening: a command that connected would
+// fail with exit 1, not 2.
+func TestInvalidNamesAreRefusedBeforeAnyConnection(t *testing.T) {
+	t.Parallel()
+	nowhere := "postgres://postgres@127.0.0.1:1/none?connect_timeout=2"
+	for _, cmd := range [][]string{
+		{"list", "--queue", " default"}, {"list", "--search", " 7"}, {"list", "--machine", "order\u202e"},
+		{"list", "--step", "ship\x01"},
+		{"signal", "7", " pay"}, {"signal", "7", "pay\u202e"}, {"signal", "7", ""},
+		{"signal", "7", "pay", "--dedup-key", "evt-1 "}, {"signal", "7", "pay", "--dedup-key", "evt\x00"},
+		{"pause", " default"}, {"resume", "default ", "--create"}, {"pause", ""},
+		{"queue", "remove", "q\x1b"}, {"machines", " order"},
+		// Those that did so already.
+		{"cancel", "--queue", " default", "--yes"}, {"retry", "--search", " 7", "--yes"},
+	} {
+		args := append(append([]string{}, cmd...), "--database-url", nowhere, "--json")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var stdout, stderr strings.Builder
+		code := run(ctx, args, &stdout, &stderr)
+		cancel()
+		require.Equal(t, exitUsage, code, "%q: %s", args, stderr.String())
+		var e struct {
+			Error struct{ Code, Message string }
+		}
+		require.NoError(t, json.Unmarshal([]byte(stderr.String()), &e), "%q: %s", args, stderr.String())
+		require.Equal(t, "invalid_input", e.Error.Code, "%q: %s", args, e.Error.Message)
+		require.Empty(t, stdout.String(), "%q", args)
+	}
+}

@@ -26,6 +26,11 @@ func machinesCmd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if len(pos) > 1 {
 		return usageError{msg: fmt.Sprintf("machines takes at most one machine NAME, got %d arguments", len(pos)), help: true}
 	}
+	if len(pos) == 1 {
+		if err := nameArg("machine", pos[0]); err != nil {
+			return err
+		}
+	}
 	eng, done, err := c.engine(ctx, stderr)
 	if err != nil {
 		return err
