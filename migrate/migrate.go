@@ -51,7 +51,9 @@ var ErrSchemaUnknown = sqlq.ErrSchemaUnknown
 // refused before its first version, nothing applied, because something
 // that is not gendurable's depends on a table or a column it would drop —
 // a view, another table's foreign key, a constraint trigger or statistics
-// elsewhere: the drop would take it along, or fail on it part way. The
+// elsewhere, a table that inherits from one of them (whose inherited
+// columns a down's DROP COLUMN would drop with their data): the drop would
+// take it along, or fail on it part way. The
 // message names them; remove them (or move them off gendurable's tables),
 // then migrate again.
 var ErrDependents = sqlq.ErrDependents

@@ -1495,6 +1495,42 @@ func TestADownKeepsAColumnSomeoneAddedToItsTables(t *testing.T) {
 	require.Equal(t, "acme", tenant)
 }
 
+// TestADownKeepsATableThatInheritsFromItsTables: a table of another schema
+// declared INHERITS gendurable_instances holds the columns it inherited;
+// ALTER TABLE … DROP COLUMN on gendurable's table recurses into it and drops
+// them with their data, without a word (a probe: migrate down --to 23
+// dropped unconfirmed_freed, values and all, from archive.old_instances).
+// migrate down to a version whose downs drop a column refuses it, nothing
+// applied, and so does the printed script; the child keeps its data.
+func TestADownKeepsATableThatInheritsFromItsTables(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	child := `"` + schema + `_archive"`
+	_, err := pool.Exec(ctx, `CREATE SCHEMA `+child+`;
+		CREATE TABLE `+child+`.old_instances () INHERITS (`+s+`.gendurable_instances);
+		INSERT INTO `+child+`.old_instances (id, fsm, step, unconfirmed_freed) VALUES (900001, 'm', 's', 7)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA `+child+` CASCADE`) })
+	latest := migrate.Latest()
+
+	_, err = migrate.To(ctx, pool, schema, latest-1)
+	require.ErrorIs(t, err, migrate.ErrDependents)
+	require.ErrorContains(t, err, "old_instances")
+	requireVersion(t, pool, schema, latest, "nothing of the down was applied")
+
+	down, err := migrate.SQL(schema, latest, latest-1)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, down)
+	require.ErrorContains(t, err, "old_instances")
+	requireVersion(t, pool, schema, latest, "nothing of the printed down was applied")
+
+	var freed int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT unconfirmed_freed FROM `+child+`.old_instances`).Scan(&freed))
+	require.Equal(t, 7, freed, "the inheriting table keeps its column and its data")
+}
+
 // TestAPrintedScriptWaitsForMigrate: a printed version's check takes
 // migrate's lock first, so a migrate up or down in progress cannot move the
 // schema between the check and the version's statements (a review): while

@@ -775,6 +775,17 @@ const dependentsSQL = `WITH gone AS (
 		  WHERE NOT EXISTS (SELECT 1 FROM pg_class AS r
 		                    WHERE r.oid = on_rel.rel AND r.relnamespace = g.ns AND r.relname LIKE 'gendurable\_%')
 		  UNION ALL
+		  -- A table that inherits from one the downs change (INHERITS,
+		  -- wherever it is: gendurable makes none): ALTER TABLE … DROP COLUMN
+		  -- recurses into it, and drops the column it inherited with that
+		  -- column's data, without a word and without RESTRICT stopping it (a
+		  -- probe: migrate down --to 23 dropped unconfirmed_freed from a table
+		  -- of another schema declared INHERITS gendurable_instances).
+		  SELECT o.type, o.identity, g.label
+		  FROM gone AS g
+		  JOIN pg_inherits AS ih ON ih.inhparent = g.rel
+		  CROSS JOIN LATERAL pg_identify_object('pg_class'::regclass, ih.inhrelid, 0) AS o
+		  UNION ALL
 		  -- A column someone added to a table the downs drop: it goes with
 		  -- the table, and its data with it.
 		  SELECT o.type, o.identity, g.label
