@@ -635,6 +635,35 @@ func TestPruneDeletesOldFinishedRowsInBatches(t *testing.T) {
 	require.Equal(t, 1, b.count(`SELECT count(*) FROM {{s}}.gendurable_signals`))
 }
 
+// TestPruneLeavesATableThatInheritsTheInstancesAlone: a table of another
+// schema declared INHERITS gendurable_instances (an application's archive)
+// holds rows that are not gendurable's; a scan or DELETE of the parent takes
+// them in, and a prune deleted them (a probe: `gendurable prune` deleted two
+// archived rows finished 30 days before, "deleted 2 instances"). The prune
+// reads and deletes the instances table ONLY; gendurable's own old rows go.
+func TestPruneLeavesATableThatInheritsTheInstancesAlone(t *testing.T) {
+	t.Parallel()
+	job := (&recorder{}).job("pruned")
+	b := setup(t, nil, job)
+	ctx := context.Background()
+	own := b.insert(job.New(orderArgs{I: 1}))
+	b.exec(`UPDATE {{s}}.gendurable_instances SET status = 'done', finished_at = now() - interval '30 days' WHERE id = $1`, own)
+	b.exec(`CREATE SCHEMA {{s}}_archive;
+		CREATE TABLE {{s}}_archive.old_instances (archived_by text) INHERITS ({{s}}.gendurable_instances);
+		INSERT INTO {{s}}_archive.old_instances (id, fsm, step, status, finished_at, archived_by)
+		VALUES (900001, 'billing', 'done', 'done', now() - interval '30 days', 'ops'),
+		       (900002, 'billing', 'done', 'failed', now() - interval '30 days', 'ops')`)
+	t.Cleanup(func() {
+		_, _ = b.pool.Exec(context.Background(), replaceSchema(`DROP SCHEMA {{s}}_archive CASCADE`, b.schema))
+	})
+
+	n, err := b.eng.Prune(ctx, 24*time.Hour, nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "gendurable's own old row only")
+	require.Equal(t, 0, b.count(`SELECT count(*) FROM ONLY {{s}}.gendurable_instances WHERE id = $1`, own))
+	require.Equal(t, 2, b.count(`SELECT count(*) FROM {{s}}_archive.old_instances`), "the archive's rows are not gendurable's to delete")
+}
+
 // TestPruneKeepsACancelledKeyedStepsSlot: a keyed step cancelled mid-step
 // keeps its key's slot until its lease ends (it runs until its worker's next
 // heartbeat), and a prune with a retention shorter than that lease does not

@@ -415,8 +415,13 @@ var prunableSQL = `
 // locks: a retry that committed before it is seen, and one that had not
 // yet taken the parent's lock waits for the prune's commit and then finds
 // the parent gone (a retry of a child whose parent was pruned before it).
+//
+// Both read and delete the instances table ONLY: a table someone declared
+// INHERITS gendurable_instances (an archive in another schema) is not
+// gendurable's, and a scan or a DELETE of the parent takes its rows in (a
+// probe: gendurable prune deleted an archive's rows finished 30 days ago).
 var pruneLockSQL = `
-SELECT i.id, i.finished_at FROM {{schema}}.gendurable_instances AS i
+SELECT i.id, i.finished_at FROM ONLY {{schema}}.gendurable_instances AS i
 WHERE i.status IN ('done', 'failed') AND i.finished_at < now() - $1::bigint * interval '1 microsecond'
   AND i.finished_at >= coalesce($3::timestamptz, '-infinity')
   AND ` + prunableSQL + `
@@ -430,16 +435,16 @@ FOR UPDATE OF i SKIP LOCKED`
 var pruneSQL = `
 WITH doomed AS MATERIALIZED (
   SELECT i.id FROM unnest($1::bigint[]) AS u(id) CROSS JOIN LATERAL (
-    SELECT i.id, i.lease_expires_at, i.parent_id, i.fanout, i.unique_key FROM {{schema}}.gendurable_instances AS i
+    SELECT i.id, i.lease_expires_at, i.parent_id, i.fanout, i.unique_key FROM ONLY {{schema}}.gendurable_instances AS i
     WHERE i.id = u.id
     OFFSET 0 -- a fence: one primary-key probe per id
   ) AS i
   WHERE ` + prunableSQL + `
 ), signals AS (
-  DELETE FROM {{schema}}.gendurable_signals AS s USING doomed AS d WHERE s.target_id = d.id
+  DELETE FROM ONLY {{schema}}.gendurable_signals AS s USING doomed AS d WHERE s.target_id = d.id
   RETURNING s.id
 )
-DELETE FROM {{schema}}.gendurable_instances AS i USING doomed AS d WHERE i.id = d.id`
+DELETE FROM ONLY {{schema}}.gendurable_instances AS i USING doomed AS d WHERE i.id = d.id`
 
 // idleLimitSetting, in the first statement of a transaction of the
 // library's own that is not a WithTx outcome's (prune, throughput, a
