@@ -695,7 +695,9 @@ func (c Config) clone() Config {
 	return c
 }
 
-// Start checks that the schema is migrated (else [ErrSchemaVersion]) and,
+// Start checks that the schema is migrated (else [ErrSchemaVersion]), that
+// no table inherits from gendurable's (else migrate.ErrDependents: the
+// engine's statements would take in that table's rows) and,
 // for an engine with queues, that the pool's transactions default to read
 // committed, the isolation level the pick needs (else [ErrInvalidConfig]),
 // then starts the maintenance services (reaper, await-timeout sweep,

@@ -28,6 +28,7 @@ import (
 	"github.com/gendurable/gendurable/internal/childproc"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/syncbuf"
+	"github.com/gendurable/gendurable/migrate"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -159,6 +160,36 @@ func TestStartRefusesUnmigratedSchema(t *testing.T) {
 	// No inner call name ("start: "; a newcomer's probe).
 	require.EqualError(t, err, fmt.Sprintf("%v: schema %q has no gendurable tables; run `gendurable migrate up --schema %s` (or migrate.Up) first",
 		gendurable.ErrNotMigrated, schema, schema))
+}
+
+// TestStartRefusesASchemaWhoseTablesAreInherited: PostgreSQL's statements
+// on a parent table take in the rows of the tables that inherit from it, so
+// an engine on a schema where an application's archive was declared
+// INHERITS gendurable_instances would pick, retry and list the archive's
+// rows (a probe: a bulk retry revived an archived failed row). Start
+// refuses it, naming the table and what to do; detached, it starts.
+func TestStartRefusesASchemaWhoseTablesAreInherited(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, nil)
+	ctx := context.Background()
+	archive := `"` + schema + `_archive"`
+	_, err := pool.Exec(ctx, `CREATE SCHEMA `+archive+`;
+		CREATE TABLE `+archive+`.old_instances (archived_by text) INHERITS ("`+schema+`".gendurable_instances)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA `+archive+` CASCADE`) })
+	eng, err := gendurable.New(pool, &gendurable.Config{Schema: schema})
+	require.NoError(t, err)
+	err = eng.Start(ctx)
+	require.ErrorIs(t, err, migrate.ErrDependents)
+	require.ErrorContains(t, err, "old_instances inherits from")
+	require.ErrorContains(t, err, "NO INHERIT")
+	_, err = migrate.Installed(ctx, pool, schema)
+	require.ErrorIs(t, err, migrate.ErrDependents, "migrate reads the version the same way")
+
+	_, err = pool.Exec(ctx, `ALTER TABLE `+archive+`.old_instances NO INHERIT "`+schema+`".gendurable_instances`)
+	require.NoError(t, err)
+	require.NoError(t, eng.Start(ctx))
+	require.NoError(t, eng.Stop(ctx))
 }
 
 // TestStartRefusesAPoolThatIsNotReadCommitted: the pick refuses any

@@ -55,7 +55,12 @@ var ErrSchemaUnknown = sqlq.ErrSchemaUnknown
 // columns a down's DROP COLUMN would drop with their data): the drop would
 // take it along, or fail on it part way. The
 // message names them; remove them (or move them off gendurable's tables),
-// then migrate again.
+// then migrate again. It is also every call's error (Up, Down, To,
+// Installed; the root package's Engine.Start and the CLI's commands) on a
+// schema where a table inherits from one of gendurable's (CREATE TABLE …
+// INHERITS): PostgreSQL's statements on a parent take in its children's
+// rows, so gendurable would list, retry, run and prune rows it did not make.
+// The message names the table; ALTER TABLE … NO INHERIT detaches it.
 var ErrDependents = sqlq.ErrDependents
 
 // Latest is the newest schema version this library ships.

@@ -1515,16 +1515,24 @@ func TestADownKeepsATableThatInheritsFromItsTables(t *testing.T) {
 	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA `+child+` CASCADE`) })
 	latest := migrate.Latest()
 
+	// migrate.Installed refuses such a schema (every command reads the
+	// version first): the version is read from the comment here.
+	commentVersion := func() string {
+		var c string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT obj_description(($1 || '.gendurable_instances')::regclass, 'pg_class')`, s).Scan(&c))
+		return c
+	}
+	want := fmt.Sprintf("gendurable schema version %d", latest)
 	_, err = migrate.To(ctx, pool, schema, latest-1)
 	require.ErrorIs(t, err, migrate.ErrDependents)
 	require.ErrorContains(t, err, "old_instances")
-	requireVersion(t, pool, schema, latest, "nothing of the down was applied")
+	require.Equal(t, want, commentVersion(), "nothing of the down was applied")
 
 	down, err := migrate.SQL(schema, latest, latest-1)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, down)
 	require.ErrorContains(t, err, "old_instances")
-	requireVersion(t, pool, schema, latest, "nothing of the printed down was applied")
+	require.Equal(t, want, commentVersion(), "nothing of the printed down was applied")
 
 	var freed int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT unconfirmed_freed FROM `+child+`.old_instances`).Scan(&freed))

@@ -176,7 +176,7 @@ func newerSchema(schema string, v int) error {
 func sameVersion(ctx context.Context, pool *pgxpool.Pool, schema string) (int, error) {
 	v, err := migrate.Installed(ctx, pool, schema)
 	switch {
-	case err != nil && errors.Is(err, gendurable.ErrSchemaVersion):
+	case err != nil && (errors.Is(err, gendurable.ErrSchemaVersion) || errors.Is(err, migrate.ErrDependents)):
 		return -1, err
 	case err != nil && (errors.As(err, new(*pgconn.ConnectError)) || ctx.Err() != nil):
 		// No connection: the command's own statements would only connect

@@ -195,6 +195,34 @@ func TestRunNowCLI(t *testing.T) {
 	jsonError(t, []string{"run-now", "3"}, errOut, "not_found", exitNotFound)
 }
 
+// TestCommandsRefuseASchemaWhoseTablesAreInherited: a table declared
+// INHERITS gendurable_instances (an application's archive) has its rows
+// taken in by every statement on the parent: a bulk retry revived an
+// archived failed row (a probe). Every command refuses the schema before it
+// reads or changes anything (exit 4, conflict), naming the table; the
+// archive's row is untouched.
+func TestCommandsRefuseASchemaWhoseTablesAreInherited(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	s := []string{"--schema", schema}
+	archive := `"` + schema + `_archive"`
+	_, err := pool.Exec(context.Background(), `CREATE SCHEMA `+archive+`;
+		CREATE TABLE `+archive+`.old_instances () INHERITS ("`+schema+`".gendurable_instances);
+		INSERT INTO `+archive+`.old_instances (id, fsm, step, status, finished_at) VALUES (900002, 'billing', 'done', 'failed', now())`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), `DROP SCHEMA `+archive+` CASCADE`) })
+
+	for _, cmd := range [][]string{{"retry", "--status", "failed", "--yes"}, {"list"}, {"status"}, {"retry", "900002"}, {"prune", "--yes"}, {"migrate", "up"}} {
+		args := append(append(cmd, "--json"), s...)
+		_, errOut, code := cli(t, args...)
+		require.Equal(t, exitConflict, code, "%v: %s", cmd, errOut)
+		require.Contains(t, jsonError(t, args, errOut, "conflict", exitConflict), "old_instances inherits from", "%v", cmd)
+	}
+	var status string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT status FROM `+archive+`.old_instances`).Scan(&status))
+	require.Equal(t, "failed", status, "the archive's row was not revived")
+}
+
 // TestAttemptsShownFromOne: show and list count attempts from 1, the JSON
 // from 0 (and list shows when a runnable instance scheduled later is due);
 // an instance the reaper failed after its last lease (attempt =

@@ -141,17 +141,28 @@ type RowQuerier interface {
 }
 
 // InstalledVersion reads the schema version recorded in the table comment;
-// 0 means gendurable is not installed in the schema.
+// 0 means gendurable is not installed in the schema. A schema where another
+// table inherits from one of gendurable's (CREATE TABLE … INHERITS, an
+// application's archive) is refused with ErrDependents: PostgreSQL's
+// statements on a parent take in its children's rows, so a list, retry,
+// cancel, pick or prune would act on rows gendurable did not make (a probe:
+// a bulk retry revived an archive's failed row). Start, every CLI command
+// and migrate read the version first, so none of them runs on such a
+// schema.
 func InstalledVersion(ctx context.Context, db RowQuerier, schema string) (int, error) {
 	if err := ValidateSchema(schema); err != nil {
 		return 0, err
 	}
-	var comment *string
-	err := db.QueryRow(ctx,
-		`SELECT obj_description(to_regclass($1), 'pg_class')`,
-		quoteIdent(schema)+".gendurable_instances").Scan(&comment)
+	var comment, heirs *string
+	err := db.QueryRow(ctx, installedVersionSQL,
+		quoteIdent(schema)+".gendurable_instances", quoteIdent(schema)).Scan(&comment, &heirs)
 	if err != nil {
 		return 0, err
+	}
+	if comment != nil && heirs != nil {
+		return 0, fmt.Errorf("%w: %s: every statement gendurable runs on a table reads and changes the rows of "+
+			"the tables that inherit from it too (a list shows them, a retry revives them, a worker runs them, a prune "+
+			"deletes them); detach them (ALTER TABLE … NO INHERIT) to use schema %q", ErrDependents, *heirs, schema)
 	}
 	if comment == nil {
 		// to_regclass gives NULL for a missing table; a table without our
@@ -176,6 +187,15 @@ func InstalledVersion(ctx context.Context, db RowQuerier, schema string) (int, e
 	}
 	return v, nil
 }
+
+// installedVersionSQL reads the version comment ($1: the instances table)
+// and names the tables that inherit from gendurable's in schema $2 (NULL
+// if none), in one round trip.
+const installedVersionSQL = `SELECT obj_description(to_regclass($1), 'pg_class'),
+  (SELECT string_agg(format('table %s inherits from %s', ih.inhrelid::regclass, ih.inhparent::regclass), '; '
+                     ORDER BY ih.inhrelid::regclass::text)
+   FROM pg_inherits AS ih JOIN pg_class AS p ON p.oid = ih.inhparent
+   WHERE p.relnamespace = to_regnamespace($2) AND p.relname LIKE 'gendurable\_%')`
 
 // Beginner opens transactions (a pool or a connection).
 type Beginner interface {
