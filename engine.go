@@ -1137,7 +1137,17 @@ func (e *Engine) stopRun(ctx context.Context, rs *runState, report func(error)) 
 	} else if n := e.unconfirmed.Load() - unconfirmedBefore; n > 0 {
 		err = errors.Join(err, fmt.Errorf("gendurable: stop: %d outcomes were not written while the engine stopped, or not confirmed (refused by the database, given up on a row another transaction held locked, or unanswered — those may have been written; see the log); a step whose outcome was not written runs again once its lease expires", n))
 	}
-	for name := range rs.scheds {
+	for name, s := range rs.scheds {
+		if len(e.cfg.Hooks) > 0 {
+			// The feeder's last load: its buffer handed back, what still runs
+			// (steps ignoring their cancellation). Without it the last
+			// SaturationEvent was a pick's from before the Stop, and a gauge
+			// fed from it (gdotel's in_flight and buffered) went on reporting
+			// steps running and rows buffered in a stopped engine.
+			qc := e.cfg.Queues[name]
+			e.emit(e.ownCall(ctx), &SaturationEvent{Queue: name, InFlight: s.InFlight(), Buffered: 0,
+				Concurrency: qc.Concurrency, Prefetch: qc.prefetch()})
+		}
 		e.emit(e.ownCall(ctx), &DrainEvent{Queue: name, Released: rs.scheds[name].ReleasedOnStop(), Completed: completed, Duration: time.Since(start)})
 	}
 	rs.beatCancel()

@@ -3796,3 +3796,55 @@ func TestAnEngineNotMadeByNewFailsTyped(t *testing.T) {
 	_, err := gendurable.WaitResult[int](context.Background(), nil, 1)
 	require.ErrorIs(t, err, gendurable.ErrNotMade)
 }
+
+// TestTheLastSaturationEventAfterStopSaysTheFeederIsEmpty: the last
+// SaturationEvent of a stopped engine's queue reports no step running and
+// no row buffered. It came only after picks, so the last one was a pick's
+// from before the Stop (2 running, 2 buffered here), and a gauge fed from
+// it (gdotel's gendurable.scheduler.in_flight and .buffered) kept reporting
+// that load in a stopped engine (an observability probe).
+func TestTheLastSaturationEventAfterStopSaysTheFeederIsEmpty(t *testing.T) {
+	job := &gendurable.Job[orderArgs]{
+		Name: "saturation_after_stop",
+		Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+			<-ctx.Done()
+			return ctx.Err()
+		},
+	}
+	log := &eventLog{}
+	cfg := &gendurable.Config{
+		Machines: []gendurable.Definition{job},
+		Hooks:    []gendurable.Hook{log},
+		LeaseDuration: 10 * time.Second, HeartbeatInterval: time.Second, DrainTimeout: 200 * time.Millisecond,
+		Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: 2, Prefetch: 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}},
+	}
+	b := setup(t, cfg)
+	ctx := context.Background()
+	var ps []gendurable.InsertParams
+	for i := 0; i < 6; i++ {
+		ps = append(ps, job.New(orderArgs{I: i}))
+	}
+	_, err := b.eng.InsertMany(ctx, ps)
+	require.NoError(t, err)
+	require.NoError(t, b.eng.Start(ctx))
+	eventually(t, 5*time.Second, func() bool {
+		_, ok := findEvent(log, func(e *gendurable.SaturationEvent) bool { return e.InFlight == 2 && e.Buffered == 2 })
+		return ok
+	}, "the feeder never ran 2 steps with 2 rows buffered")
+	require.NoError(t, b.eng.Stop(ctx))
+
+	log.mu.Lock()
+	var last *gendurable.SaturationEvent
+	for _, ev := range log.events {
+		if e, ok := ev.(*gendurable.SaturationEvent); ok && e.Queue == "default" {
+			last = e
+		}
+	}
+	log.mu.Unlock()
+	require.NotNil(t, last)
+	require.Equal(t, 0, last.InFlight, "steps running after Stop")
+	require.Equal(t, 0, last.Buffered, "rows buffered after Stop")
+	require.Equal(t, 2, last.Concurrency)
+	require.Equal(t, 2, last.Prefetch)
+	require.Equal(t, 6, b.count(`SELECT count(*) FROM {{s}}.gendurable_instances WHERE status = 'runnable'`))
+}

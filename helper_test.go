@@ -512,6 +512,9 @@ func (l *eventLog) OnEvent(_ context.Context, ev gendurable.Event) {
 	case *gendurable.PickEvent:
 		c := *e
 		l.events = append(l.events, &c)
+	case *gendurable.SaturationEvent:
+		c := *e
+		l.events = append(l.events, &c)
 	}
 }
 

@@ -86,7 +86,11 @@ type KeyThrottle struct {
 	RateLimited int    // keys with no start left in their bucket
 }
 
-// SaturationEvent: the feeder's load after a pick.
+// SaturationEvent: the feeder's load after a pick, and once more when the
+// feeder stops (before its [DrainEvent]): Buffered 0, its prefetched rows
+// handed back, and InFlight the steps still running (those ignoring their
+// cancellation), so that a gauge fed from it does not keep the load of the
+// last pick before the Stop.
 type SaturationEvent struct {
 	Queue       string
 	InFlight    int

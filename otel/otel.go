@@ -258,10 +258,10 @@ func New(opts Options) (*Hook, error) {
 		metric.WithDescription("Claimed rows released because their machine or version is not registered here."))
 	check(err)
 	h.inFlight, err = m.Int64Gauge(MetricInFlight, metric.WithUnit("{step}"),
-		metric.WithDescription("Steps running in this process after the last pick."))
+		metric.WithDescription("Steps running in this process after the last pick (or when the queue's feeder stopped)."))
 	check(err)
 	h.buffered, err = m.Int64Gauge(MetricBuffered, metric.WithUnit("{instance}"),
-		metric.WithDescription("Claimed rows prefetched and waiting for a worker after the last pick."))
+		metric.WithDescription("Claimed rows prefetched and waiting for a worker after the last pick (0 once the queue's feeder stopped)."))
 	check(err)
 	if h.pool != nil {
 		h.depthGauge, err = m.Int64ObservableGauge(MetricQueueDepth, metric.WithUnit("{instance}"),
