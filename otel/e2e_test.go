@@ -2,12 +2,14 @@ package gdotel_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	gdotel "github.com/gendurable/gendurable/otel"
+	"go.opentelemetry.io/otel/codes"
 )
 
 func TestEndToEnd(t *testing.T) {
@@ -181,6 +183,76 @@ func TestQueueDepthIsAnExactCountByQueueAndStatus(t *testing.T) {
 			if w := want[[2]string{q, string(s)}]; got != w || pts != 1 {
 				t.Errorf("queue.depth{%s,%s} = %d (%d points), want %d", q, s, got, pts, w)
 			}
+		}
+	}
+}
+
+// TestASnoozeIsNoStepError: a machine step that returns JobSnooze, which
+// its default Handle replays after the delay without counting an attempt,
+// does not fail: its step is counted with error=false and its span's status
+// stays unset, as a Job's snooze is (no error at all). Both said error, so
+// a step that polls by snoozing read as a steady rate of failures (an
+// observability probe: 3 snoozes, 3 steps{error=true}, 3 error spans).
+func TestASnoozeIsNoStepError(t *testing.T) {
+	pool, schema := dbtest.NewSchema(t, nil)
+	r := newRig(t, gdotel.Options{})
+	type st struct{ N int }
+	var snoozed sync.Map
+	m := &gendurable.Machine[st]{
+		Name: "otel_snooze", Queue: "otel", Start: "poll",
+		Steps: map[string]gendurable.StepFunc[st]{
+			"poll": func(ctx context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
+				if _, again := snoozed.LoadOrStore(r.ID, true); !again {
+					return gendurable.Outcome{}, gendurable.JobSnooze(10 * time.Millisecond)
+				}
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	eng, err := gendurable.New(pool, &gendurable.Config{
+		Schema:   schema,
+		Machines: []gendurable.Definition{m},
+		Queues:   map[string]gendurable.QueueConfig{"otel": {Concurrency: 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}},
+		Hooks:    []gendurable.Hook{r.hook},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := eng.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = eng.Stop(context.Background()) }()
+	var ids []int64
+	for i := 0; i < 3; i++ {
+		res, err := eng.Insert(ctx, m.New(st{N: i}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, res.ID)
+	}
+	for _, id := range ids {
+		if _, err := gendurable.WaitResult[any](ctx, eng, id); err != nil {
+			t.Fatalf("instance %d: %v", id, err)
+		}
+		if in, err := eng.Instance(ctx, id); err != nil || in.Attempt != 0 {
+			t.Fatalf("instance %d: attempt %v (%v), want 0: a snooze counts none", id, in, err)
+		}
+	}
+	if err := eng.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	steps := mustMetric(t, r.collect(t), gdotel.MetricSteps)
+	if n, _ := intSum(t, steps, gdotel.AttrOutcome.String("replay")); n != 3 {
+		t.Fatalf("steps{outcome=replay} = %d, want the 3 snoozes", n)
+	}
+	if n, _ := intSum(t, steps, gdotel.AttrError.Bool(true)); n != 0 {
+		t.Errorf("steps{error=true} = %d, want 0: a snooze is no failure", n)
+	}
+	for _, s := range r.spans.Ended() {
+		if s.Status().Code == codes.Error {
+			t.Errorf("span %s has status Error (%s): a snooze is no failure", s.Name(), s.Status().Description)
 		}
 	}
 }

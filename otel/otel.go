@@ -75,7 +75,7 @@ const (
 	AttrMachineVersion = attribute.Key("gendurable.machine.version")
 	AttrStep           = attribute.Key("gendurable.step")
 	AttrOutcome        = attribute.Key("gendurable.outcome")
-	AttrError          = attribute.Key("gendurable.error")        // bool: the step (or pick) returned an error (not for a step the engine interrupted: StepEvent.Interrupted)
+	AttrError          = attribute.Key("gendurable.error")        // bool: the step (or pick) returned an error (not for a step the engine interrupted: StepEvent.Interrupted, nor a JobSnooze replayed)
 	AttrFenced         = attribute.Key("gendurable.fenced")       // bool: the outcome was fenced out (lease lost)
 	AttrCommitError    = attribute.Key("gendurable.commit_error") // bool: the outcome could not be written
 	AttrInstanceID     = attribute.Key("gendurable.instance.id")
@@ -377,7 +377,7 @@ func (h *Hook) onStep(ctx context.Context, e *gendurable.StepEvent) {
 			span.RecordError(fmt.Errorf("outcome not committed: %w", e.CommitErr))
 		}
 		switch {
-		case e.Err != nil && !e.Interrupted: // an interruption is no failure: it runs again
+		case stepFailed(e): // an interruption or a snooze is no failure: it runs again
 			span.SetStatus(codes.Error, e.Err.Error())
 		case e.CommitErr != nil:
 			span.SetStatus(codes.Error, "outcome not committed: "+e.CommitErr.Error())
@@ -520,7 +520,7 @@ func (c *attrCache[K]) get(k K, build func() attribute.Set) metric.MeasurementOp
 }
 
 func (h *Hook) stepOpt(e *gendurable.StepEvent) metric.MeasurementOption {
-	k := stepKey{e.Queue, e.Machine, e.Step, e.Outcome, e.Err != nil && !e.Interrupted, e.Fenced, e.CommitErr != nil}
+	k := stepKey{e.Queue, e.Machine, e.Step, e.Outcome, stepFailed(e), e.Fenced, e.CommitErr != nil}
 	return h.stepAttrs.get(k, func() attribute.Set {
 		return attribute.NewSet(
 			AttrQueue.String(k.queue),
@@ -532,6 +532,19 @@ func (h *Hook) stepOpt(e *gendurable.StepEvent) metric.MeasurementOption {
 			AttrCommitError.Bool(k.commitErr),
 		)
 	})
+}
+
+// stepFailed: the step failed — it returned an error (or panicked) that is
+// not an interruption by the engine ([gendurable.StepEvent].Interrupted)
+// nor a [gendurable.JobSnooze] its Handle honoured (a replay after the
+// delay, no attempt counted: a job asking to run later, not failing; an
+// error counted each snooze of a job that polls that way as a failure).
+func stepFailed(e *gendurable.StepEvent) bool {
+	if e.Err == nil || e.Interrupted {
+		return false
+	}
+	var snooze *gendurable.SnoozeError
+	return !(e.Outcome == "replay" && errors.As(e.Err, &snooze) && snooze.Delay >= 0)
 }
 
 func (h *Hook) pickOpt(queue string, err bool) metric.MeasurementOption {
