@@ -203,9 +203,21 @@ type Beginner interface {
 }
 
 // migrateLock serializes migrators of one schema, and limits the
-// migration's idle (idleLimitSetting): a migrator cut off mid-migration
-// must not hold the schema's locks for hours.
-var migrateLock = `SELECT ` + idleLimitSetting + `, pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1))`
+// migration's idle to MigrateIdleLimit: a migrator cut off mid-migration
+// must not hold the schema's locks for long.
+var migrateLock = `SELECT ` + idleLimitAtMost(MigrateIdleLimit.Milliseconds()) +
+	`, pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1))`
+
+// MigrateIdleLimit is how long the server lets a migration's transaction
+// wait on its client (idle_in_transaction_session_timeout). A version that
+// alters the instances table holds its exclusive lock until it commits, and
+// every worker's pick, heartbeat, outcome and reap waits behind it: a
+// migrator stopped or cut off there (an upgrade probe: its connection cut
+// after version 24's ALTER TABLE) held them for a minute, the limit of the
+// library's own transactions, and every running step lost its lease and
+// was charged. A migration sends its statements back to back, so a few
+// seconds is ample.
+const MigrateIdleLimit = 3 * time.Second
 
 // MigrateLockWait bounds each lock wait of a migration's statements. A
 // migration's ALTER TABLE needs the table's exclusive lock, and a lock
