@@ -1169,6 +1169,36 @@ func TestAColumnNameOfTheUsersStopsItsVersion(t *testing.T) {
 	require.NoError(t, err, "021's down runs 018's up again on gendurable's own column")
 }
 
+// TestAnUpRefusesATableNameTakenBeforeItsFirstVersion: a schema holding
+// an application's own table named gendurable_queues (version 3 creates
+// one) was half installed: versions 1 and 2 committed, then version 3
+// stopped on the name (a probe). The up refuses before its first version,
+// naming the table and the version; nothing is applied, the application's
+// table is untouched; renamed, the install goes through.
+func TestAnUpRefusesATableNameTakenBeforeItsFirstVersion(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	_, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+s+`;
+		CREATE TABLE `+s+`.gendurable_queues (app_id int); INSERT INTO `+s+`.gendurable_queues VALUES (7)`)
+	require.NoError(t, err)
+
+	_, err = migrate.Up(ctx, pool, schema)
+	require.ErrorContains(t, err, "migration 3 up: gendurable_queues in schema")
+	require.ErrorContains(t, err, "nothing was applied")
+	requireVersion(t, pool, schema, 0, "not even version 1")
+	var mine int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT app_id FROM `+s+`.gendurable_queues`).Scan(&mine))
+	require.Equal(t, 7, mine, "the application's table is untouched")
+
+	_, err = pool.Exec(ctx, `ALTER TABLE `+s+`.gendurable_queues RENAME TO app_queues`)
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+	requireVersion(t, pool, schema, migrate.Latest(), "installed once renamed")
+}
+
 // TestADownThatWouldDropSomethingElsewhereIsRefused: a constraint trigger
 // on a table of the user's declared FROM gendurable_instances depends on it
 // automatically, and DROP TABLE … RESTRICT drops such an object without a

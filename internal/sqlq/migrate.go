@@ -463,6 +463,9 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 	// yet (see checkColumnNames); going down, nothing elsewhere may hang on
 	// a table it drops (checkDependents).
 	if target > from {
+		if err := checkTableNames(ctx, tx, schema, ms, from, target); err != nil {
+			return from, 0, from, err
+		}
 		if err := checkColumnNames(ctx, tx, schema, m.Version, sql); err != nil {
 			return from, 0, from, err
 		}
@@ -508,6 +511,43 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 		return from, 0, from, err
 	}
 	return from, m.Version, now, nil
+}
+
+// createdRelation finds the tables and sequences a version's up creates
+// (in its raw text, before the schema is put in).
+var createdRelation = regexp.MustCompile(`(?i)CREATE\s+(?:TABLE|SEQUENCE)\s+(?:IF\s+NOT\s+EXISTS\s+)?\{\{schema\}\}\.(\w+)`)
+
+// checkTableNames fails an up, before its first version, when a table or
+// sequence one of the versions from+1..target creates is already in the
+// schema: it is not gendurable's (no version drops one going up), and the
+// version that creates it would stop on its name after the versions before
+// it had committed (a probe: a schema holding an application's
+// gendurable_queues was left at version 2). Nothing is applied.
+func checkTableNames(ctx context.Context, tx pgx.Tx, schema string, ms []Migration, from, target int) error {
+	var names []string
+	creator := map[string]int{}
+	for _, m := range ms {
+		if m.Version <= from || m.Version > target {
+			continue
+		}
+		for _, g := range createdRelation.FindAllStringSubmatch(sqlComment.ReplaceAllString(m.up, ""), -1) {
+			names = append(names, g[1])
+			creator[g[1]] = m.Version
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	var taken *string
+	if err := tx.QueryRow(ctx, `SELECT min(c.relname) FROM pg_class AS c
+		WHERE c.relnamespace = to_regnamespace($1) AND c.relname = ANY($2::text[])`, quoteIdent(schema), names).Scan(&taken); err != nil {
+		return err
+	}
+	if taken == nil {
+		return nil
+	}
+	return fmt.Errorf("migration %d up: %s in schema %q exists already, and not from gendurable (version %d creates it): "+
+		"rename or move yours, then migrate again; nothing was applied", creator[*taken], *taken, schema, creator[*taken])
 }
 
 // wayOf names the direction d (its sign) moves the schema.
