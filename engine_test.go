@@ -3813,8 +3813,8 @@ func TestTheLastSaturationEventAfterStopSaysTheFeederIsEmpty(t *testing.T) {
 	}
 	log := &eventLog{}
 	cfg := &gendurable.Config{
-		Machines: []gendurable.Definition{job},
-		Hooks:    []gendurable.Hook{log},
+		Machines:      []gendurable.Definition{job},
+		Hooks:         []gendurable.Hook{log},
 		LeaseDuration: 10 * time.Second, HeartbeatInterval: time.Second, DrainTimeout: 200 * time.Millisecond,
 		Queues: map[string]gendurable.QueueConfig{"default": {Concurrency: 2, Prefetch: 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}},
 	}
