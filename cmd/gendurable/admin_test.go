@@ -504,18 +504,9 @@ func TestEmptySchemaIsRefusedBeforeAnyConnection(t *testing.T) {
 	} {
 		for _, schema := range []string{"--schema=", "--schema= ", "--schema=\t"} {
 			args := append(append([]string{}, cmd...), schema, "--database-url", nowhere, "--json")
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			var stdout, stderr strings.Builder
-			code := run(ctx, args, &stdout, &stderr)
-			cancel()
-			require.Equal(t, exitUsage, code, "%q: %s", args, stderr.String())
-			var e struct {
-				Error struct{ Code, Message string }
-			}
-			require.NoError(t, json.Unmarshal([]byte(stderr.String()), &e), "%q: %s", args, stderr.String())
-			require.Equal(t, "usage", e.Error.Code, "%q", args)
-			require.Contains(t, e.Error.Message, "flag -schema: empty", "%q", args)
-			require.Empty(t, stdout.String(), "%q", args)
+			code, message := usageRefusal(t, args)
+			require.Equal(t, "usage", code, "%q", args)
+			require.Contains(t, message, "flag -schema: empty", "%q", args)
 		}
 	}
 }
@@ -814,16 +805,24 @@ func TestInvalidNamesAreRefusedBeforeAnyConnection(t *testing.T) {
 		{"cancel", "--queue", " default", "--yes"}, {"retry", "--search", " 7", "--yes"},
 	} {
 		args := append(append([]string{}, cmd...), "--database-url", nowhere, "--json")
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		var stdout, stderr strings.Builder
-		code := run(ctx, args, &stdout, &stderr)
-		cancel()
-		require.Equal(t, exitUsage, code, "%q: %s", args, stderr.String())
-		var e struct {
-			Error struct{ Code, Message string }
-		}
-		require.NoError(t, json.Unmarshal([]byte(stderr.String()), &e), "%q: %s", args, stderr.String())
-		require.Equal(t, "invalid_input", e.Error.Code, "%q: %s", args, e.Error.Message)
-		require.Empty(t, stdout.String(), "%q", args)
+		code, message := usageRefusal(t, args)
+		require.Equal(t, "invalid_input", code, "%q: %s", args, message)
 	}
+}
+
+// usageRefusal runs the command line args (with --json) in-process, checks
+// that it exits 2 and prints nothing on stdout, and returns its JSON
+// error's code and message.
+func usageRefusal(t *testing.T, args []string) (code, message string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var stdout, stderr strings.Builder
+	require.Equal(t, exitUsage, run(ctx, args, &stdout, &stderr), "%q: %s", args, stderr.String())
+	var e struct {
+		Error struct{ Code, Message string }
+	}
+	require.NoError(t, json.Unmarshal([]byte(stderr.String()), &e), "%q: %s", args, stderr.String())
+	require.Empty(t, stdout.String(), "%q", args)
+	return e.Error.Code, e.Error.Message
 }
