@@ -208,6 +208,13 @@ type Beginner interface {
 var migrateLock = `SELECT ` + idleLimitAtMost(MigrateIdleLimit.Milliseconds()) +
 	`, pg_advisory_xact_lock(hashtext('gendurable.migrate.' || $1))`
 
+// callersSettings reads, and restoreCallersSettings sets back, the limits a
+// version sets for its transaction, in a caller's transaction (migrate1).
+const (
+	callersSettings        = `SELECT current_setting('idle_in_transaction_session_timeout'), current_setting('lock_timeout')`
+	restoreCallersSettings = `SELECT set_config('idle_in_transaction_session_timeout', $1, true), set_config('lock_timeout', $2, true)`
+)
+
 // MigrateIdleLimit is how long the server lets a migration's transaction
 // wait on its client (idle_in_transaction_session_timeout). A version that
 // alters the instances table holds its exclusive lock until it commits, and
@@ -382,6 +389,20 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 		return expect, 0, expect, err
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
+	// In a caller's transaction (db a pgx.Tx: tx a savepoint) the limits
+	// below are the version's, not the caller's: set_config(…, true) in a
+	// released savepoint holds to the end of the caller's transaction, whose
+	// own work after the migration then ran under MigrateIdleLimit (3 s
+	// idle, and the session was ended) and the stamp's lock wait. They are
+	// set back before the savepoint is released (a rollback to it does so
+	// itself).
+	var callersIdle, callersLock string
+	_, callersTx := db.(pgx.Tx)
+	if callersTx {
+		if err := tx.QueryRow(ctx, callersSettings).Scan(&callersIdle, &callersLock); err != nil {
+			return expect, 0, expect, err
+		}
+	}
 	if _, err := tx.Exec(ctx, migrateLock, schema); err != nil {
 		return expect, 0, expect, err
 	}
@@ -504,6 +525,11 @@ func migrate1(ctx context.Context, db Beginner, schema string, target, dir, expe
 			return from, 0, from, err
 		}
 		if _, err := tx.Exec(ctx, versionComment(schema, now)); err != nil {
+			return from, 0, from, err
+		}
+	}
+	if callersTx {
+		if _, err := tx.Exec(ctx, restoreCallersSettings, callersIdle, callersLock); err != nil {
 			return from, 0, from, err
 		}
 	}
