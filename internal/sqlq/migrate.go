@@ -155,7 +155,7 @@ func InstalledVersion(ctx context.Context, db RowQuerier, schema string) (int, e
 	}
 	var comment, heirs *string
 	err := db.QueryRow(ctx, installedVersionSQL,
-		quoteIdent(schema)+".gendurable_instances", quoteIdent(schema)).Scan(&comment, &heirs)
+		quoteIdent(schema)+".gendurable_instances", quoteIdent(schema), ownTables()).Scan(&comment, &heirs)
 	if err != nil {
 		return 0, err
 	}
@@ -189,13 +189,29 @@ func InstalledVersion(ctx context.Context, db RowQuerier, schema string) (int, e
 }
 
 // installedVersionSQL reads the version comment ($1: the instances table)
-// and names the tables that inherit from gendurable's in schema $2 (NULL
-// if none), in one round trip.
+// and names the tables that inherit from gendurable's ($3, ownTables) in
+// schema $2 (NULL if none), in one round trip. Only those: a table of the
+// user's named gendurable_… (README counts it among theirs) may have
+// children, or partitions, of its own.
 const installedVersionSQL = `SELECT obj_description(to_regclass($1), 'pg_class'),
   (SELECT string_agg(format('table %s inherits from %s', ih.inhrelid::regclass, ih.inhparent::regclass), '; '
                      ORDER BY ih.inhrelid::regclass::text)
    FROM pg_inherits AS ih JOIN pg_class AS p ON p.oid = ih.inhparent
-   WHERE p.relnamespace = to_regnamespace($2) AND p.relname LIKE 'gendurable\_%')`
+   WHERE p.relnamespace = to_regnamespace($2) AND p.relkind = 'r' AND p.relname = ANY ($3::text[]))`
+
+// ownTables names the tables gendurable's migrations create, whatever the
+// version (a table a later version drops has no rows to take in).
+var ownTables = sync.OnceValue(func() []string {
+	var names []string
+	for _, m := range migrations() {
+		for _, g := range createTable.FindAllStringSubmatch(sqlComment.ReplaceAllString(m.up, ""), -1) {
+			if !slices.Contains(names, g[1]) {
+				names = append(names, g[1])
+			}
+		}
+	}
+	return names
+})
 
 // Beginner opens transactions (a pool or a connection).
 type Beginner interface {
