@@ -35,6 +35,10 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 		Interrupted: res.Out.Kind == sqlq.KindReplay && res.Out.AttemptInc == 0 && res.Out.ErrKind != nil &&
 			(*res.Out.ErrKind == "interrupted" || *res.Out.ErrKind == "infrastructure"),
 	}
+	// A replay with the step's error that counts no attempt and is no
+	// interruption is a snooze the machine's Handle honoured (o.snooze).
+	ev.Snoozed = res.Out.Kind == sqlq.KindReplay && res.Out.AttemptInc == 0 && res.StepErr != nil && !ev.Interrupted &&
+		errors.As(res.StepErr, new(*SnoozeError))
 	e.emit(ctx, ev)
 	switch {
 	case errors.Is(commitErr, committer.ErrAborted):

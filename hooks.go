@@ -60,6 +60,11 @@ type StepEvent struct {
 	// on its connection. It runs again, no attempt counted, Handle not
 	// asked; Err says why (error kind "interrupted" or "infrastructure").
 	Interrupted bool
+	// Snoozed: the step returned a [JobSnooze] that was honoured (a
+	// machine's default Handle, a Job): it runs again after the delay, no
+	// attempt counted; Err is the *SnoozeError. Not set when a Handle of
+	// the machine's own retried it (an attempt counted: a failure).
+	Snoozed bool
 }
 
 // PickEvent: the feeder ran one pick statement.

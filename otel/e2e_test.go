@@ -256,3 +256,70 @@ func TestASnoozeIsNoStepError(t *testing.T) {
 		}
 	}
 }
+
+// TestASnoozeAHandleRetriesIsAStepError: a machine whose own Handle retries
+// every error (r.Replay, an attempt counted) does not honour a JobSnooze
+// its step returns — the default Handle does. Its retry is a failure like
+// any other: steps{error=true} and an Error span. gdotel took every replay
+// of a *SnoozeError for a snooze, and counted it as no error while the
+// engine charged an attempt for it.
+func TestASnoozeAHandleRetriesIsAStepError(t *testing.T) {
+	pool, schema := dbtest.NewSchema(t, nil)
+	r := newRig(t, gdotel.Options{})
+	type st struct{ N int }
+	m := &gendurable.Machine[st]{
+		Name: "otel_snooze_retried", Queue: "otel", Start: "poll",
+		Steps: map[string]gendurable.StepFunc[st]{
+			"poll": func(ctx context.Context, r *gendurable.Run[st]) (gendurable.Outcome, error) {
+				if r.Attempt == 0 {
+					return gendurable.Outcome{}, gendurable.JobSnooze(10 * time.Millisecond)
+				}
+				return gendurable.Done(nil), nil
+			},
+		},
+		Handle: func(ctx context.Context, r *gendurable.Run[st], err error) (gendurable.Outcome, error) {
+			return r.Replay(r.State, 10*time.Millisecond), nil // a retry, whatever the error
+		},
+	}
+	eng, err := gendurable.New(pool, &gendurable.Config{
+		Schema:   schema,
+		Machines: []gendurable.Definition{m},
+		Queues:   map[string]gendurable.QueueConfig{"otel": {Concurrency: 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}},
+		Hooks:    []gendurable.Hook{r.hook},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := eng.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = eng.Stop(context.Background()) }()
+	res, err := eng.Insert(ctx, m.New(st{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gendurable.WaitResult[any](ctx, eng, res.ID); err != nil {
+		t.Fatal(err)
+	}
+	if in, err := eng.Instance(ctx, res.ID); err != nil || in.Attempt != 1 {
+		t.Fatalf("attempt %v (%v), want 1: the Handle's retry counts one", in, err)
+	}
+	if err := eng.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	steps := mustMetric(t, r.collect(t), gdotel.MetricSteps)
+	if n, _ := intSum(t, steps, gdotel.AttrError.Bool(true)); n != 1 {
+		t.Errorf("steps{error=true} = %d, want 1: the Handle retried the snooze as a failure, an attempt counted", n)
+	}
+	errored := 0
+	for _, s := range r.spans.Ended() {
+		if s.Status().Code == codes.Error {
+			errored++
+		}
+	}
+	if errored != 1 {
+		t.Errorf("%d spans with status Error, want 1", errored)
+	}
+}

@@ -540,11 +540,9 @@ func (h *Hook) stepOpt(e *gendurable.StepEvent) metric.MeasurementOption {
 // delay, no attempt counted: a job asking to run later, not failing; an
 // error counted each snooze of a job that polls that way as a failure).
 func stepFailed(e *gendurable.StepEvent) bool {
-	if e.Err == nil || e.Interrupted {
-		return false
-	}
-	var snooze *gendurable.SnoozeError
-	return !(e.Outcome == "replay" && errors.As(e.Err, &snooze) && snooze.Delay >= 0)
+	// Snoozed, not a *SnoozeError replayed: a Handle of the machine's own
+	// may retry a snooze as a failure, an attempt counted.
+	return e.Err != nil && !e.Interrupted && !e.Snoozed
 }
 
 func (h *Hook) pickOpt(queue string, err bool) metric.MeasurementOption {
