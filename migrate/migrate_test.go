@@ -1697,3 +1697,152 @@ func TestEachDownRestoresThePreviousVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestACallersTransactionKeepsItsSettings: migrate in a transaction of the
+// caller's (db a pgx.Tx, as To documents) limits each version's idle to
+// MigrateIdleLimit and its lock waits to MigrateLockWait — set_config(…,
+// true), which a released savepoint keeps for the rest of the caller's
+// transaction. The caller's own work after the migration, in the same
+// transaction, then ran under a 3 s idle limit: a pause of a few seconds on
+// the client (a prompt, a call elsewhere) and the server ended the session,
+// the caller's transaction and its migration with it.
+func TestACallersTransactionKeepsItsSettings(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2, NoMigrate: true})
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	show := func() (idle, lock string) {
+		require.NoError(t, tx.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout'), current_setting('lock_timeout')`).Scan(&idle, &lock))
+		return
+	}
+	idle, lock := show()
+	_, err = migrate.Up(ctx, tx, schema)
+	require.NoError(t, err)
+	idleAfter, lockAfter := show()
+	t.Logf("before %s/%s after %s/%s", idle, lock, idleAfter, lockAfter)
+	require.Equal(t, idle, idleAfter, "the caller's idle limit after the migration")
+	require.Equal(t, lock, lockAfter, "the caller's lock wait after the migration")
+
+	time.Sleep(sqlq.MigrateIdleLimit + time.Second)
+	var v string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT obj_description(($1 || '.gendurable_instances')::regclass, 'pg_class')`, `"`+schema+`"`).Scan(&v),
+		"the caller's transaction outlived a pause of its own after the migration")
+	require.NoError(t, tx.Commit(ctx))
+}
+
+// TestATableOfYoursNamedLikeGendurablesMayHavePartitions: the version read
+// refuses a schema where a table inherits from one of gendurable's, but it
+// took every table of the schema named gendurable_… for gendurable's —
+// README's scratch section counts "one named gendurable_…" among the
+// user's own. A partitioned table of the user's so named (its partitions
+// are pg_inherits rows) in gendurable's schema — public by default — made
+// Start, every CLI command and migrate refuse the schema (exit 4), telling
+// to detach with NO INHERIT, which a partition does not take.
+func TestATableOfYoursNamedLikeGendurablesMayHavePartitions(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	ctx := context.Background()
+	s := `"` + schema + `"`
+	_, err := pool.Exec(ctx, `CREATE TABLE `+s+`.gendurable_audit (at date NOT NULL, what text) PARTITION BY RANGE (at);
+		CREATE TABLE `+s+`.gendurable_audit_2026 PARTITION OF `+s+`.gendurable_audit FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+		CREATE TABLE `+s+`.gendurable_notes (n text);
+		CREATE TABLE `+s+`.notes_archive () INHERITS (`+s+`.gendurable_notes)`)
+	require.NoError(t, err)
+	v, err := migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err, "tables of the user's, named gendurable_…, with children of theirs")
+	require.Equal(t, migrate.Latest(), v)
+
+	// gendurable's own tables are still guarded.
+	_, err = pool.Exec(ctx, `CREATE TABLE `+s+`.old_signals () INHERITS (`+s+`.gendurable_signals)`)
+	require.NoError(t, err)
+	_, err = migrate.Installed(ctx, pool, schema)
+	require.ErrorIs(t, err, migrate.ErrDependents)
+	require.ErrorContains(t, err, "old_signals")
+	require.NotContains(t, err.Error(), "gendurable_audit")
+}
+
+// stallingDB hands out transactions that go silent, as a migrator that was
+// stopped (Ctrl-Z) or cut off from the server, just before the version's
+// stamp: after the version's ALTER TABLE, holding the table's exclusive
+// lock.
+type stallingDB struct {
+	migrate.DB
+	stall time.Duration
+}
+
+func (d stallingDB) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := d.DB.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return stallingTx{Tx: tx, stall: d.stall}, nil
+}
+
+type stallingTx struct {
+	pgx.Tx
+	stall time.Duration
+}
+
+func (t stallingTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if strings.HasPrefix(sql, "COMMENT ON TABLE") {
+		select {
+		case <-time.After(t.stall):
+		case <-ctx.Done():
+		}
+	}
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+// TestAStalledMigratorDoesNotHoldTheWorkersForLong: a migrator that goes
+// silent while it holds the instances table's exclusive lock (an upgrade
+// probe: its connection cut off after a version's ALTER TABLE) stopped
+// every worker's pick, heartbeat, outcome and reap for a minute, the
+// idle limit of the library's own transactions: every running step's
+// lease was lost and charged. The server ends such a migration within
+// sqlq.MigrateIdleLimit, and the statements behind it go through.
+func TestAStalledMigratorDoesNotHoldTheWorkersForLong(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 4})
+	ctx := context.Background()
+	_, err := migrate.To(ctx, pool, schema, alteringVersion-1)
+	require.NoError(t, err)
+
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	migrated := make(chan error, 1)
+	go func() {
+		_, err := migrate.UpTo(mctx, stallingDB{DB: pool, stall: sqlq.MigrateIdleLimit + 7*time.Second}, schema, alteringVersion)
+		migrated <- err
+	}()
+	// Wait until the migration holds the table's exclusive lock.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var held bool
+		require.NoError(t, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks
+			WHERE relation = $1::regclass AND mode = 'AccessExclusiveLock' AND granted)`,
+			`"`+schema+`".gendurable_instances`).Scan(&held))
+		if held {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the migration never took the table's lock")
+		time.Sleep(20 * time.Millisecond)
+	}
+	start := time.Now()
+	qctx, qcancel := context.WithTimeout(ctx, sqlq.MigrateIdleLimit+5*time.Second)
+	defer qcancel()
+	var n int
+	require.NoError(t, pool.QueryRow(qctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`).Scan(&n),
+		"a worker's statement waited for the silent migrator's lock")
+	waited := time.Since(start)
+	t.Logf("a statement behind the silent migrator waited %v", waited.Round(time.Millisecond))
+	require.Less(t, waited, sqlq.MigrateIdleLimit+2*time.Second)
+	require.Error(t, <-migrated, "the silent migration was ended by the server")
+	v, err := migrate.Installed(ctx, pool, schema)
+	require.NoError(t, err)
+	require.Equal(t, alteringVersion-1, v, "nothing of the ended version applied")
+	// The next migration completes it.
+	_, err = migrate.Up(ctx, pool, schema)
+	require.NoError(t, err)
+}

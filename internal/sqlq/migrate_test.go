@@ -3,6 +3,7 @@ package sqlq
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -76,5 +77,13 @@ func TestReleasedUpMigrationsAreNotEdited(t *testing.T) {
 	}
 	if seen != len(releasedUp) {
 		t.Errorf("%d of %d released up migrations found: a released version was removed or renamed", seen, len(releasedUp))
+	}
+}
+
+func TestOwnTablesAreTheMigrationsTables(t *testing.T) {
+	got := slices.Sorted(slices.Values(ownTables()))
+	want := []string{"gendurable_instances", "gendurable_key_buckets", "gendurable_machines", "gendurable_queues", "gendurable_signals"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("ownTables() = %v, want %v", got, want)
 	}
 }
