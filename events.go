@@ -107,6 +107,10 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 		// (ErrLeaseLost). Not the step's failure either.
 		e.log.Warn("gendurable: step interrupted: its lease could not be confirmed in time; it runs again, no attempt counted",
 			"queue", queue, "fsm", c.FSM, "id", c.ID, "step", c.Step, "attempt", c.Attempt)
+	case ev.Snoozed:
+		// Not a failure: it runs again after the delay, no attempt counted.
+		e.log.Debug("gendurable: step snoozed", "queue", queue, "fsm", c.FSM, "id", c.ID,
+			"step", c.Step, "attempt", c.Attempt, "err", res.StepErr)
 	case res.StepErr != nil:
 		e.log.Warn("gendurable: step failed", "queue", queue, "fsm", c.FSM, "id", c.ID,
 			"step", c.Step, "attempt", c.Attempt, "outcome", ev.Outcome, "err", res.StepErr)

@@ -109,6 +109,11 @@ func (j *Job[T]) definition() (*machineCore, error) {
 				case errors.As(err, &snooze):
 					o := replayAsStored(snooze.Delay) // the args as stored, as the default retry's
 					o.snooze = true
+					// Told to the hooks as a machine step's snooze is
+					// (StepEvent.Snoozed, Err the *SnoozeError): a River
+					// user's probe saw a job's snooze as a replay with no
+					// error and Snoozed false.
+					o.snoozeErr = err
 					return o, nil
 				}
 				return Outcome{}, err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -238,4 +239,61 @@ func TestJobPerformResult(t *testing.T) {
 	neither := &gendurable.Job[orderArgs]{Name: "neither"}
 	_, err = gendurable.New(b.pool, &gendurable.Config{Schema: b.schema, Machines: []gendurable.Definition{neither}})
 	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+}
+
+// TestAJobsSnoozeIsASnoozedStepEvent: StepEvent.Snoozed says "the step
+// returned a JobSnooze that was honoured (a machine's default Handle, a
+// Job)", with Err the *SnoozeError. A job's snooze reached the hooks as a
+// plain replay with no error and Snoozed false (a River user's probe: an
+// alerting hook could not tell a job's snooze from anything else), while a
+// machine step's snooze was reported as documented.
+func TestAJobsSnoozeIsASnoozedStepEvent(t *testing.T) {
+	t.Parallel()
+	var jobSnoozed, stepSnoozed atomic.Bool
+	job := &gendurable.Job[orderArgs]{
+		Name: "snooze_event_job",
+		Perform: func(ctx context.Context, j *gendurable.Run[orderArgs]) error {
+			if jobSnoozed.CompareAndSwap(false, true) {
+				return gendurable.JobSnooze(10 * time.Millisecond)
+			}
+			return nil
+		},
+	}
+	m := &gendurable.Machine[orderArgs]{
+		Name: "snooze_event_machine", Start: "poll",
+		Steps: map[string]gendurable.StepFunc[orderArgs]{
+			"poll": func(ctx context.Context, r *gendurable.Run[orderArgs]) (gendurable.Outcome, error) {
+				if stepSnoozed.CompareAndSwap(false, true) {
+					return gendurable.Outcome{}, gendurable.JobSnooze(10 * time.Millisecond)
+				}
+				return gendurable.Done(nil), nil
+			},
+		},
+	}
+	var mu sync.Mutex
+	var replays []gendurable.StepEvent
+	cfg := fastConfig("", job, m)
+	cfg.Hooks = []gendurable.Hook{gendurable.HookFunc(func(ctx context.Context, ev gendurable.Event) {
+		if e, ok := ev.(*gendurable.StepEvent); ok && e.Outcome == "replay" {
+			mu.Lock()
+			replays = append(replays, *e)
+			mu.Unlock()
+		}
+	})}
+	b := setup(t, cfg)
+	ids := []int64{b.insert(job.New(orderArgs{I: 1})), b.insert(m.New(orderArgs{I: 2}))}
+	for _, in := range gendurabletest.WorkUntilFinished(t.Context(), t, b.eng, ids...) {
+		require.Equal(t, gendurable.StatusDone, in.Status)
+		require.Equal(t, 0, in.Attempt, "a snooze counts no attempt")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, replays, 2)
+	for _, e := range replays {
+		var snooze *gendurable.SnoozeError
+		require.True(t, e.Snoozed, "%s: a honoured snooze is Snoozed", e.Machine)
+		require.ErrorAs(t, e.Err, &snooze, "%s: Err is the *SnoozeError", e.Machine)
+		require.Equal(t, 10*time.Millisecond, snooze.Delay)
+		require.False(t, e.Interrupted, e.Machine)
+	}
 }

@@ -422,7 +422,7 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) executor.Result {
 		}
 	}
 	if err == nil {
-		return executor.Result{Out: enc, TxFn: safeTx(out.txFn, in.direct)}
+		return executor.Result{Out: enc, TxFn: safeTx(out.txFn, in.direct), StepErr: out.snoozeErr}
 	}
 	res := m.handle(ctx, r, in, err)
 	// A step this process does not declare is likely declared by another

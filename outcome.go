@@ -22,11 +22,14 @@ type Outcome struct {
 	result   any
 	reason   string
 	snooze   bool // replay without counting an attempt (jobs)
-	final    bool // a job's Done: a result the engine cannot store stops the instance (Job.PerformResult)
-	awaits   []string
-	timeout  time.Duration
-	children []InsertParams
-	txFn     func(ctx context.Context, tx pgx.Tx) error
+	// snoozeErr: a job's honoured JobSnooze, reported to the hooks as
+	// the step's error (StepEvent.Err, Snoozed), as a machine step's is.
+	snoozeErr error
+	final     bool // a job's Done: a result the engine cannot store stops the instance (Job.PerformResult)
+	awaits    []string
+	timeout   time.Duration
+	children  []InsertParams
+	txFn      func(ctx context.Context, tx pgx.Tx) error
 }
 
 // Kind names the outcome: "next", "replay", "done", "stop", "await",
