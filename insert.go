@@ -26,7 +26,10 @@ type InsertParams struct {
 	slot bool
 }
 
-// With returns a copy of p with the given options.
+// With returns a copy of p with the given options. They replace p's options
+// as a whole, not field by field: in p.With(a).With(b) only b counts (a's
+// UniqueKey, say, is dropped without a word). Build one InsertOpts and pass
+// it once.
 func (p InsertParams) With(opts InsertOpts) InsertParams {
 	p.opts = opts
 	return p
@@ -95,7 +98,14 @@ type InsertOpts struct {
 	// compacted but its keys in its own order): "args:" + name + ":" + the
 	// SHA-256 of the JSON, in hex. So a second insert of the same job with
 	// the same arguments, while the first is in UniqueScope, is a
-	// Duplicate — River's UniqueOpts.ByArgs. States equal as jsonb but
+	// Duplicate — River's UniqueOpts.ByArgs, but not its default ByState:
+	// River's holds the key after the job completed, this one (UniqueLive)
+	// only while the instance is live, so a second insert after the first
+	// is done runs the job again; for River's default set UniqueScope to
+	// the live statuses plus StatusDone (River's cancelled and discarded
+	// jobs, which its default leaves out, are both StatusFailed here:
+	// UniqueForever, which holds failed instances too, is not River's
+	// default). States equal as jsonb but
 	// written otherwise (keys of a RawMessage in another order, -0 and 0)
 	// are different keys. Not with a UniqueKey; a UniqueKey of your own
 	// starting "args:" or "period:" shares their namespace.
