@@ -25,6 +25,14 @@ const JobStep = "perform"
 // A Job must not be modified once used (by [New] or an insert): its fields,
 // Perform included, are read once, at its first use with a Perform (or
 // PerformResult) set; a test that needs another Perform declares another Job.
+//
+// A job's completion commits on its own: Perform has no transaction to write
+// in (River's JobCompleteTx). For writes — follow-up jobs included — that
+// must commit together with the completion, declare a one-step [Machine]
+// whose step returns Done(result).WithTx(fn), fn inserting with
+// [Engine.InsertTx] or [Engine.InsertManyTx] on the tx it is given: they
+// commit with the Done, and a failing fn or a fenced-out outcome (an
+// operator's cancel meanwhile) rolls them back (see [Outcome.WithTx]).
 type Job[T any] struct {
 	// Name identifies the job kind in the database. Required.
 	Name string
