@@ -75,7 +75,10 @@ const listScanSQL = listColsSQL + `
   ` + listTailSQL
 
 const listSearchSQL = listColsSQL + `
-    SELECT i.* FROM (
+    SELECT s.id, i.fsm, i.fsm_version, i.queue, i.step, i.status, i.attempt, i.max_attempts, i.priority,
+           i.partition_key, i.parent_id, i.eligible_at, i.inserted_at, i.updated_at, i.finished_at,
+           i.errors, i.state
+    FROM (
       SELECT id FROM (
         (SELECT id FROM {{schema}}.gendurable_instances WHERE id = $11 AND id < $7)
         UNION
@@ -88,7 +91,11 @@ const listSearchSQL = listColsSQL + `
       ORDER BY id DESC
       LIMIT $8
     ) AS s
-    JOIN {{schema}}.gendurable_instances AS i ON i.id = s.id
+    -- one primary-key probe per candidate, newest first, stopping with the
+    -- page: a plain join let statistics that know a key is large pick a
+    -- merge join walking the primary key down from the newest row, or a
+    -- hash join over a sequential scan of the table
+    CROSS JOIN LATERAL (SELECT * FROM {{schema}}.gendurable_instances AS i WHERE i.id = s.id OFFSET 0) AS i
   ` + listTailSQL
 
 // ListRow is one instance in a list.

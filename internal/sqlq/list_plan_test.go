@@ -105,3 +105,45 @@ func TestThroughputPlanIsIndexDrivenAndBounded(t *testing.T) {
 		})
 	}
 }
+
+// TestListSearchOfALargeKeyProbesByPrimaryKey: a search for a partition key
+// whose rows are many and lie below most of the table (a tenant busy a
+// month ago), with statistics that know it, reads the page's rows by
+// primary key. Before, the join of the search's candidates to the table was
+// planned as a merge join walking the primary key down from the newest row
+// to the key's rows (the CLI's custom plan) or as a hash join over a
+// sequential scan of the table (the dashboard's first five loads): every row
+// of the table above the key's newest, for a page of 50.
+func TestListSearchOfALargeKeyProbesByPrimaryKey(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seeds 280k rows")
+	}
+	f := newPlanFixture(t, statsAllDone, nil)
+	ctx := context.Background()
+	s := `"` + f.schema + `".gendurable_instances`
+	const keyRows = 25_000
+	_, err := f.pool.Exec(ctx, `UPDATE `+s+` SET partition_key = 'busy'
+		WHERE id IN (SELECT id FROM `+s+` WHERE status = 'done' ORDER BY id LIMIT $1)`, keyRows)
+	require.NoError(t, err)
+	_, err = f.pool.Exec(ctx, `VACUUM ANALYZE `+s)
+	require.NoError(t, err)
+	const scan, limit = 10_000, 51
+	str := func(v string) *string { return &v }
+	id := func(v int64) *int64 { return &v }
+	page := func(name string, want int, lf sqlq.ListFilter) planCase {
+		lf.Scan, lf.Limit = scan, limit
+		return planCase{name, scan + 100, func(t *testing.T, tx pgx.Tx) {
+			rows, _, err := f.q.ListInstances(ctx, tx, lf)
+			require.NoError(t, err)
+			require.Len(t, rows, want)
+			for _, r := range rows {
+				require.Equal(t, "busy", *r.PartitionKey)
+			}
+		}}
+	}
+	runPlanCases(t, []planCase{
+		page("search-large-key", limit, sqlq.ListFilter{Search: str("busy")}),
+		page("search-large-key-before", limit, sqlq.ListFilter{Search: str("busy"), Before: id(keyRows / 2)}),
+		page("search-large-key-filtered", limit, sqlq.ListFilter{Search: str("busy"), Status: str("done")}),
+	})
+}
