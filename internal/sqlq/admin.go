@@ -200,14 +200,20 @@ func (q *Queries) QueueCounts(ctx context.Context, db DB) ([]QueueCountRow, erro
 }
 
 // setPausedSQL sets a queue's pause flag, creating its row, but only for a
-// known queue (a row, or any instance in it; the runnable check first, as it
-// has an index) unless $3 says to create it. No row comes back for an
-// unknown queue. An unknown queue costs one scan of the instances table.
+// known queue (a row, or any instance in it; the runnable checks first, one
+// per pick index — their partial indexes are of plain and of keyed rows, so
+// one check of both had no index and scanned the table) unless $3 says to
+// create it. No row comes back for an unknown queue. An unknown queue, or
+// one whose instances are all waiting or finished, costs one scan of the
+// instances table.
 const setPausedSQL = `
 WITH known AS (
   SELECT $3::bool
       OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_queues WHERE name = $1)
-      OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances WHERE queue = $1 AND status = 'runnable')
+      OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances
+                 WHERE queue = $1 AND status = 'runnable' AND partition_key IS NULL)
+      OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances
+                 WHERE queue = $1 AND status = 'runnable' AND partition_key IS NOT NULL)
       OR EXISTS (SELECT 1 FROM {{schema}}.gendurable_instances WHERE queue = $1) AS known
 )
 INSERT INTO {{schema}}.gendurable_queues (name, paused)

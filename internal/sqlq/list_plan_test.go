@@ -2,6 +2,7 @@ package sqlq_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,4 +147,48 @@ func TestListSearchOfALargeKeyProbesByPrimaryKey(t *testing.T) {
 		page("search-large-key-before", limit, sqlq.ListFilter{Search: str("busy"), Before: id(keyRows / 2)}),
 		page("search-large-key-filtered", limit, sqlq.ListFilter{Search: str("busy"), Status: str("done")}),
 	})
+}
+
+// TestPauseOfAQueueWithRunnableRowsProbesThePickIndexes: pausing a queue
+// that has no row of its own yet but runnable instances finds one through
+// a pick index. Before, the runnable check named no partition-key
+// condition, which neither pick index (partial on plain and on keyed rows)
+// serves: a sequential scan of the table, past the 200k finished rows
+// inserted before the queue's. (The last check, of any instance in the
+// queue, scans the table; it runs only for a queue with no runnable row,
+// so only executed nodes are held to the bound here.)
+func TestPauseOfAQueueWithRunnableRowsProbesThePickIndexes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seeds 280k rows")
+	}
+	f := newPlanFixture(t, statsAllDone, nil)
+	ctx := context.Background()
+	_, err := f.pool.Exec(ctx, `INSERT INTO "`+f.schema+`".gendurable_instances (fsm, queue, step, partition_key)
+		SELECT 'm', 'keyed-only', 'a', 'q' || g FROM generate_series(1, 10) g`)
+	require.NoError(t, err)
+	conn, rec := explainConn(t)
+	for _, cacheMode := range []string{"force_custom_plan", "force_generic_plan"} {
+		_, err := conn.Exec(ctx, "SET plan_cache_mode = "+cacheMode)
+		require.NoError(t, err)
+		for _, queue := range []string{"other", "keyed-only"} {
+			t.Run(queue+"/"+cacheMode, func(t *testing.T) {
+				tx, err := conn.Begin(ctx)
+				require.NoError(t, err)
+				rec.reset()
+				known, err := f.q.SetPaused(ctx, tx, queue, true, false)
+				require.NoError(t, err)
+				require.True(t, known)
+				require.NoError(t, tx.Rollback(ctx))
+				for _, plan := range rec.all(t) {
+					plan.walk(func(n planNode) {
+						if n.Loops == 0 || !strings.HasPrefix(n.Relation, "gendurable_") {
+							return
+						}
+						require.NotEqual(t, "Seq Scan", n.NodeType, "sequential scan of %s:\n%s", n.Relation, plan)
+						require.LessOrEqual(t, n.touched(), 100.0, "%s touched %v rows:\n%s", n.NodeType, n.touched(), plan)
+					})
+				}
+			})
+		}
+	}
 }
