@@ -115,7 +115,8 @@ type Instance struct {
 	// LeaseExpiresAt is set while executing, and kept by an instance
 	// cancelled mid-step (and retried since, while it lives): until then its
 	// step may still run, and it holds its key's slot and its place in its
-	// queue's GlobalConcurrency (docs/design.md §6).
+	// queue's GlobalConcurrency (docs/design.md §6). A finished instance's
+	// is cleared by the prune's sweep once it ran out a minute ago.
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 	PartitionKey   string     `json:"partition_key,omitempty"`
 	// UniqueKey is the key the instance was inserted with (InsertOpts.UniqueKey),

@@ -85,8 +85,33 @@ func (p *Pruner) Start(ctx context.Context) error {
 // deleted.
 func (p *Pruner) RunOnce(ctx context.Context, retention time.Duration, progress func(deleted int64)) (int64, error) {
 	batch := orDefault(p.Batch, DefaultBatch)
-	return inBatches(ctx, p.BatchTimeout, "prune", progress, func(ctx context.Context, from *time.Time) (int64, *time.Time, error) {
+	n, err := inBatches(ctx, p.BatchTimeout, "prune", progress, func(ctx context.Context, from *time.Time) (int64, *time.Time, error) {
 		return p.Queries.Prune(ctx, p.DB, retention, batch, from)
+	})
+	if err != nil {
+		return n, err
+	}
+	_, err = p.ClearLeases(ctx)
+	return n, err
+}
+
+// LeaseClearAfter is how long past its end ClearLeases leaves a finished
+// row's lease.
+const LeaseClearAfter = time.Minute
+
+// ClearLeases clears the leases that finished rows kept from a cancel
+// mid-step and that ran out more than LeaseClearAfter ago, Batch per
+// statement, until a statement clears fewer (sqlq.ClearExpiredLeases).
+// Past, such a lease holds nothing, but every pick of the row's key read
+// it. It returns the number cleared. RunOnce runs it after its batches.
+func (p *Pruner) ClearLeases(ctx context.Context) (int64, error) {
+	batch := orDefault(p.Batch, DefaultBatch)
+	return inBatches(ctx, p.BatchTimeout, "clear expired leases", nil, func(ctx context.Context, _ *struct{}) (int64, *struct{}, error) {
+		n, more, err := p.Queries.ClearExpiredLeases(ctx, p.DB, batch, LeaseClearAfter)
+		if more {
+			return n, &struct{}{}, err
+		}
+		return n, nil, err
 	})
 }
 

@@ -586,6 +586,49 @@ func (q *Queries) PruneBuckets(ctx context.Context, db DB, policies []KeyPolicy,
 	return deleted, next, nil
 }
 
+// clearLeasesSQL clears the lease a finished row kept from a cancel
+// mid-step (cancelSQL) once it ran out more than $2 microseconds ago. Such a
+// lease holds nothing once past — no key slot, no place in a queue's
+// GlobalConcurrency, nothing a retry keeps — but it stays in the key-holders
+// index, whose range of a key's expired leases the pick reads for every key
+// it visits (the expired leases a claim still holds) and WaitInfo reads for
+// the key's holders: left, a key's cancelled steps of the whole retention
+// were read by each pick of the key (5,000 of them: 5,000 index entries and
+// heap rows a pick, 22 ms). One range of the lingering-leases index, up to
+// $1 rows, each locked by primary key (SKIP LOCKED: a retry or prune at
+// work on it keeps it) and looked at again there. It returns how many it
+// cleared and how many the range held.
+var clearLeasesSQL = `
+WITH c AS MATERIALIZED (
+  SELECT id FROM {{schema}}.gendurable_instances
+  WHERE status <> 'executing' AND lease_expires_at < now() - $2::bigint * interval '1 microsecond'
+    AND status IN ('done', 'failed')
+  ORDER BY lease_expires_at
+  LIMIT $1
+), l AS MATERIALIZED (
+  SELECT x.id FROM c
+  CROSS JOIN LATERAL (SELECT i.id, i.status, i.lease_expires_at FROM {{schema}}.gendurable_instances AS i
+                      WHERE i.id = c.id OFFSET 0 FOR NO KEY UPDATE SKIP LOCKED) AS x
+  WHERE x.status IN ('done', 'failed') AND x.lease_expires_at < now() - $2::bigint * interval '1 microsecond'
+), u AS (
+  UPDATE {{schema}}.gendurable_instances AS i SET lease_expires_at = NULL
+  FROM l WHERE i.id = l.id
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM u), (SELECT count(*) FROM c)`
+
+// ClearExpiredLeases clears, in one statement, up to batch leases that
+// finished rows kept from a cancel mid-step and that ran out more than
+// after ago (clearLeasesSQL); more says a batch may be left (it cleared as
+// many as it was allowed to).
+func (q *Queries) ClearExpiredLeases(ctx context.Context, db DB, batch int, after time.Duration) (cleared int64, more bool, err error) {
+	var seen int64
+	if err := db.QueryRow(ctx, q.clearLeases, batch, micros(after)).Scan(&cleared, &seen); err != nil {
+		return 0, false, err
+	}
+	return cleared, cleared >= int64(batch), nil
+}
+
 // listSignalsSQL: $3 above 0 leaves out a payload longer than that many
 // bytes as JSON text (NULL, and its length), so that a page of signals is
 // bounded in bytes as well as in rows. The length is measured on the server

@@ -92,6 +92,7 @@ type Queries struct {
 	prune           string
 	pruneLock       string
 	pruneBuckets    string
+	clearLeases     string
 	listSignals     string
 	insertSpan      string
 	listAllChildren string
@@ -152,6 +153,7 @@ func New(schema string) (*Queries, error) {
 		prune:           render(pruneSQL, qs),
 		pruneLock:       render(pruneLockSQL, qs),
 		pruneBuckets:    render(pruneBucketsSQL, qs),
+		clearLeases:     render(clearLeasesSQL, qs),
 		listSignals:     render(listSignalsSQL, qs),
 		insertSpan:      render(insertSpanSQL, qs),
 		listAllChildren: render(listAllChildrenSQL, qs),
