@@ -9,6 +9,7 @@ import (
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/internal/dbtest"
 	gdotel "github.com/gendurable/gendurable/otel"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/codes"
 )
 
@@ -209,21 +210,7 @@ func TestASnoozeIsNoStepError(t *testing.T) {
 			},
 		},
 	}
-	eng, err := gendurable.New(pool, &gendurable.Config{
-		Schema:   schema,
-		Machines: []gendurable.Definition{m},
-		Queues:   map[string]gendurable.QueueConfig{"otel": {Concurrency: 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}},
-		Hooks:    []gendurable.Hook{r.hook},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := eng.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = eng.Stop(context.Background()) }()
+	eng, ctx := startSnoozer(t, pool, schema, m, r.hook)
 	var ids []int64
 	for i := 0; i < 3; i++ {
 		res, err := eng.Insert(ctx, m.New(st{N: i}))
@@ -281,21 +268,7 @@ func TestASnoozeAHandleRetriesIsAStepError(t *testing.T) {
 			return r.Replay(r.State, 10*time.Millisecond), nil // a retry, whatever the error
 		},
 	}
-	eng, err := gendurable.New(pool, &gendurable.Config{
-		Schema:   schema,
-		Machines: []gendurable.Definition{m},
-		Queues:   map[string]gendurable.QueueConfig{"otel": {Concurrency: 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}},
-		Hooks:    []gendurable.Hook{r.hook},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := eng.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = eng.Stop(context.Background()) }()
+	eng, ctx := startSnoozer(t, pool, schema, m, r.hook)
 	res, err := eng.Insert(ctx, m.New(st{}))
 	if err != nil {
 		t.Fatal(err)
@@ -322,4 +295,27 @@ func TestASnoozeAHandleRetriesIsAStepError(t *testing.T) {
 	if errored != 1 {
 		t.Errorf("%d spans with status Error, want 1", errored)
 	}
+}
+
+// startSnoozer starts an engine on schema working queue "otel" (2 slots,
+// a quick poll) for the snooze tests' machine m, with hook; it is stopped
+// when the test ends, and ctx bounds the test to a minute.
+func startSnoozer(t *testing.T, pool *pgxpool.Pool, schema string, m gendurable.Definition, hook gendurable.Hook) (*gendurable.Engine, context.Context) {
+	t.Helper()
+	eng, err := gendurable.New(pool, &gendurable.Config{
+		Schema:   schema,
+		Machines: []gendurable.Definition{m},
+		Queues:   map[string]gendurable.QueueConfig{"otel": {Concurrency: 2, PollInterval: 20 * time.Millisecond, MaxPollInterval: 50 * time.Millisecond}},
+		Hooks:    []gendurable.Hook{hook},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	if err := eng.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = eng.Stop(context.Background()) })
+	return eng, ctx
 }
