@@ -50,12 +50,23 @@ type Report struct {
 	// operator's cancel fenced out while it waited to start, the row keeping
 	// its lease (cancelled_before): such a run may start and run until its
 	// worker's next heartbeat, as a running step cancelled does (its slot
-	// stays taken, its outcome is fenced out).
+	// stays taken, its outcome is fenced out) — nor a run woken from a stop
+	// (WokeStarts).
 	StaleStarts int
 	// SlotExcess counts the keyed runs that started while their key's
 	// limit of other rows held a slot (executing, lease not run out on the
-	// database clock): the key lease itself let one too many in.
+	// database clock): the key lease itself let one too many in. Runs woken
+	// from a stop (WokeStarts) are left out.
 	SlotExcess int
+	// WokeStarts (no violation) counts the runs whose step was entered
+	// before its process was stopped (SIGSTOP) and whose start reached the
+	// database only after the wake, within 2 s of it: the start is stamped
+	// after the stop, when the claim may be gone and its slot given to
+	// another row. This is the wake race docs/design.md §6 and
+	// RELIABILITY.md state: a step entered just before a stop takes its
+	// next action on waking, before its worker's heartbeat has seen the
+	// claim lost. Such runs are not counted as stale starts or slot excess.
+	WokeStarts int
 	// Uncharged counts the reaps that charged no attempt (claims a
 	// heartbeat had marked not started; docs/design.md §4, "Prefetched
 	// claims"); UnchargedStarted those of them whose step had started (a
@@ -178,8 +189,9 @@ func Check(ctx context.Context, pool *pgxpool.Pool, schema string, o CheckOpts) 
 		{&r.CutAtStop, spansCTE + `SELECT count(*) FROM spans WHERE cut`, nil},
 		{&r.Overlaps, spansCTE + excessCTE + `SELECT count(*) FROM excess`, nil},
 		{&r.OverlapsCountingStops, rawSpansCTE + excessCTE + `SELECT count(*) FROM excess`, nil},
-		{&r.StaleStarts, `SELECT count(*) FROM {{s}}.chaos_effects WHERE NOT claim_current AND NOT coalesce(cancelled_before, false)`, nil},
+		{&r.StaleStarts, `SELECT count(*) FROM {{s}}.chaos_effects e WHERE ` + staleStart, nil},
 		{&r.SlotExcess, `SELECT count(*) FROM {{s}}.chaos_effects e WHERE ` + slotExcess, nil},
+		{&r.WokeStarts, `SELECT count(*) FROM {{s}}.chaos_effects e WHERE ` + wokeStart, nil},
 		{&r.Uncharged, `SELECT count(*) FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
 			WHERE x @> '{"kind": "lease_expired", "uncharged": true}'`, nil},
 		{&r.UnchargedStarted, `SELECT count(*) FROM {{s}}.gendurable_instances i, jsonb_array_elements(i.errors) x
@@ -329,9 +341,17 @@ const (
 	  (SELECT count(DISTINCT o.seq) FROM {{s}}.chaos_oracle o
 	   WHERE o.instance = i.id AND o.seq BETWEEN 0 AND coalesce((i.result->>'seq')::int, -1))
 	  <> coalesce((i.result->>'seq')::int, -1) + 1`
+	// wokeStart: run e's step was entered before a stop of its process and
+	// its start reached the database after the stop, at most 2 s after the
+	// wake (see Report.WokeStarts).
+	wokeStart = `EXISTS (SELECT 1 FROM {{s}}.chaos_faults f WHERE f.pid = e.pid AND f.kind = 'stop'
+	  AND e.entered < f.at AND e.started >= f.at AND f.until IS NOT NULL AND e.started < f.until + interval '2 seconds')`
+	// staleStart: run e started with a claim no longer current, neither
+	// fenced out by an operator's cancel just before nor woken from a stop.
+	staleStart = `NOT e.claim_current AND NOT coalesce(e.cancelled_before, false) AND NOT ` + wokeStart
 	// slotExcess: keyed run e started while its key's limit of other rows
-	// held a slot.
-	slotExcess = `e.pkey IS NOT NULL AND e.holders >= ` + keyLimit + ``
+	// held a slot, not woken from a stop.
+	slotExcess = `e.pkey IS NOT NULL AND e.holders >= ` + keyLimit + ` AND NOT ` + wokeStart
 	// ReapedClaim: error entry e (a lease_expired one) is the reap of run
 	// z's claim (z a chaos_effects row): it names z's token, or — the claim
 	// revoked by a pick of its key before the reaper came (docs/design.md
@@ -399,7 +419,7 @@ func (r *Report) sample(ctx context.Context, pool *pgxpool.Pool, schema string) 
 	}
 	if r.StaleStarts > 0 {
 		add("stale start", `SELECT format('%s #%s %s (token %s, attempt %s) started at %s by pid %s', fsm, instance, step, token, attempt, started, pid)
-			FROM {{s}}.chaos_effects WHERE NOT claim_current AND NOT coalesce(cancelled_before, false) ORDER BY started LIMIT 5`)
+			FROM {{s}}.chaos_effects e WHERE `+staleStart+` ORDER BY started LIMIT 5`)
 	}
 	if r.SlotExcess > 0 {
 		add("slot excess", `SELECT format('key %s: run %s (instance %s, token %s) started at %s with %s other rows holding a slot', e.pkey, e.id, e.instance, e.token, e.started, e.holders)
@@ -487,6 +507,9 @@ func (r *Report) Invariants() string {
 		r.Uncharged, r.UnchargedStarted, r.Unconfirmed, r.UnconfirmedStarted, r.UnconfirmedTwice)
 	if r.FencedWrites > 0 {
 		s += fmt.Sprintf(", %d stale writes accepted", r.StaleAccepted)
+	}
+	if r.WokeStarts > 0 {
+		s += fmt.Sprintf(", %d steps entered before a stop that started on waking", r.WokeStarts)
 	}
 	return s
 }

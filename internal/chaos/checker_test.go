@@ -128,6 +128,16 @@ func TestCheckerFindsViolations(t *testing.T) {
 	// lease kept): no stale start.
 	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, claim_current, cancelled_before) VALUES
 		(-44, 'leaf', 'work', 0, 0, 'st3', 1, 'w', false, true)`)
+	// Process 12 was stopped for 4 s. A step entered before the stop whose
+	// start reached the database on waking, its claim gone and its key's
+	// slot taken: no stale start, no slot excess (the instant of waking).
+	// One entered before the stop that started 3 s after the wake, and one
+	// entered after the wake: both count.
+	exec(`INSERT INTO {{s}}.chaos_faults (kind, pid, worker, at, until) VALUES ('stop', 12, 'w12', now() - interval '10 seconds', now() - interval '6 seconds')`)
+	exec(`INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, holders, claim_current, entered, started, ended) VALUES
+		(-45, 'leaf', 'work', 0, 0, 'wk1', 12, 'w12', 'w1', 1, false, now() - interval '10.001 seconds', now() - interval '5.9 seconds', now() - interval '5.89 seconds'),
+		(-46, 'leaf', 'work', 0, 0, 'wk2', 12, 'w12', NULL, NULL, false, now() - interval '10.001 seconds', now() - interval '3 seconds', NULL),
+		(-47, 'leaf', 'work', 0, 0, 'wk3', 12, 'w12', NULL, NULL, false, now() - interval '5.95 seconds', now() - interval '5.9 seconds', NULL)`)
 	// The fenced resource: a current write, a stale write refused, and a
 	// stale write accepted.
 	exec(`INSERT INTO {{s}}.chaos_fenced_log (key, n, token, instance, run_id, pid, phase, accepted, current) VALUES
@@ -157,7 +167,7 @@ func TestCheckerFindsViolations(t *testing.T) {
 		{"Duplicates", r.Duplicates, 2}, {"Overlaps", r.Overlaps, 3}, {"OpenSpans", r.OpenSpans, 3},
 		{"CutAtStop", r.CutAtStop, 2}, {"OverlapsCountingStops", r.OverlapsCountingStops, 5},
 		{"KeyPeaks[1]", r.KeyPeaks[1], 2}, {"KeyPeaks[2]", r.KeyPeaks[2], 2}, {"KeyPeaks[3]", r.KeyPeaks[3], 4},
-		{"SlotExcess", r.SlotExcess, 1}, {"StaleStarts", r.StaleStarts, 1},
+		{"SlotExcess", r.SlotExcess, 1}, {"StaleStarts", r.StaleStarts, 3}, {"WokeStarts", r.WokeStarts, 1},
 		{"Uncharged", r.Uncharged, 7}, {"UnchargedStarted", r.UnchargedStarted, 1},
 		{"Unconfirmed", r.Unconfirmed, 4}, {"UnconfirmedTwice", r.UnconfirmedTwice, 1}, {"UnconfirmedStarted", r.UnconfirmedStarted, 1},
 		{"FencedWrites", r.FencedWrites, 3}, {"FencedRefused", r.FencedRefused, 1},

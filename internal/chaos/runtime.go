@@ -49,6 +49,11 @@ CREATE TABLE {{s}}.chaos_effects (
   -- rated key's token bucket runs on; heartbeats leave updated_at alone)
   claimed  timestamptz,
   started  timestamptz NOT NULL DEFAULT clock_timestamp(),
+  -- when the step function was entered, on the worker's clock (the host's),
+  -- taken before the side effect is sent: a run entered before its process
+  -- was stopped whose write reached the database only after the wake has
+  -- started stamped after the stop (see wokeStart in checker.go)
+  entered  timestamptz,
   ended    timestamptz,
   -- why the work stopped short: NULL when it ran to its end, else the kind of
   -- its context's cause ('lease_lost', 'stopped', 'timeout', 'other')
@@ -154,7 +159,7 @@ type Runtime struct {
 func NewRuntime(pool *pgxpool.Pool, schema string, pid int, worker string) *Runtime {
 	return &Runtime{
 		Pool: pool, Schema: schema, PID: pid, Worker: worker,
-		insEffect: SQL(schema, `INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, token, honours, holders, claim_current, claimed, cancelled_before)
+		insEffect: SQL(schema, `INSERT INTO {{s}}.chaos_effects (instance, fsm, step, seq, attempt, run_id, pid, worker, pkey, token, honours, holders, claim_current, claimed, cancelled_before, entered)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
 			        CASE WHEN $9::text IS NOT NULL THEN (SELECT count(*) FROM {{s}}.gendurable_instances h
 			          WHERE h.partition_key = $9 AND h.status = 'executing' AND h.lease_expires_at > clock_timestamp() AND h.id <> $1) END,
@@ -164,7 +169,8 @@ func NewRuntime(pool *pgxpool.Pool, schema string, pid int, worker string) *Runt
 			        coalesce((SELECT i.claim_token IS NULL AND i.lease_expires_at > clock_timestamp()
 			                         AND i.errors -> -1 ->> 'kind' = 'cancelled' AND (i.errors -> -1 ->> 'token')::bigint = $10
 			                         AND (i.errors -> -1 ->> 'at')::timestamptz > clock_timestamp() - $12::bigint * interval '1 millisecond'
-			                  FROM {{s}}.gendurable_instances i WHERE i.id = $1), false))
+			                  FROM {{s}}.gendurable_instances i WHERE i.id = $1), false),
+			        $13)
 			RETURNING id, started`),
 		endEffect: SQL(schema, `UPDATE {{s}}.chaos_effects SET ended = clock_timestamp(), cause = $2, work_end = $3 WHERE id = $1`),
 		// The claim token is read from the instance row inside the outcome's
@@ -223,6 +229,7 @@ func begin[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq in
 }
 
 func beginRun[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq int, ignore bool) (*stepRun, error) {
+	entered := time.Now()
 	s := &stepRun{rt: rt, id: r.ID, fsm: r.Machine, step: r.Step, seq: seq, attempt: r.Attempt, runID: randID(), token: r.Token, ignore: ignore}
 	if r.PartitionKey != "" {
 		k := r.PartitionKey
@@ -235,7 +242,7 @@ func beginRun[S any](ctx context.Context, rt *Runtime, r *gendurable.Run[S], seq
 	if rt.Heartbeat > 0 {
 		grace = (2*rt.Heartbeat + 500*time.Millisecond).Milliseconds()
 	}
-	err := rt.Pool.QueryRow(ctx, rt.insEffect, s.id, s.fsm, s.step, s.seq, s.attempt, s.runID, rt.PID, rt.Worker, s.pkey, s.token, !ignore, grace).
+	err := rt.Pool.QueryRow(ctx, rt.insEffect, s.id, s.fsm, s.step, s.seq, s.attempt, s.runID, rt.PID, rt.Worker, s.pkey, s.token, !ignore, grace, entered).
 		Scan(&s.effectID, &s.started)
 	if err != nil {
 		rt.EffectErrors.Add(1)
