@@ -1174,7 +1174,8 @@ func TestAColumnNameOfTheUsersStopsItsVersion(t *testing.T) {
 // one) was half installed: versions 1 and 2 committed, then version 3
 // stopped on the name (a probe). The up refuses before its first version,
 // naming the table and the version; nothing is applied, the application's
-// table is untouched; renamed, the install goes through.
+// table is untouched; renamed, the install goes through. A printed script
+// refuses it with the same message (it went on to version 2 before).
 func TestAnUpRefusesATableNameTakenBeforeItsFirstVersion(t *testing.T) {
 	t.Parallel()
 	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true})
@@ -1185,9 +1186,16 @@ func TestAnUpRefusesATableNameTakenBeforeItsFirstVersion(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = migrate.Up(ctx, pool, schema)
-	require.ErrorContains(t, err, "migration 3 up: gendurable_queues in schema")
+	msg := fmt.Sprintf("migration 3 up: gendurable_queues in schema %q exists already, and not from gendurable (version 3 creates it)", schema)
+	require.ErrorContains(t, err, msg)
 	require.ErrorContains(t, err, "nothing was applied")
 	requireVersion(t, pool, schema, 0, "not even version 1")
+	// The printed script refuses it the same way, in its first version.
+	script, err := migrate.SQL(schema, 0, migrate.Latest())
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, script)
+	require.ErrorContains(t, err, msg)
+	requireVersion(t, pool, schema, 0, "not even version 1 of the script")
 	var mine int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT app_id FROM `+s+`.gendurable_queues`).Scan(&mine))
 	require.Equal(t, 7, mine, "the application's table is untouched")
@@ -1605,6 +1613,44 @@ func TestAPrintedScriptWaitsForMigrate(t *testing.T) {
 	_, err = conn.Exec(ctx, script)
 	require.NoError(t, err)
 	requireVersion(t, pool, schema, latest, "applied once the lock was free")
+}
+
+// TestAPrintedScriptLimitsItsIdleAsMigrate: each version of a printed
+// script limits its transaction's wait on its client to MigrateIdleLimit,
+// as migrate does: a script stopped part way (its client gone quiet after
+// a version's ALTER TABLE) held the instances table's exclusive lock, and
+// every worker's statements, for as long as the session's own limit.
+func TestAPrintedScriptLimitsItsIdleAsMigrate(t *testing.T) {
+	t.Parallel()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{NoMigrate: true, MaxConns: 2})
+	ctx := context.Background()
+	latest := migrate.Latest()
+	_, err := migrate.To(ctx, pool, schema, latest-1)
+	require.NoError(t, err)
+	script, err := migrate.SQL(schema, latest-1, latest)
+	require.NoError(t, err)
+	// The version's statements up to its first ALTER TABLE, then quiet.
+	begin := strings.Index(script, "\nBEGIN;\n")
+	alter := strings.Index(script, "\nALTER TABLE")
+	require.True(t, begin > 0 && alter > begin, "the script has a version with an ALTER TABLE:\n%s", script)
+	end := alter + strings.Index(script[alter:], ";\n") + 1
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, script[begin:end])
+	require.NoError(t, err)
+	var limit string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&limit))
+	require.Equal(t, fmt.Sprintf("%ds", int(sqlq.MigrateIdleLimit.Seconds())), limit)
+	// Quiet past the limit: the server ends the session and its locks with it.
+	time.Sleep(sqlq.MigrateIdleLimit + time.Second)
+	var n int
+	err = pool.QueryRow(ctx, `SELECT count(*) FROM "`+schema+`".gendurable_instances`).Scan(&n)
+	require.NoError(t, err, "the instances table is free again")
+	_, err = conn.Exec(ctx, `SELECT 1`)
+	require.Error(t, err, "the stopped script's session was ended")
+	conn.Conn().Close(ctx)
+	requireVersion(t, pool, schema, latest-1, "nothing of the stopped version was applied")
 }
 
 // schemaShape describes what a migration builds in schema, by object, with

@@ -566,6 +566,28 @@ var createdRelation = regexp.MustCompile(`(?i)CREATE\s+(?:TABLE|SEQUENCE)\s+(?:I
 // it had committed (a probe: a schema holding an application's
 // gendurable_queues was left at version 2). Nothing is applied.
 func checkTableNames(ctx context.Context, tx pgx.Tx, schema string, ms []Migration, from, target int) error {
+	names, creator := createdTables(ms, from, target)
+	if len(names) == 0 {
+		return nil
+	}
+	var taken *string
+	if err := tx.QueryRow(ctx, takenTablesSQL, quoteIdent(schema), names).Scan(&taken); err != nil {
+		return err
+	}
+	if taken == nil {
+		return nil
+	}
+	return errors.New(takenTableMsg(schema, *taken, creator[*taken]))
+}
+
+// takenTablesSQL is the first ($1 the quoted schema) of the names $2 taken
+// by a relation in the schema, or NULL.
+const takenTablesSQL = `SELECT min(c.relname) FROM pg_class AS c
+		WHERE c.relnamespace = to_regnamespace($1) AND c.relname = ANY($2::text[])`
+
+// createdTables are the tables and sequences the ups of versions
+// from+1..target create, with the version that creates each.
+func createdTables(ms []Migration, from, target int) ([]string, map[string]int) {
 	var names []string
 	creator := map[string]int{}
 	for _, m := range ms {
@@ -577,19 +599,34 @@ func checkTableNames(ctx context.Context, tx pgx.Tx, schema string, ms []Migrati
 			creator[g[1]] = m.Version
 		}
 	}
+	return names, creator
+}
+
+// takenTableMsg is checkTableNames' refusal of name, which version creates.
+func takenTableMsg(schema, name string, version int) string {
+	return fmt.Sprintf("migration %d up: %s in schema %q exists already, and not from gendurable (version %d creates it): "+
+		"rename or move yours, then migrate again; nothing was applied", version, name, schema, version)
+}
+
+// scriptTableGuard is checkTableNames as a printed script's guard, run in
+// its first version's transaction: the same query, the same message.
+func scriptTableGuard(schema string, ms []Migration, from, to int) string {
+	names, creator := createdTables(ms, from, to)
 	if len(names) == 0 {
-		return nil
+		return ""
 	}
-	var taken *string
-	if err := tx.QueryRow(ctx, `SELECT min(c.relname) FROM pg_class AS c
-		WHERE c.relnamespace = to_regnamespace($1) AND c.relname = ANY($2::text[])`, quoteIdent(schema), names).Scan(&taken); err != nil {
-		return err
+	var b strings.Builder
+	b.WriteString("-- No table or sequence a version below creates is in the schema already (migrate checks this too).\n" +
+		"DO $gendurable$\nDECLARE taken text;\nBEGIN\n")
+	// The names are literals of the migrations' own identifiers (\w+).
+	fmt.Fprintf(&b, "  %s INTO taken;\n", strings.NewReplacer("$1", quoteLiteral(quoteIdent(schema)), "$2::text[]", textArray(names),
+		"SELECT min(c.relname)", "SELECT min(c.relname)::text", "\n\t\t", "\n    ").Replace(takenTablesSQL))
+	for _, n := range names {
+		fmt.Fprintf(&b, "  IF taken = %s THEN\n    RAISE EXCEPTION USING MESSAGE = %s;\n  END IF;\n",
+			quoteLiteral(n), quoteLiteral(takenTableMsg(schema, n, creator[n])))
 	}
-	if taken == nil {
-		return nil
-	}
-	return fmt.Errorf("migration %d up: %s in schema %q exists already, and not from gendurable (version %d creates it): "+
-		"rename or move yours, then migrate again; nothing was applied", creator[*taken], *taken, schema, creator[*taken])
+	b.WriteString("END $gendurable$;\n")
+	return b.String()
 }
 
 // wayOf names the direction d (its sign) moves the schema.
@@ -1009,6 +1046,9 @@ func MigrationScript(schema string, from, to int) (string, error) {
 				sql := m.Up(schema)
 				fmt.Fprintf(&b, "\n-- gendurable migration %d (%s) up\nBEGIN;\n", m.Version, m.Name)
 				b.WriteString(scriptVersionGuard(schema, m.Version, "up", prev))
+				if prev == from {
+					b.WriteString(scriptTableGuard(schema, ms, from, to))
+				}
 				b.WriteString(scriptGuardsBefore(schema, m.Version, "up", sql))
 				b.WriteString(sql)
 				if g := scriptGuardAfter(schema, m.Version, "up", sql); g != "" {
@@ -1084,14 +1124,18 @@ func scriptVersionGuard(schema string, version int, way string, at int) string {
 		"gendurable_instances table says: %s): the script was printed for another version, or a version before this "+
 		"one was refused; print it again with --from the schema's version (gendurable migrate status shows it); "+
 		"nothing of version %d was applied", version, way, schema, at, guardValue, version)
-	return fmt.Sprintf("-- The schema is at version %d (migrate checks this too, under the same lock).\n"+
+	return fmt.Sprintf("-- The schema is at version %d (migrate checks this too, under the same lock), and the version's\n"+
+		"-- transaction waits at most %d ms on its client, as migrate's (a script stopped part way must not\n"+
+		"-- hold the tables' locks).\n"+
 		"DO $gendurable$\nDECLARE found text;\nBEGIN\n"+
+		"  PERFORM %s;\n"+
 		"  PERFORM pg_advisory_xact_lock(hashtext('gendurable.migrate.' || %s));\n"+
 		"  SELECT CASE WHEN to_regclass(%s) IS NULL THEN '%s0'\n"+
 		"              ELSE coalesce(obj_description(to_regclass(%s), 'pg_class'), '(no version comment)') END INTO found;\n"+
 		"  IF found IS DISTINCT FROM '%s%d' THEN\n"+
 		"    RAISE EXCEPTION USING MESSAGE = format(%s, quote_literal(found));\n  END IF;\nEND $gendurable$;\n",
-		at, quoteLiteral(schema), table, versionCommentPrefix, table, versionCommentPrefix, at, raiseFormat(msg))
+		at, MigrateIdleLimit.Milliseconds(), idleLimitAtMost(MigrateIdleLimit.Milliseconds()),
+		quoteLiteral(schema), table, versionCommentPrefix, table, versionCommentPrefix, at, raiseFormat(msg))
 }
 
 // scriptGuardsBefore is the guard that runs before a version's sql: the
