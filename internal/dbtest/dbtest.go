@@ -17,6 +17,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	neturl "net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -150,6 +151,47 @@ func NewSchema(t testing.TB, opts *Options) (*pgxpool.Pool, string) {
 		}
 	})
 	return pool, schema
+}
+
+// NewDatabase creates a fresh database on the test server and returns its
+// URL (pass it as Options.URL); it is dropped when t ends. A test that
+// needs VACUUM to remove what it left dead uses one: a transaction open in
+// the test database — another package's test, run in parallel — holds back
+// what VACUUM may remove there, but not in another database.
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "gdtest_db_" + hex.EncodeToString(b)
+	conn, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		t.Fatalf("dbtest: connect: %v", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("dbtest: create database: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, URL())
+		if err != nil {
+			t.Logf("dbtest: cleanup connect: %v", err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			t.Logf("dbtest: drop database %s: %v", name, err)
+		}
+	})
+	u, err := neturl.Parse(URL())
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return URL() + " dbname=" + name // a key=value string: the last dbname wins
+	}
+	u.Path = "/" + name
+	return u.String()
 }
 
 // Counter is a pgx tracer that counts statements, except those whose SQL

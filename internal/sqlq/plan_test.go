@@ -118,8 +118,14 @@ func (r *planRecorder) reset() {
 // explainConn opens a connection that reports every executed plan.
 func explainConn(t *testing.T) (*pgx.Conn, *planRecorder) {
 	t.Helper()
+	return explainConnTo(t, dbtest.URL())
+}
+
+// explainConnTo is explainConn to the database of url.
+func explainConnTo(t *testing.T, url string) (*pgx.Conn, *planRecorder) {
+	t.Helper()
 	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(dbtest.URL())
+	cfg, err := pgx.ParseConfig(url)
 	require.NoError(t, err)
 	rec := &planRecorder{}
 	cfg.OnNotice = rec.onNotice
@@ -371,8 +377,14 @@ func checkPlan(t *testing.T, plan planNode, bound float64) {
 // when the portal is dropped.
 func runPlanCases(t *testing.T, cases []planCase) {
 	t.Helper()
+	runPlanCasesOn(t, dbtest.URL(), cases)
+}
+
+// runPlanCasesOn is runPlanCases on the database of url.
+func runPlanCasesOn(t *testing.T, url string, cases []planCase) {
+	t.Helper()
 	ctx := context.Background()
-	conn, rec := explainConn(t)
+	conn, rec := explainConnTo(t, url)
 	for _, cacheMode := range []string{"force_custom_plan", "force_generic_plan"} {
 		_, err := conn.Exec(ctx, "SET plan_cache_mode = "+cacheMode)
 		require.NoError(t, err)
