@@ -634,12 +634,22 @@ func (q *Queries) ClearExpiredLeases(ctx context.Context, db DB, batch int, afte
 // bounded in bytes as well as in rows. The length is measured on the server
 // (jsonb written out as text) for the rows the LIMIT keeps only: measured
 // in the scan, it was for every signal of the instance before the sort.
+//
+// The instance's signal ids are read first, through the (target_id,
+// dedup_key) index, and sorted (t, p): no index holds an instance's
+// signals in id order, and under statistics that say the instance has
+// many (a few instances that receive most signals), a plan walked the
+// primary key backwards from the newest signal of any instance, filtering
+// (a plan probe: every signal of the table for an instance with three).
+// The page's rows are then fetched by primary key.
 const listSignalsSQL = `
+WITH t AS MATERIALIZED (SELECT id FROM {{schema}}.gendurable_signals WHERE target_id = $1),
+p AS MATERIALIZED (SELECT id FROM t ORDER BY id DESC LIMIT $2)
 SELECT s.id, s.name, CASE WHEN l.n > $3::int THEN NULL ELSE s.payload END,
        CASE WHEN l.n > $3::int THEN l.n ELSE 0 END, s.dedup_key, s.inserted_at, s.consumed_at
-FROM (SELECT id, name, payload, dedup_key, inserted_at, consumed_at
-      FROM {{schema}}.gendurable_signals WHERE target_id = $1
-      ORDER BY id DESC LIMIT $2) AS s
+FROM p
+CROSS JOIN LATERAL (SELECT g.id, g.name, g.payload, g.dedup_key, g.inserted_at, g.consumed_at
+                    FROM {{schema}}.gendurable_signals AS g WHERE g.id = p.id OFFSET 0) AS s
 CROSS JOIN LATERAL (SELECT CASE WHEN $3::int > 0 THEN coalesce(octet_length(s.payload::text), 0) ELSE 0 END AS n
                     OFFSET 0) AS l
 ORDER BY s.id DESC`

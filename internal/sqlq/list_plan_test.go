@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gendurable/gendurable/internal/dbtest"
 	"github.com/gendurable/gendurable/internal/sqlq"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -191,4 +192,38 @@ func TestPauseOfAQueueWithRunnableRowsProbesThePickIndexes(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestListSignalsReadsTheInstancesSignalsOnly: under statistics that say
+// an instance has many signals (200,000 spread over five instances), the
+// generic plan of an instance's signal list walked the primary key
+// backwards from the newest signal of the table, filtering on the target:
+// 200,000 rows read for an instance with three. It reads the instance's
+// own now, and returns them newest first, payloads over the limit left
+// out.
+func TestListSignalsReadsTheInstancesSignalsOnly(t *testing.T) {
+	ctx := context.Background()
+	pool, schema := dbtest.NewSchema(t, &dbtest.Options{MaxConns: 2})
+	q, err := sqlq.New(schema)
+	require.NoError(t, err)
+	s := `"` + schema + `".gendurable_signals`
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+` (target_id, name, payload, consumed_at) VALUES
+		(7, 'a', '1', now()), (7, 'b', '"a long one"', NULL), (7, 'c', NULL, now())`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+s+` (target_id, name, consumed_at)
+		SELECT 100 + g % 5, 'x', now() FROM generate_series(1, 200000) g`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `ANALYZE `+s)
+	require.NoError(t, err)
+	runPlanCases(t, []planCase{
+		{"list-signals", 100, func(t *testing.T, tx pgx.Tx) {
+			rows, err := q.ListSignals(ctx, tx, 7, 2, 5)
+			require.NoError(t, err)
+			require.Len(t, rows, 2)
+			require.Equal(t, "c", rows[0].Name)
+			require.Equal(t, "b", rows[1].Name)
+			require.Nil(t, rows[1].Payload)
+			require.Equal(t, int32(len(`"a long one"`)), rows[1].LeftOut)
+		}},
+	})
 }
