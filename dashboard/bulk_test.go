@@ -99,7 +99,7 @@ func TestBulkInputIsValidated(t *testing.T) {
 		msg  string
 	}{
 		"nothing ticked":       {"/bulk/cancel", url.Values{"scope": {"selected"}}, "Tick at least one instance."},
-		"too many":             {"/bulk/cancel", url.Values{"id": many}, "At most 100 instances at once"},
+		"too many":             {"/bulk/cancel", url.Values{"id": many}, "At most 500 instances at once"},
 		"bad id":               {"/bulk/cancel", url.Values{"id": {"1", "x"}}, "Bad instance id."},
 		"negative id":          {"/bulk/cancel", url.Values{"id": {"-1"}}, "Bad instance id."},
 		"zero id":              {"/bulk/retry", url.Values{"id": {"0"}}, "Bad instance id."},

@@ -161,8 +161,11 @@ const DefaultAddr = "127.0.0.1:8080"
 
 // Defaults and bounds of Options.
 const (
-	DefaultPageSize       = 50
-	MaxPageSize           = 100
+	DefaultPageSize = 50
+	// MaxPageSize bounds a list page's ?limit= and the rows a bulk action
+	// ticks: the bound of Engine.List and of `gendurable list --limit`
+	// (a larger ?limit= is refused with 400, as the CLI refuses it).
+	MaxPageSize           = gendurable.MaxListLimit
 	DefaultRequestTimeout = 10 * time.Second
 	// MaxFormBytes bounds the body of a POST (a signal's payload travels in it).
 	MaxFormBytes = 2 << 20

@@ -3,7 +3,6 @@ package dashboard
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -297,16 +296,24 @@ func (d *dashboard) parseList(q url.Values) (gendurable.ListFilter, listForm, er
 		if f.Before, err = strconv.ParseInt(v, 10, 64); err != nil || f.Before < 0 {
 			return f, form, inputError("Bad page cursor.")
 		}
+		if f.Before == 0 {
+			// Read as no cursor, it showed the newest page again: a script
+			// paging with an unset variable would loop on it. The CLI
+			// refuses --before 0 for the same reason; the pager never
+			// links to it.
+			return f, form, inputError("The page cursor \"before\" must be an id above 0 (the \"Older\" link's); leave it out for the newest page.")
+		}
 	}
 	if v := q.Get("limit"); v != "" {
+		// Refused out of range, as the CLI refuses --limit (1..500, the
+		// same bound): before, a page silently showed at most 100 rows
+		// for ?limit=500, which `gendurable list --limit 500` shows whole
+		// (a hostile probe).
 		n, err := strconv.Atoi(v)
-		if errors.Is(err, strconv.ErrRange) && v[0] != '-' {
-			n, err = MaxPageSize, nil // a positive number past int: bounded as any other
+		if err != nil || n < 1 || n > MaxPageSize {
+			return f, form, inputError(fmt.Sprintf("The page size (limit) must be a whole number from 1 to %d.", MaxPageSize))
 		}
-		if err != nil || n < 1 {
-			return f, form, inputError("The page size must be a positive number.")
-		}
-		form.Limit = min(n, MaxPageSize) // bounded, whatever was asked
+		form.Limit = n
 	}
 	f.Limit = form.Limit
 	return f, form, nil

@@ -69,15 +69,30 @@ func TestListFiltersAndPaging(t *testing.T) {
 	failed := e.failed()
 	h, _ := e.handler(dashboard.Options{})
 
-	// Bounded: a huge limit gets MaxPageSize rows and a next link.
-	r := get(t, h, "/instances?limit=100000")
+	// The page size is the CLI's: up to 500 rows (gendurable list --limit),
+	// shown whole; past it, refused with the bound (a probe: ?limit=500
+	// showed 100 rows where the CLI shows 500, and ?limit=100000 was
+	// silently read as 100).
+	require.Equal(t, gendurable.MaxListLimit, dashboard.MaxPageSize)
+	r := get(t, h, "/instances?limit=120")
 	require.Equal(t, http.StatusOK, r.code)
-	require.Len(t, rowIDs(r.body), dashboard.MaxPageSize)
+	require.Len(t, rowIDs(r.body), 120)
 	require.NotEmpty(t, nextLink(r.body))
-	// As is one past what an int holds.
-	r = get(t, h, "/instances?limit=99999999999999999999")
+	r = get(t, h, fmt.Sprintf("/instances?limit=%d", dashboard.MaxPageSize))
 	require.Equal(t, http.StatusOK, r.code)
-	require.Len(t, rowIDs(r.body), dashboard.MaxPageSize)
+	require.Len(t, rowIDs(r.body), 134)
+	require.Empty(t, nextLink(r.body))
+	for _, q := range []string{fmt.Sprint(dashboard.MaxPageSize + 1), "100000", "99999999999999999999"} {
+		r = get(t, h, "/instances?limit="+q)
+		require.Equal(t, http.StatusBadRequest, r.code, q)
+		require.Contains(t, r.body, "The page size (limit) must be a whole number from 1 to 500.", q)
+	}
+	// A cursor of 0 is refused, as the CLI refuses --before 0: read as no
+	// cursor, it showed the newest page again, and a script paging with an
+	// unset variable looped on it.
+	r = get(t, h, "/instances?before=0")
+	require.Equal(t, http.StatusBadRequest, r.code)
+	require.Contains(t, r.body, "must be an id above 0")
 
 	// Default page size, then keyset paging through everything.
 	seen := map[string]bool{}
