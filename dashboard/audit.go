@@ -86,6 +86,7 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 	rec.mu.Lock()
 	noted := slices.Clone(rec.attrs)
 	rec.mu.Unlock()
+	var cutLens []any // key_bytes, length: the strings cut below
 	for i := 0; i+1 < len(noted); i += 2 {
 		if noted[i] == "partial" && noted[i+1] == true && (outcome == "failed" || outcome == "ok") {
 			// Cut short after changing some: the client hung up (failed),
@@ -93,10 +94,18 @@ func (d *dashboard) logAudit(r *http.Request, action string, rec *auditRecord, c
 			// says partial=1). A run of the timeout's read "ok" before.
 			outcome = "partial"
 		}
-		if v, ok := noted[i+1].(string); ok {
-			noted[i+1] = cut(v) // a refused request's names are any length
+		if v, ok := noted[i+1].(string); ok && len(v) > maxFilterLen {
+			// A refused request's names are any length, and a cancel's
+			// reason up to gendurable.MaxReasonBytes: the line says how
+			// long the whole was, or a reason of 4,000 bytes read as one
+			// of 1,000 (a hostile probe).
+			noted[i+1] = cut(v)
+			if k, ok := noted[i].(string); ok && !slices.Contains(noted, any(k+"_bytes")) {
+				cutLens = append(cutLens, k+"_bytes", len(v))
+			}
 		}
 	}
+	noted = append(noted, cutLens...)
 	// A refused request changed nothing, and anyone who can reach the
 	// dashboard can send them: within the refused actions' allowance, per
 	// client and user (a line at the window's end counts the rest).

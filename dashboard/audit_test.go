@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/gendurable/gendurable"
 	"github.com/gendurable/gendurable/dashboard"
@@ -437,4 +438,38 @@ func TestLogLinesCarryNoRawC1OrBidiControls(t *testing.T) {
 		require.False(t, r == 0x7f || (r >= 0x80 && r < 0xa0) || unicode.Is(unicode.Bidi_Control, r), "%U in the log:\n%s", r, out)
 	}
 	require.Contains(t, out, `\\u009b2J\\u202eevil\\u007f`, "shown as escapes")
+}
+
+// TestAuditLineSaysALongReasonWasCut: a cancel's reason may be 4,000 bytes
+// (gendurable.MaxReasonBytes), an audit line repeats 1,000 of it. The line
+// cut it within a character (2,000 "é": half of one, invalid UTF-8) and
+// read as the whole reason; it now cuts before a character and says how
+// long the reason was (reason_bytes).
+func TestAuditLineSaysALongReasonWasCut(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	log := &captured{}
+	h, _ := e.handler(dashboard.Options{Logger: slog.New(log)})
+	id := e.insertOrder(Order{Item: "x"})
+	reason := "x" + strings.Repeat("é", (gendurable.MaxReasonBytes-1)/2)
+	r := post(t, h, fmt.Sprintf("/instances/%d/cancel", id), url.Values{"reason": {reason}})
+	require.Equal(t, http.StatusSeeOther, r.code, r.body)
+	in := e.instance(id)
+	require.Equal(t, reason, in.Errors[len(in.Errors)-1].Error, "stored whole")
+
+	lines := log.with("dashboard audit: cancel")
+	require.Len(t, lines, 1)
+	got, _ := lines[0]["reason"].(string)
+	require.True(t, utf8.ValidString(got), "cut within a character: %q", got[len(got)-4:])
+	require.True(t, strings.HasPrefix(reason, got))
+	require.Greater(t, len(got), 1000-utf8.UTFMax)
+	require.LessOrEqual(t, len(got), 1000)
+	require.Equal(t, int64(len(reason)), lines[0]["reason_bytes"], "the line says the reason was cut")
+
+	// A reason that fits is whole, with no length beside it.
+	id = e.insertOrder(Order{Item: "y"})
+	require.Equal(t, http.StatusSeeOther, post(t, h, fmt.Sprintf("/instances/%d/cancel", id), url.Values{"reason": {"short"}}).code)
+	lines = log.with("dashboard audit: cancel")
+	require.Equal(t, "short", lines[1]["reason"])
+	require.NotContains(t, lines[1], "reason_bytes")
 }

@@ -244,12 +244,18 @@ func noteSent(r *http.Request) {
 }
 
 // cut is s as an audit line repeats what a client sent: at most
-// maxFilterLen bytes of it.
+// maxFilterLen bytes of it, cut before a character, not within one (a
+// 4,000-byte reason of "é" ended its audit line in half a character:
+// invalid UTF-8, a U+FFFD in a JSON log).
 func cut(s string) string {
-	if len(s) > maxFilterLen {
-		return s[:maxFilterLen]
+	if len(s) <= maxFilterLen {
+		return s
 	}
-	return s
+	n := maxFilterLen
+	for n > maxFilterLen-utf8.UTFMax && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // signFlash adds to a bulk action's flash parameters v, for a redirect to

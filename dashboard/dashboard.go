@@ -86,8 +86,10 @@
 //     request header, is closed to make room), as
 //     `gendurable ui` does, or give your own server the same bounds.
 //   - Audit trail: one line per action (refused ones too, cross-origin
-//     POSTs included, at most five a minute per client and user, their
-//     names cut to 1000 bytes; a bulk action's
+//     POSTs included, at most five a minute per client and user; what a
+//     client sent — names, a cancel's reason — is cut to 1000 bytes, before
+//     a character, and a value cut has its whole length beside it, as
+//     reason_bytes; a bulk action's
 //     line names its ids or filter, its counts and the ids it changed, the
 //     first [gendurable.MaxBulkIDs], with changed_ids_truncated past
 //     them) and per failed
