@@ -42,7 +42,9 @@ var (
 	ErrUnknownMachine = errors.New("gendurable: machine not registered")
 
 	// ErrInvalidInsert: insert options are out of range (negative max
-	// attempts, priority outside smallint, both RunAt and RunIn set, ...).
+	// attempts, priority outside smallint, both RunAt and RunIn set, ...),
+	// or the state cannot be stored: over the limits, refused by
+	// PostgreSQL, or not encodable to JSON (then [ErrStateEncode] too).
 	ErrInvalidInsert = errors.New("gendurable: invalid insert")
 
 	// ErrStateDecode: an instance's stored state does not decode into the
@@ -51,7 +53,10 @@ var (
 	// result that does not decode into its T ("result does not decode").
 	ErrStateDecode = errors.New("gendurable: state does not decode")
 
-	// ErrStateEncode: a state or result value does not encode to JSON.
+	// ErrStateEncode: a state or result value does not encode to JSON
+	// (NaN, a channel, a MarshalJSON that fails or panics). From an insert
+	// it is [ErrInvalidInsert] too; from a step's outcome,
+	// [ErrInvalidOutcome] too.
 	ErrStateEncode = errors.New("gendurable: state does not encode")
 
 	// ErrLeaseLost: the step's lease can no longer be confirmed — the

@@ -240,10 +240,10 @@ func encodeForInsert(core *machineCore, state any) (s string, err error) {
 // doubling while it finds nothing, so a transaction that commits d after
 // the insert has its row picked within about 2d plus that interval.
 // Other processes find it by their own polls. Invalid input — options out of
-// range, a state over the limits or one PostgreSQL cannot store (a NUL
-// character, a lone UTF-16 surrogate escape), a RunAt outside its
-// timestamps — is [ErrInvalidInsert] before any SQL runs, so the
-// transaction is left usable.
+// range, a state that does not encode to JSON (also [ErrStateEncode]), one
+// over the limits or one PostgreSQL cannot store (a NUL character, a lone
+// UTF-16 surrogate escape), a RunAt outside its timestamps — is
+// [ErrInvalidInsert] before any SQL runs, so the transaction is left usable.
 func (e *Engine) InsertTx(ctx context.Context, tx pgx.Tx, p InsertParams) (InsertResult, error) {
 	if err := e.usable(ctx, "InsertTx"); err != nil {
 		return InsertResult{}, err
@@ -386,7 +386,10 @@ func newInstance(registry map[machineKey]*machineCore, limits jsonLimits, p Inse
 	}
 	state, err := encodeForInsert(core, p.state)
 	if err != nil {
-		return sqlq.NewInstance{}, err
+		// ErrStateEncode, and an insert's refusal like every other: code
+		// that branches on ErrInvalidInsert for bad input (InsertTx's
+		// doc) missed a NaN or a channel in the state (an API probe).
+		return sqlq.NewInstance{}, fmt.Errorf("%w: %w", ErrInvalidInsert, err)
 	}
 	if err := checkInputJSON(limits, "state", state, ErrInvalidInsert); err != nil {
 		return sqlq.NewInstance{}, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -99,6 +100,12 @@ func TestInsertRejectsBadInputAndWritesNothing(t *testing.T) {
 		{"unencodable state", job.New(weirdState{Any: map[string]any{"f": func() {}}}), gendurable.ErrStateEncode},
 		// A panic of the state's MarshalJSON reached the caller (a hostile probe).
 		{"state whose MarshalJSON panics", job.New(weirdState{Any: map[string]any{"p": panicMarshaler{}}}), gendurable.ErrStateEncode},
+		// And an insert's own error, as every other bad input is (an API
+		// probe: ErrStateEncode alone, which code branching on
+		// ErrInvalidInsert took for a database failure).
+		{"unencodable state is an invalid insert", job.New(weirdState{Any: map[string]any{"f": func() {}}}), gendurable.ErrInvalidInsert},
+		{"NaN state is an invalid insert", job.New(weirdState{Any: map[string]any{"n": math.NaN()}}), gendurable.ErrInvalidInsert},
+		{"panicking MarshalJSON is an invalid insert", job.New(weirdState{Any: map[string]any{"p": panicMarshaler{}}}), gendurable.ErrInvalidInsert},
 		{"NUL in state", job.New(weirdState{Name: "a\x00b"}), gendurable.ErrInvalidInsert},
 		{"oversized partition key", job.New(weirdState{}).With(gendurable.InsertOpts{PartitionKey: strings.Repeat("k", 5000)}), gendurable.ErrInvalidInsert},
 		// A key "order-7 " looked like "order-7" everywhere while being
