@@ -23,8 +23,9 @@ const JobStep = "perform"
 // A job is an instance with one step: it shares every table, index and code
 // path with machines. Register it in [Config.Machines]; insert with [Job.New].
 // A Job must not be modified once used (by [New] or an insert): its fields,
-// Perform included, are read once, at its first use with a Perform (or
-// PerformResult) set; a test that needs another Perform declares another Job.
+// Perform included, are read once, at its first use that finds it valid (a
+// use that refuses it — no Perform or Name yet — reads them again next
+// time); a test that needs another Perform declares another Job.
 //
 // A job's completion commits on its own: Perform has no transaction to write
 // in (River's JobCompleteTx). For writes — follow-up jobs included — that
@@ -64,8 +65,8 @@ type Job[T any] struct {
 	// PerformResult, not both.
 	PerformResult func(ctx context.Context, job *Run[T]) (result any, err error)
 
-	once sync.Once
-	m    *Machine[T]
+	mu   sync.Mutex   // guards core
+	core *machineCore // its machine's, built at the first use that finds the job valid
 }
 
 func (j *Job[T]) definition() (*machineCore, error) {
@@ -89,47 +90,61 @@ func (j *Job[T]) definition() (*machineCore, error) {
 	if err := belowFloor(fmt.Sprintf("job %q: ", j.Name), time.Millisecond, map[string]time.Duration{"Timeout": j.Timeout}); err != nil {
 		return nil, err
 	}
-	j.once.Do(func() {
-		perform, performResult := j.Perform, j.PerformResult
-		j.m = &Machine[T]{
-			Name: j.Name, Version: j.Version, Queue: j.Queue, Start: JobStep,
-			MaxAttempts: j.MaxAttempts, Backoff: j.Backoff, StepTimeout: j.Timeout,
-			Flow: []FlowStep{{Step: JobStep, Kinds: OutcomeDone}}, // finishes, snoozes (Replay) or fails
-			Steps: map[string]StepFunc[T]{JobStep: func(ctx context.Context, r *Run[T]) (Outcome, error) {
-				var result any
-				var err error
-				if performResult != nil {
-					result, err = performResult(ctx, r)
-				} else {
-					err = perform(ctx, r)
-				}
-				var snooze *SnoozeError
-				switch {
-				case err == nil:
-					// A result that cannot be stored (encoding/json refuses
-					// it, or it is over the engine's size or depth limits)
-					// would make the outcome invalid, retried like an error:
-					// the job's work would run again for each attempt (two
-					// reviews). final: it fails at once instead.
-					o := Done(result)
-					o.final = true
-					return o, nil
-				case errors.As(err, &snooze):
-					o := replayAsStored(snooze.Delay) // the args as stored, as the default retry's
-					o.snooze = true
-					// Told to the hooks as a machine step's snooze is
-					// (StepEvent.Snoozed, Err the *SnoozeError): a River
-					// user's probe saw a job's snooze as a replay with no
-					// error and Snoozed false.
-					o.snoozeErr = err
-					return o, nil
-				}
-				return Outcome{}, err
-			}},
-			// The default Handle: a JobCancel stops at once.
-		}
-	})
-	return j.m.definition()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.core != nil {
+		return j.core, nil
+	}
+	// Built from the job's fields as they are now, until a build succeeds:
+	// a refusal (a Name not yet set) is not kept, as a Machine's is not.
+	core, err := j.machine().definition()
+	if err != nil {
+		return nil, err
+	}
+	j.core = core
+	return core, nil
+}
+
+// machine is the one-step Machine that runs j, from j's fields as they are.
+func (j *Job[T]) machine() *Machine[T] {
+	perform, performResult := j.Perform, j.PerformResult
+	return &Machine[T]{
+		Name: j.Name, Version: j.Version, Queue: j.Queue, Start: JobStep,
+		MaxAttempts: j.MaxAttempts, Backoff: j.Backoff, StepTimeout: j.Timeout,
+		Flow: []FlowStep{{Step: JobStep, Kinds: OutcomeDone}}, // finishes, snoozes (Replay) or fails
+		Steps: map[string]StepFunc[T]{JobStep: func(ctx context.Context, r *Run[T]) (Outcome, error) {
+			var result any
+			var err error
+			if performResult != nil {
+				result, err = performResult(ctx, r)
+			} else {
+				err = perform(ctx, r)
+			}
+			var snooze *SnoozeError
+			switch {
+			case err == nil:
+				// A result that cannot be stored (encoding/json refuses
+				// it, or it is over the engine's size or depth limits)
+				// would make the outcome invalid, retried like an error:
+				// the job's work would run again for each attempt (two
+				// reviews). final: it fails at once instead.
+				o := Done(result)
+				o.final = true
+				return o, nil
+			case errors.As(err, &snooze):
+				o := replayAsStored(snooze.Delay) // the args as stored, as the default retry's
+				o.snooze = true
+				// Told to the hooks as a machine step's snooze is
+				// (StepEvent.Snoozed, Err the *SnoozeError): a River
+				// user's probe saw a job's snooze as a replay with no
+				// error and Snoozed false.
+				o.snoozeErr = err
+				return o, nil
+			}
+			return Outcome{}, err
+		}},
+		// The default Handle: a JobCancel stops at once.
+	}
 }
 
 // New prepares a new job with the given arguments for [Engine.Insert].

@@ -60,7 +60,9 @@ type HandleFunc[S any] func(ctx context.Context, r *Run[S], err error) (Outcome,
 //		},
 //	}
 //
-// A Machine must not be modified once an engine uses it.
+// A Machine must not be modified once an engine uses it. One that was
+// refused (by [New], an insert or [Machine.ValidateOutcome]) is checked
+// again at its next use, so it may be completed after the refusal.
 type Machine[S any] struct {
 	// Name identifies the machine in the database (the fsm column). Required.
 	Name string
@@ -141,9 +143,8 @@ type Machine[S any] struct {
 	// checked and the steps are drawn Start first, then by name.
 	Flow []FlowStep
 
-	once    sync.Once
-	core    *machineCore
-	coreErr error
+	mu   sync.Mutex   // guards core
+	core *machineCore // built at the first use that finds the definition valid
 }
 
 // Run is what a step sees of its instance.
@@ -272,8 +273,22 @@ func (m *Machine[S]) definition() (*machineCore, error) {
 		var zero S
 		return nil, errorf(ErrInvalidConfig, "nil *Machine[%T]", zero)
 	}
-	m.once.Do(func() { m.core, m.coreErr = m.build() })
-	return m.core, m.coreErr
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.core != nil {
+		return m.core, nil
+	}
+	// A refusal is not kept: no engine uses a machine that was refused, so
+	// one completed after it (its Steps set in an init func, after a
+	// package-level insert or ValidateOutcome had met it half built) is
+	// built then. Kept, the first refusal ("declares no Steps") came back
+	// from every later New, Insert and ValidateOutcome (an API probe).
+	core, err := m.build()
+	if err != nil {
+		return nil, err
+	}
+	m.core = core
+	return core, nil
 }
 
 func (m *Machine[S]) build() (*machineCore, error) {

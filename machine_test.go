@@ -919,3 +919,36 @@ func TestANegativeJobSnoozeFromAMachineStepSaysWhy(t *testing.T) {
 	r := b.waitStatus(b.insert(m.New(orderArgs{})), "failed", 10*time.Second)
 	require.Contains(t, r.Errors[len(r.Errors)-1]["error"], "gendurable: invalid outcome: JobSnooze with a negative delay -1s")
 }
+
+// TestADefinitionRefusedHalfBuiltIsBuiltOnceComplete: a machine or a job
+// met before its fields were all set (an insert or a ValidateOutcome
+// before the init func that sets its Steps) is refused then, and used once
+// complete. The first refusal was kept, and every later New, Insert and
+// ValidateOutcome returned it ("declares no Steps") though the machine
+// now had them (an API probe).
+func TestADefinitionRefusedHalfBuiltIsBuiltOnceComplete(t *testing.T) {
+	t.Parallel()
+	m := &gendurable.Machine[int]{Name: "late", Start: "a"}
+	j := &gendurable.Job[int]{Perform: func(context.Context, *gendurable.Run[int]) error { return nil }}
+	db := gendurabletest.NewDB(t, nil)
+	insertOnly, err := gendurable.New(db.Pool, &gendurable.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	ctx := context.Background()
+	_, err = insertOnly.Insert(ctx, m.New(1))
+	require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "no Steps yet")
+	require.ErrorIs(t, m.ValidateOutcome("a", gendurable.Done(nil)), gendurable.ErrInvalidConfig)
+	_, err = insertOnly.Insert(ctx, j.New(1))
+	require.ErrorIs(t, err, gendurable.ErrInvalidInsert, "no Name yet")
+
+	m.Steps = map[string]gendurable.StepFunc[int]{"a": func(context.Context, *gendurable.Run[int]) (gendurable.Outcome, error) {
+		return gendurable.Done("m"), nil
+	}}
+	j.Name = "late-job"
+	require.NoError(t, m.ValidateOutcome("a", gendurable.Done(nil)))
+	b := bundleOn(t, db.Pool, db.Schema, nil, m, j)
+	b.start()
+	ids := []int64{b.insert(m.New(1)), b.insert(j.New(2))}
+	for _, in := range gendurabletest.WorkUntilFinished(ctx, t, b.eng, ids...) {
+		require.Equal(t, gendurable.StatusDone, in.Status)
+	}
+}
