@@ -60,6 +60,12 @@ type HandleFunc[S any] func(ctx context.Context, r *Run[S], err error) (Outcome,
 //		},
 //	}
 //
+// The state is decoded with encoding/json: a number held in an interface
+// (S any, map[string]any, a field of type any) decodes as a float64, so an
+// integer beyond 2^53 (a 64-bit id) comes back rounded — 9007199254740993
+// as 9007199254740992 — and the next outcome that passes r.State on stores
+// it so. Give such numbers a typed field (int64, or json.Number).
+//
 // A Machine must not be modified once an engine uses it. One that was
 // refused (by [New], an insert or [Machine.ValidateOutcome]) is checked
 // again at its next use, so it may be completed after the refusal.
