@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -65,8 +66,8 @@ type Job[T any] struct {
 	// PerformResult, not both.
 	PerformResult func(ctx context.Context, job *Run[T]) (result any, err error)
 
-	mu   sync.Mutex   // guards core
-	core *machineCore // its machine's, built at the first use that finds the job valid
+	mu   sync.Mutex                  // serializes the builds
+	core atomic.Pointer[machineCore] // its machine's, built at the first use that finds the job valid
 }
 
 func (j *Job[T]) definition() (*machineCore, error) {
@@ -90,10 +91,13 @@ func (j *Job[T]) definition() (*machineCore, error) {
 	if err := belowFloor(fmt.Sprintf("job %q: ", j.Name), time.Millisecond, map[string]time.Duration{"Timeout": j.Timeout}); err != nil {
 		return nil, err
 	}
+	if core := j.core.Load(); core != nil {
+		return core, nil
+	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if j.core != nil {
-		return j.core, nil
+	if core := j.core.Load(); core != nil {
+		return core, nil
 	}
 	// Built from the job's fields as they are now, until a build succeeds:
 	// a refusal (a Name not yet set) is not kept, as a Machine's is not.
@@ -101,7 +105,7 @@ func (j *Job[T]) definition() (*machineCore, error) {
 	if err != nil {
 		return nil, err
 	}
-	j.core = core
+	j.core.Store(core)
 	return core, nil
 }
 

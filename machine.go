@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,8 +150,8 @@ type Machine[S any] struct {
 	// checked and the steps are drawn Start first, then by name.
 	Flow []FlowStep
 
-	mu   sync.Mutex   // guards core
-	core *machineCore // built at the first use that finds the definition valid
+	mu   sync.Mutex                  // serializes the builds
+	core atomic.Pointer[machineCore] // built at the first use that finds the definition valid
 }
 
 // Run is what a step sees of its instance.
@@ -279,10 +280,13 @@ func (m *Machine[S]) definition() (*machineCore, error) {
 		var zero S
 		return nil, errorf(ErrInvalidConfig, "nil *Machine[%T]", zero)
 	}
+	if core := m.core.Load(); core != nil {
+		return core, nil // every use after the first: no lock
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.core != nil {
-		return m.core, nil
+	if core := m.core.Load(); core != nil {
+		return core, nil
 	}
 	// A refusal is not kept: no engine uses a machine that was refused, so
 	// one completed after it (its Steps set in an init func, after a
@@ -293,7 +297,7 @@ func (m *Machine[S]) definition() (*machineCore, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.core = core
+	m.core.Store(core)
 	return core, nil
 }
 
@@ -419,15 +423,15 @@ func (m *Machine[S]) exec(ctx context.Context, in *execInput) executor.Result {
 	var out Outcome
 	fn := m.Steps[in.Claim.Step]
 	if fn == nil {
-		err = fmt.Errorf("%w: step %q is not declared by machine %q version %d", ErrInvalidOutcome, in.Claim.Step, m.Name, m.core.version)
+		err = fmt.Errorf("%w: step %q is not declared by machine %q version %d", ErrInvalidOutcome, in.Claim.Step, m.Name, m.core.Load().version)
 	} else {
 		out, err = callStep(in.direct, func() (Outcome, error) { return fn(ctx, r) })
 	}
 	if err != nil && errors.Is(context.Cause(ctx), ErrStepTimeout) && !errors.Is(err, ErrStepTimeout) {
-		err = fmt.Errorf("%w (%s): %w", ErrStepTimeout, m.core.stepTimeout, err)
+		err = fmt.Errorf("%w (%s): %w", ErrStepTimeout, m.core.Load().stepTimeout, err)
 	}
 	if err == nil {
-		if terr := m.core.checkFlow(in.Claim.Step, out); terr != nil {
+		if terr := m.core.Load().checkFlow(in.Claim.Step, out); terr != nil {
 			// A declared transition broken is a bug in the step's code: the
 			// same code would return it again, so no retry (docs/design.md §9).
 			return stopResult("transition", terr.Error(), terr)
@@ -501,7 +505,7 @@ func (m *Machine[S]) handle(ctx context.Context, r *Run[S], in *execInput, stepE
 		err = fmt.Errorf("%w: Handle may not return a WithTx outcome", ErrInvalidOutcome)
 	}
 	if err == nil {
-		if terr := m.core.checkFlow(r.Step, out); terr != nil {
+		if terr := m.core.Load().checkFlow(r.Step, out); terr != nil {
 			// The failure is Handle's broken Flow, but the step's error (a
 			// panic's stack included) is what an operator debugs: keep both.
 			cause := fmt.Errorf("%w; Handle's outcome: %w", stepErr, terr)
@@ -550,7 +554,7 @@ func (m *Machine[S]) defaultHandle(_ context.Context, r *Run[S], err error) (Out
 	// The stored state, not r.State re-encoded: this worker may be failing
 	// at a step only a newer deploy declares, whose state has fields this
 	// S lacks (TestTheDefaultRetryKeepsTheStoredState).
-	return replayAsStored(m.core.retryDelay(r.Attempt)), nil
+	return replayAsStored(m.core.Load().retryDelay(r.Attempt)), nil
 }
 
 // retryDelay is the machine's Backoff for attempt, or DefaultBackoff's
@@ -569,7 +573,7 @@ func (core *machineCore) retryDelay(attempt int) time.Duration {
 
 // encodeOutcome validates o for this machine and encodes it for the database.
 func (m *Machine[S]) encodeOutcome(o Outcome, r *Run[S], in *execInput) (sqlq.Outcome, error) {
-	if err := m.core.checkOutcome(r.Step, o); err != nil {
+	if err := m.core.Load().checkOutcome(r.Step, o); err != nil {
 		return sqlq.Outcome{}, err
 	}
 	enc := sqlq.Outcome{Delay: o.delay}
