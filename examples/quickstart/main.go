@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
+	"github.com/gendurable/gendurable/internal/childproc"
 	"github.com/gendurable/gendurable/internal/gorun"
 	"github.com/gendurable/gendurable/internal/pgtemp"
 	"github.com/gendurable/gendurable/internal/pgurl"
@@ -306,25 +307,30 @@ func demo(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	var workers []*exec.Cmd
+	var workers []*childproc.Process
 	for i := range 2 {
 		// Not exec.CommandContext: its cancel (Ctrl-C, SIGTERM) is a
 		// SIGKILL, and the workers are to stop cleanly (SIGTERM, below),
 		// as the README says a worker does; only the demonstration's
-		// victim is killed.
+		// victim is killed. A parent-death SIGTERM stops them cleanly too
+		// when the demo itself is killed (kill -9, the OOM killer): before,
+		// they went on running, orphaned, polling the throwaway server that
+		// died with the demo (a newcomer's probe).
 		w := exec.Command(self, "work")
 		w.Env = append(os.Environ(), "DATABASE_URL="+url)
 		w.Stdout, w.Stderr = os.Stdout, os.Stderr
-		if err := w.Start(); err != nil {
+		w.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+		p, err := childproc.Start(w, nil)
+		if err != nil {
 			return err
 		}
 		fmt.Printf("started worker %d (pid %d)\n", i+1, w.Process.Pid)
-		workers = append(workers, w)
+		workers = append(workers, p)
 	}
 	defer func() {
 		for _, w := range workers {
-			_ = w.Process.Signal(syscall.SIGTERM)
-			_ = w.Wait()
+			_ = w.Cmd.Process.Signal(syscall.SIGTERM)
+			<-w.Done()
 		}
 	}()
 
@@ -343,9 +349,9 @@ func demo(ctx context.Context, n int) error {
 		// second: the kill then interrupted nothing — a newcomer's probe).
 		if !killed && time.Since(start) > time.Second && (done > 0 || time.Since(start) > 10*time.Second) {
 			victim := workers[0]
-			fmt.Printf("kill -9 worker 1 (pid %d) in the middle of its steps\n", victim.Process.Pid)
-			_ = victim.Process.Signal(syscall.SIGKILL)
-			_ = victim.Wait()
+			fmt.Printf("kill -9 worker 1 (pid %d) in the middle of its steps\n", victim.Cmd.Process.Pid)
+			_ = victim.Cmd.Process.Signal(syscall.SIGKILL)
+			<-victim.Done()
 			workers = workers[1:]
 			killed = true
 		}

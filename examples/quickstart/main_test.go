@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -195,4 +196,58 @@ func TestAStoppedDemoStopsItsWorkersCleanly(t *testing.T) {
 	}
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM quickstart.gendurable_instances WHERE status = 'executing'`).Scan(&executing))
 	require.Zero(t, executing, "the workers stopped cleanly: nothing left executing")
+}
+
+// TestAKilledDemoTakesItsWorkersAlong: the demo killed outright (kill -9,
+// the OOM killer) stops its worker processes too, through a parent-death
+// SIGTERM. Before, they went on running, orphaned, polling the throwaway
+// server that died with the demo, until someone found and killed them (a
+// newcomer's probe: still there 17 minutes later).
+func TestAKilledDemoTakesItsWorkersAlong(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a PostgreSQL")
+	}
+	srv, _, bin := serverAndBinary(t)
+	cmd := exec.CommandContext(t.Context(), bin, "-n", "20000")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+srv.URL())
+	// A file, not a pipe: a pipe's reader goes with the demo, and a worker
+	// writing to it then would die of SIGPIPE, fix or no fix.
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	require.NoError(t, err)
+	defer out.Close()
+	cmd.Stdout, cmd.Stderr = out, out
+	require.NoError(t, cmd.Start())
+	var pids []int
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(out.Name())
+		pids = pids[:0]
+		for _, line := range strings.Split(string(b), "\n") {
+			var n, pid int
+			if _, err := fmt.Sscanf(line, "started worker %d (pid %d)", &n, &pid); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		return len(pids) == 2
+	}, 60*time.Second, 20*time.Millisecond, "the demo starts two workers")
+	t.Cleanup(func() {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	for _, pid := range pids {
+		require.Eventually(t, func() bool { return !running(pid) }, 30*time.Second, 50*time.Millisecond,
+			"worker pid %d outlived the killed demo", pid)
+	}
+}
+
+// running reports whether process pid exists and is not a zombie.
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z'
 }
