@@ -53,8 +53,12 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+## vet also builds the library and the commands for macOS and Windows: they are not Linux's
+## only (the throwaway PostgreSQL, the chaos harness and the tests are).
 vet:
 	$(GO) vet $(PKGS)
+	GOOS=darwin $(GO) build $(PKGS)
+	GOOS=windows $(GO) build $(PKGS)
 
 lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) -tags chaos $(PKGS)

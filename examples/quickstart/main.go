@@ -28,7 +28,6 @@ import (
 	"time"
 
 	"github.com/gendurable/gendurable"
-	"github.com/gendurable/gendurable/internal/childproc"
 	"github.com/gendurable/gendurable/internal/gorun"
 	"github.com/gendurable/gendurable/internal/pgtemp"
 	"github.com/gendurable/gendurable/internal/pgurl"
@@ -307,20 +306,19 @@ func demo(ctx context.Context, n int) error {
 	if err != nil {
 		return err
 	}
-	var workers []*childproc.Process
+	var workers []*worker
 	for i := range 2 {
 		// Not exec.CommandContext: its cancel (Ctrl-C, SIGTERM) is a
 		// SIGKILL, and the workers are to stop cleanly (SIGTERM, below),
 		// as the README says a worker does; only the demonstration's
-		// victim is killed. A parent-death SIGTERM stops them cleanly too
-		// when the demo itself is killed (kill -9, the OOM killer): before,
-		// they went on running, orphaned, polling the throwaway server that
-		// died with the demo (a newcomer's probe).
+		// victim is killed. On Linux, a parent-death SIGTERM stops them
+		// cleanly too when the demo itself is killed (kill -9, the OOM
+		// killer): before, they went on running, orphaned, polling the
+		// throwaway server that died with the demo (a newcomer's probe).
 		w := exec.Command(self, "work")
 		w.Env = append(os.Environ(), "DATABASE_URL="+url)
 		w.Stdout, w.Stderr = os.Stdout, os.Stderr
-		w.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-		p, err := childproc.Start(w, nil)
+		p, err := startWorker(w)
 		if err != nil {
 			return err
 		}
@@ -329,8 +327,8 @@ func demo(ctx context.Context, n int) error {
 	}
 	defer func() {
 		for _, w := range workers {
-			_ = w.Cmd.Process.Signal(syscall.SIGTERM)
-			<-w.Done()
+			_ = w.cmd.Process.Signal(syscall.SIGTERM)
+			<-w.done
 		}
 	}()
 
@@ -349,9 +347,9 @@ func demo(ctx context.Context, n int) error {
 		// second: the kill then interrupted nothing — a newcomer's probe).
 		if !killed && time.Since(start) > time.Second && (done > 0 || time.Since(start) > 10*time.Second) {
 			victim := workers[0]
-			fmt.Printf("kill -9 worker 1 (pid %d) in the middle of its steps\n", victim.Cmd.Process.Pid)
-			_ = victim.Cmd.Process.Signal(syscall.SIGKILL)
-			<-victim.Done()
+			fmt.Printf("kill -9 worker 1 (pid %d) in the middle of its steps\n", victim.cmd.Process.Pid)
+			_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+			<-victim.done
 			workers = workers[1:]
 			killed = true
 		}

@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unicode"
 
@@ -511,8 +510,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 
 	stepsPerUnit, instPerUnit := stepsPer(o.Workload)
 	wantSteps := int64(o.N * stepsPerUnit)
-	var ru0 syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	ru0 := usage()
 	stmts.reset()
 	workStart := time.Now()
 	for _, eng := range engines {
@@ -560,8 +558,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if signalErr != nil {
 		return nil, signalErr
 	}
-	var ru1 syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	ru1 := usage()
 	for _, eng := range engines {
 		_ = eng.Stop(ctx)
 	}
@@ -570,7 +567,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	cpu := tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime)
+	cpu := ru1.cpu - ru0.cpu
 	return &Report{
 		Workload: o.Workload, Instances: o.N * instPerUnit, Steps: wantSteps,
 		Concurrency: o.Concurrency, Queues: o.Queues, Engines: o.Engines,
@@ -579,12 +576,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		InstancesPerSec:   float64(o.N*instPerUnit) / work.Seconds(),
 		StatementsPerStep: float64(statements) / float64(wantSteps),
 		P50Ms:             p50, P99Ms: p99,
-		WorkSeconds: work.Seconds(), CPUSeconds: cpu, MaxRSSMB: float64(ru1.Maxrss) / 1024,
+		WorkSeconds: work.Seconds(), CPUSeconds: cpu, MaxRSSMB: ru1.maxRSSMB,
 		Statements: stmts.stats(),
 	}, nil
 }
-
-func tv(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
 
 // latencies reads insert → done latency percentiles from the database clock.
 func latencies(ctx context.Context, pool *pgxpool.Pool, schema string) (p50, p99 float64, err error) {

@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/gendurable/gendurable"
@@ -396,8 +395,7 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 	if _, err := pool.Exec(ctx, `ANALYZE "`+o.Schema+`".gendurable_instances`); err != nil {
 		return nil, err
 	}
-	var ru0, ru1 syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	ru0 := usage()
 	stmts.reset()
 	workStart := time.Now()
 	if err := eng.Start(ctx); err != nil {
@@ -413,7 +411,7 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 	}
 	work := time.Since(workStart)
 	statements := stmts.n.Load()
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	ru1 := usage()
 	byKind := stmts.stats()
 	p50, p99, err := latencies(ctx, pool, o.Schema)
 	if err != nil {
@@ -564,8 +562,8 @@ func runKeys(ctx context.Context, o Options, pool *pgxpool.Pool, stmts *counter)
 		InstancesPerSec:   kr.StepsPerSec,
 		StatementsPerStep: float64(statements) / float64(want),
 		P50Ms:             p50, P99Ms: p99,
-		WorkSeconds: work.Seconds(), CPUSeconds: tv(ru1.Utime) + tv(ru1.Stime) - tv(ru0.Utime) - tv(ru0.Stime),
-		MaxRSSMB:   float64(ru1.Maxrss) / 1024,
+		WorkSeconds: work.Seconds(), CPUSeconds: ru1.cpu - ru0.cpu,
+		MaxRSSMB:   ru1.maxRSSMB,
 		Statements: byKind,
 		Keys:       kr,
 	}, nil

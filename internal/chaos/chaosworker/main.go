@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command chaosworker is a chaos worker process: it runs an engine with the
 // harness's machines, configured by the JSON in $CHAOS_WORKER (see
 // chaos.WorkerConfig), until SIGTERM. The scenarios normally re-execute
