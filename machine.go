@@ -2,11 +2,13 @@ package gendurable
 
 import (
 	"context"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"reflect"
 	"runtime/debug"
 	"slices"
 	"sort"
@@ -65,7 +67,10 @@ type HandleFunc[S any] func(ctx context.Context, r *Run[S], err error) (Outcome,
 // (S any, map[string]any, a field of type any) decodes as a float64, so an
 // integer beyond 2^53 (a 64-bit id) comes back rounded — 9007199254740993
 // as 9007199254740992 — and the next outcome that passes r.State on stores
-// it so. Give such numbers a typed field (int64, or json.Number).
+// it so. Give such numbers a typed field (int64, or json.Number). Only what
+// encoding/json writes is stored: a struct S with fields, none of which it
+// writes (all unexported, or tagged "-") and no MarshalJSON, is refused
+// with [ErrInvalidConfig] — its every state would be stored as {}.
 //
 // A Machine must not be modified once an engine uses it. One that was
 // refused (by [New], an insert or [Machine.ValidateOutcome]) is checked
@@ -328,6 +333,12 @@ func (m *Machine[S]) build() (*machineCore, error) {
 	}
 	if len(m.Steps) == 0 {
 		return nil, fmt.Errorf("%w: machine %q declares no Steps", ErrInvalidConfig, m.Name)
+	}
+	if t := reflect.TypeFor[S](); hidesEverything(t) {
+		// Stored as {}: every insert and every step's state would be lost
+		// without a word (a newcomer's probe: type Order struct{ item string }).
+		return nil, fmt.Errorf("%w: machine %q: state type %s has no field JSON stores (none exported, none tagged "+
+			"otherwise, no MarshalJSON): its state would be stored as {}; export its fields", ErrInvalidConfig, m.Name, t)
 	}
 	if len(m.Steps) > MaxSteps {
 		return nil, fmt.Errorf("%w: machine %q declares %d Steps, more than %d", ErrInvalidConfig, m.Name, len(m.Steps), MaxSteps)
@@ -923,4 +934,62 @@ func sortedKeys(m map[string]bool) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+var (
+	jsonMarshalerType = reflect.TypeFor[json.Marshaler]()
+	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+// hidesEverything reports whether t is a struct (or a pointer to one) with
+// fields, none of which encoding/json writes, and no marshaler of its own:
+// every value of it is stored as {}. A struct without fields (or with blank
+// ones only) says so on purpose, and is not.
+func hidesEverything(t reflect.Type) bool {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || marshalsItself(t) {
+		return false
+	}
+	named := false
+	for i := range t.NumField() {
+		if t.Field(i).Name != "_" {
+			named = true
+		}
+	}
+	return named && !storesAField(t, 0)
+}
+
+// marshalsItself reports whether t or *t marshals itself (JSON or text).
+func marshalsItself(t reflect.Type) bool {
+	p := reflect.PointerTo(t)
+	return t.Implements(jsonMarshalerType) || p.Implements(jsonMarshalerType) ||
+		t.Implements(textMarshalerType) || p.Implements(textMarshalerType)
+}
+
+// storesAField reports whether encoding/json writes a field of struct t:
+// an exported one not tagged "-", or one promoted from an embedded struct.
+func storesAField(t reflect.Type, depth int) bool {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Tag.Get("json") == "-" {
+			continue
+		}
+		ft := f.Type
+		for ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		switch {
+		case f.Anonymous && ft.Kind() == reflect.Struct:
+			// Its fields are promoted, exported or not; deeper than a few
+			// levels, assume it stores something rather than refuse.
+			if depth >= 8 || marshalsItself(ft) || storesAField(ft, depth+1) {
+				return true
+			}
+		case f.IsExported():
+			return true
+		}
+	}
+	return false
 }

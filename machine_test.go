@@ -952,3 +952,57 @@ func TestADefinitionRefusedHalfBuiltIsBuiltOnceComplete(t *testing.T) {
 		require.Equal(t, gendurable.StatusDone, in.Status)
 	}
 }
+
+// TestAStateTypeJSONStoresNothingOfIsRefused: a state struct whose fields
+// encoding/json leaves out, every one (unexported, or tagged "-"), was
+// accepted and stored as {}: the order's item was gone at the first step,
+// without a word (a newcomer's probe). Such a machine or job is refused;
+// a struct with an exported field, a promoted one, a marshaler of its own,
+// or no field at all (or blank ones) is not.
+func TestAStateTypeJSONStoresNothingOfIsRefused(t *testing.T) {
+	t.Parallel()
+	step := func(context.Context, *gendurable.Run[hiddenOrder]) (gendurable.Outcome, error) {
+		return gendurable.Done(nil), nil
+	}
+	m := &gendurable.Machine[hiddenOrder]{Name: "hidden", Start: "a", Steps: map[string]gendurable.StepFunc[hiddenOrder]{"a": step}}
+	err := m.ValidateOutcome("a", gendurable.Done(nil))
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+	require.ErrorContains(t, err, "state type gendurable_test.hiddenOrder has no field JSON stores")
+	j := &gendurable.Job[*taggedAway]{Name: "tagged", Perform: func(context.Context, *gendurable.Run[*taggedAway]) error { return nil }}
+	db := gendurabletest.NewDB(t, nil)
+	eng, err := gendurable.New(db.Pool, &gendurable.Config{Schema: db.Schema})
+	require.NoError(t, err)
+	_, err = eng.Insert(context.Background(), j.New(&taggedAway{N: 1}))
+	require.ErrorIs(t, err, gendurable.ErrInvalidInsert)
+	require.ErrorContains(t, err, "state type *gendurable_test.taggedAway has no field JSON stores")
+
+	require.NoError(t, validates[promoted]())
+	require.NoError(t, validates[marshalsHidden]())
+	require.NoError(t, validates[struct{}]())
+	require.NoError(t, validates[struct{ _ [0]func() }]())
+	require.NoError(t, validates[map[string]any]())
+	require.NoError(t, validates[int]())
+}
+
+// validates is the definition check of a one-step machine of state S.
+func validates[S any]() error {
+	m := &gendurable.Machine[S]{Name: "v", Start: "a", Steps: map[string]gendurable.StepFunc[S]{
+		"a": func(context.Context, *gendurable.Run[S]) (gendurable.Outcome, error) {
+			return gendurable.Done(nil), nil
+		}}}
+	return m.ValidateOutcome("a", gendurable.Done(nil))
+}
+
+// States for TestAStateTypeJSONStoresNothingOfIsRefused.
+type (
+	hiddenOrder struct{ item string }
+	taggedAway  struct {
+		N    int `json:"-"`
+		note string
+	}
+	inner          struct{ Item string }
+	promoted       struct{ inner }
+	marshalsHidden struct{ item string }
+)
+
+func (m marshalsHidden) MarshalJSON() ([]byte, error) { return json.Marshal(m.item) }
