@@ -995,9 +995,11 @@ func validates[S any]() error {
 
 // States for TestAStateTypeJSONStoresNothingOfIsRefused.
 type (
+	//lint:ignore U1000 a field JSON leaves out is the point
 	hiddenOrder struct{ item string }
 	taggedAway  struct {
-		N    int `json:"-"`
+		N int `json:"-"`
+		//lint:ignore U1000 a field JSON leaves out is the point
 		note string
 	}
 	inner          struct{ Item string }
