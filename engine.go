@@ -1418,7 +1418,7 @@ func (s *schedEvents) LeaseLost(queue string, id int64, started bool) {
 }
 
 func (s *schedEvents) HeartbeatFailed(queue string, err error) {
-	s.e.log.Warn("gendurable: heartbeat failed", "queue", queue, "err", err)
+	s.e.log.Warn("gendurable: heartbeat failed", append([]any{"queue", queue}, sqlq.ErrAttrs(err)...)...)
 }
 
 func (s *schedEvents) Released(queue string, count int, err error) {

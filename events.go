@@ -65,6 +65,15 @@ func (x execEvents) Step(ctx context.Context, queue string, c *sqlq.Claimed, res
 			msg = "outcome not written: the pool was closed while the engine ran (close it after Engine.Stop returns)"
 		case errors.As(commitErr, new(*pgconn.ConnectError)):
 			msg = "outcome not written: no connection to the database could be made"
+		case sqlq.PreparedStatementClash(commitErr):
+			// A pooler handed the statement to a server session that did
+			// not know it (pgx's statement cache or describe_exec behind
+			// PgBouncer in transaction pooling): refused, not written —
+			// describe_exec's clash is a 08P01, which is no failed
+			// connection. The line says what to change, as the picks'
+			// warnings do (a PgBouncer probe read only "refused").
+			msg = "outcome not written (the database refused it)"
+			attrs = append(attrs, "advice", sqlq.PoolerHint)
 		case sqlq.ConnectionRefusal(commitErr):
 			// An error from the server or a proxy about the connection
 			// (SQLSTATE class 08: PgBouncer's login refused, …; a server

@@ -49,3 +49,41 @@ func TestAnOutcomeLostToTheConnectionIsNotLoggedAsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestAnOutcomeAPoolerRefusedSaysWhatToChange: behind PgBouncer in
+// transaction pooling with pgx's statement cache (or describe_exec), an
+// outcome refused for a prepared statement the server session did not
+// know was logged "the database refused it" with no advice (describe_exec's
+// 08P01 as "failed the connection"), though the picks' warnings carried
+// it (a PgBouncer probe).
+func TestAnOutcomeAPoolerRefusedSaysWhatToChange(t *testing.T) {
+	for _, pgErr := range []*pgconn.PgError{
+		{Code: "42P05", Severity: "ERROR", Message: `prepared statement "stmtcache_1" already exists`},
+		{Code: "26000", Severity: "ERROR", Message: `prepared statement "stmtcache_2" does not exist`},
+		{Code: "08P01", Severity: "ERROR", Message: `bind message supplies 3 parameters, but prepared statement "" requires 1`},
+	} {
+		var logs strings.Builder
+		e := &Engine{log: slog.New(slog.NewTextHandler(&logs, nil))}
+		c := &sqlq.Claimed{ID: 1, FSM: "m", Step: "a"}
+		res := &executor.Result{Out: sqlq.Outcome{Kind: sqlq.KindDone}}
+		execEvents{e}.Step(context.Background(), "q", c, res, false, errors.Join(errors.New("outcome"), pgErr), 0)
+		for _, want := range []string{"outcome not written (the database refused it)", "default_query_exec_mode=cache_describe"} {
+			if !strings.Contains(logs.String(), want) {
+				t.Errorf("%s: %q does not say %q", pgErr.Message, logs.String(), want)
+			}
+		}
+	}
+}
+
+// TestAHeartbeatAPoolerRefusedSaysWhatToChange: the heartbeat's warning
+// carries the pooler advice, as the picks' do (a PgBouncer probe: with
+// pgx's statement cache behind transaction pooling the heartbeats failed
+// with a bare 26000 while leases were lost).
+func TestAHeartbeatAPoolerRefusedSaysWhatToChange(t *testing.T) {
+	var logs strings.Builder
+	e := &Engine{log: slog.New(slog.NewTextHandler(&logs, nil))}
+	(&schedEvents{e: e}).HeartbeatFailed("q", &pgconn.PgError{Code: "26000", Severity: "ERROR", Message: `prepared statement "stmtcache_3" does not exist`})
+	if !strings.Contains(logs.String(), "default_query_exec_mode=cache_describe") {
+		t.Errorf("%q gives no advice", logs.String())
+	}
+}

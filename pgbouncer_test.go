@@ -788,3 +788,61 @@ func TestWithTxRefusedByStatementPoolingAfterStartSaysSo(t *testing.T) {
 	require.Contains(t, r.Errors[0]["error"], "the step's transaction was refused: PgBouncer in statement pooling runs no transaction blocks")
 	require.Contains(t, r.Errors[0]["error"], "use pool_mode = transaction")
 }
+
+// TestPgBouncerDescribeExecSaysWhy: pgx's describe_exec mode sends a
+// statement's describe and its execute as two round trips, and PgBouncer in
+// transaction pooling may hand them to different server sessions: the
+// execute's bind meets another client's unnamed statement. With another
+// count of parameters it fails with a protocol violation (08P01) that
+// Start, the CLI and the logs now answer with the advice (a probe saw
+// Start fail "storing machine definitions: bind message supplies 1
+// parameters, but prepared statement "" requires 3" without it); with the
+// same count, the other client's statement runs with this one's
+// parameters, which is why the README rules the mode out. The two round
+// trips are made here as pgx makes them (pgconn's Prepare of "" and
+// ExecPrepared), two clients on one server session.
+func TestPgBouncerDescribeExecSaysWhy(t *testing.T) {
+	url := pgbouncer.StartWith(t, dbtest.URL(), pgbouncer.Options{PoolSize: 1}).URL
+	_, _ = dbtest.NewSchema(t, &dbtest.Options{MaxConns: 1, Extra: 1, NoMigrate: true}) // reserves the budget
+	ctx := context.Background()
+	pool := bouncerPool(t, url, pgx.QueryExecModeDescribeExec, 2)
+	a, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer a.Release()
+	c, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer c.Release()
+
+	execute := func(conn *pgxpool.Conn, args ...string) (string, error) {
+		params := make([][]byte, len(args))
+		for i, s := range args {
+			params[i] = []byte(s)
+		}
+		res := conn.Conn().PgConn().ExecPrepared(ctx, "", params, nil, nil).Read()
+		if res.Err != nil {
+			return "", res.Err
+		}
+		require.Len(t, res.Rows, 1)
+		return string(res.Rows[0][0]), nil
+	}
+
+	// Another count of parameters: refused, with the advice.
+	_, err = a.Conn().PgConn().Prepare(ctx, "", "SELECT $1::int + 1", nil)
+	require.NoError(t, err)
+	_, err = c.Conn().PgConn().Prepare(ctx, "", "SELECT $1::int + $2::int", nil)
+	require.NoError(t, err)
+	_, err = execute(a, "1")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "08P01", pgErr.Code, "%v", err)
+	require.Equal(t, sqlq.PoolerHint, sqlq.PoolerAdvice(err), "%v", err)
+
+	// The same count: the other client's statement answers.
+	_, err = a.Conn().PgConn().Prepare(ctx, "", "SELECT $1::int + 1", nil)
+	require.NoError(t, err)
+	_, err = c.Conn().PgConn().Prepare(ctx, "", "SELECT $1::int * 100", nil)
+	require.NoError(t, err)
+	got, err := execute(a, "1")
+	require.NoError(t, err)
+	require.Equal(t, "100", got, "a's execute ran c's statement")
+}

@@ -225,11 +225,27 @@ func CatalogRace(err error) bool {
 // PreparedStatementClash reports an error a connection pooler in
 // transaction mode gives pgx's default named prepared statements: a name
 // unknown (26000) or already taken (42P05) on the server session the
-// pooler handed this transaction.
+// pooler handed this transaction. Or one it gives pgx's describe_exec
+// mode, whose describe and execute are two round trips that the pooler
+// may hand to different server sessions: the execute's bind then meets
+// another client's unnamed statement, or none — "bind message supplies 2
+// parameters, but prepared statement "" requires 3", "bind message has 1
+// result formats but query has 2 columns" (08P01), "unnamed prepared
+// statement does not exist" (26000). A probe saw Start fail with the first
+// without the advice, and picks log it without end.
 func PreparedStatementClash(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (pgErr.Code == "26000" || pgErr.Code == "42P05") &&
-		strings.Contains(pgErr.Message, "prepared statement")
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "26000", "42P05":
+		return strings.Contains(pgErr.Message, "prepared statement")
+	case "08P01":
+		return strings.HasPrefix(pgErr.Message, "bind message ") &&
+			(strings.Contains(pgErr.Message, `prepared statement ""`) || strings.Contains(pgErr.Message, "result formats but query has"))
+	}
+	return false
 }
 
 // StatementPooling reports the error PgBouncer in statement pooling mode

@@ -22,6 +22,19 @@ func TestErrAttrsCarryThePoolerAdvice(t *testing.T) {
 	require.Equal(t, []any{"err", clash, "advice", PoolerHint}, ErrAttrs(clash))
 	gone := &pgconn.PgError{Code: "26000", Message: `prepared statement "stmtcache_2" does not exist`}
 	require.Equal(t, []any{"err", gone, "advice", PoolerHint}, ErrAttrs(gone))
+	// pgx's describe_exec mode: the execute's bind met another client's
+	// unnamed statement, or none (a PgBouncer probe: Start failed with the
+	// first, without the advice).
+	for _, e := range []*pgconn.PgError{
+		{Code: "08P01", Message: `bind message supplies 1 parameters, but prepared statement "" requires 3`},
+		{Code: "08P01", Message: `bind message has 1 result formats but query has 2 columns`},
+		{Code: "26000", Message: `unnamed prepared statement does not exist`},
+	} {
+		require.Equal(t, []any{"err", e, "advice", PoolerHint}, ErrAttrs(e), e.Message)
+	}
+	// Other protocol violations are not the pooler's.
+	require.False(t, PreparedStatementClash(&pgconn.PgError{Code: "08P01", Message: "invalid frontend message type 0"}))
+	require.False(t, PreparedStatementClash(&pgconn.PgError{Code: "08P01", Message: "query_wait_timeout"}))
 	plain := errors.New("connection refused")
 	require.Equal(t, []any{"err", plain}, ErrAttrs(plain))
 	// A schema moved under a running engine (an upgrade probe).
