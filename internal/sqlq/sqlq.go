@@ -328,10 +328,15 @@ func Severity(pgErr *pgconn.PgError) string {
 // 08 (PgBouncer's refused login, …), or the server shutting down or
 // starting up (57P01, 57P02, 57P03). Unlike ConnectionFailure, not a
 // network error: there the answer was lost, and a statement may have
-// committed.
+// committed. A pooler's prepared-statement clash of pgx's describe_exec
+// mode (PreparedStatementClash: "bind message supplies …", 08P01) is not
+// one: the server refused the statement on a connection that is fine (a
+// PgBouncer probe: the CLI called it connection_lost, "may or may not have
+// been committed", and WaitResult would have polled on without end).
 func ConnectionRefusal(err error) bool {
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03"}, pgErr.Code))
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "08") || slices.Contains([]string{"57P01", "57P02", "57P03"}, pgErr.Code)) &&
+		!PreparedStatementClash(err)
 }
 
 // ConnectionFailure reports an error that says the connection or the

@@ -32,6 +32,12 @@ func TestErrAttrsCarryThePoolerAdvice(t *testing.T) {
 	} {
 		require.Equal(t, []any{"err", e, "advice", PoolerHint}, ErrAttrs(e), e.Message)
 	}
+	// Nor is such a clash a failed connection: the server refused the
+	// statement (the CLI called it connection_lost).
+	bind := fmt.Errorf("queue counts: %w", &pgconn.PgError{Code: "08P01", Message: `bind message supplies 0 parameters, but prepared statement "" requires 10`})
+	require.False(t, ConnectionFailure(bind))
+	require.False(t, ConnectionRefusal(bind))
+	require.True(t, ConnectionRefusal(&pgconn.PgError{Code: "08P01", Message: "query_wait_timeout"}))
 	// Other protocol violations are not the pooler's.
 	require.False(t, PreparedStatementClash(&pgconn.PgError{Code: "08P01", Message: "invalid frontend message type 0"}))
 	require.False(t, PreparedStatementClash(&pgconn.PgError{Code: "08P01", Message: "query_wait_timeout"}))
