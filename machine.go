@@ -942,14 +942,17 @@ var (
 )
 
 // hidesEverything reports whether t is a struct (or a pointer to one) with
-// fields, none of which encoding/json writes, and no marshaler of its own:
+// fields, none of which encoding/json writes, and no marshaler it calls:
 // every value of it is stored as {}. A struct without fields (or with blank
-// ones only) says so on purpose, and is not.
+// ones only) says so on purpose, and is not. A state is encoded as the S
+// value itself, not addressable: a MarshalJSON on *T is not called for a
+// T (json.Marshal of a big.Int value is {}), only for a *T.
 func hidesEverything(t reflect.Type) bool {
+	addressable := false
 	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
+		t, addressable = t.Elem(), true
 	}
-	if t.Kind() != reflect.Struct || marshalsItself(t) {
+	if t.Kind() != reflect.Struct || marshalsItself(t, addressable) {
 		return false
 	}
 	named := false
@@ -958,33 +961,42 @@ func hidesEverything(t reflect.Type) bool {
 			named = true
 		}
 	}
-	return named && !storesAField(t, 0)
+	return named && !storesAField(t, addressable, 0)
 }
 
-// marshalsItself reports whether t or *t marshals itself (JSON or text).
-func marshalsItself(t reflect.Type) bool {
+// marshalsItself reports whether encoding/json calls a marshaler (JSON or
+// text) of t's: t's own, or *t's when the value is addressable.
+func marshalsItself(t reflect.Type, addressable bool) bool {
+	if t.Implements(jsonMarshalerType) || t.Implements(textMarshalerType) {
+		return true
+	}
 	p := reflect.PointerTo(t)
-	return t.Implements(jsonMarshalerType) || p.Implements(jsonMarshalerType) ||
-		t.Implements(textMarshalerType) || p.Implements(textMarshalerType)
+	return addressable && (p.Implements(jsonMarshalerType) || p.Implements(textMarshalerType))
 }
 
 // storesAField reports whether encoding/json writes a field of struct t:
 // an exported one not tagged "-", or one promoted from an embedded struct.
-func storesAField(t reflect.Type, depth int) bool {
+// An embedded struct without a JSON name is walked by encoding/json, its
+// marshaler never called (it is called only as t's, promoted, which
+// hidesEverything checks); one given a name is a field, its marshaler
+// called.
+func storesAField(t reflect.Type, addressable bool, depth int) bool {
 	for i := range t.NumField() {
 		f := t.Field(i)
-		if f.Tag.Get("json") == "-" {
+		tag := f.Tag.Get("json")
+		if tag == "-" {
 			continue
 		}
-		ft := f.Type
+		ft, addr := f.Type, addressable
 		for ft.Kind() == reflect.Pointer {
-			ft = ft.Elem()
+			ft, addr = ft.Elem(), true
 		}
 		switch {
 		case f.Anonymous && ft.Kind() == reflect.Struct:
 			// Its fields are promoted, exported or not; deeper than a few
 			// levels, assume it stores something rather than refuse.
-			if depth >= 8 || marshalsItself(ft) || storesAField(ft, depth+1) {
+			name, _, _ := strings.Cut(tag, ",")
+			if depth >= 8 || (name != "" && marshalsItself(ft, addr)) || storesAField(ft, addr, depth+1) {
 				return true
 			}
 		case f.IsExported():

@@ -1008,3 +1008,49 @@ type (
 )
 
 func (m marshalsHidden) MarshalJSON() ([]byte, error) { return json.Marshal(m.item) }
+
+// TestAStateTypeWhoseMarshalerJSONDoesNotCallIsRefused: encoding/json
+// calls a MarshalJSON on *T only for an addressable T, and a state is
+// encoded as the S value: a Machine[T] whose marshaler is on *T stores {}
+// (json.Marshal of a big.Int value is {}), as does one whose marshalers
+// come from two embedded structs (ambiguous, promoted to neither: the
+// fields are walked). Both were accepted; a Machine[*T] is not refused.
+func TestAStateTypeWhoseMarshalerJSONDoesNotCallIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, b := range [][]byte{mustJSON(t, ptrMarshaled{item: "x"}), mustJSON(t, embedsPtrMarshaled{}), mustJSON(t, twoMarshalers{})} {
+		require.Equal(t, "{}", string(b), "the premise: encoding/json stores nothing of these")
+	}
+	require.ErrorIs(t, validates[ptrMarshaled](), gendurable.ErrInvalidConfig)
+	require.ErrorIs(t, validates[embedsPtrMarshaled](), gendurable.ErrInvalidConfig)
+	require.ErrorIs(t, validates[twoMarshalers](), gendurable.ErrInvalidConfig)
+	require.NoError(t, validates[*ptrMarshaled]())
+	require.NoError(t, validates[*embedsPtrMarshaled]())
+	require.NoError(t, validates[namedMarshaled]())
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return b
+}
+
+type (
+	//lint:ignore U1000 a field JSON leaves out is the point
+	ptrMarshaled       struct{ item string }
+	embedsPtrMarshaled struct{ ptrMarshaled }
+	//lint:ignore U1000 a field JSON leaves out is the point
+	marshalerA struct{ a int }
+	//lint:ignore U1000 a field JSON leaves out is the point
+	marshalerB    struct{ b int }
+	twoMarshalers struct {
+		marshalerA
+		marshalerB
+	}
+	namedMarshaled struct {
+		marshalerA `json:"a"`
+	}
+)
+
+func (p *ptrMarshaled) MarshalJSON() ([]byte, error) { return json.Marshal(p.item) }
+func (marshalerA) MarshalJSON() ([]byte, error)      { return []byte(`"a"`), nil }
+func (marshalerB) MarshalJSON() ([]byte, error)      { return []byte(`"b"`), nil }
