@@ -70,7 +70,9 @@ type HandleFunc[S any] func(ctx context.Context, r *Run[S], err error) (Outcome,
 // it so. Give such numbers a typed field (int64, or json.Number). Only what
 // encoding/json writes is stored: a struct S with fields, none of which it
 // writes (all unexported, or tagged "-") and no MarshalJSON, is refused
-// with [ErrInvalidConfig] — its every state would be stored as {}.
+// with [ErrInvalidConfig] — its every state would be stored as {} — and so
+// is one embedding a pointer to an unexported struct, which encoding/json
+// writes and cannot decode back.
 //
 // A Machine must not be modified once an engine uses it. One that was
 // refused (by [New], an insert or [Machine.ValidateOutcome]) is checked
@@ -333,6 +335,12 @@ func (m *Machine[S]) build() (*machineCore, error) {
 	}
 	if len(m.Steps) == 0 {
 		return nil, fmt.Errorf("%w: machine %q declares no Steps", ErrInvalidConfig, m.Name)
+	}
+	if t, e := reflect.TypeFor[S](), unsettableEmbed(reflect.TypeFor[S](), 0); e != nil {
+		// encoding/json writes its fields but cannot decode them back:
+		// every step of a row that had it set would fail to decode.
+		return nil, fmt.Errorf("%w: machine %q: state type %s embeds %s, a pointer to an unexported struct, which "+
+			"encoding/json cannot decode into: embed it by value, or export its type", ErrInvalidConfig, m.Name, t, e)
 	}
 	if t := reflect.TypeFor[S](); hidesEverything(t) {
 		// Stored as {}: every insert and every step's state would be lost
@@ -1004,4 +1012,34 @@ func storesAField(t reflect.Type, addressable bool, depth int) bool {
 		}
 	}
 	return false
+}
+
+// unsettableEmbed is the first embedded field type of struct t (or of a
+// struct it embeds) that is a pointer to an unexported struct type:
+// encoding/json writes its fields, and cannot decode them back ("cannot set
+// embedded pointer to unexported struct"; given a JSON name, its decode
+// panics: reflect.Value.Set using value obtained using unexported field).
+// Nil if none.
+func unsettableEmbed(t reflect.Type, depth int) reflect.Type {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if t.Kind() != reflect.Struct || depth >= 8 {
+		return nil
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if !f.Anonymous || tag == "-" {
+			continue
+		}
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer && ft.Elem().Kind() == reflect.Struct && !f.IsExported() {
+			return ft
+		}
+		if e := unsettableEmbed(ft, depth+1); e != nil {
+			return e
+		}
+	}
+	return nil
 }

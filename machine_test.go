@@ -1054,3 +1054,31 @@ type (
 func (p *ptrMarshaled) MarshalJSON() ([]byte, error) { return json.Marshal(p.item) }
 func (marshalerA) MarshalJSON() ([]byte, error)      { return []byte(`"a"`), nil }
 func (marshalerB) MarshalJSON() ([]byte, error)      { return []byte(`"b"`), nil }
+
+// TestAStateTypeEmbeddingAPointerToAnUnexportedStructIsRefused: encoding/json
+// writes the fields of an embedded *inner (inner unexported) and cannot
+// decode them back ("cannot set embedded pointer to unexported struct"):
+// every step of a row that had it set failed to decode, and one without it
+// was stored as {} (a review); given a JSON name, its decode panics.
+// Refused; embedded by value, or a pointer to an exported type, it is not.
+func TestAStateTypeEmbeddingAPointerToAnUnexportedStructIsRefused(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(embedsPtrToUnexported{&inner{Item: "a"}})
+	require.NoError(t, err)
+	require.Error(t, json.Unmarshal(b, new(embedsPtrToUnexported)), "the premise: it does not decode")
+	err = validates[embedsPtrToUnexported]()
+	require.ErrorIs(t, err, gendurable.ErrInvalidConfig)
+	require.ErrorContains(t, err, "embeds *gendurable_test.inner, a pointer to an unexported struct")
+	require.ErrorIs(t, validates[*struct{ embedsPtrToUnexported }](), gendurable.ErrInvalidConfig, "embedded deeper")
+	require.NoError(t, validates[promoted]())
+	require.NoError(t, validates[struct{ *Inner }]())
+	require.ErrorIs(t, validates[struct {
+		*inner `json:"in"`
+	}](), gendurable.ErrInvalidConfig, "named, its decode panics")
+}
+
+// States for TestAStateTypeEmbeddingAPointerToAnUnexportedStructIsRefused.
+type (
+	embedsPtrToUnexported struct{ *inner }
+	Inner                 struct{ Item string }
+)
