@@ -1043,7 +1043,9 @@ type (
 	//lint:ignore U1000 a field JSON leaves out is the point
 	marshalerB    struct{ b int }
 	twoMarshalers struct {
+		//lint:ignore U1000 the ambiguous embedding is the point
 		marshalerA
+		//lint:ignore U1000 the ambiguous embedding is the point
 		marshalerB
 	}
 	namedMarshaled struct {
